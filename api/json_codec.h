@@ -1,0 +1,33 @@
+// TrainingJob <-> JSON, with the Kubernetes field names.
+//
+// Decoding is strict: an unknown field, a value of the wrong type or two aliases
+// with different values is an error with its field path. Decoding goes on past
+// errors, so one pass reports all of them. Decoding does not apply defaults or
+// validate; see defaults.h and validation.h.
+
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "api/field_error.h"
+#include "api/training_job.h"
+
+namespace meshtrain::api {
+
+// Decodes a whole TrainingJob object (apiVersion, kind, metadata, spec, status).
+// Appends problems to *errors; the result holds whatever decoded cleanly.
+TrainingJob DecodeTrainingJob(const nlohmann::json& object, FieldErrors* errors);
+
+// Decodes a status object, as the operator reads it back from the API server.
+TrainingJobStatus DecodeTrainingJobStatus(const nlohmann::json& object, FieldErrors* errors);
+
+// Encodes with every spec field written (defaults included) and empty optional
+// values left out. DecodeTrainingJob(ToJson(job)) == job.
+nlohmann::json ToJson(const TrainingJob& job);
+nlohmann::json ToJson(const TrainingJobSpec& spec);
+nlohmann::json ToJson(const TrainingJobStatus& status);
+
+// A short description of a JSON value for error messages: `string "abc"`, `a list`.
+std::string DescribeJson(const nlohmann::json& value);
+
+}  // namespace meshtrain::api

@@ -1,0 +1,153 @@
+#include "api/layout.h"
+
+#include <stdexcept>
+
+namespace meshtrain::api {
+
+// Bounds that keep every product below in int range and reject typos like 80000 GPUs per node.
+inline constexpr int64_t kMaxNodes = 65536;
+inline constexpr int64_t kMaxGpusPerNode = 64;
+
+const char* AxisName(Axis axis) {
+  switch (axis) {
+    case Axis::kTensor: return "tp";
+    case Axis::kShard: return "shard";
+    case Axis::kReplica: return "replica";
+  }
+  return "?";
+}
+
+FieldErrors ParallelLayout::Check(int64_t nodes, int64_t gpus_per_node, int64_t tp, int64_t hybrid_shard) {
+  FieldErrors errors;
+  auto fail = [&](std::string path, std::string message) { errors.push_back({std::move(path), std::move(message)}); };
+  if (nodes < 1 || nodes > kMaxNodes) {
+    fail("spec.nodes", "must be between 1 and " + std::to_string(kMaxNodes) + ", got " + std::to_string(nodes));
+  }
+  if (gpus_per_node < 1 || gpus_per_node > kMaxGpusPerNode) {
+    fail("spec.gpusPerNode",
+         "must be between 1 and " + std::to_string(kMaxGpusPerNode) + ", got " + std::to_string(gpus_per_node));
+  }
+  if (tp < 1) fail("spec.parallelism.tensorParallelDegree", "must be at least 1, got " + std::to_string(tp));
+  if (hybrid_shard < 0) {
+    fail("spec.parallelism.hybridShardDegree",
+         "must be 0 (all data-parallel ranks) or positive, got " + std::to_string(hybrid_shard));
+  }
+  if (!errors.empty()) return errors;
+
+  const int64_t g = gpus_per_node;
+  if (g % tp != 0) {
+    fail("spec.parallelism.tensorParallelDegree",
+         "must divide spec.gpusPerNode (" + std::to_string(g) + "), got " + std::to_string(tp));
+    return errors;
+  }
+  const int64_t world = nodes * g;
+  const int64_t dp = world / tp;
+  const int64_t s = hybrid_shard == 0 ? dp : hybrid_shard;
+  if (dp % s != 0) {
+    fail("spec.parallelism.hybridShardDegree",
+         "must divide the data-parallel size (" + std::to_string(world) + " GPUs / tensorParallelDegree " +
+             std::to_string(tp) + " = " + std::to_string(dp) + "), got " + std::to_string(hybrid_shard));
+    return errors;
+  }
+  const int64_t group_gpus = s * tp;
+  if (group_gpus % g != 0 && g % group_gpus != 0) {
+    fail("spec.parallelism.hybridShardDegree",
+         "shard groups must tile whole nodes: hybridShardDegree x tensorParallelDegree (" +
+             std::to_string(group_gpus) + ") must divide or be a multiple of spec.gpusPerNode (" +
+             std::to_string(g) + "), got " + std::to_string(hybrid_shard));
+  }
+  return errors;
+}
+
+ParallelLayout::ParallelLayout(int64_t nodes, int64_t gpus_per_node, int64_t tp, int64_t hybrid_shard) {
+  FieldErrors errors = Check(nodes, gpus_per_node, tp, hybrid_shard);
+  if (!errors.empty()) {
+    std::string message = "invalid parallel layout:";
+    for (const FieldError& e : errors) message.append(" ").append(e.ToString()).append(";");
+    throw std::invalid_argument(message);
+  }
+  nodes_ = int(nodes);
+  gpus_per_node_ = int(gpus_per_node);
+  tp_ = int(tp);
+  const int dp = world() / tp_;
+  shard_ = hybrid_shard == 0 ? dp : int(hybrid_shard);
+  replicas_ = dp / shard_;
+}
+
+ParallelLayout ParallelLayout::ForSpec(const TrainingJobSpec& spec) {
+  return ParallelLayout(spec.nodes, spec.gpus_per_node, spec.parallelism.tensor_parallel_degree,
+                        spec.parallelism.hybrid_shard_degree);
+}
+
+int ParallelLayout::Degree(Axis axis) const {
+  switch (axis) {
+    case Axis::kTensor: return tp_;
+    case Axis::kShard: return shard_;
+    case Axis::kReplica: return replicas_;
+  }
+  return 0;
+}
+
+LayoutCoord ParallelLayout::CoordOf(int rank) const {
+  if (rank < 0 || rank >= world()) throw std::out_of_range("rank " + std::to_string(rank) + " outside world");
+  return {rank / (shard_ * tp_), (rank / tp_) % shard_, rank % tp_};
+}
+
+int ParallelLayout::RankOf(LayoutCoord c) const {
+  if (c.replica < 0 || c.replica >= replicas_ || c.shard < 0 || c.shard >= shard_ || c.tp < 0 || c.tp >= tp_) {
+    throw std::out_of_range("layout coordinate outside the mesh");
+  }
+  return (c.replica * shard_ + c.shard) * tp_ + c.tp;
+}
+
+std::vector<int> ParallelLayout::GroupOf(Axis axis, int rank) const {
+  LayoutCoord c = CoordOf(rank);
+  std::vector<int> members;
+  const int n = Degree(axis);
+  members.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    switch (axis) {
+      case Axis::kTensor: c.tp = i; break;
+      case Axis::kShard: c.shard = i; break;
+      case Axis::kReplica: c.replica = i; break;
+    }
+    members.push_back(RankOf(c));
+  }
+  return members;
+}
+
+std::vector<std::vector<int>> ParallelLayout::Groups(Axis axis) const {
+  std::vector<std::vector<int>> groups;
+  for (int rank = 0; rank < world(); ++rank) {
+    std::vector<int> group = GroupOf(axis, rank);
+    if (group.front() == rank) groups.push_back(std::move(group));  // each group once, at its lowest rank
+  }
+  return groups;
+}
+
+int ParallelLayout::NodesPerShardGroup() const {
+  const int group_gpus = shard_ * tp_;
+  return group_gpus <= gpus_per_node_ ? 1 : group_gpus / gpus_per_node_;
+}
+
+std::string FormatRanks(const std::vector<int>& ranks) {
+  if (ranks.empty()) return "";
+  if (ranks.size() <= 2) {
+    std::string out = std::to_string(ranks[0]);
+    for (size_t i = 1; i < ranks.size(); ++i) out.append(",").append(std::to_string(ranks[i]));
+    return out;
+  }
+  const int step = ranks[1] - ranks[0];
+  bool arithmetic = step > 0;
+  for (size_t i = 2; i < ranks.size() && arithmetic; ++i) arithmetic = ranks[i] - ranks[i - 1] == step;
+  if (!arithmetic) {
+    std::string out;
+    for (int r : ranks) out.append(out.empty() ? "" : ",").append(std::to_string(r));
+    return out;
+  }
+  std::string out = std::to_string(ranks.front()) + "-" + std::to_string(ranks.back());
+  if (step != 1) out += " step " + std::to_string(step);
+  return out;
+}
+
+}  // namespace meshtrain::api

@@ -1,0 +1,65 @@
+// Manifest files: YAML (one or more `---` documents, as kubectl takes them) or JSON,
+// turned into JSON objects, and then into checked TrainingJobs.
+//
+// YAML scalars are typed as kubectl types them (YAML 1.1 booleans such as `yes`,
+// integers, floats, null); quoted scalars are always strings. A `kind: List`
+// object is expanded into its items. Input size, nesting depth and alias
+// expansion are bounded, so hostile input gets an error, never a crash or hang.
+
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "api/field_error.h"
+#include "api/training_job.h"
+
+namespace meshtrain::api {
+
+// A file that cannot be read or parsed. what() names the source and, for
+// syntax errors, the 1-based line and column: "job.yaml:7:3: ...".
+class ManifestError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ManifestDocument {
+  int index = 0;  // 0-based position among the documents of the source
+  int line = 0;   // 1-based line where the document's content starts (0 if unknown)
+  nlohmann::json object;
+};
+
+inline constexpr size_t kMaxManifestBytes = 16 << 20;
+
+// Parses YAML or JSON text (JSON when it starts with `{` or `[`). Empty YAML
+// documents are skipped. Throws ManifestError.
+std::vector<ManifestDocument> ParseManifestText(std::string_view text, std::string_view source);
+
+// Reads and parses a file. Throws ManifestError, naming the file.
+std::vector<ManifestDocument> ReadManifestFile(const std::string& path);
+
+// One TrainingJob from a manifest, decoded, defaulted and validated.
+struct CheckedJob {
+  std::string source;  // file name
+  int document = 0;    // 0-based document index in the file
+  TrainingJob job;
+  FieldErrors errors;  // decoding and validation errors together; empty means valid
+
+  bool ok() const { return errors.empty(); }
+  // "job.yaml (document 2, TrainingJob "x")": where to look, for error messages.
+  std::string Where() const;
+};
+
+// Decodes, defaults and validates one object. Decoding errors do not stop
+// validation, so every error is reported at once.
+CheckedJob CheckTrainingJob(const nlohmann::json& object, std::string source, int document);
+
+// Every document of a file as a CheckedJob. Documents of other kinds are
+// reported as errors at `kind`. Throws ManifestError if the file is unreadable.
+std::vector<CheckedJob> LoadTrainingJobs(const std::string& path);
+
+}  // namespace meshtrain::api

@@ -1,0 +1,219 @@
+// The meshtrain.dev/v1alpha1 TrainingJob resource: plain C++ types for its spec and status.
+//
+// These are value types with no behaviour. Their JSON field names live in json_codec.cc;
+// defaults are the member initialisers below plus the derived ones that ApplyDefaults()
+// fills in (defaults.h). Thread-safety: none needed, they are plain values.
+
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace meshtrain::api {
+
+inline constexpr std::string_view kGroup = "meshtrain.dev";
+inline constexpr std::string_view kVersion = "v1alpha1";
+inline constexpr std::string_view kApiVersion = "meshtrain.dev/v1alpha1";
+inline constexpr std::string_view kKind = "TrainingJob";
+inline constexpr std::string_view kPlural = "trainingjobs";
+inline constexpr std::string_view kShortName = "tj";
+
+// The subset of Kubernetes ObjectMeta that meshtrain reads. Other metadata
+// fields (managedFields, finalizers, ...) belong to the API server and are ignored.
+struct ObjectMeta {
+  std::string name;
+  std::string namespace_;
+  std::string uid;
+  std::string resource_version;
+  int64_t generation = 0;
+  std::string creation_timestamp;
+  std::map<std::string, std::string> labels;
+  std::map<std::string, std::string> annotations;
+  bool operator==(const ObjectMeta&) const = default;
+};
+
+// Per-pod device requests. gpu defaults to spec.gpusPerNode.
+struct ResourceSpec {
+  std::optional<int64_t> gpu;
+  int64_t efa = 0;  // vpc.amazonaws.com/efa interfaces per pod
+  bool operator==(const ResourceSpec&) const = default;
+};
+
+// A model preset name, or an explicit shape; explicit fields override the preset's.
+struct ModelSpec {
+  std::string preset;
+  std::optional<int64_t> layers;
+  std::optional<int64_t> heads;
+  std::optional<int64_t> hidden;
+  std::optional<int64_t> vocab_size;
+  std::optional<int64_t> seq_len;
+  bool operator==(const ModelSpec&) const = default;
+};
+
+// Token files or glob patterns. A single string is accepted where a list is expected.
+struct DataSpec {
+  std::vector<std::string> train;
+  std::vector<std::string> validation;
+  bool operator==(const DataSpec&) const = default;
+};
+
+struct TrainingSpec {
+  int64_t steps = 1000;
+  int64_t global_batch_tokens = 524288;
+  int64_t micro_batch_size = 8;
+  double learning_rate = 6e-4;
+  int64_t warmup_steps = 100;
+  std::string schedule = "cosine";  // cosine | constant
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // 0 disables clipping
+  int64_t seed = 1337;
+  std::string precision = "auto";  // auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16
+  bool operator==(const TrainingSpec&) const = default;
+};
+
+// Also accepts the SageMaker model parallel v2 keys (tensor_parallel_degree, ...).
+struct ParallelismSpec {
+  int64_t tensor_parallel_degree = 1;
+  int64_t tensor_parallel_seed = 0;
+  int64_t hybrid_shard_degree = 0;  // 0: shard across all data-parallel ranks
+  bool activation_checkpointing = false;
+  bool activation_offloading = false;
+  int64_t activation_loading_horizon = 2;
+  bool operator==(const ParallelismSpec&) const = default;
+};
+
+struct CheckpointSpec {
+  std::string path;       // empty: no checkpoints
+  int64_t interval = 1000;  // steps between checkpoints
+  int64_t keep = 2;       // newest checkpoints kept on disk
+  bool operator==(const CheckpointSpec&) const = default;
+};
+
+// Node-label levels from the outermost network domain to the node itself.
+struct TopologySpec {
+  std::vector<std::string> levels;  // default: DefaultTopologyLevels()
+  std::string mode = "Preferred";   // Required | Preferred
+  bool operator==(const TopologySpec&) const = default;
+};
+
+struct RunPolicy {
+  int64_t backoff_limit = 3;
+  std::optional<int64_t> active_deadline_seconds;
+  std::optional<int64_t> ttl_seconds_after_finished;
+  bool suspend = false;
+  std::string clean_pod_policy = "Running";  // None | Running | All
+  bool operator==(const RunPolicy&) const = default;
+};
+
+struct Toleration {
+  std::string key;
+  std::string operator_ = "Equal";  // Equal | Exists
+  std::string value;
+  std::string effect;  // "" (all) | NoSchedule | PreferNoSchedule | NoExecute
+  std::optional<int64_t> toleration_seconds;
+  bool operator==(const Toleration&) const = default;
+};
+
+struct EnvVar {
+  std::string name;
+  std::string value;
+  bool operator==(const EnvVar&) const = default;
+};
+
+struct VolumeMount {
+  std::string name;
+  std::string mount_path;
+  bool read_only = false;
+  bool operator==(const VolumeMount&) const = default;
+};
+
+// Overrides merged into every worker pod. Volumes are Kubernetes Volume objects,
+// passed through as JSON (each must have a name).
+struct PodTemplateOverrides {
+  std::vector<Toleration> tolerations;
+  std::map<std::string, std::string> node_selector;
+  std::vector<nlohmann::json> volumes;
+  std::vector<VolumeMount> volume_mounts;
+  std::vector<EnvVar> env;
+  bool operator==(const PodTemplateOverrides&) const = default;
+};
+
+struct TrainingJobSpec {
+  std::string image;
+  int64_t nodes = 1;
+  int64_t gpus_per_node = 1;
+  ResourceSpec resources;
+  ModelSpec model;
+  DataSpec data;
+  TrainingSpec training;
+  ParallelismSpec parallelism;
+  CheckpointSpec checkpoint;
+  TopologySpec topology;
+  RunPolicy run_policy;
+  PodTemplateOverrides template_;
+  bool operator==(const TrainingJobSpec&) const = default;
+};
+
+struct Condition {
+  std::string type;
+  std::string status;  // True | False | Unknown
+  std::string reason;
+  std::string message;
+  std::string last_transition_time;  // RFC 3339
+  int64_t observed_generation = 0;
+  bool operator==(const Condition&) const = default;
+};
+
+struct PlacedNode {
+  int64_t node_rank = 0;
+  std::string name;
+  std::vector<std::string> topology_path;
+  bool operator==(const PlacedNode&) const = default;
+};
+
+struct PlacementStatus {
+  std::vector<PlacedNode> nodes;
+  double cost_seconds_per_step = 0;
+  bool operator==(const PlacementStatus&) const = default;
+};
+
+struct ProgressStatus {
+  int64_t step = 0;
+  double loss = 0;
+  double tokens_per_second = 0;
+  int64_t eta_seconds = 0;
+  bool operator==(const ProgressStatus&) const = default;
+};
+
+struct TrainingJobStatus {
+  std::string phase;  // Pending | Starting | Running | Restarting | Succeeded | Failed | Suspended
+  std::vector<Condition> conditions;
+  int64_t observed_generation = 0;
+  int64_t restarts = 0;
+  int64_t ready_workers = 0;
+  std::string start_time;
+  std::string completion_time;
+  std::optional<PlacementStatus> placement;
+  std::optional<ProgressStatus> progress;
+  bool operator==(const TrainingJobStatus&) const = default;
+};
+
+struct TrainingJob {
+  std::string api_version{kApiVersion};
+  std::string kind{kKind};
+  ObjectMeta metadata;
+  TrainingJobSpec spec;
+  TrainingJobStatus status;
+  bool operator==(const TrainingJob&) const = default;
+};
+
+// EKS's network topology labels, outermost first, then the node itself.
+std::vector<std::string> DefaultTopologyLevels();
+
+}  // namespace meshtrain::api

@@ -1,0 +1,315 @@
+#include "api/validation.h"
+
+#include <cmath>
+#include <set>
+#include <string>
+
+#include "api/layout.h"
+#include "api/model_shape.h"
+
+namespace meshtrain::api {
+namespace {
+
+// Collects errors for one job; each check reads as "path: rule".
+class Checker {
+ public:
+  FieldErrors errors;
+
+  void Fail(std::string path, std::string message) { errors.push_back({std::move(path), std::move(message)}); }
+
+  // min <= value <= max
+  bool Range(const std::string& path, int64_t value, int64_t min, int64_t max) {
+    if (value >= min && value <= max) return true;
+    if (max == kNoMax) Fail(path, "must be at least " + std::to_string(min) + ", got " + std::to_string(value));
+    else Fail(path, "must be between " + std::to_string(min) + " and " + std::to_string(max) + ", got " +
+                        std::to_string(value));
+    return false;
+  }
+
+  void Finite(const std::string& path, double value, double min, bool min_exclusive) {
+    if (!std::isfinite(value)) return Fail(path, "must be a finite number, got " + Show(value));
+    if (min_exclusive ? value <= min : value < min) {
+      Fail(path, std::string(min_exclusive ? "must be greater than " : "must be at least ") + Show(min) +
+                     ", got " + Show(value));
+    }
+  }
+
+  void OneOf(const std::string& path, const std::string& value, std::initializer_list<const char*> allowed) {
+    std::string list;
+    for (const char* a : allowed) {
+      if (value == a) return;
+      list += (list.empty() ? "" : ", ") + std::string(a);
+    }
+    Fail(path, "must be one of " + list + "; got \"" + value + "\"");
+  }
+
+  static constexpr int64_t kNoMax = INT64_MAX;
+
+ private:
+  static std::string Show(double v) {
+    std::string s = std::to_string(v);
+    s.erase(s.find_last_not_of('0') + 1);
+    if (!s.empty() && s.back() == '.') s.pop_back();
+    return s;
+  }
+};
+
+// RFC 1123 label: lowercase alphanumerics and '-', starting and ending alphanumeric.
+bool IsDnsLabel(const std::string& s, size_t max_length) {
+  if (s.empty() || s.size() > max_length) return false;
+  for (char c : s) {
+    if (!(std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '-')) {
+      return false;
+    }
+  }
+  return s.front() != '-' && s.back() != '-';
+}
+
+// A label value or the name part of a key: [A-Za-z0-9] at both ends, [-_.A-Za-z0-9] inside, at most 63.
+bool IsLabelName(const std::string& s, bool allow_empty) {
+  if (s.empty()) return allow_empty;
+  if (s.size() > 63) return false;
+  auto alnum = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; };
+  for (char c : s) {
+    if (!alnum(c) && c != '-' && c != '_' && c != '.') return false;
+  }
+  return alnum(s.front()) && alnum(s.back());
+}
+
+// A label key: an optional DNS-subdomain prefix and '/', then a name.
+bool IsLabelKey(const std::string& key) {
+  const size_t slash = key.find('/');
+  if (slash == std::string::npos) return IsLabelName(key, false);
+  const std::string prefix = key.substr(0, slash);
+  if (prefix.empty() || prefix.size() > 253) return false;
+  size_t start = 0;
+  while (start <= prefix.size()) {
+    size_t dot = prefix.find('.', start);
+    if (dot == std::string::npos) dot = prefix.size();
+    if (!IsDnsLabel(prefix.substr(start, dot - start), 63)) return false;
+    start = dot + 1;
+  }
+  return IsLabelName(key.substr(slash + 1), false);
+}
+
+// An environment variable name: [A-Za-z_][A-Za-z0-9_]*.
+bool IsEnvName(const std::string& s) {
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  for (char c : s) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  }
+  return true;
+}
+
+// Names the operator sets on every worker (DESIGN.md, "Worker contract").
+bool IsReservedEnvName(const std::string& s) {
+  for (const char* reserved : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) {
+    if (s == reserved) return true;
+  }
+  return s.starts_with("MESHTRAIN_");
+}
+
+void CheckMetadata(const TrainingJob& job, Checker& c) {
+  if (job.api_version != kApiVersion) {
+    c.Fail("apiVersion", "must be \"" + std::string(kApiVersion) + "\", got \"" + job.api_version + "\"");
+  }
+  if (job.kind != kKind) c.Fail("kind", "must be \"" + std::string(kKind) + "\", got \"" + job.kind + "\"");
+  const ObjectMeta& m = job.metadata;
+  // Pods are named <job>-<node rank>, and hostnames must stay DNS labels: leave room for the suffix.
+  if (m.name.empty()) c.Fail("metadata.name", "is required");
+  else if (!IsDnsLabel(m.name, 50)) {
+    c.Fail("metadata.name", "must be at most 50 lowercase letters, digits and '-', starting and ending with a "
+                            "letter or digit; got \"" + m.name + "\"");
+  }
+  if (!m.namespace_.empty() && !IsDnsLabel(m.namespace_, 63)) {
+    c.Fail("metadata.namespace", "must be a DNS label (lowercase letters, digits and '-'), got \"" +
+                                     m.namespace_ + "\"");
+  }
+}
+
+void CheckModel(const ModelSpec& m, Checker& c) {
+  if (!m.preset.empty() && FindPreset(m.preset) == nullptr) {
+    std::string known;
+    for (std::string_view name : PresetNames()) known += (known.empty() ? "" : ", ") + std::string(name);
+    c.Fail("spec.model.preset", "unknown preset \"" + m.preset + "\"; known presets: " + known);
+    return;  // the shape is unknown, so its fields are not worth checking
+  }
+  struct Dim {
+    const char* name;
+    const std::optional<int64_t>& value;
+    int64_t max;
+  };
+  for (const Dim& d : {Dim{"layers", m.layers, 1024}, Dim{"heads", m.heads, 1024}, Dim{"hidden", m.hidden, 1 << 17},
+                       Dim{"vocabSize", m.vocab_size, int64_t(1) << 24}, Dim{"seqLen", m.seq_len, 1 << 20}}) {
+    const std::string path = std::string("spec.model.") + d.name;
+    if (!d.value) c.Fail(path, "is required when spec.model.preset is not set");
+    else c.Range(path, *d.value, 1, d.max);
+  }
+  if (m.heads && m.hidden && *m.heads > 0 && *m.hidden > 0 && *m.hidden % *m.heads != 0) {
+    c.Fail("spec.model.hidden",
+           "must be divisible by spec.model.heads (" + std::to_string(*m.heads) + "), got " + std::to_string(*m.hidden));
+  }
+}
+
+void CheckData(const DataSpec& d, Checker& c) {
+  if (d.train.empty()) c.Fail("spec.data.train", "is required: give at least one token file or glob");
+  for (const auto* list : {&d.train, &d.validation}) {
+    const std::string base = list == &d.train ? "spec.data.train" : "spec.data.validation";
+    for (size_t i = 0; i < list->size(); ++i) {
+      if ((*list)[i].empty()) c.Fail(base + "[" + std::to_string(i) + "]", "must not be empty");
+    }
+  }
+}
+
+void CheckTraining(const TrainingSpec& t, Checker& c) {
+  c.Range("spec.training.steps", t.steps, 1, Checker::kNoMax);
+  c.Range("spec.training.globalBatchTokens", t.global_batch_tokens, 1, Checker::kNoMax);
+  c.Range("spec.training.microBatchSize", t.micro_batch_size, 1, 1 << 20);
+  c.Finite("spec.training.learningRate", t.learning_rate, 0, /*min_exclusive=*/true);
+  if (c.Range("spec.training.warmupSteps", t.warmup_steps, 0, Checker::kNoMax) && t.steps >= 1 &&
+      t.warmup_steps > t.steps) {
+    c.Fail("spec.training.warmupSteps", "must not exceed spec.training.steps (" + std::to_string(t.steps) +
+                                            "), got " + std::to_string(t.warmup_steps));
+  }
+  c.OneOf("spec.training.schedule", t.schedule, {"cosine", "constant"});
+  c.Finite("spec.training.weightDecay", t.weight_decay, 0, false);
+  c.Finite("spec.training.gradClip", t.grad_clip, 0, false);
+  c.Range("spec.training.seed", t.seed, 0, Checker::kNoMax);
+  c.OneOf("spec.training.precision", t.precision, {"auto", "fp32", "bf16"});
+}
+
+// Checks that need the sizes of several blocks at once: the mesh, TP against the
+// model, and the batch against the data-parallel size.
+void CheckLayout(const TrainingJobSpec& spec, Checker& c) {
+  const ParallelismSpec& p = spec.parallelism;
+  FieldErrors layout = ParallelLayout::Check(spec.nodes, spec.gpus_per_node, p.tensor_parallel_degree,
+                                             p.hybrid_shard_degree);
+  const bool layout_ok = layout.empty();
+  for (FieldError& e : layout) c.errors.push_back(std::move(e));
+
+  const int64_t tp = p.tensor_parallel_degree;
+  const ModelSpec& m = spec.model;
+  if (tp >= 1 && m.heads && *m.heads >= 1 && *m.heads % tp != 0) {
+    c.Fail("spec.parallelism.tensorParallelDegree",
+           "must divide spec.model.heads (" + std::to_string(*m.heads) + "), got " + std::to_string(tp));
+  }
+  if (tp >= 1 && m.hidden && *m.hidden >= 1 && (4 * *m.hidden) % tp != 0) {
+    c.Fail("spec.parallelism.tensorParallelDegree", "must divide the MLP width (4 x spec.model.hidden = " +
+                                                        std::to_string(4 * *m.hidden) + "), got " + std::to_string(tp));
+  }
+  if (!layout_ok || !m.seq_len || *m.seq_len < 1 || spec.training.micro_batch_size < 1) return;
+
+  const ParallelLayout mesh = ParallelLayout::ForSpec(spec);
+  const int64_t per_step = spec.training.micro_batch_size * *m.seq_len * mesh.data_parallel();
+  if (spec.training.global_batch_tokens >= 1 && spec.training.global_batch_tokens % per_step != 0) {
+    c.Fail("spec.training.globalBatchTokens",
+           "must be a multiple of microBatchSize x seqLen x data-parallel ranks (" +
+               std::to_string(spec.training.micro_batch_size) + " x " + std::to_string(*m.seq_len) + " x " +
+               std::to_string(mesh.data_parallel()) + " = " + std::to_string(per_step) + "), got " +
+               std::to_string(spec.training.global_batch_tokens));
+  }
+}
+
+void CheckParallelism(const ParallelismSpec& p, Checker& c) {
+  c.Range("spec.parallelism.tensorParallelSeed", p.tensor_parallel_seed, 0, Checker::kNoMax);
+  c.Range("spec.parallelism.activationLoadingHorizon", p.activation_loading_horizon, 1, 1024);
+  if (p.activation_offloading && !p.activation_checkpointing) {
+    c.Fail("spec.parallelism.activationOffloading",
+           "requires spec.parallelism.activationCheckpointing: the offloaded tensors are the checkpointed block inputs");
+  }
+}
+
+void CheckCheckpoint(const CheckpointSpec& k, Checker& c) {
+  c.Range("spec.checkpoint.interval", k.interval, 1, Checker::kNoMax);
+  c.Range("spec.checkpoint.keep", k.keep, 1, 1000);
+}
+
+void CheckTopology(const TopologySpec& t, Checker& c) {
+  std::set<std::string> seen;
+  for (size_t i = 0; i < t.levels.size(); ++i) {
+    const std::string path = "spec.topology.levels[" + std::to_string(i) + "]";
+    if (!IsLabelKey(t.levels[i])) c.Fail(path, "must be a node label key such as kubernetes.io/hostname, got \"" +
+                                                   t.levels[i] + "\"");
+    else if (!seen.insert(t.levels[i]).second) c.Fail(path, "repeats the level \"" + t.levels[i] + "\"");
+  }
+  c.OneOf("spec.topology.mode", t.mode, {"Required", "Preferred"});
+}
+
+void CheckRunPolicy(const RunPolicy& r, Checker& c) {
+  c.Range("spec.runPolicy.backoffLimit", r.backoff_limit, 0, 1000);
+  if (r.active_deadline_seconds) c.Range("spec.runPolicy.activeDeadlineSeconds", *r.active_deadline_seconds, 1, Checker::kNoMax);
+  if (r.ttl_seconds_after_finished) {
+    c.Range("spec.runPolicy.ttlSecondsAfterFinished", *r.ttl_seconds_after_finished, 0, Checker::kNoMax);
+  }
+  c.OneOf("spec.runPolicy.cleanPodPolicy", r.clean_pod_policy, {"None", "Running", "All"});
+}
+
+void CheckTemplate(const PodTemplateOverrides& t, Checker& c) {
+  for (size_t i = 0; i < t.tolerations.size(); ++i) {
+    const Toleration& tol = t.tolerations[i];
+    const std::string path = "spec.template.tolerations[" + std::to_string(i) + "]";
+    c.OneOf(path + ".operator", tol.operator_, {"Equal", "Exists"});
+    if (tol.operator_ == "Exists" && !tol.value.empty()) c.Fail(path + ".value", "must be empty when operator is Exists");
+    if (tol.operator_ == "Equal" && tol.key.empty()) c.Fail(path + ".key", "is required when operator is Equal");
+    if (!tol.key.empty() && !IsLabelKey(tol.key)) c.Fail(path + ".key", "must be a label key, got \"" + tol.key + "\"");
+    if (!tol.effect.empty()) c.OneOf(path + ".effect", tol.effect, {"NoSchedule", "PreferNoSchedule", "NoExecute"});
+    if (tol.toleration_seconds && tol.effect != "NoExecute") {
+      c.Fail(path + ".tolerationSeconds", "is only meaningful with effect NoExecute");
+    }
+  }
+  for (const auto& [key, value] : t.node_selector) {
+    const std::string path = "spec.template.nodeSelector." + key;
+    if (!IsLabelKey(key)) c.Fail(path, "is not a valid label key");
+    else if (!IsLabelName(value, true)) c.Fail(path, "must be a label value (at most 63 of [-_.A-Za-z0-9]), got \"" + value + "\"");
+  }
+  std::set<std::string> volume_names;
+  for (size_t i = 0; i < t.volumes.size(); ++i) {
+    const std::string path = "spec.template.volumes[" + std::to_string(i) + "].name";
+    const nlohmann::json& v = t.volumes[i];
+    if (!v.contains("name") || !v["name"].is_string() || v["name"].get<std::string>().empty()) {
+      c.Fail(path, "is required");
+      continue;
+    }
+    const std::string name = v["name"].get<std::string>();
+    if (!IsDnsLabel(name, 63)) c.Fail(path, "must be a DNS label, got \"" + name + "\"");
+    else if (!volume_names.insert(name).second) c.Fail(path, "repeats the volume \"" + name + "\"");
+  }
+  for (size_t i = 0; i < t.volume_mounts.size(); ++i) {
+    const VolumeMount& vm = t.volume_mounts[i];
+    const std::string path = "spec.template.volumeMounts[" + std::to_string(i) + "]";
+    if (!volume_names.contains(vm.name)) c.Fail(path + ".name", "names no volume in spec.template.volumes: \"" + vm.name + "\"");
+    if (!vm.mount_path.starts_with("/")) c.Fail(path + ".mountPath", "must be an absolute path, got \"" + vm.mount_path + "\"");
+  }
+  for (size_t i = 0; i < t.env.size(); ++i) {
+    const std::string path = "spec.template.env[" + std::to_string(i) + "].name";
+    const std::string& name = t.env[i].name;
+    if (!IsEnvName(name)) c.Fail(path, "must be a variable name ([A-Za-z_][A-Za-z0-9_]*), got \"" + name + "\"");
+    else if (IsReservedEnvName(name)) c.Fail(path, "\"" + name + "\" is set by meshtrain for every worker and cannot be overridden");
+  }
+}
+
+}  // namespace
+
+FieldErrors ValidateTrainingJob(const TrainingJob& job) {
+  Checker c;
+  const TrainingJobSpec& spec = job.spec;
+  CheckMetadata(job, c);
+  if (spec.image.empty()) c.Fail("spec.image", "is required: the container image that holds meshtrain-worker");
+  if (spec.resources.gpu && *spec.resources.gpu != spec.gpus_per_node) {
+    c.Fail("spec.resources.gpu", "must equal spec.gpusPerNode (" + std::to_string(spec.gpus_per_node) +
+                                     "), one rank per GPU; got " + std::to_string(*spec.resources.gpu));
+  }
+  c.Range("spec.resources.efa", spec.resources.efa, 0, 64);
+  CheckModel(spec.model, c);
+  CheckData(spec.data, c);
+  CheckTraining(spec.training, c);
+  CheckLayout(spec, c);
+  CheckParallelism(spec.parallelism, c);
+  CheckCheckpoint(spec.checkpoint, c);
+  CheckTopology(spec.topology, c);
+  CheckRunPolicy(spec.run_policy, c);
+  CheckTemplate(spec.template_, c);
+  return c.errors;
+}
+
+}  // namespace meshtrain::api

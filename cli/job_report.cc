@@ -1,0 +1,56 @@
+#include "cli/job_report.h"
+
+#include "api/layout.h"
+#include "api/model_shape.h"
+
+namespace meshtrain::cli {
+
+bool LoadJobsOrReport(const std::string& file, std::vector<api::CheckedJob>* jobs, std::ostream& out) {
+  try {
+    *jobs = api::LoadTrainingJobs(file);
+    return true;
+  } catch (const api::ManifestError& e) {
+    out << e.what() << "\n";
+    return false;
+  }
+}
+
+void PrintErrors(const api::CheckedJob& job, std::ostream& out) {
+  for (const api::FieldError& e : job.errors) out << job.Where() << ": " << e.ToString() << "\n";
+}
+
+void PrintLayout(const api::CheckedJob& job, bool groups, std::ostream& out) {
+  const api::TrainingJobSpec& spec = job.job.spec;
+  const api::ParallelLayout mesh = api::ParallelLayout::ForSpec(spec);
+  const api::ModelShape shape = api::ShapeOf(spec.model);
+  out << "TrainingJob " << job.job.metadata.name << ": " << mesh.nodes() << " node(s) x " << mesh.gpus_per_node()
+      << " GPU(s) = " << mesh.world() << " rank(s)\n"
+      << "  model: " << shape.layers << " layers, " << shape.heads << " heads, hidden " << shape.hidden << ", vocab "
+      << shape.vocab_size << ", seq " << shape.seq_len << " (" << shape.ParameterCount() << " parameters)\n"
+      << "  mesh: " << mesh.replicas() << " replica(s) x " << mesh.shard() << " shard x " << mesh.tp()
+      << " tp; data-parallel size " << mesh.data_parallel() << "; a shard group spans "
+      << mesh.NodesPerShardGroup() << " node(s)\n";
+  const int64_t per_micro_step = spec.training.micro_batch_size * shape.seq_len * mesh.data_parallel();
+  out << "  batch: " << spec.training.global_batch_tokens << " tokens per step = " << per_micro_step
+      << " per micro-step x " << spec.training.global_batch_tokens / per_micro_step << " accumulation step(s)\n";
+  if (!groups) return;
+
+  out << "  nodes:\n";
+  for (int n = 0; n < mesh.nodes(); ++n) {
+    std::vector<int> ranks;
+    for (int r = n * mesh.gpus_per_node(); r < (n + 1) * mesh.gpus_per_node(); ++r) ranks.push_back(r);
+    out << "    node " << n << ": ranks " << api::FormatRanks(ranks) << "\n";
+  }
+  for (api::Axis axis : {api::Axis::kTensor, api::Axis::kShard, api::Axis::kReplica}) {
+    const auto all = mesh.Groups(axis);
+    out << "  " << api::AxisName(axis) << " groups (" << all.size() << " of " << mesh.Degree(axis) << "):\n";
+    for (const auto& group : all) {
+      out << "    " << api::FormatRanks(group) << "  (node" << (mesh.NodeOf(group.front()) == mesh.NodeOf(group.back()) ? " " : "s ")
+          << mesh.NodeOf(group.front());
+      if (mesh.NodeOf(group.front()) != mesh.NodeOf(group.back())) out << "-" << mesh.NodeOf(group.back());
+      out << ")\n";
+    }
+  }
+}
+
+}  // namespace meshtrain::cli

@@ -1,0 +1,22 @@
+// Shared pieces of the commands' reports.
+
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "api/manifest.h"
+
+namespace meshtrain::cli {
+
+// Loads `file`; on a read or syntax error prints it and returns false.
+bool LoadJobsOrReport(const std::string& file, std::vector<api::CheckedJob>* jobs, std::ostream& out);
+
+// Prints each error of an invalid job as "<where>: <path>: <message>".
+void PrintErrors(const api::CheckedJob& job, std::ostream& out);
+
+// Prints the R x S x T mesh of a valid job; with `groups`, every group's members too.
+void PrintLayout(const api::CheckedJob& job, bool groups, std::ostream& out);
+
+}  // namespace meshtrain::cli

@@ -1,0 +1,33 @@
+# Helpers that give every meshtrain target the same warnings, sanitizers and layout.
+
+if(MESHTRAIN_SANITIZE)
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+
+# Warnings apply to meshtrain's own code only; third-party headers come in as SYSTEM.
+function(meshtrain_warnings target)
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow>)
+  if(MESHTRAIN_WERROR)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+  endif()
+endfunction()
+
+# meshtrain_library(NAME SOURCES... DEPS ...): a component library, included from the repo root.
+function(meshtrain_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SOURCES})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${name} PUBLIC ${ARG_DEPS})
+  meshtrain_warnings(${name})
+endfunction()
+
+# meshtrain_test(NAME LABEL SOURCES... DEPS ...): a gtest binary whose cases are registered with ctest.
+function(meshtrain_test name label)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest_main)
+  meshtrain_warnings(${name})
+  gtest_discover_tests(${name} PROPERTIES LABELS ${label}
+                       WORKING_DIRECTORY ${PROJECT_SOURCE_DIR} DISCOVERY_TIMEOUT 60)
+endfunction()
