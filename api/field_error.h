@@ -11,9 +11,15 @@
 
 namespace meshtrain::api {
 
+// Which stage found the problem. Undecodable values (wrong type, out of range,
+// conflicting aliases) leave their field at its default, so semantic validation
+// is only meaningful once there are none; unknown fields change no value.
+enum class FieldErrorType { kInvalid, kUndecodable, kUnknownField };
+
 struct FieldError {
   std::string path;
   std::string message;
+  FieldErrorType type = FieldErrorType::kInvalid;
 
   // "path: message"
   std::string ToString() const { return path.empty() ? message : path + ": " + message; }

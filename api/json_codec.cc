@@ -237,7 +237,7 @@ template <class T>
 concept Record = requires(T& t, ObjectDecoder& d) { Fields(t, d); };
 
 void AddError(FieldErrors* errors, std::string path, std::string message) {
-  errors->push_back({std::move(path), std::move(message)});
+  errors->push_back({std::move(path), std::move(message), FieldErrorType::kUndecodable});
 }
 
 void Read(const Json& j, const std::string& path, FieldErrors* errors, int64_t& out) {
@@ -320,7 +320,7 @@ class ObjectDecoder {
   ~ObjectDecoder() {
     if (object_ == nullptr || lenient_) return;
     for (const auto& [key, value] : object_->items()) {
-      if (!claimed_.contains(key)) AddError(errors_, Child(key), "unknown field");
+      if (!claimed_.contains(key)) errors_->push_back({Child(key), "unknown field", FieldErrorType::kUnknownField});
     }
   }
 

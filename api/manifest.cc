@@ -270,12 +270,12 @@ CheckedJob CheckTrainingJob(const Json& object, std::string source, int document
   CheckedJob checked{std::move(source), document, {}, {}};
   checked.job = DecodeTrainingJob(object, &checked.errors);
   ApplyDefaults(&checked.job);
-  for (FieldError& e : ValidateTrainingJob(checked.job)) {
-    // A field that failed to decode holds its default; do not also report it as invalid.
-    bool reported = false;
-    for (const FieldError& d : checked.errors) reported = reported || d.path == e.path;
-    if (!reported) checked.errors.push_back(std::move(e));
+  // A field that failed to decode holds its default, and checks against it would
+  // report problems the manifest does not have: validate once every value decoded.
+  for (const FieldError& e : checked.errors) {
+    if (e.type == FieldErrorType::kUndecodable) return checked;
   }
+  for (FieldError& e : ValidateTrainingJob(checked.job)) checked.errors.push_back(std::move(e));
   return checked;
 }
 

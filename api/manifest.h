@@ -54,8 +54,9 @@ struct CheckedJob {
   std::string Where() const;
 };
 
-// Decodes, defaults and validates one object. Decoding errors do not stop
-// validation, so every error is reported at once.
+// Decodes, defaults and validates one object. Unknown fields and validation
+// errors are reported together; a value that cannot be decoded (a wrong type)
+// is reported alone, since checks against its placeholder would mislead.
 CheckedJob CheckTrainingJob(const nlohmann::json& object, std::string source, int document);
 
 // Every document of a file as a CheckedJob. Documents of other kinds are

@@ -1,0 +1,124 @@
+// The layout math, checked exhaustively for every valid layout up to 512 ranks.
+
+#include "api/layout.h"
+
+#include <algorithm>
+#include <set>
+
+#include <gtest/gtest.h>
+
+namespace meshtrain::api {
+namespace {
+
+struct Sizes {
+  int nodes, gpus, tp, shard;  // shard as written in the spec (0 = all data-parallel ranks)
+};
+
+std::vector<Sizes> AllValidLayouts(int max_world) {
+  std::vector<Sizes> out;
+  for (int gpus : {1, 2, 4, 8, 16}) {
+    for (int nodes = 1; nodes * gpus <= max_world; ++nodes) {
+      for (int tp = 1; tp <= gpus; ++tp) {
+        for (int shard = 0; shard <= nodes * gpus; ++shard) {
+          if (ParallelLayout::Check(nodes, gpus, tp, shard).empty()) out.push_back({nodes, gpus, tp, shard});
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// Checks that `groups` partition the world into groups of `size`.
+void ExpectPartition(const std::vector<std::vector<int>>& groups, int world, int size, const char* what) {
+  std::vector<int> seen(world, 0);
+  for (const auto& g : groups) {
+    ASSERT_EQ(int(g.size()), size) << what;
+    ASSERT_TRUE(std::is_sorted(g.begin(), g.end())) << what;
+    for (int r : g) ++seen[r];
+  }
+  EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; })) << what;
+}
+
+TEST(Layout, EveryValidLayoutUpTo512Ranks) {
+  const auto layouts = AllValidLayouts(512);
+  ASSERT_GT(layouts.size(), 3000u);
+  for (const Sizes& s : layouts) {
+    SCOPED_TRACE(testing::Message() << s.nodes << " nodes x " << s.gpus << " gpus, tp " << s.tp << ", shard " << s.shard);
+    const ParallelLayout mesh(s.nodes, s.gpus, s.tp, s.shard);
+    const int world = s.nodes * s.gpus;
+    ASSERT_EQ(mesh.world(), world);
+    ASSERT_EQ(mesh.replicas() * mesh.shard() * mesh.tp(), world);
+    if (s.shard == 0) EXPECT_EQ(mesh.replicas(), 1);
+    else EXPECT_EQ(mesh.shard(), s.shard);
+
+    for (int rank = 0; rank < world; ++rank) {
+      const LayoutCoord c = mesh.CoordOf(rank);
+      ASSERT_EQ(mesh.RankOf(c), rank);
+      ASSERT_EQ(rank, (c.replica * mesh.shard() + c.shard) * mesh.tp() + c.tp);  // DESIGN.md's formula
+      ASSERT_EQ(mesh.NodeOf(rank) * s.gpus + mesh.LocalRankOf(rank), rank);
+    }
+    const auto tp = mesh.Groups(Axis::kTensor);
+    const auto shard = mesh.Groups(Axis::kShard);
+    const auto replica = mesh.Groups(Axis::kReplica);
+    ExpectPartition(tp, world, mesh.tp(), "tp");
+    ExpectPartition(shard, world, mesh.shard(), "shard");
+    ExpectPartition(replica, world, mesh.replicas(), "replica");
+
+    // A TP group sits inside one node, on consecutive ranks.
+    for (const auto& g : tp) {
+      EXPECT_EQ(mesh.NodeOf(g.front()), mesh.NodeOf(g.back()));
+      EXPECT_EQ(g.back() - g.front(), mesh.tp() - 1);
+    }
+    // A shard group's ranks fill exactly NodesPerShardGroup() whole, neighbouring nodes,
+    // together with the other tp lanes of the same replica.
+    for (const auto& g : shard) {
+      std::set<int> nodes;
+      for (int r : g) nodes.insert(mesh.NodeOf(r));
+      EXPECT_EQ(int(nodes.size()), mesh.NodesPerShardGroup());
+      EXPECT_EQ(*nodes.rbegin() - *nodes.begin() + 1, int(nodes.size()));
+    }
+    // Every member of a group agrees on the group, along every axis.
+    for (int rank = 0; rank < world; ++rank) {
+      for (Axis axis : {Axis::kTensor, Axis::kShard, Axis::kReplica}) {
+        const auto g = mesh.GroupOf(axis, rank);
+        ASSERT_NE(std::find(g.begin(), g.end(), rank), g.end());
+        EXPECT_EQ(mesh.GroupOf(axis, g.back()), g);
+      }
+    }
+  }
+}
+
+TEST(Layout, TheTwoPointSevenBillionExample) {
+  const ParallelLayout mesh(32, 8, 8, 16);
+  EXPECT_EQ(mesh.world(), 256);
+  EXPECT_EQ(mesh.replicas(), 2);
+  EXPECT_EQ(mesh.NodesPerShardGroup(), 16);
+  EXPECT_EQ(mesh.GroupOf(Axis::kTensor, 13), (std::vector<int>{8, 9, 10, 11, 12, 13, 14, 15}));
+  EXPECT_EQ(FormatRanks(mesh.GroupOf(Axis::kShard, 3)), "3-123 step 8");
+  EXPECT_EQ(mesh.GroupOf(Axis::kReplica, 3), (std::vector<int>{3, 131}));
+  EXPECT_EQ(mesh.CoordOf(131), (LayoutCoord{1, 0, 3}));
+}
+
+TEST(Layout, InvalidSizesThrowWithTheFieldPath) {
+  EXPECT_THROW(ParallelLayout(2, 8, 3, 0), std::invalid_argument);
+  try {
+    ParallelLayout(3, 8, 2, 3);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("spec.parallelism.hybridShardDegree"), std::string::npos);
+  }
+  const ParallelLayout mesh(1, 8, 2, 0);
+  EXPECT_THROW(mesh.CoordOf(8), std::out_of_range);
+  EXPECT_THROW(mesh.RankOf({0, 0, 2}), std::out_of_range);
+}
+
+TEST(Layout, FormatRanks) {
+  EXPECT_EQ(FormatRanks({}), "");
+  EXPECT_EQ(FormatRanks({5}), "5");
+  EXPECT_EQ(FormatRanks({0, 128}), "0,128");
+  EXPECT_EQ(FormatRanks({0, 1, 2, 3}), "0-3");
+  EXPECT_EQ(FormatRanks({1, 3, 4}), "1,3,4");
+}
+
+}  // namespace
+}  // namespace meshtrain::api

@@ -1,0 +1,151 @@
+#include "api/manifest.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+namespace meshtrain::api {
+namespace {
+
+using Json = nlohmann::json;
+
+// The message of the ManifestError that parsing `text` throws.
+std::string ParseError(const std::string& text) {
+  try {
+    ParseManifestText(text, "job.yaml");
+  } catch (const ManifestError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Manifest, ScalarsAreTypedAsKubectlTypesThem) {
+  const auto docs = ParseManifestText(R"(
+int: 8
+negative: -3
+hex: 0x1F
+float: 6.0e-4
+dot: .5
+bool_yes: yes
+bool_off: Off
+quoted_int: "8"
+single_quoted: 'true'
+explicit_str: !!str 12
+null_tilde: ~
+empty:
+word: gpt2-124m
+version: 1.2.3
+inf: .inf
+)",
+                                      "t.yaml");
+  ASSERT_EQ(docs.size(), 1u);
+  const Json& o = docs[0].object;
+  EXPECT_TRUE(o["int"].is_number_integer());
+  EXPECT_EQ(o["int"], 8);
+  EXPECT_EQ(o["negative"], -3);
+  EXPECT_EQ(o["hex"], 31);
+  EXPECT_DOUBLE_EQ(o["float"].get<double>(), 6.0e-4);
+  EXPECT_DOUBLE_EQ(o["dot"].get<double>(), 0.5);
+  EXPECT_EQ(o["bool_yes"], true);
+  EXPECT_EQ(o["bool_off"], false);
+  EXPECT_EQ(o["quoted_int"], "8");
+  EXPECT_EQ(o["single_quoted"], "true");
+  EXPECT_EQ(o["explicit_str"], "12");
+  EXPECT_TRUE(o["null_tilde"].is_null());
+  EXPECT_TRUE(o["empty"].is_null());
+  EXPECT_EQ(o["word"], "gpt2-124m");
+  EXPECT_EQ(o["version"], "1.2.3");
+  EXPECT_TRUE(std::isinf(o["inf"].get<double>()));
+}
+
+TEST(Manifest, SeveralDocumentsKeepTheirOrderAndLines) {
+  const auto docs = ParseManifestText("---\na: 1\n---\n\n---\nb: 2\nc: 3\n---\n", "multi.yaml");
+  ASSERT_EQ(docs.size(), 2u);  // the empty documents are skipped
+  EXPECT_EQ(docs[0].object, Json({{"a", 1}}));
+  EXPECT_EQ(docs[0].index, 0);
+  EXPECT_EQ(docs[0].line, 2);
+  EXPECT_EQ(docs[1].object, Json({{"b", 2}, {"c", 3}}));
+  EXPECT_EQ(docs[1].index, 1);
+  EXPECT_EQ(docs[1].line, 6);
+}
+
+TEST(Manifest, MalformedYamlGetsLineAndColumn) {
+  EXPECT_EQ(ParseError("a: 1\n  b: 2\n"), "job.yaml:2:4: illegal map value");
+  EXPECT_EQ(ParseError("spec:\n  nodes: b: c\n").rfind("job.yaml:2:", 0), 0u);
+  EXPECT_EQ(ParseError("spec:\n\tnodes: 2\n"), "job.yaml:2:1: illegal tab when looking for indentation");
+  EXPECT_EQ(ParseError("a: 1\nb: {x: 1\nc: 2\n").rfind("job.yaml:3:", 0), 0u);
+}
+
+TEST(Manifest, DuplicateKeysAreErrorsWithTheirPosition) {
+  const std::string message = ParseError("spec:\n  nodes: 1\n  nodes: 2\n");
+  EXPECT_NE(message.find("job.yaml:3:3: duplicate key \"nodes\""), std::string::npos) << message;
+}
+
+TEST(Manifest, MalformedJsonGetsLineAndColumn) {
+  const std::string message = ParseError("{\n  \"spec\": {\n    \"nodes\": 1,\n  }\n}\n");
+  EXPECT_EQ(message.rfind("job.yaml:4:3:", 0), 0u) << message;
+}
+
+TEST(Manifest, JsonArraysAndListsExpandIntoDocuments) {
+  const auto array = ParseManifestText(R"([{"a": 1}, {"b": 2}])", "a.json");
+  ASSERT_EQ(array.size(), 2u);
+  EXPECT_EQ(array[1].object, Json({{"b", 2}}));
+  const auto list = ParseManifestText("kind: List\nitems:\n- {a: 1}\n- {b: 2}\n- {c: 3}\n", "l.yaml");
+  ASSERT_EQ(list.size(), 3u);
+  EXPECT_EQ(list[2].index, 2);
+  EXPECT_EQ(list[2].object, Json({{"c", 3}}));
+}
+
+TEST(Manifest, HostileInputIsBounded) {
+  // Billion laughs: nine levels of ten aliases would expand to 10^9 values.
+  std::string laughs = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i <= 9; ++i) {
+    laughs += "a" + std::to_string(i) + ": &a" + std::to_string(i) + " [";
+    for (int j = 0; j < 10; ++j) laughs += std::string(j ? ", " : "") + "*a" + std::to_string(i - 1);
+    laughs += "]\n";
+  }
+  EXPECT_NE(ParseError(laughs).find("too many values"), std::string::npos);
+  EXPECT_NE(ParseError(std::string(100, '[') + std::string(100, ']')).find("too deep"), std::string::npos);
+  EXPECT_NE(ParseError("a: " + std::string(100, '[') + std::string(100, ']')).find("deeper than"), std::string::npos);
+  EXPECT_NE(ParseError(std::string("a: 1\0b", 6)).find("NUL"), std::string::npos);
+  EXPECT_NE(ParseError(std::string(kMaxManifestBytes + 1, ' ')).find("larger than"), std::string::npos);
+}
+
+TEST(Manifest, MissingFileIsNamed) {
+  try {
+    ReadManifestFile("/nonexistent/job.yaml");
+    FAIL() << "no error";
+  } catch (const ManifestError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/job.yaml: cannot open"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Manifest, LoadTrainingJobsChecksEveryDocument) {
+  const std::filesystem::path path = std::filesystem::temp_directory_path() / "meshtrain_manifest_test.yaml";
+  {
+    std::ofstream out(path);
+    out << "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: other}\n---\n";
+    std::ifstream tiny("examples/gpt2-tiny-local.yaml");
+    out << tiny.rdbuf();
+  }
+  const auto jobs = LoadTrainingJobs(path.string());
+  std::filesystem::remove(path);
+  ASSERT_EQ(jobs.size(), 2u);
+  ASSERT_FALSE(jobs[0].ok());
+  EXPECT_EQ(jobs[0].errors[0].ToString(), "apiVersion: must be \"meshtrain.dev/v1alpha1\", got \"v1\"");
+  EXPECT_TRUE(jobs[1].ok());
+  EXPECT_EQ(jobs[1].document, 1);
+  EXPECT_NE(jobs[1].Where().find("(document 2) TrainingJob \"gpt2-tiny-local\""), std::string::npos);
+}
+
+TEST(Manifest, ANonObjectDocumentIsAnError) {
+  const CheckedJob job = CheckTrainingJob(ParseManifestText("- a\n- b\n", "list.yaml").at(0).object, "list.yaml", 0);
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.errors[0].message, "must be an object, got a list");
+}
+
+}  // namespace
+}  // namespace meshtrain::api

@@ -1,0 +1,252 @@
+// Table-driven validation: each case breaks one thing in a valid manifest and
+// names the exact field paths that must be reported, and no others.
+
+#include <cmath>
+#include <limits>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "api/manifest.h"
+
+namespace meshtrain::api {
+namespace {
+
+using Json = nlohmann::json;
+
+// 2 nodes x 8 GPUs, TP 2, shard 4, 2 replicas: dp 8, 32768 tokens per micro-step.
+constexpr const char* kBase = R"(
+apiVersion: meshtrain.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: base-job, namespace: team-a}
+spec:
+  image: example.com/meshtrain:1
+  nodes: 2
+  gpusPerNode: 8
+  model: {preset: gpt2-124m}
+  data: {train: [/data/train.bin], validation: [/data/val.bin]}
+  training: {steps: 1000, globalBatchTokens: 65536, microBatchSize: 4, warmupSteps: 10}
+  parallelism: {tensorParallelDegree: 2, hybridShardDegree: 4}
+  template:
+    tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+    nodeSelector: {node.kubernetes.io/instance-type: p5.48xlarge}
+    volumes: [{name: data, emptyDir: {}}]
+    volumeMounts: [{name: data, mountPath: /data}]
+    env: [{name: NCCL_DEBUG, value: INFO}]
+)";
+
+Json Base() { return ParseManifestText(kBase, "base.yaml").at(0).object; }
+
+struct Edit {
+  std::string pointer;  // JSON pointer into the manifest
+  Json value;           // the new value; a discarded Json removes the field
+};
+
+struct Case {
+  std::string name;
+  std::vector<Edit> edits;
+  std::set<std::string> paths;  // exactly the field paths that must be reported
+  std::string message = {};     // if set, the first error's text must contain it
+};
+
+Json Remove() { return Json(Json::value_t::discarded); }
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+const std::vector<Case>& Cases() {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  static const std::vector<Case> cases = {
+      {"wrong api version", {{"/apiVersion", "meshtrain.dev/v1"}}, {"apiVersion"}},
+      {"wrong kind", {{"/kind", "Job"}}, {"kind"}},
+      {"missing name", {{"/metadata/name", Remove()}}, {"metadata.name"}, "is required"},
+      {"name with capitals", {{"/metadata/name", "Bad_Name"}}, {"metadata.name"}},
+      {"name too long", {{"/metadata/name", std::string(60, 'a')}}, {"metadata.name"}},
+      {"bad namespace", {{"/metadata/namespace", "Team A"}}, {"metadata.namespace"}},
+      {"top-level typo", {{"/specs", Json::object()}}, {"specs"}, "unknown field"},
+      {"spec not an object", {{"/spec", "x"}}, {"spec"}, "must be an object"},
+      {"no image", {{"/spec/image", Remove()}}, {"spec.image"}},
+      {"zero nodes", {{"/spec/nodes", 0}}, {"spec.nodes"}, "must be between 1 and 65536, got 0"},
+      {"negative nodes", {{"/spec/nodes", -3}}, {"spec.nodes"}},
+      {"nodes as string", {{"/spec/nodes", "two"}}, {"spec.nodes"}, "must be an integer, got string \"two\""},
+      {"zero gpus", {{"/spec/gpusPerNode", 0}}, {"spec.gpusPerNode"}},
+      {"fractional gpus", {{"/spec/gpusPerNode", 1.5}}, {"spec.gpusPerNode"}, "must be an integer"},
+      {"gpu request differs", {{"/spec/resources", {{"gpu", 4}}}}, {"spec.resources.gpu"}},
+      {"negative efa", {{"/spec/resources", {{"efa", -1}}}}, {"spec.resources.efa"}},
+      {"unknown resource", {{"/spec/resources", {{"tpu", 1}}}}, {"spec.resources.tpu"}},
+      {"unknown preset", {{"/spec/model/preset", "gpt2-xl"}}, {"spec.model.preset"}, "known presets: gpt2-tiny"},
+      {"partial shape without preset",
+       {{"/spec/model", {{"layers", 12}}}},
+       {"spec.model.heads", "spec.model.hidden", "spec.model.vocabSize", "spec.model.seqLen"}},
+      {"zero layers", {{"/spec/model/layers", 0}}, {"spec.model.layers"}},
+      {"hidden not divisible by heads", {{"/spec/model/hidden", 770}}, {"spec.model.hidden"},
+       "must be divisible by spec.model.heads (12), got 770"},
+      {"negative seq len", {{"/spec/model/seqLen", -1}}, {"spec.model.seqLen"}},
+      {"vocab as string", {{"/spec/model/vocabSize", "big"}}, {"spec.model.vocabSize"}},
+      {"unknown model field", {{"/spec/model/dropout", 0.1}}, {"spec.model.dropout"}, "unknown field"},
+      {"no training data", {{"/spec/data/train", Json::array()}}, {"spec.data.train"}},
+      {"empty data path", {{"/spec/data/train", {""}}}, {"spec.data.train[0]"}},
+      {"data path not a string", {{"/spec/data/validation", {"/ok.bin", 5}}}, {"spec.data.validation[1]"}},
+      {"zero steps", {{"/spec/training/steps", 0}}, {"spec.training.steps"}},
+      {"steps overflow", {{"/spec/training/steps", std::numeric_limits<uint64_t>::max()}},
+       {"spec.training.steps"}, "out of range"},
+      {"batch not a multiple", {{"/spec/training/globalBatchTokens", 1000}}, {"spec.training.globalBatchTokens"},
+       "(4 x 1024 x 8 = 32768), got 1000"},
+      {"zero micro batch", {{"/spec/training/microBatchSize", 0}}, {"spec.training.microBatchSize"}},
+      {"zero learning rate", {{"/spec/training/learningRate", 0}}, {"spec.training.learningRate"}},
+      {"nan learning rate", {{"/spec/training/learningRate", nan}}, {"spec.training.learningRate"}, "finite"},
+      {"warmup past the end", {{"/spec/training/warmupSteps", 5000}}, {"spec.training.warmupSteps"}},
+      {"negative warmup", {{"/spec/training/warmupSteps", -1}}, {"spec.training.warmupSteps"}},
+      {"unknown schedule", {{"/spec/training/schedule", "linear"}}, {"spec.training.schedule"},
+       "must be one of cosine, constant"},
+      {"negative weight decay", {{"/spec/training/weightDecay", -0.1}}, {"spec.training.weightDecay"}},
+      {"negative grad clip", {{"/spec/training/gradClip", -1}}, {"spec.training.gradClip"}},
+      {"negative seed", {{"/spec/training/seed", -5}}, {"spec.training.seed"}},
+      {"unknown precision", {{"/spec/training/precision", "fp8"}}, {"spec.training.precision"}},
+      {"tp does not divide gpus per node", {{"/spec/parallelism/tensorParallelDegree", 3}},
+       {"spec.parallelism.tensorParallelDegree"}, "must divide spec.gpusPerNode (8), got 3"},
+      {"tp larger than a node", {{"/spec/parallelism/tensorParallelDegree", 16}},
+       {"spec.parallelism.tensorParallelDegree"}},
+      {"zero tp", {{"/spec/parallelism/tensorParallelDegree", 0}}, {"spec.parallelism.tensorParallelDegree"}},
+      {"tp does not divide heads",
+       {{"/spec/model/preset", "gpt2-1.5b"}},
+       {"spec.parallelism.tensorParallelDegree"}, "must divide spec.model.heads (25), got 2"},
+      {"tp does not divide heads nor the MLP",
+       {{"/spec/model", {{"layers", 2}, {"heads", 3}, {"hidden", 3}, {"vocabSize", 256}, {"seqLen", 1024}}},
+        {"/spec/parallelism/tensorParallelDegree", 8},
+        {"/spec/parallelism/hybridShardDegree", 2}},
+       {"spec.parallelism.tensorParallelDegree"}},
+      {"shard does not divide dp", {{"/spec/parallelism/hybridShardDegree", 3}},
+       {"spec.parallelism.hybridShardDegree"}, "(16 GPUs / tensorParallelDegree 2 = 8), got 3"},
+      {"negative shard", {{"/spec/parallelism/hybridShardDegree", -1}}, {"spec.parallelism.hybridShardDegree"}},
+      {"shard groups straddle nodes",
+       {{"/spec/nodes", 3}, {"/spec/parallelism/hybridShardDegree", 3}},
+       {"spec.parallelism.hybridShardDegree"}, "tile whole nodes"},
+      {"zero loading horizon", {{"/spec/parallelism/activationLoadingHorizon", 0}},
+       {"spec.parallelism.activationLoadingHorizon"}},
+      {"offloading without checkpointing", {{"/spec/parallelism/activationOffloading", true}},
+       {"spec.parallelism.activationOffloading"}},
+      {"negative tp seed", {{"/spec/parallelism/tensorParallelSeed", -1}}, {"spec.parallelism.tensorParallelSeed"}},
+      {"conflicting smp alias", {{"/spec/parallelism/tensor_parallel_degree", 4}},
+       {"spec.parallelism.tensor_parallel_degree"}, "conflicts with spec.parallelism.tensorParallelDegree"},
+      {"unsupported smp feature", {{"/spec/parallelism/expert_parallel_degree", 2}},
+       {"spec.parallelism.expert_parallel_degree"}, "not supported"},
+      {"smp flag of wrong type", {{"/spec/parallelism/sm_activation_offloading", "yes"}},
+       {"spec.parallelism.sm_activation_offloading"}, "must be true or false"},
+      {"zero checkpoint interval", {{"/spec/checkpoint", {{"path", "/ckpt"}, {"interval", 0}}}},
+       {"spec.checkpoint.interval"}},
+      {"zero checkpoints kept", {{"/spec/checkpoint", {{"keep", 0}}}}, {"spec.checkpoint.keep"}},
+      {"empty topology level", {{"/spec/topology", {{"levels", {"", "kubernetes.io/hostname"}}}}},
+       {"spec.topology.levels[0]"}},
+      {"repeated topology level",
+       {{"/spec/topology", {{"levels", {"kubernetes.io/hostname", "kubernetes.io/hostname"}}}}},
+       {"spec.topology.levels[1]"}},
+      {"unknown topology mode", {{"/spec/topology", {{"mode", "Strict"}}}}, {"spec.topology.mode"}},
+      {"negative backoff", {{"/spec/runPolicy", {{"backoffLimit", -1}}}}, {"spec.runPolicy.backoffLimit"}},
+      {"zero deadline", {{"/spec/runPolicy", {{"activeDeadlineSeconds", 0}}}}, {"spec.runPolicy.activeDeadlineSeconds"}},
+      {"negative ttl", {{"/spec/runPolicy", {{"ttlSecondsAfterFinished", -1}}}},
+       {"spec.runPolicy.ttlSecondsAfterFinished"}},
+      {"unknown clean policy", {{"/spec/runPolicy", {{"cleanPodPolicy", "Some"}}}}, {"spec.runPolicy.cleanPodPolicy"}},
+      {"suspend as string", {{"/spec/runPolicy", {{"suspend", "true"}}}}, {"spec.runPolicy.suspend"}},
+      {"unknown toleration operator", {{"/spec/template/tolerations/0/operator", "In"}},
+       {"spec.template.tolerations[0].operator"}},
+      {"exists toleration with value", {{"/spec/template/tolerations/0/value", "x"}},
+       {"spec.template.tolerations[0].value"}},
+      {"unknown toleration effect", {{"/spec/template/tolerations/0/effect", "NoRun"}},
+       {"spec.template.tolerations[0].effect"}},
+      {"toleration seconds without NoExecute", {{"/spec/template/tolerations/0/tolerationSeconds", 30}},
+       {"spec.template.tolerations[0].tolerationSeconds"}},
+      {"bad node selector key", {{"/spec/template/nodeSelector", {{"bad key!", "x"}}}},
+       {"spec.template.nodeSelector.bad key!"}},
+      {"volume without name", {{"/spec/template/volumes/0", {{"emptyDir", Json::object()}}}},
+       {"spec.template.volumes[0].name", "spec.template.volumeMounts[0].name"}},
+      {"mount of unknown volume", {{"/spec/template/volumeMounts/0/name", "cache"}},
+       {"spec.template.volumeMounts[0].name"}},
+      {"relative mount path", {{"/spec/template/volumeMounts/0/mountPath", "data"}},
+       {"spec.template.volumeMounts[0].mountPath"}},
+      {"bad env name", {{"/spec/template/env/0/name", "1BAD"}}, {"spec.template.env[0].name"}},
+      {"reserved env name", {{"/spec/template/env/0/name", "MESHTRAIN_RANK_TABLE"}}, {"spec.template.env[0].name"},
+       "set by meshtrain"},
+      {"env valueFrom", {{"/spec/template/env/0/valueFrom", {{"fieldRef", Json::object()}}}},
+       {"spec.template.env[0].valueFrom"}, "unknown field"},
+      {"tolerations not a list", {{"/spec/template/tolerations", "all"}}, {"spec.template.tolerations"}},
+  };
+  return cases;
+}
+
+class ValidationTest : public testing::TestWithParam<Case> {};
+
+TEST(ValidationBase, BaseManifestIsValid) {
+  CheckedJob job = CheckTrainingJob(Base(), "base.yaml", 0);
+  for (const FieldError& e : job.errors) ADD_FAILURE() << e.ToString();
+}
+
+TEST(ValidationBase, TableHasFortyDistinctCases) {
+  std::set<std::string> names;
+  for (const Case& c : Cases()) names.insert(c.name);
+  EXPECT_EQ(names.size(), Cases().size());
+  EXPECT_GE(Cases().size(), 40u);
+}
+
+TEST_P(ValidationTest, ReportsExactlyTheBrokenPaths) {
+  const Case& c = GetParam();
+  Json manifest = Base();
+  for (const Edit& edit : c.edits) {
+    const Json::json_pointer pointer(edit.pointer);
+    if (edit.value.is_discarded()) {
+      manifest[pointer.parent_pointer()].erase(pointer.back());
+    } else {
+      manifest[pointer] = edit.value;
+    }
+  }
+  CheckedJob job = CheckTrainingJob(manifest, "case.yaml", 0);
+  std::set<std::string> paths;
+  for (const FieldError& e : job.errors) paths.insert(e.path);
+  EXPECT_EQ(paths, c.paths) << "errors: " << testing::PrintToString(job.errors.size());
+  ASSERT_FALSE(job.errors.empty());
+  if (!c.message.empty()) {
+    EXPECT_NE(job.errors.front().message.find(c.message), std::string::npos)
+        << "got: " << job.errors.front().ToString();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(InvalidSpecs, ValidationTest, testing::ValuesIn(Cases()),
+                         [](const testing::TestParamInfo<Case>& param_info) {
+                           std::string name;
+                           for (char ch : param_info.param.name) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return name;
+                         });
+
+TEST(Validation, ExampleMessageMatchesTheIssue) {
+  Json manifest = Base();
+  manifest["spec"]["parallelism"]["tensorParallelDegree"] = 3;
+  CheckedJob job = CheckTrainingJob(manifest, "case.yaml", 0);
+  ASSERT_EQ(job.errors.size(), 1u);
+  EXPECT_EQ(job.errors[0].ToString(),
+            "spec.parallelism.tensorParallelDegree: must divide spec.gpusPerNode (8), got 3");
+}
+
+TEST(Validation, ReportsEveryErrorAtOnce) {
+  Json manifest = Base();
+  manifest["spec"]["nodes"] = 0;
+  manifest["spec"]["image"] = "";
+  manifest["spec"]["training"]["schedule"] = "linear";
+  manifest["spec"]["bogus"] = 1;
+  CheckedJob job = CheckTrainingJob(manifest, "case.yaml", 0);
+  std::set<std::string> paths;
+  for (const FieldError& e : job.errors) paths.insert(e.path);
+  EXPECT_EQ(paths, (std::set<std::string>{"spec.nodes", "spec.image", "spec.training.schedule", "spec.bogus"}));
+}
+
+TEST(Validation, WrongTypesAreReportedBeforeChecksThatWouldUseThem) {
+  Json manifest = Base();
+  manifest["spec"]["gpusPerNode"] = "eight";  // TP 2 against a placeholder would look wrong too
+  manifest["spec"]["image"] = "";
+  CheckedJob job = CheckTrainingJob(manifest, "case.yaml", 0);
+  ASSERT_EQ(job.errors.size(), 1u);
+  EXPECT_EQ(job.errors[0].path, "spec.gpusPerNode");
+}
+
+}  // namespace
+}  // namespace meshtrain::api
