@@ -75,7 +75,7 @@ TEST(Manifest, SeveralDocumentsKeepTheirOrderAndLines) {
 TEST(Manifest, MalformedYamlGetsLineAndColumn) {
   EXPECT_EQ(ParseError("a: 1\n  b: 2\n"), "job.yaml:2:4: illegal map value");
   EXPECT_EQ(ParseError("spec:\n  nodes: b: c\n").rfind("job.yaml:2:", 0), 0u);
-  EXPECT_EQ(ParseError("spec:\n\tnodes: 2\n"), "job.yaml:2:1: illegal tab when looking for indentation");
+  EXPECT_EQ(ParseError("a: 1\n\tb: 2\n"), "job.yaml:2:1: illegal tab when looking for indentation");
   EXPECT_EQ(ParseError("a: 1\nb: {x: 1\nc: 2\n").rfind("job.yaml:3:", 0), 0u);
 }
 
