@@ -32,14 +32,14 @@ int Main(int argc, char** argv) {
 
   std::vector<std::string> files;
   CLI::App* validate = app.add_subcommand("validate", "Check TrainingJob manifests; print ok or each error with its field path");
-  validate->add_option("files", files, "Manifest files (YAML or JSON)")->required()->check(CLI::ExistingFile);
+  validate->add_option("files", files, "Manifest files (YAML or JSON)")->required();
 
   std::string file;
   CLI::App* layout = app.add_subcommand("layout", "Print a job's mesh: which ranks form each TP, shard and replica group");
-  layout->add_option("file", file, "Manifest file")->required()->check(CLI::ExistingFile);
+  layout->add_option("file", file, "Manifest file")->required();
 
   CLI::App* run = app.add_subcommand("run", "Run a job on this machine");
-  run->add_option("file", file, "Manifest file with one TrainingJob")->required()->check(CLI::ExistingFile);
+  run->add_option("file", file, "Manifest file with one TrainingJob")->required();
 
   try {
     app.parse(argc, argv);

@@ -5,6 +5,12 @@ if(MESHTRAIN_SANITIZE)
   add_link_options(-fsanitize=address,undefined)
 endif()
 
+# Fuzz builds instrument all of meshtrain's code for coverage; only the fuzzer binary links libFuzzer's main.
+if(MESHTRAIN_FUZZ)
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+
 # Warnings apply to meshtrain's own code only; third-party headers come in as SYSTEM.
 function(meshtrain_warnings target)
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow>)
