@@ -12,17 +12,24 @@ namespace meshtrain::api {
 
 using Json = nlohmann::json;
 
+namespace {
+
+// dump() for messages: never throws, whatever bytes the strings hold.
+std::string Dump(const Json& value) { return value.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+}  // namespace
+
 std::string DescribeJson(const Json& value) {
   switch (value.type()) {
     case Json::value_t::null: return "null (an empty value)";
     case Json::value_t::boolean: return value.get<bool>() ? "boolean true" : "boolean false";
     case Json::value_t::number_integer:
     case Json::value_t::number_unsigned:
-    case Json::value_t::number_float: return "number " + value.dump();
+    case Json::value_t::number_float: return "number " + Dump(value);
     case Json::value_t::string: {
       std::string s = value.get<std::string>();
       if (s.size() > 40) s = s.substr(0, 40) + "...";
-      return "string " + Json(s).dump();
+      return "string " + Dump(Json(s));
     }
     case Json::value_t::array: return "a list";
     case Json::value_t::object: return "an object";
@@ -338,7 +345,7 @@ class ObjectDecoder {
       if (other == nullptr) continue;
       if (found != nullptr && *found != *other) {
         AddError(errors_, Child(alias),
-                 "conflicts with " + Child(found_key) + " (" + other->dump() + " vs " + found->dump() + ")");
+                 "conflicts with " + Child(found_key) + " (" + Dump(*other) + " vs " + Dump(*found) + ")");
       } else if (found == nullptr) {
         found = other;
         found_key = alias;

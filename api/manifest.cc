@@ -22,7 +22,10 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr int kMaxDepth = 64;
-constexpr size_t kMaxNodes = 1'000'000;  // bounds alias expansion ("billion laughs")
+// Bounds alias expansion ("billion laughs"): the converted documents may be at
+// most this much larger than the text, counting each value as 64 bytes plus its scalar.
+constexpr size_t kExpansionFactor = 4;
+constexpr size_t kExpansionAllowance = size_t(1) << 20;
 
 std::string Located(std::string_view source, int line, int column, std::string_view message) {
   std::ostringstream out;
@@ -110,11 +113,15 @@ Json PlainScalar(const std::string& s) {
 
 class YamlConverter {
  public:
-  explicit YamlConverter(std::string_view source) : source_(source) {}
+  YamlConverter(std::string_view source, size_t text_size)
+      : source_(source), budget_bytes_(kExpansionAllowance + kExpansionFactor * text_size) {}
 
   Json Convert(const YAML::Node& node, int depth) {
     if (depth > kMaxDepth) FailAt(source_, node.Mark(), "nesting is deeper than " + std::to_string(kMaxDepth));
-    if (++nodes_ > kMaxNodes) FailAt(source_, node.Mark(), "document expands to too many values (alias loop?)");
+    expanded_bytes_ += 64 + (node.IsScalar() ? node.Scalar().size() : 0);
+    if (expanded_bytes_ > budget_bytes_) {
+      FailAt(source_, node.Mark(), "document expands to too many values (aliases repeated too often?)");
+    }
     switch (node.Type()) {
       case YAML::NodeType::Null:
       case YAML::NodeType::Undefined:
@@ -144,7 +151,8 @@ class YamlConverter {
 
  private:
   std::string_view source_;
-  size_t nodes_ = 0;
+  size_t budget_bytes_;
+  size_t expanded_bytes_ = 0;
 };
 
 // Rejects deep [ { nesting before nlohmann's parser sees it.
@@ -173,6 +181,33 @@ std::pair<int, int> LineColumnOf(std::string_view text, size_t offset) {
     else ++column;
   }
   return {line, column};
+}
+
+// The offset of the first byte that is not well-formed UTF-8 (no overlong forms,
+// surrogates or code points past U+10FFFF), or npos.
+size_t FirstInvalidUtf8(std::string_view text) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char c = s[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t length = 0;
+    unsigned char min_second = 0x80, max_second = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) length = 2;
+    else if (c >= 0xE0 && c <= 0xEF) length = 3, min_second = c == 0xE0 ? 0xA0 : 0x80, max_second = c == 0xED ? 0x9F : 0xBF;
+    else if (c >= 0xF0 && c <= 0xF4) length = 4, min_second = c == 0xF0 ? 0x90 : 0x80, max_second = c == 0xF4 ? 0x8F : 0xBF;
+    else return i;
+    if (i + length > n || s[i + 1] < min_second || s[i + 1] > max_second) return i;
+    for (size_t k = 2; k < length; ++k) {
+      if (s[i + k] < 0x80 || s[i + k] > 0xBF) return i;
+    }
+    i += length;
+  }
+  return std::string_view::npos;
 }
 
 std::vector<ManifestDocument> ParseJson(std::string_view text, std::string_view source) {
@@ -204,7 +239,7 @@ std::vector<ManifestDocument> ParseYaml(std::string_view text, std::string_view 
     FailAt(source, e.mark, e.msg);
   }
   std::vector<ManifestDocument> documents;
-  YamlConverter converter(source);
+  YamlConverter converter(source, text.size());
   for (const YAML::Node& node : nodes) {
     if (node.IsNull()) continue;  // an empty document, such as a trailing `---`
     try {
@@ -240,6 +275,10 @@ std::vector<ManifestDocument> ParseManifestText(std::string_view text, std::stri
   }
   if (text.find('\0') != std::string_view::npos) {
     throw ManifestError(Located(source, 0, 0, "is not text (it contains NUL bytes)"));
+  }
+  if (const size_t bad = FirstInvalidUtf8(text); bad != std::string_view::npos) {
+    auto [line, column] = LineColumnOf(text, bad);
+    throw ManifestError(Located(source, line, column, "is not valid UTF-8"));
   }
   const size_t first = text.find_first_not_of(" \t\r\n");
   const bool json = first != std::string_view::npos && (text[first] == '{' || text[first] == '[');

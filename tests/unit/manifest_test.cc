@@ -108,10 +108,26 @@ TEST(Manifest, HostileInputIsBounded) {
     laughs += "]\n";
   }
   EXPECT_NE(ParseError(laughs).find("too many values"), std::string::npos);
+  // Fewer aliases, but of a long string: bounded by bytes, not only by count.
+  std::string long_laughs = "s: &s " + std::string(4000, 'x') + "\nl0: &l0 [*s, *s, *s, *s]\n";
+  for (int i = 1; i <= 8; ++i) {
+    const std::string prev = "*l" + std::to_string(i - 1);
+    long_laughs += "l" + std::to_string(i) + ": &l" + std::to_string(i) + " [" + prev + ", " + prev + ", " + prev + ", " + prev + "]\n";
+  }
+  EXPECT_NE(ParseError(long_laughs).find("too many values"), std::string::npos);
   EXPECT_NE(ParseError(std::string(100, '[') + std::string(100, ']')).find("too deep"), std::string::npos);
   EXPECT_NE(ParseError("a: " + std::string(100, '[') + std::string(100, ']')).find("deeper than"), std::string::npos);
   EXPECT_NE(ParseError(std::string("a: 1\0b", 6)).find("NUL"), std::string::npos);
   EXPECT_NE(ParseError(std::string(kMaxManifestBytes + 1, ' ')).find("larger than"), std::string::npos);
+}
+
+TEST(Manifest, InvalidUtf8IsRejectedWithItsPosition) {
+  EXPECT_EQ(ParseError("a: 1\nb: ab\x9e\n"), "job.yaml:2:6: is not valid UTF-8");
+  EXPECT_EQ(ParseError("a: \xc0\xaf\n"), "job.yaml:1:4: is not valid UTF-8");      // overlong '/'
+  EXPECT_EQ(ParseError("a: \xed\xa0\x80\n"), "job.yaml:1:4: is not valid UTF-8");  // a surrogate
+  EXPECT_EQ(ParseError("a: \xf0\x9f\x98"), "job.yaml:1:4: is not valid UTF-8");     // truncated
+  EXPECT_EQ(ParseManifestText("a: \"gr\xc3\xbc\xc3\x9f \xf0\x9f\x98\x80\"\n", "u.yaml")[0].object["a"],
+            "gr\xc3\xbc\xc3\x9f \xf0\x9f\x98\x80");
 }
 
 TEST(Manifest, MissingFileIsNamed) {

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages that meshtrain's build and tests need, if any are missing.
+# Idempotent: when everything is present it only asks dpkg, and takes well under a second.
+# As root it runs apt-get; otherwise it prints the exact apt-get line to run.
+set -euo pipefail
+
+packages=(
+  # toolchain
+  g++ cmake ninja-build pkg-config git
+  # libFuzzer (clang's runtime) for the fuzz targets
+  clang libclang-rt-14-dev
+  # libraries
+  libcpprest-dev libssl-dev libyaml-cpp-dev prometheus-cpp-dev libspdlog-dev libfmt-dev
+  libfabric-dev libopenblas-dev nlohmann-json3-dev libcli11-dev libgtest-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+  [ "$status" = "installed" ] || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+line="apt-get install -y --no-install-recommends ${missing[*]}"
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup: missing packages; run as root:"
+  echo "  apt-get update && $line"
+  exit 1
+fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+$line

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian 12 machine, builds meshtrain and runs every test:
+# the ctest suite (labels unit, integration, ...) and a 60-second fuzz run of the manifest parser.
+# Under CI (CI set) warnings are errors.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+preset=default
+[ -n "${CI:-}" ] && preset=ci
+
+cmake --preset "$preset"
+cmake --build --preset "$preset"
+ctest --preset "$preset"
+bash scripts/fuzz.sh "${MESHTRAIN_FUZZ_SECONDS:-60}"
