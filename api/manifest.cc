@@ -7,10 +7,14 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <optional>
 #include <sstream>
 
-#include <yaml-cpp/yaml.h>
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/exceptions.h>
+#include <yaml-cpp/mark.h>
+#include <yaml-cpp/parser.h>
 
 #include "api/defaults.h"
 #include "api/json_codec.h"
@@ -111,48 +115,126 @@ Json PlainScalar(const std::string& s) {
   return s;
 }
 
-class YamlConverter {
+// Builds JSON values straight from yaml-cpp's parse events. Keeping no node tree
+// lets it type scalars as kubectl does, bound alias expansion, and report every
+// problem at the event's mark.
+class JsonEventBuilder : public YAML::EventHandler {
  public:
-  YamlConverter(std::string_view source, size_t text_size)
+  JsonEventBuilder(std::string_view source, size_t text_size)
       : source_(source), budget_bytes_(kExpansionAllowance + kExpansionFactor * text_size) {}
 
-  Json Convert(const YAML::Node& node, int depth) {
-    if (depth > kMaxDepth) FailAt(source_, node.Mark(), "nesting is deeper than " + std::to_string(kMaxDepth));
-    expanded_bytes_ += 64 + (node.IsScalar() ? node.Scalar().size() : 0);
-    if (expanded_bytes_ > budget_bytes_) {
-      FailAt(source_, node.Mark(), "document expands to too many values (aliases repeated too often?)");
-    }
-    switch (node.Type()) {
-      case YAML::NodeType::Null:
-      case YAML::NodeType::Undefined:
-        return nullptr;
-      case YAML::NodeType::Scalar:
-        // "!" marks a quoted scalar; !!str an explicit string. Everything else is resolved.
-        if (node.Tag() == "!" || node.Tag() == "tag:yaml.org,2002:str") return node.Scalar();
-        return PlainScalar(node.Scalar());
-      case YAML::NodeType::Sequence: {
-        Json out = Json::array();
-        for (const YAML::Node& item : node) out.push_back(Convert(item, depth + 1));
-        return out;
-      }
-      case YAML::NodeType::Map: {
-        Json out = Json::object();
-        for (const auto& entry : node) {
-          const YAML::Node& key = entry.first;
-          if (!key.IsScalar()) FailAt(source_, key.Mark(), "map keys must be plain strings");
-          if (out.contains(key.Scalar())) FailAt(source_, key.Mark(), "duplicate key \"" + key.Scalar() + "\"");
-          out[key.Scalar()] = Convert(entry.second, depth + 1);
-        }
-        return out;
-      }
-    }
-    return nullptr;
+  std::vector<ManifestDocument> TakeDocuments() { return std::move(documents_); }
+  const YAML::Mark& document_mark() const { return document_mark_; }
+
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    document_mark_ = mark;
+    anchors_.clear();
+  }
+  void OnDocumentEnd() override {
+    if (!root_.is_null()) documents_.push_back({int(documents_.size()), root_line_, std::move(root_)});
+    root_ = nullptr;
   }
 
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t anchor) override {
+    if (ExpectingKey()) FailAt(source_, mark, "map keys must be plain strings, got an empty key");
+    Charge(mark, 64);
+    Attach(mark, nullptr, anchor, 64);
+  }
+
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t anchor) override {
+    if (ExpectingKey()) FailAt(source_, mark, "map keys must be plain strings, got an alias");
+    auto it = anchors_.find(anchor);
+    if (it == anchors_.end()) FailAt(source_, mark, "alias refers to an anchor that is not complete here");
+    Charge(mark, it->second.cost);
+    Attach(mark, it->second.value, YAML::NullAnchor, it->second.cost);
+  }
+
+  void OnScalar(const YAML::Mark& mark, const std::string& tag, YAML::anchor_t anchor,
+                const std::string& value) override {
+    const size_t cost = 64 + value.size();
+    Charge(mark, cost);
+    if (ExpectingKey()) {
+      Frame& map = stack_.back();
+      if (map.value.contains(value)) FailAt(source_, mark, "duplicate key \"" + value + "\"");
+      map.key = value;
+      return;
+    }
+    // "!" marks a quoted scalar, !!str an explicit string; everything else is resolved.
+    const bool string = tag == "!" || tag == "tag:yaml.org,2002:str";
+    Attach(mark, string ? Json(value) : PlainScalar(value), anchor, cost);
+  }
+
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
+                       YAML::EmitterStyle::value) override {
+    Open(mark, Json::array(), anchor);
+  }
+  void OnSequenceEnd() override { Close(); }
+
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
+                  YAML::EmitterStyle::value) override {
+    Open(mark, Json::object(), anchor);
+  }
+  void OnMapEnd() override { Close(); }
+
  private:
+  struct Frame {
+    Json value;  // the array or object being filled
+    YAML::Mark mark;
+    YAML::anchor_t anchor;
+    size_t cost_at_start;
+    std::optional<std::string> key;  // for objects: the key whose value comes next
+  };
+  struct Anchored {
+    Json value;
+    size_t cost;
+  };
+
+  bool ExpectingKey() const { return !stack_.empty() && stack_.back().value.is_object() && !stack_.back().key; }
+
+  void Charge(const YAML::Mark& mark, size_t bytes) {
+    cost_ += bytes;
+    if (cost_ > budget_bytes_) FailAt(source_, mark, "document expands to too many values (aliases repeated too often?)");
+  }
+
+  void Open(const YAML::Mark& mark, Json container, YAML::anchor_t anchor) {
+    if (ExpectingKey()) FailAt(source_, mark, "map keys must be plain strings, got a collection");
+    if (int(stack_.size()) >= kMaxDepth) FailAt(source_, mark, "nesting is deeper than " + std::to_string(kMaxDepth));
+    Charge(mark, 64);
+    stack_.push_back({std::move(container), mark, anchor, cost_ - 64, std::nullopt});
+  }
+
+  void Close() {
+    Frame frame = std::move(stack_.back());
+    stack_.pop_back();
+    Attach(frame.mark, std::move(frame.value), frame.anchor, cost_ - frame.cost_at_start);
+  }
+
+  // Places a finished value into its parent, or makes it the document's root.
+  void Attach(const YAML::Mark& mark, Json value, YAML::anchor_t anchor, size_t cost) {
+    if (anchor != YAML::NullAnchor) anchors_[anchor] = {value, cost};
+    if (stack_.empty()) {
+      root_ = std::move(value);
+      root_line_ = mark.is_null() ? 0 : mark.line + 1;
+      return;
+    }
+    Frame& parent = stack_.back();
+    if (parent.value.is_array()) {
+      parent.value.push_back(std::move(value));
+    } else {
+      parent.value[*parent.key] = std::move(value);
+      parent.key.reset();
+    }
+  }
+
   std::string_view source_;
   size_t budget_bytes_;
-  size_t expanded_bytes_ = 0;
+  size_t cost_ = 0;
+  YAML::Mark document_mark_;
+  std::vector<Frame> stack_;
+  std::map<YAML::anchor_t, Anchored> anchors_;
+  Json root_;
+  int root_line_ = 0;
+  std::vector<ManifestDocument> documents_;
 };
 
 // Rejects deep [ { nesting before nlohmann's parser sees it.
@@ -221,6 +303,10 @@ std::vector<ManifestDocument> ParseJson(std::string_view text, std::string_view 
     // nlohmann prefixes "[json.exception.parse_error.101] parse error at line 1, column 2: ".
     if (auto colon = message.find(": "); colon != std::string::npos) message = message.substr(colon + 2);
     throw ManifestError(Located(source, line, column, message));
+  } catch (const Json::exception& e) {  // out_of_range: a number too large for a double
+    std::string message = e.what();
+    if (auto bracket = message.find("] "); bracket != std::string::npos) message = message.substr(bracket + 2);
+    throw ManifestError(Located(source, 0, 0, message));
   }
   std::vector<ManifestDocument> documents;
   if (root.is_array()) {
@@ -232,24 +318,23 @@ std::vector<ManifestDocument> ParseJson(std::string_view text, std::string_view 
 }
 
 std::vector<ManifestDocument> ParseYaml(std::string_view text, std::string_view source) {
-  std::vector<YAML::Node> nodes;
+  std::istringstream in{std::string(text)};
+  JsonEventBuilder builder(source, text.size());
   try {
-    nodes = YAML::LoadAll(std::string(text));
+    YAML::Parser parser(in);
+    std::optional<int> last_start;
+    while (parser.HandleNextDocument(builder)) {
+      // yaml-cpp 0.7 reports an empty document at the same place forever when a
+      // token cannot start a node (a stray ','): yaml-cpp issue 1040.
+      if (last_start == builder.document_mark().pos) {
+        FailAt(source, builder.document_mark(), "unexpected character: no YAML node can start here");
+      }
+      last_start = builder.document_mark().pos;
+    }
   } catch (const YAML::Exception& e) {
     FailAt(source, e.mark, e.msg);
   }
-  std::vector<ManifestDocument> documents;
-  YamlConverter converter(source, text.size());
-  for (const YAML::Node& node : nodes) {
-    if (node.IsNull()) continue;  // an empty document, such as a trailing `---`
-    try {
-      const int line = node.Mark().is_null() ? 0 : node.Mark().line + 1;
-      documents.push_back({int(documents.size()), line, converter.Convert(node, 0)});
-    } catch (const YAML::Exception& e) {
-      FailAt(source, e.mark, e.msg);
-    }
-  }
-  return documents;
+  return builder.TakeDocuments();
 }
 
 // kubectl's `kind: List` wraps other objects in `items`.

@@ -79,6 +79,25 @@ TEST(Manifest, MalformedYamlGetsLineAndColumn) {
   EXPECT_EQ(ParseError("a: 1\nb: {x: 1\nc: 2\n").rfind("job.yaml:3:", 0), 0u);
 }
 
+// yaml-cpp 0.7 loops forever on these by itself (yaml-cpp issue 1040).
+TEST(Manifest, StrayCommaIsAnErrorNotAHang) {
+  EXPECT_EQ(ParseError(","), "job.yaml:1:1: unexpected character: no YAML node can start here");
+  EXPECT_EQ(ParseError("\n, A p2%").rfind("job.yaml:2:1: ", 0), 0u);
+  EXPECT_EQ(ParseError("a: 1\n---\n,\n").rfind("job.yaml:3:1: ", 0), 0u);
+}
+
+TEST(Manifest, KeysMustBePlainStrings) {
+  EXPECT_NE(ParseError("? [a]\n: 1\n").find("map keys must be plain strings"), std::string::npos);
+  EXPECT_NE(ParseError("a: &x 1\n*x : 2\n").find("map keys must be plain strings"), std::string::npos);
+}
+
+TEST(Manifest, AliasesCopyTheirAnchor) {
+  const auto docs = ParseManifestText("base: &b {gpu: 8}\nother: *b\nlist: &l [1, *b]\nagain: *l\n", "a.yaml");
+  const Json expected = {{"gpu", 8}};
+  EXPECT_EQ(docs[0].object["other"], expected);
+  EXPECT_EQ(docs[0].object["again"], Json::array({1, expected}));
+}
+
 TEST(Manifest, DuplicateKeysAreErrorsWithTheirPosition) {
   const std::string message = ParseError("spec:\n  nodes: 1\n  nodes: 2\n");
   EXPECT_NE(message.find("job.yaml:3:3: duplicate key \"nodes\""), std::string::npos) << message;
@@ -87,6 +106,10 @@ TEST(Manifest, DuplicateKeysAreErrorsWithTheirPosition) {
 TEST(Manifest, MalformedJsonGetsLineAndColumn) {
   const std::string message = ParseError("{\n  \"spec\": {\n    \"nodes\": 1,\n  }\n}\n");
   EXPECT_EQ(message.rfind("job.yaml:4:3:", 0), 0u) << message;
+}
+
+TEST(Manifest, JsonNumberTooLargeIsAnError) {
+  EXPECT_EQ(ParseError("{\"a\": 1e999}"), "job.yaml: number overflow parsing '1e999'");
 }
 
 TEST(Manifest, JsonArraysAndListsExpandIntoDocuments) {
