@@ -54,13 +54,17 @@ std::optional<bool> PlainBool(std::string_view s) {
   return std::nullopt;
 }
 
+// Removes a leading '+' or '-' from *s; true if it was '-'.
+bool TakeSign(std::string_view* s) {
+  if (s->empty() || (s->front() != '+' && s->front() != '-')) return false;
+  const bool negative = s->front() == '-';
+  s->remove_prefix(1);
+  return negative;
+}
+
 std::optional<Json> PlainInteger(std::string_view s) {
   std::string_view digits = s;
-  bool negative = false;
-  if (!digits.empty() && (digits[0] == '+' || digits[0] == '-')) {
-    negative = digits[0] == '-';
-    digits.remove_prefix(1);
-  }
+  const bool negative = TakeSign(&digits);
   int base = 10;
   if (digits.starts_with("0x")) base = 16, digits.remove_prefix(2);
   else if (digits.starts_with("0o")) base = 8, digits.remove_prefix(2);
@@ -76,11 +80,7 @@ std::optional<Json> PlainInteger(std::string_view s) {
 
 std::optional<Json> PlainFloat(std::string_view s) {
   std::string_view body = s;
-  bool negative = false;
-  if (!body.empty() && (body[0] == '+' || body[0] == '-')) {
-    negative = body[0] == '-';
-    body.remove_prefix(1);
-  }
+  const bool negative = TakeSign(&body);
   if (body == ".inf" || body == ".Inf" || body == ".INF") {
     return Json(negative ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity());
   }

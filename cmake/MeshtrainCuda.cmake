@@ -35,7 +35,7 @@ if(NOT _mode STREQUAL "OFF")
       set(CMAKE_CUDA_ARCHITECTURES 80 90)  # A100, H100/H200
     endif()
     enable_language(CUDA)
-    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 knows no C++20 flag for nvcc
     add_library(meshtrain_nccl INTERFACE)
     target_include_directories(meshtrain_nccl INTERFACE ${NCCL_INCLUDE_DIR})
     target_link_libraries(meshtrain_nccl INTERFACE ${NCCL_LIBRARY} CUDA::cudart)
