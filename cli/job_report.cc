@@ -45,10 +45,12 @@ void PrintLayout(const api::CheckedJob& job, bool groups, std::ostream& out) {
     const auto all = mesh.Groups(axis);
     out << "  " << api::AxisName(axis) << " groups (" << all.size() << " of " << mesh.Degree(axis) << "):\n";
     for (const auto& group : all) {
-      out << "    " << api::FormatRanks(group) << "  (node" << (mesh.NodeOf(group.front()) == mesh.NodeOf(group.back()) ? " " : "s ")
-          << mesh.NodeOf(group.front());
-      if (mesh.NodeOf(group.front()) != mesh.NodeOf(group.back())) out << "-" << mesh.NodeOf(group.back());
-      out << ")\n";
+      std::vector<int> nodes;
+      for (int rank : group) {
+        if (nodes.empty() || nodes.back() != mesh.NodeOf(rank)) nodes.push_back(mesh.NodeOf(rank));
+      }
+      out << "    " << api::FormatRanks(group) << "  (node" << (nodes.size() > 1 ? "s " : " ")
+          << api::FormatRanks(nodes) << ")\n";
     }
   }
 }

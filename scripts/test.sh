@@ -11,5 +11,5 @@ preset=default
 
 cmake --preset "$preset"
 cmake --build --preset "$preset"
-ctest --preset "$preset"
 bash scripts/fuzz.sh "${MESHTRAIN_FUZZ_SECONDS:-60}"
+ctest --preset "$preset"

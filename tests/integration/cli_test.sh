@@ -45,7 +45,7 @@ expect "a missing file is named" 2 'nope.yaml' -- "$meshtrain" validate nope.yam
 
 expect "layout prints every group" 0 \
   '256 rank\(s\)' 'mesh: 2 replica\(s\) x 16 shard x 8 tp' 'tp groups \(32 of 8\)' \
-  'shard groups \(16 of 16\)' '0-120 step 8  \(nodes 0-15\)' 'replica groups \(128 of 2\)' '0,128  \(nodes 0-16\)' \
+  'shard groups \(16 of 16\)' '0-120 step 8  \(nodes 0-15\)' 'replica groups \(128 of 2\)' '0,128  \(nodes 0,16\)' \
   -- "$meshtrain" layout examples/gpt2-2p7b-32x8.yaml
 
 expect "run validates and lays out the tiny job" 0 \
