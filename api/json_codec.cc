@@ -1,48 +1,12 @@
 #include "api/json_codec.h"
 
-#include <concepts>
-#include <cstdint>
-#include <initializer_list>
-#include <limits>
-#include <set>
-#include <string>
-#include <string_view>
+#include "api/json_fields.h"
 
 namespace meshtrain::api {
 
+using json_fields::Is;
 using Json = nlohmann::json;
 
-namespace {
-
-// dump() for messages: never throws, whatever bytes the strings hold.
-std::string Dump(const Json& value) { return value.dump(-1, ' ', false, Json::error_handler_t::replace); }
-
-}  // namespace
-
-std::string DescribeJson(const Json& value) {
-  switch (value.type()) {
-    case Json::value_t::null: return "null (an empty value)";
-    case Json::value_t::boolean: return value.get<bool>() ? "boolean true" : "boolean false";
-    case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned:
-    case Json::value_t::number_float: return "number " + Dump(value);
-    case Json::value_t::string: {
-      std::string s = value.get<std::string>();
-      if (s.size() > 40) s = s.substr(0, 40) + "...";
-      return "string " + Dump(Json(s));
-    }
-    case Json::value_t::array: return "a list";
-    case Json::value_t::object: return "an object";
-    default: return "an unsupported value";
-  }
-}
-
-namespace {
-
-template <class S, class T>
-concept Is = std::same_as<std::remove_const_t<S>, T>;
-
-// ---------------------------------------------------------------------------
 // Field tables: the single place where JSON names meet C++ members. Each one is
 // visited by ObjectDecoder (reading) and ObjectEncoder (writing).
 
@@ -235,283 +199,25 @@ void Fields(S& s, V& v) {
   v("status", s.status);
 }
 
-// ---------------------------------------------------------------------------
-// Reading.
-
-class ObjectDecoder;
-
-template <class T>
-concept Record = requires(T& t, ObjectDecoder& d) { Fields(t, d); };
-
-void AddError(FieldErrors* errors, std::string path, std::string message) {
-  errors->push_back({std::move(path), std::move(message), FieldErrorType::kUndecodable});
-}
-
-void Read(const Json& j, const std::string& path, FieldErrors* errors, int64_t& out) {
-  if (j.is_number_unsigned() && j.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) {
-    AddError(errors, path, "is out of range, got " + DescribeJson(j));
-  } else if (j.is_number_integer()) {
-    out = j.get<int64_t>();
-  } else {
-    AddError(errors, path, "must be an integer, got " + DescribeJson(j));
-  }
-}
-
-void Read(const Json& j, const std::string& path, FieldErrors* errors, double& out) {
-  if (j.is_number()) {
-    out = j.get<double>();
-  } else {
-    AddError(errors, path, "must be a number, got " + DescribeJson(j));
-  }
-}
-
-void Read(const Json& j, const std::string& path, FieldErrors* errors, bool& out) {
-  if (j.is_boolean()) {
-    out = j.get<bool>();
-  } else {
-    AddError(errors, path, "must be true or false, got " + DescribeJson(j));
-  }
-}
-
-void Read(const Json& j, const std::string& path, FieldErrors* errors, std::string& out) {
-  if (j.is_string()) {
-    out = j.get<std::string>();
-  } else {
-    AddError(errors, path, "must be a string, got " + DescribeJson(j));
-  }
-}
-
-// Opaque Kubernetes objects (volumes) are kept as they are; the API server checks them.
-void Read(const Json& j, const std::string& path, FieldErrors* errors, Json& out) {
-  if (j.is_object()) {
-    out = j;
-  } else {
-    AddError(errors, path, "must be an object, got " + DescribeJson(j));
-  }
-}
-
-void Read(const Json& j, const std::string& path, FieldErrors* errors,
-          std::map<std::string, std::string>& out) {
-  if (!j.is_object()) {
-    AddError(errors, path, "must be a map of strings, got " + DescribeJson(j));
-    return;
-  }
-  for (const auto& [key, value] : j.items()) {
-    Read(value, path + "." + key, errors, out[key]);
-  }
-}
-
-template <class T>
-void Read(const Json& j, const std::string& path, FieldErrors* errors, std::vector<T>& out);
-template <class T>
-void Read(const Json& j, const std::string& path, FieldErrors* errors, std::optional<T>& out);
-template <Record T>
-void Read(const Json& j, const std::string& path, FieldErrors* errors, T& out);
-void Read(const Json& j, const std::string& path, FieldErrors* errors, ObjectMeta& out);
-
-// Walks one JSON object for a Fields() table. Keys that no field claims are
-// reported as unknown when the decoder goes out of scope, so a table can never
-// forget to check for them.
-class ObjectDecoder {
- public:
-  // Lenient decoders skip the unknown-field check: ObjectMeta carries server-owned fields.
-  ObjectDecoder(const Json& j, std::string path, FieldErrors* errors, bool lenient = false)
-      : path_(std::move(path)), errors_(errors), lenient_(lenient) {
-    if (j.is_object()) {
-      object_ = &j;
-    } else {
-      AddError(errors_, path_, "must be an object, got " + DescribeJson(j));
-    }
-  }
-
-  ~ObjectDecoder() {
-    if (object_ == nullptr || lenient_) return;
-    for (const auto& [key, value] : object_->items()) {
-      if (!claimed_.contains(key)) errors_->push_back({Child(key), "unknown field", FieldErrorType::kUnknownField});
-    }
-  }
-
-  ObjectDecoder(const ObjectDecoder&) = delete;
-  ObjectDecoder& operator=(const ObjectDecoder&) = delete;
-
-  bool ok() const { return object_ != nullptr; }
-
-  template <class T>
-  void operator()(std::string_view key, T& out, std::initializer_list<std::string_view> aliases = {}) {
-    const Json* found = Claim(key);
-    std::string found_key(key);
-    for (std::string_view alias : aliases) {
-      const Json* other = Claim(alias);
-      if (other == nullptr) continue;
-      if (found != nullptr && *found != *other) {
-        AddError(errors_, Child(alias),
-                 "conflicts with " + Child(found_key) + " (" + Dump(*other) + " vs " + Dump(*found) + ")");
-      } else if (found == nullptr) {
-        found = other;
-        found_key = alias;
-      }
-    }
-    if (found != nullptr) Read(*found, Child(found_key), errors_, out);
-  }
-
-  // A boolean switch that is accepted but changes nothing.
-  void IgnoredFlag(std::string_view key) {
-    const Json* value = Claim(key);
-    if (value != nullptr && !value->is_boolean()) {
-      AddError(errors_, Child(key), "must be true or false, got " + DescribeJson(*value));
-    }
-  }
-
-  // A key for a feature meshtrain lacks: accepted only at its neutral value.
-  void OnlyValue(std::string_view key, int64_t allowed) {
-    const Json* value = Claim(key);
-    if (value != nullptr && !(value->is_number_integer() && value->get<int64_t>() == allowed)) {
-      AddError(errors_, Child(key),
-               "is not supported by meshtrain; only " + std::to_string(allowed) + " is accepted, got " +
-                   DescribeJson(*value));
-    }
-  }
-
- private:
-  const Json* Claim(std::string_view key) {
-    if (object_ == nullptr) return nullptr;
-    auto it = object_->find(key);
-    if (it == object_->end()) return nullptr;
-    claimed_.emplace(key);
-    return &*it;
-  }
-
-  std::string Child(std::string_view key) const {
-    return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
-  }
-
-  const Json* object_ = nullptr;
-  std::string path_;
-  FieldErrors* errors_;
-  bool lenient_;
-  std::set<std::string, std::less<>> claimed_;
-};
-
-template <class T>
-void Read(const Json& j, const std::string& path, FieldErrors* errors, std::vector<T>& out) {
-  out.clear();
-  if constexpr (std::is_same_v<T, std::string>) {
-    if (j.is_string()) {  // `train: data/*.bin` means a list of one
-      out.push_back(j.get<std::string>());
-      return;
-    }
-  }
-  if (!j.is_array()) {
-    AddError(errors, path, "must be a list, got " + DescribeJson(j));
-    return;
-  }
-  out.resize(j.size());
-  for (size_t i = 0; i < j.size(); ++i) {
-    Read(j[i], path + "[" + std::to_string(i) + "]", errors, out[i]);
-  }
-}
-
-template <class T>
-void Read(const Json& j, const std::string& path, FieldErrors* errors, std::optional<T>& out) {
-  if (j.is_null()) {
-    out.reset();
-    return;
-  }
-  T value{};
-  const size_t before = errors->size();
-  Read(j, path, errors, value);
-  if (errors->size() == before) out = std::move(value);
-}
-
-template <Record T>
-void Read(const Json& j, const std::string& path, FieldErrors* errors, T& out) {
-  ObjectDecoder decoder(j, path, errors);
-  if (decoder.ok()) Fields(out, decoder);
-}
-
-void Read(const Json& j, const std::string& path, FieldErrors* errors, ObjectMeta& out) {
-  ObjectDecoder decoder(j, path, errors, /*lenient=*/true);
-  if (decoder.ok()) Fields(out, decoder);
-}
-
-// ---------------------------------------------------------------------------
-// Writing.
-
-class ObjectEncoder;
-
-template <class T>
-concept EncodableRecord = requires(const T& t, ObjectEncoder& e) { Fields(t, e); };
-
-template <class T>
-bool IsEmpty(const T& value) {
-  if constexpr (requires { value.has_value(); }) {
-    return !value.has_value();
-  } else if constexpr (requires { value.empty(); } && !std::is_same_v<T, Json>) {
-    return value.empty();
-  } else {
-    return false;
-  }
-}
-
-template <class T>
-Json Write(const T& value);
-
-class ObjectEncoder {
- public:
-  explicit ObjectEncoder(Json& out) : out_(out) { out_ = Json::object(); }
-
-  template <class T>
-  void operator()(std::string_view key, const T& value, std::initializer_list<std::string_view> = {}) {
-    if (!IsEmpty(value)) out_[std::string(key)] = Write(value);
-  }
-  void IgnoredFlag(std::string_view) {}
-  void OnlyValue(std::string_view, int64_t) {}
-
- private:
-  Json& out_;
-};
-
-template <class T>
-Json Write(const T& value) {
-  if constexpr (EncodableRecord<T>) {
-    Json out;
-    ObjectEncoder encoder(out);
-    Fields(value, encoder);
-    return out;
-  } else if constexpr (requires { value.has_value(); }) {
-    return Write(*value);
-  } else if constexpr (requires { typename T::value_type; } && !std::is_same_v<T, std::string> &&
-                       !std::is_same_v<T, Json> &&
-                       !requires { typename T::mapped_type; }) {
-    Json out = Json::array();
-    for (const auto& item : value) out.push_back(Write(item));
-    return out;
-  } else {
-    return Json(value);
-  }
-}
-
-}  // namespace
+// ObjectMeta carries fields owned by the API server (managedFields, finalizers, ...).
+template <>
+inline constexpr bool json_fields::kIgnoresUnknownFields<ObjectMeta> = true;
 
 TrainingJob DecodeTrainingJob(const Json& object, FieldErrors* errors) {
-  TrainingJob job;
-  Read(object, "", errors, job);
-  return job;
+  return json_fields::Decode<TrainingJob>(object, "", errors);
 }
 
 TrainingJobStatus DecodeTrainingJobStatus(const Json& object, FieldErrors* errors) {
-  TrainingJobStatus status;
-  Read(object, "status", errors, status);
-  return status;
+  return json_fields::Decode<TrainingJobStatus>(object, "status", errors);
 }
 
 Json ToJson(const TrainingJob& job) {
-  Json out = Write(job);
+  Json out = json_fields::Encode(job);
   if (job.status == TrainingJobStatus{}) out.erase("status");
   return out;
 }
 
-Json ToJson(const TrainingJobSpec& spec) { return Write(spec); }
-Json ToJson(const TrainingJobStatus& status) { return Write(status); }
+Json ToJson(const TrainingJobSpec& spec) { return json_fields::Encode(spec); }
+Json ToJson(const TrainingJobStatus& status) { return json_fields::Encode(status); }
 
 }  // namespace meshtrain::api

@@ -27,7 +27,4 @@ nlohmann::json ToJson(const TrainingJob& job);
 nlohmann::json ToJson(const TrainingJobSpec& spec);
 nlohmann::json ToJson(const TrainingJobStatus& status);
 
-// A short description of a JSON value for error messages: `string "abc"`, `a list`.
-std::string DescribeJson(const nlohmann::json& value);
-
 }  // namespace meshtrain::api
