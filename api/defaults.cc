@@ -22,7 +22,11 @@ void ApplyDefaults(TrainingJob* job) {
     if (!m.seq_len) m.seq_len = preset->seq_len;
   }
 
-  if (spec.topology.levels.empty()) spec.topology.levels = DefaultTopologyLevels();
+  TopologySpec& topology = spec.topology;
+  if (topology.levels.empty()) topology.levels = DefaultTopologyLevels();
+  if (topology.required_level.empty()) {
+    topology.required_level = topology.levels[topology.levels.size() >= 2 ? topology.levels.size() - 2 : 0];
+  }
 }
 
 }  // namespace meshtrain::api

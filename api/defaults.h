@@ -2,7 +2,7 @@
 //
 // The static defaults are the member initialisers in training_job.h. ApplyDefaults()
 // fills in the rest, which depend on other fields: the model shape from its preset,
-// resources.gpu from gpusPerNode, and the topology levels.
+// resources.gpu from gpusPerNode, and the topology levels and required level.
 
 #pragma once
 

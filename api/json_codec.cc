@@ -88,6 +88,7 @@ template <Is<TopologySpec> S, class V>
 void Fields(S& s, V& v) {
   v("levels", s.levels);
   v("mode", s.mode);
+  v("requiredLevel", s.required_level);
 }
 
 template <Is<RunPolicy> S, class V>

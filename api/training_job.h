@@ -96,9 +96,12 @@ struct CheckpointSpec {
 };
 
 // Node-label levels from the outermost network domain to the node itself.
+// With mode Required the whole gang must share one domain of requiredLevel;
+// with Preferred placement falls back level by level up to the whole cluster.
 struct TopologySpec {
   std::vector<std::string> levels;  // default: DefaultTopologyLevels()
   std::string mode = "Preferred";   // Required | Preferred
+  std::string required_level;       // default: the deepest level above the node (levels[n-2])
   bool operator==(const TopologySpec&) const = default;
 };
 

@@ -1,5 +1,6 @@
 #include "api/validation.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <string>
@@ -233,6 +234,9 @@ void CheckTopology(const TopologySpec& t, Checker& c) {
     else if (!seen.insert(t.levels[i]).second) c.Fail(path, "repeats the level \"" + t.levels[i] + "\"");
   }
   c.OneOf("spec.topology.mode", t.mode, {"Required", "Preferred"});
+  if (std::find(t.levels.begin(), t.levels.end(), t.required_level) == t.levels.end()) {
+    c.Fail("spec.topology.requiredLevel", "must be one of spec.topology.levels, got \"" + t.required_level + "\"");
+  }
 }
 
 void CheckRunPolicy(const RunPolicy& r, Checker& c) {

@@ -160,6 +160,7 @@ TEST(JsonCodec, DefaultsFillPresetAndDerivedFields) {
   EXPECT_EQ(job.spec.model.seq_len, 512);  // explicit beats preset
   EXPECT_EQ(job.spec.resources.gpu, 4);
   EXPECT_EQ(job.spec.topology.levels, DefaultTopologyLevels());
+  EXPECT_EQ(job.spec.topology.required_level, "topology.k8s.aws/network-node-layer-3");
   TrainingJob again = job;
   ApplyDefaults(&again);
   EXPECT_EQ(again, job);  // idempotent

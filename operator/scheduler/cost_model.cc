@@ -1,0 +1,107 @@
+#include "operator/scheduler/cost_model.h"
+
+#include <algorithm>
+
+#include "api/layout.h"
+#include "api/model_shape.h"
+
+namespace meshtrain::scheduler {
+
+LinkModel::LinkModel(std::vector<std::string> levels)
+    : levels_(std::move(levels)), intra_node_{"nvlink", 360e9, 3e-6} {
+  // Network defaults from the deepest network level outwards.
+  const Link network[] = {{"", 40e9, 15e-6}, {"", 25e9, 25e-6}, {"", 12.5e9, 40e-6}, {"", 6.25e9, 60e-6}};
+  const size_t n = levels_.size();
+  by_shared_.resize(n + 1);
+  for (size_t shared = 0; shared <= n; ++shared) {
+    // Two nodes share at most n-1 levels when the last level is the node itself.
+    const size_t distance = shared + 1 >= n ? 0 : n - 1 - shared;
+    by_shared_[shared] = network[std::min<size_t>(distance, 3)];
+    by_shared_[shared].name = shared == 0 ? "cluster" : "within " + levels_[shared - 1];
+  }
+}
+
+bool LinkModel::Override(const std::string& which, double bytes_per_second, double latency_seconds) {
+  Link* link = which == intra_node_.name ? &intra_node_ : nullptr;
+  for (Link& l : by_shared_) {
+    if (l.name == which || l.name == "within " + which) link = &l;
+  }
+  if (link == nullptr) return false;
+  link->bytes_per_second = bytes_per_second;
+  link->latency_seconds = latency_seconds;
+  return true;
+}
+
+const Link& LinkModel::BetweenNodes(size_t shared_levels) const {
+  return by_shared_[std::min(shared_levels, by_shared_.size() - 1)];
+}
+
+namespace {
+
+enum class Collective { kAllGather, kReduceScatter, kAllReduce };
+
+double RingSeconds(Collective op, double bytes, int n, const Link& link) {
+  if (n <= 1 || bytes <= 0) return 0;
+  const double steps = op == Collective::kAllReduce ? 2.0 * (n - 1) : double(n - 1);
+  return steps * (link.latency_seconds + bytes / n / link.bytes_per_second);
+}
+
+// The slowest link among the nodes of `group`.
+const Link& GroupLink(const std::vector<int>& group, const api::ParallelLayout& mesh,
+                      const std::vector<std::vector<std::string>>& paths, const LinkModel& links) {
+  const int first = mesh.NodeOf(group.front());
+  size_t shared = paths[first].size();
+  bool one_node = true;
+  for (int rank : group) {
+    const int node = mesh.NodeOf(rank);
+    if (node == first) continue;
+    one_node = false;
+    size_t common = 0;
+    while (common < shared && paths[node][common] == paths[first][common]) ++common;
+    shared = common;
+  }
+  return one_node ? links.IntraNode() : links.BetweenNodes(shared);
+}
+
+}  // namespace
+
+StepCost EstimateStepCost(const api::TrainingJobSpec& spec, const std::vector<std::vector<std::string>>& node_paths,
+                          const LinkModel& links) {
+  const api::ParallelLayout mesh = api::ParallelLayout::ForSpec(spec);
+  const api::ModelShape shape = api::ShapeOf(spec.model);
+  const double params_per_tp_rank = double(shape.ParameterCount()) / mesh.tp();
+  const double param_bytes = spec.training.precision == "fp32" ? 4 : 2;
+  const double micro_steps = double(spec.training.global_batch_tokens) /
+                             double(spec.training.micro_batch_size * shape.seq_len * mesh.data_parallel());
+  const double activation_bytes = double(spec.training.micro_batch_size * shape.seq_len * shape.hidden) * param_bytes;
+
+  struct Traffic {
+    Collective op;
+    double bytes;
+    double times;  // per step
+  };
+  const std::map<api::Axis, std::vector<Traffic>> traffic = {
+      {api::Axis::kTensor, {{Collective::kAllReduce, activation_bytes, micro_steps * 4 * double(shape.layers)}}},
+      {api::Axis::kShard,
+       {{Collective::kAllGather, param_bytes * params_per_tp_rank, 2 * micro_steps},
+        {Collective::kReduceScatter, 4 * params_per_tp_rank, micro_steps}}},
+      {api::Axis::kReplica, {{Collective::kAllReduce, 4 * params_per_tp_rank / mesh.shard(), 1}}},
+  };
+
+  StepCost cost;
+  for (const auto& [axis, work] : traffic) {
+    AxisCost axis_cost{api::AxisName(axis), 0, {}};
+    for (const std::vector<int>& group : mesh.Groups(axis)) {
+      const Link& link = GroupLink(group, mesh, node_paths, links);
+      ++axis_cost.groups_by_link[link.name];
+      double seconds = 0;
+      for (const Traffic& t : work) seconds += t.times * RingSeconds(t.op, t.bytes, int(group.size()), link);
+      axis_cost.seconds = std::max(axis_cost.seconds, seconds);
+    }
+    cost.seconds += axis_cost.seconds;
+    cost.axes.push_back(std::move(axis_cost));
+  }
+  return cost;
+}
+
+}  // namespace meshtrain::scheduler

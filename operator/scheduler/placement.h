@@ -1,0 +1,72 @@
+// Topology-aware gang placement and node-rank order. Pure functions of a request
+// and a cluster snapshot: the same inputs always give the same placement.
+//
+// Placement is all or nothing. It picks the deepest topology domain that can hold
+// the whole gang (best fit among equals: the one left with the fewest free nodes,
+// preferring domains whose deepest network domains can hold whole shard groups),
+// then selects nodes inside it level by level, in whole shard groups where sizes
+// allow. The order of selection is the node-rank order, so consecutive node ranks
+// share the deepest domain and each shard group sits under one domain when it can.
+
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "api/rank_table.h"
+#include "api/training_job.h"
+#include "operator/scheduler/cluster.h"
+
+namespace meshtrain::scheduler {
+
+struct PlacementRequest {
+  int64_t nodes = 1;
+  int64_t gpus_per_node = 1;
+  int64_t efa_per_node = 0;
+  std::vector<api::Toleration> tolerations;
+  std::map<std::string, std::string> node_selector;
+  std::vector<std::string> levels;  // node-label keys, outermost first
+  bool required = false;            // the gang must share one domain of required_level
+  std::string required_level;
+  int64_t nodes_per_shard_group = 1;  // placement unit: S*T/G nodes, at least 1
+  std::set<std::string> avoid;        // nodes not to use, such as ones that failed the job recently
+
+  // REQUIRES: `job` is defaulted and valid.
+  static PlacementRequest ForJob(const api::TrainingJob& job, std::set<std::string> avoid = {});
+};
+
+struct Placement {
+  // One entry per node rank: the node and its topology path (one domain name per level;
+  // a node without a level's label is alone in its own domain there).
+  std::vector<std::string> nodes;
+  std::vector<std::vector<std::string>> paths;
+  int domain_level = -1;  // the level whose one domain holds the gang; -1: the whole cluster
+  std::string domain;     // that domain, as "a/b/c"
+  std::string reason;     // why there is no placement; empty when placed
+
+  bool ok() const { return reason.empty(); }
+  bool operator==(const Placement&) const = default;
+};
+
+// Whether `node` can take one of the gang's pods, and if not, why (e.g. "not Ready").
+std::string Ineligibility(const PlacementRequest& request, const ClusterNode& node);
+
+// The topology path of a node for `levels`.
+std::vector<std::string> TopologyPath(const ClusterNode& node, const std::vector<std::string>& levels);
+
+Placement Place(const PlacementRequest& request, const ClusterSnapshot& snapshot);
+
+// A topology-blind scheduler: the first eligible nodes in name order.
+Placement PlaceBlind(const PlacementRequest& request, const ClusterSnapshot& snapshot);
+
+// The same nodes as `placement`, in name order.
+Placement InNameOrder(const Placement& placement);
+
+// Node rank i holds ranks [i*G, (i+1)*G).
+api::RankTable MakeRankTable(const Placement& placement, const std::vector<std::string>& levels,
+                             int64_t gpus_per_node);
+
+}  // namespace meshtrain::scheduler

@@ -1,0 +1,72 @@
+#include "operator/scheduler/cost_model.h"
+
+#include <gtest/gtest.h>
+
+#include "api/defaults.h"
+#include "api/manifest.h"
+
+namespace meshtrain::scheduler {
+namespace {
+
+const std::vector<std::string> kLevels = {"l1", "l2", "l3", "kubernetes.io/hostname"};
+
+api::TrainingJobSpec Spec(int nodes, int gpus, int tp, int shard) {
+  api::TrainingJob job = api::LoadTrainingJobs("examples/gpt2-tiny-local.yaml").at(0).job;
+  job.spec.nodes = nodes;
+  job.spec.gpus_per_node = gpus;
+  job.spec.resources.gpu = gpus;
+  job.spec.parallelism.tensor_parallel_degree = tp;
+  job.spec.parallelism.hybrid_shard_degree = shard;
+  job.spec.model.heads = 8;
+  job.spec.training.micro_batch_size = 1;
+  job.spec.training.global_batch_tokens = 128 * nodes * gpus / tp;  // one micro-step
+  return job.spec;
+}
+
+TEST(CostModel, ReplicaAllReduceMatchesTheRingFormula) {
+  // Two nodes of one GPU, no TP, no sharding: one replica group across the two nodes,
+  // which share a layer-3 domain: 2(n-1) x (15 us + (4P/n) / 40 GB/s), P = 842496.
+  const StepCost cost = EstimateStepCost(Spec(2, 1, 1, 1), {{"a", "b", "c", "n0"}, {"a", "b", "c", "n1"}}, LinkModel(kLevels));
+  const double expected = 2 * (15e-6 + 4.0 * 842496 / 2 / 40e9);
+  EXPECT_NEAR(cost.seconds, expected, 1e-12);
+  ASSERT_EQ(cost.axes.size(), 3u);
+  for (const AxisCost& axis : cost.axes) {
+    if (axis.axis == "replica") EXPECT_EQ(axis.groups_by_link.at("within l3"), 1);
+    else EXPECT_EQ(axis.seconds, 0) << axis.axis;
+  }
+}
+
+TEST(CostModel, GroupsUseTheSlowestLinkTheySpan) {
+  // 2 nodes x 8 GPUs, TP 8, shard 2: TP groups stay in a node, shard groups span both nodes.
+  // A GPT-2 124M-sized model, so that the shard collectives are bandwidth-bound.
+  api::TrainingJobSpec spec = Spec(2, 8, 8, 2);
+  spec.model.layers = 12, spec.model.heads = 16, spec.model.hidden = 768, spec.model.vocab_size = 50257;
+  const LinkModel links(kLevels);
+  const StepCost near = EstimateStepCost(spec, {{"a", "b", "c", "n0"}, {"a", "b", "c", "n1"}}, links);
+  const StepCost far = EstimateStepCost(spec, {{"a", "b", "c", "n0"}, {"z", "y", "x", "n1"}}, links);
+  EXPECT_EQ(near.axes[0].axis, "tp");
+  EXPECT_EQ(near.axes[0].groups_by_link.at("nvlink"), 2);
+  EXPECT_EQ(near.axes[1].axis, "shard");
+  EXPECT_EQ(near.axes[1].groups_by_link.at("within l3"), 8);
+  EXPECT_EQ(far.axes[1].groups_by_link.at("cluster"), 8);
+  EXPECT_EQ(far.axes[0].seconds, near.axes[0].seconds);
+  EXPECT_GT(far.axes[1].seconds, 5 * near.axes[1].seconds);  // 40 vs 6.25 GB/s, bandwidth-bound
+}
+
+TEST(CostModel, OverridesReplaceALink) {
+  const api::TrainingJobSpec spec = Spec(2, 1, 1, 1);
+  const std::vector<std::vector<std::string>> paths = {{"a", "b", "c", "n0"}, {"a", "b", "d", "n1"}};
+  LinkModel links(kLevels);
+  EXPECT_EQ(links.BetweenNodes(2).name, "within l2");
+  const double before = EstimateStepCost(spec, paths, links).seconds;
+  EXPECT_TRUE(links.Override("l2", 50e9, 25e-6));  // twice the default 25 GB/s
+  const double after = EstimateStepCost(spec, paths, links).seconds;
+  EXPECT_LT(after, before);
+  EXPECT_NEAR(after, 2 * (25e-6 + 4.0 * 842496 / 2 / 50e9), 1e-12);
+  EXPECT_TRUE(links.Override("nvlink", 900e9, 2e-6));
+  EXPECT_TRUE(links.Override("cluster", 1e9, 1e-4));
+  EXPECT_FALSE(links.Override("l9", 1, 1));
+}
+
+}  // namespace
+}  // namespace meshtrain::scheduler
