@@ -41,6 +41,27 @@ int Main(int argc, char** argv) {
   CLI::App* run = app.add_subcommand("run", "Run a job on this machine");
   run->add_option("file", file, "Manifest file with one TrainingJob")->required();
 
+  PlanOptions plan_options;
+  CLI::App* plan = app.add_subcommand("plan", "Place a job on a cluster by topology and compare with a topology-blind placement");
+  plan->add_option("job", plan_options.job_file, "Manifest file with one TrainingJob")->required();
+  auto* cluster_opt = plan->add_option("--cluster", plan_options.cluster_file, "Compact cluster description (YAML or JSON)");
+  auto* nodes_opt = plan->add_option("--nodes-json", plan_options.nodes_json, "Output of kubectl get nodes -o json");
+  plan->add_option("--pods-json", plan_options.pods_json, "Output of kubectl get pods -A -o json")->needs(nodes_opt);
+  cluster_opt->excludes(nodes_opt);
+  plan->add_option("--link", plan_options.link_overrides,
+                   "Override a link: LEVEL=GBPS[,LATENCY_US], LEVEL being nvlink, cluster or a topology level");
+  plan->add_option("--avoid", plan_options.avoid, "A node not to use");
+  std::string output = "text";
+  plan->add_option("--output,-o", output, "text or json")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
+
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  BenchPlanOptions bench_plan_options;
+  CLI::App* bench_plan = bench->add_subcommand("plan", "Placement time and topology-aware vs blind communication");
+  bench_plan->add_option("--nodes", bench_plan_options.nodes, "Nodes per generated cluster")->capture_default_str();
+  bench_plan->add_option("--clusters", bench_plan_options.clusters, "Clusters for the ratio")->capture_default_str();
+  bench_plan->add_option("--seed", bench_plan_options.seed, "First random seed")->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -51,6 +72,15 @@ int Main(int argc, char** argv) {
   if (*validate) return ValidateCommand(files, std::cout);
   if (*layout) return LayoutCommand(file, std::cout);
   if (*run) return RunCommand(file, std::cout);
+  if (*plan) {
+    if (plan_options.cluster_file.empty() && plan_options.nodes_json.empty()) {
+      std::cerr << "meshtrain plan: give --cluster FILE or --nodes-json FILE\n";
+      return kExitUnreadable;
+    }
+    plan_options.json = output == "json";
+    return PlanCommand(plan_options, std::cout);
+  }
+  if (*bench_plan) return BenchPlanCommand(bench_plan_options, std::cout);
   return kExitUnreadable;
 }
 

@@ -3,6 +3,7 @@
 
 #pragma once
 
+#include <cstdint>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -22,6 +23,33 @@ int LayoutCommand(const std::string& file, std::ostream& out);
 // Runs one job on this machine. Until the worker engine lands it validates the
 // job and prints its layout.
 int RunCommand(const std::string& file, std::ostream& out);
+
+struct PlanOptions {
+  std::string job_file;
+  std::string cluster_file;  // compact description; or else
+  std::string nodes_json;    // kubectl get nodes -o json
+  std::string pods_json;     // kubectl get pods -A -o json (optional)
+  std::vector<std::string> link_overrides;  // LEVEL=GBPS[,LATENCY_US]
+  std::vector<std::string> avoid;           // node names not to use
+  bool json = false;
+};
+
+// Places a job on a cluster and prints the placement, its rank table, the link each
+// group uses and the modelled communication per step, beside a topology-blind placement.
+int PlanCommand(const PlanOptions& options, std::ostream& out);
+
+struct BenchPlanOptions {
+  int nodes = 2000;
+  int time_job_nodes = 128;
+  int time_runs = 20;
+  int ratio_job_nodes = 64;
+  int clusters = 100;
+  uint64_t seed = 1;
+};
+
+// Placement time and the topology-aware vs blind step-communication ratio on
+// generated EKS-like clusters.
+int BenchPlanCommand(const BenchPlanOptions& options, std::ostream& out);
 
 // The whole CLI: parses argv and dispatches.
 int Main(int argc, char** argv);

@@ -158,15 +158,23 @@ ClusterSnapshot ReadClusterFile(const std::string& path) {
 }
 
 ClusterSnapshot ReadKubectlFiles(const std::string& nodes_path, const std::string& pods_path) {
+  // kubectl prints a `kind: List` (which ReadManifestFile expands into its items) or a
+  // NodeList/PodList; either way, gather the objects into one list.
   auto read = [](const std::string& path) -> Json {
     if (path.empty()) return nullptr;
+    Json list = {{"items", Json::array()}};
     try {
-      auto documents = api::ReadManifestFile(path);
-      if (documents.size() != 1) throw ClusterError(path + ": expected one kubectl list");
-      return std::move(documents[0].object);
+      for (api::ManifestDocument& doc : api::ReadManifestFile(path)) {
+        if (doc.object.is_object() && doc.object.contains("items") && doc.object["items"].is_array()) {
+          for (Json& item : doc.object["items"]) list["items"].push_back(std::move(item));
+        } else {
+          list["items"].push_back(std::move(doc.object));
+        }
+      }
     } catch (const api::ManifestError& e) {
       throw ClusterError(e.what());
     }
+    return list;
   };
   const Json nodes = read(nodes_path);
   const Json pods = read(pods_path);

@@ -21,11 +21,16 @@ LinkModel::LinkModel(std::vector<std::string> levels)
   }
 }
 
-bool LinkModel::Override(const std::string& which, double bytes_per_second, double latency_seconds) {
-  Link* link = which == intra_node_.name ? &intra_node_ : nullptr;
-  for (Link& l : by_shared_) {
-    if (l.name == which || l.name == "within " + which) link = &l;
+const Link* LinkModel::Find(const std::string& which) const {
+  if (which == intra_node_.name) return &intra_node_;
+  for (const Link& l : by_shared_) {
+    if (l.name == which || l.name == "within " + which) return &l;
   }
+  return nullptr;
+}
+
+bool LinkModel::Override(const std::string& which, double bytes_per_second, double latency_seconds) {
+  Link* link = const_cast<Link*>(Find(which));
   if (link == nullptr) return false;
   link->bytes_per_second = bytes_per_second;
   link->latency_seconds = latency_seconds;

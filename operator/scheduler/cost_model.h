@@ -35,9 +35,11 @@ class LinkModel {
   // at 15, 25, 40 and 60 us.
   explicit LinkModel(std::vector<std::string> levels);
 
-  // Replaces one link's figures. `which` is "nvlink", a level key (nodes sharing that
-  // level's domain and no deeper one), or "cluster" (nodes sharing no domain).
-  // Returns false if `which` names no link.
+  // The link called `which`: "nvlink", a level key (nodes sharing that level's domain
+  // and no deeper one), or "cluster" (nodes sharing no domain); nullptr if none.
+  const Link* Find(const std::string& which) const;
+
+  // Replaces the figures of the link called `which`. Returns false if there is none.
   bool Override(const std::string& which, double bytes_per_second, double latency_seconds);
 
   const Link& IntraNode() const { return intra_node_; }

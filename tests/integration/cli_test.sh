@@ -57,5 +57,34 @@ expect "an unknown log level is refused" 2 'log-level' -- "$meshtrain" --log-lev
 expect "log level applies" 0 'ok' -- "$meshtrain" --log-level error run examples/gpt2-tiny-local.yaml
 expect "version" 0 '^meshtrain [0-9]+\.[0-9]+\.[0-9]+ \(cuda (on|off)\)' -- "$meshtrain" --version
 
+expect "plan keeps shard groups under one layer-3 domain" 0 \
+  'placement: in topology.k8s.aws/network-node-layer-2 domain nn-l1-a/nn-l2-a1' \
+  'nn-l1-a/nn-l2-a1/nn-l3-a1a: 16 node\(s\), node ranks 0-15' \
+  'shard   16 within topology.k8s.aws/network-node-layer-3 \| 16 cluster' \
+  'node  31  ip-10-[0-9-]+ +ranks   248-255' 'topology-blind / topology-aware: [0-9.]+x' \
+  -- "$meshtrain" plan examples/gpt2-2p7b-32x8.yaml --cluster examples/clusters/eks-p5-124.yaml
+
+expect "plan as JSON" 0 '"placement": \{' '"nodeRank": 31' '"topologyPath": \[' '"costSecondsPerStep": [0-9.e-]+' \
+  '"blindCostSecondsPerStep": [0-9.e-]+' \
+  -- "$meshtrain" plan examples/gpt2-2p7b-32x8.yaml --cluster examples/clusters/eks-p5-124.yaml --output json
+
+sed 's/requiredLevel: topology.k8s.aws\/network-node-layer-2/requiredLevel: topology.k8s.aws\/network-node-layer-3/' \
+  examples/gpt2-2p7b-32x8.yaml > "${TMPDIR:-/tmp}/meshtrain-required-l3.yaml"
+expect "plan explains a required domain that is too small" 1 \
+  'no placement: needs 32 nodes with 8 free GPUs in one topology.k8s.aws/network-node-layer-3 domain; the largest such domain has [0-9]+' \
+  -- "$meshtrain" plan "${TMPDIR:-/tmp}/meshtrain-required-l3.yaml" --cluster examples/clusters/eks-p5-124.yaml
+
+expect "plan reads kubectl output" 0 'node   0  ip-10-0-0-2 ' 'node   1  ip-10-0-0-4 ' \
+  -- "$meshtrain" plan examples/gpt2-124m-2x8.yaml --nodes-json tests/data/kubectl-nodes.json --pods-json tests/data/kubectl-pods.json
+
+expect "plan takes link overrides and refuses unknown links" 2 '--link spine=5: no link named "spine"' \
+  -- "$meshtrain" plan examples/gpt2-124m-2x8.yaml --cluster examples/clusters/eks-p5-124.yaml --link nvlink=900,2 --link spine=5
+
+expect "plan names a bad cluster file" 2 'nope.yaml: cannot open' \
+  -- "$meshtrain" plan examples/gpt2-124m-2x8.yaml --cluster nope.yaml
+
+expect "bench plan reports time and ratio" 0 'placement time: 300 nodes x 8 GPUs' 'blind / aware: median [0-9.]+x' \
+  -- "$meshtrain" bench plan --nodes 300 --clusters 5
+
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -1,0 +1,164 @@
+#include <iomanip>
+#include <sstream>
+
+#include "api/json_codec.h"
+#include "api/layout.h"
+#include "api/rank_table.h"
+#include "cli/commands.h"
+#include "cli/job_report.h"
+#include "operator/scheduler/cost_model.h"
+#include "operator/scheduler/placement.h"
+
+namespace meshtrain::cli {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string Seconds(double s) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(s < 0.01 ? 6 : 4) << s << " s";
+  return out.str();
+}
+
+std::string JoinPath(const std::vector<std::string>& path, size_t length) {
+  std::string out;
+  for (size_t i = 0; i < length && i < path.size(); ++i) out += (i ? "/" : "") + path[i];
+  return out;
+}
+
+// Applies --link LEVEL=GBPS[,LATENCY_US] overrides. Returns an error message or "".
+std::string ApplyLinkOverrides(const std::vector<std::string>& overrides, scheduler::LinkModel* links) {
+  for (const std::string& o : overrides) {
+    const size_t eq = o.find('=');
+    double gbps = 0, latency_us = -1;
+    char comma = 0;
+    std::istringstream in(eq == std::string::npos ? "" : o.substr(eq + 1));
+    in >> gbps;
+    if (in >> comma) in >> latency_us;
+    const std::string which = o.substr(0, eq);
+    const double latency = latency_us >= 0 ? latency_us * 1e-6 : -1;
+    if (eq == std::string::npos || gbps <= 0 || (comma != 0 && (comma != ',' || latency < 0))) {
+      return "--link " + o + ": expected LEVEL=GBPS or LEVEL=GBPS,LATENCY_US";
+    }
+    const scheduler::Link* link = links->Find(which);
+    if (link == nullptr) return "--link " + o + ": no link named \"" + which + "\"; use nvlink, cluster or a topology level";
+    links->Override(which, gbps * 1e9, latency >= 0 ? latency : link->latency_seconds);
+  }
+  return "";
+}
+
+Json AxesJson(const scheduler::StepCost& cost) {
+  Json axes = Json::object();
+  for (const auto& a : cost.axes) axes[a.axis] = {{"seconds", a.seconds}, {"groupsByLink", a.groups_by_link}};
+  return axes;
+}
+
+void PrintText(const api::CheckedJob& job, const scheduler::Placement& aware, const scheduler::Placement& blind,
+               const scheduler::StepCost& aware_cost, const scheduler::StepCost& blind_cost,
+               const std::vector<std::string>& levels, std::ostream& out) {
+  const int64_t gpus = job.job.spec.gpus_per_node;
+  out << "placement: " << (aware.domain_level < 0 ? "across the whole cluster"
+                                                  : "in " + levels[aware.domain_level] + " domain " + aware.domain)
+      << "\n";
+  // Nodes grouped by their deepest network domain (the level above the node).
+  const size_t depth = levels.size() >= 2 ? levels.size() - 1 : levels.size();
+  for (size_t i = 0; i < aware.nodes.size();) {
+    size_t j = i;
+    while (j < aware.nodes.size() && JoinPath(aware.paths[j], depth) == JoinPath(aware.paths[i], depth)) ++j;
+    out << "  " << JoinPath(aware.paths[i], depth) << ": " << (j - i) << " node(s), node ranks " << i << "-" << j - 1
+        << "\n";
+    i = j;
+  }
+  out << "rank table:\n";
+  for (const api::RankTableNode& n : scheduler::MakeRankTable(aware, levels, gpus).nodes) {
+    std::vector<int> ranks(n.ranks.begin(), n.ranks.end());
+    out << "  node " << std::setw(3) << n.node_rank << "  " << std::left << std::setw(24) << n.name << std::right
+        << " ranks " << std::setw(9) << api::FormatRanks(ranks) << "  " << JoinPath(n.topology_path, n.topology_path.size())
+        << "\n";
+  }
+  out << "groups by link (topology-aware | topology-blind):\n";
+  for (size_t a = 0; a < aware_cost.axes.size(); ++a) {
+    auto list = [](const std::map<std::string, int>& by_link) {
+      std::string s;
+      for (const auto& [link, n] : by_link) s += (s.empty() ? "" : ", ") + std::to_string(n) + " " + link;
+      return s;
+    };
+    out << "  " << std::left << std::setw(8) << aware_cost.axes[a].axis << std::right << list(aware_cost.axes[a].groups_by_link)
+        << " | " << list(blind_cost.axes[a].groups_by_link) << "\n";
+  }
+  out << "modelled communication per step:   topology-aware   topology-blind\n";
+  for (size_t a = 0; a < aware_cost.axes.size(); ++a) {
+    out << "  " << std::left << std::setw(32) << aware_cost.axes[a].axis << std::right << std::setw(14)
+        << Seconds(aware_cost.axes[a].seconds) << std::setw(17) << Seconds(blind_cost.axes[a].seconds) << "\n";
+  }
+  out << "  " << std::left << std::setw(32) << "total" << std::right << std::setw(14) << Seconds(aware_cost.seconds)
+      << std::setw(17) << Seconds(blind_cost.seconds) << "\n";
+  out << "topology-blind / topology-aware: " << std::fixed << std::setprecision(2)
+      << blind_cost.seconds / aware_cost.seconds << "x (blind takes the first " << blind.nodes.size()
+      << " eligible nodes in name order)\n";
+}
+
+}  // namespace
+
+int PlanCommand(const PlanOptions& options, std::ostream& out) {
+  std::vector<api::CheckedJob> jobs;
+  if (!LoadJobsOrReport(options.job_file, &jobs, out)) return kExitUnreadable;
+  if (jobs.size() != 1) {
+    out << options.job_file << ": holds " << jobs.size() << " documents; meshtrain plan takes one TrainingJob\n";
+    return kExitInvalid;
+  }
+  const api::CheckedJob& job = jobs.front();
+  if (!job.ok()) {
+    PrintErrors(job, out);
+    return kExitInvalid;
+  }
+  scheduler::ClusterSnapshot cluster;
+  try {
+    cluster = options.cluster_file.empty() ? scheduler::ReadKubectlFiles(options.nodes_json, options.pods_json)
+                                           : scheduler::ReadClusterFile(options.cluster_file);
+  } catch (const scheduler::ClusterError& e) {
+    out << e.what() << "\n";
+    return kExitUnreadable;
+  }
+  const auto& spec = job.job.spec;
+  scheduler::LinkModel links(spec.topology.levels);
+  if (std::string error = ApplyLinkOverrides(options.link_overrides, &links); !error.empty()) {
+    out << error << "\n";
+    return kExitUnreadable;
+  }
+
+  const scheduler::PlacementRequest request = scheduler::PlacementRequest::ForJob(
+      job.job, std::set<std::string>(options.avoid.begin(), options.avoid.end()));
+  const scheduler::Placement aware = scheduler::Place(request, cluster);
+  if (!aware.ok()) {
+    if (options.json) out << Json{{"placement", nullptr}, {"reason", aware.reason}}.dump(2) << "\n";
+    else out << job.Where() << ": no placement: " << aware.reason << "\n";
+    return kExitInvalid;
+  }
+  const scheduler::Placement blind = scheduler::PlaceBlind(request, cluster);
+  const scheduler::StepCost aware_cost = scheduler::EstimateStepCost(spec, aware.paths, links);
+  const scheduler::StepCost blind_cost = scheduler::EstimateStepCost(spec, blind.paths, links);
+  const api::RankTable table = scheduler::MakeRankTable(aware, spec.topology.levels, spec.gpus_per_node);
+
+  if (options.json) {
+    Json placement = api::ToJson(table);
+    placement["domainLevel"] = aware.domain_level < 0 ? Json(nullptr) : Json(spec.topology.levels[aware.domain_level]);
+    placement["domain"] = aware.domain;
+    Json blind_placement = api::ToJson(scheduler::MakeRankTable(blind, spec.topology.levels, spec.gpus_per_node));
+    out << Json{{"placement", placement},
+                {"costSecondsPerStep", aware_cost.seconds},
+                {"blindCostSecondsPerStep", blind_cost.seconds},
+                {"blindOverAware", blind_cost.seconds / aware_cost.seconds},
+                {"axes", AxesJson(aware_cost)},
+                {"blindAxes", AxesJson(blind_cost)},
+                {"blindPlacement", blind_placement}}
+               .dump(2)
+        << "\n";
+    return kExitOk;
+  }
+  PrintLayout(job, /*groups=*/false, out);
+  PrintText(job, aware, blind, aware_cost, blind_cost, spec.topology.levels, out);
+  return kExitOk;
+}
+
+}  // namespace meshtrain::cli
