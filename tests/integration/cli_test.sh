@@ -49,7 +49,7 @@ expect "layout prints every group" 0 \
   -- "$meshtrain" layout examples/gpt2-2p7b-32x8.yaml
 
 expect "run validates and lays out the tiny job" 0 \
-  'gpt2-tiny-local": ok' '842496 parameters' 'no training engine yet' \
+  'gpt2-tiny-local": ok' '842496 parameters' 'rank table on this machine: local-0 ranks 0;' 'no training engine yet' \
   -- "$meshtrain" run examples/gpt2-tiny-local.yaml
 
 expect "run refuses an invalid job" 1 'tensorParallelDegree' -- "$meshtrain" run tests/data/invalid-job.yaml
