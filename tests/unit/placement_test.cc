@@ -214,7 +214,7 @@ TEST(Placement, RequestFromJobUsesItsLayout) {
   EXPECT_EQ(r.nodes, 32);
   EXPECT_EQ(r.nodes_per_shard_group, 16);
   EXPECT_TRUE(r.required);
-  EXPECT_EQ(r.required_level, "topology.k8s.aws/network-node-layer-3");
+  EXPECT_EQ(r.required_level, "topology.k8s.aws/network-node-layer-2");
   EXPECT_EQ(r.efa_per_node, 32);
   EXPECT_TRUE(r.avoid.contains("bad-node"));
   EXPECT_EQ(r.tolerations.size(), 1u);
