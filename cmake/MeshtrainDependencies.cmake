@@ -4,6 +4,7 @@
 add_compile_definitions(_TURN_OFF_PLATFORM_STRING)
 
 find_package(Threads REQUIRED)
+find_package(OpenMP REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(yaml-cpp 0.7 REQUIRED)
 find_package(spdlog 1.10 REQUIRED)

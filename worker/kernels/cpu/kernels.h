@@ -1,0 +1,68 @@
+// GPT-2 layers on the CPU, as forward/backward pairs of plain functions (llm.c style).
+//
+// Outputs come first; backward functions *accumulate* (+=) into gradients named d...,
+// so callers zero them once per step. Shapes are in the comments: B batch, T time,
+// C channels, OC output channels, NH heads, V vocabulary. Arrays are row-major and
+// contiguous. Each function is instantiated for float (the training path) and
+// double (the reference that gradient checks use); matrix products go through
+// OpenBLAS (cblas_sgemm / cblas_dgemm), the rest are loops parallel over B*T.
+// Thread-safety: the functions share no state; calls on disjoint outputs may run concurrently.
+
+#pragma once
+
+#include <cstdint>
+
+namespace meshtrain::kernels::cpu {
+
+// out (B,T,C) = wte[inp] + wpe[t]; inp (B,T) token ids, wte (V,C), wpe (maxT,C)
+template <class T>
+void EncoderForward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int Tn, int C);
+template <class T>
+void EncoderBackward(T* dwte, T* dwpe, const T* dout, const int32_t* inp, int B, int Tn, int C);
+
+// out (B,T,C) = (inp - mean) * rstd * weight + bias; mean, rstd (B,T) saved for backward
+template <class T>
+void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int B, int Tn, int C);
+template <class T>
+void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
+                       const T* rstd, int B, int Tn, int C);
+
+// out (B,T,OC) = inp (B,T,C) @ weight(OC,C)^T + bias (OC); bias may be null
+template <class T>
+void MatmulForward(T* out, const T* inp, const T* weight, const T* bias, int B, int Tn, int C, int OC);
+template <class T>
+void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int B, int Tn, int C,
+                    int OC);
+
+// Causal self-attention. inp (B,T,3C) holds q, k, v; out (B,T,C);
+// preatt, att (B,NH,T,T) are the scores before and after softmax, saved for backward.
+template <class T>
+void AttentionForward(T* out, T* preatt, T* att, const T* inp, int B, int Tn, int C, int NH);
+template <class T>
+void AttentionBackward(T* dinp, T* dpreatt, T* datt, const T* dout, const T* inp, const T* att, int B, int Tn, int C,
+                       int NH);
+
+// out = gelu(inp), the tanh approximation; N elements
+template <class T>
+void GeluForward(T* out, const T* inp, int64_t N);
+template <class T>
+void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t N);
+
+// out = inp1 + inp2; N elements
+template <class T>
+void ResidualForward(T* out, const T* inp1, const T* inp2, int64_t N);
+template <class T>
+void ResidualBackward(T* dinp1, T* dinp2, const T* dout, int64_t N);
+
+// probs (B,T,V) = softmax(logits); losses (B,T) = -log probs[target]
+template <class T>
+void SoftmaxCrossEntropyForward(T* probs, T* losses, const T* logits, const int32_t* targets, int B, int Tn, int V);
+// dlogits (B,T,V) += (probs - onehot(target)) * dloss, dloss the same for every position
+template <class T>
+void SoftmaxCrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targets, T dloss, int B, int Tn, int V);
+
+// One AdamW step on N parameters with decoupled weight decay; t counts steps from 1.
+void AdamWUpdate(float* params, const float* grads, float* m, float* v, int64_t N, float lr, float beta1, float beta2,
+                 float eps, float weight_decay, int64_t t);
+
+}  // namespace meshtrain::kernels::cpu

@@ -1,0 +1,62 @@
+// GPT-2 on the CPU: pre-LayerNorm blocks, learned positions, GELU MLP, tied LM head.
+//
+// Forward keeps every activation for Backward (llm.c style); Backward accumulates
+// parameter gradients into grads(), so gradient accumulation is a loop of
+// Forward/Backward between ZeroGrad() calls. T is float for training and double
+// for reference checks. Not thread-safe: one model per training thread (the kernels
+// inside use OpenMP).
+
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "worker/model/parameters.h"
+
+namespace meshtrain::model {
+
+template <class T>
+class Gpt2 {
+ public:
+  // Sized for micro-batches of at most `max_batch` sequences of at most `max_seq` (<= shape.seq_len) tokens.
+  Gpt2(const api::ModelShape& shape, int max_batch, int max_seq);
+
+  const ParameterLayout& layout() const { return layout_; }
+  std::vector<T>& params() { return params_; }
+  const std::vector<T>& params() const { return params_; }
+  std::vector<T>& grads() { return grads_; }
+
+  // Runs the model on inputs (B,Tn). With targets (B,Tn) it returns the mean
+  // cross-entropy loss; without, it returns 0 and only probabilities are computed.
+  double Forward(const int32_t* inputs, const int32_t* targets, int B, int Tn);
+
+  // Backward of the last Forward (which needs targets): grads += loss_scale * d(mean loss)/d(params).
+  void Backward(T loss_scale);
+
+  void ZeroGrad();
+
+  // Next-token probabilities (V) at position t of sequence b of the last Forward.
+  const T* Probabilities(int b, int t) const;
+
+  // Bytes held for activations and their gradients.
+  int64_t activation_bytes() const { return int64_t(acts_.size() + dacts_.size()) * int64_t(sizeof(T)); }
+
+ private:
+  // Views into one activation buffer; the same struct indexes the gradient buffer.
+  struct Activations {
+    int64_t encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, preatt, att, attproj, residual2, ln2, ln2_mean, ln2_rstd,
+        fch, fch_gelu, fcproj, residual3, lnf, lnf_mean, lnf_rstd, logits, probs, losses, total;
+  };
+
+  T* P(Param kind, int layer = -1) { return params_.data() + layout_.Offset(kind, layer); }
+  T* G(Param kind, int layer = -1) { return grads_.data() + layout_.Offset(kind, layer); }
+
+  ParameterLayout layout_;
+  int max_batch_, max_seq_;
+  Activations at_{};
+  std::vector<T> params_, grads_, acts_, dacts_;
+  std::vector<int32_t> inputs_, targets_;
+  int B_ = 0, Tn_ = 0;
+};
+
+}  // namespace meshtrain::model
