@@ -56,6 +56,8 @@ void Fields(S& s, V& v) {
   v("gradClip", s.grad_clip);
   v("seed", s.seed);
   v("precision", s.precision);
+  v("evalInterval", s.eval_interval);
+  v("evalBatches", s.eval_batches);
 }
 
 // The snake_case aliases are SageMaker model parallel v2's config keys, so an SMP

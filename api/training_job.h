@@ -74,6 +74,8 @@ struct TrainingSpec {
   double grad_clip = 1.0;  // 0 disables clipping
   int64_t seed = 1337;
   std::string precision = "auto";  // auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16
+  int64_t eval_interval = 100;     // steps between validation losses; 0: only after the last step
+  int64_t eval_batches = 10;       // micro-batches per validation loss
   bool operator==(const TrainingSpec&) const = default;
 };
 

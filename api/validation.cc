@@ -177,6 +177,8 @@ void CheckTraining(const TrainingSpec& t, Checker& c) {
   c.Finite("spec.training.gradClip", t.grad_clip, 0, false);
   c.Range("spec.training.seed", t.seed, 0, Checker::kNoMax);
   c.OneOf("spec.training.precision", t.precision, {"auto", "fp32", "bf16"});
+  c.Range("spec.training.evalInterval", t.eval_interval, 0, Checker::kNoMax);
+  c.Range("spec.training.evalBatches", t.eval_batches, 1, 1 << 20);
 }
 
 // Checks that need the sizes of several blocks at once: the mesh, TP against the

@@ -38,8 +38,21 @@ int Main(int argc, char** argv) {
   CLI::App* layout = app.add_subcommand("layout", "Print a job's mesh: which ranks form each TP, shard and replica group");
   layout->add_option("file", file, "Manifest file")->required();
 
-  CLI::App* run = app.add_subcommand("run", "Run a job on this machine");
-  run->add_option("file", file, "Manifest file with one TrainingJob")->required();
+  RunOptions run_options;
+  CLI::App* run = app.add_subcommand("run", "Train a job on this machine");
+  run->add_option("file", run_options.file, "Manifest file with one TrainingJob")->required();
+  run->add_option("--sample-tokens", run_options.sample_tokens, "Tokens of text to sample after training")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+
+  PrepareDataOptions prepare_options;
+  CLI::App* prepare = app.add_subcommand("prepare-data", "Turn a text file into token files (byte-level tokenizer)");
+  prepare->add_option("input", prepare_options.input, "Text file")->required();
+  prepare->add_option("output", prepare_options.output, "Token file to write")->required();
+  prepare->add_option("--validation", prepare_options.validation, "Also write the end of the text here, for validation");
+  prepare->add_option("--validation-fraction", prepare_options.validation_fraction, "Share of the text for validation")
+      ->check(CLI::Range(0.0, 0.5))
+      ->capture_default_str();
 
   PlanOptions plan_options;
   CLI::App* plan = app.add_subcommand("plan", "Place a job on a cluster by topology and compare with a topology-blind placement");
@@ -71,7 +84,8 @@ int Main(int argc, char** argv) {
 
   if (*validate) return ValidateCommand(files, std::cout);
   if (*layout) return LayoutCommand(file, std::cout);
-  if (*run) return RunCommand(file, std::cout);
+  if (*run) return RunCommand(run_options, std::cout);
+  if (*prepare) return PrepareDataCommand(prepare_options, std::cout);
   if (*plan) {
     if (plan_options.cluster_file.empty() && plan_options.nodes_json.empty()) {
       std::cerr << "meshtrain plan: give --cluster FILE or --nodes-json FILE\n";

@@ -20,9 +20,24 @@ int ValidateCommand(const std::vector<std::string>& files, std::ostream& out);
 // Prints the mesh of each job in `file`: nodes, and the TP, shard and replica groups.
 int LayoutCommand(const std::string& file, std::ostream& out);
 
-// Runs one job on this machine. Until the worker engine lands it validates the
-// job and prints its layout.
-int RunCommand(const std::string& file, std::ostream& out);
+struct RunOptions {
+  std::string file;
+  int sample_tokens = 300;  // text sampled from the trained model at the end
+};
+
+// Trains one job on this machine: validates and lays it out, trains it on one
+// rank showing step, loss and tokens/s, and prints a text sample from the model.
+int RunCommand(const RunOptions& options, std::ostream& out);
+
+struct PrepareDataOptions {
+  std::string input;        // a text file
+  std::string output;       // token file of the text (less the validation split)
+  std::string validation;   // optional token file of the last validation_fraction of the text
+  double validation_fraction = 0.1;
+};
+
+// Tokenizes text with the byte-level tokenizer into token files.
+int PrepareDataCommand(const PrepareDataOptions& options, std::ostream& out);
 
 struct PlanOptions {
   std::string job_file;

@@ -1,9 +1,12 @@
+#include <cstdio>
+
 #include <spdlog/spdlog.h>
 
 #include "api/layout.h"
 #include "cli/commands.h"
 #include "cli/job_report.h"
 #include "operator/scheduler/placement.h"
+#include "worker/train/trainer.h"
 
 namespace meshtrain::cli {
 namespace {
@@ -28,13 +31,19 @@ api::RankTable LocalRankTable(const api::TrainingJob& job) {
   return scheduler::MakeRankTable(placement, job.spec.topology.levels, job.spec.gpus_per_node);
 }
 
+std::string MiB(int64_t bytes) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.1f MiB", double(bytes) / (1 << 20));
+  return buffer;
+}
+
 }  // namespace
 
-int RunCommand(const std::string& file, std::ostream& out) {
+int RunCommand(const RunOptions& options, std::ostream& out) {
   std::vector<api::CheckedJob> jobs;
-  if (!LoadJobsOrReport(file, &jobs, out)) return kExitUnreadable;
+  if (!LoadJobsOrReport(options.file, &jobs, out)) return kExitUnreadable;
   if (jobs.size() != 1) {
-    out << file << ": holds " << jobs.size() << " documents; meshtrain run takes a file with one TrainingJob\n";
+    out << options.file << ": holds " << jobs.size() << " documents; meshtrain run takes a file with one TrainingJob\n";
     return kExitInvalid;
   }
   const api::CheckedJob& job = jobs.front();
@@ -50,7 +59,36 @@ int RunCommand(const std::string& file, std::ostream& out) {
         << ";";
   }
   out << "\n";
-  spdlog::warn("this build has no training engine yet: the job was validated and laid out, not trained");
+  if (job.job.spec.training.precision == "bf16") spdlog::warn("bf16 needs CUDA; this run trains in fp32 on the CPU");
+
+  std::optional<train::Trainer> trainer;
+  try {
+    trainer.emplace(job.job);
+  } catch (const train::TokenFileError& e) {
+    out << e.what() << "\n";
+    return kExitUnreadable;
+  } catch (const std::invalid_argument& e) {
+    out << job.Where() << ": " << e.what() << "\n";
+    return kExitInvalid;
+  }
+  const train::MemoryReport memory = trainer->memory();
+  out << "  memory: params " << MiB(memory.params) << ", grads " << MiB(memory.grads) << ", optimizer "
+      << MiB(memory.optimizer) << ", activations " << MiB(memory.activations) << "\n";
+  trainer->Run([&](const train::StepReport& r) {
+    char line[160];
+    std::snprintf(line, sizeof line, "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s",
+                  static_cast<long long>(r.step), static_cast<long long>(r.steps), r.loss, r.learning_rate, r.grad_norm,
+                  r.tokens_per_second);
+    out << line;
+    if (r.validation_loss) {
+      std::snprintf(line, sizeof line, " | val loss %.4f", *r.validation_loss);
+      out << line;
+    }
+    out << std::endl;
+  });
+  const std::vector<uint32_t> prompt = {'\n'};
+  const std::string sample = train::TokensToText(trainer->Sample(prompt, options.sample_tokens, 1));
+  out << "sample:\n" << sample << "\n";
   return kExitOk;
 }
 

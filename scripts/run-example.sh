@@ -8,4 +8,10 @@ job=${1:-examples/gpt2-tiny-local.yaml}
 bash scripts/setup.sh
 cmake --preset default >/dev/null
 cmake --build --preset default --target meshtrain
-exec build/default/cli/meshtrain run "$job"
+meshtrain=build/default/cli/meshtrain
+# The tiny example trains on Pride and Prejudice, tokenized once.
+if [ ! -f examples/data/corpus.train.bin ] || [ ! -f examples/data/corpus.val.bin ]; then
+  "$meshtrain" prepare-data examples/data/pride-and-prejudice.txt examples/data/corpus.train.bin \
+    --validation examples/data/corpus.val.bin --validation-fraction 0.1
+fi
+exec "$meshtrain" run "$job"

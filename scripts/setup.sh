@@ -11,7 +11,7 @@ packages=(
   clang libclang-rt-14-dev
   # libraries
   libcpprest-dev libssl-dev libyaml-cpp-dev prometheus-cpp-dev libspdlog-dev libfmt-dev
-  libfabric-dev libopenblas-dev nlohmann-json3-dev libcli11-dev libgtest-dev
+  libfabric-dev libopenblas-openmp-dev nlohmann-json3-dev libcli11-dev libgtest-dev
 )
 
 missing=()

@@ -104,6 +104,8 @@ const std::vector<Case>& Cases() {
       {"negative grad clip", {{"/spec/training/gradClip", -1}}, {"spec.training.gradClip"}},
       {"negative seed", {{"/spec/training/seed", -5}}, {"spec.training.seed"}},
       {"unknown precision", {{"/spec/training/precision", "fp8"}}, {"spec.training.precision"}},
+      {"negative eval interval", {{"/spec/training/evalInterval", -1}}, {"spec.training.evalInterval"}},
+      {"zero eval batches", {{"/spec/training/evalBatches", 0}}, {"spec.training.evalBatches"}},
       {"tp does not divide gpus per node", {{"/spec/parallelism/tensorParallelDegree", 3}},
        {"spec.parallelism.tensorParallelDegree"}, "must divide spec.gpusPerNode (8), got 3"},
       {"tp larger than a node", {{"/spec/parallelism/tensorParallelDegree", 16}},

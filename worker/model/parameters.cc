@@ -1,6 +1,7 @@
 #include "worker/model/parameters.h"
 
 #include <cmath>
+#include <numbers>
 #include <stdexcept>
 
 namespace meshtrain::model {
@@ -20,7 +21,7 @@ double CounterNormal(uint64_t seed, uint64_t tensor, uint64_t element) {
   // Two uniforms in (0, 1] from the two halves, then Box-Muller.
   const double u1 = (double(bits >> 32) + 1.0) / 4294967296.0;
   const double u2 = double(bits & 0xFFFFFFFFull) / 4294967296.0;
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
 }
 
 ParameterLayout::ParameterLayout(const api::ModelShape& shape) : shape_(shape) {

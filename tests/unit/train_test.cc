@@ -1,0 +1,139 @@
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "worker/train/data_loader.h"
+#include "worker/train/schedule.h"
+#include "worker/train/token_file.h"
+
+namespace meshtrain::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() : path_(fs::temp_directory_path() / ("meshtrain-test-" + std::to_string(::getpid()))) {
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string File(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+std::string OpenError(const std::string& path) {
+  try {
+    TokenFile::Open(path);
+  } catch (const TokenFileError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+void WriteBytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+TEST(TokenFile, RoundTripsNarrowAndWideTokens) {
+  TempDir dir;
+  const std::vector<uint32_t> narrow = {0, 1, 65535, 42};
+  WriteTokenFile(dir.File("a.bin"), narrow);
+  const TokenFile a = TokenFile::Open(dir.File("a.bin"));
+  EXPECT_EQ(a.width(), 2);
+  ASSERT_EQ(a.size(), 4u);
+  for (size_t i = 0; i < narrow.size(); ++i) EXPECT_EQ(a[i], narrow[i]);
+  EXPECT_EQ(fs::file_size(dir.File("a.bin")), 24u + 8u);
+  const std::vector<uint32_t> wide = {70000, 3, 4000000000u};
+  WriteTokenFile(dir.File("b.bin"), wide);
+  const TokenFile b = TokenFile::Open(dir.File("b.bin"));
+  EXPECT_EQ(b.width(), 4);
+  EXPECT_EQ(b[2], 4000000000u);
+  EXPECT_FALSE(fs::exists(dir.File("b.bin.tmp")));
+}
+
+TEST(TokenFile, BadFilesGetErrorsNamingThem) {
+  TempDir dir;
+  const std::string f = dir.File("bad.bin");
+  EXPECT_NE(OpenError(dir.File("missing.bin")).find("missing.bin: cannot open token file"), std::string::npos);
+  WriteBytes(f, "MTOK");
+  EXPECT_NE(OpenError(f).find("bad.bin: is not a token file: 4 bytes is shorter than the 24-byte header"), std::string::npos);
+  WriteBytes(f, std::string(24, 'x'));
+  EXPECT_NE(OpenError(f).find("bad.bin: is not a token file: bad magic"), std::string::npos);
+  WriteTokenFile(f, std::vector<uint32_t>{1, 2, 3});
+  {  // truncate the last token
+    std::ifstream in(f, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    WriteBytes(f, bytes.substr(0, bytes.size() - 1));
+  }
+  EXPECT_NE(OpenError(f).find("bad.bin: is truncated or padded: the header says 3 tokens of 2 bytes, but 5 bytes follow it"),
+            std::string::npos)
+      << OpenError(f);
+  std::string header = std::string("MTOK") + std::string("\x01\x00\x00\x00\x03\x00\x00\x00", 8) + std::string(12, '\0');
+  WriteBytes(f, header);
+  EXPECT_NE(OpenError(f).find("has token width 3"), std::string::npos);
+  header[4] = 2;
+  WriteBytes(f, header);
+  EXPECT_NE(OpenError(f).find("has token file version 2"), std::string::npos);
+  try {
+    WriteTokenFile(dir.File("no/such/dir/x.bin"), std::vector<uint32_t>{1});
+    FAIL();
+  } catch (const TokenFileError& e) {
+    EXPECT_NE(std::string(e.what()).find("no/such/dir/x.bin.tmp: cannot create"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TokenFile, ByteTokenizerRoundTrips) {
+  const std::string text = "It is a truth universally acknowledged\n\xc3\xa9";
+  const auto tokens = ByteTokens(text);
+  EXPECT_EQ(tokens.size(), text.size());
+  EXPECT_EQ(tokens[0], uint32_t('I'));
+  EXPECT_EQ(tokens.back(), 0xa9u);
+  EXPECT_EQ(TokensToText(tokens), text);
+}
+
+TEST(DataLoader, WindowsShiftTargetsAndSplitDataParallelRanks) {
+  TempDir dir;
+  std::vector<uint32_t> tokens(100);
+  for (uint32_t i = 0; i < 100; ++i) tokens[i] = i;
+  WriteTokenFile(dir.File("part-1.bin"), std::span(tokens).first(40));
+  WriteTokenFile(dir.File("part-2.bin"), std::span(tokens).subspan(40));
+  const int B = 2, T = 4;
+  DataLoader rank0({dir.File("part-*.bin")}, B, T, 0, 2), rank1({dir.File("part-*.bin")}, B, T, 1, 2);
+  EXPECT_EQ(rank0.files().size(), 2u);
+  EXPECT_EQ(rank0.tokens(), 100u);
+  std::vector<int32_t> in0(B * T), tg0(B * T), in1(B * T), tg1(B * T);
+  rank0.Next(in0.data(), tg0.data());
+  rank1.Next(in1.data(), tg1.data());
+  EXPECT_EQ(in0, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(tg0, (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(in1, (std::vector<int32_t>{8, 9, 10, 11, 12, 13, 14, 15}));
+  EXPECT_EQ(rank0.position(), 16u);
+  // Across the file boundary, then wrapping around before running out.
+  for (int i = 0; i < 5; ++i) rank0.Next(in0.data(), tg0.data());
+  EXPECT_EQ(in0.front(), 80);
+  rank0.Next(in0.data(), tg0.data());
+  EXPECT_EQ(in0.front(), 0);  // 96 + 16 + 1 > 100: wrapped
+  EXPECT_THROW(DataLoader({dir.File("nothing-*.bin")}, B, T), TokenFileError);
+  EXPECT_THROW(DataLoader({dir.File("part-1.bin")}, 8, 8), std::invalid_argument);
+}
+
+TEST(Schedule, WarmupThenCosineOrConstant) {
+  api::TrainingSpec t;
+  t.steps = 110;
+  t.warmup_steps = 10;
+  t.learning_rate = 1e-3;
+  EXPECT_DOUBLE_EQ(LearningRate(t, 0), 1e-4);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 9), 1e-3);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 10), 1e-3);
+  EXPECT_NEAR(LearningRate(t, 109), 1e-4, 1e-12);  // a tenth at the last step
+  EXPECT_LT(LearningRate(t, 60), LearningRate(t, 30));
+  t.schedule = "constant";
+  EXPECT_DOUBLE_EQ(LearningRate(t, 109), 1e-3);
+}
+
+}  // namespace
+}  // namespace meshtrain::train

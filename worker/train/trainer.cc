@@ -1,0 +1,133 @@
+#include "worker/train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <stdexcept>
+
+#include "api/layout.h"
+#include "api/model_shape.h"
+#include "worker/kernels/cpu/kernels.h"
+#include "worker/train/schedule.h"
+
+namespace meshtrain::train {
+namespace {
+
+constexpr float kBeta1 = 0.9f, kBeta2 = 0.95f, kEpsilon = 1e-8f;
+
+const api::TrainingJob& RequireOneRank(const api::TrainingJob& job) {
+  const int world = api::ParallelLayout::ForSpec(job.spec).world();
+  if (world != 1) {
+    throw std::invalid_argument("this build trains on one rank; the job asks for " + std::to_string(world) +
+                                " (spec.nodes x spec.gpusPerNode), which needs the communication layer");
+  }
+  return job;
+}
+
+}  // namespace
+
+Trainer::Trainer(const api::TrainingJob& job)
+    : job_(RequireOneRank(job)),
+      batch_(int(job.spec.training.micro_batch_size)),
+      seq_(int(*job.spec.model.seq_len)),
+      micro_steps_(job.spec.training.global_batch_tokens / (int64_t(batch_) * seq_)),
+      tokens_per_step_(job.spec.training.global_batch_tokens),
+      model_(std::make_unique<model::Gpt2<float>>(api::ShapeOf(job.spec.model), batch_, seq_)),
+      train_(job.spec.data.train, batch_, seq_) {
+  if (!job.spec.data.validation.empty()) validation_.emplace(job.spec.data.validation, batch_, seq_);
+  model::InitParameters(model_->params().data(), model_->layout(), uint64_t(job.spec.training.seed));
+  m_.assign(model_->params().size(), 0.0f);
+  v_.assign(model_->params().size(), 0.0f);
+  inputs_.resize(size_t(batch_) * seq_);
+  targets_.resize(size_t(batch_) * seq_);
+}
+
+StepReport Trainer::Step() {
+  const auto start = std::chrono::steady_clock::now();
+  const api::TrainingSpec& t = job_.spec.training;
+  StepReport report;
+  report.steps = t.steps;
+  model_->ZeroGrad();
+  double loss = 0;
+  for (int64_t micro = 0; micro < micro_steps_; ++micro) {
+    train_.Next(inputs_.data(), targets_.data());
+    loss += model_->Forward(inputs_.data(), targets_.data(), batch_, seq_);
+    model_->Backward(1.0f / float(micro_steps_));
+  }
+  report.loss = loss / double(micro_steps_);
+
+  std::vector<float>& grads = model_->grads();
+  double sumsq = 0;
+  for (float g : grads) sumsq += double(g) * g;
+  report.grad_norm = std::sqrt(sumsq);
+  if (t.grad_clip > 0 && report.grad_norm > t.grad_clip) {
+    const float scale = float(t.grad_clip / report.grad_norm);
+    for (float& g : grads) g *= scale;
+  }
+  report.learning_rate = LearningRate(t, step_);
+  ++step_;
+  for (const model::ParamTensor& p : model_->layout().tensors()) {
+    kernels::cpu::AdamWUpdate(model_->params().data() + p.offset, grads.data() + p.offset, m_.data() + p.offset,
+                              v_.data() + p.offset, p.size, float(report.learning_rate), kBeta1, kBeta2, kEpsilon,
+                              p.decay ? float(t.weight_decay) : 0.0f, step_);
+  }
+  report.step = step_;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report.tokens_per_second = double(tokens_per_step_) / seconds;
+  return report;
+}
+
+void Trainer::Run(const std::function<void(const StepReport&)>& report) {
+  const api::TrainingSpec& t = job_.spec.training;
+  while (step_ < t.steps) {
+    StepReport r = Step();
+    const bool last = r.step == t.steps;
+    if (last || (t.eval_interval > 0 && r.step % t.eval_interval == 0)) r.validation_loss = Evaluate();
+    report(r);
+  }
+}
+
+double Trainer::Evaluate() {
+  DataLoader& data = validation_ ? *validation_ : train_;
+  const uint64_t saved = data.position();
+  data.set_position(0);
+  double loss = 0;
+  const int64_t batches = job_.spec.training.eval_batches;
+  for (int64_t i = 0; i < batches; ++i) {
+    data.Next(inputs_.data(), targets_.data());
+    loss += model_->Forward(inputs_.data(), targets_.data(), batch_, seq_);
+  }
+  data.set_position(saved);
+  return loss / double(batches);
+}
+
+std::vector<uint32_t> Trainer::Sample(const std::vector<uint32_t>& prompt, int tokens, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint32_t> text = prompt;
+  const int V = int(*job_.spec.model.vocab_size);
+  std::vector<int32_t> window;
+  for (int i = 0; i < tokens; ++i) {
+    const size_t n = std::min(text.size(), size_t(seq_));
+    window.assign(text.end() - long(n), text.end());
+    model_->Forward(window.data(), nullptr, 1, int(n));
+    const float* probs = model_->Probabilities(0, int(n) - 1);
+    double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng), cdf = 0;
+    int next = V - 1;
+    for (int v = 0; v < V; ++v) {
+      cdf += probs[v];
+      if (u < cdf) {
+        next = v;
+        break;
+      }
+    }
+    text.push_back(uint32_t(next));
+  }
+  return std::vector<uint32_t>(text.begin() + long(prompt.size()), text.end());
+}
+
+MemoryReport Trainer::memory() const {
+  const int64_t n = int64_t(model_->params().size()) * int64_t(sizeof(float));
+  return {n, n, 2 * n, model_->activation_bytes()};
+}
+
+}  // namespace meshtrain::train

@@ -1,0 +1,72 @@
+// Single-rank training of a TrainingJob on the CPU in fp32: gradient accumulation
+// over micro-batches, global grad-norm clipping, AdamW with decoupled weight decay
+// on matrices and embeddings, the learning-rate schedule, and validation losses.
+// The same seed gives bitwise-identical losses, run after run.
+// Not thread-safe: one Trainer drives its model from one thread.
+
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api/training_job.h"
+#include "worker/model/gpt2.h"
+#include "worker/train/data_loader.h"
+
+namespace meshtrain::train {
+
+struct StepReport {
+  int64_t step = 0;  // 1-based, of `steps`
+  int64_t steps = 0;
+  double loss = 0;   // mean training loss over the step's micro-batches
+  double learning_rate = 0;
+  double grad_norm = 0;  // before clipping
+  double tokens_per_second = 0;
+  std::optional<double> validation_loss;  // on evaluation steps
+};
+
+// Bytes held, by the categories of DESIGN.md's memory accounting.
+struct MemoryReport {
+  int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
+};
+
+class Trainer {
+ public:
+  // REQUIRES: `job` is defaulted and valid. Throws std::invalid_argument for a job
+  // this trainer cannot run (more than one rank), TokenFileError for bad data.
+  explicit Trainer(const api::TrainingJob& job);
+
+  // Trains for spec.training.steps, calling `report` after every step.
+  void Run(const std::function<void(const StepReport&)>& report);
+
+  // One optimizer step over the global batch; returns its report (without validation).
+  StepReport Step();
+
+  // Mean loss over evalBatches micro-batches from the start of the validation data
+  // (the training data if there is none).
+  double Evaluate();
+
+  // `tokens` tokens sampled from the model after `prompt`, at temperature 1.
+  std::vector<uint32_t> Sample(const std::vector<uint32_t>& prompt, int tokens, uint64_t seed);
+
+  MemoryReport memory() const;
+  int64_t tokens_per_step() const { return tokens_per_step_; }
+  model::Gpt2<float>& model() { return *model_; }
+
+ private:
+  api::TrainingJob job_;
+  int batch_, seq_;
+  int64_t micro_steps_, tokens_per_step_;
+  std::unique_ptr<model::Gpt2<float>> model_;
+  std::vector<float> m_, v_;
+  DataLoader train_;
+  std::optional<DataLoader> validation_;
+  std::vector<int32_t> inputs_, targets_;
+  int64_t step_ = 0;
+};
+
+}  // namespace meshtrain::train
