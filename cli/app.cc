@@ -75,6 +75,13 @@ int Main(int argc, char** argv) {
   bench_plan->add_option("--clusters", bench_plan_options.clusters, "Clusters for the ratio")->capture_default_str();
   bench_plan->add_option("--seed", bench_plan_options.seed, "First random seed")->capture_default_str();
 
+  BenchTrainOptions bench_train_options;
+  CLI::App* bench_train = bench->add_subcommand("train", "Training throughput and MFU on this machine");
+  bench_train->add_option("--model", bench_train_options.model, "Model preset")->capture_default_str();
+  bench_train->add_option("--batch", bench_train_options.batch, "Micro-batch size")->check(CLI::Range(1, 4096))->capture_default_str();
+  bench_train->add_option("--seq", bench_train_options.seq, "Sequence length")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  bench_train->add_option("--steps", bench_train_options.steps, "Measured steps")->check(CLI::Range(1, 100000))->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -95,6 +102,7 @@ int Main(int argc, char** argv) {
     return PlanCommand(plan_options, std::cout);
   }
   if (*bench_plan) return BenchPlanCommand(bench_plan_options, std::cout);
+  if (*bench_train) return BenchTrainCommand(bench_train_options, std::cout);
   return kExitUnreadable;
 }
 

@@ -66,6 +66,18 @@ struct BenchPlanOptions {
 // generated EKS-like clusters.
 int BenchPlanCommand(const BenchPlanOptions& options, std::ostream& out);
 
+struct BenchTrainOptions {
+  std::string model = "gpt2-124m";
+  int batch = 4;
+  int seq = 64;
+  int steps = 5;   // measured
+  int warmup = 2;  // not measured
+};
+
+// Single-rank training throughput, GFLOP/s, MFU against the sgemm rate measured at the
+// model's matrix shapes, and memory by category.
+int BenchTrainCommand(const BenchTrainOptions& options, std::ostream& out);
+
 // The whole CLI: parses argv and dispatches.
 int Main(int argc, char** argv);
 

@@ -48,13 +48,31 @@ expect "layout prints every group" 0 \
   'shard groups \(16 of 16\)' '0-120 step 8  \(nodes 0-15\)' 'replica groups \(128 of 2\)' '0,128  \(nodes 0,16\)' \
   -- "$meshtrain" layout examples/gpt2-2p7b-32x8.yaml
 
-expect "run validates and lays out the tiny job" 0 \
-  'gpt2-tiny-local": ok' '842496 parameters' 'rank table on this machine: local-0 ranks 0;' 'no training engine yet' \
-  -- "$meshtrain" run examples/gpt2-tiny-local.yaml
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+expect "prepare-data splits text into token files" 0 "$tmp/train.bin: 616292 tokens" "$tmp/val.bin: 68476 tokens" \
+  -- "$meshtrain" prepare-data examples/data/pride-and-prejudice.txt "$tmp/train.bin" --validation "$tmp/val.bin"
+expect "prepare-data names a missing input" 2 'nope.txt: cannot open' -- "$meshtrain" prepare-data nope.txt "$tmp/x.bin"
+
+# The tiny example, shortened, on the data just prepared.
+sed -e "s|examples/data/corpus.train.bin|$tmp/train.bin|; s|examples/data/corpus.val.bin|$tmp/val.bin|" \
+    -e 's/steps: 300/steps: 4/; s/warmupSteps: 20/warmupSteps: 2/; s/evalInterval: 50/evalInterval: 2/' \
+    examples/gpt2-tiny-local.yaml > "$tmp/tiny.yaml"
+expect "run trains the tiny job and samples from it" 0 \
+  'gpt2-tiny-local": ok' '842496 parameters' 'rank table on this machine: local-0 ranks 0;' \
+  'memory: params 3.2 MiB, grads 3.2 MiB, optimizer 6.4 MiB' 'step +2/4 \| loss [0-9.]+ \| lr .* tok/s \| val loss' \
+  'step +4/4 \| loss [0-9.]+' '^sample:' \
+  -- "$meshtrain" run "$tmp/tiny.yaml" --sample-tokens 40
+
+sed -e "s|examples/data/corpus.train.bin|$tmp/missing.bin|" examples/gpt2-tiny-local.yaml > "$tmp/nodata.yaml"
+expect "run names a missing token file" 2 "$tmp/missing.bin: no token file matches" -- "$meshtrain" run "$tmp/nodata.yaml"
+head -c 100 "$tmp/train.bin" > "$tmp/truncated.bin"
+sed -e "s|examples/data/corpus.train.bin|$tmp/truncated.bin|" examples/gpt2-tiny-local.yaml > "$tmp/truncated.yaml"
+expect "run names a truncated token file" 2 "$tmp/truncated.bin: is truncated or padded" -- "$meshtrain" run "$tmp/truncated.yaml"
 
 expect "run refuses an invalid job" 1 'tensorParallelDegree' -- "$meshtrain" run tests/data/invalid-job.yaml
 expect "an unknown log level is refused" 2 'log-level' -- "$meshtrain" --log-level loud validate examples/gpt2-tiny-local.yaml
-expect "log level applies" 0 'ok' -- "$meshtrain" --log-level error run examples/gpt2-tiny-local.yaml
+expect "log level applies" 0 'ok' -- "$meshtrain" --log-level error validate examples/gpt2-tiny-local.yaml
 expect "version" 0 '^meshtrain [0-9]+\.[0-9]+\.[0-9]+ \(cuda (on|off)\)' -- "$meshtrain" --version
 
 expect "plan keeps shard groups under one layer-3 domain" 0 \
@@ -85,6 +103,11 @@ expect "plan names a bad cluster file" 2 'nope.yaml: cannot open' \
 
 expect "bench plan reports time and ratio" 0 'placement time: 300 nodes x 8 GPUs' 'blind / aware: median [0-9.]+x' \
   -- "$meshtrain" bench plan --nodes 300 --clusters 5
+
+expect "bench train reports throughput, MFU and memory" 0 'model gpt2-tiny \(0.8M parameters\), batch 2 x seq 32' \
+  '[0-9]+ tokens/s' 'achieved [0-9.]+ GFLOP/s' 'MFU against it: [0-9.]+%' 'memory: params [0-9.]+ MiB, grads' \
+  -- "$meshtrain" bench train --model gpt2-tiny --batch 2 --seq 32 --steps 2
+expect "bench train refuses an unknown model" 2 'gpt2-xl: unknown preset' -- "$meshtrain" bench train --model gpt2-xl
 
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]
