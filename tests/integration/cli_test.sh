@@ -18,7 +18,7 @@ expect() {
   local ok=1
   [ "$rc" -eq "$code" ] || { echo "FAIL $name: exit $rc, expected $code"; ok=0; }
   for p in "${patterns[@]}"; do
-    grep -qE -- "$p" <<<"$out" || { echo "FAIL $name: output lacks /$p/"; ok=0; }
+    grep -aqE -- "$p" <<<"$out" || { echo "FAIL $name: output lacks /$p/"; ok=0; }
   done
   if [ $ok -eq 1 ]; then passes=$((passes + 1)); echo "ok   $name"; else failures=$((failures + 1)); echo "$out" | sed 's/^/     | /'; fi
 }
@@ -60,7 +60,7 @@ sed -e "s|examples/data/corpus.train.bin|$tmp/train.bin|; s|examples/data/corpus
     examples/gpt2-tiny-local.yaml > "$tmp/tiny.yaml"
 expect "run trains the tiny job and samples from it" 0 \
   'gpt2-tiny-local": ok' '842496 parameters' 'rank table on this machine: local-0 ranks 0;' \
-  'memory: params 3.2 MiB, grads 3.2 MiB, optimizer 6.4 MiB' 'step +2/4 \| loss [0-9.]+ \| lr .* tok/s \| val loss' \
+  'memory: params 4.0 MiB, grads 4.0 MiB, optimizer 8.0 MiB, activations [0-9.]+ MiB' 'step +2/4 \| loss [0-9.]+ \| lr .* tok/s \| val loss' \
   'step +4/4 \| loss [0-9.]+' '^sample:' \
   -- "$meshtrain" run "$tmp/tiny.yaml" --sample-tokens 40
 

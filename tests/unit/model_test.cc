@@ -73,7 +73,7 @@ TEST(ModelGradients, WholeModelMatchesFiniteDifferences) {
   const double loss = model.Forward(inputs.data(), targets.data(), B, Tn);
   EXPECT_GT(loss, 0);
   model.Backward(1.0);
-  const std::vector<double> analytic = model.grads();
+  const std::vector<double> analytic(model.grads().begin(), model.grads().end());
   const double h = 1e-5;
   for (const ParamTensor& t : model.layout().tensors()) {
     for (int64_t i : {int64_t(0), t.size / 3, t.size - 1}) {
@@ -118,7 +118,7 @@ TEST(ModelBehaviour, GradientsAccumulateAndInputsAreChecked) {
   model.ZeroGrad();
   model.Forward(inputs.data(), targets.data(), B, Tn);
   model.Backward(1.0);
-  const std::vector<double> once = model.grads();
+  const std::vector<double> once(model.grads().begin(), model.grads().end());
   model.Forward(inputs.data(), targets.data(), B, Tn);
   model.Backward(1.0);
   for (size_t i = 0; i < once.size(); ++i) ASSERT_NEAR(model.grads()[i], 2 * once[i], 1e-12 + 1e-9 * std::abs(once[i]));

@@ -10,8 +10,12 @@ namespace meshtrain::model {
 namespace k = kernels::cpu;
 
 template <class T>
-Gpt2<T>::Gpt2(const api::ModelShape& shape, int max_batch, int max_seq)
+Gpt2<T>::Gpt2(const api::ModelShape& shape, int max_batch, int max_seq, runtime::CachingAllocator* allocator)
     : layout_(shape), max_batch_(max_batch), max_seq_(max_seq) {
+  if (allocator == nullptr) {
+    own_allocator_ = std::make_unique<runtime::CachingAllocator>(&own_accounting_);
+    allocator = own_allocator_.get();
+  }
   if (max_seq > shape.seq_len) throw std::invalid_argument("sequence longer than the model's seqLen");
   const int64_t B = max_batch, Tn = max_seq, C = shape.hidden, L = shape.layers, NH = shape.heads,
                 V = shape.vocab_size;
@@ -45,10 +49,11 @@ Gpt2<T>::Gpt2(const api::ModelShape& shape, int max_batch, int max_seq)
   at_.probs = take(B * Tn * V);
   at_.losses = take(B * Tn);
   at_.total = next;
-  params_.assign(size_t(layout_.total()), T(0));
-  grads_.assign(size_t(layout_.total()), T(0));
-  acts_.assign(size_t(at_.total), T(0));
-  dacts_.assign(size_t(at_.total), T(0));
+  using runtime::MemoryCategory;
+  params_ = runtime::Buffer<T>(allocator, size_t(layout_.total()), MemoryCategory::kParams);
+  grads_ = runtime::Buffer<T>(allocator, size_t(layout_.total()), MemoryCategory::kGrads);
+  acts_ = runtime::Buffer<T>(allocator, size_t(at_.total), MemoryCategory::kActivations);
+  dacts_ = runtime::Buffer<T>(allocator, size_t(at_.total), MemoryCategory::kActivations);
 }
 
 template <class T>

@@ -9,9 +9,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "worker/model/parameters.h"
+#include "worker/runtime/memory.h"
 
 namespace meshtrain::model {
 
@@ -19,12 +21,13 @@ template <class T>
 class Gpt2 {
  public:
   // Sized for micro-batches of at most `max_batch` sequences of at most `max_seq` (<= shape.seq_len) tokens.
-  Gpt2(const api::ModelShape& shape, int max_batch, int max_seq);
+  // Memory comes from `allocator` (params, grads, activations), or from the model's own when null.
+  Gpt2(const api::ModelShape& shape, int max_batch, int max_seq, runtime::CachingAllocator* allocator = nullptr);
 
   const ParameterLayout& layout() const { return layout_; }
-  std::vector<T>& params() { return params_; }
-  const std::vector<T>& params() const { return params_; }
-  std::vector<T>& grads() { return grads_; }
+  runtime::Buffer<T>& params() { return params_; }
+  const runtime::Buffer<T>& params() const { return params_; }
+  runtime::Buffer<T>& grads() { return grads_; }
 
   // Runs the model on inputs (B,Tn). With targets (B,Tn) it returns the mean
   // cross-entropy loss; without, it returns 0 and only probabilities are computed.
@@ -37,9 +40,6 @@ class Gpt2 {
 
   // Next-token probabilities (V) at position t of sequence b of the last Forward.
   const T* Probabilities(int b, int t) const;
-
-  // Bytes held for activations and their gradients.
-  int64_t activation_bytes() const { return int64_t(acts_.size() + dacts_.size()) * int64_t(sizeof(T)); }
 
  private:
   // Views into one activation buffer; the same struct indexes the gradient buffer.
@@ -54,7 +54,9 @@ class Gpt2 {
   ParameterLayout layout_;
   int max_batch_, max_seq_;
   Activations at_{};
-  std::vector<T> params_, grads_, acts_, dacts_;
+  runtime::MemoryAccounting own_accounting_;
+  std::unique_ptr<runtime::CachingAllocator> own_allocator_;
+  runtime::Buffer<T> params_, grads_, acts_, dacts_;
   std::vector<int32_t> inputs_, targets_;
   int B_ = 0, Tn_ = 0;
 };

@@ -32,12 +32,12 @@ Trainer::Trainer(const api::TrainingJob& job)
       seq_(int(*job.spec.model.seq_len)),
       micro_steps_(job.spec.training.global_batch_tokens / (int64_t(batch_) * seq_)),
       tokens_per_step_(job.spec.training.global_batch_tokens),
-      model_(std::make_unique<model::Gpt2<float>>(api::ShapeOf(job.spec.model), batch_, seq_)),
+      model_(std::make_unique<model::Gpt2<float>>(api::ShapeOf(job.spec.model), batch_, seq_, &allocator_)),
       train_(job.spec.data.train, batch_, seq_) {
   if (!job.spec.data.validation.empty()) validation_.emplace(job.spec.data.validation, batch_, seq_);
   model::InitParameters(model_->params().data(), model_->layout(), uint64_t(job.spec.training.seed));
-  m_.assign(model_->params().size(), 0.0f);
-  v_.assign(model_->params().size(), 0.0f);
+  m_ = runtime::Buffer<float>(&allocator_, model_->params().size(), runtime::MemoryCategory::kOptimizer);
+  v_ = runtime::Buffer<float>(&allocator_, model_->params().size(), runtime::MemoryCategory::kOptimizer);
   inputs_.resize(size_t(batch_) * seq_);
   targets_.resize(size_t(batch_) * seq_);
 }
@@ -56,7 +56,7 @@ StepReport Trainer::Step() {
   }
   report.loss = loss / double(micro_steps_);
 
-  std::vector<float>& grads = model_->grads();
+  runtime::Buffer<float>& grads = model_->grads();
   double sumsq = 0;
   for (float g : grads) sumsq += double(g) * g;
   report.grad_norm = std::sqrt(sumsq);
@@ -126,8 +126,9 @@ std::vector<uint32_t> Trainer::Sample(const std::vector<uint32_t>& prompt, int t
 }
 
 MemoryReport Trainer::memory() const {
-  const int64_t n = int64_t(model_->params().size()) * int64_t(sizeof(float));
-  return {n, n, 2 * n, model_->activation_bytes()};
+  using runtime::MemoryCategory;
+  return {accounting_.peak(MemoryCategory::kParams), accounting_.peak(MemoryCategory::kGrads),
+          accounting_.peak(MemoryCategory::kOptimizer), accounting_.peak(MemoryCategory::kActivations)};
 }
 
 }  // namespace meshtrain::train

@@ -15,6 +15,7 @@
 
 #include "api/training_job.h"
 #include "worker/model/gpt2.h"
+#include "worker/runtime/memory.h"
 #include "worker/train/data_loader.h"
 
 namespace meshtrain::train {
@@ -29,7 +30,7 @@ struct StepReport {
   std::optional<double> validation_loss;  // on evaluation steps
 };
 
-// Bytes held, by the categories of DESIGN.md's memory accounting.
+// Peak bytes held, by the categories of DESIGN.md's memory accounting.
 struct MemoryReport {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
 };
@@ -61,8 +62,10 @@ class Trainer {
   api::TrainingJob job_;
   int batch_, seq_;
   int64_t micro_steps_, tokens_per_step_;
+  runtime::MemoryAccounting accounting_;
+  runtime::CachingAllocator allocator_{&accounting_};
   std::unique_ptr<model::Gpt2<float>> model_;
-  std::vector<float> m_, v_;
+  runtime::Buffer<float> m_, v_;
   DataLoader train_;
   std::optional<DataLoader> validation_;
   std::vector<int32_t> inputs_, targets_;

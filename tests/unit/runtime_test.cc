@@ -1,0 +1,164 @@
+#include <atomic>
+#include <future>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "worker/runtime/memory.h"
+#include "worker/runtime/stream.h"
+
+namespace meshtrain::runtime {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(Stream, RunsTasksInOrderOnItsOwnThread) {
+  Stream stream("compute");
+  std::vector<int> order;
+  std::thread::id worker;
+  for (int i = 0; i < 100; ++i) {
+    stream.Enqueue([&, i] {
+      order.push_back(i);
+      worker = std::this_thread::get_id();
+    });
+  }
+  stream.Synchronize();
+  ASSERT_EQ(order.size(), 100u);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(order[i], i);
+  EXPECT_NE(worker, std::this_thread::get_id());
+}
+
+TEST(Stream, TwoStreamsRunConcurrently) {
+  // Each stream's task waits for the other's: only truly concurrent streams finish.
+  Stream a("compute"), b("comm");
+  std::promise<void> a_started, b_started;
+  auto a_seen = b_started.get_future(), b_seen = a_started.get_future();
+  std::atomic<bool> a_ok = false, b_ok = false;
+  a.Enqueue([&] {
+    a_started.set_value();
+    a_ok = a_seen.wait_for(5s) == std::future_status::ready;
+  });
+  b.Enqueue([&] {
+    b_started.set_value();
+    b_ok = b_seen.wait_for(5s) == std::future_status::ready;
+  });
+  a.Synchronize();
+  b.Synchronize();
+  EXPECT_TRUE(a_ok);
+  EXPECT_TRUE(b_ok);
+}
+
+TEST(Event, OrdersWorkAcrossStreams) {
+  Stream producer("copy"), consumer("compute");
+  std::atomic<int> value = 0;
+  int seen = -1;
+  Event ready;
+  EXPECT_TRUE(ready.Query());  // never recorded
+  producer.Enqueue([&] {
+    std::this_thread::sleep_for(50ms);
+    value = 42;
+  });
+  ready.Record(producer);
+  EXPECT_FALSE(ready.Query());
+  consumer.Wait(ready);
+  consumer.Enqueue([&] { seen = value; });
+  consumer.Synchronize();
+  EXPECT_EQ(seen, 42);
+  EXPECT_TRUE(ready.Query());
+  EXPECT_TRUE(ready.Synchronize(1s));
+}
+
+TEST(Event, SynchronizeTimesOutWhileTheStreamIsBlocked) {
+  Stream stream("blocked");
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  stream.Enqueue([released] { released.wait_for(10s); });
+  Event event;
+  event.Record(stream);
+  EXPECT_FALSE(event.Synchronize(50ms));
+  release.set_value();
+  EXPECT_TRUE(event.Synchronize(5s));
+}
+
+TEST(Stream, ErrorsAreStickyAndRethrown) {
+  Stream stream("failing");
+  int ran = 0;
+  stream.Enqueue([&] { ++ran; });
+  stream.Enqueue([] { throw std::runtime_error("kernel failed"); });
+  stream.Enqueue([&] { ++ran; });  // skipped after the failure
+  try {
+    stream.Synchronize();
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "kernel failed");
+  }
+  EXPECT_EQ(ran, 1);
+  EXPECT_THROW(stream.Synchronize(), std::runtime_error);
+}
+
+TEST(Stream, DestructorDrainsTheQueue) {
+  std::atomic<int> ran = 0;
+  {
+    Stream stream("drain");
+    for (int i = 0; i < 10; ++i) stream.Enqueue([&] { ++ran; });
+  }
+  EXPECT_EQ(ran, 10);
+}
+
+TEST(Memory, AccountsCurrentAndPeakByCategory) {
+  MemoryAccounting accounting;
+  CachingAllocator allocator(&accounting);
+  void* p = allocator.Allocate(1000, MemoryCategory::kParams);
+  void* a = allocator.Allocate(3 << 20, MemoryCategory::kActivations);
+  EXPECT_EQ(accounting.current(MemoryCategory::kParams), 1024);
+  EXPECT_EQ(accounting.current(MemoryCategory::kActivations), 4 << 20);
+  EXPECT_EQ(accounting.current_total(), 1024 + (4 << 20));
+  allocator.Free(a);
+  EXPECT_EQ(accounting.current(MemoryCategory::kActivations), 0);
+  EXPECT_EQ(accounting.peak(MemoryCategory::kActivations), 4 << 20);
+  EXPECT_EQ(accounting.peak_total(), 1024 + (4 << 20));
+  EXPECT_EQ(allocator.cached_bytes(), size_t(4) << 20);
+  // The cached block serves the next request of its size class, in any category.
+  void* again = allocator.Allocate((3 << 20) + 5, MemoryCategory::kOffload);
+  EXPECT_EQ(again, a);
+  EXPECT_EQ(allocator.cached_bytes(), 0u);
+  EXPECT_EQ(accounting.current(MemoryCategory::kOffload), 4 << 20);
+  allocator.Free(again);
+  allocator.Free(p);
+  allocator.ReleaseCached();
+  EXPECT_EQ(allocator.cached_bytes(), 0u);
+  EXPECT_EQ(accounting.current_total(), 0);
+  EXPECT_EQ(std::string(MemoryCategoryName(MemoryCategory::kComm)), "comm");
+  int not_ours;
+  EXPECT_THROW(allocator.Free(&not_ours), std::invalid_argument);
+}
+
+TEST(Memory, RoundsToSizeClasses) {
+  EXPECT_EQ(CachingAllocator::RoundedSize(1), 512u);
+  EXPECT_EQ(CachingAllocator::RoundedSize(513), 1024u);
+  EXPECT_EQ(CachingAllocator::RoundedSize(1 << 20), size_t(2) << 20);
+  EXPECT_EQ(CachingAllocator::RoundedSize((size_t(2) << 20) + 1), size_t(4) << 20);
+}
+
+TEST(Memory, ConcurrentUseKeepsTheBooksBalanced) {
+  MemoryAccounting accounting;
+  CachingAllocator allocator(&accounting);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 1000; ++i) {
+        void* p = allocator.Allocate(size_t(64 * (i % 7 + 1)), MemoryCategory(t % 2));
+        allocator.Free(p);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(accounting.current_total(), 0);
+  EXPECT_GT(accounting.peak_total(), 0);
+  EXPECT_LE(accounting.peak_total(), 4 * 512);
+}
+
+}  // namespace
+}  // namespace meshtrain::runtime

@@ -1,0 +1,101 @@
+#include "worker/runtime/memory.h"
+
+#include <cstdlib>
+#include <new>
+#include <stdexcept>
+
+namespace meshtrain::runtime {
+
+const char* MemoryCategoryName(MemoryCategory category) {
+  static constexpr const char* kNames[kMemoryCategories] = {"params", "grads", "optimizer",
+                                                            "activations", "comm", "offload"};
+  return kNames[size_t(category)];
+}
+
+namespace {
+void RaiseTo(std::atomic<int64_t>& peak, int64_t value) {
+  int64_t seen = peak.load();
+  while (value > seen && !peak.compare_exchange_weak(seen, value)) {
+  }
+}
+}  // namespace
+
+void MemoryAccounting::Allocated(MemoryCategory category, int64_t bytes) {
+  const size_t c = size_t(category);
+  RaiseTo(peak_[c], current_[c].fetch_add(bytes) + bytes);
+  RaiseTo(peak_total_, total_.fetch_add(bytes) + bytes);
+}
+
+void MemoryAccounting::Freed(MemoryCategory category, int64_t bytes) {
+  current_[size_t(category)].fetch_sub(bytes);
+  total_.fetch_sub(bytes);
+}
+
+size_t CachingAllocator::RoundedSize(size_t bytes) {
+  constexpr size_t kSmall = 512, kLarge = size_t(2) << 20, kLargeFrom = size_t(1) << 20;
+  const size_t unit = bytes < kLargeFrom ? kSmall : kLarge;
+  return std::max(unit, (bytes + unit - 1) / unit * unit);
+}
+
+void* CachingAllocator::Allocate(size_t bytes, MemoryCategory category) {
+  const size_t rounded = RoundedSize(bytes);
+  void* ptr = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = cached_.find(rounded);
+    if (it != cached_.end() && !it->second.empty()) {
+      ptr = it->second.back();
+      it->second.pop_back();
+      cached_bytes_ -= rounded;
+    }
+  }
+  if (ptr == nullptr) {
+    ptr = std::aligned_alloc(64, rounded);
+    if (ptr == nullptr) throw std::bad_alloc();
+  }
+  {
+    std::lock_guard lock(mutex_);
+    live_[ptr] = {rounded, category};
+  }
+  accounting_->Allocated(category, int64_t(rounded));
+  return ptr;
+}
+
+void CachingAllocator::Free(void* ptr) {
+  if (ptr == nullptr) return;
+  Live live;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = live_.find(ptr);
+    if (it == live_.end()) throw std::invalid_argument("CachingAllocator::Free: pointer not allocated here");
+    live = it->second;
+    live_.erase(it);
+    cached_[live.bytes].push_back(ptr);
+    cached_bytes_ += live.bytes;
+  }
+  accounting_->Freed(live.category, int64_t(live.bytes));
+}
+
+void CachingAllocator::ReleaseCached() {
+  std::lock_guard lock(mutex_);
+  for (auto& [bytes, blocks] : cached_) {
+    for (void* p : blocks) std::free(p);
+  }
+  cached_.clear();
+  cached_bytes_ = 0;
+}
+
+size_t CachingAllocator::cached_bytes() const {
+  std::lock_guard lock(mutex_);
+  return cached_bytes_;
+}
+
+CachingAllocator::~CachingAllocator() {
+  ReleaseCached();
+  for (auto& [ptr, live] : live_) {  // a leak by the caller; do not leak it further
+    accounting_->Freed(live.category, int64_t(live.bytes));
+    std::free(ptr);
+  }
+}
+
+}  // namespace meshtrain::runtime

@@ -1,0 +1,111 @@
+// Memory accounting by category, and a caching allocator (DESIGN.md, "Memory").
+//
+// Every engine allocation names its category. MemoryAccounting keeps the current and
+// peak bytes of each; CachingAllocator keeps freed blocks by size class and hands them
+// out again, so steady-state steps do not return to the system allocator.
+// Thread-safety: both classes are safe to use from several threads.
+
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace meshtrain::runtime {
+
+enum class MemoryCategory { kParams, kGrads, kOptimizer, kActivations, kComm, kOffload };
+inline constexpr size_t kMemoryCategories = 6;
+const char* MemoryCategoryName(MemoryCategory category);  // "params", "grads", ...
+
+class MemoryAccounting {
+ public:
+  void Allocated(MemoryCategory category, int64_t bytes);
+  void Freed(MemoryCategory category, int64_t bytes);
+  int64_t current(MemoryCategory category) const { return current_[size_t(category)].load(); }
+  int64_t peak(MemoryCategory category) const { return peak_[size_t(category)].load(); }
+  int64_t current_total() const { return total_.load(); }
+  int64_t peak_total() const { return peak_total_.load(); }
+
+ private:
+  std::array<std::atomic<int64_t>, kMemoryCategories> current_{}, peak_{};
+  std::atomic<int64_t> total_{0}, peak_total_{0};
+};
+
+// Host memory, 64-byte aligned. Sizes are rounded up to 512 bytes below 1 MiB and to
+// 2 MiB above, and freed blocks are reused for requests of the same rounded size.
+class CachingAllocator {
+ public:
+  explicit CachingAllocator(MemoryAccounting* accounting) : accounting_(accounting) {}
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // Throws std::bad_alloc when the system has no memory left.
+  void* Allocate(size_t bytes, MemoryCategory category);
+  // REQUIRES: `ptr` came from Allocate on this allocator and was not freed.
+  void Free(void* ptr);
+  // Returns every cached block to the system.
+  void ReleaseCached();
+  size_t cached_bytes() const;
+
+  static size_t RoundedSize(size_t bytes);
+
+ private:
+  struct Live {
+    size_t bytes;
+    MemoryCategory category;
+  };
+  MemoryAccounting* accounting_;
+  mutable std::mutex mutex_;
+  std::unordered_map<void*, Live> live_;
+  std::map<size_t, std::vector<void*>> cached_;
+  size_t cached_bytes_ = 0;
+};
+
+// An array of n T from a CachingAllocator, zero-filled, returned to it on destruction.
+// Move-only. Not thread-safe.
+template <class T>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(CachingAllocator* allocator, size_t n, MemoryCategory category)
+      : allocator_(allocator), size_(n), data_(static_cast<T*>(allocator->Allocate(n * sizeof(T), category))) {
+    std::fill(data_, data_ + n, T(0));
+  }
+  Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+  Buffer& operator=(Buffer&& other) noexcept {
+    std::swap(allocator_, other.allocator_);
+    std::swap(size_, other.size_);
+    std::swap(data_, other.data_);
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() {
+    if (data_ != nullptr) allocator_->Free(data_);
+  }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  size_t size() const { return size_; }
+  T& operator[](size_t i) { return data_[i]; }
+  const T& operator[](size_t i) const { return data_[i]; }
+  T* begin() { return data_; }
+  T* end() { return data_ + size_; }
+  const T* begin() const { return data_; }
+  const T* end() const { return data_ + size_; }
+
+ private:
+  CachingAllocator* allocator_ = nullptr;
+  size_t size_ = 0;
+  T* data_ = nullptr;
+};
+
+}  // namespace meshtrain::runtime
