@@ -7,8 +7,8 @@ set -euo pipefail
 packages=(
   # toolchain
   g++ cmake ninja-build pkg-config git
-  # libFuzzer (clang's runtime) for the fuzz targets
-  clang libclang-rt-14-dev
+  # clang with libFuzzer (its runtime) and OpenMP for the fuzz build
+  clang libclang-rt-14-dev libomp-14-dev
   # libraries
   libcpprest-dev libssl-dev libyaml-cpp-dev prometheus-cpp-dev libspdlog-dev libfmt-dev
   libfabric-dev libopenblas-openmp-dev nlohmann-json3-dev libcli11-dev libgtest-dev
