@@ -1,5 +1,7 @@
 #include "cli/job_report.h"
 
+#include "cli/commands.h"
+
 #include "api/layout.h"
 #include "api/model_shape.h"
 
@@ -13,6 +15,21 @@ bool LoadJobsOrReport(const std::string& file, std::vector<api::CheckedJob>* job
     out << e.what() << "\n";
     return false;
   }
+}
+
+int LoadOneValidJob(const std::string& file, const std::string& command, api::CheckedJob* job, std::ostream& out) {
+  std::vector<api::CheckedJob> jobs;
+  if (!LoadJobsOrReport(file, &jobs, out)) return kExitUnreadable;
+  if (jobs.size() != 1) {
+    out << file << ": holds " << jobs.size() << " documents; meshtrain " << command << " takes one TrainingJob\n";
+    return kExitInvalid;
+  }
+  *job = std::move(jobs.front());
+  if (!job->ok()) {
+    PrintErrors(*job, out);
+    return kExitInvalid;
+  }
+  return kExitOk;
 }
 
 void PrintErrors(const api::CheckedJob& job, std::ostream& out) {

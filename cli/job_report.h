@@ -13,6 +13,10 @@ namespace meshtrain::cli {
 // Loads `file`; on a read or syntax error prints it and returns false.
 bool LoadJobsOrReport(const std::string& file, std::vector<api::CheckedJob>* jobs, std::ostream& out);
 
+// Loads a file that must hold exactly one valid TrainingJob into *job. Returns kExitOk,
+// or prints why not and returns the exit code for it. `command` names the caller in messages.
+int LoadOneValidJob(const std::string& file, const std::string& command, api::CheckedJob* job, std::ostream& out);
+
 // Prints each error of an invalid job as "<where>: <path>: <message>".
 void PrintErrors(const api::CheckedJob& job, std::ostream& out);
 

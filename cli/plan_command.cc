@@ -101,17 +101,8 @@ void PrintText(const api::CheckedJob& job, const scheduler::Placement& aware, co
 }  // namespace
 
 int PlanCommand(const PlanOptions& options, std::ostream& out) {
-  std::vector<api::CheckedJob> jobs;
-  if (!LoadJobsOrReport(options.job_file, &jobs, out)) return kExitUnreadable;
-  if (jobs.size() != 1) {
-    out << options.job_file << ": holds " << jobs.size() << " documents; meshtrain plan takes one TrainingJob\n";
-    return kExitInvalid;
-  }
-  const api::CheckedJob& job = jobs.front();
-  if (!job.ok()) {
-    PrintErrors(job, out);
-    return kExitInvalid;
-  }
+  api::CheckedJob job;
+  if (int status = LoadOneValidJob(options.job_file, "plan", &job, out); status != kExitOk) return status;
   scheduler::ClusterSnapshot cluster;
   try {
     cluster = options.cluster_file.empty() ? scheduler::ReadKubectlFiles(options.nodes_json, options.pods_json)

@@ -40,17 +40,8 @@ std::string MiB(int64_t bytes) {
 }  // namespace
 
 int RunCommand(const RunOptions& options, std::ostream& out) {
-  std::vector<api::CheckedJob> jobs;
-  if (!LoadJobsOrReport(options.file, &jobs, out)) return kExitUnreadable;
-  if (jobs.size() != 1) {
-    out << options.file << ": holds " << jobs.size() << " documents; meshtrain run takes a file with one TrainingJob\n";
-    return kExitInvalid;
-  }
-  const api::CheckedJob& job = jobs.front();
-  if (!job.ok()) {
-    PrintErrors(job, out);
-    return kExitInvalid;
-  }
+  api::CheckedJob job;
+  if (int status = LoadOneValidJob(options.file, "run", &job, out); status != kExitOk) return status;
   out << job.Where() << ": ok\n";
   PrintLayout(job, /*groups=*/false, out);
   out << "  rank table on this machine:";
