@@ -130,6 +130,14 @@ int ParallelLayout::NodesPerShardGroup() const {
   return group_gpus <= gpus_per_node_ ? 1 : group_gpus / gpus_per_node_;
 }
 
+int64_t TokensPerMicroStep(const TrainingJobSpec& spec) {
+  return spec.training.micro_batch_size * spec.model.seq_len.value() * ParallelLayout::ForSpec(spec).data_parallel();
+}
+
+int64_t AccumulationSteps(const TrainingJobSpec& spec) {
+  return spec.training.global_batch_tokens / TokensPerMicroStep(spec);
+}
+
 std::string FormatRanks(const std::vector<int>& ranks) {
   if (ranks.empty()) return "";
   if (ranks.size() <= 2) {

@@ -72,6 +72,12 @@ class ParallelLayout {
   int replicas_;
 };
 
+// Tokens all data-parallel ranks process in one micro-step:
+// microBatchSize x seqLen x data-parallel size. REQUIRES: a defaulted spec with a valid layout.
+int64_t TokensPerMicroStep(const TrainingJobSpec& spec);
+// Micro-steps (gradient accumulation) per optimizer step: globalBatchTokens / TokensPerMicroStep.
+int64_t AccumulationSteps(const TrainingJobSpec& spec);
+
 // "0-7", "0,8,16" or "0-120 step 8": a compact, exact rendering of a rank list.
 std::string FormatRanks(const std::vector<int>& ranks);
 

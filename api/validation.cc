@@ -203,7 +203,7 @@ void CheckLayout(const TrainingJobSpec& spec, Checker& c) {
   if (!layout_ok || !m.seq_len || *m.seq_len < 1 || spec.training.micro_batch_size < 1) return;
 
   const ParallelLayout mesh = ParallelLayout::ForSpec(spec);
-  const int64_t per_step = spec.training.micro_batch_size * *m.seq_len * mesh.data_parallel();
+  const int64_t per_step = TokensPerMicroStep(spec);
   if (spec.training.global_batch_tokens >= 1 && spec.training.global_batch_tokens % per_step != 0) {
     c.Fail("spec.training.globalBatchTokens",
            "must be a multiple of microBatchSize x seqLen x data-parallel ranks (" +

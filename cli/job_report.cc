@@ -47,9 +47,8 @@ void PrintLayout(const api::CheckedJob& job, bool groups, std::ostream& out) {
       << "  mesh: " << mesh.replicas() << " replica(s) x " << mesh.shard() << " shard x " << mesh.tp()
       << " tp; data-parallel size " << mesh.data_parallel() << "; a shard group spans "
       << mesh.NodesPerShardGroup() << " node(s)\n";
-  const int64_t per_micro_step = spec.training.micro_batch_size * shape.seq_len * mesh.data_parallel();
-  out << "  batch: " << spec.training.global_batch_tokens << " tokens per step = " << per_micro_step
-      << " per micro-step x " << spec.training.global_batch_tokens / per_micro_step << " accumulation step(s)\n";
+  out << "  batch: " << spec.training.global_batch_tokens << " tokens per step = " << api::TokensPerMicroStep(spec)
+      << " per micro-step x " << api::AccumulationSteps(spec) << " accumulation step(s)\n";
   if (!groups) return;
 
   out << "  nodes:\n";

@@ -76,8 +76,7 @@ StepCost EstimateStepCost(const api::TrainingJobSpec& spec, const std::vector<st
   const api::ModelShape shape = api::ShapeOf(spec.model);
   const double params_per_tp_rank = double(shape.ParameterCount()) / mesh.tp();
   const double param_bytes = spec.training.precision == "fp32" ? 4 : 2;
-  const double micro_steps = double(spec.training.global_batch_tokens) /
-                             double(spec.training.micro_batch_size * shape.seq_len * mesh.data_parallel());
+  const double micro_steps = double(api::AccumulationSteps(spec));
   const double activation_bytes = double(spec.training.micro_batch_size * shape.seq_len * shape.hidden) * param_bytes;
 
   struct Traffic {

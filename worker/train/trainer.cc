@@ -30,7 +30,7 @@ Trainer::Trainer(const api::TrainingJob& job)
     : job_(RequireOneRank(job)),
       batch_(int(job.spec.training.micro_batch_size)),
       seq_(int(*job.spec.model.seq_len)),
-      micro_steps_(job.spec.training.global_batch_tokens / (int64_t(batch_) * seq_)),
+      micro_steps_(api::AccumulationSteps(job.spec)),
       tokens_per_step_(job.spec.training.global_batch_tokens),
       model_(std::make_unique<model::Gpt2<float>>(api::ShapeOf(job.spec.model), batch_, seq_, &allocator_)),
       train_(job.spec.data.train, batch_, seq_) {
