@@ -1,0 +1,338 @@
+// Checks the fabric communicator across real processes. Run without a worker
+// environment, it launches itself as --ranks ranks on --nodes virtual nodes and
+// reports; each rank then runs one --mode:
+//
+//   collectives  every operation, every dtype, sizes 0, 1, primes and sizes that do not
+//                divide by the world, up to several MiB, in and out of place, against a
+//                reference each rank computes for the whole world; integer-valued data
+//                so sums are exact in every dtype and every algorithm must match bitwise;
+//                random fp32 data must give bit-identical results on every rank and, for
+//                rings, exactly the documented reduction order.
+//   groups       tp/shard/replica groups from a layout, several operations in flight on
+//                different groups at once, completing in issue order per group.
+//   kill         all-reduces until the last rank kills itself mid-way: every other rank
+//                must fail with an error naming the operation and a peer (exit 3).
+//
+// The algorithm comes from MESHTRAIN_COMM_ALGORITHM (auto, ring, log, hierarchical).
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "api/layout.h"
+#include "worker/comm/bootstrap.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/fabric/fabric_communicator.h"
+#include "worker/launch/local_launcher.h"
+
+namespace mc = meshtrain::comm;
+using mc::DataType;
+
+namespace {
+
+int failures = 0;
+
+void Expect(bool ok, const std::string& what) {
+  if (!ok && ++failures <= 20) std::fprintf(stderr, "rank check failed: %s\n", what.c_str());
+}
+
+// Element i of rank r's data as a small integer, exact in every dtype even when summed.
+int64_t SmallValue(int rank, size_t i) { return static_cast<int64_t>((rank * 131 + i * 31) % 17) - 8; }
+
+void Store(DataType type, void* buf, size_t i, double value) {
+  switch (type) {
+    case DataType::kFloat32: static_cast<float*>(buf)[i] = static_cast<float>(value); break;
+    case DataType::kBFloat16: static_cast<uint16_t*>(buf)[i] = mc::FloatToBf16(static_cast<float>(value)); break;
+    case DataType::kFloat16: static_cast<uint16_t*>(buf)[i] = mc::FloatToFp16(static_cast<float>(value)); break;
+    case DataType::kInt32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(value); break;
+    case DataType::kInt64: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(value); break;
+  }
+}
+
+std::vector<char> Fill(DataType type, int rank, size_t count, size_t offset = 0) {
+  std::vector<char> data(count * mc::ElementSize(type));
+  for (size_t i = 0; i < count; ++i) Store(type, data.data(), i, static_cast<double>(SmallValue(rank, offset + i)));
+  return data;
+}
+
+// Sum over ranks of elements [offset, offset+count), in the dtype, then the average if asked.
+std::vector<char> ReferenceSum(DataType type, int world, size_t offset, size_t count, mc::ReduceOp op) {
+  std::vector<char> sum(count * mc::ElementSize(type));
+  for (size_t i = 0; i < count; ++i) {
+    int64_t total = 0;
+    for (int r = 0; r < world; ++r) total += SmallValue(r, offset + i);
+    Store(type, sum.data(), i, static_cast<double>(total));
+  }
+  if (op == mc::ReduceOp::kAverage) mc::DivideBy(sum.data(), count, type, world);
+  return sum;
+}
+
+std::string Describe(const char* op, DataType type, size_t count, bool in_place) {
+  return std::string(op) + " " + mc::DataTypeName(type) + " count " + std::to_string(count) +
+         (in_place ? " in place" : " out of place");
+}
+
+void CheckCollectives(mc::Communicator& world) {
+  const int n = world.size(), me = world.rank();
+  const std::vector<size_t> counts = {0, 1, 2, 3, 5, 7, 13, 31, 61, 127, 257, 1021, 4099, 65537, 262147, 1048583};
+  for (DataType type : mc::kAllDataTypes) {
+    size_t es = mc::ElementSize(type);
+    for (size_t count : counts) {
+      for (bool in_place : {false, true}) {
+        // all_reduce (sum and avg)
+        for (mc::ReduceOp op : {mc::ReduceOp::kSum, mc::ReduceOp::kAverage}) {
+          std::vector<char> send = Fill(type, me, count), recv(count * es, 0x5a);
+          char* out = in_place ? send.data() : recv.data();
+          world.AllReduce(send.data(), out, count, type, op)->Wait();
+          Expect(std::memcmp(out, ReferenceSum(type, n, 0, count, op).data(), count * es) == 0,
+                 Describe(op == mc::ReduceOp::kSum ? "all_reduce sum" : "all_reduce avg", type, count, in_place));
+        }
+        // reduce_scatter: count per rank, input holds n blocks
+        size_t per_rank = count / n + 1;
+        {
+          std::vector<char> send = Fill(type, me, per_rank * n), recv(per_rank * es, 0x5a);
+          char* out = in_place ? send.data() + me * per_rank * es : recv.data();
+          world.ReduceScatter(send.data(), out, per_rank, type, mc::ReduceOp::kSum)->Wait();
+          Expect(std::memcmp(out, ReferenceSum(type, n, me * per_rank, per_rank, mc::ReduceOp::kSum).data(),
+                             per_rank * es) == 0,
+                 Describe("reduce_scatter", type, per_rank, in_place));
+        }
+        // all_gather: rank r contributes its data at offset r*count
+        {
+          std::vector<char> recv(count * n * es, 0x5a);
+          std::vector<char> own = Fill(type, me, count, me * count);
+          const char* send = own.data();
+          if (in_place) {
+            std::memcpy(recv.data() + me * count * es, own.data(), count * es);
+            send = recv.data() + me * count * es;
+          }
+          world.AllGather(send, recv.data(), count, type)->Wait();
+          bool ok = true;
+          for (int r = 0; r < n && ok; ++r) {
+            ok = std::memcmp(recv.data() + r * count * es, Fill(type, r, count, r * count).data(), count * es) == 0;
+          }
+          Expect(ok, Describe("all_gather", type, count, in_place));
+        }
+        // broadcast from a root that moves with the size
+        {
+          int root = static_cast<int>(count % n);
+          std::vector<char> send = Fill(type, me, count), recv(count * es, 0x5a);
+          char* out = in_place ? send.data() : recv.data();
+          world.Broadcast(send.data(), out, count, type, root)->Wait();
+          Expect(std::memcmp(out, Fill(type, root, count).data(), count * es) == 0,
+                 Describe(("broadcast root " + std::to_string(root)).c_str(), type, count, in_place));
+        }
+      }
+    }
+  }
+  world.Barrier()->Wait();
+
+  // Random fp32 data: every rank ends with the same bits; rings follow the documented order.
+  for (size_t count : {size_t{1000}, size_t{262147}}) {
+    auto random = [count](int rank) {
+      std::vector<float> v(count);
+      std::mt19937 generator(1234 + rank);
+      std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+      for (float& x : v) x = uniform(generator);
+      return v;
+    };
+    std::vector<float> send = random(me), out(count);
+    world.AllReduce(send.data(), out.data(), count, DataType::kFloat32, mc::ReduceOp::kSum)->Wait();
+    std::vector<float> everyone(count * n);
+    world.AllGather(out.data(), everyone.data(), count, DataType::kFloat32)->Wait();
+    bool identical = true, close = true;
+    for (int r = 1; r < n; ++r) identical &= std::memcmp(everyone.data(), everyone.data() + r * count, count * 4) == 0;
+    std::vector<std::vector<float>> inputs;
+    for (int r = 0; r < n; ++r) inputs.push_back(random(r));
+    for (size_t i = 0; i < count; ++i) {
+      double exact = 0;
+      for (int r = 0; r < n; ++r) exact += inputs[r][i];
+      close &= std::abs(out[i] - exact) <= 1e-5 * n;
+    }
+    Expect(identical, "random all_reduce bits differ between ranks, count " + std::to_string(count));
+    Expect(close, "random all_reduce far from the exact sum, count " + std::to_string(count));
+    const char* algorithm = std::getenv("MESHTRAIN_COMM_ALGORITHM");
+    if (algorithm != nullptr && std::string(algorithm) == "ring" && n > 1) {
+      // Block b (of the ring's even split) is ((x[b+1] + x[b+2]) + ...) + x[b].
+      bool ordered = true;
+      size_t offset = 0;
+      for (int b = 0; b < n; ++b) {
+        size_t length = count / n + (static_cast<size_t>(b) < count % n ? 1 : 0);
+        for (size_t i = offset; i < offset + length; ++i) {
+          float sum = inputs[(b + 1) % n][i];
+          for (int k = 2; k <= n; ++k) sum = inputs[(b + k) % n][i] + sum;
+          ordered &= std::memcmp(&sum, &out[i], 4) == 0;
+        }
+        offset += length;
+      }
+      Expect(ordered, "ring all_reduce does not follow the documented order, count " + std::to_string(count));
+    }
+  }
+}
+
+// With MESHTRAIN_FABRIC_REGISTER=1 every buffer is registered: repeating operations on
+// the same buffers must not register again.
+void CheckRegistrationCache(mc::Communicator& world) {
+  std::vector<float> data(1 << 18, 1.0f);
+  world.AllReduce(data.data(), data.data(), data.size(), DataType::kFloat32, mc::ReduceOp::kSum)->Wait();
+  int64_t after_first = mc::InfoOf(world).registrations;
+  for (int i = 0; i < 10; ++i) {
+    world.AllReduce(data.data(), data.data(), data.size(), DataType::kFloat32, mc::ReduceOp::kSum)->Wait();
+  }
+  Expect(after_first > 0, "no buffer was registered although MESHTRAIN_FABRIC_REGISTER=1");
+  Expect(mc::InfoOf(world).registrations == after_first,
+         "registrations grew from " + std::to_string(after_first) + " to " +
+             std::to_string(mc::InfoOf(world).registrations) + " over repeated operations");
+}
+
+void CheckGroups(mc::Communicator& world) {
+  const int n = world.size(), me = world.rank();
+  if (n % 4 != 0) {
+    std::fprintf(stderr, "groups mode needs a world divisible by 4\n");
+    failures++;
+    return;
+  }
+  int nodes = std::atoi(std::getenv("MESHTRAIN_NNODES"));
+  meshtrain::api::ParallelLayout layout(nodes, n / nodes, 2, 2);
+  auto tp = world.SplitAxis(layout, meshtrain::api::Axis::kTensor);
+  auto shard = world.SplitAxis(layout, meshtrain::api::Axis::kShard);
+  auto replica = world.SplitAxis(layout, meshtrain::api::Axis::kReplica);
+  Expect(tp->size() == 2 && shard->size() == 2 && replica->size() == n / 4, "group sizes");
+  auto group_sum = [&](const std::vector<int>& members, int64_t base) {
+    int64_t total = 0;
+    for (int r : members) total += base + r;
+    return total;
+  };
+  const size_t count = 300000;  // rings on every group
+  for (int round = 0; round < 5; ++round) {
+    std::vector<std::vector<int64_t>> buffers(6, std::vector<int64_t>(count));
+    std::vector<std::shared_ptr<mc::Work>> works;
+    mc::Communicator* groups[3] = {tp.get(), shard.get(), replica.get()};
+    // Two operations per group, the second on the first's output: order matters.
+    for (int g = 0; g < 3; ++g) {
+      auto& first = buffers[2 * g];
+      std::fill(first.begin(), first.end(), int64_t{me + round});
+      works.push_back(groups[g]->AllReduce(first.data(), first.data(), count, DataType::kInt64, mc::ReduceOp::kSum));
+      works.push_back(groups[g]->Broadcast(first.data(), buffers[2 * g + 1].data(), count, DataType::kInt64, 1 % groups[g]->size()));
+    }
+    for (int i = static_cast<int>(works.size()) - 1; i >= 0; i -= 2) {  // wait the last of each group first
+      works[i]->Wait();
+      Expect(works[i - 1]->IsCompleted(), "an earlier operation on a group finished after a later one");
+    }
+    for (int g = 0; g < 3; ++g) {
+      int64_t want = group_sum(groups[g]->group().global_ranks(), round);
+      Expect(buffers[2 * g][count - 1] == want && buffers[2 * g + 1][0] == want && buffers[2 * g + 1][count - 1] == want,
+             "group " + groups[g]->group().name() + " round " + std::to_string(round));
+    }
+  }
+  // Point to point inside the tp group, several messages in order.
+  std::vector<int32_t> a(1000, me), b(1000, -1), c(1000, -1);
+  int peer = 1 - tp->rank();
+  auto s1 = tp->Send(a.data(), a.size(), DataType::kInt32, peer);
+  auto r1 = tp->Recv(b.data(), b.size(), DataType::kInt32, peer);
+  std::vector<int32_t> a2(1000, me + 1000);
+  auto s2 = tp->Send(a2.data(), a2.size(), DataType::kInt32, peer);
+  auto r2 = tp->Recv(c.data(), c.size(), DataType::kInt32, peer);
+  for (auto& w : {s1, r1, s2, r2}) w->Wait();
+  int other = tp->group().GlobalRank(peer);
+  Expect(b[999] == other && c[0] == other + 1000, "point to point in order");
+}
+
+int Kill(mc::Communicator& world) {
+  const int n = world.size();
+  std::vector<float> data(1 << 20, 1.0f);
+  for (int i = 0; i < 1000; ++i) {
+    if (i == 5 && world.rank() == n - 1) ::raise(SIGKILL);
+    try {
+      world.AllReduce(data.data(), data.data(), data.size(), DataType::kFloat32, mc::ReduceOp::kAverage)->Wait();
+    } catch (const mc::CommError& error) {
+      std::string message = error.what();
+      std::fprintf(stderr, "rank %d: %s\n", world.rank(), message.c_str());
+      bool named = message.find("all_reduce") != std::string::npos && message.find("4.0 MiB") != std::string::npos &&
+                   message.find("group world") != std::string::npos && message.find(" rank ") != std::string::npos;
+      return named ? 3 : 4;
+    }
+  }
+  return 0;  // a survivor that never noticed: a failure of the test
+}
+
+int RunRank(const std::string& mode) {
+  auto env = mc::WorkerEnvironment::FromEnvironment();
+  auto rendezvous = mc::JoinRendezvous(env, std::chrono::seconds(30));
+  auto world = mc::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, mc::FabricOptions::FromEnvironment());
+  if (mode == "kill") return Kill(*world);
+  if (mode == "groups") {
+    CheckGroups(*world);
+  } else {
+    CheckCollectives(*world);
+    const char* registering = std::getenv("MESHTRAIN_FABRIC_REGISTER");
+    if (registering != nullptr && std::string(registering) == "1" && world->size() > 1) {
+      CheckRegistrationCache(*world);
+    }
+  }
+  auto info = mc::InfoOf(*world);
+  if (env.rank == 0) {
+    std::fprintf(stderr, "providers: intra \"%s\", inter \"%s\"\n", info.intra_provider.c_str(),
+                 info.inter_provider.c_str());
+  }
+  world->Barrier()->Wait();
+  if (failures > 0) std::fprintf(stderr, "rank %d: %d checks failed\n", env.rank, failures);
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int ranks = 2, nodes = 1;
+  std::string mode = "collectives";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i];
+    if (flag == "--ranks") ranks = std::atoi(argv[i + 1]);
+    else if (flag == "--nodes") nodes = std::atoi(argv[i + 1]);
+    else if (flag == "--mode") mode = argv[i + 1];
+  }
+  try {
+    if (mc::WorkerEnvironment::Present()) return RunRank(mode);
+    if (ranks % nodes != 0) {
+      std::fprintf(stderr, "--ranks must be a multiple of --nodes\n");
+      return 2;
+    }
+    meshtrain::launch::LocalLaunch launch;
+    launch.nodes = nodes;
+    launch.ranks_per_node = ranks / nodes;
+    launch.command.assign(argv, argv + argc);
+    launch.command[0] = "/proc/self/exe";
+    char self[4096];
+    ssize_t length = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (length > 0) launch.command[0].assign(self, length);
+    launch.timeout = std::chrono::minutes(5);
+    if (mode == "kill") {
+      launch.stop_others_on_failure = false;
+      launch.environment["MESHTRAIN_COMM_TIMEOUT"] = "3";
+      launch.timeout = std::chrono::seconds(60);
+    }
+    auto result = meshtrain::launch::LaunchLocal(launch, std::cerr);
+    if (mode != "kill") {
+      std::printf("%s: %d ranks on %d nodes: %s\n", mode.c_str(), ranks, nodes, result.status == 0 ? "ok" : "FAILED");
+      return result.status == 0 ? 0 : 1;
+    }
+    bool ok = true;
+    for (const auto& exit : result.exits) {
+      int expected = exit.rank == ranks - 1 ? 128 + SIGKILL : 3;
+      std::printf("rank %d exited %d (expected %d)\n", exit.rank, exit.status, expected);
+      ok &= exit.status == expected;
+    }
+    ok &= static_cast<int>(result.exits.size()) == ranks;
+    std::printf("kill: %s\n", ok ? "every surviving rank failed with a named error" : "FAILED");
+    return ok ? 0 : 1;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "comm_check: %s\n", error.what());
+    return 1;
+  }
+}

@@ -1,0 +1,102 @@
+#include "worker/comm/bootstrap.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace meshtrain::comm {
+namespace {
+
+std::string Variable(const char* name, bool required) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') {
+    if (required) throw std::runtime_error("the worker environment lacks " + std::string(name));
+    return {};
+  }
+  return value;
+}
+
+int IntegerVariable(const char* name, int minimum) {
+  std::string text = Variable(name, true);
+  char* end = nullptr;
+  long value = std::strtol(text.c_str(), &end, 10);
+  if (*end != '\0' || value < minimum || value > (1 << 20)) {
+    throw std::runtime_error(std::string(name) + "=\"" + text + "\" is not an integer >= " +
+                             std::to_string(minimum));
+  }
+  return static_cast<int>(value);
+}
+
+}  // namespace
+
+bool WorkerEnvironment::Present() { return std::getenv("MESHTRAIN_COORDINATOR") != nullptr; }
+
+WorkerEnvironment WorkerEnvironment::FromEnvironment() {
+  WorkerEnvironment env;
+  env.job_name = Variable("MESHTRAIN_JOB_NAME", false);
+  env.coordinator = Variable("MESHTRAIN_COORDINATOR", true);
+  env.config = Variable("MESHTRAIN_CONFIG", false);
+  env.rank_table = Variable("MESHTRAIN_RANK_TABLE", true);
+  env.node_rank = IntegerVariable("MESHTRAIN_NODE_RANK", 0);
+  env.nnodes = IntegerVariable("MESHTRAIN_NNODES", 1);
+  env.nproc_per_node = IntegerVariable("MESHTRAIN_NPROC_PER_NODE", 1);
+  env.rank = IntegerVariable("RANK", 0);
+  env.world_size = IntegerVariable("WORLD_SIZE", 1);
+  env.local_rank = IntegerVariable("LOCAL_RANK", 0);
+  if (env.world_size != env.nnodes * env.nproc_per_node || env.rank >= env.world_size ||
+      env.node_rank >= env.nnodes || env.local_rank >= env.nproc_per_node ||
+      env.rank != env.node_rank * env.nproc_per_node + env.local_rank) {
+    throw std::runtime_error(
+        "inconsistent worker environment: RANK=" + std::to_string(env.rank) +
+        " WORLD_SIZE=" + std::to_string(env.world_size) + " LOCAL_RANK=" +
+        std::to_string(env.local_rank) + " MESHTRAIN_NODE_RANK=" + std::to_string(env.node_rank) +
+        " MESHTRAIN_NNODES=" + std::to_string(env.nnodes) +
+        " MESHTRAIN_NPROC_PER_NODE=" + std::to_string(env.nproc_per_node));
+  }
+  return env;
+}
+
+Rendezvous JoinRendezvous(const WorkerEnvironment& environment, milliseconds timeout) {
+  Rendezvous rendezvous;
+  std::ifstream file(environment.rank_table);
+  if (!file) throw std::runtime_error("cannot read the rank table " + environment.rank_table);
+  std::stringstream text;
+  text << file.rdbuf();
+  nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) {
+    throw std::runtime_error("the rank table " + environment.rank_table + " is not valid JSON");
+  }
+  api::FieldErrors errors;
+  rendezvous.table = api::DecodeRankTable(json, &errors);
+  if (!errors.empty()) {
+    throw std::runtime_error("the rank table " + environment.rank_table + ": " +
+                             errors[0].ToString());
+  }
+  size_t ranks = 0;
+  for (const api::RankTableNode& node : rendezvous.table.nodes) ranks += node.ranks.size();
+  if (static_cast<int>(rendezvous.table.nodes.size()) != environment.nnodes ||
+      static_cast<int>(ranks) != environment.world_size) {
+    throw std::runtime_error("the rank table " + environment.rank_table + " has " +
+                             std::to_string(rendezvous.table.nodes.size()) + " nodes and " +
+                             std::to_string(ranks) + " ranks; the environment says " +
+                             std::to_string(environment.nnodes) + " and " +
+                             std::to_string(environment.world_size));
+  }
+  if (environment.rank == 0) {
+    size_t colon = environment.coordinator.rfind(':');
+    if (colon == std::string::npos) {
+      throw std::runtime_error("MESHTRAIN_COORDINATOR=\"" + environment.coordinator +
+                               "\" is not host:port");
+    }
+    std::string host = environment.coordinator.substr(0, colon);
+    bool loopback = host.rfind("127.", 0) == 0 || host == "localhost";
+    int port = std::atoi(environment.coordinator.c_str() + colon + 1);
+    rendezvous.server = std::make_unique<StoreServer>(loopback ? "127.0.0.1" : "0.0.0.0",
+                                                      static_cast<uint16_t>(port));
+  }
+  rendezvous.store = std::make_shared<StoreClient>(environment.coordinator, timeout);
+  return rendezvous;
+}
+
+}  // namespace meshtrain::comm

@@ -1,0 +1,82 @@
+// The Communicator: asynchronous collectives and point-to-point transfers over one
+// group of ranks, modelled on PyTorch c10d's Backend (DESIGN.md, "Communication").
+//
+// Every operation returns at once with a Work; Work::Wait(timeout) returns when the
+// operation has finished, or throws CommError naming the operation, the group, the
+// size and the peer when it failed or did not finish in time. Operations on one
+// communicator run in the order they were issued, the same order on every member
+// (as with NCCL, every member must issue the same collectives in the same order).
+// Buffers must stay valid and untouched until the Work is done.
+//
+// Counts are elements of `type`. send == recv (or, for AllGather, send equal to this
+// rank's block of recv) makes an operation in place.
+//
+// Thread-safety: a Communicator may be used from several threads, but the order of
+// operations is the order of the calls, so concurrent callers get an arbitrary one.
+
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api/layout.h"
+#include "worker/comm/group.h"
+#include "worker/comm/types.h"
+
+namespace meshtrain::comm {
+
+using std::chrono::milliseconds;
+
+// The default bound on every operation (issue: 300 s, configurable).
+inline constexpr milliseconds kDefaultTimeout{300'000};
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Returns when the operation has completed. Throws CommError if it failed, or if it
+  // is still running after `timeout` (the operation itself then fails the communicator).
+  virtual void Wait(milliseconds timeout = kDefaultTimeout) = 0;
+  virtual bool IsCompleted() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  int rank() const { return group().rank(); }
+  int size() const { return group().size(); }
+  // Members, their nodes and the group's name ("world", "tp{0-3}"...).
+  virtual const Group& group() const = 0;
+
+  // recv[r*count .. (r+1)*count) = send of rank r.
+  virtual std::shared_ptr<Work> AllGather(const void* send, void* recv, size_t count,
+                                          DataType type) = 0;
+  // recv = op over ranks of send[rank*count .. (rank+1)*count).
+  virtual std::shared_ptr<Work> ReduceScatter(const void* send, void* recv, size_t count,
+                                              DataType type, ReduceOp op) = 0;
+  // recv = op over ranks of send.
+  virtual std::shared_ptr<Work> AllReduce(const void* send, void* recv, size_t count,
+                                          DataType type, ReduceOp op) = 0;
+  // recv = send of `root` (root's recv too).
+  virtual std::shared_ptr<Work> Broadcast(const void* send, void* recv, size_t count,
+                                          DataType type, int root) = 0;
+  virtual std::shared_ptr<Work> Barrier() = 0;
+  // Messages between a pair of ranks are received in the order they were sent.
+  virtual std::shared_ptr<Work> Send(const void* buf, size_t count, DataType type, int peer) = 0;
+  virtual std::shared_ptr<Work> Recv(void* buf, size_t count, DataType type, int peer) = 0;
+
+  // A communicator over `members` (ranks of this group, increasing). Every member
+  // calls it, in the same order relative to other NewGroup calls for the same members;
+  // a rank outside `members` gets nullptr. `name` labels the group in errors.
+  virtual std::unique_ptr<Communicator> NewGroup(const std::vector<int>& members,
+                                                 const std::string& name) = 0;
+
+  // This rank's group along a layout axis (tp, shard, replica). REQUIRES: this
+  // communicator is the world of `layout`. Every rank calls it.
+  std::unique_ptr<Communicator> SplitAxis(const api::ParallelLayout& layout, api::Axis axis);
+};
+
+}  // namespace meshtrain::comm

@@ -1,0 +1,151 @@
+#include "worker/comm/fabric/exchange.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "worker/comm/types.h"
+
+namespace meshtrain::comm::fabric {
+namespace {
+
+// Posted messages per direction; the rest wait in order. Keeps provider queues short.
+constexpr size_t kWindow = 64;
+
+}  // namespace
+
+std::string FormatBytes(size_t bytes) {
+  char text[32];
+  if (bytes < 1024) {
+    std::snprintf(text, sizeof(text), "%zu B", bytes);
+  } else if (bytes < (size_t{1} << 20)) {
+    std::snprintf(text, sizeof(text), "%.1f KiB", bytes / 1024.0);
+  } else if (bytes < (size_t{1} << 30)) {
+    std::snprintf(text, sizeof(text), "%.1f MiB", bytes / 1048576.0);
+  } else {
+    std::snprintf(text, sizeof(text), "%.2f GiB", bytes / 1073741824.0);
+  }
+  return text;
+}
+
+Exchange::Exchange(const Group& group, const std::vector<Route>& routes,
+                   const std::vector<Endpoint*>& endpoints, uint32_t group_id, uint32_t sequence,
+                   std::chrono::milliseconds timeout, std::string what)
+    : group_(group),
+      routes_(routes),
+      endpoints_(endpoints),
+      group_id_(group_id),
+      sequence_(sequence & 0x3ff),
+      timeout_(timeout),
+      deadline_(Clock::now() + timeout),
+      what_(std::move(what)) {}
+
+Exchange::~Exchange() {
+  for (auto* posted : {&posted_sends_, &posted_recvs_}) {
+    for (Message& message : *posted) {
+      routes_[message.member].endpoint->Abandon(std::move(message.request));
+    }
+  }
+}
+
+void Exchange::BeginPhase() {
+  if (++phase_ >= kPointToPointPhase) {
+    throw CommError(what_ + ": an algorithm used more than 14 phases");
+  }
+}
+
+uint64_t Exchange::Tag(int sender, uint32_t slot) const {
+  if (slot > kMaxSlot) {
+    throw CommError(what_ + " on group " + group_.Describe() +
+                    ": too many messages for one operation (slot " + std::to_string(slot) + ")");
+  }
+  return uint64_t{group_id_} << 50 | uint64_t(sender) << 38 | uint64_t{sequence_} << 28 |
+         uint64_t(phase_) << 24 | slot;
+}
+
+void Exchange::Send(int member, const void* buf, size_t bytes, uint32_t slot, Callback done) {
+  queued_sends_.push_back(Message{std::make_unique<Request>(), true, member, const_cast<void*>(buf),
+                                  bytes, Tag(group_.rank(), slot), std::move(done)});
+}
+
+void Exchange::Recv(int member, void* buf, size_t bytes, uint32_t slot, Callback done) {
+  queued_recvs_.push_back(
+      Message{std::make_unique<Request>(), false, member, buf, bytes, Tag(member, slot), std::move(done)});
+}
+
+void Exchange::PostQueued(std::deque<Message>& queue, std::vector<Message>& posted) {
+  while (!queue.empty() && posted.size() < kWindow) {
+    Message& message = queue.front();
+    const Route& route = routes_[message.member];
+    bool accepted = message.is_send ? route.endpoint->PostSend(message.buf, message.bytes,
+                                                               route.address, message.tag,
+                                                               message.request.get())
+                                    : route.endpoint->PostRecv(message.buf, message.bytes,
+                                                               message.tag, message.request.get());
+    if (!accepted) return;  // provider busy: progress, then try again
+    posted.push_back(std::move(message));
+    queue.pop_front();
+  }
+}
+
+std::string Exchange::Peer(int member) const {
+  std::string text = "rank " + std::to_string(group_.GlobalRank(member));
+  if (group_.name() != "world") text += " (member " + std::to_string(member) + ")";
+  return text + " on node " + std::to_string(group_.NodeOf(member));
+}
+
+void Exchange::Fail(const Message& message, const std::string& reason) const {
+  throw CommError(what_ + " on group " + group_.Describe() + " (rank " +
+                  std::to_string(group_.GlobalRank(group_.rank())) + "): " + reason + " " +
+                  (message.is_send ? "sending " : "receiving ") + FormatBytes(message.bytes) +
+                  (message.is_send ? " to " : " from ") + Peer(message.member));
+}
+
+void Exchange::WaitAll() {
+  std::vector<Callback> ready;
+  int idle = 0;
+  while (!queued_sends_.empty() || !queued_recvs_.empty() || !posted_sends_.empty() ||
+         !posted_recvs_.empty()) {
+    PostQueued(queued_sends_, posted_sends_);
+    PostQueued(queued_recvs_, posted_recvs_);
+    for (Endpoint* endpoint : endpoints_) endpoint->Progress();
+    for (auto* posted : {&posted_sends_, &posted_recvs_}) {
+      for (size_t i = 0; i < posted->size();) {
+        Message& message = (*posted)[i];
+        int state = message.request->state.load(std::memory_order_acquire);
+        if (state == Request::kPending) {
+          ++i;
+          continue;
+        }
+        if (state == Request::kFailed) Fail(message, "failed (" + message.request->error + ")");
+        if (message.done) ready.push_back(std::move(message.done));
+        (*posted)[i] = std::move(posted->back());
+        posted->pop_back();
+      }
+    }
+    if (!ready.empty()) {
+      for (Callback& callback : ready) callback();
+      ready.clear();
+      idle = 0;
+      continue;
+    }
+    if (Clock::now() > deadline_) {
+      const Message& oldest = !posted_recvs_.empty()   ? posted_recvs_.front()
+                              : !posted_sends_.empty() ? posted_sends_.front()
+                              : !queued_recvs_.empty() ? queued_recvs_.front()
+                                                       : queued_sends_.front();
+      Fail(oldest, "timed out after " + std::to_string(timeout_.count()) + " ms, still");
+    }
+    // Spin briefly for latency, then yield the core: ranks often outnumber cores.
+    if (++idle > 64) {
+      if (idle < 20000) {
+        sched_yield();
+      } else {
+        usleep(50);
+      }
+    }
+  }
+}
+
+}  // namespace meshtrain::comm::fabric

@@ -1,0 +1,96 @@
+// The message layer one operation runs on: tagged sends and receives to the members
+// of a group, each with an optional completion callback that may post more (this is
+// how rings pipeline chunk by chunk), and WaitAll(), which drives progress until
+// nothing is outstanding or the operation's deadline passes.
+//
+// A tag is (group id:14 | sender's member index:12 | sequence:10 | phase:4 | slot:24):
+// every message of an operation has its own slot, so matching never depends on
+// arrival order, and operations of different groups or phases never mix.
+//
+// Thread-safety: one Exchange belongs to one thread (the communicator's); it shares
+// the endpoints, which are thread-safe, with other groups' exchanges.
+
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/comm/fabric/endpoint.h"
+#include "worker/comm/group.h"
+
+namespace meshtrain::comm::fabric {
+
+// How to reach one member of a group.
+struct Route {
+  Endpoint* endpoint = nullptr;
+  fi_addr_t address = FI_ADDR_UNSPEC;
+};
+
+inline constexpr int kMaxMembers = 1 << 12;
+inline constexpr uint32_t kMaxGroupId = (1u << 14) - 1;
+inline constexpr uint32_t kMaxSlot = (1u << 24) - 1;
+inline constexpr int kPointToPointPhase = 15;
+
+class Exchange {
+ public:
+  using Callback = std::function<void()>;
+  using Clock = std::chrono::steady_clock;
+
+  // `what` describes the operation for errors ("all_reduce of 4.0 MiB fp32").
+  Exchange(const Group& group, const std::vector<Route>& routes,
+           const std::vector<Endpoint*>& endpoints, uint32_t group_id, uint32_t sequence,
+           std::chrono::milliseconds timeout, std::string what);
+  // Abandons (cancels) whatever is still outstanding after a failure.
+  ~Exchange();
+  Exchange(const Exchange&) = delete;
+  Exchange& operator=(const Exchange&) = delete;
+
+  const Group& group() const { return group_; }
+  // Starts the next phase: each part of an algorithm (a ring, a tree) runs in its own
+  // phase, so its slots never meet another part's messages.
+  void BeginPhase();
+  void SetPointToPoint() { phase_ = kPointToPointPhase; }
+
+  void Send(int member, const void* buf, size_t bytes, uint32_t slot, Callback done = {});
+  void Recv(int member, void* buf, size_t bytes, uint32_t slot, Callback done = {});
+  // Progresses until every posted and queued message has completed and its callback
+  // run. Throws CommError naming the operation, the group and the peer on a failed
+  // message or when the deadline passes.
+  void WaitAll();
+
+ private:
+  struct Message {
+    std::unique_ptr<Request> request;
+    bool is_send;
+    int member;
+    void* buf;
+    size_t bytes;
+    uint64_t tag;
+    Callback done;
+  };
+  uint64_t Tag(int sender, uint32_t slot) const;
+  void PostQueued(std::deque<Message>& queue, std::vector<Message>& posted);
+  std::string Peer(int member) const;
+  [[noreturn]] void Fail(const Message& message, const std::string& reason) const;
+
+  const Group& group_;
+  const std::vector<Route>& routes_;
+  const std::vector<Endpoint*>& endpoints_;
+  uint32_t group_id_, sequence_;
+  std::chrono::milliseconds timeout_;
+  Clock::time_point deadline_;
+  std::string what_;
+  int phase_ = -1;
+  std::deque<Message> queued_sends_, queued_recvs_;
+  std::vector<Message> posted_sends_, posted_recvs_;
+};
+
+// "4.0 MiB", "12 B": sizes in messages and benchmark output.
+std::string FormatBytes(size_t bytes);
+
+}  // namespace meshtrain::comm::fabric

@@ -1,0 +1,360 @@
+#include "worker/comm/fabric/fabric_communicator.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "worker/comm/fabric/algorithms.h"
+#include "worker/comm/fabric/endpoint.h"
+#include "worker/comm/fabric/exchange.h"
+#include "worker/comm/work.h"
+#include "worker/runtime/stream.h"
+
+namespace meshtrain::comm {
+
+using fabric::Context;
+using fabric::Endpoint;
+using fabric::Exchange;
+using fabric::FormatBytes;
+using fabric::Route;
+
+const char* AlgorithmName(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::kAuto: return "auto";
+    case Algorithm::kRing: return "ring";
+    case Algorithm::kLogDepth: return "log";
+    case Algorithm::kHierarchical: return "hierarchical";
+  }
+  return "?";
+}
+
+Algorithm ParseAlgorithm(const std::string& name) {
+  for (Algorithm a : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kLogDepth,
+                      Algorithm::kHierarchical}) {
+    if (name == AlgorithmName(a)) return a;
+  }
+  throw CommError("unknown collective algorithm \"" + name +
+                  "\" (expected auto, ring, log or hierarchical)");
+}
+
+namespace {
+
+int64_t PositiveFromEnvironment(const char* variable, int64_t fallback) {
+  const char* text = std::getenv(variable);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  long long value = std::strtoll(text, &end, 10);
+  if (*end != '\0' || value <= 0) {
+    throw CommError(std::string(variable) + "=\"" + text + "\" is not a positive integer");
+  }
+  return value;
+}
+
+std::string FromEnvironment(const char* variable, const std::string& fallback) {
+  const char* text = std::getenv(variable);
+  return text != nullptr && *text != '\0' ? text : fallback;
+}
+
+}  // namespace
+
+FabricOptions FabricOptions::FromEnvironment() {
+  FabricOptions options;
+  options.intra_provider = comm::FromEnvironment("MESHTRAIN_FABRIC_INTRA_PROVIDER", options.intra_provider);
+  options.inter_provider = comm::FromEnvironment("MESHTRAIN_FABRIC_INTER_PROVIDER", options.inter_provider);
+  options.timeout = std::chrono::seconds(
+      PositiveFromEnvironment("MESHTRAIN_COMM_TIMEOUT", options.timeout.count() / 1000));
+  options.algorithm = ParseAlgorithm(comm::FromEnvironment("MESHTRAIN_COMM_ALGORITHM", "auto"));
+  options.small_bytes = PositiveFromEnvironment("MESHTRAIN_COMM_SMALL_BYTES", options.small_bytes);
+  options.chunk_bytes = PositiveFromEnvironment("MESHTRAIN_COMM_CHUNK_BYTES", options.chunk_bytes);
+  options.register_always = comm::FromEnvironment("MESHTRAIN_FABRIC_REGISTER", "0") == "1";
+  return options;
+}
+
+namespace {
+
+// What the world communicator and its subgroups share: the endpoints, the route to
+// every global rank, the store and the options.
+struct FabricWorld {
+  FabricOptions options;
+  std::shared_ptr<StoreClient> store;
+  std::unique_ptr<Endpoint> intra, inter;
+  std::vector<Endpoint*> endpoints;
+  std::vector<Route> routes;  // by global rank
+  std::mutex mutex;
+  std::map<std::string, int> group_ordinals;  // NewGroup calls per (parent, members)
+};
+
+std::string Join(const std::vector<int>& values) {
+  std::string text;
+  for (int v : values) text += (text.empty() ? "" : ",") + std::to_string(v);
+  return text;
+}
+
+class FabricCommunicator : public Communicator {
+ public:
+  FabricCommunicator(std::shared_ptr<FabricWorld> world, Group group, uint32_t id)
+      : world_(std::move(world)), group_(std::move(group)), id_(id),
+        stream_("comm:" + group_.name()) {
+    if (group_.size() > fabric::kMaxMembers) {
+      throw CommError("group " + group_.Describe() + " has more than " +
+                      std::to_string(fabric::kMaxMembers) + " members");
+    }
+    for (int m = 0; m < group_.size(); ++m) routes_.push_back(world_->routes[group_.GlobalRank(m)]);
+  }
+
+  const Group& group() const override { return group_; }
+  const FabricWorld& world() const { return *world_; }
+
+  std::shared_ptr<Work> AllGather(const void* send, void* recv, size_t count,
+                                  DataType type) override {
+    size_t block = count * ElementSize(type);
+    size_t total = block * size();
+    auto* in = static_cast<const char*>(send);
+    auto* out = static_cast<char*>(recv);
+    return Submit("all_gather", total, type, [=, this](Context& ctx) {
+      switch (Choose(total)) {
+        case Algorithm::kHierarchical:
+          return fabric::HierarchicalAllGather(ctx, in, out, block);
+        case Algorithm::kLogDepth:
+          return fabric::BruckAllGather(ctx, fabric::AllMembers(group_), in, out, block);
+        default: {
+          char* own = out + rank() * block;
+          if (own != in && block > 0) std::memcpy(own, in, block);
+          std::vector<fabric::Block> blocks;
+          for (int p = 0; p < size(); ++p) blocks.push_back({{out + p * block, block}});
+          return fabric::RingAllGather(ctx, fabric::AllMembers(group_), blocks);
+        }
+      }
+    });
+  }
+
+  std::shared_ptr<Work> ReduceScatter(const void* send, void* recv, size_t count, DataType type,
+                                      ReduceOp op) override {
+    size_t block = count * ElementSize(type);
+    size_t total = block * size();
+    auto* in = static_cast<const char*>(send);
+    auto* out = static_cast<char*>(recv);
+    return Submit(std::string("reduce_scatter(") + ReduceOpName(op) + ")", total, type,
+                  [=, this](Context& ctx) {
+      switch (Choose(total)) {
+        case Algorithm::kHierarchical:
+          fabric::HierarchicalReduceScatter(ctx, in, out, block);
+          break;
+        case Algorithm::kLogDepth: {  // all-reduce everything, keep this rank's block
+          char* everything = ctx.scratch.Get(1, total);
+          fabric::RecursiveDoublingAllReduce(ctx, fabric::AllMembers(group_), in, everything,
+                                             count * size());
+          if (block > 0) std::memmove(out, everything + rank() * block, block);
+          break;
+        }
+        default: {
+          std::vector<fabric::Block> blocks;
+          for (int p = 0; p < size(); ++p) {
+            blocks.push_back({{const_cast<char*>(in) + p * block, block}});
+          }
+          fabric::RingReduceScatter(ctx, fabric::AllMembers(group_), blocks, {}, {{out, block}});
+        }
+      }
+      if (op == ReduceOp::kAverage) DivideBy(out, count, type, size());
+    });
+  }
+
+  std::shared_ptr<Work> AllReduce(const void* send, void* recv, size_t count, DataType type,
+                                  ReduceOp op) override {
+    size_t total = count * ElementSize(type);
+    auto* in = static_cast<const char*>(send);
+    auto* out = static_cast<char*>(recv);
+    return Submit(std::string("all_reduce(") + ReduceOpName(op) + ")", total, type,
+                  [=, this](Context& ctx) {
+      switch (Choose(total)) {
+        case Algorithm::kHierarchical:
+          fabric::HierarchicalAllReduce(ctx, in, out, count, world_->options.small_bytes);
+          break;
+        case Algorithm::kLogDepth:
+          fabric::RecursiveDoublingAllReduce(ctx, fabric::AllMembers(group_), in, out, count);
+          break;
+        default:
+          fabric::RingAllReduce(ctx, fabric::AllMembers(group_), in, out, count);
+      }
+      if (op == ReduceOp::kAverage) DivideBy(out, count, type, size());
+    });
+  }
+
+  std::shared_ptr<Work> Broadcast(const void* send, void* recv, size_t count, DataType type,
+                                  int root) override {
+    CheckPeer(root, "broadcast root");
+    size_t total = count * ElementSize(type);
+    auto* in = static_cast<const char*>(send);
+    auto* out = static_cast<char*>(recv);
+    return Submit("broadcast(root " + std::to_string(root) + ")", total, type,
+                  [=, this](Context& ctx) {
+      if (rank() == root && in != out && total > 0) std::memcpy(out, in, total);
+      switch (Choose(total)) {
+        case Algorithm::kHierarchical:
+          return fabric::HierarchicalBroadcast(ctx, out, total, root, world_->options.small_bytes);
+        case Algorithm::kLogDepth:
+          return fabric::BinomialBroadcast(ctx, fabric::AllMembers(group_), out, total, root);
+        default:
+          return fabric::ChainBroadcast(ctx, fabric::AllMembers(group_), out, total, root);
+      }
+    });
+  }
+
+  std::shared_ptr<Work> Barrier() override {
+    return Submit("barrier", 0, DataType::kInt32, [this](Context& ctx) {
+      fabric::DisseminationBarrier(ctx, fabric::AllMembers(group_));
+    });
+  }
+
+  std::shared_ptr<Work> Send(const void* buf, size_t count, DataType type, int peer) override {
+    CheckPeer(peer, "send peer");
+    size_t bytes = count * ElementSize(type);
+    return Submit("send to " + std::to_string(peer), bytes, type, [=, this](Context& ctx) {
+      ctx.exchange.SetPointToPoint();
+      ctx.exchange.Send(peer, buf, bytes, sent_[peer]++ & fabric::kMaxSlot);
+      ctx.exchange.WaitAll();
+    }, /*collective=*/false);
+  }
+
+  std::shared_ptr<Work> Recv(void* buf, size_t count, DataType type, int peer) override {
+    CheckPeer(peer, "recv peer");
+    size_t bytes = count * ElementSize(type);
+    return Submit("recv from " + std::to_string(peer), bytes, type, [=, this](Context& ctx) {
+      ctx.exchange.SetPointToPoint();
+      ctx.exchange.Recv(peer, buf, bytes, received_[peer]++ & fabric::kMaxSlot);
+      ctx.exchange.WaitAll();
+    }, /*collective=*/false);
+  }
+
+  std::unique_ptr<Communicator> NewGroup(const std::vector<int>& members,
+                                         const std::string& name) override {
+    if (std::find(members.begin(), members.end(), rank()) == members.end()) return nullptr;
+    Group group = group_.Subgroup(name, members);  // checks the member list
+    std::string key = "meshtrain/group/" + std::to_string(id_) + "/" + Join(group.global_ranks());
+    {
+      std::lock_guard lock(world_->mutex);
+      key += "#" + std::to_string(world_->group_ordinals[key]++);
+    }
+    uint32_t id;
+    if (group.rank() == 0) {
+      id = static_cast<uint32_t>(world_->store->Add("meshtrain/group-ids", 1));
+      world_->store->Set(key, std::to_string(id));
+    } else {
+      id = static_cast<uint32_t>(std::stoul(world_->store->Get(key, world_->options.timeout)));
+    }
+    if (id > fabric::kMaxGroupId) {
+      throw CommError("group " + name + ": more than " + std::to_string(fabric::kMaxGroupId) +
+                      " groups were created");
+    }
+    return std::make_unique<FabricCommunicator>(world_, std::move(group), id);
+  }
+
+ private:
+  void CheckPeer(int peer, const char* what) const {
+    if (peer < 0 || peer >= size() || (peer == rank() && std::string(what) != "broadcast root")) {
+      throw CommError(std::string(what) + " " + std::to_string(peer) + " is not another member of group " +
+                      group_.Describe());
+    }
+  }
+
+  Algorithm Choose(size_t bytes) const {
+    bool hierarchical = group_.IsNodeMajor() && group_.NodeCount() >= 2 && group_.PerNode() >= 2;
+    Algorithm forced = world_->options.algorithm;
+    if (forced == Algorithm::kHierarchical) return hierarchical ? forced : Algorithm::kRing;
+    if (forced != Algorithm::kAuto) return forced;
+    if (bytes < world_->options.small_bytes) return Algorithm::kLogDepth;
+    return hierarchical ? Algorithm::kHierarchical : Algorithm::kRing;
+  }
+
+  std::shared_ptr<Work> Submit(const std::string& op, size_t bytes, DataType type,
+                               std::function<void(Context&)> body, bool collective = true) {
+    std::string what = op + " of " + FormatBytes(bytes) + " " + DataTypeName(type);
+    auto work = std::make_shared<HostWork>(what + " on group " + group_.Describe());
+    stream_.Enqueue([this, work, what, type, collective, body = std::move(body)] {
+      if (!broken_.empty()) {
+        work->Complete(what + " on group " + group_.Describe() +
+                       ": the group is unusable after an earlier failure: " + broken_);
+        return;
+      }
+      try {
+        Exchange exchange(group_, routes_, world_->endpoints, id_, collective ? sequence_++ : 0,
+                          world_->options.timeout, what);
+        Context ctx{exchange, scratch_, type, world_->options.chunk_bytes};
+        body(ctx);
+        work->Complete();
+      } catch (const std::exception& error) {
+        broken_ = error.what();
+        work->Complete(error.what());
+      }
+    });
+    return work;
+  }
+
+  std::shared_ptr<FabricWorld> world_;
+  Group group_;
+  uint32_t id_;
+  std::vector<Route> routes_;  // by member
+  // Touched only on the communicator's thread:
+  fabric::Scratch scratch_;
+  uint32_t sequence_ = 0;
+  std::map<int, uint32_t> sent_, received_;  // point-to-point messages per peer
+  std::string broken_;
+  runtime::Stream stream_;  // last: stops (finishing queued work) before the rest goes
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> ConnectFabric(const api::RankTable& table, int rank,
+                                            std::shared_ptr<StoreClient> store,
+                                            const FabricOptions& options) {
+  Group world_group = Group::World(table, rank);
+  auto world = std::make_shared<FabricWorld>();
+  world->options = options;
+  world->store = store;
+  bool local_peers = false, remote_peers = false;
+  for (int r = 0; r < world_group.size(); ++r) {
+    if (r == rank) continue;
+    (world_group.SameNode(r, rank) ? local_peers : remote_peers) = true;
+  }
+  if (local_peers) world->intra = std::make_unique<Endpoint>(options.intra_provider, options.register_always);
+  if (remote_peers) {
+    if (!options.inter_provider.empty()) {
+      world->inter = std::make_unique<Endpoint>(options.inter_provider, options.register_always);
+    } else {
+      try {
+        world->inter = std::make_unique<Endpoint>("efa", options.register_always);
+      } catch (const CommError&) {
+        world->inter = std::make_unique<Endpoint>("tcp;ofi_rxm", options.register_always);
+      }
+    }
+  }
+  for (Endpoint* e : {world->intra.get(), world->inter.get()}) {
+    if (e != nullptr) world->endpoints.push_back(e);
+  }
+  std::string prefix = "meshtrain/fabric/";
+  if (world->intra) store->Set(prefix + "intra/" + std::to_string(rank), world->intra->Address());
+  if (world->inter) store->Set(prefix + "inter/" + std::to_string(rank), world->inter->Address());
+  world->routes.resize(world_group.size());
+  for (int r = 0; r < world_group.size(); ++r) {
+    if (r == rank) continue;
+    bool local = world_group.SameNode(r, rank);
+    Endpoint* endpoint = local ? world->intra.get() : world->inter.get();
+    std::string address =
+        store->Get(prefix + (local ? "intra/" : "inter/") + std::to_string(r), options.timeout);
+    world->routes[r] = Route{endpoint, endpoint->Insert(address)};
+  }
+  return std::make_unique<FabricCommunicator>(world, std::move(world_group), 0);
+}
+
+FabricInfo InfoOf(const Communicator& communicator) {
+  const auto& fabric = dynamic_cast<const FabricCommunicator&>(communicator);
+  FabricInfo info;
+  const FabricWorld& world = fabric.world();
+  if (world.intra) info.intra_provider = world.intra->opened_provider();
+  if (world.inter) info.inter_provider = world.inter->opened_provider();
+  for (Endpoint* e : world.endpoints) info.registrations += e->registrations();
+  return info;
+}
+
+}  // namespace meshtrain::comm
