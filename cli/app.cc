@@ -1,3 +1,5 @@
+#include <unistd.h>
+
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -9,6 +11,28 @@
 namespace meshtrain::cli {
 
 namespace {
+
+// "1K..256M" (K, M, G are powers of 1024; "64M" alone means 64M..64M).
+bool ParseSizeRange(const std::string& text, size_t* min_bytes, size_t* max_bytes) {
+  auto parse = [](std::string part, size_t* value) {
+    if (part.empty()) return false;
+    size_t unit = 1;
+    switch (part.back()) {
+      case 'K': case 'k': unit = size_t{1} << 10; break;
+      case 'M': case 'm': unit = size_t{1} << 20; break;
+      case 'G': case 'g': unit = size_t{1} << 30; break;
+      default: break;
+    }
+    if (unit != 1) part.pop_back();
+    if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos || part.size() > 6) return false;
+    *value = std::stoull(part) * unit;
+    return *value > 0;
+  };
+  size_t dots = text.find("..");
+  if (dots == std::string::npos) return parse(text, min_bytes) && parse(text, max_bytes);
+  return parse(text.substr(0, dots), min_bytes) && parse(text.substr(dots + 2), max_bytes) &&
+         *min_bytes <= *max_bytes;
+}
 
 std::string VersionString() {
 #ifdef MESHTRAIN_HAVE_CUDA
@@ -82,6 +106,26 @@ int Main(int argc, char** argv) {
   bench_train->add_option("--seq", bench_train_options.seq, "Sequence length")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   bench_train->add_option("--steps", bench_train_options.steps, "Measured steps")->check(CLI::Range(1, 100000))->capture_default_str();
 
+  BenchCommOptions bench_comm_options;
+  std::string sizes = "1K..64M";
+  CLI::App* bench_comm = bench->add_subcommand("comm", "Collective bandwidth over the fabric backend, ranks on virtual nodes");
+  bench_comm->add_option("--ranks", bench_comm_options.ranks, "Ranks")->check(CLI::Range(1, 64))->capture_default_str();
+  bench_comm->add_option("--nodes", bench_comm_options.nodes, "Virtual nodes (ranks divide evenly)")->check(CLI::Range(1, 64))->capture_default_str();
+  bench_comm->add_option("--op", bench_comm_options.op, "Collective")
+      ->check(CLI::IsMember({"all_gather", "reduce_scatter", "all_reduce", "broadcast"}))
+      ->capture_default_str();
+  bench_comm->add_option("--sizes", sizes, "Sizes MIN..MAX in bytes (K, M, G suffixes), doubling")->capture_default_str();
+  bench_comm->add_option("--algorithm", bench_comm_options.algorithm, "Force auto, ring, log or hierarchical");
+  bench_comm->add_flag("--in-place", bench_comm_options.in_place, "Operate in place");
+  bench_comm->add_option("--warmup", bench_comm_options.warmup, "Unmeasured iterations per size")->capture_default_str();
+
+  LaunchOptions launch_options;
+  CLI::App* launch = app.add_subcommand("launch", "Run a command as the ranks of a job on virtual nodes of this machine");
+  launch->add_option("--nodes", launch_options.nodes, "Virtual nodes")->check(CLI::Range(1, 256))->capture_default_str();
+  launch->add_option("--nproc-per-node", launch_options.ranks_per_node, "Ranks per node")->check(CLI::Range(1, 256))->capture_default_str();
+  launch->add_option("--timeout", launch_options.timeout_seconds, "Stop the job after this many seconds (0: never)")->capture_default_str();
+  launch->add_option("command", launch_options.command, "The rank command (after --)")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -103,6 +147,18 @@ int Main(int argc, char** argv) {
   }
   if (*bench_plan) return BenchPlanCommand(bench_plan_options, std::cout);
   if (*bench_train) return BenchTrainCommand(bench_train_options, std::cout);
+  if (*bench_comm) {
+    if (!ParseSizeRange(sizes, &bench_comm_options.min_bytes, &bench_comm_options.max_bytes)) {
+      std::cerr << "meshtrain bench comm: --sizes \"" << sizes << "\" is not MIN..MAX (like 1K..256M)\n";
+      return kExitUnreadable;
+    }
+    char self[4096];
+    ssize_t length = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+    std::vector<std::string> self_argv(argv, argv + argc);
+    if (length > 0) self_argv[0].assign(self, length);
+    return BenchCommCommand(bench_comm_options, self_argv, std::cout);
+  }
+  if (*launch) return LaunchCommand(launch_options, std::cout);
   return kExitUnreadable;
 }
 

@@ -81,4 +81,32 @@ int BenchTrainCommand(const BenchTrainOptions& options, std::ostream& out);
 // The whole CLI: parses argv and dispatches.
 int Main(int argc, char** argv);
 
+struct BenchCommOptions {
+  int ranks = 2;
+  int nodes = 1;
+  std::string op = "all_reduce";  // all_gather | reduce_scatter | all_reduce | broadcast
+  size_t min_bytes = 1024, max_bytes = 64 << 20;
+  std::string algorithm;  // empty: MESHTRAIN_COMM_ALGORITHM or auto
+  bool in_place = false;
+  int warmup = 3;
+  size_t max_iterations = 200;
+};
+
+// Collective bandwidth, one row per size as in nccl-tests (time, algbw, busbw). Started
+// by a user it launches `self_argv` as --ranks ranks on --nodes virtual nodes; inside a
+// launched rank it runs the measurement and rank 0 prints.
+int BenchCommCommand(const BenchCommOptions& options, const std::vector<std::string>& self_argv,
+                     std::ostream& out);
+
+struct LaunchOptions {
+  int nodes = 1;
+  int ranks_per_node = 1;
+  int timeout_seconds = 0;  // 0: none
+  std::vector<std::string> command;
+};
+
+// Runs `command` as nodes x ranks_per_node ranks on this machine with the worker
+// contract's environment; one failing rank stops the rest. Returns the first failure's status.
+int LaunchCommand(const LaunchOptions& options, std::ostream& out);
+
 }  // namespace meshtrain::cli

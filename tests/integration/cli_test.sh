@@ -109,5 +109,18 @@ expect "bench train reports throughput, MFU and memory" 0 'model gpt2-tiny \(0.8
   -- "$meshtrain" bench train --model gpt2-tiny --batch 2 --seq 32 --steps 2
 expect "bench train refuses an unknown model" 2 'gpt2-xl: unknown preset' -- "$meshtrain" bench train --model gpt2-xl
 
+expect "bench comm prints nccl-tests rows" 0 'all_gather, 4 ranks on 2 nodes, fp32' 'providers: intra shm, inter tcp;ofi_rxm' \
+  'size\(B\) +count +iters +time\(us\) +algbw\(GB/s\) +busbw\(GB/s\)' ' +1048576 +262144 +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+' \
+  -- "$meshtrain" bench comm --ranks 4 --nodes 2 --op all_gather --sizes 512K..1M
+expect "bench comm refuses uneven nodes" 1 'must be a multiple of --nodes' -- "$meshtrain" bench comm --ranks 3 --nodes 2
+expect "bench comm refuses bad sizes" 2 '--sizes "1X..2M" is not MIN..MAX' -- "$meshtrain" bench comm --sizes 1X..2M
+
+expect "launch sets the worker contract on virtual nodes" 0 'rank=3 world=4 local=1 node=1/2 per-node=2' \
+  'launch: 4 ranks on 2 virtual nodes succeeded' \
+  -- "$meshtrain" launch --nodes 2 --nproc-per-node 2 -- bash -c \
+  'echo "rank=$RANK world=$WORLD_SIZE local=$LOCAL_RANK node=$MESHTRAIN_NODE_RANK/$MESHTRAIN_NNODES per-node=$MESHTRAIN_NPROC_PER_NODE"; test -s "$MESHTRAIN_RANK_TABLE"'
+expect "launch stops the job when a rank fails" 7 'rank 1 failed with status 7; stopping the other ranks' \
+  -- "$meshtrain" launch --nodes 1 --nproc-per-node 2 -- bash -c 'if [ "$RANK" = 1 ]; then exit 7; fi; sleep 30'
+
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]
