@@ -117,6 +117,8 @@ int Main(int argc, char** argv) {
   bench_comm->add_option("--sizes", sizes, "Sizes MIN..MAX in bytes (K, M, G suffixes), doubling")->capture_default_str();
   bench_comm->add_option("--algorithm", bench_comm_options.algorithm, "Force auto, ring, log or hierarchical");
   bench_comm->add_flag("--in-place", bench_comm_options.in_place, "Operate in place");
+  bench_comm->add_flag("--heap-buffers", bench_comm_options.heap_buffers,
+                       "Use heap memory instead of the communicator's (intra-node peers then copy through the provider)");
   bench_comm->add_option("--warmup", bench_comm_options.warmup, "Unmeasured iterations per size")->capture_default_str();
 
   LaunchOptions launch_options;

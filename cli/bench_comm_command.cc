@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <new>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -44,6 +46,24 @@ std::shared_ptr<mc::Work> Issue(mc::Communicator& comm, const std::string& op, c
   return comm.Broadcast(send, in_place ? send : recv, total_count, f32, 0);
 }
 
+// The benchmark's send and receive buffers: the communicator's own memory, or the heap.
+struct Buffers {
+  Buffers(mc::Communicator& communicator, size_t bytes, bool use_heap) : comm(communicator), heap(use_heap) {
+    send = static_cast<char*>(heap ? std::malloc(bytes) : comm.AllocateBuffer(bytes));
+    recv = static_cast<char*>(heap ? std::malloc(bytes) : comm.AllocateBuffer(bytes));
+    if (send == nullptr || recv == nullptr) throw std::bad_alloc();
+  }
+  ~Buffers() {
+    for (char* buffer : {send, recv}) heap ? std::free(buffer) : comm.FreeBuffer(buffer);
+  }
+  Buffers(const Buffers&) = delete;
+  Buffers& operator=(const Buffers&) = delete;
+  mc::Communicator& comm;
+  bool heap;
+  char* send = nullptr;
+  char* recv = nullptr;
+};
+
 int RunRank(const BenchCommOptions& options, std::ostream& out) {
   auto env = mc::WorkerEnvironment::FromEnvironment();
   auto rendezvous = mc::JoinRendezvous(env, std::chrono::seconds(60));
@@ -55,7 +75,8 @@ int RunRank(const BenchCommOptions& options, std::ostream& out) {
   if (leader) {
     auto info = mc::InfoOf(*world);
     out << "# " << options.op << ", " << n << " ranks on " << env.nnodes << " nodes, fp32, "
-        << (options.in_place ? "in place" : "out of place") << ", algorithm "
+        << (options.in_place ? "in place" : "out of place") << ", "
+        << (options.heap_buffers ? "heap buffers" : "buffers from AllocateBuffer") << ", algorithm "
         << mc::AlgorithmName(fabric.algorithm) << "; providers: intra "
         << (info.intra_provider.empty() ? "-" : info.intra_provider) << ", inter "
         << (info.inter_provider.empty() ? "-" : info.inter_provider) << "\n";
@@ -67,17 +88,19 @@ int RunRank(const BenchCommOptions& options, std::ostream& out) {
   for (size_t size = options.min_bytes; size <= options.max_bytes; size *= 2) {
     size_t total_count = std::max<size_t>(size / 4 / n * n, n);  // whole blocks per rank
     size_t bytes = total_count * 4;
-    std::vector<char> send(bytes), recv(bytes);
-    std::memset(send.data(), 1, bytes);
-    std::memset(recv.data(), 0, bytes);
+    Buffers buffers(*world, bytes, options.heap_buffers);
+    char* send = buffers.send;
+    char* recv = buffers.recv;
+    std::memset(send, 1, bytes);
+    std::memset(recv, 0, bytes);
     int iterations = static_cast<int>(std::clamp<size_t>((size_t{1} << 30) / bytes, 5, options.max_iterations));
     for (int i = 0; i < options.warmup; ++i) {
-      Issue(*world, options.op, send.data(), recv.data(), total_count, options.in_place)->Wait();
+      Issue(*world, options.op, send, recv, total_count, options.in_place)->Wait();
     }
     world->Barrier()->Wait();
     Clock::time_point start = Clock::now();
     for (int i = 0; i < iterations; ++i) {
-      Issue(*world, options.op, send.data(), recv.data(), total_count, options.in_place)->Wait();
+      Issue(*world, options.op, send, recv, total_count, options.in_place)->Wait();
     }
     double seconds = std::chrono::duration<double>(Clock::now() - start).count() / iterations;
     std::vector<double> times(n);

@@ -88,6 +88,7 @@ struct BenchCommOptions {
   size_t min_bytes = 1024, max_bytes = 64 << 20;
   std::string algorithm;  // empty: MESHTRAIN_COMM_ALGORITHM or auto
   bool in_place = false;
+  bool heap_buffers = false;  // plain heap memory instead of Communicator::AllocateBuffer
   int warmup = 3;
   size_t max_iterations = 200;
 };

@@ -78,8 +78,39 @@ std::string Describe(const char* op, DataType type, size_t count, bool in_place)
          (in_place ? " in place" : " out of place");
 }
 
+// With MESHTRAIN_TEST_BUFFERS=communicator the operations run on memory from
+// AllocateBuffer (the direct intra-node path) instead of the heap.
+class Staging {
+ public:
+  explicit Staging(mc::Communicator& comm) : comm_(comm) {
+    const char* mode = std::getenv("MESHTRAIN_TEST_BUFFERS");
+    if (mode != nullptr && std::string(mode) == "communicator") {
+      for (char*& p : pool_) p = static_cast<char*>(comm_.AllocateBuffer(kBytes));
+    }
+  }
+  ~Staging() {
+    for (char* p : pool_) if (p != nullptr) comm_.FreeBuffer(p);
+  }
+  // The memory an operation uses for `data`: pool buffer `which` holding a copy, or data itself.
+  char* In(std::vector<char>& data, int which) {
+    if (pool_[which] == nullptr) return data.data();
+    if (data.size() > kBytes) throw std::runtime_error("staging buffer too small");
+    std::memcpy(pool_[which], data.data(), data.size());
+    return pool_[which];
+  }
+  void Out(std::vector<char>& data, const char* used) {
+    if (used != data.data()) std::memcpy(data.data(), used, data.size());
+  }
+
+ private:
+  static constexpr size_t kBytes = 96 << 20;
+  mc::Communicator& comm_;
+  char* pool_[2] = {nullptr, nullptr};
+};
+
 void CheckCollectives(mc::Communicator& world) {
   const int n = world.size(), me = world.rank();
+  Staging staging(world);
   const std::vector<size_t> counts = {0, 1, 2, 3, 5, 7, 13, 31, 61, 127, 257, 1021, 4099, 65537, 262147, 1048583};
   for (DataType type : mc::kAllDataTypes) {
     size_t es = mc::ElementSize(type);
@@ -88,8 +119,9 @@ void CheckCollectives(mc::Communicator& world) {
         // all_reduce (sum and avg)
         for (mc::ReduceOp op : {mc::ReduceOp::kSum, mc::ReduceOp::kAverage}) {
           std::vector<char> send = Fill(type, me, count), recv(count * es, 0x5a);
-          char* out = in_place ? send.data() : recv.data();
-          world.AllReduce(send.data(), out, count, type, op)->Wait();
+          char* in = staging.In(send, 0);
+          char* out = in_place ? in : staging.In(recv, 1);
+          world.AllReduce(in, out, count, type, op)->Wait();
           Expect(std::memcmp(out, ReferenceSum(type, n, 0, count, op).data(), count * es) == 0,
                  Describe(op == mc::ReduceOp::kSum ? "all_reduce sum" : "all_reduce avg", type, count, in_place));
         }
@@ -97,8 +129,9 @@ void CheckCollectives(mc::Communicator& world) {
         size_t per_rank = count / n + 1;
         {
           std::vector<char> send = Fill(type, me, per_rank * n), recv(per_rank * es, 0x5a);
-          char* out = in_place ? send.data() + me * per_rank * es : recv.data();
-          world.ReduceScatter(send.data(), out, per_rank, type, mc::ReduceOp::kSum)->Wait();
+          char* in = staging.In(send, 0);
+          char* out = in_place ? in + me * per_rank * es : staging.In(recv, 1);
+          world.ReduceScatter(in, out, per_rank, type, mc::ReduceOp::kSum)->Wait();
           Expect(std::memcmp(out, ReferenceSum(type, n, me * per_rank, per_rank, mc::ReduceOp::kSum).data(),
                              per_rank * es) == 0,
                  Describe("reduce_scatter", type, per_rank, in_place));
@@ -107,12 +140,11 @@ void CheckCollectives(mc::Communicator& world) {
         {
           std::vector<char> recv(count * n * es, 0x5a);
           std::vector<char> own = Fill(type, me, count, me * count);
-          const char* send = own.data();
-          if (in_place) {
-            std::memcpy(recv.data() + me * count * es, own.data(), count * es);
-            send = recv.data() + me * count * es;
-          }
-          world.AllGather(send, recv.data(), count, type)->Wait();
+          if (in_place) std::memcpy(recv.data() + me * count * es, own.data(), count * es);
+          char* out = staging.In(recv, 1);
+          const char* send = in_place ? out + me * count * es : staging.In(own, 0);
+          world.AllGather(send, out, count, type)->Wait();
+          staging.Out(recv, out);
           bool ok = true;
           for (int r = 0; r < n && ok; ++r) {
             ok = std::memcmp(recv.data() + r * count * es, Fill(type, r, count, r * count).data(), count * es) == 0;
@@ -123,8 +155,9 @@ void CheckCollectives(mc::Communicator& world) {
         {
           int root = static_cast<int>(count % n);
           std::vector<char> send = Fill(type, me, count), recv(count * es, 0x5a);
-          char* out = in_place ? send.data() : recv.data();
-          world.Broadcast(send.data(), out, count, type, root)->Wait();
+          char* in = staging.In(send, 0);
+          char* out = in_place ? in : staging.In(recv, 1);
+          world.Broadcast(in, out, count, type, root)->Wait();
           Expect(std::memcmp(out, Fill(type, root, count).data(), count * es) == 0,
                  Describe(("broadcast root " + std::to_string(root)).c_str(), type, count, in_place));
         }

@@ -68,6 +68,12 @@ class Communicator {
   virtual std::shared_ptr<Work> Send(const void* buf, size_t count, DataType type, int peer) = 0;
   virtual std::shared_ptr<Work> Recv(void* buf, size_t count, DataType type, int peer) = 0;
 
+  // Memory for buffers this communicator moves often. On the fabric backend, peers on
+  // the same node read it directly (one copy at memory speed, no provider copy); any
+  // memory works with every operation, this is only faster.
+  virtual void* AllocateBuffer(size_t bytes) = 0;
+  virtual void FreeBuffer(void* buffer) = 0;
+
   // A communicator over `members` (ranks of this group, increasing). Every member
   // calls it, in the same order relative to other NewGroup calls for the same members;
   // a rank outside `members` gets nullptr. `name` labels the group in errors.

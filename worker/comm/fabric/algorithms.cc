@@ -1,5 +1,7 @@
 #include "worker/comm/fabric/algorithms.h"
 
+#include "worker/comm/fabric/shared_memory.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -86,7 +88,7 @@ Peers RailPeers(const Group& group) {
   return peers;
 }
 
-void Scratch::Free::operator()(char* p) const { std::free(p); }
+void Scratch::Free::operator()(char* p) const { FreeShared(p); }
 
 char* Scratch::Get(int slot, size_t bytes) {
   if (buffers_.size() <= static_cast<size_t>(slot)) {
@@ -94,11 +96,9 @@ char* Scratch::Get(int slot, size_t bytes) {
     sizes_.resize(slot + 1, 0);
   }
   if (sizes_[slot] < bytes) {
-    size_t rounded = (bytes + 4095) / 4096 * 4096;
-    void* memory = std::aligned_alloc(4096, rounded);
-    if (memory == nullptr) throw std::bad_alloc();
-    buffers_[slot].reset(static_cast<char*>(memory));
-    sizes_[slot] = rounded;
+    // Shared, so intra-node peers copy partial sums straight out of it.
+    buffers_[slot].reset(static_cast<char*>(AllocateShared(bytes)));
+    sizes_[slot] = bytes;
   }
   return buffers_[slot].get();
 }

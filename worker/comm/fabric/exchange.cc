@@ -4,7 +4,10 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
+#include <optional>
 
+#include "worker/comm/fabric/shared_memory.h"
 #include "worker/comm/types.h"
 
 namespace meshtrain::comm::fabric {
@@ -14,6 +17,12 @@ namespace {
 constexpr size_t kWindow = 64;
 
 }  // namespace
+
+// Where a direct message's data is (shared) or that it follows as a data message.
+struct Exchange::Header {
+  uint8_t shared = 0;
+  SharedLocation location;
+};
 
 std::string FormatBytes(size_t bytes) {
   char text[32];
@@ -55,21 +64,61 @@ void Exchange::BeginPhase() {
   }
 }
 
-uint64_t Exchange::Tag(int sender, uint32_t slot) const {
+uint64_t Exchange::Tag(int sender, uint32_t slot, Kind kind) const {
   if (slot > kMaxSlot) {
     throw CommError(what_ + " on group " + group_.Describe() +
                     ": too many messages for one operation (slot " + std::to_string(slot) + ")");
   }
   return uint64_t{group_id_} << 50 | uint64_t(sender) << 38 | uint64_t{sequence_} << 28 |
-         uint64_t(phase_) << 24 | slot;
+         uint64_t(phase_) << 24 | uint64_t{kind} << 22 | slot;
+}
+
+bool Exchange::Direct(int member, size_t bytes) const {
+  return routes_[member].same_node && bytes >= kDirectBytes;
+}
+
+void Exchange::SendDirect(int member, const void* buf, size_t bytes, uint32_t slot, Callback done) {
+  Header& header = headers_.emplace_back();
+  std::optional<SharedLocation> location = FindShared(buf, bytes);
+  header.shared = location.has_value();
+  if (location) header.location = *location;
+  int me = group_.rank();
+  queued_sends_.push_back(Message{std::make_unique<Request>(), true, member, &header, sizeof(Header),
+                                  Tag(me, slot, kHeader), {}});
+  if (header.shared) {  // done when the receiver says it has copied
+    queued_recvs_.push_back(Message{std::make_unique<Request>(), false, member, &tokens_.emplace_back(), 1,
+                                    Tag(member, slot, kAck), std::move(done)});
+  } else {
+    queued_sends_.push_back(Message{std::make_unique<Request>(), true, member, const_cast<void*>(buf),
+                                    bytes, Tag(me, slot, kData), std::move(done)});
+  }
+}
+
+void Exchange::RecvDirect(int member, void* buf, size_t bytes, uint32_t slot, Callback done) {
+  Header& header = headers_.emplace_back();
+  auto arrived = [this, &header, member, buf, bytes, slot, done = std::move(done)]() mutable {
+    if (header.shared) {
+      std::memcpy(buf, MapPeer(header.location), bytes);
+      queued_sends_.push_back(Message{std::make_unique<Request>(), true, member, &tokens_.emplace_back(), 1,
+                                      Tag(group_.rank(), slot, kAck), {}});
+      if (done) done();
+    } else {
+      queued_recvs_.push_back(Message{std::make_unique<Request>(), false, member, buf, bytes,
+                                      Tag(member, slot, kData), std::move(done)});
+    }
+  };
+  queued_recvs_.push_back(Message{std::make_unique<Request>(), false, member, &header, sizeof(Header),
+                                  Tag(member, slot, kHeader), std::move(arrived)});
 }
 
 void Exchange::Send(int member, const void* buf, size_t bytes, uint32_t slot, Callback done) {
+  if (Direct(member, bytes)) return SendDirect(member, buf, bytes, slot, std::move(done));
   queued_sends_.push_back(Message{std::make_unique<Request>(), true, member, const_cast<void*>(buf),
                                   bytes, Tag(group_.rank(), slot), std::move(done)});
 }
 
 void Exchange::Recv(int member, void* buf, size_t bytes, uint32_t slot, Callback done) {
+  if (Direct(member, bytes)) return RecvDirect(member, buf, bytes, slot, std::move(done));
   queued_recvs_.push_back(
       Message{std::make_unique<Request>(), false, member, buf, bytes, Tag(member, slot), std::move(done)});
 }

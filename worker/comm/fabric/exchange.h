@@ -3,9 +3,14 @@
 // how rings pipeline chunk by chunk), and WaitAll(), which drives progress until
 // nothing is outstanding or the operation's deadline passes.
 //
-// A tag is (group id:14 | sender's member index:12 | sequence:10 | phase:4 | slot:24):
-// every message of an operation has its own slot, so matching never depends on
-// arrival order, and operations of different groups or phases never mix.
+// A tag is (group id:14 | sender's member index:12 | sequence:10 | phase:4 | kind:2 |
+// slot:22): every message of an operation has its own slot, so matching never depends
+// on arrival order, and operations of different groups or phases never mix.
+//
+// Large messages between ranks on one node go direct: the sender sends a small header
+// saying where the data is; if it lies in shared memory (shared_memory.h) the receiver
+// copies it straight from the sender's buffer and acknowledges, so the sender knows its
+// buffer is free again; otherwise the data follows as a second message.
 //
 // Thread-safety: one Exchange belongs to one thread (the communicator's); it shares
 // the endpoints, which are thread-safe, with other groups' exchanges.
@@ -29,11 +34,14 @@ namespace meshtrain::comm::fabric {
 struct Route {
   Endpoint* endpoint = nullptr;
   fi_addr_t address = FI_ADDR_UNSPEC;
+  bool same_node = false;
 };
 
 inline constexpr int kMaxMembers = 1 << 12;
 inline constexpr uint32_t kMaxGroupId = (1u << 14) - 1;
-inline constexpr uint32_t kMaxSlot = (1u << 24) - 1;
+inline constexpr uint32_t kMaxSlot = (1u << 22) - 1;
+// Intra-node messages at least this large take the direct path.
+inline constexpr size_t kDirectBytes = 64 << 10;
 inline constexpr int kPointToPointPhase = 15;
 
 class Exchange {
@@ -73,7 +81,12 @@ class Exchange {
     uint64_t tag;
     Callback done;
   };
-  uint64_t Tag(int sender, uint32_t slot) const;
+  enum Kind : uint32_t { kPlain = 0, kHeader = 1, kData = 2, kAck = 3 };
+  struct Header;
+  uint64_t Tag(int sender, uint32_t slot, Kind kind = kPlain) const;
+  bool Direct(int member, size_t bytes) const;
+  void SendDirect(int member, const void* buf, size_t bytes, uint32_t slot, Callback done);
+  void RecvDirect(int member, void* buf, size_t bytes, uint32_t slot, Callback done);
   void PostQueued(std::deque<Message>& queue, std::vector<Message>& posted);
   std::string Peer(int member) const;
   [[noreturn]] void Fail(const Message& message, const std::string& reason) const;
@@ -88,6 +101,8 @@ class Exchange {
   int phase_ = -1;
   std::deque<Message> queued_sends_, queued_recvs_;
   std::vector<Message> posted_sends_, posted_recvs_;
+  std::deque<Header> headers_;  // stable addresses while messages are in flight
+  std::deque<char> tokens_;     // acknowledgements
 };
 
 // "4.0 MiB", "12 B": sizes in messages and benchmark output.

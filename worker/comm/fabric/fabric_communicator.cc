@@ -8,6 +8,7 @@
 #include "worker/comm/fabric/algorithms.h"
 #include "worker/comm/fabric/endpoint.h"
 #include "worker/comm/fabric/exchange.h"
+#include "worker/comm/fabric/shared_memory.h"
 #include "worker/comm/work.h"
 #include "worker/runtime/stream.h"
 
@@ -227,6 +228,9 @@ class FabricCommunicator : public Communicator {
     }, /*collective=*/false);
   }
 
+  void* AllocateBuffer(size_t bytes) override { return fabric::AllocateShared(bytes); }
+  void FreeBuffer(void* buffer) override { fabric::FreeShared(buffer); }
+
   std::unique_ptr<Communicator> NewGroup(const std::vector<int>& members,
                                          const std::string& name) override {
     if (std::find(members.begin(), members.end(), rank()) == members.end()) return nullptr;
@@ -342,7 +346,7 @@ std::unique_ptr<Communicator> ConnectFabric(const api::RankTable& table, int ran
     Endpoint* endpoint = local ? world->intra.get() : world->inter.get();
     std::string address =
         store->Get(prefix + (local ? "intra/" : "inter/") + std::to_string(r), options.timeout);
-    world->routes[r] = Route{endpoint, endpoint->Insert(address)};
+    world->routes[r] = Route{endpoint, endpoint->Insert(address), local};
   }
   return std::make_unique<FabricCommunicator>(world, std::move(world_group), 0);
 }
