@@ -1,0 +1,42 @@
+// The nccl backend (built when CUDA and NCCL are found): Communicators over NCCL on a
+// dedicated CUDA stream (DESIGN.md, "nccl backend").
+//
+// Rank 0 makes the unique id and shares it through the Store; subgroups come from
+// ncclCommSplit, so on this backend every rank of the parent calls NewGroup (ranks
+// outside `members` join no group and get nullptr; SplitAxis does this by itself).
+// Communicators are non-blocking (ncclConfig blocking = 0): a Work's Wait polls its
+// CUDA event and NCCL's async error, and when the operation's timeout passes it aborts
+// the communicator (ncclCommAbort) and throws CommError naming the op, group and size.
+// Buffers are device memory (AllocateBuffer is cudaMalloc).
+//
+// Ordering against compute: SetComputeStream(s) makes every later operation wait for
+// the work enqueued on `s` before it (an event recorded there), and NcclWork::event()
+// lets compute wait for an operation without blocking the host.
+
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "api/rank_table.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/store.h"
+
+namespace meshtrain::comm {
+
+struct NcclOptions {
+  int device = 0;  // CUDA device of this rank (usually LOCAL_RANK)
+  milliseconds timeout = kDefaultTimeout;
+};
+
+// Connects this rank; every rank of `table` calls it. Throws CommError on failure.
+std::unique_ptr<Communicator> ConnectNccl(const api::RankTable& table, int rank,
+                                          std::shared_ptr<StoreClient> store,
+                                          const NcclOptions& options);
+
+// REQUIRES: `communicator` came from ConnectNccl or its NewGroup.
+void SetComputeStream(Communicator& communicator, cudaStream_t compute);
+cudaStream_t CommStream(const Communicator& communicator);
+
+}  // namespace meshtrain::comm
