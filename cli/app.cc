@@ -1,5 +1,3 @@
-#include <unistd.h>
-
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -7,6 +5,7 @@
 
 #include "api/logging.h"
 #include "cli/commands.h"
+#include "worker/launch/local_launcher.h"
 
 namespace meshtrain::cli {
 
@@ -154,11 +153,7 @@ int Main(int argc, char** argv) {
       std::cerr << "meshtrain bench comm: --sizes \"" << sizes << "\" is not MIN..MAX (like 1K..256M)\n";
       return kExitUnreadable;
     }
-    char self[4096];
-    ssize_t length = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-    std::vector<std::string> self_argv(argv, argv + argc);
-    if (length > 0) self_argv[0].assign(self, length);
-    return BenchCommCommand(bench_comm_options, self_argv, std::cout);
+    return BenchCommCommand(bench_comm_options, meshtrain::launch::SelfCommand(argc, argv), std::cout);
   }
   if (*launch) return LaunchCommand(launch_options, std::cout);
   return kExitUnreadable;

@@ -16,7 +16,6 @@
 // The algorithm comes from MESHTRAIN_COMM_ALGORITHM (auto, ring, log, hierarchical).
 
 #include <signal.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -342,11 +341,7 @@ int main(int argc, char** argv) {
     meshtrain::launch::LocalLaunch launch;
     launch.nodes = nodes;
     launch.ranks_per_node = ranks / nodes;
-    launch.command.assign(argv, argv + argc);
-    launch.command[0] = "/proc/self/exe";
-    char self[4096];
-    ssize_t length = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-    if (length > 0) launch.command[0].assign(self, length);
+    launch.command = meshtrain::launch::SelfCommand(argc, argv);
     launch.timeout = std::chrono::minutes(5);
     if (mode == "kill") {
       launch.stop_others_on_failure = false;

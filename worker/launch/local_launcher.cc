@@ -44,6 +44,14 @@ int StatusOf(int wait_status) {
 
 }  // namespace
 
+std::vector<std::string> SelfCommand(int argc, char** argv) {
+  std::vector<std::string> command(argv, argv + argc);
+  char self[4096];
+  ssize_t length = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (length > 0) command[0].assign(self, static_cast<size_t>(length));
+  return command;
+}
+
 api::RankTable VirtualRankTable(int nodes, int ranks_per_node) {
   api::RankTable table;
   table.levels = {"kubernetes.io/hostname"};

@@ -40,6 +40,9 @@ struct LaunchResult {
   std::vector<RankExit> exits;  // in the order the ranks ended
 };
 
+// argv with argv[0] replaced by this executable's path, so a program can launch itself as ranks.
+std::vector<std::string> SelfCommand(int argc, char** argv);
+
 // The rank table of M virtual nodes ("virtual-node-0"...), K consecutive ranks each.
 api::RankTable VirtualRankTable(int nodes, int ranks_per_node);
 

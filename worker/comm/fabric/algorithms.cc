@@ -63,6 +63,13 @@ struct Grid {
 
 Block Contiguous(char* base, size_t bytes) { return Block{Span{base, bytes}}; }
 
+// Each span of `spans` as the one-span block of its position.
+std::vector<Block> OnePerPosition(const Block& spans) {
+  std::vector<Block> blocks;
+  for (const Span& span : spans) blocks.push_back(Block{span});
+  return blocks;
+}
+
 }  // namespace
 
 Peers AllMembers(const Group& group) {
@@ -193,13 +200,8 @@ void RingReduceScatter(Context& ctx, const Peers& peers, const std::vector<Block
 void RingAllReduce(Context& ctx, const Peers& peers, const char* send, char* recv, size_t count) {
   int n = peers.size();
   size_t element_size = ElementSize(ctx.type);
-  Block in = SplitEven(const_cast<char*>(send), count, element_size, n);
-  Block out = SplitEven(recv, count, element_size, n);
-  std::vector<Block> in_blocks, out_blocks;
-  for (int p = 0; p < n; ++p) {
-    in_blocks.push_back(Block{in[p]});
-    out_blocks.push_back(Block{out[p]});
-  }
+  std::vector<Block> in_blocks = OnePerPosition(SplitEven(const_cast<char*>(send), count, element_size, n));
+  std::vector<Block> out_blocks = OnePerPosition(SplitEven(recv, count, element_size, n));
   RingReduceScatter(ctx, peers, in_blocks, out_blocks, out_blocks[peers.me]);
   RingAllGather(ctx, peers, out_blocks);
 }
@@ -334,17 +336,13 @@ void HierarchicalAllReduce(Context& ctx, const char* send, char* recv, size_t co
   Grid grid(group);
   Peers node = NodePeers(group), rail = RailPeers(group);
   size_t element_size = ElementSize(ctx.type);
-  Block in = SplitEven(const_cast<char*>(send), count, element_size, grid.per_node);
-  Block out = SplitEven(recv, count, element_size, grid.per_node);
-  std::vector<Block> in_parts, out_parts;
-  for (int p = 0; p < grid.per_node; ++p) {
-    in_parts.push_back(Block{in[p]});
-    out_parts.push_back(Block{out[p]});
-  }
+  std::vector<Block> in_parts =
+      OnePerPosition(SplitEven(const_cast<char*>(send), count, element_size, grid.per_node));
+  std::vector<Block> out_parts = OnePerPosition(SplitEven(recv, count, element_size, grid.per_node));
   // 1. Each node sums its members' data; local index l holds part l of the node sum.
   RingReduceScatter(ctx, node, in_parts, out_parts, out_parts[grid.local]);
   // 2. Rail peers (one per node) sum part l across nodes.
-  Span mine = out[grid.local];
+  Span mine = out_parts[grid.local][0];
   size_t part_count = mine.bytes / element_size;
   if (mine.bytes < small_bytes) {
     RecursiveDoublingAllReduce(ctx, rail, mine.data, mine.data, part_count);

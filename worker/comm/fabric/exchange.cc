@@ -77,20 +77,23 @@ bool Exchange::Direct(int member, size_t bytes) const {
   return routes_[member].same_node && bytes >= kDirectBytes;
 }
 
+void Exchange::Queue(bool is_send, int member, const void* buf, size_t bytes, uint32_t slot,
+                     Kind kind, Callback done) {
+  Message message{std::make_unique<Request>(), is_send, member, const_cast<void*>(buf), bytes,
+                  Tag(is_send ? group_.rank() : member, slot, kind), std::move(done)};
+  (is_send ? queued_sends_ : queued_recvs_).push_back(std::move(message));
+}
+
 void Exchange::SendDirect(int member, const void* buf, size_t bytes, uint32_t slot, Callback done) {
   Header& header = headers_.emplace_back();
   std::optional<SharedLocation> location = FindShared(buf, bytes);
   header.shared = location.has_value();
   if (location) header.location = *location;
-  int me = group_.rank();
-  queued_sends_.push_back(Message{std::make_unique<Request>(), true, member, &header, sizeof(Header),
-                                  Tag(me, slot, kHeader), {}});
+  Queue(true, member, &header, sizeof(Header), slot, kHeader, {});
   if (header.shared) {  // done when the receiver says it has copied
-    queued_recvs_.push_back(Message{std::make_unique<Request>(), false, member, &tokens_.emplace_back(), 1,
-                                    Tag(member, slot, kAck), std::move(done)});
+    Queue(false, member, &tokens_.emplace_back(), 1, slot, kAck, std::move(done));
   } else {
-    queued_sends_.push_back(Message{std::make_unique<Request>(), true, member, const_cast<void*>(buf),
-                                    bytes, Tag(me, slot, kData), std::move(done)});
+    Queue(true, member, buf, bytes, slot, kData, std::move(done));
   }
 }
 
@@ -99,28 +102,23 @@ void Exchange::RecvDirect(int member, void* buf, size_t bytes, uint32_t slot, Ca
   auto arrived = [this, &header, member, buf, bytes, slot, done = std::move(done)]() mutable {
     if (header.shared) {
       std::memcpy(buf, MapPeer(header.location), bytes);
-      queued_sends_.push_back(Message{std::make_unique<Request>(), true, member, &tokens_.emplace_back(), 1,
-                                      Tag(group_.rank(), slot, kAck), {}});
+      Queue(true, member, &tokens_.emplace_back(), 1, slot, kAck, {});
       if (done) done();
     } else {
-      queued_recvs_.push_back(Message{std::make_unique<Request>(), false, member, buf, bytes,
-                                      Tag(member, slot, kData), std::move(done)});
+      Queue(false, member, buf, bytes, slot, kData, std::move(done));
     }
   };
-  queued_recvs_.push_back(Message{std::make_unique<Request>(), false, member, &header, sizeof(Header),
-                                  Tag(member, slot, kHeader), std::move(arrived)});
+  Queue(false, member, &header, sizeof(Header), slot, kHeader, std::move(arrived));
 }
 
 void Exchange::Send(int member, const void* buf, size_t bytes, uint32_t slot, Callback done) {
   if (Direct(member, bytes)) return SendDirect(member, buf, bytes, slot, std::move(done));
-  queued_sends_.push_back(Message{std::make_unique<Request>(), true, member, const_cast<void*>(buf),
-                                  bytes, Tag(group_.rank(), slot), std::move(done)});
+  Queue(true, member, buf, bytes, slot, kPlain, std::move(done));
 }
 
 void Exchange::Recv(int member, void* buf, size_t bytes, uint32_t slot, Callback done) {
   if (Direct(member, bytes)) return RecvDirect(member, buf, bytes, slot, std::move(done));
-  queued_recvs_.push_back(
-      Message{std::make_unique<Request>(), false, member, buf, bytes, Tag(member, slot), std::move(done)});
+  Queue(false, member, buf, bytes, slot, kPlain, std::move(done));
 }
 
 void Exchange::PostQueued(std::deque<Message>& queue, std::vector<Message>& posted) {

@@ -84,6 +84,9 @@ class Exchange {
   enum Kind : uint32_t { kPlain = 0, kHeader = 1, kData = 2, kAck = 3 };
   struct Header;
   uint64_t Tag(int sender, uint32_t slot, Kind kind = kPlain) const;
+  // Queues a send (to `member`, tagged as from this rank) or a receive (from `member`).
+  void Queue(bool is_send, int member, const void* buf, size_t bytes, uint32_t slot, Kind kind,
+             Callback done);
   bool Direct(int member, size_t bytes) const;
   void SendDirect(int member, const void* buf, size_t bytes, uint32_t slot, Callback done);
   void RecvDirect(int member, void* buf, size_t bytes, uint32_t slot, Callback done);

@@ -184,7 +184,7 @@ class FabricCommunicator : public Communicator {
 
   std::shared_ptr<Work> Broadcast(const void* send, void* recv, size_t count, DataType type,
                                   int root) override {
-    CheckPeer(root, "broadcast root");
+    CheckMember(root, "broadcast root", /*may_be_self=*/true);
     size_t total = count * ElementSize(type);
     auto* in = static_cast<const char*>(send);
     auto* out = static_cast<char*>(recv);
@@ -209,7 +209,7 @@ class FabricCommunicator : public Communicator {
   }
 
   std::shared_ptr<Work> Send(const void* buf, size_t count, DataType type, int peer) override {
-    CheckPeer(peer, "send peer");
+    CheckMember(peer, "send peer", /*may_be_self=*/false);
     size_t bytes = count * ElementSize(type);
     return Submit("send to " + std::to_string(peer), bytes, type, [=, this](Context& ctx) {
       ctx.exchange.SetPointToPoint();
@@ -219,7 +219,7 @@ class FabricCommunicator : public Communicator {
   }
 
   std::shared_ptr<Work> Recv(void* buf, size_t count, DataType type, int peer) override {
-    CheckPeer(peer, "recv peer");
+    CheckMember(peer, "recv peer", /*may_be_self=*/false);
     size_t bytes = count * ElementSize(type);
     return Submit("recv from " + std::to_string(peer), bytes, type, [=, this](Context& ctx) {
       ctx.exchange.SetPointToPoint();
@@ -255,10 +255,10 @@ class FabricCommunicator : public Communicator {
   }
 
  private:
-  void CheckPeer(int peer, const char* what) const {
-    if (peer < 0 || peer >= size() || (peer == rank() && std::string(what) != "broadcast root")) {
-      throw CommError(std::string(what) + " " + std::to_string(peer) + " is not another member of group " +
-                      group_.Describe());
+  void CheckMember(int member, const char* what, bool may_be_self) const {
+    if (member < 0 || member >= size() || (member == rank() && !may_be_self)) {
+      throw CommError(std::string(what) + " " + std::to_string(member) + " is not " +
+                      (may_be_self ? "a" : "another") + " member of group " + group_.Describe());
     }
   }
 
