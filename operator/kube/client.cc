@@ -1,0 +1,224 @@
+#include "operator/kube/client.h"
+
+#include <mutex>
+#include <thread>
+
+#include <cpprest/http_client.h>
+#include <cpprest/rawptrstream.h>
+#include <cpprest/containerstream.h>
+
+namespace meshtrain::kube {
+namespace {
+
+using nlohmann::json;
+namespace http = web::http;
+
+std::string Encode(const std::string& value) { return web::uri::encode_data_string(value); }
+
+http::client::http_client_config MakeHttpConfig(const KubeConfig& config, std::chrono::seconds timeout) {
+  http::client::http_client_config http_config;
+  http_config.set_timeout(timeout);
+  http_config.set_validate_certificates(!config.insecure_skip_tls_verify);
+  const std::string ca = config.ca_pem, cert = config.client_cert_pem, key = config.client_key_pem;
+  if (!ca.empty() || !cert.empty()) {
+    http_config.set_ssl_context_callback([ca, cert, key](boost::asio::ssl::context& ctx) {
+      if (!ca.empty()) ctx.add_certificate_authority(boost::asio::buffer(ca.data(), ca.size()));
+      if (!cert.empty()) {
+        ctx.use_certificate_chain(boost::asio::buffer(cert.data(), cert.size()));
+        ctx.use_private_key(boost::asio::buffer(key.data(), key.size()), boost::asio::ssl::context::pem);
+      }
+    });
+  }
+  return http_config;
+}
+
+// The KubeError for a non-2xx response, from its Status body when it has one.
+KubeError ErrorFromResponse(const std::string& verb, const std::string& path, int code, const std::string& body) {
+  std::string reason, message = body;
+  if (auto status = json::parse(body, nullptr, false); status.is_object()) {
+    reason = status.value("reason", "");
+    message = status.value("message", body);
+  }
+  if (message.size() > 2000) message.resize(2000);
+  return KubeError(ErrorKindForStatus(code), code, reason, message,
+                   verb + " " + path + ": " + std::to_string(code) + (reason.empty() ? "" : " " + reason) + ": " +
+                       message);
+}
+
+}  // namespace
+
+struct Client::Impl {
+  Impl(const KubeConfig& config, const ClientOptions& options)
+      : http(config.server, MakeHttpConfig(config, options.request_timeout)) {}
+  http::client::http_client http;
+  std::mutex observer_mu;
+  RequestObserver observer;
+};
+
+std::string WithQuery(const std::string& path, const ListOptions& options, const std::string& extra) {
+  std::string query;
+  auto add = [&](const std::string& kv) { query += (query.empty() ? "?" : "&") + kv; };
+  if (!options.label_selector.empty()) add("labelSelector=" + Encode(options.label_selector));
+  if (!options.field_selector.empty()) add("fieldSelector=" + Encode(options.field_selector));
+  if (!options.resource_version.empty()) add("resourceVersion=" + Encode(options.resource_version));
+  if (!extra.empty()) add(extra);
+  return path + query;
+}
+
+Client::Client(KubeConfig config, ClientOptions options)
+    : config_(std::move(config)),
+      options_(std::move(options)),
+      bucket_(options_.qps, options_.burst),
+      impl_(std::make_unique<Impl>(config_, options_)) {}
+
+Client::~Client() = default;
+
+void Client::SetRequestObserver(RequestObserver observer) {
+  std::lock_guard lock(impl_->observer_mu);
+  impl_->observer = std::move(observer);
+}
+
+json Client::Request(const std::string& verb, const std::string& method, const std::string& path, const json* body,
+                     const std::string& content_type) {
+  const std::string payload = body ? body->dump() : std::string();
+  auto backoff = options_.initial_backoff;
+  for (int attempt = 0;; ++attempt) {
+    bucket_.Wait();
+    http::http_request request(method);
+    request.set_request_uri(path);
+    request.headers().add("Accept", "application/json");
+    request.headers().add("User-Agent", options_.user_agent);
+    if (!config_.token.empty()) request.headers().add("Authorization", "Bearer " + config_.token);
+    if (body) request.set_body(payload, content_type);
+    int code = 0;
+    std::string text;
+    std::chrono::milliseconds retry_after{0};
+    std::optional<KubeError> error;
+    try {
+      http::http_response response = impl_->http.request(request).get();
+      code = response.status_code();
+      text = response.extract_utf8string(true).get();
+      if (code == 429 && response.headers().has("Retry-After")) {
+        try {
+          retry_after = std::chrono::seconds(std::stoi(response.headers().find("Retry-After")->second));
+        } catch (const std::exception&) {
+        }
+      }
+    } catch (const std::exception& e) {
+      error.emplace(ErrorKind::kUnavailable, 0, "", e.what(), verb + " " + path + ": no response: " + e.what());
+    }
+    ++requests_;
+    {
+      std::lock_guard lock(impl_->observer_mu);
+      if (impl_->observer) impl_->observer(verb, code);
+    }
+    if (!error && code >= 200 && code < 300) {
+      if (text.empty()) return json::object();
+      auto parsed = json::parse(text, nullptr, false);
+      if (parsed.is_discarded())
+        throw KubeError(ErrorKind::kOther, code, "", "response is not JSON", verb + " " + path + ": response is not JSON");
+      return parsed;
+    }
+    if (!error) error.emplace(ErrorFromResponse(verb, path, code, text));
+    if (!error->retryable() || attempt >= options_.max_retries) throw *error;
+    std::this_thread::sleep_for(std::max<std::chrono::milliseconds>(backoff, retry_after));
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+}
+
+json Client::Get(const ResourceType& type, const std::string& ns, const std::string& name) {
+  return Request("get", "GET", type.Path(ns, name), nullptr, "");
+}
+
+json Client::List(const ResourceType& type, const std::string& ns, const ListOptions& options) {
+  return Request("list", "GET", WithQuery(type.Path(ns), options), nullptr, "");
+}
+
+json Client::Create(const ResourceType& type, const std::string& ns, const json& object) {
+  return Request("create", "POST", type.Path(ns), &object, "application/json");
+}
+
+json Client::Update(const ResourceType& type, const std::string& ns, const json& object) {
+  return Request("update", "PUT", type.Path(ns, object["metadata"]["name"].get<std::string>()), &object,
+                 "application/json");
+}
+
+json Client::UpdateStatus(const ResourceType& type, const std::string& ns, const json& object) {
+  return Request("update", "PUT", type.Path(ns, object["metadata"]["name"].get<std::string>()) + "/status", &object,
+                 "application/json");
+}
+
+json Client::MergePatch(const ResourceType& type, const std::string& ns, const std::string& name, const json& patch,
+                        bool status_subresource) {
+  return Request("patch", "PATCH", type.Path(ns, name) + (status_subresource ? "/status" : ""), &patch,
+                 "application/merge-patch+json");
+}
+
+void Client::Delete(const ResourceType& type, const std::string& ns, const std::string& name,
+                    const std::string& propagation) {
+  const json options = {{"kind", "DeleteOptions"}, {"apiVersion", "v1"}, {"propagationPolicy", propagation}};
+  Request("delete", "DELETE", type.Path(ns, name), &options, "application/json");
+}
+
+void Client::Watch(const ResourceType& type, const std::string& ns, const ListOptions& options, int timeout_seconds,
+                   const std::function<bool(const WatchEvent&)>& on_event, std::stop_token stop) {
+  const std::string path = WithQuery(type.Path(ns), options,
+                                     "watch=true&allowWatchBookmarks=true&timeoutSeconds=" + std::to_string(timeout_seconds));
+  // The idle timeout covers the stream's quiet periods: the server sends bookmarks well inside it.
+  http::client::http_client stream_client(config_.server,
+                                          MakeHttpConfig(config_, std::chrono::seconds(timeout_seconds + 30)));
+  pplx::cancellation_token_source cancel;
+  std::stop_callback on_stop(stop, [&cancel] { cancel.cancel(); });
+
+  bucket_.Wait();
+  http::http_request request("GET");
+  request.set_request_uri(path);
+  request.headers().add("Accept", "application/json");
+  request.headers().add("User-Agent", options_.user_agent);
+  if (!config_.token.empty()) request.headers().add("Authorization", "Bearer " + config_.token);
+  auto observe = [&](int code) {
+    ++requests_;
+    std::lock_guard lock(impl_->observer_mu);
+    if (impl_->observer) impl_->observer("watch", code);
+  };
+  http::http_response response;
+  try {
+    response = stream_client.request(request, cancel.get_token()).get();
+  } catch (const std::exception& e) {
+    observe(0);
+    if (stop.stop_requested()) return;
+    throw KubeError(ErrorKind::kUnavailable, 0, "", e.what(), "watch " + path + ": no response: " + e.what());
+  }
+  observe(response.status_code());
+  if (response.status_code() != 200)
+    throw ErrorFromResponse("watch", path, response.status_code(), response.extract_utf8string(true).get());
+
+  auto body = response.body();
+  try {
+    while (!stop.stop_requested()) {
+      concurrency::streams::container_buffer<std::string> line;
+      body.read_line(line).get();
+      const std::string& text = line.collection();
+      if (text.empty()) {
+        if (body.is_eof()) return;
+        continue;
+      }
+      json event = json::parse(text, nullptr, false);
+      if (!event.is_object() || !event.contains("type"))
+        throw KubeError(ErrorKind::kOther, 200, "", "malformed watch event", "watch " + path + ": malformed event");
+      WatchEvent ev{event["type"].get<std::string>(), std::move(event["object"])};
+      if (ev.type == "ERROR") {
+        const int code = ev.object.value("code", 500);
+        throw ErrorFromResponse("watch", path, code, ev.object.dump());
+      }
+      if (!on_event(ev)) return;
+    }
+  } catch (const KubeError&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (stop.stop_requested()) return;
+    throw KubeError(ErrorKind::kUnavailable, 0, "", e.what(), "watch " + path + ": stream broke: " + e.what());
+  }
+}
+
+}  // namespace meshtrain::kube

@@ -1,0 +1,176 @@
+#include "operator/kube/informer.h"
+
+#include <spdlog/spdlog.h>
+
+namespace meshtrain::kube {
+
+using nlohmann::json;
+
+std::string KeyOf(const json& object) {
+  const json& meta = object.at("metadata");
+  return ObjectKey(meta.value("namespace", ""), meta.value("name", ""));
+}
+
+Informer::Informer(Client& client, ResourceType type, std::string namespace_name, ListOptions selectors,
+                   InformerOptions options)
+    : client_(client),
+      type_(std::move(type)),
+      namespace_(std::move(namespace_name)),
+      selectors_(std::move(selectors)),
+      options_(options) {}
+
+Informer::~Informer() { Stop(); }
+
+void Informer::AddHandler(EventHandler handler) { handlers_.push_back(std::move(handler)); }
+
+void Informer::Start() {
+  thread_ = std::jthread([this](std::stop_token stop) { Run(stop); });
+}
+
+void Informer::Stop() {
+  if (!thread_.joinable()) return;
+  thread_.request_stop();
+  sync_cv_.notify_all();
+  thread_.join();
+}
+
+bool Informer::WaitForSync(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(sync_mu_);
+  return sync_cv_.wait_for(lock, timeout, [this] { return synced_.load(); });
+}
+
+std::optional<json> Informer::Get(const std::string& key) const {
+  std::shared_lock lock(mu_);
+  auto it = cache_.find(key);
+  if (it == cache_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::vector<json> Informer::List() const {
+  std::shared_lock lock(mu_);
+  std::vector<json> out;
+  out.reserve(cache_.size());
+  for (const auto& [key, object] : cache_) out.push_back(object);
+  return out;
+}
+
+size_t Informer::Size() const {
+  std::shared_lock lock(mu_);
+  return cache_.size();
+}
+
+bool Informer::SleepFor(std::chrono::milliseconds d, std::stop_token& stop) {
+  std::unique_lock lock(sync_mu_);
+  sync_cv_.wait_for(lock, stop, d, [] { return false; });
+  return !stop.stop_requested();
+}
+
+void Informer::Replace(const json& items) {
+  std::map<std::string, json> fresh;
+  for (const auto& item : items) fresh.emplace(KeyOf(item), item);
+  std::vector<std::pair<json, json>> updated;  // (old, new); old null for adds
+  std::vector<json> deleted;
+  {
+    std::unique_lock lock(mu_);
+    for (auto& [key, object] : fresh) {
+      auto it = cache_.find(key);
+      if (it == cache_.end()) {
+        updated.emplace_back(nullptr, object);
+      } else if (it->second["metadata"].value("resourceVersion", "") != object["metadata"].value("resourceVersion", "")) {
+        updated.emplace_back(it->second, object);
+      }
+    }
+    for (auto& [key, object] : cache_) {
+      if (!fresh.count(key)) deleted.push_back(object);
+    }
+    cache_ = std::move(fresh);
+  }
+  for (const auto& h : handlers_) {
+    for (const auto& [old_object, object] : updated) {
+      if (old_object.is_null()) {
+        if (h.on_add) h.on_add(object);
+      } else if (h.on_update) {
+        h.on_update(old_object, object);
+      }
+    }
+    for (const auto& object : deleted) {
+      if (h.on_delete) h.on_delete(object);
+    }
+  }
+}
+
+void Informer::Apply(const WatchEvent& event) {
+  const std::string rv = event.object["metadata"].value("resourceVersion", "");
+  if (!rv.empty()) resource_version_ = rv;
+  if (event.type == "BOOKMARK") return;
+  const std::string key = KeyOf(event.object);
+  json old_object;
+  {
+    std::unique_lock lock(mu_);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) old_object = it->second;
+    if (event.type == "DELETED") {
+      cache_.erase(key);
+    } else {
+      cache_[key] = event.object;
+    }
+  }
+  for (const auto& h : handlers_) {
+    if (event.type == "DELETED") {
+      if (h.on_delete) h.on_delete(event.object);
+    } else if (old_object.is_null()) {
+      if (h.on_add) h.on_add(event.object);
+    } else if (h.on_update) {
+      h.on_update(old_object, event.object);
+    }
+  }
+}
+
+void Informer::Run(std::stop_token stop) {
+  auto backoff = options_.min_backoff;
+  bool first_list = true;
+  while (!stop.stop_requested()) {
+    try {
+      const json list = client_.List(type_, namespace_, selectors_);
+      resource_version_ = list["metadata"].value("resourceVersion", "");
+      Replace(list.value("items", json::array()));
+      if (!first_list) ++relists_;
+      first_list = false;
+      {
+        std::lock_guard lock(sync_mu_);
+        synced_ = true;
+      }
+      sync_cv_.notify_all();
+    } catch (const std::exception& e) {
+      spdlog::warn("informer {}: list failed, retrying in {} ms: {}", type_.plural, backoff.count(), e.what());
+      if (!SleepFor(backoff, stop)) return;
+      backoff = std::min(backoff * 2, options_.max_backoff);
+      continue;
+    }
+    // Watch until 410 forces a relist.
+    while (!stop.stop_requested()) {
+      ListOptions options = selectors_;
+      options.resource_version = resource_version_;
+      try {
+        client_.Watch(type_, namespace_, options, options_.watch_timeout_seconds,
+                      [this](const WatchEvent& event) {
+                        Apply(event);
+                        return true;
+                      },
+                      stop);
+        backoff = options_.min_backoff;  // a clean end: the server's timeout
+      } catch (const KubeError& e) {
+        if (e.kind() == ErrorKind::kGone) {
+          spdlog::info("informer {}: resourceVersion {} expired, relisting", type_.plural, resource_version_);
+          break;
+        }
+        ++reconnects_;
+        spdlog::warn("informer {}: watch failed, reconnecting in {} ms: {}", type_.plural, backoff.count(), e.what());
+        if (!SleepFor(backoff, stop)) return;
+        backoff = std::min(backoff * 2, options_.max_backoff);
+      }
+    }
+  }
+}
+
+}  // namespace meshtrain::kube

@@ -1,0 +1,99 @@
+// An informer: a cache of one resource type kept current by list-then-watch.
+//
+// It lists, then watches from the list's resourceVersion with bookmarks. When the
+// server ends a watch (its timeout) or the connection drops, it watches again from the
+// last resourceVersion it saw, after a backoff when the stream failed. On 410 Gone (as
+// an HTTP status or an in-stream ERROR event) it relists and turns the difference
+// between the old cache and the new list into add, update and delete events, so
+// handlers never miss a change, they only see it late.
+//
+// Handlers run on the informer's thread, after the cache is updated, one at a time.
+// Thread-safe: the cache may be read from any thread.
+
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "operator/kube/client.h"
+
+namespace meshtrain::kube {
+
+struct InformerOptions {
+  int watch_timeout_seconds = 300;  // the server ends each watch after about this long
+  std::chrono::milliseconds min_backoff{200};
+  std::chrono::milliseconds max_backoff{30000};
+};
+
+struct EventHandler {
+  std::function<void(const nlohmann::json& object)> on_add;
+  std::function<void(const nlohmann::json& old_object, const nlohmann::json& object)> on_update;
+  std::function<void(const nlohmann::json& object)> on_delete;
+};
+
+class Informer {
+ public:
+  Informer(Client& client, ResourceType type, std::string namespace_name, ListOptions selectors,
+           InformerOptions options = {});
+  ~Informer();
+  Informer(const Informer&) = delete;
+  Informer& operator=(const Informer&) = delete;
+
+  // Handlers must be added before Start().
+  void AddHandler(EventHandler handler);
+  void Start();
+  void Stop();
+
+  bool HasSynced() const { return synced_.load(); }
+  // Waits until the first list has filled the cache; false on timeout.
+  bool WaitForSync(std::chrono::milliseconds timeout);
+
+  // Lookups by ObjectKey(namespace, name). Copies, so callers never hold the lock.
+  std::optional<nlohmann::json> Get(const std::string& key) const;
+  std::vector<nlohmann::json> List() const;
+  size_t Size() const;
+
+  const ResourceType& type() const { return type_; }
+  int64_t relists() const { return relists_.load(); }      // lists after the first one
+  int64_t reconnects() const { return reconnects_.load(); }  // watches restarted after an error
+
+ private:
+  void Run(std::stop_token stop);
+  void Replace(const nlohmann::json& items);
+  void Apply(const WatchEvent& event);
+  bool SleepFor(std::chrono::milliseconds d, std::stop_token& stop);
+
+  Client& client_;
+  const ResourceType type_;
+  const std::string namespace_;
+  const ListOptions selectors_;
+  const InformerOptions options_;
+  std::vector<EventHandler> handlers_;
+
+  mutable std::shared_mutex mu_;
+  std::map<std::string, nlohmann::json> cache_;
+  std::string resource_version_;  // touched by the informer thread only
+
+  std::atomic<bool> synced_{false};
+  std::atomic<int64_t> relists_{0};
+  std::atomic<int64_t> reconnects_{0};
+  std::mutex sync_mu_;
+  std::condition_variable_any sync_cv_;
+  std::jthread thread_;
+};
+
+// The ObjectKey of a Kubernetes object from its metadata.
+std::string KeyOf(const nlohmann::json& object);
+
+}  // namespace meshtrain::kube
