@@ -1,0 +1,371 @@
+#include "tests/support/kube/kubelet_simulator.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+
+#include <spdlog/spdlog.h>
+
+namespace meshtrain::testing {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+std::string Now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+int64_t Quantity(const json& v) {
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_string()) {
+    try {
+      return std::stoll(v.get<std::string>());
+    } catch (const std::exception&) {
+    }
+  }
+  return 0;
+}
+
+int64_t PodRequest(const json& pod, const std::string& resource) {
+  int64_t total = 0;
+  for (const auto& c : pod["spec"].value("containers", json::array())) {
+    const json r = c.value("resources", json::object());
+    const json limits = r.value("limits", json::object()), requests = r.value("requests", json::object());
+    total += limits.contains(resource) ? Quantity(limits[resource])
+                                       : (requests.contains(resource) ? Quantity(requests[resource]) : 0);
+  }
+  return total;
+}
+
+// The node a pod is bound or pinned to: spec.nodeName, else its required node affinity on the hostname.
+std::string TargetNode(const json& pod) {
+  const json& spec = pod["spec"];
+  if (const std::string name = spec.value("nodeName", ""); !name.empty()) return name;
+  try {
+    for (const auto& term : spec.at("affinity").at("nodeAffinity").at("requiredDuringSchedulingIgnoredDuringExecution").at("nodeSelectorTerms")) {
+      for (const auto& e : term.value("matchExpressions", json::array())) {
+        if (e.value("key", "") == "kubernetes.io/hostname" && e.value("operator", "") == "In" && !e["values"].empty())
+          return e["values"][0];
+      }
+    }
+  } catch (const json::exception&) {
+  }
+  return "";
+}
+
+std::string KeyOf(const json& object) {
+  return object["metadata"].value("namespace", "") + "/" + object["metadata"].value("name", "");
+}
+
+json ReadBody(const HttpRequest& request) {
+  json body = json::parse(request.body, nullptr, false);
+  return body.is_object() ? body : json::object();
+}
+
+}  // namespace
+
+json NodeObject(const scheduler::ClusterNode& node) {
+  json labels = json::object();
+  for (const auto& [k, v] : node.labels) labels[k] = v;
+  labels["kubernetes.io/hostname"] = node.name;
+  json resources = {{"nvidia.com/gpu", std::to_string(node.gpus)}, {"vpc.amazonaws.com/efa", std::to_string(node.efa)},
+                    {"cpu", "96"}, {"memory", "1048576Mi"}, {"pods", "110"}};
+  json taints = json::array();
+  for (const auto& t : node.taints) taints.push_back({{"key", t.key}, {"value", t.value}, {"effect", t.effect}});
+  json spec = {{"unschedulable", !node.schedulable}};
+  if (!taints.empty()) spec["taints"] = taints;
+  json conditions = json::array({{{"type", "Ready"}, {"status", node.ready ? "True" : "False"},
+                                   {"reason", "KubeletReady"}, {"lastTransitionTime", Now()}}});
+  json addresses = json::array({{{"type", "InternalIP"}, {"address", "127.0.0.1"}},
+                                {{"type", "Hostname"}, {"address", node.name}}});
+  json status = {{"capacity", resources}, {"allocatable", resources}, {"conditions", conditions},
+                 {"addresses", addresses}};
+  return {{"apiVersion", "v1"},
+          {"kind", "Node"},
+          {"metadata", {{"name", node.name}, {"labels", labels}}},
+          {"spec", spec},
+          {"status", status}};
+}
+
+KubeletSimulator::KubeletSimulator(ApiServer& server, KubeletOptions options)
+    : server_(server), options_(std::move(options)) {
+  server_.AddTestRoute("/_test/kubelet/", [this](const HttpRequest& request, HttpResponder& responder) {
+    const json body = ReadBody(request);
+    bool ok = true;
+    json reply = json::object();
+    if (request.path == "/_test/kubelet/script") {
+      SetScript(body.value("job", ""), body.value("exitCode", 0), body.value("seconds", 1.0));
+    } else if (request.path == "/_test/kubelet/kill") {
+      ok = KillPod(body.value("namespace", "default"), body.value("name", ""), body.value("signal", SIGKILL));
+    } else if (request.path == "/_test/kubelet/node") {
+      ok = SetNodeReady(body.value("name", ""), body.value("ready", true));
+    } else if (request.path == "/_test/kubelet/pods") {
+      std::lock_guard lock(mu_);
+      reply = json::array();
+      for (const auto& [key, p] : running_) reply.push_back({{"pod", key}, {"pid", p.pid}, {"node", p.node}});
+    } else {
+      ok = false;
+    }
+    responder.Send(ok ? 200 : 404, "application/json", reply.dump());
+  });
+}
+
+KubeletSimulator::~KubeletSimulator() { Stop(); }
+
+void KubeletSimulator::AddNodes(const scheduler::ClusterSnapshot& snapshot) {
+  for (const auto& node : snapshot.nodes) server_.Create("/nodes", "", NodeObject(node));
+}
+
+void KubeletSimulator::Start() {
+  thread_ = std::jthread([this](std::stop_token stop) { Loop(stop); });
+}
+
+void KubeletSimulator::Stop() {
+  if (thread_.joinable()) {
+    thread_.request_stop();
+    thread_.join();
+  }
+  std::lock_guard lock(mu_);
+  for (auto& [key, p] : running_) ::kill(-p.pid, SIGKILL);
+  for (auto& [pid, key] : orphans_) ::kill(-pid, SIGKILL);
+  for (auto& [key, p] : running_) ::waitpid(p.pid, nullptr, 0);
+  for (auto& [pid, key] : orphans_) ::waitpid(pid, nullptr, 0);
+  running_.clear();
+  orphans_.clear();
+}
+
+void KubeletSimulator::SetScript(const std::string& job, int exit_code, double seconds) {
+  std::lock_guard lock(mu_);
+  scripts_[job] = {exit_code, seconds};
+}
+
+bool KubeletSimulator::KillPod(const std::string& ns, const std::string& name, int signal) {
+  std::lock_guard lock(mu_);
+  auto it = running_.find(ns + "/" + name);
+  if (it == running_.end()) return false;
+  return ::kill(-it->second.pid, signal) == 0;
+}
+
+bool KubeletSimulator::SetNodeReady(const std::string& name, bool ready) {
+  return server_.Mutate("/nodes", "", name, [&](json& node) {
+    for (auto& c : node["status"]["conditions"]) {
+      if (c.value("type", "") != "Ready") continue;
+      c["status"] = ready ? "True" : "False";
+      c["reason"] = ready ? "KubeletReady" : "NodeStatusUnknown";
+      c["lastTransitionTime"] = Now();
+    }
+  });
+}
+
+pid_t KubeletSimulator::Launch(const json& pod) {
+  const json& container = pod["spec"]["containers"][0];
+  const std::string ns = pod["metadata"].value("namespace", ""), name = pod["metadata"].value("name", "");
+  const fs::path dir = fs::path(options_.workdir) / (ns + "_" + name);
+  fs::create_directories(dir);
+
+  // ConfigMap volumes become files under the pod's directory.
+  std::map<std::string, std::string> mounts;  // container path -> local path
+  for (const auto& mount : container.value("volumeMounts", json::array())) {
+    for (const auto& volume : pod["spec"].value("volumes", json::array())) {
+      if (volume.value("name", "") != mount.value("name", "")) continue;
+      const fs::path local = dir / fs::path(mount.value("mountPath", "/")).relative_path();
+      fs::create_directories(local);
+      mounts[mount.value("mountPath", "")] = local.string();
+      if (!volume.contains("configMap")) continue;
+      auto cm = server_.Get("/configmaps", ns, volume["configMap"].value("name", ""));
+      if (!cm) continue;
+      for (const auto& [key, value] : cm->value("data", json::object()).items())
+        std::ofstream(local / key) << value.get<std::string>();
+    }
+  }
+
+  std::vector<std::string> env = {"PATH=/usr/local/bin:/usr/bin:/bin", "HOSTNAME=" + pod["spec"].value("hostname", name)};
+  for (const auto& e : container.value("env", json::array())) {
+    std::string value = e.value("value", "");
+    if (e.contains("valueFrom") && e["valueFrom"].contains("fieldRef")) {
+      const std::string field = e["valueFrom"]["fieldRef"].value("fieldPath", "");
+      if (field == "metadata.name") value = name;
+      else if (field == "metadata.namespace") value = ns;
+      else if (field == "spec.nodeName") value = TargetNode(pod);
+      else if (field == "status.podIP") value = "127.0.0.1";
+    }
+    for (const auto& [path, local] : mounts)
+      if (value.rfind(path, 0) == 0) value = local + value.substr(path.size());
+    env.push_back(e.value("name", "") + "=" + value);
+  }
+
+  std::vector<std::string> argv;
+  if (options_.mode == "run") {
+    for (const auto& a : container.value("command", json::array())) argv.push_back(a);
+    for (const auto& a : container.value("args", json::array())) argv.push_back(a);
+    if (argv.empty()) throw std::runtime_error("pod " + ns + "/" + name + " has no command to run");
+    if (auto it = options_.commands.find(argv[0]); it != options_.commands.end()) argv[0] = it->second;
+  } else {
+    int code = options_.script_exit_code;
+    double seconds = options_.script_seconds;
+    const std::string job = pod["metadata"].value("labels", json::object()).value("meshtrain.dev/job-name", "");
+    if (auto it = scripts_.find(job); it != scripts_.end()) std::tie(code, seconds) = it->second;
+    argv = {"/bin/sh", "-c", "sleep " + std::to_string(seconds) + "; exit " + std::to_string(code)};
+  }
+  std::vector<char*> cargv, cenv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  for (auto& e : env) cenv.push_back(e.data());
+  cenv.push_back(nullptr);
+  const std::string log = (dir / "log").string(), cwd = dir.string();
+
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
+    if (::chdir(cwd.c_str()) != 0) ::_exit(126);
+    ::execve(cargv[0], cargv.data(), cenv.data());
+    ::execvpe(cargv[0], cargv.data(), cenv.data());
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);
+  return pid;
+}
+
+void KubeletSimulator::TrySchedule(const std::string& key) {
+  const std::string ns = key.substr(0, key.find('/')), name = key.substr(key.find('/') + 1);
+  auto pod = server_.Get("/pods", ns, name);
+  if (!pod || (*pod)["status"].value("phase", "") != "Pending") {
+    waiting_.erase(key);
+    return;
+  }
+  const std::string node_name = TargetNode(*pod);
+  const int64_t gpus = PodRequest(*pod, "nvidia.com/gpu"), efa = PodRequest(*pod, "vpc.amazonaws.com/efa");
+  std::string why;
+  auto node = node_name.empty() ? std::nullopt : server_.Get("/nodes", "", node_name);
+  if (!node) {
+    why = node_name.empty() ? "the pod names no node" : "node " + node_name + " does not exist";
+  } else {
+    bool ready = false;
+    for (const auto& c : (*node)["status"].value("conditions", json::array()))
+      if (c.value("type", "") == "Ready") ready = c.value("status", "") == "True";
+    int64_t used_gpus = 0, used_efa = 0;
+    for (const auto& [k, p] : running_)
+      if (p.node == node_name) used_gpus += p.gpus, used_efa += p.efa;
+    const json& allocatable = (*node)["status"]["allocatable"];
+    if (!ready) why = "node " + node_name + " is not Ready";
+    else if (used_gpus + gpus > Quantity(allocatable.value("nvidia.com/gpu", json("0"))))
+      why = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu";
+    else if (used_efa + efa > Quantity(allocatable.value("vpc.amazonaws.com/efa", json("0"))))
+      why = "0/1 nodes are available: 1 Insufficient vpc.amazonaws.com/efa";
+  }
+  if (!why.empty()) {
+    if (!waiting_[key]) {
+      waiting_[key] = true;
+      server_.Mutate("/pods", ns, name, [&](json& p) {
+        p["status"]["conditions"] = {{{"type", "PodScheduled"}, {"status", "False"}, {"reason", "Unschedulable"},
+                                      {"message", why}, {"lastTransitionTime", Now()}}};
+      });
+    }
+    return;
+  }
+  waiting_.erase(key);
+  pid_t pid;
+  std::string error;
+  try {
+    pid = Launch(*pod);
+  } catch (const std::exception& e) {
+    error = e.what();
+    pid = -1;
+  }
+  if (pid < 0) {
+    server_.Mutate("/pods", ns, name, [&](json& p) {
+      p["spec"]["nodeName"] = node_name;
+      p["status"]["phase"] = "Failed";
+      p["status"]["message"] = error;
+    });
+    return;
+  }
+  running_[key] = {pid, node_name, gpus, efa, {}};
+  const std::string container = (*pod)["spec"]["containers"][0].value("name", "worker");
+  server_.Mutate("/pods", ns, name, [&](json& p) {
+    p["spec"]["nodeName"] = node_name;
+    p["status"] = {{"phase", "Running"},
+                   {"hostIP", "127.0.0.1"},
+                   {"podIP", "127.0.0.1"},
+                   {"startTime", Now()},
+                   {"conditions", {{{"type", "PodScheduled"}, {"status", "True"}}, {{"type", "Ready"}, {"status", "True"}}}},
+                   {"containerStatuses",
+                    {{{"name", container}, {"ready", true}, {"restartCount", 0}, {"state", {{"running", {{"startedAt", Now()}}}}}}}}};
+  });
+}
+
+void KubeletSimulator::Reap() {
+  for (;;) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) return;
+    orphans_.erase(pid);
+    auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& kv) { return kv.second.pid == pid; });
+    if (it == running_.end()) continue;
+    const std::string key = it->first;
+    running_.erase(it);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    const std::string ns = key.substr(0, key.find('/')), name = key.substr(key.find('/') + 1);
+    server_.Mutate("/pods", ns, name, [&](json& p) {
+      p["status"]["phase"] = code == 0 ? "Succeeded" : "Failed";
+      p["status"]["conditions"] = {{{"type", "PodScheduled"}, {"status", "True"}}, {{"type", "Ready"}, {"status", "False"}}};
+      for (auto& cs : p["status"]["containerStatuses"]) {
+        cs["ready"] = false;
+        cs["state"] = {{"terminated", {{"exitCode", code}, {"reason", code == 0 ? "Completed" : "Error"}, {"finishedAt", Now()}}}};
+      }
+    });
+  }
+}
+
+void KubeletSimulator::Loop(std::stop_token stop) {
+  uint64_t seq = 0;
+  auto last_pass = std::chrono::steady_clock::now();
+  while (!stop.stop_requested()) {
+    const auto events = server_.EventsSince(seq, 50);
+    std::lock_guard lock(mu_);
+    for (const auto& ev : events) {
+      seq = ev.seq;
+      if (ev.resource != "/pods") continue;
+      const std::string key = KeyOf(ev.object);
+      if (ev.type == "DELETED") {
+        waiting_.erase(key);
+        if (auto it = running_.find(key); it != running_.end()) {
+          ::kill(-it->second.pid, SIGTERM);
+          orphans_[it->second.pid] = key;
+          running_.erase(it);
+        }
+      } else if (ev.type == "ADDED" && !running_.count(key)) {
+        waiting_.emplace(key, false);
+      }
+    }
+    for (auto& [pid, key] : orphans_) ::kill(-pid, SIGKILL);  // the grace period is one loop
+    Reap();
+    // Waiting pods are retried whenever something changed, and at least every second.
+    const auto now = std::chrono::steady_clock::now();
+    if (!events.empty() || now - last_pass > std::chrono::seconds(1)) {
+      last_pass = now;
+      std::vector<std::string> keys;
+      for (const auto& [key, reported] : waiting_) keys.push_back(key);
+      for (const auto& key : keys) TrySchedule(key);
+    }
+  }
+}
+
+}  // namespace meshtrain::testing
