@@ -283,35 +283,36 @@ struct ApiServer::Store {
   }
 
   json Insert(const ResourceInfo& info, const std::string& ns, json object) {
-    json& meta = object["metadata"];
-    if (!meta.contains("name") || meta["name"].get<std::string>().empty()) {
-      if (meta.contains("generateName")) {
+    json& given = object["metadata"];
+    if (!given.contains("name") || given["name"].get<std::string>().empty()) {
+      if (given.contains("generateName")) {
         static const char kChars[] = "bcdfghjklmnpqrstvwxz2456789";
         std::string suffix;
         for (int i = 0; i < 5; ++i) suffix += kChars[(rv * 7 + i * 13 + std::hash<std::string>{}(NewUid())) % 27];
-        meta["name"] = meta["generateName"].get<std::string>() + suffix;
+        given["name"] = given["generateName"].get<std::string>() + suffix;
       } else {
         throw HttpError(422, "Invalid", info.kind + " is invalid: metadata.name: Required value: name or generateName is required");
       }
     }
-    const std::string name = meta["name"];
+    const std::string name = given["name"];
     if (info.namespaced) {
       if (ns.empty()) throw HttpError(400, "BadRequest", "the namespace of the object does not match the namespace on the request");
       if (!objects["/namespaces"].count(ObjKey("", ns)))
         throw HttpError(404, "NotFound", "namespaces \"" + ns + "\" not found");
-      meta["namespace"] = ns;
+      given["namespace"] = ns;
     } else {
-      meta.erase("namespace");
+      given.erase("namespace");
     }
     auto& bucket = objects[info.Key()];
     const std::string key = ObjKey(info.namespaced ? ns : "", name);
     if (bucket.count(key))
       throw HttpError(409, "AlreadyExists", info.plural + (info.group.empty() ? "" : "." + info.group) + " \"" + name + "\" already exists");
     if (!info.schema.is_null()) {
-      auto errors = ValidateAgainstSchema(info.schema, object, false);
+      auto errors = ValidateAgainstSchema(info.schema, object, false);  // replaces `object`: `meta` is stale
       if (!errors.empty()) throw Invalid(info, name, errors);
     }
-    meta["uid"] = NewUid();
+    object["metadata"]["uid"] = NewUid();
+    json& meta = object["metadata"];
     meta["creationTimestamp"] = Now();
     meta["generation"] = 1;
     meta["resourceVersion"] = std::to_string(++rv);
@@ -373,7 +374,7 @@ struct ApiServer::Store {
         if (!errors.empty()) throw Invalid(info, name, errors);
       }
       if (SpecOf(updated) != SpecOf(current))
-        meta["generation"] = current["metadata"].value("generation", 1) + 1;
+        updated["metadata"]["generation"] = current["metadata"].value("generation", 1) + 1;
     }
     updated["metadata"]["resourceVersion"] = std::to_string(++rv);
     if (info.Key() == "apiextensions.k8s.io/customresourcedefinitions") RegisterCrd(updated);

@@ -185,7 +185,8 @@ pid_t KubeletSimulator::Launch(const json& pod) {
       if (!volume.contains("configMap")) continue;
       auto cm = server_.Get("/configmaps", ns, volume["configMap"].value("name", ""));
       if (!cm) continue;
-      for (const auto& [key, value] : cm->value("data", json::object()).items())
+      const json data = cm->value("data", json::object());  // items() must not outlive it
+      for (const auto& [key, value] : data.items())
         std::ofstream(local / key) << value.get<std::string>();
     }
   }

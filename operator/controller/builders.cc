@@ -1,0 +1,142 @@
+#include "operator/controller/builders.h"
+
+#include "api/json_codec.h"
+
+namespace meshtrain::controller {
+
+using nlohmann::json;
+
+namespace {
+
+json Labels(const api::TrainingJob& job) { return {{kJobNameLabel, job.metadata.name}}; }
+
+json Meta(const api::TrainingJob& job, const std::string& name, json labels) {
+  return {{"name", name}, {"namespace", job.metadata.namespace_}, {"labels", std::move(labels)},
+          {"ownerReferences", json::array({OwnerReference(job)})}};
+}
+
+json Env(const std::string& name, const std::string& value) { return {{"name", name}, {"value", value}}; }
+
+}  // namespace
+
+json OwnerReference(const api::TrainingJob& job) {
+  return {{"apiVersion", std::string(api::kApiVersion)}, {"kind", std::string(api::kKind)},
+          {"name", job.metadata.name}, {"uid", job.metadata.uid}, {"controller", true},
+          {"blockOwnerDeletion", true}};
+}
+
+std::string ConfigMapName(const std::string& job_name) { return job_name + "-config"; }
+
+std::string PodName(const std::string& job_name, int64_t gang, int64_t node_rank) {
+  return job_name + "-g" + std::to_string(gang) + "-" + std::to_string(node_rank);
+}
+
+json BuildService(const api::TrainingJob& job) {
+  return {{"apiVersion", "v1"},
+          {"kind", "Service"},
+          {"metadata", Meta(job, job.metadata.name, Labels(job))},
+          {"spec",
+           {{"clusterIP", "None"},
+            {"publishNotReadyAddresses", true},  // rendezvous happens before workers are Ready
+            {"selector", Labels(job)},
+            {"ports", json::array({{{"name", "coordinator"}, {"port", kCoordinatorPort}, {"protocol", "TCP"}}})}}}};
+}
+
+json BuildConfigMap(const api::TrainingJob& job, const api::RankTable& table, int64_t gang) {
+  json labels = Labels(job);
+  labels[kGangLabel] = std::to_string(gang);
+  // The spec alone, as a TrainingJob manifest the worker reads with the api/ library.
+  json spec_doc = api::ToJson(job);
+  spec_doc.erase("status");
+  spec_doc["metadata"] = {{"name", job.metadata.name}, {"namespace", job.metadata.namespace_}};
+  return {{"apiVersion", "v1"},
+          {"kind", "ConfigMap"},
+          {"metadata", Meta(job, ConfigMapName(job.metadata.name), labels)},
+          {"data", {{"job.json", spec_doc.dump(2)}, {"rank-table.json", api::ToJson(table).dump(2)}}}};
+}
+
+json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t gang, int64_t node_rank) {
+  const auto& spec = job.spec;
+  const std::string& name = job.metadata.name;
+  const std::string coordinator_host = name + "-0." + name + "." + job.metadata.namespace_ + ".svc";
+  const int64_t nodes = static_cast<int64_t>(table.nodes.size());
+  json labels = Labels(job);
+  labels[kNodeRankLabel] = std::to_string(node_rank);
+  labels[kGangLabel] = std::to_string(gang);
+
+  json env = json::array({
+      Env("MESHTRAIN_JOB_NAME", name),
+      Env("MESHTRAIN_NODE_RANK", std::to_string(node_rank)),
+      Env("MESHTRAIN_NNODES", std::to_string(nodes)),
+      Env("MESHTRAIN_NPROC_PER_NODE", std::to_string(spec.gpus_per_node)),
+      Env("MESHTRAIN_COORDINATOR", coordinator_host + ":" + std::to_string(kCoordinatorPort)),
+      Env("MESHTRAIN_CONFIG", std::string(kConfigDir) + "/job.json"),
+      Env("MESHTRAIN_RANK_TABLE", std::string(kConfigDir) + "/rank-table.json"),
+      Env("MESHTRAIN_METRICS_PORT", std::to_string(kMetricsPort)),
+      Env("MASTER_ADDR", coordinator_host),
+      Env("MASTER_PORT", std::to_string(kCoordinatorPort)),
+      Env("WORLD_SIZE", std::to_string(nodes * spec.gpus_per_node)),
+  });
+  for (const auto& e : spec.template_.env) env.push_back(Env(e.name, e.value));
+
+  json limits = {{"nvidia.com/gpu", std::to_string(spec.resources.gpu.value_or(spec.gpus_per_node))}};
+  if (spec.resources.efa > 0) limits["vpc.amazonaws.com/efa"] = std::to_string(spec.resources.efa);
+
+  json volumes = json::array({
+      {{"name", "meshtrain-config"}, {"configMap", {{"name", ConfigMapName(name)}}}},
+      {{"name", "dshm"}, {"emptyDir", {{"medium", "Memory"}}}},
+  });
+  json mounts = json::array({
+      {{"name", "meshtrain-config"}, {"mountPath", kConfigDir}, {"readOnly", true}},
+      {{"name", "dshm"}, {"mountPath", "/dev/shm"}},
+  });
+  for (const auto& v : spec.template_.volumes) volumes.push_back(v);
+  for (const auto& m : spec.template_.volume_mounts) {
+    json mount = {{"name", m.name}, {"mountPath", m.mount_path}};
+    if (m.read_only) mount["readOnly"] = true;
+    mounts.push_back(mount);
+  }
+
+  json tolerations = json::array();
+  for (const auto& t : spec.template_.tolerations) {
+    json tol = {{"operator", t.operator_}};
+    if (!t.key.empty()) tol["key"] = t.key;
+    if (!t.value.empty()) tol["value"] = t.value;
+    if (!t.effect.empty()) tol["effect"] = t.effect;
+    if (t.toleration_seconds) tol["tolerationSeconds"] = *t.toleration_seconds;
+    tolerations.push_back(tol);
+  }
+
+  json container = {
+      {"name", "worker"},
+      {"image", spec.image},
+      {"command", {"meshtrain-worker", "launch"}},
+      {"env", env},
+      {"ports", json::array({{{"name", "metrics"}, {"containerPort", kMetricsPort}, {"protocol", "TCP"}},
+                             {{"name", "coordinator"}, {"containerPort", kCoordinatorPort}, {"protocol", "TCP"}}})},
+      {"resources", {{"limits", limits}, {"requests", limits}}},
+      {"volumeMounts", mounts},
+  };
+  json pod_spec = {
+      {"restartPolicy", "Never"},
+      {"hostname", name + "-" + std::to_string(node_rank)},
+      {"subdomain", name},
+      {"terminationGracePeriodSeconds", kTerminationGraceSeconds},
+      {"containers", json::array({container})},
+      {"volumes", volumes},
+      {"affinity",
+       {{"nodeAffinity",
+         {{"requiredDuringSchedulingIgnoredDuringExecution",
+           {{"nodeSelectorTerms",
+             json::array({{{"matchExpressions",
+                            json::array({{{"key", "kubernetes.io/hostname"}, {"operator", "In"},
+                                          {"values", json::array({table.nodes.at(node_rank).name})}}})}}})}}}}}}},
+  };
+  if (!tolerations.empty()) pod_spec["tolerations"] = tolerations;
+  if (!spec.template_.node_selector.empty()) pod_spec["nodeSelector"] = spec.template_.node_selector;
+  json metadata = Meta(job, PodName(name, gang, node_rank), labels);
+  metadata["annotations"] = {{"prometheus.io/scrape", "true"}, {"prometheus.io/port", std::to_string(kMetricsPort)}};
+  return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", metadata}, {"spec", pod_spec}};
+}
+
+}  // namespace meshtrain::controller

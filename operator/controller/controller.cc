@@ -1,0 +1,132 @@
+#include "operator/controller/controller.h"
+
+#include <thread>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "operator/controller/builders.h"
+
+namespace meshtrain::controller {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+bool NodeReady(const json& node) {
+  if (!node.is_object()) return false;
+  for (const auto& c : node.value("status", json::object()).value("conditions", json::array()))
+    if (c.value("type", "") == "Ready") return c.value("status", "") == "True";
+  return false;
+}
+
+}  // namespace
+
+Controller::Controller(kube::Client& client, OperatorMetrics* metrics, ControllerOptions options)
+    : client_(client),
+      metrics_(metrics),
+      options_(std::move(options)),
+      jobs_(client, kube::resources::TrainingJobs(), options_.namespace_, {}, options_.informer),
+      pods_(client, kube::resources::Pods(), options_.namespace_, kube::ListOptions{kJobNameLabel, "", ""},
+            options_.informer),
+      nodes_(client, kube::resources::Nodes(), "", {}, options_.informer),
+      queue_(options_.queue),
+      reconciler_(client, jobs_, pods_, nodes_, metrics, options_.reconciler) {
+  auto enqueue = [this](const json& job) { queue_.Add(kube::KeyOf(job)); };
+  jobs_.AddHandler({enqueue, [enqueue](const json&, const json& job) { enqueue(job); }, enqueue});
+  auto pod_changed = [this](const json& pod) { EnqueueJobOf(pod); };
+  pods_.AddHandler({pod_changed, [pod_changed](const json&, const json& pod) { pod_changed(pod); }, pod_changed});
+  nodes_.AddHandler({nullptr, [this](const json& old_node, const json& node) { OnNodeChange(old_node, node); },
+                     [this](const json& node) { OnNodeChange(node, json()); }});
+}
+
+Controller::~Controller() { queue_.ShutDown(); }
+
+void Controller::EnqueueJobOf(const json& pod) {
+  const json& meta = pod["metadata"];
+  const std::string job = meta.value("labels", json::object()).value(kJobNameLabel, "");
+  if (!job.empty()) queue_.Add(kube::ObjectKey(meta.value("namespace", ""), job));
+}
+
+// A node that stops being Ready fails the gangs on it; one that becomes Ready may let a
+// Pending job fit.
+void Controller::OnNodeChange(const json& old_node, const json& node) {
+  const bool was = NodeReady(old_node), is = NodeReady(node);
+  if (was == is) return;
+  const std::string name = (node.is_object() ? node : old_node)["metadata"].value("name", "");
+  if (was) {
+    for (const auto& pod : pods_.List()) {
+      if (pod["spec"].value("nodeName", "") == name) EnqueueJobOf(pod);
+    }
+  } else {
+    for (const auto& job : jobs_.List()) {
+      if (job.value("status", json::object()).value("phase", "") == "Pending") queue_.Add(kube::KeyOf(job));
+    }
+  }
+}
+
+void Controller::Worker() {
+  while (auto key = queue_.Get()) {
+    const auto started = Clock::now();
+    const size_t slash = key->find('/');
+    const std::string ns = slash == std::string::npos ? "" : key->substr(0, slash);
+    const std::string name = slash == std::string::npos ? *key : key->substr(slash + 1);
+    std::string result = "success";
+    try {
+      const ReconcileResult r = reconciler_.Reconcile(ns, name);
+      queue_.Forget(*key);
+      if (r.requeue_after.count() > 0) {
+        queue_.AddAfter(*key, r.requeue_after);
+        result = "requeue";
+      }
+    } catch (const std::exception& e) {
+      result = "error";
+      spdlog::warn("reconcile {}: {} (retry {})", *key, e.what(), queue_.NumRequeues(*key) + 1);
+      queue_.AddRateLimited(*key);
+    }
+    if (metrics_) metrics_->Reconciled(result, std::chrono::duration<double>(Clock::now() - started).count());
+    queue_.Done(*key);
+  }
+}
+
+void Controller::Run(std::stop_token stop) {
+  jobs_.Start();
+  pods_.Start();
+  nodes_.Start();
+  for (auto* informer : {&jobs_, &pods_, &nodes_}) {
+    while (!stop.stop_requested() && !informer->WaitForSync(std::chrono::milliseconds(200))) {
+    }
+  }
+  if (!stop.stop_requested()) {
+    ready_ = true;
+    spdlog::info("controller: caches synced ({} jobs, {} pods, {} nodes); {} workers", jobs_.Size(), pods_.Size(),
+                 nodes_.Size(), options_.workers);
+  }
+  std::vector<std::thread> workers;
+  for (int i = 0; i < options_.workers && !stop.stop_requested(); ++i) workers.emplace_back([this] { Worker(); });
+  // Gauges, every second, until stopped.
+  std::mutex mu;
+  std::condition_variable_any cv;
+  while (!stop.stop_requested()) {
+    if (metrics_) {
+      metrics_->SetQueueDepth(queue_.Len());
+      std::map<std::string, int> phases;
+      for (const auto& job : jobs_.List()) {
+        const std::string phase = job.value("status", json::object()).value("phase", "");
+        phases[phase.empty() ? "Pending" : phase]++;
+      }
+      metrics_->SetJobsByPhase(phases);
+    }
+    std::unique_lock lock(mu);
+    cv.wait_for(lock, stop, std::chrono::seconds(1), [] { return false; });
+  }
+  queue_.ShutDown();
+  for (auto& w : workers) w.join();
+  jobs_.Stop();
+  pods_.Stop();
+  nodes_.Stop();
+  ready_ = false;
+}
+
+}  // namespace meshtrain::controller

@@ -1,0 +1,54 @@
+// The TrainingJob controller: informers for TrainingJobs, their Pods (by label) and
+// Nodes feed a rate-limited work queue of job keys; worker threads run the Reconciler.
+//
+// Thread-safety: Run() once; Ready() from any thread.
+
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <stop_token>
+#include <string>
+
+#include "operator/controller/metrics.h"
+#include "operator/controller/reconciler.h"
+#include "operator/kube/client.h"
+#include "operator/kube/informer.h"
+#include "operator/kube/work_queue.h"
+
+namespace meshtrain::controller {
+
+struct ControllerOptions {
+  std::string namespace_;  // empty: every namespace
+  int workers = 4;
+  ReconcilerOptions reconciler;
+  kube::WorkQueueOptions queue;
+  kube::InformerOptions informer;
+};
+
+class Controller {
+ public:
+  Controller(kube::Client& client, OperatorMetrics* metrics, ControllerOptions options);
+  ~Controller();
+
+  // Starts the informers, waits for their first lists, and reconciles until `stop`.
+  void Run(std::stop_token stop);
+  bool Ready() const { return ready_.load(); }
+
+ private:
+  void Worker();
+  void EnqueueJobOf(const nlohmann::json& pod);
+  void OnNodeChange(const nlohmann::json& old_node, const nlohmann::json& node);
+
+  kube::Client& client_;
+  OperatorMetrics* metrics_;
+  const ControllerOptions options_;
+  kube::Informer jobs_;
+  kube::Informer pods_;
+  kube::Informer nodes_;
+  kube::WorkQueue queue_;
+  Reconciler reconciler_;
+  std::atomic<bool> ready_{false};
+};
+
+}  // namespace meshtrain::controller

@@ -1,0 +1,56 @@
+#include "operator/controller/metrics.h"
+
+namespace meshtrain::controller {
+
+using namespace prometheus;
+
+namespace {
+Histogram::BucketBoundaries SecondsBuckets() {
+  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+}
+}  // namespace
+
+OperatorMetrics::OperatorMetrics()
+    : registry_(std::make_shared<Registry>()),
+      reconciles_(BuildCounter().Name("meshtrain_operator_reconcile_total").Help("Reconciles by result").Register(*registry_)),
+      reconcile_seconds_(BuildHistogram()
+                             .Name("meshtrain_operator_reconcile_duration_seconds")
+                             .Help("Time spent in one reconcile")
+                             .Register(*registry_)
+                             .Add({}, SecondsBuckets())),
+      queue_depth_(BuildGauge().Name("meshtrain_operator_workqueue_depth").Help("Keys waiting in the work queue").Register(*registry_).Add({})),
+      jobs_(BuildGauge().Name("meshtrain_operator_jobs").Help("TrainingJobs by phase").Register(*registry_)),
+      restarts_(BuildCounter().Name("meshtrain_operator_gang_restarts_total").Help("Gangs deleted and restarted").Register(*registry_).Add({})),
+      placement_seconds_(BuildHistogram()
+                             .Name("meshtrain_operator_placement_duration_seconds")
+                             .Help("Time to plan one gang placement")
+                             .Register(*registry_)
+                             .Add({}, SecondsBuckets())),
+      api_requests_(BuildCounter().Name("meshtrain_operator_api_requests_total").Help("Kubernetes API requests by verb and code").Register(*registry_)) {}
+
+void OperatorMetrics::Reconciled(const std::string& result, double seconds) {
+  reconciles_.Add({{"result", result}}).Increment();
+  reconcile_seconds_.Observe(seconds);
+}
+
+void OperatorMetrics::SetQueueDepth(size_t depth) { queue_depth_.Set(static_cast<double>(depth)); }
+
+void OperatorMetrics::SetJobsByPhase(const std::map<std::string, int>& counts) {
+  std::lock_guard lock(mu_);
+  for (auto& [phase, gauge] : phase_gauges_) gauge->Set(0);
+  for (const auto& [phase, n] : counts) {
+    auto& gauge = phase_gauges_[phase];
+    if (!gauge) gauge = &jobs_.Add({{"phase", phase}});
+    gauge->Set(n);
+  }
+}
+
+void OperatorMetrics::GangRestarted() { restarts_.Increment(); }
+
+void OperatorMetrics::Placed(double seconds) { placement_seconds_.Observe(seconds); }
+
+void OperatorMetrics::ApiRequest(const std::string& verb, int code) {
+  api_requests_.Add({{"verb", verb}, {"code", std::to_string(code)}}).Increment();
+}
+
+}  // namespace meshtrain::controller

@@ -1,0 +1,44 @@
+// The operator's Prometheus metrics (prefix meshtrain_operator_).
+//
+// Thread-safe (prometheus-cpp metrics are atomic).
+
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+namespace meshtrain::controller {
+
+class OperatorMetrics {
+ public:
+  OperatorMetrics();
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  void Reconciled(const std::string& result, double seconds);  // result: success | requeue | error
+  void SetQueueDepth(size_t depth);
+  void SetJobsByPhase(const std::map<std::string, int>& counts);
+  void GangRestarted();
+  void Placed(double seconds);
+  void ApiRequest(const std::string& verb, int code);
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& reconciles_;
+  prometheus::Histogram& reconcile_seconds_;
+  prometheus::Gauge& queue_depth_;
+  prometheus::Family<prometheus::Gauge>& jobs_;
+  prometheus::Counter& restarts_;
+  prometheus::Histogram& placement_seconds_;
+  prometheus::Family<prometheus::Counter>& api_requests_;
+  std::mutex mu_;
+  std::map<std::string, prometheus::Gauge*> phase_gauges_;
+};
+
+}  // namespace meshtrain::controller
