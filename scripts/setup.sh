@@ -12,6 +12,8 @@ packages=(
   # libraries
   libcpprest-dev libssl-dev libyaml-cpp-dev prometheus-cpp-dev libspdlog-dev libfmt-dev
   libfabric-dev libopenblas-openmp-dev nlohmann-json3-dev libcli11-dev libgtest-dev
+  # e2e tests: unzip for the kubectl layer; npm comes below unless Node.js is already there
+  unzip
 )
 
 missing=()
@@ -19,6 +21,10 @@ for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
   [ "$status" = "installed" ] || missing+=("$p")
 done
+
+# kubectl, helm and kubernetes-models come from npm (scripts/install-kube-tools.sh). A
+# machine with its own Node.js keeps it; Debian's npm would conflict with other builds.
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages present"

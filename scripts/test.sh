@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
+bash scripts/install-kube-tools.sh
 preset=default
 [ -n "${CI:-}" ] && preset=ci
 

@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# End-to-end scenarios for meshtrain-operator: the test API server with its kubelet
+# simulator, the real operator as its own process, and the real kubectl.
+# Usage: operator_e2e.sh BUILD_DIR TOOLS_DIR SCENARIO
+set -euo pipefail
+build=$1 tools=$2 scenario=$3
+src=$(cd "$(dirname "$0")/../.." && pwd)
+kubectl=$tools/bin/kubectl
+work=$(mktemp -d /tmp/meshtrain-e2e.XXXXXX)
+export KUBECONFIG=$work/kubeconfig
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAIL ($scenario): $*" >&2
+  echo "--- operator log (tail)"; tail -n 30 "$work"/operator*.log >&2 || true
+  echo "--- kubectl get tj,pods"; "$kubectl" get tj,pods -o wide >&2 || true
+  exit 1
+}
+
+start_server() {
+  "$build/tests/support/kube/meshtrain-test-apiserver" --kubeconfig-out "$KUBECONFIG" --port-file "$work/port" \
+    --cluster "$src/examples/clusters/eks-p5-124.yaml" --workdir "$work/pods" --record-dir "$work/record" \
+    --script-seconds "${1:-2}" --bookmark-ms 500 >"$work/server.log" 2>&1 &
+  pids+=($!)
+  mkdir -p "$work/record"
+  for _ in $(seq 100); do [ -f "$work/port" ] && break; sleep 0.1; done
+  [ -f "$work/port" ] || fail "the test API server did not start: $(cat "$work/server.log")"
+  "$kubectl" apply -f "$src/crds/" >/dev/null
+}
+
+operator_pid=
+start_operator() {
+  local n=${#pids[@]}
+  "$build/operator/meshtrain-operator" --metrics-port 0 --health-port 0 --workers 2 "$@" >"$work/operator$n.log" 2>&1 &
+  operator_pid=$!
+  pids+=($operator_pid)
+}
+
+# wait_for JSONPATH EXPECTED SECONDS: polls the job until the field has the value.
+wait_for() {
+  local path=$1 want=$2 seconds=$3 got=
+  for _ in $(seq $((seconds * 5))); do
+    got=$("$kubectl" get tj tiny -o "jsonpath=$path" 2>/dev/null || true)
+    [ "$got" = "$want" ] && return 0
+    sleep 0.2
+  done
+  fail "timed out after ${seconds}s waiting for $path = $want (got '$got')"
+}
+
+post() { echo "$2" >"$work/body.json"; "$kubectl" create --raw "$1" -f "$work/body.json" >/dev/null; }
+script() { post /_test/kubelet/script "{\"job\": \"tiny\", \"exitCode\": ${2:-0}, \"seconds\": $1}"; }
+pod_count() { "$kubectl" get pods -l meshtrain.dev/job-name=tiny -o name | wc -l; }
+
+job() {  # job [EXTRA_SPEC_YAML]: a 2-node job named tiny
+  cat >"$work/job.yaml" <<YAML
+apiVersion: meshtrain.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: tiny
+spec:
+  image: meshtrain:e2e
+  nodes: 2
+  gpusPerNode: 8
+  model: {preset: gpt2-tiny}
+  data: {train: /data/train.bin}
+  training: {steps: 10, globalBatchTokens: 16384, microBatchSize: 1, warmupSteps: 1}
+  template:
+    tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+$1
+YAML
+  "$kubectl" apply -f "$work/job.yaml" >/dev/null
+}
+
+case $scenario in
+  succeeded)
+    start_server 2
+    start_operator
+    job ""
+    wait_for '{.status.phase}' Running 20
+    wait_for '{.status.readyWorkers}' 2 10
+    wait_for '{.status.phase}' Succeeded 20
+    header=$("$kubectl" get tj | head -1)
+    for column in NAME PHASE NODES STEP TOKENS/S AGE; do
+      [[ $header == *"$column"* ]] || fail "kubectl get tj lacks column $column: $header"
+    done
+    "$kubectl" get tj tiny | grep -q "Succeeded" || fail "kubectl get tj does not show the phase"
+    [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.placement.nodes[*].nodeRank}')" = "0 1" ] || fail "no placement in status"
+    "$kubectl" get events | grep -q GangCreated || fail "no GangCreated event"
+    [ "$("$kubectl" get svc tiny -o 'jsonpath={.spec.clusterIP}')" = None ] || fail "the Service is not headless"
+    "$kubectl" get cm tiny-config -o 'jsonpath={.data.rank-table\.json}' | grep -q nodeRank || fail "no rank table"
+    node "$src/tests/e2e/validate_objects.js" "$tools/node_modules" "$work/record" || fail "kubernetes-models rejected an object"
+    # Deleting the job deletes what it owns.
+    "$kubectl" delete tj tiny >/dev/null
+    [ "$(pod_count)" -eq 0 ] || fail "pods outlived their job"
+    "$kubectl" get cm tiny-config >/dev/null 2>&1 && fail "the ConfigMap outlived its job"
+    ;;
+  kill-pod)
+    start_server 60
+    start_operator
+    job ""
+    wait_for '{.status.phase}' Running 20
+    script 2
+    post /_test/kubelet/kill '{"namespace": "default", "name": "tiny-g0-1", "signal": 9}'
+    wait_for '{.status.restarts}' 1 20
+    wait_for '{.status.phase}' Succeeded 30
+    [ "$("$kubectl" get pods -o name | grep -c tiny-g0-)" -eq 0 ] || fail "pods of the killed gang remain"
+    [ "$("$kubectl" get pods -o name | grep -c tiny-g1-)" -eq 2 ] || fail "the restarted gang is not 2 pods"
+    "$kubectl" get events | grep -q PodFailed || fail "no PodFailed event"
+    ;;
+  operator-restart)
+    start_server 6
+    start_operator
+    job ""
+    wait_for '{.status.phase}' Running 20
+    kill -9 "$operator_pid"
+    start_operator
+    wait_for '{.status.phase}' Succeeded 30
+    created=$(ls "$work/record" | grep -c '^Pod-' || true)
+    [ "$created" -eq 2 ] || fail "the operators created $created pods, not 2"
+    [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.restarts}')" = 0 ] || fail "the job restarted"
+    ;;
+  watch-faults)
+    start_server 60
+    start_operator
+    job ""
+    wait_for '{.status.phase}' Running 20
+    # Every watch drops, the next ones get 410 Gone, and requests fail for a while.
+    post /_test/faults '{"dropWatches": 1, "goneWatches": 6, "serverErrors": 4, "conflicts": 3, "throttles": 2}'
+    sleep 1
+    script 2
+    post /_test/kubelet/kill '{"namespace": "default", "name": "tiny-g0-0", "signal": 9}'
+    wait_for '{.status.restarts}' 1 30
+    wait_for '{.status.phase}' Succeeded 30
+    grep -q "relisting" "$work"/operator*.log || fail "the operator never relisted after 410"
+    ;;
+  invalid)
+    start_server 2
+    start_operator
+    job "  runPolicy: {backoffLimit: 0}"
+    sed -i 's/warmupSteps: 1/warmupSteps: 50/' "$work/job.yaml"
+    "$kubectl" apply -f "$work/job.yaml" >/dev/null
+    wait_for '{.status.phase}' Failed 20
+    wait_for '{.status.conditions[?(@.type=="Failed")].reason}' InvalidSpec 5
+    msg=$("$kubectl" get tj tiny -o 'jsonpath={.status.conditions[?(@.type=="Failed")].message}')
+    [[ $msg == *spec.training.warmupSteps* ]] || fail "the message does not name the field: $msg"
+    [ "$(pod_count)" -eq 0 ] || fail "an invalid job got pods"
+    # The CRD schema rejects wrong types before the operator sees them.
+    sed -i 's/nodes: 2/nodes: two/' "$work/job.yaml"
+    out=$("$kubectl" apply -f "$work/job.yaml" 2>&1) && fail "a string for spec.nodes was accepted"
+    [[ $out == *spec.nodes* ]] || fail "the schema error does not name spec.nodes: $out"
+    ;;
+  suspend)
+    start_server 60
+    start_operator
+    job ""
+    wait_for '{.status.phase}' Running 20
+    "$kubectl" patch tj tiny --type merge -p '{"spec": {"runPolicy": {"suspend": true}}}' >/dev/null
+    wait_for '{.status.phase}' Suspended 20
+    for _ in $(seq 50); do [ "$(pod_count)" -eq 0 ] && break; sleep 0.2; done
+    [ "$(pod_count)" -eq 0 ] || fail "a suspended job kept its pods"
+    script 2
+    "$kubectl" patch tj tiny --type merge -p '{"spec": {"runPolicy": {"suspend": false}}}' >/dev/null
+    wait_for '{.status.phase}' Succeeded 30
+    ;;
+  deadline)
+    start_server 60
+    start_operator
+    job "  runPolicy: {activeDeadlineSeconds: 3}"
+    wait_for '{.status.phase}' Running 20
+    wait_for '{.status.phase}' Failed 20
+    wait_for '{.status.conditions[?(@.type=="Failed")].reason}' DeadlineExceeded 5
+    for _ in $(seq 50); do [ "$(pod_count)" -eq 0 ] && break; sleep 0.2; done
+    [ "$(pod_count)" -eq 0 ] || fail "pods outlived the deadline (cleanPodPolicy Running)"
+    ;;
+  node-not-ready)
+    start_server 60
+    start_operator
+    job ""
+    wait_for '{.status.phase}' Running 20
+    node=$("$kubectl" get pod tiny-g0-1 -o 'jsonpath={.spec.nodeName}')
+    script 2
+    post /_test/kubelet/node "{\"name\": \"$node\", \"ready\": false}"
+    wait_for '{.status.restarts}' 1 20
+    wait_for '{.status.phase}' Succeeded 30
+    for n in $("$kubectl" get tj tiny -o 'jsonpath={.status.placement.nodes[*].name}'); do
+      [ "$n" != "$node" ] || fail "the restarted gang was placed on NotReady node $node"
+    done
+    ;;
+  *)
+    fail "unknown scenario"
+    ;;
+esac
+echo "ok: $scenario"

@@ -1,0 +1,129 @@
+// The controller's pure parts: the CRD schema against api/ validation, the objects
+// the reconciler builds, and progress parsing.
+
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "api/manifest.h"
+#include "operator/controller/builders.h"
+#include "operator/controller/reconciler.h"
+#include "operator/scheduler/placement.h"
+#include "tests/support/kube/schema_validation.h"
+
+namespace meshtrain::controller {
+namespace {
+
+using nlohmann::json;
+
+json CrdSchema() {
+  const json crd = api::ReadManifestFile("crds/trainingjobs.meshtrain.dev.yaml").at(0).object;
+  return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+}
+
+std::vector<std::string> SchemaErrors(json object) {
+  return testing::ValidateAgainstSchema(CrdSchema(), object, /*strict=*/true);
+}
+
+TEST(CrdSchemaTest, AcceptsEveryExample) {
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("examples")) {
+    const std::string ext = entry.path().extension();
+    if (ext != ".yaml" && ext != ".json") continue;
+    for (const auto& doc : api::ReadManifestFile(entry.path().string())) {
+      if (doc.object.value("kind", "") != "TrainingJob") continue;
+      EXPECT_TRUE(api::CheckTrainingJob(doc.object, entry.path(), doc.index).ok()) << entry.path();
+      const auto errors = SchemaErrors(doc.object);
+      EXPECT_TRUE(errors.empty()) << entry.path() << ": " << (errors.empty() ? "" : errors[0]);
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 4);
+}
+
+// Each mutation is a wrong type or an enum value outside the allowed set: both the
+// API server (through the schema) and api/ validation must reject it, at the same field.
+TEST(CrdSchemaTest, RejectsWhatValidationRejectsForTypesAndEnums) {
+  const json base = api::ReadManifestFile("examples/gpt2-124m-2x8.yaml").at(0).object;
+  const std::vector<std::pair<std::string, json>> cases = {
+      {"/spec/nodes", "two"},
+      {"/spec/gpusPerNode", 1.5},
+      {"/spec/image", 7},
+      {"/spec/training/schedule", "linear"},
+      {"/spec/training/precision", "fp8"},
+      {"/spec/training/learningRate", "fast"},
+      {"/spec/parallelism/activationOffloading", "yes please"},
+      {"/spec/topology/mode", "Sometimes"},
+      {"/spec/runPolicy/cleanPodPolicy", "Never"},
+      {"/spec/runPolicy/suspend", 1},
+      {"/spec/template/tolerations/0/operator", "Like"},
+      {"/spec/template/tolerations/0/effect", "NoRun"},
+      {"/spec/template/nodeSelector", json::array({"a"})},
+      {"/spec/unknownField", 1},
+  };
+  for (const auto& [pointer, value] : cases) {
+    json object = base;
+    object[json::json_pointer(pointer)] = value;
+    std::string path = pointer.substr(1);
+    for (auto& c : path) c = c == '/' ? '.' : c;
+    const auto schema_errors = SchemaErrors(object);
+    ASSERT_FALSE(schema_errors.empty()) << "the schema accepts " << pointer << " = " << value;
+    EXPECT_NE(schema_errors[0].find(path.substr(0, path.find(".0"))), std::string::npos) << schema_errors[0];
+    const auto checked = api::CheckTrainingJob(object, "test", 0);
+    EXPECT_FALSE(checked.ok()) << "api/ accepts " << pointer << " = " << value;
+  }
+}
+
+TEST(BuildersTest, PodCarriesTheWorkerContract) {
+  api::TrainingJob job = api::LoadTrainingJobs("examples/gpt2-124m-2x8.yaml").at(0).job;
+  job.metadata.uid = "uid-1";
+  scheduler::Placement placement;
+  placement.nodes = {"node-a", "node-b"};
+  placement.paths = {{"l1", "l2", "l3", "node-a"}, {"l1", "l2", "l3", "node-b"}};
+  const api::RankTable table = scheduler::MakeRankTable(placement, job.spec.topology.levels, 8);
+  const json pod = BuildPod(job, table, 3, 1);
+  EXPECT_EQ(pod["metadata"]["name"], "gpt2-124m-g3-1");
+  EXPECT_EQ(pod["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+  EXPECT_EQ(pod["metadata"]["labels"]["meshtrain.dev/node-rank"], "1");
+  EXPECT_EQ(pod["spec"]["restartPolicy"], "Never");
+  EXPECT_EQ(pod["spec"]["hostname"], "gpt2-124m-1");
+  EXPECT_EQ(pod["spec"]["subdomain"], "gpt2-124m");
+  EXPECT_GE(pod["spec"]["terminationGracePeriodSeconds"].get<int>(), 60);
+  EXPECT_EQ(pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+               ["matchExpressions"][0]["values"][0],
+            "node-b");
+  const json& c = pod["spec"]["containers"][0];
+  EXPECT_EQ(c["resources"]["limits"]["nvidia.com/gpu"], "8");
+  EXPECT_EQ(c["resources"]["limits"]["vpc.amazonaws.com/efa"], "4");
+  std::map<std::string, std::string> env;
+  for (const auto& e : c["env"]) env[e["name"]] = e["value"];
+  EXPECT_EQ(env["MESHTRAIN_NODE_RANK"], "1");
+  EXPECT_EQ(env["MESHTRAIN_NNODES"], "2");
+  EXPECT_EQ(env["MESHTRAIN_NPROC_PER_NODE"], "8");
+  EXPECT_EQ(env["WORLD_SIZE"], "16");
+  EXPECT_EQ(env["MESHTRAIN_COORDINATOR"], "gpt2-124m-0.gpt2-124m.training.svc:29500");
+  EXPECT_EQ(env["MESHTRAIN_RANK_TABLE"], "/etc/meshtrain/rank-table.json");
+  bool shm = false;
+  for (const auto& v : pod["spec"]["volumes"]) shm = shm || (v["name"] == "dshm" && v["emptyDir"]["medium"] == "Memory");
+  EXPECT_TRUE(shm);
+  const json cm = BuildConfigMap(job, table, 3);
+  EXPECT_EQ(cm["metadata"]["labels"]["meshtrain.dev/gang"], "3");
+  const auto spec = api::ParseManifestText(cm["data"]["job.json"].get<std::string>(), "job.json");
+  EXPECT_TRUE(api::CheckTrainingJob(spec.at(0).object, "job.json", 0).ok());
+}
+
+TEST(ProgressTest, ParsesWorkerMetrics) {
+  api::ProgressStatus p;
+  EXPECT_FALSE(ParseProgress("# nothing\nother_metric 3\n", &p));
+  EXPECT_TRUE(ParseProgress(
+      "# TYPE meshtrain_train_step gauge\nmeshtrain_train_step{job=\"x\"} 100\nmeshtrain_train_loss 3.25\n"
+      "meshtrain_train_tokens_per_second 5000\nmeshtrain_train_steps 1100\nmeshtrain_train_tokens_per_step 500\n",
+      &p));
+  EXPECT_EQ(p.step, 100);
+  EXPECT_DOUBLE_EQ(p.loss, 3.25);
+  EXPECT_DOUBLE_EQ(p.tokens_per_second, 5000);
+  EXPECT_EQ(p.eta_seconds, 100);  // 1000 steps x 500 tokens / 5000 tokens/s
+}
+
+}  // namespace
+}  // namespace meshtrain::controller
