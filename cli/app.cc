@@ -120,6 +120,21 @@ int Main(int argc, char** argv) {
                        "Use heap memory instead of the communicator's (intra-node peers then copy through the provider)");
   bench_comm->add_option("--warmup", bench_comm_options.warmup, "Unmeasured iterations per size")->capture_default_str();
 
+  BenchOperatorOptions bench_operator_options;
+  CLI::App* bench_operator = bench->add_subcommand("operator", "The operator against the test API server: job-to-pods latency, requests, memory");
+  bench_operator->add_option("--nodes", bench_operator_options.nodes, "Nodes in the synthetic cluster")->check(CLI::Range(1, 100000))->capture_default_str();
+  bench_operator->add_option("--jobs", bench_operator_options.jobs, "Jobs to create")->check(CLI::Range(1, 100000))->capture_default_str();
+  bench_operator->add_option("--job-nodes", bench_operator_options.job_nodes, "Nodes per job")->check(CLI::Range(1, 4096))->capture_default_str();
+  bench_operator->add_option("--gpus-per-node", bench_operator_options.gpus_per_node, "GPUs per pod")->check(CLI::Range(1, 8))->capture_default_str();
+  bench_operator->add_option("--interval-ms", bench_operator_options.interval_ms, "Time between job creations")->check(CLI::Range(0, 60000))->capture_default_str();
+  bench_operator->add_option("--workers", bench_operator_options.workers, "Operator --workers")->capture_default_str();
+  bench_operator->add_option("--qps", bench_operator_options.qps, "Operator --qps")->capture_default_str();
+  bench_operator->add_option("--burst", bench_operator_options.burst, "Operator --burst")->capture_default_str();
+  bench_operator->add_option("--timeout", bench_operator_options.timeout_seconds, "Seconds to wait for all pods")->capture_default_str();
+  bench_operator->add_option("--crd", bench_operator_options.crd, "The TrainingJob CRD")->capture_default_str();
+  bench_operator->add_option("--apiserver", bench_operator_options.apiserver, "meshtrain-test-apiserver binary");
+  bench_operator->add_option("--operator", bench_operator_options.operator_binary, "meshtrain-operator binary");
+
   LaunchOptions launch_options;
   CLI::App* launch = app.add_subcommand("launch", "Run a command as the ranks of a job on virtual nodes of this machine");
   launch->add_option("--nodes", launch_options.nodes, "Virtual nodes")->check(CLI::Range(1, 256))->capture_default_str();
@@ -148,6 +163,7 @@ int Main(int argc, char** argv) {
   }
   if (*bench_plan) return BenchPlanCommand(bench_plan_options, std::cout);
   if (*bench_train) return BenchTrainCommand(bench_train_options, std::cout);
+  if (*bench_operator) return BenchOperatorCommand(bench_operator_options, std::cout);
   if (*bench_comm) {
     if (!ParseSizeRange(sizes, &bench_comm_options.min_bytes, &bench_comm_options.max_bytes)) {
       std::cerr << "meshtrain bench comm: --sizes \"" << sizes << "\" is not MIN..MAX (like 1K..256M)\n";

@@ -110,4 +110,23 @@ struct LaunchOptions {
 // contract's environment; one failing rank stops the rest. Returns the first failure's status.
 int LaunchCommand(const LaunchOptions& options, std::ostream& out);
 
+struct BenchOperatorOptions {
+  int nodes = 2000;
+  int jobs = 200;
+  int job_nodes = 16;
+  int gpus_per_node = 4;  // two pods per 8-GPU node, so 200 x 16 pods fit on 2,000 nodes
+  int interval_ms = 50;   // between job creations
+  int workers = 4;
+  double qps = 500;
+  int burst = 1000;
+  int timeout_seconds = 120;
+  std::string crd = "crds/trainingjobs.meshtrain.dev.yaml";
+  std::string apiserver;        // default: next to this binary's build tree
+  std::string operator_binary;  // default: next to this binary's build tree
+};
+
+// Runs meshtrain-operator against the test API server with a synthetic cluster and
+// reports job-to-pods latency, API requests per job and the operator's peak memory.
+int BenchOperatorCommand(const BenchOperatorOptions& options, std::ostream& out);
+
 }  // namespace meshtrain::cli

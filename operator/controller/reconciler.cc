@@ -192,6 +192,38 @@ void Reconciler::Restart(Context& ctx, const std::string& reason, const std::str
   ctx.Requeue(std::chrono::milliseconds(200));
 }
 
+scheduler::ClusterSnapshot Reconciler::Snapshot() {
+  // The nodes change rarely: rebuild their part only when the node cache changed.
+  scheduler::ClusterSnapshot snapshot;
+  {
+    std::lock_guard lock(mu_);
+    if (!nodes_snapshot_ || nodes_snapshot_version_ != nodes_.version()) {
+      nodes_snapshot_version_ = nodes_.version();
+      nodes_snapshot_ = scheduler::SnapshotFromKubectl(json{{"items", nodes_.List()}}, json());
+    }
+    snapshot = *nodes_snapshot_;
+  }
+  // The GPUs held by this operator's pods, bound or only pinned, that are still running.
+  std::map<std::string, std::pair<int64_t, int64_t>> used;  // node -> (gpus, efa)
+  pods_.ForEach([&](const json& pod) {
+    const std::string phase = Phase(pod);
+    if (phase == "Succeeded" || phase == "Failed") return;
+    auto& [gpus, efa] = used[NodeOf(pod)];
+    for (const auto& c : pod["spec"].value("containers", json::array())) {
+      const json limits = c.value("resources", json::object()).value("limits", json::object());
+      gpus += std::stoll(limits.value("nvidia.com/gpu", std::string("0")));
+      efa += std::stoll(limits.value("vpc.amazonaws.com/efa", std::string("0")));
+    }
+  });
+  for (auto& node : snapshot.nodes) {
+    if (auto it = used.find(node.name); it != used.end()) {
+      node.gpus_used += it->second.first;
+      node.efa_used += it->second.second;
+    }
+  }
+  return snapshot;
+}
+
 bool Reconciler::CreateGang(Context& ctx) {
   const auto& job = ctx.job;
   const int64_t gang = ctx.status.restarts;
@@ -214,12 +246,8 @@ bool Reconciler::CreateGang(Context& ctx) {
   scheduler::Placement placement;
   const auto request = scheduler::PlacementRequest::ForJob(job, AvoidedNodes(ctx.key));
   if (!reuse) {
-    std::vector<json> pods = pods_.List();
-    for (auto& pod : pods) pod["spec"]["nodeName"] = NodeOf(pod);  // pinned but not yet bound still holds GPUs
     const auto started = Clock::now();
-    const scheduler::ClusterSnapshot snapshot =
-        scheduler::SnapshotFromKubectl(json{{"items", nodes_.List()}}, json{{"items", pods}});
-    placement = scheduler::Place(request, snapshot);
+    placement = scheduler::Place(request, Snapshot());
     if (metrics_) metrics_->Placed(std::chrono::duration<double>(Clock::now() - started).count());
     if (!placement.ok()) {
       const bool was = ctx.status.phase == "Pending";
@@ -373,15 +401,15 @@ ReconcileResult Reconciler::Reconcile(const std::string& ns, const std::string& 
     ctx.status = api::DecodeTrainingJobStatus(ctx.object.value("status", json::object()), &ignored);
   }
   ctx.before = ctx.status;
-  for (const auto& pod : pods_.List()) {
+  ctx.pods = pods_.Select([&](const json& pod) {
     const json& meta = pod["metadata"];
-    if (meta.value("namespace", "") != ns) continue;
-    if (meta.value("labels", json::object()).value(kJobNameLabel, "") != name) continue;
-    bool owned = false;
+    if (meta.value("namespace", "") != ns) return false;
+    auto labels = meta.find("labels");
+    if (labels == meta.end() || labels->value(kJobNameLabel, "") != name) return false;
     for (const auto& ref : meta.value("ownerReferences", json::array()))
-      owned = owned || ref.value("uid", "") == ctx.job.metadata.uid;
-    if (owned) ctx.pods.push_back(pod);
-  }
+      if (ref.value("uid", "") == ctx.job.metadata.uid) return true;
+    return false;
+  });
 
   // 2. Finished jobs: clean up, then wait for the TTL.
   if (Finished(ctx.status.phase)) {

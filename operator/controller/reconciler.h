@@ -28,6 +28,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -37,6 +38,7 @@
 #include "operator/controller/metrics.h"
 #include "operator/kube/client.h"
 #include "operator/kube/informer.h"
+#include "operator/scheduler/cluster.h"
 
 namespace meshtrain::controller {
 
@@ -73,6 +75,8 @@ class Reconciler {
   bool CreateGang(Context& ctx);
   void ObserveProgress(Context& ctx, const nlohmann::json& rank0);
   std::set<std::string> AvoidedNodes(const std::string& job_key);
+  // The cluster as placement sees it: the node cache, less the GPUs our pods hold.
+  scheduler::ClusterSnapshot Snapshot();
 
   kube::Client& client_;
   kube::Informer& jobs_;
@@ -85,6 +89,8 @@ class Reconciler {
   // job key -> node -> when it failed the job
   std::map<std::string, std::map<std::string, std::chrono::steady_clock::time_point>> avoid_;
   std::map<std::string, std::chrono::steady_clock::time_point> last_scrape_;
+  std::optional<scheduler::ClusterSnapshot> nodes_snapshot_;
+  uint64_t nodes_snapshot_version_ = 0;
 };
 
 // Reads step, loss and tokens/s from a worker's Prometheus text exposition.

@@ -54,6 +54,19 @@ std::vector<json> Informer::List() const {
   return out;
 }
 
+std::vector<json> Informer::Select(const std::function<bool(const json&)>& keep) const {
+  std::shared_lock lock(mu_);
+  std::vector<json> out;
+  for (const auto& [key, object] : cache_)
+    if (keep(object)) out.push_back(object);
+  return out;
+}
+
+void Informer::ForEach(const std::function<void(const json&)>& visit) const {
+  std::shared_lock lock(mu_);
+  for (const auto& [key, object] : cache_) visit(object);
+}
+
 size_t Informer::Size() const {
   std::shared_lock lock(mu_);
   return cache_.size();
@@ -84,6 +97,7 @@ void Informer::Replace(const json& items) {
       if (!fresh.count(key)) deleted.push_back(object);
     }
     cache_ = std::move(fresh);
+    ++version_;
   }
   for (const auto& h : handlers_) {
     for (const auto& [old_object, object] : updated) {
@@ -114,6 +128,7 @@ void Informer::Apply(const WatchEvent& event) {
     } else {
       cache_[key] = event.object;
     }
+    ++version_;
   }
   for (const auto& h : handlers_) {
     if (event.type == "DELETED") {

@@ -62,7 +62,14 @@ class Informer {
   // Lookups by ObjectKey(namespace, name). Copies, so callers never hold the lock.
   std::optional<nlohmann::json> Get(const std::string& key) const;
   std::vector<nlohmann::json> List() const;
+  // Copies of the cached objects for which `keep` is true; `keep` runs under the cache's
+  // read lock, so it must not call back into this informer.
+  std::vector<nlohmann::json> Select(const std::function<bool(const nlohmann::json&)>& keep) const;
+  // Calls `visit` on every cached object under the read lock (same restriction as Select).
+  void ForEach(const std::function<void(const nlohmann::json&)>& visit) const;
   size_t Size() const;
+  // Changes every time the cache changes: a cheap way to know a derived value is stale.
+  uint64_t version() const { return version_.load(); }
 
   const ResourceType& type() const { return type_; }
   int64_t relists() const { return relists_.load(); }      // lists after the first one
@@ -85,6 +92,7 @@ class Informer {
   std::map<std::string, nlohmann::json> cache_;
   std::string resource_version_;  // touched by the informer thread only
 
+  std::atomic<uint64_t> version_{0};
   std::atomic<bool> synced_{false};
   std::atomic<int64_t> relists_{0};
   std::atomic<int64_t> reconnects_{0};
