@@ -355,16 +355,19 @@ void Reconciler::WriteStatus(Context& ctx) {
   ctx.status.observed_generation = ctx.generation();
   if (ctx.status == ctx.before) return;
   json object = ctx.object;
-  for (int attempt = 0;; ++attempt) {
-    object["status"] = api::ToJson(ctx.status);
-    try {
-      client_.UpdateStatus(res::TrainingJobs(), ctx.ns, object);
-      break;
-    } catch (const kube::KubeError& e) {
-      if (e.kind() != kube::ErrorKind::kConflict || attempt >= 4) throw;
-      object = client_.Get(res::TrainingJobs(), ctx.ns, ctx.name);  // re-read, keep our status
-      if (object["metadata"].value("uid", "") != ctx.job.metadata.uid) return;
-    }
+  object["status"] = api::ToJson(ctx.status);
+  try {
+    client_.UpdateStatus(res::TrainingJobs(), ctx.ns, object);
+  } catch (const kube::KubeError& e) {
+    if (e.kind() != kube::ErrorKind::kConflict) throw;
+    // Our view was stale: re-read (the cache catches up) and reconcile again, rather
+    // than overwrite a status computed from newer facts.
+    ctx.Requeue(std::chrono::milliseconds(50));
+    return;
+  }
+  {
+    std::lock_guard lock(mu_);
+    written_from_[ctx.key] = ctx.object["metadata"].value("resourceVersion", "");
   }
   if (ctx.status.phase != ctx.before.phase) {
     const bool bad = ctx.status.phase == "Failed";
@@ -388,9 +391,21 @@ ReconcileResult Reconciler::Reconcile(const std::string& ns, const std::string& 
     std::lock_guard lock(mu_);
     avoid_.erase(ctx.key);
     last_scrape_.erase(ctx.key);
+    written_from_.erase(ctx.key);
     return {};
   }
   ctx.object = std::move(*cached);
+  {
+    // The cache still holds the version our last status write replaced: wait for the write
+    // to arrive instead of acting on the old status (it would undo it).
+    std::lock_guard lock(mu_);
+    auto it = written_from_.find(ctx.key);
+    if (it != written_from_.end()) {
+      if (it->second == ctx.object["metadata"].value("resourceVersion", ""))
+        return {std::chrono::milliseconds(50)};
+      written_from_.erase(it);
+    }
+  }
   api::CheckedJob checked = api::CheckTrainingJob(ctx.object, "TrainingJob " + ctx.key, 0);
   ctx.job = checked.job;
   ctx.job.metadata.generation = ctx.object["metadata"].value("generation", int64_t{1});

@@ -17,8 +17,9 @@
 //     Pod per node, each owned by the job.
 //  7. Pods exist: create any missing ones of an interrupted creation, count ready
 //     workers, read progress from rank 0's metrics endpoint.
-//  8. Write status through the status subresource when it changed (on 409, re-read and
-//     retry) and emit an Event for each phase transition.
+//  8. Write status through the status subresource when it changed and emit an Event for
+//     each phase transition. On 409 the key is re-queued, to be reconciled again from the
+//     re-read object; until the cache shows our own last write, the key waits for it.
 //
 // Thread-safety: Reconcile may run concurrently for different keys (the work queue never
 // runs one key twice at once).
@@ -89,6 +90,7 @@ class Reconciler {
   // job key -> node -> when it failed the job
   std::map<std::string, std::map<std::string, std::chrono::steady_clock::time_point>> avoid_;
   std::map<std::string, std::chrono::steady_clock::time_point> last_scrape_;
+  std::map<std::string, std::string> written_from_;  // job key -> resourceVersion our last status write replaced
   std::optional<scheduler::ClusterSnapshot> nodes_snapshot_;
   uint64_t nodes_snapshot_version_ = 0;
 };

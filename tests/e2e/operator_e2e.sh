@@ -79,7 +79,7 @@ YAML
 
 case $scenario in
   succeeded)
-    start_server 2
+    start_server 4
     start_operator
     job ""
     wait_for '{.status.phase}' Running 20
