@@ -395,15 +395,23 @@ ReconcileResult Reconciler::Reconcile(const std::string& ns, const std::string& 
     return {};
   }
   ctx.object = std::move(*cached);
+  bool stale_cache = false;
   {
-    // The cache still holds the version our last status write replaced: wait for the write
-    // to arrive instead of acting on the old status (it would undo it).
+    // The cache still holds the version our last status write replaced: acting on that old
+    // status would undo the write, so read the job from the API server instead.
     std::lock_guard lock(mu_);
     auto it = written_from_.find(ctx.key);
     if (it != written_from_.end()) {
-      if (it->second == ctx.object["metadata"].value("resourceVersion", ""))
-        return {std::chrono::milliseconds(50)};
+      stale_cache = it->second == ctx.object["metadata"].value("resourceVersion", "");
       written_from_.erase(it);
+    }
+  }
+  if (stale_cache) {
+    try {
+      ctx.object = client_.Get(res::TrainingJobs(), ns, name);
+    } catch (const kube::KubeError& e) {
+      if (e.kind() == kube::ErrorKind::kNotFound) return {};
+      throw;
     }
   }
   api::CheckedJob checked = api::CheckTrainingJob(ctx.object, "TrainingJob " + ctx.key, 0);

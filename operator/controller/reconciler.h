@@ -19,7 +19,8 @@
 //     workers, read progress from rank 0's metrics endpoint.
 //  8. Write status through the status subresource when it changed and emit an Event for
 //     each phase transition. On 409 the key is re-queued, to be reconciled again from the
-//     re-read object; until the cache shows our own last write, the key waits for it.
+//     re-read object; while the cache still lacks our own last write, the job is read
+//     from the API server instead.
 //
 // Thread-safety: Reconcile may run concurrently for different keys (the work queue never
 // runs one key twice at once).
