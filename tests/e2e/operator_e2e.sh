@@ -8,6 +8,9 @@ src=$(cd "$(dirname "$0")/../.." && pwd)
 kubectl=$tools/bin/kubectl
 work=$(mktemp -d /tmp/meshtrain-e2e.XXXXXX)
 export KUBECONFIG=$work/kubeconfig
+# kubectl caches discovery and OpenAPI per host:port under $HOME/.kube/cache; a server of
+# an earlier run on the same port must not answer for this one.
+export HOME=$work
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
