@@ -6,22 +6,12 @@
 #include <spdlog/spdlog.h>
 
 #include "operator/controller/builders.h"
+#include "operator/kube/objects.h"
 
 namespace meshtrain::controller {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-namespace {
-
-bool NodeReady(const json& node) {
-  if (!node.is_object()) return false;
-  for (const auto& c : node.value("status", json::object()).value("conditions", json::array()))
-    if (c.value("type", "") == "Ready") return c.value("status", "") == "True";
-  return false;
-}
-
-}  // namespace
 
 Controller::Controller(kube::Client& client, OperatorMetrics* metrics, ControllerOptions options)
     : client_(client),
@@ -52,17 +42,17 @@ void Controller::EnqueueJobOf(const json& pod) {
 // A node that stops being Ready fails the gangs on it; one that becomes Ready may let a
 // Pending job fit.
 void Controller::OnNodeChange(const json& old_node, const json& node) {
-  const bool was = NodeReady(old_node), is = NodeReady(node);
+  const bool was = kube::ConditionTrue(old_node, "Ready"), is = kube::ConditionTrue(node, "Ready");
   if (was == is) return;
   const std::string name = (node.is_object() ? node : old_node)["metadata"].value("name", "");
   if (was) {
-    for (const auto& pod : pods_.List()) {
-      if (pod["spec"].value("nodeName", "") == name) EnqueueJobOf(pod);
-    }
+    pods_.ForEach([&](const json& pod) {
+      if (kube::PinnedNode(pod) == name) EnqueueJobOf(pod);
+    });
   } else {
-    for (const auto& job : jobs_.List()) {
+    jobs_.ForEach([&](const json& job) {
       if (job.value("status", json::object()).value("phase", "") == "Pending") queue_.Add(kube::KeyOf(job));
-    }
+    });
   }
 }
 
@@ -112,10 +102,10 @@ void Controller::Run(std::stop_token stop) {
     if (metrics_) {
       metrics_->SetQueueDepth(queue_.Len());
       std::map<std::string, int> phases;
-      for (const auto& job : jobs_.List()) {
+      jobs_.ForEach([&](const json& job) {
         const std::string phase = job.value("status", json::object()).value("phase", "");
         phases[phase.empty() ? "Pending" : phase]++;
-      }
+      });
       metrics_->SetJobsByPhase(phases);
     }
     std::unique_lock lock(mu);

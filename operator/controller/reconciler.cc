@@ -1,6 +1,5 @@
 #include "operator/controller/reconciler.h"
 
-#include <ctime>
 #include <sstream>
 
 #include <cpprest/http_client.h>
@@ -9,6 +8,8 @@
 #include "api/json_codec.h"
 #include "api/manifest.h"
 #include "operator/controller/builders.h"
+#include "operator/kube/objects.h"
+#include "operator/kube/time.h"
 #include "operator/scheduler/cluster.h"
 #include "operator/scheduler/cost_model.h"
 #include "operator/scheduler/placement.h"
@@ -19,22 +20,7 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 namespace res = kube::resources;
 
-std::string TimestampNow() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 namespace {
-
-int64_t SecondsSince(const std::string& timestamp) {
-  std::tm tm{};
-  if (timestamp.empty() || !strptime(timestamp.c_str(), "%Y-%m-%dT%H:%M:%S", &tm)) return 0;
-  return std::time(nullptr) - timegm(&tm);
-}
 
 std::string Phase(const json& pod) { return pod.value("status", json::object()).value("phase", ""); }
 
@@ -55,36 +41,19 @@ std::optional<int> ExitCode(const json& pod) {
   return std::nullopt;
 }
 
-bool PodReady(const json& pod) {
-  for (const auto& c : pod.value("status", json::object()).value("conditions", json::array()))
-    if (c.value("type", "") == "Ready") return c.value("status", "") == "True";
-  return false;
-}
-
-// The node a pod is bound to, or pinned to by its required node affinity.
-std::string NodeOf(const json& pod) {
-  if (const std::string bound = pod["spec"].value("nodeName", ""); !bound.empty()) return bound;
-  try {
-    return pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-              ["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0];
-  } catch (const json::exception&) {
-    return "";
-  }
-}
-
 void SetCondition(api::TrainingJobStatus& status, const std::string& type, bool value, const std::string& reason,
                   const std::string& message, int64_t generation) {
   const std::string s = value ? "True" : "False";
   for (auto& c : status.conditions) {
     if (c.type != type) continue;
-    if (c.status != s) c.last_transition_time = TimestampNow();
+    if (c.status != s) c.last_transition_time = kube::Rfc3339Now();
     c.status = s;
     c.reason = reason;
     c.message = message;
     c.observed_generation = generation;
     return;
   }
-  status.conditions.push_back({type, s, reason, message, TimestampNow(), generation});
+  status.conditions.push_back({type, s, reason, message, kube::Rfc3339Now(), generation});
 }
 
 bool Finished(const std::string& phase) { return phase == "Succeeded" || phase == "Failed"; }
@@ -112,7 +81,7 @@ Reconciler::Reconciler(kube::Client& client, kube::Informer& jobs, kube::Informe
 
 void Reconciler::Event(const Context& ctx, const std::string& type, const std::string& reason,
                        const std::string& message) {
-  const std::string now = TimestampNow();
+  const std::string now = kube::Rfc3339Now();
   json event = {{"apiVersion", "v1"},
                 {"kind", "Event"},
                 {"metadata", {{"generateName", ctx.name + "."}, {"namespace", ctx.ns}}},
@@ -163,7 +132,7 @@ void Reconciler::Fail(Context& ctx, const std::string& reason, const std::string
   DeletePods(ctx.pods);
   ctx.status.phase = "Failed";
   ctx.status.ready_workers = 0;
-  ctx.status.completion_time = TimestampNow();
+  ctx.status.completion_time = kube::Rfc3339Now();
   SetCondition(ctx.status, "Failed", true, reason, message, ctx.generation());
   SetCondition(ctx.status, "Running", false, reason, message, ctx.generation());
 }
@@ -208,12 +177,10 @@ scheduler::ClusterSnapshot Reconciler::Snapshot() {
   pods_.ForEach([&](const json& pod) {
     const std::string phase = Phase(pod);
     if (phase == "Succeeded" || phase == "Failed") return;
-    auto& [gpus, efa] = used[NodeOf(pod)];
-    for (const auto& c : pod["spec"].value("containers", json::array())) {
-      const json limits = c.value("resources", json::object()).value("limits", json::object());
-      gpus += std::stoll(limits.value("nvidia.com/gpu", std::string("0")));
-      efa += std::stoll(limits.value("vpc.amazonaws.com/efa", std::string("0")));
-    }
+    auto& [gpus, efa] = used[kube::PinnedNode(pod)];
+    const std::string where = "pod " + kube::KeyOf(pod) + " spec";
+    gpus += scheduler::PodRequest(pod["spec"], "nvidia.com/gpu", where);
+    efa += scheduler::PodRequest(pod["spec"], "vpc.amazonaws.com/efa", where);
   });
   for (auto& node : snapshot.nodes) {
     if (auto it = used.find(node.name); it != used.end()) {
@@ -291,7 +258,7 @@ bool Reconciler::CreateGang(Context& ctx) {
       scheduler::EstimateStepCost(job.spec, placement.paths, scheduler::LinkModel(request.levels)).seconds;
   ctx.status.placement = summary;
   ctx.status.phase = "Starting";
-  if (ctx.status.start_time.empty()) ctx.status.start_time = TimestampNow();
+  if (ctx.status.start_time.empty()) ctx.status.start_time = kube::Rfc3339Now();
   const std::string message = "gang " + std::to_string(gang) + " of " + std::to_string(job.spec.nodes) +
                               " pods placed" + (placement.domain.empty() ? "" : " in " + placement.domain);
   SetCondition(ctx.status, "Scheduled", true, "GangPlaced", message, ctx.generation());
@@ -444,7 +411,7 @@ ReconcileResult Reconciler::Reconcile(const std::string& ns, const std::string& 
     }
     DeletePods(doomed);
     if (const auto ttl = ctx.job.spec.run_policy.ttl_seconds_after_finished) {
-      const int64_t left = *ttl - SecondsSince(ctx.status.completion_time);
+      const int64_t left = *ttl - kube::SecondsSince(ctx.status.completion_time);
       if (left <= 0) {
         client_.Delete(res::TrainingJobs(), ns, name);
         spdlog::info("{}: deleted {} s after it finished (ttlSecondsAfterFinished)", ctx.key, *ttl);
@@ -484,7 +451,7 @@ ReconcileResult Reconciler::Reconcile(const std::string& ns, const std::string& 
                  ctx.generation());
   }
   if (policy.active_deadline_seconds && !ctx.status.start_time.empty()) {
-    const int64_t left = *policy.active_deadline_seconds - SecondsSince(ctx.status.start_time);
+    const int64_t left = *policy.active_deadline_seconds - kube::SecondsSince(ctx.status.start_time);
     if (left <= 0) {
       Fail(ctx, "DeadlineExceeded",
            "the job ran longer than spec.runPolicy.activeDeadlineSeconds (" +
@@ -505,7 +472,7 @@ ReconcileResult Reconciler::Reconcile(const std::string& ns, const std::string& 
   for (const auto& pod : current) {
     const std::string phase = Phase(pod);
     const std::string pod_name = pod["metadata"].value("name", "");
-    const std::string node = NodeOf(pod);
+    const std::string node = kube::PinnedNode(pod);
     if (phase == "Failed") {
       const auto code = ExitCode(pod);
       const std::string what = "pod " + pod_name + " on node " + node + " failed" +
@@ -519,15 +486,10 @@ ReconcileResult Reconciler::Reconcile(const std::string& ns, const std::string& 
       return ctx.result;
     }
     if (phase == "Succeeded") ++succeeded;
-    if (phase == "Running" && PodReady(pod)) ++ready;
+    if (phase == "Running" && kube::ConditionTrue(pod, "Ready")) ++ready;
     if (phase != "Succeeded") {
       auto node_object = nodes_.Get(node);
-      bool node_ready = false;
-      if (node_object) {
-        for (const auto& c : (*node_object)["status"].value("conditions", json::array()))
-          if (c.value("type", "") == "Ready") node_ready = c.value("status", "") == "True";
-      }
-      if (!node_ready && !node.empty()) {
+      if (!node.empty() && !(node_object && kube::ConditionTrue(*node_object, "Ready"))) {
         Restart(ctx, "NodeNotReady", "node " + node + " of pod " + pod_name + (node_object ? " is not Ready" : " is gone"),
                 node, true);
         WriteStatus(ctx);
@@ -535,7 +497,7 @@ ReconcileResult Reconciler::Reconcile(const std::string& ns, const std::string& 
       }
     }
     if (phase == "Pending") {
-      const int64_t age = SecondsSince(pod["metadata"].value("creationTimestamp", ""));
+      const int64_t age = kube::SecondsSince(pod["metadata"].value("creationTimestamp", ""));
       if (age >= options_.pending_timeout.count()) {
         Restart(ctx, "PodPendingTimeout",
                 "pod " + pod_name + " stayed Pending on node " + node + " for " + std::to_string(age) + " s", node,
@@ -571,7 +533,7 @@ ReconcileResult Reconciler::Reconcile(const std::string& ns, const std::string& 
   if (succeeded == ctx.job.spec.nodes) {
     ctx.status.phase = "Succeeded";
     ctx.status.ready_workers = 0;
-    ctx.status.completion_time = TimestampNow();
+    ctx.status.completion_time = kube::Rfc3339Now();
     SetCondition(ctx.status, "Succeeded", true, "AllPodsSucceeded",
                  "all " + std::to_string(succeeded) + " pods exited with code 0", ctx.generation());
     SetCondition(ctx.status, "Running", false, "AllPodsSucceeded", "training finished", ctx.generation());

@@ -100,7 +100,4 @@ class Reconciler {
 // Returns false when none of them is present.
 bool ParseProgress(const std::string& metrics_text, api::ProgressStatus* progress);
 
-// RFC 3339 UTC timestamp of now, in seconds.
-std::string TimestampNow();
-
 }  // namespace meshtrain::controller

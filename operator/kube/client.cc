@@ -4,7 +4,6 @@
 #include <thread>
 
 #include <cpprest/http_client.h>
-#include <cpprest/rawptrstream.h>
 #include <cpprest/containerstream.h>
 
 namespace meshtrain::kube {
@@ -78,17 +77,27 @@ void Client::SetRequestObserver(RequestObserver observer) {
   impl_->observer = std::move(observer);
 }
 
+http::http_request Client::NewRequest(const std::string& method, const std::string& path) {
+  bucket_.Wait();
+  http::http_request request(method);
+  request.set_request_uri(path);
+  request.headers().add("Accept", "application/json");
+  request.headers().add("User-Agent", options_.user_agent);
+  if (!config_.token.empty()) request.headers().add("Authorization", "Bearer " + config_.token);
+  return request;
+}
+
+void Client::Observe(const std::string& verb, int code) {
+  std::lock_guard lock(impl_->observer_mu);
+  if (impl_->observer) impl_->observer(verb, code);
+}
+
 json Client::Request(const std::string& verb, const std::string& method, const std::string& path, const json* body,
                      const std::string& content_type) {
   const std::string payload = body ? body->dump() : std::string();
   auto backoff = options_.initial_backoff;
   for (int attempt = 0;; ++attempt) {
-    bucket_.Wait();
-    http::http_request request(method);
-    request.set_request_uri(path);
-    request.headers().add("Accept", "application/json");
-    request.headers().add("User-Agent", options_.user_agent);
-    if (!config_.token.empty()) request.headers().add("Authorization", "Bearer " + config_.token);
+    http::http_request request = NewRequest(method, path);
     if (body) request.set_body(payload, content_type);
     int code = 0;
     std::string text;
@@ -107,11 +116,7 @@ json Client::Request(const std::string& verb, const std::string& method, const s
     } catch (const std::exception& e) {
       error.emplace(ErrorKind::kUnavailable, 0, "", e.what(), verb + " " + path + ": no response: " + e.what());
     }
-    ++requests_;
-    {
-      std::lock_guard lock(impl_->observer_mu);
-      if (impl_->observer) impl_->observer(verb, code);
-    }
+    Observe(verb, code);
     if (!error && code >= 200 && code < 300) {
       if (text.empty()) return json::object();
       auto parsed = json::parse(text, nullptr, false);
@@ -170,26 +175,16 @@ void Client::Watch(const ResourceType& type, const std::string& ns, const ListOp
   pplx::cancellation_token_source cancel;
   std::stop_callback on_stop(stop, [&cancel] { cancel.cancel(); });
 
-  bucket_.Wait();
-  http::http_request request("GET");
-  request.set_request_uri(path);
-  request.headers().add("Accept", "application/json");
-  request.headers().add("User-Agent", options_.user_agent);
-  if (!config_.token.empty()) request.headers().add("Authorization", "Bearer " + config_.token);
-  auto observe = [&](int code) {
-    ++requests_;
-    std::lock_guard lock(impl_->observer_mu);
-    if (impl_->observer) impl_->observer("watch", code);
-  };
+  http::http_request request = NewRequest("GET", path);
   http::http_response response;
   try {
     response = stream_client.request(request, cancel.get_token()).get();
   } catch (const std::exception& e) {
-    observe(0);
+    Observe("watch", 0);
     if (stop.stop_requested()) return;
     throw KubeError(ErrorKind::kUnavailable, 0, "", e.what(), "watch " + path + ": no response: " + e.what());
   }
-  observe(response.status_code());
+  Observe("watch", response.status_code());
   if (response.status_code() != 200)
     throw ErrorFromResponse("watch", path, response.status_code(), response.extract_utf8string(true).get());
 

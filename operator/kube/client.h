@@ -10,13 +10,13 @@
 
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <stop_token>
 #include <string>
 
+#include <cpprest/http_msg.h>
 #include <nlohmann/json.hpp>
 
 #include "operator/kube/config.h"
@@ -81,17 +81,18 @@ class Client {
              const std::function<bool(const WatchEvent&)>& on_event, std::stop_token stop);
 
   void SetRequestObserver(RequestObserver observer);
-  int64_t request_count() const { return requests_.load(); }
 
  private:
   struct Impl;
   nlohmann::json Request(const std::string& verb, const std::string& method, const std::string& path,
                          const nlohmann::json* body, const std::string& content_type);
+  // Waits for a token and returns a request with the headers every call carries.
+  web::http::http_request NewRequest(const std::string& method, const std::string& path);
+  void Observe(const std::string& verb, int code);
 
   KubeConfig config_;
   ClientOptions options_;
   TokenBucket bucket_;
-  std::atomic<int64_t> requests_{0};
   std::unique_ptr<Impl> impl_;
 };
 

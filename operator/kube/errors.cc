@@ -2,21 +2,6 @@
 
 namespace meshtrain::kube {
 
-const char* ErrorKindName(ErrorKind kind) {
-  switch (kind) {
-    case ErrorKind::kNotFound: return "NotFound";
-    case ErrorKind::kConflict: return "Conflict";
-    case ErrorKind::kGone: return "Gone";
-    case ErrorKind::kInvalid: return "Invalid";
-    case ErrorKind::kUnauthorized: return "Unauthorized";
-    case ErrorKind::kTooManyRequests: return "TooManyRequests";
-    case ErrorKind::kServerError: return "ServerError";
-    case ErrorKind::kUnavailable: return "Unavailable";
-    case ErrorKind::kOther: return "Other";
-  }
-  return "Other";
-}
-
 KubeError::KubeError(ErrorKind kind, int code, std::string reason, std::string message, const std::string& what)
     : std::runtime_error(what), kind_(kind), code_(code), reason_(std::move(reason)), message_(std::move(message)) {}
 

@@ -25,8 +25,6 @@ enum class ErrorKind {
   kOther,
 };
 
-const char* ErrorKindName(ErrorKind kind);
-
 class KubeError : public std::runtime_error {
  public:
   // `what` reads "VERB PATH: CODE Reason: message".
@@ -49,14 +47,5 @@ class KubeError : public std::runtime_error {
 
 // The kind for an HTTP status code.
 ErrorKind ErrorKindForStatus(int code);
-
-inline bool IsNotFound(const std::exception& e) {
-  auto* k = dynamic_cast<const KubeError*>(&e);
-  return k && k->kind() == ErrorKind::kNotFound;
-}
-inline bool IsConflict(const std::exception& e) {
-  auto* k = dynamic_cast<const KubeError*>(&e);
-  return k && k->kind() == ErrorKind::kConflict;
-}
 
 }  // namespace meshtrain::kube

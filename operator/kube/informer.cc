@@ -6,11 +6,6 @@ namespace meshtrain::kube {
 
 using nlohmann::json;
 
-std::string KeyOf(const json& object) {
-  const json& meta = object.at("metadata");
-  return ObjectKey(meta.value("namespace", ""), meta.value("name", ""));
-}
-
 Informer::Informer(Client& client, ResourceType type, std::string namespace_name, ListOptions selectors,
                    InformerOptions options)
     : client_(client),
@@ -179,7 +174,6 @@ void Informer::Run(std::stop_token stop) {
           spdlog::info("informer {}: resourceVersion {} expired, relisting", type_.plural, resource_version_);
           break;
         }
-        ++reconnects_;
         spdlog::warn("informer {}: watch failed, reconnecting in {} ms: {}", type_.plural, backoff.count(), e.what());
         if (!SleepFor(backoff, stop)) return;
         backoff = std::min(backoff * 2, options_.max_backoff);

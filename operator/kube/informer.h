@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "operator/kube/client.h"
+#include "operator/kube/objects.h"
 
 namespace meshtrain::kube {
 
@@ -73,7 +74,6 @@ class Informer {
 
   const ResourceType& type() const { return type_; }
   int64_t relists() const { return relists_.load(); }      // lists after the first one
-  int64_t reconnects() const { return reconnects_.load(); }  // watches restarted after an error
 
  private:
   void Run(std::stop_token stop);
@@ -95,13 +95,9 @@ class Informer {
   std::atomic<uint64_t> version_{0};
   std::atomic<bool> synced_{false};
   std::atomic<int64_t> relists_{0};
-  std::atomic<int64_t> reconnects_{0};
   std::mutex sync_mu_;
   std::condition_variable_any sync_cv_;
   std::jthread thread_;
 };
-
-// The ObjectKey of a Kubernetes object from its metadata.
-std::string KeyOf(const nlohmann::json& object);
 
 }  // namespace meshtrain::kube

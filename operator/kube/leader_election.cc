@@ -1,7 +1,8 @@
 #include "operator/kube/leader_election.h"
 
+#include "operator/kube/time.h"
+
 #include <condition_variable>
-#include <ctime>
 #include <mutex>
 #include <thread>
 
@@ -11,18 +12,6 @@ namespace meshtrain::kube {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-std::string MicroTimeNow() {
-  const auto now = std::chrono::system_clock::now();
-  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
-  const std::time_t t = std::chrono::system_clock::to_time_t(now);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-                tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(us));
-  return buf;
-}
 
 LeaderElector::LeaderElector(Client& client, LeaderElectionOptions options) : client_(client), options_(options) {}
 

@@ -54,7 +54,4 @@ class LeaderElector {
   std::chrono::steady_clock::time_point observed_at_{};
 };
 
-// An RFC 3339 timestamp with microseconds (metav1.MicroTime), in UTC.
-std::string MicroTimeNow();
-
 }  // namespace meshtrain::kube

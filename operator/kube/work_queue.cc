@@ -106,9 +106,4 @@ void WorkQueue::ShutDown() {
   cv_.notify_all();
 }
 
-bool WorkQueue::ShuttingDown() const {
-  std::lock_guard lock(mu_);
-  return shutting_down_;
-}
-
 }  // namespace meshtrain::kube

@@ -50,7 +50,6 @@ class WorkQueue {
   // Keys ready to be taken (not counting delayed ones).
   size_t Len() const;
   void ShutDown();
-  bool ShuttingDown() const;
 
  private:
   void AddLocked(const std::string& key);

@@ -66,10 +66,6 @@ int64_t Count(const Json& quantity, const std::string& where) {
   throw ClusterError(where + ": expected a whole number, got " + api::DescribeJson(quantity));
 }
 
-int64_t Resource(const Json& resources, const char* name, const std::string& where) {
-  if (!resources.is_object() || !resources.contains(name)) return 0;
-  return Count(resources[name], where + "." + name);
-}
 
 const Json& Items(const Json& list, const char* what) {
   static const Json kEmpty = Json::array();
@@ -80,13 +76,19 @@ const Json& Items(const Json& list, const char* what) {
   return list["items"];
 }
 
-// What a pod asks of a resource: its containers' sum, or an init container's if larger.
+}  // namespace
+
+int64_t ResourceQuantity(const Json& resources, const char* name, const std::string& where) {
+  if (!resources.is_object() || !resources.contains(name)) return 0;
+  return Count(resources[name], where + "." + name);
+}
+
 int64_t PodRequest(const Json& spec, const char* resource, const std::string& where) {
   auto request = [&](const Json& container, const std::string& at) {
     const Json& r = container.value("resources", Json::object());
     // Extended resources set limits; requests default to them.
-    const int64_t req = Resource(r.value("requests", Json::object()), resource, at + ".resources.requests");
-    return req > 0 ? req : Resource(r.value("limits", Json::object()), resource, at + ".resources.limits");
+    const int64_t req = ResourceQuantity(r.value("requests", Json::object()), resource, at + ".resources.requests");
+    return req > 0 ? req : ResourceQuantity(r.value("limits", Json::object()), resource, at + ".resources.limits");
   };
   int64_t sum = 0, init = 0;
   for (const Json& c : spec.value("containers", Json::array())) sum += request(c, where + ".containers");
@@ -94,7 +96,6 @@ int64_t PodRequest(const Json& spec, const char* resource, const std::string& wh
   return std::max(sum, init);
 }
 
-}  // namespace
 
 ClusterSnapshot SnapshotFromKubectl(const Json& node_list, const Json& pod_list) try {
   ClusterSnapshot snapshot;
@@ -110,8 +111,8 @@ ClusterSnapshot SnapshotFromKubectl(const Json& node_list, const Json& pod_list)
     }
     const Json& status = item.value("status", Json::object());
     const Json& allocatable = status.value("allocatable", Json::object());
-    node.gpus = Resource(allocatable, "nvidia.com/gpu", where + " status.allocatable");
-    node.efa = Resource(allocatable, "vpc.amazonaws.com/efa", where + " status.allocatable");
+    node.gpus = ResourceQuantity(allocatable, "nvidia.com/gpu", where + " status.allocatable");
+    node.efa = ResourceQuantity(allocatable, "vpc.amazonaws.com/efa", where + " status.allocatable");
     node.ready = false;
     for (const Json& c : status.value("conditions", Json::array())) {
       if (c.value("type", "") == "Ready") node.ready = c.value("status", "") == "True";

@@ -61,6 +61,14 @@ class ClusterError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A countable resource ("8" or 8) from a resources map such as status.allocatable; 0 if
+// absent. Throws ClusterError naming `where` for anything else.
+int64_t ResourceQuantity(const nlohmann::json& resources, const char* name, const std::string& where);
+
+// What a pod spec asks of a resource: its containers' sum (requests, else limits), or an
+// init container's if larger. Throws ClusterError naming `where`.
+int64_t PodRequest(const nlohmann::json& pod_spec, const char* resource, const std::string& where);
+
 // From kubectl's NodeList and PodList JSON. Pods that are Succeeded or Failed hold
 // no GPUs; a pod's request is the larger of its containers' sum and any init container's.
 ClusterSnapshot SnapshotFromKubectl(const nlohmann::json& node_list, const nlohmann::json& pod_list);

@@ -12,21 +12,13 @@
 #include <stdexcept>
 #include <thread>
 
+#include "operator/kube/time.h"
 #include "tests/support/kube/schema_validation.h"
 
 namespace meshtrain::testing {
 namespace {
 
 using nlohmann::json;
-
-std::string Now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 std::string NewUid() {
   static std::mutex mu;
@@ -44,9 +36,7 @@ std::string ObjKey(const std::string& ns, const std::string& name) { return ns +
 
 // "5s", "3m20s", "2h": kubectl's human-readable ages.
 std::string HumanAge(const std::string& timestamp) {
-  std::tm tm{};
-  if (!strptime(timestamp.c_str(), "%Y-%m-%dT%H:%M:%SZ", &tm)) return "<invalid>";
-  const int64_t s = std::max<int64_t>(0, std::time(nullptr) - timegm(&tm));
+  const int64_t s = std::max<int64_t>(0, kube::SecondsSince(timestamp));
   if (s < 120) return std::to_string(s) + "s";
   if (s < 600) return std::to_string(s / 60) + "m" + (s % 60 ? std::to_string(s % 60) + "s" : "");
   if (s < 3 * 3600) return std::to_string(s / 60) + "m";
@@ -313,7 +303,7 @@ struct ApiServer::Store {
     }
     object["metadata"]["uid"] = NewUid();
     json& meta = object["metadata"];
-    meta["creationTimestamp"] = Now();
+    meta["creationTimestamp"] = kube::Rfc3339Now();
     meta["generation"] = 1;
     meta["resourceVersion"] = std::to_string(++rv);
     object["apiVersion"] = info.ApiVersion();
@@ -619,15 +609,6 @@ std::optional<json> ApiServer::Get(const std::string& resource, const std::strin
   return it->second;
 }
 
-std::vector<json> ApiServer::List(const std::string& resource) const {
-  std::lock_guard lock(store_->mu);
-  std::vector<json> out;
-  auto bucket = store_->objects.find(resource);
-  if (bucket == store_->objects.end()) return out;
-  for (const auto& [key, object] : bucket->second) out.push_back(object);
-  return out;
-}
-
 bool ApiServer::Mutate(const std::string& resource, const std::string& ns, const std::string& name,
                        const std::function<void(json&)>& mutate) {
   std::lock_guard lock(store_->mu);
@@ -639,16 +620,6 @@ bool ApiServer::Mutate(const std::string& resource, const std::string& ns, const
   it->second["metadata"]["resourceVersion"] = std::to_string(++store_->rv);
   store_->Emit(store_->resources.at(resource), "MODIFIED", it->second, std::move(old));
   return true;
-}
-
-bool ApiServer::Delete(const std::string& resource, const std::string& ns, const std::string& name) {
-  std::lock_guard lock(store_->mu);
-  try {
-    store_->Remove(store_->resources.at(resource), ns, name);
-    return true;
-  } catch (const HttpError&) {
-    return false;
-  }
 }
 
 std::vector<StoredEvent> ApiServer::EventsSince(uint64_t seq, int timeout_ms) const {

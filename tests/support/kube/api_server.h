@@ -97,11 +97,9 @@ class ApiServer {
   nlohmann::json Create(const std::string& resource, const std::string& namespace_, nlohmann::json object);
   std::optional<nlohmann::json> Get(const std::string& resource, const std::string& namespace_,
                                     const std::string& name) const;
-  std::vector<nlohmann::json> List(const std::string& resource) const;
   // Applies `mutate` to the stored object and stores it with a new resourceVersion. False if absent.
   bool Mutate(const std::string& resource, const std::string& namespace_, const std::string& name,
               const std::function<void(nlohmann::json&)>& mutate);
-  bool Delete(const std::string& resource, const std::string& namespace_, const std::string& name);
   // Events after `seq`, waiting up to `timeout_ms` for one. Returns the events (maybe none).
   std::vector<StoredEvent> EventsSince(uint64_t seq, int timeout_ms) const;
   nlohmann::json Stats() const;

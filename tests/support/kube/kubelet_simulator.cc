@@ -11,62 +11,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include "operator/kube/objects.h"
+#include "operator/kube/time.h"
+
 namespace meshtrain::testing {
 namespace {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
-
-std::string Now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
-int64_t Quantity(const json& v) {
-  if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_string()) {
-    try {
-      return std::stoll(v.get<std::string>());
-    } catch (const std::exception&) {
-    }
-  }
-  return 0;
-}
-
-int64_t PodRequest(const json& pod, const std::string& resource) {
-  int64_t total = 0;
-  for (const auto& c : pod["spec"].value("containers", json::array())) {
-    const json r = c.value("resources", json::object());
-    const json limits = r.value("limits", json::object()), requests = r.value("requests", json::object());
-    total += limits.contains(resource) ? Quantity(limits[resource])
-                                       : (requests.contains(resource) ? Quantity(requests[resource]) : 0);
-  }
-  return total;
-}
-
-// The node a pod is bound or pinned to: spec.nodeName, else its required node affinity on the hostname.
-std::string TargetNode(const json& pod) {
-  const json& spec = pod["spec"];
-  if (const std::string name = spec.value("nodeName", ""); !name.empty()) return name;
-  try {
-    for (const auto& term : spec.at("affinity").at("nodeAffinity").at("requiredDuringSchedulingIgnoredDuringExecution").at("nodeSelectorTerms")) {
-      for (const auto& e : term.value("matchExpressions", json::array())) {
-        if (e.value("key", "") == "kubernetes.io/hostname" && e.value("operator", "") == "In" && !e["values"].empty())
-          return e["values"][0];
-      }
-    }
-  } catch (const json::exception&) {
-  }
-  return "";
-}
-
-std::string KeyOf(const json& object) {
-  return object["metadata"].value("namespace", "") + "/" + object["metadata"].value("name", "");
-}
 
 json ReadBody(const HttpRequest& request) {
   json body = json::parse(request.body, nullptr, false);
@@ -86,7 +38,7 @@ json NodeObject(const scheduler::ClusterNode& node) {
   json spec = {{"unschedulable", !node.schedulable}};
   if (!taints.empty()) spec["taints"] = taints;
   json conditions = json::array({{{"type", "Ready"}, {"status", node.ready ? "True" : "False"},
-                                   {"reason", "KubeletReady"}, {"lastTransitionTime", Now()}}});
+                                   {"reason", "KubeletReady"}, {"lastTransitionTime", kube::Rfc3339Now()}}});
   json addresses = json::array({{{"type", "InternalIP"}, {"address", "127.0.0.1"}},
                                 {{"type", "Hostname"}, {"address", node.name}}});
   json status = {{"capacity", resources}, {"allocatable", resources}, {"conditions", conditions},
@@ -163,7 +115,7 @@ bool KubeletSimulator::SetNodeReady(const std::string& name, bool ready) {
       if (c.value("type", "") != "Ready") continue;
       c["status"] = ready ? "True" : "False";
       c["reason"] = ready ? "KubeletReady" : "NodeStatusUnknown";
-      c["lastTransitionTime"] = Now();
+      c["lastTransitionTime"] = kube::Rfc3339Now();
     }
   });
 }
@@ -198,7 +150,7 @@ pid_t KubeletSimulator::Launch(const json& pod) {
       const std::string field = e["valueFrom"]["fieldRef"].value("fieldPath", "");
       if (field == "metadata.name") value = name;
       else if (field == "metadata.namespace") value = ns;
-      else if (field == "spec.nodeName") value = TargetNode(pod);
+      else if (field == "spec.nodeName") value = kube::PinnedNode(pod);
       else if (field == "status.podIP") value = "127.0.0.1";
     }
     for (const auto& [path, local] : mounts)
@@ -251,24 +203,25 @@ void KubeletSimulator::TrySchedule(const std::string& key) {
     waiting_.erase(key);
     return;
   }
-  const std::string node_name = TargetNode(*pod);
-  const int64_t gpus = PodRequest(*pod, "nvidia.com/gpu"), efa = PodRequest(*pod, "vpc.amazonaws.com/efa");
+  const std::string node_name = kube::PinnedNode(*pod);
+  const std::string where = "pod " + key + " spec";
+  const int64_t gpus = scheduler::PodRequest((*pod)["spec"], "nvidia.com/gpu", where);
+  const int64_t efa = scheduler::PodRequest((*pod)["spec"], "vpc.amazonaws.com/efa", where);
   std::string why;
   auto node = node_name.empty() ? std::nullopt : server_.Get("/nodes", "", node_name);
   if (!node) {
     why = node_name.empty() ? "the pod names no node" : "node " + node_name + " does not exist";
   } else {
-    bool ready = false;
-    for (const auto& c : (*node)["status"].value("conditions", json::array()))
-      if (c.value("type", "") == "Ready") ready = c.value("status", "") == "True";
+    const bool ready = kube::ConditionTrue(*node, "Ready");
     int64_t used_gpus = 0, used_efa = 0;
     for (const auto& [k, p] : running_)
       if (p.node == node_name) used_gpus += p.gpus, used_efa += p.efa;
     const json& allocatable = (*node)["status"]["allocatable"];
+    const std::string at = "node " + node_name + " status.allocatable";
     if (!ready) why = "node " + node_name + " is not Ready";
-    else if (used_gpus + gpus > Quantity(allocatable.value("nvidia.com/gpu", json("0"))))
+    else if (used_gpus + gpus > scheduler::ResourceQuantity(allocatable, "nvidia.com/gpu", at))
       why = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu";
-    else if (used_efa + efa > Quantity(allocatable.value("vpc.amazonaws.com/efa", json("0"))))
+    else if (used_efa + efa > scheduler::ResourceQuantity(allocatable, "vpc.amazonaws.com/efa", at))
       why = "0/1 nodes are available: 1 Insufficient vpc.amazonaws.com/efa";
   }
   if (!why.empty()) {
@@ -276,7 +229,7 @@ void KubeletSimulator::TrySchedule(const std::string& key) {
       waiting_[key] = true;
       server_.Mutate("/pods", ns, name, [&](json& p) {
         p["status"]["conditions"] = {{{"type", "PodScheduled"}, {"status", "False"}, {"reason", "Unschedulable"},
-                                      {"message", why}, {"lastTransitionTime", Now()}}};
+                                      {"message", why}, {"lastTransitionTime", kube::Rfc3339Now()}}};
       });
     }
     return;
@@ -305,10 +258,10 @@ void KubeletSimulator::TrySchedule(const std::string& key) {
     p["status"] = {{"phase", "Running"},
                    {"hostIP", "127.0.0.1"},
                    {"podIP", "127.0.0.1"},
-                   {"startTime", Now()},
+                   {"startTime", kube::Rfc3339Now()},
                    {"conditions", {{{"type", "PodScheduled"}, {"status", "True"}}, {{"type", "Ready"}, {"status", "True"}}}},
                    {"containerStatuses",
-                    {{{"name", container}, {"ready", true}, {"restartCount", 0}, {"state", {{"running", {{"startedAt", Now()}}}}}}}}};
+                    {{{"name", container}, {"ready", true}, {"restartCount", 0}, {"state", {{"running", {{"startedAt", kube::Rfc3339Now()}}}}}}}}};
   });
 }
 
@@ -329,7 +282,7 @@ void KubeletSimulator::Reap() {
       p["status"]["conditions"] = {{{"type", "PodScheduled"}, {"status", "True"}}, {{"type", "Ready"}, {"status", "False"}}};
       for (auto& cs : p["status"]["containerStatuses"]) {
         cs["ready"] = false;
-        cs["state"] = {{"terminated", {{"exitCode", code}, {"reason", code == 0 ? "Completed" : "Error"}, {"finishedAt", Now()}}}};
+        cs["state"] = {{"terminated", {{"exitCode", code}, {"reason", code == 0 ? "Completed" : "Error"}, {"finishedAt", kube::Rfc3339Now()}}}};
       }
     });
   }
@@ -344,7 +297,7 @@ void KubeletSimulator::Loop(std::stop_token stop) {
     for (const auto& ev : events) {
       seq = ev.seq;
       if (ev.resource != "/pods") continue;
-      const std::string key = KeyOf(ev.object);
+      const std::string key = kube::KeyOf(ev.object);
       if (ev.type == "DELETED") {
         waiting_.erase(key);
         if (auto it = running_.find(key); it != running_.end()) {
@@ -364,7 +317,14 @@ void KubeletSimulator::Loop(std::stop_token stop) {
       last_pass = now;
       std::vector<std::string> keys;
       for (const auto& [key, reported] : waiting_) keys.push_back(key);
-      for (const auto& key : keys) TrySchedule(key);
+      for (const auto& key : keys) {
+        try {
+          TrySchedule(key);
+        } catch (const std::exception& e) {  // a pod this kubelet cannot read stays Pending
+          spdlog::warn("kubelet: pod {}: {}", key, e.what());
+          waiting_.erase(key);
+        }
+      }
     }
   }
 }

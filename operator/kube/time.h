@@ -1,0 +1,17 @@
+// Kubernetes timestamps: metav1.Time (RFC 3339, seconds) and metav1.MicroTime.
+
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace meshtrain::kube {
+
+// "2026-11-21T20:15:35Z", UTC.
+std::string Rfc3339Now();
+// "2026-11-21T20:15:35.123456Z", UTC.
+std::string MicroTimeNow();
+// Whole seconds from an RFC 3339 UTC timestamp to now; 0 for an empty or unreadable one.
+int64_t SecondsSince(const std::string& timestamp);
+
+}  // namespace meshtrain::kube
