@@ -122,7 +122,7 @@ int BenchOperatorCommand(const BenchOperatorOptions& options, std::ostream& out)
 
     operator_pid = Spawn({operator_bin.string(), "--kubeconfig", (dir / "kubeconfig").string(), "--metrics-port", "0",
                           "--health-port", "0", "--workers", std::to_string(options.workers), "--qps",
-                          std::to_string(options.qps), "--burst", std::to_string(options.burst), "--log-level", "warn"},
+                          std::to_string(options.qps), "--burst", std::to_string(options.burst), "--log-level", std::getenv("MESHTRAIN_BENCH_KEEP") ? "info" : "warn"},
                          (dir / "operator.log").string());
 
     std::mutex mu;
@@ -171,6 +171,9 @@ int BenchOperatorCommand(const BenchOperatorOptions& options, std::ostream& out)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     const json after = TestStats(config.server);
+    int64_t restarts = 0;  // every gang here is healthy: any restart is the operator's mistake
+    for (const auto& job : client.List(kube::resources::TrainingJobs(), "default")["items"])
+      restarts += job.value("status", json::object()).value("restarts", int64_t{0});
     const int64_t peak = PeakRss(operator_pid);
     pods.Stop();
 
@@ -191,15 +194,16 @@ int BenchOperatorCommand(const BenchOperatorOptions& options, std::ostream& out)
         << (ms.empty() ? 0.0 : ms.back()) << " ms  (target: median <= 200 ms)\n";
     out << "  API requests by the operator: " << requests << " (" << std::setprecision(2)
         << static_cast<double>(requests) / options.jobs << " per job, counted while the jobs were created)\n";
+    out << "  gang restarts (all gangs are healthy, so this must be 0): " << restarts << "\n";
     out << "  operator peak memory (VmHWM): " << std::setprecision(1) << peak / (1024.0 * 1024.0) << " MiB\n";
-    if (static_cast<int>(ms.size()) != options.jobs) status = kExitInvalid;
+    if (static_cast<int>(ms.size()) != options.jobs || restarts != 0) status = kExitInvalid;
   } catch (const std::exception& e) {
     std::cerr << "meshtrain bench operator: " << e.what() << "\n";
     status = kExitInvalid;
   }
   Stop(operator_pid);
   Stop(server_pid);
-  if (status == kExitOk) fs::remove_all(dir);
+  if (status == kExitOk && !std::getenv("MESHTRAIN_BENCH_KEEP")) fs::remove_all(dir);
   else std::cerr << "logs kept in " << dir.string() << "\n";
   return status;
 }

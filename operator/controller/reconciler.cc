@@ -161,6 +161,19 @@ void Reconciler::Restart(Context& ctx, const std::string& reason, const std::str
   ctx.Requeue(std::chrono::milliseconds(200));
 }
 
+bool Reconciler::AwaitingCreatedPods(const std::string& job_key, const std::vector<json>& current) {
+  std::lock_guard lock(mu_);
+  auto it = unseen_pods_.find(job_key);
+  if (it == unseen_pods_.end()) return false;
+  for (const auto& pod : current) it->second.names.erase(pod["metadata"].value("name", ""));
+  // A pod deleted before the cache ever showed it would be awaited forever: give up after a while.
+  if (it->second.names.empty() || Clock::now() - it->second.since > options_.creation_observation_timeout) {
+    unseen_pods_.erase(it);
+    return false;
+  }
+  return true;
+}
+
 scheduler::ClusterSnapshot Reconciler::Snapshot() {
   // The nodes change rarely: rebuild their part only when the node cache changed.
   scheduler::ClusterSnapshot snapshot;
@@ -248,6 +261,13 @@ bool Reconciler::CreateGang(Context& ctx) {
     client_.Update(res::ConfigMaps(), ctx.ns, replacement);
   } else if (!existing) {
     create(res::ConfigMaps(), config_map);
+  }
+  {
+    // Until the pod cache has shown each new pod once, a missing one is not yet seen, not deleted.
+    std::lock_guard lock(mu_);
+    auto& expected = unseen_pods_[ctx.key];
+    expected.since = Clock::now();
+    for (int64_t rank = 0; rank < job.spec.nodes; ++rank) expected.names.insert(PodName(ctx.name, gang, rank));
   }
   for (int64_t rank = 0; rank < job.spec.nodes; ++rank) create(res::Pods(), BuildPod(job, table, gang, rank));
 
@@ -359,6 +379,7 @@ ReconcileResult Reconciler::Reconcile(const std::string& ns, const std::string& 
     avoid_.erase(ctx.key);
     last_scrape_.erase(ctx.key);
     written_from_.erase(ctx.key);
+    unseen_pods_.erase(ctx.key);
     return {};
   }
   ctx.object = std::move(*cached);
@@ -507,6 +528,11 @@ ReconcileResult Reconciler::Reconcile(const std::string& ns, const std::string& 
       }
       ctx.Requeue(std::chrono::seconds(options_.pending_timeout.count() - age + 1));
     }
+  }
+  if (AwaitingCreatedPods(ctx.key, current)) {
+    ctx.Requeue(std::chrono::milliseconds(100));
+    WriteStatus(ctx);
+    return ctx.result;
   }
   if (gang_started && static_cast<int64_t>(current.size()) < ctx.job.spec.nodes) {
     Restart(ctx, "PodDeleted",

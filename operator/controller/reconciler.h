@@ -15,6 +15,7 @@
 //  6. No pods: plan a gang placement from the informers' snapshot (Pending with the
 //     reason when nothing fits, retried), then ensure the Service, the ConfigMap and one
 //     Pod per node, each owned by the job.
+//     Pods just created but not yet in the pod cache are waited for, not taken as deleted.
 //  7. Pods exist: create any missing ones of an interrupted creation, count ready
 //     workers, read progress from rank 0's metrics endpoint.
 //  8. Write status through the status subresource when it changed and emit an Event for
@@ -49,6 +50,7 @@ struct ReconcilerOptions {
   std::chrono::seconds avoid_failed_node{600};   // how long a failed node is avoided
   std::chrono::seconds unschedulable_retry{10};  // retry period while nothing fits
   std::chrono::seconds progress_interval{5};     // how often rank 0's metrics are read
+  std::chrono::seconds creation_observation_timeout{30};  // how long created pods may be absent from the cache
   std::string component = "meshtrain-operator";  // Event source
 };
 
@@ -77,6 +79,9 @@ class Reconciler {
   bool CreateGang(Context& ctx);
   void ObserveProgress(Context& ctx, const nlohmann::json& rank0);
   std::set<std::string> AvoidedNodes(const std::string& job_key);
+  // True while pods this reconciler created for the job have not yet appeared in the pod
+  // cache (the watch lags the create): missing pods then mean "not seen yet", not "deleted".
+  bool AwaitingCreatedPods(const std::string& job_key, const std::vector<nlohmann::json>& current);
   // The cluster as placement sees it: the node cache, less the GPUs our pods hold.
   scheduler::ClusterSnapshot Snapshot();
 
@@ -91,6 +96,11 @@ class Reconciler {
   // job key -> node -> when it failed the job
   std::map<std::string, std::map<std::string, std::chrono::steady_clock::time_point>> avoid_;
   std::map<std::string, std::chrono::steady_clock::time_point> last_scrape_;
+  struct UnseenPods {
+    std::set<std::string> names;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::map<std::string, UnseenPods> unseen_pods_;  // job key -> created pods the cache has not shown
   std::map<std::string, std::string> written_from_;  // job key -> resourceVersion our last status write replaced
   std::optional<scheduler::ClusterSnapshot> nodes_snapshot_;
   uint64_t nodes_snapshot_version_ = 0;

@@ -3,6 +3,8 @@
 # simulator, the real operator as its own process, and the real kubectl.
 # Usage: operator_e2e.sh BUILD_DIR TOOLS_DIR SCENARIO
 set -euo pipefail
+# Pipelines into grep read to the end (no -q): with pipefail, grep -q exiting first would
+# fail the pipeline through SIGPIPE in the writer.
 build=$1 tools=$2 scenario=$3
 src=$(cd "$(dirname "$0")/../.." && pwd)
 kubectl=$tools/bin/kubectl
@@ -92,11 +94,11 @@ case $scenario in
     for column in NAME PHASE NODES STEP TOKENS/S AGE; do
       [[ $header == *"$column"* ]] || fail "kubectl get tj lacks column $column: $header"
     done
-    "$kubectl" get tj tiny | grep -q "Succeeded" || fail "kubectl get tj does not show the phase"
+    "$kubectl" get tj tiny | grep "Succeeded" >/dev/null || fail "kubectl get tj does not show the phase"
     [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.placement.nodes[*].nodeRank}')" = "0 1" ] || fail "no placement in status"
-    "$kubectl" get events | grep -q GangCreated || fail "no GangCreated event"
+    "$kubectl" get events | grep GangCreated >/dev/null || fail "no GangCreated event"
     [ "$("$kubectl" get svc tiny -o 'jsonpath={.spec.clusterIP}')" = None ] || fail "the Service is not headless"
-    "$kubectl" get cm tiny-config -o 'jsonpath={.data.rank-table\.json}' | grep -q nodeRank || fail "no rank table"
+    "$kubectl" get cm tiny-config -o 'jsonpath={.data.rank-table\.json}' | grep nodeRank >/dev/null || fail "no rank table"
     node "$src/tests/e2e/validate_objects.js" "$tools/node_modules" "$work/record" || fail "kubernetes-models rejected an object"
     # Deleting the job deletes what it owns.
     "$kubectl" delete tj tiny >/dev/null
@@ -114,7 +116,7 @@ case $scenario in
     wait_for '{.status.phase}' Succeeded 30
     [ "$("$kubectl" get pods -o name | grep -c tiny-g0-)" -eq 0 ] || fail "pods of the killed gang remain"
     [ "$("$kubectl" get pods -o name | grep -c tiny-g1-)" -eq 2 ] || fail "the restarted gang is not 2 pods"
-    "$kubectl" get events | grep -q PodFailed || fail "no PodFailed event"
+    "$kubectl" get events | grep PodFailed >/dev/null || fail "no PodFailed event"
     ;;
   operator-restart)
     start_server 6
