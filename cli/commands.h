@@ -25,8 +25,11 @@ struct RunOptions {
   int sample_tokens = 300;  // text sampled from the trained model at the end
 };
 
-// Trains one job on this machine: validates and lays it out, trains it on one
-// rank showing step, loss and tokens/s, and prints a text sample from the model.
+// Trains one job on this machine: validates and lays it out, then trains it showing
+// step, loss and tokens/s. A one-rank job trains in this process and ends with a text
+// sample from the model; a larger one runs its ranks as `meshtrain-worker train`
+// processes on virtual nodes of this machine (found next to this program, or in
+// $MESHTRAIN_WORKER, or on PATH).
 int RunCommand(const RunOptions& options, std::ostream& out);
 
 struct PrepareDataOptions {

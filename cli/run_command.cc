@@ -1,4 +1,8 @@
 #include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+#include <filesystem>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -6,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/job_report.h"
 #include "operator/scheduler/placement.h"
+#include "worker/launch/local_launcher.h"
 #include "worker/train/trainer.h"
 
 namespace meshtrain::cli {
@@ -31,6 +36,41 @@ api::RankTable LocalRankTable(const api::TrainingJob& job) {
   return scheduler::MakeRankTable(placement, job.spec.topology.levels, job.spec.gpus_per_node);
 }
 
+// meshtrain-worker: $MESHTRAIN_WORKER, next to this program (installed), beside it in
+// the build tree (cli/ and worker/), or from PATH.
+std::string WorkerProgram() {
+  if (const char* explicit_path = std::getenv("MESHTRAIN_WORKER")) return explicit_path;
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    for (const auto& candidate : {self.parent_path() / "meshtrain-worker",
+                                  self.parent_path().parent_path() / "worker" / "meshtrain-worker"}) {
+      if (std::filesystem::exists(candidate)) return candidate.string();
+    }
+  }
+  return "meshtrain-worker";
+}
+
+// Runs every rank as a process on the job's virtual nodes; they print their own progress.
+int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std::string& file, std::ostream& out) {
+  launch::LocalLaunch launch;
+  launch.nodes = int(job.job.spec.nodes);
+  launch.ranks_per_node = int(job.job.spec.gpus_per_node);
+  launch.rank_table = table;
+  launch.job_name = job.job.metadata.name;
+  launch.command = {WorkerProgram(), "train"};
+  launch.environment["MESHTRAIN_CONFIG"] = std::filesystem::absolute(file).string();
+  // The ranks share this machine's cores; oversubscribed OpenMP threads spin against each other.
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    launch.environment["OMP_NUM_THREADS"] = std::to_string(std::max(1, cores / (launch.nodes * launch.ranks_per_node)));
+  }
+  out << "  launching " << launch.nodes * launch.ranks_per_node << " ranks: " << launch.command[0] << " train"
+      << std::endl;
+  const launch::LaunchResult result = launch::LaunchLocal(launch, out);
+  return result.status == 0 ? kExitOk : result.status;
+}
+
 std::string MiB(int64_t bytes) {
   char buffer[32];
   std::snprintf(buffer, sizeof buffer, "%.1f MiB", double(bytes) / (1 << 20));
@@ -45,12 +85,14 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
   out << job.Where() << ": ok\n";
   PrintLayout(job, /*groups=*/false, out);
   out << "  rank table on this machine:";
-  for (const api::RankTableNode& node : LocalRankTable(job.job).nodes) {
+  const api::RankTable table = LocalRankTable(job.job);
+  for (const api::RankTableNode& node : table.nodes) {
     out << " " << node.name << " ranks " << api::FormatRanks(std::vector<int>(node.ranks.begin(), node.ranks.end()))
         << ";";
   }
   out << "\n";
   if (job.job.spec.training.precision == "bf16") spdlog::warn("bf16 needs CUDA; this run trains in fp32 on the CPU");
+  if (api::ParallelLayout::ForSpec(job.job.spec).world() > 1) return RunRanks(job, table, options.file, out);
 
   std::optional<train::Trainer> trainer;
   try {

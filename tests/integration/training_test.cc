@@ -86,7 +86,7 @@ TEST_F(TrainingTest, SameSeedGivesBitwiseIdenticalLosses) {
   EXPECT_LT(first.back(), first.front());
 }
 
-TEST_F(TrainingTest, MoreThanOneRankIsRefusedClearly) {
+TEST_F(TrainingTest, AWorldWithoutItsCommunicatorIsRefusedClearly) {
   api::TrainingJob job = Job(5);
   job.spec.nodes = 2;
   job.spec.training.global_batch_tokens = 4096;
@@ -94,7 +94,20 @@ TEST_F(TrainingTest, MoreThanOneRankIsRefusedClearly) {
     Trainer trainer(job);
     FAIL();
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("the job asks for 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the job has 2 ranks"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("meshtrain-worker"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(TrainingTest, TensorParallelismIsRefusedNamingTheField) {
+  api::TrainingJob job = Job(5);
+  job.spec.gpus_per_node = 2;
+  job.spec.parallelism.tensor_parallel_degree = 2;
+  try {
+    Trainer trainer(job);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("spec.parallelism.tensorParallelDegree"), std::string::npos) << e.what();
   }
 }
 

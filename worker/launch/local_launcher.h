@@ -3,18 +3,19 @@
 // so intra-node traffic takes shm and inter-node traffic takes tcp here (DESIGN.md,
 // "Worker contract"; used by tests, benchmarks and `meshtrain launch`).
 //
-// If a rank fails (non-zero exit or a signal), the others get SIGTERM and, after a
-// grace period, SIGKILL: one failure ends the whole job, as on a cluster.
+// The ranks run as one process group (process_group.h): one failure ends the whole job.
 
 #pragma once
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "api/rank_table.h"
+#include "worker/launch/process_group.h"
 
 namespace meshtrain::launch {
 
@@ -24,20 +25,12 @@ struct LocalLaunch {
   std::vector<std::string> command;  // argv of every rank
   std::map<std::string, std::string> environment;  // added to each rank's
   std::string job_name = "local";
+  // Which ranks share a node; default VirtualRankTable(nodes, ranks_per_node).
+  std::optional<api::RankTable> rank_table;
   std::chrono::milliseconds grace{5000};  // SIGTERM to SIGKILL
   std::chrono::milliseconds timeout{0};   // whole job; 0: none
   // Whether one rank's failure stops the others (tests of failure detection turn it off).
   bool stop_others_on_failure = true;
-};
-
-struct RankExit {
-  int rank = 0;
-  int status = 0;  // exit code, or 128 + signal
-};
-
-struct LaunchResult {
-  int status = 0;  // 0, or the first failed rank's status
-  std::vector<RankExit> exits;  // in the order the ranks ended
 };
 
 // argv with argv[0] replaced by this executable's path, so a program can launch itself as ranks.

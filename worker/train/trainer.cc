@@ -15,26 +15,37 @@ namespace {
 
 constexpr float kBeta1 = 0.9f, kBeta2 = 0.95f, kEpsilon = 1e-8f;
 
-const api::TrainingJob& RequireOneRank(const api::TrainingJob& job) {
-  const int world = api::ParallelLayout::ForSpec(job.spec).world();
-  if (world != 1) {
-    throw std::invalid_argument("this build trains on one rank; the job asks for " + std::to_string(world) +
-                                " (spec.nodes x spec.gpusPerNode), which needs the communication layer");
+const api::TrainingJob& RequireSupportedLayout(const api::TrainingJob& job, const comm::Communicator* data_parallel) {
+  const api::ParallelLayout layout = api::ParallelLayout::ForSpec(job.spec);
+  if (layout.tp() != 1) {
+    throw std::invalid_argument("spec.parallelism.tensorParallelDegree: " + std::to_string(layout.tp()) +
+                                " needs the tensor-parallel engine, which this build does not have yet; use 1");
+  }
+  const int ranks = data_parallel ? data_parallel->size() : 1;
+  if (layout.world() != ranks) {
+    throw std::invalid_argument("the job has " + std::to_string(layout.world()) +
+                                " ranks (spec.nodes x spec.gpusPerNode) but this trainer runs on " +
+                                std::to_string(ranks) + (ranks == 1 ? "; launch it with meshtrain-worker" : ""));
   }
   return job;
 }
 
 }  // namespace
 
-Trainer::Trainer(const api::TrainingJob& job)
-    : job_(RequireOneRank(job)),
+Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* data_parallel)
+    : job_(RequireSupportedLayout(job, data_parallel)),
+      data_parallel_(data_parallel),
       batch_(int(job.spec.training.micro_batch_size)),
       seq_(int(*job.spec.model.seq_len)),
       micro_steps_(api::AccumulationSteps(job.spec)),
       tokens_per_step_(job.spec.training.global_batch_tokens),
       model_(std::make_unique<model::Gpt2<float>>(api::ShapeOf(job.spec.model), batch_, seq_, &allocator_)),
-      train_(job.spec.data.train, batch_, seq_) {
-  if (!job.spec.data.validation.empty()) validation_.emplace(job.spec.data.validation, batch_, seq_);
+      train_(job.spec.data.train, batch_, seq_, data_parallel ? data_parallel->rank() : 0,
+             data_parallel ? data_parallel->size() : 1) {
+  if (!job.spec.data.validation.empty()) {
+    validation_.emplace(job.spec.data.validation, batch_, seq_, data_parallel ? data_parallel->rank() : 0,
+                        data_parallel ? data_parallel->size() : 1);
+  }
   model::InitParameters(model_->params().data(), model_->layout(), uint64_t(job.spec.training.seed));
   m_ = runtime::Buffer<float>(&allocator_, model_->params().size(), runtime::MemoryCategory::kOptimizer);
   v_ = runtime::Buffer<float>(&allocator_, model_->params().size(), runtime::MemoryCategory::kOptimizer);
@@ -54,9 +65,10 @@ StepReport Trainer::Step() {
     loss += model_->Forward(inputs_.data(), targets_.data(), batch_, seq_);
     model_->Backward(1.0f / float(micro_steps_));
   }
-  report.loss = loss / double(micro_steps_);
-
   runtime::Buffer<float>& grads = model_->grads();
+  Average(grads.data(), grads.size());
+  report.loss = Average(loss / double(micro_steps_));
+
   double sumsq = 0;
   for (float g : grads) sumsq += double(g) * g;
   report.grad_norm = std::sqrt(sumsq);
@@ -73,8 +85,21 @@ StepReport Trainer::Step() {
   }
   report.step = step_;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report.seconds = seconds;
   report.tokens_per_second = double(tokens_per_step_) / seconds;
   return report;
+}
+
+void Trainer::Average(float* values, size_t count) {
+  if (data_parallel_ == nullptr || data_parallel_->size() == 1) return;
+  data_parallel_->AllReduce(values, values, count, comm::DataType::kFloat32, comm::ReduceOp::kAverage)->Wait();
+}
+
+double Trainer::Average(double value) {
+  if (data_parallel_ == nullptr || data_parallel_->size() == 1) return value;
+  float mean = float(value);  // a loss: fp32 is precise enough
+  Average(&mean, 1);
+  return mean;
 }
 
 void Trainer::Run(const std::function<void(const StepReport&)>& report) {
@@ -98,7 +123,7 @@ double Trainer::Evaluate() {
     loss += model_->Forward(inputs_.data(), targets_.data(), batch_, seq_);
   }
   data.set_position(saved);
-  return loss / double(batches);
+  return Average(loss / double(batches));
 }
 
 std::vector<uint32_t> Trainer::Sample(const std::vector<uint32_t>& prompt, int tokens, uint64_t seed) {

@@ -1,7 +1,14 @@
-// Single-rank training of a TrainingJob on the CPU in fp32: gradient accumulation
-// over micro-batches, global grad-norm clipping, AdamW with decoupled weight decay
-// on matrices and embeddings, the learning-rate schedule, and validation losses.
+// Training of a TrainingJob on the CPU in fp32: gradient accumulation over
+// micro-batches, global grad-norm clipping, AdamW with decoupled weight decay on
+// matrices and embeddings, the learning-rate schedule, and validation losses.
 // The same seed gives bitwise-identical losses, run after run.
+//
+// With a data-parallel communicator, every rank holds the whole model, reads its own
+// slice of each global batch, and averages gradients (and losses) over the group
+// before the optimizer step, so all replicas stay identical and the run matches the
+// single-rank run of the same global batch up to summation order. This stands in for
+// the sharded engine of DESIGN.md (parallel/): hybridShardDegree is honoured
+// numerically but parameters are replicated, and tensorParallelDegree must be 1.
 // Not thread-safe: one Trainer drives its model from one thread.
 
 #pragma once
@@ -14,6 +21,7 @@
 #include <vector>
 
 #include "api/training_job.h"
+#include "worker/comm/communicator.h"
 #include "worker/model/gpt2.h"
 #include "worker/runtime/memory.h"
 #include "worker/train/data_loader.h"
@@ -26,7 +34,8 @@ struct StepReport {
   double loss = 0;   // mean training loss over the step's micro-batches
   double learning_rate = 0;
   double grad_norm = 0;  // before clipping
-  double tokens_per_second = 0;
+  double tokens_per_second = 0;  // of the whole job
+  double seconds = 0;            // wall time of the step
   std::optional<double> validation_loss;  // on evaluation steps
 };
 
@@ -37,9 +46,11 @@ struct MemoryReport {
 
 class Trainer {
  public:
-  // REQUIRES: `job` is defaulted and valid. Throws std::invalid_argument for a job
-  // this trainer cannot run (more than one rank), TokenFileError for bad data.
-  explicit Trainer(const api::TrainingJob& job);
+  // REQUIRES: `job` is defaulted and valid; `data_parallel`, if given, is the job's
+  // world and outlives the Trainer. Throws std::invalid_argument for a job this trainer
+  // cannot run (tensor parallelism, or a world other than the communicator's),
+  // TokenFileError for bad data.
+  explicit Trainer(const api::TrainingJob& job, comm::Communicator* data_parallel = nullptr);
 
   // Trains for spec.training.steps, calling `report` after every step.
   void Run(const std::function<void(const StepReport&)>& report);
@@ -48,18 +59,24 @@ class Trainer {
   StepReport Step();
 
   // Mean loss over evalBatches micro-batches from the start of the validation data
-  // (the training data if there is none).
+  // (the training data if there is none), averaged over the data-parallel ranks.
   double Evaluate();
 
   // `tokens` tokens sampled from the model after `prompt`, at temperature 1.
   std::vector<uint32_t> Sample(const std::vector<uint32_t>& prompt, int tokens, uint64_t seed);
 
   MemoryReport memory() const;
+  const runtime::MemoryAccounting& accounting() const { return accounting_; }
   int64_t tokens_per_step() const { return tokens_per_step_; }
   model::Gpt2<float>& model() { return *model_; }
 
  private:
+  // Averages `count` floats in place over the data-parallel ranks (no-op on one rank).
+  void Average(float* values, size_t count);
+  double Average(double value);
+
   api::TrainingJob job_;
+  comm::Communicator* data_parallel_;
   int batch_, seq_;
   int64_t micro_steps_, tokens_per_step_;
   runtime::MemoryAccounting accounting_;

@@ -1,0 +1,291 @@
+// meshtrain-worker across real processes: data-parallel runs against the single-rank
+// run, the pod launcher's signals and teardown, configuration errors, and the metrics
+// endpoint. MESHTRAIN_CLI and MESHTRAIN_WORKER are the binaries under test.
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include <cpprest/http_client.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "api/manifest.h"
+#include "worker/launch/local_launcher.h"
+#include "worker/train/token_file.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+struct Outcome {
+  int status = -1;  // exit code, 128 + signal, or -1 if it had to be killed at the deadline
+  std::string output;
+};
+
+// The steps a run printed: loss, grad norm and validation loss (NaN when absent).
+struct StepLine {
+  double loss, norm, validation;
+};
+
+std::vector<StepLine> Steps(const std::string& output) {
+  static const std::regex step(R"(step +\d+/\d+ \| loss ([0-9.]+) \| lr [^|]+\| norm ([0-9.]+) \|[^|\n]*(\| val loss ([0-9.]+))?)");
+  std::vector<StepLine> steps;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), step); it != std::sregex_iterator(); ++it) {
+    const auto& m = *it;
+    steps.push_back({std::stod(m[1]), std::stod(m[2]), m[4].matched ? std::stod(m[4]) : std::nan("")});
+  }
+  return steps;
+}
+
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof addr;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// A child process with extra environment, its output in a file.
+class Process {
+ public:
+  Process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env, const fs::path& log)
+      : log_(log) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+  }
+  ~Process() {
+    if (pid_ > 0 && !done_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+
+  // Waits up to `deadline`; then kills it and reports -1.
+  Outcome Wait(std::chrono::milliseconds deadline) {
+    Outcome run;
+    const auto until = std::chrono::steady_clock::now() + deadline;
+    int status = 0;
+    while (::waitpid(pid_, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > until) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &status, 0);
+        done_ = true;
+        run.output = Output();
+        return run;
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    done_ = true;
+    run.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    run.output = Output();
+    return run;
+  }
+  std::string Output() const {
+    std::ifstream in(log_);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  // The pids of its children (the ranks of a launcher).
+  std::vector<pid_t> Children() const {
+    std::ifstream in("/proc/" + std::to_string(pid_) + "/task/" + std::to_string(pid_) + "/children");
+    std::vector<pid_t> pids;
+    for (pid_t p; in >> p;) pids.push_back(p);
+    return pids;
+  }
+
+ private:
+  fs::path log_;
+  pid_t pid_ = -1;
+  bool done_ = false;
+};
+
+class WorkerTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("meshtrain-worker-test-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    std::ifstream in("examples/data/pride-and-prejudice.txt", std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_GT(text.size(), 600000u);
+    const auto tokens = train::ByteTokens(text);
+    const size_t split = tokens.size() * 9 / 10;
+    train::WriteTokenFile((dir_ / "train.bin").string(), std::span(tokens).first(split));
+    train::WriteTokenFile((dir_ / "val.bin").string(), std::span(tokens).subspan(split));
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // The tiny example on `nodes` x `gpus` ranks; the global batch stays 2048 tokens, so
+  // every layout trains on exactly the same samples per step.
+  fs::path Job(const std::string& name, int nodes, int gpus, int steps) {
+    nlohmann::json job = api::ReadManifestFile("examples/gpt2-tiny-local.yaml").at(0).object;
+    job["metadata"]["name"] = name;
+    job["spec"]["nodes"] = nodes;
+    job["spec"]["gpusPerNode"] = gpus;
+    job["spec"]["data"] = {{"train", (dir_ / "train.bin").string()}, {"validation", (dir_ / "val.bin").string()}};
+    auto& training = job["spec"]["training"];
+    training["steps"] = steps;
+    training["globalBatchTokens"] = 2048;
+    training["microBatchSize"] = 8 / (nodes * gpus);
+    training["warmupSteps"] = 2;
+    training["evalInterval"] = 3;
+    training["evalBatches"] = 2;
+    const fs::path path = dir_ / (name + ".json");
+    std::ofstream(path) << job.dump(2);
+    return path;
+  }
+
+  Outcome MeshtrainRun(const fs::path& job) {
+    Process p({MESHTRAIN_CLI, "run", job.string(), "--sample-tokens", "20"}, {}, dir_ / (job.stem().string() + ".log"));
+    return p.Wait(120s);
+  }
+
+  // The worker contract's environment for node 0 of one node with `ranks` ranks.
+  std::map<std::string, std::string> PodEnvironment(const fs::path& job, int ranks) {
+    const fs::path table = dir_ / "rank-table.json";
+    std::ofstream(table) << api::ToJson(launch::VirtualRankTable(1, ranks)).dump();
+    return {{"MESHTRAIN_JOB_NAME", job.stem().string()},
+            {"MESHTRAIN_CONFIG", job.string()},
+            {"MESHTRAIN_RANK_TABLE", table.string()},
+            {"MESHTRAIN_COORDINATOR", "127.0.0.1:" + std::to_string(FreePort())},
+            {"MESHTRAIN_NODE_RANK", "0"},
+            {"MESHTRAIN_NNODES", "1"},
+            {"MESHTRAIN_NPROC_PER_NODE", std::to_string(ranks)},
+            {"OMP_NUM_THREADS", "1"}};
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(WorkerTest, DataParallelRunsMatchTheSingleRankRun) {
+  const Outcome one = MeshtrainRun(Job("one", 1, 1, 6));
+  const Outcome shm = MeshtrainRun(Job("shm", 1, 2, 6));   // two ranks on one node: shm
+  const Outcome tcp = MeshtrainRun(Job("tcp", 2, 2, 6));   // two virtual nodes: tcp;ofi_rxm between them
+  ASSERT_EQ(one.status, 0) << one.output;
+  ASSERT_EQ(shm.status, 0) << shm.output;
+  ASSERT_EQ(tcp.status, 0) << tcp.output;
+  EXPECT_NE(tcp.output.find("launching 4 ranks"), std::string::npos) << tcp.output;
+  const auto reference = Steps(one.output);
+  ASSERT_EQ(reference.size(), 6u) << one.output;
+  EXPECT_LT(reference.back().loss, reference.front().loss - 0.5);
+  for (const Outcome* run : {&shm, &tcp}) {
+    const auto steps = Steps(run->output);
+    ASSERT_EQ(steps.size(), reference.size()) << run->output;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      // Printed to 4 decimals; only the order of the gradient sums differs.
+      EXPECT_NEAR(steps[i].loss, reference[i].loss, 2e-4) << "step " << i + 1;
+      EXPECT_NEAR(steps[i].norm, reference[i].norm, 2e-3 * reference[i].norm) << "step " << i + 1;
+      EXPECT_EQ(std::isnan(steps[i].validation), std::isnan(reference[i].validation)) << "step " << i + 1;
+      if (!std::isnan(reference[i].validation)) {
+        EXPECT_NEAR(steps[i].validation, reference[i].validation, 2e-4) << "step " << i + 1;
+      }
+    }
+  }
+}
+
+TEST_F(WorkerTest, AMissingDataFileIsAConfigurationErrorNamingTheFile) {
+  nlohmann::json job = nlohmann::json::parse(std::ifstream(Job("nodata", 1, 2, 3)));
+  job["spec"]["data"]["train"] = (dir_ / "missing.bin").string();
+  std::ofstream(dir_ / "nodata.json") << job.dump();
+  const Outcome run = MeshtrainRun(dir_ / "nodata.json");
+  EXPECT_EQ(run.status, 78) << run.output;  // EX_CONFIG: the operator fails such a job at once
+  EXPECT_NE(run.output.find("configuration error"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("missing.bin"), std::string::npos) << run.output;
+}
+
+TEST_F(WorkerTest, LaunchWithoutTheWorkerEnvironmentNamesTheVariable) {
+  Process p({MESHTRAIN_WORKER, "launch"}, {}, dir_ / "bare.log");
+  const Outcome run = p.Wait(20s);
+  EXPECT_EQ(run.status, 78) << run.output;
+  EXPECT_NE(run.output.find("MESHTRAIN_NODE_RANK"), std::string::npos) << run.output;
+}
+
+TEST_F(WorkerTest, LaunchServesMetricsAndPassesSigtermToItsRanks) {
+  auto env = PodEnvironment(Job("metrics", 1, 2, 100000), 2);
+  const int metrics_port = FreePort();
+  env["MESHTRAIN_METRICS_PORT"] = std::to_string(metrics_port);
+  env["MESHTRAIN_POD_IP"] = "127.0.0.1";
+  Process launcher({MESHTRAIN_WORKER, "launch"}, env, dir_ / "launch.log");
+
+  // Local rank 0 serves its progress once a step or two have run.
+  web::http::client::http_client_config config;
+  config.set_timeout(std::chrono::seconds(2));
+  web::http::client::http_client http("http://127.0.0.1:" + std::to_string(metrics_port), config);
+  std::string metrics;
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < until) {
+    try {
+      auto response = http.request(web::http::methods::GET, "/metrics").get();
+      metrics = response.extract_utf8string(true).get();
+      if (std::regex_search(metrics, std::regex(R"(meshtrain_train_step\{[^}]*\} [1-9])"))) break;
+    } catch (const std::exception&) {
+    }
+    std::this_thread::sleep_for(200ms);
+  }
+  EXPECT_TRUE(std::regex_search(metrics, std::regex(R"(meshtrain_train_step\{job="metrics",rank="0"\} [1-9])")))
+      << metrics << launcher.Output();
+  EXPECT_TRUE(std::regex_search(metrics, std::regex(R"(meshtrain_train_steps\{[^}]*\} 100000)"))) << metrics;
+  EXPECT_TRUE(std::regex_search(metrics, std::regex(R"(meshtrain_train_tokens_per_step\{[^}]*\} 2048)"))) << metrics;
+  EXPECT_TRUE(std::regex_search(metrics, std::regex(R"(meshtrain_memory_peak_bytes\{[^}]*category="params"[^}]*\} [1-9])")))
+      << metrics;
+  EXPECT_TRUE(std::regex_search(metrics, std::regex(R"(meshtrain_train_loss\{[^}]*\} [2-6]\.)"))) << metrics;
+
+  const std::vector<pid_t> ranks = launcher.Children();
+  ASSERT_EQ(ranks.size(), 2u);
+  ::kill(launcher.pid(), SIGTERM);
+  const Outcome run = launcher.Wait(30s);
+  EXPECT_EQ(run.status, 128 + SIGTERM) << run.output;
+  EXPECT_NE(run.output.find("received signal 15; passing it to 2 rank(s)"), std::string::npos) << run.output;
+  for (pid_t rank : ranks) EXPECT_NE(::kill(rank, 0), 0) << "rank process " << rank << " outlived its launcher";
+}
+
+TEST_F(WorkerTest, OneDeadRankTearsDownTheOthersAndFailsThePod) {
+  Process launcher({MESHTRAIN_WORKER, "launch"}, PodEnvironment(Job("kill", 1, 2, 100000), 2), dir_ / "kill.log");
+  std::vector<pid_t> ranks;
+  for (int i = 0; i < 100 && ranks.size() < 2; ++i) {
+    std::this_thread::sleep_for(50ms);
+    ranks = launcher.Children();
+  }
+  ASSERT_EQ(ranks.size(), 2u);
+  std::this_thread::sleep_for(1s);  // let them connect and train
+  ::kill(ranks[1], SIGKILL);
+  const Outcome run = launcher.Wait(60s);
+  EXPECT_EQ(run.status, 128 + SIGKILL) << run.output;
+  EXPECT_NE(run.output.find("rank 1 failed with status 137; stopping the other ranks"), std::string::npos)
+      << run.output;
+  EXPECT_NE(::kill(ranks[0], 0), 0) << "rank 0 outlived the gang";
+}
+
+}  // namespace
+}  // namespace meshtrain

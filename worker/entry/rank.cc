@@ -1,0 +1,126 @@
+#include "worker/entry/rank.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <stdexcept>
+
+#include "api/manifest.h"
+#include "worker/comm/bootstrap.h"
+#include "worker/comm/fabric/fabric_communicator.h"
+#include "worker/metrics/training_metrics.h"
+#include "worker/train/token_file.h"
+#include "worker/train/trainer.h"
+
+namespace meshtrain::worker {
+namespace {
+
+// The bound on joining: every rank of a gang starts within it, or the gang fails.
+constexpr comm::milliseconds kRendezvousTimeout{300'000};
+
+// A problem no restart can fix.
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+api::TrainingJob LoadJob(const std::string& path) {
+  if (path.empty()) throw ConfigError("the worker environment lacks MESHTRAIN_CONFIG");
+  std::vector<api::CheckedJob> jobs;
+  try {
+    jobs = api::LoadTrainingJobs(path);
+  } catch (const api::ManifestError& e) {
+    throw ConfigError(e.what());
+  }
+  if (jobs.size() != 1) {
+    throw ConfigError(path + " (MESHTRAIN_CONFIG): holds " + std::to_string(jobs.size()) +
+                      " documents; a worker takes one TrainingJob");
+  }
+  if (!jobs[0].ok()) throw ConfigError(jobs[0].Where() + ": " + jobs[0].errors[0].ToString());
+  return jobs[0].job;
+}
+
+int MetricsPort() {
+  const char* text = std::getenv("MESHTRAIN_METRICS_PORT");
+  if (text == nullptr || *text == '\0') return 0;
+  char* end = nullptr;
+  const long port = std::strtol(text, &end, 10);
+  if (*end != '\0' || port < 0 || port > 65535) {
+    throw ConfigError("MESHTRAIN_METRICS_PORT=\"" + std::string(text) + "\" is not a port number");
+  }
+  return int(port);
+}
+
+void PrintStep(const train::StepReport& r, std::ostream& out) {
+  char line[200];
+  std::snprintf(line, sizeof line, "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s",
+                static_cast<long long>(r.step), static_cast<long long>(r.steps), r.loss, r.learning_rate, r.grad_norm,
+                r.tokens_per_second);
+  out << line;
+  if (r.validation_loss) {
+    std::snprintf(line, sizeof line, " | val loss %.4f", *r.validation_loss);
+    out << line;
+  }
+  out << std::endl;
+}
+
+int Train(std::ostream& out) {
+  comm::WorkerEnvironment env;
+  api::TrainingJob job;
+  int metrics_port = 0;
+  try {
+    env = comm::WorkerEnvironment::FromEnvironment();
+    job = LoadJob(env.config);
+    metrics_port = MetricsPort();
+  } catch (const std::runtime_error& e) {
+    throw ConfigError(e.what());
+  }
+  std::optional<metrics::TrainingMetrics> exported;
+  if (env.local_rank == 0 && metrics_port > 0) {
+    const char* pod_ip = std::getenv("MESHTRAIN_POD_IP");
+    exported.emplace(env.job_name, env.rank, job.spec.training.steps, job.spec.training.global_batch_tokens);
+    exported->Serve(pod_ip && *pod_ip ? pod_ip : "0.0.0.0", metrics_port);
+  }
+
+  comm::Rendezvous rendezvous = comm::JoinRendezvous(env, kRendezvousTimeout);
+  std::unique_ptr<comm::Communicator> world =
+      comm::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, comm::FabricOptions::FromEnvironment());
+
+  std::optional<train::Trainer> trainer;
+  try {
+    trainer.emplace(job, world.get());
+  } catch (const train::TokenFileError& e) {
+    throw ConfigError(e.what());
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(env.config + ": " + e.what());
+  }
+  if (env.rank == 0) {
+    out << "job " << env.job_name << ": " << env.world_size << " rank(s) on " << env.nnodes << " node(s), "
+        << job.spec.training.steps << " steps" << std::endl;
+  }
+  if (exported) exported->Memory(trainer->accounting());
+  trainer->Run([&](const train::StepReport& report) {
+    if (exported) {
+      exported->Step(report);
+      exported->Memory(trainer->accounting());
+    }
+    if (env.rank == 0) PrintStep(report, out);
+  });
+  world->Barrier()->Wait();  // rank 0 serves the Store: it leaves last
+  return 0;
+}
+
+}  // namespace
+
+int RunRank(std::ostream& out) {
+  try {
+    return Train(out);
+  } catch (const ConfigError& e) {
+    out << "configuration error: " << e.what() << std::endl;
+    return kExitConfigError;
+  } catch (const std::exception& e) {
+    out << "rank failed: " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+}  // namespace meshtrain::worker

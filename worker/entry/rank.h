@@ -1,0 +1,24 @@
+// `meshtrain-worker train`: one rank of a job, started by `meshtrain-worker launch` in a
+// pod or by `meshtrain run` on one machine (DESIGN.md, "Worker contract").
+//
+// The rank reads the worker environment and the job spec (MESHTRAIN_CONFIG), joins the
+// rendezvous, connects the fabric communicator, trains, and exports its metrics. Local
+// rank 0 of each node serves them on MESHTRAIN_METRICS_PORT (0 or unset: none), bound to
+// MESHTRAIN_POD_IP when set, else to every interface. Rank 0 prints the progress.
+//
+// Exit status: 0 when training finished; kExitConfigError (78, EX_CONFIG) for a problem
+// no restart can fix (a malformed environment, spec or data file), which the operator
+// takes as a permanent failure; 1 for anything else (a dead peer, a timeout), after
+// which the operator restarts the gang.
+
+#pragma once
+
+#include <ostream>
+
+namespace meshtrain::worker {
+
+inline constexpr int kExitConfigError = 78;
+
+int RunRank(std::ostream& out);
+
+}  // namespace meshtrain::worker

@@ -1,0 +1,97 @@
+#include "worker/metrics/training_metrics.h"
+
+#include <stdexcept>
+
+namespace meshtrain::metrics {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+
+prometheus::Gauge& NewGauge(prometheus::Registry& registry, const std::string& name, const std::string& help,
+                            const prometheus::Labels& labels) {
+  return BuildGauge().Name(name).Help(help).Labels(labels).Register(registry).Add({});
+}
+
+}  // namespace
+
+TrainingMetrics::TrainingMetrics(const std::string& job, int rank, int64_t steps, int64_t tokens_per_step)
+    : TrainingMetrics(std::make_shared<prometheus::Registry>(),
+                      prometheus::Labels{{"job", job}, {"rank", std::to_string(rank)}}, steps, tokens_per_step) {}
+
+TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry, const prometheus::Labels& labels,
+                                 int64_t steps, int64_t tokens_per_step)
+    : registry_(std::move(registry)),
+      step_(NewGauge(*registry_, "meshtrain_train_step", "Optimizer steps done.", labels)),
+      loss_(NewGauge(*registry_, "meshtrain_train_loss", "Mean training loss of the latest step (nats/token).",
+                     labels)),
+      validation_loss_(NewGauge(*registry_, "meshtrain_train_validation_loss",
+                                "Latest validation loss (nats/token).", labels)),
+      learning_rate_(NewGauge(*registry_, "meshtrain_train_learning_rate", "Learning rate of the latest step.",
+                              labels)),
+      grad_norm_(NewGauge(*registry_, "meshtrain_train_grad_norm", "Global gradient norm before clipping.",
+                          labels)),
+      tokens_per_second_(NewGauge(*registry_, "meshtrain_train_tokens_per_second",
+                                  "Tokens per second of the whole job over the latest step.", labels)),
+      tokens_(BuildCounter()
+                  .Name("meshtrain_train_tokens_total")
+                  .Help("Tokens the whole job has trained on.")
+                  .Labels(labels)
+                  .Register(*registry_)
+                  .Add({})),
+      step_seconds_(BuildHistogram()
+                        .Name("meshtrain_train_step_duration_seconds")
+                        .Help("Wall time of each optimizer step.")
+                        .Labels(labels)
+                        .Register(*registry_)
+                        .Add({}, prometheus::Histogram::BucketBoundaries{0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100})),
+      memory_(BuildGauge()
+                  .Name("meshtrain_memory_bytes")
+                  .Help("Bytes this rank holds now, by category.")
+                  .Labels(labels)
+                  .Register(*registry_)),
+      memory_peak_(BuildGauge()
+                       .Name("meshtrain_memory_peak_bytes")
+                       .Help("Most bytes this rank has held, by category.")
+                       .Labels(labels)
+                       .Register(*registry_)),
+      tokens_per_step_(tokens_per_step) {
+  NewGauge(*registry_, "meshtrain_train_steps", "Optimizer steps in the job.", labels).Set(double(steps));
+  NewGauge(*registry_, "meshtrain_train_tokens_per_step", "Tokens in one global batch.", labels)
+      .Set(double(tokens_per_step));
+}
+
+void TrainingMetrics::Serve(const std::string& host, int port) {
+  const std::string address = host + ":" + std::to_string(port);
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(address);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("cannot serve metrics on " + address + ": " + e.what());
+  }
+  exposer_->RegisterCollectable(registry_);
+}
+
+int TrainingMetrics::port() const { return exposer_->GetListeningPorts().at(0); }
+
+void TrainingMetrics::Step(const train::StepReport& report) {
+  step_.Set(double(report.step));
+  loss_.Set(report.loss);
+  if (report.validation_loss) validation_loss_.Set(*report.validation_loss);
+  learning_rate_.Set(report.learning_rate);
+  grad_norm_.Set(report.grad_norm);
+  tokens_per_second_.Set(report.tokens_per_second);
+  tokens_.Increment(double(tokens_per_step_));
+  step_seconds_.Observe(report.seconds);
+}
+
+void TrainingMetrics::Memory(const runtime::MemoryAccounting& accounting) {
+  for (size_t i = 0; i < runtime::kMemoryCategories; ++i) {
+    const auto category = static_cast<runtime::MemoryCategory>(i);
+    const prometheus::Labels labels{{"category", runtime::MemoryCategoryName(category)}};
+    memory_.Add(labels).Set(double(accounting.current(category)));
+    memory_peak_.Add(labels).Set(double(accounting.peak(category)));
+  }
+}
+
+}  // namespace meshtrain::metrics

@@ -1,0 +1,61 @@
+// One rank's training metrics for Prometheus (DESIGN.md, "Names": meshtrain_ prefix,
+// base units). Every series carries the constant labels job and rank.
+//
+//   meshtrain_train_step, meshtrain_train_steps           gauges: steps done, steps in the job
+//   meshtrain_train_loss, meshtrain_train_validation_loss gauges: latest losses (nats/token)
+//   meshtrain_train_learning_rate, meshtrain_train_grad_norm
+//   meshtrain_train_tokens_per_second, meshtrain_train_tokens_per_step
+//   meshtrain_train_tokens_total                          counter
+//   meshtrain_train_step_duration_seconds                 histogram
+//   meshtrain_memory_bytes{category}, meshtrain_memory_peak_bytes{category}
+//
+// The operator reads step, steps, loss, tokens_per_second and tokens_per_step from rank
+// 0 to fill a TrainingJob's status.progress.
+// Thread-safe (prometheus-cpp metrics are atomic).
+
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "worker/runtime/memory.h"
+#include "worker/train/trainer.h"
+
+namespace meshtrain::metrics {
+
+class TrainingMetrics {
+ public:
+  TrainingMetrics(const std::string& job, int rank, int64_t steps, int64_t tokens_per_step);
+
+  // Serves GET /metrics on host:port (port 0: any free port). Throws std::runtime_error
+  // naming the address if it cannot listen.
+  void Serve(const std::string& host, int port);
+  int port() const;  // the port served on; REQUIRES: Serve() was called
+
+  void Step(const train::StepReport& report);
+  void Memory(const runtime::MemoryAccounting& accounting);
+
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+ private:
+  TrainingMetrics(std::shared_ptr<prometheus::Registry> registry, const prometheus::Labels& labels, int64_t steps,
+                  int64_t tokens_per_step);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  prometheus::Gauge &step_, &loss_, &validation_loss_, &learning_rate_, &grad_norm_, &tokens_per_second_;
+  prometheus::Counter& tokens_;
+  prometheus::Histogram& step_seconds_;
+  prometheus::Family<prometheus::Gauge>& memory_;
+  prometheus::Family<prometheus::Gauge>& memory_peak_;
+  int64_t tokens_per_step_;
+};
+
+}  // namespace meshtrain::metrics
