@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   double qps = 50;
   int burst = 100;
   int pending_timeout_s = 120;
+  int progress_interval_s = 5;
   app.add_option("--kubeconfig", kubeconfig, "kubeconfig file (default: $KUBECONFIG, in-cluster, ~/.kube/config)");
   app.add_option("--namespace", namespace_, "watch only this namespace (default: every namespace)");
   app.add_flag("--all-namespaces", all_namespaces, "watch every namespace (the default)");
@@ -58,6 +59,8 @@ int main(int argc, char** argv) {
   app.add_option("--health-port", health_port, "/healthz and /readyz port (0: off)")->check(CLI::Range(0, 65535));
   app.add_option("--pending-timeout", pending_timeout_s, "seconds a pod may stay Pending before its gang is re-planned")
       ->check(CLI::Range(1, 86400));
+  app.add_option("--progress-interval", progress_interval_s, "seconds between reads of rank 0's training metrics")
+      ->check(CLI::Range(1, 3600));
   app.add_option("--log-level", log_level, "log level")->check(CLI::IsMember(LogLevelNames()));
   CLI11_PARSE(app, argc, argv);
   InitLogging("meshtrain-operator", log_level);
@@ -89,6 +92,7 @@ int main(int argc, char** argv) {
     options.namespace_ = namespace_;
     options.workers = workers;
     options.reconciler.pending_timeout = std::chrono::seconds(pending_timeout_s);
+    options.reconciler.progress_interval = std::chrono::seconds(progress_interval_s);
     controller::Controller controller(client, &metrics, options);
     kube::LeaderElectionOptions election;
     char host[256] = {};

@@ -73,6 +73,7 @@ json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t 
       Env("MESHTRAIN_CONFIG", std::string(kConfigDir) + "/job.json"),
       Env("MESHTRAIN_RANK_TABLE", std::string(kConfigDir) + "/rank-table.json"),
       Env("MESHTRAIN_METRICS_PORT", std::to_string(kMetricsPort)),
+      {{"name", "MESHTRAIN_POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}},
       Env("MASTER_ADDR", coordinator_host),
       Env("MASTER_PORT", std::to_string(kCoordinatorPort)),
       Env("WORLD_SIZE", std::to_string(nodes * spec.gpus_per_node)),

@@ -28,10 +28,12 @@ fail() {
   exit 1
 }
 
-start_server() {
+start_server() {  # start_server SCRIPT_SECONDS [SERVER_FLAGS...]
+  local seconds=${1:-2}
+  shift || true
   "$build/tests/support/kube/meshtrain-test-apiserver" --kubeconfig-out "$KUBECONFIG" --port-file "$work/port" \
     --cluster "$src/examples/clusters/eks-p5-124.yaml" --workdir "$work/pods" --record-dir "$work/record" \
-    --script-seconds "${1:-2}" --bookmark-ms 500 >"$work/server.log" 2>&1 &
+    --script-seconds "$seconds" --bookmark-ms 500 "$@" >"$work/server.log" 2>&1 &
   pids+=($!)
   mkdir -p "$work/record"
   for _ in $(seq 100); do [ -f "$work/port" ] && break; sleep 0.1; done
@@ -60,6 +62,35 @@ wait_for() {
 
 post() { echo "$2" >"$work/body.json"; "$kubectl" create --raw "$1" -f "$work/body.json" >/dev/null; }
 script() { post /_test/kubelet/script "{\"job\": \"tiny\", \"exitCode\": ${2:-0}, \"seconds\": $1}"; }
+# A 2-node x 2-rank job of real workers on the bundled corpus.
+worker_job() {  # worker_job STEPS [DATA_FILE]
+  cat >"$work/job.yaml" <<YAML
+apiVersion: meshtrain.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: tiny
+spec:
+  image: meshtrain:e2e
+  nodes: 2
+  gpusPerNode: 2
+  model: {preset: gpt2-tiny}
+  data: {train: ${2:-$work/data/train.bin}, validation: $work/data/val.bin}
+  training: {steps: $1, globalBatchTokens: 2048, microBatchSize: 4, warmupSteps: 2, evalInterval: 25, evalBatches: 2}
+  template:
+    tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+    env: [{name: OMP_NUM_THREADS, value: "1"}]
+YAML
+  "$kubectl" apply -f "$work/job.yaml" >/dev/null
+}
+
+prepare_data() {
+  mkdir -p "$work/data"
+  "$build/cli/meshtrain" prepare-data "$src/examples/data/pride-and-prejudice.txt" "$work/data/train.bin" \
+    --validation "$work/data/val.bin" >/dev/null
+}
+
+pod_log() { cat "$work/pods/default_$1/log" 2>/dev/null || true; }
+
 pod_count() { "$kubectl" get pods -l meshtrain.dev/job-name=tiny -o name | wc -l; }
 
 job() {  # job [EXTRA_SPEC_YAML]: a 2-node job named tiny
@@ -196,6 +227,48 @@ case $scenario in
     for n in $("$kubectl" get tj tiny -o 'jsonpath={.status.placement.nodes[*].name}'); do
       [ "$n" != "$node" ] || fail "the restarted gang was placed on NotReady node $node"
     done
+    ;;
+  real-workers)
+    # The pods run meshtrain-worker launch: 2 ranks each, rendezvous at pod 0 through the
+    # simulated DNS name, shm inside a pod and tcp between pods, metrics read by the operator.
+    prepare_data
+    start_server 2 --kubelet run --worker-binary "$build/worker/meshtrain-worker"
+    start_operator --progress-interval 1
+    worker_job 200
+    wait_for '{.status.phase}' Running 20
+    step=
+    for _ in $(seq 150); do
+      step=$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.step}')
+      [ -n "$step" ] && [ "$step" -gt 0 ] && break
+      sleep 0.2
+    done
+    [ -n "$step" ] && [ "$step" -gt 0 ] || fail "no training progress in status: $(pod_log tiny-g0-0)"
+    row=$("$kubectl" get tj tiny --no-headers)
+    [[ $row =~ Running\ +2\ +[0-9]+\ +[0-9] ]] || fail "kubectl get tj shows no step and tokens/s: $row"
+    loss=$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.loss}')
+    [ -n "$loss" ] || fail "no loss in status.progress"
+    pod_log tiny-g0-0 | grep "launching ranks 0..1" >/dev/null || fail "pod 0 did not launch ranks 0..1"
+    pod_log tiny-g0-1 | grep "launching ranks 2..3" >/dev/null || fail "pod 1 did not launch ranks 2..3"
+    # A dead pod restarts the whole gang, which trains again to the end.
+    post /_test/kubelet/kill '{"namespace": "default", "name": "tiny-g0-1", "signal": 9}'
+    wait_for '{.status.restarts}' 1 20
+    wait_for '{.status.phase}' Succeeded 120
+    pod_log tiny-g1-0 | grep "step   200/200" >/dev/null || fail "the restarted gang did not train to the end: $(pod_log tiny-g1-0 | tail -5)"
+    val=$(pod_log tiny-g1-0 | sed -n 's/.*step   200.*val loss \([0-9.]*\).*/\1/p')
+    awk "BEGIN { exit !($val < 3.0) }" || fail "validation loss $val after 200 steps: the workers did not learn"
+    echo "progress seen: step $step, loss $loss; final validation loss $val"
+    ;;
+  worker-config-error)
+    # A worker that finds a configuration error exits 78: the job fails at once, no restart.
+    prepare_data
+    start_server 2 --kubelet run --worker-binary "$build/worker/meshtrain-worker"
+    start_operator
+    worker_job 10 "$work/data/missing.bin"
+    wait_for '{.status.phase}' Failed 60
+    [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.restarts}')" = 0 ] || fail "a configuration error was retried"
+    msg=$("$kubectl" get tj tiny -o 'jsonpath={.status.conditions[?(@.type=="Failed")].message}')
+    [[ $msg == *78* ]] || fail "the Failed condition does not give the exit code: $msg"
+    pod_log tiny-g0-0 | grep "missing.bin" >/dev/null || fail "the worker log does not name the missing file"
     ;;
   *)
     fail "unknown scenario"

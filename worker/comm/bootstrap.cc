@@ -90,10 +90,13 @@ Rendezvous JoinRendezvous(const WorkerEnvironment& environment, milliseconds tim
                                "\" is not host:port");
     }
     std::string host = environment.coordinator.substr(0, colon);
-    bool loopback = host.rfind("127.", 0) == 0 || host == "localhost";
+    // A loopback coordinator (one machine, or a simulated pod address) is served on that
+    // address only; any other name on every interface.
+    std::string listen = "0.0.0.0";
+    if (host == "localhost") listen = "127.0.0.1";
+    else if (host.rfind("127.", 0) == 0) listen = host;
     int port = std::atoi(environment.coordinator.c_str() + colon + 1);
-    rendezvous.server = std::make_unique<StoreServer>(loopback ? "127.0.0.1" : "0.0.0.0",
-                                                      static_cast<uint16_t>(port));
+    rendezvous.server = std::make_unique<StoreServer>(listen, static_cast<uint16_t>(port));
   }
   rendezvous.store = std::make_shared<StoreClient>(environment.coordinator, timeout);
   return rendezvous;

@@ -33,7 +33,7 @@ struct Rendezvous {
 };
 
 // Rank 0 starts the Store on the coordinator's port (listening on all interfaces, or
-// on the loopback address it names); every rank connects within `timeout` and reads the
+// on the loopback address the coordinator names); every rank connects within `timeout` and reads the
 // rank table, whose node and rank counts must match the environment. Throws
 // std::runtime_error naming the file or the variable at fault.
 Rendezvous JoinRendezvous(const WorkerEnvironment& environment, milliseconds timeout);

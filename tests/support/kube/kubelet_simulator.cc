@@ -5,9 +5,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include <spdlog/spdlog.h>
 
@@ -120,6 +122,49 @@ bool KubeletSimulator::SetNodeReady(const std::string& name, bool ready) {
   });
 }
 
+std::string KubeletSimulator::AddressOf(const std::string& ns, const std::string& hostname,
+                                        const std::string& subdomain) {
+  const std::string name = hostname + "." + subdomain + "." + ns;
+  auto it = addresses_.find(name);
+  if (it != addresses_.end()) return it->second;
+  const size_t n = addresses_.size();
+  if (n >= 250 * 250) throw std::runtime_error("the kubelet simulator ran out of loopback addresses");
+  const std::string address = "127.0." + std::to_string(1 + n / 250) + "." + std::to_string(1 + n % 250);
+  return addresses_[name] = address;
+}
+
+std::string KubeletSimulator::AddressOf(const json& pod) {
+  const std::string name = pod["metadata"].value("name", "");
+  return AddressOf(pod["metadata"].value("namespace", ""), pod["spec"].value("hostname", name),
+                   pod["spec"].value("subdomain", ""));
+}
+
+std::string KubeletSimulator::ResolveNames(const std::string& ns, const std::string& value) {
+  static const std::regex dns_label_pair(R"(([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.)");
+  std::string out;
+  auto begin = value.cbegin();
+  std::smatch m;
+  while (std::regex_search(begin, value.cend(), m, dns_label_pair)) {
+    const std::string rest(m[0].second, value.cend());
+    std::string suffix = ns + ".svc.cluster.local";
+    if (rest.rfind(suffix, 0) != 0) suffix = ns + ".svc";
+    auto ends_name = [&](size_t at) {
+      return at == rest.size() || !(std::isalnum(static_cast<unsigned char>(rest[at])) || rest[at] == '.' || rest[at] == '-');
+    };
+    const bool whole_name = rest.rfind(suffix, 0) == 0 && ends_name(suffix.size());
+    if (!whole_name) {
+      out.append(begin, m[0].second);
+      begin = m[0].second;
+      continue;
+    }
+    out.append(begin, m[0].first);
+    out += AddressOf(ns, m[1].str(), m[3].str());
+    begin = m[0].second + long(suffix.size());
+  }
+  out.append(begin, value.cend());
+  return out;
+}
+
 pid_t KubeletSimulator::Launch(const json& pod) {
   const json& container = pod["spec"]["containers"][0];
   const std::string ns = pod["metadata"].value("namespace", ""), name = pod["metadata"].value("name", "");
@@ -151,8 +196,9 @@ pid_t KubeletSimulator::Launch(const json& pod) {
       if (field == "metadata.name") value = name;
       else if (field == "metadata.namespace") value = ns;
       else if (field == "spec.nodeName") value = kube::PinnedNode(pod);
-      else if (field == "status.podIP") value = "127.0.0.1";
+      else if (field == "status.podIP") value = AddressOf(pod);
     }
+    value = ResolveNames(ns, value);
     for (const auto& [path, local] : mounts)
       if (value.rfind(path, 0) == 0) value = local + value.substr(path.size());
     env.push_back(e.value("name", "") + "=" + value);
@@ -252,12 +298,13 @@ void KubeletSimulator::TrySchedule(const std::string& key) {
     return;
   }
   running_[key] = {pid, node_name, gpus, efa, {}};
+  const std::string address = AddressOf(*pod);
   const std::string container = (*pod)["spec"]["containers"][0].value("name", "worker");
   server_.Mutate("/pods", ns, name, [&](json& p) {
     p["spec"]["nodeName"] = node_name;
     p["status"] = {{"phase", "Running"},
                    {"hostIP", "127.0.0.1"},
-                   {"podIP", "127.0.0.1"},
+                   {"podIP", address},
                    {"startTime", kube::Rfc3339Now()},
                    {"conditions", {{{"type", "PodScheduled"}, {"status", "True"}}, {{"type", "Ready"}, {"status", "True"}}}},
                    {"containerStatuses",

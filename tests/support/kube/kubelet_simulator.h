@@ -9,7 +9,12 @@
 //     mount path are rewritten to the local copy);
 //   - script mode: `sleep S; exit C`, where S and C are per job (or the defaults).
 // The pod then moves Pending -> Running -> Succeeded/Failed with container statuses and
-// exit codes, as a kubelet reports them. Deleting a pod terminates its process group
+// exit codes, as a kubelet reports them.
+//
+// Every pod gets its own loopback address (127.0.x.y, x >= 1) as status.podIP, stable
+// for its DNS name (hostname.subdomain.namespace), so the pods sharing this machine can
+// all listen on the same ports. Cluster DNS is simulated: in environment values, a
+// name `<hostname>.<subdomain>.<namespace>.svc[.cluster.local]` becomes that pod's address. Deleting a pod terminates its process group
 // (SIGTERM, then SIGKILL on the next pass of the loop, about 50 ms later).
 //
 // Test routes: POST /_test/kubelet/script {"job", "exitCode", "seconds"},
@@ -68,6 +73,11 @@ class KubeletSimulator {
   void TrySchedule(const std::string& key);
   void Reap();
   pid_t Launch(const nlohmann::json& pod);
+  // The loopback address of a DNS name, assigned on first use. REQUIRES: mu_ held.
+  std::string AddressOf(const std::string& namespace_, const std::string& hostname, const std::string& subdomain);
+  std::string AddressOf(const nlohmann::json& pod);
+  // `value` with pod DNS names of `namespace_` replaced by their addresses. REQUIRES: mu_ held.
+  std::string ResolveNames(const std::string& namespace_, const std::string& value);
 
   ApiServer& server_;
   const KubeletOptions options_;
@@ -76,6 +86,7 @@ class KubeletSimulator {
   std::map<pid_t, std::string> orphans_;    // processes of deleted pods, still terminating
   std::map<std::string, bool> waiting_;     // pods not yet admitted -> reported Unschedulable
   std::map<std::string, std::pair<int, double>> scripts_;
+  std::map<std::string, std::string> addresses_;  // "hostname.subdomain.namespace" -> 127.0.x.y
   std::jthread thread_;
 };
 
