@@ -1,5 +1,6 @@
 #include "operator/controller/reconciler.h"
 
+#include <cmath>
 #include <sstream>
 
 #include <cpprest/http_client.h>
@@ -306,7 +307,7 @@ bool ParseProgress(const std::string& text, api::ProgressStatus* progress) {
     }
     if (name == "meshtrain_train_step") progress->step = static_cast<int64_t>(value), any = true;
     else if (name == "meshtrain_train_loss") progress->loss = value, any = true;
-    else if (name == "meshtrain_train_tokens_per_second") progress->tokens_per_second = value, any = true;
+    else if (name == "meshtrain_train_tokens_per_second") progress->tokens_per_second = std::round(value), any = true;
     else if (name == "meshtrain_train_steps") steps_total = value;
     else if (name == "meshtrain_train_tokens_per_step") tokens_per_step = value;
   }

@@ -89,6 +89,39 @@ prepare_data() {
     --validation "$work/data/val.bin" >/dev/null
 }
 
+free_port() {  # a free TCP port on 127.0.0.1 (a bound-and-closed socket's)
+  node -e 'const s = require("net").createServer().listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); })'
+}
+
+# prom_value QUERY: the first sample's value of an instant query, or empty.
+prom_value() {
+  curl -sf --max-time 5 "http://127.0.0.1:$prom_port/api/v1/query" --data-urlencode "query=$1" |
+    node -e 'let s = ""; process.stdin.on("data", d => s += d).on("end", () => {
+      const r = JSON.parse(s).data.result; console.log(r.length ? r[0].value[1] : ""); })'
+}
+
+# wait_prom QUERY SECONDS: waits until the query has a sample whose value is > 0.
+wait_prom() {
+  local got=
+  for _ in $(seq $(($2 * 2))); do
+    got=$(prom_value "$1" || true)
+    [ -n "$got" ] && awk "BEGIN { exit !($got > 0) }" && return 0
+    sleep 0.5
+  done
+  fail "Prometheus: '$1' never rose above 0 in ${2}s (last '$got'); targets: $(curl -s "http://127.0.0.1:$prom_port/api/v1/targets")"
+}
+
+# wait_progress: until the operator has read a step > 0 from rank 0 (sets $step).
+wait_progress() {
+  step=
+  for _ in $(seq 150); do
+    step=$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.step}')
+    [ -n "$step" ] && [ "$step" -gt 0 ] && return 0
+    sleep 0.2
+  done
+  fail "no training progress in status: $(pod_log tiny-g0-0)"
+}
+
 pod_log() { cat "$work/pods/default_$1/log" 2>/dev/null || true; }
 
 pod_count() { "$kubectl" get pods -l meshtrain.dev/job-name=tiny -o name | wc -l; }
@@ -236,13 +269,7 @@ case $scenario in
     start_operator --progress-interval 1
     worker_job 200
     wait_for '{.status.phase}' Running 20
-    step=
-    for _ in $(seq 150); do
-      step=$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.step}')
-      [ -n "$step" ] && [ "$step" -gt 0 ] && break
-      sleep 0.2
-    done
-    [ -n "$step" ] && [ "$step" -gt 0 ] || fail "no training progress in status: $(pod_log tiny-g0-0)"
+    wait_progress
     row=$("$kubectl" get tj tiny --no-headers)
     [[ $row =~ Running\ +2\ +[0-9]+\ +[0-9] ]] || fail "kubectl get tj shows no step and tokens/s: $row"
     loss=$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.loss}')
@@ -269,6 +296,54 @@ case $scenario in
     msg=$("$kubectl" get tj tiny -o 'jsonpath={.status.conditions[?(@.type=="Failed")].message}')
     [[ $msg == *78* ]] || fail "the Failed condition does not give the exit code: $msg"
     pod_log tiny-g0-0 | grep "missing.bin" >/dev/null || fail "the worker log does not name the missing file"
+    ;;
+  metrics)
+    # A real Prometheus scrapes the operator and rank 0's pod; the metrics pass promtool's lint.
+    prepare_data
+    start_server 2 --kubelet run --worker-binary "$build/worker/meshtrain-worker"
+    operator_port=$(free_port) health_port=$(free_port) prom_port=$(free_port)
+    "$build/operator/meshtrain-operator" --metrics-port "$operator_port" --health-port "$health_port" \
+      --progress-interval 1 >"$work/operator.log" 2>&1 &
+    pids+=($!)
+    worker_job 100000
+    wait_for '{.status.phase}' Running 20
+    wait_progress
+    pod_ip=$("$kubectl" get pod tiny-g0-0 -o 'jsonpath={.status.podIP}')
+    [[ $pod_ip == 127.0.* ]] || fail "pod tiny-g0-0 has no loopback podIP: '$pod_ip'"
+    cat >"$work/prometheus.yml" <<YAML
+global: {scrape_interval: 1s, evaluation_interval: 1s}
+scrape_configs:
+  - job_name: meshtrain-operator
+    static_configs: [{targets: ["127.0.0.1:$operator_port"]}]
+  - job_name: meshtrain-worker
+    static_configs: [{targets: ["$pod_ip:9400"]}]
+YAML
+    promtool check config "$work/prometheus.yml" >/dev/null || fail "promtool rejects the scrape config"
+    prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
+      --web.listen-address="127.0.0.1:$prom_port" >"$work/prometheus.log" 2>&1 &
+    pids+=($!)
+    for url in "127.0.0.1:$health_port/healthz" "127.0.0.1:$health_port/readyz"; do
+      [ "$(curl -s --max-time 5 "http://$url")" = ok ] || fail "$url does not answer ok"
+    done
+    for target in "127.0.0.1:$operator_port" "$pod_ip:9400"; do
+      curl -sf --max-time 5 "http://$target/metrics" >"$work/scrape.txt" || fail "cannot read http://$target/metrics"
+      lint=$(promtool check metrics <"$work/scrape.txt" 2>&1) || fail "promtool check metrics on $target: $lint"
+    done
+    wait_prom 'sum(meshtrain_operator_reconcile_total{result="success"})' 30
+    wait_prom 'meshtrain_operator_jobs{phase="Running"}' 30
+    wait_prom 'sum(meshtrain_operator_api_requests_total{verb="create",code="201"})' 30
+    wait_prom 'meshtrain_operator_placement_duration_seconds_count' 30
+    wait_prom 'meshtrain_operator_reconcile_duration_seconds_count' 30
+    wait_prom 'meshtrain_train_step{job_name="tiny",rank="0"}' 30
+    wait_prom 'rate(meshtrain_train_tokens_total{job_name="tiny"}[5s])' 30
+    wait_prom 'meshtrain_train_tokens_per_second{job_name="tiny"}' 30
+    wait_prom 'meshtrain_memory_peak_bytes{job_name="tiny",category="activations"}' 30
+    wait_prom 'meshtrain_train_step_duration_seconds_count{job_name="tiny"}' 30
+    [ "$(prom_value 'meshtrain_train_steps{job_name="tiny"}')" = 100000 ] || fail "meshtrain_train_steps is not the job's steps"
+    # A gang restart shows in the counter.
+    post /_test/kubelet/kill '{"namespace": "default", "name": "tiny-g0-1", "signal": 9}'
+    wait_for '{.status.restarts}' 1 20
+    wait_prom 'meshtrain_operator_gang_restarts_total' 30
     ;;
   *)
     fail "unknown scenario"

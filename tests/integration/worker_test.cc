@@ -253,7 +253,7 @@ TEST_F(WorkerTest, LaunchServesMetricsAndPassesSigtermToItsRanks) {
     }
     std::this_thread::sleep_for(200ms);
   }
-  EXPECT_TRUE(std::regex_search(metrics, std::regex(R"(meshtrain_train_step\{job="metrics",rank="0"\} [1-9])")))
+  EXPECT_TRUE(std::regex_search(metrics, std::regex(R"(meshtrain_train_step\{job_name="metrics",rank="0"\} [1-9])")))
       << metrics << launcher.Output();
   EXPECT_TRUE(std::regex_search(metrics, std::regex(R"(meshtrain_train_steps\{[^}]*\} 100000)"))) << metrics;
   EXPECT_TRUE(std::regex_search(metrics, std::regex(R"(meshtrain_train_tokens_per_step\{[^}]*\} 2048)"))) << metrics;

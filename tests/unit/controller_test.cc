@@ -96,7 +96,11 @@ TEST(BuildersTest, PodCarriesTheWorkerContract) {
   EXPECT_EQ(c["resources"]["limits"]["nvidia.com/gpu"], "8");
   EXPECT_EQ(c["resources"]["limits"]["vpc.amazonaws.com/efa"], "4");
   std::map<std::string, std::string> env;
-  for (const auto& e : c["env"]) env[e["name"]] = e["value"];
+  for (const auto& e : c["env"]) {
+    env[e["name"]] = e.contains("valueFrom") ? "from " + e["valueFrom"]["fieldRef"]["fieldPath"].get<std::string>()
+                                             : e["value"].get<std::string>();
+  }
+  EXPECT_EQ(env["MESHTRAIN_POD_IP"], "from status.podIP");  // the worker serves metrics there
   EXPECT_EQ(env["MESHTRAIN_NODE_RANK"], "1");
   EXPECT_EQ(env["MESHTRAIN_NNODES"], "2");
   EXPECT_EQ(env["MESHTRAIN_NPROC_PER_NODE"], "8");

@@ -18,7 +18,7 @@ prometheus::Gauge& NewGauge(prometheus::Registry& registry, const std::string& n
 
 TrainingMetrics::TrainingMetrics(const std::string& job, int rank, int64_t steps, int64_t tokens_per_step)
     : TrainingMetrics(std::make_shared<prometheus::Registry>(),
-                      prometheus::Labels{{"job", job}, {"rank", std::to_string(rank)}}, steps, tokens_per_step) {}
+                      prometheus::Labels{{"job_name", job}, {"rank", std::to_string(rank)}}, steps, tokens_per_step) {}
 
 TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry, const prometheus::Labels& labels,
                                  int64_t steps, int64_t tokens_per_step)

@@ -1,5 +1,6 @@
 // One rank's training metrics for Prometheus (DESIGN.md, "Names": meshtrain_ prefix,
-// base units). Every series carries the constant labels job and rank.
+// base units). Every series carries the constant labels job_name and rank (not "job",
+// which Prometheus keeps for the scrape job).
 //
 //   meshtrain_train_step, meshtrain_train_steps           gauges: steps done, steps in the job
 //   meshtrain_train_loss, meshtrain_train_validation_loss gauges: latest losses (nats/token)
