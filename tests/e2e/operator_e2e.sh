@@ -345,6 +345,25 @@ YAML
     wait_for '{.status.restarts}' 1 20
     wait_prom 'meshtrain_operator_gang_restarts_total' 30
     ;;
+  tls)
+    # HTTPS with a private CA and client-certificate users: kubectl (Go's TLS) and the
+    # operator (cpprestsdk/OpenSSL) both verify the server and authenticate by certificate.
+    bash "$src/tests/support/kube/make-test-certs.sh" "$work/pki"
+    start_server 2 --tls-cert-file "$work/pki/server.crt" --tls-key-file "$work/pki/server.key" \
+      --client-ca-file "$work/pki/ca.crt" --ca-file "$work/pki/ca.crt" \
+      --kubeconfig-client-cert "$work/pki/client.crt" --kubeconfig-client-key "$work/pki/client.key"
+    grep "server: https://127.0.0.1" "$KUBECONFIG" >/dev/null || fail "the kubeconfig does not point at HTTPS"
+    start_operator
+    job ""
+    wait_for '{.status.phase}' Succeeded 30
+    # The same server refuses a kubectl that does not trust its CA, and one with a wrong token.
+    sed "s#$work/pki/ca.crt#$work/pki/other-ca.crt#" "$KUBECONFIG" >"$work/untrusting"
+    out=$("$kubectl" --kubeconfig "$work/untrusting" get tj 2>&1) && fail "a kubectl with another CA was served"
+    [[ $out == *certificate* ]] || fail "the untrusting kubectl failed for another reason: $out"
+    sed -e '/client-certificate/d' -e 's/client-key: .*/token: wrong/' "$KUBECONFIG" >"$work/wrong-token"
+    out=$("$kubectl" --kubeconfig "$work/wrong-token" get tj 2>&1 </dev/null) && fail "a kubectl with a wrong token was served"
+    [[ $out == *"must be logged in"* ]] || fail "the kubectl with a wrong token failed for another reason: $out"
+    ;;
   *)
     fail "unknown scenario"
     ;;

@@ -5,8 +5,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
+#include <cpprest/asyncrt_utils.h>
 #include <gtest/gtest.h>
 
 #include "operator/kube/client.h"
@@ -275,6 +277,94 @@ TEST_F(KubeTest, LeaderElectionHasOneLeader) {
   EXPECT_EQ(client_->Get(resources::Leases(), "default", "meshtrain-operator")["spec"]["holderIdentity"], "b");
   stop_b.request_stop();
   tb.join();
+}
+
+
+std::string Base64File(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return utility::conversions::to_base64(bytes);
+}
+
+// The client against the test server over HTTPS, with the PKI of make-test-certs.sh.
+class TlsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    pki_ = new std::filesystem::path(std::filesystem::temp_directory_path() /
+                                     ("meshtrain-pki-" + std::to_string(::getpid())));
+    const std::string command = "bash tests/support/kube/make-test-certs.sh " + pki_->string();
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*pki_);
+    delete pki_;
+  }
+  std::string Pki(const std::string& file) const { return (*pki_ / file).string(); }
+
+  // Starts the server over TLS, accepting client certificates signed by ca.crt.
+  void StartServer() {
+    testing::ApiServer::Options options;
+    options.tls = {Pki("server.crt"), Pki("server.key"), Pki("ca.crt")};
+    options.ca_file = Pki("ca.crt");
+    server_ = std::make_unique<testing::ApiServer>(options);
+    server_->Start(0);
+  }
+  // Lists nodes with a kubeconfig for the server whose user and cluster entries are given.
+  json List(const std::string& cluster_extra, const std::string& user) {
+    const std::string kubeconfig = "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: " +
+                                   server_->Url() + "\n" + cluster_extra +
+                                   "contexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\n"
+                                   "users:\n- name: u\n  user:\n" + user;
+    ClientOptions options;
+    options.max_retries = 0;
+    options.request_timeout = 5s;
+    Client client(ParseKubeconfig(kubeconfig, Pki("kubeconfig")), options);
+    return client.List(resources::Nodes(), "");
+  }
+  const std::string token_ = "    token: test-token\n";
+
+  static std::filesystem::path* pki_;
+  std::unique_ptr<testing::ApiServer> server_;
+};
+std::filesystem::path* TlsTest::pki_ = nullptr;
+
+TEST_F(TlsTest, TheKubeconfigCaVerifiesTheServer) {
+  StartServer();
+  EXPECT_EQ(server_->Url().rfind("https://", 0), 0u);
+  const json list = List("    certificate-authority: ca.crt\n", token_);  // relative to the kubeconfig
+  EXPECT_TRUE(list["items"].is_array()) << list.dump();
+}
+
+TEST_F(TlsTest, AServerSignedByAnotherCaIsRefused) {
+  StartServer();
+  try {
+    List("    certificate-authority: other-ca.crt\n", token_);
+    FAIL() << "a server the kubeconfig's CA did not sign was trusted";
+  } catch (const KubeError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnavailable) << e.what();
+  }
+  // Without a CA the system's roots apply, and they do not know this server either.
+  EXPECT_THROW(List("", token_), KubeError);
+}
+
+TEST_F(TlsTest, InsecureSkipTlsVerifyIsTheOnlyWayToSkipVerification) {
+  StartServer();
+  const json list = List("    insecure-skip-tls-verify: true\n", token_);
+  EXPECT_TRUE(list["items"].is_array()) << list.dump();
+}
+
+TEST_F(TlsTest, AClientCertificateAuthenticatesAndNothingElseDoes) {
+  StartServer();
+  const std::string ca = "    certificate-authority-data: " + Base64File(Pki("ca.crt")) + "\n";
+  const json list = List(ca, "    client-certificate: client.crt\n    client-key: client.key\n");
+  EXPECT_TRUE(list["items"].is_array()) << list.dump();
+  try {
+    List(ca, "    token: wrong\n");
+    FAIL() << "a wrong token was accepted";
+  } catch (const KubeError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnauthorized) << e.what();
+    EXPECT_EQ(e.code(), 401);
+  }
 }
 
 }  // namespace

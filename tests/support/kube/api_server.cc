@@ -44,6 +44,8 @@ std::string HumanAge(const std::string& timestamp) {
   return std::to_string(s / 86400) + "d";
 }
 
+constexpr const char* kBearerToken = "test-token";
+
 json StatusBody(int code, const std::string& reason, const std::string& message) {
   return {{"kind", "Status"}, {"apiVersion", "v1"}, {"metadata", json::object()}, {"status", "Failure"},
           {"message", message}, {"reason", reason}, {"code", code}};
@@ -560,7 +562,7 @@ ApiServer::ApiServer(Options options)
 ApiServer::~ApiServer() { Stop(); }
 
 int ApiServer::Start(int port) {
-  port_ = http_.Start(port);
+  port_ = http_.Start(port, options_.tls);
   return port_;
 }
 
@@ -575,9 +577,16 @@ void ApiServer::Stop() {
 
 void ApiServer::WriteKubeconfig(const std::string& path) const {
   std::ofstream out(path);
-  out << "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: " << Url()
-      << "\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: test\n    namespace: default\n"
-      << "current-context: test\nusers:\n- name: test\n  user:\n    token: test-token\n";
+  out << "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: " << Url() << "\n";
+  if (!options_.ca_file.empty()) out << "    certificate-authority: " << options_.ca_file << "\n";
+  out << "contexts:\n- name: test\n  context:\n    cluster: test\n    user: test\n    namespace: default\n"
+      << "current-context: test\nusers:\n- name: test\n  user:\n";
+  if (options_.client_cert_file.empty()) {
+    out << "    token: " << kBearerToken << "\n";
+  } else {
+    out << "    client-certificate: " << options_.client_cert_file << "\n    client-key: " << options_.client_key_file
+        << "\n";
+  }
   if (!out) throw std::runtime_error("cannot write kubeconfig " + path);
 }
 
@@ -736,6 +745,10 @@ void ApiServer::Handle(const HttpRequest& request, HttpResponder& responder) {
   auto fail = [&](int code, const std::string& reason, const std::string& message) {
     responder.Send(code, "application/json", StatusBody(code, reason, message).dump());
   };
+  if (!options_.tls.cert_file.empty() && request.Header("authorization") != std::string("Bearer ") + kBearerToken &&
+      request.client_common_name.empty()) {
+    return fail(401, "Unauthorized", "no valid bearer token or client certificate");
+  }
   if (request.path.rfind("/_test/", 0) == 0) {
     if (request.path == "/_test/faults" && request.method == "POST") {
       const json f = json::parse(request.body, nullptr, false);

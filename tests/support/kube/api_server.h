@@ -80,13 +80,21 @@ class ApiServer {
     int bookmark_interval_ms = 1000;
     size_t event_history = 50000;
     std::string record_dir;  // when set, objects the operator writes are saved here as JSON
+    // Serve HTTPS with this certificate. Requests must then authenticate, with the
+    // kubeconfig's bearer token or a client certificate signed by tls.client_ca_file
+    // (else 401), as a real API server does.
+    TlsOptions tls;
+    std::string ca_file;  // the CA that signed tls.cert_file, named in the kubeconfig written
+    std::string client_cert_file, client_key_file;  // the kubeconfig authenticates with these instead of the token
   };
   explicit ApiServer(Options options);
   ~ApiServer();
 
   int Start(int port);  // returns the port
   void Stop();
-  std::string Url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::string Url() const {
+    return (options_.tls.cert_file.empty() ? "http" : "https") + std::string("://127.0.0.1:") + std::to_string(port_);
+  }
   // Writes a kubeconfig that points kubectl and the operator at this server.
   void WriteKubeconfig(const std::string& path) const;
 

@@ -6,6 +6,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <signal.h>
+
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
@@ -31,11 +36,11 @@ const char* StatusText(int status) {
   }
 }
 
-// Reads from fd into buf until it holds `needle` or `want` bytes. False on EOF or error.
-bool ReadUntil(int fd, std::string& buf, const std::string& needle, size_t want) {
+// Reads into buf until it holds `needle` or `want` bytes. False on EOF or error.
+bool ReadUntil(Connection& connection, std::string& buf, const std::string& needle, size_t want) {
   char chunk[16384];
   while ((needle.empty() || buf.find(needle) == std::string::npos) && (needle.size() || buf.size() < want)) {
-    const ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
+    const long n = connection.Read(chunk, sizeof chunk);
     if (n <= 0) return false;
     buf.append(chunk, static_cast<size_t>(n));
     if (buf.size() > (64u << 20)) return false;
@@ -43,7 +48,31 @@ bool ReadUntil(int fd, std::string& buf, const std::string& needle, size_t want)
   return true;
 }
 
+std::string OpenSslError() {
+  char text[256] = "unknown error";
+  if (const unsigned long code = ERR_get_error(); code != 0) ERR_error_string_n(code, text, sizeof text);
+  return text;
+}
+
 }  // namespace
+
+long Connection::Read(char* buf, size_t n) {
+  if (ssl_ != nullptr) return SSL_read(ssl_, buf, static_cast<int>(n));
+  return ::recv(fd_, buf, n, 0);
+}
+
+bool Connection::WriteAll(const std::string& data) {
+  size_t off = 0;
+  while (off < data.size()) {
+    const long n = ssl_ != nullptr ? SSL_write(ssl_, data.data() + off, static_cast<int>(data.size() - off))
+                                   : ::send(fd_, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    off += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+void Connection::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
 
 std::string UrlDecode(const std::string& text) {
   std::string out;
@@ -60,16 +89,7 @@ std::string UrlDecode(const std::string& text) {
   return out;
 }
 
-bool HttpResponder::WriteAll(const std::string& data) {
-  if (aborted_) return false;
-  size_t off = 0;
-  while (off < data.size()) {
-    const ssize_t n = ::send(fd_, data.data() + off, data.size() - off, MSG_NOSIGNAL);
-    if (n <= 0) return false;
-    off += static_cast<size_t>(n);
-  }
-  return true;
-}
+bool HttpResponder::WriteAll(const std::string& data) { return !aborted_ && connection_.WriteAll(data); }
 
 bool HttpResponder::Send(int status, const std::string& content_type, const std::string& body) {
   std::ostringstream head;
@@ -95,14 +115,31 @@ bool HttpResponder::EndChunked() { return WriteAll("0\r\n\r\n"); }
 
 void HttpResponder::Abort() {
   aborted_ = true;
-  ::shutdown(fd_, SHUT_RDWR);
+  connection_.Shutdown();
 }
 
 HttpServer::HttpServer(HttpHandler handler) : handler_(std::move(handler)) {}
 
-HttpServer::~HttpServer() { Stop(); }
+HttpServer::~HttpServer() {
+  Stop();
+  if (tls_ != nullptr) SSL_CTX_free(tls_);
+}
 
-int HttpServer::Start(int port) {
+int HttpServer::Start(int port, const TlsOptions& tls) {
+  if (!tls.cert_file.empty()) {
+    ::signal(SIGPIPE, SIG_IGN);  // OpenSSL writes with write(2), which raises SIGPIPE on a closed peer
+    tls_ = SSL_CTX_new(TLS_server_method());
+    if (SSL_CTX_use_certificate_chain_file(tls_, tls.cert_file.c_str()) != 1)
+      throw std::runtime_error("test API server: certificate " + tls.cert_file + ": " + OpenSslError());
+    if (SSL_CTX_use_PrivateKey_file(tls_, tls.key_file.c_str(), SSL_FILETYPE_PEM) != 1)
+      throw std::runtime_error("test API server: key " + tls.key_file + ": " + OpenSslError());
+    if (!tls.client_ca_file.empty()) {
+      if (SSL_CTX_load_verify_locations(tls_, tls.client_ca_file.c_str(), nullptr) != 1)
+        throw std::runtime_error("test API server: client CA " + tls.client_ca_file + ": " + OpenSslError());
+      SSL_CTX_set_client_CA_list(tls_, SSL_load_client_CA_file(tls.client_ca_file.c_str()));
+      SSL_CTX_set_verify(tls_, SSL_VERIFY_PEER, nullptr);  // a certificate is asked for, not required
+    }
+  }
   listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
   const int one = 1;
   ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -149,13 +186,30 @@ void HttpServer::AcceptLoop() {
 }
 
 void HttpServer::Serve(int fd) {
+  SSL* ssl = nullptr;
+  bool open = true;
+  std::string client_common_name;
+  if (tls_ != nullptr) {
+    ssl = SSL_new(tls_);
+    SSL_set_fd(ssl, fd);
+    open = SSL_accept(ssl) == 1;  // a client that does not trust us gives up here
+    if (X509* peer = open ? SSL_get_peer_certificate(ssl) : nullptr) {
+      char name[256] = "";
+      if (SSL_get_verify_result(ssl) == X509_V_OK)
+        X509_NAME_get_text_by_NID(X509_get_subject_name(peer), NID_commonName, name, sizeof name);
+      client_common_name = name;
+      X509_free(peer);
+    }
+  }
+  Connection connection(fd, ssl);
   std::string buf;
-  while (!stopping_) {
-    if (!ReadUntil(fd, buf, "\r\n\r\n", 0)) break;
+  while (open && !stopping_) {
+    if (!ReadUntil(connection, buf, "\r\n\r\n", 0)) break;
     const size_t header_end = buf.find("\r\n\r\n");
     std::istringstream head(buf.substr(0, header_end));
     buf.erase(0, header_end + 4);
     HttpRequest request;
+    request.client_common_name = client_common_name;
     std::string target, version, line;
     std::getline(head, line);
     std::istringstream(line) >> request.method >> target >> version;
@@ -180,27 +234,31 @@ void HttpServer::Serve(int fd) {
       }
     }
     if (request.Header("transfer-encoding") == "chunked") {
-      for (;;) {
-        if (!ReadUntil(fd, buf, "\r\n", 0)) return;
+      for (bool more = true; more && open;) {
+        open = ReadUntil(connection, buf, "\r\n", 0);
+        if (!open) break;
         const size_t eol = buf.find("\r\n");
         const size_t size = std::stoul(buf.substr(0, eol), nullptr, 16);
         buf.erase(0, eol + 2);
-        if (!ReadUntil(fd, buf, "", size + 2)) return;
+        open = ReadUntil(connection, buf, "", size + 2);
+        if (!open) break;
         request.body += buf.substr(0, size);
         buf.erase(0, size + 2);
-        if (size == 0) break;
+        more = size != 0;
       }
+      if (!open) break;
     } else if (const std::string cl = request.Header("content-length"); !cl.empty()) {
       const size_t size = std::stoul(cl);
-      if (!ReadUntil(fd, buf, "", size)) break;
+      if (!ReadUntil(connection, buf, "", size)) break;
       request.body = buf.substr(0, size);
       buf.erase(0, size);
     }
-    HttpResponder responder(fd);
+    HttpResponder responder(connection);
     handler_(request, responder);
     if (responder.aborted() || request.Header("connection") == "close") break;
   }
-  ::shutdown(fd, SHUT_RDWR);
+  connection.Shutdown();
+  if (ssl != nullptr) SSL_free(ssl);
   std::lock_guard lock(mu_);
   open_fds_.erase(fd);
   ::close(fd);

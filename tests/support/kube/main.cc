@@ -37,6 +37,13 @@ int main(int argc, char** argv) {
   app.add_option("--worker-binary", worker_binary, "run mode: the local meshtrain-worker");
   app.add_option("--record-dir", record_dir, "save every Pod, Service and ConfigMap the operator writes here");
   app.add_option("--bookmark-ms", bookmark_ms, "interval between watch bookmarks");
+  testing::ApiServer::Options options;
+  app.add_option("--tls-cert-file", options.tls.cert_file, "serve HTTPS with this certificate (PEM)");
+  app.add_option("--tls-key-file", options.tls.key_file, "the key of --tls-cert-file");
+  app.add_option("--client-ca-file", options.tls.client_ca_file, "accept client certificates signed by this CA");
+  app.add_option("--ca-file", options.ca_file, "the CA of --tls-cert-file, for the kubeconfig written");
+  app.add_option("--kubeconfig-client-cert", options.client_cert_file, "the kubeconfig authenticates with this certificate");
+  app.add_option("--kubeconfig-client-key", options.client_key_file, "the key of --kubeconfig-client-cert");
   CLI11_PARSE(app, argc, argv);
   InitLogging("meshtrain-test-apiserver", "info");
   if (!worker_binary.empty()) kubelet.commands["meshtrain-worker"] = worker_binary;
@@ -48,7 +55,6 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // threads inherit it; sigwait below takes them
 
   try {
-    testing::ApiServer::Options options;
     options.bookmark_interval_ms = bookmark_ms;
     options.record_dir = record_dir;
     testing::ApiServer server(options);
