@@ -339,7 +339,7 @@ YAML
     wait_prom 'meshtrain_train_tokens_per_second{job_name="tiny"}' 30
     wait_prom 'meshtrain_memory_peak_bytes{job_name="tiny",category="activations"}' 30
     wait_prom 'meshtrain_train_step_duration_seconds_count{job_name="tiny"}' 30
-    [ "$(prom_value 'meshtrain_train_steps{job_name="tiny"}')" = 100000 ] || fail "meshtrain_train_steps is not the job's steps"
+    wait_prom 'meshtrain_train_steps{job_name="tiny"} == 100000' 30  # the job's steps
     # A gang restart shows in the counter.
     post /_test/kubelet/kill '{"namespace": "default", "name": "tiny-g0-1", "signal": 9}'
     wait_for '{.status.restarts}' 1 20

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
+#include <mutex>
 
 #include "worker/comm/types.h"
 
@@ -27,6 +29,23 @@ void Close(T*& object) {
   object = nullptr;
 }
 
+// libfabric's shm provider names its regions /dev/shm/<pid>:<n>:<m> and refuses
+// (EBUSY) to create one whose name exists. A rank killed with SIGKILL leaves its regions
+// behind, and a later process given the same pid then cannot open shm at all. Before this
+// process makes its first shm endpoint, regions named with its pid can only be such
+// leftovers (a live process's pid is its own), so they are removed.
+void RemoveRegionsLeftUnderThisPid() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const std::string prefix = std::to_string(::getpid()) + ":";
+    std::error_code error;
+    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", error)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind(prefix, 0) == 0) std::filesystem::remove(entry.path(), error);
+    }
+  });
+}
+
 uintptr_t PageDown(uintptr_t address) {
   static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   return address & ~(page - 1);
@@ -35,6 +54,7 @@ uintptr_t PageDown(uintptr_t address) {
 }  // namespace
 
 Endpoint::Endpoint(const std::string& provider, bool register_always) : provider_(provider) {
+  if (provider == "shm") RemoveRegionsLeftUnderThisPid();
   fi_info* hints = fi_allocinfo();
   hints->caps = FI_TAGGED | FI_SEND | FI_RECV;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
@@ -76,6 +96,13 @@ Endpoint::Endpoint(const std::string& provider, bool register_always) : provider
 Endpoint::~Endpoint() { Release(); }
 
 void Endpoint::Release() {
+  if (peer_failed_) {
+    // Closing an rxm endpoint whose connections a dead peer broke can crash libfabric
+    // 1.17 (seen as SIGSEGV in fi_close after "Broken pipe"). A failed communicator
+    // ends its process, so the provider's objects are left for the exit to reclaim.
+    ep_ = nullptr, av_ = nullptr, cq_ = nullptr, domain_ = nullptr, fabric_ = nullptr;
+    registrations_made_.clear();
+  }
   Close(ep_);
   for (fid_mr* mr : registrations_made_) fi_close(&mr->fid);
   registrations_made_.clear();
@@ -135,6 +162,7 @@ bool Endpoint::PostSend(const void* buf, size_t bytes, fi_addr_t dest, uint64_t 
   void* desc = Descriptor(buf, bytes, FI_SEND | FI_RECV);
   ssize_t result = fi_tsend(ep_, buf, bytes, desc, dest, tag, &request->context);
   if (result == -FI_EAGAIN) return false;
+  peer_failed_ = peer_failed_ || result != 0;
   if (result != 0) Check(static_cast<int>(result), provider_, "fi_tsend");
   return true;
 }
@@ -144,6 +172,7 @@ bool Endpoint::PostRecv(void* buf, size_t bytes, uint64_t tag, Request* request)
   void* desc = Descriptor(buf, bytes, FI_SEND | FI_RECV);
   ssize_t result = fi_trecv(ep_, buf, bytes, desc, FI_ADDR_UNSPEC, tag, 0, &request->context);
   if (result == -FI_EAGAIN) return false;
+  peer_failed_ = peer_failed_ || result != 0;
   if (result != 0) Check(static_cast<int>(result), provider_, "fi_trecv");
   return true;
 }
@@ -163,6 +192,7 @@ int Endpoint::Progress() {
         if (error.err == FI_ECANCELED) {
           request->error = "cancelled";
         } else {
+          peer_failed_ = true;
           request->error = std::string(fi_strerror(error.err)) + " (" +
                            fi_cq_strerror(cq_, error.prov_errno, error.err_data, nullptr, 0) +
                            ")";

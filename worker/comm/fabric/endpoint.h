@@ -76,6 +76,7 @@ class Endpoint {
   fid_av* av_ = nullptr;
   fid_cq* cq_ = nullptr;
   fid_ep* ep_ = nullptr;
+  bool peer_failed_ = false;  // a transfer failed in the provider (under mutex_)
   mutable std::mutex mutex_;
   struct Registration {
     uintptr_t end;
