@@ -107,18 +107,7 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
   const train::MemoryReport memory = trainer->memory();
   out << "  memory: params " << MiB(memory.params) << ", grads " << MiB(memory.grads) << ", optimizer "
       << MiB(memory.optimizer) << ", activations " << MiB(memory.activations) << "\n";
-  trainer->Run([&](const train::StepReport& r) {
-    char line[160];
-    std::snprintf(line, sizeof line, "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s",
-                  static_cast<long long>(r.step), static_cast<long long>(r.steps), r.loss, r.learning_rate, r.grad_norm,
-                  r.tokens_per_second);
-    out << line;
-    if (r.validation_loss) {
-      std::snprintf(line, sizeof line, " | val loss %.4f", *r.validation_loss);
-      out << line;
-    }
-    out << std::endl;
-  });
+  trainer->Run([&](const train::StepReport& r) { out << train::FormatStepReport(r) << std::endl; });
   const std::vector<uint32_t> prompt = {'\n'};
   const std::string sample = train::TokensToText(trainer->Sample(prompt, options.sample_tokens, 1));
   out << "sample:\n" << sample << "\n";

@@ -1,6 +1,5 @@
 #include "worker/entry/rank.h"
 
-#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <stdexcept>
@@ -50,19 +49,6 @@ int MetricsPort() {
   return int(port);
 }
 
-void PrintStep(const train::StepReport& r, std::ostream& out) {
-  char line[200];
-  std::snprintf(line, sizeof line, "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s",
-                static_cast<long long>(r.step), static_cast<long long>(r.steps), r.loss, r.learning_rate, r.grad_norm,
-                r.tokens_per_second);
-  out << line;
-  if (r.validation_loss) {
-    std::snprintf(line, sizeof line, " | val loss %.4f", *r.validation_loss);
-    out << line;
-  }
-  out << std::endl;
-}
-
 int Train(std::ostream& out) {
   comm::WorkerEnvironment env;
   api::TrainingJob job;
@@ -103,7 +89,7 @@ int Train(std::ostream& out) {
       exported->Step(report);
       exported->Memory(trainer->accounting());
     }
-    if (env.rank == 0) PrintStep(report, out);
+    if (env.rank == 0) out << train::FormatStepReport(report) << std::endl;
   });
   world->Barrier()->Wait();  // rank 0 serves the Store: it leaves last
   return 0;

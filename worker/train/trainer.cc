@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <stdexcept>
 
@@ -31,6 +32,17 @@ const api::TrainingJob& RequireSupportedLayout(const api::TrainingJob& job, cons
 }
 
 }  // namespace
+
+std::string FormatStepReport(const StepReport& r) {
+  char line[200];
+  int n = std::snprintf(line, sizeof line, "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s",
+                        static_cast<long long>(r.step), static_cast<long long>(r.steps), r.loss, r.learning_rate,
+                        r.grad_norm, r.tokens_per_second);
+  if (r.validation_loss && n > 0 && size_t(n) < sizeof line) {
+    std::snprintf(line + n, sizeof line - size_t(n), " | val loss %.4f", *r.validation_loss);
+  }
+  return line;
+}
 
 Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* data_parallel)
     : job_(RequireSupportedLayout(job, data_parallel)),

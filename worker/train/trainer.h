@@ -39,6 +39,9 @@ struct StepReport {
   std::optional<double> validation_loss;  // on evaluation steps
 };
 
+// "step    12/300 | loss 3.1234 | lr 3.00e-03 | norm 1.234 | 14000 tok/s[ | val loss 3.0123]"
+std::string FormatStepReport(const StepReport& report);
+
 // Peak bytes held, by the categories of DESIGN.md's memory accounting.
 struct MemoryReport {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
