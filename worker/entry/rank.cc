@@ -60,6 +60,15 @@ int Train(std::ostream& out) {
   } catch (const std::runtime_error& e) {
     throw ConfigError(e.what());
   }
+  // Every rank finds a bad spec or data file on its own, before it waits for the others,
+  // so the whole gang exits 78 rather than some ranks dying of their peers' exit.
+  try {
+    train::CheckTrainable(job, env.rank, env.world_size);
+  } catch (const train::TokenFileError& e) {
+    throw ConfigError(e.what());
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(env.config + ": " + e.what());
+  }
   std::optional<metrics::TrainingMetrics> exported;
   if (env.local_rank == 0 && metrics_port > 0) {
     const char* pod_ip = std::getenv("MESHTRAIN_POD_IP");

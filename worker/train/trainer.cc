@@ -16,13 +16,12 @@ namespace {
 
 constexpr float kBeta1 = 0.9f, kBeta2 = 0.95f, kEpsilon = 1e-8f;
 
-const api::TrainingJob& RequireSupportedLayout(const api::TrainingJob& job, const comm::Communicator* data_parallel) {
+const api::TrainingJob& RequireSupportedLayout(const api::TrainingJob& job, int ranks) {
   const api::ParallelLayout layout = api::ParallelLayout::ForSpec(job.spec);
   if (layout.tp() != 1) {
     throw std::invalid_argument("spec.parallelism.tensorParallelDegree: " + std::to_string(layout.tp()) +
                                 " needs the tensor-parallel engine, which this build does not have yet; use 1");
   }
-  const int ranks = data_parallel ? data_parallel->size() : 1;
   if (layout.world() != ranks) {
     throw std::invalid_argument("the job has " + std::to_string(layout.world()) +
                                 " ranks (spec.nodes x spec.gpusPerNode) but this trainer runs on " +
@@ -32,6 +31,13 @@ const api::TrainingJob& RequireSupportedLayout(const api::TrainingJob& job, cons
 }
 
 }  // namespace
+
+void CheckTrainable(const api::TrainingJob& job, int rank, int ranks) {
+  RequireSupportedLayout(job, ranks);
+  const int batch = int(job.spec.training.micro_batch_size), seq = int(*job.spec.model.seq_len);
+  DataLoader train(job.spec.data.train, batch, seq, rank, ranks);
+  if (!job.spec.data.validation.empty()) DataLoader validation(job.spec.data.validation, batch, seq, rank, ranks);
+}
 
 std::string FormatStepReport(const StepReport& r) {
   char line[200];
@@ -45,7 +51,7 @@ std::string FormatStepReport(const StepReport& r) {
 }
 
 Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* data_parallel)
-    : job_(RequireSupportedLayout(job, data_parallel)),
+    : job_(RequireSupportedLayout(job, data_parallel ? data_parallel->size() : 1)),
       data_parallel_(data_parallel),
       batch_(int(job.spec.training.micro_batch_size)),
       seq_(int(*job.spec.model.seq_len)),

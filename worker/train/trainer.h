@@ -47,6 +47,12 @@ struct MemoryReport {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
 };
 
+// Throws what Trainer's constructor would for `job` on `ranks` ranks (as data-parallel
+// rank `rank`): std::invalid_argument for a layout it cannot run, TokenFileError or
+// std::invalid_argument for bad data. Cheap (the token files are only mapped), so every
+// rank can find a configuration error before it waits for the others.
+void CheckTrainable(const api::TrainingJob& job, int rank, int ranks);
+
 class Trainer {
  public:
   // REQUIRES: `job` is defaulted and valid; `data_parallel`, if given, is the job's

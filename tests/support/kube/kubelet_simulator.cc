@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -75,7 +76,10 @@ KubeletSimulator::KubeletSimulator(ApiServer& server, KubeletOptions options)
   });
 }
 
-KubeletSimulator::~KubeletSimulator() { Stop(); }
+KubeletSimulator::~KubeletSimulator() {
+  Stop();
+  if (address_lock_fd_ >= 0) ::close(address_lock_fd_);
+}
 
 void KubeletSimulator::AddNodes(const scheduler::ClusterSnapshot& snapshot) {
   for (const auto& node : snapshot.nodes) server_.Create("/nodes", "", NodeObject(node));
@@ -122,6 +126,24 @@ bool KubeletSimulator::SetNodeReady(const std::string& name, bool ready) {
   });
 }
 
+int KubeletSimulator::AddressBlock() {
+  // Simulators running at once (parallel tests) must not hand out the same addresses, or
+  // their pods would meet on each other's ports: each holds an flock on its block's file.
+  for (int block = 1; address_block_ == 0 && block < 255; ++block) {
+    const std::string path = "/tmp/meshtrain-kubelet-addresses-127." + std::to_string(block) + ".lock";
+    const int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0666);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      address_lock_fd_ = fd;
+      address_block_ = block;
+    } else {
+      ::close(fd);
+    }
+  }
+  if (address_block_ == 0) throw std::runtime_error("the kubelet simulator found no free block of 127.N.0.0/16");
+  return address_block_;
+}
+
 std::string KubeletSimulator::AddressOf(const std::string& ns, const std::string& hostname,
                                         const std::string& subdomain) {
   const std::string name = hostname + "." + subdomain + "." + ns;
@@ -129,7 +151,8 @@ std::string KubeletSimulator::AddressOf(const std::string& ns, const std::string
   if (it != addresses_.end()) return it->second;
   const size_t n = addresses_.size();
   if (n >= 250 * 250) throw std::runtime_error("the kubelet simulator ran out of loopback addresses");
-  const std::string address = "127.0." + std::to_string(1 + n / 250) + "." + std::to_string(1 + n % 250);
+  const std::string address = "127." + std::to_string(AddressBlock()) + "." + std::to_string(1 + n / 250) + "." +
+                              std::to_string(1 + n % 250);
   return addresses_[name] = address;
 }
 

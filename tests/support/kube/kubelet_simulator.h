@@ -11,9 +11,9 @@
 // The pod then moves Pending -> Running -> Succeeded/Failed with container statuses and
 // exit codes, as a kubelet reports them.
 //
-// Every pod gets its own loopback address (127.0.x.y, x >= 1) as status.podIP, stable
-// for its DNS name (hostname.subdomain.namespace), so the pods sharing this machine can
-// all listen on the same ports. Cluster DNS is simulated: in environment values, a
+// Every pod gets its own loopback address (127.N.x.y) as status.podIP, stable for its
+// DNS name (hostname.subdomain.namespace), so the pods sharing this machine can all listen
+// on the same ports; N is a block no other running simulator holds (an flock in /tmp). Cluster DNS is simulated: in environment values, a
 // name `<hostname>.<subdomain>.<namespace>.svc[.cluster.local]` becomes that pod's address. Deleting a pod terminates its process group
 // (SIGTERM, then SIGKILL on the next pass of the loop, about 50 ms later).
 //
@@ -78,6 +78,8 @@ class KubeletSimulator {
   std::string AddressOf(const nlohmann::json& pod);
   // `value` with pod DNS names of `namespace_` replaced by their addresses. REQUIRES: mu_ held.
   std::string ResolveNames(const std::string& namespace_, const std::string& value);
+  // This simulator's N of 127.N.0.0/16, locked on first use. REQUIRES: mu_ held.
+  int AddressBlock();
 
   ApiServer& server_;
   const KubeletOptions options_;
@@ -86,7 +88,8 @@ class KubeletSimulator {
   std::map<pid_t, std::string> orphans_;    // processes of deleted pods, still terminating
   std::map<std::string, bool> waiting_;     // pods not yet admitted -> reported Unschedulable
   std::map<std::string, std::pair<int, double>> scripts_;
-  std::map<std::string, std::string> addresses_;  // "hostname.subdomain.namespace" -> 127.0.x.y
+  std::map<std::string, std::string> addresses_;  // "hostname.subdomain.namespace" -> 127.N.x.y
+  int address_block_ = 0, address_lock_fd_ = -1;
   std::jthread thread_;
 };
 
