@@ -64,23 +64,9 @@ post() { echo "$2" >"$work/body.json"; "$kubectl" create --raw "$1" -f "$work/bo
 script() { post /_test/kubelet/script "{\"job\": \"tiny\", \"exitCode\": ${2:-0}, \"seconds\": $1}"; }
 # A 2-node x 2-rank job of real workers on the bundled corpus.
 worker_job() {  # worker_job STEPS [DATA_FILE]
-  cat >"$work/job.yaml" <<YAML
-apiVersion: meshtrain.dev/v1alpha1
-kind: TrainingJob
-metadata:
-  name: tiny
-spec:
-  image: meshtrain:e2e
-  nodes: 2
-  gpusPerNode: 2
-  model: {preset: gpt2-tiny}
-  data: {train: ${2:-$work/data/train.bin}, validation: $work/data/val.bin}
-  training: {steps: $1, globalBatchTokens: 2048, microBatchSize: 4, warmupSteps: 2, evalInterval: 25, evalBatches: 2}
-  template:
-    tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
-    env: [{name: OMP_NUM_THREADS, value: "1"}]
-YAML
-  "$kubectl" apply -f "$work/job.yaml" >/dev/null
+  apply_job 2 "{train: ${2:-$work/data/train.bin}, validation: $work/data/val.bin}" \
+    "{steps: $1, globalBatchTokens: 2048, microBatchSize: 4, warmupSteps: 2, evalInterval: 25, evalBatches: 2}" \
+    '    env: [{name: OMP_NUM_THREADS, value: "1"}]'
 }
 
 prepare_data() {
@@ -126,7 +112,9 @@ pod_log() { cat "$work/pods/default_$1/log" 2>/dev/null || true; }
 
 pod_count() { "$kubectl" get pods -l meshtrain.dev/job-name=tiny -o name | wc -l; }
 
-job() {  # job [EXTRA_SPEC_YAML]: a 2-node job named tiny
+# apply_job GPUS_PER_NODE DATA TRAINING [EXTRA_YAML]: a 2-node job named tiny; EXTRA_YAML
+# continues spec.template (indented 4) or, indented 2, adds to spec.
+apply_job() {
   cat >"$work/job.yaml" <<YAML
 apiVersion: meshtrain.dev/v1alpha1
 kind: TrainingJob
@@ -135,15 +123,19 @@ metadata:
 spec:
   image: meshtrain:e2e
   nodes: 2
-  gpusPerNode: 8
+  gpusPerNode: $1
   model: {preset: gpt2-tiny}
-  data: {train: /data/train.bin}
-  training: {steps: 10, globalBatchTokens: 16384, microBatchSize: 1, warmupSteps: 1}
+  data: $2
+  training: $3
   template:
     tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
-$1
+${4:-}
 YAML
   "$kubectl" apply -f "$work/job.yaml" >/dev/null
+}
+
+job() {  # job [EXTRA_SPEC_YAML]: the scripted 2-node job
+  apply_job 8 "{train: /data/train.bin}" "{steps: 10, globalBatchTokens: 16384, microBatchSize: 1, warmupSteps: 1}" "${1:-}"
 }
 
 case $scenario in

@@ -55,18 +55,6 @@ std::vector<StepLine> Steps(const std::string& output) {
   return steps;
 }
 
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof addr;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // A child process with extra environment, its output in a file.
 class Process {
  public:
@@ -136,13 +124,10 @@ class WorkerTest : public testing::Test {
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("meshtrain-worker-test-" + std::to_string(::getpid()));
     fs::create_directories(dir_);
-    std::ifstream in("examples/data/pride-and-prejudice.txt", std::ios::binary);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    ASSERT_GT(text.size(), 600000u);
-    const auto tokens = train::ByteTokens(text);
-    const size_t split = tokens.size() * 9 / 10;
-    train::WriteTokenFile((dir_ / "train.bin").string(), std::span(tokens).first(split));
-    train::WriteTokenFile((dir_ / "val.bin").string(), std::span(tokens).subspan(split));
+    // The bundled corpus, split 90/10 as `meshtrain prepare-data` does.
+    const auto split = train::WriteTextAsTokenFiles("examples/data/pride-and-prejudice.txt", (dir_ / "train.bin").string(),
+                                                (dir_ / "val.bin").string(), 0.1);
+    ASSERT_GT(split.train, 600000u);
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -178,7 +163,7 @@ class WorkerTest : public testing::Test {
     return {{"MESHTRAIN_JOB_NAME", job.stem().string()},
             {"MESHTRAIN_CONFIG", job.string()},
             {"MESHTRAIN_RANK_TABLE", table.string()},
-            {"MESHTRAIN_COORDINATOR", "127.0.0.1:" + std::to_string(FreePort())},
+            {"MESHTRAIN_COORDINATOR", "127.0.0.1:" + std::to_string(launch::FreeLoopbackPort())},
             {"MESHTRAIN_NODE_RANK", "0"},
             {"MESHTRAIN_NNODES", "1"},
             {"MESHTRAIN_NPROC_PER_NODE", std::to_string(ranks)},
@@ -233,7 +218,7 @@ TEST_F(WorkerTest, LaunchWithoutTheWorkerEnvironmentNamesTheVariable) {
 
 TEST_F(WorkerTest, LaunchServesMetricsAndPassesSigtermToItsRanks) {
   auto env = PodEnvironment(Job("metrics", 1, 2, 100000), 2);
-  const int metrics_port = FreePort();
+  const int metrics_port = launch::FreeLoopbackPort();
   env["MESHTRAIN_METRICS_PORT"] = std::to_string(metrics_port);
   env["MESHTRAIN_POD_IP"] = "127.0.0.1";
   Process launcher({MESHTRAIN_WORKER, "launch"}, env, dir_ / "launch.log");

@@ -1,5 +1,7 @@
 #include "worker/comm/bootstrap.h"
 
+#include "api/environment.h"
+
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -8,24 +10,8 @@
 namespace meshtrain::comm {
 namespace {
 
-std::string Variable(const char* name, bool required) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') {
-    if (required) throw std::runtime_error("the worker environment lacks " + std::string(name));
-    return {};
-  }
-  return value;
-}
-
 int IntegerVariable(const char* name, int minimum) {
-  std::string text = Variable(name, true);
-  char* end = nullptr;
-  long value = std::strtol(text.c_str(), &end, 10);
-  if (*end != '\0' || value < minimum || value > (1 << 20)) {
-    throw std::runtime_error(std::string(name) + "=\"" + text + "\" is not an integer >= " +
-                             std::to_string(minimum));
-  }
-  return static_cast<int>(value);
+  return static_cast<int>(api::EnvironmentInteger(name, minimum, 1 << 20));
 }
 
 }  // namespace
@@ -34,10 +20,12 @@ bool WorkerEnvironment::Present() { return std::getenv("MESHTRAIN_COORDINATOR") 
 
 WorkerEnvironment WorkerEnvironment::FromEnvironment() {
   WorkerEnvironment env;
-  env.job_name = Variable("MESHTRAIN_JOB_NAME", false);
-  env.coordinator = Variable("MESHTRAIN_COORDINATOR", true);
-  env.config = Variable("MESHTRAIN_CONFIG", false);
-  env.rank_table = Variable("MESHTRAIN_RANK_TABLE", true);
+  env.job_name = api::EnvironmentString("MESHTRAIN_JOB_NAME");
+  env.coordinator = api::EnvironmentString("MESHTRAIN_COORDINATOR");
+  if (env.coordinator.empty()) throw std::runtime_error("the worker environment lacks MESHTRAIN_COORDINATOR");
+  env.config = api::EnvironmentString("MESHTRAIN_CONFIG");
+  env.rank_table = api::EnvironmentString("MESHTRAIN_RANK_TABLE");
+  if (env.rank_table.empty()) throw std::runtime_error("the worker environment lacks MESHTRAIN_RANK_TABLE");
   env.node_rank = IntegerVariable("MESHTRAIN_NODE_RANK", 0);
   env.nnodes = IntegerVariable("MESHTRAIN_NNODES", 1);
   env.nproc_per_node = IntegerVariable("MESHTRAIN_NPROC_PER_NODE", 1);

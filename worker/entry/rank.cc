@@ -4,6 +4,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "api/environment.h"
 #include "api/manifest.h"
 #include "worker/comm/bootstrap.h"
 #include "worker/comm/fabric/fabric_communicator.h"
@@ -38,15 +39,16 @@ api::TrainingJob LoadJob(const std::string& path) {
   return jobs[0].job;
 }
 
-int MetricsPort() {
-  const char* text = std::getenv("MESHTRAIN_METRICS_PORT");
-  if (text == nullptr || *text == '\0') return 0;
-  char* end = nullptr;
-  const long port = std::strtol(text, &end, 10);
-  if (*end != '\0' || port < 0 || port > 65535) {
-    throw ConfigError("MESHTRAIN_METRICS_PORT=\"" + std::string(text) + "\" is not a port number");
+// Runs `f`, turning what the trainer throws for a bad spec or data file into a ConfigError.
+template <class F>
+void BadInputIsConfigError(const std::string& config, F&& f) {
+  try {
+    f();
+  } catch (const train::TokenFileError& e) {
+    throw ConfigError(e.what());
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(config + ": " + e.what());
   }
-  return int(port);
 }
 
 int Train(std::ostream& out) {
@@ -56,24 +58,17 @@ int Train(std::ostream& out) {
   try {
     env = comm::WorkerEnvironment::FromEnvironment();
     job = LoadJob(env.config);
-    metrics_port = MetricsPort();
+    metrics_port = int(api::EnvironmentInteger("MESHTRAIN_METRICS_PORT", 0, 65535, 0));
   } catch (const std::runtime_error& e) {
     throw ConfigError(e.what());
   }
   // Every rank finds a bad spec or data file on its own, before it waits for the others,
   // so the whole gang exits 78 rather than some ranks dying of their peers' exit.
-  try {
-    train::CheckTrainable(job, env.rank, env.world_size);
-  } catch (const train::TokenFileError& e) {
-    throw ConfigError(e.what());
-  } catch (const std::invalid_argument& e) {
-    throw ConfigError(env.config + ": " + e.what());
-  }
+  BadInputIsConfigError(env.config, [&] { train::CheckTrainable(job, env.rank, env.world_size); });
   std::optional<metrics::TrainingMetrics> exported;
   if (env.local_rank == 0 && metrics_port > 0) {
-    const char* pod_ip = std::getenv("MESHTRAIN_POD_IP");
     exported.emplace(env.job_name, env.rank, job.spec.training.steps, job.spec.training.global_batch_tokens);
-    exported->Serve(pod_ip && *pod_ip ? pod_ip : "0.0.0.0", metrics_port);
+    exported->Serve(api::EnvironmentString("MESHTRAIN_POD_IP", "0.0.0.0"), metrics_port);
   }
 
   comm::Rendezvous rendezvous = comm::JoinRendezvous(env, kRendezvousTimeout);
@@ -81,13 +76,7 @@ int Train(std::ostream& out) {
       comm::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, comm::FabricOptions::FromEnvironment());
 
   std::optional<train::Trainer> trainer;
-  try {
-    trainer.emplace(job, world.get());
-  } catch (const train::TokenFileError& e) {
-    throw ConfigError(e.what());
-  } catch (const std::invalid_argument& e) {
-    throw ConfigError(env.config + ": " + e.what());
-  }
+  BadInputIsConfigError(env.config, [&] { trainer.emplace(job, world.get()); });
   if (env.rank == 0) {
     out << "job " << env.job_name << ": " << env.world_size << " rank(s) on " << env.nnodes << " node(s), "
         << job.spec.training.steps << " steps" << std::endl;

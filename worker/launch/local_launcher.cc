@@ -13,10 +13,8 @@
 #include <stdexcept>
 
 namespace meshtrain::launch {
-namespace {
 
-// A free TCP port on 127.0.0.1 for rank 0's Store.
-int FreePort() {
+int FreeLoopbackPort() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -30,8 +28,6 @@ int FreePort() {
   ::close(fd);
   return ntohs(addr.sin_port);
 }
-
-}  // namespace
 
 std::vector<std::string> SelfCommand(int argc, char** argv) {
   std::vector<std::string> command(argv, argv + argc);
@@ -69,7 +65,7 @@ LaunchResult LaunchLocal(const LocalLaunch& launch, std::ostream& log) {
   std::ofstream(table_path) << api::ToJson(launch.rank_table.value_or(
                                                VirtualRankTable(launch.nodes, launch.ranks_per_node)))
                                    .dump(2);
-  const std::string coordinator = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string coordinator = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
 
   std::vector<RankProcess> ranks;
   for (int rank = 0; rank < world; ++rank) {

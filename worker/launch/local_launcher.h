@@ -33,6 +33,10 @@ struct LocalLaunch {
   bool stop_others_on_failure = true;
 };
 
+// A TCP port on 127.0.0.1 that was free a moment ago (for rank 0's Store, or a test's
+// server). Throws std::runtime_error if none can be found.
+int FreeLoopbackPort();
+
 // argv with argv[0] replaced by this executable's path, so a program can launch itself as ranks.
 std::vector<std::string> SelfCommand(int argc, char** argv);
 

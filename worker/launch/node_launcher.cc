@@ -1,20 +1,14 @@
 #include "worker/launch/node_launcher.h"
 
-#include <cstdlib>
+#include "api/environment.h"
+
 #include <stdexcept>
 
 namespace meshtrain::launch {
 namespace {
 
 int IntegerVariable(const char* name, int minimum) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') throw std::runtime_error("the pod's environment lacks " + std::string(name));
-  char* end = nullptr;
-  const long number = std::strtol(value, &end, 10);
-  if (*end != '\0' || number < minimum || number > (1 << 20)) {
-    throw std::runtime_error(std::string(name) + "=\"" + value + "\" is not an integer >= " + std::to_string(minimum));
-  }
-  return static_cast<int>(number);
+  return static_cast<int>(api::EnvironmentInteger(name, minimum, 1 << 20));
 }
 
 }  // namespace

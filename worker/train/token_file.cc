@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <utility>
 
 namespace meshtrain::train {
@@ -138,6 +140,22 @@ std::string TokensToText(std::span<const uint32_t> tokens) {
   text.reserve(tokens.size());
   for (uint32_t t : tokens) text += t < 256 ? char(t) : '?';
   return text;
+}
+
+TokenSplit WriteTextAsTokenFiles(const std::string& text_path, const std::string& train,
+                                 const std::string& validation, double validation_fraction) {
+  std::ifstream in(text_path, std::ios::binary);
+  if (!in) Fail(text_path, "cannot open");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) Fail(text_path, "read error");
+  const std::vector<uint32_t> tokens = ByteTokens(text);
+  const std::span<const uint32_t> all(tokens);
+  TokenSplit split;
+  split.validation = validation.empty() ? 0 : size_t(double(tokens.size()) * validation_fraction);
+  split.train = tokens.size() - split.validation;
+  WriteTokenFile(train, all.first(split.train));
+  if (!validation.empty()) WriteTokenFile(validation, all.last(split.validation));
+  return split;
 }
 
 }  // namespace meshtrain::train

@@ -66,4 +66,14 @@ void WriteTokenFile(const std::string& path, std::span<const uint32_t> tokens);
 std::vector<uint32_t> ByteTokens(std::string_view text);
 std::string TokensToText(std::span<const uint32_t> tokens);
 
+// A text file as byte tokens in two token files: `train` gets the first part and
+// `validation` the last `validation_fraction` of the text, so the two never share a
+// passage (validation empty: everything goes to train). Returns the token counts.
+// Throws TokenFileError naming a file that cannot be read ("cannot open") or written.
+struct TokenSplit {
+  size_t train = 0, validation = 0;
+};
+TokenSplit WriteTextAsTokenFiles(const std::string& text_path, const std::string& train,
+                                 const std::string& validation, double validation_fraction);
+
 }  // namespace meshtrain::train

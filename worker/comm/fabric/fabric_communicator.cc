@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 
+#include "api/environment.h"
 #include "worker/comm/fabric/algorithms.h"
 #include "worker/comm/fabric/endpoint.h"
 #include "worker/comm/fabric/exchange.h"
@@ -42,33 +43,25 @@ Algorithm ParseAlgorithm(const std::string& name) {
 namespace {
 
 int64_t PositiveFromEnvironment(const char* variable, int64_t fallback) {
-  const char* text = std::getenv(variable);
-  if (text == nullptr || *text == '\0') return fallback;
-  char* end = nullptr;
-  long long value = std::strtoll(text, &end, 10);
-  if (*end != '\0' || value <= 0) {
-    throw CommError(std::string(variable) + "=\"" + text + "\" is not a positive integer");
+  try {
+    return api::EnvironmentInteger(variable, 1, INT64_MAX, fallback);
+  } catch (const std::runtime_error& e) {
+    throw CommError(e.what());
   }
-  return value;
-}
-
-std::string FromEnvironment(const char* variable, const std::string& fallback) {
-  const char* text = std::getenv(variable);
-  return text != nullptr && *text != '\0' ? text : fallback;
 }
 
 }  // namespace
 
 FabricOptions FabricOptions::FromEnvironment() {
   FabricOptions options;
-  options.intra_provider = comm::FromEnvironment("MESHTRAIN_FABRIC_INTRA_PROVIDER", options.intra_provider);
-  options.inter_provider = comm::FromEnvironment("MESHTRAIN_FABRIC_INTER_PROVIDER", options.inter_provider);
+  options.intra_provider = api::EnvironmentString("MESHTRAIN_FABRIC_INTRA_PROVIDER", options.intra_provider);
+  options.inter_provider = api::EnvironmentString("MESHTRAIN_FABRIC_INTER_PROVIDER", options.inter_provider);
   options.timeout = std::chrono::seconds(
       PositiveFromEnvironment("MESHTRAIN_COMM_TIMEOUT", options.timeout.count() / 1000));
-  options.algorithm = ParseAlgorithm(comm::FromEnvironment("MESHTRAIN_COMM_ALGORITHM", "auto"));
+  options.algorithm = ParseAlgorithm(api::EnvironmentString("MESHTRAIN_COMM_ALGORITHM", "auto"));
   options.small_bytes = PositiveFromEnvironment("MESHTRAIN_COMM_SMALL_BYTES", options.small_bytes);
   options.chunk_bytes = PositiveFromEnvironment("MESHTRAIN_COMM_CHUNK_BYTES", options.chunk_bytes);
-  options.register_always = comm::FromEnvironment("MESHTRAIN_FABRIC_REGISTER", "0") == "1";
+  options.register_always = api::EnvironmentString("MESHTRAIN_FABRIC_REGISTER", "0") == "1";
   return options;
 }
 

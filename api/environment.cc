@@ -1,0 +1,30 @@
+#include "api/environment.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <stdexcept>
+
+namespace meshtrain::api {
+
+std::string EnvironmentString(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : fallback;
+}
+
+int64_t EnvironmentInteger(const char* name, int64_t minimum, int64_t maximum, std::optional<int64_t> fallback) {
+  const std::string text = EnvironmentString(name);
+  if (text.empty()) {
+    if (fallback) return *fallback;
+    throw std::runtime_error("the worker environment lacks " + std::string(name));
+  }
+  char* end = nullptr;
+  errno = 0;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (*end != '\0' || errno != 0 || value < minimum || value > maximum) {
+    throw std::runtime_error(std::string(name) + "=\"" + text + "\" is not an integer in [" + std::to_string(minimum) +
+                             ", " + std::to_string(maximum) + "]");
+  }
+  return value;
+}
+
+}  // namespace meshtrain::api

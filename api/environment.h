@@ -1,0 +1,22 @@
+// Environment variables of the worker contract and of meshtrain's tuning knobs
+// (MESHTRAIN_*, and the torchrun names). Errors name the variable and its value.
+// Thread-safe as far as getenv is (nothing may setenv concurrently).
+
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace meshtrain::api {
+
+// The value, or `fallback` when the variable is unset or empty.
+std::string EnvironmentString(const char* name, const std::string& fallback = "");
+
+// The value as an integer in [minimum, maximum]; `fallback` when unset or empty.
+// Throws std::runtime_error: "the worker environment lacks NAME" when unset without a
+// fallback, or "NAME="x" is not an integer in [minimum, maximum]".
+int64_t EnvironmentInteger(const char* name, int64_t minimum, int64_t maximum,
+                           std::optional<int64_t> fallback = std::nullopt);
+
+}  // namespace meshtrain::api
