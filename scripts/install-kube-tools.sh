@@ -19,4 +19,4 @@ fi
 if [ ! -d "$tools/node_modules/kubernetes-models" ]; then
   npm install --silent --no-audit --no-fund --prefix "$tools" kubernetes-models@4.5.1 >/dev/null
 fi
-echo "kube tools: $("$tools/bin/kubectl" version --client | head -1), helm $("$tools/bin/helm" version --short)"
+echo "kube tools: $("$tools/bin/kubectl" version --client | sed -n 1p), helm $("$tools/bin/helm" version --short)"

@@ -3,8 +3,8 @@
 # simulator, the real operator as its own process, and the real kubectl.
 # Usage: operator_e2e.sh BUILD_DIR TOOLS_DIR SCENARIO
 set -euo pipefail
-# Pipelines into grep read to the end (no -q): with pipefail, grep -q exiting first would
-# fail the pipeline through SIGPIPE in the writer.
+# Pipelines read to the end (no grep -q, no head): with pipefail, a reader that exits first
+# fails the pipeline through SIGPIPE in the writer.
 build=$1 tools=$2 scenario=$3
 src=$(cd "$(dirname "$0")/../.." && pwd)
 kubectl=$tools/bin/kubectl
@@ -20,6 +20,8 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+# set -e stops at a failed command without a word; say which one.
+trap 'echo "FAIL ($scenario): line $LINENO: $BASH_COMMAND exited $?" >&2' ERR
 
 fail() {
   echo "FAIL ($scenario): $*" >&2
@@ -146,7 +148,7 @@ case $scenario in
     wait_for '{.status.phase}' Running 20
     wait_for '{.status.readyWorkers}' 2 10
     wait_for '{.status.phase}' Succeeded 20
-    header=$("$kubectl" get tj | head -1)
+    header=$("$kubectl" get tj | sed -n 1p)
     for column in NAME PHASE NODES STEP TOKENS/S AGE; do
       [[ $header == *"$column"* ]] || fail "kubectl get tj lacks column $column: $header"
     done
