@@ -1,5 +1,6 @@
 #include "worker/comm/fabric/algorithms.h"
 
+#include "worker/comm/fabric/bulk_copy.h"
 #include "worker/comm/fabric/shared_memory.h"
 
 #include <algorithm>
@@ -45,9 +46,7 @@ uint32_t Slot(int step, const RingShape& shape, size_t m) {
 
 void CopySpans(const Block& to, const Block& from) {
   for (size_t k = 0; k < to.size(); ++k) {
-    if (to[k].data != from[k].data && to[k].bytes > 0) {
-      std::memcpy(to[k].data, from[k].data, to[k].bytes);
-    }
+    if (to[k].data != from[k].data) BulkCopy(to[k].data, from[k].data, to[k].bytes);
   }
 }
 
@@ -174,7 +173,7 @@ void RingReduceScatter(Context& ctx, const Peers& peers, const std::vector<Block
     int b = position(s);
     Span own = shape.Piece(in[b], m);
     char* landing = scratch + (s % 2) * half + shape.Offset(m);
-    ex.Recv(left, landing, own.bytes, Slot(s, shape, m), [&, s, m, b, own, landing] {
+    auto add = [&, s, m, b, own, landing] {
       size_t count = own.bytes / element_size;
       if (s == n - 2) {  // b == me: the final sum
         Sum(shape.Piece(out, m).data, own.data, landing, count, ctx.type);
@@ -185,7 +184,8 @@ void RingReduceScatter(Context& ctx, const Peers& peers, const std::vector<Block
       Exchange::Callback next;
       if (s + 2 <= n - 2) next = [&post_recv, s, m] { post_recv(s + 2, m); };
       ex.Send(right, partial, own.bytes, Slot(s + 1, shape, m), std::move(next));
-    });
+    };
+    ex.Recv(left, landing, own.bytes, Slot(s, shape, m), add, Exchange::Reading::kAtOnce);
   };
   const Block& first = in[((me - 1) % n + n) % n];
   for (size_t m = 0; m < shape.messages(); ++m) {
@@ -211,7 +211,7 @@ void RecursiveDoublingAllReduce(Context& ctx, const Peers& peers, const char* se
   Exchange& ex = ctx.exchange;
   ex.BeginPhase();
   size_t bytes = count * ElementSize(ctx.type);
-  if (send != recv && bytes > 0) std::memcpy(recv, send, bytes);
+  if (send != recv) BulkCopy(recv, send, bytes);
   int n = peers.size(), me = peers.me;
   if (n == 1 || bytes == 0) return;
   char* incoming = ctx.scratch.Get(0, bytes);
@@ -357,7 +357,7 @@ void HierarchicalAllGather(Context& ctx, const char* send, char* recv, size_t bl
   const Group& group = ctx.exchange.group();
   Grid grid(group);
   char* own = recv + group.rank() * block_bytes;
-  if (own != send && block_bytes > 0) std::memcpy(own, send, block_bytes);
+  if (own != send) BulkCopy(own, send, block_bytes);
   auto block_of = [&](int node, int local) {
     return Span{recv + (node * grid.per_node + local) * block_bytes, block_bytes};
   };

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 
+#include "worker/comm/fabric/bulk_copy.h"
 #include "worker/comm/fabric/shared_memory.h"
 #include "worker/comm/types.h"
 
@@ -97,11 +98,18 @@ void Exchange::SendDirect(int member, const void* buf, size_t bytes, uint32_t sl
   }
 }
 
-void Exchange::RecvDirect(int member, void* buf, size_t bytes, uint32_t slot, Callback done) {
+void Exchange::RecvDirect(int member, void* buf, size_t bytes, uint32_t slot, Callback done,
+                          Reading reading) {
   Header& header = headers_.emplace_back();
-  auto arrived = [this, &header, member, buf, bytes, slot, done = std::move(done)]() mutable {
+  auto arrived = [this, &header, member, buf, bytes, slot, reading,
+                  done = std::move(done)]() mutable {
     if (header.shared) {
-      std::memcpy(buf, MapPeer(header.location), bytes);
+      const char* peer = MapPeer(header.location);
+      if (reading == Reading::kAtOnce) {
+        std::memcpy(buf, peer, bytes);
+      } else {
+        BulkCopy(buf, peer, bytes);
+      }
       Queue(true, member, &tokens_.emplace_back(), 1, slot, kAck, {});
       if (done) done();
     } else {
@@ -116,8 +124,9 @@ void Exchange::Send(int member, const void* buf, size_t bytes, uint32_t slot, Ca
   Queue(true, member, buf, bytes, slot, kPlain, std::move(done));
 }
 
-void Exchange::Recv(int member, void* buf, size_t bytes, uint32_t slot, Callback done) {
-  if (Direct(member, bytes)) return RecvDirect(member, buf, bytes, slot, std::move(done));
+void Exchange::Recv(int member, void* buf, size_t bytes, uint32_t slot, Callback done,
+                    Reading reading) {
+  if (Direct(member, bytes)) return RecvDirect(member, buf, bytes, slot, std::move(done), reading);
   Queue(false, member, buf, bytes, slot, kPlain, std::move(done));
 }
 

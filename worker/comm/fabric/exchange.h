@@ -64,8 +64,13 @@ class Exchange {
   void BeginPhase();
   void SetPointToPoint() { phase_ = kPointToPointPhase; }
 
+  // Whether the caller reads received bytes at once (a partial sum to add), so a direct
+  // copy keeps them in the cache, or not (gathered data), so it streams past it.
+  enum class Reading { kLater, kAtOnce };
+
   void Send(int member, const void* buf, size_t bytes, uint32_t slot, Callback done = {});
-  void Recv(int member, void* buf, size_t bytes, uint32_t slot, Callback done = {});
+  void Recv(int member, void* buf, size_t bytes, uint32_t slot, Callback done = {},
+            Reading reading = Reading::kLater);
   // Progresses until every posted and queued message has completed and its callback
   // run. Throws CommError naming the operation, the group and the peer on a failed
   // message or when the deadline passes.
@@ -89,7 +94,8 @@ class Exchange {
              Callback done);
   bool Direct(int member, size_t bytes) const;
   void SendDirect(int member, const void* buf, size_t bytes, uint32_t slot, Callback done);
-  void RecvDirect(int member, void* buf, size_t bytes, uint32_t slot, Callback done);
+  void RecvDirect(int member, void* buf, size_t bytes, uint32_t slot, Callback done,
+                  Reading reading);
   void PostQueued(std::deque<Message>& queue, std::vector<Message>& posted);
   std::string Peer(int member) const;
   [[noreturn]] void Fail(const Message& message, const std::string& reason) const;

@@ -7,6 +7,7 @@
 
 #include "api/environment.h"
 #include "worker/comm/fabric/algorithms.h"
+#include "worker/comm/fabric/bulk_copy.h"
 #include "worker/comm/fabric/endpoint.h"
 #include "worker/comm/fabric/exchange.h"
 #include "worker/comm/fabric/shared_memory.h"
@@ -114,7 +115,7 @@ class FabricCommunicator : public Communicator {
           return fabric::BruckAllGather(ctx, fabric::AllMembers(group_), in, out, block);
         default: {
           char* own = out + rank() * block;
-          if (own != in && block > 0) std::memcpy(own, in, block);
+          if (own != in) fabric::BulkCopy(own, in, block);
           std::vector<fabric::Block> blocks;
           for (int p = 0; p < size(); ++p) blocks.push_back({{out + p * block, block}});
           return fabric::RingAllGather(ctx, fabric::AllMembers(group_), blocks);
@@ -183,7 +184,7 @@ class FabricCommunicator : public Communicator {
     auto* out = static_cast<char*>(recv);
     return Submit("broadcast(root " + std::to_string(root) + ")", total, type,
                   [=, this](Context& ctx) {
-      if (rank() == root && in != out && total > 0) std::memcpy(out, in, total);
+      if (rank() == root && in != out) fabric::BulkCopy(out, in, total);
       switch (Choose(total)) {
         case Algorithm::kHierarchical:
           return fabric::HierarchicalBroadcast(ctx, out, total, root, world_->options.small_bytes);
