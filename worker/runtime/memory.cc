@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
+#include <string>
 
 namespace meshtrain::runtime {
 
@@ -31,6 +32,10 @@ void MemoryAccounting::Freed(MemoryCategory category, int64_t bytes) {
   total_.fetch_sub(bytes);
 }
 
+MemorySource HostMemory() {
+  return {"host", [](size_t bytes) { return std::aligned_alloc(64, bytes); }, [](void* ptr) { std::free(ptr); }};
+}
+
 size_t CachingAllocator::RoundedSize(size_t bytes) {
   constexpr size_t kSmall = 512, kLarge = size_t(2) << 20, kLargeFrom = size_t(1) << 20;
   const size_t unit = bytes < kLargeFrom ? kSmall : kLarge;
@@ -50,8 +55,12 @@ void* CachingAllocator::Allocate(size_t bytes, MemoryCategory category) {
     }
   }
   if (ptr == nullptr) {
-    ptr = std::aligned_alloc(64, rounded);
-    if (ptr == nullptr) throw std::bad_alloc();
+    ptr = source_.allocate(rounded);
+    if (ptr == nullptr) {
+      throw OutOfMemory(std::string("out of ") + source_.name + " memory: " + std::to_string(rounded) +
+                        " bytes for " + MemoryCategoryName(category) + ", with " +
+                        std::to_string(accounting_->current_total()) + " bytes in use");
+    }
   }
   {
     std::lock_guard lock(mutex_);
@@ -79,7 +88,7 @@ void CachingAllocator::Free(void* ptr) {
 void CachingAllocator::ReleaseCached() {
   std::lock_guard lock(mutex_);
   for (auto& [bytes, blocks] : cached_) {
-    for (void* p : blocks) std::free(p);
+    for (void* p : blocks) source_.free(p);
   }
   cached_.clear();
   cached_bytes_ = 0;
@@ -94,7 +103,7 @@ CachingAllocator::~CachingAllocator() {
   ReleaseCached();
   for (auto& [ptr, live] : live_) {  // a leak by the caller; do not leak it further
     accounting_->Freed(live.category, int64_t(live.bytes));
-    std::free(ptr);
+    source_.free(ptr);
   }
 }
 

@@ -2,7 +2,9 @@
 //
 // Every engine allocation names its category. MemoryAccounting keeps the current and
 // peak bytes of each; CachingAllocator keeps freed blocks by size class and hands them
-// out again, so steady-state steps do not return to the system allocator.
+// out again, so steady-state steps do not return to the system allocator (or to
+// cudaMalloc, which synchronises the device). The same allocator serves host, device
+// and pinned host memory through a MemorySource (worker/runtime/cuda.h has the CUDA ones).
 // Thread-safety: both classes are safe to use from several threads.
 
 #pragma once
@@ -14,6 +16,8 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <new>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -23,6 +27,26 @@ namespace meshtrain::runtime {
 enum class MemoryCategory { kParams, kGrads, kOptimizer, kActivations, kComm, kOffload };
 inline constexpr size_t kMemoryCategories = 6;
 const char* MemoryCategoryName(MemoryCategory category);  // "params", "grads", ...
+
+// Where a CachingAllocator's blocks come from. `allocate` returns nullptr when out of memory.
+struct MemorySource {
+  const char* name;  // "host", "cuda", "pinned host": for error messages
+  void* (*allocate)(size_t bytes);
+  void (*free)(void* ptr);
+};
+// 64-byte aligned blocks of the system heap.
+MemorySource HostMemory();
+
+// What Allocate throws when the source has no memory left; what() names the source,
+// the size and the category.
+class OutOfMemory : public std::bad_alloc {
+ public:
+  explicit OutOfMemory(std::string message) : message_(std::move(message)) {}
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
 
 class MemoryAccounting {
  public:
@@ -38,16 +62,17 @@ class MemoryAccounting {
   std::atomic<int64_t> total_{0}, peak_total_{0};
 };
 
-// Host memory, 64-byte aligned. Sizes are rounded up to 512 bytes below 1 MiB and to
-// 2 MiB above, and freed blocks are reused for requests of the same rounded size.
+// Blocks from `source`. Sizes are rounded up to 512 bytes below 1 MiB and to 2 MiB
+// above, and freed blocks are reused for requests of the same rounded size.
 class CachingAllocator {
  public:
-  explicit CachingAllocator(MemoryAccounting* accounting) : accounting_(accounting) {}
+  explicit CachingAllocator(MemoryAccounting* accounting, MemorySource source = HostMemory())
+      : accounting_(accounting), source_(source) {}
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
-  // Throws std::bad_alloc when the system has no memory left.
+  // Throws OutOfMemory when the source has no memory left.
   void* Allocate(size_t bytes, MemoryCategory category);
   // REQUIRES: `ptr` came from Allocate on this allocator and was not freed.
   void Free(void* ptr);
@@ -63,13 +88,14 @@ class CachingAllocator {
     MemoryCategory category;
   };
   MemoryAccounting* accounting_;
+  MemorySource source_;
   mutable std::mutex mutex_;
   std::unordered_map<void*, Live> live_;
   std::map<size_t, std::vector<void*>> cached_;
   size_t cached_bytes_ = 0;
 };
 
-// An array of n T from a CachingAllocator, zero-filled, returned to it on destruction.
+// An array of n T from a host CachingAllocator, zero-filled, returned to it on destruction.
 // Move-only. Not thread-safe.
 template <class T>
 class Buffer {
