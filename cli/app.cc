@@ -104,6 +104,9 @@ int Main(int argc, char** argv) {
   bench_train->add_option("--batch", bench_train_options.batch, "Micro-batch size")->check(CLI::Range(1, 4096))->capture_default_str();
   bench_train->add_option("--seq", bench_train_options.seq, "Sequence length")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   bench_train->add_option("--steps", bench_train_options.steps, "Measured steps")->check(CLI::Range(1, 100000))->capture_default_str();
+  bench_train->add_option("--device", bench_train_options.device, "cpu (fp32) or cuda (bf16 on GPU 0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
 
   BenchCommOptions bench_comm_options;
   std::string sizes = "1K..64M";

@@ -1,5 +1,6 @@
 // `meshtrain bench train`: single-rank training throughput on the CPU, against the
-// OpenBLAS sgemm rate measured here at the model's own matrix shapes.
+// OpenBLAS sgemm rate measured here at the model's own matrix shapes (--device cuda:
+// bench_train_cuda.cc).
 
 #include <cblas.h>
 #include <omp.h>
@@ -68,6 +69,14 @@ int BenchTrainCommand(const BenchTrainOptions& o, std::ostream& out) {
   if (preset == nullptr) {
     out << "--model " << o.model << ": unknown preset\n";
     return kExitUnreadable;
+  }
+  if (o.device == "cuda") {
+#ifdef MESHTRAIN_HAVE_CUDA
+    return BenchTrainCudaCommand(o, *preset, out);
+#else
+    out << "bench train --device cuda: this meshtrain was built without CUDA (MESHTRAIN_CUDA=OFF or no toolkit)\n";
+    return kExitUnreadable;
+#endif
   }
   const int tokens = o.batch * o.seq;
   // Random tokens, enough for every step, in a temporary token file.

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "api/model_shape.h"
+
 namespace meshtrain::cli {
 
 inline constexpr int kExitOk = 0;
@@ -71,6 +73,7 @@ int BenchPlanCommand(const BenchPlanOptions& options, std::ostream& out);
 
 struct BenchTrainOptions {
   std::string model = "gpt2-124m";
+  std::string device = "cpu";  // or "cuda": bf16 on GPU 0
   int batch = 4;
   int seq = 64;
   int steps = 5;   // measured
@@ -80,6 +83,9 @@ struct BenchTrainOptions {
 // Single-rank training throughput, GFLOP/s, MFU against the sgemm rate measured at the
 // model's matrix shapes, and memory by category.
 int BenchTrainCommand(const BenchTrainOptions& options, std::ostream& out);
+// The same on GPU 0 in bf16, against the cuBLAS bf16 rate at the model's shapes
+// (built with CUDA only).
+int BenchTrainCudaCommand(const BenchTrainOptions& options, const api::ModelShape& preset, std::ostream& out);
 
 // The whole CLI: parses argv and dispatches.
 int Main(int argc, char** argv);
