@@ -10,35 +10,21 @@
 #include <cmath>
 #include <string>
 
+#include "worker/kernels/cuda/common.cuh"
 #include "worker/kernels/cuda/kernels.h"
 #include "worker/runtime/cuda.h"
 
 namespace meshtrain::kernels::cuda {
 namespace {
 
-constexpr int kWarp = 32;
-constexpr int kThreads = 256;
-constexpr int kWarpsPerBlock = kThreads / kWarp;
+using namespace detail;
+
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // what cuBLAS recommends for Hopper
 
 void CheckBlas(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS) {
     throw runtime::cuda::CudaError(std::string("cuBLAS ") + what + ": " + cublasGetStatusString(status));
   }
-}
-
-void CheckLaunch(const char* kernel) { runtime::cuda::Check(cudaGetLastError(), std::string("launch of ") + kernel); }
-
-int Blocks(int64_t n, int per_block = kThreads) { return int((n + per_block - 1) / per_block); }
-
-__device__ float WarpSum(float value) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffff, value, offset);
-  return value;
-}
-
-__device__ float WarpMax(float value) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffff, value, offset));
-  return value;
 }
 
 // C (m,n) = alpha * op(A) op(B) + beta * C, column-major, bf16 A and B, fp32 compute.
