@@ -17,6 +17,9 @@ namespace {
 
 using namespace detail;
 
+// Enough blocks to fill an H100 a few times over; each adds its partial sums once.
+constexpr int kLayerNormBackwardBlocks = 512;
+
 
 // ---- encoder ----
 
@@ -67,31 +70,41 @@ __global__ void LayerNormForwardKernel(bf16* out, float* mean, float* rstd, cons
   }
 }
 
+// Warps stride over rows; each block sums its rows' dweight and dbias in shared memory
+// (2C floats) and adds them to the global ones once, not once per row.
 __global__ void LayerNormBackwardKernel(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
                                         const bf16* weight, const float* mean, const float* rstd, int N, int C) {
-  const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp;
+  extern __shared__ float sums[];  // dweight (C), then dbias (C)
+  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) sums[c] = 0;
+  __syncthreads();
   const int lane = threadIdx.x % kWarp;
-  if (row >= N) return;
-  const bf16* x = inp + int64_t(row) * C;
-  const bf16* dy = dout + int64_t(row) * C;
-  const float m = mean[row], s = rstd[row];
-  // dnorm = dout * weight; dinp = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm))
-  float dnorm_sum = 0, dnorm_norm_sum = 0;
-  for (int c = lane; c < C; c += kWarp) {
-    const float norm = (__bfloat162float(x[c]) - m) * s;
-    const float dnorm = __bfloat162float(dy[c]) * __bfloat162float(weight[c]);
-    dnorm_sum += dnorm;
-    dnorm_norm_sum += dnorm * norm;
+  for (int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp; row < N; row += gridDim.x * kWarpsPerBlock) {
+    const bf16* x = inp + int64_t(row) * C;
+    const bf16* dy = dout + int64_t(row) * C;
+    const float m = mean[row], s = rstd[row];
+    // dnorm = dout * weight; dinp = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm))
+    float dnorm_sum = 0, dnorm_norm_sum = 0;
+    for (int c = lane; c < C; c += kWarp) {
+      const float norm = (__bfloat162float(x[c]) - m) * s;
+      const float dnorm = __bfloat162float(dy[c]) * __bfloat162float(weight[c]);
+      dnorm_sum += dnorm;
+      dnorm_norm_sum += dnorm * norm;
+    }
+    const float dnorm_mean = WarpSum(dnorm_sum) / C, dnorm_norm_mean = WarpSum(dnorm_norm_sum) / C;
+    bf16* dx = dinp + int64_t(row) * C;
+    for (int c = lane; c < C; c += kWarp) {
+      const float norm = (__bfloat162float(x[c]) - m) * s;
+      const float d = __bfloat162float(dy[c]);
+      atomicAdd(&sums[c], norm * d);
+      atomicAdd(&sums[C + c], d);
+      const float dnorm = d * __bfloat162float(weight[c]);
+      dx[c] = __float2bfloat16(__bfloat162float(dx[c]) + s * (dnorm - dnorm_mean - norm * dnorm_norm_mean));
+    }
   }
-  const float dnorm_mean = WarpSum(dnorm_sum) / C, dnorm_norm_mean = WarpSum(dnorm_norm_sum) / C;
-  bf16* dx = dinp + int64_t(row) * C;
-  for (int c = lane; c < C; c += kWarp) {
-    const float norm = (__bfloat162float(x[c]) - m) * s;
-    const float d = __bfloat162float(dy[c]);
-    atomicAdd(&dbias[c], d);
-    atomicAdd(&dweight[c], norm * d);
-    const float dnorm = d * __bfloat162float(weight[c]);
-    dx[c] = __float2bfloat16(__bfloat162float(dx[c]) + s * (dnorm - dnorm_mean - norm * dnorm_norm_mean));
+  __syncthreads();
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    atomicAdd(&dweight[c], sums[c]);
+    atomicAdd(&dbias[c], sums[C + c]);
   }
 }
 
@@ -226,7 +239,8 @@ void LayerNormForward(bf16* out, float* mean, float* rstd, const bf16* inp, cons
 void LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
                        const bf16* weight, const float* mean, const float* rstd, int N, int C, cudaStream_t stream) {
   if (N == 0) return;
-  LayerNormBackwardKernel<<<Blocks(N, kWarpsPerBlock), kThreads, 0, stream>>>(dinp, dweight, dbias, dout, inp,
+  const int blocks = std::min(Blocks(N, kWarpsPerBlock), kLayerNormBackwardBlocks);
+  LayerNormBackwardKernel<<<blocks, kThreads, 2 * C * sizeof(float), stream>>>(dinp, dweight, dbias, dout, inp,
                                                                                 weight, mean, rstd, N, C);
   CheckLaunch("LayerNormBackward");
 }
