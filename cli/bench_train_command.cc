@@ -14,6 +14,7 @@
 
 #include "api/manifest.h"
 #include "api/model_shape.h"
+#include "cli/bench_train.h"
 #include "cli/commands.h"
 #include "worker/train/token_file.h"
 #include "worker/train/trainer.h"
@@ -25,19 +26,11 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
-// GFLOP/s of sgemm over the products one training step runs (forward out = in @ W^T,
-// backward dIn = dOut @ W and dW = dOut^T @ In), weighted as the step weights them.
+// GFLOP/s of sgemm over the products of one training step.
 double MeasureSgemmGflops(const api::ModelShape& s, int tokens) {
-  const int C = int(s.hidden), V = int(s.vocab_size);
-  struct Shape {
-    int k, n, count;  // a (tokens x k) by (k x n) product, `count` times per step
-  };
-  const Shape shapes[] = {{C, 3 * C, int(s.layers)}, {C, C, int(s.layers)}, {C, 4 * C, int(s.layers)},
-                          {4 * C, C, int(s.layers)}, {C, V, 1}};
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> dist(-1, 1);
-  double flops = 0, seconds = 0;
-  for (const Shape& sh : shapes) {
+  return StepMatrixGflops(s, tokens, [&](const StepProduct& sh) {
     std::vector<float> in(size_t(tokens) * sh.k), w(size_t(sh.n) * sh.k), out(size_t(tokens) * sh.n);
     for (float& x : in) x = dist(rng);
     for (float& x : w) x = dist(rng);
@@ -55,11 +48,8 @@ double MeasureSgemmGflops(const api::ModelShape& s, int tokens) {
     const int repeats = 3;
     const auto start = Clock::now();
     for (int r = 0; r < repeats; ++r) step();
-    const double elapsed = Seconds(start) / repeats;
-    flops += double(sh.count) * 3 * 2.0 * tokens * sh.k * sh.n;
-    seconds += double(sh.count) * elapsed;
-  }
-  return flops / seconds / 1e9;
+    return Seconds(start) / repeats;
+  });
 }
 
 }  // namespace
@@ -115,7 +105,7 @@ int BenchTrainCommand(const BenchTrainOptions& o, std::ostream& out) {
   const double step_seconds = Seconds(start) / o.steps;
 
   const double params = double(shape.ParameterCount());
-  const double flops_per_token = 6 * params + 12.0 * shape.layers * o.seq * shape.hidden;
+  const double flops_per_token = FlopsPerToken(shape, o.seq);
   const double tokens_per_second = tokens / step_seconds;
   const double gflops = tokens_per_second * flops_per_token / 1e9;
   const double sgemm = MeasureSgemmGflops(shape, tokens);

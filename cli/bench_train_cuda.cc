@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "api/model_shape.h"
+#include "cli/bench_train.h"
 #include "cli/commands.h"
 #include "worker/kernels/cuda/kernels.h"
 #include "worker/model/gpt2_cuda.h"
@@ -22,30 +23,23 @@ namespace k = kernels::cuda;
 
 double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
-// GFLOP/s of the bf16 products one training step runs (forward, and backward's input
-// and weight gradients), weighted as the step weights them.
+// GFLOP/s of cuBLAS in bf16 over the products of one training step.
 double MeasureBf16Gflops(const api::ModelShape& s, int tokens) {
-  const int C = int(s.hidden), V = int(s.vocab_size);
-  struct Shape {
-    int k, n, count;  // a (tokens x k) by (k x n) product, `count` times per step
-  };
-  const Shape shapes[] = {{C, 3 * C, int(s.layers)}, {C, C, int(s.layers)}, {C, 4 * C, int(s.layers)},
-                          {4 * C, C, int(s.layers)}, {C, V, 1}};
   runtime::MemoryAccounting accounting;
   runtime::CachingAllocator allocator(&accounting, runtime::cuda::DeviceMemory());
   runtime::cuda::Stream stream("bench");
   k::Blas blas;
-  std::vector<float> ones;
-  double flops = 0, seconds = 0;
-  for (const Shape& sh : shapes) {
+  return StepMatrixGflops(s, tokens, [&](const StepProduct& sh) {
     auto take = [&](int64_t n) {
-      auto* p = static_cast<k::bf16*>(allocator.Allocate(size_t(n) * sizeof(k::bf16), runtime::MemoryCategory::kActivations));
+      auto* p = static_cast<k::bf16*>(
+          allocator.Allocate(size_t(n) * sizeof(k::bf16), runtime::MemoryCategory::kActivations));
       Check(cudaMemsetAsync(p, 0x3c, size_t(n) * sizeof(k::bf16), stream.handle()), "filling a bench matrix");
       return p;
     };
     k::bf16 *in = take(int64_t(tokens) * sh.k), *w = take(int64_t(sh.n) * sh.k), *out = take(int64_t(tokens) * sh.n),
             *din = take(int64_t(tokens) * sh.k);
-    auto* dw = static_cast<float*>(allocator.Allocate(size_t(sh.n) * sh.k * sizeof(float), runtime::MemoryCategory::kGrads));
+    auto* dw = static_cast<float*>(
+        allocator.Allocate(size_t(sh.n) * sh.k * sizeof(float), runtime::MemoryCategory::kGrads));
     auto step = [&] {
       k::MatmulForward(blas, out, in, w, nullptr, tokens, sh.k, sh.n, stream.handle());
       k::MatmulBackward(blas, din, dw, nullptr, out, in, w, tokens, sh.k, sh.n, stream.handle());
@@ -56,15 +50,12 @@ double MeasureBf16Gflops(const api::ModelShape& s, int tokens) {
     const auto start = Clock::now();
     for (int r = 0; r < repeats; ++r) step();
     stream.Synchronize();
-    const double elapsed = Seconds(start) / repeats;
-    flops += double(sh.count) * 3 * 2.0 * tokens * sh.k * sh.n;
-    seconds += double(sh.count) * elapsed;
     for (void* p : {static_cast<void*>(in), static_cast<void*>(w), static_cast<void*>(out), static_cast<void*>(din),
                     static_cast<void*>(dw)}) {
       allocator.Free(p);
     }
-  }
-  return flops / seconds / 1e9;
+    return Seconds(start) / repeats;
+  });
 }
 
 }  // namespace
@@ -100,7 +91,7 @@ int BenchTrainCudaCommand(const BenchTrainOptions& o, const api::ModelShape& pre
   const double step_seconds = Seconds(start) / o.steps;
 
   const double params = double(shape.ParameterCount());
-  const double flops_per_token = 6 * params + 12.0 * shape.layers * o.seq * shape.hidden;
+  const double flops_per_token = FlopsPerToken(shape, o.seq);
   const double tokens_per_second = tokens / step_seconds;
   const double gflops = tokens_per_second * flops_per_token / 1e9;
   const double bf16_rate = MeasureBf16Gflops(shape, tokens);

@@ -70,17 +70,20 @@ __global__ void BiasBackwardKernel(float* dbias, const bf16* dout, int N, int OC
   }
 }
 
+// The offset, in a token-major (B,T,`parts`,NH,HS) array, of element i of a
+// head-major (B,NH,T,HS) one.
+__device__ int64_t TokenMajor(int64_t i, int T, int NH, int HS, int parts) {
+  const int64_t d = i % HS, t = i / HS % T, h = i / (int64_t(HS) * T) % NH, b = i / (int64_t(HS) * T * NH);
+  return ((b * T + t) * parts * NH + h) * HS + d;
+}
+
 // inp (B,T,3,NH,HS) -> q, k, v, each (B,NH,T,HS), one after another in qkvr.
 __global__ void PermuteKernel(bf16* qkvr, const bf16* inp, int B, int T, int NH, int HS) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t per = int64_t(B) * NH * T * HS;
   if (i >= per) return;
-  const int d = int(i % HS);
-  const int t = int(i / HS % T);
-  const int h = int(i / (int64_t(HS) * T) % NH);
-  const int b = int(i / (int64_t(HS) * T * NH));
   const int C = NH * HS;
-  const bf16* row = inp + (int64_t(b) * T + t) * 3 * C + h * HS + d;
+  const bf16* row = inp + TokenMajor(i, T, NH, HS, 3);
   qkvr[i] = row[0];
   qkvr[per + i] = row[C];
   qkvr[2 * per + i] = row[2 * C];
@@ -91,11 +94,7 @@ __global__ void PermuteKernel(bf16* qkvr, const bf16* inp, int B, int T, int NH,
 __global__ void HeadsKernel(bf16* to, const bf16* from, int B, int T, int NH, int HS, bool to_heads) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // index in (B,NH,T,HS)
   if (i >= int64_t(B) * NH * T * HS) return;
-  const int d = int(i % HS);
-  const int t = int(i / HS % T);
-  const int h = int(i / (int64_t(HS) * T) % NH);
-  const int b = int(i / (int64_t(HS) * T * NH));
-  const int64_t j = ((int64_t(b) * T + t) * NH + h) * HS + d;  // index in (B,T,NH,HS)
+  const int64_t j = TokenMajor(i, T, NH, HS, 1);
   if (to_heads) {
     to[i] = from[j];
   } else {
@@ -108,12 +107,8 @@ __global__ void UnpermuteAddKernel(bf16* dinp, const bf16* dqkvr, int B, int T, 
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t per = int64_t(B) * NH * T * HS;
   if (i >= per) return;
-  const int d = int(i % HS);
-  const int t = int(i / HS % T);
-  const int h = int(i / (int64_t(HS) * T) % NH);
-  const int b = int(i / (int64_t(HS) * T * NH));
   const int C = NH * HS;
-  bf16* row = dinp + (int64_t(b) * T + t) * 3 * C + h * HS + d;
+  bf16* row = dinp + TokenMajor(i, T, NH, HS, 3);
   for (int part = 0; part < 3; ++part) {
     row[part * C] = __float2bfloat16(__bfloat162float(row[part * C]) + __bfloat162float(dqkvr[part * per + i]));
   }
