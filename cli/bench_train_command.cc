@@ -1,6 +1,6 @@
-// `meshtrain bench train`: single-rank training throughput on the CPU, against the
-// OpenBLAS sgemm rate measured here at the model's own matrix shapes (--device cuda:
-// bench_train_cuda.cc).
+// `meshtrain bench train`: single-rank training throughput through the Trainer, on the
+// CPU in fp32 against the OpenBLAS sgemm rate, or on GPU 0 in bf16 against the cuBLAS
+// bf16 rate, each measured here at the model's own matrix shapes.
 
 #include <cblas.h>
 #include <omp.h>
@@ -10,12 +10,13 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <random>
 
 #include "api/manifest.h"
 #include "api/model_shape.h"
-#include "cli/bench_train.h"
 #include "cli/commands.h"
+#include "worker/train/cuda_plugin.h"
 #include "worker/train/token_file.h"
 #include "worker/train/trainer.h"
 
@@ -25,6 +26,25 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
+
+// A (tokens x k) by (k x n) product that a training step runs `count` times forward
+// (out = in @ W^T) and twice backward (dIn = dOut @ W, dW = dOut^T @ In).
+struct StepProduct {
+  int k, n, count;
+};
+
+// GFLOP/s over a step's products, each weighted as the step weights it. `seconds`
+// gives the time of one product's forward and two backward multiplications.
+double StepMatrixGflops(const api::ModelShape& s, int tokens, const std::function<double(const StepProduct&)>& seconds) {
+  const int C = int(s.hidden), V = int(s.vocab_size), L = int(s.layers);
+  const StepProduct products[] = {{C, 3 * C, L}, {C, C, L}, {C, 4 * C, L}, {4 * C, C, L}, {C, V, 1}};
+  double flops = 0, total = 0;
+  for (const StepProduct& p : products) {
+    flops += double(p.count) * 3 * 2.0 * tokens * p.k * p.n;
+    total += double(p.count) * seconds(p);
+  }
+  return flops / total / 1e9;
+}
 
 // GFLOP/s of sgemm over the products of one training step.
 double MeasureSgemmGflops(const api::ModelShape& s, int tokens) {
@@ -52,6 +72,11 @@ double MeasureSgemmGflops(const api::ModelShape& s, int tokens) {
   });
 }
 
+// 6N + 12LTC: the matrix FLOPs of forward and backward per token, attention included.
+double FlopsPerToken(const api::ModelShape& s, int seq) {
+  return 6 * double(s.ParameterCount()) + 12.0 * double(s.layers) * seq * double(s.hidden);
+}
+
 }  // namespace
 
 int BenchTrainCommand(const BenchTrainOptions& o, std::ostream& out) {
@@ -60,14 +85,17 @@ int BenchTrainCommand(const BenchTrainOptions& o, std::ostream& out) {
     out << "--model " << o.model << ": unknown preset\n";
     return kExitUnreadable;
   }
+  const train::CudaPlugin* cuda = nullptr;
   if (o.device == "cuda") {
-#ifdef MESHTRAIN_HAVE_CUDA
-    return BenchTrainCudaCommand(o, *preset, out);
-#else
-    out << "bench train --device cuda: this meshtrain was built without CUDA (MESHTRAIN_CUDA=OFF or no toolkit)\n";
-    return kExitUnreadable;
-#endif
+    std::string why;
+    cuda = train::CudaPluginOrNull(&why);
+    if (cuda != nullptr && cuda->device_count() == 0) why = "no CUDA device (the CUDA runtime sees none)";
+    if (cuda == nullptr || cuda->device_count() == 0) {
+      out << "bench train --device cuda: " << why << "\n";
+      return kExitUnreadable;
+    }
   }
+  const runtime::Device device = cuda ? runtime::Device::Cuda(0) : runtime::Device::Cpu();
   const int tokens = o.batch * o.seq;
   // Random tokens, enough for every step, in a temporary token file.
   const std::filesystem::path data =
@@ -88,7 +116,7 @@ int BenchTrainCommand(const BenchTrainOptions& o, std::ostream& out) {
         {"data", {{"train", data.string()}}},
         {"training",
          {{"steps", o.steps + o.warmup}, {"warmupSteps", 1}, {"microBatchSize", o.batch}, {"globalBatchTokens", tokens},
-          {"precision", "fp32"}}}}}};
+          {"precision", cuda ? "bf16" : "fp32"}}}}}};
   const api::CheckedJob job = api::CheckTrainingJob(manifest, "bench", 0);
   if (!job.ok()) {
     out << "bench train: " << job.errors.front().ToString() << "\n";
@@ -96,7 +124,7 @@ int BenchTrainCommand(const BenchTrainOptions& o, std::ostream& out) {
     return kExitInvalid;
   }
   const api::ModelShape shape = api::ShapeOf(job.job.spec.model);
-  train::Trainer trainer(job.job);
+  train::Trainer trainer(job.job, nullptr, device);
   std::filesystem::remove(data);  // mapped already
 
   for (int i = 0; i < o.warmup; ++i) trainer.Step();
@@ -108,23 +136,32 @@ int BenchTrainCommand(const BenchTrainOptions& o, std::ostream& out) {
   const double flops_per_token = FlopsPerToken(shape, o.seq);
   const double tokens_per_second = tokens / step_seconds;
   const double gflops = tokens_per_second * flops_per_token / 1e9;
-  const double sgemm = MeasureSgemmGflops(shape, tokens);
+  const double rate = cuda ? StepMatrixGflops(shape, tokens,
+                                              [&](const StepProduct& p) {
+                                                return cuda->matmul_seconds(0, tokens, p.k, p.n);
+                                              })
+                           : MeasureSgemmGflops(shape, tokens);
+  const std::string where =
+      cuda ? "bf16 on " + cuda->device_name(0) : "fp32 on CPU, " + std::to_string(omp_get_max_threads()) + " threads";
+  const char* unit = cuda ? "TFLOP/s" : "GFLOP/s";
+  const double scale = cuda ? 1e-3 : 1;
   const train::MemoryReport m = trainer.memory();
-  char line[256];
-  std::snprintf(line, sizeof line, "model %s (%.1fM parameters), batch %d x seq %d, fp32 on CPU, %d threads\n",
-                o.model.c_str(), params / 1e6, o.batch, o.seq, omp_get_max_threads());
+  char line[512];  // room for a device's name (up to 256 bytes)
+  std::snprintf(line, sizeof line, "model %s (%.1fM parameters), batch %d x seq %d, %s\n", o.model.c_str(),
+                params / 1e6, o.batch, o.seq, where.c_str());
   out << line;
   std::snprintf(line, sizeof line, "step time %.1f ms over %d steps: %.0f tokens/s\n", step_seconds * 1e3, o.steps,
                 tokens_per_second);
   out << line;
-  std::snprintf(line, sizeof line, "achieved %.1f GFLOP/s (6N + 12LTC = %.2f MFLOP per token)\n", gflops,
+  std::snprintf(line, sizeof line, "achieved %.1f %s (6N + 12LTC = %.2f MFLOP per token)\n", gflops * scale, unit,
                 flops_per_token / 1e6);
   out << line;
-  std::snprintf(line, sizeof line, "OpenBLAS sgemm at the model's shapes: %.1f GFLOP/s; MFU against it: %.1f%%\n",
-                sgemm, 100 * gflops / sgemm);
+  std::snprintf(line, sizeof line, "%s at the model's shapes: %.1f %s; MFU against it: %.1f%%\n",
+                cuda ? "cuBLAS bf16" : "OpenBLAS sgemm", rate * scale, unit, 100 * gflops / rate);
   out << line;
-  std::snprintf(line, sizeof line, "memory: params %.1f MiB, grads %.1f MiB, optimizer %.1f MiB, activations %.1f MiB\n",
-                m.params / 1048576.0, m.grads / 1048576.0, m.optimizer / 1048576.0, m.activations / 1048576.0);
+  std::snprintf(line, sizeof line, "%s: params %.1f MiB, grads %.1f MiB, optimizer %.1f MiB, activations %.1f MiB\n",
+                cuda ? "device memory peak" : "memory", m.params / 1048576.0, m.grads / 1048576.0,
+                m.optimizer / 1048576.0, m.activations / 1048576.0);
   out << line;
   return kExitOk;
 }

@@ -80,12 +80,9 @@ struct BenchTrainOptions {
   int warmup = 2;  // not measured
 };
 
-// Single-rank training throughput, GFLOP/s, MFU against the sgemm rate measured at the
-// model's matrix shapes, and memory by category.
+// Single-rank training throughput, FLOP/s, MFU against the matrix rate measured at the
+// model's shapes (sgemm on the CPU, cuBLAS bf16 on GPU 0), and memory by category.
 int BenchTrainCommand(const BenchTrainOptions& options, std::ostream& out);
-// The same on GPU 0 in bf16, against the cuBLAS bf16 rate at the model's shapes
-// (built with CUDA only).
-int BenchTrainCudaCommand(const BenchTrainOptions& options, const api::ModelShape& preset, std::ostream& out);
 
 // The whole CLI: parses argv and dispatches.
 int Main(int argc, char** argv);

@@ -91,12 +91,18 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
         << ";";
   }
   out << "\n";
-  if (job.job.spec.training.precision == "bf16") spdlog::warn("bf16 needs CUDA; this run trains in fp32 on the CPU");
+  // Rank 0's choice; every rank makes its own (the same one on one machine).
+  std::string no_cuda;
+  const int cuda_devices = train::CudaDeviceCount(&no_cuda);
+  const runtime::DeviceChoice where = runtime::ChooseDevice(job.job.spec.training.precision, 0, cuda_devices, no_cuda);
+  if (!where.note.empty()) spdlog::warn(where.note);
   if (api::ParallelLayout::ForSpec(job.job.spec).world() > 1) return RunRanks(job, table, options.file, out);
 
+  out << "  device: " << where.device.ToString() << ", "
+      << (where.device.is_cuda() ? "bf16 compute with fp32 master weights" : "fp32") << "\n";
   std::optional<train::Trainer> trainer;
   try {
-    trainer.emplace(job.job);
+    trainer.emplace(job.job, nullptr, where.device);
   } catch (const train::TokenFileError& e) {
     out << e.what() << "\n";
     return kExitUnreadable;
@@ -105,7 +111,7 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
     return kExitInvalid;
   }
   const train::MemoryReport memory = trainer->memory();
-  out << "  memory: params " << MiB(memory.params) << ", grads " << MiB(memory.grads) << ", optimizer "
+  out << "  memory (" << where.device.ToString() << "): params " << MiB(memory.params) << ", grads " << MiB(memory.grads) << ", optimizer "
       << MiB(memory.optimizer) << ", activations " << MiB(memory.activations) << "\n";
   trainer->Run([&](const train::StepReport& r) { out << train::FormatStepReport(r) << std::endl; });
   const std::vector<uint32_t> prompt = {'\n'};

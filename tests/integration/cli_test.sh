@@ -60,9 +60,21 @@ sed -e "s|examples/data/corpus.train.bin|$tmp/train.bin|; s|examples/data/corpus
     examples/gpt2-tiny-local.yaml > "$tmp/tiny.yaml"
 expect "run trains the tiny job and samples from it" 0 \
   'gpt2-tiny-local": ok' '842496 parameters' 'rank table on this machine: local-0 ranks 0;' \
-  'memory: params 4.0 MiB, grads 4.0 MiB, optimizer 8.0 MiB, activations [0-9.]+ MiB' 'step +2/4 \| loss [0-9.]+ \| lr .* tok/s \| val loss' \
-  'step +4/4 \| loss [0-9.]+' '^sample:' \
+  'device: cpu, fp32' 'memory \(cpu\): params 4.0 MiB, grads 4.0 MiB, optimizer 8.0 MiB, activations [0-9.]+ MiB' \
+  'step +2/4 \| loss [0-9.]+ \| lr .* tok/s \| val loss' 'step +4/4 \| loss [0-9.]+' '^sample:' \
   -- "$meshtrain" run "$tmp/tiny.yaml" --sample-tokens 40
+
+# bf16 trains on a GPU where there is one, and says plainly that it cannot where there is none.
+sed -e 's/precision: fp32/precision: bf16/' "$tmp/tiny.yaml" > "$tmp/tiny-bf16.yaml"
+if [ -e /dev/nvidia0 ]; then
+  expect "run trains a bf16 job on the GPU" 0 'device: cuda:0, bf16 compute with fp32 master weights' \
+    'memory \(cuda:0\): params' 'step +4/4 \| loss [0-9.]+' '^sample:' \
+    -- "$meshtrain" run "$tmp/tiny-bf16.yaml" --sample-tokens 40
+else
+  expect "run says a bf16 job without a GPU trains in fp32 on the CPU" 0 \
+    'precision bf16 needs a CUDA device \(.+\); this run trains in fp32 on the CPU' 'device: cpu, fp32' 'step +4/4 \| loss [0-9.]+' \
+    -- "$meshtrain" run "$tmp/tiny-bf16.yaml" --sample-tokens 10
+fi
 
 sed -e "s|examples/data/corpus.train.bin|$tmp/missing.bin|" examples/gpt2-tiny-local.yaml > "$tmp/nodata.yaml"
 expect "run names a missing token file" 2 "$tmp/missing.bin: no token file matches" -- "$meshtrain" run "$tmp/nodata.yaml"

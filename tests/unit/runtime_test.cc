@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "worker/runtime/device.h"
 #include "worker/runtime/memory.h"
 #include "worker/runtime/stream.h"
 
@@ -158,6 +159,36 @@ TEST(Memory, ConcurrentUseKeepsTheBooksBalanced) {
   EXPECT_EQ(accounting.current_total(), 0);
   EXPECT_GT(accounting.peak_total(), 0);
   EXPECT_LE(accounting.peak_total(), 4 * 512);
+}
+
+TEST(ChooseDevice, Bf16OrAutoTrainsOnTheRanksGpuWhereThereIsOne) {
+  for (const char* precision : {"auto", "bf16"}) {
+    const DeviceChoice choice = ChooseDevice(precision, 5, 4, "");
+    EXPECT_EQ(choice.device, Device::Cuda(1)) << precision;  // local rank 5 of 4 devices
+    EXPECT_EQ(choice.precision, "bf16");
+    EXPECT_EQ(choice.note, "");
+  }
+  EXPECT_EQ(ChooseDevice("auto", 0, 1, "").device.ToString(), "cuda:0");
+}
+
+TEST(ChooseDevice, WithoutAGpuEverythingTrainsInFp32OnTheCpuAndBf16SaysWhy) {
+  const DeviceChoice automatic = ChooseDevice("auto", 0, 0, "this meshtrain was built without CUDA");
+  EXPECT_EQ(automatic.device, Device::Cpu());
+  EXPECT_EQ(automatic.precision, "fp32");
+  EXPECT_EQ(automatic.note, "");  // auto means "whatever this machine does best"
+  const DeviceChoice bf16 = ChooseDevice("bf16", 0, 0, "this meshtrain was built without CUDA");
+  EXPECT_EQ(bf16.device.ToString(), "cpu");
+  EXPECT_EQ(bf16.note,
+            "precision bf16 needs a CUDA device (this meshtrain was built without CUDA); "
+            "this run trains in fp32 on the CPU");
+  EXPECT_NE(ChooseDevice("bf16", 0, 0, "").note.find("(none is visible)"), std::string::npos);
+}
+
+TEST(ChooseDevice, Fp32StaysOnTheCpuEvenWithAGpuAndSaysSo) {
+  const DeviceChoice choice = ChooseDevice("fp32", 0, 8, "");
+  EXPECT_EQ(choice.device, Device::Cpu());
+  EXPECT_NE(choice.note.find("bf16 only"), std::string::npos) << choice.note;
+  EXPECT_EQ(ChooseDevice("fp32", 0, 0, "no device").note, "");  // nothing unexpected happened
 }
 
 }  // namespace

@@ -75,11 +75,17 @@ int Train(std::ostream& out) {
   std::unique_ptr<comm::Communicator> world =
       comm::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, comm::FabricOptions::FromEnvironment());
 
+  std::string no_cuda;
+  const int cuda_devices = train::CudaDeviceCount(&no_cuda);
+  const runtime::DeviceChoice where =
+      runtime::ChooseDevice(job.spec.training.precision, env.local_rank, cuda_devices, no_cuda);
   std::optional<train::Trainer> trainer;
-  BadInputIsConfigError(env.config, [&] { trainer.emplace(job, world.get()); });
+  BadInputIsConfigError(env.config, [&] { trainer.emplace(job, world.get(), where.device); });
   if (env.rank == 0) {
+    if (!where.note.empty()) out << "note: " << where.note << std::endl;
     out << "job " << env.job_name << ": " << env.world_size << " rank(s) on " << env.nnodes << " node(s), "
-        << job.spec.training.steps << " steps" << std::endl;
+        << job.spec.training.steps << " steps, rank 0 on " << where.device.ToString() << " in " << where.precision
+        << std::endl;
   }
   if (exported) exported->Memory(trainer->accounting());
   trainer->Run([&](const train::StepReport& report) {

@@ -69,15 +69,18 @@ double Gpt2Cuda::Forward(const int32_t* inputs, const int32_t* targets, int B, i
   if (B > max_batch_ || Tn > max_seq_) throw std::invalid_argument("micro-batch larger than the model was sized for");
   const int C = int(s.hidden), NH = int(s.heads), V = int(s.vocab_size), N = B * Tn;
   for (int i = 0; i < N; ++i) {
-    if (inputs[i] < 0 || inputs[i] >= V || targets[i] < 0 || targets[i] >= V) {
+    if (inputs[i] < 0 || inputs[i] >= V || (targets && (targets[i] < 0 || targets[i] >= V))) {
       throw std::out_of_range("token id outside the vocabulary");
     }
   }
   B_ = B, Tn_ = Tn;
+  has_targets_ = targets != nullptr;
   cudaStream_t st = stream_.handle();
   Check(cudaMemcpyAsync(inputs_, inputs, size_t(N) * sizeof(int32_t), cudaMemcpyHostToDevice, st), "upload of inputs");
-  Check(cudaMemcpyAsync(targets_, targets, size_t(N) * sizeof(int32_t), cudaMemcpyHostToDevice, st),
-        "upload of targets");
+  if (targets) {
+    Check(cudaMemcpyAsync(targets_, targets, size_t(N) * sizeof(int32_t), cudaMemcpyHostToDevice, st),
+          "upload of targets");
+  }
   // Per-layer slices use the allocated maximum sizes, so that they do not move with B and Tn.
   const int64_t nc = int64_t(max_batch_) * max_seq_ * C, n = int64_t(max_batch_) * max_seq_,
                 htt = int64_t(max_batch_) * NH * max_seq_ * max_seq_;
@@ -104,6 +107,7 @@ double Gpt2Cuda::Forward(const int32_t* inputs, const int32_t* targets, int B, i
   const bf16* last = kept_.residual3 + (s.layers - 1) * nc;
   k::LayerNormForward(lnf_, lnf_mean_, lnf_rstd_, last, P(Param::kLnfW), P(Param::kLnfB), N, C, st);
   k::MatmulForward(blas_, logits_, lnf_, P(Param::kWte), nullptr, N, C, V, st);
+  if (!targets) return 0;
   k::CrossEntropy(losses_, nullptr, logits_, targets_, 0.0f, N, V, st);
   host_losses_.resize(size_t(N));
   Check(cudaMemcpyAsync(host_losses_.data(), losses_, size_t(N) * sizeof(float), cudaMemcpyDeviceToHost, st),
@@ -115,7 +119,8 @@ double Gpt2Cuda::Forward(const int32_t* inputs, const int32_t* targets, int B, i
 }
 
 void Gpt2Cuda::Backward(float loss_scale) {
-  if (B_ == 0) throw std::logic_error("Backward needs a Forward first");
+  if (!has_targets_) throw std::logic_error("Backward needs a Forward with targets");
+  squares_current_ = false;
   const api::ModelShape& s = layout_.shape();
   const int B = B_, Tn = Tn_, C = int(s.hidden), NH = int(s.heads), V = int(s.vocab_size), N = B * Tn;
   const int64_t nc = int64_t(max_batch_) * max_seq_ * C, n = int64_t(max_batch_) * max_seq_,
@@ -164,12 +169,19 @@ void Gpt2Cuda::Backward(float loss_scale) {
 }
 
 void Gpt2Cuda::ZeroGrad() {
+  squares_current_ = false;
   Check(cudaMemsetAsync(grads_, 0, size_t(layout_.total()) * sizeof(float), stream_.handle()), "zeroing gradients");
 }
 
-double Gpt2Cuda::GradNorm() {
+void Gpt2Cuda::SumSquares() {
+  if (squares_current_) return;
   Check(cudaMemsetAsync(scalars_, 0, sizeof(float), stream_.handle()), "zeroing the norm");
   k::AddSquares(scalars_, grads_, layout_.total(), stream_.handle());
+  squares_current_ = true;
+}
+
+double Gpt2Cuda::GradNorm() {
+  SumSquares();
   float squares = 0;
   Check(cudaMemcpyAsync(&squares, scalars_, sizeof(float), cudaMemcpyDeviceToHost, stream_.handle()),
         "download of the norm");
@@ -179,8 +191,8 @@ double Gpt2Cuda::GradNorm() {
 
 void Gpt2Cuda::Update(float lr, float beta1, float beta2, float eps, float weight_decay, float max_norm, int64_t t) {
   cudaStream_t st = stream_.handle();
-  Check(cudaMemsetAsync(scalars_, 0, sizeof(float), st), "zeroing the norm");
-  k::AddSquares(scalars_, grads_, layout_.total(), st);
+  SumSquares();
+  squares_current_ = false;  // the step clips the gradients
   k::ClipScale(scalars_ + 1, scalars_, max_norm, st);
   for (const ParamTensor& p : layout_.tensors()) {
     k::AdamWUpdate(master_ + p.offset, params_ + p.offset, grads_ + p.offset, m_ + p.offset, v_ + p.offset, p.size, lr,
@@ -198,7 +210,37 @@ std::vector<float> Download(const float* device, int64_t n, runtime::cuda::Strea
 }
 }  // namespace
 
+std::vector<float> Gpt2Cuda::Logits(int b, int t) {
+  if (has_targets_ || b >= B_ || t >= Tn_) throw std::logic_error("Logits needs a Forward without targets covering (b, t)");
+  const int64_t V = layout_.shape().vocab_size;
+  std::vector<bf16> row(static_cast<size_t>(V));
+  Check(cudaMemcpyAsync(row.data(), logits_ + (int64_t(b) * Tn_ + t) * V, size_t(V) * sizeof(bf16),
+                        cudaMemcpyDeviceToHost, stream_.handle()),
+        "download of logits");
+  stream_.Synchronize();
+  return std::vector<float>(row.begin(), row.end());
+}
+
+void Gpt2Cuda::CopyGradientsTo(float* host) {
+  Check(cudaMemcpyAsync(host, grads_, size_t(layout_.total()) * sizeof(float), cudaMemcpyDeviceToHost,
+                        stream_.handle()),
+        "download of gradients");
+  stream_.Synchronize();
+}
+
+void Gpt2Cuda::CopyGradientsFrom(const float* host) {
+  squares_current_ = false;
+  Check(cudaMemcpyAsync(grads_, host, size_t(layout_.total()) * sizeof(float), cudaMemcpyHostToDevice,
+                        stream_.handle()),
+        "upload of gradients");
+  stream_.Synchronize();  // `host` may be reused as soon as this returns
+}
+
 std::vector<float> Gpt2Cuda::MasterWeights() { return Download(master_, layout_.total(), stream_); }
-std::vector<float> Gpt2Cuda::Gradients() { return Download(grads_, layout_.total(), stream_); }
+std::vector<float> Gpt2Cuda::Gradients() {
+  std::vector<float> host(static_cast<size_t>(layout_.total()));
+  CopyGradientsTo(host.data());
+  return host;
+}
 
 }  // namespace meshtrain::model

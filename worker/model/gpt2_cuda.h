@@ -5,8 +5,8 @@
 //
 // Forward keeps what backward needs; backward walks the layers with a handful of
 // reused gradient buffers (llm.c's approach), so activation gradients cost a few
-// layers' worth, not the whole model's. All work is enqueued on one stream; Forward
-// with targets and GradNorm synchronise to return their numbers.
+// layers' worth, not the whole model's. All work is enqueued on one stream; Forward,
+// GradNorm, Logits and the gradient copies synchronise to return their results.
 // Not thread-safe: one model per host thread, on the thread's current device.
 
 #pragma once
@@ -34,17 +34,27 @@ class Gpt2Cuda {
   const ParameterLayout& layout() const { return layout_; }
   runtime::cuda::Stream& stream() { return stream_; }
 
-  // Mean cross-entropy of inputs (B,Tn) against targets (B,Tn), host arrays.
+  // Mean cross-entropy of inputs (B,Tn) against targets (B,Tn), host arrays. Without
+  // targets it returns 0 and only the logits are computed (see Logits).
   double Forward(const int32_t* inputs, const int32_t* targets, int B, int Tn);
-  // grads += loss_scale * d(mean loss)/d(params) of the last Forward.
+  // grads += loss_scale * d(mean loss)/d(params) of the last Forward (which needs targets).
   void Backward(float loss_scale);
   void ZeroGrad();
-  // The global L2 norm of the gradients (synchronises).
+  // The global L2 norm of the gradients.
   double GradNorm();
   // AdamW on the fp32 masters, gradients first clipped to max_norm (0: no clipping),
   // then the bf16 parameters refreshed from them; t counts steps from 1. Weight decay
-  // applies to the tensors ParameterLayout marks.
+  // applies to the tensors ParameterLayout marks. Reuses the sum of squares of a
+  // GradNorm() on the same gradients rather than computing it again.
   void Update(float lr, float beta1, float beta2, float eps, float weight_decay, float max_norm, int64_t t);
+
+  // Logits (V) at position t of sequence b of the last Forward without targets.
+  std::vector<float> Logits(int b, int t);
+
+  // The gradients to and from host memory (layout().total() floats), e.g. to average
+  // them over ranks through a host communicator.
+  void CopyGradientsTo(float* host);
+  void CopyGradientsFrom(const float* host);
 
   // Host copies, for tests and checkpoints.
   std::vector<float> MasterWeights();
@@ -53,6 +63,8 @@ class Gpt2Cuda {
  private:
   template <class T>
   T* Take(int64_t n, runtime::MemoryCategory category);
+  // scalars_[0] = the sum of squares of the gradients, unless it already holds it.
+  void SumSquares();
   bf16* P(Param kind, int layer = -1) { return params_ + layout_.Offset(kind, layer); }
   float* G(Param kind, int layer = -1) { return grads_ + layout_.Offset(kind, layer); }
 
@@ -74,6 +86,8 @@ class Gpt2Cuda {
   // Backward's reused buffers.
   bf16 *dresidual_, *dln_, *datty_, *dqkv_, *dfch_, *dfch_gelu_, *dqkvr_, *datt_, *dy_;
   int B_ = 0, Tn_ = 0;
+  bool has_targets_ = false;   // the last Forward had targets: Backward may follow
+  bool squares_current_ = false;  // scalars_[0] holds the sum of squares of the current gradients
   std::vector<float> host_losses_;
 };
 

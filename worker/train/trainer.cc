@@ -8,13 +8,10 @@
 
 #include "api/layout.h"
 #include "api/model_shape.h"
-#include "worker/kernels/cpu/kernels.h"
 #include "worker/train/schedule.h"
 
 namespace meshtrain::train {
 namespace {
-
-constexpr float kBeta1 = 0.9f, kBeta2 = 0.95f, kEpsilon = 1e-8f;
 
 const api::TrainingJob& RequireSupportedLayout(const api::TrainingJob& job, int ranks) {
   const api::ParallelLayout layout = api::ParallelLayout::ForSpec(job.spec);
@@ -50,23 +47,21 @@ std::string FormatStepReport(const StepReport& r) {
   return line;
 }
 
-Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* data_parallel)
+Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* data_parallel, runtime::Device device)
     : job_(RequireSupportedLayout(job, data_parallel ? data_parallel->size() : 1)),
       data_parallel_(data_parallel),
       batch_(int(job.spec.training.micro_batch_size)),
       seq_(int(*job.spec.model.seq_len)),
       micro_steps_(api::AccumulationSteps(job.spec)),
       tokens_per_step_(job.spec.training.global_batch_tokens),
-      model_(std::make_unique<model::Gpt2<float>>(api::ShapeOf(job.spec.model), batch_, seq_, &allocator_)),
+      replica_(MakeReplica(device, api::ShapeOf(job.spec.model), batch_, seq_, uint64_t(job.spec.training.seed),
+                           &accounting_)),
       train_(job.spec.data.train, batch_, seq_, data_parallel ? data_parallel->rank() : 0,
              data_parallel ? data_parallel->size() : 1) {
   if (!job.spec.data.validation.empty()) {
     validation_.emplace(job.spec.data.validation, batch_, seq_, data_parallel ? data_parallel->rank() : 0,
                         data_parallel ? data_parallel->size() : 1);
   }
-  model::InitParameters(model_->params().data(), model_->layout(), uint64_t(job.spec.training.seed));
-  m_ = runtime::Buffer<float>(&allocator_, model_->params().size(), runtime::MemoryCategory::kOptimizer);
-  v_ = runtime::Buffer<float>(&allocator_, model_->params().size(), runtime::MemoryCategory::kOptimizer);
   inputs_.resize(size_t(batch_) * seq_);
   targets_.resize(size_t(batch_) * seq_);
 }
@@ -76,31 +71,24 @@ StepReport Trainer::Step() {
   const api::TrainingSpec& t = job_.spec.training;
   StepReport report;
   report.steps = t.steps;
-  model_->ZeroGrad();
+  replica_->ZeroGrad();
   double loss = 0;
   for (int64_t micro = 0; micro < micro_steps_; ++micro) {
     train_.Next(inputs_.data(), targets_.data());
-    loss += model_->Forward(inputs_.data(), targets_.data(), batch_, seq_);
-    model_->Backward(1.0f / float(micro_steps_));
+    loss += replica_->Forward(inputs_.data(), targets_.data(), batch_, seq_);
+    replica_->Backward(1.0f / float(micro_steps_));
   }
-  runtime::Buffer<float>& grads = model_->grads();
-  Average(grads.data(), grads.size());
+  if (data_parallel_ != nullptr) replica_->AverageGradients(*data_parallel_);
   report.loss = Average(loss / double(micro_steps_));
-
-  double sumsq = 0;
-  for (float g : grads) sumsq += double(g) * g;
-  report.grad_norm = std::sqrt(sumsq);
-  if (t.grad_clip > 0 && report.grad_norm > t.grad_clip) {
-    const float scale = float(t.grad_clip / report.grad_norm);
-    for (float& g : grads) g *= scale;
-  }
+  report.grad_norm = replica_->GradNorm();
   report.learning_rate = LearningRate(t, step_);
   ++step_;
-  for (const model::ParamTensor& p : model_->layout().tensors()) {
-    kernels::cpu::AdamWUpdate(model_->params().data() + p.offset, grads.data() + p.offset, m_.data() + p.offset,
-                              v_.data() + p.offset, p.size, float(report.learning_rate), kBeta1, kBeta2, kEpsilon,
-                              p.decay ? float(t.weight_decay) : 0.0f, step_);
-  }
+  OptimizerStep update;
+  update.learning_rate = float(report.learning_rate);
+  update.weight_decay = float(t.weight_decay);
+  update.max_norm = float(t.grad_clip);
+  update.t = step_;
+  replica_->Update(update);
   report.step = step_;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report.seconds = seconds;
@@ -108,15 +96,10 @@ StepReport Trainer::Step() {
   return report;
 }
 
-void Trainer::Average(float* values, size_t count) {
-  if (data_parallel_ == nullptr || data_parallel_->size() == 1) return;
-  data_parallel_->AllReduce(values, values, count, comm::DataType::kFloat32, comm::ReduceOp::kAverage)->Wait();
-}
-
 double Trainer::Average(double value) {
   if (data_parallel_ == nullptr || data_parallel_->size() == 1) return value;
   float mean = float(value);  // a loss: fp32 is precise enough
-  Average(&mean, 1);
+  data_parallel_->AllReduce(&mean, &mean, 1, comm::DataType::kFloat32, comm::ReduceOp::kAverage)->Wait();
   return mean;
 }
 
@@ -138,7 +121,7 @@ double Trainer::Evaluate() {
   const int64_t batches = job_.spec.training.eval_batches;
   for (int64_t i = 0; i < batches; ++i) {
     data.Next(inputs_.data(), targets_.data());
-    loss += model_->Forward(inputs_.data(), targets_.data(), batch_, seq_);
+    loss += replica_->Forward(inputs_.data(), targets_.data(), batch_, seq_);
   }
   data.set_position(saved);
   return Average(loss / double(batches));
@@ -152,8 +135,7 @@ std::vector<uint32_t> Trainer::Sample(const std::vector<uint32_t>& prompt, int t
   for (int i = 0; i < tokens; ++i) {
     const size_t n = std::min(text.size(), size_t(seq_));
     window.assign(text.end() - long(n), text.end());
-    model_->Forward(window.data(), nullptr, 1, int(n));
-    const float* probs = model_->Probabilities(0, int(n) - 1);
+    const std::vector<float> probs = replica_->NextTokenProbabilities(window.data(), int(n));
     double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng), cdf = 0;
     int next = V - 1;
     for (int v = 0; v < V; ++v) {

@@ -1,7 +1,8 @@
-// Training of a TrainingJob on the CPU in fp32: gradient accumulation over
-// micro-batches, global grad-norm clipping, AdamW with decoupled weight decay on
-// matrices and embeddings, the learning-rate schedule, and validation losses.
-// The same seed gives bitwise-identical losses, run after run.
+// Training of a TrainingJob on one device: gradient accumulation over micro-batches,
+// global grad-norm clipping, AdamW with decoupled weight decay on matrices and
+// embeddings, the learning-rate schedule, and validation losses. The model lives in a
+// Replica: fp32 on the CPU, where the same seed gives bitwise-identical losses run
+// after run, or bf16 compute with fp32 master weights on a CUDA device.
 //
 // With a data-parallel communicator, every rank holds the whole model, reads its own
 // slice of each global batch, and averages gradients (and losses) over the group
@@ -22,9 +23,10 @@
 
 #include "api/training_job.h"
 #include "worker/comm/communicator.h"
-#include "worker/model/gpt2.h"
+#include "worker/runtime/device.h"
 #include "worker/runtime/memory.h"
 #include "worker/train/data_loader.h"
+#include "worker/train/replica.h"
 
 namespace meshtrain::train {
 
@@ -56,10 +58,12 @@ void CheckTrainable(const api::TrainingJob& job, int rank, int ranks);
 class Trainer {
  public:
   // REQUIRES: `job` is defaulted and valid; `data_parallel`, if given, is the job's
-  // world and outlives the Trainer. Throws std::invalid_argument for a job this trainer
-  // cannot run (tensor parallelism, or a world other than the communicator's),
-  // TokenFileError for bad data.
-  explicit Trainer(const api::TrainingJob& job, comm::Communicator* data_parallel = nullptr);
+  // world and outlives the Trainer. Trains on `device` (ChooseDevice picks it from the
+  // job's precision). Throws std::invalid_argument for a job this trainer cannot run
+  // (tensor parallelism, or a world other than the communicator's), TokenFileError for
+  // bad data, runtime::cuda::CudaError for a CUDA device that cannot be used.
+  explicit Trainer(const api::TrainingJob& job, comm::Communicator* data_parallel = nullptr,
+                   runtime::Device device = runtime::Device::Cpu());
 
   // Trains for spec.training.steps, calling `report` after every step.
   void Run(const std::function<void(const StepReport&)>& report);
@@ -77,11 +81,12 @@ class Trainer {
   MemoryReport memory() const;
   const runtime::MemoryAccounting& accounting() const { return accounting_; }
   int64_t tokens_per_step() const { return tokens_per_step_; }
-  model::Gpt2<float>& model() { return *model_; }
+  runtime::Device device() const { return replica_->device(); }
+  // The fp32 weights (the master copy on CUDA), in ParameterLayout order.
+  std::vector<float> Weights() { return replica_->Weights(); }
 
  private:
-  // Averages `count` floats in place over the data-parallel ranks (no-op on one rank).
-  void Average(float* values, size_t count);
+  // The mean of `value` over the data-parallel ranks.
   double Average(double value);
 
   api::TrainingJob job_;
@@ -89,9 +94,7 @@ class Trainer {
   int batch_, seq_;
   int64_t micro_steps_, tokens_per_step_;
   runtime::MemoryAccounting accounting_;
-  runtime::CachingAllocator allocator_{&accounting_};
-  std::unique_ptr<model::Gpt2<float>> model_;
-  runtime::Buffer<float> m_, v_;
+  std::unique_ptr<Replica> replica_;
   DataLoader train_;
   std::optional<DataLoader> validation_;
   std::vector<int32_t> inputs_, targets_;

@@ -1,0 +1,68 @@
+#include "worker/train/cuda_plugin.h"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <vector>
+
+namespace meshtrain::train {
+
+const CudaPlugin* LoadCudaPlugin(const std::string& path, std::string* why) {
+  // RTLD_LOCAL: the plugin's copies of meshtrain's code never stand in for the program's.
+  void* library = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) {
+    const char* error = ::dlerror();
+    *why = "cannot load the CUDA plugin " + path + ": " + (error ? error : "unknown error");
+    return nullptr;
+  }
+  using Entry = const CudaPlugin* (*)();
+  auto entry = reinterpret_cast<Entry>(::dlsym(library, kCudaPluginEntry));
+  if (entry == nullptr) {
+    *why = path + " is not a meshtrain CUDA plugin: it has no " + kCudaPluginEntry;
+    ::dlclose(library);
+    return nullptr;
+  }
+  const CudaPlugin* plugin = entry();
+  if (plugin == nullptr || plugin->abi != kCudaPluginAbi) {
+    *why = path + " comes from another meshtrain build (plugin ABI " +
+           std::to_string(plugin ? plugin->abi : -1) + ", this program needs " + std::to_string(kCudaPluginAbi) + ")";
+    ::dlclose(library);
+    return nullptr;
+  }
+  return plugin;  // the library stays loaded for the life of the process
+}
+
+const CudaPlugin* CudaPluginOrNull(std::string* why) {
+  static std::once_flag once;
+  static const CudaPlugin* plugin = nullptr;
+  static std::string failure;
+  std::call_once(once, [] {
+#ifndef MESHTRAIN_CUDA_PLUGIN_BUILT
+    failure = "this meshtrain was built without CUDA (MESHTRAIN_CUDA=OFF or no toolkit)";
+#else
+    std::vector<std::string> candidates;
+    if (const char* path = std::getenv("MESHTRAIN_CUDA_PLUGIN")) {
+      candidates.push_back(path);  // an explicit choice: no fallback past it
+    } else {
+      std::error_code error;
+      const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+      if (!error) {
+        for (const auto& beside : {self.parent_path() / kCudaPluginFile,
+                                   self.parent_path().parent_path() / "lib" / kCudaPluginFile}) {
+          if (std::filesystem::exists(beside)) candidates.push_back(beside.string());
+        }
+      }
+      candidates.push_back(MESHTRAIN_CUDA_PLUGIN_BUILT);
+    }
+    for (const std::string& candidate : candidates) {
+      if ((plugin = LoadCudaPlugin(candidate, &failure)) != nullptr) return;
+    }
+#endif
+  });
+  if (plugin == nullptr && why != nullptr) *why = failure;
+  return plugin;
+}
+
+}  // namespace meshtrain::train

@@ -1,0 +1,52 @@
+// The CUDA half of the engine is a plugin, libmeshtrain-cuda.so, which meshtrain and
+// meshtrain-worker load when a job trains on a GPU (DESIGN.md, "Engine").
+//
+// Why not link it in: a program linked with cuBLAS cannot start where the CUDA
+// libraries are missing, and cuBLASLt's 92 KiB of static thread-local storage leaves
+// too little of civetweb's 100 KiB thread stacks, so pthread_create fails and the
+// metrics server cannot start. Loaded with dlopen, its thread-local storage is
+// allocated only in the threads that use it.
+//
+// Thread-safety: CudaPluginOrNull may be called from any thread; the plugin's
+// functions follow the contracts of the objects they make.
+
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "api/model_shape.h"
+#include "worker/runtime/memory.h"
+#include "worker/train/replica.h"
+
+namespace meshtrain::train {
+
+inline constexpr int kCudaPluginAbi = 1;  // bumped whenever CudaPlugin changes
+inline constexpr const char* kCudaPluginEntry = "MeshtrainCudaPlugin";  // extern "C" const CudaPlugin* ()
+inline constexpr const char* kCudaPluginFile = "libmeshtrain-cuda.so";
+
+struct CudaPlugin {
+  int abi;  // kCudaPluginAbi of the build that made the plugin
+  // Devices the CUDA runtime sees (0 without a driver or a device).
+  int (*device_count)();
+  // "NVIDIA H100 80GB HBM3"; throws runtime::cuda::CudaError for a missing device.
+  std::string (*device_name)(int device);
+  // A bf16 replica on `device` (made the calling thread's current device).
+  std::unique_ptr<Replica> (*make_replica)(int device, const api::ModelShape& shape, int batch, int seq,
+                                           uint64_t seed, runtime::MemoryAccounting* accounting);
+  // Seconds that one bf16 product (tokens x k)(k x n)^T and its two backward products
+  // take on `device`, measured there: the matrix rate that MFU is counted against.
+  double (*matmul_seconds)(int device, int tokens, int k, int n);
+};
+
+// Loads the plugin at `path`. nullptr, with *why saying what failed, when the file
+// cannot be loaded, lacks the entry point, or comes from another build's ABI.
+const CudaPlugin* LoadCudaPlugin(const std::string& path, std::string* why);
+
+// The plugin of this build, loaded once: from $MESHTRAIN_CUDA_PLUGIN, else beside this
+// program or in ../lib, else where the build put it. nullptr, with *why, when this
+// build has no CUDA or no candidate loads.
+const CudaPlugin* CudaPluginOrNull(std::string* why);
+
+}  // namespace meshtrain::train

@@ -1,0 +1,128 @@
+// The CUDA plugin, libmeshtrain-cuda.so (cuda_plugin.h): the bf16 Replica over
+// model::Gpt2Cuda, and the matrix rate MFU is counted against.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "worker/kernels/cuda/kernels.h"
+#include "worker/model/gpt2_cuda.h"
+#include "worker/runtime/cuda.h"
+#include "worker/train/cuda_plugin.h"
+
+namespace meshtrain::train {
+namespace {
+
+using runtime::cuda::Check;
+
+class CudaReplica final : public Replica {
+ public:
+  CudaReplica(int device_index, const api::ModelShape& shape, int batch, int seq, uint64_t seed,
+              runtime::MemoryAccounting* accounting)
+      : device_index_((runtime::cuda::UseDevice(device_index), device_index)),
+        model_(shape, batch, seq, seed, accounting),
+        pinned_(accounting, runtime::cuda::PinnedHostMemory()) {}
+
+  ~CudaReplica() override {
+    if (staging_ != nullptr) pinned_.Free(staging_);
+  }
+
+  runtime::Device device() const override { return runtime::Device::Cuda(device_index_); }
+
+  double Forward(const int32_t* inputs, const int32_t* targets, int B, int T) override {
+    return model_.Forward(inputs, targets, B, T);
+  }
+  void Backward(float loss_scale) override { model_.Backward(loss_scale); }
+  void ZeroGrad() override { model_.ZeroGrad(); }
+
+  // Through pinned host memory, so any communicator (the fabric one reads host memory) serves.
+  void AverageGradients(comm::Communicator& group) override {
+    if (group.size() == 1) return;
+    const size_t count = size_t(model_.layout().total());
+    if (staging_ == nullptr) {
+      staging_ = static_cast<float*>(pinned_.Allocate(count * sizeof(float), runtime::MemoryCategory::kComm));
+    }
+    model_.CopyGradientsTo(staging_);
+    group.AllReduce(staging_, staging_, count, comm::DataType::kFloat32, comm::ReduceOp::kAverage)->Wait();
+    model_.CopyGradientsFrom(staging_);
+  }
+
+  double GradNorm() override { return model_.GradNorm(); }
+
+  void Update(const OptimizerStep& s) override {
+    model_.Update(s.learning_rate, s.beta1, s.beta2, s.epsilon, s.weight_decay, s.max_norm, s.t);
+  }
+
+  std::vector<float> NextTokenProbabilities(const int32_t* tokens, int n) override {
+    model_.Forward(tokens, nullptr, 1, n);
+    std::vector<float> p = model_.Logits(0, n - 1);
+    const float largest = *std::max_element(p.begin(), p.end());
+    double sum = 0;
+    for (float& x : p) sum += (x = std::exp(x - largest));
+    for (float& x : p) x = float(x / sum);
+    return p;
+  }
+
+  std::vector<float> Weights() override { return model_.MasterWeights(); }
+
+ private:
+  int device_index_;
+  model::Gpt2Cuda model_;
+  runtime::CachingAllocator pinned_;
+  float* staging_ = nullptr;  // pinned, for AverageGradients
+};
+
+std::unique_ptr<Replica> MakeReplica(int device, const api::ModelShape& shape, int batch, int seq, uint64_t seed,
+                                     runtime::MemoryAccounting* accounting) {
+  return std::make_unique<CudaReplica>(device, shape, batch, seq, seed, accounting);
+}
+
+std::string DeviceName(int device) {
+  runtime::cuda::UseDevice(device);
+  cudaDeviceProp properties{};
+  Check(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
+  return properties.name;
+}
+
+double MatmulSeconds(int device, int tokens, int k, int n) {
+  namespace kc = kernels::cuda;
+  runtime::cuda::UseDevice(device);
+  runtime::MemoryAccounting accounting;
+  runtime::CachingAllocator allocator(&accounting, runtime::cuda::DeviceMemory());
+  runtime::cuda::Stream stream("matmul rate");
+  kc::Blas blas;
+  auto take = [&](int64_t count) {
+    auto* p = static_cast<kc::bf16*>(
+        allocator.Allocate(size_t(count) * sizeof(kc::bf16), runtime::MemoryCategory::kActivations));
+    Check(cudaMemsetAsync(p, 0x3c, size_t(count) * sizeof(kc::bf16), stream.handle()), "filling a matrix");
+    return p;
+  };
+  kc::bf16 *in = take(int64_t(tokens) * k), *w = take(int64_t(n) * k), *out = take(int64_t(tokens) * n),
+           *din = take(int64_t(tokens) * k);
+  auto* dw = static_cast<float*>(allocator.Allocate(size_t(n) * k * sizeof(float), runtime::MemoryCategory::kGrads));
+  auto product = [&] {
+    kc::MatmulForward(blas, out, in, w, nullptr, tokens, k, n, stream.handle());
+    kc::MatmulBackward(blas, din, dw, nullptr, out, in, w, tokens, k, n, stream.handle());
+  };
+  product();  // warm up: cuBLAS picks its kernels
+  stream.Synchronize();
+  constexpr int kRepeats = 20;
+  const auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < kRepeats; ++r) product();
+  stream.Synchronize();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kRepeats;
+  for (void* p : {static_cast<void*>(in), static_cast<void*>(w), static_cast<void*>(out), static_cast<void*>(din),
+                  static_cast<void*>(dw)}) {
+    allocator.Free(p);
+  }
+  return seconds;
+}
+
+const CudaPlugin kPlugin{kCudaPluginAbi, runtime::cuda::DeviceCount, DeviceName, MakeReplica, MatmulSeconds};
+
+}  // namespace
+}  // namespace meshtrain::train
+
+extern "C" __attribute__((visibility("default"))) const meshtrain::train::CudaPlugin* MeshtrainCudaPlugin() {
+  return &meshtrain::train::kPlugin;
+}
