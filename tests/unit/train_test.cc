@@ -203,7 +203,9 @@ TEST(CudaPlugin, ThisBuildsPluginLoadsWhenBuiltWithCuda) {
   EXPECT_EQ(plugin->abi, kCudaPluginAbi);
   std::string none;
   EXPECT_EQ(CudaDeviceCount(&none), plugin->device_count());
-  if (plugin->device_count() == 0) EXPECT_EQ(none, "the CUDA runtime sees no device");
+  if (plugin->device_count() == 0) {
+    EXPECT_EQ(none, "the CUDA runtime sees no device");
+  }
 #else
   EXPECT_EQ(plugin, nullptr);
   EXPECT_NE(why.find("built without CUDA"), std::string::npos) << why;

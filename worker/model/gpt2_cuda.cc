@@ -200,16 +200,6 @@ void Gpt2Cuda::Update(float lr, float beta1, float beta2, float eps, float weigh
   }
 }
 
-namespace {
-std::vector<float> Download(const float* device, int64_t n, runtime::cuda::Stream& stream) {
-  std::vector<float> host(static_cast<size_t>(n));
-  Check(cudaMemcpyAsync(host.data(), device, size_t(n) * sizeof(float), cudaMemcpyDeviceToHost, stream.handle()),
-        "download");
-  stream.Synchronize();
-  return host;
-}
-}  // namespace
-
 std::vector<float> Gpt2Cuda::Logits(int b, int t) {
   if (has_targets_ || b >= B_ || t >= Tn_) throw std::logic_error("Logits needs a Forward without targets covering (b, t)");
   const int64_t V = layout_.shape().vocab_size;
@@ -236,7 +226,14 @@ void Gpt2Cuda::CopyGradientsFrom(const float* host) {
   stream_.Synchronize();  // `host` may be reused as soon as this returns
 }
 
-std::vector<float> Gpt2Cuda::MasterWeights() { return Download(master_, layout_.total(), stream_); }
+std::vector<float> Gpt2Cuda::MasterWeights() {
+  std::vector<float> host(static_cast<size_t>(layout_.total()));
+  Check(cudaMemcpyAsync(host.data(), master_, host.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_.handle()),
+        "download of the master weights");
+  stream_.Synchronize();
+  return host;
+}
+
 std::vector<float> Gpt2Cuda::Gradients() {
   std::vector<float> host(static_cast<size_t>(layout_.total()));
   CopyGradientsTo(host.data());
