@@ -179,9 +179,9 @@ TEST(ChooseDevice, WithoutAGpuEverythingTrainsInFp32OnTheCpuAndBf16SaysWhy) {
   const DeviceChoice bf16 = ChooseDevice("bf16", 0, 0, "this meshtrain was built without CUDA");
   EXPECT_EQ(bf16.device.ToString(), "cpu");
   EXPECT_EQ(bf16.note,
-            "precision bf16 needs a CUDA device (this meshtrain was built without CUDA); "
+            "precision bf16 needs a CUDA device, but this meshtrain was built without CUDA; "
             "this run trains in fp32 on the CPU");
-  EXPECT_NE(ChooseDevice("bf16", 0, 0, "").note.find("(none is visible)"), std::string::npos);
+  EXPECT_NE(ChooseDevice("bf16", 0, 0, "").note.find("but none is visible;"), std::string::npos);
 }
 
 TEST(ChooseDevice, Fp32StaysOnTheCpuEvenWithAGpuAndSaysSo) {

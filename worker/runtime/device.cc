@@ -11,8 +11,8 @@ DeviceChoice ChooseDevice(const std::string& precision, int local_rank, int cuda
   if (precision == "fp32" && cuda_devices > 0) {
     cpu.note = "precision fp32: the CUDA engine computes in bf16 only, so this run trains in fp32 on the CPU";
   } else if (precision == "bf16") {
-    cpu.note = "precision bf16 needs a CUDA device (" + (why_none.empty() ? "none is visible" : why_none) +
-               "); this run trains in fp32 on the CPU";
+    cpu.note = "precision bf16 needs a CUDA device, but " + (why_none.empty() ? "none is visible" : why_none) +
+               "; this run trains in fp32 on the CPU";
   }
   return cpu;
 }
