@@ -6,6 +6,12 @@
 
 namespace meshtrain::api {
 
+std::filesystem::path ThisProgram() {
+  std::error_code error;
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? std::filesystem::path() : self;
+}
+
 std::string EnvironmentString(const char* name, const std::string& fallback) {
   const char* value = std::getenv(name);
   return value != nullptr && *value != '\0' ? value : fallback;

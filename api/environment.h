@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -18,5 +19,9 @@ std::string EnvironmentString(const char* name, const std::string& fallback = ""
 // fallback, or "NAME="x" is not an integer in [minimum, maximum]".
 int64_t EnvironmentInteger(const char* name, int64_t minimum, int64_t maximum,
                            std::optional<int64_t> fallback = std::nullopt);
+
+// The running program's own file (/proc/self/exe); empty when it cannot be read. For
+// finding the programs and plugins installed or built beside it.
+std::filesystem::path ThisProgram();
 
 }  // namespace meshtrain::api

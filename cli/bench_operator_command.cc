@@ -19,6 +19,7 @@
 
 #include <cpprest/http_client.h>
 
+#include "api/environment.h"
 #include "api/manifest.h"
 #include "cli/commands.h"
 #include "operator/kube/client.h"
@@ -71,7 +72,7 @@ int64_t PeakRss(pid_t pid) {
 
 fs::path SiblingBinary(const std::string& given, const std::string& relative) {
   if (!given.empty()) return given;
-  return fs::read_symlink("/proc/self/exe").parent_path().parent_path() / relative;
+  return api::ThisProgram().parent_path().parent_path() / relative;
 }
 
 json TestStats(const std::string& server) {

@@ -17,6 +17,7 @@
 #include "api/model_shape.h"
 #include "cli/commands.h"
 #include "worker/train/cuda_plugin.h"
+#include "worker/train/replica.h"
 #include "worker/train/token_file.h"
 #include "worker/train/trainer.h"
 
@@ -88,12 +89,11 @@ int BenchTrainCommand(const BenchTrainOptions& o, std::ostream& out) {
   const train::CudaPlugin* cuda = nullptr;
   if (o.device == "cuda") {
     std::string why;
-    cuda = train::CudaPluginOrNull(&why);
-    if (cuda != nullptr && cuda->device_count() == 0) why = "no CUDA device (the CUDA runtime sees none)";
-    if (cuda == nullptr || cuda->device_count() == 0) {
+    if (train::CudaDeviceCount(&why) == 0) {
       out << "bench train --device cuda: " << why << "\n";
       return kExitUnreadable;
     }
+    cuda = train::CudaPluginOrNull(nullptr);
   }
   const runtime::Device device = cuda ? runtime::Device::Cuda(0) : runtime::Device::Cpu();
   const int tokens = o.batch * o.seq;

@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "api/environment.h"
 #include "api/layout.h"
 #include "cli/commands.h"
 #include "cli/job_report.h"
@@ -40,9 +41,7 @@ api::RankTable LocalRankTable(const api::TrainingJob& job) {
 // the build tree (cli/ and worker/), or from PATH.
 std::string WorkerProgram() {
   if (const char* explicit_path = std::getenv("MESHTRAIN_WORKER")) return explicit_path;
-  std::error_code error;
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
-  if (!error) {
+  if (const std::filesystem::path self = api::ThisProgram(); !self.empty()) {
     for (const auto& candidate : {self.parent_path() / "meshtrain-worker",
                                   self.parent_path().parent_path() / "worker" / "meshtrain-worker"}) {
       if (std::filesystem::exists(candidate)) return candidate.string();
@@ -92,9 +91,7 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
   }
   out << "\n";
   // Rank 0's choice; every rank makes its own (the same one on one machine).
-  std::string no_cuda;
-  const int cuda_devices = train::CudaDeviceCount(&no_cuda);
-  const runtime::DeviceChoice where = runtime::ChooseDevice(job.job.spec.training.precision, 0, cuda_devices, no_cuda);
+  const runtime::DeviceChoice where = train::ChooseDeviceHere(job.job.spec.training.precision, 0);
   if (!where.note.empty()) spdlog::warn(where.note);
   if (api::ParallelLayout::ForSpec(job.job.spec).world() > 1) return RunRanks(job, table, options.file, out);
 

@@ -14,6 +14,8 @@
 namespace meshtrain::model {
 namespace {
 
+using ::meshtrain::testing::RelativeError;
+
 constexpr int kBatch = 2, kSeq = 32;
 constexpr uint64_t kSeed = 1234;
 
@@ -22,15 +24,6 @@ std::vector<int32_t> RandomTokens(int vocab, uint32_t seed) {
   std::vector<int32_t> tokens(size_t(kBatch) * kSeq);
   for (int32_t& t : tokens) t = int32_t(rng() % uint32_t(vocab));
   return tokens;
-}
-
-double RelativeError(const std::vector<float>& got, const std::vector<float>& want) {
-  double difference = 0, norm = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    difference += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    norm += double(want[i]) * want[i];
-  }
-  return std::sqrt(difference / norm);
 }
 
 class Gpt2CudaTest : public ::testing::Test {

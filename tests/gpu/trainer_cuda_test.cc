@@ -17,6 +17,8 @@
 namespace meshtrain::train {
 namespace {
 
+using ::meshtrain::testing::RelativeError;
+
 namespace fs = std::filesystem;
 
 class TrainerCudaTest : public ::testing::Test {
@@ -47,15 +49,6 @@ class TrainerCudaTest : public ::testing::Test {
 
   fs::path dir_;
 };
-
-double RelativeError(const std::vector<float>& got, const std::vector<float>& want) {
-  double difference = 0, norm = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    difference += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    norm += double(want[i]) * want[i];
-  }
-  return std::sqrt(difference / norm);
-}
 
 TEST_F(TrainerCudaTest, FirstStepMatchesTheCpuTrainer) {
   Trainer cpu(Job(5, "fp32"));

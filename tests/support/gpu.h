@@ -5,10 +5,15 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 namespace meshtrain::testing {
 
 // True if the CUDA runtime sees at least one device.
 bool HaveGpu();
+
+// |got - want| / |want| in the L2 norm: how far a bf16 result is from its fp32 reference.
+double RelativeError(const std::vector<float>& got, const std::vector<float>& want);
 
 }  // namespace meshtrain::testing
 

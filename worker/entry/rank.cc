@@ -75,10 +75,7 @@ int Train(std::ostream& out) {
   std::unique_ptr<comm::Communicator> world =
       comm::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, comm::FabricOptions::FromEnvironment());
 
-  std::string no_cuda;
-  const int cuda_devices = train::CudaDeviceCount(&no_cuda);
-  const runtime::DeviceChoice where =
-      runtime::ChooseDevice(job.spec.training.precision, env.local_rank, cuda_devices, no_cuda);
+  const runtime::DeviceChoice where = train::ChooseDeviceHere(job.spec.training.precision, env.local_rank);
   std::optional<train::Trainer> trainer;
   BadInputIsConfigError(env.config, [&] { trainer.emplace(job, world.get(), where.device); });
   if (env.rank == 0) {

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "api/environment.h"
+
 namespace meshtrain::launch {
 
 int FreeLoopbackPort() {
@@ -31,9 +33,7 @@ int FreeLoopbackPort() {
 
 std::vector<std::string> SelfCommand(int argc, char** argv) {
   std::vector<std::string> command(argv, argv + argc);
-  char self[4096];
-  ssize_t length = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (length > 0) command[0].assign(self, static_cast<size_t>(length));
+  if (const std::filesystem::path self = api::ThisProgram(); !self.empty()) command[0] = self.string();
   return command;
 }
 

@@ -7,6 +7,8 @@
 #include <mutex>
 #include <vector>
 
+#include "api/environment.h"
+
 namespace meshtrain::train {
 
 const CudaPlugin* LoadCudaPlugin(const std::string& path, std::string* why) {
@@ -46,9 +48,7 @@ const CudaPlugin* CudaPluginOrNull(std::string* why) {
     if (const char* path = std::getenv("MESHTRAIN_CUDA_PLUGIN")) {
       candidates.push_back(path);  // an explicit choice: no fallback past it
     } else {
-      std::error_code error;
-      const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
-      if (!error) {
+      if (const std::filesystem::path self = api::ThisProgram(); !self.empty()) {
         for (const auto& beside : {self.parent_path() / kCudaPluginFile,
                                    self.parent_path().parent_path() / "lib" / kCudaPluginFile}) {
           if (std::filesystem::exists(beside)) candidates.push_back(beside.string());

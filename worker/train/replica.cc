@@ -104,4 +104,10 @@ int CudaDeviceCount(std::string* why) {
   return count;
 }
 
+runtime::DeviceChoice ChooseDeviceHere(const std::string& precision, int local_rank) {
+  std::string why_none;
+  const int devices = CudaDeviceCount(&why_none);
+  return runtime::ChooseDevice(precision, local_rank, devices, why_none);
+}
+
 }  // namespace meshtrain::train

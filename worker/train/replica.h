@@ -60,4 +60,7 @@ std::unique_ptr<Replica> MakeReplica(runtime::Device device, const api::ModelSha
 // this build, a plugin that does not load, or no device.
 int CudaDeviceCount(std::string* why = nullptr);
 
+// runtime::ChooseDevice for a job with `precision` on local rank `local_rank` of this machine.
+runtime::DeviceChoice ChooseDeviceHere(const std::string& precision, int local_rank);
+
 }  // namespace meshtrain::train

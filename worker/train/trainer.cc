@@ -1,7 +1,6 @@
 #include "worker/train/trainer.h"
 
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <random>
 #include <stdexcept>
