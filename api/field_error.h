@@ -6,6 +6,8 @@
 
 #pragma once
 
+#include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,5 +29,8 @@ struct FieldError {
 };
 
 using FieldErrors = std::vector<FieldError>;
+
+// A set of field paths, such as the fields a manifest wrote.
+using FieldPaths = std::set<std::string, std::less<>>;
 
 }  // namespace meshtrain::api

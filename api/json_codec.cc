@@ -180,6 +180,13 @@ void Fields(S& s, V& v) {
   v("etaSeconds", s.eta_seconds);
 }
 
+template <Is<DerivedDefault> S, class V>
+void Fields(S& s, V& v) {
+  v("field", s.field);
+  v("value", s.value);
+  v("reason", s.reason);
+}
+
 template <Is<TrainingJobStatus> S, class V>
 void Fields(S& s, V& v) {
   v("phase", s.phase);
@@ -191,6 +198,7 @@ void Fields(S& s, V& v) {
   v("completionTime", s.completion_time);
   v("placement", s.placement);
   v("progress", s.progress);
+  v("defaults", s.defaults);
 }
 
 template <Is<TrainingJob> S, class V>
@@ -209,6 +217,8 @@ inline constexpr bool json_fields::kIgnoresUnknownFields<ObjectMeta> = true;
 TrainingJob DecodeTrainingJob(const Json& object, FieldErrors* errors) {
   return json_fields::Decode<TrainingJob>(object, "", errors);
 }
+
+FieldPaths WrittenFields(const Json& object) { return json_fields::WrittenFields<TrainingJob>(object); }
 
 TrainingJobStatus DecodeTrainingJobStatus(const Json& object, FieldErrors* errors) {
   return json_fields::Decode<TrainingJobStatus>(object, "status", errors);

@@ -18,6 +18,11 @@ namespace meshtrain::api {
 // Appends problems to *errors; the result holds whatever decoded cleanly.
 TrainingJob DecodeTrainingJob(const nlohmann::json& object, FieldErrors* errors);
 
+// The canonical paths of the fields `object` writes ("spec.training.warmupSteps" also
+// when written under an SMP alias), and of the blocks that hold them ("spec.training").
+// Defaults derived from other fields (defaults.h) apply only where the user wrote nothing.
+FieldPaths WrittenFields(const nlohmann::json& object);
+
 // Decodes a status object, as the operator reads it back from the API server.
 TrainingJobStatus DecodeTrainingJobStatus(const nlohmann::json& object, FieldErrors* errors);
 

@@ -190,6 +190,57 @@ void Read(const Json& j, const std::string& path, FieldErrors* errors, T& out) {
   if (decoder.ok()) Fields(out, decoder);
 }
 
+// Which fields an object writes.
+
+// Walks one JSON object for a Fields() table and adds the canonical path of every
+// field it writes, under an alias or not, and of the fields of records inside it. Type
+// errors are not its business (ObjectDecoder reports them): a record written as a
+// non-object counts as written, with nothing inside.
+class WrittenFieldsVisitor {
+ public:
+  WrittenFieldsVisitor(const Json& j, std::string path, FieldPaths* written)
+      : object_(j.is_object() ? &j : nullptr), path_(std::move(path)), written_(written) {}
+
+  template <class T>
+  void operator()(std::string_view key, T& member, std::initializer_list<std::string_view> aliases = {}) {
+    if (object_ == nullptr) return;
+    const Json* found = Find(key);
+    for (std::string_view alias : aliases) {
+      if (found == nullptr) found = Find(alias);
+    }
+    if (found == nullptr) return;
+    const std::string path = path_.empty() ? std::string(key) : path_ + "." + std::string(key);
+    written_->insert(path);
+    if constexpr (Record<T>) {
+      WrittenFieldsVisitor nested(*found, path, written_);
+      Fields(member, nested);
+    }
+  }
+  void IgnoredFlag(std::string_view) {}
+  void OnlyValue(std::string_view, int64_t) {}
+
+ private:
+  const Json* Find(std::string_view key) const {
+    auto it = object_->find(key);
+    return it == object_->end() ? nullptr : &*it;
+  }
+
+  const Json* object_;
+  std::string path_;
+  FieldPaths* written_;
+};
+
+// The canonical paths of the fields `j` writes for a record of type T: "spec",
+// "spec.training", "spec.training.warmupSteps", ... (list items are not entered).
+template <Record T>
+FieldPaths WrittenFields(const Json& j) {
+  FieldPaths written;
+  T scratch{};
+  WrittenFieldsVisitor visitor(j, "", &written);
+  Fields(scratch, visitor);
+  return written;
+}
+
 // Writing.
 
 class ObjectEncoder;

@@ -19,6 +19,7 @@
 #include "api/defaults.h"
 #include "api/json_codec.h"
 #include "api/validation.h"
+#include "api/warnings.h"
 
 namespace meshtrain::api {
 namespace {
@@ -391,15 +392,17 @@ std::string CheckedJob::Where() const {
 }
 
 CheckedJob CheckTrainingJob(const Json& object, std::string source, int document) {
-  CheckedJob checked{std::move(source), document, {}, {}};
+  CheckedJob checked{std::move(source), document, {}, {}, {}, {}};
   checked.job = DecodeTrainingJob(object, &checked.errors);
-  ApplyDefaults(&checked.job);
+  const FieldPaths written = WrittenFields(object);
+  checked.defaults = ApplyDefaults(&checked.job, written);
   // A field that failed to decode holds its default, and checks against it would
   // report problems the manifest does not have: validate once every value decoded.
   for (const FieldError& e : checked.errors) {
     if (e.type == FieldErrorType::kUndecodable) return checked;
   }
   for (FieldError& e : ValidateTrainingJob(checked.job)) checked.errors.push_back(std::move(e));
+  if (checked.ok()) checked.warnings = FieldsWithoutEffect(checked.job, written);
   return checked;
 }
 

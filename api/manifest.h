@@ -48,13 +48,16 @@ struct CheckedJob {
   int document = 0;    // 0-based document index in the file
   TrainingJob job;
   FieldErrors errors;  // decoding and validation errors together; empty means valid
+  std::vector<DerivedDefault> defaults;  // values derived for fields the manifest left out (defaults.h)
+  FieldErrors warnings;  // of a valid job: fields set that have no effect yet (warnings.h)
 
   bool ok() const { return errors.empty(); }
   // "job.yaml (document 2, TrainingJob "x")": where to look, for error messages.
   std::string Where() const;
 };
 
-// Decodes, defaults and validates one object. Unknown fields and validation
+// Decodes, defaults and validates one object, and warns about fields without effect.
+// Unknown fields and validation
 // errors are reported together; a value that cannot be decoded (a wrong type)
 // is reported alone, since checks against its placeholder would mislead.
 CheckedJob CheckTrainingJob(const nlohmann::json& object, std::string source, int document);

@@ -63,9 +63,12 @@ struct DataSpec {
   bool operator==(const DataSpec&) const = default;
 };
 
+// globalBatchTokens, microBatchSize and warmupSteps that the user did not write are
+// derived from what was written, so that they always fit (ApplyDefaults); their
+// initialisers are the usual values the derivation aims for.
 struct TrainingSpec {
   int64_t steps = 1000;
-  int64_t global_batch_tokens = 524288;
+  int64_t global_batch_tokens = 524288;  // about 0.5M tokens, as GPT-2 and GPT-3 small
   int64_t micro_batch_size = 8;
   double learning_rate = 6e-4;
   int64_t warmup_steps = 100;
@@ -84,7 +87,7 @@ struct ParallelismSpec {
   int64_t tensor_parallel_degree = 1;
   int64_t tensor_parallel_seed = 0;
   int64_t hybrid_shard_degree = 0;  // 0: shard across all data-parallel ranks
-  bool activation_checkpointing = false;
+  bool activation_checkpointing = false;  // not written: on when activationOffloading is (as in SMP v2)
   bool activation_offloading = false;
   int64_t activation_loading_horizon = 2;
   bool operator==(const ParallelismSpec&) const = default;
@@ -196,6 +199,15 @@ struct ProgressStatus {
   bool operator==(const ProgressStatus&) const = default;
 };
 
+// A value that ApplyDefaults derived from other fields, shown to the user and kept in
+// status so that what the job runs with is never a surprise.
+struct DerivedDefault {
+  std::string field;   // "spec.training.warmupSteps"
+  std::string value;   // "1"
+  std::string reason;  // "a tenth of spec.training.steps (10), at most 100"
+  bool operator==(const DerivedDefault&) const = default;
+};
+
 struct TrainingJobStatus {
   std::string phase;  // Pending | Starting | Running | Restarting | Succeeded | Failed | Suspended
   std::vector<Condition> conditions;
@@ -206,6 +218,7 @@ struct TrainingJobStatus {
   std::string completion_time;
   std::optional<PlacementStatus> placement;
   std::optional<ProgressStatus> progress;
+  std::vector<DerivedDefault> defaults;  // the values derived for fields the spec left out
   bool operator==(const TrainingJobStatus&) const = default;
 };
 

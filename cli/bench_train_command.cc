@@ -1,6 +1,7 @@
 // `meshtrain bench train`: single-rank training throughput through the Trainer, on the
-// CPU in fp32 against the OpenBLAS sgemm rate, or on GPU 0 in bf16 against the cuBLAS
-// bf16 rate, each measured here at the model's own matrix shapes.
+// CPU in fp32 or on GPU 0 in bf16. MFU is achieved model FLOP/s over the device's dense
+// peak (runtime/device_peak.h); beside it, the matrix rate measured here at the model's
+// own shapes (OpenBLAS sgemm, or cuBLAS bf16) and the share of it the step reaches.
 
 #include <cblas.h>
 #include <omp.h>
@@ -16,6 +17,7 @@
 #include "api/manifest.h"
 #include "api/model_shape.h"
 #include "cli/commands.h"
+#include "worker/runtime/device_peak.h"
 #include "worker/train/cuda_plugin.h"
 #include "worker/train/replica.h"
 #include "worker/train/token_file.h"
@@ -34,13 +36,25 @@ struct StepProduct {
   int k, n, count;
 };
 
+std::vector<StepProduct> StepProducts(const api::ModelShape& s) {
+  const int C = int(s.hidden), V = int(s.vocab_size), L = int(s.layers);
+  return {{C, 3 * C, L}, {C, C, L}, {C, 4 * C, L}, {4 * C, C, L}, {C, V, 1}};
+}
+
+// "4096 tokens x (768x2304, 768x768, ...)": the shapes the matrix rate was measured at.
+std::string DescribeProducts(const api::ModelShape& s, int tokens) {
+  std::string shapes;
+  for (const StepProduct& p : StepProducts(s)) {
+    shapes += (shapes.empty() ? "" : ", ") + std::to_string(p.k) + "x" + std::to_string(p.n);
+  }
+  return std::to_string(tokens) + " tokens x (" + shapes + ")";
+}
+
 // GFLOP/s over a step's products, each weighted as the step weights it. `seconds`
 // gives the time of one product's forward and two backward multiplications.
 double StepMatrixGflops(const api::ModelShape& s, int tokens, const std::function<double(const StepProduct&)>& seconds) {
-  const int C = int(s.hidden), V = int(s.vocab_size), L = int(s.layers);
-  const StepProduct products[] = {{C, 3 * C, L}, {C, C, L}, {C, 4 * C, L}, {4 * C, C, L}, {C, V, 1}};
   double flops = 0, total = 0;
-  for (const StepProduct& p : products) {
+  for (const StepProduct& p : StepProducts(s)) {
     flops += double(p.count) * 3 * 2.0 * tokens * p.k * p.n;
     total += double(p.count) * seconds(p);
   }
@@ -141,8 +155,14 @@ int BenchTrainCommand(const BenchTrainOptions& o, std::ostream& out) {
                                                 return cuda->matmul_seconds(0, tokens, p.k, p.n);
                                               })
                            : MeasureSgemmGflops(shape, tokens);
-  const std::string where =
-      cuda ? "bf16 on " + cuda->device_name(0) : "fp32 on CPU, " + std::to_string(omp_get_max_threads()) + " threads";
+  // MFU is achieved FLOP/s over the device's dense peak; none is known for a CPU.
+  runtime::DensePeak peak{0, "no dense fp32 peak is known for a CPU"};
+  std::string where = "fp32 on CPU, " + std::to_string(omp_get_max_threads()) + " threads";
+  if (cuda) {
+    const runtime::CudaDeviceFacts facts = cuda->device_facts(0);
+    peak = runtime::DenseBf16Peak(facts);
+    where = "bf16 on " + facts.name;
+  }
   const char* unit = cuda ? "TFLOP/s" : "GFLOP/s";
   const double scale = cuda ? 1e-3 : 1;
   const train::MemoryReport m = trainer.memory();
@@ -156,8 +176,17 @@ int BenchTrainCommand(const BenchTrainOptions& o, std::ostream& out) {
   std::snprintf(line, sizeof line, "achieved %.1f %s (6N + 12LTC = %.2f MFLOP per token)\n", gflops * scale, unit,
                 flops_per_token / 1e6);
   out << line;
-  std::snprintf(line, sizeof line, "%s at the model's shapes: %.1f %s; MFU against it: %.1f%%\n",
-                cuda ? "cuBLAS bf16" : "OpenBLAS sgemm", rate * scale, unit, 100 * gflops / rate);
+  if (peak.flops > 0) {
+    std::snprintf(line, sizeof line, "MFU %.1f%% of the dense bf16 peak, %.1f TFLOP/s (%s)\n",
+                  100 * gflops * 1e9 / peak.flops, peak.flops / 1e12, peak.source.c_str());
+  } else {
+    std::snprintf(line, sizeof line, "MFU: not counted (%s)\n", peak.source.c_str());
+  }
+  out << line;
+  out << "matrix rate: " << (cuda ? "cuBLAS bf16" : "OpenBLAS sgemm") << " at the model's shapes, "
+      << DescribeProducts(shape, tokens) << ":";
+  std::snprintf(line, sizeof line, " %.1f %s; the step reaches %.1f%% of it\n", rate * scale, unit,
+                100 * gflops / rate);
   out << line;
   std::snprintf(line, sizeof line, "%s: params %.1f MiB, grads %.1f MiB, optimizer %.1f MiB, activations %.1f MiB\n",
                 cuda ? "device memory peak" : "memory", m.params / 1048576.0, m.grads / 1048576.0,

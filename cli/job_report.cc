@@ -36,6 +36,10 @@ void PrintErrors(const api::CheckedJob& job, std::ostream& out) {
   for (const api::FieldError& e : job.errors) out << job.Where() << ": " << e.ToString() << "\n";
 }
 
+void PrintWarnings(const api::CheckedJob& job, std::ostream& out) {
+  for (const api::FieldError& w : job.warnings) out << job.Where() << ": warning: " << w.ToString() << "\n";
+}
+
 void PrintLayout(const api::CheckedJob& job, bool groups, std::ostream& out) {
   const api::TrainingJobSpec& spec = job.job.spec;
   const api::ParallelLayout mesh = api::ParallelLayout::ForSpec(spec);
@@ -49,6 +53,9 @@ void PrintLayout(const api::CheckedJob& job, bool groups, std::ostream& out) {
       << mesh.NodesPerShardGroup() << " node(s)\n";
   out << "  batch: " << spec.training.global_batch_tokens << " tokens per step = " << api::TokensPerMicroStep(spec)
       << " per micro-step x " << api::AccumulationSteps(spec) << " accumulation step(s)\n";
+  for (const api::DerivedDefault& d : job.defaults) {
+    out << "  default: " << d.field << " = " << d.value << " (" << d.reason << ")\n";
+  }
   if (!groups) return;
 
   out << "  nodes:\n";

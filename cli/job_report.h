@@ -20,7 +20,11 @@ int LoadOneValidJob(const std::string& file, const std::string& command, api::Ch
 // Prints each error of an invalid job as "<where>: <path>: <message>".
 void PrintErrors(const api::CheckedJob& job, std::ostream& out);
 
-// Prints the R x S x T mesh of a valid job; with `groups`, every group's members too.
+// Prints each warning of a valid job as "<where>: warning: <path>: <message>".
+void PrintWarnings(const api::CheckedJob& job, std::ostream& out);
+
+// Prints the R x S x T mesh of a valid job and the values derived for fields it left
+// out; with `groups`, every group's members too.
 void PrintLayout(const api::CheckedJob& job, bool groups, std::ostream& out);
 
 }  // namespace meshtrain::cli

@@ -13,6 +13,7 @@ int LayoutCommand(const std::string& file, std::ostream& out) {
       status = kExitInvalid;
       continue;
     }
+    PrintWarnings(job, out);
     PrintLayout(job, /*groups=*/true, out);
   }
   return status;

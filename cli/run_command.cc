@@ -82,6 +82,7 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
   api::CheckedJob job;
   if (int status = LoadOneValidJob(options.file, "run", &job, out); status != kExitOk) return status;
   out << job.Where() << ": ok\n";
+  PrintWarnings(job, out);
   PrintLayout(job, /*groups=*/false, out);
   out << "  rank table on this machine:";
   const api::RankTable table = LocalRankTable(job.job);

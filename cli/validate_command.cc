@@ -14,6 +14,7 @@ int ValidateCommand(const std::vector<std::string>& files, std::ostream& out) {
     for (const api::CheckedJob& job : jobs) {
       if (job.ok()) {
         out << job.Where() << ": ok\n";
+        PrintWarnings(job, out);
       } else {
         PrintErrors(job, out);
         if (status == kExitOk) status = kExitInvalid;

@@ -42,13 +42,17 @@ json BuildService(const api::TrainingJob& job) {
             {"ports", json::array({{{"name", "coordinator"}, {"port", kCoordinatorPort}, {"protocol", "TCP"}}})}}}};
 }
 
-json BuildConfigMap(const api::TrainingJob& job, const api::RankTable& table, int64_t gang) {
+json BuildConfigMap(const api::TrainingJob& job, const json& written_spec, const api::RankTable& table,
+                    int64_t gang) {
   json labels = Labels(job);
   labels[kGangLabel] = std::to_string(gang);
-  // The spec alone, as a TrainingJob manifest the worker reads with the api/ library.
-  json spec_doc = api::ToJson(job);
-  spec_doc.erase("status");
-  spec_doc["metadata"] = {{"name", job.metadata.name}, {"namespace", job.metadata.namespace_}};
+  // The spec alone, as a TrainingJob manifest the worker reads with the api/ library. Not
+  // the defaulted spec: a derived value would read as written there, and a neutral
+  // default such as tensorParallelSeed 0 as set.
+  const json spec_doc = {{"apiVersion", job.api_version},
+                         {"kind", job.kind},
+                         {"metadata", {{"name", job.metadata.name}, {"namespace", job.metadata.namespace_}}},
+                         {"spec", written_spec}};
   return {{"apiVersion", "v1"},
           {"kind", "ConfigMap"},
           {"metadata", Meta(job, ConfigMapName(job.metadata.name), labels)},

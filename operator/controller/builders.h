@@ -38,8 +38,11 @@ std::string ConfigMapName(const std::string& job_name);
 std::string PodName(const std::string& job_name, int64_t gang, int64_t node_rank);
 
 nlohmann::json BuildService(const api::TrainingJob& job);
-// The ConfigMap of gang `gang`: job.json (the spec), rank-table.json.
-nlohmann::json BuildConfigMap(const api::TrainingJob& job, const api::RankTable& table, int64_t gang);
+// The ConfigMap of gang `gang`: job.json (`written_spec`, the spec as the user wrote it,
+// from which every worker derives the same defaults and warnings that the operator
+// did), rank-table.json.
+nlohmann::json BuildConfigMap(const api::TrainingJob& job, const nlohmann::json& written_spec,
+                              const api::RankTable& table, int64_t gang);
 nlohmann::json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t gang, int64_t node_rank);
 
 }  // namespace meshtrain::controller

@@ -1,5 +1,6 @@
 #include "operator/controller/reconciler.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -69,6 +70,12 @@ struct Reconciler::Context {
   api::TrainingJobStatus before;
   std::vector<json> pods;  // owned by this job, every gang
   ReconcileResult result;
+  // Events that report a status change: emitted once the status write succeeds, so a
+  // conflicting write, which is retried, never repeats them.
+  struct PendingEvent {
+    std::string type, reason, message;
+  };
+  std::vector<PendingEvent> events_after_status;
 
   int64_t generation() const { return job.metadata.generation; }
   void Requeue(std::chrono::milliseconds after) {
@@ -255,7 +262,7 @@ bool Reconciler::CreateGang(Context& ctx) {
     }
   };
   create(res::Services(), BuildService(job));
-  const json config_map = BuildConfigMap(job, table, gang);
+  const json config_map = BuildConfigMap(job, ctx.object.value("spec", json::object()), table, gang);
   if (existing && !reuse) {
     json replacement = config_map;
     replacement["metadata"]["resourceVersion"] = (*existing)["metadata"]["resourceVersion"];
@@ -286,6 +293,22 @@ bool Reconciler::CreateGang(Context& ctx) {
   SetCondition(ctx.status, "Restarting", false, "GangPlaced", message, ctx.generation());
   Event(ctx, "Normal", "GangCreated", message);
   return true;
+}
+
+void Reconciler::ReportFieldsWithoutEffect(Context& ctx, const api::FieldErrors& warnings) {
+  std::string message;
+  for (const auto& w : warnings) message += (message.empty() ? "" : "; ") + w.ToString();
+  const auto had = std::find_if(ctx.status.conditions.begin(), ctx.status.conditions.end(),
+                                [](const api::Condition& c) { return c.type == kSpecWarningsCondition; });
+  if (warnings.empty()) {
+    if (had != ctx.status.conditions.end()) {
+      SetCondition(ctx.status, kSpecWarningsCondition, false, "NoFieldsWithoutEffect", "", ctx.generation());
+    }
+    return;
+  }
+  const bool news = had == ctx.status.conditions.end() || had->status != "True" || had->message != message;
+  SetCondition(ctx.status, kSpecWarningsCondition, true, "FieldsWithoutEffect", message, ctx.generation());
+  if (news) ctx.events_after_status.push_back({"Warning", "FieldsWithoutEffect", message});
 }
 
 bool ParseProgress(const std::string& text, api::ProgressStatus* progress) {
@@ -357,6 +380,7 @@ void Reconciler::WriteStatus(Context& ctx) {
     std::lock_guard lock(mu_);
     written_from_[ctx.key] = ctx.object["metadata"].value("resourceVersion", "");
   }
+  for (const auto& e : ctx.events_after_status) Event(ctx, e.type, e.reason, e.message);
   if (ctx.status.phase != ctx.before.phase) {
     const bool bad = ctx.status.phase == "Failed";
     std::string message = "phase " + (ctx.before.phase.empty() ? "(new)" : ctx.before.phase) + " -> " + ctx.status.phase;
@@ -453,6 +477,9 @@ ReconcileResult Reconciler::Reconcile(const std::string& ns, const std::string& 
     WriteStatus(ctx);
     return ctx.result;
   }
+
+  ctx.status.defaults = checked.defaults;
+  ReportFieldsWithoutEffect(ctx, checked.warnings);
 
   // 4. runPolicy: suspend and the deadline.
   const auto& policy = ctx.job.spec.run_policy;

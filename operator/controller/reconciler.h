@@ -4,7 +4,9 @@
 //  1. Read the job from the informer's cache; a job that is gone needs nothing
 //     (owner references let Kubernetes delete what it owned).
 //  2. Finished jobs: apply cleanPodPolicy and ttlSecondsAfterFinished, nothing else.
-//  3. Validate with api/; an invalid spec fails the job (InvalidSpec, field paths).
+//  3. Validate with api/; an invalid spec fails the job (InvalidSpec, field paths). A valid
+//     one gets the values derived for fields it left out in status.defaults, and fields it
+//     sets that have no effect yet in the SpecWarnings condition and a Warning Event.
 //  4. runPolicy: suspend deletes the pods and keeps status; activeDeadlineSeconds fails
 //     the job (DeadlineExceeded).
 //  5. Judge the running gang: a failed pod, a deleted pod or a NotReady node restarts the
@@ -37,6 +39,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/field_error.h"
 #include "api/training_job.h"
 #include "operator/controller/metrics.h"
 #include "operator/kube/client.h"
@@ -44,6 +47,9 @@
 #include "operator/scheduler/cluster.h"
 
 namespace meshtrain::controller {
+
+// The condition that lists the fields a valid spec sets but the engine does not act on yet.
+inline constexpr const char* kSpecWarningsCondition = "SpecWarnings";
 
 struct ReconcilerOptions {
   std::chrono::seconds pending_timeout{120};     // a pod Pending this long gets its gang re-planned
@@ -76,6 +82,9 @@ class Reconciler {
   void Restart(Context& ctx, const std::string& reason, const std::string& message, const std::string& bad_node,
                bool failure);
   void Fail(Context& ctx, const std::string& reason, const std::string& message);
+  // Sets the SpecWarnings condition (False once no warning is left) and queues a Warning
+  // Event when the warnings changed.
+  void ReportFieldsWithoutEffect(Context& ctx, const api::FieldErrors& warnings);
   bool CreateGang(Context& ctx);
   void ObserveProgress(Context& ctx, const nlohmann::json& rank0);
   std::set<std::string> AvoidedNodes(const std::string& job_key);

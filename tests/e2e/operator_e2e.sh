@@ -218,6 +218,36 @@ case $scenario in
     out=$("$kubectl" apply -f "$work/job.yaml" 2>&1) && fail "a string for spec.nodes was accepted"
     [[ $out == *spec.nodes* ]] || fail "the schema error does not name spec.nodes: $out"
     ;;
+  spec-warnings)
+    # Fields the job leaves out get values that fit it, kept in status; fields it sets that
+    # have no effect yet get a SpecWarnings condition and one Warning Event.
+    start_server 60
+    start_operator
+    apply_job 8 "{train: /data/train.bin}" "{steps: 10}" \
+      "  parallelism: {tensorParallelSeed: 3}
+  checkpoint: {path: /checkpoints/tiny}"
+    wait_for '{.status.phase}' Running 20
+    wait_for '{.status.defaults[?(@.field=="spec.training.warmupSteps")].value}' 1 5
+    # 2 nodes x 8 ranks x 8 sequences of 128 tokens is 16384 per micro-step; 32 of them make 524288.
+    wait_for '{.status.defaults[?(@.field=="spec.training.globalBatchTokens")].value}' 524288 5
+    wait_for '{.status.conditions[?(@.type=="SpecWarnings")].reason}' FieldsWithoutEffect 5
+    msg=$("$kubectl" get tj tiny -o 'jsonpath={.status.conditions[?(@.type=="SpecWarnings")].message}')
+    [[ $msg == *"spec.checkpoint: has no effect yet"* && $msg == *"spec.parallelism.tensorParallelSeed: has no effect yet"* ]] ||
+      fail "the SpecWarnings condition does not name both fields: $msg"
+    generation=$("$kubectl" get tj tiny -o 'jsonpath={.metadata.generation}')
+    [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.conditions[?(@.type=="SpecWarnings")].observedGeneration}')" = "$generation" ] ||
+      fail "the SpecWarnings condition lacks observedGeneration $generation"
+    # The workers get the spec as written, and derive the same values.
+    config=$("$kubectl" get cm tiny-config -o 'jsonpath={.data.job\.json}')
+    [[ $config == *tensorParallelSeed* && $config != *warmupSteps* ]] || fail "the ConfigMap's spec is not the written one: $config"
+    sleep 2  # more reconciles (pods becoming ready, progress polls) must not repeat the Event
+    events=$("$kubectl" get events | grep -c FieldsWithoutEffect || true)
+    [ "$events" -eq 1 ] || fail "$events FieldsWithoutEffect events, not 1: $("$kubectl" get events)"
+    "$kubectl" get events | grep "Warning.*FieldsWithoutEffect" >/dev/null || fail "the event is not a Warning"
+    # Without the fields, the condition turns False.
+    "$kubectl" patch tj tiny --type merge -p '{"spec": {"parallelism": null, "checkpoint": null}}' >/dev/null
+    wait_for '{.status.conditions[?(@.type=="SpecWarnings")].status}' False 20
+    ;;
   suspend)
     start_server 60
     start_operator

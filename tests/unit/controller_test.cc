@@ -110,10 +110,18 @@ TEST(BuildersTest, PodCarriesTheWorkerContract) {
   bool shm = false;
   for (const auto& v : pod["spec"]["volumes"]) shm = shm || (v["name"] == "dshm" && v["emptyDir"]["medium"] == "Memory");
   EXPECT_TRUE(shm);
-  const json cm = BuildConfigMap(job, table, 3);
+  const json written = api::ReadManifestFile("examples/gpt2-124m-2x8.yaml").at(0).object;
+  const json cm = BuildConfigMap(job, written["spec"], table, 3);
   EXPECT_EQ(cm["metadata"]["labels"]["meshtrain.dev/gang"], "3");
   const auto spec = api::ParseManifestText(cm["data"]["job.json"].get<std::string>(), "job.json");
-  EXPECT_TRUE(api::CheckTrainingJob(spec.at(0).object, "job.json", 0).ok());
+  const api::CheckedJob worker_view = api::CheckTrainingJob(spec.at(0).object, "job.json", 0);
+  EXPECT_TRUE(worker_view.ok());
+  // The worker sees what the user wrote: the same job, defaults and warnings as the operator.
+  const api::CheckedJob operator_view = api::CheckTrainingJob(written, "job.json", 0);
+  EXPECT_EQ(worker_view.job.spec, operator_view.job.spec);
+  EXPECT_EQ(worker_view.defaults, operator_view.defaults);
+  EXPECT_EQ(worker_view.warnings, operator_view.warnings);
+  EXPECT_FALSE(worker_view.warnings.empty());  // the example sets checkpoint and hybridShardDegree
 }
 
 TEST(ProgressTest, ParsesWorkerMetrics) {

@@ -153,16 +153,22 @@ TEST(JsonCodec, NullOptionalFieldsAreUnset) {
 
 TEST(JsonCodec, DefaultsFillPresetAndDerivedFields) {
   FieldErrors errors;
-  TrainingJob job = DecodeTrainingJob({{"spec", {{"gpusPerNode", 4}, {"model", {{"preset", "gpt2-350m"}, {"seqLen", 512}}}}}},
-                                      &errors);
-  ApplyDefaults(&job);
+  const Json object = {{"spec", {{"gpusPerNode", 4}, {"model", {{"preset", "gpt2-350m"}, {"seqLen", 512}}}}}};
+  TrainingJob job = DecodeTrainingJob(object, &errors);
+  const std::vector<DerivedDefault> derived = ApplyDefaults(&job, WrittenFields(object));
   EXPECT_EQ(job.spec.model.layers, 24);
   EXPECT_EQ(job.spec.model.seq_len, 512);  // explicit beats preset
   EXPECT_EQ(job.spec.resources.gpu, 4);
   EXPECT_EQ(job.spec.topology.levels, DefaultTopologyLevels());
   EXPECT_EQ(job.spec.topology.required_level, "topology.k8s.aws/network-node-layer-3");
+  // 1 node x 4 GPUs: 4 data-parallel ranks of 8 x 512 tokens, 128 micro-steps of 16384 make 524288.
+  EXPECT_EQ(job.spec.training.global_batch_tokens, 524288);
+  EXPECT_EQ(job.spec.training.warmup_steps, 100);  // a tenth of the default 1000 steps
+  ASSERT_EQ(derived.size(), 2u);
+  EXPECT_EQ(derived[0].field, "spec.training.warmupSteps");
+  EXPECT_EQ(derived[1].field, "spec.training.globalBatchTokens");
   TrainingJob again = job;
-  ApplyDefaults(&again);
+  EXPECT_EQ(ApplyDefaults(&again, WrittenFields(object)), derived);
   EXPECT_EQ(again, job);  // idempotent
 }
 

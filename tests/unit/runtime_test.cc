@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "worker/runtime/device.h"
+#include "worker/runtime/device_peak.h"
 #include "worker/runtime/memory.h"
 #include "worker/runtime/stream.h"
 
@@ -189,6 +190,28 @@ TEST(ChooseDevice, Fp32StaysOnTheCpuEvenWithAGpuAndSaysSo) {
   EXPECT_EQ(choice.device, Device::Cpu());
   EXPECT_NE(choice.note.find("bf16 only"), std::string::npos) << choice.note;
   EXPECT_EQ(ChooseDevice("fp32", 0, 0, "no device").note, "");  // nothing unexpected happened
+}
+
+// MFU is counted against the dense bf16 peak, the datasheet's where the device is known.
+TEST(DenseBf16Peak, KnownDevicesUseTheirDatasheetFigure) {
+  // The lent machine's card: its peak boost clock (1980 MHz) would give 1070 TFLOP/s.
+  const DensePeak h100 = DenseBf16Peak({"NVIDIA H100 80GB HBM3", 132, 1980000, 9, 0});
+  EXPECT_DOUBLE_EQ(h100.flops, 989.4e12);
+  EXPECT_EQ(h100.source, "the datasheet figure for H100");
+  EXPECT_DOUBLE_EQ(DenseBf16Peak({"NVIDIA H100 PCIe", 114, 1755000, 9, 0}).flops, 756e12);
+  EXPECT_DOUBLE_EQ(DenseBf16Peak({"NVIDIA H200", 132, 1980000, 9, 0}).flops, 989.4e12);
+  EXPECT_DOUBLE_EQ(DenseBf16Peak({"NVIDIA A100-SXM4-80GB", 108, 1410000, 8, 0}).flops, 312e12);
+  EXPECT_DOUBLE_EQ(DenseBf16Peak({"NVIDIA L40S", 142, 2520000, 8, 9}).flops, 362.05e12);
+  EXPECT_DOUBLE_EQ(DenseBf16Peak({"NVIDIA L4", 58, 2040000, 8, 9}).flops, 121e12);
+}
+
+TEST(DenseBf16Peak, OtherDevicesAreDerivedFromSmsClockAndCapability) {
+  const DensePeak derived = DenseBf16Peak({"Some Hopper", 100, 1500000, 9, 0});
+  EXPECT_DOUBLE_EQ(derived.flops, 100 * 1.5e9 * 4096);
+  EXPECT_EQ(derived.source, "100 SMs x 1500 MHz x 4096 dense bf16 FLOP per clock (compute capability 9.0)");
+  const DensePeak unknown = DenseBf16Peak({"Some Volta", 80, 1530000, 7, 0});
+  EXPECT_EQ(unknown.flops, 0);
+  EXPECT_EQ(unknown.source, "no dense bf16 rate is known for Some Volta (compute capability 7.0)");
 }
 
 }  // namespace

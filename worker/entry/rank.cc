@@ -23,7 +23,7 @@ struct ConfigError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-api::TrainingJob LoadJob(const std::string& path) {
+api::CheckedJob LoadJob(const std::string& path) {
   if (path.empty()) throw ConfigError("the worker environment lacks MESHTRAIN_CONFIG");
   std::vector<api::CheckedJob> jobs;
   try {
@@ -36,7 +36,7 @@ api::TrainingJob LoadJob(const std::string& path) {
                       " documents; a worker takes one TrainingJob");
   }
   if (!jobs[0].ok()) throw ConfigError(jobs[0].Where() + ": " + jobs[0].errors[0].ToString());
-  return jobs[0].job;
+  return std::move(jobs[0]);
 }
 
 // Runs `f`, turning what the trainer throws for a bad spec or data file into a ConfigError.
@@ -53,15 +53,16 @@ void BadInputIsConfigError(const std::string& config, F&& f) {
 
 int Train(std::ostream& out) {
   comm::WorkerEnvironment env;
-  api::TrainingJob job;
+  api::CheckedJob checked;
   int metrics_port = 0;
   try {
     env = comm::WorkerEnvironment::FromEnvironment();
-    job = LoadJob(env.config);
+    checked = LoadJob(env.config);
     metrics_port = int(api::EnvironmentInteger("MESHTRAIN_METRICS_PORT", 0, 65535, 0));
   } catch (const std::runtime_error& e) {
     throw ConfigError(e.what());
   }
+  const api::TrainingJob& job = checked.job;
   // Every rank finds a bad spec or data file on its own, before it waits for the others,
   // so the whole gang exits 78 rather than some ranks dying of their peers' exit.
   BadInputIsConfigError(env.config, [&] { train::CheckTrainable(job, env.rank, env.world_size); });
@@ -79,6 +80,7 @@ int Train(std::ostream& out) {
   std::optional<train::Trainer> trainer;
   BadInputIsConfigError(env.config, [&] { trainer.emplace(job, world.get(), where.device); });
   if (env.rank == 0) {
+    for (const api::FieldError& w : checked.warnings) out << "warning: " << w.ToString() << std::endl;
     if (!where.note.empty()) out << "note: " << where.note << std::endl;
     out << "job " << env.job_name << ": " << env.world_size << " rank(s) on " << env.nnodes << " node(s), "
         << job.spec.training.steps << " steps, rank 0 on " << where.device.ToString() << " in " << where.precision

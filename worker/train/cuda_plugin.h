@@ -17,12 +17,13 @@
 #include <string>
 
 #include "api/model_shape.h"
+#include "worker/runtime/device_peak.h"
 #include "worker/runtime/memory.h"
 #include "worker/train/replica.h"
 
 namespace meshtrain::train {
 
-inline constexpr int kCudaPluginAbi = 1;  // bumped whenever CudaPlugin changes
+inline constexpr int kCudaPluginAbi = 2;  // bumped whenever CudaPlugin changes
 inline constexpr const char* kCudaPluginEntry = "MeshtrainCudaPlugin";  // extern "C" const CudaPlugin* ()
 inline constexpr const char* kCudaPluginFile = "libmeshtrain-cuda.so";
 
@@ -30,13 +31,14 @@ struct CudaPlugin {
   int abi;  // kCudaPluginAbi of the build that made the plugin
   // Devices the CUDA runtime sees (0 without a driver or a device).
   int (*device_count)();
-  // "NVIDIA H100 80GB HBM3"; throws runtime::cuda::CudaError for a missing device.
-  std::string (*device_name)(int device);
+  // Name, SMs, clock and compute capability; throws runtime::cuda::CudaError for a
+  // missing device.
+  runtime::CudaDeviceFacts (*device_facts)(int device);
   // A bf16 replica on `device` (made the calling thread's current device).
   std::unique_ptr<Replica> (*make_replica)(int device, const api::ModelShape& shape, int batch, int seq,
                                            uint64_t seed, runtime::MemoryAccounting* accounting);
   // Seconds that one bf16 product (tokens x k)(k x n)^T and its two backward products
-  // take on `device`, measured there: the matrix rate that MFU is counted against.
+  // take on `device`, measured there: the matrix rate a step's products could reach.
   double (*matmul_seconds)(int device, int tokens, int k, int n);
 };
 

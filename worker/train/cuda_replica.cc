@@ -77,11 +77,18 @@ std::unique_ptr<Replica> MakeReplica(int device, const api::ModelShape& shape, i
   return std::make_unique<CudaReplica>(device, shape, batch, seq, seed, accounting);
 }
 
-std::string DeviceName(int device) {
+runtime::CudaDeviceFacts DeviceFacts(int device) {
   runtime::cuda::UseDevice(device);
   cudaDeviceProp properties{};
   Check(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
-  return properties.name;
+  runtime::CudaDeviceFacts facts;
+  facts.name = properties.name;
+  facts.multiprocessors = properties.multiProcessorCount;
+  facts.compute_major = properties.major;
+  facts.compute_minor = properties.minor;
+  // CUDA 13 keeps the clock only as an attribute.
+  Check(cudaDeviceGetAttribute(&facts.clock_khz, cudaDevAttrClockRate, device), "cudaDeviceGetAttribute(clock rate)");
+  return facts;
 }
 
 double MatmulSeconds(int device, int tokens, int k, int n) {
@@ -118,7 +125,7 @@ double MatmulSeconds(int device, int tokens, int k, int n) {
   return seconds;
 }
 
-const CudaPlugin kPlugin{kCudaPluginAbi, runtime::cuda::DeviceCount, DeviceName, MakeReplica, MatmulSeconds};
+const CudaPlugin kPlugin{kCudaPluginAbi, runtime::cuda::DeviceCount, DeviceFacts, MakeReplica, MatmulSeconds};
 
 }  // namespace
 }  // namespace meshtrain::train

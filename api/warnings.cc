@@ -1,0 +1,30 @@
+#include "api/warnings.h"
+
+#include "api/layout.h"
+
+namespace meshtrain::api {
+
+FieldErrors FieldsWithoutEffect(const TrainingJob& job, const FieldPaths& written) {
+  const TrainingJobSpec& spec = job.spec;
+  const ParallelismSpec& p = spec.parallelism;
+  FieldErrors warnings;
+  auto warn = [&](const char* path, bool set, const std::string& why) {
+    if (set) warnings.push_back({path, "has no effect yet: " + why});
+  };
+  warn("spec.checkpoint", written.contains("spec.checkpoint"),
+       "no checkpoint is written, and a restarted job starts again from step 0");
+  // Shard groups of one rank are what every rank does today: hold the whole model.
+  warn("spec.parallelism.hybridShardDegree",
+       written.contains("spec.parallelism.hybridShardDegree") && ParallelLayout::ForSpec(spec).shard() > 1,
+       "every rank holds the whole model, its gradients and optimizer state (the sharded engine is still to come)");
+  warn("spec.parallelism.activationCheckpointing", p.activation_checkpointing,
+       "every block's activations are kept for backward");
+  warn("spec.parallelism.activationOffloading", p.activation_offloading, "activations stay in device memory");
+  warn("spec.parallelism.activationLoadingHorizon", written.contains("spec.parallelism.activationLoadingHorizon"),
+       "nothing is offloaded, so nothing is loaded back");
+  warn("spec.parallelism.tensorParallelSeed", written.contains("spec.parallelism.tensorParallelSeed"),
+       "the model has no randomness for it to key (no dropout)");
+  return warnings;
+}
+
+}  // namespace meshtrain::api
