@@ -306,9 +306,9 @@ void Reconciler::ReportFieldsWithoutEffect(Context& ctx, const api::FieldErrors&
     }
     return;
   }
-  const bool news = had == ctx.status.conditions.end() || had->status != "True" || had->message != message;
+  const bool changed = had == ctx.status.conditions.end() || had->status != "True" || had->message != message;
   SetCondition(ctx.status, kSpecWarningsCondition, true, "FieldsWithoutEffect", message, ctx.generation());
-  if (news) ctx.events_after_status.push_back({"Warning", "FieldsWithoutEffect", message});
+  if (changed) ctx.events_after_status.push_back({"Warning", "FieldsWithoutEffect", message});
 }
 
 bool ParseProgress(const std::string& text, api::ProgressStatus* progress) {
