@@ -4,14 +4,10 @@
 
 #include "api/layout.h"
 #include "api/model_shape.h"
+#include "api/validation.h"
 
 namespace meshtrain::api {
 namespace {
-
-// Micro-batches and sequence lengths above these are refused by validation, which
-// also keeps the products below within int64.
-constexpr int64_t kMaxMicroBatch = 1 << 20;
-constexpr int64_t kMaxSeqLen = 1 << 20;
 
 void DeriveWarmup(TrainingSpec& t, std::vector<DerivedDefault>* derived) {
   const int64_t usual = TrainingSpec{}.warmup_steps;
@@ -37,7 +33,7 @@ void DeriveBatch(TrainingJobSpec& spec, bool global_written, bool micro_written,
   auto number = [](int64_t n) { return std::to_string(n); };
 
   if (!global_written) {
-    if (t.micro_batch_size < 1 || t.micro_batch_size > kMaxMicroBatch) return;
+    if (t.micro_batch_size < 1 || t.micro_batch_size > kMaxMicroBatchSize) return;
     const int64_t per_step = t.micro_batch_size * *seq * dp;
     const int64_t micro_steps = std::max<int64_t>(1, (usual.global_batch_tokens + per_step / 2) / per_step);
     t.global_batch_tokens = micro_steps * per_step;

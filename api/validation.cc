@@ -141,7 +141,7 @@ void CheckModel(const ModelSpec& m, Checker& c) {
     int64_t max;
   };
   for (const Dim& d : {Dim{"layers", m.layers, 1024}, Dim{"heads", m.heads, 1024}, Dim{"hidden", m.hidden, 1 << 17},
-                       Dim{"vocabSize", m.vocab_size, int64_t(1) << 24}, Dim{"seqLen", m.seq_len, 1 << 20}}) {
+                       Dim{"vocabSize", m.vocab_size, int64_t(1) << 24}, Dim{"seqLen", m.seq_len, kMaxSeqLen}}) {
     const std::string path = std::string("spec.model.") + d.name;
     if (!d.value) c.Fail(path, "is required when spec.model.preset is not set");
     else c.Range(path, *d.value, 1, d.max);
@@ -165,7 +165,7 @@ void CheckData(const DataSpec& d, Checker& c) {
 void CheckTraining(const TrainingSpec& t, Checker& c) {
   c.Range("spec.training.steps", t.steps, 1, Checker::kNoMax);
   c.Range("spec.training.globalBatchTokens", t.global_batch_tokens, 1, Checker::kNoMax);
-  c.Range("spec.training.microBatchSize", t.micro_batch_size, 1, 1 << 20);
+  c.Range("spec.training.microBatchSize", t.micro_batch_size, 1, kMaxMicroBatchSize);
   c.Finite("spec.training.learningRate", t.learning_rate, 0, /*min_exclusive=*/true);
   if (c.Range("spec.training.warmupSteps", t.warmup_steps, 0, Checker::kNoMax) && t.steps >= 1 &&
       t.warmup_steps > t.steps) {

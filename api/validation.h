@@ -7,10 +7,17 @@
 
 #pragma once
 
+#include <cstdint>
+
 #include "api/field_error.h"
 #include "api/training_job.h"
 
 namespace meshtrain::api {
+
+// Upper bounds validation enforces; they also keep microBatchSize x seqLen x
+// data-parallel ranks within int64.
+inline constexpr int64_t kMaxMicroBatchSize = 1 << 20;
+inline constexpr int64_t kMaxSeqLen = 1 << 20;
 
 // REQUIRES: ApplyDefaults(&job) has run.
 FieldErrors ValidateTrainingJob(const TrainingJob& job);
