@@ -7,8 +7,6 @@
 #include <gtest/gtest.h>
 
 #include "api/model_shape.h"
-#include "worker/kernels/cpu/kernels.h"
-#include "worker/model/gpt2.h"
 #include "worker/train/cuda_plugin.h"
 #include "worker/train/data_loader.h"
 #include "worker/train/replica.h"
@@ -140,53 +138,6 @@ TEST(Schedule, WarmupThenCosineOrConstant) {
   EXPECT_DOUBLE_EQ(LearningRate(t, 109), 1e-3);
 }
 
-// The CPU replica takes the Trainer's step: norm, clipping to max_norm, then AdamW,
-// against the same arithmetic written out on a bare model.
-TEST(CpuReplica, ClipsToTheNormItReportsThenStepsAdamW) {
-  const api::ModelShape& shape = *api::FindPreset("gpt2-tiny");
-  constexpr int B = 2, T = 16;
-  std::vector<int32_t> inputs(B * T), targets(B * T);
-  for (int i = 0; i < B * T; ++i) inputs[i] = (i * 7) % 256, targets[i] = (i * 13 + 5) % 256;
-  runtime::MemoryAccounting accounting;
-  const std::unique_ptr<Replica> replica = MakeReplica(runtime::Device::Cpu(), shape, B, T, 99, &accounting);
-  EXPECT_EQ(replica->device(), runtime::Device::Cpu());
-  replica->ZeroGrad();
-  const double loss = replica->Forward(inputs.data(), targets.data(), B, T);
-  replica->Backward(1.0f);
-  const double norm = replica->GradNorm();
-  OptimizerStep step;
-  step.learning_rate = 1e-2f;
-  step.weight_decay = 0.1f;
-  step.max_norm = float(norm / 4);  // clipping must bite
-  replica->Update(step);
-
-  model::Gpt2<float> reference(shape, B, T);
-  model::InitParameters(reference.params().data(), reference.layout(), 99);
-  reference.ZeroGrad();
-  EXPECT_EQ(reference.Forward(inputs.data(), targets.data(), B, T), loss);
-  reference.Backward(1.0f);
-  double squares = 0;
-  for (float g : reference.grads()) squares += double(g) * g;
-  EXPECT_EQ(std::sqrt(squares), norm);
-  std::vector<float> m(reference.params().size()), v(m.size());
-  const float scale = float(step.max_norm / norm);
-  for (float& g : reference.grads()) g *= scale;
-  for (const model::ParamTensor& p : reference.layout().tensors()) {
-    kernels::cpu::AdamWUpdate(reference.params().data() + p.offset, reference.grads().data() + p.offset,
-                              m.data() + p.offset, v.data() + p.offset, p.size, step.learning_rate, step.beta1,
-                              step.beta2, step.epsilon, p.decay ? step.weight_decay : 0.0f, 1);
-  }
-  const std::vector<float> want(reference.params().begin(), reference.params().end());
-  EXPECT_EQ(replica->Weights(), want);
-  EXPECT_GT(accounting.peak(runtime::MemoryCategory::kOptimizer), 0);
-
-  const std::vector<float> probs = replica->NextTokenProbabilities(inputs.data(), T);
-  ASSERT_EQ(probs.size(), size_t(shape.vocab_size));
-  double total = 0;
-  for (float p : probs) total += p;
-  EXPECT_NEAR(total, 1.0, 1e-4);
-}
-
 TEST(CudaPlugin, LoadingNamesWhatIsWrong) {
   std::string why;
   EXPECT_EQ(LoadCudaPlugin("/nonexistent/libmeshtrain-cuda.so", &why), nullptr);
@@ -209,7 +160,7 @@ TEST(CudaPlugin, ThisBuildsPluginLoadsWhenBuiltWithCuda) {
 #else
   EXPECT_EQ(plugin, nullptr);
   EXPECT_NE(why.find("built without CUDA"), std::string::npos) << why;
-  EXPECT_THROW(MakeReplica(runtime::Device::Cuda(0), *api::FindPreset("gpt2-tiny"), 1, 8, 1, nullptr),
+  EXPECT_THROW(MakeCudaReplica(0, *api::FindPreset("gpt2-tiny"), 1, 8, 1, nullptr),
                std::invalid_argument);
 #endif
 }

@@ -1,4 +1,6 @@
-// GPT-2 on the CPU: pre-LayerNorm blocks, learned positions, GELU MLP, tied LM head.
+// GPT-2 on the CPU, whole on one device: pre-LayerNorm blocks, learned positions, GELU
+// MLP, tied LM head. The reference the sharded engine is checked against; both run the
+// per-unit math of blocks.h.
 //
 // Forward keeps every activation for Backward (llm.c style); Backward accumulates
 // parameter gradients into grads(), so gradient accumulation is a loop of
@@ -12,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "worker/model/blocks.h"
 #include "worker/model/parameters.h"
 #include "worker/runtime/memory.h"
 
@@ -42,21 +45,12 @@ class Gpt2 {
   const T* Probabilities(int b, int t) const;
 
  private:
-  // Views into one activation buffer; the same struct indexes the gradient buffer.
-  struct Activations {
-    int64_t encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, preatt, att, attproj, residual2, ln2, ln2_mean, ln2_rstd,
-        fch, fch_gelu, fcproj, residual3, lnf, lnf_mean, lnf_rstd, logits, probs, losses, total;
-  };
-
-  T* P(Param kind, int layer = -1) { return params_.data() + layout_.Offset(kind, layer); }
-  T* G(Param kind, int layer = -1) { return grads_.data() + layout_.Offset(kind, layer); }
-
   ParameterLayout layout_;
   int max_batch_, max_seq_;
-  Activations at_{};
   runtime::MemoryAccounting own_accounting_;
   std::unique_ptr<runtime::CachingAllocator> own_allocator_;
-  runtime::Buffer<T> params_, grads_, acts_, dacts_;
+  runtime::Buffer<T> params_, grads_, acts_buffer_;
+  ModelActivations<T> acts_;
   std::vector<int32_t> inputs_, targets_;
   int B_ = 0, Tn_ = 0;
 };

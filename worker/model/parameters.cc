@@ -1,5 +1,6 @@
 #include "worker/model/parameters.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <stdexcept>
@@ -70,22 +71,32 @@ std::pair<int64_t, int64_t> ParameterLayout::Unit(int u) const {
 }
 
 template <class T>
-void InitParameters(T* params, const ParameterLayout& layout, uint64_t seed) {
+void InitParameterRange(T* out, const ParameterLayout& layout, uint64_t seed, int64_t begin, int64_t end) {
   const double residual_std = 0.02 / std::sqrt(2.0 * double(layout.shape().layers));
   for (size_t id = 0; id < layout.tensors().size(); ++id) {
     const ParamTensor& t = layout.tensors()[id];
-    T* p = params + t.offset;
+    const int64_t from = std::max(begin, t.offset), to = std::min(end, t.offset + t.size);
+    if (from >= to) continue;
+    T* p = out + (from - begin);
     const bool is_ln_weight = t.kind == Param::kLn1W || t.kind == Param::kLn2W || t.kind == Param::kLnfW;
     const bool is_bias = !is_ln_weight && t.shape.size() == 1;
     const double stddev = (t.kind == Param::kAttProjW || t.kind == Param::kFcProjW) ? residual_std : 0.02;
 #pragma omp parallel for
-    for (int64_t i = 0; i < t.size; ++i) {
-      p[i] = is_ln_weight ? T(1) : is_bias ? T(0) : T(stddev * CounterNormal(seed, id, uint64_t(i)));
+    for (int64_t i = from; i < to; ++i) {
+      p[i - from] = is_ln_weight ? T(1)
+                    : is_bias    ? T(0)
+                                 : T(stddev * CounterNormal(seed, id, uint64_t(i - t.offset)));
     }
   }
 }
 
+template <class T>
+void InitParameters(T* params, const ParameterLayout& layout, uint64_t seed) {
+  InitParameterRange(params, layout, seed, 0, layout.total());
+}
+
 template void InitParameters<float>(float*, const ParameterLayout&, uint64_t);
 template void InitParameters<double>(double*, const ParameterLayout&, uint64_t);
+template void InitParameterRange<float>(float*, const ParameterLayout&, uint64_t, int64_t, int64_t);
 
 }  // namespace meshtrain::model

@@ -55,6 +55,11 @@ class ParameterLayout {
 template <class T>
 void InitParameters(T* params, const ParameterLayout& layout, uint64_t seed);
 
+// Elements [begin, end) of the flat buffer InitParameters fills, into out[0, end - begin):
+// a shard initialises itself, and the full model never exists on one rank.
+template <class T>
+void InitParameterRange(T* out, const ParameterLayout& layout, uint64_t seed, int64_t begin, int64_t end);
+
 // The counter-based standard normal for (seed, tensor, element): the same value
 // whichever rank computes it.
 double CounterNormal(uint64_t seed, uint64_t tensor, uint64_t element);

@@ -1,5 +1,6 @@
 #include "worker/runtime/memory.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
@@ -8,8 +9,8 @@
 namespace meshtrain::runtime {
 
 const char* MemoryCategoryName(MemoryCategory category) {
-  static constexpr const char* kNames[kMemoryCategories] = {"params", "grads", "optimizer",
-                                                            "activations", "comm", "offload"};
+  static constexpr const char* kNames[kMemoryCategories] = {"params", "grads", "optimizer", "activations",
+                                                            "comm",   "offload", "gathered"};
   return kNames[size_t(category)];
 }
 
@@ -45,27 +46,34 @@ size_t CachingAllocator::RoundedSize(size_t bytes) {
 void* CachingAllocator::Allocate(size_t bytes, MemoryCategory category) {
   const size_t rounded = RoundedSize(bytes);
   void* ptr = nullptr;
-  {
-    std::lock_guard lock(mutex_);
-    auto it = cached_.find(rounded);
-    if (it != cached_.end() && !it->second.empty()) {
-      ptr = it->second.back();
-      it->second.pop_back();
-      cached_bytes_ -= rounded;
+  std::unique_lock lock(mutex_);
+  auto it = cached_.find(rounded);
+  if (it != cached_.end() && !it->second.empty()) {
+    ptr = it->second.back();
+    it->second.pop_back();
+    cached_bytes_ -= rounded;
+  } else {
+    if (limit_ > 0 && int64_t(live_bytes_ + cached_bytes_ + rounded) > limit_) {
+      for (auto& [size, blocks] : cached_) {
+        for (void* p : blocks) source_.free(p);
+      }
+      cached_.clear();
+      cached_bytes_ = 0;
     }
-  }
-  if (ptr == nullptr) {
+    if (limit_ > 0 && int64_t(live_bytes_ + rounded) > limit_) {
+      throw OutOfMemory(std::string("out of ") + source_.name + " memory: " + FormatMiB(int64_t(rounded)) + " for " +
+                        MemoryCategoryName(category) + " would pass the limit of " + FormatMiB(limit_) + ", with " +
+                        FormatMiB(int64_t(live_bytes_)) + " in use");
+    }
     ptr = source_.allocate(rounded);
     if (ptr == nullptr) {
-      throw OutOfMemory(std::string("out of ") + source_.name + " memory: " + std::to_string(rounded) +
-                        " bytes for " + MemoryCategoryName(category) + ", with " +
-                        std::to_string(accounting_->current_total()) + " bytes in use");
+      throw OutOfMemory(std::string("out of ") + source_.name + " memory: " + FormatMiB(int64_t(rounded)) + " for " +
+                        MemoryCategoryName(category) + ", with " + FormatMiB(int64_t(live_bytes_)) + " in use");
     }
   }
-  {
-    std::lock_guard lock(mutex_);
-    live_[ptr] = {rounded, category};
-  }
+  live_[ptr] = {rounded, category};
+  live_bytes_ += rounded;
+  lock.unlock();
   accounting_->Allocated(category, int64_t(rounded));
   return ptr;
 }
@@ -79,6 +87,7 @@ void CachingAllocator::Free(void* ptr) {
     if (it == live_.end()) throw std::invalid_argument("CachingAllocator::Free: pointer not allocated here");
     live = it->second;
     live_.erase(it);
+    live_bytes_ -= live.bytes;
     cached_[live.bytes].push_back(ptr);
     cached_bytes_ += live.bytes;
   }
@@ -97,6 +106,24 @@ void CachingAllocator::ReleaseCached() {
 size_t CachingAllocator::cached_bytes() const {
   std::lock_guard lock(mutex_);
   return cached_bytes_;
+}
+
+int64_t MemoryLimitFromEnvironment() {
+  const char* value = std::getenv("MESHTRAIN_MEMORY_LIMIT_MIB");
+  if (value == nullptr || *value == 0) return 0;
+  char* end = nullptr;
+  const long long mib = std::strtoll(value, &end, 10);
+  if (*end != 0 || mib < 0 || mib > (1ll << 30)) {
+    throw std::invalid_argument(std::string("MESHTRAIN_MEMORY_LIMIT_MIB: '") + value +
+                                "' is not a whole number of MiB");
+  }
+  return int64_t(mib) << 20;
+}
+
+std::string FormatMiB(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", double(bytes) / (1 << 20));
+  return text;
 }
 
 CachingAllocator::~CachingAllocator() {

@@ -24,8 +24,10 @@
 
 namespace meshtrain::runtime {
 
-enum class MemoryCategory { kParams, kGrads, kOptimizer, kActivations, kComm, kOffload };
-inline constexpr size_t kMemoryCategories = 6;
+// kGathered: the unsharded copies of FSDP units (parameters gathered for compute, and
+// their gradients before the reduce-scatter), which exist only while a unit is in use.
+enum class MemoryCategory { kParams, kGrads, kOptimizer, kActivations, kComm, kOffload, kGathered };
+inline constexpr size_t kMemoryCategories = 7;
 const char* MemoryCategoryName(MemoryCategory category);  // "params", "grads", ...
 
 // Where a CachingAllocator's blocks come from. `allocate` returns nullptr when out of memory.
@@ -64,10 +66,14 @@ class MemoryAccounting {
 
 // Blocks from `source`. Sizes are rounded up to 512 bytes below 1 MiB and to 2 MiB
 // above, and freed blocks are reused for requests of the same rounded size.
+//
+// With a limit, the blocks held (in use and cached) never exceed it: a request that
+// would pass it first returns the cache to the source, and if it still does not fit,
+// throws OutOfMemory naming the category, the request, what is in use and the limit.
 class CachingAllocator {
  public:
-  explicit CachingAllocator(MemoryAccounting* accounting, MemorySource source = HostMemory())
-      : accounting_(accounting), source_(source) {}
+  explicit CachingAllocator(MemoryAccounting* accounting, MemorySource source = HostMemory(), int64_t limit = 0)
+      : accounting_(accounting), source_(source), limit_(limit) {}
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
@@ -81,6 +87,7 @@ class CachingAllocator {
   size_t cached_bytes() const;
 
   static size_t RoundedSize(size_t bytes);
+  int64_t limit() const { return limit_; }
 
  private:
   struct Live {
@@ -89,11 +96,20 @@ class CachingAllocator {
   };
   MemoryAccounting* accounting_;
   MemorySource source_;
+  int64_t limit_;  // bytes; 0: none
   mutable std::mutex mutex_;
   std::unordered_map<void*, Live> live_;
   std::map<size_t, std::vector<void*>> cached_;
   size_t cached_bytes_ = 0;
+  size_t live_bytes_ = 0;
 };
+
+// The per-rank memory limit tests and small machines set with MESHTRAIN_MEMORY_LIMIT_MIB:
+// bytes, or 0 when unset. Throws std::invalid_argument naming a malformed value.
+int64_t MemoryLimitFromEnvironment();
+
+// "1.5 MiB"
+std::string FormatMiB(int64_t bytes);
 
 // An array of n T from a host CachingAllocator, zero-filled, returned to it on destruction.
 // Move-only. Not thread-safe.

@@ -10,11 +10,12 @@ void Event::Record(Stream& stream) {
     std::lock_guard lock(state_->mutex);
     generation = ++state_->recorded;
   }
-  stream.Enqueue([state = state_, generation] {
-    std::lock_guard lock(state->mutex);
-    state->completed = std::max(state->completed, generation);
-    state->reached.notify_all();
-  });
+  stream.Push({nullptr, [state = state_, generation](std::exception_ptr failure) {
+                  std::lock_guard lock(state->mutex);
+                  state->completed = std::max(state->completed, generation);
+                  state->error = failure;
+                  state->reached.notify_all();
+                }});
 }
 
 bool Event::Query() const {
@@ -39,7 +40,9 @@ Stream::~Stream() {
   thread_.join();
 }
 
-void Stream::Enqueue(std::function<void()> task) {
+void Stream::Enqueue(std::function<void()> task) { Push({std::move(task), nullptr}); }
+
+void Stream::Push(Task task) {
   {
     std::lock_guard lock(mutex_);
     queue_.push_back(std::move(task));
@@ -48,16 +51,21 @@ void Stream::Enqueue(std::function<void()> task) {
   changed_.notify_all();
 }
 
-void Stream::Wait(const Event& event) {
+void Stream::Wait(const Event& event, double* waited_seconds) {
   std::shared_ptr<Event::State> state = event.state_;
   uint64_t target;
   {
     std::lock_guard lock(state->mutex);
     target = state->recorded;
   }
-  Enqueue([state, target] {
+  Enqueue([state, target, waited_seconds] {
+    const auto start = std::chrono::steady_clock::now();
     std::unique_lock lock(state->mutex);
     state->reached.wait(lock, [&] { return state->completed >= target; });
+    if (waited_seconds != nullptr) {
+      *waited_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    if (state->error) std::rethrow_exception(state->error);
   });
 }
 
@@ -73,14 +81,16 @@ void Stream::Loop() {
   for (;;) {
     changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stopping, and drained
-    std::function<void()> task = std::move(queue_.front());
+    Task task = std::move(queue_.front());
     queue_.pop_front();
-    const bool skip = error_ != nullptr;
+    const std::exception_ptr failed = error_;
     lock.unlock();
     std::exception_ptr failure;
-    if (!skip) {
+    if (task.mark) {
+      task.mark(failed);
+    } else if (!failed) {
       try {
-        task();
+        task.run();
       } catch (...) {
         failure = std::current_exception();
       }

@@ -8,7 +8,9 @@
 // communication and copies on separate streams with these, on either device.
 //
 // Errors are sticky, as in CUDA: once a task throws, the stream skips the rest of its
-// queue and Synchronize() rethrows the first failure.
+// queue and Synchronize() rethrows the first failure. Events recorded on a failed
+// stream are still reached, carrying the failure, and a stream that waits on one fails
+// with it: one failed collective fails every stream ordered after it, and nothing hangs.
 // Thread-safety: all methods may be called from any thread.
 
 #pragma once
@@ -46,6 +48,7 @@ class Event {
     std::condition_variable reached;
     uint64_t recorded = 0;  // generation of the last Record()
     uint64_t completed = 0;  // highest generation reached
+    std::exception_ptr error;  // of the stream that reached it, if that stream had failed
   };
   std::shared_ptr<State> state_;
 };
@@ -61,18 +64,27 @@ class Stream {
   const std::string& name() const { return name_; }
 
   void Enqueue(std::function<void()> task);
-  // Later work on this stream waits until `event`'s current mark is reached.
-  void Wait(const Event& event);
+  // Later work on this stream waits until `event`'s current mark is reached. With
+  // `waited_seconds`, the stream's thread adds the time it spent blocked there (read it
+  // after a Synchronize).
+  void Wait(const Event& event, double* waited_seconds = nullptr);
   // Blocks until everything enqueued so far has run; rethrows a task's failure.
   void Synchronize();
 
  private:
+  friend class Event;
+  // A task that runs even on a failed stream, given its failure (null if none).
+  struct Task {
+    std::function<void()> run;
+    std::function<void(std::exception_ptr)> mark;
+  };
+  void Push(Task task);
   void Loop();
 
   std::string name_;
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::deque<std::function<void()>> queue_;
+  std::deque<Task> queue_;
   uint64_t enqueued_ = 0, finished_ = 0;
   std::exception_ptr error_;
   bool stopping_ = false;

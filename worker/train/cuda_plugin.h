@@ -23,7 +23,7 @@
 
 namespace meshtrain::train {
 
-inline constexpr int kCudaPluginAbi = 2;  // bumped whenever CudaPlugin changes
+inline constexpr int kCudaPluginAbi = 3;  // bumped whenever CudaPlugin changes
 inline constexpr const char* kCudaPluginEntry = "MeshtrainCudaPlugin";  // extern "C" const CudaPlugin* ()
 inline constexpr const char* kCudaPluginFile = "libmeshtrain-cuda.so";
 

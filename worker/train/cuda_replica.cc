@@ -36,8 +36,9 @@ class CudaReplica final : public Replica {
   void ZeroGrad() override { model_.ZeroGrad(); }
 
   // Through pinned host memory, so any communicator (the fabric one reads host memory) serves.
-  void AverageGradients(comm::Communicator& group) override {
-    if (group.size() == 1) return;
+  void ReduceGradients(comm::Communicator* data_parallel) override {
+    if (data_parallel == nullptr || data_parallel->size() == 1) return;
+    comm::Communicator& group = *data_parallel;
     const size_t count = size_t(model_.layout().total());
     if (staging_ == nullptr) {
       staging_ = static_cast<float*>(pinned_.Allocate(count * sizeof(float), runtime::MemoryCategory::kComm));
@@ -64,6 +65,7 @@ class CudaReplica final : public Replica {
   }
 
   std::vector<float> Weights() override { return model_.MasterWeights(); }
+  std::string Describe() const override { return "the whole model in bf16 with fp32 master weights, replicated"; }
 
  private:
   int device_index_;

@@ -1,9 +1,12 @@
-// One rank's copy of the model with its optimizer state, on one device: what the
-// Trainer drives, so that one training loop serves the CPU (fp32) and CUDA (bf16
-// compute, fp32 master weights) alike (DESIGN.md, "Engine" and "Mixed precision").
+// One rank's part of the model with its optimizer state, on one device: what the
+// Trainer drives, so that one training loop serves every layout and device (DESIGN.md,
+// "Engine" and "Mixed precision"). On the CPU it is the sharded engine
+// (parallel/engine.h), replicated training being its case S = 1; on CUDA it is still a
+// whole bf16 replica (fp32 master weights) whose gradients are averaged through host
+// memory: the CUDA units of the sharded engine are yet to come.
 //
-// A step is ZeroGrad, then Forward/Backward per micro-batch, then AverageGradients
-// over the data-parallel group, GradNorm, and Update. Token arrays are host memory.
+// A step is ZeroGrad, then Forward/Backward per micro-batch, then ReduceGradients,
+// GradNorm, and Update. Token arrays are host memory.
 // Not thread-safe: one Replica is driven from one thread.
 
 #pragma once
@@ -27,6 +30,12 @@ struct OptimizerStep {
   int64_t t = 1;           // steps taken, this one included
 };
 
+// Seconds spent in collectives since the start, by operation, and the part of them the
+// compute stream waited for (exposed communication).
+struct CommStats {
+  double all_gather = 0, reduce_scatter = 0, all_reduce = 0, exposed = 0;
+};
+
 class Replica {
  public:
   virtual ~Replica() = default;
@@ -37,24 +46,30 @@ class Replica {
   // grads += loss_scale * d(mean loss)/d(params) of the last Forward.
   virtual void Backward(float loss_scale) = 0;
   virtual void ZeroGrad() = 0;
-  // Replaces the gradients by their mean over `group`; every member calls it.
-  virtual void AverageGradients(comm::Communicator& group) = 0;
-  // The global L2 norm of the gradients.
+  // After the last micro-batch, on every rank: completes the mean of the gradients over
+  // the data-parallel ranks, `data_parallel` (null for one rank). The sharded engine
+  // reduces over its own mesh and ignores it.
+  virtual void ReduceGradients(comm::Communicator* data_parallel) = 0;
+  // The global L2 norm of the gradients (collective on every rank).
   virtual double GradNorm() = 0;
   // Clips the gradients to step.max_norm and takes one AdamW step.
   virtual void Update(const OptimizerStep& step) = 0;
   // Probabilities (V) of the token that follows tokens[0..n).
   virtual std::vector<float> NextTokenProbabilities(const int32_t* tokens, int n) = 0;
-  // The fp32 weights the optimizer updates (the master copy on CUDA), in ParameterLayout order.
+  // The fp32 weights the optimizer updates (the master copy on CUDA), whole, in
+  // ParameterLayout order; collective on every rank.
   virtual std::vector<float> Weights() = 0;
+  virtual CommStats comm_stats() const { return {}; }
+  // How the model is laid out on this rank, for the startup lines.
+  virtual std::string Describe() const = 0;
 };
 
-// A replica of `shape` on `device`, for micro-batches of batch x seq tokens, initialised
-// by InitParameters(seed). Memory is counted in `accounting` (device memory on CUDA).
-// Throws std::invalid_argument for a CUDA device when the CUDA plugin cannot be loaded,
-// and runtime::cuda::CudaError (a std::runtime_error) for a device that does not exist.
-std::unique_ptr<Replica> MakeReplica(runtime::Device device, const api::ModelShape& shape, int batch, int seq,
-                                     uint64_t seed, runtime::MemoryAccounting* accounting);
+// A whole bf16 replica of `shape` on CUDA device `device`, for micro-batches of batch x
+// seq tokens, initialised by InitParameters(seed); device memory is counted in
+// `accounting`. Throws std::invalid_argument when the CUDA plugin cannot be loaded, and
+// runtime::cuda::CudaError (a std::runtime_error) for a device that does not exist.
+std::unique_ptr<Replica> MakeCudaReplica(int device, const api::ModelShape& shape, int batch, int seq, uint64_t seed,
+                                         runtime::MemoryAccounting* accounting);
 
 // Devices the CUDA plugin sees. 0, with *why saying why, when there are none: no CUDA in
 // this build, a plugin that does not load, or no device.

@@ -7,6 +7,7 @@
 
 #include "api/layout.h"
 #include "api/model_shape.h"
+#include "worker/parallel/engine.h"
 #include "worker/train/schedule.h"
 
 namespace meshtrain::train {
@@ -26,13 +27,38 @@ const api::TrainingJob& RequireSupportedLayout(const api::TrainingJob& job, int 
   return job;
 }
 
+// The data-parallel rank of world rank `rank`: ranks of one TP group read the same samples.
+int DataParallelRank(const api::TrainingJob& job, int rank) {
+  const api::ParallelLayout layout = api::ParallelLayout::ForSpec(job.spec);
+  const api::LayoutCoord at = layout.CoordOf(rank);
+  return at.replica * layout.shard() + at.shard;
+}
+
+std::unique_ptr<Replica> MakeModel(const api::TrainingJob& job, comm::Communicator* world, runtime::Device device,
+                                   int batch, int seq, runtime::MemoryAccounting* accounting) {
+  const api::ModelShape shape = api::ShapeOf(job.spec.model);
+  const uint64_t seed = uint64_t(job.spec.training.seed);
+  if (device.is_cuda()) return MakeCudaReplica(device.index, shape, batch, seq, seed, accounting);
+  auto mesh = std::make_shared<const parallel::Mesh>(api::ParallelLayout::ForSpec(job.spec), world);
+  return std::make_unique<parallel::ShardedEngine>(shape, std::move(mesh), batch, seq, seed, accounting,
+                                                   runtime::MemoryLimitFromEnvironment());
+}
+
 }  // namespace
 
 void CheckTrainable(const api::TrainingJob& job, int rank, int ranks) {
   RequireSupportedLayout(job, ranks);
+  runtime::MemoryLimitFromEnvironment();
   const int batch = int(job.spec.training.micro_batch_size), seq = int(*job.spec.model.seq_len);
-  DataLoader train(job.spec.data.train, batch, seq, rank, ranks);
-  if (!job.spec.data.validation.empty()) DataLoader validation(job.spec.data.validation, batch, seq, rank, ranks);
+  const int dp_rank = DataParallelRank(job, rank), dp_size = api::ParallelLayout::ForSpec(job.spec).data_parallel();
+  DataLoader train(job.spec.data.train, batch, seq, dp_rank, dp_size);
+  if (!job.spec.data.validation.empty()) DataLoader validation(job.spec.data.validation, batch, seq, dp_rank, dp_size);
+}
+
+std::string FormatMemory(const MemoryReport& m) {
+  return "params " + runtime::FormatMiB(m.params) + ", grads " + runtime::FormatMiB(m.grads) + ", optimizer " +
+         runtime::FormatMiB(m.optimizer) + ", activations " + runtime::FormatMiB(m.activations) + ", gathered " +
+         runtime::FormatMiB(m.gathered);
 }
 
 std::string FormatStepReport(const StepReport& r) {
@@ -46,20 +72,19 @@ std::string FormatStepReport(const StepReport& r) {
   return line;
 }
 
-Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* data_parallel, runtime::Device device)
-    : job_(RequireSupportedLayout(job, data_parallel ? data_parallel->size() : 1)),
-      data_parallel_(data_parallel),
+Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime::Device device)
+    : job_(RequireSupportedLayout(job, world ? world->size() : 1)),
+      world_(world),
       batch_(int(job.spec.training.micro_batch_size)),
       seq_(int(*job.spec.model.seq_len)),
       micro_steps_(api::AccumulationSteps(job.spec)),
       tokens_per_step_(job.spec.training.global_batch_tokens),
-      replica_(MakeReplica(device, api::ShapeOf(job.spec.model), batch_, seq_, uint64_t(job.spec.training.seed),
-                           &accounting_)),
-      train_(job.spec.data.train, batch_, seq_, data_parallel ? data_parallel->rank() : 0,
-             data_parallel ? data_parallel->size() : 1) {
+      replica_(MakeModel(job, world, device, batch_, seq_, &accounting_)),
+      train_(job.spec.data.train, batch_, seq_, DataParallelRank(job, world ? world->rank() : 0),
+             api::ParallelLayout::ForSpec(job.spec).data_parallel()) {
   if (!job.spec.data.validation.empty()) {
-    validation_.emplace(job.spec.data.validation, batch_, seq_, data_parallel ? data_parallel->rank() : 0,
-                        data_parallel ? data_parallel->size() : 1);
+    validation_.emplace(job.spec.data.validation, batch_, seq_, DataParallelRank(job, world ? world->rank() : 0),
+                        api::ParallelLayout::ForSpec(job.spec).data_parallel());
   }
   inputs_.resize(size_t(batch_) * seq_);
   targets_.resize(size_t(batch_) * seq_);
@@ -70,6 +95,7 @@ StepReport Trainer::Step() {
   const api::TrainingSpec& t = job_.spec.training;
   StepReport report;
   report.steps = t.steps;
+  const CommStats comm_before = replica_->comm_stats();
   replica_->ZeroGrad();
   double loss = 0;
   for (int64_t micro = 0; micro < micro_steps_; ++micro) {
@@ -77,7 +103,7 @@ StepReport Trainer::Step() {
     loss += replica_->Forward(inputs_.data(), targets_.data(), batch_, seq_);
     replica_->Backward(1.0f / float(micro_steps_));
   }
-  if (data_parallel_ != nullptr) replica_->AverageGradients(*data_parallel_);
+  replica_->ReduceGradients(world_);
   report.loss = Average(loss / double(micro_steps_));
   report.grad_norm = replica_->GradNorm();
   report.learning_rate = LearningRate(t, step_);
@@ -89,6 +115,9 @@ StepReport Trainer::Step() {
   update.t = step_;
   replica_->Update(update);
   report.step = step_;
+  const CommStats comm_after = replica_->comm_stats();
+  report.comm = {comm_after.all_gather - comm_before.all_gather, comm_after.reduce_scatter - comm_before.reduce_scatter,
+                 comm_after.all_reduce - comm_before.all_reduce, comm_after.exposed - comm_before.exposed};
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report.seconds = seconds;
   report.tokens_per_second = double(tokens_per_step_) / seconds;
@@ -96,9 +125,9 @@ StepReport Trainer::Step() {
 }
 
 double Trainer::Average(double value) {
-  if (data_parallel_ == nullptr || data_parallel_->size() == 1) return value;
-  float mean = float(value);  // a loss: fp32 is precise enough
-  data_parallel_->AllReduce(&mean, &mean, 1, comm::DataType::kFloat32, comm::ReduceOp::kAverage)->Wait();
+  if (world_ == nullptr || world_->size() == 1) return value;
+  float mean = float(value);  // a loss, equal on the ranks of a TP group: fp32 is precise enough
+  world_->AllReduce(&mean, &mean, 1, comm::DataType::kFloat32, comm::ReduceOp::kAverage)->Wait();
   return mean;
 }
 
@@ -152,7 +181,8 @@ std::vector<uint32_t> Trainer::Sample(const std::vector<uint32_t>& prompt, int t
 MemoryReport Trainer::memory() const {
   using runtime::MemoryCategory;
   return {accounting_.peak(MemoryCategory::kParams), accounting_.peak(MemoryCategory::kGrads),
-          accounting_.peak(MemoryCategory::kOptimizer), accounting_.peak(MemoryCategory::kActivations)};
+          accounting_.peak(MemoryCategory::kOptimizer), accounting_.peak(MemoryCategory::kActivations),
+          accounting_.peak(MemoryCategory::kGathered)};
 }
 
 }  // namespace meshtrain::train

@@ -4,12 +4,12 @@
 // Replica: fp32 on the CPU, where the same seed gives bitwise-identical losses run
 // after run, or bf16 compute with fp32 master weights on a CUDA device.
 //
-// With a data-parallel communicator, every rank holds the whole model, reads its own
-// slice of each global batch, and averages gradients (and losses) over the group
-// before the optimizer step, so all replicas stay identical and the run matches the
-// single-rank run of the same global batch up to summation order. This stands in for
-// the sharded engine of DESIGN.md (parallel/): hybridShardDegree is honoured
-// numerically but parameters are replicated, and tensorParallelDegree must be 1.
+// With a world communicator, every data-parallel rank reads its own slice of each
+// global batch. On the CPU the model is the sharded engine (parallel/engine.h): units
+// split over shard groups of hybridShardDegree ranks, gradients reduce-scattered and
+// averaged over replicas, so the run matches the single-rank run of the same global
+// batch up to summation order. On CUDA every rank still holds the whole model and
+// averages gradients through host memory. tensorParallelDegree must be 1.
 // Not thread-safe: one Trainer drives its model from one thread.
 
 #pragma once
@@ -39,6 +39,7 @@ struct StepReport {
   double tokens_per_second = 0;  // of the whole job
   double seconds = 0;            // wall time of the step
   std::optional<double> validation_loss;  // on evaluation steps
+  CommStats comm;  // seconds in collectives during the step, and the exposed part
 };
 
 // "step    12/300 | loss 3.1234 | lr 3.00e-03 | norm 1.234 | 14000 tok/s[ | val loss 3.0123]"
@@ -46,8 +47,11 @@ std::string FormatStepReport(const StepReport& report);
 
 // Peak bytes held, by the categories of DESIGN.md's memory accounting.
 struct MemoryReport {
-  int64_t params = 0, grads = 0, optimizer = 0, activations = 0;
+  int64_t params = 0, grads = 0, optimizer = 0, activations = 0, gathered = 0;
 };
+
+// "params 1.2 MiB, grads 1.2 MiB, optimizer 2.4 MiB, activations 9.0 MiB, gathered 0.8 MiB"
+std::string FormatMemory(const MemoryReport& memory);
 
 // Throws what Trainer's constructor would for `job` on `ranks` ranks (as data-parallel
 // rank `rank`): std::invalid_argument for a layout it cannot run, TokenFileError or
@@ -57,12 +61,15 @@ void CheckTrainable(const api::TrainingJob& job, int rank, int ranks);
 
 class Trainer {
  public:
-  // REQUIRES: `job` is defaulted and valid; `data_parallel`, if given, is the job's
-  // world and outlives the Trainer. Trains on `device` (ChooseDevice picks it from the
-  // job's precision). Throws std::invalid_argument for a job this trainer cannot run
-  // (tensor parallelism, or a world other than the communicator's), TokenFileError for
-  // bad data, runtime::cuda::CudaError for a CUDA device that cannot be used.
-  explicit Trainer(const api::TrainingJob& job, comm::Communicator* data_parallel = nullptr,
+  // REQUIRES: `job` is defaulted and valid; `world`, if given, is the job's world and
+  // outlives the Trainer; every rank constructs its Trainer at the same point (the
+  // shard and replica groups form here). Trains on `device` (ChooseDevice picks it from
+  // the job's precision), on the CPU within $MESHTRAIN_MEMORY_LIMIT_MIB if set. Throws
+  // std::invalid_argument for a job this trainer cannot run (tensor parallelism, a
+  // world other than the communicator's, a malformed limit), TokenFileError for bad
+  // data, runtime::OutOfMemory when the limit is too small, runtime::cuda::CudaError
+  // for a CUDA device that cannot be used.
+  explicit Trainer(const api::TrainingJob& job, comm::Communicator* world = nullptr,
                    runtime::Device device = runtime::Device::Cpu());
 
   // Trains for spec.training.steps, calling `report` after every step.
@@ -82,15 +89,19 @@ class Trainer {
   const runtime::MemoryAccounting& accounting() const { return accounting_; }
   int64_t tokens_per_step() const { return tokens_per_step_; }
   runtime::Device device() const { return replica_->device(); }
-  // The fp32 weights (the master copy on CUDA), in ParameterLayout order.
+  // The fp32 weights (the master copy on CUDA), whole, in ParameterLayout order;
+  // collective: every rank calls it.
   std::vector<float> Weights() { return replica_->Weights(); }
+  // How the model is laid out on this rank.
+  std::string Describe() const { return replica_->Describe(); }
+  Replica& model() { return *replica_; }
 
  private:
   // The mean of `value` over the data-parallel ranks.
   double Average(double value);
 
   api::TrainingJob job_;
-  comm::Communicator* data_parallel_;
+  comm::Communicator* world_;
   int batch_, seq_;
   int64_t micro_steps_, tokens_per_step_;
   runtime::MemoryAccounting accounting_;

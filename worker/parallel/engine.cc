@@ -1,0 +1,250 @@
+#include "worker/parallel/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+namespace meshtrain::parallel {
+
+const char* OpName(Op op) {
+  switch (op) {
+    case Op::kGather: return "gather";
+    case Op::kForward: return "forward";
+    case Op::kBackward: return "backward";
+    case Op::kReduceScatter: return "reduce-scatter";
+  }
+  return "?";
+}
+
+ShardedEngine::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<const Mesh> mesh, int batch, int seq,
+                             uint64_t seed, runtime::MemoryAccounting* accounting, int64_t memory_limit)
+    : layout_(shape),
+      mesh_(std::move(mesh)),
+      batch_(batch),
+      seq_(seq),
+      allocator_(accounting, runtime::HostMemory(), memory_limit) {
+  if (seq > shape.seq_len) throw std::invalid_argument("sequence longer than the model's seqLen");
+  for (int u = 0; u < layout_.units(); ++u) {
+    units_.push_back(std::make_unique<FlatUnit>(layout_, u, mesh_->shard_size(), mesh_->shard_rank(), seed, &allocator_));
+  }
+  grads_done_.resize(units_.size());
+  acts_buffer_ = runtime::Buffer<float>(&allocator_, size_t(model::ModelActivations<float>::Size(batch, seq, shape)),
+                                        runtime::MemoryCategory::kActivations);
+  acts_ = model::ModelActivations<float>::At(acts_buffer_.data(), batch, seq, shape);
+}
+
+ShardedEngine::~ShardedEngine() {
+  // The streams' threads must not outlive the units and buffers their tasks touch.
+  try {
+    Drain();
+  } catch (...) {  // already reported by the call that failed
+  }
+}
+
+void ShardedEngine::Drain() {
+  std::exception_ptr failure;
+  for (runtime::Stream* stream : {&compute_, &comm_}) {
+    try {
+      stream->Synchronize();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
+template <class F>
+void ShardedEngine::Compute(Op op, int unit, F&& f) {
+  compute_.Enqueue([this, op, unit, f = std::forward<F>(f)] {
+    if (observer_) observer_->Begin(op, unit);
+    f();
+    if (observer_) observer_->End(op, unit);
+  });
+}
+
+void ShardedEngine::GatherBlock(int l) {
+  FlatUnit& unit = Block(l);
+  comm_.Wait(slot_free_[l % 2]);
+  comm_.Enqueue([this, u = unit.index()] {
+    const int now = ++unsharded_blocks_;
+    int peak = peak_unsharded_blocks_.load();
+    while (now > peak && !peak_unsharded_blocks_.compare_exchange_weak(peak, now)) {
+    }
+    if (observer_) observer_->Begin(Op::kGather, u);
+  });
+  unit.Gather(mesh_->shard(), comm_, &comm_seconds_);
+  comm_.Enqueue([this, u = unit.index()] {
+    if (observer_) observer_->End(Op::kGather, u);
+  });
+}
+
+void ShardedEngine::ReleaseBlock(int l) {
+  Block(l).FreeParams(compute_);
+  compute_.Enqueue([this] { --unsharded_blocks_; });
+  slot_free_[l % 2].Record(compute_);
+}
+
+double ShardedEngine::Forward(const int32_t* inputs, const int32_t* targets, int B, int Tn) {
+  const api::ModelShape& s = layout_.shape();
+  if (B > batch_ || Tn > seq_) throw std::invalid_argument("micro-batch larger than the model was sized for");
+  for (int i = 0; i < B * Tn; ++i) {
+    if (inputs[i] < 0 || inputs[i] >= s.vocab_size || (targets && (targets[i] < 0 || targets[i] >= s.vocab_size))) {
+      throw std::out_of_range("token id outside the vocabulary");
+    }
+  }
+  B_ = B, Tn_ = Tn;
+  inputs_.assign(inputs, inputs + B * Tn);
+  if (targets) targets_.assign(targets, targets + B * Tn);
+  else targets_.clear();
+  const model::Dims d{B, Tn, int(s.hidden), int(s.heads), int(s.vocab_size)};
+  const int L = int(s.layers);
+  FlatUnit& root = *units_[0];
+  root.Gather(mesh_->shard(), comm_, &comm_seconds_);
+  GatherBlock(0);
+  compute_.Wait(root.ready(), &exposed_seconds_);
+  Compute(Op::kForward, 0, [this, &root, d] {
+    model::EmbedForward(acts_.encoded, inputs_.data(), model::RootParams<const float>::At(root.params(), layout_), d);
+  });
+  for (int l = 0; l < L; ++l) {
+    if (l + 1 < L) GatherBlock(l + 1);
+    FlatUnit& unit = Block(l);
+    compute_.Wait(unit.ready(), &exposed_seconds_);
+    Compute(Op::kForward, unit.index(), [this, &unit, l, d] {
+      model::BlockForward(acts_.blocks[size_t(l)], acts_.Input(l),
+                          model::BlockParams<const float>::At(unit.params(), layout_), d);
+    });
+    ReleaseBlock(l);
+  }
+  Compute(Op::kForward, 0, [this, &root, d] {
+    loss_ = model::HeadForward(acts_.head, acts_.blocks.back().residual3,
+                               model::RootParams<const float>::At(root.params(), layout_),
+                               targets_.empty() ? nullptr : targets_.data(), d);
+  });
+  root.FreeParams(compute_);
+  Drain();
+  return loss_;
+}
+
+void ShardedEngine::Backward(float loss_scale) {
+  if (targets_.empty()) throw std::logic_error("Backward needs a Forward with targets");
+  norm_current_ = false;
+  const api::ModelShape& s = layout_.shape();
+  const model::Dims d{B_, Tn_, int(s.hidden), int(s.heads), int(s.vocab_size)};
+  const int L = int(s.layers);
+  const int64_t btc = int64_t(B_) * Tn_ * s.hidden;
+  FlatUnit& root = *units_[0];
+  root.Gather(mesh_->shard(), comm_, &comm_seconds_);
+  GatherBlock(L - 1);
+  compute_.Wait(root.ready(), &exposed_seconds_);
+  // dresidual[out] holds the gradient of the current block's output, dresidual[in] of its input.
+  int out = 0;
+  Compute(Op::kBackward, 0, [this, &root, d, btc, out, loss_scale] {
+    root.AllocateGrads();
+    std::fill(acts_.dresidual[out], acts_.dresidual[out] + btc, 0.0f);
+    model::HeadBackward(model::RootParams<float>::At(root.grads(), layout_), acts_.dresidual[out], acts_.dhead,
+                        acts_.head, acts_.blocks.back().residual3,
+                        model::RootParams<const float>::At(root.params(), layout_), targets_.data(), loss_scale, d);
+  });
+  for (int l = L - 1; l >= 0; --l) {
+    if (l > 0) GatherBlock(l - 1);
+    FlatUnit& unit = Block(l);
+    const int in = 1 - out;
+    compute_.Wait(unit.ready(), &exposed_seconds_);
+    Compute(Op::kBackward, unit.index(), [this, &unit, l, d, btc, in, out] {
+      unit.AllocateGrads();
+      std::fill(acts_.dresidual[in], acts_.dresidual[in] + btc, 0.0f);
+      model::BlockBackward(model::BlockParams<float>::At(unit.grads(), layout_), acts_.dresidual[in], acts_.dblock,
+                           acts_.dresidual[out], acts_.blocks[size_t(l)], acts_.Input(l),
+                           model::BlockParams<const float>::At(unit.params(), layout_), d);
+    });
+    ReleaseBlock(l);
+    grads_done_[size_t(unit.index())].Record(compute_);
+    comm_.Wait(grads_done_[size_t(unit.index())]);
+    comm_.Enqueue([this, u = unit.index()] {
+      if (observer_) observer_->Begin(Op::kReduceScatter, u);
+    });
+    unit.ReduceGrads(mesh_->shard(), comm_, &comm_seconds_);
+    comm_.Enqueue([this, u = unit.index()] {
+      if (observer_) observer_->End(Op::kReduceScatter, u);
+    });
+    out = in;
+  }
+  Compute(Op::kBackward, 0, [this, &root, d, out] {
+    model::EmbedBackward(model::RootParams<float>::At(root.grads(), layout_), acts_.dresidual[out], inputs_.data(), d);
+  });
+  root.FreeParams(compute_);
+  grads_done_[0].Record(compute_);
+  comm_.Wait(grads_done_[0]);
+  root.ReduceGrads(mesh_->shard(), comm_, &comm_seconds_);
+  Drain();
+}
+
+void ShardedEngine::ZeroGrad() {
+  norm_current_ = false;
+  for (auto& unit : units_) unit->ZeroShardGrads();
+}
+
+void ShardedEngine::ReduceGradients(comm::Communicator*) {
+  norm_current_ = false;
+  for (auto& unit : units_) unit->AllReduceReplicas(mesh_->replica(), comm_, &comm_seconds_);
+  Drain();
+}
+
+double ShardedEngine::GradNorm() {
+  if (!norm_current_) {
+    double squares = 0;
+    for (auto& unit : units_) squares += unit->ShardGradSquares();
+    if (comm::Communicator* shard = mesh_->shard()) {
+      // Each rank's squares are one term of the sum; fp32 carries the norm well enough to clip by.
+      float partial = float(squares);
+      shard->AllReduce(&partial, &partial, 1, comm::DataType::kFloat32, comm::ReduceOp::kSum)->Wait();
+      squares = partial;
+    }
+    norm_ = std::sqrt(squares);
+    norm_current_ = true;
+  }
+  return norm_;
+}
+
+void ShardedEngine::Update(const train::OptimizerStep& step) {
+  const double norm = GradNorm();
+  const float clip = step.max_norm > 0 && norm > step.max_norm ? float(step.max_norm / norm) : 1.0f;
+  for (auto& unit : units_) unit->Update(step, clip);
+  norm_current_ = false;
+}
+
+std::vector<float> ShardedEngine::NextTokenProbabilities(const int32_t* tokens, int n) {
+  Forward(tokens, nullptr, 1, n);
+  const int64_t V = layout_.shape().vocab_size;
+  const float* probs = acts_.head.probs + int64_t(n - 1) * V;
+  return std::vector<float>(probs, probs + V);
+}
+
+std::vector<float> ShardedEngine::Weights() {
+  std::vector<float> weights(size_t(layout_.total()));
+  for (auto& unit : units_) {
+    unit->Gather(mesh_->shard(), comm_, &comm_seconds_);
+    Drain();
+    std::memcpy(weights.data() + unit->begin(), unit->params(), size_t(unit->numel()) * sizeof(float));
+    unit->FreeParams(comm_);
+  }
+  Drain();
+  return weights;
+}
+
+train::CommStats ShardedEngine::comm_stats() const {
+  train::CommStats stats = comm_seconds_;
+  stats.exposed = exposed_seconds_;
+  return stats;
+}
+
+std::string ShardedEngine::Describe() const {
+  const int S = mesh_->shard_size();
+  return "fp32 FSDP, " + mesh_->Describe() + "; " + std::to_string(units_.size()) + " units" +
+         (S == 1 ? ", each whole on this rank" : ", each split in " + std::to_string(S) + " shards of " +
+                                                     std::to_string(units_[1 % units_.size()]->shard_numel()) +
+                                                     " elements (a block)");
+}
+
+}  // namespace meshtrain::parallel

@@ -1,0 +1,113 @@
+// The sharded engine (DESIGN.md, "Engine"): FSDP with hybrid sharding on the CPU, the
+// schedule written once over streams and events, driven by the Trainer through the
+// Replica interface. Replicated training is its case S = 1.
+//
+// Units: the root (embeddings, final LayerNorm) and one per block, each a FlatUnit.
+//   Forward: the root is gathered for the whole forward; while block l computes, the
+//     gather of block l+1 runs on the comm stream; a block is freed after its forward.
+//     Block gathers take turns in two slots, and a slot is reused only after the compute
+//     stream has freed its last unit, so at most two blocks are ever unsharded.
+//   Backward: the same gathers in reverse; when a unit's backward ends, its gradients
+//     are reduce-scattered on the comm stream (overlapping the next unit's backward)
+//     and added to the fp32 shard gradients, so micro-batches accumulate.
+//   ReduceGradients (after the last micro-batch): the shard gradients are averaged over
+//     the replica group, unit by unit, pipelined on the comm stream.
+//   GradNorm sums squares over the shard group only (replicas hold equal shards);
+//     clipping and AdamW run on the shards.
+// Forward and Backward return when both streams have drained, so the host reads results
+// without other synchronisation; inside them only events order the work.
+//
+// Thread-safety: one thread drives an engine. An observer is called on the stream threads.
+
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/model/blocks.h"
+#include "worker/parallel/flat_unit.h"
+#include "worker/parallel/mesh.h"
+#include "worker/runtime/memory.h"
+#include "worker/runtime/stream.h"
+#include "worker/train/replica.h"
+
+namespace meshtrain::parallel {
+
+// What a schedule observer sees: each operation on a unit as it begins and ends, on
+// the stream that runs it (gathers and reduce-scatters on comm, the math on compute).
+enum class Op { kGather, kForward, kBackward, kReduceScatter };
+const char* OpName(Op op);
+
+class ScheduleObserver {
+ public:
+  virtual ~ScheduleObserver() = default;
+  virtual void Begin(Op op, int unit) = 0;
+  virtual void End(Op op, int unit) = 0;
+};
+
+class ShardedEngine final : public train::Replica {
+ public:
+  // The model of `shape` for micro-batches of batch x seq, sharded as `mesh` says,
+  // memory from an allocator counting into `accounting` under `memory_limit` bytes (0:
+  // none). Each rank initialises only its shards from `seed`. Throws
+  // runtime::OutOfMemory when the limit is too small.
+  ShardedEngine(const api::ModelShape& shape, std::shared_ptr<const Mesh> mesh, int batch, int seq, uint64_t seed,
+                runtime::MemoryAccounting* accounting, int64_t memory_limit = 0);
+  ~ShardedEngine() override;
+
+  runtime::Device device() const override { return runtime::Device::Cpu(); }
+  double Forward(const int32_t* inputs, const int32_t* targets, int B, int T) override;
+  void Backward(float loss_scale) override;
+  void ZeroGrad() override;
+  void ReduceGradients(comm::Communicator* data_parallel) override;
+  double GradNorm() override;
+  void Update(const train::OptimizerStep& step) override;
+  std::vector<float> NextTokenProbabilities(const int32_t* tokens, int n) override;
+  // Collective over the shard group: every member calls it.
+  std::vector<float> Weights() override;
+  train::CommStats comm_stats() const override;
+  std::string Describe() const override;
+
+  // For tests: called on the stream threads from now on (null: none).
+  void set_observer(ScheduleObserver* observer) { observer_ = observer; }
+  // The most block units unsharded at once so far.
+  int peak_unsharded_blocks() const { return peak_unsharded_blocks_.load(); }
+  const std::vector<std::unique_ptr<FlatUnit>>& units() const { return units_; }
+
+ private:
+  FlatUnit& Block(int l) { return *units_[size_t(l) + 1]; }
+  // Gathers block l into slot l % 2 once the slot's last unit is freed.
+  void GatherBlock(int l);
+  // Frees block l's parameters after what the compute stream has queued, freeing its slot.
+  void ReleaseBlock(int l);
+  // Runs `f` on the compute stream between the observer's Begin and End of (op, unit).
+  template <class F>
+  void Compute(Op op, int unit, F&& f);
+  void Drain();
+
+  model::ParameterLayout layout_;
+  std::shared_ptr<const Mesh> mesh_;
+  int batch_, seq_;
+  runtime::CachingAllocator allocator_;
+  std::vector<std::unique_ptr<FlatUnit>> units_;
+  runtime::Buffer<float> acts_buffer_;
+  model::ModelActivations<float> acts_;
+  std::vector<int32_t> inputs_, targets_;
+  int B_ = 0, Tn_ = 0;
+  double loss_ = 0;
+  bool norm_current_ = false;
+  double norm_ = 0;
+
+  runtime::Stream compute_{"compute"}, comm_{"comm"};
+  runtime::Event slot_free_[2];
+  std::vector<runtime::Event> grads_done_;  // per unit: its backward has ended
+  train::CommStats comm_seconds_;  // written on the comm stream
+  double exposed_seconds_ = 0;  // the compute stream blocked on communication
+  ScheduleObserver* observer_ = nullptr;
+  std::atomic<int> unsharded_blocks_{0}, peak_unsharded_blocks_{0};
+};
+
+}  // namespace meshtrain::parallel
