@@ -70,12 +70,6 @@ int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std:
   return result.status == 0 ? kExitOk : result.status;
 }
 
-std::string MiB(int64_t bytes) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%.1f MiB", double(bytes) / (1 << 20));
-  return buffer;
-}
-
 }  // namespace
 
 int RunCommand(const RunOptions& options, std::ostream& out) {
@@ -108,10 +102,11 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
     out << job.Where() << ": " << e.what() << "\n";
     return kExitInvalid;
   }
-  const train::MemoryReport memory = trainer->memory();
-  out << "  memory (" << where.device.ToString() << "): params " << MiB(memory.params) << ", grads " << MiB(memory.grads) << ", optimizer "
-      << MiB(memory.optimizer) << ", activations " << MiB(memory.activations) << "\n";
-  trainer->Run([&](const train::StepReport& r) { out << train::FormatStepReport(r) << std::endl; });
+  out << "  model: " << trainer->Describe() << "\n";
+  trainer->Run([&](const train::StepReport& r) {
+    out << train::FormatStepReport(r) << std::endl;
+    if (r.step == 1) out << "memory (" << where.device.ToString() << "): " << train::FormatMemory(trainer->memory()) << "\n";
+  });
   const std::vector<uint32_t> prompt = {'\n'};
   const std::string sample = train::TokensToText(trainer->Sample(prompt, options.sample_tokens, 1));
   out << "sample:\n" << sample << "\n";

@@ -100,6 +100,51 @@ TEST(Stream, ErrorsAreStickyAndRethrown) {
   EXPECT_THROW(stream.Synchronize(), std::runtime_error);
 }
 
+// A failed collective on the comm stream must fail the compute stream that waits on it,
+// not leave it blocked on an event that would never be reached.
+TEST(Event, CarriesAFailureToTheStreamsThatWaitOnIt) {
+  Stream comm("comm"), compute("compute");
+  Event gathered;
+  comm.Enqueue([] { throw std::runtime_error("all_gather failed"); });
+  gathered.Record(comm);
+  compute.Wait(gathered);
+  bool ran = false;
+  compute.Enqueue([&] { ran = true; });
+  EXPECT_TRUE(gathered.Synchronize(std::chrono::seconds(10)));
+  try {
+    compute.Synchronize();
+    FAIL() << "the waiting stream did not fail";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "all_gather failed");
+  }
+  EXPECT_FALSE(ran);
+  // Recorded again on a healthy stream, the event no longer carries the failure.
+  Stream other("other");
+  gathered.Record(other);
+  Stream later("later");
+  later.Wait(gathered);
+  later.Enqueue([&] { ran = true; });
+  later.Synchronize();
+  EXPECT_TRUE(ran);
+}
+
+TEST(Memory, ALimitReturnsTheCacheFirstThenRefusesNamingTheSizes) {
+  MemoryAccounting accounting;
+  CachingAllocator allocator(&accounting, HostMemory(), int64_t(4) << 20);
+  void* a = allocator.Allocate(2 << 20, MemoryCategory::kParams);
+  allocator.Free(a);
+  EXPECT_EQ(allocator.cached_bytes(), size_t(2) << 20);
+  void* b = allocator.Allocate(3 << 20, MemoryCategory::kGrads);  // 4 MiB: fits once the cache is returned
+  EXPECT_EQ(allocator.cached_bytes(), 0u);
+  try {
+    allocator.Allocate(100, MemoryCategory::kGathered);
+    FAIL() << "allocated past the limit";
+  } catch (const OutOfMemory& e) {
+    EXPECT_STREQ(e.what(), "out of host memory: 512 B for gathered would pass the limit of 4.0 MiB, with 4.0 MiB in use");
+  }
+  allocator.Free(b);
+}
+
 TEST(Stream, DestructorDrainsTheQueue) {
   std::atomic<int> ran = 0;
   {

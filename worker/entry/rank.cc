@@ -85,6 +85,7 @@ int Train(std::ostream& out) {
     out << "job " << env.job_name << ": " << env.world_size << " rank(s) on " << env.nnodes << " node(s), "
         << job.spec.training.steps << " steps, rank 0 on " << where.device.ToString() << " in " << where.precision
         << std::endl;
+    out << "rank 0 model: " << trainer->Describe() << std::endl;
   }
   if (exported) exported->Memory(trainer->accounting());
   trainer->Run([&](const train::StepReport& report) {
@@ -92,7 +93,11 @@ int Train(std::ostream& out) {
       exported->Step(report);
       exported->Memory(trainer->accounting());
     }
-    if (env.rank == 0) out << train::FormatStepReport(report) << std::endl;
+    if (env.rank != 0) return;
+    out << train::FormatStepReport(report) << std::endl;
+    if (report.step == 1) {
+      out << "memory (" << where.device.ToString() << "): " << train::FormatMemory(trainer->memory()) << std::endl;
+    }
   });
   world->Barrier()->Wait();  // rank 0 serves the Store: it leaves last
   return 0;

@@ -61,14 +61,14 @@ void* CachingAllocator::Allocate(size_t bytes, MemoryCategory category) {
       cached_bytes_ = 0;
     }
     if (limit_ > 0 && int64_t(live_bytes_ + rounded) > limit_) {
-      throw OutOfMemory(std::string("out of ") + source_.name + " memory: " + FormatMiB(int64_t(rounded)) + " for " +
-                        MemoryCategoryName(category) + " would pass the limit of " + FormatMiB(limit_) + ", with " +
-                        FormatMiB(int64_t(live_bytes_)) + " in use");
+      throw OutOfMemory(std::string("out of ") + source_.name + " memory: " + FormatBytes(rounded) + " for " +
+                        MemoryCategoryName(category) + " would pass the limit of " + FormatBytes(size_t(limit_)) +
+                        ", with " + FormatBytes(live_bytes_) + " in use");
     }
     ptr = source_.allocate(rounded);
     if (ptr == nullptr) {
-      throw OutOfMemory(std::string("out of ") + source_.name + " memory: " + FormatMiB(int64_t(rounded)) + " for " +
-                        MemoryCategoryName(category) + ", with " + FormatMiB(int64_t(live_bytes_)) + " in use");
+      throw OutOfMemory(std::string("out of ") + source_.name + " memory: " + FormatBytes(rounded) + " for " +
+                        MemoryCategoryName(category) + ", with " + FormatBytes(live_bytes_) + " in use");
     }
   }
   live_[ptr] = {rounded, category};
@@ -123,6 +123,20 @@ int64_t MemoryLimitFromEnvironment() {
 std::string FormatMiB(int64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.1f MiB", double(bytes) / (1 << 20));
+  return text;
+}
+
+std::string FormatBytes(size_t bytes) {
+  char text[32];
+  if (bytes < 1024) {
+    std::snprintf(text, sizeof(text), "%zu B", bytes);
+  } else if (bytes < (size_t{1} << 20)) {
+    std::snprintf(text, sizeof(text), "%.1f KiB", double(bytes) / 1024.0);
+  } else if (bytes < (size_t{1} << 30)) {
+    std::snprintf(text, sizeof(text), "%.1f MiB", double(bytes) / 1048576.0);
+  } else {
+    std::snprintf(text, sizeof(text), "%.2f GiB", double(bytes) / 1073741824.0);
+  }
   return text;
 }
 

@@ -108,8 +108,10 @@ class CachingAllocator {
 // bytes, or 0 when unset. Throws std::invalid_argument naming a malformed value.
 int64_t MemoryLimitFromEnvironment();
 
-// "1.5 MiB"
+// "1.5 MiB" whatever the size: the unit of the memory lines scripts read.
 std::string FormatMiB(int64_t bytes);
+// "12 B", "4.0 KiB", "1.5 MiB", "2.00 GiB": sizes in messages and benchmark output.
+std::string FormatBytes(size_t bytes);
 
 // An array of n T from a host CachingAllocator, zero-filled, returned to it on destruction.
 // Move-only. Not thread-safe.

@@ -25,20 +25,6 @@ struct Exchange::Header {
   SharedLocation location;
 };
 
-std::string FormatBytes(size_t bytes) {
-  char text[32];
-  if (bytes < 1024) {
-    std::snprintf(text, sizeof(text), "%zu B", bytes);
-  } else if (bytes < (size_t{1} << 20)) {
-    std::snprintf(text, sizeof(text), "%.1f KiB", bytes / 1024.0);
-  } else if (bytes < (size_t{1} << 30)) {
-    std::snprintf(text, sizeof(text), "%.1f MiB", bytes / 1048576.0);
-  } else {
-    std::snprintf(text, sizeof(text), "%.2f GiB", bytes / 1073741824.0);
-  }
-  return text;
-}
-
 Exchange::Exchange(const Group& group, const std::vector<Route>& routes,
                    const std::vector<Endpoint*>& endpoints, uint32_t group_id, uint32_t sequence,
                    std::chrono::milliseconds timeout, std::string what)

@@ -27,6 +27,7 @@
 
 #include "worker/comm/fabric/endpoint.h"
 #include "worker/comm/group.h"
+#include "worker/runtime/memory.h"
 
 namespace meshtrain::comm::fabric {
 
@@ -114,7 +115,6 @@ class Exchange {
   std::deque<char> tokens_;     // acknowledgements
 };
 
-// "4.0 MiB", "12 B": sizes in messages and benchmark output.
-std::string FormatBytes(size_t bytes);
+using runtime::FormatBytes;
 
 }  // namespace meshtrain::comm::fabric
