@@ -1,7 +1,5 @@
 #include "api/warnings.h"
 
-#include "api/layout.h"
-
 namespace meshtrain::api {
 
 FieldErrors FieldsWithoutEffect(const TrainingJob& job, const FieldPaths& written) {
@@ -13,10 +11,6 @@ FieldErrors FieldsWithoutEffect(const TrainingJob& job, const FieldPaths& writte
   };
   warn("spec.checkpoint", written.contains("spec.checkpoint"),
        "no checkpoint is written, and a restarted job starts again from step 0");
-  // Shard groups of one rank are what every rank does today: hold the whole model.
-  warn("spec.parallelism.hybridShardDegree",
-       written.contains("spec.parallelism.hybridShardDegree") && ParallelLayout::ForSpec(spec).shard() > 1,
-       "every rank holds the whole model, its gradients and optimizer state (the sharded engine is still to come)");
   warn("spec.parallelism.activationCheckpointing", p.activation_checkpointing,
        "every block's activations are kept for backward");
   warn("spec.parallelism.activationOffloading", p.activation_offloading, "activations stay in device memory");

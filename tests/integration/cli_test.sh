@@ -57,7 +57,6 @@ expect "a pasted SMP offloading config turns checkpointing on and says so" 0 \
 
 expect "validate warns about every field without effect" 0 \
   'gpt2-124m": ok' 'gpt2-124m": warning: spec.checkpoint: has no effect yet: no checkpoint is written' \
-  'gpt2-124m": warning: spec.parallelism.hybridShardDegree: has no effect yet: every rank holds the whole model' \
   'gpt2-350m-smp": warning: spec.parallelism.tensorParallelSeed: has no effect yet' \
   -- "$meshtrain" validate examples/gpt2-124m-2x8.yaml examples/gpt2-350m-smp.json
 

@@ -252,6 +252,15 @@ TEST_F(WorkerTest, LaunchServesMetricsAndPassesSigtermToItsRanks) {
   EXPECT_TRUE(std::regex_search(metrics, std::regex(R"(meshtrain_memory_peak_bytes\{[^}]*category="params"[^}]*\} [1-9])")))
       << metrics;
   EXPECT_TRUE(std::regex_search(metrics, std::regex(R"(meshtrain_train_loss\{[^}]*\} [2-6]\.)"))) << metrics;
+  // Two ranks shard the model by default (hybridShardDegree 0): they gather and reduce-scatter.
+  EXPECT_TRUE(std::regex_search(metrics, std::regex(R"(meshtrain_memory_peak_bytes\{[^}]*category="gathered"[^}]*\} [1-9])")))
+      << metrics;
+  for (const char* op : {"all_gather", "reduce_scatter"}) {
+    EXPECT_TRUE(std::regex_search(
+        metrics, std::regex(std::string(R"(meshtrain_comm_seconds_total\{[^}]*op=")") + op + R"("[^}]*\} [0-9.e-]*[1-9])")))
+        << op << "\n" << metrics;
+  }
+  EXPECT_TRUE(std::regex_search(metrics, std::regex(R"(meshtrain_comm_exposed_seconds_total\{[^}]*\} )"))) << metrics;
 
   const std::vector<pid_t> ranks = launcher.Children();
   ASSERT_EQ(ranks.size(), 2u);

@@ -146,6 +146,8 @@ TEST(Warnings, AJobWithNoneOfTheFieldsHasNoWarning) {
   EXPECT_TRUE(Check(manifest).warnings.empty());
   manifest["spec"]["parallelism"] = {{"hybridShardDegree", 1}, {"activationCheckpointing", false}};
   EXPECT_TRUE(Check(manifest).warnings.empty()) << "shard groups of one and no checkpointing are what runs today";
+  manifest["spec"]["parallelism"] = {{"hybridShardDegree", 4}};
+  EXPECT_TRUE(Check(manifest).warnings.empty()) << "the sharded engine honours hybridShardDegree";
 }
 
 TEST(Warnings, EveryFieldWithoutEffectIsNamed) {
@@ -159,8 +161,7 @@ TEST(Warnings, EveryFieldWithoutEffectIsNamed) {
                                      {"random_seed", 7}};
   const CheckedJob job = Check(manifest);
   EXPECT_EQ(WarnedPaths(job),
-            (std::vector<std::string>{"spec.checkpoint", "spec.parallelism.hybridShardDegree",
-                                      "spec.parallelism.activationCheckpointing",
+            (std::vector<std::string>{"spec.checkpoint", "spec.parallelism.activationCheckpointing",
                                       "spec.parallelism.activationOffloading",
                                       "spec.parallelism.activationLoadingHorizon",
                                       "spec.parallelism.tensorParallelSeed"}));

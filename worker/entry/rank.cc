@@ -81,6 +81,9 @@ int Train(std::ostream& out) {
   BadInputIsConfigError(env.config, [&] { trainer.emplace(job, world.get(), where.device); });
   if (env.rank == 0) {
     for (const api::FieldError& w : checked.warnings) out << "warning: " << w.ToString() << std::endl;
+    for (const api::FieldError& w : train::FieldsWithoutEffectOn(job, where.device)) {
+      out << "warning: " << w.ToString() << std::endl;
+    }
     if (!where.note.empty()) out << "note: " << where.note << std::endl;
     out << "job " << env.job_name << ": " << env.world_size << " rank(s) on " << env.nnodes << " node(s), "
         << job.spec.training.steps << " steps, rank 0 on " << where.device.ToString() << " in " << where.precision

@@ -14,6 +14,16 @@ prometheus::Gauge& NewGauge(prometheus::Registry& registry, const std::string& n
   return BuildGauge().Name(name).Help(help).Labels(labels).Register(registry).Add({});
 }
 
+// One op's series of meshtrain_comm_seconds_total (the family is registered once per registry).
+prometheus::Counter& CommSeconds(prometheus::Registry& registry, const prometheus::Labels& labels, const char* op) {
+  return BuildCounter()
+      .Name("meshtrain_comm_seconds_total")
+      .Help("Seconds spent in collectives, by operation.")
+      .Labels(labels)
+      .Register(registry)
+      .Add({{"op", op}});
+}
+
 }  // namespace
 
 TrainingMetrics::TrainingMetrics(const std::string& job, int rank, int64_t steps, int64_t tokens_per_step)
@@ -56,6 +66,15 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
                        .Help("Most bytes this rank has held, by category.")
                        .Labels(labels)
                        .Register(*registry_)),
+      all_gather_seconds_(CommSeconds(*registry_, labels, "all_gather")),
+      reduce_scatter_seconds_(CommSeconds(*registry_, labels, "reduce_scatter")),
+      all_reduce_seconds_(CommSeconds(*registry_, labels, "all_reduce")),
+      exposed_comm_seconds_(BuildCounter()
+                                .Name("meshtrain_comm_exposed_seconds_total")
+                                .Help("Seconds the compute stream waited on communication.")
+                                .Labels(labels)
+                                .Register(*registry_)
+                                .Add({})),
       tokens_per_step_(tokens_per_step) {
   NewGauge(*registry_, "meshtrain_train_steps", "Optimizer steps in the job.", labels).Set(double(steps));
   NewGauge(*registry_, "meshtrain_train_tokens_per_step", "Tokens in one global batch.", labels)
@@ -83,6 +102,10 @@ void TrainingMetrics::Step(const train::StepReport& report) {
   tokens_per_second_.Set(report.tokens_per_second);
   tokens_.Increment(double(tokens_per_step_));
   step_seconds_.Observe(report.seconds);
+  all_gather_seconds_.Increment(report.comm.all_gather);
+  reduce_scatter_seconds_.Increment(report.comm.reduce_scatter);
+  all_reduce_seconds_.Increment(report.comm.all_reduce);
+  exposed_comm_seconds_.Increment(report.comm.exposed);
 }
 
 void TrainingMetrics::Memory(const runtime::MemoryAccounting& accounting) {

@@ -56,6 +56,7 @@ class TrainingMetrics {
   prometheus::Histogram& step_seconds_;
   prometheus::Family<prometheus::Gauge>& memory_;
   prometheus::Family<prometheus::Gauge>& memory_peak_;
+  prometheus::Counter &all_gather_seconds_, &reduce_scatter_seconds_, &all_reduce_seconds_, &exposed_comm_seconds_;
   int64_t tokens_per_step_;
 };
 

@@ -55,6 +55,16 @@ void CheckTrainable(const api::TrainingJob& job, int rank, int ranks) {
   if (!job.spec.data.validation.empty()) DataLoader validation(job.spec.data.validation, batch, seq, dp_rank, dp_size);
 }
 
+api::FieldErrors FieldsWithoutEffectOn(const api::TrainingJob& job, runtime::Device device) {
+  api::FieldErrors warnings;
+  if (device.is_cuda() && api::ParallelLayout::ForSpec(job.spec).shard() > 1) {
+    warnings.push_back({"spec.parallelism.hybridShardDegree",
+                        "has no effect on " + device.ToString() +
+                            " yet: the CUDA engine holds the whole model on every rank (the CPU engine shards it)"});
+  }
+  return warnings;
+}
+
 std::string FormatMemory(const MemoryReport& m) {
   return "params " + runtime::FormatMiB(m.params) + ", grads " + runtime::FormatMiB(m.grads) + ", optimizer " +
          runtime::FormatMiB(m.optimizer) + ", activations " + runtime::FormatMiB(m.activations) + ", gathered " +

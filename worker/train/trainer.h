@@ -59,6 +59,10 @@ std::string FormatMemory(const MemoryReport& memory);
 // rank can find a configuration error before it waits for the others.
 void CheckTrainable(const api::TrainingJob& job, int rank, int ranks);
 
+// Fields `job` sets that the engine for `device` does not act on yet: on CUDA, where
+// every rank still holds the whole model, shard groups above one rank.
+api::FieldErrors FieldsWithoutEffectOn(const api::TrainingJob& job, runtime::Device device);
+
 class Trainer {
  public:
   // REQUIRES: `job` is defaulted and valid; `world`, if given, is the job's world and
