@@ -104,6 +104,14 @@ int Main(int argc, char** argv) {
   bench_train->add_option("--batch", bench_train_options.batch, "Micro-batch size")->check(CLI::Range(1, 4096))->capture_default_str();
   bench_train->add_option("--seq", bench_train_options.seq, "Sequence length")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   bench_train->add_option("--steps", bench_train_options.steps, "Measured steps")->check(CLI::Range(1, 100000))->capture_default_str();
+  bench_train->add_option("--ranks", bench_train_options.ranks, "Ranks, as processes on this machine (cpu)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  bench_train->add_option("--shard", bench_train_options.shard, "hybridShardDegree of the ranks (0: all)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  bench_train->add_option("--compare", bench_train_options.compare, "Also run the ranks replicated, and print ratios")
+      ->check(CLI::IsMember({"replicated"}));
   bench_train->add_option("--device", bench_train_options.device, "cpu (fp32) or cuda (bf16 on GPU 0)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
@@ -165,7 +173,7 @@ int Main(int argc, char** argv) {
     return PlanCommand(plan_options, std::cout);
   }
   if (*bench_plan) return BenchPlanCommand(bench_plan_options, std::cout);
-  if (*bench_train) return BenchTrainCommand(bench_train_options, std::cout);
+  if (*bench_train) return BenchTrainCommand(bench_train_options, meshtrain::launch::SelfCommand(argc, argv), std::cout);
   if (*bench_operator) return BenchOperatorCommand(bench_operator_options, std::cout);
   if (*bench_comm) {
     if (!ParseSizeRange(sizes, &bench_comm_options.min_bytes, &bench_comm_options.max_bytes)) {

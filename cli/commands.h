@@ -78,11 +78,17 @@ struct BenchTrainOptions {
   int seq = 64;
   int steps = 5;   // measured
   int warmup = 2;  // not measured
+  int ranks = 1;   // above 1: ranks as processes here, each with micro-batches of `batch`
+  int shard = 0;   // hybridShardDegree of those ranks (0: all of them)
+  std::string compare;  // "replicated": the same ranks with shard groups of one as well
 };
 
 // Single-rank training throughput, FLOP/s, MFU against the matrix rate measured at the
 // model's shapes (sgemm on the CPU, cuBLAS bf16 on GPU 0), and memory by category.
-int BenchTrainCommand(const BenchTrainOptions& options, std::ostream& out);
+// With ranks > 1, runs them as processes (`self_argv` relaunched) and reports tokens/s
+// and per-rank peak memory by category; with compare, the ratios to the replicated run.
+int BenchTrainCommand(const BenchTrainOptions& options, const std::vector<std::string>& self_argv,
+                      std::ostream& out);
 
 // The whole CLI: parses argv and dispatches.
 int Main(int argc, char** argv);

@@ -51,7 +51,8 @@ std::string WorkerProgram() {
 }
 
 // Runs every rank as a process on the job's virtual nodes; they print their own progress.
-int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std::string& file, std::ostream& out) {
+int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std::string& file, int sample_tokens,
+             std::ostream& out) {
   launch::LocalLaunch launch;
   launch.nodes = int(job.job.spec.nodes);
   launch.ranks_per_node = int(job.job.spec.gpus_per_node);
@@ -59,6 +60,7 @@ int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std:
   launch.job_name = job.job.metadata.name;
   launch.command = {WorkerProgram(), "train"};
   launch.environment["MESHTRAIN_CONFIG"] = std::filesystem::absolute(file).string();
+  launch.environment["MESHTRAIN_SAMPLE_TOKENS"] = std::to_string(sample_tokens);
   // The ranks share this machine's cores; oversubscribed OpenMP threads spin against each other.
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
     const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
@@ -88,7 +90,7 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
   // Rank 0's choice; every rank makes its own (the same one on one machine).
   const runtime::DeviceChoice where = train::ChooseDeviceHere(job.job.spec.training.precision, 0);
   if (!where.note.empty()) spdlog::warn(where.note);
-  if (api::ParallelLayout::ForSpec(job.job.spec).world() > 1) return RunRanks(job, table, options.file, out);
+  if (api::ParallelLayout::ForSpec(job.job.spec).world() > 1) return RunRanks(job, table, options.file, options.sample_tokens, out);
 
   out << "  device: " << where.device.ToString() << ", "
       << (where.device.is_cuda() ? "bf16 compute with fp32 master weights" : "fp32") << "\n";

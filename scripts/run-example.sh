@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine, builds meshtrain and runs the example job on this machine.
-# Usage: scripts/run-example.sh [JOB.yaml]   (default examples/gpt2-tiny-local.yaml)
+# Usage: scripts/run-example.sh [JOB.yaml]   (default examples/gpt2-tiny-fsdp.yaml)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-job=${1:-examples/gpt2-tiny-local.yaml}
+job=${1:-examples/gpt2-tiny-fsdp.yaml}
 
 bash scripts/setup.sh
 cmake --preset default >/dev/null
-cmake --build --preset default --target meshtrain
+cmake --build --preset default --target meshtrain meshtrain-worker
 meshtrain=build/default/cli/meshtrain
 # The tiny example trains on Pride and Prejudice, tokenized once.
 if [ ! -f examples/data/corpus.train.bin ] || [ ! -f examples/data/corpus.val.bin ]; then

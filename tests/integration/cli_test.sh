@@ -139,6 +139,14 @@ expect "bench train reports throughput, MFU and memory" 0 'model gpt2-tiny \(0.8
   '[0-9]+ tokens/s' 'achieved [0-9.]+ GFLOP/s' 'MFU: not counted \(no dense fp32 peak is known for a CPU\)' \
   'matrix rate: OpenBLAS sgemm at the model.s shapes, 64 tokens x \(128x384, 128x128, 128x512, 512x128, 128x256\): [0-9.]+ GFLOP/s; the step reaches [0-9.]+% of it' 'memory: params [0-9.]+ MiB, grads' \
   -- "$meshtrain" bench train --model gpt2-tiny --batch 2 --seq 32 --steps 2
+expect "bench train runs sharded ranks beside replicated ones and prints the ratios" 0 \
+  'model gpt2-tiny \(0.8M parameters\), 2 ranks x batch 2 x seq 32 a step, fp32 on CPU' \
+  'sharded: 2 ranks, shard groups of 2: [0-9]+ tokens/s' 'replicated: 2 ranks, shard groups of 1: [0-9]+ tokens/s' \
+  'per-rank peak: params 1.6 MiB, grads 1.6 MiB, optimizer 3.2 MiB, activations [0-9.]+ MiB, gathered [0-9.]+ MiB' \
+  'sharded / replicated: tokens/s [0-9.]+ \([0-9]+ / [0-9]+\), params \+ grads \+ optimizer 0.50 \(6.3 MiB / 12.7 MiB\)' \
+  -- "$meshtrain" bench train --model gpt2-tiny --batch 2 --seq 32 --steps 2 --ranks 2 --shard 2 --compare replicated
+expect "bench train --ranks names a layout that does not fit" 1 'spec.parallelism.hybridShardDegree: must divide the data-parallel size' \
+  -- "$meshtrain" bench train --model gpt2-tiny --ranks 4 --shard 3
 expect "bench train refuses an unknown model" 2 'gpt2-xl: unknown preset' -- "$meshtrain" bench train --model gpt2-xl
 
 expect "bench comm prints nccl-tests rows" 0 'all_gather, 4 ranks on 2 nodes, fp32' 'providers: intra shm, inter tcp;ofi_rxm' \

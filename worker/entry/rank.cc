@@ -54,11 +54,12 @@ void BadInputIsConfigError(const std::string& config, F&& f) {
 int Train(std::ostream& out) {
   comm::WorkerEnvironment env;
   api::CheckedJob checked;
-  int metrics_port = 0;
+  int metrics_port = 0, sample_tokens = 0;
   try {
     env = comm::WorkerEnvironment::FromEnvironment();
     checked = LoadJob(env.config);
     metrics_port = int(api::EnvironmentInteger("MESHTRAIN_METRICS_PORT", 0, 65535, 0));
+    sample_tokens = int(api::EnvironmentInteger("MESHTRAIN_SAMPLE_TOKENS", 0, 100000, 0));
   } catch (const std::runtime_error& e) {
     throw ConfigError(e.what());
   }
@@ -102,6 +103,12 @@ int Train(std::ostream& out) {
       out << "memory (" << where.device.ToString() << "): " << train::FormatMemory(trainer->memory()) << std::endl;
     }
   });
+  if (sample_tokens > 0) {
+    // Every rank samples: the forward gathers each unit from the shard group. The same
+    // seed and weights make the same text everywhere; rank 0 prints it.
+    const std::string sample = train::TokensToText(trainer->Sample({'\n'}, sample_tokens, 1));
+    if (env.rank == 0) out << "sample:\n" << sample << std::endl;
+  }
   world->Barrier()->Wait();  // rank 0 serves the Store: it leaves last
   return 0;
 }
