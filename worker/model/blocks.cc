@@ -1,6 +1,7 @@
 #include "worker/model/blocks.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <vector>
 
 #include "worker/kernels/cpu/kernels.h"
@@ -8,6 +9,19 @@
 namespace meshtrain::model {
 
 namespace k = kernels::cpu;
+
+void MicroBatch::Set(const int32_t* in, const int32_t* out, int b, int tn, int max_batch, int max_seq, int64_t vocab) {
+  if (b > max_batch || tn > max_seq) throw std::invalid_argument("micro-batch larger than the model was sized for");
+  for (int i = 0; i < b * tn; ++i) {
+    if (in[i] < 0 || in[i] >= vocab || (out && (out[i] < 0 || out[i] >= vocab))) {
+      throw std::out_of_range("token id outside the vocabulary");
+    }
+  }
+  B = b, Tn = tn;
+  inputs.assign(in, in + b * tn);
+  if (out) targets.assign(out, out + b * tn);
+  else targets.clear();
+}
 
 template <class T>
 RootParams<T> RootParams<T>::At(T* unit, const ParameterLayout& layout) {

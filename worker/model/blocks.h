@@ -26,6 +26,16 @@ struct Dims {
   int B, Tn, C, NH, V;
 };
 
+// The tokens of a forward, kept for its backward.
+struct MicroBatch {
+  int B = 0, Tn = 0;
+  std::vector<int32_t> inputs, targets;  // targets empty: a forward without a loss
+  // Throws std::invalid_argument for more than max_batch x max_seq tokens and
+  // std::out_of_range for a token outside the vocabulary.
+  void Set(const int32_t* inputs, const int32_t* targets, int B, int Tn, int max_batch, int max_seq, int64_t vocab);
+  const int32_t* targets_or_null() const { return targets.empty() ? nullptr : targets.data(); }
+};
+
 // The root unit: wte (V,C), wpe (maxT,C), lnf.w (C), lnf.b (C). T may be const.
 template <class T>
 struct RootParams {

@@ -25,16 +25,7 @@ Gpt2<T>::Gpt2(const api::ModelShape& shape, int max_batch, int max_seq, runtime:
 template <class T>
 double Gpt2<T>::Forward(const int32_t* inputs, const int32_t* targets, int B, int Tn) {
   const api::ModelShape& s = layout_.shape();
-  if (B > max_batch_ || Tn > max_seq_) throw std::invalid_argument("micro-batch larger than the model was sized for");
-  for (int i = 0; i < B * Tn; ++i) {
-    if (inputs[i] < 0 || inputs[i] >= s.vocab_size || (targets && (targets[i] < 0 || targets[i] >= s.vocab_size))) {
-      throw std::out_of_range("token id outside the vocabulary");
-    }
-  }
-  B_ = B, Tn_ = Tn;
-  inputs_.assign(inputs, inputs + B * Tn);
-  if (targets) targets_.assign(targets, targets + B * Tn);
-  else targets_.clear();
+  batch_tokens_.Set(inputs, targets, B, Tn, max_batch_, max_seq_, s.vocab_size);
   const Dims d{B, Tn, int(s.hidden), int(s.heads), int(s.vocab_size)};
   const RootParams<const T> root = RootParams<const T>::At(params_.data(), layout_);
   EmbedForward(acts_.encoded, inputs, root, d);
@@ -47,17 +38,17 @@ double Gpt2<T>::Forward(const int32_t* inputs, const int32_t* targets, int B, in
 
 template <class T>
 void Gpt2<T>::Backward(T loss_scale) {
-  if (targets_.empty()) throw std::logic_error("Backward needs a Forward with targets");
+  if (batch_tokens_.targets.empty()) throw std::logic_error("Backward needs a Forward with targets");
   const api::ModelShape& s = layout_.shape();
-  const Dims d{B_, Tn_, int(s.hidden), int(s.heads), int(s.vocab_size)};
-  const int64_t btc = int64_t(B_) * Tn_ * s.hidden;
+  const Dims d{batch_tokens_.B, batch_tokens_.Tn, int(s.hidden), int(s.heads), int(s.vocab_size)};
+  const int64_t btc = int64_t(batch_tokens_.B) * batch_tokens_.Tn * s.hidden;
   const RootParams<const T> root = RootParams<const T>::At(params_.data(), layout_);
   const RootParams<T> droot = RootParams<T>::At(grads_.data(), layout_);
   // dresidual[out] holds the gradient of the current block's output, dresidual[in] of its input.
   int out = 0;
   std::fill(acts_.dresidual[out], acts_.dresidual[out] + btc, T(0));
   HeadBackward(droot, acts_.dresidual[out], acts_.dhead, acts_.head, acts_.blocks.back().residual3, root,
-               targets_.data(), loss_scale, d);
+               batch_tokens_.targets.data(), loss_scale, d);
   for (int l = int(s.layers) - 1; l >= 0; --l) {
     const int in = 1 - out;
     std::fill(acts_.dresidual[in], acts_.dresidual[in] + btc, T(0));
@@ -67,7 +58,7 @@ void Gpt2<T>::Backward(T loss_scale) {
                   BlockParams<const T>::At(params_.data() + unit, layout_), d);
     out = in;
   }
-  EmbedBackward(droot, acts_.dresidual[out], inputs_.data(), d);
+  EmbedBackward(droot, acts_.dresidual[out], batch_tokens_.inputs.data(), d);
 }
 
 template <class T>
@@ -77,7 +68,7 @@ void Gpt2<T>::ZeroGrad() {
 
 template <class T>
 const T* Gpt2<T>::Probabilities(int b, int t) const {
-  return acts_.head.probs + (int64_t(b) * Tn_ + t) * layout_.shape().vocab_size;
+  return acts_.head.probs + (int64_t(b) * batch_tokens_.Tn + t) * layout_.shape().vocab_size;
 }
 
 template class Gpt2<float>;

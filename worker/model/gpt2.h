@@ -51,8 +51,7 @@ class Gpt2 {
   std::unique_ptr<runtime::CachingAllocator> own_allocator_;
   runtime::Buffer<T> params_, grads_, acts_buffer_;
   ModelActivations<T> acts_;
-  std::vector<int32_t> inputs_, targets_;
-  int B_ = 0, Tn_ = 0;
+  MicroBatch batch_tokens_;
 };
 
 }  // namespace meshtrain::model

@@ -87,16 +87,7 @@ void ShardedEngine::ReleaseBlock(int l) {
 
 double ShardedEngine::Forward(const int32_t* inputs, const int32_t* targets, int B, int Tn) {
   const api::ModelShape& s = layout_.shape();
-  if (B > batch_ || Tn > seq_) throw std::invalid_argument("micro-batch larger than the model was sized for");
-  for (int i = 0; i < B * Tn; ++i) {
-    if (inputs[i] < 0 || inputs[i] >= s.vocab_size || (targets && (targets[i] < 0 || targets[i] >= s.vocab_size))) {
-      throw std::out_of_range("token id outside the vocabulary");
-    }
-  }
-  B_ = B, Tn_ = Tn;
-  inputs_.assign(inputs, inputs + B * Tn);
-  if (targets) targets_.assign(targets, targets + B * Tn);
-  else targets_.clear();
+  batch_tokens_.Set(inputs, targets, B, Tn, batch_, seq_, s.vocab_size);
   const model::Dims d{B, Tn, int(s.hidden), int(s.heads), int(s.vocab_size)};
   const int L = int(s.layers);
   FlatUnit& root = *units_[0];
@@ -104,7 +95,7 @@ double ShardedEngine::Forward(const int32_t* inputs, const int32_t* targets, int
   GatherBlock(0);
   compute_.Wait(root.ready(), &exposed_seconds_);
   Compute(Op::kForward, 0, [this, &root, d] {
-    model::EmbedForward(acts_.encoded, inputs_.data(), model::RootParams<const float>::At(root.params(), layout_), d);
+    model::EmbedForward(acts_.encoded, batch_tokens_.inputs.data(), model::RootParams<const float>::At(root.params(), layout_), d);
   });
   for (int l = 0; l < L; ++l) {
     if (l + 1 < L) GatherBlock(l + 1);
@@ -119,7 +110,7 @@ double ShardedEngine::Forward(const int32_t* inputs, const int32_t* targets, int
   Compute(Op::kForward, 0, [this, &root, d] {
     loss_ = model::HeadForward(acts_.head, acts_.blocks.back().residual3,
                                model::RootParams<const float>::At(root.params(), layout_),
-                               targets_.empty() ? nullptr : targets_.data(), d);
+                               batch_tokens_.targets_or_null(), d);
   });
   root.FreeParams(compute_);
   Drain();
@@ -127,12 +118,12 @@ double ShardedEngine::Forward(const int32_t* inputs, const int32_t* targets, int
 }
 
 void ShardedEngine::Backward(float loss_scale) {
-  if (targets_.empty()) throw std::logic_error("Backward needs a Forward with targets");
+  if (batch_tokens_.targets.empty()) throw std::logic_error("Backward needs a Forward with targets");
   norm_current_ = false;
   const api::ModelShape& s = layout_.shape();
-  const model::Dims d{B_, Tn_, int(s.hidden), int(s.heads), int(s.vocab_size)};
+  const model::Dims d{batch_tokens_.B, batch_tokens_.Tn, int(s.hidden), int(s.heads), int(s.vocab_size)};
   const int L = int(s.layers);
-  const int64_t btc = int64_t(B_) * Tn_ * s.hidden;
+  const int64_t btc = int64_t(batch_tokens_.B) * batch_tokens_.Tn * s.hidden;
   FlatUnit& root = *units_[0];
   root.Gather(mesh_->shard(), comm_, &comm_seconds_);
   GatherBlock(L - 1);
@@ -144,7 +135,7 @@ void ShardedEngine::Backward(float loss_scale) {
     std::fill(acts_.dresidual[out], acts_.dresidual[out] + btc, 0.0f);
     model::HeadBackward(model::RootParams<float>::At(root.grads(), layout_), acts_.dresidual[out], acts_.dhead,
                         acts_.head, acts_.blocks.back().residual3,
-                        model::RootParams<const float>::At(root.params(), layout_), targets_.data(), loss_scale, d);
+                        model::RootParams<const float>::At(root.params(), layout_), batch_tokens_.targets.data(), loss_scale, d);
   });
   for (int l = L - 1; l >= 0; --l) {
     if (l > 0) GatherBlock(l - 1);
@@ -171,7 +162,7 @@ void ShardedEngine::Backward(float loss_scale) {
     out = in;
   }
   Compute(Op::kBackward, 0, [this, &root, d, out] {
-    model::EmbedBackward(model::RootParams<float>::At(root.grads(), layout_), acts_.dresidual[out], inputs_.data(), d);
+    model::EmbedBackward(model::RootParams<float>::At(root.grads(), layout_), acts_.dresidual[out], batch_tokens_.inputs.data(), d);
   });
   root.FreeParams(compute_);
   grads_done_[0].Record(compute_);

@@ -95,8 +95,7 @@ class ShardedEngine final : public train::Replica {
   std::vector<std::unique_ptr<FlatUnit>> units_;
   runtime::Buffer<float> acts_buffer_;
   model::ModelActivations<float> acts_;
-  std::vector<int32_t> inputs_, targets_;
-  int B_ = 0, Tn_ = 0;
+  model::MicroBatch batch_tokens_;
   double loss_ = 0;
   bool norm_current_ = false;
   double norm_ = 0;
