@@ -53,6 +53,8 @@ class ParallelLayout {
 
   LayoutCoord CoordOf(int rank) const;
   int RankOf(LayoutCoord coord) const;
+  // Which slice of each global batch `rank` reads: the ranks of one TP group read the same.
+  int DataParallelRankOf(int rank) const { return rank / tp_; }
   int NodeOf(int rank) const { return rank / gpus_per_node_; }
   int LocalRankOf(int rank) const { return rank % gpus_per_node_; }
 

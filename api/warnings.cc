@@ -2,20 +2,13 @@
 
 namespace meshtrain::api {
 
-FieldErrors FieldsWithoutEffect(const TrainingJob& job, const FieldPaths& written) {
-  const TrainingJobSpec& spec = job.spec;
-  const ParallelismSpec& p = spec.parallelism;
+FieldErrors FieldsWithoutEffect(const TrainingJob& /*job*/, const FieldPaths& written) {
   FieldErrors warnings;
   auto warn = [&](const char* path, bool set, const std::string& why) {
     if (set) warnings.push_back({path, "has no effect yet: " + why});
   };
   warn("spec.checkpoint", written.contains("spec.checkpoint"),
        "no checkpoint is written, and a restarted job starts again from step 0");
-  warn("spec.parallelism.activationCheckpointing", p.activation_checkpointing,
-       "every block's activations are kept for backward");
-  warn("spec.parallelism.activationOffloading", p.activation_offloading, "activations stay in device memory");
-  warn("spec.parallelism.activationLoadingHorizon", written.contains("spec.parallelism.activationLoadingHorizon"),
-       "nothing is offloaded, so nothing is loaded back");
   warn("spec.parallelism.tensorParallelSeed", written.contains("spec.parallelism.tensorParallelSeed"),
        "the model has no randomness for it to key (no dropout)");
   return warnings;

@@ -51,9 +51,11 @@ expect "defaults are derived to fit what the job wrote, and printed" 0 \
 
 expect "a pasted SMP offloading config turns checkpointing on and says so" 0 \
   'default: spec.parallelism.activationCheckpointing = true' \
-  'warning: spec.parallelism.activationOffloading: has no effect yet' \
-  'warning: spec.parallelism.activationLoadingHorizon: has no effect yet' \
   -- "$meshtrain" layout tests/data/smp-offload.json
+if "$meshtrain" layout tests/data/smp-offload.json 2>&1 | grep -q 'activation.*: has no effect'; then
+  echo "FAIL activation checkpointing and offloading are acted on, yet layout warns that they have no effect"
+  failures=$((failures + 1))
+fi
 
 expect "validate warns about every field without effect" 0 \
   'gpt2-124m": ok' 'gpt2-124m": warning: spec.checkpoint: has no effect yet: no checkpoint is written' \

@@ -9,7 +9,9 @@
 //                per rank params + grads + optimizer equal to the shards' exact size, at
 //                most the replicated figure / S plus padding, with at most two block
 //                units unsharded at once. --repeat 2 runs the layout twice and needs
-//                bitwise-identical losses.
+//                bitwise-identical losses. --activations checkpoint or offload:H runs the
+//                ranks with activation checkpointing (and offload at horizon H) against
+//                the same single-rank run without either.
 //   kill         the last rank kills itself during a gather in step 3: every other rank
 //                must fail within the timeout, naming the operation, the group and a peer.
 //   limit        a per-rank memory limit (--limit-mib, as $MESHTRAIN_MEMORY_LIMIT_MIB) that
@@ -48,7 +50,7 @@ constexpr int kSteps = 20, kSeq = 32, kAccumulation = 2;
 constexpr int kExitNamedFailure = 3;
 
 struct Options {
-  std::string mode = "equivalence", dir;
+  std::string mode = "equivalence", dir, activations;
   int ranks = 2, nodes = 1, shard = 0, repeat = 1, limit_mib = 0;
 };
 
@@ -187,7 +189,18 @@ int Drive(const Options& o, int argc, char** argv) {
   const auto split = train::WriteTextAsTokenFiles(MESHTRAIN_CORPUS, (fs::path(o.dir) / "train.bin").string(),
                                                   (fs::path(o.dir) / "val.bin").string(), 0.1);
   (void)split;
-  std::ofstream(fs::path(o.dir) / "job.json") << JobManifest(o, o.nodes, o.ranks / o.nodes, o.shard, 1, o.ranks).dump(2);
+  nlohmann::json ranks_job = JobManifest(o, o.nodes, o.ranks / o.nodes, o.shard, 1, o.ranks);
+  if (!o.activations.empty()) {
+    nlohmann::json& parallelism = ranks_job["spec"]["parallelism"];
+    parallelism["activationCheckpointing"] = true;
+    if (o.activations.starts_with("offload:")) {
+      parallelism["activationOffloading"] = true;
+      parallelism["activationLoadingHorizon"] = std::atoi(o.activations.c_str() + 8);
+    } else if (o.activations != "checkpoint") {
+      throw std::invalid_argument("--activations must be checkpoint or offload:H, got " + o.activations);
+    }
+  }
+  std::ofstream(fs::path(o.dir) / "job.json") << ranks_job.dump(2);
   // The reference: one rank, the same global batch in micro-batches of `ranks` sequences.
   const api::TrainingJob single = CheckedJob(JobManifest(o, 1, 1, 1, o.ranks, o.ranks));
 
@@ -237,8 +250,8 @@ int Drive(const Options& o, int argc, char** argv) {
     worst = std::max(worst, std::abs(losses[i] - reference.losses[i]) / std::abs(reference.losses[i]));
   }
   const double weight_error = weights.size() == reference.weights.size() ? RelativeL2(weights, reference.weights) : 1;
-  std::printf("%d ranks, S=%d, R=%d: loss %.6f -> %.6f (one rank %.6f -> %.6f); worst loss error %.2e, weights %.2e\n",
-              o.ranks, S, o.ranks / S, losses.front(), losses.back(), reference.losses.front(),
+  std::printf("%d ranks, S=%d, R=%d%s: loss %.6f -> %.6f (one rank %.6f -> %.6f); worst loss error %.2e, weights %.2e\n",
+              o.ranks, S, o.ranks / S, o.activations.empty() ? "" : (", " + o.activations).c_str(), losses.front(), losses.back(), reference.losses.front(),
               reference.losses.back(), worst, weight_error);
   Expect(worst <= 1e-5, "losses within 1e-5 relative of the single-rank run");
   Expect(weight_error <= 1e-5, "master weights within 1e-5 of the single-rank run");
@@ -286,6 +299,7 @@ int main(int argc, char** argv) {
     else if (flag == "--shard") o.shard = std::atoi(value.c_str());
     else if (flag == "--repeat") o.repeat = std::atoi(value.c_str());
     else if (flag == "--limit-mib") o.limit_mib = std::atoi(value.c_str());
+    else if (flag == "--activations") o.activations = value;
     else if (flag == "--dir") o.dir = value;
   }
   try {

@@ -148,6 +148,8 @@ TEST(Warnings, AJobWithNoneOfTheFieldsHasNoWarning) {
   EXPECT_TRUE(Check(manifest).warnings.empty()) << "shard groups of one and no checkpointing are what runs today";
   manifest["spec"]["parallelism"] = {{"hybridShardDegree", 4}};
   EXPECT_TRUE(Check(manifest).warnings.empty()) << "the sharded engine honours hybridShardDegree";
+  manifest["spec"]["parallelism"] = {{"activationOffloading", true}, {"activationLoadingHorizon", 3}};
+  EXPECT_TRUE(Check(manifest).warnings.empty()) << "the engine checkpoints and offloads block inputs";
 }
 
 TEST(Warnings, EveryFieldWithoutEffectIsNamed) {
@@ -161,10 +163,7 @@ TEST(Warnings, EveryFieldWithoutEffectIsNamed) {
                                      {"random_seed", 7}};
   const CheckedJob job = Check(manifest);
   EXPECT_EQ(WarnedPaths(job),
-            (std::vector<std::string>{"spec.checkpoint", "spec.parallelism.activationCheckpointing",
-                                      "spec.parallelism.activationOffloading",
-                                      "spec.parallelism.activationLoadingHorizon",
-                                      "spec.parallelism.tensorParallelSeed"}));
+            (std::vector<std::string>{"spec.checkpoint", "spec.parallelism.tensorParallelSeed"}));
   for (const FieldError& w : job.warnings) EXPECT_TRUE(w.message.starts_with("has no effect yet: ")) << w.ToString();
 }
 

@@ -11,6 +11,7 @@ const char* OpName(Op op) {
   switch (op) {
     case Op::kGather: return "gather";
     case Op::kForward: return "forward";
+    case Op::kRecompute: return "recompute";
     case Op::kBackward: return "backward";
     case Op::kReduceScatter: return "reduce-scatter";
   }
@@ -18,7 +19,8 @@ const char* OpName(Op op) {
 }
 
 ShardedEngine::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<const Mesh> mesh, int batch, int seq,
-                             uint64_t seed, runtime::MemoryAccounting* accounting, int64_t memory_limit)
+                             uint64_t seed, runtime::MemoryAccounting* accounting, int64_t memory_limit,
+                             const ActivationPolicy& activations)
     : layout_(shape),
       mesh_(std::move(mesh)),
       batch_(batch),
@@ -29,9 +31,7 @@ ShardedEngine::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<const
     units_.push_back(std::make_unique<FlatUnit>(layout_, u, mesh_->shard_size(), mesh_->shard_rank(), seed, &allocator_));
   }
   grads_done_.resize(units_.size());
-  acts_buffer_ = runtime::Buffer<float>(&allocator_, size_t(model::ModelActivations<float>::Size(batch, seq, shape)),
-                                        runtime::MemoryCategory::kActivations);
-  acts_ = model::ModelActivations<float>::At(acts_buffer_.data(), batch, seq, shape);
+  acts_ = std::make_unique<ActivationStore>(shape, batch, seq, activations, &allocator_);
 }
 
 ShardedEngine::~ShardedEngine() {
@@ -44,13 +44,16 @@ ShardedEngine::~ShardedEngine() {
 
 void ShardedEngine::Drain() {
   std::exception_ptr failure;
-  for (runtime::Stream* stream : {&compute_, &comm_}) {
+  auto synchronize = [&failure](auto&& wait) {
     try {
-      stream->Synchronize();
+      wait();
     } catch (...) {
       if (!failure) failure = std::current_exception();
     }
-  }
+  };
+  synchronize([this] { compute_.Synchronize(); });
+  synchronize([this] { comm_.Synchronize(); });
+  if (acts_) synchronize([this] { acts_->Synchronize(); });
   if (failure) std::rethrow_exception(failure);
 }
 
@@ -95,20 +98,22 @@ double ShardedEngine::Forward(const int32_t* inputs, const int32_t* targets, int
   GatherBlock(0);
   compute_.Wait(root.ready(), &exposed_seconds_);
   Compute(Op::kForward, 0, [this, &root, d] {
-    model::EmbedForward(acts_.encoded, batch_tokens_.inputs.data(), model::RootParams<const float>::At(root.params(), layout_), d);
+    model::EmbedForward(acts_->embedded(), batch_tokens_.inputs.data(), model::RootParams<const float>::At(root.params(), layout_), d);
   });
   for (int l = 0; l < L; ++l) {
     if (l + 1 < L) GatherBlock(l + 1);
     FlatUnit& unit = Block(l);
     compute_.Wait(unit.ready(), &exposed_seconds_);
+    acts_->BeforeForward(l, compute_);
     Compute(Op::kForward, unit.index(), [this, &unit, l, d] {
-      model::BlockForward(acts_.blocks[size_t(l)], acts_.Input(l),
+      model::BlockForward(acts_->ForwardOutputs(l), acts_->Input(l),
                           model::BlockParams<const float>::At(unit.params(), layout_), d);
     });
+    acts_->AfterForward(l, compute_);
     ReleaseBlock(l);
   }
   Compute(Op::kForward, 0, [this, &root, d] {
-    loss_ = model::HeadForward(acts_.head, acts_.blocks.back().residual3,
+    loss_ = model::HeadForward(acts_->head, acts_->head_input(),
                                model::RootParams<const float>::At(root.params(), layout_),
                                batch_tokens_.targets_or_null(), d);
   });
@@ -132,23 +137,30 @@ void ShardedEngine::Backward(float loss_scale) {
   int out = 0;
   Compute(Op::kBackward, 0, [this, &root, d, btc, out, loss_scale] {
     root.AllocateGrads();
-    std::fill(acts_.dresidual[out], acts_.dresidual[out] + btc, 0.0f);
-    model::HeadBackward(model::RootParams<float>::At(root.grads(), layout_), acts_.dresidual[out], acts_.dhead,
-                        acts_.head, acts_.blocks.back().residual3,
+    std::fill(acts_->dresidual[out], acts_->dresidual[out] + btc, 0.0f);
+    model::HeadBackward(model::RootParams<float>::At(root.grads(), layout_), acts_->dresidual[out], acts_->dhead,
+                        acts_->head, acts_->head_input(),
                         model::RootParams<const float>::At(root.params(), layout_), batch_tokens_.targets.data(), loss_scale, d);
   });
   for (int l = L - 1; l >= 0; --l) {
     if (l > 0) GatherBlock(l - 1);
     FlatUnit& unit = Block(l);
     const int in = 1 - out;
+    acts_->BeforeBackward(l, compute_);
     compute_.Wait(unit.ready(), &exposed_seconds_);
+    if (acts_->recompute()) {
+      Compute(Op::kRecompute, unit.index(), [this, &unit, l, d] {
+        model::BlockForward(acts_->Saved(l), acts_->Input(l), model::BlockParams<const float>::At(unit.params(), layout_), d);
+      });
+    }
     Compute(Op::kBackward, unit.index(), [this, &unit, l, d, btc, in, out] {
       unit.AllocateGrads();
-      std::fill(acts_.dresidual[in], acts_.dresidual[in] + btc, 0.0f);
-      model::BlockBackward(model::BlockParams<float>::At(unit.grads(), layout_), acts_.dresidual[in], acts_.dblock,
-                           acts_.dresidual[out], acts_.blocks[size_t(l)], acts_.Input(l),
+      std::fill(acts_->dresidual[in], acts_->dresidual[in] + btc, 0.0f);
+      model::BlockBackward(model::BlockParams<float>::At(unit.grads(), layout_), acts_->dresidual[in], acts_->dblock,
+                           acts_->dresidual[out], acts_->Saved(l), acts_->Input(l),
                            model::BlockParams<const float>::At(unit.params(), layout_), d);
     });
+    acts_->AfterBackward(l, compute_);
     ReleaseBlock(l);
     grads_done_[size_t(unit.index())].Record(compute_);
     comm_.Wait(grads_done_[size_t(unit.index())]);
@@ -162,7 +174,7 @@ void ShardedEngine::Backward(float loss_scale) {
     out = in;
   }
   Compute(Op::kBackward, 0, [this, &root, d, out] {
-    model::EmbedBackward(model::RootParams<float>::At(root.grads(), layout_), acts_.dresidual[out], batch_tokens_.inputs.data(), d);
+    model::EmbedBackward(model::RootParams<float>::At(root.grads(), layout_), acts_->dresidual[out], batch_tokens_.inputs.data(), d);
   });
   root.FreeParams(compute_);
   grads_done_[0].Record(compute_);
@@ -208,7 +220,7 @@ void ShardedEngine::Update(const train::OptimizerStep& step) {
 std::vector<float> ShardedEngine::NextTokenProbabilities(const int32_t* tokens, int n) {
   Forward(tokens, nullptr, 1, n);
   const int64_t V = layout_.shape().vocab_size;
-  const float* probs = acts_.head.probs + int64_t(n - 1) * V;
+  const float* probs = acts_->head.probs + int64_t(n - 1) * V;
   return std::vector<float>(probs, probs + V);
 }
 
@@ -227,6 +239,8 @@ std::vector<float> ShardedEngine::Weights() {
 train::CommStats ShardedEngine::comm_stats() const {
   train::CommStats stats = comm_seconds_;
   stats.exposed = exposed_seconds_;
+  stats.copy = acts_->copy_seconds();
+  stats.copy_exposed = acts_->copy_wait_seconds();
   return stats;
 }
 

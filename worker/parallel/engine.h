@@ -7,6 +7,9 @@
 //     gather of block l+1 runs on the comm stream; a block is freed after its forward.
 //     Block gathers take turns in two slots, and a slot is reused only after the compute
 //     stream has freed its last unit, so at most two blocks are ever unsharded.
+//   Activations: an ActivationStore keeps what each block's forward leaves for its
+//     backward: everything, only block inputs (checkpointing: the backward recomputes
+//     the block first), or inputs within a loading horizon, the rest offloaded to host.
 //   Backward: the same gathers in reverse; when a unit's backward ends, its gradients
 //     are reduce-scattered on the comm stream (overlapping the next unit's backward)
 //     and added to the fp32 shard gradients, so micro-batches accumulate.
@@ -28,6 +31,7 @@
 #include <vector>
 
 #include "worker/model/blocks.h"
+#include "worker/parallel/activation_store.h"
 #include "worker/parallel/flat_unit.h"
 #include "worker/parallel/mesh.h"
 #include "worker/runtime/memory.h"
@@ -38,7 +42,7 @@ namespace meshtrain::parallel {
 
 // What a schedule observer sees: each operation on a unit as it begins and ends, on
 // the stream that runs it (gathers and reduce-scatters on comm, the math on compute).
-enum class Op { kGather, kForward, kBackward, kReduceScatter };
+enum class Op { kGather, kForward, kRecompute, kBackward, kReduceScatter };
 const char* OpName(Op op);
 
 class ScheduleObserver {
@@ -53,9 +57,11 @@ class ShardedEngine final : public train::Replica {
   // The model of `shape` for micro-batches of batch x seq, sharded as `mesh` says,
   // memory from an allocator counting into `accounting` under `memory_limit` bytes (0:
   // none). Each rank initialises only its shards from `seed`. Throws
-  // runtime::OutOfMemory when the limit is too small.
+  // runtime::OutOfMemory when the limit is too small, std::invalid_argument for an
+  // activation policy ActivationStore refuses.
   ShardedEngine(const api::ModelShape& shape, std::shared_ptr<const Mesh> mesh, int batch, int seq, uint64_t seed,
-                runtime::MemoryAccounting* accounting, int64_t memory_limit = 0);
+                runtime::MemoryAccounting* accounting, int64_t memory_limit = 0,
+                const ActivationPolicy& activations = {});
   ~ShardedEngine() override;
 
   runtime::Device device() const override { return runtime::Device::Cpu(); }
@@ -76,6 +82,7 @@ class ShardedEngine final : public train::Replica {
   // The most block units unsharded at once so far.
   int peak_unsharded_blocks() const { return peak_unsharded_blocks_.load(); }
   const std::vector<std::unique_ptr<FlatUnit>>& units() const { return units_; }
+  const ActivationStore& activations() const { return *acts_; }
 
  private:
   FlatUnit& Block(int l) { return *units_[size_t(l) + 1]; }
@@ -93,8 +100,7 @@ class ShardedEngine final : public train::Replica {
   int batch_, seq_;
   runtime::CachingAllocator allocator_;
   std::vector<std::unique_ptr<FlatUnit>> units_;
-  runtime::Buffer<float> acts_buffer_;
-  model::ModelActivations<float> acts_;
+  std::unique_ptr<ActivationStore> acts_;
   model::MicroBatch batch_tokens_;
   double loss_ = 0;
   bool norm_current_ = false;

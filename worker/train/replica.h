@@ -31,9 +31,11 @@ struct OptimizerStep {
 };
 
 // Seconds spent in collectives since the start, by operation, and the part of them the
-// compute stream waited for (exposed communication).
+// compute stream waited for (exposed communication); likewise for activation copies
+// (offload and load) on the copy stream.
 struct CommStats {
   double all_gather = 0, reduce_scatter = 0, all_reduce = 0, exposed = 0;
+  double copy = 0, copy_exposed = 0;
 };
 
 class Replica {

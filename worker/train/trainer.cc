@@ -13,7 +13,8 @@
 namespace meshtrain::train {
 namespace {
 
-const api::TrainingJob& RequireSupportedLayout(const api::TrainingJob& job, int ranks) {
+// The job's layout, if this trainer can run it on `ranks` ranks.
+api::ParallelLayout SupportedLayout(const api::TrainingJob& job, int ranks) {
   const api::ParallelLayout layout = api::ParallelLayout::ForSpec(job.spec);
   if (layout.tp() != 1) {
     throw std::invalid_argument("spec.parallelism.tensorParallelDegree: " + std::to_string(layout.tp()) +
@@ -24,51 +25,68 @@ const api::TrainingJob& RequireSupportedLayout(const api::TrainingJob& job, int 
                                 " ranks (spec.nodes x spec.gpusPerNode) but this trainer runs on " +
                                 std::to_string(ranks) + (ranks == 1 ? "; launch it with meshtrain-worker" : ""));
   }
-  return job;
+  return layout;
 }
 
-// The data-parallel rank of world rank `rank`: ranks of one TP group read the same samples.
-int DataParallelRank(const api::TrainingJob& job, int rank) {
-  const api::ParallelLayout layout = api::ParallelLayout::ForSpec(job.spec);
-  const api::LayoutCoord at = layout.CoordOf(rank);
-  return at.replica * layout.shard() + at.shard;
+parallel::ActivationPolicy ActivationPolicyOf(const api::ParallelismSpec& p) {
+  return {p.activation_checkpointing, p.activation_offloading, int(p.activation_loading_horizon)};
 }
 
-std::unique_ptr<Replica> MakeModel(const api::TrainingJob& job, comm::Communicator* world, runtime::Device device,
-                                   int batch, int seq, runtime::MemoryAccounting* accounting) {
+std::unique_ptr<Replica> MakeModel(const api::TrainingJob& job, const api::ParallelLayout& layout,
+                                   comm::Communicator* world, runtime::Device device, int batch, int seq,
+                                   runtime::MemoryAccounting* accounting) {
   const api::ModelShape shape = api::ShapeOf(job.spec.model);
   const uint64_t seed = uint64_t(job.spec.training.seed);
   if (device.is_cuda()) return MakeCudaReplica(device.index, shape, batch, seq, seed, accounting);
-  auto mesh = std::make_shared<const parallel::Mesh>(api::ParallelLayout::ForSpec(job.spec), world);
-  return std::make_unique<parallel::ShardedEngine>(shape, std::move(mesh), batch, seq, seed, accounting,
-                                                   runtime::MemoryLimitFromEnvironment());
+  return std::make_unique<parallel::ShardedEngine>(shape, std::make_shared<const parallel::Mesh>(layout, world), batch,
+                                                   seq, seed, accounting, runtime::MemoryLimitFromEnvironment(),
+                                                   ActivationPolicyOf(job.spec.parallelism));
+}
+
+// The training data, and the validation data if the job names any, for world rank `rank`.
+std::pair<DataLoader, std::optional<DataLoader>> OpenData(const api::TrainingJob& job,
+                                                          const api::ParallelLayout& layout, int rank) {
+  const int batch = int(job.spec.training.micro_batch_size), seq = int(*job.spec.model.seq_len);
+  const int dp_rank = layout.DataParallelRankOf(rank), dp_size = layout.data_parallel();
+  std::pair<DataLoader, std::optional<DataLoader>> data{DataLoader(job.spec.data.train, batch, seq, dp_rank, dp_size),
+                                                        std::nullopt};
+  if (!job.spec.data.validation.empty()) data.second.emplace(job.spec.data.validation, batch, seq, dp_rank, dp_size);
+  return data;
 }
 
 }  // namespace
 
+CommStats operator-(const CommStats& a, const CommStats& b) {
+  return {a.all_gather - b.all_gather, a.reduce_scatter - b.reduce_scatter, a.all_reduce - b.all_reduce,
+          a.exposed - b.exposed,       a.copy - b.copy,                     a.copy_exposed - b.copy_exposed};
+}
+
 void CheckTrainable(const api::TrainingJob& job, int rank, int ranks) {
-  RequireSupportedLayout(job, ranks);
+  const api::ParallelLayout layout = SupportedLayout(job, ranks);
   runtime::MemoryLimitFromEnvironment();
-  const int batch = int(job.spec.training.micro_batch_size), seq = int(*job.spec.model.seq_len);
-  const int dp_rank = DataParallelRank(job, rank), dp_size = api::ParallelLayout::ForSpec(job.spec).data_parallel();
-  DataLoader train(job.spec.data.train, batch, seq, dp_rank, dp_size);
-  if (!job.spec.data.validation.empty()) DataLoader validation(job.spec.data.validation, batch, seq, dp_rank, dp_size);
+  parallel::ActivationStore::Check(ActivationPolicyOf(job.spec.parallelism));
+  OpenData(job, layout, rank);
 }
 
 api::FieldErrors FieldsWithoutEffectOn(const api::TrainingJob& job, runtime::Device device) {
   api::FieldErrors warnings;
-  if (device.is_cuda() && api::ParallelLayout::ForSpec(job.spec).shard() > 1) {
-    warnings.push_back({"spec.parallelism.hybridShardDegree",
-                        "has no effect on " + device.ToString() +
-                            " yet: the CUDA engine holds the whole model on every rank (the CPU engine shards it)"});
-  }
+  if (!device.is_cuda()) return warnings;
+  const api::ParallelismSpec& p = job.spec.parallelism;
+  auto warn = [&](const char* path, bool set, const std::string& why) {
+    if (set) warnings.push_back({path, "has no effect on " + device.ToString() + " yet: " + why + " (the CPU engine acts on it)"});
+  };
+  warn("spec.parallelism.hybridShardDegree", api::ParallelLayout::ForSpec(job.spec).shard() > 1,
+       "the CUDA engine holds the whole model on every rank");
+  warn("spec.parallelism.activationCheckpointing", p.activation_checkpointing,
+       "the CUDA engine keeps every block's activations for backward");
+  warn("spec.parallelism.activationOffloading", p.activation_offloading, "activations stay in device memory");
   return warnings;
 }
 
 std::string FormatMemory(const MemoryReport& m) {
   return "params " + runtime::FormatMiB(m.params) + ", grads " + runtime::FormatMiB(m.grads) + ", optimizer " +
          runtime::FormatMiB(m.optimizer) + ", activations " + runtime::FormatMiB(m.activations) + ", gathered " +
-         runtime::FormatMiB(m.gathered);
+         runtime::FormatMiB(m.gathered) + (m.offload > 0 ? ", offload " + runtime::FormatMiB(m.offload) : "");
 }
 
 std::string FormatStepReport(const StepReport& r) {
@@ -83,19 +101,17 @@ std::string FormatStepReport(const StepReport& r) {
 }
 
 Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime::Device device)
-    : job_(RequireSupportedLayout(job, world ? world->size() : 1)),
+    : job_(job),
+      layout_(SupportedLayout(job, world ? world->size() : 1)),
       world_(world),
       batch_(int(job.spec.training.micro_batch_size)),
       seq_(int(*job.spec.model.seq_len)),
       micro_steps_(api::AccumulationSteps(job.spec)),
       tokens_per_step_(job.spec.training.global_batch_tokens),
-      replica_(MakeModel(job, world, device, batch_, seq_, &accounting_)),
-      train_(job.spec.data.train, batch_, seq_, DataParallelRank(job, world ? world->rank() : 0),
-             api::ParallelLayout::ForSpec(job.spec).data_parallel()) {
-  if (!job.spec.data.validation.empty()) {
-    validation_.emplace(job.spec.data.validation, batch_, seq_, DataParallelRank(job, world ? world->rank() : 0),
-                        api::ParallelLayout::ForSpec(job.spec).data_parallel());
-  }
+      replica_(MakeModel(job, layout_, world, device, batch_, seq_, &accounting_)) {
+  auto [train, validation] = OpenData(job, layout_, world ? world->rank() : 0);
+  train_.emplace(std::move(train));
+  validation_ = std::move(validation);
   inputs_.resize(size_t(batch_) * seq_);
   targets_.resize(size_t(batch_) * seq_);
 }
@@ -109,7 +125,7 @@ StepReport Trainer::Step() {
   replica_->ZeroGrad();
   double loss = 0;
   for (int64_t micro = 0; micro < micro_steps_; ++micro) {
-    train_.Next(inputs_.data(), targets_.data());
+    train_->Next(inputs_.data(), targets_.data());
     loss += replica_->Forward(inputs_.data(), targets_.data(), batch_, seq_);
     replica_->Backward(1.0f / float(micro_steps_));
   }
@@ -126,8 +142,7 @@ StepReport Trainer::Step() {
   replica_->Update(update);
   report.step = step_;
   const CommStats comm_after = replica_->comm_stats();
-  report.comm = {comm_after.all_gather - comm_before.all_gather, comm_after.reduce_scatter - comm_before.reduce_scatter,
-                 comm_after.all_reduce - comm_before.all_reduce, comm_after.exposed - comm_before.exposed};
+  report.comm = comm_after - comm_before;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report.seconds = seconds;
   report.tokens_per_second = double(tokens_per_step_) / seconds;
@@ -152,7 +167,7 @@ void Trainer::Run(const std::function<void(const StepReport&)>& report) {
 }
 
 double Trainer::Evaluate() {
-  DataLoader& data = validation_ ? *validation_ : train_;
+  DataLoader& data = validation_ ? *validation_ : *train_;
   const uint64_t saved = data.position();
   data.set_position(0);
   double loss = 0;
@@ -192,7 +207,7 @@ MemoryReport Trainer::memory() const {
   using runtime::MemoryCategory;
   return {accounting_.peak(MemoryCategory::kParams), accounting_.peak(MemoryCategory::kGrads),
           accounting_.peak(MemoryCategory::kOptimizer), accounting_.peak(MemoryCategory::kActivations),
-          accounting_.peak(MemoryCategory::kGathered)};
+          accounting_.peak(MemoryCategory::kGathered), accounting_.peak(MemoryCategory::kOffload)};
 }
 
 }  // namespace meshtrain::train

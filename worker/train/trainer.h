@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "api/layout.h"
 #include "api/training_job.h"
 #include "worker/comm/communicator.h"
 #include "worker/runtime/device.h"
@@ -42,15 +43,18 @@ struct StepReport {
   CommStats comm;  // seconds in collectives during the step, and the exposed part
 };
 
+CommStats operator-(const CommStats& a, const CommStats& b);
+
 // "step    12/300 | loss 3.1234 | lr 3.00e-03 | norm 1.234 | 14000 tok/s[ | val loss 3.0123]"
 std::string FormatStepReport(const StepReport& report);
 
 // Peak bytes held, by the categories of DESIGN.md's memory accounting.
 struct MemoryReport {
-  int64_t params = 0, grads = 0, optimizer = 0, activations = 0, gathered = 0;
+  int64_t params = 0, grads = 0, optimizer = 0, activations = 0, gathered = 0, offload = 0;
 };
 
 // "params 1.2 MiB, grads 1.2 MiB, optimizer 2.4 MiB, activations 9.0 MiB, gathered 0.8 MiB"
+// and, when activations are offloaded, ", offload 4.0 MiB"
 std::string FormatMemory(const MemoryReport& memory);
 
 // Throws what Trainer's constructor would for `job` on `ranks` ranks (as data-parallel
@@ -105,12 +109,13 @@ class Trainer {
   double Average(double value);
 
   api::TrainingJob job_;
+  api::ParallelLayout layout_;
   comm::Communicator* world_;
   int batch_, seq_;
   int64_t micro_steps_, tokens_per_step_;
   runtime::MemoryAccounting accounting_;
   std::unique_ptr<Replica> replica_;
-  DataLoader train_;
+  std::optional<DataLoader> train_;  // always set; optional only to be opened in the body
   std::optional<DataLoader> validation_;
   std::vector<int32_t> inputs_, targets_;
   int64_t step_ = 0;
