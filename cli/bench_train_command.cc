@@ -98,16 +98,28 @@ double FlopsPerToken(const api::ModelShape& s, int seq) {
   return 6 * double(s.ParameterCount()) + 12.0 * double(s.layers) * seq * double(s.hidden);
 }
 
+// How the ranks of one benchmark run keep activations.
+struct Activations {
+  bool checkpointing = false;
+  int offload = 0;  // loading horizon; 0: none
+  std::string Describe() const {
+    return offload > 0 ? "offload, horizon " + std::to_string(offload) : checkpointing ? "checkpointing" : "keep all";
+  }
+};
+
 // The job a benchmark trains: `ranks` ranks with shard groups of `shard`, one micro-step
 // of `batch` sequences per rank per step, on random tokens in `data`.
-nlohmann::json BenchJob(const BenchTrainOptions& o, const std::string& data, int ranks, int shard, bool bf16) {
+nlohmann::json BenchJob(const BenchTrainOptions& o, const std::string& data, int ranks, int shard, bool bf16,
+                        const Activations& a) {
+  nlohmann::json parallelism = {{"hybridShardDegree", shard}, {"activationCheckpointing", a.checkpointing || a.offload > 0}};
+  if (a.offload > 0) parallelism.update({{"activationOffloading", true}, {"activationLoadingHorizon", a.offload}});
   return {{"apiVersion", "meshtrain.dev/v1alpha1"},
           {"kind", "TrainingJob"},
           {"metadata", {{"name", "bench-train"}}},
           {"spec",
            {{"image", "meshtrain"},
             {"gpusPerNode", ranks},
-            {"parallelism", {{"hybridShardDegree", shard}}},
+            {"parallelism", parallelism},
             {"model", {{"preset", o.model}, {"seqLen", o.seq}}},
             {"data", {{"train", data}}},
             {"training",
@@ -138,29 +150,40 @@ int BenchTrainRank() {
   for (int64_t i = 0; i < warmup; ++i) trainer.Step();
   world->Barrier()->Wait();
   const auto start = Clock::now();
-  double exposed = 0;
-  for (int64_t i = warmup; i < steps; ++i) exposed += trainer.Step().comm.exposed;
+  train::CommStats seconds;
+  for (int64_t i = warmup; i < steps; ++i) {
+    const train::CommStats step = trainer.Step().comm;
+    seconds.exposed += step.exposed;
+    seconds.copy += step.copy;
+  }
   world->Barrier()->Wait();
-  const double step_seconds = Seconds(start) / double(steps - warmup);
+  const double measured = double(steps - warmup);
+  const double step_seconds = Seconds(start) / measured;
   const train::MemoryReport m = trainer.memory();
   std::ofstream(env.config + ".rank" + std::to_string(env.rank))
-      << step_seconds << " " << exposed / double(steps - warmup) << " " << m.params << " " << m.grads << " "
-      << m.optimizer << " " << m.activations << " " << m.gathered << "\n";
+      << step_seconds << " " << seconds.exposed / measured << " " << seconds.copy / measured << " " << m.params << " "
+      << m.grads << " " << m.optimizer << " " << m.activations << " " << m.gathered << " " << m.offload << "\n";
   return kExitOk;
 }
 
+struct RanksConfig {
+  std::string name;
+  int shard;
+  Activations activations;
+};
+
 struct RanksResult {
-  double tokens_per_second = 0, exposed_seconds = 0;
+  double tokens_per_second = 0, exposed_seconds = 0, copy_seconds = 0;  // seconds: per step, the largest of any rank
   train::MemoryReport peak;  // the largest of any rank, by category
   int64_t state() const { return peak.params + peak.grads + peak.optimizer; }
 };
 
-// Runs `ranks` ranks with shard groups of `shard` and gathers what they measured.
+// Runs the ranks as `config` says and gathers what they measured.
 std::optional<RanksResult> RunBenchRanks(const BenchTrainOptions& o, const std::vector<std::string>& self_argv,
-                                         const std::string& data, int shard, std::ostream& out) {
+                                         const std::string& data, const RanksConfig& config, std::ostream& out) {
   const std::filesystem::path job =
       std::filesystem::temp_directory_path() / ("meshtrain-bench-" + std::to_string(::getpid()) + ".json");
-  std::ofstream(job) << BenchJob(o, data, o.ranks, shard, false).dump(2);
+  std::ofstream(job) << BenchJob(o, data, o.ranks, config.shard, false, config.activations).dump(2);
   launch::LocalLaunch launch;
   launch.ranks_per_node = o.ranks;
   launch.command = self_argv;
@@ -173,16 +196,17 @@ std::optional<RanksResult> RunBenchRanks(const BenchTrainOptions& o, const std::
   double slowest = 0;
   for (int r = 0; r < o.ranks && ok; ++r) {
     std::ifstream in(job.string() + ".rank" + std::to_string(r));
-    double seconds = 0, exposed = 0;
+    double seconds = 0, exposed = 0, copy = 0;
     train::MemoryReport m;
-    in >> seconds >> exposed >> m.params >> m.grads >> m.optimizer >> m.activations >> m.gathered;
+    in >> seconds >> exposed >> copy >> m.params >> m.grads >> m.optimizer >> m.activations >> m.gathered >> m.offload;
     slowest = std::max(slowest, seconds);
     result.exposed_seconds = std::max(result.exposed_seconds, exposed);
-    result.peak.params = std::max(result.peak.params, m.params);
-    result.peak.grads = std::max(result.peak.grads, m.grads);
-    result.peak.optimizer = std::max(result.peak.optimizer, m.optimizer);
-    result.peak.activations = std::max(result.peak.activations, m.activations);
-    result.peak.gathered = std::max(result.peak.gathered, m.gathered);
+    result.copy_seconds = std::max(result.copy_seconds, copy);
+    train::MemoryReport& p = result.peak;
+    for (auto [peak, rank] : {std::pair{&p.params, m.params}, {&p.grads, m.grads}, {&p.optimizer, m.optimizer},
+                              {&p.activations, m.activations}, {&p.gathered, m.gathered}, {&p.offload, m.offload}}) {
+      *peak = std::max(*peak, rank);
+    }
     std::filesystem::remove(job.string() + ".rank" + std::to_string(r));
   }
   std::filesystem::remove(job);
@@ -191,12 +215,27 @@ std::optional<RanksResult> RunBenchRanks(const BenchTrainOptions& o, const std::
   return result;
 }
 
-void PrintRanks(const char* name, int ranks, int shard, const RanksResult& r, std::ostream& out) {
-  char line[256];
-  std::snprintf(line, sizeof line, "%s: %d ranks, shard groups of %d: %.0f tokens/s, %.1f ms a step exposed comm\n",
-                name, ranks, shard, r.tokens_per_second, r.exposed_seconds * 1e3);
+void PrintRanks(const RanksConfig& c, int ranks, const RanksResult& r, std::ostream& out) {
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "%s: %d ranks, shard groups of %d, %s: %.0f tokens/s, per step %.1f ms exposed comm, %.2f ms copying "
+                "activations\n",
+                c.name.c_str(), ranks, c.shard, c.activations.Describe().c_str(), r.tokens_per_second,
+                r.exposed_seconds * 1e3, r.copy_seconds * 1e3);
   out << line << "  per-rank peak: " << train::FormatMemory(r.peak) << "; params + grads + optimizer "
       << runtime::FormatMiB(r.state()) << "\n";
+}
+
+// "a / b: tokens/s 0.95 (1000 / 1052), activations 0.31 (1.0 MiB / 3.2 MiB)"
+void PrintRatios(const RanksConfig& a, const RanksResult& ra, const RanksConfig& b, const RanksResult& rb, bool state,
+                 std::ostream& out) {
+  const int64_t mine = state ? ra.state() : ra.peak.activations, theirs = state ? rb.state() : rb.peak.activations;
+  char line[320];
+  std::snprintf(line, sizeof line, "%s / %s: tokens/s %.2f (%.0f / %.0f), %s %.2f (%s / %s)\n", a.name.c_str(),
+                b.name.c_str(), ra.tokens_per_second / rb.tokens_per_second, ra.tokens_per_second,
+                rb.tokens_per_second, state ? "params + grads + optimizer" : "activations",
+                double(mine) / double(theirs), runtime::FormatMiB(mine).c_str(), runtime::FormatMiB(theirs).c_str());
+  out << line;
 }
 
 int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, const std::vector<std::string>& self_argv,
@@ -206,32 +245,45 @@ int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, co
     return kExitInvalid;
   }
   const int shard = o.shard == 0 ? o.ranks : o.shard;
-  const api::CheckedJob check = api::CheckTrainingJob(BenchJob(o, "unused", o.ranks, o.shard, false), "bench", 0);
-  if (!check.ok()) {
-    out << "bench train: " << check.errors.front().ToString() << "\n";
-    return kExitInvalid;
+  const Activations asked{o.checkpointing, o.offload};
+  std::vector<RanksConfig> configs;
+  if (o.compare == "activations") {
+    configs = {{"keep all", shard, {}},
+               {"checkpointing", shard, {true, 0}},
+               {"offload", shard, {true, o.offload > 0 ? o.offload : 2}}};
+  } else {
+    configs = {{shard == 1 ? "replicated" : "sharded", shard, asked}};
+    if (o.compare == "replicated") configs.push_back({"replicated", 1, asked});
+  }
+  for (const RanksConfig& c : configs) {
+    const api::CheckedJob check = api::CheckTrainingJob(BenchJob(o, "unused", o.ranks, c.shard, false, c.activations), "bench", 0);
+    if (!check.ok()) {
+      out << "bench train: " << check.errors.front().ToString() << "\n";
+      return kExitInvalid;
+    }
   }
   const std::filesystem::path data = WriteRandomTokens(o, shape, o.ranks);
   char line[256];
   std::snprintf(line, sizeof line, "model %s (%.1fM parameters), %d ranks x batch %d x seq %d a step, fp32 on CPU\n",
                 o.model.c_str(), double(shape.ParameterCount()) / 1e6, o.ranks, o.batch, o.seq);
   out << line;
-  const std::optional<RanksResult> sharded = RunBenchRanks(o, self_argv, data.string(), o.shard, out);
-  std::optional<RanksResult> replicated;
-  if (sharded && o.compare == "replicated") replicated = RunBenchRanks(o, self_argv, data.string(), 1, out);
+  std::vector<RanksResult> results;
+  for (const RanksConfig& c : configs) {
+    const std::optional<RanksResult> r = RunBenchRanks(o, self_argv, data.string(), c, out);
+    if (!r) break;
+    results.push_back(*r);
+  }
   std::filesystem::remove(data);
-  if (!sharded || (o.compare == "replicated" && !replicated)) {
+  if (results.size() != configs.size()) {
     out << "bench train: the ranks failed\n";
     return kExitInvalid;
   }
-  PrintRanks(shard == 1 ? "replicated" : "sharded", o.ranks, shard, *sharded, out);
-  if (!replicated) return kExitOk;
-  PrintRanks("replicated", o.ranks, 1, *replicated, out);
-  std::snprintf(line, sizeof line, "sharded / replicated: tokens/s %.2f (%.0f / %.0f), params + grads + optimizer %.2f (%s / %s)\n",
-                sharded->tokens_per_second / replicated->tokens_per_second, sharded->tokens_per_second,
-                replicated->tokens_per_second, double(sharded->state()) / double(replicated->state()),
-                runtime::FormatMiB(sharded->state()).c_str(), runtime::FormatMiB(replicated->state()).c_str());
-  out << line;
+  for (size_t i = 0; i < configs.size(); ++i) PrintRanks(configs[i], o.ranks, results[i], out);
+  const bool state = o.compare == "replicated";  // sharding saves state; the activation modes save activations
+  for (size_t i = 1; i < configs.size(); ++i) {
+    if (state) PrintRatios(configs[0], results[0], configs[i], results[i], true, out);
+    else PrintRatios(configs[i], results[i], configs[0], results[0], false, out);
+  }
   return kExitOk;
 }
 
@@ -244,7 +296,7 @@ int BenchTrainCommand(const BenchTrainOptions& o, const std::vector<std::string>
     out << "--model " << o.model << ": unknown preset\n";
     return kExitUnreadable;
   }
-  if (o.ranks > 1) return BenchTrainRanks(o, *preset, self_argv, out);
+  if (o.ranks > 1 || !o.compare.empty()) return BenchTrainRanks(o, *preset, self_argv, out);
   const train::CudaPlugin* cuda = nullptr;
   if (o.device == "cuda") {
     std::string why;
@@ -257,7 +309,7 @@ int BenchTrainCommand(const BenchTrainOptions& o, const std::vector<std::string>
   const runtime::Device device = cuda ? runtime::Device::Cuda(0) : runtime::Device::Cpu();
   const int tokens = o.batch * o.seq;
   const std::filesystem::path data = WriteRandomTokens(o, *preset, 1);
-  const nlohmann::json manifest = BenchJob(o, data.string(), 1, 0, cuda != nullptr);
+  const nlohmann::json manifest = BenchJob(o, data.string(), 1, 0, cuda != nullptr, {o.checkpointing, o.offload});
   const api::CheckedJob job = api::CheckTrainingJob(manifest, "bench", 0);
   if (!job.ok()) {
     out << "bench train: " << job.errors.front().ToString() << "\n";

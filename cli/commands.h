@@ -80,13 +80,18 @@ struct BenchTrainOptions {
   int warmup = 2;  // not measured
   int ranks = 1;   // above 1: ranks as processes here, each with micro-batches of `batch`
   int shard = 0;   // hybridShardDegree of those ranks (0: all of them)
-  std::string compare;  // "replicated": the same ranks with shard groups of one as well
+  bool checkpointing = false;  // activation checkpointing
+  int offload = 0;             // above 0: activation offload with this loading horizon
+  // "replicated": the same ranks with shard groups of one as well; "activations": every
+  // block's activations kept, checkpointing, and offload (horizon --offload, or 2)
+  std::string compare;
 };
 
 // Single-rank training throughput, FLOP/s, MFU against the matrix rate measured at the
 // model's shapes (sgemm on the CPU, cuBLAS bf16 on GPU 0), and memory by category.
-// With ranks > 1, runs them as processes (`self_argv` relaunched) and reports tokens/s
-// and per-rank peak memory by category; with compare, the ratios to the replicated run.
+// With ranks > 1 or a comparison, runs the ranks as processes (`self_argv` relaunched)
+// and reports tokens/s, per-rank peak memory by category and the activation copy
+// stream's busy time; with compare, each configuration and its ratios to the first.
 int BenchTrainCommand(const BenchTrainOptions& options, const std::vector<std::string>& self_argv,
                       std::ostream& out);
 
