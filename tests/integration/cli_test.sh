@@ -80,7 +80,7 @@ sed -e "s|examples/data/corpus.train.bin|$tmp/train.bin|; s|examples/data/corpus
 expect "run trains the tiny job and samples from it" 0 \
   'gpt2-tiny-local": ok' 'gpt2-tiny-local": warning: spec.checkpoint: has no effect yet' \
   '842496 parameters' 'rank table on this machine: local-0 ranks 0;' \
-  'device: cpu, fp32' 'model: fp32 FSDP, 1 replica x 1 shard \(tp 1\); 5 units, each whole on this rank' \
+  'device: cpu, fp32' 'model: fp32 FSDP, 1 replica x 1 shard x tp 1; 5 units, each whole on this rank' \
   'memory \(cpu\): params 3.2 MiB, grads 3.2 MiB, optimizer 6.4 MiB, activations [0-9.]+ MiB, gathered [0-9.]+ MiB' \
   'step +2/4 \| loss [0-9.]+ \| lr .* tok/s \| val loss' 'step +4/4 \| loss [0-9.]+' '^sample:' \
   -- "$meshtrain" run "$tmp/tiny.yaml" --sample-tokens 40

@@ -1,13 +1,13 @@
 // Checks the sharded engine across real processes against the single-rank run. Run
 // without a worker environment, it trains the single-rank reference in-process, then
-// launches itself as --ranks ranks on --nodes virtual nodes with shard groups of
-// --shard ranks, and compares; each rank runs one --mode:
+// launches itself as --ranks ranks on --nodes virtual nodes with tensor-parallel groups
+// of --tp ranks and shard groups of --shard ranks, and compares; each rank runs one --mode:
 //
 //   equivalence  20 steps of a small model (units that do not divide by 3, 5 or 7, so
 //                shards are padded): losses within 1e-5 relative of the single-rank run,
 //                the gathered master weights at the end within 1e-5 (relative L2), and
-//                per rank params + grads + optimizer equal to the shards' exact size, at
-//                most the replicated figure / S plus padding, with at most two block
+//                per rank params + grads + optimizer equal to its TP slice's shards' exact
+//                size, at most the slice's replicated figure / S plus padding, with at most two block
 //                units unsharded at once. --repeat 2 runs the layout twice and needs
 //                bitwise-identical losses. --activations checkpoint or offload:H runs the
 //                ranks with activation checkpointing (and offload at horizon H) against
@@ -51,7 +51,7 @@ constexpr int kExitNamedFailure = 3;
 
 struct Options {
   std::string mode = "equivalence", dir, activations;
-  int ranks = 2, nodes = 1, shard = 0, repeat = 1, limit_mib = 0;
+  int ranks = 2, nodes = 1, tp = 1, shard = 0, repeat = 1, limit_mib = 0;
 };
 
 int failures = 0;
@@ -64,7 +64,8 @@ void Expect(bool ok, const std::string& what) {
 
 // The job: a small model whose units do not divide by 3, 5 or 7 (hidden 44: a block is
 // 23804 elements, the root 12804), micro-batches of one sequence per rank.
-nlohmann::json JobManifest(const Options& o, int nodes, int gpus, int shard, int micro_batch, int ranks_in_batch) {
+nlohmann::json JobManifest(const Options& o, int nodes, int gpus, int tp, int shard, int micro_batch,
+                           int ranks_in_batch) {
   nlohmann::json job = {
       {"apiVersion", "meshtrain.dev/v1alpha1"},
       {"kind", "TrainingJob"},
@@ -73,7 +74,7 @@ nlohmann::json JobManifest(const Options& o, int nodes, int gpus, int shard, int
        {{"image", "meshtrain:test"},
         {"nodes", nodes},
         {"gpusPerNode", gpus},
-        {"parallelism", {{"hybridShardDegree", shard}}},
+        {"parallelism", {{"tensorParallelDegree", tp}, {"hybridShardDegree", shard}}},
         {"model", {{"layers", 3}, {"heads", 4}, {"hidden", 44}, {"vocabSize", 256},
                    {"seqLen", kSeq}}},
         {"data", {{"train", (fs::path(o.dir) / "train.bin").string()}}},
@@ -185,11 +186,11 @@ launch::LaunchResult Launch(const Options& o, int argc, char** argv, bool kill) 
 }
 
 int Drive(const Options& o, int argc, char** argv) {
-  const int S = o.shard == 0 ? o.ranks : o.shard;
+  const int dp = o.ranks / o.tp, S = o.shard == 0 ? dp : o.shard;
   const auto split = train::WriteTextAsTokenFiles(MESHTRAIN_CORPUS, (fs::path(o.dir) / "train.bin").string(),
                                                   (fs::path(o.dir) / "val.bin").string(), 0.1);
   (void)split;
-  nlohmann::json ranks_job = JobManifest(o, o.nodes, o.ranks / o.nodes, o.shard, 1, o.ranks);
+  nlohmann::json ranks_job = JobManifest(o, o.nodes, o.ranks / o.nodes, o.tp, o.shard, 1, dp);
   if (!o.activations.empty()) {
     nlohmann::json& parallelism = ranks_job["spec"]["parallelism"];
     parallelism["activationCheckpointing"] = true;
@@ -201,8 +202,8 @@ int Drive(const Options& o, int argc, char** argv) {
     }
   }
   std::ofstream(fs::path(o.dir) / "job.json") << ranks_job.dump(2);
-  // The reference: one rank, the same global batch in micro-batches of `ranks` sequences.
-  const api::TrainingJob single = CheckedJob(JobManifest(o, 1, 1, 1, o.ranks, o.ranks));
+  // The reference: one rank, the same global batch in micro-batches of `dp` sequences.
+  const api::TrainingJob single = CheckedJob(JobManifest(o, 1, 1, 1, 1, dp, dp));
 
   if (o.mode == "kill") {
     const launch::LaunchResult result = Launch(o, argc, argv, true);
@@ -218,7 +219,7 @@ int Drive(const Options& o, int argc, char** argv) {
   if (o.mode == "limit") {
     ::setenv("MESHTRAIN_MEMORY_LIMIT_MIB", std::to_string(o.limit_mib).c_str(), 1);
     try {  // one rank of the same micro-batch holding the whole model: the replicated layout
-      train::Trainer replicated(CheckedJob(JobManifest(o, 1, 1, 1, 1, 1)));
+      train::Trainer replicated(CheckedJob(JobManifest(o, 1, 1, 1, 1, 1, 1)));
       replicated.Step();
       Expect(false, "the single-rank model trained under " + std::to_string(o.limit_mib) + " MiB");
     } catch (const runtime::OutOfMemory& e) {
@@ -250,31 +251,33 @@ int Drive(const Options& o, int argc, char** argv) {
     worst = std::max(worst, std::abs(losses[i] - reference.losses[i]) / std::abs(reference.losses[i]));
   }
   const double weight_error = weights.size() == reference.weights.size() ? RelativeL2(weights, reference.weights) : 1;
-  std::printf("%d ranks, S=%d, R=%d%s: loss %.6f -> %.6f (one rank %.6f -> %.6f); worst loss error %.2e, weights %.2e\n",
-              o.ranks, S, o.ranks / S, o.activations.empty() ? "" : (", " + o.activations).c_str(), losses.front(), losses.back(), reference.losses.front(),
+  std::printf("%d ranks, T=%d, S=%d, R=%d%s: loss %.6f -> %.6f (one rank %.6f -> %.6f); worst loss error %.2e, "
+              "weights %.2e\n",
+              o.ranks, o.tp, S, dp / S, o.activations.empty() ? "" : (", " + o.activations).c_str(), losses.front(), losses.back(), reference.losses.front(),
               reference.losses.back(), worst, weight_error);
   Expect(worst <= 1e-5, "losses within 1e-5 relative of the single-rank run");
   Expect(weight_error <= 1e-5, "master weights within 1e-5 of the single-rank run");
   Expect(reference.losses.back() < reference.losses.front() - 0.5, "the model learns");
   for (size_t r = 1; r < repeats.size(); ++r) Expect(repeats[r] == repeats[0], "a second run repeats the losses bit for bit");
 
-  // Memory: each unit's shard is ceil(n / S) floats, in four buffers (master, grads, m, v).
-  const model::ParameterLayout layout(api::ShapeOf(single.spec.model));
-  int64_t sharded = 0, replicated = 0, padding = 0;
-  for (int u = 0; u < layout.units(); ++u) {
-    const int64_t n = layout.Unit(u).second - layout.Unit(u).first, shard = (n + S - 1) / S;
-    sharded += 4 * int64_t(runtime::CachingAllocator::RoundedSize(size_t(shard) * 4));
-    replicated += 4 * int64_t(runtime::CachingAllocator::RoundedSize(size_t(n) * 4));
-    padding += 4 * (512 + 4 * S);  // the shard's padding and the allocator's rounding, per buffer
-  }
   for (int rank = 0; rank < o.ranks; ++rank) {
+    // Memory: each unit of the rank's TP slice has shards of ceil(n / S) floats, in four
+    // buffers (master, grads, m, v).
+    const model::ParameterLayout layout(api::ShapeOf(single.spec.model), rank % o.tp, o.tp);
+    int64_t sharded = 0, replicated = 0, padding = 0;
+    for (int u = 0; u < layout.units(); ++u) {
+      const int64_t n = layout.Unit(u).second - layout.Unit(u).first, shard = (n + S - 1) / S;
+      sharded += 4 * int64_t(runtime::CachingAllocator::RoundedSize(size_t(shard) * 4));
+      replicated += 4 * int64_t(runtime::CachingAllocator::RoundedSize(size_t(n) * 4));
+      padding += 4 * (512 + 4 * S);  // the shard's padding and the allocator's rounding, per buffer
+    }
     std::ifstream in(fs::path(o.dir) / ("rank" + std::to_string(rank) + ".txt"));
     int64_t params = 0, grads = 0, optimizer = 0, gathered = 0, peak_blocks = 0;
     in >> params >> grads >> optimizer >> gathered >> peak_blocks;
     const int64_t state = params + grads + optimizer;
     if (rank == 0) {
-      std::printf("rank 0: params + grads + optimizer %lld bytes (replicated %lld, / S = %lld), gathered peak %lld, "
-                  "at most %lld blocks unsharded\n",
+      std::printf("rank 0: params + grads + optimizer %lld bytes (its TP slice replicated %lld, / S = %lld), gathered "
+                  "peak %lld, at most %lld blocks unsharded\n",
                   (long long)state, (long long)replicated, (long long)(replicated / S), (long long)gathered,
                   (long long)peak_blocks);
     }
@@ -297,6 +300,7 @@ int main(int argc, char** argv) {
     else if (flag == "--ranks") o.ranks = std::atoi(value.c_str());
     else if (flag == "--nodes") o.nodes = std::atoi(value.c_str());
     else if (flag == "--shard") o.shard = std::atoi(value.c_str());
+    else if (flag == "--tp") o.tp = std::atoi(value.c_str());
     else if (flag == "--repeat") o.repeat = std::atoi(value.c_str());
     else if (flag == "--limit-mib") o.limit_mib = std::atoi(value.c_str());
     else if (flag == "--activations") o.activations = value;

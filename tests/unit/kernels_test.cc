@@ -163,6 +163,53 @@ TEST(KernelGradients, SoftmaxCrossEntropy) {
   ExpectGradient("dlogits", &logits, dlogits, loss, 1000);
 }
 
+// The vocabulary split in uneven slices (11 entries over 3 ranks: 3, 4, 4): each slice's
+// statistics, gathered, give every slice its part of the whole softmax and the same loss,
+// and the backward of a slice is its part of the whole backward; so does the embedding.
+TEST(KernelVocabSlices, SlicesGiveTheWholeSoftmaxLossAndEmbedding) {
+  const Vec logits = Random(B * Tn * V, 3, 3.0);
+  const std::vector<int32_t> targets = {0, 3, 10, 5, 5, 1, 2, 9, 8, 7};
+  Vec probs(logits.size()), losses(B * Tn), dlogits(logits.size());
+  SoftmaxCrossEntropyForward(probs.data(), losses.data(), logits.data(), targets.data(), B, Tn, V);
+  SoftmaxCrossEntropyBackward(dlogits.data(), probs.data(), targets.data(), 0.5, B, Tn, V);
+  const int slices = 3, BT = B * Tn;
+  auto begin_of = [&](int s) { return V * s / slices; };
+  Vec all_stats(size_t(3 * BT * slices));
+  std::vector<Vec> parts(slices);
+  for (int s = 0; s < slices; ++s) {
+    const int vb = begin_of(s), vl = begin_of(s + 1) - vb;
+    parts[s].resize(size_t(BT * vl));
+    for (int bt = 0; bt < BT; ++bt) {
+      for (int v = 0; v < vl; ++v) parts[s][size_t(bt * vl + v)] = logits[size_t(bt * V + vb + v)];
+    }
+    VocabSliceStats(all_stats.data() + 3 * BT * s, parts[s].data(), targets.data(), B, Tn, vl, vb);
+  }
+  for (int s = 0; s < slices; ++s) {
+    const int vb = begin_of(s), vl = begin_of(s + 1) - vb;
+    Vec slice_probs(parts[s].size()), slice_losses(BT), slice_dlogits(parts[s].size());
+    VocabSliceSoftmax(slice_probs.data(), slice_losses.data(), parts[s].data(), all_stats.data(), slices, B, Tn, vl);
+    SoftmaxCrossEntropyBackward(slice_dlogits.data(), slice_probs.data(), targets.data(), 0.5, B, Tn, vl, vb);
+    for (int bt = 0; bt < BT; ++bt) {
+      EXPECT_NEAR(slice_losses[bt], losses[bt], 1e-12) << "slice " << s;
+      for (int v = 0; v < vl; ++v) {
+        EXPECT_NEAR(slice_probs[size_t(bt * vl + v)], probs[size_t(bt * V + vb + v)], 1e-14);
+        EXPECT_NEAR(slice_dlogits[size_t(bt * vl + v)], dlogits[size_t(bt * V + vb + v)], 1e-14);
+      }
+    }
+  }
+  // The embedding: each slice looks up its tokens, one adds the positions; the sum is exact.
+  const Vec wte = Random(V * C, 4), wpe = Random(Tn * C, 5);
+  Vec whole(B * Tn * C), sum(B * Tn * C, 0.0);
+  EncoderForward(whole.data(), targets.data(), wte.data(), wpe.data(), B, Tn, C);
+  for (int s = 0; s < slices; ++s) {
+    Vec part(whole.size());
+    EncoderForward(part.data(), targets.data(), wte.data() + begin_of(s) * C, s == 0 ? wpe.data() : nullptr, B, Tn,
+                   C, begin_of(s), begin_of(s + 1));
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+  }
+  EXPECT_EQ(sum, whole);
+}
+
 // The fp32 instantiation against the fp64 reference, forward and backward.
 TEST(KernelPrecision, FloatMatchesDoubleReference) {
   const int OC = 3 * C;

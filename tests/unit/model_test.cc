@@ -63,6 +63,54 @@ TEST(ModelInit, IsAPureFunctionOfSeedTensorAndIndex) {
   EXPECT_EQ(p[big.Offset(Param::kQkvB, 0)], 0.0f);
 }
 
+// A TP slice initialises exactly its elements of the single-rank model: every element of
+// the whole model lands in exactly one slice (or, for a tensor every rank holds whole,
+// in all of them), bit for bit, including a vocabulary the group does not divide.
+TEST(ModelInit, TensorParallelSlicesAreTheSingleRankModelBitForBit) {
+  const api::ModelShape shape{.layers = 2, .heads = 4, .hidden = 8, .vocab_size = 11, .seq_len = 6};
+  const ParameterLayout whole(shape);
+  std::vector<float> reference(size_t(whole.total()));
+  InitParameters(reference.data(), whole, 5);
+  for (int T : {2, 4}) {
+    std::vector<int> covered(size_t(whole.total()), 0);
+    for (int t = 0; t < T; ++t) {
+      const ParameterLayout slice(shape, t, T);
+      std::vector<float> local(size_t(slice.total()));
+      InitParameterRange(local.data(), slice, 5, 0, slice.total());
+      ASSERT_EQ(slice.tensors().size(), whole.tensors().size());
+      for (size_t id = 0; id < slice.tensors().size(); ++id) {
+        const ParamTensor& part = slice.tensors()[id];
+        const ParamTensor& full = whole.tensors()[id];
+        for (int64_t i = 0; i < part.size; ++i) {
+          const int64_t at = full.offset + slice.GlobalIndex(part, i);
+          ASSERT_LT(at, full.offset + full.size) << part.name << " element " << i;
+          EXPECT_EQ(local[size_t(part.offset + i)], reference[size_t(at)]) << part.name << " element " << i << " of tp " << t;
+          ++covered[size_t(at)];
+        }
+      }
+    }
+    for (const ParamTensor& t : whole.tensors()) {
+      const bool replicated = ParameterLayout(shape, 0, T).tensors()[size_t(&t - whole.tensors().data())].tp_replicated();
+      for (int64_t i = 0; i < t.size; ++i) {
+        ASSERT_EQ(covered[size_t(t.offset + i)], replicated ? T : 1) << t.name << " element " << i << ", T=" << T;
+      }
+    }
+  }
+}
+
+TEST(ModelLayout, ATensorParallelDegreeThatDoesNotDivideTheHeadsNamesTheField) {
+  const api::ModelShape shape{.layers = 1, .heads = 6, .hidden = 12, .vocab_size = 11, .seq_len = 6};
+  try {
+    ParameterLayout(shape, 0, 4);
+    ADD_FAILURE() << "4 ranks split 6 heads";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("spec.parallelism.tensorParallelDegree: must divide spec.model.heads (6), got 4"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(ParameterLayout(shape, 2, 3).VocabRange(), (std::pair<int64_t, int64_t>{7, 11}));
+}
+
 TEST(ModelGradients, WholeModelMatchesFiniteDifferences) {
   Gpt2<double> model(kTiny, B, Tn);
   InitParameters(model.params().data(), model.layout(), 7);

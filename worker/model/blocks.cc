@@ -53,15 +53,16 @@ struct Carver {
 };
 
 template <class T>
-BlockActivations<T> CarveBlock(T* base, int max_batch, int max_seq, const api::ModelShape& s) {
-  const int64_t bt = int64_t(max_batch) * max_seq, btc = bt * s.hidden, bhtt = int64_t(max_batch) * s.heads * max_seq * max_seq;
+BlockActivations<T> CarveBlock(T* base, int max_batch, int max_seq, const api::ModelShape& s, TpSlice tp) {
+  const int64_t bt = int64_t(max_batch) * max_seq, btc = bt * s.hidden, btc_local = btc / tp.size,
+                bhtt = int64_t(max_batch) * (s.heads / tp.size) * max_seq * max_seq;
   Carver<T> c{base};
   BlockActivations<T> a{};
   a.ln1 = c.Take(btc);
   a.ln1_mean = c.Take(bt);
   a.ln1_rstd = c.Take(bt);
-  a.qkv = c.Take(3 * btc);
-  a.atty = c.Take(btc);
+  a.qkv = c.Take(3 * btc_local);
+  a.atty = c.Take(btc_local);
   a.preatt = c.Take(bhtt);
   a.att = c.Take(bhtt);
   a.attproj = c.Take(btc);
@@ -69,8 +70,8 @@ BlockActivations<T> CarveBlock(T* base, int max_batch, int max_seq, const api::M
   a.ln2 = c.Take(btc);
   a.ln2_mean = c.Take(bt);
   a.ln2_rstd = c.Take(bt);
-  a.fch = c.Take(4 * btc);
-  a.fch_gelu = c.Take(4 * btc);
+  a.fch = c.Take(4 * btc_local);
+  a.fch_gelu = c.Take(4 * btc_local);
   a.fcproj = c.Take(btc);
   a.residual3 = c.Take(btc);
   a.base = base;
@@ -79,16 +80,20 @@ BlockActivations<T> CarveBlock(T* base, int max_batch, int max_seq, const api::M
 }
 
 template <class T>
-HeadActivations<T> CarveHead(T* base, int max_batch, int max_seq, const api::ModelShape& s, int64_t* size) {
-  const int64_t bt = int64_t(max_batch) * max_seq;
+HeadActivations<T> CarveHead(T* base, int max_batch, int max_seq, const api::ModelShape& s, TpSlice tp, int64_t* size) {
+  const int64_t bt = int64_t(max_batch) * max_seq, vocab = tp.vocab(s.vocab_size);
   Carver<T> c{base};
   HeadActivations<T> h{};
   h.lnf = c.Take(bt * s.hidden);
   h.lnf_mean = c.Take(bt);
   h.lnf_rstd = c.Take(bt);
-  h.logits = c.Take(bt * s.vocab_size);
-  h.probs = c.Take(bt * s.vocab_size);
+  h.logits = c.Take(bt * vocab);
+  h.probs = c.Take(bt * vocab);
   h.losses = c.Take(bt);
+  if (tp.size > 1) {
+    h.stats = c.Take(3 * bt);
+    h.all_stats = c.Take(3 * bt * tp.size);
+  }
   *size = c.used;
   return h;
 }
@@ -96,26 +101,28 @@ HeadActivations<T> CarveHead(T* base, int max_batch, int max_seq, const api::Mod
 }  // namespace
 
 template <class T>
-int64_t BlockActivations<T>::Size(int max_batch, int max_seq, const api::ModelShape& shape) {
-  return CarveBlock<T>(nullptr, max_batch, max_seq, shape).size;
+int64_t BlockActivations<T>::Size(int max_batch, int max_seq, const api::ModelShape& shape, TpSlice tp) {
+  return CarveBlock<T>(nullptr, max_batch, max_seq, shape, tp).size;
 }
 
 template <class T>
-BlockActivations<T> BlockActivations<T>::At(T* base, int max_batch, int max_seq, const api::ModelShape& shape) {
-  return CarveBlock(base, max_batch, max_seq, shape);
+BlockActivations<T> BlockActivations<T>::At(T* base, int max_batch, int max_seq, const api::ModelShape& shape,
+                                            TpSlice tp) {
+  return CarveBlock(base, max_batch, max_seq, shape, tp);
 }
 
 template <class T>
-int64_t HeadActivations<T>::Size(int max_batch, int max_seq, const api::ModelShape& shape) {
+int64_t HeadActivations<T>::Size(int max_batch, int max_seq, const api::ModelShape& shape, TpSlice tp) {
   int64_t size = 0;
-  CarveHead<T>(nullptr, max_batch, max_seq, shape, &size);
+  CarveHead<T>(nullptr, max_batch, max_seq, shape, tp, &size);
   return size;
 }
 
 template <class T>
-HeadActivations<T> HeadActivations<T>::At(T* base, int max_batch, int max_seq, const api::ModelShape& shape) {
+HeadActivations<T> HeadActivations<T>::At(T* base, int max_batch, int max_seq, const api::ModelShape& shape,
+                                          TpSlice tp) {
   int64_t size = 0;
-  return CarveHead(base, max_batch, max_seq, shape, &size);
+  return CarveHead(base, max_batch, max_seq, shape, tp, &size);
 }
 
 template <class T>
@@ -144,62 +151,107 @@ ModelActivations<T> ModelActivations<T>::At(T* base, int max_batch, int max_seq,
   return a;
 }
 
+namespace {
+
+// The tensor-parallel all-reduce that joins partial sums; nothing without a group.
+void AllReduce(const Dims& d, float* data, int64_t n) {
+  if (d.tp) d.tp->AllReduceSum(data, n);
+}
+void AllReduce(const Dims& d, double*, int64_t) {
+  if (d.tp) throw std::logic_error("tensor parallelism runs in float");
+}
+void AllGather(const Dims& d, const float* in, float* out, int64_t n) { d.tp->AllGather(in, out, n); }
+void AllGather(const Dims&, const double*, double*, int64_t) {
+  throw std::logic_error("tensor parallelism runs in float");
+}
+
+// What the all-reduce after a row-parallel product (or the embedding) must add once: the
+// bias (or the positions), given on the group's first rank only.
+template <class T>
+const T* OnFirstRank(const Dims& d, const T* bias) {
+  return d.slice().rank == 0 ? bias : nullptr;
+}
+
+}  // namespace
+
 template <class T>
 void EmbedForward(T* encoded, const int32_t* inputs, const RootParams<const T>& p, const Dims& d) {
-  k::EncoderForward(encoded, inputs, p.wte, p.wpe, d.B, d.Tn, d.C);
+  if (!d.tp) return k::EncoderForward(encoded, inputs, p.wte, p.wpe, d.B, d.Tn, d.C);
+  // Each slice looks up its own tokens, rank 0 adds the positions: the sum is exact.
+  const TpSlice tp = d.slice();
+  const int begin = int(tp.vocab_begin(d.V)), end = begin + int(tp.vocab(d.V));
+  k::EncoderForward(encoded, inputs, p.wte, OnFirstRank(d, p.wpe), d.B, d.Tn, d.C, begin, end);
+  AllReduce(d, encoded, int64_t(d.B) * d.Tn * d.C);
 }
 
 template <class T>
 void EmbedBackward(const RootParams<T>& dp, const T* dencoded, const int32_t* inputs, const Dims& d) {
-  k::EncoderBackward(dp.wte, dp.wpe, dencoded, inputs, d.B, d.Tn, d.C);
+  const TpSlice tp = d.slice();
+  const int begin = int(tp.vocab_begin(d.V)), end = begin + int(tp.vocab(d.V));
+  k::EncoderBackward(dp.wte, dp.wpe, dencoded, inputs, d.B, d.Tn, d.C, begin, end);
 }
 
 template <class T>
 void BlockForward(const BlockActivations<T>& a, const T* residual, const BlockParams<const T>& p, const Dims& d) {
-  const int B = d.B, Tn = d.Tn, C = d.C;
+  const int B = d.B, Tn = d.Tn, C = d.C, tp = d.slice().size;
+  const int Cl = C / tp, NHl = d.NH / tp;  // this rank's attention width and heads
   const int64_t BTC = int64_t(B) * Tn * C;
   k::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w, p.ln1b, B, Tn, C);
-  k::MatmulForward(a.qkv, a.ln1, p.qkvw, p.qkvb, B, Tn, C, 3 * C);
-  k::AttentionForward(a.atty, a.preatt, a.att, a.qkv, B, Tn, C, d.NH);
-  k::MatmulForward(a.attproj, a.atty, p.attprojw, p.attprojb, B, Tn, C, C);
+  k::MatmulForward(a.qkv, a.ln1, p.qkvw, p.qkvb, B, Tn, C, 3 * Cl);
+  k::AttentionForward(a.atty, a.preatt, a.att, a.qkv, B, Tn, Cl, NHl);
+  k::MatmulForward(a.attproj, a.atty, p.attprojw, OnFirstRank(d, p.attprojb), B, Tn, Cl, C);
+  AllReduce(d, a.attproj, BTC);
   k::ResidualForward(a.residual2, residual, a.attproj, BTC);
   k::LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, B, Tn, C);
-  k::MatmulForward(a.fch, a.ln2, p.fcw, p.fcb, B, Tn, C, 4 * C);
-  k::GeluForward(a.fch_gelu, a.fch, 4 * BTC);
-  k::MatmulForward(a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb, B, Tn, 4 * C, C);
+  k::MatmulForward(a.fch, a.ln2, p.fcw, p.fcb, B, Tn, C, 4 * Cl);
+  k::GeluForward(a.fch_gelu, a.fch, 4 * BTC / tp);
+  k::MatmulForward(a.fcproj, a.fch_gelu, p.fcprojw, OnFirstRank(d, p.fcprojb), B, Tn, 4 * Cl, C);
+  AllReduce(d, a.fcproj, BTC);
   k::ResidualForward(a.residual3, a.residual2, a.fcproj, BTC);
 }
 
 template <class T>
 void BlockBackward(const BlockParams<T>& dp, T* dresidual, const BlockActivations<T>& g, const T* dout,
                    const BlockActivations<T>& a, const T* residual, const BlockParams<const T>& p, const Dims& d) {
-  const int B = d.B, Tn = d.Tn, C = d.C;
+  const int B = d.B, Tn = d.Tn, C = d.C, tp = d.slice().size;
+  const int Cl = C / tp, NHl = d.NH / tp;
   const int64_t BTC = int64_t(B) * Tn * C;
   std::fill(g.base, g.base + g.size, T(0));
   k::ResidualBackward(g.residual2, g.fcproj, dout, BTC);
-  k::MatmulBackward(g.fch_gelu, dp.fcprojw, dp.fcprojb, g.fcproj, a.fch_gelu, p.fcprojw, B, Tn, 4 * C, C);
-  k::GeluBackward(g.fch, a.fch, g.fch_gelu, 4 * BTC);
-  k::MatmulBackward(g.ln2, dp.fcw, dp.fcb, g.fch, a.ln2, p.fcw, B, Tn, C, 4 * C);
+  k::MatmulBackward(g.fch_gelu, dp.fcprojw, dp.fcprojb, g.fcproj, a.fch_gelu, p.fcprojw, B, Tn, 4 * Cl, C);
+  k::GeluBackward(g.fch, a.fch, g.fch_gelu, 4 * BTC / tp);
+  k::MatmulBackward(g.ln2, dp.fcw, dp.fcb, g.fch, a.ln2, p.fcw, B, Tn, C, 4 * Cl);
+  AllReduce(d, g.ln2, BTC);  // each rank's hidden units gave part of it
   k::LayerNormBackward(g.residual2, dp.ln2w, dp.ln2b, g.ln2, a.residual2, p.ln2w, a.ln2_mean, a.ln2_rstd, B, Tn, C);
   k::ResidualBackward(dresidual, g.attproj, g.residual2, BTC);
-  k::MatmulBackward(g.atty, dp.attprojw, dp.attprojb, g.attproj, a.atty, p.attprojw, B, Tn, C, C);
-  k::AttentionBackward(g.qkv, g.preatt, g.att, g.atty, a.qkv, a.att, B, Tn, C, d.NH);
-  k::MatmulBackward(g.ln1, dp.qkvw, dp.qkvb, g.qkv, a.ln1, p.qkvw, B, Tn, C, 3 * C);
+  k::MatmulBackward(g.atty, dp.attprojw, dp.attprojb, g.attproj, a.atty, p.attprojw, B, Tn, Cl, C);
+  k::AttentionBackward(g.qkv, g.preatt, g.att, g.atty, a.qkv, a.att, B, Tn, Cl, NHl);
+  k::MatmulBackward(g.ln1, dp.qkvw, dp.qkvb, g.qkv, a.ln1, p.qkvw, B, Tn, C, 3 * Cl);
+  AllReduce(d, g.ln1, BTC);  // and each rank's heads
   k::LayerNormBackward(dresidual, dp.ln1w, dp.ln1b, g.ln1, residual, p.ln1w, a.ln1_mean, a.ln1_rstd, B, Tn, C);
 }
 
 template <class T>
 double HeadForward(const HeadActivations<T>& h, const T* x, const RootParams<const T>& p, const int32_t* targets,
                    const Dims& d) {
-  const int B = d.B, Tn = d.Tn, C = d.C, V = d.V;
+  const int B = d.B, Tn = d.Tn, C = d.C;
+  const TpSlice tp = d.slice();
+  const int V = int(tp.vocab(d.V));  // this rank's slice of the vocabulary
   k::LayerNormForward(h.lnf, h.lnf_mean, h.lnf_rstd, x, p.lnfw, p.lnfb, B, Tn, C);
   k::MatmulForward(h.logits, h.lnf, p.wte, static_cast<const T*>(nullptr), B, Tn, C, V);
-  if (targets == nullptr) {
-    const std::vector<int32_t> zeros(size_t(B) * Tn, 0);
+  if (d.tp) {
+    const int64_t bt = int64_t(B) * Tn;
+    k::VocabSliceStats(h.stats, h.logits, targets, B, Tn, V, int(tp.vocab_begin(d.V)));
+    AllGather(d, h.stats, h.all_stats, 3 * bt);
+    k::VocabSliceSoftmax(h.probs, targets ? h.losses : static_cast<T*>(nullptr), h.logits, h.all_stats, tp.size, B,
+                         Tn, V);
+  } else if (targets == nullptr) {
+    const std::vector<int32_t> zeros(size_t(B) * Tn, 0);  // targets of 0 keep the softmax right
     k::SoftmaxCrossEntropyForward(h.probs, h.losses, h.logits, zeros.data(), B, Tn, V);
-    return 0;
+  } else {
+    k::SoftmaxCrossEntropyForward(h.probs, h.losses, h.logits, targets, B, Tn, V);
   }
-  k::SoftmaxCrossEntropyForward(h.probs, h.losses, h.logits, targets, B, Tn, V);
+  if (targets == nullptr) return 0;
   double sum = 0;
   for (int64_t i = 0; i < int64_t(B) * Tn; ++i) sum += double(h.losses[i]);
   return sum / (double(B) * Tn);
@@ -208,12 +260,16 @@ double HeadForward(const HeadActivations<T>& h, const T* x, const RootParams<con
 template <class T>
 void HeadBackward(const RootParams<T>& dp, T* dx, const HeadActivations<T>& g, const HeadActivations<T>& h,
                   const T* x, const RootParams<const T>& p, const int32_t* targets, T loss_scale, const Dims& d) {
-  const int B = d.B, Tn = d.Tn, C = d.C, V = d.V;
+  const int B = d.B, Tn = d.Tn, C = d.C;
+  const TpSlice tp = d.slice();
+  const int V = int(tp.vocab(d.V));
   const int64_t bt = int64_t(B) * Tn;
   std::fill(g.lnf, g.lnf + bt * C, T(0));
   std::fill(g.logits, g.logits + bt * V, T(0));
-  k::SoftmaxCrossEntropyBackward(g.logits, h.probs, targets, loss_scale / T(B * Tn), B, Tn, V);
+  k::SoftmaxCrossEntropyBackward(g.logits, h.probs, targets, loss_scale / T(B * Tn), B, Tn, V,
+                                 int(tp.vocab_begin(d.V)));
   k::MatmulBackward(g.lnf, dp.wte, static_cast<T*>(nullptr), g.logits, h.lnf, p.wte, B, Tn, C, V);
+  AllReduce(d, g.lnf, bt * C);  // each slice of the vocabulary gave part of it
   k::LayerNormBackward(dx, dp.lnfw, dp.lnfb, g.lnf, x, p.lnfw, h.lnf_mean, h.lnf_rstd, B, Tn, C);
 }
 

@@ -9,6 +9,14 @@
 // Backward functions accumulate into parameter gradients (+=) and into the gradient
 // of their input, which the caller zeroes; the scratch gradients of a block are
 // zeroed here. Shapes: B sequences of Tn tokens, C channels, NH heads, V vocabulary.
+//
+// Tensor parallelism (Megatron; parameters.h says which slice a rank holds): with a
+// TensorParallelGroup in Dims, QKV and MLP-in are column-parallel (this rank's heads and
+// hidden units), attention-out and MLP-out row-parallel, joined by one all-reduce each
+// in forward (and one each in backward, for the input gradient of the column-parallel
+// products); the embedding and the LM head are vocabulary-parallel, and the softmax is
+// computed across the group from per-slice statistics, never gathering the logits.
+// Every rank of the group ends with the same activations and loss, bit for bit.
 // Views are sized for the largest micro-batch (max_batch x max_seq); a call uses the
 // first B*Tn rows. Thread-safety: plain functions; kernels use OpenMP inside.
 
@@ -22,8 +30,30 @@
 
 namespace meshtrain::model {
 
+// The tensor-parallel group a layer runs in. Float only.
+class TensorParallelGroup {
+ public:
+  virtual ~TensorParallelGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // data (n) = its sum over the group, in place; every rank gets the same bits.
+  virtual void AllReduceSum(float* data, int64_t n) = 0;
+  // out (size x n) = every rank's in (n), in rank order.
+  virtual void AllGather(const float* in, float* out, int64_t n) = 0;
+};
+
+// Local widths for rank `tp_rank` of `tp_size`: heads, attention width C/T, MLP width
+// 4C/T and the vocabulary slice [V*t/T, V*(t+1)/T).
+struct TpSlice {
+  int rank = 0, size = 1;
+  int64_t vocab_begin(int64_t V) const { return V * rank / size; }
+  int64_t vocab(int64_t V) const { return V * (rank + 1) / size - vocab_begin(V); }
+};
+
 struct Dims {
   int B, Tn, C, NH, V;
+  TensorParallelGroup* tp = nullptr;  // null: every layer whole on this rank
+  TpSlice slice() const { return tp ? TpSlice{tp->rank(), tp->size()} : TpSlice{}; }
 };
 
 // The tokens of a forward, kept for its backward.
@@ -59,17 +89,18 @@ struct BlockActivations {
       *fch_gelu, *fcproj, *residual3;  // residual3: the block's output
   T* base;
   int64_t size;
-  // Elements for micro-batches up to max_batch x max_seq.
-  static int64_t Size(int max_batch, int max_seq, const api::ModelShape& shape);
-  static BlockActivations At(T* base, int max_batch, int max_seq, const api::ModelShape& shape);
+  // Elements for micro-batches up to max_batch x max_seq, on TP slice `tp`.
+  static int64_t Size(int max_batch, int max_seq, const api::ModelShape& shape, TpSlice tp = {});
+  static BlockActivations At(T* base, int max_batch, int max_seq, const api::ModelShape& shape, TpSlice tp = {});
 };
 
-// The final LayerNorm, the tied LM head and the loss.
+// The final LayerNorm, the tied LM head (this slice's logits and probs) and the loss;
+// with TP, the softmax statistics of this slice (B*T,3) and of all (T,B*T,3).
 template <class T>
 struct HeadActivations {
-  T *lnf, *lnf_mean, *lnf_rstd, *logits, *probs, *losses;
-  static int64_t Size(int max_batch, int max_seq, const api::ModelShape& shape);
-  static HeadActivations At(T* base, int max_batch, int max_seq, const api::ModelShape& shape);
+  T *lnf, *lnf_mean, *lnf_rstd, *logits, *probs, *losses, *stats, *all_stats;
+  static int64_t Size(int max_batch, int max_seq, const api::ModelShape& shape, TpSlice tp = {});
+  static HeadActivations At(T* base, int max_batch, int max_seq, const api::ModelShape& shape, TpSlice tp = {});
 };
 
 // Every activation of a micro-batch, as views into one buffer: what the forward keeps

@@ -25,33 +25,79 @@ double CounterNormal(uint64_t seed, uint64_t tensor, uint64_t element) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
 }
 
-ParameterLayout::ParameterLayout(const api::ModelShape& shape) : shape_(shape) {
-  const int64_t C = shape.hidden, V = shape.vocab_size, maxT = shape.seq_len;
-  auto add = [&](Param kind, int layer, const char* name, std::vector<int64_t> dims, bool decay) {
+ParameterLayout::ParameterLayout(const api::ModelShape& shape, int tp_rank, int tp_size)
+    : shape_(shape), tp_rank_(tp_rank), tp_size_(tp_size) {
+  const int64_t C = shape.hidden, V = shape.vocab_size, maxT = shape.seq_len, T = tp_size;
+  auto require = [&](int64_t n, const std::string& what) {
+    if (T < 1 || n % T != 0) {
+      throw std::invalid_argument("spec.parallelism.tensorParallelDegree: must divide " + what + " (" +
+                                  std::to_string(n) + "), got " + std::to_string(T));
+    }
+  };
+  require(shape.heads, "spec.model.heads");
+  require(4 * C, "the MLP width (4 x spec.model.hidden)");
+  if (tp_rank < 0 || tp_rank >= T) throw std::out_of_range("tensor-parallel rank outside the group");
+  using enum TpSplit;
+  auto add = [&](Param kind, int layer, const char* name, std::vector<int64_t> dims, bool decay, TpSplit split) {
+    int64_t begin = 0;
+    if (kind == Param::kWte) {
+      begin = VocabRange().first;
+      dims[0] = VocabRange().second - begin;
+    } else if (split == kColumns) {
+      dims[1] /= T;
+      begin = tp_rank * dims[1];
+    } else if (split != kReplicated) {
+      dims[0] /= T;
+      begin = tp_rank * dims[0];
+    }
     ParamTensor t{kind, layer, layer < 0 ? name : "h" + std::to_string(layer) + "." + name, std::move(dims), total_, 1,
-                  decay};
+                  decay, split, begin};
     for (int64_t d : t.shape) t.size *= d;
     total_ += t.size;
     tensors_.push_back(std::move(t));
   };
-  add(Param::kWte, -1, "wte", {V, C}, true);
-  add(Param::kWpe, -1, "wpe", {maxT, C}, true);
-  add(Param::kLnfW, -1, "lnf.w", {C}, false);
-  add(Param::kLnfB, -1, "lnf.b", {C}, false);
+  add(Param::kWte, -1, "wte", {V, C}, true, kRows);
+  add(Param::kWpe, -1, "wpe", {maxT, C}, true, kReplicated);
+  add(Param::kLnfW, -1, "lnf.w", {C}, false, kReplicated);
+  add(Param::kLnfB, -1, "lnf.b", {C}, false, kReplicated);
   for (int l = 0; l < int(shape.layers); ++l) {
-    add(Param::kLn1W, l, "ln1.w", {C}, false);
-    add(Param::kLn1B, l, "ln1.b", {C}, false);
-    add(Param::kQkvW, l, "qkv.w", {3 * C, C}, true);
-    add(Param::kQkvB, l, "qkv.b", {3 * C}, false);
-    add(Param::kAttProjW, l, "attproj.w", {C, C}, true);
-    add(Param::kAttProjB, l, "attproj.b", {C}, false);
-    add(Param::kLn2W, l, "ln2.w", {C}, false);
-    add(Param::kLn2B, l, "ln2.b", {C}, false);
-    add(Param::kFcW, l, "fc.w", {4 * C, C}, true);
-    add(Param::kFcB, l, "fc.b", {4 * C}, false);
-    add(Param::kFcProjW, l, "fcproj.w", {C, 4 * C}, true);
-    add(Param::kFcProjB, l, "fcproj.b", {C}, false);
+    add(Param::kLn1W, l, "ln1.w", {C}, false, kReplicated);
+    add(Param::kLn1B, l, "ln1.b", {C}, false, kReplicated);
+    add(Param::kQkvW, l, "qkv.w", {3 * C, C}, true, kQkvRows);
+    add(Param::kQkvB, l, "qkv.b", {3 * C}, false, kQkvRows);
+    add(Param::kAttProjW, l, "attproj.w", {C, C}, true, kColumns);
+    add(Param::kAttProjB, l, "attproj.b", {C}, false, kReplicated);
+    add(Param::kLn2W, l, "ln2.w", {C}, false, kReplicated);
+    add(Param::kLn2B, l, "ln2.b", {C}, false, kReplicated);
+    add(Param::kFcW, l, "fc.w", {4 * C, C}, true, kRows);
+    add(Param::kFcB, l, "fc.b", {4 * C}, false, kRows);
+    add(Param::kFcProjW, l, "fcproj.w", {C, 4 * C}, true, kColumns);
+    add(Param::kFcProjB, l, "fcproj.b", {C}, false, kReplicated);
   }
+}
+
+std::pair<int64_t, int64_t> ParameterLayout::VocabRange() const {
+  const int64_t V = shape_.vocab_size;
+  return {V * tp_rank_ / tp_size_, V * (tp_rank_ + 1) / tp_size_};
+}
+
+int64_t ParameterLayout::GlobalIndex(const ParamTensor& t, int64_t local) const {
+  const int64_t T = tp_size_, r = tp_rank_;
+  const int64_t row_size = t.shape.size() > 1 ? t.shape[1] : 1;  // local elements per row
+  switch (t.split) {
+    case TpSplit::kReplicated: return local;
+    case TpSplit::kRows: return t.slice_begin * row_size + local;
+    case TpSplit::kQkvRows: {
+      // Three local parts (q, k, v); part p of the whole tensor is T times as large.
+      const int64_t part = t.size / 3, p = local / part;
+      return p * T * part + r * part + local % part;
+    }
+    case TpSplit::kColumns: {
+      const int64_t row = local / row_size, column = local % row_size;
+      return row * row_size * T + t.slice_begin + column;
+    }
+  }
+  return local;
 }
 
 int64_t ParameterLayout::Offset(Param kind, int layer) const {
@@ -85,7 +131,7 @@ void InitParameterRange(T* out, const ParameterLayout& layout, uint64_t seed, in
     for (int64_t i = from; i < to; ++i) {
       p[i - from] = is_ln_weight ? T(1)
                     : is_bias    ? T(0)
-                                 : T(stddev * CounterNormal(seed, id, uint64_t(i - t.offset)));
+                                 : T(stddev * CounterNormal(seed, id, uint64_t(layout.GlobalIndex(t, i - t.offset))));
     }
   }
 }

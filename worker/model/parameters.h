@@ -4,8 +4,19 @@
 //                       ln2.w (C)  ln2.b (C)  fc.w (4C,C)  fc.b (4C)  fcproj.w (C,4C)  fcproj.b (C)
 // The token embedding wte is tied to the LM head.
 //
-// Initialisation is a pure function of (seed, tensor, element index), so any shard
-// of any layout can initialise its own elements and get exactly the single-rank model.
+// With tensor parallelism (Megatron), rank t of T holds a slice of the split tensors:
+//   wte            rows VocabRange(): [floor(t*V/T), floor((t+1)*V/T)), so T need not
+//                  divide V (GPT-2's 50257)   (vocabulary-parallel embedding and LM head)
+//   qkv.w, qkv.b   of each of q, k and v, rows [t*C/T, (t+1)*C/T): heads split (column-parallel)
+//   attproj.w      columns [t*C/T, (t+1)*C/T)        (row-parallel)
+//   fc.w, fc.b     rows [t*4C/T, (t+1)*4C/T)         (column-parallel)
+//   fcproj.w       columns [t*4C/T, (t+1)*4C/T)      (row-parallel)
+// and a whole copy of the rest (wpe, the LayerNorms, the row-parallel biases), which are
+// `tp_replicated`. Offsets are local; GlobalIndex maps a local element to its index in
+// the single-rank tensor.
+//
+// Initialisation is a pure function of (seed, tensor, global element index), so any
+// shard of any TP slice initialises its own elements and gets exactly the single-rank model.
 
 #pragma once
 
@@ -22,21 +33,41 @@ enum class Param {
   kLn1W, kLn1B, kQkvW, kQkvB, kAttProjW, kAttProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB,
 };
 
+// How a tensor is split over the tensor-parallel group.
+enum class TpSplit {
+  kReplicated,  // whole on every rank
+  kRows,        // dim 0 in T equal slices
+  kQkvRows,     // dim 0 in three parts (q, k, v), each in T equal slices
+  kColumns,     // dim 1 in T equal slices
+};
+
 struct ParamTensor {
   Param kind;
   int layer;  // -1 for root tensors
   std::string name;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // this rank's slice
   int64_t offset = 0;
   int64_t size = 0;
   bool decay = false;  // weight decay applies to matrices and embeddings, not biases or LayerNorm
+  TpSplit split = TpSplit::kReplicated;
+  int64_t slice_begin = 0;  // the first row (kRows) or column (kColumns) of the slice in the whole tensor
+  bool tp_replicated() const { return split == TpSplit::kReplicated; }
 };
 
 class ParameterLayout {
  public:
-  explicit ParameterLayout(const api::ModelShape& shape);
+  // Rank `tp_rank` of a tensor-parallel group of `tp_size` (1: the whole model). Throws
+  // std::invalid_argument, naming spec.parallelism.tensorParallelDegree, when tp_size does
+  // not divide the heads or the MLP width.
+  explicit ParameterLayout(const api::ModelShape& shape, int tp_rank = 0, int tp_size = 1);
 
   const api::ModelShape& shape() const { return shape_; }
+  int tp_rank() const { return tp_rank_; }
+  int tp_size() const { return tp_size_; }
+  // [begin, end) of the vocabulary (wte's rows) on this rank.
+  std::pair<int64_t, int64_t> VocabRange() const;
+  // The index in the single-rank tensor of element `local` of this rank's slice of `t`.
+  int64_t GlobalIndex(const ParamTensor& t, int64_t local) const;
   int64_t total() const { return total_; }
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
   int64_t Offset(Param kind, int layer = -1) const;
@@ -46,6 +77,7 @@ class ParameterLayout {
 
  private:
   api::ModelShape shape_;
+  int tp_rank_, tp_size_;
   std::vector<ParamTensor> tensors_;
   int64_t total_ = 0;
 };
@@ -55,8 +87,9 @@ class ParameterLayout {
 template <class T>
 void InitParameters(T* params, const ParameterLayout& layout, uint64_t seed);
 
-// Elements [begin, end) of the flat buffer InitParameters fills, into out[0, end - begin):
-// a shard initialises itself, and the full model never exists on one rank.
+// Elements [begin, end) of the flat buffer InitParameters fills for `layout` (a TP
+// slice: its elements of the single-rank model), into out[0, end - begin): a shard
+// initialises itself, and the full model never exists on one rank.
 template <class T>
 void InitParameterRange(T* out, const ParameterLayout& layout, uint64_t seed, int64_t begin, int64_t end);
 

@@ -24,11 +24,11 @@ void ActivationStore::Check(const ActivationPolicy& policy) {
 }
 
 ActivationStore::ActivationStore(const api::ModelShape& shape, int max_batch, int max_seq, const ActivationPolicy& policy,
-                                 runtime::CachingAllocator* allocator)
+                                 runtime::CachingAllocator* allocator, model::TpSlice tp)
     : policy_(policy), layers_(int(shape.layers)), btc_(int64_t(max_batch) * max_seq * shape.hidden) {
   Check(policy);
-  const int64_t block = BlockActivations<float>::Size(max_batch, max_seq, shape);
-  const int64_t head_size = HeadActivations<float>::Size(max_batch, max_seq, shape);
+  const int64_t block = BlockActivations<float>::Size(max_batch, max_seq, shape, tp);
+  const int64_t head_size = HeadActivations<float>::Size(max_batch, max_seq, shape, tp);
   const int inputs = !policy.checkpointing ? 1 : policy.offload ? std::min(policy.horizon + 1, layers_) : layers_;
   const int kept_blocks = policy.checkpointing ? 1 : layers_;
   const int head_inputs = policy.checkpointing ? 1 : 0;  // otherwise the last block's residual3
@@ -44,10 +44,12 @@ ActivationStore::ActivationStore(const api::ModelShape& shape, int max_batch, in
   };
   for (int i = 0; i < inputs; ++i) slots_.push_back(take(btc_));
   head_input_ = take(btc_ * head_inputs);
-  for (int b = 0; b < kept_blocks; ++b) blocks_.push_back(BlockActivations<float>::At(take(block), max_batch, max_seq, shape));
-  head = HeadActivations<float>::At(take(head_size), max_batch, max_seq, shape);
-  dhead = HeadActivations<float>::At(take(head_size), max_batch, max_seq, shape);
-  dblock = BlockActivations<float>::At(take(block), max_batch, max_seq, shape);
+  for (int b = 0; b < kept_blocks; ++b) {
+    blocks_.push_back(BlockActivations<float>::At(take(block), max_batch, max_seq, shape, tp));
+  }
+  head = HeadActivations<float>::At(take(head_size), max_batch, max_seq, shape, tp);
+  dhead = HeadActivations<float>::At(take(head_size), max_batch, max_seq, shape, tp);
+  dblock = BlockActivations<float>::At(take(block), max_batch, max_seq, shape, tp);
   dresidual[0] = take(btc_);
   dresidual[1] = take(btc_);
   if (policy.checkpointing) work_ = blocks_[0];

@@ -43,7 +43,7 @@ class ActivationStore {
   static void Check(const ActivationPolicy& policy);
   // Check()s the policy.
   ActivationStore(const api::ModelShape& shape, int max_batch, int max_seq, const ActivationPolicy& policy,
-                  runtime::CachingAllocator* allocator);
+                  runtime::CachingAllocator* allocator, model::TpSlice tp = {});
   ~ActivationStore();  // drains the copy stream
 
   const ActivationPolicy& policy() const { return policy_; }

@@ -1,6 +1,7 @@
 #include "worker/parallel/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -21,8 +22,9 @@ const char* OpName(Op op) {
 ShardedEngine::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<const Mesh> mesh, int batch, int seq,
                              uint64_t seed, runtime::MemoryAccounting* accounting, int64_t memory_limit,
                              const ActivationPolicy& activations)
-    : layout_(shape),
+    : layout_(shape, mesh->tp_rank(), mesh->tp_size()),
       mesh_(std::move(mesh)),
+      tp_(mesh_->tp() ? std::make_unique<TensorParallel>(mesh_->tp()) : nullptr),
       batch_(batch),
       seq_(seq),
       allocator_(accounting, runtime::HostMemory(), memory_limit) {
@@ -31,7 +33,25 @@ ShardedEngine::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<const
     units_.push_back(std::make_unique<FlatUnit>(layout_, u, mesh_->shard_size(), mesh_->shard_rank(), seed, &allocator_));
   }
   grads_done_.resize(units_.size());
-  acts_ = std::make_unique<ActivationStore>(shape, batch, seq, activations, &allocator_);
+  acts_ = std::make_unique<ActivationStore>(shape, batch, seq, activations, &allocator_,
+                                            model::TpSlice{mesh_->tp_rank(), mesh_->tp_size()});
+}
+
+void ShardedEngine::TensorParallel::AllReduceSum(float* data, int64_t n) {
+  const auto start = std::chrono::steady_clock::now();
+  group_->AllReduce(data, data, size_t(n), comm::DataType::kFloat32, comm::ReduceOp::kSum)->Wait();
+  seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void ShardedEngine::TensorParallel::AllGather(const float* in, float* out, int64_t n) {
+  const auto start = std::chrono::steady_clock::now();
+  group_->AllGather(in, out, size_t(n), comm::DataType::kFloat32)->Wait();
+  seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+model::Dims ShardedEngine::DimsOf(int B, int Tn) {
+  const api::ModelShape& s = layout_.shape();
+  return {B, Tn, int(s.hidden), int(s.heads), int(s.vocab_size), tp_.get()};
 }
 
 ShardedEngine::~ShardedEngine() {
@@ -91,7 +111,7 @@ void ShardedEngine::ReleaseBlock(int l) {
 double ShardedEngine::Forward(const int32_t* inputs, const int32_t* targets, int B, int Tn) {
   const api::ModelShape& s = layout_.shape();
   batch_tokens_.Set(inputs, targets, B, Tn, batch_, seq_, s.vocab_size);
-  const model::Dims d{B, Tn, int(s.hidden), int(s.heads), int(s.vocab_size)};
+  const model::Dims d = DimsOf(B, Tn);
   const int L = int(s.layers);
   FlatUnit& root = *units_[0];
   root.Gather(mesh_->shard(), comm_, &comm_seconds_);
@@ -126,7 +146,7 @@ void ShardedEngine::Backward(float loss_scale) {
   if (batch_tokens_.targets.empty()) throw std::logic_error("Backward needs a Forward with targets");
   norm_current_ = false;
   const api::ModelShape& s = layout_.shape();
-  const model::Dims d{batch_tokens_.B, batch_tokens_.Tn, int(s.hidden), int(s.heads), int(s.vocab_size)};
+  const model::Dims d = DimsOf(batch_tokens_.B, batch_tokens_.Tn);
   const int L = int(s.layers);
   const int64_t btc = int64_t(batch_tokens_.B) * batch_tokens_.Tn * s.hidden;
   FlatUnit& root = *units_[0];
@@ -197,11 +217,12 @@ void ShardedEngine::ReduceGradients(comm::Communicator*) {
 double ShardedEngine::GradNorm() {
   if (!norm_current_) {
     double squares = 0;
-    for (auto& unit : units_) squares += unit->ShardGradSquares();
-    if (comm::Communicator* shard = mesh_->shard()) {
-      // Each rank's squares are one term of the sum; fp32 carries the norm well enough to clip by.
+    for (auto& unit : units_) squares += unit->ShardGradSquares(/*tp_replicated=*/mesh_->tp_rank() == 0);
+    // Each rank's squares are one term of the sum; fp32 carries the norm well enough to clip by.
+    for (comm::Communicator* group : {mesh_->shard(), mesh_->tp()}) {
+      if (group == nullptr) continue;
       float partial = float(squares);
-      shard->AllReduce(&partial, &partial, 1, comm::DataType::kFloat32, comm::ReduceOp::kSum)->Wait();
+      group->AllReduce(&partial, &partial, 1, comm::DataType::kFloat32, comm::ReduceOp::kSum)->Wait();
       squares = partial;
     }
     norm_ = std::sqrt(squares);
@@ -220,24 +241,49 @@ void ShardedEngine::Update(const train::OptimizerStep& step) {
 std::vector<float> ShardedEngine::NextTokenProbabilities(const int32_t* tokens, int n) {
   Forward(tokens, nullptr, 1, n);
   const int64_t V = layout_.shape().vocab_size;
-  const float* probs = acts_->head.probs + int64_t(n - 1) * V;
-  return std::vector<float>(probs, probs + V);
+  const model::TpSlice slice{mesh_->tp_rank(), mesh_->tp_size()};
+  const float* probs = acts_->head.probs + int64_t(n - 1) * slice.vocab(V);
+  if (!tp_) return std::vector<float>(probs, probs + V);
+  // The slices differ in size by at most one: gather them padded to the largest.
+  const int64_t widest = (V + slice.size - 1) / slice.size;
+  std::vector<float> mine(static_cast<size_t>(widest)), all(static_cast<size_t>(widest * slice.size)), whole;
+  std::copy(probs, probs + slice.vocab(V), mine.begin());
+  tp_->AllGather(mine.data(), all.data(), widest);
+  for (int r = 0; r < slice.size; ++r) {
+    const model::TpSlice other{r, slice.size};
+    whole.insert(whole.end(), all.begin() + r * widest, all.begin() + r * widest + other.vocab(V));
+  }
+  return whole;
 }
 
 std::vector<float> ShardedEngine::Weights() {
-  std::vector<float> weights(size_t(layout_.total()));
+  // This rank's TP slice, gathered over its shard group unit by unit.
+  std::vector<float> local(size_t(layout_.total()));
   for (auto& unit : units_) {
     unit->Gather(mesh_->shard(), comm_, &comm_seconds_);
     Drain();
-    std::memcpy(weights.data() + unit->begin(), unit->params(), size_t(unit->numel()) * sizeof(float));
+    std::memcpy(local.data() + unit->begin(), unit->params(), size_t(unit->numel()) * sizeof(float));
     unit->FreeParams(comm_);
   }
   Drain();
-  return weights;
+  if (!tp_) return local;
+  // Each slice in its place of the whole model (the whole tensors from TP rank 0), then
+  // summed over the TP group: every element comes from one rank, the rest add zeros.
+  const model::ParameterLayout whole_layout(layout_.shape());
+  std::vector<float> whole(size_t(whole_layout.total()), 0.0f);
+  for (size_t id = 0; id < layout_.tensors().size(); ++id) {
+    const model::ParamTensor& t = layout_.tensors()[id];
+    if (t.tp_replicated() && mesh_->tp_rank() != 0) continue;
+    const int64_t to = whole_layout.tensors()[id].offset;
+    for (int64_t i = 0; i < t.size; ++i) whole[size_t(to + layout_.GlobalIndex(t, i))] = local[size_t(t.offset + i)];
+  }
+  tp_->AllReduceSum(whole.data(), int64_t(whole.size()));
+  return whole;
 }
 
 train::CommStats ShardedEngine::comm_stats() const {
   train::CommStats stats = comm_seconds_;
+  if (tp_) stats.all_reduce += tp_->seconds;  // the layers' all-reduces and gathers
   stats.exposed = exposed_seconds_;
   stats.copy = acts_->copy_seconds();
   stats.copy_exposed = acts_->copy_wait_seconds();
@@ -246,10 +292,18 @@ train::CommStats ShardedEngine::comm_stats() const {
 
 std::string ShardedEngine::Describe() const {
   const int S = mesh_->shard_size();
-  return "fp32 FSDP, " + mesh_->Describe() + "; " + std::to_string(units_.size()) + " units" +
+  std::string activations = "";
+  if (acts_->policy().offload) {
+    activations = "; activations: block inputs checkpointed, " + std::to_string(acts_->slots()) +
+                  " kept, the rest offloaded (horizon " + std::to_string(acts_->policy().horizon) + ")";
+  } else if (acts_->policy().checkpointing) {
+    activations = "; activations: block inputs checkpointed, blocks recomputed in backward";
+  }
+  return "fp32 FSDP, " + mesh_->Describe() + activations + "; " + std::to_string(units_.size()) + " units" +
          (S == 1 ? ", each whole on this rank" : ", each split in " + std::to_string(S) + " shards of " +
                                                      std::to_string(units_[1 % units_.size()]->shard_numel()) +
-                                                     " elements (a block)");
+                                                     " elements (a block)") +
+         (tp_ ? ", of this rank's tensor-parallel slice" : "");
 }
 
 }  // namespace meshtrain::parallel

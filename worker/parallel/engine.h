@@ -1,8 +1,10 @@
-// The sharded engine (DESIGN.md, "Engine"): FSDP with hybrid sharding on the CPU, the
-// schedule written once over streams and events, driven by the Trainer through the
-// Replica interface. Replicated training is its case S = 1.
+// The sharded engine (DESIGN.md, "Engine"): FSDP with hybrid sharding and tensor
+// parallelism on the CPU, the schedule written once over streams and events, driven by
+// the Trainer through the Replica interface. Replicated training is its case S = T = 1.
 //
-// Units: the root (embeddings, final LayerNorm) and one per block, each a FlatUnit.
+// Units: the root (embeddings, final LayerNorm) and one per block, each a FlatUnit of
+// this rank's TP slice (model/parameters.h), sharded over the ranks of the same slice.
+// The layers' TP all-reduces run inside the compute tasks (model/blocks.h).
 //   Forward: the root is gathered for the whole forward; while block l computes, the
 //     gather of block l+1 runs on the comm stream; a block is freed after its forward.
 //     Block gathers take turns in two slots, and a slot is reused only after the compute
@@ -15,8 +17,8 @@
 //     and added to the fp32 shard gradients, so micro-batches accumulate.
 //   ReduceGradients (after the last micro-batch): the shard gradients are averaged over
 //     the replica group, unit by unit, pipelined on the comm stream.
-//   GradNorm sums squares over the shard group only (replicas hold equal shards);
-//     clipping and AdamW run on the shards.
+//   GradNorm sums squares over the shard and TP groups (replicas hold equal shards; a
+//     tensor every TP rank holds whole counts once); clipping and AdamW run on the shards.
 // Forward and Backward return when both streams have drained, so the host reads results
 // without other synchronisation; inside them only events order the work.
 //
@@ -72,7 +74,8 @@ class ShardedEngine final : public train::Replica {
   double GradNorm() override;
   void Update(const train::OptimizerStep& step) override;
   std::vector<float> NextTokenProbabilities(const int32_t* tokens, int n) override;
-  // Collective over the shard group: every member calls it.
+  // Collective over the shard and TP groups: every member calls it. The whole model in
+  // the single-rank layout.
   std::vector<float> Weights() override;
   train::CommStats comm_stats() const override;
   std::string Describe() const override;
@@ -95,8 +98,24 @@ class ShardedEngine final : public train::Replica {
   void Compute(Op op, int unit, F&& f);
   void Drain();
 
+  // The TP group's collectives for the layers, timed (they run on the compute stream).
+  class TensorParallel : public model::TensorParallelGroup {
+   public:
+    explicit TensorParallel(comm::Communicator* group) : group_(group) {}
+    int rank() const override { return group_->rank(); }
+    int size() const override { return group_->size(); }
+    void AllReduceSum(float* data, int64_t n) override;
+    void AllGather(const float* in, float* out, int64_t n) override;
+    double seconds = 0;
+
+   private:
+    comm::Communicator* group_;
+  };
+  model::Dims DimsOf(int B, int Tn);
+
   model::ParameterLayout layout_;
   std::shared_ptr<const Mesh> mesh_;
+  std::unique_ptr<TensorParallel> tp_;  // null without tensor parallelism
   int batch_, seq_;
   runtime::CachingAllocator allocator_;
   std::vector<std::unique_ptr<FlatUnit>> units_;

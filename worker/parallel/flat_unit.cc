@@ -33,7 +33,7 @@ FlatUnit::FlatUnit(const model::ParameterLayout& layout, int index, int shard_si
   model::InitParameterRange(master_.data(), layout, seed, from, to);
   for (const model::ParamTensor& t : layout.tensors()) {
     const int64_t a = std::max(from, t.offset), b = std::min(to, t.offset + t.size);
-    if (a < b) segments_.push_back({a - from, b - a, t.decay});
+    if (a < b) segments_.push_back({a - from, b - a, t.decay, t.tp_replicated()});
   }
 }
 
@@ -103,9 +103,12 @@ void FlatUnit::AllReduceReplicas(comm::Communicator* replica, runtime::Stream& c
 
 void FlatUnit::ZeroShardGrads() { std::fill(grad_.begin(), grad_.end(), 0.0f); }
 
-double FlatUnit::ShardGradSquares() const {
+double FlatUnit::ShardGradSquares(bool tp_replicated) const {
   double squares = 0;
-  for (int64_t i = 0; i < shard_real_; ++i) squares += double(grad_[size_t(i)]) * grad_[size_t(i)];
+  for (const Segment& seg : segments_) {
+    if (seg.tp_replicated && !tp_replicated) continue;
+    for (int64_t i = seg.offset; i < seg.offset + seg.size; ++i) squares += double(grad_[size_t(i)]) * grad_[size_t(i)];
+  }
   return squares;
 }
 

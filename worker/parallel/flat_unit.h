@@ -59,15 +59,16 @@ class FlatUnit {
   void AllReduceReplicas(comm::Communicator* replica, runtime::Stream& comm, train::CommStats* seconds);
 
   void ZeroShardGrads();
-  // The sum of squares of this rank's shard gradients.
-  double ShardGradSquares() const;
+  // The sum of squares of this rank's shard gradients; of the tensors every TP rank holds
+  // whole, only with `tp_replicated` (so that the group counts them once).
+  double ShardGradSquares(bool tp_replicated = true) const;
   // Gradients scaled by clip_scale, then AdamW on the shard (decay by tensor).
   void Update(const train::OptimizerStep& step, float clip_scale);
 
  private:
   struct Segment {  // a piece of one tensor inside the shard
     int64_t offset, size;
-    bool decay;
+    bool decay, tp_replicated;
   };
 
   int index_;

@@ -1,5 +1,6 @@
 // The communicators of one rank's place in the layout (DESIGN.md, "The parallel layout"):
-// its shard group (the S ranks that split each FSDP unit) and its replica group (the R
+// its tensor-parallel group (the T ranks that split each layer), its shard group (the S
+// ranks that split each FSDP unit of the same TP slice) and its replica group (the R
 // ranks holding the same shard). A group of one rank has no communicator: the engine
 // then moves nothing.
 //
@@ -21,24 +22,27 @@ class Mesh {
   // A single rank: S = R = T = 1.
   Mesh();
   // This rank's groups of `layout`. REQUIRES: `world` (null for one rank) is the layout's
-  // world and outlives the Mesh; the layout has no tensor parallelism (the Trainer
-  // refuses it); every rank of the world constructs its Mesh at the same point.
+  // world and outlives the Mesh; every rank of the world constructs its Mesh at the same
+  // point.
   Mesh(const api::ParallelLayout& layout, comm::Communicator* world);
 
   const api::ParallelLayout& layout() const { return layout_; }
+  int tp_size() const { return layout_.tp(); }
+  int tp_rank() const { return tp_rank_; }
   int shard_size() const { return layout_.shard(); }
   int shard_rank() const { return shard_rank_; }
   int replicas() const { return layout_.replicas(); }
   // Null when the group has one rank.
+  comm::Communicator* tp() const { return tp_.get(); }
   comm::Communicator* shard() const { return shard_.get(); }
   comm::Communicator* replica() const { return replica_.get(); }
-  // "2 replicas x 4 shards (tp 1): shard{0-3}, replica{0,4}"
+  // "2 replicas x 4 shards x tp 2: tp{0-1}, shard{0-6 step 2}, replica{0,8}"
   std::string Describe() const;
 
  private:
   api::ParallelLayout layout_;
-  int shard_rank_ = 0;
-  std::unique_ptr<comm::Communicator> shard_, replica_;
+  int shard_rank_ = 0, tp_rank_ = 0;
+  std::unique_ptr<comm::Communicator> tp_, shard_, replica_;
 };
 
 }  // namespace meshtrain::parallel

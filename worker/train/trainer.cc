@@ -16,10 +16,6 @@ namespace {
 // The job's layout, if this trainer can run it on `ranks` ranks.
 api::ParallelLayout SupportedLayout(const api::TrainingJob& job, int ranks) {
   const api::ParallelLayout layout = api::ParallelLayout::ForSpec(job.spec);
-  if (layout.tp() != 1) {
-    throw std::invalid_argument("spec.parallelism.tensorParallelDegree: " + std::to_string(layout.tp()) +
-                                " needs the tensor-parallel engine, which this build does not have yet; use 1");
-  }
   if (layout.world() != ranks) {
     throw std::invalid_argument("the job has " + std::to_string(layout.world()) +
                                 " ranks (spec.nodes x spec.gpusPerNode) but this trainer runs on " +
@@ -37,7 +33,14 @@ std::unique_ptr<Replica> MakeModel(const api::TrainingJob& job, const api::Paral
                                    runtime::MemoryAccounting* accounting) {
   const api::ModelShape shape = api::ShapeOf(job.spec.model);
   const uint64_t seed = uint64_t(job.spec.training.seed);
-  if (device.is_cuda()) return MakeCudaReplica(device.index, shape, batch, seq, seed, accounting);
+  if (device.is_cuda()) {
+    if (layout.tp() != 1) {
+      throw std::invalid_argument("spec.parallelism.tensorParallelDegree: " + std::to_string(layout.tp()) +
+                                  " needs the tensor-parallel engine, which runs on the CPU (precision fp32) and not "
+                                  "yet on " + device.ToString() + "; use 1");
+    }
+    return MakeCudaReplica(device.index, shape, batch, seq, seed, accounting);
+  }
   return std::make_unique<parallel::ShardedEngine>(shape, std::make_shared<const parallel::Mesh>(layout, world), batch,
                                                    seq, seed, accounting, runtime::MemoryLimitFromEnvironment(),
                                                    ActivationPolicyOf(job.spec.parallelism));
@@ -63,6 +66,7 @@ CommStats operator-(const CommStats& a, const CommStats& b) {
 
 void CheckTrainable(const api::TrainingJob& job, int rank, int ranks) {
   const api::ParallelLayout layout = SupportedLayout(job, ranks);
+  model::ParameterLayout(api::ShapeOf(job.spec.model), 0, layout.tp());  // TP must divide the heads and the MLP
   runtime::MemoryLimitFromEnvironment();
   parallel::ActivationStore::Check(ActivationPolicyOf(job.spec.parallelism));
   OpenData(job, layout, rank);

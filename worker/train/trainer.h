@@ -5,11 +5,13 @@
 // after run, or bf16 compute with fp32 master weights on a CUDA device.
 //
 // With a world communicator, every data-parallel rank reads its own slice of each
-// global batch. On the CPU the model is the sharded engine (parallel/engine.h): units
-// split over shard groups of hybridShardDegree ranks, gradients reduce-scattered and
-// averaged over replicas, so the run matches the single-rank run of the same global
-// batch up to summation order. On CUDA every rank still holds the whole model and
-// averages gradients through host memory. tensorParallelDegree must be 1.
+// global batch (the ranks of a TP group the same one). On the CPU the model is the
+// sharded engine (parallel/engine.h): layers split over TP groups of
+// tensorParallelDegree ranks, units over shard groups of hybridShardDegree ranks,
+// gradients reduce-scattered and averaged over replicas, so the run matches the
+// single-rank run of the same global batch up to summation order. On CUDA every rank
+// still holds the whole model and averages gradients through host memory, and
+// tensorParallelDegree must be 1.
 // Not thread-safe: one Trainer drives its model from one thread.
 
 #pragma once
@@ -71,10 +73,10 @@ class Trainer {
  public:
   // REQUIRES: `job` is defaulted and valid; `world`, if given, is the job's world and
   // outlives the Trainer; every rank constructs its Trainer at the same point (the
-  // shard and replica groups form here). Trains on `device` (ChooseDevice picks it from
-  // the job's precision), on the CPU within $MESHTRAIN_MEMORY_LIMIT_MIB if set. Throws
-  // std::invalid_argument for a job this trainer cannot run (tensor parallelism, a
-  // world other than the communicator's, a malformed limit), TokenFileError for bad
+  // TP, shard and replica groups form here). Trains on `device` (ChooseDevice picks it
+  // from the job's precision), on the CPU within $MESHTRAIN_MEMORY_LIMIT_MIB if set.
+  // Throws std::invalid_argument for a job this trainer cannot run (tensor parallelism on
+  // CUDA, a world other than the communicator's, a malformed limit), TokenFileError for bad
   // data, runtime::OutOfMemory when the limit is too small, runtime::cuda::CudaError
   // for a CUDA device that cannot be used.
   explicit Trainer(const api::TrainingJob& job, comm::Communicator* world = nullptr,

@@ -24,30 +24,36 @@ void Gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const d
 }  // namespace
 
 template <class T>
-void EncoderForward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int Tn, int C) {
+void EncoderForward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int Tn, int C, int v_begin,
+                    int v_end) {
 #pragma omp parallel for collapse(2)
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < Tn; ++t) {
       T* out_bt = out + (int64_t(b) * Tn + t) * C;
-      const T* wte_ix = wte + int64_t(inp[b * Tn + t]) * C;
-      const T* wpe_t = wpe + int64_t(t) * C;
-      for (int i = 0; i < C; ++i) out_bt[i] = wte_ix[i] + wpe_t[i];
+      const int token = inp[b * Tn + t];
+      const T* wte_ix = token >= v_begin && token < v_end ? wte + int64_t(token - v_begin) * C : nullptr;
+      const T* wpe_t = wpe ? wpe + int64_t(t) * C : nullptr;
+      for (int i = 0; i < C; ++i) {
+        out_bt[i] = wte_ix && wpe_t ? wte_ix[i] + wpe_t[i] : wte_ix ? wte_ix[i] : wpe_t ? wpe_t[i] : T(0);
+      }
     }
   }
 }
 
 template <class T>
-void EncoderBackward(T* dwte, T* dwpe, const T* dout, const int32_t* inp, int B, int Tn, int C) {
+void EncoderBackward(T* dwte, T* dwpe, const T* dout, const int32_t* inp, int B, int Tn, int C, int v_begin,
+                     int v_end) {
   // Serial: different positions can share a token row of dwte.
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < Tn; ++t) {
       const T* dout_bt = dout + (int64_t(b) * Tn + t) * C;
-      T* dwte_ix = dwte + int64_t(inp[b * Tn + t]) * C;
+      const int token = inp[b * Tn + t];
       T* dwpe_t = dwpe + int64_t(t) * C;
-      for (int i = 0; i < C; ++i) {
-        dwte_ix[i] += dout_bt[i];
-        dwpe_t[i] += dout_bt[i];
+      if (token >= v_begin && token < v_end) {
+        T* dwte_ix = dwte + int64_t(token - v_begin) * C;
+        for (int i = 0; i < C; ++i) dwte_ix[i] += dout_bt[i];
       }
+      for (int i = 0; i < C; ++i) dwpe_t[i] += dout_bt[i];
     }
   }
 }
@@ -281,12 +287,49 @@ void SoftmaxCrossEntropyForward(T* probs, T* losses, const T* logits, const int3
 }
 
 template <class T>
-void SoftmaxCrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targets, T dloss, int B, int Tn, int V) {
+void VocabSliceStats(T* stats, const T* logits, const int32_t* targets, int B, int Tn, int V, int v_begin) {
+#pragma omp parallel for
+  for (int bt = 0; bt < B * Tn; ++bt) {
+    const T* l = logits + int64_t(bt) * V;
+    const T maxval = *std::max_element(l, l + V);
+    T sum = 0;
+    for (int i = 0; i < V; ++i) sum += std::exp(l[i] - maxval);
+    const int target = targets ? targets[bt] - v_begin : -1;
+    stats[3 * bt] = maxval;
+    stats[3 * bt + 1] = sum;
+    stats[3 * bt + 2] = target >= 0 && target < V ? l[target] : T(0);
+  }
+}
+
+template <class T>
+void VocabSliceSoftmax(T* probs, T* losses, const T* logits, const T* all_stats, int slices, int B, int Tn, int V) {
+  const int64_t BT = int64_t(B) * Tn;
+#pragma omp parallel for
+  for (int64_t bt = 0; bt < BT; ++bt) {
+    T maxval = all_stats[3 * bt];
+    for (int s = 1; s < slices; ++s) maxval = std::max(maxval, all_stats[3 * (s * BT + bt)]);
+    T sum = 0, target_logit = 0;
+    for (int s = 0; s < slices; ++s) {
+      const T* st = all_stats + 3 * (s * BT + bt);
+      sum += st[1] * std::exp(st[0] - maxval);
+      target_logit += st[2];
+    }
+    const T* l = logits + bt * V;
+    T* p = probs + bt * V;
+    for (int i = 0; i < V; ++i) p[i] = std::exp(l[i] - maxval) / sum;
+    if (losses) losses[bt] = std::log(sum) - (target_logit - maxval);
+  }
+}
+
+template <class T>
+void SoftmaxCrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targets, T dloss, int B, int Tn, int V,
+                                 int v_begin) {
 #pragma omp parallel for
   for (int bt = 0; bt < B * Tn; ++bt) {
     T* d = dlogits + int64_t(bt) * V;
     const T* p = probs + int64_t(bt) * V;
-    for (int i = 0; i < V; ++i) d[i] += (p[i] - (i == targets[bt] ? T(1) : T(0))) * dloss;
+    const int target = targets[bt] - v_begin;
+    for (int i = 0; i < V; ++i) d[i] += (p[i] - (i == target ? T(1) : T(0))) * dloss;
   }
 }
 
@@ -306,8 +349,8 @@ void AdamWUpdate(float* params, const float* grads, float* m, float* v, int64_t 
 }
 
 #define MESHTRAIN_INSTANTIATE(T)                                                                                     \
-  template void EncoderForward<T>(T*, const int32_t*, const T*, const T*, int, int, int);                           \
-  template void EncoderBackward<T>(T*, T*, const T*, const int32_t*, int, int, int);                                \
+  template void EncoderForward<T>(T*, const int32_t*, const T*, const T*, int, int, int, int, int);                 \
+  template void EncoderBackward<T>(T*, T*, const T*, const int32_t*, int, int, int, int, int);                      \
   template void LayerNormForward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int);                       \
   template void LayerNormBackward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int, int);   \
   template void MatmulForward<T>(T*, const T*, const T*, const T*, int, int, int, int);                             \
@@ -319,7 +362,9 @@ void AdamWUpdate(float* params, const float* grads, float* m, float* v, int64_t 
   template void ResidualForward<T>(T*, const T*, const T*, int64_t);                                                \
   template void ResidualBackward<T>(T*, T*, const T*, int64_t);                                                     \
   template void SoftmaxCrossEntropyForward<T>(T*, T*, const T*, const int32_t*, int, int, int);                     \
-  template void SoftmaxCrossEntropyBackward<T>(T*, const T*, const int32_t*, T, int, int, int);
+  template void VocabSliceStats<T>(T*, const T*, const int32_t*, int, int, int, int);                              \
+  template void VocabSliceSoftmax<T>(T*, T*, const T*, const T*, int, int, int, int);                               \
+  template void SoftmaxCrossEntropyBackward<T>(T*, const T*, const int32_t*, T, int, int, int, int);
 
 MESHTRAIN_INSTANTIATE(float)
 MESHTRAIN_INSTANTIATE(double)

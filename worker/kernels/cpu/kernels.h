@@ -10,15 +10,21 @@
 
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 namespace meshtrain::kernels::cpu {
 
-// out (B,T,C) = wte[inp] + wpe[t]; inp (B,T) token ids, wte (V,C), wpe (maxT,C)
+// out (B,T,C) = wte[inp] + wpe[t]; inp (B,T) token ids, wte (V,C), wpe (maxT,C).
+// With a vocabulary slice (tensor parallelism), wte holds rows [v_begin, v_end) and a
+// token outside them contributes 0; wpe may be null (0): the slices' sum is the whole.
 template <class T>
-void EncoderForward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int Tn, int C);
+void EncoderForward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int Tn, int C, int v_begin = 0,
+                    int v_end = INT32_MAX);
+// dwte (rows [v_begin, v_end)) and dwpe += the gradient of EncoderForward.
 template <class T>
-void EncoderBackward(T* dwte, T* dwpe, const T* dout, const int32_t* inp, int B, int Tn, int C);
+void EncoderBackward(T* dwte, T* dwpe, const T* dout, const int32_t* inp, int B, int Tn, int C, int v_begin = 0,
+                     int v_end = INT32_MAX);
 
 // out (B,T,C) = (inp - mean) * rstd * weight + bias; mean, rstd (B,T) saved for backward
 template <class T>
@@ -57,9 +63,21 @@ void ResidualBackward(T* dinp1, T* dinp2, const T* dout, int64_t N);
 // probs (B,T,V) = softmax(logits); losses (B,T) = -log probs[target]
 template <class T>
 void SoftmaxCrossEntropyForward(T* probs, T* losses, const T* logits, const int32_t* targets, int B, int Tn, int V);
-// dlogits (B,T,V) += (probs - onehot(target)) * dloss, dloss the same for every position
+// The softmax over a vocabulary split in slices (tensor parallelism), without the whole
+// logits on one rank. Each rank computes stats (B*T,3) of its slice logits (B,T,V)
+// holding [v_begin, v_begin + V): the max, the sum of exp(logit - max), and the target's
+// logit (0 if another slice holds it; targets may be null). Given every slice's stats
+// (slices, B*T, 3), VocabSliceSoftmax writes this slice's probs (B,T,V) and, with
+// targets, losses (B,T) = log(sum) + max - target logit, the same on every rank.
 template <class T>
-void SoftmaxCrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targets, T dloss, int B, int Tn, int V);
+void VocabSliceStats(T* stats, const T* logits, const int32_t* targets, int B, int Tn, int V, int v_begin);
+template <class T>
+void VocabSliceSoftmax(T* probs, T* losses, const T* logits, const T* all_stats, int slices, int B, int Tn, int V);
+// dlogits (B,T,V) += (probs - onehot(target)) * dloss, dloss the same for every position;
+// the logits are vocabulary entries [v_begin, v_begin + V)
+template <class T>
+void SoftmaxCrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targets, T dloss, int B, int Tn, int V,
+                                 int v_begin = 0);
 
 // One AdamW step on N parameters with decoupled weight decay; t counts steps from 1.
 void AdamWUpdate(float* params, const float* grads, float* m, float* v, int64_t N, float lr, float beta1, float beta2,
