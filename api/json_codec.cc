@@ -36,6 +36,7 @@ void Fields(S& s, V& v) {
   v("hidden", s.hidden);
   v("vocabSize", s.vocab_size);
   v("seqLen", s.seq_len);
+  v("dropout", s.dropout);
 }
 
 template <Is<DataSpec> S, class V>

@@ -53,6 +53,10 @@ struct ModelSpec {
   std::optional<int64_t> hidden;
   std::optional<int64_t> vocab_size;
   std::optional<int64_t> seq_len;
+  // The probability of dropping an element of each block's attention output and of the
+  // attention and MLP outputs added to the residual stream, in training; masks are keyed
+  // by spec.parallelism.tensorParallelSeed.
+  double dropout = 0;
   bool operator==(const ModelSpec&) const = default;
 };
 

@@ -46,7 +46,6 @@ class Checker {
 
   static constexpr int64_t kNoMax = INT64_MAX;
 
- private:
   static std::string Show(double v) {
     std::string s = std::to_string(v);
     s.erase(s.find_last_not_of('0') + 1);
@@ -145,6 +144,10 @@ void CheckModel(const ModelSpec& m, Checker& c) {
     const std::string path = std::string("spec.model.") + d.name;
     if (!d.value) c.Fail(path, "is required when spec.model.preset is not set");
     else c.Range(path, *d.value, 1, d.max);
+  }
+  c.Finite("spec.model.dropout", m.dropout, 0, false);
+  if (std::isfinite(m.dropout) && m.dropout >= 1) {
+    c.Fail("spec.model.dropout", "must be below 1 (the probability of dropping an element), got " + Checker::Show(m.dropout));
   }
   if (m.heads && m.hidden && *m.heads > 0 && *m.hidden > 0 && *m.hidden % *m.heads != 0) {
     c.Fail("spec.model.hidden",

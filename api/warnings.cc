@@ -2,15 +2,16 @@
 
 namespace meshtrain::api {
 
-FieldErrors FieldsWithoutEffect(const TrainingJob& /*job*/, const FieldPaths& written) {
+FieldErrors FieldsWithoutEffect(const TrainingJob& job, const FieldPaths& written) {
   FieldErrors warnings;
   auto warn = [&](const char* path, bool set, const std::string& why) {
     if (set) warnings.push_back({path, "has no effect yet: " + why});
   };
   warn("spec.checkpoint", written.contains("spec.checkpoint"),
        "no checkpoint is written, and a restarted job starts again from step 0");
-  warn("spec.parallelism.tensorParallelSeed", written.contains("spec.parallelism.tensorParallelSeed"),
-       "the model has no randomness for it to key (no dropout)");
+  warn("spec.parallelism.tensorParallelSeed",
+       written.contains("spec.parallelism.tensorParallelSeed") && job.spec.model.dropout == 0,
+       "it keys the dropout masks, and spec.model.dropout is 0");
   return warnings;
 }
 

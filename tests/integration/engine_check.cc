@@ -11,7 +11,8 @@
 //                units unsharded at once. --repeat 2 runs the layout twice and needs
 //                bitwise-identical losses. --activations checkpoint or offload:H runs the
 //                ranks with activation checkpointing (and offload at horizon H) against
-//                the same single-rank run without either.
+//                the same single-rank run without either. --dropout P trains both with
+//                dropout, whose masks must drop the same elements in every layout.
 //   kill         the last rank kills itself during a gather in step 3: every other rank
 //                must fail within the timeout, naming the operation, the group and a peer.
 //   limit        a per-rank memory limit (--limit-mib, as $MESHTRAIN_MEMORY_LIMIT_MIB) that
@@ -52,6 +53,7 @@ constexpr int kExitNamedFailure = 3;
 struct Options {
   std::string mode = "equivalence", dir, activations;
   int ranks = 2, nodes = 1, tp = 1, shard = 0, repeat = 1, limit_mib = 0;
+  double dropout = 0;
 };
 
 int failures = 0;
@@ -74,9 +76,9 @@ nlohmann::json JobManifest(const Options& o, int nodes, int gpus, int tp, int sh
        {{"image", "meshtrain:test"},
         {"nodes", nodes},
         {"gpusPerNode", gpus},
-        {"parallelism", {{"tensorParallelDegree", tp}, {"hybridShardDegree", shard}}},
+        {"parallelism", {{"tensorParallelDegree", tp}, {"hybridShardDegree", shard}, {"tensorParallelSeed", 5}}},
         {"model", {{"layers", 3}, {"heads", 4}, {"hidden", 44}, {"vocabSize", 256},
-                   {"seqLen", kSeq}}},
+                   {"seqLen", kSeq}, {"dropout", o.dropout}}},
         {"data", {{"train", (fs::path(o.dir) / "train.bin").string()}}},
         {"training",
          {{"steps", kSteps}, {"microBatchSize", micro_batch},
@@ -251,9 +253,10 @@ int Drive(const Options& o, int argc, char** argv) {
     worst = std::max(worst, std::abs(losses[i] - reference.losses[i]) / std::abs(reference.losses[i]));
   }
   const double weight_error = weights.size() == reference.weights.size() ? RelativeL2(weights, reference.weights) : 1;
-  std::printf("%d ranks, T=%d, S=%d, R=%d%s: loss %.6f -> %.6f (one rank %.6f -> %.6f); worst loss error %.2e, "
+  std::printf("%d ranks, T=%d, S=%d, R=%d%s, dropout %g: loss %.6f -> %.6f (one rank %.6f -> %.6f); worst loss error %.2e, "
               "weights %.2e\n",
-              o.ranks, o.tp, S, dp / S, o.activations.empty() ? "" : (", " + o.activations).c_str(), losses.front(), losses.back(), reference.losses.front(),
+              o.ranks, o.tp, S, dp / S, o.activations.empty() ? "" : (", " + o.activations).c_str(), o.dropout,
+              losses.front(), losses.back(), reference.losses.front(),
               reference.losses.back(), worst, weight_error);
   Expect(worst <= 1e-5, "losses within 1e-5 relative of the single-rank run");
   Expect(weight_error <= 1e-5, "master weights within 1e-5 of the single-rank run");
@@ -301,6 +304,7 @@ int main(int argc, char** argv) {
     else if (flag == "--nodes") o.nodes = std::atoi(value.c_str());
     else if (flag == "--shard") o.shard = std::atoi(value.c_str());
     else if (flag == "--tp") o.tp = std::atoi(value.c_str());
+    else if (flag == "--dropout") o.dropout = std::atof(value.c_str());
     else if (flag == "--repeat") o.repeat = std::atoi(value.c_str());
     else if (flag == "--limit-mib") o.limit_mib = std::atoi(value.c_str());
     else if (flag == "--activations") o.activations = value;

@@ -25,9 +25,10 @@ struct Result {
 };
 
 // Three optimizer steps of two micro-batches each, then the weights.
-Result Train(const ActivationPolicy& policy, ScheduleObserver* observer = nullptr) {
+Result Train(const ActivationPolicy& policy, ScheduleObserver* observer = nullptr, float dropout = 0) {
   runtime::MemoryAccounting accounting;
-  ShardedEngine engine(kShape, std::make_shared<const Mesh>(), B, T, 7, &accounting, 0, policy);
+  ShardedEngine engine(kShape, std::make_shared<const Mesh>(), B, T, 7, &accounting,
+                       {.activations = policy, .dropout = dropout, .dropout_seed = 11});
   engine.set_observer(observer);
   std::vector<int32_t> inputs(B * T), targets(B * T);
   Result run;
@@ -42,7 +43,8 @@ Result Train(const ActivationPolicy& policy, ScheduleObserver* observer = nullpt
         inputs[i] = (i * 7 + s * 3 + micro) % 64;
         targets[i] = (i * 13 + 5 + s) % 64;
       }
-      run.losses.push_back(engine.Forward(inputs.data(), targets.data(), B, T));
+      const train::MicroBatchKey key{s, micro};
+      run.losses.push_back(engine.Forward(inputs.data(), targets.data(), B, T, &key));
       engine.Backward(0.5f);
     }
     engine.ReduceGradients(nullptr);
@@ -75,6 +77,20 @@ TEST(ActivationStore, CheckpointingAndOffloadGiveTheSameBitsAsKeepingEverything)
     EXPECT_EQ(offload.weights, checkpoint.weights) << "horizon " << horizon;
   }
   EXPECT_EQ(Train({.checkpointing = true, .offload = true, .horizon = 2}).losses, keep.losses) << "run twice";
+}
+
+// Dropout masks are a pure function of the key and the element: the recomputed block
+// drops what its forward dropped, so checkpointing and offload stay bitwise equal.
+TEST(ActivationStore, WithDropoutCheckpointingAndOffloadStillGiveTheSameBits) {
+  const Result keep = Train({}, nullptr, 0.2f);
+  EXPECT_NE(keep.losses, Train({}).losses) << "dropout must change the run";
+  EXPECT_EQ(Train({}, nullptr, 0.2f).losses, keep.losses) << "the same masks run after run";
+  const Result checkpoint = Train({.checkpointing = true}, nullptr, 0.2f);
+  EXPECT_EQ(checkpoint.losses, keep.losses);
+  EXPECT_EQ(checkpoint.weights, keep.weights);
+  const Result offload = Train({.checkpointing = true, .offload = true, .horizon = 1}, nullptr, 0.2f);
+  EXPECT_EQ(offload.losses, keep.losses);
+  EXPECT_EQ(offload.weights, keep.weights);
 }
 
 // The accounting holds exactly what the modes promise: every block's activations; the
@@ -133,7 +149,7 @@ TEST(ActivationStore, CheckpointingRecomputesEachBlockRightBeforeItsBackward) {
 TEST(ActivationStore, AnUnusablePolicyNamesTheField) {
   runtime::MemoryAccounting accounting;
   auto make = [&](const ActivationPolicy& policy) {
-    ShardedEngine engine(kShape, std::make_shared<const Mesh>(), B, T, 7, &accounting, 0, policy);
+    ShardedEngine engine(kShape, std::make_shared<const Mesh>(), B, T, 7, &accounting, {.activations = policy});
   };
   try {
     make({.checkpointing = true, .offload = true, .horizon = 0});

@@ -151,7 +151,25 @@ ModelActivations<T> ModelActivations<T>::At(T* base, int max_batch, int max_seq,
   return a;
 }
 
+Dims Dims::ForLayer(int l) const {
+  Dims d = *this;
+  d.dropout.key = k::MixKey(dropout.key, uint64_t(l));
+  return d;
+}
+
 namespace {
+
+// The places a block drops elements, each with its own masks.
+enum DropoutSite : uint64_t { kAttentionOutput, kAttentionResidual, kMlpResidual };
+
+// Dropout of x (B,Tn,width), this rank's columns [first_column, first_column + width) of
+// the site's whole (B,Tn,C) tensor; the same call applies the mask to its gradient.
+template <class T>
+void Drop(const Dims& d, DropoutSite site, T* x, int width, int64_t first_column) {
+  if (d.dropout.p <= 0) return;
+  k::Dropout(x, int64_t(d.B) * d.Tn, width, d.dropout.p, k::MixKey(d.dropout.key, site),
+             d.dropout.first_sample * d.Tn, d.C, first_column);
+}
 
 // The tensor-parallel all-reduce that joins partial sums; nothing without a group.
 void AllReduce(const Dims& d, float* data, int64_t n) {
@@ -199,14 +217,17 @@ void BlockForward(const BlockActivations<T>& a, const T* residual, const BlockPa
   k::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w, p.ln1b, B, Tn, C);
   k::MatmulForward(a.qkv, a.ln1, p.qkvw, p.qkvb, B, Tn, C, 3 * Cl);
   k::AttentionForward(a.atty, a.preatt, a.att, a.qkv, B, Tn, Cl, NHl);
+  Drop(d, kAttentionOutput, a.atty, Cl, int64_t(d.slice().rank) * Cl);
   k::MatmulForward(a.attproj, a.atty, p.attprojw, OnFirstRank(d, p.attprojb), B, Tn, Cl, C);
   AllReduce(d, a.attproj, BTC);
+  Drop(d, kAttentionResidual, a.attproj, C, 0);
   k::ResidualForward(a.residual2, residual, a.attproj, BTC);
   k::LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, B, Tn, C);
   k::MatmulForward(a.fch, a.ln2, p.fcw, p.fcb, B, Tn, C, 4 * Cl);
   k::GeluForward(a.fch_gelu, a.fch, 4 * BTC / tp);
   k::MatmulForward(a.fcproj, a.fch_gelu, p.fcprojw, OnFirstRank(d, p.fcprojb), B, Tn, 4 * Cl, C);
   AllReduce(d, a.fcproj, BTC);
+  Drop(d, kMlpResidual, a.fcproj, C, 0);
   k::ResidualForward(a.residual3, a.residual2, a.fcproj, BTC);
 }
 
@@ -218,13 +239,16 @@ void BlockBackward(const BlockParams<T>& dp, T* dresidual, const BlockActivation
   const int64_t BTC = int64_t(B) * Tn * C;
   std::fill(g.base, g.base + g.size, T(0));
   k::ResidualBackward(g.residual2, g.fcproj, dout, BTC);
+  Drop(d, kMlpResidual, g.fcproj, C, 0);
   k::MatmulBackward(g.fch_gelu, dp.fcprojw, dp.fcprojb, g.fcproj, a.fch_gelu, p.fcprojw, B, Tn, 4 * Cl, C);
   k::GeluBackward(g.fch, a.fch, g.fch_gelu, 4 * BTC / tp);
   k::MatmulBackward(g.ln2, dp.fcw, dp.fcb, g.fch, a.ln2, p.fcw, B, Tn, C, 4 * Cl);
   AllReduce(d, g.ln2, BTC);  // each rank's hidden units gave part of it
   k::LayerNormBackward(g.residual2, dp.ln2w, dp.ln2b, g.ln2, a.residual2, p.ln2w, a.ln2_mean, a.ln2_rstd, B, Tn, C);
   k::ResidualBackward(dresidual, g.attproj, g.residual2, BTC);
+  Drop(d, kAttentionResidual, g.attproj, C, 0);
   k::MatmulBackward(g.atty, dp.attprojw, dp.attprojb, g.attproj, a.atty, p.attprojw, B, Tn, Cl, C);
+  Drop(d, kAttentionOutput, g.atty, Cl, int64_t(d.slice().rank) * Cl);
   k::AttentionBackward(g.qkv, g.preatt, g.att, g.atty, a.qkv, a.att, B, Tn, Cl, NHl);
   k::MatmulBackward(g.ln1, dp.qkvw, dp.qkvb, g.qkv, a.ln1, p.qkvw, B, Tn, C, 3 * Cl);
   AllReduce(d, g.ln1, BTC);  // and each rank's heads

@@ -50,10 +50,24 @@ struct TpSlice {
   int64_t vocab(int64_t V) const { return V * (rank + 1) / size - vocab_begin(V); }
 };
 
+// Dropout in a training forward (p > 0) on each block's attention output and on the
+// attention and MLP outputs added to the residual stream. Masks are keyed by `key` (the
+// seed, step and micro-batch mixed in; Dims::ForLayer mixes in the layer) and by the
+// element's index in the global micro-batch, whose sample `first_sample` is this
+// rank's first sequence: every layout drops what the single-rank run drops.
+struct DropoutSpec {
+  float p = 0;
+  uint64_t key = 0;
+  int64_t first_sample = 0;
+};
+
 struct Dims {
   int B, Tn, C, NH, V;
   TensorParallelGroup* tp = nullptr;  // null: every layer whole on this rank
+  DropoutSpec dropout{};
   TpSlice slice() const { return tp ? TpSlice{tp->rank(), tp->size()} : TpSlice{}; }
+  // These dims for block l: its own dropout masks.
+  Dims ForLayer(int l) const;
 };
 
 // The tokens of a forward, kept for its backward.

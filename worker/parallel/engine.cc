@@ -6,6 +6,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "worker/kernels/cpu/kernels.h"
+
 namespace meshtrain::parallel {
 
 const char* OpName(Op op) {
@@ -20,20 +22,21 @@ const char* OpName(Op op) {
 }
 
 ShardedEngine::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<const Mesh> mesh, int batch, int seq,
-                             uint64_t seed, runtime::MemoryAccounting* accounting, int64_t memory_limit,
-                             const ActivationPolicy& activations)
+                             uint64_t seed, runtime::MemoryAccounting* accounting, const EngineOptions& options)
     : layout_(shape, mesh->tp_rank(), mesh->tp_size()),
       mesh_(std::move(mesh)),
       tp_(mesh_->tp() ? std::make_unique<TensorParallel>(mesh_->tp()) : nullptr),
       batch_(batch),
       seq_(seq),
-      allocator_(accounting, runtime::HostMemory(), memory_limit) {
+      allocator_(accounting, runtime::HostMemory(), options.memory_limit),
+      dropout_(options.dropout),
+      dropout_seed_(options.dropout_seed) {
   if (seq > shape.seq_len) throw std::invalid_argument("sequence longer than the model's seqLen");
   for (int u = 0; u < layout_.units(); ++u) {
     units_.push_back(std::make_unique<FlatUnit>(layout_, u, mesh_->shard_size(), mesh_->shard_rank(), seed, &allocator_));
   }
   grads_done_.resize(units_.size());
-  acts_ = std::make_unique<ActivationStore>(shape, batch, seq, activations, &allocator_,
+  acts_ = std::make_unique<ActivationStore>(shape, batch, seq, options.activations, &allocator_,
                                             model::TpSlice{mesh_->tp_rank(), mesh_->tp_size()});
 }
 
@@ -51,7 +54,13 @@ void ShardedEngine::TensorParallel::AllGather(const float* in, float* out, int64
 
 model::Dims ShardedEngine::DimsOf(int B, int Tn) {
   const api::ModelShape& s = layout_.shape();
-  return {B, Tn, int(s.hidden), int(s.heads), int(s.vocab_size), tp_.get()};
+  model::Dims d{B, Tn, int(s.hidden), int(s.heads), int(s.vocab_size), tp_.get()};
+  if (training_ && dropout_ > 0) {
+    namespace k = kernels::cpu;
+    d.dropout = {dropout_, k::MixKey(k::MixKey(dropout_seed_, uint64_t(training_->step)), uint64_t(training_->micro)),
+                 int64_t(mesh_->data_parallel_rank()) * batch_};
+  }
+  return d;
 }
 
 ShardedEngine::~ShardedEngine() {
@@ -108,9 +117,11 @@ void ShardedEngine::ReleaseBlock(int l) {
   slot_free_[l % 2].Record(compute_);
 }
 
-double ShardedEngine::Forward(const int32_t* inputs, const int32_t* targets, int B, int Tn) {
+double ShardedEngine::Forward(const int32_t* inputs, const int32_t* targets, int B, int Tn,
+                              const train::MicroBatchKey* training) {
   const api::ModelShape& s = layout_.shape();
   batch_tokens_.Set(inputs, targets, B, Tn, batch_, seq_, s.vocab_size);
+  training_ = training ? std::optional(*training) : std::nullopt;
   const model::Dims d = DimsOf(B, Tn);
   const int L = int(s.layers);
   FlatUnit& root = *units_[0];
@@ -125,7 +136,7 @@ double ShardedEngine::Forward(const int32_t* inputs, const int32_t* targets, int
     FlatUnit& unit = Block(l);
     compute_.Wait(unit.ready(), &exposed_seconds_);
     acts_->BeforeForward(l, compute_);
-    Compute(Op::kForward, unit.index(), [this, &unit, l, d] {
+    Compute(Op::kForward, unit.index(), [this, &unit, l, d = d.ForLayer(l)] {
       model::BlockForward(acts_->ForwardOutputs(l), acts_->Input(l),
                           model::BlockParams<const float>::At(unit.params(), layout_), d);
     });
@@ -169,11 +180,11 @@ void ShardedEngine::Backward(float loss_scale) {
     acts_->BeforeBackward(l, compute_);
     compute_.Wait(unit.ready(), &exposed_seconds_);
     if (acts_->recompute()) {
-      Compute(Op::kRecompute, unit.index(), [this, &unit, l, d] {
+      Compute(Op::kRecompute, unit.index(), [this, &unit, l, d = d.ForLayer(l)] {
         model::BlockForward(acts_->Saved(l), acts_->Input(l), model::BlockParams<const float>::At(unit.params(), layout_), d);
       });
     }
-    Compute(Op::kBackward, unit.index(), [this, &unit, l, d, btc, in, out] {
+    Compute(Op::kBackward, unit.index(), [this, &unit, l, d = d.ForLayer(l), btc, in, out] {
       unit.AllocateGrads();
       std::fill(acts_->dresidual[in], acts_->dresidual[in] + btc, 0.0f);
       model::BlockBackward(model::BlockParams<float>::At(unit.grads(), layout_), acts_->dresidual[in], acts_->dblock,

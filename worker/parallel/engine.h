@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,20 +55,27 @@ class ScheduleObserver {
   virtual void End(Op op, int unit) = 0;
 };
 
+struct EngineOptions {
+  int64_t memory_limit = 0;  // bytes the allocator may hold; 0: no limit
+  ActivationPolicy activations;
+  float dropout = 0;          // model/blocks.h, DropoutSpec
+  uint64_t dropout_seed = 0;  // spec.parallelism.tensorParallelSeed
+};
+
 class ShardedEngine final : public train::Replica {
  public:
   // The model of `shape` for micro-batches of batch x seq, sharded as `mesh` says,
-  // memory from an allocator counting into `accounting` under `memory_limit` bytes (0:
-  // none). Each rank initialises only its shards from `seed`. Throws
-  // runtime::OutOfMemory when the limit is too small, std::invalid_argument for an
-  // activation policy ActivationStore refuses.
+  // memory from an allocator counting into `accounting`. Each rank initialises only its
+  // shards from `seed`. Throws runtime::OutOfMemory when the memory limit is too small,
+  // std::invalid_argument for an activation policy ActivationStore refuses or a TP
+  // degree ParameterLayout refuses.
   ShardedEngine(const api::ModelShape& shape, std::shared_ptr<const Mesh> mesh, int batch, int seq, uint64_t seed,
-                runtime::MemoryAccounting* accounting, int64_t memory_limit = 0,
-                const ActivationPolicy& activations = {});
+                runtime::MemoryAccounting* accounting, const EngineOptions& options = {});
   ~ShardedEngine() override;
 
   runtime::Device device() const override { return runtime::Device::Cpu(); }
-  double Forward(const int32_t* inputs, const int32_t* targets, int B, int T) override;
+  double Forward(const int32_t* inputs, const int32_t* targets, int B, int T,
+                 const train::MicroBatchKey* training = nullptr) override;
   void Backward(float loss_scale) override;
   void ZeroGrad() override;
   void ReduceGradients(comm::Communicator* data_parallel) override;
@@ -111,6 +119,7 @@ class ShardedEngine final : public train::Replica {
    private:
     comm::Communicator* group_;
   };
+  // The dims of the current micro-batch (B x Tn, dropout as its forward said).
   model::Dims DimsOf(int B, int Tn);
 
   model::ParameterLayout layout_;
@@ -121,6 +130,9 @@ class ShardedEngine final : public train::Replica {
   std::vector<std::unique_ptr<FlatUnit>> units_;
   std::unique_ptr<ActivationStore> acts_;
   model::MicroBatch batch_tokens_;
+  float dropout_;
+  uint64_t dropout_seed_;
+  std::optional<train::MicroBatchKey> training_;  // of the last Forward; empty: evaluation
   double loss_ = 0;
   bool norm_current_ = false;
   double norm_ = 0;

@@ -29,6 +29,8 @@ class Mesh {
   const api::ParallelLayout& layout() const { return layout_; }
   int tp_size() const { return layout_.tp(); }
   int tp_rank() const { return tp_rank_; }
+  // Which slice of each global batch this rank reads (the ranks of a TP group the same).
+  int data_parallel_rank() const { return data_parallel_rank_; }
   int shard_size() const { return layout_.shard(); }
   int shard_rank() const { return shard_rank_; }
   int replicas() const { return layout_.replicas(); }
@@ -41,7 +43,7 @@ class Mesh {
 
  private:
   api::ParallelLayout layout_;
-  int shard_rank_ = 0, tp_rank_ = 0;
+  int shard_rank_ = 0, tp_rank_ = 0, data_parallel_rank_ = 0;
   std::unique_ptr<comm::Communicator> tp_, shard_, replica_;
 };
 

@@ -29,7 +29,8 @@ class CudaReplica final : public Replica {
 
   runtime::Device device() const override { return runtime::Device::Cuda(device_index_); }
 
-  double Forward(const int32_t* inputs, const int32_t* targets, int B, int T) override {
+  // No dropout on CUDA yet: the Trainer refuses a job with any.
+  double Forward(const int32_t* inputs, const int32_t* targets, int B, int T, const MicroBatchKey*) override {
     return model_.Forward(inputs, targets, B, T);
   }
   void Backward(float loss_scale) override { model_.Backward(loss_scale); }

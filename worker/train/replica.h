@@ -38,13 +38,21 @@ struct CommStats {
   double copy = 0, copy_exposed = 0;
 };
 
+// Which micro-batch of which step a training forward computes; it keys dropout masks.
+struct MicroBatchKey {
+  int64_t step = 0;   // 0-based
+  int64_t micro = 0;  // within the step
+};
+
 class Replica {
  public:
   virtual ~Replica() = default;
 
   virtual runtime::Device device() const = 0;
-  // Mean cross-entropy of inputs (B,T) against targets (B,T).
-  virtual double Forward(const int32_t* inputs, const int32_t* targets, int B, int T) = 0;
+  // Mean cross-entropy of inputs (B,T) against targets (B,T). With `training`, dropout
+  // (if the model has any) drops what that micro-batch's masks say; without, nothing.
+  virtual double Forward(const int32_t* inputs, const int32_t* targets, int B, int T,
+                         const MicroBatchKey* training = nullptr) = 0;
   // grads += loss_scale * d(mean loss)/d(params) of the last Forward.
   virtual void Backward(float loss_scale) = 0;
   virtual void ZeroGrad() = 0;

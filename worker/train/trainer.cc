@@ -34,16 +34,21 @@ std::unique_ptr<Replica> MakeModel(const api::TrainingJob& job, const api::Paral
   const api::ModelShape shape = api::ShapeOf(job.spec.model);
   const uint64_t seed = uint64_t(job.spec.training.seed);
   if (device.is_cuda()) {
-    if (layout.tp() != 1) {
-      throw std::invalid_argument("spec.parallelism.tensorParallelDegree: " + std::to_string(layout.tp()) +
-                                  " needs the tensor-parallel engine, which runs on the CPU (precision fp32) and not "
-                                  "yet on " + device.ToString() + "; use 1");
-    }
+    auto refuse = [&](const std::string& field, const std::string& what) {
+      throw std::invalid_argument(field + ": " + what + " runs on the CPU engine (precision fp32) and not yet on " +
+                                  device.ToString());
+    };
+    if (layout.tp() != 1) refuse("spec.parallelism.tensorParallelDegree", "tensor parallelism");
+    if (job.spec.model.dropout > 0) refuse("spec.model.dropout", "dropout");
     return MakeCudaReplica(device.index, shape, batch, seq, seed, accounting);
   }
+  parallel::EngineOptions options;
+  options.memory_limit = runtime::MemoryLimitFromEnvironment();
+  options.activations = ActivationPolicyOf(job.spec.parallelism);
+  options.dropout = float(job.spec.model.dropout);
+  options.dropout_seed = uint64_t(job.spec.parallelism.tensor_parallel_seed);
   return std::make_unique<parallel::ShardedEngine>(shape, std::make_shared<const parallel::Mesh>(layout, world), batch,
-                                                   seq, seed, accounting, runtime::MemoryLimitFromEnvironment(),
-                                                   ActivationPolicyOf(job.spec.parallelism));
+                                                   seq, seed, accounting, options);
 }
 
 // The training data, and the validation data if the job names any, for world rank `rank`.
@@ -130,7 +135,8 @@ StepReport Trainer::Step() {
   double loss = 0;
   for (int64_t micro = 0; micro < micro_steps_; ++micro) {
     train_->Next(inputs_.data(), targets_.data());
-    loss += replica_->Forward(inputs_.data(), targets_.data(), batch_, seq_);
+    const MicroBatchKey key{step_, micro};
+    loss += replica_->Forward(inputs_.data(), targets_.data(), batch_, seq_, &key);
     replica_->Backward(1.0f / float(micro_steps_));
   }
   replica_->ReduceGradients(world_);

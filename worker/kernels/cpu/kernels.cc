@@ -286,6 +286,31 @@ void SoftmaxCrossEntropyForward(T* probs, T* losses, const T* logits, const int3
   }
 }
 
+uint64_t MixKey(uint64_t key, uint64_t counter) {
+  uint64_t x = key ^ (counter + 0x9E3779B97F4A7C15ull + (key << 6) + (key >> 2));
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+bool DropoutKeeps(uint64_t key, uint64_t index, float p) {
+  // 24 random bits: a uniform in [0, 1) that a float holds exactly.
+  return float(MixKey(key, index) >> 40) * (1.0f / 16777216.0f) >= p;
+}
+
+template <class T>
+void Dropout(T* x, int64_t rows, int width, float p, uint64_t key, int64_t first_row, int64_t row_stride,
+             int64_t first_column) {
+  if (p <= 0) return;
+  const T scale = T(1) / (T(1) - T(p));
+#pragma omp parallel for
+  for (int64_t i = 0; i < rows; ++i) {
+    T* row = x + i * width;
+    const uint64_t base = uint64_t((first_row + i) * row_stride + first_column);
+    for (int j = 0; j < width; ++j) row[j] = DropoutKeeps(key, base + uint64_t(j), p) ? row[j] * scale : T(0);
+  }
+}
+
 template <class T>
 void VocabSliceStats(T* stats, const T* logits, const int32_t* targets, int B, int Tn, int V, int v_begin) {
 #pragma omp parallel for
@@ -362,6 +387,7 @@ void AdamWUpdate(float* params, const float* grads, float* m, float* v, int64_t 
   template void ResidualForward<T>(T*, const T*, const T*, int64_t);                                                \
   template void ResidualBackward<T>(T*, T*, const T*, int64_t);                                                     \
   template void SoftmaxCrossEntropyForward<T>(T*, T*, const T*, const int32_t*, int, int, int);                     \
+  template void Dropout<T>(T*, int64_t, int, float, uint64_t, int64_t, int64_t, int64_t);                           \
   template void VocabSliceStats<T>(T*, const T*, const int32_t*, int, int, int, int);                              \
   template void VocabSliceSoftmax<T>(T*, T*, const T*, const T*, int, int, int, int);                               \
   template void SoftmaxCrossEntropyBackward<T>(T*, const T*, const int32_t*, T, int, int, int, int);

@@ -79,6 +79,20 @@ template <class T>
 void SoftmaxCrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targets, T dloss, int B, int Tn, int V,
                                  int v_begin = 0);
 
+// Inverted dropout in place: x (rows, width) *= keep / (1 - p), where element (i, j) is
+// element (first_row + i, first_column + j) of a tensor with row_stride columns, and
+// keep = DropoutKeeps(key, its index in that tensor). The mask is a pure function of the
+// key and the index, so every slice of a tensor (a micro-batch's rank, a TP rank's
+// columns) drops what the whole tensor drops, and the backward (the same call on the
+// gradient) needs nothing saved.
+template <class T>
+void Dropout(T* x, int64_t rows, int width, float p, uint64_t key, int64_t first_row, int64_t row_stride,
+             int64_t first_column);
+// Whether element `index` under `key` is kept at drop probability p.
+bool DropoutKeeps(uint64_t key, uint64_t index, float p);
+// A key from a parent key and a counter: the step, the micro-batch, the layer, the site.
+uint64_t MixKey(uint64_t key, uint64_t counter);
+
 // One AdamW step on N parameters with decoupled weight decay; t counts steps from 1.
 void AdamWUpdate(float* params, const float* grads, float* m, float* v, int64_t N, float lr, float beta1, float beta2,
                  float eps, float weight_decay, int64_t t);
