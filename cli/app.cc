@@ -110,14 +110,17 @@ int Main(int argc, char** argv) {
   bench_train->add_option("--shard", bench_train_options.shard, "hybridShardDegree of the ranks (0: all)")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
+  bench_train->add_option("--tp", bench_train_options.tp, "tensorParallelDegree of the ranks")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   bench_train->add_flag("--checkpointing", bench_train_options.checkpointing, "Activation checkpointing");
   bench_train->add_option("--offload", bench_train_options.offload,
                           "Offload activations with this loading horizon (turns checkpointing on)")
       ->check(CLI::Range(1, 1024));
   bench_train->add_option("--compare", bench_train_options.compare,
                           "replicated: also run the ranks replicated; activations: keep all, checkpointing and "
-                          "offload side by side; with ratios")
-      ->check(CLI::IsMember({"replicated", "activations"}));
+                          "offload side by side; data-parallel: the ranks without TP; with ratios")
+      ->check(CLI::IsMember({"replicated", "activations", "data-parallel"}));
   bench_train->add_option("--device", bench_train_options.device, "cpu (fp32) or cuda (bf16 on GPU 0)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();

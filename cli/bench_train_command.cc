@@ -107,11 +107,14 @@ struct Activations {
   }
 };
 
-// The job a benchmark trains: `ranks` ranks with shard groups of `shard`, one micro-step
-// of `batch` sequences per rank per step, on random tokens in `data`.
-nlohmann::json BenchJob(const BenchTrainOptions& o, const std::string& data, int ranks, int shard, bool bf16,
+// The job a benchmark trains: `ranks` ranks in TP groups of `tp` and shard groups of
+// `shard`, on random tokens in `data`; one micro-step a step, of `batch` sequences per
+// rank (per TP group: `batch` x `tp`, so every layout trains the same global batch).
+nlohmann::json BenchJob(const BenchTrainOptions& o, const std::string& data, int ranks, int tp, int shard, bool bf16,
                         const Activations& a) {
-  nlohmann::json parallelism = {{"hybridShardDegree", shard}, {"activationCheckpointing", a.checkpointing || a.offload > 0}};
+  nlohmann::json parallelism = {{"tensorParallelDegree", tp},
+                                {"hybridShardDegree", shard},
+                                {"activationCheckpointing", a.checkpointing || a.offload > 0}};
   if (a.offload > 0) parallelism.update({{"activationOffloading", true}, {"activationLoadingHorizon", a.offload}});
   return {{"apiVersion", "meshtrain.dev/v1alpha1"},
           {"kind", "TrainingJob"},
@@ -123,7 +126,7 @@ nlohmann::json BenchJob(const BenchTrainOptions& o, const std::string& data, int
             {"model", {{"preset", o.model}, {"seqLen", o.seq}}},
             {"data", {{"train", data}}},
             {"training",
-             {{"steps", o.steps + o.warmup}, {"warmupSteps", 1}, {"microBatchSize", o.batch},
+             {{"steps", o.steps + o.warmup}, {"warmupSteps", 1}, {"microBatchSize", o.batch * tp},
               {"globalBatchTokens", ranks * o.batch * o.seq}, {"precision", bf16 ? "bf16" : "fp32"}}}}}};
 }
 
@@ -168,7 +171,7 @@ int BenchTrainRank() {
 
 struct RanksConfig {
   std::string name;
-  int shard;
+  int tp, shard;
   Activations activations;
 };
 
@@ -183,7 +186,7 @@ std::optional<RanksResult> RunBenchRanks(const BenchTrainOptions& o, const std::
                                          const std::string& data, const RanksConfig& config, std::ostream& out) {
   const std::filesystem::path job =
       std::filesystem::temp_directory_path() / ("meshtrain-bench-" + std::to_string(::getpid()) + ".json");
-  std::ofstream(job) << BenchJob(o, data, o.ranks, config.shard, false, config.activations).dump(2);
+  std::ofstream(job) << BenchJob(o, data, o.ranks, config.tp, config.shard, false, config.activations).dump(2);
   launch::LocalLaunch launch;
   launch.ranks_per_node = o.ranks;
   launch.command = self_argv;
@@ -218,9 +221,9 @@ std::optional<RanksResult> RunBenchRanks(const BenchTrainOptions& o, const std::
 void PrintRanks(const RanksConfig& c, int ranks, const RanksResult& r, std::ostream& out) {
   char line[320];
   std::snprintf(line, sizeof line,
-                "%s: %d ranks, shard groups of %d, %s: %.0f tokens/s, per step %.1f ms exposed comm, %.2f ms copying "
-                "activations\n",
-                c.name.c_str(), ranks, c.shard, c.activations.Describe().c_str(), r.tokens_per_second,
+                "%s: %d ranks, tp %d, shard groups of %d, %s: %.0f tokens/s, per step %.1f ms exposed comm, %.2f ms "
+                "copying activations\n",
+                c.name.c_str(), ranks, c.tp, c.shard, c.activations.Describe().c_str(), r.tokens_per_second,
                 r.exposed_seconds * 1e3, r.copy_seconds * 1e3);
   out << line << "  per-rank peak: " << train::FormatMemory(r.peak) << "; params + grads + optimizer "
       << runtime::FormatMiB(r.state()) << "\n";
@@ -244,19 +247,22 @@ int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, co
     out << "bench train --ranks: the sharded engine runs on the CPU; use --device cpu\n";
     return kExitInvalid;
   }
-  const int shard = o.shard == 0 ? o.ranks : o.shard;
+  const int tp = o.tp, shard = o.shard == 0 ? o.ranks / tp : o.shard;
   const Activations asked{o.checkpointing, o.offload};
   std::vector<RanksConfig> configs;
   if (o.compare == "activations") {
-    configs = {{"keep all", shard, {}},
-               {"checkpointing", shard, {true, 0}},
-               {"offload", shard, {true, o.offload > 0 ? o.offload : 2}}};
+    configs = {{"keep all", tp, shard, {}},
+               {"checkpointing", tp, shard, {true, 0}},
+               {"offload", tp, shard, {true, o.offload > 0 ? o.offload : 2}}};
+  } else if (o.compare == "data-parallel") {  // the same ranks without TP, sharded alike
+    configs = {{"tp", tp, shard, asked}, {"data-parallel", 1, o.shard == 0 ? o.ranks : shard, asked}};
   } else {
-    configs = {{shard == 1 ? "replicated" : "sharded", shard, asked}};
-    if (o.compare == "replicated") configs.push_back({"replicated", 1, asked});
+    configs = {{tp > 1 ? "tp" : shard == 1 ? "replicated" : "sharded", tp, shard, asked}};
+    if (o.compare == "replicated") configs.push_back({"replicated", tp, 1, asked});
   }
   for (const RanksConfig& c : configs) {
-    const api::CheckedJob check = api::CheckTrainingJob(BenchJob(o, "unused", o.ranks, c.shard, false, c.activations), "bench", 0);
+    const api::CheckedJob check =
+        api::CheckTrainingJob(BenchJob(o, "unused", o.ranks, c.tp, c.shard, false, c.activations), "bench", 0);
     if (!check.ok()) {
       out << "bench train: " << check.errors.front().ToString() << "\n";
       return kExitInvalid;
@@ -279,7 +285,8 @@ int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, co
     return kExitInvalid;
   }
   for (size_t i = 0; i < configs.size(); ++i) PrintRanks(configs[i], o.ranks, results[i], out);
-  const bool state = o.compare == "replicated";  // sharding saves state; the activation modes save activations
+  // Sharding and TP save state against their peer; the activation modes save activations.
+  const bool state = o.compare != "activations";
   for (size_t i = 1; i < configs.size(); ++i) {
     if (state) PrintRatios(configs[0], results[0], configs[i], results[i], true, out);
     else PrintRatios(configs[i], results[i], configs[0], results[0], false, out);
@@ -296,7 +303,7 @@ int BenchTrainCommand(const BenchTrainOptions& o, const std::vector<std::string>
     out << "--model " << o.model << ": unknown preset\n";
     return kExitUnreadable;
   }
-  if (o.ranks > 1 || !o.compare.empty()) return BenchTrainRanks(o, *preset, self_argv, out);
+  if (o.ranks > 1 || o.tp > 1 || !o.compare.empty()) return BenchTrainRanks(o, *preset, self_argv, out);
   const train::CudaPlugin* cuda = nullptr;
   if (o.device == "cuda") {
     std::string why;
@@ -309,7 +316,7 @@ int BenchTrainCommand(const BenchTrainOptions& o, const std::vector<std::string>
   const runtime::Device device = cuda ? runtime::Device::Cuda(0) : runtime::Device::Cpu();
   const int tokens = o.batch * o.seq;
   const std::filesystem::path data = WriteRandomTokens(o, *preset, 1);
-  const nlohmann::json manifest = BenchJob(o, data.string(), 1, 0, cuda != nullptr, {o.checkpointing, o.offload});
+  const nlohmann::json manifest = BenchJob(o, data.string(), 1, 1, 0, cuda != nullptr, {o.checkpointing, o.offload});
   const api::CheckedJob job = api::CheckTrainingJob(manifest, "bench", 0);
   if (!job.ok()) {
     out << "bench train: " << job.errors.front().ToString() << "\n";

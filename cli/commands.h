@@ -79,11 +79,13 @@ struct BenchTrainOptions {
   int steps = 5;   // measured
   int warmup = 2;  // not measured
   int ranks = 1;   // above 1: ranks as processes here, each with micro-batches of `batch`
+  int tp = 1;      // tensorParallelDegree of those ranks
   int shard = 0;   // hybridShardDegree of those ranks (0: all of them)
   bool checkpointing = false;  // activation checkpointing
   int offload = 0;             // above 0: activation offload with this loading horizon
   // "replicated": the same ranks with shard groups of one as well; "activations": every
-  // block's activations kept, checkpointing, and offload (horizon --offload, or 2)
+  // block's activations kept, checkpointing, and offload (horizon --offload, or 2);
+  // "data-parallel": the same ranks without TP, at the same global batch
   std::string compare;
 };
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine, builds meshtrain and runs the example job on this machine.
-# Usage: scripts/run-example.sh [JOB.yaml]   (default examples/gpt2-tiny-fsdp.yaml)
+# Usage: scripts/run-example.sh [JOB.yaml]   (default examples/gpt2-tiny-tp-fsdp.yaml)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-job=${1:-examples/gpt2-tiny-fsdp.yaml}
+job=${1:-examples/gpt2-tiny-tp-fsdp.yaml}
 
 bash scripts/setup.sh
 cmake --preset default >/dev/null

@@ -143,18 +143,23 @@ expect "bench train reports throughput, MFU and memory" 0 'model gpt2-tiny \(0.8
   -- "$meshtrain" bench train --model gpt2-tiny --batch 2 --seq 32 --steps 2
 expect "bench train runs sharded ranks beside replicated ones and prints the ratios" 0 \
   'model gpt2-tiny \(0.8M parameters\), 2 ranks x batch 2 x seq 32 a step, fp32 on CPU' \
-  'sharded: 2 ranks, shard groups of 2, keep all: [0-9]+ tokens/s' 'replicated: 2 ranks, shard groups of 1, keep all: [0-9]+ tokens/s' \
+  'sharded: 2 ranks, tp 1, shard groups of 2, keep all: [0-9]+ tokens/s' 'replicated: 2 ranks, tp 1, shard groups of 1, keep all: [0-9]+ tokens/s' \
   'per-rank peak: params 1.6 MiB, grads 1.6 MiB, optimizer 3.2 MiB, activations [0-9.]+ MiB, gathered [0-9.]+ MiB' \
   'sharded / replicated: tokens/s [0-9.]+ \([0-9]+ / [0-9]+\), params \+ grads \+ optimizer 0.50 \(6.3 MiB / 12.7 MiB\)' \
   -- "$meshtrain" bench train --model gpt2-tiny --batch 2 --seq 32 --steps 2 --ranks 2 --shard 2 --compare replicated
 expect "bench train compares keeping activations, checkpointing and offload side by side" 0 \
-  'keep all: 1 ranks, shard groups of 1, keep all: [0-9]+ tokens/s, per step [0-9.]+ ms exposed comm, 0.00 ms copying activations' \
-  'checkpointing: 1 ranks, shard groups of 1, checkpointing: [0-9]+ tokens/s' \
-  'offload: 1 ranks, shard groups of 1, offload, horizon 1: [0-9]+ tokens/s, per step [0-9.]+ ms exposed comm, [0-9.]+ ms copying' \
+  'keep all: 1 ranks, tp 1, shard groups of 1, keep all: [0-9]+ tokens/s, per step [0-9.]+ ms exposed comm, 0.00 ms copying activations' \
+  'checkpointing: 1 ranks, tp 1, shard groups of 1, checkpointing: [0-9]+ tokens/s' \
+  'offload: 1 ranks, tp 1, shard groups of 1, offload, horizon 1: [0-9]+ tokens/s, per step [0-9.]+ ms exposed comm, [0-9.]+ ms copying' \
   'activations [0-9.]+ MiB, gathered [0-9.]+ MiB, offload 0.1 MiB' \
   'checkpointing / keep all: tokens/s [0-9.]+ \([0-9]+ / [0-9]+\), activations 0\.[0-9]+ \([0-9.]+ MiB / [0-9.]+ MiB\)' \
   'offload / keep all: tokens/s [0-9.]+ \([0-9]+ / [0-9]+\), activations 0\.[0-9]+' \
   -- "$meshtrain" bench train --model gpt2-tiny --batch 2 --seq 32 --steps 2 --offload 1 --compare activations
+expect "bench train runs tensor-parallel ranks beside data-parallel ones at the same global batch" 0 \
+  'tp: 2 ranks, tp 2, shard groups of 1, keep all: [0-9]+ tokens/s' \
+  'data-parallel: 2 ranks, tp 1, shard groups of 2, keep all: [0-9]+ tokens/s' \
+  'tp / data-parallel: tokens/s [0-9.]+ \([0-9]+ / [0-9]+\), params \+ grads \+ optimizer [0-9.]+ ' \
+  -- "$meshtrain" bench train --model gpt2-tiny --batch 2 --seq 32 --steps 2 --ranks 2 --tp 2 --compare data-parallel
 expect "bench train --ranks names a layout that does not fit" 1 'spec.parallelism.hybridShardDegree: must divide the data-parallel size' \
   -- "$meshtrain" bench train --model gpt2-tiny --ranks 4 --shard 3
 expect "bench train refuses an unknown model" 2 'gpt2-xl: unknown preset' -- "$meshtrain" bench train --model gpt2-xl
