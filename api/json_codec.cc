@@ -26,6 +26,7 @@ template <Is<ResourceSpec> S, class V>
 void Fields(S& s, V& v) {
   v("gpu", s.gpu);
   v("efa", s.efa);
+  v("memoryLimitMiB", s.memory_limit_mib);
 }
 
 template <Is<ModelSpec> S, class V>

@@ -42,6 +42,9 @@ struct ObjectMeta {
 struct ResourceSpec {
   std::optional<int64_t> gpu;
   int64_t efa = 0;  // vpc.amazonaws.com/efa interfaces per pod
+  // The most memory one rank's engine allocator may hold, in MiB (host memory on the
+  // CPU); unset: no limit beyond $MESHTRAIN_MEMORY_LIMIT_MIB, which tests set.
+  std::optional<int64_t> memory_limit_mib;
   bool operator==(const ResourceSpec&) const = default;
 };
 

@@ -309,6 +309,9 @@ FieldErrors ValidateTrainingJob(const TrainingJob& job) {
                                      "), one rank per GPU; got " + std::to_string(*spec.resources.gpu));
   }
   c.Range("spec.resources.efa", spec.resources.efa, 0, 64);
+  if (spec.resources.memory_limit_mib) {
+    c.Range("spec.resources.memoryLimitMiB", *spec.resources.memory_limit_mib, 1, int64_t(1) << 30);
+  }
   CheckModel(spec.model, c);
   CheckData(spec.data, c);
   CheckTraining(spec.training, c);

@@ -103,12 +103,35 @@ TEST_F(TrainingTest, AWorldWithoutItsCommunicatorIsRefusedClearly) {
   EXPECT_NE(message.find("meshtrain-worker"), std::string::npos) << message;
 }
 
-TEST_F(TrainingTest, TensorParallelismIsRefusedNamingTheField) {
+TEST_F(TrainingTest, ATensorParallelDegreeThatDoesNotSplitTheHeadsIsRefusedNamingTheField) {
   api::TrainingJob job = Job(5);
-  job.spec.gpus_per_node = 2;
-  job.spec.parallelism.tensor_parallel_degree = 2;
-  const std::string message = Refusal(job);
-  EXPECT_NE(message.find("spec.parallelism.tensorParallelDegree"), std::string::npos) << message;
+  job.spec.gpus_per_node = 3;
+  job.spec.parallelism.tensor_parallel_degree = 3;  // gpt2-tiny has 4 heads
+  job.spec.training.global_batch_tokens = 1024;
+  try {
+    CheckTrainable(job, 0, 3);
+    ADD_FAILURE() << "3 TP ranks split 4 heads";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("spec.parallelism.tensorParallelDegree: must divide spec.model.heads (4)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// spec.resources.memoryLimitMiB caps what the rank's allocator may hold: a limit the
+// model's state does not fit under fails construction with the allocator's error.
+TEST_F(TrainingTest, TheSpecsMemoryLimitCapsTheAllocator) {
+  api::TrainingJob job = Job(5);
+  job.spec.resources.memory_limit_mib = 2;  // gpt2-tiny's fp32 state is 12.7 MiB
+  try {
+    Trainer trainer(job);
+    ADD_FAILURE() << "the model trained under 2 MiB";
+  } catch (const runtime::OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("would pass the limit of 2.0 MiB"), std::string::npos) << e.what();
+  }
+  job.spec.resources.memory_limit_mib = 512;
+  Trainer roomy(job);
+  EXPECT_GT(roomy.memory().params, 0);
 }
 
 }  // namespace

@@ -121,12 +121,12 @@ TEST(JsonCodec, WrongTypesNameTheFieldAndTheValue) {
 TEST(JsonCodec, UnknownFieldsAreReportedAtEveryDepth) {
   FieldErrors errors;
   DecodeTrainingJob({{"extra", 1},
-                     {"spec", {{"model", {{"preset", "gpt2-tiny"}, {"dropout", 0.1}}},
+                     {"spec", {{"model", {{"preset", "gpt2-tiny"}, {"dropuot", 0.1}}},
                                {"template", {{"tolerations", {{{"key", "a"}, {"operater", "Exists"}}}}}}}}},
                     &errors);
   std::vector<std::string> paths;
   for (const FieldError& e : errors) paths.push_back(e.path);
-  EXPECT_EQ(paths, (std::vector<std::string>{"spec.model.dropout", "spec.template.tolerations[0].operater", "extra"}));
+  EXPECT_EQ(paths, (std::vector<std::string>{"spec.model.dropuot", "spec.template.tolerations[0].operater", "extra"}));
   for (const FieldError& e : errors) {
     EXPECT_EQ(e.message, "unknown field");
     EXPECT_EQ(e.type, FieldErrorType::kUnknownField);

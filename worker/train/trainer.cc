@@ -43,7 +43,8 @@ std::unique_ptr<Replica> MakeModel(const api::TrainingJob& job, const api::Paral
     return MakeCudaReplica(device.index, shape, batch, seq, seed, accounting);
   }
   parallel::EngineOptions options;
-  options.memory_limit = runtime::MemoryLimitFromEnvironment();
+  const std::optional<int64_t>& limit_mib = job.spec.resources.memory_limit_mib;
+  options.memory_limit = limit_mib ? *limit_mib << 20 : runtime::MemoryLimitFromEnvironment();
   options.activations = ActivationPolicyOf(job.spec.parallelism);
   options.dropout = float(job.spec.model.dropout);
   options.dropout_seed = uint64_t(job.spec.parallelism.tensor_parallel_seed);
@@ -89,6 +90,8 @@ api::FieldErrors FieldsWithoutEffectOn(const api::TrainingJob& job, runtime::Dev
   warn("spec.parallelism.activationCheckpointing", p.activation_checkpointing,
        "the CUDA engine keeps every block's activations for backward");
   warn("spec.parallelism.activationOffloading", p.activation_offloading, "activations stay in device memory");
+  warn("spec.resources.memoryLimitMiB", job.spec.resources.memory_limit_mib.has_value(),
+       "the CUDA engine's allocator takes no limit");
   return warnings;
 }
 

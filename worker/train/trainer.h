@@ -74,7 +74,8 @@ class Trainer {
   // REQUIRES: `job` is defaulted and valid; `world`, if given, is the job's world and
   // outlives the Trainer; every rank constructs its Trainer at the same point (the
   // TP, shard and replica groups form here). Trains on `device` (ChooseDevice picks it
-  // from the job's precision), on the CPU within $MESHTRAIN_MEMORY_LIMIT_MIB if set.
+  // from the job's precision); on the CPU within spec.resources.memoryLimitMiB, or else
+  // $MESHTRAIN_MEMORY_LIMIT_MIB.
   // Throws std::invalid_argument for a job this trainer cannot run (tensor parallelism on
   // CUDA, a world other than the communicator's, a malformed limit), TokenFileError for bad
   // data, runtime::OutOfMemory when the limit is too small, runtime::cuda::CudaError
