@@ -86,6 +86,7 @@ void Fields(S& s, V& v) {
   v("path", s.path);
   v("interval", s.interval);
   v("keep", s.keep);
+  v("resume", s.resume);
 }
 
 template <Is<TopologySpec> S, class V>

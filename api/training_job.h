@@ -104,6 +104,7 @@ struct CheckpointSpec {
   std::string path;       // empty: no checkpoints
   int64_t interval = 1000;  // steps between checkpoints
   int64_t keep = 2;       // newest checkpoints kept on disk
+  bool resume = true;     // start from the newest intact checkpoint under path, if any
   bool operator==(const CheckpointSpec&) const = default;
 };
 

@@ -7,8 +7,6 @@ FieldErrors FieldsWithoutEffect(const TrainingJob& job, const FieldPaths& writte
   auto warn = [&](const char* path, bool set, const std::string& why) {
     if (set) warnings.push_back({path, "has no effect yet: " + why});
   };
-  warn("spec.checkpoint", written.contains("spec.checkpoint"),
-       "no checkpoint is written, and a restarted job starts again from step 0");
   warn("spec.parallelism.tensorParallelSeed",
        written.contains("spec.parallelism.tensorParallelSeed") && job.spec.model.dropout == 0,
        "it keys the dropout masks, and spec.model.dropout is 0");

@@ -76,6 +76,18 @@ ParameterLayout::ParameterLayout(const api::ModelShape& shape, int tp_rank, int 
   }
 }
 
+std::vector<int64_t> ParameterLayout::WholeIndices(int64_t begin, int64_t end) const {
+  std::vector<int64_t> indices;
+  indices.reserve(size_t(std::max<int64_t>(0, end - begin)));
+  const ParameterLayout whole(shape_);
+  for (size_t id = 0; id < tensors_.size(); ++id) {
+    const ParamTensor& t = tensors_[id];
+    const int64_t from = std::max(begin, t.offset), to = std::min(end, t.offset + t.size);
+    for (int64_t i = from; i < to; ++i) indices.push_back(whole.tensors_[id].offset + GlobalIndex(t, i - t.offset));
+  }
+  return indices;
+}
+
 std::pair<int64_t, int64_t> ParameterLayout::VocabRange() const {
   const int64_t V = shape_.vocab_size;
   return {V * tp_rank_ / tp_size_, V * (tp_rank_ + 1) / tp_size_};

@@ -66,6 +66,9 @@ class ParameterLayout {
   int tp_size() const { return tp_size_; }
   // [begin, end) of the vocabulary (wte's rows) on this rank.
   std::pair<int64_t, int64_t> VocabRange() const;
+  // For elements [begin, end) of this layout's flat buffer, their indices in the
+  // single-rank model's flat buffer.
+  std::vector<int64_t> WholeIndices(int64_t begin, int64_t end) const;
   // The index in the single-rank tensor of element `local` of this rank's slice of `t`.
   int64_t GlobalIndex(const ParamTensor& t, int64_t local) const;
   int64_t total() const { return total_; }

@@ -292,6 +292,30 @@ std::vector<float> ShardedEngine::Weights() {
   return whole;
 }
 
+train::ShardState ShardedEngine::Snapshot() {
+  train::ShardState state{mesh_->tp_rank(), mesh_->shard_rank(), mesh_->replica_index(), {}, {}, {}};
+  for (auto& unit : units_) {
+    const size_t n = size_t(unit->shard_real());
+    state.master.insert(state.master.end(), unit->master(), unit->master() + n);
+    state.m.insert(state.m.end(), unit->adam_m(), unit->adam_m() + n);
+    state.v.insert(state.v.end(), unit->adam_v(), unit->adam_v() + n);
+  }
+  return state;
+}
+
+void ShardedEngine::Restore(const train::WholeState& whole) {
+  for (auto& unit : units_) {
+    const int64_t from = unit->begin() + unit->shard_begin();
+    const std::vector<int64_t> at = layout_.WholeIndices(from, from + unit->shard_real());
+    for (size_t i = 0; i < at.size(); ++i) {
+      unit->master()[i] = whole.master[size_t(at[i])];
+      unit->adam_m()[i] = whole.m[size_t(at[i])];
+      unit->adam_v()[i] = whole.v[size_t(at[i])];
+    }
+  }
+  norm_current_ = false;
+}
+
 train::CommStats ShardedEngine::comm_stats() const {
   train::CommStats stats = comm_seconds_;
   if (tp_) stats.all_reduce += tp_->seconds;  // the layers' all-reduces and gathers

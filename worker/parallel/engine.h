@@ -86,6 +86,8 @@ class ShardedEngine final : public train::Replica {
   // the single-rank layout.
   std::vector<float> Weights() override;
   train::CommStats comm_stats() const override;
+  train::ShardState Snapshot() override;
+  void Restore(const train::WholeState& whole) override;
   std::string Describe() const override;
 
   // For tests: called on the stream threads from now on (null: none).

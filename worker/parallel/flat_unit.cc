@@ -15,15 +15,26 @@ double SecondsSince(Clock::time_point start) { return std::chrono::duration<doub
 
 }  // namespace
 
+UnitShard ShardOfUnit(const model::ParameterLayout& layout, int index, int shard_size, int shard_rank) {
+  const auto [begin, end] = layout.Unit(index);
+  UnitShard s;
+  s.unit_begin = begin;
+  s.numel = end - begin;
+  s.shard_numel = (s.numel + shard_size - 1) / shard_size;
+  s.begin = std::min(s.numel, int64_t(shard_rank) * s.shard_numel);
+  s.real = std::min(s.numel, s.begin + s.shard_numel) - s.begin;
+  return s;
+}
+
 FlatUnit::FlatUnit(const model::ParameterLayout& layout, int index, int shard_size, int shard_rank, uint64_t seed,
                    runtime::CachingAllocator* allocator)
     : index_(index), shard_size_(shard_size), allocator_(allocator) {
-  const auto [begin, end] = layout.Unit(index);
-  begin_ = begin;
-  numel_ = end - begin;
-  shard_numel_ = (numel_ + shard_size - 1) / shard_size;
-  shard_begin_ = std::min(numel_, int64_t(shard_rank) * shard_numel_);
-  shard_real_ = std::min(numel_, shard_begin_ + shard_numel_) - shard_begin_;
+  const UnitShard shard = ShardOfUnit(layout, index, shard_size, shard_rank);
+  begin_ = shard.unit_begin;
+  numel_ = shard.numel;
+  shard_numel_ = shard.shard_numel;
+  shard_begin_ = shard.begin;
+  shard_real_ = shard.real;
   using runtime::MemoryCategory;
   master_ = runtime::Buffer<float>(allocator, size_t(shard_numel_), MemoryCategory::kParams);
   grad_ = runtime::Buffer<float>(allocator, size_t(shard_numel_), MemoryCategory::kGrads);

@@ -31,6 +31,16 @@
 
 namespace meshtrain::parallel {
 
+// Which elements of unit `index` of `layout` shard `shard_rank` of `shard_size` holds:
+// the unit padded to a multiple of shard_size and split evenly. Offsets are in the
+// layout's flat buffer; FlatUnit and checkpoints split units the same way.
+struct UnitShard {
+  int64_t unit_begin = 0, numel = 0;  // the unit: [unit_begin, unit_begin + numel)
+  int64_t shard_numel = 0;            // every shard's size, padding included
+  int64_t begin = 0, real = 0;        // this shard's real elements: [begin, begin + real) of the unit
+};
+UnitShard ShardOfUnit(const model::ParameterLayout& layout, int index, int shard_size, int shard_rank);
+
 class FlatUnit {
  public:
   // Unit `index` of `layout`, sharded over `shard_size` ranks, this rank holding shard
@@ -57,6 +67,11 @@ class FlatUnit {
   void AllocateGrads();
   void ReduceGrads(comm::Communicator* shard, runtime::Stream& comm, train::CommStats* seconds);
   void AllReduceReplicas(comm::Communicator* replica, runtime::Stream& comm, train::CommStats* seconds);
+
+  // This rank's optimizer state, shard_real() elements each (checkpoints save and restore it).
+  float* master() { return master_.data(); }
+  float* adam_m() { return m_.data(); }
+  float* adam_v() { return v_.data(); }
 
   void ZeroShardGrads();
   // The sum of squares of this rank's shard gradients; of the tensors every TP rank holds

@@ -10,6 +10,7 @@ Mesh::Mesh(const api::ParallelLayout& layout, comm::Communicator* world) : layou
   const api::LayoutCoord at = layout.CoordOf(rank);
   shard_rank_ = at.shard;
   tp_rank_ = at.tp;
+  replica_index_ = at.replica;
   data_parallel_rank_ = layout.DataParallelRankOf(rank);
   // Every rank splits the axes in the same order, so the groups form alike everywhere.
   if (world != nullptr && layout.tp() > 1) tp_ = world->SplitAxis(layout, api::Axis::kTensor);

@@ -34,6 +34,7 @@ class Mesh {
   int shard_size() const { return layout_.shard(); }
   int shard_rank() const { return shard_rank_; }
   int replicas() const { return layout_.replicas(); }
+  int replica_index() const { return replica_index_; }
   // Null when the group has one rank.
   comm::Communicator* tp() const { return tp_.get(); }
   comm::Communicator* shard() const { return shard_.get(); }
@@ -43,7 +44,7 @@ class Mesh {
 
  private:
   api::ParallelLayout layout_;
-  int shard_rank_ = 0, tp_rank_ = 0, data_parallel_rank_ = 0;
+  int shard_rank_ = 0, tp_rank_ = 0, replica_index_ = 0, data_parallel_rank_ = 0;
   std::unique_ptr<comm::Communicator> tp_, shard_, replica_;
 };
 

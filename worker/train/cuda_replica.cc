@@ -29,6 +29,12 @@ class CudaReplica final : public Replica {
 
   runtime::Device device() const override { return runtime::Device::Cuda(device_index_); }
 
+  // Checkpoints come from the CPU engine; the Trainer writes none on CUDA yet (it warns).
+  ShardState Snapshot() override { throw std::logic_error("checkpoints of the CUDA replica are not written yet"); }
+  void Restore(const WholeState&) override {
+    throw std::logic_error("checkpoints are not loaded into the CUDA replica yet");
+  }
+
   // No dropout on CUDA yet: the Trainer refuses a job with any.
   double Forward(const int32_t* inputs, const int32_t* targets, int B, int T, const MicroBatchKey*) override {
     return model_.Forward(inputs, targets, B, T);

@@ -38,6 +38,19 @@ struct CommStats {
   double copy = 0, copy_exposed = 0;
 };
 
+// One rank's part of the training state, for a checkpoint: the real elements of its
+// shard of every unit, in unit order, of fp32 master weights and AdamW m and v; and the
+// rank's place in the layout.
+struct ShardState {
+  int tp_rank = 0, shard_rank = 0, replica = 0;
+  std::vector<float> master, m, v;
+};
+
+// The whole model's optimizer state in the single-rank layout (ParameterLayout order).
+struct WholeState {
+  std::vector<float> master, m, v;
+};
+
 // Which micro-batch of which step a training forward computes; it keys dropout masks.
 struct MicroBatchKey {
   int64_t step = 0;   // 0-based
@@ -70,6 +83,10 @@ class Replica {
   // ParameterLayout order; collective on every rank.
   virtual std::vector<float> Weights() = 0;
   virtual CommStats comm_stats() const { return {}; }
+  // A copy of this rank's optimizer state (checkpoints write it in the background).
+  virtual ShardState Snapshot() = 0;
+  // This rank's elements of `whole` (a checkpoint's, any layout's) as its optimizer state.
+  virtual void Restore(const WholeState& whole) = 0;
   // How the model is laid out on this rank, for the startup lines.
   virtual std::string Describe() const = 0;
 };

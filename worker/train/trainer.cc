@@ -81,6 +81,11 @@ void CheckTrainable(const api::TrainingJob& job, int rank, int ranks) {
 api::FieldErrors FieldsWithoutEffectOn(const api::TrainingJob& job, runtime::Device device) {
   api::FieldErrors warnings;
   if (!device.is_cuda()) return warnings;
+  if (!job.spec.checkpoint.path.empty()) {
+    warnings.push_back({"spec.checkpoint", "has no effect on " + device.ToString() +
+                                               " yet: the CUDA engine writes no checkpoint, and a restarted job "
+                                               "starts again from step 0 (the CPU engine writes them)"});
+  }
   const api::ParallelismSpec& p = job.spec.parallelism;
   auto warn = [&](const char* path, bool set, const std::string& why) {
     if (set) warnings.push_back({path, "has no effect on " + device.ToString() + " yet: " + why + " (the CPU engine acts on it)"});
@@ -124,6 +129,26 @@ Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime
   auto [train, validation] = OpenData(job, layout_, world ? world->rank() : 0);
   train_.emplace(std::move(train));
   validation_ = std::move(validation);
+  const api::CheckpointSpec& checkpoint = job.spec.checkpoint;
+  if (!checkpoint.path.empty() && !device.is_cuda()) {
+    const api::ModelShape shape = api::ShapeOf(job.spec.model);
+    if (checkpoint.resume) {
+      if (std::optional<LoadedCheckpoint> loaded = LoadNewestCheckpoint(checkpoint.path, shape, &checkpoint_warnings_)) {
+        replica_->Restore(loaded->state);
+        step_ = loaded->position.step;
+        train_->set_position(loaded->position.data_position);
+        resumed_from_ = step_;
+        resumed_directory_ = loaded->directory;
+      }
+    }
+    const int rank = world ? world->rank() : 0;
+    // Rank 0 clears half-written checkpoints before the first step; no rank writes one
+    // before that step's collectives, which need rank 0.
+    if (rank == 0) CheckpointWriter::RemovePartial(checkpoint.path);
+    checkpoints_ = std::make_unique<CheckpointWriter>(
+        checkpoint.path, checkpoint.keep, shape, layout_, rank,
+        [rank](const std::string& error) { std::fprintf(stderr, "rank %d: error: %s\n", rank, error.c_str()); });
+  }
   inputs_.resize(size_t(batch_) * seq_);
   targets_.resize(size_t(batch_) * seq_);
 }
@@ -175,8 +200,15 @@ void Trainer::Run(const std::function<void(const StepReport&)>& report) {
     StepReport r = Step();
     const bool last = r.step == t.steps;
     if (last || (t.eval_interval > 0 && r.step % t.eval_interval == 0)) r.validation_loss = Evaluate();
+    if (checkpoints_ && (last || r.step % job_.spec.checkpoint.interval == 0)) {
+      const auto start = std::chrono::steady_clock::now();
+      ShardState snapshot = replica_->Snapshot();
+      const double copied = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      r.checkpoint_stall = copied + checkpoints_->Save({step_, train_->position()}, std::move(snapshot));
+    }
     report(r);
   }
+  if (checkpoints_) checkpoints_->Wait();
 }
 
 double Trainer::Evaluate() {

@@ -28,6 +28,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/runtime/device.h"
 #include "worker/runtime/memory.h"
+#include "worker/train/checkpoint.h"
 #include "worker/train/data_loader.h"
 #include "worker/train/replica.h"
 
@@ -43,6 +44,7 @@ struct StepReport {
   double seconds = 0;            // wall time of the step
   std::optional<double> validation_loss;  // on evaluation steps
   CommStats comm;  // seconds in collectives during the step, and the exposed part
+  std::optional<double> checkpoint_stall;  // on checkpoint steps: seconds the step waited for the snapshot
 };
 
 CommStats operator-(const CommStats& a, const CommStats& b);
@@ -83,8 +85,17 @@ class Trainer {
   explicit Trainer(const api::TrainingJob& job, comm::Communicator* world = nullptr,
                    runtime::Device device = runtime::Device::Cpu());
 
-  // Trains for spec.training.steps, calling `report` after every step.
+  // Trains from where it stands to spec.training.steps, calling `report` after every
+  // step, with a checkpoint every spec.checkpoint.interval steps and after the last (if
+  // spec.checkpoint.path is set); returns once the last checkpoint is written.
   void Run(const std::function<void(const StepReport&)>& report);
+
+  // The step the Trainer resumed from (spec.checkpoint.resume and a checkpoint found),
+  // and why newer checkpoints were skipped.
+  std::optional<int64_t> resumed_from() const { return resumed_from_; }
+  const std::string& resumed_directory() const { return resumed_directory_; }
+  const std::vector<std::string>& checkpoint_warnings() const { return checkpoint_warnings_; }
+  CheckpointStats checkpoint_stats() const { return checkpoints_ ? checkpoints_->stats() : CheckpointStats{}; }
 
   // One optimizer step over the global batch; returns its report (without validation).
   StepReport Step();
@@ -122,6 +133,10 @@ class Trainer {
   std::optional<DataLoader> validation_;
   std::vector<int32_t> inputs_, targets_;
   int64_t step_ = 0;
+  std::unique_ptr<CheckpointWriter> checkpoints_;  // null: none written
+  std::optional<int64_t> resumed_from_;
+  std::string resumed_directory_;
+  std::vector<std::string> checkpoint_warnings_;
 };
 
 }  // namespace meshtrain::train

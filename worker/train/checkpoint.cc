@@ -1,0 +1,416 @@
+#include "worker/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "worker/model/parameters.h"
+#include "worker/parallel/flat_unit.h"
+#include "worker/train/crc32c.h"
+
+namespace meshtrain::train {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kFormat = "meshtrain-checkpoint";
+constexpr int kVersion = 1;
+constexpr auto kWaitForWriters = std::chrono::minutes(2);
+
+std::string StepName(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+  return name;
+}
+
+std::string RankFile(int rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "rank-%05d.bin", rank);
+  return name;
+}
+
+std::string Sidecar(int rank) { return RankFile(rank) + ".json"; }
+
+std::string ErrnoText(const std::string& what, const std::string& path) {
+  return what + " " + path + ": " + std::strerror(errno);
+}
+
+// Writes `bytes` to `path` and fsyncs it; throws CheckpointError naming the path.
+void WriteDurably(const std::string& path, const void* data, size_t bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw CheckpointError(ErrnoText("cannot create", path));
+  const auto* p = static_cast<const char*>(data);
+  for (size_t done = 0; done < bytes;) {
+    const ssize_t n = ::write(fd, p + done, bytes - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string error = ErrnoText("cannot write", path);
+      ::close(fd);
+      throw CheckpointError(error);
+    }
+    done += size_t(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) throw CheckpointError(ErrnoText("cannot sync", path));
+}
+
+void WriteDurably(const std::string& path, const std::string& text) { WriteDurably(path, text.data(), text.size()); }
+
+void SyncDirectory(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw CheckpointError(ErrnoText("cannot open directory", path));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw CheckpointError(ErrnoText("cannot sync directory", path));
+}
+
+std::string ReadText(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CheckpointError(path.string() + ": missing or unreadable");
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+Json ShapeJson(const api::ModelShape& s) {
+  return {{"layers", s.layers}, {"heads", s.heads}, {"hidden", s.hidden}, {"vocabSize", s.vocab_size},
+          {"seqLen", s.seq_len}};
+}
+
+std::string DescribeLayout(const Json& layout) {
+  const int replicas = layout.at("replicas"), shard = layout.at("shard"), tp = layout.at("tp");
+  return std::to_string(replicas) + (replicas == 1 ? " replica x " : " replicas x ") + std::to_string(shard) +
+         (shard == 1 ? " shard" : " shards") + " x tp " + std::to_string(tp) + " (" +
+         std::to_string(replicas * shard * tp) + " ranks)";
+}
+
+// The ranks that write a checkpoint of `layout`: replica 0's.
+std::vector<int> Writers(const api::ParallelLayout& layout) {
+  std::vector<int> ranks;
+  for (int s = 0; s < layout.shard(); ++s) {
+    for (int t = 0; t < layout.tp(); ++t) ranks.push_back(layout.RankOf({0, s, t}));
+  }
+  std::sort(ranks.begin(), ranks.end());
+  return ranks;
+}
+
+// The metadata of `dir`, checked for format and model; throws CheckpointError naming it.
+Json ReadMetadata(const fs::path& dir, const api::ModelShape& shape) {
+  const fs::path file = dir / "metadata.json";
+  Json meta;
+  try {
+    meta = Json::parse(ReadText(file));
+  } catch (const Json::exception& e) {
+    throw CheckpointError(file.string() + ": not valid JSON: " + e.what());
+  }
+  try {
+    if (meta.at("format") != kFormat || meta.at("version") != kVersion) {
+      throw CheckpointError(file.string() + ": not a meshtrain checkpoint of format version " +
+                            std::to_string(kVersion));
+    }
+    if (meta.at("model") != ShapeJson(shape)) {
+      throw CheckpointError(file.string() + ": a checkpoint of another model (" + meta.at("model").dump() +
+                            "), not of " + ShapeJson(shape).dump());
+    }
+    meta.at("step").get<int64_t>();
+    meta.at("dataPosition").get<uint64_t>();
+    const Json& layout = meta.at("layout");
+    const int tp = layout.at("tp"), shard = layout.at("shard"), replicas = layout.at("replicas");
+    if (tp < 1 || shard < 1 || replicas < 1) throw CheckpointError(file.string() + ": layout sizes must be positive");
+    for (const Json& f : meta.at("files")) {
+      f.at("name").get<std::string>();
+      f.at("bytes").get<int64_t>();
+      f.at("crc32c").get<uint32_t>();
+      const int t = f.at("tp"), s = f.at("shard");
+      if (t < 0 || t >= tp || s < 0 || s >= shard) {
+        throw CheckpointError(file.string() + ": file " + f.at("name").get<std::string>() + " sits outside the layout");
+      }
+    }
+  } catch (const Json::exception& e) {
+    throw CheckpointError(file.string() + ": malformed metadata: " + e.what());
+  }
+  return meta;
+}
+
+}  // namespace
+
+LoadedCheckpoint LoadCheckpoint(const std::string& directory, const api::ModelShape& shape) {
+  const fs::path dir(directory);
+  const Json meta = ReadMetadata(dir, shape);
+  const Json& layout = meta.at("layout");
+  const int T = layout.at("tp"), S = layout.at("shard");
+  const model::ParameterLayout whole_layout(shape);
+  LoadedCheckpoint loaded{directory, {meta.at("step"), meta.at("dataPosition")}, {}};
+  WholeState& whole = loaded.state;
+  const size_t total = size_t(whole_layout.total());
+  whole.master.assign(total, 0.0f);
+  whole.m.assign(total, 0.0f);
+  whole.v.assign(total, 0.0f);
+  std::vector<char> covered(total, 0);
+  for (const Json& f : meta.at("files")) {
+    const fs::path file = dir / f.at("name").get<std::string>();
+    const std::string bytes = ReadText(file);
+    if (int64_t(bytes.size()) != f.at("bytes").get<int64_t>()) {
+      throw CheckpointError(file.string() + ": truncated or grown: " + std::to_string(bytes.size()) +
+                            " bytes, the metadata says " + std::to_string(f.at("bytes").get<int64_t>()));
+    }
+    if (Crc32c(bytes.data(), bytes.size()) != f.at("crc32c").get<uint32_t>()) {
+      throw CheckpointError(file.string() + ": checksum mismatch: the data is corrupt");
+    }
+    // The writer's TP slice, split as its FlatUnits were.
+    const model::ParameterLayout slice(shape, f.at("tp"), T);
+    std::vector<int64_t> at;
+    for (int u = 0; u < slice.units(); ++u) {
+      const parallel::UnitShard s = parallel::ShardOfUnit(slice, u, S, f.at("shard"));
+      const std::vector<int64_t> unit = slice.WholeIndices(s.unit_begin + s.begin, s.unit_begin + s.begin + s.real);
+      at.insert(at.end(), unit.begin(), unit.end());
+    }
+    if (bytes.size() != 3 * at.size() * sizeof(float)) {
+      throw CheckpointError(file.string() + ": holds " + std::to_string(bytes.size()) + " bytes, but its shards are " +
+                            std::to_string(3 * at.size() * sizeof(float)));
+    }
+    const auto* values = reinterpret_cast<const float*>(bytes.data());
+    for (size_t i = 0; i < at.size(); ++i) {
+      std::memcpy(&whole.master[size_t(at[i])], values + i, sizeof(float));
+      std::memcpy(&whole.m[size_t(at[i])], values + at.size() + i, sizeof(float));
+      std::memcpy(&whole.v[size_t(at[i])], values + 2 * at.size() + i, sizeof(float));
+      covered[size_t(at[i])] = 1;
+    }
+  }
+  const auto gap = std::find(covered.begin(), covered.end(), 0);
+  if (gap != covered.end()) {
+    throw CheckpointError((dir / "metadata.json").string() + ": the shard files leave element " +
+                          std::to_string(gap - covered.begin()) + " of the model out");
+  }
+  return loaded;
+}
+
+std::optional<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& path, const api::ModelShape& shape,
+                                                     std::vector<std::string>* warnings) {
+  std::vector<CheckpointListing> all = ListCheckpoints(path);
+  // `latest` first, then the others newest first.
+  std::stable_partition(all.begin(), all.end(), [](const CheckpointListing& c) { return c.latest; });
+  for (const CheckpointListing& c : all) {
+    try {
+      return LoadCheckpoint(c.directory, shape);
+    } catch (const CheckpointError& e) {
+      warnings->push_back("skipping checkpoint " + c.directory + ": " + e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<CheckpointListing> ListCheckpoints(const std::string& path) {
+  std::vector<CheckpointListing> all;
+  std::error_code error;
+  if (!fs::is_directory(path, error)) return all;
+  std::string latest;
+  try {
+    latest = ReadText(fs::path(path) / "latest");
+    latest.erase(latest.find_last_not_of("\n ") + 1);
+  } catch (const CheckpointError&) {  // no checkpoint completed yet
+  }
+  for (const fs::directory_entry& entry : fs::directory_iterator(path, error)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || !name.starts_with("step-")) continue;
+    CheckpointListing c;
+    c.directory = entry.path().string();
+    c.latest = name == latest;
+    try {
+      c.step = std::stoll(name.substr(5));
+      const Json meta = Json::parse(ReadText(entry.path() / "metadata.json"));
+      c.layout = DescribeLayout(meta.at("layout"));
+      for (const Json& f : meta.at("files")) c.bytes += f.at("bytes").get<int64_t>();
+      const Json& m = meta.at("model");
+      const api::ModelShape shape{m.at("layers").get<int64_t>(), m.at("heads").get<int64_t>(),
+                                  m.at("hidden").get<int64_t>(), m.at("vocabSize").get<int64_t>(),
+                                  m.at("seqLen").get<int64_t>()};
+      LoadCheckpoint(c.directory, shape);
+    } catch (const std::exception& e) {
+      c.problem = e.what();
+    }
+    all.push_back(std::move(c));
+  }
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.step > b.step; });
+  return all;
+}
+
+CheckpointWriter::CheckpointWriter(std::string path, int64_t keep, const api::ModelShape& shape,
+                                   const api::ParallelLayout& layout, int rank,
+                                   std::function<void(const std::string&)> log_error)
+    : path_(std::move(path)),
+      keep_(keep),
+      shape_(shape),
+      layout_(layout),
+      rank_(rank),
+      log_error_(std::move(log_error)),
+      thread_([this] { Loop(); }) {}
+
+CheckpointWriter::~CheckpointWriter() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+}
+
+void CheckpointWriter::RemovePartial(const std::string& path) {
+  std::error_code error;
+  for (const fs::directory_entry& entry : fs::directory_iterator(path, error)) {
+    if (entry.path().filename().string().starts_with(".partial-")) fs::remove_all(entry.path(), error);
+  }
+}
+
+double CheckpointWriter::Save(const TrainingPosition& position, ShardState state) {
+  const auto start = Clock::now();
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return !busy_ && !pending_; });
+  pending_.emplace(position, std::move(state));
+  lock.unlock();
+  changed_.notify_all();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void CheckpointWriter::Wait() {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return !busy_ && !pending_; });
+}
+
+CheckpointStats CheckpointWriter::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void CheckpointWriter::Loop() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stopping_ || pending_; });
+    if (!pending_) return;  // stopping, nothing left
+    auto [position, state] = std::move(*pending_);
+    pending_.reset();
+    busy_ = true;
+    lock.unlock();
+    const auto start = Clock::now();
+    bool ok = true;
+    try {
+      Write(position, state);
+    } catch (const std::exception& e) {
+      ok = false;
+      log_error_("checkpoint of step " + std::to_string(position.step) + " failed: " + e.what() +
+                 "; training goes on, and the previous checkpoint stays as it was");
+    }
+    lock.lock();
+    if (ok) {
+      ++stats_.written;
+      stats_.last_step = position.step;
+      stats_.last_bytes = int64_t(3 * state.master.size() * sizeof(float));
+      stats_.last_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    } else {
+      ++stats_.failures;
+    }
+    busy_ = false;
+    changed_.notify_all();
+  }
+}
+
+void CheckpointWriter::Write(const TrainingPosition& position, const ShardState& state) {
+  const std::string name = StepName(position.step);
+  const std::string partial = (fs::path(path_) / (".partial-" + name)).string();
+  if (state.replica == 0) {
+    const std::string file = (fs::path(partial) / RankFile(rank_)).string();
+    Json sidecar = {{"tp", state.tp_rank}, {"shard", state.shard_rank}};
+    try {
+      std::error_code error;
+      fs::create_directories(partial, error);
+      if (error) throw CheckpointError("cannot create " + partial + ": " + error.message());
+      std::vector<float> data;
+      data.reserve(3 * state.master.size());
+      for (const std::vector<float>* part : {&state.master, &state.m, &state.v}) {
+        data.insert(data.end(), part->begin(), part->end());
+      }
+      WriteDurably(file, data.data(), data.size() * sizeof(float));
+      sidecar["bytes"] = data.size() * sizeof(float);
+      sidecar["crc32c"] = Crc32c(data.data(), data.size() * sizeof(float));
+    } catch (const CheckpointError& e) {
+      sidecar = {{"error", e.what()}};
+      // Rank 0 learns of the failure from the sidecar; if even that cannot be written, it times out.
+      std::error_code ignored;
+      std::ofstream(fs::path(partial) / Sidecar(rank_)) << sidecar.dump();
+      throw;
+    }
+    WriteDurably((fs::path(partial) / Sidecar(rank_)).string(), sidecar.dump());
+  }
+  if (rank_ == 0) Finish(position, partial, name);
+}
+
+void CheckpointWriter::Finish(const TrainingPosition& position, const std::string& partial, const std::string& name) {
+  Json files = Json::array();
+  const auto deadline = Clock::now() + kWaitForWriters;
+  for (int writer : Writers(layout_)) {
+    const fs::path sidecar = fs::path(partial) / Sidecar(writer);
+    Json done;
+    for (;;) {
+      try {
+        done = Json::parse(ReadText(sidecar));
+        break;
+      } catch (const std::exception&) {  // not there, or not complete yet
+      }
+      if (Clock::now() > deadline) {
+        fs::remove_all(partial);
+        throw CheckpointError("rank " + std::to_string(writer) + " did not finish writing " +
+                              (fs::path(partial) / RankFile(writer)).string() + " within 2 minutes");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (done.contains("error")) {
+      fs::remove_all(partial);
+      throw CheckpointError("rank " + std::to_string(writer) + ": " + done.at("error").get<std::string>());
+    }
+    files.push_back({{"name", RankFile(writer)}, {"rank", writer}, {"tp", done.at("tp")}, {"shard", done.at("shard")},
+                     {"bytes", done.at("bytes")}, {"crc32c", done.at("crc32c")}});
+  }
+  const Json meta = {{"format", kFormat},
+                     {"version", kVersion},
+                     {"step", position.step},
+                     {"dataPosition", position.data_position},
+                     {"model", ShapeJson(shape_)},
+                     {"layout",
+                      {{"tp", layout_.tp()}, {"shard", layout_.shard()}, {"replicas", layout_.replicas()},
+                       {"world", layout_.world()}}},
+                     {"files", files}};
+  WriteDurably((fs::path(partial) / "metadata.json").string(), meta.dump(2));
+  for (int writer : Writers(layout_)) fs::remove(fs::path(partial) / Sidecar(writer));
+  SyncDirectory(partial);
+  const fs::path final_dir = fs::path(path_) / name;
+  std::error_code error;
+  fs::remove_all(final_dir, error);  // a checkpoint of this step from a run that was resumed before it
+  fs::rename(partial, final_dir, error);
+  if (error) throw CheckpointError("cannot rename " + partial + " to " + final_dir.string() + ": " + error.message());
+  SyncDirectory(path_);
+  const std::string latest_tmp = (fs::path(path_) / "latest.tmp").string();
+  WriteDurably(latest_tmp, name + "\n");
+  fs::rename(latest_tmp, fs::path(path_) / "latest", error);
+  if (error) throw CheckpointError("cannot rename " + latest_tmp + ": " + error.message());
+  SyncDirectory(path_);
+  // Keep the newest `keep`; `latest` is among them.
+  std::vector<fs::path> steps;
+  for (const fs::directory_entry& entry : fs::directory_iterator(path_, error)) {
+    if (entry.is_directory() && entry.path().filename().string().starts_with("step-")) steps.push_back(entry.path());
+  }
+  std::sort(steps.begin(), steps.end(), std::greater<>());
+  for (size_t i = size_t(keep_); i < steps.size(); ++i) fs::remove_all(steps[i], error);
+}
+
+}  // namespace meshtrain::train

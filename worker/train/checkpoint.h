@@ -1,0 +1,128 @@
+// Sharded, atomic, reshardable checkpoints (DESIGN.md, "Checkpoints").
+//
+// Under spec.checkpoint.path, one directory per step:
+//   step-00000100/metadata.json   format version, model shape, layout, step, data position,
+//                                 and each shard file's rank, place, size and CRC-32C
+//   step-00000100/rank-00003.bin  that rank's shards of fp32 master weights, then AdamW m,
+//                                 then v: each unit's real shard elements, in unit order
+//   latest                        "step-00000100": the newest complete checkpoint
+// Ranks of replica 0 write (the other replicas hold the same shards). A checkpoint is
+// written into .partial-step-N, each writer leaving its file and a sidecar with the file's
+// size and checksum (or its error); rank 0 waits for every sidecar, writes the metadata,
+// fsyncs, renames the directory into place, then moves `latest` (a temporary file, fsync,
+// rename) and deletes all but the newest spec.checkpoint.keep. `latest` never names an
+// incomplete checkpoint, and a failed write leaves the previous ones as they were.
+//
+// Loading reads every shard file, verifies it, and assembles the whole model's state in
+// the single-rank layout, from which any layout (R x S x T, another world size) takes its
+// elements: resharding is exact.
+
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "api/layout.h"
+#include "api/model_shape.h"
+#include "worker/train/replica.h"
+
+namespace meshtrain::train {
+
+// A checkpoint that cannot be read or used: the message names the file and what is wrong.
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Where training stands at a checkpoint.
+struct TrainingPosition {
+  int64_t step = 0;            // optimizer steps taken
+  uint64_t data_position = 0;  // the training data loader's position
+};
+
+struct LoadedCheckpoint {
+  std::string directory;
+  TrainingPosition position;
+  WholeState state;
+};
+
+// Reads and verifies the checkpoint in `directory` for a model of `shape`. Throws
+// CheckpointError for a missing, truncated or corrupt file, or metadata of another model
+// or format.
+LoadedCheckpoint LoadCheckpoint(const std::string& directory, const api::ModelShape& shape);
+
+// The newest intact checkpoint under `path`, starting from `latest`: one that fails to
+// load is skipped with a warning (appended to `warnings`) naming it and why. Empty when
+// there is none.
+std::optional<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& path, const api::ModelShape& shape,
+                                                     std::vector<std::string>* warnings);
+
+// For `meshtrain checkpoints`: every step directory under `path`, newest first.
+struct CheckpointListing {
+  std::string directory;
+  int64_t step = -1;
+  std::string layout;  // "1 replica x 2 shards x tp 2 (4 ranks)"
+  int64_t bytes = 0;
+  bool latest = false;
+  std::string problem;  // empty when it verifies
+};
+std::vector<CheckpointListing> ListCheckpoints(const std::string& path);
+
+// Counters of a rank's checkpoint writes, read by metrics.
+struct CheckpointStats {
+  int64_t written = 0, failures = 0;
+  int64_t last_step = -1, last_bytes = 0;  // of the newest complete checkpoint this rank took part in
+  double last_seconds = 0;                 // its write time, snapshot to done
+};
+
+// Writes this rank's part of checkpoints on a background thread.
+// Thread-safety: one thread calls Save and Wait; stats() may be called from any thread.
+class CheckpointWriter {
+ public:
+  // `path` and `keep` from spec.checkpoint; this is `rank` of `layout`; `shape` goes into
+  // the metadata. Failures go to `log_error` (called on the writer thread).
+  CheckpointWriter(std::string path, int64_t keep, const api::ModelShape& shape, const api::ParallelLayout& layout,
+                   int rank, std::function<void(const std::string&)> log_error);
+  ~CheckpointWriter();  // waits for the write in progress
+
+  // Removes what an interrupted run left half-written. Rank 0 calls it before any rank
+  // writes.
+  static void RemovePartial(const std::string& path);
+
+  // Hands `state` (this rank's snapshot at `position`) to the background thread, after
+  // waiting for the previous checkpoint's write. Returns the seconds this call blocked.
+  double Save(const TrainingPosition& position, ShardState state);
+  // Blocks until the last checkpoint handed over is written (or has failed).
+  void Wait();
+  CheckpointStats stats() const;
+
+ private:
+  void Loop();
+  void Write(const TrainingPosition& position, const ShardState& state);
+  // Rank 0: the metadata, the rename, `latest` and pruning, once every writer is done.
+  void Finish(const TrainingPosition& position, const std::string& partial, const std::string& name);
+
+  const std::string path_;
+  const int64_t keep_;
+  const api::ModelShape shape_;
+  const api::ParallelLayout layout_;
+  const int rank_;
+  const std::function<void(const std::string&)> log_error_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::optional<std::pair<TrainingPosition, ShardState>> pending_;
+  bool busy_ = false, stopping_ = false;
+  CheckpointStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace meshtrain::train
