@@ -24,11 +24,27 @@ struct Result {
   double copy_seconds = 0;
 };
 
+ActivationPolicy Checkpointing() {
+  ActivationPolicy policy;
+  policy.checkpointing = true;
+  return policy;
+}
+
+ActivationPolicy Offload(int horizon) {
+  ActivationPolicy policy = Checkpointing();
+  policy.offload = true;
+  policy.horizon = horizon;
+  return policy;
+}
+
 // Three optimizer steps of two micro-batches each, then the weights.
 Result Train(const ActivationPolicy& policy, ScheduleObserver* observer = nullptr, float dropout = 0) {
   runtime::MemoryAccounting accounting;
-  ShardedEngine engine(kShape, std::make_shared<const Mesh>(), B, T, 7, &accounting,
-                       {.activations = policy, .dropout = dropout, .dropout_seed = 11});
+  EngineOptions options;
+  options.activations = policy;
+  options.dropout = dropout;
+  options.dropout_seed = 11;
+  ShardedEngine engine(kShape, std::make_shared<const Mesh>(), B, T, 7, &accounting, options);
   engine.set_observer(observer);
   std::vector<int32_t> inputs(B * T), targets(B * T);
   Result run;
@@ -68,15 +84,15 @@ int64_t ScratchFloats() {
 
 TEST(ActivationStore, CheckpointingAndOffloadGiveTheSameBitsAsKeepingEverything) {
   const Result keep = Train({});
-  const Result checkpoint = Train({.checkpointing = true});
+  const Result checkpoint = Train(Checkpointing());
   EXPECT_EQ(checkpoint.losses, keep.losses);
   EXPECT_EQ(checkpoint.weights, keep.weights);
   for (int horizon : {1, 2, 4, 5, 9}) {
-    const Result offload = Train({.checkpointing = true, .offload = true, .horizon = horizon});
+    const Result offload = Train(Offload(horizon));
     EXPECT_EQ(offload.losses, checkpoint.losses) << "horizon " << horizon;
     EXPECT_EQ(offload.weights, checkpoint.weights) << "horizon " << horizon;
   }
-  EXPECT_EQ(Train({.checkpointing = true, .offload = true, .horizon = 2}).losses, keep.losses) << "run twice";
+  EXPECT_EQ(Train(Offload(2)).losses, keep.losses) << "run twice";
 }
 
 // Dropout masks are a pure function of the key and the element: the recomputed block
@@ -85,10 +101,10 @@ TEST(ActivationStore, WithDropoutCheckpointingAndOffloadStillGiveTheSameBits) {
   const Result keep = Train({}, nullptr, 0.2f);
   EXPECT_NE(keep.losses, Train({}).losses) << "dropout must change the run";
   EXPECT_EQ(Train({}, nullptr, 0.2f).losses, keep.losses) << "the same masks run after run";
-  const Result checkpoint = Train({.checkpointing = true}, nullptr, 0.2f);
+  const Result checkpoint = Train(Checkpointing(), nullptr, 0.2f);
   EXPECT_EQ(checkpoint.losses, keep.losses);
   EXPECT_EQ(checkpoint.weights, keep.weights);
-  const Result offload = Train({.checkpointing = true, .offload = true, .horizon = 1}, nullptr, 0.2f);
+  const Result offload = Train(Offload(1), nullptr, 0.2f);
   EXPECT_EQ(offload.losses, keep.losses);
   EXPECT_EQ(offload.weights, keep.weights);
 }
@@ -102,19 +118,19 @@ TEST(ActivationStore, TheAccountingShowsTheBoundsOfEachMode) {
   const Result keep = Train({});
   EXPECT_EQ(keep.activations, bytes(kBtc + L * BlockFloats() + ScratchFloats()));
   EXPECT_EQ(keep.offload, 0);
-  const Result checkpoint = Train({.checkpointing = true});
+  const Result checkpoint = Train(Checkpointing());
   EXPECT_EQ(checkpoint.activations, bytes(L * kBtc + kBtc + BlockFloats() + ScratchFloats()));
   EXPECT_LT(checkpoint.activations, keep.activations / 2);
   EXPECT_EQ(checkpoint.offload, 0);
   for (int horizon : {1, 2, 4}) {
-    const Result offload = Train({.checkpointing = true, .offload = true, .horizon = horizon});
+    const Result offload = Train(Offload(horizon));
     const int64_t resident = std::min<int64_t>(horizon + 1, L);
     EXPECT_EQ(offload.activations, bytes(resident * kBtc + kBtc + BlockFloats() + ScratchFloats()))
         << "horizon " << horizon;
     EXPECT_EQ(offload.offload, bytes((L - resident) * kBtc)) << "horizon " << horizon;
     EXPECT_GT(offload.copy_seconds, 0) << "horizon " << horizon;
   }
-  const Result everything_fits = Train({.checkpointing = true, .offload = true, .horizon = 9});
+  const Result everything_fits = Train(Offload(9));
   EXPECT_EQ(everything_fits.offload, 0) << "a horizon past the last block leaves nothing to offload";
 }
 
@@ -135,7 +151,7 @@ class Recorder : public ScheduleObserver {
 
 TEST(ActivationStore, CheckpointingRecomputesEachBlockRightBeforeItsBackward) {
   Recorder with, without;
-  Train({.checkpointing = true}, &with);
+  Train(Checkpointing(), &with);
   Train({}, &without);
   ASSERT_FALSE(with.ops.empty());
   for (size_t i = 0; i < with.ops.size(); ++i) {
@@ -149,16 +165,20 @@ TEST(ActivationStore, CheckpointingRecomputesEachBlockRightBeforeItsBackward) {
 TEST(ActivationStore, AnUnusablePolicyNamesTheField) {
   runtime::MemoryAccounting accounting;
   auto make = [&](const ActivationPolicy& policy) {
-    ShardedEngine engine(kShape, std::make_shared<const Mesh>(), B, T, 7, &accounting, {.activations = policy});
+    EngineOptions options;
+    options.activations = policy;
+    ShardedEngine engine(kShape, std::make_shared<const Mesh>(), B, T, 7, &accounting, options);
   };
   try {
-    make({.checkpointing = true, .offload = true, .horizon = 0});
+    make(Offload(0));
     ADD_FAILURE() << "a horizon of 0 was accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("spec.parallelism.activationLoadingHorizon"), std::string::npos) << e.what();
   }
   try {
-    make({.checkpointing = false, .offload = true});
+    ActivationPolicy offload_only = Offload(2);
+    offload_only.checkpointing = false;
+    make(offload_only);
     ADD_FAILURE() << "offloading without checkpointing was accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("spec.parallelism.activationCheckpointing"), std::string::npos) << e.what();

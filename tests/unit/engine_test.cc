@@ -140,7 +140,9 @@ TEST(ShardedEngine, AMemoryLimitTooSmallIsAnErrorNamingTheCategoryAndSizes) {
   const api::ModelShape& shape = *api::FindPreset("gpt2-tiny");
   runtime::MemoryAccounting accounting;
   try {
-    ShardedEngine engine(shape, std::make_shared<const Mesh>(), B, T, 1, &accounting, {.memory_limit = int64_t(4) << 20});
+    EngineOptions options;
+    options.memory_limit = int64_t(4) << 20;
+    ShardedEngine engine(shape, std::make_shared<const Mesh>(), B, T, 1, &accounting, options);
     FAIL() << "the engine fitted in 4 MiB";
   } catch (const runtime::OutOfMemory& e) {
     const std::string message = e.what();
