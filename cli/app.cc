@@ -64,9 +64,15 @@ int Main(int argc, char** argv) {
   RunOptions run_options;
   CLI::App* run = app.add_subcommand("run", "Train a job on this machine");
   run->add_option("file", run_options.file, "Manifest file with one TrainingJob")->required();
+  run->add_flag("--resume,!--no-resume", run_options.resume,
+                "Resume from the newest intact checkpoint under spec.checkpoint.path (the default)");
   run->add_option("--sample-tokens", run_options.sample_tokens, "Tokens of text to sample after training")
       ->check(CLI::Range(0, 100000))
       ->capture_default_str();
+
+  std::string checkpoint_path;
+  CLI::App* checkpoints = app.add_subcommand("checkpoints", "List a job's checkpoints and verify their files");
+  checkpoints->add_option("path", checkpoint_path, "The job's spec.checkpoint.path")->required();
 
   PrepareDataOptions prepare_options;
   CLI::App* prepare = app.add_subcommand("prepare-data", "Turn a text file into token files (byte-level tokenizer)");
@@ -172,6 +178,7 @@ int Main(int argc, char** argv) {
   if (*validate) return ValidateCommand(files, std::cout);
   if (*layout) return LayoutCommand(file, std::cout);
   if (*run) return RunCommand(run_options, std::cout);
+  if (*checkpoints) return CheckpointsCommand(checkpoint_path, std::cout);
   if (*prepare) return PrepareDataCommand(prepare_options, std::cout);
   if (*plan) {
     if (plan_options.cluster_file.empty() && plan_options.nodes_json.empty()) {

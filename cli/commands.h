@@ -25,6 +25,7 @@ int LayoutCommand(const std::string& file, std::ostream& out);
 struct RunOptions {
   std::string file;
   int sample_tokens = 300;  // text sampled from the trained model at the end
+  bool resume = true;       // from the newest checkpoint under spec.checkpoint.path (--no-resume: start fresh)
 };
 
 // Trains one job on this machine: validates and lays it out, then trains it showing
@@ -33,6 +34,10 @@ struct RunOptions {
 // processes on virtual nodes of this machine (found next to this program, or in
 // $MESHTRAIN_WORKER, or on PATH).
 int RunCommand(const RunOptions& options, std::ostream& out);
+
+// Lists the checkpoints under `path` (a job's spec.checkpoint.path), newest first, and
+// verifies each. Exit 0 when all verify, 1 when one is damaged, 2 when there are none.
+int CheckpointsCommand(const std::string& path, std::ostream& out);
 
 struct PrepareDataOptions {
   std::string input;        // a text file

@@ -51,7 +51,7 @@ std::string WorkerProgram() {
 }
 
 // Runs every rank as a process on the job's virtual nodes; they print their own progress.
-int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std::string& file, int sample_tokens,
+int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std::string& file, int sample_tokens, bool resume,
              std::ostream& out) {
   launch::LocalLaunch launch;
   launch.nodes = int(job.job.spec.nodes);
@@ -61,6 +61,7 @@ int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std:
   launch.command = {WorkerProgram(), "train"};
   launch.environment["MESHTRAIN_CONFIG"] = std::filesystem::absolute(file).string();
   launch.environment["MESHTRAIN_SAMPLE_TOKENS"] = std::to_string(sample_tokens);
+  launch.environment["MESHTRAIN_RESUME"] = resume ? "1" : "0";
   // The ranks share this machine's cores; oversubscribed OpenMP threads spin against each other.
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
     const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
@@ -90,7 +91,10 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
   // Rank 0's choice; every rank makes its own (the same one on one machine).
   const runtime::DeviceChoice where = train::ChooseDeviceHere(job.job.spec.training.precision, 0);
   if (!where.note.empty()) spdlog::warn(where.note);
-  if (api::ParallelLayout::ForSpec(job.job.spec).world() > 1) return RunRanks(job, table, options.file, options.sample_tokens, out);
+  if (!options.resume) job.job.spec.checkpoint.resume = false;
+  if (api::ParallelLayout::ForSpec(job.job.spec).world() > 1) {
+    return RunRanks(job, table, options.file, options.sample_tokens, options.resume, out);
+  }
 
   out << "  device: " << where.device.ToString() << ", "
       << (where.device.is_cuda() ? "bf16 compute with fp32 master weights" : "fp32") << "\n";
@@ -105,10 +109,20 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
     return kExitInvalid;
   }
   out << "  model: " << trainer->Describe() << "\n";
+  for (const std::string& w : trainer->checkpoint_warnings()) out << "warning: " << w << "\n";
+  if (trainer->resumed_from()) {
+    out << "resumed from step " << *trainer->resumed_from() << " (" << trainer->resumed_directory() << ")\n";
+  }
+  bool first = true;
   trainer->Run([&](const train::StepReport& r) {
     out << train::FormatStepReport(r) << std::endl;
-    if (r.step == 1) out << "memory (" << where.device.ToString() << "): " << train::FormatMemory(trainer->memory()) << "\n";
+    if (first) out << "memory (" << where.device.ToString() << "): " << train::FormatMemory(trainer->memory()) << "\n";
+    first = false;
   });
+  if (trainer->checkpoint_stats().last_step >= 0) {
+    out << "checkpoint: step " << trainer->checkpoint_stats().last_step << " in " << job.job.spec.checkpoint.path
+        << "\n";
+  }
   const std::vector<uint32_t> prompt = {'\n'};
   const std::string sample = train::TokensToText(trainer->Sample(prompt, options.sample_tokens, 1));
   out << "sample:\n" << sample << "\n";

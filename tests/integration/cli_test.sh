@@ -58,7 +58,7 @@ if "$meshtrain" layout tests/data/smp-offload.json 2>&1 | grep -q 'activation.*:
 fi
 
 expect "validate warns about every field without effect" 0 \
-  'gpt2-124m": ok' 'gpt2-124m": warning: spec.checkpoint: has no effect yet: no checkpoint is written' \
+  'gpt2-124m": ok' \
   'gpt2-350m-smp": warning: spec.parallelism.tensorParallelSeed: has no effect yet' \
   -- "$meshtrain" validate examples/gpt2-124m-2x8.yaml examples/gpt2-350m-smp.json
 
@@ -76,25 +76,36 @@ expect "prepare-data names a missing input" 2 'nope.txt: cannot open' -- "$mesht
 # The tiny example, shortened, on the data just prepared.
 sed -e "s|examples/data/corpus.train.bin|$tmp/train.bin|; s|examples/data/corpus.val.bin|$tmp/val.bin|" \
     -e 's/steps: 300/steps: 4/; s/warmupSteps: 20/warmupSteps: 2/; s/evalInterval: 50/evalInterval: 2/' \
+    -e "s|/tmp/meshtrain/gpt2-tiny-local|$tmp/ckpt|" \
     examples/gpt2-tiny-local.yaml > "$tmp/tiny.yaml"
 expect "run trains the tiny job and samples from it" 0 \
-  'gpt2-tiny-local": ok' 'gpt2-tiny-local": warning: spec.checkpoint: has no effect yet' \
+  'gpt2-tiny-local": ok' "checkpoint: step 4 in $tmp/ckpt" \
   '842496 parameters' 'rank table on this machine: local-0 ranks 0;' \
   'device: cpu, fp32' 'model: fp32 FSDP, 1 replica x 1 shard x tp 1; 5 units, each whole on this rank' \
   'memory \(cpu\): params 3.2 MiB, grads 3.2 MiB, optimizer 6.4 MiB, activations [0-9.]+ MiB, gathered [0-9.]+ MiB' \
   'step +2/4 \| loss [0-9.]+ \| lr .* tok/s \| val loss' 'step +4/4 \| loss [0-9.]+' '^sample:' \
   -- "$meshtrain" run "$tmp/tiny.yaml" --sample-tokens 40
+expect "a second run resumes from the last checkpoint" 0 "resumed from step 4 \\($tmp/ckpt/step-00000004\\)" '^sample:' \
+  -- "$meshtrain" run "$tmp/tiny.yaml" --sample-tokens 10
+expect "checkpoints lists and verifies them" 0 \
+  "step +4 +1 replica x 1 shard x tp 1 \\(1 ranks\\) +[0-9.]+ MiB +verified +\\(latest\\)" \
+  -- "$meshtrain" checkpoints "$tmp/ckpt"
+expect "--no-resume starts again from step 1" 0 'step +1/4 \| loss' -- "$meshtrain" run "$tmp/tiny.yaml" --no-resume --sample-tokens 10
+printf '\377' | dd of="$tmp/ckpt/step-00000004/rank-00000.bin" bs=1 seek=100 conv=notrunc status=none
+expect "checkpoints names a damaged file" 1 'DAMAGED' "rank-00000.bin: checksum mismatch" \
+  -- "$meshtrain" checkpoints "$tmp/ckpt"
+expect "checkpoints of a path without any" 2 'no checkpoints' -- "$meshtrain" checkpoints "$tmp/nowhere"
 
 # bf16 trains on a GPU where there is one, and says plainly that it cannot where there is none.
 sed -e 's/precision: fp32/precision: bf16/' "$tmp/tiny.yaml" > "$tmp/tiny-bf16.yaml"
 if [ -e /dev/nvidia0 ]; then
   expect "run trains a bf16 job on the GPU" 0 'device: cuda:0, bf16 compute with fp32 master weights' \
     'memory \(cuda:0\): params' 'step +4/4 \| loss [0-9.]+' '^sample:' \
-    -- "$meshtrain" run "$tmp/tiny-bf16.yaml" --sample-tokens 40
+    -- "$meshtrain" run "$tmp/tiny-bf16.yaml" --no-resume --sample-tokens 40
 else
   expect "run says a bf16 job without a GPU trains in fp32 on the CPU" 0 \
     'precision bf16 needs a CUDA device, but .+; this run trains in fp32 on the CPU' 'device: cpu, fp32' 'step +4/4 \| loss [0-9.]+' \
-    -- "$meshtrain" run "$tmp/tiny-bf16.yaml" --sample-tokens 10
+    -- "$meshtrain" run "$tmp/tiny-bf16.yaml" --no-resume --sample-tokens 10
 fi
 
 sed -e "s|examples/data/corpus.train.bin|$tmp/missing.bin|" examples/gpt2-tiny-local.yaml > "$tmp/nodata.yaml"

@@ -35,6 +35,7 @@ class TrainingTest : public testing::Test {
   api::TrainingJob Job(int64_t steps) {
     nlohmann::json manifest = api::ReadManifestFile("examples/gpt2-tiny-local.yaml").at(0).object;
     manifest["spec"]["data"] = {{"train", (dir_ / "train.bin").string()}, {"validation", (dir_ / "val.bin").string()}};
+    manifest["spec"].erase("checkpoint");  // checkpoint_test.cc covers them
     manifest["spec"]["training"]["steps"] = steps;
     manifest["spec"]["training"]["globalBatchTokens"] = 2048;
     manifest["spec"]["training"]["warmupSteps"] = std::min<int64_t>(10, steps);

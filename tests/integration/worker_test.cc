@@ -146,6 +146,7 @@ class WorkerTest : public testing::Test {
     training["warmupSteps"] = 2;
     training["evalInterval"] = 3;
     training["evalBatches"] = 2;
+    job["spec"]["checkpoint"] = {{"path", (dir_ / (name + "-checkpoints")).string()}, {"interval", 4}, {"keep", 2}};
     const fs::path path = dir_ / (name + ".json");
     std::ofstream(path) << job.dump(2);
     return path;
@@ -181,13 +182,11 @@ TEST_F(WorkerTest, DataParallelRunsMatchTheSingleRankRun) {
   ASSERT_EQ(shm.status, 0) << shm.output;
   ASSERT_EQ(tcp.status, 0) << tcp.output;
   EXPECT_NE(tcp.output.find("launching 4 ranks"), std::string::npos) << tcp.output;
-  // The example's checkpoint block has no effect yet: meshtrain run says so, and so does
-  // rank 0 of the workers, and no other rank.
-  size_t warnings = 0;
-  for (size_t at = 0; (at = tcp.output.find("warning: spec.checkpoint: has no effect yet", at)) != std::string::npos; ++at) {
-    ++warnings;
+  // Every run ends with a checkpoint of its last step; nothing warns about the checkpoint block.
+  for (const Outcome* run : {&one, &shm, &tcp}) {
+    EXPECT_NE(run->output.find("checkpoint: step 6 in "), std::string::npos) << run->output;
+    EXPECT_EQ(run->output.find("spec.checkpoint: has no effect"), std::string::npos) << run->output;
   }
-  EXPECT_EQ(warnings, 2u) << tcp.output;
   const auto reference = Steps(one.output);
   ASSERT_EQ(reference.size(), 6u) << one.output;
   EXPECT_LT(reference.back().loss, reference.front().loss - 0.5);
@@ -203,6 +202,35 @@ TEST_F(WorkerTest, DataParallelRunsMatchTheSingleRankRun) {
         EXPECT_NEAR(steps[i].validation, reference[i].validation, 2e-4) << "step " << i + 1;
       }
     }
+  }
+}
+
+// A rank killed with SIGKILL mid-run fails the run; run again, the job resumes from its
+// last checkpoint and prints the same losses as a run that was never interrupted.
+TEST_F(WorkerTest, ARunKilledWithSigkillResumesWithTheSameLosses) {
+  const Outcome straight = MeshtrainRun(Job("straight", 1, 2, 12));
+  ASSERT_EQ(straight.status, 0) << straight.output;
+  const fs::path job = Job("killed", 1, 2, 12);
+  {
+    Process run({MESHTRAIN_CLI, "run", job.string(), "--sample-tokens", "0"}, {}, dir_ / "killed.log");
+    // Kill a rank once step 9 is done: the checkpoint of step 8 is the newest.
+    const auto until = std::chrono::steady_clock::now() + 120s;
+    while (Steps(run.Output()).size() < 9 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+    ASSERT_EQ(Steps(run.Output()).size(), 9u) << run.Output();
+    const std::vector<pid_t> ranks = run.Children();
+    ASSERT_EQ(ranks.size(), 2u);
+    ::kill(ranks[1], SIGKILL);
+    const Outcome killed = run.Wait(60s);
+    EXPECT_NE(killed.status, 0) << killed.output;
+  }
+  const Outcome resumed = MeshtrainRun(job);
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from step 8 ("), std::string::npos) << resumed.output;
+  const std::vector<StepLine> want = Steps(straight.output), got = Steps(resumed.output);
+  ASSERT_EQ(got.size(), 4u) << resumed.output;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].loss, want[8 + i].loss) << "step " << 9 + i;  // printed to 4 decimals: the same digits
+    EXPECT_EQ(got[i].norm, want[8 + i].norm) << "step " << 9 + i;
   }
 }
 

@@ -63,7 +63,9 @@ int Train(std::ostream& out) {
   } catch (const std::runtime_error& e) {
     throw ConfigError(e.what());
   }
-  const api::TrainingJob& job = checked.job;
+  api::TrainingJob job = checked.job;
+  // `meshtrain run --no-resume` reaches its ranks through the environment.
+  if (api::EnvironmentInteger("MESHTRAIN_RESUME", 0, 1, 1) == 0) job.spec.checkpoint.resume = false;
   // Every rank finds a bad spec or data file on its own, before it waits for the others,
   // so the whole gang exits 78 rather than some ranks dying of their peers' exit.
   BadInputIsConfigError(env.config, [&] { train::CheckTrainable(job, env.rank, env.world_size); });
@@ -90,19 +92,32 @@ int Train(std::ostream& out) {
         << job.spec.training.steps << " steps, rank 0 on " << where.device.ToString() << " in " << where.precision
         << std::endl;
     out << "rank 0 model: " << trainer->Describe() << std::endl;
+    for (const std::string& w : trainer->checkpoint_warnings()) out << "warning: " << w << std::endl;
+    if (trainer->resumed_from()) {
+      out << "resumed from step " << *trainer->resumed_from() << " (" << trainer->resumed_directory() << ")"
+          << std::endl;
+    }
   }
+  bool first = true;
   if (exported) exported->Memory(trainer->accounting());
   trainer->Run([&](const train::StepReport& report) {
     if (exported) {
       exported->Step(report);
       exported->Memory(trainer->accounting());
+      exported->Checkpoints(trainer->checkpoint_stats());
     }
     if (env.rank != 0) return;
     out << train::FormatStepReport(report) << std::endl;
-    if (report.step == 1) {
+    if (first) {
       out << "memory (" << where.device.ToString() << "): " << train::FormatMemory(trainer->memory()) << std::endl;
+      first = false;
     }
   });
+  if (exported) exported->Checkpoints(trainer->checkpoint_stats());  // the last one, written after its step
+  if (env.rank == 0 && trainer->checkpoint_stats().last_step >= 0) {
+    out << "checkpoint: step " << trainer->checkpoint_stats().last_step << " in " << job.spec.checkpoint.path
+        << std::endl;
+  }
   if (sample_tokens > 0) {
     // Every rank samples: the forward gathers each unit from the shard group. The same
     // seed and weights make the same text everywhere; rank 0 prints it.

@@ -24,6 +24,12 @@ prometheus::Counter& CommSeconds(prometheus::Registry& registry, const prometheu
       .Add({{"op", op}});
 }
 
+prometheus::Histogram& NewHistogram(prometheus::Registry& registry, const std::string& name, const std::string& help,
+                                   const prometheus::Labels& labels) {
+  return BuildHistogram().Name(name).Help(help).Labels(labels).Register(registry).Add(
+      {}, prometheus::Histogram::BucketBoundaries{0.001, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100});
+}
+
 }  // namespace
 
 TrainingMetrics::TrainingMetrics(const std::string& job, int rank, int64_t steps, int64_t tokens_per_step)
@@ -75,7 +81,23 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
                                 .Labels(labels)
                                 .Register(*registry_)
                                 .Add({})),
+      checkpoint_seconds_(NewHistogram(*registry_, "meshtrain_checkpoint_seconds",
+                                       "Seconds to write a checkpoint, from the snapshot to the files in place.",
+                                       labels)),
+      checkpoint_stall_seconds_(NewHistogram(*registry_, "meshtrain_checkpoint_stall_seconds",
+                                             "Seconds a checkpoint step waited for its snapshot.", labels)),
+      checkpoint_last_step_(NewGauge(*registry_, "meshtrain_checkpoint_last_step",
+                                     "The step of the newest checkpoint written (-1: none).", labels)),
+      checkpoint_bytes_(NewGauge(*registry_, "meshtrain_checkpoint_bytes",
+                                 "Bytes this rank wrote into the newest checkpoint.", labels)),
+      checkpoint_failures_(BuildCounter()
+                               .Name("meshtrain_checkpoint_failures_total")
+                               .Help("Checkpoints that failed to write (the previous one stays).")
+                               .Labels(labels)
+                               .Register(*registry_)
+                               .Add({})),
       tokens_per_step_(tokens_per_step) {
+  checkpoint_last_step_.Set(-1);
   NewGauge(*registry_, "meshtrain_train_steps", "Optimizer steps in the job.", labels).Set(double(steps));
   NewGauge(*registry_, "meshtrain_train_tokens_per_step", "Tokens in one global batch.", labels)
       .Set(double(tokens_per_step));
@@ -106,6 +128,20 @@ void TrainingMetrics::Step(const train::StepReport& report) {
   reduce_scatter_seconds_.Increment(report.comm.reduce_scatter);
   all_reduce_seconds_.Increment(report.comm.all_reduce);
   exposed_comm_seconds_.Increment(report.comm.exposed);
+  if (report.checkpoint_stall) checkpoint_stall_seconds_.Observe(*report.checkpoint_stall);
+}
+
+void TrainingMetrics::Checkpoints(const train::CheckpointStats& stats) {
+  if (stats.written > checkpoints_seen_) {
+    checkpoint_seconds_.Observe(stats.last_seconds);
+    checkpoint_last_step_.Set(double(stats.last_step));
+    checkpoint_bytes_.Set(double(stats.last_bytes));
+    checkpoints_seen_ = stats.written;
+  }
+  if (stats.failures > failures_seen_) {
+    checkpoint_failures_.Increment(double(stats.failures - failures_seen_));
+    failures_seen_ = stats.failures;
+  }
 }
 
 void TrainingMetrics::Memory(const runtime::MemoryAccounting& accounting) {
