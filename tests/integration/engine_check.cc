@@ -19,6 +19,11 @@
 //                one rank holding the whole model cannot train under (the out-of-memory
 //                error must name the category and the sizes) but the sharded ranks can,
 //                with the same results as above.
+//   reshard      the layout --from RANKS,NODES,TP,SHARD trains 10 of 20 steps and stops
+//                after its checkpoint; the layout of --ranks, --tp and --shard resumes
+//                from it: its weights right after loading equal the checkpoint's master
+//                weights bit for bit, and its losses for steps 11-20 and final weights
+//                match the uninterrupted single-rank run within 1e-5.
 
 #include <signal.h>
 #include <unistd.h>
@@ -39,6 +44,7 @@
 #include "worker/launch/local_launcher.h"
 #include "worker/model/parameters.h"
 #include "worker/parallel/engine.h"
+#include "worker/train/checkpoint.h"
 #include "worker/train/token_file.h"
 #include "worker/train/trainer.h"
 
@@ -51,7 +57,7 @@ constexpr int kSteps = 20, kSeq = 32, kAccumulation = 2;
 constexpr int kExitNamedFailure = 3;
 
 struct Options {
-  std::string mode = "equivalence", dir, activations;
+  std::string mode = "equivalence", dir, activations, from;
   int ranks = 2, nodes = 1, tp = 1, shard = 0, repeat = 1, limit_mib = 0;
   double dropout = 0;
 };
@@ -133,12 +139,30 @@ class KillDuringGather : public parallel::ScheduleObserver {
   int unit_, n_, seen_ = 0;
 };
 
+constexpr int kReshardStep = 10;
+struct StopRun {};
+
 int RunRank(const Options& o) {
   const comm::WorkerEnvironment env = comm::WorkerEnvironment::FromEnvironment();
   const api::TrainingJob job = CheckedJob(nlohmann::json::parse(std::ifstream(fs::path(o.dir) / "job.json")));
   comm::Rendezvous rendezvous = comm::JoinRendezvous(env, std::chrono::seconds(60));
   auto world = comm::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, comm::FabricOptions::FromEnvironment());
   train::Trainer trainer(job, world.get());
+  if (o.mode == "reshard" && !trainer.resumed_from()) {
+    // The first layout: train to the checkpoint and stop, as a failure would stop it.
+    try {
+      trainer.Run([](const train::StepReport& r) {
+        if (r.step == kReshardStep) throw StopRun{};
+      });
+    } catch (const StopRun&) {
+    }
+    world->Barrier()->Wait();
+    return 0;  // the Trainer's destructor waits for the checkpoint's files
+  }
+  if (o.mode == "reshard") {
+    std::vector<float> resumed = trainer.Weights();
+    if (env.rank == 0) WriteVector(fs::path(o.dir) / "resumed.bin", resumed);
+  }
   auto& engine = dynamic_cast<parallel::ShardedEngine&>(trainer.model());
   // Step 3's forward: each step gathers every block twice per micro-batch.
   KillDuringGather kill(2, 2 * kAccumulation * 2 + 1);
@@ -187,7 +211,54 @@ launch::LaunchResult Launch(const Options& o, int argc, char** argv, bool kill) 
   return launch::LaunchLocal(launch, std::cerr);
 }
 
+// The reshard mode's driver: the --from layout writes the checkpoint, this layout resumes.
+int DriveReshard(const Options& o, int argc, char** argv) {
+  Options from = o;
+  if (std::sscanf(o.from.c_str(), "%d,%d,%d,%d", &from.ranks, &from.nodes, &from.tp, &from.shard) != 4) {
+    throw std::invalid_argument("--from must be RANKS,NODES,TP,SHARD, got " + o.from);
+  }
+  train::WriteTextAsTokenFiles(MESHTRAIN_CORPUS, (fs::path(o.dir) / "train.bin").string(),
+                               (fs::path(o.dir) / "val.bin").string(), 0.1);
+  // 12 sequences a micro-step (2 a step) whatever the layout, so both train the same batches.
+  const fs::path checkpoints = fs::path(o.dir) / "checkpoints";
+  auto job_of = [&](const Options& l) {
+    nlohmann::json job = JobManifest(l, l.nodes, l.ranks / l.nodes, l.tp, l.shard, 12 / (l.ranks / l.tp), 12);
+    job["spec"]["checkpoint"] = {{"path", checkpoints.string()}, {"interval", kReshardStep}, {"keep", 2}};
+    return job;
+  };
+  std::ofstream(fs::path(o.dir) / "job.json") << job_of(from).dump(2);
+  if (Launch(from, argc, argv, false).status != 0) return 1;
+  const train::LoadedCheckpoint written = train::LoadCheckpoint(
+      (checkpoints / ("step-000000" + std::to_string(kReshardStep))).string(), api::ShapeOf(CheckedJob(job_of(o)).spec.model));
+  std::ofstream(fs::path(o.dir) / "job.json", std::ios::trunc) << job_of(o).dump(2);
+  if (Launch(o, argc, argv, false).status != 0) return 1;
+
+  train::Trainer reference_trainer(CheckedJob(JobManifest(o, 1, 1, 1, 1, 12, 12)));
+  const Run reference = Train(reference_trainer);
+  const std::vector<float> resumed = ReadVector<float>(fs::path(o.dir) / "resumed.bin");
+  const std::vector<double> losses = ReadVector<double>(fs::path(o.dir) / "losses.bin");
+  const std::vector<float> weights = ReadVector<float>(fs::path(o.dir) / "weights.bin");
+  Expect(resumed == written.state.master, "the weights after loading are the checkpoint's, bit for bit");
+  Expect(losses.size() == size_t(kSteps - kReshardStep), "losses of the steps after the checkpoint");
+  double worst = 0;
+  for (size_t i = 0; i < losses.size(); ++i) {
+    const double want = reference.losses[size_t(kReshardStep) + i];
+    worst = std::max(worst, std::abs(losses[i] - want) / std::abs(want));
+  }
+  const double weight_error = weights.size() == reference.weights.size() ? RelativeL2(weights, reference.weights) : 1;
+  std::printf("%d ranks (T=%d, S=%d) -> %d ranks (T=%d, S=%d) at step %d: weights after loading %s; steps %d-%d worst "
+              "loss error %.2e, final weights %.2e\n",
+              from.ranks, from.tp, from.shard, o.ranks, o.tp, o.shard, kReshardStep,
+              resumed == written.state.master ? "bitwise equal" : "DIFFERENT", kReshardStep + 1, kSteps, worst,
+              weight_error);
+  Expect(worst <= 1e-5, "losses within 1e-5 relative of the single-rank run");
+  Expect(weight_error <= 1e-5, "final weights within 1e-5 of the single-rank run");
+  std::printf("reshard: %s\n", failures == 0 ? "ok" : "FAILED");
+  return failures == 0 ? 0 : 1;
+}
+
 int Drive(const Options& o, int argc, char** argv) {
+  if (o.mode == "reshard") return DriveReshard(o, argc, argv);
   const int dp = o.ranks / o.tp, S = o.shard == 0 ? dp : o.shard;
   const auto split = train::WriteTextAsTokenFiles(MESHTRAIN_CORPUS, (fs::path(o.dir) / "train.bin").string(),
                                                   (fs::path(o.dir) / "val.bin").string(), 0.1);
@@ -305,6 +376,7 @@ int main(int argc, char** argv) {
     else if (flag == "--shard") o.shard = std::atoi(value.c_str());
     else if (flag == "--tp") o.tp = std::atoi(value.c_str());
     else if (flag == "--dropout") o.dropout = std::atof(value.c_str());
+    else if (flag == "--from") o.from = value;
     else if (flag == "--repeat") o.repeat = std::atoi(value.c_str());
     else if (flag == "--limit-mib") o.limit_mib = std::atoi(value.c_str());
     else if (flag == "--activations") o.activations = value;
