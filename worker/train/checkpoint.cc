@@ -105,12 +105,13 @@ std::vector<int> Writers(const api::ParallelLayout& layout) {
   return ranks;
 }
 
-// The metadata of `dir`, checked for format and model; throws CheckpointError naming it.
-Json ReadMetadata(const fs::path& dir, const api::ModelShape& shape) {
-  const fs::path file = dir / "metadata.json";
+}  // namespace
+
+Json ParseCheckpointMetadata(const std::string& text, const std::string& file_name, const api::ModelShape& shape) {
+  const fs::path file(file_name);
   Json meta;
   try {
-    meta = Json::parse(ReadText(file));
+    meta = Json::parse(text);
   } catch (const Json::exception& e) {
     throw CheckpointError(file.string() + ": not valid JSON: " + e.what());
   }
@@ -129,18 +130,30 @@ Json ReadMetadata(const fs::path& dir, const api::ModelShape& shape) {
     const int tp = layout.at("tp"), shard = layout.at("shard"), replicas = layout.at("replicas");
     if (tp < 1 || shard < 1 || replicas < 1) throw CheckpointError(file.string() + ": layout sizes must be positive");
     for (const Json& f : meta.at("files")) {
-      f.at("name").get<std::string>();
-      f.at("bytes").get<int64_t>();
+      const std::string name = f.at("name").get<std::string>();
+      // Only this directory's own shard files: a name cannot lead elsewhere.
+      if (name != RankFile(f.at("rank").get<int>())) {
+        throw CheckpointError(file.string() + ": file name \"" + name + "\" is not the shard file of rank " +
+                              std::to_string(f.at("rank").get<int>()));
+      }
+      if (f.at("bytes").get<int64_t>() < 0) throw CheckpointError(file.string() + ": " + name + " has a negative size");
       f.at("crc32c").get<uint32_t>();
       const int t = f.at("tp"), s = f.at("shard");
       if (t < 0 || t >= tp || s < 0 || s >= shard) {
-        throw CheckpointError(file.string() + ": file " + f.at("name").get<std::string>() + " sits outside the layout");
+        throw CheckpointError(file.string() + ": file " + name + " sits outside the layout");
       }
     }
   } catch (const Json::exception& e) {
     throw CheckpointError(file.string() + ": malformed metadata: " + e.what());
   }
   return meta;
+}
+
+namespace {
+
+Json ReadMetadata(const fs::path& dir, const api::ModelShape& shape) {
+  const fs::path file = dir / "metadata.json";
+  return ParseCheckpointMetadata(ReadText(file), file.string(), shape);
 }
 
 }  // namespace
@@ -169,7 +182,13 @@ LoadedCheckpoint LoadCheckpoint(const std::string& directory, const api::ModelSh
       throw CheckpointError(file.string() + ": checksum mismatch: the data is corrupt");
     }
     // The writer's TP slice, split as its FlatUnits were.
-    const model::ParameterLayout slice(shape, f.at("tp"), T);
+    std::optional<model::ParameterLayout> tp_slice;
+    try {
+      tp_slice.emplace(shape, f.at("tp").get<int>(), T);
+    } catch (const std::exception& e) {
+      throw CheckpointError((dir / "metadata.json").string() + ": its layout does not fit the model: " + e.what());
+    }
+    const model::ParameterLayout& slice = *tp_slice;
     std::vector<int64_t> at;
     for (int u = 0; u < slice.units(); ++u) {
       const parallel::UnitShard s = parallel::ShardOfUnit(slice, u, S, f.at("shard"));

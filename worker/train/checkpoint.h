@@ -30,6 +30,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "api/layout.h"
 #include "api/model_shape.h"
 #include "worker/train/replica.h"
@@ -53,6 +55,11 @@ struct LoadedCheckpoint {
   TrainingPosition position;
   WholeState state;
 };
+
+// The metadata of a checkpoint, `text` read from `file`, checked for format, fields,
+// layout and file names, and that it is of a model of `shape`. Throws CheckpointError
+// naming `file` and what is wrong.
+nlohmann::json ParseCheckpointMetadata(const std::string& text, const std::string& file, const api::ModelShape& shape);
 
 // Reads and verifies the checkpoint in `directory` for a model of `shape`. Throws
 // CheckpointError for a missing, truncated or corrupt file, or metadata of another model
