@@ -131,6 +131,15 @@ int Main(int argc, char** argv) {
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
 
+  BenchCheckpointOptions bench_checkpoint_options;
+  CLI::App* bench_checkpoint =
+      bench->add_subcommand("checkpoint", "A checkpoint's stall on the training step against a blocking write");
+  bench_checkpoint->add_option("--model", bench_checkpoint_options.model, "Model preset")->capture_default_str();
+  bench_checkpoint->add_option("--dir", bench_checkpoint_options.dir, "Where to write (default: a temporary directory)");
+  bench_checkpoint->add_option("--repeats", bench_checkpoint_options.repeats, "Checkpoints of each kind")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+
   BenchCommOptions bench_comm_options;
   std::string sizes = "1K..64M";
   CLI::App* bench_comm = bench->add_subcommand("comm", "Collective bandwidth over the fabric backend, ranks on virtual nodes");
@@ -191,6 +200,7 @@ int Main(int argc, char** argv) {
   if (*bench_plan) return BenchPlanCommand(bench_plan_options, std::cout);
   if (*bench_train) return BenchTrainCommand(bench_train_options, meshtrain::launch::SelfCommand(argc, argv), std::cout);
   if (*bench_operator) return BenchOperatorCommand(bench_operator_options, std::cout);
+  if (*bench_checkpoint) return BenchCheckpointCommand(bench_checkpoint_options, std::cout);
   if (*bench_comm) {
     if (!ParseSizeRange(sizes, &bench_comm_options.min_bytes, &bench_comm_options.max_bytes)) {
       std::cerr << "meshtrain bench comm: --sizes \"" << sizes << "\" is not MIN..MAX (like 1K..256M)\n";

@@ -102,6 +102,17 @@ struct BenchTrainOptions {
 int BenchTrainCommand(const BenchTrainOptions& options, const std::vector<std::string>& self_argv,
                       std::ostream& out);
 
+struct BenchCheckpointOptions {
+  std::string model = "gpt2-124m";
+  std::string dir;  // where to write (default: the system's temporary directory)
+  int repeats = 2;
+};
+
+// One rank's checkpoint of `model` after a training step: the stall a checkpoint step
+// sees (the snapshot to host memory, then training goes on) against the time a blocking
+// write takes (snapshot, files written and fsynced, renamed into place), and their ratio.
+int BenchCheckpointCommand(const BenchCheckpointOptions& options, std::ostream& out);
+
 // The whole CLI: parses argv and dispatches.
 int Main(int argc, char** argv);
 

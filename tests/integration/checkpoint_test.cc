@@ -140,7 +140,7 @@ TEST_F(CheckpointTest, EveryLayoutsFilesLoadBackTheWholeStateExactly) {
           state.v.push_back(whole.v[size_t(i)]);
         }
       }
-      writers[size_t(rank)]->Save({7, 99}, std::move(state));
+      writers[size_t(rank)]->Save({7, 99}, [&](ShardState* into) { *into = std::move(state); });
     }
     for (auto& w : writers) w->Wait();
     EXPECT_EQ(writers[0]->stats().written, 1);

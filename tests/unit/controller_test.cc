@@ -110,7 +110,8 @@ TEST(BuildersTest, PodCarriesTheWorkerContract) {
   bool shm = false;
   for (const auto& v : pod["spec"]["volumes"]) shm = shm || (v["name"] == "dshm" && v["emptyDir"]["medium"] == "Memory");
   EXPECT_TRUE(shm);
-  const json written = api::ReadManifestFile("examples/gpt2-124m-2x8.yaml").at(0).object;
+  json written = api::ReadManifestFile("examples/gpt2-124m-2x8.yaml").at(0).object;
+  written["spec"]["parallelism"]["tensorParallelSeed"] = 3;  // without dropout: a warning both must see
   const json cm = BuildConfigMap(job, written["spec"], table, 3);
   EXPECT_EQ(cm["metadata"]["labels"]["meshtrain.dev/gang"], "3");
   const auto spec = api::ParseManifestText(cm["data"]["job.json"].get<std::string>(), "job.json");
@@ -121,7 +122,7 @@ TEST(BuildersTest, PodCarriesTheWorkerContract) {
   EXPECT_EQ(worker_view.job.spec, operator_view.job.spec);
   EXPECT_EQ(worker_view.defaults, operator_view.defaults);
   EXPECT_EQ(worker_view.warnings, operator_view.warnings);
-  EXPECT_FALSE(worker_view.warnings.empty());  // the example sets checkpoint and hybridShardDegree
+  EXPECT_FALSE(worker_view.warnings.empty());
 }
 
 TEST(ProgressTest, ParsesWorkerMetrics) {

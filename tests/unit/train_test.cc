@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "api/model_shape.h"
+#include "worker/train/crc32c.h"
 #include "worker/train/cuda_plugin.h"
 #include "worker/train/data_loader.h"
 #include "worker/train/replica.h"
@@ -40,6 +41,15 @@ std::string OpenError(const std::string& path) {
 }
 
 void WriteBytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+// The check value of CRC-32C (RFC 3720, B.4), and a sum continued over pieces.
+TEST(Crc32c, MatchesTheStandardCheckValueAndContinues) {
+  const std::string text = "123456789";
+  EXPECT_EQ(Crc32c(text.data(), text.size()), 0xE3069283u);
+  EXPECT_EQ(Crc32c(text.data() + 4, 5, Crc32c(text.data(), 4)), 0xE3069283u);
+  const std::string zeros(32, '\0');
+  EXPECT_EQ(Crc32c(zeros.data(), zeros.size()), 0x8A9136AAu);
+}
 
 TEST(TokenFile, RoundTripsNarrowAndWideTokens) {
   TempDir dir;

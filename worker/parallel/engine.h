@@ -86,7 +86,7 @@ class ShardedEngine final : public train::Replica {
   // the single-rank layout.
   std::vector<float> Weights() override;
   train::CommStats comm_stats() const override;
-  train::ShardState Snapshot() override;
+  void Snapshot(train::ShardState* into) override;
   void Restore(const train::WholeState& whole) override;
   std::string Describe() const override;
 

@@ -47,25 +47,33 @@ std::string ErrnoText(const std::string& what, const std::string& path) {
   return what + " " + path + ": " + std::strerror(errno);
 }
 
-// Writes `bytes` to `path` and fsyncs it; throws CheckpointError naming the path.
-void WriteDurably(const std::string& path, const void* data, size_t bytes) {
+struct Span {
+  const void* data;
+  size_t bytes;
+};
+
+// Writes the spans one after another to `path` and fsyncs it; throws CheckpointError
+// naming the path.
+void WriteDurably(const std::string& path, std::initializer_list<Span> spans) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw CheckpointError(ErrnoText("cannot create", path));
-  const auto* p = static_cast<const char*>(data);
-  for (size_t done = 0; done < bytes;) {
-    const ssize_t n = ::write(fd, p + done, bytes - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string error = ErrnoText("cannot write", path);
-      ::close(fd);
-      throw CheckpointError(error);
+  for (const Span& span : spans) {
+    const auto* p = static_cast<const char*>(span.data);
+    for (size_t done = 0; done < span.bytes;) {
+      const ssize_t n = ::write(fd, p + done, span.bytes - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const std::string error = ErrnoText("cannot write", path);
+        ::close(fd);
+        throw CheckpointError(error);
+      }
+      done += size_t(n);
     }
-    done += size_t(n);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) throw CheckpointError(ErrnoText("cannot sync", path));
 }
 
-void WriteDurably(const std::string& path, const std::string& text) { WriteDurably(path, text.data(), text.size()); }
+void WriteDurably(const std::string& path, const std::string& text) { WriteDurably(path, {{text.data(), text.size()}}); }
 
 void SyncDirectory(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -292,11 +300,12 @@ void CheckpointWriter::RemovePartial(const std::string& path) {
   }
 }
 
-double CheckpointWriter::Save(const TrainingPosition& position, ShardState state) {
+double CheckpointWriter::Save(const TrainingPosition& position, const std::function<void(ShardState*)>& snapshot) {
   const auto start = Clock::now();
   std::unique_lock lock(mutex_);
   changed_.wait(lock, [&] { return !busy_ && !pending_; });
-  pending_.emplace(position, std::move(state));
+  snapshot(&state_);  // the writer thread is idle until pending_ is set
+  pending_ = position;
   lock.unlock();
   changed_.notify_all();
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -317,7 +326,8 @@ void CheckpointWriter::Loop() {
   for (;;) {
     changed_.wait(lock, [&] { return stopping_ || pending_; });
     if (!pending_) return;  // stopping, nothing left
-    auto [position, state] = std::move(*pending_);
+    const TrainingPosition position = *pending_;
+    const ShardState& state = state_;
     pending_.reset();
     busy_ = true;
     lock.unlock();
@@ -354,14 +364,12 @@ void CheckpointWriter::Write(const TrainingPosition& position, const ShardState&
       std::error_code error;
       fs::create_directories(partial, error);
       if (error) throw CheckpointError("cannot create " + partial + ": " + error.message());
-      std::vector<float> data;
-      data.reserve(3 * state.master.size());
-      for (const std::vector<float>* part : {&state.master, &state.m, &state.v}) {
-        data.insert(data.end(), part->begin(), part->end());
-      }
-      WriteDurably(file, data.data(), data.size() * sizeof(float));
-      sidecar["bytes"] = data.size() * sizeof(float);
-      sidecar["crc32c"] = Crc32c(data.data(), data.size() * sizeof(float));
+      const size_t part = state.master.size() * sizeof(float);
+      WriteDurably(file, {{state.master.data(), part}, {state.m.data(), part}, {state.v.data(), part}});
+      uint32_t crc = 0;
+      for (const std::vector<float>* values : {&state.master, &state.m, &state.v}) crc = Crc32c(values->data(), part, crc);
+      sidecar["bytes"] = 3 * part;
+      sidecar["crc32c"] = crc;
     } catch (const CheckpointError& e) {
       sidecar = {{"error", e.what()}};
       // Rank 0 learns of the failure from the sidecar; if even that cannot be written, it times out.

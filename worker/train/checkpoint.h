@@ -104,9 +104,10 @@ class CheckpointWriter {
   // writes.
   static void RemovePartial(const std::string& path);
 
-  // Hands `state` (this rank's snapshot at `position`) to the background thread, after
-  // waiting for the previous checkpoint's write. Returns the seconds this call blocked.
-  double Save(const TrainingPosition& position, ShardState state);
+  // Waits for the previous checkpoint's write, has `snapshot` fill the writer's buffer
+  // (reused from one checkpoint to the next) with this rank's state at `position`, and
+  // hands it to the background thread. Returns the seconds this call took: the stall.
+  double Save(const TrainingPosition& position, const std::function<void(ShardState*)>& snapshot);
   // Blocks until the last checkpoint handed over is written (or has failed).
   void Wait();
   CheckpointStats stats() const;
@@ -126,7 +127,8 @@ class CheckpointWriter {
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;
-  std::optional<std::pair<TrainingPosition, ShardState>> pending_;
+  std::optional<TrainingPosition> pending_;
+  ShardState state_;  // the snapshot being written; the caller fills it only while the writer is idle
   bool busy_ = false, stopping_ = false;
   CheckpointStats stats_;
   std::thread thread_;

@@ -30,7 +30,7 @@ class CudaReplica final : public Replica {
   runtime::Device device() const override { return runtime::Device::Cuda(device_index_); }
 
   // Checkpoints come from the CPU engine; the Trainer writes none on CUDA yet (it warns).
-  ShardState Snapshot() override { throw std::logic_error("checkpoints of the CUDA replica are not written yet"); }
+  void Snapshot(ShardState*) override { throw std::logic_error("checkpoints of the CUDA replica are not written yet"); }
   void Restore(const WholeState&) override {
     throw std::logic_error("checkpoints are not loaded into the CUDA replica yet");
   }

@@ -83,8 +83,9 @@ class Replica {
   // ParameterLayout order; collective on every rank.
   virtual std::vector<float> Weights() = 0;
   virtual CommStats comm_stats() const { return {}; }
-  // A copy of this rank's optimizer state (checkpoints write it in the background).
-  virtual ShardState Snapshot() = 0;
+  // Copies this rank's optimizer state into `into`, reusing its memory (checkpoints
+  // write it in the background).
+  virtual void Snapshot(ShardState* into) = 0;
   // This rank's elements of `whole` (a checkpoint's, any layout's) as its optimizer state.
   virtual void Restore(const WholeState& whole) = 0;
   // How the model is laid out on this rank, for the startup lines.

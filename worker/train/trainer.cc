@@ -201,10 +201,8 @@ void Trainer::Run(const std::function<void(const StepReport&)>& report) {
     const bool last = r.step == t.steps;
     if (last || (t.eval_interval > 0 && r.step % t.eval_interval == 0)) r.validation_loss = Evaluate();
     if (checkpoints_ && (last || r.step % job_.spec.checkpoint.interval == 0)) {
-      const auto start = std::chrono::steady_clock::now();
-      ShardState snapshot = replica_->Snapshot();
-      const double copied = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      r.checkpoint_stall = copied + checkpoints_->Save({step_, train_->position()}, std::move(snapshot));
+      r.checkpoint_stall =
+          checkpoints_->Save({step_, train_->position()}, [this](ShardState* into) { replica_->Snapshot(into); });
     }
     report(r);
   }
