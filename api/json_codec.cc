@@ -29,6 +29,11 @@ void Fields(S& s, V& v) {
   v("memoryLimitMiB", s.memory_limit_mib);
 }
 
+template <Is<ModelInitSpec> S, class V>
+void Fields(S& s, V& v) {
+  v("from", s.from);
+}
+
 template <Is<ModelSpec> S, class V>
 void Fields(S& s, V& v) {
   v("preset", s.preset);
@@ -38,6 +43,7 @@ void Fields(S& s, V& v) {
   v("vocabSize", s.vocab_size);
   v("seqLen", s.seq_len);
   v("dropout", s.dropout);
+  v("init", s.init);
 }
 
 template <Is<DataSpec> S, class V>

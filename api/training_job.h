@@ -48,6 +48,12 @@ struct ResourceSpec {
   bool operator==(const ResourceSpec&) const = default;
 };
 
+// Where the weights of a new run come from (a resumed run takes its checkpoint's).
+struct ModelInitSpec {
+  std::string from;  // a GPT-2 in Hugging Face's safetensors layout; empty: the seeded initialisation
+  bool operator==(const ModelInitSpec&) const = default;
+};
+
 // A model preset name, or an explicit shape; explicit fields override the preset's.
 struct ModelSpec {
   std::string preset;
@@ -60,6 +66,7 @@ struct ModelSpec {
   // attention and MLP outputs added to the residual stream, in training; masks are keyed
   // by spec.parallelism.tensorParallelSeed.
   double dropout = 0;
+  ModelInitSpec init;
   bool operator==(const ModelSpec&) const = default;
 };
 

@@ -74,6 +74,12 @@ int Main(int argc, char** argv) {
   CLI::App* checkpoints = app.add_subcommand("checkpoints", "List a job's checkpoints and verify their files");
   checkpoints->add_option("path", checkpoint_path, "The job's spec.checkpoint.path")->required();
 
+  std::string export_checkpoint, export_format = "safetensors", export_output;
+  CLI::App* export_ = app.add_subcommand("export", "Write a checkpoint's weights as a Hugging Face GPT-2");
+  export_->add_option("checkpoint", export_checkpoint, "A checkpoint directory (PATH/step-N)")->required();
+  export_->add_option("output", export_output, "The file to write")->required();
+  export_->add_option("--format", export_format, "safetensors")->capture_default_str();
+
   PrepareDataOptions prepare_options;
   CLI::App* prepare = app.add_subcommand("prepare-data", "Turn a text file into token files (byte-level tokenizer)");
   prepare->add_option("input", prepare_options.input, "Text file")->required();
@@ -188,6 +194,7 @@ int Main(int argc, char** argv) {
   if (*layout) return LayoutCommand(file, std::cout);
   if (*run) return RunCommand(run_options, std::cout);
   if (*checkpoints) return CheckpointsCommand(checkpoint_path, std::cout);
+  if (*export_) return ExportCommand(export_checkpoint, export_format, export_output, std::cout);
   if (*prepare) return PrepareDataCommand(prepare_options, std::cout);
   if (*plan) {
     if (plan_options.cluster_file.empty() && plan_options.nodes_json.empty()) {

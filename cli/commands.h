@@ -39,6 +39,12 @@ int RunCommand(const RunOptions& options, std::ostream& out);
 // verifies each. Exit 0 when all verify, 1 when one is damaged, 2 when there are none.
 int CheckpointsCommand(const std::string& path, std::ostream& out);
 
+// Writes the master weights of the checkpoint in `checkpoint` (a step directory) to
+// `output` as a GPT-2 in Hugging Face's safetensors layout. Exit 0, or 2 for a checkpoint
+// that cannot be read or a format other than safetensors.
+int ExportCommand(const std::string& checkpoint, const std::string& format, const std::string& output,
+                  std::ostream& out);
+
 struct PrepareDataOptions {
   std::string input;        // a text file
   std::string output;       // token file of the text (less the validation split)

@@ -14,4 +14,6 @@ if [ ! -f examples/data/corpus.train.bin ] || [ ! -f examples/data/corpus.val.bi
   "$meshtrain" prepare-data examples/data/pride-and-prejudice.txt examples/data/corpus.train.bin \
     --validation examples/data/corpus.val.bin --validation-fraction 0.1
 fi
-exec "$meshtrain" run "$job"
+# A fresh run each time: a second one would otherwise resume from the first's last
+# checkpoint (run `meshtrain run JOB` to resume, `meshtrain checkpoints PATH` to list them).
+exec "$meshtrain" run "$job" --no-resume

@@ -17,6 +17,8 @@ packages=(
   unzip prometheus curl
   # TLS tests of the Kubernetes client: a private CA and certificates
   openssl
+  # the reference that writes a tiny Hugging Face GPT-2 and its logits for the import test
+  python3
 )
 
 missing=()

@@ -91,6 +91,11 @@ expect "checkpoints lists and verifies them" 0 \
   "step +4 +1 replica x 1 shard x tp 1 \\(1 ranks\\) +[0-9.]+ MiB +verified +\\(latest\\)" \
   -- "$meshtrain" checkpoints "$tmp/ckpt"
 expect "--no-resume starts again from step 1" 0 'step +1/4 \| loss' -- "$meshtrain" run "$tmp/tiny.yaml" --no-resume --sample-tokens 10
+expect "export writes a checkpoint as a Hugging Face GPT-2" 0 \
+  "$tmp/tiny.safetensors: GPT-2 \\(4 layers, hidden 128, vocab 256\\) of step 4, in Hugging Face's safetensors layout" \
+  -- "$meshtrain" export "$tmp/ckpt/step-00000004" "$tmp/tiny.safetensors" --format safetensors
+expect "export refuses another format" 2 'only safetensors' \
+  -- "$meshtrain" export "$tmp/ckpt/step-00000004" "$tmp/tiny.bin" --format gguf
 printf '\377' | dd of="$tmp/ckpt/step-00000004/rank-00000.bin" bs=1 seek=100 conv=notrunc status=none
 expect "checkpoints names a damaged file" 1 'DAMAGED' "rank-00000.bin: checksum mismatch" \
   -- "$meshtrain" checkpoints "$tmp/ckpt"

@@ -238,6 +238,17 @@ std::optional<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& path, co
   return std::nullopt;
 }
 
+api::ModelShape CheckpointModel(const std::string& directory) {
+  const fs::path file = fs::path(directory) / "metadata.json";
+  try {
+    const Json m = Json::parse(ReadText(file)).at("model");
+    return {m.at("layers").get<int64_t>(), m.at("heads").get<int64_t>(), m.at("hidden").get<int64_t>(),
+            m.at("vocabSize").get<int64_t>(), m.at("seqLen").get<int64_t>()};
+  } catch (const Json::exception& e) {
+    throw CheckpointError(file.string() + ": malformed metadata: " + e.what());
+  }
+}
+
 std::vector<CheckpointListing> ListCheckpoints(const std::string& path) {
   std::vector<CheckpointListing> all;
   std::error_code error;
@@ -259,11 +270,7 @@ std::vector<CheckpointListing> ListCheckpoints(const std::string& path) {
       const Json meta = Json::parse(ReadText(entry.path() / "metadata.json"));
       c.layout = DescribeLayout(meta.at("layout"));
       for (const Json& f : meta.at("files")) c.bytes += f.at("bytes").get<int64_t>();
-      const Json& m = meta.at("model");
-      const api::ModelShape shape{m.at("layers").get<int64_t>(), m.at("heads").get<int64_t>(),
-                                  m.at("hidden").get<int64_t>(), m.at("vocabSize").get<int64_t>(),
-                                  m.at("seqLen").get<int64_t>()};
-      LoadCheckpoint(c.directory, shape);
+      LoadCheckpoint(c.directory, CheckpointModel(c.directory));
     } catch (const std::exception& e) {
       c.problem = e.what();
     }

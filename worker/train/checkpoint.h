@@ -61,6 +61,9 @@ struct LoadedCheckpoint {
 // naming `file` and what is wrong.
 nlohmann::json ParseCheckpointMetadata(const std::string& text, const std::string& file, const api::ModelShape& shape);
 
+// The model shape a checkpoint's metadata names; throws CheckpointError naming the file.
+api::ModelShape CheckpointModel(const std::string& directory);
+
 // Reads and verifies the checkpoint in `directory` for a model of `shape`. Throws
 // CheckpointError for a missing, truncated or corrupt file, or metadata of another model
 // or format.

@@ -8,6 +8,8 @@
 #include "api/layout.h"
 #include "api/model_shape.h"
 #include "worker/parallel/engine.h"
+#include "worker/train/huggingface.h"
+#include "worker/train/safetensors.h"
 #include "worker/train/schedule.h"
 
 namespace meshtrain::train {
@@ -40,6 +42,7 @@ std::unique_ptr<Replica> MakeModel(const api::TrainingJob& job, const api::Paral
     };
     if (layout.tp() != 1) refuse("spec.parallelism.tensorParallelDegree", "tensor parallelism");
     if (job.spec.model.dropout > 0) refuse("spec.model.dropout", "dropout");
+    if (!job.spec.model.init.from.empty()) refuse("spec.model.init.from", "loading Hugging Face weights");
     return MakeCudaReplica(device.index, shape, batch, seq, seed, accounting);
   }
   parallel::EngineOptions options;
@@ -130,8 +133,8 @@ Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime
   train_.emplace(std::move(train));
   validation_ = std::move(validation);
   const api::CheckpointSpec& checkpoint = job.spec.checkpoint;
+  const api::ModelShape shape = api::ShapeOf(job.spec.model);
   if (!checkpoint.path.empty() && !device.is_cuda()) {
-    const api::ModelShape shape = api::ShapeOf(job.spec.model);
     if (checkpoint.resume) {
       if (std::optional<LoadedCheckpoint> loaded = LoadNewestCheckpoint(checkpoint.path, shape, &checkpoint_warnings_)) {
         replica_->Restore(loaded->state);
@@ -148,6 +151,18 @@ Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime
     checkpoints_ = std::make_unique<CheckpointWriter>(
         checkpoint.path, checkpoint.keep, shape, layout_, rank,
         [rank](const std::string& error) { std::fprintf(stderr, "rank %d: error: %s\n", rank, error.c_str()); });
+  }
+  if (!resumed_from_ && !job.spec.model.init.from.empty()) {
+    // Every rank reads the file and keeps its own elements; AdamW starts from zero.
+    WholeState whole;
+    try {
+      whole.master = LoadHuggingFaceGpt2(job.spec.model.init.from, shape);
+    } catch (const SafetensorsError& e) {
+      throw std::invalid_argument(std::string("spec.model.init.from: ") + e.what());
+    }
+    whole.m.assign(whole.master.size(), 0.0f);
+    whole.v.assign(whole.master.size(), 0.0f);
+    replica_->Restore(whole);
   }
   inputs_.resize(size_t(batch_) * seq_);
   targets_.resize(size_t(batch_) * seq_);
