@@ -187,6 +187,8 @@ void Fields(S& s, V& v) {
   v("loss", s.loss);
   v("tokensPerSecond", s.tokens_per_second);
   v("etaSeconds", s.eta_seconds);
+  v("resumedFromStep", s.resumed_from_step);
+  v("checkpointStep", s.checkpoint_step);
 }
 
 template <Is<DerivedDefault> S, class V>

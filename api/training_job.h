@@ -211,6 +211,8 @@ struct ProgressStatus {
   double loss = 0;
   double tokens_per_second = 0;
   int64_t eta_seconds = 0;
+  std::optional<int64_t> resumed_from_step;  // the checkpoint the running gang started from
+  std::optional<int64_t> checkpoint_step;    // the newest checkpoint written
   bool operator==(const ProgressStatus&) const = default;
 };
 

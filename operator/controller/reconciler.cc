@@ -333,6 +333,8 @@ bool ParseProgress(const std::string& text, api::ProgressStatus* progress) {
     else if (name == "meshtrain_train_tokens_per_second") progress->tokens_per_second = std::round(value), any = true;
     else if (name == "meshtrain_train_steps") steps_total = value;
     else if (name == "meshtrain_train_tokens_per_step") tokens_per_step = value;
+    else if (name == "meshtrain_train_resumed_from_step" && value >= 0) progress->resumed_from_step = int64_t(value);
+    else if (name == "meshtrain_checkpoint_last_step" && value >= 0) progress->checkpoint_step = int64_t(value);
   }
   if (any && steps_total > progress->step && tokens_per_step > 0 && progress->tokens_per_second > 0)
     progress->eta_seconds = static_cast<int64_t>((steps_total - progress->step) * tokens_per_step / progress->tokens_per_second);
@@ -356,7 +358,16 @@ void Reconciler::ObserveProgress(Context& ctx, const json& rank0) {
     auto response = http.request(web::http::methods::GET, "/metrics").get();
     if (response.status_code() != 200) return;
     api::ProgressStatus progress;
-    if (ParseProgress(response.extract_utf8string(true).get(), &progress)) ctx.status.progress = progress;
+    if (ParseProgress(response.extract_utf8string(true).get(), &progress)) {
+      ctx.status.progress = progress;
+      const std::optional<int64_t> before = ctx.before.progress ? ctx.before.progress->resumed_from_step : std::nullopt;
+      if (progress.resumed_from_step && progress.resumed_from_step != before) {
+        ctx.events_after_status.push_back({"Normal", "Resumed",
+                                           "the gang (restart " + std::to_string(ctx.status.restarts) +
+                                               ") resumed from the checkpoint of step " +
+                                               std::to_string(*progress.resumed_from_step)});
+      }
+    }
   } catch (const std::exception& e) {
     spdlog::debug("{}: reading progress from {}: {}", ctx.key, ip, e.what());  // workers may not serve yet
   }

@@ -65,10 +65,11 @@ wait_for() {
 post() { echo "$2" >"$work/body.json"; "$kubectl" create --raw "$1" -f "$work/body.json" >/dev/null; }
 script() { post /_test/kubelet/script "{\"job\": \"tiny\", \"exitCode\": ${2:-0}, \"seconds\": $1}"; }
 # A 2-node x 2-rank job of real workers on the bundled corpus.
-worker_job() {  # worker_job STEPS [DATA_FILE]
+worker_job() {  # worker_job STEPS [DATA_FILE]: checkpoints every 20 steps under $work/checkpoints
   apply_job 2 "{train: ${2:-$work/data/train.bin}, validation: $work/data/val.bin}" \
     "{steps: $1, globalBatchTokens: 2048, microBatchSize: 4, warmupSteps: 2, evalInterval: 25, evalBatches: 2}" \
-    '    env: [{name: OMP_NUM_THREADS, value: "1"}]'
+    "    env: [{name: OMP_NUM_THREADS, value: \"1\"}]
+  checkpoint: {path: $work/checkpoints, interval: 20}"
 }
 
 prepare_data() {
@@ -300,14 +301,32 @@ case $scenario in
     [ -n "$loss" ] || fail "no loss in status.progress"
     pod_log tiny-g0-0 | grep "launching ranks 0..1" >/dev/null || fail "pod 0 did not launch ranks 0..1"
     pod_log tiny-g0-1 | grep "launching ranks 2..3" >/dev/null || fail "pod 1 did not launch ranks 2..3"
-    # A dead pod restarts the whole gang, which trains again to the end.
+    # Once a checkpoint is written, a dead pod restarts the whole gang, which resumes
+    # from it and trains to the end; status and an Event say where it resumed.
+    checkpoint=
+    for _ in $(seq 300); do
+      checkpoint=$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.checkpointStep}')
+      [ -n "$checkpoint" ] && break
+      sleep 0.2
+    done
+    [ -n "$checkpoint" ] || fail "no checkpoint step in status.progress: $(pod_log tiny-g0-0 | tail -3)"
     post /_test/kubelet/kill '{"namespace": "default", "name": "tiny-g0-1", "signal": 9}'
     wait_for '{.status.restarts}' 1 20
+    for _ in $(seq 300); do
+      resumed=$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.resumedFromStep}')
+      [ -n "$resumed" ] && break
+      sleep 0.2
+    done
+    [ -n "$resumed" ] && [ "$resumed" -ge "$checkpoint" ] ||
+      fail "status.progress.resumedFromStep is '$resumed' after a checkpoint of step $checkpoint"
+    pod_log tiny-g1-0 | grep "resumed from step $resumed (" >/dev/null || fail "rank 0 does not say it resumed"
+    "$kubectl" get events | grep -E "Resumed.*resumed from the checkpoint of step $resumed" >/dev/null ||
+      fail "no Resumed event: $("$kubectl" get events | tail -5)"
     wait_for '{.status.phase}' Succeeded 120
     pod_log tiny-g1-0 | grep "step   200/200" >/dev/null || fail "the restarted gang did not train to the end: $(pod_log tiny-g1-0 | tail -5)"
     val=$(pod_log tiny-g1-0 | sed -n 's/.*step   200.*val loss \([0-9.]*\).*/\1/p')
     awk "BEGIN { exit !($val < 3.0) }" || fail "validation loss $val after 200 steps: the workers did not learn"
-    echo "progress seen: step $step, loss $loss; final validation loss $val"
+    echo "progress seen: step $step, loss $loss; resumed from step $resumed; final validation loss $val"
     ;;
   worker-config-error)
     # A worker that finds a configuration error exits 78: the job fails at once, no restart.

@@ -136,6 +136,19 @@ TEST(ProgressTest, ParsesWorkerMetrics) {
   EXPECT_DOUBLE_EQ(p.loss, 3.25);
   EXPECT_DOUBLE_EQ(p.tokens_per_second, 5000);
   EXPECT_EQ(p.eta_seconds, 100);  // 1000 steps x 500 tokens / 5000 tokens/s
+  EXPECT_FALSE(p.resumed_from_step);
+  api::ProgressStatus resumed;
+  ASSERT_TRUE(ParseProgress("meshtrain_train_step 30\nmeshtrain_train_resumed_from_step 20\n"
+                            "meshtrain_checkpoint_last_step 20\n",
+                            &resumed));
+  EXPECT_EQ(resumed.resumed_from_step, std::optional<int64_t>(20));
+  EXPECT_EQ(resumed.checkpoint_step, std::optional<int64_t>(20));
+  api::ProgressStatus fresh;
+  ASSERT_TRUE(ParseProgress("meshtrain_train_step 3\nmeshtrain_train_resumed_from_step -1\n"
+                            "meshtrain_checkpoint_last_step -1\n",
+                            &fresh));
+  EXPECT_FALSE(fresh.resumed_from_step) << "-1: a run that started fresh";
+  EXPECT_FALSE(fresh.checkpoint_step);
 }
 
 }  // namespace

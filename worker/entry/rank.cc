@@ -99,7 +99,10 @@ int Train(std::ostream& out) {
     }
   }
   bool first = true;
-  if (exported) exported->Memory(trainer->accounting());
+  if (exported) {
+    exported->Memory(trainer->accounting());
+    if (trainer->resumed_from()) exported->ResumedFrom(*trainer->resumed_from());
+  }
   trainer->Run([&](const train::StepReport& report) {
     if (exported) {
       exported->Step(report);

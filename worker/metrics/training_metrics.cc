@@ -90,6 +90,8 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
                                      "The step of the newest checkpoint written (-1: none).", labels)),
       checkpoint_bytes_(NewGauge(*registry_, "meshtrain_checkpoint_bytes",
                                  "Bytes this rank wrote into the newest checkpoint.", labels)),
+      resumed_from_step_(NewGauge(*registry_, "meshtrain_train_resumed_from_step",
+                                  "The checkpoint step this run resumed from (-1: it started fresh).", labels)),
       checkpoint_failures_(BuildCounter()
                                .Name("meshtrain_checkpoint_failures_total")
                                .Help("Checkpoints that failed to write (the previous one stays).")
@@ -98,6 +100,7 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
                                .Add({})),
       tokens_per_step_(tokens_per_step) {
   checkpoint_last_step_.Set(-1);
+  resumed_from_step_.Set(-1);
   NewGauge(*registry_, "meshtrain_train_steps", "Optimizer steps in the job.", labels).Set(double(steps));
   NewGauge(*registry_, "meshtrain_train_tokens_per_step", "Tokens in one global batch.", labels)
       .Set(double(tokens_per_step));
