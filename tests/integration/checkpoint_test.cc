@@ -4,8 +4,11 @@
 
 #include "worker/train/checkpoint.h"
 
+#include <sys/mount.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -239,6 +242,39 @@ TEST_F(CheckpointTest, AFailedWriteLeavesThePreviousCheckpointAndTrainingGoesOn)
     EXPECT_NE(c.step, 8) << "the failed checkpoint must not appear";
     EXPECT_TRUE(c.problem.empty()) << c.directory << ": " << c.problem;
   }
+}
+
+// A full disk: a 1 MiB tmpfs cannot hold a checkpoint of this model's 3 x 4 x 8.5K
+// floats plus the next. The error names the path and says the disk is full; training
+// goes on.
+TEST_F(CheckpointTest, AFullDiskIsAnErrorNamingThePathAndTrainingGoesOn) {
+  const fs::path mount = dir_ / "small-disk";
+  fs::create_directories(mount);
+  if (::mount("tmpfs", mount.c_str(), "tmpfs", 0, "size=64k") != 0) {
+    GTEST_SKIP() << "skipped: cannot mount a tmpfs here (" << std::strerror(errno) << "); needs root";
+  }
+  std::vector<double> losses;
+  int64_t failures = 0;
+  {
+    Trainer trainer(Job((mount / "ckpt").string()));
+    trainer.Run([&](const StepReport& r) { losses.push_back(r.loss); });
+    failures = trainer.checkpoint_stats().failures;
+  }
+  std::string error;
+  {
+    CheckpointWriter writer((mount / "direct").string(), 1, kShape, api::ParallelLayout(1, 1, 1, 1), 0,
+                            [&](const std::string& e) { error = e; });
+    writer.Save({1, 0}, [](ShardState* into) {
+      for (auto* part : {&into->master, &into->m, &into->v}) part->assign(20000, 1.0f);
+    });
+    writer.Wait();
+  }
+  ::umount(mount.c_str());
+  EXPECT_NE(error.find((mount / "direct" / ".partial-step-00000001" / "rank-00000.bin").string()), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("No space left on device"), std::string::npos) << error;
+  EXPECT_EQ(losses.size(), 12u) << "training goes on";
+  EXPECT_EQ(failures, 3) << "the checkpoints of steps 4, 8 and 12 do not fit in 64 KiB";
 }
 
 }  // namespace

@@ -378,9 +378,11 @@ void CheckpointWriter::Write(const TrainingPosition& position, const ShardState&
       sidecar["bytes"] = 3 * part;
       sidecar["crc32c"] = crc;
     } catch (const CheckpointError& e) {
-      sidecar = {{"error", e.what()}};
-      // Rank 0 learns of the failure from the sidecar; if even that cannot be written, it times out.
+      // Free what the failed write took (a full disk), and tell rank 0 through the sidecar;
+      // if even that cannot be written, rank 0 times out.
       std::error_code ignored;
+      fs::remove(file, ignored);
+      sidecar = {{"error", e.what()}};
       std::ofstream(fs::path(partial) / Sidecar(rank_)) << sidecar.dump();
       throw;
     }
@@ -438,10 +440,13 @@ void CheckpointWriter::Finish(const TrainingPosition& position, const std::strin
   fs::rename(latest_tmp, fs::path(path_) / "latest", error);
   if (error) throw CheckpointError("cannot rename " + latest_tmp + ": " + error.message());
   SyncDirectory(path_);
-  // Keep the newest `keep`; `latest` is among them.
+  // Keep the newest `keep`; `latest` is among them. Partial directories of earlier steps
+  // are failed checkpoints (a later one may be in progress already: it stays).
   std::vector<fs::path> steps;
   for (const fs::directory_entry& entry : fs::directory_iterator(path_, error)) {
-    if (entry.is_directory() && entry.path().filename().string().starts_with("step-")) steps.push_back(entry.path());
+    const std::string entry_name = entry.path().filename().string();
+    if (entry.is_directory() && entry_name.starts_with("step-")) steps.push_back(entry.path());
+    if (entry_name.starts_with(".partial-step-") && entry_name < ".partial-" + name) fs::remove_all(entry.path(), error);
   }
   std::sort(steps.begin(), steps.end(), std::greater<>());
   for (size_t i = size_t(keep_); i < steps.size(); ++i) fs::remove_all(steps[i], error);
