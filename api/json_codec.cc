@@ -189,6 +189,7 @@ void Fields(S& s, V& v) {
   v("etaSeconds", s.eta_seconds);
   v("resumedFromStep", s.resumed_from_step);
   v("checkpointStep", s.checkpoint_step);
+  v("damagedCheckpoints", s.damaged_checkpoints);
 }
 
 template <Is<DerivedDefault> S, class V>

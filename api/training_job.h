@@ -213,6 +213,7 @@ struct ProgressStatus {
   int64_t eta_seconds = 0;
   std::optional<int64_t> resumed_from_step;  // the checkpoint the running gang started from
   std::optional<int64_t> checkpoint_step;    // the newest checkpoint written
+  std::optional<int64_t> damaged_checkpoints;  // newer checkpoints the resume skipped as damaged
   bool operator==(const ProgressStatus&) const = default;
 };
 

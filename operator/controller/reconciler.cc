@@ -335,6 +335,9 @@ bool ParseProgress(const std::string& text, api::ProgressStatus* progress) {
     else if (name == "meshtrain_train_tokens_per_step") tokens_per_step = value;
     else if (name == "meshtrain_train_resumed_from_step" && value >= 0) progress->resumed_from_step = int64_t(value);
     else if (name == "meshtrain_checkpoint_last_step" && value >= 0) progress->checkpoint_step = int64_t(value);
+    else if (name == "meshtrain_train_resume_damaged_checkpoints" && value > 0) {
+      progress->damaged_checkpoints = int64_t(value);
+    }
   }
   if (any && steps_total > progress->step && tokens_per_step > 0 && progress->tokens_per_second > 0)
     progress->eta_seconds = static_cast<int64_t>((steps_total - progress->step) * tokens_per_step / progress->tokens_per_second);
@@ -362,10 +365,14 @@ void Reconciler::ObserveProgress(Context& ctx, const json& rank0) {
       ctx.status.progress = progress;
       const std::optional<int64_t> before = ctx.before.progress ? ctx.before.progress->resumed_from_step : std::nullopt;
       if (progress.resumed_from_step && progress.resumed_from_step != before) {
-        ctx.events_after_status.push_back({"Normal", "Resumed",
-                                           "the gang (restart " + std::to_string(ctx.status.restarts) +
-                                               ") resumed from the checkpoint of step " +
-                                               std::to_string(*progress.resumed_from_step)});
+        const int64_t damaged = progress.damaged_checkpoints.value_or(0);
+        ctx.events_after_status.push_back(
+            {damaged > 0 ? "Warning" : "Normal", "Resumed",
+             "the gang (restart " + std::to_string(ctx.status.restarts) + ") resumed from the checkpoint of step " +
+                 std::to_string(*progress.resumed_from_step) +
+                 (damaged > 0 ? ", skipping " + std::to_string(damaged) +
+                                    " newer damaged one(s) (rank 0's log names each file and what is wrong)"
+                              : "")});
       }
     }
   } catch (const std::exception& e) {

@@ -143,6 +143,11 @@ TEST(ProgressTest, ParsesWorkerMetrics) {
                             &resumed));
   EXPECT_EQ(resumed.resumed_from_step, std::optional<int64_t>(20));
   EXPECT_EQ(resumed.checkpoint_step, std::optional<int64_t>(20));
+  EXPECT_FALSE(resumed.damaged_checkpoints);
+  ASSERT_TRUE(ParseProgress("meshtrain_train_step 21\nmeshtrain_train_resumed_from_step 20\n"
+                            "meshtrain_train_resume_damaged_checkpoints 2\n",
+                            &resumed));
+  EXPECT_EQ(resumed.damaged_checkpoints, std::optional<int64_t>(2));
   api::ProgressStatus fresh;
   ASSERT_TRUE(ParseProgress("meshtrain_train_step 3\nmeshtrain_train_resumed_from_step -1\n"
                             "meshtrain_checkpoint_last_step -1\n",

@@ -51,7 +51,7 @@ TEST(JsonCodec, StatusRoundTrips) {
   status.ready_workers = 16;
   status.start_time = "2026-11-21T09:00:00Z";
   status.placement = PlacementStatus{{{0, "ip-10-0-1-17", {"nn-1a", "nn-2b", "nn-3c", "ip-10-0-1-17"}}}, 0.41};
-  status.progress = ProgressStatus{1200, 3.25, 150000.5, 3600, 1000, 1100};
+  status.progress = ProgressStatus{1200, 3.25, 150000.5, 3600, 1000, 1100, 1};
   const Json encoded = ToJson(status);
   EXPECT_EQ(encoded["placement"]["nodes"][0]["topologyPath"][2], "nn-3c");
   EXPECT_EQ(encoded["conditions"][0]["observedGeneration"], 3);

@@ -101,7 +101,9 @@ int Train(std::ostream& out) {
   bool first = true;
   if (exported) {
     exported->Memory(trainer->accounting());
-    if (trainer->resumed_from()) exported->ResumedFrom(*trainer->resumed_from());
+    if (trainer->resumed_from()) {
+      exported->ResumedFrom(*trainer->resumed_from(), int64_t(trainer->checkpoint_warnings().size()));
+    }
   }
   trainer->Run([&](const train::StepReport& report) {
     if (exported) {

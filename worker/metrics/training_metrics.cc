@@ -92,6 +92,8 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
                                  "Bytes this rank wrote into the newest checkpoint.", labels)),
       resumed_from_step_(NewGauge(*registry_, "meshtrain_train_resumed_from_step",
                                   "The checkpoint step this run resumed from (-1: it started fresh).", labels)),
+      damaged_checkpoints_(NewGauge(*registry_, "meshtrain_train_resume_damaged_checkpoints",
+                                    "Newer checkpoints the resume skipped as damaged.", labels)),
       checkpoint_failures_(BuildCounter()
                                .Name("meshtrain_checkpoint_failures_total")
                                .Help("Checkpoints that failed to write (the previous one stays).")
@@ -132,6 +134,11 @@ void TrainingMetrics::Step(const train::StepReport& report) {
   all_reduce_seconds_.Increment(report.comm.all_reduce);
   exposed_comm_seconds_.Increment(report.comm.exposed);
   if (report.checkpoint_stall) checkpoint_stall_seconds_.Observe(*report.checkpoint_stall);
+}
+
+void TrainingMetrics::ResumedFrom(int64_t step, int64_t damaged) {
+  resumed_from_step_.Set(double(step));
+  damaged_checkpoints_.Set(double(damaged));
 }
 
 void TrainingMetrics::Checkpoints(const train::CheckpointStats& stats) {

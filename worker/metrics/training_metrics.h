@@ -14,6 +14,7 @@
 //   meshtrain_checkpoint_last_step, meshtrain_checkpoint_bytes  gauges: the newest written, this rank's bytes
 //   meshtrain_checkpoint_failures_total                   counter
 //   meshtrain_train_resumed_from_step                     gauge: the checkpoint this run resumed from (-1: none)
+//   meshtrain_train_resume_damaged_checkpoints            gauge: newer checkpoints that resume skipped
 //
 // The operator reads step, steps, loss, tokens_per_second and tokens_per_step from rank
 // 0 to fill a TrainingJob's status.progress.
@@ -49,7 +50,8 @@ class TrainingMetrics {
   void Memory(const runtime::MemoryAccounting& accounting);
   // The trainer's checkpoint counters; call after each step (from one thread).
   void Checkpoints(const train::CheckpointStats& stats);
-  void ResumedFrom(int64_t step) { resumed_from_step_.Set(double(step)); }
+  // The checkpoint this run resumed from, after skipping `damaged` newer ones.
+  void ResumedFrom(int64_t step, int64_t damaged);
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
@@ -66,7 +68,7 @@ class TrainingMetrics {
   prometheus::Family<prometheus::Gauge>& memory_peak_;
   prometheus::Counter &all_gather_seconds_, &reduce_scatter_seconds_, &all_reduce_seconds_, &exposed_comm_seconds_;
   prometheus::Histogram &checkpoint_seconds_, &checkpoint_stall_seconds_;
-  prometheus::Gauge &checkpoint_last_step_, &checkpoint_bytes_, &resumed_from_step_;
+  prometheus::Gauge &checkpoint_last_step_, &checkpoint_bytes_, &resumed_from_step_, &damaged_checkpoints_;
   prometheus::Counter& checkpoint_failures_;
   int64_t tokens_per_step_;
   int64_t checkpoints_seen_ = 0, failures_seen_ = 0;  // of the stats last passed to Checkpoints
