@@ -266,6 +266,14 @@ void CheckGroups(mc::Communicator& world) {
              "group " + groups[g]->group().name() + " round " + std::to_string(round));
     }
   }
+  // NewGroup's one contract: every rank calls it, members or not; non-members get null.
+  auto ends = world.NewGroup({0, n - 1}, "ends");
+  Expect((ends != nullptr) == (me == 0 || me == n - 1), "NewGroup gives a communicator to its members only");
+  if (ends) {
+    int64_t value = me, sum = 0;
+    ends->AllReduce(&value, &sum, 1, DataType::kInt64, mc::ReduceOp::kSum)->Wait();
+    Expect(sum == n - 1 && ends->size() == 2, "an all-reduce over the ends group");
+  }
   // Point to point inside the tp group, several messages in order.
   std::vector<int32_t> a(1000, me), b(1000, -1), c(1000, -1);
   int peer = 1 - tp->rank();

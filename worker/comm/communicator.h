@@ -74,9 +74,11 @@ class Communicator {
   virtual void* AllocateBuffer(size_t bytes) = 0;
   virtual void FreeBuffer(void* buffer) = 0;
 
-  // A communicator over `members` (ranks of this group, increasing). Every member
-  // calls it, in the same order relative to other NewGroup calls for the same members;
-  // a rank outside `members` gets nullptr. `name` labels the group in errors.
+  // A communicator over `members` (ranks of this group, increasing). One contract on
+  // every backend: every rank of this group calls it, members or not, in the same order
+  // relative to its other NewGroup calls (NCCL splits the parent collectively; the
+  // fabric backend lets a non-member return at once); a rank outside `members` gets
+  // nullptr. `name` labels the group in errors.
   virtual std::unique_ptr<Communicator> NewGroup(const std::vector<int>& members,
                                                  const std::string& name) = 0;
 

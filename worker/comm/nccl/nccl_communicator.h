@@ -2,8 +2,8 @@
 // dedicated CUDA stream (DESIGN.md, "nccl backend").
 //
 // Rank 0 makes the unique id and shares it through the Store; subgroups come from
-// ncclCommSplit, so on this backend every rank of the parent calls NewGroup (ranks
-// outside `members` join no group and get nullptr; SplitAxis does this by itself).
+// ncclCommSplit, which is why Communicator::NewGroup's contract has every rank of the
+// parent call it (ranks outside `members` join no group and get nullptr).
 // Communicators are non-blocking (ncclConfig blocking = 0): a Work's Wait polls its
 // CUDA event and NCCL's async error, and when the operation's timeout passes it aborts
 // the communicator (ncclCommAbort) and throws CommError naming the op, group and size.
