@@ -2,6 +2,7 @@
 // whole-model reference, and the schedule's promises, seen through its observer.
 // Layouts over several ranks are checked against this in tests/integration/engine_check.cc.
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -134,6 +135,37 @@ TEST(ShardedEngine, GathersAndReduceScattersRunWhileTheComputeStreamWorks) {
   EXPECT_TRUE(probe.serial_.empty()) << "ran alone: " << probe.serial_.front();
   EXPECT_LE(engine.peak_unsharded_blocks(), 2);
   EXPECT_GE(engine.peak_unsharded_blocks(), 2);  // the prefetch did overlap
+}
+
+// A training micro-batch gathers the root once: its forward keeps it for the backward.
+// An evaluation forward gathers and frees it; so do Weights() and Update() after a
+// forward whose backward never came, so nothing stays unsharded or stale.
+TEST(ShardedEngine, ATrainingMicroBatchGathersTheRootOnce) {
+  class RootGathers : public ScheduleObserver {
+   public:
+    void Begin(Op op, int unit) override { count += op == Op::kGather && unit == 0; }
+    void End(Op, int) override {}
+    std::atomic<int> count{0};
+  } gathers;
+  const api::ModelShape& shape = *api::FindPreset("gpt2-tiny");
+  const Batch batch;
+  runtime::MemoryAccounting accounting;
+  ShardedEngine engine(shape, std::make_shared<const Mesh>(), B, T, 1, &accounting);
+  engine.set_observer(&gathers);
+  const train::MicroBatchKey key{0, 0};
+  for (int micro = 0; micro < 3; ++micro) {
+    engine.Forward(batch.inputs.data(), batch.targets.data(), B, T, &key);
+    engine.Backward(1.0f);
+  }
+  EXPECT_EQ(gathers.count.load(), 3);
+  EXPECT_EQ(accounting.current(runtime::MemoryCategory::kGathered), 0);
+  engine.Forward(batch.inputs.data(), batch.targets.data(), B, T);  // evaluation
+  EXPECT_EQ(gathers.count.load(), 4);
+  EXPECT_EQ(accounting.current(runtime::MemoryCategory::kGathered), 0);
+  engine.Forward(batch.inputs.data(), batch.targets.data(), B, T, &key);  // no backward follows
+  EXPECT_GT(accounting.current(runtime::MemoryCategory::kGathered), 0);
+  engine.Weights();
+  EXPECT_EQ(accounting.current(runtime::MemoryCategory::kGathered), 0);
 }
 
 TEST(ShardedEngine, AMemoryLimitTooSmallIsAnErrorNamingTheCategoryAndSizes) {

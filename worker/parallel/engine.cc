@@ -71,6 +71,13 @@ ShardedEngine::~ShardedEngine() {
   }
 }
 
+void ShardedEngine::ReleaseRoot() {
+  if (!root_held_) return;
+  units_[0]->FreeParams(compute_);
+  root_held_ = false;
+  Drain();
+}
+
 void ShardedEngine::Drain() {
   std::exception_ptr failure;
   auto synchronize = [&failure](auto&& wait) {
@@ -111,6 +118,16 @@ void ShardedEngine::GatherBlock(int l) {
   });
 }
 
+void ShardedEngine::GatherRoot() {
+  comm_.Enqueue([this] {
+    if (observer_) observer_->Begin(Op::kGather, 0);
+  });
+  units_[0]->Gather(mesh_->shard(), comm_, &comm_seconds_);
+  comm_.Enqueue([this] {
+    if (observer_) observer_->End(Op::kGather, 0);
+  });
+}
+
 void ShardedEngine::ReleaseBlock(int l) {
   Block(l).FreeParams(compute_);
   compute_.Enqueue([this] { --unsharded_blocks_; });
@@ -125,7 +142,7 @@ double ShardedEngine::Forward(const int32_t* inputs, const int32_t* targets, int
   const model::Dims d = DimsOf(B, Tn);
   const int L = int(s.layers);
   FlatUnit& root = *units_[0];
-  root.Gather(mesh_->shard(), comm_, &comm_seconds_);
+  if (!root_held_) GatherRoot();
   GatherBlock(0);
   compute_.Wait(root.ready(), &exposed_seconds_);
   Compute(Op::kForward, 0, [this, &root, d] {
@@ -148,7 +165,10 @@ double ShardedEngine::Forward(const int32_t* inputs, const int32_t* targets, int
                                model::RootParams<const float>::At(root.params(), layout_),
                                batch_tokens_.targets_or_null(), d);
   });
-  root.FreeParams(compute_);
+  // A training forward keeps the root for its backward (FSDP2 keeps the root unsharded
+  // after forward too): wte is the largest unit, and this saves a gather per micro-batch.
+  root_held_ = training != nullptr && targets != nullptr;
+  if (!root_held_) root.FreeParams(compute_);
   Drain();
   return loss_;
 }
@@ -161,7 +181,8 @@ void ShardedEngine::Backward(float loss_scale) {
   const int L = int(s.layers);
   const int64_t btc = int64_t(batch_tokens_.B) * batch_tokens_.Tn * s.hidden;
   FlatUnit& root = *units_[0];
-  root.Gather(mesh_->shard(), comm_, &comm_seconds_);
+  if (!root_held_) GatherRoot();
+  root_held_ = false;  // freed at the end of this backward
   GatherBlock(L - 1);
   compute_.Wait(root.ready(), &exposed_seconds_);
   // dresidual[out] holds the gradient of the current block's output, dresidual[in] of its input.
@@ -243,6 +264,7 @@ double ShardedEngine::GradNorm() {
 }
 
 void ShardedEngine::Update(const train::OptimizerStep& step) {
+  ReleaseRoot();  // its gathered copy is about to go stale
   const double norm = GradNorm();
   const float clip = step.max_norm > 0 && norm > step.max_norm ? float(step.max_norm / norm) : 1.0f;
   for (auto& unit : units_) unit->Update(step, clip);
@@ -268,6 +290,7 @@ std::vector<float> ShardedEngine::NextTokenProbabilities(const int32_t* tokens, 
 }
 
 std::vector<float> ShardedEngine::Weights() {
+  ReleaseRoot();
   // This rank's TP slice, gathered over its shard group unit by unit.
   std::vector<float> local(size_t(layout_.total()));
   for (auto& unit : units_) {
@@ -317,6 +340,7 @@ void ShardedEngine::Snapshot(train::ShardState* into) {
 }
 
 void ShardedEngine::Restore(const train::WholeState& whole) {
+  ReleaseRoot();
   for (auto& unit : units_) {
     const int64_t from = unit->begin() + unit->shard_begin();
     const std::vector<int64_t> at = layout_.WholeIndices(from, from + unit->shard_real());

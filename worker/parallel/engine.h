@@ -5,7 +5,8 @@
 // Units: the root (embeddings, final LayerNorm) and one per block, each a FlatUnit of
 // this rank's TP slice (model/parameters.h), sharded over the ranks of the same slice.
 // The layers' TP all-reduces run inside the compute tasks (model/blocks.h).
-//   Forward: the root is gathered for the whole forward; while block l computes, the
+//   Forward: the root is gathered for the whole forward (and, in training, kept for the
+//     backward); while block l computes, the
 //     gather of block l+1 runs on the comm stream; a block is freed after its forward.
 //     Block gathers take turns in two slots, and a slot is reused only after the compute
 //     stream has freed its last unit, so at most two blocks are ever unsharded.
@@ -99,6 +100,8 @@ class ShardedEngine final : public train::Replica {
 
  private:
   FlatUnit& Block(int l) { return *units_[size_t(l) + 1]; }
+  // Gathers the root unit (observed as unit 0).
+  void GatherRoot();
   // Gathers block l into slot l % 2 once the slot's last unit is freed.
   void GatherBlock(int l);
   // Frees block l's parameters after what the compute stream has queued, freeing its slot.
@@ -107,6 +110,8 @@ class ShardedEngine final : public train::Replica {
   template <class F>
   void Compute(Op op, int unit, F&& f);
   void Drain();
+  // Frees the root a training forward kept, if its backward did not come.
+  void ReleaseRoot();
 
   // The TP group's collectives for the layers, timed (they run on the compute stream).
   class TensorParallel : public model::TensorParallelGroup {
@@ -136,6 +141,7 @@ class ShardedEngine final : public train::Replica {
   uint64_t dropout_seed_;
   std::optional<train::MicroBatchKey> training_;  // of the last Forward; empty: evaluation
   double loss_ = 0;
+  bool root_held_ = false;  // a training forward's root, kept gathered for its backward
   bool norm_current_ = false;
   double norm_ = 0;
 
