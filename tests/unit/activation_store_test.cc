@@ -61,7 +61,7 @@ Result Train(const ActivationPolicy& policy, ScheduleObserver* observer = nullpt
       }
       const train::MicroBatchKey key{s, micro};
       run.losses.push_back(engine.Forward(inputs.data(), targets.data(), B, T, &key));
-      engine.Backward(0.5f);
+      engine.Backward(0.5f, micro == 1);
     }
     engine.ReduceGradients(nullptr);
     step.t = s + 1;

@@ -40,7 +40,7 @@ TEST(ShardedEngine, OneRankMatchesTheWholeModelBitForBit) {
   EXPECT_EQ(engine.device(), runtime::Device::Cpu());
   engine.ZeroGrad();
   const double loss = engine.Forward(batch.inputs.data(), batch.targets.data(), B, T);
-  engine.Backward(1.0f);
+  engine.Backward(1.0f, true);
   engine.ReduceGradients(nullptr);
   const double norm = engine.GradNorm();
   train::OptimizerStep step;
@@ -129,7 +129,7 @@ TEST(ShardedEngine, GathersAndReduceScattersRunWhileTheComputeStreamWorks) {
   engine.set_observer(&probe);
   engine.ZeroGrad();
   engine.Forward(batch.inputs.data(), batch.targets.data(), B, T);
-  engine.Backward(1.0f);
+  engine.Backward(1.0f, true);
   engine.set_observer(nullptr);
   EXPECT_EQ(probe.overlapped_.size(), 4u);
   EXPECT_TRUE(probe.serial_.empty()) << "ran alone: " << probe.serial_.front();
@@ -155,7 +155,7 @@ TEST(ShardedEngine, ATrainingMicroBatchGathersTheRootOnce) {
   const train::MicroBatchKey key{0, 0};
   for (int micro = 0; micro < 3; ++micro) {
     engine.Forward(batch.inputs.data(), batch.targets.data(), B, T, &key);
-    engine.Backward(1.0f);
+    engine.Backward(1.0f, micro == 2);
   }
   EXPECT_EQ(gathers.count.load(), 3);
   EXPECT_EQ(accounting.current(runtime::MemoryCategory::kGathered), 0);

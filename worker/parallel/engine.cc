@@ -173,7 +173,7 @@ double ShardedEngine::Forward(const int32_t* inputs, const int32_t* targets, int
   return loss_;
 }
 
-void ShardedEngine::Backward(float loss_scale) {
+void ShardedEngine::Backward(float loss_scale, bool last) {
   if (batch_tokens_.targets.empty()) throw std::logic_error("Backward needs a Forward with targets");
   norm_current_ = false;
   const api::ModelShape& s = layout_.shape();
@@ -223,6 +223,7 @@ void ShardedEngine::Backward(float loss_scale) {
     comm_.Enqueue([this, u = unit.index()] {
       if (observer_) observer_->End(Op::kReduceScatter, u);
     });
+    if (last) unit.AllReduceReplicas(mesh_->replica(), comm_, &comm_seconds_);
     out = in;
   }
   Compute(Op::kBackward, 0, [this, &root, d, out] {
@@ -232,16 +233,23 @@ void ShardedEngine::Backward(float loss_scale) {
   grads_done_[0].Record(compute_);
   comm_.Wait(grads_done_[0]);
   root.ReduceGrads(mesh_->shard(), comm_, &comm_seconds_);
+  if (last) root.AllReduceReplicas(mesh_->replica(), comm_, &comm_seconds_);
+  replicas_reduced_ = last;
   Drain();
 }
 
 void ShardedEngine::ZeroGrad() {
   norm_current_ = false;
+  replicas_reduced_ = false;
   for (auto& unit : units_) unit->ZeroShardGrads();
 }
 
 void ShardedEngine::ReduceGradients(comm::Communicator*) {
   norm_current_ = false;
+  if (replicas_reduced_) {  // the last Backward did it
+    replicas_reduced_ = false;
+    return;
+  }
   for (auto& unit : units_) unit->AllReduceReplicas(mesh_->replica(), comm_, &comm_seconds_);
   Drain();
 }

@@ -16,8 +16,9 @@
 //   Backward: the same gathers in reverse; when a unit's backward ends, its gradients
 //     are reduce-scattered on the comm stream (overlapping the next unit's backward)
 //     and added to the fp32 shard gradients, so micro-batches accumulate.
-//   ReduceGradients (after the last micro-batch): the shard gradients are averaged over
-//     the replica group, unit by unit, pipelined on the comm stream.
+//   ReduceGradients: the shard gradients are averaged over the replica group, unit by
+//     unit on the comm stream; the last micro-batch's Backward already queues each
+//     unit's average right after its reduce-scatter, overlapping the next unit's backward.
 //   GradNorm sums squares over the shard and TP groups (replicas hold equal shards; a
 //     tensor every TP rank holds whole counts once); clipping and AdamW run on the shards.
 // Forward and Backward return when both streams have drained, so the host reads results
@@ -77,7 +78,7 @@ class ShardedEngine final : public train::Replica {
   runtime::Device device() const override { return runtime::Device::Cpu(); }
   double Forward(const int32_t* inputs, const int32_t* targets, int B, int T,
                  const train::MicroBatchKey* training = nullptr) override;
-  void Backward(float loss_scale) override;
+  void Backward(float loss_scale, bool last) override;
   void ZeroGrad() override;
   void ReduceGradients(comm::Communicator* data_parallel) override;
   double GradNorm() override;
@@ -142,6 +143,7 @@ class ShardedEngine final : public train::Replica {
   std::optional<train::MicroBatchKey> training_;  // of the last Forward; empty: evaluation
   double loss_ = 0;
   bool root_held_ = false;  // a training forward's root, kept gathered for its backward
+  bool replicas_reduced_ = false;  // the last Backward averaged the shard gradients over replicas
   bool norm_current_ = false;
   double norm_ = 0;
 

@@ -39,7 +39,7 @@ class CudaReplica final : public Replica {
   double Forward(const int32_t* inputs, const int32_t* targets, int B, int T, const MicroBatchKey*) override {
     return model_.Forward(inputs, targets, B, T);
   }
-  void Backward(float loss_scale) override { model_.Backward(loss_scale); }
+  void Backward(float loss_scale, bool) override { model_.Backward(loss_scale); }
   void ZeroGrad() override { model_.ZeroGrad(); }
 
   // Through pinned host memory, so any communicator (the fabric one reads host memory) serves.

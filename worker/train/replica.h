@@ -66,8 +66,10 @@ class Replica {
   // (if the model has any) drops what that micro-batch's masks say; without, nothing.
   virtual double Forward(const int32_t* inputs, const int32_t* targets, int B, int T,
                          const MicroBatchKey* training = nullptr) = 0;
-  // grads += loss_scale * d(mean loss)/d(params) of the last Forward.
-  virtual void Backward(float loss_scale) = 0;
+  // grads += loss_scale * d(mean loss)/d(params) of the last Forward. `last`: this is the
+  // step's last micro-batch, so a replica may start ReduceGradients' work as each
+  // gradient becomes final, overlapping the rest of this backward.
+  virtual void Backward(float loss_scale, bool last) = 0;
   virtual void ZeroGrad() = 0;
   // After the last micro-batch, on every rank: completes the mean of the gradients over
   // the data-parallel ranks, `data_parallel` (null for one rank). The sharded engine

@@ -180,7 +180,7 @@ StepReport Trainer::Step() {
     train_->Next(inputs_.data(), targets_.data());
     const MicroBatchKey key{step_, micro};
     loss += replica_->Forward(inputs_.data(), targets_.data(), batch_, seq_, &key);
-    replica_->Backward(1.0f / float(micro_steps_));
+    replica_->Backward(1.0f / float(micro_steps_), micro + 1 == micro_steps_);
   }
   replica_->ReduceGradients(world_);
   report.loss = Average(loss / double(micro_steps_));
