@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine, builds meshtrain and runs every test:
-# the ctest suite (labels unit, integration, ...) and a 60-second fuzz run of the manifest parser.
+# the ctest suite (labels unit, integration, ...) and a 45-second fuzz run of each parser
+# (the manifest and the checkpoint metadata).
 # Under CI (CI set) warnings are errors.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,5 +13,5 @@ preset=default
 
 cmake --preset "$preset"
 cmake --build --preset "$preset"
-bash scripts/fuzz.sh "${MESHTRAIN_FUZZ_SECONDS:-60}"
+bash scripts/fuzz.sh "${MESHTRAIN_FUZZ_SECONDS:-45}"
 ctest --preset "$preset"
