@@ -7,6 +7,9 @@ FieldErrors FieldsWithoutEffect(const TrainingJob& job, const FieldPaths& writte
   auto warn = [&](const char* path, bool set, const std::string& why) {
     if (set) warnings.push_back({path, "has no effect yet: " + why});
   };
+  warn("spec.parallelism.activationLoadingHorizon",
+       written.contains("spec.parallelism.activationLoadingHorizon") && !job.spec.parallelism.activation_offloading,
+       "spec.parallelism.activationOffloading is off, so nothing is loaded back");
   warn("spec.parallelism.tensorParallelSeed",
        written.contains("spec.parallelism.tensorParallelSeed") && job.spec.model.dropout == 0,
        "it keys the dropout masks, and spec.model.dropout is 0");

@@ -166,6 +166,8 @@ TEST(Warnings, EveryFieldWithoutEffectIsNamed) {
   for (const FieldError& w : job.warnings) EXPECT_TRUE(w.message.starts_with("has no effect yet: ")) << w.ToString();
   manifest["spec"]["model"]["dropout"] = 0.1;  // the seed now keys its masks
   EXPECT_TRUE(Check(manifest).warnings.empty());
+  manifest["spec"]["parallelism"] = {{"activationLoadingHorizon", 3}};  // without offloading
+  EXPECT_EQ(WarnedPaths(Check(manifest)), (std::vector<std::string>{"spec.parallelism.activationLoadingHorizon"}));
 }
 
 // Property: any valid shape, world size and layout, with every optional field left out
