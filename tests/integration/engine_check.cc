@@ -228,8 +228,12 @@ int DriveReshard(const Options& o, int argc, char** argv) {
   };
   std::ofstream(fs::path(o.dir) / "job.json") << job_of(from).dump(2);
   if (Launch(from, argc, argv, false).status != 0) return 1;
-  const train::LoadedCheckpoint written = train::LoadCheckpoint(
-      (checkpoints / ("step-000000" + std::to_string(kReshardStep))).string(), api::ShapeOf(CheckedJob(job_of(o)).spec.model));
+  std::string written_directory;
+  for (const train::CheckpointListing& c : train::ListCheckpoints(checkpoints.string(), false)) {
+    if (c.step == kReshardStep) written_directory = c.directory;
+  }
+  const train::LoadedCheckpoint written =
+      train::LoadCheckpoint(written_directory, api::ShapeOf(CheckedJob(job_of(o)).spec.model));
   std::ofstream(fs::path(o.dir) / "job.json", std::ios::trunc) << job_of(o).dump(2);
   if (Launch(o, argc, argv, false).status != 0) return 1;
 

@@ -98,22 +98,22 @@ void ActivationStore::AfterForward(int l, runtime::Stream& compute) {
   runtime::Event forward_done;
   forward_done.Record(compute);
   copy_.Wait(forward_done);
-  copy_.Enqueue([this, from = Input(l), to = pool_[size_t(l)]] {
+  Copy(pool_[size_t(l)], Input(l));
+  offloaded_slot_[size_t(Slot(l))].Record(copy_);
+}
+
+void ActivationStore::Copy(float* to, const float* from) {
+  copy_.Enqueue([this, to, from] {
     const auto start = std::chrono::steady_clock::now();
     std::memcpy(to, from, size_t(btc_) * sizeof(float));
     copy_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   });
-  offloaded_slot_[size_t(Slot(l))].Record(copy_);
 }
 
 void ActivationStore::Load(int l) {
   // Input l goes where input l+n was; block l+n's backward has been enqueued already.
   copy_.Wait(released_slot_[size_t(Slot(l))]);
-  copy_.Enqueue([this, from = pool_[size_t(l)], to = Input(l)] {
-    const auto start = std::chrono::steady_clock::now();
-    std::memcpy(to, from, size_t(btc_) * sizeof(float));
-    copy_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  });
+  Copy(Input(l), pool_[size_t(l)]);
   loaded_slot_[size_t(Slot(l))].Record(copy_);
 }
 

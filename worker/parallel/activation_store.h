@@ -85,6 +85,8 @@ class ActivationStore {
   // The block whose forward wrote input l's slot: input l+n overwrites input l.
   bool Offloaded(int l) const { return l < layers_ - slots(); }
   void Load(int l);
+  // Enqueues a timed copy of one block input on the copy stream.
+  void Copy(float* to, const float* from);
 
   ActivationPolicy policy_;
   int layers_;

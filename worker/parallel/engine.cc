@@ -311,13 +311,11 @@ std::vector<float> ShardedEngine::Weights() {
   if (!tp_) return local;
   // Each slice in its place of the whole model (the whole tensors from TP rank 0), then
   // summed over the TP group: every element comes from one rank, the rest add zeros.
-  const model::ParameterLayout whole_layout(layout_.shape());
-  std::vector<float> whole(size_t(whole_layout.total()), 0.0f);
-  for (size_t id = 0; id < layout_.tensors().size(); ++id) {
-    const model::ParamTensor& t = layout_.tensors()[id];
+  std::vector<float> whole(size_t(layout_.shape().ParameterCount()), 0.0f);
+  for (const model::ParamTensor& t : layout_.tensors()) {
     if (t.tp_replicated() && mesh_->tp_rank() != 0) continue;
-    const int64_t to = whole_layout.tensors()[id].offset;
-    for (int64_t i = 0; i < t.size; ++i) whole[size_t(to + layout_.GlobalIndex(t, i))] = local[size_t(t.offset + i)];
+    const std::vector<int64_t> at = layout_.WholeIndices(t.offset, t.offset + t.size);
+    for (size_t i = 0; i < at.size(); ++i) whole[size_t(at[i])] = local[size_t(t.offset) + i];
   }
   tp_->AllReduceSum(whole.data(), int64_t(whole.size()));
   return whole;

@@ -225,7 +225,7 @@ LoadedCheckpoint LoadCheckpoint(const std::string& directory, const api::ModelSh
 
 std::optional<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& path, const api::ModelShape& shape,
                                                      std::vector<std::string>* warnings) {
-  std::vector<CheckpointListing> all = ListCheckpoints(path);
+  std::vector<CheckpointListing> all = ListCheckpoints(path, /*verify=*/false);  // loading verifies
   // `latest` first, then the others newest first.
   std::stable_partition(all.begin(), all.end(), [](const CheckpointListing& c) { return c.latest; });
   for (const CheckpointListing& c : all) {
@@ -249,7 +249,7 @@ api::ModelShape CheckpointModel(const std::string& directory) {
   }
 }
 
-std::vector<CheckpointListing> ListCheckpoints(const std::string& path) {
+std::vector<CheckpointListing> ListCheckpoints(const std::string& path, bool verify) {
   std::vector<CheckpointListing> all;
   std::error_code error;
   if (!fs::is_directory(path, error)) return all;
@@ -270,7 +270,7 @@ std::vector<CheckpointListing> ListCheckpoints(const std::string& path) {
       const Json meta = Json::parse(ReadText(entry.path() / "metadata.json"));
       c.layout = DescribeLayout(meta.at("layout"));
       for (const Json& f : meta.at("files")) c.bytes += f.at("bytes").get<int64_t>();
-      LoadCheckpoint(c.directory, CheckpointModel(c.directory));
+      if (verify) LoadCheckpoint(c.directory, CheckpointModel(c.directory));
     } catch (const std::exception& e) {
       c.problem = e.what();
     }

@@ -75,16 +75,17 @@ LoadedCheckpoint LoadCheckpoint(const std::string& directory, const api::ModelSh
 std::optional<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& path, const api::ModelShape& shape,
                                                      std::vector<std::string>* warnings);
 
-// For `meshtrain checkpoints`: every step directory under `path`, newest first.
+// Every step directory under `path`, newest first; with `verify`, each is loaded and
+// checked (every file read), and `problem` says what is wrong.
 struct CheckpointListing {
   std::string directory;
   int64_t step = -1;
   std::string layout;  // "1 replica x 2 shards x tp 2 (4 ranks)"
   int64_t bytes = 0;
   bool latest = false;
-  std::string problem;  // empty when it verifies
+  std::string problem;  // empty when it verifies (or was not verified) and its metadata reads
 };
-std::vector<CheckpointListing> ListCheckpoints(const std::string& path);
+std::vector<CheckpointListing> ListCheckpoints(const std::string& path, bool verify = true);
 
 // Counters of a rank's checkpoint writes, read by metrics.
 struct CheckpointStats {
