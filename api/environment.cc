@@ -6,6 +6,10 @@
 
 namespace meshtrain::api {
 
+int EnvironmentRank(const char* name, int minimum) {
+  return static_cast<int>(EnvironmentInteger(name, minimum, 1 << 20));
+}
+
 std::filesystem::path ThisProgram() {
   std::error_code error;
   std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);

@@ -20,6 +20,10 @@ std::string EnvironmentString(const char* name, const std::string& fallback = ""
 int64_t EnvironmentInteger(const char* name, int64_t minimum, int64_t maximum,
                            std::optional<int64_t> fallback = std::nullopt);
 
+// A required rank, node index or count of the worker contract: an integer in
+// [minimum, 2^20]. Throws as EnvironmentInteger does.
+int EnvironmentRank(const char* name, int minimum);
+
 // The running program's own file (/proc/self/exe); empty when it cannot be read. For
 // finding the programs and plugins installed or built beside it.
 std::filesystem::path ThisProgram();

@@ -5,10 +5,13 @@
 #include <set>
 #include <string>
 
+#include "api/worker_contract.h"
 #include "api/layout.h"
 #include "api/model_shape.h"
 
 namespace meshtrain::api {
+
+namespace env = api::worker::env;
 namespace {
 
 // Collects errors for one job; each check reads as "path: rule".
@@ -103,7 +106,7 @@ bool IsEnvName(const std::string& s) {
 
 // Names the operator sets on every worker (DESIGN.md, "Worker contract").
 bool IsReservedEnvName(const std::string& s) {
-  for (const char* reserved : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) {
+  for (const char* reserved : {env::kRank, env::kWorldSize, env::kLocalRank, env::kMasterAddr, env::kMasterPort}) {
     if (s == reserved) return true;
   }
   return s.starts_with("MESHTRAIN_");

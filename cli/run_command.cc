@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "api/environment.h"
+#include "api/worker_contract.h"
 #include "api/layout.h"
 #include "cli/commands.h"
 #include "cli/job_report.h"
@@ -15,6 +16,8 @@
 #include "worker/train/trainer.h"
 
 namespace meshtrain::cli {
+
+namespace env = api::worker::env;
 namespace {
 
 // The job's nodes as virtual nodes of this machine, placed and ranked by the same
@@ -59,9 +62,9 @@ int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std:
   launch.rank_table = table;
   launch.job_name = job.job.metadata.name;
   launch.command = {WorkerProgram(), "train"};
-  launch.environment["MESHTRAIN_CONFIG"] = std::filesystem::absolute(file).string();
-  launch.environment["MESHTRAIN_SAMPLE_TOKENS"] = std::to_string(sample_tokens);
-  launch.environment["MESHTRAIN_RESUME"] = resume ? "1" : "0";
+  launch.environment[env::kConfig] = std::filesystem::absolute(file).string();
+  launch.environment[env::kSampleTokens] = std::to_string(sample_tokens);
+  launch.environment[env::kResume] = resume ? "1" : "0";
   // The ranks share this machine's cores; oversubscribed OpenMP threads spin against each other.
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
     const int cores = int(std::max(1u, std::thread::hardware_concurrency()));

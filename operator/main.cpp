@@ -91,8 +91,8 @@ int main(int argc, char** argv) {
     controller::ControllerOptions options;
     options.namespace_ = namespace_;
     options.workers = workers;
-    options.reconciler.pending_timeout = std::chrono::seconds(pending_timeout_s);
-    options.reconciler.progress_interval = std::chrono::seconds(progress_interval_s);
+    options.reconciler.decide.pending_timeout = std::chrono::seconds(pending_timeout_s);
+    options.progress.interval = std::chrono::seconds(progress_interval_s);
     controller::Controller controller(client, &metrics, options);
     kube::LeaderElectionOptions election;
     char host[256] = {};

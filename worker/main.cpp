@@ -4,6 +4,7 @@
 #include <iostream>
 #include <string>
 
+#include "api/worker_contract.h"
 #include "worker/entry/rank.h"
 #include "worker/launch/local_launcher.h"
 #include "worker/launch/node_launcher.h"
@@ -27,7 +28,7 @@ int main(int argc, char** argv) {
       return meshtrain::launch::LaunchNode(launch, std::cerr);
     } catch (const std::exception& e) {
       std::cerr << "meshtrain-worker launch: " << e.what() << "\n";
-      return meshtrain::worker::kExitConfigError;
+      return meshtrain::api::worker::kExitConfigError;
     }
   }
   std::fputs(kUsage, stderr);

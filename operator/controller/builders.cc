@@ -1,8 +1,11 @@
 #include "operator/controller/builders.h"
 
+#include "api/worker_contract.h"
 #include "api/json_codec.h"
 
 namespace meshtrain::controller {
+
+namespace env = api::worker::env;
 
 using nlohmann::json;
 
@@ -39,7 +42,7 @@ json BuildService(const api::TrainingJob& job) {
            {{"clusterIP", "None"},
             {"publishNotReadyAddresses", true},  // rendezvous happens before workers are Ready
             {"selector", Labels(job)},
-            {"ports", json::array({{{"name", "coordinator"}, {"port", kCoordinatorPort}, {"protocol", "TCP"}}})}}}};
+            {"ports", json::array({{{"name", "coordinator"}, {"port", api::worker::kCoordinatorPort}, {"protocol", "TCP"}}})}}}};
 }
 
 json BuildConfigMap(const api::TrainingJob& job, const json& written_spec, const api::RankTable& table,
@@ -69,18 +72,18 @@ json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t 
   labels[kGangLabel] = std::to_string(gang);
 
   json env = json::array({
-      Env("MESHTRAIN_JOB_NAME", name),
-      Env("MESHTRAIN_NODE_RANK", std::to_string(node_rank)),
-      Env("MESHTRAIN_NNODES", std::to_string(nodes)),
-      Env("MESHTRAIN_NPROC_PER_NODE", std::to_string(spec.gpus_per_node)),
-      Env("MESHTRAIN_COORDINATOR", coordinator_host + ":" + std::to_string(kCoordinatorPort)),
-      Env("MESHTRAIN_CONFIG", std::string(kConfigDir) + "/job.json"),
-      Env("MESHTRAIN_RANK_TABLE", std::string(kConfigDir) + "/rank-table.json"),
-      Env("MESHTRAIN_METRICS_PORT", std::to_string(kMetricsPort)),
-      {{"name", "MESHTRAIN_POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}},
-      Env("MASTER_ADDR", coordinator_host),
-      Env("MASTER_PORT", std::to_string(kCoordinatorPort)),
-      Env("WORLD_SIZE", std::to_string(nodes * spec.gpus_per_node)),
+      Env(env::kJobName, name),
+      Env(env::kNodeRank, std::to_string(node_rank)),
+      Env(env::kNodes, std::to_string(nodes)),
+      Env(env::kRanksPerNode, std::to_string(spec.gpus_per_node)),
+      Env(env::kCoordinator, coordinator_host + ":" + std::to_string(api::worker::kCoordinatorPort)),
+      Env(env::kConfig, std::string(kConfigDir) + "/job.json"),
+      Env(env::kRankTable, std::string(kConfigDir) + "/rank-table.json"),
+      Env(env::kMetricsPort, std::to_string(api::worker::kMetricsPort)),
+      {{"name", env::kPodIp}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}},
+      Env(env::kMasterAddr, coordinator_host),
+      Env(env::kMasterPort, std::to_string(api::worker::kCoordinatorPort)),
+      Env(env::kWorldSize, std::to_string(nodes * spec.gpus_per_node)),
   });
   for (const auto& e : spec.template_.env) env.push_back(Env(e.name, e.value));
 
@@ -117,8 +120,8 @@ json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t 
       {"image", spec.image},
       {"command", {"meshtrain-worker", "launch"}},
       {"env", env},
-      {"ports", json::array({{{"name", "metrics"}, {"containerPort", kMetricsPort}, {"protocol", "TCP"}},
-                             {{"name", "coordinator"}, {"containerPort", kCoordinatorPort}, {"protocol", "TCP"}}})},
+      {"ports", json::array({{{"name", "metrics"}, {"containerPort", api::worker::kMetricsPort}, {"protocol", "TCP"}},
+                             {{"name", "coordinator"}, {"containerPort", api::worker::kCoordinatorPort}, {"protocol", "TCP"}}})},
       {"resources", {{"limits", limits}, {"requests", limits}}},
       {"volumeMounts", mounts},
   };
@@ -140,7 +143,7 @@ json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t 
   if (!tolerations.empty()) pod_spec["tolerations"] = tolerations;
   if (!spec.template_.node_selector.empty()) pod_spec["nodeSelector"] = spec.template_.node_selector;
   json metadata = Meta(job, PodName(name, gang, node_rank), labels);
-  metadata["annotations"] = {{"prometheus.io/scrape", "true"}, {"prometheus.io/port", std::to_string(kMetricsPort)}};
+  metadata["annotations"] = {{"prometheus.io/scrape", "true"}, {"prometheus.io/port", std::to_string(api::worker::kMetricsPort)}};
   return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", metadata}, {"spec", pod_spec}};
 }
 

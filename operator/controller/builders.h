@@ -19,12 +19,7 @@
 
 namespace meshtrain::controller {
 
-inline constexpr int kCoordinatorPort = 29500;
-inline constexpr int kMetricsPort = 9400;
 inline constexpr int kTerminationGraceSeconds = 120;  // time for workers to checkpoint on SIGTERM
-// A worker that exits with this code (EX_CONFIG) found a configuration error: restarting
-// cannot help, so the operator fails the job at once.
-inline constexpr int kPermanentErrorExitCode = 78;
 
 inline constexpr const char* kJobNameLabel = "meshtrain.dev/job-name";
 inline constexpr const char* kNodeRankLabel = "meshtrain.dev/node-rank";

@@ -22,7 +22,8 @@ Controller::Controller(kube::Client& client, OperatorMetrics* metrics, Controlle
             options_.informer),
       nodes_(client, kube::resources::Nodes(), "", {}, options_.informer),
       queue_(options_.queue),
-      reconciler_(client, jobs_, pods_, nodes_, metrics, options_.reconciler) {
+      progress_(options_.progress, [this](const std::string& job_key) { queue_.Add(job_key); }),
+      reconciler_(client, jobs_, pods_, nodes_, &progress_, metrics, options_.reconciler) {
   auto enqueue = [this](const json& job) { queue_.Add(kube::KeyOf(job)); };
   jobs_.AddHandler({enqueue, [enqueue](const json&, const json& job) { enqueue(job); }, enqueue});
   auto pod_changed = [this](const json& pod) { EnqueueJobOf(pod); };
@@ -93,6 +94,7 @@ void Controller::Run(std::stop_token stop) {
     spdlog::info("controller: caches synced ({} jobs, {} pods, {} nodes); {} workers", jobs_.Size(), pods_.Size(),
                  nodes_.Size(), options_.workers);
   }
+  progress_.Start();
   std::vector<std::thread> workers;
   for (int i = 0; i < options_.workers && !stop.stop_requested(); ++i) workers.emplace_back([this] { Worker(); });
   // Gauges, every second, until stopped.
@@ -113,6 +115,7 @@ void Controller::Run(std::stop_token stop) {
   }
   queue_.ShutDown();
   for (auto& w : workers) w.join();
+  progress_.Stop();
   jobs_.Stop();
   pods_.Stop();
   nodes_.Stop();

@@ -1,5 +1,6 @@
 // The TrainingJob controller: informers for TrainingJobs, their Pods (by label) and
-// Nodes feed a rate-limited work queue of job keys; worker threads run the Reconciler.
+// Nodes, and the ProgressPoller's new readings, feed a rate-limited work queue of job
+// keys; worker threads run the Reconciler.
 //
 // Thread-safety: Run() once; Ready() from any thread.
 
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "operator/controller/metrics.h"
+#include "operator/controller/progress_poller.h"
 #include "operator/controller/reconciler.h"
 #include "operator/kube/client.h"
 #include "operator/kube/informer.h"
@@ -22,6 +24,7 @@ struct ControllerOptions {
   std::string namespace_;  // empty: every namespace
   int workers = 4;
   ReconcilerOptions reconciler;
+  ProgressPollerOptions progress;
   kube::WorkQueueOptions queue;
   kube::InformerOptions informer;
 };
@@ -47,6 +50,7 @@ class Controller {
   kube::Informer pods_;
   kube::Informer nodes_;
   kube::WorkQueue queue_;
+  ProgressPoller progress_;
   Reconciler reconciler_;
   std::atomic<bool> ready_{false};
 };

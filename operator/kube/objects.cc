@@ -18,6 +18,8 @@ bool ConditionTrue(const json& object, const std::string& type) {
   return false;
 }
 
+std::string PodPhase(const json& pod) { return pod.value("status", json::object()).value("phase", ""); }
+
 std::string PinnedNode(const json& pod) {
   const json spec = pod.value("spec", json::object());
   if (const std::string bound = spec.value("nodeName", ""); !bound.empty()) return bound;

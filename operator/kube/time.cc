@@ -25,14 +25,18 @@ std::string Format(std::chrono::system_clock::time_point when, bool micros) {
 
 }  // namespace
 
-std::string Rfc3339Now() { return Format(std::chrono::system_clock::now(), false); }
+std::string Rfc3339(std::chrono::system_clock::time_point when) { return Format(when, false); }
+
+std::string Rfc3339Now() { return Rfc3339(std::chrono::system_clock::now()); }
 
 std::string MicroTimeNow() { return Format(std::chrono::system_clock::now(), true); }
 
-int64_t SecondsSince(const std::string& timestamp) {
+int64_t SecondsSince(const std::string& timestamp, std::chrono::system_clock::time_point now) {
   std::tm tm{};
   if (timestamp.empty() || !strptime(timestamp.c_str(), "%Y-%m-%dT%H:%M:%S", &tm)) return 0;
-  return std::time(nullptr) - timegm(&tm);
+  return std::chrono::system_clock::to_time_t(now) - timegm(&tm);
 }
+
+int64_t SecondsSince(const std::string& timestamp) { return SecondsSince(timestamp, std::chrono::system_clock::now()); }
 
 }  // namespace meshtrain::kube

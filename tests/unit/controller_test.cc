@@ -7,6 +7,7 @@
 
 #include "api/manifest.h"
 #include "operator/controller/builders.h"
+#include "operator/controller/progress_poller.h"
 #include "operator/controller/reconciler.h"
 #include "operator/scheduler/placement.h"
 #include "tests/support/kube/schema_validation.h"

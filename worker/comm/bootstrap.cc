@@ -1,6 +1,7 @@
 #include "worker/comm/bootstrap.h"
 
 #include "api/environment.h"
+#include "api/worker_contract.h"
 
 #include <cstdlib>
 #include <fstream>
@@ -8,41 +9,35 @@
 #include <stdexcept>
 
 namespace meshtrain::comm {
-namespace {
 
-int IntegerVariable(const char* name, int minimum) {
-  return static_cast<int>(api::EnvironmentInteger(name, minimum, 1 << 20));
-}
-
-}  // namespace
-
-bool WorkerEnvironment::Present() { return std::getenv("MESHTRAIN_COORDINATOR") != nullptr; }
+namespace env = api::worker::env;
+bool WorkerEnvironment::Present() { return std::getenv(env::kCoordinator) != nullptr; }
 
 WorkerEnvironment WorkerEnvironment::FromEnvironment() {
-  WorkerEnvironment env;
-  env.job_name = api::EnvironmentString("MESHTRAIN_JOB_NAME");
-  env.coordinator = api::EnvironmentString("MESHTRAIN_COORDINATOR");
-  if (env.coordinator.empty()) throw std::runtime_error("the worker environment lacks MESHTRAIN_COORDINATOR");
-  env.config = api::EnvironmentString("MESHTRAIN_CONFIG");
-  env.rank_table = api::EnvironmentString("MESHTRAIN_RANK_TABLE");
-  if (env.rank_table.empty()) throw std::runtime_error("the worker environment lacks MESHTRAIN_RANK_TABLE");
-  env.node_rank = IntegerVariable("MESHTRAIN_NODE_RANK", 0);
-  env.nnodes = IntegerVariable("MESHTRAIN_NNODES", 1);
-  env.nproc_per_node = IntegerVariable("MESHTRAIN_NPROC_PER_NODE", 1);
-  env.rank = IntegerVariable("RANK", 0);
-  env.world_size = IntegerVariable("WORLD_SIZE", 1);
-  env.local_rank = IntegerVariable("LOCAL_RANK", 0);
-  if (env.world_size != env.nnodes * env.nproc_per_node || env.rank >= env.world_size ||
-      env.node_rank >= env.nnodes || env.local_rank >= env.nproc_per_node ||
-      env.rank != env.node_rank * env.nproc_per_node + env.local_rank) {
+  WorkerEnvironment out;
+  out.job_name = api::EnvironmentString(env::kJobName);
+  out.coordinator = api::EnvironmentString(env::kCoordinator);
+  if (out.coordinator.empty()) throw std::runtime_error(std::string("the worker environment lacks ") + env::kCoordinator);
+  out.config = api::EnvironmentString(env::kConfig);
+  out.rank_table = api::EnvironmentString(env::kRankTable);
+  if (out.rank_table.empty()) throw std::runtime_error(std::string("the worker environment lacks ") + env::kRankTable);
+  out.node_rank = api::EnvironmentRank(env::kNodeRank, 0);
+  out.nnodes = api::EnvironmentRank(env::kNodes, 1);
+  out.nproc_per_node = api::EnvironmentRank(env::kRanksPerNode, 1);
+  out.rank = api::EnvironmentRank(env::kRank, 0);
+  out.world_size = api::EnvironmentRank(env::kWorldSize, 1);
+  out.local_rank = api::EnvironmentRank(env::kLocalRank, 0);
+  if (out.world_size != out.nnodes * out.nproc_per_node || out.rank >= out.world_size ||
+      out.node_rank >= out.nnodes || out.local_rank >= out.nproc_per_node ||
+      out.rank != out.node_rank * out.nproc_per_node + out.local_rank) {
     throw std::runtime_error(
-        "inconsistent worker environment: RANK=" + std::to_string(env.rank) +
-        " WORLD_SIZE=" + std::to_string(env.world_size) + " LOCAL_RANK=" +
-        std::to_string(env.local_rank) + " MESHTRAIN_NODE_RANK=" + std::to_string(env.node_rank) +
-        " MESHTRAIN_NNODES=" + std::to_string(env.nnodes) +
-        " MESHTRAIN_NPROC_PER_NODE=" + std::to_string(env.nproc_per_node));
+        "inconsistent worker environment: RANK=" + std::to_string(out.rank) +
+        " WORLD_SIZE=" + std::to_string(out.world_size) + " LOCAL_RANK=" +
+        std::to_string(out.local_rank) + " MESHTRAIN_NODE_RANK=" + std::to_string(out.node_rank) +
+        " MESHTRAIN_NNODES=" + std::to_string(out.nnodes) +
+        " MESHTRAIN_NPROC_PER_NODE=" + std::to_string(out.nproc_per_node));
   }
-  return env;
+  return out;
 }
 
 Rendezvous JoinRendezvous(const WorkerEnvironment& environment, milliseconds timeout) {

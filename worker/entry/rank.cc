@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "api/environment.h"
+#include "api/worker_contract.h"
 #include "api/manifest.h"
 #include "worker/comm/bootstrap.h"
 #include "worker/comm/fabric/fabric_communicator.h"
@@ -13,6 +14,8 @@
 #include "worker/train/trainer.h"
 
 namespace meshtrain::worker {
+
+namespace env = api::worker::env;
 namespace {
 
 // The bound on joining: every rank of a gang starts within it, or the gang fails.
@@ -58,21 +61,21 @@ int Train(std::ostream& out) {
   try {
     env = comm::WorkerEnvironment::FromEnvironment();
     checked = LoadJob(env.config);
-    metrics_port = int(api::EnvironmentInteger("MESHTRAIN_METRICS_PORT", 0, 65535, 0));
-    sample_tokens = int(api::EnvironmentInteger("MESHTRAIN_SAMPLE_TOKENS", 0, 100000, 0));
+    metrics_port = int(api::EnvironmentInteger(env::kMetricsPort, 0, 65535, 0));
+    sample_tokens = int(api::EnvironmentInteger(env::kSampleTokens, 0, 100000, 0));
   } catch (const std::runtime_error& e) {
     throw ConfigError(e.what());
   }
   api::TrainingJob job = checked.job;
   // `meshtrain run --no-resume` reaches its ranks through the environment.
-  if (api::EnvironmentInteger("MESHTRAIN_RESUME", 0, 1, 1) == 0) job.spec.checkpoint.resume = false;
+  if (api::EnvironmentInteger(env::kResume, 0, 1, 1) == 0) job.spec.checkpoint.resume = false;
   // Every rank finds a bad spec or data file on its own, before it waits for the others,
   // so the whole gang exits 78 rather than some ranks dying of their peers' exit.
   BadInputIsConfigError(env.config, [&] { train::CheckTrainable(job, env.rank, env.world_size); });
   std::optional<metrics::TrainingMetrics> exported;
   if (env.local_rank == 0 && metrics_port > 0) {
     exported.emplace(env.job_name, env.rank, job.spec.training.steps, job.spec.training.global_batch_tokens);
-    exported->Serve(api::EnvironmentString("MESHTRAIN_POD_IP", "0.0.0.0"), metrics_port);
+    exported->Serve(api::EnvironmentString(env::kPodIp, "0.0.0.0"), metrics_port);
   }
 
   comm::Rendezvous rendezvous = comm::JoinRendezvous(env, kRendezvousTimeout);
@@ -140,7 +143,7 @@ int RunRank(std::ostream& out) {
     return Train(out);
   } catch (const ConfigError& e) {
     out << "configuration error: " << e.what() << std::endl;
-    return kExitConfigError;
+    return api::worker::kExitConfigError;
   } catch (const std::exception& e) {
     out << "rank failed: " << e.what() << std::endl;
     return 1;

@@ -6,7 +6,7 @@
 // rank 0 of each node serves them on MESHTRAIN_METRICS_PORT (0 or unset: none), bound to
 // MESHTRAIN_POD_IP when set, else to every interface. Rank 0 prints the progress.
 //
-// Exit status: 0 when training finished; kExitConfigError (78, EX_CONFIG) for a problem
+// Exit status: 0 when training finished; api::worker::kExitConfigError (78) for a problem
 // no restart can fix (a malformed environment, spec or data file), which the operator
 // takes as a permanent failure; 1 for anything else (a dead peer, a timeout), after
 // which the operator restarts the gang.
@@ -16,8 +16,6 @@
 #include <ostream>
 
 namespace meshtrain::worker {
-
-inline constexpr int kExitConfigError = 78;
 
 int RunRank(std::ostream& out);
 

@@ -13,8 +13,11 @@
 #include <stdexcept>
 
 #include "api/environment.h"
+#include "api/worker_contract.h"
 
 namespace meshtrain::launch {
+
+namespace env = api::worker::env;
 
 int FreeLoopbackPort() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -70,18 +73,18 @@ LaunchResult LaunchLocal(const LocalLaunch& launch, std::ostream& log) {
   std::vector<RankProcess> ranks;
   for (int rank = 0; rank < world; ++rank) {
     RankProcess process{rank, launch.environment};
-    auto& env = process.environment;
-    env["MESHTRAIN_JOB_NAME"] = launch.job_name;
-    env["MESHTRAIN_COORDINATOR"] = coordinator;
-    env["MESHTRAIN_RANK_TABLE"] = table_path;
-    env["MESHTRAIN_NODE_RANK"] = std::to_string(rank / launch.ranks_per_node);
-    env["MESHTRAIN_NNODES"] = std::to_string(launch.nodes);
-    env["MESHTRAIN_NPROC_PER_NODE"] = std::to_string(launch.ranks_per_node);
-    env["RANK"] = std::to_string(rank);
-    env["WORLD_SIZE"] = std::to_string(world);
-    env["LOCAL_RANK"] = std::to_string(rank % launch.ranks_per_node);
-    env["MASTER_ADDR"] = "127.0.0.1";
-    env["MASTER_PORT"] = coordinator.substr(coordinator.rfind(':') + 1);
+    auto& variables = process.environment;
+    variables[env::kJobName] = launch.job_name;
+    variables[env::kCoordinator] = coordinator;
+    variables[env::kRankTable] = table_path;
+    variables[env::kNodeRank] = std::to_string(rank / launch.ranks_per_node);
+    variables[env::kNodes] = std::to_string(launch.nodes);
+    variables[env::kRanksPerNode] = std::to_string(launch.ranks_per_node);
+    variables[env::kRank] = std::to_string(rank);
+    variables[env::kWorldSize] = std::to_string(world);
+    variables[env::kLocalRank] = std::to_string(rank % launch.ranks_per_node);
+    variables[env::kMasterAddr] = "127.0.0.1";
+    variables[env::kMasterPort] = coordinator.substr(coordinator.rfind(':') + 1);
     ranks.push_back(std::move(process));
   }
   ProcessGroupOptions options;

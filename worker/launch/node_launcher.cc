@@ -1,35 +1,31 @@
 #include "worker/launch/node_launcher.h"
 
 #include "api/environment.h"
+#include "api/worker_contract.h"
 
 #include <stdexcept>
 
 namespace meshtrain::launch {
-namespace {
 
-int IntegerVariable(const char* name, int minimum) {
-  return static_cast<int>(api::EnvironmentInteger(name, minimum, 1 << 20));
-}
-
-}  // namespace
+namespace env = api::worker::env;
 
 std::vector<RankProcess> RanksOfThisNode() {
-  const int node_rank = IntegerVariable("MESHTRAIN_NODE_RANK", 0);
-  const int nodes = IntegerVariable("MESHTRAIN_NNODES", 1);
-  const int per_node = IntegerVariable("MESHTRAIN_NPROC_PER_NODE", 1);
+  const int node_rank = api::EnvironmentRank(env::kNodeRank, 0);
+  const int nodes = api::EnvironmentRank(env::kNodes, 1);
+  const int per_node = api::EnvironmentRank(env::kRanksPerNode, 1);
   if (node_rank >= nodes) {
-    throw std::runtime_error("MESHTRAIN_NODE_RANK=" + std::to_string(node_rank) + " is not below MESHTRAIN_NNODES=" +
-                             std::to_string(nodes));
+    throw std::runtime_error(std::string(env::kNodeRank) + "=" + std::to_string(node_rank) + " is not below " +
+                             env::kNodes + "=" + std::to_string(nodes));
   }
   std::vector<RankProcess> ranks;
   for (int local = 0; local < per_node; ++local) {
     RankProcess process;
     process.rank = node_rank * per_node + local;
-    process.environment = {{"RANK", std::to_string(process.rank)},
-                           {"LOCAL_RANK", std::to_string(local)},
-                           {"WORLD_SIZE", std::to_string(nodes * per_node)},
-                           {"LOCAL_WORLD_SIZE", std::to_string(per_node)},
-                           {"NODE_RANK", std::to_string(node_rank)}};
+    process.environment = {{env::kRank, std::to_string(process.rank)},
+                           {env::kLocalRank, std::to_string(local)},
+                           {env::kWorldSize, std::to_string(nodes * per_node)},
+                           {env::kLocalWorldSize, std::to_string(per_node)},
+                           {env::kTorchNodeRank, std::to_string(node_rank)}};
     ranks.push_back(std::move(process));
   }
   return ranks;

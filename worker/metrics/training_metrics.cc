@@ -2,7 +2,12 @@
 
 #include <stdexcept>
 
+#include "api/worker_contract.h"
+
 namespace meshtrain::metrics {
+
+namespace contract = api::worker::metric;
+
 namespace {
 
 using prometheus::BuildCounter;
@@ -39,8 +44,8 @@ TrainingMetrics::TrainingMetrics(const std::string& job, int rank, int64_t steps
 TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry, const prometheus::Labels& labels,
                                  int64_t steps, int64_t tokens_per_step)
     : registry_(std::move(registry)),
-      step_(NewGauge(*registry_, "meshtrain_train_step", "Optimizer steps done.", labels)),
-      loss_(NewGauge(*registry_, "meshtrain_train_loss", "Mean training loss of the latest step (nats/token).",
+      step_(NewGauge(*registry_, contract::kStep, "Optimizer steps done.", labels)),
+      loss_(NewGauge(*registry_, contract::kLoss, "Mean training loss of the latest step (nats/token).",
                      labels)),
       validation_loss_(NewGauge(*registry_, "meshtrain_train_validation_loss",
                                 "Latest validation loss (nats/token).", labels)),
@@ -48,7 +53,7 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
                               labels)),
       grad_norm_(NewGauge(*registry_, "meshtrain_train_grad_norm", "Global gradient norm before clipping.",
                           labels)),
-      tokens_per_second_(NewGauge(*registry_, "meshtrain_train_tokens_per_second",
+      tokens_per_second_(NewGauge(*registry_, contract::kTokensPerSecond,
                                   "Tokens per second of the whole job over the latest step.", labels)),
       tokens_(BuildCounter()
                   .Name("meshtrain_train_tokens_total")
@@ -86,13 +91,13 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
                                        labels)),
       checkpoint_stall_seconds_(NewHistogram(*registry_, "meshtrain_checkpoint_stall_seconds",
                                              "Seconds a checkpoint step waited for its snapshot.", labels)),
-      checkpoint_last_step_(NewGauge(*registry_, "meshtrain_checkpoint_last_step",
+      checkpoint_last_step_(NewGauge(*registry_, contract::kCheckpointLastStep,
                                      "The step of the newest checkpoint written (-1: none).", labels)),
       checkpoint_bytes_(NewGauge(*registry_, "meshtrain_checkpoint_bytes",
                                  "Bytes this rank wrote into the newest checkpoint.", labels)),
-      resumed_from_step_(NewGauge(*registry_, "meshtrain_train_resumed_from_step",
+      resumed_from_step_(NewGauge(*registry_, contract::kResumedFromStep,
                                   "The checkpoint step this run resumed from (-1: it started fresh).", labels)),
-      damaged_checkpoints_(NewGauge(*registry_, "meshtrain_train_resume_damaged_checkpoints",
+      damaged_checkpoints_(NewGauge(*registry_, contract::kResumeDamagedCheckpoints,
                                     "Newer checkpoints the resume skipped as damaged.", labels)),
       checkpoint_failures_(BuildCounter()
                                .Name("meshtrain_checkpoint_failures_total")
@@ -103,8 +108,8 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
       tokens_per_step_(tokens_per_step) {
   checkpoint_last_step_.Set(-1);
   resumed_from_step_.Set(-1);
-  NewGauge(*registry_, "meshtrain_train_steps", "Optimizer steps in the job.", labels).Set(double(steps));
-  NewGauge(*registry_, "meshtrain_train_tokens_per_step", "Tokens in one global batch.", labels)
+  NewGauge(*registry_, contract::kSteps, "Optimizer steps in the job.", labels).Set(double(steps));
+  NewGauge(*registry_, contract::kTokensPerStep, "Tokens in one global batch.", labels)
       .Set(double(tokens_per_step));
 }
 

@@ -16,8 +16,8 @@
 //   meshtrain_train_resumed_from_step                     gauge: the checkpoint this run resumed from (-1: none)
 //   meshtrain_train_resume_damaged_checkpoints            gauge: newer checkpoints that resume skipped
 //
-// The operator reads step, steps, loss, tokens_per_second and tokens_per_step from rank
-// 0 to fill a TrainingJob's status.progress.
+// The operator reads the names of api/worker_contract.h (api::worker::metric) from rank 0
+// to fill a TrainingJob's status.progress.
 // Thread-safe (prometheus-cpp metrics are atomic).
 
 #pragma once

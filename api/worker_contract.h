@@ -1,0 +1,55 @@
+// The contract between a worker and what starts and watches it (the operator's pods,
+// `meshtrain run`, `meshtrain-worker launch`): its environment, its ports, its exit
+// codes and the metric names the operator reads. Both sides use these names; nothing
+// else spells them (DESIGN.md, "Worker contract").
+//
+// Thread-safety: constants only.
+
+#pragma once
+
+namespace meshtrain::api::worker {
+
+// Exit status of a rank that found a problem no restart can fix (EX_CONFIG): a malformed
+// environment, spec or data file. The operator fails the job at once instead of
+// restarting the gang; any other non-zero status restarts it.
+inline constexpr int kExitConfigError = 78;
+
+inline constexpr int kCoordinatorPort = 29500;  // rank 0's rendezvous
+inline constexpr int kMetricsPort = 9400;       // each node's local rank 0 serves /metrics here
+
+// The environment a worker reads.
+namespace env {
+inline constexpr const char* kJobName = "MESHTRAIN_JOB_NAME";
+inline constexpr const char* kCoordinator = "MESHTRAIN_COORDINATOR";   // host:port of rank 0's rendezvous
+inline constexpr const char* kConfig = "MESHTRAIN_CONFIG";             // the job spec (JSON or YAML)
+inline constexpr const char* kRankTable = "MESHTRAIN_RANK_TABLE";      // the placement's rank table (JSON)
+inline constexpr const char* kNodeRank = "MESHTRAIN_NODE_RANK";
+inline constexpr const char* kNodes = "MESHTRAIN_NNODES";
+inline constexpr const char* kRanksPerNode = "MESHTRAIN_NPROC_PER_NODE";
+inline constexpr const char* kMetricsPort = "MESHTRAIN_METRICS_PORT";  // 0 or unset: no metrics served
+inline constexpr const char* kPodIp = "MESHTRAIN_POD_IP";              // the address metrics are served on
+inline constexpr const char* kSampleTokens = "MESHTRAIN_SAMPLE_TOKENS";  // rank 0 prints a sample this long
+inline constexpr const char* kResume = "MESHTRAIN_RESUME";             // 0: start afresh, whatever the spec says
+// torchrun's names, set per rank by the launcher.
+inline constexpr const char* kRank = "RANK";
+inline constexpr const char* kWorldSize = "WORLD_SIZE";
+inline constexpr const char* kLocalRank = "LOCAL_RANK";
+inline constexpr const char* kMasterAddr = "MASTER_ADDR";
+inline constexpr const char* kMasterPort = "MASTER_PORT";
+inline constexpr const char* kLocalWorldSize = "LOCAL_WORLD_SIZE";
+inline constexpr const char* kTorchNodeRank = "NODE_RANK";
+}  // namespace env
+
+// The metrics the operator reads from rank 0 for a TrainingJob's status.progress.
+namespace metric {
+inline constexpr const char* kStep = "meshtrain_train_step";                 // optimizer steps done
+inline constexpr const char* kSteps = "meshtrain_train_steps";               // steps in the job
+inline constexpr const char* kLoss = "meshtrain_train_loss";
+inline constexpr const char* kTokensPerSecond = "meshtrain_train_tokens_per_second";
+inline constexpr const char* kTokensPerStep = "meshtrain_train_tokens_per_step";
+inline constexpr const char* kResumedFromStep = "meshtrain_train_resumed_from_step";  // -1: none
+inline constexpr const char* kResumeDamagedCheckpoints = "meshtrain_train_resume_damaged_checkpoints";
+inline constexpr const char* kCheckpointLastStep = "meshtrain_checkpoint_last_step";  // -1: none yet
+}  // namespace metric
+
+}  // namespace meshtrain::api::worker

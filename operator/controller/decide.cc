@@ -1,0 +1,350 @@
+#include "operator/controller/decide.h"
+
+#include <algorithm>
+
+#include "api/json_codec.h"
+#include "api/worker_contract.h"
+#include "operator/controller/builders.h"
+#include "operator/kube/objects.h"
+#include "operator/kube/time.h"
+#include "operator/scheduler/cost_model.h"
+#include "operator/scheduler/placement.h"
+
+namespace meshtrain::controller {
+
+using nlohmann::json;
+
+namespace {
+
+std::optional<int> ExitCode(const json& pod) {
+  for (const auto& cs : pod.value("status", json::object()).value("containerStatuses", json::array())) {
+    const json state = cs.value("state", json::object());
+    if (state.contains("terminated")) return state["terminated"].value("exitCode", 0);
+  }
+  return std::nullopt;
+}
+
+bool Finished(const std::string& phase) { return phase == "Succeeded" || phase == "Failed"; }
+
+std::string Label(const json& object, const char* label) {
+  return object.value("metadata", json::object()).value("labels", json::object()).value(label, "");
+}
+
+// One pass of Decide: the observation, and the decision it builds up.
+class Decider {
+ public:
+  Decider(const Observed& observed, const DecideOptions& options)
+      : o_(observed), options_(options), job_(observed.checked.job) {
+    d_.status = observed.status;
+  }
+
+  Decision Run() {
+    Judge();
+    d_.status.observed_generation = generation();
+    if (d_.status.phase != o_.status.phase) {
+      std::string message = "phase " + (o_.status.phase.empty() ? "(new)" : o_.status.phase) + " -> " + d_.status.phase;
+      for (const auto& c : d_.status.conditions)
+        if (c.type == d_.status.phase && !c.message.empty()) message += ": " + c.message;
+      d_.events.push_back({d_.status.phase == "Failed" ? "Warning" : "Normal", d_.status.phase, message});
+    }
+    return std::move(d_);
+  }
+
+ private:
+  int64_t generation() const { return job_.metadata.generation; }
+  int64_t nodes() const { return job_.spec.nodes; }
+
+  void Judge() {
+    const auto& policy = job_.spec.run_policy;
+    // 1. A finished job: clean up its pods, then wait for the TTL.
+    if (Finished(o_.status.phase)) {
+      for (const auto& pod : o_.pods) {
+        const std::string phase = kube::PodPhase(pod);
+        if (policy.clean_pod_policy == "All" ||
+            (policy.clean_pod_policy == "Running" && (phase == "Running" || phase == "Pending")))
+          d_.delete_pods.push_back(pod);
+      }
+      if (const auto ttl = policy.ttl_seconds_after_finished) {
+        const int64_t left = *ttl - kube::SecondsSince(o_.status.completion_time, o_.now);
+        if (left <= 0) d_.delete_job = true;
+        else d_.Requeue(std::chrono::seconds(left));
+      }
+      return;
+    }
+    // 2. Validation.
+    if (!o_.checked.ok()) {
+      std::string message;
+      for (const auto& e : o_.checked.errors) message += (message.empty() ? "" : "; ") + e.ToString();
+      return Fail("InvalidSpec", message);
+    }
+    d_.status.defaults = o_.checked.defaults;
+    ReportFieldsWithoutEffect();
+
+    // 3. runPolicy: suspend and the deadline.
+    if (policy.suspend) {
+      if (o_.status.phase == "Suspended") {
+        d_.delete_pods = o_.pods;  // the stored status records the suspension
+        return;
+      }
+      d_.status.phase = "Suspended";
+      d_.status.ready_workers = 0;
+      SetCondition("Suspended", true, "Suspended", "spec.runPolicy.suspend is true; deleting the pods");
+      SetCondition("Running", false, "Suspended", "suspended");
+      return d_.Requeue(kAfterOwnWrite);
+    }
+    if (d_.status.phase == "Suspended") {
+      d_.status.phase = "Pending";
+      d_.status.placement.reset();
+      SetCondition("Suspended", false, "Resumed", "spec.runPolicy.suspend is false; re-planning");
+    }
+    if (policy.active_deadline_seconds && !d_.status.start_time.empty()) {
+      const int64_t left = *policy.active_deadline_seconds - kube::SecondsSince(d_.status.start_time, o_.now);
+      if (left <= 0) {
+        return Fail("DeadlineExceeded", "the job ran longer than spec.runPolicy.activeDeadlineSeconds (" +
+                                            std::to_string(*policy.active_deadline_seconds) + " s)");
+      }
+      d_.Requeue(std::chrono::seconds(left));
+    }
+
+    // 4. Judge the current gang; pods of older gangs are leftovers of a recorded restart.
+    const int64_t gang = d_.status.restarts;
+    std::vector<json> current;
+    for (const auto& pod : o_.pods) {
+      if (Label(pod, kGangLabel) == std::to_string(gang)) current.push_back(pod);
+      else d_.delete_pods.push_back(pod);
+    }
+    const bool stale_left = !d_.delete_pods.empty() || o_.terminating > 0;
+    const bool gang_started = d_.status.phase == "Starting" || d_.status.phase == "Running";
+    int succeeded = 0, ready = 0;
+    for (const auto& pod : current) {
+      const std::string phase = kube::PodPhase(pod);
+      const std::string pod_name = pod["metadata"].value("name", "");
+      const std::string node = kube::PinnedNode(pod);
+      if (phase == "Failed") {
+        const auto code = ExitCode(pod);
+        const std::string what = "pod " + pod_name + " on node " + node + " failed" +
+                                 (code ? " with exit code " + std::to_string(*code) : "");
+        if (code && *code == api::worker::kExitConfigError)
+          return Fail("PermanentError", what + " (a configuration error; not restarting)");
+        return Restart("PodFailed", what, node, true);
+      }
+      if (phase == "Succeeded") ++succeeded;
+      if (phase == "Running" && kube::ConditionTrue(pod, "Ready")) ++ready;
+      if (phase != "Succeeded" && !node.empty()) {
+        const NodeState state = o_.node(node);
+        if (state != NodeState::kReady) {
+          return Restart("NodeNotReady",
+                         "node " + node + " of pod " + pod_name + (state == NodeState::kGone ? " is gone" : " is not Ready"),
+                         node, true);
+        }
+      }
+      if (phase == "Pending") {
+        const int64_t age = kube::SecondsSince(pod["metadata"].value("creationTimestamp", ""), o_.now);
+        if (age >= options_.pending_timeout.count()) {
+          return Restart("PodPendingTimeout",
+                         "pod " + pod_name + " stayed Pending on node " + node + " for " + std::to_string(age) + " s",
+                         node, false);
+        }
+        d_.Requeue(std::chrono::seconds(options_.pending_timeout.count() - age + 1));
+      }
+    }
+    if (o_.awaiting_created_pods) return d_.Requeue(std::chrono::milliseconds(100));
+    const auto have = static_cast<int64_t>(current.size());
+    if (gang_started && have < nodes()) {
+      return Restart("PodDeleted",
+                     std::to_string(nodes() - have) + " of " + std::to_string(nodes()) + " pods of the gang were deleted",
+                     "", true);
+    }
+
+    // 5. The gang is not all there, or its placement is not recorded yet: create it, once
+    //    the old gang is gone.
+    if (!gang_started && (have < nodes() || !d_.status.placement)) {
+      if (stale_left) return d_.Requeue(std::chrono::milliseconds(500));
+      return CreateGang(gang, current);
+    }
+
+    // 6. The gang exists: observe it.
+    d_.status.ready_workers = ready;
+    if (succeeded == nodes()) {
+      d_.status.phase = "Succeeded";
+      d_.status.ready_workers = 0;
+      d_.status.completion_time = kube::Rfc3339(o_.now);
+      SetCondition("Succeeded", true, "AllPodsSucceeded", "all " + std::to_string(succeeded) + " pods exited with code 0");
+      SetCondition("Running", false, "AllPodsSucceeded", "training finished");
+      if (policy.ttl_seconds_after_finished) d_.Requeue(std::chrono::seconds(*policy.ttl_seconds_after_finished));
+    } else if (ready == nodes()) {
+      d_.status.phase = "Running";
+      SetCondition("Running", true, "AllWorkersReady", "all " + std::to_string(ready) + " workers are running");
+      d_.progress_from = Rank0Pod(current, gang);
+      TakeProgress();
+    } else if (succeeded == 0) {
+      d_.status.phase = "Starting";
+    }
+  }
+
+  // A status write lets the next pass act on it (the job's own update enqueues it too).
+  static constexpr std::chrono::milliseconds kAfterOwnWrite{100};
+
+  void SetCondition(const std::string& type, bool value, const std::string& reason, const std::string& message) {
+    const std::string s = value ? "True" : "False";
+    for (auto& c : d_.status.conditions) {
+      if (c.type != type) continue;
+      if (c.status != s) c.last_transition_time = kube::Rfc3339(o_.now);
+      c.status = s;
+      c.reason = reason;
+      c.message = message;
+      c.observed_generation = generation();
+      return;
+    }
+    d_.status.conditions.push_back({type, s, reason, message, kube::Rfc3339(o_.now), generation()});
+  }
+
+  // The pods go in the next pass, under cleanPodPolicy.
+  void Fail(const std::string& reason, const std::string& message) {
+    d_.status.phase = "Failed";
+    d_.status.ready_workers = 0;
+    d_.status.completion_time = kube::Rfc3339(o_.now);
+    SetCondition("Failed", true, reason, message);
+    SetCondition("Running", false, reason, message);
+    d_.Requeue(kAfterOwnWrite);
+  }
+
+  // Records the next gang; the pass after the write deletes the old one and creates it.
+  // A `failure` counts against backoffLimit; a re-plan of a gang stuck Pending does not.
+  void Restart(const std::string& reason, const std::string& message, const std::string& bad_node, bool failure) {
+    const int64_t limit = job_.spec.run_policy.backoff_limit;
+    if (failure && d_.status.restarts + 1 > limit) {
+      return Fail("BackoffLimitExceeded", message + "; the gang already restarted " + std::to_string(d_.status.restarts) +
+                                              " times (backoffLimit " + std::to_string(limit) + ")");
+    }
+    d_.avoid_node = bad_node;
+    // Every new gang gets the next number, so its pod names never meet the old gang's.
+    d_.status.restarts += 1;
+    d_.gang_restarted = true;
+    d_.status.phase = "Restarting";
+    d_.status.ready_workers = 0;
+    d_.status.placement.reset();
+    SetCondition("Restarting", true, reason, message);
+    SetCondition("Running", false, reason, message);
+    d_.events.push_back({"Warning", reason, message + "; restarting the gang"});
+    d_.Requeue(kAfterOwnWrite);
+  }
+
+  // Sets the SpecWarnings condition (False once no warning is left), with a Warning Event
+  // when the warnings changed.
+  void ReportFieldsWithoutEffect() {
+    const auto& warnings = o_.checked.warnings;
+    std::string message;
+    for (const auto& w : warnings) message += (message.empty() ? "" : "; ") + w.ToString();
+    const auto& stored = o_.status.conditions;
+    const auto had = std::find_if(stored.begin(), stored.end(),
+                                  [](const api::Condition& c) { return c.type == kSpecWarningsCondition; });
+    if (warnings.empty()) {
+      if (had != stored.end()) SetCondition(kSpecWarningsCondition, false, "NoFieldsWithoutEffect", "");
+      return;
+    }
+    SetCondition(kSpecWarningsCondition, true, "FieldsWithoutEffect", message);
+    if (had == stored.end() || had->status != "True" || had->message != message)
+      d_.events.push_back({"Warning", "FieldsWithoutEffect", message});
+  }
+
+  // The rank table of an interrupted creation of this gang, when its nodes are still usable.
+  std::optional<api::RankTable> ReusableTable(const std::optional<json>& existing, int64_t gang) const {
+    if (!existing || Label(*existing, kGangLabel) != std::to_string(gang)) return std::nullopt;
+    api::FieldErrors errors;
+    const json data = existing->value("data", json::object());
+    api::RankTable table =
+        api::DecodeRankTable(json::parse(data.value("rank-table.json", "{}"), nullptr, false), &errors);
+    if (!errors.empty() || static_cast<int64_t>(table.nodes.size()) != nodes()) return std::nullopt;
+    for (const auto& n : table.nodes)
+      if (o_.node(n.name) != NodeState::kReady || o_.avoided_nodes.count(n.name)) return std::nullopt;
+    return table;
+  }
+
+  void CreateGang(int64_t gang, const std::vector<json>& current) {
+    const std::optional<json> existing = o_.config_map();
+    std::optional<api::RankTable> table = ReusableTable(existing, gang);
+    const bool reused = table.has_value();
+    scheduler::Placement placement;
+    const auto request = scheduler::PlacementRequest::ForJob(job_, o_.avoided_nodes);
+    if (table) {
+      for (const auto& n : table->nodes) {
+        placement.nodes.push_back(n.name);
+        placement.paths.push_back(n.topology_path);
+      }
+    } else {
+      const auto started = std::chrono::steady_clock::now();
+      placement = scheduler::Place(request, o_.cluster());
+      d_.placement_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      if (!placement.ok()) {
+        d_.status.phase = "Pending";
+        SetCondition("Scheduled", false, "Unschedulable", placement.reason);
+        if (o_.status.phase != "Pending" || o_.status.conditions != d_.status.conditions)
+          d_.events.push_back({"Warning", "Unschedulable", placement.reason});
+        return d_.Requeue(options_.unschedulable_retry);
+      }
+      table = scheduler::MakeRankTable(placement, request.levels, job_.spec.gpus_per_node);
+    }
+
+    GangObjects objects;
+    objects.service = BuildService(job_);
+    objects.config_map = BuildConfigMap(job_, o_.object.value("spec", json::object()), *table, gang);
+    if (existing && !reused) {
+      objects.replace_config_map = true;
+      objects.config_map["metadata"]["resourceVersion"] = (*existing)["metadata"]["resourceVersion"];
+    }
+    std::set<std::string> present;
+    for (const auto& pod : current) present.insert(pod["metadata"].value("name", ""));
+    for (int64_t rank = 0; rank < nodes(); ++rank) {
+      if (!present.count(PodName(o_.name, gang, rank))) objects.pods.push_back(BuildPod(job_, *table, gang, rank));
+    }
+    d_.create = std::move(objects);
+
+    api::PlacementStatus summary;
+    for (size_t i = 0; i < placement.nodes.size(); ++i)
+      summary.nodes.push_back({static_cast<int64_t>(i), placement.nodes[i], placement.paths[i]});
+    summary.cost_seconds_per_step =
+        scheduler::EstimateStepCost(job_.spec, placement.paths, scheduler::LinkModel(request.levels)).seconds;
+    d_.status.placement = summary;
+    d_.status.phase = "Starting";
+    if (d_.status.start_time.empty()) d_.status.start_time = kube::Rfc3339(o_.now);
+    const std::string message = "gang " + std::to_string(gang) + " of " + std::to_string(nodes()) + " pods placed" +
+                                (placement.domain.empty() ? "" : " in " + placement.domain);
+    SetCondition("Scheduled", true, "GangPlaced", message);
+    SetCondition("Restarting", false, "GangPlaced", message);
+    d_.events.push_back({"Normal", "GangCreated", message});
+  }
+
+  // Rank 0's latest reading, and a Resumed Event when the gang reports a new resume.
+  void TakeProgress() {
+    if (!o_.progress) return;
+    const api::ProgressStatus& progress = *o_.progress;
+    d_.status.progress = progress;
+    const std::optional<int64_t> before = o_.status.progress ? o_.status.progress->resumed_from_step : std::nullopt;
+    if (!progress.resumed_from_step || progress.resumed_from_step == before) return;
+    const int64_t damaged = progress.damaged_checkpoints.value_or(0);
+    d_.events.push_back({damaged > 0 ? "Warning" : "Normal", "Resumed",
+                         "the gang (restart " + std::to_string(d_.status.restarts) +
+                             ") resumed from the checkpoint of step " + std::to_string(*progress.resumed_from_step) +
+                             (damaged > 0 ? ", skipping " + std::to_string(damaged) +
+                                                " newer damaged one(s) (rank 0's log names each file and what is wrong)"
+                                          : "")});
+  }
+
+  const Observed& o_;
+  const DecideOptions& options_;
+  const api::TrainingJob& job_;
+  Decision d_;
+};
+
+}  // namespace
+
+std::optional<json> Rank0Pod(const std::vector<json>& pods, int64_t gang) {
+  for (const auto& pod : pods)
+    if (Label(pod, kGangLabel) == std::to_string(gang) && Label(pod, kNodeRankLabel) == "0") return pod;
+  return std::nullopt;
+}
+
+Decision Decide(const Observed& observed, const DecideOptions& options) { return Decider(observed, options).Run(); }
+
+}  // namespace meshtrain::controller

@@ -1,0 +1,97 @@
+// What one reconcile of a TrainingJob decides: a pure function from what was observed
+// (the job, its pods, its nodes, rank 0's latest progress, the time) to the status to
+// write, the objects to create and delete, and the Events to emit once that status is
+// saved. It makes no API calls, so it is unit-tested without a server.
+//
+// Every delete follows from the status as stored, never from a decision of the same
+// pass: a restart, a failure or a suspension is first written to status (restarts + 1,
+// Failed, Suspended), and the pass after that write deletes the old gang, the finished
+// job's pods (spec.runPolicy.cleanPodPolicy) or the suspended job's pods. A status write
+// that conflicts (409) therefore leaves nothing done that a retry would do again: the
+// retry decides afresh from re-read objects. Creates are idempotent (AlreadyExists is
+// success), and each pass creates only the pods the cache does not show.
+//
+// Thread-safety: Decide is a pure function; the lookups it is given are called from the
+// calling thread only.
+
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "api/manifest.h"
+#include "api/training_job.h"
+#include "operator/scheduler/cluster.h"
+
+namespace meshtrain::controller {
+
+// The condition that lists the fields a valid spec sets but the engine does not act on yet.
+inline constexpr const char* kSpecWarningsCondition = "SpecWarnings";
+
+struct DecideOptions {
+  std::chrono::seconds pending_timeout{120};     // a pod Pending this long gets its gang re-planned
+  std::chrono::seconds unschedulable_retry{10};  // retry period while nothing fits
+};
+
+// A Node as reconcile needs it.
+enum class NodeState { kReady, kNotReady, kGone };
+
+struct Observed {
+  std::string ns, name;
+  nlohmann::json object;           // the TrainingJob as read
+  api::CheckedJob checked;         // its validation, with generation and uid filled in
+  api::TrainingJobStatus status;   // as stored
+  std::vector<nlohmann::json> pods;  // owned by the job, every gang, less those being deleted
+  int64_t terminating = 0;           // owned pods being deleted that the cache still shows
+  std::function<NodeState(const std::string& node)> node;
+  std::set<std::string> avoided_nodes;  // nodes that failed this job recently
+  bool awaiting_created_pods = false;   // pods we created that the cache has not shown yet
+  std::optional<api::ProgressStatus> progress;  // rank 0's latest, read off the reconcile path
+  std::chrono::system_clock::time_point now;
+  // Read only when a gang is to be created:
+  std::function<scheduler::ClusterSnapshot()> cluster;           // free GPUs as placement sees them
+  std::function<std::optional<nlohmann::json>()> config_map;     // the job's ConfigMap, if one exists
+};
+
+struct PendingEvent {
+  std::string type, reason, message;  // type: Normal | Warning
+  bool operator==(const PendingEvent&) const = default;
+};
+
+// The objects of a gang: each is created, and AlreadyExists counts as done.
+struct GangObjects {
+  nlohmann::json service;
+  nlohmann::json config_map;
+  bool replace_config_map = false;  // an older gang's ConfigMap exists: update it instead
+  std::vector<nlohmann::json> pods;  // only those the cache does not show
+};
+
+struct Decision {
+  api::TrainingJobStatus status;  // written when it differs from the stored one
+  std::vector<nlohmann::json> delete_pods;
+  std::optional<GangObjects> create;
+  bool delete_job = false;             // ttlSecondsAfterFinished passed
+  std::vector<PendingEvent> events;    // emitted only after the status is saved
+  std::chrono::milliseconds requeue_after{0};  // 0: only when something changes
+  std::string avoid_node;              // a node that failed the job: avoid it for a while
+  bool gang_restarted = false;
+  std::optional<double> placement_seconds;  // time spent placing, when a placement ran
+  std::optional<nlohmann::json> progress_from;  // rank 0's pod, while the gang runs: read its progress
+
+  void Requeue(std::chrono::milliseconds after) {
+    if (requeue_after.count() == 0 || after < requeue_after) requeue_after = after;
+  }
+};
+
+Decision Decide(const Observed& observed, const DecideOptions& options);
+
+// The node-rank-0 pod of gang `gang` among `pods`, whose metrics carry the job's progress.
+std::optional<nlohmann::json> Rank0Pod(const std::vector<nlohmann::json>& pods, int64_t gang);
+
+}  // namespace meshtrain::controller

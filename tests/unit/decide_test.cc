@@ -1,0 +1,290 @@
+// Decide(), the reconciler's pure core, without a server: each case observes a job at
+// some moment of its life and checks the status, the actions and the Events decided. The
+// theme: every delete follows from a status already stored, and Events belong to the
+// status they report, so a status write that conflicts and is retried repeats neither.
+
+#include <gtest/gtest.h>
+
+#include "api/manifest.h"
+#include "api/worker_contract.h"
+#include "operator/controller/builders.h"
+#include "operator/controller/decide.h"
+#include "operator/kube/time.h"
+#include "operator/scheduler/synthetic_cluster.h"
+
+namespace meshtrain::controller {
+namespace {
+
+using nlohmann::json;
+
+json JobObject(const json& run_policy = json::object()) {
+  return {{"apiVersion", "meshtrain.dev/v1alpha1"},
+          {"kind", "TrainingJob"},
+          {"metadata", {{"name", "tiny"}, {"namespace", "default"}, {"uid", "job-uid"}, {"generation", 1}}},
+          {"spec",
+           {{"image", "meshtrain:test"},
+            {"nodes", 2},
+            {"gpusPerNode", 8},
+            {"model", {{"preset", "gpt2-tiny"}}},
+            {"data", {{"train", "/data/train.bin"}}},
+            {"training", {{"steps", 10}, {"globalBatchTokens", 16384}, {"microBatchSize", 1}, {"warmupSteps", 1}}},
+            {"runPolicy", run_policy}}}};
+}
+
+const auto kNow = std::chrono::system_clock::from_time_t(2'000'000'000);
+
+Observed Observe(const json& object, const api::TrainingJobStatus& status, std::vector<json> pods = {}) {
+  Observed o;
+  o.ns = "default";
+  o.name = "tiny";
+  o.object = object;
+  o.checked = api::CheckTrainingJob(object, "test", 0);
+  o.checked.job.metadata.generation = 1;
+  o.checked.job.metadata.uid = "job-uid";
+  o.checked.job.metadata.namespace_ = "default";
+  o.status = status;
+  o.pods = std::move(pods);
+  o.node = [](const std::string&) { return NodeState::kReady; };
+  o.now = kNow;
+  o.cluster = [] {
+    scheduler::SyntheticClusterOptions options;
+    options.nodes = 64;
+    options.gpu_used_fraction = 0;
+    return scheduler::MakeSyntheticCluster(options);
+  };
+  o.config_map = [] { return std::optional<json>(); };
+  return o;
+}
+
+std::string PinnedNode(const json& pod) {
+  return pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"][0]["values"][0];
+}
+
+// A created pod as the cache shows it once the kubelet reports `phase`.
+json Running(json pod, const std::string& phase = "Running", std::optional<int> exit_code = std::nullopt) {
+  pod["metadata"]["uid"] = "uid-" + pod["metadata"]["name"].get<std::string>();
+  pod["metadata"]["creationTimestamp"] = kube::Rfc3339(kNow);
+  pod["spec"]["nodeName"] = PinnedNode(pod);
+  pod["status"] = {{"phase", phase},
+                   {"conditions", json::array({{{"type", "Ready"}, {"status", phase == "Running" ? "True" : "False"}}})}};
+  if (exit_code)
+    pod["status"]["containerStatuses"] = json::array({{{"state", {{"terminated", {{"exitCode", *exit_code}}}}}}});
+  return pod;
+}
+
+std::vector<std::string> Reasons(const Decision& d) {
+  std::vector<std::string> out;
+  for (const auto& e : d.events) out.push_back(e.reason);
+  return out;
+}
+
+// A job whose gang 0 was created and whose two workers run.
+struct RunningJob {
+  json object = JobObject();
+  api::TrainingJobStatus status;
+  std::vector<json> pods;
+  RunningJob() {
+    const Decision created = Decide(Observe(object, {}), {});
+    EXPECT_TRUE(created.create);
+    for (const auto& pod : created.create->pods) pods.push_back(Running(pod));
+    status = Decide(Observe(object, created.status, pods), {}).status;
+    EXPECT_EQ(status.phase, "Running");
+  }
+};
+
+TEST(Decide, ANewJobGetsItsGangPlacedAndOneEventPerFact) {
+  const Decision d = Decide(Observe(JobObject(), {}), {});
+  ASSERT_TRUE(d.create);
+  ASSERT_EQ(d.create->pods.size(), 2u);
+  EXPECT_EQ(d.create->pods[0]["metadata"]["name"], "tiny-g0-0");
+  EXPECT_FALSE(d.create->replace_config_map);
+  EXPECT_EQ(d.status.phase, "Starting");
+  ASSERT_TRUE(d.status.placement);
+  EXPECT_EQ(d.status.placement->nodes.size(), 2u);
+  EXPECT_EQ(d.status.start_time, kube::Rfc3339(kNow));
+  EXPECT_EQ(Reasons(d), (std::vector<std::string>{"GangCreated", "Starting"}));
+  EXPECT_TRUE(d.delete_pods.empty());
+  EXPECT_TRUE(d.placement_seconds);
+}
+
+TEST(Decide, AFailedPodIsRecordedAsARestartBeforeAnyPodIsDeleted) {
+  RunningJob job;
+  job.pods[1] = Running(job.pods[1], "Failed", 1);
+  const Decision restart = Decide(Observe(job.object, job.status, job.pods), {});
+  EXPECT_EQ(restart.status.restarts, 1);
+  EXPECT_EQ(restart.status.phase, "Restarting");
+  EXPECT_TRUE(restart.delete_pods.empty()) << "the deletes wait for the restart to be stored";
+  EXPECT_FALSE(restart.create);
+  EXPECT_EQ(Reasons(restart), (std::vector<std::string>{"PodFailed", "Restarting"}));
+  EXPECT_EQ(restart.avoid_node, PinnedNode(job.pods[1]));
+  EXPECT_TRUE(restart.gang_restarted);
+
+  // The write conflicted: the retry sees the same objects and decides the same, no more.
+  const Decision retry = Decide(Observe(job.object, job.status, job.pods), {});
+  EXPECT_EQ(retry.status.restarts, 1);
+  EXPECT_TRUE(retry.delete_pods.empty());
+
+  // Once stored, the next pass deletes gang 0 and waits for it to go.
+  const Decision cleanup = Decide(Observe(job.object, restart.status, job.pods), {});
+  EXPECT_EQ(cleanup.delete_pods.size(), 2u);
+  EXPECT_FALSE(cleanup.create);
+  EXPECT_TRUE(cleanup.events.empty());
+  EXPECT_EQ(cleanup.status, restart.status);
+  Observed terminating = Observe(job.object, restart.status);
+  terminating.terminating = 2;
+  const Decision waiting = Decide(terminating, {});
+  EXPECT_FALSE(waiting.create) << "gang 1 waits until gang 0's pods are gone";
+  EXPECT_GT(waiting.requeue_after.count(), 0);
+
+  const Decision next = Decide(Observe(job.object, restart.status), {});
+  ASSERT_TRUE(next.create);
+  EXPECT_EQ(next.create->pods.at(0)["metadata"]["name"], "tiny-g1-0");
+  EXPECT_EQ(next.status.phase, "Starting");
+  EXPECT_EQ(Reasons(next), (std::vector<std::string>{"GangCreated", "Starting"}));
+}
+
+TEST(Decide, ExitCode78FailsTheJobAndCleanPodPolicyDeletesOnTheNextPass) {
+  RunningJob job;
+  job.pods[0] = Running(job.pods[0], "Failed", api::worker::kExitConfigError);
+  const Decision failed = Decide(Observe(job.object, job.status, job.pods), {});
+  EXPECT_EQ(failed.status.phase, "Failed");
+  EXPECT_EQ(failed.status.restarts, 0);
+  EXPECT_TRUE(failed.delete_pods.empty());
+  EXPECT_EQ(Reasons(failed), (std::vector<std::string>{"Failed"}));
+  EXPECT_NE(failed.events[0].message.find("exit code 78"), std::string::npos) << failed.events[0].message;
+
+  const Decision cleanup = Decide(Observe(job.object, failed.status, job.pods), {});
+  ASSERT_EQ(cleanup.delete_pods.size(), 1u) << "cleanPodPolicy Running: the running pod only";
+  EXPECT_EQ(cleanup.delete_pods[0]["metadata"]["name"], "tiny-g0-1");
+  EXPECT_TRUE(cleanup.events.empty());
+}
+
+TEST(Decide, BackoffLimitTurnsARestartIntoAFailure) {
+  RunningJob job;
+  job.object["spec"]["runPolicy"]["backoffLimit"] = 0;
+  job.pods[1] = Running(job.pods[1], "Failed", 1);
+  const Decision d = Decide(Observe(job.object, job.status, job.pods), {});
+  EXPECT_EQ(d.status.phase, "Failed");
+  EXPECT_FALSE(d.gang_restarted);
+  EXPECT_EQ(d.events.at(0).reason, "Failed");
+  EXPECT_NE(d.events[0].message.find("backoffLimit 0"), std::string::npos) << d.events[0].message;
+}
+
+TEST(Decide, SuspendIsStoredFirstThenThePodsGo) {
+  RunningJob job;
+  job.object["spec"]["runPolicy"]["suspend"] = true;
+  const Decision suspend = Decide(Observe(job.object, job.status, job.pods), {});
+  EXPECT_EQ(suspend.status.phase, "Suspended");
+  EXPECT_TRUE(suspend.delete_pods.empty());
+  const Decision cleanup = Decide(Observe(job.object, suspend.status, job.pods), {});
+  EXPECT_EQ(cleanup.delete_pods.size(), 2u);
+  EXPECT_EQ(cleanup.status, suspend.status);
+  EXPECT_TRUE(cleanup.events.empty());
+}
+
+TEST(Decide, ACreationWhoseStatusWasNotStoredIsFinishedFromItsConfigMap) {
+  const json object = JobObject();
+  const Decision first = Decide(Observe(object, {}), {});
+  ASSERT_TRUE(first.create);
+  // The pods and the ConfigMap were created, the status write conflicted, and one pod is
+  // in the cache: the retry keeps the same placement and creates only the other pod.
+  Observed retry = Observe(object, {}, {Running(first.create->pods[0], "Pending")});
+  const json config_map = [&] {
+    json cm = first.create->config_map;
+    cm["metadata"]["resourceVersion"] = "7";
+    return cm;
+  }();
+  retry.config_map = [&] { return std::optional<json>(config_map); };
+  retry.cluster = []() -> scheduler::ClusterSnapshot { throw std::logic_error("placement must not run again"); };
+  const Decision d = Decide(retry, {});
+  ASSERT_TRUE(d.create);
+  ASSERT_EQ(d.create->pods.size(), 1u);
+  EXPECT_EQ(d.create->pods[0]["metadata"]["name"], "tiny-g0-1");
+  EXPECT_EQ(d.create->pods[0], first.create->pods[1]);
+  EXPECT_FALSE(d.create->replace_config_map);
+  EXPECT_EQ(d.status.placement, first.status.placement);
+  EXPECT_FALSE(d.placement_seconds);
+}
+
+TEST(Decide, UnschedulableWarnsOnceAndRetries) {
+  Observed o = Observe(JobObject(), {});
+  o.cluster = [] { return scheduler::ClusterSnapshot{}; };
+  const Decision d = Decide(o, {});
+  EXPECT_FALSE(d.create);
+  EXPECT_EQ(d.status.phase, "Pending");
+  EXPECT_EQ(Reasons(d), (std::vector<std::string>{"Unschedulable", "Pending"}));
+  EXPECT_EQ(d.requeue_after, std::chrono::milliseconds(std::chrono::seconds(10)));
+  Observed again = Observe(JobObject(), d.status);
+  again.cluster = o.cluster;
+  EXPECT_TRUE(Decide(again, {}).events.empty()) << "nothing changed: no second Warning";
+}
+
+TEST(Decide, ProgressComesFromTheObservationAndAResumeIsAnnouncedOnce) {
+  RunningJob job;
+  Observed o = Observe(job.object, job.status, job.pods);
+  api::ProgressStatus progress;
+  progress.step = 30;
+  progress.resumed_from_step = 20;
+  o.progress = progress;
+  const Decision d = Decide(o, {});
+  ASSERT_TRUE(d.progress_from);
+  EXPECT_EQ((*d.progress_from)["metadata"]["name"], "tiny-g0-0");
+  EXPECT_EQ(d.status.progress, progress);
+  EXPECT_EQ(Reasons(d), (std::vector<std::string>{"Resumed"}));
+  Observed later = Observe(job.object, d.status, job.pods);
+  progress.step = 31;
+  later.progress = progress;
+  EXPECT_TRUE(Decide(later, {}).events.empty());
+}
+
+TEST(Decide, ANodeThatIsGoneRestartsTheGangAndIsAvoided) {
+  RunningJob job;
+  Observed o = Observe(job.object, job.status, job.pods);
+  const std::string lost = PinnedNode(job.pods[0]);
+  o.node = [lost](const std::string& node) { return node == lost ? NodeState::kGone : NodeState::kReady; };
+  const Decision d = Decide(o, {});
+  EXPECT_EQ(Reasons(d), (std::vector<std::string>{"NodeNotReady", "Restarting"}));
+  EXPECT_EQ(d.avoid_node, lost);
+  EXPECT_NE(d.events[0].message.find("is gone"), std::string::npos);
+}
+
+TEST(Decide, PodsNotYetInTheCacheAreAwaitedNotTakenAsDeleted) {
+  RunningJob job;
+  Observed o = Observe(job.object, job.status, {job.pods[0]});
+  o.awaiting_created_pods = true;
+  const Decision d = Decide(o, {});
+  EXPECT_EQ(d.status, job.status);
+  EXPECT_TRUE(d.events.empty());
+  EXPECT_EQ(d.requeue_after, std::chrono::milliseconds(100));
+  o.awaiting_created_pods = false;
+  EXPECT_EQ(Reasons(Decide(o, {})), (std::vector<std::string>{"PodDeleted", "Restarting"}));
+}
+
+TEST(Decide, TheDeadlineFailsAStartedJob) {
+  RunningJob job;
+  job.object["spec"]["runPolicy"]["activeDeadlineSeconds"] = 60;
+  Observed o = Observe(job.object, job.status, job.pods);
+  o.now = kNow + std::chrono::seconds(61);
+  const Decision d = Decide(o, {});
+  EXPECT_EQ(d.status.phase, "Failed");
+  EXPECT_EQ(d.status.conditions.back().reason, "DeadlineExceeded");
+  o.now = kNow + std::chrono::seconds(30);
+  EXPECT_EQ(Decide(o, {}).requeue_after, std::chrono::milliseconds(std::chrono::seconds(30)));
+}
+
+TEST(Decide, TheTtlDeletesAFinishedJob) {
+  RunningJob job;
+  job.object["spec"]["runPolicy"]["ttlSecondsAfterFinished"] = 5;
+  api::TrainingJobStatus done = job.status;
+  done.phase = "Succeeded";
+  done.completion_time = kube::Rfc3339(kNow);
+  Observed o = Observe(job.object, done);
+  o.now = kNow + std::chrono::seconds(2);
+  EXPECT_FALSE(Decide(o, {}).delete_job);
+  o.now = kNow + std::chrono::seconds(5);
+  EXPECT_TRUE(Decide(o, {}).delete_job);
+}
+
+}  // namespace
+}  // namespace meshtrain::controller

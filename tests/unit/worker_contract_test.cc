@@ -1,0 +1,53 @@
+// The worker contract from both sides: what a worker's TrainingMetrics exports is what
+// the operator's ParseProgress reads, through the text Prometheus serves.
+
+#include <gtest/gtest.h>
+#include <prometheus/text_serializer.h>
+
+#include "api/worker_contract.h"
+#include "operator/controller/progress_poller.h"
+#include "worker/metrics/training_metrics.h"
+
+namespace meshtrain {
+namespace {
+
+std::string Exposition(const metrics::TrainingMetrics& exported) {
+  return prometheus::TextSerializer().Serialize(exported.registry()->Collect());
+}
+
+TEST(WorkerContract, TheOperatorReadsWhatTheWorkerExports) {
+  metrics::TrainingMetrics exported("tiny", 0, /*steps=*/1100, /*tokens_per_step=*/500);
+  api::ProgressStatus before;
+  ASSERT_TRUE(controller::ParseProgress(Exposition(exported), &before));
+  EXPECT_EQ(before.step, 0);
+  EXPECT_FALSE(before.resumed_from_step) << "a fresh worker says -1: none";
+  EXPECT_FALSE(before.checkpoint_step);
+
+  train::StepReport report;
+  report.step = 100;
+  report.steps = 1100;
+  report.loss = 3.25;
+  report.tokens_per_second = 5000;
+  exported.Step(report);
+  exported.ResumedFrom(60, 2);
+  train::CheckpointStats stats;
+  stats.written = 1;
+  stats.last_step = 80;
+  exported.Checkpoints(stats);
+
+  const std::string text = Exposition(exported);
+  for (const char* name : {api::worker::metric::kStep, api::worker::metric::kLoss, api::worker::metric::kSteps})
+    EXPECT_NE(text.find(name), std::string::npos) << name;
+  api::ProgressStatus progress;
+  ASSERT_TRUE(controller::ParseProgress(text, &progress)) << text;
+  EXPECT_EQ(progress.step, 100);
+  EXPECT_DOUBLE_EQ(progress.loss, 3.25);
+  EXPECT_DOUBLE_EQ(progress.tokens_per_second, 5000);
+  EXPECT_EQ(progress.eta_seconds, 100);  // 1000 steps left x 500 tokens / 5000 tokens/s
+  EXPECT_EQ(progress.resumed_from_step, std::optional<int64_t>(60));
+  EXPECT_EQ(progress.damaged_checkpoints, std::optional<int64_t>(2));
+  EXPECT_EQ(progress.checkpoint_step, std::optional<int64_t>(80));
+}
+
+}  // namespace
+}  // namespace meshtrain
