@@ -172,6 +172,8 @@ int Main(int argc, char** argv) {
   bench_operator->add_option("--qps", bench_operator_options.qps, "Operator --qps")->capture_default_str();
   bench_operator->add_option("--burst", bench_operator_options.burst, "Operator --burst")->capture_default_str();
   bench_operator->add_option("--timeout", bench_operator_options.timeout_seconds, "Seconds to wait for all pods")->capture_default_str();
+  bench_operator->add_option("--hanging-metrics", bench_operator_options.hanging_metrics,
+                             "Then as many jobs again, while this many jobs' metrics endpoints hang")->check(CLI::Range(0, 1000))->capture_default_str();
   bench_operator->add_option("--crd", bench_operator_options.crd, "The TrainingJob CRD")->capture_default_str();
   bench_operator->add_option("--apiserver", bench_operator_options.apiserver, "meshtrain-test-apiserver binary");
   bench_operator->add_option("--operator", bench_operator_options.operator_binary, "meshtrain-operator binary");

@@ -1,8 +1,18 @@
 // `meshtrain bench operator`: the operator against the test API server with a large
 // synthetic cluster. Jobs are created one after another at a steady rate; for each, the
-// time from its create request to the moment all its pods exist (seen through a watch).
+// time from its create to the create of its last pod, both as the server saw them.
+//
+// With --hanging-metrics N, a second half of as many jobs follows, created while N more
+// jobs run whose rank-0 metrics endpoints accept connections and never answer: the
+// ratio of the halves' latencies shows whether reading progress slows other jobs'
+// reconciles.
+//
+// It speaks to the test API server over plain HTTP (the CLI uses no operator/kube).
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,8 +32,7 @@
 #include "api/environment.h"
 #include "api/manifest.h"
 #include "cli/commands.h"
-#include "operator/kube/client.h"
-#include "operator/kube/informer.h"
+#include "api/worker_contract.h"
 
 namespace meshtrain::cli {
 namespace {
@@ -75,19 +84,174 @@ fs::path SiblingBinary(const std::string& given, const std::string& relative) {
   return api::ThisProgram().parent_path().parent_path() / relative;
 }
 
-json TestStats(const std::string& server) {
-  web::http::client::http_client http(server);
-  return json::parse(http.request(web::http::methods::GET, "/_test/stats").get().extract_utf8string(true).get());
+// The test API server, over plain HTTP.
+class TestServer {
+ public:
+  explicit TestServer(const std::string& url) : http_(url) {}
+
+  json Request(const web::http::method& method, const std::string& path, const json& body = nullptr) {
+    web::http::http_request request(method);
+    request.set_request_uri(path);
+    request.headers().add("User-Agent", "meshtrain-bench");
+    if (!body.is_null()) request.set_body(body.dump(), "application/json");
+    web::http::http_response response = http_.request(request).get();
+    const std::string text = response.extract_utf8string(true).get();
+    if (response.status_code() >= 300)
+      throw std::runtime_error(method + " " + path + ": HTTP " + std::to_string(response.status_code()) + ": " + text);
+    return json::parse(text);
+  }
+  json Stats() { return Request(web::http::methods::GET, "/_test/stats"); }
+  json Jobs() { return Request(web::http::methods::GET, "/apis/meshtrain.dev/v1alpha1/namespaces/default/trainingjobs"); }
+
+  // API requests the operator made, of one verb ("" for all).
+  int64_t OperatorRequests(const std::string& verb = "") {
+    int64_t n = 0;
+    const json stats = Stats();
+    for (const auto& [key, count] : stats["requests"].items()) {
+      if (key.rfind("meshtrain-operator ", 0) != 0) continue;
+      if (!verb.empty() && key != "meshtrain-operator " + verb) continue;
+      n += count.get<int64_t>();
+    }
+    return n;
+  }
+
+  // For each job key: when the server created it and when it created the job's last pod.
+  struct Created {
+    double job_ms = -1, last_pod_ms = -1;
+    int pods = 0;
+  };
+  std::map<std::string, Created> CreationTimes() {
+    std::map<std::string, Created> out;
+    const json created = Request(web::http::methods::GET, "/_test/created");
+    for (const auto& c : created) {
+      Created& job = out[c["job"].get<std::string>()];
+      if (c["kind"] == "TrainingJob") {
+        job.job_ms = c["ms"];
+      } else {
+        job.pods++;
+        job.last_pod_ms = std::max(job.last_pod_ms, c["ms"].get<double>());
+      }
+    }
+    return out;
+  }
+
+ private:
+  web::http::client::http_client http_;
+};
+
+json BenchJob(const std::string& name, const BenchOperatorOptions& options) {
+  return {{"apiVersion", "meshtrain.dev/v1alpha1"},
+          {"kind", "TrainingJob"},
+          {"metadata", {{"name", name}, {"namespace", "default"}}},
+          {"spec",
+           {{"image", "meshtrain:bench"},
+            {"nodes", options.job_nodes},
+            {"gpusPerNode", options.gpus_per_node},
+            {"model", {{"preset", "gpt2-124m"}}},
+            {"data", {{"train", "/data/train.bin"}}},
+            {"training", {{"globalBatchTokens", 1024 * options.job_nodes * options.gpus_per_node * 8}}}}}};
 }
 
-int64_t OperatorRequests(const json& stats, const std::string& verb_filter = "") {
-  int64_t n = 0;
-  for (const auto& [key, count] : stats["requests"].items()) {
-    if (key.rfind("meshtrain-operator ", 0) != 0) continue;
-    if (!verb_filter.empty() && key.find(verb_filter) == std::string::npos) continue;
-    n += count.get<int64_t>();
+// A metrics endpoint that never answers: a socket on a loopback address and the metrics
+// port that listens and never accepts, so connections complete and requests go unread.
+class HangingEndpoint {
+ public:
+  HangingEndpoint() {
+    for (int last = 1; last < 64 && fd_ < 0; ++last) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in address{};
+      address.sin_family = AF_INET;
+      address.sin_port = htons(api::worker::kMetricsPort);
+      address.sin_addr.s_addr = htonl((127u << 24) | (254u << 16) | static_cast<uint32_t>(last));
+      if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 && ::listen(fd, 1024) == 0) {
+        fd_ = fd;
+        ip_ = "127.254.0." + std::to_string(last);
+      } else {
+        ::close(fd);
+      }
+    }
+    if (fd_ < 0) throw std::runtime_error("no free 127.254.0.x:" + std::to_string(api::worker::kMetricsPort) + " to listen on");
   }
-  return n;
+  ~HangingEndpoint() { ::close(fd_); }
+  const std::string& ip() const { return ip_; }
+
+ private:
+  int fd_ = -1;
+  std::string ip_;
+};
+
+struct Half {
+  std::vector<double> ms;  // job create -> last pod created, of each complete job
+  int64_t requests = 0;    // by the operator, while the half's jobs were created
+};
+
+double Percentile(const std::vector<double>& sorted, double p) {
+  return sorted.empty() ? 0.0 : sorted[std::min(sorted.size() - 1, static_cast<size_t>(p * sorted.size()))];
+}
+
+// Creates `names` at the steady rate and waits until each has all its pods (or the timeout).
+Half CreateAndMeasure(TestServer& server, const std::vector<std::string>& names, const BenchOperatorOptions& options) {
+  const int64_t before = server.OperatorRequests();
+  for (const auto& name : names) {
+    const auto start = Clock::now();
+    server.Request(web::http::methods::POST, "/apis/meshtrain.dev/v1alpha1/namespaces/default/trainingjobs",
+                   BenchJob(name, options));
+    std::this_thread::sleep_until(start + std::chrono::milliseconds(options.interval_ms));
+  }
+  Half half;
+  const auto deadline = Clock::now() + std::chrono::seconds(options.timeout_seconds);
+  for (;;) {
+    const auto created = server.CreationTimes();
+    half.ms.clear();
+    for (const auto& name : names) {
+      auto it = created.find("default/" + name);
+      if (it != created.end() && it->second.pods == options.job_nodes)
+        half.ms.push_back(it->second.last_pod_ms - it->second.job_ms);
+    }
+    if (half.ms.size() == names.size() || Clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  half.requests = server.OperatorRequests() - before;
+  std::sort(half.ms.begin(), half.ms.end());
+  return half;
+}
+
+// Starts `count` jobs whose pods report Running and Ready at the hanging endpoint's address
+// (the kubelet of this bench runs nothing), and waits until the operator has them Running.
+void StartHangingJobs(TestServer& server, int count, const std::string& ip, const BenchOperatorOptions& options) {
+  std::vector<std::string> names;
+  for (int j = 0; j < count; ++j) names.push_back("hanging-" + std::to_string(j));
+  CreateAndMeasure(server, names, options);
+  const auto pods = server.Request(web::http::methods::GET, "/api/v1/namespaces/default/pods")["items"];
+  for (json pod : pods) {
+    if (pod["metadata"]["name"].get<std::string>().rfind("hanging-", 0) != 0) continue;
+    pod["status"] = {{"phase", "Running"},
+                     {"podIP", ip},
+                     {"conditions", json::array({{{"type", "Ready"}, {"status", "True"}}})}};
+    server.Request(web::http::methods::PUT,
+                   "/api/v1/namespaces/default/pods/" + pod["metadata"]["name"].get<std::string>() + "/status", pod);
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(options.timeout_seconds);
+  for (;;) {
+    int running = 0;
+    const json jobs = server.Jobs();
+    for (const auto& job : jobs["items"]) {
+      if (job["metadata"]["name"].get<std::string>().rfind("hanging-", 0) == 0 &&
+          job.value("status", json::object()).value("phase", "") == "Running")
+        ++running;
+    }
+    if (running == count) return;
+    if (Clock::now() > deadline) throw std::runtime_error("the jobs with hanging endpoints never ran");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+void PrintHalf(std::ostream& out, const char* label, const Half& half, int jobs) {
+  out << std::fixed << std::setprecision(1);
+  out << "  " << label << ": " << half.ms.size() << " of " << jobs << " jobs with all pods created; job creation -> "
+      << "all pods created: median " << Percentile(half.ms, 0.5) << " ms, p90 " << Percentile(half.ms, 0.9)
+      << " ms, max " << (half.ms.empty() ? 0.0 : half.ms.back()) << " ms; " << std::setprecision(2)
+      << static_cast<double>(half.requests) / jobs << " API requests per job\n";
 }
 
 }  // namespace
@@ -111,93 +275,58 @@ int BenchOperatorCommand(const BenchOperatorOptions& options, std::ostream& out)
                        (dir / "apiserver.log").string());
     for (int i = 0; i < 200 && !fs::exists(dir / "port"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (!fs::exists(dir / "port")) throw std::runtime_error("the test API server did not start; see " + (dir / "apiserver.log").string());
-    kube::KubeConfig config = kube::ParseKubeconfig(
-        [&] { std::ifstream in(dir / "kubeconfig"); return std::string(std::istreambuf_iterator<char>(in), {}); }(),
-        (dir / "kubeconfig").string());
-    kube::ClientOptions client_options;
-    client_options.qps = 0;
-    client_options.user_agent = "meshtrain-bench";
-    kube::Client client(config, client_options);
-    const kube::ResourceType crds{"apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", false};
-    client.Create(crds, "", api::ReadManifestFile(options.crd).at(0).object);
+    std::string port;
+    std::ifstream(dir / "port") >> port;
+    TestServer server("http://127.0.0.1:" + port);
+    server.Request(web::http::methods::POST, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                   api::ReadManifestFile(options.crd).at(0).object);
 
     operator_pid = Spawn({operator_bin.string(), "--kubeconfig", (dir / "kubeconfig").string(), "--metrics-port", "0",
                           "--health-port", "0", "--workers", std::to_string(options.workers), "--qps",
-                          std::to_string(options.qps), "--burst", std::to_string(options.burst), "--log-level", std::getenv("MESHTRAIN_BENCH_KEEP") ? "info" : "warn"},
+                          std::to_string(options.qps), "--burst", std::to_string(options.burst), "--progress-interval",
+                          "1", "--log-level", std::getenv("MESHTRAIN_BENCH_KEEP") ? "info" : "warn"},
                          (dir / "operator.log").string());
-
-    std::mutex mu;
-    std::map<std::string, int> pods_seen;
-    std::map<std::string, Clock::time_point> created, complete;
-    kube::Informer pods(client, kube::resources::Pods(), "default", {"meshtrain.dev/job-name", "", ""});
-    pods.AddHandler({[&](const json& pod) {
-                       const std::string job = pod["metadata"]["labels"].value("meshtrain.dev/job-name", "");
-                       std::lock_guard lock(mu);
-                       if (++pods_seen[job] == options.job_nodes) complete[job] = Clock::now();
-                     },
-                     nullptr, nullptr});
-    pods.Start();
-    pods.WaitForSync(std::chrono::seconds(10));
     // The operator is ready once its three informers watch.
-    for (int i = 0; i < 200 && OperatorRequests(TestStats(config.server), " watch") < 3; ++i)
+    for (int i = 0; i < 200 && server.OperatorRequests("watch") < 3; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    const json before = TestStats(config.server);
 
+    std::vector<std::string> first, second;
     for (int j = 0; j < options.jobs; ++j) {
-      const std::string name = "bench-" + std::to_string(j);
-      json job = {{"apiVersion", "meshtrain.dev/v1alpha1"},
-                  {"kind", "TrainingJob"},
-                  {"metadata", {{"name", name}, {"namespace", "default"}}},
-                  {"spec",
-                   {{"image", "meshtrain:bench"},
-                    {"nodes", options.job_nodes},
-                    {"gpusPerNode", options.gpus_per_node},
-                    {"model", {{"preset", "gpt2-124m"}}},
-                    {"data", {{"train", "/data/train.bin"}}},
-                    {"training", {{"globalBatchTokens", 1024 * options.job_nodes * options.gpus_per_node * 8}}}}}};
-      const auto start = Clock::now();
-      {
-        std::lock_guard lock(mu);
-        created[name] = start;
-      }
-      client.Create(kube::resources::TrainingJobs(), "default", job);
-      std::this_thread::sleep_until(start + std::chrono::milliseconds(options.interval_ms));
+      first.push_back("bench-" + std::to_string(j));
+      second.push_back("bench-" + std::to_string(options.jobs + j));
     }
-    const auto deadline = Clock::now() + std::chrono::seconds(options.timeout_seconds);
-    while (Clock::now() < deadline) {
-      {
-        std::lock_guard lock(mu);
-        if (static_cast<int>(complete.size()) == options.jobs) break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const Half baseline = CreateAndMeasure(server, first, options);
+    std::optional<Half> hanging;
+    std::unique_ptr<HangingEndpoint> endpoint;
+    if (options.hanging_metrics > 0) {
+      endpoint = std::make_unique<HangingEndpoint>();
+      StartHangingJobs(server, options.hanging_metrics, endpoint->ip(), options);
+      // Let every hanging job's first reads start, and some time out.
+      std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+      hanging = CreateAndMeasure(server, second, options);
     }
-    const json after = TestStats(config.server);
     int64_t restarts = 0;  // every gang here is healthy: any restart is the operator's mistake
-    for (const auto& job : client.List(kube::resources::TrainingJobs(), "default")["items"])
-      restarts += job.value("status", json::object()).value("restarts", int64_t{0});
+    const json jobs = server.Jobs();
+    for (const auto& job : jobs["items"]) restarts += job.value("status", json::object()).value("restarts", int64_t{0});
     const int64_t peak = PeakRss(operator_pid);
-    pods.Stop();
 
-    std::vector<double> ms;
-    {
-      std::lock_guard lock(mu);
-      for (const auto& [name, done] : complete) ms.push_back(std::chrono::duration<double, std::milli>(done - created[name]).count());
-    }
-    std::sort(ms.begin(), ms.end());
-    auto pct = [&](double p) { return ms.empty() ? 0.0 : ms[std::min(ms.size() - 1, static_cast<size_t>(p * ms.size()))]; };
-    const int64_t requests = OperatorRequests(after) - OperatorRequests(before);
-    out << std::fixed << std::setprecision(1);
     out << "meshtrain bench operator: " << options.nodes << " nodes, " << options.jobs << " jobs of "
         << options.job_nodes << " nodes x " << options.gpus_per_node << " GPUs, one job every " << options.interval_ms
-        << " ms; operator --workers " << options.workers << " --qps " << options.qps << " --burst " << options.burst << "\n";
-    out << "  jobs with all pods created: " << ms.size() << " of " << options.jobs << "\n";
-    out << "  job creation -> all pods created: median " << pct(0.5) << " ms, p90 " << pct(0.9) << " ms, max "
-        << (ms.empty() ? 0.0 : ms.back()) << " ms  (target: median <= 200 ms)\n";
-    out << "  API requests by the operator: " << requests << " (" << std::setprecision(2)
-        << static_cast<double>(requests) / options.jobs << " per job, counted while the jobs were created)\n";
+        << " ms; operator --workers " << options.workers << " --qps " << options.qps << " --burst " << options.burst
+        << " --progress-interval 1\n";
+    PrintHalf(out, "jobs", baseline, options.jobs);
+    out << "  (target: median <= 200 ms)\n";
+    if (hanging) {
+      PrintHalf(out, ("then, with " + std::to_string(options.hanging_metrics) + " jobs' metrics endpoints hanging").c_str(),
+                *hanging, options.jobs);
+      const double ratio = Percentile(hanging->ms, 0.5) / std::max(Percentile(baseline.ms, 0.5), 1e-3);
+      out << std::setprecision(2) << "  hanging / baseline median: " << ratio << "\n";
+    }
     out << "  gang restarts (all gangs are healthy, so this must be 0): " << restarts << "\n";
     out << "  operator peak memory (VmHWM): " << std::setprecision(1) << peak / (1024.0 * 1024.0) << " MiB\n";
-    if (static_cast<int>(ms.size()) != options.jobs || restarts != 0) status = kExitInvalid;
+    const bool complete = static_cast<int>(baseline.ms.size()) == options.jobs &&
+                          (!hanging || static_cast<int>(hanging->ms.size()) == options.jobs);
+    if (!complete || restarts != 0) status = kExitInvalid;
   } catch (const std::exception& e) {
     std::cerr << "meshtrain bench operator: " << e.what() << "\n";
     status = kExitInvalid;

@@ -161,6 +161,7 @@ struct BenchOperatorOptions {
   double qps = 500;
   int burst = 1000;
   int timeout_seconds = 120;
+  int hanging_metrics = 0;  // jobs whose metrics endpoints hang, during a second half of `jobs`
   std::string crd = "crds/trainingjobs.meshtrain.dev.yaml";
   std::string apiserver;        // default: next to this binary's build tree
   std::string operator_binary;  // default: next to this binary's build tree

@@ -113,6 +113,12 @@ wait_progress() {
 
 pod_log() { cat "$work/pods/default_$1/log" 2>/dev/null || true; }
 
+# operator_requests VERB: the API requests of that verb the operator has made so far.
+operator_requests() {
+  "$kubectl" get --raw /_test/stats | node -e 'let s = ""; process.stdin.on("data", d => s += d).on("end", () => {
+    console.log(JSON.parse(s).requests["meshtrain-operator '"$1"'"] || 0); })'
+}
+
 pod_count() { "$kubectl" get pods -l meshtrain.dev/job-name=tiny -o name | wc -l; }
 
 # apply_job GPUS_PER_NODE DATA TRAINING [EXTRA_YAML]: a 2-node job named tiny; EXTRA_YAML
@@ -202,6 +208,44 @@ case $scenario in
     wait_for '{.status.restarts}' 1 30
     wait_for '{.status.phase}' Succeeded 30
     grep -q "relisting" "$work"/operator*.log || fail "the operator never relisted after 410"
+    ;;
+  status-conflict)
+    # The status write that records a failed gang conflicts (409) three times: the retries
+    # replay no pod delete and no Event.
+    start_server 60
+    start_operator
+    job ""
+    wait_for '{.status.phase}' Running 20
+    script 2
+    deletes_before=$(operator_requests DELETE)
+    post /_test/faults '{"conflicts": 3, "conflictPath": "/trainingjobs/tiny/status"}'
+    post /_test/kubelet/kill '{"namespace": "default", "name": "tiny-g0-1", "signal": 9}'
+    wait_for '{.status.restarts}' 1 20
+    wait_for '{.status.phase}' Succeeded 30
+    left=$("$kubectl" get --raw /_test/stats | node -e 'let s = ""; process.stdin.on("data", d => s += d).on("end", () => console.log(JSON.parse(s).faultsLeft.conflicts))')
+    [ "$left" = 0 ] || fail "$left injected conflicts were never hit: the status write did not conflict"
+    deletes=$(( $(operator_requests DELETE) - deletes_before ))
+    [ "$deletes" -eq 2 ] || fail "the operator sent $deletes pod deletes for one restart of a 2-pod gang, not 2"
+    for reason in PodFailed Restarting; do
+      n=$("$kubectl" get events -o 'jsonpath={range .items[*]}{.reason}{"\n"}{end}' | grep -c "^$reason\$" || true)
+      [ "$n" -eq 1 ] || fail "$n $reason events, not 1: $("$kubectl" get events)"
+    done
+    ;;
+  hanging-metrics)
+    # Rank-0 metrics endpoints that accept and never answer do not slow other jobs'
+    # reconciles: the bench creates jobs before and while 8 such jobs run (4 workers).
+    out=$("$build/cli/meshtrain" bench operator --apiserver "$build/tests/support/kube/meshtrain-test-apiserver" \
+      --operator "$build/operator/meshtrain-operator" --crd "$src/crds/trainingjobs.meshtrain.dev.yaml" \
+      --nodes 200 --jobs 20 --job-nodes 2 --gpus-per-node 8 --hanging-metrics 8 --timeout 60 2>&1) ||
+      fail "the bench failed: $out"
+    echo "$out"
+    medians=$(echo "$out" | sed -n 's/.*median \([0-9.]*\) ms.*/\1/p' | tr '\n' ' ')
+    read -r baseline hanging <<<"$medians"
+    [ -n "$hanging" ] || fail "no medians in the bench's output"
+    # Reading a hanging endpoint used to hold a reconcile worker for up to a second; allow
+    # noise, not that.
+    awk "BEGIN { exit !($hanging <= 2 * $baseline + 100) }" ||
+      fail "with hanging metrics endpoints the median job took $hanging ms, against $baseline ms without"
     ;;
   invalid)
     start_server 2

@@ -11,6 +11,8 @@
 
 namespace meshtrain::train {
 
+const char* CudaPluginBuild() { return MESHTRAIN_PLUGIN_BUILD; }
+
 const CudaPlugin* LoadCudaPlugin(const std::string& path, std::string* why) {
   // RTLD_LOCAL: the plugin's copies of meshtrain's code never stand in for the program's.
   void* library = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -19,20 +21,24 @@ const CudaPlugin* LoadCudaPlugin(const std::string& path, std::string* why) {
     *why = "cannot load the CUDA plugin " + path + ": " + (error ? error : "unknown error");
     return nullptr;
   }
-  using Entry = const CudaPlugin* (*)();
-  auto entry = reinterpret_cast<Entry>(::dlsym(library, kCudaPluginEntry));
-  if (entry == nullptr) {
-    *why = path + " is not a meshtrain CUDA plugin: it has no " + kCudaPluginEntry;
+  auto refuse = [&](const std::string& reason) -> const CudaPlugin* {
+    *why = reason;
     ::dlclose(library);
     return nullptr;
+  };
+  using BuildEntry = const char* (*)();
+  using Entry = const CudaPlugin* (*)();
+  auto build = reinterpret_cast<BuildEntry>(::dlsym(library, kCudaPluginBuildEntry));
+  auto entry = reinterpret_cast<Entry>(::dlsym(library, kCudaPluginEntry));
+  if (entry == nullptr) return refuse(path + " is not a meshtrain CUDA plugin: it has no " + kCudaPluginEntry);
+  // Nothing of the plugin's types is touched before the builds are known to agree.
+  const std::string theirs = build ? build() : "a meshtrain older than build fingerprints";
+  if (theirs != CudaPluginBuild()) {
+    return refuse(path + " comes from another meshtrain build: the plugin is \"" + theirs + "\", this program is \"" +
+                  CudaPluginBuild() + "\"; use the plugin built with this program");
   }
   const CudaPlugin* plugin = entry();
-  if (plugin == nullptr || plugin->abi != kCudaPluginAbi) {
-    *why = path + " comes from another meshtrain build (plugin ABI " +
-           std::to_string(plugin ? plugin->abi : -1) + ", this program needs " + std::to_string(kCudaPluginAbi) + ")";
-    ::dlclose(library);
-    return nullptr;
-  }
+  if (plugin == nullptr) return refuse(path + ": " + kCudaPluginEntry + " returned nothing");
   return plugin;  // the library stays loaded for the life of the process
 }
 

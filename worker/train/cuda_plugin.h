@@ -23,12 +23,13 @@
 
 namespace meshtrain::train {
 
-inline constexpr int kCudaPluginAbi = 3;  // bumped whenever CudaPlugin changes
+// The plugin's two C entry points. The loader calls the first, and compares the build it
+// names with CudaPluginBuild(), before it calls the second or reads what that returns.
+inline constexpr const char* kCudaPluginBuildEntry = "MeshtrainCudaPluginBuild";  // extern "C" const char* ()
 inline constexpr const char* kCudaPluginEntry = "MeshtrainCudaPlugin";  // extern "C" const CudaPlugin* ()
 inline constexpr const char* kCudaPluginFile = "libmeshtrain-cuda.so";
 
 struct CudaPlugin {
-  int abi;  // kCudaPluginAbi of the build that made the plugin
   // Devices the CUDA runtime sees (0 without a driver or a device).
   int (*device_count)();
   // Name, SMs, clock and compute capability; throws runtime::cuda::CudaError for a
@@ -42,8 +43,13 @@ struct CudaPlugin {
   double (*matmul_seconds)(int device, int tokens, int k, int n);
 };
 
+// This build's name for the boundary: "meshtrain VERSION, plugin boundary HASH", where
+// HASH covers this header and every project header it includes
+// (cmake/MeshtrainPluginFingerprint.cmake).
+const char* CudaPluginBuild();
+
 // Loads the plugin at `path`. nullptr, with *why saying what failed, when the file
-// cannot be loaded, lacks the entry point, or comes from another build's ABI.
+// cannot be loaded, lacks the entry points, or comes from another build (*why names both).
 const CudaPlugin* LoadCudaPlugin(const std::string& path, std::string* why);
 
 // The plugin of this build, loaded once: from $MESHTRAIN_CUDA_PLUGIN, else beside this

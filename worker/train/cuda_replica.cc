@@ -134,10 +134,12 @@ double MatmulSeconds(int device, int tokens, int k, int n) {
   return seconds;
 }
 
-const CudaPlugin kPlugin{kCudaPluginAbi, runtime::cuda::DeviceCount, DeviceFacts, MakeReplica, MatmulSeconds};
+const CudaPlugin kPlugin{runtime::cuda::DeviceCount, DeviceFacts, MakeReplica, MatmulSeconds};
 
 }  // namespace
 }  // namespace meshtrain::train
+
+extern "C" __attribute__((visibility("default"))) const char* MeshtrainCudaPluginBuild() { return MESHTRAIN_PLUGIN_BUILD; }
 
 extern "C" __attribute__((visibility("default"))) const meshtrain::train::CudaPlugin* MeshtrainCudaPlugin() {
   return &meshtrain::train::kPlugin;

@@ -235,6 +235,8 @@ struct ApiServer::Store {
   Faults faults;
   int drop_epoch = 0;
   std::map<std::string, int64_t> requests;  // "client verb" -> count
+  const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+  json created = json::array();  // {kind, key, job, ms} of each TrainingJob and Pod created
   size_t history = 0;
   std::string record_dir;
   int record_seq = 0;
@@ -322,6 +324,13 @@ struct ApiServer::Store {
       RegisterCrd(object);
     }
     bucket[key] = object;
+    if (info.kind == "Pod" || info.kind == "TrainingJob") {
+      const auto labels = object["metadata"].value("labels", json::object());
+      created.push_back({{"kind", info.kind},
+                         {"key", key},
+                         {"job", info.kind == "Pod" ? ns + "/" + labels.value("meshtrain.dev/job-name", "") : key},
+                         {"ms", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count()}});
+    }
     Emit(info, "ADDED", object, nullptr);
     return object;
   }
@@ -644,7 +653,12 @@ json ApiServer::Stats() const {
   std::lock_guard lock(store_->mu);
   json by = json::object();
   for (const auto& [k, n] : store_->requests) by[k] = n;
-  return {{"requests", by}, {"resourceVersion", store_->rv}};
+  const Faults& f = store_->faults;
+  return {{"requests", by},
+          {"resourceVersion", store_->rv},
+          {"faultsLeft",
+           {{"goneWatches", f.gone_watches}, {"serverErrors", f.server_errors}, {"conflicts", f.conflicts},
+            {"throttles", f.throttles}}}};
 }
 
 bool ApiServer::Discovery(const HttpRequest& request, HttpResponder& responder) {
@@ -757,6 +771,7 @@ void ApiServer::Handle(const HttpRequest& request, HttpResponder& responder) {
       faults.gone_watches = f.value("goneWatches", 0);
       faults.server_errors = f.value("serverErrors", 0);
       faults.conflicts = f.value("conflicts", 0);
+      faults.conflict_path = f.value("conflictPath", "");
       faults.throttles = f.value("throttles", 0);
       faults.latency_ms = f.value("latencyMs", 0);
       SetFaults(faults);
@@ -765,6 +780,11 @@ void ApiServer::Handle(const HttpRequest& request, HttpResponder& responder) {
     }
     if (request.path == "/_test/stats") {
       responder.Send(200, "application/json", Stats().dump());
+      return;
+    }
+    if (request.path == "/_test/created") {
+      std::lock_guard lock(store_->mu);
+      responder.Send(200, "application/json", store_->created.dump());
       return;
     }
     std::lock_guard lock(routes_mu_);
@@ -796,7 +816,10 @@ void ApiServer::Handle(const HttpRequest& request, HttpResponder& responder) {
         responder.Send(429, "application/json", StatusBody(429, "TooManyRequests", "injected throttling").dump());
         return;
       }
-      if ((request.method == "PUT" || request.method == "PATCH") && store_->faults.conflicts > 0) {
+      const std::string& only = store_->faults.conflict_path;
+      const bool path_matches = only.empty() || (request.path.size() >= only.size() &&
+                                                 request.path.compare(request.path.size() - only.size(), only.size(), only) == 0);
+      if ((request.method == "PUT" || request.method == "PATCH") && store_->faults.conflicts > 0 && path_matches) {
         store_->faults.conflicts--;
         fail(409, "Conflict", "injected conflict: the object has been modified; please apply your changes to the latest version and try again");
         return;

@@ -17,7 +17,9 @@
 //
 // Faults on demand (SetFaults or POST /_test/faults): dropped watches, 410s for the
 // next watches, 500s, 409 storms, 429s and latency. GET /_test/stats counts requests by
-// verb and client.
+// verb and client, and the faults not yet spent. GET /_test/created gives, for each
+// TrainingJob and Pod created, the server's time of the create (ms since it started) and,
+// for a pod, its meshtrain.dev/job-name label: creation latencies without a client's lag.
 //
 // Thread-safety: every public method may be called from any thread.
 
@@ -62,6 +64,7 @@ struct Faults {
   int gone_watches = 0;     // the next N watches get an ERROR 410 event
   int server_errors = 0;    // the next N non-watch requests get 500
   int conflicts = 0;        // the next N updates and patches get 409
+  std::string conflict_path;  // when set, only those whose path ends with it (".../tiny/status")
   int throttles = 0;        // the next N non-watch requests get 429 with Retry-After: 1
   int latency_ms = 0;       // added to every request from now on
 };
