@@ -32,7 +32,6 @@ class Gpt2Cuda {
            runtime::MemoryAccounting* accounting);
 
   const ParameterLayout& layout() const { return layout_; }
-  runtime::cuda::Stream& stream() { return stream_; }
 
   // Mean cross-entropy of inputs (B,Tn) against targets (B,Tn), host arrays. Without
   // targets it returns 0 and only the logits are computed (see Logits).

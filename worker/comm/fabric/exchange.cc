@@ -140,7 +140,7 @@ std::string Exchange::Peer(int member) const {
 void Exchange::Fail(const Message& message, const std::string& reason) const {
   throw CommError(what_ + " on group " + group_.Describe() + " (rank " +
                   std::to_string(group_.GlobalRank(group_.rank())) + "): " + reason + " " +
-                  (message.is_send ? "sending " : "receiving ") + FormatBytes(message.bytes) +
+                  (message.is_send ? "sending " : "receiving ") + runtime::FormatBytes(message.bytes) +
                   (message.is_send ? " to " : " from ") + Peer(message.member));
 }
 

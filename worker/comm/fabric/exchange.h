@@ -115,6 +115,4 @@ class Exchange {
   std::deque<char> tokens_;     // acknowledgements
 };
 
-using runtime::FormatBytes;
-
 }  // namespace meshtrain::comm::fabric

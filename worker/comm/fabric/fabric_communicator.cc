@@ -19,7 +19,7 @@ namespace meshtrain::comm {
 using fabric::Context;
 using fabric::Endpoint;
 using fabric::Exchange;
-using fabric::FormatBytes;
+using runtime::FormatBytes;
 using fabric::Route;
 
 const char* AlgorithmName(Algorithm algorithm) {

@@ -8,7 +8,7 @@
 #include <string>
 #include <thread>
 
-#include "worker/comm/fabric/exchange.h"  // FormatBytes
+#include "worker/runtime/memory.h"
 
 namespace meshtrain::comm {
 namespace {
@@ -155,7 +155,7 @@ class NcclCommunicator : public Communicator {
 
   void* AllocateBuffer(size_t bytes) override {
     void* memory = nullptr;
-    CheckCuda(cudaMalloc(&memory, bytes), "cudaMalloc of " + fabric::FormatBytes(bytes));
+    CheckCuda(cudaMalloc(&memory, bytes), "cudaMalloc of " + runtime::FormatBytes(bytes));
     return memory;
   }
   void FreeBuffer(void* buffer) override { cudaFree(buffer); }
@@ -179,7 +179,7 @@ class NcclCommunicator : public Communicator {
 
   template <class Call>
   std::shared_ptr<Work> Issue(const std::string& op, size_t bytes, DataType type, Call call) {
-    std::string what = op + " of " + fabric::FormatBytes(bytes) + " " + DataTypeName(type) +
+    std::string what = op + " of " + runtime::FormatBytes(bytes) + " " + DataTypeName(type) +
                        " on group " + group_.Describe() + " (nccl)";
     if (compute_ != nullptr) {  // inputs come from compute: wait for it on the GPU
       cudaEvent_t ready;

@@ -134,11 +134,6 @@ __global__ void ResidualForwardKernel(bf16* out, const bf16* inp1, const bf16* i
   if (i < N) out[i] = __float2bfloat16(__bfloat162float(inp1[i]) + __bfloat162float(inp2[i]));
 }
 
-__global__ void AccumulateKernel(bf16* dinp, const bf16* dout, int64_t N) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < N) dinp[i] = __float2bfloat16(__bfloat162float(dinp[i]) + __bfloat162float(dout[i]));
-}
-
 __global__ void ToBf16Kernel(bf16* out, const float* in, int64_t N) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < N) out[i] = __float2bfloat16(in[i]);
@@ -261,12 +256,6 @@ void ResidualForward(bf16* out, const bf16* inp1, const bf16* inp2, int64_t N, c
   if (N == 0) return;
   ResidualForwardKernel<<<Blocks(N), kThreads, 0, stream>>>(out, inp1, inp2, N);
   CheckLaunch("ResidualForward");
-}
-
-void Accumulate(bf16* dinp, const bf16* dout, int64_t N, cudaStream_t stream) {
-  if (N == 0) return;
-  AccumulateKernel<<<Blocks(N), kThreads, 0, stream>>>(dinp, dout, N);
-  CheckLaunch("Accumulate");
 }
 
 void ToBf16(bf16* out, const float* in, int64_t N, cudaStream_t stream) {

@@ -75,8 +75,6 @@ void GeluBackward(bf16* dinp, const bf16* inp, const bf16* dout, int64_t N, cuda
 
 // out = inp1 + inp2; N elements
 void ResidualForward(bf16* out, const bf16* inp1, const bf16* inp2, int64_t N, cudaStream_t stream);
-// dinp += dout; N elements (each branch of a residual gets the same gradient)
-void Accumulate(bf16* dinp, const bf16* dout, int64_t N, cudaStream_t stream);
 
 // Fused softmax and cross-entropy over logits (N,V): losses (N) = -log softmax[target].
 // With dlogits, also writes dlogits (N,V) = (softmax - onehot(target)) * dloss, which

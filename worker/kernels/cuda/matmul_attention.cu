@@ -89,8 +89,8 @@ __global__ void PermuteKernel(bf16* qkvr, const bf16* inp, int B, int T, int NH,
   qkvr[2 * per + i] = row[2 * C];
 }
 
-// Between head-major (B,NH,T,HS) and token-major (B,T,NH,HS): with to_heads, out is
-// head-major and y token-major; without, the other way round.
+// Copies between head-major (B,NH,T,HS) and token-major (B,T,NH,HS): with to_heads,
+// `from` is token-major and `to` head-major; without, the other way round.
 __global__ void HeadsKernel(bf16* to, const bf16* from, int B, int T, int NH, int HS, bool to_heads) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // index in (B,NH,T,HS)
   if (i >= int64_t(B) * NH * T * HS) return;
