@@ -2,10 +2,10 @@
 // synthetic cluster. Jobs are created one after another at a steady rate; for each, the
 // time from its create to the create of its last pod, both as the server saw them.
 //
-// With --hanging-metrics N, a second half of as many jobs follows, created while N more
-// jobs run whose rank-0 metrics endpoints accept connections and never answer: the
-// ratio of the halves' latencies shows whether reading progress slows other jobs'
-// reconciles.
+// With --hanging-metrics N, the first half's jobs are deleted and a second half of as
+// many jobs follows on the same free cluster, created while N more jobs run whose rank-0
+// metrics endpoints accept connections and never answer: the ratio of the halves'
+// latencies shows whether reading progress slows other jobs' reconciles.
 //
 // It speaks to the test API server over plain HTTP (the CLI uses no operator/kube).
 
@@ -25,6 +25,7 @@
 #include <iomanip>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <cpprest/http_client.h>
@@ -216,6 +217,24 @@ Half CreateAndMeasure(TestServer& server, const std::vector<std::string>& names,
   return half;
 }
 
+// Deletes the jobs (their pods go with them) and waits until no pod of theirs is left, so
+// that the next half places its gangs on the same free cluster.
+void DeleteJobs(TestServer& server, const std::vector<std::string>& names, const BenchOperatorOptions& options) {
+  for (const auto& name : names)
+    server.Request(web::http::methods::DEL, "/apis/meshtrain.dev/v1alpha1/namespaces/default/trainingjobs/" + name);
+  const std::set<std::string> doomed(names.begin(), names.end());
+  const auto deadline = Clock::now() + std::chrono::seconds(options.timeout_seconds);
+  for (;;) {
+    int left = 0;
+    const json pods = server.Request(web::http::methods::GET, "/api/v1/namespaces/default/pods");
+    for (const auto& pod : pods["items"])
+      left += doomed.count(pod["metadata"]["labels"].value("meshtrain.dev/job-name", "")) ? 1 : 0;
+    if (left == 0) return;
+    if (Clock::now() > deadline) throw std::runtime_error(std::to_string(left) + " pods outlived their deleted jobs");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 // Starts `count` jobs whose pods report Running and Ready at the hanging endpoint's address
 // (the kubelet of this bench runs nothing), and waits until the operator has them Running.
 void StartHangingJobs(TestServer& server, int count, const std::string& ip, const BenchOperatorOptions& options) {
@@ -299,6 +318,7 @@ int BenchOperatorCommand(const BenchOperatorOptions& options, std::ostream& out)
     std::optional<Half> hanging;
     std::unique_ptr<HangingEndpoint> endpoint;
     if (options.hanging_metrics > 0) {
+      DeleteJobs(server, first, options);
       endpoint = std::make_unique<HangingEndpoint>();
       StartHangingJobs(server, options.hanging_metrics, endpoint->ip(), options);
       // Let every hanging job's first reads start, and some time out.
