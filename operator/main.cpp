@@ -13,6 +13,7 @@
 
 #include "api/logging.h"
 #include "operator/controller/controller.h"
+#include "operator/controller/worker_defaults.h"
 #include "operator/kube/config.h"
 #include "operator/kube/leader_election.h"
 
@@ -40,7 +41,7 @@ std::unique_ptr<web::http::experimental::listener::http_listener> ServeHealth(in
 
 int main(int argc, char** argv) {
   CLI::App app{"meshtrain-operator: the TrainingJob controller"};
-  std::string kubeconfig, namespace_, log_level = "info", lease_namespace;
+  std::string kubeconfig, namespace_, log_level = "info", lease_namespace, worker_defaults;
   bool leader_elect = false, all_namespaces = false;
   int workers = 4, metrics_port = 8080, health_port = 8081;
   double qps = 50;
@@ -61,6 +62,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 86400));
   app.add_option("--progress-interval", progress_interval_s, "seconds between reads of rank 0's training metrics")
       ->check(CLI::Range(1, 3600));
+  app.add_option("--worker-defaults", worker_defaults,
+                 "YAML file of what worker pods get unless their TrainingJob says otherwise (the Helm chart's)");
   app.add_option("--log-level", log_level, "log level")->check(CLI::IsMember(LogLevelNames()));
   CLI11_PARSE(app, argc, argv);
   InitLogging("meshtrain-operator", log_level);
@@ -81,7 +84,8 @@ int main(int argc, char** argv) {
     client_options.qps = qps;
     client_options.burst = burst;
     kube::Client client(config, client_options);
-    client.SetRequestObserver([&metrics](const std::string& verb, int code) { metrics.ApiRequest(verb, code); });
+    client.SetRequestObserver(
+        [&metrics](const std::string& verb, int code, double seconds) { metrics.ApiRequest(verb, code, seconds); });
 
     std::unique_ptr<prometheus::Exposer> exposer;
     if (metrics_port > 0) {
@@ -93,6 +97,7 @@ int main(int argc, char** argv) {
     options.workers = workers;
     options.reconciler.decide.pending_timeout = std::chrono::seconds(pending_timeout_s);
     options.progress.interval = std::chrono::seconds(progress_interval_s);
+    if (!worker_defaults.empty()) options.reconciler.decide.worker = controller::LoadWorkerDefaults(worker_defaults);
     controller::Controller controller(client, &metrics, options);
     kube::LeaderElectionOptions election;
     char host[256] = {};
@@ -103,7 +108,8 @@ int main(int argc, char** argv) {
 
     std::unique_ptr<web::http::experimental::listener::http_listener> health;
     if (health_port > 0) {
-      health = ServeHealth(health_port, [&] { return controller.Ready() && (!leader_elect || elector.IsLeader()); });
+      // A standby replica is ready (it serves, and campaigns); the leader once its caches synced.
+      health = ServeHealth(health_port, [&] { return leader_elect && !elector.IsLeader() ? true : controller.Ready(); });
     }
 
     std::stop_source stop;
@@ -117,9 +123,15 @@ int main(int argc, char** argv) {
 
     bool lost = false;
     if (leader_elect) {
-      const bool led = elector.Run(stop.get_token(), [&](std::stop_token leading) { controller.Run(leading); });
+      metrics.SetLeader(false);
+      const bool led = elector.Run(stop.get_token(), [&](std::stop_token leading) {
+        metrics.SetLeader(true);
+        controller.Run(leading);
+        metrics.SetLeader(false);
+      });
       lost = led && !stop.stop_requested();
     } else {
+      metrics.SetLeader(true);
       controller.Run(stop.get_token());
     }
     if (health) health->close().wait();

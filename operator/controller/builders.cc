@@ -62,7 +62,8 @@ json BuildConfigMap(const api::TrainingJob& job, const json& written_spec, const
           {"data", {{"job.json", spec_doc.dump(2)}, {"rank-table.json", api::ToJson(table).dump(2)}}}};
 }
 
-json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t gang, int64_t node_rank) {
+json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t gang, int64_t node_rank,
+              const WorkerDefaults& worker) {
   const auto& spec = job.spec;
   const std::string& name = job.metadata.name;
   const std::string coordinator_host = name + "-0." + name + "." + job.metadata.namespace_ + ".svc";
@@ -88,11 +89,16 @@ json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t 
   for (const auto& e : spec.template_.env) env.push_back(Env(e.name, e.value));
 
   json limits = {{"nvidia.com/gpu", std::to_string(spec.resources.gpu.value_or(spec.gpus_per_node))}};
-  if (spec.resources.efa > 0) limits["vpc.amazonaws.com/efa"] = std::to_string(spec.resources.efa);
+  if (spec.resources.efa > 0) {
+    limits["vpc.amazonaws.com/efa"] = std::to_string(spec.resources.efa);
+    if (!worker.hugepages_2mi.empty()) limits["hugepages-2Mi"] = worker.hugepages_2mi;
+  }
 
   json volumes = json::array({
       {{"name", "meshtrain-config"}, {"configMap", {{"name", ConfigMapName(name)}}}},
-      {{"name", "dshm"}, {"emptyDir", {{"medium", "Memory"}}}},
+      {{"name", "dshm"},
+       {"emptyDir", worker.shm_size_limit.empty() ? json{{"medium", "Memory"}}
+                                                   : json{{"medium", "Memory"}, {"sizeLimit", worker.shm_size_limit}}}},
   });
   json mounts = json::array({
       {{"name", "meshtrain-config"}, {"mountPath", kConfigDir}, {"readOnly", true}},

@@ -16,6 +16,7 @@
 
 #include "api/rank_table.h"
 #include "api/training_job.h"
+#include "operator/controller/worker_defaults.h"
 
 namespace meshtrain::controller {
 
@@ -38,6 +39,8 @@ nlohmann::json BuildService(const api::TrainingJob& job);
 // did), rank-table.json.
 nlohmann::json BuildConfigMap(const api::TrainingJob& job, const nlohmann::json& written_spec,
                               const api::RankTable& table, int64_t gang);
-nlohmann::json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t gang, int64_t node_rank);
+// `worker` gives a pod that uses EFA its hugepages, and /dev/shm its size limit.
+nlohmann::json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t gang, int64_t node_rank,
+                        const WorkerDefaults& worker = {});
 
 }  // namespace meshtrain::controller

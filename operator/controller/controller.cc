@@ -58,7 +58,9 @@ void Controller::OnNodeChange(const json& old_node, const json& node) {
 }
 
 void Controller::Worker() {
-  while (auto key = queue_.Get()) {
+  kube::WorkQueue::Clock::duration waited{};
+  while (auto key = queue_.Get(&waited)) {
+    if (metrics_) metrics_->QueueWait(std::chrono::duration<double>(waited).count());
     const auto started = Clock::now();
     const size_t slash = key->find('/');
     const std::string ns = slash == std::string::npos ? "" : key->substr(0, slash);

@@ -34,8 +34,10 @@ std::string Label(const json& object, const char* label) {
 class Decider {
  public:
   Decider(const Observed& observed, const DecideOptions& options)
-      : o_(observed), options_(options), job_(observed.checked.job) {
+      : o_(observed), options_(options), job_(observed.checked.job), defaults_(observed.checked.defaults) {
     d_.status = observed.status;
+    if (observed.checked.ok())
+      ApplyWorkerDefaults(options.worker, observed.object.value("spec", json::object()), &job_, &defaults_);
   }
 
   Decision Run() {
@@ -77,7 +79,7 @@ class Decider {
       for (const auto& e : o_.checked.errors) message += (message.empty() ? "" : "; ") + e.ToString();
       return Fail("InvalidSpec", message);
     }
-    d_.status.defaults = o_.checked.defaults;
+    d_.status.defaults = defaults_;
     ReportFieldsWithoutEffect();
 
     // 3. runPolicy: suspend and the deadline.
@@ -296,7 +298,7 @@ class Decider {
     std::set<std::string> present;
     for (const auto& pod : current) present.insert(pod["metadata"].value("name", ""));
     for (int64_t rank = 0; rank < nodes(); ++rank) {
-      if (!present.count(PodName(o_.name, gang, rank))) objects.pods.push_back(BuildPod(job_, *table, gang, rank));
+      if (!present.count(PodName(o_.name, gang, rank))) objects.pods.push_back(BuildPod(job_, *table, gang, rank, options_.worker));
     }
     d_.create = std::move(objects);
 
@@ -333,7 +335,8 @@ class Decider {
 
   const Observed& o_;
   const DecideOptions& options_;
-  const api::TrainingJob& job_;
+  api::TrainingJob job_;  // the job with the operator's worker defaults applied
+  std::vector<api::DerivedDefault> defaults_;
   Decision d_;
 };
 

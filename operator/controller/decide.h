@@ -27,6 +27,7 @@
 
 #include "api/manifest.h"
 #include "api/training_job.h"
+#include "operator/controller/worker_defaults.h"
 #include "operator/scheduler/cluster.h"
 
 namespace meshtrain::controller {
@@ -35,6 +36,7 @@ namespace meshtrain::controller {
 inline constexpr const char* kSpecWarningsCondition = "SpecWarnings";
 
 struct DecideOptions {
+  WorkerDefaults worker;  // what pods get unless the job says otherwise
   std::chrono::seconds pending_timeout{120};     // a pod Pending this long gets its gang re-planned
   std::chrono::seconds unschedulable_retry{10};  // retry period while nothing fits
 };

@@ -26,7 +26,17 @@ OperatorMetrics::OperatorMetrics()
                              .Help("Time to plan one gang placement")
                              .Register(*registry_)
                              .Add({}, SecondsBuckets())),
-      api_requests_(BuildCounter().Name("meshtrain_operator_api_requests_total").Help("Kubernetes API requests by verb and code").Register(*registry_)) {}
+      api_requests_(BuildCounter().Name("meshtrain_operator_api_requests_total").Help("Kubernetes API requests by verb and code").Register(*registry_)),
+      api_request_seconds_(BuildHistogram()
+                               .Name("meshtrain_operator_api_request_duration_seconds")
+                               .Help("Kubernetes API request latency by verb")
+                               .Register(*registry_)),
+      queue_wait_seconds_(BuildHistogram()
+                              .Name("meshtrain_operator_workqueue_wait_seconds")
+                              .Help("Time a job key waited in the work queue before a worker took it")
+                              .Register(*registry_)
+                              .Add({}, SecondsBuckets())),
+      leader_(BuildGauge().Name("meshtrain_operator_leader").Help("1 while this replica holds the leader Lease").Register(*registry_).Add({})) {}
 
 void OperatorMetrics::Reconciled(const std::string& result, double seconds) {
   reconciles_.Add({{"result", result}}).Increment();
@@ -49,8 +59,13 @@ void OperatorMetrics::GangRestarted() { restarts_.Increment(); }
 
 void OperatorMetrics::Placed(double seconds) { placement_seconds_.Observe(seconds); }
 
-void OperatorMetrics::ApiRequest(const std::string& verb, int code) {
+void OperatorMetrics::ApiRequest(const std::string& verb, int code, double seconds) {
   api_requests_.Add({{"verb", verb}, {"code", std::to_string(code)}}).Increment();
+  api_request_seconds_.Add({{"verb", verb}}, SecondsBuckets()).Observe(seconds);
 }
+
+void OperatorMetrics::QueueWait(double seconds) { queue_wait_seconds_.Observe(seconds); }
+
+void OperatorMetrics::SetLeader(bool leading) { leader_.Set(leading ? 1 : 0); }
 
 }  // namespace meshtrain::controller

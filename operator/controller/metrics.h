@@ -26,7 +26,9 @@ class OperatorMetrics {
   void SetJobsByPhase(const std::map<std::string, int>& counts);
   void GangRestarted();
   void Placed(double seconds);
-  void ApiRequest(const std::string& verb, int code);
+  void ApiRequest(const std::string& verb, int code, double seconds);
+  void QueueWait(double seconds);  // from a key's Add to the worker's Get
+  void SetLeader(bool leading);
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -37,6 +39,9 @@ class OperatorMetrics {
   prometheus::Counter& restarts_;
   prometheus::Histogram& placement_seconds_;
   prometheus::Family<prometheus::Counter>& api_requests_;
+  prometheus::Family<prometheus::Histogram>& api_request_seconds_;
+  prometheus::Histogram& queue_wait_seconds_;
+  prometheus::Gauge& leader_;
   std::mutex mu_;
   std::map<std::string, prometheus::Gauge*> phase_gauges_;
 };

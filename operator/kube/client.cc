@@ -87,9 +87,10 @@ http::http_request Client::NewRequest(const std::string& method, const std::stri
   return request;
 }
 
-void Client::Observe(const std::string& verb, int code) {
+void Client::Observe(const std::string& verb, int code, std::chrono::steady_clock::time_point sent) {
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
   std::lock_guard lock(impl_->observer_mu);
-  if (impl_->observer) impl_->observer(verb, code);
+  if (impl_->observer) impl_->observer(verb, code, seconds);
 }
 
 json Client::Request(const std::string& verb, const std::string& method, const std::string& path, const json* body,
@@ -99,6 +100,7 @@ json Client::Request(const std::string& verb, const std::string& method, const s
   for (int attempt = 0;; ++attempt) {
     http::http_request request = NewRequest(method, path);
     if (body) request.set_body(payload, content_type);
+    const auto sent = std::chrono::steady_clock::now();
     int code = 0;
     std::string text;
     std::chrono::milliseconds retry_after{0};
@@ -116,7 +118,7 @@ json Client::Request(const std::string& verb, const std::string& method, const s
     } catch (const std::exception& e) {
       error.emplace(ErrorKind::kUnavailable, 0, "", e.what(), verb + " " + path + ": no response: " + e.what());
     }
-    Observe(verb, code);
+    Observe(verb, code, sent);
     if (!error && code >= 200 && code < 300) {
       if (text.empty()) return json::object();
       auto parsed = json::parse(text, nullptr, false);
@@ -176,15 +178,16 @@ void Client::Watch(const ResourceType& type, const std::string& ns, const ListOp
   std::stop_callback on_stop(stop, [&cancel] { cancel.cancel(); });
 
   http::http_request request = NewRequest("GET", path);
+  const auto sent = std::chrono::steady_clock::now();
   http::http_response response;
   try {
     response = stream_client.request(request, cancel.get_token()).get();
   } catch (const std::exception& e) {
-    Observe("watch", 0);
+    Observe("watch", 0, sent);
     if (stop.stop_requested()) return;
     throw KubeError(ErrorKind::kUnavailable, 0, "", e.what(), "watch " + path + ": no response: " + e.what());
   }
-  Observe("watch", response.status_code());
+  Observe("watch", response.status_code(), sent);
   if (response.status_code() != 200)
     throw ErrorFromResponse("watch", path, response.status_code(), response.extract_utf8string(true).get());
 

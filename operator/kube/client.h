@@ -49,7 +49,9 @@ struct WatchEvent {
 
 // Called after every HTTP exchange: the Kubernetes verb (get, list, watch, create, update,
 // patch, delete) and the status code (0 when no response came).
-using RequestObserver = std::function<void(const std::string& verb, int code)>;
+// Called after each request: its verb, HTTP code (0: no response) and seconds from send
+// to the whole response (a watch's: to its headers).
+using RequestObserver = std::function<void(const std::string& verb, int code, double seconds)>;
 
 class Client {
  public:
@@ -88,7 +90,7 @@ class Client {
                          const nlohmann::json* body, const std::string& content_type);
   // Waits for a token and returns a request with the headers every call carries.
   web::http::http_request NewRequest(const std::string& method, const std::string& path);
-  void Observe(const std::string& verb, int code);
+  void Observe(const std::string& verb, int code, std::chrono::steady_clock::time_point sent);
 
   KubeConfig config_;
   ClientOptions options_;

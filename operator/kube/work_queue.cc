@@ -12,6 +12,7 @@ void WorkQueue::AddLocked(const std::string& key) {
   dirty_.insert(key);
   if (processing_.count(key)) return;  // Done() queues it again
   queue_.push_back(key);
+  ready_since_[key] = Clock::now();
   cv_.notify_one();
 }
 
@@ -66,7 +67,7 @@ void WorkQueue::PromoteDueLocked(Clock::time_point now) {
   }
 }
 
-std::optional<std::string> WorkQueue::Get() {
+std::optional<std::string> WorkQueue::Get(Clock::duration* waited) {
   std::unique_lock lock(mu_);
   for (;;) {
     PromoteDueLocked(Clock::now());
@@ -80,6 +81,10 @@ std::optional<std::string> WorkQueue::Get() {
   }
   std::string key = std::move(queue_.front());
   queue_.pop_front();
+  if (auto it = ready_since_.find(key); it != ready_since_.end()) {
+    if (waited) *waited = Clock::now() - it->second;
+    ready_since_.erase(it);
+  }
   processing_.insert(key);
   dirty_.erase(key);
   return key;
@@ -90,6 +95,7 @@ void WorkQueue::Done(const std::string& key) {
   processing_.erase(key);
   if (dirty_.count(key)) {
     queue_.push_back(key);
+    ready_since_[key] = Clock::now();
     cv_.notify_one();
   }
 }

@@ -44,7 +44,8 @@ class WorkQueue {
   int NumRequeues(const std::string& key) const;
 
   // Blocks until a key is ready or the queue shuts down (nullopt).
-  std::optional<std::string> Get();
+  // `waited`, when given, gets how long the key was ready before it was taken.
+  std::optional<std::string> Get(Clock::duration* waited = nullptr);
   void Done(const std::string& key);
 
   // Keys ready to be taken (not counting delayed ones).
@@ -60,6 +61,7 @@ class WorkQueue {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::string> queue_;
+  std::map<std::string, Clock::time_point> ready_since_;  // keys in queue_ -> when they joined it
   std::set<std::string> dirty_;
   std::set<std::string> processing_;
   std::multimap<Clock::time_point, std::string> delayed_;

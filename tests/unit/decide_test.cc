@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "api/json_codec.h"
 #include "api/manifest.h"
 #include "api/worker_contract.h"
 #include "operator/controller/builders.h"
@@ -271,6 +272,32 @@ TEST(Decide, TheDeadlineFailsAStartedJob) {
   EXPECT_EQ(d.status.conditions.back().reason, "DeadlineExceeded");
   o.now = kNow + std::chrono::seconds(30);
   EXPECT_EQ(Decide(o, {}).requeue_after, std::chrono::milliseconds(std::chrono::seconds(30)));
+}
+
+TEST(Decide, TheOperatorsWorkerDefaultsReachThePodsAndStatus) {
+  json object = JobObject();
+  object["spec"]["template"] = {{"nodeSelector", {{kInstanceTypeLabel, "p5.48xlarge"}}}};
+  DecideOptions options;
+  options.worker.efa_per_instance_type = {{"p5.48xlarge", 32}};
+  options.worker.hugepages_2mi = "5120Mi";
+  Observed o = Observe(object, {});
+  o.cluster = [] {
+    scheduler::SyntheticClusterOptions cluster;
+    cluster.nodes = 64;
+    cluster.gpu_used_fraction = 0;
+    cluster.efa_per_node = 32;
+    scheduler::ClusterSnapshot snapshot = scheduler::MakeSyntheticCluster(cluster);
+    for (auto& node : snapshot.nodes) node.labels[kInstanceTypeLabel] = "p5.48xlarge";
+    return snapshot;
+  };
+  const Decision d = Decide(o, options);
+  ASSERT_TRUE(d.create) << d.status.conditions.at(0).message;
+  const json& limits = d.create->pods.at(0)["spec"]["containers"][0]["resources"]["limits"];
+  EXPECT_EQ(limits["vpc.amazonaws.com/efa"], "32");
+  EXPECT_EQ(limits["hugepages-2Mi"], "5120Mi");
+  bool recorded = false;
+  for (const auto& derived : d.status.defaults) recorded = recorded || (derived.field == "spec.resources.efa" && derived.value == "32");
+  EXPECT_TRUE(recorded) << "status.defaults says where the EFA count came from: " << api::ToJson(d.status).dump();
 }
 
 TEST(Decide, TheTtlDeletesAFinishedJob) {

@@ -83,7 +83,7 @@ TEST_F(KubeTest, RetriesServerErrorsAndThrottling) {
   faults.throttles = 1;
   server_->SetFaults(faults);
   std::vector<int> codes;
-  client_->SetRequestObserver([&](const std::string&, int code) { codes.push_back(code); });
+  client_->SetRequestObserver([&](const std::string&, int code, double) { codes.push_back(code); });
   client_->Create(resources::ConfigMaps(), "default", ConfigMap("b", "1"));
   EXPECT_EQ(codes, (std::vector<int>{500, 500, 429, 201}));
   // More failures than retries surface as a ServerError.

@@ -1,0 +1,47 @@
+// What every worker pod gets unless its TrainingJob says otherwise: the EKS defaults the
+// Helm chart writes into a ConfigMap (helm/meshtrain/values.yaml, workerDefaults), which
+// the operator reads with --worker-defaults FILE at start.
+//
+// A job's written fields win: spec.resources.efa over the count for its instance type,
+// spec.template.tolerations over the default tolerations, spec.topology.levels over the
+// default levels, and an env entry of the job over an EFA one of the same name.
+//
+// Thread-safety: plain values and pure functions.
+
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "api/training_job.h"
+
+namespace meshtrain::controller {
+
+inline constexpr const char* kInstanceTypeLabel = "node.kubernetes.io/instance-type";
+
+struct WorkerDefaults {
+  std::map<std::string, int64_t> efa_per_instance_type;  // by the job's nodeSelector instance type
+  std::string hugepages_2mi;   // hugepages-2Mi per pod that uses EFA; "" for none
+  std::string shm_size_limit;  // sizeLimit of the memory-backed /dev/shm; "" for none
+  std::vector<api::EnvVar> efa_env;  // for pods that use EFA
+  std::vector<api::Toleration> tolerations;
+  std::vector<std::string> topology_levels;  // empty: api's DefaultTopologyLevels()
+  bool operator==(const WorkerDefaults&) const = default;
+};
+
+// Reads the YAML or JSON file (every key of values.yaml's workerDefaults is optional).
+// Throws std::runtime_error naming the file and the key for an unreadable file, an
+// unknown key or a wrong type.
+WorkerDefaults LoadWorkerDefaults(const std::string& path);
+WorkerDefaults ParseWorkerDefaults(const nlohmann::json& object, const std::string& source);
+
+// Fills what `job` left out (`written_spec` is its spec as written) from the defaults,
+// and records each value so derived in `derived` (shown in status.defaults).
+void ApplyWorkerDefaults(const WorkerDefaults& defaults, const nlohmann::json& written_spec, api::TrainingJob* job,
+                         std::vector<api::DerivedDefault>* derived);
+
+}  // namespace meshtrain::controller
