@@ -23,6 +23,10 @@ constexpr std::array<Preset, 5> kPresets = {{
 
 }  // namespace
 
+double ModelShape::TrainingFlopsPerToken(int64_t seq) const {
+  return 6 * double(ParameterCount()) + 12.0 * double(layers) * double(seq) * double(hidden);
+}
+
 int64_t ModelShape::ParameterCount() const {
   const int64_t c = hidden;
   return vocab_size * c + seq_len * c + layers * (12 * c * c + 13 * c) + 2 * c;

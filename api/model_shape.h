@@ -20,6 +20,9 @@ struct ModelShape {
   // Trainable parameters of GPT-2 with tied embeddings:
   // wte V*C + wpe T*C + per layer (12*C^2 + 13*C) + final LayerNorm 2*C.
   int64_t ParameterCount() const;
+  // 6N + 12LTC: the matrix FLOPs of forward and backward per token of a sequence of
+  // `seq` tokens, attention included (the numerator of MFU, as llm.c counts it).
+  double TrainingFlopsPerToken(int64_t seq) const;
   bool operator==(const ModelShape&) const = default;
 };
 

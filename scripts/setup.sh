@@ -17,8 +17,9 @@ packages=(
   unzip prometheus curl
   # TLS tests of the Kubernetes client: a private CA and certificates
   openssl
-  # the reference that writes a tiny Hugging Face GPT-2 and its logits for the import test
-  python3
+  # the reference that writes a tiny Hugging Face GPT-2 and its logits for the import test;
+  # YAML to JSON for the chart tests
+  python3 python3-yaml
 )
 
 missing=()

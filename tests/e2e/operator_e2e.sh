@@ -249,6 +249,45 @@ case $scenario in
     awk "BEGIN { exit !($hanging <= 2 * $baseline + 100) }" ||
       fail "with hanging metrics endpoints the median job took $hanging ms, against $baseline ms without"
     ;;
+  chart-operator)
+    # The operator as the Helm chart deploys it with examples/helm/eks-p5.yaml: the rendered
+    # Deployment's arguments (leader election in the release namespace) and its worker
+    # defaults. A job on p5.48xlarge nodes gets 32 EFA interfaces per pod, hugepages, a
+    # bounded /dev/shm and the aws-ofi-nccl environment; status.defaults says why.
+    start_server 60
+    post /api/v1/namespaces '{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "meshtrain"}}'
+    "$tools/bin/helm" template meshtrain "$src/helm/meshtrain" --namespace meshtrain -f "$src/examples/helm/eks-p5.yaml" \
+      --api-versions monitoring.coreos.com/v1/ServiceMonitor --api-versions monitoring.coreos.com/v1/PodMonitor \
+      --api-versions monitoring.coreos.com/v1/PrometheusRule >"$work/chart.yaml"
+    python3 - "$work" <<'PY'
+import sys, yaml
+work = sys.argv[1]
+docs = [d for d in yaml.safe_load_all(open(f"{work}/chart.yaml")) if d]
+deployment = next(d for d in docs if d["kind"] == "Deployment")
+config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-worker-defaults"))
+open(f"{work}/worker-defaults.yaml", "w").write(config["data"]["worker-defaults.yaml"])
+args = []
+for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]:
+    if a.startswith(("--metrics-port=", "--health-port=", "--workers=")): continue  # start_operator sets these
+    args.append(f"--worker-defaults={work}/worker-defaults.yaml" if a.startswith("--worker-defaults=") else a)
+open(f"{work}/args", "w").write("\n".join(args) + "\n")
+PY
+    mapfile -t args <"$work/args"
+    [[ " ${args[*]} " == *" --leader-elect "* ]] || fail "the rendered Deployment does not elect a leader: ${args[*]}"
+    start_operator "${args[@]}"
+    apply_job 8 "{train: /data/train.bin}" "{steps: 10, globalBatchTokens: 16384, microBatchSize: 1, warmupSteps: 1}" \
+      "    nodeSelector: {node.kubernetes.io/instance-type: p5.48xlarge}"
+    wait_for '{.status.phase}' Running 30
+    "$kubectl" get lease -n meshtrain meshtrain-operator >/dev/null || fail "no leader Lease in the release namespace"
+    limits=$("$kubectl" get pod tiny-g0-0 -o 'jsonpath={.spec.containers[0].resources.limits}')
+    [[ $limits == *'"vpc.amazonaws.com/efa":"32"'* && $limits == *'"hugepages-2Mi":"5120Mi"'* ]] ||
+      fail "the pod's limits lack the p5 defaults: $limits"
+    env=$("$kubectl" get pod tiny-g0-0 -o 'jsonpath={.spec.containers[0].env[*].name}')
+    [[ $env == *FI_PROVIDER* && $env == *NCCL_NET* ]] || fail "the pod lacks the aws-ofi-nccl environment: $env"
+    [ "$("$kubectl" get pod tiny-g0-0 -o 'jsonpath={.spec.volumes[?(@.name=="dshm")].emptyDir.sizeLimit}')" = 256Gi ] ||
+      fail "/dev/shm is not bounded by shmSizeLimit"
+    wait_for '{.status.defaults[?(@.field=="spec.resources.efa")].value}' 32 5
+    ;;
   invalid)
     start_server 2
     start_operator
@@ -429,6 +468,10 @@ YAML
     wait_prom 'meshtrain_memory_peak_bytes{job_name="tiny",category="activations"}' 30
     wait_prom 'meshtrain_train_step_duration_seconds_count{job_name="tiny"}' 30
     wait_prom 'meshtrain_train_steps{job_name="tiny"} == 100000' 30  # the job's steps
+    wait_prom 'meshtrain_checkpoint_last_step{job_name="tiny"}' 60
+    # Every dashboard panel's every query returns data from this run.
+    node "$src/tests/deploy/dashboards.js" query "http://127.0.0.1:$prom_port" tiny "$src"/dashboards/*.json ||
+      fail "a dashboard panel shows nothing"
     # A gang restart shows in the counter.
     post /_test/kubelet/kill '{"namespace": "default", "name": "tiny-g0-1", "signal": 9}'
     wait_for '{.status.restarts}' 1 20

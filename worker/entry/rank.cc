@@ -7,9 +7,12 @@
 #include "api/environment.h"
 #include "api/worker_contract.h"
 #include "api/manifest.h"
+#include "api/model_shape.h"
 #include "worker/comm/bootstrap.h"
 #include "worker/comm/fabric/fabric_communicator.h"
 #include "worker/metrics/training_metrics.h"
+#include "worker/runtime/device_peak.h"
+#include "worker/train/cuda_plugin.h"
 #include "worker/train/token_file.h"
 #include "worker/train/trainer.h"
 
@@ -54,6 +57,13 @@ void BadInputIsConfigError(const std::string& config, F&& f) {
   }
 }
 
+// The device's dense bf16 peak FLOP/s for MFU; 0 on the CPU, where none is known.
+double DensePeakFlops(const runtime::Device& device) {
+  if (!device.is_cuda()) return 0;
+  const train::CudaPlugin* plugin = train::CudaPluginOrNull(nullptr);
+  return plugin ? runtime::DenseBf16Peak(plugin->device_facts(device.index)).flops : 0;
+}
+
 int Train(std::ostream& out) {
   comm::WorkerEnvironment env;
   api::CheckedJob checked;
@@ -85,6 +95,10 @@ int Train(std::ostream& out) {
   const runtime::DeviceChoice where = train::ChooseDeviceHere(job.spec.training.precision, env.local_rank);
   std::optional<train::Trainer> trainer;
   BadInputIsConfigError(env.config, [&] { trainer.emplace(job, world.get(), where.device); });
+  if (exported) {
+    exported->Flops(api::ShapeOf(job.spec.model).TrainingFlopsPerToken(*job.spec.model.seq_len),
+                    DensePeakFlops(where.device) * env.world_size);  // ranks share one kind of device
+  }
   if (env.rank == 0) {
     for (const api::FieldError& w : checked.warnings) out << "warning: " << w.ToString() << std::endl;
     for (const api::FieldError& w : train::FieldsWithoutEffectOn(job, where.device)) {

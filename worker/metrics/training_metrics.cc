@@ -99,6 +99,10 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
                                   "The checkpoint step this run resumed from (-1: it started fresh).", labels)),
       damaged_checkpoints_(NewGauge(*registry_, contract::kResumeDamagedCheckpoints,
                                     "Newer checkpoints the resume skipped as damaged.", labels)),
+      model_flops_per_token_(NewGauge(*registry_, "meshtrain_train_model_flops_per_token",
+                                      "Matrix FLOPs of forward and backward per token (6N + 12LTC).", labels)),
+      peak_flops_(NewGauge(*registry_, "meshtrain_train_peak_flops",
+                           "Dense bf16 peak FLOP/s of all the job's devices; 0 when unknown (CPU).", labels)),
       checkpoint_failures_(BuildCounter()
                                .Name("meshtrain_checkpoint_failures_total")
                                .Help("Checkpoints that failed to write (the previous one stays).")
@@ -144,6 +148,11 @@ void TrainingMetrics::Step(const train::StepReport& report) {
 void TrainingMetrics::ResumedFrom(int64_t step, int64_t damaged) {
   resumed_from_step_.Set(double(step));
   damaged_checkpoints_.Set(double(damaged));
+}
+
+void TrainingMetrics::Flops(double model_flops_per_token, double job_peak_flops) {
+  model_flops_per_token_.Set(model_flops_per_token);
+  peak_flops_.Set(job_peak_flops);
 }
 
 void TrainingMetrics::Checkpoints(const train::CheckpointStats& stats) {

@@ -15,6 +15,8 @@
 //   meshtrain_checkpoint_failures_total                   counter
 //   meshtrain_train_resumed_from_step                     gauge: the checkpoint this run resumed from (-1: none)
 //   meshtrain_train_resume_damaged_checkpoints            gauge: newer checkpoints that resume skipped
+//   meshtrain_train_model_flops_per_token                 gauge: 6N + 12LTC, the numerator of MFU
+//   meshtrain_train_peak_flops                            gauge: the dense bf16 peak of all the job's devices (0: unknown, as on CPU)
 //
 // The operator reads the names of api/worker_contract.h (api::worker::metric) from rank 0
 // to fill a TrainingJob's status.progress.
@@ -52,6 +54,9 @@ class TrainingMetrics {
   void Checkpoints(const train::CheckpointStats& stats);
   // The checkpoint this run resumed from, after skipping `damaged` newer ones.
   void ResumedFrom(int64_t step, int64_t damaged);
+  // What MFU is counted from: model FLOPs per token, and the dense peak of all the job's
+  // devices (0: unknown). MFU = tokens_per_second x model_flops_per_token / peak_flops.
+  void Flops(double model_flops_per_token, double job_peak_flops);
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
@@ -69,6 +74,7 @@ class TrainingMetrics {
   prometheus::Counter &all_gather_seconds_, &reduce_scatter_seconds_, &all_reduce_seconds_, &exposed_comm_seconds_;
   prometheus::Histogram &checkpoint_seconds_, &checkpoint_stall_seconds_;
   prometheus::Gauge &checkpoint_last_step_, &checkpoint_bytes_, &resumed_from_step_, &damaged_checkpoints_;
+  prometheus::Gauge &model_flops_per_token_, &peak_flops_;
   prometheus::Counter& checkpoint_failures_;
   int64_t tokens_per_step_;
   int64_t checkpoints_seen_ = 0, failures_seen_ = 0;  // of the stats last passed to Checkpoints

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Tests of the Helm chart (helm/meshtrain) with the real helm, promtool and the
+# kubernetes-models schemas. Usage: chart_test.sh BUILD_DIR TOOLS_DIR CASE
+set -euo pipefail
+build=$1 tools=$2 case=$3
+src=$(cd "$(dirname "$0")/../.." && pwd)
+chart=$src/helm/meshtrain
+helm=$tools/bin/helm
+work=$(mktemp -d /tmp/meshtrain-chart.XXXXXX)
+export HOME=$work  # helm's caches and config
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'echo "FAIL ($case): line $LINENO: $BASH_COMMAND exited $?" >&2' ERR
+fail() { echo "FAIL ($case): $*" >&2; exit 1; }
+
+monitoring_apis=(--api-versions monitoring.coreos.com/v1/ServiceMonitor --api-versions monitoring.coreos.com/v1/PodMonitor
+                 --api-versions monitoring.coreos.com/v1/PrometheusRule)
+# render NAME [HELM_ARGS...]: helm template into $work/NAME.yaml and, as a JSON array, NAME.json.
+render() {
+  local name=$1
+  shift
+  "$helm" template meshtrain "$chart" --namespace meshtrain "$@" >"$work/$name.yaml"
+  python3 -c 'import json, sys, yaml
+json.dump([d for d in yaml.safe_load_all(open(sys.argv[1])) if d], open(sys.argv[2], "w"))' "$work/$name.yaml" "$work/$name.json"
+}
+# expect_error SUBSTRING HELM_ARGS...: helm template fails and says SUBSTRING.
+expect_error() {
+  local want=$1 out
+  shift
+  out=$("$helm" template meshtrain "$chart" "$@" 2>&1) && fail "helm template $* succeeded"
+  [[ $out == *"$want"* ]] || fail "helm template $* failed without saying '$want': $out"
+}
+
+case $case in
+  lint)
+    "$helm" lint --strict "$chart"
+    for values in "$src"/examples/helm/*.yaml; do "$helm" lint --strict "$chart" -f "$values"; done
+    # What the chart ships is what the repository's sources say.
+    cmp "$chart/crds/trainingjobs.meshtrain.dev.yaml" "$src/crds/trainingjobs.meshtrain.dev.yaml" ||
+      fail "helm/meshtrain/crds differs from crds/"
+    for d in "$src"/dashboards/*.json; do
+      cmp "$d" "$chart/files/dashboards/$(basename "$d")" || fail "helm/meshtrain/files/dashboards differs from dashboards/"
+    done
+    ;;
+  render)
+    # Every rendered object of every values file passes the Kubernetes and Prometheus
+    # Operator schemas; the validator itself rejects a broken object.
+    render defaults
+    render p5 -f "$src/examples/helm/eks-p5.yaml" "${monitoring_apis[@]}"
+    render p4d -f "$src/examples/helm/eks-p4d.yaml"
+    render everything --set podDisruptionBudget.enabled=true --set operator.watchNamespace=training \
+      --set monitoring.serviceMonitor.enabled=true --set monitoring.podMonitor.enabled=true \
+      --set monitoring.prometheusRule.enabled=true --set monitoring.dashboards.enabled=true "${monitoring_apis[@]}"
+    for name in defaults p5 p4d everything; do
+      node "$src/tests/deploy/validate_manifests.js" "$tools/node_modules" "$work/$name.json" || fail "$name: invalid objects"
+    done
+    python3 -c 'import json, sys
+objects = json.load(open(sys.argv[1]))
+for o in objects:
+    if o["kind"] == "Deployment": o["spec"]["replicas"] = "two"
+json.dump(objects, open(sys.argv[1], "w"))' "$work/defaults.json"
+    node "$src/tests/deploy/validate_manifests.js" "$tools/node_modules" "$work/defaults.json" >/dev/null 2>&1 &&
+      fail "the validator accepted a Deployment with replicas: two"
+    # What the defaults promise: two replicas with leader election, probes, a locked-down container.
+    python3 - "$work/everything.json" <<'PY'
+import json, sys
+objects = json.load(open(sys.argv[1]))
+kinds = sorted(o["kind"] for o in objects)
+for want in ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "PodDisruptionBudget", "PodMonitor",
+             "PrometheusRule", "Role", "RoleBinding", "Service", "ServiceAccount", "ServiceMonitor"]:
+    assert want in kinds, f"no {want} rendered: {kinds}"
+deployment = next(o for o in objects if o["kind"] == "Deployment")
+assert deployment["spec"]["replicas"] == 2, deployment["spec"]["replicas"]
+pod = deployment["spec"]["template"]["spec"]
+container = pod["containers"][0]
+args = container["args"]
+for want in ["--leader-elect", "--leader-election-namespace=meshtrain", "--namespace=training",
+             "--worker-defaults=/etc/meshtrain-operator/worker-defaults.yaml"]:
+    assert want in args, f"{want} not in {args}"
+assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+sc = container["securityContext"]
+assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False, sc
+assert sc["capabilities"]["drop"] == ["ALL"], sc
+assert pod["securityContext"]["runAsNonRoot"] is True
+dashboards = [o for o in objects if o["kind"] == "ConfigMap" and "dashboard" in o["metadata"]["name"]]
+assert len(dashboards) == 2 and all(d["metadata"]["labels"].get("grafana_dashboard") == "1" for d in dashboards), dashboards
+# Least privilege: no Secrets, no wildcards, and nothing but reads on Nodes.
+for role in (o for o in objects if o["kind"] in ("ClusterRole", "Role")):
+    for rule in role["rules"]:
+        assert "secrets" not in rule["resources"] and "*" not in rule["resources"] and "*" not in rule["verbs"], rule
+        if "nodes" in rule["resources"]:
+            assert set(rule["verbs"]) == {"get", "list", "watch"}, rule
+print(f"ok: {len(objects)} objects: {', '.join(kinds)}")
+PY
+    ;;
+  bad-values)
+    # values.schema.json fails a wrong value with its path, before anything is rendered.
+    expect_error "at '/replicaCount': minimum: got -1, want 0" --set replicaCount=-1
+    expect_error "at '/operator/workers': got string, want integer" --set operator.workers=four
+    expect_error "at '/operator': additional properties 'wrokers' not allowed" --set operator.wrokers=4
+    expect_error "at '/monitoring/serviceMonitor/interval'" --set monitoring.serviceMonitor.interval=often
+    expect_error "at '/workerDefaults/efaPerInstanceType/p5.48xlarge'" --set workerDefaults.efaPerInstanceType.p5\\.48xlarge=-2
+    expect_error "at '/image/pullPolicy'" --set image.pullPolicy=Sometimes
+    ;;
+  monitoring-crds)
+    # A monitoring resource asked for on a cluster without the Prometheus Operator fails
+    # the install with the value to change; off by default, nothing monitoring renders.
+    for kind in serviceMonitor podMonitor prometheusRule; do
+      expect_error "monitoring.$kind.enabled is true, but this cluster has no monitoring.coreos.com/v1" \
+        --set "monitoring.$kind.enabled=true"
+    done
+    render defaults
+    ! grep -q "monitoring.coreos.com" "$work/defaults.yaml" || fail "monitoring resources rendered while off"
+    ;;
+  alerts)
+    # The rendered PrometheusRule's groups pass promtool's check and its unit tests.
+    render rules --set monitoring.prometheusRule.enabled=true "${monitoring_apis[@]}" --show-only templates/prometheusrule.yaml
+    python3 -c 'import json, sys, yaml
+rule = json.load(open(sys.argv[1]))[0]
+yaml.safe_dump(rule["spec"], open(sys.argv[2], "w"))' "$work/rules.json" "$work/alerts.yaml"
+    promtool check rules "$work/alerts.yaml"
+    cp "$src/tests/deploy/alerts_test.yaml" "$work/"
+    (cd "$work" && promtool test rules alerts_test.yaml)
+    node "$src/tests/deploy/dashboards.js" names "$src"/dashboards/*.json "$work/alerts.yaml" -- \
+      "$src/worker/metrics/training_metrics.cc" "$src/operator/controller/metrics.cc" "$src/api/worker_contract.h"
+    ;;
+  *)
+    fail "unknown case"
+    ;;
+esac
+echo "ok: $case"

@@ -1,0 +1,48 @@
+// Validates rendered Kubernetes objects (a JSON array, as chart_test.sh converts `helm
+// template` output) against the schemas of the npm packages kubernetes-models and
+// @kubernetes-models/prometheus-operator. Every object's kind must be known here.
+// Usage: node validate_manifests.js MODELS_DIR OBJECTS_JSON
+'use strict';
+const fs = require('fs');
+const path = require('path');
+
+const [modelsDir, file] = process.argv.slice(2);
+const load = (module, kind) => require(path.resolve(modelsDir, module))[kind];
+const models = {
+  'v1/ServiceAccount': load('kubernetes-models/v1/ServiceAccount', 'ServiceAccount'),
+  'v1/ConfigMap': load('kubernetes-models/v1/ConfigMap', 'ConfigMap'),
+  'v1/Service': load('kubernetes-models/v1/Service', 'Service'),
+  'apps/v1/Deployment': load('kubernetes-models/apps/v1/Deployment', 'Deployment'),
+  'policy/v1/PodDisruptionBudget': load('kubernetes-models/policy/v1/PodDisruptionBudget', 'PodDisruptionBudget'),
+  'rbac.authorization.k8s.io/v1/ClusterRole': load('kubernetes-models/rbac.authorization.k8s.io/v1/ClusterRole', 'ClusterRole'),
+  'rbac.authorization.k8s.io/v1/ClusterRoleBinding':
+      load('kubernetes-models/rbac.authorization.k8s.io/v1/ClusterRoleBinding', 'ClusterRoleBinding'),
+  'rbac.authorization.k8s.io/v1/Role': load('kubernetes-models/rbac.authorization.k8s.io/v1/Role', 'Role'),
+  'rbac.authorization.k8s.io/v1/RoleBinding': load('kubernetes-models/rbac.authorization.k8s.io/v1/RoleBinding', 'RoleBinding'),
+  'apiextensions.k8s.io/v1/CustomResourceDefinition':
+      load('kubernetes-models/apiextensions.k8s.io/v1/CustomResourceDefinition', 'CustomResourceDefinition'),
+  'monitoring.coreos.com/v1/ServiceMonitor': load('@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor', 'ServiceMonitor'),
+  'monitoring.coreos.com/v1/PodMonitor': load('@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/PodMonitor', 'PodMonitor'),
+  'monitoring.coreos.com/v1/PrometheusRule': load('@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/PrometheusRule', 'PrometheusRule'),
+};
+const counts = {};
+let failures = 0;
+for (const object of JSON.parse(fs.readFileSync(file, 'utf8'))) {
+  const key = `${object.apiVersion}/${object.kind}`;
+  const name = object.metadata && object.metadata.name;
+  const Model = models[key];
+  if (!Model) {
+    console.error(`${key} ${name}: no model to validate it with`);
+    failures++;
+    continue;
+  }
+  try {
+    new Model(object).validate();
+    counts[object.kind] = (counts[object.kind] || 0) + 1;
+  } catch (e) {
+    console.error(`${key} ${name}: ${e.message}`);
+    failures++;
+  }
+}
+console.log(`valid: ${JSON.stringify(counts)}; invalid: ${failures}`);
+process.exit(failures ? 1 : 0);
