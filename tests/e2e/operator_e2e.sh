@@ -41,12 +41,31 @@ start_server() {  # start_server SCRIPT_SECONDS [SERVER_FLAGS...]
   for _ in $(seq 100); do [ -f "$work/port" ] && break; sleep 0.1; done
   [ -f "$work/port" ] || fail "the test API server did not start: $(cat "$work/server.log")"
   "$kubectl" apply -f "$src/crds/" >/dev/null
+  operator_account
+}
+
+# The operator runs as the Helm chart's ServiceAccount, under the chart's RBAC rules, which
+# the test API server enforces: $operator_kubeconfig authenticates with a token issued to it.
+operator_kubeconfig=$work/operator-kubeconfig
+operator_account() {
+  post /api/v1/namespaces '{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "meshtrain"}}'
+  "$tools/bin/helm" template meshtrain "$src/helm/meshtrain" --namespace meshtrain \
+    --show-only templates/serviceaccount.yaml --show-only templates/rbac.yaml >"$work/rbac.yaml"
+  "$kubectl" apply -f "$work/rbac.yaml" >/dev/null
+  echo '{"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"audiences": []}}' >"$work/token.json"
+  "$kubectl" create --raw /api/v1/namespaces/meshtrain/serviceaccounts/meshtrain/token -f "$work/token.json" |
+    python3 -c 'import json, sys, yaml
+token = json.load(sys.stdin)["status"]["token"]
+config = yaml.safe_load(open(sys.argv[1]))
+config["users"][0]["user"] = {"token": token}
+yaml.safe_dump(config, open(sys.argv[2], "w"))' "$KUBECONFIG" "$operator_kubeconfig"
 }
 
 operator_pid=
 start_operator() {
   local n=${#pids[@]}
-  "$build/operator/meshtrain-operator" --metrics-port 0 --health-port 0 --workers 2 "$@" >"$work/operator$n.log" 2>&1 &
+  "$build/operator/meshtrain-operator" --kubeconfig "$operator_kubeconfig" --metrics-port 0 --health-port 0 --workers 2 \
+    "$@" >"$work/operator$n.log" 2>&1 &
   operator_pid=$!
   pids+=($operator_pid)
 }
@@ -163,6 +182,11 @@ case $scenario in
     [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.placement.nodes[*].nodeRank}')" = "0 1" ] || fail "no placement in status"
     "$kubectl" get events | grep GangCreated >/dev/null || fail "no GangCreated event"
     [ "$("$kubectl" get svc tiny -o 'jsonpath={.spec.clusterIP}')" = None ] || fail "the Service is not headless"
+    # The operator's account can do what it did, and no more: reading Secrets is refused.
+    token=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["users"][0]["user"]["token"])' "$operator_kubeconfig")
+    out=$(curl -s --max-time 5 -H "Authorization: Bearer $token" "http://127.0.0.1:$(cat "$work/port")/api/v1/namespaces/default/secrets")
+    [[ $out == *'"code":403'* && $out == *'User \"system:serviceaccount:meshtrain:meshtrain\" cannot list resource \"secrets\"'* ]] ||
+      fail "the operator's account was not refused Secrets: $out"
     "$kubectl" get cm tiny-config -o 'jsonpath={.data.rank-table\.json}' | grep nodeRank >/dev/null || fail "no rank table"
     node "$src/tests/e2e/validate_objects.js" "$tools/node_modules" "$work/record" || fail "kubernetes-models rejected an object"
     # Deleting the job deletes what it owns.
@@ -255,7 +279,6 @@ case $scenario in
     # defaults. A job on p5.48xlarge nodes gets 32 EFA interfaces per pod, hugepages, a
     # bounded /dev/shm and the aws-ofi-nccl environment; status.defaults says why.
     start_server 60
-    post /api/v1/namespaces '{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "meshtrain"}}'
     "$tools/bin/helm" template meshtrain "$src/helm/meshtrain" --namespace meshtrain -f "$src/examples/helm/eks-p5.yaml" \
       --api-versions monitoring.coreos.com/v1/ServiceMonitor --api-versions monitoring.coreos.com/v1/PodMonitor \
       --api-versions monitoring.coreos.com/v1/PrometheusRule >"$work/chart.yaml"
@@ -430,8 +453,8 @@ PY
     prepare_data
     start_server 2 --kubelet run --worker-binary "$build/worker/meshtrain-worker"
     operator_port=$(free_port) health_port=$(free_port) prom_port=$(free_port)
-    "$build/operator/meshtrain-operator" --metrics-port "$operator_port" --health-port "$health_port" \
-      --progress-interval 1 >"$work/operator.log" 2>&1 &
+    "$build/operator/meshtrain-operator" --kubeconfig "$operator_kubeconfig" --metrics-port "$operator_port" \
+      --health-port "$health_port" --progress-interval 1 >"$work/operator.log" 2>&1 &
     pids+=($!)
     worker_job 100000
     wait_for '{.status.phase}' Running 20

@@ -235,6 +235,7 @@ struct ApiServer::Store {
   Faults faults;
   int drop_epoch = 0;
   std::map<std::string, int64_t> requests;  // "client verb" -> count
+  std::map<std::string, ServiceAccountRef> tokens;  // issued by TokenRequest
   const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   json created = json::array();  // {kind, key, job, ms} of each TrainingJob and Pod created
   size_t history = 0;
@@ -417,6 +418,59 @@ struct ApiServer::Store {
     return object;
   }
 
+  // RBAC as the API server evaluates it: the rules of every Role and ClusterRole bound to
+  // `who` (RoleBindings of `ns`, and ClusterRoleBindings), matched on API group, resource
+  // ("pods" or "trainingjobs/status"), verb and, when a rule names them, resource names.
+  bool Allowed(const ServiceAccountRef& who, const std::string& verb, const std::string& group,
+               const std::string& resource, const std::string& ns, const std::string& name) const {
+    auto has = [](const json& list, const std::string& value) {
+      if (!list.is_array()) return false;
+      for (const auto& v : list)
+        if (v == "*" || v == value) return true;
+      return false;
+    };
+    auto rules_allow = [&](const json& rules) {
+      for (const auto& rule : rules) {
+        if (!has(rule.value("apiGroups", json::array()), group) || !has(rule.value("resources", json::array()), resource) ||
+            !has(rule.value("verbs", json::array()), verb))
+          continue;
+        const json names = rule.value("resourceNames", json::array());
+        if (names.empty() || has(names, name)) return true;
+      }
+      return false;
+    };
+    auto binds = [&](const json& binding) {
+      for (const auto& s : binding.value("subjects", json::array()))
+        if (s.value("kind", "") == "ServiceAccount" && s.value("name", "") == who.name &&
+            s.value("namespace", "") == who.namespace_)
+          return true;
+      return false;
+    };
+    auto role = [&](const std::string& resource_key, const std::string& role_ns, const std::string& role_name) {
+      const auto bucket = objects.find(resource_key);
+      if (bucket == objects.end()) return json::array();
+      const auto it = bucket->second.find(ObjKey(role_ns, role_name));
+      return it == bucket->second.end() ? json::array() : it->second.value("rules", json::array());
+    };
+    if (auto bucket = objects.find("rbac.authorization.k8s.io/clusterrolebindings"); bucket != objects.end()) {
+      for (const auto& [key, binding] : bucket->second)
+        if (binds(binding) && rules_allow(role("rbac.authorization.k8s.io/clusterroles", "", binding["roleRef"].value("name", ""))))
+          return true;
+    }
+    if (ns.empty()) return false;
+    if (auto bucket = objects.find("rbac.authorization.k8s.io/rolebindings"); bucket != objects.end()) {
+      for (const auto& [key, binding] : bucket->second) {
+        if (binding["metadata"].value("namespace", "") != ns || !binds(binding)) continue;
+        const json& ref = binding["roleRef"];
+        const bool cluster = ref.value("kind", "") == "ClusterRole";
+        if (rules_allow(role(cluster ? "rbac.authorization.k8s.io/clusterroles" : "rbac.authorization.k8s.io/roles",
+                             cluster ? "" : ns, ref.value("name", ""))))
+          return true;
+      }
+    }
+    return false;
+  }
+
   void Record(const ResourceInfo& info, const json& object) {
     if (record_dir.empty()) return;
     if (info.Key() != "/pods" && info.Key() != "/services" && info.Key() != "/configmaps") return;
@@ -450,6 +504,13 @@ std::vector<ResourceInfo> BuiltinResources() {
       r("", "v1", "configmaps", "configmap", "ConfigMap", true, {"cm"}, false),
       r("", "v1", "events", "event", "Event", true, {"ev"}, false),
       r("", "v1", "serviceaccounts", "serviceaccount", "ServiceAccount", true, {"sa"}, false),
+      r("", "v1", "secrets", "secret", "Secret", true, {}, false),
+      r("apps", "v1", "deployments", "deployment", "Deployment", true, {"deploy"}, true),
+      r("policy", "v1", "poddisruptionbudgets", "poddisruptionbudget", "PodDisruptionBudget", true, {"pdb"}, true),
+      r("rbac.authorization.k8s.io", "v1", "clusterroles", "clusterrole", "ClusterRole", false, {}, false),
+      r("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "clusterrolebinding", "ClusterRoleBinding", false, {}, false),
+      r("rbac.authorization.k8s.io", "v1", "roles", "role", "Role", true, {}, false),
+      r("rbac.authorization.k8s.io", "v1", "rolebindings", "rolebinding", "RoleBinding", true, {}, false),
       r("coordination.k8s.io", "v1", "leases", "lease", "Lease", true, {}, false),
       r("apiextensions.k8s.io", "v1", "customresourcedefinitions", "customresourcedefinition",
         "CustomResourceDefinition", false, {"crd", "crds"}, true),
@@ -461,8 +522,7 @@ json ResourceListEntry(const ResourceInfo& info) {
   json entry = {{"name", info.plural}, {"singularName", info.singular}, {"namespaced", info.namespaced},
                 {"kind", info.kind}, {"verbs", verbs}};
   if (!info.short_names.empty()) entry["shortNames"] = info.short_names;
-  if (!info.group.empty() && info.group != "coordination.k8s.io" && info.group != "apiextensions.k8s.io")
-    entry["categories"] = {"all"};
+  if (info.custom || info.group == "apps") entry["categories"] = {"all"};
   return entry;
 }
 
@@ -759,10 +819,22 @@ void ApiServer::Handle(const HttpRequest& request, HttpResponder& responder) {
   auto fail = [&](int code, const std::string& reason, const std::string& message) {
     responder.Send(code, "application/json", StatusBody(code, reason, message).dump());
   };
-  if (!options_.tls.cert_file.empty() && request.Header("authorization") != std::string("Bearer ") + kBearerToken &&
-      request.client_common_name.empty()) {
+  // Who asks: a ServiceAccount, by a token issued to it, or else the admin (the
+  // kubeconfig's token or certificate; over plain HTTP, also no token at all).
+  std::optional<ServiceAccountRef> account;
+  const std::string authorization = request.Header("authorization");
+  const bool admin_token = authorization == std::string("Bearer ") + kBearerToken;
+  if (authorization.rfind("Bearer ", 0) == 0 && !admin_token) {
+    std::lock_guard lock(store_->mu);
+    auto it = store_->tokens.find(authorization.substr(7));
+    if (it == store_->tokens.end()) return fail(401, "Unauthorized", "the bearer token was not issued by this server");
+    account = it->second;
+  } else if (!options_.tls.cert_file.empty() && !admin_token && request.client_common_name.empty()) {
     return fail(401, "Unauthorized", "no valid bearer token or client certificate");
   }
+  const std::string user = account ? "system:serviceaccount:" + account->namespace_ + ":" + account->name : "";
+  if (account && request.path.rfind("/_test/", 0) == 0)
+    return fail(403, "Forbidden", "User \"" + user + "\" cannot use the test routes");
   if (request.path.rfind("/_test/", 0) == 0) {
     if (request.path == "/_test/faults" && request.method == "POST") {
       const json f = json::parse(request.body, nullptr, false);
@@ -873,6 +945,26 @@ void ApiServer::Handle(const HttpRequest& request, HttpResponder& responder) {
     const std::string name = parts.size() > i + 1 ? parts[i + 1] : "";
     const std::string sub = parts.size() > i + 2 ? parts[i + 2] : "";
     if (!info.namespaced) ns.clear();
+    if (account) {
+      const std::string verb = request.method == "GET"     ? (name.empty() ? (is_watch ? "watch" : "list") : "get")
+                               : request.method == "POST"  ? "create"
+                               : request.method == "PUT"   ? "update"
+                               : request.method == "PATCH" ? "patch"
+                               : name.empty()              ? "deletecollection"
+                                                           : "delete";
+      const std::string resource = sub.empty() ? info.plural : info.plural + "/" + sub;
+      bool allowed;
+      {
+        std::lock_guard lock(store_->mu);
+        allowed = store_->Allowed(*account, verb, info.group, resource, ns, name);
+      }
+      if (!allowed) {
+        throw HttpError(403, "Forbidden",
+                        resource + (name.empty() ? "" : " \"" + name + "\"") + " is forbidden: User \"" + user +
+                            "\" cannot " + verb + " resource \"" + resource + "\" in API group \"" + info.group + "\" " +
+                            (ns.empty() ? "at the cluster scope" : "in the namespace \"" + ns + "\""));
+      }
+    }
     if (is_watch && request.method == "GET" && name.empty()) {
       Watch(request, responder, info, ns);
       return;
@@ -889,6 +981,19 @@ void ApiServer::HandleResource(const HttpRequest& request, HttpResponder& respon
                                const std::string& ns, const std::string& name, const std::string& sub) {
   const bool table = request.Header("accept").find("as=Table") != std::string::npos;
   auto send = [&](int code, const json& body) { responder.Send(code, "application/json", body.dump()); };
+  if (info.Key() == "/serviceaccounts" && sub == "token" && request.method == "POST") {
+    // TokenRequest: a token that authenticates as the account (it does not expire here).
+    std::lock_guard lock(store_->mu);
+    if (!store_->objects["/serviceaccounts"].count(ObjKey(ns, name))) throw Store::NotFound(info, name);
+    const std::string token = "sa." + ns + "." + name + "." + NewUid();
+    store_->tokens[token] = {ns, name};
+    send(201, {{"apiVersion", "authentication.k8s.io/v1"},
+               {"kind", "TokenRequest"},
+               {"metadata", {{"name", name}, {"namespace", ns}}},
+               {"spec", {{"audiences", json::array()}}},
+               {"status", {{"token", token}, {"expirationTimestamp", "2099-01-01T00:00:00Z"}}}});
+    return;
+  }
   if (!sub.empty() && !(sub == "status" && info.status_subresource))
     throw HttpError(404, "NotFound", "the server could not find the requested resource");
   const bool strict = request.Query("fieldValidation") == "Strict";

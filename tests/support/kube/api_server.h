@@ -13,7 +13,11 @@
 // - JSON merge patch and the strategic-merge subset kubectl apply sends;
 // - Tables (as=Table) with CRD printer columns, so `kubectl get` prints them;
 // - owner-reference garbage collection (deleting an owner deletes its dependents);
-// - custom resources checked against their CRD's structural schema.
+// - custom resources checked against their CRD's structural schema;
+// - ServiceAccount tokens (POST .../serviceaccounts/NAME/token) and RBAC: a request with
+//   such a token is authorized against the Roles and ClusterRoles bound to its account
+//   (403 Forbidden otherwise), as the real authorizer does; the kubeconfig's own token or
+//   certificate (or, over plain HTTP, no token) is the cluster admin.
 //
 // Faults on demand (SetFaults or POST /_test/faults): dropped watches, 410s for the
 // next watches, 500s, 409 storms, 429s and latency. GET /_test/stats counts requests by
@@ -67,6 +71,12 @@ struct Faults {
   std::string conflict_path;  // when set, only those whose path ends with it (".../tiny/status")
   int throttles = 0;        // the next N non-watch requests get 429 with Retry-After: 1
   int latency_ms = 0;       // added to every request from now on
+};
+
+// A ServiceAccount a token was issued to (TokenRequest); its requests are checked
+// against RBAC, and get 403 where no bound Role or ClusterRole allows them.
+struct ServiceAccountRef {
+  std::string namespace_, name;
 };
 
 struct StoredEvent {
