@@ -46,12 +46,18 @@ start_server() {  # start_server SCRIPT_SECONDS [SERVER_FLAGS...]
 
 # The operator runs as the Helm chart's ServiceAccount, under the chart's RBAC rules, which
 # the test API server enforces: $operator_kubeconfig authenticates with a token issued to it.
+# A scenario that installs the chart with helm sets helm_installs=1 before start_server.
 operator_kubeconfig=$work/operator-kubeconfig
+helm_installs=
 operator_account() {
+  [ -z "$helm_installs" ] || return 0
   post /api/v1/namespaces '{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "meshtrain"}}'
   "$tools/bin/helm" template meshtrain "$src/helm/meshtrain" --namespace meshtrain \
     --show-only templates/serviceaccount.yaml --show-only templates/rbac.yaml >"$work/rbac.yaml"
   "$kubectl" apply -f "$work/rbac.yaml" >/dev/null
+  account_kubeconfig
+}
+account_kubeconfig() {  # a token for the meshtrain ServiceAccount, in $operator_kubeconfig
   echo '{"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"audiences": []}}' >"$work/token.json"
   "$kubectl" create --raw /api/v1/namespaces/meshtrain/serviceaccounts/meshtrain/token -f "$work/token.json" |
     python3 -c 'import json, sys, yaml
@@ -59,6 +65,24 @@ token = json.load(sys.stdin)["status"]["token"]
 config = yaml.safe_load(open(sys.argv[1]))
 config["users"][0]["user"] = {"token": token}
 yaml.safe_dump(config, open(sys.argv[2], "w"))' "$KUBECONFIG" "$operator_kubeconfig"
+}
+
+# chart_operator_args MANIFEST: the operator's arguments from a rendered chart's Deployment,
+# with its worker defaults written beside it, less the ports and workers start_operator sets.
+chart_operator_args() {
+  python3 - "$1" "$work" <<'PY'
+import sys, yaml
+manifest, work = sys.argv[1], sys.argv[2]
+docs = [d for d in yaml.safe_load_all(open(manifest)) if d]
+deployment = next(d for d in docs if d["kind"] == "Deployment")
+config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-worker-defaults"))
+open(f"{work}/worker-defaults.yaml", "w").write(config["data"]["worker-defaults.yaml"])
+args = []
+for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]:
+    if a.startswith(("--metrics-port=", "--health-port=", "--workers=")): continue
+    args.append(f"--worker-defaults={work}/worker-defaults.yaml" if a.startswith("--worker-defaults=") else a)
+print("\n".join(args))
+PY
 }
 
 operator_pid=
@@ -282,19 +306,7 @@ case $scenario in
     "$tools/bin/helm" template meshtrain "$src/helm/meshtrain" --namespace meshtrain -f "$src/examples/helm/eks-p5.yaml" \
       --api-versions monitoring.coreos.com/v1/ServiceMonitor --api-versions monitoring.coreos.com/v1/PodMonitor \
       --api-versions monitoring.coreos.com/v1/PrometheusRule >"$work/chart.yaml"
-    python3 - "$work" <<'PY'
-import sys, yaml
-work = sys.argv[1]
-docs = [d for d in yaml.safe_load_all(open(f"{work}/chart.yaml")) if d]
-deployment = next(d for d in docs if d["kind"] == "Deployment")
-config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-worker-defaults"))
-open(f"{work}/worker-defaults.yaml", "w").write(config["data"]["worker-defaults.yaml"])
-args = []
-for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]:
-    if a.startswith(("--metrics-port=", "--health-port=", "--workers=")): continue  # start_operator sets these
-    args.append(f"--worker-defaults={work}/worker-defaults.yaml" if a.startswith("--worker-defaults=") else a)
-open(f"{work}/args", "w").write("\n".join(args) + "\n")
-PY
+    chart_operator_args "$work/chart.yaml" >"$work/args"
     mapfile -t args <"$work/args"
     [[ " ${args[*]} " == *" --leader-elect "* ]] || fail "the rendered Deployment does not elect a leader: ${args[*]}"
     start_operator "${args[@]}"
@@ -310,6 +322,39 @@ PY
     [ "$("$kubectl" get pod tiny-g0-0 -o 'jsonpath={.spec.volumes[?(@.name=="dshm")].emptyDir.sizeLimit}')" = 256Gi ] ||
       fail "/dev/shm is not bounded by shmSizeLimit"
     wait_for '{.status.defaults[?(@.field=="spec.resources.efa")].value}' 32 5
+    ;;
+  helm-install)
+    # helm install into the test API server; the operator runs with the installed
+    # Deployment's arguments and its ServiceAccount's token, under the installed RBAC, and
+    # trains a job of real workers to the end; then helm upgrade and helm uninstall, which
+    # leaves nothing of the release but the CRD.
+    prepare_data
+    helm_installs=1
+    start_server 2 --kubelet run --worker-binary "$build/worker/meshtrain-worker"
+    helm="$tools/bin/helm"
+    "$kubectl" create namespace meshtrain >/dev/null
+    "$helm" install meshtrain "$src/helm/meshtrain" --namespace meshtrain >"$work/helm.log" || fail "helm install: $(cat "$work/helm.log")"
+    "$helm" get manifest meshtrain --namespace meshtrain >"$work/manifest.yaml"
+    account_kubeconfig
+    mapfile -t args < <(chart_operator_args "$work/manifest.yaml")
+    start_operator "${args[@]}"
+    worker_job 40
+    wait_for '{.status.phase}' Succeeded 120
+    "$helm" upgrade meshtrain "$src/helm/meshtrain" --namespace meshtrain --set operator.workers=3 >"$work/helm.log" ||
+      fail "helm upgrade: $(cat "$work/helm.log")"
+    args=$("$kubectl" get deployment meshtrain -n meshtrain -o 'jsonpath={.spec.template.spec.containers[0].args}')
+    [[ $args == *--workers=3* ]] || fail "helm upgrade did not change the Deployment: $args"
+    [ "$("$helm" history meshtrain -n meshtrain -o json | python3 -c 'import json, sys; print(len(json.load(sys.stdin)))')" = 2 ] ||
+      fail "helm history does not show 2 revisions"
+    "$helm" uninstall meshtrain --namespace meshtrain >/dev/null
+    left=
+    for resource in deployments services configmaps secrets serviceaccounts roles rolebindings clusterroles \
+                    clusterrolebindings poddisruptionbudgets; do
+      left+=$("$kubectl" get "$resource" -A -l app.kubernetes.io/instance=meshtrain -o name)
+      left+=$("$kubectl" get "$resource" -A -l owner=helm -o name)
+    done
+    [ -z "$left" ] || fail "helm uninstall left: $left"
+    "$kubectl" get crd trainingjobs.meshtrain.dev >/dev/null || fail "the CRD went with the release"
     ;;
   invalid)
     start_server 2

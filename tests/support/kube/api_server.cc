@@ -12,7 +12,9 @@
 #include <stdexcept>
 #include <thread>
 
+#include "api/manifest.h"
 #include "operator/kube/time.h"
+#include "tests/support/kube/protobuf.h"
 #include "tests/support/kube/schema_validation.h"
 
 namespace meshtrain::testing {
@@ -164,6 +166,26 @@ void MergePatch(json& target, const json& patch) {
   }
 }
 
+// Server-side apply, simplified to one field manager's view: what `applied` names is set
+// (maps merge, lists replace), and what the manager's previous apply named but this one
+// does not is removed. Fields others wrote and this manager never named stay.
+void Apply(json& target, const json& previous, const json& applied) {
+  if (!applied.is_object() || !target.is_object()) {
+    target = applied;
+    return;
+  }
+  if (previous.is_object()) {
+    for (auto it = previous.begin(); it != previous.end(); ++it)
+      if (!applied.contains(it.key())) target.erase(it.key());
+  }
+  for (auto it = applied.begin(); it != applied.end(); ++it) {
+    const json none;
+    const json& before = previous.is_object() && previous.contains(it.key()) ? previous[it.key()] : none;
+    if (target.contains(it.key())) Apply(target[it.key()], before, it.value());
+    else target[it.key()] = it.value();
+  }
+}
+
 // The subset of strategic merge patch that kubectl apply produces: maps merge, lists of
 // objects with a `name` merge by name, other lists replace, `$patch: delete` removes, and
 // the $setElementOrder / $retainKeys / $deleteFromPrimitiveList directives are honoured
@@ -236,6 +258,7 @@ struct ApiServer::Store {
   int drop_epoch = 0;
   std::map<std::string, int64_t> requests;  // "client verb" -> count
   std::map<std::string, ServiceAccountRef> tokens;  // issued by TokenRequest
+  std::map<std::string, json> applied;  // "resource|ns/name|fieldManager" -> the manager's last server-side apply
   const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   json created = json::array();  // {kind, key, job, ms} of each TrainingJob and Pod created
   size_t history = 0;
@@ -901,8 +924,19 @@ void ApiServer::Handle(const HttpRequest& request, HttpResponder& responder) {
   if (latency_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(latency_ms));
 
   try {
-    if (request.Header("content-type").find("protobuf") != std::string::npos)
-      throw HttpError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - accepted media types include: application/json, application/merge-patch+json, application/strategic-merge-patch+json");
+    HttpRequest decoded;
+    if (request.method != "DELETE" &&  // a DELETE's body (DeleteOptions) is not read here
+        request.Header("content-type").rfind(kProtobufContentType, 0) == 0) {
+      // A typed client's protobuf body, as JSON; its answer is JSON, which it also accepts.
+      try {
+        decoded = request;
+        decoded.body = DecodeKubernetesProtobuf(request.body).dump();
+        decoded.headers["content-type"] = "application/json";
+      } catch (const std::runtime_error& e) {
+        throw HttpError(415, "UnsupportedMediaType", e.what());
+      }
+    }
+    const HttpRequest& req = decoded.method.empty() ? request : decoded;
     if (request.method == "GET" && Discovery(request, responder)) return;
     // /api/v1/... or /apis/G/V/..., then [namespaces/NS/]PLURAL[/NAME[/SUB]].
     std::vector<std::string> parts;
@@ -969,7 +1003,7 @@ void ApiServer::Handle(const HttpRequest& request, HttpResponder& responder) {
       Watch(request, responder, info, ns);
       return;
     }
-    HandleResource(request, responder, info, ns, name, sub);
+    HandleResource(req, responder, info, ns, name, sub);
   } catch (const HttpError& e) {
     fail(e.code, e.reason, e.what());
   } catch (const json::exception& e) {
@@ -1037,6 +1071,32 @@ void ApiServer::HandleResource(const HttpRequest& request, HttpResponder& respon
     json object = json::parse(request.body);
     json updated = store_->Replace(info, ns, name, std::move(object), sub == "status");
     if (client == "meshtrain-operator") store_->Record(info, updated);
+    send(200, updated);
+    return;
+  }
+  if (request.method == "PATCH" && request.Header("content-type").rfind("application/apply-patch", 0) == 0) {
+    json object = json::parse(request.body, nullptr, false);
+    if (object.is_discarded()) {  // YAML, as the content type allows
+      const auto documents = api::ParseManifestText(request.body, "apply patch");
+      if (documents.size() != 1) throw HttpError(400, "BadRequest", "an apply patch must be one object");
+      object = documents[0].object;
+    }
+    const std::string manager = request.Query("fieldManager");
+    if (manager.empty()) throw HttpError(422, "Invalid", "fieldManager is required for apply patch");
+    json& previous = store_->applied[info.Key() + "|" + key + "|" + manager];
+    auto it = bucket.find(key);
+    if (it == bucket.end()) {
+      object["metadata"]["name"] = name;
+      json created = store_->Insert(info, ns, object);
+      previous = object;
+      send(201, created);
+      return;
+    }
+    json patched = it->second;
+    Apply(patched, previous, object);
+    patched["metadata"]["resourceVersion"] = it->second["metadata"]["resourceVersion"];
+    json updated = store_->Replace(info, ns, name, std::move(patched), sub == "status");
+    previous = object;
     send(200, updated);
     return;
   }
