@@ -199,6 +199,8 @@ Command BenchComm(CLI::App& bench, const std::vector<std::string>& self) {
   c->add_flag("--heap-buffers", o->heap_buffers,
               "Use heap memory instead of the communicator's (intra-node peers then copy through the provider)");
   c->add_option("--warmup", o->warmup, "Unmeasured iterations per size")->capture_default_str();
+  c->add_option("--netbed", o->netbed,
+                "Run node i's ranks in network namespace NAME-i of a testbed (scripts/netbed.sh up NAME ...)");
   return {c, [o, sizes, self] {
             if (!ParseSizeRange(*sizes, &o->min_bytes, &o->max_bytes)) {
               std::cerr << "meshtrain bench comm: --sizes \"" << *sizes << "\" is not MIN..MAX (like 1K..256M)\n";

@@ -134,6 +134,7 @@ int BenchCommCommand(const BenchCommOptions& options, const std::vector<std::str
     launch.ranks_per_node = options.ranks / options.nodes;
     launch.command = self_argv;
     launch.job_name = "bench-comm";
+    launch.netbed = options.netbed;
     return launch::LaunchLocal(launch, std::cerr).status == 0 ? kExitOk : kExitInvalid;
   } catch (const std::exception& error) {
     std::cerr << "meshtrain bench comm: " << error.what() << "\n";

@@ -132,6 +132,7 @@ struct BenchCommOptions {
   bool heap_buffers = false;  // plain heap memory instead of Communicator::AllocateBuffer
   int warmup = 3;
   size_t max_iterations = 200;
+  std::string netbed;  // run node i's ranks in the testbed's namespace NAME-i (scripts/netbed.sh)
 };
 
 // Collective bandwidth, one row per size as in nccl-tests (time, algbw, busbw). Started

@@ -54,6 +54,8 @@ api::RankTable VirtualRankTable(int nodes, int ranks_per_node) {
   return table;
 }
 
+std::string NetbedAddress(int node) { return "198.18.0." + std::to_string(node + 1); }
+
 LaunchResult LaunchLocal(const LocalLaunch& launch, std::ostream& log) {
   if (launch.nodes < 1 || launch.ranks_per_node < 1 || launch.command.empty()) {
     throw std::runtime_error("a launch needs at least one node, one rank per node and a command");
@@ -68,11 +70,21 @@ LaunchResult LaunchLocal(const LocalLaunch& launch, std::ostream& log) {
   std::ofstream(table_path) << api::ToJson(launch.rank_table.value_or(
                                                VirtualRankTable(launch.nodes, launch.ranks_per_node)))
                                    .dump(2);
-  const std::string coordinator = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
+  if (!launch.netbed.empty()) {
+    for (int n = 0; n < launch.nodes; ++n) {
+      const std::string ns = launch.netbed + "-" + std::to_string(n);
+      if (!std::filesystem::exists("/run/netns/" + ns))
+        throw std::runtime_error("testbed " + launch.netbed + " has no node " + std::to_string(n) + " (no network namespace " +
+                                 ns + "; run scripts/netbed.sh up " + launch.netbed + " " +
+                                 std::to_string(launch.nodes) + " RATE)");
+    }
+  }
+  const std::string coordinator = (launch.netbed.empty() ? "127.0.0.1" : NetbedAddress(0)) + ":" +
+                                  std::to_string(FreeLoopbackPort());
 
   std::vector<RankProcess> ranks;
   for (int rank = 0; rank < world; ++rank) {
-    RankProcess process{rank, launch.environment};
+    RankProcess process{rank, launch.environment, ""};
     auto& variables = process.environment;
     variables[env::kJobName] = launch.job_name;
     variables[env::kCoordinator] = coordinator;
@@ -83,7 +95,11 @@ LaunchResult LaunchLocal(const LocalLaunch& launch, std::ostream& log) {
     variables[env::kRank] = std::to_string(rank);
     variables[env::kWorldSize] = std::to_string(world);
     variables[env::kLocalRank] = std::to_string(rank % launch.ranks_per_node);
-    variables[env::kMasterAddr] = "127.0.0.1";
+    variables[env::kMasterAddr] = coordinator.substr(0, coordinator.rfind(':'));
+    if (!launch.netbed.empty()) {
+      process.network_namespace = launch.netbed + "-" + std::to_string(rank / launch.ranks_per_node);
+      variables["FI_TCP_IFACE"] = "eth0";  // the testbed link, not loopback
+    }
     variables[env::kMasterPort] = coordinator.substr(coordinator.rfind(':') + 1);
     ranks.push_back(std::move(process));
   }

@@ -31,7 +31,14 @@ struct LocalLaunch {
   std::chrono::milliseconds timeout{0};   // whole job; 0: none
   // Whether one rank's failure stops the others (tests of failure detection turn it off).
   bool stop_others_on_failure = true;
+  // A network testbed (scripts/netbed.sh): when set, node i's ranks run in network
+  // namespace NAME-i, reached at 198.18.0.(i+1), so traffic between nodes crosses the
+  // testbed's shaped links; rank 0's Store listens there too.
+  std::string netbed;
 };
+
+// The address of node `node` of a testbed (scripts/netbed.sh).
+std::string NetbedAddress(int node);
 
 // A TCP port on 127.0.0.1 that was free a moment ago (for rank 0's Store, or a test's
 // server). Throws std::runtime_error if none can be found.

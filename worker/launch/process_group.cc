@@ -1,5 +1,8 @@
 #include "worker/launch/process_group.h"
 
+#include <fcntl.h>
+#include <sched.h>
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -59,6 +62,16 @@ LaunchResult RunProcessGroup(const std::vector<RankProcess>& ranks, const Proces
         for (int signal : {SIGTERM, SIGINT, SIGHUP}) ::signal(signal, SIG_DFL);
       }
       for (const auto& [key, value] : rank.environment) ::setenv(key.c_str(), value.c_str(), 1);
+      if (!rank.network_namespace.empty()) {
+        const std::string path = "/run/netns/" + rank.network_namespace;
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) {
+          std::fprintf(stderr, "rank %d: cannot enter network namespace %s: %s\n", rank.rank, path.c_str(),
+                       std::strerror(errno));
+          ::_exit(127);
+        }
+        ::close(fd);
+      }
       ::execvp(argv[0], argv.data());
       std::fprintf(stderr, "rank %d: cannot run %s: %s\n", rank.rank, argv[0], std::strerror(errno));
       ::_exit(127);

@@ -19,6 +19,9 @@ namespace meshtrain::launch {
 struct RankProcess {
   int rank = 0;
   std::map<std::string, std::string> environment;  // set on top of this process's
+  // A named network namespace (/run/netns/NAME, as `ip netns add` makes) the rank runs
+  // in; empty: this process's own.
+  std::string network_namespace;
 };
 
 struct ProcessGroupOptions {

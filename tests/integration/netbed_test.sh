@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The network testbed (scripts/netbed.sh): ranks of two virtual nodes in their own network
+# namespaces, joined through links shaped to 1 Gbit/s. An all-reduce among them runs to
+# the end, and its bandwidth stays under the link's, so the traffic between nodes really
+# crossed the shaped links (loopback would be two orders faster). `down` leaves no
+# namespace behind, and a launch on a testbed that is not up names what is missing.
+# Usage: netbed_test.sh BUILD_DIR
+set -euo pipefail
+build=$1
+src=$(cd "$(dirname "$0")/../.." && pwd)
+name=mtnb$$
+trap 'bash "$src/scripts/netbed.sh" down "$name"' EXIT
+fail() { echo "FAIL (netbed): $*" >&2; exit 1; }
+
+if ! ip netns add "$name-probe" 2>/dev/null; then
+  echo "skipped: no network namespaces (ip netns add needs root)"
+  exit 77
+fi
+ip netns del "$name-probe"
+
+bash "$src/scripts/netbed.sh" up "$name" 2 1gbit
+out=$("$build/cli/meshtrain" bench comm --ranks 4 --nodes 2 --op all_reduce --sizes 4M --algorithm ring \
+  --netbed "$name" 2>&1) || fail "the all-reduce over the testbed failed: $out"
+echo "$out"
+busbw=$(echo "$out" | awk '$1 == 4194304 { print $6 }')
+[ -n "$busbw" ] || fail "no 4 MiB row"
+# A ring all-reduce over 2 nodes sends 1.5x the buffer out of each node; the link carries
+# 0.125 GB/s, so the bus bandwidth stays under 0.125 x 1.5 / (2 x 3/4) = 0.125 GB/s.
+awk "BEGIN { exit !($busbw > 0 && $busbw < 0.125) }" ||
+  fail "busbw $busbw GB/s: the traffic did not cross the 1 Gbit/s links"
+bash "$src/scripts/netbed.sh" down "$name"
+[ -z "$(ip netns list | grep "^$name-" || true)" ] || fail "netbed.sh down left namespaces"
+out=$("$build/cli/meshtrain" bench comm --ranks 4 --nodes 2 --netbed "$name" 2>&1) && fail "a launch on a testbed that is down ran"
+[[ $out == *"testbed $name has no node 0 (no network namespace $name-0; run scripts/netbed.sh up $name 2 RATE)"* ]] ||
+  fail "the error does not say what is missing: $out"
+echo "ok: netbed"
