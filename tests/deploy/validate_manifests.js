@@ -1,14 +1,17 @@
-// Validates rendered Kubernetes objects (a JSON array, as chart_test.sh converts `helm
-// template` output) against the schemas of the npm packages kubernetes-models and
-// @kubernetes-models/prometheus-operator. Every object's kind must be known here.
-// Usage: node validate_manifests.js MODELS_DIR OBJECTS_JSON
+// Validates Kubernetes objects against the schemas of the npm packages kubernetes-models
+// and @kubernetes-models/prometheus-operator: a JSON array (chart_test.sh's conversion of
+// `helm template` output), or a directory of JSON files, one object each (what the test
+// API server recorded of the operator's writes). Every object's kind must be known here,
+// and each kind named by --require must occur.
+// Usage: node validate_manifests.js MODELS_DIR OBJECTS_JSON|DIRECTORY [--require Kind,Kind...]
 'use strict';
 const fs = require('fs');
 const path = require('path');
 
-const [modelsDir, file] = process.argv.slice(2);
+const [modelsDir, file, flag, required] = process.argv.slice(2);
 const load = (module, kind) => require(path.resolve(modelsDir, module))[kind];
 const models = {
+  'v1/Pod': load('kubernetes-models/v1/Pod', 'Pod'),
   'v1/ServiceAccount': load('kubernetes-models/v1/ServiceAccount', 'ServiceAccount'),
   'v1/ConfigMap': load('kubernetes-models/v1/ConfigMap', 'ConfigMap'),
   'v1/Service': load('kubernetes-models/v1/Service', 'Service'),
@@ -27,7 +30,10 @@ const models = {
 };
 const counts = {};
 let failures = 0;
-for (const object of JSON.parse(fs.readFileSync(file, 'utf8'))) {
+const objects = fs.statSync(file).isDirectory()
+  ? fs.readdirSync(file).sort().map(f => JSON.parse(fs.readFileSync(path.join(file, f), 'utf8')))
+  : JSON.parse(fs.readFileSync(file, 'utf8'));
+for (const object of objects) {
   const key = `${object.apiVersion}/${object.kind}`;
   const name = object.metadata && object.metadata.name;
   const Model = models[key];
@@ -45,4 +51,10 @@ for (const object of JSON.parse(fs.readFileSync(file, 'utf8'))) {
   }
 }
 console.log(`valid: ${JSON.stringify(counts)}; invalid: ${failures}`);
+for (const kind of flag === '--require' ? required.split(',') : []) {
+  if (!counts[kind]) {
+    console.error(`no ${kind} among the objects`);
+    failures++;
+  }
+}
 process.exit(failures ? 1 : 0);

@@ -212,7 +212,8 @@ case $scenario in
     [[ $out == *'"code":403'* && $out == *'User \"system:serviceaccount:meshtrain:meshtrain\" cannot list resource \"secrets\"'* ]] ||
       fail "the operator's account was not refused Secrets: $out"
     "$kubectl" get cm tiny-config -o 'jsonpath={.data.rank-table\.json}' | grep nodeRank >/dev/null || fail "no rank table"
-    node "$src/tests/e2e/validate_objects.js" "$tools/node_modules" "$work/record" || fail "kubernetes-models rejected an object"
+    node "$src/tests/deploy/validate_manifests.js" "$tools/node_modules" "$work/record" --require Pod,Service,ConfigMap ||
+      fail "kubernetes-models rejected an object"
     # Deleting the job deletes what it owns.
     "$kubectl" delete tj tiny >/dev/null
     [ "$(pod_count)" -eq 0 ] || fail "pods outlived their job"
