@@ -28,7 +28,10 @@ out=$("${podman[@]}" "${run[@]}" --entrypoint meshtrain-operator "$image" --help
 
 sed 's/steps: 300/steps: 20/; s/warmupSteps: 20/warmupSteps: 2/; s/evalInterval: 50/evalInterval: 10/' \
   "$src/examples/gpt2-tiny-local.yaml" >"$work/tiny.yaml"
-out=$("${podman[@]}" "${run[@]}" -v "$src/examples:/home/meshtrain/examples:ro" -v "$work/tiny.yaml:/home/meshtrain/tiny.yaml:ro" \
+mkdir -p "$work/data"
+"$build/cli/meshtrain" prepare-data "$src/examples/data/pride-and-prejudice.txt" "$work/data/corpus.train.bin" \
+  --validation "$work/data/corpus.val.bin" >/dev/null
+out=$("${podman[@]}" "${run[@]}" -v "$work/data:/home/meshtrain/examples/data:ro" -v "$work/tiny.yaml:/home/meshtrain/tiny.yaml:ro" \
   --entrypoint meshtrain "$image" run tiny.yaml --sample-tokens 40 2>&1) || fail "meshtrain run in the image failed: $out"
 [[ $out == *"step    20/20"* && $out == *"checkpoint: step 20"* && $out == *"sample:"* ]] ||
   fail "meshtrain run in the image did not train to the end: $out"
