@@ -162,13 +162,19 @@ Command BenchTrain(CLI::App& bench, const std::vector<std::string>& self) {
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
   c->add_option("--tp", o->tp, "tensorParallelDegree of the ranks")->check(CLI::Range(1, 64))->capture_default_str();
+  c->add_option("--nodes", o->nodes, "Virtual nodes the ranks spread over (they divide --ranks)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  c->add_option("--netbed", o->netbed,
+                "Run node i's ranks in network namespace NAME-i of a testbed (scripts/netbed.sh up NAME ...)");
   c->add_flag("--checkpointing", o->checkpointing, "Activation checkpointing");
   c->add_option("--offload", o->offload, "Offload activations with this loading horizon (turns checkpointing on)")
       ->check(CLI::Range(1, 1024));
   c->add_option("--compare", o->compare,
                 "replicated: also run the ranks replicated; activations: keep all, checkpointing and "
-                "offload side by side; data-parallel: the ranks without TP; with ratios")
-      ->check(CLI::IsMember({"replicated", "activations", "data-parallel"}));
+                "offload side by side; data-parallel: the ranks without TP; hybrid: shard groups of one "
+                "node's ranks against one of all ranks; with ratios")
+      ->check(CLI::IsMember({"replicated", "activations", "data-parallel", "hybrid"}));
   c->add_option("--device", o->device, "cpu (fp32) or cuda (bf16 on GPU 0)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();

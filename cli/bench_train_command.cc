@@ -106,8 +106,9 @@ struct Activations {
 // The job a benchmark trains: `ranks` ranks in TP groups of `tp` and shard groups of
 // `shard`, on random tokens in `data`; one micro-step a step, of `batch` sequences per
 // rank (per TP group: `batch` x `tp`, so every layout trains the same global batch).
-nlohmann::json BenchJob(const BenchTrainOptions& o, const std::string& data, int ranks, int tp, int shard, bool bf16,
-                        const Activations& a) {
+// `ranks` over `nodes` virtual nodes (consecutive ranks per node).
+nlohmann::json BenchJob(const BenchTrainOptions& o, const std::string& data, int ranks, int nodes, int tp, int shard,
+                        bool bf16, const Activations& a) {
   nlohmann::json parallelism = {{"tensorParallelDegree", tp},
                                 {"hybridShardDegree", shard},
                                 {"activationCheckpointing", a.checkpointing || a.offload > 0}};
@@ -117,7 +118,8 @@ nlohmann::json BenchJob(const BenchTrainOptions& o, const std::string& data, int
           {"metadata", {{"name", "bench-train"}}},
           {"spec",
            {{"image", "meshtrain"},
-            {"gpusPerNode", ranks},
+            {"nodes", nodes},
+            {"gpusPerNode", ranks / nodes},
             {"parallelism", parallelism},
             {"model", {{"preset", o.model}, {"seqLen", o.seq}}},
             {"data", {{"train", data}}},
@@ -182,9 +184,11 @@ std::optional<RanksResult> RunBenchRanks(const BenchTrainOptions& o, const std::
                                          const std::string& data, const RanksConfig& config, std::ostream& out) {
   const std::filesystem::path job =
       std::filesystem::temp_directory_path() / ("meshtrain-bench-" + std::to_string(::getpid()) + ".json");
-  std::ofstream(job) << BenchJob(o, data, o.ranks, config.tp, config.shard, false, config.activations).dump(2);
+  std::ofstream(job) << BenchJob(o, data, o.ranks, o.nodes, config.tp, config.shard, false, config.activations).dump(2);
   launch::LocalLaunch launch;
-  launch.ranks_per_node = o.ranks;
+  launch.nodes = o.nodes;
+  launch.ranks_per_node = o.ranks / o.nodes;
+  launch.netbed = o.netbed;
   launch.command = self_argv;
   launch.job_name = "bench-train";
   launch.environment["MESHTRAIN_CONFIG"] = job.string();
@@ -243,6 +247,10 @@ int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, co
     out << "bench train --ranks: the sharded engine runs on the CPU; use --device cpu\n";
     return kExitInvalid;
   }
+  if (o.ranks % o.nodes != 0) {
+    out << "bench train: --ranks (" << o.ranks << ") must be a multiple of --nodes (" << o.nodes << ")\n";
+    return kExitInvalid;
+  }
   const int tp = o.tp, shard = o.shard == 0 ? o.ranks / tp : o.shard;
   const Activations asked{o.checkpointing, o.offload};
   std::vector<RanksConfig> configs;
@@ -250,6 +258,8 @@ int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, co
     configs = {{"keep all", tp, shard, {}},
                {"checkpointing", tp, shard, {true, 0}},
                {"offload", tp, shard, {true, o.offload > 0 ? o.offload : 2}}};
+  } else if (o.compare == "hybrid") {  // shard groups inside a node, against one across all nodes
+    configs = {{"hybrid shard", tp, o.ranks / o.nodes / tp, asked}, {"full shard", tp, o.ranks / tp, asked}};
   } else if (o.compare == "data-parallel") {  // the same ranks without TP, sharded alike
     configs = {{"tp", tp, shard, asked}, {"data-parallel", 1, o.shard == 0 ? o.ranks : shard, asked}};
   } else {
@@ -258,7 +268,7 @@ int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, co
   }
   for (const RanksConfig& c : configs) {
     const api::CheckedJob check =
-        api::CheckTrainingJob(BenchJob(o, "unused", o.ranks, c.tp, c.shard, false, c.activations), "bench", 0);
+        api::CheckTrainingJob(BenchJob(o, "unused", o.ranks, o.nodes, c.tp, c.shard, false, c.activations), "bench", 0);
     if (!check.ok()) {
       out << "bench train: " << check.errors.front().ToString() << "\n";
       return kExitInvalid;
@@ -306,7 +316,7 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
   train_options.warmup = 0;
   const std::filesystem::path data = WriteRandomTokens(train_options, *preset, 1);
   const api::CheckedJob job =
-      api::CheckTrainingJob(BenchJob(train_options, data.string(), 1, 1, 0, false, {}), "bench", 0);
+      api::CheckTrainingJob(BenchJob(train_options, data.string(), 1, 1, 1, 0, false, {}), "bench", 0);
   if (!job.ok()) {
     out << "bench checkpoint: " << job.errors.front().ToString() << "\n";
     return kExitInvalid;
@@ -377,7 +387,7 @@ int BenchTrainCommand(const BenchTrainOptions& o, const std::vector<std::string>
   const runtime::Device device = cuda ? runtime::Device::Cuda(0) : runtime::Device::Cpu();
   const int tokens = o.batch * o.seq;
   const std::filesystem::path data = WriteRandomTokens(o, *preset, 1);
-  const nlohmann::json manifest = BenchJob(o, data.string(), 1, 1, 0, cuda != nullptr, {o.checkpointing, o.offload});
+  const nlohmann::json manifest = BenchJob(o, data.string(), 1, 1, 1, 0, cuda != nullptr, {o.checkpointing, o.offload});
   const api::CheckedJob job = api::CheckTrainingJob(manifest, "bench", 0);
   if (!job.ok()) {
     out << "bench train: " << job.errors.front().ToString() << "\n";

@@ -92,6 +92,8 @@ struct BenchTrainOptions {
   int ranks = 1;   // above 1: ranks as processes here, each with micro-batches of `batch`
   int tp = 1;      // tensorParallelDegree of those ranks
   int shard = 0;   // hybridShardDegree of those ranks (0: all of them)
+  int nodes = 1;   // virtual nodes the ranks spread over (consecutive ranks per node)
+  std::string netbed;  // run node i's ranks in the testbed's namespace NAME-i (scripts/netbed.sh)
   bool checkpointing = false;  // activation checkpointing
   int offload = 0;             // above 0: activation offload with this loading horizon
   // "replicated": the same ranks with shard groups of one as well; "activations": every
