@@ -13,6 +13,7 @@
 #include "cli/job_report.h"
 #include "operator/scheduler/placement.h"
 #include "worker/launch/local_launcher.h"
+#include "worker/train/run_report.h"
 #include "worker/train/trainer.h"
 
 namespace meshtrain::cli {
@@ -112,23 +113,11 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
     return kExitInvalid;
   }
   out << "  model: " << trainer->Describe() << "\n";
-  for (const std::string& w : trainer->checkpoint_warnings()) out << "warning: " << w << "\n";
-  if (trainer->resumed_from()) {
-    out << "resumed from step " << *trainer->resumed_from() << " (" << trainer->resumed_directory() << ")\n";
-  }
-  bool first = true;
-  trainer->Run([&](const train::StepReport& r) {
-    out << train::FormatStepReport(r) << std::endl;
-    if (first) out << "memory (" << where.device.ToString() << "): " << train::FormatMemory(trainer->memory()) << "\n";
-    first = false;
-  });
-  if (trainer->checkpoint_stats().last_step >= 0) {
-    out << "checkpoint: step " << trainer->checkpoint_stats().last_step << " in " << job.job.spec.checkpoint.path
-        << "\n";
-  }
-  const std::vector<uint32_t> prompt = {'\n'};
-  const std::string sample = train::TokensToText(trainer->Sample(prompt, options.sample_tokens, 1));
-  out << "sample:\n" << sample << "\n";
+  train::RunReport report(out, *trainer, where.device);
+  report.Started();
+  trainer->Run([&](const train::StepReport& r) { report.Step(r); });
+  report.Finished(job.job.spec.checkpoint.path);
+  report.Sample(train::TokensToText(trainer->Sample({'\n'}, options.sample_tokens, 1)));
   return kExitOk;
 }
 

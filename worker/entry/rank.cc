@@ -13,6 +13,7 @@
 #include "worker/metrics/training_metrics.h"
 #include "worker/runtime/device_peak.h"
 #include "worker/train/cuda_plugin.h"
+#include "worker/train/run_report.h"
 #include "worker/train/token_file.h"
 #include "worker/train/trainer.h"
 
@@ -109,42 +110,30 @@ int Train(std::ostream& out) {
         << job.spec.training.steps << " steps, rank 0 on " << where.device.ToString() << " in " << where.precision
         << std::endl;
     out << "rank 0 model: " << trainer->Describe() << std::endl;
-    for (const std::string& w : trainer->checkpoint_warnings()) out << "warning: " << w << std::endl;
-    if (trainer->resumed_from()) {
-      out << "resumed from step " << *trainer->resumed_from() << " (" << trainer->resumed_directory() << ")"
-          << std::endl;
-    }
   }
-  bool first = true;
+  train::RunReport printed(out, *trainer, where.device);  // by rank 0
+  if (env.rank == 0) printed.Started();
   if (exported) {
     exported->Memory(trainer->accounting());
     if (trainer->resumed_from()) {
       exported->ResumedFrom(*trainer->resumed_from(), int64_t(trainer->checkpoint_warnings().size()));
     }
   }
-  trainer->Run([&](const train::StepReport& report) {
+  trainer->Run([&](const train::StepReport& step) {
     if (exported) {
-      exported->Step(report);
+      exported->Step(step);
       exported->Memory(trainer->accounting());
       exported->Checkpoints(trainer->checkpoint_stats());
     }
-    if (env.rank != 0) return;
-    out << train::FormatStepReport(report) << std::endl;
-    if (first) {
-      out << "memory (" << where.device.ToString() << "): " << train::FormatMemory(trainer->memory()) << std::endl;
-      first = false;
-    }
+    if (env.rank == 0) printed.Step(step);
   });
   if (exported) exported->Checkpoints(trainer->checkpoint_stats());  // the last one, written after its step
-  if (env.rank == 0 && trainer->checkpoint_stats().last_step >= 0) {
-    out << "checkpoint: step " << trainer->checkpoint_stats().last_step << " in " << job.spec.checkpoint.path
-        << std::endl;
-  }
+  if (env.rank == 0) printed.Finished(job.spec.checkpoint.path);
   if (sample_tokens > 0) {
     // Every rank samples: the forward gathers each unit from the shard group. The same
     // seed and weights make the same text everywhere; rank 0 prints it.
     const std::string sample = train::TokensToText(trainer->Sample({'\n'}, sample_tokens, 1));
-    if (env.rank == 0) out << "sample:\n" << sample << std::endl;
+    if (env.rank == 0) printed.Sample(sample);
   }
   world->Barrier()->Wait();  // rank 0 serves the Store: it leaves last
   return 0;
