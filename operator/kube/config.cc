@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/manifest.h"
+#include "operator/kube/base64.h"
 
 namespace meshtrain::kube {
 namespace {
@@ -24,22 +25,9 @@ std::string ReadFile(const std::string& path, const std::string& what) {
 }
 
 std::string DecodeBase64(const std::string& text, const std::string& what) {
-  static const std::string kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  uint32_t acc = 0;
-  int bits = 0;
-  for (char c : text) {
-    if (c == '=' || c == '\n' || c == '\r' || c == ' ') continue;
-    const size_t v = kAlphabet.find(c);
-    if (v == std::string::npos) throw ConfigError(what + ": not valid base64");
-    acc = (acc << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out.push_back(static_cast<char>((acc >> bits) & 0xff));
-    }
-  }
-  return out;
+  std::optional<std::string> bytes = kube::DecodeBase64(text);
+  if (!bytes) throw ConfigError(what + ": not valid base64");
+  return *bytes;
 }
 
 // The named entry of a kubeconfig list (clusters, users, contexts), or null.

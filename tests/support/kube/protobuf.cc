@@ -4,6 +4,8 @@
 #include <functional>
 #include <stdexcept>
 
+#include "operator/kube/base64.h"
+
 namespace meshtrain::testing {
 
 using nlohmann::json;
@@ -60,21 +62,6 @@ class Reader {
   std::string_view data_;
   size_t pos_ = 0;
 };
-
-std::string Base64(std::string_view bytes) {
-  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  for (size_t i = 0; i < bytes.size(); i += 3) {
-    uint32_t n = uint32_t(uint8_t(bytes[i])) << 16;
-    if (i + 1 < bytes.size()) n |= uint32_t(uint8_t(bytes[i + 1])) << 8;
-    if (i + 2 < bytes.size()) n |= uint32_t(uint8_t(bytes[i + 2]));
-    out += kAlphabet[(n >> 18) & 63];
-    out += kAlphabet[(n >> 12) & 63];
-    out += i + 1 < bytes.size() ? kAlphabet[(n >> 6) & 63] : '=';
-    out += i + 2 < bytes.size() ? kAlphabet[n & 63] : '=';
-  }
-  return out;
-}
 
 // A map<string, string|bytes> entry: key 1, value 2.
 std::pair<std::string, std::string> MapEntry(std::string_view entry) {
@@ -150,7 +137,7 @@ json DecodeKubernetesProtobuf(const std::string& body) {
       object["metadata"] = DecodeMeta(r.Bytes());
     } else if (kind == "Secret" && field == 2 && type == 2) {
       const auto [k, v] = MapEntry(r.Bytes());
-      object["data"][k] = Base64(v);
+      object["data"][k] = kube::EncodeBase64(v);
     } else if (kind == "Secret" && field == 3 && type == 2) {
       object["type"] = std::string(r.Bytes());
     } else if (kind == "Secret" && field == 4 && type == 2) {
@@ -163,7 +150,7 @@ json DecodeKubernetesProtobuf(const std::string& body) {
       object["data"][k] = v;
     } else if (kind == "ConfigMap" && field == 3 && type == 2) {
       const auto [k, v] = MapEntry(r.Bytes());
-      object["binaryData"][k] = Base64(v);
+      object["binaryData"][k] = kube::EncodeBase64(v);
     }
   });
   return object;
