@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include "api/engine_memory.h"
+
 namespace meshtrain::model {
 namespace {
 
@@ -33,6 +35,25 @@ TEST(ModelLayout, UnitsTileTheBufferAndMatchTheParameterCount) {
       expect_begin = end;
     }
     EXPECT_EQ(expect_begin, layout.total()) << name;
+  }
+}
+
+// The planner's memory model counts units with api::UnitElementsOf; it must be what
+// the layout the engine shards holds, on every TP rank of every preset.
+TEST(ModelLayout, UnitSizesAreTheOnesThePlannerCounts) {
+  for (std::string_view name : api::PresetNames()) {
+    const api::ModelShape& shape = *api::FindPreset(name);
+    for (int tp : {1, 2, 4}) {
+      if (shape.heads % tp != 0) continue;
+      for (int t = 0; t < tp; ++t) {
+        const ParameterLayout layout(shape, t, tp);
+        const api::UnitElements expected = api::UnitElementsOf(shape, t, tp);
+        EXPECT_EQ(layout.Unit(0).second - layout.Unit(0).first, expected.root) << name << " tp " << t << "/" << tp;
+        for (int u = 1; u < layout.units(); ++u) {
+          ASSERT_EQ(layout.Unit(u).second - layout.Unit(u).first, expected.block) << name << " unit " << u;
+        }
+      }
+    }
   }
 }
 

@@ -76,6 +76,9 @@ BlockActivations<T> CarveBlock(T* base, int max_batch, int max_seq, const api::M
   a.residual3 = c.Take(btc);
   a.base = base;
   a.size = c.used;
+  if (a.size != api::BlockActivationElements(max_batch, max_seq, s, tp.size)) {
+    throw std::logic_error("BlockActivations: carving disagrees with api::BlockActivationElements");
+  }
   return a;
 }
 
@@ -95,6 +98,9 @@ HeadActivations<T> CarveHead(T* base, int max_batch, int max_seq, const api::Mod
     h.all_stats = c.Take(3 * bt * tp.size);
   }
   *size = c.used;
+  if (c.used != api::HeadActivationElements(max_batch, max_seq, s, tp.rank, tp.size)) {
+    throw std::logic_error("HeadActivations: carving disagrees with api::HeadActivationElements");
+  }
   return h;
 }
 
@@ -102,7 +108,7 @@ HeadActivations<T> CarveHead(T* base, int max_batch, int max_seq, const api::Mod
 
 template <class T>
 int64_t BlockActivations<T>::Size(int max_batch, int max_seq, const api::ModelShape& shape, TpSlice tp) {
-  return CarveBlock<T>(nullptr, max_batch, max_seq, shape, tp).size;
+  return api::BlockActivationElements(max_batch, max_seq, shape, tp.size);
 }
 
 template <class T>
@@ -113,9 +119,7 @@ BlockActivations<T> BlockActivations<T>::At(T* base, int max_batch, int max_seq,
 
 template <class T>
 int64_t HeadActivations<T>::Size(int max_batch, int max_seq, const api::ModelShape& shape, TpSlice tp) {
-  int64_t size = 0;
-  CarveHead<T>(nullptr, max_batch, max_seq, shape, tp, &size);
-  return size;
+  return api::HeadActivationElements(max_batch, max_seq, shape, tp.rank, tp.size);
 }
 
 template <class T>

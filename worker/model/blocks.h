@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "api/engine_memory.h"
 #include "api/model_shape.h"
 #include "worker/model/parameters.h"
 
@@ -46,8 +47,8 @@ class TensorParallelGroup {
 // 4C/T and the vocabulary slice [V*t/T, V*(t+1)/T).
 struct TpSlice {
   int rank = 0, size = 1;
-  int64_t vocab_begin(int64_t V) const { return V * rank / size; }
-  int64_t vocab(int64_t V) const { return V * (rank + 1) / size - vocab_begin(V); }
+  int64_t vocab_begin(int64_t V) const { return api::VocabBegin(V, rank, size); }
+  int64_t vocab(int64_t V) const { return api::VocabSlice(V, rank, size); }
 };
 
 // Dropout in a training forward (p > 0) on each block's attention output and on the

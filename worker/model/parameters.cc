@@ -5,6 +5,8 @@
 #include <numbers>
 #include <stdexcept>
 
+#include "api/engine_memory.h"
+
 namespace meshtrain::model {
 namespace {
 
@@ -90,7 +92,7 @@ std::vector<int64_t> ParameterLayout::WholeIndices(int64_t begin, int64_t end) c
 
 std::pair<int64_t, int64_t> ParameterLayout::VocabRange() const {
   const int64_t V = shape_.vocab_size;
-  return {V * tp_rank_ / tp_size_, V * (tp_rank_ + 1) / tp_size_};
+  return {api::VocabBegin(V, tp_rank_, tp_size_), api::VocabBegin(V, tp_rank_ + 1, tp_size_)};
 }
 
 int64_t ParameterLayout::GlobalIndex(const ParamTensor& t, int64_t local) const {

@@ -29,13 +29,13 @@ ActivationStore::ActivationStore(const api::ModelShape& shape, int max_batch, in
   Check(policy);
   const int64_t block = BlockActivations<float>::Size(max_batch, max_seq, shape, tp);
   const int64_t head_size = HeadActivations<float>::Size(max_batch, max_seq, shape, tp);
-  const int inputs = !policy.checkpointing ? 1 : policy.offload ? std::min(policy.horizon + 1, layers_) : layers_;
+  // The sizes the planner's memory model counts (api/engine_memory.h); the carving
+  // below must use exactly them, which the check at its end holds.
+  const api::ActivationElements sizes = api::ActivationStoreElements(shape, max_batch, max_seq, policy, tp.rank, tp.size);
+  const int inputs = sizes.inputs;
   const int kept_blocks = policy.checkpointing ? 1 : layers_;
   const int head_inputs = policy.checkpointing ? 1 : 0;  // otherwise the last block's residual3
-  // inputs, the head's input, the kept blocks, head and dhead, dblock, dresidual[2]
-  kept_ = runtime::Buffer<float>(allocator,
-                                 size_t(btc_ * (inputs + head_inputs) + block * (kept_blocks + 1) + 2 * head_size + 2 * btc_),
-                                 runtime::MemoryCategory::kActivations);
+  kept_ = runtime::Buffer<float>(allocator, size_t(sizes.kept), runtime::MemoryCategory::kActivations);
   float* next = kept_.data();
   auto take = [&next](int64_t n) {
     float* at = next;
@@ -52,10 +52,11 @@ ActivationStore::ActivationStore(const api::ModelShape& shape, int max_batch, in
   dblock = BlockActivations<float>::At(take(block), max_batch, max_seq, shape, tp);
   dresidual[0] = take(btc_);
   dresidual[1] = take(btc_);
+  if (next != kept_.data() + sizes.kept) throw std::logic_error("ActivationStore: carving disagrees with api::ActivationStoreElements");
   if (policy.checkpointing) work_ = blocks_[0];
   else head_input_ = blocks_.back().residual3;
-  if (policy.offload && layers_ > slots()) {
-    offloaded_ = runtime::Buffer<float>(allocator, size_t(btc_ * (layers_ - slots())), runtime::MemoryCategory::kOffload);
+  if (sizes.offloaded > 0) {
+    offloaded_ = runtime::Buffer<float>(allocator, size_t(sizes.offloaded), runtime::MemoryCategory::kOffload);
     for (int l = 0; l < layers_ - slots(); ++l) pool_.push_back(offloaded_.data() + btc_ * l);
   }
   offloaded_slot_.resize(slots_.size());

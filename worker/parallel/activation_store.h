@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "api/engine_memory.h"
 #include "api/model_shape.h"
 #include "worker/model/blocks.h"
 #include "worker/runtime/memory.h"
@@ -30,11 +31,7 @@
 
 namespace meshtrain::parallel {
 
-struct ActivationPolicy {
-  bool checkpointing = false;
-  bool offload = false;  // requires checkpointing
-  int horizon = 2;       // blocks loaded ahead of the backward; at least 1
-};
+using ActivationPolicy = api::ActivationPolicy;
 
 class ActivationStore {
  public:

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "api/engine_memory.h"
 #include "worker/kernels/cpu/kernels.h"
 
 namespace meshtrain::parallel {
@@ -20,7 +21,7 @@ UnitShard ShardOfUnit(const model::ParameterLayout& layout, int index, int shard
   UnitShard s;
   s.unit_begin = begin;
   s.numel = end - begin;
-  s.shard_numel = (s.numel + shard_size - 1) / shard_size;
+  s.shard_numel = api::ShardElements(s.numel, shard_size);
   s.begin = std::min(s.numel, int64_t(shard_rank) * s.shard_numel);
   s.real = std::min(s.numel, s.begin + s.shard_numel) - s.begin;
   return s;

@@ -1,5 +1,7 @@
 #include "worker/runtime/memory.h"
 
+#include "api/engine_memory.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <new>
@@ -37,11 +39,7 @@ MemorySource HostMemory() {
   return {"host", [](size_t bytes) { return std::aligned_alloc(64, bytes); }, [](void* ptr) { std::free(ptr); }};
 }
 
-size_t CachingAllocator::RoundedSize(size_t bytes) {
-  constexpr size_t kSmall = 512, kLarge = size_t(2) << 20, kLargeFrom = size_t(1) << 20;
-  const size_t unit = bytes < kLargeFrom ? kSmall : kLarge;
-  return std::max(unit, (bytes + unit - 1) / unit * unit);
-}
+size_t CachingAllocator::RoundedSize(size_t bytes) { return api::AllocatorBlockBytes(bytes); }
 
 void* CachingAllocator::Allocate(size_t bytes, MemoryCategory category) {
   const size_t rounded = RoundedSize(bytes);
