@@ -72,6 +72,7 @@ void Fields(S& s, V& v) {
 // JSON config can be pasted in unchanged. SMP v2 calls the TP seed random_seed.
 template <Is<ParallelismSpec> S, class V>
 void Fields(S& s, V& v) {
+  v("mode", s.mode);
   v("tensorParallelDegree", s.tensor_parallel_degree, {"tensor_parallel_degree"});
   v("tensorParallelSeed", s.tensor_parallel_seed, {"tensor_parallel_seed", "random_seed"});
   v("hybridShardDegree", s.hybrid_shard_degree, {"hybrid_shard_degree"});
@@ -181,6 +182,20 @@ void Fields(S& s, V& v) {
   v("costSecondsPerStep", s.cost_seconds_per_step);
 }
 
+template <Is<LayoutStatus> S, class V>
+void Fields(S& s, V& v) {
+  v("tensorParallelDegree", s.tensor_parallel_degree);
+  v("hybridShardDegree", s.hybrid_shard_degree);
+  v("microBatchSize", s.micro_batch_size);
+  v("activationCheckpointing", s.activation_checkpointing);
+  v("activationOffloading", s.activation_offloading);
+  v("activationLoadingHorizon", s.activation_loading_horizon);
+  v("device", s.device);
+  v("predictedMemoryBytes", s.predicted_memory_bytes);
+  v("predictedStepSeconds", s.predicted_step_seconds);
+  v("predictedTokensPerSecond", s.predicted_tokens_per_second);
+}
+
 template <Is<ProgressStatus> S, class V>
 void Fields(S& s, V& v) {
   v("step", s.step);
@@ -209,6 +224,7 @@ void Fields(S& s, V& v) {
   v("startTime", s.start_time);
   v("completionTime", s.completion_time);
   v("placement", s.placement);
+  v("layout", s.layout);
   v("progress", s.progress);
   v("defaults", s.defaults);
 }

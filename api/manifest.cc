@@ -402,6 +402,7 @@ CheckedJob CheckTrainingJob(const Json& object, std::string source, int document
     if (e.type == FieldErrorType::kUndecodable) return checked;
   }
   for (FieldError& e : ValidateTrainingJob(checked.job)) checked.errors.push_back(std::move(e));
+  for (FieldError& e : FieldsThePlannerChooses(checked.job, written)) checked.errors.push_back(std::move(e));
   if (checked.ok()) checked.warnings = FieldsWithoutEffect(checked.job, written);
   return checked;
 }

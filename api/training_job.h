@@ -98,6 +98,10 @@ struct TrainingSpec {
 
 // Also accepts the SageMaker model parallel v2 keys (tensor_parallel_degree, ...).
 struct ParallelismSpec {
+  // manual: the fields below as written; auto: the planner (operator/scheduler/planner.h)
+  // chooses them and spec.training.microBatchSize when the job is placed, and they must
+  // not be written.
+  std::string mode = "manual";
   int64_t tensor_parallel_degree = 1;
   int64_t tensor_parallel_seed = 0;
   int64_t hybrid_shard_degree = 0;  // 0: shard across all data-parallel ranks
@@ -206,6 +210,21 @@ struct PlacementStatus {
   bool operator==(const PlacementStatus&) const = default;
 };
 
+// The layout the planner chose for spec.parallelism.mode auto, and what it predicted.
+struct LayoutStatus {
+  int64_t tensor_parallel_degree = 1;
+  int64_t hybrid_shard_degree = 1;
+  int64_t micro_batch_size = 1;
+  bool activation_checkpointing = false;
+  bool activation_offloading = false;
+  int64_t activation_loading_horizon = 0;  // 0 without offloading
+  std::string device;                        // the device model it planned for
+  int64_t predicted_memory_bytes = 0;        // per rank, at the peak
+  double predicted_step_seconds = 0;
+  double predicted_tokens_per_second = 0;
+  bool operator==(const LayoutStatus&) const = default;
+};
+
 struct ProgressStatus {
   int64_t step = 0;
   double loss = 0;
@@ -235,6 +254,7 @@ struct TrainingJobStatus {
   std::string start_time;
   std::string completion_time;
   std::optional<PlacementStatus> placement;
+  std::optional<LayoutStatus> layout;  // with spec.parallelism.mode auto
   std::optional<ProgressStatus> progress;
   std::vector<DerivedDefault> defaults;  // the values derived for fields the spec left out
   bool operator==(const TrainingJobStatus&) const = default;

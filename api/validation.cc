@@ -220,6 +220,7 @@ void CheckLayout(const TrainingJobSpec& spec, Checker& c) {
 }
 
 void CheckParallelism(const ParallelismSpec& p, Checker& c) {
+  c.OneOf("spec.parallelism.mode", p.mode, {"manual", "auto"});
   c.Range("spec.parallelism.tensorParallelSeed", p.tensor_parallel_seed, 0, Checker::kNoMax);
   c.Range("spec.parallelism.activationLoadingHorizon", p.activation_loading_horizon, 1, 1024);
   if (p.activation_offloading && !p.activation_checkpointing) {
@@ -325,6 +326,17 @@ FieldErrors ValidateTrainingJob(const TrainingJob& job) {
   CheckRunPolicy(spec.run_policy, c);
   CheckTemplate(spec.template_, c);
   return c.errors;
+}
+
+FieldErrors FieldsThePlannerChooses(const TrainingJob& job, const FieldPaths& written) {
+  FieldErrors errors;
+  if (job.spec.parallelism.mode != "auto") return errors;
+  for (const char* field : kPlannedFields) {
+    if (written.contains(field)) {
+      errors.push_back({field, "is chosen by the planner with spec.parallelism.mode auto; remove it, or set mode manual"});
+    }
+  }
+  return errors;
 }
 
 }  // namespace meshtrain::api

@@ -22,4 +22,14 @@ inline constexpr int64_t kMaxSeqLen = 1 << 20;
 // REQUIRES: ApplyDefaults(&job) has run.
 FieldErrors ValidateTrainingJob(const TrainingJob& job);
 
+// With spec.parallelism.mode auto, the fields the planner chooses that the manifest
+// wrote anyway (`written`, WrittenFields in json_codec.h): one error each.
+FieldErrors FieldsThePlannerChooses(const TrainingJob& job, const FieldPaths& written);
+
+// The fields spec.parallelism.mode auto chooses.
+inline constexpr const char* kPlannedFields[] = {
+    "spec.parallelism.tensorParallelDegree",    "spec.parallelism.hybridShardDegree",
+    "spec.parallelism.activationCheckpointing", "spec.parallelism.activationOffloading",
+    "spec.parallelism.activationLoadingHorizon", "spec.training.microBatchSize"};
+
 }  // namespace meshtrain::api

@@ -128,6 +128,12 @@ Command Plan(CLI::App& parent) {
   c->add_option("--link", o->link_overrides,
                 "Override a link: LEVEL=GBPS[,LATENCY_US], LEVEL being nvlink, cluster or a topology level");
   c->add_option("--avoid", o->avoid, "A node not to use");
+  c->add_option("--links", o->links_file, "Measured links (meshtrain bench comm --calibrate writes the file)");
+  c->add_flag("--auto", o->auto_layout,
+              "Plan the layout (T, S, micro-batch, activations): the top candidates, and why the others do not fit");
+  c->add_option("--device", o->device,
+                "With --auto: the nodes' instance type (p5.48xlarge, ...) or cpu (default: the placed nodes' label)");
+  c->add_option("--top", o->top, "With --auto: candidates to print")->check(CLI::Range(1, 1000))->capture_default_str();
   c->add_option("--output,-o", *output, "text or json")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   return {c, [o, output] {
             if (o->cluster_file.empty() && o->nodes_json.empty()) {

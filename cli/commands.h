@@ -62,7 +62,12 @@ struct PlanOptions {
   std::string pods_json;     // kubectl get pods -A -o json (optional)
   std::vector<std::string> link_overrides;  // LEVEL=GBPS[,LATENCY_US]
   std::vector<std::string> avoid;           // node names not to use
+  std::string links_file;                   // measured links (bench comm --calibrate)
   bool json = false;
+  // The planner: the top candidates on the placed nodes and why the rest do not fit.
+  bool auto_layout = false;
+  std::string device;  // an EKS instance type or "cpu"; empty: the placed nodes' instance type
+  int top = 5;
 };
 
 // Places a job on a cluster and prints the placement, its rank table, the link each

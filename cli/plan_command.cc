@@ -6,6 +6,7 @@
 #include "api/rank_table.h"
 #include "cli/commands.h"
 #include "cli/job_report.h"
+#include "cli/plan_report.h"
 #include "operator/scheduler/cost_model.h"
 #include "operator/scheduler/placement.h"
 
@@ -98,6 +99,34 @@ void PrintText(const api::CheckedJob& job, const scheduler::Placement& aware, co
       << " eligible nodes in name order)\n";
 }
 
+// --auto: the planner's candidates for the placed nodes.
+int PlanAuto(const PlanOptions& options, const api::CheckedJob& job, const scheduler::ClusterSnapshot& cluster,
+             const scheduler::Placement& placed, const scheduler::LinkModel& links, std::ostream& out) {
+  const api::TrainingJobSpec& spec = job.job.spec;
+  std::vector<std::map<std::string, std::string>> labels;
+  for (const std::string& name : placed.nodes) {
+    for (const scheduler::ClusterNode& n : cluster.nodes) {
+      if (n.name == name) labels.push_back(n.labels);
+    }
+  }
+  std::string why;
+  const std::optional<scheduler::DeviceModel> device = PlanDevice(options.device, spec, labels, &why);
+  if (!device) {
+    out << job.Where() << ": " << why << "\n";
+    return kExitInvalid;
+  }
+  const scheduler::PlanRequest request = scheduler::RequestFor(spec, placed.paths, links, *device);
+  const scheduler::Plan plan = scheduler::PlanLayouts(request);
+  if (options.json) {
+    out << PlanJson(request, plan, options.top).dump(2) << "\n";
+  } else {
+    out << job.Where() << ": placed on " << placed.nodes.size() << " nodes"
+        << (placed.domain.empty() ? "" : " in " + placed.domain) << "\n";
+    PrintPlan(request, plan, options.top, DefaultChoice(spec), out);
+  }
+  return plan.best() ? kExitOk : kExitInvalid;
+}
+
 }  // namespace
 
 int PlanCommand(const PlanOptions& options, std::ostream& out) {
@@ -113,6 +142,12 @@ int PlanCommand(const PlanOptions& options, std::ostream& out) {
   }
   const auto& spec = job.job.spec;
   scheduler::LinkModel links(spec.topology.levels);
+  try {
+    if (!options.links_file.empty()) scheduler::ApplyLinkFile(options.links_file, &links);
+  } catch (const std::exception& e) {
+    out << e.what() << "\n";
+    return kExitUnreadable;
+  }
   if (std::string error = ApplyLinkOverrides(options.link_overrides, &links); !error.empty()) {
     out << error << "\n";
     return kExitUnreadable;
@@ -126,6 +161,7 @@ int PlanCommand(const PlanOptions& options, std::ostream& out) {
     else out << job.Where() << ": no placement: " << aware.reason << "\n";
     return kExitInvalid;
   }
+  if (options.auto_layout) return PlanAuto(options, job, cluster, aware, links, out);
   const scheduler::Placement blind = scheduler::PlaceBlind(request, cluster);
   const scheduler::StepCost aware_cost = scheduler::EstimateStepCost(spec, aware.paths, links);
   const scheduler::StepCost blind_cost = scheduler::EstimateStepCost(spec, blind.paths, links);

@@ -1,6 +1,8 @@
 #include "operator/scheduler/cost_model.h"
 
 #include <algorithm>
+#include <fstream>
+#include <stdexcept>
 
 #include "api/layout.h"
 #include "api/model_shape.h"
@@ -43,32 +45,96 @@ const Link& LinkModel::BetweenNodes(size_t shared_levels) const {
 
 namespace {
 
-enum class Collective { kAllGather, kReduceScatter, kAllReduce };
-
 double RingSeconds(Collective op, double bytes, int n, const Link& link) {
   if (n <= 1 || bytes <= 0) return 0;
   const double steps = op == Collective::kAllReduce ? 2.0 * (n - 1) : double(n - 1);
   return steps * (link.latency_seconds + bytes / n / link.bytes_per_second);
 }
 
-// The slowest link among the nodes of `group`.
-const Link& GroupLink(const std::vector<int>& group, const api::ParallelLayout& mesh,
-                      const std::vector<std::vector<std::string>>& paths, const LinkModel& links) {
+// How many nodes a group's ranks sit on, and how many topology levels all those nodes share.
+struct Span {
+  int nodes = 0;
+  size_t shared_levels = 0;
+};
+
+Span SpanOf(const std::vector<int>& group, const api::ParallelLayout& mesh,
+            const std::vector<std::vector<std::string>>& paths) {
   const int first = mesh.NodeOf(group.front());
-  size_t shared = paths[first].size();
-  bool one_node = true;
+  Span span{0, paths[first].size()};
+  std::vector<int> nodes;
   for (int rank : group) {
     const int node = mesh.NodeOf(rank);
-    if (node == first) continue;
-    one_node = false;
+    if (std::find(nodes.begin(), nodes.end(), node) != nodes.end()) continue;
+    nodes.push_back(node);
     size_t common = 0;
-    while (common < shared && paths[node][common] == paths[first][common]) ++common;
-    shared = common;
+    while (common < span.shared_levels && paths[node][common] == paths[first][common]) ++common;
+    span.shared_levels = common;
   }
-  return one_node ? links.IntraNode() : links.BetweenNodes(shared);
+  span.nodes = int(nodes.size());
+  return span;
+}
+
+// The slowest link among the nodes of `group` (the one its collectives are named by).
+const Link& GroupLink(const Span& span, const LinkModel& links) {
+  return span.nodes == 1 ? links.IntraNode() : links.BetweenNodes(span.shared_levels);
 }
 
 }  // namespace
+
+double CollectiveSeconds(Collective op, double bytes, const std::vector<int>& group, const api::ParallelLayout& mesh,
+                         const std::vector<std::vector<std::string>>& paths, const LinkModel& links) {
+  const Span span = SpanOf(group, mesh, paths);
+  const int n = int(group.size()), per_node = n / span.nodes;
+  if (span.nodes == 1 || per_node == 1) return RingSeconds(op, bytes, n, GroupLink(span, links));
+  // Hierarchical (comm/fabric/algorithms.cc): inside the node over the whole buffer (an
+  // all-reduce's reduce-scatter and all-gather phases), and between rail peers over a
+  // per_node-th of it.
+  return RingSeconds(op, bytes, per_node, links.IntraNode()) +
+         RingSeconds(op, bytes / per_node, span.nodes, GroupLink(span, links));
+}
+
+double AxisSeconds(api::Axis axis, Collective op, double bytes, const api::ParallelLayout& mesh,
+                   const std::vector<std::vector<std::string>>& paths, const LinkModel& links) {
+  if (mesh.Degree(axis) <= 1) return 0;
+  double slowest = 0;
+  for (const std::vector<int>& group : mesh.Groups(axis)) {
+    slowest = std::max(slowest, CollectiveSeconds(op, bytes, group, mesh, paths, links));
+  }
+  return slowest;
+}
+
+void ApplyLinkFile(const std::string& path, LinkModel* links) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot open the link file");
+  const nlohmann::json file = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!file.is_object() || !file.contains("links") || !file["links"].is_array()) {
+    throw std::runtime_error(path + ": not a link file: expected {\"links\": [{\"name\", \"bytesPerSecond\", "
+                             "\"latencySeconds\"}, ...]}");
+  }
+  for (size_t i = 0; i < file["links"].size(); ++i) {
+    const nlohmann::json& link = file["links"][i];
+    const std::string where = path + ": links[" + std::to_string(i) + "]";
+    if (!link.is_object() || !link.value("name", nlohmann::json()).is_string() ||
+        !link.value("bytesPerSecond", nlohmann::json()).is_number() ||
+        !link.value("latencySeconds", nlohmann::json()).is_number()) {
+      throw std::runtime_error(where + ": needs a string name and numbers bytesPerSecond and latencySeconds");
+    }
+    const double rate = link["bytesPerSecond"], latency = link["latencySeconds"];
+    if (rate <= 0 || latency < 0) throw std::runtime_error(where + ": bytesPerSecond must be positive, latencySeconds not negative");
+    if (!links->Override(link["name"], rate, latency)) {
+      throw std::runtime_error(where + ": no link named \"" + link["name"].get<std::string>() +
+                               "\"; use nvlink, cluster or a topology level of the job");
+    }
+  }
+}
+
+nlohmann::json LinkFileJson(const std::vector<Link>& measured) {
+  nlohmann::json links = nlohmann::json::array();
+  for (const Link& l : measured) {
+    links.push_back({{"name", l.name}, {"bytesPerSecond", l.bytes_per_second}, {"latencySeconds", l.latency_seconds}});
+  }
+  return {{"links", links}};
+}
 
 StepCost EstimateStepCost(const api::TrainingJobSpec& spec, const std::vector<std::vector<std::string>>& node_paths,
                           const LinkModel& links) {
@@ -96,10 +162,10 @@ StepCost EstimateStepCost(const api::TrainingJobSpec& spec, const std::vector<st
   for (const auto& [axis, work] : traffic) {
     AxisCost axis_cost{api::AxisName(axis), 0, {}};
     for (const std::vector<int>& group : mesh.Groups(axis)) {
-      const Link& link = GroupLink(group, mesh, node_paths, links);
+      const Link& link = GroupLink(SpanOf(group, mesh, node_paths), links);
       ++axis_cost.groups_by_link[link.name];
       double seconds = 0;
-      for (const Traffic& t : work) seconds += t.times * RingSeconds(t.op, t.bytes, int(group.size()), link);
+      for (const Traffic& t : work) seconds += t.times * CollectiveSeconds(t.op, t.bytes, group, mesh, node_paths, links);
       axis_cost.seconds = std::max(axis_cost.seconds, seconds);
     }
     cost.seconds += axis_cost.seconds;

@@ -1,11 +1,14 @@
 // An alpha-beta model of one training step's communication for a placement.
 //
 // Each group of the layout (DESIGN.md: TP, shard and replica groups) runs its
-// collectives as rings over the slowest link its members span: NVLink inside a node,
-// else the network link of the deepest topology domain all its nodes share. A ring
-// of n ranks moving M bytes costs, per step of the ring, alpha + (M/n)/beta:
+// collectives as the fabric does: a ring over its one link when it sits in one node or
+// has one rank per node, else hierarchically (a phase inside each node over NVLink, one
+// between rail-aligned peers over the network link of the deepest topology domain all
+// its nodes share, and for all-reduce a last phase inside the node). A ring of n ranks
+// moving M bytes costs, per step of the ring, alpha + (M/n)/beta:
 //   all-gather, reduce-scatter: (n-1) steps;  all-reduce: 2(n-1) steps.
-// Groups of one kind run at the same time, so a kind costs its slowest group.
+// Groups of one kind run at the same time, so a kind costs its slowest group. Link
+// bandwidths are per GPU, with every GPU of a node moving data at once.
 //
 // Per step, with P parameters, A accumulation steps and bf16 parameters:
 //   shard:   A x (2 all-gathers of 2P/T bytes [forward, backward] + 1 reduce-scatter of 4P/T bytes)
@@ -18,6 +21,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "api/layout.h"
 #include "api/training_job.h"
 
 namespace meshtrain::scheduler {
@@ -52,6 +58,23 @@ class LinkModel {
   Link intra_node_;
   std::vector<Link> by_shared_;  // index: shared levels, 0 (cluster) .. levels
 };
+
+enum class Collective { kAllGather, kReduceScatter, kAllReduce };
+
+// Seconds for `group` (ranks of `mesh`) to run `op` over `bytes` (the whole buffer: an
+// all-gather's output, a reduce-scatter's input), on nodes at `node_paths`.
+double CollectiveSeconds(Collective op, double bytes, const std::vector<int>& group, const api::ParallelLayout& mesh,
+                         const std::vector<std::vector<std::string>>& node_paths, const LinkModel& links);
+// The slowest group of `axis`: all of them run at once.
+double AxisSeconds(api::Axis axis, Collective op, double bytes, const api::ParallelLayout& mesh,
+                   const std::vector<std::vector<std::string>>& node_paths, const LinkModel& links);
+
+// A link file, as `meshtrain bench comm --calibrate` writes it:
+//   {"links": [{"name": "nvlink", "bytesPerSecond": 1.1e9, "latencySeconds": 4e-5}, ...]}
+// Applies each entry to `links` with Override. Throws std::runtime_error naming the file
+// and the entry for a file that cannot be read, is not such JSON, or names no link of `links`.
+void ApplyLinkFile(const std::string& path, LinkModel* links);
+nlohmann::json LinkFileJson(const std::vector<Link>& measured);
 
 struct AxisCost {
   std::string axis;                       // "tp", "shard", "replica"

@@ -1,0 +1,109 @@
+#include "cli/plan_report.h"
+
+#include <cstdio>
+
+#include "api/layout.h"
+
+namespace meshtrain::cli {
+namespace {
+
+std::string GiB(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GiB", double(bytes) / double(int64_t(1) << 30));
+  return text;
+}
+
+nlohmann::json CandidateJson(const scheduler::Candidate& c) {
+  const scheduler::LayoutChoice& l = c.choice;
+  nlohmann::json j = {{"tensorParallelDegree", l.tp},
+                      {"hybridShardDegree", l.shard},
+                      {"microBatchSize", l.micro_batch},
+                      {"activationCheckpointing", l.activations.checkpointing},
+                      {"activationOffloading", l.activations.offload},
+                      {"memoryBytes", c.needed},
+                      {"stepSeconds", c.step.seconds},
+                      {"tokensPerSecond", c.step.tokens_per_second},
+                      {"exposedSeconds", c.step.exposed_seconds},
+                      {"microSteps", c.step.micro_steps}};
+  if (l.activations.offload) j["activationLoadingHorizon"] = l.activations.horizon;
+  if (!c.reason.empty()) j["rejected"] = c.reason;
+  return j;
+}
+
+}  // namespace
+
+std::optional<scheduler::DeviceModel> PlanDevice(const std::string& flag, const api::TrainingJobSpec& spec,
+                                                 const std::vector<std::map<std::string, std::string>>& node_labels,
+                                                 std::string* why) {
+  if (flag.empty()) return scheduler::DeviceForNodes(node_labels, spec, why);
+  if (flag == "cpu") {
+    if (!spec.resources.memory_limit_mib) {
+      *why = "--device cpu: the planner needs each rank's memory; set spec.resources.memoryLimitMiB";
+      return std::nullopt;
+    }
+    return scheduler::CpuDevice(*spec.resources.memory_limit_mib << 20, scheduler::kCpuMatrixFlops);
+  }
+  if (const scheduler::DeviceModel* device = scheduler::FindInstanceDevice(flag)) return *device;
+  *why = "--device " + flag + ": unknown; use cpu, p5.48xlarge, p5e.48xlarge, p5en.48xlarge, p4d.24xlarge or p4de.24xlarge";
+  return std::nullopt;
+}
+
+scheduler::LayoutChoice DefaultChoice(const api::TrainingJobSpec& spec) {
+  const int world = int(spec.nodes * spec.gpus_per_node);
+  return {1, world, int(spec.training.micro_batch_size), {}};
+}
+
+std::string CandidateRow(const scheduler::Candidate& c) {
+  char row[256];
+  std::snprintf(row, sizeof row, "%-46s %10s %9.4f s %12.0f tok/s   exposed %.4f s, %lld micro-steps",
+                scheduler::Describe(c.choice).c_str(), GiB(c.needed).c_str(), c.step.seconds, c.step.tokens_per_second,
+                c.step.exposed_seconds, (long long)c.step.micro_steps);
+  return row;
+}
+
+void PrintPlan(const scheduler::PlanRequest& r, const scheduler::Plan& plan, int top,
+               const std::optional<scheduler::LayoutChoice>& reference, std::ostream& out) {
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "planner: %s, %s per rank (%s usable), matrix rate %.1f TFLOP/s; %d nodes x %d ranks; global batch "
+                "%lld tokens of %d\n",
+                r.device.name.c_str(), GiB(r.device.memory_bytes).c_str(), GiB(r.device.Usable()).c_str(),
+                r.device.matrix_flops / 1e12, r.cluster.nodes, r.cluster.gpus_per_node,
+                (long long)r.global_batch_tokens, r.seq);
+  out << line;
+  out << "  " << plan.feasible.size() << " candidates fit, " << plan.rejected_count + int64_t(plan.rejected.size())
+      << " do not; the top " << std::min<size_t>(size_t(top), plan.feasible.size()) << " (modelled per-rank peak, step time):\n";
+  for (size_t i = 0; i < plan.feasible.size() && i < size_t(top); ++i) {
+    out << "  " << i + 1 << ". " << CandidateRow(plan.feasible[i]) << "\n";
+  }
+  if (const scheduler::Candidate* best = plan.best(); best && reference) {
+    const scheduler::Candidate d = scheduler::Evaluate(r, *reference);
+    out << "  the default (full sharding, T=1, the spec's micro-batch): " << CandidateRow(d) << "\n";
+    std::snprintf(line, sizeof line, "  chosen / default: %.2fx the tokens/s%s\n", d.step.seconds / best->step.seconds,
+                  d.reason.empty() ? "" : "; the default does not fit");
+    out << line;
+  }
+  if (!plan.rejected.empty() || plan.rejected_count > 0) out << "  rejected:\n";
+  for (const scheduler::Candidate& c : plan.rejected) {
+    out << "    T=" << c.choice.tp << ", S=" << c.choice.shard << ": nothing fits; the least " << c.reason << "\n";
+  }
+  if (plan.rejected_count > 0) {
+    out << "    and " << plan.rejected_count << " larger variants (micro-batch, activations) of layouts that fit\n";
+  }
+  for (const std::string& note : plan.notes) out << "  not tried: " << note << "\n";
+}
+
+nlohmann::json PlanJson(const scheduler::PlanRequest& r, const scheduler::Plan& plan, int top) {
+  nlohmann::json candidates = nlohmann::json::array(), rejected = nlohmann::json::array();
+  for (size_t i = 0; i < plan.feasible.size() && i < size_t(top); ++i) candidates.push_back(CandidateJson(plan.feasible[i]));
+  for (const scheduler::Candidate& c : plan.rejected) rejected.push_back(CandidateJson(c));
+  return {{"device", r.device.name},
+          {"memoryBytes", r.device.memory_bytes},
+          {"usableBytes", r.device.Usable()},
+          {"feasible", plan.feasible.size()},
+          {"candidates", candidates},
+          {"rejected", rejected},
+          {"notes", plan.notes}};
+}
+
+}  // namespace meshtrain::cli

@@ -1,0 +1,182 @@
+#include "operator/scheduler/planner.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <utility>
+
+#include "api/layout.h"
+
+namespace meshtrain::scheduler {
+namespace {
+
+std::string GiB(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f GiB", double(bytes) / double(int64_t(1) << 30));
+  return text;
+}
+
+std::vector<int> Divisors(int64_t n, int64_t at_most) {
+  std::vector<int> out;
+  for (int64_t d = 1; d <= std::min(n, at_most); ++d) {
+    if (n % d == 0) out.push_back(int(d));
+  }
+  return out;
+}
+
+// Faster first; equal times (to a part in a million), the one needing less memory.
+bool Better(const Candidate& a, const Candidate& b) {
+  const double ta = a.step.seconds, tb = b.step.seconds;
+  if (std::abs(ta - tb) > 1e-6 * std::max(ta, tb)) return ta < tb;
+  return a.needed < b.needed;
+}
+
+}  // namespace
+
+Candidate Evaluate(const PlanRequest& r, const LayoutChoice& choice) {
+  Candidate c;
+  c.choice = choice;
+  c.memory = PredictMemory(r.shape, r.seq, choice, r.device.compute_bytes);
+  c.step = PredictStep(r.shape, r.seq, r.global_batch_tokens, choice, r.cluster, r.device);
+  c.needed = r.device.memory_is_host ? c.memory.total() : c.memory.device();
+  if (c.needed > r.device.Usable()) {
+    c.reason = "needs " + GiB(c.needed) + " per rank with " + Describe(choice) + "; the " + r.device.name + " has " +
+               GiB(r.device.memory_bytes) + " (" + GiB(r.device.Usable()) + " usable with a " +
+               std::to_string(int(r.device.margin * 100 + 0.5)) + "% margin)";
+  }
+  return c;
+}
+
+Plan PlanLayouts(const PlanRequest& r) {
+  Plan plan;
+  const int world = r.cluster.nodes * r.cluster.gpus_per_node;
+  const int layers = int(r.shape.layers);
+  std::map<std::pair<int, int>, Candidate> least_memory;  // per (T, S) with nothing feasible
+  for (int tp : Divisors(r.cluster.gpus_per_node, r.cluster.gpus_per_node)) {
+    if (r.shape.heads % tp != 0 || (4 * r.shape.hidden) % tp != 0) continue;
+    const int dp = world / tp;
+    const int64_t per_sequence = int64_t(r.seq) * dp;
+    if (r.global_batch_tokens % per_sequence != 0) {
+      plan.notes.push_back("T=" + std::to_string(tp) + ": the global batch of " + std::to_string(r.global_batch_tokens) +
+                           " tokens is not a whole number of sequences of " + std::to_string(r.seq) + " for each of " +
+                           std::to_string(dp) + " data-parallel ranks");
+      continue;
+    }
+    const int64_t sequences = r.global_batch_tokens / per_sequence;
+    for (int shard : Divisors(dp, dp)) {
+      if (!api::ParallelLayout::Check(r.cluster.nodes, r.cluster.gpus_per_node, tp, shard).empty()) continue;
+      bool any_fits = false;
+      for (int micro : Divisors(sequences, r.max_micro_batch)) {
+        std::vector<Candidate> options = {Evaluate(r, {tp, shard, micro, {false, false, 2}}),
+                                          Evaluate(r, {tp, shard, micro, {true, false, 2}})};
+        // Offload: the horizon that is fastest among those that fit (or, if none fits, the smallest).
+        std::optional<Candidate> offload;
+        for (int h = 1; h <= std::min(r.max_horizon, layers - 1); ++h) {
+          Candidate c = Evaluate(r, {tp, shard, micro, {true, true, h}});
+          const bool better = !offload || (c.reason.empty() && (!offload->reason.empty() || Better(c, *offload)));
+          if (better) offload = std::move(c);
+        }
+        if (offload) options.push_back(std::move(*offload));
+        for (Candidate& c : options) {
+          if (c.reason.empty()) {
+            any_fits = true;
+            plan.feasible.push_back(std::move(c));
+            continue;
+          }
+          ++plan.rejected_count;
+          Candidate& least = least_memory[{tp, shard}];
+          if (least.choice.micro_batch == 0 || least.needed == 0 || c.needed < least.needed) least = c;
+        }
+      }
+      if (any_fits) least_memory.erase({tp, shard});
+    }
+  }
+  std::sort(plan.feasible.begin(), plan.feasible.end(), Better);
+  for (auto& [key, c] : least_memory) plan.rejected.push_back(std::move(c));
+  plan.rejected_count -= int64_t(plan.rejected.size());
+  return plan;
+}
+
+PlanRequest RequestFor(const api::TrainingJobSpec& spec, std::vector<std::vector<std::string>> node_paths,
+                       const LinkModel& links, const DeviceModel& device) {
+  PlanRequest r;
+  r.shape = api::ShapeOf(spec.model);
+  r.seq = int(r.shape.seq_len);
+  r.global_batch_tokens = spec.training.global_batch_tokens;
+  r.cluster.nodes = int(spec.nodes);
+  r.cluster.gpus_per_node = int(spec.gpus_per_node);
+  r.cluster.node_paths = std::move(node_paths);
+  r.cluster.links = links;
+  r.device = device;
+  return r;
+}
+
+const DeviceModel* FindInstanceDevice(const std::string& instance_type) {
+  // Dense bf16 peaks (989 TFLOP/s H100 and H200 SXM, 312 A100) x 0.40, the share of the
+  // peak llm.c with cuDNN reached training GPT-2 124M on an H100 (../shared/bench/README.md).
+  // Copies over PCIe gen5 (gen4 on A100) at about 80% of the link; HBM at 80% of its peak.
+  static const std::map<std::string, DeviceModel> kDevices = {
+      {"p5.48xlarge", {"H100 80GB (p5.48xlarge)", 80LL << 30, 0.1, false, 2, 0.40 * 989e12, {}, 50e9, 2.7e12}},
+      {"p5e.48xlarge", {"H200 141GB (p5e.48xlarge)", 141LL << 30, 0.1, false, 2, 0.40 * 989e12, {}, 50e9, 3.8e12}},
+      {"p5en.48xlarge", {"H200 141GB (p5en.48xlarge)", 141LL << 30, 0.1, false, 2, 0.40 * 989e12, {}, 50e9, 3.8e12}},
+      {"p4d.24xlarge", {"A100 40GB (p4d.24xlarge)", 40LL << 30, 0.1, false, 2, 0.40 * 312e12, {}, 25e9, 1.2e12}},
+      {"p4de.24xlarge", {"A100 80GB (p4de.24xlarge)", 80LL << 30, 0.1, false, 2, 0.40 * 312e12, {}, 25e9, 1.6e12}},
+  };
+  const auto it = kDevices.find(instance_type);
+  return it == kDevices.end() ? nullptr : &it->second;
+}
+
+DeviceModel CpuDevice(int64_t memory_bytes, double matrix_flops) {
+  // Copies and the optimizer stream through host memory at a few GB/s per rank.
+  return {"CPU", memory_bytes, 0.1, true, 4, matrix_flops, {}, 4e9, 4e9};
+}
+
+std::optional<DeviceModel> DeviceForNodes(const std::vector<std::map<std::string, std::string>>& node_labels,
+                                          const api::TrainingJobSpec& spec, std::string* why) {
+  static const std::string kInstanceType = "node.kubernetes.io/instance-type";
+  std::optional<DeviceModel> found;
+  for (const auto& labels : node_labels) {
+    const auto type = labels.find(kInstanceType);
+    if (type == labels.end()) continue;
+    const DeviceModel* device = FindInstanceDevice(type->second);
+    if (device == nullptr) continue;
+    // Mixed types: plan for the one with the least memory.
+    if (!found || device->memory_bytes < found->memory_bytes) found = *device;
+  }
+  if (found) return found;
+  if (spec.resources.memory_limit_mib) {
+    return CpuDevice(*spec.resources.memory_limit_mib << 20, kCpuMatrixFlops);
+  }
+  *why = "spec.parallelism.mode auto needs each rank's memory: the nodes' " + kInstanceType +
+         " is none the planner knows (p5.48xlarge, p5e.48xlarge, p5en.48xlarge, p4d.24xlarge, p4de.24xlarge) and "
+         "spec.resources.memoryLimitMiB is not set";
+  return std::nullopt;
+}
+
+nlohmann::json ResolveWrittenSpec(nlohmann::json written, const LayoutChoice& choice) {
+  nlohmann::json& p = written["parallelism"];
+  p["mode"] = "manual";
+  p["tensorParallelDegree"] = choice.tp;
+  p["hybridShardDegree"] = choice.shard;
+  p["activationCheckpointing"] = choice.activations.checkpointing;
+  p["activationOffloading"] = choice.activations.offload;
+  if (choice.activations.offload) p["activationLoadingHorizon"] = choice.activations.horizon;
+  written["training"]["microBatchSize"] = choice.micro_batch;
+  return written;
+}
+
+api::LayoutStatus LayoutStatusOf(const Candidate& chosen, const DeviceModel& device) {
+  const LayoutChoice& c = chosen.choice;
+  return {c.tp,
+          c.shard,
+          c.micro_batch,
+          c.activations.checkpointing,
+          c.activations.offload,
+          c.activations.offload ? c.activations.horizon : 0,
+          device.name,
+          chosen.needed,
+          chosen.step.seconds,
+          chosen.step.tokens_per_second};
+}
+
+}  // namespace meshtrain::scheduler

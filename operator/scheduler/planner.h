@@ -1,0 +1,88 @@
+// The automatic layout planner (spec.parallelism.mode: auto, `meshtrain plan --auto`):
+// a search over tensor parallelism T (divisors of the GPUs per node that divide the heads
+// and the MLP width), shard groups S (divisors of the data-parallel ranks that form a
+// layout), the micro-batch (divisors of each rank's sequences per step), and activations
+// (keep all, checkpointing, or offload with the loading horizon that is fastest), for the
+// job's model and global batch on the placed nodes. Each candidate gets the memory model's
+// per-rank peak and the step model's time; the fastest that fits in the device's memory,
+// less a margin, wins. Thread-safety: pure functions.
+
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "api/training_job.h"
+#include "operator/scheduler/memory_model.h"
+#include "operator/scheduler/step_model.h"
+
+namespace meshtrain::scheduler {
+
+struct PlanRequest {
+  api::ModelShape shape;
+  int seq = 0;
+  int64_t global_batch_tokens = 0;
+  Cluster cluster;
+  DeviceModel device;
+  int max_micro_batch = 64;
+  int max_horizon = 8;
+};
+
+struct Candidate {
+  LayoutChoice choice;
+  MemoryPrediction memory;
+  StepPrediction step;
+  int64_t needed = 0;   // the memory that must fit: the device's, or on the CPU everything
+  std::string reason;   // why it does not fit; empty when it does
+};
+
+struct Plan {
+  std::vector<Candidate> feasible;  // fastest first
+  // Per (T, S) with no feasible candidate, the one needing the least memory and why it does
+  // not fit; and how many candidates of the other (T, S) were left out for memory.
+  std::vector<Candidate> rejected;
+  int64_t rejected_count = 0;
+  // What the search could not try at all (a batch no micro-batch divides), one line each.
+  std::vector<std::string> notes;
+  const Candidate* best() const { return feasible.empty() ? nullptr : &feasible.front(); }
+};
+
+// One candidate, predicted. REQUIRES: the choice forms a layout for the request.
+Candidate Evaluate(const PlanRequest& request, const LayoutChoice& choice);
+
+Plan PlanLayouts(const PlanRequest& request);
+
+// The request for `spec` (defaulted, valid) on nodes at `node_paths`.
+PlanRequest RequestFor(const api::TrainingJobSpec& spec, std::vector<std::vector<std::string>> node_paths,
+                       const LinkModel& links, const DeviceModel& device);
+
+// The device of nodes of EKS instance type `instance_type` (p5.48xlarge, p5e.48xlarge,
+// p4d.24xlarge, p4de.24xlarge), or nullptr if none is known. Rates: dense bf16 peak x the
+// share the best GPT-2 training peer reached on an H100 (../shared/bench/README.md: 40%).
+const DeviceModel* FindInstanceDevice(const std::string& instance_type);
+
+// The CPU engine's device (fp32, host memory): memory_bytes per rank and a matrix rate.
+DeviceModel CpuDevice(int64_t memory_bytes, double matrix_flops);
+
+// The device of a job's placed nodes: their instance type's (FindInstanceDevice, from the
+// node.kubernetes.io/instance-type label), or where no node has a known GPU type, the CPU
+// engine's with spec.resources.memoryLimitMiB per rank and a nominal matrix rate
+// (kCpuMatrixFlops). nullopt, with the reason in `why`, when neither is known.
+inline constexpr double kCpuMatrixFlops = 20e9;
+std::optional<DeviceModel> DeviceForNodes(const std::vector<std::map<std::string, std::string>>& node_labels,
+                                          const api::TrainingJobSpec& spec, std::string* why);
+
+// A spec as written (JSON) with the choice written into spec.parallelism and
+// spec.training.microBatchSize, and mode manual: what the workers run. With mode auto
+// none of those fields was written (validation), so nothing the user wrote changes.
+nlohmann::json ResolveWrittenSpec(nlohmann::json written_spec, const LayoutChoice& choice);
+
+// What status.layout says of the chosen candidate.
+api::LayoutStatus LayoutStatusOf(const Candidate& chosen, const DeviceModel& device);
+
+}  // namespace meshtrain::scheduler

@@ -1,0 +1,67 @@
+// The step-time model of the planner: one optimizer step of the sharded engine for a
+// layout choice on placed nodes, by replaying the engine's schedule (parallel/engine.h)
+// over three streams with modelled durations:
+//   compute  each block's forward, recompute and backward: FLOPs over the device's
+//            measured matrix rate, plus the layer's TP all-reduces (they block the stream)
+//   comm     gathers (two slots: block l+1's waits until block l-1 is freed), each unit's
+//            reduce-scatter after its backward, and on the last micro-batch its replica
+//            all-reduce, in the order the engine enqueues them
+//   copy     offloaded block inputs out after their forward, back H blocks ahead
+// Forward and backward each end when all three streams drain, as the engine's do.
+// Collective times come from cost_model.h, per group and link tier.
+// Thread-safety: pure functions.
+
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "api/layout.h"
+#include "api/model_shape.h"
+#include "operator/scheduler/cost_model.h"
+#include "operator/scheduler/memory_model.h"
+
+namespace meshtrain::scheduler {
+
+// What the planner knows of one rank's device.
+struct DeviceModel {
+  std::string name;              // "H100 80GB HBM3 (p5.48xlarge)", "cpu"
+  int64_t memory_bytes = 0;      // per rank
+  double margin = 0.1;           // the share of memory kept free (allocator, runtime, fragmentation)
+  bool memory_is_host = false;   // the CPU: the offload pool counts against the same memory
+  int compute_bytes = 2;         // gathered parameters and activations: 4 (fp32) or 2 (bf16)
+  double matrix_flops = 0;       // FLOP/s one rank's training kernels reach (measured)
+  std::map<int, double> matrix_flops_by_micro_batch;  // measured per micro-batch, where known
+  double copy_bytes_per_second = 0;    // offload copies between device and host
+  double memory_bytes_per_second = 0;  // the optimizer's streaming update
+
+  double FlopsFor(int micro_batch) const;
+  // The memory a layout may use: memory_bytes less the margin.
+  int64_t Usable() const { return int64_t(double(memory_bytes) * (1 - margin)); }
+};
+
+// Where a job runs: its mesh (nodes x GPUs per node), node topology paths and links.
+struct Cluster {
+  int nodes = 1, gpus_per_node = 1;
+  std::vector<std::vector<std::string>> node_paths;  // one per node rank
+  LinkModel links{{"kubernetes.io/hostname"}};
+};
+
+struct StepPrediction {
+  double seconds = 0;           // one optimizer step
+  double compute_seconds = 0;   // math on the compute stream
+  double tp_seconds = 0;        // TP collectives on the compute stream
+  double comm_seconds = 0;      // gathers, reduce-scatters, replica all-reduces (comm stream busy)
+  double exposed_seconds = 0;   // what the step waits beyond compute, TP and the update
+  double update_seconds = 0;    // AdamW over the shards
+  int64_t micro_steps = 0;
+  double tokens_per_second = 0;
+};
+
+// REQUIRES: the choice divides the model (T | heads, 4C), the mesh and the batch.
+StepPrediction PredictStep(const api::ModelShape& shape, int seq, int64_t global_batch_tokens,
+                           const LayoutChoice& choice, const Cluster& cluster, const DeviceModel& device);
+
+}  // namespace meshtrain::scheduler
