@@ -145,13 +145,37 @@ Command Plan(CLI::App& parent) {
           }};
 }
 
-Command BenchPlan(CLI::App& bench) {
+Command BenchPlan(CLI::App& bench, const std::vector<std::string>& self) {
   auto o = Make<BenchPlanOptions>();
-  CLI::App* c = bench.add_subcommand("plan", "Placement time and topology-aware vs blind communication");
+  CLI::App* c = bench.add_subcommand(
+      "plan", "Placement time and topology-aware vs blind communication; the layout planner against the engine");
   c->add_option("--nodes", o->nodes, "Nodes per generated cluster")->capture_default_str();
   c->add_option("--clusters", o->clusters, "Clusters for the ratio")->capture_default_str();
   c->add_option("--seed", o->seed, "First random seed")->capture_default_str();
-  return {c, [o] { return BenchPlanCommand(*o, std::cout); }};
+  auto* memory = c->add_flag("--memory", o->memory, "The memory model against the engine's accounting, 14 layouts");
+  auto* measure = c->add_flag("--measure", o->measure,
+                              "Every layout the planner finds feasible, run on the testbed: modelled against measured");
+  auto* at_scale = c->add_flag("--at-scale", o->at_scale, "The planner's choice for GPT-2 1.5B and 7B on 16-128 p5 nodes");
+  memory->excludes(measure)->excludes(at_scale);
+  measure->excludes(at_scale);
+  c->add_option("--model", o->model, "Model preset (--memory, --measure)")->capture_default_str();
+  c->add_option("--seq", o->seq, "Sequence length")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  c->add_option("--steps", o->steps, "Measured steps per layout")->check(CLI::Range(1, 1000))->capture_default_str();
+  c->add_option("--testbed-nodes", o->testbed_nodes, "Virtual nodes (--measure)")->check(CLI::Range(1, 16))->capture_default_str();
+  c->add_option("--ranks-per-node", o->ranks_per_node, "Ranks per virtual node (--measure)")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  c->add_option("--netbed", o->netbed, "Run node i's ranks in network namespace NAME-i (scripts/netbed.sh up NAME ...)");
+  c->add_option("--links", o->links_file, "Measured links (meshtrain bench comm --calibrate)");
+  c->add_option("--memory-mib", o->memory_mib, "Memory per rank the planner plans for (--measure)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  c->add_option("--global-batch", o->global_batch_tokens, "Global batch in tokens (--measure; default 16 sequences a rank)");
+  c->add_option("--max-micro-batch", o->max_micro_batch, "Largest micro-batch searched")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  c->add_option("--top", o->top, "Candidates printed")->check(CLI::Range(1, 1000))->capture_default_str();
+  return {c, [o, self] { return BenchPlannerCommand(*o, self, std::cout); }};
 }
 
 Command BenchTrain(CLI::App& bench, const std::vector<std::string>& self) {
@@ -213,6 +237,9 @@ Command BenchComm(CLI::App& bench, const std::vector<std::string>& self) {
   c->add_option("--warmup", o->warmup, "Unmeasured iterations per size")->capture_default_str();
   c->add_option("--netbed", o->netbed,
                 "Run node i's ranks in network namespace NAME-i of a testbed (scripts/netbed.sh up NAME ...)");
+  c->add_option("--calibrate", o->calibrate,
+                "Fit the intra-node and between-node links (alpha-beta, per rank, all ranks at once) and write them "
+                "to this link file for meshtrain plan --links");
   return {c, [o, sizes, self] {
             if (!ParseSizeRange(*sizes, &o->min_bytes, &o->max_bytes)) {
               std::cerr << "meshtrain bench comm: --sizes \"" << *sizes << "\" is not MIN..MAX (like 1K..256M)\n";
@@ -270,7 +297,7 @@ int Main(int argc, char** argv) {
                                    Export(app),   PrepareData(app), Plan(app)};
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
-  for (Command& c : std::vector<Command>{BenchPlan(*bench), BenchTrain(*bench, self), BenchCheckpoint(*bench),
+  for (Command& c : std::vector<Command>{BenchPlan(*bench, self), BenchTrain(*bench, self), BenchCheckpoint(*bench),
                                          BenchComm(*bench, self), BenchOperator(*bench)})
     commands.push_back(std::move(c));
   commands.push_back(Launch(app));

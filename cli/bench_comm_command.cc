@@ -9,10 +9,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <vector>
 
 #include "cli/commands.h"
+#include "operator/scheduler/cost_model.h"
 #include "worker/comm/bootstrap.h"
 #include "worker/comm/fabric/fabric_communicator.h"
 #include "worker/launch/local_launcher.h"
@@ -64,12 +66,73 @@ struct Buffers {
   char* recv = nullptr;
 };
 
+// Seconds per all-gather of `bytes` (output) on `group`, every group of the kind at once.
+double AllGatherSeconds(mc::Communicator& world, mc::Communicator* group, size_t bytes) {
+  std::vector<float> in(bytes / 4 / size_t(group ? group->size() : 1)), out(bytes / 4);
+  const int iterations = int(std::clamp<size_t>((size_t(64) << 20) / bytes, 5, 50));
+  if (group) group->AllGather(in.data(), out.data(), in.size(), mc::DataType::kFloat32)->Wait();
+  world.Barrier()->Wait();
+  const Clock::time_point start = Clock::now();
+  for (int i = 0; i < iterations && group; ++i) {
+    group->AllGather(in.data(), out.data(), in.size(), mc::DataType::kFloat32)->Wait();
+  }
+  double seconds = std::chrono::duration<double>(Clock::now() - start).count() / iterations;
+  std::vector<double> times(size_t(world.size()));
+  world.AllGather(&seconds, times.data(), 2, mc::DataType::kInt32)->Wait();  // 8 bytes each
+  return *std::max_element(times.begin(), times.end());
+}
+
+// The alpha-beta link under a ring of n ranks: t = (n-1)(alpha + M/n/beta), fitted from
+// all-gathers of a small and a large buffer, every group of the kind running at once.
+scheduler::Link FitLink(const std::string& name, mc::Communicator& world, mc::Communicator* group, int n) {
+  const size_t small = size_t(4) << 10, large = size_t(8) << 20;
+  const double t_small = AllGatherSeconds(world, group, small), t_large = AllGatherSeconds(world, group, large);
+  const double per_byte = std::max(1e-15, (t_large - t_small) / (n - 1) / (double(large - small) / n));
+  const double latency = std::max(0.0, t_small / (n - 1) - double(small) / n * per_byte);
+  return {name, 1 / per_byte, latency};
+}
+
+// --calibrate: the ranks of each node form a group, and the ranks of one local index
+// across nodes (rails); each kind is timed with all its groups at once.
+int Calibrate(const BenchCommOptions& options, mc::Communicator& world, const mc::WorkerEnvironment& env,
+              std::ostream& out) {
+  const int per_node = env.nproc_per_node, nodes = env.nnodes;
+  std::vector<scheduler::Link> links;
+  std::vector<std::unique_ptr<mc::Communicator>> intra(static_cast<size_t>(nodes)), rail(static_cast<size_t>(per_node));
+  for (int n = 0; n < nodes && per_node > 1; ++n) {
+    std::vector<int> members;
+    for (int l = 0; l < per_node; ++l) members.push_back(n * per_node + l);
+    intra[size_t(n)] = world.NewGroup(members, "node " + std::to_string(n));
+  }
+  for (int l = 0; l < per_node && nodes > 1; ++l) {
+    std::vector<int> members;
+    for (int n = 0; n < nodes; ++n) members.push_back(n * per_node + l);
+    rail[size_t(l)] = world.NewGroup(members, "rail " + std::to_string(l));
+  }
+  if (per_node > 1) links.push_back(FitLink("nvlink", world, intra[size_t(env.node_rank)].get(), per_node));
+  if (nodes > 1) links.push_back(FitLink("cluster", world, rail[size_t(env.local_rank)].get(), nodes));
+  if (world.rank() == 0) {
+    std::ofstream(options.calibrate) << scheduler::LinkFileJson(links).dump(2) << "\n";
+    for (const scheduler::Link& l : links) {
+      char row[200];
+      std::snprintf(row, sizeof row, "%s: %.3f GB/s per rank, latency %.1f us\n",
+                    l.name == "nvlink" ? "inside a node (nvlink)" : "between nodes (cluster)", l.bytes_per_second / 1e9,
+                    l.latency_seconds * 1e6);
+      out << row;
+    }
+    out << "wrote " << options.calibrate << "\n";
+  }
+  world.Barrier()->Wait();
+  return kExitOk;
+}
+
 int RunRank(const BenchCommOptions& options, std::ostream& out) {
   auto env = mc::WorkerEnvironment::FromEnvironment();
   auto rendezvous = mc::JoinRendezvous(env, std::chrono::seconds(60));
   mc::FabricOptions fabric = mc::FabricOptions::FromEnvironment();
   if (!options.algorithm.empty()) fabric.algorithm = mc::ParseAlgorithm(options.algorithm);
   auto world = mc::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, fabric);
+  if (!options.calibrate.empty()) return Calibrate(options, *world, env, out);
   int n = world->size();
   bool leader = world->rank() == 0;
   if (leader) {

@@ -19,6 +19,7 @@
 
 #include "api/manifest.h"
 #include "api/model_shape.h"
+#include "cli/bench_ranks.h"
 #include "cli/commands.h"
 #include "worker/comm/bootstrap.h"
 #include "worker/comm/fabric/fabric_communicator.h"
@@ -94,130 +95,6 @@ double MeasureSgemmGflops(const api::ModelShape& s, int tokens) {
   });
 }
 
-// How the ranks of one benchmark run keep activations.
-struct Activations {
-  bool checkpointing = false;
-  int offload = 0;  // loading horizon; 0: none
-  std::string Describe() const {
-    return offload > 0 ? "offload, horizon " + std::to_string(offload) : checkpointing ? "checkpointing" : "keep all";
-  }
-};
-
-// The job a benchmark trains: `ranks` ranks in TP groups of `tp` and shard groups of
-// `shard`, on random tokens in `data`; one micro-step a step, of `batch` sequences per
-// rank (per TP group: `batch` x `tp`, so every layout trains the same global batch).
-// `ranks` over `nodes` virtual nodes (consecutive ranks per node).
-nlohmann::json BenchJob(const BenchTrainOptions& o, const std::string& data, int ranks, int nodes, int tp, int shard,
-                        bool bf16, const Activations& a) {
-  nlohmann::json parallelism = {{"tensorParallelDegree", tp},
-                                {"hybridShardDegree", shard},
-                                {"activationCheckpointing", a.checkpointing || a.offload > 0}};
-  if (a.offload > 0) parallelism.update({{"activationOffloading", true}, {"activationLoadingHorizon", a.offload}});
-  return {{"apiVersion", "meshtrain.dev/v1alpha1"},
-          {"kind", "TrainingJob"},
-          {"metadata", {{"name", "bench-train"}}},
-          {"spec",
-           {{"image", "meshtrain"},
-            {"nodes", nodes},
-            {"gpusPerNode", ranks / nodes},
-            {"parallelism", parallelism},
-            {"model", {{"preset", o.model}, {"seqLen", o.seq}}},
-            {"data", {{"train", data}}},
-            {"training",
-             {{"steps", o.steps + o.warmup}, {"warmupSteps", 1}, {"microBatchSize", o.batch * tp},
-              {"globalBatchTokens", ranks * o.batch * o.seq}, {"precision", bf16 ? "bf16" : "fp32"}}}}}};
-}
-
-// Random tokens for every step of every rank, in a temporary token file.
-std::filesystem::path WriteRandomTokens(const BenchTrainOptions& o, const api::ModelShape& shape, int ranks) {
-  const std::filesystem::path data =
-      std::filesystem::temp_directory_path() / ("meshtrain-bench-" + std::to_string(::getpid()) + ".bin");
-  std::mt19937 rng(7);
-  std::vector<uint32_t> random(size_t(ranks) * o.batch * o.seq * (o.steps + o.warmup + 1) + 1);
-  for (uint32_t& t : random) t = rng() % uint32_t(shape.vocab_size);
-  train::WriteTokenFile(data.string(), random);
-  return data;
-}
-
-// One rank of a multi-rank benchmark: trains the job in $MESHTRAIN_CONFIG and writes its
-// step time and peak memory beside it.
-int BenchTrainRank() {
-  const comm::WorkerEnvironment env = comm::WorkerEnvironment::FromEnvironment();
-  const api::CheckedJob job = api::LoadTrainingJobs(env.config).at(0);
-  comm::Rendezvous rendezvous = comm::JoinRendezvous(env, std::chrono::seconds(60));
-  auto world = comm::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, comm::FabricOptions::FromEnvironment());
-  train::Trainer trainer(job.job, world.get());
-  const int64_t steps = job.job.spec.training.steps, warmup = std::min<int64_t>(2, steps - 1);
-  for (int64_t i = 0; i < warmup; ++i) trainer.Step();
-  world->Barrier()->Wait();
-  const auto start = Clock::now();
-  train::CommStats seconds;
-  for (int64_t i = warmup; i < steps; ++i) {
-    const train::CommStats step = trainer.Step().comm;
-    seconds.exposed += step.exposed;
-    seconds.copy += step.copy;
-  }
-  world->Barrier()->Wait();
-  const double measured = double(steps - warmup);
-  const double step_seconds = Seconds(start) / measured;
-  const train::MemoryReport m = trainer.memory();
-  std::ofstream(env.config + ".rank" + std::to_string(env.rank))
-      << step_seconds << " " << seconds.exposed / measured << " " << seconds.copy / measured << " " << m.params << " "
-      << m.grads << " " << m.optimizer << " " << m.activations << " " << m.gathered << " " << m.offload << "\n";
-  return kExitOk;
-}
-
-struct RanksConfig {
-  std::string name;
-  int tp, shard;
-  Activations activations;
-};
-
-struct RanksResult {
-  double tokens_per_second = 0, exposed_seconds = 0, copy_seconds = 0;  // seconds: per step, the largest of any rank
-  train::MemoryReport peak;  // the largest of any rank, by category
-  int64_t state() const { return peak.params + peak.grads + peak.optimizer; }
-};
-
-// Runs the ranks as `config` says and gathers what they measured.
-std::optional<RanksResult> RunBenchRanks(const BenchTrainOptions& o, const std::vector<std::string>& self_argv,
-                                         const std::string& data, const RanksConfig& config, std::ostream& out) {
-  const std::filesystem::path job =
-      std::filesystem::temp_directory_path() / ("meshtrain-bench-" + std::to_string(::getpid()) + ".json");
-  std::ofstream(job) << BenchJob(o, data, o.ranks, o.nodes, config.tp, config.shard, false, config.activations).dump(2);
-  launch::LocalLaunch launch;
-  launch.nodes = o.nodes;
-  launch.ranks_per_node = o.ranks / o.nodes;
-  launch.netbed = o.netbed;
-  launch.command = self_argv;
-  launch.job_name = "bench-train";
-  launch.environment["MESHTRAIN_CONFIG"] = job.string();
-  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  launch.environment["OMP_NUM_THREADS"] = std::to_string(std::max(1, cores / o.ranks));
-  const bool ok = launch::LaunchLocal(launch, out).status == 0;
-  RanksResult result;
-  double slowest = 0;
-  for (int r = 0; r < o.ranks && ok; ++r) {
-    std::ifstream in(job.string() + ".rank" + std::to_string(r));
-    double seconds = 0, exposed = 0, copy = 0;
-    train::MemoryReport m;
-    in >> seconds >> exposed >> copy >> m.params >> m.grads >> m.optimizer >> m.activations >> m.gathered >> m.offload;
-    slowest = std::max(slowest, seconds);
-    result.exposed_seconds = std::max(result.exposed_seconds, exposed);
-    result.copy_seconds = std::max(result.copy_seconds, copy);
-    train::MemoryReport& p = result.peak;
-    for (auto [peak, rank] : {std::pair{&p.params, m.params}, {&p.grads, m.grads}, {&p.optimizer, m.optimizer},
-                              {&p.activations, m.activations}, {&p.gathered, m.gathered}, {&p.offload, m.offload}}) {
-      *peak = std::max(*peak, rank);
-    }
-    std::filesystem::remove(job.string() + ".rank" + std::to_string(r));
-  }
-  std::filesystem::remove(job);
-  if (!ok || slowest <= 0) return std::nullopt;
-  result.tokens_per_second = double(o.ranks) * o.batch * o.seq / slowest;
-  return result;
-}
-
 void PrintRanks(const RanksConfig& c, int ranks, const RanksResult& r, std::ostream& out) {
   char line[320];
   std::snprintf(line, sizeof line,
@@ -268,13 +145,13 @@ int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, co
   }
   for (const RanksConfig& c : configs) {
     const api::CheckedJob check =
-        api::CheckTrainingJob(BenchJob(o, "unused", o.ranks, o.nodes, c.tp, c.shard, false, c.activations), "bench", 0);
+        api::CheckTrainingJob(BenchJob(o, "unused", o.ranks, o.nodes, c, false), "bench", 0);
     if (!check.ok()) {
       out << "bench train: " << check.errors.front().ToString() << "\n";
       return kExitInvalid;
     }
   }
-  const std::filesystem::path data = WriteRandomTokens(o, shape, o.ranks);
+  const std::filesystem::path data = WriteRandomTokens(int64_t(o.ranks) * o.batch * o.seq * (o.steps + o.warmup + 1), shape);
   char line[256];
   std::snprintf(line, sizeof line, "model %s (%.1fM parameters), %d ranks x batch %d x seq %d a step, fp32 on CPU\n",
                 o.model.c_str(), double(shape.ParameterCount()) / 1e6, o.ranks, o.batch, o.seq);
@@ -314,9 +191,10 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
   train_options.seq = 64;
   train_options.steps = 1;
   train_options.warmup = 0;
-  const std::filesystem::path data = WriteRandomTokens(train_options, *preset, 1);
+  const std::filesystem::path data =
+      WriteRandomTokens(int64_t(train_options.batch) * train_options.seq * (train_options.steps + 1), *preset);
   const api::CheckedJob job =
-      api::CheckTrainingJob(BenchJob(train_options, data.string(), 1, 1, 1, 0, false, {}), "bench", 0);
+      api::CheckTrainingJob(BenchJob(train_options, data.string(), 1, 1, {"one rank", 1, 1, {}}, false), "bench", 0);
   if (!job.ok()) {
     out << "bench checkpoint: " << job.errors.front().ToString() << "\n";
     return kExitInvalid;
@@ -386,8 +264,9 @@ int BenchTrainCommand(const BenchTrainOptions& o, const std::vector<std::string>
   }
   const runtime::Device device = cuda ? runtime::Device::Cuda(0) : runtime::Device::Cpu();
   const int tokens = o.batch * o.seq;
-  const std::filesystem::path data = WriteRandomTokens(o, *preset, 1);
-  const nlohmann::json manifest = BenchJob(o, data.string(), 1, 1, 1, 0, cuda != nullptr, {o.checkpointing, o.offload});
+  const std::filesystem::path data = WriteRandomTokens(int64_t(tokens) * (o.steps + o.warmup + 1), *preset);
+  const nlohmann::json manifest =
+      BenchJob(o, data.string(), 1, 1, {"one rank", 1, 1, {o.checkpointing, o.offload}}, cuda != nullptr);
   const api::CheckedJob job = api::CheckTrainingJob(manifest, "bench", 0);
   if (!job.ok()) {
     out << "bench train: " << job.errors.front().ToString() << "\n";

@@ -81,11 +81,29 @@ struct BenchPlanOptions {
   int ratio_job_nodes = 64;
   int clusters = 100;
   uint64_t seed = 1;
+  // The layout planner (bench_planner.cc).
+  bool memory = false;    // the memory model against the accounting, 14 layouts on one node
+  bool measure = false;   // every feasible layout on the testbed, modelled and measured
+  bool at_scale = false;  // GPT-2 1.5B and a 7B shape on 16 to 128 p5 nodes, on paper
+  std::string model = "gpt2-tiny";
+  int seq = 64;
+  int steps = 3;
+  int testbed_nodes = 2;
+  int ranks_per_node = 2;
+  std::string netbed;
+  std::string links_file;
+  int memory_mib = 64;  // per rank, what the planner may fill (less its margin)
+  int64_t global_batch_tokens = 0;  // 0: 16 sequences per rank
+  int max_micro_batch = 8;
+  int top = 5;
 };
 
 // Placement time and the topology-aware vs blind step-communication ratio on
 // generated EKS-like clusters.
 int BenchPlanCommand(const BenchPlanOptions& options, std::ostream& out);
+// With --memory, --measure or --at-scale, the planner's benchmarks; otherwise BenchPlanCommand.
+// Inside a launched rank, the rank's training.
+int BenchPlannerCommand(const BenchPlanOptions& options, const std::vector<std::string>& self_argv, std::ostream& out);
 
 struct BenchTrainOptions {
   std::string model = "gpt2-124m";
@@ -140,6 +158,7 @@ struct BenchCommOptions {
   int warmup = 3;
   size_t max_iterations = 200;
   std::string netbed;  // run node i's ranks in the testbed's namespace NAME-i (scripts/netbed.sh)
+  std::string calibrate;  // a link file to write: the intra-node and between-node links, fitted
 };
 
 // Collective bandwidth, one row per size as in nccl-tests (time, algbw, busbw). Started

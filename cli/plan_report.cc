@@ -7,9 +7,19 @@
 namespace meshtrain::cli {
 namespace {
 
-std::string GiB(int64_t bytes) {
+// "63.89 GiB", or "21.60 MiB" below a GiB.
+std::string Size(int64_t bytes) {
   char text[32];
-  std::snprintf(text, sizeof text, "%.2f GiB", double(bytes) / double(int64_t(1) << 30));
+  const bool gib = bytes >= int64_t(1) << 30;
+  std::snprintf(text, sizeof text, "%.2f %s", double(bytes) / double(int64_t(1) << (gib ? 30 : 20)), gib ? "GiB" : "MiB");
+  return text;
+}
+
+// "395.6 TFLOP/s", or "20.0 GFLOP/s" below a TFLOP/s.
+std::string Rate(double flops) {
+  char text[32];
+  const bool tera = flops >= 1e12;
+  std::snprintf(text, sizeof text, "%.1f %s", flops / (tera ? 1e12 : 1e9), tera ? "TFLOP/s" : "GFLOP/s");
   return text;
 }
 
@@ -56,7 +66,7 @@ scheduler::LayoutChoice DefaultChoice(const api::TrainingJobSpec& spec) {
 std::string CandidateRow(const scheduler::Candidate& c) {
   char row[256];
   std::snprintf(row, sizeof row, "%-46s %10s %9.4f s %12.0f tok/s   exposed %.4f s, %lld micro-steps",
-                scheduler::Describe(c.choice).c_str(), GiB(c.needed).c_str(), c.step.seconds, c.step.tokens_per_second,
+                scheduler::Describe(c.choice).c_str(), Size(c.needed).c_str(), c.step.seconds, c.step.tokens_per_second,
                 c.step.exposed_seconds, (long long)c.step.micro_steps);
   return row;
 }
@@ -65,10 +75,10 @@ void PrintPlan(const scheduler::PlanRequest& r, const scheduler::Plan& plan, int
                const std::optional<scheduler::LayoutChoice>& reference, std::ostream& out) {
   char line[320];
   std::snprintf(line, sizeof line,
-                "planner: %s, %s per rank (%s usable), matrix rate %.1f TFLOP/s; %d nodes x %d ranks; global batch "
+                "planner: %s, %s per rank (%s usable), matrix rate %s; %d nodes x %d ranks; global batch "
                 "%lld tokens of %d\n",
-                r.device.name.c_str(), GiB(r.device.memory_bytes).c_str(), GiB(r.device.Usable()).c_str(),
-                r.device.matrix_flops / 1e12, r.cluster.nodes, r.cluster.gpus_per_node,
+                r.device.name.c_str(), Size(r.device.memory_bytes).c_str(), Size(r.device.Usable()).c_str(),
+                Rate(r.device.matrix_flops).c_str(), r.cluster.nodes, r.cluster.gpus_per_node,
                 (long long)r.global_batch_tokens, r.seq);
   out << line;
   out << "  " << plan.feasible.size() << " candidates fit, " << plan.rejected_count + int64_t(plan.rejected.size())

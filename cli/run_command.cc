@@ -2,6 +2,9 @@
 #include <cstdlib>
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+
+#include <unistd.h>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -11,7 +14,10 @@
 #include "api/layout.h"
 #include "cli/commands.h"
 #include "cli/job_report.h"
+#include "cli/plan_report.h"
 #include "operator/scheduler/placement.h"
+#include "operator/scheduler/planner.h"
+#include "worker/runtime/memory.h"
 #include "worker/launch/local_launcher.h"
 #include "worker/train/run_report.h"
 #include "worker/train/trainer.h"
@@ -77,12 +83,60 @@ int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std:
   return result.status == 0 ? kExitOk : result.status;
 }
 
+// spec.parallelism.mode auto: plans the layout for this machine (each rank's memory is
+// spec.resources.memoryLimitMiB, or this machine's memory shared by the ranks), writes
+// the resolved manifest to `resolved_file` for the ranks, and replaces *job with it.
+int PlanHere(const std::string& file, api::CheckedJob* job, const std::filesystem::path& resolved_file,
+             std::ostream& out) {
+  api::TrainingJobSpec& spec = job->job.spec;
+  const int64_t world = spec.nodes * spec.gpus_per_node;
+  const int64_t memory = spec.resources.memory_limit_mib
+                             ? *spec.resources.memory_limit_mib << 20
+                             : int64_t(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE) / world;
+  std::vector<std::vector<std::string>> paths;
+  for (const api::RankTableNode& node : LocalRankTable(job->job).nodes) paths.push_back(node.topology_path);
+  const scheduler::PlanRequest request = scheduler::RequestFor(
+      spec, paths, scheduler::LinkModel(spec.topology.levels), scheduler::CpuDevice(memory, scheduler::kCpuMatrixFlops));
+  const scheduler::Plan plan = scheduler::PlanLayouts(request);
+  if (!plan.best()) {
+    out << job->Where() << ": spec.parallelism.mode auto: no layout fits\n";
+    PrintPlan(request, plan, 5, std::nullopt, out);
+    return kExitInvalid;
+  }
+  nlohmann::json manifest = api::ReadManifestFile(file).at(0).object;
+  manifest["spec"] = scheduler::ResolveWrittenSpec(manifest["spec"], plan.best()->choice);
+  std::ofstream(resolved_file) << manifest.dump(2) << "\n";
+  api::CheckedJob resolved = api::CheckTrainingJob(manifest, file + " (planned)", 0);
+  if (!resolved.ok()) {
+    PrintErrors(resolved, out);
+    return kExitInvalid;
+  }
+  char line[300];
+  std::snprintf(line, sizeof line, "  planned (spec.parallelism.mode auto): %s; predicted %s per rank, %.3f s a step\n",
+                scheduler::Describe(plan.best()->choice).c_str(), runtime::FormatBytes(size_t(plan.best()->needed)).c_str(),
+                plan.best()->step.seconds);
+  out << line;
+  *job = std::move(resolved);
+  return kExitOk;
+}
+
 }  // namespace
 
 int RunCommand(const RunOptions& options, std::ostream& out) {
   api::CheckedJob job;
   if (int status = LoadOneValidJob(options.file, "run", &job, out); status != kExitOk) return status;
   out << job.Where() << ": ok\n";
+  std::string file = options.file;
+  const std::filesystem::path resolved =
+      std::filesystem::temp_directory_path() / ("meshtrain-run-" + std::to_string(::getpid()) + ".json");
+  struct RemoveAtExit {
+    std::filesystem::path path;
+    ~RemoveAtExit() { std::filesystem::remove(path); }
+  } remove_resolved{resolved};
+  if (job.job.spec.parallelism.mode == "auto") {
+    if (int status = PlanHere(options.file, &job, resolved, out); status != kExitOk) return status;
+    file = resolved.string();
+  }
   PrintWarnings(job, out);
   PrintLayout(job, /*groups=*/false, out);
   out << "  rank table on this machine:";
@@ -97,7 +151,7 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
   if (!where.note.empty()) spdlog::warn(where.note);
   if (!options.resume) job.job.spec.checkpoint.resume = false;
   if (api::ParallelLayout::ForSpec(job.job.spec).world() > 1) {
-    return RunRanks(job, table, options.file, options.sample_tokens, options.resume, out);
+    return RunRanks(job, table, file, options.sample_tokens, options.resume, out);
   }
 
   out << "  device: " << where.device.ToString() << ", "

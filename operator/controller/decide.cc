@@ -1,6 +1,7 @@
 #include "operator/controller/decide.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "api/json_codec.h"
 #include "api/worker_contract.h"
@@ -9,6 +10,7 @@
 #include "operator/kube/time.h"
 #include "operator/scheduler/cost_model.h"
 #include "operator/scheduler/placement.h"
+#include "operator/scheduler/planner.h"
 
 namespace meshtrain::controller {
 
@@ -263,6 +265,47 @@ class Decider {
     return table;
   }
 
+  static std::string LayoutText(const api::LayoutStatus& l) {
+    return scheduler::Describe({int(l.tensor_parallel_degree), int(l.hybrid_shard_degree), int(l.micro_batch_size),
+                                {l.activation_checkpointing, l.activation_offloading, int(l.activation_loading_horizon)}});
+  }
+
+  // spec.parallelism.mode auto: the planner's layout for the placed nodes, written into
+  // *written_spec; nullopt when none fits, with the job left Pending and why.
+  std::optional<api::LayoutStatus> PlanLayout(const scheduler::Placement& placement,
+                                              const std::vector<std::string>& levels, json* written_spec) {
+    std::vector<std::map<std::string, std::string>> labels;
+    const scheduler::ClusterSnapshot cluster = o_.cluster();
+    for (const std::string& name : placement.nodes) {
+      for (const scheduler::ClusterNode& n : cluster.nodes) {
+        if (n.name == name) labels.push_back(n.labels);
+      }
+    }
+    std::string why;
+    const std::optional<scheduler::DeviceModel> device = scheduler::DeviceForNodes(labels, job_.spec, &why);
+    std::optional<scheduler::Plan> plan;
+    if (device) {
+      plan = scheduler::PlanLayouts(
+          scheduler::RequestFor(job_.spec, placement.paths, scheduler::LinkModel(levels), *device));
+      if (!plan->best()) {
+        why = "no layout fits";
+        const auto least = std::min_element(plan->rejected.begin(), plan->rejected.end(),
+                                            [](const auto& a, const auto& b) { return a.needed < b.needed; });
+        if (least != plan->rejected.end()) why += "; the smallest " + least->reason;
+        for (const std::string& note : plan->notes) why += "; " + note;
+      }
+    }
+    if (!plan || !plan->best()) {
+      d_.status.phase = "Pending";
+      SetCondition("Scheduled", false, "NoLayout", why);
+      if (o_.status.phase != "Pending" || o_.status.conditions != d_.status.conditions)
+        d_.events.push_back({"Warning", "NoLayout", why});
+      return std::nullopt;
+    }
+    *written_spec = scheduler::ResolveWrittenSpec(*written_spec, plan->best()->choice);
+    return scheduler::LayoutStatusOf(*plan->best(), *device);
+  }
+
   void CreateGang(int64_t gang, const std::vector<json>& current) {
     const std::optional<json> existing = o_.config_map();
     std::optional<api::RankTable> table = ReusableTable(existing, gang);
@@ -288,9 +331,18 @@ class Decider {
       table = scheduler::MakeRankTable(placement, request.levels, job_.spec.gpus_per_node);
     }
 
+    // With mode auto, the planner chooses the layout for these nodes, and the workers
+    // get the spec with it written in.
+    json written_spec = o_.object.value("spec", json::object());
+    std::optional<api::LayoutStatus> layout;
+    if (job_.spec.parallelism.mode == "auto") {
+      layout = PlanLayout(placement, request.levels, &written_spec);
+      if (!layout) return d_.Requeue(options_.unschedulable_retry);
+    }
+
     GangObjects objects;
     objects.service = BuildService(job_);
-    objects.config_map = BuildConfigMap(job_, o_.object.value("spec", json::object()), *table, gang);
+    objects.config_map = BuildConfigMap(job_, written_spec, *table, gang);
     if (existing && !reused) {
       objects.replace_config_map = true;
       objects.config_map["metadata"]["resourceVersion"] = (*existing)["metadata"]["resourceVersion"];
@@ -308,6 +360,16 @@ class Decider {
     summary.cost_seconds_per_step =
         scheduler::EstimateStepCost(job_.spec, placement.paths, scheduler::LinkModel(request.levels)).seconds;
     d_.status.placement = summary;
+    if (layout) {
+      if (o_.status.layout != layout) {
+        char text[400];
+        std::snprintf(text, sizeof text, "%s: predicted %.2f GiB per rank and %.3f s per step on %s",
+                      LayoutText(*layout).c_str(), double(layout->predicted_memory_bytes) / double(1 << 30),
+                      layout->predicted_step_seconds, layout->device.c_str());
+        d_.events.push_back({"Normal", "LayoutPlanned", text});
+      }
+      d_.status.layout = layout;
+    }
     d_.status.phase = "Starting";
     if (d_.status.start_time.empty()) d_.status.start_time = kube::Rfc3339(o_.now);
     const std::string message = "gang " + std::to_string(gang) + " of " + std::to_string(nodes()) + " pods placed" +

@@ -10,9 +10,11 @@
 namespace meshtrain::scheduler {
 namespace {
 
-std::string GiB(int64_t bytes) {
+// "93.0 GiB", or "21.6 MiB" below a GiB.
+std::string Size(int64_t bytes) {
   char text[32];
-  std::snprintf(text, sizeof text, "%.1f GiB", double(bytes) / double(int64_t(1) << 30));
+  const bool gib = bytes >= int64_t(1) << 30;
+  std::snprintf(text, sizeof text, "%.1f %s", double(bytes) / double(int64_t(1) << (gib ? 30 : 20)), gib ? "GiB" : "MiB");
   return text;
 }
 
@@ -40,8 +42,8 @@ Candidate Evaluate(const PlanRequest& r, const LayoutChoice& choice) {
   c.step = PredictStep(r.shape, r.seq, r.global_batch_tokens, choice, r.cluster, r.device);
   c.needed = r.device.memory_is_host ? c.memory.total() : c.memory.device();
   if (c.needed > r.device.Usable()) {
-    c.reason = "needs " + GiB(c.needed) + " per rank with " + Describe(choice) + "; the " + r.device.name + " has " +
-               GiB(r.device.memory_bytes) + " (" + GiB(r.device.Usable()) + " usable with a " +
+    c.reason = "needs " + Size(c.needed) + " per rank with " + Describe(choice) + "; the " + r.device.name + " has " +
+               Size(r.device.memory_bytes) + " (" + Size(r.device.Usable()) + " usable with a " +
                std::to_string(int(r.device.margin * 100 + 0.5)) + "% margin)";
   }
   return c;
@@ -116,11 +118,11 @@ const DeviceModel* FindInstanceDevice(const std::string& instance_type) {
   // peak llm.c with cuDNN reached training GPT-2 124M on an H100 (../shared/bench/README.md).
   // Copies over PCIe gen5 (gen4 on A100) at about 80% of the link; HBM at 80% of its peak.
   static const std::map<std::string, DeviceModel> kDevices = {
-      {"p5.48xlarge", {"H100 80GB (p5.48xlarge)", 80LL << 30, 0.1, false, 2, 0.40 * 989e12, {}, 50e9, 2.7e12}},
-      {"p5e.48xlarge", {"H200 141GB (p5e.48xlarge)", 141LL << 30, 0.1, false, 2, 0.40 * 989e12, {}, 50e9, 3.8e12}},
-      {"p5en.48xlarge", {"H200 141GB (p5en.48xlarge)", 141LL << 30, 0.1, false, 2, 0.40 * 989e12, {}, 50e9, 3.8e12}},
-      {"p4d.24xlarge", {"A100 40GB (p4d.24xlarge)", 40LL << 30, 0.1, false, 2, 0.40 * 312e12, {}, 25e9, 1.2e12}},
-      {"p4de.24xlarge", {"A100 80GB (p4de.24xlarge)", 80LL << 30, 0.1, false, 2, 0.40 * 312e12, {}, 25e9, 1.6e12}},
+      {"p5.48xlarge", {"H100 80GB (p5.48xlarge)", 80LL << 30, 0.1, false, 2, 0.40 * 989e12, {}, 1, 50e9, 2.7e12}},
+      {"p5e.48xlarge", {"H200 141GB (p5e.48xlarge)", 141LL << 30, 0.1, false, 2, 0.40 * 989e12, {}, 1, 50e9, 3.8e12}},
+      {"p5en.48xlarge", {"H200 141GB (p5en.48xlarge)", 141LL << 30, 0.1, false, 2, 0.40 * 989e12, {}, 1, 50e9, 3.8e12}},
+      {"p4d.24xlarge", {"A100 40GB (p4d.24xlarge)", 40LL << 30, 0.1, false, 2, 0.40 * 312e12, {}, 1, 25e9, 1.2e12}},
+      {"p4de.24xlarge", {"A100 80GB (p4de.24xlarge)", 80LL << 30, 0.1, false, 2, 0.40 * 312e12, {}, 1, 25e9, 1.6e12}},
   };
   const auto it = kDevices.find(instance_type);
   return it == kDevices.end() ? nullptr : &it->second;
@@ -128,7 +130,7 @@ const DeviceModel* FindInstanceDevice(const std::string& instance_type) {
 
 DeviceModel CpuDevice(int64_t memory_bytes, double matrix_flops) {
   // Copies and the optimizer stream through host memory at a few GB/s per rank.
-  return {"CPU", memory_bytes, 0.1, true, 4, matrix_flops, {}, 4e9, 4e9};
+  return {"CPU", memory_bytes, 0.1, true, 4, matrix_flops, {}, 1, 4e9, 4e9};
 }
 
 std::optional<DeviceModel> DeviceForNodes(const std::vector<std::map<std::string, std::string>>& node_labels,

@@ -26,7 +26,7 @@ struct Stream {
 
 // Durations of one micro-step's operations for this rank.
 struct Durations {
-  double block_forward = 0, block_backward = 0, head_forward = 0, head_backward = 0;  // math
+  double block_forward = 0, block_backward = 0, block_recompute = 0, head_forward = 0, head_backward = 0;  // math
   double tp_forward = 0, tp_backward = 0, tp_head = 0;  // TP collectives inside them
   double gather_root = 0, gather_block = 0, reduce_root = 0, reduce_block = 0;
   double replica_root = 0, replica_block = 0;
@@ -42,6 +42,7 @@ Durations DurationsOf(const api::ModelShape& s, int seq, const LayoutChoice& c, 
   // 4 x seq x C for attention per layer; a backward is twice its forward.
   d.block_forward = tokens * (2 * 12 * C * C + 4 * seq * C) / T / rate;
   d.block_backward = 2 * d.block_forward;
+  d.block_recompute = device.recompute_factor * d.block_forward;
   d.head_forward = tokens * 2 * double(s.vocab_size) * C / T / rate;
   d.head_backward = 2 * d.head_forward;
   auto axis = [&](api::Axis a, Collective op, double bytes) {
@@ -101,7 +102,7 @@ double Forward(int L, const LayoutChoice& c, const Durations& d, Streams& s) {
 double Backward(int L, const LayoutChoice& c, const Durations& d, bool last, Streams& s) {
   const int slots = api::ActivationStoreElements({.layers = L}, 1, 1, c.activations, 0, 1).inputs;
   const bool offload = c.activations.offload;
-  const double recompute = c.activations.checkpointing ? d.block_forward + d.tp_forward : 0;
+  const double recompute = c.activations.checkpointing ? d.block_recompute + d.tp_forward : 0;
   std::vector<double> gathered(size_t(L), 0), done(size_t(L) + 1, 0), loaded(size_t(L), 0);
   s.Start();
   gathered[size_t(L) - 1] = s.comm.Run(0, d.gather_block);
@@ -147,7 +148,7 @@ StepPrediction PredictStep(const api::ModelShape& shape, int seq, int64_t global
   const double others = double(p.micro_steps - 1);
   p.seconds = others * micro + final_micro + p.update_seconds;
   p.compute_seconds = double(p.micro_steps) * (double(L) * (d.block_forward + d.block_backward +
-                                                            (choice.activations.checkpointing ? d.block_forward : 0)) +
+                                                            (choice.activations.checkpointing ? d.block_recompute : 0)) +
                                                d.head_forward + d.head_backward);
   p.tp_seconds = double(p.micro_steps) *
                  (double(L) * (d.tp_forward * (choice.activations.checkpointing ? 2 : 1) + d.tp_backward) + 2 * d.tp_head);

@@ -34,6 +34,9 @@ struct DeviceModel {
   int compute_bytes = 2;         // gathered parameters and activations: 4 (fp32) or 2 (bf16)
   double matrix_flops = 0;       // FLOP/s one rank's training kernels reach (measured)
   std::map<int, double> matrix_flops_by_micro_batch;  // measured per micro-batch, where known
+  // A recomputed block forward (activation checkpointing) over the block forward's FLOP
+  // time: 1 where matrix products dominate; measured where elementwise kernels weigh more.
+  double recompute_factor = 1;
   double copy_bytes_per_second = 0;    // offload copies between device and host
   double memory_bytes_per_second = 0;  // the optimizer's streaming update
 

@@ -3,6 +3,8 @@
 // theme: every delete follows from a status already stored, and Events belong to the
 // status they report, so a status write that conflicts and is retried repeats neither.
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include "api/json_codec.h"
@@ -311,6 +313,67 @@ TEST(Decide, TheTtlDeletesAFinishedJob) {
   EXPECT_FALSE(Decide(o, {}).delete_job);
   o.now = kNow + std::chrono::seconds(5);
   EXPECT_TRUE(Decide(o, {}).delete_job);
+}
+
+// spec.parallelism.mode auto: the planner chooses the layout for the placed nodes; the
+// workers' ConfigMap holds the resolved spec and status.layout the prediction.
+api::Condition Scheduled(const api::TrainingJobStatus& status) {
+  for (const api::Condition& c : status.conditions) {
+    if (c.type == "Scheduled") return c;
+  }
+  return {};
+}
+
+json AutoJob(std::optional<int64_t> memory_limit_mib) {
+  json object = JobObject();
+  object["spec"]["parallelism"] = {{"mode", "auto"}};
+  object["spec"]["training"].erase("microBatchSize");
+  if (memory_limit_mib) object["spec"]["resources"] = {{"memoryLimitMiB", *memory_limit_mib}};
+  return object;
+}
+
+TEST(Decide, ModeAutoWritesThePlannedLayoutIntoTheWorkersSpecAndStatus) {
+  const json object = AutoJob(512);
+  const Decision d = Decide(Observe(object, {}), {});
+  ASSERT_TRUE(d.create) << Scheduled(d.status).message;
+  ASSERT_TRUE(d.status.layout);
+  const api::LayoutStatus& layout = *d.status.layout;
+  EXPECT_EQ(layout.device, "CPU");  // the synthetic nodes carry no GPU instance type
+  EXPECT_GT(layout.predicted_memory_bytes, 0);
+  EXPECT_LE(layout.predicted_memory_bytes, int64_t(0.9 * (512 << 20)));
+  EXPECT_GT(layout.predicted_step_seconds, 0);
+  const json worker_job = json::parse(d.create->config_map["data"]["job.json"].get<std::string>());
+  const json& p = worker_job["spec"]["parallelism"];
+  EXPECT_EQ(p["mode"], "manual");
+  EXPECT_EQ(p["tensorParallelDegree"], layout.tensor_parallel_degree);
+  EXPECT_EQ(p["hybridShardDegree"], layout.hybrid_shard_degree);
+  EXPECT_EQ(worker_job["spec"]["training"]["microBatchSize"], layout.micro_batch_size);
+  // What the workers read is a valid manual job with exactly that layout.
+  const api::CheckedJob resolved = api::CheckTrainingJob(worker_job, "job.json", 0);
+  ASSERT_TRUE(resolved.ok()) << resolved.errors.front().ToString();
+  EXPECT_EQ(resolved.job.spec.parallelism.tensor_parallel_degree, layout.tensor_parallel_degree);
+  const std::vector<std::string> reasons = Reasons(d);
+  EXPECT_NE(std::find(reasons.begin(), reasons.end(), "LayoutPlanned"), reasons.end());
+  // A retry (the status write conflicted) plans the same layout for the same nodes.
+  const Decision again = Decide(Observe(object, {}), {});
+  ASSERT_TRUE(again.create);
+  EXPECT_EQ(again.create->config_map, d.create->config_map);
+  EXPECT_EQ(again.status.layout, d.status.layout);
+}
+
+TEST(Decide, ModeAutoWithoutAKnownDeviceOrRoomStaysPendingAndSaysWhy) {
+  const Decision unknown = Decide(Observe(AutoJob(std::nullopt), {}), {});
+  EXPECT_FALSE(unknown.create);
+  EXPECT_EQ(unknown.status.phase, "Pending");
+  EXPECT_EQ(Scheduled(unknown.status).reason, "NoLayout");
+  EXPECT_NE(Scheduled(unknown.status).message.find("spec.resources.memoryLimitMiB"), std::string::npos);
+  EXPECT_EQ(Reasons(unknown), (std::vector<std::string>{"NoLayout", "Pending"}));
+
+  const Decision tiny = Decide(Observe(AutoJob(1), {}), {});
+  EXPECT_FALSE(tiny.create);
+  EXPECT_EQ(Scheduled(tiny.status).reason, "NoLayout");
+  EXPECT_NE(Scheduled(tiny.status).message.find("no layout fits; the smallest needs "), std::string::npos)
+      << Scheduled(tiny.status).message;
 }
 
 }  // namespace

@@ -257,5 +257,28 @@ TEST(Validation, WrongTypesAreReportedBeforeChecksThatWouldUseThem) {
   EXPECT_EQ(job.errors[0].path, "spec.gpusPerNode");
 }
 
+TEST(Validation, ModeAutoRefusesTheFieldsThePlannerChooses) {
+  Json job = Base();
+  job["spec"]["parallelism"] = {{"mode", "auto"}, {"tensor_parallel_degree", 2}, {"activationCheckpointing", true}};
+  job["spec"]["training"]["microBatchSize"] = 4;
+  const CheckedJob checked = CheckTrainingJob(job, "auto.yaml", 0);
+  std::set<std::string> paths;
+  for (const FieldError& e : checked.errors) {
+    paths.insert(e.path);
+    EXPECT_NE(e.message.find("is chosen by the planner with spec.parallelism.mode auto"), std::string::npos) << e.message;
+  }
+  EXPECT_EQ(paths, (std::set<std::string>{"spec.parallelism.tensorParallelDegree", "spec.parallelism.activationCheckpointing",
+                                          "spec.training.microBatchSize"}));
+
+  Json plain = Base();
+  plain["spec"]["parallelism"] = {{"mode", "auto"}};
+  plain["spec"]["training"].erase("microBatchSize");
+  EXPECT_TRUE(CheckTrainingJob(plain, "auto.yaml", 0).ok());
+  plain["spec"]["parallelism"]["mode"] = "guess";
+  const CheckedJob bad = CheckTrainingJob(plain, "auto.yaml", 0);
+  ASSERT_EQ(bad.errors.size(), 1u);
+  EXPECT_EQ(bad.errors[0].path, "spec.parallelism.mode");
+}
+
 }  // namespace
 }  // namespace meshtrain::api

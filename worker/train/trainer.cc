@@ -17,6 +17,11 @@ namespace {
 
 // The job's layout, if this trainer can run it on `ranks` ranks.
 api::ParallelLayout SupportedLayout(const api::TrainingJob& job, int ranks) {
+  if (job.spec.parallelism.mode == "auto") {
+    throw std::invalid_argument(
+        "spec.parallelism.mode auto: the layout is chosen when the job is placed (by the operator or meshtrain run), "
+        "and the workers get the resolved spec; a worker cannot train an unresolved one");
+  }
   const api::ParallelLayout layout = api::ParallelLayout::ForSpec(job.spec);
   if (layout.world() != ranks) {
     throw std::invalid_argument("the job has " + std::to_string(layout.world()) +

@@ -1,0 +1,67 @@
+// The multi-rank runs of the benchmarks (bench train --ranks, bench plan --measure): a
+// job written for one layout, its ranks launched as processes on virtual nodes (or in
+// a network testbed's namespaces), each rank timing its steps and reporting its peak
+// memory beside the job file.
+
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "api/model_shape.h"
+#include "cli/commands.h"
+#include "worker/train/trainer.h"
+
+namespace meshtrain::cli {
+
+// How the ranks of one benchmark run keep activations.
+struct Activations {
+  bool checkpointing = false;
+  int offload = 0;  // loading horizon; 0: none
+  std::string Describe() const;
+};
+
+// One layout of `o.ranks` ranks on `o.nodes` nodes.
+struct RanksConfig {
+  std::string name;
+  int tp = 1, shard = 1;
+  Activations activations;
+  int micro_batch = 0;              // sequences per data-parallel rank; 0: o.batch x tp
+  int64_t global_batch_tokens = 0;  // 0: one micro-step, o.ranks x o.batch x o.seq
+  int MicroBatch(const BenchTrainOptions& o) const { return micro_batch > 0 ? micro_batch : o.batch * tp; }
+  int64_t GlobalTokens(const BenchTrainOptions& o) const {
+    return global_batch_tokens > 0 ? global_batch_tokens : int64_t(o.ranks) * o.batch * o.seq;
+  }
+};
+
+struct RanksResult {
+  double step_seconds = 0;  // the slowest rank's
+  double tokens_per_second = 0, exposed_seconds = 0, copy_seconds = 0;  // seconds: per step, the largest of any rank
+  train::MemoryReport peak;  // the largest of any rank, by category
+  int64_t peak_total = 0;    // the largest of any rank's accounted peak (all categories at once)
+  int64_t state() const { return peak.params + peak.grads + peak.optimizer; }
+};
+
+// The job of `config` on `o.ranks` ranks over `o.nodes` nodes, training o.model at
+// o.seq on the token file `data` for o.warmup + o.steps steps.
+nlohmann::json BenchJob(const BenchTrainOptions& o, const std::string& data, int ranks, int nodes,
+                        const RanksConfig& config, bool bf16);
+
+// `tokens` random tokens of `shape`'s vocabulary in a temporary token file.
+std::filesystem::path WriteRandomTokens(int64_t tokens, const api::ModelShape& shape);
+
+// One rank of a multi-rank benchmark: trains the job in $MESHTRAIN_CONFIG and writes its
+// step time and peak memory beside it.
+int BenchTrainRank();
+
+// Runs the ranks as `config` says (relaunching `self_argv`) and gathers what they measured.
+std::optional<RanksResult> RunBenchRanks(const BenchTrainOptions& o, const std::vector<std::string>& self_argv,
+                                         const std::string& data, const RanksConfig& config, std::ostream& out);
+
+}  // namespace meshtrain::cli
