@@ -203,8 +203,12 @@ Command BenchTrain(CLI::App& bench, const std::vector<std::string>& self) {
   c->add_option("--compare", o->compare,
                 "replicated: also run the ranks replicated; activations: keep all, checkpointing and "
                 "offload side by side; data-parallel: the ranks without TP; hybrid: shard groups of one "
-                "node's ranks against one of all ranks; with ratios")
-      ->check(CLI::IsMember({"replicated", "activations", "data-parallel", "hybrid"}));
+                "node's ranks against one of all ranks; order: the scheduler's node order against name order "
+                "on a racked testbed; with ratios")
+      ->check(CLI::IsMember({"replicated", "activations", "data-parallel", "hybrid", "order"}));
+  c->add_option("--racks", o->racks, "Racks of the testbed (scripts/netbed.sh up NAME NODES RATE RACKS UPLINK)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   c->add_option("--device", o->device, "cpu (fp32) or cuda (bf16 on GPU 0)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();

@@ -44,7 +44,7 @@ BenchTrainOptions RanksOptions(const BenchPlanOptions& o) {
 RanksConfig ConfigOf(const LayoutChoice& c, int64_t global_tokens) {
   return {scheduler::Describe(c), c.tp, c.shard,
           Activations{c.activations.checkpointing, c.activations.offload ? c.activations.horizon : 0}, c.micro_batch,
-          global_tokens};
+          global_tokens, {}};
 }
 
 std::optional<api::ModelShape> ShapeOf(const BenchPlanOptions& o, std::ostream& out) {
@@ -147,7 +147,7 @@ RankRate MeasureRank(const api::ModelShape& shape, int seq, int micro_batch, int
   auto step_seconds = [&](bool checkpointing) {
     BenchTrainOptions t;
     t.seq = seq;
-    const RanksConfig one{"one rank", 1, 1, {checkpointing, 0}, micro_batch, int64_t(micro_batch) * seq};
+    const RanksConfig one{"one rank", 1, 1, {checkpointing, 0}, micro_batch, int64_t(micro_batch) * seq, {}};
     nlohmann::json manifest = BenchJob(t, data.string(), 1, 1, one, false);
     manifest["spec"]["model"] = {{"layers", shape.layers}, {"heads", shape.heads}, {"hidden", shape.hidden},
                                  {"vocabSize", shape.vocab_size}, {"seqLen", seq}};

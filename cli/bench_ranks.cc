@@ -95,6 +95,7 @@ std::optional<RanksResult> RunBenchRanks(const BenchTrainOptions& o, const std::
   launch.nodes = o.nodes;
   launch.ranks_per_node = o.ranks / o.nodes;
   launch.netbed = o.netbed;
+  launch.netbed_hosts = config.hosts;
   launch.command = self_argv;
   launch.job_name = "bench-train";
   launch.environment["MESHTRAIN_CONFIG"] = job.string();

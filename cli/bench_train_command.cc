@@ -21,6 +21,7 @@
 #include "api/model_shape.h"
 #include "cli/bench_ranks.h"
 #include "cli/commands.h"
+#include "operator/scheduler/placement.h"
 #include "worker/comm/bootstrap.h"
 #include "worker/comm/fabric/fabric_communicator.h"
 #include "worker/launch/local_launcher.h"
@@ -118,6 +119,35 @@ void PrintRatios(const RanksConfig& a, const RanksResult& ra, const RanksConfig&
   out << line;
 }
 
+// The testbed's nodes as a cluster the scheduler places on: node i is "node-i" in rack
+// i % racks (as scripts/netbed.sh wires them), so name order alternates racks. Fills the
+// testbed node of each node rank as the scheduler orders them and in name order (the
+// topology-blind placement); returns an error message or "".
+std::string TestbedOrders(const BenchTrainOptions& o, std::vector<int>* aware, std::vector<int>* blind) {
+  if (o.netbed.empty() || o.racks < 2) return "needs --netbed NAME of a testbed with --racks 2 or more";
+  const std::string rack_label = "meshtrain.dev/rack";
+  scheduler::ClusterSnapshot cluster;
+  for (int i = 0; i < o.nodes; ++i) {
+    scheduler::ClusterNode node;
+    node.name = "node-" + std::to_string(i);
+    node.labels = {{rack_label, "rack-" + std::to_string(i % o.racks)}, {"kubernetes.io/hostname", node.name}};
+    node.gpus = o.ranks / o.nodes;
+    cluster.nodes.push_back(std::move(node));
+  }
+  std::sort(cluster.nodes.begin(), cluster.nodes.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  api::CheckedJob job = api::CheckTrainingJob(BenchJob(o, "unused", o.ranks, o.nodes, {"order", o.tp, o.shard, {}}, false), "bench", 0);
+  if (!job.ok()) return job.errors.front().ToString();
+  job.job.spec.topology.levels = {rack_label, "kubernetes.io/hostname"};
+  job.job.spec.topology.required_level = rack_label;
+  const scheduler::PlacementRequest request = scheduler::PlacementRequest::ForJob(job.job);
+  const scheduler::Placement placed = scheduler::Place(request, cluster), name_order = scheduler::PlaceBlind(request, cluster);
+  if (!placed.ok() || !name_order.ok()) return placed.ok() ? name_order.reason : placed.reason;
+  for (const auto& [from, into] : {std::pair{&placed, aware}, {&name_order, blind}}) {
+    for (const std::string& name : from->nodes) into->push_back(std::stoi(name.substr(5)));
+  }
+  return "";
+}
+
 int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, const std::vector<std::string>& self_argv,
                     std::ostream& out) {
   if (o.device != "cpu") {
@@ -137,6 +167,18 @@ int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, co
                {"offload", tp, shard, {true, o.offload > 0 ? o.offload : 2}}};
   } else if (o.compare == "hybrid") {  // shard groups inside a node, against one across all nodes
     configs = {{"hybrid shard", tp, o.ranks / o.nodes / tp, asked}, {"full shard", tp, o.ranks / tp, asked}};
+  } else if (o.compare == "order") {  // the scheduler's node order against name order on a racked testbed
+    RanksConfig aware{"topology-aware order", tp, shard, asked}, blind{"name order", tp, shard, asked};
+    if (std::string error = TestbedOrders(o, &aware.hosts, &blind.hosts); !error.empty()) {
+      out << "bench train --compare order: " << error << "\n";
+      return kExitInvalid;
+    }
+    for (const RanksConfig* c : {&aware, &blind}) {
+      out << c->name << ": node ranks on testbed nodes";
+      for (size_t n = 0; n < c->hosts.size(); ++n) out << " " << c->hosts[n] << " (rack " << c->hosts[n] % o.racks << ")";
+      out << "\n";
+    }
+    configs = {aware, blind};
   } else if (o.compare == "data-parallel") {  // the same ranks without TP, sharded alike
     configs = {{"tp", tp, shard, asked}, {"data-parallel", 1, o.shard == 0 ? o.ranks : shard, asked}};
   } else {

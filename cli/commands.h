@@ -117,11 +117,13 @@ struct BenchTrainOptions {
   int shard = 0;   // hybridShardDegree of those ranks (0: all of them)
   int nodes = 1;   // virtual nodes the ranks spread over (consecutive ranks per node)
   std::string netbed;  // run node i's ranks in the testbed's namespace NAME-i (scripts/netbed.sh)
+  int racks = 1;       // the testbed's racks (node i in rack i % racks), for --compare order
   bool checkpointing = false;  // activation checkpointing
   int offload = 0;             // above 0: activation offload with this loading horizon
   // "replicated": the same ranks with shard groups of one as well; "activations": every
   // block's activations kept, checkpointing, and offload (horizon --offload, or 2);
-  // "data-parallel": the same ranks without TP, at the same global batch
+  // "data-parallel": the same ranks without TP, at the same global batch; "order": the
+  // scheduler's topology-aware node order against name order on a racked testbed
   std::string compare;
 };
 

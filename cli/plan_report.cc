@@ -53,7 +53,9 @@ std::optional<scheduler::DeviceModel> PlanDevice(const std::string& flag, const 
     }
     return scheduler::CpuDevice(*spec.resources.memory_limit_mib << 20, scheduler::kCpuMatrixFlops);
   }
-  if (const scheduler::DeviceModel* device = scheduler::FindInstanceDevice(flag)) return *device;
+  if (const scheduler::DeviceModel* device = scheduler::FindInstanceDevice(flag)) {
+    return scheduler::AsJobUsesIt(*device, spec);
+  }
   *why = "--device " + flag + ": unknown; use cpu, p5.48xlarge, p5e.48xlarge, p5en.48xlarge, p4d.24xlarge or p4de.24xlarge";
   return std::nullopt;
 }

@@ -133,6 +133,14 @@ DeviceModel CpuDevice(int64_t memory_bytes, double matrix_flops) {
   return {"CPU", memory_bytes, 0.1, true, 4, matrix_flops, {}, 1, 4e9, 4e9};
 }
 
+DeviceModel AsJobUsesIt(DeviceModel device, const api::TrainingJobSpec& spec) {
+  if (spec.resources.memory_limit_mib) {
+    device.memory_bytes = std::min(device.memory_bytes, *spec.resources.memory_limit_mib << 20);
+  }
+  if (spec.training.precision == "fp32") device.compute_bytes = 4;
+  return device;
+}
+
 std::optional<DeviceModel> DeviceForNodes(const std::vector<std::map<std::string, std::string>>& node_labels,
                                           const api::TrainingJobSpec& spec, std::string* why) {
   static const std::string kInstanceType = "node.kubernetes.io/instance-type";
@@ -145,7 +153,7 @@ std::optional<DeviceModel> DeviceForNodes(const std::vector<std::map<std::string
     // Mixed types: plan for the one with the least memory.
     if (!found || device->memory_bytes < found->memory_bytes) found = *device;
   }
-  if (found) return found;
+  if (found) return AsJobUsesIt(*found, spec);
   if (spec.resources.memory_limit_mib) {
     return CpuDevice(*spec.resources.memory_limit_mib << 20, kCpuMatrixFlops);
   }

@@ -69,10 +69,15 @@ const DeviceModel* FindInstanceDevice(const std::string& instance_type);
 // The CPU engine's device (fp32, host memory): memory_bytes per rank and a matrix rate.
 DeviceModel CpuDevice(int64_t memory_bytes, double matrix_flops);
 
-// The device of a job's placed nodes: their instance type's (FindInstanceDevice, from the
-// node.kubernetes.io/instance-type label), or where no node has a known GPU type, the CPU
-// engine's with spec.resources.memoryLimitMiB per rank and a nominal matrix rate
-// (kCpuMatrixFlops). nullopt, with the reason in `why`, when neither is known.
+// `device` as `spec` uses it: its memory capped by spec.resources.memoryLimitMiB (the
+// engine's allocator never holds more), and fp32 compute when spec.training.precision is fp32.
+DeviceModel AsJobUsesIt(DeviceModel device, const api::TrainingJobSpec& spec);
+
+// The device of a job's placed nodes (AsJobUsesIt): their instance type's
+// (FindInstanceDevice, from the node.kubernetes.io/instance-type label), or where no node
+// has a known GPU type, the CPU engine's with spec.resources.memoryLimitMiB per rank and a
+// nominal matrix rate (kCpuMatrixFlops). nullopt, with the reason in `why`, when neither
+// is known.
 inline constexpr double kCpuMatrixFlops = 20e9;
 std::optional<DeviceModel> DeviceForNodes(const std::vector<std::map<std::string, std::string>>& node_labels,
                                           const api::TrainingJobSpec& spec, std::string* why);

@@ -482,6 +482,35 @@ case $scenario in
     awk "BEGIN { exit !($val < 3.0) }" || fail "validation loss $val after 200 steps: the workers did not learn"
     echo "progress seen: step $step, loss $loss; resumed from step $resumed; final validation loss $val"
     ;;
+  auto-layout)
+    # spec.parallelism.mode auto: the operator plans the layout at placement, writes it and
+    # its prediction into status.layout, and the real workers train the resolved spec.
+    prepare_data
+    start_server 2 --kubelet run --worker-binary "$build/worker/meshtrain-worker"
+    start_operator
+    # The simulated nodes say p5.48xlarge, but the workers train on this CPU in fp32 within
+    # memoryLimitMiB: the planner takes both from the spec.
+    apply_job 2 "{train: $work/data/train.bin}" "{steps: 6, globalBatchTokens: 4096, warmupSteps: 1, evalInterval: 0, precision: fp32}" \
+      "    env: [{name: OMP_NUM_THREADS, value: \"1\"}]
+  resources: {memoryLimitMiB: 32}
+  parallelism: {mode: auto}"
+    wait_for '{.status.phase}' Succeeded 120
+    tp=$("$kubectl" get tj tiny -o 'jsonpath={.status.layout.tensorParallelDegree}')
+    shard=$("$kubectl" get tj tiny -o 'jsonpath={.status.layout.hybridShardDegree}')
+    micro=$("$kubectl" get tj tiny -o 'jsonpath={.status.layout.microBatchSize}')
+    memory=$("$kubectl" get tj tiny -o 'jsonpath={.status.layout.predictedMemoryBytes}')
+    [ -n "$tp" ] && [ -n "$shard" ] && [ -n "$micro" ] || fail "no layout in status: $("$kubectl" get tj tiny -o yaml)"
+    [ "$memory" -gt 0 ] && [ "$memory" -le $((32 * 1024 * 1024 * 9 / 10)) ] || fail "predicted memory $memory is not within 90% of 32 MiB"
+    "$kubectl" get events | grep -E "LayoutPlanned.*T=$tp, S=$shard, micro-batch $micro" >/dev/null ||
+      fail "no LayoutPlanned event for T=$tp, S=$shard: $("$kubectl" get events | tail -5)"
+    spec=$("$kubectl" get cm tiny-config -o 'jsonpath={.data.job\.json}')
+    [[ $spec == *'"mode": "manual"'* && $spec == *"\"hybridShardDegree\": $shard"* && $spec == *"\"microBatchSize\": $micro"* ]] ||
+      fail "the workers' spec is not the planned layout: $spec"
+    # The ranks trained that layout within the memory limit the plan was made for.
+    pod_log tiny-g0-0 | grep -E "tp $tp" >/dev/null || fail "rank 0 did not train with tp $tp: $(pod_log tiny-g0-0 | grep 'model:')"
+    pod_log tiny-g0-0 | grep "step     6/6" >/dev/null || fail "the workers did not train to the end: $(pod_log tiny-g0-0 | tail -3)"
+    echo "planned: T=$tp, S=$shard, micro-batch $micro, predicted $memory bytes per rank"
+    ;;
   worker-config-error)
     # A worker that finds a configuration error exits 78: the job fails at once, no restart.
     prepare_data

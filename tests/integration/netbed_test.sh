@@ -30,6 +30,19 @@ awk "BEGIN { exit !($busbw > 0 && $busbw < 0.125) }" ||
   fail "busbw $busbw GB/s: the traffic did not cross the 1 Gbit/s links"
 bash "$src/scripts/netbed.sh" down "$name"
 [ -z "$(ip netns list | grep "^$name-" || true)" ] || fail "netbed.sh down left namespaces"
+
+# Two racks of two nodes behind 50 Mbit/s uplinks: the scheduler's order keeps each shard
+# group (2 nodes) in one rack, name order splits both across racks; both train.
+bash "$src/scripts/netbed.sh" up "$name" 4 1gbit 2 50mbit
+out=$("$build/cli/meshtrain" bench train --model gpt2-tiny --ranks 4 --nodes 4 --shard 2 --netbed "$name" --racks 2 \
+  --compare order --seq 32 --batch 2 --steps 2 2>&1) || fail "the racked comparison failed: $out"
+echo "$out" | grep -v '^\[20'
+[[ $out == *"topology-aware order: node ranks on testbed nodes 0 (rack 0) 2 (rack 0) 1 (rack 1) 3 (rack 1)"* ]] ||
+  fail "the scheduler did not keep shard groups in a rack"
+[[ $out == *"name order: node ranks on testbed nodes 0 (rack 0) 1 (rack 1) 2 (rack 0) 3 (rack 1)"* ]] || fail "no name order run"
+[[ $out =~ "topology-aware order / name order: tokens/s "[0-9.]+ ]] || fail "no ratio"
+bash "$src/scripts/netbed.sh" down "$name"
+[ -z "$(ip netns list | grep "^$name-" || true)" ] || fail "netbed.sh down left the racked namespaces"
 out=$("$build/cli/meshtrain" bench comm --ranks 4 --nodes 2 --netbed "$name" 2>&1) && fail "a launch on a testbed that is down ran"
 [[ $out == *"testbed $name has no node 0 (no network namespace $name-0; run scripts/netbed.sh up $name 2 RATE)"* ]] ||
   fail "the error does not say what is missing: $out"

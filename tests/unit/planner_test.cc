@@ -157,6 +157,13 @@ TEST(Planner, KnowsTheDeviceOfEksInstanceTypesAndNeedsAMemoryOtherwise) {
   const auto p5 = DeviceForNodes({{{"node.kubernetes.io/instance-type", "p5.48xlarge"}}}, spec, &why);
   ASSERT_TRUE(p5);
   EXPECT_EQ(p5->memory_bytes, 80LL << 30);
+  spec.resources.memory_limit_mib = 1024;  // the engine's allocator holds no more
+  spec.training.precision = "fp32";
+  const auto capped = DeviceForNodes({{{"node.kubernetes.io/instance-type", "p5.48xlarge"}}}, spec, &why);
+  ASSERT_TRUE(capped);
+  EXPECT_EQ(capped->memory_bytes, 1LL << 30);
+  EXPECT_EQ(capped->compute_bytes, 4);
+  spec = {};
   EXPECT_FALSE(DeviceForNodes({{{"node.kubernetes.io/instance-type", "m5.large"}}}, spec, &why));
   EXPECT_NE(why.find("spec.resources.memoryLimitMiB"), std::string::npos) << why;
   spec.resources.memory_limit_mib = 512;

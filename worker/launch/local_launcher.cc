@@ -72,14 +72,15 @@ LaunchResult LaunchLocal(const LocalLaunch& launch, std::ostream& log) {
                                    .dump(2);
   if (!launch.netbed.empty()) {
     for (int n = 0; n < launch.nodes; ++n) {
-      const std::string ns = launch.netbed + "-" + std::to_string(n);
+      const std::string ns = launch.netbed + "-" + std::to_string(launch.NetbedHost(n));
       if (!std::filesystem::exists("/run/netns/" + ns))
-        throw std::runtime_error("testbed " + launch.netbed + " has no node " + std::to_string(n) + " (no network namespace " +
+        throw std::runtime_error("testbed " + launch.netbed + " has no node " + std::to_string(launch.NetbedHost(n)) +
+                                 " (no network namespace " +
                                  ns + "; run scripts/netbed.sh up " + launch.netbed + " " +
                                  std::to_string(launch.nodes) + " RATE)");
     }
   }
-  const std::string coordinator = (launch.netbed.empty() ? "127.0.0.1" : NetbedAddress(0)) + ":" +
+  const std::string coordinator = (launch.netbed.empty() ? "127.0.0.1" : NetbedAddress(launch.NetbedHost(0))) + ":" +
                                   std::to_string(FreeLoopbackPort());
 
   std::vector<RankProcess> ranks;
@@ -97,7 +98,7 @@ LaunchResult LaunchLocal(const LocalLaunch& launch, std::ostream& log) {
     variables[env::kLocalRank] = std::to_string(rank % launch.ranks_per_node);
     variables[env::kMasterAddr] = coordinator.substr(0, coordinator.rfind(':'));
     if (!launch.netbed.empty()) {
-      process.network_namespace = launch.netbed + "-" + std::to_string(rank / launch.ranks_per_node);
+      process.network_namespace = launch.netbed + "-" + std::to_string(launch.NetbedHost(rank / launch.ranks_per_node));
       variables["FI_TCP_IFACE"] = "eth0";  // the testbed link, not loopback
     }
     variables[env::kMasterPort] = coordinator.substr(coordinator.rfind(':') + 1);

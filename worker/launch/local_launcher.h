@@ -35,6 +35,9 @@ struct LocalLaunch {
   // namespace NAME-i, reached at 198.18.0.(i+1), so traffic between nodes crosses the
   // testbed's shaped links; rank 0's Store listens there too.
   std::string netbed;
+  // Which testbed node each node rank runs on (a placement's order); empty: node i on i.
+  std::vector<int> netbed_hosts;
+  int NetbedHost(int node) const { return netbed_hosts.empty() ? node : netbed_hosts[size_t(node)]; }
 };
 
 // The address of node `node` of a testbed (scripts/netbed.sh).
