@@ -7,14 +7,6 @@
 namespace meshtrain::cli {
 namespace {
 
-// "63.89 GiB", or "21.60 MiB" below a GiB.
-std::string Size(int64_t bytes) {
-  char text[32];
-  const bool gib = bytes >= int64_t(1) << 30;
-  std::snprintf(text, sizeof text, "%.2f %s", double(bytes) / double(int64_t(1) << (gib ? 30 : 20)), gib ? "GiB" : "MiB");
-  return text;
-}
-
 // "395.6 TFLOP/s", or "20.0 GFLOP/s" below a TFLOP/s.
 std::string Rate(double flops) {
   char text[32];
@@ -68,7 +60,7 @@ scheduler::LayoutChoice DefaultChoice(const api::TrainingJobSpec& spec) {
 std::string CandidateRow(const scheduler::Candidate& c) {
   char row[256];
   std::snprintf(row, sizeof row, "%-46s %10s %9.4f s %12.0f tok/s   exposed %.4f s, %lld micro-steps",
-                scheduler::Describe(c.choice).c_str(), Size(c.needed).c_str(), c.step.seconds, c.step.tokens_per_second,
+                scheduler::Describe(c.choice).c_str(), scheduler::MemorySize(c.needed).c_str(), c.step.seconds, c.step.tokens_per_second,
                 c.step.exposed_seconds, (long long)c.step.micro_steps);
   return row;
 }
@@ -79,11 +71,11 @@ void PrintPlan(const scheduler::PlanRequest& r, const scheduler::Plan& plan, int
   std::snprintf(line, sizeof line,
                 "planner: %s, %s per rank (%s usable), matrix rate %s; %d nodes x %d ranks; global batch "
                 "%lld tokens of %d\n",
-                r.device.name.c_str(), Size(r.device.memory_bytes).c_str(), Size(r.device.Usable()).c_str(),
+                r.device.name.c_str(), scheduler::MemorySize(r.device.memory_bytes).c_str(), scheduler::MemorySize(r.device.Usable()).c_str(),
                 Rate(r.device.matrix_flops).c_str(), r.cluster.nodes, r.cluster.gpus_per_node,
                 (long long)r.global_batch_tokens, r.seq);
   out << line;
-  out << "  " << plan.feasible.size() << " candidates fit, " << plan.rejected_count + int64_t(plan.rejected.size())
+  out << "  " << plan.feasible.size() << " candidates fit, " << plan.candidates - int64_t(plan.feasible.size())
       << " do not; the top " << std::min<size_t>(size_t(top), plan.feasible.size()) << " (modelled per-rank peak, step time):\n";
   for (size_t i = 0; i < plan.feasible.size() && i < size_t(top); ++i) {
     out << "  " << i + 1 << ". " << CandidateRow(plan.feasible[i]) << "\n";

@@ -10,14 +10,6 @@
 namespace meshtrain::scheduler {
 namespace {
 
-// "93.0 GiB", or "21.6 MiB" below a GiB.
-std::string Size(int64_t bytes) {
-  char text[32];
-  const bool gib = bytes >= int64_t(1) << 30;
-  std::snprintf(text, sizeof text, "%.1f %s", double(bytes) / double(int64_t(1) << (gib ? 30 : 20)), gib ? "GiB" : "MiB");
-  return text;
-}
-
 std::vector<int> Divisors(int64_t n, int64_t at_most) {
   std::vector<int> out;
   for (int64_t d = 1; d <= std::min(n, at_most); ++d) {
@@ -35,6 +27,13 @@ bool Better(const Candidate& a, const Candidate& b) {
 
 }  // namespace
 
+std::string MemorySize(int64_t bytes) {
+  char text[32];
+  const bool gib = bytes >= int64_t(1) << 30;
+  std::snprintf(text, sizeof text, "%.1f %s", double(bytes) / double(int64_t(1) << (gib ? 30 : 20)), gib ? "GiB" : "MiB");
+  return text;
+}
+
 Candidate Evaluate(const PlanRequest& r, const LayoutChoice& choice) {
   Candidate c;
   c.choice = choice;
@@ -42,8 +41,8 @@ Candidate Evaluate(const PlanRequest& r, const LayoutChoice& choice) {
   c.step = PredictStep(r.shape, r.seq, r.global_batch_tokens, choice, r.cluster, r.device);
   c.needed = r.device.memory_is_host ? c.memory.total() : c.memory.device();
   if (c.needed > r.device.Usable()) {
-    c.reason = "needs " + Size(c.needed) + " per rank with " + Describe(choice) + "; the " + r.device.name + " has " +
-               Size(r.device.memory_bytes) + " (" + Size(r.device.Usable()) + " usable with a " +
+    c.reason = "needs " + MemorySize(c.needed) + " per rank with " + Describe(choice) + "; the " + r.device.name + " has " +
+               MemorySize(r.device.memory_bytes) + " (" + MemorySize(r.device.Usable()) + " usable with a " +
                std::to_string(int(r.device.margin * 100 + 0.5)) + "% margin)";
   }
   return c;
@@ -53,7 +52,6 @@ Plan PlanLayouts(const PlanRequest& r) {
   Plan plan;
   const int world = r.cluster.nodes * r.cluster.gpus_per_node;
   const int layers = int(r.shape.layers);
-  std::map<std::pair<int, int>, Candidate> least_memory;  // per (T, S) with nothing feasible
   for (int tp : Divisors(r.cluster.gpus_per_node, r.cluster.gpus_per_node)) {
     if (r.shape.heads % tp != 0 || (4 * r.shape.hidden) % tp != 0) continue;
     const int dp = world / tp;
@@ -68,6 +66,9 @@ Plan PlanLayouts(const PlanRequest& r) {
     for (int shard : Divisors(dp, dp)) {
       if (!api::ParallelLayout::Check(r.cluster.nodes, r.cluster.gpus_per_node, tp, shard).empty()) continue;
       bool any_fits = false;
+      const int64_t feasible_before = int64_t(plan.feasible.size());
+      int64_t rejected = 0;
+      std::optional<Candidate> least;  // of the rejected, the one needing the least memory
       for (int micro : Divisors(sequences, r.max_micro_batch)) {
         std::vector<Candidate> options = {Evaluate(r, {tp, shard, micro, {false, false, 2}}),
                                           Evaluate(r, {tp, shard, micro, {true, false, 2}})};
@@ -85,17 +86,16 @@ Plan PlanLayouts(const PlanRequest& r) {
             plan.feasible.push_back(std::move(c));
             continue;
           }
-          ++plan.rejected_count;
-          Candidate& least = least_memory[{tp, shard}];
-          if (least.choice.micro_batch == 0 || least.needed == 0 || c.needed < least.needed) least = c;
+          ++rejected;
+          if (!least || c.needed < least->needed) least = std::move(c);
         }
       }
-      if (any_fits) least_memory.erase({tp, shard});
+      plan.candidates += int64_t(plan.feasible.size()) - feasible_before + rejected;
+      if (any_fits) plan.rejected_count += rejected;
+      else if (least) plan.rejected.push_back(std::move(*least));
     }
   }
   std::sort(plan.feasible.begin(), plan.feasible.end(), Better);
-  for (auto& [key, c] : least_memory) plan.rejected.push_back(std::move(c));
-  plan.rejected_count -= int64_t(plan.rejected.size());
   return plan;
 }
 

@@ -47,10 +47,14 @@ struct Plan {
   // not fit; and how many candidates of the other (T, S) were left out for memory.
   std::vector<Candidate> rejected;
   int64_t rejected_count = 0;
+  int64_t candidates = 0;  // evaluated, feasible or not (an offload counts once, at its best horizon)
   // What the search could not try at all (a batch no micro-batch divides), one line each.
   std::vector<std::string> notes;
   const Candidate* best() const { return feasible.empty() ? nullptr : &feasible.front(); }
 };
+
+// "93.0 GiB", or "21.6 MiB" below a GiB: sizes in the planner's reasons and reports.
+std::string MemorySize(int64_t bytes);
 
 // One candidate, predicted. REQUIRES: the choice forms a layout for the request.
 Candidate Evaluate(const PlanRequest& request, const LayoutChoice& choice);

@@ -151,7 +151,7 @@ expect "plan names a bad cluster file" 2 'nope.yaml: cannot open' \
   -- "$meshtrain" plan examples/gpt2-124m-2x8.yaml --cluster nope.yaml
 
 expect "plan --auto prints the top candidates and the default" 0 \
-  'planner: H100 80GB \(p5.48xlarge\), 80.00 GiB per rank \(72.00 GiB usable\), matrix rate 395.6 TFLOP/s' 'candidates fit' \
+  'planner: H100 80GB \(p5.48xlarge\), 80.0 GiB per rank \(72.0 GiB usable\), matrix rate 395.6 TFLOP/s' 'candidates fit' \
   '  1\. T=1, S=[0-9]+, micro-batch [0-9]+' '  5\. T=' 'chosen / default: [0-9.]+x' \
   -- "$meshtrain" plan examples/gpt2-1.5b-auto.yaml --cluster examples/clusters/eks-p5-124.yaml --auto
 
