@@ -172,7 +172,9 @@ expect "mode auto refuses a layout field the manifest wrote" 1 \
   'spec.parallelism.hybridShardDegree: is chosen by the planner with spec.parallelism.mode auto; remove it, or set mode manual' \
   -- "$meshtrain" validate "${TMPDIR:-/tmp}/meshtrain-auto-written.yaml"
 
-sed -e 's/steps: 40/steps: 3/' -e 's/warmupSteps: 5/warmupSteps: 1/' -e 's/evalInterval: 20/evalInterval: 0/' examples/gpt2-tiny-auto.yaml >"${TMPDIR:-/tmp}/meshtrain-auto-run.yaml"
+sed -e 's/steps: 40/steps: 3/' -e 's/warmupSteps: 5/warmupSteps: 1/' -e 's/evalInterval: 20/evalInterval: 0/' \
+  -e "s|examples/data/corpus.train.bin|$tmp/train.bin|; s|examples/data/corpus.val.bin|$tmp/val.bin|" \
+  examples/gpt2-tiny-auto.yaml >"${TMPDIR:-/tmp}/meshtrain-auto-run.yaml"
 expect "run with mode auto plans, and the ranks train the planned layout within its memory" 0 \
   'planned \(spec.parallelism.mode auto\): T=[0-9], S=[0-9], micro-batch [0-9]+' 'step +3/3' \
   -- "$meshtrain" run "${TMPDIR:-/tmp}/meshtrain-auto-run.yaml"
