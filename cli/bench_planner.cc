@@ -214,8 +214,9 @@ int MeasureLayouts(const BenchPlanOptions& o, const std::vector<std::string>& se
   out << "\nlinks (" << o.links_file << "): intra-node " << r.cluster.links.IntraNode().bytes_per_second / 1e9
       << " GB/s, between nodes " << r.cluster.links.BetweenNodes(0).bytes_per_second / 1e9 << " GB/s per rank\n";
   const scheduler::Plan plan = scheduler::PlanLayouts(r);
-  PrintPlan(r, plan, o.top, LayoutChoice{1, t.ranks, int(std::min<int64_t>(8, r.global_batch_tokens / o.seq / t.ranks)), {}},
-            out);
+  // The plain default: full sharding over all ranks in the spec's order, micro-batch 8 or less.
+  const LayoutChoice plain{1, t.ranks, int(std::min<int64_t>(8, r.global_batch_tokens / o.seq / t.ranks)), {}};
+  PrintPlan(r, plan, o.top, plain, out);
   // Every feasible layout, measured; then the default.
   std::vector<Candidate> runs = plan.feasible;
   const std::filesystem::path data = WriteRandomTokens(r.global_batch_tokens * (t.steps + t.warmup + 1), *shape);
@@ -234,9 +235,7 @@ int MeasureLayouts(const BenchPlanOptions& o, const std::vector<std::string>& se
                   runs.size(), scheduler::Describe(c.choice).c_str(), m->tokens_per_second, c.step.tokens_per_second);
     out << line << std::flush;
   }
-  // The plain default: full sharding over all ranks in the spec's order, micro-batch 8 or less.
-  const Candidate def = scheduler::Evaluate(
-      r, {1, t.ranks, int(std::min<int64_t>(8, r.global_batch_tokens / o.seq / t.ranks)), {}});
+  const Candidate def = scheduler::Evaluate(r, plain);
   const std::optional<RanksResult> def_measured =
       RunBenchRanks(t, self_argv, data.string(), ConfigOf(def.choice, r.global_batch_tokens), out);
   std::filesystem::remove(data);

@@ -272,10 +272,9 @@ class Decider {
 
   // spec.parallelism.mode auto: the planner's layout for the placed nodes, written into
   // *written_spec; nullopt when none fits, with the job left Pending and why.
-  std::optional<api::LayoutStatus> PlanLayout(const scheduler::Placement& placement,
+  std::optional<api::LayoutStatus> PlanLayout(const scheduler::Placement& placement, const scheduler::ClusterSnapshot& cluster,
                                               const std::vector<std::string>& levels, json* written_spec) {
     std::vector<std::map<std::string, std::string>> labels;
-    const scheduler::ClusterSnapshot cluster = o_.cluster();
     for (const std::string& name : placement.nodes) {
       for (const scheduler::ClusterNode& n : cluster.nodes) {
         if (n.name == name) labels.push_back(n.labels);
@@ -312,6 +311,12 @@ class Decider {
     const bool reused = table.has_value();
     scheduler::Placement placement;
     const auto request = scheduler::PlacementRequest::ForJob(job_, o_.avoided_nodes);
+    // The snapshot is built at most once, and only when placement or the planner needs it.
+    std::optional<scheduler::ClusterSnapshot> cluster;
+    auto snapshot = [&]() -> const scheduler::ClusterSnapshot& {
+      if (!cluster) cluster = o_.cluster();
+      return *cluster;
+    };
     if (table) {
       for (const auto& n : table->nodes) {
         placement.nodes.push_back(n.name);
@@ -319,7 +324,7 @@ class Decider {
       }
     } else {
       const auto started = std::chrono::steady_clock::now();
-      placement = scheduler::Place(request, o_.cluster());
+      placement = scheduler::Place(request, snapshot());
       d_.placement_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       if (!placement.ok()) {
         d_.status.phase = "Pending";
@@ -336,7 +341,7 @@ class Decider {
     json written_spec = o_.object.value("spec", json::object());
     std::optional<api::LayoutStatus> layout;
     if (job_.spec.parallelism.mode == "auto") {
-      layout = PlanLayout(placement, request.levels, &written_spec);
+      layout = PlanLayout(placement, snapshot(), request.levels, &written_spec);
       if (!layout) return d_.Requeue(options_.unschedulable_retry);
     }
 
