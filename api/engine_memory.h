@@ -1,8 +1,12 @@
-// What the sharded engine allocates, as pure functions of the model's shape and the
-// layout. The engine sizes its buffers with these functions (FlatUnit's shards, the
-// ActivationStore, the caching allocator's size classes), and the planner's memory model
+// What the sharded engine allocates, as pure functions of the model's shape, the layout
+// and the engine's element types. The engine sizes its buffers with these functions (its
+// carvers check themselves against them), and the planner's memory model
 // (operator/scheduler/memory_model.h) adds them up, so that the two cannot drift.
-// Counts are in elements unless a name says bytes. Thread-safety: pure functions.
+//
+// Every buffer of a step is allocated when the engine is built, each as one allocation of
+// the caching allocator (rounded by AllocatorBlockBytes); buffers carved out of one
+// allocation start at multiples of kCarveAlignment bytes. Counts are in elements unless a
+// name says bytes. Thread-safety: pure functions.
 
 #pragma once
 
@@ -22,40 +26,94 @@ struct ActivationPolicy {
   bool operator==(const ActivationPolicy&) const = default;
 };
 
+// What the engine's precision and kernels make of each size.
+struct EngineTypes {
+  int act_bytes = 4;  // activations and compute copies of parameters: 4 fp32, 2 bf16, 8 fp64
+  int acc_bytes = 4;  // gradients, master weights, AdamW state, statistics: 4, or 8 in fp64
+  // The CPU's attention keeps the (B,NH,T,T) probabilities of each block for its backward;
+  // fused (flash) attention keeps one statistic per row, (B,NH,T).
+  bool attention_keeps_scores = true;
+  int64_t attention_scratch_bytes = 0;  // the attention backward's workspace (the kernel table says)
+};
+
+// Every buffer carved out of one allocation starts at a multiple of this many bytes (the
+// alignment GPU libraries want of their operands).
+inline constexpr int64_t kCarveAlignment = 256;
+inline int64_t Aligned(int64_t bytes) { return (bytes + kCarveAlignment - 1) / kCarveAlignment * kCarveAlignment; }
+
 // Rows [V*t/T, V*(t+1)/T) of the vocabulary on TP rank t of T: T need not divide V.
 inline int64_t VocabBegin(int64_t vocab, int tp_rank, int tp_size) { return vocab * tp_rank / tp_size; }
 inline int64_t VocabSlice(int64_t vocab, int tp_rank, int tp_size) {
   return VocabBegin(vocab, tp_rank + 1, tp_size) - VocabBegin(vocab, tp_rank, tp_size);
 }
+// The engine pads each TP slice of the embedding and LM head with zero rows to a multiple
+// of this (GPT-2's 50257 becomes 50304): products of odd widths run on slow kernels. The
+// padding never trains and never reaches a file.
+inline constexpr int kVocabMultiple = 128;
+inline int64_t PaddedVocabRows(int64_t rows, int multiple = kVocabMultiple) {
+  return (rows + multiple - 1) / multiple * multiple;
+}
 
-// The FSDP units of TP rank `tp_rank` of `tp_size`: the root (wte's vocabulary slice,
-// wpe, the final LayerNorm) and each block (its TP slice and the replicated LayerNorms
-// and row-parallel biases). model::ParameterLayout lays them out; a test holds the two equal.
+// The FSDP units of TP rank `tp_rank` of `tp_size`: the root (wte's padded vocabulary
+// slice, wpe, the final LayerNorm) and each block (its TP slice and the replicated
+// LayerNorms and row-parallel biases). model::ParameterLayout lays them out; a test holds
+// the two equal.
 struct UnitElements {
   int64_t root = 0, block = 0;
 };
-UnitElements UnitElementsOf(const ModelShape& shape, int tp_rank, int tp_size);
+UnitElements UnitElementsOf(const ModelShape& shape, int tp_rank, int tp_size, int vocab_multiple = kVocabMultiple);
 
 // Every shard's size when a unit of `numel` elements is split over `shard_size` ranks:
 // the unit is padded to a multiple of shard_size.
 inline int64_t ShardElements(int64_t numel, int shard_size) { return (numel + shard_size - 1) / shard_size; }
 
-// What one block's forward keeps for micro-batches up to batch x seq on a TP slice of
-// `tp_size` (LayerNorms, QKV, attention scores and probabilities, MLP, residuals).
-int64_t BlockActivationElements(int batch, int seq, const ModelShape& shape, int tp_size);
-// The head's: final LayerNorm, this slice's logits and probabilities, losses, and with
-// TP the softmax statistics of the slice and of the group.
-int64_t HeadActivationElements(int batch, int seq, const ModelShape& shape, int tp_rank, int tp_size);
+// The rows of the LM head computed at once, of `rows` rows against `padded_vocab`
+// columns: B x T x V logits never exist, a chunk of at most 2^27 does.
+int64_t HeadChunkRows(int64_t rows, int64_t padded_vocab);
+
+// Bytes of what one block's forward keeps (LayerNorms and their statistics, QKV,
+// attention's output and state, the residual, the MLP's pre-activation and activation,
+// the block's output), for micro-batches up to batch x seq on a TP slice of `tp_size`.
+int64_t BlockActivationBytes(int batch, int seq, const ModelShape& shape, int tp_size, const EngineTypes& types);
+// The head's: the final LayerNorm and statistics, the losses, one chunk of logits and of
+// the input's gradient, and with TP the chunk's softmax statistics of this slice and of all.
+int64_t HeadActivationBytes(int batch, int seq, const ModelShape& shape, int tp_rank, int tp_size,
+                            const EngineTypes& types);
+// The backward's working set, shared by the blocks: the residual stream's gradient, the
+// gradients inside a block, a projection's output, with dropout a masked gradient and
+// attention's output after dropout, and attention's scratch.
+int64_t BlockScratchBytes(int batch, int seq, const ModelShape& shape, int tp_size, const EngineTypes& types,
+                          bool dropout);
 
 // The ActivationStore's two buffers: `kept` in activation memory (block inputs or whole
-// blocks as the policy says, the head's input, head and dhead, dblock, two residual
-// gradients) and `offloaded` in the host pool.
-struct ActivationElements {
+// blocks as the policy says, the head's input, the head, the backward's working set) and
+// `offloaded` in the host pool.
+struct ActivationBytes {
   int64_t kept = 0, offloaded = 0;
   int inputs = 0;  // block inputs held in activation memory (slots)
 };
-ActivationElements ActivationStoreElements(const ModelShape& shape, int batch, int seq, const ActivationPolicy& policy,
-                                           int tp_rank, int tp_size);
+ActivationBytes ActivationStoreBytes(const ModelShape& shape, int batch, int seq, const ActivationPolicy& policy,
+                                     int tp_rank, int tp_size, const EngineTypes& types, bool dropout);
+
+// The engine's small per-step buffer: a micro-batch's tokens and targets, the loss and
+// norm scalars, and every unit's table of shard segments (kernels::ShardSegment, 24 bytes).
+inline constexpr int64_t kShardSegmentBytes = 24;
+int64_t StepBufferBytes(int batch, int seq, const ModelShape& shape);
+
+// One rank's peak, by the engine's accounting categories, in bytes held (each allocation
+// rounded to the allocator's size classes):
+//   params, grads, optimizer  every unit's shard of master weights, gradients, AdamW m and v
+//   gathered   the units' compute copies while in use: the root's and two blocks' (and with
+//              S > 1 their gradients before the reduce-scatter)
+//   comm       the reduce-scatter's output shard (S > 1)
+//   activations, offload  the ActivationStore's two buffers, and the step buffer
+struct EngineMemory {
+  int64_t params = 0, grads = 0, optimizer = 0, activations = 0, offload = 0, gathered = 0, comm = 0;
+  int64_t device() const { return params + grads + optimizer + activations + gathered + comm; }
+  int64_t total() const { return device() + offload; }
+};
+EngineMemory EngineMemoryOf(const ModelShape& shape, int batch, int seq, int tp_rank, int tp_size, int shard_size,
+                            const ActivationPolicy& policy, const EngineTypes& types, bool dropout);
 
 // The bytes the caching allocator holds for a request of `bytes`: rounded up to 512
 // bytes below 1 MiB and to 2 MiB from there.

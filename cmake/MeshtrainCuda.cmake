@@ -1,5 +1,6 @@
-# MESHTRAIN_CUDA=AUTO|ON|OFF. AUTO enables CUDA when nvcc, cuBLAS and NCCL are all found.
-# Sets MESHTRAIN_HAVE_CUDA and, when on, the targets CUDA::cudart, CUDA::cublas and meshtrain::nccl.
+# MESHTRAIN_CUDA=AUTO|ON|OFF. AUTO enables CUDA when nvcc, cuBLAS(Lt), cuDNN 9 and NCCL are all found.
+# Sets MESHTRAIN_HAVE_CUDA and, when on, the targets CUDA::cudart, CUDA::cublas, CUDA::cublasLt,
+# meshtrain::cudnn and meshtrain::nccl.
 
 set(MESHTRAIN_HAVE_CUDA OFF)
 string(TOUPPER "${MESHTRAIN_CUDA}" _mode)
@@ -19,12 +20,31 @@ if(NOT _mode STREQUAL "OFF")
     find_package(CUDAToolkit QUIET)
     find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
     find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+    # cuDNN 9 comes with the toolkit (/usr/local/cuda) or from the distribution's packages
+    # (/usr/include/x86_64-linux-gnu, /usr/lib/x86_64-linux-gnu).
+    find_path(CUDNN_INCLUDE_DIR cudnn_graph.h
+              HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include /usr/include/${CMAKE_LIBRARY_ARCHITECTURE})
+    find_library(CUDNN_LIBRARY cudnn
+                 HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64 /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE})
+    set(_cudnn_major "")
+    foreach(_header cudnn_version.h cudnn_version_v9.h)
+      if(CUDNN_INCLUDE_DIR AND _cudnn_major STREQUAL "" AND EXISTS "${CUDNN_INCLUDE_DIR}/${_header}")
+        file(STRINGS "${CUDNN_INCLUDE_DIR}/${_header}" _cudnn_major_line REGEX "^#define CUDNN_MAJOR [0-9]+")
+        string(REGEX REPLACE "^#define CUDNN_MAJOR ([0-9]+).*" "\\1" _cudnn_major "${_cudnn_major_line}")
+      endif()
+    endforeach()
     if(NOT CUDAToolkit_FOUND)
       set(_why "the CUDA toolkit was not found")
     elseif(NOT TARGET CUDA::cublas)
       set(_why "cuBLAS was not found")
+    elseif(NOT TARGET CUDA::cublasLt)
+      set(_why "cuBLASLt was not found")
     elseif(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
       set(_why "NCCL was not found")
+    elseif(NOT CUDNN_INCLUDE_DIR OR NOT CUDNN_LIBRARY)
+      set(_why "cuDNN was not found")
+    elseif(NOT _cudnn_major STREQUAL "9")
+      set(_why "cuDNN 9 was not found (${CUDNN_INCLUDE_DIR} has cuDNN '${_cudnn_major}')")
     endif()
   else()
     set(_why "nvcc was not found")
@@ -40,8 +60,12 @@ if(NOT _mode STREQUAL "OFF")
     target_include_directories(meshtrain_nccl INTERFACE ${NCCL_INCLUDE_DIR})
     target_link_libraries(meshtrain_nccl INTERFACE ${NCCL_LIBRARY} CUDA::cudart)
     add_library(meshtrain::nccl ALIAS meshtrain_nccl)
+    add_library(meshtrain_cudnn INTERFACE)
+    target_include_directories(meshtrain_cudnn SYSTEM INTERFACE ${CUDNN_INCLUDE_DIR})
+    target_link_libraries(meshtrain_cudnn INTERFACE ${CUDNN_LIBRARY} CUDA::cudart)
+    add_library(meshtrain::cudnn ALIAS meshtrain_cudnn)
     set(MESHTRAIN_HAVE_CUDA ON)
-    message(STATUS "CUDA ${CUDAToolkit_VERSION} with cuBLAS and NCCL (${NCCL_LIBRARY}): enabled")
+    message(STATUS "CUDA ${CUDAToolkit_VERSION} with cuBLAS(Lt), cuDNN (${CUDNN_LIBRARY}) and NCCL (${NCCL_LIBRARY}): enabled")
   elseif(_mode STREQUAL "ON")
     message(FATAL_ERROR "MESHTRAIN_CUDA=ON but ${_why}")
   else()

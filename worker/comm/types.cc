@@ -13,6 +13,7 @@ size_t ElementSize(DataType type) {
     case DataType::kFloat16: return 2;
     case DataType::kInt32: return 4;
     case DataType::kInt64: return 8;
+    case DataType::kFloat64: return 8;
   }
   return 0;
 }
@@ -24,6 +25,7 @@ const char* DataTypeName(DataType type) {
     case DataType::kFloat16: return "fp16";
     case DataType::kInt32: return "int32";
     case DataType::kInt64: return "int64";
+    case DataType::kFloat64: return "fp64";
   }
   return "?";
 }
@@ -104,6 +106,7 @@ void Sum(void* out, const void* a, const void* b, size_t count, DataType type) {
     case DataType::kFloat16: return SumOfHalves<Fp16ToFloat, FloatToFp16>(out, a, b, count);
     case DataType::kInt32: return SumOf<int32_t>(out, a, b, count);
     case DataType::kInt64: return SumOf<int64_t>(out, a, b, count);
+    case DataType::kFloat64: return SumOf<double>(out, a, b, count);
   }
 }
 
@@ -114,6 +117,7 @@ void DivideBy(void* buf, size_t count, DataType type, int divisor) {
     case DataType::kFloat16: return DivideHalf<Fp16ToFloat, FloatToFp16>(buf, count, divisor);
     case DataType::kInt32: return DivideAll<int32_t>(buf, count, divisor);
     case DataType::kInt64: return DivideAll<int64_t>(buf, count, divisor);
+    case DataType::kFloat64: return DivideAll<double>(buf, count, divisor);
   }
 }
 

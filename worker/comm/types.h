@@ -9,13 +9,12 @@
 
 namespace meshtrain::comm {
 
-enum class DataType { kFloat32, kBFloat16, kFloat16, kInt32, kInt64 };
-inline constexpr DataType kAllDataTypes[] = {DataType::kFloat32, DataType::kBFloat16,
-                                             DataType::kFloat16, DataType::kInt32,
-                                             DataType::kInt64};
+enum class DataType { kFloat32, kBFloat16, kFloat16, kInt32, kInt64, kFloat64 };
+inline constexpr DataType kAllDataTypes[] = {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16,
+                                             DataType::kInt32,   DataType::kInt64,    DataType::kFloat64};
 
 size_t ElementSize(DataType type);
-const char* DataTypeName(DataType type);  // "fp32", "bf16", "fp16", "int32", "int64"
+const char* DataTypeName(DataType type);  // "fp32", "bf16", "fp16", "int32", "int64", "fp64"
 
 enum class ReduceOp { kSum, kAverage };
 const char* ReduceOpName(ReduceOp op);  // "sum", "avg"

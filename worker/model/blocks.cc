@@ -2,162 +2,146 @@
 
 #include <algorithm>
 #include <stdexcept>
-#include <vector>
+#include <string>
 
-#include "worker/kernels/cpu/kernels.h"
+#include "worker/kernels/dropout.h"
 
 namespace meshtrain::model {
 
-namespace k = kernels::cpu;
-
-void MicroBatch::Set(const int32_t* in, const int32_t* out, int b, int tn, int max_batch, int max_seq, int64_t vocab) {
-  if (b > max_batch || tn > max_seq) throw std::invalid_argument("micro-batch larger than the model was sized for");
-  for (int i = 0; i < b * tn; ++i) {
-    if (in[i] < 0 || in[i] >= vocab || (out && (out[i] < 0 || out[i] >= vocab))) {
-      throw std::out_of_range("token id outside the vocabulary");
-    }
-  }
-  B = b, Tn = tn;
-  inputs.assign(in, in + b * tn);
-  if (out) targets.assign(out, out + b * tn);
-  else targets.clear();
-}
-
 template <class T>
-RootParams<T> RootParams<T>::At(T* unit, const ParameterLayout& layout) {
+RootParams<T> RootParams<T>::At(Ptr<T> unit, const ParameterLayout& layout) {
   return {unit + layout.Offset(Param::kWte), unit + layout.Offset(Param::kWpe), unit + layout.Offset(Param::kLnfW),
           unit + layout.Offset(Param::kLnfB)};
 }
 
 template <class T>
-BlockParams<T> BlockParams<T>::At(T* unit, const ParameterLayout& layout) {
+BlockParams<T> BlockParams<T>::At(Ptr<T> unit, const ParameterLayout& layout) {
   const int64_t begin = layout.Offset(Param::kLn1W, 0);
   auto at = [&](Param kind) { return unit + (layout.Offset(kind, 0) - begin); };
-  return {at(Param::kLn1W),     at(Param::kLn1B), at(Param::kQkvW), at(Param::kQkvB),
+  return {at(Param::kLn1W),     at(Param::kLn1B),     at(Param::kQkvW), at(Param::kQkvB),
           at(Param::kAttProjW), at(Param::kAttProjB), at(Param::kLn2W), at(Param::kLn2B),
           at(Param::kFcW),      at(Param::kFcB),      at(Param::kFcProjW), at(Param::kFcProjB)};
 }
 
+template <class P>
+api::EngineTypes TypesOf(kernels::Ops<P>& ops, int B, int T, int NH, int HS) {
+  api::EngineTypes types;
+  types.act_bytes = int(sizeof(typename P::Act));
+  types.acc_bytes = int(sizeof(typename P::Acc));
+  types.attention_keeps_scores = ops.Attention(B, T, NH, HS) == kernels::AttentionKind::kScores;
+  types.attention_scratch_bytes = ops.AttentionScratchBytes(B, T, NH, HS);
+  return types;
+}
+
 namespace {
 
-// Hands out consecutive slices of a buffer; with a null base it only counts.
-template <class T>
+// Hands out consecutive buffers of one allocation, each starting aligned, in the order
+// api/engine_memory.cc counts them.
 struct Carver {
-  T* base;
+  runtime::DeviceBytes base;
   int64_t used = 0;
-  T* Take(int64_t n) {
-    T* at = base == nullptr ? nullptr : base + used;
-    used += n;
-    return at;
+  template <class T>
+  Ptr<T> Take(int64_t n) {
+    Ptr<T> p = (base + used).template As<T>();
+    used += api::Aligned(n * int64_t(sizeof(T)));
+    return p;
+  }
+  void Check(int64_t expected, const char* what) const {
+    if (used != expected) {
+      throw std::logic_error(std::string(what) + ": the carving (" + std::to_string(used) +
+                             " bytes) disagrees with api/engine_memory.h (" + std::to_string(expected) + ")");
+    }
   }
 };
 
-template <class T>
-BlockActivations<T> CarveBlock(T* base, int max_batch, int max_seq, const api::ModelShape& s, TpSlice tp) {
-  const int64_t bt = int64_t(max_batch) * max_seq, btc = bt * s.hidden, btc_local = btc / tp.size,
-                bhtt = int64_t(max_batch) * (s.heads / tp.size) * max_seq * max_seq;
-  Carver<T> c{base};
-  BlockActivations<T> a{};
-  a.ln1 = c.Take(btc);
-  a.ln1_mean = c.Take(bt);
-  a.ln1_rstd = c.Take(bt);
-  a.qkv = c.Take(3 * btc_local);
-  a.atty = c.Take(btc_local);
-  a.preatt = c.Take(bhtt);
-  a.att = c.Take(bhtt);
-  a.attproj = c.Take(btc);
-  a.residual2 = c.Take(btc);
-  a.ln2 = c.Take(btc);
-  a.ln2_mean = c.Take(bt);
-  a.ln2_rstd = c.Take(bt);
-  a.fch = c.Take(4 * btc_local);
-  a.fch_gelu = c.Take(4 * btc_local);
-  a.fcproj = c.Take(btc);
-  a.residual3 = c.Take(btc);
-  a.base = base;
-  a.size = c.used;
-  if (a.size != api::BlockActivationElements(max_batch, max_seq, s, tp.size)) {
-    throw std::logic_error("BlockActivations: carving disagrees with api::BlockActivationElements");
-  }
-  return a;
-}
-
-template <class T>
-HeadActivations<T> CarveHead(T* base, int max_batch, int max_seq, const api::ModelShape& s, TpSlice tp, int64_t* size) {
-  const int64_t bt = int64_t(max_batch) * max_seq, vocab = tp.vocab(s.vocab_size);
-  Carver<T> c{base};
-  HeadActivations<T> h{};
-  h.lnf = c.Take(bt * s.hidden);
-  h.lnf_mean = c.Take(bt);
-  h.lnf_rstd = c.Take(bt);
-  h.logits = c.Take(bt * vocab);
-  h.probs = c.Take(bt * vocab);
-  h.losses = c.Take(bt);
-  if (tp.size > 1) {
-    h.stats = c.Take(3 * bt);
-    h.all_stats = c.Take(3 * bt * tp.size);
-  }
-  *size = c.used;
-  if (c.used != api::HeadActivationElements(max_batch, max_seq, s, tp.rank, tp.size)) {
-    throw std::logic_error("HeadActivations: carving disagrees with api::HeadActivationElements");
-  }
-  return h;
-}
-
 }  // namespace
 
-template <class T>
-int64_t BlockActivations<T>::Size(int max_batch, int max_seq, const api::ModelShape& shape, TpSlice tp) {
-  return api::BlockActivationElements(max_batch, max_seq, shape, tp.size);
+template <class P>
+int64_t BlockActivations<P>::Bytes(int batch, int seq, const api::ModelShape& shape, TpSlice tp,
+                                   const api::EngineTypes& types) {
+  return api::BlockActivationBytes(batch, seq, shape, tp.size, types);
 }
 
-template <class T>
-BlockActivations<T> BlockActivations<T>::At(T* base, int max_batch, int max_seq, const api::ModelShape& shape,
-                                            TpSlice tp) {
-  return CarveBlock(base, max_batch, max_seq, shape, tp);
-}
-
-template <class T>
-int64_t HeadActivations<T>::Size(int max_batch, int max_seq, const api::ModelShape& shape, TpSlice tp) {
-  return api::HeadActivationElements(max_batch, max_seq, shape, tp.rank, tp.size);
-}
-
-template <class T>
-HeadActivations<T> HeadActivations<T>::At(T* base, int max_batch, int max_seq, const api::ModelShape& shape,
-                                          TpSlice tp) {
-  int64_t size = 0;
-  return CarveHead(base, max_batch, max_seq, shape, tp, &size);
-}
-
-template <class T>
-int64_t ModelActivations<T>::Size(int max_batch, int max_seq, const api::ModelShape& shape) {
-  const int64_t btc = int64_t(max_batch) * max_seq * shape.hidden;
-  return btc * 3 + shape.layers * BlockActivations<T>::Size(max_batch, max_seq, shape) +
-         BlockActivations<T>::Size(max_batch, max_seq, shape) + 2 * HeadActivations<T>::Size(max_batch, max_seq, shape);
-}
-
-template <class T>
-ModelActivations<T> ModelActivations<T>::At(T* base, int max_batch, int max_seq, const api::ModelShape& shape) {
-  const int64_t btc = int64_t(max_batch) * max_seq * shape.hidden, block = BlockActivations<T>::Size(max_batch, max_seq, shape),
-                head = HeadActivations<T>::Size(max_batch, max_seq, shape);
-  ModelActivations a{};
-  a.encoded = base;
-  T* next = base + btc;
-  for (int64_t l = 0; l < shape.layers; ++l, next += block) a.blocks.push_back(BlockActivations<T>::At(next, max_batch, max_seq, shape));
-  a.head = HeadActivations<T>::At(next, max_batch, max_seq, shape);
-  next += head;
-  a.dhead = HeadActivations<T>::At(next, max_batch, max_seq, shape);
-  next += head;
-  a.dblock = BlockActivations<T>::At(next, max_batch, max_seq, shape);
-  next += block;
-  a.dresidual[0] = next;
-  a.dresidual[1] = next + btc;
+template <class P>
+BlockActivations<P> BlockActivations<P>::At(runtime::DeviceBytes base, int batch, int seq,
+                                            const api::ModelShape& s, TpSlice tp, const api::EngineTypes& types) {
+  const int64_t N = int64_t(batch) * seq, C = s.hidden, Cl = C / tp.size, heads = s.heads / tp.size;
+  Carver c{base};
+  BlockActivations a;
+  a.ln1 = c.Take<A>(N * C);
+  a.ln1_mean = c.Take<G>(N);
+  a.ln1_rstd = c.Take<G>(N);
+  a.qkv = c.Take<A>(N * 3 * Cl);
+  a.atty = c.Take<A>(N * Cl);
+  a.att_state = c.Take<G>(types.attention_keeps_scores ? int64_t(batch) * heads * seq * seq : int64_t(batch) * heads * seq);
+  a.residual2 = c.Take<A>(N * C);
+  a.ln2 = c.Take<A>(N * C);
+  a.ln2_mean = c.Take<G>(N);
+  a.ln2_rstd = c.Take<G>(N);
+  a.fch = c.Take<A>(N * 4 * Cl);
+  a.fch_gelu = c.Take<A>(N * 4 * Cl);
+  a.output = c.Take<A>(N * C);
+  c.Check(Bytes(batch, seq, s, tp, types), "BlockActivations");
   return a;
+}
+
+template <class P>
+int64_t BlockScratch<P>::Bytes(int batch, int seq, const api::ModelShape& shape, TpSlice tp,
+                               const api::EngineTypes& types, bool dropout) {
+  return api::BlockScratchBytes(batch, seq, shape, tp.size, types, dropout);
+}
+
+template <class P>
+BlockScratch<P> BlockScratch<P>::At(runtime::DeviceBytes base, int batch, int seq, const api::ModelShape& s,
+                                    TpSlice tp, const api::EngineTypes& types, bool dropout) {
+  const int64_t N = int64_t(batch) * seq, C = s.hidden, Cl = C / tp.size;
+  Carver c{base};
+  BlockScratch b;
+  b.proj = c.Take<A>(N * C);
+  b.dresidual = c.Take<A>(N * C);
+  b.dln = c.Take<A>(N * C);
+  b.dfch = c.Take<A>(N * 4 * Cl);
+  b.datty = c.Take<A>(N * Cl);
+  b.dqkv = c.Take<A>(N * 3 * Cl);
+  if (dropout) {
+    b.dmasked = c.Take<A>(N * C);
+    b.dropped = c.Take<A>(N * C);
+  }
+  b.attention = c.Take<std::byte>(types.attention_scratch_bytes);
+  c.Check(Bytes(batch, seq, s, tp, types, dropout), "BlockScratch");
+  return b;
+}
+
+template <class P>
+int64_t HeadActivations<P>::Bytes(int batch, int seq, const api::ModelShape& shape, TpSlice tp,
+                                  const api::EngineTypes& types) {
+  return api::HeadActivationBytes(batch, seq, shape, tp.rank, tp.size, types);
+}
+
+template <class P>
+HeadActivations<P> HeadActivations<P>::At(runtime::DeviceBytes base, int batch, int seq, const api::ModelShape& s,
+                                          TpSlice tp, const api::EngineTypes& types) {
+  const int64_t N = int64_t(batch) * seq, C = s.hidden, Vp = tp.padded_vocab(s.vocab_size);
+  Carver c{base};
+  HeadActivations h;
+  h.chunk_rows = api::HeadChunkRows(N, Vp);
+  h.lnf = c.Take<A>(N * C);
+  h.lnf_mean = c.Take<G>(N);
+  h.lnf_rstd = c.Take<G>(N);
+  h.losses = c.Take<G>(N);
+  h.logits = c.Take<A>(h.chunk_rows * Vp);
+  h.dlnf = c.Take<A>(h.chunk_rows * C);
+  if (tp.size > 1) {
+    h.stats = c.Take<G>(h.chunk_rows * 3);
+    h.all_stats = c.Take<G>(tp.size * h.chunk_rows * 3);
+  }
+  c.Check(Bytes(batch, seq, s, tp, types), "HeadActivations");
+  return h;
 }
 
 Dims Dims::ForLayer(int l) const {
   Dims d = *this;
-  d.dropout.key = k::MixKey(dropout.key, uint64_t(l));
+  d.dropout.key = kernels::MixKey(dropout.key, uint64_t(l));
   return d;
 }
 
@@ -166,160 +150,174 @@ namespace {
 // The places a block drops elements, each with its own masks.
 enum DropoutSite : uint64_t { kAttentionOutput, kAttentionResidual, kMlpResidual };
 
-// Dropout of x (B,Tn,width), this rank's columns [first_column, first_column + width) of
-// the site's whole (B,Tn,C) tensor; the same call applies the mask to its gradient.
-template <class T>
-void Drop(const Dims& d, DropoutSite site, T* x, int width, int64_t first_column) {
-  if (d.dropout.p <= 0) return;
-  k::Dropout(x, int64_t(d.B) * d.Tn, width, d.dropout.p, k::MixKey(d.dropout.key, site),
-             d.dropout.first_sample * d.Tn, d.C, first_column);
+// out (N, width) = in with the site's mask applied: this rank's columns [first_column,
+// first_column + width) of the site's (N, C) tensor. The same call applies it to a gradient.
+template <class P>
+void Drop(const Context<P>& k, const Dims& d, DropoutSite site, Ptr<typename P::Act> out,
+          Ptr<const typename P::Act> in, int width, int64_t first_column) {
+  k.ops.Dropout(out, in, d.N(), width, d.dropout.p, kernels::MixKey(d.dropout.key, site), d.dropout.first_sample * d.T,
+                d.C, first_column, k.stream);
 }
 
-// The tensor-parallel all-reduce that joins partial sums; nothing without a group.
-void AllReduce(const Dims& d, float* data, int64_t n) {
-  if (d.tp) d.tp->AllReduceSum(data, n);
-}
-void AllReduce(const Dims& d, double*, int64_t) {
-  if (d.tp) throw std::logic_error("tensor parallelism runs in float");
-}
-void AllGather(const Dims& d, const float* in, float* out, int64_t n) { d.tp->AllGather(in, out, n); }
-void AllGather(const Dims&, const double*, double*, int64_t) {
-  throw std::logic_error("tensor parallelism runs in float");
+// The all-reduce that joins the TP group's partial sums; nothing without a group.
+template <class P>
+void AllReduce(const Context<P>& k, Ptr<typename P::Act> data, int64_t n) {
+  if (k.tp) k.tp->AllReduceSum(data, n, k.stream);
 }
 
 // What the all-reduce after a row-parallel product (or the embedding) must add once: the
 // bias (or the positions), given on the group's first rank only.
 template <class T>
-const T* OnFirstRank(const Dims& d, const T* bias) {
-  return d.slice().rank == 0 ? bias : nullptr;
+Ptr<T> OnFirstRank(const Dims& d, Ptr<T> bias) {
+  return d.tp.rank == 0 ? bias : nullptr;
 }
 
 }  // namespace
 
-template <class T>
-void EmbedForward(T* encoded, const int32_t* inputs, const RootParams<const T>& p, const Dims& d) {
-  if (!d.tp) return k::EncoderForward(encoded, inputs, p.wte, p.wpe, d.B, d.Tn, d.C);
+template <class P>
+void EmbedForward(const Context<P>& k, Ptr<typename P::Act> encoded, Ptr<const int32_t> tokens,
+                  const RootParams<const typename P::Act>& p, const Dims& d) {
   // Each slice looks up its own tokens, rank 0 adds the positions: the sum is exact.
-  const TpSlice tp = d.slice();
-  const int begin = int(tp.vocab_begin(d.V)), end = begin + int(tp.vocab(d.V));
-  k::EncoderForward(encoded, inputs, p.wte, OnFirstRank(d, p.wpe), d.B, d.Tn, d.C, begin, end);
-  AllReduce(d, encoded, int64_t(d.B) * d.Tn * d.C);
+  k.ops.EncoderForward(encoded, tokens, p.wte, OnFirstRank(d, p.wpe), d.B, d.T, d.C, d.tp.vocab_begin(d.V),
+                       d.tp.vocab(d.V), k.stream);
+  AllReduce(k, encoded, d.N() * d.C);
 }
 
-template <class T>
-void EmbedBackward(const RootParams<T>& dp, const T* dencoded, const int32_t* inputs, const Dims& d) {
-  const TpSlice tp = d.slice();
-  const int begin = int(tp.vocab_begin(d.V)), end = begin + int(tp.vocab(d.V));
-  k::EncoderBackward(dp.wte, dp.wpe, dencoded, inputs, d.B, d.Tn, d.C, begin, end);
+template <class P>
+void EmbedBackward(const Context<P>& k, const RootParams<typename P::Acc>& dp, Ptr<const typename P::Act> dencoded,
+                   Ptr<const int32_t> tokens, const Dims& d) {
+  k.ops.EncoderBackward(dp.wte, dp.wpe, dencoded, tokens, d.B, d.T, d.C, d.tp.vocab_begin(d.V), d.tp.vocab(d.V),
+                        k.stream);
 }
 
-template <class T>
-void BlockForward(const BlockActivations<T>& a, const T* residual, const BlockParams<const T>& p, const Dims& d) {
-  const int B = d.B, Tn = d.Tn, C = d.C, tp = d.slice().size;
-  const int Cl = C / tp, NHl = d.NH / tp;  // this rank's attention width and heads
-  const int64_t BTC = int64_t(B) * Tn * C;
-  k::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w, p.ln1b, B, Tn, C);
-  k::MatmulForward(a.qkv, a.ln1, p.qkvw, p.qkvb, B, Tn, C, 3 * Cl);
-  k::AttentionForward(a.atty, a.preatt, a.att, a.qkv, B, Tn, Cl, NHl);
-  Drop(d, kAttentionOutput, a.atty, Cl, int64_t(d.slice().rank) * Cl);
-  k::MatmulForward(a.attproj, a.atty, p.attprojw, OnFirstRank(d, p.attprojb), B, Tn, Cl, C);
-  AllReduce(d, a.attproj, BTC);
-  Drop(d, kAttentionResidual, a.attproj, C, 0);
-  k::ResidualForward(a.residual2, residual, a.attproj, BTC);
-  k::LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, B, Tn, C);
-  k::MatmulForward(a.fch, a.ln2, p.fcw, p.fcb, B, Tn, C, 4 * Cl);
-  k::GeluForward(a.fch_gelu, a.fch, 4 * BTC / tp);
-  k::MatmulForward(a.fcproj, a.fch_gelu, p.fcprojw, OnFirstRank(d, p.fcprojb), B, Tn, 4 * Cl, C);
-  AllReduce(d, a.fcproj, BTC);
-  Drop(d, kMlpResidual, a.fcproj, C, 0);
-  k::ResidualForward(a.residual3, a.residual2, a.fcproj, BTC);
+template <class P>
+void BlockForward(const Context<P>& k, const BlockActivations<P>& a, const BlockScratch<P>& s,
+                  Ptr<const typename P::Act> residual, const BlockParams<const typename P::Act>& p, const Dims& d) {
+  const int64_t N = d.N();
+  const int C = d.C, Cl = C / d.tp.size, Hl = 4 * C / d.tp.size, heads = d.NH / d.tp.size;
+  const bool dropout = d.dropout.p > 0;
+  kernels::Ops<P>& ops = k.ops;
+  ops.LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w, p.ln1b, N, C, k.stream);
+  ops.MatmulForward(a.qkv, nullptr, a.ln1, p.qkvw, p.qkvb, N, C, 3 * Cl, k.stream);
+  ops.AttentionForward(a.atty, a.att_state, a.qkv, d.B, d.T, Cl, heads, k.stream);
+  // The backward needs attention's own output; the projection reads it after dropout.
+  if (dropout) Drop(k, d, kAttentionOutput, s.dropped, a.atty, Cl, int64_t(d.tp.rank) * Cl);
+  ops.MatmulForward(s.proj, nullptr, dropout ? s.dropped : a.atty, p.attprojw, OnFirstRank(d, p.attprojb), N, Cl, C,
+                    k.stream);
+  AllReduce(k, s.proj, N * C);
+  if (dropout) Drop(k, d, kAttentionResidual, s.proj, s.proj, C, 0);
+  ops.ResidualLayerNormForward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual, s.proj, p.ln2w, p.ln2b, N, C,
+                               k.stream);
+  ops.MatmulForward(a.fch_gelu, a.fch, a.ln2, p.fcw, p.fcb, N, C, Hl, k.stream);
+  ops.MatmulForward(s.proj, nullptr, a.fch_gelu, p.fcprojw, OnFirstRank(d, p.fcprojb), N, Hl, C, k.stream);
+  AllReduce(k, s.proj, N * C);
+  if (dropout) Drop(k, d, kMlpResidual, s.proj, s.proj, C, 0);
+  ops.Add(a.output, a.residual2, s.proj, N * C, k.stream);
 }
 
-template <class T>
-void BlockBackward(const BlockParams<T>& dp, T* dresidual, const BlockActivations<T>& g, const T* dout,
-                   const BlockActivations<T>& a, const T* residual, const BlockParams<const T>& p, const Dims& d) {
-  const int B = d.B, Tn = d.Tn, C = d.C, tp = d.slice().size;
-  const int Cl = C / tp, NHl = d.NH / tp;
-  const int64_t BTC = int64_t(B) * Tn * C;
-  std::fill(g.base, g.base + g.size, T(0));
-  k::ResidualBackward(g.residual2, g.fcproj, dout, BTC);
-  Drop(d, kMlpResidual, g.fcproj, C, 0);
-  k::MatmulBackward(g.fch_gelu, dp.fcprojw, dp.fcprojb, g.fcproj, a.fch_gelu, p.fcprojw, B, Tn, 4 * Cl, C);
-  k::GeluBackward(g.fch, a.fch, g.fch_gelu, 4 * BTC / tp);
-  k::MatmulBackward(g.ln2, dp.fcw, dp.fcb, g.fch, a.ln2, p.fcw, B, Tn, C, 4 * Cl);
-  AllReduce(d, g.ln2, BTC);  // each rank's hidden units gave part of it
-  k::LayerNormBackward(g.residual2, dp.ln2w, dp.ln2b, g.ln2, a.residual2, p.ln2w, a.ln2_mean, a.ln2_rstd, B, Tn, C);
-  k::ResidualBackward(dresidual, g.attproj, g.residual2, BTC);
-  Drop(d, kAttentionResidual, g.attproj, C, 0);
-  k::MatmulBackward(g.atty, dp.attprojw, dp.attprojb, g.attproj, a.atty, p.attprojw, B, Tn, Cl, C);
-  Drop(d, kAttentionOutput, g.atty, Cl, int64_t(d.slice().rank) * Cl);
-  k::AttentionBackward(g.qkv, g.preatt, g.att, g.atty, a.qkv, a.att, B, Tn, Cl, NHl);
-  k::MatmulBackward(g.ln1, dp.qkvw, dp.qkvb, g.qkv, a.ln1, p.qkvw, B, Tn, C, 3 * Cl);
-  AllReduce(d, g.ln1, BTC);  // and each rank's heads
-  k::LayerNormBackward(dresidual, dp.ln1w, dp.ln1b, g.ln1, residual, p.ln1w, a.ln1_mean, a.ln1_rstd, B, Tn, C);
-}
-
-template <class T>
-double HeadForward(const HeadActivations<T>& h, const T* x, const RootParams<const T>& p, const int32_t* targets,
-                   const Dims& d) {
-  const int B = d.B, Tn = d.Tn, C = d.C;
-  const TpSlice tp = d.slice();
-  const int V = int(tp.vocab(d.V));  // this rank's slice of the vocabulary
-  k::LayerNormForward(h.lnf, h.lnf_mean, h.lnf_rstd, x, p.lnfw, p.lnfb, B, Tn, C);
-  k::MatmulForward(h.logits, h.lnf, p.wte, static_cast<const T*>(nullptr), B, Tn, C, V);
-  if (d.tp) {
-    const int64_t bt = int64_t(B) * Tn;
-    k::VocabSliceStats(h.stats, h.logits, targets, B, Tn, V, int(tp.vocab_begin(d.V)));
-    AllGather(d, h.stats, h.all_stats, 3 * bt);
-    k::VocabSliceSoftmax(h.probs, targets ? h.losses : static_cast<T*>(nullptr), h.logits, h.all_stats, tp.size, B,
-                         Tn, V);
-  } else if (targets == nullptr) {
-    const std::vector<int32_t> zeros(size_t(B) * Tn, 0);  // targets of 0 keep the softmax right
-    k::SoftmaxCrossEntropyForward(h.probs, h.losses, h.logits, zeros.data(), B, Tn, V);
-  } else {
-    k::SoftmaxCrossEntropyForward(h.probs, h.losses, h.logits, targets, B, Tn, V);
+template <class P>
+void BlockBackward(const Context<P>& k, const BlockParams<typename P::Acc>& dp, const BlockScratch<P>& s,
+                   const BlockActivations<P>& a, Ptr<const typename P::Act> residual,
+                   const BlockParams<const typename P::Act>& p, const Dims& d) {
+  const int64_t N = d.N();
+  const int C = d.C, Cl = C / d.tp.size, Hl = 4 * C / d.tp.size, heads = d.NH / d.tp.size;
+  const bool dropout = d.dropout.p > 0;
+  kernels::Ops<P>& ops = k.ops;
+  // output = residual2 + fcproj: both get the output's gradient (fcproj's through its mask).
+  const Ptr<typename P::Act> dfcproj = dropout ? s.dmasked : s.dresidual;
+  if (dropout) Drop(k, d, kMlpResidual, s.dmasked, s.dresidual, C, 0);
+  ops.MatmulBackward(s.dfch, dp.fcprojw, dp.fcprojb, dfcproj, a.fch_gelu, p.fcprojw, a.fch, N, Hl, C, k.stream);
+  ops.MatmulBackward(s.dln, dp.fcw, dp.fcb, s.dfch, a.ln2, p.fcw, nullptr, N, C, Hl, k.stream);
+  AllReduce(k, s.dln, N * C);  // each rank's hidden units gave part of it
+  ops.LayerNormBackward(s.dresidual, dp.ln2w, dp.ln2b, s.dln, a.residual2, p.ln2w, a.ln2_mean, a.ln2_rstd, N, C,
+                        k.stream);
+  // residual2 = residual + attproj: likewise.
+  const Ptr<typename P::Act> dattproj = dropout ? s.dmasked : s.dresidual;
+  if (dropout) {
+    Drop(k, d, kAttentionResidual, s.dmasked, s.dresidual, C, 0);
+    Drop(k, d, kAttentionOutput, s.dropped, a.atty, Cl, int64_t(d.tp.rank) * Cl);  // the projection's input again
   }
-  if (targets == nullptr) return 0;
-  double sum = 0;
-  for (int64_t i = 0; i < int64_t(B) * Tn; ++i) sum += double(h.losses[i]);
-  return sum / (double(B) * Tn);
+  ops.MatmulBackward(s.datty, dp.attprojw, dp.attprojb, dattproj, dropout ? s.dropped : a.atty, p.attprojw, nullptr, N,
+                     Cl, C, k.stream);
+  if (dropout) Drop(k, d, kAttentionOutput, s.datty, s.datty, Cl, int64_t(d.tp.rank) * Cl);
+  ops.AttentionBackward(s.dqkv, s.attention, s.datty, a.qkv, a.atty, a.att_state, d.B, d.T, Cl, heads, k.stream);
+  ops.MatmulBackward(s.dln, dp.qkvw, dp.qkvb, s.dqkv, a.ln1, p.qkvw, nullptr, N, C, 3 * Cl, k.stream);
+  AllReduce(k, s.dln, N * C);  // and each rank's heads
+  ops.LayerNormBackward(s.dresidual, dp.ln1w, dp.ln1b, s.dln, residual, p.ln1w, a.ln1_mean, a.ln1_rstd, N, C,
+                        k.stream);
 }
 
-template <class T>
-void HeadBackward(const RootParams<T>& dp, T* dx, const HeadActivations<T>& g, const HeadActivations<T>& h,
-                  const T* x, const RootParams<const T>& p, const int32_t* targets, T loss_scale, const Dims& d) {
-  const int B = d.B, Tn = d.Tn, C = d.C;
-  const TpSlice tp = d.slice();
-  const int V = int(tp.vocab(d.V));
-  const int64_t bt = int64_t(B) * Tn;
-  std::fill(g.lnf, g.lnf + bt * C, T(0));
-  std::fill(g.logits, g.logits + bt * V, T(0));
-  k::SoftmaxCrossEntropyBackward(g.logits, h.probs, targets, loss_scale / T(B * Tn), B, Tn, V,
-                                 int(tp.vocab_begin(d.V)));
-  k::MatmulBackward(g.lnf, dp.wte, static_cast<T*>(nullptr), g.logits, h.lnf, p.wte, B, Tn, C, V);
-  AllReduce(d, g.lnf, bt * C);  // each slice of the vocabulary gave part of it
-  k::LayerNormBackward(dx, dp.lnfw, dp.lnfb, g.lnf, x, p.lnfw, h.lnf_mean, h.lnf_rstd, B, Tn, C);
+template <class P>
+void HeadForward(const Context<P>& k, const HeadActivations<P>& h, Ptr<const typename P::Act> x,
+                 const RootParams<const typename P::Act>& p, Ptr<const int32_t> targets, Ptr<double> loss_sum,
+                 double loss_weight, const RootParams<typename P::Acc>* dp, Ptr<typename P::Act> dx, const Dims& d) {
+  const int64_t N = d.N(), V = d.V, v_rows = d.tp.vocab(V), Vp = d.tp.padded_vocab(V), v_begin = d.tp.vocab_begin(V);
+  const int C = d.C;
+  kernels::Ops<P>& ops = k.ops;
+  ops.LayerNormForward(h.lnf, h.lnf_mean, h.lnf_rstd, x, p.lnfw, p.lnfb, N, C, k.stream);
+  const float dloss = float(loss_weight / double(N));
+  for (int64_t r0 = 0; r0 < N; r0 += h.chunk_rows) {
+    const int64_t rows = std::min(h.chunk_rows, N - r0);
+    Ptr<typename P::Act> dlogits = dp ? h.logits : nullptr;  // in place over the chunk's logits
+    ops.MatmulForward(h.logits, nullptr, h.lnf + r0 * C, p.wte, nullptr, rows, C, int(Vp), k.stream);
+    if (k.tp) {
+      ops.VocabSliceStats(h.stats, h.logits, targets + r0, rows, v_rows, Vp, v_begin, k.stream);
+      k.tp->AllGather(h.stats, h.all_stats, rows * 3, k.stream);
+      ops.VocabSliceCrossEntropy(h.losses + r0, dlogits, h.logits, h.all_stats, k.tp->size(), targets + r0, rows,
+                                 v_rows, Vp, v_begin, dloss, k.stream);
+    } else {
+      ops.CrossEntropy(h.losses + r0, dlogits, h.logits, targets + r0, rows, v_rows, Vp, dloss, k.stream);
+    }
+    if (!dp) continue;
+    ops.MatmulBackward(h.dlnf, dp->wte, nullptr, dlogits, h.lnf + r0 * C, p.wte, nullptr, rows, C, int(Vp), k.stream);
+    AllReduce(k, h.dlnf, rows * C);  // each slice of the vocabulary gave part of it
+    ops.LayerNormBackward(dx + r0 * C, dp->lnfw, dp->lnfb, h.dlnf, x + r0 * C, p.lnfw, h.lnf_mean + r0,
+                          h.lnf_rstd + r0, rows, C, k.stream);
+  }
+  ops.AddLoss(loss_sum, h.losses, N, loss_weight / double(N), k.stream);
 }
 
-#define MESHTRAIN_BLOCKS(T)                                                                                         \
-  template struct RootParams<T>;                                                                                    \
-  template struct RootParams<const T>;                                                                              \
-  template struct BlockParams<T>;                                                                                   \
-  template struct BlockParams<const T>;                                                                             \
-  template struct BlockActivations<T>;                                                                              \
-  template struct HeadActivations<T>;                                                                               \
-  template struct ModelActivations<T>;                                                                              \
-  template void EmbedForward<T>(T*, const int32_t*, const RootParams<const T>&, const Dims&);                        \
-  template void EmbedBackward<T>(const RootParams<T>&, const T*, const int32_t*, const Dims&);                      \
-  template void BlockForward<T>(const BlockActivations<T>&, const T*, const BlockParams<const T>&, const Dims&);    \
-  template void BlockBackward<T>(const BlockParams<T>&, T*, const BlockActivations<T>&, const T*,                   \
-                                 const BlockActivations<T>&, const T*, const BlockParams<const T>&, const Dims&);   \
-  template double HeadForward<T>(const HeadActivations<T>&, const T*, const RootParams<const T>&, const int32_t*,  \
-                                 const Dims&);                                                                      \
-  template void HeadBackward<T>(const RootParams<T>&, T*, const HeadActivations<T>&, const HeadActivations<T>&,    \
-                                const T*, const RootParams<const T>&, const int32_t*, T, const Dims&);
+template <class P>
+void HeadLogits(const Context<P>& k, const HeadActivations<P>& h, Ptr<const typename P::Act> x,
+                const RootParams<const typename P::Act>& p, int64_t row, const Dims& d) {
+  k.ops.LayerNormForward(h.lnf, h.lnf_mean, h.lnf_rstd, x + row * d.C, p.lnfw, p.lnfb, 1, d.C, k.stream);
+  k.ops.MatmulForward(h.logits, nullptr, h.lnf, p.wte, nullptr, 1, d.C, int(d.tp.padded_vocab(d.V)), k.stream);
+}
 
-MESHTRAIN_BLOCKS(float)
-MESHTRAIN_BLOCKS(double)
+#define MESHTRAIN_BLOCKS(P)                                                                                          \
+  template api::EngineTypes TypesOf<P>(kernels::Ops<P>&, int, int, int, int);                                       \
+  template struct BlockActivations<P>;                                                                               \
+  template struct BlockScratch<P>;                                                                                   \
+  template struct HeadActivations<P>;                                                                                \
+  template void EmbedForward<P>(const Context<P>&, Ptr<P::Act>, Ptr<const int32_t>, const RootParams<const P::Act>&, \
+                                const Dims&);                                                                        \
+  template void EmbedBackward<P>(const Context<P>&, const RootParams<P::Acc>&, Ptr<const P::Act>, Ptr<const int32_t>, \
+                                 const Dims&);                                                                       \
+  template void BlockForward<P>(const Context<P>&, const BlockActivations<P>&, const BlockScratch<P>&,              \
+                                Ptr<const P::Act>, const BlockParams<const P::Act>&, const Dims&);                   \
+  template void BlockBackward<P>(const Context<P>&, const BlockParams<P::Acc>&, const BlockScratch<P>&,             \
+                                 const BlockActivations<P>&, Ptr<const P::Act>, const BlockParams<const P::Act>&,    \
+                                 const Dims&);                                                                       \
+  template void HeadForward<P>(const Context<P>&, const HeadActivations<P>&, Ptr<const P::Act>,                     \
+                               const RootParams<const P::Act>&, Ptr<const int32_t>, Ptr<double>, double,             \
+                               const RootParams<P::Acc>*, Ptr<P::Act>, const Dims&);                                 \
+  template void HeadLogits<P>(const Context<P>&, const HeadActivations<P>&, Ptr<const P::Act>,                      \
+                              const RootParams<const P::Act>&, int64_t, const Dims&);
+
+MESHTRAIN_BLOCKS(kernels::Fp32)
+MESHTRAIN_BLOCKS(kernels::Bf16)
+MESHTRAIN_BLOCKS(kernels::Fp64)
+#undef MESHTRAIN_BLOCKS
+
+template struct RootParams<float>;
+template struct RootParams<const float>;
+template struct RootParams<double>;
+template struct RootParams<const double>;
+template struct RootParams<const runtime::bf16>;
+template struct BlockParams<float>;
+template struct BlockParams<const float>;
+template struct BlockParams<double>;
+template struct BlockParams<const double>;
+template struct BlockParams<const runtime::bf16>;
 
 }  // namespace meshtrain::model

@@ -2,60 +2,77 @@
 //
 // Each layer is a forward/backward pair of plain functions over views: a unit's
 // parameters (or their gradients) inside its flat buffer, and the activations the
-// forward keeps for the backward. Outputs come first; `d` names a gradient. The
-// functions own no memory and know nothing of sharding, so the single-device model
-// (gpt2.h) and the sharded engine (parallel/engine.h) run the same code.
+// forward keeps for the backward, all device handles. They enqueue kernels of the table
+// in a Context on its stream, in order, and own no memory: the sharded engine
+// (parallel/) gives them their buffers and runs them on any device.
 //
-// Backward functions accumulate into parameter gradients (+=) and into the gradient
-// of their input, which the caller zeroes; the scratch gradients of a block are
-// zeroed here. Shapes: B sequences of Tn tokens, C channels, NH heads, V vocabulary.
+// Backward functions accumulate (+=) into parameter gradients. The residual stream's
+// gradient flows through one buffer, in place (llm.c's way): BlockBackward takes the
+// gradient of the block's output in scratch.dresidual and leaves the gradient of its
+// input there. Shapes: B sequences of T tokens, N = B*T rows, C channels, NH heads.
 //
-// Tensor parallelism (Megatron; parameters.h says which slice a rank holds): with a
-// TensorParallelGroup in Dims, QKV and MLP-in are column-parallel (this rank's heads and
-// hidden units), attention-out and MLP-out row-parallel, joined by one all-reduce each
-// in forward (and one each in backward, for the input gradient of the column-parallel
-// products); the embedding and the LM head are vocabulary-parallel, and the softmax is
-// computed across the group from per-slice statistics, never gathering the logits.
-// Every rank of the group ends with the same activations and loss, bit for bit.
-// Views are sized for the largest micro-batch (max_batch x max_seq); a call uses the
-// first B*Tn rows. Thread-safety: plain functions; kernels use OpenMP inside.
+// Tensor parallelism (Megatron; parameters.h says which slice a rank holds): QKV and
+// MLP-in are column-parallel (this rank's heads and hidden units), attention-out and
+// MLP-out row-parallel, joined by one all-reduce each in forward and one each in backward
+// (for the input gradient of the column-parallel products); the embedding and the LM head
+// are vocabulary-parallel, and the softmax is computed across the group from per-slice
+// statistics, never gathering the logits. Every rank of the group ends with the same
+// activations and loss, bit for bit.
+// Views are sized for the largest micro-batch; a call uses the first N rows.
+// Thread-safety: plain functions; the work they enqueue follows the stream's rules.
 
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "api/engine_memory.h"
 #include "api/model_shape.h"
+#include "worker/kernels/ops.h"
 #include "worker/model/parameters.h"
+#include "worker/runtime/device_ptr.h"
 
 namespace meshtrain::model {
 
-// The tensor-parallel group a layer runs in. Float only.
+template <class T>
+using Ptr = runtime::DevicePtr<T>;
+
+// The tensor-parallel group's collectives as the layers use them, in a stream's order.
+template <class P>
 class TensorParallelGroup {
  public:
   virtual ~TensorParallelGroup() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
   // data (n) = its sum over the group, in place; every rank gets the same bits.
-  virtual void AllReduceSum(float* data, int64_t n) = 0;
+  virtual void AllReduceSum(Ptr<typename P::Act> data, int64_t n, runtime::Stream& stream) = 0;
   // out (size x n) = every rank's in (n), in rank order.
-  virtual void AllGather(const float* in, float* out, int64_t n) = 0;
+  virtual void AllGather(Ptr<const typename P::Acc> in, Ptr<typename P::Acc> out, int64_t n,
+                         runtime::Stream& stream) = 0;
 };
 
-// Local widths for rank `tp_rank` of `tp_size`: heads, attention width C/T, MLP width
-// 4C/T and the vocabulary slice [V*t/T, V*(t+1)/T).
+// What the layers run with: the kernel table, the stream they enqueue on, and the TP
+// group (null: every layer whole on this rank).
+template <class P>
+struct Context {
+  kernels::Ops<P>& ops;
+  runtime::Stream& stream;
+  TensorParallelGroup<P>* tp = nullptr;
+};
+
+// This rank's slice of the layers: its heads, MLP width and vocabulary rows (the real
+// [vocab_begin, +vocab) and the padded count the embedding holds).
 struct TpSlice {
   int rank = 0, size = 1;
   int64_t vocab_begin(int64_t V) const { return api::VocabBegin(V, rank, size); }
   int64_t vocab(int64_t V) const { return api::VocabSlice(V, rank, size); }
+  int64_t padded_vocab(int64_t V) const { return api::PaddedVocabRows(vocab(V)); }
 };
 
 // Dropout in a training forward (p > 0) on each block's attention output and on the
 // attention and MLP outputs added to the residual stream. Masks are keyed by `key` (the
-// seed, step and micro-batch mixed in; Dims::ForLayer mixes in the layer) and by the
-// element's index in the global micro-batch, whose sample `first_sample` is this
-// rank's first sequence: every layout drops what the single-rank run drops.
+// seed and the step; Dims::ForLayer mixes in the layer) and indexed by the element's
+// place in the step's global batch, whose sample `first_sample` is this micro-batch's
+// first sequence: every layout and every number of micro-steps drops what one rank drops.
 struct DropoutSpec {
   float p = 0;
   uint64_t key = 0;
@@ -63,101 +80,106 @@ struct DropoutSpec {
 };
 
 struct Dims {
-  int B, Tn, C, NH, V;
-  TensorParallelGroup* tp = nullptr;  // null: every layer whole on this rank
+  int B = 0, T = 0, C = 0, NH = 0;
+  int64_t V = 0;  // the vocabulary (the user's, unpadded)
+  TpSlice tp{};
   DropoutSpec dropout{};
-  TpSlice slice() const { return tp ? TpSlice{tp->rank(), tp->size()} : TpSlice{}; }
+  int64_t N() const { return int64_t(B) * T; }
   // These dims for block l: its own dropout masks.
   Dims ForLayer(int l) const;
 };
 
-// The tokens of a forward, kept for its backward.
-struct MicroBatch {
-  int B = 0, Tn = 0;
-  std::vector<int32_t> inputs, targets;  // targets empty: a forward without a loss
-  // Throws std::invalid_argument for more than max_batch x max_seq tokens and
-  // std::out_of_range for a token outside the vocabulary.
-  void Set(const int32_t* inputs, const int32_t* targets, int B, int Tn, int max_batch, int max_seq, int64_t vocab);
-  const int32_t* targets_or_null() const { return targets.empty() ? nullptr : targets.data(); }
-};
-
-// The root unit: wte (V,C), wpe (maxT,C), lnf.w (C), lnf.b (C). T may be const.
+// The root unit: wte (Vp,C), wpe (maxT,C), lnf.w (C), lnf.b (C).
 template <class T>
 struct RootParams {
-  T *wte, *wpe, *lnfw, *lnfb;
+  Ptr<T> wte, wpe, lnfw, lnfb;
   // Views into the root unit's flat buffer (layout.Unit(0)).
-  static RootParams At(T* unit, const ParameterLayout& layout);
+  static RootParams At(Ptr<T> unit, const ParameterLayout& layout);
 };
 
-// One block unit: ln1 (C,C), qkv (3C,C)+(3C), attproj (C,C)+(C), ln2, fc (4C,C)+(4C),
-// fcproj (C,4C)+(C). Every block has the same offsets inside its unit.
+// One block unit: ln1 (C)+(C), qkv (3C,C)+(3C), attproj (C,C)+(C), ln2, fc (4C,C)+(4C),
+// fcproj (C,4C)+(C), this rank's slices. Every block has the same offsets in its unit.
 template <class T>
 struct BlockParams {
-  T *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
-  static BlockParams At(T* unit, const ParameterLayout& layout);
+  Ptr<T> ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+  static BlockParams At(Ptr<T> unit, const ParameterLayout& layout);
 };
 
-// What one block's forward keeps (and, as the backward's scratch, their gradients).
-template <class T>
+// The engine's element types and what its kernel table keeps for attention.
+template <class P>
+api::EngineTypes TypesOf(kernels::Ops<P>& ops, int B, int T, int NH, int HS);
+
+// What one block's forward keeps for its backward (api::BlockActivationBytes).
+template <class P>
 struct BlockActivations {
-  T *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *preatt, *att, *attproj, *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch,
-      *fch_gelu, *fcproj, *residual3;  // residual3: the block's output
-  T* base;
-  int64_t size;
-  // Elements for micro-batches up to max_batch x max_seq, on TP slice `tp`.
-  static int64_t Size(int max_batch, int max_seq, const api::ModelShape& shape, TpSlice tp = {});
-  static BlockActivations At(T* base, int max_batch, int max_seq, const api::ModelShape& shape, TpSlice tp = {});
+  using A = typename P::Act;
+  using G = typename P::Acc;
+  Ptr<A> ln1, qkv, atty, residual2, ln2, fch, fch_gelu, output;
+  Ptr<G> ln1_mean, ln1_rstd, att_state, ln2_mean, ln2_rstd;
+  static int64_t Bytes(int batch, int seq, const api::ModelShape& shape, TpSlice tp, const api::EngineTypes& types);
+  static BlockActivations At(runtime::DeviceBytes base, int batch, int seq, const api::ModelShape& shape, TpSlice tp,
+                             const api::EngineTypes& types);
 };
 
-// The final LayerNorm, the tied LM head (this slice's logits and probs) and the loss;
-// with TP, the softmax statistics of this slice (B*T,3) and of all (T,B*T,3).
-template <class T>
+// The backward's working set, one for every block (api::BlockScratchBytes): dresidual
+// carries the residual stream's gradient; proj holds a projection's output in forward.
+template <class P>
+struct BlockScratch {
+  using A = typename P::Act;
+  Ptr<A> proj, dresidual, dln, dfch, datty, dqkv;
+  Ptr<A> dmasked, dropped;  // with dropout only
+  runtime::DeviceBytes attention;
+  static int64_t Bytes(int batch, int seq, const api::ModelShape& shape, TpSlice tp, const api::EngineTypes& types,
+                       bool dropout);
+  static BlockScratch At(runtime::DeviceBytes base, int batch, int seq, const api::ModelShape& shape, TpSlice tp,
+                         const api::EngineTypes& types, bool dropout);
+};
+
+// The head (api::HeadActivationBytes): the final LayerNorm, the losses, and one chunk of
+// `chunk_rows` rows of logits at a time.
+template <class P>
 struct HeadActivations {
-  T *lnf, *lnf_mean, *lnf_rstd, *logits, *probs, *losses, *stats, *all_stats;
-  static int64_t Size(int max_batch, int max_seq, const api::ModelShape& shape, TpSlice tp = {});
-  static HeadActivations At(T* base, int max_batch, int max_seq, const api::ModelShape& shape, TpSlice tp = {});
+  using A = typename P::Act;
+  using G = typename P::Acc;
+  Ptr<A> lnf, logits, dlnf;
+  Ptr<G> lnf_mean, lnf_rstd, losses, stats, all_stats;
+  int64_t chunk_rows = 0;
+  static int64_t Bytes(int batch, int seq, const api::ModelShape& shape, TpSlice tp, const api::EngineTypes& types);
+  static HeadActivations At(runtime::DeviceBytes base, int batch, int seq, const api::ModelShape& shape, TpSlice tp,
+                            const api::EngineTypes& types);
 };
 
-// Every activation of a micro-batch, as views into one buffer: what the forward keeps
-// for each block, and the backward's scratch (one block's gradients, the head's, and
-// the residual stream's gradient in and out of a block).
-template <class T>
-struct ModelActivations {
-  T* encoded;  // (B,Tn,C): the first block's input
-  std::vector<BlockActivations<T>> blocks;
-  HeadActivations<T> head, dhead;
-  BlockActivations<T> dblock;
-  T* dresidual[2];  // (B,Tn,C) each; the gradient of a block's output and of its input
-  static int64_t Size(int max_batch, int max_seq, const api::ModelShape& shape);
-  static ModelActivations At(T* base, int max_batch, int max_seq, const api::ModelShape& shape);
-  // The input of block l: encoded, or block l-1's output.
-  const T* Input(int l) const { return l == 0 ? encoded : blocks[size_t(l) - 1].residual3; }
-};
+// encoded (N,C) = wte[tokens] + wpe[t], over the TP group's slices.
+template <class P>
+void EmbedForward(const Context<P>& k, Ptr<typename P::Act> encoded, Ptr<const int32_t> tokens,
+                  const RootParams<const typename P::Act>& p, const Dims& d);
+// dp.wte, dp.wpe += the gradient of EmbedForward for dencoded (N,C).
+template <class P>
+void EmbedBackward(const Context<P>& k, const RootParams<typename P::Acc>& dp, Ptr<const typename P::Act> dencoded,
+                   Ptr<const int32_t> tokens, const Dims& d);
 
-// encoded (B,Tn,C) = wte[inputs] + wpe[t].
-template <class T>
-void EmbedForward(T* encoded, const int32_t* inputs, const RootParams<const T>& p, const Dims& d);
-template <class T>
-void EmbedBackward(const RootParams<T>& dp, const T* dencoded, const int32_t* inputs, const Dims& d);
+// a.output (N,C) = the block applied to residual (N,C).
+template <class P>
+void BlockForward(const Context<P>& k, const BlockActivations<P>& a, const BlockScratch<P>& scratch,
+                  Ptr<const typename P::Act> residual, const BlockParams<const typename P::Act>& p, const Dims& d);
+// scratch.dresidual: the gradient of a.output in, of residual out; dp += the parameters'.
+template <class P>
+void BlockBackward(const Context<P>& k, const BlockParams<typename P::Acc>& dp, const BlockScratch<P>& scratch,
+                   const BlockActivations<P>& a, Ptr<const typename P::Act> residual,
+                   const BlockParams<const typename P::Act>& p, const Dims& d);
 
-// out.residual3 (B,Tn,C) = the block applied to residual (B,Tn,C).
-template <class T>
-void BlockForward(const BlockActivations<T>& out, const T* residual, const BlockParams<const T>& p, const Dims& d);
-// dresidual += d(block)/d(residual) . dout; dp += d(block)/d(params) . dout, where dout is
-// the gradient of out.residual3. `scratch` holds the block's internal gradients.
-template <class T>
-void BlockBackward(const BlockParams<T>& dp, T* dresidual, const BlockActivations<T>& scratch, const T* dout,
-                   const BlockActivations<T>& a, const T* residual, const BlockParams<const T>& p, const Dims& d);
-
-// Final LayerNorm of x (B,Tn,C), logits, and softmax. With targets, returns the mean
-// cross-entropy loss; without, returns 0 (targets of 0 keep the softmax right).
-template <class T>
-double HeadForward(const HeadActivations<T>& out, const T* x, const RootParams<const T>& p, const int32_t* targets,
-                   const Dims& d);
-// dx += d(loss_scale * mean loss)/dx; dp += the same over wte and lnf. `scratch`
-// receives the head's internal gradients.
-template <class T>
-void HeadBackward(const RootParams<T>& dp, T* dx, const HeadActivations<T>& scratch, const HeadActivations<T>& a,
-                  const T* x, const RootParams<const T>& p, const int32_t* targets, T loss_scale, const Dims& d);
+// The final LayerNorm of x (N,C), the tied LM head and the cross-entropy against targets
+// (N), chunk by chunk: *loss_sum += loss_weight * (the mean loss). In training (dp
+// non-null) the head's backward runs here too, as each chunk's logits are made (llm.c's
+// fused classifier): dx (N,C) += d(loss_weight * mean loss)/dx (the caller zeroes it), and
+// dp's wte and lnf += theirs. Only one chunk of logits ever exists.
+template <class P>
+void HeadForward(const Context<P>& k, const HeadActivations<P>& h, Ptr<const typename P::Act> x,
+                 const RootParams<const typename P::Act>& p, Ptr<const int32_t> targets, Ptr<double> loss_sum,
+                 double loss_weight, const RootParams<typename P::Acc>* dp, Ptr<typename P::Act> dx, const Dims& d);
+// h.logits (Vp) = the logits of row `row` of x (N,C): for sampling.
+template <class P>
+void HeadLogits(const Context<P>& k, const HeadActivations<P>& h, Ptr<const typename P::Act> x,
+                const RootParams<const typename P::Act>& p, int64_t row, const Dims& d);
 
 }  // namespace meshtrain::model

@@ -27,8 +27,8 @@ double CounterNormal(uint64_t seed, uint64_t tensor, uint64_t element) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
 }
 
-ParameterLayout::ParameterLayout(const api::ModelShape& shape, int tp_rank, int tp_size)
-    : shape_(shape), tp_rank_(tp_rank), tp_size_(tp_size) {
+ParameterLayout::ParameterLayout(const api::ModelShape& shape, int tp_rank, int tp_size, int vocab_multiple)
+    : shape_(shape), tp_rank_(tp_rank), tp_size_(tp_size), vocab_multiple_(vocab_multiple) {
   const int64_t C = shape.hidden, V = shape.vocab_size, maxT = shape.seq_len, T = tp_size;
   auto require = [&](int64_t n, const std::string& what) {
     if (T < 1 || n % T != 0) {
@@ -39,12 +39,15 @@ ParameterLayout::ParameterLayout(const api::ModelShape& shape, int tp_rank, int 
   require(shape.heads, "spec.model.heads");
   require(4 * C, "the MLP width (4 x spec.model.hidden)");
   if (tp_rank < 0 || tp_rank >= T) throw std::out_of_range("tensor-parallel rank outside the group");
+  if (vocab_multiple < 1) throw std::invalid_argument("ParameterLayout: vocab_multiple must be at least 1");
+  padded_vocab_rows_ = api::PaddedVocabRows(api::VocabSlice(V, tp_rank, tp_size), vocab_multiple);
   using enum TpSplit;
   auto add = [&](Param kind, int layer, const char* name, std::vector<int64_t> dims, bool decay, TpSplit split) {
-    int64_t begin = 0;
+    int64_t begin = 0, real_rows = dims[0];
     if (kind == Param::kWte) {
       begin = VocabRange().first;
-      dims[0] = VocabRange().second - begin;
+      real_rows = VocabRange().second - begin;
+      dims[0] = padded_vocab_rows_;
     } else if (split == kColumns) {
       dims[1] /= T;
       begin = tp_rank * dims[1];
@@ -53,8 +56,9 @@ ParameterLayout::ParameterLayout(const api::ModelShape& shape, int tp_rank, int 
       begin = tp_rank * dims[0];
     }
     ParamTensor t{kind, layer, layer < 0 ? name : "h" + std::to_string(layer) + "." + name, std::move(dims), total_, 1,
-                  decay, split, begin};
+                  0, decay, split, begin};
     for (int64_t d : t.shape) t.size *= d;
+    t.real = kind == Param::kWte ? real_rows * C : t.size;
     total_ += t.size;
     tensors_.push_back(std::move(t));
   };
@@ -85,9 +89,26 @@ std::vector<int64_t> ParameterLayout::WholeIndices(int64_t begin, int64_t end) c
   for (size_t id = 0; id < tensors_.size(); ++id) {
     const ParamTensor& t = tensors_[id];
     const int64_t from = std::max(begin, t.offset), to = std::min(end, t.offset + t.size);
-    for (int64_t i = from; i < to; ++i) indices.push_back(whole.tensors_[id].offset + GlobalIndex(t, i - t.offset));
+    for (int64_t i = from; i < to; ++i) {
+      const int64_t global = GlobalIndex(t, i - t.offset);
+      indices.push_back(global < 0 ? -1 : whole.tensors_[id].offset + global);
+    }
   }
   return indices;
+}
+
+std::vector<std::pair<int64_t, int64_t>> ParameterLayout::RealRanges(int64_t begin, int64_t end) const {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const ParamTensor& t : tensors_) {
+    const int64_t from = std::max(begin, t.offset), to = std::min(end, t.offset + t.real);
+    if (from >= to) continue;
+    if (!ranges.empty() && ranges.back().second == from) {
+      ranges.back().second = to;
+    } else {
+      ranges.emplace_back(from, to);
+    }
+  }
+  return ranges;
 }
 
 std::pair<int64_t, int64_t> ParameterLayout::VocabRange() const {
@@ -96,6 +117,7 @@ std::pair<int64_t, int64_t> ParameterLayout::VocabRange() const {
 }
 
 int64_t ParameterLayout::GlobalIndex(const ParamTensor& t, int64_t local) const {
+  if (local >= t.real) return -1;  // a padding row
   const int64_t T = tp_size_, r = tp_rank_;
   const int64_t row_size = t.shape.size() > 1 ? t.shape[1] : 1;  // local elements per row
   switch (t.split) {
@@ -143,9 +165,11 @@ void InitParameterRange(T* out, const ParameterLayout& layout, uint64_t seed, in
     const double stddev = (t.kind == Param::kAttProjW || t.kind == Param::kFcProjW) ? residual_std : 0.02;
 #pragma omp parallel for
     for (int64_t i = from; i < to; ++i) {
-      p[i - from] = is_ln_weight ? T(1)
-                    : is_bias    ? T(0)
-                                 : T(stddev * CounterNormal(seed, id, uint64_t(layout.GlobalIndex(t, i - t.offset))));
+      const int64_t global = layout.GlobalIndex(t, i - t.offset);
+      p[i - from] = global < 0     ? T(0)  // padding
+                    : is_ln_weight ? T(1)
+                    : is_bias      ? T(0)
+                                   : T(stddev * CounterNormal(seed, id, uint64_t(global)));
     }
   }
 }
@@ -158,5 +182,6 @@ void InitParameters(T* params, const ParameterLayout& layout, uint64_t seed) {
 template void InitParameters<float>(float*, const ParameterLayout&, uint64_t);
 template void InitParameters<double>(double*, const ParameterLayout&, uint64_t);
 template void InitParameterRange<float>(float*, const ParameterLayout&, uint64_t, int64_t, int64_t);
+template void InitParameterRange<double>(double*, const ParameterLayout&, uint64_t, int64_t, int64_t);
 
 }  // namespace meshtrain::model

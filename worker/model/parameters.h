@@ -6,14 +6,17 @@
 //
 // With tensor parallelism (Megatron), rank t of T holds a slice of the split tensors:
 //   wte            rows VocabRange(): [floor(t*V/T), floor((t+1)*V/T)), so T need not
-//                  divide V (GPT-2's 50257)   (vocabulary-parallel embedding and LM head)
+//                  divide V (GPT-2's 50257)   (vocabulary-parallel embedding and LM head),
+//                  then zero rows up to a multiple of `vocab_multiple` (the engine's 128,
+//                  as llm.c pads 50257 to 50304: products of odd widths run on slow kernels)
 //   qkv.w, qkv.b   of each of q, k and v, rows [t*C/T, (t+1)*C/T): heads split (column-parallel)
 //   attproj.w      columns [t*C/T, (t+1)*C/T)        (row-parallel)
 //   fc.w, fc.b     rows [t*4C/T, (t+1)*4C/T)         (column-parallel)
 //   fcproj.w       columns [t*4C/T, (t+1)*4C/T)      (row-parallel)
 // and a whole copy of the rest (wpe, the LayerNorms, the row-parallel biases), which are
 // `tp_replicated`. Offsets are local; GlobalIndex maps a local element to its index in
-// the single-rank tensor.
+// the single-rank tensor, and the padding rows to none (-1): they are not part of the
+// model, never train, and never reach a checkpoint or a file.
 //
 // Initialisation is a pure function of (seed, tensor, global element index), so any
 // shard of any TP slice initialises its own elements and gets exactly the single-rank model.
@@ -48,6 +51,7 @@ struct ParamTensor {
   std::vector<int64_t> shape;  // this rank's slice
   int64_t offset = 0;
   int64_t size = 0;
+  int64_t real = 0;  // the first `real` elements are the model's; the rest (wte's padding rows) are not
   bool decay = false;  // weight decay applies to matrices and embeddings, not biases or LayerNorm
   TpSplit split = TpSplit::kReplicated;
   int64_t slice_begin = 0;  // the first row (kRows) or column (kColumns) of the slice in the whole tensor
@@ -56,20 +60,27 @@ struct ParamTensor {
 
 class ParameterLayout {
  public:
-  // Rank `tp_rank` of a tensor-parallel group of `tp_size` (1: the whole model). Throws
+  // Rank `tp_rank` of a tensor-parallel group of `tp_size` (1: the whole model), its
+  // vocabulary slice padded to a multiple of `vocab_multiple`. Throws
   // std::invalid_argument, naming spec.parallelism.tensorParallelDegree, when tp_size does
   // not divide the heads or the MLP width.
-  explicit ParameterLayout(const api::ModelShape& shape, int tp_rank = 0, int tp_size = 1);
+  explicit ParameterLayout(const api::ModelShape& shape, int tp_rank = 0, int tp_size = 1, int vocab_multiple = 1);
 
   const api::ModelShape& shape() const { return shape_; }
   int tp_rank() const { return tp_rank_; }
   int tp_size() const { return tp_size_; }
-  // [begin, end) of the vocabulary (wte's rows) on this rank.
+  // [begin, end) of the vocabulary (wte's real rows) on this rank.
   std::pair<int64_t, int64_t> VocabRange() const;
+  // wte's rows on this rank, padding included.
+  int64_t padded_vocab_rows() const { return padded_vocab_rows_; }
+  int vocab_multiple() const { return vocab_multiple_; }
   // For elements [begin, end) of this layout's flat buffer, their indices in the
-  // single-rank model's flat buffer.
+  // single-rank model's flat buffer (unpadded), -1 for padding.
   std::vector<int64_t> WholeIndices(int64_t begin, int64_t end) const;
-  // The index in the single-rank tensor of element `local` of this rank's slice of `t`.
+  // The runs of model elements (not padding) in [begin, end), in order.
+  std::vector<std::pair<int64_t, int64_t>> RealRanges(int64_t begin, int64_t end) const;
+  // The index in the single-rank tensor of element `local` of this rank's slice of `t`,
+  // or -1 for padding.
   int64_t GlobalIndex(const ParamTensor& t, int64_t local) const;
   int64_t total() const { return total_; }
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
@@ -80,7 +91,8 @@ class ParameterLayout {
 
  private:
   api::ModelShape shape_;
-  int tp_rank_, tp_size_;
+  int tp_rank_, tp_size_, vocab_multiple_;
+  int64_t padded_vocab_rows_ = 0;
   std::vector<ParamTensor> tensors_;
   int64_t total_ = 0;
 };

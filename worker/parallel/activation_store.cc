@@ -1,17 +1,12 @@
 #include "worker/parallel/activation_store.h"
 
-#include <algorithm>
-#include <chrono>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 
 namespace meshtrain::parallel {
 
-using model::BlockActivations;
-using model::HeadActivations;
-
-void ActivationStore::Check(const ActivationPolicy& policy) {
+template <class P>
+void ActivationStore<P>::Check(const ActivationPolicy& policy) {
   if (policy.offload && !policy.checkpointing) {
     throw std::invalid_argument(
         "spec.parallelism.activationOffloading needs spec.parallelism.activationCheckpointing: only block inputs are "
@@ -23,110 +18,144 @@ void ActivationStore::Check(const ActivationPolicy& policy) {
   }
 }
 
-ActivationStore::ActivationStore(const api::ModelShape& shape, int max_batch, int max_seq, const ActivationPolicy& policy,
-                                 runtime::CachingAllocator* allocator, model::TpSlice tp)
-    : policy_(policy), layers_(int(shape.layers)), btc_(int64_t(max_batch) * max_seq * shape.hidden) {
+template <class P>
+ActivationStore<P>::ActivationStore(const api::ModelShape& shape, int max_batch, int max_seq,
+                                    const ActivationPolicy& policy, const api::EngineTypes& types, bool dropout,
+                                    model::TpSlice tp, runtime::Backend& backend, runtime::CachingAllocator* device,
+                                    runtime::CachingAllocator* pinned)
+    : policy_(policy),
+      layers_(int(shape.layers)),
+      input_bytes_(api::Aligned(int64_t(max_batch) * max_seq * shape.hidden * int64_t(sizeof(A)))),
+      backend_(backend),
+      pinned_(pinned),
+      copy_(backend.NewStream("copy")),
+      copy_timer_(backend.NewTimer()),
+      wait_timer_(backend.NewTimer()),
+      forward_done_(backend.NewEvent()) {
   Check(policy);
-  const int64_t block = BlockActivations<float>::Size(max_batch, max_seq, shape, tp);
-  const int64_t head_size = HeadActivations<float>::Size(max_batch, max_seq, shape, tp);
-  // The sizes the planner's memory model counts (api/engine_memory.h); the carving
-  // below must use exactly them, which the check at its end holds.
-  const api::ActivationElements sizes = api::ActivationStoreElements(shape, max_batch, max_seq, policy, tp.rank, tp.size);
-  const int inputs = sizes.inputs;
+  // The sizes the planner's memory model counts (api/engine_memory.h); the carving below
+  // takes exactly them, which the check at its end holds.
+  const api::ActivationBytes sizes =
+      api::ActivationStoreBytes(shape, max_batch, max_seq, policy, tp.rank, tp.size, types, dropout);
   const int kept_blocks = policy.checkpointing ? 1 : layers_;
-  const int head_inputs = policy.checkpointing ? 1 : 0;  // otherwise the last block's residual3
-  kept_ = runtime::Buffer<float>(allocator, size_t(sizes.kept), runtime::MemoryCategory::kActivations);
-  float* next = kept_.data();
-  auto take = [&next](int64_t n) {
-    float* at = next;
-    next += n;
+  const int64_t block_bytes = model::BlockActivations<P>::Bytes(max_batch, max_seq, shape, tp, types);
+  kept_ = runtime::DeviceArray<std::byte>(device, sizes.kept, runtime::MemoryCategory::kActivations);
+  runtime::DeviceBytes next = kept_.get();
+  auto take = [&next](int64_t bytes) {
+    runtime::DeviceBytes at = next;
+    next += bytes;
     return at;
   };
-  for (int i = 0; i < inputs; ++i) slots_.push_back(take(btc_));
-  head_input_ = take(btc_ * head_inputs);
+  for (int i = 0; i < sizes.inputs; ++i) slots_.push_back(take(input_bytes_).template As<A>());
+  if (policy.checkpointing) head_input_ = take(input_bytes_).template As<A>();
   for (int b = 0; b < kept_blocks; ++b) {
-    blocks_.push_back(BlockActivations<float>::At(take(block), max_batch, max_seq, shape, tp));
+    blocks_.push_back(model::BlockActivations<P>::At(take(block_bytes), max_batch, max_seq, shape, tp, types));
   }
-  head = HeadActivations<float>::At(take(head_size), max_batch, max_seq, shape, tp);
-  dhead = HeadActivations<float>::At(take(head_size), max_batch, max_seq, shape, tp);
-  dblock = BlockActivations<float>::At(take(block), max_batch, max_seq, shape, tp);
-  dresidual[0] = take(btc_);
-  dresidual[1] = take(btc_);
-  if (next != kept_.data() + sizes.kept) throw std::logic_error("ActivationStore: carving disagrees with api::ActivationStoreElements");
+  head = model::HeadActivations<P>::At(take(model::HeadActivations<P>::Bytes(max_batch, max_seq, shape, tp, types)),
+                                       max_batch, max_seq, shape, tp, types);
+  scratch = model::BlockScratch<P>::At(
+      take(model::BlockScratch<P>::Bytes(max_batch, max_seq, shape, tp, types, dropout)), max_batch, max_seq, shape, tp,
+      types, dropout);
+  if (next - kept_.get() != sizes.kept) {
+    throw std::logic_error("ActivationStore: carving disagrees with api::ActivationStoreBytes");
+  }
   if (policy.checkpointing) work_ = blocks_[0];
-  else head_input_ = blocks_.back().residual3;
+  else head_input_ = blocks_.back().output;
   if (sizes.offloaded > 0) {
-    offloaded_ = runtime::Buffer<float>(allocator, size_t(sizes.offloaded), runtime::MemoryCategory::kOffload);
-    for (int l = 0; l < layers_ - slots(); ++l) pool_.push_back(offloaded_.data() + btc_ * l);
+    pool_base_ = static_cast<std::byte*>(pinned_->Allocate(size_t(sizes.offloaded), runtime::MemoryCategory::kOffload));
+    for (int l = 0; l < layers_ - slots(); ++l) pool_.push_back(pool_base_ + input_bytes_ * l);
   }
-  offloaded_slot_.resize(slots_.size());
-  loaded_slot_.resize(slots_.size());
-  released_slot_.resize(slots_.size());
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    offloaded_slot_.push_back(backend.NewEvent());
+    loaded_slot_.push_back(backend.NewEvent());
+    released_slot_.push_back(backend.NewEvent());
+  }
 }
 
-ActivationStore::~ActivationStore() {
+template <class P>
+ActivationStore<P>::~ActivationStore() {
   try {
-    copy_.Synchronize();
+    copy_->Synchronize();
   } catch (...) {  // already reported by the step that failed
   }
+  if (pool_base_ != nullptr) pinned_->Free(pool_base_);
 }
 
-float* ActivationStore::Input(int l) const {
-  if (!policy_.checkpointing) return l == 0 ? slots_[0] : blocks_[size_t(l) - 1].residual3;
+template <class P>
+runtime::DevicePtr<typename P::Act> ActivationStore<P>::Input(int l) const {
+  if (!policy_.checkpointing) return l == 0 ? slots_[0] : blocks_[size_t(l) - 1].output;
   return slots_[size_t(Slot(l))];
 }
 
-BlockActivations<float> ActivationStore::ForwardOutputs(int l) const {
+template <class P>
+model::BlockActivations<P> ActivationStore<P>::ForwardOutputs(int l) const {
   if (!policy_.checkpointing) return blocks_[size_t(l)];
-  BlockActivations<float> out = work_;
-  out.residual3 = l + 1 < layers_ ? Input(l + 1) : head_input_;
+  model::BlockActivations<P> out = work_;
+  out.output = l + 1 < layers_ ? Input(l + 1) : head_input_;
   return out;
 }
 
-BlockActivations<float> ActivationStore::Saved(int l) const {
+template <class P>
+model::BlockActivations<P> ActivationStore<P>::Saved(int l) const {
   return policy_.checkpointing ? work_ : blocks_[size_t(l)];
 }
 
-void ActivationStore::BeforeForward(int l, runtime::Stream& compute) {
+template <class P>
+void ActivationStore<P>::WaitTimed(runtime::Stream& compute, runtime::Event& event) {
+  wait_timer_->Begin(compute);
+  compute.Wait(event);
+  wait_timer_->End(compute);
+}
+
+template <class P>
+void ActivationStore<P>::BeforeForward(int l, runtime::Stream& compute) {
   // Block l writes input l+1 over input l+1-n, which must have reached the pool.
-  if (policy_.offload && l + 1 < layers_ && l + 1 >= slots()) {
-    compute.Wait(offloaded_slot_[size_t(Slot(l + 1))], &copy_wait_seconds_);
-  }
+  if (policy_.offload && l + 1 < layers_ && l + 1 >= slots()) WaitTimed(compute, *offloaded_slot_[size_t(Slot(l + 1))]);
 }
 
-void ActivationStore::AfterForward(int l, runtime::Stream& compute) {
+template <class P>
+void ActivationStore<P>::AfterForward(int l, runtime::Stream& compute) {
   if (!policy_.offload || !Offloaded(l)) return;
-  runtime::Event forward_done;
-  forward_done.Record(compute);
-  copy_.Wait(forward_done);
-  Copy(pool_[size_t(l)], Input(l));
-  offloaded_slot_[size_t(Slot(l))].Record(copy_);
+  forward_done_->Record(compute);
+  copy_->Wait(*forward_done_);
+  Copy(l, /*out=*/true);
+  offloaded_slot_[size_t(Slot(l))]->Record(*copy_);
 }
 
-void ActivationStore::Copy(float* to, const float* from) {
-  copy_.Enqueue([this, to, from] {
-    const auto start = std::chrono::steady_clock::now();
-    std::memcpy(to, from, size_t(btc_) * sizeof(float));
-    copy_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  });
+template <class P>
+void ActivationStore<P>::Copy(int l, bool out) {
+  copy_timer_->Begin(*copy_);
+  if (out) {
+    backend_.CopyToHost(pool_[size_t(l)], Input(l), size_t(input_bytes_), *copy_);
+  } else {
+    backend_.CopyFromHost(Input(l), pool_[size_t(l)], size_t(input_bytes_), *copy_);
+  }
+  copy_timer_->End(*copy_);
 }
 
-void ActivationStore::Load(int l) {
+template <class P>
+void ActivationStore<P>::Load(int l) {
   // Input l goes where input l+n was; block l+n's backward has been enqueued already.
-  copy_.Wait(released_slot_[size_t(Slot(l))]);
-  Copy(Input(l), pool_[size_t(l)]);
-  loaded_slot_[size_t(Slot(l))].Record(copy_);
+  copy_->Wait(*released_slot_[size_t(Slot(l))]);
+  Copy(l, /*out=*/false);
+  loaded_slot_[size_t(Slot(l))]->Record(*copy_);
 }
 
-void ActivationStore::BeforeBackward(int l, runtime::Stream& compute) {
+template <class P>
+void ActivationStore<P>::BeforeBackward(int l, runtime::Stream& compute) {
   if (!policy_.offload) return;
   if (l == layers_ - 1) next_load_ = layers_ - slots() - 1;  // a new backward; the last n never left their slots
   for (; next_load_ >= 0 && next_load_ >= l - policy_.horizon; --next_load_) Load(next_load_);
-  if (Offloaded(l)) compute.Wait(loaded_slot_[size_t(Slot(l))], &copy_wait_seconds_);
+  if (Offloaded(l)) WaitTimed(compute, *loaded_slot_[size_t(Slot(l))]);
 }
 
-void ActivationStore::AfterBackward(int l, runtime::Stream& compute) {
-  if (policy_.offload) released_slot_[size_t(Slot(l))].Record(compute);
+template <class P>
+void ActivationStore<P>::AfterBackward(int l, runtime::Stream& compute) {
+  if (policy_.offload) released_slot_[size_t(Slot(l))]->Record(compute);
 }
+
+template class ActivationStore<kernels::Fp32>;
+template class ActivationStore<kernels::Bf16>;
+template class ActivationStore<kernels::Fp64>;
 
 }  // namespace meshtrain::parallel

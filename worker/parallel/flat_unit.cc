@@ -1,20 +1,10 @@
 #include "worker/parallel/flat_unit.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cstring>
 
 #include "api/engine_memory.h"
-#include "worker/kernels/cpu/kernels.h"
 
 namespace meshtrain::parallel {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-}  // namespace
 
 UnitShard ShardOfUnit(const model::ParameterLayout& layout, int index, int shard_size, int shard_rank) {
   const auto [begin, end] = layout.Unit(index);
@@ -27,112 +17,88 @@ UnitShard ShardOfUnit(const model::ParameterLayout& layout, int index, int shard
   return s;
 }
 
-FlatUnit::FlatUnit(const model::ParameterLayout& layout, int index, int shard_size, int shard_rank, uint64_t seed,
-                   runtime::CachingAllocator* allocator)
-    : index_(index), shard_size_(shard_size), allocator_(allocator) {
-  const UnitShard shard = ShardOfUnit(layout, index, shard_size, shard_rank);
-  begin_ = shard.unit_begin;
-  numel_ = shard.numel;
-  shard_numel_ = shard.shard_numel;
-  shard_begin_ = shard.begin;
-  shard_real_ = shard.real;
+template <class P>
+FlatUnit<P>::FlatUnit(const model::ParameterLayout& layout, int index, int shard_size, int shard_rank, uint64_t seed,
+                      bool counts_replicated, runtime::CachingAllocator* allocator, runtime::Backend& backend,
+                      Ptr<kernels::ShardSegment> segments, runtime::Stream& stream)
+    : index_(index),
+      shard_size_(shard_size),
+      shard_rank_(shard_rank),
+      shard_(ShardOfUnit(layout, index, shard_size, shard_rank)),
+      segments_(segments),
+      ready_(backend.NewEvent()),
+      backward_done_(backend.NewEvent()) {
   using runtime::MemoryCategory;
-  master_ = runtime::Buffer<float>(allocator, size_t(shard_numel_), MemoryCategory::kParams);
-  grad_ = runtime::Buffer<float>(allocator, size_t(shard_numel_), MemoryCategory::kGrads);
-  m_ = runtime::Buffer<float>(allocator, size_t(shard_numel_), MemoryCategory::kOptimizer);
-  v_ = runtime::Buffer<float>(allocator, size_t(shard_numel_), MemoryCategory::kOptimizer);
-  const int64_t from = begin_ + shard_begin_, to = from + shard_real_;
-  model::InitParameterRange(master_.data(), layout, seed, from, to);
+  const int64_t n = shard_.shard_numel;
+  master_ = runtime::DeviceArray<G>(allocator, n, MemoryCategory::kParams);
+  grads_ = runtime::DeviceArray<G>(allocator, n, MemoryCategory::kGrads);
+  m_ = runtime::DeviceArray<G>(allocator, n, MemoryCategory::kOptimizer);
+  v_ = runtime::DeviceArray<G>(allocator, n, MemoryCategory::kOptimizer);
+  const int64_t from = shard_.unit_begin + shard_.begin, to = from + shard_.real;
+  for (const auto& [a, b] : layout.RealRanges(from, to)) model_runs_.emplace_back(a - from, b - from);
+
+  // The shard's initial weights (zero in every padding), computed here and uploaded.
+  static thread_local std::vector<G> host;
+  host.assign(size_t(n), G(0));
+  model::InitParameterRange(host.data(), layout, seed, from, to);
+  backend.Upload(master_.get(), host.data(), n, stream);
+  for (const Ptr<G> zeroed : {grads_.get(), m_.get(), v_.get()}) backend.Zero(zeroed, n, stream);
+
+  static thread_local std::vector<kernels::ShardSegment> table;
+  table.clear();
   for (const model::ParamTensor& t : layout.tensors()) {
-    const int64_t a = std::max(from, t.offset), b = std::min(to, t.offset + t.size);
-    if (a < b) segments_.push_back({a - from, b - a, t.decay, t.tp_replicated()});
+    const int64_t a = std::max(from, t.offset), b = std::min(to, t.offset + t.real);
+    if (a >= b) continue;
+    table.push_back({a - from, b - a, t.decay ? 1 : 0, !t.tp_replicated() || counts_replicated ? 1 : 0});
   }
+  segment_count_ = int(table.size());
+  backend.Upload(segments_, table.data(), int64_t(table.size()), stream);
+  stream.Synchronize();  // the host buffers are reused by the next unit
 }
 
-void FlatUnit::Gather(comm::Communicator* shard, runtime::Stream& comm, train::CommStats* seconds) {
-  comm.Enqueue([this, shard, seconds] {
-    const size_t padded = size_t(shard_numel_) * size_t(shard_size_);
-    params_ = static_cast<float*>(allocator_->Allocate(padded * sizeof(float), runtime::MemoryCategory::kGathered));
-    if (shard == nullptr) {
-      std::memcpy(params_, master_.data(), size_t(numel_) * sizeof(float));
-      return;
-    }
-    const Clock::time_point start = Clock::now();
-    shard->AllGather(master_.data(), params_, size_t(shard_numel_), comm::DataType::kFloat32)->Wait();
-    seconds->all_gather += SecondsSince(start);
-  });
-  ready_.Record(comm);
+template <class P>
+void FlatUnit<P>::Gather(Ptr<A> slot, comm::StreamCollectives* shard, kernels::Ops<P>& ops, runtime::Stream& comm) {
+  const int64_t n = shard_.shard_numel;
+  const Ptr<A> mine = slot + int64_t(shard_rank_) * n;
+  ops.Cast(mine, master_.get(), n, comm);
+  if (shard != nullptr) comm::AllGather<A>(*shard, mine, slot, size_t(n), comm);
+  ready_->Record(comm);
 }
 
-void FlatUnit::FreeParams(runtime::Stream& stream) {
-  stream.Enqueue([this] {
-    allocator_->Free(params_);
-    params_ = nullptr;
-  });
+template <class P>
+void FlatUnit<P>::ReduceGrads(Ptr<G> unsharded, Ptr<G> reduced, comm::StreamCollectives* shard, kernels::Ops<P>& ops,
+                              runtime::Stream& comm) {
+  if (shard == nullptr) return;  // the backward added into the shard's gradients
+  const int64_t n = shard_.shard_numel;
+  comm::ReduceScatter<G>(*shard, unsharded, reduced, size_t(n), comm::ReduceOp::kAverage, comm);
+  ops.Accumulate(grads_.get(), reduced, n, comm);
 }
 
-void FlatUnit::AllocateGrads() {
-  const size_t padded = size_t(shard_numel_) * size_t(shard_size_);
-  grads_ = static_cast<float*>(allocator_->Allocate(padded * sizeof(float), runtime::MemoryCategory::kGathered));
-  std::fill(grads_, grads_ + padded, 0.0f);
-}
-
-void FlatUnit::ReduceGrads(comm::Communicator* shard, runtime::Stream& comm, train::CommStats* seconds) {
-  comm.Enqueue([this, shard, seconds] {
-    float* g = grad_.data();
-    if (shard == nullptr) {
-      for (int64_t i = 0; i < numel_; ++i) g[i] += grads_[i];
-    } else {
-      float* reduced =
-          static_cast<float*>(allocator_->Allocate(size_t(shard_numel_) * sizeof(float), runtime::MemoryCategory::kComm));
-      const Clock::time_point start = Clock::now();
-      try {
-        shard->ReduceScatter(grads_, reduced, size_t(shard_numel_), comm::DataType::kFloat32, comm::ReduceOp::kAverage)
-            ->Wait();
-      } catch (...) {
-        allocator_->Free(reduced);
-        throw;
-      }
-      seconds->reduce_scatter += SecondsSince(start);
-      for (int64_t i = 0; i < shard_numel_; ++i) g[i] += reduced[i];
-      allocator_->Free(reduced);
-    }
-    allocator_->Free(grads_);
-    grads_ = nullptr;
-  });
-}
-
-void FlatUnit::AllReduceReplicas(comm::Communicator* replica, runtime::Stream& comm, train::CommStats* seconds) {
+template <class P>
+void FlatUnit<P>::AllReduceReplicas(comm::StreamCollectives* replica, runtime::Stream& comm) {
   if (replica == nullptr) return;
-  comm.Enqueue([this, replica, seconds] {
-    const Clock::time_point start = Clock::now();
-    replica->AllReduce(grad_.data(), grad_.data(), size_t(shard_numel_), comm::DataType::kFloat32,
-                       comm::ReduceOp::kAverage)
-        ->Wait();
-    seconds->all_reduce += SecondsSince(start);
-  });
+  comm::AllReduce<G>(*replica, grads_.get(), size_t(shard_.shard_numel), comm::ReduceOp::kAverage, comm);
 }
 
-void FlatUnit::ZeroShardGrads() { std::fill(grad_.begin(), grad_.end(), 0.0f); }
-
-double FlatUnit::ShardGradSquares(bool tp_replicated) const {
-  double squares = 0;
-  for (const Segment& seg : segments_) {
-    if (seg.tp_replicated && !tp_replicated) continue;
-    for (int64_t i = seg.offset; i < seg.offset + seg.size; ++i) squares += double(grad_[size_t(i)]) * grad_[size_t(i)];
-  }
-  return squares;
+template <class P>
+void FlatUnit<P>::ZeroShardGrads(runtime::Backend& backend, runtime::Stream& stream) {
+  backend.Zero(grads_.get(), shard_.shard_numel, stream);
 }
 
-void FlatUnit::Update(const train::OptimizerStep& s, float clip_scale) {
-  if (clip_scale != 1.0f) {
-    for (float& g : grad_) g *= clip_scale;
-  }
-  for (const Segment& seg : segments_) {
-    kernels::cpu::AdamWUpdate(master_.data() + seg.offset, grad_.data() + seg.offset, m_.data() + seg.offset,
-                              v_.data() + seg.offset, seg.size, s.learning_rate, s.beta1, s.beta2, s.epsilon,
-                              seg.decay ? s.weight_decay : 0.0f, s.t);
-  }
+template <class P>
+void FlatUnit<P>::AddSquares(Ptr<double> sum, kernels::Ops<P>& ops, runtime::Stream& stream) {
+  ops.SumSquares(sum, grads_.get(), segments_, segment_count_, stream);
 }
+
+template <class P>
+void FlatUnit<P>::Update(const kernels::AdamWStep& step, Ptr<const float> clip_scale, kernels::Ops<P>& ops,
+                         runtime::Stream& stream) {
+  ops.AdamW(master_.get(), nullptr, grads_.get(), m_.get(), v_.get(), segments_, segment_count_, step, clip_scale,
+            stream);
+}
+
+template class FlatUnit<kernels::Fp32>;
+template class FlatUnit<kernels::Bf16>;
+template class FlatUnit<kernels::Fp64>;
 
 }  // namespace meshtrain::parallel

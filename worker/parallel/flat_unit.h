@@ -1,33 +1,38 @@
 // One FSDP unit (DESIGN.md, "Who owns what in the engine"): a contiguous range of the
-// model's flat parameter buffer, padded to a multiple of the shard group size S and
-// split evenly, so shard s holds elements [s*n, (s+1)*n) of the padded unit.
+// model's flat parameter buffer, padded to a multiple of the shard group size S and split
+// evenly, so shard s holds elements [s*n, (s+1)*n) of the padded unit.
 //
-// The unit owns this rank's shard: fp32 master weights, fp32 gradients, AdamW m and v,
-// initialised from the counter-based RNG for exactly these elements. It also owns the
-// life cycle of its gathered copy, each step enqueued on a stream and ordered by events:
+// The unit owns this rank's shard in device memory: master weights, gradients and AdamW
+// m and v (Acc), initialised from the counter-based RNG for exactly these elements, and a
+// table of its segments (one per tensor it holds part of) for the optimizer. It also owns
+// the life cycle of its compute copy, each step enqueued on a stream and ordered by its
+// events; the engine lends it the buffers (two block slots, or the root's):
 //
-//   Gather         on the comm stream: allocate the unsharded parameters, all-gather, record ready()
-//   FreeParams     on the stream that used them last: return them to the allocator
-//   AllocateGrads  inside a compute task: zeroed unsharded gradients for the backward
-//   ReduceGrads    on the comm stream, once the caller has ordered it after the backward: reduce-scatter (mean over the shard
-//                  group) into the shard gradients (+=, so micro-batches accumulate), free
-//                  the unsharded gradients
-//   AllReduceReplicas  on the comm stream: the mean of the shard gradients over the replica group
+//   Gather         on the comm stream: the master shard cast to Act into its place in the
+//                  slot, all-gathered over the shard group in place; records ready()
+//   ReduceGrads    on the comm stream, after the caller has ordered it after the unit's
+//                  backward: the unsharded gradients reduce-scattered (mean over the shard
+//                  group) and added to the shard's (+=, so micro-batches accumulate). With
+//                  S = 1 the backward adds into the shard's gradients itself.
+//   AllReduceReplicas  on the comm stream: the mean of the shard gradients over replicas
 //
-// Both unsharded copies are counted as MemoryCategory::kGathered. With S = 1 and no
-// communicator, a gather is a copy and a reduce-scatter an add.
-// Thread-safety: the host enqueues; the stream tasks touch the unit in event order.
+// Padding (of the unit to S shards, and of the vocabulary) is zero and no segment covers
+// it, so it never trains.
+// Thread-safety: the host enqueues; the work runs in event order.
 
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
 
-#include "worker/comm/communicator.h"
+#include "worker/comm/stream_collectives.h"
+#include "worker/kernels/ops.h"
 #include "worker/model/parameters.h"
+#include "worker/runtime/backend.h"
+#include "worker/runtime/device_memory.h"
 #include "worker/runtime/memory.h"
-#include "worker/runtime/stream.h"
-#include "worker/train/replica.h"
 
 namespace meshtrain::parallel {
 
@@ -37,64 +42,69 @@ namespace meshtrain::parallel {
 struct UnitShard {
   int64_t unit_begin = 0, numel = 0;  // the unit: [unit_begin, unit_begin + numel)
   int64_t shard_numel = 0;            // every shard's size, padding included
-  int64_t begin = 0, real = 0;        // this shard's real elements: [begin, begin + real) of the unit
+  int64_t begin = 0, real = 0;        // this shard's elements of the unit: [begin, begin + real) of the unit
 };
 UnitShard ShardOfUnit(const model::ParameterLayout& layout, int index, int shard_size, int shard_rank);
 
+template <class P>
 class FlatUnit {
  public:
-  // Unit `index` of `layout`, sharded over `shard_size` ranks, this rank holding shard
-  // `shard_rank`. Initialises the master shard from `seed`.
+  using A = typename P::Act;
+  using G = typename P::Acc;
+  template <class T>
+  using Ptr = runtime::DevicePtr<T>;
+
+  // Unit `index` of `layout`, this rank holding shard `shard_rank` of `shard_size`; its
+  // segment table goes to `segments` (room for one per tensor of the unit), and every
+  // tensor each TP rank holds whole counts in the norm only when `counts_replicated`.
+  // Initialises the shard from `seed` with uploads on `stream`; the caller synchronizes
+  // `stream` before the host buffers of the upload go (the constructor's end).
   FlatUnit(const model::ParameterLayout& layout, int index, int shard_size, int shard_rank, uint64_t seed,
-           runtime::CachingAllocator* allocator);
+           bool counts_replicated, runtime::CachingAllocator* allocator, runtime::Backend& backend,
+           Ptr<kernels::ShardSegment> segments, runtime::Stream& stream);
 
   int index() const { return index_; }
-  int64_t begin() const { return begin_; }  // in the model's flat buffer
-  int64_t numel() const { return numel_; }
-  int64_t shard_numel() const { return shard_numel_; }
-  // This rank's real (unpadded) elements: [shard_begin, shard_begin + shard_real) of the unit.
-  int64_t shard_begin() const { return shard_begin_; }
-  int64_t shard_real() const { return shard_real_; }
+  int64_t begin() const { return shard_.unit_begin; }  // in the model's flat buffer
+  int64_t numel() const { return shard_.numel; }
+  int64_t shard_numel() const { return shard_.shard_numel; }
+  int64_t padded_numel() const { return shard_.shard_numel * shard_size_; }
+  // This rank's elements of the unit: [shard_begin, shard_begin + shard_real), and of them
+  // the runs that are the model's (not vocabulary padding), as offsets into the shard.
+  int64_t shard_begin() const { return shard_.begin; }
+  int64_t shard_real() const { return shard_.real; }
+  const std::vector<std::pair<int64_t, int64_t>>& model_runs() const { return model_runs_; }
 
-  // The unsharded copies; valid between Gather's ready() and FreeParams, and between
-  // AllocateGrads and ReduceGrads.
-  float* params() const { return params_; }
-  float* grads() const { return grads_; }
-  const runtime::Event& ready() const { return ready_; }
+  Ptr<G> master() const { return master_.get(); }
+  Ptr<G> grads() const { return grads_.get(); }
+  Ptr<G> adam_m() const { return m_.get(); }
+  Ptr<G> adam_v() const { return v_.get(); }
 
-  void Gather(comm::Communicator* shard, runtime::Stream& comm, train::CommStats* seconds);
-  void FreeParams(runtime::Stream& stream);
-  void AllocateGrads();
-  void ReduceGrads(comm::Communicator* shard, runtime::Stream& comm, train::CommStats* seconds);
-  void AllReduceReplicas(comm::Communicator* replica, runtime::Stream& comm, train::CommStats* seconds);
+  // Marks that the gather finished (comm), that the unit's backward finished (the engine
+  // records it on compute), and that its gradients were reduced (comm).
+  runtime::Event& ready() { return *ready_; }
+  runtime::Event& backward_done() { return *backward_done_; }
 
-  // This rank's optimizer state, shard_real() elements each (checkpoints save and restore it).
-  float* master() { return master_.data(); }
-  float* adam_m() { return m_.data(); }
-  float* adam_v() { return v_.data(); }
+  void Gather(Ptr<A> slot, comm::StreamCollectives* shard, kernels::Ops<P>& ops, runtime::Stream& comm);
+  // `reduced`: room for a shard of Acc, the reduce-scatter's output.
+  void ReduceGrads(Ptr<G> unsharded, Ptr<G> reduced, comm::StreamCollectives* shard, kernels::Ops<P>& ops,
+                   runtime::Stream& comm);
+  void AllReduceReplicas(comm::StreamCollectives* replica, runtime::Stream& comm);
 
-  void ZeroShardGrads();
-  // The sum of squares of this rank's shard gradients; of the tensors every TP rank holds
-  // whole, only with `tp_replicated` (so that the group counts them once).
-  double ShardGradSquares(bool tp_replicated = true) const;
-  // Gradients scaled by clip_scale, then AdamW on the shard (decay by tensor).
-  void Update(const train::OptimizerStep& step, float clip_scale);
+  void ZeroShardGrads(runtime::Backend& backend, runtime::Stream& stream);
+  // *sum += the squares of the shard's gradients the norm counts.
+  void AddSquares(Ptr<double> sum, kernels::Ops<P>& ops, runtime::Stream& stream);
+  // AdamW on the shard, the gradients times *clip_scale.
+  void Update(const kernels::AdamWStep& step, Ptr<const float> clip_scale, kernels::Ops<P>& ops,
+              runtime::Stream& stream);
 
  private:
-  struct Segment {  // a piece of one tensor inside the shard
-    int64_t offset, size;
-    bool decay, tp_replicated;
-  };
-
-  int index_;
-  int64_t begin_, numel_, shard_numel_, shard_begin_, shard_real_;
-  int shard_size_;
-  runtime::CachingAllocator* allocator_;
-  runtime::Buffer<float> master_, grad_, m_, v_;
-  std::vector<Segment> segments_;
-  float* params_ = nullptr;
-  float* grads_ = nullptr;
-  runtime::Event ready_;
+  int index_, shard_size_, shard_rank_;
+  UnitShard shard_;
+  std::vector<std::pair<int64_t, int64_t>> model_runs_;
+  runtime::DeviceArray<G> master_, grads_, m_, v_;
+  Ptr<kernels::ShardSegment> segments_;
+  int segment_count_ = 0;
+  std::unique_ptr<runtime::Event> ready_, backward_done_;
 };
 
 }  // namespace meshtrain::parallel

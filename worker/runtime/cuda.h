@@ -1,22 +1,26 @@
-// The CUDA side of the runtime (DESIGN.md, "Engine"): the device, streams and events
-// as the real CUDA objects, and the memory sources behind device and pinned-host
-// CachingAllocators. Built only when CUDA is found (MESHTRAIN_HAVE_CUDA).
+// The CUDA device backend (runtime/backend.h), part of the CUDA plugin: streams and
+// events are cudaStream_t and cudaEvent_t, device memory comes from cudaMalloc (taken
+// once, when the engine is built, through a CachingAllocator), pinned host memory from
+// cudaHostAlloc, and copies and fills are cudaMemcpyAsync and cudaMemsetAsync on the
+// stream. Built only when CUDA is found (MESHTRAIN_HAVE_CUDA).
 //
-// Stream and Event keep the contract of the CPU ones in stream.h (Record, Wait,
-// Query, Synchronize), so the engine's scheduling reads the same on either device.
-// Every failure throws CudaError naming the call, the device and CUDA's own words.
-// Thread-safety: Stream and Event may be used from any thread, as CUDA allows; the
-// current device is per host thread (UseDevice).
+// It keeps the contract of stream.h: Synchronize is bounded (a hung device becomes a
+// StreamTimeout naming the stream, not a hang), a failed kernel's error is thrown by the
+// next Synchronize, and timers are pairs of timing events read once their stream has
+// synchronized. Every failure throws CudaError naming the call, the device and CUDA's
+// own words.
+// Thread-safety: as backend.h; the current device is per host thread (UseDevice), and
+// the backend makes its device current in every thread that calls it.
 
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include <chrono>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
-#include "worker/runtime/memory.h"
+#include "worker/runtime/backend.h"
 
 namespace meshtrain::runtime::cuda {
 
@@ -25,7 +29,8 @@ class CudaError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Throws CudaError("<what>: <CUDA's message> (<error name>)") unless `status` is cudaSuccess.
+// Throws CudaError("<what> on device <d>: <CUDA's message> (<error name>)") unless
+// `status` is cudaSuccess.
 void Check(cudaError_t status, const std::string& what);
 
 // Devices the CUDA runtime sees: 0 without a driver or a device (never throws).
@@ -35,50 +40,11 @@ int DeviceCount();
 // how many devices there are when it does not exist.
 void UseDevice(int index);
 
-// Device memory (cudaMalloc) of the thread's current device, and page-locked host
-// memory (cudaMallocHost) for copies that overlap compute. For CachingAllocator.
-MemorySource DeviceMemory();
-MemorySource PinnedHostMemory();
+// The backend of device `index` (UseDevice(index) first).
+std::unique_ptr<Backend> MakeCudaBackend(int index);
 
-class Event;
-
-class Stream {
- public:
-  // A non-blocking stream on the current device; `name` goes into error messages.
-  explicit Stream(std::string name);
-  ~Stream();
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-
-  const std::string& name() const { return name_; }
-  cudaStream_t handle() const { return stream_; }
-  // Later work on this stream waits until `event`'s recorded point (cudaStreamWaitEvent).
-  void Wait(const Event& event);
-  // Blocks until everything enqueued so far has run; throws a failed kernel's error.
-  void Synchronize();
-
- private:
-  std::string name_;
-  cudaStream_t stream_ = nullptr;
-};
-
-class Event {
- public:
-  Event();  // timing disabled: a pure fence
-  ~Event();
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-
-  void Record(Stream& stream);
-  // True once the recorded point has been reached (or if never recorded).
-  bool Query() const;
-  // Polls until reached or `timeout` passes; true if reached. Bounded, unlike
-  // cudaEventSynchronize, so a hung device becomes an error rather than a hang.
-  bool Synchronize(std::chrono::milliseconds timeout = std::chrono::minutes(5)) const;
-  cudaEvent_t handle() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
+// The cudaStream_t behind a stream of the CUDA backend, for the kernels and NCCL.
+// Throws std::logic_error naming the stream when it belongs to another backend.
+cudaStream_t StreamHandle(Stream& stream);
 
 }  // namespace meshtrain::runtime::cuda

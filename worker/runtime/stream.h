@@ -1,94 +1,82 @@
-// Streams and events with CUDA semantics, on the CPU.
+// Streams, events and timers: the contract every device backend keeps (DESIGN.md, "The
+// device seam").
 //
-// A Stream is an ordered queue of tasks run by its own thread: work enqueued on one
-// stream runs in order, work on different streams runs concurrently. An Event marks a
-// point in a stream: Record() captures "everything enqueued so far", Stream::Wait()
-// makes later work on another stream wait for that point (cudaStreamWaitEvent), and
-// Synchronize() blocks the caller until it is reached. The engine schedules compute,
-// communication and copies on separate streams with these, on either device.
+// A Stream is an ordered queue of device work: work enqueued on one stream runs in order,
+// work on different streams may run concurrently. An Event marks a point in a stream:
+// Record() captures "everything enqueued so far", Stream::Wait() makes later work on
+// another stream wait for that point (cudaStreamWaitEvent), and Synchronize() blocks the
+// host until it is reached or a timeout passes. The engine schedules compute,
+// communication and copies on separate streams with these alone, on either device.
 //
-// Errors are sticky, as in CUDA: once a task throws, the stream skips the rest of its
-// queue and Synchronize() rethrows the first failure. Events recorded on a failed
-// stream are still reached, carrying the failure, and a stream that waits on one fails
-// with it: one failed collective fails every stream ordered after it, and nothing hangs.
-// Thread-safety: all methods may be called from any thread.
+// Errors are sticky, as in CUDA: once work on a stream fails, Synchronize() throws that
+// failure. On the CPU an event recorded on a failed stream is still reached and carries
+// the failure to the streams that wait on it, so nothing ordered after a failed
+// collective runs, and nothing hangs.
+//
+// A StreamTimer measures intervals of a stream's timeline: Begin and End are enqueued like
+// work, and Seconds() adds up the intervals that have completed. Around a Wait it gives
+// the time the stream stood still (exposed communication); around a copy, the copy.
+//
+// Implementations: cpu_stream.h (a task queue on a thread) and the CUDA plugin
+// (cudaStream_t, cudaEvent_t). Thread-safety: all methods may be called from any thread.
 
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
-#include <cstdint>
-#include <deque>
-#include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
+#include <stdexcept>
 #include <string>
-#include <thread>
 
 namespace meshtrain::runtime {
+
+using std::chrono::milliseconds;
+
+// A bound long enough never to end a healthy step, for callers that have none of their own.
+inline constexpr milliseconds kNoTimeout = std::chrono::hours(24);
+
+// What Synchronize throws when the work did not finish in time; what() names the stream.
+class StreamTimeout : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 class Stream;
 
 class Event {
  public:
-  Event();
-
+  virtual ~Event() = default;
   // Marks the current end of `stream`'s queue. Re-recording moves the mark.
-  void Record(Stream& stream);
+  virtual void Record(Stream& stream) = 0;
   // True once the last recorded point has been reached (or if never recorded).
-  bool Query() const;
+  virtual bool Query() = 0;
   // Blocks until the last recorded point is reached, or `timeout` passes; true if reached.
-  bool Synchronize(std::chrono::milliseconds timeout = std::chrono::hours(24)) const;
-
- private:
-  friend class Stream;
-  struct State {
-    std::mutex mutex;
-    std::condition_variable reached;
-    uint64_t recorded = 0;  // generation of the last Record()
-    uint64_t completed = 0;  // highest generation reached
-    std::exception_ptr error;  // of the stream that reached it, if that stream had failed
-  };
-  std::shared_ptr<State> state_;
+  virtual bool Synchronize(milliseconds timeout) = 0;
 };
 
 class Stream {
  public:
-  explicit Stream(std::string name);
-  // Runs what is queued, then stops the thread.
-  ~Stream();
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
+  virtual ~Stream() = default;  // lets what is queued finish first
+  virtual const std::string& name() const = 0;
+  // Later work on this stream waits until `event`'s current mark is reached.
+  virtual void Wait(Event& event) = 0;
+  // Blocks until everything enqueued so far has run. Throws the stream's first failure,
+  // or StreamTimeout naming the stream when `timeout` passes first.
+  virtual void Synchronize(milliseconds timeout = kNoTimeout) = 0;
+  // Runs `callback` on a host thread once the work enqueued before it has run. For
+  // observers only: it must not enqueue work or touch device memory.
+  virtual void HostCallback(std::function<void()> callback) = 0;
+};
 
-  const std::string& name() const { return name_; }
-
-  void Enqueue(std::function<void()> task);
-  // Later work on this stream waits until `event`'s current mark is reached. With
-  // `waited_seconds`, the stream's thread adds the time it spent blocked there (read it
-  // after a Synchronize).
-  void Wait(const Event& event, double* waited_seconds = nullptr);
-  // Blocks until everything enqueued so far has run; rethrows a task's failure.
-  void Synchronize();
-
- private:
-  friend class Event;
-  // A task that runs even on a failed stream, given its failure (null if none).
-  struct Task {
-    std::function<void()> run;
-    std::function<void(std::exception_ptr)> mark;
-  };
-  void Push(Task task);
-  void Loop();
-
-  std::string name_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::deque<Task> queue_;
-  uint64_t enqueued_ = 0, finished_ = 0;
-  std::exception_ptr error_;
-  bool stopping_ = false;
-  std::thread thread_;
+class StreamTimer {
+ public:
+  virtual ~StreamTimer() = default;
+  // Begin and End alternate, on one stream at a time.
+  virtual void Begin(Stream& stream) = 0;
+  virtual void End(Stream& stream) = 0;
+  // The total of the intervals ended so far. REQUIRES: the streams they ran on have been
+  // synchronized since the last End.
+  virtual double Seconds() = 0;
 };
 
 }  // namespace meshtrain::runtime

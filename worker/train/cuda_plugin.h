@@ -1,5 +1,8 @@
 // The CUDA half of the engine is a plugin, libmeshtrain-cuda.so, which meshtrain and
-// meshtrain-worker load when a job trains on a GPU (DESIGN.md, "Engine").
+// meshtrain-worker load when a job trains on a GPU (DESIGN.md, "The device seam"). It
+// exports what sits below the seam: the CUDA device backend, the bf16 kernel table and
+// NCCL's stream-ordered collectives. The engine itself (parallel/) lives in the programs,
+// one for every device.
 //
 // Why not link it in: a program linked with cuBLAS cannot start where the CUDA
 // libraries are missing, and cuBLASLt's 92 KiB of static thread-local storage leaves
@@ -12,14 +15,18 @@
 
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 
-#include "api/model_shape.h"
+#include "api/rank_table.h"
+#include "worker/comm/store.h"
+#include "worker/comm/stream_collectives.h"
+#include "worker/kernels/ops.h"
+#include "worker/runtime/backend.h"
 #include "worker/runtime/device_peak.h"
 #include "worker/runtime/memory.h"
-#include "worker/train/replica.h"
 
 namespace meshtrain::train {
 
@@ -35,9 +42,19 @@ struct CudaPlugin {
   // Name, SMs, clock and compute capability; throws runtime::cuda::CudaError for a
   // missing device.
   runtime::CudaDeviceFacts (*device_facts)(int device);
-  // A bf16 replica on `device` (made the calling thread's current device).
-  std::unique_ptr<Replica> (*make_replica)(int device, const api::ModelShape& shape, int batch, int seq,
-                                           uint64_t seed, runtime::MemoryAccounting* accounting);
+  // The backend of CUDA device `device`, which becomes the calling thread's current
+  // device. Throws runtime::cuda::CudaError for a device that does not exist.
+  std::unique_ptr<runtime::Backend> (*make_backend)(int device);
+  // The bf16 kernel table on `backend`'s device; its own device memory (library
+  // workspaces) comes from `allocator`, a CachingAllocator over backend.DeviceMemory().
+  std::unique_ptr<kernels::Ops<kernels::Bf16>> (*make_ops)(runtime::Backend& backend,
+                                                          runtime::CachingAllocator* allocator);
+  // NCCL over the world of `table` on `device` as stream-ordered collectives, every
+  // operation bounded by `timeout`: rank 0 makes the unique id and shares it through
+  // `store`. Every rank calls it; throws comm::CommError when NCCL cannot connect.
+  std::unique_ptr<comm::StreamCollectives> (*connect_nccl)(const api::RankTable& table, int rank,
+                                                           std::shared_ptr<comm::StoreClient> store, int device,
+                                                           std::chrono::milliseconds timeout);
   // Seconds that one bf16 product (tokens x k)(k x n)^T and its two backward products
   // take on `device`, measured there: the matrix rate a step's products could reach.
   double (*matmul_seconds)(int device, int tokens, int k, int n);

@@ -1,9 +1,11 @@
 #include "worker/train/cuda_probe.h"
 
 #include <chrono>
+#include <memory>
 
-#include "worker/kernels/cuda/kernels.h"
+#include "worker/kernels/cuda/cuda_ops.h"
 #include "worker/runtime/cuda.h"
+#include "worker/runtime/device_memory.h"
 
 namespace meshtrain::train {
 
@@ -24,37 +26,33 @@ runtime::CudaDeviceFacts ProbeDeviceFacts(int device) {
 }
 
 double ProbeMatmulSeconds(int device, int tokens, int k, int n) {
-  namespace kc = kernels::cuda;
-  runtime::cuda::UseDevice(device);
+  const std::unique_ptr<runtime::Backend> backend = runtime::cuda::MakeCudaBackend(device);
   runtime::MemoryAccounting accounting;
-  runtime::CachingAllocator allocator(&accounting, runtime::cuda::DeviceMemory());
-  runtime::cuda::Stream stream("matmul rate");
-  kc::Blas blas;
-  auto take = [&](int64_t count) {
-    auto* p = static_cast<kc::bf16*>(
-        allocator.Allocate(size_t(count) * sizeof(kc::bf16), runtime::MemoryCategory::kActivations));
-    Check(cudaMemsetAsync(p, 0x3c, size_t(count) * sizeof(kc::bf16), stream.handle()), "filling a matrix");
-    return p;
+  runtime::CachingAllocator allocator(&accounting, backend->DeviceMemory());
+  const std::unique_ptr<kernels::Ops<kernels::Bf16>> ops = kernels::cuda::MakeCudaOps(*backend, &allocator);
+  const std::unique_ptr<runtime::Stream> stream = backend->NewStream("matmul rate");
+  using runtime::bf16;
+  using runtime::MemoryCategory;
+  auto matrix = [&](int64_t count) {
+    runtime::DeviceArray<bf16> m(&allocator, count, MemoryCategory::kActivations);
+    backend->Fill(m.get(), 0x3c, m.bytes(), *stream);  // 0x3c3c: 0.0115, never zero
+    return m;
   };
-  kc::bf16 *in = take(int64_t(tokens) * k), *w = take(int64_t(n) * k), *out = take(int64_t(tokens) * n),
-           *din = take(int64_t(tokens) * k);
-  auto* dw = static_cast<float*>(allocator.Allocate(size_t(n) * k * sizeof(float), runtime::MemoryCategory::kGrads));
+  runtime::DeviceArray<bf16> in = matrix(int64_t(tokens) * k), w = matrix(int64_t(n) * k),
+                             out = matrix(int64_t(tokens) * n), din = matrix(int64_t(tokens) * k);
+  runtime::DeviceArray<float> dw(&allocator, int64_t(n) * k, MemoryCategory::kGrads);
+  backend->Zero(dw.get(), dw.size(), *stream);
   auto product = [&] {
-    kc::MatmulForward(blas, out, in, w, nullptr, tokens, k, n, stream.handle());
-    kc::MatmulBackward(blas, din, dw, nullptr, out, in, w, tokens, k, n, stream.handle());
+    ops->MatmulForward(out.get(), nullptr, in.get(), w.get(), nullptr, tokens, k, n, *stream);
+    ops->MatmulBackward(din.get(), dw.get(), nullptr, out.get(), in.get(), w.get(), nullptr, tokens, k, n, *stream);
   };
-  product();  // warm up: cuBLAS picks its kernels
-  stream.Synchronize();
+  product();  // warm up: cuBLASLt picks its kernels
+  stream->Synchronize();
   constexpr int kRepeats = 20;
   const auto start = std::chrono::steady_clock::now();
   for (int r = 0; r < kRepeats; ++r) product();
-  stream.Synchronize();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kRepeats;
-  for (void* p : {static_cast<void*>(in), static_cast<void*>(w), static_cast<void*>(out), static_cast<void*>(din),
-                  static_cast<void*>(dw)}) {
-    allocator.Free(p);
-  }
-  return seconds;
+  stream->Synchronize();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kRepeats;
 }
 
 }  // namespace meshtrain::train

@@ -12,7 +12,7 @@
 #include "worker/comm/fabric/exchange.h"
 #include "worker/comm/fabric/shared_memory.h"
 #include "worker/comm/work.h"
-#include "worker/runtime/stream.h"
+#include "worker/runtime/cpu_stream.h"
 
 namespace meshtrain::comm {
 
@@ -298,7 +298,7 @@ class FabricCommunicator : public Communicator {
   uint32_t sequence_ = 0;
   std::map<int, uint32_t> sent_, received_;  // point-to-point messages per peer
   std::string broken_;
-  runtime::Stream stream_;  // last: stops (finishing queued work) before the rest goes
+  runtime::CpuStream stream_;  // last: stops (finishing queued work) before the rest goes
 };
 
 }  // namespace

@@ -5,90 +5,72 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 
+#include "worker/comm/nccl/nccl_handle.h"
 #include "worker/runtime/memory.h"
 
 namespace meshtrain::comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-ncclDataType_t NcclType(DataType type) {
-  switch (type) {
-    case DataType::kFloat32: return ncclFloat32;
-    case DataType::kBFloat16: return ncclBfloat16;
-    case DataType::kFloat16: return ncclFloat16;
-    case DataType::kInt32: return ncclInt32;
-    case DataType::kInt64: return ncclInt64;
-  }
-  return ncclFloat32;
-}
+using nccl::FormatDuration;
+using nccl::NcclHandle;
 
 void CheckCuda(cudaError_t result, const std::string& what) {
-  if (result != cudaSuccess) throw CommError(what + ": " + cudaGetErrorString(result));
-}
-
-// NCCL calls on a non-blocking communicator may answer ncclInProgress; that is fine.
-void CheckNccl(ncclResult_t result, const std::string& what) {
-  if (result != ncclSuccess && result != ncclInProgress) {
-    throw CommError(what + ": " + ncclGetErrorString(result));
+  if (result != cudaSuccess) {
+    cudaGetLastError();  // clears an error that is not sticky
+    throw CommError(what + ": " + cudaGetErrorString(result));
   }
 }
 
-// Waits until `comm` has finished initialising (or splitting), up to `timeout`.
-void AwaitReady(ncclComm_t comm, milliseconds timeout, const std::string& what) {
-  Clock::time_point deadline = Clock::now() + timeout;
+// Polls `event` until it is reached or `timeout` passes; true if reached. A CUDA failure
+// counts as reached: the caller only needs to know the stream is no longer running.
+bool ReachedWithin(cudaEvent_t event, milliseconds timeout) {
+  const Clock::time_point deadline = Clock::now() + timeout;
+  std::chrono::microseconds pause{1};
   for (;;) {
-    ncclResult_t state = ncclInProgress;
-    CheckNccl(ncclCommGetAsyncError(comm, &state), what);
-    if (state == ncclSuccess) return;
-    if (state != ncclInProgress) throw CommError(what + ": " + ncclGetErrorString(state));
-    if (Clock::now() > deadline) {
-      ncclCommAbort(comm);
-      throw CommError(what + ": not ready after " + std::to_string(timeout.count()) + " ms");
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (cudaEventQuery(event) != cudaErrorNotReady) return true;
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
   }
 }
 
 class NcclWork : public Work {
  public:
-  NcclWork(ncclComm_t comm, cudaEvent_t event, std::string what, milliseconds op_timeout)
-      : comm_(comm), event_(event), what_(std::move(what)), op_timeout_(op_timeout),
+  NcclWork(std::shared_ptr<NcclHandle> handle, cudaEvent_t event, std::string what, milliseconds op_timeout)
+      : handle_(std::move(handle)), event_(event), what_(std::move(what)), op_timeout_(op_timeout),
         started_(Clock::now()) {}
   ~NcclWork() override { cudaEventDestroy(event_); }
 
   void Wait(milliseconds timeout) override {
-    Clock::time_point deadline = std::min(Clock::now() + timeout, started_ + op_timeout_);
+    const Clock::time_point deadline = std::min(Clock::now() + timeout, started_ + op_timeout_);
+    std::chrono::microseconds pause{1};
     for (;;) {
-      cudaError_t query = cudaEventQuery(event_);
+      const cudaError_t query = cudaEventQuery(event_);
       if (query == cudaSuccess) return;
       if (query != cudaErrorNotReady) CheckCuda(query, what_);
-      ncclResult_t state = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &state);
-      if (state != ncclSuccess && state != ncclInProgress) {
-        throw CommError(what_ + ": " + ncclGetErrorString(state));
-      }
-      if (Clock::now() > deadline) {
-        if (Clock::now() > started_ + op_timeout_) {
-          ncclCommAbort(comm_);  // a stuck peer: free the GPU, fail every later call
-          throw CommError(what_ + ": timed out after " + std::to_string(op_timeout_.count()) +
-                          " ms; the communicator was aborted");
+      if (std::string failure = handle_->Failure(); !failure.empty()) throw CommError(what_ + ": " + failure);
+      if (Clock::now() >= deadline) {
+        if (Clock::now() >= started_ + op_timeout_) {
+          handle_->Abort();  // a stuck peer: free the GPU, fail every later call
+          throw CommError(what_ + ": timed out after " + FormatDuration(op_timeout_) +
+                          "; the communicator was aborted");
         }
-        throw CommError(what_ + ": not finished after " + std::to_string(timeout.count()) +
-                        " ms of waiting");
+        throw CommError(what_ + ": not finished after " + FormatDuration(timeout) + " of waiting");
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
     }
   }
 
   bool IsCompleted() override { return cudaEventQuery(event_) == cudaSuccess; }
-  cudaEvent_t event() const { return event_; }
 
  private:
-  ncclComm_t comm_;
+  std::shared_ptr<NcclHandle> handle_;  // outlives the communicator while the Work does
   cudaEvent_t event_;
   std::string what_;
   milliseconds op_timeout_;
@@ -97,63 +79,83 @@ class NcclWork : public Work {
 
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, Group group, NcclOptions options)
-      : comm_(comm), group_(std::move(group)), options_(options) {
-    CheckCuda(cudaSetDevice(options_.device), "cudaSetDevice");
+  NcclCommunicator(std::shared_ptr<NcclHandle> handle, Group group, NcclOptions options)
+      : handle_(std::move(handle)), group_(std::move(group)), options_(options) {
+    CheckCuda(cudaSetDevice(options_.device), "cudaSetDevice(" + std::to_string(options_.device) + ")");
     CheckCuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the comm stream");
+    CheckCuda(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming), "creating the comm stream's event");
+    CheckCuda(cudaEventCreateWithFlags(&drained_, cudaEventDisableTiming), "creating the comm stream's event");
     CheckCuda(cudaMalloc(&barrier_, sizeof(int)), "allocating the barrier word");
   }
+
+  // Lets the comm stream finish, for at most the operation timeout; when it does not (a
+  // stuck peer), aborts the communicator, which stops its kernels, rather than hang.
   ~NcclCommunicator() override {
-    cudaStreamSynchronize(stream_);
-    ncclCommDestroy(comm_);
+    cudaSetDevice(options_.device);
+    const bool drained = cudaEventRecord(drained_, stream_) == cudaSuccess && ReachedWithin(drained_, options_.timeout);
+    if (drained) {
+      handle_->Close(options_.timeout);
+    } else {
+      handle_->Abort();
+    }
     cudaFree(barrier_);
+    cudaEventDestroy(drained_);
+    cudaEventDestroy(compute_ready_);
     cudaStreamDestroy(stream_);
+    cudaGetLastError();
   }
 
   const Group& group() const override { return group_; }
   cudaStream_t stream() const { return stream_; }
-  void set_compute(cudaStream_t compute) { compute_ = compute; }
+  void set_compute(cudaStream_t compute) {
+    std::lock_guard lock(issue_mutex_);
+    compute_ = compute;
+  }
 
   std::shared_ptr<Work> AllGather(const void* send, void* recv, size_t count, DataType type) override {
-    return Issue("all_gather", count * size() * ElementSize(type), type, [&] {
-      return ncclAllGather(send, recv, count, NcclType(type), comm_, stream_);
+    return Issue("all_gather", count * size() * ElementSize(type), type, [&](ncclComm_t comm) {
+      return ncclAllGather(send, recv, count, nccl::NcclType(type), comm, stream_);
     });
   }
   std::shared_ptr<Work> ReduceScatter(const void* send, void* recv, size_t count, DataType type,
                                       ReduceOp op) override {
-    return Issue(std::string("reduce_scatter(") + ReduceOpName(op) + ")", count * size() * ElementSize(type), type, [&] {
-      return ncclReduceScatter(send, recv, count, NcclType(type), Op(op), comm_, stream_);
-    });
+    return Issue(std::string("reduce_scatter(") + ReduceOpName(op) + ")", count * size() * ElementSize(type), type,
+                 [&](ncclComm_t comm) {
+                   return ncclReduceScatter(send, recv, count, nccl::NcclType(type), nccl::NcclOp(op), comm, stream_);
+                 });
   }
   std::shared_ptr<Work> AllReduce(const void* send, void* recv, size_t count, DataType type,
                                   ReduceOp op) override {
-    return Issue(std::string("all_reduce(") + ReduceOpName(op) + ")", count * ElementSize(type), type, [&] {
-      return ncclAllReduce(send, recv, count, NcclType(type), Op(op), comm_, stream_);
-    });
+    return Issue(std::string("all_reduce(") + ReduceOpName(op) + ")", count * ElementSize(type), type,
+                 [&](ncclComm_t comm) {
+                   return ncclAllReduce(send, recv, count, nccl::NcclType(type), nccl::NcclOp(op), comm, stream_);
+                 });
   }
   std::shared_ptr<Work> Broadcast(const void* send, void* recv, size_t count, DataType type,
                                   int root) override {
-    return Issue("broadcast(root " + std::to_string(root) + ")", count * ElementSize(type), type, [&] {
-      return ncclBroadcast(send, recv, count, NcclType(type), root, comm_, stream_);
-    });
+    return Issue("broadcast(root " + std::to_string(root) + ")", count * ElementSize(type), type,
+                 [&](ncclComm_t comm) {
+                   return ncclBroadcast(send, recv, count, nccl::NcclType(type), root, comm, stream_);
+                 });
   }
   std::shared_ptr<Work> Barrier() override {
-    return Issue("barrier", 0, DataType::kInt32, [&] {
-      return ncclAllReduce(barrier_, barrier_, 1, ncclInt32, ncclSum, comm_, stream_);
+    return Issue("barrier", 0, DataType::kInt32, [&](ncclComm_t comm) {
+      return ncclAllReduce(barrier_, barrier_, 1, ncclInt32, ncclSum, comm, stream_);
     });
   }
   std::shared_ptr<Work> Send(const void* buf, size_t count, DataType type, int peer) override {
-    return Issue("send to " + std::to_string(peer), count * ElementSize(type), type, [&] {
-      return ncclSend(buf, count, NcclType(type), peer, comm_, stream_);
+    return Issue("send to " + std::to_string(peer), count * ElementSize(type), type, [&](ncclComm_t comm) {
+      return ncclSend(buf, count, nccl::NcclType(type), peer, comm, stream_);
     });
   }
   std::shared_ptr<Work> Recv(void* buf, size_t count, DataType type, int peer) override {
-    return Issue("recv from " + std::to_string(peer), count * ElementSize(type), type, [&] {
-      return ncclRecv(buf, count, NcclType(type), peer, comm_, stream_);
+    return Issue("recv from " + std::to_string(peer), count * ElementSize(type), type, [&](ncclComm_t comm) {
+      return ncclRecv(buf, count, nccl::NcclType(type), peer, comm, stream_);
     });
   }
 
   void* AllocateBuffer(size_t bytes) override {
+    CheckCuda(cudaSetDevice(options_.device), "cudaSetDevice(" + std::to_string(options_.device) + ")");
     void* memory = nullptr;
     CheckCuda(cudaMalloc(&memory, bytes), "cudaMalloc of " + runtime::FormatBytes(bytes));
     return memory;
@@ -162,44 +164,53 @@ class NcclCommunicator : public Communicator {
 
   std::unique_ptr<Communicator> NewGroup(const std::vector<int>& members,
                                          const std::string& name) override {
-    bool member = std::find(members.begin(), members.end(), rank()) != members.end();
+    const bool member = std::find(members.begin(), members.end(), rank()) != members.end();
+    const std::string what = "ncclCommSplit of group " + group_.Describe() + " into " + name;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclComm_t child = nullptr;
-    std::string what = "ncclCommSplit for group " + name;
-    CheckNccl(ncclCommSplit(comm_, member ? members.front() : NCCL_SPLIT_NOCOLOR, rank(), &child, &config), what);
-    AwaitReady(comm_, options_.timeout, what);
+    std::lock_guard lock(issue_mutex_);
+    handle_->Run(what, options_.timeout, [&](ncclComm_t parent) {
+      return ncclCommSplit(parent, member ? members.front() : NCCL_SPLIT_NOCOLOR, rank(), &child, &config);
+    });
     if (!member) return nullptr;
-    AwaitReady(child, options_.timeout, what);
-    return std::make_unique<NcclCommunicator>(child, group_.Subgroup(name, members), options_);
+    auto child_handle = std::make_shared<NcclHandle>(child);
+    child_handle->AwaitReady(what, "the members did not all join", options_.timeout);
+    return std::make_unique<NcclCommunicator>(std::move(child_handle), group_.Subgroup(name, members), options_);
   }
 
  private:
-  static ncclRedOp_t Op(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclAvg; }
-
   template <class Call>
   std::shared_ptr<Work> Issue(const std::string& op, size_t bytes, DataType type, Call call) {
-    std::string what = op + " of " + runtime::FormatBytes(bytes) + " " + DataTypeName(type) +
-                       " on group " + group_.Describe() + " (nccl)";
+    const std::string what = op + " of " + runtime::FormatBytes(bytes) + " " + DataTypeName(type) + " on group " +
+                             group_.Describe() + " (nccl)";
+    // One issuer at a time, so that operations reach NCCL in the order of the calls and
+    // each is enqueued before its done event is recorded.
+    std::lock_guard lock(issue_mutex_);
+    CheckCuda(cudaSetDevice(options_.device), what);
     if (compute_ != nullptr) {  // inputs come from compute: wait for it on the GPU
-      cudaEvent_t ready;
-      CheckCuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), what);
-      CheckCuda(cudaEventRecord(ready, compute_), what);
-      CheckCuda(cudaStreamWaitEvent(stream_, ready, 0), what);
-      cudaEventDestroy(ready);
+      CheckCuda(cudaEventRecord(compute_ready_, compute_), what);
+      CheckCuda(cudaStreamWaitEvent(stream_, compute_ready_, 0), what);
     }
-    CheckNccl(call(), what);
+    // Polls NCCL's asynchronous error first, and returns once NCCL has really enqueued
+    // the operation (a non-blocking communicator may answer ncclInProgress before).
+    handle_->Run(what, options_.timeout, call);
     cudaEvent_t done;
     CheckCuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), what);
-    CheckCuda(cudaEventRecord(done, stream_), what);
-    return std::make_shared<NcclWork>(comm_, done, what, options_.timeout);
+    const cudaError_t recorded = cudaEventRecord(done, stream_);
+    if (recorded != cudaSuccess) cudaEventDestroy(done);
+    CheckCuda(recorded, what);
+    return std::make_shared<NcclWork>(handle_, done, what, options_.timeout);
   }
 
-  ncclComm_t comm_;
+  std::shared_ptr<NcclHandle> handle_;
   Group group_;
   NcclOptions options_;
+  std::mutex issue_mutex_;
   cudaStream_t stream_ = nullptr;
   cudaStream_t compute_ = nullptr;
+  cudaEvent_t compute_ready_ = nullptr;
+  cudaEvent_t drained_ = nullptr;
   int* barrier_ = nullptr;
 };
 
@@ -213,21 +224,31 @@ std::unique_ptr<Communicator> ConnectNccl(const api::RankTable& table, int rank,
   ncclUniqueId id;
   const std::string key = "meshtrain/nccl/unique-id";
   if (rank == 0) {
-    CheckNccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    const ncclResult_t made = ncclGetUniqueId(&id);
+    if (made != ncclSuccess) throw CommError(std::string("ncclGetUniqueId: ") + ncclGetErrorString(made));
     store->Set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
   } else {
-    std::string bytes = store->Get(key, options.timeout);
+    std::string bytes;
+    try {
+      bytes = store->Get(key, options.timeout);
+    } catch (const StoreError& e) {
+      throw CommError("rank " + std::to_string(rank) + " of group " + world.Describe() +
+                      ": waiting for rank 0's NCCL unique id: " + e.what());
+    }
     if (bytes.size() != sizeof(id)) throw CommError("the NCCL unique id in the Store has the wrong size");
     std::memcpy(&id, bytes.data(), sizeof(id));
   }
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t comm = nullptr;
-  std::string what = "ncclCommInitRankConfig (rank " + std::to_string(rank) + " of " +
-                     std::to_string(world.size()) + ")";
-  CheckNccl(ncclCommInitRankConfig(&comm, world.size(), id, rank, &config), what);
-  AwaitReady(comm, options.timeout, what);
-  return std::make_unique<NcclCommunicator>(comm, std::move(world), options);
+  const std::string what = "connecting NCCL: rank " + std::to_string(rank) + " of group " + world.Describe();
+  const ncclResult_t started = ncclCommInitRankConfig(&comm, world.size(), id, rank, &config);
+  if (started != ncclSuccess && started != ncclInProgress) {
+    throw CommError(what + ": ncclCommInitRankConfig: " + ncclGetErrorString(started));
+  }
+  auto handle = std::make_shared<NcclHandle>(comm);
+  handle->AwaitReady(what, "the " + std::to_string(world.size()) + " ranks did not all connect", options.timeout);
+  return std::make_unique<NcclCommunicator>(std::move(handle), std::move(world), options);
 }
 
 void SetComputeStream(Communicator& communicator, cudaStream_t compute) {

@@ -5,395 +5,498 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "worker/kernels/dropout.h"
+#include "worker/runtime/bf16.h"
 
 namespace meshtrain::kernels::cpu {
 namespace {
 
-// Row-major C (M,N) = alpha * op(A) @ op(B) + beta * C.
-void Gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
-          float beta, float* C, int ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
-              lda, B, ldb, beta, C, ldc);
+using runtime::bf16;
+
+template <class G, class A>
+G Load(A x) {
+  return static_cast<G>(x);
 }
-void Gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda, const double* B,
-          int ldb, double beta, double* C, int ldc) {
-  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
-              lda, B, ldb, beta, C, ldc);
+
+// Row-major C (M,N) = alpha * op(A) @ op(B) + beta * C.
+void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(M), int(N),
+              int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+}
+void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
+          const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(M), int(N),
+              int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+}
+
+// Per-thread scratch in the compute type, reused from call to call (the emulation's
+// products run on widened copies of their bf16 operands).
+template <class G>
+G* Scratch(int slot, int64_t n) {
+  thread_local std::vector<G> slots[4];
+  std::vector<G>& s = slots[slot];
+  if (int64_t(s.size()) < n) s.resize(size_t(n));
+  return s.data();
+}
+
+// x as an array of G: itself when A is G, else a widened copy in scratch `slot`.
+template <class G, class A>
+const G* Widen(const A* x, int64_t n, int slot) {
+  if constexpr (std::is_same_v<A, G>) {
+    return x;
+  } else {
+    G* wide = Scratch<G>(slot, n);
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; ++i) wide[i] = Load<G>(x[i]);
+    return wide;
+  }
+}
+
+template <class G>
+constexpr G kGeluScale = G(0.7978845608028654);  // sqrt(2/pi)
+
+template <class G>
+G Gelu(G x) {
+  return G(0.5) * x * (G(1) + std::tanh(kGeluScale<G> * (x + G(0.044715) * x * x * x)));
+}
+
+template <class G>
+G GeluDerivative(G x) {
+  const G tanh_out = std::tanh(kGeluScale<G> * (x + G(0.044715) * x * x * x));
+  const G sech2 = G(1) - tanh_out * tanh_out;
+  return G(0.5) * (G(1) + tanh_out) + x * G(0.5) * sech2 * kGeluScale<G> * (G(1) + G(3) * G(0.044715) * x * x);
+}
+
+bool InSlice(int32_t token, int64_t v_begin, int64_t v_rows) { return token >= v_begin && token < v_begin + v_rows; }
+
+}  // namespace
+
+template <class A, class G>
+void EncoderForward(A* out, const int32_t* tokens, const A* wte, const A* wpe, int B, int T, int C, int64_t v_begin,
+                    int64_t v_rows) {
+#pragma omp parallel for
+  for (int64_t row = 0; row < int64_t(B) * T; ++row) {
+    A* o = out + row * C;
+    const int32_t token = tokens[row];
+    const A* e = InSlice(token, v_begin, v_rows) ? wte + (token - v_begin) * C : nullptr;
+    const A* p = wpe ? wpe + (row % T) * C : nullptr;
+    for (int i = 0; i < C; ++i) o[i] = A((e ? Load<G>(e[i]) : G(0)) + (p ? Load<G>(p[i]) : G(0)));
+  }
+}
+
+template <class A, class G>
+void EncoderBackward(G* dwte, G* dwpe, const A* dout, const int32_t* tokens, int B, int T, int C, int64_t v_begin,
+                     int64_t v_rows) {
+  // Serial: positions share token rows and position rows, and the order is fixed.
+  for (int64_t row = 0; row < int64_t(B) * T; ++row) {
+    const A* d = dout + row * C;
+    const int32_t token = tokens[row];
+    if (InSlice(token, v_begin, v_rows)) {
+      G* e = dwte + (token - v_begin) * C;
+      for (int i = 0; i < C; ++i) e[i] += Load<G>(d[i]);
+    }
+    if (dwpe) {
+      G* p = dwpe + (row % T) * C;
+      for (int i = 0; i < C; ++i) p[i] += Load<G>(d[i]);
+    }
+  }
+}
+
+namespace {
+
+// One row's LayerNorm over x as stored.
+template <class A, class G>
+void NormalizeRow(A* out, G* mean, G* rstd, const A* x, const A* weight, const A* bias, int C) {
+  G m = 0;
+  for (int i = 0; i < C; ++i) m += Load<G>(x[i]);
+  m /= C;
+  G var = 0;
+  for (int i = 0; i < C; ++i) var += (Load<G>(x[i]) - m) * (Load<G>(x[i]) - m);
+  var /= C;
+  const G s = G(1) / std::sqrt(var + G(1e-5));
+  for (int i = 0; i < C; ++i) out[i] = A((s * (Load<G>(x[i]) - m)) * Load<G>(weight[i]) + Load<G>(bias[i]));
+  *mean = m;
+  *rstd = s;
 }
 
 }  // namespace
 
-template <class T>
-void EncoderForward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int Tn, int C, int v_begin,
-                    int v_end) {
-#pragma omp parallel for collapse(2)
-  for (int b = 0; b < B; ++b) {
-    for (int t = 0; t < Tn; ++t) {
-      T* out_bt = out + (int64_t(b) * Tn + t) * C;
-      const int token = inp[b * Tn + t];
-      const T* wte_ix = token >= v_begin && token < v_end ? wte + int64_t(token - v_begin) * C : nullptr;
-      const T* wpe_t = wpe ? wpe + int64_t(t) * C : nullptr;
-      for (int i = 0; i < C; ++i) {
-        out_bt[i] = wte_ix && wpe_t ? wte_ix[i] + wpe_t[i] : wte_ix ? wte_ix[i] : wpe_t ? wpe_t[i] : T(0);
-      }
-    }
-  }
-}
-
-template <class T>
-void EncoderBackward(T* dwte, T* dwpe, const T* dout, const int32_t* inp, int B, int Tn, int C, int v_begin,
-                     int v_end) {
-  // Serial: different positions can share a token row of dwte.
-  for (int b = 0; b < B; ++b) {
-    for (int t = 0; t < Tn; ++t) {
-      const T* dout_bt = dout + (int64_t(b) * Tn + t) * C;
-      const int token = inp[b * Tn + t];
-      T* dwpe_t = dwpe + int64_t(t) * C;
-      if (token >= v_begin && token < v_end) {
-        T* dwte_ix = dwte + int64_t(token - v_begin) * C;
-        for (int i = 0; i < C; ++i) dwte_ix[i] += dout_bt[i];
-      }
-      for (int i = 0; i < C; ++i) dwpe_t[i] += dout_bt[i];
-    }
-  }
-}
-
-template <class T>
-void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int B, int Tn, int C) {
-  const T eps = T(1e-5);
+template <class A, class G>
+void LayerNormForward(A* out, G* mean, G* rstd, const A* inp, const A* weight, const A* bias, int64_t N, int C) {
 #pragma omp parallel for
-  for (int bt = 0; bt < B * Tn; ++bt) {
-    const T* x = inp + int64_t(bt) * C;
-    T m = 0;
-    for (int i = 0; i < C; ++i) m += x[i];
-    m /= C;
-    T var = 0;
-    for (int i = 0; i < C; ++i) var += (x[i] - m) * (x[i] - m);
-    var /= C;
-    const T s = T(1) / std::sqrt(var + eps);
-    T* o = out + int64_t(bt) * C;
-    for (int i = 0; i < C; ++i) o[i] = (s * (x[i] - m)) * weight[i] + bias[i];
-    mean[bt] = m;
-    rstd[bt] = s;
+  for (int64_t r = 0; r < N; ++r) NormalizeRow(out + r * C, mean + r, rstd + r, inp + r * C, weight, bias, C);
+}
+
+template <class A, class G>
+void ResidualLayerNormForward(A* residual, A* out, G* mean, G* rstd, const A* a, const A* b, const A* weight,
+                              const A* bias, int64_t N, int C) {
+#pragma omp parallel for
+  for (int64_t r = 0; r < N; ++r) {
+    A* res = residual + r * C;
+    for (int i = 0; i < C; ++i) res[i] = A(Load<G>(a[r * C + i]) + Load<G>(b[r * C + i]));
+    NormalizeRow(out + r * C, mean + r, rstd + r, static_cast<const A*>(res), weight, bias, C);
   }
 }
 
-template <class T>
-void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
-                       const T* rstd, int B, int Tn, int C) {
-  // Serial over positions: every position adds into dweight and dbias.
-  for (int bt = 0; bt < B * Tn; ++bt) {
-    const T* dout_bt = dout + int64_t(bt) * C;
-    const T* x = inp + int64_t(bt) * C;
-    T* dx = dinp + int64_t(bt) * C;
-    const T m = mean[bt], s = rstd[bt];
-    T dnorm_mean = 0, dnorm_norm_mean = 0;
+template <class A, class G>
+void LayerNormBackward(A* dinp, G* dweight, G* dbias, const A* dout, const A* inp, const A* weight, const G* mean,
+                       const G* rstd, int64_t N, int C) {
+  // Serial over rows: every row adds into dweight and dbias, in a fixed order.
+  for (int64_t r = 0; r < N; ++r) {
+    const A* d = dout + r * C;
+    const A* x = inp + r * C;
+    A* dx = dinp + r * C;
+    const G m = mean[r], s = rstd[r];
+    G dnorm_mean = 0, dnorm_norm_mean = 0;
     for (int i = 0; i < C; ++i) {
-      const T norm = (x[i] - m) * s;
-      const T dnorm = weight[i] * dout_bt[i];
+      const G norm = (Load<G>(x[i]) - m) * s;
+      const G dnorm = Load<G>(weight[i]) * Load<G>(d[i]);
       dnorm_mean += dnorm;
       dnorm_norm_mean += dnorm * norm;
     }
     dnorm_mean /= C;
     dnorm_norm_mean /= C;
     for (int i = 0; i < C; ++i) {
-      const T norm = (x[i] - m) * s;
-      const T dnorm = weight[i] * dout_bt[i];
-      dbias[i] += dout_bt[i];
-      dweight[i] += norm * dout_bt[i];
-      dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+      const G norm = (Load<G>(x[i]) - m) * s;
+      const G dnorm = Load<G>(weight[i]) * Load<G>(d[i]);
+      dbias[i] += Load<G>(d[i]);
+      dweight[i] += norm * Load<G>(d[i]);
+      dx[i] = A(Load<G>(dx[i]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
     }
   }
 }
 
-template <class T>
-void MatmulForward(T* out, const T* inp, const T* weight, const T* bias, int B, int Tn, int C, int OC) {
-  const int BT = B * Tn;
-  Gemm(false, true, BT, OC, C, T(1), inp, C, weight, C, T(0), out, OC);
-  if (bias == nullptr) return;
+template <class A, class G>
+void MatmulForward(A* out, A* gelu_pre, const A* inp, const A* weight, const A* bias, int64_t N, int K, int OC) {
+  constexpr bool kStoredAsComputed = std::is_same_v<A, G>;
+  const G* x = Widen<G>(inp, N * K, 0);
+  const G* w = Widen<G>(weight, int64_t(OC) * K, 1);
+  G* sum;
+  if constexpr (kStoredAsComputed) {
+    sum = gelu_pre ? gelu_pre : out;
+  } else {
+    sum = Scratch<G>(2, N * OC);
+  }
+  Gemm(false, true, N, OC, K, G(1), x, K, w, K, G(0), sum, OC);
 #pragma omp parallel for
-  for (int bt = 0; bt < BT; ++bt) {
-    T* o = out + int64_t(bt) * OC;
-    for (int j = 0; j < OC; ++j) o[j] += bias[j];
+  for (int64_t r = 0; r < N; ++r) {
+    for (int j = 0; j < OC; ++j) {
+      const G s = sum[r * OC + j] + (bias ? Load<G>(bias[j]) : G(0));
+      if (gelu_pre) {
+        gelu_pre[r * OC + j] = A(s);
+        out[r * OC + j] = A(Gelu(s));
+      } else {
+        out[r * OC + j] = A(s);
+      }
+    }
   }
 }
 
-template <class T>
-void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int B, int Tn, int C,
-                    int OC) {
-  const int BT = B * Tn;
-  Gemm(false, false, BT, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C);    // dinp += dout @ weight
-  Gemm(true, false, OC, C, BT, T(1), dout, OC, inp, C, T(1), dweight, C);     // dweight += dout^T @ inp
+template <class A, class G>
+void MatmulBackward(A* dinp, G* dweight, G* dbias, const A* dout, const A* inp, const A* weight, const A* gelu_pre,
+                    int64_t N, int K, int OC) {
+  constexpr bool kStoredAsComputed = std::is_same_v<A, G>;
+  const G* d = Widen<G>(dout, N * OC, 0);
+  const G* x = Widen<G>(inp, N * K, 1);
+  const G* w = Widen<G>(weight, int64_t(OC) * K, 2);
+  G* dx;
+  if constexpr (kStoredAsComputed) {
+    dx = dinp;
+  } else {
+    dx = Scratch<G>(3, N * K);
+  }
+  Gemm(false, false, N, K, OC, G(1), d, OC, w, K, G(0), dx, K);  // dinp = dout @ weight
+  if (gelu_pre || !kStoredAsComputed) {
+#pragma omp parallel for
+    for (int64_t i = 0; i < N * K; ++i) dinp[i] = A(gelu_pre ? dx[i] * GeluDerivative(Load<G>(gelu_pre[i])) : dx[i]);
+  }
+  Gemm(true, false, OC, K, N, G(1), d, OC, x, K, G(1), dweight, K);  // dweight += dout^T @ inp
   if (dbias == nullptr) return;
 #pragma omp parallel for
   for (int j = 0; j < OC; ++j) {
-    T sum = 0;
-    for (int bt = 0; bt < BT; ++bt) sum += dout[int64_t(bt) * OC + j];
+    G sum = 0;
+    for (int64_t r = 0; r < N; ++r) sum += d[r * OC + j];
     dbias[j] += sum;
   }
 }
 
-template <class T>
-void AttentionForward(T* out, T* preatt, T* att, const T* inp, int B, int Tn, int C, int NH) {
+template <class A, class G>
+void AttentionForward(A* out, G* state, const A* qkv, int B, int T, int C, int NH) {
   const int C3 = 3 * C, hs = C / NH;
-  const T scale = T(1) / std::sqrt(T(hs));
+  const G scale = G(1) / std::sqrt(G(hs));
 #pragma omp parallel for collapse(3)
   for (int b = 0; b < B; ++b) {
-    for (int t = 0; t < Tn; ++t) {
+    for (int t = 0; t < T; ++t) {
       for (int h = 0; h < NH; ++h) {
-        const T* query = inp + (int64_t(b) * Tn + t) * C3 + h * hs;
-        T* preatt_bth = preatt + ((int64_t(b) * NH + h) * Tn + t) * Tn;
-        T* att_bth = att + ((int64_t(b) * NH + h) * Tn + t) * Tn;
-        T maxval = std::numeric_limits<T>::lowest();
+        const A* query = qkv + (int64_t(b) * T + t) * C3 + h * hs;
+        G* att = state + ((int64_t(b) * NH + h) * T + t) * T;
+        G maxval = std::numeric_limits<G>::lowest();
         for (int t2 = 0; t2 <= t; ++t2) {
-          const T* key = inp + (int64_t(b) * Tn + t2) * C3 + h * hs + C;
-          T dot = 0;
-          for (int i = 0; i < hs; ++i) dot += query[i] * key[i];
-          dot *= scale;
-          preatt_bth[t2] = dot;
-          maxval = std::max(maxval, dot);
+          const A* key = qkv + (int64_t(b) * T + t2) * C3 + h * hs + C;
+          G dot = 0;
+          for (int i = 0; i < hs; ++i) dot += Load<G>(query[i]) * Load<G>(key[i]);
+          att[t2] = dot * scale;
+          maxval = std::max(maxval, att[t2]);
         }
-        T expsum = 0;
+        G expsum = 0;
         for (int t2 = 0; t2 <= t; ++t2) {
-          const T e = std::exp(preatt_bth[t2] - maxval);
-          att_bth[t2] = e;
-          expsum += e;
+          att[t2] = std::exp(att[t2] - maxval);
+          expsum += att[t2];
         }
-        const T inv = T(1) / expsum;
-        for (int t2 = 0; t2 < Tn; ++t2) {
-          if (t2 <= t) {
-            att_bth[t2] *= inv;
-          } else {  // masked: kept at zero so the saved tensors are fully defined
-            att_bth[t2] = 0;
-            preatt_bth[t2] = 0;
-          }
-        }
-        T* out_bth = out + (int64_t(b) * Tn + t) * C + h * hs;
-        std::fill(out_bth, out_bth + hs, T(0));
-        for (int t2 = 0; t2 <= t; ++t2) {
-          const T* value = inp + (int64_t(b) * Tn + t2) * C3 + h * hs + 2 * C;
-          const T a = att_bth[t2];
-          for (int i = 0; i < hs; ++i) out_bth[i] += a * value[i];
+        for (int t2 = 0; t2 < T; ++t2) att[t2] = t2 <= t ? att[t2] / expsum : G(0);
+        A* o = out + (int64_t(b) * T + t) * C + h * hs;
+        for (int i = 0; i < hs; ++i) {
+          G sum = 0;
+          for (int t2 = 0; t2 <= t; ++t2) sum += att[t2] * Load<G>(qkv[(int64_t(b) * T + t2) * C3 + h * hs + 2 * C + i]);
+          o[i] = A(sum);
         }
       }
     }
   }
 }
 
-template <class T>
-void AttentionBackward(T* dinp, T* dpreatt, T* datt, const T* dout, const T* inp, const T* att, int B, int Tn, int C,
-                       int NH) {
+template <class A, class G>
+void AttentionBackward(A* dqkv, const A* dout, const A* qkv, const G* state, int B, int T, int C, int NH) {
   const int C3 = 3 * C, hs = C / NH;
-  const T scale = T(1) / std::sqrt(T(hs));
-  // Parallel over (batch, head): each writes only its own head's slice of dinp.
+  const G scale = G(1) / std::sqrt(G(hs));
+  // Parallel over (batch, head): each accumulates its head's dq, dk, dv in G, then stores.
 #pragma omp parallel for collapse(2)
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
-      for (int t = 0; t < Tn; ++t) {
-        const T* att_bth = att + ((int64_t(b) * NH + h) * Tn + t) * Tn;
-        T* datt_bth = datt + ((int64_t(b) * NH + h) * Tn + t) * Tn;
-        T* dpreatt_bth = dpreatt + ((int64_t(b) * NH + h) * Tn + t) * Tn;
-        const T* dout_bth = dout + (int64_t(b) * Tn + t) * C + h * hs;
-        const T* query = inp + (int64_t(b) * Tn + t) * C3 + h * hs;
-        T* dquery = dinp + (int64_t(b) * Tn + t) * C3 + h * hs;
-        // out = att @ value
-        for (int t2 = 0; t2 <= t; ++t2) {
-          const T* value = inp + (int64_t(b) * Tn + t2) * C3 + h * hs + 2 * C;
-          T* dvalue = dinp + (int64_t(b) * Tn + t2) * C3 + h * hs + 2 * C;
-          T d = 0;
+      thread_local std::vector<G> dq, dk, dv, datt;
+      dq.assign(size_t(T) * hs, G(0));
+      dk.assign(size_t(T) * hs, G(0));
+      dv.assign(size_t(T) * hs, G(0));
+      datt.assign(size_t(T), G(0));
+      auto at = [&](int t, int part) { return qkv + (int64_t(b) * T + t) * C3 + part * C + h * hs; };
+      for (int t = 0; t < T; ++t) {
+        const G* att = state + ((int64_t(b) * NH + h) * T + t) * T;
+        const A* d = dout + (int64_t(b) * T + t) * C + h * hs;
+        for (int t2 = 0; t2 <= t; ++t2) {  // out = att @ value
+          const A* value = at(t2, 2);
+          G sum = 0;
           for (int i = 0; i < hs; ++i) {
-            d += value[i] * dout_bth[i];
-            dvalue[i] += att_bth[t2] * dout_bth[i];
+            sum += Load<G>(value[i]) * Load<G>(d[i]);
+            dv[size_t(t2) * hs + i] += att[t2] * Load<G>(d[i]);
           }
-          datt_bth[t2] += d;
+          datt[size_t(t2)] = sum;
         }
-        // softmax: dpreatt = att * (datt - sum(att * datt))
-        T dot = 0;
-        for (int t2 = 0; t2 <= t; ++t2) dot += att_bth[t2] * datt_bth[t2];
-        for (int t2 = 0; t2 <= t; ++t2) dpreatt_bth[t2] += att_bth[t2] * (datt_bth[t2] - dot);
-        // preatt = scale * query . key
-        for (int t2 = 0; t2 <= t; ++t2) {
-          const T* key = inp + (int64_t(b) * Tn + t2) * C3 + h * hs + C;
-          T* dkey = dinp + (int64_t(b) * Tn + t2) * C3 + h * hs + C;
-          const T g = dpreatt_bth[t2] * scale;
+        G dot = 0;  // softmax: dpreatt = att * (datt - sum(att * datt))
+        for (int t2 = 0; t2 <= t; ++t2) dot += att[t2] * datt[size_t(t2)];
+        const A* query = at(t, 0);
+        for (int t2 = 0; t2 <= t; ++t2) {  // preatt = scale * query . key
+          const G g = att[t2] * (datt[size_t(t2)] - dot) * scale;
+          const A* key = at(t2, 1);
           for (int i = 0; i < hs; ++i) {
-            dquery[i] += key[i] * g;
-            dkey[i] += query[i] * g;
+            dq[size_t(t) * hs + i] += Load<G>(key[i]) * g;
+            dk[size_t(t2) * hs + i] += Load<G>(query[i]) * g;
           }
         }
       }
+      for (int t = 0; t < T; ++t) {
+        A* row = dqkv + (int64_t(b) * T + t) * C3 + h * hs;
+        for (int i = 0; i < hs; ++i) {
+          row[i] = A(dq[size_t(t) * hs + i]);
+          row[C + i] = A(dk[size_t(t) * hs + i]);
+          row[2 * C + i] = A(dv[size_t(t) * hs + i]);
+        }
+      }
     }
+  }
+}
+
+template <class A, class G>
+void Add(A* out, const A* a, const A* b, int64_t n) {
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i) out[i] = A(Load<G>(a[i]) + Load<G>(b[i]));
+}
+
+template <class A, class G>
+void Dropout(A* out, const A* in, int64_t rows, int width, float p, uint64_t key, int64_t first_row,
+             int64_t row_stride, int64_t first_column) {
+  const G scale = G(1) / (G(1) - G(p));
+#pragma omp parallel for
+  for (int64_t i = 0; i < rows; ++i) {
+    const A* x = in + i * width;
+    A* y = out + i * width;
+    const uint64_t base = uint64_t((first_row + i) * row_stride + first_column);
+    for (int j = 0; j < width; ++j) y[j] = DropoutKeeps(key, base + uint64_t(j), p) ? A(Load<G>(x[j]) * scale) : A(G(0));
   }
 }
 
 namespace {
-template <class T>
-constexpr T kGeluScale = T(0.7978845608028654);  // sqrt(2/pi)
+
+// The max of a row's real logits and the sum of exp(logit - max).
+template <class A, class G>
+void RowStats(const A* l, int64_t v_rows, G* maxval, G* sum) {
+  G m = std::numeric_limits<G>::lowest();
+  for (int64_t c = 0; c < v_rows; ++c) m = std::max(m, Load<G>(l[c]));
+  G s = 0;
+  for (int64_t c = 0; c < v_rows; ++c) s += std::exp(Load<G>(l[c]) - m);
+  *maxval = m;
+  *sum = s;
+}
+
+// dlogits of one row: (softmax - onehot(target)) * dloss on the real columns, 0 on padding.
+// Reads each logit before writing its gradient, so dlogits may alias the logits.
+template <class A, class G>
+void RowGradient(A* d, const A* l, G maxval, G sum, int64_t target, int64_t v_rows, int64_t Vp, G dloss) {
+  for (int64_t c = 0; c < v_rows; ++c) {
+    const G p = std::exp(Load<G>(l[c]) - maxval) / sum;
+    d[c] = A((p - (c == target ? G(1) : G(0))) * dloss);
+  }
+  for (int64_t c = v_rows; c < Vp; ++c) d[c] = A(G(0));
+}
+
 }  // namespace
 
-template <class T>
-void GeluForward(T* out, const T* inp, int64_t N) {
+template <class A, class G>
+void CrossEntropy(G* losses, A* dlogits, const A* logits, const int32_t* targets, int64_t R, int64_t v_rows,
+                  int64_t Vp, float dloss) {
 #pragma omp parallel for
-  for (int64_t i = 0; i < N; ++i) {
-    const T x = inp[i];
-    out[i] = T(0.5) * x * (T(1) + std::tanh(kGeluScale<T> * (x + T(0.044715) * x * x * x)));
+  for (int64_t r = 0; r < R; ++r) {
+    const A* l = logits + r * Vp;
+    G maxval, sum;
+    RowStats(l, v_rows, &maxval, &sum);
+    // -log p[target], from the logit, so that tiny probabilities keep their precision
+    losses[r] = std::log(sum) - (Load<G>(l[targets[r]]) - maxval);
+    if (dlogits) RowGradient(dlogits + r * Vp, l, maxval, sum, targets[r], v_rows, Vp, G(dloss));
   }
 }
 
-template <class T>
-void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t N) {
+template <class A, class G>
+void VocabSliceStats(G* stats, const A* logits, const int32_t* targets, int64_t R, int64_t v_rows, int64_t Vp,
+                     int64_t v_begin) {
 #pragma omp parallel for
-  for (int64_t i = 0; i < N; ++i) {
-    const T x = inp[i];
-    const T tanh_out = std::tanh(kGeluScale<T> * (x + T(0.044715) * x * x * x));
-    const T sech2 = T(1) - tanh_out * tanh_out;
-    const T local = T(0.5) * (T(1) + tanh_out) +
-                    x * T(0.5) * sech2 * kGeluScale<T> * (T(1) + T(3) * T(0.044715) * x * x);
-    dinp[i] += local * dout[i];
+  for (int64_t r = 0; r < R; ++r) {
+    const A* l = logits + r * Vp;
+    RowStats(l, v_rows, &stats[3 * r], &stats[3 * r + 1]);
+    stats[3 * r + 2] = InSlice(targets[r], v_begin, v_rows) ? Load<G>(l[targets[r] - v_begin]) : G(0);
   }
 }
 
-template <class T>
-void ResidualForward(T* out, const T* inp1, const T* inp2, int64_t N) {
+template <class A, class G>
+void VocabSliceCrossEntropy(G* losses, A* dlogits, const A* logits, const G* all_stats, int slices,
+                            const int32_t* targets, int64_t R, int64_t v_rows, int64_t Vp, int64_t v_begin,
+                            float dloss) {
 #pragma omp parallel for
-  for (int64_t i = 0; i < N; ++i) out[i] = inp1[i] + inp2[i];
-}
-
-template <class T>
-void ResidualBackward(T* dinp1, T* dinp2, const T* dout, int64_t N) {
-#pragma omp parallel for
-  for (int64_t i = 0; i < N; ++i) {
-    dinp1[i] += dout[i];
-    dinp2[i] += dout[i];
-  }
-}
-
-template <class T>
-void SoftmaxCrossEntropyForward(T* probs, T* losses, const T* logits, const int32_t* targets, int B, int Tn, int V) {
-#pragma omp parallel for
-  for (int bt = 0; bt < B * Tn; ++bt) {
-    const T* l = logits + int64_t(bt) * V;
-    T* p = probs + int64_t(bt) * V;
-    const T maxval = *std::max_element(l, l + V);
-    T sum = 0;
-    for (int i = 0; i < V; ++i) {
-      p[i] = std::exp(l[i] - maxval);
-      sum += p[i];
-    }
-    for (int i = 0; i < V; ++i) p[i] /= sum;
-    // -log p[target], from the logits so that tiny probabilities keep their precision
-    losses[bt] = std::log(sum) - (l[targets[bt]] - maxval);
-  }
-}
-
-uint64_t MixKey(uint64_t key, uint64_t counter) {
-  uint64_t x = key ^ (counter + 0x9E3779B97F4A7C15ull + (key << 6) + (key >> 2));
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-bool DropoutKeeps(uint64_t key, uint64_t index, float p) {
-  // 24 random bits: a uniform in [0, 1) that a float holds exactly.
-  return float(MixKey(key, index) >> 40) * (1.0f / 16777216.0f) >= p;
-}
-
-template <class T>
-void Dropout(T* x, int64_t rows, int width, float p, uint64_t key, int64_t first_row, int64_t row_stride,
-             int64_t first_column) {
-  if (p <= 0) return;
-  const T scale = T(1) / (T(1) - T(p));
-#pragma omp parallel for
-  for (int64_t i = 0; i < rows; ++i) {
-    T* row = x + i * width;
-    const uint64_t base = uint64_t((first_row + i) * row_stride + first_column);
-    for (int j = 0; j < width; ++j) row[j] = DropoutKeeps(key, base + uint64_t(j), p) ? row[j] * scale : T(0);
-  }
-}
-
-template <class T>
-void VocabSliceStats(T* stats, const T* logits, const int32_t* targets, int B, int Tn, int V, int v_begin) {
-#pragma omp parallel for
-  for (int bt = 0; bt < B * Tn; ++bt) {
-    const T* l = logits + int64_t(bt) * V;
-    const T maxval = *std::max_element(l, l + V);
-    T sum = 0;
-    for (int i = 0; i < V; ++i) sum += std::exp(l[i] - maxval);
-    const int target = targets ? targets[bt] - v_begin : -1;
-    stats[3 * bt] = maxval;
-    stats[3 * bt + 1] = sum;
-    stats[3 * bt + 2] = target >= 0 && target < V ? l[target] : T(0);
-  }
-}
-
-template <class T>
-void VocabSliceSoftmax(T* probs, T* losses, const T* logits, const T* all_stats, int slices, int B, int Tn, int V) {
-  const int64_t BT = int64_t(B) * Tn;
-#pragma omp parallel for
-  for (int64_t bt = 0; bt < BT; ++bt) {
-    T maxval = all_stats[3 * bt];
-    for (int s = 1; s < slices; ++s) maxval = std::max(maxval, all_stats[3 * (s * BT + bt)]);
-    T sum = 0, target_logit = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    G maxval = all_stats[3 * r];
+    for (int s = 1; s < slices; ++s) maxval = std::max(maxval, all_stats[3 * (s * R + r)]);
+    G sum = 0, target_logit = 0;
     for (int s = 0; s < slices; ++s) {
-      const T* st = all_stats + 3 * (s * BT + bt);
+      const G* st = all_stats + 3 * (s * R + r);
       sum += st[1] * std::exp(st[0] - maxval);
       target_logit += st[2];
     }
-    const T* l = logits + bt * V;
-    T* p = probs + bt * V;
-    for (int i = 0; i < V; ++i) p[i] = std::exp(l[i] - maxval) / sum;
-    if (losses) losses[bt] = std::log(sum) - (target_logit - maxval);
+    losses[r] = std::log(sum) - (target_logit - maxval);
+    if (dlogits) {
+      RowGradient(dlogits + r * Vp, logits + r * Vp, maxval, sum, int64_t(targets[r]) - v_begin, v_rows, Vp, G(dloss));
+    }
   }
 }
 
-template <class T>
-void SoftmaxCrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targets, T dloss, int B, int Tn, int V,
-                                 int v_begin) {
+template <class G>
+void AddLoss(double* sum, const G* losses, int64_t R, double scale) {
+  double s = 0;
+  for (int64_t r = 0; r < R; ++r) s += double(losses[r]);
+  *sum += scale * s;
+}
+
+template <class G>
+void Accumulate(G* into, const G* from, int64_t n) {
 #pragma omp parallel for
-  for (int bt = 0; bt < B * Tn; ++bt) {
-    T* d = dlogits + int64_t(bt) * V;
-    const T* p = probs + int64_t(bt) * V;
-    const int target = targets[bt] - v_begin;
-    for (int i = 0; i < V; ++i) d[i] += (p[i] - (i == target ? T(1) : T(0))) * dloss;
-  }
+  for (int64_t i = 0; i < n; ++i) into[i] += from[i];
 }
 
-void AdamWUpdate(float* params, const float* grads, float* m, float* v, int64_t N, float lr, float beta1, float beta2,
-                 float eps, float weight_decay, int64_t t) {
-  const float correction1 = 1.0f - std::pow(beta1, float(t));
-  const float correction2 = 1.0f - std::pow(beta2, float(t));
+template <class A, class G>
+void Cast(A* to, const G* from, int64_t n) {
 #pragma omp parallel for
-  for (int64_t i = 0; i < N; ++i) {
-    const float g = grads[i];
-    m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-    v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
-    const float m_hat = m[i] / correction1;
-    const float v_hat = v[i] / correction2;
-    params[i] -= lr * (m_hat / (std::sqrt(v_hat) + eps) + weight_decay * params[i]);
+  for (int64_t i = 0; i < n; ++i) to[i] = A(from[i]);
+}
+
+template <class G>
+void SumSquares(double* sum, const G* grads, const ShardSegment* segments, int count) {
+  // Fixed chunks summed in order: the same bits whatever the number of threads.
+  constexpr int64_t kChunk = 65536;
+  double total = 0;
+  for (int s = 0; s < count; ++s) {
+    if (!segments[s].in_norm) continue;
+    const G* g = grads + segments[s].offset;
+    const int64_t n = segments[s].size, chunks = (n + kChunk - 1) / kChunk;
+    std::vector<double> partial(size_t(chunks), 0.0);
+#pragma omp parallel for
+    for (int64_t c = 0; c < chunks; ++c) {
+      double squares = 0;
+      for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) squares += double(g[i]) * double(g[i]);
+      partial[size_t(c)] = squares;
+    }
+    for (double p : partial) total += p;
+  }
+  *sum += total;
+}
+
+void ClipScale(float* scale, const double* sum_of_squares, float max_norm) {
+  const double norm = std::sqrt(*sum_of_squares);
+  *scale = max_norm > 0 && norm > max_norm ? float(max_norm / norm) : 1.0f;
+}
+
+template <class A, class G>
+void AdamW(G* master, A* params, const G* grads, G* m, G* v, const ShardSegment* segments, int count,
+           const AdamWStep& step, const float* clip_scale) {
+  const G clip = clip_scale ? G(*clip_scale) : G(1);
+  const G beta1 = step.beta1, beta2 = step.beta2, lr = step.learning_rate, eps = step.epsilon;
+  const G correction1 = G(1) - std::pow(beta1, G(step.t));
+  const G correction2 = G(1) - std::pow(beta2, G(step.t));
+  for (int s = 0; s < count; ++s) {
+    const int64_t begin = segments[s].offset, end = begin + segments[s].size;
+    const G decay = segments[s].decay ? G(step.weight_decay) : G(0);
+#pragma omp parallel for
+    for (int64_t i = begin; i < end; ++i) {
+      const G g = grads[i] * clip;
+      m[i] = beta1 * m[i] + (G(1) - beta1) * g;
+      v[i] = beta2 * v[i] + (G(1) - beta2) * g * g;
+      const G m_hat = m[i] / correction1;
+      const G v_hat = v[i] / correction2;
+      master[i] -= lr * (m_hat / (std::sqrt(v_hat) + eps) + decay * master[i]);
+      if (params) params[i] = A(master[i]);
+    }
   }
 }
 
-#define MESHTRAIN_INSTANTIATE(T)                                                                                     \
-  template void EncoderForward<T>(T*, const int32_t*, const T*, const T*, int, int, int, int, int);                 \
-  template void EncoderBackward<T>(T*, T*, const T*, const int32_t*, int, int, int, int, int);                      \
-  template void LayerNormForward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int);                       \
-  template void LayerNormBackward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int, int);   \
-  template void MatmulForward<T>(T*, const T*, const T*, const T*, int, int, int, int);                             \
-  template void MatmulBackward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int, int);                    \
-  template void AttentionForward<T>(T*, T*, T*, const T*, int, int, int, int);                                     \
-  template void AttentionBackward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int, int);                \
-  template void GeluForward<T>(T*, const T*, int64_t);                                                              \
-  template void GeluBackward<T>(T*, const T*, const T*, int64_t);                                                   \
-  template void ResidualForward<T>(T*, const T*, const T*, int64_t);                                                \
-  template void ResidualBackward<T>(T*, T*, const T*, int64_t);                                                     \
-  template void SoftmaxCrossEntropyForward<T>(T*, T*, const T*, const int32_t*, int, int, int);                     \
-  template void Dropout<T>(T*, int64_t, int, float, uint64_t, int64_t, int64_t, int64_t);                           \
-  template void VocabSliceStats<T>(T*, const T*, const int32_t*, int, int, int, int);                              \
-  template void VocabSliceSoftmax<T>(T*, T*, const T*, const T*, int, int, int, int);                               \
-  template void SoftmaxCrossEntropyBackward<T>(T*, const T*, const int32_t*, T, int, int, int, int);
+#define MESHTRAIN_CPU_KERNELS(A, G)                                                                                  \
+  template void EncoderForward<A, G>(A*, const int32_t*, const A*, const A*, int, int, int, int64_t, int64_t);      \
+  template void EncoderBackward<A, G>(G*, G*, const A*, const int32_t*, int, int, int, int64_t, int64_t);           \
+  template void LayerNormForward<A, G>(A*, G*, G*, const A*, const A*, const A*, int64_t, int);                     \
+  template void ResidualLayerNormForward<A, G>(A*, A*, G*, G*, const A*, const A*, const A*, const A*, int64_t, int); \
+  template void LayerNormBackward<A, G>(A*, G*, G*, const A*, const A*, const A*, const G*, const G*, int64_t, int); \
+  template void MatmulForward<A, G>(A*, A*, const A*, const A*, const A*, int64_t, int, int);                       \
+  template void MatmulBackward<A, G>(A*, G*, G*, const A*, const A*, const A*, const A*, int64_t, int, int);         \
+  template void AttentionForward<A, G>(A*, G*, const A*, int, int, int, int);                                       \
+  template void AttentionBackward<A, G>(A*, const A*, const A*, const G*, int, int, int, int);                      \
+  template void Add<A, G>(A*, const A*, const A*, int64_t);                                                        \
+  template void Dropout<A, G>(A*, const A*, int64_t, int, float, uint64_t, int64_t, int64_t, int64_t);                       \
+  template void CrossEntropy<A, G>(G*, A*, const A*, const int32_t*, int64_t, int64_t, int64_t, float);             \
+  template void VocabSliceStats<A, G>(G*, const A*, const int32_t*, int64_t, int64_t, int64_t, int64_t);            \
+  template void VocabSliceCrossEntropy<A, G>(G*, A*, const A*, const G*, int, const int32_t*, int64_t, int64_t,     \
+                                             int64_t, int64_t, float);                                              \
+  template void Cast<A, G>(A*, const G*, int64_t);                                                                  \
+  template void AdamW<A, G>(G*, A*, const G*, G*, G*, const ShardSegment*, int, const AdamWStep&, const float*);
 
-MESHTRAIN_INSTANTIATE(float)
-MESHTRAIN_INSTANTIATE(double)
-#undef MESHTRAIN_INSTANTIATE
+MESHTRAIN_CPU_KERNELS(float, float)
+MESHTRAIN_CPU_KERNELS(bf16, float)
+MESHTRAIN_CPU_KERNELS(double, double)
+#undef MESHTRAIN_CPU_KERNELS
+
+template void AddLoss<float>(double*, const float*, int64_t, double);
+template void AddLoss<double>(double*, const double*, int64_t, double);
+template void Accumulate<float>(float*, const float*, int64_t);
+template void Accumulate<double>(double*, const double*, int64_t);
+template void SumSquares<float>(double*, const float*, const ShardSegment*, int);
+template void SumSquares<double>(double*, const double*, const ShardSegment*, int);
 
 }  // namespace meshtrain::kernels::cpu

@@ -1,0 +1,262 @@
+#include "worker/comm/nccl/nccl_collectives.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "worker/comm/nccl/nccl_handle.h"
+#include "worker/runtime/cuda.h"
+#include "worker/runtime/device_side.h"
+#include "worker/runtime/memory.h"
+
+namespace meshtrain::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nccl::NcclHandle;
+using runtime::DeviceSide;
+
+// How long a group destroyed with operations still queued lets them finish before it
+// aborts its communicator.
+constexpr milliseconds kPendingGrace{10'000};
+
+void MakeCurrent(int device, const std::string& what) {
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current == device) return;
+  const cudaError_t set = cudaSetDevice(device);
+  if (set != cudaSuccess) {
+    cudaGetLastError();
+    throw CommError(what + ": cudaSetDevice(" + std::to_string(device) + "): " + cudaGetErrorString(set));
+  }
+}
+
+// The communicators of one world: the world's and those split from it, which AbortNccl
+// ends together. Holds the CUDA backend whose timers time the operations.
+class NcclWorld {
+ public:
+  NcclWorld(int device, milliseconds timeout)
+      : device_(device), timeout_(timeout), backend_(runtime::cuda::MakeCudaBackend(device)) {}
+
+  int device() const { return device_; }
+  milliseconds timeout() const { return timeout_; }
+  runtime::Backend& backend() { return *backend_; }
+
+  void Add(const std::shared_ptr<NcclHandle>& handle) {
+    std::lock_guard lock(mutex_);
+    std::erase_if(handles_, [](const std::weak_ptr<NcclHandle>& h) { return h.expired(); });
+    handles_.push_back(handle);
+  }
+
+  void AbortAll() {
+    std::vector<std::shared_ptr<NcclHandle>> live;
+    {
+      std::lock_guard lock(mutex_);
+      for (const std::weak_ptr<NcclHandle>& handle : handles_) {
+        if (auto locked = handle.lock()) live.push_back(std::move(locked));
+      }
+    }
+    for (const auto& handle : live) handle->Abort();
+  }
+
+ private:
+  int device_;
+  milliseconds timeout_;
+  std::unique_ptr<runtime::Backend> backend_;
+  std::mutex mutex_;
+  std::vector<std::weak_ptr<NcclHandle>> handles_;
+};
+
+class NcclCollectives final : public StreamCollectives {
+ public:
+  NcclCollectives(std::shared_ptr<NcclWorld> world, std::shared_ptr<NcclHandle> handle, Group group)
+      : world_(std::move(world)),
+        handle_(std::move(handle)),
+        group_(std::move(group)),
+        all_gather_timer_(world_->backend().NewTimer()),
+        reduce_scatter_timer_(world_->backend().NewTimer()),
+        all_reduce_timer_(world_->backend().NewTimer()) {
+    MakeCurrent(world_->device(), "group " + group_.Describe());
+    const cudaError_t made = cudaEventCreateWithFlags(&last_done_, cudaEventDisableTiming);
+    if (made != cudaSuccess) {
+      cudaGetLastError();
+      throw CommError("group " + group_.Describe() + ": cudaEventCreate: " + cudaGetErrorString(made));
+    }
+  }
+
+  // Pending operations (the streams were not synchronized: an error path) get a grace,
+  // then the communicator is aborted; otherwise it is closed. Never both, never a hang.
+  ~NcclCollectives() override {
+    if (issued_ && cudaSetDevice(world_->device()) == cudaSuccess) {
+      const Clock::time_point deadline = Clock::now() + std::min(kPendingGrace, world_->timeout());
+      cudaError_t state;
+      while ((state = cudaEventQuery(last_done_)) == cudaErrorNotReady && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (state == cudaErrorNotReady) handle_->Abort();
+    }
+    handle_->Close(NcclHandle::kCloseBound);
+    cudaEventDestroy(last_done_);
+    cudaGetLastError();
+  }
+  NcclCollectives(const NcclCollectives&) = delete;
+  NcclCollectives& operator=(const NcclCollectives&) = delete;
+
+  const Group& group() const override { return group_; }
+  std::string Describe() const override { return "nccl"; }
+
+  void AllGather(runtime::ConstDeviceBytes send, runtime::DeviceBytes recv, size_t count, DataType type,
+                 runtime::Stream& stream) override {
+    // In place when send is recv + rank * count, which NCCL recognises by the address.
+    Issue("all_gather", count * size_t(size()) * ElementSize(type), count, type, stream, *all_gather_timer_,
+          [&](ncclComm_t comm, cudaStream_t s) {
+            return ncclAllGather(DeviceSide::Address(send), DeviceSide::Address(recv), count, nccl::NcclType(type),
+                                 comm, s);
+          });
+  }
+
+  void ReduceScatter(runtime::ConstDeviceBytes send, runtime::DeviceBytes recv, size_t count, DataType type,
+                     ReduceOp op, runtime::Stream& stream) override {
+    // In place when recv is send + rank * count.
+    Issue(std::string("reduce_scatter(") + ReduceOpName(op) + ")", count * size_t(size()) * ElementSize(type), count,
+          type, stream, *reduce_scatter_timer_, [&](ncclComm_t comm, cudaStream_t s) {
+            return ncclReduceScatter(DeviceSide::Address(send), DeviceSide::Address(recv), count,
+                                     nccl::NcclType(type), nccl::NcclOp(op), comm, s);
+          });
+  }
+
+  void AllReduce(runtime::ConstDeviceBytes send, runtime::DeviceBytes recv, size_t count, DataType type, ReduceOp op,
+                 runtime::Stream& stream) override {
+    Issue(std::string("all_reduce(") + ReduceOpName(op) + ")", count * ElementSize(type), count, type, stream,
+          *all_reduce_timer_, [&](ncclComm_t comm, cudaStream_t s) {
+            return ncclAllReduce(DeviceSide::Address(send), DeviceSide::Address(recv), count, nccl::NcclType(type),
+                                 nccl::NcclOp(op), comm, s);
+          });
+  }
+
+  void Reserve(size_t) override {}  // NCCL keeps its own buffers
+
+  CollectiveSeconds Seconds() override {
+    CollectiveSeconds seconds;
+    seconds.all_gather = all_gather_timer_->Seconds();
+    seconds.reduce_scatter = reduce_scatter_timer_->Seconds();
+    seconds.all_reduce = all_reduce_timer_->Seconds();
+    return seconds;
+  }
+
+  // Every member of the world calls ncclCommSplit with its group's lowest rank as the
+  // color, so the groups along the axis come out of one collective split.
+  std::unique_ptr<StreamCollectives> SplitAxis(const api::ParallelLayout& layout, api::Axis axis) override {
+    if (size() != layout.world()) {
+      throw CommError("splitting on " + std::string(api::AxisName(axis)) + " needs the world (" +
+                      std::to_string(layout.world()) + " ranks); group " + group_.Describe() + " is not it");
+    }
+    const std::vector<int> members = layout.GroupOf(axis, rank());
+    const std::string name = std::string(api::AxisName(axis)) + "{" + api::FormatRanks(members) + "}";
+    const std::string what = "ncclCommSplit of group " + group_.Describe() + " into " + name + " (nccl)";
+    MakeCurrent(world_->device(), what);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t child = nullptr;
+    handle_->Run(what, world_->timeout(), [&](ncclComm_t parent) {
+      return ncclCommSplit(parent, members.front(), rank(), &child, &config);
+    });
+    if (child == nullptr) throw CommError(what + ": NCCL made no communicator for this rank");
+    auto child_handle = std::make_shared<NcclHandle>(child);
+    world_->Add(child_handle);
+    child_handle->AwaitReady(what, "the " + std::to_string(members.size()) + " members did not all join",
+                             world_->timeout());
+    return std::make_unique<NcclCollectives>(world_, std::move(child_handle), group_.Subgroup(name, members));
+  }
+
+  void AbortWorld() { world_->AbortAll(); }
+
+ private:
+  template <class Call>
+  void Issue(const std::string& op, size_t bytes, size_t count, DataType type, runtime::Stream& stream,
+             runtime::StreamTimer& timer, Call call) {
+    const cudaStream_t s = runtime::cuda::StreamHandle(stream);  // std::logic_error for another backend's
+    const std::string what = op + " of " + runtime::FormatBytes(bytes) + " " + DataTypeName(type) + " on group " +
+                             group_.Describe() + " (nccl)";
+    MakeCurrent(world_->device(), what);
+    if (count == 0) {  // every member skips it alike; still report an earlier failure
+      handle_->ThrowIfFailed(what);
+      return;
+    }
+    timer.Begin(stream);
+    // Checks NCCL's asynchronous error first; returns once NCCL has enqueued the call.
+    handle_->Run(what, world_->timeout(), [&](ncclComm_t comm) { return call(comm, s); });
+    timer.End(stream);
+    const cudaError_t recorded = cudaEventRecord(last_done_, s);
+    if (recorded != cudaSuccess) {
+      cudaGetLastError();
+      throw CommError(what + ": cudaEventRecord on stream " + stream.name() + ": " + cudaGetErrorString(recorded));
+    }
+    issued_ = true;
+  }
+
+  std::shared_ptr<NcclWorld> world_;
+  std::shared_ptr<NcclHandle> handle_;
+  Group group_;
+  std::unique_ptr<runtime::StreamTimer> all_gather_timer_, reduce_scatter_timer_, all_reduce_timer_;
+  cudaEvent_t last_done_ = nullptr;  // after the last operation issued, on its stream
+  bool issued_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<StreamCollectives> ConnectNcclCollectives(const api::RankTable& table, int rank,
+                                                          std::shared_ptr<StoreClient> store, int device,
+                                                          std::chrono::milliseconds timeout) {
+  Group world = Group::World(table, rank);
+  const std::string what = "connecting NCCL: rank " + std::to_string(rank) + " of group " + world.Describe();
+  auto shared = std::make_shared<NcclWorld>(device, timeout);  // makes `device` current
+  ncclUniqueId id;
+  // Not the Communicator's key (nccl_communicator.cc): a job may connect both.
+  const std::string key = "meshtrain/nccl/collectives/unique-id";
+  if (rank == 0) {
+    const ncclResult_t made = ncclGetUniqueId(&id);
+    if (made != ncclSuccess) throw CommError(what + ": ncclGetUniqueId: " + ncclGetErrorString(made));
+    store->Set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+  } else {
+    std::string bytes;
+    try {
+      bytes = store->Get(key, timeout);
+    } catch (const StoreError& e) {
+      throw CommError(what + ": waiting for rank 0's NCCL unique id: " + e.what());
+    }
+    if (bytes.size() != sizeof(id)) {
+      throw CommError(what + ": the NCCL unique id in the Store has " + std::to_string(bytes.size()) +
+                      " bytes, not " + std::to_string(sizeof(id)));
+    }
+    std::memcpy(&id, bytes.data(), sizeof(id));
+  }
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  const ncclResult_t started = ncclCommInitRankConfig(&comm, world.size(), id, rank, &config);
+  if (started != ncclSuccess && started != ncclInProgress) {
+    throw CommError(what + ": ncclCommInitRankConfig: " + ncclGetErrorString(started));
+  }
+  auto handle = std::make_shared<NcclHandle>(comm);
+  shared->Add(handle);
+  handle->AwaitReady(what, "the " + std::to_string(world.size()) + " ranks did not all connect", timeout);
+  return std::make_unique<NcclCollectives>(std::move(shared), std::move(handle), std::move(world));
+}
+
+void AbortNccl(StreamCollectives& collectives) {
+  auto* nccl = dynamic_cast<NcclCollectives*>(&collectives);
+  if (nccl == nullptr) {
+    throw std::invalid_argument("AbortNccl: group " + collectives.group().Describe() + " runs on " +
+                                collectives.Describe() + ", not on NCCL");
+  }
+  nccl->AbortWorld();
+}
+
+}  // namespace meshtrain::comm

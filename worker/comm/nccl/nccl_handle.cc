@@ -1,0 +1,159 @@
+#include "worker/comm/nccl/nccl_handle.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
+namespace meshtrain::comm::nccl {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// What State() answers once the handle has ended: no NCCL call may touch it then.
+constexpr ncclResult_t kEnded = ncclInvalidUsage;
+
+}  // namespace
+
+ncclDataType_t NcclType(DataType type) {
+  switch (type) {
+    case DataType::kFloat32: return ncclFloat32;
+    case DataType::kBFloat16: return ncclBfloat16;
+    case DataType::kFloat16: return ncclFloat16;
+    case DataType::kInt32: return ncclInt32;
+    case DataType::kInt64: return ncclInt64;
+    case DataType::kFloat64: return ncclFloat64;
+  }
+  throw CommError("no NCCL type for data type " + std::to_string(int(type)));
+}
+
+ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclAvg; }
+
+std::string FormatDuration(milliseconds duration) {
+  if (duration.count() < 1000) return std::to_string(duration.count()) + " ms";
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g s", double(duration.count()) / 1000);
+  return text;
+}
+
+NcclHandle::NcclHandle(ncclComm_t comm) : comm_(comm) {}
+
+NcclHandle::~NcclHandle() { Close(kCloseBound); }
+
+ncclResult_t NcclHandle::State() {
+  if (aborted_ || closed_) return kEnded;
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t asked = ncclCommGetAsyncError(comm_, &state);
+  return asked != ncclSuccess ? asked : state;
+}
+
+std::string NcclHandle::Why(ncclResult_t error) {
+  if (aborted_) return "the NCCL communicator was aborted";
+  if (closed_) return "the NCCL communicator was closed";
+  std::string why = std::string("NCCL reports ") + ncclGetErrorString(error);
+  const char* detail = ncclGetLastError(comm_);
+  if (detail != nullptr && detail[0] != '\0') why += std::string(" (") + detail + ")";
+  return why;
+}
+
+void NcclHandle::ThrowIfFailed(const std::string& what) {
+  std::lock_guard lock(mutex_);
+  const ncclResult_t state = State();
+  if (state != ncclSuccess && state != ncclInProgress) throw CommError(what + ": " + Why(state));
+}
+
+std::string NcclHandle::Failure() {
+  std::lock_guard lock(mutex_);
+  const ncclResult_t state = State();
+  if (state == ncclSuccess || state == ncclInProgress) return "";
+  return Why(state);
+}
+
+bool NcclHandle::WaitWhileInProgress(milliseconds timeout, ncclResult_t* state) {
+  const Clock::time_point deadline = Clock::now() + timeout;
+  std::chrono::microseconds pause{1};
+  for (;;) {
+    {
+      std::lock_guard lock(mutex_);
+      *state = State();
+    }
+    if (*state != ncclInProgress) return true;
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+}
+
+void NcclHandle::Run(const std::string& what, milliseconds timeout,
+                     const std::function<ncclResult_t(ncclComm_t)>& call) {
+  ncclResult_t state;
+  if (!WaitWhileInProgress(timeout, &state)) {  // an earlier call still in progress
+    Abort();
+    throw CommError(what + ": the NCCL communicator was still busy after " + FormatDuration(timeout) +
+                    "; it was aborted");
+  }
+  {
+    std::lock_guard lock(mutex_);
+    state = State();
+    if (state != ncclSuccess) throw CommError(what + ": " + Why(state));
+    const ncclResult_t called = call(comm_);
+    if (called != ncclSuccess && called != ncclInProgress) throw CommError(what + ": " + Why(called));
+  }
+  if (!WaitWhileInProgress(timeout, &state)) {
+    Abort();
+    throw CommError(what + ": NCCL had not enqueued it after " + FormatDuration(timeout) +
+                    " (a peer that does not take part?); the communicator was aborted");
+  }
+  if (state != ncclSuccess) {
+    std::lock_guard lock(mutex_);
+    throw CommError(what + ": " + Why(state));
+  }
+}
+
+void NcclHandle::AwaitReady(const std::string& what, const std::string& waited_for, milliseconds timeout) {
+  ncclResult_t state;
+  if (!WaitWhileInProgress(timeout, &state)) {
+    Abort();
+    throw CommError(what + ": " + waited_for + " within " + FormatDuration(timeout) +
+                    "; the communicator was aborted");
+  }
+  if (state != ncclSuccess) {
+    std::lock_guard lock(mutex_);
+    const std::string message = what + ": " + Why(state);
+    AbortLocked();  // a failed init leaves nothing to finalize
+    throw CommError(message);
+  }
+}
+
+void NcclHandle::AbortLocked() {
+  if (aborted_ || closed_) return;
+  aborted_ = true;
+  ncclCommAbort(comm_);  // blocking, and bounded: it stops the kernels rather than waiting for them
+}
+
+void NcclHandle::Abort() {
+  std::lock_guard lock(mutex_);
+  AbortLocked();
+}
+
+bool NcclHandle::aborted() {
+  std::lock_guard lock(mutex_);
+  return aborted_;
+}
+
+void NcclHandle::Close(milliseconds bound) {
+  {
+    std::lock_guard lock(mutex_);
+    if (aborted_ || closed_) return;
+    const ncclResult_t finalized = ncclCommFinalize(comm_);
+    if (finalized != ncclSuccess && finalized != ncclInProgress) return AbortLocked();
+  }
+  ncclResult_t state;
+  const bool quiet = WaitWhileInProgress(bound, &state);
+  std::lock_guard lock(mutex_);
+  if (aborted_ || closed_) return;  // aborted by another thread meanwhile
+  if (!quiet || state != ncclSuccess) return AbortLocked();
+  closed_ = true;
+  ncclCommDestroy(comm_);  // after a finished finalize, frees local resources without blocking
+}
+
+}  // namespace meshtrain::comm::nccl

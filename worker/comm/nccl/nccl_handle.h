@@ -1,0 +1,87 @@
+// One non-blocking NCCL communicator (config.blocking = 0) and the rules of its use,
+// shared by the Communicator (nccl_communicator.h) and the stream-ordered collectives
+// (nccl_collectives.h). Internal to comm/nccl/.
+//
+// - Any call may answer ncclInProgress: the work is not enqueued until
+//   ncclCommGetAsyncError stops saying so, and nothing else may be called on the
+//   communicator until then. Run() waits for that, bounded, before it returns.
+// - NCCL's asynchronous error is checked before every call, and thrown as CommError
+//   naming the operation and the group.
+// - The handle ends exactly once: Close() (finalize, then destroy) or Abort(), never
+//   both. A close that does not finish in its bound (a peer that is gone) aborts instead.
+//
+// Thread-safety: every method may be called from any thread; calls on one handle are
+// serialised, except that Abort() may interrupt a wait in Run() or AwaitReady().
+
+#pragma once
+
+#include <nccl.h>
+
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <string>
+
+#include "worker/comm/types.h"
+
+namespace meshtrain::comm::nccl {
+
+using std::chrono::milliseconds;
+
+ncclDataType_t NcclType(DataType type);
+ncclRedOp_t NcclOp(ReduceOp op);
+// "100 ms", "2.5 s"
+std::string FormatDuration(milliseconds duration);
+
+class NcclHandle {
+ public:
+  // Owns `comm`, just made by a non-blocking init or split (it may still be in progress).
+  explicit NcclHandle(ncclComm_t comm);
+  ~NcclHandle();  // Close(kCloseBound) unless it has ended
+  NcclHandle(const NcclHandle&) = delete;
+  NcclHandle& operator=(const NcclHandle&) = delete;
+
+  // Bound of the destructor's close.
+  static constexpr milliseconds kCloseBound{10'000};
+
+  // Throws CommError "<what>: ..." when NCCL reports an error on the communicator or
+  // it has ended (aborted or closed).
+  void ThrowIfFailed(const std::string& what);
+
+  // Calls `call` with the communicator once ThrowIfFailed passes, then waits while NCCL
+  // is still enqueueing it. When that takes longer than `timeout` (the first operation
+  // connects to peers, so a missing peer shows here) it aborts the communicator and
+  // throws CommError naming `what` and the timeout.
+  void Run(const std::string& what, milliseconds timeout, const std::function<ncclResult_t(ncclComm_t)>& call);
+
+  // Waits until the communicator's init or split has finished; after `timeout` aborts
+  // it and throws CommError "<what>: <waited_for> within <timeout>; ...".
+  void AwaitReady(const std::string& what, const std::string& waited_for, milliseconds timeout);
+
+  // Why the communicator cannot be used ("" while it can): NCCL's error, or that it has
+  // ended. For polling; does not throw.
+  std::string Failure();
+
+  // Ends the communicator at once, stopping its kernels; later calls throw CommError.
+  // Idempotent, and a no-op after Close().
+  void Abort();
+  // Flushes and frees the communicator (ncclCommFinalize, then ncclCommDestroy), or
+  // aborts it when that fails or does not finish within `bound`. Idempotent.
+  void Close(milliseconds bound);
+  bool aborted();
+
+ private:
+  // REQUIRES: mutex_ held. NCCL's asynchronous state, or ncclInvalidUsage once ended.
+  ncclResult_t State();
+  // REQUIRES: mutex_ held. "NCCL reports <error> (<NCCL's last words>)", or that it ended.
+  std::string Why(ncclResult_t error);
+  // Waits while the state is ncclInProgress; true if it left that state in time.
+  bool WaitWhileInProgress(milliseconds timeout, ncclResult_t* state);
+  void AbortLocked();
+
+  std::mutex mutex_;
+  ncclComm_t comm_;
+  bool aborted_ = false, closed_ = false;
+};
+
+}  // namespace meshtrain::comm::nccl

@@ -1,0 +1,106 @@
+// Stream-ordered collectives (DESIGN.md, "The device seam"): all-gather, reduce-scatter
+// and all-reduce over one group, on device memory, completing in a stream's order. The
+// engine's FSDP units, its tensor-parallel layers and its gradient norm use them, and
+// order them against compute with events like any other stream work.
+//
+// Every member issues the same operations in the same order. A failure or a timeout (a
+// dead or stuck peer) fails the stream: its Synchronize throws an error that names the
+// operation, the group and, where known, the peer.
+//
+// Implementations:
+//   HostStreamCollectives (below)  over any Communicator, from the host. On a backend
+//       whose device memory the host can address (the CPU), each operation is a task on
+//       the stream. On a GPU it is the staged fallback for ranks that share one GPU,
+//       which NCCL refuses: at issue, the host waits for the stream, copies device to
+//       pinned host memory, runs the collective, and copies back.
+//   the CUDA plugin's NCCL collectives  NCCL on the stream (ncclCommSplit for groups).
+// Thread-safety: one thread issues a group's operations.
+
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include "api/layout.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/group.h"
+#include "worker/comm/types.h"
+#include "worker/runtime/backend.h"
+#include "worker/runtime/bf16.h"
+#include "worker/runtime/device_ptr.h"
+
+namespace meshtrain::comm {
+
+// Seconds the group's operations took, by kind, on their streams' timelines.
+struct CollectiveSeconds {
+  double all_gather = 0, reduce_scatter = 0, all_reduce = 0;
+};
+
+class StreamCollectives {
+ public:
+  virtual ~StreamCollectives() = default;
+
+  virtual const Group& group() const = 0;
+  int rank() const { return group().rank(); }
+  int size() const { return group().size(); }
+  // "fabric", "nccl", "staged through pinned host memory over fabric"
+  virtual std::string Describe() const = 0;
+
+  // recv (size * count) = every member's send (count), in member order. send may be
+  // recv + rank * count (in place).
+  virtual void AllGather(runtime::ConstDeviceBytes send, runtime::DeviceBytes recv, size_t count, DataType type,
+                         runtime::Stream& stream) = 0;
+  // recv (count) = op over the members of send[rank * count, (rank + 1) * count). recv
+  // may be send + rank * count (in place).
+  virtual void ReduceScatter(runtime::ConstDeviceBytes send, runtime::DeviceBytes recv, size_t count, DataType type,
+                             ReduceOp op, runtime::Stream& stream) = 0;
+  // recv (count) = op over the members of send (count); recv may be send.
+  virtual void AllReduce(runtime::ConstDeviceBytes send, runtime::DeviceBytes recv, size_t count, DataType type,
+                         ReduceOp op, runtime::Stream& stream) = 0;
+
+  // Readies what operations on messages of up to `bytes` need (the staged fallback's
+  // pinned buffers), so that no step allocates. The engine calls it when it is built.
+  virtual void Reserve(size_t bytes) = 0;
+  // Seconds spent so far; REQUIRES: the streams the operations ran on have been synchronized.
+  virtual CollectiveSeconds Seconds() = 0;
+
+  // This member's group along a layout axis. REQUIRES: this is the world of `layout`;
+  // every member calls it, for every axis, in the same order.
+  virtual std::unique_ptr<StreamCollectives> SplitAxis(const api::ParallelLayout& layout, api::Axis axis) = 0;
+};
+
+// The element type of T: kFloat32, kBFloat16, kFloat64.
+template <class T>
+constexpr DataType DataTypeOf();
+template <>
+constexpr DataType DataTypeOf<float>() { return DataType::kFloat32; }
+template <>
+constexpr DataType DataTypeOf<runtime::bf16>() { return DataType::kBFloat16; }
+template <>
+constexpr DataType DataTypeOf<double>() { return DataType::kFloat64; }
+
+// Typed forms, counts in elements.
+template <class T>
+void AllGather(StreamCollectives& group, runtime::DevicePtr<const T> send, runtime::DevicePtr<T> recv, size_t count,
+               runtime::Stream& stream) {
+  group.AllGather(send, recv, count, DataTypeOf<std::remove_const_t<T>>(), stream);
+}
+template <class T>
+void ReduceScatter(StreamCollectives& group, runtime::DevicePtr<const T> send, runtime::DevicePtr<T> recv,
+                   size_t count, ReduceOp op, runtime::Stream& stream) {
+  group.ReduceScatter(send, recv, count, DataTypeOf<std::remove_const_t<T>>(), op, stream);
+}
+template <class T>
+void AllReduce(StreamCollectives& group, runtime::DevicePtr<T> data, size_t count, ReduceOp op,
+               runtime::Stream& stream) {
+  group.AllReduce(data, data, count, DataTypeOf<std::remove_const_t<T>>(), op, stream);
+}
+
+// Over `communicator` (owned, or borrowed when `owned` is false), with `backend`'s copies
+// and pinned memory. REQUIRES: the communicator outlives this if borrowed.
+std::unique_ptr<StreamCollectives> HostCollectives(std::unique_ptr<Communicator> owned, runtime::Backend* backend);
+std::unique_ptr<StreamCollectives> HostCollectives(Communicator* borrowed, runtime::Backend* backend);
+
+}  // namespace meshtrain::comm

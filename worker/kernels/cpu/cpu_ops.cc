@@ -1,0 +1,169 @@
+#include "worker/kernels/cpu/cpu_ops.h"
+
+#include "worker/kernels/cpu/kernels.h"
+#include "worker/runtime/cpu_stream.h"
+#include "worker/runtime/device_side.h"
+
+namespace meshtrain::kernels {
+namespace {
+
+using runtime::DeviceSide;
+
+template <class T>
+T* At(runtime::DevicePtr<T> p) {
+  return DeviceSide::Address(p);
+}
+
+template <class P>
+class CpuOps final : public Ops<P> {
+ public:
+  using A = typename P::Act;
+  using G = typename P::Acc;
+  template <class T>
+  using Out = runtime::DevicePtr<T>;
+  template <class T>
+  using In = runtime::DevicePtr<const T>;
+  using Stream = runtime::Stream;
+
+  std::string Describe() const override {
+    if constexpr (std::is_same_v<P, Fp64>) return "cpu fp64 reference";
+    if constexpr (std::is_same_v<P, Bf16>) return "cpu bf16 emulation";
+    return "cpu fp32";
+  }
+
+  AttentionKind Attention(int, int, int, int) override { return AttentionKind::kScores; }
+  int64_t AttentionStateElements(int B, int T, int NH, int) override { return int64_t(B) * NH * T * T; }
+  int64_t AttentionScratchBytes(int, int, int, int) override { return 0; }
+
+  void EncoderForward(Out<A> out, In<int32_t> tokens, In<A> wte, In<A> wpe, int B, int T, int C, int64_t v_begin,
+                      int64_t v_rows, Stream& s) override {
+    Run(s, [=, out = At(out), tokens = At(tokens), wte = At(wte), wpe = At(wpe)] {
+      cpu::EncoderForward<A, G>(out, tokens, wte, wpe, B, T, C, v_begin, v_rows);
+    });
+  }
+  void EncoderBackward(Out<G> dwte, Out<G> dwpe, In<A> dout, In<int32_t> tokens, int B, int T, int C, int64_t v_begin,
+                       int64_t v_rows, Stream& s) override {
+    Run(s, [=, dwte = At(dwte), dwpe = At(dwpe), dout = At(dout), tokens = At(tokens)] {
+      cpu::EncoderBackward<A, G>(dwte, dwpe, dout, tokens, B, T, C, v_begin, v_rows);
+    });
+  }
+  void LayerNormForward(Out<A> out, Out<G> mean, Out<G> rstd, In<A> inp, In<A> weight, In<A> bias, int64_t N, int C,
+                        Stream& s) override {
+    Run(s, [=, out = At(out), mean = At(mean), rstd = At(rstd), inp = At(inp), weight = At(weight), bias = At(bias)] {
+      cpu::LayerNormForward<A, G>(out, mean, rstd, inp, weight, bias, N, C);
+    });
+  }
+  void ResidualLayerNormForward(Out<A> residual, Out<A> out, Out<G> mean, Out<G> rstd, In<A> a, In<A> b,
+                                In<A> weight, In<A> bias, int64_t N, int C, Stream& s) override {
+    Run(s, [=, residual = At(residual), out = At(out), mean = At(mean), rstd = At(rstd), a = At(a), b = At(b),
+             weight = At(weight), bias = At(bias)] {
+      cpu::ResidualLayerNormForward<A, G>(residual, out, mean, rstd, a, b, weight, bias, N, C);
+    });
+  }
+  void LayerNormBackward(Out<A> dinp, Out<G> dweight, Out<G> dbias, In<A> dout, In<A> inp, In<A> weight, In<G> mean,
+                         In<G> rstd, int64_t N, int C, Stream& s) override {
+    Run(s, [=, dinp = At(dinp), dweight = At(dweight), dbias = At(dbias), dout = At(dout), inp = At(inp),
+             weight = At(weight), mean = At(mean), rstd = At(rstd)] {
+      cpu::LayerNormBackward<A, G>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    });
+  }
+  void MatmulForward(Out<A> out, Out<A> gelu_pre, In<A> inp, In<A> weight, In<A> bias, int64_t N, int K, int OC,
+                     Stream& s) override {
+    Run(s, [=, out = At(out), gelu_pre = At(gelu_pre), inp = At(inp), weight = At(weight), bias = At(bias)] {
+      cpu::MatmulForward<A, G>(out, gelu_pre, inp, weight, bias, N, K, OC);
+    });
+  }
+  void MatmulBackward(Out<A> dinp, Out<G> dweight, Out<G> dbias, In<A> dout, In<A> inp, In<A> weight, In<A> gelu_pre,
+                      int64_t N, int K, int OC, Stream& s) override {
+    Run(s, [=, dinp = At(dinp), dweight = At(dweight), dbias = At(dbias), dout = At(dout), inp = At(inp),
+             weight = At(weight), gelu_pre = At(gelu_pre)] {
+      cpu::MatmulBackward<A, G>(dinp, dweight, dbias, dout, inp, weight, gelu_pre, N, K, OC);
+    });
+  }
+  void AttentionForward(Out<A> out, Out<G> state, In<A> qkv, int B, int T, int C, int NH, Stream& s) override {
+    Run(s, [=, out = At(out), state = At(state), qkv = At(qkv)] {
+      cpu::AttentionForward<A, G>(out, state, qkv, B, T, C, NH);
+    });
+  }
+  void AttentionBackward(Out<A> dqkv, Out<std::byte>, In<A> dout, In<A> qkv, In<A>, In<G> state, int B, int T, int C,
+                         int NH, Stream& s) override {
+    Run(s, [=, dqkv = At(dqkv), dout = At(dout), qkv = At(qkv), state = At(state)] {
+      cpu::AttentionBackward<A, G>(dqkv, dout, qkv, state, B, T, C, NH);
+    });
+  }
+  void Add(Out<A> out, In<A> a, In<A> b, int64_t n, Stream& s) override {
+    Run(s, [=, out = At(out), a = At(a), b = At(b)] { cpu::Add<A, G>(out, a, b, n); });
+  }
+  void Dropout(Out<A> out, In<A> in, int64_t rows, int width, float p, uint64_t key, int64_t first_row,
+               int64_t row_stride, int64_t first_column, Stream& s) override {
+    Run(s, [=, out = At(out), in = At(in)] {
+      cpu::Dropout<A, G>(out, in, rows, width, p, key, first_row, row_stride, first_column);
+    });
+  }
+  void CrossEntropy(Out<G> losses, Out<A> dlogits, In<A> logits, In<int32_t> targets, int64_t R, int64_t v_rows,
+                    int64_t Vp, float dloss, Stream& s) override {
+    Run(s, [=, losses = At(losses), dlogits = At(dlogits), logits = At(logits), targets = At(targets)] {
+      cpu::CrossEntropy<A, G>(losses, dlogits, logits, targets, R, v_rows, Vp, dloss);
+    });
+  }
+  void VocabSliceStats(Out<G> stats, In<A> logits, In<int32_t> targets, int64_t R, int64_t v_rows, int64_t Vp,
+                       int64_t v_begin, Stream& s) override {
+    Run(s, [=, stats = At(stats), logits = At(logits), targets = At(targets)] {
+      cpu::VocabSliceStats<A, G>(stats, logits, targets, R, v_rows, Vp, v_begin);
+    });
+  }
+  void VocabSliceCrossEntropy(Out<G> losses, Out<A> dlogits, In<A> logits, In<G> all_stats, int slices,
+                              In<int32_t> targets, int64_t R, int64_t v_rows, int64_t Vp, int64_t v_begin, float dloss,
+                              Stream& s) override {
+    Run(s, [=, losses = At(losses), dlogits = At(dlogits), logits = At(logits), all_stats = At(all_stats),
+             targets = At(targets)] {
+      cpu::VocabSliceCrossEntropy<A, G>(losses, dlogits, logits, all_stats, slices, targets, R, v_rows, Vp, v_begin,
+                                        dloss);
+    });
+  }
+  void AddLoss(Out<double> sum, In<G> losses, int64_t R, double scale, Stream& s) override {
+    Run(s, [=, sum = At(sum), losses = At(losses)] { cpu::AddLoss<G>(sum, losses, R, scale); });
+  }
+  void Accumulate(Out<G> into, In<G> from, int64_t n, Stream& s) override {
+    Run(s, [=, into = At(into), from = At(from)] { cpu::Accumulate<G>(into, from, n); });
+  }
+  void Cast(Out<A> to, In<G> from, int64_t n, Stream& s) override {
+    Run(s, [=, to = At(to), from = At(from)] { cpu::Cast<A, G>(to, from, n); });
+  }
+  void SumSquares(Out<double> sum, In<G> grads, In<ShardSegment> segments, int count, Stream& s) override {
+    Run(s, [=, sum = At(sum), grads = At(grads), segments = At(segments)] {
+      cpu::SumSquares<G>(sum, grads, segments, count);
+    });
+  }
+  void ClipScale(Out<float> scale, In<double> sum_of_squares, float max_norm, Stream& s) override {
+    Run(s, [=, scale = At(scale), sum_of_squares = At(sum_of_squares)] {
+      cpu::ClipScale(scale, sum_of_squares, max_norm);
+    });
+  }
+  void AdamW(Out<G> master, Out<A> params, In<G> grads, Out<G> m, Out<G> v, In<ShardSegment> segments, int count,
+             const AdamWStep& step, In<float> clip_scale, Stream& s) override {
+    Run(s, [=, master = At(master), params = At(params), grads = At(grads), m = At(m), v = At(v),
+             segments = At(segments), clip_scale = At(clip_scale)] {
+      cpu::AdamW<A, G>(master, params, grads, m, v, segments, count, step, clip_scale);
+    });
+  }
+
+ private:
+  template <class F>
+  static void Run(Stream& stream, F&& task) {
+    runtime::CpuStream::Of(stream).Enqueue(std::forward<F>(task));
+  }
+};
+
+}  // namespace
+
+template <class P>
+std::unique_ptr<Ops<P>> MakeCpuOps() {
+  return std::make_unique<CpuOps<P>>();
+}
+
+template std::unique_ptr<Ops<Fp32>> MakeCpuOps<Fp32>();
+template std::unique_ptr<Ops<Bf16>> MakeCpuOps<Bf16>();
+template std::unique_ptr<Ops<Fp64>> MakeCpuOps<Fp64>();
+
+}  // namespace meshtrain::kernels

@@ -1,0 +1,71 @@
+// Matrix products through cuBLASLt for the bf16 table (cuda_ops.h): bf16 A and B, fp32
+// compute, with epilogues. Each distinct product (shape, layouts, types, epilogue and the
+// pointers' alignments) gets its descriptors and one heuristic query the first time, kept
+// for every later call; the workspace is taken once, when the table is built. A call
+// allocates nothing and never synchronizes the host. Internal to kernels/cuda.
+//
+// cuBLASLt is column-major: a row-major (R,C) array is a column-major (C,R) one with the
+// same leading dimension, so callers describe the transposed product (see cuda_ops.cc).
+// Thread-safety: one host thread at a time (the cache); the work follows its stream.
+
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "worker/runtime/device_memory.h"
+#include "worker/runtime/memory.h"
+
+namespace meshtrain::kernels::cuda {
+
+// D (m,n) = alpha op(A) op(B) + beta D, column-major, batched by strides; C is D.
+struct Gemm {
+  bool transpose_a = false, transpose_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  int64_t lda = 0, stride_a = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0, stride_b = 0;
+  void* d = nullptr;
+  cudaDataType d_type = CUDA_R_16BF;
+  int64_t ldd = 0, stride_d = 0;
+  int batch = 1;
+  float alpha = 1, beta = 0;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;  // bf16, m elements, for the BIAS epilogues
+  const void* aux = nullptr;   // bf16 (m,n) with leading dimension aux_ld: the GELU input
+  int64_t aux_ld = 0;
+};
+
+class BlasLt {
+ public:
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+  // The workspace comes from `allocator` (activations).
+  explicit BlasLt(runtime::CachingAllocator* allocator);
+  ~BlasLt();
+  BlasLt(const BlasLt&) = delete;
+  BlasLt& operator=(const BlasLt&) = delete;
+
+  // Enqueues the product. False, with nothing enqueued, when cuBLASLt has no algorithm for
+  // it (an epilogue a shape does not allow): the caller runs the unfused form. Throws
+  // runtime::cuda::CudaError naming `what` and the shape on any other failure.
+  bool Run(const Gemm& gemm, const char* what, cudaStream_t stream);
+
+ private:
+  struct Plan;
+
+  Plan& PlanFor(const Gemm& gemm, const char* what);
+
+  cublasLtHandle_t handle_ = nullptr;
+  runtime::DeviceArray<std::byte> workspace_;
+  std::unordered_map<std::string, std::unique_ptr<Plan>> plans_;  // by Key(gemm)
+};
+
+}  // namespace meshtrain::kernels::cuda

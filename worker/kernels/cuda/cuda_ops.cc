@@ -1,0 +1,467 @@
+#include "worker/kernels/cuda/cuda_ops.h"
+
+#include <cudnn_graph.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include "worker/kernels/cuda/blas_lt.h"
+#include "worker/kernels/cuda/cudnn_attention.h"
+#include "worker/kernels/cuda/launch.h"
+#include "worker/runtime/cuda.h"
+#include "worker/runtime/device_memory.h"
+#include "worker/runtime/device_side.h"
+
+namespace meshtrain::kernels::cuda {
+
+void ThrowLaunchError(cudaError_t status, const char* kernel, const std::string& shape) {
+  runtime::cuda::Check(status, std::string("launch of ") + kernel + " (" + shape + ")");
+  throw runtime::cuda::CudaError(std::string("launch of ") + kernel + " (" + shape + ") failed");
+}
+
+namespace {
+
+using runtime::CachingAllocator;
+using runtime::DeviceArray;
+using runtime::DeviceSide;
+using runtime::MemoryCategory;
+using runtime::cuda::CudaError;
+
+static_assert(sizeof(Segment) == sizeof(ShardSegment) && offsetof(Segment, offset) == offsetof(ShardSegment, offset) &&
+                  offsetof(Segment, size) == offsetof(ShardSegment, size) &&
+                  offsetof(Segment, decay) == offsetof(ShardSegment, decay) &&
+                  offsetof(Segment, in_norm) == offsetof(ShardSegment, in_norm),
+              "launch.h's Segment must mirror kernels::ShardSegment");
+static_assert(sizeof(runtime::bf16) == sizeof(bf16));
+
+// Partial sums of LayerNorm's backward (2C a block) and of the bias gradient (OC a row
+// range): 4 MiB each, enough for the largest rows the kernels take.
+constexpr int64_t kPartialFloats = int64_t{1} << 20;
+
+template <class T>
+T* Raw(runtime::DevicePtr<T> p) {
+  return DeviceSide::Address(p);
+}
+bf16* Raw(runtime::DevicePtr<runtime::bf16> p) { return reinterpret_cast<bf16*>(DeviceSide::Address(p)); }
+const bf16* Raw(runtime::DevicePtr<const runtime::bf16> p) {
+  return reinterpret_cast<const bf16*>(DeviceSide::Address(p));
+}
+
+std::string AttentionShape(int B, int T, int NH, int HS) {
+  return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " NH=" + std::to_string(NH) +
+         " HS=" + std::to_string(HS);
+}
+
+class CudaOps final : public Ops<Bf16> {
+ public:
+  CudaOps(runtime::Backend& backend, CachingAllocator* allocator, const CudaOpsOptions& options)
+      : allocator_(allocator), options_(options) {
+    const runtime::Device device = backend.device();
+    if (!device.is_cuda()) {
+      throw std::invalid_argument("MakeCudaOps: the backend " + backend.Describe() + " is not a CUDA backend");
+    }
+    runtime::cuda::UseDevice(device.index);
+    runtime::cuda::Check(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device.index),
+                         "cudaDeviceGetAttribute(multiprocessors)");
+    blas_ = std::make_unique<BlasLt>(allocator);
+    if (const cudnnStatus_t status = cudnnCreate(&cudnn_); status != CUDNN_STATUS_SUCCESS) {
+      cudnn_ = nullptr;
+      cudnn_missing_ = std::string("cudnnCreate: ") + cudnnGetErrorString(status);
+    }
+    layernorm_partials_ = DeviceArray<float>(allocator, kPartialFloats, MemoryCategory::kActivations);
+    bias_partials_ = DeviceArray<float>(allocator, kPartialFloats, MemoryCategory::kActivations);
+    norm_partials_ = DeviceArray<double>(allocator, kSumSquaresBlocks, MemoryCategory::kOptimizer);
+  }
+
+  ~CudaOps() override {
+    attention_.clear();
+    if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
+  }
+
+  std::string Describe() const override { return "cuda bf16 (cuBLASLt, cuDNN)"; }
+
+  // --- Attention's memory ---
+
+  AttentionKind Attention(int B, int T, int NH, int HS) override {
+    return AttentionFor(B, T, NH, HS).fused != nullptr ? AttentionKind::kFused : AttentionKind::kScores;
+  }
+
+  int64_t AttentionStateElements(int B, int T, int NH, int HS) override {
+    const int64_t rows = int64_t(B) * NH * T;
+    return AttentionFor(B, T, NH, HS).fused != nullptr ? rows : rows * T;
+  }
+
+  int64_t AttentionScratchBytes(int B, int T, int NH, int HS) override {
+    const AttentionPlan& plan = AttentionFor(B, T, NH, HS);
+    if (plan.fused != nullptr) return plan.fused->BackwardScratchBytes();
+    return ScoresScratch::Bytes(int64_t(B) * NH * T * T);
+  }
+
+  // --- Embedding ---
+
+  void EncoderForward(Out<Act> out, In<int32_t> tokens, In<Act> wte, In<Act> wpe, int B, int T, int C,
+                      int64_t v_begin, int64_t v_rows, Stream& stream) override {
+    cuda::EncoderForward(Raw(out), Raw(tokens), Raw(wte), Raw(wpe), B, T, C, v_begin, v_rows, Handle(stream));
+  }
+
+  void EncoderBackward(Out<Acc> dwte, Out<Acc> dwpe, In<Act> dout, In<int32_t> tokens, int B, int T, int C,
+                       int64_t v_begin, int64_t v_rows, Stream& stream) override {
+    cuda::EncoderBackward(Raw(dwte), Raw(dwpe), Raw(dout), Raw(tokens), B, T, C, v_begin, v_rows, Handle(stream));
+  }
+
+  // --- LayerNorm ---
+
+  void LayerNormForward(Out<Act> out, Out<Acc> mean, Out<Acc> rstd, In<Act> inp, In<Act> weight, In<Act> bias,
+                        int64_t N, int C, Stream& stream) override {
+    cuda::LayerNormForward(nullptr, Raw(out), Raw(mean), Raw(rstd), Raw(inp), nullptr, Raw(weight), Raw(bias), N, C,
+                           Handle(stream));
+  }
+
+  void ResidualLayerNormForward(Out<Act> residual, Out<Act> out, Out<Acc> mean, Out<Acc> rstd, In<Act> a, In<Act> b,
+                                In<Act> weight, In<Act> bias, int64_t N, int C, Stream& stream) override {
+    cuda::LayerNormForward(Raw(residual), Raw(out), Raw(mean), Raw(rstd), Raw(a), Raw(b), Raw(weight), Raw(bias), N,
+                           C, Handle(stream));
+  }
+
+  void LayerNormBackward(Out<Act> dinp, Out<Acc> dweight, Out<Acc> dbias, In<Act> dout, In<Act> inp, In<Act> weight,
+                         In<Acc> mean, In<Acc> rstd, int64_t N, int C, Stream& stream) override {
+    cuda::LayerNormBackward(Raw(dinp), Raw(dweight), Raw(dbias), Raw(dout), Raw(inp), Raw(weight), Raw(mean),
+                            Raw(rstd), N, C, Raw(layernorm_partials_.get()), layernorm_partials_.size(),
+                            Handle(stream));
+  }
+
+  // --- Products ---
+  // Row-major (R,C) is column-major (C,R): out (N,OC) = inp (N,K) @ weight (OC,K)^T is
+  // out^T (OC,N) = weight^T... in cuBLASLt's terms D (OC,N) = op(A) B with A = weight
+  // stored (K,OC) and transposed, B = inp stored (K,N).
+
+  void MatmulForward(Out<Act> out, Out<Act> gelu_pre, In<Act> inp, In<Act> weight, In<Act> bias, int64_t N, int K,
+                     int OC, Stream& stream) override {
+    if (N == 0 || OC == 0) return;
+    Gemm gemm;
+    gemm.transpose_a = true;
+    gemm.m = OC, gemm.n = N, gemm.k = K;
+    gemm.a = Raw(weight), gemm.lda = K;
+    gemm.b = Raw(inp), gemm.ldb = K;
+    gemm.d = Raw(out), gemm.ldd = OC;
+    gemm.bias = Raw(bias);
+    if (gelu_pre) {
+      gemm.epilogue = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+      gemm.aux = Raw(gelu_pre), gemm.aux_ld = OC;
+    } else {
+      gemm.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    }
+    const cudaStream_t handle = Handle(stream);
+    if (blas_->Run(gemm, "MatmulForward", handle)) return;
+    // No fused kernel for this shape: the product, then bias and GELU on their own.
+    gemm.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    gemm.bias = gemm.aux = nullptr;
+    RunOrThrow(gemm, "MatmulForward", handle);
+    BiasGelu(Raw(out), Raw(gelu_pre), Raw(bias), N, OC, handle);
+  }
+
+  // dinp^T (K,N) = weight^T (K,OC) dout^T (OC,N): A = weight stored (K,OC), B = dout
+  // stored (OC,N). dweight^T (K,OC) += inp^T (K,N) dout (N,OC): A = inp stored (K,N),
+  // B = dout stored (OC,N) and transposed, into fp32 with beta 1.
+  void MatmulBackward(Out<Act> dinp, Out<Acc> dweight, Out<Acc> dbias, In<Act> dout, In<Act> inp, In<Act> weight,
+                      In<Act> gelu_pre, int64_t N, int K, int OC, Stream& stream) override {
+    if (N == 0 || OC == 0 || K == 0) return;
+    const cudaStream_t handle = Handle(stream);
+    if (dinp) {
+      Gemm gemm;
+      gemm.m = K, gemm.n = N, gemm.k = OC;
+      gemm.a = Raw(weight), gemm.lda = K;
+      gemm.b = Raw(dout), gemm.ldb = OC;
+      gemm.d = Raw(dinp), gemm.ldd = K;
+      if (gelu_pre) {
+        gemm.epilogue = CUBLASLT_EPILOGUE_DGELU;
+        gemm.aux = Raw(gelu_pre), gemm.aux_ld = K;
+      }
+      if (!blas_->Run(gemm, "MatmulBackward (dinp)", handle)) {
+        gemm.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+        gemm.aux = nullptr;
+        RunOrThrow(gemm, "MatmulBackward (dinp)", handle);
+        if (gelu_pre) GeluBackwardInPlace(Raw(dinp), Raw(gelu_pre), N * K, handle);
+      }
+    }
+    if (dweight) {
+      Gemm gemm;
+      gemm.transpose_b = true;
+      gemm.m = K, gemm.n = OC, gemm.k = N;
+      gemm.a = Raw(inp), gemm.lda = K;
+      gemm.b = Raw(dout), gemm.ldb = OC;
+      gemm.d = Raw(dweight), gemm.d_type = CUDA_R_32F, gemm.ldd = K;
+      gemm.beta = 1;
+      RunOrThrow(gemm, "MatmulBackward (dweight)", handle);
+    }
+    if (dbias) {
+      BiasBackward(Raw(dbias), Raw(dout), N, OC, Raw(bias_partials_.get()), bias_partials_.size(), handle);
+    }
+  }
+
+  // --- Attention ---
+
+  void AttentionForward(Out<Act> out, Out<Acc> state, In<Act> qkv, int B, int T, int C, int NH,
+                        Stream& stream) override {
+    const int HS = HeadSize(C, NH, "AttentionForward");
+    if (int64_t(B) * T == 0) return;
+    AttentionPlan& plan = AttentionFor(B, T, NH, HS);
+    if (plan.fused != nullptr) {
+      plan.fused->Forward(Raw(out), Raw(state), Raw(qkv), Handle(stream));
+      return;
+    }
+    ScoresForward(plan, Raw(out), Raw(state), Raw(qkv), B, T, C, NH, Handle(stream));
+  }
+
+  void AttentionBackward(Out<Act> dqkv, Out<std::byte> scratch, In<Act> dout, In<Act> qkv, In<Act> out,
+                         In<Acc> state, int B, int T, int C, int NH, Stream& stream) override {
+    const int HS = HeadSize(C, NH, "AttentionBackward");
+    if (int64_t(B) * T == 0) return;
+    AttentionPlan& plan = AttentionFor(B, T, NH, HS);
+    if (plan.fused != nullptr) {
+      plan.fused->Backward(Raw(dqkv), Raw(scratch), Raw(dout), Raw(qkv), Raw(out), Raw(state), Handle(stream));
+      return;
+    }
+    ScoresBackward(Raw(dqkv), Raw(scratch), Raw(dout), Raw(qkv), Raw(state), B, T, C, NH, Handle(stream));
+  }
+
+  // --- Elementwise ---
+
+  void Add(Out<Act> out, In<Act> a, In<Act> b, int64_t n, Stream& stream) override {
+    cuda::Add(Raw(out), Raw(a), Raw(b), n, Handle(stream));
+  }
+
+  void Dropout(Out<Act> x, int64_t rows, int width, float p, uint64_t key, int64_t first_row, int64_t row_stride,
+               int64_t first_column, Stream& stream) override {
+    cuda::Dropout(Raw(x), rows, width, p, key, first_row, row_stride, first_column, Handle(stream));
+  }
+
+  // --- Loss ---
+
+  void CrossEntropy(Out<Acc> losses, Out<Act> dlogits, In<Act> logits, In<int32_t> targets, int64_t R,
+                    int64_t v_rows, int64_t Vp, float dloss, Stream& stream) override {
+    cuda::CrossEntropy(Raw(losses), Raw(dlogits), Raw(logits), Raw(targets), R, v_rows, Vp, dloss, Handle(stream));
+  }
+
+  void VocabSliceStats(Out<Acc> stats, In<Act> logits, In<int32_t> targets, int64_t R, int64_t v_rows, int64_t Vp,
+                       int64_t v_begin, Stream& stream) override {
+    cuda::VocabSliceStats(Raw(stats), Raw(logits), Raw(targets), R, v_rows, Vp, v_begin, Handle(stream));
+  }
+
+  void VocabSliceCrossEntropy(Out<Acc> losses, Out<Act> dlogits, In<Act> logits, In<Acc> all_stats, int slices,
+                              In<int32_t> targets, int64_t R, int64_t v_rows, int64_t Vp, int64_t v_begin,
+                              float dloss, Stream& stream) override {
+    cuda::VocabSliceCrossEntropy(Raw(losses), Raw(dlogits), Raw(logits), Raw(all_stats), slices, Raw(targets), R,
+                                 v_rows, Vp, v_begin, dloss, Handle(stream));
+  }
+
+  void AddLoss(Out<double> sum, In<Acc> losses, int64_t R, double scale, Stream& stream) override {
+    cuda::AddLoss(Raw(sum), Raw(losses), R, scale, Handle(stream));
+  }
+
+  // --- Shard operations ---
+
+  void Accumulate(Out<Acc> into, In<Acc> from, int64_t n, Stream& stream) override {
+    cuda::Accumulate(Raw(into), Raw(from), n, Handle(stream));
+  }
+
+  void Cast(Out<Act> to, In<Acc> from, int64_t n, Stream& stream) override {
+    cuda::Cast(Raw(to), Raw(from), n, Handle(stream));
+  }
+
+  void SumSquares(Out<double> sum, In<Acc> grads, In<ShardSegment> segments, int count, Stream& stream) override {
+    cuda::SumSquares(Raw(sum), Raw(grads), reinterpret_cast<const Segment*>(Raw(segments)), count,
+                     Raw(norm_partials_.get()), Handle(stream));
+  }
+
+  void ClipScale(Out<float> scale, In<double> sum_of_squares, float max_norm, Stream& stream) override {
+    cuda::ClipScale(Raw(scale), Raw(sum_of_squares), max_norm, Handle(stream));
+  }
+
+  void AdamW(Out<Acc> master, Out<Act> params, In<Acc> grads, Out<Acc> m, Out<Acc> v, In<ShardSegment> segments,
+             int count, const AdamWStep& step, In<float> clip_scale, Stream& stream) override {
+    AdamWConstants constants{};
+    constants.learning_rate = step.learning_rate;
+    constants.beta1 = step.beta1;
+    constants.beta2 = step.beta2;
+    constants.epsilon = step.epsilon;
+    constants.weight_decay = step.weight_decay;
+    constants.correction1 = 1.0f - std::pow(step.beta1, float(step.t));
+    constants.correction2 = 1.0f - std::pow(step.beta2, float(step.t));
+    cuda::AdamW(Raw(master), Raw(params), Raw(grads), Raw(m), Raw(v), reinterpret_cast<const Segment*>(Raw(segments)),
+                count, constants, Raw(clip_scale), multiprocessors_, Handle(stream));
+  }
+
+ private:
+  // The scores path's backward scratch: dP (fp32), dS and P (bf16), each (B,NH,T,T).
+  struct ScoresScratch {
+    static constexpr int64_t kAlignment = 256;
+    static int64_t Up(int64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+    static int64_t Bytes(int64_t elements) { return Up(elements * 4) + 2 * Up(elements * 2) + kAlignment; }
+    ScoresScratch(std::byte* scratch, int64_t elements) {
+      auto* start = reinterpret_cast<std::byte*>(Up(int64_t(reinterpret_cast<uintptr_t>(scratch))));
+      dprobs = reinterpret_cast<float*>(start);
+      dscores = reinterpret_cast<bf16*>(start + Up(elements * 4));
+      probs = reinterpret_cast<bf16*>(start + Up(elements * 4) + Up(elements * 2));
+    }
+    float* dprobs;
+    bf16 *dscores, *probs;
+  };
+
+  // cuDNN's plans, or the scores path's forward scratch (P as bf16) where cuDNN refuses.
+  struct AttentionPlan {
+    std::unique_ptr<CudnnAttention> fused;
+    DeviceArray<bf16> probs;
+  };
+
+  static cudaStream_t Handle(Stream& stream) { return runtime::cuda::StreamHandle(stream); }
+
+  static int HeadSize(int C, int NH, const char* what) {
+    if (NH <= 0 || C % NH != 0) {
+      throw std::invalid_argument(std::string(what) + ": C = " + std::to_string(C) + " is not a multiple of NH = " +
+                                  std::to_string(NH));
+    }
+    return C / NH;
+  }
+
+  void RunOrThrow(const Gemm& gemm, const char* what, cudaStream_t stream) {
+    if (!blas_->Run(gemm, what, stream)) {
+      throw CudaError(std::string("cuBLASLt has no algorithm for ") + what + " (m=" + std::to_string(gemm.m) +
+                      " n=" + std::to_string(gemm.n) + " k=" + std::to_string(gemm.k) + ")");
+    }
+  }
+
+  // Built when a shape is first asked for (the engine asks before its first step).
+  AttentionPlan& AttentionFor(int B, int T, int NH, int HS) {
+    AttentionPlan& plan = attention_[{B, T, NH, HS}];
+    if (plan.fused != nullptr || plan.probs.size() > 0) return plan;
+    std::string why = cudnn_missing_;
+    if (!options_.fused_attention) why = "turned off (CudaOpsOptions)";
+    if (why.empty()) {
+      try {
+        plan.fused = std::make_unique<CudnnAttention>(cudnn_, allocator_, B, T, NH, HS);
+        return plan;
+      } catch (const CudnnRefused& refused) {
+        why = refused.what();
+      }
+    }
+    if (!warned_about_scores_) {
+      warned_about_scores_ = true;
+      std::fprintf(stderr,
+                   "meshtrain: cuDNN fused attention is not used for %s (%s); attention runs on cuBLASLt and "
+                   "softmax kernels and keeps its (B,NH,T,T) probabilities\n",
+                   AttentionShape(B, T, NH, HS).c_str(), why.c_str());
+    }
+    plan.probs = DeviceArray<bf16>(allocator_, int64_t(B) * NH * T * T, MemoryCategory::kActivations);
+    return plan;
+  }
+
+  // One strided-batched product per sequence: NH heads of strided q, k and v in qkv.
+  void HeadProducts(Gemm gemm, int B, int64_t stride_a, int64_t stride_b, int64_t stride_d, const char* what,
+                    cudaStream_t stream) {
+    const auto* a = static_cast<const bf16*>(gemm.a);
+    const auto* b = static_cast<const bf16*>(gemm.b);
+    auto* d = static_cast<std::byte*>(gemm.d);
+    const int64_t d_bytes = gemm.d_type == CUDA_R_32F ? 4 : 2;
+    for (int sequence = 0; sequence < B; ++sequence) {
+      gemm.a = a + sequence * stride_a;
+      gemm.b = b + sequence * stride_b;
+      gemm.d = d + sequence * stride_d * d_bytes;
+      RunOrThrow(gemm, what, stream);
+    }
+  }
+
+  // probs (state, B,NH,T,T) = causal softmax(scale q k^T), then out = P v, head by head.
+  void ScoresForward(AttentionPlan& plan, bf16* out, float* probs, const bf16* qkv, int B, int T, int C, int NH,
+                     cudaStream_t stream) {
+    const int HS = C / NH;
+    const int64_t TT = int64_t(T) * T, sequence_qkv = int64_t(T) * 3 * C;
+    Gemm scores;  // S^T (T,T) = K (T,HS) Q^T: A = k stored (HS,T), transposed; B = q stored (HS,T)
+    scores.transpose_a = true;
+    scores.m = T, scores.n = T, scores.k = HS;
+    scores.a = qkv + C, scores.lda = 3 * C, scores.stride_a = HS;
+    scores.b = qkv, scores.ldb = 3 * C, scores.stride_b = HS;
+    scores.d = probs, scores.d_type = CUDA_R_32F, scores.ldd = T, scores.stride_d = TT;
+    scores.batch = NH;
+    scores.alpha = 1.0f / std::sqrt(float(HS));
+    HeadProducts(scores, B, sequence_qkv, sequence_qkv, NH * TT, "AttentionForward (scores)", stream);
+    bf16* probs_bf16 = Raw(plan.probs.get());
+    CausalSoftmaxForward(probs, probs_bf16, int64_t(B) * NH * T, T, stream);
+    Gemm values;  // out^T (HS,T) = V^T (HS,T) P^T: A = v stored (HS,T); B = P stored (T,T)
+    values.m = HS, values.n = T, values.k = T;
+    values.a = qkv + 2 * C, values.lda = 3 * C, values.stride_a = HS;
+    values.b = probs_bf16, values.ldb = T, values.stride_b = TT;
+    values.d = out, values.ldd = C, values.stride_d = HS;
+    values.batch = NH;
+    HeadProducts(values, B, sequence_qkv, NH * TT, int64_t(T) * C, "AttentionForward (values)", stream);
+  }
+
+  void ScoresBackward(bf16* dqkv, std::byte* scratch_bytes, const bf16* dout, const bf16* qkv, const float* probs,
+                      int B, int T, int C, int NH, cudaStream_t stream) {
+    const int HS = C / NH;
+    const int64_t TT = int64_t(T) * T, sequence_qkv = int64_t(T) * 3 * C, sequence_out = int64_t(T) * C;
+    const ScoresScratch scratch(scratch_bytes, int64_t(B) * NH * TT);
+    Gemm dprobs;  // dP^T (T,T) = V (T,HS) dO^T: A = v stored (HS,T), transposed; B = dout stored (HS,T)
+    dprobs.transpose_a = true;
+    dprobs.m = T, dprobs.n = T, dprobs.k = HS;
+    dprobs.a = qkv + 2 * C, dprobs.lda = 3 * C, dprobs.stride_a = HS;
+    dprobs.b = dout, dprobs.ldb = C, dprobs.stride_b = HS;
+    dprobs.d = scratch.dprobs, dprobs.d_type = CUDA_R_32F, dprobs.ldd = T, dprobs.stride_d = TT;
+    dprobs.batch = NH;
+    HeadProducts(dprobs, B, sequence_qkv, sequence_out, NH * TT, "AttentionBackward (dP)", stream);
+    CausalSoftmaxBackward(scratch.dscores, scratch.probs, scratch.dprobs, probs, int64_t(B) * NH * T, T,
+                          1.0f / std::sqrt(float(HS)), stream);
+    Gemm dv;  // dV^T (HS,T) = dO^T (HS,T) P: A = dout stored (HS,T); B = P stored (T,T), transposed
+    dv.transpose_b = true;
+    dv.m = HS, dv.n = T, dv.k = T;
+    dv.a = dout, dv.lda = C, dv.stride_a = HS;
+    dv.b = scratch.probs, dv.ldb = T, dv.stride_b = TT;
+    dv.d = dqkv + 2 * C, dv.ldd = 3 * C, dv.stride_d = HS;
+    dv.batch = NH;
+    HeadProducts(dv, B, sequence_out, NH * TT, sequence_qkv, "AttentionBackward (dV)", stream);
+    Gemm dq;  // dQ^T (HS,T) = K^T (HS,T) dS^T: A = k stored (HS,T); B = dS stored (T,T)
+    dq.m = HS, dq.n = T, dq.k = T;
+    dq.a = qkv + C, dq.lda = 3 * C, dq.stride_a = HS;
+    dq.b = scratch.dscores, dq.ldb = T, dq.stride_b = TT;
+    dq.d = dqkv, dq.ldd = 3 * C, dq.stride_d = HS;
+    dq.batch = NH;
+    HeadProducts(dq, B, sequence_qkv, NH * TT, sequence_qkv, "AttentionBackward (dQ)", stream);
+    Gemm dk;  // dK^T (HS,T) = Q^T (HS,T) dS: A = q stored (HS,T); B = dS stored (T,T), transposed
+    dk.transpose_b = true;
+    dk.m = HS, dk.n = T, dk.k = T;
+    dk.a = qkv, dk.lda = 3 * C, dk.stride_a = HS;
+    dk.b = scratch.dscores, dk.ldb = T, dk.stride_b = TT;
+    dk.d = dqkv + C, dk.ldd = 3 * C, dk.stride_d = HS;
+    dk.batch = NH;
+    HeadProducts(dk, B, sequence_qkv, NH * TT, sequence_qkv, "AttentionBackward (dK)", stream);
+  }
+
+  CachingAllocator* allocator_;
+  CudaOpsOptions options_;
+  int multiprocessors_ = 0;
+  std::unique_ptr<BlasLt> blas_;
+  cudnnHandle_t cudnn_ = nullptr;
+  std::string cudnn_missing_;  // why there is no cuDNN handle; empty when there is one
+  std::map<std::tuple<int, int, int, int>, AttentionPlan> attention_;
+  bool warned_about_scores_ = false;
+  DeviceArray<float> layernorm_partials_, bias_partials_;
+  DeviceArray<double> norm_partials_;
+};
+
+}  // namespace
+
+std::unique_ptr<Ops<Bf16>> MakeCudaOps(runtime::Backend& backend, runtime::CachingAllocator* allocator) {
+  return std::make_unique<CudaOps>(backend, allocator, CudaOpsOptions{});
+}
+
+std::unique_ptr<Ops<Bf16>> MakeCudaOpsWith(runtime::Backend& backend, runtime::CachingAllocator* allocator,
+                                           const CudaOpsOptions& options) {
+  return std::make_unique<CudaOps>(backend, allocator, options);
+}
+
+}  // namespace meshtrain::kernels::cuda

@@ -1,0 +1,110 @@
+// meshtrain's own CUDA kernels behind the bf16 table (cuda_ops.h): one launcher per
+// operation of kernels/ops.h that is not a library call, over raw device addresses.
+// Internal to kernels/cuda. This header compiles as C++17 for nvcc and as C++20 for the
+// table, so it names no meshtrain type beyond its own.
+//
+// Every launcher enqueues on `stream`, returns at once, allocates nothing and never
+// synchronizes the host; scratch comes in from the caller, taken once when the table
+// was built. A launch that fails throws runtime::cuda::CudaError naming the kernel and
+// the shape (ThrowLaunchError). Sums whose order could change a result (over rows into
+// a parameter gradient, a norm, a loss) run in a fixed order: a run repeats bit for bit.
+// Thread-safety: launchers share no state; scratch belongs to the caller.
+
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+namespace meshtrain::kernels::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// kernels::ShardSegment, field for field (cuda_ops.cc checks the layout).
+struct Segment {
+  int64_t offset, size;
+  int32_t decay, in_norm;
+};
+
+// Throws runtime::cuda::CudaError("launch of <kernel> (<shape>): ..."). Defined with the
+// table, which sees runtime/cuda.h.
+[[noreturn]] void ThrowLaunchError(cudaError_t status, const char* kernel, const std::string& shape);
+
+// --- Embedding ---
+void EncoderForward(bf16* out, const int32_t* tokens, const bf16* wte, const bf16* wpe, int B, int T, int C,
+                    int64_t v_begin, int64_t v_rows, cudaStream_t stream);
+// Deterministic without atomics: the first row that holds a token sums every row that
+// holds it, in row order, into its row of dwte; dwpe sums over the batch in order.
+// REQUIRES: C <= kMaxEncoderChannels.
+constexpr int kMaxEncoderChannels = 16384;
+void EncoderBackward(float* dwte, float* dwpe, const bf16* dout, const int32_t* tokens, int B, int T, int C,
+                     int64_t v_begin, int64_t v_rows, cudaStream_t stream);
+
+// --- LayerNorm ---
+// With a and b: residual = a + b (residual may alias either), then the LayerNorm of the
+// residual as stored. With b null: the LayerNorm of a (residual unused).
+void LayerNormForward(bf16* residual, bf16* out, float* mean, float* rstd, const bf16* a, const bf16* b,
+                      const bf16* weight, const bf16* bias, int64_t N, int C, cudaStream_t stream);
+// Per-block partial sums of dweight and dbias land in `partials` (capacity floats), then a
+// second pass adds them in block order. REQUIRES: C <= kMaxLayerNormChannels and
+// 2 * C <= partial_capacity.
+constexpr int kMaxLayerNormChannels = 16384;
+void LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                       const bf16* weight, const float* mean, const float* rstd, int64_t N, int C, float* partials,
+                       int64_t partial_capacity, cudaStream_t stream);
+
+// --- Around the products (where cuBLASLt's epilogues cannot serve a shape) ---
+// dbias (OC) += the column sums of dout (N,OC): partial sums per row range, then a
+// second pass in order. REQUIRES: OC <= partial_capacity.
+void BiasBackward(float* dbias, const bf16* dout, int64_t N, int OC, float* partials, int64_t partial_capacity,
+                  cudaStream_t stream);
+// out (N,OC) = out + bias (bias nullable); with gelu_pre: gelu_pre = that sum as
+// stored, out = gelu(the sum).
+void BiasGelu(bf16* out, bf16* gelu_pre, const bf16* bias, int64_t N, int OC, cudaStream_t stream);
+// dinp (n) = dinp * gelu'(gelu_pre).
+void GeluBackwardInPlace(bf16* dinp, const bf16* gelu_pre, int64_t n, cudaStream_t stream);
+
+// --- Attention without cuDNN: the scores path ---
+// Over rows of T scores (rows = B*NH*T, row r is query position r % T): probs = the
+// causal softmax of scores, in place (masked entries 0), and the same as bf16.
+void CausalSoftmaxForward(float* probs, bf16* probs_bf16, int64_t rows, int T, cudaStream_t stream);
+// dscores = scale * probs * (dprobs - sum(probs * dprobs)) as bf16 (masked entries 0),
+// and probs_bf16 = probs as bf16.
+void CausalSoftmaxBackward(bf16* dscores, bf16* probs_bf16, const float* dprobs, const float* probs, int64_t rows,
+                           int T, float scale, cudaStream_t stream);
+
+// --- Elementwise ---
+void Add(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream);
+void Dropout(bf16* x, int64_t rows, int width, float p, uint64_t key, int64_t first_row, int64_t row_stride,
+             int64_t first_column, cudaStream_t stream);
+
+// --- Loss ---
+void CrossEntropy(float* losses, bf16* dlogits, const bf16* logits, const int32_t* targets, int64_t R, int64_t v_rows,
+                  int64_t Vp, float dloss, cudaStream_t stream);
+void VocabSliceStats(float* stats, const bf16* logits, const int32_t* targets, int64_t R, int64_t v_rows, int64_t Vp,
+                     int64_t v_begin, cudaStream_t stream);
+void VocabSliceCrossEntropy(float* losses, bf16* dlogits, const bf16* logits, const float* all_stats, int slices,
+                            const int32_t* targets, int64_t R, int64_t v_rows, int64_t Vp, int64_t v_begin,
+                            float dloss, cudaStream_t stream);
+void AddLoss(double* sum, const float* losses, int64_t R, double scale, cudaStream_t stream);
+
+// --- Shard operations ---
+void Accumulate(float* into, const float* from, int64_t n, cudaStream_t stream);
+void Cast(bf16* to, const float* from, int64_t n, cudaStream_t stream);
+// `partials`: kSumSquaresBlocks doubles.
+constexpr int kSumSquaresBlocks = 512;
+void SumSquares(double* sum, const float* grads, const Segment* segments, int count, double* partials,
+                cudaStream_t stream);
+void ClipScale(float* scale, const double* sum_of_squares, float max_norm, cudaStream_t stream);
+// One launch over every segment. REQUIRES: count <= kMaxAdamWSegments.
+constexpr int kMaxAdamWSegments = 2048;
+struct AdamWConstants {
+  float learning_rate, beta1, beta2, epsilon, weight_decay;
+  float correction1, correction2;  // 1 - beta^t
+};
+void AdamW(float* master, bf16* params, const float* grads, float* m, float* v, const Segment* segments, int count,
+           const AdamWConstants& constants, const float* clip_scale, int multiprocessors, cudaStream_t stream);
+
+}  // namespace meshtrain::kernels::cuda

@@ -1,0 +1,180 @@
+// The kernel table (DESIGN.md, "The device seam"): every operation the model's layers
+// (model/blocks.h) and the FSDP units (parallel/) run on a device, behind one interface,
+// so that the one engine runs on every device. The layers are llm.c's forward/backward
+// pairs; the shard operations are the optimizer's.
+//
+// Implementations (each checked against Fp64 by tests/unit/ops_conformance_test.cc, and
+// on a GPU by tests/gpu/cuda_ops_test.cc):
+//   kernels/cpu/cpu_ops.h   Ops<Fp32> (the CPU engine), Ops<Fp64> (the reference) and
+//                           Ops<Bf16> (an emulation of the GPU's numerics: every value
+//                           stored in bf16 is rounded as the GPU rounds it)
+//   the CUDA plugin         Ops<Bf16>: cuBLASLt with epilogues, cuDNN fused attention,
+//                           own kernels
+//
+// Conventions, as in llm.c:
+// - Outputs come first; a `d` prefix names a gradient. Row-major, contiguous; N = B*T rows.
+// - Every call enqueues its work on `stream` and returns at once. Pointers are device
+//   handles (runtime/device_ptr.h). A nullable argument says so.
+// - Parameter gradients (Acc) are accumulated (+=): a unit's gradients are zeroed once,
+//   then micro-batches and both uses of a tied tensor add into them. Activation gradients
+//   (Act) are written (=), except where a function says += (the residual stream's).
+// - A value "as stored" is the value in its element type: what Act rounding gives. Where
+//   a function computes from a sum it has not stored, it says so; the emulation follows.
+// - Tensor parallelism: functions see this rank's slice (its heads, hidden units,
+//   vocabulary rows); the collectives between them are the caller's.
+// Thread-safety: a table may be used from one host thread at a time (it may keep
+// per-shape plans); the work it enqueues follows the stream's rules.
+
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "worker/kernels/precision.h"
+#include "worker/runtime/device_ptr.h"
+#include "worker/runtime/stream.h"
+
+namespace meshtrain::kernels {
+
+// A run of one tensor's elements inside a flat shard of parameters (parallel/flat_unit.h)
+// and what the shard operations do with it. Elements no segment covers (a shard's padding,
+// a padded vocabulary's rows) are left alone: they stay zero and never train.
+struct ShardSegment {
+  int64_t offset = 0, size = 0;  // elements, in the flat shard
+  int32_t decay = 0;    // 1: AdamW's weight decay applies (matrices and embeddings)
+  int32_t in_norm = 0;  // 1: counted in the gradient norm (a tensor every TP rank holds whole: on TP rank 0 only)
+};
+
+// One AdamW step, with decoupled weight decay; t counts steps from 1.
+struct AdamWStep {
+  float learning_rate = 0, beta1 = 0.9f, beta2 = 0.95f, epsilon = 1e-8f, weight_decay = 0;
+  int64_t t = 1;
+};
+
+// Which attention the table runs, for the engine's and the planner's memory counts:
+// kScores keeps the (B,NH,T,T) probabilities for the backward; kFused (flash attention)
+// keeps one softmax statistic per row, (B,NH,T).
+enum class AttentionKind { kScores, kFused };
+
+template <class P>
+class Ops {
+ public:
+  using Act = typename P::Act;
+  using Acc = typename P::Acc;
+  template <class T>
+  using Out = runtime::DevicePtr<T>;
+  template <class T>
+  using In = runtime::DevicePtr<const T>;
+  using Stream = runtime::Stream;
+
+  virtual ~Ops() = default;
+
+  // "cpu fp32", "cpu fp64 reference", "cpu bf16 emulation", "cuda bf16 (cuBLASLt, cuDNN)"
+  virtual std::string Describe() const = 0;
+
+  // --- What the engine allocates for these kernels (it asks before the first step) ---
+  // For micro-batches of B x T on NH heads of HS channels. May build and cache plans.
+  virtual AttentionKind Attention(int B, int T, int NH, int HS) = 0;
+  // Acc elements one block's AttentionForward keeps for its backward.
+  virtual int64_t AttentionStateElements(int B, int T, int NH, int HS) = 0;
+  // Bytes of scratch AttentionBackward uses (shared by every block's backward).
+  virtual int64_t AttentionScratchBytes(int B, int T, int NH, int HS) = 0;
+
+  // --- Embedding (the root unit; vocabulary-parallel) ---
+  // out (B*T,C) = wte[tok - v_begin] + wpe[t] for t = row % T, where this slice holds the
+  // real rows [v_begin, v_begin + v_rows) of the vocabulary (wte may have more, padding):
+  // a token outside the slice gives 0, and a null wpe gives 0.
+  virtual void EncoderForward(Out<Act> out, In<int32_t> tokens, In<Act> wte, In<Act> wpe, int B, int T, int C,
+                              int64_t v_begin, int64_t v_rows, Stream& stream) = 0;
+  // dwte[tok - v_begin] += dout's row for the tokens this slice holds; dwpe[t] += dout's
+  // row (dwpe nullable).
+  virtual void EncoderBackward(Out<Acc> dwte, Out<Acc> dwpe, In<Act> dout, In<int32_t> tokens, int B, int T, int C,
+                               int64_t v_begin, int64_t v_rows, Stream& stream) = 0;
+
+  // --- LayerNorm (eps 1e-5) ---
+  // out (N,C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) kept for the backward.
+  virtual void LayerNormForward(Out<Act> out, Out<Acc> mean, Out<Acc> rstd, In<Act> inp, In<Act> weight,
+                                In<Act> bias, int64_t N, int C, Stream& stream) = 0;
+  // residual (N,C) = a + b, then LayerNormForward of residual as stored. residual may
+  // alias a or b.
+  virtual void ResidualLayerNormForward(Out<Act> residual, Out<Act> out, Out<Acc> mean, Out<Acc> rstd, In<Act> a,
+                                        In<Act> b, In<Act> weight, In<Act> bias, int64_t N, int C,
+                                        Stream& stream) = 0;
+  // dinp += the gradient through the normalisation (the residual stream's, so +=);
+  // dweight, dbias += theirs.
+  virtual void LayerNormBackward(Out<Act> dinp, Out<Acc> dweight, Out<Acc> dbias, In<Act> dout, In<Act> inp,
+                                 In<Act> weight, In<Acc> mean, In<Acc> rstd, int64_t N, int C, Stream& stream) = 0;
+
+  // --- Products ---
+  // out (N,OC) = inp (N,K) @ weight (OC,K)^T + bias (OC; nullable). With gelu_pre
+  // (nullable): gelu_pre = that sum as stored, and out = gelu(the sum), the tanh form.
+  virtual void MatmulForward(Out<Act> out, Out<Act> gelu_pre, In<Act> inp, In<Act> weight, In<Act> bias, int64_t N,
+                             int K, int OC, Stream& stream) = 0;
+  // dinp (N,K) = dout (N,OC) @ weight; with gelu_pre (N,K; nullable), the input was
+  // gelu(gelu_pre) and dinp = (dout @ weight) * gelu'(gelu_pre) instead.
+  // dweight (OC,K) += dout^T @ inp; dbias (OC; nullable) += the column sums of dout.
+  virtual void MatmulBackward(Out<Act> dinp, Out<Acc> dweight, Out<Acc> dbias, In<Act> dout, In<Act> inp,
+                              In<Act> weight, In<Act> gelu_pre, int64_t N, int K, int OC, Stream& stream) = 0;
+
+  // --- Causal self-attention: NH heads of HS = C/NH channels, scale 1/sqrt(HS) ---
+  // qkv (B,T,3C) holds q, k and v, each (B,T,C) with head h at channels [h*HS, (h+1)*HS).
+  // out (B,T,C); state (AttentionStateElements) is kept for the backward.
+  virtual void AttentionForward(Out<Act> out, Out<Acc> state, In<Act> qkv, int B, int T, int C, int NH,
+                                Stream& stream) = 0;
+  // dqkv (B,T,3C) = the gradient through attention of dout (B,T,C); out and state are the
+  // forward's. scratch: AttentionScratchBytes.
+  virtual void AttentionBackward(Out<Act> dqkv, Out<std::byte> scratch, In<Act> dout, In<Act> qkv, In<Act> out,
+                                 In<Acc> state, int B, int T, int C, int NH, Stream& stream) = 0;
+
+  // --- Elementwise ---
+  // out = a + b (n elements); out may alias a or b.
+  virtual void Add(Out<Act> out, In<Act> a, In<Act> b, int64_t n, Stream& stream) = 0;
+  // Inverted dropout: out (rows, width) = in * keep / (1 - p), where element (i, j) is
+  // element (first_row + i, first_column + j) of a tensor of row_stride columns and
+  // keep = DropoutKeeps(key, its index in that tensor) (kernels/dropout.h). out may be in
+  // (in place). The same call on a gradient is its backward.
+  virtual void Dropout(Out<Act> out, In<Act> in, int64_t rows, int width, float p, uint64_t key, int64_t first_row,
+                       int64_t row_stride, int64_t first_column, Stream& stream) = 0;
+
+  // --- Loss (the tied LM head, a chunk of R rows at a time; vocabulary-parallel) ---
+  // Over logits (R,Vp) whose first v_rows columns are real (the rest is padding, which
+  // never takes part): losses (R) = -log softmax(logits)[target], targets in
+  // [0, v_rows). With dlogits (nullable; may alias logits): dlogits = (softmax - onehot)
+  // * dloss on the real columns, 0 on the padding.
+  virtual void CrossEntropy(Out<Acc> losses, Out<Act> dlogits, In<Act> logits, In<int32_t> targets, int64_t R,
+                            int64_t v_rows, int64_t Vp, float dloss, Stream& stream) = 0;
+  // With the vocabulary split over TP ranks, this slice holding [v_begin, v_begin +
+  // v_rows): stats (R,3) = the max of the real logits, the sum of exp(logit - max), and
+  // the target's logit (0 when another slice holds the target).
+  virtual void VocabSliceStats(Out<Acc> stats, In<Act> logits, In<int32_t> targets, int64_t R, int64_t v_rows,
+                               int64_t Vp, int64_t v_begin, Stream& stream) = 0;
+  // From every slice's stats (slices,R,3), in slice order: losses (R) as CrossEntropy's
+  // (the same on every slice), and dlogits (nullable; may alias logits) for this slice.
+  virtual void VocabSliceCrossEntropy(Out<Acc> losses, Out<Act> dlogits, In<Act> logits, In<Acc> all_stats,
+                                      int slices, In<int32_t> targets, int64_t R, int64_t v_rows, int64_t Vp,
+                                      int64_t v_begin, float dloss, Stream& stream) = 0;
+  // *sum += scale * (the sum of losses (R)), in fp64 and in a fixed order.
+  virtual void AddLoss(Out<double> sum, In<Acc> losses, int64_t R, double scale, Stream& stream) = 0;
+
+  // --- Shard operations (the units' flat buffers) ---
+  // into += from (n elements).
+  virtual void Accumulate(Out<Acc> into, In<Acc> from, int64_t n, Stream& stream) = 0;
+  // to = from as Act (n elements): master weights into their compute copy.
+  virtual void Cast(Out<Act> to, In<Acc> from, int64_t n, Stream& stream) = 0;
+  // *sum += the sum of squares of grads over the segments marked in_norm, in fp64.
+  virtual void SumSquares(Out<double> sum, In<Acc> grads, In<ShardSegment> segments, int count,
+                          Stream& stream) = 0;
+  // *scale = max_norm / norm when max_norm > 0 and norm = sqrt(*sum_of_squares) exceeds
+  // it, else 1: clipping without a trip to the host.
+  virtual void ClipScale(Out<float> scale, In<double> sum_of_squares, float max_norm, Stream& stream) = 0;
+  // AdamW over the segments, with the gradients times *clip_scale (nullable: 1):
+  //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+  //   master -= lr (m / (1 - beta1^t) / (sqrt(v / (1 - beta2^t)) + eps) + wd master)
+  // (wd only on segments marked decay), and params (nullable) = master as Act.
+  virtual void AdamW(Out<Acc> master, Out<Act> params, In<Acc> grads, Out<Acc> m, Out<Acc> v,
+                     In<ShardSegment> segments, int count, const AdamWStep& step, In<float> clip_scale,
+                     Stream& stream) = 0;
+};
+
+}  // namespace meshtrain::kernels

@@ -1,0 +1,612 @@
+#include "worker/parallel/sharded_engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <type_traits>
+
+#include "worker/comm/stream_collectives.h"
+#include "worker/kernels/dropout.h"
+
+namespace meshtrain::parallel {
+
+const char* OpName(Op op) {
+  switch (op) {
+    case Op::kGather: return "gather";
+    case Op::kForward: return "forward";
+    case Op::kRecompute: return "recompute";
+    case Op::kBackward: return "backward";
+    case Op::kReduceScatter: return "reduce-scatter";
+    case Op::kRelease: return "release";
+  }
+  return "?";
+}
+
+CommStats operator-(const CommStats& a, const CommStats& b) {
+  return {a.all_gather - b.all_gather, a.reduce_scatter - b.reduce_scatter, a.all_reduce - b.all_reduce,
+          a.exposed - b.exposed,       a.copy - b.copy,                     a.copy_exposed - b.copy_exposed};
+}
+
+// The TP group's collectives for the layers, in the compute stream's order.
+template <class P>
+class ShardedEngine<P>::TensorParallel final : public model::TensorParallelGroup<P> {
+ public:
+  explicit TensorParallel(comm::StreamCollectives* group) : group_(group) {}
+  int rank() const override { return group_->rank(); }
+  int size() const override { return group_->size(); }
+  void AllReduceSum(Ptr<A> data, int64_t n, runtime::Stream& stream) override {
+    comm::AllReduce<A>(*group_, data, size_t(n), comm::ReduceOp::kSum, stream);
+  }
+  void AllGather(Ptr<const G> in, Ptr<G> out, int64_t n, runtime::Stream& stream) override {
+    comm::AllGather<G>(*group_, in, out, size_t(n), stream);
+  }
+
+ private:
+  comm::StreamCollectives* group_;
+};
+
+template <class P>
+ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<const Mesh> mesh, int batch, int seq,
+                                uint64_t seed, runtime::MemoryAccounting* accounting, const EngineOptions& options,
+                                std::shared_ptr<runtime::Backend> backend, const OpsFactory<P>& make_ops)
+    : layout_(shape, mesh->tp_rank(), mesh->tp_size(), api::kVocabMultiple),
+      mesh_(std::move(mesh)),
+      backend_(std::move(backend)),
+      batch_(batch),
+      seq_(seq),
+      options_(options),
+      allocator_(accounting, backend_->DeviceMemory(), options.memory_limit),
+      pinned_(accounting, backend_->PinnedHostMemory()),
+      ops_(make_ops(*backend_, &allocator_)),
+      compute_(backend_->NewStream("compute")),
+      comm_(backend_->NewStream("comm")),
+      exposed_(backend_->NewTimer()),
+      tp_(mesh_->device_tp() ? std::make_unique<TensorParallel>(mesh_->device_tp()) : nullptr),
+      root_free_(backend_->NewEvent()),
+      root_grads_free_(backend_->NewEvent()),
+      comm_done_(backend_->NewEvent()),
+      squares_done_(backend_->NewEvent()) {
+  if (seq > shape.seq_len) throw std::invalid_argument("sequence longer than the model's seqLen");
+  ActivationStore<P>::Check(options.activations);
+  const int S = mesh_->shard_size(), L = int(shape.layers);
+  const model::TpSlice tp{mesh_->tp_rank(), mesh_->tp_size()};
+  const int heads = int(shape.heads) / tp.size, head_size = int(shape.hidden / shape.heads);
+  const api::EngineTypes types = model::TypesOf(*ops_, batch, seq, heads, head_size);
+  const int64_t state = types.attention_keeps_scores ? int64_t(batch) * heads * seq * seq : int64_t(batch) * heads * seq;
+  if (ops_->AttentionStateElements(batch, seq, heads, head_size) > state) {
+    throw std::logic_error(ops_->Describe() + ": its attention keeps more per block than the engine counts");
+  }
+  using runtime::MemoryCategory;
+  const int64_t N = int64_t(batch) * seq;
+
+  // The step buffer, carved in api::StepBufferBytes's order.
+  step_ = runtime::DeviceArray<std::byte>(&allocator_, api::StepBufferBytes(batch, seq, shape),
+                                          MemoryCategory::kActivations);
+  runtime::DeviceBytes next = step_.get();
+  auto take = [&next](int64_t bytes) {
+    runtime::DeviceBytes at = next;
+    next += api::Aligned(bytes);
+    return at;
+  };
+  tokens_ = take(N * 4).template As<int32_t>();
+  targets_ = take(N * 4).template As<int32_t>();
+  const runtime::DeviceBytes scalars = take(3 * 8);
+  loss_sum_ = scalars.template As<double>();
+  squares_ = loss_sum_ + 1;
+  clip_scale_ = (scalars + 16).template As<float>();
+  static_assert(sizeof(kernels::ShardSegment) == api::kShardSegmentBytes);
+  for (int u = 0; u <= L; ++u) {
+    const runtime::DeviceBytes segments = take((u == 0 ? 4 : 12) * api::kShardSegmentBytes);
+    units_.push_back(std::make_unique<FlatUnit<P>>(layout_, u, S, mesh_->shard_rank(), seed,
+                                                   /*counts_replicated=*/tp.rank == 0, &allocator_, *backend_,
+                                                   segments.template As<kernels::ShardSegment>(), *compute_));
+  }
+  if (next - step_.get() != api::StepBufferBytes(batch, seq, shape)) {
+    throw std::logic_error("ShardedEngine: the step buffer's carving disagrees with api::StepBufferBytes");
+  }
+
+  // The compute copies' slots and, with S > 1, the unsharded gradients' and the
+  // reduce-scatter's output.
+  const int64_t root_padded = Root().padded_numel(), block_padded = units_[1]->padded_numel();
+  root_params_ = runtime::DeviceArray<A>(&allocator_, root_padded, MemoryCategory::kGathered);
+  for (int s = 0; s < std::min(2, L); ++s) {
+    block_params_[size_t(s)] = runtime::DeviceArray<A>(&allocator_, block_padded, MemoryCategory::kGathered);
+  }
+  if (S > 1) {
+    root_grads_ = runtime::DeviceArray<G>(&allocator_, root_padded, MemoryCategory::kGathered);
+    for (int s = 0; s < std::min(2, L); ++s) {
+      block_grads_[size_t(s)] = runtime::DeviceArray<G>(&allocator_, block_padded, MemoryCategory::kGathered);
+    }
+    reduced_ = runtime::DeviceArray<G>(&allocator_, std::max(Root().shard_numel(), units_[1]->shard_numel()),
+                                       MemoryCategory::kComm);
+  }
+  store_ = std::make_unique<ActivationStore<P>>(shape, batch, seq, options.activations, types, options.dropout > 0, tp,
+                                                *backend_, &allocator_, &pinned_);
+  for (auto* events : {&param_slot_free_, &grad_slot_free_, &staged_}) {
+    for (auto& event : *events) event = backend_->NewEvent();
+  }
+  const runtime::MemorySource host = backend_->PinnedHostMemory();
+  staging_ = static_cast<int32_t*>(host.allocate(size_t(4 * N) * sizeof(int32_t)));
+  readback_ = static_cast<double*>(host.allocate(2 * sizeof(double)));
+  if (staging_ == nullptr || readback_ == nullptr) throw runtime::OutOfMemory("out of pinned host memory for tokens");
+
+  // What the collectives move at most, so that staged ones need not allocate in a step.
+  const size_t widest = size_t(std::max(sizeof(A), sizeof(G)));
+  if (comm::StreamCollectives* shard = mesh_->device_shard()) shard->Reserve(size_t(std::max(root_padded, block_padded)) * widest);
+  if (comm::StreamCollectives* replica = mesh_->device_replica()) {
+    replica->Reserve(size_t(std::max(Root().shard_numel(), units_[1]->shard_numel())) * sizeof(G));
+  }
+  if (comm::StreamCollectives* group = mesh_->device_tp()) {
+    const int64_t rows = store_->head.chunk_rows;
+    group->Reserve(size_t(std::max({N * shape.hidden * int64_t(sizeof(A)), tp.size * rows * 3 * int64_t(sizeof(G)),
+                                    int64_t(sizeof(double))})));
+  }
+  backend_->Zero(loss_sum_, 1, *compute_);
+  compute_->Synchronize(options_.timeout);
+}
+
+template <class P>
+ShardedEngine<P>::~ShardedEngine() {
+  // The streams' work must not outlive the units and buffers it touches.
+  try {
+    Drain();
+  } catch (...) {  // already reported by the call that failed
+  }
+  const runtime::MemorySource host = backend_->PinnedHostMemory();
+  if (staging_ != nullptr) host.free(staging_);
+  if (readback_ != nullptr) host.free(readback_);
+}
+
+template <class P>
+runtime::DevicePtr<typename P::Acc> ShardedEngine<P>::BlockGrads(int l) {
+  return mesh_->shard_size() == 1 ? Block(l).grads() : block_grads_[size_t(l % 2)].get();
+}
+
+template <class P>
+runtime::DevicePtr<typename P::Acc> ShardedEngine<P>::RootGrads() {
+  return mesh_->shard_size() == 1 ? Root().grads() : root_grads_.get();
+}
+
+template <class P>
+model::Dims ShardedEngine<P>::DimsOf(int B, int T, const MicroBatchKey* training) const {
+  const api::ModelShape& s = layout_.shape();
+  model::Dims d;
+  d.B = B, d.T = T, d.C = int(s.hidden), d.NH = int(s.heads), d.V = s.vocab_size;
+  d.tp = {mesh_->tp_rank(), mesh_->tp_size()};
+  if (training != nullptr && options_.dropout > 0) {
+    // Keyed by the step, indexed by the sample's place in the step's global batch.
+    const int64_t first_sample = (training->micro * mesh_->data_parallel_size() + mesh_->data_parallel_rank()) * B;
+    d.dropout = {options_.dropout, kernels::MixKey(options_.dropout_seed, uint64_t(training->step)), first_sample};
+  }
+  return d;
+}
+
+template <class P>
+void ShardedEngine<P>::Stage(const int32_t* inputs, const int32_t* targets, int B, int T) {
+  if (B > batch_ || T > seq_ || B < 1 || T < 1) {
+    throw std::invalid_argument("a micro-batch of " + std::to_string(B) + " x " + std::to_string(T) +
+                                " tokens, but the engine was built for at most " + std::to_string(batch_) + " x " +
+                                std::to_string(seq_));
+  }
+  const int64_t N = int64_t(B) * T, V = layout_.shape().vocab_size;
+  for (int64_t i = 0; i < N; ++i) {
+    if (inputs[i] < 0 || inputs[i] >= V || (targets && (targets[i] < 0 || targets[i] >= V))) {
+      throw std::out_of_range("token id " + std::to_string(targets && (targets[i] < 0 || targets[i] >= V) ? targets[i] : inputs[i]) +
+                              " outside the vocabulary of " + std::to_string(V));
+    }
+  }
+  // This stage's previous copy (two micro-batches ago) has long left; wait to be sure.
+  const int s = stage_;
+  stage_ ^= 1;
+  if (!staged_[size_t(s)]->Synchronize(options_.timeout)) {
+    throw runtime::StreamTimeout("stream compute: the tokens of two micro-batches ago were not copied within " +
+                                 std::to_string(options_.timeout.count() / 1000) + " s");
+  }
+  int32_t* host = staging_ + int64_t(s) * 2 * batch_ * seq_;
+  std::memcpy(host, inputs, size_t(N) * sizeof(int32_t));
+  backend_->Upload(tokens_, static_cast<const int32_t*>(host), N, *compute_);
+  if (targets != nullptr) {
+    std::memcpy(host + N, targets, size_t(N) * sizeof(int32_t));
+    backend_->Upload(targets_, static_cast<const int32_t*>(host + N), N, *compute_);
+  }
+  staged_[size_t(s)]->Record(*compute_);
+}
+
+template <class P>
+template <class F>
+void ShardedEngine<P>::Observed(runtime::Stream& stream, Op op, int unit, F&& enqueue) {
+  if (observer_ != nullptr) stream.HostCallback([observer = observer_, op, unit] { observer->Begin(op, unit); });
+  enqueue();
+  if (observer_ != nullptr) stream.HostCallback([observer = observer_, op, unit] { observer->End(op, unit); });
+}
+
+template <class P>
+void ShardedEngine<P>::WaitTimed(runtime::Event& event) {
+  exposed_->Begin(*compute_);
+  compute_->Wait(event);
+  exposed_->End(*compute_);
+}
+
+template <class P>
+void ShardedEngine<P>::GatherRoot() {
+  comm_->Wait(*root_free_);  // the compute stream is done with the root's last copy
+  Observed(*comm_, Op::kGather, 0, [&] { Root().Gather(root_params_.get(), mesh_->device_shard(), *ops_, *comm_); });
+}
+
+template <class P>
+void ShardedEngine<P>::GatherBlock(int l) {
+  comm_->Wait(*param_slot_free_[size_t(l % 2)]);
+  Observed(*comm_, Op::kGather, l + 1, [&] { Block(l).Gather(BlockSlot(l), mesh_->device_shard(), *ops_, *comm_); });
+}
+
+template <class P>
+void ShardedEngine<P>::ReleaseBlock(int l) {
+  Observed(*compute_, Op::kRelease, l + 1, [] {});
+  param_slot_free_[size_t(l % 2)]->Record(*compute_);
+}
+
+template <class P>
+void ShardedEngine<P>::ReleaseRoot() {
+  root_free_->Record(*compute_);
+  root_held_ = false;
+}
+
+template <class P>
+void ShardedEngine<P>::RunForward(const model::Dims& d, Head head, float loss_weight, int64_t logits_row) {
+  const int L = int(layout_.shape().layers);
+  const model::Context<P> k = Context();
+  GatherRoot();
+  GatherBlock(0);
+  WaitTimed(Root().ready());
+  const auto root = model::RootParams<const A>::At(root_params_.get(), layout_);
+  Observed(*compute_, Op::kForward, 0, [&] { model::EmbedForward(k, store_->Input(0), tokens_, root, d); });
+  for (int l = 0; l < L; ++l) {
+    if (l + 1 < L) GatherBlock(l + 1);
+    WaitTimed(Block(l).ready());
+    store_->BeforeForward(l, *compute_);
+    Observed(*compute_, Op::kForward, l + 1, [&] {
+      model::BlockForward(k, store_->ForwardOutputs(l), store_->scratch, store_->Input(l),
+                          model::BlockParams<const A>::At(BlockSlot(l), layout_), d.ForLayer(l));
+    });
+    store_->AfterForward(l, *compute_);
+    ReleaseBlock(l);
+  }
+  Observed(*compute_, Op::kForward, 0, [&] {
+    if (head == Head::kLogits) {
+      model::HeadLogits(k, store_->head, store_->head_input(), root, logits_row, d);
+    } else if (head == Head::kLoss) {
+      model::HeadForward(k, store_->head, store_->head_input(), root, targets_, loss_sum_, loss_weight, nullptr, nullptr,
+                         d);
+    } else {
+      if (mesh_->shard_size() > 1) {
+        compute_->Wait(*root_grads_free_);  // the last micro-batch's have been reduce-scattered
+        backend_->Zero(root_grads_.get(), root_grads_.size(), *compute_);
+      }
+      backend_->Zero(store_->scratch.dresidual, d.N() * d.C, *compute_);
+      const auto droot = model::RootParams<G>::At(RootGrads(), layout_);
+      model::HeadForward(k, store_->head, store_->head_input(), root, targets_, loss_sum_, loss_weight, &droot,
+                         store_->scratch.dresidual, d);
+    }
+  });
+  // A training forward keeps the root for its backward (FSDP2 keeps the root unsharded
+  // after forward too): wte is the largest unit, and this saves a gather per micro-batch.
+  if (head == Head::kTrain) root_held_ = true;
+  else ReleaseRoot();
+}
+
+template <class P>
+void ShardedEngine<P>::Forward(const int32_t* inputs, const int32_t* targets, int B, int T,
+                               const MicroBatchKey* training, float loss_weight) {
+  if (targets == nullptr) throw std::invalid_argument("Forward needs targets");
+  if (root_held_) ReleaseRoot();  // a training forward whose backward never came
+  Stage(inputs, targets, B, T);
+  B_ = B, T_ = T;
+  dims_ = DimsOf(B, T, training);
+  RunForward(dims_, training != nullptr ? Head::kTrain : Head::kLoss, loss_weight, 0);
+}
+
+template <class P>
+void ShardedEngine<P>::Backward(bool last) {
+  if (!root_held_) throw std::logic_error("Backward needs a training Forward before it");
+  const int L = int(layout_.shape().layers), S = mesh_->shard_size();
+  const model::Context<P> k = Context();
+  const model::Dims& d = dims_;
+  GatherBlock(L - 1);
+  for (int l = L - 1; l >= 0; --l) {
+    if (l > 0) GatherBlock(l - 1);
+    FlatUnit<P>& unit = Block(l);
+    const auto params = model::BlockParams<const A>::At(BlockSlot(l), layout_);
+    store_->BeforeBackward(l, *compute_);
+    WaitTimed(unit.ready());
+    if (store_->recompute()) {
+      Observed(*compute_, Op::kRecompute, l + 1, [&] {
+        model::BlockForward(k, store_->Saved(l), store_->scratch, store_->Input(l), params, d.ForLayer(l));
+      });
+    }
+    const Ptr<G> grads = BlockGrads(l);
+    if (S > 1) {
+      compute_->Wait(*grad_slot_free_[size_t(l % 2)]);
+      backend_->Zero(grads, unit.padded_numel(), *compute_);
+    }
+    Observed(*compute_, Op::kBackward, l + 1, [&] {
+      model::BlockBackward(k, model::BlockParams<G>::At(grads, layout_), store_->scratch, store_->Saved(l),
+                           store_->Input(l), params, d.ForLayer(l));
+    });
+    store_->AfterBackward(l, *compute_);
+    ReleaseBlock(l);
+    unit.backward_done().Record(*compute_);
+    comm_->Wait(unit.backward_done());
+    Observed(*comm_, Op::kReduceScatter, l + 1,
+             [&] { unit.ReduceGrads(grads, reduced_.get(), mesh_->device_shard(), *ops_, *comm_); });
+    if (S > 1) grad_slot_free_[size_t(l % 2)]->Record(*comm_);
+    if (last) unit.AllReduceReplicas(mesh_->device_replica(), *comm_);
+  }
+  Observed(*compute_, Op::kBackward, 0, [&] {
+    model::EmbedBackward(k, model::RootParams<G>::At(RootGrads(), layout_), store_->scratch.dresidual, tokens_, d);
+  });
+  ReleaseRoot();
+  Root().backward_done().Record(*compute_);
+  comm_->Wait(Root().backward_done());
+  Observed(*comm_, Op::kReduceScatter, 0,
+           [&] { Root().ReduceGrads(root_grads_.get(), reduced_.get(), mesh_->device_shard(), *ops_, *comm_); });
+  if (S > 1) root_grads_free_->Record(*comm_);
+  if (last) Root().AllReduceReplicas(mesh_->device_replica(), *comm_);
+  replicas_reduced_ = last;
+}
+
+template <class P>
+void ShardedEngine<P>::ZeroGrad() {
+  comm_done_->Record(*comm_);  // the last step's reductions into the shard gradients
+  compute_->Wait(*comm_done_);
+  for (auto& unit : units_) unit->ZeroShardGrads(*backend_, *compute_);
+  replicas_reduced_ = false;
+  updated_ = false;
+  norm_.reset();
+}
+
+template <class P>
+void ShardedEngine<P>::Update(const OptimizerStep& step) {
+  if (root_held_) ReleaseRoot();
+  if (!replicas_reduced_) {
+    for (auto& unit : units_) unit->AllReduceReplicas(mesh_->device_replica(), *comm_);
+  }
+  comm_done_->Record(*comm_);
+  WaitTimed(*comm_done_);
+  // The norm: every rank's squares, summed in fp64 over the shard and TP groups on the
+  // comm stream, where those groups' other operations run in order.
+  backend_->Zero(squares_, 1, *compute_);
+  for (auto& unit : units_) unit->AddSquares(squares_, *ops_, *compute_);
+  squares_done_->Record(*compute_);
+  comm_->Wait(*squares_done_);
+  for (comm::StreamCollectives* group : {mesh_->device_shard(), mesh_->device_tp()}) {
+    if (group != nullptr) comm::AllReduce<double>(*group, squares_, 1, comm::ReduceOp::kSum, *comm_);
+  }
+  comm_done_->Record(*comm_);
+  compute_->Wait(*comm_done_);
+  ops_->ClipScale(clip_scale_, squares_, step.max_norm, *compute_);
+  const kernels::AdamWStep adamw{step.learning_rate, step.beta1, step.beta2, step.epsilon, step.weight_decay, step.t};
+  for (auto& unit : units_) unit->Update(adamw, clip_scale_, *ops_, *compute_);
+  replicas_reduced_ = false;
+  updated_ = true;
+  norm_.reset();
+}
+
+template <class P>
+double ShardedEngine<P>::TakeLoss() {
+  backend_->Download(readback_, Ptr<const double>(loss_sum_), 1, *compute_);
+  backend_->Zero(loss_sum_, 1, *compute_);
+  Drain();
+  return readback_[0];
+}
+
+template <class P>
+double ShardedEngine<P>::GradNorm() {
+  if (!updated_) throw std::logic_error("GradNorm: no Update since the last ZeroGrad");
+  if (!norm_) {
+    backend_->Download(readback_ + 1, Ptr<const double>(squares_), 1, *compute_);
+    Drain();
+    norm_ = std::sqrt(readback_[1]);
+  }
+  return *norm_;
+}
+
+template <class P>
+std::vector<float> ShardedEngine<P>::NextTokenProbabilities(const int32_t* tokens, int n) {
+  if (root_held_) ReleaseRoot();
+  Stage(tokens, nullptr, 1, n);
+  RunForward(DimsOf(1, n, nullptr), Head::kLogits, 0, n - 1);
+  const int64_t V = layout_.shape().vocab_size;
+  const model::TpSlice slice{mesh_->tp_rank(), mesh_->tp_size()};
+  std::vector<A> row(size_t(slice.padded_vocab(V)));
+  backend_->Download(row.data(), Ptr<const A>(store_->head.logits), int64_t(row.size()), *compute_);
+  Drain();
+  // The slices differ in size by at most one: gather them padded to the widest.
+  const int64_t widest = (V + slice.size - 1) / slice.size;
+  std::vector<float> mine(size_t(widest), 0.0f), all(size_t(widest * slice.size)), logits;
+  for (int64_t v = 0; v < slice.vocab(V); ++v) mine[size_t(v)] = float(row[size_t(v)]);
+  if (mesh_->tp() == nullptr) {
+    all = mine;
+  } else {
+    mesh_->tp()->AllGather(mine.data(), all.data(), size_t(widest), comm::DataType::kFloat32)->Wait();
+  }
+  for (int r = 0; r < slice.size; ++r) {
+    const model::TpSlice other{r, slice.size};
+    logits.insert(logits.end(), all.begin() + r * widest, all.begin() + r * widest + other.vocab(V));
+  }
+  const float largest = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float x : logits) sum += std::exp(double(x - largest));
+  for (float& x : logits) x = float(std::exp(double(x - largest)) / sum);
+  return logits;
+}
+
+template <class P>
+std::vector<float> ShardedEngine<P>::Weights() {
+  if (root_held_) ReleaseRoot();
+  Drain();
+  // This rank's TP slice, each unit gathered over its shard group.
+  std::vector<G> local(size_t(layout_.total()));
+  std::vector<G> shard, unit_whole;
+  for (auto& unit : units_) {
+    shard.resize(size_t(unit->shard_numel()));
+    backend_->Download(shard.data(), Ptr<const G>(unit->master()), unit->shard_numel(), *compute_);
+    Drain();
+    const G* from = shard.data();
+    if (comm::Communicator* group = mesh_->shard()) {
+      unit_whole.resize(size_t(unit->padded_numel()));
+      group->AllGather(shard.data(), unit_whole.data(), shard.size(), comm::DataTypeOf<G>())->Wait();
+      from = unit_whole.data();
+    }
+    std::copy(from, from + unit->numel(), local.begin() + unit->begin());
+  }
+  // Each slice in its place of the whole model (the tensors every rank holds whole from
+  // TP rank 0), summed over the TP group: every element comes from one rank.
+  std::vector<G> whole(size_t(layout_.shape().ParameterCount()), G(0));
+  for (const model::ParamTensor& t : layout_.tensors()) {
+    if (t.tp_replicated() && mesh_->tp_rank() != 0) continue;
+    const std::vector<int64_t> at = layout_.WholeIndices(t.offset, t.offset + t.size);
+    for (size_t i = 0; i < at.size(); ++i) {
+      if (at[i] >= 0) whole[size_t(at[i])] = local[size_t(t.offset) + i];
+    }
+  }
+  if (comm::Communicator* group = mesh_->tp()) {
+    group->AllReduce(whole.data(), whole.data(), whole.size(), comm::DataTypeOf<G>(), comm::ReduceOp::kSum)->Wait();
+  }
+  return std::vector<float>(whole.begin(), whole.end());
+}
+
+template <class P>
+void ShardedEngine<P>::Snapshot(ShardState* into) {
+  if (root_held_) ReleaseRoot();
+  Drain();
+  int64_t total = 0;
+  for (auto& unit : units_) {
+    for (const auto& [a, b] : unit->model_runs()) total += b - a;
+  }
+  if (into->size != total || into->storage == nullptr) {
+    const runtime::MemorySource host = backend_->PinnedHostMemory();
+    void* arrays = host.allocate(size_t(3 * total) * sizeof(float));
+    if (arrays == nullptr) throw runtime::OutOfMemory("out of pinned host memory for a checkpoint snapshot");
+    into->storage = std::shared_ptr<void>(arrays, host.free);
+    into->size = total;
+    into->master = static_cast<float*>(arrays);
+    into->m = into->master + total;
+    into->v = into->m + total;
+  }
+  into->tp_rank = mesh_->tp_rank();
+  into->shard_rank = mesh_->shard_rank();
+  into->replica = mesh_->replica_index();
+  // The model's elements of each shard, straight into the snapshot (fp64 through the host).
+  std::vector<G> wide;
+  int64_t at = 0;
+  for (auto& unit : units_) {
+    for (const auto& [a, b] : unit->model_runs()) {
+      const int64_t n = b - a;
+      const Ptr<G> from[3] = {unit->master(), unit->adam_m(), unit->adam_v()};
+      float* to[3] = {into->master + at, into->m + at, into->v + at};
+      for (int part = 0; part < 3; ++part) {
+        if constexpr (std::is_same_v<G, float>) {
+          backend_->Download(to[part], Ptr<const G>(from[part] + a), n, *compute_);
+        } else {
+          wide.resize(size_t(n));
+          backend_->Download(wide.data(), Ptr<const G>(from[part] + a), n, *compute_);
+          Drain();
+          std::transform(wide.begin(), wide.end(), to[part], [](G x) { return float(x); });
+        }
+      }
+      at += n;
+    }
+  }
+  Drain();
+}
+
+template <class P>
+void ShardedEngine<P>::Restore(const WholeState& whole) {
+  if (root_held_) ReleaseRoot();
+  Drain();
+  const size_t count = size_t(layout_.shape().ParameterCount());
+  if (whole.master.size() != count || whole.m.size() != count || whole.v.size() != count) {
+    throw std::invalid_argument("Restore: a state of " + std::to_string(whole.master.size()) +
+                                " parameters for a model of " + std::to_string(count));
+  }
+  std::vector<G> master, m, v;
+  for (auto& unit : units_) {
+    const int64_t from = unit->begin() + unit->shard_begin();
+    const std::vector<int64_t> at = layout_.WholeIndices(from, from + unit->shard_real());
+    for (std::vector<G>* part : {&master, &m, &v}) part->assign(size_t(unit->shard_numel()), G(0));
+    for (size_t i = 0; i < at.size(); ++i) {
+      if (at[i] < 0) continue;  // vocabulary padding stays zero
+      master[i] = G(whole.master[size_t(at[i])]);
+      m[i] = G(whole.m[size_t(at[i])]);
+      v[i] = G(whole.v[size_t(at[i])]);
+    }
+    backend_->Upload(unit->master(), master.data(), unit->shard_numel(), *compute_);
+    backend_->Upload(unit->adam_m(), m.data(), unit->shard_numel(), *compute_);
+    backend_->Upload(unit->adam_v(), v.data(), unit->shard_numel(), *compute_);
+    Drain();  // the host vectors are refilled for the next unit
+  }
+}
+
+template <class P>
+CommStats ShardedEngine<P>::comm_stats() {
+  Drain();
+  CommStats stats;
+  if (comm::StreamCollectives* shard = mesh_->device_shard()) {
+    const comm::CollectiveSeconds s = shard->Seconds();
+    stats.all_gather += s.all_gather;
+    stats.reduce_scatter += s.reduce_scatter;
+    stats.all_reduce += s.all_reduce;
+  }
+  if (comm::StreamCollectives* replica = mesh_->device_replica()) stats.all_reduce += replica->Seconds().all_reduce;
+  if (comm::StreamCollectives* tp = mesh_->device_tp()) {
+    const comm::CollectiveSeconds s = tp->Seconds();
+    stats.all_reduce += s.all_reduce + s.all_gather;  // the layers' all-reduces and the head's gathers
+  }
+  stats.exposed = exposed_->Seconds();
+  stats.copy = store_->copy_seconds();
+  stats.copy_exposed = store_->copy_wait_seconds();
+  return stats;
+}
+
+template <class P>
+std::string ShardedEngine<P>::Describe() const {
+  const int S = mesh_->shard_size();
+  std::string activations;
+  const ActivationPolicy& policy = store_->policy();
+  if (policy.offload) {
+    activations = "; activations: block inputs checkpointed, " + std::to_string(store_->slots()) +
+                  " kept, the rest offloaded (horizon " + std::to_string(policy.horizon) + ")";
+  } else if (policy.checkpointing) {
+    activations = "; activations: block inputs checkpointed, blocks recomputed in backward";
+  }
+  return std::string(P::kName) + " FSDP, " + mesh_->Describe() + activations + "; " + std::to_string(units_.size()) +
+         " units" +
+         (S == 1 ? ", each whole on this rank"
+                 : ", each split in " + std::to_string(S) + " shards of " +
+                       std::to_string(units_[1 % units_.size()]->shard_numel()) + " elements (a block)") +
+         (tp_ ? ", of this rank's tensor-parallel slice" : "") + "; " + ops_->Describe() + " on " +
+         backend_->Describe();
+}
+
+template <class P>
+void ShardedEngine<P>::Drain() {
+  std::exception_ptr failure;
+  auto synchronize = [&failure](auto&& wait) {
+    try {
+      wait();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  };
+  synchronize([this] { compute_->Synchronize(options_.timeout); });
+  synchronize([this] { comm_->Synchronize(options_.timeout); });
+  if (store_) synchronize([this] { store_->Synchronize(options_.timeout); });
+  if (failure) std::rethrow_exception(failure);
+}
+
+template class ShardedEngine<kernels::Fp32>;
+template class ShardedEngine<kernels::Bf16>;
+template class ShardedEngine<kernels::Fp64>;
+
+}  // namespace meshtrain::parallel

@@ -1,0 +1,162 @@
+// The sharded engine (DESIGN.md, "Engine"): FSDP with hybrid sharding and tensor
+// parallelism, the one step schedule for every device, written over streams, events, the
+// kernel table and stream-ordered collectives. Replicated training is its case S = T = 1.
+//
+// Units: the root (embeddings, final LayerNorm) and one per block, each a FlatUnit of
+// this rank's TP slice (model/parameters.h, the vocabulary padded), sharded over the
+// ranks of the same slice. Streams: compute, comm (gathers and gradient reduction) and
+// the ActivationStore's copy stream.
+//   Forward: the root is gathered for the whole forward (and, in training, kept for the
+//     backward); while block l computes, the gather of block l+1 runs on the comm stream;
+//     block gathers take turns in two slots, and a slot is reused only after the compute
+//     stream has released its last unit, so at most two blocks are ever unsharded. The
+//     head then computes the loss a chunk of logits at a time and, in training, its own
+//     backward in the same pass (llm.c's fused classifier).
+//   Activations: an ActivationStore keeps what each block's forward leaves for its
+//     backward: everything, only block inputs (checkpointing: the backward recomputes
+//     the block first), or inputs within a loading horizon, the rest offloaded to host.
+//   Backward: the same gathers in reverse; when a unit's backward ends, its gradients are
+//     reduce-scattered on the comm stream (overlapping the next unit's backward) and added
+//     to the shard gradients, so micro-batches accumulate; with S = 1 the backward adds
+//     into them directly. The last micro-batch also averages each unit's shard gradients
+//     over the replica group right after.
+//   Update: the sum of squares of the shard gradients (a tensor every TP rank holds whole
+//     counted once), all-reduced in fp64 over the shard and TP groups, the clip scale and
+//     AdamW, all on the device.
+// Nothing is allocated after construction, and the host waits only when it reads a
+// result (TakeLoss, GradNorm, and the calls outside steps).
+//
+// Thread-safety: one thread drives an engine. An observer is called on stream host threads.
+
+#pragma once
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "worker/kernels/ops.h"
+#include "worker/model/blocks.h"
+#include "worker/model/parameters.h"
+#include "worker/parallel/activation_store.h"
+#include "worker/parallel/engine.h"
+#include "worker/parallel/flat_unit.h"
+#include "worker/parallel/mesh.h"
+#include "worker/runtime/backend.h"
+#include "worker/runtime/device_memory.h"
+#include "worker/runtime/memory.h"
+
+namespace meshtrain::parallel {
+
+// Makes the engine's kernel table, whose own device memory comes from the allocator.
+template <class P>
+using OpsFactory = std::function<std::unique_ptr<kernels::Ops<P>>(runtime::Backend&, runtime::CachingAllocator*)>;
+
+template <class P>
+class ShardedEngine final : public Engine {
+ public:
+  using A = typename P::Act;
+  using G = typename P::Acc;
+  template <class T>
+  using Ptr = runtime::DevicePtr<T>;
+
+  // The model of `shape` for micro-batches of up to batch x seq, sharded as `mesh` says,
+  // on `backend` with the kernel table `make_ops` makes; device memory from an allocator
+  // counting into `accounting`. Each rank initialises only its shards from `seed`.
+  // Throws runtime::OutOfMemory when the memory limit is too small, std::invalid_argument
+  // for an activation policy ActivationStore refuses or a TP degree ParameterLayout refuses.
+  ShardedEngine(const api::ModelShape& shape, std::shared_ptr<const Mesh> mesh, int batch, int seq, uint64_t seed,
+                runtime::MemoryAccounting* accounting, const EngineOptions& options,
+                std::shared_ptr<runtime::Backend> backend, const OpsFactory<P>& make_ops);
+  ~ShardedEngine() override;
+
+  runtime::Device device() const override { return backend_->device(); }
+  void Forward(const int32_t* inputs, const int32_t* targets, int B, int T, const MicroBatchKey* training,
+               float loss_weight) override;
+  void Backward(bool last) override;
+  void ZeroGrad() override;
+  void Update(const OptimizerStep& step) override;
+  double TakeLoss() override;
+  double GradNorm() override;
+  std::vector<float> NextTokenProbabilities(const int32_t* tokens, int n) override;
+  std::vector<float> Weights() override;
+  CommStats comm_stats() override;
+  void Snapshot(ShardState* into) override;
+  void Restore(const WholeState& whole) override;
+  std::string Describe() const override;
+  void set_observer(ScheduleObserver* observer) override { observer_ = observer; }
+
+  const std::vector<std::unique_ptr<FlatUnit<P>>>& units() const { return units_; }
+  const ActivationStore<P>& activations() const { return *store_; }
+
+ private:
+  enum class Head { kLoss, kTrain, kLogits };
+  FlatUnit<P>& Root() { return *units_[0]; }
+  FlatUnit<P>& Block(int l) { return *units_[size_t(l) + 1]; }
+  Ptr<A> BlockSlot(int l) const { return block_params_[size_t(l % 2)].get(); }
+  Ptr<G> BlockGrads(int l);
+  Ptr<G> RootGrads();
+  model::Context<P> Context() { return {*ops_, *compute_, tp_.get()}; }
+  // The dims of a micro-batch: its shape and, in training with dropout, its masks.
+  model::Dims DimsOf(int B, int T, const MicroBatchKey* training) const;
+  // Copies the micro-batch's tokens (and targets) to the device on the compute stream.
+  void Stage(const int32_t* inputs, const int32_t* targets, int B, int T);
+  void RunForward(const model::Dims& d, Head head, float loss_weight, int64_t logits_row);
+  void GatherRoot();
+  void GatherBlock(int l);
+  void ReleaseBlock(int l);
+  void ReleaseRoot();
+  // Runs `enqueue` between the observer's Begin and End of (op, unit) on `stream`.
+  template <class F>
+  void Observed(runtime::Stream& stream, Op op, int unit, F&& enqueue);
+  void WaitTimed(runtime::Event& event);
+  void Drain();
+
+  class TensorParallel;
+
+  model::ParameterLayout layout_;
+  std::shared_ptr<const Mesh> mesh_;
+  std::shared_ptr<runtime::Backend> backend_;
+  int batch_, seq_;
+  EngineOptions options_;
+  runtime::CachingAllocator allocator_, pinned_;
+  std::unique_ptr<kernels::Ops<P>> ops_;
+  std::unique_ptr<runtime::Stream> compute_, comm_;
+  std::unique_ptr<runtime::StreamTimer> exposed_;
+  std::unique_ptr<TensorParallel> tp_;  // null without tensor parallelism
+  // The step buffer (api::StepBufferBytes): tokens, targets, scalars, segment tables.
+  runtime::DeviceArray<std::byte> step_;
+  Ptr<int32_t> tokens_, targets_;
+  Ptr<double> loss_sum_, squares_;
+  Ptr<float> clip_scale_;
+  std::vector<std::unique_ptr<FlatUnit<P>>> units_;
+  // Compute copies and, with S > 1, unsharded gradients: the root's and two block slots.
+  runtime::DeviceArray<A> root_params_;
+  std::array<runtime::DeviceArray<A>, 2> block_params_;
+  runtime::DeviceArray<G> root_grads_, reduced_;
+  std::array<runtime::DeviceArray<G>, 2> block_grads_;
+  std::unique_ptr<ActivationStore<P>> store_;
+  // Events: the compute stream released a param slot (or the root); the comm stream has
+  // reduced a grad slot (or the root's); comm's work before the optimizer; the squares of
+  // the gradients are summed.
+  std::array<std::unique_ptr<runtime::Event>, 2> param_slot_free_, grad_slot_free_;
+  std::unique_ptr<runtime::Event> root_free_, root_grads_free_, comm_done_, squares_done_;
+  // Page-locked staging of the tokens, two micro-batches deep, and the events that say a
+  // stage's copy has left; and of the scalars read back.
+  std::array<std::unique_ptr<runtime::Event>, 2> staged_;
+  int32_t* staging_ = nullptr;
+  double* readback_ = nullptr;
+  int stage_ = 0;
+
+  int B_ = 0, T_ = 0;
+  model::Dims dims_{};
+  bool root_held_ = false;         // a training forward's root, kept gathered for its backward
+  bool replicas_reduced_ = false;  // the last Backward averaged the shard gradients over replicas
+  std::optional<double> norm_;     // the last Update's, once read
+  bool updated_ = false;
+  ScheduleObserver* observer_ = nullptr;
+};
+
+}  // namespace meshtrain::parallel

@@ -1,0 +1,62 @@
+#include "worker/runtime/cpu_backend.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "api/environment.h"
+#include "worker/runtime/device_side.h"
+
+namespace meshtrain::runtime {
+
+std::string CpuBackend::Describe() const {
+  if (options_.jitter_seed == 0 && !options_.poison) return "cpu";
+  std::string strict = "cpu (strict:";
+  if (options_.jitter_seed != 0) strict += " jitter seed " + std::to_string(options_.jitter_seed);
+  if (options_.poison) strict += options_.jitter_seed != 0 ? ", poisoned memory" : " poisoned memory";
+  return strict + ")";
+}
+
+std::unique_ptr<Stream> CpuBackend::NewStream(const std::string& name) {
+  CpuJitter jitter;
+  if (options_.jitter_seed != 0) jitter.seed = options_.jitter_seed * 1000003 + ++streams_made_;
+  return std::make_unique<CpuStream>(name, jitter);
+}
+
+MemorySource CpuBackend::DeviceMemory() {
+  if (!options_.poison) return HostMemory();
+  return {"host (poisoned)",
+          [](size_t bytes) -> void* {
+            void* p = std::aligned_alloc(64, bytes);
+            if (p != nullptr) std::memset(p, 0xFF, bytes);
+            return p;
+          },
+          [](void* p) { std::free(p); }};
+}
+
+void CpuBackend::Copy(DeviceBytes to, ConstDeviceBytes from, size_t bytes, Stream& stream) {
+  CpuStream::Of(stream).Enqueue([to = DeviceSide::Address(to), from = DeviceSide::Address(from), bytes] {
+    std::memcpy(to, from, bytes);
+  });
+}
+
+void CpuBackend::CopyToHost(void* to, ConstDeviceBytes from, size_t bytes, Stream& stream) {
+  CpuStream::Of(stream).Enqueue([to, from = DeviceSide::Address(from), bytes] { std::memcpy(to, from, bytes); });
+}
+
+void CpuBackend::CopyFromHost(DeviceBytes to, const void* from, size_t bytes, Stream& stream) {
+  CpuStream::Of(stream).Enqueue([to = DeviceSide::Address(to), from, bytes] { std::memcpy(to, from, bytes); });
+}
+
+void CpuBackend::Fill(DeviceBytes to, uint8_t value, size_t bytes, Stream& stream) {
+  CpuStream::Of(stream).Enqueue([to = DeviceSide::Address(to), value, bytes] { std::memset(to, value, bytes); });
+}
+
+CpuBackendOptions CpuBackendOptionsFromEnvironment() {
+  CpuBackendOptions options;
+  options.jitter_seed = uint64_t(api::EnvironmentInteger("MESHTRAIN_CPU_JITTER_SEED", 0, INT64_MAX, 0));
+  options.poison = api::EnvironmentInteger("MESHTRAIN_CPU_POISON", 0, 1, 0) == 1;
+  return options;
+}
+
+}  // namespace meshtrain::runtime
