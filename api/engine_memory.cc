@@ -27,6 +27,7 @@ UnitElements UnitElementsOf(const ModelShape& s, int tp_rank, int tp_size, int v
 
 int64_t HeadChunkRows(int64_t rows, int64_t padded_vocab) {
   constexpr int64_t kChunkElements = int64_t(1) << 27;
+  if (padded_vocab <= 0) return rows;
   return std::min(rows, std::max<int64_t>(1, kChunkElements / padded_vocab));
 }
 

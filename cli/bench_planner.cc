@@ -117,7 +117,7 @@ int MemoryCheck(const BenchPlanOptions& o, const std::vector<std::string>& self_
       ++failed;
       continue;
     }
-    const int64_t predicted = scheduler::PredictMemory(*shape, o.seq, c, 4).total();
+    const int64_t predicted = scheduler::PredictMemory(*shape, o.seq, c, 4, /*cpu_kernels=*/true, false).total();
     const double error = double(predicted - r->peak_total) / double(r->peak_total);
     worst = std::max(worst, std::abs(error));
     within += std::abs(error) <= 0.10;

@@ -69,9 +69,9 @@ int BenchTrainRank() {
   for (int64_t i = 0; i < warmup; ++i) trainer.Step();
   world->Barrier()->Wait();
   const auto start = Clock::now();
-  train::CommStats seconds;
+  parallel::CommStats seconds;
   for (int64_t i = warmup; i < steps; ++i) {
-    const train::CommStats step = trainer.Step().comm;
+    const parallel::CommStats step = trainer.Step().comm;
     seconds.exposed += step.exposed;
     seconds.copy += step.copy;
   }

@@ -28,7 +28,7 @@
 #include "worker/runtime/device_peak.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/cuda_plugin.h"
-#include "worker/train/replica.h"
+#include "worker/train/devices.h"
 #include "worker/train/token_file.h"
 #include "worker/train/trainer.h"
 

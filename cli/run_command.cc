@@ -19,6 +19,7 @@
 #include "operator/scheduler/planner.h"
 #include "worker/runtime/memory.h"
 #include "worker/launch/local_launcher.h"
+#include "worker/train/devices.h"
 #include "worker/train/run_report.h"
 #include "worker/train/trainer.h"
 

@@ -2,18 +2,12 @@
 // peak, for a layout choice, added up from the sizes the engine allocates
 // (api/engine_memory.h), so that the model and the engine's accounting cannot drift.
 //
-// Per rank, in the engine's accounting categories:
-//   params, grads     every unit's shard (padded to a multiple of S), fp32
-//   optimizer         AdamW m and v of the shards, fp32
-//   activations       the ActivationStore: all blocks, block inputs, or inputs within the
-//                     loading horizon, plus the head and the backward's scratch
-//   offload           the host pool of offloaded block inputs
-//   gathered          at the backward's peak: the root's parameters and gradients, and three
-//                     block-sized buffers (two blocks' parameters and one block's gradients, or
-//                     one block's parameters and two blocks' gradients while a reduce-scatter runs)
-//   comm              the reduce-scatter's output shard (S > 1)
-// each allocation rounded to the caching allocator's size classes. The peak is the sum:
-// an upper bound of the engine's, reached in the backward of every micro-batch.
+// Per rank, in the engine's accounting categories (api::EngineMemoryOf says each):
+// params, grads, optimizer (the shards), gathered (the compute copies' slots), comm,
+// activations (the ActivationStore and the step buffer) and offload (the host pool). The
+// engine allocates all of them when it is built, so its peak is their sum.
+// On a GPU the attention backward's workspace is cuDNN's, which the model counts as one
+// fp32 copy of the attention output's gradient: an estimate, not the library's figure.
 // Thread-safety: pure functions.
 
 #pragma once
@@ -46,9 +40,15 @@ struct MemoryPrediction {
   int64_t total() const { return device() + offload; }
 };
 
+// The engine's element types on a device: `compute_bytes` for gathered parameters and
+// activations (4: fp32; 2: bf16), fp32 for the rest, and the CPU's attention (which keeps
+// the scores) or fused attention on a GPU.
+api::EngineTypes EngineTypesOf(int compute_bytes, bool cpu_kernels, const api::ModelShape& shape, int micro_batch,
+                               int seq, int tp);
+
 // The peak of the rank that holds the most (the largest vocabulary slice), for
-// sequences of `seq` tokens, gathered parameters and activations of `compute_bytes`
-// each (4: fp32 on the CPU; 2: bf16).
-MemoryPrediction PredictMemory(const api::ModelShape& shape, int seq, const LayoutChoice& choice, int compute_bytes);
+// sequences of `seq` tokens; `dropout`: the model drops activations (spec.model.dropout > 0).
+MemoryPrediction PredictMemory(const api::ModelShape& shape, int seq, const LayoutChoice& choice, int compute_bytes,
+                               bool cpu_kernels, bool dropout);
 
 }  // namespace meshtrain::scheduler

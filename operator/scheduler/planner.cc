@@ -37,7 +37,7 @@ std::string MemorySize(int64_t bytes) {
 Candidate Evaluate(const PlanRequest& r, const LayoutChoice& choice) {
   Candidate c;
   c.choice = choice;
-  c.memory = PredictMemory(r.shape, r.seq, choice, r.device.compute_bytes);
+  c.memory = PredictMemory(r.shape, r.seq, choice, r.device.compute_bytes, r.device.memory_is_host, r.dropout);
   c.step = PredictStep(r.shape, r.seq, r.global_batch_tokens, choice, r.cluster, r.device);
   c.needed = r.device.memory_is_host ? c.memory.total() : c.memory.device();
   if (c.needed > r.device.Usable()) {
@@ -105,6 +105,7 @@ PlanRequest RequestFor(const api::TrainingJobSpec& spec, std::vector<std::vector
   r.shape = api::ShapeOf(spec.model);
   r.seq = int(r.shape.seq_len);
   r.global_batch_tokens = spec.training.global_batch_tokens;
+  r.dropout = spec.model.dropout > 0;
   r.cluster.nodes = int(spec.nodes);
   r.cluster.gpus_per_node = int(spec.gpus_per_node);
   r.cluster.node_paths = std::move(node_paths);

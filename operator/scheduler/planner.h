@@ -31,6 +31,7 @@ struct PlanRequest {
   DeviceModel device;
   int max_micro_batch = 64;
   int max_horizon = 8;
+  bool dropout = false;  // spec.model.dropout > 0: the backward keeps masked copies
 };
 
 struct Candidate {

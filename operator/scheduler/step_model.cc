@@ -78,7 +78,7 @@ struct Streams {
 
 // One training forward (the root kept for the backward), from drained streams.
 double Forward(int L, const LayoutChoice& c, const Durations& d, Streams& s) {
-  const int slots = api::ActivationStoreElements({.layers = L}, 1, 1, c.activations, 0, 1).inputs;
+  const int slots = api::ActivationStoreBytes({.layers = L}, 1, 1, c.activations, 0, 1, {}, false).inputs;
   const bool offload = c.activations.offload;
   std::vector<double> freed(size_t(L), 0), offloaded(size_t(L), 0);
   s.Start();
@@ -94,19 +94,19 @@ double Forward(int L, const LayoutChoice& c, const Durations& d, Streams& s) {
     freed[size_t(l)] = s.compute.Run(ready, d.block_forward + d.tp_forward);
     if (offload && l < L - slots) offloaded[size_t(l)] = s.copy.Run(freed[size_t(l)], d.copy_input);
   }
-  s.compute.Run(0, d.head_forward + d.tp_head);
+  // The head computes its backward as each chunk of logits is made (the fused classifier).
+  s.compute.Run(0, d.head_forward + d.head_backward + 2 * d.tp_head);
   return s.Drain();
 }
 
 // One backward; with `last`, each unit's replica all-reduce follows its reduce-scatter.
 double Backward(int L, const LayoutChoice& c, const Durations& d, bool last, Streams& s) {
-  const int slots = api::ActivationStoreElements({.layers = L}, 1, 1, c.activations, 0, 1).inputs;
+  const int slots = api::ActivationStoreBytes({.layers = L}, 1, 1, c.activations, 0, 1, {}, false).inputs;
   const bool offload = c.activations.offload;
   const double recompute = c.activations.checkpointing ? d.block_recompute + d.tp_forward : 0;
   std::vector<double> gathered(size_t(L), 0), done(size_t(L) + 1, 0), loaded(size_t(L), 0);
   s.Start();
   gathered[size_t(L) - 1] = s.comm.Run(0, d.gather_block);
-  s.compute.Run(0, d.head_backward + d.tp_head);
   int next_load = L - slots - 1;  // the last n inputs never left their slots
   for (int l = L - 1; l >= 0; --l) {
     if (l > 0) gathered[size_t(l) - 1] = s.comm.Run(l + 1 < L ? done[size_t(l) + 1] : 0, d.gather_block);

@@ -395,7 +395,8 @@ TYPED_TEST_P(BackendContract, RefusesStreamsAndEventsOfAnotherBackend) {
   expect_refusal("Fill", "foreign-stream", [&] { backend.Fill(buffer.get(), 0, 64, foreign); });
   expect_refusal("Copy", "foreign-stream", [&] { backend.Copy(buffer.get(), buffer.get() + 32, 32, foreign); });
   expect_refusal("CopyToHost", "foreign-stream", [&] { backend.CopyToHost(host.data(), buffer.get(), 64, foreign); });
-  expect_refusal("CopyFromHost", "foreign-stream", [&] { backend.CopyFromHost(buffer.get(), host.data(), 64, foreign); });
+  expect_refusal("CopyFromHost", "foreign-stream",
+                 [&] { backend.CopyFromHost(buffer.get(), host.data(), 64, foreign); });
   expect_refusal("Event::Record", "foreign-stream", [&] { event->Record(foreign); });
   expect_refusal("StreamTimer::Begin", "foreign-stream", [&] { timer->Begin(foreign); });
   expect_refusal("Stream::Wait", "own-stream", [&] { stream->Wait(foreign_event); });

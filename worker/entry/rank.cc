@@ -13,6 +13,7 @@
 #include "worker/metrics/training_metrics.h"
 #include "worker/runtime/device_peak.h"
 #include "worker/train/cuda_plugin.h"
+#include "worker/train/devices.h"
 #include "worker/train/run_report.h"
 #include "worker/train/token_file.h"
 #include "worker/train/trainer.h"
@@ -65,6 +66,35 @@ double DensePeakFlops(const runtime::Device& device) {
   return plugin ? runtime::DenseBf16Peak(plugin->device_facts(device.index)).flops : 0;
 }
 
+// The world's collectives on the device: NCCL when every rank trains on a GPU of its own;
+// null (the host's, staged through pinned memory on a GPU) otherwise, with *note saying
+// why. Every rank calls it. A world whose ranks train on different kinds of device cannot
+// run: a ConfigError says so.
+std::unique_ptr<comm::StreamCollectives> DeviceCollectives(const comm::WorkerEnvironment& env,
+                                                           const runtime::Device& device, comm::Rendezvous& rendezvous,
+                                                           comm::Communicator& world, comm::milliseconds timeout,
+                                                           std::string* note) {
+  std::string why;
+  const int devices = device.is_cuda() ? train::CudaDeviceCount(&why) : 0;
+  // Per rank: [trains on a GPU, has one of its own]; summed over the world.
+  int32_t counts[2] = {device.is_cuda() ? 1 : 0, device.is_cuda() && env.nproc_per_node <= devices ? 1 : 0};
+  world.AllReduce(counts, counts, 2, comm::DataType::kInt32, comm::ReduceOp::kSum)->Wait();
+  if (counts[0] != 0 && counts[0] != env.world_size) {
+    throw ConfigError(std::to_string(counts[0]) + " of " + std::to_string(env.world_size) +
+                      " ranks have a GPU and the others do not; a job's ranks must train on one kind of device");
+  }
+  if (counts[0] == 0) return nullptr;
+  if (counts[1] < env.world_size) {
+    *note = "ranks share a GPU (" + std::to_string(env.nproc_per_node) + " ranks on " + std::to_string(devices) +
+            " device(s) of node " + std::to_string(env.node_rank) +
+            ", or on another node), which NCCL refuses: collectives are staged through pinned host memory over " +
+            "the fabric, slowly";
+    return nullptr;
+  }
+  return train::CudaPluginOrNull(nullptr)->connect_nccl(rendezvous.table, env.rank, rendezvous.store, device.index,
+                                                        timeout);
+}
+
 int Train(std::ostream& out) {
   comm::WorkerEnvironment env;
   api::CheckedJob checked;
@@ -90,22 +120,23 @@ int Train(std::ostream& out) {
   }
 
   comm::Rendezvous rendezvous = comm::JoinRendezvous(env, kRendezvousTimeout);
-  std::unique_ptr<comm::Communicator> world =
-      comm::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, comm::FabricOptions::FromEnvironment());
+  const comm::FabricOptions fabric = comm::FabricOptions::FromEnvironment();
+  std::unique_ptr<comm::Communicator> world = comm::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, fabric);
 
   const runtime::DeviceChoice where = train::ChooseDeviceHere(job.spec.training.precision, env.local_rank);
+  std::string device_note;
+  std::unique_ptr<comm::StreamCollectives> device_world =
+      DeviceCollectives(env, where.device, rendezvous, *world, fabric.timeout, &device_note);
   std::optional<train::Trainer> trainer;
-  BadInputIsConfigError(env.config, [&] { trainer.emplace(job, world.get(), where.device); });
+  BadInputIsConfigError(env.config, [&] { trainer.emplace(job, world.get(), where.device, device_world.get()); });
   if (exported) {
     exported->Flops(api::ShapeOf(job.spec.model).TrainingFlopsPerToken(*job.spec.model.seq_len),
                     DensePeakFlops(where.device) * env.world_size);  // ranks share one kind of device
   }
   if (env.rank == 0) {
     for (const api::FieldError& w : checked.warnings) out << "warning: " << w.ToString() << std::endl;
-    for (const api::FieldError& w : train::FieldsWithoutEffectOn(job, where.device)) {
-      out << "warning: " << w.ToString() << std::endl;
-    }
     if (!where.note.empty()) out << "note: " << where.note << std::endl;
+    if (!device_note.empty()) out << "note: " << device_note << std::endl;
     out << "job " << env.job_name << ": " << env.world_size << " rank(s) on " << env.nnodes << " node(s), "
         << job.spec.training.steps << " steps, rank 0 on " << where.device.ToString() << " in " << where.precision
         << std::endl;

@@ -51,8 +51,8 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
                                 uint64_t seed, runtime::MemoryAccounting* accounting, const EngineOptions& options,
                                 std::shared_ptr<runtime::Backend> backend, const OpsFactory<P>& make_ops)
     : layout_(shape, mesh->tp_rank(), mesh->tp_size(), api::kVocabMultiple),
-      mesh_(std::move(mesh)),
       backend_(std::move(backend)),
+      mesh_(std::move(mesh)),
       batch_(batch),
       seq_(seq),
       options_(options),

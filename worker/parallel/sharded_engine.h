@@ -117,8 +117,8 @@ class ShardedEngine final : public Engine {
   class TensorParallel;
 
   model::ParameterLayout layout_;
+  std::shared_ptr<runtime::Backend> backend_;  // outlives the mesh, whose groups may use it
   std::shared_ptr<const Mesh> mesh_;
-  std::shared_ptr<runtime::Backend> backend_;
   int batch_, seq_;
   EngineOptions options_;
   runtime::CachingAllocator allocator_, pinned_;

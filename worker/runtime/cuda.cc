@@ -40,9 +40,10 @@ void MakeCurrent(int device) {
   Check(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
 }
 
-// Polls `event` until it is reached, it fails, or `timeout` passes; true once reached.
-// Backs off from spinning to sleeps of at most 200 us: a step's end is waited for this
-// way, so the sleep bounds the latency it adds. A failure is thrown by `on_error`.
+// Polls `event` until it is reached, it fails, or `timeout` passes; false only on the
+// timeout. Backs off from spinning to sleeps of at most 200 us: a step's end is waited
+// for this way, so the sleep bounds the latency it adds. A failure goes to `on_error`
+// (which throws it, or not), and ends the wait: nothing is running any more.
 template <class OnError>
 bool PollEvent(cudaEvent_t event, milliseconds timeout, OnError on_error) {
   const Clock::time_point deadline = Clock::now() + timeout;
@@ -50,7 +51,10 @@ bool PollEvent(cudaEvent_t event, milliseconds timeout, OnError on_error) {
   for (;;) {
     const cudaError_t status = cudaEventQuery(event);
     if (status == cudaSuccess) return true;
-    if (status != cudaErrorNotReady) on_error(status);
+    if (status != cudaErrorNotReady) {
+      on_error(status);
+      return true;
+    }
     if (Clock::now() >= deadline) return false;
     if (pause.count() == 0) {
       std::this_thread::yield();

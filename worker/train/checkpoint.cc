@@ -26,7 +26,10 @@ using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kFormat = "meshtrain-checkpoint";
-constexpr int kVersion = 1;
+// Version 2 pads each TP slice's vocabulary in the engine (metadata "vocabMultiple"; the
+// files hold the model's elements only); version 1 had no padding and reads the same way
+// with a multiple of 1.
+constexpr int kVersion = 2;
 constexpr auto kWaitForWriters = std::chrono::minutes(2);
 
 std::string StepName(int64_t step) {
@@ -124,10 +127,11 @@ Json ParseCheckpointMetadata(const std::string& text, const std::string& file_na
     throw CheckpointError(file.string() + ": not valid JSON: " + e.what());
   }
   try {
-    if (meta.at("format") != kFormat || meta.at("version") != kVersion) {
-      throw CheckpointError(file.string() + ": not a meshtrain checkpoint of format version " +
+    if (meta.at("format") != kFormat || meta.at("version").get<int>() < 1 || meta.at("version").get<int>() > kVersion) {
+      throw CheckpointError(file.string() + ": not a meshtrain checkpoint of format version 1 to " +
                             std::to_string(kVersion));
     }
+    if (meta.value("vocabMultiple", 1) < 1) throw CheckpointError(file.string() + ": vocabMultiple must be positive");
     if (meta.at("model") != ShapeJson(shape)) {
       throw CheckpointError(file.string() + ": a checkpoint of another model (" + meta.at("model").dump() +
                             "), not of " + ShapeJson(shape).dump());
@@ -170,7 +174,7 @@ LoadedCheckpoint LoadCheckpoint(const std::string& directory, const api::ModelSh
   const fs::path dir(directory);
   const Json meta = ReadMetadata(dir, shape);
   const Json& layout = meta.at("layout");
-  const int T = layout.at("tp"), S = layout.at("shard");
+  const int T = layout.at("tp"), S = layout.at("shard"), vocab_multiple = meta.value("vocabMultiple", 1);
   const model::ParameterLayout whole_layout(shape);
   LoadedCheckpoint loaded{directory, {meta.at("step"), meta.at("dataPosition")}, {}};
   WholeState& whole = loaded.state;
@@ -192,7 +196,7 @@ LoadedCheckpoint LoadCheckpoint(const std::string& directory, const api::ModelSh
     // The writer's TP slice, split as its FlatUnits were.
     std::optional<model::ParameterLayout> tp_slice;
     try {
-      tp_slice.emplace(shape, f.at("tp").get<int>(), T);
+      tp_slice.emplace(shape, f.at("tp").get<int>(), T, vocab_multiple);
     } catch (const std::exception& e) {
       throw CheckpointError((dir / "metadata.json").string() + ": its layout does not fit the model: " + e.what());
     }
@@ -200,8 +204,10 @@ LoadedCheckpoint LoadCheckpoint(const std::string& directory, const api::ModelSh
     std::vector<int64_t> at;
     for (int u = 0; u < slice.units(); ++u) {
       const parallel::UnitShard s = parallel::ShardOfUnit(slice, u, S, f.at("shard"));
-      const std::vector<int64_t> unit = slice.WholeIndices(s.unit_begin + s.begin, s.unit_begin + s.begin + s.real);
-      at.insert(at.end(), unit.begin(), unit.end());
+      // The model's elements of the shard, in order (padding is never written).
+      for (int64_t index : slice.WholeIndices(s.unit_begin + s.begin, s.unit_begin + s.begin + s.real)) {
+        if (index >= 0) at.push_back(index);
+      }
     }
     if (bytes.size() != 3 * at.size() * sizeof(float)) {
       throw CheckpointError(file.string() + ": holds " + std::to_string(bytes.size()) + " bytes, but its shards are " +
@@ -351,7 +357,7 @@ void CheckpointWriter::Loop() {
     if (ok) {
       ++stats_.written;
       stats_.last_step = position.step;
-      stats_.last_bytes = int64_t(3 * state.master.size() * sizeof(float));
+      stats_.last_bytes = int64_t(3 * size_t(state.size) * sizeof(float));
       stats_.last_seconds = std::chrono::duration<double>(Clock::now() - start).count();
     } else {
       ++stats_.failures;
@@ -371,10 +377,10 @@ void CheckpointWriter::Write(const TrainingPosition& position, const ShardState&
       std::error_code error;
       fs::create_directories(partial, error);
       if (error) throw CheckpointError("cannot create " + partial + ": " + error.message());
-      const size_t part = state.master.size() * sizeof(float);
-      WriteDurably(file, {{state.master.data(), part}, {state.m.data(), part}, {state.v.data(), part}});
+      const size_t part = size_t(state.size) * sizeof(float);
+      WriteDurably(file, {{state.master, part}, {state.m, part}, {state.v, part}});
       uint32_t crc = 0;
-      for (const std::vector<float>* values : {&state.master, &state.m, &state.v}) crc = Crc32c(values->data(), part, crc);
+      for (const float* values : {state.master, state.m, state.v}) crc = Crc32c(values, part, crc);
       sidecar["bytes"] = 3 * part;
       sidecar["crc32c"] = crc;
     } catch (const CheckpointError& e) {
@@ -419,6 +425,7 @@ void CheckpointWriter::Finish(const TrainingPosition& position, const std::strin
   }
   const Json meta = {{"format", kFormat},
                      {"version", kVersion},
+                     {"vocabMultiple", api::kVocabMultiple},
                      {"step", position.step},
                      {"dataPosition", position.data_position},
                      {"model", ShapeJson(shape_)},

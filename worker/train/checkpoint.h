@@ -1,10 +1,12 @@
 // Sharded, atomic, reshardable checkpoints (DESIGN.md, "Checkpoints").
 //
 // Under spec.checkpoint.path, one directory per step:
-//   step-00000100/metadata.json   format version, model shape, layout, step, data position,
-//                                 and each shard file's rank, place, size and CRC-32C
+//   step-00000100/metadata.json   format version, model shape, layout, the engine's vocabulary
+//                                 padding, step, data position, and each shard file's rank,
+//                                 place, size and CRC-32C
 //   step-00000100/rank-00003.bin  that rank's shards of fp32 master weights, then AdamW m,
-//                                 then v: each unit's real shard elements, in unit order
+//                                 then v: each unit's shard elements that are the model's
+//                                 (no padding), in unit order
 //   latest                        "step-00000100": the newest complete checkpoint
 // Ranks of replica 0 write (the other replicas hold the same shards). A checkpoint is
 // written into .partial-step-N, each writer leaving its file and a sidecar with the file's
@@ -34,7 +36,7 @@
 
 #include "api/layout.h"
 #include "api/model_shape.h"
-#include "worker/train/replica.h"
+#include "worker/parallel/engine.h"
 
 namespace meshtrain::train {
 
@@ -49,6 +51,9 @@ struct TrainingPosition {
   int64_t step = 0;            // optimizer steps taken
   uint64_t data_position = 0;  // the training data loader's position
 };
+
+using parallel::ShardState;
+using parallel::WholeState;
 
 struct LoadedCheckpoint {
   std::string directory;

@@ -7,7 +7,9 @@
 
 #include "api/layout.h"
 #include "api/model_shape.h"
-#include "worker/parallel/engine.h"
+#include "worker/kernels/precision.h"
+#include "worker/parallel/activation_store.h"
+#include "worker/train/devices.h"
 #include "worker/train/huggingface.h"
 #include "worker/train/safetensors.h"
 #include "worker/train/schedule.h"
@@ -31,35 +33,6 @@ api::ParallelLayout SupportedLayout(const api::TrainingJob& job, int ranks) {
   return layout;
 }
 
-parallel::ActivationPolicy ActivationPolicyOf(const api::ParallelismSpec& p) {
-  return {p.activation_checkpointing, p.activation_offloading, int(p.activation_loading_horizon)};
-}
-
-std::unique_ptr<Replica> MakeModel(const api::TrainingJob& job, const api::ParallelLayout& layout,
-                                   comm::Communicator* world, runtime::Device device, int batch, int seq,
-                                   runtime::MemoryAccounting* accounting) {
-  const api::ModelShape shape = api::ShapeOf(job.spec.model);
-  const uint64_t seed = uint64_t(job.spec.training.seed);
-  if (device.is_cuda()) {
-    auto refuse = [&](const std::string& field, const std::string& what) {
-      throw std::invalid_argument(field + ": " + what + " runs on the CPU engine (precision fp32) and not yet on " +
-                                  device.ToString());
-    };
-    if (layout.tp() != 1) refuse("spec.parallelism.tensorParallelDegree", "tensor parallelism");
-    if (job.spec.model.dropout > 0) refuse("spec.model.dropout", "dropout");
-    if (!job.spec.model.init.from.empty()) refuse("spec.model.init.from", "loading Hugging Face weights");
-    return MakeCudaReplica(device.index, shape, batch, seq, seed, accounting);
-  }
-  parallel::EngineOptions options;
-  const std::optional<int64_t>& limit_mib = job.spec.resources.memory_limit_mib;
-  options.memory_limit = limit_mib ? *limit_mib << 20 : runtime::MemoryLimitFromEnvironment();
-  options.activations = ActivationPolicyOf(job.spec.parallelism);
-  options.dropout = float(job.spec.model.dropout);
-  options.dropout_seed = uint64_t(job.spec.parallelism.tensor_parallel_seed);
-  return std::make_unique<parallel::ShardedEngine>(shape, std::make_shared<const parallel::Mesh>(layout, world), batch,
-                                                   seq, seed, accounting, options);
-}
-
 // The training data, and the validation data if the job names any, for world rank `rank`.
 std::pair<DataLoader, std::optional<DataLoader>> OpenData(const api::TrainingJob& job,
                                                           const api::ParallelLayout& layout, int rank) {
@@ -73,39 +46,13 @@ std::pair<DataLoader, std::optional<DataLoader>> OpenData(const api::TrainingJob
 
 }  // namespace
 
-CommStats operator-(const CommStats& a, const CommStats& b) {
-  return {a.all_gather - b.all_gather, a.reduce_scatter - b.reduce_scatter, a.all_reduce - b.all_reduce,
-          a.exposed - b.exposed,       a.copy - b.copy,                     a.copy_exposed - b.copy_exposed};
-}
-
 void CheckTrainable(const api::TrainingJob& job, int rank, int ranks) {
   const api::ParallelLayout layout = SupportedLayout(job, ranks);
   model::ParameterLayout(api::ShapeOf(job.spec.model), 0, layout.tp());  // TP must divide the heads and the MLP
   runtime::MemoryLimitFromEnvironment();
-  parallel::ActivationStore::Check(ActivationPolicyOf(job.spec.parallelism));
+  parallel::ActivationStore<kernels::Fp32>::Check(ActivationPolicyOf(job.spec.parallelism));
+  CpuKernelsFromEnvironment();
   OpenData(job, layout, rank);
-}
-
-api::FieldErrors FieldsWithoutEffectOn(const api::TrainingJob& job, runtime::Device device) {
-  api::FieldErrors warnings;
-  if (!device.is_cuda()) return warnings;
-  if (!job.spec.checkpoint.path.empty()) {
-    warnings.push_back({"spec.checkpoint", "has no effect on " + device.ToString() +
-                                               " yet: the CUDA engine writes no checkpoint, and a restarted job "
-                                               "starts again from step 0 (the CPU engine writes them)"});
-  }
-  const api::ParallelismSpec& p = job.spec.parallelism;
-  auto warn = [&](const char* path, bool set, const std::string& why) {
-    if (set) warnings.push_back({path, "has no effect on " + device.ToString() + " yet: " + why + " (the CPU engine acts on it)"});
-  };
-  warn("spec.parallelism.hybridShardDegree", api::ParallelLayout::ForSpec(job.spec).shard() > 1,
-       "the CUDA engine holds the whole model on every rank");
-  warn("spec.parallelism.activationCheckpointing", p.activation_checkpointing,
-       "the CUDA engine keeps every block's activations for backward");
-  warn("spec.parallelism.activationOffloading", p.activation_offloading, "activations stay in device memory");
-  warn("spec.resources.memoryLimitMiB", job.spec.resources.memory_limit_mib.has_value(),
-       "the CUDA engine's allocator takes no limit");
-  return warnings;
 }
 
 std::string FormatMemory(const MemoryReport& m) {
@@ -125,7 +72,8 @@ std::string FormatStepReport(const StepReport& r) {
   return line;
 }
 
-Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime::Device device)
+Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime::Device device,
+                 comm::StreamCollectives* device_world)
     : job_(job),
       layout_(SupportedLayout(job, world ? world->size() : 1)),
       world_(world),
@@ -133,16 +81,16 @@ Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime
       seq_(int(*job.spec.model.seq_len)),
       micro_steps_(api::AccumulationSteps(job.spec)),
       tokens_per_step_(job.spec.training.global_batch_tokens),
-      replica_(MakeModel(job, layout_, world, device, batch_, seq_, &accounting_)) {
+      engine_(MakeEngine(job, layout_, world, device_world, device, batch_, seq_, &accounting_)) {
   auto [train, validation] = OpenData(job, layout_, world ? world->rank() : 0);
   train_.emplace(std::move(train));
   validation_ = std::move(validation);
   const api::CheckpointSpec& checkpoint = job.spec.checkpoint;
   const api::ModelShape shape = api::ShapeOf(job.spec.model);
-  if (!checkpoint.path.empty() && !device.is_cuda()) {
+  if (!checkpoint.path.empty()) {
     if (checkpoint.resume) {
       if (std::optional<LoadedCheckpoint> loaded = LoadNewestCheckpoint(checkpoint.path, shape, &checkpoint_warnings_)) {
-        replica_->Restore(loaded->state);
+        engine_->Restore(loaded->state);
         step_ = loaded->position.step;
         train_->set_position(loaded->position.data_position);
         resumed_from_ = step_;
@@ -167,7 +115,7 @@ Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime
     }
     whole.m.assign(whole.master.size(), 0.0f);
     whole.v.assign(whole.master.size(), 0.0f);
-    replica_->Restore(whole);
+    engine_->Restore(whole);
   }
   inputs_.resize(size_t(batch_) * seq_);
   targets_.resize(size_t(batch_) * seq_);
@@ -178,29 +126,28 @@ StepReport Trainer::Step() {
   const api::TrainingSpec& t = job_.spec.training;
   StepReport report;
   report.steps = t.steps;
-  const CommStats comm_before = replica_->comm_stats();
-  replica_->ZeroGrad();
-  double loss = 0;
+  const parallel::CommStats comm_before = engine_->comm_stats();
+  engine_->ZeroGrad();
+  // Each micro-batch's mean loss weighs 1/micro_steps in the step's loss and gradient.
+  const float weight = 1.0f / float(micro_steps_);
   for (int64_t micro = 0; micro < micro_steps_; ++micro) {
     train_->Next(inputs_.data(), targets_.data());
-    const MicroBatchKey key{step_, micro};
-    loss += replica_->Forward(inputs_.data(), targets_.data(), batch_, seq_, &key);
-    replica_->Backward(1.0f / float(micro_steps_), micro + 1 == micro_steps_);
+    const parallel::MicroBatchKey key{step_, micro};
+    engine_->Forward(inputs_.data(), targets_.data(), batch_, seq_, &key, weight);
+    engine_->Backward(micro + 1 == micro_steps_);
   }
-  replica_->ReduceGradients(world_);
-  report.loss = Average(loss / double(micro_steps_));
-  report.grad_norm = replica_->GradNorm();
   report.learning_rate = LearningRate(t, step_);
   ++step_;
-  OptimizerStep update;
+  parallel::OptimizerStep update;
   update.learning_rate = float(report.learning_rate);
   update.weight_decay = float(t.weight_decay);
   update.max_norm = float(t.grad_clip);
   update.t = step_;
-  replica_->Update(update);
+  engine_->Update(update);
+  report.loss = Average(engine_->TakeLoss());  // the one wait of the step
+  report.grad_norm = engine_->GradNorm();
   report.step = step_;
-  const CommStats comm_after = replica_->comm_stats();
-  report.comm = comm_after - comm_before;
+  report.comm = engine_->comm_stats() - comm_before;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report.seconds = seconds;
   report.tokens_per_second = double(tokens_per_step_) / seconds;
@@ -222,7 +169,7 @@ void Trainer::Run(const std::function<void(const StepReport&)>& report) {
     if (last || (t.eval_interval > 0 && r.step % t.eval_interval == 0)) r.validation_loss = Evaluate();
     if (checkpoints_ && (last || r.step % job_.spec.checkpoint.interval == 0)) {
       r.checkpoint_stall =
-          checkpoints_->Save({step_, train_->position()}, [this](ShardState* into) { replica_->Snapshot(into); });
+          checkpoints_->Save({step_, train_->position()}, [this](parallel::ShardState* into) { engine_->Snapshot(into); });
     }
     report(r);
   }
@@ -233,14 +180,13 @@ double Trainer::Evaluate() {
   DataLoader& data = validation_ ? *validation_ : *train_;
   const uint64_t saved = data.position();
   data.set_position(0);
-  double loss = 0;
   const int64_t batches = job_.spec.training.eval_batches;
   for (int64_t i = 0; i < batches; ++i) {
     data.Next(inputs_.data(), targets_.data());
-    loss += replica_->Forward(inputs_.data(), targets_.data(), batch_, seq_);
+    engine_->Forward(inputs_.data(), targets_.data(), batch_, seq_, nullptr, 1.0f / float(batches));
   }
   data.set_position(saved);
-  return Average(loss / double(batches));
+  return Average(engine_->TakeLoss());
 }
 
 std::vector<uint32_t> Trainer::Sample(const std::vector<uint32_t>& prompt, int tokens, uint64_t seed) {
@@ -251,7 +197,7 @@ std::vector<uint32_t> Trainer::Sample(const std::vector<uint32_t>& prompt, int t
   for (int i = 0; i < tokens; ++i) {
     const size_t n = std::min(text.size(), size_t(seq_));
     window.assign(text.end() - long(n), text.end());
-    const std::vector<float> probs = replica_->NextTokenProbabilities(window.data(), int(n));
+    const std::vector<float> probs = engine_->NextTokenProbabilities(window.data(), int(n));
     double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng), cdf = 0;
     int next = V - 1;
     for (int v = 0; v < V; ++v) {

@@ -1,17 +1,15 @@
-// Training of a TrainingJob on one device: gradient accumulation over micro-batches,
-// global grad-norm clipping, AdamW with decoupled weight decay on matrices and
-// embeddings, the learning-rate schedule, and validation losses. The model lives in a
-// Replica: fp32 on the CPU, where the same seed gives bitwise-identical losses run
-// after run, or bf16 compute with fp32 master weights on a CUDA device.
+// Training of a TrainingJob: gradient accumulation over micro-batches, global grad-norm
+// clipping, AdamW with decoupled weight decay on matrices and embeddings, the
+// learning-rate schedule, validation losses and checkpoints. The model is the sharded
+// engine (parallel/engine.h) on the rank's device: fp32 on the CPU, where the same seed
+// gives bitwise-identical losses run after run, or bf16 compute with fp32 master weights
+// on a GPU. The engine is the same on both.
 //
 // With a world communicator, every data-parallel rank reads its own slice of each
-// global batch (the ranks of a TP group the same one). On the CPU the model is the
-// sharded engine (parallel/engine.h): layers split over TP groups of
+// global batch (the ranks of a TP group the same one): layers split over TP groups of
 // tensorParallelDegree ranks, units over shard groups of hybridShardDegree ranks,
 // gradients reduce-scattered and averaged over replicas, so the run matches the
-// single-rank run of the same global batch up to summation order. On CUDA every rank
-// still holds the whole model and averages gradients through host memory, and
-// tensorParallelDegree must be 1.
+// single-rank run of the same global batch up to summation order.
 // Not thread-safe: one Trainer drives its model from one thread.
 
 #pragma once
@@ -26,11 +24,12 @@
 #include "api/layout.h"
 #include "api/training_job.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/stream_collectives.h"
+#include "worker/parallel/engine.h"
 #include "worker/runtime/device.h"
 #include "worker/runtime/memory.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/data_loader.h"
-#include "worker/train/replica.h"
 
 namespace meshtrain::train {
 
@@ -43,11 +42,9 @@ struct StepReport {
   double tokens_per_second = 0;  // of the whole job
   double seconds = 0;            // wall time of the step
   std::optional<double> validation_loss;  // on evaluation steps
-  CommStats comm;  // seconds in collectives during the step, and the exposed part
+  parallel::CommStats comm;  // seconds in collectives during the step, and the exposed part
   std::optional<double> checkpoint_stall;  // on checkpoint steps: seconds the step waited for the snapshot
 };
-
-CommStats operator-(const CommStats& a, const CommStats& b);
 
 // "step    12/300 | loss 3.1234 | lr 3.00e-03 | norm 1.234 | 14000 tok/s[ | val loss 3.0123]"
 std::string FormatStepReport(const StepReport& report);
@@ -67,23 +64,20 @@ std::string FormatMemory(const MemoryReport& memory);
 // rank can find a configuration error before it waits for the others.
 void CheckTrainable(const api::TrainingJob& job, int rank, int ranks);
 
-// Fields `job` sets that the engine for `device` does not act on yet: on CUDA, where
-// every rank still holds the whole model, shard groups above one rank.
-api::FieldErrors FieldsWithoutEffectOn(const api::TrainingJob& job, runtime::Device device);
-
 class Trainer {
  public:
   // REQUIRES: `job` is defaulted and valid; `world`, if given, is the job's world and
-  // outlives the Trainer; every rank constructs its Trainer at the same point (the
-  // TP, shard and replica groups form here). Trains on `device` (ChooseDevice picks it
-  // from the job's precision); on the CPU within spec.resources.memoryLimitMiB, or else
-  // $MESHTRAIN_MEMORY_LIMIT_MIB.
-  // Throws std::invalid_argument for a job this trainer cannot run (tensor parallelism on
-  // CUDA, a world other than the communicator's, a malformed limit), TokenFileError for bad
-  // data, runtime::OutOfMemory when the limit is too small, runtime::cuda::CudaError
-  // for a CUDA device that cannot be used.
+  // outlives the Trainer, as does `device_world` (the world's stream-ordered collectives on
+  // the device, NCCL; null: the host's, through `world`); every rank constructs its
+  // Trainer at the same point (the TP, shard and replica groups form here). Trains on
+  // `device` (ChooseDevice picks it from the job's precision), within
+  // spec.resources.memoryLimitMiB of device memory, or else $MESHTRAIN_MEMORY_LIMIT_MIB.
+  // Throws std::invalid_argument for a job this trainer cannot run (a world other than
+  // the communicator's, a malformed limit), TokenFileError for bad data,
+  // runtime::OutOfMemory when the limit is too small, runtime::cuda::CudaError for a CUDA
+  // device that cannot be used.
   explicit Trainer(const api::TrainingJob& job, comm::Communicator* world = nullptr,
-                   runtime::Device device = runtime::Device::Cpu());
+                   runtime::Device device = runtime::Device::Cpu(), comm::StreamCollectives* device_world = nullptr);
 
   // Trains from where it stands to spec.training.steps, calling `report` after every
   // step, with a checkpoint every spec.checkpoint.interval steps and after the last (if
@@ -110,13 +104,12 @@ class Trainer {
   MemoryReport memory() const;
   const runtime::MemoryAccounting& accounting() const { return accounting_; }
   int64_t tokens_per_step() const { return tokens_per_step_; }
-  runtime::Device device() const { return replica_->device(); }
-  // The fp32 weights (the master copy on CUDA), whole, in ParameterLayout order;
-  // collective: every rank calls it.
-  std::vector<float> Weights() { return replica_->Weights(); }
+  runtime::Device device() const { return engine_->device(); }
+  // The fp32 master weights, whole, in ParameterLayout order; collective: every rank calls it.
+  std::vector<float> Weights() { return engine_->Weights(); }
   // How the model is laid out on this rank.
-  std::string Describe() const { return replica_->Describe(); }
-  Replica& model() { return *replica_; }
+  std::string Describe() const { return engine_->Describe(); }
+  parallel::Engine& model() { return *engine_; }
 
  private:
   // The mean of `value` over the data-parallel ranks.
@@ -128,7 +121,7 @@ class Trainer {
   int batch_, seq_;
   int64_t micro_steps_, tokens_per_step_;
   runtime::MemoryAccounting accounting_;
-  std::unique_ptr<Replica> replica_;
+  std::unique_ptr<parallel::Engine> engine_;
   std::optional<DataLoader> train_;  // always set; optional only to be opened in the body
   std::optional<DataLoader> validation_;
   std::vector<int32_t> inputs_, targets_;

@@ -127,7 +127,7 @@ class NcclCollectives final : public StreamCollectives {
     Issue(std::string("reduce_scatter(") + ReduceOpName(op) + ")", count * size_t(size()) * ElementSize(type), count,
           type, stream, *reduce_scatter_timer_, [&](ncclComm_t comm, cudaStream_t s) {
             return ncclReduceScatter(DeviceSide::Address(send), DeviceSide::Address(recv), count,
-                                     nccl::NcclType(type), nccl::NcclOp(op), comm, s);
+                                     nccl::NcclType(type), nccl::NcclOp(op, size()), comm, s);
           });
   }
 
@@ -136,7 +136,7 @@ class NcclCollectives final : public StreamCollectives {
     Issue(std::string("all_reduce(") + ReduceOpName(op) + ")", count * ElementSize(type), count, type, stream,
           *all_reduce_timer_, [&](ncclComm_t comm, cudaStream_t s) {
             return ncclAllReduce(DeviceSide::Address(send), DeviceSide::Address(recv), count, nccl::NcclType(type),
-                                 nccl::NcclOp(op), comm, s);
+                                 nccl::NcclOp(op, size()), comm, s);
           });
   }
 

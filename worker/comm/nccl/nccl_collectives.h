@@ -6,9 +6,11 @@
 // before the next; NCCL's asynchronous error is polled before every call and thrown as
 // CommError naming the operation and the group. A stuck peer leaves the stream
 // unfinished: the engine's bounded Synchronize fails, and AbortNccl() ends the
-// communicators so that their kernels stop and the streams drain. A group destroyed with
-// operations still pending aborts its own communicator; otherwise it is closed (finalize,
-// then destroy): a communicator is aborted or destroyed, never both.
+// communicators so that their kernels stop and the streams drain (NCCL's abort stops the
+// kernels that run; with NCCL 2.28 it was seen to wait for one still queued behind other
+// work on its stream, which then starts and stops). A group destroyed with operations still pending after a grace aborts
+// its own communicator; otherwise it is closed (finalize, then destroy): a communicator
+// is aborted or destroyed, never both.
 // Groups are named as Communicator::SplitAxis names them ("tp{0-3}"), so the engine's
 // messages read the same on every backend. Seconds() times each operation with CUDA
 // events on its stream.
@@ -29,7 +31,8 @@ namespace meshtrain::comm {
 // NCCL over the world of `table` on CUDA device `device` (made current); every rank
 // calls it. Rank 0 makes the unique id and shares it through `store`. Throws CommError
 // when NCCL cannot connect within `timeout`, which then also bounds every split and
-// every call's wait for NCCL to enqueue it.
+// every call's wait for NCCL to enqueue it (runtime::cuda::CudaError for a device that
+// does not exist).
 std::unique_ptr<StreamCollectives> ConnectNcclCollectives(const api::RankTable& table, int rank,
                                                           std::shared_ptr<StoreClient> store, int device,
                                                           std::chrono::milliseconds timeout);

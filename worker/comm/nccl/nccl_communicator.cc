@@ -121,14 +121,16 @@ class NcclCommunicator : public Communicator {
                                       ReduceOp op) override {
     return Issue(std::string("reduce_scatter(") + ReduceOpName(op) + ")", count * size() * ElementSize(type), type,
                  [&](ncclComm_t comm) {
-                   return ncclReduceScatter(send, recv, count, nccl::NcclType(type), nccl::NcclOp(op), comm, stream_);
+                   return ncclReduceScatter(send, recv, count, nccl::NcclType(type), nccl::NcclOp(op, size()), comm,
+                                            stream_);
                  });
   }
   std::shared_ptr<Work> AllReduce(const void* send, void* recv, size_t count, DataType type,
                                   ReduceOp op) override {
     return Issue(std::string("all_reduce(") + ReduceOpName(op) + ")", count * ElementSize(type), type,
                  [&](ncclComm_t comm) {
-                   return ncclAllReduce(send, recv, count, nccl::NcclType(type), nccl::NcclOp(op), comm, stream_);
+                   return ncclAllReduce(send, recv, count, nccl::NcclType(type), nccl::NcclOp(op, size()), comm,
+                                        stream_);
                  });
   }
   std::shared_ptr<Work> Broadcast(const void* send, void* recv, size_t count, DataType type,

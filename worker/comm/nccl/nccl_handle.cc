@@ -26,7 +26,9 @@ ncclDataType_t NcclType(DataType type) {
   throw CommError("no NCCL type for data type " + std::to_string(int(type)));
 }
 
-ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclAvg; }
+ncclRedOp_t NcclOp(ReduceOp op, int members) {
+  return op == ReduceOp::kSum || members == 1 ? ncclSum : ncclAvg;
+}
 
 std::string FormatDuration(milliseconds duration) {
   if (duration.count() < 1000) return std::to_string(duration.count()) + " ms";

@@ -136,23 +136,20 @@ class CudaOps final : public Ops<Bf16> {
   }
 
   // --- Products ---
-  // Row-major (R,C) is column-major (C,R): out (N,OC) = inp (N,K) @ weight (OC,K)^T is
-  // out^T (OC,N) = weight^T... in cuBLASLt's terms D (OC,N) = op(A) B with A = weight
-  // stored (K,OC) and transposed, B = inp stored (K,N).
+  // cuBLASLt is column-major and a row-major (R,C) array is a column-major (C,R) one, so
+  // each product is written transposed. Forward: out^T (OC,N) = weight (OC,K) inp^T
+  // (K,N), A = weight stored (K,OC) and transposed, B = inp stored (K,N); the bias is
+  // per row of D, as the BIAS epilogues add it.
 
   void MatmulForward(Out<Act> out, Out<Act> gelu_pre, In<Act> inp, In<Act> weight, In<Act> bias, int64_t N, int K,
                      int OC, Stream& stream) override {
     if (N == 0 || OC == 0) return;
-    Gemm gemm;
-    gemm.transpose_a = true;
-    gemm.m = OC, gemm.n = N, gemm.k = K;
-    gemm.a = Raw(weight), gemm.lda = K;
-    gemm.b = Raw(inp), gemm.ldb = K;
-    gemm.d = Raw(out), gemm.ldd = OC;
-    gemm.bias = Raw(bias);
+    Gemm gemm{.transpose_a = true, .m = OC, .n = N, .k = K, .a = Raw(weight), .lda = K, .b = Raw(inp), .ldb = K,
+              .d = Raw(out), .ldd = OC, .bias = Raw(bias)};
     if (gelu_pre) {
       gemm.epilogue = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-      gemm.aux = Raw(gelu_pre), gemm.aux_ld = OC;
+      gemm.aux = Raw(gelu_pre);
+      gemm.aux_ld = OC;
     } else {
       gemm.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     }
@@ -166,21 +163,20 @@ class CudaOps final : public Ops<Bf16> {
   }
 
   // dinp^T (K,N) = weight^T (K,OC) dout^T (OC,N): A = weight stored (K,OC), B = dout
-  // stored (OC,N). dweight^T (K,OC) += inp^T (K,N) dout (N,OC): A = inp stored (K,N),
-  // B = dout stored (OC,N) and transposed, into fp32 with beta 1.
+  // stored (OC,N); DGELU multiplies by gelu'(gelu_pre). dweight^T (K,OC) += inp^T (K,N)
+  // dout (N,OC): A = inp stored (K,N), B = dout stored (OC,N) and transposed, into fp32
+  // with beta 1. dbias: column sums of dout, our own kernel.
   void MatmulBackward(Out<Act> dinp, Out<Acc> dweight, Out<Acc> dbias, In<Act> dout, In<Act> inp, In<Act> weight,
                       In<Act> gelu_pre, int64_t N, int K, int OC, Stream& stream) override {
     if (N == 0 || OC == 0 || K == 0) return;
     const cudaStream_t handle = Handle(stream);
     if (dinp) {
-      Gemm gemm;
-      gemm.m = K, gemm.n = N, gemm.k = OC;
-      gemm.a = Raw(weight), gemm.lda = K;
-      gemm.b = Raw(dout), gemm.ldb = OC;
-      gemm.d = Raw(dinp), gemm.ldd = K;
+      Gemm gemm{.m = K, .n = N, .k = OC, .a = Raw(weight), .lda = K, .b = Raw(dout), .ldb = OC, .d = Raw(dinp),
+                .ldd = K};
       if (gelu_pre) {
         gemm.epilogue = CUBLASLT_EPILOGUE_DGELU;
-        gemm.aux = Raw(gelu_pre), gemm.aux_ld = K;
+        gemm.aux = Raw(gelu_pre);
+        gemm.aux_ld = K;
       }
       if (!blas_->Run(gemm, "MatmulBackward (dinp)", handle)) {
         gemm.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
@@ -190,13 +186,8 @@ class CudaOps final : public Ops<Bf16> {
       }
     }
     if (dweight) {
-      Gemm gemm;
-      gemm.transpose_b = true;
-      gemm.m = K, gemm.n = OC, gemm.k = N;
-      gemm.a = Raw(inp), gemm.lda = K;
-      gemm.b = Raw(dout), gemm.ldb = OC;
-      gemm.d = Raw(dweight), gemm.d_type = CUDA_R_32F, gemm.ldd = K;
-      gemm.beta = 1;
+      const Gemm gemm{.transpose_b = true, .m = K, .n = OC, .k = N, .a = Raw(inp), .lda = K, .b = Raw(dout),
+                      .ldb = OC, .d = Raw(dweight), .d_type = CUDA_R_32F, .ldd = K, .beta = 1};
       RunOrThrow(gemm, "MatmulBackward (dweight)", handle);
     }
     if (dbias) {
@@ -236,9 +227,9 @@ class CudaOps final : public Ops<Bf16> {
     cuda::Add(Raw(out), Raw(a), Raw(b), n, Handle(stream));
   }
 
-  void Dropout(Out<Act> x, int64_t rows, int width, float p, uint64_t key, int64_t first_row, int64_t row_stride,
-               int64_t first_column, Stream& stream) override {
-    cuda::Dropout(Raw(x), rows, width, p, key, first_row, row_stride, first_column, Handle(stream));
+  void Dropout(Out<Act> out, In<Act> in, int64_t rows, int width, float p, uint64_t key, int64_t first_row,
+               int64_t row_stride, int64_t first_column, Stream& stream) override {
+    cuda::Dropout(Raw(out), Raw(in), rows, width, p, key, first_row, row_stride, first_column, Handle(stream));
   }
 
   // --- Loss ---
@@ -381,23 +372,16 @@ class CudaOps final : public Ops<Bf16> {
                      cudaStream_t stream) {
     const int HS = C / NH;
     const int64_t TT = int64_t(T) * T, sequence_qkv = int64_t(T) * 3 * C;
-    Gemm scores;  // S^T (T,T) = K (T,HS) Q^T: A = k stored (HS,T), transposed; B = q stored (HS,T)
-    scores.transpose_a = true;
-    scores.m = T, scores.n = T, scores.k = HS;
-    scores.a = qkv + C, scores.lda = 3 * C, scores.stride_a = HS;
-    scores.b = qkv, scores.ldb = 3 * C, scores.stride_b = HS;
-    scores.d = probs, scores.d_type = CUDA_R_32F, scores.ldd = T, scores.stride_d = TT;
-    scores.batch = NH;
-    scores.alpha = 1.0f / std::sqrt(float(HS));
-    HeadProducts(scores, B, sequence_qkv, sequence_qkv, NH * TT, "AttentionForward (scores)", stream);
     bf16* probs_bf16 = Raw(plan.probs.get());
+    // S^T (T,T) = K (T,HS) Q^T: A = k stored (HS,T), transposed; B = q stored (HS,T).
+    const Gemm scores{.transpose_a = true, .m = T, .n = T, .k = HS, .a = qkv + C, .lda = 3 * C, .stride_a = HS,
+                      .b = qkv, .ldb = 3 * C, .stride_b = HS, .d = probs, .d_type = CUDA_R_32F, .ldd = T,
+                      .stride_d = TT, .batch = NH, .alpha = 1.0f / std::sqrt(float(HS))};
+    HeadProducts(scores, B, sequence_qkv, sequence_qkv, NH * TT, "AttentionForward (scores)", stream);
     CausalSoftmaxForward(probs, probs_bf16, int64_t(B) * NH * T, T, stream);
-    Gemm values;  // out^T (HS,T) = V^T (HS,T) P^T: A = v stored (HS,T); B = P stored (T,T)
-    values.m = HS, values.n = T, values.k = T;
-    values.a = qkv + 2 * C, values.lda = 3 * C, values.stride_a = HS;
-    values.b = probs_bf16, values.ldb = T, values.stride_b = TT;
-    values.d = out, values.ldd = C, values.stride_d = HS;
-    values.batch = NH;
+    // out^T (HS,T) = V^T (HS,T) P^T: A = v stored (HS,T); B = P stored (T,T).
+    const Gemm values{.m = HS, .n = T, .k = T, .a = qkv + 2 * C, .lda = 3 * C, .stride_a = HS, .b = probs_bf16,
+                      .ldb = T, .stride_b = TT, .d = out, .ldd = C, .stride_d = HS, .batch = NH};
     HeadProducts(values, B, sequence_qkv, NH * TT, int64_t(T) * C, "AttentionForward (values)", stream);
   }
 
@@ -406,38 +390,26 @@ class CudaOps final : public Ops<Bf16> {
     const int HS = C / NH;
     const int64_t TT = int64_t(T) * T, sequence_qkv = int64_t(T) * 3 * C, sequence_out = int64_t(T) * C;
     const ScoresScratch scratch(scratch_bytes, int64_t(B) * NH * TT);
-    Gemm dprobs;  // dP^T (T,T) = V (T,HS) dO^T: A = v stored (HS,T), transposed; B = dout stored (HS,T)
-    dprobs.transpose_a = true;
-    dprobs.m = T, dprobs.n = T, dprobs.k = HS;
-    dprobs.a = qkv + 2 * C, dprobs.lda = 3 * C, dprobs.stride_a = HS;
-    dprobs.b = dout, dprobs.ldb = C, dprobs.stride_b = HS;
-    dprobs.d = scratch.dprobs, dprobs.d_type = CUDA_R_32F, dprobs.ldd = T, dprobs.stride_d = TT;
-    dprobs.batch = NH;
+    // dP^T (T,T) = V (T,HS) dO^T: A = v stored (HS,T), transposed; B = dout stored (HS,T).
+    const Gemm dprobs{.transpose_a = true, .m = T, .n = T, .k = HS, .a = qkv + 2 * C, .lda = 3 * C, .stride_a = HS,
+                      .b = dout, .ldb = C, .stride_b = HS, .d = scratch.dprobs, .d_type = CUDA_R_32F, .ldd = T,
+                      .stride_d = TT, .batch = NH};
     HeadProducts(dprobs, B, sequence_qkv, sequence_out, NH * TT, "AttentionBackward (dP)", stream);
     CausalSoftmaxBackward(scratch.dscores, scratch.probs, scratch.dprobs, probs, int64_t(B) * NH * T, T,
                           1.0f / std::sqrt(float(HS)), stream);
-    Gemm dv;  // dV^T (HS,T) = dO^T (HS,T) P: A = dout stored (HS,T); B = P stored (T,T), transposed
-    dv.transpose_b = true;
-    dv.m = HS, dv.n = T, dv.k = T;
-    dv.a = dout, dv.lda = C, dv.stride_a = HS;
-    dv.b = scratch.probs, dv.ldb = T, dv.stride_b = TT;
-    dv.d = dqkv + 2 * C, dv.ldd = 3 * C, dv.stride_d = HS;
-    dv.batch = NH;
+    // dV^T (HS,T) = dO^T (HS,T) P: A = dout stored (HS,T); B = P stored (T,T), transposed.
+    const Gemm dv{.transpose_b = true, .m = HS, .n = T, .k = T, .a = dout, .lda = C, .stride_a = HS,
+                  .b = scratch.probs, .ldb = T, .stride_b = TT, .d = dqkv + 2 * C, .ldd = 3 * C, .stride_d = HS,
+                  .batch = NH};
     HeadProducts(dv, B, sequence_out, NH * TT, sequence_qkv, "AttentionBackward (dV)", stream);
-    Gemm dq;  // dQ^T (HS,T) = K^T (HS,T) dS^T: A = k stored (HS,T); B = dS stored (T,T)
-    dq.m = HS, dq.n = T, dq.k = T;
-    dq.a = qkv + C, dq.lda = 3 * C, dq.stride_a = HS;
-    dq.b = scratch.dscores, dq.ldb = T, dq.stride_b = TT;
-    dq.d = dqkv, dq.ldd = 3 * C, dq.stride_d = HS;
-    dq.batch = NH;
+    // dQ^T (HS,T) = K^T (HS,T) dS^T: A = k stored (HS,T); B = dS stored (T,T).
+    const Gemm dq{.m = HS, .n = T, .k = T, .a = qkv + C, .lda = 3 * C, .stride_a = HS, .b = scratch.dscores,
+                  .ldb = T, .stride_b = TT, .d = dqkv, .ldd = 3 * C, .stride_d = HS, .batch = NH};
     HeadProducts(dq, B, sequence_qkv, NH * TT, sequence_qkv, "AttentionBackward (dQ)", stream);
-    Gemm dk;  // dK^T (HS,T) = Q^T (HS,T) dS: A = q stored (HS,T); B = dS stored (T,T), transposed
-    dk.transpose_b = true;
-    dk.m = HS, dk.n = T, dk.k = T;
-    dk.a = qkv, dk.lda = 3 * C, dk.stride_a = HS;
-    dk.b = scratch.dscores, dk.ldb = T, dk.stride_b = TT;
-    dk.d = dqkv + C, dk.ldd = 3 * C, dk.stride_d = HS;
-    dk.batch = NH;
+    // dK^T (HS,T) = Q^T (HS,T) dS: A = q stored (HS,T); B = dS stored (T,T), transposed.
+    const Gemm dk{.transpose_b = true, .m = HS, .n = T, .k = T, .a = qkv, .lda = 3 * C, .stride_a = HS,
+                  .b = scratch.dscores, .ldb = T, .stride_b = TT, .d = dqkv + C, .ldd = 3 * C, .stride_d = HS,
+                  .batch = NH};
     HeadProducts(dk, B, sequence_qkv, NH * TT, sequence_qkv, "AttentionBackward (dK)", stream);
   }
 

@@ -4,7 +4,16 @@
 // scaled-dot-product attention through its graph API, with plain kernels where cuDNN
 // refuses a shape (said once in the log); the rest are meshtrain's own kernels. Each
 // operation is checked against the CPU's Fp64 table by tests/gpu/cuda_ops_test.cc.
-// Thread-safety: as kernels/ops.h.
+//
+// Memory: the table takes its workspaces when it is built (cuBLASLt's 32 MiB, the
+// partial sums of the deterministic reductions) and attention's when a shape is first
+// asked for (Attention and the two sizes; an operation on a shape never asked builds it
+// then). No operation allocates or synchronizes the host; a failure throws
+// runtime::cuda::CudaError naming the operation and the shape.
+// Thread-safety: as kernels/ops.h. The products, LayerNorm's backward, the bias gradient
+// and attention's forward share the table's workspaces, so their calls must follow one
+// another in stream order (the engine's compute stream); the shard operations have their
+// own.
 
 #pragma once
 
@@ -18,5 +27,12 @@ namespace meshtrain::kernels::cuda {
 
 // The table on `backend`'s device (a CUDA backend); workspaces come from `allocator`.
 std::unique_ptr<Ops<Bf16>> MakeCudaOps(runtime::Backend& backend, runtime::CachingAllocator* allocator);
+
+// For tests: the same table with parts turned off.
+struct CudaOpsOptions {
+  bool fused_attention = true;  // false: attention always takes the scores path
+};
+std::unique_ptr<Ops<Bf16>> MakeCudaOpsWith(runtime::Backend& backend, runtime::CachingAllocator* allocator,
+                                           const CudaOpsOptions& options);
 
 }  // namespace meshtrain::kernels::cuda

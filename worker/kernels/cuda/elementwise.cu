@@ -58,23 +58,22 @@ __global__ void CastKernel(bf16* __restrict__ to, const float* __restrict__ from
   });
 }
 
-// Element (i, j) of x (rows, width) is element (first_row + i) row_stride + first_column
-// + j of the tensor its mask belongs to.
+// Element (i, j) of (rows, width) is element (first_row + i) row_stride + first_column + j
+// of the tensor its mask belongs to. out may be in.
 template <int V>
-__global__ void DropoutKernel(bf16* __restrict__ x, int64_t rows, int width, float p, float scale, uint64_t key,
+__global__ void DropoutKernel(bf16* out, const bf16* in, int64_t rows, int width, float p, float scale, uint64_t key,
                               int64_t first_row, int64_t row_stride, int64_t first_column) {
   const int vectors = width / V;
   const int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (v >= rows * vectors) return;
   const int64_t i = v / vectors;
   const int j = int(v % vectors) * V;
-  bf16* element = x + i * width + j;
   const uint64_t index = uint64_t((first_row + i) * row_stride + first_column + j);
   float values[V];
-  Load<V>(element, values);
+  Load<V>(in + i * width + j, values);
 #pragma unroll
   for (int e = 0; e < V; ++e) values[e] = DropoutKeeps(key, index + uint64_t(e), p) ? values[e] * scale : 0.0f;
-  Store<V>(element, values);
+  Store<V>(out + i * width + j, values);
 }
 
 }  // namespace
@@ -109,15 +108,23 @@ void Cast(bf16* to, const float* from, int64_t n, cudaStream_t stream) {
   CheckLaunch("Cast", {{"n", n}});
 }
 
-void Dropout(bf16* x, int64_t rows, int width, float p, uint64_t key, int64_t first_row, int64_t row_stride,
-             int64_t first_column, cudaStream_t stream) {
-  if (p <= 0 || rows == 0 || width == 0) return;
+void Dropout(bf16* out, const bf16* in, int64_t rows, int width, float p, uint64_t key, int64_t first_row,
+             int64_t row_stride, int64_t first_column, cudaStream_t stream) {
+  if (rows == 0 || width == 0) return;
+  if (p <= 0) {  // nothing dropped: out = in
+    if (out != in) {
+      const cudaError_t status = cudaMemcpyAsync(out, in, size_t(rows) * width * sizeof(bf16), cudaMemcpyDeviceToDevice,
+                                                 stream);
+      if (status != cudaSuccess) ThrowLaunchError(status, "Dropout (copy)", "rows=" + std::to_string(rows));
+    }
+    return;
+  }
   const float scale = 1.0f / (1.0f - p);
-  if (width % 8 == 0 && Aligned(x, 16)) {
-    DropoutKernel<8><<<Blocks(rows * (width / 8)), kThreads, 0, stream>>>(x, rows, width, p, scale, key, first_row,
-                                                                            row_stride, first_column);
+  if (width % 8 == 0 && Aligned(out, 16) && Aligned(in, 16)) {
+    DropoutKernel<8><<<Blocks(rows * (width / 8)), kThreads, 0, stream>>>(out, in, rows, width, p, scale, key,
+                                                                            first_row, row_stride, first_column);
   } else {
-    DropoutKernel<1><<<Blocks(rows * width), kThreads, 0, stream>>>(x, rows, width, p, scale, key, first_row,
+    DropoutKernel<1><<<Blocks(rows * width), kThreads, 0, stream>>>(out, in, rows, width, p, scale, key, first_row,
                                                                       row_stride, first_column);
   }
   CheckLaunch("Dropout", {{"rows", rows}, {"width", width}, {"first_row", first_row}, {"row_stride", row_stride},

@@ -77,8 +77,9 @@ void CausalSoftmaxBackward(bf16* dscores, bf16* probs_bf16, const float* dprobs,
 
 // --- Elementwise ---
 void Add(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream);
-void Dropout(bf16* x, int64_t rows, int width, float p, uint64_t key, int64_t first_row, int64_t row_stride,
-             int64_t first_column, cudaStream_t stream);
+// out may be in.
+void Dropout(bf16* out, const bf16* in, int64_t rows, int width, float p, uint64_t key, int64_t first_row,
+             int64_t row_stride, int64_t first_column, cudaStream_t stream);
 
 // --- Loss ---
 void CrossEntropy(float* losses, bf16* dlogits, const bf16* logits, const int32_t* targets, int64_t R, int64_t v_rows,

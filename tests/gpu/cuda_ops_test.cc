@@ -1,0 +1,449 @@
+// The GPU's kernel table (kernels/cuda/cuda_ops.h) against the CPU's Fp64 table: the
+// shared conformance suite (tests/support/ops_conformance.h), once with cuDNN's fused
+// attention and once with attention on the scores path, and then what the suite does not
+// see: the unfused forms of cuBLASLt's epilogues, the fused and scores paths on the same
+// inputs, a head size cuDNN refuses, wide rows, many segments, and bit-for-bit repeats of
+// the reductions that must not depend on timing.
+//
+// Tolerances are relative L2 errors against float64. Inputs are drawn and rounded to
+// bf16 first, so both sides see the same numbers; what remains is the GPU's bf16 storage
+// of outputs and intermediates (8 significant bits, a relative 2^-9 = 2e-3 per rounding),
+// which lands between 1e-3 and 1e-2, and fp32 accumulation, far below that.
+
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tests/support/gpu.h"
+#include "tests/support/ops_conformance.h"
+#include "worker/kernels/cuda/cuda_ops.h"
+#include "worker/runtime/cuda.h"
+
+namespace meshtrain::testing {
+namespace {
+
+using kernels::AttentionKind;
+using kernels::Bf16;
+using kernels::Fp64;
+
+template <bool kFused>
+struct CudaTable {
+  using Precision = Bf16;
+  static bool Available() { return HaveGpu(); }
+  static const char* Unavailable() { return "skipped: no GPU"; }
+  static std::unique_ptr<runtime::Backend> MakeBackend() { return runtime::cuda::MakeCudaBackend(0); }
+  static std::unique_ptr<kernels::Ops<Bf16>> MakeOps(runtime::Backend& backend, runtime::CachingAllocator* allocator) {
+    return kernels::cuda::MakeCudaOpsWith(backend, allocator, {.fused_attention = kFused});
+  }
+  // bf16 storage of every Act value: outputs within a few 1e-3 of fp64 (see above).
+  static constexpr double kTolerance = 1e-2;
+};
+
+using CudaTables = ::testing::Types<CudaTable<true>, CudaTable<false>>;
+INSTANTIATE_TYPED_TEST_SUITE_P(Cuda, OpsConformance, CudaTables);
+
+// --- Focused tests ---
+
+template <class P>
+void Open(OpsSide<P>& side, std::unique_ptr<runtime::Backend> backend, const char* stream) {
+  side.backend = std::move(backend);
+  side.allocator = std::make_unique<runtime::CachingAllocator>(&side.accounting, side.backend->DeviceMemory());
+  side.stream = side.backend->NewStream(stream);
+}
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveGpu()) return;  // each test skips, saying so
+    Open(gpu_, runtime::cuda::MakeCudaBackend(0), "gpu");
+    gpu_.ops = kernels::cuda::MakeCudaOps(*gpu_.backend, gpu_.allocator.get());
+    Open(ref_, std::make_unique<runtime::CpuBackend>(), "reference");
+    ref_.ops = kernels::MakeCpuOps<Fp64>();
+  }
+  void TearDown() override {
+    if (gpu_.stream) gpu_.stream->Synchronize();
+  }
+
+  // n draws of scale times a standard normal, as bf16 stores them; never zero.
+  std::vector<double> Random(int64_t n, double scale = 1.0) {
+    std::normal_distribution<double> normal(0.0, scale);
+    std::vector<double> values(static_cast<size_t>(n));
+    for (double& v : values) {
+      do v = double(float(runtime::bf16(float(normal(rng_)))));
+      while (v == 0.0);
+    }
+    return values;
+  }
+  // As Random, in fp32 (parameter gradients, master weights).
+  std::vector<double> RandomFloat(int64_t n, double scale = 1.0) {
+    std::normal_distribution<double> normal(0.0, scale);
+    std::vector<double> values(static_cast<size_t>(n));
+    for (double& v : values) {
+      do v = double(float(normal(rng_)));
+      while (v == 0.0);
+    }
+    return values;
+  }
+  std::vector<double> Tokens(int64_t n, int32_t below) {
+    std::uniform_int_distribution<int32_t> pick(0, below - 1);
+    std::vector<double> tokens(static_cast<size_t>(n));
+    for (double& t : tokens) t = pick(rng_);
+    return tokens;
+  }
+
+  static double RelativeL2(const std::vector<double>& got, const std::vector<double>& want) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      diff += (got[i] - want[i]) * (got[i] - want[i]);
+      norm += want[i] * want[i];
+    }
+    return std::sqrt(diff / norm);
+  }
+  // Every element written (no NaN from the poison) and within `tolerance`.
+  static void ExpectClose(const std::vector<double>& got, const std::vector<double>& want, const std::string& what,
+                          double tolerance) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_FALSE(std::isnan(got[i])) << what << ": element " << i << " unwritten";
+    const double error = RelativeL2(got, want);
+    EXPECT_LE(error, tolerance) << what << ": relative L2 error " << error;
+  }
+
+  std::mt19937_64 rng_{20261125};
+  OpsSide<Bf16> gpu_;
+  OpsSide<Fp64> ref_;
+};
+
+// Shapes cuBLASLt's epilogues take (leading dimensions of the GELU input divisible by 8)
+// and shapes they do not (OC 1001, K 99), where the table multiplies plainly and adds the
+// bias, GELU and its gradient in its own kernels: both against fp64.
+TEST_F(CudaOps, MatmulEpiloguesFusedAndUnfused) {
+  MESHTRAIN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t N;
+    int K, OC;
+    bool bias, gelu;
+  };
+  for (const Case c : {Case{64, 96, 384, true, true}, Case{64, 96, 384, false, true}, Case{37, 99, 1001, true, true},
+                       Case{37, 100, 1000, false, true}, Case{37, 99, 1001, true, false}, Case{512, 768, 50304, false, false}}) {
+    const std::string at = " (N " + std::to_string(c.N) + ", K " + std::to_string(c.K) + ", OC " + std::to_string(c.OC) +
+                           (c.bias ? ", bias" : "") + (c.gelu ? ", gelu" : "") + ")";
+    const auto x = Random(c.N * c.K), w = Random(int64_t(c.OC) * c.K, 0.05), b = Random(c.OC);
+    auto out = gpu_.Poisoned<runtime::bf16>(c.N * c.OC);
+    auto pre = c.gelu ? gpu_.Poisoned<runtime::bf16>(c.N * c.OC) : nullptr;
+    gpu_.ops->MatmulForward(out, pre, gpu_.Put<runtime::bf16>(x), gpu_.Put<runtime::bf16>(w),
+                            c.bias ? gpu_.Put<runtime::bf16>(b) : nullptr, c.N, c.K, c.OC, *gpu_.stream);
+    auto ref_out = ref_.Poisoned<double>(c.N * c.OC);
+    auto ref_pre = c.gelu ? ref_.Poisoned<double>(c.N * c.OC) : nullptr;
+    ref_.ops->MatmulForward(ref_out, ref_pre, ref_.Put<double>(x), ref_.Put<double>(w),
+                            c.bias ? ref_.Put<double>(b) : nullptr, c.N, c.K, c.OC, *ref_.stream);
+    // bf16 outputs of fp32 sums of bf16 products: a few 1e-3.
+    ExpectClose(gpu_.Get(out, c.N * c.OC), ref_.Get(ref_out, c.N * c.OC), "MatmulForward out" + at, 1e-2);
+    if (c.gelu) ExpectClose(gpu_.Get(pre, c.N * c.OC), ref_.Get(ref_pre, c.N * c.OC), "gelu_pre" + at, 1e-2);
+
+    const auto dout = Random(c.N * c.OC), in_pre = Random(c.N * c.K), dw0 = RandomFloat(int64_t(c.OC) * c.K),
+               db0 = RandomFloat(c.OC);
+    auto dinp = gpu_.Poisoned<runtime::bf16>(c.N * c.K);
+    auto dw = gpu_.Put<float>(dw0), db = gpu_.Put<float>(db0);
+    gpu_.ops->MatmulBackward(dinp, dw, c.bias ? db : nullptr, gpu_.Put<runtime::bf16>(dout), gpu_.Put<runtime::bf16>(x),
+                             gpu_.Put<runtime::bf16>(w), c.gelu ? gpu_.Put<runtime::bf16>(in_pre) : nullptr, c.N, c.K,
+                             c.OC, *gpu_.stream);
+    auto ref_dinp = ref_.Poisoned<double>(c.N * c.K);
+    auto ref_dw = ref_.Put<double>(dw0), ref_db = ref_.Put<double>(db0);
+    ref_.ops->MatmulBackward(ref_dinp, ref_dw, c.bias ? ref_db : nullptr, ref_.Put<double>(dout), ref_.Put<double>(x),
+                             ref_.Put<double>(w), c.gelu ? ref_.Put<double>(in_pre) : nullptr, c.N, c.K, c.OC,
+                             *ref_.stream);
+    ExpectClose(gpu_.Get(dinp, c.N * c.K), ref_.Get(ref_dinp, c.N * c.K), "MatmulBackward dinp" + at, 1e-2);
+    // fp32 accumulation of exact bf16 products into fp32: far below 1e-3.
+    ExpectClose(gpu_.Get(dw, int64_t(c.OC) * c.K), ref_.Get(ref_dw, int64_t(c.OC) * c.K), "dweight (+=)" + at, 1e-3);
+    if (c.bias) ExpectClose(gpu_.Get(db, c.OC), ref_.Get(ref_db, c.OC), "dbias (+=)" + at, 1e-5);
+  }
+}
+
+// The fused (cuDNN) and scores paths on the same inputs agree with each other, and cuDNN
+// takes the head sizes GPT-2 uses on this GPU.
+TEST_F(CudaOps, FusedAttentionMatchesTheScoresPath) {
+  MESHTRAIN_SKIP_WITHOUT_GPU();
+  OpsSide<Bf16> scores;
+  Open(scores, runtime::cuda::MakeCudaBackend(0), "scores");
+  scores.ops = kernels::cuda::MakeCudaOpsWith(*scores.backend, scores.allocator.get(), {.fused_attention = false});
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  struct Case {
+    int B, T, NH, HS;
+  };
+  for (const Case c : {Case{2, 37, 2, 64}, Case{1, 200, 2, 128}, Case{4, 1024, 12, 64}}) {
+    const int C = c.NH * c.HS;
+    const int64_t rows = int64_t(c.B) * c.T;
+    const std::string at = " (B " + std::to_string(c.B) + ", T " + std::to_string(c.T) + ", " + std::to_string(c.NH) +
+                           " heads of " + std::to_string(c.HS) + ")";
+    const AttentionKind kind = gpu_.ops->Attention(c.B, c.T, c.NH, c.HS);
+    if (major >= 8) {
+      EXPECT_EQ(kind, AttentionKind::kFused) << "cuDNN refused" << at << " (see stderr)";
+    }
+    EXPECT_EQ(scores.ops->Attention(c.B, c.T, c.NH, c.HS), AttentionKind::kScores);
+    EXPECT_EQ(gpu_.ops->AttentionStateElements(c.B, c.T, c.NH, c.HS),
+              kind == AttentionKind::kFused ? rows * c.NH : rows * c.NH * c.T);
+    const auto qkv = Random(rows * 3 * C), dout = Random(rows * C);
+    std::vector<double> outs[2], grads[2];
+    for (int path = 0; path < 2; ++path) {
+      OpsSide<Bf16>& side = path == 0 ? gpu_ : scores;
+      auto out = side.Poisoned<runtime::bf16>(rows * C);
+      auto state = side.Poisoned<float>(side.ops->AttentionStateElements(c.B, c.T, c.NH, c.HS));
+      auto scratch = side.Poisoned<std::byte>(side.ops->AttentionScratchBytes(c.B, c.T, c.NH, c.HS));
+      auto dqkv = side.Poisoned<runtime::bf16>(rows * 3 * C);
+      auto device_qkv = side.Put<runtime::bf16>(qkv);
+      side.ops->AttentionForward(out, state, device_qkv, c.B, c.T, C, c.NH, *side.stream);
+      side.ops->AttentionBackward(dqkv, scratch, side.Put<runtime::bf16>(dout), device_qkv, out, state, c.B, c.T, C,
+                                  c.NH, *side.stream);
+      outs[path] = side.Get(out, rows * C);
+      grads[path] = side.Get(dqkv, rows * 3 * C);
+      side.keep.clear();
+    }
+    // Two bf16 computations with different roundings (flash attention's P in bf16 per
+    // tile, the scores path's P stored in bf16): each within a few 1e-3 of the truth.
+    ExpectClose(outs[0], outs[1], "AttentionForward, fused against scores" + at, 1e-2);
+    ExpectClose(grads[0], grads[1], "AttentionBackward, fused against scores" + at, 2e-2);
+  }
+}
+
+// A head size cuDNN has no kernel for: the scores path, said once, and right.
+TEST_F(CudaOps, OddHeadSizeTakesTheScoresPath) {
+  MESHTRAIN_SKIP_WITHOUT_GPU();
+  const int B = 2, T = 37, NH = 3, HS = 20, C = NH * HS;
+  ASSERT_EQ(gpu_.ops->Attention(B, T, NH, HS), AttentionKind::kScores);
+  const int64_t rows = int64_t(B) * T;
+  EXPECT_EQ(gpu_.ops->AttentionStateElements(B, T, NH, HS), rows * NH * T);
+  const auto qkv = Random(rows * 3 * C), dout = Random(rows * C);
+  auto out = gpu_.Poisoned<runtime::bf16>(rows * C);
+  auto state = gpu_.Poisoned<float>(gpu_.ops->AttentionStateElements(B, T, NH, HS));
+  auto scratch = gpu_.Poisoned<std::byte>(gpu_.ops->AttentionScratchBytes(B, T, NH, HS));
+  auto dqkv = gpu_.Poisoned<runtime::bf16>(rows * 3 * C);
+  auto device_qkv = gpu_.Put<runtime::bf16>(qkv);
+  gpu_.ops->AttentionForward(out, state, device_qkv, B, T, C, NH, *gpu_.stream);
+  gpu_.ops->AttentionBackward(dqkv, scratch, gpu_.Put<runtime::bf16>(dout), device_qkv, out, state, B, T, C, NH,
+                              *gpu_.stream);
+  auto ref_out = ref_.Poisoned<double>(rows * C);
+  auto ref_state = ref_.Poisoned<double>(rows * NH * T);
+  auto ref_dqkv = ref_.Poisoned<double>(rows * 3 * C);
+  auto ref_qkv = ref_.Put<double>(qkv);
+  ref_.ops->AttentionForward(ref_out, ref_state, ref_qkv, B, T, C, NH, *ref_.stream);
+  ref_.ops->AttentionBackward(ref_dqkv, nullptr, ref_.Put<double>(dout), ref_qkv, ref_out, ref_state, B, T, C, NH,
+                              *ref_.stream);
+  // bf16 outputs over fp32 probabilities and bf16 P for the products.
+  ExpectClose(gpu_.Get(out, rows * C), ref_.Get(ref_out, rows * C), "AttentionForward, HS 20", 1e-2);
+  ExpectClose(gpu_.Get(dqkv, rows * 3 * C), ref_.Get(ref_dqkv, rows * 3 * C), "AttentionBackward, HS 20", 1e-2);
+  // The probabilities are the state: fp32 from fp32 scores of bf16 operands.
+  ExpectClose(gpu_.Get(state, rows * NH * T), ref_.Get(ref_state, rows * NH * T), "attention probabilities", 1e-5);
+}
+
+// Many rows share a few tokens (and some fall outside the slice): dwte and dwpe are sums
+// in row order, the same bits on every run, and fp32-close to fp64.
+TEST_F(CudaOps, EncoderBackwardRepeatsBitForBit) {
+  MESHTRAIN_SKIP_WITHOUT_GPU();
+  for (const int C : {768, 100}) {  // 128-bit and element-wise paths
+    const int B = 4, T = 256;
+    const int64_t v_begin = 2, v_rows = 5, Vp = 8;
+    const auto tokens = Tokens(B * T, 9), dout = Random(int64_t(B) * T * C), dwte0 = RandomFloat(Vp * C),
+               dwpe0 = RandomFloat(int64_t(T) * C);
+    std::vector<double> runs[2][2];
+    for (int run = 0; run < 2; ++run) {
+      auto dwte = gpu_.Put<float>(dwte0), dwpe = gpu_.Put<float>(dwpe0);
+      gpu_.ops->EncoderBackward(dwte, dwpe, gpu_.Put<runtime::bf16>(dout), gpu_.Put<int32_t>(tokens), B, T, C, v_begin,
+                                v_rows, *gpu_.stream);
+      runs[run][0] = gpu_.Get(dwte, Vp * C);
+      runs[run][1] = gpu_.Get(dwpe, int64_t(T) * C);
+    }
+    EXPECT_EQ(runs[0][0], runs[1][0]) << "dwte differs between runs, C " << C;
+    EXPECT_EQ(runs[0][1], runs[1][1]) << "dwpe differs between runs, C " << C;
+    auto ref_dwte = ref_.Put<double>(dwte0), ref_dwpe = ref_.Put<double>(dwpe0);
+    ref_.ops->EncoderBackward(ref_dwte, ref_dwpe, ref_.Put<double>(dout), ref_.Put<int32_t>(tokens), B, T, C, v_begin,
+                              v_rows, *ref_.stream);
+    // fp32 sums of a few hundred exact bf16 terms.
+    ExpectClose(runs[0][0], ref_.Get(ref_dwte, Vp * C), "EncoderBackward dwte, C " + std::to_string(C), 1e-5);
+    ExpectClose(runs[0][1], ref_.Get(ref_dwpe, int64_t(T) * C), "EncoderBackward dwpe, C " + std::to_string(C), 1e-5);
+    for (int64_t i = v_rows * C; i < Vp * C; ++i) ASSERT_EQ(runs[0][0][size_t(i)], dwte0[size_t(i)]) << "padding row";
+  }
+}
+
+// Rows wider than 48 KiB of per-warp partial sums (one warp a block, opted-in shared
+// memory), an odd width (element-wise path), and the limit.
+TEST_F(CudaOps, LayerNormBackwardWideRowsRepeatBitForBit) {
+  MESHTRAIN_SKIP_WITHOUT_GPU();
+  for (const int C : {8192, 1600, 333}) {
+    const int64_t N = 300;
+    const std::string at = " (C " + std::to_string(C) + ")";
+    const auto x = Random(N * C, 2.0), w = Random(C), dout = Random(N * C), dinp0 = Random(N * C),
+               dw0 = RandomFloat(C), db0 = RandomFloat(C);
+    auto mean = gpu_.Poisoned<float>(N), rstd = gpu_.Poisoned<float>(N);
+    auto out = gpu_.Poisoned<runtime::bf16>(N * C);
+    gpu_.ops->LayerNormForward(out, mean, rstd, gpu_.Put<runtime::bf16>(x), gpu_.Put<runtime::bf16>(w),
+                               gpu_.Put<runtime::bf16>(w), N, C, *gpu_.stream);
+    const auto m = gpu_.Get(mean, N), s = gpu_.Get(rstd, N);
+    std::vector<double> runs[2][3];
+    for (int run = 0; run < 2; ++run) {
+      auto dinp = gpu_.Put<runtime::bf16>(dinp0);
+      auto dw = gpu_.Put<float>(dw0), db = gpu_.Put<float>(db0);
+      gpu_.ops->LayerNormBackward(dinp, dw, db, gpu_.Put<runtime::bf16>(dout), gpu_.Put<runtime::bf16>(x),
+                                  gpu_.Put<runtime::bf16>(w), gpu_.Put<float>(m), gpu_.Put<float>(s), N, C,
+                                  *gpu_.stream);
+      runs[run][0] = gpu_.Get(dinp, N * C);
+      runs[run][1] = gpu_.Get(dw, C);
+      runs[run][2] = gpu_.Get(db, C);
+    }
+    EXPECT_EQ(runs[0][1], runs[1][1]) << "dweight differs between runs" << at;
+    EXPECT_EQ(runs[0][2], runs[1][2]) << "dbias differs between runs" << at;
+    auto ref_dinp = ref_.Put<double>(dinp0);
+    auto ref_dw = ref_.Put<double>(dw0), ref_db = ref_.Put<double>(db0);
+    ref_.ops->LayerNormBackward(ref_dinp, ref_dw, ref_db, ref_.Put<double>(dout), ref_.Put<double>(x),
+                                ref_.Put<double>(w), ref_.Put<double>(m), ref_.Put<double>(s), N, C, *ref_.stream);
+    ExpectClose(runs[0][0], ref_.Get(ref_dinp, N * C), "LayerNormBackward dinp (+=, bf16)" + at, 1e-2);
+    ExpectClose(runs[0][1], ref_.Get(ref_dw, C), "LayerNormBackward dweight (fp32)" + at, 1e-4);
+    ExpectClose(runs[0][2], ref_.Get(ref_db, C), "LayerNormBackward dbias (fp32)" + at, 1e-5);
+    gpu_.keep.clear();
+    ref_.keep.clear();
+  }
+  const int too_wide = 20000;
+  auto row = gpu_.Poisoned<runtime::bf16>(too_wide);
+  auto acc = gpu_.Poisoned<float>(too_wide);
+  EXPECT_THROW(gpu_.ops->LayerNormBackward(row, acc, acc, row, row, row, acc, acc, 1, too_wide, *gpu_.stream),
+               std::invalid_argument);
+}
+
+// AdamW's one launch over a thousand segments of every size (empty ones among them),
+// with the clipping factor read on the device, and the norm over the same segments.
+TEST_F(CudaOps, ShardOperationsOverManySegments) {
+  MESHTRAIN_SKIP_WITHOUT_GPU();
+  std::vector<kernels::ShardSegment> segments;
+  std::uniform_int_distribution<int64_t> size(0, 5000);
+  int64_t n = 0;
+  for (int s = 0; s < 1000; ++s) {
+    const int64_t length = s % 97 == 0 ? 0 : size(rng_);
+    segments.push_back({n, length, s % 2, int32_t(s % 3 != 0)});
+    n += length + s % 5;  // gaps belong to no segment
+  }
+  const auto grads = RandomFloat(n), master0 = RandomFloat(n), m0 = RandomFloat(n, 0.01);
+  auto v0 = RandomFloat(n, 0.01);
+  for (double& v : v0) v = std::abs(v);
+  kernels::AdamWStep step;
+  step.learning_rate = 1e-3f;
+  step.weight_decay = 0.1f;
+  step.t = 5;
+  auto master = gpu_.Put<float>(master0), m = gpu_.Put<float>(m0), v = gpu_.Put<float>(v0);
+  auto params = gpu_.Poisoned<runtime::bf16>(n);
+  auto device_grads = gpu_.Put<float>(grads);
+  auto device_segments = gpu_.PutRaw(segments);
+  gpu_.ops->AdamW(master, params, device_grads, m, v, device_segments, int(segments.size()), step,
+                  gpu_.Put<float>({0.75}), *gpu_.stream);
+  auto squares = gpu_.Put<double>({0.0});
+  gpu_.ops->SumSquares(squares, device_grads, device_segments, int(segments.size()), *gpu_.stream);
+  auto ref_master = ref_.Put<double>(master0), ref_m = ref_.Put<double>(m0), ref_v = ref_.Put<double>(v0);
+  auto ref_segments = ref_.PutRaw(segments);
+  ref_.ops->AdamW(ref_master, nullptr, ref_.Put<double>(grads), ref_m, ref_v, ref_segments, int(segments.size()), step,
+                  ref_.Put<float>({0.75}), *ref_.stream);
+  auto ref_squares = ref_.Put<double>({0.0});
+  ref_.ops->SumSquares(ref_squares, ref_.Put<double>(grads), ref_segments, int(segments.size()), *ref_.stream);
+  // fp32 arithmetic on fp32 state: a few ulps.
+  const auto got_master = gpu_.Get(master, n), want_master = ref_.Get(ref_master, n);
+  ExpectClose(got_master, want_master, "AdamW master", 1e-6);
+  ExpectClose(gpu_.Get(m, n), ref_.Get(ref_m, n), "AdamW m", 1e-6);
+  ExpectClose(gpu_.Get(v, n), ref_.Get(ref_v, n), "AdamW v", 1e-6);
+  ExpectClose(gpu_.Get(squares, 1), ref_.Get(ref_squares, 1), "SumSquares", 1e-6);
+  const auto got_params = gpu_.Get(params, n);
+  std::vector<bool> covered(size_t(n), false);
+  for (const auto& segment : segments) {
+    for (int64_t i = segment.offset; i < segment.offset + segment.size; ++i) covered[size_t(i)] = true;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (covered[size_t(i)]) {
+      ASSERT_EQ(got_params[size_t(i)], double(float(runtime::bf16(float(got_master[size_t(i)]))))) << i;
+    } else {
+      ASSERT_EQ(got_master[size_t(i)], master0[size_t(i)]) << "AdamW touched the gap at " << i;
+    }
+  }
+  segments.resize(4096);  // more than one launch takes
+  auto too_many = gpu_.PutRaw(segments);
+  EXPECT_THROW(gpu_.ops->AdamW(master, params, device_grads, m, v, too_many, int(segments.size()), step, nullptr,
+                               *gpu_.stream),
+               std::invalid_argument);
+}
+
+// Not a check: the per-operation times of one GPT-2 124M block at B 16, T 1024 (run with
+// --gtest_also_run_disabled_tests), to compare with llm.c.
+TEST_F(CudaOps, DISABLED_Gpt2BlockTimings) {
+  MESHTRAIN_SKIP_WITHOUT_GPU();
+  const int B = 16, T = 1024, C = 768, NH = 12, HS = 64, V = 50304;
+  const int64_t N = int64_t(B) * T;
+  auto bf = [&](int64_t n) { return gpu_.Put<runtime::bf16>(Random(n, 0.1)); };
+  auto fl = [&](int64_t n) { return gpu_.Put<float>(RandomFloat(n, 0.1)); };
+  auto x = bf(N * C), ln = bf(N * C), qkv = bf(N * 3 * C), att = bf(N * C), fch = bf(N * 4 * C), pre = bf(N * 4 * C);
+  auto w_qkv = bf(3 * C * C), w_fc = bf(4 * C * C), w_proj = bf(C * 4 * C), bias = bf(4 * C), lnw = bf(C);
+  auto wte = bf(int64_t(V) * C);
+  auto dw = fl(4 * C * C), db = fl(4 * C), mean = fl(N), rstd = fl(N);
+  gpu_.ops->Attention(B, T, NH, HS);
+  auto state = fl(gpu_.ops->AttentionStateElements(B, T, NH, HS));
+  auto scratch = gpu_.Poisoned<std::byte>(gpu_.ops->AttentionScratchBytes(B, T, NH, HS));
+  auto dqkv = bf(N * 3 * C), logits = bf(4096 * int64_t(V));
+  auto losses = fl(4096);
+  auto targets = gpu_.Put<int32_t>(Tokens(4096, 50257));
+  auto time = [&](const char* name, auto body) {
+    body();
+    gpu_.stream->Synchronize();
+    constexpr int kRepeats = 10;
+    const auto start = std::chrono::steady_clock::now();
+    for (int r = 0; r < kRepeats; ++r) body();
+    gpu_.stream->Synchronize();
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / kRepeats;
+    std::printf("%-40s %9.1f us\n", name, us);
+  };
+  auto& s = *gpu_.stream;
+  auto& ops = *gpu_.ops;
+  time("LayerNormForward", [&] { ops.LayerNormForward(ln, mean, rstd, x, lnw, lnw, N, C, s); });
+  time("ResidualLayerNormForward", [&] { ops.ResidualLayerNormForward(x, ln, mean, rstd, x, att, lnw, lnw, N, C, s); });
+  time("MatmulForward qkv (bias)", [&] { ops.MatmulForward(qkv, nullptr, ln, w_qkv, bias, N, C, 3 * C, s); });
+  time("AttentionForward", [&] { ops.AttentionForward(att, state, qkv, B, T, C, NH, s); });
+  time("MatmulForward fc (bias, gelu)", [&] { ops.MatmulForward(fch, pre, ln, w_fc, bias, N, C, 4 * C, s); });
+  time("MatmulForward proj (bias)", [&] { ops.MatmulForward(att, nullptr, fch, w_proj, bias, N, 4 * C, C, s); });
+  time("MatmulBackward proj (dgelu, dbias)", [&] { ops.MatmulBackward(fch, dw, db, att, fch, w_proj, pre, N, 4 * C, C, s); });
+  time("MatmulBackward fc (dbias)", [&] { ops.MatmulBackward(ln, dw, db, fch, ln, w_fc, nullptr, N, C, 4 * C, s); });
+  time("AttentionBackward", [&] { ops.AttentionBackward(dqkv, scratch, att, qkv, att, state, B, T, C, NH, s); });
+  time("LayerNormBackward", [&] { ops.LayerNormBackward(x, dw, db, ln, x, lnw, mean, rstd, N, C, s); });
+  time("Add", [&] { ops.Add(x, x, att, N * C, s); });
+  time("MatmulForward lm head (4096 rows)", [&] { ops.MatmulForward(logits, nullptr, ln, wte, nullptr, 4096, C, V, s); });
+  time("CrossEntropy (4096 rows, in place)", [&] { ops.CrossEntropy(losses, logits, logits, targets, 4096, 50257, V, 1.0f / N, s); });
+
+  // The root unit and the optimizer: text-like tokens (a few very common), 124M parameters.
+  std::vector<double> text(static_cast<size_t>(N));
+  std::uniform_real_distribution<double> uniform(0, 1);
+  for (double& t : text) t = std::floor(50257 * std::pow(uniform(rng_), 4));
+  auto tokens = gpu_.Put<int32_t>(text), uniform_tokens = gpu_.Put<int32_t>(Tokens(N, 50257));
+  auto wpe = bf(int64_t(T) * C);
+  auto dwte = fl(int64_t(V) * C), dwpe = fl(int64_t(T) * C);
+  time("EncoderForward", [&] { ops.EncoderForward(x, tokens, wte, wpe, B, T, C, 0, 50257, s); });
+  time("EncoderBackward (text-like tokens)", [&] { ops.EncoderBackward(dwte, dwpe, x, tokens, B, T, C, 0, 50257, s); });
+  time("EncoderBackward (uniform tokens)", [&] { ops.EncoderBackward(dwte, dwpe, x, uniform_tokens, B, T, C, 0, 50257, s); });
+  const int64_t P = 124475904;
+  auto master = fl(P), grads = fl(P), m = fl(P), v = gpu_.Put<float>(std::vector<double>(static_cast<size_t>(P), 0.01));
+  auto params = gpu_.Poisoned<runtime::bf16>(P);
+  std::vector<kernels::ShardSegment> table;
+  for (int64_t offset = 0; offset < P; offset += P / 16) table.push_back({offset, std::min(P / 16, P - offset), 1, 1});
+  auto segments = gpu_.PutRaw(table);
+  auto norm = gpu_.Put<double>({0.0});
+  auto clip = gpu_.Put<float>({1.0});
+  kernels::AdamWStep step;
+  step.learning_rate = 1e-4f;
+  time("SumSquares (124M)", [&] { ops.SumSquares(norm, grads, segments, int(table.size()), s); });
+  time("AdamW (124M, with the bf16 copy)", [&] { ops.AdamW(master, params, grads, m, v, segments, int(table.size()), step, clip, s); });
+}
+
+}  // namespace
+}  // namespace meshtrain::testing

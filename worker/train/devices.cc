@@ -1,0 +1,89 @@
+#include "worker/train/devices.h"
+
+#include <cstdlib>
+#include <stdexcept>
+
+#include "api/model_shape.h"
+#include "worker/kernels/cpu/cpu_ops.h"
+#include "worker/parallel/sharded_engine.h"
+#include "worker/runtime/cpu_backend.h"
+#include "worker/train/cuda_plugin.h"
+
+namespace meshtrain::train {
+
+int CudaDeviceCount(std::string* why) {
+  std::string failure;
+  const CudaPlugin* cuda = CudaPluginOrNull(&failure);
+  const int count = cuda ? cuda->device_count() : 0;
+  if (count == 0 && why != nullptr) *why = cuda ? "the CUDA runtime sees no device" : failure;
+  return count;
+}
+
+runtime::DeviceChoice ChooseDeviceHere(const std::string& precision, int local_rank) {
+  std::string why_none;
+  const int devices = CudaDeviceCount(&why_none);
+  return runtime::ChooseDevice(precision, local_rank, devices, why_none);
+}
+
+std::string CpuKernelsFromEnvironment() {
+  const char* value = std::getenv("MESHTRAIN_CPU_KERNELS");
+  const std::string kernels = value == nullptr || *value == 0 ? "fp32" : value;
+  if (kernels != "fp32" && kernels != "bf16" && kernels != "fp64") {
+    throw std::invalid_argument("MESHTRAIN_CPU_KERNELS: '" + kernels + "' is not fp32, bf16 or fp64");
+  }
+  return kernels;
+}
+
+namespace {
+
+template <class P>
+std::unique_ptr<parallel::Engine> Make(const api::TrainingJob& job, std::shared_ptr<const parallel::Mesh> mesh,
+                                       std::shared_ptr<runtime::Backend> backend,
+                                       const parallel::OpsFactory<P>& make_ops, int batch, int seq,
+                                       runtime::MemoryAccounting* accounting, const parallel::EngineOptions& options) {
+  return std::make_unique<parallel::ShardedEngine<P>>(api::ShapeOf(job.spec.model), std::move(mesh), batch, seq,
+                                                      uint64_t(job.spec.training.seed), accounting, options,
+                                                      std::move(backend), make_ops);
+}
+
+template <class P>
+std::unique_ptr<kernels::Ops<P>> CpuOps(runtime::Backend&, runtime::CachingAllocator*) {
+  return kernels::MakeCpuOps<P>();
+}
+
+}  // namespace
+
+parallel::ActivationPolicy ActivationPolicyOf(const api::ParallelismSpec& p) {
+  return {p.activation_checkpointing, p.activation_offloading, int(p.activation_loading_horizon)};
+}
+
+std::unique_ptr<parallel::Engine> MakeEngine(const api::TrainingJob& job, const api::ParallelLayout& layout,
+                                             comm::Communicator* world, comm::StreamCollectives* device_world,
+                                             runtime::Device device, int batch, int seq,
+                                             runtime::MemoryAccounting* accounting) {
+  const api::ParallelismSpec& p = job.spec.parallelism;
+  parallel::EngineOptions options;
+  const std::optional<int64_t>& limit_mib = job.spec.resources.memory_limit_mib;
+  options.memory_limit = limit_mib ? *limit_mib << 20 : runtime::MemoryLimitFromEnvironment();
+  options.activations = ActivationPolicyOf(p);
+  options.dropout = float(job.spec.model.dropout);
+  options.dropout_seed = uint64_t(p.tensor_parallel_seed);
+
+  std::shared_ptr<runtime::Backend> backend;
+  if (device.is_cuda()) {
+    std::string why;
+    const CudaPlugin* cuda = CudaPluginOrNull(&why);
+    if (cuda == nullptr) throw std::invalid_argument("device " + device.ToString() + ": " + why);
+    backend = cuda->make_backend(device.index);
+    auto mesh = std::make_shared<const parallel::Mesh>(layout, world, device_world, backend.get());
+    return Make<kernels::Bf16>(job, std::move(mesh), backend, cuda->make_ops, batch, seq, accounting, options);
+  }
+  backend = std::make_shared<runtime::CpuBackend>(runtime::CpuBackendOptionsFromEnvironment());
+  auto mesh = std::make_shared<const parallel::Mesh>(layout, world, device_world, backend.get());
+  const std::string kernels = CpuKernelsFromEnvironment();
+  if (kernels == "bf16") return Make<kernels::Bf16>(job, mesh, backend, CpuOps<kernels::Bf16>, batch, seq, accounting, options);
+  if (kernels == "fp64") return Make<kernels::Fp64>(job, mesh, backend, CpuOps<kernels::Fp64>, batch, seq, accounting, options);
+  return Make<kernels::Fp32>(job, mesh, backend, CpuOps<kernels::Fp32>, batch, seq, accounting, options);
+}
+
+}  // namespace meshtrain::train

@@ -1,0 +1,50 @@
+// Where a rank trains, and the engine made for it (DESIGN.md, "The device seam"): the
+// CPU backend with a CPU kernel table, or a GPU's backend and bf16 table from the CUDA
+// plugin. The engine above them is the same.
+// Thread-safety: functions may be called from any thread.
+
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "api/layout.h"
+#include "api/training_job.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/stream_collectives.h"
+#include "worker/parallel/engine.h"
+#include "worker/runtime/device.h"
+#include "worker/runtime/memory.h"
+
+namespace meshtrain::train {
+
+// Devices the CUDA plugin sees. 0, with *why saying why, when there are none: no CUDA in
+// this build, a plugin that does not load, or no device.
+int CudaDeviceCount(std::string* why = nullptr);
+
+// runtime::ChooseDevice for a job with `precision` on local rank `local_rank` of this machine.
+runtime::DeviceChoice ChooseDeviceHere(const std::string& precision, int local_rank);
+
+// The CPU's kernel table for a job, from MESHTRAIN_CPU_KERNELS: "fp32" (the default),
+// "bf16" (the emulation of the GPU's numerics) or "fp64" (the reference); and the strict
+// backend's jitter and poison from MESHTRAIN_CPU_JITTER_SEED and MESHTRAIN_CPU_POISON
+// (runtime/cpu_backend.h). Tests set them for the ranks they launch. Throws
+// std::invalid_argument naming a malformed variable.
+std::string CpuKernelsFromEnvironment();
+
+// How the job keeps activations (spec.parallelism's checkpointing, offloading, horizon).
+parallel::ActivationPolicy ActivationPolicyOf(const api::ParallelismSpec& parallelism);
+
+// The sharded engine of `job` for `layout`, on `device`, for micro-batches of batch x
+// seq, counting into `accounting`. `world` is the host communicator of the layout's world
+// (null for one rank); `device_world` its stream-ordered collectives on the device (NCCL),
+// or null for the host's (on a GPU: the staged fallback). Throws std::invalid_argument for
+// a job the engine cannot run (naming the field), runtime::OutOfMemory when the memory
+// limit is too small, and runtime::cuda::CudaError (a std::runtime_error) for a CUDA
+// device that cannot be used.
+std::unique_ptr<parallel::Engine> MakeEngine(const api::TrainingJob& job, const api::ParallelLayout& layout,
+                                             comm::Communicator* world, comm::StreamCollectives* device_world,
+                                             runtime::Device device, int batch, int seq,
+                                             runtime::MemoryAccounting* accounting);
+
+}  // namespace meshtrain::train
