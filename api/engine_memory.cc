@@ -55,7 +55,7 @@ int64_t BlockActivationBytes(int batch, int seq, const ModelShape& s, int tp_siz
 
 int64_t HeadActivationBytes(int batch, int seq, const ModelShape& s, int tp_rank, int tp_size, const EngineTypes& t) {
   const int64_t N = int64_t(batch) * seq, C = s.hidden;
-  const int64_t Vp = PaddedVocabRows(VocabSlice(s.vocab_size, tp_rank, tp_size));
+  const int64_t Vp = PaddedVocabRows(VocabSlice(s.vocab_size, tp_rank, tp_size), t.vocab_multiple);
   const int64_t R = HeadChunkRows(N, Vp);
   const int A = t.act_bytes, G = t.acc_bytes;
   Carving c;
@@ -117,17 +117,19 @@ int64_t StepBufferBytes(int batch, int seq, const ModelShape& s) {
 }
 
 EngineMemory EngineMemoryOf(const ModelShape& s, int batch, int seq, int tp_rank, int tp_size, int shard_size,
-                            const ActivationPolicy& policy, const EngineTypes& types, bool dropout) {
-  const UnitElements units = UnitElementsOf(s, tp_rank, tp_size);
+                            const ActivationPolicy& policy, const EngineTypes& types, bool dropout,
+                            bool keep_units_gathered) {
+  const UnitElements units = UnitElementsOf(s, tp_rank, tp_size, types.vocab_multiple);
   const int64_t root = ShardElements(units.root, shard_size), block = ShardElements(units.block, shard_size);
   const int S = shard_size, A = types.act_bytes, G = types.acc_bytes;
-  const int64_t slots = std::min<int64_t>(2, s.layers);
+  const int64_t slots = keep_units_gathered ? s.layers : std::min<int64_t>(2, s.layers);
   EngineMemory m;
   // Every unit's shard: master weights, gradients, AdamW m and v, one allocation each.
   m.params = Held(root * G) + s.layers * Held(block * G);
   m.grads = m.params;
   m.optimizer = 2 * m.params;
-  // The compute copies: the root's and two block slots; with S > 1 their gradients too
+  // The compute copies: the root's and two block slots (or every block's, kept); with S > 1
+  // their gradients too
   // (with S = 1 the backward adds straight into the shard's gradients).
   m.gathered = Held(root * S * A) + slots * Held(block * S * A);
   if (S > 1) m.gathered += Held(root * S * G) + slots * Held(block * S * G);

@@ -34,6 +34,7 @@ struct EngineTypes {
   // fused (flash) attention keeps one statistic per row, (B,NH,T).
   bool attention_keeps_scores = true;
   int64_t attention_scratch_bytes = 0;  // the attention backward's workspace (the kernel table says)
+  int vocab_multiple = 128;             // kVocabMultiple: each TP slice of the vocabulary is padded to it
 };
 
 // Every buffer carved out of one allocation starts at a multiple of this many bytes (the
@@ -112,8 +113,10 @@ struct EngineMemory {
   int64_t device() const { return params + grads + optimizer + activations + gathered + comm; }
   int64_t total() const { return device() + offload; }
 };
+// `keep_units_gathered`: every block's compute copy is kept (replicated, S = 1), not two slots.
 EngineMemory EngineMemoryOf(const ModelShape& shape, int batch, int seq, int tp_rank, int tp_size, int shard_size,
-                            const ActivationPolicy& policy, const EngineTypes& types, bool dropout);
+                            const ActivationPolicy& policy, const EngineTypes& types, bool dropout,
+                            bool keep_units_gathered = false);
 
 // The bytes the caching allocator holds for a request of `bytes`: rounded up to 512
 // bytes below 1 MiB and to 2 MiB from there.

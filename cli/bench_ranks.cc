@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <fstream>
 #include <random>
@@ -12,6 +13,7 @@
 #include "worker/comm/bootstrap.h"
 #include "worker/comm/fabric/fabric_communicator.h"
 #include "worker/launch/local_launcher.h"
+#include "worker/train/devices.h"
 #include "worker/train/token_file.h"
 
 namespace meshtrain::cli {
@@ -63,8 +65,15 @@ int BenchTrainRank() {
   const comm::WorkerEnvironment env = comm::WorkerEnvironment::FromEnvironment();
   const api::CheckedJob job = api::LoadTrainingJobs(env.config).at(0);
   comm::Rendezvous rendezvous = comm::JoinRendezvous(env, std::chrono::seconds(60));
-  auto world = comm::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, comm::FabricOptions::FromEnvironment());
-  train::Trainer trainer(job.job, world.get());
+  const comm::FabricOptions fabric = comm::FabricOptions::FromEnvironment();
+  auto world = comm::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, fabric);
+  // The job's precision says the device, as for meshtrain-worker: bf16 on the rank's GPU.
+  const runtime::DeviceChoice where = train::ChooseDeviceHere(job.job.spec.training.precision, env.local_rank);
+  std::string note;
+  const std::unique_ptr<comm::StreamCollectives> device_world =
+      train::ConnectDeviceWorld(env, where.device, rendezvous, *world, fabric.timeout, &note);
+  if (env.rank == 0 && !note.empty()) std::fprintf(stderr, "note: %s\n", note.c_str());
+  train::Trainer trainer(job.job, world.get(), where.device, device_world.get());
   const int64_t steps = job.job.spec.training.steps, warmup = std::min<int64_t>(2, steps - 1);
   for (int64_t i = 0; i < warmup; ++i) trainer.Step();
   world->Barrier()->Wait();
@@ -90,7 +99,7 @@ std::optional<RanksResult> RunBenchRanks(const BenchTrainOptions& o, const std::
                                          const std::string& data, const RanksConfig& config, std::ostream& out) {
   const std::filesystem::path job =
       std::filesystem::temp_directory_path() / ("meshtrain-bench-" + std::to_string(::getpid()) + ".json");
-  std::ofstream(job) << BenchJob(o, data, o.ranks, o.nodes, config, false).dump(2);
+  std::ofstream(job) << BenchJob(o, data, o.ranks, o.nodes, config, o.device == "cuda").dump(2);
   launch::LocalLaunch launch;
   launch.nodes = o.nodes;
   launch.ranks_per_node = o.ranks / o.nodes;
@@ -99,6 +108,7 @@ std::optional<RanksResult> RunBenchRanks(const BenchTrainOptions& o, const std::
   launch.command = self_argv;
   launch.job_name = "bench-train";
   launch.environment["MESHTRAIN_CONFIG"] = job.string();
+  if (config.keep_units_gathered) launch.environment["MESHTRAIN_KEEP_UNITS_GATHERED"] = "1";
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   launch.environment["OMP_NUM_THREADS"] = std::to_string(std::max(1, cores / o.ranks));
   const bool ok = launch::LaunchLocal(launch, out).status == 0;

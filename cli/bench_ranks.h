@@ -35,6 +35,7 @@ struct RanksConfig {
   int micro_batch = 0;              // sequences per data-parallel rank; 0: o.batch x tp
   int64_t global_batch_tokens = 0;  // 0: one micro-step, o.ranks x o.batch x o.seq
   std::vector<int> hosts = {};      // the testbed node of each node rank; empty: node i on i
+  bool keep_units_gathered = false;  // replicated with S = 1: compute copies kept (EngineOptions)
   int MicroBatch(const BenchTrainOptions& o) const { return micro_batch > 0 ? micro_batch : o.batch * tp; }
   int64_t GlobalTokens(const BenchTrainOptions& o) const {
     return global_batch_tokens > 0 ? global_batch_tokens : int64_t(o.ranks) * o.batch * o.seq;

@@ -150,10 +150,6 @@ std::string TestbedOrders(const BenchTrainOptions& o, std::vector<int>* aware, s
 
 int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, const std::vector<std::string>& self_argv,
                     std::ostream& out) {
-  if (o.device != "cpu") {
-    out << "bench train --ranks: the sharded engine runs on the CPU; use --device cpu\n";
-    return kExitInvalid;
-  }
   if (o.ranks % o.nodes != 0) {
     out << "bench train: --ranks (" << o.ranks << ") must be a multiple of --nodes (" << o.nodes << ")\n";
     return kExitInvalid;
@@ -183,7 +179,14 @@ int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, co
     configs = {{"tp", tp, shard, asked}, {"data-parallel", 1, o.shard == 0 ? o.ranks : shard, asked}};
   } else {
     configs = {{tp > 1 ? "tp" : shard == 1 ? "replicated" : "sharded", tp, shard, asked}};
-    if (o.compare == "replicated") configs.push_back({"replicated", tp, 1, asked});
+    if (o.compare == "replicated") {
+      configs.push_back({"replicated", tp, 1, asked});
+      if (shard == 1) {  // both replicated: compare the FSDP life cycle with units kept whole
+        configs[0].name = "sharded life cycle (units gathered per use)";
+        configs[1].name = "replicated (units kept gathered)";
+        configs[1].keep_units_gathered = true;
+      }
+    }
   }
   for (const RanksConfig& c : configs) {
     const api::CheckedJob check =
@@ -195,8 +198,10 @@ int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, co
   }
   const std::filesystem::path data = WriteRandomTokens(int64_t(o.ranks) * o.batch * o.seq * (o.steps + o.warmup + 1), shape);
   char line[256];
-  std::snprintf(line, sizeof line, "model %s (%.1fM parameters), %d ranks x batch %d x seq %d a step, fp32 on CPU\n",
-                o.model.c_str(), double(shape.ParameterCount()) / 1e6, o.ranks, o.batch, o.seq);
+  std::snprintf(line, sizeof line, "model %s (%.1fM parameters), %d ranks x batch %d x seq %d a step, %s\n",
+                o.model.c_str(), double(shape.ParameterCount()) / 1e6, o.ranks, o.batch, o.seq,
+                o.device == "cuda" ? "bf16 on the GPUs (ranks sharing one GPU stage collectives through the host)"
+                                   : "fp32 on CPU");
   out << line;
   std::vector<RanksResult> results;
   for (const RanksConfig& c : configs) {
@@ -249,7 +254,8 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
   trainer.Step();                 // AdamW state that is not all zeros
   const api::ModelShape shape = api::ShapeOf(job.job.spec.model);
   bool failed = false;
-  train::CheckpointWriter writer(dir.string(), 1, shape, api::ParallelLayout::ForSpec(job.job.spec), 0,
+  train::CheckpointWriter writer(dir.string(), 1, shape, api::ParallelLayout::ForSpec(job.job.spec),
+                                 trainer.model().vocab_multiple(), 0,
                                  [&](const std::string& error) {
                                    out << "bench checkpoint: " << error << "\n";
                                    failed = true;

@@ -76,6 +76,8 @@ class HostStreamCollectives final : public StreamCollectives {
     return seconds_;
   }
 
+  void Abort() override {}  // every operation is bounded by the communicator's own timeout
+
   std::unique_ptr<StreamCollectives> SplitAxis(const api::ParallelLayout& layout, api::Axis axis) override {
     std::unique_ptr<Communicator> group = communicator_->SplitAxis(layout, axis);
     if (group == nullptr) return nullptr;

@@ -65,6 +65,11 @@ class StreamCollectives {
   virtual void Reserve(size_t bytes) = 0;
   // Seconds spent so far; REQUIRES: the streams the operations ran on have been synchronized.
   virtual CollectiveSeconds Seconds() = 0;
+  // Ends the operations in flight and fails every later one: for a stream that did not
+  // finish in time, a stuck peer holding it up. NCCL aborts the communicators of the
+  // whole world (the engine cannot tell which group is stuck); the host implementation's
+  // operations end by their own timeouts, so there it does nothing. Any thread; idempotent.
+  virtual void Abort() = 0;
 
   // This member's group along a layout axis. REQUIRES: this is the world of `layout`;
   // every member calls it, for every axis, in the same order.

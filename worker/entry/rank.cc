@@ -66,35 +66,6 @@ double DensePeakFlops(const runtime::Device& device) {
   return plugin ? runtime::DenseBf16Peak(plugin->device_facts(device.index)).flops : 0;
 }
 
-// The world's collectives on the device: NCCL when every rank trains on a GPU of its own;
-// null (the host's, staged through pinned memory on a GPU) otherwise, with *note saying
-// why. Every rank calls it. A world whose ranks train on different kinds of device cannot
-// run: a ConfigError says so.
-std::unique_ptr<comm::StreamCollectives> DeviceCollectives(const comm::WorkerEnvironment& env,
-                                                           const runtime::Device& device, comm::Rendezvous& rendezvous,
-                                                           comm::Communicator& world, comm::milliseconds timeout,
-                                                           std::string* note) {
-  std::string why;
-  const int devices = device.is_cuda() ? train::CudaDeviceCount(&why) : 0;
-  // Per rank: [trains on a GPU, has one of its own]; summed over the world.
-  int32_t counts[2] = {device.is_cuda() ? 1 : 0, device.is_cuda() && env.nproc_per_node <= devices ? 1 : 0};
-  world.AllReduce(counts, counts, 2, comm::DataType::kInt32, comm::ReduceOp::kSum)->Wait();
-  if (counts[0] != 0 && counts[0] != env.world_size) {
-    throw ConfigError(std::to_string(counts[0]) + " of " + std::to_string(env.world_size) +
-                      " ranks have a GPU and the others do not; a job's ranks must train on one kind of device");
-  }
-  if (counts[0] == 0) return nullptr;
-  if (counts[1] < env.world_size) {
-    *note = "ranks share a GPU (" + std::to_string(env.nproc_per_node) + " ranks on " + std::to_string(devices) +
-            " device(s) of node " + std::to_string(env.node_rank) +
-            ", or on another node), which NCCL refuses: collectives are staged through pinned host memory over " +
-            "the fabric, slowly";
-    return nullptr;
-  }
-  return train::CudaPluginOrNull(nullptr)->connect_nccl(rendezvous.table, env.rank, rendezvous.store, device.index,
-                                                        timeout);
-}
-
 int Train(std::ostream& out) {
   comm::WorkerEnvironment env;
   api::CheckedJob checked;
@@ -125,8 +96,12 @@ int Train(std::ostream& out) {
 
   const runtime::DeviceChoice where = train::ChooseDeviceHere(job.spec.training.precision, env.local_rank);
   std::string device_note;
-  std::unique_ptr<comm::StreamCollectives> device_world =
-      DeviceCollectives(env, where.device, rendezvous, *world, fabric.timeout, &device_note);
+  std::unique_ptr<comm::StreamCollectives> device_world;
+  try {
+    device_world = train::ConnectDeviceWorld(env, where.device, rendezvous, *world, fabric.timeout, &device_note);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(e.what());
+  }
   std::optional<train::Trainer> trainer;
   BadInputIsConfigError(env.config, [&] { trainer.emplace(job, world.get(), where.device, device_world.get()); });
   if (exported) {

@@ -63,9 +63,10 @@ struct Context {
 // [vocab_begin, +vocab) and the padded count the embedding holds).
 struct TpSlice {
   int rank = 0, size = 1;
+  int vocab_multiple = api::kVocabMultiple;
   int64_t vocab_begin(int64_t V) const { return api::VocabBegin(V, rank, size); }
   int64_t vocab(int64_t V) const { return api::VocabSlice(V, rank, size); }
-  int64_t padded_vocab(int64_t V) const { return api::PaddedVocabRows(vocab(V)); }
+  int64_t padded_vocab(int64_t V) const { return api::PaddedVocabRows(vocab(V), vocab_multiple); }
 };
 
 // Dropout in a training forward (p > 0) on each block's attention output and on the

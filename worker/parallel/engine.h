@@ -88,6 +88,13 @@ struct EngineOptions {
   // How long a Drain waits for the streams before it fails naming them (a hung device or
   // a collective stuck past its own timeout).
   std::chrono::milliseconds timeout{600'000};
+  // Each TP slice of the vocabulary is padded to a multiple of this (api::kVocabMultiple);
+  // 1 gives the unpadded engine, which tests compare the padded one against.
+  int vocab_multiple = api::kVocabMultiple;
+  // Replicated (S = 1 only): every unit's compute copy is kept for the whole run and AdamW
+  // refreshes it, instead of the FSDP life cycle of a gather before each use into two slots.
+  // What the benchmark compares the sharded life cycle at world 1 against.
+  bool keep_units_gathered = false;
 };
 
 class Engine {
@@ -130,6 +137,8 @@ class Engine {
   virtual void Restore(const WholeState& whole) = 0;
   // How the model is laid out on this rank, for the startup lines.
   virtual std::string Describe() const = 0;
+  // EngineOptions::vocab_multiple: checkpoints record it.
+  virtual int vocab_multiple() const = 0;
   // For tests: called from now on (null: none).
   virtual void set_observer(ScheduleObserver* observer) = 0;
 };

@@ -91,9 +91,9 @@ void FlatUnit<P>::AddSquares(Ptr<double> sum, kernels::Ops<P>& ops, runtime::Str
 }
 
 template <class P>
-void FlatUnit<P>::Update(const kernels::AdamWStep& step, Ptr<const float> clip_scale, kernels::Ops<P>& ops,
-                         runtime::Stream& stream) {
-  ops.AdamW(master_.get(), nullptr, grads_.get(), m_.get(), v_.get(), segments_, segment_count_, step, clip_scale,
+void FlatUnit<P>::Update(const kernels::AdamWStep& step, Ptr<const float> clip_scale, Ptr<A> params,
+                         kernels::Ops<P>& ops, runtime::Stream& stream) {
+  ops.AdamW(master_.get(), params, grads_.get(), m_.get(), v_.get(), segments_, segment_count_, step, clip_scale,
             stream);
 }
 

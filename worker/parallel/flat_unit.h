@@ -93,8 +93,9 @@ class FlatUnit {
   void ZeroShardGrads(runtime::Backend& backend, runtime::Stream& stream);
   // *sum += the squares of the shard's gradients the norm counts.
   void AddSquares(Ptr<double> sum, kernels::Ops<P>& ops, runtime::Stream& stream);
-  // AdamW on the shard, the gradients times *clip_scale.
-  void Update(const kernels::AdamWStep& step, Ptr<const float> clip_scale, kernels::Ops<P>& ops,
+  // AdamW on the shard, the gradients times *clip_scale; with `params` (a unit kept
+  // gathered, S = 1) the new weights also go to that compute copy.
+  void Update(const kernels::AdamWStep& step, Ptr<const float> clip_scale, Ptr<A> params, kernels::Ops<P>& ops,
               runtime::Stream& stream);
 
  private:

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <stdexcept>
 #include <type_traits>
 
@@ -50,7 +49,7 @@ template <class P>
 ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<const Mesh> mesh, int batch, int seq,
                                 uint64_t seed, runtime::MemoryAccounting* accounting, const EngineOptions& options,
                                 std::shared_ptr<runtime::Backend> backend, const OpsFactory<P>& make_ops)
-    : layout_(shape, mesh->tp_rank(), mesh->tp_size(), api::kVocabMultiple),
+    : layout_(shape, mesh->tp_rank(), mesh->tp_size(), options.vocab_multiple),
       backend_(std::move(backend)),
       mesh_(std::move(mesh)),
       batch_(batch),
@@ -70,9 +69,10 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   if (seq > shape.seq_len) throw std::invalid_argument("sequence longer than the model's seqLen");
   ActivationStore<P>::Check(options.activations);
   const int S = mesh_->shard_size(), L = int(shape.layers);
-  const model::TpSlice tp{mesh_->tp_rank(), mesh_->tp_size()};
+  const model::TpSlice tp{mesh_->tp_rank(), mesh_->tp_size(), options.vocab_multiple};
   const int heads = int(shape.heads) / tp.size, head_size = int(shape.hidden / shape.heads);
-  const api::EngineTypes types = model::TypesOf(*ops_, batch, seq, heads, head_size);
+  api::EngineTypes types = model::TypesOf(*ops_, batch, seq, heads, head_size);
+  types.vocab_multiple = options.vocab_multiple;
   const int64_t state = types.attention_keeps_scores ? int64_t(batch) * heads * seq * seq : int64_t(batch) * heads * seq;
   if (ops_->AttentionStateElements(batch, seq, heads, head_size) > state) {
     throw std::logic_error(ops_->Describe() + ": its attention keeps more per block than the engine counts");
@@ -109,9 +109,13 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   // The compute copies' slots and, with S > 1, the unsharded gradients' and the
   // reduce-scatter's output.
   const int64_t root_padded = Root().padded_numel(), block_padded = units_[1]->padded_numel();
+  if (options.keep_units_gathered && S > 1) {
+    throw std::invalid_argument("keeping every unit gathered (replicated) needs shard groups of one rank, not " +
+                                std::to_string(S));
+  }
   root_params_ = runtime::DeviceArray<A>(&allocator_, root_padded, MemoryCategory::kGathered);
-  for (int s = 0; s < std::min(2, L); ++s) {
-    block_params_[size_t(s)] = runtime::DeviceArray<A>(&allocator_, block_padded, MemoryCategory::kGathered);
+  for (int s = 0; s < (options.keep_units_gathered ? L : std::min(2, L)); ++s) {
+    block_params_.emplace_back(&allocator_, block_padded, MemoryCategory::kGathered);
   }
   if (S > 1) {
     root_grads_ = runtime::DeviceArray<G>(&allocator_, root_padded, MemoryCategory::kGathered);
@@ -173,7 +177,7 @@ model::Dims ShardedEngine<P>::DimsOf(int B, int T, const MicroBatchKey* training
   const api::ModelShape& s = layout_.shape();
   model::Dims d;
   d.B = B, d.T = T, d.C = int(s.hidden), d.NH = int(s.heads), d.V = s.vocab_size;
-  d.tp = {mesh_->tp_rank(), mesh_->tp_size()};
+  d.tp = {mesh_->tp_rank(), mesh_->tp_size(), options_.vocab_multiple};
   if (training != nullptr && options_.dropout > 0) {
     // Keyed by the step, indexed by the sample's place in the step's global batch.
     const int64_t first_sample = (training->micro * mesh_->data_parallel_size() + mesh_->data_parallel_rank()) * B;
@@ -204,10 +208,10 @@ void ShardedEngine<P>::Stage(const int32_t* inputs, const int32_t* targets, int 
                                  std::to_string(options_.timeout.count() / 1000) + " s");
   }
   int32_t* host = staging_ + int64_t(s) * 2 * batch_ * seq_;
-  std::memcpy(host, inputs, size_t(N) * sizeof(int32_t));
+  std::copy_n(inputs, N, host);
   backend_->Upload(tokens_, static_cast<const int32_t*>(host), N, *compute_);
   if (targets != nullptr) {
-    std::memcpy(host + N, targets, size_t(N) * sizeof(int32_t));
+    std::copy_n(targets, N, host + N);
     backend_->Upload(targets_, static_cast<const int32_t*>(host + N), N, *compute_);
   }
   staged_[size_t(s)]->Record(*compute_);
@@ -230,14 +234,22 @@ void ShardedEngine<P>::WaitTimed(runtime::Event& event) {
 
 template <class P>
 void ShardedEngine<P>::GatherRoot() {
+  if (options_.keep_units_gathered && !kept_stale_) return;
   comm_->Wait(*root_free_);  // the compute stream is done with the root's last copy
   Observed(*comm_, Op::kGather, 0, [&] { Root().Gather(root_params_.get(), mesh_->device_shard(), *ops_, *comm_); });
 }
 
 template <class P>
 void ShardedEngine<P>::GatherBlock(int l) {
+  if (options_.keep_units_gathered && !kept_stale_) return;
   comm_->Wait(*param_slot_free_[size_t(l % 2)]);
   Observed(*comm_, Op::kGather, l + 1, [&] { Block(l).Gather(BlockSlot(l), mesh_->device_shard(), *ops_, *comm_); });
+}
+
+template <class P>
+void ShardedEngine<P>::RefreshKept() {
+  if (!options_.keep_units_gathered) return;
+  kept_stale_ = true;  // the next forward casts each unit once; AdamW keeps them current from then on
 }
 
 template <class P>
@@ -289,6 +301,7 @@ void ShardedEngine<P>::RunForward(const model::Dims& d, Head head, float loss_we
                          store_->scratch.dresidual, d);
     }
   });
+  kept_stale_ = false;
   // A training forward keeps the root for its backward (FSDP2 keeps the root unsharded
   // after forward too): wte is the largest unit, and this saves a gather per micro-batch.
   if (head == Head::kTrain) root_held_ = true;
@@ -386,7 +399,11 @@ void ShardedEngine<P>::Update(const OptimizerStep& step) {
   compute_->Wait(*comm_done_);
   ops_->ClipScale(clip_scale_, squares_, step.max_norm, *compute_);
   const kernels::AdamWStep adamw{step.learning_rate, step.beta1, step.beta2, step.epsilon, step.weight_decay, step.t};
-  for (auto& unit : units_) unit->Update(adamw, clip_scale_, *ops_, *compute_);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    // Replicated: AdamW writes the kept compute copy as it goes.
+    const Ptr<A> kept = !options_.keep_units_gathered ? nullptr : u == 0 ? root_params_.get() : BlockSlot(int(u) - 1);
+    units_[u]->Update(adamw, clip_scale_, kept, *ops_, *compute_);
+  }
   replicas_reduced_ = false;
   updated_ = true;
   norm_.reset();
@@ -417,7 +434,7 @@ std::vector<float> ShardedEngine<P>::NextTokenProbabilities(const int32_t* token
   Stage(tokens, nullptr, 1, n);
   RunForward(DimsOf(1, n, nullptr), Head::kLogits, 0, n - 1);
   const int64_t V = layout_.shape().vocab_size;
-  const model::TpSlice slice{mesh_->tp_rank(), mesh_->tp_size()};
+  const model::TpSlice slice{mesh_->tp_rank(), mesh_->tp_size(), options_.vocab_multiple};
   std::vector<A> row(size_t(slice.padded_vocab(V)));
   backend_->Download(row.data(), Ptr<const A>(store_->head.logits), int64_t(row.size()), *compute_);
   Drain();
@@ -546,6 +563,7 @@ void ShardedEngine<P>::Restore(const WholeState& whole) {
     backend_->Upload(unit->adam_v(), v.data(), unit->shard_numel(), *compute_);
     Drain();  // the host vectors are refilled for the next unit
   }
+  RefreshKept();
 }
 
 template <class P>
@@ -602,7 +620,21 @@ void ShardedEngine<P>::Drain() {
   synchronize([this] { compute_->Synchronize(options_.timeout); });
   synchronize([this] { comm_->Synchronize(options_.timeout); });
   if (store_) synchronize([this] { store_->Synchronize(options_.timeout); });
-  if (failure) std::rethrow_exception(failure);
+  if (!failure) return;
+  try {
+    std::rethrow_exception(failure);
+  } catch (const runtime::StreamTimeout& e) {
+    // A stream stuck past the timeout: most likely a collective whose peer is gone. End
+    // the groups' operations so the device is freed, and say which groups they were.
+    std::string groups;
+    for (comm::StreamCollectives* group : {mesh_->device_tp(), mesh_->device_shard(), mesh_->device_replica()}) {
+      if (group == nullptr) continue;
+      group->Abort();
+      groups += (groups.empty() ? "" : ", ") + group->group().Describe() + " (" + group->Describe() + ")";
+    }
+    if (groups.empty()) throw;
+    throw runtime::StreamTimeout(std::string(e.what()) + "; the collectives of " + groups + " were aborted");
+  }
 }
 
 template class ShardedEngine<kernels::Fp32>;

@@ -87,6 +87,7 @@ class ShardedEngine final : public Engine {
   void Restore(const WholeState& whole) override;
   std::string Describe() const override;
   void set_observer(ScheduleObserver* observer) override { observer_ = observer; }
+  int vocab_multiple() const override { return layout_.vocab_multiple(); }
 
   const std::vector<std::unique_ptr<FlatUnit<P>>>& units() const { return units_; }
   const ActivationStore<P>& activations() const { return *store_; }
@@ -95,7 +96,9 @@ class ShardedEngine final : public Engine {
   enum class Head { kLoss, kTrain, kLogits };
   FlatUnit<P>& Root() { return *units_[0]; }
   FlatUnit<P>& Block(int l) { return *units_[size_t(l) + 1]; }
-  Ptr<A> BlockSlot(int l) const { return block_params_[size_t(l % 2)].get(); }
+  Ptr<A> BlockSlot(int l) const {
+    return options_.keep_units_gathered ? block_params_[size_t(l)].get() : block_params_[size_t(l % 2)].get();
+  }
   Ptr<G> BlockGrads(int l);
   Ptr<G> RootGrads();
   model::Context<P> Context() { return {*ops_, *compute_, tp_.get()}; }
@@ -108,6 +111,8 @@ class ShardedEngine final : public Engine {
   void GatherBlock(int l);
   void ReleaseBlock(int l);
   void ReleaseRoot();
+  // Replicated: the kept compute copies no longer match the masters (built, restored).
+  void RefreshKept();
   // Runs `enqueue` between the observer's Begin and End of (op, unit) on `stream`.
   template <class F>
   void Observed(runtime::Stream& stream, Op op, int unit, F&& enqueue);
@@ -134,7 +139,7 @@ class ShardedEngine final : public Engine {
   std::vector<std::unique_ptr<FlatUnit<P>>> units_;
   // Compute copies and, with S > 1, unsharded gradients: the root's and two block slots.
   runtime::DeviceArray<A> root_params_;
-  std::array<runtime::DeviceArray<A>, 2> block_params_;
+  std::vector<runtime::DeviceArray<A>> block_params_;  // two slots, or one per block when kept
   runtime::DeviceArray<G> root_grads_, reduced_;
   std::array<runtime::DeviceArray<G>, 2> block_grads_;
   std::unique_ptr<ActivationStore<P>> store_;
@@ -156,6 +161,7 @@ class ShardedEngine final : public Engine {
   bool replicas_reduced_ = false;  // the last Backward averaged the shard gradients over replicas
   std::optional<double> norm_;     // the last Update's, once read
   bool updated_ = false;
+  bool kept_stale_ = true;  // replicated: the next forward casts every unit into its kept copy
   ScheduleObserver* observer_ = nullptr;
 };
 

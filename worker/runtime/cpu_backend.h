@@ -48,7 +48,7 @@ class CpuBackend final : public Backend {
 
 // The strict backend's options from the environment, for processes a test launches:
 // MESHTRAIN_CPU_JITTER_SEED (a number; 0 or unset: none) and MESHTRAIN_CPU_POISON (1).
-// Throws std::invalid_argument naming a malformed variable.
+// Throws std::runtime_error naming a malformed variable.
 CpuBackendOptions CpuBackendOptionsFromEnvironment();
 
 }  // namespace meshtrain::runtime

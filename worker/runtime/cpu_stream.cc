@@ -80,8 +80,8 @@ void CpuStream::Synchronize(milliseconds timeout) {
   std::unique_lock lock(mutex_);
   const uint64_t target = enqueued_;
   if (!changed_.wait_for(lock, timeout, [&] { return finished_ >= target; })) {
-    throw StreamTimeout("stream " + name_ + ": its work did not finish within " +
-                        std::to_string(timeout.count() / 1000) + " s");
+    throw StreamTimeout("stream " + name_ + ": its work did not finish within " + std::to_string(timeout.count()) +
+                        " ms");
   }
   if (error_) std::rethrow_exception(error_);
 }

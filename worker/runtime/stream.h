@@ -64,7 +64,8 @@ class Stream {
   // or StreamTimeout naming the stream when `timeout` passes first.
   virtual void Synchronize(milliseconds timeout = kNoTimeout) = 0;
   // Runs `callback` on a host thread once the work enqueued before it has run. For
-  // observers only: it must not enqueue work or touch device memory.
+  // observers only: it must not enqueue work or touch device memory. A callback that
+  // throws fails the stream, as failed work does.
   virtual void HostCallback(std::function<void()> callback) = 0;
 };
 

@@ -287,12 +287,13 @@ std::vector<CheckpointListing> ListCheckpoints(const std::string& path, bool ver
 }
 
 CheckpointWriter::CheckpointWriter(std::string path, int64_t keep, const api::ModelShape& shape,
-                                   const api::ParallelLayout& layout, int rank,
+                                   const api::ParallelLayout& layout, int vocab_multiple, int rank,
                                    std::function<void(const std::string&)> log_error)
     : path_(std::move(path)),
       keep_(keep),
       shape_(shape),
       layout_(layout),
+      vocab_multiple_(vocab_multiple),
       rank_(rank),
       log_error_(std::move(log_error)),
       thread_([this] { Loop(); }) {}
@@ -425,7 +426,7 @@ void CheckpointWriter::Finish(const TrainingPosition& position, const std::strin
   }
   const Json meta = {{"format", kFormat},
                      {"version", kVersion},
-                     {"vocabMultiple", api::kVocabMultiple},
+                     {"vocabMultiple", vocab_multiple_},
                      {"step", position.step},
                      {"dataPosition", position.data_position},
                      {"model", ShapeJson(shape_)},

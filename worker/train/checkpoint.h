@@ -103,10 +103,12 @@ struct CheckpointStats {
 // Thread-safety: one thread calls Save and Wait; stats() may be called from any thread.
 class CheckpointWriter {
  public:
-  // `path` and `keep` from spec.checkpoint; this is `rank` of `layout`; `shape` goes into
-  // the metadata. Failures go to `log_error` (called on the writer thread).
+  // `path` and `keep` from spec.checkpoint; this is `rank` of `layout`; `shape` and the
+  // engine's vocabulary padding (Engine::vocab_multiple, which decides how the root unit
+  // splits into shards) go into the metadata. Failures go to `log_error` (called on the
+  // writer thread).
   CheckpointWriter(std::string path, int64_t keep, const api::ModelShape& shape, const api::ParallelLayout& layout,
-                   int rank, std::function<void(const std::string&)> log_error);
+                   int vocab_multiple, int rank, std::function<void(const std::string&)> log_error);
   ~CheckpointWriter();  // waits for the write in progress
 
   // Removes what an interrupted run left half-written. Rank 0 calls it before any rank
@@ -131,6 +133,7 @@ class CheckpointWriter {
   const int64_t keep_;
   const api::ModelShape shape_;
   const api::ParallelLayout layout_;
+  const int vocab_multiple_;
   const int rank_;
   const std::function<void(const std::string&)> log_error_;
 

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "api/environment.h"
 #include "api/model_shape.h"
 #include "worker/kernels/cpu/cpu_ops.h"
 #include "worker/parallel/sharded_engine.h"
@@ -53,6 +54,31 @@ std::unique_ptr<kernels::Ops<P>> CpuOps(runtime::Backend&, runtime::CachingAlloc
 
 }  // namespace
 
+std::unique_ptr<comm::StreamCollectives> ConnectDeviceWorld(const comm::WorkerEnvironment& env,
+                                                            const runtime::Device& device,
+                                                            const comm::Rendezvous& rendezvous,
+                                                            comm::Communicator& world,
+                                                            std::chrono::milliseconds timeout, std::string* note) {
+  std::string why;
+  const int devices = device.is_cuda() ? CudaDeviceCount(&why) : 0;
+  // Per rank: [trains on a GPU, has one of its own]; summed over the world.
+  int32_t counts[2] = {device.is_cuda() ? 1 : 0, device.is_cuda() && env.nproc_per_node <= devices ? 1 : 0};
+  world.AllReduce(counts, counts, 2, comm::DataType::kInt32, comm::ReduceOp::kSum)->Wait();
+  if (counts[0] != 0 && counts[0] != env.world_size) {
+    throw std::invalid_argument(std::to_string(counts[0]) + " of " + std::to_string(env.world_size) +
+                                " ranks have a GPU and the others do not; a job's ranks train on one kind of device");
+  }
+  if (counts[0] == 0) return nullptr;
+  if (counts[1] < env.world_size) {
+    *note = "ranks share a GPU (" + std::to_string(env.nproc_per_node) + " ranks on " + std::to_string(devices) +
+            " device(s) of node " + std::to_string(env.node_rank) +
+            ", or so on another node), which NCCL refuses: collectives are staged through pinned host memory over "
+            "the fabric, slowly";
+    return nullptr;
+  }
+  return CudaPluginOrNull(nullptr)->connect_nccl(rendezvous.table, env.rank, rendezvous.store, device.index, timeout);
+}
+
 parallel::ActivationPolicy ActivationPolicyOf(const api::ParallelismSpec& p) {
   return {p.activation_checkpointing, p.activation_offloading, int(p.activation_loading_horizon)};
 }
@@ -68,6 +94,8 @@ std::unique_ptr<parallel::Engine> MakeEngine(const api::TrainingJob& job, const 
   options.activations = ActivationPolicyOf(p);
   options.dropout = float(job.spec.model.dropout);
   options.dropout_seed = uint64_t(p.tensor_parallel_seed);
+  options.vocab_multiple = int(api::EnvironmentInteger("MESHTRAIN_VOCAB_MULTIPLE", 1, 1 << 16, api::kVocabMultiple));
+  options.keep_units_gathered = api::EnvironmentInteger("MESHTRAIN_KEEP_UNITS_GATHERED", 0, 1, 0) == 1;
 
   std::shared_ptr<runtime::Backend> backend;
   if (device.is_cuda()) {

@@ -5,11 +5,13 @@
 
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
 #include "api/layout.h"
 #include "api/training_job.h"
+#include "worker/comm/bootstrap.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/stream_collectives.h"
 #include "worker/parallel/engine.h"
@@ -28,9 +30,23 @@ runtime::DeviceChoice ChooseDeviceHere(const std::string& precision, int local_r
 // The CPU's kernel table for a job, from MESHTRAIN_CPU_KERNELS: "fp32" (the default),
 // "bf16" (the emulation of the GPU's numerics) or "fp64" (the reference); and the strict
 // backend's jitter and poison from MESHTRAIN_CPU_JITTER_SEED and MESHTRAIN_CPU_POISON
-// (runtime/cpu_backend.h). Tests set them for the ranks they launch. Throws
-// std::invalid_argument naming a malformed variable.
+// (runtime/cpu_backend.h); MakeEngine also reads MESHTRAIN_VOCAB_MULTIPLE (the engine's
+// vocabulary padding, 128; 1 for tests that compare against the unpadded engine) and
+// MESHTRAIN_KEEP_UNITS_GATHERED (1: replicated, EngineOptions::keep_units_gathered, what
+// bench train --compare replicated measures at world 1). Tests and benchmarks set them for
+// the ranks they launch. Throws std::runtime_error naming a malformed variable.
 std::string CpuKernelsFromEnvironment();
+
+// The world's collectives on the device for a rank on `device`: NCCL when every rank
+// trains on a GPU of its own; null otherwise (the host's, through `world`: on GPUs that
+// ranks share, the staged fallback), with *note saying why. Collective: every rank of
+// `world` calls it. Throws std::invalid_argument when some ranks have a GPU and others do
+// not, and comm::CommError when NCCL cannot connect within `timeout`.
+std::unique_ptr<comm::StreamCollectives> ConnectDeviceWorld(const comm::WorkerEnvironment& env,
+                                                            const runtime::Device& device,
+                                                            const comm::Rendezvous& rendezvous,
+                                                            comm::Communicator& world,
+                                                            std::chrono::milliseconds timeout, std::string* note);
 
 // How the job keeps activations (spec.parallelism's checkpointing, offloading, horizon).
 parallel::ActivationPolicy ActivationPolicyOf(const api::ParallelismSpec& parallelism);

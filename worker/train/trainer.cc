@@ -102,7 +102,7 @@ Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime
     // before that step's collectives, which need rank 0.
     if (rank == 0) CheckpointWriter::RemovePartial(checkpoint.path);
     checkpoints_ = std::make_unique<CheckpointWriter>(
-        checkpoint.path, checkpoint.keep, shape, layout_, rank,
+        checkpoint.path, checkpoint.keep, shape, layout_, engine_->vocab_multiple(), rank,
         [rank](const std::string& error) { std::fprintf(stderr, "rank %d: error: %s\n", rank, error.c_str()); });
   }
   if (!resumed_from_ && !job.spec.model.init.from.empty()) {

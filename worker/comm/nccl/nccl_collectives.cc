@@ -37,7 +37,7 @@ void MakeCurrent(int device, const std::string& what) {
   }
 }
 
-// The communicators of one world: the world's and those split from it, which AbortNccl
+// The communicators of one world: the world's and those split from it, which Abort()
 // ends together. Holds the CUDA backend whose timers time the operations.
 class NcclWorld {
  public:
@@ -141,6 +141,7 @@ class NcclCollectives final : public StreamCollectives {
   }
 
   void Reserve(size_t) override {}  // NCCL keeps its own buffers
+  void Abort() override { AbortWorld(); }
 
   CollectiveSeconds Seconds() override {
     CollectiveSeconds seconds;
@@ -248,15 +249,6 @@ std::unique_ptr<StreamCollectives> ConnectNcclCollectives(const api::RankTable& 
   shared->Add(handle);
   handle->AwaitReady(what, "the " + std::to_string(world.size()) + " ranks did not all connect", timeout);
   return std::make_unique<NcclCollectives>(std::move(shared), std::move(handle), std::move(world));
-}
-
-void AbortNccl(StreamCollectives& collectives) {
-  auto* nccl = dynamic_cast<NcclCollectives*>(&collectives);
-  if (nccl == nullptr) {
-    throw std::invalid_argument("AbortNccl: group " + collectives.group().Describe() + " runs on " +
-                                collectives.Describe() + ", not on NCCL");
-  }
-  nccl->AbortWorld();
 }
 
 }  // namespace meshtrain::comm

@@ -5,17 +5,19 @@
 // Communicators are non-blocking. A call that answers ncclInProgress is waited for
 // before the next; NCCL's asynchronous error is polled before every call and thrown as
 // CommError naming the operation and the group. A stuck peer leaves the stream
-// unfinished: the engine's bounded Synchronize fails, and AbortNccl() ends the
-// communicators so that their kernels stop and the streams drain (NCCL's abort stops the
-// kernels that run; with NCCL 2.28 it was seen to wait for one still queued behind other
-// work on its stream, which then starts and stops). A group destroyed with operations still pending after a grace aborts
-// its own communicator; otherwise it is closed (finalize, then destroy): a communicator
-// is aborted or destroyed, never both.
+// unfinished: the engine's bounded Synchronize fails, and Abort() ends the communicators
+// of the whole world (the world's and every group split from it) so that their kernels
+// stop and the streams drain; every later operation on any of them throws CommError.
+// (NCCL's abort stops the kernels that run; with NCCL 2.28 it was seen to wait for one
+// still queued behind other work on its stream, which then starts and stops.) A group
+// destroyed with operations still pending after a grace aborts its own communicator;
+// otherwise it is closed (finalize, then destroy): a communicator is aborted or
+// destroyed, never both.
 // Groups are named as Communicator::SplitAxis names them ("tp{0-3}"), so the engine's
 // messages read the same on every backend. Seconds() times each operation with CUDA
 // events on its stream.
-// Thread-safety: one thread issues a group's operations; AbortNccl may be called from
-// any thread.
+// Thread-safety: one thread issues a group's operations; Abort may be called from any
+// thread.
 
 #pragma once
 
@@ -36,13 +38,5 @@ namespace meshtrain::comm {
 std::unique_ptr<StreamCollectives> ConnectNcclCollectives(const api::RankTable& table, int rank,
                                                           std::shared_ptr<StoreClient> store, int device,
                                                           std::chrono::milliseconds timeout);
-
-// Ends every NCCL communicator of the world `collectives` belongs to: the world's and
-// every group split from it, since the engine cannot tell which group a stuck peer
-// holds up. For when a stream's Synchronize timed out: the kernels stop, the streams
-// drain, and every later operation on any of these groups throws CommError. Idempotent.
-// REQUIRES: `collectives` came from ConnectNcclCollectives or its SplitAxis
-// (std::invalid_argument naming it otherwise).
-void AbortNccl(StreamCollectives& collectives);
 
 }  // namespace meshtrain::comm

@@ -42,6 +42,8 @@ static_assert(sizeof(runtime::bf16) == sizeof(bf16));
 // Partial sums of LayerNorm's backward (2C a block) and of the bias gradient (OC a row
 // range): 4 MiB each, enough for the largest rows the kernels take.
 constexpr int64_t kPartialFloats = int64_t{1} << 20;
+// The embedding's backward sorts a micro-batch's rows by token: up to this many rows.
+constexpr int64_t kMaxEncoderRows = int64_t{1} << 18;
 
 template <class T>
 T* Raw(runtime::DevicePtr<T> p) {
@@ -76,6 +78,8 @@ class CudaOps final : public Ops<Bf16> {
     layernorm_partials_ = DeviceArray<float>(allocator, kPartialFloats, MemoryCategory::kActivations);
     bias_partials_ = DeviceArray<float>(allocator, kPartialFloats, MemoryCategory::kActivations);
     norm_partials_ = DeviceArray<double>(allocator, kSumSquaresBlocks, MemoryCategory::kOptimizer);
+    encoder_scratch_ = DeviceArray<std::byte>(allocator, int64_t(EncoderBackwardScratchBytes(kMaxEncoderRows)),
+                                              MemoryCategory::kActivations);
   }
 
   ~CudaOps() override {
@@ -111,7 +115,8 @@ class CudaOps final : public Ops<Bf16> {
 
   void EncoderBackward(Out<Acc> dwte, Out<Acc> dwpe, In<Act> dout, In<int32_t> tokens, int B, int T, int C,
                        int64_t v_begin, int64_t v_rows, Stream& stream) override {
-    cuda::EncoderBackward(Raw(dwte), Raw(dwpe), Raw(dout), Raw(tokens), B, T, C, v_begin, v_rows, Handle(stream));
+    cuda::EncoderBackward(Raw(dwte), Raw(dwpe), Raw(dout), Raw(tokens), B, T, C, v_begin, v_rows,
+                          Raw(encoder_scratch_.get()), kMaxEncoderRows, Handle(stream));
   }
 
   // --- LayerNorm ---
@@ -423,6 +428,7 @@ class CudaOps final : public Ops<Bf16> {
   bool warned_about_scores_ = false;
   DeviceArray<float> layernorm_partials_, bias_partials_;
   DeviceArray<double> norm_partials_;
+  DeviceArray<std::byte> encoder_scratch_;
 };
 
 }  // namespace

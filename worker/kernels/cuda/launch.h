@@ -35,12 +35,13 @@ struct Segment {
 // --- Embedding ---
 void EncoderForward(bf16* out, const int32_t* tokens, const bf16* wte, const bf16* wpe, int B, int T, int C,
                     int64_t v_begin, int64_t v_rows, cudaStream_t stream);
-// Deterministic without atomics: the first row that holds a token sums every row that
-// holds it, in row order, into its row of dwte; dwpe sums over the batch in order.
-// REQUIRES: C <= kMaxEncoderChannels.
-constexpr int kMaxEncoderChannels = 16384;
+// Deterministic without atomics: the rows sorted by token (in scratch), each token's rows
+// summed into its row of dwte in an order fixed by the tokens; dwpe sums over the batch
+// in order. `scratch`: EncoderBackwardScratchBytes(max_rows) bytes, 256-byte aligned.
+// REQUIRES: B * T <= max_rows.
+size_t EncoderBackwardScratchBytes(int64_t max_rows);
 void EncoderBackward(float* dwte, float* dwpe, const bf16* dout, const int32_t* tokens, int B, int T, int C,
-                     int64_t v_begin, int64_t v_rows, cudaStream_t stream);
+                     int64_t v_begin, int64_t v_rows, void* scratch, int64_t max_rows, cudaStream_t stream);
 
 // --- LayerNorm ---
 // With a and b: residual = a + b (residual may alias either), then the LayerNorm of the
@@ -95,7 +96,7 @@ void AddLoss(double* sum, const float* losses, int64_t R, double scale, cudaStre
 void Accumulate(float* into, const float* from, int64_t n, cudaStream_t stream);
 void Cast(bf16* to, const float* from, int64_t n, cudaStream_t stream);
 // `partials`: kSumSquaresBlocks doubles.
-constexpr int kSumSquaresBlocks = 512;
+constexpr int kSumSquaresBlocks = 1024;
 void SumSquares(double* sum, const float* grads, const Segment* segments, int count, double* partials,
                 cudaStream_t stream);
 void ClipScale(float* scale, const double* sum_of_squares, float max_norm, cudaStream_t stream);
