@@ -389,7 +389,10 @@ TEST_F(CudaOps, DISABLED_Gpt2BlockTimings) {
   auto w_qkv = bf(3 * C * C), w_fc = bf(4 * C * C), w_proj = bf(C * 4 * C), bias = bf(4 * C), lnw = bf(C);
   auto wte = bf(int64_t(V) * C);
   auto dw = fl(4 * C * C), db = fl(4 * C), mean = fl(N), rstd = fl(N);
-  gpu_.ops->Attention(B, T, NH, HS);
+  const bool fused = gpu_.ops->Attention(B, T, NH, HS) == AttentionKind::kFused;
+  std::printf("attention: %s, state %lld floats, backward scratch %lld bytes\n", fused ? "fused (cuDNN)" : "scores",
+              static_cast<long long>(gpu_.ops->AttentionStateElements(B, T, NH, HS)),
+              static_cast<long long>(gpu_.ops->AttentionScratchBytes(B, T, NH, HS)));
   auto state = fl(gpu_.ops->AttentionStateElements(B, T, NH, HS));
   auto scratch = gpu_.Poisoned<std::byte>(gpu_.ops->AttentionScratchBytes(B, T, NH, HS));
   auto dqkv = bf(N * 3 * C), logits = bf(4096 * int64_t(V));

@@ -235,21 +235,6 @@ TEST_F(NcclCollectivesTest, AnotherBackendsStreamIsRefusedByName) {
   }
 }
 
-class NotNccl final : public StreamCollectives {
- public:
-  const Group& group() const override { return group_; }
-  std::string Describe() const override { return "fabric"; }
-  void AllGather(runtime::ConstDeviceBytes, DeviceBytes, size_t, DataType, runtime::Stream&) override {}
-  void ReduceScatter(runtime::ConstDeviceBytes, DeviceBytes, size_t, DataType, ReduceOp, runtime::Stream&) override {}
-  void AllReduce(runtime::ConstDeviceBytes, DeviceBytes, size_t, DataType, ReduceOp, runtime::Stream&) override {}
-  void Reserve(size_t) override {}
-  CollectiveSeconds Seconds() override { return {}; }
-  std::unique_ptr<StreamCollectives> SplitAxis(const api::ParallelLayout&, api::Axis) override { return nullptr; }
-
- private:
-  Group group_{"world", {0}, {0}, 0};
-};
-
 // Aborting one group ends every group of the world; each later operation names itself,
 // its group and the abort, and the groups are destroyed without being destroyed twice.
 TEST_F(NcclCollectivesTest, AbortEndsEveryGroupOfTheWorld) {
@@ -259,8 +244,8 @@ TEST_F(NcclCollectivesTest, AbortEndsEveryGroupOfTheWorld) {
   DeviceBytes buffer = Buffer(4096);
   world->AllReduce(buffer, buffer, 1024, DataType::kFloat32, ReduceOp::kSum, *stream_);
   stream_->Synchronize(30s);
-  AbortNccl(*tp);
-  AbortNccl(*tp);  // idempotent
+  tp->Abort();
+  tp->Abort();  // idempotent
   for (auto* group : {world.get(), tp.get()}) {
     try {
       group->AllReduce(buffer, buffer, 1024, DataType::kFloat32, ReduceOp::kSum, *stream_);
@@ -272,8 +257,6 @@ TEST_F(NcclCollectivesTest, AbortEndsEveryGroupOfTheWorld) {
       EXPECT_NE(message.find("aborted"), std::string::npos) << message;
     }
   }
-  NotNccl other;
-  EXPECT_THROW(AbortNccl(other), std::invalid_argument);
   tp.reset();
   world.reset();
   // The device is still good for a new world.

@@ -1,5 +1,6 @@
 // Elementwise kernels (launch.h): one thread per 128 bits (8 bf16 or 4 fp32) where every
-// pointer is 16-byte aligned and the length divides, else one per element.
+// pointer is 16-byte aligned (a partial last vector element by element), else one thread
+// per element.
 
 #include <type_traits>
 

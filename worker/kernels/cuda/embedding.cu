@@ -1,6 +1,6 @@
 // The embedding's kernels (launch.h): the forward gathers rows of wte and wpe with 128-bit
-// loads; the backward sums without atomics, in an order fixed by the tokens, so it
-// repeats bit for bit.
+// loads; the backward sorts the rows by token and sums each token's rows without atomics,
+// in an order fixed by the tokens, so it repeats bit for bit.
 
 #include <cub/device/device_radix_sort.cuh>
 
