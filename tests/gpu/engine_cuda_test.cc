@@ -88,7 +88,9 @@ class EngineOnCuda : public ::testing::Test {
     std::printf("%s: loss %.4f -> %.4f against %.4f -> %.4f, worst relative difference %.2e\n", what.c_str(),
                 got.front(), got.back(), want.front(), want.back(), worst);
     EXPECT_LE(worst, kBf16Tolerance) << what;
-    if (whole_run) EXPECT_LT(got.back(), got.front() - 0.5) << what << ": the model does not learn";
+    if (whole_run) {
+      EXPECT_LT(got.back(), got.front() - 0.5) << what << ": the model does not learn";
+    }
   }
 
   fs::path dir_;

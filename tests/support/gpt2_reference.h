@@ -1,12 +1,19 @@
-// GPT-2 on the CPU, whole on one device: pre-LayerNorm blocks, learned positions, GELU
-// MLP, tied LM head. The reference the sharded engine is checked against; both run the
-// per-unit math of blocks.h.
+// GPT-2 whole on one rank: the reference the sharded engine is checked against
+// (tests/unit/engine_test.cc: one rank of the engine equals the whole model, bit for bit;
+// tests/unit/model_test.cc: its gradients against finite differences, fp32 against fp64).
 //
-// Forward keeps every activation for Backward (llm.c style); Backward accumulates
-// parameter gradients into grads(), so gradient accumulation is a loop of
-// Forward/Backward between ZeroGrad() calls. T is float for training and double
-// for reference checks. Not thread-safe: one model per training thread (the kernels
-// inside use OpenMP).
+// It is the engine with everything the engine adds taken away: one stream on a CPU
+// backend, the kernel table of precision P, and the whole model in one parameter buffer
+// laid out by ParameterLayout(shape, 0, 1, vocab_multiple) (no shards, no TP, no slots,
+// no activation store). It runs the same layer functions (model/blocks.h) in the same
+// order as the engine does on one rank: EmbedForward, BlockForward per block, then
+// HeadForward, which in a training forward also runs the head's backward (llm.c's fused
+// classifier); Backward runs the blocks' backward in reverse, then EmbedBackward.
+//
+// Like the engine, it keeps fp32 (Acc) master weights and a compute copy in P::Act, cast
+// from them; parameter gradients accumulate between ZeroGrad() calls, so micro-batches
+// are a loop of training Forward and Backward. Every activation is kept (llm.c style).
+// Not thread-safe: one thread drives it (the kernels inside use OpenMP).
 
 #pragma once
 
@@ -14,44 +21,93 @@
 #include <memory>
 #include <vector>
 
+#include "api/engine_memory.h"
+#include "api/model_shape.h"
+#include "worker/kernels/ops.h"
 #include "worker/model/blocks.h"
 #include "worker/model/parameters.h"
+#include "worker/runtime/cpu_backend.h"
+#include "worker/runtime/device_memory.h"
 #include "worker/runtime/memory.h"
 
-namespace meshtrain::model {
+namespace meshtrain::testing {
 
-template <class T>
-class Gpt2 {
+template <class P>
+class Gpt2Reference {
  public:
-  // Sized for micro-batches of at most `max_batch` sequences of at most `max_seq` (<= shape.seq_len) tokens.
-  // Memory comes from `allocator` (params, grads, activations), or from the model's own when null.
-  Gpt2(const api::ModelShape& shape, int max_batch, int max_seq, runtime::CachingAllocator* allocator = nullptr);
+  using A = typename P::Act;
+  using G = typename P::Acc;
 
-  const ParameterLayout& layout() const { return layout_; }
-  runtime::Buffer<T>& params() { return params_; }
-  const runtime::Buffer<T>& params() const { return params_; }
-  runtime::Buffer<T>& grads() { return grads_; }
+  // What a training forward adds: the weight of its mean loss, and dropout's masks (as
+  // the engine keys them: model::DropoutSpec).
+  struct Training {
+    float loss_weight = 1;
+    model::DropoutSpec dropout{};
+  };
 
-  // Runs the model on inputs (B,Tn). With targets (B,Tn) it returns the mean
-  // cross-entropy loss; without, it returns 0 and only probabilities are computed.
-  double Forward(const int32_t* inputs, const int32_t* targets, int B, int Tn);
+  // Sized for micro-batches of at most max_batch x max_seq (<= shape.seq_len), with
+  // parameters initialised from `seed` as the engine initialises its shards. Throws
+  // std::invalid_argument for a max_seq past the model's.
+  Gpt2Reference(const api::ModelShape& shape, int max_batch, int max_seq, uint64_t seed, int vocab_multiple = 1,
+                runtime::CpuBackendOptions backend = {});
+  ~Gpt2Reference();
+  Gpt2Reference(const Gpt2Reference&) = delete;
+  Gpt2Reference& operator=(const Gpt2Reference&) = delete;
 
-  // Backward of the last Forward (which needs targets): grads += loss_scale * d(mean loss)/d(params).
-  void Backward(T loss_scale);
+  const model::ParameterLayout& layout() const { return layout_; }
 
+  // The model on inputs (B,T) against targets (B,T). Returns what it adds to a loss sum:
+  // the mean cross-entropy times training->loss_weight (1 without training). With
+  // `training`, the head's backward runs too and Backward() may follow. Throws
+  // std::invalid_argument for a micro-batch larger than the model was built for and
+  // std::out_of_range for a token outside the vocabulary.
+  double Forward(const int32_t* inputs, const int32_t* targets, int B, int T, const Training* training = nullptr);
+  // grads += the gradient of the last training Forward's weighted mean loss. Throws
+  // std::logic_error without one.
+  void Backward();
   void ZeroGrad();
 
-  // Next-token probabilities (V) at position t of sequence b of the last Forward.
-  const T* Probabilities(int b, int t) const;
+  // Host copies, in this layout's order (padding rows included).
+  std::vector<G> Params();
+  std::vector<G> Grads();
+  // Replaces the master weights (and their compute copy). REQUIRES: layout().total() elements.
+  void SetParams(const std::vector<G>& params);
+  // The model's elements of `layout_order` (a Params() or Grads()), without the padding:
+  // the single-rank, unpadded order of the engine's Weights() and of checkpoints.
+  std::vector<G> ModelElements(const std::vector<G>& layout_order) const;
+
+  // Probabilities (V) of the token that follows tokens[0..n), in fp64 from the logits.
+  std::vector<double> NextTokenProbabilities(const int32_t* tokens, int n);
+
+  const runtime::MemoryAccounting& accounting() const { return accounting_; }
 
  private:
-  ParameterLayout layout_;
+  // Checks the micro-batch and copies it to the device.
+  void Stage(const int32_t* inputs, const int32_t* targets, int B, int T);
+  model::Dims DimsOf(int B, int T) const;
+  // Embedding and blocks, into blocks_'s activations; the head's input is the last output.
+  void RunTrunk(const model::Dims& d);
+  runtime::DevicePtr<A> Input(int l) const;
+  model::Context<P> Context() { return {*ops_, *stream_, nullptr}; }
+
+  model::ParameterLayout layout_;
   int max_batch_, max_seq_;
-  runtime::MemoryAccounting own_accounting_;
-  std::unique_ptr<runtime::CachingAllocator> own_allocator_;
-  runtime::Buffer<T> params_, grads_, acts_buffer_;
-  ModelActivations<T> acts_;
-  MicroBatch batch_tokens_;
+  std::shared_ptr<runtime::CpuBackend> backend_;
+  runtime::MemoryAccounting accounting_;
+  runtime::CachingAllocator allocator_;
+  std::unique_ptr<kernels::Ops<P>> ops_;
+  std::unique_ptr<runtime::Stream> stream_;
+  api::EngineTypes types_;
+  runtime::DeviceArray<G> master_, grads_;
+  runtime::DeviceArray<A> params_, encoded_;
+  runtime::DeviceArray<int32_t> tokens_, targets_;
+  runtime::DeviceArray<double> loss_;
+  runtime::DeviceArray<std::byte> blocks_memory_, head_memory_, scratch_memory_;
+  std::vector<model::BlockActivations<P>> blocks_;
+  model::HeadActivations<P> head_{};
+  model::BlockScratch<P> scratch_{};
+  model::Dims trained_{};  // the last training Forward's dims
+  bool can_backward_ = false;
 };
 
-}  // namespace meshtrain::model
+}  // namespace meshtrain::testing

@@ -82,10 +82,10 @@ struct OpsSide {
   }
   template <class T>
   std::vector<double> Get(runtime::DevicePtr<T> from, int64_t n) {
-    std::vector<std::remove_const_t<T>> host(size_t(n));
+    std::vector<std::remove_const_t<T>> host(static_cast<size_t>(n));
     backend->Download(host.data(), runtime::DevicePtr<const T>(from), n, *stream);
     stream->Synchronize();
-    std::vector<double> values(size_t(n));
+    std::vector<double> values(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) values[size_t(i)] = ToDouble(host[size_t(i)]);
     return values;
   }
@@ -133,7 +133,7 @@ class OpsConformance : public ::testing::Test {
   template <class T>
   std::vector<double> Random(int64_t n, double scale = 1.0) {
     std::normal_distribution<double> normal(0.0, scale);
-    std::vector<double> values(size_t(n));
+    std::vector<double> values(static_cast<size_t>(n));
     for (double& v : values) {
       do v = OpsSide<P>::ToDouble(OpsSide<P>::template Convert<T>(normal(rng_)));
       while (v == 0.0);
@@ -142,7 +142,7 @@ class OpsConformance : public ::testing::Test {
   }
   std::vector<double> Tokens(int64_t n, int32_t below) {
     std::uniform_int_distribution<int32_t> pick(0, below - 1);
-    std::vector<double> tokens(size_t(n));
+    std::vector<double> tokens(static_cast<size_t>(n));
     for (double& t : tokens) t = pick(rng_);
     return tokens;
   }
@@ -170,25 +170,25 @@ class OpsConformance : public ::testing::Test {
 TYPED_TEST_SUITE_P(OpsConformance);
 
 TYPED_TEST_P(OpsConformance, Encoder) {
-  using A = typename TestFixture::A;
-  using G = typename TestFixture::G;
+  using Act = typename TestFixture::A;
+  using Acc = typename TestFixture::G;
   auto& impl = this->impl_;
   auto& ref = this->ref_;
   const int B = 2, T = 37, C = 96, Vp = 256;
   const int64_t v_begin = 100, v_rows = 150;  // a slice of 150 real rows in 256, of a vocabulary of 400
-  const auto tokens = this->Tokens(B * T, 400), wte = this->template Random<A>(Vp * C), wpe = this->template Random<A>(T * C);
+  const auto tokens = this->Tokens(B * T, 400), wte = this->template Random<Act>(Vp * C), wpe = this->template Random<Act>(T * C);
   for (bool positions : {true, false}) {
-    auto out = impl.template Poisoned<A>(B * T * C);
-    impl.ops->EncoderForward(out, impl.template Put<int32_t>(tokens), impl.template Put<A>(wte),
-                             positions ? impl.template Put<A>(wpe) : nullptr, B, T, C, v_begin, v_rows, *impl.stream);
+    auto out = impl.template Poisoned<Act>(B * T * C);
+    impl.ops->EncoderForward(out, impl.template Put<int32_t>(tokens), impl.template Put<Act>(wte),
+                             positions ? impl.template Put<Act>(wpe) : nullptr, B, T, C, v_begin, v_rows, *impl.stream);
     auto ref_out = ref.template Poisoned<double>(B * T * C);
     ref.ops->EncoderForward(ref_out, ref.template Put<int32_t>(tokens), ref.template Put<double>(wte),
                             positions ? ref.template Put<double>(wpe) : nullptr, B, T, C, v_begin, v_rows, *ref.stream);
     this->ExpectClose(impl.Get(out, B * T * C), ref.Get(ref_out, B * T * C), positions ? "EncoderForward" : "EncoderForward without wpe");
   }
-  const auto dout = this->template Random<A>(B * T * C), dwte0 = this->template Random<G>(Vp * C), dwpe0 = this->template Random<G>(T * C);
-  auto dwte = impl.template Put<G>(dwte0), dwpe = impl.template Put<G>(dwpe0);
-  impl.ops->EncoderBackward(dwte, dwpe, impl.template Put<A>(dout), impl.template Put<int32_t>(tokens), B, T, C, v_begin, v_rows, *impl.stream);
+  const auto dout = this->template Random<Act>(B * T * C), dwte0 = this->template Random<Acc>(Vp * C), dwpe0 = this->template Random<Acc>(T * C);
+  auto dwte = impl.template Put<Acc>(dwte0), dwpe = impl.template Put<Acc>(dwpe0);
+  impl.ops->EncoderBackward(dwte, dwpe, impl.template Put<Act>(dout), impl.template Put<int32_t>(tokens), B, T, C, v_begin, v_rows, *impl.stream);
   auto ref_dwte = ref.template Put<double>(dwte0), ref_dwpe = ref.template Put<double>(dwpe0);
   ref.ops->EncoderBackward(ref_dwte, ref_dwpe, ref.template Put<double>(dout), ref.template Put<int32_t>(tokens), B, T, C, v_begin, v_rows, *ref.stream);
   const auto got_dwte = impl.Get(dwte, Vp * C);
@@ -200,16 +200,16 @@ TYPED_TEST_P(OpsConformance, Encoder) {
 }
 
 TYPED_TEST_P(OpsConformance, LayerNorm) {
-  using A = typename TestFixture::A;
-  using G = typename TestFixture::G;
+  using Act = typename TestFixture::A;
+  using Acc = typename TestFixture::G;
   auto& impl = this->impl_;
   auto& ref = this->ref_;
-  for (const auto [N, C] : {std::pair{74, 96}, std::pair{16, 768}}) {
-    const auto x = this->template Random<A>(N * C, 2.0), y = this->template Random<A>(N * C), w = this->template Random<A>(C),
-               b = this->template Random<A>(C);
-    auto out = impl.template Poisoned<A>(N * C);
-    auto mean = impl.template Poisoned<G>(N), rstd = impl.template Poisoned<G>(N);
-    impl.ops->LayerNormForward(out, mean, rstd, impl.template Put<A>(x), impl.template Put<A>(w), impl.template Put<A>(b), N, C, *impl.stream);
+  for (const auto& [N, C] : {std::pair{74, 96}, std::pair{16, 768}}) {
+    const auto x = this->template Random<Act>(N * C, 2.0), y = this->template Random<Act>(N * C), w = this->template Random<Act>(C),
+               b = this->template Random<Act>(C);
+    auto out = impl.template Poisoned<Act>(N * C);
+    auto mean = impl.template Poisoned<Acc>(N), rstd = impl.template Poisoned<Acc>(N);
+    impl.ops->LayerNormForward(out, mean, rstd, impl.template Put<Act>(x), impl.template Put<Act>(w), impl.template Put<Act>(b), N, C, *impl.stream);
     auto ref_out = ref.template Poisoned<double>(N * C);
     auto ref_mean = ref.template Poisoned<double>(N), ref_rstd = ref.template Poisoned<double>(N);
     ref.ops->LayerNormForward(ref_out, ref_mean, ref_rstd, ref.template Put<double>(x), ref.template Put<double>(w), ref.template Put<double>(b), N, C, *ref.stream);
@@ -219,10 +219,10 @@ TYPED_TEST_P(OpsConformance, LayerNorm) {
     this->ExpectClose(impl.Get(rstd, N), ref.Get(ref_rstd, N), "LayerNormForward rstd" + at);
 
     // The residual as stored by the table, so the reference normalises the same numbers.
-    auto residual = impl.template Poisoned<A>(N * C);
-    out = impl.template Poisoned<A>(N * C);
-    impl.ops->ResidualLayerNormForward(residual, out, mean, rstd, impl.template Put<A>(x), impl.template Put<A>(y),
-                                       impl.template Put<A>(w), impl.template Put<A>(b), N, C, *impl.stream);
+    auto residual = impl.template Poisoned<Act>(N * C);
+    out = impl.template Poisoned<Act>(N * C);
+    impl.ops->ResidualLayerNormForward(residual, out, mean, rstd, impl.template Put<Act>(x), impl.template Put<Act>(y),
+                                       impl.template Put<Act>(w), impl.template Put<Act>(b), N, C, *impl.stream);
     const auto got_residual = impl.Get(residual, N * C);
     std::vector<double> sum(x.size());
     for (size_t i = 0; i < sum.size(); ++i) sum[i] = x[i] + y[i];
@@ -230,13 +230,13 @@ TYPED_TEST_P(OpsConformance, LayerNorm) {
     ref.ops->LayerNormForward(ref_out, ref_mean, ref_rstd, ref.template Put<double>(got_residual), ref.template Put<double>(w), ref.template Put<double>(b), N, C, *ref.stream);
     this->ExpectClose(impl.Get(out, N * C), ref.Get(ref_out, N * C), "ResidualLayerNormForward out" + at);
 
-    const auto dout = this->template Random<A>(N * C), dinp0 = this->template Random<A>(N * C), dw0 = this->template Random<G>(C),
-               db0 = this->template Random<G>(C);
+    const auto dout = this->template Random<Act>(N * C), dinp0 = this->template Random<Act>(N * C), dw0 = this->template Random<Acc>(C),
+               db0 = this->template Random<Acc>(C);
     const auto m = impl.Get(mean, N), s = impl.Get(rstd, N);
-    auto dinp = impl.template Put<A>(dinp0);
-    auto dw = impl.template Put<G>(dw0), db = impl.template Put<G>(db0);
-    impl.ops->LayerNormBackward(dinp, dw, db, impl.template Put<A>(dout), impl.template Put<A>(got_residual), impl.template Put<A>(w),
-                                impl.template Put<G>(m), impl.template Put<G>(s), N, C, *impl.stream);
+    auto dinp = impl.template Put<Act>(dinp0);
+    auto dw = impl.template Put<Acc>(dw0), db = impl.template Put<Acc>(db0);
+    impl.ops->LayerNormBackward(dinp, dw, db, impl.template Put<Act>(dout), impl.template Put<Act>(got_residual), impl.template Put<Act>(w),
+                                impl.template Put<Acc>(m), impl.template Put<Acc>(s), N, C, *impl.stream);
     auto ref_dinp = ref.template Put<double>(dinp0);
     auto ref_dw = ref.template Put<double>(dw0), ref_db = ref.template Put<double>(db0);
     ref.ops->LayerNormBackward(ref_dinp, ref_dw, ref_db, ref.template Put<double>(dout), ref.template Put<double>(got_residual),
@@ -248,8 +248,8 @@ TYPED_TEST_P(OpsConformance, LayerNorm) {
 }
 
 TYPED_TEST_P(OpsConformance, Matmul) {
-  using A = typename TestFixture::A;
-  using G = typename TestFixture::G;
+  using Act = typename TestFixture::A;
+  using Acc = typename TestFixture::G;
   auto& impl = this->impl_;
   auto& ref = this->ref_;
   struct Case {
@@ -257,15 +257,15 @@ TYPED_TEST_P(OpsConformance, Matmul) {
     int K, OC;
     bool bias, gelu;
   };
-  for (const Case c : {Case{74, 96, 288, true, false}, Case{74, 96, 384, true, true}, Case{37, 128, 1000, false, false},
+  for (const Case& c : {Case{74, 96, 288, true, false}, Case{74, 96, 384, true, true}, Case{37, 128, 1000, false, false},
                        Case{256, 768, 3072, true, true}}) {
     const std::string at = " (N " + std::to_string(c.N) + ", K " + std::to_string(c.K) + ", OC " + std::to_string(c.OC) +
                            (c.bias ? ", bias" : "") + (c.gelu ? ", gelu" : "") + ")";
-    const auto x = this->template Random<A>(c.N * c.K), w = this->template Random<A>(int64_t(c.OC) * c.K, 0.05),
-               b = this->template Random<A>(c.OC);
-    auto out = impl.template Poisoned<A>(c.N * c.OC);
-    auto pre = c.gelu ? impl.template Poisoned<A>(c.N * c.OC) : nullptr;
-    impl.ops->MatmulForward(out, pre, impl.template Put<A>(x), impl.template Put<A>(w), c.bias ? impl.template Put<A>(b) : nullptr,
+    const auto x = this->template Random<Act>(c.N * c.K), w = this->template Random<Act>(int64_t(c.OC) * c.K, 0.05),
+               b = this->template Random<Act>(c.OC);
+    auto out = impl.template Poisoned<Act>(c.N * c.OC);
+    auto pre = c.gelu ? impl.template Poisoned<Act>(c.N * c.OC) : nullptr;
+    impl.ops->MatmulForward(out, pre, impl.template Put<Act>(x), impl.template Put<Act>(w), c.bias ? impl.template Put<Act>(b) : nullptr,
                             c.N, c.K, c.OC, *impl.stream);
     auto ref_out = ref.template Poisoned<double>(c.N * c.OC);
     auto ref_pre = c.gelu ? ref.template Poisoned<double>(c.N * c.OC) : nullptr;
@@ -279,12 +279,12 @@ TYPED_TEST_P(OpsConformance, Matmul) {
     }
 
     // Backward of a layer whose input was gelu(pre) when c.gelu: pre is (N, K) then.
-    const auto dout = this->template Random<A>(c.N * c.OC), dw0 = this->template Random<G>(int64_t(c.OC) * c.K),
-               db0 = this->template Random<G>(c.OC), in_pre = this->template Random<A>(c.N * c.K);
-    auto dinp = impl.template Poisoned<A>(c.N * c.K);
-    auto dw = impl.template Put<G>(dw0), db = impl.template Put<G>(db0);
-    impl.ops->MatmulBackward(dinp, dw, c.bias ? db : nullptr, impl.template Put<A>(dout), impl.template Put<A>(x), impl.template Put<A>(w),
-                             c.gelu ? impl.template Put<A>(in_pre) : nullptr, c.N, c.K, c.OC, *impl.stream);
+    const auto dout = this->template Random<Act>(c.N * c.OC), dw0 = this->template Random<Acc>(int64_t(c.OC) * c.K),
+               db0 = this->template Random<Acc>(c.OC), in_pre = this->template Random<Act>(c.N * c.K);
+    auto dinp = impl.template Poisoned<Act>(c.N * c.K);
+    auto dw = impl.template Put<Acc>(dw0), db = impl.template Put<Acc>(db0);
+    impl.ops->MatmulBackward(dinp, dw, c.bias ? db : nullptr, impl.template Put<Act>(dout), impl.template Put<Act>(x), impl.template Put<Act>(w),
+                             c.gelu ? impl.template Put<Act>(in_pre) : nullptr, c.N, c.K, c.OC, *impl.stream);
     auto ref_dinp = ref.template Poisoned<double>(c.N * c.K);
     auto ref_dw = ref.template Put<double>(dw0), ref_db = ref.template Put<double>(db0);
     ref.ops->MatmulBackward(ref_dinp, ref_dw, c.bias ? ref_db : nullptr, ref.template Put<double>(dout), ref.template Put<double>(x),
@@ -296,29 +296,29 @@ TYPED_TEST_P(OpsConformance, Matmul) {
 }
 
 TYPED_TEST_P(OpsConformance, Attention) {
-  using A = typename TestFixture::A;
-  using G = typename TestFixture::G;
+  using Act = typename TestFixture::A;
+  using Acc = typename TestFixture::G;
   auto& impl = this->impl_;
   auto& ref = this->ref_;
   struct Case {
     int B, T, NH, HS;
   };
-  for (const Case c : {Case{2, 37, 2, 64}, Case{1, 64, 1, 128}, Case{2, 128, 4, 64}}) {
+  for (const Case& c : {Case{2, 37, 2, 64}, Case{1, 64, 1, 128}, Case{2, 128, 4, 64}}) {
     const int C = c.NH * c.HS;
     const int64_t rows = int64_t(c.B) * c.T;
     const std::string at = " (B " + std::to_string(c.B) + ", T " + std::to_string(c.T) + ", heads " + std::to_string(c.NH) +
                            " of " + std::to_string(c.HS) + ")";
-    const auto qkv = this->template Random<A>(rows * 3 * C), dout = this->template Random<A>(rows * C);
+    const auto qkv = this->template Random<Act>(rows * 3 * C), dout = this->template Random<Act>(rows * C);
     impl.ops->Attention(c.B, c.T, c.NH, c.HS);
     const int64_t state_n = impl.ops->AttentionStateElements(c.B, c.T, c.NH, c.HS);
     const int64_t scratch_n = impl.ops->AttentionScratchBytes(c.B, c.T, c.NH, c.HS);
-    auto out = impl.template Poisoned<A>(rows * C);
-    auto state = impl.template Poisoned<G>(state_n);
+    auto out = impl.template Poisoned<Act>(rows * C);
+    auto state = impl.template Poisoned<Acc>(state_n);
     auto scratch = impl.template Poisoned<std::byte>(scratch_n);
-    auto dqkv = impl.template Poisoned<A>(rows * 3 * C);
-    auto impl_qkv = impl.template Put<A>(qkv);
+    auto dqkv = impl.template Poisoned<Act>(rows * 3 * C);
+    auto impl_qkv = impl.template Put<Act>(qkv);
     impl.ops->AttentionForward(out, state, impl_qkv, c.B, c.T, C, c.NH, *impl.stream);
-    impl.ops->AttentionBackward(dqkv, scratch, impl.template Put<A>(dout), impl_qkv, out, state, c.B, c.T, C, c.NH, *impl.stream);
+    impl.ops->AttentionBackward(dqkv, scratch, impl.template Put<Act>(dout), impl_qkv, out, state, c.B, c.T, C, c.NH, *impl.stream);
     auto ref_out = ref.template Poisoned<double>(rows * C);
     auto ref_state = ref.template Poisoned<double>(ref.ops->AttentionStateElements(c.B, c.T, c.NH, c.HS));
     auto ref_dqkv = ref.template Poisoned<double>(rows * 3 * C);
@@ -331,20 +331,20 @@ TYPED_TEST_P(OpsConformance, Attention) {
 }
 
 TYPED_TEST_P(OpsConformance, AddAndDropout) {
-  using A = typename TestFixture::A;
+  using Act = typename TestFixture::A;
   auto& impl = this->impl_;
   auto& ref = this->ref_;
   const int64_t rows = 37, width = 48, stride = 96, first_row = 1000, first_column = 48;
-  const auto a = this->template Random<A>(rows * width), b = this->template Random<A>(rows * width);
-  auto out = impl.template Poisoned<A>(rows * width);
-  impl.ops->Add(out, impl.template Put<A>(a), impl.template Put<A>(b), rows * width, *impl.stream);
+  const auto a = this->template Random<Act>(rows * width), b = this->template Random<Act>(rows * width);
+  auto out = impl.template Poisoned<Act>(rows * width);
+  impl.ops->Add(out, impl.template Put<Act>(a), impl.template Put<Act>(b), rows * width, *impl.stream);
   auto ref_out = ref.template Poisoned<double>(rows * width);
   ref.ops->Add(ref_out, ref.template Put<double>(a), ref.template Put<double>(b), rows * width, *ref.stream);
   this->ExpectClose(impl.Get(out, rows * width), ref.Get(ref_out, rows * width), "Add");
 
   const uint64_t key = kernels::MixKey(7, 3);
-  auto x = impl.template Put<A>(a);
-  auto y = impl.template Poisoned<A>(rows * width);
+  auto x = impl.template Put<Act>(a);
+  auto y = impl.template Poisoned<Act>(rows * width);
   impl.ops->Dropout(y, x, rows, int(width), 0.25f, key, first_row, stride, first_column, *impl.stream);
   impl.ops->Dropout(x, x, rows, int(width), 0.25f, key, first_row, stride, first_column, *impl.stream);  // in place
   EXPECT_EQ(impl.Get(x, rows * width), impl.Get(y, rows * width)) << "Dropout in place and out of place";
@@ -364,18 +364,18 @@ TYPED_TEST_P(OpsConformance, AddAndDropout) {
 }
 
 TYPED_TEST_P(OpsConformance, CrossEntropy) {
-  using A = typename TestFixture::A;
-  using G = typename TestFixture::G;
+  using Act = typename TestFixture::A;
+  using Acc = typename TestFixture::G;
   auto& impl = this->impl_;
   auto& ref = this->ref_;
-  for (const auto [R, v_rows, Vp] : {std::tuple<int64_t, int64_t, int64_t>{37, 1000, 1024}, {8, 50257, 50304}}) {
+  for (const auto& [R, v_rows, Vp] : {std::tuple<int64_t, int64_t, int64_t>{37, 1000, 1024}, {8, 50257, 50304}}) {
     const std::string at = " (" + std::to_string(R) + " rows, " + std::to_string(v_rows) + " of " + std::to_string(Vp) + " columns)";
-    auto logits = this->template Random<A>(R * Vp, 2.0);
+    auto logits = this->template Random<Act>(R * Vp, 2.0);
     const auto targets = this->Tokens(R, int32_t(v_rows));
     const float dloss = 1.0f / 64;
     for (bool gradient : {false, true}) {
-      auto losses = impl.template Poisoned<G>(R);
-      auto impl_logits = impl.template Put<A>(logits);
+      auto losses = impl.template Poisoned<Acc>(R);
+      auto impl_logits = impl.template Put<Act>(logits);
       impl.ops->CrossEntropy(losses, gradient ? impl_logits : nullptr, impl_logits, impl.template Put<int32_t>(targets), R, v_rows, Vp,
                              dloss, *impl.stream);  // the gradient in place over the logits
       auto ref_losses = ref.template Poisoned<double>(R);
@@ -396,12 +396,12 @@ TYPED_TEST_P(OpsConformance, CrossEntropy) {
 // The vocabulary in two slices (500 and 501 real rows, each padded to 512): the slices'
 // losses and gradients must be the whole vocabulary's (by the reference's CrossEntropy).
 TYPED_TEST_P(OpsConformance, VocabSlices) {
-  using A = typename TestFixture::A;
-  using G = typename TestFixture::G;
+  using Act = typename TestFixture::A;
+  using Acc = typename TestFixture::G;
   auto& impl = this->impl_;
   auto& ref = this->ref_;
   const int64_t R = 37, Vp = 512, rows[2] = {500, 501}, V = rows[0] + rows[1];
-  const auto whole = this->template Random<A>(R * V, 2.0);
+  const auto whole = this->template Random<Act>(R * V, 2.0);
   const auto targets = this->Tokens(R, int32_t(V));
   const float dloss = 0.5f;
   std::vector<double> slice[2];
@@ -412,9 +412,9 @@ TYPED_TEST_P(OpsConformance, VocabSlices) {
     }
   }
   auto device_targets = impl.template Put<int32_t>(targets);
-  auto all_stats = impl.template Poisoned<G>(2 * R * 3);
+  auto all_stats = impl.template Poisoned<Acc>(2 * R * 3);
   for (int s = 0; s < 2; ++s) {
-    impl.ops->VocabSliceStats(all_stats + s * R * 3, impl.template Put<A>(slice[s]), device_targets, R, rows[s], Vp,
+    impl.ops->VocabSliceStats(all_stats + s * R * 3, impl.template Put<Act>(slice[s]), device_targets, R, rows[s], Vp,
                               s ? rows[0] : 0, *impl.stream);
   }
   auto ref_losses = ref.template Poisoned<double>(R);
@@ -422,8 +422,8 @@ TYPED_TEST_P(OpsConformance, VocabSlices) {
   ref.ops->CrossEntropy(ref_losses, ref_dlogits, ref.template Put<double>(whole), ref.template Put<int32_t>(targets), R, V, V, dloss, *ref.stream);
   const auto want_losses = ref.Get(ref_losses, R), want_dlogits = ref.Get(ref_dlogits, R * V);
   for (int s = 0; s < 2; ++s) {
-    auto losses = impl.template Poisoned<G>(R);
-    auto logits = impl.template Put<A>(slice[s]);
+    auto losses = impl.template Poisoned<Acc>(R);
+    auto logits = impl.template Put<Act>(slice[s]);
     impl.ops->VocabSliceCrossEntropy(losses, logits, logits, all_stats, 2, device_targets, R, rows[s], Vp, s ? rows[0] : 0,
                                      dloss, *impl.stream);
     this->ExpectClose(impl.Get(losses, R), want_losses, "VocabSliceCrossEntropy losses, slice " + std::to_string(s));
@@ -441,26 +441,26 @@ TYPED_TEST_P(OpsConformance, VocabSlices) {
 }
 
 TYPED_TEST_P(OpsConformance, ShardOperations) {
-  using A = typename TestFixture::A;
-  using G = typename TestFixture::G;
+  using Act = typename TestFixture::A;
+  using Acc = typename TestFixture::G;
   auto& impl = this->impl_;
   auto& ref = this->ref_;
   const int64_t n = 100003;
-  const auto losses = this->template Random<G>(777), into = this->template Random<G>(n), from = this->template Random<G>(n);
+  const auto losses = this->template Random<Acc>(777), into = this->template Random<Acc>(n), from = this->template Random<Acc>(n);
   auto sum = impl.template Put<double>({1.5});
-  impl.ops->AddLoss(sum, impl.template Put<G>(losses), 777, 0.25, *impl.stream);
+  impl.ops->AddLoss(sum, impl.template Put<Acc>(losses), 777, 0.25, *impl.stream);
   auto ref_sum = ref.template Put<double>({1.5});
   ref.ops->AddLoss(ref_sum, ref.template Put<double>(losses), 777, 0.25, *ref.stream);
   this->ExpectClose(impl.Get(sum, 1), ref.Get(ref_sum, 1), "AddLoss", 1e-6);
 
-  auto acc = impl.template Put<G>(into);
-  impl.ops->Accumulate(acc, impl.template Put<G>(from), n, *impl.stream);
+  auto acc = impl.template Put<Acc>(into);
+  impl.ops->Accumulate(acc, impl.template Put<Acc>(from), n, *impl.stream);
   auto ref_acc = ref.template Put<double>(into);
   ref.ops->Accumulate(ref_acc, ref.template Put<double>(from), n, *ref.stream);
   this->ExpectClose(impl.Get(acc, n), ref.Get(ref_acc, n), "Accumulate", 1e-6);
 
-  auto cast = impl.template Poisoned<A>(n);
-  impl.ops->Cast(cast, impl.template Put<G>(from), n, *impl.stream);
+  auto cast = impl.template Poisoned<Act>(n);
+  impl.ops->Cast(cast, impl.template Put<Acc>(from), n, *impl.stream);
   this->ExpectClose(impl.Get(cast, n), from, "Cast");
 
   // Segments: two in the norm, one not, and a gap that belongs to none.
@@ -468,12 +468,12 @@ TYPED_TEST_P(OpsConformance, ShardOperations) {
   const int64_t covered = 90000;
   const auto seg_bytes = [&](auto& side) { return side.PutRaw(segments); };
   auto squares = impl.template Put<double>({2.0});
-  impl.ops->SumSquares(squares, impl.template Put<G>(from), seg_bytes(impl), 3, *impl.stream);
+  impl.ops->SumSquares(squares, impl.template Put<Acc>(from), seg_bytes(impl), 3, *impl.stream);
   auto ref_squares = ref.template Put<double>({2.0});
   ref.ops->SumSquares(ref_squares, ref.template Put<double>(from), seg_bytes(ref), 3, *ref.stream);
   this->ExpectClose(impl.Get(squares, 1), ref.Get(ref_squares, 1), "SumSquares", 1e-6);
 
-  for (const auto [sum_of_squares, max_norm, want] : {std::tuple{16.0, 1.0f, 0.25}, {0.25, 1.0f, 1.0}, {16.0, 0.0f, 1.0}}) {
+  for (const auto& [sum_of_squares, max_norm, want] : {std::tuple{16.0, 1.0f, 0.25}, {0.25, 1.0f, 1.0}, {16.0, 0.0f, 1.0}}) {
     auto scale = impl.template Poisoned<float>(1);
     impl.ops->ClipScale(scale, impl.template Put<double>({sum_of_squares}), max_norm, *impl.stream);
     EXPECT_NEAR(impl.Get(scale, 1)[0], want, 1e-7) << "ClipScale of norm " << std::sqrt(sum_of_squares) << " to " << max_norm;
@@ -481,13 +481,13 @@ TYPED_TEST_P(OpsConformance, ShardOperations) {
 
   kernels::AdamWStep step;
   step.learning_rate = 1e-3f, step.weight_decay = 0.1f, step.t = 3;
-  const auto master0 = this->template Random<G>(n), m0 = this->template Random<G>(n, 0.01), v0 = this->template Random<G>(n, 0.01);
+  const auto master0 = this->template Random<Acc>(n), m0 = this->template Random<Acc>(n, 0.01), v0 = this->template Random<Acc>(n, 0.01);
   std::vector<double> v_positive = v0;
   for (double& x : v_positive) x = std::abs(x);
   for (bool with_params : {true, false}) {
-    auto master = impl.template Put<G>(master0), m = impl.template Put<G>(m0), v = impl.template Put<G>(v_positive);
-    auto params = with_params ? impl.template Poisoned<A>(n) : nullptr;
-    impl.ops->AdamW(master, params, impl.template Put<G>(from), m, v, seg_bytes(impl), 3, step, impl.template Put<float>({0.5}), *impl.stream);
+    auto master = impl.template Put<Acc>(master0), m = impl.template Put<Acc>(m0), v = impl.template Put<Acc>(v_positive);
+    auto params = with_params ? impl.template Poisoned<Act>(n) : nullptr;
+    impl.ops->AdamW(master, params, impl.template Put<Acc>(from), m, v, seg_bytes(impl), 3, step, impl.template Put<float>({0.5}), *impl.stream);
     auto ref_master = ref.template Put<double>(master0), ref_m = ref.template Put<double>(m0), ref_v = ref.template Put<double>(v_positive);
     ref.ops->AdamW(ref_master, nullptr, ref.template Put<double>(from), ref_m, ref_v, seg_bytes(ref), 3, step,
                    ref.template Put<float>({0.5}), *ref.stream);
@@ -499,7 +499,7 @@ TYPED_TEST_P(OpsConformance, ShardOperations) {
     if (with_params) {
       const auto got_params = impl.Get(params, n);
       for (int64_t i = 0; i < covered; ++i) {
-        ASSERT_EQ(got_params[size_t(i)], OpsSide<typename TestFixture::P>::ToDouble(OpsSide<typename TestFixture::P>::template Convert<A>(got_master[size_t(i)])))
+        ASSERT_EQ(got_params[size_t(i)], OpsSide<typename TestFixture::P>::ToDouble(OpsSide<typename TestFixture::P>::template Convert<Act>(got_master[size_t(i)])))
             << "AdamW's compute copy at " << i;
       }
     }

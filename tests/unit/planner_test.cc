@@ -102,7 +102,9 @@ TEST(Planner, EveryCandidateFitsAndTheRejectedSayWhy) {
   ASSERT_FALSE(plan.feasible.empty());
   for (const Candidate& c : plan.feasible) {
     EXPECT_LE(c.needed, request.device.Usable()) << Describe(c.choice);
-    EXPECT_EQ(c.needed, PredictMemory(kShape, 64, c.choice, 4).total());
+    // The request's CPU: fp32 compute copies, the CPU's kernels, no dropout; its memory is
+    // host memory, so the offload pool counts too.
+    EXPECT_EQ(c.needed, PredictMemory(kShape, 64, c.choice, 4, /*cpu_kernels=*/true, /*dropout=*/false).total());
   }
   ASSERT_FALSE(plan.rejected.empty());
   for (const Candidate& c : plan.rejected) {

@@ -1,23 +1,33 @@
+// The CPU's streams and events (runtime/cpu_stream.h): order on a thread, concurrency
+// between streams, events across them, bounded waits, failures, and the strict backend's
+// jitter; the memory pools and their accounting; where a job trains (ChooseDevice) and the
+// dense bf16 peak MFU is counted against. The contract every backend keeps is
+// tests/support/backend_contract.h (run on the CPU by backend_test.cc); this file holds
+// what is the CPU stream's own.
+
 #include <atomic>
+#include <chrono>
 #include <future>
+#include <mutex>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "worker/runtime/cpu_stream.h"
 #include "worker/runtime/device.h"
 #include "worker/runtime/device_peak.h"
 #include "worker/runtime/memory.h"
-#include "worker/runtime/stream.h"
 
 namespace meshtrain::runtime {
 namespace {
 
 using namespace std::chrono_literals;
 
-TEST(Stream, RunsTasksInOrderOnItsOwnThread) {
-  Stream stream("compute");
+TEST(CpuStream, RunsTasksInOrderOnItsOwnThread) {
+  CpuStream stream("compute");
   std::vector<int> order;
   std::thread::id worker;
   for (int i = 0; i < 100; ++i) {
@@ -30,11 +40,12 @@ TEST(Stream, RunsTasksInOrderOnItsOwnThread) {
   ASSERT_EQ(order.size(), 100u);
   for (int i = 0; i < 100; ++i) EXPECT_EQ(order[i], i);
   EXPECT_NE(worker, std::this_thread::get_id());
+  EXPECT_EQ(stream.name(), "compute");
 }
 
-TEST(Stream, TwoStreamsRunConcurrently) {
+TEST(CpuStream, TwoStreamsRunConcurrently) {
   // Each stream's task waits for the other's: only truly concurrent streams finish.
-  Stream a("compute"), b("comm");
+  CpuStream a("compute"), b("comm");
   std::promise<void> a_started, b_started;
   auto a_seen = b_started.get_future(), b_seen = a_started.get_future();
   std::atomic<bool> a_ok = false, b_ok = false;
@@ -52,11 +63,11 @@ TEST(Stream, TwoStreamsRunConcurrently) {
   EXPECT_TRUE(b_ok);
 }
 
-TEST(Event, OrdersWorkAcrossStreams) {
-  Stream producer("copy"), consumer("compute");
+TEST(CpuEvent, OrdersWorkAcrossStreams) {
+  CpuStream producer("copy"), consumer("compute");
   std::atomic<int> value = 0;
   int seen = -1;
-  Event ready;
+  CpuEvent ready;
   EXPECT_TRUE(ready.Query());  // never recorded
   producer.Enqueue([&] {
     std::this_thread::sleep_for(50ms);
@@ -72,20 +83,46 @@ TEST(Event, OrdersWorkAcrossStreams) {
   EXPECT_TRUE(ready.Synchronize(1s));
 }
 
-TEST(Event, SynchronizeTimesOutWhileTheStreamIsBlocked) {
-  Stream stream("blocked");
+TEST(CpuEvent, SynchronizeTimesOutWhileTheStreamIsBlocked) {
+  CpuStream stream("blocked");
   std::promise<void> release;
   auto released = release.get_future().share();
   stream.Enqueue([released] { released.wait_for(10s); });
-  Event event;
+  CpuEvent event;
   event.Record(stream);
   EXPECT_FALSE(event.Synchronize(50ms));
   release.set_value();
   EXPECT_TRUE(event.Synchronize(5s));
 }
 
-TEST(Stream, ErrorsAreStickyAndRethrown) {
-  Stream stream("failing");
+// A timeout is the caller giving up, not a failure of the stream: it throws
+// StreamTimeout naming the stream, and the work goes on and finishes.
+TEST(CpuStream, SynchronizeThrowsAStreamTimeoutNamingTheStreamAndTheWorkGoesOn) {
+  CpuStream stream("comm");
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  std::atomic<int> ran = 0;
+  stream.Enqueue([released] { released.wait_for(10s); });
+  stream.Enqueue([&] { ++ran; });
+  try {
+    stream.Synchronize(50ms);
+    FAIL() << "Synchronize(50 ms) returned while the stream was blocked";
+  } catch (const StreamTimeout& e) {
+    EXPECT_STREQ(e.what(), "stream comm: its work did not finish within 50 ms");
+  }
+  EXPECT_EQ(ran, 0);
+  release.set_value();
+  EXPECT_NO_THROW(stream.Synchronize(5s));
+  EXPECT_EQ(ran, 1);
+  stream.Enqueue([&] { ++ran; });
+  EXPECT_NO_THROW(stream.Synchronize(5s)) << "a timeout must not fail the stream";
+  EXPECT_EQ(ran, 2);
+}
+
+// The work before a failure runs; the failure is rethrown as it was thrown, by every
+// later Synchronize. (backend_test.cc holds that the work after it is skipped.)
+TEST(CpuStream, WorkBeforeAFailureRunsAndTheFailureIsRethrownAsThrown) {
+  CpuStream stream("failing");
   int ran = 0;
   stream.Enqueue([&] { ++ran; });
   stream.Enqueue([] { throw std::runtime_error("kernel failed"); });
@@ -100,17 +137,18 @@ TEST(Stream, ErrorsAreStickyAndRethrown) {
   EXPECT_THROW(stream.Synchronize(), std::runtime_error);
 }
 
-// A failed collective on the comm stream must fail the compute stream that waits on it,
-// not leave it blocked on an event that would never be reached.
-TEST(Event, CarriesAFailureToTheStreamsThatWaitOnIt) {
-  Stream comm("comm"), compute("compute");
-  Event gathered;
+// An event carries the failure of the stream that reached it only until it is recorded
+// again: recorded on a healthy stream, it no longer fails the streams that wait on it.
+// (backend_test.cc holds that it does carry it.)
+TEST(CpuEvent, RecordedAgainOnAHealthyStreamItNoLongerCarriesAFailure) {
+  CpuStream comm("comm"), compute("compute");
+  CpuEvent gathered;
   comm.Enqueue([] { throw std::runtime_error("all_gather failed"); });
   gathered.Record(comm);
   compute.Wait(gathered);
   bool ran = false;
   compute.Enqueue([&] { ran = true; });
-  EXPECT_TRUE(gathered.Synchronize(std::chrono::seconds(10)));
+  EXPECT_TRUE(gathered.Synchronize(10s));
   try {
     compute.Synchronize();
     FAIL() << "the waiting stream did not fail";
@@ -118,14 +156,47 @@ TEST(Event, CarriesAFailureToTheStreamsThatWaitOnIt) {
     EXPECT_STREQ(e.what(), "all_gather failed");
   }
   EXPECT_FALSE(ran);
-  // Recorded again on a healthy stream, the event no longer carries the failure.
-  Stream other("other");
+  CpuStream other("other");
   gathered.Record(other);
-  Stream later("later");
+  CpuStream later("later");
   later.Wait(gathered);
   later.Enqueue([&] { ran = true; });
   later.Synchronize();
   EXPECT_TRUE(ran);
+}
+
+// Two jittered streams, seeded differently, pass a counter back and forth through
+// events: each task must see the value the other stream's last task left, whatever the
+// delays. The jitter itself must be there: 100 tasks sleeping up to 2 ms each take tens
+// of milliseconds (their mean is 100 ms), where unjittered ones take microseconds.
+TEST(CpuStream, JitteredStreamsStillKeepTheOrderEventsGive) {
+  CpuStream ping("ping", CpuJitter{1, 2000us}), pong("pong", CpuJitter{2, 2000us});
+  std::vector<std::unique_ptr<CpuEvent>> events;
+  int counter = 0;  // touched by one stream at a time, in the order the events give
+  std::mutex mutex;
+  std::vector<std::string> wrong;
+  const auto start = std::chrono::steady_clock::now();
+  for (int round = 0; round < 50; ++round) {
+    for (CpuStream* stream : {&ping, &pong}) {
+      const int expected = int(events.size());
+      if (!events.empty()) stream->Wait(*events.back());
+      stream->Enqueue([&, expected, stream] {
+        if (counter != expected) {
+          std::lock_guard lock(mutex);
+          wrong.push_back(stream->name() + " saw " + std::to_string(counter) + ", not " + std::to_string(expected));
+        }
+        counter = expected + 1;
+      });
+      events.push_back(std::make_unique<CpuEvent>());
+      events.back()->Record(*stream);
+    }
+  }
+  ping.Synchronize(10s);
+  pong.Synchronize(10s);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(counter, 100);
+  EXPECT_TRUE(wrong.empty()) << wrong.size() << " tasks ran out of order, the first: " << wrong.front();
+  EXPECT_GT(seconds, 0.03) << "the streams did not jitter";
 }
 
 TEST(Memory, ALimitReturnsTheCacheFirstThenRefusesNamingTheSizes) {
@@ -145,10 +216,10 @@ TEST(Memory, ALimitReturnsTheCacheFirstThenRefusesNamingTheSizes) {
   allocator.Free(b);
 }
 
-TEST(Stream, DestructorDrainsTheQueue) {
+TEST(CpuStream, DestructorDrainsTheQueue) {
   std::atomic<int> ran = 0;
   {
-    Stream stream("drain");
+    CpuStream stream("drain");
     for (int i = 0; i < 10; ++i) stream.Enqueue([&] { ++ran; });
   }
   EXPECT_EQ(ran, 10);

@@ -1,16 +1,24 @@
+// The trainer's parts below the engine: CRC-32C, token files, the data loader, the
+// learning-rate schedule, loading the CUDA plugin, and the engine factory (devices.h):
+// which kernel table, padding and backend the environment asks for.
+
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
+#include <initializer_list>
 #include <fstream>
 
 #include <gtest/gtest.h>
 
+#include "api/layout.h"
 #include "api/model_shape.h"
+#include "api/training_job.h"
 #include "worker/train/crc32c.h"
 #include "worker/train/cuda_plugin.h"
 #include "worker/train/data_loader.h"
-#include "worker/train/replica.h"
+#include "worker/train/devices.h"
 #include "worker/train/schedule.h"
 #include "worker/train/token_file.h"
 
@@ -181,9 +189,117 @@ TEST(CudaPlugin, ThisBuildsPluginLoadsWhenBuiltWithCuda) {
 #else
   EXPECT_EQ(plugin, nullptr);
   EXPECT_NE(why.find("built without CUDA"), std::string::npos) << why;
-  EXPECT_THROW(MakeCudaReplica(0, *api::FindPreset("gpt2-tiny"), 1, 8, 1, nullptr),
-               std::invalid_argument);
+  // A job sent to a GPU by a build without one is refused, saying why.
+  api::TrainingJob job;
+  job.spec.model.preset = "gpt2-tiny";
+  runtime::MemoryAccounting accounting;
+  try {
+    MakeEngine(job, api::ParallelLayout(1, 1, 1, 1), nullptr, nullptr, runtime::Device::Cuda(0), 1, 8, &accounting);
+    ADD_FAILURE() << "an engine was made on cuda:0 without CUDA";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("device cuda:0: "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("built without CUDA"), std::string::npos) << e.what();
+  }
 #endif
+}
+
+// Sets environment variables for one scope, and unsets them after.
+class ScopedEnvironment {
+ public:
+  ScopedEnvironment(std::initializer_list<std::pair<std::string, std::string>> variables) : variables_(variables) {
+    for (const auto& [name, value] : variables_) ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  ~ScopedEnvironment() {
+    for (const auto& [name, value] : variables_) ::unsetenv(name.c_str());
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> variables_;
+};
+
+api::TrainingJob SmallJob() {
+  api::TrainingJob job;
+  job.spec.model.layers = 3;
+  job.spec.model.heads = 2;
+  job.spec.model.hidden = 32;
+  job.spec.model.vocab_size = 100;
+  job.spec.model.seq_len = 16;
+  job.spec.parallelism.activation_checkpointing = true;
+  job.spec.parallelism.activation_offloading = true;
+  job.spec.parallelism.activation_loading_horizon = 1;
+  return job;
+}
+
+// The processes a test launches choose the CPU's kernel table, the engine's vocabulary
+// padding and the strict backend through the environment; a malformed value is named.
+TEST(MakeEngine, TheEnvironmentChoosesTheCpuTableThePaddingAndTheStrictBackend) {
+  const api::TrainingJob job = SmallJob();
+  const api::ParallelLayout one(1, 1, 1, 1);
+  runtime::MemoryAccounting accounting;
+  {
+    ScopedEnvironment environment{{"MESHTRAIN_CPU_KERNELS", "bf16"},
+                                  {"MESHTRAIN_VOCAB_MULTIPLE", "1"},
+                                  {"MESHTRAIN_CPU_JITTER_SEED", "3"},
+                                  {"MESHTRAIN_CPU_POISON", "1"}};
+    const auto engine = MakeEngine(job, one, nullptr, nullptr, runtime::Device::Cpu(), 2, 16, &accounting);
+    const std::string described = engine->Describe();
+    EXPECT_EQ(described.rfind("bf16 FSDP", 0), 0u) << described;
+    EXPECT_NE(described.find("cpu bf16 emulation on cpu (strict: jitter seed 3, poisoned memory)"), std::string::npos)
+        << described;
+    EXPECT_NE(described.find("block inputs checkpointed, 2 kept, the rest offloaded (horizon 1)"), std::string::npos)
+        << described;
+    EXPECT_EQ(engine->vocab_multiple(), 1);
+    EXPECT_EQ(engine->device(), runtime::Device::Cpu());
+  }
+  {
+    ScopedEnvironment environment{{"MESHTRAIN_CPU_KERNELS", "fp64"}};
+    const auto engine = MakeEngine(job, one, nullptr, nullptr, runtime::Device::Cpu(), 2, 16, &accounting);
+    EXPECT_EQ(engine->Describe().rfind("fp64 FSDP", 0), 0u) << engine->Describe();
+    EXPECT_NE(engine->Describe().find("cpu fp64 reference on cpu"), std::string::npos) << engine->Describe();
+    EXPECT_EQ(engine->vocab_multiple(), api::kVocabMultiple);
+  }
+  const auto plain = MakeEngine(job, one, nullptr, nullptr, runtime::Device::Cpu(), 2, 16, &accounting);
+  EXPECT_EQ(plain->Describe().rfind("fp32 FSDP", 0), 0u) << plain->Describe();
+  EXPECT_TRUE(plain->Describe().ends_with("; cpu fp32 on cpu")) << plain->Describe();
+  {
+    ScopedEnvironment environment{{"MESHTRAIN_CPU_KERNELS", "fp16"}};
+    try {
+      CpuKernelsFromEnvironment();
+      ADD_FAILURE() << "MESHTRAIN_CPU_KERNELS=fp16 was accepted";
+    } catch (const std::exception& e) {  // devices.h says runtime_error; devices.cc throws invalid_argument
+      EXPECT_NE(std::string(e.what()).find("MESHTRAIN_CPU_KERNELS: 'fp16'"), std::string::npos) << e.what();
+    }
+  }
+  {
+    // Replicated at world 1: every block's compute copy is kept (EngineOptions::keep_units_gathered).
+    ScopedEnvironment environment{{"MESHTRAIN_KEEP_UNITS_GATHERED", "1"}};
+    runtime::MemoryAccounting kept;
+    MakeEngine(job, one, nullptr, nullptr, runtime::Device::Cpu(), 2, 16, &kept);
+    runtime::MemoryAccounting slots;
+    {
+      ScopedEnvironment off{{"MESHTRAIN_KEEP_UNITS_GATHERED", "0"}};
+      MakeEngine(job, one, nullptr, nullptr, runtime::Device::Cpu(), 2, 16, &slots);
+    }
+    EXPECT_GT(kept.peak(runtime::MemoryCategory::kGathered), slots.peak(runtime::MemoryCategory::kGathered));
+  }
+  {
+    ScopedEnvironment environment{{"MESHTRAIN_VOCAB_MULTIPLE", "0"}};
+    try {
+      MakeEngine(job, one, nullptr, nullptr, runtime::Device::Cpu(), 2, 16, &accounting);
+      ADD_FAILURE() << "MESHTRAIN_VOCAB_MULTIPLE=0 was accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("MESHTRAIN_VOCAB_MULTIPLE"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(MakeEngine, TheActivationPolicyIsTheSpecs) {
+  api::ParallelismSpec p;
+  EXPECT_EQ(ActivationPolicyOf(p), (parallel::ActivationPolicy{false, false, 2}));
+  p.activation_checkpointing = true;
+  p.activation_offloading = true;
+  p.activation_loading_horizon = 3;
+  EXPECT_EQ(ActivationPolicyOf(p), (parallel::ActivationPolicy{true, true, 3}));
 }
 
 }  // namespace

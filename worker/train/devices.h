@@ -34,7 +34,8 @@ runtime::DeviceChoice ChooseDeviceHere(const std::string& precision, int local_r
 // vocabulary padding, 128; 1 for tests that compare against the unpadded engine) and
 // MESHTRAIN_KEEP_UNITS_GATHERED (1: replicated, EngineOptions::keep_units_gathered, what
 // bench train --compare replicated measures at world 1). Tests and benchmarks set them for
-// the ranks they launch. Throws std::runtime_error naming a malformed variable.
+// the ranks they launch. CpuKernelsFromEnvironment throws std::invalid_argument naming a
+// malformed MESHTRAIN_CPU_KERNELS; MakeEngine, std::runtime_error for the others.
 std::string CpuKernelsFromEnvironment();
 
 // The world's collectives on the device for a rank on `device`: NCCL when every rank
