@@ -1,7 +1,7 @@
 // `meshtrain bench train`: single-rank training throughput through the Trainer, on the
 // CPU in fp32 or on GPU 0 in bf16. MFU is achieved model FLOP/s over the device's dense
 // peak (runtime/device_peak.h); beside it, the matrix rate measured here at the model's
-// own shapes (OpenBLAS sgemm, or cuBLAS bf16) and the share of it the step reaches.
+// own shapes (OpenBLAS sgemm, or cuBLASLt bf16) and the share of it the step reaches.
 
 #include <cblas.h>
 #include <omp.h>
@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "api/manifest.h"
+#include "api/engine_memory.h"
 #include "api/model_shape.h"
 #include "cli/bench_ranks.h"
 #include "cli/commands.h"
@@ -46,7 +47,8 @@ struct StepProduct {
 };
 
 std::vector<StepProduct> StepProducts(const api::ModelShape& s) {
-  const int C = int(s.hidden), V = int(s.vocab_size), L = int(s.layers);
+  // The LM head at the engine's padded vocabulary (api/engine_memory.h), as the step runs it.
+  const int C = int(s.hidden), V = int(api::PaddedVocabRows(s.vocab_size)), L = int(s.layers);
   return {{C, 3 * C, L}, {C, C, L}, {C, 4 * C, L}, {4 * C, C, L}, {C, V, 1}};
 }
 
@@ -367,7 +369,7 @@ int BenchTrainCommand(const BenchTrainOptions& o, const std::vector<std::string>
     std::snprintf(line, sizeof line, "MFU: not counted (%s)\n", peak.source.c_str());
   }
   out << line;
-  out << "matrix rate: " << (cuda ? "cuBLAS bf16" : "OpenBLAS sgemm") << " at the model's shapes, "
+  out << "matrix rate: " << (cuda ? "cuBLASLt bf16" : "OpenBLAS sgemm") << " at the model's shapes, "
       << DescribeProducts(shape, tokens) << ":";
   std::snprintf(line, sizeof line, " %.1f %s; the step reaches %.1f%% of it\n", rate * scale, unit,
                 100 * gflops / rate);
