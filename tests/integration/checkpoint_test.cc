@@ -1,6 +1,8 @@
 // Checkpoints on one machine: a run stopped at any step and resumed gives the losses of
-// the run that never stopped, bit for bit; the files of any layout load back exactly;
-// a damaged checkpoint is named and skipped; a write that fails leaves the last one intact.
+// the run that never stopped, bit for bit; the files of any layout load back exactly and
+// hold only the model's elements (never the engine's vocabulary padding); a version-1
+// checkpoint (no padding) still loads; a damaged checkpoint is named and skipped; a write
+// that fails leaves the last one intact.
 
 #include "worker/train/checkpoint.h"
 
@@ -8,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -16,9 +19,11 @@
 
 #include <gtest/gtest.h>
 
+#include "api/engine_memory.h"
 #include "api/manifest.h"
 #include "worker/model/parameters.h"
 #include "worker/parallel/flat_unit.h"
+#include "worker/train/crc32c.h"
 #include "worker/train/token_file.h"
 #include "worker/train/trainer.h"
 
@@ -28,6 +33,83 @@ namespace {
 namespace fs = std::filesystem;
 
 const api::ModelShape kShape{.layers = 2, .heads = 2, .hidden = 16, .vocab_size = 256, .seq_len = 16};
+
+// A shape whose vocabulary the engine pads in every TP slice: 250 rows to 256 on one rank,
+// 125 to 128 with TP 2, 62 or 63 to 128 with TP 4.
+const api::ModelShape kOddVocabulary{.layers = 2, .heads = 4, .hidden = 16, .vocab_size = 250, .seq_len = 16};
+
+// Hands `master`, `m` and `v` (equal sizes) to a writer as the rank's snapshot, in memory
+// the snapshot owns.
+void FillSnapshot(ShardState* into, const std::vector<float>& master, const std::vector<float>& m,
+                  const std::vector<float>& v) {
+  const size_t n = master.size();
+  std::shared_ptr<float[]> arrays(new float[3 * n]);
+  std::copy(master.begin(), master.end(), arrays.get());
+  std::copy(m.begin(), m.end(), arrays.get() + n);
+  std::copy(v.begin(), v.end(), arrays.get() + 2 * n);
+  into->size = int64_t(n);
+  into->master = arrays.get();
+  into->m = arrays.get() + n;
+  into->v = arrays.get() + 2 * n;
+  into->storage = std::move(arrays);
+}
+
+// The single-rank indices of the model elements in shard `shard` of every unit of TP
+// slice `tp` of `T`, split as an engine padding its vocabulary to `vocab_multiple` splits
+// it: what that rank's checkpoint file holds, in order.
+std::vector<int64_t> ShardElements(const api::ModelShape& shape, int tp, int T, int S, int shard, int vocab_multiple) {
+  const model::ParameterLayout slice(shape, tp, T, vocab_multiple);
+  std::vector<int64_t> at;
+  for (int u = 0; u < slice.units(); ++u) {
+    const parallel::UnitShard s = parallel::ShardOfUnit(slice, u, S, shard);
+    for (int64_t i : slice.WholeIndices(s.unit_begin + s.begin, s.unit_begin + s.begin + s.real)) {
+      if (i >= 0) at.push_back(i);
+    }
+  }
+  return at;
+}
+
+WholeState RandomState(const api::ModelShape& shape, uint32_t seed) {
+  WholeState whole;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist;
+  for (auto* part : {&whole.master, &whole.m, &whole.v}) {
+    part->resize(size_t(shape.ParameterCount()));
+    for (float& x : *part) x = dist(rng);
+  }
+  for (float& x : whole.v) x = std::abs(x);  // AdamW's second moments
+  return whole;
+}
+
+// Writes `whole` as the ranks of `layout` would, through one CheckpointWriter per rank
+// (concurrently, rank 0 finishing), each rank's shards split as an engine padding its
+// vocabulary to `vocab_multiple` splits them; returns the step directory.
+std::string WriteAsLayout(const std::string& path, const api::ModelShape& shape, const api::ParallelLayout& layout,
+                          int vocab_multiple, const WholeState& whole, const TrainingPosition& position) {
+  std::vector<std::unique_ptr<CheckpointWriter>> writers;
+  for (int rank = 0; rank < layout.world(); ++rank) {
+    writers.push_back(std::make_unique<CheckpointWriter>(path, 1, shape, layout, vocab_multiple, rank,
+                                                         [](const std::string& e) { ADD_FAILURE() << e; }));
+  }
+  for (int rank = layout.world() - 1; rank >= 0; --rank) {
+    const api::LayoutCoord at = layout.CoordOf(rank);
+    std::vector<float> master, m, v;
+    for (int64_t i : ShardElements(shape, at.tp, layout.tp(), layout.shard(), at.shard, vocab_multiple)) {
+      master.push_back(whole.master[size_t(i)]);
+      m.push_back(whole.m[size_t(i)]);
+      v.push_back(whole.v[size_t(i)]);
+    }
+    writers[size_t(rank)]->Save(position, [&](ShardState* into) {
+      FillSnapshot(into, master, m, v);
+      into->tp_rank = at.tp, into->shard_rank = at.shard, into->replica = at.replica;
+    });
+  }
+  for (auto& w : writers) w->Wait();
+  EXPECT_EQ(writers[0]->stats().written, 1);
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(position.step));
+  return (fs::path(path) / name).string();
+}
 
 class CheckpointTest : public testing::Test {
  protected:
@@ -39,15 +121,16 @@ class CheckpointTest : public testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // 12 steps of a small model; checkpoints every 4 steps under `path` (none if empty).
-  api::TrainingJob Job(const std::string& path) {
+  // 12 steps of a small model (of `shape`); checkpoints every 4 steps under `path` (none if empty).
+  api::TrainingJob Job(const std::string& path, const api::ModelShape& shape = kShape) {
     nlohmann::json manifest = {
         {"apiVersion", "meshtrain.dev/v1alpha1"},
         {"kind", "TrainingJob"},
         {"metadata", {{"name", "checkpoint-test"}}},
         {"spec",
          {{"image", "meshtrain:test"},
-          {"model", {{"layers", 2}, {"heads", 2}, {"hidden", 16}, {"vocabSize", 256}, {"seqLen", 16}, {"dropout", 0.1}}},
+          {"model", {{"layers", shape.layers}, {"heads", shape.heads}, {"hidden", shape.hidden},
+                     {"vocabSize", shape.vocab_size}, {"seqLen", shape.seq_len}, {"dropout", 0.1}}},
           {"data", {{"train", (dir_ / "train.bin").string()}}},
           {"training",
            {{"steps", 12}, {"microBatchSize", 2}, {"globalBatchTokens", 64}, {"learningRate", 1e-2},
@@ -108,58 +191,156 @@ TEST_F(CheckpointTest, AResumedRunRepeatsTheUninterruptedLossesBitForBit) {
 }
 
 // What the ranks of a layout would write, from a known whole state, through the writers
-// themselves (one per rank, concurrently, rank 0 finishing): loading gives it back exactly.
+// themselves (one per rank, concurrently, rank 0 finishing): loading gives it back exactly,
+// and the files hold the model's elements only, whether the engine pads its vocabulary
+// (by 128, in every TP slice of this shape) or not.
 TEST_F(CheckpointTest, EveryLayoutsFilesLoadBackTheWholeStateExactly) {
-  const api::ModelShape shape{.layers = 2, .heads = 4, .hidden = 16, .vocab_size = 250, .seq_len = 16};
-  const model::ParameterLayout whole_layout(shape);
-  WholeState whole;
-  std::mt19937 rng(1);
-  std::normal_distribution<float> dist;
-  for (auto* part : {&whole.master, &whole.m, &whole.v}) {
-    part->resize(size_t(whole_layout.total()));
-    for (float& x : *part) x = dist(rng);
-  }
+  const api::ModelShape shape = kOddVocabulary;
+  const WholeState whole = RandomState(shape, 1);
   struct Sizes {
     int nodes, gpus, tp, shard;
   };
-  for (const Sizes& s : {Sizes{1, 1, 1, 1}, Sizes{1, 3, 1, 3}, Sizes{1, 4, 2, 2}, Sizes{2, 4, 2, 2}, Sizes{1, 8, 4, 2}}) {
-    const api::ParallelLayout layout(s.nodes, s.gpus, s.tp, s.shard);
-    const std::string path = (dir_ / ("layout-" + std::to_string(layout.world()) + "-" + std::to_string(s.tp))).string();
-    std::vector<std::unique_ptr<CheckpointWriter>> writers;
-    for (int rank = 0; rank < layout.world(); ++rank) {
-      writers.push_back(std::make_unique<CheckpointWriter>(path, 1, shape, layout, rank, [](const std::string& e) {
-        ADD_FAILURE() << e;
-      }));
+  for (const int vocab_multiple : {1, api::kVocabMultiple}) {
+    for (const Sizes& s :
+         {Sizes{1, 1, 1, 1}, Sizes{1, 3, 1, 3}, Sizes{1, 4, 2, 2}, Sizes{2, 4, 2, 2}, Sizes{1, 8, 4, 2}}) {
+      const api::ParallelLayout layout(s.nodes, s.gpus, s.tp, s.shard);
+      const std::string path = (dir_ / ("layout-" + std::to_string(layout.world()) + "-" + std::to_string(s.tp) +
+                                        "-v" + std::to_string(vocab_multiple)))
+                                   .string();
+      const std::string step = WriteAsLayout(path, shape, layout, vocab_multiple, whole, {7, 99});
+      const LoadedCheckpoint loaded = LoadCheckpoint(step, shape);
+      EXPECT_EQ(loaded.position.step, 7);
+      EXPECT_EQ(loaded.position.data_position, 99u);
+      EXPECT_EQ(loaded.state.master, whole.master) << layout.world() << " ranks, tp " << s.tp << ", vocabulary padded to "
+                                                   << vocab_multiple;
+      EXPECT_EQ(loaded.state.m, whole.m);
+      EXPECT_EQ(loaded.state.v, whole.v);
+      const std::vector<CheckpointListing> listed = ListCheckpoints(path);
+      ASSERT_EQ(listed.size(), 1u);
+      EXPECT_TRUE(listed[0].problem.empty()) << listed[0].problem;
+      int64_t slices = 0;  // replica 0 writes every TP slice once, whole tensors in each
+      for (int t = 0; t < s.tp; ++t) slices += model::ParameterLayout(shape, t, s.tp).total();
+      EXPECT_EQ(listed[0].bytes, int64_t(3 * sizeof(float)) * slices);
     }
-    for (int rank = layout.world() - 1; rank >= 0; --rank) {
-      const api::LayoutCoord at = layout.CoordOf(rank);
-      const model::ParameterLayout slice(shape, at.tp, layout.tp());
-      ShardState state{at.tp, at.shard, at.replica, {}, {}, {}};
-      for (int u = 0; u < slice.units(); ++u) {
-        const parallel::UnitShard shard = parallel::ShardOfUnit(slice, u, layout.shard(), at.shard);
-        for (int64_t i : slice.WholeIndices(shard.unit_begin + shard.begin, shard.unit_begin + shard.begin + shard.real)) {
-          state.master.push_back(whole.master[size_t(i)]);
-          state.m.push_back(whole.m[size_t(i)]);
-          state.v.push_back(whole.v[size_t(i)]);
-        }
-      }
-      writers[size_t(rank)]->Save({7, 99}, [&](ShardState* into) { *into = std::move(state); });
-    }
-    for (auto& w : writers) w->Wait();
-    EXPECT_EQ(writers[0]->stats().written, 1);
-    const LoadedCheckpoint loaded = LoadCheckpoint((fs::path(path) / "step-00000007").string(), shape);
-    EXPECT_EQ(loaded.position.step, 7);
-    EXPECT_EQ(loaded.position.data_position, 99u);
-    EXPECT_EQ(loaded.state.master, whole.master) << layout.world() << " ranks, tp " << s.tp;
-    EXPECT_EQ(loaded.state.m, whole.m);
-    EXPECT_EQ(loaded.state.v, whole.v);
-    const std::vector<CheckpointListing> listed = ListCheckpoints(path);
-    ASSERT_EQ(listed.size(), 1u);
-    EXPECT_TRUE(listed[0].problem.empty()) << listed[0].problem;
-    int64_t slices = 0;  // replica 0 writes every TP slice once, whole tensors in each
-    for (int t = 0; t < s.tp; ++t) slices += model::ParameterLayout(shape, t, s.tp).total();
-    EXPECT_EQ(listed[0].bytes, int64_t(3 * sizeof(float)) * slices);
   }
+}
+
+// A version-1 checkpoint (before the engine padded its vocabulary: no "vocabMultiple" in
+// its metadata, each TP slice's units split into shards unpadded), written here as that
+// code wrote it, of 2 shards x TP 2, loads into today's padded engine bit for bit.
+TEST_F(CheckpointTest, AVersion1CheckpointLoadsIntoThePaddedEngineBitForBit) {
+  const api::ModelShape shape = kOddVocabulary;
+  const WholeState whole = RandomState(shape, 2);
+  const fs::path path = dir_ / "v1", step = path / "step-00000007";
+  fs::create_directories(step);
+  const api::ParallelLayout layout(1, 4, 2, 2);
+  nlohmann::json files = nlohmann::json::array();
+  for (int rank = 0; rank < layout.world(); ++rank) {
+    const api::LayoutCoord at = layout.CoordOf(rank);
+    // Version 1's rule: ParameterLayout without padding, ShardOfUnit over it.
+    const std::vector<int64_t> elements = ShardElements(shape, at.tp, 2, 2, at.shard, /*vocab_multiple=*/1);
+    std::vector<float> bytes;
+    for (const std::vector<float>* part : {&whole.master, &whole.m, &whole.v}) {
+      for (int64_t i : elements) bytes.push_back((*part)[size_t(i)]);
+    }
+    char name[32];
+    std::snprintf(name, sizeof name, "rank-%05d.bin", rank);
+    std::ofstream(step / name, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size() * sizeof(float)));
+    files.push_back({{"name", name}, {"rank", rank}, {"tp", at.tp}, {"shard", at.shard},
+                     {"bytes", bytes.size() * sizeof(float)}, {"crc32c", Crc32c(bytes.data(), bytes.size() * sizeof(float))}});
+  }
+  const nlohmann::json meta = {
+      {"format", "meshtrain-checkpoint"},
+      {"version", 1},
+      {"step", 7},
+      {"dataPosition", 0},
+      {"model",
+       {{"layers", shape.layers}, {"heads", shape.heads}, {"hidden", shape.hidden}, {"vocabSize", shape.vocab_size},
+        {"seqLen", shape.seq_len}}},
+      {"layout", {{"tp", 2}, {"shard", 2}, {"replicas", 1}, {"world", 4}}},
+      {"files", files}};
+  std::ofstream(step / "metadata.json") << meta.dump(2);
+  std::ofstream(path / "latest") << "step-00000007\n";
+
+  const LoadedCheckpoint loaded = LoadCheckpoint(step.string(), shape);
+  EXPECT_EQ(loaded.state.master, whole.master);
+  EXPECT_EQ(loaded.state.m, whole.m);
+  EXPECT_EQ(loaded.state.v, whole.v);
+  // The same files read with today's split (the padded root unit splits elsewhere) would
+  // not be this state: the test would notice a loader that ignored the version.
+  ASSERT_NE(ShardElements(shape, 0, 2, 2, 0, api::kVocabMultiple), ShardElements(shape, 0, 2, 2, 0, 1));
+
+  Trainer trainer(Job(path.string(), shape));
+  ASSERT_EQ(trainer.resumed_from(), std::optional<int64_t>(7));
+  ASSERT_EQ(trainer.model().vocab_multiple(), api::kVocabMultiple);
+  EXPECT_GT(model::ParameterLayout(shape, 0, 1, trainer.model().vocab_multiple()).total(), shape.ParameterCount())
+      << "the engine holds padding rows";
+  EXPECT_EQ(trainer.Weights(), whole.master);
+  ShardState state;
+  trainer.model().Snapshot(&state);  // one rank: the model's elements in the single-rank order
+  ASSERT_EQ(state.size, shape.ParameterCount());
+  EXPECT_EQ(std::vector<float>(state.master, state.master + state.size), whole.master);
+  EXPECT_EQ(std::vector<float>(state.m, state.m + state.size), whole.m);
+  EXPECT_EQ(std::vector<float>(state.v, state.v + state.size), whole.v);
+  // It trains on from there.
+  const std::vector<double> losses = Losses(trainer);
+  ASSERT_EQ(losses.size(), 5u);
+  for (double loss : losses) EXPECT_TRUE(std::isfinite(loss)) << loss;
+}
+
+// A checkpoint of the padded engine holds exactly the model's elements (the file is 3 x 4
+// bytes per parameter, not per padded element), records the padding, and reshards: written
+// again as 2 shards x TP 2 (each file its shards' model elements) and resumed from there,
+// the run goes on with the losses of the run that never stopped, bit for bit.
+TEST_F(CheckpointTest, ThePaddedEnginesCheckpointHoldsTheModelsElementsAndReshards) {
+  const api::ModelShape shape = kOddVocabulary;
+  Trainer straight(Job("", shape));
+  const std::vector<double> want = Losses(straight);
+  ASSERT_EQ(want.size(), 12u);
+  const fs::path path = dir_ / "padded";
+  {
+    Trainer first(Job(path.string(), shape));
+    Losses(first, 4);
+  }
+  const fs::path step = path / "step-00000004";
+  const nlohmann::json meta = nlohmann::json::parse(std::ifstream(step / "metadata.json"));
+  EXPECT_EQ(meta.at("version"), 2);
+  EXPECT_EQ(meta.at("vocabMultiple"), api::kVocabMultiple);
+  const int64_t padded = model::ParameterLayout(shape, 0, 1, api::kVocabMultiple).total();
+  ASSERT_GT(padded, shape.ParameterCount());
+  EXPECT_EQ(int64_t(fs::file_size(step / "rank-00000.bin")), 3 * 4 * shape.ParameterCount())
+      << "the engine holds " << padded << " elements, " << shape.ParameterCount() << " of them the model's";
+  const LoadedCheckpoint written = LoadCheckpoint(step.string(), shape);
+
+  // Another layout's files of the same state, as its padded ranks would write them.
+  const fs::path resharded = dir_ / "resharded";
+  const api::ParallelLayout layout(1, 4, 2, 2);
+  const std::string step4 = WriteAsLayout(resharded.string(), shape, layout, api::kVocabMultiple, written.state,
+                                          written.position);
+  int64_t model_elements = 0, held_elements = 0;
+  for (int rank = 0; rank < layout.world(); ++rank) {
+    const api::LayoutCoord at = layout.CoordOf(rank);
+    const int64_t elements = int64_t(ShardElements(shape, at.tp, 2, 2, at.shard, api::kVocabMultiple).size());
+    int64_t held = 0;  // what that rank's engine holds: its shards, padding included
+    const model::ParameterLayout slice(shape, at.tp, 2, api::kVocabMultiple);
+    for (int u = 0; u < slice.units(); ++u) held += parallel::ShardOfUnit(slice, u, 2, at.shard).real;
+    char name[32];
+    std::snprintf(name, sizeof name, "rank-%05d.bin", rank);
+    EXPECT_EQ(int64_t(fs::file_size(fs::path(step4) / name)), 3 * 4 * elements)
+        << name << ": its shards hold " << held << " elements, " << elements << " of them the model's";
+    model_elements += elements, held_elements += held;
+  }
+  EXPECT_LT(model_elements, held_elements) << "the ranks' shards hold their vocabulary slices' padding rows";
+  const LoadedCheckpoint back = LoadCheckpoint(step4, shape);
+  EXPECT_EQ(back.state.master, written.state.master);
+  EXPECT_EQ(back.state.m, written.state.m);
+  EXPECT_EQ(back.state.v, written.state.v);
+  Trainer resumed(Job(resharded.string(), shape));
+  ASSERT_EQ(resumed.resumed_from(), std::optional<int64_t>(4));
+  const std::vector<double> after = Losses(resumed);
+  ASSERT_EQ(after.size(), 8u);
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(after[i], want[4 + i]) << "step " << 5 + i;
 }
 
 // Damage of every kind is named, and resuming falls back to the newest intact checkpoint.
@@ -262,10 +443,11 @@ TEST_F(CheckpointTest, AFullDiskIsAnErrorNamingThePathAndTrainingGoesOn) {
   }
   std::string error;
   {
-    CheckpointWriter writer((mount / "direct").string(), 1, kShape, api::ParallelLayout(1, 1, 1, 1), 0,
-                            [&](const std::string& e) { error = e; });
+    CheckpointWriter writer((mount / "direct").string(), 1, kShape, api::ParallelLayout(1, 1, 1, 1),
+                            api::kVocabMultiple, 0, [&](const std::string& e) { error = e; });
     writer.Save({1, 0}, [](ShardState* into) {
-      for (auto* part : {&into->master, &into->m, &into->v}) part->assign(20000, 1.0f);
+      const std::vector<float> ones(20000, 1.0f);
+      FillSnapshot(into, ones, ones, ones);
     });
     writer.Wait();
   }

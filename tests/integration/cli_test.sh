@@ -7,7 +7,7 @@ failures=0
 passes=0
 
 # expect NAME EXIT_CODE PATTERN... -- COMMAND...: the command exits EXIT_CODE and its
-# combined output matches every (grep -E) pattern.
+# combined output matches every (grep -E) pattern, and none of those written !PATTERN.
 expect() {
   local name=$1 code=$2; shift 2
   local patterns=()
@@ -18,7 +18,11 @@ expect() {
   local ok=1
   [ "$rc" -eq "$code" ] || { echo "FAIL $name: exit $rc, expected $code"; ok=0; }
   for p in "${patterns[@]}"; do
-    grep -aqE -- "$p" <<<"$out" || { echo "FAIL $name: output lacks /$p/"; ok=0; }
+    if [ "${p:0:1}" = "!" ]; then
+      ! grep -aqE -- "${p:1}" <<<"$out" || { echo "FAIL $name: output has /${p:1}/"; ok=0; }
+    else
+      grep -aqE -- "$p" <<<"$out" || { echo "FAIL $name: output lacks /$p/"; ok=0; }
+    fi
   done
   if [ $ok -eq 1 ]; then passes=$((passes + 1)); echo "ok   $name"; else failures=$((failures + 1)); echo "$out" | sed 's/^/     | /'; fi
 }
@@ -81,9 +85,9 @@ sed -e "s|examples/data/corpus.train.bin|$tmp/train.bin|; s|examples/data/corpus
 expect "run trains the tiny job and samples from it" 0 \
   'gpt2-tiny-local": ok' "checkpoint: step 4 in $tmp/ckpt" \
   '842496 parameters' 'rank table on this machine: local-0 ranks 0;' \
-  'device: cpu, fp32' 'model: fp32 FSDP, 1 replica x 1 shard x tp 1; 5 units, each whole on this rank' \
+  'device: cpu, fp32' 'model: fp32 FSDP, 1 replica x 1 shard x tp 1; 5 units, each whole on this rank; cpu fp32 on cpu$' \
   'memory \(cpu\): params 3.2 MiB, grads 3.2 MiB, optimizer 6.4 MiB, activations [0-9.]+ MiB, gathered [0-9.]+ MiB' \
-  'step +2/4 \| loss [0-9.]+ \| lr .* tok/s \| val loss' 'step +4/4 \| loss [0-9.]+' '^sample:' \
+  'step +2/4 \| loss [0-9.]+ \| lr .* tok/s \| val loss' 'step +4/4 \| loss [0-9.]+' '^sample:' '!has no effect' \
   -- "$meshtrain" run "$tmp/tiny.yaml" --sample-tokens 40
 expect "a second run resumes from the last checkpoint" 0 "resumed from step 4 \\($tmp/ckpt/step-00000004\\)" '^sample:' \
   -- "$meshtrain" run "$tmp/tiny.yaml" --sample-tokens 10
@@ -105,11 +109,13 @@ expect "checkpoints of a path without any" 2 'no checkpoints' -- "$meshtrain" ch
 sed -e 's/precision: fp32/precision: bf16/' "$tmp/tiny.yaml" > "$tmp/tiny-bf16.yaml"
 if [ -e /dev/nvidia0 ]; then
   expect "run trains a bf16 job on the GPU" 0 'device: cuda:0, bf16 compute with fp32 master weights' \
-    'memory \(cuda:0\): params' 'step +4/4 \| loss [0-9.]+' '^sample:' \
+    'model: bf16 FSDP, 1 replica x 1 shard x tp 1; 5 units' \
+    'memory \(cuda:0\): params' 'step +4/4 \| loss [0-9.]+' '^sample:' '!has no effect' \
     -- "$meshtrain" run "$tmp/tiny-bf16.yaml" --no-resume --sample-tokens 40
 else
   expect "run says a bf16 job without a GPU trains in fp32 on the CPU" 0 \
-    'precision bf16 needs a CUDA device, but .+; this run trains in fp32 on the CPU' 'device: cpu, fp32' 'step +4/4 \| loss [0-9.]+' \
+    'precision bf16 needs a CUDA device, but .+; this run trains in fp32 on the CPU' 'device: cpu, fp32' \
+    'model: fp32 FSDP, .*; cpu fp32 on cpu$' 'step +4/4 \| loss [0-9.]+' '!has no effect' \
     -- "$meshtrain" run "$tmp/tiny-bf16.yaml" --no-resume --sample-tokens 10
 fi
 

@@ -9,7 +9,7 @@
 //                per rank params + grads + optimizer equal to its TP slice's shards' exact
 //                size, at most the slice's replicated figure / S plus padding, with at most two block
 //                units unsharded at once. --repeat 2 runs the layout twice and needs
-//                bitwise-identical losses. --activations checkpoint or offload:H runs the
+//                bitwise-identical losses and weights. --activations checkpoint or offload:H runs the
 //                ranks with activation checkpointing (and offload at horizon H) against
 //                the same single-rank run without either. --dropout P trains both with
 //                dropout, whose masks must drop the same elements in every layout.
@@ -23,20 +23,50 @@
 //                after its checkpoint; the layout of --ranks, --tp and --shard resumes
 //                from it: its weights right after loading equal the checkpoint's master
 //                weights bit for bit, and its losses for steps 11-20 and final weights
-//                match the uninterrupted single-rank run within 1e-5.
+//                match the uninterrupted single-rank run within 1e-5. Each file of the
+//                checkpoint holds exactly its shards' model elements (the engine's
+//                vocabulary padding is never written).
+//
+// The device the ranks train on (the CPU backend) is chosen with:
+//   --kernels fp32|bf16|fp64   the ranks' kernel table (MESHTRAIN_CPU_KERNELS): bf16 is the
+//                              emulation of the GPU's numerics, compared with the bounds of
+//                              kBf16LossTolerance and kBf16WeightTolerance below.
+//   --jitter SEED              the strict backend: streams sleep a random time before each
+//                              task (MESHTRAIN_CPU_JITTER_SEED, mixed with the rank) and new
+//                              device memory is poisoned (MESHTRAIN_CPU_POISON); run r of
+//                              --repeat uses SEED + r, and every run must give bitwise equal
+//                              losses and weights.
+//   --reference fp64           the single-rank reference in the float64 kernel table.
+//   --reference-micro N        the reference's micro-batch, in sequences (default: the
+//                              data-parallel size, so it takes as many micro-steps as the
+//                              ranks); dp * 2 makes it one micro-step a step, which dropout
+//                              masks keyed by the sample's place in the step's batch allow.
+//   --layers N                 the model's blocks (default 3): the limit case takes more, so
+//                              that a whole number of MiB separates one rank holding the
+//                              whole model from the sharded ranks.
+//   --layout R,N,T,S[,ACT[,P]] instead of --ranks/--nodes/--tp/--shard/--activations/--dropout:
+//                              one equivalence run per --layout (ACT: keep, checkpoint or
+//                              offload:H), with one reference per distinct one needed, so
+//                              that a ctest case can cover many layouts.
 
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "api/engine_memory.h"
 #include "api/manifest.h"
 #include "api/model_shape.h"
 #include "worker/comm/bootstrap.h"
@@ -44,6 +74,7 @@
 #include "worker/launch/local_launcher.h"
 #include "worker/model/parameters.h"
 #include "worker/parallel/engine.h"
+#include "worker/parallel/flat_unit.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/token_file.h"
 #include "worker/train/trainer.h"
@@ -56,10 +87,40 @@ using namespace meshtrain;
 constexpr int kSteps = 20, kSeq = 32, kAccumulation = 2;
 constexpr int kExitNamedFailure = 3;
 
+// fp32 ranks (or fp64 ranks) against the single-rank run: only the order of sums differs.
+constexpr double kTolerance = 1e-5;
+// bf16 emulation against the float64 reference. bf16 keeps 8 significant bits, so every
+// stored parameter copy and activation is off by up to 2^-9 (2e-3) relative; the fp32
+// masters, gradients, AdamW state, LayerNorm statistics and loss keep those errors from
+// compounding, but they add up over 3 blocks and 20 AdamW steps. Measured over every
+// layout of the bf16 cases (each run prints its figures): losses within 5.3e-4 relative
+// of the float64 run (1.05e-3 with dropout, w4t2s2), master weights within 5.0e-3
+// relative L2 (7.9e-3 with dropout). The bounds leave a 3x margin over the worst, and
+// still catch a wrong layout: measured on the float64 engine, training on half or twice
+// the batch (a replica's gradients lost or counted twice) is 3e-2 off in loss and 1.1e-1
+// in weights, and dropout masks of another seed are 9.6e-2 off in weights (2.2e-3 in
+// loss: the weights catch those); a wrong shard or TP slice does worse, or does not learn,
+// which is checked too.
+constexpr double kBf16LossTolerance = 4e-3;
+constexpr double kBf16WeightTolerance = 2.5e-2;
+// fp64 ranks against the float64 reference: sums in float64 in another order, but a few
+// scalars stay fp32 in every table: the losses are averaged over the ranks in fp32 (2^-24,
+// 6e-8 relative), and the gradient's scale (loss weight / tokens, model/blocks.cc) and the
+// clip scale are floats, so where the reference's micro-batch is 3 or 5 sequences (1/96
+// and 1/160 are inexact) the weights differ by up to 9e-9 relative (1e-15 with 1, 2, 4 or
+// 8 data-parallel ranks). Still 100x tighter than fp32's bound.
+constexpr double kFp64LossTolerance = 3e-7;
+constexpr double kFp64WeightTolerance = 1e-7;
+
 struct Options {
   std::string mode = "equivalence", dir, activations, from;
-  int ranks = 2, nodes = 1, tp = 1, shard = 0, repeat = 1, limit_mib = 0;
+  int ranks = 2, nodes = 1, tp = 1, shard = 0, repeat = 1, limit_mib = 0, layers = 3;
   double dropout = 0;
+  std::string kernels = "fp32";  // the ranks' (MESHTRAIN_CPU_KERNELS)
+  uint64_t jitter = 0;           // 0: no strict backend
+  std::string reference;         // the reference's kernels; empty: as the environment says (fp32)
+  int reference_micro = 0;       // 0: the data-parallel size
+  std::vector<std::string> layouts;
 };
 
 int failures = 0;
@@ -83,7 +144,7 @@ nlohmann::json JobManifest(const Options& o, int nodes, int gpus, int tp, int sh
         {"nodes", nodes},
         {"gpusPerNode", gpus},
         {"parallelism", {{"tensorParallelDegree", tp}, {"hybridShardDegree", shard}, {"tensorParallelSeed", 5}}},
-        {"model", {{"layers", 3}, {"heads", 4}, {"hidden", 44}, {"vocabSize", 256},
+        {"model", {{"layers", o.layers}, {"heads", 4}, {"hidden", 44}, {"vocabSize", 256},
                    {"seqLen", kSeq}, {"dropout", o.dropout}}},
         {"data", {{"train", (fs::path(o.dir) / "train.bin").string()}}},
         {"training",
@@ -111,6 +172,26 @@ Run Train(train::Trainer& trainer) {
   return run;
 }
 
+// Sets an environment variable for its lifetime (null: unsets it), then restores it.
+class ScopedEnvironment {
+ public:
+  ScopedEnvironment(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr) ::setenv(name, value, 1);
+    else ::unsetenv(name);
+  }
+  ~ScopedEnvironment() {
+    if (old_) ::setenv(name_.c_str(), old_->c_str(), 1);
+    else ::unsetenv(name_.c_str());
+  }
+  ScopedEnvironment(const ScopedEnvironment&) = delete;
+  ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
 template <class T>
 void WriteVector(const fs::path& path, const std::vector<T>& values) {
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(values.data()),
@@ -126,17 +207,30 @@ std::vector<T> ReadVector(const fs::path& path) {
   return values;
 }
 
-// Kills this process the n-th time a gather of `unit` begins.
-class KillDuringGather : public parallel::ScheduleObserver {
+// Watches the schedule on the streams' host threads: counts the blocks unsharded at once
+// (a block's gather begins: +1; its gathered copy is released: -1) and their peak, and,
+// when asked, kills this process the n-th time a gather of `kill_unit` begins.
+class ScheduleWatch : public parallel::ScheduleObserver {
  public:
-  KillDuringGather(int unit, int n) : unit_(unit), n_(n) {}
+  explicit ScheduleWatch(int kill_unit = -1, int kill_at = 0) : kill_unit_(kill_unit), kill_at_(kill_at) {}
   void Begin(parallel::Op op, int unit) override {
-    if (op == parallel::Op::kGather && unit == unit_ && ++seen_ == n_) ::raise(SIGKILL);
+    if (op == parallel::Op::kGather && unit == kill_unit_ && ++gathers_seen_ == kill_at_) ::raise(SIGKILL);
+    if (unit < 1) return;  // the root is not a block
+    if (op == parallel::Op::kGather) {
+      const int now = ++unsharded_;
+      int peak = peak_.load();
+      while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+      }
+    } else if (op == parallel::Op::kRelease) {
+      --unsharded_;
+    }
   }
   void End(parallel::Op, int) override {}
+  int peak_unsharded_blocks() const { return peak_.load(); }
 
  private:
-  int unit_, n_, seen_ = 0;
+  const int kill_unit_, kill_at_;
+  std::atomic<int> gathers_seen_{0}, unsharded_{0}, peak_{0};
 };
 
 constexpr int kReshardStep = 10;
@@ -144,7 +238,16 @@ struct StopRun {};
 
 int RunRank(const Options& o) {
   const comm::WorkerEnvironment env = comm::WorkerEnvironment::FromEnvironment();
+  // The strict backend's jitter: another sequence of delays on every rank.
+  if (const char* seed = std::getenv("MESHTRAIN_CPU_JITTER_SEED"); seed != nullptr && std::strtoull(seed, nullptr, 10) != 0) {
+    ::setenv("MESHTRAIN_CPU_JITTER_SEED",
+             std::to_string(std::strtoull(seed, nullptr, 10) * 1000003ull + uint64_t(env.rank)).c_str(), 1);
+  }
   const api::TrainingJob job = CheckedJob(nlohmann::json::parse(std::ifstream(fs::path(o.dir) / "job.json")));
+  // Step 3's forward: each step gathers every block twice per micro-batch. (Declared before
+  // the Trainer, whose engine's streams may still run its callbacks until they are destroyed.)
+  const bool kill = o.mode == "kill" && env.rank == env.world_size - 1;
+  ScheduleWatch watch(kill ? 2 : -1, 2 * kAccumulation * 2 + 1);
   comm::Rendezvous rendezvous = comm::JoinRendezvous(env, std::chrono::seconds(60));
   auto world = comm::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, comm::FabricOptions::FromEnvironment());
   train::Trainer trainer(job, world.get());
@@ -163,10 +266,8 @@ int RunRank(const Options& o) {
     std::vector<float> resumed = trainer.Weights();
     if (env.rank == 0) WriteVector(fs::path(o.dir) / "resumed.bin", resumed);
   }
-  auto& engine = dynamic_cast<parallel::ShardedEngine&>(trainer.model());
-  // Step 3's forward: each step gathers every block twice per micro-batch.
-  KillDuringGather kill(2, 2 * kAccumulation * 2 + 1);
-  if (o.mode == "kill" && env.rank == env.world_size - 1) engine.set_observer(&kill);
+  parallel::Engine& engine = trainer.model();
+  engine.set_observer(&watch);
   Run run;
   try {
     run = Train(trainer);
@@ -177,10 +278,11 @@ int RunRank(const Options& o) {
                        message.find(" rank ") != std::string::npos;
     return o.mode == "kill" && named ? kExitNamedFailure : 1;
   }
+  engine.set_observer(nullptr);  // the streams are drained: no callback is in flight
   const train::MemoryReport m = trainer.memory();
   std::ofstream(fs::path(o.dir) / ("rank" + std::to_string(env.rank) + ".txt"))
-      << m.params << " " << m.grads << " " << m.optimizer << " " << m.gathered << " " << engine.peak_unsharded_blocks()
-      << "\n";
+      << m.params << " " << m.grads << " " << m.optimizer << " " << m.gathered << " " << watch.peak_unsharded_blocks()
+      << " " << engine.vocab_multiple() << "\n";
   if (env.rank == 0) {
     WriteVector(fs::path(o.dir) / "losses.bin", run.losses);
     WriteVector(fs::path(o.dir) / "weights.bin", run.weights);
@@ -195,12 +297,18 @@ double RelativeL2(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(diff / norm);
 }
 
-launch::LaunchResult Launch(const Options& o, int argc, char** argv, bool kill) {
+// Run `run` of a layout: run r of --repeat under the strict backend uses jitter seed SEED + r.
+launch::LaunchResult Launch(const Options& o, int argc, char** argv, bool kill, int run = 0) {
   launch::LocalLaunch launch;
   launch.nodes = o.nodes;
   launch.ranks_per_node = o.ranks / o.nodes;
   launch.command = launch::SelfCommand(argc, argv);
   launch.environment["OMP_NUM_THREADS"] = "1";
+  launch.environment["MESHTRAIN_CPU_KERNELS"] = o.kernels;
+  if (o.jitter != 0) {
+    launch.environment["MESHTRAIN_CPU_JITTER_SEED"] = std::to_string(o.jitter + uint64_t(run));
+    launch.environment["MESHTRAIN_CPU_POISON"] = "1";
+  }
   if (o.limit_mib > 0) launch.environment["MESHTRAIN_MEMORY_LIMIT_MIB"] = std::to_string(o.limit_mib);
   launch.timeout = std::chrono::minutes(5);
   if (kill) {
@@ -208,7 +316,53 @@ launch::LaunchResult Launch(const Options& o, int argc, char** argv, bool kill) 
     launch.environment["MESHTRAIN_COMM_TIMEOUT"] = "3";
     launch.timeout = std::chrono::seconds(60);
   }
+  // Nothing a previous launch wrote may pass for this one's results.
+  for (const auto& entry : fs::directory_iterator(o.dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "losses.bin" || name == "weights.bin" || name == "resumed.bin" ||
+        (name.starts_with("rank") && name.ends_with(".txt"))) {
+      fs::remove(entry.path());
+    }
+  }
   return launch::LaunchLocal(launch, std::cerr);
+}
+
+// The single-rank reference for `o` with a data-parallel size of `dp`: one rank, the same
+// global batch in micro-batches of --reference-micro (default `dp`) sequences, in the
+// --reference kernel table. Trained once per distinct job in a process.
+const Run& Reference(const Options& o, int dp) {
+  static std::map<std::string, Run> trained;
+  const int micro = o.reference_micro > 0 ? o.reference_micro : dp;
+  const nlohmann::json manifest = JobManifest(o, 1, 1, 1, 1, micro, dp);
+  const std::string key = manifest.dump() + "|" + o.reference;
+  auto found = trained.find(key);
+  if (found != trained.end()) return found->second;
+  std::optional<train::Trainer> trainer;
+  {
+    // Only the engine's construction reads the kernel table's variable.
+    std::optional<ScopedEnvironment> kernels;
+    if (!o.reference.empty()) kernels.emplace("MESHTRAIN_CPU_KERNELS", o.reference.c_str());
+    trainer.emplace(CheckedJob(manifest));
+  }
+  Run run = Train(*trainer);
+  std::printf("reference: one rank, %s kernels, micro-batches of %d of %d sequences (%s): loss %.6f -> %.6f\n",
+              o.reference.empty() ? "fp32" : o.reference.c_str(), micro, dp * kAccumulation,
+              trainer->Describe().c_str(), run.losses.front(), run.losses.back());
+  return trained.emplace(key, std::move(run)).first->second;
+}
+
+// The model's elements of each shard of a layout's TP slice (the engine's padding not
+// counted), which is what its checkpoint file must hold.
+int64_t ModelElementsOfShard(const api::ModelShape& shape, int tp, int T, int S, int s, int vocab_multiple) {
+  const model::ParameterLayout slice(shape, tp, T, vocab_multiple);
+  int64_t elements = 0;
+  for (int u = 0; u < slice.units(); ++u) {
+    const parallel::UnitShard shard = parallel::ShardOfUnit(slice, u, S, s);
+    for (int64_t i : slice.WholeIndices(shard.unit_begin + shard.begin, shard.unit_begin + shard.begin + shard.real)) {
+      elements += i >= 0;
+    }
+  }
+  return elements;
 }
 
 // The reshard mode's driver: the --from layout writes the checkpoint, this layout resumes.
@@ -232,8 +386,37 @@ int DriveReshard(const Options& o, int argc, char** argv) {
   for (const train::CheckpointListing& c : train::ListCheckpoints(checkpoints.string(), false)) {
     if (c.step == kReshardStep) written_directory = c.directory;
   }
-  const train::LoadedCheckpoint written =
-      train::LoadCheckpoint(written_directory, api::ShapeOf(CheckedJob(job_of(o)).spec.model));
+  const api::ModelShape shape = api::ShapeOf(CheckedJob(job_of(o)).spec.model);
+  const train::LoadedCheckpoint written = train::LoadCheckpoint(written_directory, shape);
+
+  // The files hold the model's elements of each shard, never the engine's vocabulary padding.
+  const nlohmann::json meta = nlohmann::json::parse(std::ifstream(fs::path(written_directory) / "metadata.json"));
+  const int vocab_multiple = meta.value("vocabMultiple", 0);
+  Expect(vocab_multiple == api::kVocabMultiple, "the metadata records the engine's vocabulary padding, " +
+                                                    std::to_string(api::kVocabMultiple) + ", got " +
+                                                    std::to_string(vocab_multiple));
+  const api::ParallelLayout from_layout(from.nodes, from.ranks / from.nodes, from.tp, from.shard);
+  int64_t padded_elements = 0, model_elements = 0;
+  for (int rank = 0; rank < from.ranks; ++rank) {
+    const api::LayoutCoord at = from_layout.CoordOf(rank);
+    if (at.replica != 0) continue;
+    const int64_t want = ModelElementsOfShard(shape, at.tp, from.tp, from_layout.shard(), at.shard, api::kVocabMultiple);
+    char name[32];
+    std::snprintf(name, sizeof name, "rank-%05d.bin", rank);
+    const fs::path file = fs::path(written_directory) / name;
+    std::error_code error;
+    const int64_t bytes = int64_t(fs::file_size(file, error));
+    Expect(!error && bytes == 3 * 4 * want, file.string() + " holds " + std::to_string(bytes) + " bytes, not 3 x 4 x " +
+                                                std::to_string(want) + " model elements of its shards");
+    model_elements += want;
+    const model::ParameterLayout slice(shape, at.tp, from.tp, api::kVocabMultiple);
+    for (int u = 0; u < slice.units(); ++u) padded_elements += parallel::ShardOfUnit(slice, u, from_layout.shard(), at.shard).real;
+  }
+  std::printf("checkpoint of %d ranks (T=%d, S=%d): %lld model elements in the files, %lld in the engine's shards "
+              "with the vocabulary padded to a multiple of %d\n",
+              from.ranks, from.tp, from_layout.shard(), (long long)model_elements, (long long)padded_elements,
+              vocab_multiple);
+
   std::ofstream(fs::path(o.dir) / "job.json", std::ios::trunc) << job_of(o).dump(2);
   if (Launch(o, argc, argv, false).status != 0) return 1;
 
@@ -261,12 +444,10 @@ int DriveReshard(const Options& o, int argc, char** argv) {
   return failures == 0 ? 0 : 1;
 }
 
-int Drive(const Options& o, int argc, char** argv) {
-  if (o.mode == "reshard") return DriveReshard(o, argc, argv);
+// One layout's equivalence (or limit) run against the single-rank reference.
+int DriveLayout(const Options& o, int argc, char** argv) {
+  const int failures_before = failures;
   const int dp = o.ranks / o.tp, S = o.shard == 0 ? dp : o.shard;
-  const auto split = train::WriteTextAsTokenFiles(MESHTRAIN_CORPUS, (fs::path(o.dir) / "train.bin").string(),
-                                                  (fs::path(o.dir) / "val.bin").string(), 0.1);
-  (void)split;
   nlohmann::json ranks_job = JobManifest(o, o.nodes, o.ranks / o.nodes, o.tp, o.shard, 1, dp);
   if (!o.activations.empty()) {
     nlohmann::json& parallelism = ranks_job["spec"]["parallelism"];
@@ -278,8 +459,7 @@ int Drive(const Options& o, int argc, char** argv) {
       throw std::invalid_argument("--activations must be checkpoint or offload:H, got " + o.activations);
     }
   }
-  std::ofstream(fs::path(o.dir) / "job.json") << ranks_job.dump(2);
-  // The reference: one rank, the same global batch in micro-batches of `dp` sequences.
+  std::ofstream(fs::path(o.dir) / "job.json", std::ios::trunc) << ranks_job.dump(2);
   const api::TrainingJob single = CheckedJob(JobManifest(o, 1, 1, 1, 1, dp, dp));
 
   if (o.mode == "kill") {
@@ -298,7 +478,9 @@ int Drive(const Options& o, int argc, char** argv) {
     try {  // one rank of the same micro-batch holding the whole model: the replicated layout
       train::Trainer replicated(CheckedJob(JobManifest(o, 1, 1, 1, 1, 1, 1)));
       replicated.Step();
-      Expect(false, "the single-rank model trained under " + std::to_string(o.limit_mib) + " MiB");
+      Expect(false, "the single-rank model trained under " + std::to_string(o.limit_mib) + " MiB (peak " +
+                        runtime::FormatMiB(replicated.accounting().peak_total()) + ": " +
+                        train::FormatMemory(replicated.memory()) + ")");
     } catch (const runtime::OutOfMemory& e) {
       const std::string message = e.what();
       std::printf("one rank under %d MiB: %s\n", o.limit_mib, message.c_str());
@@ -309,49 +491,73 @@ int Drive(const Options& o, int argc, char** argv) {
     ::unsetenv("MESHTRAIN_MEMORY_LIMIT_MIB");  // the reference below trains without it
   }
 
-  train::Trainer reference_trainer(single);
-  const Run reference = Train(reference_trainer);
+  const Run& reference = Reference(o, dp);
   std::vector<std::vector<double>> repeats;
+  std::vector<std::vector<float>> repeated_weights;
   for (int r = 0; r < o.repeat; ++r) {
-    const launch::LaunchResult result = Launch(o, argc, argv, false);
+    const launch::LaunchResult result = Launch(o, argc, argv, false, r);
     if (result.status != 0) {
       std::printf("%s: the ranks failed (status %d)\n", o.mode.c_str(), result.status);
+      ++failures;
       return 1;
     }
     repeats.push_back(ReadVector<double>(fs::path(o.dir) / "losses.bin"));
+    repeated_weights.push_back(ReadVector<float>(fs::path(o.dir) / "weights.bin"));
   }
   const std::vector<double>& losses = repeats.front();
-  const std::vector<float> weights = ReadVector<float>(fs::path(o.dir) / "weights.bin");
+  const std::vector<float>& weights = repeated_weights.front();
   Expect(losses.size() == reference.losses.size(), "losses of every step");
   double worst = 0;
   for (size_t i = 0; i < losses.size() && i < reference.losses.size(); ++i) {
     worst = std::max(worst, std::abs(losses[i] - reference.losses[i]) / std::abs(reference.losses[i]));
   }
   const double weight_error = weights.size() == reference.weights.size() ? RelativeL2(weights, reference.weights) : 1;
-  std::printf("%d ranks, T=%d, S=%d, R=%d%s, dropout %g: loss %.6f -> %.6f (one rank %.6f -> %.6f); worst loss error %.2e, "
-              "weights %.2e\n",
+  double loss_tolerance = kTolerance, weight_tolerance = kTolerance;
+  if (o.kernels == "bf16") {
+    loss_tolerance = kBf16LossTolerance, weight_tolerance = kBf16WeightTolerance;
+  } else if (o.kernels == "fp64" && o.reference == "fp64") {
+    loss_tolerance = kFp64LossTolerance, weight_tolerance = kFp64WeightTolerance;
+  }
+  std::string strict;
+  if (o.jitter != 0) {
+    strict = ", jitter seeds " + std::to_string(o.jitter) + (o.repeat > 1 ? "-" + std::to_string(o.jitter + o.repeat - 1) : "");
+  }
+  std::printf("%d ranks, T=%d, S=%d, R=%d%s, dropout %g, %s kernels%s: loss %.6f -> %.6f (one rank %.6f -> %.6f); "
+              "worst loss error %.2e, weights %.2e (bounds %g, %g)\n",
               o.ranks, o.tp, S, dp / S, o.activations.empty() ? "" : (", " + o.activations).c_str(), o.dropout,
-              losses.front(), losses.back(), reference.losses.front(),
-              reference.losses.back(), worst, weight_error);
-  Expect(worst <= 1e-5, "losses within 1e-5 relative of the single-rank run");
-  Expect(weight_error <= 1e-5, "master weights within 1e-5 of the single-rank run");
+              o.kernels.c_str(), strict.c_str(), losses.empty() ? 0.0 : losses.front(),
+              losses.empty() ? 0.0 : losses.back(), reference.losses.front(), reference.losses.back(), worst,
+              weight_error, loss_tolerance, weight_tolerance);
+  char bounds[96];
+  std::snprintf(bounds, sizeof bounds, "within %g relative of the single-rank run", loss_tolerance);
+  Expect(worst <= loss_tolerance, std::string("losses ") + bounds);
+  std::snprintf(bounds, sizeof bounds, "within %g of the single-rank run", weight_tolerance);
+  Expect(weight_error <= weight_tolerance, std::string("master weights ") + bounds);
   Expect(reference.losses.back() < reference.losses.front() - 0.5, "the model learns");
-  for (size_t r = 1; r < repeats.size(); ++r) Expect(repeats[r] == repeats[0], "a second run repeats the losses bit for bit");
+  Expect(!losses.empty() && losses.back() < losses.front() - 0.5, "the ranks' model learns");
+  for (size_t r = 1; r < repeats.size(); ++r) {
+    Expect(repeats[r] == repeats[0], "a second run repeats the losses bit for bit");
+    Expect(repeated_weights[r] == repeated_weights[0], "a second run repeats the weights bit for bit");
+  }
 
   for (int rank = 0; rank < o.ranks; ++rank) {
-    // Memory: each unit of the rank's TP slice has shards of ceil(n / S) floats, in four
+    std::ifstream in(fs::path(o.dir) / ("rank" + std::to_string(rank) + ".txt"));
+    int64_t params = 0, grads = 0, optimizer = 0, gathered = 0, peak_blocks = 0;
+    int vocab_multiple = 0;
+    in >> params >> grads >> optimizer >> gathered >> peak_blocks >> vocab_multiple;
+    Expect(vocab_multiple >= 1, "rank " + std::to_string(rank) + " reported its engine's vocabulary padding");
+    // Memory: each unit of the rank's TP slice (its vocabulary padded as the engine pads
+    // it) has shards of ceil(n / S) elements (fp32, or fp64 with the fp64 kernels), in four
     // buffers (master, grads, m, v).
-    const model::ParameterLayout layout(api::ShapeOf(single.spec.model), rank % o.tp, o.tp);
+    const int64_t element = o.kernels == "fp64" ? 8 : 4;
+    const model::ParameterLayout layout(api::ShapeOf(single.spec.model), rank % o.tp, o.tp, std::max(1, vocab_multiple));
     int64_t sharded = 0, replicated = 0, padding = 0;
     for (int u = 0; u < layout.units(); ++u) {
       const int64_t n = layout.Unit(u).second - layout.Unit(u).first, shard = (n + S - 1) / S;
-      sharded += 4 * int64_t(runtime::CachingAllocator::RoundedSize(size_t(shard) * 4));
-      replicated += 4 * int64_t(runtime::CachingAllocator::RoundedSize(size_t(n) * 4));
-      padding += 4 * (512 + 4 * S);  // the shard's padding and the allocator's rounding, per buffer
+      sharded += 4 * int64_t(runtime::CachingAllocator::RoundedSize(size_t(shard * element)));
+      replicated += 4 * int64_t(runtime::CachingAllocator::RoundedSize(size_t(n * element)));
+      padding += 4 * (512 + element * S);  // the shard's padding and the allocator's rounding, per buffer
     }
-    std::ifstream in(fs::path(o.dir) / ("rank" + std::to_string(rank) + ".txt"));
-    int64_t params = 0, grads = 0, optimizer = 0, gathered = 0, peak_blocks = 0;
-    in >> params >> grads >> optimizer >> gathered >> peak_blocks;
     const int64_t state = params + grads + optimizer;
     if (rank == 0) {
       std::printf("rank 0: params + grads + optimizer %lld bytes (its TP slice replicated %lld, / S = %lld), gathered "
@@ -364,8 +570,40 @@ int Drive(const Options& o, int argc, char** argv) {
     Expect(gathered > 0 && peak_blocks >= 1 && peak_blocks <= 2,
            "rank " + std::to_string(rank) + ": at most two blocks unsharded");
   }
-  std::printf("%s: %s\n", o.mode.c_str(), failures == 0 ? "ok" : "FAILED");
-  return failures == 0 ? 0 : 1;
+  return failures == failures_before ? 0 : 1;
+}
+
+// --layout R,N,T,S[,ACT[,P]] over the options given before it.
+Options LayoutOf(const Options& base, const std::string& spec) {
+  Options o = base;
+  std::vector<std::string> fields;
+  std::stringstream in(spec);
+  for (std::string field; std::getline(in, field, ',');) fields.push_back(field);
+  if (fields.size() < 4 || fields.size() > 6) {
+    throw std::invalid_argument("--layout must be RANKS,NODES,TP,SHARD[,ACTIVATIONS[,DROPOUT]], got " + spec);
+  }
+  o.ranks = std::stoi(fields[0]), o.nodes = std::stoi(fields[1]), o.tp = std::stoi(fields[2]),
+  o.shard = std::stoi(fields[3]);
+  o.activations = fields.size() > 4 && fields[4] != "keep" ? fields[4] : "";
+  o.dropout = fields.size() > 5 ? std::stod(fields[5]) : 0;
+  if (o.ranks % o.nodes != 0) throw std::invalid_argument("--layout " + spec + ": RANKS must be a multiple of NODES");
+  return o;
+}
+
+int Drive(const Options& o, int argc, char** argv) {
+  if (o.mode == "reshard") return DriveReshard(o, argc, argv);
+  train::WriteTextAsTokenFiles(MESHTRAIN_CORPUS, (fs::path(o.dir) / "train.bin").string(),
+                               (fs::path(o.dir) / "val.bin").string(), 0.1);
+  if (o.layouts.empty()) {
+    const int status = DriveLayout(o, argc, argv);
+    if (o.mode != "kill") std::printf("%s: %s\n", o.mode.c_str(), status == 0 ? "ok" : "FAILED");
+    return status;
+  }
+  int failed = 0;
+  for (const std::string& spec : o.layouts) failed += DriveLayout(LayoutOf(o, spec), argc, argv) != 0;
+  std::printf("%s of %zu layouts: %s\n", o.mode.c_str(), o.layouts.size(),
+              failed == 0 ? "ok" : (std::to_string(failed) + " FAILED").c_str());
+  return failed == 0 && failures == 0 ? 0 : 1;
 }
 
 }  // namespace
@@ -383,8 +621,25 @@ int main(int argc, char** argv) {
     else if (flag == "--from") o.from = value;
     else if (flag == "--repeat") o.repeat = std::atoi(value.c_str());
     else if (flag == "--limit-mib") o.limit_mib = std::atoi(value.c_str());
+    else if (flag == "--layers") o.layers = std::atoi(value.c_str());
     else if (flag == "--activations") o.activations = value;
     else if (flag == "--dir") o.dir = value;
+    else if (flag == "--kernels") o.kernels = value;
+    else if (flag == "--jitter") o.jitter = std::strtoull(value.c_str(), nullptr, 10);
+    else if (flag == "--reference") o.reference = value;
+    else if (flag == "--reference-micro") o.reference_micro = std::atoi(value.c_str());
+    else if (flag == "--layout") o.layouts.push_back(value);
+    else {
+      std::fprintf(stderr, "engine_check: unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  for (const std::string* kernels : {&o.kernels, &o.reference}) {
+    if (kernels == &o.reference && kernels->empty()) continue;
+    if (*kernels != "fp32" && *kernels != "bf16" && *kernels != "fp64") {
+      std::fprintf(stderr, "engine_check: kernels must be fp32, bf16 or fp64, got '%s'\n", kernels->c_str());
+      return 2;
+    }
   }
   try {
     if (comm::WorkerEnvironment::Present()) return RunRank(o);

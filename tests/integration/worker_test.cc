@@ -182,11 +182,23 @@ TEST_F(WorkerTest, DataParallelRunsMatchTheSingleRankRun) {
   ASSERT_EQ(shm.status, 0) << shm.output;
   ASSERT_EQ(tcp.status, 0) << tcp.output;
   EXPECT_NE(tcp.output.find("launching 4 ranks"), std::string::npos) << tcp.output;
-  // Every run ends with a checkpoint of its last step; nothing warns about the checkpoint block.
+  // Every run ends with a checkpoint of its last step; nothing warns about the checkpoint
+  // block, or any field, having no effect: the one engine acts on them all.
   for (const Outcome* run : {&one, &shm, &tcp}) {
     EXPECT_NE(run->output.find("checkpoint: step 6 in "), std::string::npos) << run->output;
     EXPECT_EQ(run->output.find("spec.checkpoint: has no effect"), std::string::npos) << run->output;
+    EXPECT_EQ(run->output.find("has no effect"), std::string::npos) << run->output;
   }
+  // The sharded engine of each layout, on the CPU with the fp32 kernels.
+  EXPECT_TRUE(std::regex_search(
+      one.output, std::regex(R"((^|\n)  model: fp32 FSDP, 1 replica x 1 shard x tp 1; 5 units, each whole on this rank; cpu fp32 on cpu\n)")))
+      << one.output;
+  EXPECT_TRUE(std::regex_search(
+      shm.output, std::regex(R"(rank 0 model: fp32 FSDP, 1 replica x 2 shards x tp 1, [^\n]*; 5 units, each split in 2 shards [^\n]*; cpu fp32 on cpu\n)")))
+      << shm.output;
+  EXPECT_TRUE(std::regex_search(
+      tcp.output, std::regex(R"(rank 0 model: fp32 FSDP, 1 replica x 4 shards x tp 1, [^\n]*; 5 units, each split in 4 shards [^\n]*; cpu fp32 on cpu\n)")))
+      << tcp.output;
   const auto reference = Steps(one.output);
   ASSERT_EQ(reference.size(), 6u) << one.output;
   EXPECT_LT(reference.back().loss, reference.front().loss - 0.5);

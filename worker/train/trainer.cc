@@ -156,8 +156,8 @@ StepReport Trainer::Step() {
 
 double Trainer::Average(double value) {
   if (world_ == nullptr || world_->size() == 1) return value;
-  float mean = float(value);  // a loss, equal on the ranks of a TP group: fp32 is precise enough
-  world_->AllReduce(&mean, &mean, 1, comm::DataType::kFloat32, comm::ReduceOp::kAverage)->Wait();
+  double mean = value;
+  world_->AllReduce(&mean, &mean, 1, comm::DataType::kFloat64, comm::ReduceOp::kAverage)->Wait();
   return mean;
 }
 
