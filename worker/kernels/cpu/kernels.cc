@@ -248,12 +248,15 @@ void AttentionForward(A* out, G* state, const A* qkv, int B, int T, int C, int N
           expsum += att[t2];
         }
         for (int t2 = 0; t2 < T; ++t2) att[t2] = t2 <= t ? att[t2] / expsum : G(0);
-        A* o = out + (int64_t(b) * T + t) * C + h * hs;
-        for (int i = 0; i < hs; ++i) {
-          G sum = 0;
-          for (int t2 = 0; t2 <= t; ++t2) sum += att[t2] * Load<G>(qkv[(int64_t(b) * T + t2) * C3 + h * hs + 2 * C + i]);
-          o[i] = A(sum);
+        // out = att @ value, value rows in order (contiguous reads), summed in G.
+        thread_local std::vector<G> sum;
+        sum.assign(size_t(hs), G(0));
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const A* value = qkv + (int64_t(b) * T + t2) * C3 + h * hs + 2 * C;
+          for (int i = 0; i < hs; ++i) sum[size_t(i)] += att[t2] * Load<G>(value[i]);
         }
+        A* o = out + (int64_t(b) * T + t) * C + h * hs;
+        for (int i = 0; i < hs; ++i) o[i] = A(sum[size_t(i)]);
       }
     }
   }
@@ -407,15 +410,19 @@ void AddLoss(double* sum, const G* losses, int64_t R, double scale) {
   *sum += scale * s;
 }
 
+// The shard operations run on the comm stream's thread beside the compute stream's OpenMP
+// team: below this size a second team costs more in contention than it saves.
+constexpr int64_t kParallelFrom = int64_t(1) << 20;
+
 template <class G>
 void Accumulate(G* into, const G* from, int64_t n) {
-#pragma omp parallel for
+#pragma omp parallel for if (n >= kParallelFrom)
   for (int64_t i = 0; i < n; ++i) into[i] += from[i];
 }
 
 template <class A, class G>
 void Cast(A* to, const G* from, int64_t n) {
-#pragma omp parallel for
+#pragma omp parallel for if (n >= kParallelFrom)
   for (int64_t i = 0; i < n; ++i) to[i] = A(from[i]);
 }
 
