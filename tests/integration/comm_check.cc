@@ -52,6 +52,7 @@ void Store(DataType type, void* buf, size_t i, double value) {
     case DataType::kFloat32: static_cast<float*>(buf)[i] = static_cast<float>(value); break;
     case DataType::kBFloat16: static_cast<uint16_t*>(buf)[i] = mc::FloatToBf16(static_cast<float>(value)); break;
     case DataType::kFloat16: static_cast<uint16_t*>(buf)[i] = mc::FloatToFp16(static_cast<float>(value)); break;
+    case DataType::kFloat64: static_cast<double*>(buf)[i] = value; break;
     case DataType::kInt32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(value); break;
     case DataType::kInt64: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(value); break;
   }

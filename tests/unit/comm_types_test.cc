@@ -49,6 +49,7 @@ TEST(CommTypes, SumIsCommutativeBitForBitAndRoundsHalves) {
         case DataType::kFloat32: reinterpret_cast<float*>(a.data())[i] = x; reinterpret_cast<float*>(b.data())[i] = y; break;
         case DataType::kBFloat16: reinterpret_cast<uint16_t*>(a.data())[i] = FloatToBf16(x); reinterpret_cast<uint16_t*>(b.data())[i] = FloatToBf16(y); break;
         case DataType::kFloat16: reinterpret_cast<uint16_t*>(a.data())[i] = FloatToFp16(x); reinterpret_cast<uint16_t*>(b.data())[i] = FloatToFp16(y); break;
+        case DataType::kFloat64: reinterpret_cast<double*>(a.data())[i] = x; reinterpret_cast<double*>(b.data())[i] = y; break;
         case DataType::kInt32: reinterpret_cast<int32_t*>(a.data())[i] = static_cast<int32_t>(x * 1000); reinterpret_cast<int32_t*>(b.data())[i] = static_cast<int32_t>(y * 1000); break;
         case DataType::kInt64: reinterpret_cast<int64_t*>(a.data())[i] = static_cast<int64_t>(x * 1e9); reinterpret_cast<int64_t*>(b.data())[i] = static_cast<int64_t>(y * 1e9); break;
       }
