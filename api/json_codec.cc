@@ -44,12 +44,14 @@ void Fields(S& s, V& v) {
   v("seqLen", s.seq_len);
   v("dropout", s.dropout);
   v("init", s.init);
+  v("tokenizer", s.tokenizer);
 }
 
 template <Is<DataSpec> S, class V>
 void Fields(S& s, V& v) {
   v("train", s.train);
   v("validation", s.validation);
+  v("format", s.format);
 }
 
 template <Is<TrainingSpec> S, class V>

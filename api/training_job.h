@@ -67,6 +67,9 @@ struct ModelSpec {
   // by spec.parallelism.tensorParallelSeed.
   double dropout = 0;
   ModelInitSpec init;
+  // A directory with GPT-2's tokenizer (encoder.json and vocab.bpe, or tokenizer.json):
+  // samples are decoded to text. Empty: byte tokens are text, larger vocabularies print ids.
+  std::string tokenizer;
   bool operator==(const ModelSpec&) const = default;
 };
 
@@ -74,6 +77,9 @@ struct ModelSpec {
 struct DataSpec {
   std::vector<std::string> train;
   std::vector<std::string> validation;
+  // auto: each file's header says (meshtrain's MTOK or llm.c's); uint16: raw uint16
+  // tokens with no header (nanoGPT's train.bin), which nothing in the file announces.
+  std::string format = "auto";
   bool operator==(const DataSpec&) const = default;
 };
 

@@ -166,6 +166,7 @@ void CheckData(const DataSpec& d, Checker& c) {
       if ((*list)[i].empty()) c.Fail(base + "[" + std::to_string(i) + "]", "must not be empty");
     }
   }
+  c.OneOf("spec.data.format", d.format, {"auto", "uint16"});
 }
 
 void CheckTraining(const TrainingSpec& t, Checker& c) {

@@ -105,14 +105,41 @@ Command Export(CLI::App& parent) {
 
 Command PrepareData(CLI::App& parent) {
   auto o = Make<PrepareDataOptions>();
-  CLI::App* c = parent.add_subcommand("prepare-data", "Turn a text file into token files (byte-level tokenizer)");
-  c->add_option("input", o->input, "Text file")->required();
-  c->add_option("output", o->output, "Token file to write")->required();
-  c->add_option("--validation", o->validation, "Also write the end of the text here, for validation");
+  CLI::App* c = parent.add_subcommand(
+      "prepare-data", "Turn text into token files: bytes, or GPT-2's tokens in llm.c shards (--tokenizer)");
+  c->add_option("input", o->input, "Text file; with --tokenizer, a glob of .jsonl (\"text\" fields) and text files")
+      ->required();
+  c->add_option("output", o->output, "Token file to write; with --tokenizer, the shards' prefix (PREFIX_train_000001.bin)")
+      ->required();
+  c->add_option("--validation", o->validation, "Also write the end of the text here, for validation (bytes only)");
   c->add_option("--validation-fraction", o->validation_fraction, "Share of the text for validation")
       ->check(CLI::Range(0.0, 0.5))
       ->capture_default_str();
+  c->add_option("--tokenizer", o->tokenizer, "GPT-2's tokenizer: a directory with encoder.json and vocab.bpe, or tokenizer.json");
+  c->add_option("--shard-tokens", o->shard_tokens, "Tokens per shard (with --tokenizer)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  c->add_option("--threads", o->threads, "Tokenizing threads (0: every core)")->capture_default_str();
   return {c, [o] { return PrepareDataCommand(*o, std::cout); }};
+}
+
+Command Sample(CLI::App& parent) {
+  auto o = Make<SampleOptions>();
+  CLI::App* c = parent.add_subcommand("sample", "Continue a prompt from a checkpoint or a safetensors GPT-2");
+  c->add_option("checkpoint", o->checkpoint, "A checkpoint (PATH/step-N), or a job's checkpoint path (its newest)");
+  c->add_option("--from", o->from, "A GPT-2 in Hugging Face's safetensors layout, instead of a checkpoint");
+  c->add_option("--tokenizer", o->tokenizer, "GPT-2's tokenizer directory (encoder.json and vocab.bpe, or tokenizer.json)");
+  c->add_option("--prompt", o->prompt, "Text to continue (default: start of a document)");
+  c->add_option("--tokens", o->tokens, "Tokens to sample")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  c->add_option("--temperature", o->temperature, "Sampling temperature")
+      ->check(CLI::Range(1e-6, 1e6))
+      ->capture_default_str();
+  c->add_option("--top-k", o->top_k, "Sample only among the k likeliest tokens (0: all)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  c->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
+  c->add_option("--device", o->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  return {c, [o] { return SampleCommand(*o, std::cout); }};
 }
 
 Command Plan(CLI::App& parent) {
@@ -298,7 +325,7 @@ int Main(int argc, char** argv) {
   const std::vector<std::string> self = launch::SelfCommand(argc, argv);  // how ranks re-run this program
   // The commands, in the order `meshtrain --help` lists them.
   std::vector<Command> commands = {Validate(app), Layout(app),      Run(app), Checkpoints(app),
-                                   Export(app),   PrepareData(app), Plan(app)};
+                                   Export(app),   PrepareData(app), Sample(app), Plan(app)};
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
   for (Command& c : std::vector<Command>{BenchPlan(*bench, self), BenchTrain(*bench, self), BenchCheckpoint(*bench),

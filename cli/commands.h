@@ -50,10 +50,31 @@ struct PrepareDataOptions {
   std::string output;       // token file of the text (less the validation split)
   std::string validation;   // optional token file of the last validation_fraction of the text
   double validation_fraction = 0.1;
+  // With GPT-2's tokenizer: `input` may be a glob of .jsonl and text files, `output` is
+  // the shards' prefix.
+  std::string tokenizer;
+  uint64_t shard_tokens = 100'000'000;
+  int threads = 0;
 };
 
-// Tokenizes text with the byte-level tokenizer into token files.
+// Tokenizes text into token files: bytes into MTOK files, or with GPT-2's tokenizer
+// (--tokenizer) into llm.c shards (worker/train/prepare_data.h), with progress on stderr.
 int PrepareDataCommand(const PrepareDataOptions& options, std::ostream& out);
+
+struct SampleOptions {
+  std::string checkpoint;  // PATH/step-N, or a job's spec.checkpoint.path (its newest intact one)
+  std::string from;        // or a GPT-2 in Hugging Face's safetensors layout
+  std::string tokenizer;   // GPT-2's tokenizer directory; needed for text with more than 256 tokens
+  std::string prompt;      // empty: start from end-of-text (or a newline for bytes)
+  int tokens = 64;
+  double temperature = 1.0;
+  int top_k = 0;
+  uint64_t seed = 1;
+  std::string device = "cpu";  // cpu | cuda
+};
+
+// Continues a prompt from a checkpoint or a safetensors file; prints the text.
+int SampleCommand(const SampleOptions& options, std::ostream& out);
 
 struct PlanOptions {
   std::string job_file;

@@ -172,7 +172,7 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
   report.Started();
   trainer->Run([&](const train::StepReport& r) { report.Step(r); });
   report.Finished(job.job.spec.checkpoint.path);
-  report.Sample(train::TokensToText(trainer->Sample({'\n'}, options.sample_tokens, 1)));
+  report.Sample(trainer->SampleText(options.sample_tokens, 1));
   return kExitOk;
 }
 

@@ -14,6 +14,8 @@ find_package(cpprestsdk REQUIRED)
 find_package(prometheus-cpp REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(LIBFABRIC REQUIRED IMPORTED_TARGET libfabric)
+# GPT-2's pre-tokenizer pattern needs Unicode classes (\p{L}), which std::regex lacks.
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 # OpenBLAS built on OpenMP shares libgomp's threads with meshtrain's OpenMP loops; the
 # default pthread build keeps a second pool of spinning threads that fights them.
 find_library(OPENBLAS_OPENMP_LIBRARY openblas PATHS /usr/lib/x86_64-linux-gnu/openblas-openmp NO_DEFAULT_PATH)

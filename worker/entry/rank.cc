@@ -138,7 +138,7 @@ int Train(std::ostream& out) {
   if (sample_tokens > 0) {
     // Every rank samples: the forward gathers each unit from the shard group. The same
     // seed and weights make the same text everywhere; rank 0 prints it.
-    const std::string sample = train::TokensToText(trainer->Sample({'\n'}, sample_tokens, 1));
+    const std::string sample = trainer->SampleText(sample_tokens, 1);
     if (env.rank == 0) printed.Sample(sample);
   }
   world->Barrier()->Wait();  // rank 0 serves the Store: it leaves last

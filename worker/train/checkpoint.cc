@@ -176,7 +176,7 @@ LoadedCheckpoint LoadCheckpoint(const std::string& directory, const api::ModelSh
   const Json& layout = meta.at("layout");
   const int T = layout.at("tp"), S = layout.at("shard"), vocab_multiple = meta.value("vocabMultiple", 1);
   const model::ParameterLayout whole_layout(shape);
-  LoadedCheckpoint loaded{directory, {meta.at("step"), meta.at("dataPosition")}, {}};
+  LoadedCheckpoint loaded{directory, {meta.at("step"), meta.at("dataPosition"), meta.value("dataOrder", "") == "windows"}, {}};
   WholeState& whole = loaded.state;
   const size_t total = size_t(whole_layout.total());
   whole.master.assign(total, 0.0f);
@@ -429,6 +429,7 @@ void CheckpointWriter::Finish(const TrainingPosition& position, const std::strin
                      {"vocabMultiple", vocab_multiple_},
                      {"step", position.step},
                      {"dataPosition", position.data_position},
+                     {"dataOrder", "windows"},
                      {"model", ShapeJson(shape_)},
                      {"layout",
                       {{"tp", layout_.tp()}, {"shard", layout_.shard()}, {"replicas", layout_.replicas()},

@@ -1,50 +1,76 @@
 #include "worker/train/data_loader.h"
 
-#include <glob.h>
-
 #include <algorithm>
+#include <bit>
 #include <stdexcept>
 
 namespace meshtrain::train {
+namespace {
 
-DataLoader::DataLoader(const std::vector<std::string>& patterns, int batch, int seq, int dp_rank, int dp_size)
-    : batch_(batch), seq_(seq), dp_rank_(dp_rank), dp_size_(dp_size) {
-  for (const std::string& pattern : patterns) {
-    glob_t g{};
-    const int rc = ::glob(pattern.c_str(), GLOB_NOSORT, nullptr, &g);
-    std::vector<std::string> matched(g.gl_pathv, g.gl_pathv + (rc == 0 ? g.gl_pathc : 0));
-    ::globfree(&g);
-    if (matched.empty()) throw TokenFileError(pattern + ": no token file matches");
-    std::sort(matched.begin(), matched.end());
-    files_.insert(files_.end(), matched.begin(), matched.end());
-  }
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+// A four-round Feistel network over the smallest power of four at or above `count`,
+// walked until it lands inside [0, count): a permutation in O(1) memory, however many
+// windows there are (fewer than four steps of the walk on average).
+uint64_t DataLoader::Permute(uint64_t index, uint64_t count, uint64_t seed, uint64_t pass) {
+  const int bits = count <= 1 ? 0 : std::bit_width(count - 1);
+  const int half = (bits + 1) / 2;
+  const uint64_t mask = (uint64_t(1) << half) - 1;
+  const uint64_t key = SplitMix64(seed ^ SplitMix64(pass));
+  uint64_t x = index;
+  do {
+    uint64_t left = x >> half, right = x & mask;
+    for (uint64_t round = 0; round < 4; ++round) {
+      const uint64_t mixed = left ^ (SplitMix64(key + round * 0x632BE59BD9B4E019ull + right) & mask);
+      left = right;
+      right = mixed;
+    }
+    x = left << half | right;
+  } while (x >= count);
+  return x;
+}
+
+DataLoader::DataLoader(const std::vector<std::string>& patterns, const DataOptions& options)
+    : options_(options), window_(size_t(options.seq) + 1) {
+  files_ = ExpandGlobs(patterns);
+  const auto T = uint64_t(options.seq);
+  window_starts_.push_back(0);
   for (const std::string& f : files_) {
-    data_.push_back(TokenFile::Open(f));
-    starts_.push_back(total_);
-    total_ += data_.back().size();
+    data_.push_back(TokenFile::Open(f, options.format));
+    if (options.vocab_size > 0) data_.back().CheckVocabulary(options.vocab_size);
+    const uint64_t n = data_.back().size();
+    tokens_ += n;
+    window_starts_.push_back(window_starts_.back() + (n > T ? (n - 1) / T : 0));
   }
-  const uint64_t needed = uint64_t(dp_size_) * batch_ * seq_ + 1;
-  if (total_ < needed) {
+  const uint64_t needed = uint64_t(options.dp_size) * uint64_t(options.batch);
+  if (windows() < needed) {
     throw std::invalid_argument(files_.front() + (files_.size() > 1 ? " and others" : "") + ": " +
-                                std::to_string(total_) + " tokens are fewer than one micro-batch needs (" +
+                                std::to_string(tokens_) + " tokens make " + std::to_string(windows()) +
+                                " windows of seqLen+1 = " + std::to_string(T + 1) + " tokens (none crossing a file's "
+                                "end), fewer than one micro-batch of all data-parallel ranks needs (" +
                                 std::to_string(needed) + ")");
   }
 }
 
-uint32_t DataLoader::Token(uint64_t index) const {
-  const size_t f = size_t(std::upper_bound(starts_.begin(), starts_.end(), index) - starts_.begin()) - 1;
-  return data_[f][index - starts_[f]];
-}
-
 void DataLoader::Next(int32_t* inputs, int32_t* targets) {
-  const uint64_t span = uint64_t(dp_size_) * batch_ * seq_;
-  if (position_ + span + 1 > total_) position_ = 0;
-  for (int b = 0; b < batch_; ++b) {
-    const uint64_t start = position_ + uint64_t(dp_rank_ * batch_ + b) * seq_;
-    for (int t = 0; t < seq_; ++t) {
-      inputs[b * seq_ + t] = int32_t(Token(start + t));
-      targets[b * seq_ + t] = int32_t(Token(start + t + 1));
-    }
+  const auto B = uint64_t(options_.batch), T = uint64_t(options_.seq);
+  const uint64_t span = uint64_t(options_.dp_size) * B;
+  const uint64_t per_pass = windows() / span * span;
+  const uint64_t pass = position_ / per_pass, first = position_ % per_pass;
+  for (uint64_t b = 0; b < B; ++b) {
+    const uint64_t window = Permute(first + uint64_t(options_.dp_rank) * B + b, windows(), options_.seed, pass);
+    const size_t f = size_t(std::upper_bound(window_starts_.begin(), window_starts_.end(), window) -
+                            window_starts_.begin()) - 1;
+    data_[f].Read((window - window_starts_[f]) * T, T + 1, window_.data());
+    std::copy_n(window_.begin(), T, inputs + b * T);
+    std::copy_n(window_.begin() + 1, T, targets + b * T);
   }
   position_ += span;
 }

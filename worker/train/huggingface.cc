@@ -52,6 +52,32 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+api::ModelShape HuggingFaceGpt2Shape(const std::string& path, int64_t head_dim) {
+  const std::map<std::string, Tensor> tensors = ReadSafetensors(path);
+  auto find = [&](const std::string& name) -> const Tensor& {
+    for (const char* prefix : {"", "transformer."}) {
+      const auto it = tensors.find(std::string(prefix) + name);
+      if (it != tensors.end() && it->second.shape.size() == 2) return it->second;
+    }
+    throw SafetensorsError(path + ": no two-dimensional tensor " + name + "; not a GPT-2 in Hugging Face's layout");
+  };
+  api::ModelShape shape;
+  shape.vocab_size = find("wte.weight").shape[0];
+  shape.hidden = find("wte.weight").shape[1];
+  shape.seq_len = find("wpe.weight").shape[0];
+  while (tensors.contains("h." + std::to_string(shape.layers) + ".ln_1.weight") ||
+         tensors.contains("transformer.h." + std::to_string(shape.layers) + ".ln_1.weight")) {
+    ++shape.layers;
+  }
+  if (shape.layers == 0) throw SafetensorsError(path + ": no h.0.ln_1.weight; not a GPT-2 in Hugging Face's layout");
+  if (head_dim <= 0 || shape.hidden % head_dim != 0) {
+    throw SafetensorsError(path + ": hidden size " + std::to_string(shape.hidden) + " is not a multiple of heads of " +
+                           std::to_string(head_dim));
+  }
+  shape.heads = shape.hidden / head_dim;
+  return shape;
+}
+
 std::vector<float> LoadHuggingFaceGpt2(const std::string& path, const api::ModelShape& shape) {
   std::map<std::string, Tensor> file = ReadSafetensors(path);
   // GPT2LMHeadModel saves its body under "transformer.".

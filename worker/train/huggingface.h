@@ -21,6 +21,11 @@ namespace meshtrain::train {
 // tensor, an unknown one, or a file that is not safetensors.
 std::vector<float> LoadHuggingFaceGpt2(const std::string& path, const api::ModelShape& shape);
 
+// The shape of the GPT-2 in the file at `path`: layers from the h.N tensors, hidden and
+// vocabulary from wte, sequence length from wpe. Heads are not in the weights: GPT-2's
+// sizes all use heads of `head_dim` (64). Throws SafetensorsError naming the file.
+api::ModelShape HuggingFaceGpt2Shape(const std::string& path, int64_t head_dim = 64);
+
 // Writes `weights` (ParameterLayout order, a model of `shape`) to `path` in that layout.
 void SaveHuggingFaceGpt2(const std::string& path, const std::vector<float>& weights, const api::ModelShape& shape);
 

@@ -1,10 +1,12 @@
 #include "worker/train/token_file.h"
 
 #include <fcntl.h>
+#include <glob.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -28,7 +30,30 @@ void PutU32(unsigned char* p, uint32_t v) {
 
 }  // namespace
 
-TokenFile TokenFile::Open(const std::string& path) {
+TokenFormat ParseTokenFormat(std::string_view name) {
+  if (name == "auto") return TokenFormat::kHeader;
+  if (name == "uint16") return TokenFormat::kUint16;
+  throw std::invalid_argument("must be \"auto\" (MTOK or llm.c, as the header says) or \"uint16\" (raw), got \"" +
+                              std::string(name) + "\"");
+}
+
+namespace {
+
+constexpr uint32_t kLlmcMagic16 = 20240520, kLlmcMagic32 = 20240801;
+
+bool IsLlmcHeader(const unsigned char* h, size_t bytes) {
+  if (bytes < TokenFile::kLlmcHeaderBytes) return false;
+  const uint32_t magic = ReadU32(h), version = ReadU32(h + 4);
+  return (magic == kLlmcMagic16 && version == 1) || (magic == kLlmcMagic32 && version == 2);
+}
+
+bool IsMtokHeader(const unsigned char* h, size_t bytes) {
+  return bytes >= TokenFile::kHeaderBytes && std::memcmp(h, kMagic, 4) == 0;
+}
+
+}  // namespace
+
+TokenFile TokenFile::Open(const std::string& path, TokenFormat format) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) Fail(path, std::string("cannot open token file: ") + std::strerror(errno));
   struct stat st {};
@@ -38,34 +63,110 @@ TokenFile TokenFile::Open(const std::string& path) {
     Fail(path, std::string("cannot stat: ") + std::strerror(err));
   }
   const size_t bytes = size_t(st.st_size);
-  if (bytes < kHeaderBytes) {
+  if (bytes == 0) {
     ::close(fd);
-    Fail(path, "is not a token file: " + std::to_string(bytes) + " bytes is shorter than the 24-byte header");
+    Fail(path, "is empty");
   }
   void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
   const int err = errno;
   ::close(fd);
   if (map == MAP_FAILED) Fail(path, std::string("cannot map: ") + std::strerror(err));
 
-  TokenFile file;
+  TokenFile file;  // unmaps on a throw below
   file.path_ = path;
   file.map_ = map;
   file.map_bytes_ = bytes;
   const auto* h = static_cast<const unsigned char*>(map);
-  if (std::memcmp(h, kMagic, 4) != 0) Fail(path, "is not a token file: bad magic (expected \"MTOK\")");
-  if (ReadU32(h + 4) != kVersion) Fail(path, "has token file version " + std::to_string(ReadU32(h + 4)) + ", expected 1");
-  const uint32_t width = ReadU32(h + 8);
-  if (width != 2 && width != 4) Fail(path, "has token width " + std::to_string(width) + "; expected 2 or 4 bytes");
-  const uint64_t count = ReadU64(h + 16);
-  const uint64_t payload = bytes - kHeaderBytes;
-  if (count > payload / width || payload != count * width) {
-    Fail(path, "is truncated or padded: the header says " + std::to_string(count) + " tokens of " +
-                   std::to_string(width) + " bytes, but " + std::to_string(payload) + " bytes follow it");
+  uint64_t count = 0;
+  if (format == TokenFormat::kUint16) {
+    if (IsLlmcHeader(h, bytes) || IsMtokHeader(h, bytes)) {
+      Fail(path, std::string("starts with ") + (IsLlmcHeader(h, bytes) ? "llm.c's" : "an MTOK") +
+                     " header, but spec.data.format says raw uint16; leave the format at auto");
+    }
+    if (bytes % 2 != 0) Fail(path, "has " + std::to_string(bytes) + " bytes, an odd count for raw uint16 tokens");
+    file.format_ = "uint16";
+    file.width_ = 2;
+    count = bytes / 2;
+  } else if (IsLlmcHeader(h, bytes)) {
+    file.format_ = "llm.c";
+    file.header_bytes_ = kLlmcHeaderBytes;
+    file.width_ = ReadU32(h) == kLlmcMagic16 ? 2 : 4;
+    count = ReadU32(h + 8);
+  } else if (IsMtokHeader(h, bytes)) {
+    if (ReadU32(h + 4) != kVersion) Fail(path, "has MTOK version " + std::to_string(ReadU32(h + 4)) + ", expected 1");
+    const uint32_t width = ReadU32(h + 8);
+    if (width != 2 && width != 4) Fail(path, "has token width " + std::to_string(width) + "; expected 2 or 4 bytes");
+    file.format_ = "MTOK";
+    file.header_bytes_ = kHeaderBytes;
+    file.width_ = int(width);
+    count = ReadU64(h + 16);
+  } else {
+    Fail(path, "has no token file header: expected \"MTOK\" or llm.c's magic 20240520 (version 1) or 20240801 "
+               "(version 2); a raw uint16 file (nanoGPT's train.bin) needs spec.data.format: uint16");
   }
-  file.width_ = int(width);
+  const uint64_t payload = bytes - file.header_bytes_;
+  if (count > payload / unsigned(file.width_) || payload != count * unsigned(file.width_)) {
+    Fail(path, "is truncated or padded: its " + std::string(file.format_) + " header says " + std::to_string(count) +
+                   " tokens of " + std::to_string(file.width_) + " bytes, but " + std::to_string(payload) +
+                   " bytes follow it");
+  }
   file.count_ = count;
-  file.tokens_ = h + kHeaderBytes;
+  file.tokens_ = h + file.header_bytes_;
   return file;
+}
+
+std::vector<std::string> ExpandGlobs(const std::vector<std::string>& patterns) {
+  std::vector<std::string> files;
+  for (const std::string& pattern : patterns) {
+    glob_t g{};
+    const int rc = ::glob(pattern.c_str(), GLOB_NOSORT, nullptr, &g);
+    std::vector<std::string> matched(g.gl_pathv, g.gl_pathv + (rc == 0 ? g.gl_pathc : 0));
+    ::globfree(&g);
+    if (matched.empty()) throw TokenFileError(pattern + ": no file matches");
+    std::sort(matched.begin(), matched.end());
+    files.insert(files.end(), matched.begin(), matched.end());
+  }
+  return files;
+}
+
+void TokenFile::Read(uint64_t first, uint64_t count, int32_t* out) const {
+  if (width_ == 2) {
+    const auto* t = reinterpret_cast<const uint16_t*>(tokens_) + first;
+    for (uint64_t i = 0; i < count; ++i) out[i] = int32_t(t[i]);
+  } else {
+    const auto* t = reinterpret_cast<const uint32_t*>(tokens_) + first;
+    for (uint64_t i = 0; i < count; ++i) out[i] = int32_t(t[i]);
+  }
+}
+
+namespace {
+
+// The index of the first of `tokens` at or above `limit`, or n. Blocks are reduced
+// branch-free (the loop vectorizes) and only a block holding one is searched.
+template <class T>
+uint64_t FirstAtOrAbove(const T* tokens, uint64_t n, uint32_t limit) {
+  constexpr uint64_t kBlock = 4096;
+  for (uint64_t start = 0; start < n; start += kBlock) {
+    const uint64_t end = std::min(n, start + kBlock);
+    T largest = 0;
+    for (uint64_t i = start; i < end; ++i) largest = std::max(largest, tokens[i]);
+    if (uint32_t(largest) < limit) continue;
+    for (uint64_t i = start; i < end; ++i) {
+      if (uint32_t(tokens[i]) >= limit) return i;
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+void TokenFile::CheckVocabulary(uint32_t vocab_size) const {
+  const uint64_t at = width_ == 2 ? FirstAtOrAbove(reinterpret_cast<const uint16_t*>(tokens_), count_, vocab_size)
+                                  : FirstAtOrAbove(reinterpret_cast<const uint32_t*>(tokens_), count_, vocab_size);
+  if (at == count_) return;
+  Fail(path_, "token " + std::to_string(at) + " (byte offset " + std::to_string(header_bytes_ + at * unsigned(width_)) +
+                  ") is " + std::to_string((*this)[at]) + ", outside the model's vocabulary of " +
+                  std::to_string(vocab_size) + " (spec.model.vocabSize)");
 }
 
 TokenFile::TokenFile(TokenFile&& other) noexcept { *this = std::move(other); }
@@ -87,21 +188,10 @@ TokenFile::~TokenFile() {
   if (map_ != nullptr) ::munmap(map_, map_bytes_);
 }
 
-void WriteTokenFile(const std::string& path, std::span<const uint32_t> tokens) {
-  uint32_t width = 2;
-  for (uint32_t t : tokens) {
-    if (t > 0xFFFF) width = 4;
-  }
-  std::vector<unsigned char> bytes(TokenFile::kHeaderBytes + tokens.size() * width);
-  std::memcpy(bytes.data(), kMagic, 4);
-  PutU32(bytes.data() + 4, kVersion);
-  PutU32(bytes.data() + 8, width);
-  PutU32(bytes.data() + 16, uint32_t(tokens.size()));
-  PutU32(bytes.data() + 20, uint32_t(uint64_t(tokens.size()) >> 32));
-  unsigned char* out = bytes.data() + TokenFile::kHeaderBytes;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    for (uint32_t k = 0; k < width; ++k) out[i * width + k] = (tokens[i] >> (8 * k)) & 0xFF;
-  }
+namespace {
+
+// Writes `bytes` to `path` through a temporary file, fsync and rename.
+void WriteAtomically(const std::string& path, const std::vector<unsigned char>& bytes) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) Fail(tmp, std::string("cannot create: ") + std::strerror(errno));
@@ -129,16 +219,58 @@ void WriteTokenFile(const std::string& path, std::span<const uint32_t> tokens) {
   }
 }
 
+uint32_t NarrowestWidth(std::span<const uint32_t> tokens) {
+  for (uint32_t t : tokens) {
+    if (t > 0xFFFF) return 4;
+  }
+  return 2;
+}
+
+void PutTokens(unsigned char* out, std::span<const uint32_t> tokens, uint32_t width) {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    for (uint32_t k = 0; k < width; ++k) out[i * width + k] = (tokens[i] >> (8 * k)) & 0xFF;
+  }
+}
+
+}  // namespace
+
+void WriteTokenFile(const std::string& path, std::span<const uint32_t> tokens) {
+  const uint32_t width = NarrowestWidth(tokens);
+  std::vector<unsigned char> bytes(TokenFile::kHeaderBytes + tokens.size() * width);
+  std::memcpy(bytes.data(), kMagic, 4);
+  PutU32(bytes.data() + 4, kVersion);
+  PutU32(bytes.data() + 8, width);
+  PutU32(bytes.data() + 16, uint32_t(tokens.size()));
+  PutU32(bytes.data() + 20, uint32_t(uint64_t(tokens.size()) >> 32));
+  PutTokens(bytes.data() + TokenFile::kHeaderBytes, tokens, width);
+  WriteAtomically(path, bytes);
+}
+
+void WriteLlmcTokenFile(const std::string& path, std::span<const uint32_t> tokens) {
+  if (tokens.size() > 0x7FFFFFFF) Fail(path, "llm.c's header holds at most 2^31-1 tokens; write more shards");
+  const uint32_t width = NarrowestWidth(tokens);
+  std::vector<unsigned char> bytes(TokenFile::kLlmcHeaderBytes + tokens.size() * width);
+  PutU32(bytes.data(), width == 2 ? kLlmcMagic16 : kLlmcMagic32);
+  PutU32(bytes.data() + 4, width == 2 ? 1 : 2);
+  PutU32(bytes.data() + 8, uint32_t(tokens.size()));
+  PutTokens(bytes.data() + TokenFile::kLlmcHeaderBytes, tokens, width);
+  WriteAtomically(path, bytes);
+}
+
 std::vector<uint32_t> ByteTokens(std::string_view text) {
   std::vector<uint32_t> tokens(text.size());
   for (size_t i = 0; i < text.size(); ++i) tokens[i] = static_cast<unsigned char>(text[i]);
   return tokens;
 }
 
-std::string TokensToText(std::span<const uint32_t> tokens) {
+std::string TokensToText(std::span<const uint32_t> tokens, int64_t vocab_size) {
   std::string text;
+  if (vocab_size > 256) {
+    for (uint32_t t : tokens) text += (text.empty() ? "" : " ") + std::to_string(t);
+    return text;
+  }
   text.reserve(tokens.size());
-  for (uint32_t t : tokens) text += t < 256 ? char(t) : '?';
+  for (uint32_t t : tokens) text += char(t);
   return text;
 }
 

@@ -1,11 +1,17 @@
-// Token files: a 24-byte little-endian header, then the tokens.
+// Token shards in the three formats users have on disk. A header picks the format; a raw
+// file has none, so it is read only when the spec says so (spec.data.format: uint16).
 //
-//   offset  0  magic "MTOK"
-//   offset  4  version, u32 = 1
-//   offset  8  token width in bytes, u32: 2 (uint16) or 4 (uint32)
-//   offset 12  reserved, u32 = 0
-//   offset 16  token count, u64
-//   offset 24  count tokens of `width` bytes
+//   MTOK (meshtrain's own), little-endian:
+//     offset  0  magic "MTOK"
+//     offset  4  version, u32 = 1
+//     offset  8  token width in bytes, u32: 2 (uint16) or 4 (uint32)
+//     offset 12  reserved, u32 = 0
+//     offset 16  token count, u64
+//     offset 24  count tokens of `width` bytes
+//   llm.c's (dev/data/data_common.py), 256 little-endian int32, then the tokens:
+//     header[0] magic 20240520, header[1] version 1, header[2] token count: uint16 tokens
+//     header[0] magic 20240801, header[1] version 2, header[2] token count: uint32 tokens
+//   raw uint16 (nanoGPT's train.bin, val.bin): tokens only, no header.
 //
 // Files are memory-mapped read-only. A TokenFile is immutable after Open and safe to
 // read from several threads.
@@ -27,12 +33,21 @@ class TokenFileError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+enum class TokenFormat {
+  kHeader,  // MTOK or llm.c, as the header says (spec.data.format: auto)
+  kUint16,  // raw uint16 tokens (spec.data.format: uint16)
+};
+
+// "auto" or "uint16" (spec.data.format); throws std::invalid_argument otherwise.
+TokenFormat ParseTokenFormat(std::string_view name);
+
 class TokenFile {
  public:
-  static constexpr size_t kHeaderBytes = 24;
+  static constexpr size_t kHeaderBytes = 24;      // MTOK
+  static constexpr size_t kLlmcHeaderBytes = 1024;  // llm.c
 
-  // Maps `path`. Throws TokenFileError.
-  static TokenFile Open(const std::string& path);
+  // Maps `path`. Throws TokenFileError naming the file and what was expected.
+  static TokenFile Open(const std::string& path, TokenFormat format = TokenFormat::kHeader);
 
   TokenFile(TokenFile&& other) noexcept;
   TokenFile& operator=(TokenFile&& other) noexcept;
@@ -43,28 +58,48 @@ class TokenFile {
   const std::string& path() const { return path_; }
   uint64_t size() const { return count_; }
   int width() const { return width_; }
+  std::string_view format() const { return format_; }  // "MTOK", "llm.c" or "uint16"
   uint32_t operator[](uint64_t i) const {
     return width_ == 2 ? reinterpret_cast<const uint16_t*>(tokens_)[i] : reinterpret_cast<const uint32_t*>(tokens_)[i];
   }
+  // Copies tokens [first, first + count) into `out` as int32.
+  void Read(uint64_t first, uint64_t count, int32_t* out) const;
+
+  // Throws TokenFileError naming the file and the offset of the first token at or above
+  // `vocab_size` (a scan of the whole file at memory bandwidth).
+  void CheckVocabulary(uint32_t vocab_size) const;
 
  private:
   TokenFile() = default;
   std::string path_;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
+  size_t header_bytes_ = 0;
   const unsigned char* tokens_ = nullptr;
   uint64_t count_ = 0;
   int width_ = 0;
+  std::string_view format_;
 };
 
-// Writes `tokens` with the narrowest width that holds them (uint16 when all < 65536),
-// through a temporary file and rename, so a reader never sees half a file.
+// The files that `patterns` (paths or globs) name: each pattern's matches sorted, in
+// pattern order. Throws TokenFileError naming a pattern that matches nothing.
+std::vector<std::string> ExpandGlobs(const std::vector<std::string>& patterns);
+
+// Writes `tokens` as MTOK with the narrowest width that holds them (uint16 when all
+// < 65536), through a temporary file and rename, so a reader never sees half a file.
 // Throws TokenFileError naming the file (a full disk, say).
 void WriteTokenFile(const std::string& path, std::span<const uint32_t> tokens);
 
+// Writes `tokens` as llm.c writes them: version 1 (uint16) when all < 65536, else
+// version 2 (uint32). Atomic as WriteTokenFile.
+void WriteLlmcTokenFile(const std::string& path, std::span<const uint32_t> tokens);
+
 // The byte-level tokenizer: one token per byte, vocabulary 256.
 std::vector<uint32_t> ByteTokens(std::string_view text);
-std::string TokensToText(std::span<const uint32_t> tokens);
+
+// The text of `tokens` under the byte-level tokenizer; with a larger vocabulary
+// (`vocab_size` > 256) and no tokenizer to decode them, the ids, space-separated.
+std::string TokensToText(std::span<const uint32_t> tokens, int64_t vocab_size = 256);
 
 // A text file as byte tokens in two token files: `train` gets the first part and
 // `validation` the last `validation_fraction` of the text, so the two never share a

@@ -36,11 +36,16 @@ api::ParallelLayout SupportedLayout(const api::TrainingJob& job, int ranks) {
 // The training data, and the validation data if the job names any, for world rank `rank`.
 std::pair<DataLoader, std::optional<DataLoader>> OpenData(const api::TrainingJob& job,
                                                           const api::ParallelLayout& layout, int rank) {
-  const int batch = int(job.spec.training.micro_batch_size), seq = int(*job.spec.model.seq_len);
-  const int dp_rank = layout.DataParallelRankOf(rank), dp_size = layout.data_parallel();
-  std::pair<DataLoader, std::optional<DataLoader>> data{DataLoader(job.spec.data.train, batch, seq, dp_rank, dp_size),
-                                                        std::nullopt};
-  if (!job.spec.data.validation.empty()) data.second.emplace(job.spec.data.validation, batch, seq, dp_rank, dp_size);
+  DataOptions options;
+  options.batch = int(job.spec.training.micro_batch_size);
+  options.seq = int(*job.spec.model.seq_len);
+  options.dp_rank = layout.DataParallelRankOf(rank);
+  options.dp_size = layout.data_parallel();
+  options.format = ParseTokenFormat(job.spec.data.format);
+  options.vocab_size = uint32_t(*job.spec.model.vocab_size);
+  options.seed = uint64_t(job.spec.training.seed);
+  std::pair<DataLoader, std::optional<DataLoader>> data{DataLoader(job.spec.data.train, options), std::nullopt};
+  if (!job.spec.data.validation.empty()) data.second.emplace(job.spec.data.validation, options);
   return data;
 }
 
@@ -52,6 +57,7 @@ void CheckTrainable(const api::TrainingJob& job, int rank, int ranks) {
   runtime::MemoryLimitFromEnvironment();
   parallel::ActivationStore<kernels::Fp32>::Check(ActivationPolicyOf(job.spec.parallelism));
   CpuKernelsFromEnvironment();
+  TextCodec{job.spec.model};
   OpenData(job, layout, rank);
 }
 
@@ -81,7 +87,8 @@ Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime
       seq_(int(*job.spec.model.seq_len)),
       micro_steps_(api::AccumulationSteps(job.spec)),
       tokens_per_step_(job.spec.training.global_batch_tokens),
-      engine_(MakeEngine(job, layout_, world, device_world, device, batch_, seq_, &accounting_)) {
+      engine_(MakeEngine(job, layout_, world, device_world, device, batch_, seq_, &accounting_)),
+      codec_(job.spec.model) {
   auto [train, validation] = OpenData(job, layout_, world ? world->rank() : 0);
   train_.emplace(std::move(train));
   validation_ = std::move(validation);
@@ -93,6 +100,14 @@ Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime
         engine_->Restore(loaded->state);
         step_ = loaded->position.step;
         train_->set_position(loaded->position.data_position);
+        if (!loaded->position.data_in_windows) {
+          // Older checkpoints count tokens of one stream read in order; the windows of
+          // seqLen that many tokens made are as far into the seeded order.
+          train_->set_position(loaded->position.data_position / uint64_t(seq_));
+          checkpoint_warnings_.push_back(loaded->directory + ": written before data was read in a seeded order of "
+                                         "windows; resuming " + std::to_string(train_->position()) +
+                                         " windows into that order");
+        }
         resumed_from_ = step_;
         resumed_directory_ = loaded->directory;
       }
@@ -189,27 +204,15 @@ double Trainer::Evaluate() {
   return Average(engine_->TakeLoss());
 }
 
-std::vector<uint32_t> Trainer::Sample(const std::vector<uint32_t>& prompt, int tokens, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<uint32_t> text = prompt;
-  const int V = int(*job_.spec.model.vocab_size);
-  std::vector<int32_t> window;
-  for (int i = 0; i < tokens; ++i) {
-    const size_t n = std::min(text.size(), size_t(seq_));
-    window.assign(text.end() - long(n), text.end());
-    const std::vector<float> probs = engine_->NextTokenProbabilities(window.data(), int(n));
-    double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng), cdf = 0;
-    int next = V - 1;
-    for (int v = 0; v < V; ++v) {
-      cdf += probs[v];
-      if (u < cdf) {
-        next = v;
-        break;
-      }
-    }
-    text.push_back(uint32_t(next));
-  }
-  return std::vector<uint32_t>(text.begin() + long(prompt.size()), text.end());
+std::vector<uint32_t> Trainer::Sample(const std::vector<uint32_t>& prompt, int tokens, const SamplingOptions& options) {
+  return SampleTokens(*engine_, prompt, tokens, seq_, int(*job_.spec.model.vocab_size), options);
+}
+
+std::string Trainer::SampleText(int tokens, uint64_t seed) {
+  SamplingOptions options;
+  options.seed = seed;
+  options.vocabulary = codec_.vocabulary();
+  return codec_.Decode(Sample(codec_.Start(), tokens, options));
 }
 
 MemoryReport Trainer::memory() const {

@@ -30,6 +30,7 @@
 #include "worker/runtime/memory.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/data_loader.h"
+#include "worker/train/sampler.h"
 
 namespace meshtrain::train {
 
@@ -98,8 +99,10 @@ class Trainer {
   // (the training data if there is none), averaged over the data-parallel ranks.
   double Evaluate();
 
-  // `tokens` tokens sampled from the model after `prompt`, at temperature 1.
-  std::vector<uint32_t> Sample(const std::vector<uint32_t>& prompt, int tokens, uint64_t seed);
+  // `tokens` tokens sampled from the model after `prompt` (sampler.h). Collective.
+  std::vector<uint32_t> Sample(const std::vector<uint32_t>& prompt, int tokens, const SamplingOptions& options);
+  // An unprompted sample of `tokens` tokens at temperature 1, as text (TextCodec). Collective.
+  std::string SampleText(int tokens, uint64_t seed);
 
   MemoryReport memory() const;
   const runtime::MemoryAccounting& accounting() const { return accounting_; }
@@ -122,6 +125,7 @@ class Trainer {
   int64_t micro_steps_, tokens_per_step_;
   runtime::MemoryAccounting accounting_;
   std::unique_ptr<parallel::Engine> engine_;
+  TextCodec codec_;
   std::optional<DataLoader> train_;  // always set; optional only to be opened in the body
   std::optional<DataLoader> validation_;
   std::vector<int32_t> inputs_, targets_;

@@ -1,0 +1,97 @@
+#include <filesystem>
+#include <iostream>
+
+#include "api/layout.h"
+#include "cli/commands.h"
+#include "worker/train/checkpoint.h"
+#include "worker/train/devices.h"
+#include "worker/train/huggingface.h"
+#include "worker/train/safetensors.h"
+#include "worker/train/sampler.h"
+
+namespace meshtrain::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The weights and shape to sample from: a checkpoint directory (PATH/step-N), the newest
+// intact checkpoint under a job's spec.checkpoint.path, or a safetensors file.
+struct Weights {
+  api::ModelShape shape;
+  std::vector<float> master;
+  std::string from;
+};
+
+Weights LoadWeights(const SampleOptions& o) {
+  if (!o.from.empty()) return {train::HuggingFaceGpt2Shape(o.from), {}, o.from};
+  std::string directory = o.checkpoint;
+  if (!fs::exists(fs::path(directory) / "metadata.json")) {
+    std::string newest;
+    for (const train::CheckpointListing& c : train::ListCheckpoints(o.checkpoint)) {
+      if (c.problem.empty()) newest = c.directory;  // listed oldest first
+    }
+    if (newest.empty()) throw train::CheckpointError(o.checkpoint + ": no intact checkpoint here");
+    directory = newest;
+  }
+  const api::ModelShape shape = train::CheckpointModel(directory);
+  return {shape, train::LoadCheckpoint(directory, shape).state.master, directory};
+}
+
+}  // namespace
+
+int SampleCommand(const SampleOptions& o, std::ostream& out) {
+  if (o.checkpoint.empty() == o.from.empty()) {
+    out << "meshtrain sample: give a checkpoint or --from FILE, not both\n";
+    return kExitInvalid;
+  }
+  try {
+    Weights weights = LoadWeights(o);
+    if (!o.from.empty()) weights.master = train::LoadHuggingFaceGpt2(o.from, weights.shape);
+    const api::ModelShape& shape = weights.shape;
+    const train::TextCodec codec(o.tokenizer, shape.vocab_size, "--tokenizer");
+    const std::vector<uint32_t> prompt = o.prompt.empty() ? codec.Start() : codec.Encode(o.prompt);
+
+    // A one-rank job of that model, on the device asked for.
+    api::TrainingJob job;
+    job.spec.model.layers = shape.layers;
+    job.spec.model.heads = shape.heads;
+    job.spec.model.hidden = shape.hidden;
+    job.spec.model.vocab_size = shape.vocab_size;
+    job.spec.model.seq_len = shape.seq_len;
+    job.spec.training.micro_batch_size = 1;
+    const std::string precision = o.device == "cuda" ? "bf16" : "fp32";
+    const runtime::DeviceChoice choice = train::ChooseDeviceHere(precision, 0);
+    if (o.device == "cuda" && !choice.device.is_cuda()) {
+      out << "meshtrain sample: --device cuda: " << choice.note << "\n";
+      return kExitInvalid;
+    }
+    job.spec.training.precision = choice.precision;
+    runtime::MemoryAccounting accounting;
+    std::unique_ptr<parallel::Engine> engine = train::MakeEngine(job, api::ParallelLayout(1, 1, 1, 0), nullptr, nullptr,
+                                                                 choice.device, 1, int(shape.seq_len), &accounting);
+    parallel::WholeState state;
+    state.master = std::move(weights.master);
+    state.m.assign(state.master.size(), 0.0f);
+    state.v.assign(state.master.size(), 0.0f);
+    engine->Restore(state);
+
+    train::SamplingOptions sampling;
+    sampling.seed = o.seed;
+    sampling.temperature = o.temperature;
+    sampling.top_k = o.top_k;
+    sampling.vocabulary = codec.vocabulary();
+    const std::vector<uint32_t> ids =
+        train::SampleTokens(*engine, prompt, o.tokens, int(shape.seq_len), int(shape.vocab_size), sampling);
+    std::cerr << "sampling " << o.tokens << " tokens from " << weights.from << " on " << choice.device.ToString() << "\n";
+    out << (o.prompt.empty() ? "" : o.prompt) << codec.Decode(ids) << "\n";
+    return kExitOk;
+  } catch (const std::invalid_argument& e) {
+    out << "meshtrain sample: " << e.what() << "\n";
+    return kExitInvalid;
+  } catch (const std::exception& e) {
+    out << "meshtrain sample: " << e.what() << "\n";
+    return kExitUnreadable;
+  }
+}
+
+}  // namespace meshtrain::cli

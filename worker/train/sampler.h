@@ -1,0 +1,56 @@
+// Text from a model: continue a prompt one token at a time from the engine's next-token
+// distribution (temperature, top-k), and show the tokens as text.
+// Thread-safety: plain functions; the engine is used as its own contract says.
+
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "api/training_job.h"
+#include "worker/parallel/engine.h"
+#include "worker/text/gpt2_tokenizer.h"
+
+namespace meshtrain::train {
+
+struct SamplingOptions {
+  uint64_t seed = 1;
+  double temperature = 1.0;  // > 0; below 1 sharpens the distribution
+  int top_k = 0;             // 0: every token; else only the k most likely
+  uint32_t vocabulary = 0;   // draw only ids below it (a tokenizer's size); 0: the model's
+};
+
+// `tokens` ids sampled after `prompt` (the last `seq` tokens are the context), from a
+// model of vocabulary `vocab_size`. Collective as Engine::NextTokenProbabilities: every
+// rank of a sharded engine calls it, with the same seed, and gets the same ids.
+std::vector<uint32_t> SampleTokens(parallel::Engine& engine, std::span<const uint32_t> prompt, int tokens, int seq,
+                                   int vocab_size, const SamplingOptions& options);
+
+// How a job's tokens become text: GPT-2's tokenizer from spec.model.tokenizer, or bytes
+// for a 256-token vocabulary, or else the ids themselves. Immutable after construction.
+class TextCodec {
+ public:
+  // Throws std::invalid_argument naming spec.model.tokenizer when it cannot be loaded or
+  // has more tokens than the model.
+  explicit TextCodec(const api::ModelSpec& model);
+  // From a tokenizer directory (empty: none) for a model of `vocab_size`.
+  TextCodec(const std::string& tokenizer_dir, int64_t vocab_size, const std::string& field);
+
+  std::string Decode(std::span<const uint32_t> ids) const;
+  // The ids of `text` (bytes without a tokenizer; throws std::invalid_argument when the
+  // model's vocabulary is neither bytes nor a tokenizer's).
+  std::vector<uint32_t> Encode(const std::string& text) const;
+  // What an unprompted sample starts from: end-of-text with a tokenizer, else a newline.
+  std::vector<uint32_t> Start() const;
+  // The ids samples may use (SamplingOptions::vocabulary).
+  uint32_t vocabulary() const;
+
+ private:
+  std::shared_ptr<const text::Gpt2Tokenizer> tokenizer_;
+  int64_t vocab_size_;
+};
+
+}  // namespace meshtrain::train
