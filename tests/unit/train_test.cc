@@ -1,4 +1,4 @@
-// The trainer's parts below the engine: CRC-32C, token files, the data loader, the
+// The trainer's parts below the engine: CRC-32C, token files (MTOK, llm.c, raw), the seeded data loader, the
 // learning-rate schedule, loading the CUDA plugin, and the engine factory (devices.h):
 // which kernel table, padding and backend the environment asks for.
 
@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <initializer_list>
 #include <fstream>
+#include <initializer_list>
+#include <iterator>
+#include <set>
 
 #include <gtest/gtest.h>
 
@@ -50,6 +52,11 @@ std::string OpenError(const std::string& path) {
 
 void WriteBytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 // The check value of CRC-32C (RFC 3720, B.4), and a sum continued over pieces.
 TEST(Crc32c, MatchesTheStandardCheckValueAndContinues) {
   const std::string text = "123456789";
@@ -81,16 +88,16 @@ TEST(TokenFile, BadFilesGetErrorsNamingThem) {
   const std::string f = dir.File("bad.bin");
   EXPECT_NE(OpenError(dir.File("missing.bin")).find("missing.bin: cannot open token file"), std::string::npos);
   WriteBytes(f, "MTOK");
-  EXPECT_NE(OpenError(f).find("bad.bin: is not a token file: 4 bytes is shorter than the 24-byte header"), std::string::npos);
+  EXPECT_NE(OpenError(f).find("bad.bin: has no token file header: expected \"MTOK\" or llm.c's magic 20240520"),
+            std::string::npos)
+      << OpenError(f);
   WriteBytes(f, std::string(24, 'x'));
-  EXPECT_NE(OpenError(f).find("bad.bin: is not a token file: bad magic"), std::string::npos);
+  EXPECT_NE(OpenError(f).find("a raw uint16 file (nanoGPT's train.bin) needs spec.data.format: uint16"),
+            std::string::npos);
   WriteTokenFile(f, std::vector<uint32_t>{1, 2, 3});
-  {  // truncate the last token
-    std::ifstream in(f, std::ios::binary);
-    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    WriteBytes(f, bytes.substr(0, bytes.size() - 1));
-  }
-  EXPECT_NE(OpenError(f).find("bad.bin: is truncated or padded: the header says 3 tokens of 2 bytes, but 5 bytes follow it"),
+  WriteBytes(f, ReadBytes(f).substr(0, 24 + 5));  // truncate the last token
+  EXPECT_NE(OpenError(f).find("bad.bin: is truncated or padded: its MTOK header says 3 tokens of 2 bytes, but 5 bytes "
+                              "follow it"),
             std::string::npos)
       << OpenError(f);
   std::string header = std::string("MTOK") + std::string("\x01\x00\x00\x00\x03\x00\x00\x00", 8) + std::string(12, '\0');
@@ -98,7 +105,7 @@ TEST(TokenFile, BadFilesGetErrorsNamingThem) {
   EXPECT_NE(OpenError(f).find("has token width 3"), std::string::npos);
   header[4] = 2;
   WriteBytes(f, header);
-  EXPECT_NE(OpenError(f).find("has token file version 2"), std::string::npos);
+  EXPECT_NE(OpenError(f).find("has MTOK version 2, expected 1"), std::string::npos);
   try {
     WriteTokenFile(dir.File("no/such/dir/x.bin"), std::vector<uint32_t>{1});
     FAIL();
@@ -107,39 +114,170 @@ TEST(TokenFile, BadFilesGetErrorsNamingThem) {
   }
 }
 
-TEST(TokenFile, ByteTokenizerRoundTrips) {
+// llm.c's shards as we write them, as Python's struct writes them (llm.c's own
+// dev/data/data_common.py layout), and nanoGPT's raw uint16 files.
+TEST(TokenFile, ReadsLlmcShardsAndRawUint16) {
+  TempDir dir;
+  std::vector<uint32_t> tokens(1000);
+  for (uint32_t i = 0; i < tokens.size(); ++i) tokens[i] = (i * 7919) % 50257;
+  WriteLlmcTokenFile(dir.File("ours.bin"), tokens);
+  EXPECT_EQ(fs::file_size(dir.File("ours.bin")), 1024u + 2 * tokens.size());
+  const std::string script =
+      "import struct, sys\n"
+      "toks = [(i * 7919) % 50257 for i in range(1000)]\n"
+      "header = [0] * 256\n"
+      "header[0], header[1], header[2] = 20240520, 1, len(toks)\n"
+      "with open(sys.argv[1], 'wb') as f:\n"
+      "    f.write(struct.pack('<256i', *header))\n"
+      "    f.write(struct.pack('<%dH' % len(toks), *toks))\n"
+      "with open(sys.argv[2], 'wb') as f:\n"
+      "    f.write(struct.pack('<%dH' % len(toks), *toks))\n";
+  std::ofstream(dir.File("write.py")) << script;
+  ASSERT_EQ(std::system(("python3 " + dir.File("write.py") + " " + dir.File("python.bin") + " " + dir.File("raw.bin")).c_str()), 0);
+  for (const std::string name : {"ours.bin", "python.bin"}) {
+    const TokenFile file = TokenFile::Open(dir.File(name));
+    EXPECT_EQ(file.format(), "llm.c");
+    EXPECT_EQ(file.width(), 2);
+    ASSERT_EQ(file.size(), tokens.size()) << name;
+    for (size_t i = 0; i < tokens.size(); ++i) ASSERT_EQ(file[i], tokens[i]) << name << " token " << i;
+  }
+  EXPECT_EQ(ReadBytes(dir.File("ours.bin")), ReadBytes(dir.File("python.bin")));
+  // Raw uint16 only when the spec says so; a header under that format is a mistake.
+  EXPECT_NE(OpenError(dir.File("raw.bin")).find("needs spec.data.format: uint16"), std::string::npos);
+  const TokenFile raw = TokenFile::Open(dir.File("raw.bin"), TokenFormat::kUint16);
+  EXPECT_EQ(raw.format(), "uint16");
+  ASSERT_EQ(raw.size(), tokens.size());
+  EXPECT_EQ(raw[999], tokens[999]);
+  try {
+    TokenFile::Open(dir.File("ours.bin"), TokenFormat::kUint16);
+    ADD_FAILURE();
+  } catch (const TokenFileError& e) {
+    EXPECT_NE(std::string(e.what()).find("ours.bin: starts with llm.c's header, but spec.data.format says raw uint16"),
+              std::string::npos) << e.what();
+  }
+  WriteBytes(dir.File("odd.bin"), std::string(7, '\1'));
+  try {
+    TokenFile::Open(dir.File("odd.bin"), TokenFormat::kUint16);
+    ADD_FAILURE();
+  } catch (const TokenFileError& e) {
+    EXPECT_NE(std::string(e.what()).find("odd.bin: has 7 bytes, an odd count for raw uint16 tokens"), std::string::npos);
+  }
+  // A truncated llm.c shard, and a version-2 (uint32) one.
+  WriteBytes(dir.File("short.bin"), ReadBytes(dir.File("ours.bin")).substr(0, 1024 + 1000));
+  EXPECT_NE(OpenError(dir.File("short.bin")).find("short.bin: is truncated or padded: its llm.c header says 1000 tokens"),
+            std::string::npos);
+  WriteLlmcTokenFile(dir.File("wide.bin"), std::vector<uint32_t>{1, 128000, 3});
+  const TokenFile wide = TokenFile::Open(dir.File("wide.bin"));
+  EXPECT_EQ(wide.width(), 4);
+  EXPECT_EQ(wide[1], 128000u);
+  EXPECT_EQ(ParseTokenFormat("auto"), TokenFormat::kHeader);
+  EXPECT_EQ(ParseTokenFormat("uint16"), TokenFormat::kUint16);
+  EXPECT_THROW(ParseTokenFormat("int32"), std::invalid_argument);
+}
+
+TEST(TokenFile, ATokenPastTheVocabularyIsNamedWithItsOffset) {
+  TempDir dir;
+  std::vector<uint32_t> tokens(20000, 7);
+  WriteTokenFile(dir.File("ok.bin"), tokens);
+  TokenFile::Open(dir.File("ok.bin")).CheckVocabulary(8);
+  tokens[12345] = 300;
+  tokens[15000] = 999;
+  WriteLlmcTokenFile(dir.File("big.bin"), tokens);
+  try {
+    TokenFile::Open(dir.File("big.bin")).CheckVocabulary(256);
+    ADD_FAILURE();
+  } catch (const TokenFileError& e) {
+    EXPECT_NE(std::string(e.what()).find("big.bin: token 12345 (byte offset 25714) is 300, outside the model's "
+                                         "vocabulary of 256 (spec.model.vocabSize)"),
+              std::string::npos)
+        << e.what();
+  }
+  TokenFile::Open(dir.File("big.bin")).CheckVocabulary(1000);
+}
+
+TEST(TokenFile, ByteTokenizerRoundTripsAndLargerVocabulariesPrintIds) {
   const std::string text = "It is a truth universally acknowledged\n\xc3\xa9";
   const auto tokens = ByteTokens(text);
   EXPECT_EQ(tokens.size(), text.size());
   EXPECT_EQ(tokens[0], uint32_t('I'));
   EXPECT_EQ(tokens.back(), 0xa9u);
   EXPECT_EQ(TokensToText(tokens), text);
+  EXPECT_EQ(TokensToText(std::vector<uint32_t>{464, 50256, 3}, 50257), "464 50256 3");
 }
 
-TEST(DataLoader, WindowsShiftTargetsAndSplitDataParallelRanks) {
+TEST(DataLoader, PermuteIsABijectionThatChangesWithThePassAndSeed) {
+  for (uint64_t count : {1u, 2u, 3u, 17u, 1000u, 4097u}) {
+    std::vector<char> seen(count, 0);
+    for (uint64_t i = 0; i < count; ++i) {
+      const uint64_t j = DataLoader::Permute(i, count, 1337, 0);
+      ASSERT_LT(j, count);
+      EXPECT_FALSE(seen[j]) << "count " << count << ": " << j << " twice";
+      seen[j] = 1;
+    }
+  }
+  int moved_by_pass = 0, moved_by_seed = 0;
+  for (uint64_t i = 0; i < 1000; ++i) {
+    moved_by_pass += DataLoader::Permute(i, 1000, 1337, 0) != DataLoader::Permute(i, 1000, 1337, 1);
+    moved_by_seed += DataLoader::Permute(i, 1000, 1337, 0) != DataLoader::Permute(i, 1000, 7, 0);
+  }
+  EXPECT_GT(moved_by_pass, 900);
+  EXPECT_GT(moved_by_seed, 900);
+}
+
+TEST(DataLoader, RanksReadTheirOwnWindowsOfTheSeededOrder) {
   TempDir dir;
   std::vector<uint32_t> tokens(100);
   for (uint32_t i = 0; i < 100; ++i) tokens[i] = i;
   WriteTokenFile(dir.File("part-1.bin"), std::span(tokens).first(40));
-  WriteTokenFile(dir.File("part-2.bin"), std::span(tokens).subspan(40));
+  WriteLlmcTokenFile(dir.File("part-2.bin"), std::span(tokens).subspan(40));  // formats mix
   const int B = 2, T = 4;
-  DataLoader rank0({dir.File("part-*.bin")}, B, T, 0, 2), rank1({dir.File("part-*.bin")}, B, T, 1, 2);
+  DataOptions options{.batch = B, .seq = T, .dp_rank = 0, .dp_size = 2, .vocab_size = 100, .seed = 1337};
+  DataLoader rank0({dir.File("part-*.bin")}, options);
+  options.dp_rank = 1;
+  DataLoader rank1({dir.File("part-*.bin")}, options);
   EXPECT_EQ(rank0.files().size(), 2u);
   EXPECT_EQ(rank0.tokens(), 100u);
-  std::vector<int32_t> in0(B * T), tg0(B * T), in1(B * T), tg1(B * T);
-  rank0.Next(in0.data(), tg0.data());
-  rank1.Next(in1.data(), tg1.data());
-  EXPECT_EQ(in0, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7}));
-  EXPECT_EQ(tg0, (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8}));
-  EXPECT_EQ(in1, (std::vector<int32_t>{8, 9, 10, 11, 12, 13, 14, 15}));
-  EXPECT_EQ(rank0.position(), 16u);
-  // Across the file boundary, then wrapping around before running out.
-  for (int i = 0; i < 5; ++i) rank0.Next(in0.data(), tg0.data());
-  EXPECT_EQ(in0.front(), 80);
-  rank0.Next(in0.data(), tg0.data());
-  EXPECT_EQ(in0.front(), 0);  // 96 + 16 + 1 > 100: wrapped
-  EXPECT_THROW(DataLoader({dir.File("nothing-*.bin")}, B, T), TokenFileError);
-  EXPECT_THROW(DataLoader({dir.File("part-1.bin")}, 8, 8), std::invalid_argument);
+  EXPECT_EQ(rank0.windows(), 9u + 14u);  // (40-1)/4 and (60-1)/4: no window crosses a file's end
+  // One pass is 20 windows (5 global micro-batches of 4); each is read once in it.
+  std::vector<int32_t> in(B * T), target(B * T);
+  std::set<int32_t> starts;
+  std::vector<int32_t> first_pass;
+  for (int step = 0; step < 5; ++step) {
+    for (DataLoader* rank : {&rank0, &rank1}) {
+      rank->Next(in.data(), target.data());
+      for (int b = 0; b < B; ++b) {
+        const int32_t start = in[size_t(b * T)];
+        EXPECT_TRUE(start < 40 ? start % T == 0 && start + T < 40 : (start - 40) % T == 0 && start + T < 100) << start;
+        for (int t = 0; t < T; ++t) {
+          EXPECT_EQ(in[size_t(b * T + t)], start + t);
+          EXPECT_EQ(target[size_t(b * T + t)], start + t + 1);
+        }
+        EXPECT_TRUE(starts.insert(start).second) << "window at " << start << " read twice in one pass";
+        if (rank == &rank0 && b == 0) first_pass.push_back(start);
+      }
+    }
+  }
+  EXPECT_EQ(rank0.position(), 20u);
+  // The next pass is another order; a restored position reads exactly the same windows.
+  std::vector<int32_t> second_pass;
+  for (int step = 0; step < 5; ++step) {
+    rank0.Next(in.data(), target.data());
+    second_pass.push_back(in[0]);
+  }
+  rank0.set_position(20);
+  for (int step = 0; step < 5; ++step) {
+    rank0.Next(in.data(), target.data());
+    EXPECT_EQ(in[0], second_pass[size_t(step)]);
+  }
+  EXPECT_NE(first_pass, second_pass);
+  options.dp_size = 1;
+  options.dp_rank = 0;
+  EXPECT_THROW(DataLoader({dir.File("nothing-*.bin")}, options), TokenFileError);
+  options.batch = 10;
+  EXPECT_THROW(DataLoader({dir.File("part-1.bin")}, options), std::invalid_argument);  // 9 windows
+  options.batch = 1;
+  options.vocab_size = 50;
+  EXPECT_THROW(DataLoader({dir.File("part-*.bin")}, options), TokenFileError);  // 50..99 are past it
 }
 
 TEST(Schedule, WarmupThenCosineOrConstant) {

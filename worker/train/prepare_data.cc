@@ -16,10 +16,6 @@
 namespace meshtrain::train {
 namespace {
 
-// Text handed to one thread at a time; plain-text documents are cut into pieces of about
-// this size so that a single long file is tokenized on every core too.
-constexpr size_t kPieceBytes = size_t(1) << 20;
-
 // Consecutive text of one document, and whether it is the document's start (which gets
 // the end-of-text token) and in the validation split.
 struct Piece {
@@ -28,15 +24,18 @@ struct Piece {
   bool validation = false;
 };
 
-// Where a plain text may be cut without changing its tokens: just after a line break and
-// before a character that is not a space. GPT-2's pattern always ends a match there (a
-// newline is not the optional space of " ?\p{L}+") and never looks back past it.
+bool AsciiNonSpace(char c) {
+  return uint8_t(c) > 0x20 && uint8_t(c) < 0x7F;
+}
+
+// Where a plain text may be cut without changing its tokens: at a lone line break between
+// two ASCII non-spaces, "x\n|y". The newline is a token of its own either way (alone in
+// its run, it is not the optional space of " ?\p{L}+"), and GPT-2's pattern never looks
+// back past it. After a longer run ("\n\n|y") it would not be: at the end of a piece the
+// run is one match, inside the text its last newline is split off for the next word.
 size_t SafeCut(std::string_view text, size_t from) {
-  for (size_t p = std::max<size_t>(from, 1); p < text.size(); ++p) {
-    if (text[p - 1] == '\n' && text[p] != '\n' && text[p] != ' ' && text[p] != '\t' && text[p] != '\r' &&
-        text[p] != '\v' && text[p] != '\f' && uint8_t(text[p]) < 0x80) {
-      return p;
-    }
+  for (size_t p = std::max<size_t>(from, 2); p < text.size(); ++p) {
+    if (text[p - 1] == '\n' && AsciiNonSpace(text[p - 2]) && AsciiNonSpace(text[p])) return p;
   }
   return text.size();
 }
@@ -55,8 +54,8 @@ bool IsJsonl(const std::string& path) { return path.size() >= 6 && path.compare(
 // (`validation_bytes` of input) as validation.
 class PieceReader {
  public:
-  PieceReader(std::vector<std::string> files, uint64_t validation_bytes)
-      : files_(std::move(files)), validation_bytes_(validation_bytes) {}
+  PieceReader(std::vector<std::string> files, uint64_t validation_bytes, size_t piece_bytes)
+      : files_(std::move(files)), validation_bytes_(validation_bytes), piece_bytes_(piece_bytes) {}
 
   // The next piece, or false at the end. Throws TokenFileError naming the file (and line).
   bool Next(Piece* piece) {
@@ -117,9 +116,9 @@ class PieceReader {
 
   void NextTextPiece(Piece* piece) {
     // A piece never straddles the validation boundary: it ends at the first safe cut
-    // after the boundary or after kPieceBytes, whichever comes first.
+    // after the boundary or after piece_bytes, whichever comes first.
     const uint64_t start = bytes_done_;
-    size_t end = SafeCut(text_, offset_ + kPieceBytes);
+    size_t end = SafeCut(text_, offset_ + piece_bytes_);
     const bool validation = start < validation_bytes_;
     if (validation && start + (end - offset_) > validation_bytes_) {
       end = SafeCut(text_, offset_ + size_t(validation_bytes_ - start));
@@ -134,6 +133,7 @@ class PieceReader {
 
   std::vector<std::string> files_;
   uint64_t validation_bytes_;
+  size_t piece_bytes_;
   size_t next_file_ = 0;
   std::string current_path_;
   std::ifstream jsonl_;
@@ -193,7 +193,7 @@ PrepareResult PrepareTokenShards(const text::Gpt2Tokenizer& tokenizer, const Pre
     if (::stat(f.c_str(), &st) != 0) throw TokenFileError(f + ": cannot open");
     result.bytes += uint64_t(st.st_size);
   }
-  PieceReader reader(files, uint64_t(double(result.bytes) * options.validation_fraction));
+  PieceReader reader(files, uint64_t(double(result.bytes) * options.validation_fraction), options.piece_bytes);
   ShardWriter validation(options.prefix, "val", 0, options.shard_tokens, &result.validation);
   ShardWriter train(options.prefix, "train", 1, options.shard_tokens, &result.train);
 

@@ -29,6 +29,7 @@ struct PrepareOptions {
   uint64_t shard_tokens = 100'000'000;
   double validation_fraction = 0.1;  // 0: no validation shard
   int threads = 0;                   // 0: every core
+  size_t piece_bytes = size_t(1) << 20;  // text tokenized by one thread at a time
 };
 
 struct PreparedShard {
