@@ -91,6 +91,8 @@ const std::vector<Case>& Cases() {
       {"no training data", {{"/spec/data/train", Json::array()}}, {"spec.data.train"}},
       {"empty data path", {{"/spec/data/train", {""}}}, {"spec.data.train[0]"}},
       {"data path not a string", {{"/spec/data/validation", {"/ok.bin", 5}}}, {"spec.data.validation[1]"}},
+      {"unknown data format", {{"/spec/data/format", "int32"}}, {"spec.data.format"}, "must be one of"},
+      {"tokenizer not a string", {{"/spec/model/tokenizer", 5}}, {"spec.model.tokenizer"}},
       {"zero steps", {{"/spec/training/steps", 0}}, {"spec.training.steps"}},
       {"steps overflow", {{"/spec/training/steps", std::numeric_limits<uint64_t>::max()}},
        {"spec.training.steps"}, "out of range"},
