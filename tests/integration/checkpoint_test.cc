@@ -254,7 +254,7 @@ TEST_F(CheckpointTest, AVersion1CheckpointLoadsIntoThePaddedEngineBitForBit) {
       {"format", "meshtrain-checkpoint"},
       {"version", 1},
       {"step", 7},
-      {"dataPosition", 0},
+      {"dataPosition", 3 * shape.seq_len},  // version 1 counted tokens of the files in sequence
       {"model",
        {{"layers", shape.layers}, {"heads", shape.heads}, {"hidden", shape.hidden}, {"vocabSize", shape.vocab_size},
         {"seqLen", shape.seq_len}}},
@@ -273,6 +273,11 @@ TEST_F(CheckpointTest, AVersion1CheckpointLoadsIntoThePaddedEngineBitForBit) {
 
   Trainer trainer(Job(path.string(), shape));
   ASSERT_EQ(trainer.resumed_from(), std::optional<int64_t>(7));
+  ASSERT_EQ(trainer.checkpoint_warnings().size(), 1u);
+  EXPECT_NE(trainer.checkpoint_warnings()[0].find("written before data was read in a seeded order of windows; "
+                                                  "resuming 3 windows into that order"),
+            std::string::npos)
+      << trainer.checkpoint_warnings()[0];
   ASSERT_EQ(trainer.model().vocab_multiple(), api::kVocabMultiple);
   EXPECT_GT(model::ParameterLayout(shape, 0, 1, trainer.model().vocab_multiple()).total(), shape.ParameterCount())
       << "the engine holds padding rows";
