@@ -23,6 +23,9 @@ inline constexpr const char* kJobName = "MESHTRAIN_JOB_NAME";
 inline constexpr const char* kCoordinator = "MESHTRAIN_COORDINATOR";   // host:port of rank 0's rendezvous
 inline constexpr const char* kConfig = "MESHTRAIN_CONFIG";             // the job spec (JSON or YAML)
 inline constexpr const char* kRankTable = "MESHTRAIN_RANK_TABLE";      // the placement's rank table (JSON)
+// The job's rendezvous key (a file of at least 32 random bytes): the Store admits only
+// clients that prove they hold it (worker/comm/store.h). Unset: it admits any client.
+inline constexpr const char* kStoreKeyFile = "MESHTRAIN_STORE_KEY_FILE";
 inline constexpr const char* kNodeRank = "MESHTRAIN_NODE_RANK";
 inline constexpr const char* kNodes = "MESHTRAIN_NNODES";
 inline constexpr const char* kRanksPerNode = "MESHTRAIN_NPROC_PER_NODE";

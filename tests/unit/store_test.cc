@@ -2,7 +2,18 @@
 
 #include "worker/comm/store.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <thread>
 #include <vector>
@@ -135,6 +146,169 @@ TEST(Store, ACoordinatorThatStopsFailsWaitingClients) {
   EXPECT_EQ(waiting.get(), "store get(\"never\") at coordinator " + address +
                                ": the coordinator closed the connection (it stopped or died)");
   EXPECT_NE(ErrorOf([&] { client.Set("k", "v"); }).find("the connection was lost earlier"), std::string::npos);
+}
+
+
+// ---------------------------------------------------------------------------
+// Authentication: strangers on the Store's port, played over raw sockets.
+
+const std::string kKey(32, 'k'), kOtherKey(32, 'o');
+
+std::string U32(uint32_t v) { return std::string{char(v), char(v >> 8), char(v >> 16), char(v >> 24)}; }
+
+std::string Hmac(const std::string& key, const std::string& message) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  HMAC(EVP_sha256(), key.data(), int(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+       message.size(), digest, &length);
+  return std::string(reinterpret_cast<char*>(digest), length);
+}
+
+// A TCP connection to the Store that speaks bytes.
+class Raw {
+ public:
+  explicit Raw(uint16_t port) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  }
+  ~Raw() { ::close(fd_); }
+  void Send(const std::string& bytes) { (void)!::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
+  // The next `n` bytes, or fewer if the connection closes (or 5 s pass).
+  std::string Read(size_t n) {
+    std::string out;
+    while (out.size() < n) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 5000) <= 0) break;
+      char buffer[256];
+      const ssize_t got = ::recv(fd_, buffer, std::min(sizeof buffer, n - out.size()), 0);
+      if (got <= 0) break;
+      out.append(buffer, size_t(got));
+    }
+    return out;
+  }
+  // The challenge's nonce (the first frame: length 33, status 3, 32 bytes).
+  std::string Challenge() {
+    const std::string frame = Read(4 + 33);
+    EXPECT_EQ(frame.size(), 37u);
+    EXPECT_EQ(frame[4], '\3');
+    return frame.size() == 37 ? frame.substr(5) : "";
+  }
+  bool ClosedByPeer() { return Read(1).empty(); }
+
+ private:
+  int fd_;
+};
+
+std::string AuthFrame(const std::string& key, const std::string& server_nonce, const std::string& client_nonce) {
+  return U32(65) + '\6' + client_nonce + Hmac(key, "meshtrain store client" + server_nonce + client_nonce);
+}
+
+TEST(StoreAuthentication, ClientsWithTheKeyAreAdmitted) {
+  StoreServer server("127.0.0.1", 0, kKey);
+  StoreClient a(Address(server), 5s, kKey), b(Address(server), 5s, kKey);
+  a.Set("endpoint/0", "x");
+  EXPECT_EQ(b.Get("endpoint/0", 1s), "x");
+  EXPECT_EQ(server.refused(), 0);
+  EXPECT_NE(ErrorOf([] { StoreServer short_key("127.0.0.1", 0, "too short"); }).find("too short; it needs 32"),
+            std::string::npos);
+}
+
+TEST(StoreAuthentication, StrangersAreRefusedAndTheJobGoesOn) {
+  StoreServer server("127.0.0.1", 0, kKey);
+  StoreClient rank(Address(server), 5s, kKey);
+  rank.Set("before", "1");
+
+  EXPECT_NE(ErrorOf([&] { StoreClient wrong(Address(server), 5s, kOtherKey); })
+                .find("authentication at coordinator " + Address(server) + ": the coordinator refused this rank's key"),
+            std::string::npos);
+  StoreClient keyless(Address(server), 5s);
+  const std::string keyless_error = ErrorOf([&] { keyless.Set("k", "v"); });
+  EXPECT_NE(keyless_error.find("admits only clients with the job's key, and this rank has none"), std::string::npos)
+      << keyless_error;
+  {  // A recorded handshake, replayed on a new connection, meets a new nonce.
+    Raw first(server.port());
+    const std::string recorded = AuthFrame(kKey, first.Challenge(), std::string(32, 'c'));
+    first.Send(recorded);
+    const std::string proof = first.Read(4 + 33);
+    ASSERT_EQ(proof.size(), 37u);
+    EXPECT_EQ(proof[4], '\0');
+    Raw replay(server.port());
+    replay.Challenge();
+    replay.Send(recorded);
+    EXPECT_TRUE(replay.ClosedByPeer());
+  }
+  {  // Garbage, a huge length prefix, and half a message then a hang-up.
+    Raw http(server.port());
+    http.Challenge();
+    http.Send("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_TRUE(http.ClosedByPeer());
+    Raw huge(server.port());
+    huge.Challenge();
+    huge.Send(U32(0xFFFFFFF0u) + "x");
+    EXPECT_TRUE(huge.ClosedByPeer());
+    Raw half(server.port());
+    half.Send(U32(65) + '\6' + std::string(10, 'h'));
+  }
+  EXPECT_EQ(rank.Get("before", 1s), "1");  // the job's own client never noticed
+  rank.Set("after", "2");
+  EXPECT_EQ(rank.Get("after", 1s), "2");
+  EXPECT_EQ(server.refused(), 5);  // wrong key, no key, replay, garbage, huge length
+}
+
+TEST(StoreAuthentication, AClientRefusesACoordinatorWithoutTheKey) {
+  // A fake coordinator that challenges but cannot answer with the key's proof.
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  std::thread fake([&] {
+    const int fd = ::accept(listener, nullptr, nullptr);
+    const std::string challenge = U32(33) + '\3' + std::string(32, 'n');
+    (void)!::send(fd, challenge.data(), challenge.size(), MSG_NOSIGNAL);
+    char answer[69];
+    size_t got = 0;
+    while (got < sizeof answer) {
+      const ssize_t n = ::recv(fd, answer + got, sizeof answer - got, 0);
+      if (n <= 0) break;
+      got += size_t(n);
+    }
+    const std::string bogus = U32(33) + '\0' + std::string(32, 'p');
+    (void)!::send(fd, bogus.data(), bogus.size(), MSG_NOSIGNAL);
+    ::close(fd);
+  });
+  const std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  EXPECT_NE(ErrorOf([&] { StoreClient client(address, 5s, kKey); })
+                .find("the coordinator could not prove that it holds the job's key"),
+            std::string::npos);
+  fake.join();
+  ::close(listener);
+}
+
+TEST(StoreAuthentication, KeyFilesAreTheOwnersAndLongEnough) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("store-key-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "key").string();
+  WriteNewStoreKey(path);
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  const std::string key = ReadStoreKey(path);
+  EXPECT_EQ(key.size(), 32u);
+  WriteNewStoreKey(path);
+  EXPECT_NE(ReadStoreKey(path), key);  // random each time
+  std::ofstream(dir / "short") << "0123456789";
+  EXPECT_NE(ErrorOf([&] { ReadStoreKey((dir / "short").string()); }).find("short holds 10 bytes; it needs at least 32"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf([&] { ReadStoreKey((dir / "missing").string()); }).find("cannot read the store key"),
+            std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "api/environment.h"
 #include "api/worker_contract.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -19,6 +20,7 @@ WorkerEnvironment WorkerEnvironment::FromEnvironment() {
   out.coordinator = api::EnvironmentString(env::kCoordinator);
   if (out.coordinator.empty()) throw std::runtime_error(std::string("the worker environment lacks ") + env::kCoordinator);
   out.config = api::EnvironmentString(env::kConfig);
+  out.store_key_file = api::EnvironmentString(env::kStoreKeyFile);
   out.rank_table = api::EnvironmentString(env::kRankTable);
   if (out.rank_table.empty()) throw std::runtime_error(std::string("the worker environment lacks ") + env::kRankTable);
   out.node_rank = api::EnvironmentRank(env::kNodeRank, 0);
@@ -66,7 +68,12 @@ Rendezvous JoinRendezvous(const WorkerEnvironment& environment, milliseconds tim
                              std::to_string(environment.nnodes) + " and " +
                              std::to_string(environment.world_size));
   }
+  const std::string key = environment.store_key_file.empty() ? "" : ReadStoreKey(environment.store_key_file);
   if (environment.rank == 0) {
+    if (key.empty()) {
+      std::fprintf(stderr, "warning: the rendezvous Store admits any client that reaches %s: no %s\n",
+                   environment.coordinator.c_str(), env::kStoreKeyFile);
+    }
     size_t colon = environment.coordinator.rfind(':');
     if (colon == std::string::npos) {
       throw std::runtime_error("MESHTRAIN_COORDINATOR=\"" + environment.coordinator +
@@ -79,9 +86,9 @@ Rendezvous JoinRendezvous(const WorkerEnvironment& environment, milliseconds tim
     if (host == "localhost") listen = "127.0.0.1";
     else if (host.rfind("127.", 0) == 0) listen = host;
     int port = std::atoi(environment.coordinator.c_str() + colon + 1);
-    rendezvous.server = std::make_unique<StoreServer>(listen, static_cast<uint16_t>(port));
+    rendezvous.server = std::make_unique<StoreServer>(listen, static_cast<uint16_t>(port), key);
   }
-  rendezvous.store = std::make_shared<StoreClient>(environment.coordinator, timeout);
+  rendezvous.store = std::make_shared<StoreClient>(environment.coordinator, timeout, key);
   return rendezvous;
 }
 

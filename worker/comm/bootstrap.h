@@ -17,6 +17,7 @@ struct WorkerEnvironment {
   std::string coordinator;  // host:port of rank 0's Store
   std::string config;       // path of the job spec (may be empty outside a job)
   std::string rank_table;   // path of the rank table
+  std::string store_key_file;  // the job's Store key; empty: the Store authenticates no one
   int node_rank = 0, nnodes = 1, nproc_per_node = 1;
   int rank = 0, world_size = 1, local_rank = 0;
 

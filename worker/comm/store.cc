@@ -5,13 +5,21 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <list>
 #include <map>
 
@@ -20,9 +28,39 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kWait = 4, kCheck = 5 };
-enum Status : uint8_t { kOk = 0, kTimedOut = 1, kBadRequest = 2 };
+enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kWait = 4, kCheck = 5, kAuth = 6 };
+enum Status : uint8_t { kOk = 0, kTimedOut = 1, kBadRequest = 2, kChallenge = 3 };
 constexpr uint32_t kMaxFrame = 64u << 20;
+
+// Authentication (store.h).
+constexpr size_t kNonceBytes = 32, kMacBytes = 32, kMinKeyBytes = 32;
+constexpr uint32_t kAuthFrame = 1 + kNonceBytes + kMacBytes;
+constexpr milliseconds kAuthPatience(10000);
+constexpr const char* kClientLabel = "meshtrain store client";
+constexpr const char* kServerLabel = "meshtrain store server";
+
+std::string RandomBytes(size_t n) {
+  std::string bytes(n, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(bytes.data()), int(n)) != 1) {
+    throw StoreError("store: the system has no randomness for a nonce or key");
+  }
+  return bytes;
+}
+
+// HMAC-SHA256(key, label || first || second).
+std::string Mac(const std::string& key, const char* label, const std::string& first, const std::string& second) {
+  const std::string message = std::string(label) + first + second;
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  HMAC(EVP_sha256(), key.data(), int(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+       message.size(), digest, &length);
+  return std::string(reinterpret_cast<char*>(digest), length);
+}
+
+// Compares MACs in constant time.
+bool SameMac(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && a.size() == kMacBytes && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
 
 void PutU32(std::string* out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out->push_back(char((v >> (8 * i)) & 0xFF));
@@ -101,6 +139,10 @@ std::pair<std::string, std::string> SplitHostPort(const std::string& address) {
 struct StoreServer::State {
   struct Connection {
     std::string in, out;
+    std::string peer;  // address:port, for the log
+    bool authenticated = false;
+    std::string nonce;  // the challenge sent to it
+    Clock::time_point auth_deadline;
   };
   struct Waiter {
     int fd;
@@ -108,6 +150,8 @@ struct StoreServer::State {
     std::vector<std::string> keys;
     Clock::time_point deadline;
   };
+  std::string secret;  // the job's key; empty: no authentication
+  std::atomic<int64_t>* refused = nullptr;
   std::map<std::string, std::string> data;
   std::map<int, Connection> connections;
   std::list<Waiter> waiters;
@@ -186,6 +230,53 @@ struct StoreServer::State {
     }
   }
 
+  // A new connection: challenged when there is a key.
+  void Accept(int fd, const std::string& peer) {
+    Connection& c = connections[fd];
+    c.peer = peer;
+    c.authenticated = secret.empty();
+    if (c.authenticated) return;
+    c.nonce = RandomBytes(kNonceBytes);
+    c.out = Frame(kChallenge, c.nonce);
+    c.auth_deadline = Clock::now() + kAuthPatience;
+    // At once, before the client's first bytes are read: a client without the key then
+    // learns why it is dropped.
+    const ssize_t n = ::send(fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
+    if (n > 0) c.out.erase(0, size_t(n));
+  }
+
+  // Logs and counts a connection that failed to authenticate; the caller drops it.
+  bool Refuse(const Connection& c, const std::string& why) {
+    std::fprintf(stderr, "meshtrain store: refused %s: %s\n", c.peer.c_str(), why.c_str());
+    ++*refused;
+    return false;
+  }
+
+  // Checks a client's answer to its challenge; false refuses it.
+  bool Authenticate(int fd, std::string_view frame) {
+    Connection& c = connections[fd];
+    if (frame.size() != kAuthFrame || uint8_t(frame[0]) != kAuth) {
+      return Refuse(c, "it sent a request before authenticating (no key?)");
+    }
+    const std::string client_nonce(frame.substr(1, kNonceBytes)), mac(frame.substr(1 + kNonceBytes));
+    if (!SameMac(mac, Mac(secret, kClientLabel, c.nonce, client_nonce))) return Refuse(c, "it does not hold the job's key");
+    c.authenticated = true;
+    c.out += Frame(kOk, Mac(secret, kServerLabel, client_nonce, c.nonce));
+    return true;
+  }
+
+  // Connections whose challenge went unanswered for too long.
+  std::vector<int> Unauthenticated(Clock::time_point now) {
+    std::vector<int> late;
+    for (auto& [fd, c] : connections) {
+      if (!c.authenticated && c.auth_deadline <= now) {
+        Refuse(c, "it did not authenticate within " + std::to_string(kAuthPatience.count() / 1000) + " s");
+        late.push_back(fd);
+      }
+    }
+    return late;
+  }
+
   void Expire(Clock::time_point now) {
     for (auto it = waiters.begin(); it != waiters.end();) {
       if (it->deadline <= now) {
@@ -204,7 +295,14 @@ struct StoreServer::State {
   }
 };
 
-StoreServer::StoreServer(const std::string& host, uint16_t port) : state_(std::make_unique<State>()) {
+StoreServer::StoreServer(const std::string& host, uint16_t port, std::string key)
+    : state_(std::make_unique<State>()) {
+  if (!key.empty() && key.size() < kMinKeyBytes) {
+    throw StoreError("store: a key of " + std::to_string(key.size()) + " bytes is too short; it needs " +
+                     std::to_string(kMinKeyBytes));
+  }
+  state_->secret = std::move(key);
+  state_->refused = &refused_;
   listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (listen_fd_ < 0) throw StoreError(Errno("store: socket"));
   const int one = 1;
@@ -263,19 +361,28 @@ void StoreServer::Serve() {
     for (auto& [fd, c] : s.connections) fds.push_back({fd, short(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
     int timeout_ms = -1;
     const auto now = Clock::now();
-    for (const State::Waiter& w : s.waiters) {
-      const auto left = std::chrono::duration_cast<milliseconds>(w.deadline - now).count() + 1;
-      timeout_ms = timeout_ms < 0 ? int(std::max<int64_t>(0, left)) : std::min(timeout_ms, int(std::max<int64_t>(0, left)));
+    auto wake_by = [&](Clock::time_point deadline) {
+      const int64_t left = std::max<int64_t>(0, std::chrono::duration_cast<milliseconds>(deadline - now).count() + 1);
+      timeout_ms = timeout_ms < 0 ? int(left) : std::min(timeout_ms, int(left));
+    };
+    for (const State::Waiter& w : s.waiters) wake_by(w.deadline);
+    for (const auto& [fd, c] : s.connections) {
+      if (!c.authenticated) wake_by(c.auth_deadline);
     }
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) return;
     s.Expire(Clock::now());
+    for (int fd : s.Unauthenticated(Clock::now())) s.Drop(fd);
     if (fds[0].revents & POLLIN) {
       for (;;) {
-        const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        sockaddr_in peer{};
+        socklen_t peer_len = sizeof peer;
+        const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&peer), &peer_len, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) break;
         const int one = 1;
         ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        s.connections[fd];
+        char address[INET_ADDRSTRLEN] = "?";
+        ::inet_ntop(AF_INET, &peer.sin_addr, address, sizeof address);
+        s.Accept(fd, std::string(address) + ":" + std::to_string(ntohs(peer.sin_port)));
       }
     }
     for (size_t i = 2; i < fds.size(); ++i) {
@@ -291,6 +398,10 @@ void StoreServer::Serve() {
         while (!drop && c.in.size() >= 4) {
           Reader header(c.in);
           const uint32_t length = header.U32();
+          if (!c.authenticated && length != kAuthFrame) {
+            drop = !s.Refuse(c, "it sent a request before authenticating (no key?)");
+            break;
+          }
           if (length == 0 || length > kMaxFrame) {
             drop = true;
             break;
@@ -298,7 +409,7 @@ void StoreServer::Serve() {
           if (c.in.size() < 4 + size_t(length)) break;
           const std::string frame = c.in.substr(4, length);
           c.in.erase(0, 4 + size_t(length));
-          drop = !s.Handle(fd, frame);
+          drop = c.authenticated ? !s.Handle(fd, frame) : !s.Authenticate(fd, frame);
         }
       }
       if (!drop && !s.connections[fd].out.empty()) {
@@ -315,7 +426,8 @@ void StoreServer::Serve() {
 // ---------------------------------------------------------------------------
 // Client.
 
-StoreClient::StoreClient(const std::string& coordinator, milliseconds connect_timeout) : coordinator_(coordinator) {
+StoreClient::StoreClient(const std::string& coordinator, milliseconds connect_timeout, const std::string& key)
+    : coordinator_(coordinator) {
   const auto [host, port] = SplitHostPort(coordinator);
   const auto deadline = Clock::now() + connect_timeout;
   std::string last_error = "no attempt";
@@ -332,6 +444,7 @@ StoreClient::StoreClient(const std::string& coordinator, milliseconds connect_ti
         ::freeaddrinfo(found);
         const int one = 1;
         ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        if (!key.empty()) Authenticate(key, kAuthPatience);
         return;
       }
       last_error = std::strerror(errno);
@@ -350,55 +463,86 @@ StoreClient::~StoreClient() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::string StoreClient::Call(const std::string& request, const std::string& what, milliseconds timeout) {
-  std::lock_guard lock(mutex_);
-  // The coordinator answers a wait at its own deadline; allow a little more for the trip.
-  const milliseconds patience = timeout + milliseconds(2000);
-  const auto deadline = Clock::now() + patience;
-  auto fail = [&](const std::string& why) -> StoreError {
-    return StoreError("store " + what + " at coordinator " + coordinator_ + ": " + why);
-  };
-  if (fd_ < 0) throw fail("the connection was lost earlier");
-  auto wait_for = [&](short events) {
+void StoreClient::Fail(const std::string& what, const std::string& why, bool close) {
+  if (close && fd_ >= 0) {
+    ::close(fd_);  // the stream is no longer in step
+    fd_ = -1;
+  }
+  throw StoreError("store " + what + " at coordinator " + coordinator_ + ": " + why);
+}
+
+void StoreClient::SendAll(const std::string& bytes, Clock::time_point deadline, const std::string& what) {
+  for (size_t sent = 0; sent < bytes.size();) {
+    pollfd p{fd_, POLLOUT, 0};
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
-    pollfd p{fd_, events, 0};
-    const int rc = ::poll(&p, 1, int(std::max<int64_t>(0, left)));
-    if (rc == 0) {
-      ::close(fd_);  // the reply may still come; the stream is no longer in step
-      fd_ = -1;
-      throw fail("no reply within " + std::to_string(patience.count()) + " ms");
-    }
-  };
-  size_t sent = 0;
-  while (sent < request.size()) {
-    wait_for(POLLOUT);
-    const ssize_t n = ::send(fd_, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0 && errno != EINTR && errno != EAGAIN) {
-      const StoreError error = fail(Errno("send failed"));
-      ::close(fd_);
-      fd_ = -1;
-      throw error;
-    }
+    if (::poll(&p, 1, int(std::max<int64_t>(0, left))) == 0) Fail(what, "could not send in time", true);
+    const ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0 && errno != EINTR && errno != EAGAIN) Fail(what, Errno("send failed"), true);
     if (n > 0) sent += size_t(n);
   }
+}
+
+std::string StoreClient::ReceiveReply(Clock::time_point deadline, const std::string& what) {
+  const auto patience = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
   std::string reply;
   size_t need = 4;
   while (reply.size() < need) {
-    wait_for(POLLIN);
+    pollfd p{fd_, POLLIN, 0};
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+    if (::poll(&p, 1, int(std::max<int64_t>(0, left))) == 0) {
+      Fail(what, "no reply within " + std::to_string(patience) + " ms", true);  // the reply may still come
+    }
     char buffer[65536];
     const ssize_t n = ::recv(fd_, buffer, std::min(sizeof buffer, need - reply.size()), 0);
     if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
-      ::close(fd_);
-      fd_ = -1;
-      throw fail(n == 0 ? "the coordinator closed the connection (it stopped or died)" : Errno("receive failed"));
+      Fail(what, n == 0 ? "the coordinator closed the connection (it stopped or died)" : Errno("receive failed"), true);
     }
     if (n > 0) reply.append(buffer, size_t(n));
-    if (need == 4 && reply.size() == 4) need = 4 + Reader(reply).U32();
+    if (need == 4 && reply.size() == 4) {
+      const uint32_t length = Reader(reply).U32();
+      if (length == 0 || length > kMaxFrame) Fail(what, "a malformed reply (length " + std::to_string(length) + ")", true);
+      need = 4 + length;
+    }
   }
-  const uint8_t status = uint8_t(reply[4]);
-  if (status == kTimedOut) throw fail("timed out after " + std::to_string(timeout.count()) + " ms");
-  if (status != kOk) throw fail("the coordinator rejected the request");
-  return reply.substr(5);
+  return reply.substr(4);
+}
+
+void StoreClient::Authenticate(const std::string& key, milliseconds timeout) {
+  std::lock_guard lock(mutex_);
+  const auto deadline = Clock::now() + timeout;
+  const std::string what = "authentication";
+  const std::string challenge = ReceiveReply(deadline, what);
+  if (uint8_t(challenge[0]) != kChallenge || challenge.size() != 1 + kNonceBytes) {
+    Fail(what, "the coordinator does not challenge clients (it has no key)", true);
+  }
+  const std::string server_nonce = challenge.substr(1), client_nonce = RandomBytes(kNonceBytes);
+  SendAll(Frame(kAuth, client_nonce + Mac(key, kClientLabel, server_nonce, client_nonce)), deadline, what);
+  std::string proof;
+  try {
+    proof = ReceiveReply(deadline, what);
+  } catch (const StoreError&) {
+    Fail(what, "the coordinator refused this rank's key (it differs from the job's)", true);
+  }
+  if (uint8_t(proof[0]) != kOk || !SameMac(proof.substr(1), Mac(key, kServerLabel, client_nonce, server_nonce))) {
+    Fail(what, "the coordinator could not prove that it holds the job's key", true);
+  }
+}
+
+std::string StoreClient::Call(const std::string& request, const std::string& what, milliseconds timeout) {
+  std::lock_guard lock(mutex_);
+  // The coordinator answers a wait at its own deadline; allow a little more for the trip.
+  const auto deadline = Clock::now() + timeout + milliseconds(2000);
+  if (fd_ < 0) Fail(what, "the connection was lost earlier", false);
+  SendAll(request, deadline, what);
+  const std::string reply = ReceiveReply(deadline, what);
+  switch (uint8_t(reply[0])) {
+    case kOk: return reply.substr(1);
+    case kTimedOut: Fail(what, "timed out after " + std::to_string(timeout.count()) + " ms", false);
+    case kChallenge:
+      Fail(what, "the coordinator admits only clients with the job's key, and this rank has none (" +
+                     std::string("MESHTRAIN_STORE_KEY_FILE)"), true);
+    default: Fail(what, "the coordinator rejected the request", false);
+  }
 }
 
 namespace {
@@ -457,6 +601,25 @@ void StoreClient::Barrier(const std::string& name, int world, milliseconds timeo
                      std::to_string(timeout.count()) + " ms: " + std::to_string(now) + " of " + std::to_string(world) +
                      " ranks arrived");
   }
+}
+
+std::string ReadStoreKey(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw StoreError("cannot read the store key " + path + ": " + std::strerror(errno));
+  const std::string key((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (key.size() < kMinKeyBytes) {
+    throw StoreError("the store key " + path + " holds " + std::to_string(key.size()) + " bytes; it needs at least " +
+                     std::to_string(kMinKeyBytes));
+  }
+  return key;
+}
+
+void WriteNewStoreKey(const std::string& path) {
+  const std::string key = RandomBytes(kMinKeyBytes);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) throw StoreError(Errno("cannot create the store key " + path));
+  const bool written = ::write(fd, key.data(), key.size()) == ssize_t(key.size());
+  if (::close(fd) != 0 || !written) throw StoreError(Errno("cannot write the store key " + path));
 }
 
 }  // namespace meshtrain::comm

@@ -9,16 +9,26 @@
 //
 // Wire format (little-endian): a request is u32 length, u8 op, then fields (strings
 // as u32 length + bytes, integers as i64); a reply is u32 length, u8 status
-// (0 ok, 1 timed out, 2 bad request), then its payload.
+// (0 ok, 1 timed out, 2 bad request, 3 challenge), then its payload.
+//
+// Authentication, with a key (the job's secret, at least 32 bytes; ReadStoreKey):
+//   server -> client  challenge: a fresh random 32-byte nonce Ns
+//   client -> server  op 6 (auth): its own nonce Nc, HMAC-SHA256(key, "meshtrain store client" Ns Nc)
+//   server -> client  ok: HMAC-SHA256(key, "meshtrain store server" Nc Ns)
+// Each side proves it holds the key without sending it, and a recorded answer is worth
+// nothing against the next connection's nonce. A connection that sends anything else
+// first, answers wrongly, or does not answer within 10 s is dropped, and the server logs
+// its address; the others are not disturbed. Without a key, neither side authenticates.
 //
 // Thread-safety: StoreServer runs its own thread; StoreClient serialises its calls
 // with a mutex, so one client may be shared, though each thread usually has its own.
 
 #pragma once
 
+#include <atomic>
 #include <chrono>
-#include <map>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -38,14 +48,17 @@ class StoreError : public std::runtime_error {
 
 class StoreServer {
  public:
-  // Listens on host:port (port 0 picks a free one). Throws StoreError if it cannot.
-  StoreServer(const std::string& host, uint16_t port);
+  // Listens on host:port (port 0 picks a free one), admitting only clients that prove
+  // they hold `key` (empty: every client). Throws StoreError if it cannot listen.
+  StoreServer(const std::string& host, uint16_t port, std::string key = {});
   // Stops serving: waiting clients see the connection close.
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
 
   uint16_t port() const { return port_; }
+  // Connections dropped for failing to authenticate, so far.
+  int64_t refused() const { return refused_.load(); }
   void Stop();
 
  private:
@@ -53,6 +66,7 @@ class StoreServer {
   void Serve();
 
   uint16_t port_ = 0;
+  std::atomic<int64_t> refused_{0};
   int listen_fd_ = -1;
   int wake_fds_[2] = {-1, -1};
   std::unique_ptr<State> state_;
@@ -61,8 +75,10 @@ class StoreServer {
 
 class StoreClient {
  public:
-  // Connects to "host:port", retrying until `connect_timeout` while the coordinator starts.
-  StoreClient(const std::string& coordinator, milliseconds connect_timeout);
+  // Connects to "host:port", retrying until `connect_timeout` while the coordinator starts,
+  // and authenticates with `key` when given. Throws StoreError when the coordinator cannot
+  // be reached, refuses the key, or cannot prove that it holds it.
+  StoreClient(const std::string& coordinator, milliseconds connect_timeout, const std::string& key = {});
   ~StoreClient();
   StoreClient(const StoreClient&) = delete;
   StoreClient& operator=(const StoreClient&) = delete;
@@ -84,11 +100,24 @@ class StoreClient {
  private:
   // Sends one request and returns the reply payload; `what` describes the call for errors.
   std::string Call(const std::string& request, const std::string& what, milliseconds timeout);
+  // The challenge-response above, on the fresh connection.
+  void Authenticate(const std::string& key, milliseconds timeout);
+  // Writes `bytes`, then reads one reply (status and payload), by `deadline`; mutex_ held.
+  void SendAll(const std::string& bytes, std::chrono::steady_clock::time_point deadline, const std::string& what);
+  std::string ReceiveReply(std::chrono::steady_clock::time_point deadline, const std::string& what);
+  [[noreturn]] void Fail(const std::string& what, const std::string& why, bool close);
 
   std::string coordinator_;
   std::mutex mutex_;
   int fd_ = -1;
   std::map<std::string, int64_t> barrier_generation_;
 };
+
+// The job's Store key from `path` (MESHTRAIN_STORE_KEY_FILE). Throws StoreError naming the
+// file when it cannot be read or holds fewer than 32 bytes.
+std::string ReadStoreKey(const std::string& path);
+
+// Writes a new random 256-bit key to `path`, readable by its owner only. Throws StoreError.
+void WriteNewStoreKey(const std::string& path);
 
 }  // namespace meshtrain::comm

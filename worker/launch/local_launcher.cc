@@ -14,6 +14,7 @@
 
 #include "api/environment.h"
 #include "api/worker_contract.h"
+#include "worker/comm/store.h"
 
 namespace meshtrain::launch {
 
@@ -80,6 +81,9 @@ LaunchResult LaunchLocal(const LocalLaunch& launch, std::ostream& log) {
                                  std::to_string(launch.nodes) + " RATE)");
     }
   }
+  // A key of its own for each launch: the ranks' Store admits no one else.
+  const std::string key_path = (directory / "store.key").string();
+  comm::WriteNewStoreKey(key_path);
   const std::string coordinator = (launch.netbed.empty() ? "127.0.0.1" : NetbedAddress(launch.NetbedHost(0))) + ":" +
                                   std::to_string(FreeLoopbackPort());
 
@@ -90,6 +94,7 @@ LaunchResult LaunchLocal(const LocalLaunch& launch, std::ostream& log) {
     variables[env::kJobName] = launch.job_name;
     variables[env::kCoordinator] = coordinator;
     variables[env::kRankTable] = table_path;
+    variables[env::kStoreKeyFile] = key_path;
     variables[env::kNodeRank] = std::to_string(rank / launch.ranks_per_node);
     variables[env::kNodes] = std::to_string(launch.nodes);
     variables[env::kRanksPerNode] = std::to_string(launch.ranks_per_node);
