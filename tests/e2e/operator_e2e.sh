@@ -121,8 +121,11 @@ prepare_data() {
     --validation "$work/data/val.bin" >/dev/null
 }
 
-free_port() {  # a free TCP port on 127.0.0.1 (a bound-and-closed socket's)
-  node -e 'const s = require("net").createServer().listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); })'
+free_ports() {  # N free TCP ports on 127.0.0.1, all different: sockets bound together, then closed
+  node -e 'const net = require("net"); const n = Number(process.argv[1]); const servers = [];
+    for (let i = 0; i < n; i++) servers.push(net.createServer().listen(0, "127.0.0.1", () => {
+      if (servers.every(s => s.address())) { console.log(servers.map(s => s.address().port).join(" ")); servers.forEach(s => s.close()); }
+    }));' "$1"
 }
 
 # prom_value QUERY: the first sample's value of an instant query, or empty.
@@ -527,7 +530,7 @@ case $scenario in
     # A real Prometheus scrapes the operator and rank 0's pod; the metrics pass promtool's lint.
     prepare_data
     start_server 2 --kubelet run --worker-binary "$build/worker/meshtrain-worker"
-    operator_port=$(free_port) health_port=$(free_port) prom_port=$(free_port)
+    read -r operator_port health_port prom_port < <(free_ports 3)
     "$build/operator/meshtrain-operator" --kubeconfig "$operator_kubeconfig" --metrics-port "$operator_port" \
       --health-port "$health_port" --progress-interval 1 >"$work/operator.log" 2>&1 &
     pids+=($!)
