@@ -200,22 +200,33 @@ PrepareResult PrepareTokenShards(const text::Gpt2Tokenizer& tokenizer, const Pre
   const int threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<text::Gpt2Tokenizer::Session> sessions;
   for (int t = 0; t < threads; ++t) sessions.emplace_back(tokenizer);
-  // Rounds: read a few pieces per thread, tokenize them on every thread, write them in order.
-  const size_t per_round = size_t(threads) * 4;
-  std::vector<Piece> pieces(per_round);
-  std::vector<std::vector<uint32_t>> tokens(per_round);
-  std::vector<uint64_t> replaced(per_round);
+  // Rounds: read about piece_bytes of text per thread, give each thread a run of pieces of
+  // about that size (JSONL documents are small), tokenize, write the pieces in order.
+  const uint64_t round_bytes = uint64_t(threads) * options.piece_bytes;
+  std::vector<Piece> pieces;
+  std::vector<std::vector<uint32_t>> tokens;
+  std::vector<uint64_t> replaced;
   auto last_report = std::chrono::steady_clock::now();
   for (bool more = true; more;) {
     size_t n = 0;
-    while (n < per_round && (more = reader.Next(&pieces[n]))) ++n;
+    uint64_t bytes = 0;
+    std::vector<size_t> starts = {0};  // thread t encodes pieces [starts[t], starts[t+1])
+    while (bytes < round_bytes) {
+      if (n == pieces.size()) pieces.emplace_back();
+      if (!(more = reader.Next(&pieces[n]))) break;
+      bytes += pieces[n++].text.size() + 1;
+      if (bytes >= starts.size() * options.piece_bytes && int(starts.size()) < threads) starts.push_back(n);
+    }
+    starts.push_back(n);
+    tokens.resize(std::max(tokens.size(), n));
+    replaced.resize(std::max(replaced.size(), n));
     std::vector<std::thread> workers;
-    for (int t = 0; t < threads; ++t) {
+    for (size_t t = 0; t + 1 < starts.size(); ++t) {
       workers.emplace_back([&, t] {
-        for (size_t i = size_t(t); i < n; i += size_t(threads)) {
+        for (size_t i = starts[t]; i < starts[t + 1]; ++i) {
           tokens[i].clear();
           if (pieces[i].starts_document) tokens[i].push_back(tokenizer.end_of_text());
-          replaced[i] = sessions[size_t(t)].Encode(pieces[i].text, tokens[i]);
+          replaced[i] = sessions[t].Encode(pieces[i].text, tokens[i]);
         }
       });
     }
