@@ -51,15 +51,25 @@ LaunchResult RunProcessGroup(const std::vector<RankProcess>& ranks, const Proces
   auto signal_all = [&](int signal) {
     for (const auto& [pid, rank] : running) ::kill(pid, signal);
   };
+  // The forwarded signals stay blocked across each fork: one that reached a child before it
+  // dropped the launcher's handler would be swallowed by that handler, and the rank would
+  // outlive its SIGTERM. The child unblocks them after resetting, so it dies of a pending one.
+  sigset_t forwarded_signals, unblocked;
+  sigemptyset(&forwarded_signals);
+  for (int signal : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&forwarded_signals, signal);
   for (const RankProcess& rank : ranks) {
+    if (options.forward_signals) ::pthread_sigmask(SIG_BLOCK, &forwarded_signals, &unblocked);
     const pid_t pid = ::fork();
     if (pid < 0) {
+      const int error = errno;
+      if (options.forward_signals) ::pthread_sigmask(SIG_SETMASK, &unblocked, nullptr);
       signal_all(SIGKILL);
-      throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
+      throw std::runtime_error(std::string("fork failed: ") + std::strerror(error));
     }
     if (pid == 0) {
       if (options.forward_signals) {
         for (int signal : {SIGTERM, SIGINT, SIGHUP}) ::signal(signal, SIG_DFL);
+        ::pthread_sigmask(SIG_SETMASK, &unblocked, nullptr);
       }
       for (const auto& [key, value] : rank.environment) ::setenv(key.c_str(), value.c_str(), 1);
       if (!rank.network_namespace.empty()) {
@@ -76,6 +86,7 @@ LaunchResult RunProcessGroup(const std::vector<RankProcess>& ranks, const Proces
       std::fprintf(stderr, "rank %d: cannot run %s: %s\n", rank.rank, argv[0], std::strerror(errno));
       ::_exit(127);
     }
+    if (options.forward_signals) ::pthread_sigmask(SIG_SETMASK, &unblocked, nullptr);
     running[pid] = rank.rank;
   }
 
