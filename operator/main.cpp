@@ -98,6 +98,11 @@ int main(int argc, char** argv) {
     options.reconciler.decide.pending_timeout = std::chrono::seconds(pending_timeout_s);
     options.progress.interval = std::chrono::seconds(progress_interval_s);
     if (!worker_defaults.empty()) options.reconciler.decide.worker = controller::LoadWorkerDefaults(worker_defaults);
+    if (const auto& policy = options.reconciler.decide.worker.network_policy; !policy.enabled)
+      spdlog::warn("networkPolicy.enabled is false: any pod in the cluster can reach the jobs' pods");
+    else if (policy.metrics_from.empty())
+      spdlog::warn("networkPolicy.metricsFrom is empty: only a job's own pods can read its metrics (not Prometheus, "
+                   "nor this operator's progress poller)");
     controller::Controller controller(client, &metrics, options);
     kube::LeaderElectionOptions election;
     char host[256] = {};

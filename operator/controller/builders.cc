@@ -1,7 +1,8 @@
 #include "operator/controller/builders.h"
 
-#include "api/worker_contract.h"
 #include "api/json_codec.h"
+#include "api/worker_contract.h"
+#include "operator/kube/base64.h"
 
 namespace meshtrain::controller {
 
@@ -29,6 +30,8 @@ json OwnerReference(const api::TrainingJob& job) {
 }
 
 std::string ConfigMapName(const std::string& job_name) { return job_name + "-config"; }
+
+std::string StoreKeySecretName(const std::string& job_name) { return job_name + "-store-key"; }
 
 std::string PodName(const std::string& job_name, int64_t gang, int64_t node_rank) {
   return job_name + "-g" + std::to_string(gang) + "-" + std::to_string(node_rank);
@@ -62,6 +65,38 @@ json BuildConfigMap(const api::TrainingJob& job, const json& written_spec, const
           {"data", {{"job.json", spec_doc.dump(2)}, {"rank-table.json", api::ToJson(table).dump(2)}}}};
 }
 
+json BuildStoreKeySecret(const api::TrainingJob& job, const std::string& key) {
+  return {{"apiVersion", "v1"},
+          {"kind", "Secret"},
+          {"metadata", Meta(job, StoreKeySecretName(job.metadata.name), Labels(job))},
+          {"type", "Opaque"},
+          {"immutable", true},
+          {"data", {{"key", kube::EncodeBase64(key)}}}};
+}
+
+json BuildNetworkPolicy(const api::TrainingJob& job, const NetworkPolicyDefaults& policy) {
+  const json same_job = {{"podSelector", {{"matchLabels", Labels(job)}}}};
+  json ingress = json::array({{{"from", json::array({same_job})}}});
+  if (!policy.metrics_from.empty()) {
+    ingress.push_back({{"from", policy.metrics_from},
+                       {"ports", json::array({{{"protocol", "TCP"}, {"port", api::worker::kMetricsPort}}})}});
+  }
+  json spec = {{"podSelector", {{"matchLabels", Labels(job)}}}, {"ingress", ingress}};
+  if (policy.restrict_egress) {
+    spec["policyTypes"] = {"Ingress", "Egress"};
+    spec["egress"] = json::array({
+        {{"to", json::array({same_job})}},
+        {{"ports", json::array({{{"protocol", "UDP"}, {"port", 53}}, {{"protocol", "TCP"}, {"port", 53}}})}},
+    });
+  } else {
+    spec["policyTypes"] = {"Ingress"};
+  }
+  return {{"apiVersion", "networking.k8s.io/v1"},
+          {"kind", "NetworkPolicy"},
+          {"metadata", Meta(job, job.metadata.name, Labels(job))},
+          {"spec", spec}};
+}
+
 json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t gang, int64_t node_rank,
               const WorkerDefaults& worker) {
   const auto& spec = job.spec;
@@ -80,6 +115,7 @@ json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t 
       Env(env::kCoordinator, coordinator_host + ":" + std::to_string(api::worker::kCoordinatorPort)),
       Env(env::kConfig, std::string(kConfigDir) + "/job.json"),
       Env(env::kRankTable, std::string(kConfigDir) + "/rank-table.json"),
+      Env(env::kStoreKeyFile, std::string(kStoreKeyDir) + "/key"),
       Env(env::kMetricsPort, std::to_string(api::worker::kMetricsPort)),
       {{"name", env::kPodIp}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}},
       Env(env::kMasterAddr, coordinator_host),
@@ -96,12 +132,14 @@ json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t 
 
   json volumes = json::array({
       {{"name", "meshtrain-config"}, {"configMap", {{"name", ConfigMapName(name)}}}},
+      {{"name", "store-key"}, {"secret", {{"secretName", StoreKeySecretName(name)}, {"defaultMode", 0400}}}},
       {{"name", "dshm"},
        {"emptyDir", worker.shm_size_limit.empty() ? json{{"medium", "Memory"}}
                                                    : json{{"medium", "Memory"}, {"sizeLimit", worker.shm_size_limit}}}},
   });
   json mounts = json::array({
       {{"name", "meshtrain-config"}, {"mountPath", kConfigDir}, {"readOnly", true}},
+      {{"name", "store-key"}, {"mountPath", kStoreKeyDir}, {"readOnly", true}},
       {{"name", "dshm"}, {"mountPath", "/dev/shm"}},
   });
   for (const auto& v : spec.template_.volumes) volumes.push_back(v);

@@ -1,5 +1,6 @@
 // The objects a TrainingJob owns, built as plain JSON: a headless Service for
-// rendezvous DNS, a ConfigMap holding the spec and the rank table, and one Pod per
+// rendezvous DNS, a ConfigMap holding the spec and the rank table, a Secret holding the
+// rendezvous Store's key, a NetworkPolicy that keeps other pods out, and one Pod per
 // node. Pure functions: the same job and placement always give the same objects,
 // so creating them again is harmless (the API server answers AlreadyExists).
 //
@@ -26,11 +27,13 @@ inline constexpr const char* kJobNameLabel = "meshtrain.dev/job-name";
 inline constexpr const char* kNodeRankLabel = "meshtrain.dev/node-rank";
 inline constexpr const char* kGangLabel = "meshtrain.dev/gang";
 inline constexpr const char* kConfigDir = "/etc/meshtrain";
+inline constexpr const char* kStoreKeyDir = "/etc/meshtrain-store";  // the Secret, mounted read-only
 
 // An ownerReference to the job (controller: true, blockOwnerDeletion: true).
 nlohmann::json OwnerReference(const api::TrainingJob& job);
 
 std::string ConfigMapName(const std::string& job_name);
+std::string StoreKeySecretName(const std::string& job_name);
 std::string PodName(const std::string& job_name, int64_t gang, int64_t node_rank);
 
 nlohmann::json BuildService(const api::TrainingJob& job);
@@ -39,6 +42,13 @@ nlohmann::json BuildService(const api::TrainingJob& job);
 // did), rank-table.json.
 nlohmann::json BuildConfigMap(const api::TrainingJob& job, const nlohmann::json& written_spec,
                               const api::RankTable& table, int64_t gang);
+// The job's Store key (`key`: random bytes the caller drew), one for the job's life:
+// every gang's pods mount it. The operator creates it and never reads it back.
+nlohmann::json BuildStoreKeySecret(const api::TrainingJob& job, const std::string& key);
+// Ingress to the job's pods only from pods of the same job, and to the metrics port also
+// from `policy.metrics_from`; egress everywhere, or with restrict_egress only to the job's
+// pods and DNS.
+nlohmann::json BuildNetworkPolicy(const api::TrainingJob& job, const NetworkPolicyDefaults& policy);
 // `worker` gives a pod that uses EFA its hugepages, and /dev/shm its size limit.
 nlohmann::json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t gang, int64_t node_rank,
                         const WorkerDefaults& worker = {});

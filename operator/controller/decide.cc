@@ -348,6 +348,8 @@ class Decider {
     GangObjects objects;
     objects.service = BuildService(job_);
     objects.config_map = BuildConfigMap(job_, written_spec, *table, gang);
+    if (options_.worker.network_policy.enabled)
+      objects.network_policy = BuildNetworkPolicy(job_, options_.worker.network_policy);
     if (existing && !reused) {
       objects.replace_config_map = true;
       objects.config_map["metadata"]["resourceVersion"] = (*existing)["metadata"]["resourceVersion"];

@@ -70,6 +70,9 @@ struct PendingEvent {
 struct GangObjects {
   nlohmann::json service;
   nlohmann::json config_map;
+  std::optional<nlohmann::json> network_policy;  // when the operator's defaults enable one
+  // The Store key Secret is not here: its key is drawn when it is created (Reconciler::Act),
+  // before the pods that mount it.
   bool replace_config_map = false;  // an older gang's ConfigMap exists: update it instead
   std::vector<nlohmann::json> pods;  // only those the cache does not show
 };

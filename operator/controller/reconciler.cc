@@ -1,6 +1,9 @@
 #include "operator/controller/reconciler.h"
 
+#include <openssl/rand.h>
 #include <spdlog/spdlog.h>
+
+#include <stdexcept>
 
 #include "api/json_codec.h"
 #include "api/manifest.h"
@@ -17,6 +20,14 @@ namespace res = kube::resources;
 namespace {
 
 std::string Uid(const json& object) { return object["metadata"].value("uid", ""); }
+
+// A fresh 256-bit key for a job's rendezvous Store.
+std::string NewStoreKey() {
+  std::string key(32, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(key.data()), static_cast<int>(key.size())) != 1)
+    throw std::runtime_error("drawing a random Store key failed (OpenSSL RAND_bytes)");
+  return key;
+}
 
 }  // namespace
 
@@ -170,6 +181,10 @@ void Reconciler::Act(const Observed& o, const Decision& decision) {
         if (e.kind() != kube::ErrorKind::kConflict) throw;  // AlreadyExists: an earlier pass made it
       }
     };
+    // The Secret before the pods that mount it. A job keeps its first key: when the
+    // Secret exists, AlreadyExists leaves it as it is.
+    create(res::Secrets(), BuildStoreKeySecret(o.checked.job, NewStoreKey()));
+    if (gang.network_policy) create(res::NetworkPolicies(), *gang.network_policy);
     create(res::Services(), gang.service);
     if (gang.replace_config_map) client_.Update(res::ConfigMaps(), o.ns, gang.config_map);
     else create(res::ConfigMaps(), gang.config_map);

@@ -52,13 +52,36 @@ api::Toleration DecodeToleration(const Reader& r, const json& t, const std::stri
   return out;
 }
 
+NetworkPolicyDefaults DecodeNetworkPolicy(const Reader& r, const json& object) {
+  r.Keys(object, "networkPolicy", {"enabled", "metricsFrom", "restrictEgress"});
+  NetworkPolicyDefaults out;
+  if (object.contains("enabled"))
+    out.enabled = r.Expect(object["enabled"], "networkPolicy.enabled", json::value_t::boolean, "true or false").get<bool>();
+  if (object.contains("restrictEgress"))
+    out.restrict_egress =
+        r.Expect(object["restrictEgress"], "networkPolicy.restrictEgress", json::value_t::boolean, "true or false").get<bool>();
+  if (object.contains("metricsFrom")) {
+    const json& peers = r.Expect(object["metricsFrom"], "networkPolicy.metricsFrom", json::value_t::array, "a list");
+    for (size_t i = 0; i < peers.size(); ++i) {
+      const std::string key = "networkPolicy.metricsFrom[" + std::to_string(i) + "]";
+      r.Keys(peers[i], key, {"podSelector", "namespaceSelector", "ipBlock"});
+      if (peers[i].empty()) r.Fail(key, "must name a podSelector, namespaceSelector or ipBlock");
+      for (const auto& [field, value] : peers[i].items())
+        r.Expect(value, key + "." + field, json::value_t::object, "a mapping");
+    }
+    out.metrics_from = peers;
+  }
+  return out;
+}
+
 }  // namespace
 
 WorkerDefaults ParseWorkerDefaults(const json& object, const std::string& source) {
   const Reader r(source);
   WorkerDefaults d;
   if (object.is_null()) return d;  // an empty file
-  r.Keys(object, "", {"efaPerInstanceType", "hugepages2Mi", "shmSizeLimit", "efaEnv", "tolerations", "topologyLevels"});
+  r.Keys(object, "",
+         {"efaPerInstanceType", "hugepages2Mi", "shmSizeLimit", "efaEnv", "tolerations", "topologyLevels", "networkPolicy"});
   if (object.contains("efaPerInstanceType")) {
     const json& m = r.Expect(object["efaPerInstanceType"], "efaPerInstanceType", json::value_t::object, "a mapping");
     for (const auto& [type, count] : m.items()) {
@@ -92,6 +115,7 @@ WorkerDefaults ParseWorkerDefaults(const json& object, const std::string& source
       if (d.topology_levels.back().empty()) r.Fail("topologyLevels[" + std::to_string(i) + "]", "must not be empty");
     }
   }
+  if (object.contains("networkPolicy")) d.network_policy = DecodeNetworkPolicy(r, object["networkPolicy"]);
   return d;
 }
 

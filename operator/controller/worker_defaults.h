@@ -23,6 +23,17 @@ namespace meshtrain::controller {
 
 inline constexpr const char* kInstanceTypeLabel = "node.kubernetes.io/instance-type";
 
+// Each job's NetworkPolicy (values.yaml, networkPolicy): ingress to a job's pods only from
+// pods of the same job, and to the metrics port also from `metrics_from`, where the chart
+// puts the operator's own pods (its progress poller reads rank 0's metrics) beside the
+// Prometheus selectors of its values.
+struct NetworkPolicyDefaults {
+  bool enabled = true;
+  nlohmann::json metrics_from = nlohmann::json::array();  // NetworkPolicyPeer objects
+  bool restrict_egress = false;  // true: egress only to the job's own pods and to DNS
+  bool operator==(const NetworkPolicyDefaults&) const = default;
+};
+
 struct WorkerDefaults {
   std::map<std::string, int64_t> efa_per_instance_type;  // by the job's nodeSelector instance type
   std::string hugepages_2mi;   // hugepages-2Mi per pod that uses EFA; "" for none
@@ -30,6 +41,7 @@ struct WorkerDefaults {
   std::vector<api::EnvVar> efa_env;  // for pods that use EFA
   std::vector<api::Toleration> tolerations;
   std::vector<std::string> topology_levels;  // empty: api's DefaultTopologyLevels()
+  NetworkPolicyDefaults network_policy;
   bool operator==(const WorkerDefaults&) const = default;
 };
 

@@ -25,6 +25,14 @@ const ResourceType& ConfigMaps() {
   static const ResourceType r{"", "v1", "configmaps", "ConfigMap", true};
   return r;
 }
+const ResourceType& Secrets() {
+  static const ResourceType r{"", "v1", "secrets", "Secret", true};
+  return r;
+}
+const ResourceType& NetworkPolicies() {
+  static const ResourceType r{"networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", true};
+  return r;
+}
 const ResourceType& Events() {
   static const ResourceType r{"", "v1", "events", "Event", true};
   return r;

@@ -22,6 +22,8 @@ namespace resources {
 const ResourceType& Pods();
 const ResourceType& Services();
 const ResourceType& ConfigMaps();
+const ResourceType& Secrets();
+const ResourceType& NetworkPolicies();
 const ResourceType& Events();
 const ResourceType& Nodes();
 const ResourceType& Leases();

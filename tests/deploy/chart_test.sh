@@ -71,8 +71,8 @@ json.dump(objects, open(sys.argv[1], "w"))' "$work/defaults.json"
 import json, sys
 objects = json.load(open(sys.argv[1]))
 kinds = sorted(o["kind"] for o in objects)
-for want in ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "PodDisruptionBudget", "PodMonitor",
-             "PrometheusRule", "Role", "RoleBinding", "Service", "ServiceAccount", "ServiceMonitor"]:
+for want in ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy", "PodDisruptionBudget",
+             "PodMonitor", "PrometheusRule", "Role", "RoleBinding", "Service", "ServiceAccount", "ServiceMonitor"]:
     assert want in kinds, f"no {want} rendered: {kinds}"
 deployment = next(o for o in objects if o["kind"] == "Deployment")
 assert deployment["spec"]["replicas"] == 2, deployment["spec"]["replicas"]
@@ -90,14 +90,72 @@ assert sc["capabilities"]["drop"] == ["ALL"], sc
 assert pod["securityContext"]["runAsNonRoot"] is True
 dashboards = [o for o in objects if o["kind"] == "ConfigMap" and "dashboard" in o["metadata"]["name"]]
 assert len(dashboards) == 2 and all(d["metadata"]["labels"].get("grafana_dashboard") == "1" for d in dashboards), dashboards
-# Least privilege: no Secrets, no wildcards, and nothing but reads on Nodes.
+# Least privilege: Secrets and NetworkPolicies only created (never read), no wildcards,
+# and nothing but reads on Nodes.
 for role in (o for o in objects if o["kind"] in ("ClusterRole", "Role")):
     for rule in role["rules"]:
-        assert "secrets" not in rule["resources"] and "*" not in rule["resources"] and "*" not in rule["verbs"], rule
+        assert "*" not in rule["resources"] and "*" not in rule["verbs"], rule
+        if "secrets" in rule["resources"] or "networkpolicies" in rule["resources"]:
+            assert rule["resources"] in (["secrets"], ["networkpolicies"]) and rule["verbs"] == ["create"], rule
         if "nodes" in rule["resources"]:
             assert set(rule["verbs"]) == {"get", "list", "watch"}, rule
 print(f"ok: {len(objects)} objects: {', '.join(kinds)}")
 PY
+    ;;
+  network-policy)
+    # On by default: the operator's own NetworkPolicy, RBAC to create the jobs' ones, and
+    # worker defaults that admit the operator's pods, then the scrapers, to job metrics.
+    render on
+    render off --set networkPolicy.enabled=false
+    cat >"$work/closed-values.yaml" <<'YAML'
+networkPolicy:
+  restrictEgress: true
+  metricsFrom:
+    - namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}
+    - ipBlock: {cidr: 10.0.0.0/8}
+YAML
+    render closed -f "$work/closed-values.yaml"
+    for name in on off closed; do
+      node "$src/tests/deploy/validate_manifests.js" "$tools/node_modules" "$work/$name.json" || fail "$name: invalid objects"
+    done
+    python3 - "$work" <<'PY'
+import json, sys, yaml
+work = sys.argv[1]
+def load(name):
+    objects = json.load(open(f"{work}/{name}.json"))
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    rules = [r for o in objects if o["kind"] == "ClusterRole" for r in o["rules"]]
+    config = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-worker-defaults"))
+    return policies, rules, yaml.safe_load(config["data"]["worker-defaults.yaml"])["networkPolicy"]
+policies, rules, defaults = load("on")
+assert len(policies) == 1, policies
+spec = policies[0]["spec"]
+assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator", spec
+assert spec["ingress"][0] == {"ports": [{"protocol": "TCP", "port": 8081}]}, spec  # health, for the kubelet
+assert spec["ingress"][1]["ports"] == [{"protocol": "TCP", "port": 8080}], spec
+assert spec["ingress"][1]["from"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}, spec
+assert {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create"]} in rules, rules
+assert {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]} in rules, rules
+assert defaults["enabled"] is True and defaults["restrictEgress"] is False, defaults
+operator_peer = defaults["metricsFrom"][0]
+assert operator_peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "meshtrain"}, operator_peer
+assert operator_peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator", operator_peer
+assert defaults["metricsFrom"][1]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}, defaults
+
+policies, rules, defaults = load("off")
+assert policies == [], policies
+assert not any("networkpolicies" in r["resources"] for r in rules), rules
+assert {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]} in rules, "the Store key needs its Secret"
+assert defaults["enabled"] is False, defaults
+
+policies, rules, defaults = load("closed")
+assert defaults["restrictEgress"] is True, defaults
+assert [p.get("ipBlock", {}).get("cidr") for p in defaults["metricsFrom"]] == [None, None, "10.0.0.0/8"], defaults
+assert policies[0]["spec"]["ingress"][1]["from"][1] == {"ipBlock": {"cidr": "10.0.0.0/8"}}, policies
+print("ok: network policies on, off, closed")
+PY
+    # The operator reads what the chart wrote, and a job's policy passes kubernetes-models:
+    # the e2e scenario chart-operator creates one from these worker defaults.
     ;;
   bad-values)
     # values.schema.json fails a wrong value with its path, before anything is rendered.
@@ -107,6 +165,9 @@ PY
     expect_error "at '/monitoring/serviceMonitor/interval'" --set monitoring.serviceMonitor.interval=often
     expect_error "at '/workerDefaults/efaPerInstanceType/p5.48xlarge'" --set workerDefaults.efaPerInstanceType.p5\\.48xlarge=-2
     expect_error "at '/image/pullPolicy'" --set image.pullPolicy=Sometimes
+    expect_error "at '/networkPolicy/enabled': got string, want boolean" --set-string networkPolicy.enabled=yes
+    expect_error "at '/networkPolicy': additional properties 'egress' not allowed" --set networkPolicy.egress=closed
+    expect_error "at '/networkPolicy/metricsFrom/0'" --set 'networkPolicy.metricsFrom[0].podSelecter.x=y'
     ;;
   monitoring-crds)
     # A monitoring resource asked for on a cluster without the Prometheus Operator fails

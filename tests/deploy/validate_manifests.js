@@ -15,6 +15,8 @@ const models = {
   'v1/ServiceAccount': load('kubernetes-models/v1/ServiceAccount', 'ServiceAccount'),
   'v1/ConfigMap': load('kubernetes-models/v1/ConfigMap', 'ConfigMap'),
   'v1/Service': load('kubernetes-models/v1/Service', 'Service'),
+  'v1/Secret': load('kubernetes-models/v1/Secret', 'Secret'),
+  'networking.k8s.io/v1/NetworkPolicy': load('kubernetes-models/networking.k8s.io/v1/NetworkPolicy', 'NetworkPolicy'),
   'apps/v1/Deployment': load('kubernetes-models/apps/v1/Deployment', 'Deployment'),
   'policy/v1/PodDisruptionBudget': load('kubernetes-models/policy/v1/PodDisruptionBudget', 'PodDisruptionBudget'),
   'rbac.authorization.k8s.io/v1/ClusterRole': load('kubernetes-models/rbac.authorization.k8s.io/v1/ClusterRole', 'ClusterRole'),

@@ -214,13 +214,31 @@ case $scenario in
     out=$(curl -s --max-time 5 -H "Authorization: Bearer $token" "http://127.0.0.1:$(cat "$work/port")/api/v1/namespaces/default/secrets")
     [[ $out == *'"code":403'* && $out == *'User \"system:serviceaccount:meshtrain:meshtrain\" cannot list resource \"secrets\"'* ]] ||
       fail "the operator's account was not refused Secrets: $out"
+    # ... nor the one Secret it created: the job's Store key, 32 random bytes, mounted
+    # read-only as a file, in no env var and not in the ConfigMap.
+    out=$(curl -s --max-time 5 -H "Authorization: Bearer $token" "http://127.0.0.1:$(cat "$work/port")/api/v1/namespaces/default/secrets/tiny-store-key")
+    [[ $out == *'"code":403'* && $out == *'cannot get resource \"secrets\"'* ]] || fail "the operator's account could read its Secret: $out"
+    key=$("$kubectl" get secret tiny-store-key -o 'jsonpath={.data.key}' | base64 -d | wc -c)
+    [ "$key" -eq 32 ] || fail "the Store key holds $key bytes, not 32"
+    [ "$("$kubectl" get secret tiny-store-key -o 'jsonpath={.metadata.ownerReferences[0].kind}')" = TrainingJob ] ||
+      fail "the Secret is not owned by its job"
+    [ "$("$kubectl" get pod tiny-g0-1 -o 'jsonpath={.spec.volumes[?(@.name=="store-key")].secret.secretName}')" = tiny-store-key ] ||
+      fail "the pod does not mount the Store key"
+    [ "$("$kubectl" get pod tiny-g0-1 -o 'jsonpath={.spec.containers[0].volumeMounts[?(@.name=="store-key")].readOnly}')" = true ] ||
+      fail "the Store key is not mounted read-only"
+    # The job's NetworkPolicy: the job's pods admit only each other (the operator ran
+    # without the chart's worker defaults, so no scrapers).
+    [ "$("$kubectl" get networkpolicy tiny -o 'jsonpath={.spec.ingress[0].from[0].podSelector.matchLabels.meshtrain\.dev/job-name}')" = tiny ] ||
+      fail "no NetworkPolicy admitting the job's own pods: $("$kubectl" get networkpolicy -o yaml)"
     "$kubectl" get cm tiny-config -o 'jsonpath={.data.rank-table\.json}' | grep nodeRank >/dev/null || fail "no rank table"
-    node "$src/tests/deploy/validate_manifests.js" "$tools/node_modules" "$work/record" --require Pod,Service,ConfigMap ||
-      fail "kubernetes-models rejected an object"
+    node "$src/tests/deploy/validate_manifests.js" "$tools/node_modules" "$work/record" \
+      --require Pod,Service,ConfigMap,Secret,NetworkPolicy || fail "kubernetes-models rejected an object"
     # Deleting the job deletes what it owns.
     "$kubectl" delete tj tiny >/dev/null
     [ "$(pod_count)" -eq 0 ] || fail "pods outlived their job"
     "$kubectl" get cm tiny-config >/dev/null 2>&1 && fail "the ConfigMap outlived its job"
+    "$kubectl" get secret tiny-store-key >/dev/null 2>&1 && fail "the Store key outlived its job"
+    "$kubectl" get networkpolicy tiny >/dev/null 2>&1 && fail "the NetworkPolicy outlived its job"
     ;;
   kill-pod)
     start_server 60
@@ -326,6 +344,15 @@ case $scenario in
     [ "$("$kubectl" get pod tiny-g0-0 -o 'jsonpath={.spec.volumes[?(@.name=="dshm")].emptyDir.sizeLimit}')" = 256Gi ] ||
       fail "/dev/shm is not bounded by shmSizeLimit"
     wait_for '{.status.defaults[?(@.field=="spec.resources.efa")].value}' 32 5
+    # The job's NetworkPolicy from the chart's values: the operator's pods, then Prometheus,
+    # may read the metrics port.
+    from=$("$kubectl" get networkpolicy tiny -o 'jsonpath={.spec.ingress[1].from[*].podSelector.matchLabels}')
+    [[ $from == *'"app.kubernetes.io/component":"operator"'*'"app.kubernetes.io/name":"prometheus"'* ]] ||
+      fail "the job's metrics port does not admit the operator and Prometheus: $from"
+    [ "$("$kubectl" get networkpolicy tiny -o 'jsonpath={.spec.ingress[1].ports[0].port}')" = 9400 ] ||
+      fail "the NetworkPolicy's metrics rule is not on port 9400"
+    node "$src/tests/deploy/validate_manifests.js" "$tools/node_modules" "$work/record" --require NetworkPolicy,Secret ||
+      fail "kubernetes-models rejected an object"
     ;;
   helm-install)
     # helm install into the test API server; the operator runs with the installed
@@ -442,6 +469,38 @@ case $scenario in
     for n in $("$kubectl" get tj tiny -o 'jsonpath={.status.placement.nodes[*].name}'); do
       [ "$n" != "$node" ] || fail "the restarted gang was placed on NotReady node $node"
     done
+    ;;
+  store-strangers)
+    # Real workers whose Store key comes from the job's Secret. While the first job trains,
+    # strangers try rank 0's Store: each is refused and logged, and the job ends with the
+    # losses of a second, identical job that saw none of them.
+    prepare_data
+    start_server 2 --kubelet run --worker-binary "$build/worker/meshtrain-worker"
+    start_operator
+    losses() { grep -o 'step *[0-9]*/[0-9]* | loss [0-9.]* | lr [^|]*| norm [0-9.]*' "$1"; }
+    worker_job 16
+    rank0=$work/pods/default_tiny-g0-0
+    for _ in $(seq 600); do grep 'step *1/' "$rank0/log" >/dev/null 2>&1 && break; sleep 0.1; done
+    grep 'step *1/' "$rank0/log" >/dev/null || fail "the first job did not train: $(tail -5 "$rank0/log")"
+    address=$("$kubectl" get pod tiny-g0-0 -o 'jsonpath={.status.podIP}'):29500
+    # The key, from the pod's mount, serves only to record a handshake to replay.
+    "$build/tests/support/meshtrain-store-intruder" "$address" "$rank0/etc/meshtrain-store/key" >"$work/intruder.log" ||
+      fail "a stranger was not refused: $(cat "$work/intruder.log")"
+    cat "$work/intruder.log"
+    wait_for '{.status.phase}' Succeeded 120
+    refusals=$(grep -c "meshtrain store: refused " "$rank0/log" || true)
+    [ "$refusals" -eq 5 ] || fail "rank 0 logged $refusals refusals, not 5: $(grep store "$rank0/log")"
+    grep "admits any client" "$rank0/log" >/dev/null && fail "rank 0 ran its Store without the job's key"
+    losses "$rank0/log" >"$work/intruded.losses"
+    "$kubectl" delete tj tiny >/dev/null
+    for _ in $(seq 100); do [ "$(pod_count)" -eq 0 ] && break; sleep 0.2; done
+    mv "$rank0" "$work/intruded-rank0"
+    rm -rf "$work/checkpoints"
+    worker_job 16
+    wait_for '{.status.phase}' Succeeded 120
+    losses "$rank0/log" >"$work/quiet.losses"
+    [ "$(wc -l <"$work/quiet.losses")" -eq 16 ] || fail "the quiet job printed $(wc -l <"$work/quiet.losses") steps, not 16"
+    diff "$work/quiet.losses" "$work/intruded.losses" || fail "the job with strangers trained differently"
     ;;
   real-workers)
     # The pods run meshtrain-worker launch: 2 ranks each, rendezvous at pod 0 through the

@@ -1,6 +1,6 @@
 // meshtrain-worker across real processes: data-parallel runs against the single-rank
-// run, the pod launcher's signals and teardown, configuration errors, and the metrics
-// endpoint. MESHTRAIN_CLI and MESHTRAIN_WORKER are the binaries under test.
+// run, the pod launcher's signals and teardown, configuration errors, the metrics
+// endpoint, and strangers on the rendezvous Store. MESHTRAIN_CLI and MESHTRAIN_WORKER are the binaries under test.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/manifest.h"
+#include "tests/support/store_intruder.h"
 #include "worker/launch/local_launcher.h"
 #include "worker/train/token_file.h"
 
@@ -119,7 +120,7 @@ class Process {
   bool done_ = false;
 };
 
-class WorkerTest : public testing::Test {
+class WorkerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("meshtrain-worker-test-" + std::to_string(::getpid()));
@@ -243,6 +244,52 @@ TEST_F(WorkerTest, ARunKilledWithSigkillResumesWithTheSameLosses) {
   for (size_t i = 0; i < got.size(); ++i) {
     EXPECT_EQ(got[i].loss, want[8 + i].loss) << "step " << 9 + i;  // printed to 4 decimals: the same digits
     EXPECT_EQ(got[i].norm, want[8 + i].norm) << "step " << 9 + i;
+  }
+}
+
+// The variable `name` of process `pid`'s environment, or "".
+std::string EnvironmentOf(pid_t pid, const std::string& name) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+  for (std::string entry; std::getline(in, entry, '\0');)
+    if (entry.rfind(name + "=", 0) == 0) return entry.substr(name.size() + 1);
+  return "";
+}
+
+// While a 2-rank `meshtrain run` trains, strangers try its Store: a wrong key, no key, a
+// replayed handshake, garbage, a huge length, half a message. Each is refused and logged
+// by address, and the run prints the losses of a run that saw none of them.
+TEST_F(WorkerTest, StrangersOnTheStoreAreRefusedAndTheRunTrainsOn) {
+  const Outcome quiet = MeshtrainRun(Job("quiet", 1, 2, 12));
+  ASSERT_EQ(quiet.status, 0) << quiet.output;
+  Process run({MESHTRAIN_CLI, "run", Job("intruded", 1, 2, 12).string(), "--sample-tokens", "20"}, {},
+              dir_ / "intruded.log");
+  const auto until = std::chrono::steady_clock::now() + 120s;
+  while (Steps(run.Output()).empty() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+  ASSERT_FALSE(Steps(run.Output()).empty()) << run.Output();
+  const std::vector<pid_t> ranks = run.Children();
+  ASSERT_EQ(ranks.size(), 2u);
+  const std::string coordinator = EnvironmentOf(ranks[0], "MESHTRAIN_COORDINATOR");
+  std::ifstream key_file(EnvironmentOf(ranks[0], "MESHTRAIN_STORE_KEY_FILE"), std::ios::binary);
+  const std::string key((std::istreambuf_iterator<char>(key_file)), {});
+  ASSERT_EQ(key.size(), 32u) << "the launch's key, used here only to record a handshake to replay";
+  const size_t colon = coordinator.rfind(':');
+  ASSERT_NE(colon, std::string::npos) << coordinator;
+  const auto intrusions = testing::IntrudeOnStore(coordinator.substr(0, colon),
+                                                  uint16_t(std::stoi(coordinator.substr(colon + 1))), key);
+  ASSERT_EQ(intrusions.size(), 6u);
+  for (const auto& i : intrusions) EXPECT_TRUE(i.refused) << i.what << ": " << i.detail;
+
+  const Outcome intruded = run.Wait(120s);
+  ASSERT_EQ(intruded.status, 0) << intruded.output;
+  size_t refusals = 0;
+  for (size_t at = 0; (at = intruded.output.find("meshtrain store: refused 127.0.0.1:", at)) != std::string::npos; ++at)
+    ++refusals;
+  EXPECT_EQ(refusals, 5u) << intruded.output;  // all but the half message, which hung up
+  const std::vector<StepLine> want = Steps(quiet.output), got = Steps(intruded.output);
+  ASSERT_EQ(got.size(), want.size()) << intruded.output;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].loss, want[i].loss) << "step " << i + 1;
+    EXPECT_EQ(got[i].norm, want[i].norm) << "step " << i + 1;
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include "api/manifest.h"
 #include "operator/controller/builders.h"
+#include "operator/kube/base64.h"
 #include "operator/controller/progress_poller.h"
 #include "operator/controller/reconciler.h"
 #include "operator/scheduler/placement.h"
@@ -75,9 +76,14 @@ TEST(CrdSchemaTest, RejectsWhatValidationRejectsForTypesAndEnums) {
   }
 }
 
-TEST(BuildersTest, PodCarriesTheWorkerContract) {
+api::TrainingJob Job124m() {
   api::TrainingJob job = api::LoadTrainingJobs("examples/gpt2-124m-2x8.yaml").at(0).job;
   job.metadata.uid = "uid-1";
+  return job;
+}
+
+TEST(BuildersTest, PodCarriesTheWorkerContract) {
+  api::TrainingJob job = Job124m();
   scheduler::Placement placement;
   placement.nodes = {"node-a", "node-b"};
   placement.paths = {{"l1", "l2", "l3", "node-a"}, {"l1", "l2", "l3", "node-b"}};
@@ -108,6 +114,15 @@ TEST(BuildersTest, PodCarriesTheWorkerContract) {
   EXPECT_EQ(env["WORLD_SIZE"], "16");
   EXPECT_EQ(env["MESHTRAIN_COORDINATOR"], "gpt2-124m-0.gpt2-124m.training.svc:29500");
   EXPECT_EQ(env["MESHTRAIN_RANK_TABLE"], "/etc/meshtrain/rank-table.json");
+  // The Store key: a file of the job's Secret, mounted read-only; the key is in no env var.
+  EXPECT_EQ(env["MESHTRAIN_STORE_KEY_FILE"], "/etc/meshtrain-store/key");
+  bool key_volume = false, key_mount = false;
+  for (const auto& v : pod["spec"]["volumes"])
+    key_volume = key_volume || (v.contains("secret") && v["secret"]["secretName"] == "gpt2-124m-store-key" &&
+                                v["secret"]["defaultMode"] == 0400);
+  for (const auto& m : c["volumeMounts"])
+    key_mount = key_mount || (m["mountPath"] == "/etc/meshtrain-store" && m["readOnly"] == true);
+  EXPECT_TRUE(key_volume && key_mount) << pod.dump(2);
   bool shm = false;
   for (const auto& v : pod["spec"]["volumes"]) shm = shm || (v["name"] == "dshm" && v["emptyDir"]["medium"] == "Memory");
   EXPECT_TRUE(shm);
@@ -124,6 +139,46 @@ TEST(BuildersTest, PodCarriesTheWorkerContract) {
   EXPECT_EQ(worker_view.defaults, operator_view.defaults);
   EXPECT_EQ(worker_view.warnings, operator_view.warnings);
   EXPECT_FALSE(worker_view.warnings.empty());
+}
+
+TEST(BuildersTest, StoreKeySecretIsOwnedImmutableAndHoldsTheKey) {
+  api::TrainingJob job = Job124m();
+  const std::string key(32, '\x9c');
+  const json secret = BuildStoreKeySecret(job, key);
+  EXPECT_EQ(secret["metadata"]["name"], "gpt2-124m-store-key");
+  EXPECT_EQ(secret["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+  EXPECT_EQ(secret["immutable"], true);
+  EXPECT_EQ(kube::DecodeBase64(secret["data"]["key"].get<std::string>()), key);
+}
+
+TEST(BuildersTest, NetworkPolicyAdmitsTheJobAndTheNamedScrapers) {
+  api::TrainingJob job = Job124m();
+  NetworkPolicyDefaults defaults;
+  defaults.metrics_from = json::array({{{"namespaceSelector", json::object()},
+                                        {"podSelector", {{"matchLabels", {{"app.kubernetes.io/name", "prometheus"}}}}}}});
+  const json policy = BuildNetworkPolicy(job, defaults);
+  EXPECT_EQ(policy["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+  const json same_job = {{"matchLabels", {{"meshtrain.dev/job-name", "gpt2-124m"}}}};
+  EXPECT_EQ(policy["spec"]["podSelector"], same_job);
+  EXPECT_EQ(policy["spec"]["policyTypes"], json::array({"Ingress"}));
+  const json& ingress = policy["spec"]["ingress"];
+  ASSERT_EQ(ingress.size(), 2u);
+  EXPECT_EQ(ingress[0]["from"][0]["podSelector"], same_job);  // every port, from the job's pods only
+  EXPECT_FALSE(ingress[0].contains("ports"));
+  EXPECT_EQ(ingress[1]["from"], defaults.metrics_from);
+  EXPECT_EQ(ingress[1]["ports"][0]["port"], 9400);
+  EXPECT_FALSE(policy["spec"].contains("egress"));
+
+  // Closed egress: the job's pods and DNS. No scrapers: the metrics rule goes.
+  defaults.metrics_from = json::array();
+  defaults.restrict_egress = true;
+  const json closed = BuildNetworkPolicy(job, defaults);
+  EXPECT_EQ(closed["spec"]["ingress"].size(), 1u);
+  EXPECT_EQ(closed["spec"]["policyTypes"], json::array({"Ingress", "Egress"}));
+  ASSERT_EQ(closed["spec"]["egress"].size(), 2u);
+  EXPECT_EQ(closed["spec"]["egress"][0]["to"][0]["podSelector"], same_job);
+  EXPECT_EQ(closed["spec"]["egress"][1]["ports"][0]["port"], 53);
+  EXPECT_FALSE(closed["spec"]["egress"][1].contains("to"));
 }
 
 TEST(ProgressTest, ParsesWorkerMetrics) {

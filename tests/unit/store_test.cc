@@ -4,9 +4,6 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,6 +16,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "tests/support/store_intruder.h"
 
 namespace meshtrain::comm {
 namespace {
@@ -154,57 +153,7 @@ TEST(Store, ACoordinatorThatStopsFailsWaitingClients) {
 
 const std::string kKey(32, 'k'), kOtherKey(32, 'o');
 
-std::string U32(uint32_t v) { return std::string{char(v), char(v >> 8), char(v >> 16), char(v >> 24)}; }
-
-std::string Hmac(const std::string& key, const std::string& message) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  HMAC(EVP_sha256(), key.data(), int(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
-       message.size(), digest, &length);
-  return std::string(reinterpret_cast<char*>(digest), length);
-}
-
-// A TCP connection to the Store that speaks bytes.
-class Raw {
- public:
-  explicit Raw(uint16_t port) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  }
-  ~Raw() { ::close(fd_); }
-  void Send(const std::string& bytes) { (void)!::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
-  // The next `n` bytes, or fewer if the connection closes (or 5 s pass).
-  std::string Read(size_t n) {
-    std::string out;
-    while (out.size() < n) {
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, 5000) <= 0) break;
-      char buffer[256];
-      const ssize_t got = ::recv(fd_, buffer, std::min(sizeof buffer, n - out.size()), 0);
-      if (got <= 0) break;
-      out.append(buffer, size_t(got));
-    }
-    return out;
-  }
-  // The challenge's nonce (the first frame: length 33, status 3, 32 bytes).
-  std::string Challenge() {
-    const std::string frame = Read(4 + 33);
-    EXPECT_EQ(frame.size(), 37u);
-    EXPECT_EQ(frame[4], '\3');
-    return frame.size() == 37 ? frame.substr(5) : "";
-  }
-  bool ClosedByPeer() { return Read(1).empty(); }
-
- private:
-  int fd_;
-};
-
-std::string AuthFrame(const std::string& key, const std::string& server_nonce, const std::string& client_nonce) {
-  return U32(65) + '\6' + client_nonce + Hmac(key, "meshtrain store client" + server_nonce + client_nonce);
-}
+using testing::U32;
 
 TEST(StoreAuthentication, ClientsWithTheKeyAreAdmitted) {
   StoreServer server("127.0.0.1", 0, kKey);
@@ -228,34 +177,15 @@ TEST(StoreAuthentication, StrangersAreRefusedAndTheJobGoesOn) {
   const std::string keyless_error = ErrorOf([&] { keyless.Set("k", "v"); });
   EXPECT_NE(keyless_error.find("admits only clients with the job's key, and this rank has none"), std::string::npos)
       << keyless_error;
-  {  // A recorded handshake, replayed on a new connection, meets a new nonce.
-    Raw first(server.port());
-    const std::string recorded = AuthFrame(kKey, first.Challenge(), std::string(32, 'c'));
-    first.Send(recorded);
-    const std::string proof = first.Read(4 + 33);
-    ASSERT_EQ(proof.size(), 37u);
-    EXPECT_EQ(proof[4], '\0');
-    Raw replay(server.port());
-    replay.Challenge();
-    replay.Send(recorded);
-    EXPECT_TRUE(replay.ClosedByPeer());
-  }
-  {  // Garbage, a huge length prefix, and half a message then a hang-up.
-    Raw http(server.port());
-    http.Challenge();
-    http.Send("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
-    EXPECT_TRUE(http.ClosedByPeer());
-    Raw huge(server.port());
-    huge.Challenge();
-    huge.Send(U32(0xFFFFFFF0u) + "x");
-    EXPECT_TRUE(huge.ClosedByPeer());
-    Raw half(server.port());
-    half.Send(U32(65) + '\6' + std::string(10, 'h'));
-  }
+  // Raw strangers: a wrong key, no key, a replayed handshake, garbage, a huge length
+  // prefix, and half a message then a hang-up.
+  const auto intrusions = testing::IntrudeOnStore("127.0.0.1", server.port(), kKey);
+  EXPECT_EQ(intrusions.size(), 6u);
+  for (const auto& i : intrusions) EXPECT_TRUE(i.refused) << i.what << ": " << i.detail;
   EXPECT_EQ(rank.Get("before", 1s), "1");  // the job's own client never noticed
   rank.Set("after", "2");
   EXPECT_EQ(rank.Get("after", 1s), "2");
-  EXPECT_EQ(server.refused(), 5);  // wrong key, no key, replay, garbage, huge length
+  EXPECT_EQ(server.refused(), 7);  // the two clients, then all but the half message
 }
 
 TEST(StoreAuthentication, AClientRefusesACoordinatorWithoutTheKey) {

@@ -53,6 +53,19 @@ TEST(WorkerDefaults, ParsesTheChartsValues) {
   // The chart's own values.yaml, as written, parses too.
   const json values = api::ReadManifestFile("helm/meshtrain/values.yaml").at(0).object;
   EXPECT_EQ(ParseWorkerDefaults(values["workerDefaults"], "values.yaml").efa_per_instance_type.at("p4d.24xlarge"), 4);
+  // Without a networkPolicy key, jobs still get one: it is on by default, as in the chart.
+  EXPECT_TRUE(d.network_policy.enabled);
+  EXPECT_FALSE(d.network_policy.restrict_egress);
+  const WorkerDefaults off = ParseWorkerDefaults(
+      api::ParseManifestText("networkPolicy: {enabled: false, restrictEgress: true, metricsFrom: "
+                             "[{namespaceSelector: {matchLabels: {team: obs}}}]}",
+                             "np.yaml")
+          .at(0)
+          .object,
+      "np.yaml");
+  EXPECT_FALSE(off.network_policy.enabled);
+  EXPECT_TRUE(off.network_policy.restrict_egress);
+  EXPECT_EQ(off.network_policy.metrics_from[0]["namespaceSelector"]["matchLabels"]["team"], "obs");
 }
 
 TEST(WorkerDefaults, ErrorsNameTheKey) {
@@ -63,6 +76,14 @@ TEST(WorkerDefaults, ErrorsNameTheKey) {
   EXPECT_EQ(ErrorOf("efaEnv: [{value: x}]"), "bad.yaml: efaEnv[0].name: is required");
   EXPECT_EQ(ErrorOf("topologyLevels: layer"), "bad.yaml: topologyLevels: must be a list, not string");
   EXPECT_EQ(ErrorOf("efaPerInstanceType: {p5.48xlarge: 65}"), "bad.yaml: efaPerInstanceType.p5.48xlarge: must be in [0, 64]");
+  EXPECT_EQ(ErrorOf("networkPolicy: {enabled: yes please}"), "bad.yaml: networkPolicy.enabled: must be true or false, not string");
+  EXPECT_EQ(ErrorOf("networkPolicy: {metricsFrom: [{podSelecter: {}}]}"),
+            "bad.yaml: networkPolicy.metricsFrom[0].podSelecter: unknown key");
+  EXPECT_EQ(ErrorOf("networkPolicy: {metricsFrom: [{}]}"),
+            "bad.yaml: networkPolicy.metricsFrom[0]: must name a podSelector, namespaceSelector or ipBlock");
+  EXPECT_EQ(ErrorOf("networkPolicy: {metricsFrom: [{ipBlock: 10.0.0.0/8}]}"),
+            "bad.yaml: networkPolicy.metricsFrom[0].ipBlock: must be a mapping, not string");
+  EXPECT_EQ(ErrorOf("networkPolicy: {egress: closed}"), "bad.yaml: networkPolicy.egress: unknown key");
 }
 
 api::CheckedJob Job(const std::string& extra_spec) {

@@ -496,7 +496,9 @@ struct ApiServer::Store {
 
   void Record(const ResourceInfo& info, const json& object) {
     if (record_dir.empty()) return;
-    if (info.Key() != "/pods" && info.Key() != "/services" && info.Key() != "/configmaps") return;
+    static const std::set<std::string> recorded = {"/pods", "/services", "/configmaps", "/secrets",
+                                                   "networking.k8s.io/networkpolicies"};
+    if (!recorded.count(info.Key())) return;
     std::ofstream(record_dir + "/" + info.kind + "-" + std::to_string(++record_seq) + ".json") << object.dump(2);
   }
 };
@@ -529,6 +531,7 @@ std::vector<ResourceInfo> BuiltinResources() {
       r("", "v1", "serviceaccounts", "serviceaccount", "ServiceAccount", true, {"sa"}, false),
       r("", "v1", "secrets", "secret", "Secret", true, {}, false),
       r("apps", "v1", "deployments", "deployment", "Deployment", true, {"deploy"}, true),
+      r("networking.k8s.io", "v1", "networkpolicies", "networkpolicy", "NetworkPolicy", true, {"netpol"}, false),
       r("policy", "v1", "poddisruptionbudgets", "poddisruptionbudget", "PodDisruptionBudget", true, {"pdb"}, true),
       r("rbac.authorization.k8s.io", "v1", "clusterroles", "clusterrole", "ClusterRole", false, {}, false),
       r("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "clusterrolebinding", "ClusterRoleBinding", false, {}, false),

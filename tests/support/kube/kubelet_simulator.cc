@@ -14,6 +14,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "operator/kube/base64.h"
 #include "operator/kube/objects.h"
 #include "operator/kube/time.h"
 
@@ -194,7 +195,9 @@ pid_t KubeletSimulator::Launch(const json& pod) {
   const fs::path dir = fs::path(options_.workdir) / (ns + "_" + name);
   fs::create_directories(dir);
 
-  // ConfigMap volumes become files under the pod's directory.
+  // ConfigMap and Secret volumes become files under the pod's directory. A Secret that
+  // does not exist fails the pod (a kubelet would retry the mount; the operator creates
+  // the Secret before its pods, so here that is a bug to see).
   std::map<std::string, std::string> mounts;  // container path -> local path
   for (const auto& mount : container.value("volumeMounts", json::array())) {
     for (const auto& volume : pod["spec"].value("volumes", json::array())) {
@@ -202,12 +205,25 @@ pid_t KubeletSimulator::Launch(const json& pod) {
       const fs::path local = dir / fs::path(mount.value("mountPath", "/")).relative_path();
       fs::create_directories(local);
       mounts[mount.value("mountPath", "")] = local.string();
-      if (!volume.contains("configMap")) continue;
-      auto cm = server_.Get("/configmaps", ns, volume["configMap"].value("name", ""));
-      if (!cm) continue;
-      const json data = cm->value("data", json::object());  // items() must not outlive it
-      for (const auto& [key, value] : data.items())
-        std::ofstream(local / key) << value.get<std::string>();
+      if (volume.contains("configMap")) {
+        auto cm = server_.Get("/configmaps", ns, volume["configMap"].value("name", ""));
+        if (!cm) continue;
+        const json data = cm->value("data", json::object());  // items() must not outlive it
+        for (const auto& [key, value] : data.items())
+          std::ofstream(local / key) << value.get<std::string>();
+      } else if (volume.contains("secret")) {
+        const std::string secret_name = volume["secret"].value("secretName", "");
+        auto secret = server_.Get("/secrets", ns, secret_name);
+        if (!secret) throw std::runtime_error("MountVolume.SetUp failed: secret \"" + secret_name + "\" not found");
+        const json data = secret->value("data", json::object());
+        for (const auto& [key, value] : data.items()) {
+          const auto bytes = kube::DecodeBase64(value.get<std::string>());
+          if (!bytes) throw std::runtime_error("secret \"" + secret_name + "\": data." + key + " is not base64");
+          const fs::path file = local / key;
+          std::ofstream(file, std::ios::binary) << *bytes;
+          fs::permissions(file, fs::perms(volume["secret"].value("defaultMode", 0644)));
+        }
+      }
     }
   }
 
