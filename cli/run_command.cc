@@ -62,6 +62,9 @@ std::string WorkerProgram() {
 }
 
 // Runs every rank as a process on the job's virtual nodes; they print their own progress.
+// A failed rank restarts the whole local gang, which resumes from the newest checkpoint,
+// up to spec.runPolicy.backoffLimit times, as the operator restarts a gang; a
+// configuration error (exit 78) ends the run at once.
 int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std::string& file, int sample_tokens, bool resume,
              std::ostream& out) {
   launch::LocalLaunch launch;
@@ -80,8 +83,23 @@ int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std:
   }
   out << "  launching " << launch.nodes * launch.ranks_per_node << " ranks: " << launch.command[0] << " train"
       << std::endl;
-  const launch::LaunchResult result = launch::LaunchLocal(launch, out);
-  return result.status == 0 ? kExitOk : result.status;
+  const int64_t backoff_limit = job.job.spec.run_policy.backoff_limit;
+  for (int64_t restarts = 0;; ++restarts) {
+    const launch::LaunchResult result = launch::LaunchLocal(launch, out);
+    if (result.status == 0) return kExitOk;
+    if (result.status == api::worker::kExitConfigError) return result.status;
+    if (restarts == backoff_limit) {
+      out << "  the gang failed " << restarts + 1 << " time(s); spec.runPolicy.backoffLimit is " << backoff_limit
+          << std::endl;
+      return result.status;
+    }
+    const auto failed = std::find_if(result.exits.begin(), result.exits.end(),
+                                     [](const launch::RankExit& e) { return e.status != 0; });
+    out << "  rank " << (failed == result.exits.end() ? -1 : failed->rank) << " failed with status " << result.status
+        << "; restarting the gang from the newest checkpoint (restart " << restarts + 1 << " of " << backoff_limit
+        << ", spec.runPolicy.backoffLimit)" << std::endl;
+    launch.environment[env::kResume] = "1";  // what this run wrote, even under --no-resume
+  }
 }
 
 // spec.parallelism.mode auto: plans the layout for this machine (each rank's memory is

@@ -218,33 +218,51 @@ TEST_F(WorkerTest, DataParallelRunsMatchTheSingleRankRun) {
   }
 }
 
-// A rank killed with SIGKILL mid-run fails the run; run again, the job resumes from its
-// last checkpoint and prints the same losses as a run that was never interrupted.
-TEST_F(WorkerTest, ARunKilledWithSigkillResumesWithTheSameLosses) {
-  const Outcome straight = MeshtrainRun(Job("straight", 1, 2, 12));
+// Starts `meshtrain run JOB`, waits until it has printed `steps` steps, and kills one
+// rank with SIGKILL; returns the run's outcome.
+Outcome RunAndKillARank(const fs::path& job, size_t steps, const fs::path& log) {
+  Process run({MESHTRAIN_CLI, "run", job.string(), "--sample-tokens", "0"}, {}, log);
+  const auto until = std::chrono::steady_clock::now() + 120s;
+  while (Steps(run.Output()).size() < steps && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(Steps(run.Output()).size(), steps) << run.Output();
+  const std::vector<pid_t> ranks = run.Children();
+  EXPECT_GE(ranks.size(), 2u);
+  if (ranks.size() >= 2) ::kill(ranks[1], SIGKILL);
+  return run.Wait(120s);
+}
+
+// A rank of a 4-rank run killed with SIGKILL once step 9 is done: the local gang restarts
+// from the checkpoint of step 8, the run ends with status 0, and the steps after the resume
+// print the losses of a run that was never interrupted, digit for digit.
+TEST_F(WorkerTest, ARankKilledWithSigkillRestartsTheGangFromItsCheckpoint) {
+  const Outcome straight = MeshtrainRun(Job("straight", 2, 2, 12));
   ASSERT_EQ(straight.status, 0) << straight.output;
-  const fs::path job = Job("killed", 1, 2, 12);
-  {
-    Process run({MESHTRAIN_CLI, "run", job.string(), "--sample-tokens", "0"}, {}, dir_ / "killed.log");
-    // Kill a rank once step 9 is done: the checkpoint of step 8 is the newest.
-    const auto until = std::chrono::steady_clock::now() + 120s;
-    while (Steps(run.Output()).size() < 9 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
-    ASSERT_EQ(Steps(run.Output()).size(), 9u) << run.Output();
-    const std::vector<pid_t> ranks = run.Children();
-    ASSERT_EQ(ranks.size(), 2u);
-    ::kill(ranks[1], SIGKILL);
-    const Outcome killed = run.Wait(60s);
-    EXPECT_NE(killed.status, 0) << killed.output;
-  }
-  const Outcome resumed = MeshtrainRun(job);
-  ASSERT_EQ(resumed.status, 0) << resumed.output;
-  EXPECT_NE(resumed.output.find("resumed from step 8 ("), std::string::npos) << resumed.output;
-  const std::vector<StepLine> want = Steps(straight.output), got = Steps(resumed.output);
-  ASSERT_EQ(got.size(), 4u) << resumed.output;
+  const Outcome killed = RunAndKillARank(Job("killed", 2, 2, 12), 9, dir_ / "killed.log");
+  ASSERT_EQ(killed.status, 0) << killed.output;
+  const size_t restart = killed.output.find("failed with status 137; restarting the gang from the newest checkpoint "
+                                            "(restart 1 of 3, spec.runPolicy.backoffLimit)");
+  ASSERT_NE(restart, std::string::npos) << killed.output;
+  const std::string after = killed.output.substr(restart);
+  EXPECT_NE(after.find("resumed from step 8 ("), std::string::npos) << after;
+  const std::vector<StepLine> want = Steps(straight.output), got = Steps(after);
+  ASSERT_EQ(got.size(), 4u) << after;
   for (size_t i = 0; i < got.size(); ++i) {
     EXPECT_EQ(got[i].loss, want[8 + i].loss) << "step " << 9 + i;  // printed to 4 decimals: the same digits
     EXPECT_EQ(got[i].norm, want[8 + i].norm) << "step " << 9 + i;
   }
+}
+
+// With spec.runPolicy.backoffLimit 0, the first failure ends the run with the rank's status.
+TEST_F(WorkerTest, AFailedRankEndsTheRunPastTheBackoffLimit) {
+  const fs::path job = Job("no-restarts", 1, 2, 100000);
+  nlohmann::json manifest = nlohmann::json::parse(std::ifstream(job));
+  manifest["spec"]["runPolicy"] = {{"backoffLimit", 0}};
+  std::ofstream(job) << manifest.dump(2);
+  const Outcome killed = RunAndKillARank(job, 2, dir_ / "no-restarts.log");
+  EXPECT_EQ(killed.status, 128 + SIGKILL) << killed.output;
+  EXPECT_NE(killed.output.find("the gang failed 1 time(s); spec.runPolicy.backoffLimit is 0"), std::string::npos)
+      << killed.output;
+  EXPECT_EQ(killed.output.find("restarting the gang"), std::string::npos) << killed.output;
 }
 
 // The variable `name` of process `pid`'s environment, or "".
