@@ -156,6 +156,8 @@ Command Plan(CLI::App& parent) {
                 "Override a link: LEVEL=GBPS[,LATENCY_US], LEVEL being nvlink, cluster or a topology level");
   c->add_option("--avoid", o->avoid, "A node not to use");
   c->add_option("--links", o->links_file, "Measured links (meshtrain bench comm --calibrate writes the file)");
+  c->add_option("--worker-defaults", o->worker_defaults,
+                "The operator's worker defaults (the chart's workerDefaults): tolerations, EFA, topology levels");
   c->add_flag("--auto", o->auto_layout,
               "Plan the layout (T, S, micro-batch, activations): the top candidates, and why the others do not fit");
   c->add_option("--device", o->device,
@@ -168,7 +170,7 @@ Command Plan(CLI::App& parent) {
               return kExitUnreadable;
             }
             o->json = *output == "json";
-            return PlanCommand(*o, std::cout);
+            return PlanCommand(*o, std::cout, std::cerr);
           }};
 }
 

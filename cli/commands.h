@@ -84,6 +84,9 @@ struct PlanOptions {
   std::vector<std::string> link_overrides;  // LEVEL=GBPS[,LATENCY_US]
   std::vector<std::string> avoid;           // node names not to use
   std::string links_file;                   // measured links (bench comm --calibrate)
+  // The operator's --worker-defaults file (the chart's workerDefaults): what the job's pods
+  // get unless it says otherwise, so the preview places what the operator would.
+  std::string worker_defaults;
   bool json = false;
   // The planner: the top candidates on the placed nodes and why the rest do not fit.
   bool auto_layout = false;
@@ -93,7 +96,8 @@ struct PlanOptions {
 
 // Places a job on a cluster and prints the placement, its rank table, the link each
 // group uses and the modelled communication per step, beside a topology-blind placement.
-int PlanCommand(const PlanOptions& options, std::ostream& out);
+// Errors go to `err`, so `out` holds only the result (parseable with --output json).
+int PlanCommand(const PlanOptions& options, std::ostream& out, std::ostream& err);
 
 struct BenchPlanOptions {
   int nodes = 2000;

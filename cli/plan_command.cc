@@ -3,10 +3,12 @@
 
 #include "api/json_codec.h"
 #include "api/layout.h"
+#include "api/manifest.h"
 #include "api/rank_table.h"
 #include "cli/commands.h"
 #include "cli/job_report.h"
 #include "cli/plan_report.h"
+#include "operator/controller/worker_defaults.h"
 #include "operator/scheduler/cost_model.h"
 #include "operator/scheduler/placement.h"
 
@@ -101,7 +103,8 @@ void PrintText(const api::CheckedJob& job, const scheduler::Placement& aware, co
 
 // --auto: the planner's candidates for the placed nodes.
 int PlanAuto(const PlanOptions& options, const api::CheckedJob& job, const scheduler::ClusterSnapshot& cluster,
-             const scheduler::Placement& placed, const scheduler::LinkModel& links, std::ostream& out) {
+             const scheduler::Placement& placed, const scheduler::LinkModel& links, std::ostream& out,
+             std::ostream& err) {
   const api::TrainingJobSpec& spec = job.job.spec;
   std::vector<std::map<std::string, std::string>> labels;
   for (const std::string& name : placed.nodes) {
@@ -112,7 +115,7 @@ int PlanAuto(const PlanOptions& options, const api::CheckedJob& job, const sched
   std::string why;
   const std::optional<scheduler::DeviceModel> device = PlanDevice(options.device, spec, labels, &why);
   if (!device) {
-    out << job.Where() << ": " << why << "\n";
+    err << job.Where() << ": " << why << "\n";
     return kExitInvalid;
   }
   const scheduler::PlanRequest request = scheduler::RequestFor(spec, placed.paths, links, *device);
@@ -129,15 +132,28 @@ int PlanAuto(const PlanOptions& options, const api::CheckedJob& job, const sched
 
 }  // namespace
 
-int PlanCommand(const PlanOptions& options, std::ostream& out) {
+int PlanCommand(const PlanOptions& options, std::ostream& out, std::ostream& err) {
   api::CheckedJob job;
-  if (int status = LoadOneValidJob(options.job_file, "plan", &job, out); status != kExitOk) return status;
+  if (int status = LoadOneValidJob(options.job_file, "plan", &job, err); status != kExitOk) return status;
+  if (!options.worker_defaults.empty()) {
+    try {
+      const controller::WorkerDefaults defaults = controller::LoadWorkerDefaults(options.worker_defaults);
+      const Json written = api::ReadManifestFile(options.job_file).at(0).object.value("spec", Json::object());
+      std::vector<api::DerivedDefault> derived;
+      controller::ApplyWorkerDefaults(defaults, written, &job.job, &derived);
+      for (const api::DerivedDefault& d : derived)
+        err << job.Where() << ": default: " << d.field << " = " << d.value << " (" << d.reason << ")\n";
+    } catch (const std::exception& e) {
+      err << e.what() << "\n";
+      return kExitUnreadable;
+    }
+  }
   scheduler::ClusterSnapshot cluster;
   try {
     cluster = options.cluster_file.empty() ? scheduler::ReadKubectlFiles(options.nodes_json, options.pods_json)
                                            : scheduler::ReadClusterFile(options.cluster_file);
   } catch (const scheduler::ClusterError& e) {
-    out << e.what() << "\n";
+    err << e.what() << "\n";
     return kExitUnreadable;
   }
   const auto& spec = job.job.spec;
@@ -145,11 +161,11 @@ int PlanCommand(const PlanOptions& options, std::ostream& out) {
   try {
     if (!options.links_file.empty()) scheduler::ApplyLinkFile(options.links_file, &links);
   } catch (const std::exception& e) {
-    out << e.what() << "\n";
+    err << e.what() << "\n";
     return kExitUnreadable;
   }
   if (std::string error = ApplyLinkOverrides(options.link_overrides, &links); !error.empty()) {
-    out << error << "\n";
+    err << error << "\n";
     return kExitUnreadable;
   }
 
@@ -158,10 +174,10 @@ int PlanCommand(const PlanOptions& options, std::ostream& out) {
   const scheduler::Placement aware = scheduler::Place(request, cluster);
   if (!aware.ok()) {
     if (options.json) out << Json{{"placement", nullptr}, {"reason", aware.reason}}.dump(2) << "\n";
-    else out << job.Where() << ": no placement: " << aware.reason << "\n";
+    err << job.Where() << ": no placement: " << aware.reason << "\n";
     return kExitInvalid;
   }
-  if (options.auto_layout) return PlanAuto(options, job, cluster, aware, links, out);
+  if (options.auto_layout) return PlanAuto(options, job, cluster, aware, links, out, err);
   const scheduler::Placement blind = scheduler::PlaceBlind(request, cluster);
   const scheduler::StepCost aware_cost = scheduler::EstimateStepCost(spec, aware.paths, links);
   const scheduler::StepCost blind_cost = scheduler::EstimateStepCost(spec, blind.paths, links);

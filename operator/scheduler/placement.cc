@@ -157,7 +157,11 @@ std::string Ineligibility(const PlacementRequest& request, const ClusterNode& no
     if (it == node.labels.end() || it->second != value) return "not matching the node selector";
   }
   for (const Taint& taint : node.taints) {
-    if (!Tolerates(request.tolerations, taint)) return "with an untolerated taint";
+    if (!Tolerates(request.tolerations, taint)) {
+      // As kubectl writes a taint: KEY[=VALUE]:EFFECT.
+      return "with the untolerated taint " + taint.key + (taint.value.empty() ? "" : "=" + taint.value) + ":" +
+             taint.effect;
+    }
   }
   if (node.FreeGpus() < request.gpus_per_node) return "with too few free GPUs";
   if (node.FreeEfa() < request.efa_per_node) return "with too few free EFA interfaces";

@@ -197,6 +197,38 @@ expect "plan takes link overrides and refuses unknown links" 2 '--link spine=5: 
 expect "plan names a bad cluster file" 2 'nope.yaml: cannot open' \
   -- "$meshtrain" plan examples/gpt2-124m-2x8.yaml --cluster nope.yaml
 
+# A job that leaves its GPU tolerations to the operator's worker defaults: without them
+# plan names the taint no toleration matches; with the chart's, it places what the
+# operator would.
+python3 - examples/gpt2-124m-2x8.yaml "$tmp/meshtrain-no-tolerations.yaml" helm/meshtrain/values.yaml \
+  "$tmp/meshtrain-worker-defaults.yaml" <<'PY'
+import sys, yaml
+job = yaml.safe_load(open(sys.argv[1]))
+del job["spec"]["template"]["tolerations"]
+yaml.safe_dump(job, open(sys.argv[2], "w"))
+yaml.safe_dump(yaml.safe_load(open(sys.argv[3]))["workerDefaults"], open(sys.argv[4], "w"))
+PY
+expect "plan names the taints no toleration matches" 1 \
+  'only 0 of 124 nodes are eligible \(1 cordoned, 1 not Ready, 122 with the untolerated taint nvidia.com/gpu=present:NoSchedule\)' \
+  -- "$meshtrain" plan "$tmp/meshtrain-no-tolerations.yaml" --cluster examples/clusters/eks-p5-124.yaml
+expect "plan --worker-defaults places what the operator would" 0 'rank table:' 'node   1  ip-10-' \
+  -- "$meshtrain" plan "$tmp/meshtrain-no-tolerations.yaml" --cluster examples/clusters/eks-p5-124.yaml \
+     --worker-defaults "$tmp/meshtrain-worker-defaults.yaml"
+expect "plan names a bad worker defaults file" 2 'nope-defaults.yaml' \
+  -- "$meshtrain" plan examples/gpt2-124m-2x8.yaml --cluster examples/clusters/eks-p5-124.yaml \
+     --worker-defaults nope-defaults.yaml
+# With --output json, stdout holds JSON and nothing else; errors go to stderr.
+json_out=$("$meshtrain" plan tests/data/invalid-job.yaml --cluster examples/clusters/eks-p5-124.yaml --output json \
+  2>"$tmp/meshtrain-plan-stderr")
+unplaced=$("$meshtrain" plan "$tmp/meshtrain-no-tolerations.yaml" --cluster examples/clusters/eks-p5-124.yaml \
+  --output json 2>/dev/null)
+if [ -z "$json_out" ] && grep -q "tensorParallelDegree" "$tmp/meshtrain-plan-stderr" &&
+   python3 -c 'import json, sys; assert json.loads(sys.argv[1])["placement"] is None' "$unplaced"; then
+  passes=$((passes + 1)); echo "ok   plan --output json keeps errors off stdout"
+else
+  failures=$((failures + 1)); echo "FAIL plan --output json keeps errors off stdout: stdout '$json_out'"
+fi
+
 expect "plan --auto prints the top candidates and the default" 0 \
   'planner: H100 80GB \(p5.48xlarge\), 80.0 GiB per rank \(72.0 GiB usable\), matrix rate 395.6 TFLOP/s' 'candidates fit' \
   '  1\. T=1, S=[0-9]+, micro-batch [0-9]+' '  5\. T=' 'chosen / default: [0-9.]+x' \

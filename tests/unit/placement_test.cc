@@ -116,7 +116,9 @@ TEST(Placement, TaintsNeedTolerations) {
   nodes[0].taints.push_back({"nvidia.com/gpu", "present", "NoSchedule"});
   nodes[1].taints.push_back({"maintenance", "", "PreferNoSchedule"});  // never blocks
   PlacementRequest r = Request(2);
-  EXPECT_NE(Place(r, Cluster(nodes)).reason.find("1 with an untolerated taint"), std::string::npos);
+  EXPECT_NE(Place(r, Cluster(nodes)).reason.find("1 with the untolerated taint nvidia.com/gpu=present:NoSchedule"),
+            std::string::npos)
+      << Place(r, Cluster(nodes)).reason;
   r.tolerations.push_back({"nvidia.com/gpu", "Exists", "", "NoSchedule", std::nullopt});
   EXPECT_TRUE(Place(r, Cluster(nodes)).ok());
   r.tolerations = {{"nvidia.com/gpu", "Equal", "absent", "", std::nullopt}};  // wrong value
