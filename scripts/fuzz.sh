@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang and fuzzes each for N seconds (default 60): the
-# manifest parser, then the checkpoint metadata parser.
+# manifest parser, the checkpoint metadata parser, and what faces the network: the
+# rendezvous Store's server and the worker's HTTP endpoint.
 # Seeds come from tests/fuzz/corpus/TARGET; new inputs go to build/fuzz/corpus/TARGET,
 # crashes to build/fuzz/TARGET-crash-*. A crash fails the script; add the crashing input
 # to tests/fuzz/corpus/TARGET once fixed.
@@ -9,6 +10,8 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 
 cmake --preset fuzz >/dev/null && cmake --build --preset fuzz || exit 1
+# Undefined behaviour stops the run like a crash (the sanitizer would otherwise go on).
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 
 # fuzz TARGET [LIBFUZZER_FLAGS...]
 fuzz() {
@@ -33,3 +36,5 @@ fuzz() {
 
 fuzz manifest -dict=tests/fuzz/manifest.dict -max_len=8192
 fuzz checkpoint_metadata -max_len=4096
+fuzz store -max_len=4096
+fuzz http_request -dict=tests/fuzz/http_request.dict -max_len=10000  # past the 8 KiB head limit

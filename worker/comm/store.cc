@@ -5,9 +5,6 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -20,24 +17,16 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
-#include <list>
-#include <map>
+
+#include "worker/comm/store_protocol.h"
 
 namespace meshtrain::comm {
+
+using namespace store;
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kWait = 4, kCheck = 5, kAuth = 6 };
-enum Status : uint8_t { kOk = 0, kTimedOut = 1, kBadRequest = 2, kChallenge = 3 };
-constexpr uint32_t kMaxFrame = 64u << 20;
-
-// Authentication (store.h).
-constexpr size_t kNonceBytes = 32, kMacBytes = 32, kMinKeyBytes = 32;
-constexpr uint32_t kAuthFrame = 1 + kNonceBytes + kMacBytes;
-constexpr milliseconds kAuthPatience(10000);
-constexpr const char* kClientLabel = "meshtrain store client";
-constexpr const char* kServerLabel = "meshtrain store server";
 
 std::string RandomBytes(size_t n) {
   std::string bytes(n, '\0');
@@ -45,78 +34,6 @@ std::string RandomBytes(size_t n) {
     throw StoreError("store: the system has no randomness for a nonce or key");
   }
   return bytes;
-}
-
-// HMAC-SHA256(key, label || first || second).
-std::string Mac(const std::string& key, const char* label, const std::string& first, const std::string& second) {
-  const std::string message = std::string(label) + first + second;
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  HMAC(EVP_sha256(), key.data(), int(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
-       message.size(), digest, &length);
-  return std::string(reinterpret_cast<char*>(digest), length);
-}
-
-// Compares MACs in constant time.
-bool SameMac(const std::string& a, const std::string& b) {
-  return a.size() == b.size() && a.size() == kMacBytes && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
-}
-
-void PutU32(std::string* out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out->push_back(char((v >> (8 * i)) & 0xFF));
-}
-void PutI64(std::string* out, int64_t v) {
-  for (int i = 0; i < 8; ++i) out->push_back(char((uint64_t(v) >> (8 * i)) & 0xFF));
-}
-void PutString(std::string* out, const std::string& s) {
-  PutU32(out, uint32_t(s.size()));
-  out->append(s);
-}
-
-// Reads fields from a frame; ok() turns false on a short frame.
-class Reader {
- public:
-  explicit Reader(std::string_view data) : data_(data) {}
-  bool ok() const { return ok_; }
-  uint32_t U32() {
-    if (!Need(4)) return 0;
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v |= uint32_t(uint8_t(data_[pos_ + i])) << (8 * i);
-    pos_ += 4;
-    return v;
-  }
-  int64_t I64() {
-    if (!Need(8)) return 0;
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= uint64_t(uint8_t(data_[pos_ + i])) << (8 * i);
-    pos_ += 8;
-    return int64_t(v);
-  }
-  uint8_t U8() { return Need(1) ? uint8_t(data_[pos_++]) : 0; }
-  std::string String() {
-    const uint32_t n = U32();
-    if (!Need(n)) return "";
-    std::string s(data_.substr(pos_, n));
-    pos_ += n;
-    return s;
-  }
-
- private:
-  bool Need(size_t n) {
-    if (pos_ + n > data_.size()) ok_ = false;
-    return ok_;
-  }
-  std::string_view data_;
-  size_t pos_ = 0;
-  bool ok_ = true;
-};
-
-std::string Frame(uint8_t head, const std::string& body) {
-  std::string out;
-  PutU32(&out, uint32_t(body.size() + 1));
-  out.push_back(char(head));
-  out.append(body);
-  return out;
 }
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
@@ -133,176 +50,32 @@ std::pair<std::string, std::string> SplitHostPort(const std::string& address) {
 }  // namespace
 
 // ---------------------------------------------------------------------------
-// Server: one poll() loop; gets and waits for missing keys park until the key is
-// set or their deadline passes.
+// Server: one poll() loop moving bytes between the sockets and a StoreService, which
+// parks gets and waits for missing keys until the key is set or their deadline passes.
 
 struct StoreServer::State {
-  struct Connection {
-    std::string in, out;
-    std::string peer;  // address:port, for the log
-    bool authenticated = false;
-    std::string nonce;  // the challenge sent to it
-    Clock::time_point auth_deadline;
-  };
-  struct Waiter {
-    int fd;
-    uint8_t op;  // kGet or kWait
-    std::vector<std::string> keys;
-    Clock::time_point deadline;
-  };
-  std::string secret;  // the job's key; empty: no authentication
-  std::atomic<int64_t>* refused = nullptr;
-  std::map<std::string, std::string> data;
-  std::map<int, Connection> connections;
-  std::list<Waiter> waiters;
+  State(std::string key, std::atomic<int64_t>* refused)
+      : service(std::move(key), [refused](const std::string& peer, const std::string& why) {
+          std::fprintf(stderr, "meshtrain store: refused %s: %s\n", peer.c_str(), why.c_str());
+          ++*refused;
+        }) {}
+
+  StoreService service;
   bool stopping = false;
   std::mutex mutex;  // guards `stopping` against Stop() from another thread
 
-  bool Ready(const Waiter& w) const {
-    return std::all_of(w.keys.begin(), w.keys.end(), [&](const std::string& k) { return data.contains(k); });
-  }
-  void Answer(const Waiter& w) {
-    connections[w.fd].out += Frame(kOk, w.op == kGet ? [&] {
-      std::string body;
-      PutString(&body, data.at(w.keys[0]));
-      return body;
-    }() : std::string());
-  }
-  void WakeWaiters() {
-    for (auto it = waiters.begin(); it != waiters.end();) {
-      if (Ready(*it)) {
-        Answer(*it);
-        it = waiters.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-
-  // Handles one request; false if it was malformed (the connection is then closed).
-  bool Handle(int fd, std::string_view frame) {
-    Reader r(frame);
-    const uint8_t op = r.U8();
-    std::string& out = connections[fd].out;
-    switch (op) {
-      case kSet: {
-        std::string key = r.String(), value = r.String();
-        if (!r.ok()) return false;
-        data[std::move(key)] = std::move(value);
-        out += Frame(kOk, "");
-        WakeWaiters();
-        return true;
-      }
-      case kAdd: {
-        const std::string key = r.String();
-        const int64_t delta = r.I64();
-        if (!r.ok()) return false;
-        int64_t value = 0;
-        if (auto it = data.find(key); it != data.end()) value = std::strtoll(it->second.c_str(), nullptr, 10);
-        value += delta;
-        data[key] = std::to_string(value);
-        std::string body;
-        PutI64(&body, value);
-        out += Frame(kOk, body);
-        WakeWaiters();
-        return true;
-      }
-      case kCheck: {
-        const std::string key = r.String();
-        if (!r.ok()) return false;
-        out += Frame(kOk, std::string(1, data.contains(key) ? '\1' : '\0'));
-        return true;
-      }
-      case kGet:
-      case kWait: {
-        Waiter w{fd, op, {}, {}};
-        const uint32_t n = op == kGet ? 1 : r.U32();
-        for (uint32_t i = 0; i < n && r.ok(); ++i) w.keys.push_back(r.String());
-        const int64_t timeout_ms = r.I64();
-        if (!r.ok() || w.keys.empty()) return false;
-        w.deadline = Clock::now() + milliseconds(std::max<int64_t>(0, timeout_ms));
-        if (Ready(w)) Answer(w);
-        else waiters.push_back(std::move(w));
-        return true;
-      }
-      default:
-        return false;
-    }
-  }
-
-  // A new connection: challenged when there is a key.
-  void Accept(int fd, const std::string& peer) {
-    Connection& c = connections[fd];
-    c.peer = peer;
-    c.authenticated = secret.empty();
-    if (c.authenticated) return;
-    c.nonce = RandomBytes(kNonceBytes);
-    c.out = Frame(kChallenge, c.nonce);
-    c.auth_deadline = Clock::now() + kAuthPatience;
-    // At once, before the client's first bytes are read: a client without the key then
-    // learns why it is dropped.
-    const ssize_t n = ::send(fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
-    if (n > 0) c.out.erase(0, size_t(n));
-  }
-
-  // Logs and counts a connection that failed to authenticate; the caller drops it.
-  bool Refuse(const Connection& c, const std::string& why) {
-    std::fprintf(stderr, "meshtrain store: refused %s: %s\n", c.peer.c_str(), why.c_str());
-    ++*refused;
-    return false;
-  }
-
-  // Checks a client's answer to its challenge; false refuses it.
-  bool Authenticate(int fd, std::string_view frame) {
-    Connection& c = connections[fd];
-    if (frame.size() != kAuthFrame || uint8_t(frame[0]) != kAuth) {
-      return Refuse(c, "it sent a request before authenticating (no key?)");
-    }
-    const std::string client_nonce(frame.substr(1, kNonceBytes)), mac(frame.substr(1 + kNonceBytes));
-    if (!SameMac(mac, Mac(secret, kClientLabel, c.nonce, client_nonce))) return Refuse(c, "it does not hold the job's key");
-    c.authenticated = true;
-    c.out += Frame(kOk, Mac(secret, kServerLabel, client_nonce, c.nonce));
-    return true;
-  }
-
-  // Connections whose challenge went unanswered for too long.
-  std::vector<int> Unauthenticated(Clock::time_point now) {
-    std::vector<int> late;
-    for (auto& [fd, c] : connections) {
-      if (!c.authenticated && c.auth_deadline <= now) {
-        Refuse(c, "it did not authenticate within " + std::to_string(kAuthPatience.count() / 1000) + " s");
-        late.push_back(fd);
-      }
-    }
-    return late;
-  }
-
-  void Expire(Clock::time_point now) {
-    for (auto it = waiters.begin(); it != waiters.end();) {
-      if (it->deadline <= now) {
-        connections[it->fd].out += Frame(kTimedOut, "");
-        it = waiters.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-
   void Drop(int fd) {
     ::close(fd);
-    connections.erase(fd);
-    waiters.remove_if([&](const Waiter& w) { return w.fd == fd; });
+    service.Close(fd);
   }
 };
 
-StoreServer::StoreServer(const std::string& host, uint16_t port, std::string key)
-    : state_(std::make_unique<State>()) {
+StoreServer::StoreServer(const std::string& host, uint16_t port, std::string key) {
   if (!key.empty() && key.size() < kMinKeyBytes) {
     throw StoreError("store: a key of " + std::to_string(key.size()) + " bytes is too short; it needs " +
                      std::to_string(kMinKeyBytes));
   }
-  state_->secret = std::move(key);
-  state_->refused = &refused_;
+  state_ = std::make_unique<State>(std::move(key), &refused_);
   listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (listen_fd_ < 0) throw StoreError(Errno("store: socket"));
   const int one = 1;
@@ -344,8 +117,7 @@ void StoreServer::Stop() {
   }
   (void)!::write(wake_fds_[1], "x", 1);
   thread_.join();
-  for (auto& [fd, connection] : state_->connections) ::close(fd);
-  state_->connections.clear();
+  for (int fd : state_->service.Connections()) state_->Drop(fd);
   ::close(listen_fd_);
 }
 
@@ -358,20 +130,17 @@ void StoreServer::Serve() {
       if (s.stopping) return;
     }
     fds.assign({{listen_fd_, POLLIN, 0}, {wake_fds_[0], POLLIN, 0}});
-    for (auto& [fd, c] : s.connections) fds.push_back({fd, short(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
+    for (int fd : s.service.Connections()) {
+      fds.push_back({fd, short(POLLIN | (s.service.Output(fd).empty() ? 0 : POLLOUT)), 0});
+    }
     int timeout_ms = -1;
-    const auto now = Clock::now();
-    auto wake_by = [&](Clock::time_point deadline) {
-      const int64_t left = std::max<int64_t>(0, std::chrono::duration_cast<milliseconds>(deadline - now).count() + 1);
-      timeout_ms = timeout_ms < 0 ? int(left) : std::min(timeout_ms, int(left));
-    };
-    for (const State::Waiter& w : s.waiters) wake_by(w.deadline);
-    for (const auto& [fd, c] : s.connections) {
-      if (!c.authenticated) wake_by(c.auth_deadline);
+    if (const auto next = s.service.NextDeadline()) {
+      // A minute at most, so that a far deadline fits an int.
+      const auto left = std::chrono::duration_cast<milliseconds>(*next - Clock::now()).count() + 1;
+      timeout_ms = int(std::clamp<int64_t>(left, 0, 60000));
     }
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) return;
-    s.Expire(Clock::now());
-    for (int fd : s.Unauthenticated(Clock::now())) s.Drop(fd);
+    for (int fd : s.service.Expire(Clock::now())) s.Drop(fd);
     if (fds[0].revents & POLLIN) {
       for (;;) {
         sockaddr_in peer{};
@@ -382,38 +151,28 @@ void StoreServer::Serve() {
         ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         char address[INET_ADDRSTRLEN] = "?";
         ::inet_ntop(AF_INET, &peer.sin_addr, address, sizeof address);
-        s.Accept(fd, std::string(address) + ":" + std::to_string(ntohs(peer.sin_port)));
+        s.service.Open(fd, std::string(address) + ":" + std::to_string(ntohs(peer.sin_port)), RandomBytes(kNonceBytes),
+                       Clock::now());
+        // The challenge goes at once, before the client's first bytes are read: a client
+        // without the key then learns why it is dropped.
+        std::string& out = s.service.Output(fd);
+        const ssize_t n = out.empty() ? 0 : ::send(fd, out.data(), out.size(), MSG_NOSIGNAL);
+        if (n > 0) out.erase(0, size_t(n));
       }
     }
+    const std::vector<int> open = s.service.Connections();
     for (size_t i = 2; i < fds.size(); ++i) {
       const int fd = fds[i].fd;
-      if (!s.connections.contains(fd)) continue;
-      State::Connection& c = s.connections[fd];
+      if (!std::binary_search(open.begin(), open.end(), fd)) continue;  // dropped above
       bool drop = (fds[i].revents & (POLLERR | POLLNVAL)) != 0;
       if (!drop && (fds[i].revents & (POLLIN | POLLHUP))) {
         char buffer[65536];
         const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
-        if (n > 0) c.in.append(buffer, size_t(n));
+        if (n > 0) drop = !s.service.Receive(fd, std::string_view(buffer, size_t(n)), Clock::now());
         else if (n == 0 || (errno != EAGAIN && errno != EINTR)) drop = true;
-        while (!drop && c.in.size() >= 4) {
-          Reader header(c.in);
-          const uint32_t length = header.U32();
-          if (!c.authenticated && length != kAuthFrame) {
-            drop = !s.Refuse(c, "it sent a request before authenticating (no key?)");
-            break;
-          }
-          if (length == 0 || length > kMaxFrame) {
-            drop = true;
-            break;
-          }
-          if (c.in.size() < 4 + size_t(length)) break;
-          const std::string frame = c.in.substr(4, length);
-          c.in.erase(0, 4 + size_t(length));
-          drop = c.authenticated ? !s.Handle(fd, frame) : !s.Authenticate(fd, frame);
-        }
       }
-      if (!drop && !s.connections[fd].out.empty()) {
-        std::string& out = s.connections[fd].out;
+      std::string& out = s.service.Output(fd);
+      if (!drop && !out.empty()) {
         const ssize_t n = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL);
         if (n > 0) out.erase(0, size_t(n));
         else if (n < 0 && errno != EAGAIN && errno != EINTR) drop = true;
@@ -550,42 +309,26 @@ constexpr milliseconds kShortCall(30000);  // set, add and check are answered at
 }  // namespace
 
 void StoreClient::Set(const std::string& key, const std::string& value) {
-  std::string body;
-  PutString(&body, key);
-  PutString(&body, value);
-  Call(Frame(kSet, body), "set(\"" + key + "\")", kShortCall);
+  Call(EncodeRequest({kSet, {key}, value, 0}), "set(\"" + key + "\")", kShortCall);
 }
 
 std::string StoreClient::Get(const std::string& key, milliseconds timeout) {
-  std::string body;
-  PutString(&body, key);
-  PutI64(&body, timeout.count());
-  const std::string reply = Call(Frame(kGet, body), "get(\"" + key + "\")", timeout);
+  const std::string reply = Call(EncodeRequest({kGet, {key}, "", timeout.count()}), "get(\"" + key + "\")", timeout);
   return Reader(reply).String();
 }
 
 int64_t StoreClient::Add(const std::string& key, int64_t delta) {
-  std::string body;
-  PutString(&body, key);
-  PutI64(&body, delta);
-  return Reader(Call(Frame(kAdd, body), "add(\"" + key + "\")", kShortCall)).I64();
+  return Reader(Call(EncodeRequest({kAdd, {key}, "", delta}), "add(\"" + key + "\")", kShortCall)).I64();
 }
 
 void StoreClient::Wait(const std::vector<std::string>& keys, milliseconds timeout) {
-  std::string body, names;
-  PutU32(&body, uint32_t(keys.size()));
-  for (const std::string& k : keys) {
-    PutString(&body, k);
-    names += (names.empty() ? "\"" : ", \"") + k + "\"";
-  }
-  PutI64(&body, timeout.count());
-  Call(Frame(kWait, body), "wait(" + names + ")", timeout);
+  std::string names;
+  for (const std::string& k : keys) names += (names.empty() ? "\"" : ", \"") + k + "\"";
+  Call(EncodeRequest({kWait, keys, "", timeout.count()}), "wait(" + names + ")", timeout);
 }
 
 bool StoreClient::Check(const std::string& key) {
-  std::string body;
-  PutString(&body, key);
-  return Reader(Call(Frame(kCheck, body), "check(\"" + key + "\")", kShortCall)).U8() != 0;
+  return Reader(Call(EncodeRequest({kCheck, {key}, "", 0}), "check(\"" + key + "\")", kShortCall)).U8() != 0;
 }
 
 void StoreClient::Barrier(const std::string& name, int world, milliseconds timeout) {

@@ -19,6 +19,7 @@
 // nothing against the next connection's nonce. A connection that sends anything else
 // first, answers wrongly, or does not answer within 10 s is dropped, and the server logs
 // its address; the others are not disturbed. Without a key, neither side authenticates.
+// store_protocol.h has the protocol's code, apart from the sockets.
 //
 // Thread-safety: StoreServer runs its own thread; StoreClient serialises its calls
 // with a mutex, so one client may be shared, though each thread usually has its own.

@@ -1,7 +1,5 @@
 #include "worker/metrics/training_metrics.h"
 
-#include <stdexcept>
-
 #include "api/worker_contract.h"
 
 namespace meshtrain::metrics {
@@ -118,16 +116,10 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
 }
 
 void TrainingMetrics::Serve(const std::string& host, int port) {
-  const std::string address = host + ":" + std::to_string(port);
-  try {
-    exposer_ = std::make_unique<prometheus::Exposer>(address);
-  } catch (const std::exception& e) {
-    throw std::runtime_error("cannot serve metrics on " + address + ": " + e.what());
-  }
-  exposer_->RegisterCollectable(registry_);
+  endpoint_ = std::make_unique<HttpEndpoint>(host, port, registry_);
 }
 
-int TrainingMetrics::port() const { return exposer_->GetListeningPorts().at(0); }
+int TrainingMetrics::port() const { return endpoint_->port(); }
 
 void TrainingMetrics::Step(const train::StepReport& report) {
   step_.Set(double(report.step));

@@ -29,11 +29,11 @@
 #include <string>
 
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include "worker/metrics/http_endpoint.h"
 #include "worker/runtime/memory.h"
 #include "worker/train/trainer.h"
 
@@ -43,8 +43,8 @@ class TrainingMetrics {
  public:
   TrainingMetrics(const std::string& job, int rank, int64_t steps, int64_t tokens_per_step);
 
-  // Serves GET /metrics on host:port (port 0: any free port). Throws std::runtime_error
-  // naming the address if it cannot listen.
+  // Serves GET /metrics, and /healthz, on host:port (port 0: any free port; an
+  // HttpEndpoint). Throws std::runtime_error naming the address if it cannot listen.
   void Serve(const std::string& host, int port);
   int port() const;  // the port served on; REQUIRES: Serve() was called
 
@@ -65,7 +65,7 @@ class TrainingMetrics {
                   int64_t tokens_per_step);
 
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<HttpEndpoint> endpoint_;
   prometheus::Gauge &step_, &loss_, &validation_loss_, &learning_rate_, &grad_norm_, &tokens_per_second_;
   prometheus::Counter& tokens_;
   prometheus::Histogram& step_seconds_;
