@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine, builds meshtrain and runs every test:
 # the ctest suite (labels unit, integration, ...) and a 45-second fuzz run of each parser
-# (the manifest and the checkpoint metadata).
+# (the manifest, the checkpoint metadata, the Store's wire protocol and the worker's HTTP
+# requests).
 # Under CI (CI set) warnings are errors.
 set -euo pipefail
 cd "$(dirname "$0")/.."
