@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <thread>
 
@@ -396,6 +397,28 @@ TEST_F(CheckpointTest, ADamagedCheckpointIsNamedAndTheNewestIntactOneIsUsed) {
     EXPECT_EQ(resumed.resumed_from(), std::optional<int64_t>(8));
     ASSERT_EQ(resumed.checkpoint_warnings().size(), 1u);
     EXPECT_NE(resumed.checkpoint_warnings()[0].find("step-00000012"), std::string::npos);
+  }
+  // Numbers that are not integers in range: a CRC past 2^64 (which JSON parsing makes a
+  // double) and a fractional step.
+  {
+    std::ifstream in(older / "metadata.json");
+    const nlohmann::json meta = nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
+    auto parse_error = [&](const std::string& text) -> std::string {
+      try {
+        ParseCheckpointMetadata(text, "m.json", kShape);
+      } catch (const CheckpointError& e) {
+        return e.what();
+      }
+      return "";
+    };
+    EXPECT_EQ(parse_error(meta.dump()), "");
+    std::string huge = meta.dump();
+    const std::string crc = "\"crc32c\":";
+    huge.insert(huge.find(crc) + crc.size(), "876543222222222222222222222222");
+    EXPECT_EQ(parse_error(huge), "m.json: malformed metadata: /files/0/crc32c is not an integer in range");
+    nlohmann::json fractional = meta;
+    fractional["step"] = 8.5;
+    EXPECT_EQ(parse_error(fractional.dump()), "m.json: malformed metadata: /step is not an integer in range");
   }
   // A missing file.
   fs::remove(older / "rank-00000.bin");

@@ -118,6 +118,25 @@ std::vector<int> Writers(const api::ParallelLayout& layout) {
 
 }  // namespace
 
+namespace {
+
+// The path of the first number in `value` that is not an integer ("" if none). Metadata
+// holds only integers, and casting a fraction or a number past 2^64 (which JSON parsing
+// makes a double) to an integer would be undefined.
+std::string FirstNonInteger(const Json& value, const std::string& path) {
+  if (value.is_number_float()) return path.empty() ? "/" : path;
+  if (value.is_object()) {
+    for (const auto& [key, item] : value.items())
+      if (std::string found = FirstNonInteger(item, path + "/" + key); !found.empty()) return found;
+  } else if (value.is_array()) {
+    for (size_t i = 0; i < value.size(); ++i)
+      if (std::string found = FirstNonInteger(value[i], path + "/" + std::to_string(i)); !found.empty()) return found;
+  }
+  return "";
+}
+
+}  // namespace
+
 Json ParseCheckpointMetadata(const std::string& text, const std::string& file_name, const api::ModelShape& shape) {
   const fs::path file(file_name);
   Json meta;
@@ -126,6 +145,8 @@ Json ParseCheckpointMetadata(const std::string& text, const std::string& file_na
   } catch (const Json::exception& e) {
     throw CheckpointError(file.string() + ": not valid JSON: " + e.what());
   }
+  if (const std::string path = FirstNonInteger(meta, ""); !path.empty())
+    throw CheckpointError(file.string() + ": malformed metadata: " + path + " is not an integer in range");
   try {
     if (meta.at("format") != kFormat || meta.at("version").get<int>() < 1 || meta.at("version").get<int>() > kVersion) {
       throw CheckpointError(file.string() + ": not a meshtrain checkpoint of format version 1 to " +
