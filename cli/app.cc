@@ -246,10 +246,18 @@ Command BenchTrain(CLI::App& bench, const std::vector<std::string>& self) {
 
 Command BenchCheckpoint(CLI::App& bench) {
   auto o = Make<BenchCheckpointOptions>();
-  CLI::App* c = bench.add_subcommand("checkpoint", "A checkpoint's stall on the training step against a blocking write");
+  CLI::App* c = bench.add_subcommand(
+      "checkpoint", "A checkpoint's stall on the training step against a blocking write, and each resuming rank's memory");
   c->add_option("--model", o->model, "Model preset")->capture_default_str();
   c->add_option("--dir", o->dir, "Where to write (default: a temporary directory)");
   c->add_option("--repeats", o->repeats, "Checkpoints of each kind")->check(CLI::Range(1, 100))->capture_default_str();
+  c->add_option("--writers", o->writers, "Ranks (shards) that write the checkpoint to resume from")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  c->add_option("--readers", o->readers, "Ranks (shards) of each layout that resumes from it")
+      ->check(CLI::Range(1, 64))
+      ->delimiter(',')
+      ->capture_default_str();
   return {c, [o] { return BenchCheckpointCommand(*o, std::cout); }};
 }
 

@@ -27,7 +27,6 @@
 #include "worker/comm/fabric/fabric_communicator.h"
 #include "worker/launch/local_launcher.h"
 #include "worker/runtime/device_peak.h"
-#include "worker/train/checkpoint.h"
 #include "worker/train/cuda_plugin.h"
 #include "worker/train/devices.h"
 #include "worker/train/token_file.h"
@@ -227,73 +226,6 @@ int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, co
 }
 
 }  // namespace
-
-int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
-  const api::ModelShape* preset = api::FindPreset(o.model);
-  if (preset == nullptr) {
-    out << "--model " << o.model << ": unknown preset\n";
-    return kExitUnreadable;
-  }
-  BenchTrainOptions train_options;
-  train_options.model = o.model;
-  train_options.batch = 1;
-  train_options.seq = 64;
-  train_options.steps = 1;
-  train_options.warmup = 0;
-  const std::filesystem::path data =
-      WriteRandomTokens(int64_t(train_options.batch) * train_options.seq * (train_options.steps + 1), *preset);
-  const api::CheckedJob job =
-      api::CheckTrainingJob(BenchJob(train_options, data.string(), 1, 1, {"one rank", 1, 1, {}}, false), "bench", 0);
-  if (!job.ok()) {
-    out << "bench checkpoint: " << job.errors.front().ToString() << "\n";
-    return kExitInvalid;
-  }
-  const std::filesystem::path dir =
-      std::filesystem::path(o.dir.empty() ? std::filesystem::temp_directory_path().string() : o.dir) /
-      ("meshtrain-bench-checkpoint-" + std::to_string(::getpid()));
-  train::Trainer trainer(job.job);
-  std::filesystem::remove(data);  // mapped already
-  trainer.Step();                 // AdamW state that is not all zeros
-  const api::ModelShape shape = api::ShapeOf(job.job.spec.model);
-  bool failed = false;
-  train::CheckpointWriter writer(dir.string(), 1, shape, api::ParallelLayout::ForSpec(job.job.spec),
-                                 trainer.model().vocab_multiple(), 0,
-                                 [&](const std::string& error) {
-                                   out << "bench checkpoint: " << error << "\n";
-                                   failed = true;
-                                 });
-  // A first checkpoint, not measured: it faults in the snapshot buffer the writer then
-  // reuses for every later one.
-  writer.Save({0, 0}, [&](train::ShardState* into) { trainer.model().Snapshot(into); });
-  writer.Wait();
-  double stall = 0, blocking = 0;
-  for (int i = 0; i < o.repeats && !failed; ++i) {
-    // Asynchronous: the step waits for the snapshot only.
-    stall += writer.Save({2 * i + 1, 0}, [&](train::ShardState* into) { trainer.model().Snapshot(into); });
-    writer.Wait();
-    // Blocking: the step would wait for the whole write.
-    const auto start = Clock::now();
-    writer.Save({2 * i + 2, 0}, [&](train::ShardState* into) { trainer.model().Snapshot(into); });
-    writer.Wait();
-    blocking += Seconds(start);
-  }
-  const int64_t bytes = writer.stats().last_bytes;
-  std::filesystem::remove_all(dir);
-  if (failed) return kExitInvalid;
-  stall /= o.repeats;
-  blocking /= o.repeats;
-  char line[320];
-  std::snprintf(line, sizeof line,
-                "checkpoint of %s (%s on one rank: master weights, AdamW m and v) under %s, mean of %d after one "
-                "unmeasured:\n"
-                "stall %.3f s (snapshot to host memory; the write goes on in the background)\n"
-                "blocking write %.3f s (snapshot, files written and fsynced, renamed into place)\n"
-                "stall / blocking %.3f\n",
-                o.model.c_str(), runtime::FormatBytes(size_t(bytes)).c_str(), dir.parent_path().c_str(), o.repeats,
-                stall, blocking, stall / blocking);
-  out << line;
-  return kExitOk;
-}
 
 int BenchTrainCommand(const BenchTrainOptions& o, const std::vector<std::string>& self_argv, std::ostream& out) {
   if (comm::WorkerEnvironment::Present()) return BenchTrainRank();

@@ -164,11 +164,16 @@ struct BenchCheckpointOptions {
   std::string model = "gpt2-124m";
   std::string dir;  // where to write (default: the system's temporary directory)
   int repeats = 2;
+  int writers = 4;                // ranks (shards) that write the checkpoint resumed from
+  std::vector<int> readers{2, 8};  // ranks (shards) of each layout that resumes from it
 };
 
 // One rank's checkpoint of `model` after a training step: the stall a checkpoint step
 // sees (the snapshot to host memory, then training goes on) against the time a blocking
 // write takes (snapshot, files written and fsynced, renamed into place), and their ratio.
+// Then that state written by `writers` ranks and resumed by every rank of each `readers`
+// layout, each in a process of its own: its peak host memory while loading against its
+// own shard state and one unit, and the whole-model load's peak.
 int BenchCheckpointCommand(const BenchCheckpointOptions& options, std::ostream& out);
 
 // The whole CLI: parses argv and dispatches.

@@ -22,8 +22,11 @@
 
 #include "api/engine_memory.h"
 #include "api/manifest.h"
+#include "worker/comm/store.h"
 #include "worker/model/parameters.h"
 #include "worker/parallel/flat_unit.h"
+#include "worker/train/checkpoint_layout.h"
+#include "worker/train/checkpoint_reader.h"
 #include "worker/train/crc32c.h"
 #include "worker/train/token_file.h"
 #include "worker/train/trainer.h"
@@ -87,9 +90,15 @@ WholeState RandomState(const api::ModelShape& shape, uint32_t seed) {
 // vocabulary to `vocab_multiple` splits them; returns the step directory.
 std::string WriteAsLayout(const std::string& path, const api::ModelShape& shape, const api::ParallelLayout& layout,
                           int vocab_multiple, const WholeState& whole, const TrainingPosition& position) {
+  // The writers meet rank 0 through a Store, each on a connection of its own.
+  comm::StoreServer server("127.0.0.1", 0);
+  std::vector<std::unique_ptr<comm::StoreClient>> stores;
   std::vector<std::unique_ptr<CheckpointWriter>> writers;
   for (int rank = 0; rank < layout.world(); ++rank) {
+    stores.push_back(std::make_unique<comm::StoreClient>("127.0.0.1:" + std::to_string(server.port()),
+                                                         std::chrono::seconds(10)));
     writers.push_back(std::make_unique<CheckpointWriter>(path, 1, shape, layout, vocab_multiple, rank,
+                                                         stores.back().get(),
                                                          [](const std::string& e) { ADD_FAILURE() << e; }));
   }
   for (int rank = layout.world() - 1; rank >= 0; --rank) {
@@ -311,7 +320,7 @@ TEST_F(CheckpointTest, ThePaddedEnginesCheckpointHoldsTheModelsElementsAndReshar
   }
   const fs::path step = path / "step-00000004";
   const nlohmann::json meta = nlohmann::json::parse(std::ifstream(step / "metadata.json"));
-  EXPECT_EQ(meta.at("version"), 2);
+  EXPECT_EQ(meta.at("version"), 3);
   EXPECT_EQ(meta.at("vocabMultiple"), api::kVocabMultiple);
   const int64_t padded = model::ParameterLayout(shape, 0, 1, api::kVocabMultiple).total();
   ASSERT_GT(padded, shape.ParameterCount());
@@ -347,6 +356,71 @@ TEST_F(CheckpointTest, ThePaddedEnginesCheckpointHoldsTheModelsElementsAndReshar
   const std::vector<double> after = Losses(resumed);
   ASSERT_EQ(after.size(), 8u);
   for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(after[i], want[4 + i]) << "step " << 5 + i;
+}
+
+// A rank resuming reads only the chunks that hold its own elements, and verifies them:
+// written by one rank, the blocks' segments span two chunks each; shard 0 of 2 needs
+// only the first of them, so a corrupt second chunk fails shard 1's read, naming the
+// file and chunk, while shard 0 reads its elements exactly and never sees it.
+TEST_F(CheckpointTest, ARankReadsAndVerifiesOnlyTheChunksOfItsOwnElements) {
+  const api::ModelShape shape{.layers = 2, .heads = 2, .hidden = 192, .vocab_size = 256, .seq_len = 16};
+  const WholeState whole = RandomState(shape, 4);
+  const std::string step = WriteAsLayout((dir_ / "one-writer").string(), shape, api::ParallelLayout(1, 1, 1, 1),
+                                         api::kVocabMultiple, whole, {5, 10});
+  const model::ParameterLayout whole_layout(shape);
+  const ShardFileLayout file = LayOutShardFile(model::ParameterLayout(shape, 0, 1, api::kVocabMultiple), 1, 0);
+  ASSERT_EQ(file.units[1].chunks, 2) << "a block's segment spans two chunks";
+  const int64_t file_bytes = 3 * file.elements * int64_t(sizeof(float));
+
+  // Reads shard `shard` of 2 of every unit; returns the bytes read, or throws.
+  auto read_shard = [&](int shard) {
+    CheckpointReader reader(step, shape);
+    const model::ParameterLayout slice(shape, 0, 1, api::kVocabMultiple);
+    for (int u = 0; u < slice.units(); ++u) {
+      const parallel::UnitShard s = parallel::ShardOfUnit(slice, u, 2, shard);
+      const std::vector<int64_t> at = slice.WholeIndices(s.unit_begin + s.begin, s.unit_begin + s.begin + s.real);
+      std::vector<float> master(at.size()), m(at.size()), v(at.size());
+      reader.ReadUnit(u, at, master.data(), m.data(), v.data());
+      for (size_t i = 0; i < at.size(); ++i) {
+        const float want[3] = {at[i] < 0 ? 0 : whole.master[size_t(at[i])], at[i] < 0 ? 0 : whole.m[size_t(at[i])],
+                               at[i] < 0 ? 0 : whole.v[size_t(at[i])]};
+        if (master[i] != want[0] || m[i] != want[1] || v[i] != want[2]) {
+          ADD_FAILURE() << "shard " << shard << ", unit " << u << ": element " << at[i] << " read wrong";
+          break;
+        }
+      }
+    }
+    return reader.bytes_read();
+  };
+  const int64_t first = read_shard(0), second = read_shard(1);
+  // Shard 0 reads the root unit's chunk and the first chunk of each block, of 3 sections.
+  EXPECT_EQ(first, 3 * int64_t(sizeof(float)) * (file.units[0].elements + 2 * kChunkElements));
+  EXPECT_EQ(second, file_bytes) << "shard 1's elements reach into every chunk";
+  EXPECT_LT(first, file_bytes);
+
+  // A flipped bit in the AdamW v section's second chunk of block 0.
+  const fs::path data = fs::path(step) / "rank-00000.bin";
+  {
+    std::fstream io(data, std::ios::in | std::ios::out | std::ios::binary);
+    const int64_t at = (2 * file.elements + file.units[1].offset + kChunkElements + 7) * int64_t(sizeof(float));
+    io.seekg(at);
+    char byte = 0;
+    io.read(&byte, 1);
+    byte ^= 0x04;
+    io.seekp(at);
+    io.write(&byte, 1);
+  }
+  EXPECT_EQ(read_shard(0), first) << "shard 0 never reads the damaged chunk";
+  try {
+    read_shard(1);
+    ADD_FAILURE() << "a corrupt chunk was read without complaint";
+  } catch (const CheckpointError& e) {
+    EXPECT_EQ(std::string(e.what()), data.string() + ": checksum mismatch in chunk " +
+                                         std::to_string(file.units[1].first_chunk + 1) +
+                                         " of its AdamW v: the data is corrupt");
+  }
+  EXPECT_NE(ListCheckpoints((dir_ / "one-writer").string())[0].problem.find("checksum mismatch"), std::string::npos)
+      << "verifying reads every chunk";
 }
 
 // Damage of every kind is named, and resuming falls back to the newest intact checkpoint.
@@ -398,8 +472,8 @@ TEST_F(CheckpointTest, ADamagedCheckpointIsNamedAndTheNewestIntactOneIsUsed) {
     ASSERT_EQ(resumed.checkpoint_warnings().size(), 1u);
     EXPECT_NE(resumed.checkpoint_warnings()[0].find("step-00000012"), std::string::npos);
   }
-  // Numbers that are not integers in range: a CRC past 2^64 (which JSON parsing makes a
-  // double) and a fractional step.
+  // Numbers that are not integers in range: a chunk size past 2^64 (which JSON parsing
+  // makes a double) and a fractional step.
   {
     std::ifstream in(older / "metadata.json");
     const nlohmann::json meta = nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
@@ -413,9 +487,10 @@ TEST_F(CheckpointTest, ADamagedCheckpointIsNamedAndTheNewestIntactOneIsUsed) {
     };
     EXPECT_EQ(parse_error(meta.dump()), "");
     std::string huge = meta.dump();
-    const std::string crc = "\"crc32c\":";
-    huge.insert(huge.find(crc) + crc.size(), "876543222222222222222222222222");
-    EXPECT_EQ(parse_error(huge), "m.json: malformed metadata: /files/0/crc32c is not an integer in range");
+    const std::string chunk = "\"chunkElements\":";
+    ASSERT_NE(huge.find(chunk), std::string::npos);
+    huge.insert(huge.find(chunk) + chunk.size(), "876543222222222222222222222222");
+    EXPECT_EQ(parse_error(huge), "m.json: malformed metadata: /files/0/chunkElements is not an integer in range");
     nlohmann::json fractional = meta;
     fractional["step"] = 8.5;
     EXPECT_EQ(parse_error(fractional.dump()), "m.json: malformed metadata: /step is not an integer in range");
@@ -472,9 +547,9 @@ TEST_F(CheckpointTest, AFullDiskIsAnErrorNamingThePathAndTrainingGoesOn) {
   std::string error;
   {
     CheckpointWriter writer((mount / "direct").string(), 1, kShape, api::ParallelLayout(1, 1, 1, 1),
-                            api::kVocabMultiple, 0, [&](const std::string& e) { error = e; });
+                            api::kVocabMultiple, 0, nullptr, [&](const std::string& e) { error = e; });
     writer.Save({1, 0}, [](ShardState* into) {
-      const std::vector<float> ones(20000, 1.0f);
+      const std::vector<float> ones(size_t(kShape.ParameterCount()), 1.0f);  // 128 KiB in all
       FillSnapshot(into, ones, ones, ones);
     });
     writer.Wait();

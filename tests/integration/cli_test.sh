@@ -286,10 +286,13 @@ expect "bench train runs tensor-parallel ranks beside data-parallel ones at the 
   -- "$meshtrain" bench train --model gpt2-tiny --batch 2 --seq 32 --steps 2 --ranks 2 --tp 2 --compare data-parallel
 expect "bench train --ranks names a layout that does not fit" 1 'spec.parallelism.hybridShardDegree: must divide the data-parallel size' \
   -- "$meshtrain" bench train --model gpt2-tiny --ranks 4 --shard 3
-expect "bench checkpoint measures the stall against a blocking write" 0 \
+expect "bench checkpoint measures the stall against a blocking write, and each resuming rank's memory" 0 \
   'checkpoint of gpt2-tiny \([0-9.]+ MiB on one rank' 'stall [0-9.]+ s \(snapshot' 'blocking write [0-9.]+ s' \
-  'stall / blocking [0-9.]+' \
-  -- "$meshtrain" bench checkpoint --model gpt2-tiny --repeats 1
+  'stall / blocking [0-9.]+' 'resume of that state written by 3 ranks \(1 x 3 shards x tp 1\)' \
+  '^ +2 +1 +[0-9.]+ MiB +[0-9.]+ MiB +[0-9.]+ MiB +[0-9.]+ MiB  (yes|NO)$' \
+  '^ +5 +4 +[0-9.]+ MiB +[0-9.]+ MiB +[0-9.]+ MiB +[0-9.]+ MiB  (yes|NO)$' \
+  'whole-model load \(every rank, before\): peak [0-9.]+ MiB for a state of 9.5 MiB' \
+  -- "$meshtrain" bench checkpoint --model gpt2-tiny --repeats 1 --writers 3 --readers 2,5
 expect "bench train refuses an unknown model" 2 'gpt2-xl: unknown preset' -- "$meshtrain" bench train --model gpt2-xl
 
 expect "bench comm prints nccl-tests rows" 0 'all_gather, 4 ranks on 2 nodes, fp32' 'providers: intra shm, inter tcp;ofi_rxm' \

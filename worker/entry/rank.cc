@@ -102,8 +102,17 @@ int Train(std::ostream& out) {
   } catch (const std::invalid_argument& e) {
     throw ConfigError(e.what());
   }
+  // Checkpoint writers meet rank 0 on a connection of their own: rank 0's waits on it
+  // must not hold up anyone else's use of the Store.
+  std::unique_ptr<comm::StoreClient> checkpoint_store;
+  if (!job.spec.checkpoint.path.empty() && env.world_size > 1) {
+    checkpoint_store = std::make_unique<comm::StoreClient>(
+        env.coordinator, kRendezvousTimeout, env.store_key_file.empty() ? "" : comm::ReadStoreKey(env.store_key_file));
+  }
   std::optional<train::Trainer> trainer;
-  BadInputIsConfigError(env.config, [&] { trainer.emplace(job, world.get(), where.device, device_world.get()); });
+  BadInputIsConfigError(env.config, [&] {
+    trainer.emplace(job, world.get(), where.device, device_world.get(), checkpoint_store.get());
+  });
   if (exported) {
     exported->Flops(api::ShapeOf(job.spec.model).TrainingFlopsPerToken(*job.spec.model.seq_len),
                     DensePeakFlops(where.device) * env.world_size);  // ranks share one kind of device

@@ -15,11 +15,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "api/engine_memory.h"
+#include "api/model_shape.h"
 #include "worker/runtime/device.h"
 
 namespace meshtrain::parallel {
@@ -60,6 +62,20 @@ struct ShardState {
 struct WholeState {
   std::vector<float> master, m, v;
 };
+
+// What Restore asks for a unit's shard: for each i, the fp32 master weight and AdamW m
+// and v of the element at single-rank index whole_indices[i] (-1: vocabulary padding,
+// which gets zeros), into master[i], m[i] and v[i]. A checkpoint reader answers it with
+// only that rank's elements.
+using ShardFill =
+    std::function<void(int unit, const std::vector<int64_t>& whole_indices, float* master, float* m, float* v)>;
+
+// The fill that takes each element from `whole` (which must outlive it). Throws
+// std::invalid_argument when `whole` is not a model of `parameters` elements.
+ShardFill FillFrom(const WholeState& whole, int64_t parameters);
+// The fill with the state a model of `shape` starts from: the weights InitParameters
+// gives for `seed`, and AdamW's zeros.
+ShardFill InitialState(const api::ModelShape& shape, uint64_t seed);
 
 // Which micro-batch of which step a training forward computes; it keys dropout masks.
 struct MicroBatchKey {
@@ -133,7 +149,10 @@ class Engine {
   // Copies this rank's optimizer state into `into`, reusing its memory when it is the
   // engine's (checkpoints write it in the background). Waits for the copies.
   virtual void Snapshot(ShardState* into) = 0;
-  // This rank's elements of `whole` (a checkpoint's, any layout's) as its optimizer state.
+  // This rank's optimizer state, one unit's shard at a time from `fill`: the one place
+  // all of the state is replaced (a checkpoint of any layout, or a model's weights).
+  virtual void RestoreShards(const ShardFill& fill) = 0;
+  // This rank's elements of `whole` as its optimizer state.
   virtual void Restore(const WholeState& whole) = 0;
   // How the model is laid out on this rank, for the startup lines.
   virtual std::string Describe() const = 0;

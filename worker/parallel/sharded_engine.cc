@@ -7,8 +7,45 @@
 
 #include "worker/comm/stream_collectives.h"
 #include "worker/kernels/dropout.h"
+#include "worker/model/parameters.h"
 
 namespace meshtrain::parallel {
+
+ShardFill FillFrom(const WholeState& whole, int64_t parameters) {
+  if (int64_t(whole.master.size()) != parameters || int64_t(whole.m.size()) != parameters ||
+      int64_t(whole.v.size()) != parameters) {
+    throw std::invalid_argument("Restore: a state of " + std::to_string(whole.master.size()) +
+                                " parameters for a model of " + std::to_string(parameters));
+  }
+  return [&whole](int, const std::vector<int64_t>& at, float* master, float* m, float* v) {
+    for (size_t i = 0; i < at.size(); ++i) {
+      const bool model = at[i] >= 0;
+      master[i] = model ? whole.master[size_t(at[i])] : 0.0f;
+      m[i] = model ? whole.m[size_t(at[i])] : 0.0f;
+      v[i] = model ? whole.v[size_t(at[i])] : 0.0f;
+    }
+  };
+}
+
+ShardFill InitialState(const api::ModelShape& shape, uint64_t seed) {
+  return [whole = model::ParameterLayout(shape), seed](int, const std::vector<int64_t>& at, float* master, float* m,
+                                                       float* v) {
+    std::fill(m, m + at.size(), 0.0f);
+    std::fill(v, v + at.size(), 0.0f);
+    // Initialisation is a function of the single-rank index: each run of consecutive
+    // indices initialises at once.
+    for (size_t i = 0; i < at.size();) {
+      size_t j = i + 1;
+      if (at[i] < 0) {
+        master[i] = 0;
+      } else {
+        while (j < at.size() && at[j] == at[j - 1] + 1) ++j;
+        model::InitParameterRange(master + i, whole, seed, at[i], at[j - 1] + 1);
+      }
+      i = j;
+    }
+  };
+}
 
 const char* OpName(Op op) {
   switch (op) {
@@ -540,27 +577,35 @@ void ShardedEngine<P>::Snapshot(ShardState* into) {
 
 template <class P>
 void ShardedEngine<P>::Restore(const WholeState& whole) {
+  RestoreShards(FillFrom(whole, layout_.shape().ParameterCount()));
+}
+
+template <class P>
+void ShardedEngine<P>::RestoreShards(const ShardFill& fill) {
   if (root_held_) ReleaseRoot();
   Drain();
-  const size_t count = size_t(layout_.shape().ParameterCount());
-  if (whole.master.size() != count || whole.m.size() != count || whole.v.size() != count) {
-    throw std::invalid_argument("Restore: a state of " + std::to_string(whole.master.size()) +
-                                " parameters for a model of " + std::to_string(count));
-  }
-  std::vector<G> master, m, v;
-  for (auto& unit : units_) {
-    const int64_t from = unit->begin() + unit->shard_begin();
-    const std::vector<int64_t> at = layout_.WholeIndices(from, from + unit->shard_real());
-    for (std::vector<G>* part : {&master, &m, &v}) part->assign(size_t(unit->shard_numel()), G(0));
-    for (size_t i = 0; i < at.size(); ++i) {
-      if (at[i] < 0) continue;  // vocabulary padding stays zero
-      master[i] = G(whole.master[size_t(at[i])]);
-      m[i] = G(whole.m[size_t(at[i])]);
-      v[i] = G(whole.v[size_t(at[i])]);
+  // One unit's shard staged at a time: the rank never holds more than its own state and
+  // that unit's in host memory.
+  std::vector<float> master, m, v;
+  std::vector<G> narrow;
+  for (int u = 0; u < int(units_.size()); ++u) {
+    FlatUnit<P>& unit = *units_[size_t(u)];
+    const int64_t from = unit.begin() + unit.shard_begin(), n = unit.shard_numel();
+    std::vector<int64_t> at = layout_.WholeIndices(from, from + unit.shard_real());
+    at.resize(size_t(n), -1);  // the shard's tail past the unit is padding too
+    for (std::vector<float>* part : {&master, &m, &v}) part->resize(size_t(n));
+    fill(u, at, master.data(), m.data(), v.data());
+    const std::pair<Ptr<G>, const std::vector<float>*> parts[3] = {
+        {unit.master(), &master}, {unit.adam_m(), &m}, {unit.adam_v(), &v}};
+    for (const auto& [to, values] : parts) {
+      if constexpr (std::is_same_v<G, float>) {
+        backend_->Upload(to, values->data(), n, *compute_);
+      } else {
+        narrow.assign(values->begin(), values->end());
+        backend_->Upload(to, narrow.data(), n, *compute_);
+        Drain();  // `narrow` is refilled for the next part
+      }
     }
-    backend_->Upload(unit->master(), master.data(), unit->shard_numel(), *compute_);
-    backend_->Upload(unit->adam_m(), m.data(), unit->shard_numel(), *compute_);
-    backend_->Upload(unit->adam_v(), v.data(), unit->shard_numel(), *compute_);
     Drain();  // the host vectors are refilled for the next unit
   }
   RefreshKept();

@@ -85,6 +85,7 @@ class ShardedEngine final : public Engine {
   CommStats comm_stats() override;
   void Snapshot(ShardState* into) override;
   void Restore(const WholeState& whole) override;
+  void RestoreShards(const ShardFill& fill) override;
   std::string Describe() const override;
   void set_observer(ScheduleObserver* observer) override { observer_ = observer; }
   int vocab_multiple() const override { return layout_.vocab_multiple(); }

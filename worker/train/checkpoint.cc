@@ -10,12 +10,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "worker/comm/store.h"
 #include "worker/model/parameters.h"
-#include "worker/parallel/flat_unit.h"
+#include "worker/train/checkpoint_layout.h"
+#include "worker/train/checkpoint_reader.h"
 #include "worker/train/crc32c.h"
 
 namespace meshtrain::train {
@@ -26,10 +29,12 @@ using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kFormat = "meshtrain-checkpoint";
-// Version 2 pads each TP slice's vocabulary in the engine (metadata "vocabMultiple"; the
-// files hold the model's elements only); version 1 had no padding and reads the same way
+// Version 3 checksums each file in chunks (metadata "chunkElements" and "chunkCrc32c"),
+// so that a rank reads only the chunks it needs. Version 2 padded each TP slice's
+// vocabulary in the engine (metadata "vocabMultiple"; the files hold the model's elements
+// only) and had one "crc32c" per file; version 1 had no padding and reads the same way
 // with a multiple of 1.
-constexpr int kVersion = 2;
+constexpr int kVersion = 3;
 constexpr auto kWaitForWriters = std::chrono::minutes(2);
 
 std::string StepName(int64_t step) {
@@ -45,6 +50,12 @@ std::string RankFile(int rank) {
 }
 
 std::string Sidecar(int rank) { return RankFile(rank) + ".json"; }
+
+// The Store key a writer sets once its file and sidecar are durable ("" then) or its
+// write failed (the error).
+std::string WrittenKey(const std::string& step_name, int rank) {
+  return "checkpoint/" + step_name + "/" + RankFile(rank);
+}
 
 std::string ErrnoText(const std::string& what, const std::string& path) {
   return what + " " + path + ": " + std::strerror(errno);
@@ -116,6 +127,15 @@ std::vector<int> Writers(const api::ParallelLayout& layout) {
   return ranks;
 }
 
+// `store`, which only a layout with rank 0 its one writer may do without.
+comm::StoreClient* StoreOfWriters(comm::StoreClient* store, const api::ParallelLayout& layout) {
+  if (store == nullptr && Writers(layout) != std::vector<int>{0}) {
+    throw std::invalid_argument("CheckpointWriter: " + std::to_string(Writers(layout).size()) +
+                                " ranks write each checkpoint, and rank 0 learns of their writes through the Store");
+  }
+  return store;
+}
+
 }  // namespace
 
 namespace {
@@ -170,7 +190,14 @@ Json ParseCheckpointMetadata(const std::string& text, const std::string& file_na
                               std::to_string(f.at("rank").get<int>()));
       }
       if (f.at("bytes").get<int64_t>() < 0) throw CheckpointError(file.string() + ": " + name + " has a negative size");
-      f.at("crc32c").get<uint32_t>();
+      if (meta.at("version").get<int>() >= 3) {
+        if (f.at("chunkElements").get<int64_t>() < 1) {
+          throw CheckpointError(file.string() + ": " + name + " has chunks of no elements");
+        }
+        f.at("chunkCrc32c").get<std::vector<uint32_t>>();
+      } else {
+        f.at("crc32c").get<uint32_t>();
+      }
       const int t = f.at("tp"), s = f.at("shard");
       if (t < 0 || t >= tp || s < 0 || s >= shard) {
         throw CheckpointError(file.string() + ": file " + name + " sits outside the layout");
@@ -182,87 +209,28 @@ Json ParseCheckpointMetadata(const std::string& text, const std::string& file_na
   return meta;
 }
 
-namespace {
-
-Json ReadMetadata(const fs::path& dir, const api::ModelShape& shape) {
-  const fs::path file = dir / "metadata.json";
-  return ParseCheckpointMetadata(ReadText(file), file.string(), shape);
-}
-
-}  // namespace
-
 LoadedCheckpoint LoadCheckpoint(const std::string& directory, const api::ModelShape& shape) {
-  const fs::path dir(directory);
-  const Json meta = ReadMetadata(dir, shape);
-  const Json& layout = meta.at("layout");
-  const int T = layout.at("tp"), S = layout.at("shard"), vocab_multiple = meta.value("vocabMultiple", 1);
-  const model::ParameterLayout whole_layout(shape);
-  LoadedCheckpoint loaded{directory, {meta.at("step"), meta.at("dataPosition"), meta.value("dataOrder", "") == "windows"}, {}};
-  WholeState& whole = loaded.state;
-  const size_t total = size_t(whole_layout.total());
-  whole.master.assign(total, 0.0f);
-  whole.m.assign(total, 0.0f);
-  whole.v.assign(total, 0.0f);
-  std::vector<char> covered(total, 0);
-  for (const Json& f : meta.at("files")) {
-    const fs::path file = dir / f.at("name").get<std::string>();
-    const std::string bytes = ReadText(file);
-    if (int64_t(bytes.size()) != f.at("bytes").get<int64_t>()) {
-      throw CheckpointError(file.string() + ": truncated or grown: " + std::to_string(bytes.size()) +
-                            " bytes, the metadata says " + std::to_string(f.at("bytes").get<int64_t>()));
-    }
-    if (Crc32c(bytes.data(), bytes.size()) != f.at("crc32c").get<uint32_t>()) {
-      throw CheckpointError(file.string() + ": checksum mismatch: the data is corrupt");
-    }
-    // The writer's TP slice, split as its FlatUnits were.
-    std::optional<model::ParameterLayout> tp_slice;
-    try {
-      tp_slice.emplace(shape, f.at("tp").get<int>(), T, vocab_multiple);
-    } catch (const std::exception& e) {
-      throw CheckpointError((dir / "metadata.json").string() + ": its layout does not fit the model: " + e.what());
-    }
-    const model::ParameterLayout& slice = *tp_slice;
-    std::vector<int64_t> at;
-    for (int u = 0; u < slice.units(); ++u) {
-      const parallel::UnitShard s = parallel::ShardOfUnit(slice, u, S, f.at("shard"));
-      // The model's elements of the shard, in order (padding is never written).
-      for (int64_t index : slice.WholeIndices(s.unit_begin + s.begin, s.unit_begin + s.begin + s.real)) {
-        if (index >= 0) at.push_back(index);
-      }
-    }
-    if (bytes.size() != 3 * at.size() * sizeof(float)) {
-      throw CheckpointError(file.string() + ": holds " + std::to_string(bytes.size()) + " bytes, but its shards are " +
-                            std::to_string(3 * at.size() * sizeof(float)));
-    }
-    const auto* values = reinterpret_cast<const float*>(bytes.data());
-    for (size_t i = 0; i < at.size(); ++i) {
-      std::memcpy(&whole.master[size_t(at[i])], values + i, sizeof(float));
-      std::memcpy(&whole.m[size_t(at[i])], values + at.size() + i, sizeof(float));
-      std::memcpy(&whole.v[size_t(at[i])], values + 2 * at.size() + i, sizeof(float));
-      covered[size_t(at[i])] = 1;
-    }
-  }
-  const auto gap = std::find(covered.begin(), covered.end(), 0);
-  if (gap != covered.end()) {
-    throw CheckpointError((dir / "metadata.json").string() + ": the shard files leave element " +
-                          std::to_string(gap - covered.begin()) + " of the model out");
+  CheckpointReader reader(directory, shape);
+  LoadedCheckpoint loaded{directory, reader.position(), {}};
+  const model::ParameterLayout whole(shape);
+  for (auto* part : {&loaded.state.master, &loaded.state.m, &loaded.state.v}) part->assign(size_t(whole.total()), 0.0f);
+  std::vector<int64_t> indices;
+  for (int u = 0; u < whole.units(); ++u) {
+    const auto [begin, end] = whole.Unit(u);
+    indices.resize(size_t(end - begin));
+    std::iota(indices.begin(), indices.end(), begin);
+    reader.ReadUnit(u, indices, &loaded.state.master[size_t(begin)], &loaded.state.m[size_t(begin)],
+                    &loaded.state.v[size_t(begin)]);
   }
   return loaded;
 }
 
-std::optional<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& path, const api::ModelShape& shape,
-                                                     std::vector<std::string>* warnings) {
-  std::vector<CheckpointListing> all = ListCheckpoints(path, /*verify=*/false);  // loading verifies
-  // `latest` first, then the others newest first.
+std::vector<std::string> ResumeCandidates(const std::string& path) {
+  std::vector<CheckpointListing> all = ListCheckpoints(path, /*verify=*/false);  // reading verifies
   std::stable_partition(all.begin(), all.end(), [](const CheckpointListing& c) { return c.latest; });
-  for (const CheckpointListing& c : all) {
-    try {
-      return LoadCheckpoint(c.directory, shape);
-    } catch (const CheckpointError& e) {
-      warnings->push_back("skipping checkpoint " + c.directory + ": " + e.what());
-    }
-  }
-  return std::nullopt;
+  std::vector<std::string> directories;
+  for (const CheckpointListing& c : all) directories.push_back(c.directory);
+  return directories;
 }
 
 api::ModelShape CheckpointModel(const std::string& directory) {
@@ -297,7 +265,7 @@ std::vector<CheckpointListing> ListCheckpoints(const std::string& path, bool ver
       const Json meta = Json::parse(ReadText(entry.path() / "metadata.json"));
       c.layout = DescribeLayout(meta.at("layout"));
       for (const Json& f : meta.at("files")) c.bytes += f.at("bytes").get<int64_t>();
-      if (verify) LoadCheckpoint(c.directory, CheckpointModel(c.directory));
+      if (verify) VerifyCheckpoint(c.directory, CheckpointModel(c.directory));
     } catch (const std::exception& e) {
       c.problem = e.what();
     }
@@ -309,13 +277,14 @@ std::vector<CheckpointListing> ListCheckpoints(const std::string& path, bool ver
 
 CheckpointWriter::CheckpointWriter(std::string path, int64_t keep, const api::ModelShape& shape,
                                    const api::ParallelLayout& layout, int vocab_multiple, int rank,
-                                   std::function<void(const std::string&)> log_error)
+                                   comm::StoreClient* store, std::function<void(const std::string&)> log_error)
     : path_(std::move(path)),
       keep_(keep),
       shape_(shape),
       layout_(layout),
       vocab_multiple_(vocab_multiple),
       rank_(rank),
+      store_(StoreOfWriters(store, layout)),
       log_error_(std::move(log_error)),
       thread_([this] { Loop(); }) {}
 
@@ -396,25 +365,39 @@ void CheckpointWriter::Write(const TrainingPosition& position, const ShardState&
     const std::string file = (fs::path(partial) / RankFile(rank_)).string();
     Json sidecar = {{"tp", state.tp_rank}, {"shard", state.shard_rank}};
     try {
+      const ShardFileLayout chunks = LayOutShardFile(
+          model::ParameterLayout(shape_, state.tp_rank, layout_.tp(), vocab_multiple_), layout_.shard(), state.shard_rank);
+      if (chunks.elements != state.size) {
+        throw CheckpointError("rank " + std::to_string(rank_) + " holds " + std::to_string(state.size) +
+                              " elements, but its shards are " + std::to_string(chunks.elements));
+      }
       std::error_code error;
       fs::create_directories(partial, error);
       if (error) throw CheckpointError("cannot create " + partial + ": " + error.message());
       const size_t part = size_t(state.size) * sizeof(float);
       WriteDurably(file, {{state.master, part}, {state.m, part}, {state.v, part}});
-      uint32_t crc = 0;
-      for (const float* values : {state.master, state.m, state.v}) crc = Crc32c(values, part, crc);
+      Json checksums = Json::array();
+      for (const float* section : {state.master, state.m, state.v}) {
+        for (const ShardFileLayout::Segment& segment : chunks.units) {
+          for (int64_t from = 0; from < segment.elements; from += chunks.chunk_elements) {
+            const int64_t n = std::min(chunks.chunk_elements, segment.elements - from);
+            checksums.push_back(Crc32c(section + segment.offset + from, size_t(n) * sizeof(float)));
+          }
+        }
+      }
       sidecar["bytes"] = 3 * part;
-      sidecar["crc32c"] = crc;
+      sidecar["chunkElements"] = chunks.chunk_elements;
+      sidecar["chunkCrc32c"] = std::move(checksums);
+      WriteDurably((fs::path(partial) / Sidecar(rank_)).string(), sidecar.dump());
     } catch (const CheckpointError& e) {
-      // Free what the failed write took (a full disk), and tell rank 0 through the sidecar;
-      // if even that cannot be written, rank 0 times out.
+      // Free what the failed write took (a full disk), and tell rank 0; if even that
+      // fails, rank 0 times out.
       std::error_code ignored;
       fs::remove(file, ignored);
-      sidecar = {{"error", e.what()}};
-      std::ofstream(fs::path(partial) / Sidecar(rank_)) << sidecar.dump();
+      if (store_ != nullptr && rank_ != 0) store_->Set(WrittenKey(name, rank_), e.what());
       throw;
     }
-    WriteDurably((fs::path(partial) / Sidecar(rank_)).string(), sidecar.dump());
+    if (store_ != nullptr && rank_ != 0) store_->Set(WrittenKey(name, rank_), "");
   }
   if (rank_ == 0) Finish(position, partial, name);
 }
@@ -423,27 +406,33 @@ void CheckpointWriter::Finish(const TrainingPosition& position, const std::strin
   Json files = Json::array();
   const auto deadline = Clock::now() + kWaitForWriters;
   for (int writer : Writers(layout_)) {
-    const fs::path sidecar = fs::path(partial) / Sidecar(writer);
-    Json done;
-    for (;;) {
+    if (writer != 0) {  // rank 0's own write is done: this thread wrote it
+      std::string error;
       try {
-        done = Json::parse(ReadText(sidecar));
-        break;
-      } catch (const std::exception&) {  // not there, or not complete yet
-      }
-      if (Clock::now() > deadline) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        error = store_->Get(WrittenKey(name, writer), std::max(left, std::chrono::milliseconds(1)));
+      } catch (const comm::StoreError& e) {
         fs::remove_all(partial);
         throw CheckpointError("rank " + std::to_string(writer) + " did not finish writing " +
-                              (fs::path(partial) / RankFile(writer)).string() + " within 2 minutes");
+                              (fs::path(partial) / RankFile(writer)).string() + " within 2 minutes (" + e.what() + ")");
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (!error.empty()) {
+        fs::remove_all(partial);
+        throw CheckpointError("rank " + std::to_string(writer) + ": " + error);
+      }
     }
-    if (done.contains("error")) {
+    const fs::path sidecar = fs::path(partial) / Sidecar(writer);
+    Json done;
+    try {
+      done = Json::parse(ReadText(sidecar));
+    } catch (const std::exception& e) {
       fs::remove_all(partial);
-      throw CheckpointError("rank " + std::to_string(writer) + ": " + done.at("error").get<std::string>());
+      throw CheckpointError(sidecar.string() + ": unreadable after rank " + std::to_string(writer) +
+                            " wrote it: " + e.what());
     }
     files.push_back({{"name", RankFile(writer)}, {"rank", writer}, {"tp", done.at("tp")}, {"shard", done.at("shard")},
-                     {"bytes", done.at("bytes")}, {"crc32c", done.at("crc32c")}});
+                     {"bytes", done.at("bytes")}, {"chunkElements", done.at("chunkElements")},
+                     {"chunkCrc32c", done.at("chunkCrc32c")}});
   }
   const Json meta = {{"format", kFormat},
                      {"version", kVersion},

@@ -3,21 +3,22 @@
 // Under spec.checkpoint.path, one directory per step:
 //   step-00000100/metadata.json   format version, model shape, layout, the engine's vocabulary
 //                                 padding, step, data position, and each shard file's rank,
-//                                 place, size and CRC-32C
+//                                 place, size and the CRC-32C of each of its chunks
 //   step-00000100/rank-00003.bin  that rank's shards of fp32 master weights, then AdamW m,
 //                                 then v: each unit's shard elements that are the model's
-//                                 (no padding), in unit order
+//                                 (no padding), in unit order (checkpoint_layout.h)
 //   latest                        "step-00000100": the newest complete checkpoint
 // Ranks of replica 0 write (the other replicas hold the same shards). A checkpoint is
 // written into .partial-step-N, each writer leaving its file and a sidecar with the file's
-// size and checksum (or its error); rank 0 waits for every sidecar, writes the metadata,
-// fsyncs, renames the directory into place, then moves `latest` (a temporary file, fsync,
-// rename) and deletes all but the newest spec.checkpoint.keep. `latest` never names an
-// incomplete checkpoint, and a failed write leaves the previous ones as they were.
+// size and chunk checksums, then telling rank 0 through the Store (or sending its error);
+// rank 0 waits for every writer there, writes the metadata, fsyncs, renames the directory
+// into place, then moves `latest` (a temporary file, fsync, rename) and deletes all but the
+// newest spec.checkpoint.keep. `latest` never names an incomplete checkpoint, and a failed
+// write leaves the previous ones as they were.
 //
-// Loading reads every shard file, verifies it, and assembles the whole model's state in
-// the single-rank layout, from which any layout (R x S x T, another world size) takes its
-// elements: resharding is exact.
+// A rank resuming under any layout (R x S x T, another world size) reads only the chunks
+// that hold its own elements (checkpoint_reader.h): resharding is exact, and the whole
+// model is never assembled. LoadCheckpoint assembles it, for the tools that want it whole.
 
 #pragma once
 
@@ -37,6 +38,10 @@
 #include "api/layout.h"
 #include "api/model_shape.h"
 #include "worker/parallel/engine.h"
+
+namespace meshtrain::comm {
+class StoreClient;
+}
 
 namespace meshtrain::train {
 
@@ -72,16 +77,14 @@ nlohmann::json ParseCheckpointMetadata(const std::string& text, const std::strin
 // The model shape a checkpoint's metadata names; throws CheckpointError naming the file.
 api::ModelShape CheckpointModel(const std::string& directory);
 
-// Reads and verifies the checkpoint in `directory` for a model of `shape`. Throws
+// Reads and verifies the checkpoint in `directory` for a model of `shape`, whole. Throws
 // CheckpointError for a missing, truncated or corrupt file, or metadata of another model
 // or format.
 LoadedCheckpoint LoadCheckpoint(const std::string& directory, const api::ModelShape& shape);
 
-// The newest intact checkpoint under `path`, starting from `latest`: one that fails to
-// load is skipped with a warning (appended to `warnings`) naming it and why. Empty when
-// there is none.
-std::optional<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& path, const api::ModelShape& shape,
-                                                     std::vector<std::string>* warnings);
+// The step directories under `path` to resume from, in the order to try them: the one
+// `latest` names, then the others newest first.
+std::vector<std::string> ResumeCandidates(const std::string& path);
 
 // Every step directory under `path`, newest first; with `verify`, each is loaded and
 // checked (every file read), and `problem` says what is wrong.
@@ -108,10 +111,13 @@ class CheckpointWriter {
  public:
   // `path` and `keep` from spec.checkpoint; this is `rank` of `layout`; `shape` and the
   // engine's vocabulary padding (Engine::vocab_multiple, which decides how the root unit
-  // splits into shards) go into the metadata. Failures go to `log_error` (called on the
-  // writer thread).
+  // splits into shards) go into the metadata. The writers tell rank 0 through `store` (a
+  // connection of the writer's own, for rank 0 waits on it; null only where rank 0 is the
+  // one writer: throws std::invalid_argument otherwise). Failures go to `log_error`
+  // (called on the writer thread).
   CheckpointWriter(std::string path, int64_t keep, const api::ModelShape& shape, const api::ParallelLayout& layout,
-                   int vocab_multiple, int rank, std::function<void(const std::string&)> log_error);
+                   int vocab_multiple, int rank, comm::StoreClient* store,
+                   std::function<void(const std::string&)> log_error);
   ~CheckpointWriter();  // waits for the write in progress
 
   // Removes what an interrupted run left half-written. Rank 0 calls it before any rank
@@ -138,6 +144,7 @@ class CheckpointWriter {
   const api::ParallelLayout layout_;
   const int vocab_multiple_;
   const int rank_;
+  comm::StoreClient* const store_;
   const std::function<void(const std::string&)> log_error_;
 
   mutable std::mutex mutex_;

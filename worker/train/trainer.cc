@@ -9,6 +9,7 @@
 #include "api/model_shape.h"
 #include "worker/kernels/precision.h"
 #include "worker/parallel/activation_store.h"
+#include "worker/train/checkpoint_reader.h"
 #include "worker/train/devices.h"
 #include "worker/train/huggingface.h"
 #include "worker/train/safetensors.h"
@@ -79,7 +80,7 @@ std::string FormatStepReport(const StepReport& r) {
 }
 
 Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime::Device device,
-                 comm::StreamCollectives* device_world)
+                 comm::StreamCollectives* device_world, comm::StoreClient* checkpoint_store)
     : job_(job),
       layout_(SupportedLayout(job, world ? world->size() : 1)),
       world_(world),
@@ -95,29 +96,13 @@ Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime
   const api::CheckpointSpec& checkpoint = job.spec.checkpoint;
   const api::ModelShape shape = api::ShapeOf(job.spec.model);
   if (!checkpoint.path.empty()) {
-    if (checkpoint.resume) {
-      if (std::optional<LoadedCheckpoint> loaded = LoadNewestCheckpoint(checkpoint.path, shape, &checkpoint_warnings_)) {
-        engine_->Restore(loaded->state);
-        step_ = loaded->position.step;
-        train_->set_position(loaded->position.data_position);
-        if (!loaded->position.data_in_windows) {
-          // Older checkpoints count tokens of one stream read in order; the windows of
-          // seqLen that many tokens made are as far into the seeded order.
-          train_->set_position(loaded->position.data_position / uint64_t(seq_));
-          checkpoint_warnings_.push_back(loaded->directory + ": written before data was read in a seeded order of "
-                                         "windows; resuming " + std::to_string(train_->position()) +
-                                         " windows into that order");
-        }
-        resumed_from_ = step_;
-        resumed_directory_ = loaded->directory;
-      }
-    }
+    if (checkpoint.resume) Resume(checkpoint.path);
     const int rank = world ? world->rank() : 0;
     // Rank 0 clears half-written checkpoints before the first step; no rank writes one
     // before that step's collectives, which need rank 0.
     if (rank == 0) CheckpointWriter::RemovePartial(checkpoint.path);
     checkpoints_ = std::make_unique<CheckpointWriter>(
-        checkpoint.path, checkpoint.keep, shape, layout_, engine_->vocab_multiple(), rank,
+        checkpoint.path, checkpoint.keep, shape, layout_, engine_->vocab_multiple(), rank, checkpoint_store,
         [rank](const std::string& error) { std::fprintf(stderr, "rank %d: error: %s\n", rank, error.c_str()); });
   }
   if (!resumed_from_ && !job.spec.model.init.from.empty()) {
@@ -134,6 +119,65 @@ Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime
   }
   inputs_.resize(size_t(batch_) * seq_);
   targets_.resize(size_t(batch_) * seq_);
+}
+
+void Trainer::Resume(const std::string& path) {
+  const api::ModelShape shape = api::ShapeOf(job_.spec.model);
+  bool restored_any = false;  // the engine's state is no longer its initial one
+  for (const std::string& directory : ResumeCandidates(path)) {
+    std::optional<CheckpointReader> reader;
+    std::string error;
+    try {
+      reader.emplace(directory, shape);
+      restored_any = true;
+      engine_->RestoreShards([&](int unit, const std::vector<int64_t>& at, float* master, float* m, float* v) {
+        reader->ReadUnit(unit, at, master, m, v);
+      });
+    } catch (const CheckpointError& e) {
+      error = e.what();
+    }
+    const std::vector<int> failed = FailedRanks(!error.empty());
+    if (failed.empty()) {
+      step_ = reader->position().step;
+      train_->set_position(reader->position().data_position);
+      if (!reader->position().data_in_windows) {
+        // Older checkpoints count tokens of one stream read in order; the windows of
+        // seqLen that many tokens made are as far into the seeded order.
+        train_->set_position(reader->position().data_position / uint64_t(seq_));
+        checkpoint_warnings_.push_back(directory + ": written before data was read in a seeded order of windows; "
+                                       "resuming " + std::to_string(train_->position()) +
+                                       " windows into that order");
+      }
+      resumed_from_ = step_;
+      resumed_directory_ = directory;
+      return;
+    }
+    std::string ranks;
+    for (int r : failed) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    checkpoint_warnings_.push_back("skipping checkpoint " + directory + ": " +
+                                   (error.empty() ? (failed.size() == 1 ? "rank " : "ranks ") + ranks +
+                                                        " could not read " + (failed.size() == 1 ? "its" : "their") +
+                                                        " part (" + (failed.size() == 1 ? "its" : "their") +
+                                                        " log says why)"
+                                                  : error));
+    if (!error.empty() && world_ != nullptr && world_->rank() != 0) {
+      std::fprintf(stderr, "rank %d: warning: %s\n", world_->rank(), checkpoint_warnings_.back().c_str());
+    }
+  }
+  // No checkpoint could be read: the run starts afresh, from the initial state.
+  if (restored_any) engine_->RestoreShards(parallel::InitialState(shape, uint64_t(job_.spec.training.seed)));
+}
+
+std::vector<int> Trainer::FailedRanks(bool failed) {
+  if (world_ == nullptr || world_->size() == 1) return failed ? std::vector<int>{0} : std::vector<int>{};
+  std::vector<double> flags(size_t(world_->size()), 0.0);
+  flags[size_t(world_->rank())] = failed ? 1.0 : 0.0;
+  world_->AllReduce(flags.data(), flags.data(), flags.size(), comm::DataType::kFloat64, comm::ReduceOp::kSum)->Wait();
+  std::vector<int> ranks;
+  for (size_t r = 0; r < flags.size(); ++r) {
+    if (flags[r] > 0) ranks.push_back(int(r));
+  }
+  return ranks;
 }
 
 StepReport Trainer::Step() {

@@ -76,9 +76,15 @@ class Trainer {
   // Throws std::invalid_argument for a job this trainer cannot run (a world other than
   // the communicator's, a malformed limit), TokenFileError for bad data,
   // runtime::OutOfMemory when the limit is too small, runtime::cuda::CudaError for a CUDA
-  // device that cannot be used.
+  // device that cannot be used. Checkpoint writers meet rank 0 through `checkpoint_store`
+  // (a Store connection of their own; needed where more than one rank writes).
+  //
+  // Resuming, each rank reads only its own elements of the newest checkpoint that every
+  // rank can read its part of (collective, over `world`); one that a rank cannot read is
+  // skipped on every rank with a warning naming it and the ranks.
   explicit Trainer(const api::TrainingJob& job, comm::Communicator* world = nullptr,
-                   runtime::Device device = runtime::Device::Cpu(), comm::StreamCollectives* device_world = nullptr);
+                   runtime::Device device = runtime::Device::Cpu(), comm::StreamCollectives* device_world = nullptr,
+                   comm::StoreClient* checkpoint_store = nullptr);
 
   // Trains from where it stands to spec.training.steps, calling `report` after every
   // step, with a checkpoint every spec.checkpoint.interval steps and after the last (if
@@ -117,6 +123,10 @@ class Trainer {
  private:
   // The mean of `value` over the data-parallel ranks.
   double Average(double value);
+  // Restores the newest checkpoint under `path` every rank can read; see the constructor.
+  void Resume(const std::string& path);
+  // The world ranks for which `failed` is true on that rank; collective.
+  std::vector<int> FailedRanks(bool failed);
 
   api::TrainingJob job_;
   api::ParallelLayout layout_;

@@ -1,0 +1,45 @@
+#include "worker/train/checkpoint_layout.h"
+
+#include <algorithm>
+
+#include "worker/parallel/flat_unit.h"
+
+namespace meshtrain::train {
+
+ShardFileLayout LayOutShardFile(const model::ParameterLayout& slice, int shard_size, int shard_rank,
+                                int64_t chunk_elements) {
+  ShardFileLayout file;
+  file.chunk_elements = chunk_elements;
+  for (int u = 0; u < slice.units(); ++u) {
+    const parallel::UnitShard s = parallel::ShardOfUnit(slice, u, shard_size, shard_rank);
+    ShardFileLayout::Segment segment;
+    segment.offset = file.elements;
+    segment.first_chunk = file.chunks;
+    segment.runs = slice.RealRanges(s.unit_begin + s.begin, s.unit_begin + s.begin + s.real);
+    for (const auto& [a, b] : segment.runs) segment.elements += b - a;
+    segment.chunks = int((segment.elements + chunk_elements - 1) / chunk_elements);
+    file.elements += segment.elements;
+    file.chunks += segment.chunks;
+    file.units.push_back(std::move(segment));
+  }
+  return file;
+}
+
+std::vector<int64_t> ShardFileLayout::WholeIndices(const model::ParameterLayout& slice, const Segment& segment,
+                                                   int64_t from, int64_t to) const {
+  std::vector<int64_t> indices;
+  indices.reserve(size_t(to - from));
+  int64_t at = 0;  // the segment position where the run begins
+  for (const auto& [a, b] : segment.runs) {
+    const int64_t begin = std::max(from, at), end = std::min(to, at + (b - a));
+    if (begin < end) {
+      const std::vector<int64_t> run = slice.WholeIndices(a + (begin - at), a + (end - at));
+      indices.insert(indices.end(), run.begin(), run.end());
+    }
+    at += b - a;
+    if (at >= to) break;
+  }
+  return indices;
+}
+
+}  // namespace meshtrain::train
