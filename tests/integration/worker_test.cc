@@ -252,6 +252,43 @@ TEST_F(WorkerTest, ARankKilledWithSigkillRestartsTheGangFromItsCheckpoint) {
   }
 }
 
+// Each rank resumes reading only its own shard's chunks, so damage to rank 1's file is
+// met by rank 1 alone: the gang agrees to skip that checkpoint, names the rank (which
+// says why), and every rank resumes from the older one.
+TEST_F(WorkerTest, ACheckpointOneRankCannotReadIsSkippedByTheWholeGang) {
+  auto sharded_job = [&](int steps) {
+    const fs::path job = Job("one-rank-damage", 1, 2, steps);
+    nlohmann::json manifest = nlohmann::json::parse(std::ifstream(job));
+    manifest["spec"]["parallelism"] = {{"hybridShardDegree", 2}};  // each rank writes and reads its own shard
+    std::ofstream(job) << manifest.dump(2);
+    return job;
+  };
+  const Outcome first = MeshtrainRun(sharded_job(12));
+  ASSERT_EQ(first.status, 0) << first.output;
+  const fs::path newest = dir_ / "one-rank-damage-checkpoints" / "step-00000012", file = newest / "rank-00001.bin";
+  {
+    std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(100);
+    char byte = 0;
+    io.read(&byte, 1);
+    byte ^= 0x01;
+    io.seekp(100);
+    io.write(&byte, 1);
+  }
+  const Outcome resumed = MeshtrainRun(sharded_job(14));
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("warning: skipping checkpoint " + newest.string() +
+                                ": rank 1 could not read its part (its log says why)"),
+            std::string::npos)
+      << resumed.output;
+  EXPECT_NE(resumed.output.find("rank 1: warning: skipping checkpoint " + newest.string() + ": " + file.string() +
+                                ": checksum mismatch in chunk 0 of its master weights"),
+            std::string::npos)
+      << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from step 8 ("), std::string::npos) << resumed.output;
+  EXPECT_EQ(Steps(resumed.output).size(), 6u) << "steps 9 to 14";
+}
+
 // With spec.runPolicy.backoffLimit 0, the first failure ends the run with the rank's status.
 TEST_F(WorkerTest, AFailedRankEndsTheRunPastTheBackoffLimit) {
   const fs::path job = Job("no-restarts", 1, 2, 100000);
