@@ -97,14 +97,6 @@ void SyncDirectory(const std::string& path) {
   if (rc != 0) throw CheckpointError(ErrnoText("cannot sync directory", path));
 }
 
-std::string ReadText(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw CheckpointError(path.string() + ": missing or unreadable");
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 Json ShapeJson(const api::ModelShape& s) {
   return {{"layers", s.layers}, {"heads", s.heads}, {"hidden", s.hidden}, {"vocabSize", s.vocab_size},
           {"seqLen", s.seq_len}};
@@ -156,6 +148,14 @@ std::string FirstNonInteger(const Json& value, const std::string& path) {
 }
 
 }  // namespace
+
+std::string ReadCheckpointFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CheckpointError(path.string() + ": missing or unreadable");
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 Json ParseCheckpointMetadata(const std::string& text, const std::string& file_name, const api::ModelShape& shape) {
   const fs::path file(file_name);
@@ -236,7 +236,7 @@ std::vector<std::string> ResumeCandidates(const std::string& path) {
 api::ModelShape CheckpointModel(const std::string& directory) {
   const fs::path file = fs::path(directory) / "metadata.json";
   try {
-    const Json m = Json::parse(ReadText(file)).at("model");
+    const Json m = Json::parse(ReadCheckpointFile(file)).at("model");
     return {m.at("layers").get<int64_t>(), m.at("heads").get<int64_t>(), m.at("hidden").get<int64_t>(),
             m.at("vocabSize").get<int64_t>(), m.at("seqLen").get<int64_t>()};
   } catch (const Json::exception& e) {
@@ -250,7 +250,7 @@ std::vector<CheckpointListing> ListCheckpoints(const std::string& path, bool ver
   if (!fs::is_directory(path, error)) return all;
   std::string latest;
   try {
-    latest = ReadText(fs::path(path) / "latest");
+    latest = ReadCheckpointFile(fs::path(path) / "latest");
     latest.erase(latest.find_last_not_of("\n ") + 1);
   } catch (const CheckpointError&) {  // no checkpoint completed yet
   }
@@ -262,7 +262,7 @@ std::vector<CheckpointListing> ListCheckpoints(const std::string& path, bool ver
     c.latest = name == latest;
     try {
       c.step = std::stoll(name.substr(5));
-      const Json meta = Json::parse(ReadText(entry.path() / "metadata.json"));
+      const Json meta = Json::parse(ReadCheckpointFile(entry.path() / "metadata.json"));
       c.layout = DescribeLayout(meta.at("layout"));
       for (const Json& f : meta.at("files")) c.bytes += f.at("bytes").get<int64_t>();
       if (verify) VerifyCheckpoint(c.directory, CheckpointModel(c.directory));
@@ -424,7 +424,7 @@ void CheckpointWriter::Finish(const TrainingPosition& position, const std::strin
     const fs::path sidecar = fs::path(partial) / Sidecar(writer);
     Json done;
     try {
-      done = Json::parse(ReadText(sidecar));
+      done = Json::parse(ReadCheckpointFile(sidecar));
     } catch (const std::exception& e) {
       fs::remove_all(partial);
       throw CheckpointError(sidecar.string() + ": unreadable after rank " + std::to_string(writer) +

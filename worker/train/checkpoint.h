@@ -25,6 +25,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -68,6 +69,10 @@ struct LoadedCheckpoint {
   TrainingPosition position;
   WholeState state;
 };
+
+// A file of a checkpoint, whole. Throws CheckpointError naming it when it is missing or
+// unreadable.
+std::string ReadCheckpointFile(const std::filesystem::path& path);
 
 // The metadata of a checkpoint, `text` read from `file`, checked for format, fields,
 // layout and file names, and that it is of a model of `shape`. Throws CheckpointError

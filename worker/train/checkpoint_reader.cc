@@ -9,10 +9,8 @@
 #include <climits>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <numeric>
 #include <optional>
-#include <sstream>
 
 #include "worker/train/crc32c.h"
 
@@ -23,14 +21,6 @@ namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
 const char* const kSectionNames[3] = {"master weights", "AdamW m", "AdamW v"};
-
-std::string ReadWholeFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw CheckpointError(path.string() + ": missing or unreadable");
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // Reads `bytes` at `offset` of `path`; throws CheckpointError naming the path.
 void ReadAt(const std::string& path, int64_t offset, size_t bytes, void* out) {
@@ -56,7 +46,7 @@ void ReadAt(const std::string& path, int64_t offset, size_t bytes, void* out) {
 CheckpointReader::CheckpointReader(const std::string& directory, const api::ModelShape& shape)
     : directory_(directory), whole_layout_(shape) {
   const fs::path dir(directory), meta_file = dir / "metadata.json";
-  const Json meta = ParseCheckpointMetadata(ReadWholeFile(meta_file), meta_file.string(), shape);
+  const Json meta = ParseCheckpointMetadata(ReadCheckpointFile(meta_file), meta_file.string(), shape);
   position_ = {meta.at("step"), meta.at("dataPosition"), meta.value("dataOrder", "") == "windows"};
   const bool chunked = meta.at("version").get<int>() >= 3;
   const Json& layout = meta.at("layout");
@@ -91,7 +81,7 @@ CheckpointReader::CheckpointReader(const std::string& directory, const api::Mode
                               std::to_string(file.layout.chunks) + " chunks");
       }
     } else {
-      const std::string data = ReadWholeFile(path);
+      const std::string data = ReadCheckpointFile(path);
       bytes_read_ += int64_t(data.size());
       if (Crc32c(data.data(), data.size()) != f.at("crc32c").get<uint32_t>()) {
         throw CheckpointError(path + ": checksum mismatch: the data is corrupt");
