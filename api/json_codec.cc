@@ -222,6 +222,7 @@ void Fields(S& s, V& v) {
   v("conditions", s.conditions);
   v("observedGeneration", s.observed_generation);
   v("restarts", s.restarts);
+  v("lastFailureTime", s.last_failure_time);
   v("readyWorkers", s.ready_workers);
   v("startTime", s.start_time);
   v("completionTime", s.completion_time);

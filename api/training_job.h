@@ -256,6 +256,9 @@ struct TrainingJobStatus {
   std::vector<Condition> conditions;
   int64_t observed_generation = 0;
   int64_t restarts = 0;
+  // When the failure that restarted the running gang was seen (MicroTime); cleared once
+  // the gang trains a step, which measures the recovery.
+  std::string last_failure_time;
   int64_t ready_workers = 0;
   std::string start_time;
   std::string completion_time;

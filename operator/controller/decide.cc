@@ -224,6 +224,7 @@ class Decider {
     d_.avoid_node = bad_node;
     // Every new gang gets the next number, so its pod names never meet the old gang's.
     d_.status.restarts += 1;
+    if (failure) d_.status.last_failure_time = kube::MicroTime(o_.now);
     d_.gang_restarted = true;
     d_.status.phase = "Restarting";
     d_.status.ready_workers = 0;
@@ -391,6 +392,16 @@ class Decider {
     if (!o_.progress) return;
     const api::ProgressStatus& progress = *o_.progress;
     d_.status.progress = progress;
+    if (progress.step > progress.resumed_from_step.value_or(0)) {
+      if (const auto seconds = kube::PreciseSecondsSince(d_.status.last_failure_time, o_.now)) {
+        d_.recovery_seconds = *seconds;
+        char message[160];
+        std::snprintf(message, sizeof message, "the gang trained step %lld %.1f s after the failure that restarted it",
+                      static_cast<long long>(progress.step), *seconds);
+        d_.events.push_back({"Normal", "Recovered", message});
+      }
+      d_.status.last_failure_time.clear();
+    }
     const std::optional<int64_t> before = o_.status.progress ? o_.status.progress->resumed_from_step : std::nullopt;
     if (!progress.resumed_from_step || progress.resumed_from_step == before) return;
     const int64_t damaged = progress.damaged_checkpoints.value_or(0);

@@ -86,6 +86,9 @@ struct Decision {
   std::chrono::milliseconds requeue_after{0};  // 0: only when something changes
   std::string avoid_node;              // a node that failed the job: avoid it for a while
   bool gang_restarted = false;
+  // Seconds from the failure that restarted the gang to the operator seeing it train a
+  // step, when this pass saw that step.
+  std::optional<double> recovery_seconds;
   std::optional<double> placement_seconds;  // time spent placing, when a placement ran
   std::optional<nlohmann::json> progress_from;  // rank 0's pod, while the gang runs: read its progress
 

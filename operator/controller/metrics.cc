@@ -20,7 +20,18 @@ OperatorMetrics::OperatorMetrics()
                              .Add({}, SecondsBuckets())),
       queue_depth_(BuildGauge().Name("meshtrain_operator_workqueue_depth").Help("Keys waiting in the work queue").Register(*registry_).Add({})),
       jobs_(BuildGauge().Name("meshtrain_operator_jobs").Help("TrainingJobs by phase").Register(*registry_)),
-      restarts_(BuildCounter().Name("meshtrain_operator_gang_restarts_total").Help("Gangs deleted and restarted").Register(*registry_).Add({})),
+      // The kind of restart: "recreated" (the gang's pods deleted and placed anew) is the
+      // one there is so far.
+      restarts_(BuildCounter()
+                    .Name("meshtrain_operator_gang_restarts_total")
+                    .Help("Gangs restarted, by kind")
+                    .Register(*registry_)
+                    .Add({{"kind", "recreated"}})),
+      recovery_seconds_(BuildHistogram()
+                            .Name("meshtrain_operator_recovery_seconds")
+                            .Help("From the failure that restarted a gang to the operator seeing it train a step")
+                            .Register(*registry_)
+                            .Add({}, Histogram::BucketBoundaries{1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800})),
       placement_seconds_(BuildHistogram()
                              .Name("meshtrain_operator_placement_duration_seconds")
                              .Help("Time to plan one gang placement")
@@ -56,6 +67,8 @@ void OperatorMetrics::SetJobsByPhase(const std::map<std::string, int>& counts) {
 }
 
 void OperatorMetrics::GangRestarted() { restarts_.Increment(); }
+
+void OperatorMetrics::Recovered(double seconds) { recovery_seconds_.Observe(seconds); }
 
 void OperatorMetrics::Placed(double seconds) { placement_seconds_.Observe(seconds); }
 

@@ -25,6 +25,8 @@ class OperatorMetrics {
   void SetQueueDepth(size_t depth);
   void SetJobsByPhase(const std::map<std::string, int>& counts);
   void GangRestarted();
+  // A restarted gang trained its first step `seconds` after the failure.
+  void Recovered(double seconds);
   void Placed(double seconds);
   void ApiRequest(const std::string& verb, int code, double seconds);
   void QueueWait(double seconds);  // from a key's Add to the worker's Get
@@ -37,6 +39,7 @@ class OperatorMetrics {
   prometheus::Gauge& queue_depth_;
   prometheus::Family<prometheus::Gauge>& jobs_;
   prometheus::Counter& restarts_;
+  prometheus::Histogram& recovery_seconds_;
   prometheus::Histogram& placement_seconds_;
   prometheus::Family<prometheus::Counter>& api_requests_;
   prometheus::Family<prometheus::Histogram>& api_request_seconds_;

@@ -66,6 +66,7 @@ ReconcileResult Reconciler::Reconcile(const std::string& ns, const std::string& 
     avoid_[key][decision.avoid_node] = Clock::now();
   }
   if (decision.gang_restarted && metrics_) metrics_->GangRestarted();
+  if (decision.recovery_seconds && metrics_) metrics_->Recovered(*decision.recovery_seconds);
   for (const auto& event : decision.events) Emit(*observed, event);
   return {decision.requeue_after};
 }

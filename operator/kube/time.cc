@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 
 namespace meshtrain::kube {
@@ -29,12 +30,24 @@ std::string Rfc3339(std::chrono::system_clock::time_point when) { return Format(
 
 std::string Rfc3339Now() { return Rfc3339(std::chrono::system_clock::now()); }
 
-std::string MicroTimeNow() { return Format(std::chrono::system_clock::now(), true); }
+std::string MicroTimeNow() { return MicroTime(std::chrono::system_clock::now()); }
+
+std::string MicroTime(std::chrono::system_clock::time_point when) { return Format(when, true); }
 
 int64_t SecondsSince(const std::string& timestamp, std::chrono::system_clock::time_point now) {
   std::tm tm{};
   if (timestamp.empty() || !strptime(timestamp.c_str(), "%Y-%m-%dT%H:%M:%S", &tm)) return 0;
   return std::chrono::system_clock::to_time_t(now) - timegm(&tm);
+}
+
+std::optional<double> PreciseSecondsSince(const std::string& timestamp, std::chrono::system_clock::time_point now) {
+  std::tm tm{};
+  const char* rest = timestamp.empty() ? nullptr : strptime(timestamp.c_str(), "%Y-%m-%dT%H:%M:%S", &tm);
+  if (rest == nullptr) return std::nullopt;
+  double fraction = 0;
+  if (*rest == '.') fraction = std::strtod(rest, nullptr);  // ".123456Z" reads as 0.123456
+  const auto since = now - std::chrono::system_clock::from_time_t(timegm(&tm));
+  return std::chrono::duration<double>(since).count() - fraction;
 }
 
 int64_t SecondsSince(const std::string& timestamp) { return SecondsSince(timestamp, std::chrono::system_clock::now()); }

@@ -241,6 +241,45 @@ TEST(Decide, ProgressComesFromTheObservationAndAResumeIsAnnouncedOnce) {
   EXPECT_TRUE(Decide(later, {}).events.empty());
 }
 
+// A failure's time is stored with the restart it causes (so an operator restart keeps it);
+// the first step the new gang trains measures the recovery, once, and clears it.
+TEST(Decide, TheFirstStepAfterARestartMeasuresTheRecoveryFromTheFailure) {
+  RunningJob job;
+  std::vector<json> failed = job.pods;
+  failed[1] = Running(failed[1], "Failed", 137);
+  const Decision restart = Decide(Observe(job.object, job.status, failed), {});
+  ASSERT_TRUE(restart.gang_restarted);
+  EXPECT_EQ(restart.status.last_failure_time, kube::MicroTime(kNow));
+
+  api::TrainingJobStatus restarted = job.status;  // a gang runs, restarted by that failure
+  restarted.last_failure_time = kube::MicroTime(kNow - std::chrono::milliseconds(500));
+  api::ProgressStatus progress;
+  progress.step = 20;
+  progress.resumed_from_step = 20;  // resumed, no step yet
+  Observed loading = Observe(job.object, restarted, job.pods);
+  loading.progress = progress;
+  const Decision before = Decide(loading, {});
+  EXPECT_FALSE(before.recovery_seconds);
+  EXPECT_EQ(before.status.last_failure_time, restarted.last_failure_time);
+
+  progress.step = 21;
+  Observed stepped = Observe(job.object, before.status, job.pods);
+  stepped.progress = progress;
+  stepped.now = kNow + std::chrono::seconds(12);
+  const Decision recovered = Decide(stepped, {});
+  ASSERT_TRUE(recovered.recovery_seconds);
+  EXPECT_NEAR(*recovered.recovery_seconds, 12.5, 1e-6);
+  EXPECT_EQ(recovered.status.last_failure_time, "");
+  ASSERT_EQ(Reasons(recovered), (std::vector<std::string>{"Recovered"}));
+  EXPECT_EQ(recovered.events[0].message, "the gang trained step 21 12.5 s after the failure that restarted it");
+
+  Observed later = Observe(job.object, recovered.status, job.pods);
+  progress.step = 22;
+  later.progress = progress;
+  later.now = kNow + std::chrono::seconds(20);
+  EXPECT_FALSE(Decide(later, {}).recovery_seconds) << "measured once";
+}
+
 TEST(Decide, ANodeThatIsGoneRestartsTheGangAndIsAvoided) {
   RunningJob job;
   Observed o = Observe(job.object, job.status, job.pods);
