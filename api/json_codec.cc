@@ -108,6 +108,7 @@ void Fields(S& s, V& v) {
 template <Is<RunPolicy> S, class V>
 void Fields(S& s, V& v) {
   v("backoffLimit", s.backoff_limit);
+  v("hangTimeoutSeconds", s.hang_timeout_seconds);
   v("activeDeadlineSeconds", s.active_deadline_seconds);
   v("ttlSecondsAfterFinished", s.ttl_seconds_after_finished);
   v("suspend", s.suspend);

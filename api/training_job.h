@@ -137,6 +137,9 @@ struct TopologySpec {
 
 struct RunPolicy {
   int64_t backoff_limit = 3;
+  // A rank that completes no step for this long (or whose heartbeat stops) fails the
+  // gang, named as stuck (worker/train/heartbeat.h); 0: no hang detection.
+  int64_t hang_timeout_seconds = 300;
   std::optional<int64_t> active_deadline_seconds;
   std::optional<int64_t> ttl_seconds_after_finished;
   bool suspend = false;

@@ -251,6 +251,7 @@ void CheckTopology(const TopologySpec& t, Checker& c) {
 
 void CheckRunPolicy(const RunPolicy& r, Checker& c) {
   c.Range("spec.runPolicy.backoffLimit", r.backoff_limit, 0, 1000);
+  c.Range("spec.runPolicy.hangTimeoutSeconds", r.hang_timeout_seconds, 0, Checker::kNoMax);
   if (r.active_deadline_seconds) c.Range("spec.runPolicy.activeDeadlineSeconds", *r.active_deadline_seconds, 1, Checker::kNoMax);
   if (r.ttl_seconds_after_finished) {
     c.Range("spec.runPolicy.ttlSecondsAfterFinished", *r.ttl_seconds_after_finished, 0, Checker::kNoMax);

@@ -13,6 +13,10 @@ namespace meshtrain::api::worker {
 // environment, spec or data file. The operator fails the job at once instead of
 // restarting the gang; any other non-zero status restarts it.
 inline constexpr int kExitConfigError = 78;
+// Exit status of a rank that found the gang hung (EX_TEMPFAIL): rank 0 when a rank made no
+// progress for spec.runPolicy.hangTimeoutSeconds, any other rank when rank 0 stopped
+// answering (worker/comm/heartbeat.h). It restarts the gang like any other failure.
+inline constexpr int kExitHang = 75;
 
 inline constexpr int kCoordinatorPort = 29500;  // rank 0's rendezvous
 inline constexpr int kMetricsPort = 9400;       // each node's local rank 0 serves /metrics here

@@ -28,6 +28,8 @@ namespace meshtrain::cli {
 namespace env = api::worker::env;
 namespace {
 
+constexpr int kExitTrainingFailed = 1;  // as a rank that failed (worker/entry/rank.h)
+
 // The job's nodes as virtual nodes of this machine, placed and ranked by the same
 // scheduler code the operator uses. Cluster-only constraints (node selector,
 // tolerations, EFA, required topology) do not apply here.
@@ -62,9 +64,10 @@ std::string WorkerProgram() {
 }
 
 // Runs every rank as a process on the job's virtual nodes; they print their own progress.
-// A failed rank restarts the whole local gang, which resumes from the newest checkpoint,
-// up to spec.runPolicy.backoffLimit times, as the operator restarts a gang; a
-// configuration error (exit 78) ends the run at once.
+// A failed rank, or a hang the ranks' heartbeats find (spec.runPolicy.hangTimeoutSeconds),
+// restarts the whole local gang, which resumes from the newest checkpoint, up to
+// spec.runPolicy.backoffLimit times, as the operator restarts a gang; a configuration
+// error (exit 78) ends the run at once.
 int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std::string& file, int sample_tokens, bool resume,
              std::ostream& out) {
   launch::LocalLaunch launch;
@@ -96,9 +99,50 @@ int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std:
     const auto failed = std::find_if(result.exits.begin(), result.exits.end(),
                                      [](const launch::RankExit& e) { return e.status != 0; });
     out << "  rank " << (failed == result.exits.end() ? -1 : failed->rank) << " failed with status " << result.status
+        << (result.status == api::worker::kExitHang ? " (it found a hang: the stuck rank is named above)" : "")
         << "; restarting the gang from the newest checkpoint (restart " << restarts + 1 << " of " << backoff_limit
         << ", spec.runPolicy.backoffLimit)" << std::endl;
     launch.environment[env::kResume] = "1";  // what this run wrote, even under --no-resume
+  }
+}
+
+// Trains a one-rank job in this process. A failure (an exception: a device fault, a file
+// lost under it) restarts the training from the newest checkpoint up to
+// spec.runPolicy.backoffLimit times, as RunRanks restarts a gang; a bad spec or data file
+// ends the run at once. (A crash or a hang of this process ends it: only a gang of rank
+// processes is watched by heartbeats.)
+int TrainHere(api::CheckedJob job, const runtime::DeviceChoice& where, int sample_tokens, std::ostream& out) {
+  const int64_t backoff_limit = job.job.spec.run_policy.backoff_limit;
+  for (int64_t restarts = 0;; ++restarts) {
+    std::optional<train::Trainer> trainer;
+    try {
+      trainer.emplace(job.job, nullptr, where.device);
+    } catch (const train::TokenFileError& e) {
+      out << e.what() << "\n";
+      return kExitUnreadable;
+    } catch (const std::invalid_argument& e) {
+      out << job.Where() << ": " << e.what() << "\n";
+      return kExitInvalid;
+    }
+    out << "  model: " << trainer->Describe() << "\n";
+    train::RunReport report(out, *trainer, where.device);
+    report.Started();
+    try {
+      trainer->Run([&](const train::StepReport& r) { report.Step(r); });
+    } catch (const std::exception& e) {
+      if (restarts == backoff_limit) {
+        out << "  training failed " << restarts + 1 << " time(s), last: " << e.what()
+            << "; spec.runPolicy.backoffLimit is " << backoff_limit << std::endl;
+        return kExitTrainingFailed;
+      }
+      out << "  training failed: " << e.what() << "; restarting from the newest checkpoint (restart " << restarts + 1
+          << " of " << backoff_limit << ", spec.runPolicy.backoffLimit)" << std::endl;
+      job.job.spec.checkpoint.resume = true;  // what this run wrote, even under --no-resume
+      continue;
+    }
+    report.Finished(job.job.spec.checkpoint.path);
+    report.Sample(trainer->SampleText(sample_tokens, 1));
+    return kExitOk;
   }
 }
 
@@ -175,23 +219,7 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
 
   out << "  device: " << where.device.ToString() << ", "
       << (where.device.is_cuda() ? "bf16 compute with fp32 master weights" : "fp32") << "\n";
-  std::optional<train::Trainer> trainer;
-  try {
-    trainer.emplace(job.job, nullptr, where.device);
-  } catch (const train::TokenFileError& e) {
-    out << e.what() << "\n";
-    return kExitUnreadable;
-  } catch (const std::invalid_argument& e) {
-    out << job.Where() << ": " << e.what() << "\n";
-    return kExitInvalid;
-  }
-  out << "  model: " << trainer->Describe() << "\n";
-  train::RunReport report(out, *trainer, where.device);
-  report.Started();
-  trainer->Run([&](const train::StepReport& r) { report.Step(r); });
-  report.Finished(job.job.spec.checkpoint.path);
-  report.Sample(trainer->SampleText(options.sample_tokens, 1));
-  return kExitOk;
+  return TrainHere(std::move(job), where, options.sample_tokens, out);
 }
 
 }  // namespace meshtrain::cli

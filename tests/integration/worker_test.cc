@@ -17,6 +17,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -346,6 +347,86 @@ TEST_F(WorkerTest, StrangersOnTheStoreAreRefusedAndTheRunTrainsOn) {
     EXPECT_EQ(got[i].loss, want[i].loss) << "step " << i + 1;
     EXPECT_EQ(got[i].norm, want[i].norm) << "step " << i + 1;
   }
+}
+
+// A `meshtrain run` of `job` in which the rank `stopped` receives SIGSTOP once `steps` steps
+// are printed: when the output named a rank stuck, and how long after the stop.
+struct Hang {
+  Outcome outcome;
+  std::optional<std::chrono::milliseconds> named_after;  // from SIGSTOP to the "made no progress" line
+  bool stopped_rank_outlived_the_run = false;
+};
+
+Hang RunAndStopARank(const fs::path& job, size_t steps, int stopped, const fs::path& log) {
+  using Clock = std::chrono::steady_clock;
+  Process run({MESHTRAIN_CLI, "run", job.string(), "--sample-tokens", "0"}, {}, log);
+  auto until = Clock::now() + 120s;
+  while (Steps(run.Output()).size() < steps && Clock::now() < until) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(Steps(run.Output()).size(), steps) << run.Output();
+  pid_t rank = -1;
+  for (pid_t child : run.Children())
+    if (EnvironmentOf(child, "RANK") == std::to_string(stopped)) rank = child;
+  EXPECT_GT(rank, 0) << "no child process with RANK=" << stopped;
+  Hang hang;
+  if (rank > 0) {
+    ::kill(rank, SIGSTOP);
+    const Clock::time_point stopped_at = Clock::now();
+    until = stopped_at + 60s;
+    while (run.Output().find(" made no progress for ") == std::string::npos && Clock::now() < until)
+      std::this_thread::sleep_for(5ms);
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - stopped_at);
+    if (Clock::now() < until) hang.named_after = waited;
+  }
+  hang.outcome = run.Wait(120s);
+  // The launcher reaped it, or it would linger stopped, adopted by init.
+  hang.stopped_rank_outlived_the_run = rank > 0 && ::kill(rank, 0) == 0;
+  return hang;
+}
+
+// spec.runPolicy.hangTimeoutSeconds 3 and a rank stopped with SIGSTOP once step 9 is done
+// (no checkpoint since step 8): rank 0 finds it within the timeout and names it, the gang
+// restarts from step 8's checkpoint, the stopped rank takes its SIGTERM at once (SIGCONT),
+// and the run ends with status 0.
+constexpr auto kHangTimeout = 3s;
+// Detection comes one heartbeat read (0.3 s) after the timeout, counted from the gang's
+// last step; the slack covers that read and two busy cores.
+constexpr auto kHangSlack = 2s;
+
+fs::path JobWithHangTimeout(const fs::path& job) {
+  nlohmann::json manifest = nlohmann::json::parse(std::ifstream(job));
+  manifest["spec"]["runPolicy"] = {{"hangTimeoutSeconds", std::chrono::seconds(kHangTimeout).count()}};
+  std::ofstream(job) << manifest.dump(2);
+  return job;
+}
+
+void ExpectAHangRestartedFromStep8(const Hang& hang, int stuck, const std::string& why) {
+  const std::string& output = hang.outcome.output;
+  EXPECT_EQ(hang.outcome.status, 0) << output;
+  ASSERT_TRUE(hang.named_after) << output;
+  EXPECT_GE(*hang.named_after, kHangTimeout - 1s) << output;
+  EXPECT_LE(*hang.named_after, kHangTimeout + kHangSlack) << output;
+  const std::regex named("rank [0-9]+: error: rank " + std::to_string(stuck) + " made no progress for [0-9.]+ s \\(" +
+                         why + "\\); ending this attempt\n");
+  EXPECT_TRUE(std::regex_search(output, named)) << output;
+  const size_t restart = output.find("failed with status 75 (it found a hang: the stuck rank is named above); "
+                                     "restarting the gang from the newest checkpoint (restart 1 of 3,");
+  ASSERT_NE(restart, std::string::npos) << output;
+  const std::string after = output.substr(restart);
+  EXPECT_NE(after.find("resumed from step 8 ("), std::string::npos) << after;
+  EXPECT_EQ(Steps(after).size(), 4u) << after;
+  EXPECT_EQ(output.find("after SIGTERM; killing them"), std::string::npos) << output;
+  EXPECT_FALSE(hang.stopped_rank_outlived_the_run);
+}
+
+TEST_F(WorkerTest, AStoppedRankIsNamedWithinTheHangTimeoutAndTheGangRestarts) {
+  const Hang hang = RunAndStopARank(JobWithHangTimeout(Job("stopped", 2, 2, 12)), 9, 2, dir_ / "stopped.log");
+  ExpectAHangRestartedFromStep8(hang, 2, "its heartbeat stopped: stopped or hung");
+}
+
+// Rank 0 stopped: the Store it serves stops answering, and the other ranks name it.
+TEST_F(WorkerTest, AStoppedRankZeroIsNamedByTheOthersAndTheGangRestarts) {
+  const Hang hang = RunAndStopARank(JobWithHangTimeout(Job("stopped0", 2, 2, 12)), 9, 0, dir_ / "stopped0.log");
+  ExpectAHangRestartedFromStep8(hang, 0, "the Store it serves does not answer: stopped or hung");
 }
 
 TEST_F(WorkerTest, AMissingDataFileIsAConfigurationErrorNamingTheFile) {

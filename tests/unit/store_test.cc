@@ -147,6 +147,27 @@ TEST(Store, ACoordinatorThatStopsFailsWaitingClients) {
   EXPECT_NE(ErrorOf([&] { client.Set("k", "v"); }).find("the connection was lost earlier"), std::string::npos);
 }
 
+// A stopped coordinator: the kernel accepts the connection and takes the request, and no
+// reply ever comes. A set with a patience (a heartbeat's) fails once it has passed.
+TEST(Store, ASetWithAPatienceFailsWhenTheCoordinatorDoesNotAnswer) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  StoreClient client("127.0.0.1:" + std::to_string(ntohs(addr.sin_port)), 5s);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_NE(ErrorOf([&] { client.Set("heartbeat/1", "1 training 0", 300ms); }).find(": no reply within "),
+            std::string::npos);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 2s);
+  ::close(listener);
+}
+
 
 // ---------------------------------------------------------------------------
 // Authentication: strangers on the Store's port, played over raw sockets.

@@ -155,6 +155,10 @@ const std::vector<Case>& Cases() {
        {{"/spec/topology", {{"mode", "Required"}, {"requiredLevel", "topology.kubernetes.io/zone"}}}},
        {"spec.topology.requiredLevel"}},
       {"negative backoff", {{"/spec/runPolicy", {{"backoffLimit", -1}}}}, {"spec.runPolicy.backoffLimit"}},
+      {"negative hang timeout", {{"/spec/runPolicy", {{"hangTimeoutSeconds", -1}}}}, {"spec.runPolicy.hangTimeoutSeconds"},
+       "must be at least 0, got -1"},
+      {"fractional hang timeout", {{"/spec/runPolicy", {{"hangTimeoutSeconds", 2.5}}}},
+       {"spec.runPolicy.hangTimeoutSeconds"}},
       {"zero deadline", {{"/spec/runPolicy", {{"activeDeadlineSeconds", 0}}}}, {"spec.runPolicy.activeDeadlineSeconds"}},
       {"negative ttl", {{"/spec/runPolicy", {{"ttlSecondsAfterFinished", -1}}}},
        {"spec.runPolicy.ttlSecondsAfterFinished"}},
@@ -236,6 +240,20 @@ TEST(Validation, ExampleMessageMatchesTheIssue) {
   ASSERT_EQ(job.errors.size(), 1u);
   EXPECT_EQ(job.errors[0].ToString(),
             "spec.parallelism.tensorParallelDegree: must divide spec.gpusPerNode (8), got 3");
+}
+
+TEST(Validation, HangTimeoutDefaultsTo300SecondsAndZeroTurnsItOff) {
+  Json manifest = Base();
+  manifest["spec"].erase("runPolicy");
+  const CheckedJob defaulted = CheckTrainingJob(manifest, "case.yaml", 0);
+  ASSERT_TRUE(defaulted.ok());
+  EXPECT_EQ(defaulted.job.spec.run_policy.hang_timeout_seconds, 300);
+  for (int64_t seconds : {0, 3, 86400}) {
+    manifest["spec"]["runPolicy"] = {{"hangTimeoutSeconds", seconds}};
+    const CheckedJob written = CheckTrainingJob(manifest, "case.yaml", 0);
+    ASSERT_TRUE(written.ok()) << seconds;
+    EXPECT_EQ(written.job.spec.run_policy.hang_timeout_seconds, seconds);
+  }
 }
 
 TEST(Validation, ReportsEveryErrorAtOnce) {

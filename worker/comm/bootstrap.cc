@@ -68,7 +68,8 @@ Rendezvous JoinRendezvous(const WorkerEnvironment& environment, milliseconds tim
                              std::to_string(environment.nnodes) + " and " +
                              std::to_string(environment.world_size));
   }
-  const std::string key = environment.store_key_file.empty() ? "" : ReadStoreKey(environment.store_key_file);
+  rendezvous.key = environment.store_key_file.empty() ? "" : ReadStoreKey(environment.store_key_file);
+  const std::string& key = rendezvous.key;
   if (environment.rank == 0) {
     if (key.empty()) {
       std::fprintf(stderr, "warning: the rendezvous Store admits any client that reaches %s: no %s\n",

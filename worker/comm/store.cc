@@ -287,10 +287,10 @@ void StoreClient::Authenticate(const std::string& key, milliseconds timeout) {
   }
 }
 
-std::string StoreClient::Call(const std::string& request, const std::string& what, milliseconds timeout) {
+std::string StoreClient::Call(const std::string& request, const std::string& what, milliseconds timeout,
+                              milliseconds patience) {
   std::lock_guard lock(mutex_);
-  // The coordinator answers a wait at its own deadline; allow a little more for the trip.
-  const auto deadline = Clock::now() + timeout + milliseconds(2000);
+  const auto deadline = Clock::now() + patience;
   if (fd_ < 0) Fail(what, "the connection was lost earlier", false);
   SendAll(request, deadline, what);
   const std::string reply = ReceiveReply(deadline, what);
@@ -305,30 +305,37 @@ std::string StoreClient::Call(const std::string& request, const std::string& wha
 }
 
 namespace {
-constexpr milliseconds kShortCall(30000);  // set, add and check are answered at once
+constexpr milliseconds kShortCall(32000);  // set, add and check are answered at once
+// The coordinator answers a wait at its own deadline; allow a little more for the trip.
+constexpr milliseconds kTrip(2000);
 }  // namespace
 
-void StoreClient::Set(const std::string& key, const std::string& value) {
-  Call(EncodeRequest({kSet, {key}, value, 0}), "set(\"" + key + "\")", kShortCall);
+void StoreClient::Set(const std::string& key, const std::string& value) { Set(key, value, kShortCall); }
+
+void StoreClient::Set(const std::string& key, const std::string& value, milliseconds patience) {
+  Call(EncodeRequest({kSet, {key}, value, 0}), "set(\"" + key + "\")", milliseconds(0), patience);
 }
 
 std::string StoreClient::Get(const std::string& key, milliseconds timeout) {
-  const std::string reply = Call(EncodeRequest({kGet, {key}, "", timeout.count()}), "get(\"" + key + "\")", timeout);
+  const std::string reply =
+      Call(EncodeRequest({kGet, {key}, "", timeout.count()}), "get(\"" + key + "\")", timeout, timeout + kTrip);
   return Reader(reply).String();
 }
 
 int64_t StoreClient::Add(const std::string& key, int64_t delta) {
-  return Reader(Call(EncodeRequest({kAdd, {key}, "", delta}), "add(\"" + key + "\")", kShortCall)).I64();
+  const std::string what = "add(\"" + key + "\")";
+  return Reader(Call(EncodeRequest({kAdd, {key}, "", delta}), what, milliseconds(0), kShortCall)).I64();
 }
 
 void StoreClient::Wait(const std::vector<std::string>& keys, milliseconds timeout) {
   std::string names;
   for (const std::string& k : keys) names += (names.empty() ? "\"" : ", \"") + k + "\"";
-  Call(EncodeRequest({kWait, keys, "", timeout.count()}), "wait(" + names + ")", timeout);
+  Call(EncodeRequest({kWait, keys, "", timeout.count()}), "wait(" + names + ")", timeout, timeout + kTrip);
 }
 
 bool StoreClient::Check(const std::string& key) {
-  return Reader(Call(EncodeRequest({kCheck, {key}, "", 0}), "check(\"" + key + "\")", kShortCall)).U8() != 0;
+  const std::string what = "check(\"" + key + "\")";
+  return Reader(Call(EncodeRequest({kCheck, {key}, "", 0}), what, milliseconds(0), kShortCall)).U8() != 0;
 }
 
 void StoreClient::Barrier(const std::string& name, int world, milliseconds timeout) {

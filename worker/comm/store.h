@@ -85,6 +85,8 @@ class StoreClient {
   StoreClient& operator=(const StoreClient&) = delete;
 
   void Set(const std::string& key, const std::string& value);
+  // The same, failing when no reply comes within `patience` (a heartbeat's bound).
+  void Set(const std::string& key, const std::string& value, milliseconds patience);
   // Waits until `key` is set, up to `timeout`.
   std::string Get(const std::string& key, milliseconds timeout);
   // Adds `delta` to the integer at `key` (0 if unset) and returns the new value.
@@ -99,8 +101,9 @@ class StoreClient {
   const std::string& coordinator() const { return coordinator_; }
 
  private:
-  // Sends one request and returns the reply payload; `what` describes the call for errors.
-  std::string Call(const std::string& request, const std::string& what, milliseconds timeout);
+  // Sends one request and returns the reply payload, failing when none comes within
+  // `patience`; `timeout` is the coordinator's wait, and `what` describes the call for errors.
+  std::string Call(const std::string& request, const std::string& what, milliseconds timeout, milliseconds patience);
   // The challenge-response above, on the fresh connection.
   void Authenticate(const std::string& key, milliseconds timeout);
   // Writes `bytes`, then reads one reply (status and payload), by `deadline`; mutex_ held.

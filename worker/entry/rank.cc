@@ -10,6 +10,7 @@
 #include "api/model_shape.h"
 #include "worker/comm/bootstrap.h"
 #include "worker/comm/fabric/fabric_communicator.h"
+#include "worker/comm/heartbeat.h"
 #include "worker/metrics/training_metrics.h"
 #include "worker/runtime/device_peak.h"
 #include "worker/train/cuda_plugin.h"
@@ -93,6 +94,13 @@ int Train(std::ostream& out) {
   comm::Rendezvous rendezvous = comm::JoinRendezvous(env, kRendezvousTimeout);
   const comm::FabricOptions fabric = comm::FabricOptions::FromEnvironment();
   std::unique_ptr<comm::Communicator> world = comm::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, fabric);
+  // Started once every rank is connected, so a silent rank is stuck, not late; stopped
+  // (destroyed) before rank 0's Store.
+  comm::Watchdog watchdog({.coordinator = env.coordinator,
+                           .key = rendezvous.key,
+                           .rank = env.rank,
+                           .world = env.world_size,
+                           .timeout = std::chrono::seconds(job.spec.run_policy.hang_timeout_seconds)});
 
   const runtime::DeviceChoice where = train::ChooseDeviceHere(job.spec.training.precision, env.local_rank);
   std::string device_note;
@@ -106,8 +114,7 @@ int Train(std::ostream& out) {
   // must not hold up anyone else's use of the Store.
   std::unique_ptr<comm::StoreClient> checkpoint_store;
   if (!job.spec.checkpoint.path.empty() && env.world_size > 1) {
-    checkpoint_store = std::make_unique<comm::StoreClient>(
-        env.coordinator, kRendezvousTimeout, env.store_key_file.empty() ? "" : comm::ReadStoreKey(env.store_key_file));
+    checkpoint_store = std::make_unique<comm::StoreClient>(env.coordinator, kRendezvousTimeout, rendezvous.key);
   }
   std::optional<train::Trainer> trainer;
   BadInputIsConfigError(env.config, [&] {
@@ -134,7 +141,9 @@ int Train(std::ostream& out) {
       exported->ResumedFrom(*trainer->resumed_from(), int64_t(trainer->checkpoint_warnings().size()));
     }
   }
+  watchdog.Progress(comm::Phase::kTraining, trainer->resumed_from().value_or(0));
   trainer->Run([&](const train::StepReport& step) {
+    watchdog.Progress(comm::Phase::kTraining, step.step);
     if (exported) {
       exported->Step(step);
       exported->Memory(trainer->accounting());
@@ -142,6 +151,7 @@ int Train(std::ostream& out) {
     }
     if (env.rank == 0) printed.Step(step);
   });
+  watchdog.Progress(comm::Phase::kFinishing, job.spec.training.steps);
   if (exported) exported->Checkpoints(trainer->checkpoint_stats());  // the last one, written after its step
   if (env.rank == 0) printed.Finished(job.spec.checkpoint.path);
   if (sample_tokens > 0) {

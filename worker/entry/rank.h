@@ -8,8 +8,10 @@
 //
 // Exit status: 0 when training finished; api::worker::kExitConfigError (78) for a problem
 // no restart can fix (a malformed environment, spec or data file), which the operator
-// takes as a permanent failure; 1 for anything else (a dead peer, a timeout), after
-// which the operator restarts the gang.
+// takes as a permanent failure; api::worker::kExitHang (75) when its heartbeat watchdog
+// found the gang hung (worker/comm/heartbeat.h: rank 0 names a stuck rank, the others a
+// stuck rank 0); 1 for anything else (a dead peer, a timeout). The operator restarts the
+// gang after any but 78.
 
 #pragma once
 

@@ -48,8 +48,13 @@ LaunchResult RunProcessGroup(const std::vector<RankProcess>& ranks, const Proces
   }
 
   std::map<pid_t, int> running;  // pid -> rank
+  // A stopped rank (SIGSTOP, or a hang found by the heartbeat) would hold any signal but
+  // SIGKILL until the grace ran out, so it is woken to take it.
   auto signal_all = [&](int signal) {
-    for (const auto& [pid, rank] : running) ::kill(pid, signal);
+    for (const auto& [pid, rank] : running) {
+      ::kill(pid, signal);
+      if (signal != SIGKILL) ::kill(pid, SIGCONT);
+    }
   };
   // The forwarded signals stay blocked across each fork: one that reached a child before it
   // dropped the launcher's handler would be swallowed by that handler, and the rank would

@@ -1,7 +1,8 @@
 // Runs one process per rank and supervises them as one job: when a rank fails (a
-// non-zero exit or a signal) the others get SIGTERM and, after a grace period,
-// SIGKILL, as on a cluster where one dead rank ends the gang. Used by LaunchLocal
-// (virtual nodes on this machine) and by `meshtrain-worker launch` (the ranks of one pod).
+// non-zero exit or a signal) the others get SIGTERM (and SIGCONT, so a stopped one takes
+// it) and, after a grace period, SIGKILL, as on a cluster where one dead rank ends the
+// gang. Used by LaunchLocal (virtual nodes on this machine) and by `meshtrain-worker
+// launch` (the ranks of one pod).
 //
 // Thread-safety: RunProcessGroup reaps children with waitpid(-1); run one at a time
 // per process, and do not start other children while it runs.
