@@ -30,7 +30,7 @@ struct WorkerEnvironment {
 struct Rendezvous {
   std::unique_ptr<StoreServer> server;  // on rank 0 only
   std::shared_ptr<StoreClient> store;
-  std::string key;  // the Store's, for further connections (a Watchdog's); empty: none
+  std::string key;  // the Store's, for further connections (a Watchdog's, the checkpoint writers'); empty: none
   api::RankTable table;
 };
 

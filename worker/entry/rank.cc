@@ -100,7 +100,8 @@ int Train(std::ostream& out) {
                            .key = rendezvous.key,
                            .rank = env.rank,
                            .world = env.world_size,
-                           .timeout = std::chrono::seconds(job.spec.run_policy.hang_timeout_seconds)});
+                           .timeout = std::chrono::seconds(job.spec.run_policy.hang_timeout_seconds),
+                           .on_stuck = {}});  // the default: name it and end the attempt
 
   const runtime::DeviceChoice where = train::ChooseDeviceHere(job.spec.training.precision, env.local_rank);
   std::string device_note;
