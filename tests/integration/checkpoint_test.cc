@@ -423,6 +423,40 @@ TEST_F(CheckpointTest, ARankReadsAndVerifiesOnlyTheChunksOfItsOwnElements) {
       << "verifying reads every chunk";
 }
 
+// When no checkpoint can be read, after one was partly restored (its damage lies in the
+// last unit's chunk), the run starts from the initial state, exactly as a fresh one does.
+TEST_F(CheckpointTest, WhenNoCheckpointCanBeReadTheRunStartsFromTheInitialState) {
+  const std::string path = (dir_ / "all-damaged").string();
+  {
+    Trainer trainer(Job(path));
+    Losses(trainer);  // checkpoints of steps 8 and 12
+  }
+  for (const char* step : {"step-00000008", "step-00000012"}) {
+    const fs::path file = fs::path(path) / step / "rank-00000.bin";
+    std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(-8, std::ios::end);  // AdamW v of the last block: read after every other unit
+    char byte = 0;
+    io.read(&byte, 1);
+    byte ^= 0x20;
+    io.seekp(-8, std::ios::end);
+    io.write(&byte, 1);
+  }
+  Trainer resumed(Job(path));
+  EXPECT_FALSE(resumed.resumed_from());
+  ASSERT_EQ(resumed.checkpoint_warnings().size(), 2u);
+  for (const std::string& warning : resumed.checkpoint_warnings())
+    EXPECT_NE(warning.find("checksum mismatch in chunk"), std::string::npos) << warning;
+  Trainer fresh(Job(""));
+  EXPECT_EQ(resumed.Weights(), fresh.Weights());
+  ShardState restored, initial;
+  resumed.model().Snapshot(&restored);
+  fresh.model().Snapshot(&initial);
+  ASSERT_EQ(restored.size, initial.size);
+  EXPECT_EQ(std::vector<float>(restored.m, restored.m + restored.size), std::vector<float>(restored.size, 0.0f));
+  EXPECT_EQ(std::vector<float>(restored.v, restored.v + restored.size), std::vector<float>(restored.size, 0.0f));
+  EXPECT_EQ(Losses(resumed), Losses(fresh));
+}
+
 // Damage of every kind is named, and resuming falls back to the newest intact checkpoint.
 TEST_F(CheckpointTest, ADamagedCheckpointIsNamedAndTheNewestIntactOneIsUsed) {
   const std::string path = (dir_ / "ckpt").string();

@@ -250,7 +250,9 @@ int RunRank(const Options& o) {
   ScheduleWatch watch(kill ? 2 : -1, 2 * kAccumulation * 2 + 1);
   comm::Rendezvous rendezvous = comm::JoinRendezvous(env, std::chrono::seconds(60));
   auto world = comm::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, comm::FabricOptions::FromEnvironment());
-  train::Trainer trainer(job, world.get());
+  // The checkpoint writers' own connection to the Store, as a worker's.
+  comm::StoreClient checkpoint_store(env.coordinator, std::chrono::seconds(60), rendezvous.key);
+  train::Trainer trainer(job, world.get(), runtime::Device::Cpu(), nullptr, &checkpoint_store);
   if (o.mode == "reshard" && !trainer.resumed_from()) {
     // The first layout: train to the checkpoint and stop, as a failure would stop it.
     try {

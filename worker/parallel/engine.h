@@ -73,9 +73,6 @@ using ShardFill =
 // The fill that takes each element from `whole` (which must outlive it). Throws
 // std::invalid_argument when `whole` is not a model of `parameters` elements.
 ShardFill FillFrom(const WholeState& whole, int64_t parameters);
-// The fill with the state a model of `shape` starts from: the weights InitParameters
-// gives for `seed`, and AdamW's zeros.
-ShardFill InitialState(const api::ModelShape& shape, uint64_t seed);
 
 // Which micro-batch of which step a training forward computes; it keys dropout masks.
 struct MicroBatchKey {

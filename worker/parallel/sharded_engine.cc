@@ -7,7 +7,6 @@
 
 #include "worker/comm/stream_collectives.h"
 #include "worker/kernels/dropout.h"
-#include "worker/model/parameters.h"
 
 namespace meshtrain::parallel {
 
@@ -23,26 +22,6 @@ ShardFill FillFrom(const WholeState& whole, int64_t parameters) {
       master[i] = model ? whole.master[size_t(at[i])] : 0.0f;
       m[i] = model ? whole.m[size_t(at[i])] : 0.0f;
       v[i] = model ? whole.v[size_t(at[i])] : 0.0f;
-    }
-  };
-}
-
-ShardFill InitialState(const api::ModelShape& shape, uint64_t seed) {
-  return [whole = model::ParameterLayout(shape), seed](int, const std::vector<int64_t>& at, float* master, float* m,
-                                                       float* v) {
-    std::fill(m, m + at.size(), 0.0f);
-    std::fill(v, v + at.size(), 0.0f);
-    // Initialisation is a function of the single-rank index: each run of consecutive
-    // indices initialises at once.
-    for (size_t i = 0; i < at.size();) {
-      size_t j = i + 1;
-      if (at[i] < 0) {
-        master[i] = 0;
-      } else {
-        while (j < at.size() && at[j] == at[j - 1] + 1) ++j;
-        model::InitParameterRange(master + i, whole, seed, at[i], at[j - 1] + 1);
-      }
-      i = j;
     }
   };
 }

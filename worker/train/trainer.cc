@@ -1,5 +1,6 @@
 #include "worker/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -8,6 +9,7 @@
 #include "api/layout.h"
 #include "api/model_shape.h"
 #include "worker/kernels/precision.h"
+#include "worker/model/parameters.h"
 #include "worker/parallel/activation_store.h"
 #include "worker/train/checkpoint_reader.h"
 #include "worker/train/devices.h"
@@ -48,6 +50,28 @@ std::pair<DataLoader, std::optional<DataLoader>> OpenData(const api::TrainingJob
   std::pair<DataLoader, std::optional<DataLoader>> data{DataLoader(job.spec.data.train, options), std::nullopt};
   if (!job.spec.data.validation.empty()) data.second.emplace(job.spec.data.validation, options);
   return data;
+}
+
+// The fill with the state a model of `shape` starts from: the weights InitParameters
+// gives for `seed`, and AdamW's zeros.
+parallel::ShardFill InitialState(const api::ModelShape& shape, uint64_t seed) {
+  return [whole = model::ParameterLayout(shape), seed](int, const std::vector<int64_t>& at, float* master, float* m,
+                                                       float* v) {
+    std::fill(m, m + at.size(), 0.0f);
+    std::fill(v, v + at.size(), 0.0f);
+    // Initialisation is a function of the single-rank index: each run of consecutive
+    // indices initialises at once.
+    for (size_t i = 0; i < at.size();) {
+      size_t j = i + 1;
+      if (at[i] < 0) {
+        master[i] = 0;
+      } else {
+        while (j < at.size() && at[j] == at[j - 1] + 1) ++j;
+        model::InitParameterRange(master + i, whole, seed, at[i], at[j - 1] + 1);
+      }
+      i = j;
+    }
+  };
 }
 
 }  // namespace
@@ -165,7 +189,7 @@ void Trainer::Resume(const std::string& path) {
     }
   }
   // No checkpoint could be read: the run starts afresh, from the initial state.
-  if (restored_any) engine_->RestoreShards(parallel::InitialState(shape, uint64_t(job_.spec.training.seed)));
+  if (restored_any) engine_->RestoreShards(InitialState(shape, uint64_t(job_.spec.training.seed)));
 }
 
 std::vector<int> Trainer::FailedRanks(bool failed) {
