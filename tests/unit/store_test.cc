@@ -147,18 +147,30 @@ TEST(Store, ACoordinatorThatStopsFailsWaitingClients) {
   EXPECT_NE(ErrorOf([&] { client.Set("k", "v"); }).find("the connection was lost earlier"), std::string::npos);
 }
 
-// A stopped coordinator: the kernel accepts the connection and takes the request, and no
-// reply ever comes. A set with a patience (a heartbeat's) fails once it has passed.
-TEST(Store, ASetWithAPatienceFailsWhenTheCoordinatorDoesNotAnswer) {
+// A socket listening on a free port of 127.0.0.1, "127.0.0.1:PORT" into *address, that
+// only the test answers (or nothing does); -1 if it cannot listen.
+int Listener(std::string* address) {
   const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  ASSERT_EQ(::listen(listener, 1), 0);
   socklen_t len = sizeof addr;
-  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-  StoreClient client("127.0.0.1:" + std::to_string(ntohs(addr.sin_port)), 5s);
+  if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(listener, 1) != 0 ||
+      ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(listener);
+    return -1;
+  }
+  *address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  return listener;
+}
+
+// A stopped coordinator: the kernel accepts the connection and takes the request, and no
+// reply ever comes. A set with a patience (a heartbeat's) fails once it has passed.
+TEST(Store, ASetWithAPatienceFailsWhenTheCoordinatorDoesNotAnswer) {
+  std::string address;
+  const int listener = Listener(&address);
+  ASSERT_GE(listener, 0);
+  StoreClient client(address, 5s);
   const auto start = std::chrono::steady_clock::now();
   EXPECT_NE(ErrorOf([&] { client.Set("heartbeat/1", "1 training 0", 300ms); }).find(": no reply within "),
             std::string::npos);
@@ -211,14 +223,9 @@ TEST(StoreAuthentication, StrangersAreRefusedAndTheJobGoesOn) {
 
 TEST(StoreAuthentication, AClientRefusesACoordinatorWithoutTheKey) {
   // A fake coordinator that challenges but cannot answer with the key's proof.
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  ASSERT_EQ(::listen(listener, 1), 0);
-  socklen_t len = sizeof addr;
-  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  std::string address;
+  const int listener = Listener(&address);
+  ASSERT_GE(listener, 0);
   std::thread fake([&] {
     const int fd = ::accept(listener, nullptr, nullptr);
     const std::string challenge = U32(33) + '\3' + std::string(32, 'n');
@@ -234,7 +241,6 @@ TEST(StoreAuthentication, AClientRefusesACoordinatorWithoutTheKey) {
     (void)!::send(fd, bogus.data(), bogus.size(), MSG_NOSIGNAL);
     ::close(fd);
   });
-  const std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
   EXPECT_NE(ErrorOf([&] { StoreClient client(address, 5s, kKey); })
                 .find("the coordinator could not prove that it holds the job's key"),
             std::string::npos);
