@@ -110,7 +110,8 @@ void CheckpointReader::ReadChunk(const ShardFile& file, int section, int chunk, 
 
 void CheckpointReader::ReadUnit(int unit, const std::vector<int64_t>& whole_indices, float* master, float* m,
                                 float* v) {
-  const auto [begin, end] = whole_layout_.Unit(unit);
+  const std::pair<int64_t, int64_t> range = whole_layout_.Unit(unit);
+  const int64_t begin = range.first, end = range.second;  // not bindings: a lambda below captures them
   if (whole_indices.size() > size_t(INT32_MAX)) throw std::length_error("ReadUnit: a shard of over 2^31 elements");
   // Where each element of the unit goes in the caller's arrays; -1 once it is there, or
   // if the caller does not want it.
