@@ -113,6 +113,10 @@ int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std:
 // processes is watched by heartbeats.)
 int TrainHere(api::CheckedJob job, const runtime::DeviceChoice& where, int sample_tokens, std::ostream& out) {
   const int64_t backoff_limit = job.job.spec.run_policy.backoff_limit;
+  if (const int64_t hang = job.job.spec.run_policy.hang_timeout_seconds; hang > 0) {
+    out << "  note: one rank trains in this process, which no heartbeat watches: spec.runPolicy.hangTimeoutSeconds ("
+        << hang << " s) applies to gangs of rank processes\n";
+  }
   for (int64_t restarts = 0;; ++restarts) {
     std::optional<train::Trainer> trainer;
     try {

@@ -88,6 +88,7 @@ expect "run trains the tiny job and samples from it" 0 \
   'device: cpu, fp32' 'model: fp32 FSDP, 1 replica x 1 shard x tp 1; 5 units, each whole on this rank; cpu fp32 on cpu$' \
   'memory \(cpu\): params 3.2 MiB, grads 3.2 MiB, optimizer 6.4 MiB, activations [0-9.]+ MiB, gathered [0-9.]+ MiB' \
   'step +2/4 \| loss [0-9.]+ \| lr .* tok/s \| val loss' 'step +4/4 \| loss [0-9.]+' '^sample:' '!has no effect' \
+  'note: one rank trains in this process, which no heartbeat watches: spec.runPolicy.hangTimeoutSeconds \(300 s\)' \
   -- "$meshtrain" run "$tmp/tiny.yaml" --sample-tokens 40
 expect "a second run resumes from the last checkpoint" 0 "resumed from step 4 \\($tmp/ckpt/step-00000004\\)" '^sample:' \
   -- "$meshtrain" run "$tmp/tiny.yaml" --sample-tokens 10
