@@ -223,6 +223,7 @@ void Fields(S& s, V& v) {
   v("conditions", s.conditions);
   v("observedGeneration", s.observed_generation);
   v("restarts", s.restarts);
+  v("gang", s.gang);
   v("lastFailureTime", s.last_failure_time);
   v("readyWorkers", s.ready_workers);
   v("startTime", s.start_time);
@@ -264,5 +265,11 @@ Json ToJson(const TrainingJob& job) {
 
 Json ToJson(const TrainingJobSpec& spec) { return json_fields::Encode(spec); }
 Json ToJson(const TrainingJobStatus& status) { return json_fields::Encode(status); }
+
+Json ToJson(const ProgressStatus& progress) { return json_fields::Encode(progress); }
+
+ProgressStatus DecodeProgressStatus(const Json& object, FieldErrors* errors) {
+  return json_fields::Decode<ProgressStatus>(object, "status.progress", errors);
+}
 
 }  // namespace meshtrain::api

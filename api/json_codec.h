@@ -31,5 +31,8 @@ TrainingJobStatus DecodeTrainingJobStatus(const nlohmann::json& object, FieldErr
 nlohmann::json ToJson(const TrainingJob& job);
 nlohmann::json ToJson(const TrainingJobSpec& spec);
 nlohmann::json ToJson(const TrainingJobStatus& status);
+// status.progress alone (the operator keeps rank 0's readings in this form).
+nlohmann::json ToJson(const ProgressStatus& progress);
+ProgressStatus DecodeProgressStatus(const nlohmann::json& object, FieldErrors* errors);
 
 }  // namespace meshtrain::api

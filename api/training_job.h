@@ -258,7 +258,12 @@ struct TrainingJobStatus {
   std::string phase;  // Pending | Starting | Running | Restarting | Succeeded | Failed | Suspended
   std::vector<Condition> conditions;
   int64_t observed_generation = 0;
+  // Every restart of the gang, in place or with new pods; the attempt its launchers follow.
   int64_t restarts = 0;
+  // Which set of pods runs the job (their names and gang label): it changes when the gang
+  // is recreated, not when it restarts in place. Unset in a status written before in-place
+  // restarts existed, where it was `restarts`.
+  std::optional<int64_t> gang;
   // When the failure that restarted the running gang was seen (MicroTime); cleared once
   // the gang trains a step, which measures the recovery.
   std::string last_failure_time;

@@ -20,6 +20,7 @@ inline constexpr int kExitHang = 75;
 
 inline constexpr int kCoordinatorPort = 29500;  // rank 0's rendezvous
 inline constexpr int kMetricsPort = 9400;       // each node's local rank 0 serves /metrics here
+inline constexpr int kLauncherPort = 9401;      // each pod's launcher: its attempts, driven by the operator
 
 // The environment a worker reads.
 namespace env {
@@ -37,6 +38,13 @@ inline constexpr const char* kMetricsPort = "MESHTRAIN_METRICS_PORT";  // 0 or u
 inline constexpr const char* kPodIp = "MESHTRAIN_POD_IP";              // the address metrics are served on
 inline constexpr const char* kSampleTokens = "MESHTRAIN_SAMPLE_TOKENS";  // rank 0 prints a sample this long
 inline constexpr const char* kResume = "MESHTRAIN_RESUME";             // 0: start afresh, whatever the spec says
+// The launcher's control endpoint (kLauncherPort) obeys only requests that carry this
+// secret (at least 16 characters); unset: no endpoint, and a failed rank fails the pod.
+inline constexpr const char* kLauncherToken = "MESHTRAIN_LAUNCHER_TOKEN";
+inline constexpr const char* kAttempt = "MESHTRAIN_ATTEMPT";  // the gang's attempt the ranks start at (0..)
+// How long a launcher whose ranks failed waits for the operator's next attempt before it
+// fails the pod (default 60).
+inline constexpr const char* kLauncherHoldSeconds = "MESHTRAIN_LAUNCHER_HOLD_SECONDS";
 // torchrun's names, set per rank by the launcher.
 inline constexpr const char* kRank = "RANK";
 inline constexpr const char* kWorldSize = "WORLD_SIZE";

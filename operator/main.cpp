@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   double qps = 50;
   int burst = 100;
   int pending_timeout_s = 120;
-  int progress_interval_s = 5;
+  int progress_interval_s = 5, launcher_interval_ms = 1000;
   app.add_option("--kubeconfig", kubeconfig, "kubeconfig file (default: $KUBECONFIG, in-cluster, ~/.kube/config)");
   app.add_option("--namespace", namespace_, "watch only this namespace (default: every namespace)");
   app.add_flag("--all-namespaces", all_namespaces, "watch every namespace (the default)");
@@ -62,6 +62,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 86400));
   app.add_option("--progress-interval", progress_interval_s, "seconds between reads of rank 0's training metrics")
       ->check(CLI::Range(1, 3600));
+  app.add_option("--launcher-interval", launcher_interval_ms,
+                 "milliseconds between reads of each pod launcher's attempt (how soon a failed rank is seen)")
+      ->check(CLI::Range(100, 600000));
   app.add_option("--worker-defaults", worker_defaults,
                  "YAML file of what worker pods get unless their TrainingJob says otherwise (the Helm chart's)");
   app.add_option("--log-level", log_level, "log level")->check(CLI::IsMember(LogLevelNames()));
@@ -97,12 +100,13 @@ int main(int argc, char** argv) {
     options.workers = workers;
     options.reconciler.decide.pending_timeout = std::chrono::seconds(pending_timeout_s);
     options.progress.interval = std::chrono::seconds(progress_interval_s);
+    options.launchers.interval = std::chrono::milliseconds(launcher_interval_ms);
     if (!worker_defaults.empty()) options.reconciler.decide.worker = controller::LoadWorkerDefaults(worker_defaults);
     if (const auto& policy = options.reconciler.decide.worker.network_policy; !policy.enabled)
       spdlog::warn("networkPolicy.enabled is false: any pod in the cluster can reach the jobs' pods");
     else if (policy.metrics_from.empty())
-      spdlog::warn("networkPolicy.metricsFrom is empty: only a job's own pods can read its metrics (not Prometheus, "
-                   "nor this operator's progress poller)");
+      spdlog::warn("networkPolicy.metricsFrom is empty: only a job's own pods can read its metrics and reach its "
+                   "launchers (not Prometheus, nor this operator, whose failed ranks then restart by recreating pods)");
     controller::Controller controller(client, &metrics, options);
     kube::LeaderElectionOptions election;
     char host[256] = {};

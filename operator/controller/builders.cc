@@ -79,7 +79,8 @@ json BuildNetworkPolicy(const api::TrainingJob& job, const NetworkPolicyDefaults
   json ingress = json::array({{{"from", json::array({same_job})}}});
   if (!policy.metrics_from.empty()) {
     ingress.push_back({{"from", policy.metrics_from},
-                       {"ports", json::array({{{"protocol", "TCP"}, {"port", api::worker::kMetricsPort}}})}});
+                       {"ports", json::array({{{"protocol", "TCP"}, {"port", api::worker::kMetricsPort}},
+                                              {{"protocol", "TCP"}, {"port", api::worker::kLauncherPort}}})}});
   }
   json spec = {{"podSelector", {{"matchLabels", Labels(job)}}}, {"ingress", ingress}};
   if (policy.restrict_egress) {
@@ -98,7 +99,7 @@ json BuildNetworkPolicy(const api::TrainingJob& job, const NetworkPolicyDefaults
 }
 
 json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t gang, int64_t node_rank,
-              const WorkerDefaults& worker) {
+              int64_t attempt, const WorkerDefaults& worker) {
   const auto& spec = job.spec;
   const std::string& name = job.metadata.name;
   const std::string coordinator_host = name + "-0." + name + "." + job.metadata.namespace_ + ".svc";
@@ -117,6 +118,7 @@ json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t 
       Env(env::kRankTable, std::string(kConfigDir) + "/rank-table.json"),
       Env(env::kStoreKeyFile, std::string(kStoreKeyDir) + "/key"),
       Env(env::kMetricsPort, std::to_string(api::worker::kMetricsPort)),
+      Env(env::kAttempt, std::to_string(attempt)),
       {{"name", env::kPodIp}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}},
       Env(env::kMasterAddr, coordinator_host),
       Env(env::kMasterPort, std::to_string(api::worker::kCoordinatorPort)),
@@ -165,7 +167,8 @@ json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t 
       {"command", {"meshtrain-worker", "launch"}},
       {"env", env},
       {"ports", json::array({{{"name", "metrics"}, {"containerPort", api::worker::kMetricsPort}, {"protocol", "TCP"}},
-                             {{"name", "coordinator"}, {"containerPort", api::worker::kCoordinatorPort}, {"protocol", "TCP"}}})},
+                             {{"name", "coordinator"}, {"containerPort", api::worker::kCoordinatorPort}, {"protocol", "TCP"}},
+                             {{"name", "launcher"}, {"containerPort", api::worker::kLauncherPort}, {"protocol", "TCP"}}})},
       {"resources", {{"limits", limits}, {"requests", limits}}},
       {"volumeMounts", mounts},
   };
@@ -189,6 +192,18 @@ json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t 
   json metadata = Meta(job, PodName(name, gang, node_rank), labels);
   metadata["annotations"] = {{"prometheus.io/scrape", "true"}, {"prometheus.io/port", std::to_string(api::worker::kMetricsPort)}};
   return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", metadata}, {"spec", pod_spec}};
+}
+
+void SetLauncherToken(json* pod, const std::string& token) {
+  (*pod)["spec"]["containers"][0]["env"].push_back(Env(env::kLauncherToken, token));
+}
+
+std::string LauncherToken(const json& pod) {
+  const json containers = pod.value("spec", json::object()).value("containers", json::array());
+  if (containers.empty()) return "";
+  for (const json& e : containers[0].value("env", json::array()))
+    if (e.value("name", "") == env::kLauncherToken) return e.value("value", "");
+  return "";
 }
 
 }  // namespace meshtrain::controller

@@ -4,9 +4,10 @@
 // node. Pure functions: the same job and placement always give the same objects,
 // so creating them again is harmless (the API server answers AlreadyExists).
 //
-// Pod names carry the gang number (status.restarts), so a restarted gang never
-// collides with pods of the previous one that are still terminating; hostnames do
-// not, so DNS names are stable: <job>-<nodeRank>.<job>.<namespace>.svc.
+// Pod names carry the gang number (status.gang), so a recreated gang never collides
+// with pods of the previous one that are still terminating; hostnames do not, so DNS
+// names are stable: <job>-<nodeRank>.<job>.<namespace>.svc. A gang restarted in place
+// keeps its pods; their launchers follow the attempt (status.restarts).
 
 #pragma once
 
@@ -45,12 +46,19 @@ nlohmann::json BuildConfigMap(const api::TrainingJob& job, const nlohmann::json&
 // The job's Store key (`key`: random bytes the caller drew), one for the job's life:
 // every gang's pods mount it. The operator creates it and never reads it back.
 nlohmann::json BuildStoreKeySecret(const api::TrainingJob& job, const std::string& key);
-// Ingress to the job's pods only from pods of the same job, and to the metrics port also
-// from `policy.metrics_from`; egress everywhere, or with restrict_egress only to the job's
-// pods and DNS.
+// Ingress to the job's pods only from pods of the same job, and to the metrics and
+// launcher ports also from `policy.metrics_from` (where the operator is, which reads rank
+// 0's metrics and drives the launchers); egress everywhere, or with restrict_egress only
+// to the job's pods and DNS.
 nlohmann::json BuildNetworkPolicy(const api::TrainingJob& job, const NetworkPolicyDefaults& policy);
-// `worker` gives a pod that uses EFA its hugepages, and /dev/shm its size limit.
+// `worker` gives a pod that uses EFA its hugepages, and /dev/shm its size limit; its
+// launcher starts the ranks at `attempt`. The launcher's token is not in it: the caller
+// draws one per pod (SetLauncherToken) as it creates the pod.
 nlohmann::json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t gang, int64_t node_rank,
-                        const WorkerDefaults& worker = {});
+                        int64_t attempt, const WorkerDefaults& worker = {});
+// Puts the secret the pod's launcher asks of control requests into its environment.
+void SetLauncherToken(nlohmann::json* pod, const std::string& token);
+// The pod's launcher token, from its spec; empty if it has none.
+std::string LauncherToken(const nlohmann::json& pod);
 
 }  // namespace meshtrain::controller

@@ -5,13 +5,38 @@
 
 #include <spdlog/spdlog.h>
 
+#include "api/json_codec.h"
+#include "api/worker_contract.h"
 #include "operator/controller/builders.h"
+#include "operator/controller/worker_readings.h"
 #include "operator/kube/objects.h"
 
 namespace meshtrain::controller {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
+
+namespace {
+
+PodPollerOptions WithTarget(PodPollerOptions options, int port, const char* path) {
+  options.port = port;
+  options.path = path;
+  return options;
+}
+
+std::optional<json> ProgressReading(const std::string& metrics_text) {
+  api::ProgressStatus progress;
+  if (!ParseProgress(metrics_text, &progress)) return std::nullopt;
+  return api::ToJson(progress);
+}
+
+std::optional<json> LauncherReading(const std::string& body) {
+  json answer = json::parse(body, nullptr, false);
+  if (!ParseLauncherState(answer)) return std::nullopt;
+  return answer;
+}
+
+}  // namespace
 
 Controller::Controller(kube::Client& client, OperatorMetrics* metrics, ControllerOptions options)
     : client_(client),
@@ -22,8 +47,11 @@ Controller::Controller(kube::Client& client, OperatorMetrics* metrics, Controlle
             options_.informer),
       nodes_(client, kube::resources::Nodes(), "", {}, options_.informer),
       queue_(options_.queue),
-      progress_(options_.progress, [this](const std::string& job_key) { queue_.Add(job_key); }),
-      reconciler_(client, jobs_, pods_, nodes_, &progress_, metrics, options_.reconciler) {
+      progress_(WithTarget(options_.progress, api::worker::kMetricsPort, "/metrics"), ProgressReading,
+                [this](const std::string& job_key) { queue_.Add(job_key); }),
+      launchers_(WithTarget(options_.launchers, api::worker::kLauncherPort, "/attempt"), LauncherReading,
+                 [this](const std::string& job_key) { queue_.Add(job_key); }),
+      reconciler_(client, jobs_, pods_, nodes_, &progress_, &launchers_, metrics, options_.reconciler) {
   auto enqueue = [this](const json& job) { queue_.Add(kube::KeyOf(job)); };
   jobs_.AddHandler({enqueue, [enqueue](const json&, const json& job) { enqueue(job); }, enqueue});
   auto pod_changed = [this](const json& pod) { EnqueueJobOf(pod); };
@@ -97,6 +125,7 @@ void Controller::Run(std::stop_token stop) {
                  nodes_.Size(), options_.workers);
   }
   progress_.Start();
+  launchers_.Start();
   std::vector<std::thread> workers;
   for (int i = 0; i < options_.workers && !stop.stop_requested(); ++i) workers.emplace_back([this] { Worker(); });
   // Gauges, every second, until stopped.
@@ -118,6 +147,7 @@ void Controller::Run(std::stop_token stop) {
   queue_.ShutDown();
   for (auto& w : workers) w.join();
   progress_.Stop();
+  launchers_.Stop();
   jobs_.Stop();
   pods_.Stop();
   nodes_.Stop();

@@ -1,6 +1,6 @@
 // The TrainingJob controller: informers for TrainingJobs, their Pods (by label) and
-// Nodes, and the ProgressPoller's new readings, feed a rate-limited work queue of job
-// keys; worker threads run the Reconciler.
+// Nodes, and the PodPollers' new readings (rank 0's progress, the launchers' attempts),
+// feed a rate-limited work queue of job keys; worker threads run the Reconciler.
 //
 // Thread-safety: Run() once; Ready() from any thread.
 
@@ -12,7 +12,7 @@
 #include <string>
 
 #include "operator/controller/metrics.h"
-#include "operator/controller/progress_poller.h"
+#include "operator/controller/pod_poller.h"
 #include "operator/controller/reconciler.h"
 #include "operator/kube/client.h"
 #include "operator/kube/informer.h"
@@ -24,7 +24,9 @@ struct ControllerOptions {
   std::string namespace_;  // empty: every namespace
   int workers = 4;
   ReconcilerOptions reconciler;
-  ProgressPollerOptions progress;
+  // Their port and path are the worker contract's; the rest is the caller's.
+  PodPollerOptions progress;                                             // rank 0's /metrics
+  PodPollerOptions launchers{.interval = std::chrono::milliseconds(1000)};  // every launcher's /attempt
   kube::WorkQueueOptions queue;
   kube::InformerOptions informer;
 };
@@ -50,7 +52,8 @@ class Controller {
   kube::Informer pods_;
   kube::Informer nodes_;
   kube::WorkQueue queue_;
-  ProgressPoller progress_;
+  PodPoller progress_;
+  PodPoller launchers_;
   Reconciler reconciler_;
   std::atomic<bool> ready_{false};
 };

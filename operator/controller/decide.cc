@@ -111,14 +111,16 @@ class Decider {
     }
 
     // 4. Judge the current gang; pods of older gangs are leftovers of a recorded restart.
-    const int64_t gang = d_.status.restarts;
+    const int64_t gang = GangOf(d_.status);
     std::vector<json> current;
     for (const auto& pod : o_.pods) {
       if (Label(pod, kGangLabel) == std::to_string(gang)) current.push_back(pod);
       else d_.delete_pods.push_back(pod);
     }
     const bool stale_left = !d_.delete_pods.empty() || o_.terminating > 0;
-    const bool gang_started = d_.status.phase == "Starting" || d_.status.phase == "Running";
+    // A gang restarting in place keeps its placement; a recreated one has none yet.
+    const bool restarting_in_place = o_.status.phase == "Restarting" && o_.status.placement;
+    const bool gang_started = d_.status.phase == "Starting" || d_.status.phase == "Running" || restarting_in_place;
     int succeeded = 0, ready = 0;
     for (const auto& pod : current) {
       const std::string phase = kube::PodPhase(pod);
@@ -160,15 +162,20 @@ class Decider {
                      "", true);
     }
 
-    // 5. The gang is not all there, or its placement is not recorded yet: create it, once
+    // 5. In place: a launcher whose ranks failed restarts the gang's attempt, and a gang
+    //    restarting in place waits for its launchers to run the stored attempt.
+    if (gang_started && DriveLaunchers(current, restarting_in_place)) return;
+
+    // 6. The gang is not all there, or its placement is not recorded yet: create it, once
     //    the old gang is gone.
     if (!gang_started && (have < nodes() || !d_.status.placement)) {
       if (stale_left) return d_.Requeue(std::chrono::milliseconds(500));
       return CreateGang(gang, current);
     }
 
-    // 6. The gang exists: observe it.
+    // 7. The gang exists: observe it.
     d_.status.ready_workers = ready;
+    if (gang_started) d_.launchers_from = current;
     if (succeeded == nodes()) {
       d_.status.phase = "Succeeded";
       d_.status.ready_workers = 0;
@@ -213,19 +220,26 @@ class Decider {
     d_.Requeue(kAfterOwnWrite);
   }
 
+  // False, with the job failed, when one more restart would pass backoffLimit.
+  bool WithinBackoffLimit(const std::string& message) {
+    const int64_t limit = job_.spec.run_policy.backoff_limit;
+    if (d_.status.restarts + 1 <= limit) return true;
+    Fail("BackoffLimitExceeded", message + "; the gang already restarted " + std::to_string(d_.status.restarts) +
+                                     " times (backoffLimit " + std::to_string(limit) + ")");
+    return false;
+  }
+
   // Records the next gang; the pass after the write deletes the old one and creates it.
   // A `failure` counts against backoffLimit; a re-plan of a gang stuck Pending does not.
   void Restart(const std::string& reason, const std::string& message, const std::string& bad_node, bool failure) {
-    const int64_t limit = job_.spec.run_policy.backoff_limit;
-    if (failure && d_.status.restarts + 1 > limit) {
-      return Fail("BackoffLimitExceeded", message + "; the gang already restarted " + std::to_string(d_.status.restarts) +
-                                              " times (backoffLimit " + std::to_string(limit) + ")");
-    }
+    if (failure && !WithinBackoffLimit(message)) return;
     d_.avoid_node = bad_node;
-    // Every new gang gets the next number, so its pod names never meet the old gang's.
     d_.status.restarts += 1;
+    // A new gang's number is one no gang had (no more than restarts), so its pod names
+    // never meet an old gang's.
+    d_.status.gang = d_.status.restarts;
     if (failure) d_.status.last_failure_time = kube::MicroTime(o_.now);
-    d_.gang_restarted = true;
+    d_.restart_kind = "recreated";
     d_.status.phase = "Restarting";
     d_.status.ready_workers = 0;
     d_.status.placement.reset();
@@ -233,6 +247,72 @@ class Decider {
     SetCondition("Running", false, reason, message);
     d_.events.push_back({"Warning", reason, message + "; restarting the gang"});
     d_.Requeue(kAfterOwnWrite);
+  }
+
+  // Records the next attempt of the same pods: the passes after the write stop every
+  // launcher's ranks and then start them again together (DriveLaunchers).
+  void RestartInPlace(const std::string& message) {
+    if (!WithinBackoffLimit(message)) return;
+    d_.status.restarts += 1;
+    d_.status.last_failure_time = kube::MicroTime(o_.now);
+    d_.restart_kind = "in_place";
+    d_.status.phase = "Restarting";
+    d_.status.ready_workers = 0;
+    SetCondition("Restarting", true, "RankFailed", message);
+    SetCondition("Running", false, "RankFailed", message);
+    d_.events.push_back({"Warning", "Restarted",
+                         message + "; restarting the gang in place: attempt " + std::to_string(d_.status.restarts) +
+                             " (backoffLimit " + std::to_string(job_.spec.run_policy.backoff_limit) + ")"});
+    d_.Requeue(kAfterOwnWrite);
+  }
+
+  // The launchers of a started gang. Returns true when this pass decided what to do: a
+  // failed attempt restarts the gang in place (or fails the job), and a gang restarting in
+  // place has its launchers stopped at the stored attempt, then started once all have
+  // stopped. Returns false when every launcher runs the stored attempt (or has not been
+  // read yet, outside a restart).
+  bool DriveLaunchers(const std::vector<json>& current, bool restarting_in_place) {
+    const int64_t attempt = o_.status.restarts;
+    std::vector<const LauncherState*> states;
+    for (const json& pod : current) {
+      const auto it = o_.launchers.find(pod["metadata"].value("uid", ""));
+      states.push_back(it == o_.launchers.end() ? nullptr : &it->second);
+    }
+    for (size_t i = 0; i < current.size(); ++i) {
+      const LauncherState* s = states[i];
+      if (!s || s->attempt != attempt || s->state != "failed") continue;
+      const std::string what = (s->rank ? "rank " + std::to_string(*s->rank) : std::string("a rank")) + " in pod " +
+                               current[i]["metadata"].value("name", "") + " on node " + kube::PinnedNode(current[i]) +
+                               " failed" + (s->exit_code ? " with exit code " + std::to_string(*s->exit_code) : "");
+      if (s->exit_code == api::worker::kExitConfigError) {
+        Fail("PermanentError", what + " (a configuration error; not restarting)");
+        return true;
+      }
+      RestartInPlace(what);
+      return true;
+    }
+    if (!restarting_in_place) return false;
+    bool all_stopped = true, all_running = true;
+    for (size_t i = 0; i < current.size(); ++i) {
+      const LauncherState* s = states[i];
+      const bool at_attempt = s && s->attempt == attempt;
+      if (!s || s->attempt < attempt) d_.launcher_calls.push_back({current[i], "stop", attempt});
+      all_stopped = all_stopped && at_attempt && (s->state == "ready" || s->state == "running");
+      all_running = all_running && at_attempt && s->state == "running";
+    }
+    d_.launchers_from = current;
+    if (all_running) {
+      const std::string message = "every launcher runs attempt " + std::to_string(attempt);
+      d_.status.phase = "Starting";
+      SetCondition("Restarting", false, "RestartedInPlace", message);
+      return false;
+    }
+    if (all_stopped) {
+      for (size_t i = 0; i < current.size(); ++i)
+        if (states[i]->state == "ready") d_.launcher_calls.push_back({current[i], "start", attempt});
+    }
+    d_.Requeue(std::chrono::milliseconds(200));
+    return true;
   }
 
   // Sets the SpecWarnings condition (False once no warning is left), with a Warning Event
@@ -358,7 +438,8 @@ class Decider {
     std::set<std::string> present;
     for (const auto& pod : current) present.insert(pod["metadata"].value("name", ""));
     for (int64_t rank = 0; rank < nodes(); ++rank) {
-      if (!present.count(PodName(o_.name, gang, rank))) objects.pods.push_back(BuildPod(job_, *table, gang, rank, options_.worker));
+      if (!present.count(PodName(o_.name, gang, rank)))
+        objects.pods.push_back(BuildPod(job_, *table, gang, rank, d_.status.restarts, options_.worker));
     }
     d_.create = std::move(objects);
 
@@ -368,6 +449,7 @@ class Decider {
     summary.cost_seconds_per_step =
         scheduler::EstimateStepCost(job_.spec, placement.paths, scheduler::LinkModel(request.levels)).seconds;
     d_.status.placement = summary;
+    d_.status.gang = gang;
     if (layout) {
       if (o_.status.layout != layout) {
         char text[400];
@@ -421,6 +503,8 @@ class Decider {
 };
 
 }  // namespace
+
+int64_t GangOf(const api::TrainingJobStatus& status) { return status.gang.value_or(status.restarts); }
 
 std::optional<json> Rank0Pod(const std::vector<json>& pods, int64_t gang) {
   for (const auto& pod : pods)

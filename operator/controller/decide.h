@@ -6,7 +6,8 @@
 // Every delete follows from the status as stored, never from a decision of the same
 // pass: a restart, a failure or a suspension is first written to status (restarts + 1,
 // Failed, Suspended), and the pass after that write deletes the old gang, the finished
-// job's pods (spec.runPolicy.cleanPodPolicy) or the suspended job's pods. A status write
+// job's pods (spec.runPolicy.cleanPodPolicy) or the suspended job's pods. So do the
+// requests to the launchers of a gang restarted in place: they carry the stored attempt. A status write
 // that conflicts (409) therefore leaves nothing done that a retry would do again: the
 // retry decides afresh from re-read objects. Creates are idempotent (AlreadyExists is
 // success), and each pass creates only the pods the cache does not show.
@@ -18,6 +19,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -27,7 +29,9 @@
 
 #include "api/manifest.h"
 #include "api/training_job.h"
+#include "operator/controller/launcher_client.h"
 #include "operator/controller/worker_defaults.h"
+#include "operator/controller/worker_readings.h"
 #include "operator/scheduler/cluster.h"
 
 namespace meshtrain::controller {
@@ -55,6 +59,8 @@ struct Observed {
   std::set<std::string> avoided_nodes;  // nodes that failed this job recently
   bool awaiting_created_pods = false;   // pods we created that the cache has not shown yet
   std::optional<api::ProgressStatus> progress;  // rank 0's latest, read off the reconcile path
+  // Pod uid -> its launcher's latest state (the current gang's pods that answered).
+  std::map<std::string, LauncherState> launchers;
   std::chrono::system_clock::time_point now;
   // Read only when a gang is to be created:
   std::function<scheduler::ClusterSnapshot()> cluster;           // free GPUs as placement sees them
@@ -85,7 +91,13 @@ struct Decision {
   std::vector<PendingEvent> events;    // emitted only after the status is saved
   std::chrono::milliseconds requeue_after{0};  // 0: only when something changes
   std::string avoid_node;              // a node that failed the job: avoid it for a while
-  bool gang_restarted = false;
+  // When this pass restarted the gang: "in_place" (same pods, next attempt) or
+  // "recreated" (new pods).
+  std::string restart_kind;
+  // Requests to the gang's launchers, which follow the stored status.restarts: stop the
+  // older attempt, then, once every launcher has, start this one.
+  std::vector<LauncherCall> launcher_calls;
+  std::vector<nlohmann::json> launchers_from;  // while the gang runs: read its launchers' states
   // Seconds from the failure that restarted the gang to the operator seeing it train a
   // step, when this pass saw that step.
   std::optional<double> recovery_seconds;
@@ -98,6 +110,10 @@ struct Decision {
 };
 
 Decision Decide(const Observed& observed, const DecideOptions& options);
+
+// The number of the pod set that runs the job (status.gang; `restarts` in a status written
+// before in-place restarts).
+int64_t GangOf(const api::TrainingJobStatus& status);
 
 // The node-rank-0 pod of gang `gang` among `pods`, whose metrics carry the job's progress.
 std::optional<nlohmann::json> Rank0Pod(const std::vector<nlohmann::json>& pods, int64_t gang);

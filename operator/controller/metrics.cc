@@ -20,13 +20,12 @@ OperatorMetrics::OperatorMetrics()
                              .Add({}, SecondsBuckets())),
       queue_depth_(BuildGauge().Name("meshtrain_operator_workqueue_depth").Help("Keys waiting in the work queue").Register(*registry_).Add({})),
       jobs_(BuildGauge().Name("meshtrain_operator_jobs").Help("TrainingJobs by phase").Register(*registry_)),
-      // The kind of restart: "recreated" (the gang's pods deleted and placed anew) is the
-      // one there is so far.
+      // The kind of restart: "in_place" (the same pods, the next attempt of their ranks)
+      // or "recreated" (the gang's pods deleted and placed anew).
       restarts_(BuildCounter()
                     .Name("meshtrain_operator_gang_restarts_total")
                     .Help("Gangs restarted, by kind")
-                    .Register(*registry_)
-                    .Add({{"kind", "recreated"}})),
+                    .Register(*registry_)),
       recovery_seconds_(BuildHistogram()
                             .Name("meshtrain_operator_recovery_seconds")
                             .Help("From the failure that restarted a gang to the operator seeing it train a step")
@@ -47,7 +46,9 @@ OperatorMetrics::OperatorMetrics()
                               .Help("Time a job key waited in the work queue before a worker took it")
                               .Register(*registry_)
                               .Add({}, SecondsBuckets())),
-      leader_(BuildGauge().Name("meshtrain_operator_leader").Help("1 while this replica holds the leader Lease").Register(*registry_).Add({})) {}
+      leader_(BuildGauge().Name("meshtrain_operator_leader").Help("1 while this replica holds the leader Lease").Register(*registry_).Add({})) {
+  for (const char* kind : {"in_place", "recreated"}) restarts_.Add({{"kind", kind}});  // 0s, so dashboards have a series
+}
 
 void OperatorMetrics::Reconciled(const std::string& result, double seconds) {
   reconciles_.Add({{"result", result}}).Increment();
@@ -66,7 +67,7 @@ void OperatorMetrics::SetJobsByPhase(const std::map<std::string, int>& counts) {
   }
 }
 
-void OperatorMetrics::GangRestarted() { restarts_.Increment(); }
+void OperatorMetrics::GangRestarted(const std::string& kind) { restarts_.Add({{"kind", kind}}).Increment(); }
 
 void OperatorMetrics::Recovered(double seconds) { recovery_seconds_.Observe(seconds); }
 

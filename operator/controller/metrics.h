@@ -24,7 +24,7 @@ class OperatorMetrics {
   void Reconciled(const std::string& result, double seconds);  // result: success | requeue | error
   void SetQueueDepth(size_t depth);
   void SetJobsByPhase(const std::map<std::string, int>& counts);
-  void GangRestarted();
+  void GangRestarted(const std::string& kind);  // in_place | recreated
   // A restarted gang trained its first step `seconds` after the failure.
   void Recovered(double seconds);
   void Placed(double seconds);
@@ -38,7 +38,7 @@ class OperatorMetrics {
   prometheus::Histogram& reconcile_seconds_;
   prometheus::Gauge& queue_depth_;
   prometheus::Family<prometheus::Gauge>& jobs_;
-  prometheus::Counter& restarts_;
+  prometheus::Family<prometheus::Counter>& restarts_;
   prometheus::Histogram& recovery_seconds_;
   prometheus::Histogram& placement_seconds_;
   prometheus::Family<prometheus::Counter>& api_requests_;

@@ -21,23 +21,35 @@ namespace {
 
 std::string Uid(const json& object) { return object["metadata"].value("uid", ""); }
 
-// A fresh 256-bit key for a job's rendezvous Store.
-std::string NewStoreKey() {
-  std::string key(32, '\0');
+// `bytes` random bytes, for a job's rendezvous Store key or a launcher's token.
+std::string RandomBytes(size_t bytes, const char* what) {
+  std::string key(bytes, '\0');
   if (RAND_bytes(reinterpret_cast<unsigned char*>(key.data()), static_cast<int>(key.size())) != 1)
-    throw std::runtime_error("drawing a random Store key failed (OpenSSL RAND_bytes)");
+    throw std::runtime_error(std::string("drawing a random ") + what + " failed (OpenSSL RAND_bytes)");
   return key;
+}
+
+// A launcher token: 128 random bits in hex, to sit in a pod's environment and a URL.
+std::string NewLauncherToken() {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string token;
+  for (const unsigned char c : RandomBytes(16, "launcher token")) {
+    token += kHex[c >> 4];
+    token += kHex[c & 15];
+  }
+  return token;
 }
 
 }  // namespace
 
 Reconciler::Reconciler(kube::Client& client, kube::Informer& jobs, kube::Informer& pods, kube::Informer& nodes,
-                       ProgressPoller* progress, OperatorMetrics* metrics, ReconcilerOptions options)
+                       PodPoller* progress, PodPoller* launchers, OperatorMetrics* metrics, ReconcilerOptions options)
     : client_(client),
       jobs_(jobs),
       pods_(pods),
       nodes_(nodes),
       progress_(progress),
+      launchers_(launchers),
       metrics_(metrics),
       options_(std::move(options)) {}
 
@@ -65,7 +77,7 @@ ReconcileResult Reconciler::Reconcile(const std::string& ns, const std::string& 
     std::lock_guard lock(mu_);
     avoid_[key][decision.avoid_node] = Clock::now();
   }
-  if (decision.gang_restarted && metrics_) metrics_->GangRestarted();
+  if (!decision.restart_kind.empty() && metrics_) metrics_->GangRestarted(decision.restart_kind);
   if (decision.recovery_seconds && metrics_) metrics_->Recovered(*decision.recovery_seconds);
   for (const auto& event : decision.events) Emit(*observed, event);
   return {decision.requeue_after};
@@ -155,8 +167,19 @@ std::optional<Observed> Reconciler::Observe(const std::string& ns, const std::st
     if (!object) return NodeState::kGone;
     return kube::ConditionTrue(*object, "Ready") ? NodeState::kReady : NodeState::kNotReady;
   };
-  if (const auto rank0 = Rank0Pod(o.pods, o.status.restarts); rank0 && progress_)
-    o.progress = progress_->Latest(key, *rank0);
+  if (const auto rank0 = Rank0Pod(o.pods, GangOf(o.status)); rank0 && progress_) {
+    if (const auto reading = progress_->Latest(key, *rank0)) {
+      api::FieldErrors ignored;
+      o.progress = api::DecodeProgressStatus(*reading, &ignored);
+    }
+  }
+  if (launchers_) {
+    for (const json& pod : o.pods) {
+      const auto reading = launchers_->Latest(key, pod);
+      if (!reading) continue;
+      if (const auto state = ParseLauncherState(*reading)) o.launchers[Uid(pod)] = *state;
+    }
+  }
   o.cluster = [this] { return Snapshot(); };
   o.config_map = [this, ns, name]() -> std::optional<json> {
     try {
@@ -184,7 +207,7 @@ void Reconciler::Act(const Observed& o, const Decision& decision) {
     };
     // The Secret before the pods that mount it. A job keeps its first key: when the
     // Secret exists, AlreadyExists leaves it as it is.
-    create(res::Secrets(), BuildStoreKeySecret(o.checked.job, NewStoreKey()));
+    create(res::Secrets(), BuildStoreKeySecret(o.checked.job, RandomBytes(32, "Store key")));
     if (gang.network_policy) create(res::NetworkPolicies(), *gang.network_policy);
     create(res::Services(), gang.service);
     if (gang.replace_config_map) client_.Update(res::ConfigMaps(), o.ns, gang.config_map);
@@ -195,11 +218,29 @@ void Reconciler::Act(const Observed& o, const Decision& decision) {
       expected.since = Clock::now();
       for (const auto& pod : gang.pods) expected.names.insert(pod["metadata"].value("name", ""));
     }
-    for (const auto& pod : gang.pods) create(res::Pods(), pod);
+    for (json pod : gang.pods) {
+      SetLauncherToken(&pod, NewLauncherToken());
+      create(res::Pods(), pod);
+    }
   }
-  if (!progress_) return;
-  if (decision.progress_from) progress_->Watch(key, *decision.progress_from);
-  else progress_->Forget(key);
+  if (progress_) {
+    if (decision.progress_from) progress_->Watch(key, {*decision.progress_from});
+    else progress_->Forget(key);
+  }
+  if (!launchers_) return;
+  if (decision.launchers_from.empty()) return launchers_->Forget(key);
+  launchers_->Watch(key, decision.launchers_from);
+  if (decision.launcher_calls.empty()) return;
+  const std::vector<LauncherAnswer> answers = SendLauncherCalls(decision.launcher_calls, options_.launcher_call_timeout);
+  for (size_t i = 0; i < answers.size(); ++i) {
+    const LauncherCall& call = decision.launcher_calls[i];
+    if (answers[i].state) {
+      launchers_->Record(key, call.pod, *answers[i].state);
+    } else {
+      spdlog::warn("{}: {} attempt {} of the launcher of pod {}: {}", key, call.action, call.attempt,
+                   call.pod["metadata"].value("name", ""), answers[i].error);
+    }
+  }
 }
 
 void Reconciler::DeletePods(const std::string& job_key, const std::vector<json>& pods) {
@@ -258,6 +299,7 @@ void Reconciler::Emit(const Observed& o, const PendingEvent& e) {
 
 void Reconciler::Forget(const std::string& job_key) {
   if (progress_) progress_->Forget(job_key);
+  if (launchers_) launchers_->Forget(job_key);
   std::lock_guard lock(mu_);
   avoid_.erase(job_key);
   written_from_.erase(job_key);

@@ -2,10 +2,10 @@
 // shape of JobSet's controller:
 //
 //  1. observe: the job, its pods and nodes from the informers' caches, and rank 0's
-//     latest progress from the ProgressPoller (never a network call of its own);
+//     latest progress and the launchers' states from the PodPollers (no network call);
 //  2. decide: Decide() (decide.h), a pure function from that to the status, the objects
-//     to create and delete, and the Events;
-//  3. act: idempotent deletes and creates;
+//     to create and delete, the launchers' next attempt, and the Events;
+//  3. act: idempotent deletes, creates and launcher requests;
 //  4. write the status once, through the status subresource, when it changed;
 //  5. emit the Events, only once that write has succeeded.
 //
@@ -32,7 +32,7 @@
 
 #include "operator/controller/decide.h"
 #include "operator/controller/metrics.h"
-#include "operator/controller/progress_poller.h"
+#include "operator/controller/pod_poller.h"
 #include "operator/kube/client.h"
 #include "operator/kube/informer.h"
 #include "operator/scheduler/cluster.h"
@@ -44,6 +44,8 @@ struct ReconcilerOptions {
   std::chrono::seconds avoid_failed_node{600};  // how long a failed node is avoided
   std::chrono::seconds creation_observation_timeout{30};  // how long created pods may be absent from the cache
   std::string component = "meshtrain-operator";  // Event source
+  // A launcher's stop waits for its ranks to end (3 s of grace, then SIGKILL).
+  std::chrono::milliseconds launcher_call_timeout{10000};
 };
 
 struct ReconcileResult {
@@ -52,9 +54,11 @@ struct ReconcileResult {
 
 class Reconciler {
  public:
-  // `progress` may be null: status.progress is then never filled.
+  // `progress` (rank 0's metrics) may be null: status.progress is then never filled.
+  // `launchers` (each pod's launcher state) may be null: a failed rank then restarts the
+  // gang only once its pod fails, by recreating it.
   Reconciler(kube::Client& client, kube::Informer& jobs, kube::Informer& pods, kube::Informer& nodes,
-             ProgressPoller* progress, OperatorMetrics* metrics, ReconcilerOptions options = {});
+             PodPoller* progress, PodPoller* launchers, OperatorMetrics* metrics, ReconcilerOptions options = {});
 
   // Throws kube::KubeError on API failures; the caller requeues with backoff.
   ReconcileResult Reconcile(const std::string& namespace_, const std::string& name);
@@ -75,7 +79,8 @@ class Reconciler {
   kube::Informer& jobs_;
   kube::Informer& pods_;
   kube::Informer& nodes_;
-  ProgressPoller* progress_;
+  PodPoller* progress_;
+  PodPoller* launchers_;
   OperatorMetrics* metrics_;
   const ReconcilerOptions options_;
 

@@ -527,7 +527,15 @@ case $scenario in
     done
     [ -n "$checkpoint" ] || fail "no checkpoint step in status.progress: $(pod_log tiny-g0-0 | tail -3)"
     post /_test/kubelet/kill '{"namespace": "default", "name": "tiny-g0-1", "signal": 9}'
-    wait_for '{.status.restarts}' 1 20
+    # The new gang's number: pod 0's launcher may report its ranks' failure before the
+    # dead pod is seen, which first restarts in place and then recreates.
+    gang=
+    for _ in $(seq 100); do
+      gang=$("$kubectl" get tj tiny -o 'jsonpath={.status.gang}')
+      [ -n "$gang" ] && [ "$gang" -ge 1 ] && break
+      sleep 0.2
+    done
+    [ -n "$gang" ] && [ "$gang" -ge 1 ] || fail "the gang was not recreated (status.gang '$gang')"
     for _ in $(seq 300); do
       resumed=$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.resumedFromStep}')
       [ -n "$resumed" ] && break
@@ -535,14 +543,79 @@ case $scenario in
     done
     [ -n "$resumed" ] && [ "$resumed" -ge "$checkpoint" ] ||
       fail "status.progress.resumedFromStep is '$resumed' after a checkpoint of step $checkpoint"
-    pod_log tiny-g1-0 | grep "resumed from step $resumed (" >/dev/null || fail "rank 0 does not say it resumed"
+    pod_log tiny-g$gang-0 | grep "resumed from step $resumed (" >/dev/null || fail "rank 0 does not say it resumed"
     "$kubectl" get events | grep -E "Resumed.*resumed from the checkpoint of step $resumed" >/dev/null ||
       fail "no Resumed event: $("$kubectl" get events | tail -5)"
     wait_for '{.status.phase}' Succeeded 120
-    pod_log tiny-g1-0 | grep "step   200/200" >/dev/null || fail "the restarted gang did not train to the end: $(pod_log tiny-g1-0 | tail -5)"
-    val=$(pod_log tiny-g1-0 | sed -n 's/.*step   200.*val loss \([0-9.]*\).*/\1/p')
+    pod_log tiny-g$gang-0 | grep "step   200/200" >/dev/null || fail "the restarted gang did not train to the end: $(pod_log tiny-g$gang-0 | tail -5)"
+    val=$(pod_log tiny-g$gang-0 | sed -n 's/.*step   200.*val loss \([0-9.]*\).*/\1/p')
     awk "BEGIN { exit !($val < 3.0) }" || fail "validation loss $val after 200 steps: the workers did not learn"
     echo "progress seen: step $step, loss $loss; resumed from step $resumed; final validation loss $val"
+    ;;
+  in-place)
+    # kill -9 of one rank mid-run: the pods stay (same UIDs), every launcher stops its ranks
+    # and starts the next attempt together, and the gang resumes from its checkpoint. Then
+    # a killed pod takes today's path, a recreated gang, in the same run: the seconds from
+    # failure to the first step after it, for both, and their ratio.
+    prepare_data
+    start_server 2 --kubelet run --worker-binary "$build/worker/meshtrain-worker"
+    start_operator --progress-interval 1 --launcher-interval 250
+    worker_job 100000
+    wait_for '{.status.phase}' Running 20
+    wait_checkpoint() {  # wait_checkpoint AFTER: a checkpoint step above AFTER in status.progress
+      checkpoint=
+      for _ in $(seq 300); do
+        checkpoint=$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.checkpointStep}')
+        [ -n "$checkpoint" ] && [ "$checkpoint" -gt "$1" ] && return 0
+        sleep 0.2
+      done
+      fail "no checkpoint after step $1 in status.progress: $(pod_log tiny-g0-0 | tail -3)"
+    }
+    # recovered N: the seconds the Nth Recovered Event gives, once there are N.
+    recovered() {
+      local seconds=
+      for _ in $(seq 300); do
+        seconds=$("$kubectl" get events -o json | python3 -c 'import json, re, sys
+events = sorted((e for e in json.load(sys.stdin)["items"] if e["reason"] == "Recovered"), key=lambda e: e["metadata"]["creationTimestamp"] + e["metadata"]["name"])
+n = int(sys.argv[1])
+if len(events) >= n: print(re.search(r" ([0-9.]+) s after", events[n - 1]["message"]).group(1))' "$1")
+        [ -n "$seconds" ] && { echo "$seconds"; return 0; }
+        sleep 0.2
+      done
+      fail "no Recovered event number $1: $("$kubectl" get events | tail -8)"
+    }
+    uids() { "$kubectl" get pods -l meshtrain.dev/job-name=tiny -o 'jsonpath={range .items[*]}{.metadata.name}={.metadata.uid} {end}'; }
+    wait_checkpoint 0
+    before=$(uids)
+    # Rank 3, in pod tiny-g0-1: the rank process whose environment says so, in that pod.
+    pod_ip=$("$kubectl" get pod tiny-g0-1 -o 'jsonpath={.status.podIP}')
+    victim=
+    for p in $(pgrep -f "meshtrain-worker train"); do
+      env=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null || true)
+      if grep -qx "RANK=3" <<<"$env" && grep -qx "MESHTRAIN_POD_IP=$pod_ip" <<<"$env"; then victim=$p; fi
+    done
+    [ -n "$victim" ] || fail "no process of rank 3 in pod tiny-g0-1 ($pod_ip)"
+    kill -9 "$victim"
+    wait_for '{.status.restarts}' 1 20
+    in_place=$(recovered 1)
+    [ "$(uids)" = "$before" ] || fail "the pods changed in an in-place restart: '$before' -> '$(uids)'"
+    "$kubectl" get events | grep -E "Restarted.*rank 3 in pod tiny-g0-1 .* failed with exit code 137; restarting the gang in place: attempt 1" >/dev/null ||
+      fail "no Restarted event that says in place: $("$kubectl" get events | tail -8)"
+    resumed=$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.resumedFromStep}')
+    [ -n "$resumed" ] && [ "$resumed" -ge "$checkpoint" ] || fail "resumed from '$resumed', not the checkpoint of step $checkpoint"
+    pod_log tiny-g0-1 | grep "attempt 1: starting ranks 2..3" >/dev/null || fail "pod 1's launcher did not start attempt 1: $(pod_log tiny-g0-1 | tail -5)"
+    pod_log tiny-g0-0 | grep "resumed from step $resumed (" >/dev/null || fail "rank 0 does not say it resumed"
+
+    # Today's path: the whole pod dies, and the gang is recreated.
+    wait_checkpoint "$resumed"
+    post /_test/kubelet/kill '{"namespace": "default", "name": "tiny-g0-1", "signal": 9}'
+    recreated=$(recovered 2)
+    [ "$(uids)" != "$before" ] || fail "a killed pod did not recreate the gang"
+    "$kubectl" get events | grep -E "PodFailed.*tiny-g0-1.*restarting the gang" >/dev/null ||
+      fail "no PodFailed restart: $("$kubectl" get events | tail -8)"
+    ratio=$(awk "BEGIN { printf \"%.3f\", $in_place / $recreated }")
+    echo "recovery: in place $in_place s, recreated $recreated s, ratio $ratio (from the Recovered events)"
+    awk "BEGIN { exit !($in_place < $recreated) }" || fail "an in-place restart ($in_place s) was not faster than recreating the gang ($recreated s)"
     ;;
   auto-layout)
     # spec.parallelism.mode auto: the operator plans the layout at placement, writes it and

@@ -8,7 +8,7 @@
 #include "api/manifest.h"
 #include "operator/controller/builders.h"
 #include "operator/kube/base64.h"
-#include "operator/controller/progress_poller.h"
+#include "operator/controller/worker_readings.h"
 #include "operator/controller/reconciler.h"
 #include "operator/scheduler/placement.h"
 #include "tests/support/kube/schema_validation.h"
@@ -88,7 +88,7 @@ TEST(BuildersTest, PodCarriesTheWorkerContract) {
   placement.nodes = {"node-a", "node-b"};
   placement.paths = {{"l1", "l2", "l3", "node-a"}, {"l1", "l2", "l3", "node-b"}};
   const api::RankTable table = scheduler::MakeRankTable(placement, job.spec.topology.levels, 8);
-  const json pod = BuildPod(job, table, 3, 1);
+  const json pod = BuildPod(job, table, 3, 1, 5);
   EXPECT_EQ(pod["metadata"]["name"], "gpt2-124m-g3-1");
   EXPECT_EQ(pod["metadata"]["ownerReferences"][0]["uid"], "uid-1");
   EXPECT_EQ(pod["metadata"]["labels"]["meshtrain.dev/node-rank"], "1");
@@ -114,6 +114,11 @@ TEST(BuildersTest, PodCarriesTheWorkerContract) {
   EXPECT_EQ(env["WORLD_SIZE"], "16");
   EXPECT_EQ(env["MESHTRAIN_COORDINATOR"], "gpt2-124m-0.gpt2-124m.training.svc:29500");
   EXPECT_EQ(env["MESHTRAIN_RANK_TABLE"], "/etc/meshtrain/rank-table.json");
+  EXPECT_EQ(env["MESHTRAIN_ATTEMPT"], "5");  // the launcher starts the ranks at the gang's attempt
+  EXPECT_EQ(LauncherToken(pod), "");          // drawn as the pod is created
+  json with_token = pod;
+  SetLauncherToken(&with_token, "0123456789abcdef0123");
+  EXPECT_EQ(LauncherToken(with_token), "0123456789abcdef0123");
   // The Store key: a file of the job's Secret, mounted read-only; the key is in no env var.
   EXPECT_EQ(env["MESHTRAIN_STORE_KEY_FILE"], "/etc/meshtrain-store/key");
   bool key_volume = false, key_mount = false;

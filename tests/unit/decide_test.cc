@@ -121,7 +121,7 @@ TEST(Decide, AFailedPodIsRecordedAsARestartBeforeAnyPodIsDeleted) {
   EXPECT_FALSE(restart.create);
   EXPECT_EQ(Reasons(restart), (std::vector<std::string>{"PodFailed", "Restarting"}));
   EXPECT_EQ(restart.avoid_node, PinnedNode(job.pods[1]));
-  EXPECT_TRUE(restart.gang_restarted);
+  EXPECT_EQ(restart.restart_kind, "recreated");
 
   // The write conflicted: the retry sees the same objects and decides the same, no more.
   const Decision retry = Decide(Observe(job.object, job.status, job.pods), {});
@@ -169,7 +169,7 @@ TEST(Decide, BackoffLimitTurnsARestartIntoAFailure) {
   job.pods[1] = Running(job.pods[1], "Failed", 1);
   const Decision d = Decide(Observe(job.object, job.status, job.pods), {});
   EXPECT_EQ(d.status.phase, "Failed");
-  EXPECT_FALSE(d.gang_restarted);
+  EXPECT_EQ(d.restart_kind, "");
   EXPECT_EQ(d.events.at(0).reason, "Failed");
   EXPECT_NE(d.events[0].message.find("backoffLimit 0"), std::string::npos) << d.events[0].message;
 }
@@ -248,7 +248,7 @@ TEST(Decide, TheFirstStepAfterARestartMeasuresTheRecoveryFromTheFailure) {
   std::vector<json> failed = job.pods;
   failed[1] = Running(failed[1], "Failed", 137);
   const Decision restart = Decide(Observe(job.object, job.status, failed), {});
-  ASSERT_TRUE(restart.gang_restarted);
+  ASSERT_EQ(restart.restart_kind, "recreated");
   EXPECT_EQ(restart.status.last_failure_time, kube::MicroTime(kNow));
 
   api::TrainingJobStatus restarted = job.status;  // a gang runs, restarted by that failure
@@ -278,6 +278,136 @@ TEST(Decide, TheFirstStepAfterARestartMeasuresTheRecoveryFromTheFailure) {
   later.progress = progress;
   later.now = kNow + std::chrono::seconds(20);
   EXPECT_FALSE(Decide(later, {}).recovery_seconds) << "measured once";
+}
+
+LauncherState L(int64_t attempt, std::string state, std::optional<int64_t> exit_code = std::nullopt,
+                std::optional<int64_t> rank = std::nullopt) {
+  return {attempt, std::move(state), exit_code, rank};
+}
+
+// Each pod's launcher state, as the poller read it.
+std::map<std::string, LauncherState> Launchers(const std::vector<json>& pods, const std::vector<LauncherState>& states) {
+  std::map<std::string, LauncherState> out;
+  for (size_t i = 0; i < pods.size(); ++i) out[pods[i]["metadata"]["uid"].get<std::string>()] = states[i];
+  return out;
+}
+
+std::string EnvOf(const json& pod, const std::string& name) {
+  for (const auto& e : pod["spec"]["containers"][0]["env"])
+    if (e["name"] == name) return e.value("value", "");
+  return "";
+}
+
+TEST(Decide, AFailedRankRestartsTheGangInPlaceThroughItsLaunchers) {
+  RunningJob job;
+  Observed running = Observe(job.object, job.status, job.pods);
+  running.launchers = Launchers(job.pods, {L(0, "running"), L(0, "running")});
+  const Decision steady = Decide(running, {});
+  EXPECT_EQ(steady.status.phase, "Running");
+  EXPECT_TRUE(steady.launcher_calls.empty());
+  EXPECT_EQ(steady.launchers_from.size(), 2u) << "a running gang's launchers are read";
+
+  // Rank 9 (pod 1) was killed: its launcher stopped its ranks and holds.
+  Observed failed = Observe(job.object, job.status, job.pods);
+  failed.launchers = Launchers(job.pods, {L(0, "running"), L(0, "failed", 137, 9)});
+  const Decision restart = Decide(failed, {});
+  EXPECT_EQ(restart.restart_kind, "in_place");
+  EXPECT_EQ(restart.status.restarts, 1);
+  EXPECT_EQ(GangOf(restart.status), 0) << "the same pods";
+  EXPECT_EQ(restart.status.phase, "Restarting");
+  EXPECT_EQ(restart.status.placement, job.status.placement);
+  EXPECT_EQ(restart.status.last_failure_time, kube::MicroTime(kNow));
+  EXPECT_TRUE(restart.delete_pods.empty());
+  EXPECT_FALSE(restart.create);
+  EXPECT_TRUE(restart.launcher_calls.empty()) << "the launchers follow the attempt once it is stored";
+  ASSERT_EQ(Reasons(restart), (std::vector<std::string>{"Restarted", "Restarting"}));
+  EXPECT_EQ(restart.events[0].message, "rank 9 in pod tiny-g0-1 on node " + PinnedNode(job.pods[1]) +
+                                           " failed with exit code 137; restarting the gang in place: attempt 1 "
+                                           "(backoffLimit 3)");
+  EXPECT_EQ(restart.events[0].type, "Warning");
+
+  auto pass = [&](std::vector<LauncherState> states) {
+    Observed o = Observe(job.object, restart.status, job.pods);
+    o.launchers = Launchers(job.pods, states);
+    return Decide(o, {});
+  };
+  auto calls = [](const Decision& d) {
+    std::vector<std::string> out;
+    for (const auto& c : d.launcher_calls)
+      out.push_back(c.action + " " + std::to_string(c.attempt) + " " + c.pod["metadata"]["name"].get<std::string>());
+    return out;
+  };
+  // Stored: every launcher behind the attempt is stopped at it; none starts yet.
+  const Decision stopping = pass({L(0, "running"), L(0, "failed", 137, 9)});
+  EXPECT_EQ(calls(stopping), (std::vector<std::string>{"stop 1 tiny-g0-0", "stop 1 tiny-g0-1"}));
+  EXPECT_EQ(stopping.status.phase, "Restarting");
+  EXPECT_TRUE(stopping.delete_pods.empty());
+  EXPECT_TRUE(stopping.events.empty());
+  EXPECT_GT(stopping.requeue_after.count(), 0);
+  EXPECT_EQ(calls(pass({L(1, "ready"), L(0, "failed", 137, 9)})), (std::vector<std::string>{"stop 1 tiny-g0-1"}))
+      << "no launcher starts while another still runs the old attempt";
+  // A launcher not read yet is asked too: its answer is its state.
+  Observed unread = Observe(job.object, restart.status, job.pods);
+  unread.launchers = Launchers({job.pods[0]}, {L(1, "ready")});
+  EXPECT_EQ(calls(Decide(unread, {})), (std::vector<std::string>{"stop 1 tiny-g0-1"}));
+  // The gang-wide barrier: all stopped, all start.
+  EXPECT_EQ(calls(pass({L(1, "ready"), L(1, "ready")})), (std::vector<std::string>{"start 1 tiny-g0-0", "start 1 tiny-g0-1"}));
+  EXPECT_EQ(calls(pass({L(1, "running"), L(1, "ready")})), (std::vector<std::string>{"start 1 tiny-g0-1"}))
+      << "an interrupted pass is finished";
+  const Decision resumed = pass({L(1, "running"), L(1, "running")});
+  EXPECT_TRUE(resumed.launcher_calls.empty());
+  EXPECT_EQ(resumed.status.phase, "Running");
+  EXPECT_EQ(resumed.status.restarts, 1);
+  EXPECT_EQ(Reasons(resumed), (std::vector<std::string>{"Running"}));
+  EXPECT_TRUE(resumed.progress_from) << "rank 0's metrics are read again, from the new attempt";
+
+  // A failure of the old attempt, reported late, is not a new one.
+  Observed late = Observe(job.object, resumed.status, job.pods);
+  late.launchers = Launchers(job.pods, {L(1, "running"), L(0, "failed", 137, 9)});
+  EXPECT_EQ(Decide(late, {}).restart_kind, "");
+}
+
+TEST(Decide, ALauncherAtExit78FailsTheJobAndInPlaceRestartsCountAgainstTheBackoffLimit) {
+  RunningJob job;
+  Observed config_error = Observe(job.object, job.status, job.pods);
+  config_error.launchers = Launchers(job.pods, {L(0, "failed", 78, 0), L(0, "running")});
+  const Decision failed = Decide(config_error, {});
+  EXPECT_EQ(failed.status.phase, "Failed");
+  EXPECT_EQ(failed.status.restarts, 0);
+  EXPECT_NE(failed.status.conditions.back().message.find("a configuration error"), std::string::npos);
+
+  job.object["spec"]["runPolicy"]["backoffLimit"] = 1;
+  api::TrainingJobStatus once = job.status;
+  once.restarts = 1;  // one in-place restart already
+  Observed again = Observe(job.object, once, job.pods);
+  again.launchers = Launchers(job.pods, {L(1, "failed", 1, 3), L(1, "running")});
+  const Decision over = Decide(again, {});
+  EXPECT_EQ(over.status.phase, "Failed");
+  EXPECT_EQ(over.restart_kind, "");
+  EXPECT_NE(over.events.at(0).message.find("backoffLimit 1"), std::string::npos) << over.events[0].message;
+}
+
+TEST(Decide, ANodeLostDuringAnInPlaceRestartRecreatesTheGangUnderANewNumber) {
+  RunningJob job;
+  api::TrainingJobStatus in_place = job.status;
+  in_place.restarts = 2;  // two in-place restarts: gang 0 still runs
+  in_place.phase = "Restarting";
+  const std::string lost = PinnedNode(job.pods[1]);
+  Observed o = Observe(job.object, in_place, job.pods);
+  o.node = [&](const std::string& node) { return node == lost ? NodeState::kNotReady : NodeState::kReady; };
+  const Decision restart = Decide(o, {});
+  EXPECT_EQ(restart.restart_kind, "recreated");
+  EXPECT_EQ(restart.status.restarts, 3);
+  EXPECT_EQ(GangOf(restart.status), 3);
+  EXPECT_EQ(restart.avoid_node, lost);
+
+  const Decision cleanup = Decide(Observe(job.object, restart.status, job.pods), {});
+  EXPECT_EQ(cleanup.delete_pods.size(), 2u) << "gang 0's pods go";
+  const Decision created = Decide(Observe(job.object, restart.status), {});
+  ASSERT_TRUE(created.create);
+  EXPECT_EQ(created.create->pods.at(1)["metadata"]["name"], "tiny-g3-1");
+  EXPECT_EQ(EnvOf(created.create->pods[1], "MESHTRAIN_ATTEMPT"), "3") << "the launchers start at the gang's attempt";
+  EXPECT_EQ(created.status.gang, 3);
 }
 
 TEST(Decide, ANodeThatIsGoneRestartsTheGangAndIsAvoided) {

@@ -5,7 +5,7 @@
 #include <prometheus/text_serializer.h>
 
 #include "api/worker_contract.h"
-#include "operator/controller/progress_poller.h"
+#include "operator/controller/worker_readings.h"
 #include "worker/metrics/training_metrics.h"
 
 namespace meshtrain {

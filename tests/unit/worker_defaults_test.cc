@@ -123,7 +123,7 @@ TEST(WorkerDefaults, FillWhatTheJobLeftOut) {
   placement.nodes = {"a", "b"};
   placement.paths = {{"x", "y", "a"}, {"x", "y", "b"}};
   const auto table = scheduler::MakeRankTable(placement, job.spec.topology.levels, 8);
-  const json pod = BuildPod(job, table, 0, 0, Defaults());
+  const json pod = BuildPod(job, table, 0, 0, 0, Defaults());
   const json& limits = pod["spec"]["containers"][0]["resources"]["limits"];
   EXPECT_EQ(limits["vpc.amazonaws.com/efa"], "32");
   EXPECT_EQ(limits["hugepages-2Mi"], "5120Mi");
@@ -166,7 +166,7 @@ TEST(WorkerDefaults, AJobOnAnUnknownInstanceTypeGetsNoEfa) {
   scheduler::Placement placement;
   placement.nodes = {"a", "b"};
   placement.paths = {{"a"}, {"b"}};
-  const json pod = BuildPod(job, scheduler::MakeRankTable(placement, {"kubernetes.io/hostname"}, 8), 0, 0, Defaults());
+  const json pod = BuildPod(job, scheduler::MakeRankTable(placement, {"kubernetes.io/hostname"}, 8), 0, 0, 0, Defaults());
   EXPECT_FALSE(pod["spec"]["containers"][0]["resources"]["limits"].contains("hugepages-2Mi"));
 }
 

@@ -1,0 +1,161 @@
+#include "operator/controller/pod_poller.h"
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+#include <cpprest/http_client.h>
+#include <spdlog/spdlog.h>
+
+namespace meshtrain::controller {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string Uid(const json& pod) { return pod["metadata"].value("uid", ""); }
+std::string Ip(const json& pod) { return pod.value("status", json::object()).value("podIP", ""); }
+
+}  // namespace
+
+struct PodPoller::State {
+  Parse parse;
+  std::function<void(const std::string&)> changed;
+  mutable std::mutex mu;
+  std::condition_variable idle;  // signalled when a request ends
+  bool stopped = false;
+  int in_flight = 0;
+  struct Target {
+    std::string ip;
+    std::shared_ptr<web::http::client::http_client> http;
+    std::optional<json> latest;
+    Clock::time_point next{};
+    bool in_flight = false;
+  };
+  std::map<std::string, std::map<std::string, Target>> jobs;  // job key -> pod uid -> target
+};
+
+PodPoller::PodPoller(PodPollerOptions options, Parse parse, std::function<void(const std::string&)> changed)
+    : options_(std::move(options)), state_(std::make_shared<State>()) {
+  state_->parse = std::move(parse);
+  state_->changed = std::move(changed);
+}
+
+PodPoller::~PodPoller() { Stop(); }
+
+void PodPoller::Start() {
+  {
+    std::lock_guard lock(state_->mu);
+    state_->stopped = false;
+  }
+  thread_ = std::jthread([this](std::stop_token stop) { Loop(stop); });
+}
+
+void PodPoller::Stop() {
+  if (thread_.joinable()) {
+    thread_.request_stop();
+    thread_.join();
+  }
+  std::unique_lock lock(state_->mu);
+  state_->stopped = true;
+  // Each request ends within the timeout; the margin covers a busy machine.
+  state_->idle.wait_for(lock, options_.timeout * 2 + std::chrono::seconds(1), [&] { return state_->in_flight == 0; });
+}
+
+void PodPoller::Watch(const std::string& job_key, const std::vector<json>& pods) {
+  std::lock_guard lock(state_->mu);
+  std::map<std::string, State::Target>& targets = state_->jobs[job_key];
+  std::map<std::string, State::Target> watched;
+  for (const json& pod : pods) {
+    const std::string uid = Uid(pod), ip = Ip(pod);
+    if (auto it = targets.find(uid); it != targets.end() && it->second.ip == ip) {
+      watched[uid] = std::move(it->second);
+      continue;
+    }
+    State::Target& target = watched[uid];
+    target.ip = ip;
+    target.next = Clock::now();
+    if (ip.empty()) continue;
+    web::http::client::http_client_config config;
+    config.set_timeout(options_.timeout);
+    target.http = std::make_shared<web::http::client::http_client>("http://" + ip + ":" + std::to_string(options_.port),
+                                                                   config);
+  }
+  targets = std::move(watched);
+}
+
+void PodPoller::Forget(const std::string& job_key) {
+  std::lock_guard lock(state_->mu);
+  state_->jobs.erase(job_key);
+}
+
+std::optional<json> PodPoller::Latest(const std::string& job_key, const json& pod) const {
+  std::lock_guard lock(state_->mu);
+  auto job = state_->jobs.find(job_key);
+  if (job == state_->jobs.end()) return std::nullopt;
+  auto it = job->second.find(Uid(pod));
+  if (it == job->second.end()) return std::nullopt;
+  return it->second.latest;
+}
+
+void PodPoller::Record(const std::string& job_key, const json& pod, const json& reading) {
+  std::lock_guard lock(state_->mu);
+  auto job = state_->jobs.find(job_key);
+  if (job == state_->jobs.end()) return;
+  if (auto it = job->second.find(Uid(pod)); it != job->second.end()) it->second.latest = reading;
+}
+
+void PodPoller::Loop(std::stop_token stop) {
+  const auto tick = std::min<std::chrono::milliseconds>(options_.interval, std::chrono::milliseconds(100));
+  std::mutex mu;
+  std::condition_variable_any cv;
+  while (!stop.stop_requested()) {
+    {
+      std::lock_guard lock(state_->mu);
+      const auto now = Clock::now();
+      for (auto& [key, targets] : state_->jobs) {
+        for (auto& [pod_uid, target] : targets) {
+          if (!target.http || target.in_flight || now < target.next) continue;
+          target.in_flight = true;
+          target.next = now + options_.interval;
+          ++state_->in_flight;
+          // The request holds the state and its client, not the poller: the poller may be
+          // gone when a late answer arrives, and Stop() keeps `changed` from being called then.
+          std::shared_ptr<State> state = state_;
+          std::shared_ptr<web::http::client::http_client> http = target.http;
+          const std::string job_key = key, uid = pod_uid;
+          http->request(web::http::methods::GET, options_.path)
+              .then([](web::http::http_response response) {
+                if (response.status_code() != web::http::status_codes::OK)
+                  throw std::runtime_error("HTTP " + std::to_string(response.status_code()));
+                return response.extract_utf8string(true);
+              })
+              .then([state, http, job_key, uid](pplx::task<std::string> body) {
+                std::optional<json> reading;
+                try {
+                  reading = state->parse(body.get());
+                } catch (const std::exception& e) {
+                  spdlog::debug("{}: reading pod {}: {}", job_key, uid, e.what());  // it may not serve yet
+                }
+                std::lock_guard state_lock(state->mu);
+                --state->in_flight;
+                state->idle.notify_all();
+                auto job = state->jobs.find(job_key);
+                if (job == state->jobs.end()) return;
+                auto it = job->second.find(uid);
+                if (it == job->second.end()) return;  // no longer watched
+                it->second.in_flight = false;
+                if (!reading || reading == it->second.latest) return;
+                it->second.latest = std::move(reading);
+                if (!state->stopped) state->changed(job_key);
+              });
+        }
+      }
+    }
+    std::unique_lock sleep_lock(mu);
+    cv.wait_for(sleep_lock, stop, tick, [] { return false; });
+  }
+}
+
+}  // namespace meshtrain::controller
