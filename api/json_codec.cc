@@ -115,6 +115,11 @@ void Fields(S& s, V& v) {
   v("cleanPodPolicy", s.clean_pod_policy);
 }
 
+template <Is<ElasticSpec> S, class V>
+void Fields(S& s, V& v) {
+  v("minNodes", s.min_nodes);
+}
+
 template <Is<Toleration> S, class V>
 void Fields(S& s, V& v) {
   v("key", s.key);
@@ -159,6 +164,7 @@ void Fields(S& s, V& v) {
   v("checkpoint", s.checkpoint);
   v("topology", s.topology);
   v("runPolicy", s.run_policy);
+  v("elastic", s.elastic);
   v("template", s.template_);
 }
 
@@ -187,6 +193,7 @@ void Fields(S& s, V& v) {
 
 template <Is<LayoutStatus> S, class V>
 void Fields(S& s, V& v) {
+  v("nodes", s.nodes);
   v("tensorParallelDegree", s.tensor_parallel_degree);
   v("hybridShardDegree", s.hybrid_shard_degree);
   v("microBatchSize", s.micro_batch_size);

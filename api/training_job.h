@@ -147,6 +147,15 @@ struct RunPolicy {
   bool operator==(const RunPolicy&) const = default;
 };
 
+// What the operator may do when nodes are lost and no replacement exists.
+struct ElasticSpec {
+  // Unset: the job waits for nodes, Pending. Set: it runs on fewer nodes, down to this
+  // many, with the same global batch through more accumulation, and grows back to
+  // spec.nodes at a checkpoint once they fit again (torchrun's --nnodes=MIN:MAX).
+  std::optional<int64_t> min_nodes;
+  bool operator==(const ElasticSpec&) const = default;
+};
+
 struct Toleration {
   std::string key;
   std::string operator_ = "Equal";  // Equal | Exists
@@ -192,6 +201,7 @@ struct TrainingJobSpec {
   CheckpointSpec checkpoint;
   TopologySpec topology;
   RunPolicy run_policy;
+  ElasticSpec elastic;
   PodTemplateOverrides template_;
   bool operator==(const TrainingJobSpec&) const = default;
 };
@@ -219,7 +229,8 @@ struct PlacementStatus {
   bool operator==(const PlacementStatus&) const = default;
 };
 
-// The layout the planner chose for spec.parallelism.mode auto, and what it predicted.
+// The layout the planner chose for spec.parallelism.mode auto, and what it predicted; or,
+// for an elastic job (spec.elastic), the layout the gang runs at its current size.
 struct LayoutStatus {
   int64_t tensor_parallel_degree = 1;
   int64_t hybrid_shard_degree = 1;
@@ -231,6 +242,7 @@ struct LayoutStatus {
   int64_t predicted_memory_bytes = 0;        // per rank, at the peak
   double predicted_step_seconds = 0;
   double predicted_tokens_per_second = 0;
+  int64_t nodes = 0;  // the gang's size: spec.nodes, or fewer while shrunk (spec.elastic)
   bool operator==(const LayoutStatus&) const = default;
 };
 

@@ -326,6 +326,7 @@ FieldErrors ValidateTrainingJob(const TrainingJob& job) {
   CheckCheckpoint(spec.checkpoint, c);
   CheckTopology(spec.topology, c);
   CheckRunPolicy(spec.run_policy, c);
+  if (spec.elastic.min_nodes) c.Range("spec.elastic.minNodes", *spec.elastic.min_nodes, 1, spec.nodes);
   CheckTemplate(spec.template_, c);
   return c.errors;
 }

@@ -205,6 +205,10 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
     file = resolved.string();
   }
   PrintWarnings(job, out);
+  if (const auto min_nodes = job.job.spec.elastic.min_nodes) {
+    out << "  note: spec.elastic.minNodes (" << *min_nodes << ") acts under the operator, which shrinks a gang that lost "
+        << "nodes; here every node of the job runs on this machine\n";
+  }
   PrintLayout(job, /*groups=*/false, out);
   out << "  rank table on this machine:";
   const api::RankTable table = LocalRankTable(job.job);

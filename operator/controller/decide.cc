@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "api/json_codec.h"
+#include "api/layout.h"
 #include "api/worker_contract.h"
 #include "operator/controller/builders.h"
 #include "operator/kube/objects.h"
@@ -57,6 +58,8 @@ class Decider {
  private:
   int64_t generation() const { return job_.metadata.generation; }
   int64_t nodes() const { return job_.spec.nodes; }
+  // The placed gang's size: spec.nodes, or fewer while an elastic job is shrunk.
+  int64_t gang_size() const { return d_.status.placement ? int64_t(d_.status.placement->nodes.size()) : nodes(); }
 
   void Judge() {
     const auto& policy = job_.spec.run_policy;
@@ -156,9 +159,9 @@ class Decider {
     }
     if (o_.awaiting_created_pods) return d_.Requeue(std::chrono::milliseconds(100));
     const auto have = static_cast<int64_t>(current.size());
-    if (gang_started && have < nodes()) {
+    if (gang_started && have < gang_size()) {
       return Restart("PodDeleted",
-                     std::to_string(nodes() - have) + " of " + std::to_string(nodes()) + " pods of the gang were deleted",
+                     std::to_string(gang_size() - have) + " of " + std::to_string(gang_size()) + " pods of the gang were deleted",
                      "", true);
     }
 
@@ -168,7 +171,7 @@ class Decider {
 
     // 6. The gang is not all there, or its placement is not recorded yet: create it, once
     //    the old gang is gone.
-    if (!gang_started && (have < nodes() || !d_.status.placement)) {
+    if (!gang_started && (have < gang_size() || !d_.status.placement)) {
       if (stale_left) return d_.Requeue(std::chrono::milliseconds(500));
       return CreateGang(gang, current);
     }
@@ -176,18 +179,19 @@ class Decider {
     // 7. The gang exists: observe it.
     d_.status.ready_workers = ready;
     if (gang_started) d_.launchers_from = current;
-    if (succeeded == nodes()) {
+    if (succeeded == gang_size()) {
       d_.status.phase = "Succeeded";
       d_.status.ready_workers = 0;
       d_.status.completion_time = kube::Rfc3339(o_.now);
       SetCondition("Succeeded", true, "AllPodsSucceeded", "all " + std::to_string(succeeded) + " pods exited with code 0");
       SetCondition("Running", false, "AllPodsSucceeded", "training finished");
       if (policy.ttl_seconds_after_finished) d_.Requeue(std::chrono::seconds(*policy.ttl_seconds_after_finished));
-    } else if (ready == nodes()) {
+    } else if (ready == gang_size()) {
       d_.status.phase = "Running";
       SetCondition("Running", true, "AllWorkersReady", "all " + std::to_string(ready) + " workers are running");
       d_.progress_from = Rank0Pod(current, gang);
       TakeProgress();
+      Grow(current);
     } else if (succeeded == 0) {
       d_.status.phase = "Starting";
     }
@@ -231,7 +235,8 @@ class Decider {
 
   // Records the next gang; the pass after the write deletes the old one and creates it.
   // A `failure` counts against backoffLimit; a re-plan of a gang stuck Pending does not.
-  void Restart(const std::string& reason, const std::string& message, const std::string& bad_node, bool failure) {
+  void Restart(const std::string& reason, const std::string& message, const std::string& bad_node, bool failure,
+               const char* kind = "recreated") {
     if (failure && !WithinBackoffLimit(message)) return;
     d_.avoid_node = bad_node;
     d_.status.restarts += 1;
@@ -239,13 +244,13 @@ class Decider {
     // never meet an old gang's.
     d_.status.gang = d_.status.restarts;
     if (failure) d_.status.last_failure_time = kube::MicroTime(o_.now);
-    d_.restart_kind = "recreated";
+    d_.restart_kind = kind;
     d_.status.phase = "Restarting";
     d_.status.ready_workers = 0;
     d_.status.placement.reset();
     SetCondition("Restarting", true, reason, message);
     SetCondition("Running", false, reason, message);
-    d_.events.push_back({"Warning", reason, message + "; restarting the gang"});
+    d_.events.push_back({failure ? "Warning" : "Normal", reason, message + "; restarting the gang"});
     d_.Requeue(kAfterOwnWrite);
   }
 
@@ -340,7 +345,8 @@ class Decider {
     const json data = existing->value("data", json::object());
     api::RankTable table =
         api::DecodeRankTable(json::parse(data.value("rank-table.json", "{}"), nullptr, false), &errors);
-    if (!errors.empty() || static_cast<int64_t>(table.nodes.size()) != nodes()) return std::nullopt;
+    const auto size = static_cast<int64_t>(table.nodes.size());
+    if (!errors.empty() || size > nodes() || size < job_.spec.elastic.min_nodes.value_or(nodes())) return std::nullopt;
     for (const auto& n : table.nodes)
       if (o_.node(n.name) != NodeState::kReady || o_.avoided_nodes.count(n.name)) return std::nullopt;
     return table;
@@ -353,7 +359,8 @@ class Decider {
 
   // spec.parallelism.mode auto: the planner's layout for the placed nodes, written into
   // *written_spec; nullopt when none fits, with the job left Pending and why.
-  std::optional<api::LayoutStatus> PlanLayout(const scheduler::Placement& placement, const scheduler::ClusterSnapshot& cluster,
+  std::optional<api::LayoutStatus> PlanLayout(const api::TrainingJobSpec& spec, const scheduler::Placement& placement,
+                                              const scheduler::ClusterSnapshot& cluster,
                                               const std::vector<std::string>& levels, json* written_spec) {
     std::vector<std::map<std::string, std::string>> labels;
     for (const std::string& name : placement.nodes) {
@@ -362,11 +369,11 @@ class Decider {
       }
     }
     std::string why;
-    const std::optional<scheduler::DeviceModel> device = scheduler::DeviceForNodes(labels, job_.spec, &why);
+    const std::optional<scheduler::DeviceModel> device = scheduler::DeviceForNodes(labels, spec, &why);
     std::optional<scheduler::Plan> plan;
     if (device) {
       plan = scheduler::PlanLayouts(
-          scheduler::RequestFor(job_.spec, placement.paths, scheduler::LinkModel(levels), *device));
+          scheduler::RequestFor(spec, placement.paths, scheduler::LinkModel(levels), *device));
       if (!plan->best()) {
         why = "no layout fits";
         const auto least = std::min_element(plan->rejected.begin(), plan->rejected.end(),
@@ -386,12 +393,84 @@ class Decider {
     return scheduler::LayoutStatusOf(*plan->best(), *device);
   }
 
+  // The job as a gang of `size` nodes runs it: the written spec with that many nodes,
+  // checked and defaulted as its workers will; nullopt when the layout cannot split so.
+  std::optional<api::TrainingJob> JobOfSize(int64_t size) const {
+    if (size == nodes()) return job_;
+    json object = o_.object;
+    object["spec"]["nodes"] = size;
+    const api::CheckedJob checked = api::CheckTrainingJob(object, "spec.nodes " + std::to_string(size), 0);
+    if (!checked.ok()) return std::nullopt;
+    api::TrainingJob job = checked.job;
+    job.metadata = job_.metadata;
+    std::vector<api::DerivedDefault> derived;
+    ApplyWorkerDefaults(options_.worker, object["spec"], &job, &derived);
+    return job;
+  }
+
+  // spec.elastic: the largest smaller gang, down to minNodes, whose layout splits over it
+  // and which the cluster can place. False, with `*reason` saying so, when there is none.
+  bool PlaceSmaller(const scheduler::ClusterSnapshot& cluster, api::TrainingJob* sized, scheduler::Placement* placement,
+                    scheduler::PlacementRequest* request, std::string* reason) const {
+    const std::optional<int64_t> min_nodes = job_.spec.elastic.min_nodes;
+    if (!min_nodes || *min_nodes >= nodes()) return false;
+    for (int64_t size = nodes() - 1; size >= *min_nodes; --size) {
+      const std::optional<api::TrainingJob> job = JobOfSize(size);
+      if (!job) continue;
+      scheduler::PlacementRequest smaller = scheduler::PlacementRequest::ForJob(*job, o_.avoided_nodes);
+      scheduler::Placement placed = scheduler::Place(smaller, cluster);
+      if (!placed.ok()) continue;
+      *sized = *job;
+      *placement = std::move(placed);
+      *request = std::move(smaller);
+      return true;
+    }
+    *reason += "; nor does a smaller gang of " + std::to_string(*min_nodes) + " to " + std::to_string(nodes() - 1) +
+               " nodes (spec.elastic.minNodes)";
+    return false;
+  }
+
+  // An elastic gang below spec.nodes grows back at each new checkpoint, once the whole
+  // gang fits the cluster with the nodes it holds now counted as free.
+  void Grow(const std::vector<json>& current) {
+    if (gang_size() >= nodes() || !o_.progress || !o_.progress->checkpoint_step) return;
+    if (o_.status.progress && o_.status.progress->checkpoint_step == o_.progress->checkpoint_step) return;
+    scheduler::ClusterSnapshot cluster = o_.cluster();
+    for (const json& pod : current) {
+      const std::string node = kube::PinnedNode(pod), where = "pod " + kube::KeyOf(pod) + " spec";
+      for (scheduler::ClusterNode& n : cluster.nodes) {
+        if (n.name != node) continue;
+        n.gpus_used -= scheduler::PodRequest(pod["spec"], "nvidia.com/gpu", where);
+        n.efa_used -= scheduler::PodRequest(pod["spec"], "vpc.amazonaws.com/efa", where);
+      }
+    }
+    if (!scheduler::Place(scheduler::PlacementRequest::ForJob(job_, o_.avoided_nodes), cluster).ok()) return;
+    Restart("Growing",
+            "all " + std::to_string(nodes()) + " nodes fit again; the gang of " + std::to_string(gang_size()) +
+                " grows back from the checkpoint of step " + std::to_string(*o_.progress->checkpoint_step),
+            "", false, "grown");
+  }
+
+  // The layout an elastic job in manual mode runs at its size.
+  static api::LayoutStatus ManualLayout(const api::TrainingJobSpec& spec) {
+    const api::ParallelLayout layout = api::ParallelLayout::ForSpec(spec);
+    api::LayoutStatus status;
+    status.tensor_parallel_degree = layout.tp();
+    status.hybrid_shard_degree = layout.shard();
+    status.micro_batch_size = spec.training.micro_batch_size;
+    status.activation_checkpointing = spec.parallelism.activation_checkpointing;
+    status.activation_offloading = spec.parallelism.activation_offloading;
+    status.activation_loading_horizon = spec.parallelism.activation_offloading ? spec.parallelism.activation_loading_horizon : 0;
+    return status;
+  }
+
   void CreateGang(int64_t gang, const std::vector<json>& current) {
     const std::optional<json> existing = o_.config_map();
     std::optional<api::RankTable> table = ReusableTable(existing, gang);
     const bool reused = table.has_value();
     scheduler::Placement placement;
-    const auto request = scheduler::PlacementRequest::ForJob(job_, o_.avoided_nodes);
+    auto request = scheduler::PlacementRequest::ForJob(job_, o_.avoided_nodes);
+    api::TrainingJob sized = job_;  // the job at the gang's size
     // The snapshot is built at most once, and only when placement or the planner needs it.
     std::optional<scheduler::ClusterSnapshot> cluster;
     auto snapshot = [&]() -> const scheduler::ClusterSnapshot& {
@@ -403,9 +482,15 @@ class Decider {
         placement.nodes.push_back(n.name);
         placement.paths.push_back(n.topology_path);
       }
-    } else {
+      const std::optional<api::TrainingJob> job = JobOfSize(int64_t(table->nodes.size()));
+      if (!job) table.reset();
+      else sized = *job;
+    }
+    if (!table) {
       const auto started = std::chrono::steady_clock::now();
       placement = scheduler::Place(request, snapshot());
+      std::string reason = placement.reason;
+      if (!placement.ok() && !PlaceSmaller(snapshot(), &sized, &placement, &request, &reason)) placement.reason = reason;
       d_.placement_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       if (!placement.ok()) {
         d_.status.phase = "Pending";
@@ -416,15 +501,20 @@ class Decider {
       }
       table = scheduler::MakeRankTable(placement, request.levels, job_.spec.gpus_per_node);
     }
+    const int64_t size = sized.spec.nodes;
 
     // With mode auto, the planner chooses the layout for these nodes, and the workers
-    // get the spec with it written in.
+    // get the spec with it written in; a shrunk gang's workers get its size.
     json written_spec = o_.object.value("spec", json::object());
+    if (size != nodes()) written_spec["nodes"] = size;
     std::optional<api::LayoutStatus> layout;
     if (job_.spec.parallelism.mode == "auto") {
-      layout = PlanLayout(placement, snapshot(), request.levels, &written_spec);
+      layout = PlanLayout(sized.spec, placement, snapshot(), request.levels, &written_spec);
       if (!layout) return d_.Requeue(options_.unschedulable_retry);
+    } else if (job_.spec.elastic.min_nodes) {
+      layout = ManualLayout(sized.spec);
     }
+    if (layout) layout->nodes = size;
 
     GangObjects objects;
     objects.service = BuildService(job_);
@@ -437,7 +527,7 @@ class Decider {
     }
     std::set<std::string> present;
     for (const auto& pod : current) present.insert(pod["metadata"].value("name", ""));
-    for (int64_t rank = 0; rank < nodes(); ++rank) {
+    for (int64_t rank = 0; rank < size; ++rank) {
       if (!present.count(PodName(o_.name, gang, rank)))
         objects.pods.push_back(BuildPod(job_, *table, gang, rank, d_.status.restarts, options_.worker));
     }
@@ -447,26 +537,44 @@ class Decider {
     for (size_t i = 0; i < placement.nodes.size(); ++i)
       summary.nodes.push_back({static_cast<int64_t>(i), placement.nodes[i], placement.paths[i]});
     summary.cost_seconds_per_step =
-        scheduler::EstimateStepCost(job_.spec, placement.paths, scheduler::LinkModel(request.levels)).seconds;
+        scheduler::EstimateStepCost(sized.spec, placement.paths, scheduler::LinkModel(request.levels)).seconds;
     d_.status.placement = summary;
     d_.status.gang = gang;
     if (layout) {
-      if (o_.status.layout != layout) {
-        char text[400];
-        std::snprintf(text, sizeof text, "%s: predicted %.2f GiB per rank and %.3f s per step on %s",
-                      LayoutText(*layout).c_str(), double(layout->predicted_memory_bytes) / double(1 << 30),
-                      layout->predicted_step_seconds, layout->device.c_str());
-        d_.events.push_back({"Normal", "LayoutPlanned", text});
-      }
+      if (o_.status.layout != layout) ReportLayout(*layout, sized.spec);
       d_.status.layout = layout;
     }
     d_.status.phase = "Starting";
     if (d_.status.start_time.empty()) d_.status.start_time = kube::Rfc3339(o_.now);
-    const std::string message = "gang " + std::to_string(gang) + " of " + std::to_string(nodes()) + " pods placed" +
+    const std::string message = "gang " + std::to_string(gang) + " of " + std::to_string(size) + " pods placed" +
                                 (placement.domain.empty() ? "" : " in " + placement.domain);
     SetCondition("Scheduled", true, "GangPlaced", message);
     SetCondition("Restarting", false, "GangPlaced", message);
     d_.events.push_back({"Normal", "GangCreated", message});
+  }
+
+  // The Event for a layout that changed: planned (mode auto), or an elastic gang that
+  // shrank or grew, with the accumulation that keeps its global batch.
+  void ReportLayout(const api::LayoutStatus& layout, const api::TrainingJobSpec& spec) {
+    const int64_t before = o_.status.layout ? o_.status.layout->nodes : nodes();
+    if (layout.nodes != before && before > 0) {
+      const bool shrunk = layout.nodes < before;
+      if (shrunk) d_.restart_kind = "shrunk";
+      char text[400];
+      std::snprintf(text, sizeof text,
+                    "the gang runs on %lld of spec.nodes %lld (was %lld): %s, %lld micro-steps of accumulation per "
+                    "step keep the global batch of %lld tokens",
+                    static_cast<long long>(layout.nodes), static_cast<long long>(nodes()), static_cast<long long>(before),
+                    LayoutText(layout).c_str(), static_cast<long long>(api::AccumulationSteps(spec)),
+                    static_cast<long long>(spec.training.global_batch_tokens));
+      d_.events.push_back({shrunk ? "Warning" : "Normal", shrunk ? "Shrunk" : "Grown", text});
+    }
+    if (job_.spec.parallelism.mode != "auto") return;
+    char text[400];
+    std::snprintf(text, sizeof text, "%s: predicted %.2f GiB per rank and %.3f s per step on %s",
+                  LayoutText(layout).c_str(), double(layout.predicted_memory_bytes) / double(1 << 30),
+                  layout.predicted_step_seconds, layout.device.c_str());
+    d_.events.push_back({"Normal", "LayoutPlanned", text});
   }
 
   // Rank 0's latest reading, and a Resumed Event when the gang reports a new resume.

@@ -91,8 +91,9 @@ struct Decision {
   std::vector<PendingEvent> events;    // emitted only after the status is saved
   std::chrono::milliseconds requeue_after{0};  // 0: only when something changes
   std::string avoid_node;              // a node that failed the job: avoid it for a while
-  // When this pass restarted the gang: "in_place" (same pods, next attempt) or
-  // "recreated" (new pods).
+  // When this pass restarted the gang: "in_place" (same pods, next attempt), "recreated"
+  // (new pods), or "grown" (new pods, back at spec.nodes); or created it smaller than
+  // the last gang: "shrunk" (spec.elastic, after a recreation).
   std::string restart_kind;
   // Requests to the gang's launchers, which follow the stored status.restarts: stop the
   // older attempt, then, once every launcher has, start this one.

@@ -20,8 +20,9 @@ OperatorMetrics::OperatorMetrics()
                              .Add({}, SecondsBuckets())),
       queue_depth_(BuildGauge().Name("meshtrain_operator_workqueue_depth").Help("Keys waiting in the work queue").Register(*registry_).Add({})),
       jobs_(BuildGauge().Name("meshtrain_operator_jobs").Help("TrainingJobs by phase").Register(*registry_)),
-      // The kind of restart: "in_place" (the same pods, the next attempt of their ranks)
-      // or "recreated" (the gang's pods deleted and placed anew).
+      // The kind of restart: "in_place" (the same pods, the next attempt of their ranks),
+      // "recreated" (the gang's pods deleted and placed anew), "shrunk" (a recreated gang
+      // placed on fewer nodes, spec.elastic) or "grown" (recreated at spec.nodes again).
       restarts_(BuildCounter()
                     .Name("meshtrain_operator_gang_restarts_total")
                     .Help("Gangs restarted, by kind")
@@ -47,7 +48,7 @@ OperatorMetrics::OperatorMetrics()
                               .Register(*registry_)
                               .Add({}, SecondsBuckets())),
       leader_(BuildGauge().Name("meshtrain_operator_leader").Help("1 while this replica holds the leader Lease").Register(*registry_).Add({})) {
-  for (const char* kind : {"in_place", "recreated"}) restarts_.Add({{"kind", kind}});  // 0s, so dashboards have a series
+  for (const char* kind : {"in_place", "recreated", "shrunk", "grown"}) restarts_.Add({{"kind", kind}});  // 0s, so dashboards have a series
 }
 
 void OperatorMetrics::Reconciled(const std::string& result, double seconds) {

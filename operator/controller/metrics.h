@@ -24,7 +24,7 @@ class OperatorMetrics {
   void Reconciled(const std::string& result, double seconds);  // result: success | requeue | error
   void SetQueueDepth(size_t depth);
   void SetJobsByPhase(const std::map<std::string, int>& counts);
-  void GangRestarted(const std::string& kind);  // in_place | recreated
+  void GangRestarted(const std::string& kind);  // in_place | recreated | shrunk | grown
   // A restarted gang trained its first step `seconds` after the failure.
   void Recovered(double seconds);
   void Placed(double seconds);

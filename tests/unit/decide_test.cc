@@ -421,6 +421,102 @@ TEST(Decide, ANodeThatIsGoneRestartsTheGangAndIsAvoided) {
   EXPECT_NE(d.events[0].message.find("is gone"), std::string::npos);
 }
 
+// A cluster of exactly `ready` free 8-GPU nodes, named node-0.., in one domain.
+scheduler::ClusterSnapshot SmallCluster(int ready) {
+  scheduler::SyntheticClusterOptions options;
+  options.nodes = ready;
+  options.gpu_used_fraction = 0;
+  return scheduler::MakeSyntheticCluster(options);
+}
+
+TEST(Decide, AnElasticJobWithNoSpareNodeShrinksAndGrowsBackAtItsNextCheckpoint) {
+  json object = JobObject();
+  object["spec"]["elastic"] = {{"minNodes", 1}};
+  int cluster_nodes = 2, snapshots = 0;
+  auto observe = [&](const api::TrainingJobStatus& status, std::vector<json> pods = {}) {
+    Observed o = Observe(object, status, std::move(pods));
+    o.cluster = [&] {
+      ++snapshots;
+      return SmallCluster(cluster_nodes);
+    };
+    return o;
+  };
+  const Decision created = Decide(observe({}), {});
+  ASSERT_TRUE(created.create);
+  ASSERT_EQ(created.create->pods.size(), 2u);
+  ASSERT_TRUE(created.status.layout) << "an elastic job's layout is in status";
+  EXPECT_EQ(created.status.layout->nodes, 2);
+  EXPECT_EQ(created.restart_kind, "");
+
+  // Its second node was lost and no other exists: the recreated gang has one node.
+  api::TrainingJobStatus lost = created.status;
+  lost.phase = "Restarting";
+  lost.restarts = lost.gang.emplace(1);
+  lost.placement.reset();
+  cluster_nodes = 1;
+  const Decision shrunk = Decide(observe(lost), {});
+  ASSERT_TRUE(shrunk.create) << shrunk.status.conditions.back().message;
+  ASSERT_EQ(shrunk.create->pods.size(), 1u);
+  EXPECT_EQ(EnvOf(shrunk.create->pods[0], "MESHTRAIN_NNODES"), "1");
+  const json written = json::parse(shrunk.create->config_map["data"]["job.json"].get<std::string>());
+  EXPECT_EQ(written["spec"]["nodes"], 1) << "the workers run the gang's size";
+  EXPECT_EQ(shrunk.status.placement->nodes.size(), 1u);
+  ASSERT_TRUE(shrunk.status.layout);
+  EXPECT_EQ(shrunk.status.layout->nodes, 1);
+  EXPECT_EQ(shrunk.restart_kind, "shrunk");
+  ASSERT_EQ(Reasons(shrunk), (std::vector<std::string>{"Shrunk", "GangCreated", "Starting"}));
+  EXPECT_NE(shrunk.events[0].message.find("the gang runs on 1 of spec.nodes 2 (was 2)"), std::string::npos)
+      << shrunk.events[0].message;
+  EXPECT_NE(shrunk.events[0].message.find("micro-steps of accumulation per step keep the global batch of 16384 tokens"),
+            std::string::npos)
+      << shrunk.events[0].message;
+
+  // Without spec.elastic it waits, Pending with the reason.
+  json rigid = JobObject();
+  Observed waiting = Observe(rigid, lost);
+  waiting.cluster = [] { return SmallCluster(1); };
+  const Decision pending = Decide(waiting, {});
+  EXPECT_FALSE(pending.create);
+  EXPECT_EQ(pending.status.phase, "Pending");
+  EXPECT_EQ(Reasons(pending), (std::vector<std::string>{"Unschedulable", "Pending"}));
+
+  // The shrunk gang runs; a new checkpoint with room for both nodes again grows it back.
+  std::vector<json> pods = {Running(shrunk.create->pods[0])};
+  api::TrainingJobStatus running = Decide(observe(shrunk.status, pods), {}).status;
+  ASSERT_EQ(running.phase, "Running");
+  running.progress.emplace().checkpoint_step = 20;
+  api::ProgressStatus progress;
+  progress.step = 25;
+  progress.checkpoint_step = 20;
+  Observed same = observe(running, pods);
+  same.progress = progress;
+  snapshots = 0;
+  cluster_nodes = 2;
+  EXPECT_EQ(Decide(same, {}).restart_kind, "") << "no new checkpoint: no growth";
+  EXPECT_EQ(snapshots, 0) << "and no look at the cluster";
+  progress.checkpoint_step = 40;
+  cluster_nodes = 1;
+  Observed no_room = observe(running, pods);
+  no_room.progress = progress;
+  EXPECT_EQ(Decide(no_room, {}).restart_kind, "") << "the node has not come back";
+  cluster_nodes = 2;
+  Observed room = observe(running, pods);
+  room.progress = progress;
+  const Decision grow = Decide(room, {});
+  EXPECT_EQ(grow.restart_kind, "grown");
+  EXPECT_EQ(grow.status.phase, "Restarting");
+  ASSERT_EQ(Reasons(grow), (std::vector<std::string>{"Growing", "Restarting"}));
+  EXPECT_EQ(grow.events[0].type, "Normal");
+  EXPECT_EQ(grow.events[0].message,
+            "all 2 nodes fit again; the gang of 1 grows back from the checkpoint of step 40; restarting the gang");
+  EXPECT_EQ(grow.status.restarts, running.restarts + 1);
+  EXPECT_TRUE(grow.status.last_failure_time.empty()) << "not a failure";
+  const Decision regrown = Decide(observe(grow.status), {});
+  ASSERT_TRUE(regrown.create);
+  EXPECT_EQ(regrown.create->pods.size(), 2u);
+  EXPECT_EQ(Reasons(regrown), (std::vector<std::string>{"Grown", "GangCreated", "Starting"}));
+}
+
 TEST(Decide, PodsNotYetInTheCacheAreAwaitedNotTakenAsDeleted) {
   RunningJob job;
   Observed o = Observe(job.object, job.status, {job.pods[0]});
