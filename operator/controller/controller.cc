@@ -135,11 +135,19 @@ void Controller::Run(std::stop_token stop) {
     if (metrics_) {
       metrics_->SetQueueDepth(queue_.Len());
       std::map<std::string, int> phases;
+      std::map<std::pair<std::string, std::string>, int64_t> below_size;
       jobs_.ForEach([&](const json& job) {
-        const std::string phase = job.value("status", json::object()).value("phase", "");
+        const json status = job.value("status", json::object());
+        const std::string phase = status.value("phase", "");
         phases[phase.empty() ? "Pending" : phase]++;
+        if (phase != "Starting" && phase != "Running") return;
+        const auto placed = int64_t(status.value("placement", json::object()).value("nodes", json::array()).size());
+        const int64_t planned = job.value("spec", json::object()).value("nodes", int64_t{1});
+        if (placed > 0 && placed < planned)
+          below_size[{job["metadata"].value("namespace", ""), job["metadata"].value("name", "")}] = planned - placed;
       });
       metrics_->SetJobsByPhase(phases);
+      metrics_->SetJobsBelowPlannedSize(below_size);
     }
     std::unique_lock lock(mu);
     cv.wait_for(lock, stop, std::chrono::seconds(1), [] { return false; });

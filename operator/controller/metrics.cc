@@ -20,6 +20,10 @@ OperatorMetrics::OperatorMetrics()
                              .Add({}, SecondsBuckets())),
       queue_depth_(BuildGauge().Name("meshtrain_operator_workqueue_depth").Help("Keys waiting in the work queue").Register(*registry_).Add({})),
       jobs_(BuildGauge().Name("meshtrain_operator_jobs").Help("TrainingJobs by phase").Register(*registry_)),
+      missing_nodes_(BuildGauge()
+                         .Name("meshtrain_operator_job_missing_nodes")
+                         .Help("Nodes fewer than spec.nodes that a shrunk elastic job's gang runs on")
+                         .Register(*registry_)),
       // The kind of restart: "in_place" (the same pods, the next attempt of their ranks),
       // "recreated" (the gang's pods deleted and placed anew), "shrunk" (a recreated gang
       // placed on fewer nodes, spec.elastic) or "grown" (recreated at spec.nodes again).
@@ -65,6 +69,23 @@ void OperatorMetrics::SetJobsByPhase(const std::map<std::string, int>& counts) {
     auto& gauge = phase_gauges_[phase];
     if (!gauge) gauge = &jobs_.Add({{"phase", phase}});
     gauge->Set(n);
+  }
+}
+
+void OperatorMetrics::SetJobsBelowPlannedSize(const std::map<std::pair<std::string, std::string>, int64_t>& missing) {
+  std::lock_guard lock(mu_);
+  for (auto it = missing_gauges_.begin(); it != missing_gauges_.end();) {
+    if (missing.count(it->first)) {
+      ++it;
+      continue;
+    }
+    missing_nodes_.Remove(it->second);
+    it = missing_gauges_.erase(it);
+  }
+  for (const auto& [job, n] : missing) {
+    auto& gauge = missing_gauges_[job];
+    if (!gauge) gauge = &missing_nodes_.Add({{"job_namespace", job.first}, {"job_name", job.second}});
+    gauge->Set(double(n));
   }
 }
 

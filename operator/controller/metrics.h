@@ -24,6 +24,9 @@ class OperatorMetrics {
   void Reconciled(const std::string& result, double seconds);  // result: success | requeue | error
   void SetQueueDepth(size_t depth);
   void SetJobsByPhase(const std::map<std::string, int>& counts);
+  // (namespace, name) -> how many nodes fewer than spec.nodes the job's gang runs on, for
+  // every job below its planned size (spec.elastic); a job left out has its series removed.
+  void SetJobsBelowPlannedSize(const std::map<std::pair<std::string, std::string>, int64_t>& missing);
   void GangRestarted(const std::string& kind);  // in_place | recreated | shrunk | grown
   // A restarted gang trained its first step `seconds` after the failure.
   void Recovered(double seconds);
@@ -38,6 +41,7 @@ class OperatorMetrics {
   prometheus::Histogram& reconcile_seconds_;
   prometheus::Gauge& queue_depth_;
   prometheus::Family<prometheus::Gauge>& jobs_;
+  prometheus::Family<prometheus::Gauge>& missing_nodes_;
   prometheus::Family<prometheus::Counter>& restarts_;
   prometheus::Histogram& recovery_seconds_;
   prometheus::Histogram& placement_seconds_;
@@ -47,6 +51,7 @@ class OperatorMetrics {
   prometheus::Gauge& leader_;
   std::mutex mu_;
   std::map<std::string, prometheus::Gauge*> phase_gauges_;
+  std::map<std::pair<std::string, std::string>, prometheus::Gauge*> missing_gauges_;
 };
 
 }  // namespace meshtrain::controller
