@@ -17,10 +17,15 @@ inline constexpr int kExitConfigError = 78;
 // progress for spec.runPolicy.hangTimeoutSeconds, any other rank when rank 0 stopped
 // answering (worker/comm/heartbeat.h). It restarts the gang like any other failure.
 inline constexpr int kExitHang = 75;
+// Exit status of a rank whose collective or Store call failed: most often the victim of
+// another rank's failure, so the operator names a failure with another status first.
+inline constexpr int kExitCommFailure = 76;
 
 inline constexpr int kCoordinatorPort = 29500;  // rank 0's rendezvous
 inline constexpr int kMetricsPort = 9400;       // each node's local rank 0 serves /metrics here
-inline constexpr int kLauncherPort = 9401;      // each pod's launcher: its attempts, driven by the operator
+// Each pod's launcher serves its control endpoint here (worker/launch/launcher_control.h):
+// the operator restarts the ranks of a gang in place through it, not recreating the pods.
+inline constexpr int kLauncherPort = 9401;
 
 // The environment a worker reads.
 namespace env {
@@ -38,13 +43,20 @@ inline constexpr const char* kMetricsPort = "MESHTRAIN_METRICS_PORT";  // 0 or u
 inline constexpr const char* kPodIp = "MESHTRAIN_POD_IP";              // the address metrics are served on
 inline constexpr const char* kSampleTokens = "MESHTRAIN_SAMPLE_TOKENS";  // rank 0 prints a sample this long
 inline constexpr const char* kResume = "MESHTRAIN_RESUME";             // 0: start afresh, whatever the spec says
-// The launcher's control endpoint (kLauncherPort) obeys only requests that carry this
-// secret (at least 16 characters); unset: no endpoint, and a failed rank fails the pod.
+// The secret (at least 16 characters) the operator's instructions to a pod's launcher
+// carry. Unset or empty: the launcher serves no control endpoint and exits when a rank
+// fails, so the operator recreates the pods.
 inline constexpr const char* kLauncherToken = "MESHTRAIN_LAUNCHER_TOKEN";
-inline constexpr const char* kAttempt = "MESHTRAIN_ATTEMPT";  // the gang's attempt the ranks start at (0..)
-// How long a launcher whose ranks failed waits for the operator's next attempt before it
-// fails the pod (default 60).
+// The port of the launcher's control endpoint; unset: kLauncherPort (the operator's). For
+// tests that run several launchers on one machine.
+inline constexpr const char* kLauncherPort = "MESHTRAIN_LAUNCHER_PORT";
+// How long a launcher whose ranks failed waits for the operator's next attempt (default
+// 60, 0 to 3600 seconds); past it, it exits with the failed rank's status, and the pod's
+// failure makes the operator recreate the pods.
 inline constexpr const char* kLauncherHoldSeconds = "MESHTRAIN_LAUNCHER_HOLD_SECONDS";
+// The attempt of the gang (an integer >= 0, default 0): the launcher starts its ranks at
+// the pod's value and sets it in each rank's environment, one more at each in-place restart.
+inline constexpr const char* kAttempt = "MESHTRAIN_ATTEMPT";
 // torchrun's names, set per rank by the launcher.
 inline constexpr const char* kRank = "RANK";
 inline constexpr const char* kWorldSize = "WORLD_SIZE";

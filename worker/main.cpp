@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "api/worker_contract.h"
 #include "worker/entry/rank.h"
@@ -12,7 +13,9 @@
 namespace {
 
 constexpr const char* kUsage =
-    "usage: meshtrain-worker launch   start one rank per GPU of this node (the worker contract's environment)\n"
+    "usage: meshtrain-worker launch [-- COMMAND [ARG...]]\n"
+    "                                 start one rank per GPU of this node (the worker contract's environment);\n"
+    "                                 each runs COMMAND if given (tests), else `meshtrain-worker train`\n"
     "       meshtrain-worker train    run one rank (RANK, LOCAL_RANK and WORLD_SIZE set too)\n";
 
 }  // namespace
@@ -20,11 +23,11 @@ constexpr const char* kUsage =
 int main(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "";
   if (command == "train" && argc == 2) return meshtrain::worker::RunRank(std::cout);
-  if (command == "launch" && argc == 2) {
+  if (command == "launch" && (argc == 2 || (argc > 3 && std::string(argv[2]) == "--"))) {
     try {
-      meshtrain::launch::NodeLaunch launch;
-      launch.command = meshtrain::launch::SelfCommand(argc, argv);
-      launch.command[1] = "train";
+      std::vector<std::string> rank_command = {meshtrain::launch::SelfCommand(argc, argv)[0], "train"};
+      if (argc > 2) rank_command.assign(argv + 3, argv + argc);
+      const auto launch = meshtrain::launch::NodeLaunchFromEnvironment(std::move(rank_command));
       return meshtrain::launch::LaunchNode(launch, std::cerr);
     } catch (const std::exception& e) {
       std::cerr << "meshtrain-worker launch: " << e.what() << "\n";

@@ -283,9 +283,28 @@ class Decider {
       const auto it = o_.launchers.find(pod["metadata"].value("uid", ""));
       states.push_back(it == o_.launchers.end() ? nullptr : &it->second);
     }
+    // A rank whose collective failed (kExitCommFailure) is most often the victim of another
+    // rank's failure: that one is named, when a launcher reports it.
+    std::optional<size_t> failed;
+    bool others_may_report = false;
     for (size_t i = 0; i < current.size(); ++i) {
       const LauncherState* s = states[i];
+      if (!s || (s->attempt == attempt && s->state == "running")) others_may_report = true;
       if (!s || s->attempt != attempt || s->state != "failed") continue;
+      if (s->exit_code != api::worker::kExitCommFailure) {
+        failed = i;
+        break;
+      }
+      if (!failed) failed = i;
+    }
+    if (failed && states[*failed]->exit_code == api::worker::kExitCommFailure && others_may_report) {
+      d_.launchers_from = current;
+      d_.Requeue(std::chrono::milliseconds(200));
+      return true;  // the failure that caused it may be reported in a moment
+    }
+    if (failed) {
+      const size_t i = *failed;
+      const LauncherState* s = states[i];
       const std::string what = (s->rank ? "rank " + std::to_string(*s->rank) : std::string("a rank")) + " in pod " +
                                current[i]["metadata"].value("name", "") + " on node " + kube::PinnedNode(current[i]) +
                                " failed" + (s->exit_code ? " with exit code " + std::to_string(*s->exit_code) : "");
@@ -293,7 +312,7 @@ class Decider {
         Fail("PermanentError", what + " (a configuration error; not restarting)");
         return true;
       }
-      RestartInPlace(what);
+      RestartInPlace(what + (s->exit_code == api::worker::kExitCommFailure ? " in a collective" : ""));
       return true;
     }
     if (!restarting_in_place) return false;
@@ -316,7 +335,8 @@ class Decider {
       for (size_t i = 0; i < current.size(); ++i)
         if (states[i]->state == "ready") d_.launcher_calls.push_back({current[i], "start", attempt});
     }
-    d_.Requeue(std::chrono::milliseconds(200));
+    // The launchers' answers are recorded as this pass acts: the next pass can use them at once.
+    d_.Requeue(std::chrono::milliseconds(d_.launcher_calls.empty() ? 200 : 10));
     return true;
   }
 

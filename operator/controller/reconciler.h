@@ -44,7 +44,7 @@ struct ReconcilerOptions {
   std::chrono::seconds avoid_failed_node{600};  // how long a failed node is avoided
   std::chrono::seconds creation_observation_timeout{30};  // how long created pods may be absent from the cache
   std::string component = "meshtrain-operator";  // Event source
-  // A launcher's stop waits for its ranks to end (3 s of grace, then SIGKILL).
+  // A launcher's stop waits for its ranks to end (0.1 s of grace, then SIGKILL).
   std::chrono::milliseconds launcher_call_timeout{10000};
 };
 

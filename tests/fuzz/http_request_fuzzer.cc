@@ -1,5 +1,6 @@
-// libFuzzer target for the worker's HTTP endpoint (worker/metrics/http_request.h): the
-// request parser and the answer, as the endpoint's read loop drives them.
+// libFuzzer target for the worker's HTTP endpoints (worker/metrics/http_request.h): the
+// request parser, the query parser and the answer from a table of routes, as the
+// endpoint's read loop drives them.
 //
 // Beyond "no crash", it checks on every input:
 //   - kIncomplete only while fewer than kMaxRequestHead bytes are in;
@@ -7,7 +8,10 @@
 //     bytes), as the endpoint does, stops with the same result as parsing it whole, and a
 //     complete head parses the same without the bytes after it;
 //   - every answer is one well-formed response: a known status, Connection: close, and a
-//     body as long as its Content-Length (none for HEAD).
+//     body as long as its Content-Length (none for HEAD), from the metrics endpoint's
+//     routes and from routes that answer with the query parameters they read (as the pod
+//     launcher's control endpoint does);
+//   - a query parameter found is decoded: it is no longer than its encoding.
 
 #include <algorithm>
 #include <cstdint>
@@ -15,6 +19,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "worker/metrics/http_request.h"
 
@@ -22,8 +27,13 @@ namespace {
 
 using meshtrain::metrics::HttpAnswer;
 using meshtrain::metrics::HttpParse;
+using meshtrain::metrics::HttpRequestHead;
+using meshtrain::metrics::HttpResponse;
+using meshtrain::metrics::HttpRoute;
 using meshtrain::metrics::kMaxRequestHead;
+using meshtrain::metrics::MetricsRoutes;
 using meshtrain::metrics::ParseHttpRequest;
+using meshtrain::metrics::QueryParameter;
 
 [[noreturn]] void Fail(const char* what, std::string_view input) {
   std::fprintf(stderr, "%s (input of %zu bytes)\n", what, input.size());
@@ -36,11 +46,26 @@ bool Same(const HttpParse& a, const HttpParse& b) {
          a.head.minor_version == b.head.minor_version && a.head.has_body == b.head.has_body;
 }
 
-void CheckAnswer(const HttpParse& parse, std::string_view input) {
-  const std::string answer = HttpAnswer(parse, [] { return std::string("meshtrain_train_step 1\n"); });
+// Routes like the launcher's control endpoint: each answers with the query's parameters.
+std::vector<HttpRoute> QueryRoutes() {
+  const auto echo = [](const HttpRequestHead& head) {
+    HttpResponse response;
+    response.code = 409;
+    response.content_type = "application/json";
+    for (const char* name : {"attempt", "token"}) {
+      if (const auto value = QueryParameter(head.target, name)) response.body += *value;
+    }
+    return response;
+  };
+  return {{"/attempt", {"GET"}, echo}, {"/attempt/stop", {"POST"}, echo}};
+}
+
+void CheckAnswer(const HttpParse& parse, const std::vector<HttpRoute>& routes, std::string_view input) {
+  const std::string answer = HttpAnswer(parse, routes);
   if (answer.rfind("HTTP/1.1 ", 0) != 0 || answer.size() < 12) Fail("the answer has no status line", input);
   const int code = std::atoi(answer.substr(9, 3).c_str());
-  if (code != 200 && code != 400 && code != 404 && code != 405 && code != 413 && code != 431 && code != 505) {
+  if (code != 200 && code != 400 && code != 404 && code != 405 && code != 409 && code != 413 && code != 431 &&
+      code != 505) {
     Fail("the answer has an unexpected status", input);
   }
   const size_t end = answer.find("\r\n\r\n");
@@ -67,6 +92,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (whole.head_bytes == 0 || whole.head_bytes > std::min(size, kMaxRequestHead)) Fail("a bad head_bytes", input);
     if (!Same(ParseHttpRequest(input.substr(0, whole.head_bytes)), whole)) Fail("the bytes after the head count", input);
     if (whole.head.path.empty() || whole.head.path[0] != '/') Fail("a path that is not one", input);
+    for (const char* name : {"attempt", "token", ""}) {
+      const auto value = QueryParameter(whole.head.target, name);
+      if (value && value->size() >= whole.head.target.size()) Fail("a query parameter longer than its target", input);
+    }
   } else if (whole.code != 400 && whole.code != 431 && whole.code != 505) {
     Fail("a rejection with an unexpected code", input);
   }
@@ -82,6 +111,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     piecewise = ParseHttpRequest(received);
   }
   if (!Same(piecewise, whole)) Fail("read in pieces, the request parses otherwise", input);
-  CheckAnswer(whole, input);
+  static const std::vector<HttpRoute> metrics_routes =
+      MetricsRoutes([] { return std::string("meshtrain_train_step 1\n"); });
+  static const std::vector<HttpRoute> query_routes = QueryRoutes();
+  CheckAnswer(whole, metrics_routes, input);
+  CheckAnswer(whole, query_routes, input);
   return 0;
 }

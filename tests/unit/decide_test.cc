@@ -367,6 +367,32 @@ TEST(Decide, AFailedRankRestartsTheGangInPlaceThroughItsLaunchers) {
   EXPECT_EQ(Decide(late, {}).restart_kind, "");
 }
 
+TEST(Decide, ARankThatFailedInACollectiveIsNamedOnlyWhenNoOtherFailureIsReported) {
+  RunningJob job;
+  Observed victim = Observe(job.object, job.status, job.pods);
+  victim.launchers = Launchers(job.pods, {L(0, "failed", api::worker::kExitCommFailure, 1), L(0, "running")});
+  const Decision waiting = Decide(victim, {});
+  EXPECT_EQ(waiting.restart_kind, "") << "pod 1's launcher may report the failure that caused rank 1's";
+  EXPECT_GT(waiting.requeue_after.count(), 0);
+  EXPECT_TRUE(waiting.events.empty());
+
+  Observed both = Observe(job.object, job.status, job.pods);
+  both.launchers = Launchers(job.pods, {L(0, "failed", api::worker::kExitCommFailure, 1), L(0, "failed", 137, 3)});
+  const Decision root = Decide(both, {});
+  EXPECT_EQ(root.restart_kind, "in_place");
+  EXPECT_EQ(root.events.at(0).message.rfind("rank 3 in pod tiny-g0-1", 0), 0u) << root.events[0].message;
+
+  Observed all_comm = Observe(job.object, job.status, job.pods);
+  all_comm.launchers = Launchers(job.pods, {L(0, "failed", api::worker::kExitCommFailure, 1),
+                                            L(0, "failed", api::worker::kExitCommFailure, 2)});
+  const Decision network = Decide(all_comm, {});
+  EXPECT_EQ(network.restart_kind, "in_place");
+  EXPECT_NE(network.events.at(0).message.find("rank 1 in pod tiny-g0-0 on node " + PinnedNode(job.pods[0]) +
+                                              " failed with exit code 76 in a collective"),
+            std::string::npos)
+      << network.events[0].message;
+}
+
 TEST(Decide, ALauncherAtExit78FailsTheJobAndInPlaceRestartsCountAgainstTheBackoffLimit) {
   RunningJob job;
   Observed config_error = Observe(job.object, job.status, job.pods);

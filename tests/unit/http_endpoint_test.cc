@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 
 #include "worker/metrics/http_request.h"
 
@@ -76,7 +77,7 @@ TEST(HttpRequest, RejectsWithTheCodeAndWhatIsWrong) {
 }
 
 std::string Answer(const std::string& request) {
-  return HttpAnswer(ParseHttpRequest(request), [] { return std::string("m 1\n"); });
+  return HttpAnswer(ParseHttpRequest(request), MetricsRoutes([] { return std::string("m 1\n"); }));
 }
 
 TEST(HttpRequest, AnswersEachPathAndMethod) {
@@ -96,10 +97,68 @@ TEST(HttpRequest, AnswersEachPathAndMethod) {
   EXPECT_EQ(Answer("GET /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\n").substr(0, 30), "HTTP/1.1 413 Content Too Large");
   EXPECT_EQ(Answer("GET /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n").substr(0, 12), "HTTP/1.1 413");
   EXPECT_EQ(Answer("GET /metrics HTTP/1.1\r\nContent-Length: 00\r\n\r\n").substr(0, 12), "HTTP/1.1 200");
-  const std::string failed = HttpAnswer(ParseHttpRequest("GET /metrics HTTP/1.1\r\n\r\n"),
-                                        []() -> std::string { throw std::runtime_error("registry broken"); });
+  const std::string failed =
+      HttpAnswer(ParseHttpRequest("GET /metrics HTTP/1.1\r\n\r\n"),
+                 MetricsRoutes([]() -> std::string { throw std::runtime_error("registry broken"); }));
   EXPECT_EQ(failed.substr(0, 12), "HTTP/1.1 500");
   EXPECT_NE(failed.find("cannot collect the metrics: registry broken"), std::string::npos);
+}
+
+TEST(HttpRequest, RoutesByPathThenMethodThenBody) {
+  int answered = 0;
+  const std::vector<HttpRoute> routes = {
+      {"/a", {"POST"}, [&](const HttpRequestHead& head) {
+         ++answered;
+         HttpResponse response;
+         response.code = 409;
+         response.content_type = "application/json";
+         response.body = "{\"target\":\"" + head.target + "\"}";
+         response.headers = "X-Seen: yes\r\n";
+         return response;
+       }},
+      {"/b", {"GET"}, [](const HttpRequestHead&) -> HttpResponse { throw std::runtime_error("broken"); }},
+      {"/c", {"GET", "POST"}, [](const HttpRequestHead&) { return HttpResponse{}; }},
+  };
+  const auto answer = [&](const std::string& request) { return HttpAnswer(ParseHttpRequest(request), routes); };
+  EXPECT_EQ(answer("POST /a?x=1 HTTP/1.1\r\n\r\n"),
+            "HTTP/1.1 409 Conflict\r\nContent-Type: application/json\r\nContent-Length: 19\r\nConnection: close\r\n"
+            "X-Seen: yes\r\n\r\n{\"target\":\"/a?x=1\"}");
+  const std::string not_found = answer("GET /d HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(not_found.substr(0, 12), "HTTP/1.1 404");
+  EXPECT_NE(not_found.find("this endpoint serves /a, /b and /c\n"), std::string::npos) << not_found;
+  const std::string get_a = answer("GET /a HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(get_a.substr(0, 12), "HTTP/1.1 405");
+  EXPECT_NE(get_a.find("\r\nAllow: POST\r\n"), std::string::npos) << get_a;
+  EXPECT_NE(get_a.find("only POST is allowed"), std::string::npos) << get_a;
+  const std::string head_a = answer("HEAD /a HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(head_a.substr(0, 12), "HTTP/1.1 405");
+  EXPECT_EQ(head_a.substr(head_a.size() - 4), "\r\n\r\n") << "HEAD gets no body, whatever the answer";
+  EXPECT_NE(answer("PUT /c HTTP/1.1\r\n\r\n").find("\r\nAllow: GET, HEAD, POST\r\n"), std::string::npos);
+  EXPECT_EQ(answer("POST /a HTTP/1.1\r\nContent-Length: 2\r\n\r\n").substr(0, 12), "HTTP/1.1 413");
+  EXPECT_EQ(answered, 1) << "only a request that passed every check is answered";
+  const std::string broken = answer("GET /b HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(broken.substr(0, 12), "HTTP/1.1 500");
+  EXPECT_NE(broken.find("cannot answer /b: broken"), std::string::npos) << broken;
+}
+
+TEST(HttpRequest, QueryParameterDecodesTheFirstOfItsName) {
+  EXPECT_EQ(QueryParameter("/attempt/stop?attempt=3&token=abc", "attempt"), "3");
+  EXPECT_EQ(QueryParameter("/attempt/stop?attempt=3&token=abc", "token"), "abc");
+  EXPECT_EQ(QueryParameter("/x?a=1&a=2", "a"), "1");
+  EXPECT_EQ(QueryParameter("/x?a", "a"), "");
+  EXPECT_EQ(QueryParameter("/x?a=", "a"), "");
+  EXPECT_EQ(QueryParameter("/x?b=%41%2b+c%3D&a=1", "b"), "A+ c=");
+  EXPECT_EQ(QueryParameter("/x?aa=1&a=2#a=3", "a"), "2");
+  EXPECT_EQ(QueryParameter("/x?a=1#frag", "a"), "1");
+  EXPECT_EQ(QueryParameter("/x?&&a=1", "a"), "1");
+  EXPECT_EQ(QueryParameter("/x", "a"), std::nullopt);
+  EXPECT_EQ(QueryParameter("/x?", "a"), std::nullopt);
+  EXPECT_EQ(QueryParameter("/x?b=1", "a"), std::nullopt);
+  EXPECT_EQ(QueryParameter("/x?ab=1", "a"), std::nullopt);
+  EXPECT_EQ(QueryParameter("/x?A=1", "a"), std::nullopt) << "names are case-sensitive";
+  for (const char* malformed : {"/x?a=%", "/x?a=%4", "/x?a=%4g", "/x?a=1%"}) {
+    EXPECT_EQ(QueryParameter(malformed, "a"), std::nullopt) << malformed;
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -151,7 +210,7 @@ std::string Body(const std::string& response) {
   return end == std::string::npos ? "" : response.substr(end + 4);
 }
 
-std::shared_ptr<prometheus::Registry> TestRegistry() {
+std::vector<HttpRoute> TestRoutes() {
   auto registry = std::make_shared<prometheus::Registry>();
   prometheus::BuildGauge()
       .Name("meshtrain_train_step")
@@ -160,11 +219,12 @@ std::shared_ptr<prometheus::Registry> TestRegistry() {
       .Register(*registry)
       .Add({})
       .Set(42);
-  return registry;
+  return MetricsRoutes([registry] { return prometheus::TextSerializer().Serialize(registry->Collect()); });
 }
 
+
 TEST(HttpEndpoint, ServesTheRegistryAndHealth) {
-  HttpEndpoint endpoint("127.0.0.1", 0, TestRegistry());
+  HttpEndpoint endpoint("127.0.0.1", 0, TestRoutes());
   ASSERT_GT(endpoint.port(), 0);
   {
     Client client(endpoint.port());
@@ -185,7 +245,7 @@ TEST(HttpEndpoint, ServesTheRegistryAndHealth) {
 }
 
 TEST(HttpEndpoint, AnswersARequestSentByteByByte) {
-  HttpEndpoint endpoint("127.0.0.1", 0, TestRegistry());
+  HttpEndpoint endpoint("127.0.0.1", 0, TestRoutes());
   Client client(endpoint.port());
   for (char c : std::string("HEAD /healthz HTTP/1.1\r\n\r\n")) client.Send(std::string(1, c));
   const std::string response = client.ReadToEnd();
@@ -194,7 +254,7 @@ TEST(HttpEndpoint, AnswersARequestSentByteByByte) {
 }
 
 TEST(HttpEndpoint, RefusesGarbageTooLargeHeadsOtherPathsAndMethods) {
-  HttpEndpoint endpoint("127.0.0.1", 0, TestRegistry());
+  HttpEndpoint endpoint("127.0.0.1", 0, TestRoutes());
   struct Case {
     std::string request, status;
   };
@@ -219,7 +279,7 @@ TEST(HttpEndpoint, RefusesGarbageTooLargeHeadsOtherPathsAndMethods) {
 }
 
 TEST(HttpEndpoint, DropsASilentOrSlowClientAndServesOthersMeanwhile) {
-  HttpEndpoint endpoint("127.0.0.1", 0, TestRegistry(), {.timeout = 1000ms, .max_connections = 32});
+  HttpEndpoint endpoint("127.0.0.1", 0, TestRoutes(), {.timeout = 1000ms, .max_connections = 32});
   const auto start = Clock::now();
   Client silent(endpoint.port()), slow(endpoint.port());
   slow.Send("GET /metr");
@@ -236,7 +296,7 @@ TEST(HttpEndpoint, DropsASilentOrSlowClientAndServesOthersMeanwhile) {
 }
 
 TEST(HttpEndpoint, HoldsAtMostMaxConnectionsAndServesTheRestLater) {
-  HttpEndpoint endpoint("127.0.0.1", 0, TestRegistry(), {.timeout = 1000ms, .max_connections = 2});
+  HttpEndpoint endpoint("127.0.0.1", 0, TestRoutes(), {.timeout = 1000ms, .max_connections = 2});
   Client first(endpoint.port()), second(endpoint.port());
   std::this_thread::sleep_for(200ms);  // both accepted
   Client third(endpoint.port());  // completes in the backlog
@@ -248,21 +308,27 @@ TEST(HttpEndpoint, HoldsAtMostMaxConnectionsAndServesTheRestLater) {
 }
 
 TEST(HttpEndpoint, ListenFailureNamesTheAddress) {
-  HttpEndpoint taken("127.0.0.1", 0, TestRegistry());
+  HttpEndpoint taken("127.0.0.1", 0, TestRoutes());
   try {
-    HttpEndpoint again("127.0.0.1", taken.port(), TestRegistry());
+    HttpEndpoint again("127.0.0.1", taken.port(), TestRoutes(), {.name = "metrics"});
     FAIL() << "two endpoints listen on one port";
   } catch (const std::runtime_error& e) {
     EXPECT_EQ(std::string(e.what()),
               "cannot serve metrics on 127.0.0.1:" + std::to_string(taken.port()) + ": Address already in use");
   }
   try {
-    HttpEndpoint named("metrics.invalid", 0, TestRegistry());
+    HttpEndpoint named("metrics.invalid", 0, TestRoutes(), {.name = "metrics"});
     FAIL() << "a host name was looked up";
   } catch (const std::runtime_error& e) {
     EXPECT_EQ(std::string(e.what()).rfind("cannot serve metrics on metrics.invalid:0: ", 0), 0u) << e.what();
   }
-  EXPECT_THROW(HttpEndpoint("127.0.0.1", 65536, TestRegistry()), std::runtime_error);
+  EXPECT_THROW(HttpEndpoint("127.0.0.1", 65536, TestRoutes()), std::runtime_error);
+  try {
+    HttpEndpoint unnamed("127.0.0.1", taken.port(), TestRoutes());
+    FAIL() << "two endpoints listen on one port";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("cannot serve HTTP on 127.0.0.1:", 0), 0u) << e.what();
+  }
 }
 
 }  // namespace

@@ -173,6 +173,12 @@ int RunRank(std::ostream& out) {
   } catch (const ConfigError& e) {
     out << "configuration error: " << e.what() << std::endl;
     return api::worker::kExitConfigError;
+  } catch (const comm::CommError& e) {
+    out << "rank failed: " << e.what() << std::endl;
+    return api::worker::kExitCommFailure;
+  } catch (const comm::StoreError& e) {
+    out << "rank failed: " << e.what() << std::endl;
+    return api::worker::kExitCommFailure;
   } catch (const std::exception& e) {
     out << "rank failed: " << e.what() << std::endl;
     return 1;

@@ -1,13 +1,143 @@
 #include "worker/launch/node_launcher.h"
 
-#include "api/environment.h"
-#include "api/worker_contract.h"
+#include <signal.h>
 
+#include <climits>
+#include <optional>
 #include <stdexcept>
+#include <thread>
+
+#include "api/environment.h"
+#include "worker/launch/launcher_control.h"
+#include "worker/metrics/http_endpoint.h"
 
 namespace meshtrain::launch {
 
 namespace env = api::worker::env;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kMinimumTokenLength = 16;
+
+std::vector<RankProcess> WithAttempt(std::vector<RankProcess> ranks, int attempt) {
+  for (RankProcess& rank : ranks) rank.environment[env::kAttempt] = std::to_string(attempt);
+  return ranks;
+}
+
+// The launcher with the operator's control endpoint (launcher_control.h): it supervises
+// the ranks of one attempt at a time on this thread, and carries out the instructions
+// the endpoint's thread takes.
+int LaunchControlled(const NodeLaunch& launch, const std::vector<RankProcess>& ranks, std::ostream& log) {
+  const std::string these_ranks =
+      "ranks " + std::to_string(ranks.front().rank) + ".." + std::to_string(ranks.back().rank);
+  const double hold_seconds = std::chrono::duration<double>(launch.hold).count();
+  CatchStopSignals();
+  LauncherControl control(launch.token, AttemptStatus{launch.attempt, AttemptState::kRunning, {}});
+  metrics::HttpEndpoint endpoint(launch.control_host, launch.control_port, control.Routes(),
+                                 {.name = "the launcher's control endpoint"});
+  // However the launcher ends, an instruction waiting for it is answered first, so that
+  // the endpoint's thread is free to stop.
+  struct CloseOnExit {
+    LauncherControl& control;
+    ~CloseOnExit() { control.Close("the launcher is exiting"); }
+  } close_on_exit{control};
+  log << "serving the launcher's control endpoint on " << launch.control_host << ":" << endpoint.port() << "\n";
+
+  AttemptStatus status = control.status();
+  std::optional<RankGroup> group;
+  group.emplace(WithAttempt(ranks, status.attempt), launch.command, true);
+  log << "attempt " << status.attempt << ": starting " << these_ranks << std::endl;
+  int failed_status = 0;  // what the end of a hold exits with: the last failure's, until the next start
+  bool config_error = false;
+  int forwarded = 0;
+  std::optional<int> stopping_for;  // the attempt an instruction stops the ranks for
+  Clock::time_point hold_until = Clock::time_point::max();
+  for (;; std::this_thread::sleep_for(std::chrono::milliseconds(5))) {
+    const Clock::time_point now = Clock::now();
+    for (const RankExit& exit : group ? group->Poll(log) : std::vector<RankExit>{}) {
+      // After the first failure, a stop or a forwarded signal, ranks end because they were told to.
+      if (exit.status == 0 || status.state != AttemptState::kRunning || stopping_for || forwarded != 0) continue;
+      status = AttemptStatus{status.attempt, AttemptState::kFailed, exit};
+      control.Set(status);
+      failed_status = exit.status;
+      group->Terminate(SIGTERM, launch.restart_grace);
+      if (exit.status == api::worker::kExitConfigError) {
+        config_error = true;
+        log << "rank " << exit.rank << " failed with exit code " << exit.status
+            << " (a configuration error, which no restart fixes); stopping the other ranks and exiting with it\n";
+      } else {
+        hold_until = now + launch.hold;
+        log << "rank " << exit.rank << " failed with exit code " << exit.status
+            << "; stopping the other ranks and holding for the operator's next attempt (up to " << hold_seconds
+            << " s)\n";
+      }
+    }
+    const bool ranks_ended = !group || group->empty();
+    if (config_error) {
+      if (ranks_ended) return api::worker::kExitConfigError;
+      continue;
+    }
+
+    if (const int signal = TakeStopSignal(); signal != 0) {
+      log << "received signal " << signal << "; passing it to " << (group ? group->size() : 0) << " rank(s)\n";
+      forwarded = signal;
+      if (group) group->Terminate(signal, launch.grace);
+      control.Close("the launcher received signal " + std::to_string(signal) + " and is exiting");
+    }
+    if (forwarded != 0) {
+      if (ranks_ended) return status.state == AttemptState::kFailed ? status.failure.status : 128 + forwarded;
+      continue;
+    }
+
+    if (status.state == AttemptState::kRunning && !stopping_for && ranks_ended) {
+      status.state = AttemptState::kSucceeded;
+      control.Set(status);
+      log << "attempt " << status.attempt << ": every rank exited 0\n";
+      return 0;
+    }
+
+    // The endpoint takes a stop only for a later attempt, and a start only for this
+    // attempt while it is ready, which nothing but these instructions changes.
+    if (const std::optional<AttemptInstruction> instruction = control.Pending()) {
+      if (instruction->kind == AttemptInstruction::kStop) {
+        if (!stopping_for && !ranks_ended) {
+          log << "attempt " << instruction->attempt << ": stopping " << these_ranks << " of attempt " << status.attempt
+              << "\n";
+          group->Terminate(SIGTERM, launch.restart_grace);
+        }
+        stopping_for = instruction->attempt;
+        if (ranks_ended) {
+          group.reset();
+          stopping_for.reset();
+          status = AttemptStatus{instruction->attempt, AttemptState::kReady, {}};
+          hold_until = now + launch.hold;
+          control.Complete(status);
+          log << "attempt " << status.attempt << ": ready; waiting for the operator's start (up to " << hold_seconds
+              << " s)\n";
+        }
+      } else {
+        log << "attempt " << status.attempt << ": starting " << these_ranks << std::endl;
+        group.emplace(WithAttempt(ranks, status.attempt), launch.command, true);
+        status.state = AttemptState::kRunning;
+        failed_status = 0;
+        hold_until = Clock::time_point::max();
+        control.Complete(status);
+      }
+    }
+
+    if (ranks_ended && !stopping_for && now > hold_until) {
+      // Without a failure, the ranks were stopped by the operator, with SIGTERM.
+      const int exit_status = failed_status != 0 ? failed_status : 128 + SIGTERM;
+      log << "no instruction from the operator within " << hold_seconds << " s; exiting with status " << exit_status
+          << "\n";
+      return exit_status;
+    }
+  }
+}
+
+}  // namespace
 
 std::vector<RankProcess> RanksOfThisNode() {
   const int node_rank = api::EnvironmentRank(env::kNodeRank, 0);
@@ -31,15 +161,30 @@ std::vector<RankProcess> RanksOfThisNode() {
   return ranks;
 }
 
+NodeLaunch NodeLaunchFromEnvironment(std::vector<std::string> command) {
+  NodeLaunch launch;
+  launch.command = std::move(command);
+  launch.attempt = int(api::EnvironmentInteger(env::kAttempt, 0, INT_MAX, 0));
+  launch.token = api::EnvironmentString(env::kLauncherToken);
+  if (!launch.token.empty() && launch.token.size() < kMinimumTokenLength) {
+    throw std::runtime_error(std::string(env::kLauncherToken) + " is " + std::to_string(launch.token.size()) +
+                             " characters long; it must have at least " + std::to_string(kMinimumTokenLength));
+  }
+  launch.hold = std::chrono::seconds(api::EnvironmentInteger(env::kLauncherHoldSeconds, 0, 3600, 60));
+  launch.control_host = api::EnvironmentString(env::kPodIp, "0.0.0.0");
+  launch.control_port = int(api::EnvironmentInteger(env::kLauncherPort, 1, 65535, api::worker::kLauncherPort));
+  return launch;
+}
+
 int LaunchNode(const NodeLaunch& launch, std::ostream& log) {
+  const std::vector<RankProcess> ranks = RanksOfThisNode();
+  log << "launching ranks " << ranks.front().rank << ".." << ranks.back().rank << " of this node" << std::endl;
+  if (!launch.token.empty()) return LaunchControlled(launch, ranks, log);
   ProcessGroupOptions options;
   options.command = launch.command;
   options.grace = launch.grace;
   options.forward_signals = true;
-  const std::vector<RankProcess> ranks = RanksOfThisNode();
-  log << "launching ranks " << ranks.front().rank << ".." << ranks.back().rank << " of this node" << std::endl;
-  const LaunchResult result = RunProcessGroup(ranks, options, log);
-  return result.status;
+  return RunProcessGroup(WithAttempt(ranks, launch.attempt), options, log).status;
 }
 
 }  // namespace meshtrain::launch

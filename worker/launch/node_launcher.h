@@ -1,9 +1,15 @@
 // `meshtrain-worker launch`: the entry point of a pod (DESIGN.md, "Worker contract").
 // It starts one rank process per GPU of this node with the torchrun variables (RANK,
-// LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK) added to the pod's environment,
-// passes the kubelet's SIGTERM on to them, and tears all of them down when one fails.
-// Its exit status is the first failed rank's, so a rank's permanent-error code (78)
-// reaches the operator unchanged.
+// LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK) and MESHTRAIN_ATTEMPT added to the
+// pod's environment, and passes the kubelet's SIGTERM on to them.
+//
+// When a rank fails, it stops the others. Without a token it then exits with the failed
+// rank's status, so the pod fails and the operator recreates the gang's pods. With one
+// (MESHTRAIN_LAUNCHER_TOKEN) it serves the operator's control endpoint
+// (launcher_control.h) and holds: the operator stops every pod's ranks and starts the
+// next attempt in place; if no instruction comes within the hold, it exits as without a
+// token. Either way a rank's permanent-error code (78) ends the launcher at once with 78,
+// which reaches the operator unchanged, and every rank exiting 0 ends it with 0.
 
 #pragma once
 
@@ -12,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "api/worker_contract.h"
 #include "worker/launch/process_group.h"
 
 namespace meshtrain::launch {
@@ -24,9 +31,26 @@ struct NodeLaunch {
   std::vector<std::string> command;  // argv of every rank
   // SIGTERM to SIGKILL; below the pod's 120 s termination grace so ranks can checkpoint.
   std::chrono::milliseconds grace{100'000};
+  int attempt = 0;  // the first attempt's number
+  // The operator's secret; empty: no control endpoint, a failed rank ends the launcher.
+  std::string token;
+  std::string control_host = "0.0.0.0";
+  int control_port = api::worker::kLauncherPort;
+  // How long a launcher waits for the operator's next instruction once its ranks failed,
+  // or once they were stopped for an attempt that has not been started.
+  std::chrono::milliseconds hold{60'000};
+  // SIGTERM to SIGKILL when ranks are stopped for a restart: a gang with a dead rank has
+  // nothing to save (its ranks wait in collectives), and every moment here is recovery time.
+  std::chrono::milliseconds restart_grace{100};
 };
 
-// Runs this node's ranks; returns the exit status for the pod.
+// The launch of this pod that the worker contract's environment asks for (the token,
+// MESHTRAIN_ATTEMPT, the hold, MESHTRAIN_POD_IP and the control port), with the ranks
+// running `command`. Throws std::runtime_error naming a malformed variable.
+NodeLaunch NodeLaunchFromEnvironment(std::vector<std::string> command);
+
+// Runs this node's ranks; returns the exit status for the pod. Throws std::runtime_error
+// if it cannot start them or serve the control endpoint.
 int LaunchNode(const NodeLaunch& launch, std::ostream& log);
 
 }  // namespace meshtrain::launch

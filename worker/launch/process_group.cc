@@ -13,12 +13,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 
 namespace meshtrain::launch {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGHUP};
 
 std::atomic<int> received_signal{0};
 
@@ -30,97 +33,150 @@ int StatusOf(int wait_status) {
   return 1;
 }
 
+// This process's environment with `variables` set on top, as execve takes it. Made before
+// fork: the child of a process with other threads (a launcher's HTTP endpoint) may only
+// make async-signal-safe calls, which setenv is not.
+std::vector<std::string> EnvironmentWith(const std::map<std::string, std::string>& variables) {
+  std::vector<std::string> entries;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string_view text(*entry);
+    if (variables.count(std::string(text.substr(0, text.find('=')))) == 0) entries.emplace_back(text);
+  }
+  for (const auto& [key, value] : variables) entries.push_back(key + "=" + value);
+  return entries;
+}
+
 }  // namespace
 
-LaunchResult RunProcessGroup(const std::vector<RankProcess>& ranks, const ProcessGroupOptions& options,
-                             std::ostream& log) {
-  if (options.command.empty()) throw std::runtime_error("a process group needs a command");
+void CatchStopSignals() {
+  received_signal.store(0);
+  struct sigaction action{};
+  action.sa_handler = RememberSignal;
+  sigemptyset(&action.sa_mask);
+  for (int signal : kStopSignals) ::sigaction(signal, &action, nullptr);
+}
+
+int TakeStopSignal() { return received_signal.exchange(0); }
+
+RankGroup::RankGroup(const std::vector<RankProcess>& ranks, const std::vector<std::string>& command,
+                     bool caught_stop_signals) {
+  if (command.empty()) throw std::runtime_error("a process group needs a command");
   std::vector<char*> argv;
-  for (const std::string& arg : options.command) argv.push_back(const_cast<char*>(arg.c_str()));
+  for (const std::string& arg : command) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
 
-  if (options.forward_signals) {
-    received_signal.store(0);
-    struct sigaction action{};
-    action.sa_handler = RememberSignal;
-    sigemptyset(&action.sa_mask);
-    for (int signal : {SIGTERM, SIGINT, SIGHUP}) ::sigaction(signal, &action, nullptr);
-  }
-
-  std::map<pid_t, int> running;  // pid -> rank
-  // A stopped rank (SIGSTOP, or a hang found by the heartbeat) would hold any signal but
-  // SIGKILL until the grace ran out, so it is woken to take it.
-  auto signal_all = [&](int signal) {
-    for (const auto& [pid, rank] : running) {
-      ::kill(pid, signal);
-      if (signal != SIGKILL) ::kill(pid, SIGCONT);
-    }
-  };
-  // The forwarded signals stay blocked across each fork: one that reached a child before it
+  // The caught signals stay blocked across each fork: one that reached a child before it
   // dropped the launcher's handler would be swallowed by that handler, and the rank would
   // outlive its SIGTERM. The child unblocks them after resetting, so it dies of a pending one.
-  sigset_t forwarded_signals, unblocked;
-  sigemptyset(&forwarded_signals);
-  for (int signal : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&forwarded_signals, signal);
+  sigset_t stop_signals, unblocked;
+  sigemptyset(&stop_signals);
+  for (int signal : kStopSignals) sigaddset(&stop_signals, signal);
   for (const RankProcess& rank : ranks) {
-    if (options.forward_signals) ::pthread_sigmask(SIG_BLOCK, &forwarded_signals, &unblocked);
+    const std::vector<std::string> environment = EnvironmentWith(rank.environment);
+    std::vector<char*> envp;
+    for (const std::string& entry : environment) envp.push_back(const_cast<char*>(entry.c_str()));
+    envp.push_back(nullptr);
+    const std::string network_namespace =
+        rank.network_namespace.empty() ? "" : "/run/netns/" + rank.network_namespace;
+
+    if (caught_stop_signals) ::pthread_sigmask(SIG_BLOCK, &stop_signals, &unblocked);
     const pid_t pid = ::fork();
     if (pid < 0) {
       const int error = errno;
-      if (options.forward_signals) ::pthread_sigmask(SIG_SETMASK, &unblocked, nullptr);
-      signal_all(SIGKILL);
+      if (caught_stop_signals) ::pthread_sigmask(SIG_SETMASK, &unblocked, nullptr);
+      KillAndReap();
       throw std::runtime_error(std::string("fork failed: ") + std::strerror(error));
     }
     if (pid == 0) {
-      if (options.forward_signals) {
-        for (int signal : {SIGTERM, SIGINT, SIGHUP}) ::signal(signal, SIG_DFL);
+      if (caught_stop_signals) {
+        for (int signal : kStopSignals) ::signal(signal, SIG_DFL);
         ::pthread_sigmask(SIG_SETMASK, &unblocked, nullptr);
       }
-      for (const auto& [key, value] : rank.environment) ::setenv(key.c_str(), value.c_str(), 1);
-      if (!rank.network_namespace.empty()) {
-        const std::string path = "/run/netns/" + rank.network_namespace;
-        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (!network_namespace.empty()) {
+        const int fd = ::open(network_namespace.c_str(), O_RDONLY | O_CLOEXEC);
         if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) {
-          std::fprintf(stderr, "rank %d: cannot enter network namespace %s: %s\n", rank.rank, path.c_str(),
-                       std::strerror(errno));
+          std::fprintf(stderr, "rank %d: cannot enter network namespace %s: %s\n", rank.rank,
+                       network_namespace.c_str(), std::strerror(errno));
           ::_exit(127);
         }
         ::close(fd);
       }
-      ::execvp(argv[0], argv.data());
+      ::execvpe(argv[0], argv.data(), envp.data());
       std::fprintf(stderr, "rank %d: cannot run %s: %s\n", rank.rank, argv[0], std::strerror(errno));
       ::_exit(127);
     }
-    if (options.forward_signals) ::pthread_sigmask(SIG_SETMASK, &unblocked, nullptr);
-    running[pid] = rank.rank;
+    if (caught_stop_signals) ::pthread_sigmask(SIG_SETMASK, &unblocked, nullptr);
+    running_[pid] = rank.rank;
   }
+}
+
+RankGroup::~RankGroup() { KillAndReap(); }
+
+void RankGroup::KillAndReap() {
+  for (const auto& [pid, rank] : running_) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+  running_.clear();
+}
+
+std::vector<RankExit> RankGroup::Poll(std::ostream& log) {
+  std::vector<RankExit> exits;
+  int wait_status = 0;
+  for (pid_t pid; (pid = ::waitpid(-1, &wait_status, WNOHANG)) > 0;) {
+    // Any other child is an orphan this process adopted (a pod's PID 1); reaping it is all.
+    if (const auto it = running_.find(pid); it != running_.end()) {
+      exits.push_back(RankExit{it->second, StatusOf(wait_status)});
+      running_.erase(it);
+    }
+  }
+  if (!running_.empty() && Clock::now() > kill_at_) {
+    log << "ranks still running " << grace_.count() << " ms after SIGTERM; killing them\n";
+    for (const auto& [pid, rank] : running_) ::kill(pid, SIGKILL);
+    kill_at_ = Clock::time_point::max();
+  }
+  return exits;
+}
+
+void RankGroup::Terminate(int signal, std::chrono::milliseconds grace) {
+  // A stopped rank (SIGSTOP, or a hang found by the heartbeat) would hold any signal but
+  // SIGKILL until the grace ran out, so it is woken to take it.
+  for (const auto& [pid, rank] : running_) {
+    ::kill(pid, signal);
+    if (signal != SIGKILL) ::kill(pid, SIGCONT);
+  }
+  if (const Clock::time_point deadline = Clock::now() + grace; deadline < kill_at_) {
+    kill_at_ = deadline;
+    grace_ = grace;
+  }
+}
+
+LaunchResult RunProcessGroup(const std::vector<RankProcess>& ranks, const ProcessGroupOptions& options,
+                             std::ostream& log) {
+  if (options.forward_signals) CatchStopSignals();
+  RankGroup group(ranks, options.command, options.forward_signals);
 
   LaunchResult result;
   const Clock::time_point started = Clock::now();
-  Clock::time_point kill_at = Clock::time_point::max();
   bool stopping = false;
   int forwarded = 0;
-  while (!running.empty()) {
-    int wait_status = 0;
-    const pid_t pid = ::waitpid(-1, &wait_status, WNOHANG);
-    if (pid > 0 && running.count(pid) > 0) {
-      const int rank = running[pid];
-      running.erase(pid);
-      const int status = StatusOf(wait_status);
-      result.exits.push_back(RankExit{rank, status});
-      if (status != 0 && result.status == 0 && forwarded == 0) {
-        result.status = status;
-        log << "rank " << rank << " failed with status " << status
-            << (running.empty() || !options.stop_others_on_failure ? "" : "; stopping the other ranks") << "\n";
+  while (!group.empty()) {
+    const std::vector<RankExit> exits = group.Poll(log);
+    for (size_t i = 0; i < exits.size(); ++i) {
+      const RankExit& exit = exits[i];
+      result.exits.push_back(exit);
+      if (exit.status != 0 && result.status == 0 && forwarded == 0) {
+        result.status = exit.status;
+        const bool others_run = group.size() + (exits.size() - i - 1) > 0;
+        log << "rank " << exit.rank << " failed with status " << exit.status
+            << (others_run && options.stop_others_on_failure ? "; stopping the other ranks" : "") << "\n";
       }
-      continue;
     }
     const Clock::time_point now = Clock::now();
-    if (const int signal = received_signal.exchange(0); signal != 0 && options.forward_signals) {
-      log << "received signal " << signal << "; passing it to " << running.size() << " rank(s)\n";
+    if (const int signal = options.forward_signals ? TakeStopSignal() : 0; signal != 0) {
+      log << "received signal " << signal << "; passing it to " << group.size() << " rank(s)\n";
       forwarded = signal;
-      signal_all(signal);
-      if (!stopping) kill_at = now + options.grace;
+      group.Terminate(signal, options.grace);
       stopping = true;
     }
     const bool timed_out = options.timeout.count() > 0 && now - started > options.timeout;
@@ -130,13 +186,7 @@ LaunchResult RunProcessGroup(const std::vector<RankProcess>& ranks, const Proces
         if (result.status == 0) result.status = 124;
       }
       stopping = true;
-      signal_all(SIGTERM);
-      kill_at = now + options.grace;
-    }
-    if (stopping && now > kill_at) {
-      log << "ranks still running " << options.grace.count() << " ms after SIGTERM; killing them\n";
-      signal_all(SIGKILL);
-      kill_at = Clock::time_point::max();
+      group.Terminate(SIGTERM, options.grace);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

@@ -4,10 +4,16 @@
 // gang. Used by LaunchLocal (virtual nodes on this machine) and by `meshtrain-worker
 // launch` (the ranks of one pod).
 //
-// Thread-safety: RunProcessGroup reaps children with waitpid(-1); run one at a time
-// per process, and do not start other children while it runs.
+// RankGroup is the part that owns the processes of one set of ranks (start, reap, stop);
+// RunProcessGroup supervises one RankGroup to its end, and the pod launcher
+// (node_launcher.h) runs one RankGroup per attempt.
+//
+// Thread-safety: a RankGroup reaps children with waitpid(-1); have one at a time per
+// process, use it from one thread, and start no other children while it lives.
 
 #pragma once
+
+#include <sys/types.h>
 
 #include <chrono>
 #include <map>
@@ -46,6 +52,45 @@ struct LaunchResult {
   // process received (forward_signals) when every rank then ended cleanly.
   int status = 0;
   std::vector<RankExit> exits;  // in the order the ranks ended
+};
+
+// From now on SIGTERM, SIGINT and SIGHUP sent to this process are kept for
+// TakeStopSignal() instead of ending it (a pod launcher passes them on to its ranks).
+void CatchStopSignals();
+// The last of those signals received since the previous call; 0: none.
+int TakeStopSignal();
+
+// The processes of a set of ranks, from their start until each is reaped.
+class RankGroup {
+ public:
+  // Starts one process per rank running `command`, each with its environment on top of
+  // this process's. `caught_stop_signals`: this process called CatchStopSignals(), and
+  // the ranks must die of those signals rather than inherit the catching. Throws
+  // std::runtime_error if it cannot (no command, fork failed), after killing and reaping
+  // the ranks it did start.
+  RankGroup(const std::vector<RankProcess>& ranks, const std::vector<std::string>& command, bool caught_stop_signals);
+  // Kills (SIGKILL) and reaps the ranks still running.
+  ~RankGroup();
+  RankGroup(const RankGroup&) = delete;
+  RankGroup& operator=(const RankGroup&) = delete;
+
+  // Reaps the ranks that ended, without waiting, and SIGKILLs the ones still running
+  // past a Terminate()'s grace (saying so on `log`). Returns the ranks reaped, in order.
+  std::vector<RankExit> Poll(std::ostream& log);
+  // Sends `signal` (and SIGCONT, so a stopped rank takes it) to every running rank; those
+  // still running `grace` later are SIGKILLed by Poll(). A later call keeps an earlier
+  // deadline.
+  void Terminate(int signal, std::chrono::milliseconds grace);
+
+  bool empty() const { return running_.empty(); }
+  size_t size() const { return running_.size(); }
+
+ private:
+  void KillAndReap();
+
+  std::map<pid_t, int> running_;  // pid -> rank
+  std::chrono::steady_clock::time_point kill_at_ = std::chrono::steady_clock::time_point::max();
+  std::chrono::milliseconds grace_{0};  // of the deadline, for the log
 };
 
 // Starts every rank and returns when all have ended. Failures are reported on `log`.

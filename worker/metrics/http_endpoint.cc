@@ -9,15 +9,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <functional>
 #include <iterator>
 #include <list>
 #include <stdexcept>
 #include <vector>
 
-#include <prometheus/text_serializer.h>
-
-#include "worker/metrics/http_request.h"
 
 namespace meshtrain::metrics {
 namespace {
@@ -45,10 +41,11 @@ struct Connection {
   size_t sent = 0;
 };
 
-// Returns the listening socket and stores its port; throws naming `address`.
-int Listen(const std::string& host, int port, int* bound_port) {
+// Returns the listening socket and stores its port; throws naming what it serves and `address`.
+int Listen(const std::string& name, const std::string& host, int port, int* bound_port) {
   const std::string address = host + ":" + std::to_string(port);
-  if (port < 0 || port > 65535) throw std::runtime_error("cannot serve metrics on " + address + ": no such port");
+  const std::string cannot = "cannot serve " + name + " on " + address + ": ";
+  if (port < 0 || port > 65535) throw std::runtime_error(cannot + "no such port");
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -56,7 +53,7 @@ int Listen(const std::string& host, int port, int* bound_port) {
   addrinfo* found = nullptr;
   const std::string service = std::to_string(port);
   if (const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found); rc != 0) {
-    throw std::runtime_error("cannot serve metrics on " + address + ": " + ::gai_strerror(rc));
+    throw std::runtime_error(cannot + ::gai_strerror(rc));
   }
   std::string error = "no address";
   int fd = -1;
@@ -75,7 +72,7 @@ int Listen(const std::string& host, int port, int* bound_port) {
     }
   }
   ::freeaddrinfo(found);
-  if (fd < 0) throw std::runtime_error("cannot serve metrics on " + address + ": " + error);
+  if (fd < 0) throw std::runtime_error(cannot + error);
   sockaddr_storage bound{};
   socklen_t length = sizeof bound;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length);
@@ -86,7 +83,7 @@ int Listen(const std::string& host, int port, int* bound_port) {
 
 // Moves connection `c` on after poll() gave it `events`: reads its request and answers,
 // sends the answer, then lingers. False when it is to be closed.
-bool Advance(Connection& c, short events, const std::function<std::string()>& metrics_text) {
+bool Advance(Connection& c, short events, const std::vector<HttpRoute>& routes) {
   if (events & (POLLERR | POLLNVAL)) return false;
   if (c.phase == Connection::kReading && events) {
     char buffer[kMaxRequestHead];
@@ -97,7 +94,7 @@ bool Advance(Connection& c, short events, const std::function<std::string()>& me
     c.in.append(buffer, size_t(n));
     const HttpParse parse = ParseHttpRequest(c.in);
     if (parse.status == HttpParse::kIncomplete) return true;
-    c.out = HttpAnswer(parse, metrics_text);
+    c.out = HttpAnswer(parse, routes);
     c.phase = Connection::kWriting;  // and at once, rather than after another poll
   }
   if (c.phase == Connection::kWriting) {
@@ -120,14 +117,15 @@ bool Advance(Connection& c, short events, const std::function<std::string()>& me
 
 }  // namespace
 
-HttpEndpoint::HttpEndpoint(const std::string& host, int port, std::shared_ptr<prometheus::Collectable> metrics,
+HttpEndpoint::HttpEndpoint(const std::string& host, int port, std::vector<HttpRoute> routes,
                            HttpEndpointOptions options)
-    : metrics_(std::move(metrics)), options_(options) {
-  listen_fd_ = Listen(host, port, &port_);
+    : routes_(std::move(routes)), options_(std::move(options)) {
+  listen_fd_ = Listen(options_.name, host, port, &port_);
   if (::pipe2(wake_fds_, O_CLOEXEC | O_NONBLOCK) != 0) {
     const std::string error = std::strerror(errno);
     ::close(listen_fd_);
-    throw std::runtime_error("cannot serve metrics on " + host + ":" + std::to_string(port) + ": pipe: " + error);
+    throw std::runtime_error("cannot serve " + options_.name + " on " + host + ":" + std::to_string(port) +
+                             ": pipe: " + error);
   }
   thread_ = std::thread([this] { Serve(); });
 }
@@ -141,7 +139,6 @@ HttpEndpoint::~HttpEndpoint() {
 }
 
 void HttpEndpoint::Serve() {
-  const auto metrics_text = [this] { return prometheus::TextSerializer().Serialize(metrics_->Collect()); };
   std::list<Connection> connections;
   std::vector<pollfd> fds;
   Clock::time_point accept_after;  // a pause after accept() failed
@@ -162,7 +159,7 @@ void HttpEndpoint::Serve() {
     // Each connection's poll entry, by position: the ones accepted below have none yet.
     size_t entry = 2;
     for (auto it = connections.begin(); it != connections.end(); ++entry) {
-      const bool keep = Clock::now() < it->deadline && Advance(*it, fds[entry].revents, metrics_text);
+      const bool keep = Clock::now() < it->deadline && Advance(*it, fds[entry].revents, routes_);
       it = keep ? std::next(it) : connections.erase(it);
     }
 

@@ -1,29 +1,32 @@
-// The worker's HTTP/1.1 endpoint: GET /metrics answers the Prometheus text exposition of
-// a collectable (a registry), GET /healthz answers "ok"; HEAD works too. What the
-// requests may be, and each answer, are in http_request.h; every answer closes its
-// connection. It is ours rather than prometheus-cpp's Exposer so that every byte a client
-// sends meets code that is fuzzed (tests/fuzz/http_request_fuzzer.cc).
+// The worker's HTTP/1.1 endpoint: it answers each request from a table of routes
+// (http_request.h), such as a rank's /metrics and /healthz (MetricsRoutes) or a pod
+// launcher's control of its ranks (worker/launch/launcher_control.h). What the requests
+// may be is in http_request.h; every answer closes its connection. It is ours rather than
+// prometheus-cpp's Exposer so that every byte a client sends meets code that is fuzzed
+// (tests/fuzz/http_request_fuzzer.cc).
 //
 // Limits, so that no client can hold it: a request head of kMaxRequestHead bytes, no
 // request bodies, `max_connections` clients at once (later ones wait in the listen
 // backlog), and `timeout` for a connection's whole life, after which a silent or slow
 // client is dropped.
 //
-// Thread-safety: it serves on its own thread, which calls Collect() on the collectable
-// (prometheus-cpp's Registry allows that); port() may be called from any thread.
+// Thread-safety: it serves on its own thread, which calls the routes' answers one request
+// at a time (an answer that blocks holds every other client meanwhile); port() may be
+// called from any thread.
 
 #pragma once
 
 #include <chrono>
-#include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
-#include <prometheus/collectable.h>
+#include "worker/metrics/http_request.h"
 
 namespace meshtrain::metrics {
 
 struct HttpEndpointOptions {
+  std::string name = "HTTP";  // what it serves, for errors: "cannot serve metrics on ..."
   std::chrono::milliseconds timeout{5000};  // from accept to close
   int max_connections = 32;
 };
@@ -33,8 +36,7 @@ class HttpEndpoint {
   // Listens on host:port (port 0: any free one; host: a numeric IPv4 or IPv6 address,
   // "0.0.0.0" for every IPv4 interface). Throws std::runtime_error naming the address if
   // it cannot listen.
-  HttpEndpoint(const std::string& host, int port, std::shared_ptr<prometheus::Collectable> metrics,
-               HttpEndpointOptions options = {});
+  HttpEndpoint(const std::string& host, int port, std::vector<HttpRoute> routes, HttpEndpointOptions options = {});
   // Stops serving and closes every connection.
   ~HttpEndpoint();
   HttpEndpoint(const HttpEndpoint&) = delete;
@@ -45,7 +47,7 @@ class HttpEndpoint {
  private:
   void Serve();
 
-  std::shared_ptr<prometheus::Collectable> metrics_;
+  std::vector<HttpRoute> routes_;
   HttpEndpointOptions options_;
   int port_ = 0;
   int listen_fd_ = -1;

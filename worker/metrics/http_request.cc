@@ -1,5 +1,6 @@
 #include "worker/metrics/http_request.h"
 
+#include <algorithm>
 #include <exception>
 #include <optional>
 
@@ -113,25 +114,77 @@ std::string Reason(int code) {
   switch (code) {
     case 200: return "OK";
     case 400: return "Bad Request";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
     case 413: return "Content Too Large";
     case 431: return "Request Header Fields Too Large";
+    case 503: return "Service Unavailable";
     case 505: return "HTTP Version Not Supported";
     default: return "Internal Server Error";
   }
 }
 
-std::string Response(int code, const char* type, const std::string& body, bool head_only, const char* extra = "") {
-  std::string out = "HTTP/1.1 " + std::to_string(code) + " " + Reason(code) + "\r\nContent-Type: " + type +
-                    "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n" + extra +
-                    "\r\n";
-  if (!head_only) out += body;
+std::string Response(const HttpResponse& response, bool head_only) {
+  std::string out = "HTTP/1.1 " + std::to_string(response.code) + " " + Reason(response.code) +
+                    "\r\nContent-Type: " + response.content_type +
+                    "\r\nContent-Length: " + std::to_string(response.body.size()) + "\r\nConnection: close\r\n" +
+                    response.headers + "\r\n";
+  if (!head_only) out += response.body;
   return out;
 }
 
-std::string Text(int code, const std::string& body, bool head_only, const char* extra = "") {
-  return Response(code, "text/plain; charset=utf-8", body, head_only, extra);
+std::string Text(int code, std::string body, bool head_only, std::string headers = "") {
+  HttpResponse response;
+  response.code = code;
+  response.body = std::move(body);
+  response.headers = std::move(headers);
+  return Response(response, head_only);
+}
+
+// "a", "a and b", "a, b and c".
+std::string Enumerate(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += i + 1 == items.size() ? " and " : ", ";
+    out += items[i];
+  }
+  return out;
+}
+
+// A route's methods with HEAD after GET, as they are allowed.
+std::vector<std::string> AllowedMethods(const HttpRoute& route) {
+  std::vector<std::string> methods;
+  for (const std::string& method : route.methods) {
+    methods.push_back(method);
+    if (method == "GET") methods.push_back("HEAD");
+  }
+  return methods;
+}
+
+// A %XX-and-'+' encoded query component decoded; nullopt when an escape is malformed.
+std::optional<std::string> DecodeQueryComponent(std::string_view encoded) {
+  const auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string decoded;
+  for (size_t i = 0; i < encoded.size(); ++i) {
+    if (encoded[i] == '+') {
+      decoded += ' ';
+    } else if (encoded[i] != '%') {
+      decoded += encoded[i];
+    } else if (i + 2 < encoded.size() && hex(encoded[i + 1]) >= 0 && hex(encoded[i + 2]) >= 0) {
+      decoded += char(hex(encoded[i + 1]) * 16 + hex(encoded[i + 2]));
+      i += 2;
+    } else {
+      return std::nullopt;
+    }
+  }
+  return decoded;
 }
 
 }  // namespace
@@ -165,26 +218,67 @@ HttpParse ParseHttpRequest(std::string_view received) {
   return HttpParse{};
 }
 
-std::string HttpAnswer(const HttpParse& parse, const std::function<std::string()>& metrics) {
+std::string HttpAnswer(const HttpParse& parse, const std::vector<HttpRoute>& routes) {
   if (parse.status != HttpParse::kComplete) return Text(parse.code ? parse.code : 400, parse.error + "\n", false);
   const HttpRequestHead& head = parse.head;
   const bool head_only = head.method == "HEAD";
-  const bool is_metrics = head.path == "/metrics";
-  if (!is_metrics && head.path != "/healthz") {
-    return Text(404, "no such path; this endpoint serves /metrics and /healthz\n", head_only);
+  const auto route =
+      std::find_if(routes.begin(), routes.end(), [&](const HttpRoute& r) { return r.path == head.path; });
+  if (route == routes.end()) {
+    std::vector<std::string> paths;
+    for (const HttpRoute& r : routes) paths.push_back(r.path);
+    return Text(404, "no such path; this endpoint serves " + Enumerate(paths) + "\n", head_only);
   }
-  if (head.method != "GET" && !head_only) {
-    return Text(405, "only GET and HEAD are allowed\n", false, "Allow: GET, HEAD\r\n");
+  const std::vector<std::string> allowed = AllowedMethods(*route);
+  if (std::find(allowed.begin(), allowed.end(), head.method) == allowed.end()) {
+    std::string allow;
+    for (const std::string& method : allowed) allow += (allow.empty() ? "" : ", ") + method;
+    return Text(405, "only " + Enumerate(allowed) + (allowed.size() == 1 ? " is" : " are") + " allowed\n", head_only,
+                "Allow: " + allow + "\r\n");
   }
   if (head.has_body) return Text(413, "requests with a body are not accepted\n", head_only);
-  if (!is_metrics) return Text(200, "ok", head_only);
-  std::string text;
   try {
-    text = metrics();
+    return Response(route->answer(head), head_only);
   } catch (const std::exception& e) {
-    return Text(500, std::string("cannot collect the metrics: ") + e.what() + "\n", head_only);
+    return Text(500, "cannot answer " + head.path + ": " + e.what() + "\n", head_only);
   }
-  return Response(200, kPrometheusTextType, text, head_only);
+}
+
+std::vector<HttpRoute> MetricsRoutes(std::function<std::string()> metrics) {
+  const auto answer_metrics = [metrics = std::move(metrics)](const HttpRequestHead&) {
+    HttpResponse response;
+    try {
+      response.body = metrics();
+      response.content_type = kPrometheusTextType;
+    } catch (const std::exception& e) {
+      response.code = 500;
+      response.body = std::string("cannot collect the metrics: ") + e.what() + "\n";
+    }
+    return response;
+  };
+  const auto answer_health = [](const HttpRequestHead&) {
+    HttpResponse response;
+    response.body = "ok";
+    return response;
+  };
+  return {{"/metrics", {"GET"}, answer_metrics}, {"/healthz", {"GET"}, answer_health}};
+}
+
+std::optional<std::string> QueryParameter(std::string_view target, std::string_view name) {
+  const size_t question = target.find('?');
+  if (question == std::string_view::npos) return std::nullopt;
+  std::string_view query = target.substr(question + 1);
+  query = query.substr(0, query.find('#'));  // a fragment is no part of the query
+  for (;;) {
+    const size_t ampersand = query.find('&');
+    const std::string_view pair = query.substr(0, ampersand);
+    const size_t equals = pair.find('=');
+    if (pair.substr(0, equals) == name) {
+      return DecodeQueryComponent(equals == std::string_view::npos ? "" : pair.substr(equals + 1));
+    }
+    if (ampersand == std::string_view::npos) return std::nullopt;
+    query.remove_prefix(ampersand + 1);
+  }
 }
 
 }  // namespace meshtrain::metrics

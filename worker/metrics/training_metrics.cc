@@ -1,5 +1,7 @@
 #include "worker/metrics/training_metrics.h"
 
+#include <prometheus/text_serializer.h>
+
 #include "api/worker_contract.h"
 
 namespace meshtrain::metrics {
@@ -116,7 +118,10 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
 }
 
 void TrainingMetrics::Serve(const std::string& host, int port) {
-  endpoint_ = std::make_unique<HttpEndpoint>(host, port, registry_);
+  // prometheus-cpp's Registry may be collected from the endpoint's thread.
+  std::vector<HttpRoute> routes =
+      MetricsRoutes([registry = registry_] { return prometheus::TextSerializer().Serialize(registry->Collect()); });
+  endpoint_ = std::make_unique<HttpEndpoint>(host, port, std::move(routes), HttpEndpointOptions{.name = "metrics"});
 }
 
 int TrainingMetrics::port() const { return endpoint_->port(); }

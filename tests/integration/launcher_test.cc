@@ -1,0 +1,291 @@
+// The pod launcher (`meshtrain-worker launch`) restarting its ranks in place as the
+// operator instructs it over its control endpoint (worker/launch/launcher_control.h),
+// and ending when it must: a configuration error, a hold without instructions, no token.
+// The ranks are small shell scripts (`launch -- sh -c ...`); MESHTRAIN_WORKER is the
+// binary under test.
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "worker/launch/local_launcher.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kToken = "launcher-test-token-0123456789";
+
+// `meshtrain-worker launch -- sh -c SCRIPT` with extra environment, its output in a file.
+class Launcher {
+ public:
+  Launcher(const std::string& script, const std::map<std::string, std::string>& env, const fs::path& log) : log_(log) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      ::execl(MESHTRAIN_WORKER, MESHTRAIN_WORKER, "launch", "--", "/bin/sh", "-c", script.c_str(), nullptr);
+      ::_exit(127);
+    }
+  }
+  ~Launcher() {
+    if (!done_) {
+      for (pid_t rank : Ranks()) ::kill(rank, SIGKILL);
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+
+  // Its exit status (or 128 + signal); -1 if it is still running at the deadline.
+  int Wait(std::chrono::milliseconds deadline) {
+    const auto until = Clock::now() + deadline;
+    int status = 0;
+    while (::waitpid(pid_, &status, WNOHANG) == 0) {
+      if (Clock::now() > until) return -1;
+      std::this_thread::sleep_for(10ms);
+    }
+    done_ = true;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  std::string Output() const {
+    std::ifstream in(log_);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  // The rank processes it runs now.
+  std::vector<pid_t> Ranks() const {
+    std::ifstream in("/proc/" + std::to_string(pid_) + "/task/" + std::to_string(pid_) + "/children");
+    std::vector<pid_t> pids;
+    for (pid_t p; in >> p;) pids.push_back(p);
+    return pids;
+  }
+
+ private:
+  fs::path log_;
+  pid_t pid_ = -1;
+  bool done_ = false;
+};
+
+struct Answer {
+  int code = 0;  // 0: no answer
+  nlohmann::json body;
+};
+
+// One request to the control endpoint on 127.0.0.1:port; retries the connection for
+// `connecting`, as the launcher may not be listening yet.
+Answer Request(int port, const std::string& method, const std::string& target,
+               std::chrono::milliseconds connecting = 10s) {
+  int fd = -1;
+  for (const auto until = Clock::now() + connecting; Clock::now() < until; std::this_thread::sleep_for(20ms)) {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(uint16_t(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0) break;
+    ::close(fd);
+    fd = -1;
+  }
+  Answer answer;
+  if (fd < 0) return answer;
+  const std::string request = method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string response;
+  char buffer[4096];
+  for (pollfd p{fd, POLLIN, 0}; ::poll(&p, 1, 15000) > 0;) {
+    const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
+    if (n <= 0) break;
+    response.append(buffer, size_t(n));
+  }
+  ::close(fd);
+  if (response.size() < 12) return answer;
+  answer.code = std::stoi(response.substr(9, 3));
+  answer.body = nlohmann::json::parse(response.substr(response.find("\r\n\r\n") + 4), nullptr, false);
+  return answer;
+}
+
+std::string Instruction(const std::string& what, int attempt, const std::string& token = kToken) {
+  return "/attempt/" + what + "?attempt=" + std::to_string(attempt) + "&token=" + token;
+}
+
+// GET /attempt until its state is `state`; the last answer.
+Answer AwaitState(int port, const std::string& state, std::chrono::milliseconds deadline = 20s) {
+  Answer answer;
+  for (const auto until = Clock::now() + deadline; Clock::now() < until; std::this_thread::sleep_for(20ms)) {
+    answer = Request(port, "GET", "/attempt");
+    if (answer.code == 200 && answer.body.value("state", "") == state) break;
+  }
+  return answer;
+}
+
+bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+class LauncherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("meshtrain-launcher-test-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    port_ = launch::FreeLoopbackPort();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A pod of one node with two ranks, its control endpoint on 127.0.0.1:port_.
+  std::map<std::string, std::string> Pod(const std::string& token = kToken) const {
+    return {{"MESHTRAIN_NODE_RANK", "0"},       {"MESHTRAIN_NNODES", "1"},
+            {"MESHTRAIN_NPROC_PER_NODE", "2"},  {"MESHTRAIN_LAUNCHER_TOKEN", token},
+            {"MESHTRAIN_POD_IP", "127.0.0.1"},  {"MESHTRAIN_LAUNCHER_PORT", std::to_string(port_)}};
+  }
+
+  fs::path dir_;
+  int port_ = 0;
+};
+
+TEST_F(LauncherTest, RestartsItsRanksInPlaceWhenTheOperatorSaysSo) {
+  // Each rank notes its start. Attempt 0: rank 1 fails with 3 (once rank 0 has noted its
+  // start) while rank 0 trains on; attempt 1: both succeed.
+  const std::string seen_path = (dir_ / "seen").string();
+  const std::string script = "echo \"$RANK $MESHTRAIN_ATTEMPT\" >> " + seen_path +
+                             "; if [ \"$MESHTRAIN_ATTEMPT\" = 0 ]; then if [ \"$RANK\" = 1 ]; then until grep -q '^0 0$' " +
+                             seen_path + "; do sleep 0.01; done; exit 3; fi; exec sleep 60; fi";
+  Launcher launcher(script, Pod(), dir_ / "launch.log");
+
+  const Answer failed = AwaitState(port_, "failed");
+  EXPECT_EQ(failed.body, (nlohmann::json{{"attempt", 0}, {"state", "failed"}, {"exitCode", 3}, {"rank", 1}}))
+      << launcher.Output();
+  EXPECT_EQ(Request(port_, "POST", Instruction("stop", 1, "not-the-token-0123456789")).code, 403);
+  EXPECT_EQ(Request(port_, "POST", Instruction("start", 0)).code, 409) << "attempt 0 failed; it is not ready";
+  EXPECT_EQ(Request(port_, "GET", "/attempt").body, failed.body) << "refused requests changed something";
+
+  const Answer stop = Request(port_, "POST", Instruction("stop", 1));
+  EXPECT_EQ(stop.code, 200) << stop.body;
+  EXPECT_EQ(stop.body, (nlohmann::json{{"attempt", 1}, {"state", "ready"}})) << launcher.Output();
+  EXPECT_TRUE(launcher.Ranks().empty()) << "ready with ranks of attempt 0 still running";
+  EXPECT_EQ(Request(port_, "POST", Instruction("stop", 1)).body, stop.body) << "a repeated stop changes nothing";
+
+  const Answer start = Request(port_, "POST", Instruction("start", 1));
+  EXPECT_EQ(start.code, 200) << start.body;
+  EXPECT_EQ(start.body, (nlohmann::json{{"attempt", 1}, {"state", "running"}}));
+  EXPECT_EQ(launcher.Wait(20s), 0) << launcher.Output();
+
+  const std::string output = launcher.Output();
+  for (const char* line : {"rank 1 failed with exit code 3; stopping the other ranks and holding for the operator's "
+                           "next attempt (up to 60 s)",
+                           "attempt 1: ready",
+                           "attempt 1: starting ranks 0..1", "attempt 1: every rank exited 0"}) {
+    EXPECT_TRUE(Contains(output, line)) << line << "\n" << output;
+  }
+  std::ifstream seen_file(seen_path);
+  std::multiset<std::string> seen;
+  for (std::string line; std::getline(seen_file, line);) seen.insert(line);
+  EXPECT_EQ(seen, (std::multiset<std::string>{"0 0", "1 0", "0 1", "1 1"})) << "RANK MESHTRAIN_ATTEMPT of each start";
+}
+
+TEST_F(LauncherTest, AStopKillsRanksThatIgnoreSigtermAfterItsGrace) {
+  auto pod = Pod();
+  pod["MESHTRAIN_ATTEMPT"] = "4";
+  pod["MESHTRAIN_LAUNCHER_HOLD_SECONDS"] = "1";
+  Launcher launcher("trap '' TERM; exec sleep 120", pod, dir_ / "stubborn.log");
+  EXPECT_EQ(AwaitState(port_, "running").body, (nlohmann::json{{"attempt", 4}, {"state", "running"}}));
+  // Both ranks ignore SIGTERM once their shell has become `sleep`.
+  const auto sleeping = [](pid_t pid) {
+    std::string name;
+    std::ifstream("/proc/" + std::to_string(pid) + "/comm") >> name;
+    return name == "sleep";
+  };
+  std::vector<pid_t> ranks;
+  for (const auto until = Clock::now() + 10s; Clock::now() < until; std::this_thread::sleep_for(10ms)) {
+    ranks = launcher.Ranks();
+    if (ranks.size() == 2 && sleeping(ranks[0]) && sleeping(ranks[1])) break;
+  }
+  ASSERT_EQ(ranks.size(), 2u);
+
+  const auto asked = Clock::now();
+  const Answer stop = Request(port_, "POST", Instruction("stop", 5));
+  const auto took = Clock::now() - asked;
+  EXPECT_EQ(stop.body, (nlohmann::json{{"attempt", 5}, {"state", "ready"}})) << launcher.Output();
+  EXPECT_GE(took, 90ms) << "the ranks ignore SIGTERM; only the SIGKILL after 0.1 s ends them";
+  EXPECT_LT(took, 8s);
+  for (pid_t rank : ranks) EXPECT_NE(::kill(rank, 0), 0) << "rank process " << rank << " outlived the stop";
+
+  // Ready, and no start within the hold: the launcher gives up as a stopped pod.
+  EXPECT_EQ(launcher.Wait(10s), 128 + SIGTERM) << launcher.Output();
+  EXPECT_TRUE(Contains(launcher.Output(), "attempt 5: stopping ranks 0..1 of attempt 4")) << launcher.Output();
+  EXPECT_TRUE(Contains(launcher.Output(), "ranks still running 100 ms after SIGTERM; killing them"))
+      << launcher.Output();
+  EXPECT_TRUE(Contains(launcher.Output(), "no instruction from the operator within 1 s; exiting with status 143"))
+      << launcher.Output();
+}
+
+TEST_F(LauncherTest, AConfigurationErrorEndsTheLauncherWithoutHolding) {
+  Launcher launcher("[ \"$RANK\" = 1 ] && exit 78; exec sleep 60", Pod(), dir_ / "config.log");
+  const auto started = Clock::now();
+  EXPECT_EQ(launcher.Wait(20s), 78) << launcher.Output();
+  EXPECT_LT(Clock::now() - started, 10s);
+  EXPECT_TRUE(Contains(launcher.Output(), "rank 1 failed with exit code 78 (a configuration error")) << launcher.Output();
+  EXPECT_FALSE(Contains(launcher.Output(), "holding")) << launcher.Output();
+}
+
+TEST_F(LauncherTest, WithoutAnInstructionTheHoldEndsWithTheFailedRanksStatus) {
+  auto pod = Pod();
+  pod["MESHTRAIN_LAUNCHER_HOLD_SECONDS"] = "1";
+  Launcher launcher("[ \"$RANK\" = 0 ] && exit 3; exec sleep 60", pod, dir_ / "hold.log");
+  const auto started = Clock::now();
+  EXPECT_EQ(launcher.Wait(20s), 3) << launcher.Output();
+  EXPECT_GE(Clock::now() - started, 1s);
+  EXPECT_TRUE(Contains(launcher.Output(), "(up to 1 s)")) << launcher.Output();
+  EXPECT_TRUE(Contains(launcher.Output(), "no instruction from the operator within 1 s; exiting with status 3"))
+      << launcher.Output();
+}
+
+TEST_F(LauncherTest, WithoutATokenAFailedRankEndsTheLauncherAsBefore) {
+  Launcher launcher("[ \"$RANK\" = 1 ] && exit 3; exec sleep 60", Pod(""), dir_ / "plain.log");
+  EXPECT_EQ(launcher.Wait(20s), 3) << launcher.Output();
+  EXPECT_TRUE(Contains(launcher.Output(), "rank 1 failed with status 3; stopping the other ranks")) << launcher.Output();
+  EXPECT_FALSE(Contains(launcher.Output(), "control endpoint")) << launcher.Output();
+  EXPECT_EQ(Request(port_, "GET", "/attempt", 500ms).code, 0) << "something serves the control endpoint";
+}
+
+TEST_F(LauncherTest, ATokenShorterThan16CharactersIsAConfigurationError) {
+  Launcher launcher("exit 0", Pod("short-token"), dir_ / "short.log");
+  EXPECT_EQ(launcher.Wait(20s), 78) << launcher.Output();
+  EXPECT_TRUE(Contains(launcher.Output(), "MESHTRAIN_LAUNCHER_TOKEN is 11 characters long; it must have at least 16"))
+      << launcher.Output();
+}
+
+TEST_F(LauncherTest, SigtermReachesTheRanksAndEndsTheLauncher) {
+  Launcher launcher("exec sleep 60", Pod(), dir_ / "sigterm.log");
+  AwaitState(port_, "running");
+  std::vector<pid_t> ranks;
+  for (const auto until = Clock::now() + 10s; ranks.size() < 2 && Clock::now() < until;) ranks = launcher.Ranks();
+  ASSERT_EQ(ranks.size(), 2u);
+  ::kill(launcher.pid(), SIGTERM);
+  EXPECT_EQ(launcher.Wait(20s), 128 + SIGTERM) << launcher.Output();
+  EXPECT_TRUE(Contains(launcher.Output(), "received signal 15; passing it to 2 rank(s)")) << launcher.Output();
+  for (pid_t rank : ranks) EXPECT_NE(::kill(rank, 0), 0) << "rank process " << rank << " outlived its launcher";
+}
+
+}  // namespace
+}  // namespace meshtrain
