@@ -258,6 +258,7 @@ class Decider {
   // launcher's ranks and then start them again together (DriveLaunchers).
   void RestartInPlace(const std::string& message) {
     if (!WithinBackoffLimit(message)) return;
+    d_.status.gang = GangOf(o_.status);  // the same pods, also under a status that had no gang
     d_.status.restarts += 1;
     d_.status.last_failure_time = kube::MicroTime(o_.now);
     d_.restart_kind = "in_place";
@@ -297,10 +298,14 @@ class Decider {
       }
       if (!failed) failed = i;
     }
-    if (failed && states[*failed]->exit_code == api::worker::kExitCommFailure && others_may_report) {
+    // ... for a moment: a launcher whose ranks still wait in collectives would keep it
+    // waiting until its ranks time out.
+    constexpr std::chrono::seconds kWaitForTheCause{2};
+    if (failed && states[*failed]->exit_code == api::worker::kExitCommFailure && others_may_report &&
+        o_.now - o_.failure_seen.value_or(o_.now) < kWaitForTheCause) {
       d_.launchers_from = current;
       d_.Requeue(std::chrono::milliseconds(200));
-      return true;  // the failure that caused it may be reported in a moment
+      return true;
     }
     if (failed) {
       const size_t i = *failed;
@@ -312,10 +317,22 @@ class Decider {
         Fail("PermanentError", what + " (a configuration error; not restarting)");
         return true;
       }
+      // A pod whose ranks all finished has no launcher left to restart: new pods, then.
+      for (const json& pod : current) {
+        if (kube::PodPhase(pod) != "Succeeded") continue;
+        Restart("RankFailed", what + " after pod " + pod["metadata"].value("name", "") + " finished", kube::PinnedNode(current[i]), true);
+        return true;
+      }
       RestartInPlace(what + (s->exit_code == api::worker::kExitCommFailure ? " in a collective" : ""));
       return true;
     }
     if (!restarting_in_place) return false;
+    for (const json& pod : current) {
+      if (kube::PodPhase(pod) != "Succeeded") continue;
+      // Its launcher has exited: the restart already counted goes on with new pods.
+      Restart("PodFinished", "pod " + pod["metadata"].value("name", "") + " finished during an in-place restart", "", false);
+      return true;
+    }
     bool all_stopped = true, all_running = true;
     for (size_t i = 0; i < current.size(); ++i) {
       const LauncherState* s = states[i];
@@ -335,8 +352,7 @@ class Decider {
       for (size_t i = 0; i < current.size(); ++i)
         if (states[i]->state == "ready") d_.launcher_calls.push_back({current[i], "start", attempt});
     }
-    // The launchers' answers are recorded as this pass acts: the next pass can use them at once.
-    d_.Requeue(std::chrono::milliseconds(d_.launcher_calls.empty() ? 200 : 10));
+    d_.Requeue(std::chrono::milliseconds(200));  // the launchers' answers enqueue the job sooner
     return true;
   }
 
@@ -487,7 +503,6 @@ class Decider {
   void CreateGang(int64_t gang, const std::vector<json>& current) {
     const std::optional<json> existing = o_.config_map();
     std::optional<api::RankTable> table = ReusableTable(existing, gang);
-    const bool reused = table.has_value();
     scheduler::Placement placement;
     auto request = scheduler::PlacementRequest::ForJob(job_, o_.avoided_nodes);
     api::TrainingJob sized = job_;  // the job at the gang's size
@@ -506,6 +521,7 @@ class Decider {
       if (!job) table.reset();
       else sized = *job;
     }
+    const bool reused = table.has_value();
     if (!table) {
       const auto started = std::chrono::steady_clock::now();
       placement = scheduler::Place(request, snapshot());

@@ -61,6 +61,9 @@ struct Observed {
   std::optional<api::ProgressStatus> progress;  // rank 0's latest, read off the reconcile path
   // Pod uid -> its launcher's latest state (the current gang's pods that answered).
   std::map<std::string, LauncherState> launchers;
+  // When a launcher was first seen failed at the stored attempt (the reconciler's memory);
+  // unset: none has been.
+  std::optional<std::chrono::system_clock::time_point> failure_seen;
   std::chrono::system_clock::time_point now;
   // Read only when a gang is to be created:
   std::function<scheduler::ClusterSnapshot()> cluster;           // free GPUs as placement sees them

@@ -1,16 +1,14 @@
 // The operator's side of the pod launchers' control endpoint (api::worker::kLauncherPort,
-// worker/launch/node_launcher.h): POST /attempt/stop and /attempt/start, each with the
-// attempt and the pod's launcher token, answered with the launcher's state.
+// worker/launch/launcher_control.h): POST /attempt/stop and /attempt/start, each with the
+// attempt and the pod's launcher token, answered with the launcher's state. The requests
+// go out through the launchers' PodPoller (Post), never inside a reconcile.
 //
-// Thread-safety: SendLauncherCalls may be called from any thread.
+// Thread-safety: pure functions.
 
 #pragma once
 
-#include <chrono>
 #include <cstdint>
-#include <optional>
 #include <string>
-#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -23,13 +21,7 @@ struct LauncherCall {
   bool operator==(const LauncherCall&) const = default;
 };
 
-struct LauncherAnswer {
-  std::optional<nlohmann::json> state;  // the launcher's state after the call
-  std::string error;                    // when there is none: what went wrong
-};
-
-// Sends every call at once and returns their answers in order, each within `timeout`
-// (a stop waits for the old ranks to end: allow the launcher's grace).
-std::vector<LauncherAnswer> SendLauncherCalls(const std::vector<LauncherCall>& calls, std::chrono::milliseconds timeout);
+// The call's path and query: /attempt/ACTION?attempt=N&token=T (the pod's own token).
+std::string LauncherCallTarget(const LauncherCall& call);
 
 }  // namespace meshtrain::controller

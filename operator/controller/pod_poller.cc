@@ -31,7 +31,8 @@ struct PodPoller::State {
     std::shared_ptr<web::http::client::http_client> http;
     std::optional<json> latest;
     Clock::time_point next{};
-    bool in_flight = false;
+    bool in_flight = false;  // a GET
+    bool posting = false;    // a POST
   };
   std::map<std::string, std::map<std::string, Target>> jobs;  // job key -> pod uid -> target
 };
@@ -99,11 +100,40 @@ std::optional<json> PodPoller::Latest(const std::string& job_key, const json& po
   return it->second.latest;
 }
 
-void PodPoller::Record(const std::string& job_key, const json& pod, const json& reading) {
+void PodPoller::Post(const std::string& job_key, const json& pod, const std::string& target) {
   std::lock_guard lock(state_->mu);
   auto job = state_->jobs.find(job_key);
   if (job == state_->jobs.end()) return;
-  if (auto it = job->second.find(Uid(pod)); it != job->second.end()) it->second.latest = reading;
+  auto it = job->second.find(Uid(pod));
+  if (it == job->second.end() || !it->second.http || it->second.posting) return;
+  it->second.posting = true;
+  ++state_->in_flight;
+  std::shared_ptr<State> state = state_;
+  std::shared_ptr<web::http::client::http_client> http = it->second.http;
+  const std::string uid = it->first, path = target.substr(0, target.find('?'));
+  http->request(web::http::methods::POST, target)
+      .then([](web::http::http_response response) { return response.extract_utf8string(true); })
+      .then([state, http, job_key, uid, path](pplx::task<std::string> body) {
+        std::optional<json> reading;
+        try {
+          const std::string text = body.get();
+          reading = state->parse(text);
+          if (!reading) spdlog::warn("{}: POST {} to pod {}: {}", job_key, path, uid, text);
+        } catch (const std::exception& e) {
+          spdlog::warn("{}: POST {} to pod {}: {}", job_key, path, uid, e.what());
+        }
+        std::lock_guard state_lock(state->mu);
+        --state->in_flight;
+        state->idle.notify_all();
+        auto job = state->jobs.find(job_key);
+        if (job == state->jobs.end()) return;
+        auto it = job->second.find(uid);
+        if (it == job->second.end()) return;
+        it->second.posting = false;
+        if (!reading) return;
+        it->second.latest = std::move(reading);
+        if (!state->stopped) state->changed(job_key);
+      });
 }
 
 void PodPoller::Loop(std::stop_token stop) {
@@ -133,8 +163,10 @@ void PodPoller::Loop(std::stop_token stop) {
               })
               .then([state, http, job_key, uid](pplx::task<std::string> body) {
                 std::optional<json> reading;
+                bool answered = false;
                 try {
                   reading = state->parse(body.get());
+                  answered = true;
                 } catch (const std::exception& e) {
                   spdlog::debug("{}: reading pod {}: {}", job_key, uid, e.what());  // it may not serve yet
                 }
@@ -146,6 +178,8 @@ void PodPoller::Loop(std::stop_token stop) {
                 auto it = job->second.find(uid);
                 if (it == job->second.end()) return;  // no longer watched
                 it->second.in_flight = false;
+                // A pod that stopped answering no longer vouches for its last reading.
+                if (!answered) it->second.latest.reset();
                 if (!reading || reading == it->second.latest) return;
                 it->second.latest = std::move(reading);
                 if (!state->stopped) state->changed(job_key);

@@ -3,7 +3,7 @@
 // restarts). Every `interval`, each watched pod whose previous request has ended gets
 // one GET of `path` bounded by `timeout`. Requests run concurrently on cpprestsdk's
 // thread pool, so a slow or hanging endpoint delays only its own reading, and never a
-// reconcile. `parse` turns a 200 answer's body into a reading (nullopt: none); a reading
+// reconcile. `parse` turns an answer's body into a reading (nullopt: none); a reading
 // that differs from the pod's previous one calls `changed(job key)` (the controller
 // enqueues the job), and Reconcile then takes it with Latest().
 //
@@ -49,9 +49,10 @@ class PodPoller {
   void Forget(const std::string& job_key);
   // The latest reading taken from `pod` (matched by uid), if any.
   std::optional<nlohmann::json> Latest(const std::string& job_key, const nlohmann::json& pod) const;
-  // A reading learned otherwise (the answer to a request the reconciler sent the pod); it
-  // does not call `changed`. Ignored unless the pod is watched.
-  void Record(const std::string& job_key, const nlohmann::json& pod, const nlohmann::json& reading);
+  // POSTs `target` (a path and query) to a watched pod, unless a POST to it is still in
+  // flight; returns at once. An answer that parses as a reading (whatever its status
+  // code) becomes the pod's latest and calls `changed`; a failure is logged.
+  void Post(const std::string& job_key, const nlohmann::json& pod, const std::string& target);
 
  private:
   struct State;

@@ -174,11 +174,20 @@ std::optional<Observed> Reconciler::Observe(const std::string& ns, const std::st
     }
   }
   if (launchers_) {
+    bool failed = false;
     for (const json& pod : o.pods) {
       const auto reading = launchers_->Latest(key, pod);
       if (!reading) continue;
-      if (const auto state = ParseLauncherState(*reading)) o.launchers[Uid(pod)] = *state;
+      if (const auto state = ParseLauncherState(*reading)) {
+        o.launchers[Uid(pod)] = *state;
+        failed = failed || (state->attempt == o.status.restarts && state->state == "failed");
+      }
     }
+    std::lock_guard lock(mu_);
+    auto [seen, first] = failure_seen_.try_emplace(key, std::make_pair(o.status.restarts, o.now));
+    if (!first && seen->second.first != o.status.restarts) seen->second = {o.status.restarts, o.now};
+    if (failed) o.failure_seen = seen->second.second;
+    else failure_seen_.erase(seen);
   }
   o.cluster = [this] { return Snapshot(); };
   o.config_map = [this, ns, name]() -> std::optional<json> {
@@ -230,17 +239,7 @@ void Reconciler::Act(const Observed& o, const Decision& decision) {
   if (!launchers_) return;
   if (decision.launchers_from.empty()) return launchers_->Forget(key);
   launchers_->Watch(key, decision.launchers_from);
-  if (decision.launcher_calls.empty()) return;
-  const std::vector<LauncherAnswer> answers = SendLauncherCalls(decision.launcher_calls, options_.launcher_call_timeout);
-  for (size_t i = 0; i < answers.size(); ++i) {
-    const LauncherCall& call = decision.launcher_calls[i];
-    if (answers[i].state) {
-      launchers_->Record(key, call.pod, *answers[i].state);
-    } else {
-      spdlog::warn("{}: {} attempt {} of the launcher of pod {}: {}", key, call.action, call.attempt,
-                   call.pod["metadata"].value("name", ""), answers[i].error);
-    }
-  }
+  for (const LauncherCall& call : decision.launcher_calls) launchers_->Post(key, call.pod, LauncherCallTarget(call));
 }
 
 void Reconciler::DeletePods(const std::string& job_key, const std::vector<json>& pods) {
@@ -305,6 +304,7 @@ void Reconciler::Forget(const std::string& job_key) {
   written_from_.erase(job_key);
   unseen_pods_.erase(job_key);
   deleting_.erase(job_key);
+  failure_seen_.erase(job_key);
 }
 
 scheduler::ClusterSnapshot Reconciler::Snapshot() {

@@ -44,8 +44,6 @@ struct ReconcilerOptions {
   std::chrono::seconds avoid_failed_node{600};  // how long a failed node is avoided
   std::chrono::seconds creation_observation_timeout{30};  // how long created pods may be absent from the cache
   std::string component = "meshtrain-operator";  // Event source
-  // A launcher's stop waits for its ranks to end (0.1 s of grace, then SIGKILL).
-  std::chrono::milliseconds launcher_call_timeout{10000};
 };
 
 struct ReconcileResult {
@@ -93,6 +91,8 @@ class Reconciler {
   };
   std::map<std::string, UnseenPods> unseen_pods_;  // job key -> created pods the cache has not shown
   std::map<std::string, std::set<std::string>> deleting_;  // job key -> uids of pods we deleted, still cached
+  // job key -> (attempt, when a launcher was first seen failed at it)
+  std::map<std::string, std::pair<int64_t, std::chrono::system_clock::time_point>> failure_seen_;
   std::map<std::string, std::string> written_from_;  // job key -> resourceVersion our last status write replaced
   std::optional<scheduler::ClusterSnapshot> nodes_snapshot_;
   uint64_t nodes_snapshot_version_ = 0;

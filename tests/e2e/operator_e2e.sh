@@ -711,7 +711,7 @@ YAML
     # A gang restart shows in the counter.
     post /_test/kubelet/kill '{"namespace": "default", "name": "tiny-g0-1", "signal": 9}'
     wait_for '{.status.restarts}' 1 20
-    wait_prom 'meshtrain_operator_gang_restarts_total' 30
+    wait_prom 'meshtrain_operator_gang_restarts_total{kind="recreated"}' 30
     ;;
   tls)
     # HTTPS with a private CA and client-certificate users: kubectl (Go's TLS) and the

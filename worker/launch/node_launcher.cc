@@ -166,6 +166,7 @@ NodeLaunch NodeLaunchFromEnvironment(std::vector<std::string> command) {
   launch.command = std::move(command);
   launch.attempt = int(api::EnvironmentInteger(env::kAttempt, 0, INT_MAX, 0));
   launch.token = api::EnvironmentString(env::kLauncherToken);
+  ::unsetenv(env::kLauncherToken);  // the ranks, which inherit the environment, have no use for it
   if (!launch.token.empty() && launch.token.size() < kMinimumTokenLength) {
     throw std::runtime_error(std::string(env::kLauncherToken) + " is " + std::to_string(launch.token.size()) +
                              " characters long; it must have at least " + std::to_string(kMinimumTokenLength));
