@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   int workers = 4, metrics_port = 8080, health_port = 8081;
   double qps = 50;
   int burst = 100;
-  int pending_timeout_s = 120;
+  int pending_timeout_s = 120, avoid_failed_node_s = 600;
   int progress_interval_s = 5, launcher_interval_ms = 1000;
   app.add_option("--kubeconfig", kubeconfig, "kubeconfig file (default: $KUBECONFIG, in-cluster, ~/.kube/config)");
   app.add_option("--namespace", namespace_, "watch only this namespace (default: every namespace)");
@@ -58,6 +58,9 @@ int main(int argc, char** argv) {
   app.add_option("--burst", burst, "client-side API request burst")->check(CLI::Range(1, 100000));
   app.add_option("--metrics-port", metrics_port, "Prometheus /metrics port (0: off)")->check(CLI::Range(0, 65535));
   app.add_option("--health-port", health_port, "/healthz and /readyz port (0: off)")->check(CLI::Range(0, 65535));
+  app.add_option("--avoid-failed-node", avoid_failed_node_s,
+                 "seconds a node that failed a job (a failed pod, NotReady) is left out of its placements")
+      ->check(CLI::Range(0, 86400));
   app.add_option("--pending-timeout", pending_timeout_s, "seconds a pod may stay Pending before its gang is re-planned")
       ->check(CLI::Range(1, 86400));
   app.add_option("--progress-interval", progress_interval_s, "seconds between reads of rank 0's training metrics")
@@ -99,6 +102,7 @@ int main(int argc, char** argv) {
     options.namespace_ = namespace_;
     options.workers = workers;
     options.reconciler.decide.pending_timeout = std::chrono::seconds(pending_timeout_s);
+    options.reconciler.avoid_failed_node = std::chrono::seconds(avoid_failed_node_s);
     options.progress.interval = std::chrono::seconds(progress_interval_s);
     options.launchers.interval = std::chrono::milliseconds(launcher_interval_ms);
     if (!worker_defaults.empty()) options.reconciler.decide.worker = controller::LoadWorkerDefaults(worker_defaults);

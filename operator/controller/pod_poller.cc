@@ -35,6 +35,17 @@ struct PodPoller::State {
     bool posting = false;    // a POST
   };
   std::map<std::string, std::map<std::string, Target>> jobs;  // job key -> pod uid -> target
+
+  // Counts a request as ended; returns its pod's target, or null when the pod is no
+  // longer watched. REQUIRES: mu held.
+  Target* Ended(const std::string& job_key, const std::string& uid) {
+    --in_flight;
+    idle.notify_all();
+    auto job = jobs.find(job_key);
+    if (job == jobs.end()) return nullptr;
+    auto it = job->second.find(uid);
+    return it == job->second.end() ? nullptr : &it->second;
+  }
 };
 
 PodPoller::PodPoller(PodPollerOptions options, Parse parse, std::function<void(const std::string&)> changed)
@@ -123,15 +134,11 @@ void PodPoller::Post(const std::string& job_key, const json& pod, const std::str
           spdlog::warn("{}: POST {} to pod {}: {}", job_key, path, uid, e.what());
         }
         std::lock_guard state_lock(state->mu);
-        --state->in_flight;
-        state->idle.notify_all();
-        auto job = state->jobs.find(job_key);
-        if (job == state->jobs.end()) return;
-        auto it = job->second.find(uid);
-        if (it == job->second.end()) return;
-        it->second.posting = false;
+        auto* target = state->Ended(job_key, uid);
+        if (!target) return;
+        target->posting = false;
         if (!reading) return;
-        it->second.latest = std::move(reading);
+        target->latest = std::move(reading);
         if (!state->stopped) state->changed(job_key);
       });
 }
@@ -171,17 +178,13 @@ void PodPoller::Loop(std::stop_token stop) {
                   spdlog::debug("{}: reading pod {}: {}", job_key, uid, e.what());  // it may not serve yet
                 }
                 std::lock_guard state_lock(state->mu);
-                --state->in_flight;
-                state->idle.notify_all();
-                auto job = state->jobs.find(job_key);
-                if (job == state->jobs.end()) return;
-                auto it = job->second.find(uid);
-                if (it == job->second.end()) return;  // no longer watched
-                it->second.in_flight = false;
+                auto* target = state->Ended(job_key, uid);
+                if (!target) return;
+                target->in_flight = false;
                 // A pod that stopped answering no longer vouches for its last reading.
-                if (!answered) it->second.latest.reset();
-                if (!reading || reading == it->second.latest) return;
-                it->second.latest = std::move(reading);
+                if (!answered) target->latest.reset();
+                if (!reading || reading == target->latest) return;
+                target->latest = std::move(reading);
                 if (!state->stopped) state->changed(job_key);
               });
         }

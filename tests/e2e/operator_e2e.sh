@@ -34,7 +34,7 @@ start_server() {  # start_server SCRIPT_SECONDS [SERVER_FLAGS...]
   local seconds=${1:-2}
   shift || true
   "$build/tests/support/kube/meshtrain-test-apiserver" --kubeconfig-out "$KUBECONFIG" --port-file "$work/port" \
-    --cluster "$src/examples/clusters/eks-p5-124.yaml" --workdir "$work/pods" --record-dir "$work/record" \
+    --cluster "${cluster:-$src/examples/clusters/eks-p5-124.yaml}" --workdir "$work/pods" --record-dir "$work/record" \
     --script-seconds "$seconds" --bookmark-ms 500 "$@" >"$work/server.log" 2>&1 &
   pids+=($!)
   mkdir -p "$work/record"
@@ -108,11 +108,22 @@ wait_for() {
 post() { echo "$2" >"$work/body.json"; "$kubectl" create --raw "$1" -f "$work/body.json" >/dev/null; }
 script() { post /_test/kubelet/script "{\"job\": \"tiny\", \"exitCode\": ${2:-0}, \"seconds\": $1}"; }
 # A 2-node x 2-rank job of real workers on the bundled corpus.
-worker_job() {  # worker_job STEPS [DATA_FILE]: checkpoints every 20 steps under $work/checkpoints
+worker_job() {  # worker_job STEPS [DATA_FILE [EXTRA_SPEC_YAML]]: checkpoints every 20 steps under $work/checkpoints
   apply_job 2 "{train: ${2:-$work/data/train.bin}, validation: $work/data/val.bin}" \
     "{steps: $1, globalBatchTokens: 2048, microBatchSize: 4, warmupSteps: 2, evalInterval: 25, evalBatches: 2}" \
     "    env: [{name: OMP_NUM_THREADS, value: \"1\"}]
-  checkpoint: {path: $work/checkpoints, interval: 20}"
+  checkpoint: {path: $work/checkpoints, interval: 20}
+${3:-}"
+}
+
+wait_checkpoint() {  # wait_checkpoint AFTER: until status.progress has a checkpoint step above AFTER (sets $checkpoint)
+  checkpoint=
+  for _ in $(seq 300); do
+    checkpoint=$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.checkpointStep}')
+    [ -n "$checkpoint" ] && [ "$checkpoint" -gt "$1" ] && return 0
+    sleep 0.2
+  done
+  fail "no checkpoint after step $1 in status.progress: $("$kubectl" get tj tiny -o yaml | tail -20)"
 }
 
 prepare_data() {
@@ -562,15 +573,6 @@ case $scenario in
     start_operator --progress-interval 1 --launcher-interval 250
     worker_job 100000
     wait_for '{.status.phase}' Running 20
-    wait_checkpoint() {  # wait_checkpoint AFTER: a checkpoint step above AFTER in status.progress
-      checkpoint=
-      for _ in $(seq 300); do
-        checkpoint=$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.checkpointStep}')
-        [ -n "$checkpoint" ] && [ "$checkpoint" -gt "$1" ] && return 0
-        sleep 0.2
-      done
-      fail "no checkpoint after step $1 in status.progress: $(pod_log tiny-g0-0 | tail -3)"
-    }
     # recovered N: the seconds the Nth Recovered Event gives, once there are N.
     recovered() {
       local seconds=
@@ -619,6 +621,51 @@ if len(events) >= n: print(re.search(r" ([0-9.]+) s after", events[n - 1]["messa
     # differ here only by the launchers' stop and start; that must stay small.
     awk "BEGIN { exit !($in_place <= 1.5 * $recreated + 1) }" ||
       fail "an in-place restart ($in_place s) took much longer than recreating the gang ($recreated s)"
+    ;;
+  elastic)
+    # spec.elastic.minNodes 1 on a cluster of exactly two nodes: one goes NotReady and, with
+    # no spare, the gang shrinks to the other, resumes from its checkpoint resharded for 2
+    # ranks with the same global batch, and trains on; once the node is Ready again, the
+    # gang grows back at its next checkpoint.
+    prepare_data
+    python3 - "$src/examples/clusters/eks-p5-124.yaml" "$work/two-nodes.yaml" <<'PY'
+import sys, yaml
+nodes = yaml.safe_load(open(sys.argv[1]))["nodes"][:2]
+yaml.safe_dump({"nodes": nodes}, open(sys.argv[2], "w"))
+PY
+    cluster=$work/two-nodes.yaml start_server 2 --kubelet run --worker-binary "$build/worker/meshtrain-worker"
+    # A node that failed the job is left out of its placements for a while (600 s by
+    # default); here, for 5 s, so that the test sees it come back.
+    start_operator --progress-interval 1 --launcher-interval 250 --avoid-failed-node 5
+    worker_job 100000 "" "  elastic: {minNodes: 1}"
+    wait_for '{.status.phase}' Running 20
+    wait_for '{.status.layout.nodes}' 2 5
+    wait_checkpoint 0
+    lost=$("$kubectl" get pod tiny-g0-1 -o 'jsonpath={.spec.nodeName}')
+    post /_test/kubelet/node "{\"name\": \"$lost\", \"ready\": false}"
+    wait_for '{.status.layout.nodes}' 1 30
+    "$kubectl" get events | grep -E "Shrunk.*the gang runs on 1 of spec.nodes 2 \(was 2\)" >/dev/null ||
+      fail "no Shrunk event: $("$kubectl" get events | tail -8)"
+    wait_for '{.status.phase}' Running 30
+    [ "$(pod_count)" = 1 ] || fail "the shrunk gang has $(pod_count) pods"
+    gang=$("$kubectl" get tj tiny -o 'jsonpath={.status.gang}')
+    grep -x "  nodes: 1" <<<"$("$kubectl" get cm tiny-config -o 'jsonpath={.data.job\.json}' | python3 -c 'import json, sys, yaml; print(yaml.safe_dump({"spec": {"nodes": json.load(sys.stdin)["spec"]["nodes"]}}))')" >/dev/null ||
+      fail "the workers' spec does not say 1 node"
+    shrunk_from=$checkpoint
+    wait_checkpoint "$shrunk_from"  # the shrunk gang trains and checkpoints
+    resumed=$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.resumedFromStep}')
+    [ -n "$resumed" ] && [ "$resumed" -ge "$shrunk_from" ] || fail "the shrunk gang resumed from '$resumed', not step $shrunk_from"
+    pod_log "tiny-g$gang-0" | grep "resumed from step $resumed (" >/dev/null || fail "the shrunk gang's rank 0 does not say it resumed"
+    pod_log "tiny-g$gang-0" | grep "job tiny: 2 rank(s) on 1 node(s)" >/dev/null || fail "the shrunk gang does not run 2 ranks on 1 node"
+    loss=$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.loss}')
+    awk "BEGIN { exit !($loss < 5.0) }" || fail "the shrunk gang's loss $loss is not below the untrained 5.5"
+    post /_test/kubelet/node "{\"name\": \"$lost\", \"ready\": true}"
+    wait_for '{.status.layout.nodes}' 2 60
+    wait_for '{.status.phase}' Running 30
+    "$kubectl" get events | grep -E "Grown.*the gang runs on 2 of spec.nodes 2 \(was 1\)" >/dev/null ||
+      fail "no Grown event: $("$kubectl" get events | tail -8)"
+    [ "$(pod_count)" = 2 ] || fail "the grown gang has $(pod_count) pods"
+    echo "shrunk to 1 node at checkpoint $shrunk_from (resumed from $resumed, loss $loss there), grew back to 2"
     ;;
   auto-layout)
     # spec.parallelism.mode auto: the operator plans the layout at placement, writes it and
