@@ -230,6 +230,7 @@ void Fields(S& s, V& v) {
   v("conditions", s.conditions);
   v("observedGeneration", s.observed_generation);
   v("restarts", s.restarts);
+  v("failures", s.failures);
   v("gang", s.gang);
   v("lastFailureTime", s.last_failure_time);
   v("readyWorkers", s.ready_workers);

@@ -272,6 +272,9 @@ struct TrainingJobStatus {
   int64_t observed_generation = 0;
   // Every restart of the gang, in place or with new pods; the attempt its launchers follow.
   int64_t restarts = 0;
+  // The restarts that a failure caused (not a re-plan, not growing back): what
+  // spec.runPolicy.backoffLimit limits.
+  int64_t failures = 0;
   // Which set of pods runs the job (their names and gang label): it changes when the gang
   // is recreated, not when it restarts in place. Unset in a status written before in-place
   // restarts existed, where it was `restarts`.

@@ -224,13 +224,17 @@ class Decider {
     d_.Requeue(kAfterOwnWrite);
   }
 
-  // False, with the job failed, when one more restart would pass backoffLimit.
+  // Counts a failure; false, with the job failed, when it is one more than backoffLimit.
   bool WithinBackoffLimit(const std::string& message) {
     const int64_t limit = job_.spec.run_policy.backoff_limit;
-    if (d_.status.restarts + 1 <= limit) return true;
-    Fail("BackoffLimitExceeded", message + "; the gang already restarted " + std::to_string(d_.status.restarts) +
-                                     " times (backoffLimit " + std::to_string(limit) + ")");
-    return false;
+    if (d_.status.failures + 1 > limit) {
+      Fail("BackoffLimitExceeded", message + "; the gang already failed and restarted " +
+                                       std::to_string(d_.status.failures) + " times (backoffLimit " +
+                                       std::to_string(limit) + ")");
+      return false;
+    }
+    d_.status.failures += 1;
+    return true;
   }
 
   // Records the next gang; the pass after the write deletes the old one and creates it.

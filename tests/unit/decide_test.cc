@@ -313,6 +313,7 @@ TEST(Decide, AFailedRankRestartsTheGangInPlaceThroughItsLaunchers) {
   const Decision restart = Decide(failed, {});
   EXPECT_EQ(restart.restart_kind, "in_place");
   EXPECT_EQ(restart.status.restarts, 1);
+  EXPECT_EQ(restart.status.failures, 1) << "counted against backoffLimit";
   EXPECT_EQ(GangOf(restart.status), 0) << "the same pods";
   EXPECT_EQ(restart.status.phase, "Restarting");
   EXPECT_EQ(restart.status.placement, job.status.placement);
@@ -409,7 +410,7 @@ TEST(Decide, ALauncherAtExit78FailsTheJobAndInPlaceRestartsCountAgainstTheBackof
 
   job.object["spec"]["runPolicy"]["backoffLimit"] = 1;
   api::TrainingJobStatus once = job.status;
-  once.restarts = 1;  // one in-place restart already
+  once.restarts = once.failures = 1;  // one in-place restart already
   Observed again = Observe(job.object, once, job.pods);
   again.launchers = Launchers(job.pods, {L(1, "failed", 1, 3), L(1, "running")});
   const Decision over = Decide(again, {});
@@ -551,6 +552,7 @@ TEST(Decide, AnElasticJobWithNoSpareNodeShrinksAndGrowsBackAtItsNextCheckpoint) 
   EXPECT_EQ(grow.events[0].message,
             "all 2 nodes fit again; the gang of 1 grows back from the checkpoint of step 40; restarting the gang");
   EXPECT_EQ(grow.status.restarts, running.restarts + 1);
+  EXPECT_EQ(grow.status.failures, running.failures) << "growing back is no failure: backoffLimit is kept for those";
   EXPECT_TRUE(grow.status.last_failure_time.empty()) << "not a failure";
   const Decision regrown = Decide(observe(grow.status), {});
   ASSERT_TRUE(regrown.create);
