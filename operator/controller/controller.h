@@ -26,7 +26,10 @@ struct ControllerOptions {
   ReconcilerOptions reconciler;
   // Their port and path are the worker contract's; the rest is the caller's.
   PodPollerOptions progress;                                             // rank 0's /metrics
-  PodPollerOptions launchers{.interval = std::chrono::milliseconds(1000)};  // every launcher's /attempt
+  PodPollerOptions launchers{.port = 0,  // every launcher's /attempt
+                             .path = "",
+                             .interval = std::chrono::milliseconds(1000),
+                             .timeout = std::chrono::milliseconds(1000)};
   kube::WorkQueueOptions queue;
   kube::InformerOptions informer;
 };

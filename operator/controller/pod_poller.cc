@@ -134,11 +134,11 @@ void PodPoller::Post(const std::string& job_key, const json& pod, const std::str
           spdlog::warn("{}: POST {} to pod {}: {}", job_key, path, uid, e.what());
         }
         std::lock_guard state_lock(state->mu);
-        auto* target = state->Ended(job_key, uid);
-        if (!target) return;
-        target->posting = false;
+        auto* posted = state->Ended(job_key, uid);
+        if (!posted) return;
+        posted->posting = false;
         if (!reading) return;
-        target->latest = std::move(reading);
+        posted->latest = std::move(reading);
         if (!state->stopped) state->changed(job_key);
       });
 }
@@ -178,13 +178,13 @@ void PodPoller::Loop(std::stop_token stop) {
                   spdlog::debug("{}: reading pod {}: {}", job_key, uid, e.what());  // it may not serve yet
                 }
                 std::lock_guard state_lock(state->mu);
-                auto* target = state->Ended(job_key, uid);
-                if (!target) return;
-                target->in_flight = false;
+                auto* read = state->Ended(job_key, uid);
+                if (!read) return;
+                read->in_flight = false;
                 // A pod that stopped answering no longer vouches for its last reading.
-                if (!answered) target->latest.reset();
-                if (!reading || reading == target->latest) return;
-                target->latest = std::move(reading);
+                if (!answered) read->latest.reset();
+                if (!reading || reading == read->latest) return;
+                read->latest = std::move(reading);
                 if (!state->stopped) state->changed(job_key);
               });
         }
