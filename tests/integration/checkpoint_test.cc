@@ -547,8 +547,12 @@ TEST_F(CheckpointTest, AFailedWriteLeavesThePreviousCheckpointAndTrainingGoesOn)
     Trainer trainer(Job(path));
     trainer.Run([&](const StepReport& r) {
       losses.push_back(r.loss);
-      // After the first checkpoint lands, block the next one's directory with a file.
-      if (r.step == 6) std::ofstream(fs::path(path) / ".partial-step-00000008") << "in the way";
+      // Before the next checkpoint, block its directory with a file. The first one may
+      // still be on its way (written in the background), so the parent may not exist yet.
+      if (r.step == 6) {
+        fs::create_directories(path);
+        EXPECT_TRUE(std::ofstream(fs::path(path) / ".partial-step-00000008") << "in the way");
+      }
     });
     EXPECT_EQ(losses.size(), 12u) << "training goes on";
     EXPECT_GE(trainer.checkpoint_stats().failures, 1);

@@ -1,7 +1,11 @@
 // The shm endpoint of a process whose pid a SIGKILLed rank once had: the dead rank's
-// regions are still in /dev/shm under that pid.
+// regions are still in /dev/shm under that pid. A process that links the fabric backend
+// dies of a fatal signal, whatever libinfinipath installed.
 
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <filesystem>
 #include <fstream>
@@ -23,6 +27,26 @@ TEST(FabricEndpoint, ShmOpensOverRegionsLeftByADeadProcessWithThisPid) {
   Endpoint endpoint("shm", false);
   EXPECT_FALSE(endpoint.Address().empty());
   for (const auto& path : leftovers) EXPECT_FALSE(std::filesystem::exists(path) && std::filesystem::file_size(path) == 4096) << path;
+}
+
+// Debian's libinfinipath, loaded with libfabric, turns SIGTERM and SIGSEGV into a
+// backtrace and exit(1); a launcher then sees status 1, or a process stuck in exit.
+TEST(FabricEndpoint, AProcessThatLinksTheFabricDiesOfTheSignalItIsSent) {
+  Endpoint endpoint("shm", false);  // libfabric is loaded and in use
+  for (int signal : {SIGTERM, SIGSEGV, SIGINT, SIGABRT}) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ::raise(signal);
+      ::_exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFSIGNALED(status)) << "signal " << signal << ": exit status " << WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) {
+      EXPECT_EQ(WTERMSIG(status), signal);
+    }
+  }
 }
 
 }  // namespace

@@ -4,8 +4,11 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
+#include <dlfcn.h>
 #include <rdma/fi_tagged.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <cstring>
 #include <filesystem>
@@ -45,6 +48,26 @@ void RemoveRegionsLeftUnderThisPid() {
     }
   });
 }
+
+// Debian's libfabric links libinfinipath (for its psm provider), which installs handlers
+// for these signals when it loads. They print a backtrace and call exit(): static
+// destructors, libfabric's among them, then run under threads still inside libfabric. A
+// rank sent SIGTERM exited 1 instead of dying of the signal, and one that crashed in
+// libfabric crashed again in exit and hung until SIGKILL. Every program that links the
+// fabric backend gets the default actions back before main; nobody else's handlers change.
+void RestoreSignalsTakenByInfinipath() {
+  for (int signal : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGINT, SIGTERM, SIGQUIT, SIGHUP}) {
+    struct sigaction current{};
+    if (::sigaction(signal, nullptr, &current) != 0) continue;
+    if (current.sa_handler == SIG_DFL || current.sa_handler == SIG_IGN) continue;
+    void* handler = (current.sa_flags & SA_SIGINFO) != 0 ? reinterpret_cast<void*>(current.sa_sigaction)
+                                                         : reinterpret_cast<void*>(current.sa_handler);
+    Dl_info library{};
+    if (::dladdr(handler, &library) == 0 || library.dli_fname == nullptr) continue;
+    if (std::strstr(library.dli_fname, "libinfinipath") != nullptr) ::signal(signal, SIG_DFL);
+  }
+}
+[[maybe_unused]] const bool signals_restored = (RestoreSignalsTakenByInfinipath(), true);
 
 uintptr_t PageDown(uintptr_t address) {
   static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));

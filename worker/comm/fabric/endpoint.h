@@ -9,6 +9,10 @@
 //
 // Thread-safety: every method is safe to call from several threads (one mutex around
 // the provider's calls).
+//
+// A program that links this file has the default actions for SIGSEGV, SIGTERM and the
+// other fatal signals from its start, whatever handlers libinfinipath (loaded with
+// Debian's libfabric) installed (endpoint.cc says why).
 
 #pragma once
 
