@@ -57,6 +57,10 @@ inline constexpr const char* kLauncherHoldSeconds = "MESHTRAIN_LAUNCHER_HOLD_SEC
 // The attempt of the gang (an integer >= 0, default 0): the launcher starts its ranks at
 // the pod's value and sets it in each rank's environment, one more at each in-place restart.
 inline constexpr const char* kAttempt = "MESHTRAIN_ATTEMPT";
+// "1": the launcher starts ready at its attempt and starts its ranks only at the operator's
+// start (POST /attempt/start), with the rest of the gang: a pod that replaces a lost one of
+// a gang restarting in place. Unset or "0": it starts them at once.
+inline constexpr const char* kLauncherHeld = "MESHTRAIN_LAUNCHER_HELD";
 // torchrun's names, set per rank by the launcher.
 inline constexpr const char* kRank = "RANK";
 inline constexpr const char* kWorldSize = "WORLD_SIZE";

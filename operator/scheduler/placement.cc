@@ -237,6 +237,42 @@ Placement Place(const PlacementRequest& request, const ClusterSnapshot& snapshot
   return placement;
 }
 
+Placement PlaceReplacement(const PlacementRequest& request, const ClusterSnapshot& snapshot, const Placement& gang,
+                           size_t lost) {
+  PlacementRequest one = request;
+  one.nodes = 1;
+  Placement placement;
+  const std::vector<Candidate> eligible = Eligible(one, snapshot, &placement.reason);
+  const std::vector<std::string>& lost_path = gang.paths.at(lost);
+  const auto level = std::find(request.levels.begin(), request.levels.end(), request.required_level);
+  const size_t required_depth =
+      request.required && level != request.levels.end() ? size_t(level - request.levels.begin()) + 1 : 0;
+  const Candidate* best = nullptr;
+  size_t best_shared = 0, outside = 0;
+  for (const Candidate& c : eligible) {
+    if (std::find(gang.nodes.begin(), gang.nodes.end(), c.node->name) != gang.nodes.end()) continue;
+    ++outside;
+    size_t shared = 0;
+    while (shared < lost_path.size() && shared < c.path.size() && c.path[shared] == lost_path[shared]) ++shared;
+    if (shared < required_depth) continue;
+    if (best == nullptr || shared > best_shared) best = &c, best_shared = shared;
+  }
+  if (best == nullptr) {
+    if (placement.ok() && outside == 0) {
+      placement.reason = "every eligible node holds the gang already";
+    } else if (placement.ok()) {
+      placement.reason = "none of the " + std::to_string(outside) + " eligible nodes outside the gang is in its " +
+                         request.required_level + " domain " + lost_path.at(required_depth - 1);
+    }
+    placement.reason = "no node can replace " + gang.nodes.at(lost) + ": " + placement.reason;
+    return placement;
+  }
+  placement = gang;
+  placement.nodes[lost] = best->node->name;
+  placement.paths[lost] = best->path;
+  return placement;
+}
+
 Placement PlaceBlind(const PlacementRequest& request, const ClusterSnapshot& snapshot) {
   Placement placement;
   Eligible(request, snapshot, &placement.reason);

@@ -59,6 +59,15 @@ std::vector<std::string> TopologyPath(const ClusterNode& node, const std::vector
 
 Placement Place(const PlacementRequest& request, const ClusterSnapshot& snapshot);
 
+// A node for node rank `lost` of the placed `gang`, whose node is lost: the eligible node
+// outside the gang whose topology path shares the most levels with the lost node's, so
+// that the node-rank order keeps its meaning; among equals, the first by path and name.
+// With topology mode Required, only a node in the gang's domain of required_level will do.
+// Returns `gang` with that node and its path at `lost`, or a placement whose reason says
+// why none qualifies. `request` is the gang's; its node count is ignored.
+Placement PlaceReplacement(const PlacementRequest& request, const ClusterSnapshot& snapshot, const Placement& gang,
+                           size_t lost);
+
 // A topology-blind scheduler: the first eligible nodes in name order.
 Placement PlaceBlind(const PlacementRequest& request, const ClusterSnapshot& snapshot);
 

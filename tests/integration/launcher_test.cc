@@ -203,6 +203,40 @@ TEST_F(LauncherTest, RestartsItsRanksInPlaceWhenTheOperatorSaysSo) {
   EXPECT_EQ(seen, (std::multiset<std::string>{"0 0", "1 0", "0 1", "1 1"})) << "RANK MESHTRAIN_ATTEMPT of each start";
 }
 
+// A pod that replaces a lost one starts held: ready at its attempt, its ranks started
+// only by the operator's start, with the rest of the gang.
+TEST_F(LauncherTest, AHeldLauncherStartsItsRanksOnlyAtTheOperatorsStart) {
+  auto pod = Pod();
+  pod["MESHTRAIN_ATTEMPT"] = "2";
+  pod["MESHTRAIN_LAUNCHER_HELD"] = "1";
+  const std::string seen_path = (dir_ / "seen").string();
+  Launcher launcher("echo \"$RANK $MESHTRAIN_ATTEMPT\" >> " + seen_path, pod, dir_ / "held.log");
+  const Answer ready = AwaitState(port_, "ready");
+  EXPECT_EQ(ready.body, (nlohmann::json{{"attempt", 2}, {"state", "ready"}})) << launcher.Output();
+  std::this_thread::sleep_for(200ms);
+  EXPECT_TRUE(launcher.Ranks().empty()) << "a held launcher started its ranks";
+  EXPECT_FALSE(fs::exists(seen_path));
+  EXPECT_EQ(Request(port_, "POST", Instruction("start", 1)).code, 409) << "attempt 1 is not the held one";
+
+  const Answer start = Request(port_, "POST", Instruction("start", 2));
+  EXPECT_EQ(start.body, (nlohmann::json{{"attempt", 2}, {"state", "running"}})) << launcher.Output();
+  EXPECT_EQ(launcher.Wait(20s), 0) << launcher.Output();
+  std::ifstream seen_file(seen_path);
+  std::multiset<std::string> seen;
+  for (std::string line; std::getline(seen_file, line);) seen.insert(line);
+  EXPECT_EQ(seen, (std::multiset<std::string>{"0 2", "1 2"})) << launcher.Output();
+  EXPECT_TRUE(Contains(launcher.Output(), "attempt 2: ready; waiting for the operator's start (up to 60 s)"))
+      << launcher.Output();
+}
+
+TEST_F(LauncherTest, AHeldLauncherWithoutATokenIsAConfigurationError) {
+  auto pod = Pod("");
+  pod["MESHTRAIN_LAUNCHER_HELD"] = "1";
+  Launcher launcher("exit 0", pod, dir_ / "held-no-token.log");
+  EXPECT_EQ(launcher.Wait(20s), 78) << launcher.Output();
+  EXPECT_TRUE(Contains(launcher.Output(), "MESHTRAIN_LAUNCHER_HELD=1 needs MESHTRAIN_LAUNCHER_TOKEN")) << launcher.Output();
+}
+
 TEST_F(LauncherTest, AStopKillsRanksThatIgnoreSigtermAfterItsGrace) {
   auto pod = Pod();
   pod["MESHTRAIN_ATTEMPT"] = "4";

@@ -193,6 +193,39 @@ TEST(Placement, ConsecutiveNodeRanksShareTheDeepestDomain) {
   EXPECT_EQ(InNameOrder(p).nodes, blind.nodes);
 }
 
+// A lost node's replacement: the free node nearest it, outside the gang.
+TEST(Placement, AReplacementIsTheFreeNodeNearestTheLostOne) {
+  std::vector<ClusterNode> nodes = {Node("a0", "s1", "p1", "rack-a"), Node("a1", "s1", "p1", "rack-a"),
+                                    Node("a2", "s1", "p1", "rack-a"), Node("b0", "s1", "p1", "rack-b"),
+                                    Node("b1", "s1", "p1", "rack-b"), Node("c0", "s1", "p2", "rack-c")};
+  const Placement gang = Place(Request(4, 2), Cluster(nodes));
+  ASSERT_TRUE(gang.ok()) << gang.reason;
+  ASSERT_EQ(gang.nodes, (std::vector<std::string>{"a0", "a1", "b0", "b1"}));
+  nodes[4].ready = false;  // b1 is lost; a2 (same layer 2) beats c0 (another layer 2)
+  const Placement replaced = PlaceReplacement(Request(4, 2), Cluster(nodes), gang, 3);
+  ASSERT_TRUE(replaced.ok()) << replaced.reason;
+  EXPECT_EQ(replaced.nodes, (std::vector<std::string>{"a0", "a1", "b0", "a2"}));
+  EXPECT_EQ(replaced.paths[3], (std::vector<std::string>{"s1", "p1", "rack-a", "a2"}));
+  EXPECT_EQ(replaced.paths[0], gang.paths[0]);
+
+  nodes[2].gpus_used = 1;  // a2 is busy: only c0 is left, in another layer-2 domain
+  const Placement farther = PlaceReplacement(Request(4, 2), Cluster(nodes), gang, 3);
+  ASSERT_TRUE(farther.ok()) << farther.reason;
+  EXPECT_EQ(farther.nodes[3], "c0");
+
+  PlacementRequest required = Request(4, 2, /*required=*/true);
+  required.required_level = kLevels[1];  // the gang must stay in layer-2 domain p1
+  const Placement refused = PlaceReplacement(required, Cluster(nodes), gang, 3);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_EQ(refused.reason,
+            "no node can replace b1: none of the 1 eligible nodes outside the gang is in its " + kLevels[1] +
+                " domain p1");
+
+  nodes[5].ready = false;
+  const Placement none = PlaceReplacement(Request(4, 2), Cluster(nodes), gang, 3);
+  EXPECT_EQ(none.reason, "no node can replace b1: every eligible node holds the gang already");
+}
+
 TEST(Placement, RankTableHoldsConsecutiveRanks) {
   const Placement p = Place(Request(2), TwoRacks(2, 0));
   const api::RankTable table = MakeRankTable(p, kLevels, 8);

@@ -34,7 +34,8 @@ int LaunchControlled(const NodeLaunch& launch, const std::vector<RankProcess>& r
       "ranks " + std::to_string(ranks.front().rank) + ".." + std::to_string(ranks.back().rank);
   const double hold_seconds = std::chrono::duration<double>(launch.hold).count();
   CatchStopSignals();
-  LauncherControl control(launch.token, AttemptStatus{launch.attempt, AttemptState::kRunning, {}});
+  LauncherControl control(launch.token, AttemptStatus{launch.attempt,
+                                                      launch.held ? AttemptState::kReady : AttemptState::kRunning, {}});
   metrics::HttpEndpoint endpoint(launch.control_host, launch.control_port, control.Routes(),
                                  {.name = "the launcher's control endpoint"});
   // However the launcher ends, an instruction waiting for it is answered first, so that
@@ -47,13 +48,19 @@ int LaunchControlled(const NodeLaunch& launch, const std::vector<RankProcess>& r
 
   AttemptStatus status = control.status();
   std::optional<RankGroup> group;
-  group.emplace(WithAttempt(ranks, status.attempt), launch.command, true);
-  log << "attempt " << status.attempt << ": starting " << these_ranks << std::endl;
+  Clock::time_point hold_until = Clock::time_point::max();
+  if (launch.held) {
+    hold_until = Clock::now() + launch.hold;
+    log << "attempt " << status.attempt << ": ready; waiting for the operator's start (up to " << hold_seconds
+        << " s)\n";
+  } else {
+    group.emplace(WithAttempt(ranks, status.attempt), launch.command, true);
+    log << "attempt " << status.attempt << ": starting " << these_ranks << std::endl;
+  }
   int failed_status = 0;  // what the end of a hold exits with: the last failure's, until the next start
   bool config_error = false;
   int forwarded = 0;
   std::optional<int> stopping_for;  // the attempt an instruction stops the ranks for
-  Clock::time_point hold_until = Clock::time_point::max();
   for (;; std::this_thread::sleep_for(std::chrono::milliseconds(5))) {
     const Clock::time_point now = Clock::now();
     for (const RankExit& exit : group ? group->Poll(log) : std::vector<RankExit>{}) {
@@ -165,8 +172,13 @@ NodeLaunch NodeLaunchFromEnvironment(std::vector<std::string> command) {
   NodeLaunch launch;
   launch.command = std::move(command);
   launch.attempt = int(api::EnvironmentInteger(env::kAttempt, 0, INT_MAX, 0));
+  launch.held = api::EnvironmentInteger(env::kLauncherHeld, 0, 1, 0) == 1;
   launch.token = api::EnvironmentString(env::kLauncherToken);
   ::unsetenv(env::kLauncherToken);  // the ranks, which inherit the environment, have no use for it
+  if (launch.held && launch.token.empty()) {
+    throw std::runtime_error(std::string(env::kLauncherHeld) + "=1 needs " + env::kLauncherToken +
+                             ": without a control endpoint, nothing would ever start the ranks");
+  }
   if (!launch.token.empty() && launch.token.size() < kMinimumTokenLength) {
     throw std::runtime_error(std::string(env::kLauncherToken) + " is " + std::to_string(launch.token.size()) +
                              " characters long; it must have at least " + std::to_string(kMinimumTokenLength));

@@ -32,6 +32,8 @@ struct NodeLaunch {
   // SIGTERM to SIGKILL; below the pod's 120 s termination grace so ranks can checkpoint.
   std::chrono::milliseconds grace{100'000};
   int attempt = 0;  // the first attempt's number
+  // Ready at `attempt`, its ranks started by the operator's start (with a token only).
+  bool held = false;
   // The operator's secret; empty: no control endpoint, a failed rank ends the launcher.
   std::string token;
   std::string control_host = "0.0.0.0";
@@ -45,7 +47,7 @@ struct NodeLaunch {
 };
 
 // The launch of this pod that the worker contract's environment asks for (the token,
-// MESHTRAIN_ATTEMPT, the hold, MESHTRAIN_POD_IP and the control port), with the ranks
+// MESHTRAIN_ATTEMPT, MESHTRAIN_LAUNCHER_HELD, the hold, MESHTRAIN_POD_IP and the control port), with the ranks
 // running `command`. Throws std::runtime_error naming a malformed variable.
 NodeLaunch NodeLaunchFromEnvironment(std::vector<std::string> command);
 
