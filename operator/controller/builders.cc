@@ -99,7 +99,7 @@ json BuildNetworkPolicy(const api::TrainingJob& job, const NetworkPolicyDefaults
 }
 
 json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t gang, int64_t node_rank,
-              int64_t attempt, const WorkerDefaults& worker) {
+              int64_t attempt, const WorkerDefaults& worker, bool held) {
   const auto& spec = job.spec;
   const std::string& name = job.metadata.name;
   const std::string coordinator_host = name + "-0." + name + "." + job.metadata.namespace_ + ".svc";
@@ -124,6 +124,7 @@ json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t 
       Env(env::kMasterPort, std::to_string(api::worker::kCoordinatorPort)),
       Env(env::kWorldSize, std::to_string(nodes * spec.gpus_per_node)),
   });
+  if (held) env.push_back(Env(env::kLauncherHeld, "1"));
   for (const auto& e : spec.template_.env) env.push_back(Env(e.name, e.value));
 
   json limits = {{"nvidia.com/gpu", std::to_string(spec.resources.gpu.value_or(spec.gpus_per_node))}};
@@ -189,7 +190,8 @@ json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t 
   };
   if (!tolerations.empty()) pod_spec["tolerations"] = tolerations;
   if (!spec.template_.node_selector.empty()) pod_spec["nodeSelector"] = spec.template_.node_selector;
-  json metadata = Meta(job, PodName(name, gang, node_rank), labels);
+  const std::string pod_name = PodName(name, gang, node_rank) + (held ? "-a" + std::to_string(attempt) : "");
+  json metadata = Meta(job, pod_name, labels);
   metadata["annotations"] = {{"prometheus.io/scrape", "true"}, {"prometheus.io/port", std::to_string(api::worker::kMetricsPort)}};
   return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", metadata}, {"spec", pod_spec}};
 }

@@ -7,7 +7,8 @@
 // Pod names carry the gang number (status.gang), so a recreated gang never collides
 // with pods of the previous one that are still terminating; hostnames do not, so DNS
 // names are stable: <job>-<nodeRank>.<job>.<namespace>.svc. A gang restarted in place
-// keeps its pods; their launchers follow the attempt (status.restarts).
+// keeps its pods; their launchers follow the attempt (status.restarts). A pod replaced on
+// another node is named with the attempt it joins too.
 
 #pragma once
 
@@ -52,10 +53,13 @@ nlohmann::json BuildStoreKeySecret(const api::TrainingJob& job, const std::strin
 // to the job's pods and DNS.
 nlohmann::json BuildNetworkPolicy(const api::TrainingJob& job, const NetworkPolicyDefaults& policy);
 // `worker` gives a pod that uses EFA its hugepages, and /dev/shm its size limit; its
-// launcher starts the ranks at `attempt`. The launcher's token is not in it: the caller
-// draws one per pod (SetLauncherToken) as it creates the pod.
+// launcher starts the ranks at `attempt`, or with `held` (a pod that replaces one of a
+// gang restarting in place) waits for the operator's start of it. A held pod's name ends
+// in "-a<attempt>": the pod it replaces may still be terminating under the plain name.
+// The launcher's token is not in it: the caller draws one per pod (SetLauncherToken) as
+// it creates the pod.
 nlohmann::json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t gang, int64_t node_rank,
-                        int64_t attempt, const WorkerDefaults& worker = {});
+                        int64_t attempt, const WorkerDefaults& worker = {}, bool held = false);
 // Puts the secret the pod's launcher asks of control requests into its environment.
 void SetLauncherToken(nlohmann::json* pod, const std::string& token);
 // The pod's launcher token, from its spec; empty if it has none.

@@ -117,7 +117,9 @@ class Decider {
     const int64_t gang = GangOf(d_.status);
     std::vector<json> current;
     for (const auto& pod : o_.pods) {
-      if (Label(pod, kGangLabel) == std::to_string(gang)) current.push_back(pod);
+      // A pod of this gang on another node than the stored placement gives its node rank
+      // was replaced (ReplacePod): it goes too.
+      if (Label(pod, kGangLabel) == std::to_string(gang) && !MovedAway(pod)) current.push_back(pod);
       else d_.delete_pods.push_back(pod);
     }
     const bool stale_left = !d_.delete_pods.empty() || o_.terminating > 0;
@@ -142,9 +144,10 @@ class Decider {
       if (phase != "Succeeded" && !node.empty()) {
         const NodeState state = o_.node(node);
         if (state != NodeState::kReady) {
-          return Restart("NodeNotReady",
-                         "node " + node + " of pod " + pod_name + (state == NodeState::kGone ? " is gone" : " is not Ready"),
-                         node, true);
+          const std::string what =
+              "node " + node + " of pod " + pod_name + (state == NodeState::kGone ? " is gone" : " is not Ready");
+          if (gang_started && ReplacePod(current, pod, what)) return;
+          return Restart("NodeNotReady", what, node, true);
         }
       }
       if (phase == "Pending") {
@@ -159,7 +162,14 @@ class Decider {
     }
     if (o_.awaiting_created_pods) return d_.Requeue(std::chrono::milliseconds(100));
     const auto have = static_cast<int64_t>(current.size());
-    if (gang_started && have < gang_size()) {
+    // A gang restarting in place gets a pod it lacks (one replaced) on the stored placement,
+    // held at the attempt until its launcher starts with the others.
+    if (restarting_in_place && have < gang_size()) {
+      if (!CreateHeldPods(gang, current)) {
+        return Restart("PodDeleted", "a pod of the gang restarting in place is gone, and the job's ConfigMap with it",
+                       "", true);
+      }
+    } else if (gang_started && have < gang_size()) {
       return Restart("PodDeleted",
                      std::to_string(gang_size() - have) + " of " + std::to_string(gang_size()) + " pods of the gang were deleted",
                      "", true);
@@ -262,18 +272,112 @@ class Decider {
   // launcher's ranks and then start them again together (DriveLaunchers).
   void RestartInPlace(const std::string& message) {
     if (!WithinBackoffLimit(message)) return;
+    BeginNextAttempt("RankFailed", "in_place", message,
+                     message + "; restarting the gang in place: attempt " + std::to_string(d_.status.restarts + 1));
+  }
+
+  // The next attempt of the gang's pods after a failure already counted: the status that
+  // DriveLaunchers then carries out, and the Restarted Event.
+  void BeginNextAttempt(const std::string& reason, const char* kind, const std::string& message,
+                        const std::string& event) {
     d_.status.gang = GangOf(o_.status);  // the same pods, also under a status that had no gang
     d_.status.restarts += 1;
     d_.status.last_failure_time = kube::MicroTime(o_.now);
-    d_.restart_kind = "in_place";
+    d_.restart_kind = kind;
     d_.status.phase = "Restarting";
     d_.status.ready_workers = 0;
-    SetCondition("Restarting", true, "RankFailed", message);
-    SetCondition("Running", false, "RankFailed", message);
+    SetCondition("Restarting", true, reason, message);
+    SetCondition("Running", false, reason, message);
     d_.events.push_back({"Warning", "Restarted",
-                         message + "; restarting the gang in place: attempt " + std::to_string(d_.status.restarts) +
-                             " (backoffLimit " + std::to_string(job_.spec.run_policy.backoff_limit) + ")"});
+                         event + " (backoffLimit " + std::to_string(job_.spec.run_policy.backoff_limit) + ")"});
     d_.Requeue(kAfterOwnWrite);
+  }
+
+  // The node rank of a pod of the gang; -1 when its label is not one.
+  int64_t NodeRankOf(const json& pod) const {
+    const std::string label = Label(pod, kNodeRankLabel);
+    if (label.empty() || label.size() > 9 || label.find_first_not_of("0123456789") != std::string::npos) return -1;
+    const int64_t rank = std::stoll(label);
+    return d_.status.placement && rank < int64_t(d_.status.placement->nodes.size()) ? rank : -1;
+  }
+
+  bool MovedAway(const json& pod) const {
+    const int64_t rank = NodeRankOf(pod);
+    return rank >= 0 && kube::PinnedNode(pod) != d_.status.placement->nodes[size_t(rank)].name;
+  }
+
+  // Node replacement: the pod on a lost node moves to the free node nearest it, and the
+  // others restart in place. False, changing nothing, when that cannot be done: a pod of
+  // the gang is not running with a launcher that answers, or no node can take its place.
+  // The passes after the write delete the lost pod, create its successor held at the new
+  // attempt (CreateHeldPods) and start the attempt on every pod together (DriveLaunchers).
+  bool ReplacePod(const std::vector<json>& current, const json& lost, const std::string& what) {
+    const int64_t rank = NodeRankOf(lost);
+    if (rank < 0 || int64_t(current.size()) != gang_size()) return false;
+    for (const json& pod : current) {
+      if (&pod == &lost) continue;
+      if (kube::PodPhase(pod) != "Running" || !o_.launchers.count(pod["metadata"].value("uid", ""))) return false;
+      if (o_.node(kube::PinnedNode(pod)) != NodeState::kReady) return false;  // two nodes lost: a new gang
+    }
+    const std::optional<api::TrainingJob> sized = JobOfSize(gang_size());
+    if (!sized) return false;
+    const api::PlacementStatus& stored = *d_.status.placement;
+    scheduler::Placement gang;
+    for (const api::PlacedNode& n : stored.nodes) {
+      gang.nodes.push_back(n.name);
+      gang.paths.push_back(n.topology_path);
+    }
+    const scheduler::PlacementRequest request = scheduler::PlacementRequest::ForJob(*sized, o_.avoided_nodes);
+    const scheduler::Placement moved = scheduler::PlaceReplacement(request, o_.cluster(), gang, size_t(rank));
+    if (!moved.ok()) {
+      d_.events.push_back({"Warning", "NoReplacement", what + "; " + moved.reason});
+      return false;
+    }
+    if (!WithinBackoffLimit(what)) return true;
+    const std::string& node = moved.nodes[size_t(rank)];
+    d_.avoid_node = kube::PinnedNode(lost);
+    d_.status.placement->nodes[size_t(rank)] = {rank, node, moved.paths[size_t(rank)]};
+    d_.status.placement->cost_seconds_per_step =
+        scheduler::EstimateStepCost(sized->spec, moved.paths, scheduler::LinkModel(request.levels)).seconds;
+    std::string shared;
+    for (size_t l = 0; l + 1 < moved.paths[size_t(rank)].size() && moved.paths[size_t(rank)][l] == gang.paths[size_t(rank)][l]; ++l)
+      shared += (shared.empty() ? "" : "/") + moved.paths[size_t(rank)][l];
+    BeginNextAttempt("NodeLost", "replaced", what,
+                     what + "; its node rank " + std::to_string(rank) + " moves to node " + node +
+                         (shared.empty() ? "" : " (in " + shared + ")") +
+                         " and the other pods restart in place: attempt " + std::to_string(d_.status.restarts + 1));
+    return true;
+  }
+
+  // The gang's pods it lacks while restarting in place, on their stored nodes, their
+  // launchers held at the attempt; the ConfigMap's rank table names those nodes.
+  // False when the ConfigMap is gone: a new gang, then.
+  bool CreateHeldPods(int64_t gang, const std::vector<json>& current) {
+    const std::optional<json> existing = o_.config_map();
+    const std::optional<api::TrainingJob> sized = JobOfSize(gang_size());
+    if (!existing || !sized) return false;
+    scheduler::Placement placement;
+    for (const api::PlacedNode& n : d_.status.placement->nodes) {
+      placement.nodes.push_back(n.name);
+      placement.paths.push_back(n.topology_path);
+    }
+    const api::RankTable table =
+        scheduler::MakeRankTable(placement, sized->spec.topology.levels, sized->spec.gpus_per_node);
+    GangObjects objects;
+    objects.service = BuildService(job_);
+    objects.config_map = *existing;
+    objects.config_map["data"]["rank-table.json"] = api::ToJson(table).dump(2);
+    objects.replace_config_map = objects.config_map != *existing;
+    if (options_.worker.network_policy.enabled)
+      objects.network_policy = BuildNetworkPolicy(job_, options_.worker.network_policy);
+    std::set<int64_t> present;
+    for (const json& pod : current) present.insert(NodeRankOf(pod));
+    for (int64_t rank = 0; rank < gang_size(); ++rank) {
+      if (!present.count(rank))
+        objects.pods.push_back(BuildPod(job_, table, gang, rank, d_.status.restarts, options_.worker, /*held=*/true));
+    }
+    d_.create = std::move(objects);
+    return true;
   }
 
   // The launchers of a started gang. Returns true when this pass decided what to do: a
@@ -337,7 +441,8 @@ class Decider {
       Restart("PodFinished", "pod " + pod["metadata"].value("name", "") + " finished during an in-place restart", "", false);
       return true;
     }
-    bool all_stopped = true, all_running = true;
+    // A pod not created yet (a replacement) keeps the others from starting.
+    bool all_stopped = int64_t(current.size()) == gang_size(), all_running = all_stopped;
     for (size_t i = 0; i < current.size(); ++i) {
       const LauncherState* s = states[i];
       const bool at_attempt = s && s->attempt == attempt;
@@ -566,9 +671,9 @@ class Decider {
       objects.config_map["metadata"]["resourceVersion"] = (*existing)["metadata"]["resourceVersion"];
     }
     std::set<std::string> present;
-    for (const auto& pod : current) present.insert(pod["metadata"].value("name", ""));
+    for (const auto& pod : current) present.insert(Label(pod, kNodeRankLabel));
     for (int64_t rank = 0; rank < size; ++rank) {
-      if (!present.count(PodName(o_.name, gang, rank)))
+      if (!present.count(std::to_string(rank)))
         objects.pods.push_back(BuildPod(job_, *table, gang, rank, d_.status.restarts, options_.worker));
     }
     d_.create = std::move(objects);

@@ -94,7 +94,8 @@ struct Decision {
   std::vector<PendingEvent> events;    // emitted only after the status is saved
   std::chrono::milliseconds requeue_after{0};  // 0: only when something changes
   std::string avoid_node;              // a node that failed the job: avoid it for a while
-  // When this pass restarted the gang: "in_place" (same pods, next attempt), "recreated"
+  // When this pass restarted the gang: "in_place" (same pods, next attempt), "replaced"
+  // (a lost node's pod moves to another node, the others stay, next attempt), "recreated"
   // (new pods), or "grown" (new pods, back at spec.nodes); or created it smaller than
   // the last gang: "shrunk" (spec.elastic, after a recreation).
   std::string restart_kind;

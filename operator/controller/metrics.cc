@@ -25,6 +25,7 @@ OperatorMetrics::OperatorMetrics()
                          .Help("Nodes fewer than spec.nodes that a shrunk elastic job's gang runs on")
                          .Register(*registry_)),
       // The kind of restart: "in_place" (the same pods, the next attempt of their ranks),
+      // "replaced" (a lost node's pod moved to another node, the others in place),
       // "recreated" (the gang's pods deleted and placed anew), "shrunk" (a recreated gang
       // placed on fewer nodes, spec.elastic) or "grown" (recreated at spec.nodes again).
       restarts_(BuildCounter()
@@ -52,7 +53,7 @@ OperatorMetrics::OperatorMetrics()
                               .Register(*registry_)
                               .Add({}, SecondsBuckets())),
       leader_(BuildGauge().Name("meshtrain_operator_leader").Help("1 while this replica holds the leader Lease").Register(*registry_).Add({})) {
-  for (const char* kind : {"in_place", "recreated", "shrunk", "grown"}) restarts_.Add({{"kind", kind}});  // 0s, so dashboards have a series
+  for (const char* kind : {"in_place", "replaced", "recreated", "shrunk", "grown"}) restarts_.Add({{"kind", kind}});  // 0s, so dashboards have a series
 }
 
 void OperatorMetrics::Reconciled(const std::string& result, double seconds) {

@@ -622,6 +622,46 @@ if len(events) >= n: print(re.search(r" ([0-9.]+) s after", events[n - 1]["messa
     awk "BEGIN { exit !($in_place <= 1.5 * $recreated + 1) }" ||
       fail "an in-place restart ($in_place s) took much longer than recreating the gang ($recreated s)"
     ;;
+  replace-node)
+    # A node of a running gang is lost and the cluster has spare nodes: its pod moves to the
+    # free node nearest it, held at the next attempt, the other pod stays (same UID) and
+    # restarts in place, and together they resume from the checkpoint.
+    prepare_data
+    start_server 2 --kubelet run --worker-binary "$build/worker/meshtrain-worker"
+    start_operator --progress-interval 1 --launcher-interval 250
+    worker_job 100000
+    wait_for '{.status.phase}' Running 20
+    wait_checkpoint 0
+    uid() { "$kubectl" get pod "$1" -o 'jsonpath={.metadata.uid}'; }
+    stayed=$(uid tiny-g0-0)
+    lost_at=$checkpoint
+    lost=$("$kubectl" get pod tiny-g0-1 -o 'jsonpath={.spec.nodeName}')
+    post /_test/kubelet/node "{\"name\": \"$lost\", \"ready\": false}"
+    wait_for '{.status.restarts}' 1 20
+    "$kubectl" get events | grep -E "Restarted.*node $lost of pod tiny-g0-1 is not Ready; its node rank 1 moves to node [^ ]+ \(in [^)]+\) and the other pods restart in place: attempt 1" >/dev/null ||
+      fail "no Restarted event that says the pod moves: $("$kubectl" get events | tail -8)"
+    wait_for '{.status.phase}' Running 40
+    wait_checkpoint "$checkpoint"  # the gang trains on and checkpoints again
+    [ "$(uid tiny-g0-0)" = "$stayed" ] || fail "pod tiny-g0-0 was recreated; it should have restarted in place"
+    [ "$("$kubectl" get pods -l meshtrain.dev/job-name=tiny -o name | sort | tr '\n' ' ')" = "pod/tiny-g0-0 pod/tiny-g0-1-a1 " ] ||
+      fail "the gang's pods are $("$kubectl" get pods -o name | tr '\n' ' ')"
+    moved_to=$("$kubectl" get pod tiny-g0-1-a1 -o 'jsonpath={.spec.nodeName}')
+    [ -n "$moved_to" ] && [ "$moved_to" != "$lost" ] || fail "the replacement pod is on '$moved_to'"
+    [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.placement.nodes[1].name}')" = "$moved_to" ] ||
+      fail "status.placement does not name the replacement node $moved_to"
+    [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.gang}')" = 0 ] || fail "the gang was renumbered"
+    "$kubectl" get cm tiny-config -o 'jsonpath={.data.rank-table\.json}' | grep "\"$moved_to\"" >/dev/null ||
+      fail "the ConfigMap's rank table does not name $moved_to"
+    pod_log tiny-g0-1-a1 | grep "attempt 1: ready; waiting for the operator's start" >/dev/null ||
+      fail "the replacement's launcher did not start held: $(pod_log tiny-g0-1-a1 | tail -5)"
+    pod_log tiny-g0-0 | grep "attempt 1: starting ranks 0..1" >/dev/null || fail "pod 0's launcher did not start attempt 1"
+    resumed=$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.resumedFromStep}')
+    [ -n "$resumed" ] && [ "$resumed" -ge "$lost_at" ] || fail "resumed from '$resumed', not the checkpoint of step $lost_at"
+    pod_log tiny-g0-0 | grep "resumed from step $resumed (" >/dev/null || fail "rank 0 does not say it resumed"
+    recovery=$("$kubectl" get events | grep -oE "Recovered .* ([0-9.]+) s after" | grep -oE "[0-9.]+ s after" | head -1)
+    [ -n "$recovery" ] || fail "no Recovered event: $("$kubectl" get events | tail -8)"
+    echo "node $lost lost: pod 1 moved to $moved_to, pod 0 restarted in place, resumed from step $resumed, trained ${recovery% after} after the loss"
+    ;;
   elastic)
     # spec.elastic.minNodes 1 on a cluster of exactly two nodes: one goes NotReady and, with
     # no spare, the gang shrinks to the other, resumes from its checkpoint resharded for 2

@@ -453,6 +453,136 @@ TEST(Decide, ANodeLostDuringAnInPlaceRestartRecreatesTheGangUnderANewNumber) {
   EXPECT_EQ(created.status.gang, 3);
 }
 
+// Node replacement: the pod on a lost node moves to a free node near it, held at the next
+// attempt, and the other pods restart in place; then every launcher starts together.
+TEST(Decide, APodOnALostNodeMovesToAReplacementAndTheOthersRestartInPlace) {
+  RunningJob job;
+  const std::string lost = PinnedNode(job.pods[1]);
+  auto node = [lost](const std::string& n) { return n == lost ? NodeState::kNotReady : NodeState::kReady; };
+  auto calls = [](const Decision& d) {
+    std::vector<std::string> out;
+    for (const auto& c : d.launcher_calls)
+      out.push_back(c.action + " " + std::to_string(c.attempt) + " " + c.pod["metadata"]["name"].get<std::string>());
+    return out;
+  };
+  Observed o = Observe(job.object, job.status, job.pods);
+  o.node = node;
+  o.launchers = Launchers(job.pods, {L(0, "running"), L(0, "running")});
+  const Decision replace = Decide(o, {});
+  EXPECT_EQ(replace.restart_kind, "replaced");
+  EXPECT_EQ(replace.status.restarts, 1);
+  EXPECT_EQ(replace.status.failures, 1);
+  EXPECT_EQ(GangOf(replace.status), 0) << "the same gang: pod 0 stays";
+  EXPECT_EQ(replace.status.phase, "Restarting");
+  EXPECT_EQ(replace.avoid_node, lost);
+  ASSERT_TRUE(replace.status.placement);
+  const std::string spare = replace.status.placement->nodes.at(1).name;
+  EXPECT_NE(spare, lost);
+  EXPECT_NE(spare, PinnedNode(job.pods[0]));
+  EXPECT_EQ(replace.status.placement->nodes[0], job.status.placement->nodes[0]);
+  EXPECT_TRUE(replace.delete_pods.empty()) << "deletes follow the stored status";
+  EXPECT_FALSE(replace.create);
+  ASSERT_EQ(Reasons(replace), (std::vector<std::string>{"Restarted", "Restarting"}));
+  EXPECT_EQ(replace.events[0].message.rfind("node " + lost + " of pod tiny-g0-1 is not Ready; its node rank 1 moves to node " +
+                                                spare, 0),
+            0u)
+      << replace.events[0].message;
+  EXPECT_NE(replace.events[0].message.find("and the other pods restart in place: attempt 1 (backoffLimit 3)"),
+            std::string::npos)
+      << replace.events[0].message;
+
+  // Stored: the lost pod goes, its successor is created held at attempt 1 on the spare, the
+  // ConfigMap's rank table names the spare, and pod 0's launcher is stopped at attempt 1.
+  api::FieldErrors errors;
+  json config_map = BuildConfigMap(Observe(job.object, {}).checked.job, job.object["spec"], api::RankTable{}, 0);
+  config_map["metadata"]["resourceVersion"] = "7";
+  Observed stored = Observe(job.object, replace.status, job.pods);
+  stored.node = node;
+  stored.launchers = Launchers(job.pods, {L(0, "running"), L(0, "failed", 76, 9)});
+  stored.config_map = [&] { return std::optional<json>(config_map); };
+  const Decision moving = Decide(stored, {});
+  ASSERT_EQ(moving.delete_pods.size(), 1u);
+  EXPECT_EQ(moving.delete_pods[0]["metadata"]["name"], "tiny-g0-1");
+  ASSERT_TRUE(moving.create);
+  ASSERT_EQ(moving.create->pods.size(), 1u);
+  const json successor = moving.create->pods[0];
+  EXPECT_EQ(successor["metadata"]["name"], "tiny-g0-1-a1") << "the lost pod may still be terminating under its name";
+  EXPECT_EQ(PinnedNode(successor), spare);
+  EXPECT_EQ(EnvOf(successor, "MESHTRAIN_ATTEMPT"), "1");
+  EXPECT_EQ(EnvOf(successor, "MESHTRAIN_LAUNCHER_HELD"), "1");
+  EXPECT_TRUE(moving.create->replace_config_map);
+  const api::RankTable table =
+      api::DecodeRankTable(json::parse(moving.create->config_map["data"]["rank-table.json"].get<std::string>()), &errors);
+  EXPECT_TRUE(errors.empty());
+  ASSERT_EQ(table.nodes.size(), 2u);
+  EXPECT_EQ(table.nodes[1].name, spare);
+  EXPECT_EQ(table.nodes[1].ranks, (std::vector<int64_t>{8, 9, 10, 11, 12, 13, 14, 15}));
+  EXPECT_EQ(moving.create->config_map["metadata"]["resourceVersion"], "7");
+  EXPECT_EQ(calls(moving), (std::vector<std::string>{"stop 1 tiny-g0-0"}));
+  EXPECT_TRUE(moving.events.empty());
+
+  // The successor runs held; pod 0 has stopped: both start attempt 1 together.
+  std::vector<json> pods = {job.pods[0], Running(successor)};
+  auto pass = [&](std::vector<LauncherState> states) {
+    Observed later = Observe(job.object, replace.status, pods);
+    later.node = node;
+    later.launchers = Launchers(pods, states);
+    later.config_map = [&] { return std::optional<json>(config_map); };
+    return Decide(later, {});
+  };
+  const Decision waiting = pass({L(0, "running"), L(1, "ready")});
+  EXPECT_EQ(calls(waiting), (std::vector<std::string>{"stop 1 tiny-g0-0"}));
+  EXPECT_FALSE(waiting.create) << "the gang is whole";
+  EXPECT_TRUE(waiting.delete_pods.empty());
+  EXPECT_EQ(calls(pass({L(1, "ready"), L(1, "ready")})),
+            (std::vector<std::string>{"start 1 tiny-g0-0", "start 1 tiny-g0-1-a1"}));
+  const Decision resumed = pass({L(1, "running"), L(1, "running")});
+  EXPECT_EQ(resumed.status.phase, "Running");
+  EXPECT_EQ(resumed.status.restarts, 1);
+}
+
+// Before the successor exists, no launcher starts: the barrier is the whole gang's.
+TEST(Decide, NoLauncherStartsWhileAReplacementIsMissing) {
+  RunningJob job;
+  const std::string lost = PinnedNode(job.pods[1]);
+  Observed o = Observe(job.object, job.status, job.pods);
+  o.node = [lost](const std::string& n) { return n == lost ? NodeState::kNotReady : NodeState::kReady; };
+  o.launchers = Launchers(job.pods, {L(0, "running"), L(0, "running")});
+  const Decision replace = Decide(o, {});
+  ASSERT_EQ(replace.restart_kind, "replaced");
+  Observed without = Observe(job.object, replace.status, {job.pods[0]});
+  without.launchers = Launchers({job.pods[0]}, {L(1, "ready")});
+  without.awaiting_created_pods = false;
+  const Decision d = Decide(without, {});
+  EXPECT_TRUE(d.launcher_calls.empty()) << "pod 0 is ready, but its peer is not created yet";
+  EXPECT_EQ(d.status.phase, "Restarting");
+}
+
+// No free node can take the lost pod's place: the gang is recreated as before (or shrinks,
+// with spec.elastic), and the Event says why no replacement was found.
+TEST(Decide, WithoutAReplacementNodeTheGangIsRecreated) {
+  RunningJob job;
+  const std::string lost = PinnedNode(job.pods[1]);
+  Observed o = Observe(job.object, job.status, job.pods);
+  o.node = [lost](const std::string& n) { return n == lost ? NodeState::kNotReady : NodeState::kReady; };
+  o.launchers = Launchers(job.pods, {L(0, "running"), L(0, "running")});
+  o.cluster = [] {
+    scheduler::SyntheticClusterOptions options;
+    options.nodes = 64;
+    options.gpu_used_fraction = 1;  // every GPU is taken
+    return scheduler::MakeSyntheticCluster(options);
+  };
+  const Decision d = Decide(o, {});
+  EXPECT_EQ(d.restart_kind, "recreated");
+  ASSERT_EQ(Reasons(d), (std::vector<std::string>{"NoReplacement", "NodeNotReady", "Restarting"}));
+  EXPECT_NE(d.events[0].message.find("no node can replace " + lost + ": "), std::string::npos) << d.events[0].message;
+
+  Observed silent = Observe(job.object, job.status, job.pods);
+  silent.node = o.node;
+  silent.launchers = Launchers({job.pods[1]}, {L(0, "running")});  // pod 0's launcher does not answer
+  EXPECT_EQ(Decide(silent, {}).restart_kind, "recreated") << "no in-place restart without every other launcher";
+}
+
 TEST(Decide, ANodeThatIsGoneRestartsTheGangAndIsAvoided) {
   RunningJob job;
   Observed o = Observe(job.object, job.status, job.pods);
