@@ -303,6 +303,35 @@ TEST_F(WorkerTest, AFailedRankEndsTheRunPastTheBackoffLimit) {
   EXPECT_EQ(killed.output.find("restarting the gang"), std::string::npos) << killed.output;
 }
 
+// What an elastic shrink does to the workers: a 4-rank gang (2 nodes) fails after step 9
+// with no restart left, and the job resumes as the operator's shrunk gang runs it, on 1 node
+// of 2 ranks (spec.nodes 1) with the same global batch through twice the micro-batch. The
+// checkpoint of step 8 reshards from 4 shards to 2, and steps 9 to 12 give the losses of a
+// 4-rank run that was never interrupted, within what the order of the gradient sums and
+// the printed digits allow.
+TEST_F(WorkerTest, AGangShrunkToOneNodeResumesWithTheLossesOfTheUninterruptedRun) {
+  const Outcome straight = MeshtrainRun(Job("uninterrupted", 2, 2, 12));
+  ASSERT_EQ(straight.status, 0) << straight.output;
+  const fs::path job = Job("shrinking", 2, 2, 12);
+  nlohmann::json manifest = nlohmann::json::parse(std::ifstream(job));
+  manifest["spec"]["runPolicy"] = {{"backoffLimit", 0}};
+  std::ofstream(job) << manifest.dump(2);
+  const Outcome lost = RunAndKillARank(job, 9, dir_ / "shrinking.log");
+  ASSERT_NE(lost.status, 0) << lost.output;
+
+  const Outcome shrunk = MeshtrainRun(Job("shrinking", 1, 2, 12));  // the same checkpoint directory
+  ASSERT_EQ(shrunk.status, 0) << shrunk.output;
+  EXPECT_NE(shrunk.output.find("job shrinking: 2 rank(s) on 1 node(s)"), std::string::npos) << shrunk.output;
+  EXPECT_NE(shrunk.output.find("resumed from step 8 ("), std::string::npos) << shrunk.output;
+  const std::vector<StepLine> want = Steps(straight.output), got = Steps(shrunk.output);
+  ASSERT_EQ(want.size(), 12u) << straight.output;
+  ASSERT_EQ(got.size(), 4u) << shrunk.output;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i].loss, want[8 + i].loss, 1e-3) << "step " << 9 + i;
+    EXPECT_NEAR(got[i].norm, want[8 + i].norm, 5e-3 * want[8 + i].norm) << "step " << 9 + i;
+  }
+}
+
 // The variable `name` of process `pid`'s environment, or "".
 std::string EnvironmentOf(pid_t pid, const std::string& name) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
