@@ -316,7 +316,7 @@ class Decider {
     if (rank < 0 || int64_t(current.size()) != gang_size()) return false;
     for (const json& pod : current) {
       if (&pod == &lost) continue;
-      if (kube::PodPhase(pod) != "Running" || !o_.launchers.count(pod["metadata"].value("uid", ""))) return false;
+      if (kube::PodPhase(pod) != "Running" || !o_.launchers.count(kube::Uid(pod))) return false;
       if (o_.node(kube::PinnedNode(pod)) != NodeState::kReady) return false;  // two nodes lost: a new gang
     }
     const std::optional<api::TrainingJob> sized = JobOfSize(gang_size());
@@ -389,7 +389,7 @@ class Decider {
     const int64_t attempt = o_.status.restarts;
     std::vector<const LauncherState*> states;
     for (const json& pod : current) {
-      const auto it = o_.launchers.find(pod["metadata"].value("uid", ""));
+      const auto it = o_.launchers.find(kube::Uid(pod));
       states.push_back(it == o_.launchers.end() ? nullptr : &it->second);
     }
     // A rank whose collective failed (kExitCommFailure) is most often the victim of another

@@ -7,6 +7,8 @@
 #include <cpprest/http_client.h>
 #include <spdlog/spdlog.h>
 
+#include "operator/kube/objects.h"
+
 namespace meshtrain::controller {
 
 using nlohmann::json;
@@ -14,7 +16,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-std::string Uid(const json& pod) { return pod["metadata"].value("uid", ""); }
 std::string Ip(const json& pod) { return pod.value("status", json::object()).value("podIP", ""); }
 
 }  // namespace
@@ -80,7 +81,7 @@ void PodPoller::Watch(const std::string& job_key, const std::vector<json>& pods)
   std::map<std::string, State::Target>& targets = state_->jobs[job_key];
   std::map<std::string, State::Target> watched;
   for (const json& pod : pods) {
-    const std::string uid = Uid(pod), ip = Ip(pod);
+    const std::string uid = kube::Uid(pod), ip = Ip(pod);
     if (auto it = targets.find(uid); it != targets.end() && it->second.ip == ip) {
       watched[uid] = std::move(it->second);
       continue;
@@ -106,7 +107,7 @@ std::optional<json> PodPoller::Latest(const std::string& job_key, const json& po
   std::lock_guard lock(state_->mu);
   auto job = state_->jobs.find(job_key);
   if (job == state_->jobs.end()) return std::nullopt;
-  auto it = job->second.find(Uid(pod));
+  auto it = job->second.find(kube::Uid(pod));
   if (it == job->second.end()) return std::nullopt;
   return it->second.latest;
 }
@@ -115,7 +116,7 @@ void PodPoller::Post(const std::string& job_key, const json& pod, const std::str
   std::lock_guard lock(state_->mu);
   auto job = state_->jobs.find(job_key);
   if (job == state_->jobs.end()) return;
-  auto it = job->second.find(Uid(pod));
+  auto it = job->second.find(kube::Uid(pod));
   if (it == job->second.end() || !it->second.http || it->second.posting) return;
   it->second.posting = true;
   ++state_->in_flight;

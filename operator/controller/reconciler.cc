@@ -19,7 +19,6 @@ namespace res = kube::resources;
 
 namespace {
 
-std::string Uid(const json& object) { return object["metadata"].value("uid", ""); }
 
 // `bytes` random bytes, for a job's rendezvous Store key or a launcher's token.
 std::string RandomBytes(size_t bytes, const char* what) {
@@ -136,8 +135,8 @@ std::optional<Observed> Reconciler::Observe(const std::string& ns, const std::st
     std::set<std::string>& deleting = deleting_[key];
     std::set<std::string> still_cached;
     for (const auto& pod : owned) {
-      if (deleting.count(Uid(pod))) still_cached.insert(Uid(pod));
-      if (deleting.count(Uid(pod)) || pod["metadata"].contains("deletionTimestamp")) ++o.terminating;
+      if (deleting.count(kube::Uid(pod))) still_cached.insert(kube::Uid(pod));
+      if (deleting.count(kube::Uid(pod)) || pod["metadata"].contains("deletionTimestamp")) ++o.terminating;
       else o.pods.push_back(pod);
     }
     deleting = std::move(still_cached);
@@ -179,7 +178,7 @@ std::optional<Observed> Reconciler::Observe(const std::string& ns, const std::st
       const auto reading = launchers_->Latest(key, pod);
       if (!reading) continue;
       if (const auto state = ParseLauncherState(*reading)) {
-        o.launchers[Uid(pod)] = *state;
+        o.launchers[kube::Uid(pod)] = *state;
         failed = failed || (state->attempt == o.status.restarts && state->state == "failed");
       }
     }
@@ -246,7 +245,7 @@ void Reconciler::DeletePods(const std::string& job_key, const std::vector<json>&
   for (const auto& pod : pods) {
     {
       std::lock_guard lock(mu_);
-      deleting_[job_key].insert(Uid(pod));
+      deleting_[job_key].insert(kube::Uid(pod));
     }
     try {
       client_.Delete(res::Pods(), pod["metadata"].value("namespace", ""), pod["metadata"].value("name", ""));

@@ -6,6 +6,8 @@ namespace meshtrain::kube {
 
 using nlohmann::json;
 
+std::string Uid(const json& object) { return object.value("metadata", json::object()).value("uid", ""); }
+
 std::string KeyOf(const json& object) {
   const json& meta = object.at("metadata");
   return ObjectKey(meta.value("namespace", ""), meta.value("name", ""));

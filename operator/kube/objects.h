@@ -12,6 +12,9 @@ namespace meshtrain::kube {
 // The ObjectKey ("namespace/name", or "name" when cluster-scoped) of an object.
 std::string KeyOf(const nlohmann::json& object);
 
+// metadata.uid ("" if it has none).
+std::string Uid(const nlohmann::json& object);
+
 // Whether status.conditions holds `type` with status "True" (a Node's or Pod's Ready).
 bool ConditionTrue(const nlohmann::json& object, const std::string& type);
 

@@ -126,6 +126,18 @@ wait_checkpoint() {  # wait_checkpoint AFTER: until status.progress has a checkp
   fail "no checkpoint after step $1 in status.progress: $("$kubectl" get tj tiny -o yaml | tail -20)"
 }
 
+# A gang of real workers (2 pods x 2 ranks, `meshtrain-worker launch`) training until it is
+# Running; the operator reads rank 0's progress every second and the launchers every 250 ms.
+run_worker_gang() {  # run_worker_gang [EXTRA_SPEC_YAML [OPERATOR_FLAGS...]]; cluster=FILE picks the cluster
+  local extra=${1:-}
+  shift || true
+  prepare_data
+  start_server 2 --kubelet run --worker-binary "$build/worker/meshtrain-worker"
+  start_operator --progress-interval 1 --launcher-interval 250 "$@"
+  worker_job 100000 "" "$extra"
+  wait_for '{.status.phase}' Running 20
+}
+
 prepare_data() {
   mkdir -p "$work/data"
   "$build/cli/meshtrain" prepare-data "$src/examples/data/pride-and-prejudice.txt" "$work/data/train.bin" \
@@ -568,11 +580,7 @@ case $scenario in
     # and starts the next attempt together, and the gang resumes from its checkpoint. Then
     # a killed pod takes today's path, a recreated gang, in the same run: the seconds from
     # failure to the first step after it, for both, and their ratio.
-    prepare_data
-    start_server 2 --kubelet run --worker-binary "$build/worker/meshtrain-worker"
-    start_operator --progress-interval 1 --launcher-interval 250
-    worker_job 100000
-    wait_for '{.status.phase}' Running 20
+    run_worker_gang
     # recovered N: the seconds the Nth Recovered Event gives, once there are N.
     recovered() {
       local seconds=
@@ -626,11 +634,7 @@ if len(events) >= n: print(re.search(r" ([0-9.]+) s after", events[n - 1]["messa
     # A node of a running gang is lost and the cluster has spare nodes: its pod moves to the
     # free node nearest it, held at the next attempt, the other pod stays (same UID) and
     # restarts in place, and together they resume from the checkpoint.
-    prepare_data
-    start_server 2 --kubelet run --worker-binary "$build/worker/meshtrain-worker"
-    start_operator --progress-interval 1 --launcher-interval 250
-    worker_job 100000
-    wait_for '{.status.phase}' Running 20
+    run_worker_gang
     wait_checkpoint 0
     uid() { "$kubectl" get pod "$1" -o 'jsonpath={.metadata.uid}'; }
     stayed=$(uid tiny-g0-0)
@@ -667,18 +671,14 @@ if len(events) >= n: print(re.search(r" ([0-9.]+) s after", events[n - 1]["messa
     # no spare, the gang shrinks to the other, resumes from its checkpoint resharded for 2
     # ranks with the same global batch, and trains on; once the node is Ready again, the
     # gang grows back at its next checkpoint.
-    prepare_data
     python3 - "$src/examples/clusters/eks-p5-124.yaml" "$work/two-nodes.yaml" <<'PY'
 import sys, yaml
 nodes = yaml.safe_load(open(sys.argv[1]))["nodes"][:2]
 yaml.safe_dump({"nodes": nodes}, open(sys.argv[2], "w"))
 PY
-    cluster=$work/two-nodes.yaml start_server 2 --kubelet run --worker-binary "$build/worker/meshtrain-worker"
     # A node that failed the job is left out of its placements for a while (600 s by
     # default); here, for 5 s, so that the test sees it come back.
-    start_operator --progress-interval 1 --launcher-interval 250 --avoid-failed-node 5
-    worker_job 100000 "" "  elastic: {minNodes: 1}"
-    wait_for '{.status.phase}' Running 20
+    cluster=$work/two-nodes.yaml run_worker_gang "  elastic: {minNodes: 1}" --avoid-failed-node 5
     wait_for '{.status.layout.nodes}' 2 5
     wait_checkpoint 0
     lost=$("$kubectl" get pod tiny-g0-1 -o 'jsonpath={.spec.nodeName}')

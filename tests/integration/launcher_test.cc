@@ -26,6 +26,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/support/child_process.h"
 #include "worker/launch/local_launcher.h"
 
 namespace meshtrain {
@@ -38,56 +39,10 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kToken = "launcher-test-token-0123456789";
 
 // `meshtrain-worker launch -- sh -c SCRIPT` with extra environment, its output in a file.
-class Launcher {
- public:
-  Launcher(const std::string& script, const std::map<std::string, std::string>& env, const fs::path& log) : log_(log) {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      ::execl(MESHTRAIN_WORKER, MESHTRAIN_WORKER, "launch", "--", "/bin/sh", "-c", script.c_str(), nullptr);
-      ::_exit(127);
-    }
-  }
-  ~Launcher() {
-    if (!done_) {
-      for (pid_t rank : Ranks()) ::kill(rank, SIGKILL);
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  pid_t pid() const { return pid_; }
-
-  // Its exit status (or 128 + signal); -1 if it is still running at the deadline.
-  int Wait(std::chrono::milliseconds deadline) {
-    const auto until = Clock::now() + deadline;
-    int status = 0;
-    while (::waitpid(pid_, &status, WNOHANG) == 0) {
-      if (Clock::now() > until) return -1;
-      std::this_thread::sleep_for(10ms);
-    }
-    done_ = true;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  std::string Output() const {
-    std::ifstream in(log_);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
-  // The rank processes it runs now.
-  std::vector<pid_t> Ranks() const {
-    std::ifstream in("/proc/" + std::to_string(pid_) + "/task/" + std::to_string(pid_) + "/children");
-    std::vector<pid_t> pids;
-    for (pid_t p; in >> p;) pids.push_back(p);
-    return pids;
-  }
-
- private:
-  fs::path log_;
-  pid_t pid_ = -1;
-  bool done_ = false;
-};
+testing::ChildProcess Launch(const std::string& script, const std::map<std::string, std::string>& env,
+                             const fs::path& log) {
+  return testing::ChildProcess({MESHTRAIN_WORKER, "launch", "--", "/bin/sh", "-c", script}, env, log);
+}
 
 struct Answer {
   int code = 0;  // 0: no answer
@@ -170,7 +125,7 @@ TEST_F(LauncherTest, RestartsItsRanksInPlaceWhenTheOperatorSaysSo) {
   const std::string script = "echo \"$RANK $MESHTRAIN_ATTEMPT\" >> " + seen_path +
                              "; if [ \"$MESHTRAIN_ATTEMPT\" = 0 ]; then if [ \"$RANK\" = 1 ]; then until grep -q '^0 0$' " +
                              seen_path + "; do sleep 0.01; done; exit 3; fi; exec sleep 60; fi";
-  Launcher launcher(script, Pod(), dir_ / "launch.log");
+  testing::ChildProcess launcher = Launch(script, Pod(), dir_ / "launch.log");
 
   const Answer failed = AwaitState(port_, "failed");
   EXPECT_EQ(failed.body, (nlohmann::json{{"attempt", 0}, {"state", "failed"}, {"exitCode", 3}, {"rank", 1}}))
@@ -182,13 +137,13 @@ TEST_F(LauncherTest, RestartsItsRanksInPlaceWhenTheOperatorSaysSo) {
   const Answer stop = Request(port_, "POST", Instruction("stop", 1));
   EXPECT_EQ(stop.code, 200) << stop.body;
   EXPECT_EQ(stop.body, (nlohmann::json{{"attempt", 1}, {"state", "ready"}})) << launcher.Output();
-  EXPECT_TRUE(launcher.Ranks().empty()) << "ready with ranks of attempt 0 still running";
+  EXPECT_TRUE(launcher.Children().empty()) << "ready with ranks of attempt 0 still running";
   EXPECT_EQ(Request(port_, "POST", Instruction("stop", 1)).body, stop.body) << "a repeated stop changes nothing";
 
   const Answer start = Request(port_, "POST", Instruction("start", 1));
   EXPECT_EQ(start.code, 200) << start.body;
   EXPECT_EQ(start.body, (nlohmann::json{{"attempt", 1}, {"state", "running"}}));
-  EXPECT_EQ(launcher.Wait(20s), 0) << launcher.Output();
+  EXPECT_EQ(launcher.Wait(20s).status, 0) << launcher.Output();
 
   const std::string output = launcher.Output();
   for (const char* line : {"rank 1 failed with exit code 3; stopping the other ranks and holding for the operator's "
@@ -210,17 +165,17 @@ TEST_F(LauncherTest, AHeldLauncherStartsItsRanksOnlyAtTheOperatorsStart) {
   pod["MESHTRAIN_ATTEMPT"] = "2";
   pod["MESHTRAIN_LAUNCHER_HELD"] = "1";
   const std::string seen_path = (dir_ / "seen").string();
-  Launcher launcher("echo \"$RANK $MESHTRAIN_ATTEMPT\" >> " + seen_path, pod, dir_ / "held.log");
+  testing::ChildProcess launcher = Launch("echo \"$RANK $MESHTRAIN_ATTEMPT\" >> " + seen_path, pod, dir_ / "held.log");
   const Answer ready = AwaitState(port_, "ready");
   EXPECT_EQ(ready.body, (nlohmann::json{{"attempt", 2}, {"state", "ready"}})) << launcher.Output();
   std::this_thread::sleep_for(200ms);
-  EXPECT_TRUE(launcher.Ranks().empty()) << "a held launcher started its ranks";
+  EXPECT_TRUE(launcher.Children().empty()) << "a held launcher started its ranks";
   EXPECT_FALSE(fs::exists(seen_path));
   EXPECT_EQ(Request(port_, "POST", Instruction("start", 1)).code, 409) << "attempt 1 is not the held one";
 
   const Answer start = Request(port_, "POST", Instruction("start", 2));
   EXPECT_EQ(start.body, (nlohmann::json{{"attempt", 2}, {"state", "running"}})) << launcher.Output();
-  EXPECT_EQ(launcher.Wait(20s), 0) << launcher.Output();
+  EXPECT_EQ(launcher.Wait(20s).status, 0) << launcher.Output();
   std::ifstream seen_file(seen_path);
   std::multiset<std::string> seen;
   for (std::string line; std::getline(seen_file, line);) seen.insert(line);
@@ -232,8 +187,8 @@ TEST_F(LauncherTest, AHeldLauncherStartsItsRanksOnlyAtTheOperatorsStart) {
 TEST_F(LauncherTest, AHeldLauncherWithoutATokenIsAConfigurationError) {
   auto pod = Pod("");
   pod["MESHTRAIN_LAUNCHER_HELD"] = "1";
-  Launcher launcher("exit 0", pod, dir_ / "held-no-token.log");
-  EXPECT_EQ(launcher.Wait(20s), 78) << launcher.Output();
+  testing::ChildProcess launcher = Launch("exit 0", pod, dir_ / "held-no-token.log");
+  EXPECT_EQ(launcher.Wait(20s).status, 78) << launcher.Output();
   EXPECT_TRUE(Contains(launcher.Output(), "MESHTRAIN_LAUNCHER_HELD=1 needs MESHTRAIN_LAUNCHER_TOKEN")) << launcher.Output();
 }
 
@@ -241,7 +196,7 @@ TEST_F(LauncherTest, AStopKillsRanksThatIgnoreSigtermAfterItsGrace) {
   auto pod = Pod();
   pod["MESHTRAIN_ATTEMPT"] = "4";
   pod["MESHTRAIN_LAUNCHER_HOLD_SECONDS"] = "1";
-  Launcher launcher("trap '' TERM; exec sleep 120", pod, dir_ / "stubborn.log");
+  testing::ChildProcess launcher = Launch("trap '' TERM; exec sleep 120", pod, dir_ / "stubborn.log");
   EXPECT_EQ(AwaitState(port_, "running").body, (nlohmann::json{{"attempt", 4}, {"state", "running"}}));
   // Both ranks ignore SIGTERM once their shell has become `sleep`.
   const auto sleeping = [](pid_t pid) {
@@ -251,7 +206,7 @@ TEST_F(LauncherTest, AStopKillsRanksThatIgnoreSigtermAfterItsGrace) {
   };
   std::vector<pid_t> ranks;
   for (const auto until = Clock::now() + 10s; Clock::now() < until; std::this_thread::sleep_for(10ms)) {
-    ranks = launcher.Ranks();
+    ranks = launcher.Children();
     if (ranks.size() == 2 && sleeping(ranks[0]) && sleeping(ranks[1])) break;
   }
   ASSERT_EQ(ranks.size(), 2u);
@@ -265,7 +220,7 @@ TEST_F(LauncherTest, AStopKillsRanksThatIgnoreSigtermAfterItsGrace) {
   for (pid_t rank : ranks) EXPECT_NE(::kill(rank, 0), 0) << "rank process " << rank << " outlived the stop";
 
   // Ready, and no start within the hold: the launcher gives up as a stopped pod.
-  EXPECT_EQ(launcher.Wait(10s), 128 + SIGTERM) << launcher.Output();
+  EXPECT_EQ(launcher.Wait(10s).status, 128 + SIGTERM) << launcher.Output();
   EXPECT_TRUE(Contains(launcher.Output(), "attempt 5: stopping ranks 0..1 of attempt 4")) << launcher.Output();
   EXPECT_TRUE(Contains(launcher.Output(), "ranks still running 100 ms after SIGTERM; killing them"))
       << launcher.Output();
@@ -274,9 +229,9 @@ TEST_F(LauncherTest, AStopKillsRanksThatIgnoreSigtermAfterItsGrace) {
 }
 
 TEST_F(LauncherTest, AConfigurationErrorEndsTheLauncherWithoutHolding) {
-  Launcher launcher("[ \"$RANK\" = 1 ] && exit 78; exec sleep 60", Pod(), dir_ / "config.log");
+  testing::ChildProcess launcher = Launch("[ \"$RANK\" = 1 ] && exit 78; exec sleep 60", Pod(), dir_ / "config.log");
   const auto started = Clock::now();
-  EXPECT_EQ(launcher.Wait(20s), 78) << launcher.Output();
+  EXPECT_EQ(launcher.Wait(20s).status, 78) << launcher.Output();
   EXPECT_LT(Clock::now() - started, 10s);
   EXPECT_TRUE(Contains(launcher.Output(), "rank 1 failed with exit code 78 (a configuration error")) << launcher.Output();
   EXPECT_FALSE(Contains(launcher.Output(), "holding")) << launcher.Output();
@@ -285,9 +240,9 @@ TEST_F(LauncherTest, AConfigurationErrorEndsTheLauncherWithoutHolding) {
 TEST_F(LauncherTest, WithoutAnInstructionTheHoldEndsWithTheFailedRanksStatus) {
   auto pod = Pod();
   pod["MESHTRAIN_LAUNCHER_HOLD_SECONDS"] = "1";
-  Launcher launcher("[ \"$RANK\" = 0 ] && exit 3; exec sleep 60", pod, dir_ / "hold.log");
+  testing::ChildProcess launcher = Launch("[ \"$RANK\" = 0 ] && exit 3; exec sleep 60", pod, dir_ / "hold.log");
   const auto started = Clock::now();
-  EXPECT_EQ(launcher.Wait(20s), 3) << launcher.Output();
+  EXPECT_EQ(launcher.Wait(20s).status, 3) << launcher.Output();
   EXPECT_GE(Clock::now() - started, 1s);
   EXPECT_TRUE(Contains(launcher.Output(), "(up to 1 s)")) << launcher.Output();
   EXPECT_TRUE(Contains(launcher.Output(), "no instruction from the operator within 1 s; exiting with status 3"))
@@ -295,28 +250,28 @@ TEST_F(LauncherTest, WithoutAnInstructionTheHoldEndsWithTheFailedRanksStatus) {
 }
 
 TEST_F(LauncherTest, WithoutATokenAFailedRankEndsTheLauncherAsBefore) {
-  Launcher launcher("[ \"$RANK\" = 1 ] && exit 3; exec sleep 60", Pod(""), dir_ / "plain.log");
-  EXPECT_EQ(launcher.Wait(20s), 3) << launcher.Output();
+  testing::ChildProcess launcher = Launch("[ \"$RANK\" = 1 ] && exit 3; exec sleep 60", Pod(""), dir_ / "plain.log");
+  EXPECT_EQ(launcher.Wait(20s).status, 3) << launcher.Output();
   EXPECT_TRUE(Contains(launcher.Output(), "rank 1 failed with status 3; stopping the other ranks")) << launcher.Output();
   EXPECT_FALSE(Contains(launcher.Output(), "control endpoint")) << launcher.Output();
   EXPECT_EQ(Request(port_, "GET", "/attempt", 500ms).code, 0) << "something serves the control endpoint";
 }
 
 TEST_F(LauncherTest, ATokenShorterThan16CharactersIsAConfigurationError) {
-  Launcher launcher("exit 0", Pod("short-token"), dir_ / "short.log");
-  EXPECT_EQ(launcher.Wait(20s), 78) << launcher.Output();
+  testing::ChildProcess launcher = Launch("exit 0", Pod("short-token"), dir_ / "short.log");
+  EXPECT_EQ(launcher.Wait(20s).status, 78) << launcher.Output();
   EXPECT_TRUE(Contains(launcher.Output(), "MESHTRAIN_LAUNCHER_TOKEN is 11 characters long; it must have at least 16"))
       << launcher.Output();
 }
 
 TEST_F(LauncherTest, SigtermReachesTheRanksAndEndsTheLauncher) {
-  Launcher launcher("exec sleep 60", Pod(), dir_ / "sigterm.log");
+  testing::ChildProcess launcher = Launch("exec sleep 60", Pod(), dir_ / "sigterm.log");
   AwaitState(port_, "running");
   std::vector<pid_t> ranks;
-  for (const auto until = Clock::now() + 10s; ranks.size() < 2 && Clock::now() < until;) ranks = launcher.Ranks();
+  for (const auto until = Clock::now() + 10s; ranks.size() < 2 && Clock::now() < until;) ranks = launcher.Children();
   ASSERT_EQ(ranks.size(), 2u);
   ::kill(launcher.pid(), SIGTERM);
-  EXPECT_EQ(launcher.Wait(20s), 128 + SIGTERM) << launcher.Output();
+  EXPECT_EQ(launcher.Wait(20s).status, 128 + SIGTERM) << launcher.Output();
   EXPECT_TRUE(Contains(launcher.Output(), "received signal 15; passing it to 2 rank(s)")) << launcher.Output();
   for (pid_t rank : ranks) EXPECT_NE(::kill(rank, 0), 0) << "rank process " << rank << " outlived its launcher";
 }

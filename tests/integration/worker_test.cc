@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/manifest.h"
+#include "tests/support/child_process.h"
 #include "tests/support/store_intruder.h"
 #include "worker/launch/local_launcher.h"
 #include "worker/train/token_file.h"
@@ -37,10 +38,8 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-struct Outcome {
-  int status = -1;  // exit code, 128 + signal, or -1 if it had to be killed at the deadline
-  std::string output;
-};
+using Outcome = testing::ChildExit;
+using Process = testing::ChildProcess;
 
 // The steps a run printed: loss, grad norm and validation loss (NaN when absent).
 struct StepLine {
@@ -57,69 +56,6 @@ std::vector<StepLine> Steps(const std::string& output) {
   return steps;
 }
 
-// A child process with extra environment, its output in a file.
-class Process {
- public:
-  Process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env, const fs::path& log)
-      : log_(log) {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      ::execv(args[0], args.data());
-      ::_exit(127);
-    }
-  }
-  ~Process() {
-    if (pid_ > 0 && !done_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  pid_t pid() const { return pid_; }
-
-  // Waits up to `deadline`; then kills it and reports -1.
-  Outcome Wait(std::chrono::milliseconds deadline) {
-    Outcome run;
-    const auto until = std::chrono::steady_clock::now() + deadline;
-    int status = 0;
-    while (::waitpid(pid_, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > until) {
-        ::kill(pid_, SIGKILL);
-        ::waitpid(pid_, &status, 0);
-        done_ = true;
-        run.output = Output();
-        return run;
-      }
-      std::this_thread::sleep_for(20ms);
-    }
-    done_ = true;
-    run.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    run.output = Output();
-    return run;
-  }
-  std::string Output() const {
-    std::ifstream in(log_);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
-  // The pids of its children (the ranks of a launcher).
-  std::vector<pid_t> Children() const {
-    std::ifstream in("/proc/" + std::to_string(pid_) + "/task/" + std::to_string(pid_) + "/children");
-    std::vector<pid_t> pids;
-    for (pid_t p; in >> p;) pids.push_back(p);
-    return pids;
-  }
-
- private:
-  fs::path log_;
-  pid_t pid_ = -1;
-  bool done_ = false;
-};
 
 class WorkerTest : public ::testing::Test {
  protected:
