@@ -391,6 +391,49 @@ std::string CheckedJob::Where() const {
   return where;
 }
 
+namespace {
+
+// "3", "3 or 5", "2, 3 or 5"
+std::string SizeList(const std::vector<int64_t>& sizes) {
+  std::string list;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == sizes.size() ? " or " : ", ") + std::to_string(sizes[i]);
+  return list;
+}
+
+// spec.elastic.minNodes of a valid job in manual mode: each size from spec.nodes - 1 down
+// to it is checked as the operator checks a shrunk gang's spec. When none can run the
+// layout, minNodes can do nothing (an error); sizes that cannot are skipped by a shrink (a
+// warning). With mode auto the planner chooses the layout for each size.
+void CheckElasticSizes(const Json& object, CheckedJob* checked) {
+  const std::optional<int64_t> min_nodes = checked->job.spec.elastic.min_nodes;
+  const int64_t nodes = checked->job.spec.nodes;
+  if (!min_nodes || *min_nodes >= nodes || checked->job.spec.parallelism.mode == "auto") return;
+  Json smaller = object;
+  smaller["spec"].erase("elastic");
+  std::vector<int64_t> refused;
+  std::string first_reason;
+  for (int64_t size = nodes - 1; size >= *min_nodes; --size) {
+    smaller["spec"]["nodes"] = size;
+    const CheckedJob sized = CheckTrainingJob(smaller, checked->source, checked->document);
+    if (sized.ok()) continue;
+    refused.insert(refused.begin(), size);
+    if (first_reason.empty()) first_reason = "at " + std::to_string(size) + " nodes, " + sized.errors.front().ToString();
+  }
+  if (refused.empty()) return;
+  if (int64_t(refused.size()) == nodes - *min_nodes) {
+    checked->errors.push_back({"spec.elastic.minNodes",
+                               "no smaller gang (" + SizeList(refused) + " nodes) can run this job's layout (" +
+                                   first_reason + "), so the job could never shrink; raise it to spec.nodes or remove it"});
+  } else {
+    checked->warnings.push_back({"spec.elastic.minNodes", "a gang of " + SizeList(refused) +
+                                                               " nodes cannot run this job's layout (" + first_reason +
+                                                               "); a shrink skips those sizes"});
+  }
+}
+
+}  // namespace
+
 CheckedJob CheckTrainingJob(const Json& object, std::string source, int document) {
   CheckedJob checked{std::move(source), document, {}, {}, {}, {}};
   checked.job = DecodeTrainingJob(object, &checked.errors);
@@ -404,6 +447,7 @@ CheckedJob CheckTrainingJob(const Json& object, std::string source, int document
   for (FieldError& e : ValidateTrainingJob(checked.job)) checked.errors.push_back(std::move(e));
   for (FieldError& e : FieldsThePlannerChooses(checked.job, written)) checked.errors.push_back(std::move(e));
   if (checked.ok()) checked.warnings = FieldsWithoutEffect(checked.job, written);
+  if (checked.ok()) CheckElasticSizes(object, &checked);
   return checked;
 }
 

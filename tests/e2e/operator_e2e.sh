@@ -138,6 +138,11 @@ run_worker_gang() {  # run_worker_gang [EXTRA_SPEC_YAML [OPERATOR_FLAGS...]]; cl
   wait_for '{.status.phase}' Running 20
 }
 
+lose_node() {  # lose_node POD: the node POD runs on goes NotReady (sets $lost)
+  lost=$("$kubectl" get pod "$1" -o 'jsonpath={.spec.nodeName}')
+  post /_test/kubelet/node "{\"name\": \"$lost\", \"ready\": false}"
+}
+
 prepare_data() {
   mkdir -p "$work/data"
   "$build/cli/meshtrain" prepare-data "$src/examples/data/pride-and-prejudice.txt" "$work/data/train.bin" \
@@ -639,8 +644,7 @@ if len(events) >= n: print(re.search(r" ([0-9.]+) s after", events[n - 1]["messa
     uid() { "$kubectl" get pod "$1" -o 'jsonpath={.metadata.uid}'; }
     stayed=$(uid tiny-g0-0)
     lost_at=$checkpoint
-    lost=$("$kubectl" get pod tiny-g0-1 -o 'jsonpath={.spec.nodeName}')
-    post /_test/kubelet/node "{\"name\": \"$lost\", \"ready\": false}"
+    lose_node tiny-g0-1
     wait_for '{.status.restarts}' 1 20
     "$kubectl" get events | grep -E "Restarted.*node $lost of pod tiny-g0-1 is not Ready; its node rank 1 moves to node [^ ]+ \(in [^)]+\) and the other pods restart in place: attempt 1" >/dev/null ||
       fail "no Restarted event that says the pod moves: $("$kubectl" get events | tail -8)"
@@ -681,8 +685,7 @@ PY
     cluster=$work/two-nodes.yaml run_worker_gang "  elastic: {minNodes: 1}" --avoid-failed-node 5
     wait_for '{.status.layout.nodes}' 2 5
     wait_checkpoint 0
-    lost=$("$kubectl" get pod tiny-g0-1 -o 'jsonpath={.spec.nodeName}')
-    post /_test/kubelet/node "{\"name\": \"$lost\", \"ready\": false}"
+    lose_node tiny-g0-1
     wait_for '{.status.layout.nodes}' 1 30
     "$kubectl" get events | grep -E "Shrunk.*the gang runs on 1 of spec.nodes 2 \(was 2\)" >/dev/null ||
       fail "no Shrunk event: $("$kubectl" get events | tail -8)"

@@ -259,6 +259,41 @@ TEST(Validation, HangTimeoutDefaultsTo300SecondsAndZeroTurnsItOff) {
   }
 }
 
+// spec.elastic.minNodes: the sizes a shrink could take are checked as the operator checks a
+// shrunk gang's spec. At 3 nodes the base layout (T 2, S 4) has 12 data-parallel ranks,
+// whose micro-steps of 4 x 1024 tokens do not divide the global batch of 65536.
+TEST(Validation, ElasticSizesThatCannotRunTheLayoutAreNamed) {
+  Json job = Base();
+  job["spec"]["nodes"] = 4;
+  job["spec"]["elastic"] = {{"minNodes", 1}};
+  const CheckedJob some = CheckTrainingJob(job, "job.yaml", 0);
+  ASSERT_TRUE(some.ok()) << some.errors.front().ToString();
+  ASSERT_EQ(some.warnings.size(), 1u);
+  EXPECT_EQ(some.warnings[0].path, "spec.elastic.minNodes");
+  EXPECT_EQ(some.warnings[0].message.rfind("a gang of 3 nodes cannot run this job's layout (at 3 nodes, "
+                                           "spec.training.globalBatchTokens: must be a multiple of",
+                                           0),
+            0u)
+      << some.warnings[0].message;
+  EXPECT_NE(some.warnings[0].message.find("); a shrink skips those sizes"), std::string::npos);
+
+  job["spec"]["elastic"]["minNodes"] = 3;
+  const CheckedJob none = CheckTrainingJob(job, "job.yaml", 0);
+  ASSERT_EQ(none.errors.size(), 1u);
+  EXPECT_EQ(none.errors[0].path, "spec.elastic.minNodes");
+  EXPECT_NE(none.errors[0].message.find("no smaller gang (3 nodes) can run this job's layout"), std::string::npos)
+      << none.errors[0].message;
+
+  job["spec"]["elastic"]["minNodes"] = 2;
+  job["spec"]["nodes"] = 2;
+  EXPECT_TRUE(CheckTrainingJob(Base(), "job.yaml", 0).warnings.empty());
+  job["spec"]["nodes"] = 4;
+  job["spec"]["training"]["globalBatchTokens"] = 3 * 65536;  // every size from 2 to 4 divides it
+  const CheckedJob all = CheckTrainingJob(job, "job.yaml", 0);
+  EXPECT_TRUE(all.ok());
+  EXPECT_TRUE(all.warnings.empty()) << all.warnings.front().ToString();
+}
+
 TEST(Validation, ReportsEveryErrorAtOnce) {
   Json manifest = Base();
   manifest["spec"]["nodes"] = 0;
