@@ -253,19 +253,12 @@ class Decider {
                const char* kind = "recreated") {
     if (failure && !WithinBackoffLimit(message)) return;
     d_.avoid_node = bad_node;
-    d_.status.restarts += 1;
+    RecordRestart(reason, kind, message, {failure ? "Warning" : "Normal", reason, message + "; restarting the gang"},
+                  failure);
     // A new gang's number is one no gang had (no more than restarts), so its pod names
     // never meet an old gang's.
     d_.status.gang = d_.status.restarts;
-    if (failure) d_.status.last_failure_time = kube::MicroTime(o_.now);
-    d_.restart_kind = kind;
-    d_.status.phase = "Restarting";
-    d_.status.ready_workers = 0;
     d_.status.placement.reset();
-    SetCondition("Restarting", true, reason, message);
-    SetCondition("Running", false, reason, message);
-    d_.events.push_back({failure ? "Warning" : "Normal", reason, message + "; restarting the gang"});
-    d_.Requeue(kAfterOwnWrite);
   }
 
   // Records the next attempt of the same pods: the passes after the write stop every
@@ -276,20 +269,27 @@ class Decider {
                      message + "; restarting the gang in place: attempt " + std::to_string(d_.status.restarts + 1));
   }
 
-  // The next attempt of the gang's pods after a failure already counted: the status that
-  // DriveLaunchers then carries out, and the Restarted Event.
+  // The next attempt of the gang's pods after a failure already counted, which
+  // DriveLaunchers then carries out, with a Restarted Event.
   void BeginNextAttempt(const std::string& reason, const char* kind, const std::string& message,
                         const std::string& event) {
+    RecordRestart(reason, kind, message,
+                  {"Warning", "Restarted", event + " (backoffLimit " + std::to_string(job_.spec.run_policy.backoff_limit) + ")"},
+                  true);
     d_.status.gang = GangOf(o_.status);  // the same pods, also under a status that had no gang
+  }
+
+  // What every restart writes: the next attempt, Restarting, the conditions and the Event.
+  void RecordRestart(const std::string& reason, const char* kind, const std::string& message, PendingEvent event,
+                     bool failure) {
     d_.status.restarts += 1;
-    d_.status.last_failure_time = kube::MicroTime(o_.now);
+    if (failure) d_.status.last_failure_time = kube::MicroTime(o_.now);
     d_.restart_kind = kind;
     d_.status.phase = "Restarting";
     d_.status.ready_workers = 0;
     SetCondition("Restarting", true, reason, message);
     SetCondition("Running", false, reason, message);
-    d_.events.push_back({"Warning", "Restarted",
-                         event + " (backoffLimit " + std::to_string(job_.spec.run_policy.backoff_limit) + ")"});
+    d_.events.push_back(std::move(event));
     d_.Requeue(kAfterOwnWrite);
   }
 
@@ -596,19 +596,6 @@ class Decider {
             "", false, "grown");
   }
 
-  // The layout an elastic job in manual mode runs at its size.
-  static api::LayoutStatus ManualLayout(const api::TrainingJobSpec& spec) {
-    const api::ParallelLayout layout = api::ParallelLayout::ForSpec(spec);
-    api::LayoutStatus status;
-    status.tensor_parallel_degree = layout.tp();
-    status.hybrid_shard_degree = layout.shard();
-    status.micro_batch_size = spec.training.micro_batch_size;
-    status.activation_checkpointing = spec.parallelism.activation_checkpointing;
-    status.activation_offloading = spec.parallelism.activation_offloading;
-    status.activation_loading_horizon = spec.parallelism.activation_offloading ? spec.parallelism.activation_loading_horizon : 0;
-    return status;
-  }
-
   void CreateGang(int64_t gang, const std::vector<json>& current) {
     const std::optional<json> existing = o_.config_map();
     std::optional<api::RankTable> table = ReusableTable(existing, gang);
@@ -657,7 +644,7 @@ class Decider {
       layout = PlanLayout(sized.spec, placement, snapshot(), request.levels, &written_spec);
       if (!layout) return d_.Requeue(options_.unschedulable_retry);
     } else if (job_.spec.elastic.min_nodes) {
-      layout = ManualLayout(sized.spec);
+      layout = scheduler::LayoutStatusOf(scheduler::ChoiceOf(sized.spec));
     }
     if (layout) layout->nodes = size;
 

@@ -176,18 +176,31 @@ nlohmann::json ResolveWrittenSpec(nlohmann::json written, const LayoutChoice& ch
   return written;
 }
 
+api::LayoutStatus LayoutStatusOf(const LayoutChoice& c) {
+  api::LayoutStatus status;
+  status.tensor_parallel_degree = c.tp;
+  status.hybrid_shard_degree = c.shard;
+  status.micro_batch_size = c.micro_batch;
+  status.activation_checkpointing = c.activations.checkpointing;
+  status.activation_offloading = c.activations.offload;
+  status.activation_loading_horizon = c.activations.offload ? c.activations.horizon : 0;
+  return status;
+}
+
 api::LayoutStatus LayoutStatusOf(const Candidate& chosen, const DeviceModel& device) {
-  const LayoutChoice& c = chosen.choice;
-  return {c.tp,
-          c.shard,
-          c.micro_batch,
-          c.activations.checkpointing,
-          c.activations.offload,
-          c.activations.offload ? c.activations.horizon : 0,
-          device.name,
-          chosen.needed,
-          chosen.step.seconds,
-          chosen.step.tokens_per_second};
+  api::LayoutStatus status = LayoutStatusOf(chosen.choice);
+  status.device = device.name;
+  status.predicted_memory_bytes = chosen.needed;
+  status.predicted_step_seconds = chosen.step.seconds;
+  status.predicted_tokens_per_second = chosen.step.tokens_per_second;
+  return status;
+}
+
+LayoutChoice ChoiceOf(const api::TrainingJobSpec& spec) {
+  const api::ParallelLayout layout = api::ParallelLayout::ForSpec(spec);
+  const api::ParallelismSpec& p = spec.parallelism;
+  return {int(layout.tp()), int(layout.shard()), int(spec.training.micro_batch_size),
+          {p.activation_checkpointing, p.activation_offloading, int(p.activation_loading_horizon)}};
 }
 
 }  // namespace meshtrain::scheduler

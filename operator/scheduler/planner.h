@@ -95,4 +95,10 @@ nlohmann::json ResolveWrittenSpec(nlohmann::json written_spec, const LayoutChoic
 // What status.layout says of the chosen candidate.
 api::LayoutStatus LayoutStatusOf(const Candidate& chosen, const DeviceModel& device);
 
+// The layout a spec in manual mode runs: its T, its S (as written or derived), its
+// micro-batch and activation policy.
+LayoutChoice ChoiceOf(const api::TrainingJobSpec& spec);
+// What status.layout says of a layout no planner chose: no device or prediction.
+api::LayoutStatus LayoutStatusOf(const LayoutChoice& choice);
+
 }  // namespace meshtrain::scheduler
