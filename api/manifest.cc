@@ -402,9 +402,10 @@ std::string SizeList(const std::vector<int64_t>& sizes) {
 }
 
 // spec.elastic.minNodes of a valid job in manual mode: each size from spec.nodes - 1 down
-// to it is checked as the operator checks a shrunk gang's spec. When none can run the
-// layout, minNodes can do nothing (an error); sizes that cannot are skipped by a shrink (a
-// warning). With mode auto the planner chooses the layout for each size.
+// to it is checked as the operator checks a shrunk gang's spec (without spec.elastic), and
+// the sizes that cannot run the layout are named in a warning, which says so when that is
+// every size. A warning, not an error: a job the operator already runs stays valid under
+// an operator that checks more. With mode auto the planner chooses each size's layout.
 void CheckElasticSizes(const Json& object, CheckedJob* checked) {
   const std::optional<int64_t> min_nodes = checked->job.spec.elastic.min_nodes;
   const int64_t nodes = checked->job.spec.nodes;
@@ -422,9 +423,9 @@ void CheckElasticSizes(const Json& object, CheckedJob* checked) {
   }
   if (refused.empty()) return;
   if (int64_t(refused.size()) == nodes - *min_nodes) {
-    checked->errors.push_back({"spec.elastic.minNodes",
-                               "no smaller gang (" + SizeList(refused) + " nodes) can run this job's layout (" +
-                                   first_reason + "), so the job could never shrink; raise it to spec.nodes or remove it"});
+    checked->warnings.push_back({"spec.elastic.minNodes",
+                                 "no smaller gang (" + SizeList(refused) + " nodes) can run this job's layout (" +
+                                     first_reason + "), so the job can never shrink; it has no effect"});
   } else {
     checked->warnings.push_back({"spec.elastic.minNodes", "a gang of " + SizeList(refused) +
                                                                " nodes cannot run this job's layout (" + first_reason +

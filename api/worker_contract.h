@@ -51,8 +51,8 @@ inline constexpr const char* kLauncherToken = "MESHTRAIN_LAUNCHER_TOKEN";
 // tests that run several launchers on one machine.
 inline constexpr const char* kLauncherPort = "MESHTRAIN_LAUNCHER_PORT";
 // How long a launcher whose ranks failed waits for the operator's next attempt (default
-// 60, 0 to 3600 seconds); past it, it exits with the failed rank's status, and the pod's
-// failure makes the operator recreate the pods.
+// 60, 0 to 3600 seconds), counted from the operator's last instruction; past it, it exits
+// with the failed rank's status, and the pod's failure makes the operator recreate the pods.
 inline constexpr const char* kLauncherHoldSeconds = "MESHTRAIN_LAUNCHER_HOLD_SECONDS";
 // The attempt of the gang (an integer >= 0, default 0): the launcher starts its ranks at
 // the pod's value and sets it in each rank's environment, one more at each in-place restart.

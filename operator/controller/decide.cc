@@ -45,6 +45,10 @@ class Decider {
 
   Decision Run() {
     Judge();
+    for (const json& pod : d_.delete_pods) {
+      const std::string node = kube::PinnedNode(pod);
+      if (!node.empty() && o_.node(node) != NodeState::kReady) d_.force_delete.insert(kube::Uid(pod));
+    }
     d_.status.observed_generation = generation();
     if (d_.status.phase != o_.status.phase) {
       std::string message = "phase " + (o_.status.phase.empty() ? "(new)" : o_.status.phase) + " -> " + d_.status.phase;
@@ -165,9 +169,9 @@ class Decider {
     // A gang restarting in place gets a pod it lacks (one replaced) on the stored placement,
     // held at the attempt until its launcher starts with the others.
     if (restarting_in_place && have < gang_size()) {
-      if (!CreateHeldPods(gang, current)) {
+      if (!CreateHeldPods(gang, current)) {  // the failure that began this restart is counted
         return Restart("PodDeleted", "a pod of the gang restarting in place is gone, and the job's ConfigMap with it",
-                       "", true);
+                       "", false);
       }
     } else if (gang_started && have < gang_size()) {
       return Restart("PodDeleted",
@@ -265,17 +269,18 @@ class Decider {
   // launcher's ranks and then start them again together (DriveLaunchers).
   void RestartInPlace(const std::string& message) {
     if (!WithinBackoffLimit(message)) return;
-    BeginNextAttempt("RankFailed", "in_place", message,
+    BeginNextAttempt("RankFailed", "in_place", true, message,
                      message + "; restarting the gang in place: attempt " + std::to_string(d_.status.restarts + 1));
   }
 
   // The next attempt of the gang's pods after a failure already counted, which
   // DriveLaunchers then carries out, with a Restarted Event.
-  void BeginNextAttempt(const std::string& reason, const char* kind, const std::string& message,
+  // A `new_failure` sets status.lastFailureTime; the recovery is measured from the first.
+  void BeginNextAttempt(const std::string& reason, const char* kind, bool new_failure, const std::string& message,
                         const std::string& event) {
     RecordRestart(reason, kind, message,
                   {"Warning", "Restarted", event + " (backoffLimit " + std::to_string(job_.spec.run_policy.backoff_limit) + ")"},
-                  true);
+                  new_failure);
     d_.status.gang = GangOf(o_.status);  // the same pods, also under a status that had no gang
   }
 
@@ -315,7 +320,7 @@ class Decider {
     const int64_t rank = NodeRankOf(lost);
     if (rank < 0 || int64_t(current.size()) != gang_size()) return false;
     for (const json& pod : current) {
-      if (&pod == &lost) continue;
+      if (kube::Uid(pod) == kube::Uid(lost)) continue;
       if (kube::PodPhase(pod) != "Running" || !o_.launchers.count(kube::Uid(pod))) return false;
       if (o_.node(kube::PinnedNode(pod)) != NodeState::kReady) return false;  // two nodes lost: a new gang
     }
@@ -333,7 +338,10 @@ class Decider {
       d_.events.push_back({"Warning", "NoReplacement", what + "; " + moved.reason});
       return false;
     }
-    if (!WithinBackoffLimit(what)) return true;
+    // A gang already restarting for this loss (its ranks failed in collectives first)
+    // counts it once.
+    const bool counted = o_.status.phase == "Restarting";
+    if (!counted && !WithinBackoffLimit(what)) return true;
     const std::string& node = moved.nodes[size_t(rank)];
     d_.avoid_node = kube::PinnedNode(lost);
     d_.status.placement->nodes[size_t(rank)] = {rank, node, moved.paths[size_t(rank)]};
@@ -342,7 +350,7 @@ class Decider {
     std::string shared;
     for (size_t l = 0; l + 1 < moved.paths[size_t(rank)].size() && moved.paths[size_t(rank)][l] == gang.paths[size_t(rank)][l]; ++l)
       shared += (shared.empty() ? "" : "/") + moved.paths[size_t(rank)][l];
-    BeginNextAttempt("NodeLost", "replaced", what,
+    BeginNextAttempt("NodeLost", "replaced", !counted, what,
                      what + "; its node rank " + std::to_string(rank) + " moves to node " + node +
                          (shared.empty() ? "" : " (in " + shared + ")") +
                          " and the other pods restart in place: attempt " + std::to_string(d_.status.restarts + 1));
@@ -441,12 +449,16 @@ class Decider {
       Restart("PodFinished", "pod " + pod["metadata"].value("name", "") + " finished during an in-place restart", "", false);
       return true;
     }
-    // A pod not created yet (a replacement) keeps the others from starting.
-    bool all_stopped = int64_t(current.size()) == gang_size(), all_running = all_stopped;
+    // A pod not created yet (a replacement) keeps the others from starting; while it comes
+    // up (a node to schedule, an image to pull), the stop is repeated to the launchers that
+    // wait, as each instruction renews their hold.
+    const bool whole = int64_t(current.size()) == gang_size();
+    bool all_stopped = whole, all_running = whole;
     for (size_t i = 0; i < current.size(); ++i) {
       const LauncherState* s = states[i];
       const bool at_attempt = s && s->attempt == attempt;
-      if (!s || s->attempt < attempt) d_.launcher_calls.push_back({current[i], "stop", attempt});
+      if (!s || s->attempt < attempt || (!whole && s->state == "ready"))
+        d_.launcher_calls.push_back({current[i], "stop", attempt});
       all_stopped = all_stopped && at_attempt && (s->state == "ready" || s->state == "running");
       all_running = all_running && at_attempt && s->state == "running";
     }
@@ -461,9 +473,13 @@ class Decider {
       for (size_t i = 0; i < current.size(); ++i)
         if (states[i]->state == "ready") d_.launcher_calls.push_back({current[i], "start", attempt});
     }
-    d_.Requeue(std::chrono::milliseconds(200));  // the launchers' answers enqueue the job sooner
+    // The launchers' answers and the new pod's arrival enqueue the job sooner.
+    d_.Requeue(whole ? std::chrono::milliseconds(200) : kRenewHold);
     return true;
   }
+
+  // Well inside a launcher's hold (MESHTRAIN_LAUNCHER_HOLD_SECONDS, 60 by default).
+  static constexpr std::chrono::seconds kRenewHold{10};
 
   // Sets the SpecWarnings condition (False once no warning is left), with a Warning Event
   // when the warnings changed.
@@ -544,6 +560,7 @@ class Decider {
     if (size == nodes()) return job_;
     json object = o_.object;
     object["spec"]["nodes"] = size;
+    object["spec"].erase("elastic");  // the operator shrinks and grows the gang; its workers need no more
     const api::CheckedJob checked = api::CheckTrainingJob(object, "spec.nodes " + std::to_string(size), 0);
     if (!checked.ok()) return std::nullopt;
     api::TrainingJob job = checked.job;
@@ -638,7 +655,10 @@ class Decider {
     // With mode auto, the planner chooses the layout for these nodes, and the workers
     // get the spec with it written in; a shrunk gang's workers get its size.
     json written_spec = o_.object.value("spec", json::object());
-    if (size != nodes()) written_spec["nodes"] = size;
+    if (size != nodes()) {
+      written_spec["nodes"] = size;
+      written_spec.erase("elastic");  // as JobOfSize checked it
+    }
     std::optional<api::LayoutStatus> layout;
     if (job_.spec.parallelism.mode == "auto") {
       layout = PlanLayout(sized.spec, placement, snapshot(), request.levels, &written_spec);

@@ -89,6 +89,10 @@ struct GangObjects {
 struct Decision {
   api::TrainingJobStatus status;  // written when it differs from the stored one
   std::vector<nlohmann::json> delete_pods;
+  // The uids among delete_pods whose node is NotReady or gone: deleted at once
+  // (gracePeriodSeconds 0), as no kubelet will confirm their end, and a pod left
+  // terminating keeps its DNS name (publishNotReadyAddresses) and holds up a new gang.
+  std::set<std::string> force_delete;
   std::optional<GangObjects> create;
   bool delete_job = false;             // ttlSecondsAfterFinished passed
   std::vector<PendingEvent> events;    // emitted only after the status is saved

@@ -202,7 +202,7 @@ std::optional<Observed> Reconciler::Observe(const std::string& ns, const std::st
 
 void Reconciler::Act(const Observed& o, const Decision& decision) {
   const std::string key = kube::ObjectKey(o.ns, o.name);
-  DeletePods(key, decision.delete_pods);
+  DeletePods(key, decision.delete_pods, decision.force_delete);
   if (decision.placement_seconds && metrics_) metrics_->Placed(*decision.placement_seconds);
   if (decision.create) {
     const GangObjects& gang = *decision.create;
@@ -241,14 +241,16 @@ void Reconciler::Act(const Observed& o, const Decision& decision) {
   for (const LauncherCall& call : decision.launcher_calls) launchers_->Post(key, call.pod, LauncherCallTarget(call));
 }
 
-void Reconciler::DeletePods(const std::string& job_key, const std::vector<json>& pods) {
+void Reconciler::DeletePods(const std::string& job_key, const std::vector<json>& pods,
+                            const std::set<std::string>& at_once) {
   for (const auto& pod : pods) {
     {
       std::lock_guard lock(mu_);
       deleting_[job_key].insert(kube::Uid(pod));
     }
     try {
-      client_.Delete(res::Pods(), pod["metadata"].value("namespace", ""), pod["metadata"].value("name", ""));
+      client_.Delete(res::Pods(), pod["metadata"].value("namespace", ""), pod["metadata"].value("name", ""),
+                     "Background", at_once.count(kube::Uid(pod)) ? std::optional<int64_t>(0) : std::nullopt);
     } catch (const kube::KubeError& e) {
       if (e.kind() != kube::ErrorKind::kNotFound) throw;
     }

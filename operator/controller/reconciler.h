@@ -68,7 +68,9 @@ class Reconciler {
   // False when the write conflicted (409).
   bool WriteStatus(const Observed& observed, const Decision& decision);
   void Emit(const Observed& observed, const PendingEvent& event);
-  void DeletePods(const std::string& job_key, const std::vector<nlohmann::json>& pods);
+  // Deletes `pods`; those whose uid is in `at_once` with gracePeriodSeconds 0.
+  void DeletePods(const std::string& job_key, const std::vector<nlohmann::json>& pods,
+                  const std::set<std::string>& at_once);
   void Forget(const std::string& job_key);
   // The cluster as placement sees it: the node cache, less the GPUs our pods hold.
   scheduler::ClusterSnapshot Snapshot();

@@ -162,8 +162,9 @@ json Client::MergePatch(const ResourceType& type, const std::string& ns, const s
 }
 
 void Client::Delete(const ResourceType& type, const std::string& ns, const std::string& name,
-                    const std::string& propagation) {
-  const json options = {{"kind", "DeleteOptions"}, {"apiVersion", "v1"}, {"propagationPolicy", propagation}};
+                    const std::string& propagation, std::optional<int64_t> grace_period_seconds) {
+  json options = {{"kind", "DeleteOptions"}, {"apiVersion", "v1"}, {"propagationPolicy", propagation}};
+  if (grace_period_seconds) options["gracePeriodSeconds"] = *grace_period_seconds;
   Request("delete", "DELETE", type.Path(ns, name), &options, "application/json");
 }
 

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <stop_token>
+#include <optional>
 #include <string>
 
 #include <cpprest/http_msg.h>
@@ -71,9 +72,10 @@ class Client {
   nlohmann::json UpdateStatus(const ResourceType& type, const std::string& namespace_, const nlohmann::json& object);
   nlohmann::json MergePatch(const ResourceType& type, const std::string& namespace_, const std::string& name,
                             const nlohmann::json& patch, bool status_subresource = false);
-  // Deletes with the given propagation policy (Background, Foreground or Orphan).
+  // Deletes with the given propagation policy (Background, Foreground or Orphan) and, if
+  // given, grace period (0: at once, as for a pod on a lost node).
   void Delete(const ResourceType& type, const std::string& namespace_, const std::string& name,
-              const std::string& propagation = "Background");
+              const std::string& propagation = "Background", std::optional<int64_t> grace_period_seconds = {});
 
   // Streams a watch from options.resource_version (with bookmarks) and calls on_event for
   // each event until the server ends the stream (after about timeout_seconds), on_event

@@ -658,6 +658,8 @@ if len(events) >= n: print(re.search(r" ([0-9.]+) s after", events[n - 1]["messa
     [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.placement.nodes[1].name}')" = "$moved_to" ] ||
       fail "status.placement does not name the replacement node $moved_to"
     [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.gang}')" = 0 ] || fail "the gang was renumbered"
+    # No kubelet confirms the end of a pod on a lost node: it is deleted at once.
+    [ "$(operator_requests DELETE-force)" -ge 1 ] || fail "the lost pod was not deleted with gracePeriodSeconds 0"
     "$kubectl" get cm tiny-config -o 'jsonpath={.data.rank-table\.json}' | grep "\"$moved_to\"" >/dev/null ||
       fail "the ConfigMap's rank table does not name $moved_to"
     pod_log tiny-g0-1-a1 | grep "attempt 1: ready; waiting for the operator's start" >/dev/null ||

@@ -184,6 +184,28 @@ TEST_F(LauncherTest, AHeldLauncherStartsItsRanksOnlyAtTheOperatorsStart) {
       << launcher.Output();
 }
 
+// While the operator waits for a replacement pod, it repeats its stop to the launchers that
+// wait; each instruction renews the hold, and only silence ends it.
+TEST_F(LauncherTest, EachInstructionRenewsTheHold) {
+  auto pod = Pod();
+  pod["MESHTRAIN_ATTEMPT"] = "1";
+  pod["MESHTRAIN_LAUNCHER_HELD"] = "1";
+  pod["MESHTRAIN_LAUNCHER_HOLD_SECONDS"] = "1";
+  testing::ChildProcess launcher = Launch("exit 0", pod, dir_ / "renewed.log");
+  ASSERT_EQ(AwaitState(port_, "ready").body.value("attempt", -1), 1) << launcher.Output();
+  const auto renewed_until = Clock::now() + 2500ms;
+  while (Clock::now() < renewed_until) {
+    EXPECT_EQ(Request(port_, "POST", Instruction("stop", 1)).code, 200) << launcher.Output();
+    std::this_thread::sleep_for(300ms);
+  }
+  EXPECT_EQ(Request(port_, "GET", "/attempt").body, (nlohmann::json{{"attempt", 1}, {"state", "ready"}}))
+      << "renewed 2.5 s past a 1 s hold, the launcher gave up: " << launcher.Output();
+  const auto silent = Clock::now();
+  EXPECT_EQ(launcher.Wait(10s).status, 128 + SIGTERM) << launcher.Output();
+  EXPECT_GE(Clock::now() - silent, 600ms);
+  EXPECT_TRUE(Contains(launcher.Output(), "no instruction from the operator within 1 s")) << launcher.Output();
+}
+
 TEST_F(LauncherTest, AHeldLauncherWithoutATokenIsAConfigurationError) {
   auto pod = Pod("");
   pod["MESHTRAIN_LAUNCHER_HELD"] = "1";

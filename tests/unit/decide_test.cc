@@ -503,6 +503,7 @@ TEST(Decide, APodOnALostNodeMovesToAReplacementAndTheOthersRestartInPlace) {
   const Decision moving = Decide(stored, {});
   ASSERT_EQ(moving.delete_pods.size(), 1u);
   EXPECT_EQ(moving.delete_pods[0]["metadata"]["name"], "tiny-g0-1");
+  EXPECT_EQ(moving.force_delete, (std::set<std::string>{"uid-tiny-g0-1"})) << "no kubelet will confirm its end";
   ASSERT_TRUE(moving.create);
   ASSERT_EQ(moving.create->pods.size(), 1u);
   const json successor = moving.create->pods[0];
@@ -541,21 +542,51 @@ TEST(Decide, APodOnALostNodeMovesToAReplacementAndTheOthersRestartInPlace) {
   EXPECT_EQ(resumed.status.restarts, 1);
 }
 
-// Before the successor exists, no launcher starts: the barrier is the whole gang's.
+// Before the successor exists, no launcher starts: the barrier is the whole gang's. The
+// launchers that wait are sent their stop again, which renews their hold, while the
+// successor comes up; and a loss the gang already restarts for is counted once.
 TEST(Decide, NoLauncherStartsWhileAReplacementIsMissing) {
   RunningJob job;
   const std::string lost = PinnedNode(job.pods[1]);
+  auto node = [lost](const std::string& n) { return n == lost ? NodeState::kNotReady : NodeState::kReady; };
+  const json config_map = BuildConfigMap(Observe(job.object, {}).checked.job, job.object["spec"], api::RankTable{}, 0);
   Observed o = Observe(job.object, job.status, job.pods);
-  o.node = [lost](const std::string& n) { return n == lost ? NodeState::kNotReady : NodeState::kReady; };
+  o.node = node;
   o.launchers = Launchers(job.pods, {L(0, "running"), L(0, "running")});
   const Decision replace = Decide(o, {});
   ASSERT_EQ(replace.restart_kind, "replaced");
+
   Observed without = Observe(job.object, replace.status, {job.pods[0]});
+  without.node = node;
   without.launchers = Launchers({job.pods[0]}, {L(1, "ready")});
-  without.awaiting_created_pods = false;
+  without.config_map = [&] { return std::optional<json>(config_map); };
   const Decision d = Decide(without, {});
-  EXPECT_TRUE(d.launcher_calls.empty()) << "pod 0 is ready, but its peer is not created yet";
+  EXPECT_EQ(d.restart_kind, "");
+  EXPECT_EQ(d.status.restarts, 1);
+  EXPECT_EQ(d.status.failures, 1);
   EXPECT_EQ(d.status.phase, "Restarting");
+  ASSERT_TRUE(d.create);
+  ASSERT_EQ(d.create->pods.size(), 1u);
+  EXPECT_EQ(d.create->pods[0]["metadata"]["name"], "tiny-g0-1-a1");
+  ASSERT_EQ(d.launcher_calls.size(), 1u) << "pod 0 is ready, but its peer is not there yet: no start";
+  EXPECT_EQ(d.launcher_calls[0].action, "stop") << "the stop that renews pod 0's hold";
+  EXPECT_EQ(d.launcher_calls[0].attempt, 1);
+  EXPECT_EQ(d.requeue_after, std::chrono::seconds(10)) << "renewed well inside the launchers' 60 s hold";
+
+  // Ranks failed in collectives when the node went: the gang restarts in place (1 failure),
+  // and the node's loss, seen during that restart, moves the pod without a second count.
+  api::TrainingJobStatus in_place = job.status;
+  in_place.restarts = in_place.failures = 1;
+  in_place.phase = "Restarting";
+  in_place.last_failure_time = "2033-05-18T03:33:19.000000Z";
+  Observed during = Observe(job.object, in_place, job.pods);
+  during.node = node;
+  during.launchers = Launchers(job.pods, {L(1, "ready"), L(0, "failed", 76, 9)});
+  const Decision moved = Decide(during, {});
+  EXPECT_EQ(moved.restart_kind, "replaced");
+  EXPECT_EQ(moved.status.restarts, 2);
+  EXPECT_EQ(moved.status.failures, 1) << "one loss, counted once";
+  EXPECT_EQ(moved.status.last_failure_time, in_place.last_failure_time) << "recovery counts from the first failure";
 }
 
 // No free node can take the lost pod's place: the gang is recreated as before (or shrinks,

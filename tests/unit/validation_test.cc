@@ -277,12 +277,16 @@ TEST(Validation, ElasticSizesThatCannotRunTheLayoutAreNamed) {
       << some.warnings[0].message;
   EXPECT_NE(some.warnings[0].message.find("); a shrink skips those sizes"), std::string::npos);
 
+  // No size at all: a loud warning, not an error, so that a job an older operator runs
+  // stays valid under this one.
   job["spec"]["elastic"]["minNodes"] = 3;
   const CheckedJob none = CheckTrainingJob(job, "job.yaml", 0);
-  ASSERT_EQ(none.errors.size(), 1u);
-  EXPECT_EQ(none.errors[0].path, "spec.elastic.minNodes");
-  EXPECT_NE(none.errors[0].message.find("no smaller gang (3 nodes) can run this job's layout"), std::string::npos)
-      << none.errors[0].message;
+  ASSERT_TRUE(none.ok());
+  ASSERT_EQ(none.warnings.size(), 1u);
+  EXPECT_EQ(none.warnings[0].path, "spec.elastic.minNodes");
+  EXPECT_NE(none.warnings[0].message.find("no smaller gang (3 nodes) can run this job's layout"), std::string::npos)
+      << none.warnings[0].message;
+  EXPECT_NE(none.warnings[0].message.find("so the job can never shrink; it has no effect"), std::string::npos);
 
   job["spec"]["elastic"]["minNodes"] = 2;
   job["spec"]["nodes"] = 2;

@@ -93,6 +93,7 @@ HttpResponse LauncherControl::Instruct(const HttpRequestHead& request, AttemptIn
 
   std::unique_lock lock(mutex_);
   if (!closed_.empty()) return Error(503, closed_, StatusJson(status_));
+  last_instruction_ = std::chrono::steady_clock::now();
   if (kind == AttemptInstruction::kStop && *attempt <= status_.attempt) return Json(200, StatusJson(status_));
   if (kind == AttemptInstruction::kStart) {
     if (*attempt == status_.attempt && status_.state == AttemptState::kRunning) return Json(200, StatusJson(status_));
@@ -117,6 +118,11 @@ AttemptStatus LauncherControl::status() const {
 void LauncherControl::Set(const AttemptStatus& status) {
   std::lock_guard lock(mutex_);
   status_ = status;
+}
+
+std::chrono::steady_clock::time_point LauncherControl::last_instruction() const {
+  std::lock_guard lock(mutex_);
+  return last_instruction_;
 }
 
 std::optional<AttemptInstruction> LauncherControl::Pending() const {

@@ -13,6 +13,10 @@
 //                                           N, S = "running"; N == A and "running": no
 //                                           change; 200 with the state. Otherwise 409.
 //
+// Every instruction that carries the token and a well-formed attempt, even one that
+// changes nothing, renews the launcher's hold: the operator repeats a stop to launchers
+// that wait while a pod that replaces a lost one is still being created.
+//
 // S is "running", "failed" (a rank of A failed, the others are stopped or stopping, and
 // the launcher holds for an instruction), "ready" (stopped for A, waiting for a start) or
 // "succeeded" (every rank of A exited 0). Every answer is JSON; an error's has "error"
@@ -24,6 +28,7 @@
 
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -77,6 +82,8 @@ class LauncherControl {
   // Ends the pending instruction; the status is now `status`. A non-empty `refusal` says
   // why it was not carried out (the answer is 409).
   void Complete(const AttemptStatus& status, const std::string& refusal = "");
+  // When the last instruction that carried the token arrived (the construction, before any).
+  std::chrono::steady_clock::time_point last_instruction() const;
   // The launcher is exiting: a waiting instruction, and every later one, is answered 503
   // with `why`. Call it before the endpoint is destroyed, or a waiting answer holds it.
   // REQUIRES: `why` is not empty.
@@ -93,6 +100,7 @@ class LauncherControl {
   uint64_t completions_ = 0;                    // guarded by mutex_
   std::string refusal_;                         // of the last completion; guarded by mutex_
   std::string closed_;                          // why; empty: open; guarded by mutex_
+  std::chrono::steady_clock::time_point last_instruction_ = std::chrono::steady_clock::now();  // guarded by mutex_
 };
 
 }  // namespace meshtrain::launch

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <climits>
 #include <optional>
 #include <stdexcept>
@@ -134,6 +135,8 @@ int LaunchControlled(const NodeLaunch& launch, const std::vector<RankProcess>& r
       }
     }
 
+    // The hold runs from the operator's last instruction: it renews a stop while it waits.
+    if (hold_until != Clock::time_point::max()) hold_until = std::max(hold_until, control.last_instruction() + launch.hold);
     if (ranks_ended && !stopping_for && now > hold_until) {
       // Without a failure, the ranks were stopped by the operator, with SIGTERM.
       const int exit_status = failed_status != 0 ? failed_status : 128 + SIGTERM;

@@ -39,7 +39,8 @@ struct NodeLaunch {
   std::string control_host = "0.0.0.0";
   int control_port = api::worker::kLauncherPort;
   // How long a launcher waits for the operator's next instruction once its ranks failed,
-  // or once they were stopped for an attempt that has not been started.
+  // or once they were stopped for an attempt that has not been started; each instruction
+  // renews it.
   std::chrono::milliseconds hold{60'000};
   // SIGTERM to SIGKILL when ranks are stopped for a restart: a gang with a dead rank has
   // nothing to save (its ranks wait in collectives), and every moment here is recovery time.

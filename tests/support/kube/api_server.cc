@@ -1122,6 +1122,11 @@ void ApiServer::HandleResource(const HttpRequest& request, HttpResponder& respon
     return;
   }
   if (request.method == "DELETE") {
+    // The object goes at once: no kubelet here confirms a pod's end. A forced deletion
+    // (DeleteOptions gracePeriodSeconds 0) is counted as its own verb, for tests.
+    const json options = json::parse(request.body.empty() ? "{}" : request.body, nullptr, false);
+    if (options.is_object() && options.value("gracePeriodSeconds", int64_t{-1}) == 0)
+      store_->requests[client + " DELETE-force"]++;  // under the store's lock, held above
     json removed = store_->Remove(info, ns, name);
     send(200, removed);
     return;
