@@ -326,12 +326,7 @@ class Decider {
     }
     const std::optional<api::TrainingJob> sized = JobOfSize(gang_size());
     if (!sized) return false;
-    const api::PlacementStatus& stored = *d_.status.placement;
-    scheduler::Placement gang;
-    for (const api::PlacedNode& n : stored.nodes) {
-      gang.nodes.push_back(n.name);
-      gang.paths.push_back(n.topology_path);
-    }
+    const scheduler::Placement gang = StoredPlacement();
     const scheduler::PlacementRequest request = scheduler::PlacementRequest::ForJob(*sized, o_.avoided_nodes);
     const scheduler::Placement moved = scheduler::PlaceReplacement(request, o_.cluster(), gang, size_t(rank));
     if (!moved.ok()) {
@@ -359,18 +354,23 @@ class Decider {
 
   // The gang's pods it lacks while restarting in place, on their stored nodes, their
   // launchers held at the attempt; the ConfigMap's rank table names those nodes.
-  // False when the ConfigMap is gone: a new gang, then.
-  bool CreateHeldPods(int64_t gang, const std::vector<json>& current) {
-    const std::optional<json> existing = o_.config_map();
-    const std::optional<api::TrainingJob> sized = JobOfSize(gang_size());
-    if (!existing || !sized) return false;
+  // The placement status.placement records, as the scheduler writes one. REQUIRES: it has one.
+  scheduler::Placement StoredPlacement() const {
     scheduler::Placement placement;
     for (const api::PlacedNode& n : d_.status.placement->nodes) {
       placement.nodes.push_back(n.name);
       placement.paths.push_back(n.topology_path);
     }
+    return placement;
+  }
+
+  // False when the ConfigMap is gone: a new gang, then.
+  bool CreateHeldPods(int64_t gang, const std::vector<json>& current) {
+    const std::optional<json> existing = o_.config_map();
+    const std::optional<api::TrainingJob> sized = JobOfSize(gang_size());
+    if (!existing || !sized) return false;
     const api::RankTable table =
-        scheduler::MakeRankTable(placement, sized->spec.topology.levels, sized->spec.gpus_per_node);
+        scheduler::MakeRankTable(StoredPlacement(), sized->spec.topology.levels, sized->spec.gpus_per_node);
     GangObjects objects;
     objects.service = BuildService(job_);
     objects.config_map = *existing;
