@@ -352,8 +352,6 @@ class Decider {
     return true;
   }
 
-  // The gang's pods it lacks while restarting in place, on their stored nodes, their
-  // launchers held at the attempt; the ConfigMap's rank table names those nodes.
   // The placement status.placement records, as the scheduler writes one. REQUIRES: it has one.
   scheduler::Placement StoredPlacement() const {
     scheduler::Placement placement;
@@ -364,7 +362,9 @@ class Decider {
     return placement;
   }
 
-  // False when the ConfigMap is gone: a new gang, then.
+  // The gang's pods it lacks while restarting in place, on their stored nodes, their
+  // launchers held at the attempt; the ConfigMap's rank table names those nodes. False
+  // when the ConfigMap is gone: a new gang, then.
   bool CreateHeldPods(int64_t gang, const std::vector<json>& current) {
     const std::optional<json> existing = o_.config_map();
     const std::optional<api::TrainingJob> sized = JobOfSize(gang_size());
