@@ -138,9 +138,13 @@ run_worker_gang() {  # run_worker_gang [EXTRA_SPEC_YAML [OPERATOR_FLAGS...]]; cl
   wait_for '{.status.phase}' Running 20
 }
 
-lose_node() {  # lose_node POD: the node POD runs on goes NotReady (sets $lost)
+lose_node() {  # lose_node POD [deleted]: the node POD runs on goes NotReady, or is deleted (sets $lost)
   lost=$("$kubectl" get pod "$1" -o 'jsonpath={.spec.nodeName}')
-  post /_test/kubelet/node "{\"name\": \"$lost\", \"ready\": false}"
+  if [ "${2:-}" = deleted ]; then
+    "$kubectl" delete node "$lost" >/dev/null
+  else
+    post /_test/kubelet/node "{\"name\": \"$lost\", \"ready\": false}"
+  fi
 }
 
 prepare_data() {
@@ -645,7 +649,7 @@ if len(events) >= n: print(re.search(r" ([0-9.]+) s after", events[n - 1]["messa
       fail "an in-place restart ($in_place s) took much longer than recreating the gang ($recreated s)"
     ;;
   replace-node)
-    # A node of a running gang is lost and the cluster has spare nodes: its pod moves to the
+    # A node of a running gang is deleted and the cluster has spare nodes: its pod moves to the
     # free node nearest it, held at the next attempt, the other pod stays (same UID) and
     # restarts in place, and together they resume from the checkpoint.
     run_worker_gang
@@ -653,9 +657,9 @@ if len(events) >= n: print(re.search(r" ([0-9.]+) s after", events[n - 1]["messa
     uid() { "$kubectl" get pod "$1" -o 'jsonpath={.metadata.uid}'; }
     stayed=$(uid tiny-g0-0)
     lost_at=$checkpoint
-    lose_node tiny-g0-1
+    lose_node tiny-g0-1 deleted
     wait_for '{.status.restarts}' 1 20
-    "$kubectl" get events | grep -E "Restarted.*node $lost of pod tiny-g0-1 is not Ready; its node rank 1 moves to node [^ ]+ \(in [^)]+\) and the other pods restart in place: attempt 1" >/dev/null ||
+    "$kubectl" get events | grep -E "Restarted.*node $lost of pod tiny-g0-1 is gone; its node rank 1 moves to node [^ ]+ \(in [^)]+\) and the other pods restart in place: attempt 1" >/dev/null ||
       fail "no Restarted event that says the pod moves: $("$kubectl" get events | tail -8)"
     wait_for '{.status.phase}' Running 40
     wait_checkpoint "$checkpoint"  # the gang trains on and checkpoints again
