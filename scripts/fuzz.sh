@@ -28,13 +28,33 @@ fuzz() {
       build/fuzz/"$target"-oom-* >/dev/null 2>&1; then
     tail -60 "$log"
     echo "fuzz: $target FAILED (exit $rc); the input is in build/fuzz/"
-    exit 1
+    return 1
   fi
   grep -E "^stat::(number_of_executed_units|peak_rss_mb)" "$log"
   echo "fuzz: $target ${seconds}s, no crash; corpus $(ls "build/fuzz/corpus/$target" | wc -l) inputs"
 }
 
-fuzz manifest -dict=tests/fuzz/manifest.dict -max_len=8192
-fuzz checkpoint_metadata -max_len=4096
-fuzz store -max_len=4096
-fuzz http_request -dict=tests/fuzz/http_request.dict -max_len=10000  # past the 8 KiB head limit
+targets=(
+  "manifest -dict=tests/fuzz/manifest.dict -max_len=8192"
+  "checkpoint_metadata -max_len=4096"
+  "store -max_len=4096"
+  "http_request -dict=tests/fuzz/http_request.dict -max_len=10000"  # past the 8 KiB head limit
+)
+# Each target runs on one core: as many at once as there are cores, each one's report
+# printed in order once its batch ends.
+width=$(nproc)
+failed=0
+for ((first = 0; first < ${#targets[@]}; first += width)); do
+  batch=("${targets[@]:first:width}") pids=()
+  for t in "${batch[@]}"; do
+    read -ra args <<<"$t"
+    fuzz "${args[@]}" >"build/fuzz/${args[0]}.report" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!batch[@]}"; do
+    wait "${pids[i]}" || failed=1
+    read -ra args <<<"${batch[i]}"
+    cat "build/fuzz/${args[0]}.report"
+  done
+done
+exit $failed
