@@ -459,6 +459,29 @@ TEST_F(WorkerTest, LaunchServesMetricsAndPassesSigtermToItsRanks) {
   for (pid_t rank : ranks) EXPECT_NE(::kill(rank, 0), 0) << "rank process " << rank << " outlived its launcher";
 }
 
+// `meshtrain run` sent SIGTERM passes it to its ranks, which end with it, removes the
+// launch's directory (rank table, Store key), and does not restart the gang.
+TEST_F(WorkerTest, MeshtrainRunPassesSigtermToItsRanksAndDoesNotRestart) {
+  Process run({MESHTRAIN_CLI, "run", Job("stopped", 1, 2, 100000).string(), "--sample-tokens", "0"}, {},
+              dir_ / "stopped.log");
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (Steps(run.Output()).size() < 2 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+  ASSERT_GE(Steps(run.Output()).size(), 2u) << run.Output();
+  const std::vector<pid_t> ranks = run.Children();
+  ASSERT_EQ(ranks.size(), 2u);
+  const fs::path launch_directory = fs::path(EnvironmentOf(ranks[0], "MESHTRAIN_RANK_TABLE")).parent_path();
+  ASSERT_TRUE(fs::exists(launch_directory)) << launch_directory;
+
+  ::kill(run.pid(), SIGTERM);
+  const Outcome stopped = run.Wait(30s);
+  EXPECT_EQ(stopped.status, 128 + SIGTERM) << stopped.output;
+  EXPECT_NE(stopped.output.find("received signal 15; passing it to 2 rank(s)"), std::string::npos) << stopped.output;
+  EXPECT_NE(stopped.output.find("stopped by signal 15"), std::string::npos) << stopped.output;
+  EXPECT_EQ(stopped.output.find("restarting the gang"), std::string::npos) << stopped.output;
+  for (pid_t rank : ranks) EXPECT_NE(::kill(rank, 0), 0) << "rank process " << rank << " outlived meshtrain run";
+  EXPECT_FALSE(fs::exists(launch_directory)) << launch_directory;
+}
+
 TEST_F(WorkerTest, OneDeadRankTearsDownTheOthersAndFailsThePod) {
   Process launcher({MESHTRAIN_WORKER, "launch"}, PodEnvironment(Job("kill", 1, 2, 100000), 2), dir_ / "kill.log");
   std::vector<pid_t> ranks;

@@ -114,6 +114,7 @@ LaunchResult LaunchLocal(const LocalLaunch& launch, std::ostream& log) {
   options.grace = launch.grace;
   options.timeout = launch.timeout;
   options.stop_others_on_failure = launch.stop_others_on_failure;
+  options.forward_signals = true;  // the ranks end with this process, and the directory goes
   LaunchResult result = RunProcessGroup(ranks, options, log);
   std::filesystem::remove_all(directory);
   return result;

@@ -54,7 +54,8 @@ std::vector<std::string> SelfCommand(int argc, char** argv);
 api::RankTable VirtualRankTable(int nodes, int ranks_per_node);
 
 // Runs the job and returns when every rank has ended. Progress and failures are
-// reported on `log`. Throws std::runtime_error if it cannot start.
+// reported on `log`. SIGTERM, SIGINT and SIGHUP sent to this process meanwhile are passed
+// on to the ranks (LaunchResult::stop_signal). Throws std::runtime_error if it cannot start.
 LaunchResult LaunchLocal(const LocalLaunch& launch, std::ostream& log);
 
 }  // namespace meshtrain::launch

@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <optional>
 #include <stdexcept>
 #include <string_view>
 #include <thread>
@@ -45,6 +47,24 @@ std::vector<std::string> EnvironmentWith(const std::map<std::string, std::string
   for (const auto& [key, value] : variables) entries.push_back(key + "=" + value);
   return entries;
 }
+
+// While it lives, the stop signals are caught for TakeStopSignal(); then the actions that
+// were there before it come back.
+class CaughtStopSignals {
+ public:
+  CaughtStopSignals() {
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], nullptr, &previous_[i]);
+    CatchStopSignals();
+  }
+  ~CaughtStopSignals() {
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &previous_[i], nullptr);
+  }
+  CaughtStopSignals(const CaughtStopSignals&) = delete;
+  CaughtStopSignals& operator=(const CaughtStopSignals&) = delete;
+
+ private:
+  struct sigaction previous_[std::size(kStopSignals)]{};
+};
 
 }  // namespace
 
@@ -153,7 +173,8 @@ void RankGroup::Terminate(int signal, std::chrono::milliseconds grace) {
 
 LaunchResult RunProcessGroup(const std::vector<RankProcess>& ranks, const ProcessGroupOptions& options,
                              std::ostream& log) {
-  if (options.forward_signals) CatchStopSignals();
+  std::optional<CaughtStopSignals> caught;
+  if (options.forward_signals) caught.emplace();
   RankGroup group(ranks, options.command, options.forward_signals);
 
   LaunchResult result;
@@ -190,6 +211,9 @@ LaunchResult RunProcessGroup(const std::vector<RankProcess>& ranks, const Proces
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  // A signal that came after the last rank ended still stops the run.
+  if (const int late = options.forward_signals ? TakeStopSignal() : 0; late != 0 && forwarded == 0) forwarded = late;
+  result.stop_signal = forwarded;
   if (forwarded != 0 && result.status == 0) result.status = 128 + forwarded;
   return result;
 }

@@ -37,8 +37,9 @@ struct ProcessGroupOptions {
   std::chrono::milliseconds timeout{0};   // whole job; 0: none
   // Whether one rank's failure stops the others (tests of failure detection turn it off).
   bool stop_others_on_failure = true;
-  // Whether SIGTERM/SIGINT/SIGHUP sent to this process are passed on to the ranks
-  // (a pod launcher: the kubelet stops the pod by signalling it).
+  // Whether SIGTERM/SIGINT/SIGHUP sent to this process while the ranks run are passed on
+  // to them (a pod launcher: the kubelet stops the pod by signalling it; `meshtrain run`:
+  // its ranks must not outlive it). The actions before are restored at the end.
   bool forward_signals = false;
 };
 
@@ -51,6 +52,9 @@ struct LaunchResult {
   // 0; the first failed rank's status; 124 past the timeout; or 128 + the signal this
   // process received (forward_signals) when every rank then ended cleanly.
   int status = 0;
+  // The signal this process received and passed on to the ranks (forward_signals); 0:
+  // none. A run that was stopped is not restarted.
+  int stop_signal = 0;
   std::vector<RankExit> exits;  // in the order the ranks ended
 };
 
