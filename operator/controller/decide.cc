@@ -33,6 +33,13 @@ std::string Label(const json& object, const char* label) {
   return object.value("metadata", json::object()).value("labels", json::object()).value(label, "");
 }
 
+// The node rank a pod's label gives it; -1 when the label is missing or not a number.
+int64_t NodeRankLabel(const json& pod) {
+  const std::string label = Label(pod, kNodeRankLabel);
+  if (label.empty() || label.size() > 9 || label.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(label);
+}
+
 // One pass of Decide: the observation, and the decision it builds up.
 class Decider {
  public:
@@ -298,11 +305,9 @@ class Decider {
     d_.Requeue(kAfterOwnWrite);
   }
 
-  // The node rank of a pod of the gang; -1 when its label is not one.
+  // The node rank of a pod of the gang; -1 when its label is not one of status.placement's.
   int64_t NodeRankOf(const json& pod) const {
-    const std::string label = Label(pod, kNodeRankLabel);
-    if (label.empty() || label.size() > 9 || label.find_first_not_of("0123456789") != std::string::npos) return -1;
-    const int64_t rank = std::stoll(label);
+    const int64_t rank = NodeRankLabel(pod);
     return d_.status.placement && rank < int64_t(d_.status.placement->nodes.size()) ? rank : -1;
   }
 
@@ -677,10 +682,10 @@ class Decider {
       objects.replace_config_map = true;
       objects.config_map["metadata"]["resourceVersion"] = (*existing)["metadata"]["resourceVersion"];
     }
-    std::set<std::string> present;
-    for (const auto& pod : current) present.insert(Label(pod, kNodeRankLabel));
+    std::set<int64_t> present;
+    for (const auto& pod : current) present.insert(NodeRankLabel(pod));
     for (int64_t rank = 0; rank < size; ++rank) {
-      if (!present.count(std::to_string(rank)))
+      if (!present.count(rank))
         objects.pods.push_back(BuildPod(job_, *table, gang, rank, d_.status.restarts, options_.worker));
     }
     d_.create = std::move(objects);
@@ -768,7 +773,7 @@ int64_t GangOf(const api::TrainingJobStatus& status) { return status.gang.value_
 
 std::optional<json> Rank0Pod(const std::vector<json>& pods, int64_t gang) {
   for (const auto& pod : pods)
-    if (Label(pod, kGangLabel) == std::to_string(gang) && Label(pod, kNodeRankLabel) == "0") return pod;
+    if (Label(pod, kGangLabel) == std::to_string(gang) && NodeRankLabel(pod) == 0) return pod;
   return std::nullopt;
 }
 

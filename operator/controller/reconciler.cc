@@ -19,7 +19,6 @@ namespace res = kube::resources;
 
 namespace {
 
-
 // `bytes` random bytes, for a job's rendezvous Store key or a launcher's token.
 std::string RandomBytes(size_t bytes, const char* what) {
   std::string key(bytes, '\0');
