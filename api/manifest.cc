@@ -406,20 +406,22 @@ std::string SizeList(const std::vector<int64_t>& sizes) {
 // the sizes that cannot run the layout are named in a warning, which says so when that is
 // every size. A warning, not an error: a job the operator already runs stays valid under
 // an operator that checks more. With mode auto the planner chooses each size's layout.
-void CheckElasticSizes(const Json& object, CheckedJob* checked) {
+// `as_written` is the job as decoded, before defaults: each size derives its own.
+void CheckElasticSizes(const TrainingJob& as_written, const FieldPaths& written, CheckedJob* checked) {
   const std::optional<int64_t> min_nodes = checked->job.spec.elastic.min_nodes;
   const int64_t nodes = checked->job.spec.nodes;
   if (!min_nodes || *min_nodes >= nodes || checked->job.spec.parallelism.mode == "auto") return;
-  Json smaller = object;
-  smaller["spec"].erase("elastic");
   std::vector<int64_t> refused;
   std::string first_reason;
   for (int64_t size = nodes - 1; size >= *min_nodes; --size) {
-    smaller["spec"]["nodes"] = size;
-    const CheckedJob sized = CheckTrainingJob(smaller, checked->source, checked->document);
-    if (sized.ok()) continue;
+    TrainingJob smaller = as_written;
+    smaller.spec.elastic = {};
+    smaller.spec.nodes = size;
+    ApplyDefaults(&smaller, written);
+    const FieldErrors errors = ValidateTrainingJob(smaller);
+    if (errors.empty()) continue;
     refused.insert(refused.begin(), size);
-    if (first_reason.empty()) first_reason = "at " + std::to_string(size) + " nodes, " + sized.errors.front().ToString();
+    if (first_reason.empty()) first_reason = "at " + std::to_string(size) + " nodes, " + errors.front().ToString();
   }
   if (refused.empty()) return;
   if (int64_t(refused.size()) == nodes - *min_nodes) {
@@ -438,6 +440,7 @@ void CheckElasticSizes(const Json& object, CheckedJob* checked) {
 CheckedJob CheckTrainingJob(const Json& object, std::string source, int document) {
   CheckedJob checked{std::move(source), document, {}, {}, {}, {}};
   checked.job = DecodeTrainingJob(object, &checked.errors);
+  const TrainingJob as_written = checked.job;
   const FieldPaths written = WrittenFields(object);
   checked.defaults = ApplyDefaults(&checked.job, written);
   // A field that failed to decode holds its default, and checks against it would
@@ -448,7 +451,7 @@ CheckedJob CheckTrainingJob(const Json& object, std::string source, int document
   for (FieldError& e : ValidateTrainingJob(checked.job)) checked.errors.push_back(std::move(e));
   for (FieldError& e : FieldsThePlannerChooses(checked.job, written)) checked.errors.push_back(std::move(e));
   if (checked.ok()) checked.warnings = FieldsWithoutEffect(checked.job, written);
-  if (checked.ok()) CheckElasticSizes(object, &checked);
+  if (checked.ok()) CheckElasticSizes(as_written, written, &checked);
   return checked;
 }
 
