@@ -90,10 +90,7 @@ int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std:
   for (int64_t restarts = 0;; ++restarts) {
     const launch::LaunchResult result = launch::LaunchLocal(launch, out);
     if (result.status == 0) return kExitOk;
-    if (result.stop_signal != 0) {
-      out << "  stopped by signal " << result.stop_signal << "; the ranks were stopped with it" << std::endl;
-      return result.status;
-    }
+    if (result.stop_signal != 0) return result.status;  // stopped from outside: no restart
     if (result.status == api::worker::kExitConfigError) return result.status;
     if (restarts == backoff_limit) {
       out << "  the gang failed " << restarts + 1 << " time(s); spec.runPolicy.backoffLimit is " << backoff_limit

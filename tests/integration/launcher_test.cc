@@ -298,5 +298,37 @@ TEST_F(LauncherTest, SigtermReachesTheRanksAndEndsTheLauncher) {
   for (pid_t rank : ranks) EXPECT_NE(::kill(rank, 0), 0) << "rank process " << rank << " outlived its launcher";
 }
 
+// `meshtrain launch SCRIPT` (the local launcher): its ranks as children, its output in a file.
+testing::ChildProcess LaunchLocally(const std::string& prelude, const std::string& script, const fs::path& log) {
+  return testing::ChildProcess({"/bin/sh", "-c",
+                                prelude + "exec \"$0\" launch --nodes 1 --nproc-per-node 2 -- /bin/sh -c \"$1\"",
+                                MESHTRAIN_CLI, script},
+                               {}, log);
+}
+
+// The local launcher passes SIGTERM to its ranks, then dies of it itself.
+TEST_F(LauncherTest, TheLocalLauncherPassesSigtermToItsRanksAndThenDiesOfIt) {
+  testing::ChildProcess launcher = LaunchLocally("", "exec sleep 60", dir_ / "local-sigterm.log");
+  std::vector<pid_t> ranks;
+  for (const auto until = Clock::now() + 10s; ranks.size() < 2 && Clock::now() < until;) ranks = launcher.Children();
+  ASSERT_EQ(ranks.size(), 2u);
+  ::kill(launcher.pid(), SIGTERM);
+  EXPECT_EQ(launcher.Wait(20s).status, 128 + SIGTERM) << launcher.Output();
+  EXPECT_TRUE(Contains(launcher.Output(), "received signal 15; passing it to 2 rank(s)")) << launcher.Output();
+  EXPECT_TRUE(Contains(launcher.Output(), "stopped by signal 15")) << launcher.Output();
+  for (pid_t rank : ranks) EXPECT_NE(::kill(rank, 0), 0) << "rank process " << rank << " outlived its launcher";
+}
+
+// Under nohup (SIGHUP ignored), a SIGHUP neither stops the local launcher nor its ranks,
+// which inherit the ignoring: each sends one to the launcher and to itself, and exits 0.
+TEST_F(LauncherTest, AnIgnoredSighupStaysIgnoredByTheLocalLauncherAndItsRanks) {
+  testing::ChildProcess launcher =
+      LaunchLocally("trap '' HUP; ", "kill -HUP $PPID; kill -HUP $$; exit 0", dir_ / "local-nohup.log");
+  const testing::ChildExit ended = launcher.Wait(20s);
+  EXPECT_EQ(ended.status, 0) << ended.output;
+  EXPECT_TRUE(Contains(ended.output, "launch: 2 ranks on 1 virtual nodes succeeded")) << ended.output;
+  EXPECT_FALSE(Contains(ended.output, "received signal")) << ended.output;
+}
+
 }  // namespace
 }  // namespace meshtrain

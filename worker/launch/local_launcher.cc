@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -117,6 +118,12 @@ LaunchResult LaunchLocal(const LocalLaunch& launch, std::ostream& log) {
   options.forward_signals = true;  // the ranks end with this process, and the directory goes
   LaunchResult result = RunProcessGroup(ranks, options, log);
   std::filesystem::remove_all(directory);
+  if (result.stop_signal != 0) {
+    // Stopped from outside: once its ranks and files are gone, this process takes the
+    // signal as it would have without the launch (a loop of launches ends with it).
+    log << "stopped by signal " << result.stop_signal << "; the ranks were stopped with it" << std::endl;
+    ::raise(result.stop_signal);
+  }
   return result;
 }
 

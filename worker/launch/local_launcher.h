@@ -55,7 +55,9 @@ api::RankTable VirtualRankTable(int nodes, int ranks_per_node);
 
 // Runs the job and returns when every rank has ended. Progress and failures are
 // reported on `log`. SIGTERM, SIGINT and SIGHUP sent to this process meanwhile are passed
-// on to the ranks (LaunchResult::stop_signal). Throws std::runtime_error if it cannot start.
+// on to the ranks; once they have ended, this process raises the signal itself, which ends
+// it unless it has a handler of its own (then LaunchResult::stop_signal says so). Throws
+// std::runtime_error if it cannot start.
 LaunchResult LaunchLocal(const LocalLaunch& launch, std::ostream& log);
 
 }  // namespace meshtrain::launch

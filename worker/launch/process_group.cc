@@ -73,7 +73,11 @@ void CatchStopSignals() {
   struct sigaction action{};
   action.sa_handler = RememberSignal;
   sigemptyset(&action.sa_mask);
-  for (int signal : kStopSignals) ::sigaction(signal, &action, nullptr);
+  for (int signal : kStopSignals) {
+    struct sigaction current{};
+    ::sigaction(signal, nullptr, &current);
+    if (current.sa_handler != SIG_IGN) ::sigaction(signal, &action, nullptr);  // nohup's SIGHUP stays ignored
+  }
 }
 
 int TakeStopSignal() { return received_signal.exchange(0); }
@@ -109,7 +113,11 @@ RankGroup::RankGroup(const std::vector<RankProcess>& ranks, const std::vector<st
     }
     if (pid == 0) {
       if (caught_stop_signals) {
-        for (int signal : kStopSignals) ::signal(signal, SIG_DFL);
+        for (int signal : kStopSignals) {
+          struct sigaction current{};
+          ::sigaction(signal, nullptr, &current);
+          if (current.sa_handler == RememberSignal) ::signal(signal, SIG_DFL);
+        }
         ::pthread_sigmask(SIG_SETMASK, &unblocked, nullptr);
       }
       if (!network_namespace.empty()) {

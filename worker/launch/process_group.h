@@ -60,6 +60,7 @@ struct LaunchResult {
 
 // From now on SIGTERM, SIGINT and SIGHUP sent to this process are kept for
 // TakeStopSignal() instead of ending it (a pod launcher passes them on to its ranks).
+// A signal this process ignores (nohup's SIGHUP) stays ignored.
 void CatchStopSignals();
 // The last of those signals received since the previous call; 0: none.
 int TakeStopSignal();
