@@ -286,16 +286,24 @@ TEST_F(LauncherTest, ATokenShorterThan16CharactersIsAConfigurationError) {
       << launcher.Output();
 }
 
+// Once `launcher` runs its two ranks, sends it SIGTERM and expects it to pass the signal
+// on, to die of it, and to leave no rank behind. Returns its output.
+std::string StopWithSigterm(testing::ChildProcess& launcher) {
+  std::vector<pid_t> ranks;
+  for (const auto until = Clock::now() + 10s; ranks.size() < 2 && Clock::now() < until;) ranks = launcher.Children();
+  EXPECT_EQ(ranks.size(), 2u);
+  ::kill(launcher.pid(), SIGTERM);
+  const testing::ChildExit ended = launcher.Wait(20s);
+  EXPECT_EQ(ended.status, 128 + SIGTERM) << ended.output;
+  EXPECT_TRUE(Contains(ended.output, "received signal 15; passing it to 2 rank(s)")) << ended.output;
+  for (pid_t rank : ranks) EXPECT_NE(::kill(rank, 0), 0) << "rank process " << rank << " outlived its launcher";
+  return ended.output;
+}
+
 TEST_F(LauncherTest, SigtermReachesTheRanksAndEndsTheLauncher) {
   testing::ChildProcess launcher = Launch("exec sleep 60", Pod(), dir_ / "sigterm.log");
   AwaitState(port_, "running");
-  std::vector<pid_t> ranks;
-  for (const auto until = Clock::now() + 10s; ranks.size() < 2 && Clock::now() < until;) ranks = launcher.Children();
-  ASSERT_EQ(ranks.size(), 2u);
-  ::kill(launcher.pid(), SIGTERM);
-  EXPECT_EQ(launcher.Wait(20s).status, 128 + SIGTERM) << launcher.Output();
-  EXPECT_TRUE(Contains(launcher.Output(), "received signal 15; passing it to 2 rank(s)")) << launcher.Output();
-  for (pid_t rank : ranks) EXPECT_NE(::kill(rank, 0), 0) << "rank process " << rank << " outlived its launcher";
+  StopWithSigterm(launcher);
 }
 
 // `meshtrain launch SCRIPT` (the local launcher): its ranks as children, its output in a file.
@@ -309,14 +317,8 @@ testing::ChildProcess LaunchLocally(const std::string& prelude, const std::strin
 // The local launcher passes SIGTERM to its ranks, then dies of it itself.
 TEST_F(LauncherTest, TheLocalLauncherPassesSigtermToItsRanksAndThenDiesOfIt) {
   testing::ChildProcess launcher = LaunchLocally("", "exec sleep 60", dir_ / "local-sigterm.log");
-  std::vector<pid_t> ranks;
-  for (const auto until = Clock::now() + 10s; ranks.size() < 2 && Clock::now() < until;) ranks = launcher.Children();
-  ASSERT_EQ(ranks.size(), 2u);
-  ::kill(launcher.pid(), SIGTERM);
-  EXPECT_EQ(launcher.Wait(20s).status, 128 + SIGTERM) << launcher.Output();
-  EXPECT_TRUE(Contains(launcher.Output(), "received signal 15; passing it to 2 rank(s)")) << launcher.Output();
-  EXPECT_TRUE(Contains(launcher.Output(), "stopped by signal 15")) << launcher.Output();
-  for (pid_t rank : ranks) EXPECT_NE(::kill(rank, 0), 0) << "rank process " << rank << " outlived its launcher";
+  const std::string output = StopWithSigterm(launcher);
+  EXPECT_TRUE(Contains(output, "stopped by signal 15")) << output;
 }
 
 // Under nohup (SIGHUP ignored), a SIGHUP neither stops the local launcher nor its ranks,
