@@ -321,6 +321,28 @@ TEST_F(LauncherTest, TheLocalLauncherPassesSigtermToItsRanksAndThenDiesOfIt) {
   EXPECT_TRUE(Contains(output, "stopped by signal 15")) << output;
 }
 
+// Whether `pid` is a process that has not ended (a zombie has).
+bool Alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t state = line.rfind(')') + 2;  // after "PID (COMMAND) "
+  return state < line.size() && line[state] != 'Z';
+}
+
+// A local launcher killed with SIGKILL, which it cannot pass on, takes its ranks with it.
+TEST_F(LauncherTest, TheRanksOfALocalLauncherKilledWithSigkillDieWithIt) {
+  testing::ChildProcess launcher = LaunchLocally("", "exec sleep 60", dir_ / "local-sigkill.log");
+  std::vector<pid_t> ranks;
+  for (const auto until = Clock::now() + 10s; ranks.size() < 2 && Clock::now() < until;) ranks = launcher.Children();
+  ASSERT_EQ(ranks.size(), 2u);
+  ::kill(launcher.pid(), SIGKILL);
+  EXPECT_EQ(launcher.Wait(10s).status, 128 + SIGKILL);
+  for (const auto until = Clock::now() + 5s; (Alive(ranks[0]) || Alive(ranks[1])) && Clock::now() < until;)
+    std::this_thread::sleep_for(10ms);
+  for (pid_t rank : ranks) EXPECT_FALSE(Alive(rank)) << "rank process " << rank << " outlived its launcher";
+}
+
 // Under nohup (SIGHUP ignored), a SIGHUP neither stops the local launcher nor its ranks,
 // which inherit the ignoring: each sends one to the launcher and to itself, and exits 0.
 TEST_F(LauncherTest, AnIgnoredSighupStaysIgnoredByTheLocalLauncherAndItsRanks) {

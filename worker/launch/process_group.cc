@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -92,6 +93,7 @@ RankGroup::RankGroup(const std::vector<RankProcess>& ranks, const std::vector<st
   // The caught signals stay blocked across each fork: one that reached a child before it
   // dropped the launcher's handler would be swallowed by that handler, and the rank would
   // outlive its SIGTERM. The child unblocks them after resetting, so it dies of a pending one.
+  const pid_t parent = ::getpid();
   sigset_t stop_signals, unblocked;
   sigemptyset(&stop_signals);
   for (int signal : kStopSignals) sigaddset(&stop_signals, signal);
@@ -112,6 +114,9 @@ RankGroup::RankGroup(const std::vector<RankProcess>& ranks, const std::vector<st
       throw std::runtime_error(std::string("fork failed: ") + std::strerror(error));
     }
     if (pid == 0) {
+      // A rank dies with the process that started it, even of SIGKILL: nothing else would
+      // stop it. (If that process died before this call, the signal would never come.)
+      if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(127);
       if (caught_stop_signals) {
         for (int signal : kStopSignals) {
           struct sigaction current{};

@@ -8,6 +8,9 @@
 // RunProcessGroup supervises one RankGroup to its end, and the pod launcher
 // (node_launcher.h) runs one RankGroup per attempt.
 //
+// The ranks are killed (SIGKILL) if this process dies, however it dies; the kernel ties
+// that to the thread that started them, so make a RankGroup on a thread that outlives it.
+//
 // Thread-safety: a RankGroup reaps children with waitpid(-1); have one at a time per
 // process, use it from one thread, and start no other children while it lives.
 
