@@ -794,7 +794,11 @@ PY
     [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.restarts}')" = 0 ] || fail "a configuration error was retried"
     msg=$("$kubectl" get tj tiny -o 'jsonpath={.status.conditions[?(@.type=="Failed")].message}')
     [[ $msg == *78* ]] || fail "the Failed condition does not give the exit code: $msg"
-    pod_log tiny-g0-0 | grep "missing.bin" >/dev/null || fail "the worker log does not name the missing file"
+    # The pod the condition names failed first; the other may have been deleted before its
+    # rank got as far.
+    [[ $msg =~ pod\ (tiny-g0-[0-9]+) ]] || fail "the Failed condition does not name the pod: $msg"
+    failed_pod=${BASH_REMATCH[1]}
+    pod_log "$failed_pod" | grep "missing.bin" >/dev/null || fail "the log of pod $failed_pod does not name the missing file"
     ;;
   metrics)
     # A real Prometheus scrapes the operator and rank 0's pod; the metrics pass promtool's lint.
