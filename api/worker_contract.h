@@ -7,6 +7,8 @@
 
 #pragma once
 
+#include <cstddef>
+
 namespace meshtrain::api::worker {
 
 // Exit status of a rank that found a problem no restart can fix (EX_CONFIG): a malformed
@@ -20,6 +22,8 @@ inline constexpr int kExitHang = 75;
 // Exit status of a rank whose collective or Store call failed: most often the victim of
 // another rank's failure, so the operator names a failure with another status first.
 inline constexpr int kExitCommFailure = 76;
+// The most of a failure reason (kFailureFile) that is kept: longer ones are cut.
+inline constexpr size_t kFailureReasonBytes = 400;
 
 inline constexpr int kCoordinatorPort = 29500;  // rank 0's rendezvous
 inline constexpr int kMetricsPort = 9400;       // each node's local rank 0 serves /metrics here
@@ -61,6 +65,12 @@ inline constexpr const char* kAttempt = "MESHTRAIN_ATTEMPT";
 // start (POST /attempt/start), with the rest of the gang: a pod that replaces a lost one of
 // a gang restarting in place. Unset or "0": it starts them at once.
 inline constexpr const char* kLauncherHeld = "MESHTRAIN_LAUNCHER_HELD";
+// A file the launcher names for each rank: a rank that fails writes there, before it
+// exits, one line saying why (api::WriteFailureReason), which its exit status alone
+// cannot: the rank a hang detector found stuck, the peer a collective lost. The launcher
+// reports it with the exit status (GET /attempt "reason"), and the operator's Restarted
+// Event quotes it. Unset: the rank writes nothing.
+inline constexpr const char* kFailureFile = "MESHTRAIN_FAILURE_FILE";
 // torchrun's names, set per rank by the launcher.
 inline constexpr const char* kRank = "RANK";
 inline constexpr const char* kWorldSize = "WORLD_SIZE";

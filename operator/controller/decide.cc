@@ -431,9 +431,13 @@ class Decider {
     if (failed) {
       const size_t i = *failed;
       const LauncherState* s = states[i];
+      // The rank's own words, where it left some, say what its status cannot: the rank a
+      // hang detector found stuck, the peer a collective lost.
       const std::string what = (s->rank ? "rank " + std::to_string(*s->rank) : std::string("a rank")) + " in pod " +
                                current[i]["metadata"].value("name", "") + " on node " + kube::PinnedNode(current[i]) +
-                               " failed" + (s->exit_code ? " with exit code " + std::to_string(*s->exit_code) : "");
+                               " failed" + (s->exit_code ? " with exit code " + std::to_string(*s->exit_code) : "") +
+                               (s->exit_code == api::worker::kExitCommFailure ? " in a collective" : "") +
+                               (s->reason.empty() ? "" : ": " + s->reason);
       if (s->exit_code == api::worker::kExitConfigError) {
         Fail("PermanentError", what + " (a configuration error; not restarting)");
         return true;
@@ -444,7 +448,7 @@ class Decider {
         Restart("RankFailed", what + " after pod " + pod["metadata"].value("name", "") + " finished", kube::PinnedNode(current[i]), true);
         return true;
       }
-      RestartInPlace(what + (s->exit_code == api::worker::kExitCommFailure ? " in a collective" : ""));
+      RestartInPlace(what);
       return true;
     }
     if (!restarting_in_place) return false;

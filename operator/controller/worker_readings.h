@@ -25,6 +25,7 @@ struct LauncherState {
   int64_t attempt = 0;
   std::string state;  // running | failed | ready (stopped, waiting for start) | succeeded
   std::optional<int64_t> exit_code, rank;  // when failed: the first failed rank and its status
+  std::string reason;  // when failed: what that rank said of it (at most kFailureReasonBytes); may be empty
   bool operator==(const LauncherState&) const = default;
 };
 

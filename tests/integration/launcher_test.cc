@@ -120,15 +120,17 @@ class LauncherTest : public ::testing::Test {
 
 TEST_F(LauncherTest, RestartsItsRanksInPlaceWhenTheOperatorSaysSo) {
   // Each rank notes its start. Attempt 0: rank 1 fails with 3 (once rank 0 has noted its
-  // start) while rank 0 trains on; attempt 1: both succeed.
+  // start), saying why in its failure file, while rank 0 trains on; attempt 1: both succeed.
   const std::string seen_path = (dir_ / "seen").string();
   const std::string script = "echo \"$RANK $MESHTRAIN_ATTEMPT\" >> " + seen_path +
                              "; if [ \"$MESHTRAIN_ATTEMPT\" = 0 ]; then if [ \"$RANK\" = 1 ]; then until grep -q '^0 0$' " +
-                             seen_path + "; do sleep 0.01; done; exit 3; fi; exec sleep 60; fi";
+                             seen_path + "; do sleep 0.01; done; echo 'lost rank 0' > \"$MESHTRAIN_FAILURE_FILE\"; "
+                             "exit 3; fi; exec sleep 60; fi";
   testing::ChildProcess launcher = Launch(script, Pod(), dir_ / "launch.log");
 
   const Answer failed = AwaitState(port_, "failed");
-  EXPECT_EQ(failed.body, (nlohmann::json{{"attempt", 0}, {"state", "failed"}, {"exitCode", 3}, {"rank", 1}}))
+  EXPECT_EQ(failed.body, (nlohmann::json{{"attempt", 0}, {"state", "failed"}, {"exitCode", 3}, {"rank", 1},
+                                         {"reason", "lost rank 0"}}))
       << launcher.Output();
   EXPECT_EQ(Request(port_, "POST", Instruction("stop", 1, "not-the-token-0123456789")).code, 403);
   EXPECT_EQ(Request(port_, "POST", Instruction("start", 0)).code, 409) << "attempt 0 failed; it is not ready";
@@ -146,8 +148,8 @@ TEST_F(LauncherTest, RestartsItsRanksInPlaceWhenTheOperatorSaysSo) {
   EXPECT_EQ(launcher.Wait(20s).status, 0) << launcher.Output();
 
   const std::string output = launcher.Output();
-  for (const char* line : {"rank 1 failed with exit code 3; stopping the other ranks and holding for the operator's "
-                           "next attempt (up to 60 s)",
+  for (const char* line : {"rank 1 failed with exit code 3 (lost rank 0); stopping the other ranks and holding for "
+                           "the operator's next attempt (up to 60 s)",
                            "attempt 1: ready",
                            "attempt 1: starting ranks 0..1", "attempt 1: every rank exited 0"}) {
     EXPECT_TRUE(Contains(output, line)) << line << "\n" << output;

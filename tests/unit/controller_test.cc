@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "api/manifest.h"
+#include "api/worker_contract.h"
 #include "operator/controller/builders.h"
 #include "operator/kube/base64.h"
 #include "operator/controller/worker_readings.h"
@@ -184,6 +185,27 @@ TEST(BuildersTest, NetworkPolicyAdmitsTheJobAndTheNamedScrapers) {
   EXPECT_EQ(closed["spec"]["egress"][0]["to"][0]["podSelector"], same_job);
   EXPECT_EQ(closed["spec"]["egress"][1]["ports"][0]["port"], 53);
   EXPECT_FALSE(closed["spec"]["egress"][1].contains("to"));
+}
+
+// A launcher's GET /attempt; what a failed rank wrote reaches Events on one line, cut to
+// kFailureReasonBytes at a character's boundary.
+TEST(LauncherStateTest, ParsesTheAttemptAndWhatTheFailedRankSaid) {
+  EXPECT_FALSE(ParseLauncherState(nlohmann::json{{"state", "running"}}));
+  EXPECT_FALSE(ParseLauncherState(nlohmann::json{{"attempt", "1"}, {"state", "running"}}));
+  const auto running = ParseLauncherState(nlohmann::json{{"attempt", 2}, {"state", "running"}});
+  ASSERT_TRUE(running);
+  EXPECT_EQ(*running, (LauncherState{2, "running", std::nullopt, std::nullopt, ""}));
+  const auto failed = ParseLauncherState(
+      nlohmann::json{{"attempt", 0}, {"state", "failed"}, {"exitCode", 75}, {"rank", 0},
+                     {"reason", "rank 2 made no progress\nfor 3.0 s"}});
+  ASSERT_TRUE(failed);
+  EXPECT_EQ(*failed, (LauncherState{0, "failed", 75, 0, "rank 2 made no progress for 3.0 s"}));
+  // 399 bytes, then a 2-byte character that would straddle the cut: it goes whole.
+  const std::string long_reason = std::string(api::worker::kFailureReasonBytes - 1, 'x') + "\xc3\xa9" + "tail";
+  const auto cut = ParseLauncherState(nlohmann::json{{"attempt", 0}, {"state", "failed"}, {"reason", long_reason}});
+  ASSERT_TRUE(cut);
+  EXPECT_EQ(cut->reason, std::string(api::worker::kFailureReasonBytes - 1, 'x'));
+  EXPECT_NO_THROW((void)nlohmann::json(cut->reason).dump());
 }
 
 TEST(ProgressTest, ParsesWorkerMetrics) {

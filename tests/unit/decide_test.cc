@@ -281,8 +281,8 @@ TEST(Decide, TheFirstStepAfterARestartMeasuresTheRecoveryFromTheFailure) {
 }
 
 LauncherState L(int64_t attempt, std::string state, std::optional<int64_t> exit_code = std::nullopt,
-                std::optional<int64_t> rank = std::nullopt) {
-  return {attempt, std::move(state), exit_code, rank};
+                std::optional<int64_t> rank = std::nullopt, std::string reason = "") {
+  return {attempt, std::move(state), exit_code, rank, std::move(reason)};
 }
 
 // Each pod's launcher state, as the poller read it.
@@ -397,6 +397,36 @@ TEST(Decide, ARankThatFailedInACollectiveIsNamedOnlyWhenNoOtherFailureIsReported
                                               " failed with exit code 76 in a collective"),
             std::string::npos)
       << network.events[0].message;
+}
+
+// A hang is found by rank 0, which exits 75; what it wrote names the stuck rank, and the
+// Restarted Event quotes it: the rank that failed is not the one at fault.
+TEST(Decide, TheRestartedEventQuotesWhatTheFailedRankSaid) {
+  RunningJob job;
+  Observed hung = Observe(job.object, job.status, job.pods);
+  hung.launchers = Launchers(
+      job.pods, {L(0, "failed", api::worker::kExitHang, 0,
+                   "rank 11 made no progress for 3.0 s (its heartbeat stopped: stopped or hung)"),
+                 L(0, "running")});
+  const Decision restart = Decide(hung, {});
+  EXPECT_EQ(restart.restart_kind, "in_place");
+  ASSERT_EQ(Reasons(restart), (std::vector<std::string>{"Restarted", "Restarting"}));
+  EXPECT_EQ(restart.events[0].message,
+            "rank 0 in pod tiny-g0-0 on node " + PinnedNode(job.pods[0]) +
+                " failed with exit code 75: rank 11 made no progress for 3.0 s (its heartbeat stopped: stopped or "
+                "hung); restarting the gang in place: attempt 1 (backoffLimit 3)");
+
+  // A collective's failure says which peer it lost.
+  Observed lost_peer = Observe(job.object, job.status, job.pods);
+  lost_peer.launchers = Launchers(
+      job.pods, {L(0, "failed", api::worker::kExitCommFailure, 1, "rank failed: all_reduce timed out on rank 9"),
+                 L(0, "failed", api::worker::kExitCommFailure, 9)});
+  const Decision comm = Decide(lost_peer, {});
+  EXPECT_NE(comm.events.at(0).message.find(
+                "rank 1 in pod tiny-g0-0 on node " + PinnedNode(job.pods[0]) +
+                " failed with exit code 76 in a collective: rank failed: all_reduce timed out on rank 9; restarting"),
+            std::string::npos)
+      << comm.events[0].message;
 }
 
 TEST(Decide, ALauncherAtExit78FailsTheJobAndInPlaceRestartsCountAgainstTheBackoffLimit) {
@@ -843,6 +873,54 @@ TEST(Decide, ModeAutoWithoutAKnownDeviceOrRoomStaysPendingAndSaysWhy) {
   EXPECT_EQ(Scheduled(tiny.status).reason, "NoLayout");
   EXPECT_NE(Scheduled(tiny.status).message.find("no layout fits; the smallest needs "), std::string::npos)
       << Scheduled(tiny.status).message;
+}
+
+// spec.elastic under mode auto: the shrunk gang's layout is planned again, by the planner,
+// for the nodes it still has; the workers get that plan at that size.
+TEST(Decide, AnElasticModeAutoJobIsPlannedAgainForTheNodesItKeeps) {
+  json object = AutoJob(512);
+  object["spec"]["elastic"] = {{"minNodes", 1}};
+  int cluster_nodes = 2;
+  auto observe = [&](const api::TrainingJobStatus& status) {
+    Observed o = Observe(object, status);
+    o.cluster = [&] { return SmallCluster(cluster_nodes); };
+    return o;
+  };
+  const Decision created = Decide(observe({}), {});
+  ASSERT_TRUE(created.create) << Scheduled(created.status).message;
+  ASSERT_TRUE(created.status.layout);
+  EXPECT_EQ(created.status.layout->nodes, 2);
+
+  api::TrainingJobStatus lost = created.status;
+  lost.phase = "Restarting";
+  lost.restarts = lost.gang.emplace(1);
+  lost.placement.reset();
+  cluster_nodes = 1;
+  const Decision shrunk = Decide(observe(lost), {});
+  ASSERT_TRUE(shrunk.create) << Scheduled(shrunk.status).message;
+  ASSERT_EQ(shrunk.create->pods.size(), 1u);
+  EXPECT_EQ(shrunk.restart_kind, "shrunk");
+  ASSERT_TRUE(shrunk.status.layout);
+  const api::LayoutStatus& layout = *shrunk.status.layout;
+  EXPECT_EQ(layout.nodes, 1);
+  EXPECT_EQ(layout.device, "CPU");
+  EXPECT_GT(layout.predicted_step_seconds, 0);
+  EXPECT_LE(layout.predicted_memory_bytes, int64_t(0.9 * (512 << 20)));
+  // The workers read a valid manual job of one node with the planner's layout for it.
+  const json worker_job = json::parse(shrunk.create->config_map["data"]["job.json"].get<std::string>());
+  EXPECT_EQ(worker_job["spec"]["nodes"], 1);
+  EXPECT_FALSE(worker_job["spec"].contains("elastic"));
+  const json& p = worker_job["spec"]["parallelism"];
+  EXPECT_EQ(p["mode"], "manual");
+  EXPECT_EQ(p["tensorParallelDegree"], layout.tensor_parallel_degree);
+  EXPECT_EQ(p["hybridShardDegree"], layout.hybrid_shard_degree);
+  EXPECT_EQ(worker_job["spec"]["training"]["microBatchSize"], layout.micro_batch_size);
+  const api::CheckedJob resolved = api::CheckTrainingJob(worker_job, "job.json", 0);
+  ASSERT_TRUE(resolved.ok()) << resolved.errors.front().ToString();
+  EXPECT_EQ(resolved.job.spec.training.global_batch_tokens, 16384) << "the global batch is kept";
+  EXPECT_LE(layout.hybrid_shard_degree * layout.tensor_parallel_degree, 8) << "a layout of one node's 8 ranks";
+  const std::vector<std::string> reasons = Reasons(shrunk);
+  EXPECT_NE(std::find(reasons.begin(), reasons.end(), "Shrunk"), reasons.end());
 }
 
 }  // namespace

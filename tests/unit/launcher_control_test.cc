@@ -61,8 +61,9 @@ TEST(LauncherControl, ParsesAnAttempt) {
 }
 
 TEST(LauncherControl, AnswersTheStateAndRefusesWhatIsWrongChangingNothing) {
-  LauncherControl control(kToken, AttemptStatus{2, AttemptState::kFailed, RankExit{3, 137}});
-  const nlohmann::json failed = {{"attempt", 2}, {"state", "failed"}, {"exitCode", 137}, {"rank", 3}};
+  LauncherControl control(kToken, AttemptStatus{2, AttemptState::kFailed, RankExit{3, 76, "lost rank 1"}});
+  const nlohmann::json failed = {
+      {"attempt", 2}, {"state", "failed"}, {"exitCode", 76}, {"rank", 3}, {"reason", "lost rank 1"}};
   Answer get = Request(control, "GET", "/attempt");
   EXPECT_EQ(get.code, 200);
   EXPECT_EQ(get.content_type, "application/json");
@@ -98,7 +99,7 @@ TEST(LauncherControl, AnswersTheStateAndRefusesWhatIsWrongChangingNothing) {
     EXPECT_NE(error.find(c.error), std::string::npos) << c.method << " " << c.target << ": " << answer.body;
     if (c.code == 409) {
       EXPECT_EQ(answer.body["state"], "failed") << "a conflict says the state";
-      EXPECT_EQ(answer.body["exitCode"], 137);
+      EXPECT_EQ(answer.body["exitCode"], 76);
     }
     EXPECT_FALSE(control.Pending()) << c.method << " " << c.target;
   }
@@ -118,7 +119,7 @@ TEST(LauncherControl, AnswersTheStateAndRefusesWhatIsWrongChangingNothing) {
 }
 
 TEST(LauncherControl, AStopAndAStartAreAnsweredOnceTheLoopCarriedThemOut) {
-  LauncherControl control(kToken, AttemptStatus{0, AttemptState::kFailed, RankExit{1, 3}});
+  LauncherControl control(kToken, AttemptStatus{0, AttemptState::kFailed, RankExit{1, 3, ""}});
   AttemptInstruction seen;
   std::thread loop = Loop(control, &seen, AttemptStatus{1, AttemptState::kReady, {}});
   const Answer stop = Request(control, "POST", Target("/attempt/stop", 1));

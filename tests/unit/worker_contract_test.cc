@@ -1,15 +1,50 @@
 // The worker contract from both sides: what a worker's TrainingMetrics exports is what
-// the operator's ParseProgress reads, through the text Prometheus serves.
+// the operator's ParseProgress reads, through the text Prometheus serves; what a failing
+// rank writes to its failure file is what its launcher reads.
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include <gtest/gtest.h>
 #include <prometheus/text_serializer.h>
 
+#include "api/environment.h"
 #include "api/worker_contract.h"
 #include "operator/controller/worker_readings.h"
 #include "worker/metrics/training_metrics.h"
 
 namespace meshtrain {
 namespace {
+
+std::string Contents(const std::filesystem::path& path) {
+  std::ostringstream text;
+  text << std::ifstream(path).rdbuf();
+  return text.str();
+}
+
+TEST(WorkerContract, AFailingRankWritesOneLineToItsFailureFile) {
+  const std::filesystem::path file =
+      std::filesystem::temp_directory_path() / ("meshtrain-failure-" + std::to_string(::getpid()));
+  ::unsetenv(api::worker::env::kFailureFile);
+  api::WriteFailureReason("nowhere to write: nothing happens");
+  EXPECT_FALSE(std::filesystem::exists(file));
+
+  ::setenv(api::worker::env::kFailureFile, file.c_str(), 1);
+  api::WriteFailureReason("first");
+  api::WriteFailureReason("rank 2 made no progress\nfor 3.0 s");
+  EXPECT_EQ(Contents(file), "rank 2 made no progress for 3.0 s\n") << "replaced, on one line";
+  api::WriteFailureReason(std::string(2 * api::worker::kFailureReasonBytes, 'x'));
+  EXPECT_EQ(Contents(file), std::string(api::worker::kFailureReasonBytes, 'x') + "\n") << "cut";
+
+  ::setenv(api::worker::env::kFailureFile, (file / "not-a-directory" / "f").c_str(), 1);
+  api::WriteFailureReason("cannot be written: no error either");
+  ::unsetenv(api::worker::env::kFailureFile);
+  std::filesystem::remove(file);
+}
 
 std::string Exposition(const metrics::TrainingMetrics& exported) {
   return prometheus::TextSerializer().Serialize(exported.registry()->Collect());

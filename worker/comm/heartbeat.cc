@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "api/environment.h"
 #include "api/worker_contract.h"
 
 namespace meshtrain::comm {
@@ -33,10 +34,11 @@ std::string RankList(const std::vector<int>& ranks) {
 }
 
 // The default on_stuck: the training thread is blocked (that is the hang), so nothing
-// unwinds; the message goes out unbuffered and the process ends here.
+// unwinds; the message goes out unbuffered, and to the launcher, and the process ends here.
 void EndThisProcess(int rank, const std::string& message) {
   std::fprintf(stderr, "rank %d: error: %s; ending this attempt\n", rank, message.c_str());
   std::fflush(stderr);
+  api::WriteFailureReason(message);
   ::_exit(api::worker::kExitHang);
 }
 

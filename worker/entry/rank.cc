@@ -168,20 +168,22 @@ int Train(std::ostream& out) {
 }  // namespace
 
 int RunRank(std::ostream& out) {
+  // Says why on `out` and to the launcher (api::WriteFailureReason); returns `status`.
+  auto failed = [&out](const char* what, const std::exception& e, int status) {
+    out << what << ": " << e.what() << std::endl;
+    api::WriteFailureReason(std::string(what) + ": " + e.what());
+    return status;
+  };
   try {
     return Train(out);
   } catch (const ConfigError& e) {
-    out << "configuration error: " << e.what() << std::endl;
-    return api::worker::kExitConfigError;
+    return failed("configuration error", e, api::worker::kExitConfigError);
   } catch (const comm::CommError& e) {
-    out << "rank failed: " << e.what() << std::endl;
-    return api::worker::kExitCommFailure;
+    return failed("rank failed", e, api::worker::kExitCommFailure);
   } catch (const comm::StoreError& e) {
-    out << "rank failed: " << e.what() << std::endl;
-    return api::worker::kExitCommFailure;
+    return failed("rank failed", e, api::worker::kExitCommFailure);
   } catch (const std::exception& e) {
-    out << "rank failed: " << e.what() << std::endl;
-    return 1;
+    return failed("rank failed", e, 1);
   }
 }
 

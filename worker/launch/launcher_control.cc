@@ -15,6 +15,7 @@ nlohmann::json StatusJson(const AttemptStatus& status) {
   if (status.state == AttemptState::kFailed) {
     json["exitCode"] = status.failure.status;
     json["rank"] = status.failure.rank;
+    if (!status.failure.reason.empty()) json["reason"] = status.failure.reason;
   }
   return json;
 }

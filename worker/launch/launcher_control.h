@@ -5,7 +5,7 @@
 //
 //   GET /attempt                            200 {"attempt": A, "state": S}, and for S
 //                                           "failed" "exitCode" and "rank" of the first
-//                                           failed rank
+//                                           failed rank, and "reason" if it wrote one
 //   POST /attempt/stop?attempt=N&token=T    N > A: stop the ranks, wait until they are
 //                                           reaped, then A = N, S = "ready"; N <= A: no
 //                                           change. 200 with the state after it.

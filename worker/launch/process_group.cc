@@ -13,11 +13,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iterator>
 #include <optional>
 #include <stdexcept>
 #include <string_view>
 #include <thread>
+
+#include "api/worker_contract.h"
 
 namespace meshtrain::launch {
 namespace {
@@ -47,6 +51,24 @@ std::vector<std::string> EnvironmentWith(const std::map<std::string, std::string
   }
   for (const auto& [key, value] : variables) entries.push_back(key + "=" + value);
   return entries;
+}
+
+std::string FailureFile(const std::string& directory, int rank) {
+  return directory + "/rank-" + std::to_string(rank);
+}
+
+// The first line of what a failed rank wrote to its failure file, at most
+// kFailureReasonBytes; empty when it wrote nothing.
+std::string ReadFailureReason(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text(api::worker::kFailureReasonBytes, '\0');
+  in.read(text.data(), std::streamsize(text.size()));
+  text.resize(size_t(in.gcount()));
+  text = text.substr(0, text.find('\n'));
+  for (char& c : text) {
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+  }
+  return text;
 }
 
 // While it lives, the stop signals are caught for TakeStopSignal(); then the actions that
@@ -93,12 +115,20 @@ RankGroup::RankGroup(const std::vector<RankProcess>& ranks, const std::vector<st
   // The caught signals stay blocked across each fork: one that reached a child before it
   // dropped the launcher's handler would be swallowed by that handler, and the rank would
   // outlive its SIGTERM. The child unblocks them after resetting, so it dies of a pending one.
+  // A directory of this group's own for the ranks' failure files; without one the ranks
+  // run all the same, and a failure is reported by its status alone.
+  std::string directory = (std::filesystem::temp_directory_path() / "meshtrain-ranks-XXXXXX").string();
+  if (::mkdtemp(directory.data()) != nullptr) failure_directory_ = directory;
+
   const pid_t parent = ::getpid();
   sigset_t stop_signals, unblocked;
   sigemptyset(&stop_signals);
   for (int signal : kStopSignals) sigaddset(&stop_signals, signal);
   for (const RankProcess& rank : ranks) {
-    const std::vector<std::string> environment = EnvironmentWith(rank.environment);
+    std::map<std::string, std::string> variables = rank.environment;
+    if (!failure_directory_.empty())
+      variables[api::worker::env::kFailureFile] = FailureFile(failure_directory_, rank.rank);
+    const std::vector<std::string> environment = EnvironmentWith(variables);
     std::vector<char*> envp;
     for (const std::string& entry : environment) envp.push_back(const_cast<char*>(entry.c_str()));
     envp.push_back(nullptr);
@@ -111,6 +141,8 @@ RankGroup::RankGroup(const std::vector<RankProcess>& ranks, const std::vector<st
       const int error = errno;
       if (caught_stop_signals) ::pthread_sigmask(SIG_SETMASK, &unblocked, nullptr);
       KillAndReap();
+      std::error_code ignored;
+      if (!failure_directory_.empty()) std::filesystem::remove_all(failure_directory_, ignored);
       throw std::runtime_error(std::string("fork failed: ") + std::strerror(error));
     }
     if (pid == 0) {
@@ -143,7 +175,11 @@ RankGroup::RankGroup(const std::vector<RankProcess>& ranks, const std::vector<st
   }
 }
 
-RankGroup::~RankGroup() { KillAndReap(); }
+RankGroup::~RankGroup() {
+  KillAndReap();
+  std::error_code ignored;
+  if (!failure_directory_.empty()) std::filesystem::remove_all(failure_directory_, ignored);
+}
 
 void RankGroup::KillAndReap() {
   for (const auto& [pid, rank] : running_) {
@@ -159,7 +195,10 @@ std::vector<RankExit> RankGroup::Poll(std::ostream& log) {
   for (pid_t pid; (pid = ::waitpid(-1, &wait_status, WNOHANG)) > 0;) {
     // Any other child is an orphan this process adopted (a pod's PID 1); reaping it is all.
     if (const auto it = running_.find(pid); it != running_.end()) {
-      exits.push_back(RankExit{it->second, StatusOf(wait_status)});
+      RankExit exit{it->second, StatusOf(wait_status), ""};
+      if (exit.status != 0 && !failure_directory_.empty())
+        exit.reason = ReadFailureReason(FailureFile(failure_directory_, exit.rank));
+      exits.push_back(std::move(exit));
       running_.erase(it);
     }
   }

@@ -49,6 +49,10 @@ struct ProcessGroupOptions {
 struct RankExit {
   int rank = 0;
   int status = 0;  // exit code, or 128 + signal
+  // What a failed rank wrote of its failure (api::worker::env::kFailureFile, one line);
+  // empty when it wrote nothing (it was killed, or is not a meshtrain rank).
+  std::string reason;
+  bool operator==(const RankExit&) const = default;
 };
 
 struct LaunchResult {
@@ -72,10 +76,11 @@ int TakeStopSignal();
 class RankGroup {
  public:
   // Starts one process per rank running `command`, each with its environment on top of
-  // this process's. `caught_stop_signals`: this process called CatchStopSignals(), and
-  // the ranks must die of those signals rather than inherit the catching. Throws
-  // std::runtime_error if it cannot (no command, fork failed), after killing and reaping
-  // the ranks it did start.
+  // this process's, and MESHTRAIN_FAILURE_FILE naming a file of its own in a private
+  // temporary directory, read when the rank fails. `caught_stop_signals`: this process
+  // called CatchStopSignals(), and the ranks must die of those signals rather than inherit
+  // the catching. Throws std::runtime_error if it cannot (no command, fork failed), after
+  // killing and reaping the ranks it did start.
   RankGroup(const std::vector<RankProcess>& ranks, const std::vector<std::string>& command, bool caught_stop_signals);
   // Kills (SIGKILL) and reaps the ranks still running.
   ~RankGroup();
@@ -83,7 +88,8 @@ class RankGroup {
   RankGroup& operator=(const RankGroup&) = delete;
 
   // Reaps the ranks that ended, without waiting, and SIGKILLs the ones still running
-  // past a Terminate()'s grace (saying so on `log`). Returns the ranks reaped, in order.
+  // past a Terminate()'s grace (saying so on `log`). Returns the ranks reaped, in order,
+  // a failed one with the reason it wrote.
   std::vector<RankExit> Poll(std::ostream& log);
   // Sends `signal` (and SIGCONT, so a stopped rank takes it) to every running rank; those
   // still running `grace` later are SIGKILLed by Poll(). A later call keeps an earlier
@@ -97,6 +103,7 @@ class RankGroup {
   void KillAndReap();
 
   std::map<pid_t, int> running_;  // pid -> rank
+  std::string failure_directory_;  // of the ranks' failure files; empty: none could be made
   std::chrono::steady_clock::time_point kill_at_ = std::chrono::steady_clock::time_point::max();
   std::chrono::milliseconds grace_{0};  // of the deadline, for the log
 };
