@@ -88,7 +88,8 @@ PY
 operator_pid=
 start_operator() {
   local n=${#pids[@]}
-  "$build/operator/meshtrain-operator" --kubeconfig "$operator_kubeconfig" --metrics-port 0 --health-port 0 --workers 2 \
+  "$build/operator/meshtrain-operator" --kubeconfig "$operator_kubeconfig" --metrics-port "${operator_metrics_port:-0}" \
+    --health-port 0 --workers 2 \
     "$@" >"$work/operator$n.log" 2>&1 &
   operator_pid=$!
   pids+=($operator_pid)
@@ -128,22 +129,74 @@ wait_checkpoint() {  # wait_checkpoint AFTER: until status.progress has a checkp
 
 # A gang of real workers (2 pods x 2 ranks, `meshtrain-worker launch`) training until it is
 # Running; the operator reads rank 0's progress every second and the launchers every 250 ms.
+# The operator's metrics are served on $operator_metrics_port (operator_metric reads them).
 run_worker_gang() {  # run_worker_gang [EXTRA_SPEC_YAML [OPERATOR_FLAGS...]]; cluster=FILE picks the cluster
   local extra=${1:-}
   shift || true
   prepare_data
   start_server 2 --kubelet run --worker-binary "$build/worker/meshtrain-worker"
+  operator_metrics_port=$(free_ports 1)
   start_operator --progress-interval 1 --launcher-interval 250 "$@"
   worker_job 100000 "" "$extra"
   wait_for '{.status.phase}' Running 20
 }
 
+# operator_metric SERIES: the value of one series (name and labels, as exposed) from the
+# operator of run_worker_gang; empty when it has none.
+operator_metric() {
+  curl -sf --max-time 5 "http://127.0.0.1:$operator_metrics_port/metrics" | awk -v series="$1" '$1 == series { print $2 }'
+}
+# expect_restarts KIND N: the operator counted N gang restarts of that kind.
+expect_restarts() {
+  local got
+  got=$(operator_metric "meshtrain_operator_gang_restarts_total{kind=\"$1\"}")
+  [ "$got" = "$2" ] || fail "meshtrain_operator_gang_restarts_total{kind=\"$1\"} is '$got', not $2"
+}
+
+# rank_pid RANK POD: the process of that rank in that pod (its environment says so).
+rank_pid() {
+  local pod_ip p env
+  pod_ip=$("$kubectl" get pod "$2" -o 'jsonpath={.status.podIP}')
+  for p in $(pgrep -f "meshtrain-worker train"); do
+    env=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null || true)
+    if grep -qx "RANK=$1" <<<"$env" && grep -qx "MESHTRAIN_POD_IP=$pod_ip" <<<"$env"; then echo "$p"; return 0; fi
+  done
+  fail "no process of rank $1 in pod $2 ($pod_ip)"
+}
+
+# recovered N: the seconds the Nth Recovered Event gives, once there are N.
+recovered() {
+  local seconds=
+  for _ in $(seq 300); do
+    seconds=$("$kubectl" get events -o json | python3 -c 'import json, re, sys
+events = sorted((e for e in json.load(sys.stdin)["items"] if e["reason"] == "Recovered"), key=lambda e: e["metadata"]["creationTimestamp"] + e["metadata"]["name"])
+n = int(sys.argv[1])
+if len(events) >= n: print(re.search(r" ([0-9.]+) s after", events[n - 1]["message"]).group(1))' "$1")
+    [ -n "$seconds" ] && { echo "$seconds"; return 0; }
+    sleep 0.2
+  done
+  fail "no Recovered event number $1: $("$kubectl" get events | tail -8)"
+}
+
 lose_node() {  # lose_node POD [deleted]: the node POD runs on goes NotReady, or is deleted (sets $lost)
   lost=$("$kubectl" get pod "$1" -o 'jsonpath={.spec.nodeName}')
   if [ "${2:-}" = deleted ]; then
+    "$kubectl" get node "$lost" -o json >"$work/lost-node.json"
     "$kubectl" delete node "$lost" >/dev/null
   else
     post /_test/kubelet/node "{\"name\": \"$lost\", \"ready\": false}"
+  fi
+}
+return_node() {  # return_node: the node lose_node took is Ready again; a deleted one joins the cluster anew
+  if [ -f "$work/lost-node.json" ]; then
+    python3 -c 'import json, sys
+node = json.load(open(sys.argv[1]))
+for key in ("resourceVersion", "uid", "creationTimestamp"): node["metadata"].pop(key, None)
+print(json.dumps(node))' "$work/lost-node.json" >"$work/returning-node.json"
+    "$kubectl" create -f "$work/returning-node.json" >/dev/null
+    rm "$work/lost-node.json"
+  else
+    post /_test/kubelet/node "{\"name\": \"$lost\", \"ready\": true}"
   fi
 }
 
@@ -599,33 +652,13 @@ case $scenario in
     # a killed pod takes today's path, a recreated gang, in the same run: the seconds from
     # failure to the first step after it, for both, and their ratio.
     run_worker_gang
-    # recovered N: the seconds the Nth Recovered Event gives, once there are N.
-    recovered() {
-      local seconds=
-      for _ in $(seq 300); do
-        seconds=$("$kubectl" get events -o json | python3 -c 'import json, re, sys
-events = sorted((e for e in json.load(sys.stdin)["items"] if e["reason"] == "Recovered"), key=lambda e: e["metadata"]["creationTimestamp"] + e["metadata"]["name"])
-n = int(sys.argv[1])
-if len(events) >= n: print(re.search(r" ([0-9.]+) s after", events[n - 1]["message"]).group(1))' "$1")
-        [ -n "$seconds" ] && { echo "$seconds"; return 0; }
-        sleep 0.2
-      done
-      fail "no Recovered event number $1: $("$kubectl" get events | tail -8)"
-    }
     uids() { "$kubectl" get pods -l meshtrain.dev/job-name=tiny -o 'jsonpath={range .items[*]}{.metadata.name}={.metadata.uid} {end}'; }
     wait_checkpoint 0
     before=$(uids)
-    # Rank 3, in pod tiny-g0-1: the rank process whose environment says so, in that pod.
-    pod_ip=$("$kubectl" get pod tiny-g0-1 -o 'jsonpath={.status.podIP}')
-    victim=
-    for p in $(pgrep -f "meshtrain-worker train"); do
-      env=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null || true)
-      if grep -qx "RANK=3" <<<"$env" && grep -qx "MESHTRAIN_POD_IP=$pod_ip" <<<"$env"; then victim=$p; fi
-    done
-    [ -n "$victim" ] || fail "no process of rank 3 in pod tiny-g0-1 ($pod_ip)"
-    kill -9 "$victim"
+    kill -9 "$(rank_pid 3 tiny-g0-1)"
     wait_for '{.status.restarts}' 1 20
     in_place=$(recovered 1)
+    expect_restarts in_place 1
     [ "$(uids)" = "$before" ] || fail "the pods changed in an in-place restart: '$before' -> '$(uids)'"
     "$kubectl" get events | grep -E "Restarted.*rank 3 in pod tiny-g0-1 .* failed with exit code 137; restarting the gang in place: attempt 1" >/dev/null ||
       fail "no Restarted event that says in place: $("$kubectl" get events | tail -8)"
@@ -641,12 +674,82 @@ if len(events) >= n: print(re.search(r" ([0-9.]+) s after", events[n - 1]["messa
     [ "$(uids)" != "$before" ] || fail "a killed pod did not recreate the gang"
     "$kubectl" get events | grep -E "PodFailed.*tiny-g0-1.*restarting the gang" >/dev/null ||
       fail "no PodFailed restart: $("$kubectl" get events | tail -8)"
+    expect_restarts recreated 1
+    expect_restarts in_place 1
+    [ "$(operator_metric meshtrain_operator_recovery_seconds_count)" = 2 ] ||
+      fail "the recovery histogram holds '$(operator_metric meshtrain_operator_recovery_seconds_count)' recoveries, not 2"
     ratio=$(awk "BEGIN { printf \"%.3f\", $in_place / $recreated }")
     echo "recovery: in place $in_place s, recreated $recreated s, ratio $ratio (from the Recovered events)"
     # The simulator starts a pod at once (no scheduling, sandbox or image pull), so the two
     # differ here only by the launchers' stop and start; that must stay small.
     awk "BEGIN { exit !($in_place <= 1.5 * $recreated + 1) }" ||
       fail "an in-place restart ($in_place s) took much longer than recreating the gang ($recreated s)"
+    ;;
+  hang)
+    # SIGSTOP of one rank under the operator: it neither dies nor answers. Rank 0's watchdog
+    # sees its heartbeat stop within spec.runPolicy.hangTimeoutSeconds, names it and ends
+    # the attempt (exit 75); the Restarted Event quotes rank 0's words, so it names the
+    # stuck rank, and the gang restarts in place (the launcher wakes the stopped rank to
+    # take its SIGTERM) and trains on from its checkpoint.
+    run_worker_gang "  runPolicy: {hangTimeoutSeconds: 3}"
+    uids() { "$kubectl" get pods -l meshtrain.dev/job-name=tiny -o 'jsonpath={range .items[*]}{.metadata.uid} {end}'; }
+    wait_checkpoint 0
+    before=$(uids)
+    victim=$(rank_pid 2 tiny-g0-1)
+    stopped_at=$(date +%s.%N)
+    kill -STOP "$victim"
+    wait_for '{.status.restarts}' 1 20
+    restarted_at=$(date +%s.%N)
+    detected=$(awk "BEGIN { printf \"%.1f\", $restarted_at - $stopped_at }")
+    # The timeout, a heartbeat interval, and the operator's reading of the launchers (250 ms),
+    # with room for a busy machine.
+    awk "BEGIN { exit !($detected <= 3 + 4) }" || fail "the stopped rank was found after $detected s; the timeout is 3 s"
+    "$kubectl" get events | grep -E "Restarted.*rank 0 in pod tiny-g0-0 on node [^ ]+ failed with exit code 75: rank 2 made no progress for [0-9.]+ s \(its heartbeat stopped: stopped or hung\); restarting the gang in place: attempt 1" >/dev/null ||
+      fail "no Restarted event that names the stuck rank 2: $("$kubectl" get events | grep Restarted)"
+    [ "$(uids)" = "$before" ] || fail "the pods changed in an in-place restart"
+    recovery=$(recovered 1)
+    kill -0 "$victim" 2>/dev/null && fail "the stopped rank $victim outlived its attempt"
+    resumed=$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.resumedFromStep}')
+    [ -n "$resumed" ] && [ "$resumed" -ge "$checkpoint" ] || fail "resumed from '$resumed', not the checkpoint of step $checkpoint"
+    expect_restarts in_place 1
+    echo "rank 2 stopped: named and the gang restarted $detected s later (timeout 3 s); it trained again $recovery s after the failure"
+    ;;
+  restart-budget)
+    # The budget of restarts is status alone: an operator restarted with no memory, in a
+    # cluster that has since lost the failed pods and every Event about them (Events expire
+    # after an hour; terminated pods are collected), counts on from status.failures, and
+    # the failure past backoffLimit fails the job.
+    start_server 60
+    start_operator
+    job "  runPolicy: {backoffLimit: 1}"
+    wait_for '{.status.phase}' Running 20
+    post /_test/kubelet/kill '{"namespace": "default", "name": "tiny-g0-1", "signal": 9}'
+    wait_for '{.status.failures}' 1 20
+    wait_for '{.status.gang}' 1 20
+    for _ in $(seq 100); do
+      [ -z "$("$kubectl" get pods -o name | grep tiny-g0- || true)" ] && break
+      sleep 0.2
+    done
+    kill -9 "$operator_pid"
+    # What is left of the failure is status: no pod of the failed gang, and no Event.
+    [ -z "$("$kubectl" get pods -o name | grep tiny-g0- || true)" ] || fail "pods of the failed gang remain"
+    "$kubectl" delete events --all >/dev/null
+    [ -z "$("$kubectl" get events -o name)" ] || fail "Events remain: $("$kubectl" get events)"
+    start_operator
+    wait_for '{.status.phase}' Running 30
+    [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.failures}')" = 1 ] || fail "the new operator changed status.failures"
+    gang=$("$kubectl" get tj tiny -o 'jsonpath={.status.gang}')
+    post /_test/kubelet/kill "{\"namespace\": \"default\", \"name\": \"tiny-g$gang-0\", \"signal\": 9}"
+    wait_for '{.status.phase}' Failed 20
+    reason=$("$kubectl" get tj tiny -o 'jsonpath={.status.conditions[?(@.type=="Failed")].reason}')
+    [ "$reason" = BackoffLimitExceeded ] || fail "the job failed for '$reason', not BackoffLimitExceeded"
+    message=$("$kubectl" get tj tiny -o 'jsonpath={.status.conditions[?(@.type=="Failed")].message}')
+    [[ $message == *"the gang already failed and restarted 1 times (backoffLimit 1)"* ]] ||
+      fail "the Failed condition does not count from status: $message"
+    "$kubectl" get events | grep -E "Failed.*the gang already failed and restarted 1 times \(backoffLimit 1\)" >/dev/null ||
+      fail "no Event says the job failed past its backoffLimit: $("$kubectl" get events)"
+    [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.failures}')" = 1 ] || fail "status.failures changed past the limit"
+    [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.restarts}')" = 1 ] || fail "the job restarted past its backoffLimit"
     ;;
   replace-node)
     # A node of a running gang is deleted and the cluster has spare nodes: its pod moves to the
@@ -683,13 +786,15 @@ if len(events) >= n: print(re.search(r" ([0-9.]+) s after", events[n - 1]["messa
     pod_log tiny-g0-0 | grep "resumed from step $resumed (" >/dev/null || fail "rank 0 does not say it resumed"
     recovery=$("$kubectl" get events | grep -oE "Recovered .* ([0-9.]+) s after" | grep -oE "[0-9.]+ s after" | head -1)
     [ -n "$recovery" ] || fail "no Recovered event: $("$kubectl" get events | tail -8)"
+    expect_restarts replaced 1
+    expect_restarts recreated 0
     echo "node $lost lost: pod 1 moved to $moved_to, pod 0 restarted in place, resumed from step $resumed, trained ${recovery% after} after the loss"
     ;;
   elastic)
-    # spec.elastic.minNodes 1 on a cluster of exactly two nodes: one goes NotReady and, with
+    # spec.elastic.minNodes 1 on a cluster of exactly two nodes: one is deleted and, with
     # no spare, the gang shrinks to the other, resumes from its checkpoint resharded for 2
-    # ranks with the same global batch, and trains on; once the node is Ready again, the
-    # gang grows back at its next checkpoint.
+    # ranks with the same global batch, and trains on; once the node joins again, the gang
+    # grows back at its next checkpoint and trains on at its full size.
     python3 - "$src/examples/clusters/eks-p5-124.yaml" "$work/two-nodes.yaml" <<'PY'
 import sys, yaml
 nodes = yaml.safe_load(open(sys.argv[1]))["nodes"][:2]
@@ -700,7 +805,7 @@ PY
     cluster=$work/two-nodes.yaml run_worker_gang "  elastic: {minNodes: 1}" --avoid-failed-node 5
     wait_for '{.status.layout.nodes}' 2 5
     wait_checkpoint 0
-    lose_node tiny-g0-1
+    lose_node tiny-g0-1 deleted
     wait_for '{.status.layout.nodes}' 1 30
     "$kubectl" get events | grep -E "Shrunk.*the gang runs on 1 of spec.nodes 2 \(was 2\)" >/dev/null ||
       fail "no Shrunk event: $("$kubectl" get events | tail -8)"
@@ -715,6 +820,10 @@ PY
     [ -n "$resumed" ] && [ "$resumed" -ge "$shrunk_from" ] || fail "the shrunk gang resumed from '$resumed', not step $shrunk_from"
     pod_log "tiny-g$gang-0" | grep "resumed from step $resumed (" >/dev/null || fail "the shrunk gang's rank 0 does not say it resumed"
     pod_log "tiny-g$gang-0" | grep "job tiny: 2 rank(s) on 1 node(s)" >/dev/null || fail "the shrunk gang does not run 2 ranks on 1 node"
+    expect_restarts shrunk 1
+    missing='meshtrain_operator_job_missing_nodes{job_name="tiny",job_namespace="default"}'
+    for _ in $(seq 50); do [ "$(operator_metric "$missing")" = 1 ] && break; sleep 0.2; done
+    [ "$(operator_metric "$missing")" = 1 ] || fail "$missing is '$(operator_metric "$missing")' while the gang is shrunk, not 1"
     # Ten steps of the shrunk gang, to compare with an uninterrupted run once it has grown.
     compared=$((resumed + 10))
     for _ in $(seq 300); do
@@ -723,12 +832,31 @@ PY
     done
     shrunk_losses=$(pod_log "tiny-g$gang-0" | losses $((resumed + 1)) "$compared")
     [ "$(wc -l <<<"$shrunk_losses")" = 10 ] || fail "the shrunk gang's log lacks steps $((resumed + 1))..$compared: $(pod_log "tiny-g$gang-0" | tail -5)"
-    post /_test/kubelet/node "{\"name\": \"$lost\", \"ready\": true}"
+    return_node
     wait_for '{.status.layout.nodes}' 2 60
     wait_for '{.status.phase}' Running 30
     "$kubectl" get events | grep -E "Grown.*the gang runs on 2 of spec.nodes 2 \(was 1\)" >/dev/null ||
       fail "no Grown event: $("$kubectl" get events | tail -8)"
     [ "$(pod_count)" = 2 ] || fail "the grown gang has $(pod_count) pods"
+    expect_restarts grown 1
+    [ -z "$(operator_metric "$missing")" ] || fail "$missing is '$(operator_metric "$missing")' at the full size"
+    grown_gang=$("$kubectl" get tj tiny -o 'jsonpath={.status.gang}')
+    grown_resumed=
+    for _ in $(seq 300); do
+      grown_resumed=$(pod_log "tiny-g$grown_gang-0" | sed -n 's/^resumed from step \([0-9]*\) (.*/\1/p' | tail -1)
+      [ -n "$grown_resumed" ] && break
+      sleep 0.2
+    done
+    [ -n "$grown_resumed" ] || fail "the grown gang did not resume: $(pod_log "tiny-g$grown_gang-0" | tail -5)"
+    # It trains on at its full size: rank 0 prints a step after the one it resumed from.
+    for _ in $(seq 300); do
+      [ -n "$(pod_log "tiny-g$grown_gang-0" | losses $((grown_resumed + 1)) $((grown_resumed + 1)))" ] && break
+      sleep 0.2
+    done
+    [ -n "$(pod_log "tiny-g$grown_gang-0" | losses $((grown_resumed + 1)) $((grown_resumed + 1)))" ] ||
+      fail "the grown gang did not train step $((grown_resumed + 1)): $(pod_log "tiny-g$grown_gang-0" | tail -5)"
+    pod_log "tiny-g$grown_gang-0" | grep "job tiny: 4 rank(s) on 2 node(s)" >/dev/null ||
+      fail "the grown gang does not run 4 ranks on 2 nodes: $(pod_log "tiny-g$grown_gang-0" | head -5)"
 
     # The loss curve continues: the same spec, run by `meshtrain run` on 4 ranks without an
     # interruption, gives the shrunk gang's losses within what the order of the gradient
