@@ -168,9 +168,16 @@ Outcome RunAndKillARank(const fs::path& job, size_t steps, const fs::path& log) 
   return run.Wait(120s);
 }
 
+// The bytes of a file.
+std::string FileBytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 // A rank of a 4-rank run killed with SIGKILL once step 9 is done: the local gang restarts
 // from the checkpoint of step 8, the run ends with status 0, and the steps after the resume
-// print the losses of a run that was never interrupted, digit for digit.
+// are bitwise those of a run that was never interrupted: the same printed losses and
+// norms, and after the last step the same master weights and AdamW moments, byte for byte.
 TEST_F(WorkerTest, ARankKilledWithSigkillRestartsTheGangFromItsCheckpoint) {
   const Outcome straight = MeshtrainRun(Job("straight", 2, 2, 12));
   ASSERT_EQ(straight.status, 0) << straight.output;
@@ -186,6 +193,14 @@ TEST_F(WorkerTest, ARankKilledWithSigkillRestartsTheGangFromItsCheckpoint) {
   for (size_t i = 0; i < got.size(); ++i) {
     EXPECT_EQ(got[i].loss, want[8 + i].loss) << "step " << 9 + i;  // printed to 4 decimals: the same digits
     EXPECT_EQ(got[i].norm, want[8 + i].norm) << "step " << 9 + i;
+  }
+  // Every bit of each rank's state after step 12: any step after the resume that computed
+  // another bit (a loss, a gradient) would have left another weight or moment.
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string file = "step-00000012/rank-0000" + std::to_string(rank) + ".bin";
+    const std::string a = FileBytes(dir_ / "straight-checkpoints" / file), b = FileBytes(dir_ / "killed-checkpoints" / file);
+    ASSERT_GT(a.size(), 100000u) << file;
+    EXPECT_TRUE(a == b) << file << " differs from the uninterrupted run's";
   }
 }
 
