@@ -258,6 +258,10 @@ Command BenchCheckpoint(CLI::App& bench) {
       ->check(CLI::Range(1, 64))
       ->delimiter(',')
       ->capture_default_str();
+  c->add_option("--layers", o->layers, "The preset's layers, replaced")->check(CLI::Range(1, 1024));
+  c->add_option("--hidden", o->hidden, "The preset's hidden size, replaced")->check(CLI::Range(1, 1 << 16));
+  c->add_option("--vocab", o->vocab, "The preset's vocabulary size, replaced")->check(CLI::Range(1, 1 << 24));
+  c->add_flag("--check", o->check, "Exit 1 when a resuming rank's peak passes its shard state plus one unit");
   return {c, [o] { return BenchCheckpointCommand(*o, std::cout); }};
 }
 

@@ -167,11 +167,22 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
   train_options.seq = 64;
   train_options.steps = 1;
   train_options.warmup = 0;
+  api::ModelShape wanted = *preset;
+  if (o.layers > 0) wanted.layers = o.layers;
+  if (o.hidden > 0) wanted.hidden = o.hidden;
+  if (o.vocab > 0) wanted.vocab_size = o.vocab;
   const std::filesystem::path data =
-      WriteRandomTokens(int64_t(train_options.batch) * train_options.seq * (train_options.steps + 1), *preset);
-  const api::CheckedJob job =
-      api::CheckTrainingJob(BenchJob(train_options, data.string(), 1, 1, {"one rank", 1, 1, {}}, false), "bench", 0);
+      WriteRandomTokens(int64_t(train_options.batch) * train_options.seq * (train_options.steps + 1), wanted);
+  const std::string model = o.model + (o.layers > 0 || o.hidden > 0 || o.vocab > 0
+                                            ? " at " + std::to_string(wanted.layers) + " layers, hidden " +
+                                                  std::to_string(wanted.hidden) + ", vocabulary " +
+                                                  std::to_string(wanted.vocab_size)
+                                            : "");
+  nlohmann::json spec = BenchJob(train_options, data.string(), 1, 1, {"one rank", 1, 1, {}}, false);
+  spec["spec"]["model"].update({{"layers", wanted.layers}, {"hidden", wanted.hidden}, {"vocabSize", wanted.vocab_size}});
+  const api::CheckedJob job = api::CheckTrainingJob(spec, "bench", 0);
   if (!job.ok()) {
+    std::filesystem::remove(data);
     out << "bench checkpoint: " << job.errors.front().ToString() << "\n";
     return kExitInvalid;
   }
@@ -218,7 +229,7 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
                 "stall %.3f s (snapshot to host memory; the write goes on in the background)\n"
                 "blocking write %.3f s (snapshot, files written and fsynced, renamed into place)\n"
                 "stall / blocking %.3f\n",
-                o.model.c_str(), runtime::FormatBytes(size_t(bytes)).c_str(), dir.parent_path().c_str(), o.repeats,
+                model.c_str(), runtime::FormatBytes(size_t(bytes)).c_str(), dir.parent_path().c_str(), o.repeats,
                 stall, blocking, stall / blocking);
   out << line;
 
@@ -252,11 +263,17 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
   out << line;
   // A small model's figures are mostly the process's fixed costs (code and libraries paged in).
   out << "ranks  rank  shard state  peak loading  peak - shard state  read from files  within shard state + one unit\n";
+  std::string beyond;  // the first rank past the bound
   for (int readers : o.readers) {
     for (int rank = 0; rank < readers && error.empty(); ++rank) {
       const LoadMemory m = MeasureInChild([&] { return LoadShard(step, shape, vocab_multiple, readers, rank); }, &error);
       if (!m.ok) break;
       const bool within = m.peak <= m.shard_state + unit_bytes;
+      if (!within && beyond.empty()) {
+        beyond = "rank " + std::to_string(rank) + " of " + std::to_string(readers) + " peaked at " +
+                 runtime::FormatBytes(size_t(m.peak)) + " while loading, past its shard state (" +
+                 runtime::FormatBytes(size_t(m.shard_state)) + ") plus one unit";
+      }
       std::snprintf(line, sizeof line, "%5d  %4d  %11s  %12s  %18s  %15s  %s\n", readers, rank,
                     runtime::FormatBytes(size_t(m.shard_state)).c_str(), runtime::FormatBytes(size_t(m.peak)).c_str(),
                     runtime::FormatBytes(size_t(std::max<int64_t>(0, m.peak - m.shard_state))).c_str(),
@@ -273,6 +290,10 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
                 runtime::FormatBytes(size_t(assembled.peak)).c_str(),
                 runtime::FormatBytes(size_t(assembled.shard_state)).c_str());
   out << line;
+  if (o.check && !beyond.empty()) {
+    out << "bench checkpoint: " << beyond << "\n";
+    return kExitInvalid;
+  }
   return kExitOk;
 }
 

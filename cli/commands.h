@@ -166,6 +166,12 @@ struct BenchCheckpointOptions {
   int repeats = 2;
   int writers = 4;                // ranks (shards) that write the checkpoint resumed from
   std::vector<int> readers{2, 8};  // ranks (shards) of each layout that resumes from it
+  int layers = 0, hidden = 0;      // above 0: the preset's, replaced
+  int64_t vocab = 0;               // above 0: the preset's vocabSize, replaced
+  // Fail (exit 1) when a resuming rank's peak passes its shard state plus one unit. A
+  // model whose units are smaller than a process's own costs (code and libraries paged
+  // in, a few MiB) cannot show the bound; the default, gpt2-124m, can.
+  bool check = false;
 };
 
 // One rank's checkpoint of `model` after a training step: the stall a checkpoint step
@@ -173,7 +179,8 @@ struct BenchCheckpointOptions {
 // write takes (snapshot, files written and fsynced, renamed into place), and their ratio.
 // Then that state written by `writers` ranks and resumed by every rank of each `readers`
 // layout, each in a process of its own: its peak host memory while loading against its
-// own shard state and one unit, and the whole-model load's peak.
+// own shard state and one unit, and the whole-model load's peak; with `check`, a rank
+// past that bound fails the command.
 int BenchCheckpointCommand(const BenchCheckpointOptions& options, std::ostream& out);
 
 // The whole CLI: parses argv and dispatches.

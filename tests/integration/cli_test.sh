@@ -287,13 +287,21 @@ expect "bench train runs tensor-parallel ranks beside data-parallel ones at the 
   -- "$meshtrain" bench train --model gpt2-tiny --batch 2 --seq 32 --steps 2 --ranks 2 --tp 2 --compare data-parallel
 expect "bench train --ranks names a layout that does not fit" 1 'spec.parallelism.hybridShardDegree: must divide the data-parallel size' \
   -- "$meshtrain" bench train --model gpt2-tiny --ranks 4 --shard 3
+# Units of 81 MiB, well above a process's own costs: every resuming rank holds at most its
+# shard state and one unit (--check fails the command otherwise).
 expect "bench checkpoint measures the stall against a blocking write, and each resuming rank's memory" 0 \
-  'checkpoint of gpt2-tiny \([0-9.]+ MiB on one rank' 'stall [0-9.]+ s \(snapshot' 'blocking write [0-9.]+ s' \
-  'stall / blocking [0-9.]+' 'resume of that state written by 3 ranks \(1 x 3 shards x tp 1\)' \
-  '^ +2 +1 +[0-9.]+ MiB +[0-9.]+ MiB +[0-9.]+ MiB +[0-9.]+ MiB  (yes|NO)$' \
-  '^ +5 +4 +[0-9.]+ MiB +[0-9.]+ MiB +[0-9.]+ MiB +[0-9.]+ MiB  (yes|NO)$' \
-  'whole-model load \(every rank, before\): peak [0-9.]+ MiB for a state of 9.5 MiB' \
-  -- "$meshtrain" bench checkpoint --model gpt2-tiny --repeats 1 --writers 3 --readers 2,5
+  'checkpoint of gpt2-124m at 2 layers, hidden 768, vocabulary 8192 \(234.8 MiB on one rank' \
+  'stall [0-9.]+ s \(snapshot' 'blocking write [0-9.]+ s' 'stall / blocking [0-9.]+' \
+  'resume of that state written by 4 ranks \(1 x 4 shards x tp 1\), .* one unit \(the largest, master, m and v\) is 81.1 MiB' \
+  '^ +2 +1 +117.4 MiB +[0-9.]+ MiB +[0-9.]+ MiB +117.4 MiB  yes$' \
+  '^ +5 +4 +47.0 MiB +[0-9.]+ MiB +[0-9.]+ MiB +[0-9.]+ MiB  yes$' '!  NO$' \
+  'whole-model load \(every rank, before\): peak [0-9.]+ MiB for a state of 234.8 MiB' \
+  -- "$meshtrain" bench checkpoint --model gpt2-124m --layers 2 --hidden 768 --vocab 8192 --repeats 1 --readers 2,5 --check
+# gpt2-tiny's units (2.3 MiB) are below those costs: the check fails, naming the rank.
+expect "bench checkpoint --check fails when a resuming rank passes its shard state and one unit" 1 \
+  '^ +2 +0 +4.8 MiB +[0-9.]+ MiB +[0-9.]+ MiB +[0-9.]+ MiB  NO$' \
+  'bench checkpoint: rank 0 of 2 peaked at [0-9.]+ MiB while loading, past its shard state \(4.8 MiB\) plus one unit' \
+  -- "$meshtrain" bench checkpoint --model gpt2-tiny --repeats 1 --writers 3 --readers 2 --check
 expect "bench train refuses an unknown model" 2 'gpt2-xl: unknown preset' -- "$meshtrain" bench train --model gpt2-xl
 
 expect "bench comm prints nccl-tests rows" 0 'all_gather, 4 ranks on 2 nodes, fp32' 'providers: intra shm, inter tcp;ofi_rxm' \
