@@ -1,4 +1,4 @@
-// libFuzzer target for the checkpoint metadata parser (worker/train/checkpoint.h).
+// libFuzzer target for the checkpoint metadata parser (worker/train/checkpoint_metadata.h).
 //
 // Beyond "no crash", on every input: only CheckpointError escapes, and metadata that
 // parses names only shard files of this directory, inside a layout of positive sizes.
@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "worker/train/checkpoint.h"
+#include "worker/train/checkpoint_metadata.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace meshtrain;

@@ -28,13 +28,6 @@ namespace fs = std::filesystem;
 using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kFormat = "meshtrain-checkpoint";
-// Version 3 checksums each file in chunks (metadata "chunkElements" and "chunkCrc32c"),
-// so that a rank reads only the chunks it needs. Version 2 padded each TP slice's
-// vocabulary in the engine (metadata "vocabMultiple"; the files hold the model's elements
-// only) and had one "crc32c" per file; version 1 had no padding and reads the same way
-// with a multiple of 1.
-constexpr int kVersion = 3;
 constexpr auto kWaitForWriters = std::chrono::minutes(2);
 
 std::string StepName(int64_t step) {
@@ -43,18 +36,12 @@ std::string StepName(int64_t step) {
   return name;
 }
 
-std::string RankFile(int rank) {
-  char name[32];
-  std::snprintf(name, sizeof name, "rank-%05d.bin", rank);
-  return name;
-}
-
-std::string Sidecar(int rank) { return RankFile(rank) + ".json"; }
+std::string Sidecar(int rank) { return CheckpointRankFile(rank) + ".json"; }
 
 // The Store key a writer sets once its file and sidecar are durable ("" then) or its
 // write failed (the error).
 std::string WrittenKey(const std::string& step_name, int rank) {
-  return "checkpoint/" + step_name + "/" + RankFile(rank);
+  return "checkpoint/" + step_name + "/" + CheckpointRankFile(rank);
 }
 
 std::string ErrnoText(const std::string& what, const std::string& path) {
@@ -97,11 +84,6 @@ void SyncDirectory(const std::string& path) {
   if (rc != 0) throw CheckpointError(ErrnoText("cannot sync directory", path));
 }
 
-Json ShapeJson(const api::ModelShape& s) {
-  return {{"layers", s.layers}, {"heads", s.heads}, {"hidden", s.hidden}, {"vocabSize", s.vocab_size},
-          {"seqLen", s.seq_len}};
-}
-
 std::string DescribeLayout(const Json& layout) {
   const int replicas = layout.at("replicas"), shard = layout.at("shard"), tp = layout.at("tp");
   return std::to_string(replicas) + (replicas == 1 ? " replica x " : " replicas x ") + std::to_string(shard) +
@@ -130,83 +112,12 @@ comm::StoreClient* StoreOfWriters(comm::StoreClient* store, const api::ParallelL
 
 }  // namespace
 
-namespace {
-
-// The path of the first number in `value` that is not an integer ("" if none). Metadata
-// holds only integers, and casting a fraction or a number past 2^64 (which JSON parsing
-// makes a double) to an integer would be undefined.
-std::string FirstNonInteger(const Json& value, const std::string& path) {
-  if (value.is_number_float()) return path.empty() ? "/" : path;
-  if (value.is_object()) {
-    for (const auto& [key, item] : value.items())
-      if (std::string found = FirstNonInteger(item, path + "/" + key); !found.empty()) return found;
-  } else if (value.is_array()) {
-    for (size_t i = 0; i < value.size(); ++i)
-      if (std::string found = FirstNonInteger(value[i], path + "/" + std::to_string(i)); !found.empty()) return found;
-  }
-  return "";
-}
-
-}  // namespace
-
 std::string ReadCheckpointFile(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw CheckpointError(path.string() + ": missing or unreadable");
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
-}
-
-Json ParseCheckpointMetadata(const std::string& text, const std::string& file_name, const api::ModelShape& shape) {
-  const fs::path file(file_name);
-  Json meta;
-  try {
-    meta = Json::parse(text);
-  } catch (const Json::exception& e) {
-    throw CheckpointError(file.string() + ": not valid JSON: " + e.what());
-  }
-  if (const std::string path = FirstNonInteger(meta, ""); !path.empty())
-    throw CheckpointError(file.string() + ": malformed metadata: " + path + " is not an integer in range");
-  try {
-    if (meta.at("format") != kFormat || meta.at("version").get<int>() < 1 || meta.at("version").get<int>() > kVersion) {
-      throw CheckpointError(file.string() + ": not a meshtrain checkpoint of format version 1 to " +
-                            std::to_string(kVersion));
-    }
-    if (meta.value("vocabMultiple", 1) < 1) throw CheckpointError(file.string() + ": vocabMultiple must be positive");
-    if (meta.at("model") != ShapeJson(shape)) {
-      throw CheckpointError(file.string() + ": a checkpoint of another model (" + meta.at("model").dump() +
-                            "), not of " + ShapeJson(shape).dump());
-    }
-    meta.at("step").get<int64_t>();
-    meta.at("dataPosition").get<uint64_t>();
-    const Json& layout = meta.at("layout");
-    const int tp = layout.at("tp"), shard = layout.at("shard"), replicas = layout.at("replicas");
-    if (tp < 1 || shard < 1 || replicas < 1) throw CheckpointError(file.string() + ": layout sizes must be positive");
-    for (const Json& f : meta.at("files")) {
-      const std::string name = f.at("name").get<std::string>();
-      // Only this directory's own shard files: a name cannot lead elsewhere.
-      if (name != RankFile(f.at("rank").get<int>())) {
-        throw CheckpointError(file.string() + ": file name \"" + name + "\" is not the shard file of rank " +
-                              std::to_string(f.at("rank").get<int>()));
-      }
-      if (f.at("bytes").get<int64_t>() < 0) throw CheckpointError(file.string() + ": " + name + " has a negative size");
-      if (meta.at("version").get<int>() >= 3) {
-        if (f.at("chunkElements").get<int64_t>() < 1) {
-          throw CheckpointError(file.string() + ": " + name + " has chunks of no elements");
-        }
-        f.at("chunkCrc32c").get<std::vector<uint32_t>>();
-      } else {
-        f.at("crc32c").get<uint32_t>();
-      }
-      const int t = f.at("tp"), s = f.at("shard");
-      if (t < 0 || t >= tp || s < 0 || s >= shard) {
-        throw CheckpointError(file.string() + ": file " + name + " sits outside the layout");
-      }
-    }
-  } catch (const Json::exception& e) {
-    throw CheckpointError(file.string() + ": malformed metadata: " + e.what());
-  }
-  return meta;
 }
 
 LoadedCheckpoint LoadCheckpoint(const std::string& directory, const api::ModelShape& shape) {
@@ -362,7 +273,7 @@ void CheckpointWriter::Write(const TrainingPosition& position, const ShardState&
   const std::string name = StepName(position.step);
   const std::string partial = (fs::path(path_) / (".partial-" + name)).string();
   if (state.replica == 0) {
-    const std::string file = (fs::path(partial) / RankFile(rank_)).string();
+    const std::string file = (fs::path(partial) / CheckpointRankFile(rank_)).string();
     Json sidecar = {{"tp", state.tp_rank}, {"shard", state.shard_rank}};
     try {
       const ShardFileLayout chunks = LayOutShardFile(
@@ -414,7 +325,7 @@ void CheckpointWriter::Finish(const TrainingPosition& position, const std::strin
       } catch (const comm::StoreError& e) {
         fs::remove_all(partial);
         throw CheckpointError("rank " + std::to_string(writer) + " did not finish writing " +
-                              (fs::path(partial) / RankFile(writer)).string() + " within 2 minutes (" + e.what() + ")");
+                              (fs::path(partial) / CheckpointRankFile(writer)).string() + " within 2 minutes (" + e.what() + ")");
       }
       if (!error.empty()) {
         fs::remove_all(partial);
@@ -430,17 +341,17 @@ void CheckpointWriter::Finish(const TrainingPosition& position, const std::strin
       throw CheckpointError(sidecar.string() + ": unreadable after rank " + std::to_string(writer) +
                             " wrote it: " + e.what());
     }
-    files.push_back({{"name", RankFile(writer)}, {"rank", writer}, {"tp", done.at("tp")}, {"shard", done.at("shard")},
+    files.push_back({{"name", CheckpointRankFile(writer)}, {"rank", writer}, {"tp", done.at("tp")}, {"shard", done.at("shard")},
                      {"bytes", done.at("bytes")}, {"chunkElements", done.at("chunkElements")},
                      {"chunkCrc32c", done.at("chunkCrc32c")}});
   }
-  const Json meta = {{"format", kFormat},
-                     {"version", kVersion},
+  const Json meta = {{"format", kCheckpointFormat},
+                     {"version", kCheckpointVersion},
                      {"vocabMultiple", vocab_multiple_},
                      {"step", position.step},
                      {"dataPosition", position.data_position},
                      {"dataOrder", "windows"},
-                     {"model", ShapeJson(shape_)},
+                     {"model", CheckpointShapeJson(shape_)},
                      {"layout",
                       {{"tp", layout_.tp()}, {"shard", layout_.shard()}, {"replicas", layout_.replicas()},
                        {"world", layout_.world()}}},

@@ -39,18 +39,13 @@
 #include "api/layout.h"
 #include "api/model_shape.h"
 #include "worker/parallel/engine.h"
+#include "worker/train/checkpoint_metadata.h"
 
 namespace meshtrain::comm {
 class StoreClient;
 }
 
 namespace meshtrain::train {
-
-// A checkpoint that cannot be read or used: the message names the file and what is wrong.
-class CheckpointError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // Where training stands at a checkpoint.
 struct TrainingPosition {
@@ -73,11 +68,6 @@ struct LoadedCheckpoint {
 // A file of a checkpoint, whole. Throws CheckpointError naming it when it is missing or
 // unreadable.
 std::string ReadCheckpointFile(const std::filesystem::path& path);
-
-// The metadata of a checkpoint, `text` read from `file`, checked for format, fields,
-// layout and file names, and that it is of a model of `shape`. Throws CheckpointError
-// naming `file` and what is wrong.
-nlohmann::json ParseCheckpointMetadata(const std::string& text, const std::string& file, const api::ModelShape& shape);
 
 // The model shape a checkpoint's metadata names; throws CheckpointError naming the file.
 api::ModelShape CheckpointModel(const std::string& directory);

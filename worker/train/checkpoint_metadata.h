@@ -1,0 +1,43 @@
+// The metadata of a checkpoint (checkpoint.h): its format, the names of its files, and
+// the parser that checks what a checkpoint directory holds before anything reads its
+// shards. On its own, apart from the writer and reader, for the fuzz target.
+//
+// Thread-safety: pure functions.
+
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "api/model_shape.h"
+
+namespace meshtrain::train {
+
+// A checkpoint that cannot be read or used: the message names the file and what is wrong.
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+inline constexpr const char* kCheckpointFormat = "meshtrain-checkpoint";
+// Version 3 checksums each file in chunks (metadata "chunkElements" and "chunkCrc32c"),
+// so that a rank reads only the chunks it needs. Version 2 padded each TP slice's
+// vocabulary in the engine (metadata "vocabMultiple"; the files hold the model's elements
+// only) and had one "crc32c" per file; version 1 had no padding and reads the same way
+// with a multiple of 1.
+inline constexpr int kCheckpointVersion = 3;
+
+// "rank-00003.bin": the shard file of a rank, in its step's directory.
+std::string CheckpointRankFile(int rank);
+
+// The model's shape as metadata holds it.
+nlohmann::json CheckpointShapeJson(const api::ModelShape& shape);
+
+// The metadata of a checkpoint, `text` read from `file`, checked for format, fields,
+// layout and file names, and that it is of a model of `shape`. Throws CheckpointError
+// naming `file` and what is wrong.
+nlohmann::json ParseCheckpointMetadata(const std::string& text, const std::string& file, const api::ModelShape& shape);
+
+}  // namespace meshtrain::train
