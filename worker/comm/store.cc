@@ -233,7 +233,7 @@ void StoreClient::Fail(const std::string& what, const std::string& why, bool clo
 void StoreClient::SendAll(const std::string& bytes, Clock::time_point deadline, const std::string& what) {
   for (size_t sent = 0; sent < bytes.size();) {
     pollfd p{fd_, POLLOUT, 0};
-    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+    const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now()).count();
     if (::poll(&p, 1, int(std::max<int64_t>(0, left))) == 0) Fail(what, "could not send in time", true);
     const ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
     if (n <= 0 && errno != EINTR && errno != EAGAIN) Fail(what, Errno("send failed"), true);
@@ -247,7 +247,7 @@ std::string StoreClient::ReceiveReply(Clock::time_point deadline, const std::str
   size_t need = 4;
   while (reply.size() < need) {
     pollfd p{fd_, POLLIN, 0};
-    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+    const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now()).count();
     if (::poll(&p, 1, int(std::max<int64_t>(0, left))) == 0) {
       Fail(what, "no reply within " + std::to_string(patience) + " ms", true);  // the reply may still come
     }
