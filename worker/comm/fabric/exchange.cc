@@ -14,7 +14,7 @@
 namespace meshtrain::comm::fabric {
 namespace {
 
-// Posted messages per direction; the rest wait in order. Keeps provider queues short.
+// Posted messages per lane; the rest wait in order. Keeps provider queues short.
 constexpr size_t kWindow = 64;
 
 }  // namespace
@@ -38,8 +38,8 @@ Exchange::Exchange(const Group& group, const std::vector<Route>& routes,
       what_(std::move(what)) {}
 
 Exchange::~Exchange() {
-  for (auto* posted : {&posted_sends_, &posted_recvs_}) {
-    for (Message& message : *posted) {
+  for (Lane* lane : {&sends_, &recvs_, &ack_recvs_}) {
+    for (Message& message : lane->posted) {
       routes_[message.member].endpoint->Abandon(std::move(message.request));
     }
   }
@@ -65,10 +65,15 @@ bool Exchange::Direct(int member, size_t bytes) const {
 }
 
 void Exchange::Queue(bool is_send, int member, const void* buf, size_t bytes, uint32_t slot,
-                     Kind kind, Callback done) {
+                     Kind kind, Callback done, Order order) {
   Message message{std::make_unique<Request>(), is_send, member, const_cast<void*>(buf), bytes,
                   Tag(is_send ? group_.rank() : member, slot, kind), std::move(done)};
-  (is_send ? queued_sends_ : queued_recvs_).push_back(std::move(message));
+  std::deque<Message>& queue = (is_send ? sends_ : kind == kAck ? ack_recvs_ : recvs_).queued;
+  if (order == Order::kFirst) {
+    queue.push_front(std::move(message));
+  } else {
+    queue.push_back(std::move(message));
+  }
 }
 
 void Exchange::SendDirect(int member, const void* buf, size_t bytes, uint32_t slot, Callback done) {
@@ -96,10 +101,10 @@ void Exchange::RecvDirect(int member, void* buf, size_t bytes, uint32_t slot, Ca
       } else {
         BulkCopy(buf, peer, bytes);
       }
-      Queue(true, member, &tokens_.emplace_back(), 1, slot, kAck, {});
+      Queue(true, member, &tokens_.emplace_back(), 1, slot, kAck, {}, Order::kFirst);
       if (done) done();
     } else {
-      Queue(false, member, buf, bytes, slot, kData, std::move(done));
+      Queue(false, member, buf, bytes, slot, kData, std::move(done), Order::kFirst);
     }
   };
   Queue(false, member, &header, sizeof(Header), slot, kHeader, std::move(arrived));
@@ -116,9 +121,9 @@ void Exchange::Recv(int member, void* buf, size_t bytes, uint32_t slot, Callback
   Queue(false, member, buf, bytes, slot, kPlain, std::move(done));
 }
 
-void Exchange::PostQueued(std::deque<Message>& queue, std::vector<Message>& posted) {
-  while (!queue.empty() && posted.size() < kWindow) {
-    Message& message = queue.front();
+void Exchange::PostQueued(Lane& lane) {
+  while (!lane.queued.empty() && lane.posted.size() < kWindow) {
+    Message& message = lane.queued.front();
     const Route& route = routes_[message.member];
     bool accepted = message.is_send ? route.endpoint->PostSend(message.buf, message.bytes,
                                                                route.address, message.tag,
@@ -126,8 +131,8 @@ void Exchange::PostQueued(std::deque<Message>& queue, std::vector<Message>& post
                                     : route.endpoint->PostRecv(message.buf, message.bytes,
                                                                message.tag, message.request.get());
     if (!accepted) return;  // provider busy: progress, then try again
-    posted.push_back(std::move(message));
-    queue.pop_front();
+    lane.posted.push_back(std::move(message));
+    lane.queued.pop_front();
   }
 }
 
@@ -147,12 +152,10 @@ void Exchange::Fail(const Message& message, const std::string& reason) const {
 void Exchange::WaitAll() {
   std::vector<Callback> ready;
   int idle = 0;
-  while (!queued_sends_.empty() || !queued_recvs_.empty() || !posted_sends_.empty() ||
-         !posted_recvs_.empty()) {
-    PostQueued(queued_sends_, posted_sends_);
-    PostQueued(queued_recvs_, posted_recvs_);
+  while (!sends_.empty() || !recvs_.empty() || !ack_recvs_.empty()) {
+    for (Lane* lane : {&sends_, &recvs_, &ack_recvs_}) PostQueued(*lane);
     for (Endpoint* endpoint : endpoints_) endpoint->Progress();
-    for (auto* posted : {&posted_sends_, &posted_recvs_}) {
+    for (std::vector<Message>* posted : {&sends_.posted, &recvs_.posted, &ack_recvs_.posted}) {
       for (size_t i = 0; i < posted->size();) {
         Message& message = (*posted)[i];
         int state = message.request->state.load(std::memory_order_acquire);
@@ -173,10 +176,12 @@ void Exchange::WaitAll() {
       continue;
     }
     if (Clock::now() > deadline_) {
-      const Message& oldest = !posted_recvs_.empty()   ? posted_recvs_.front()
-                              : !posted_sends_.empty() ? posted_sends_.front()
-                              : !queued_recvs_.empty() ? queued_recvs_.front()
-                                                       : queued_sends_.front();
+      const Message& oldest = !recvs_.posted.empty()       ? recvs_.posted.front()
+                              : !sends_.posted.empty()     ? sends_.posted.front()
+                              : !ack_recvs_.posted.empty() ? ack_recvs_.posted.front()
+                              : !recvs_.queued.empty()     ? recvs_.queued.front()
+                              : !sends_.queued.empty()     ? sends_.queued.front()
+                                                           : ack_recvs_.queued.front();
       Fail(oldest, "timed out after " + std::to_string(timeout_.count()) + " ms, still");
     }
     // Spin briefly for latency, then yield the core: ranks often outnumber cores.

@@ -12,6 +12,14 @@
 // copies it straight from the sender's buffer and acknowledges, so the sender knows its
 // buffer is free again; otherwise the data follows as a second message.
 //
+// At most kWindow messages of each lane are posted to the provider; the rest wait in
+// order. The lanes keep that bound from deadlocking a ring, whose members all wait for
+// their left neighbour: receives of acknowledgements (which complete only once the
+// peer has taken the header) have a lane of their own, so they cannot fill the window
+// that the headers need; and what continues a message already under way (the data
+// receive after its header, the acknowledgement after the copy) goes ahead of
+// messages of later steps, which may wait on it around the ring.
+//
 // Thread-safety: one Exchange belongs to one thread (the communicator's); it shares
 // the endpoints, which are thread-safe, with other groups' exchanges.
 
@@ -87,17 +95,26 @@ class Exchange {
     uint64_t tag;
     Callback done;
   };
+  // Messages waiting to be posted, in order, and those posted.
+  struct Lane {
+    std::deque<Message> queued;
+    std::vector<Message> posted;
+    bool empty() const { return queued.empty() && posted.empty(); }
+  };
   enum Kind : uint32_t { kPlain = 0, kHeader = 1, kData = 2, kAck = 3 };
+  // Where Queue puts a message in its lane: after the others, or (what continues a
+  // message under way) before them.
+  enum class Order { kLast, kFirst };
   struct Header;
   uint64_t Tag(int sender, uint32_t slot, Kind kind = kPlain) const;
   // Queues a send (to `member`, tagged as from this rank) or a receive (from `member`).
   void Queue(bool is_send, int member, const void* buf, size_t bytes, uint32_t slot, Kind kind,
-             Callback done);
+             Callback done, Order order = Order::kLast);
   bool Direct(int member, size_t bytes) const;
   void SendDirect(int member, const void* buf, size_t bytes, uint32_t slot, Callback done);
   void RecvDirect(int member, void* buf, size_t bytes, uint32_t slot, Callback done,
                   Reading reading);
-  void PostQueued(std::deque<Message>& queue, std::vector<Message>& posted);
+  void PostQueued(Lane& lane);
   std::string Peer(int member) const;
   [[noreturn]] void Fail(const Message& message, const std::string& reason) const;
 
@@ -109,8 +126,7 @@ class Exchange {
   Clock::time_point deadline_;
   std::string what_;
   int phase_ = -1;
-  std::deque<Message> queued_sends_, queued_recvs_;
-  std::vector<Message> posted_sends_, posted_recvs_;
+  Lane sends_, recvs_, ack_recvs_;
   std::deque<Header> headers_;  // stable addresses while messages are in flight
   std::deque<char> tokens_;     // acknowledgements
 };
