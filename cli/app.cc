@@ -188,6 +188,9 @@ Command BenchPlan(CLI::App& bench, const std::vector<std::string>& self) {
   memory->excludes(measure)->excludes(at_scale);
   measure->excludes(at_scale);
   c->add_option("--model", o->model, "Model preset (--memory, --measure)")->capture_default_str();
+  c->add_option("--device", o->device, "--memory: cpu (fp32 ranks) or cuda (bf16 ranks sharing GPU 0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   c->add_option("--seq", o->seq, "Sequence length")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   c->add_option("--steps", o->steps, "Measured steps per layout")->check(CLI::Range(1, 1000))->capture_default_str();
   c->add_option("--testbed-nodes", o->testbed_nodes, "Virtual nodes (--measure)")->check(CLI::Range(1, 16))->capture_default_str();

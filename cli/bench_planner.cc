@@ -22,6 +22,7 @@
 #include "operator/scheduler/synthetic_cluster.h"
 #include "operator/scheduler/placement.h"
 #include "worker/comm/bootstrap.h"
+#include "worker/train/devices.h"
 
 namespace meshtrain::cli {
 namespace {
@@ -94,17 +95,28 @@ int MemoryCheck(const BenchPlanOptions& o, const std::vector<std::string>& self_
   t.nodes = 1;
   t.netbed.clear();
   t.steps = 1;
+  t.device = o.device;
+  const bool cuda = o.device == "cuda";
+  if (std::string why; cuda && train::CudaDeviceCount(&why) == 0) {
+    out << "bench plan --memory --device cuda: " << why << "\n";
+    return kExitUnreadable;
+  }
   const int64_t global = int64_t(8) * o.seq * t.ranks;  // 8 sequences per rank a step
   const api::ActivationPolicy keep{}, checkpoint{true, false, 2}, offload1{true, true, 1}, offload2{true, true, 2};
-  const std::vector<LayoutChoice> layouts = {
+  std::vector<LayoutChoice> layouts = {
       {1, 1, 4, keep},       {1, 2, 4, keep},       {1, 4, 4, keep},       {2, 1, 4, keep},
       {2, 2, 4, keep},       {4, 1, 4, keep},       {1, 4, 4, checkpoint}, {2, 2, 4, checkpoint},
       {1, 4, 4, offload1},   {2, 2, 4, offload2},   {4, 1, 4, offload1},   {1, 2, 2, checkpoint},
       {1, 1, 8, offload2},   {2, 1, 1, keep},
   };
+  // On a GPU each layout starts four CUDA processes: six layouts that cover T, S and the
+  // activation policies keep the check within minutes.
+  if (cuda) layouts = {{1, 1, 4, keep}, {1, 4, 4, keep}, {2, 2, 4, keep}, {4, 1, 4, offload1},
+                       {1, 4, 4, checkpoint}, {2, 2, 4, offload2}};
   const std::filesystem::path data = WriteRandomTokens(global * (t.steps + t.warmup + 1), *shape);
   out << "memory model against the engine's accounting: " << o.model << " at seq " << o.seq << ", " << t.ranks
-      << " ranks on one node, global batch " << global << " tokens; per-rank peak, the largest rank's\n";
+      << (cuda ? " bf16 ranks sharing GPU 0" : " fp32 ranks on one node") << ", global batch " << global
+      << " tokens; per-rank peak, the largest rank's\n";
   char line[256];
   std::snprintf(line, sizeof line, "  %-46s %12s %12s %8s\n", "layout", "predicted", "measured", "error");
   out << line;
@@ -117,7 +129,8 @@ int MemoryCheck(const BenchPlanOptions& o, const std::vector<std::string>& self_
       ++failed;
       continue;
     }
-    const int64_t predicted = scheduler::PredictMemory(*shape, o.seq, c, 4, /*cpu_kernels=*/true, false).total();
+    const int64_t predicted =
+        scheduler::PredictMemory(*shape, o.seq, c, cuda ? 2 : 4, /*cpu_kernels=*/!cuda, false).total();
     const double error = double(predicted - r->peak_total) / double(r->peak_total);
     worst = std::max(worst, std::abs(error));
     within += std::abs(error) <= 0.10;

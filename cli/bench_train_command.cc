@@ -234,16 +234,13 @@ int BenchTrainCommand(const BenchTrainOptions& o, const std::vector<std::string>
     out << "--model " << o.model << ": unknown preset\n";
     return kExitUnreadable;
   }
-  if (o.ranks > 1 || o.tp > 1 || !o.compare.empty()) return BenchTrainRanks(o, *preset, self_argv, out);
-  const train::CudaPlugin* cuda = nullptr;
-  if (o.device == "cuda") {
-    std::string why;
-    if (train::CudaDeviceCount(&why) == 0) {
-      out << "bench train --device cuda: " << why << "\n";
-      return kExitUnreadable;
-    }
-    cuda = train::CudaPluginOrNull(nullptr);
+  // Without a GPU the ranks would train on the CPU under a heading that says bf16 on the GPU.
+  if (std::string why; o.device == "cuda" && train::CudaDeviceCount(&why) == 0) {
+    out << "bench train --device cuda: " << why << "\n";
+    return kExitUnreadable;
   }
+  if (o.ranks > 1 || o.tp > 1 || !o.compare.empty()) return BenchTrainRanks(o, *preset, self_argv, out);
+  const train::CudaPlugin* cuda = o.device == "cuda" ? train::CudaPluginOrNull(nullptr) : nullptr;
   const runtime::Device device = cuda ? runtime::Device::Cuda(0) : runtime::Device::Cpu();
   const int tokens = o.batch * o.seq;
   const std::filesystem::path data = WriteRandomTokens(int64_t(tokens) * (o.steps + o.warmup + 1), *preset);

@@ -108,6 +108,8 @@ struct BenchPlanOptions {
   uint64_t seed = 1;
   // The layout planner (bench_planner.cc).
   bool memory = false;    // the memory model against the accounting, 14 layouts on one node
+  // --memory: "cpu" trains fp32 ranks here; "cuda", bf16 ranks sharing GPU 0 (6 layouts)
+  std::string device = "cpu";
   bool measure = false;   // every feasible layout on the testbed, modelled and measured
   bool at_scale = false;  // GPT-2 1.5B and a 7B shape on 16 to 128 p5 nodes, on paper
   std::string model = "gpt2-tiny";

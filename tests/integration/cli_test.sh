@@ -124,6 +124,13 @@ else
     'precision bf16 needs a CUDA device, but .+; this run trains in fp32 on the CPU' 'device: cpu, fp32' \
     'model: fp32 FSDP, .*; cpu fp32 on cpu$' 'step +4/4 \| loss [0-9.]+' '!has no effect' \
     -- "$meshtrain" run "$tmp/tiny-bf16.yaml" --no-resume --sample-tokens 10
+  # A benchmark is asked for the GPU: it refuses, rather than measure the CPU under that name.
+  expect "bench train --device cuda without a GPU says so, also for ranks" 2 \
+    'bench train --device cuda: .+' '!tokens/s' \
+    -- "$meshtrain" bench train --device cuda --ranks 2 --model gpt2-tiny --steps 1
+  expect "bench plan --memory --device cuda without a GPU says so" 2 \
+    'bench plan --memory --device cuda: .+' \
+    -- "$meshtrain" bench plan --memory --device cuda --model gpt2-124m --seq 1024
 fi
 
 sed -e "s|examples/data/corpus.train.bin|$tmp/missing.bin|" examples/gpt2-tiny-local.yaml > "$tmp/nodata.yaml"
