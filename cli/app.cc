@@ -265,6 +265,9 @@ Command BenchCheckpoint(CLI::App& bench) {
   c->add_option("--hidden", o->hidden, "The preset's hidden size, replaced")->check(CLI::Range(1, 1 << 16));
   c->add_option("--vocab", o->vocab, "The preset's vocabulary size, replaced")->check(CLI::Range(1, 1 << 24));
   c->add_flag("--check", o->check, "Exit 1 when a resuming rank's peak passes its shard state plus one unit");
+  c->add_option("--device", o->device, "Where the state is snapshot from: cpu (fp32) or cuda (bf16 on GPU 0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   return {c, [o] { return BenchCheckpointCommand(*o, std::cout); }};
 }
 

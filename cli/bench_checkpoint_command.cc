@@ -24,6 +24,7 @@
 #include "worker/train/checkpoint.h"
 #include "worker/train/checkpoint_layout.h"
 #include "worker/train/checkpoint_reader.h"
+#include "worker/train/devices.h"
 #include "worker/train/trainer.h"
 
 namespace meshtrain::cli {
@@ -161,6 +162,10 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
     out << "--model " << o.model << ": unknown preset\n";
     return kExitUnreadable;
   }
+  if (std::string why; o.device == "cuda" && train::CudaDeviceCount(&why) == 0) {
+    out << "bench checkpoint --device cuda: " << why << "\n";
+    return kExitUnreadable;
+  }
   BenchTrainOptions train_options;
   train_options.model = o.model;
   train_options.batch = 1;
@@ -178,7 +183,8 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
                                                   std::to_string(wanted.hidden) + ", vocabulary " +
                                                   std::to_string(wanted.vocab_size)
                                             : "");
-  nlohmann::json spec = BenchJob(train_options, data.string(), 1, 1, {"one rank", 1, 1, {}}, false);
+  const bool cuda = o.device == "cuda";
+  nlohmann::json spec = BenchJob(train_options, data.string(), 1, 1, {"one rank", 1, 1, {}}, cuda);
   spec["spec"]["model"].update({{"layers", wanted.layers}, {"hidden", wanted.hidden}, {"vocabSize", wanted.vocab_size}});
   const api::CheckedJob job = api::CheckTrainingJob(spec, "bench", 0);
   if (!job.ok()) {
@@ -189,7 +195,8 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
   const std::filesystem::path dir =
       std::filesystem::path(o.dir.empty() ? std::filesystem::temp_directory_path().string() : o.dir) /
       ("meshtrain-bench-checkpoint-" + std::to_string(::getpid()));
-  train::Trainer trainer(job.job);
+  // On a GPU the snapshot copies the fp32 master weights and AdamW state from the device.
+  train::Trainer trainer(job.job, nullptr, cuda ? runtime::Device::Cuda(0) : runtime::Device::Cpu());
   std::filesystem::remove(data);  // mapped already
   trainer.Step();                 // AdamW state that is not all zeros
   const api::ModelShape shape = api::ShapeOf(job.job.spec.model);
@@ -224,12 +231,13 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
   blocking /= o.repeats;
   char line[400];
   std::snprintf(line, sizeof line,
-                "checkpoint of %s (%s on one rank: master weights, AdamW m and v) under %s, mean of %d after one "
-                "unmeasured:\n"
+                "checkpoint of %s (%s on one rank: master weights, AdamW m and v) from %s under %s, mean of %d "
+                "after one unmeasured:\n"
                 "stall %.3f s (snapshot to host memory; the write goes on in the background)\n"
                 "blocking write %.3f s (snapshot, files written and fsynced, renamed into place)\n"
                 "stall / blocking %.3f\n",
-                model.c_str(), runtime::FormatBytes(size_t(bytes)).c_str(), dir.parent_path().c_str(), o.repeats,
+                model.c_str(), runtime::FormatBytes(size_t(bytes)).c_str(), cuda ? "GPU 0" : "the CPU",
+                dir.parent_path().c_str(), o.repeats,
                 stall, blocking, stall / blocking);
   out << line;
 

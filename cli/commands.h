@@ -164,6 +164,7 @@ int BenchTrainCommand(const BenchTrainOptions& options, const std::vector<std::s
 
 struct BenchCheckpointOptions {
   std::string model = "gpt2-124m";
+  std::string device = "cpu";  // where the training state is snapshot from: cpu (fp32) or cuda (bf16 on GPU 0)
   std::string dir;  // where to write (default: the system's temporary directory)
   int repeats = 2;
   int writers = 4;                // ranks (shards) that write the checkpoint resumed from

@@ -131,6 +131,8 @@ else
   expect "bench plan --memory --device cuda without a GPU says so" 2 \
     'bench plan --memory --device cuda: .+' \
     -- "$meshtrain" bench plan --memory --device cuda --model gpt2-124m --seq 1024
+  expect "bench checkpoint --device cuda without a GPU says so" 2 'bench checkpoint --device cuda: .+' \
+    -- "$meshtrain" bench checkpoint --device cuda --model gpt2-tiny
 fi
 
 sed -e "s|examples/data/corpus.train.bin|$tmp/missing.bin|" examples/gpt2-tiny-local.yaml > "$tmp/nodata.yaml"
@@ -297,7 +299,7 @@ expect "bench train --ranks names a layout that does not fit" 1 'spec.parallelis
 # Units of 81 MiB, well above a process's own costs: every resuming rank holds at most its
 # shard state and one unit (--check fails the command otherwise).
 expect "bench checkpoint measures the stall against a blocking write, and each resuming rank's memory" 0 \
-  'checkpoint of gpt2-124m at 2 layers, hidden 768, vocabulary 8192 \(234.8 MiB on one rank' \
+  'checkpoint of gpt2-124m at 2 layers, hidden 768, vocabulary 8192 \(234.8 MiB on one rank: master weights, AdamW m and v\) from the CPU' \
   'stall [0-9.]+ s \(snapshot' 'blocking write [0-9.]+ s' 'stall / blocking [0-9.]+' \
   'resume of that state written by 4 ranks \(1 x 4 shards x tp 1\), .* one unit \(the largest, master, m and v\) is 81.1 MiB' \
   '^ +2 +1 +117.4 MiB +[0-9.]+ MiB +[0-9.]+ MiB +117.4 MiB  yes$' \
