@@ -18,17 +18,11 @@ int EnvironmentRank(const char* name, int minimum) {
 void WriteFailureReason(const std::string& reason) {
   const char* path = std::getenv(worker::env::kFailureFile);
   if (path == nullptr || *path == '\0') return;
-  char line[worker::kFailureReasonBytes + 1];
-  size_t n = 0;
-  for (; n < reason.size() && n < worker::kFailureReasonBytes; ++n) {
-    const char c = reason[n];
-    line[n] = c == '\n' || c == '\r' || c == '\t' ? ' ' : c;
-  }
-  line[n++] = '\n';
+  const std::string line = worker::FailureReasonLine(reason) + "\n";
   const int fd = ::open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return;
-  for (size_t done = 0; done < n;) {
-    const ssize_t wrote = ::write(fd, line + done, n - done);
+  for (size_t done = 0; done < line.size();) {
+    const ssize_t wrote = ::write(fd, line.data() + done, line.size() - done);
     if (wrote < 0 && errno == EINTR) continue;
     if (wrote <= 0) break;
     done += size_t(wrote);

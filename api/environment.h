@@ -24,11 +24,10 @@ int64_t EnvironmentInteger(const char* name, int64_t minimum, int64_t maximum,
 // [minimum, 2^20]. Throws as EnvironmentInteger does.
 int EnvironmentRank(const char* name, int minimum);
 
-// Writes `reason` (cut to kFailureReasonBytes, on one line) to the file
+// Writes `reason` (as worker::FailureReasonLine makes it) to the file
 // MESHTRAIN_FAILURE_FILE names, replacing what was there: a failing rank's last word to its
 // launcher (api/worker_contract.h). Does nothing when the variable is unset, and nothing
-// more when the file cannot be written. Only open, write and close, so a thread about to
-// _exit may call it while others hold locks.
+// more when the file cannot be written.
 void WriteFailureReason(const std::string& reason);
 
 // The running program's own file (/proc/self/exe); empty when it cannot be read. For

@@ -3,11 +3,14 @@
 // codes and the metric names the operator reads. Both sides use these names; nothing
 // else spells them (DESIGN.md, "Worker contract").
 //
-// Thread-safety: constants only.
+// Thread-safety: constants, and one pure function.
 
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <string>
+#include <string_view>
 
 namespace meshtrain::api::worker {
 
@@ -24,6 +27,19 @@ inline constexpr int kExitHang = 75;
 inline constexpr int kExitCommFailure = 76;
 // The most of a failure reason (kFailureFile) that is kept: longer ones are cut.
 inline constexpr size_t kFailureReasonBytes = 400;
+
+// A failure reason as the rank writes it, the launcher reads it and the operator quotes it:
+// one line (control characters become spaces) of at most kFailureReasonBytes bytes, cut
+// at a UTF-8 character's boundary.
+inline std::string FailureReasonLine(std::string_view text) {
+  size_t cut = std::min(text.size(), kFailureReasonBytes);
+  while (cut > 0 && cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  std::string line(text.substr(0, cut));
+  for (char& c : line) {
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+  }
+  return line;
+}
 
 inline constexpr int kCoordinatorPort = 29500;  // rank 0's rendezvous
 inline constexpr int kMetricsPort = 9400;       // each node's local rank 0 serves /metrics here

@@ -1,6 +1,5 @@
 #include "operator/controller/worker_readings.h"
 
-#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -52,15 +51,8 @@ std::optional<LauncherState> ParseLauncherState(const nlohmann::json& answer) {
   if (answer.contains("exitCode") && answer["exitCode"].is_number_integer()) s.exit_code = answer["exitCode"].get<int64_t>();
   if (answer.contains("rank") && answer["rank"].is_number_integer()) s.rank = answer["rank"].get<int64_t>();
   // A pod's words go into Events: kept short, on one line.
-  if (answer.contains("reason") && answer["reason"].is_string()) {
-    s.reason = answer["reason"].get<std::string>();
-    size_t cut = std::min(s.reason.size(), api::worker::kFailureReasonBytes);
-    while (cut < s.reason.size() && (static_cast<unsigned char>(s.reason[cut]) & 0xC0) == 0x80) --cut;  // UTF-8
-    s.reason.resize(cut);
-    for (char& c : s.reason) {
-      if (static_cast<unsigned char>(c) < 0x20) c = ' ';
-    }
-  }
+  if (answer.contains("reason") && answer["reason"].is_string())
+    s.reason = api::worker::FailureReasonLine(answer["reason"].get<std::string>());
   return s;
 }
 

@@ -71,15 +71,15 @@ int LaunchControlled(const NodeLaunch& launch, const std::vector<RankProcess>& r
       control.Set(status);
       failed_status = exit.status;
       group->Terminate(SIGTERM, launch.restart_grace);
-      const std::string failed = "rank " + std::to_string(exit.rank) + " failed with exit code " + std::to_string(exit.status);
-      const std::string reason = exit.reason.empty() ? "" : ": " + exit.reason;
+      // "rank 1 failed with exit code 75 (what it wrote of its failure, if anything)"
+      log << "rank " << exit.rank << " failed with exit code " << exit.status;
       if (exit.status == api::worker::kExitConfigError) {
         config_error = true;
-        log << failed << " (a configuration error, which no restart fixes" << reason
+        log << " (a configuration error, which no restart fixes" << (exit.reason.empty() ? "" : ": " + exit.reason)
             << "); stopping the other ranks and exiting with it\n";
       } else {
         hold_until = now + launch.hold;
-        log << failed << (reason.empty() ? "" : " (" + exit.reason + ")")
+        log << (exit.reason.empty() ? "" : " (" + exit.reason + ")")
             << "; stopping the other ranks and holding for the operator's next attempt (up to " << hold_seconds
             << " s)\n";
       }

@@ -57,18 +57,13 @@ std::string FailureFile(const std::string& directory, int rank) {
   return directory + "/rank-" + std::to_string(rank);
 }
 
-// The first line of what a failed rank wrote to its failure file, at most
-// kFailureReasonBytes; empty when it wrote nothing.
+// The first line of what a failed rank wrote to its failure file; empty when it wrote nothing.
 std::string ReadFailureReason(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  std::string text(api::worker::kFailureReasonBytes, '\0');
+  std::string text(api::worker::kFailureReasonBytes + 1, '\0');
   in.read(text.data(), std::streamsize(text.size()));
   text.resize(size_t(in.gcount()));
-  text = text.substr(0, text.find('\n'));
-  for (char& c : text) {
-    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
-  }
-  return text;
+  return api::worker::FailureReasonLine(text.substr(0, text.find('\n')));
 }
 
 // While it lives, the stop signals are caught for TakeStopSignal(); then the actions that
@@ -112,14 +107,15 @@ RankGroup::RankGroup(const std::vector<RankProcess>& ranks, const std::vector<st
   for (const std::string& arg : command) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
 
+  // A directory of this group's own for the ranks' failure files; without one the ranks
+  // run all the same, and a failure is reported by its status alone.
+  std::error_code no_temp;
+  std::string directory = (std::filesystem::temp_directory_path(no_temp) / "meshtrain-ranks-XXXXXX").string();
+  if (!no_temp && ::mkdtemp(directory.data()) != nullptr) failure_directory_ = directory;
+
   // The caught signals stay blocked across each fork: one that reached a child before it
   // dropped the launcher's handler would be swallowed by that handler, and the rank would
   // outlive its SIGTERM. The child unblocks them after resetting, so it dies of a pending one.
-  // A directory of this group's own for the ranks' failure files; without one the ranks
-  // run all the same, and a failure is reported by its status alone.
-  std::string directory = (std::filesystem::temp_directory_path() / "meshtrain-ranks-XXXXXX").string();
-  if (::mkdtemp(directory.data()) != nullptr) failure_directory_ = directory;
-
   const pid_t parent = ::getpid();
   sigset_t stop_signals, unblocked;
   sigemptyset(&stop_signals);
