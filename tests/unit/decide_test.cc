@@ -823,6 +823,21 @@ api::Condition Scheduled(const api::TrainingJobStatus& status) {
   return {};
 }
 
+// The job the workers of `d`'s gang read, which must be a valid manual job with exactly
+// `layout` written in; checked and defaulted as they check it.
+api::CheckedJob WorkersJob(const Decision& d, const api::LayoutStatus& layout) {
+  const json worker_job = json::parse(d.create->config_map["data"]["job.json"].get<std::string>());
+  const json& p = worker_job["spec"]["parallelism"];
+  EXPECT_EQ(p["mode"], "manual");
+  EXPECT_EQ(p["tensorParallelDegree"], layout.tensor_parallel_degree);
+  EXPECT_EQ(p["hybridShardDegree"], layout.hybrid_shard_degree);
+  EXPECT_EQ(worker_job["spec"]["training"]["microBatchSize"], layout.micro_batch_size);
+  api::CheckedJob resolved = api::CheckTrainingJob(worker_job, "job.json", 0);
+  EXPECT_TRUE(resolved.ok()) << resolved.errors.front().ToString();
+  EXPECT_EQ(resolved.job.spec.parallelism.tensor_parallel_degree, layout.tensor_parallel_degree);
+  return resolved;
+}
+
 json AutoJob(std::optional<int64_t> memory_limit_mib) {
   json object = JobObject();
   object["spec"]["parallelism"] = {{"mode", "auto"}};
@@ -841,16 +856,7 @@ TEST(Decide, ModeAutoWritesThePlannedLayoutIntoTheWorkersSpecAndStatus) {
   EXPECT_GT(layout.predicted_memory_bytes, 0);
   EXPECT_LE(layout.predicted_memory_bytes, int64_t(0.9 * (512 << 20)));
   EXPECT_GT(layout.predicted_step_seconds, 0);
-  const json worker_job = json::parse(d.create->config_map["data"]["job.json"].get<std::string>());
-  const json& p = worker_job["spec"]["parallelism"];
-  EXPECT_EQ(p["mode"], "manual");
-  EXPECT_EQ(p["tensorParallelDegree"], layout.tensor_parallel_degree);
-  EXPECT_EQ(p["hybridShardDegree"], layout.hybrid_shard_degree);
-  EXPECT_EQ(worker_job["spec"]["training"]["microBatchSize"], layout.micro_batch_size);
-  // What the workers read is a valid manual job with exactly that layout.
-  const api::CheckedJob resolved = api::CheckTrainingJob(worker_job, "job.json", 0);
-  ASSERT_TRUE(resolved.ok()) << resolved.errors.front().ToString();
-  EXPECT_EQ(resolved.job.spec.parallelism.tensor_parallel_degree, layout.tensor_parallel_degree);
+  WorkersJob(d, layout);
   const std::vector<std::string> reasons = Reasons(d);
   EXPECT_NE(std::find(reasons.begin(), reasons.end(), "LayoutPlanned"), reasons.end());
   // A retry (the status write conflicted) plans the same layout for the same nodes.
@@ -907,16 +913,9 @@ TEST(Decide, AnElasticModeAutoJobIsPlannedAgainForTheNodesItKeeps) {
   EXPECT_GT(layout.predicted_step_seconds, 0);
   EXPECT_LE(layout.predicted_memory_bytes, int64_t(0.9 * (512 << 20)));
   // The workers read a valid manual job of one node with the planner's layout for it.
-  const json worker_job = json::parse(shrunk.create->config_map["data"]["job.json"].get<std::string>());
-  EXPECT_EQ(worker_job["spec"]["nodes"], 1);
-  EXPECT_FALSE(worker_job["spec"].contains("elastic"));
-  const json& p = worker_job["spec"]["parallelism"];
-  EXPECT_EQ(p["mode"], "manual");
-  EXPECT_EQ(p["tensorParallelDegree"], layout.tensor_parallel_degree);
-  EXPECT_EQ(p["hybridShardDegree"], layout.hybrid_shard_degree);
-  EXPECT_EQ(worker_job["spec"]["training"]["microBatchSize"], layout.micro_batch_size);
-  const api::CheckedJob resolved = api::CheckTrainingJob(worker_job, "job.json", 0);
-  ASSERT_TRUE(resolved.ok()) << resolved.errors.front().ToString();
+  const api::CheckedJob resolved = WorkersJob(shrunk, layout);
+  EXPECT_EQ(resolved.job.spec.nodes, 1);
+  EXPECT_FALSE(resolved.job.spec.elastic.min_nodes) << "the operator shrinks; its workers need no spec.elastic";
   EXPECT_EQ(resolved.job.spec.training.global_batch_tokens, 16384) << "the global batch is kept";
   EXPECT_LE(layout.hybrid_shard_degree * layout.tensor_parallel_degree, 8) << "a layout of one node's 8 ranks";
   const std::vector<std::string> reasons = Reasons(shrunk);
