@@ -663,6 +663,15 @@ scheduler::ClusterSnapshot SmallCluster(int ready) {
   return scheduler::MakeSyntheticCluster(options);
 }
 
+// The status of a created gang once a node of it was lost: the gang is recreated (gang 1)
+// wherever it now fits.
+api::TrainingJobStatus Recreating(api::TrainingJobStatus status) {
+  status.phase = "Restarting";
+  status.restarts = status.gang.emplace(1);
+  status.placement.reset();
+  return status;
+}
+
 TEST(Decide, AnElasticJobWithNoSpareNodeShrinksAndGrowsBackAtItsNextCheckpoint) {
   json object = JobObject();
   object["spec"]["elastic"] = {{"minNodes", 1}};
@@ -683,10 +692,7 @@ TEST(Decide, AnElasticJobWithNoSpareNodeShrinksAndGrowsBackAtItsNextCheckpoint) 
   EXPECT_EQ(created.restart_kind, "");
 
   // Its second node was lost and no other exists: the recreated gang has one node.
-  api::TrainingJobStatus lost = created.status;
-  lost.phase = "Restarting";
-  lost.restarts = lost.gang.emplace(1);
-  lost.placement.reset();
+  const api::TrainingJobStatus lost = Recreating(created.status);
   cluster_nodes = 1;
   const Decision shrunk = Decide(observe(lost), {});
   ASSERT_TRUE(shrunk.create) << shrunk.status.conditions.back().message;
@@ -897,12 +903,8 @@ TEST(Decide, AnElasticModeAutoJobIsPlannedAgainForTheNodesItKeeps) {
   ASSERT_TRUE(created.status.layout);
   EXPECT_EQ(created.status.layout->nodes, 2);
 
-  api::TrainingJobStatus lost = created.status;
-  lost.phase = "Restarting";
-  lost.restarts = lost.gang.emplace(1);
-  lost.placement.reset();
   cluster_nodes = 1;
-  const Decision shrunk = Decide(observe(lost), {});
+  const Decision shrunk = Decide(observe(Recreating(created.status)), {});
   ASSERT_TRUE(shrunk.create) << Scheduled(shrunk.status).message;
   ASSERT_EQ(shrunk.create->pods.size(), 1u);
   EXPECT_EQ(shrunk.restart_kind, "shrunk");
