@@ -50,7 +50,7 @@ void EncoderBackward(float* dwte, float* dwpe, const bf16* dout, const int32_t* 
 void LayerNormForward(bf16* residual, bf16* out, float* mean, float* rstd, const bf16* a, const bf16* b,
                       const bf16* weight, const bf16* bias, int64_t N, int C, cudaStream_t stream);
 // Per-block partial sums of dweight and dbias land in `partials` (capacity floats), then a
-// second pass adds them in block order. REQUIRES: C <= kMaxLayerNormChannels and
+// second pass adds them (AddColumnSums). REQUIRES: C <= kMaxLayerNormChannels and
 // 2 * C <= partial_capacity.
 constexpr int kMaxLayerNormChannels = 16384;
 void LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
@@ -62,6 +62,10 @@ void LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const bf16* dou
 // second pass in order. REQUIRES: OC <= partial_capacity.
 void BiasBackward(float* dbias, const bf16* dout, int64_t N, int OC, float* partials, int64_t partial_capacity,
                   cudaStream_t stream);
+// The second pass of both: for each column c of partials (rows, columns), first[c] (c <
+// split) or second[c - split] += the column's sum, its rows added in a fixed order.
+void AddColumnSums(float* first, float* second, int split, const float* partials, int rows, int columns,
+                   cudaStream_t stream);
 // out (N,OC) = out + bias (bias nullable); with gelu_pre: gelu_pre = that sum as
 // stored, out = gelu(the sum).
 void BiasGelu(bf16* out, bf16* gelu_pre, const bf16* bias, int64_t N, int OC, cudaStream_t stream);

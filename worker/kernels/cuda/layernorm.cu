@@ -135,20 +135,6 @@ __global__ void LayerNormBackwardKernel(bf16* __restrict__ dinp, float* __restri
   }
 }
 
-// Second pass: dweight[c] += partials[0][c] + partials[1][c] + ..., and dbias likewise.
-__global__ void LayerNormBackwardFinishKernel(float* __restrict__ dweight, float* __restrict__ dbias,
-                                              const float* __restrict__ partials, int blocks, int C) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= 2 * C) return;
-  float total = 0;
-  for (int block = 0; block < blocks; ++block) total += partials[int64_t(block) * 2 * C + i];
-  if (i < C) {
-    dweight[i] += total;
-  } else {
-    dbias[i - C] += total;
-  }
-}
-
 template <int V>
 void LaunchLayerNormBackward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
                              const bf16* weight, const float* mean, const float* rstd, int64_t N, int C,
@@ -169,7 +155,8 @@ void LaunchLayerNormBackward(bf16* dinp, float* dweight, float* dbias, const bf1
   const int blocks = int(std::min<int64_t>({CeilDiv(N, warps), kBackwardBlocks, partial_capacity / (2 * C)}));
   LayerNormBackwardKernel<V><<<blocks, warps * kWarp, shared, stream>>>(dinp, partials, dout, inp, weight, mean,
                                                                          rstd, N, C);
-  LayerNormBackwardFinishKernel<<<Blocks(2 * C), kThreads, 0, stream>>>(dweight, dbias, partials, blocks, C);
+  // Second pass: dweight[c] += partials[0][c] + partials[1][c] + ..., and dbias likewise.
+  AddColumnSums(dweight, dbias, C, partials, blocks, 2 * C, stream);
 }
 
 }  // namespace
