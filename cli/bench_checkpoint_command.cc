@@ -24,7 +24,6 @@
 #include "worker/train/checkpoint.h"
 #include "worker/train/checkpoint_layout.h"
 #include "worker/train/checkpoint_reader.h"
-#include "worker/train/devices.h"
 #include "worker/train/trainer.h"
 
 namespace meshtrain::cli {
@@ -162,10 +161,7 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
     out << "--model " << o.model << ": unknown preset\n";
     return kExitUnreadable;
   }
-  if (std::string why; o.device == "cuda" && train::CudaDeviceCount(&why) == 0) {
-    out << "bench checkpoint --device cuda: " << why << "\n";
-    return kExitUnreadable;
-  }
+  if (RefusedWithoutGpu(o.device, "bench checkpoint", out)) return kExitUnreadable;
   BenchTrainOptions train_options;
   train_options.model = o.model;
   train_options.batch = 1;

@@ -22,7 +22,6 @@
 #include "operator/scheduler/synthetic_cluster.h"
 #include "operator/scheduler/placement.h"
 #include "worker/comm/bootstrap.h"
-#include "worker/train/devices.h"
 
 namespace meshtrain::cli {
 namespace {
@@ -97,10 +96,7 @@ int MemoryCheck(const BenchPlanOptions& o, const std::vector<std::string>& self_
   t.steps = 1;
   t.device = o.device;
   const bool cuda = o.device == "cuda";
-  if (std::string why; cuda && train::CudaDeviceCount(&why) == 0) {
-    out << "bench plan --memory --device cuda: " << why << "\n";
-    return kExitUnreadable;
-  }
+  if (RefusedWithoutGpu(o.device, "bench plan --memory", out)) return kExitUnreadable;
   const int64_t global = int64_t(8) * o.seq * t.ranks;  // 8 sequences per rank a step
   const api::ActivationPolicy keep{}, checkpoint{true, false, 2}, offload1{true, true, 1}, offload2{true, true, 2};
   std::vector<LayoutChoice> layouts = {

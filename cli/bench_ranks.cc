@@ -61,6 +61,13 @@ std::filesystem::path WriteRandomTokens(int64_t tokens, const api::ModelShape& s
   return data;
 }
 
+bool RefusedWithoutGpu(const std::string& device, const char* command, std::ostream& out) {
+  std::string why;
+  if (device != "cuda" || train::CudaDeviceCount(&why) > 0) return false;
+  out << command << " --device cuda: " << why << "\n";
+  return true;
+}
+
 int BenchTrainRank() {
   const comm::WorkerEnvironment env = comm::WorkerEnvironment::FromEnvironment();
   const api::CheckedJob job = api::LoadTrainingJobs(env.config).at(0);

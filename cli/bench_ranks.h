@@ -58,6 +58,11 @@ nlohmann::json BenchJob(const BenchTrainOptions& o, const std::string& data, int
 // `tokens` random tokens of `shape`'s vocabulary in a temporary token file.
 std::filesystem::path WriteRandomTokens(int64_t tokens, const api::ModelShape& shape);
 
+// Asked for `device` "cuda" where no GPU is usable: says "COMMAND --device cuda: why" on
+// `out` and returns true (the caller exits kExitUnreadable); false otherwise. A benchmark
+// never falls back to the CPU under a heading that says GPU.
+bool RefusedWithoutGpu(const std::string& device, const char* command, std::ostream& out);
+
 // One rank of a multi-rank benchmark: trains the job in $MESHTRAIN_CONFIG and writes its
 // step time and peak memory beside it.
 int BenchTrainRank();

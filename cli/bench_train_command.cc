@@ -235,10 +235,7 @@ int BenchTrainCommand(const BenchTrainOptions& o, const std::vector<std::string>
     return kExitUnreadable;
   }
   // Without a GPU the ranks would train on the CPU under a heading that says bf16 on the GPU.
-  if (std::string why; o.device == "cuda" && train::CudaDeviceCount(&why) == 0) {
-    out << "bench train --device cuda: " << why << "\n";
-    return kExitUnreadable;
-  }
+  if (RefusedWithoutGpu(o.device, "bench train", out)) return kExitUnreadable;
   if (o.ranks > 1 || o.tp > 1 || !o.compare.empty()) return BenchTrainRanks(o, *preset, self_argv, out);
   const train::CudaPlugin* cuda = o.device == "cuda" ? train::CudaPluginOrNull(nullptr) : nullptr;
   const runtime::Device device = cuda ? runtime::Device::Cuda(0) : runtime::Device::Cpu();

@@ -15,6 +15,8 @@ export KUBECONFIG=$work/kubeconfig
 export HOME=$work
 pids=()
 cleanup() {
+  # A rank the hang scenario stopped takes no SIGTERM: one that failed the scenario goes here.
+  if [ -n "${stopped_rank:-}" ]; then kill -9 "$stopped_rank" 2>/dev/null || true; fi
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$work"
@@ -143,8 +145,24 @@ run_worker_gang() {  # run_worker_gang [EXTRA_SPEC_YAML [OPERATOR_FLAGS...]]; cl
 
 # operator_metric SERIES: the value of one series (name and labels, as exposed) from the
 # operator of run_worker_gang; empty when it has none.
+# An operator that does not answer prints a sentence, so that empty means "no such series".
 operator_metric() {
-  curl -sf --max-time 5 "http://127.0.0.1:$operator_metrics_port/metrics" | awk -v series="$1" '$1 == series { print $2 }'
+  local text
+  text=$(curl -sf --max-time 5 "http://127.0.0.1:$operator_metrics_port/metrics") || { echo "(no answer)"; return 0; }
+  awk -v series="$1" '$1 == series { print $2 }' <<<"$text"
+}
+# metric_is SERIES VALUE: the operator's SERIES reads VALUE (empty: the series is absent).
+metric_is() { [ "$(operator_metric "$1")" = "$2" ]; }
+# wait_until SECONDS WHAT COMMAND...: COMMAND succeeds within SECONDS (polled every
+# 0.2 s), or the scenario fails saying WHAT.
+wait_until() {
+  local seconds=$1 what=$2
+  shift 2
+  for _ in $(seq $((seconds * 5))); do
+    "$@" && return 0
+    sleep 0.2
+  done
+  fail "$what"
 }
 # expect_restarts KIND N: the operator counted N gang restarts of that kind.
 expect_restarts() {
@@ -153,6 +171,8 @@ expect_restarts() {
   [ "$got" = "$2" ] || fail "meshtrain_operator_gang_restarts_total{kind=\"$1\"} is '$got', not $2"
 }
 
+# The job's pods, each as NAME=UID: the same pods after an in-place restart.
+uids() { "$kubectl" get pods -l meshtrain.dev/job-name=tiny -o 'jsonpath={range .items[*]}{.metadata.name}={.metadata.uid} {end}'; }
 # rank_pid RANK POD: the process of that rank in that pod (its environment says so).
 rank_pid() {
   local pod_ip p env
@@ -652,7 +672,6 @@ case $scenario in
     # a killed pod takes today's path, a recreated gang, in the same run: the seconds from
     # failure to the first step after it, for both, and their ratio.
     run_worker_gang
-    uids() { "$kubectl" get pods -l meshtrain.dev/job-name=tiny -o 'jsonpath={range .items[*]}{.metadata.name}={.metadata.uid} {end}'; }
     wait_checkpoint 0
     before=$(uids)
     kill -9 "$(rank_pid 3 tiny-g0-1)"
@@ -692,12 +711,12 @@ case $scenario in
     # stuck rank, and the gang restarts in place (the launcher wakes the stopped rank to
     # take its SIGTERM) and trains on from its checkpoint.
     run_worker_gang "  runPolicy: {hangTimeoutSeconds: 3}"
-    uids() { "$kubectl" get pods -l meshtrain.dev/job-name=tiny -o 'jsonpath={range .items[*]}{.metadata.uid} {end}'; }
     wait_checkpoint 0
     before=$(uids)
     victim=$(rank_pid 2 tiny-g0-1)
     stopped_at=$(date +%s.%N)
     kill -STOP "$victim"
+    stopped_rank=$victim
     wait_for '{.status.restarts}' 1 20
     restarted_at=$(date +%s.%N)
     detected=$(awk "BEGIN { printf \"%.1f\", $restarted_at - $stopped_at }")
@@ -709,6 +728,7 @@ case $scenario in
     [ "$(uids)" = "$before" ] || fail "the pods changed in an in-place restart"
     recovery=$(recovered 1)
     kill -0 "$victim" 2>/dev/null && fail "the stopped rank $victim outlived its attempt"
+    stopped_rank=
     resumed=$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.resumedFromStep}')
     [ -n "$resumed" ] && [ "$resumed" -ge "$checkpoint" ] || fail "resumed from '$resumed', not the checkpoint of step $checkpoint"
     expect_restarts in_place 1
@@ -822,8 +842,7 @@ PY
     pod_log "tiny-g$gang-0" | grep "job tiny: 2 rank(s) on 1 node(s)" >/dev/null || fail "the shrunk gang does not run 2 ranks on 1 node"
     expect_restarts shrunk 1
     missing='meshtrain_operator_job_missing_nodes{job_name="tiny",job_namespace="default"}'
-    for _ in $(seq 50); do [ "$(operator_metric "$missing")" = 1 ] && break; sleep 0.2; done
-    [ "$(operator_metric "$missing")" = 1 ] || fail "$missing is '$(operator_metric "$missing")' while the gang is shrunk, not 1"
+    wait_until 10 "$missing did not read 1 while the gang is shrunk" metric_is "$missing" 1
     # Ten steps of the shrunk gang, to compare with an uninterrupted run once it has grown.
     compared=$((resumed + 10))
     for _ in $(seq 300); do
@@ -839,7 +858,8 @@ PY
       fail "no Grown event: $("$kubectl" get events | tail -8)"
     [ "$(pod_count)" = 2 ] || fail "the grown gang has $(pod_count) pods"
     expect_restarts grown 1
-    [ -z "$(operator_metric "$missing")" ] || fail "$missing is '$(operator_metric "$missing")' at the full size"
+    # The gauge is refreshed apart from the reconcile that grew the gang.
+    wait_until 10 "$missing is still there at the full size" metric_is "$missing" ""
     grown_gang=$("$kubectl" get tj tiny -o 'jsonpath={.status.gang}')
     grown_resumed=
     for _ in $(seq 300); do
@@ -849,12 +869,9 @@ PY
     done
     [ -n "$grown_resumed" ] || fail "the grown gang did not resume: $(pod_log "tiny-g$grown_gang-0" | tail -5)"
     # It trains on at its full size: rank 0 prints a step after the one it resumed from.
-    for _ in $(seq 300); do
-      [ -n "$(pod_log "tiny-g$grown_gang-0" | losses $((grown_resumed + 1)) $((grown_resumed + 1)))" ] && break
-      sleep 0.2
-    done
-    [ -n "$(pod_log "tiny-g$grown_gang-0" | losses $((grown_resumed + 1)) $((grown_resumed + 1)))" ] ||
-      fail "the grown gang did not train step $((grown_resumed + 1)): $(pod_log "tiny-g$grown_gang-0" | tail -5)"
+    trained_step() { [ -n "$(pod_log "$1" | losses "$2" "$2")" ]; }
+    wait_until 60 "the grown gang did not train step $((grown_resumed + 1))" \
+      trained_step "tiny-g$grown_gang-0" $((grown_resumed + 1))
     pod_log "tiny-g$grown_gang-0" | grep "job tiny: 4 rank(s) on 2 node(s)" >/dev/null ||
       fail "the grown gang does not run 4 ranks on 2 nodes: $(pod_log "tiny-g$grown_gang-0" | head -5)"
 

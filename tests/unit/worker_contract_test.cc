@@ -29,10 +29,6 @@ std::string Contents(const std::filesystem::path& path) {
 TEST(WorkerContract, AFailingRankWritesOneLineToItsFailureFile) {
   const std::filesystem::path file =
       std::filesystem::temp_directory_path() / ("meshtrain-failure-" + std::to_string(::getpid()));
-  ::unsetenv(api::worker::env::kFailureFile);
-  api::WriteFailureReason("nowhere to write: nothing happens");
-  EXPECT_FALSE(std::filesystem::exists(file));
-
   ::setenv(api::worker::env::kFailureFile, file.c_str(), 1);
   api::WriteFailureReason("first");
   api::WriteFailureReason("rank 2 made no progress\nfor 3.0 s");
@@ -40,9 +36,14 @@ TEST(WorkerContract, AFailingRankWritesOneLineToItsFailureFile) {
   api::WriteFailureReason(std::string(2 * api::worker::kFailureReasonBytes, 'x'));
   EXPECT_EQ(Contents(file), std::string(api::worker::kFailureReasonBytes, 'x') + "\n") << "cut";
 
+  // No file named, or one that cannot be written: the rank's failure goes on as it was.
   ::setenv(api::worker::env::kFailureFile, (file / "not-a-directory" / "f").c_str(), 1);
-  api::WriteFailureReason("cannot be written: no error either");
+  EXPECT_NO_THROW(api::WriteFailureReason("cannot be written: no error either"));
+  ::setenv(api::worker::env::kFailureFile, "", 1);
+  EXPECT_NO_THROW(api::WriteFailureReason("nowhere to write"));
   ::unsetenv(api::worker::env::kFailureFile);
+  EXPECT_NO_THROW(api::WriteFailureReason("nowhere to write"));
+  EXPECT_EQ(Contents(file), std::string(api::worker::kFailureReasonBytes, 'x') + "\n") << "left as it was";
   std::filesystem::remove(file);
 }
 
