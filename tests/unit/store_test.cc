@@ -180,6 +180,22 @@ TEST(Store, ASetWithAPatienceFailsWhenTheCoordinatorDoesNotAnswer) {
   ::close(listener);
 }
 
+// The same stopped coordinator met on connecting: the kernel accepts, the challenge never
+// comes, and the handshake fails by the connect deadline (a heartbeat's reconnect relies on
+// it), not after the coordinator's 10 s allowance for a client's handshake.
+TEST(Store, AHandshakeThatIsNotAnsweredFailsByTheConnectDeadline) {
+  std::string address;
+  const int listener = Listener(&address);
+  ASSERT_GE(listener, 0);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string error = ErrorOf([&] { StoreClient client(address, 300ms, std::string(32, 'k')); });
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_NE(error.find("authentication at coordinator " + address + ": no reply within "), std::string::npos)
+      << error;
+  EXPECT_GE(took, 100ms);
+  EXPECT_LT(took, 2s);
+  ::close(listener);
+}
 
 // ---------------------------------------------------------------------------
 // Authentication: strangers on the Store's port, played over raw sockets.

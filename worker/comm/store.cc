@@ -28,6 +28,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+constexpr milliseconds kHandshakeFloor(100);  // a local coordinator answers in well under 1 ms
+
 std::string RandomBytes(size_t n) {
   std::string bytes(n, '\0');
   if (RAND_bytes(reinterpret_cast<unsigned char*>(bytes.data()), int(n)) != 1) {
@@ -203,7 +205,11 @@ StoreClient::StoreClient(const std::string& coordinator, milliseconds connect_ti
         ::freeaddrinfo(found);
         const int one = 1;
         ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        if (!key.empty()) Authenticate(key, kAuthPatience);
+        // The handshake shares the connect deadline: a stopped coordinator's kernel still
+        // accepts connections, and only an unanswered challenge shows that it is gone.
+        // A coordinator that came up at the deadline still gets kHandshakeFloor.
+        const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now());
+        if (!key.empty()) Authenticate(key, std::clamp(left, kHandshakeFloor, kAuthPatience));
         return;
       }
       last_error = std::strerror(errno);

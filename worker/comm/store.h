@@ -77,8 +77,9 @@ class StoreServer {
 class StoreClient {
  public:
   // Connects to "host:port", retrying until `connect_timeout` while the coordinator starts,
-  // and authenticates with `key` when given. Throws StoreError when the coordinator cannot
-  // be reached, refuses the key, or cannot prove that it holds it.
+  // and authenticates with `key` when given, by the same deadline (at least 100 ms for the
+  // handshake). Throws StoreError when the coordinator cannot be reached, does not answer
+  // the handshake in time, refuses the key, or cannot prove that it holds it.
   StoreClient(const std::string& coordinator, milliseconds connect_timeout, const std::string& key = {});
   ~StoreClient();
   StoreClient(const StoreClient&) = delete;
