@@ -332,9 +332,13 @@ bool Alive(pid_t pid) {
   return state < line.size() && line[state] != 'Z';
 }
 
-// A local launcher killed with SIGKILL, which it cannot pass on, takes its ranks with it.
+// A local launcher killed with SIGKILL, which it cannot pass on, takes its ranks with it,
+// and leaves nothing behind in its temporary directory (the ranks' failure files included).
 TEST_F(LauncherTest, TheRanksOfALocalLauncherKilledWithSigkillDieWithIt) {
-  testing::ChildProcess launcher = LaunchLocally("", "exec sleep 60", dir_ / "local-sigkill.log");
+  const fs::path temporary = dir_ / "sigkill-tmp";
+  fs::create_directories(temporary);
+  testing::ChildProcess launcher =
+      LaunchLocally("export TMPDIR='" + temporary.string() + "'; ", "exec sleep 60", dir_ / "local-sigkill.log");
   std::vector<pid_t> ranks;
   for (const auto until = Clock::now() + 10s; ranks.size() < 2 && Clock::now() < until;) ranks = launcher.Children();
   ASSERT_EQ(ranks.size(), 2u);
@@ -343,6 +347,7 @@ TEST_F(LauncherTest, TheRanksOfALocalLauncherKilledWithSigkillDieWithIt) {
   for (const auto until = Clock::now() + 5s; (Alive(ranks[0]) || Alive(ranks[1])) && Clock::now() < until;)
     std::this_thread::sleep_for(10ms);
   for (pid_t rank : ranks) EXPECT_FALSE(Alive(rank)) << "rank process " << rank << " outlived its launcher";
+  for (const auto& left : fs::directory_iterator(temporary)) ADD_FAILURE() << "left behind: " << left.path();
 }
 
 // Under nohup (SIGHUP ignored), a SIGHUP neither stops the local launcher nor its ranks,

@@ -4,17 +4,17 @@
 #include <sched.h>
 
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <optional>
 #include <stdexcept>
@@ -53,16 +53,13 @@ std::vector<std::string> EnvironmentWith(const std::map<std::string, std::string
   return entries;
 }
 
-std::string FailureFile(const std::string& directory, int rank) {
-  return directory + "/rank-" + std::to_string(rank);
-}
-
 // The first line of what a failed rank wrote to its failure file; empty when it wrote nothing.
-std::string ReadFailureReason(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+std::string ReadFailureReason(int fd) {
   std::string text(api::worker::kFailureReasonBytes + 1, '\0');
-  in.read(text.data(), std::streamsize(text.size()));
-  text.resize(size_t(in.gcount()));
+  ssize_t got;
+  while ((got = ::pread(fd, text.data(), text.size(), 0)) < 0 && errno == EINTR) {
+  }
+  text.resize(size_t(std::max<ssize_t>(got, 0)));
   return api::worker::FailureReasonLine(text.substr(0, text.find('\n')));
 }
 
@@ -107,12 +104,6 @@ RankGroup::RankGroup(const std::vector<RankProcess>& ranks, const std::vector<st
   for (const std::string& arg : command) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
 
-  // A directory of this group's own for the ranks' failure files; without one the ranks
-  // run all the same, and a failure is reported by its status alone.
-  std::error_code no_temp;
-  std::string directory = (std::filesystem::temp_directory_path(no_temp) / "meshtrain-ranks-XXXXXX").string();
-  if (!no_temp && ::mkdtemp(directory.data()) != nullptr) failure_directory_ = directory;
-
   // The caught signals stay blocked across each fork: one that reached a child before it
   // dropped the launcher's handler would be swallowed by that handler, and the rank would
   // outlive its SIGTERM. The child unblocks them after resetting, so it dies of a pending one.
@@ -122,8 +113,15 @@ RankGroup::RankGroup(const std::vector<RankProcess>& ranks, const std::vector<st
   for (int signal : kStopSignals) sigaddset(&stop_signals, signal);
   for (const RankProcess& rank : ranks) {
     std::map<std::string, std::string> variables = rank.environment;
-    if (!failure_directory_.empty())
-      variables[api::worker::env::kFailureFile] = FailureFile(failure_directory_, rank.rank);
+    // The rank's failure file is an anonymous memory file that only this process and the
+    // rank hold, which it opens by /proc/self/fd: nothing is left on disk whichever way
+    // either ends (a SIGKILLed launcher included). Without one the rank runs all the same,
+    // and a failure is reported by its status alone.
+    const int failure_fd = ::memfd_create(("meshtrain-rank-" + std::to_string(rank.rank)).c_str(), MFD_CLOEXEC);
+    if (failure_fd >= 0) {
+      failure_files_[rank.rank] = failure_fd;
+      variables[api::worker::env::kFailureFile] = "/proc/self/fd/" + std::to_string(failure_fd);
+    }
     const std::vector<std::string> environment = EnvironmentWith(variables);
     std::vector<char*> envp;
     for (const std::string& entry : environment) envp.push_back(const_cast<char*>(entry.c_str()));
@@ -137,14 +135,14 @@ RankGroup::RankGroup(const std::vector<RankProcess>& ranks, const std::vector<st
       const int error = errno;
       if (caught_stop_signals) ::pthread_sigmask(SIG_SETMASK, &unblocked, nullptr);
       KillAndReap();
-      std::error_code ignored;
-      if (!failure_directory_.empty()) std::filesystem::remove_all(failure_directory_, ignored);
+      CloseFailureFiles();
       throw std::runtime_error(std::string("fork failed: ") + std::strerror(error));
     }
     if (pid == 0) {
       // A rank dies with the process that started it, even of SIGKILL: nothing else would
       // stop it. (If that process died before this call, the signal would never come.)
       if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(127);
+      if (failure_fd >= 0) ::fcntl(failure_fd, F_SETFD, 0);  // the rank's own, kept across exec
       if (caught_stop_signals) {
         for (int signal : kStopSignals) {
           struct sigaction current{};
@@ -173,8 +171,12 @@ RankGroup::RankGroup(const std::vector<RankProcess>& ranks, const std::vector<st
 
 RankGroup::~RankGroup() {
   KillAndReap();
-  std::error_code ignored;
-  if (!failure_directory_.empty()) std::filesystem::remove_all(failure_directory_, ignored);
+  CloseFailureFiles();
+}
+
+void RankGroup::CloseFailureFiles() {
+  for (const auto& [rank, fd] : failure_files_) ::close(fd);
+  failure_files_.clear();
 }
 
 void RankGroup::KillAndReap() {
@@ -192,8 +194,8 @@ std::vector<RankExit> RankGroup::Poll(std::ostream& log) {
     // Any other child is an orphan this process adopted (a pod's PID 1); reaping it is all.
     if (const auto it = running_.find(pid); it != running_.end()) {
       RankExit exit{it->second, StatusOf(wait_status), ""};
-      if (exit.status != 0 && !failure_directory_.empty())
-        exit.reason = ReadFailureReason(FailureFile(failure_directory_, exit.rank));
+      const auto file = failure_files_.find(exit.rank);
+      if (exit.status != 0 && file != failure_files_.end()) exit.reason = ReadFailureReason(file->second);
       exits.push_back(std::move(exit));
       running_.erase(it);
     }
