@@ -390,14 +390,14 @@ TEST(Decide, ARankThatFailedInACollectiveIsNamedOnlyWhenNoOtherFailureIsReported
 
   Observed all_comm = Observe(job.object, job.status, job.pods);
   all_comm.launchers = Launchers(
-      job.pods, {L(0, "failed", api::worker::kExitCommFailure, 1, "rank failed: all_reduce timed out on rank 2"),
+      job.pods, {L(0, "failed", api::worker::kExitCommFailure, 1, "all_reduce timed out on rank 2"),
                  L(0, "failed", api::worker::kExitCommFailure, 2)});
   const Decision network = Decide(all_comm, {});
   EXPECT_EQ(network.restart_kind, "in_place");
   // With the peer it lost, in the failed rank's words.
   EXPECT_NE(network.events.at(0).message.find(
                 "rank 1 in pod tiny-g0-0 on node " + PinnedNode(job.pods[0]) +
-                " failed with exit code 76 in a collective: rank failed: all_reduce timed out on rank 2; restarting"),
+                " failed with exit code 76 in a collective: all_reduce timed out on rank 2; restarting"),
             std::string::npos)
       << network.events[0].message;
 }

@@ -168,10 +168,12 @@ int Train(std::ostream& out) {
 }  // namespace
 
 int RunRank(std::ostream& out) {
-  // Says why on `out` and to the launcher (api::WriteFailureReason); returns `status`.
+  // Says why on `out` and to the launcher (api::WriteFailureReason); returns `status`. The
+  // launcher and the operator already say that the rank failed, with its status: the file
+  // gets only why, and a configuration error says that it is one.
   auto failed = [&out](const char* what, const std::exception& e, int status) {
     out << what << ": " << e.what() << std::endl;
-    api::WriteFailureReason(std::string(what) + ": " + e.what());
+    api::WriteFailureReason(status == api::worker::kExitConfigError ? std::string(what) + ": " + e.what() : e.what());
     return status;
   };
   try {
