@@ -131,21 +131,25 @@ TEST_F(CudaOps, MatmulEpiloguesFusedAndUnfused) {
   struct Case {
     int64_t N;
     int K, OC;
-    bool bias, gelu;
+    bool bias, gelu, residual;
   };
-  for (const Case c : {Case{64, 96, 384, true, true}, Case{64, 96, 384, false, true}, Case{37, 99, 1001, true, true},
-                       Case{37, 100, 1000, false, true}, Case{37, 99, 1001, true, false}, Case{512, 768, 50304, false, false}}) {
+  for (const Case c : {Case{64, 96, 384, true, true, false}, Case{64, 96, 384, false, true, false},
+                       Case{37, 99, 1001, true, true, false}, Case{37, 100, 1000, false, true, false},
+                       Case{37, 99, 1001, true, false, false}, Case{512, 768, 50304, false, false, false},
+                       Case{64, 3072, 768, true, false, true}, Case{37, 99, 1001, true, false, true}}) {
     const std::string at = " (N " + std::to_string(c.N) + ", K " + std::to_string(c.K) + ", OC " + std::to_string(c.OC) +
-                           (c.bias ? ", bias" : "") + (c.gelu ? ", gelu" : "") + ")";
-    const auto x = Random(c.N * c.K), w = Random(int64_t(c.OC) * c.K, 0.05), b = Random(c.OC);
+                           (c.bias ? ", bias" : "") + (c.gelu ? ", gelu" : "") + (c.residual ? ", residual" : "") + ")";
+    const auto x = Random(c.N * c.K), w = Random(int64_t(c.OC) * c.K, 0.05), b = Random(c.OC), r = Random(c.N * c.OC);
     auto out = gpu_.Poisoned<runtime::bf16>(c.N * c.OC);
     auto pre = c.gelu ? gpu_.Poisoned<runtime::bf16>(c.N * c.OC) : nullptr;
     gpu_.ops->MatmulForward(out, pre, gpu_.Put<runtime::bf16>(x), gpu_.Put<runtime::bf16>(w),
-                            c.bias ? gpu_.Put<runtime::bf16>(b) : nullptr, c.N, c.K, c.OC, *gpu_.stream);
+                            c.bias ? gpu_.Put<runtime::bf16>(b) : nullptr,
+                            c.residual ? gpu_.Put<runtime::bf16>(r) : nullptr, c.N, c.K, c.OC, *gpu_.stream);
     auto ref_out = ref_.Poisoned<double>(c.N * c.OC);
     auto ref_pre = c.gelu ? ref_.Poisoned<double>(c.N * c.OC) : nullptr;
     ref_.ops->MatmulForward(ref_out, ref_pre, ref_.Put<double>(x), ref_.Put<double>(w),
-                            c.bias ? ref_.Put<double>(b) : nullptr, c.N, c.K, c.OC, *ref_.stream);
+                            c.bias ? ref_.Put<double>(b) : nullptr, c.residual ? ref_.Put<double>(r) : nullptr, c.N,
+                            c.K, c.OC, *ref_.stream);
     // bf16 outputs of fp32 sums of bf16 products: a few 1e-3.
     ExpectClose(gpu_.Get(out, c.N * c.OC), ref_.Get(ref_out, c.N * c.OC), "MatmulForward out" + at, 1e-2);
     if (c.gelu) ExpectClose(gpu_.Get(pre, c.N * c.OC), ref_.Get(ref_pre, c.N * c.OC), "gelu_pre" + at, 1e-2);
@@ -412,16 +416,17 @@ TEST_F(CudaOps, DISABLED_Gpt2BlockTimings) {
   auto& ops = *gpu_.ops;
   time("LayerNormForward", [&] { ops.LayerNormForward(ln, mean, rstd, x, lnw, lnw, N, C, s); });
   time("ResidualLayerNormForward", [&] { ops.ResidualLayerNormForward(x, ln, mean, rstd, x, att, lnw, lnw, N, C, s); });
-  time("MatmulForward qkv (bias)", [&] { ops.MatmulForward(qkv, nullptr, ln, w_qkv, bias, N, C, 3 * C, s); });
+  time("MatmulForward qkv (bias)", [&] { ops.MatmulForward(qkv, nullptr, ln, w_qkv, bias, nullptr, N, C, 3 * C, s); });
   time("AttentionForward", [&] { ops.AttentionForward(att, state, qkv, B, T, C, NH, s); });
-  time("MatmulForward fc (bias, gelu)", [&] { ops.MatmulForward(fch, pre, ln, w_fc, bias, N, C, 4 * C, s); });
-  time("MatmulForward proj (bias)", [&] { ops.MatmulForward(att, nullptr, fch, w_proj, bias, N, 4 * C, C, s); });
+  time("MatmulForward fc (bias, gelu)", [&] { ops.MatmulForward(fch, pre, ln, w_fc, bias, nullptr, N, C, 4 * C, s); });
+  time("MatmulForward proj (bias)", [&] { ops.MatmulForward(att, nullptr, fch, w_proj, bias, nullptr, N, 4 * C, C, s); });
+  time("MatmulForward proj (bias, residual)", [&] { ops.MatmulForward(att, nullptr, fch, w_proj, bias, x, N, 4 * C, C, s); });
   time("MatmulBackward proj (dgelu, dbias)", [&] { ops.MatmulBackward(fch, dw, db, att, fch, w_proj, pre, N, 4 * C, C, s); });
   time("MatmulBackward fc (dbias)", [&] { ops.MatmulBackward(ln, dw, db, fch, ln, w_fc, nullptr, N, C, 4 * C, s); });
   time("AttentionBackward", [&] { ops.AttentionBackward(dqkv, scratch, att, qkv, att, state, B, T, C, NH, s); });
   time("LayerNormBackward", [&] { ops.LayerNormBackward(x, dw, db, ln, x, lnw, mean, rstd, N, C, s); });
   time("Add", [&] { ops.Add(x, x, att, N * C, s); });
-  time("MatmulForward lm head (4096 rows)", [&] { ops.MatmulForward(logits, nullptr, ln, wte, nullptr, 4096, C, V, s); });
+  time("MatmulForward lm head (4096 rows)", [&] { ops.MatmulForward(logits, nullptr, ln, wte, nullptr, nullptr, 4096, C, V, s); });
   time("CrossEntropy (4096 rows, in place)", [&] { ops.CrossEntropy(losses, logits, logits, targets, 4096, 50257, V, 1.0f / N, s); });
 
   // The root unit and the optimizer: text-like tokens (a few very common), 124M parameters.

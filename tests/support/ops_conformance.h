@@ -255,22 +255,24 @@ TYPED_TEST_P(OpsConformance, Matmul) {
   struct Case {
     int64_t N;
     int K, OC;
-    bool bias, gelu;
+    bool bias, gelu, residual;
   };
-  for (const Case& c : {Case{74, 96, 288, true, false}, Case{74, 96, 384, true, true}, Case{37, 128, 1000, false, false},
-                       Case{256, 768, 3072, true, true}}) {
+  for (const Case& c : {Case{74, 96, 288, true, false, false}, Case{74, 96, 288, true, false, true},
+                       Case{74, 96, 384, true, true, false}, Case{37, 128, 1000, false, false, false},
+                       Case{37, 128, 1000, false, false, true}, Case{256, 768, 3072, true, true, false}}) {
     const std::string at = " (N " + std::to_string(c.N) + ", K " + std::to_string(c.K) + ", OC " + std::to_string(c.OC) +
-                           (c.bias ? ", bias" : "") + (c.gelu ? ", gelu" : "") + ")";
+                           (c.bias ? ", bias" : "") + (c.gelu ? ", gelu" : "") + (c.residual ? ", residual" : "") + ")";
     const auto x = this->template Random<Act>(c.N * c.K), w = this->template Random<Act>(int64_t(c.OC) * c.K, 0.05),
-               b = this->template Random<Act>(c.OC);
+               b = this->template Random<Act>(c.OC), r = this->template Random<Act>(c.N * c.OC);
     auto out = impl.template Poisoned<Act>(c.N * c.OC);
     auto pre = c.gelu ? impl.template Poisoned<Act>(c.N * c.OC) : nullptr;
     impl.ops->MatmulForward(out, pre, impl.template Put<Act>(x), impl.template Put<Act>(w), c.bias ? impl.template Put<Act>(b) : nullptr,
-                            c.N, c.K, c.OC, *impl.stream);
+                            c.residual ? impl.template Put<Act>(r) : nullptr, c.N, c.K, c.OC, *impl.stream);
     auto ref_out = ref.template Poisoned<double>(c.N * c.OC);
     auto ref_pre = c.gelu ? ref.template Poisoned<double>(c.N * c.OC) : nullptr;
     ref.ops->MatmulForward(ref_out, ref_pre, ref.template Put<double>(x), ref.template Put<double>(w),
-                           c.bias ? ref.template Put<double>(b) : nullptr, c.N, c.K, c.OC, *ref.stream);
+                           c.bias ? ref.template Put<double>(b) : nullptr, c.residual ? ref.template Put<double>(r) : nullptr,
+                           c.N, c.K, c.OC, *ref.stream);
     this->ExpectClose(impl.Get(out, c.N * c.OC), ref.Get(ref_out, c.N * c.OC), "MatmulForward out" + at);
     std::vector<double> got_pre;
     if (c.gelu) {

@@ -110,7 +110,7 @@ TEST(KernelGradients, Matmul) {
   Vec inp = Random(B * Tn * C, 1), w = Random(OC * C, 2), b = Random(OC, 3), r = Random(B * Tn * OC, 4);
   auto loss = [&] {
     Vec out(B * Tn * OC);
-    MatmulForward<D, D>(out.data(), nullptr, inp.data(), w.data(), b.data(), B * Tn, C, OC);
+    MatmulForward<D, D>(out.data(), nullptr, inp.data(), w.data(), b.data(), nullptr, B * Tn, C, OC);
     return Dot(out, r);
   };
   Vec dinp(inp.size(), 123.0), dw(w.size()), db(b.size());  // dinp is written, whatever it held
@@ -128,12 +128,12 @@ TEST(KernelGradients, MatmulWithGelu) {
       r = Random(B * Tn * OC, 5);
   auto loss = [&] {
     Vec h(B * Tn * H), pre(B * Tn * H), y(B * Tn * OC);
-    MatmulForward<D, D>(h.data(), pre.data(), x.data(), w1.data(), b1.data(), B * Tn, C, H);
-    MatmulForward<D, D>(y.data(), nullptr, h.data(), w2.data(), nullptr, B * Tn, H, OC);
+    MatmulForward<D, D>(h.data(), pre.data(), x.data(), w1.data(), b1.data(), nullptr, B * Tn, C, H);
+    MatmulForward<D, D>(y.data(), nullptr, h.data(), w2.data(), nullptr, nullptr, B * Tn, H, OC);
     return Dot(y, r);
   };
   Vec h(B * Tn * H), pre(B * Tn * H), dpre(B * Tn * H), dw2(w2.size()), dx(x.size()), dw1(w1.size()), db1(H);
-  MatmulForward<D, D>(h.data(), pre.data(), x.data(), w1.data(), b1.data(), B * Tn, C, H);
+  MatmulForward<D, D>(h.data(), pre.data(), x.data(), w1.data(), b1.data(), nullptr, B * Tn, C, H);
   MatmulBackward<D, D>(dpre.data(), dw2.data(), nullptr, r.data(), h.data(), w2.data(), pre.data(), B * Tn, H, OC);
   MatmulBackward<D, D>(dx.data(), dw1.data(), db1.data(), dpre.data(), x.data(), w1.data(), nullptr, B * Tn, C, H);
   ExpectGradient("dx", &x, dx, loss);

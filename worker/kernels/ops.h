@@ -29,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 #include "worker/kernels/precision.h"
@@ -107,10 +108,12 @@ class Ops {
                                  In<Act> weight, In<Acc> mean, In<Acc> rstd, int64_t N, int C, Stream& stream) = 0;
 
   // --- Products ---
-  // out (N,OC) = inp (N,K) @ weight (OC,K)^T + bias (OC; nullable). With gelu_pre
-  // (nullable): gelu_pre = that sum as stored, and out = gelu(the sum), the tanh form.
-  virtual void MatmulForward(Out<Act> out, Out<Act> gelu_pre, In<Act> inp, In<Act> weight, In<Act> bias, int64_t N,
-                             int K, int OC, Stream& stream) = 0;
+  // out (N,OC) = inp (N,K) @ weight (OC,K)^T + bias (OC; nullable) + residual (N,OC;
+  // nullable; not out), from the sum not stored: a projection into the residual stream.
+  // With gelu_pre (nullable; then residual is null): gelu_pre = that sum as stored, and
+  // out = gelu(the sum), the tanh form.
+  virtual void MatmulForward(Out<Act> out, Out<Act> gelu_pre, In<Act> inp, In<Act> weight, In<Act> bias,
+                             In<Act> residual, int64_t N, int K, int OC, Stream& stream) = 0;
   // dinp (N,K) = dout (N,OC) @ weight; with gelu_pre (N,K; nullable), the input was
   // gelu(gelu_pre) and dinp = (dout @ weight) * gelu'(gelu_pre) instead.
   // dweight (OC,K) += dout^T @ inp; dbias (OC; nullable) += the column sums of dout.
@@ -175,6 +178,13 @@ class Ops {
   virtual void AdamW(Out<Acc> master, Out<Act> params, In<Acc> grads, Out<Acc> m, Out<Acc> v,
                      In<ShardSegment> segments, int count, const AdamWStep& step, In<float> clip_scale,
                      Stream& stream) = 0;
+
+ protected:
+  // Throws std::invalid_argument when MatmulForward's arguments break its contract.
+  static void CheckMatmulForward(Out<Act> out, Out<Act> gelu_pre, In<Act> residual) {
+    if (residual && gelu_pre) throw std::invalid_argument("MatmulForward: a residual and a GELU output exclude each other");
+    if (residual && residual == In<Act>(out)) throw std::invalid_argument("MatmulForward: the residual is the output");
+  }
 };
 
 }  // namespace meshtrain::kernels

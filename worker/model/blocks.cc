@@ -196,20 +196,32 @@ void BlockForward(const Context<P>& k, const BlockActivations<P>& a, const Block
   const int64_t N = d.N();
   const int C = d.C, Cl = C / d.tp.size, Hl = 4 * C / d.tp.size, heads = d.NH / d.tp.size;
   const bool dropout = d.dropout.p > 0;
+  // Without TP's all-reduce or dropout between a projection and the residual stream, the
+  // projection adds the stream in its epilogue: no separate add, no proj round trip.
+  const bool into_residual = d.tp.size == 1 && !dropout;
   kernels::Ops<P>& ops = k.ops;
   ops.LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w, p.ln1b, N, C, k.stream);
-  ops.MatmulForward(a.qkv, nullptr, a.ln1, p.qkvw, p.qkvb, N, C, 3 * Cl, k.stream);
+  ops.MatmulForward(a.qkv, nullptr, a.ln1, p.qkvw, p.qkvb, nullptr, N, C, 3 * Cl, k.stream);
   ops.AttentionForward(a.atty, a.att_state, a.qkv, d.B, d.T, Cl, heads, k.stream);
   // The backward needs attention's own output; the projection reads it after dropout.
   if (dropout) Drop(k, d, kAttentionOutput, s.dropped, a.atty, Cl, int64_t(d.tp.rank) * Cl);
-  ops.MatmulForward(s.proj, nullptr, dropout ? s.dropped : a.atty, p.attprojw, OnFirstRank(d, p.attprojb), N, Cl, C,
-                    k.stream);
-  AllReduce(k, s.proj, N * C);
-  if (dropout) Drop(k, d, kAttentionResidual, s.proj, s.proj, C, 0);
-  ops.ResidualLayerNormForward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual, s.proj, p.ln2w, p.ln2b, N, C,
-                               k.stream);
-  ops.MatmulForward(a.fch_gelu, a.fch, a.ln2, p.fcw, p.fcb, N, C, Hl, k.stream);
-  ops.MatmulForward(s.proj, nullptr, a.fch_gelu, p.fcprojw, OnFirstRank(d, p.fcprojb), N, Hl, C, k.stream);
+  if (into_residual) {
+    ops.MatmulForward(a.residual2, nullptr, a.atty, p.attprojw, p.attprojb, residual, N, Cl, C, k.stream);
+    ops.LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, N, C, k.stream);
+  } else {
+    ops.MatmulForward(s.proj, nullptr, dropout ? s.dropped : a.atty, p.attprojw, OnFirstRank(d, p.attprojb), nullptr,
+                      N, Cl, C, k.stream);
+    AllReduce(k, s.proj, N * C);
+    if (dropout) Drop(k, d, kAttentionResidual, s.proj, s.proj, C, 0);
+    ops.ResidualLayerNormForward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual, s.proj, p.ln2w, p.ln2b, N, C,
+                                 k.stream);
+  }
+  ops.MatmulForward(a.fch_gelu, a.fch, a.ln2, p.fcw, p.fcb, nullptr, N, C, Hl, k.stream);
+  if (into_residual) {
+    ops.MatmulForward(a.output, nullptr, a.fch_gelu, p.fcprojw, p.fcprojb, a.residual2, N, Hl, C, k.stream);
+    return;
+  }
+  ops.MatmulForward(s.proj, nullptr, a.fch_gelu, p.fcprojw, OnFirstRank(d, p.fcprojb), nullptr, N, Hl, C, k.stream);
   AllReduce(k, s.proj, N * C);
   if (dropout) Drop(k, d, kMlpResidual, s.proj, s.proj, C, 0);
   ops.Add(a.output, a.residual2, s.proj, N * C, k.stream);
@@ -259,7 +271,7 @@ void HeadForward(const Context<P>& k, const HeadActivations<P>& h, Ptr<const typ
   for (int64_t r0 = 0; r0 < N; r0 += h.chunk_rows) {
     const int64_t rows = std::min(h.chunk_rows, N - r0);
     Ptr<typename P::Act> dlogits = dp ? h.logits : nullptr;  // in place over the chunk's logits
-    ops.MatmulForward(h.logits, nullptr, h.lnf + r0 * C, p.wte, nullptr, rows, C, int(Vp), k.stream);
+    ops.MatmulForward(h.logits, nullptr, h.lnf + r0 * C, p.wte, nullptr, nullptr, rows, C, int(Vp), k.stream);
     if (k.tp) {
       ops.VocabSliceStats(h.stats, h.logits, targets + r0, rows, v_rows, Vp, v_begin, k.stream);
       k.tp->AllGather(h.stats, h.all_stats, rows * 3, k.stream);
@@ -281,7 +293,8 @@ template <class P>
 void HeadLogits(const Context<P>& k, const HeadActivations<P>& h, Ptr<const typename P::Act> x,
                 const RootParams<const typename P::Act>& p, int64_t row, const Dims& d) {
   k.ops.LayerNormForward(h.lnf, h.lnf_mean, h.lnf_rstd, x + row * d.C, p.lnfw, p.lnfb, 1, d.C, k.stream);
-  k.ops.MatmulForward(h.logits, nullptr, h.lnf, p.wte, nullptr, 1, d.C, int(d.tp.padded_vocab(d.V)), k.stream);
+  k.ops.MatmulForward(h.logits, nullptr, h.lnf, p.wte, nullptr, nullptr, 1, d.C, int(d.tp.padded_vocab(d.V)),
+                      k.stream);
 }
 
 #define MESHTRAIN_BLOCKS(P)                                                                                          \

@@ -43,7 +43,7 @@ double ProbeMatmulSeconds(int device, int tokens, int k, int n) {
   runtime::DeviceArray<float> dw(&allocator, int64_t(n) * k, MemoryCategory::kGrads);
   backend->Zero(dw.get(), dw.size(), *stream);
   auto product = [&] {
-    ops->MatmulForward(out.get(), nullptr, in.get(), w.get(), nullptr, tokens, k, n, *stream);
+    ops->MatmulForward(out.get(), nullptr, in.get(), w.get(), nullptr, nullptr, tokens, k, n, *stream);
     ops->MatmulBackward(din.get(), dw.get(), nullptr, out.get(), in.get(), w.get(), nullptr, tokens, k, n, *stream);
   };
   product();  // warm up: cuBLASLt picks its kernels

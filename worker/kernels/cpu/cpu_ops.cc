@@ -67,11 +67,11 @@ class CpuOps final : public Ops<P> {
       cpu::LayerNormBackward<A, G>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
     });
   }
-  void MatmulForward(Out<A> out, Out<A> gelu_pre, In<A> inp, In<A> weight, In<A> bias, int64_t N, int K, int OC,
-                     Stream& s) override {
-    Run(s, [=, out = At(out), gelu_pre = At(gelu_pre), inp = At(inp), weight = At(weight), bias = At(bias)] {
-      cpu::MatmulForward<A, G>(out, gelu_pre, inp, weight, bias, N, K, OC);
-    });
+  void MatmulForward(Out<A> out, Out<A> gelu_pre, In<A> inp, In<A> weight, In<A> bias, In<A> residual, int64_t N,
+                     int K, int OC, Stream& s) override {
+    this->CheckMatmulForward(out, gelu_pre, residual);
+    Run(s, [=, out = At(out), gelu_pre = At(gelu_pre), inp = At(inp), weight = At(weight), bias = At(bias),
+             residual = At(residual)] { cpu::MatmulForward<A, G>(out, gelu_pre, inp, weight, bias, residual, N, K, OC); });
   }
   void MatmulBackward(Out<A> dinp, Out<G> dweight, Out<G> dbias, In<A> dout, In<A> inp, In<A> weight, In<A> gelu_pre,
                       int64_t N, int K, int OC, Stream& s) override {

@@ -171,7 +171,8 @@ void LayerNormBackward(A* dinp, G* dweight, G* dbias, const A* dout, const A* in
 }
 
 template <class A, class G>
-void MatmulForward(A* out, A* gelu_pre, const A* inp, const A* weight, const A* bias, int64_t N, int K, int OC) {
+void MatmulForward(A* out, A* gelu_pre, const A* inp, const A* weight, const A* bias, const A* residual, int64_t N,
+                   int K, int OC) {
   constexpr bool kStoredAsComputed = std::is_same_v<A, G>;
   const G* x = Widen<G>(inp, N * K, 0);
   const G* w = Widen<G>(weight, int64_t(OC) * K, 1);
@@ -185,7 +186,8 @@ void MatmulForward(A* out, A* gelu_pre, const A* inp, const A* weight, const A* 
 #pragma omp parallel for
   for (int64_t r = 0; r < N; ++r) {
     for (int j = 0; j < OC; ++j) {
-      const G s = sum[r * OC + j] + (bias ? Load<G>(bias[j]) : G(0));
+      G s = sum[r * OC + j] + (bias ? Load<G>(bias[j]) : G(0));
+      if (residual) s += Load<G>(residual[r * OC + j]);  // last: in fp32, as an Add of the stored sum
       if (gelu_pre) {
         gelu_pre[r * OC + j] = A(s);
         out[r * OC + j] = A(Gelu(s));
@@ -481,7 +483,7 @@ void AdamW(G* master, A* params, const G* grads, G* m, G* v, const ShardSegment*
   template void LayerNormForward<A, G>(A*, G*, G*, const A*, const A*, const A*, int64_t, int);                     \
   template void ResidualLayerNormForward<A, G>(A*, A*, G*, G*, const A*, const A*, const A*, const A*, int64_t, int); \
   template void LayerNormBackward<A, G>(A*, G*, G*, const A*, const A*, const A*, const G*, const G*, int64_t, int); \
-  template void MatmulForward<A, G>(A*, A*, const A*, const A*, const A*, int64_t, int, int);                       \
+  template void MatmulForward<A, G>(A*, A*, const A*, const A*, const A*, const A*, int64_t, int, int);                       \
   template void MatmulBackward<A, G>(A*, G*, G*, const A*, const A*, const A*, const A*, int64_t, int, int);         \
   template void AttentionForward<A, G>(A*, G*, const A*, int, int, int, int);                                       \
   template void AttentionBackward<A, G>(A*, const A*, const A*, const G*, int, int, int, int);                      \

@@ -37,7 +37,8 @@ void LayerNormBackward(A* dinp, G* dweight, G* dbias, const A* dout, const A* in
                        const G* rstd, int64_t N, int C);
 
 template <class A, class G>
-void MatmulForward(A* out, A* gelu_pre, const A* inp, const A* weight, const A* bias, int64_t N, int K, int OC);
+void MatmulForward(A* out, A* gelu_pre, const A* inp, const A* weight, const A* bias, const A* residual, int64_t N,
+                   int K, int OC);
 template <class A, class G>
 void MatmulBackward(A* dinp, G* dweight, G* dbias, const A* dout, const A* inp, const A* weight, const A* gelu_pre,
                     int64_t N, int K, int OC);

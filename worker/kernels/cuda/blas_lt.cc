@@ -64,7 +64,7 @@ BlasLt::Plan& BlasLt::PlanFor(const Gemm& gemm, const char* what) {
       AlignmentOf(gemm.b, gemm.stride_b * int64_t(b_bytes), gemm.batch),
       AlignmentOf(gemm.d, gemm.stride_d * int64_t(d_bytes), gemm.batch),
       gemm.bias != nullptr ? AlignmentOf(gemm.bias, 0, 1) : 0, gemm.aux != nullptr ? AlignmentOf(gemm.aux, 0, 1) : 0,
-      gemm.beta != 0, 0};
+      gemm.beta != 0, AlignmentOf(gemm.c != nullptr ? gemm.c : gemm.d, gemm.stride_d * int64_t(d_bytes), gemm.batch)};
   std::string key(sizeof(fields), '\0');
   std::memcpy(key.data(), fields.data(), sizeof(fields));
   std::unique_ptr<Plan>& slot = plans_[key];
@@ -122,7 +122,7 @@ BlasLt::Plan& BlasLt::PlanFor(const Gemm& gemm, const char* what) {
   prefer(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kWorkspaceBytes));
   prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, uint32_t(fields[15]));
   prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, uint32_t(fields[16]));
-  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, uint32_t(fields[17]));
+  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, uint32_t(fields[21]));
   prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, uint32_t(fields[17]));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
@@ -150,8 +150,9 @@ bool BlasLt::Run(const Gemm& gemm, const char* what, cudaStream_t stream) {
                                            sizeof(gemm.aux)),
             "cublasLtMatmulDescSetAttribute", what, gemm);
   }
-  CheckLt(cublasLtMatmul(handle_, plan.description, &gemm.alpha, gemm.a, plan.a, gemm.b, plan.b, &gemm.beta, gemm.d,
-                         plan.d, gemm.d, plan.d, &plan.algorithm, runtime::DeviceSide::Address(workspace_.get()),
+  const void* c = gemm.c != nullptr ? gemm.c : gemm.d;
+  CheckLt(cublasLtMatmul(handle_, plan.description, &gemm.alpha, gemm.a, plan.a, gemm.b, plan.b, &gemm.beta, c, plan.d,
+                         gemm.d, plan.d, &plan.algorithm, runtime::DeviceSide::Address(workspace_.get()),
                          kWorkspaceBytes, stream),
           "cublasLtMatmul", what, gemm);
   return true;

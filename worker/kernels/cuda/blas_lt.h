@@ -24,7 +24,8 @@
 
 namespace meshtrain::kernels::cuda {
 
-// D (m,n) = alpha op(A) op(B) + beta D, column-major, batched by strides; C is D.
+// D (m,n) = alpha op(A) op(B) + beta C, column-major, batched by strides; C is laid out
+// as D, and is D itself unless given.
 struct Gemm {
   bool transpose_a = false, transpose_b = false;
   int64_t m = 0, n = 0, k = 0;
@@ -33,6 +34,7 @@ struct Gemm {
   const void* b = nullptr;
   int64_t ldb = 0, stride_b = 0;
   void* d = nullptr;
+  const void* c = nullptr;  // null: D
   cudaDataType d_type = CUDA_R_16BF;
   int64_t ldd = 0, stride_d = 0;
   int batch = 1;

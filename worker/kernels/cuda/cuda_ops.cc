@@ -146,11 +146,13 @@ class CudaOps final : public Ops<Bf16> {
   // (K,N), A = weight stored (K,OC) and transposed, B = inp stored (K,N); the bias is
   // per row of D, as the BIAS epilogues add it.
 
-  void MatmulForward(Out<Act> out, Out<Act> gelu_pre, In<Act> inp, In<Act> weight, In<Act> bias, int64_t N, int K,
-                     int OC, Stream& stream) override {
+  void MatmulForward(Out<Act> out, Out<Act> gelu_pre, In<Act> inp, In<Act> weight, In<Act> bias, In<Act> residual,
+                     int64_t N, int K, int OC, Stream& stream) override {
+    CheckMatmulForward(out, gelu_pre, residual);
     if (N == 0 || OC == 0) return;
+    // The residual is C, with beta 1: the epilogue adds it to the fp32 sum.
     Gemm gemm{.transpose_a = true, .m = OC, .n = N, .k = K, .a = Raw(weight), .lda = K, .b = Raw(inp), .ldb = K,
-              .d = Raw(out), .ldd = OC, .bias = Raw(bias)};
+              .d = Raw(out), .c = Raw(residual), .ldd = OC, .beta = residual ? 1.0f : 0.0f, .bias = Raw(bias)};
     if (gelu_pre) {
       gemm.epilogue = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
       gemm.aux = Raw(gelu_pre);
@@ -160,7 +162,8 @@ class CudaOps final : public Ops<Bf16> {
     }
     const cudaStream_t handle = Handle(stream);
     if (blas_->Run(gemm, "MatmulForward", handle)) return;
-    // No fused kernel for this shape: the product, then bias and GELU on their own.
+    // No fused kernel for this shape: the product (and residual), then bias and GELU on
+    // their own, from the sum as stored.
     gemm.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     gemm.bias = gemm.aux = nullptr;
     RunOrThrow(gemm, "MatmulForward", handle);
