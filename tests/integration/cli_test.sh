@@ -193,10 +193,10 @@ expect "plan as JSON" 0 '"placement": \{' '"nodeRank": 31' '"topologyPath": \[' 
   -- "$meshtrain" plan examples/gpt2-2p7b-32x8.yaml --cluster examples/clusters/eks-p5-124.yaml --output json
 
 sed 's/requiredLevel: topology.k8s.aws\/network-node-layer-2/requiredLevel: topology.k8s.aws\/network-node-layer-3/' \
-  examples/gpt2-2p7b-32x8.yaml > "${TMPDIR:-/tmp}/meshtrain-required-l3.yaml"
+  examples/gpt2-2p7b-32x8.yaml > "$tmp/meshtrain-required-l3.yaml"
 expect "plan explains a required domain that is too small" 1 \
   'no placement: needs 32 nodes with 8 free GPUs in one topology.k8s.aws/network-node-layer-3 domain; the largest such domain has [0-9]+' \
-  -- "$meshtrain" plan "${TMPDIR:-/tmp}/meshtrain-required-l3.yaml" --cluster examples/clusters/eks-p5-124.yaml
+  -- "$meshtrain" plan "$tmp/meshtrain-required-l3.yaml" --cluster examples/clusters/eks-p5-124.yaml
 
 expect "plan reads kubectl output" 0 'node   0  ip-10-0-0-2 ' 'node   1  ip-10-0-0-4 ' \
   -- "$meshtrain" plan examples/gpt2-124m-2x8.yaml --nodes-json tests/data/kubectl-nodes.json --pods-json tests/data/kubectl-pods.json
@@ -246,27 +246,27 @@ expect "plan --auto prints the top candidates and the default" 0 \
 
 { sed -e 's/memoryLimitMiB: 24/memoryLimitMiB: 3/' examples/gpt2-tiny-auto.yaml
   printf '  template:\n    tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]\n'; } \
-  >"${TMPDIR:-/tmp}/meshtrain-auto-small.yaml"
+  >"$tmp/meshtrain-auto-small.yaml"
 expect "plan --auto says why nothing fits" 1 '0 candidates fit' \
   'T=1, S=1: nothing fits; the least needs [0-9.]+ MiB per rank with T=1, S=1, micro-batch 1, checkpointing; the CPU has 3.0 MiB \(2.7 MiB usable with a 10% margin\)' \
-  -- "$meshtrain" plan "${TMPDIR:-/tmp}/meshtrain-auto-small.yaml" --cluster examples/clusters/eks-p5-124.yaml --auto --device cpu
+  -- "$meshtrain" plan "$tmp/meshtrain-auto-small.yaml" --cluster examples/clusters/eks-p5-124.yaml --auto --device cpu
 
-printf '{"links": [{"name": "spine", "bytesPerSecond": 1e9, "latencySeconds": 0}]}' >"${TMPDIR:-/tmp}/meshtrain-links.json"
+printf '{"links": [{"name": "spine", "bytesPerSecond": 1e9, "latencySeconds": 0}]}' >"$tmp/meshtrain-links.json"
 expect "plan names a link file's unknown link" 2 'meshtrain-links.json: links\[0\]: no link named "spine"' \
   -- "$meshtrain" plan examples/gpt2-1.5b-auto.yaml --cluster examples/clusters/eks-p5-124.yaml --auto \
-  --links "${TMPDIR:-/tmp}/meshtrain-links.json"
+  --links "$tmp/meshtrain-links.json"
 
-sed -e 's/    mode: auto/    mode: auto\n    hybridShardDegree: 2/' examples/gpt2-tiny-auto.yaml >"${TMPDIR:-/tmp}/meshtrain-auto-written.yaml"
+sed -e 's/    mode: auto/    mode: auto\n    hybridShardDegree: 2/' examples/gpt2-tiny-auto.yaml >"$tmp/meshtrain-auto-written.yaml"
 expect "mode auto refuses a layout field the manifest wrote" 1 \
   'spec.parallelism.hybridShardDegree: is chosen by the planner with spec.parallelism.mode auto; remove it, or set mode manual' \
-  -- "$meshtrain" validate "${TMPDIR:-/tmp}/meshtrain-auto-written.yaml"
+  -- "$meshtrain" validate "$tmp/meshtrain-auto-written.yaml"
 
 sed -e 's/steps: 40/steps: 3/' -e 's/warmupSteps: 5/warmupSteps: 1/' -e 's/evalInterval: 20/evalInterval: 0/' \
   -e "s|examples/data/corpus.train.bin|$tmp/train.bin|; s|examples/data/corpus.val.bin|$tmp/val.bin|" \
-  examples/gpt2-tiny-auto.yaml >"${TMPDIR:-/tmp}/meshtrain-auto-run.yaml"
+  examples/gpt2-tiny-auto.yaml >"$tmp/meshtrain-auto-run.yaml"
 expect "run with mode auto plans, and the ranks train the planned layout within its memory" 0 \
   'planned \(spec.parallelism.mode auto\): T=[0-9], S=[0-9], micro-batch [0-9]+' 'step +3/3' \
-  -- "$meshtrain" run "${TMPDIR:-/tmp}/meshtrain-auto-run.yaml"
+  -- "$meshtrain" run "$tmp/meshtrain-auto-run.yaml"
 
 expect "bench plan reports time and ratio" 0 'placement time: 300 nodes x 8 GPUs' 'blind / aware: median [0-9.]+x' \
   -- "$meshtrain" bench plan --nodes 300 --clusters 5

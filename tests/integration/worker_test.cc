@@ -286,6 +286,14 @@ std::string EnvironmentOf(pid_t pid, const std::string& name) {
   return "";
 }
 
+// The file that the environment variable `name` of process `pid` names, as this process
+// opens it: a local launch hands its ranks files in memory, /proc/self/fd/N in their eyes.
+fs::path FileOf(pid_t pid, const std::string& name) {
+  std::string path = EnvironmentOf(pid, name);
+  if (path.rfind("/proc/self/", 0) == 0) path.replace(0, 10, "/proc/" + std::to_string(pid));
+  return path;
+}
+
 // While a 2-rank `meshtrain run` trains, strangers try its Store: a wrong key, no key, a
 // replayed handshake, garbage, a huge length, half a message. Each is refused and logged
 // by address, and the run prints the losses of a run that saw none of them.
@@ -300,7 +308,7 @@ TEST_F(WorkerTest, StrangersOnTheStoreAreRefusedAndTheRunTrainsOn) {
   const std::vector<pid_t> ranks = run.Children();
   ASSERT_EQ(ranks.size(), 2u);
   const std::string coordinator = EnvironmentOf(ranks[0], "MESHTRAIN_COORDINATOR");
-  std::ifstream key_file(EnvironmentOf(ranks[0], "MESHTRAIN_STORE_KEY_FILE"), std::ios::binary);
+  std::ifstream key_file(FileOf(ranks[0], "MESHTRAIN_STORE_KEY_FILE"), std::ios::binary);
   const std::string key((std::istreambuf_iterator<char>(key_file)), {});
   ASSERT_EQ(key.size(), 32u) << "the launch's key, used here only to record a handshake to replay";
   const size_t colon = coordinator.rfind(':');
@@ -469,8 +477,8 @@ TEST_F(WorkerTest, LaunchServesMetricsAndPassesSigtermToItsRanks) {
   for (pid_t rank : ranks) EXPECT_NE(::kill(rank, 0), 0) << "rank process " << rank << " outlived its launcher";
 }
 
-// `meshtrain run` sent SIGTERM passes it to its ranks, which end with it, removes the
-// launch's directory (rank table, Store key), and does not restart the gang.
+// `meshtrain run` sent SIGTERM passes it to its ranks, which end with it, and does not
+// restart the gang. The rank table and the Store key it handed them were in memory only.
 TEST_F(WorkerTest, MeshtrainRunPassesSigtermToItsRanksAndDoesNotRestart) {
   Process run({MESHTRAIN_CLI, "run", Job("stopped", 1, 2, 100000).string(), "--sample-tokens", "0"}, {},
               dir_ / "stopped.log");
@@ -479,8 +487,13 @@ TEST_F(WorkerTest, MeshtrainRunPassesSigtermToItsRanksAndDoesNotRestart) {
   ASSERT_GE(Steps(run.Output()).size(), 2u) << run.Output();
   const std::vector<pid_t> ranks = run.Children();
   ASSERT_EQ(ranks.size(), 2u);
-  const fs::path launch_directory = fs::path(EnvironmentOf(ranks[0], "MESHTRAIN_RANK_TABLE")).parent_path();
-  ASSERT_TRUE(fs::exists(launch_directory)) << launch_directory;
+  for (const char* file : {"MESHTRAIN_RANK_TABLE", "MESHTRAIN_STORE_KEY_FILE", "MESHTRAIN_FAILURE_FILE"}) {
+    const std::string path = EnvironmentOf(ranks[0], file);
+    EXPECT_EQ(path.rfind("/proc/self/fd/", 0), 0u) << file << "=" << path;
+    EXPECT_NE(fs::read_symlink(FileOf(ranks[0], file)).string().find("/memfd:meshtrain-"), std::string::npos) << file;
+  }
+  std::ifstream table(FileOf(ranks[0], "MESHTRAIN_RANK_TABLE"));
+  EXPECT_TRUE(nlohmann::json::parse(table, nullptr, false).contains("nodes")) << "the rank table, read as the rank does";
 
   ::kill(run.pid(), SIGTERM);
   const Outcome stopped = run.Wait(30s);
@@ -489,7 +502,6 @@ TEST_F(WorkerTest, MeshtrainRunPassesSigtermToItsRanksAndDoesNotRestart) {
   EXPECT_NE(stopped.output.find("stopped by signal 15"), std::string::npos) << stopped.output;
   EXPECT_EQ(stopped.output.find("restarting the gang"), std::string::npos) << stopped.output;
   for (pid_t rank : ranks) EXPECT_NE(::kill(rank, 0), 0) << "rank process " << rank << " outlived meshtrain run";
-  EXPECT_FALSE(fs::exists(launch_directory)) << launch_directory;
 }
 
 TEST_F(WorkerTest, OneDeadRankTearsDownTheOthersAndFailsThePod) {

@@ -370,12 +370,6 @@ std::string ReadStoreKey(const std::string& path) {
   return key;
 }
 
-void WriteNewStoreKey(const std::string& path) {
-  const std::string key = RandomBytes(kMinKeyBytes);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) throw StoreError(Errno("cannot create the store key " + path));
-  const bool written = ::write(fd, key.data(), key.size()) == ssize_t(key.size());
-  if (::close(fd) != 0 || !written) throw StoreError(Errno("cannot write the store key " + path));
-}
+std::string NewStoreKey() { return RandomBytes(kMinKeyBytes); }
 
 }  // namespace meshtrain::comm

@@ -122,7 +122,7 @@ class StoreClient {
 // file when it cannot be read or holds fewer than 32 bytes.
 std::string ReadStoreKey(const std::string& path);
 
-// Writes a new random 256-bit key to `path`, readable by its owner only. Throws StoreError.
-void WriteNewStoreKey(const std::string& path);
+// A new random 256-bit key. Throws StoreError when the system has no randomness.
+std::string NewStoreKey();
 
 }  // namespace meshtrain::comm

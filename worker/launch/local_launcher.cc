@@ -10,12 +10,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <stdexcept>
 
 #include "api/environment.h"
 #include "api/worker_contract.h"
 #include "worker/comm/store.h"
+#include "worker/launch/memory_file.h"
 
 namespace meshtrain::launch {
 
@@ -63,15 +63,6 @@ LaunchResult LaunchLocal(const LocalLaunch& launch, std::ostream& log) {
     throw std::runtime_error("a launch needs at least one node, one rank per node and a command");
   }
   const int world = launch.nodes * launch.ranks_per_node;
-  char directory_template[] = "/tmp/meshtrain-launch-XXXXXX";
-  if (::mkdtemp(directory_template) == nullptr) {
-    throw std::runtime_error(std::string("cannot make a temporary directory: ") + std::strerror(errno));
-  }
-  const std::filesystem::path directory = directory_template;
-  const std::string table_path = (directory / "rank-table.json").string();
-  std::ofstream(table_path) << api::ToJson(launch.rank_table.value_or(
-                                               VirtualRankTable(launch.nodes, launch.ranks_per_node)))
-                                   .dump(2);
   if (!launch.netbed.empty()) {
     for (int n = 0; n < launch.nodes; ++n) {
       const std::string ns = launch.netbed + "-" + std::to_string(launch.NetbedHost(n));
@@ -82,9 +73,13 @@ LaunchResult LaunchLocal(const LocalLaunch& launch, std::ostream& log) {
                                  std::to_string(launch.nodes) + " RATE)");
     }
   }
-  // A key of its own for each launch: the ranks' Store admits no one else.
-  const std::string key_path = (directory / "store.key").string();
-  comm::WriteNewStoreKey(key_path);
+  // The rank table, and a key of its own for each launch (the ranks' Store admits no one
+  // else), live in memory and go with this process and its ranks.
+  MemoryFile table("meshtrain-rank-table", MemoryFile::Sharing::kInherited);
+  table.Write(
+      api::ToJson(launch.rank_table.value_or(VirtualRankTable(launch.nodes, launch.ranks_per_node))).dump(2));
+  MemoryFile key("meshtrain-store-key", MemoryFile::Sharing::kInherited);
+  key.Write(comm::NewStoreKey());
   const std::string coordinator = (launch.netbed.empty() ? "127.0.0.1" : NetbedAddress(launch.NetbedHost(0))) + ":" +
                                   std::to_string(FreeLoopbackPort());
 
@@ -94,8 +89,8 @@ LaunchResult LaunchLocal(const LocalLaunch& launch, std::ostream& log) {
     auto& variables = process.environment;
     variables[env::kJobName] = launch.job_name;
     variables[env::kCoordinator] = coordinator;
-    variables[env::kRankTable] = table_path;
-    variables[env::kStoreKeyFile] = key_path;
+    variables[env::kRankTable] = table.path();
+    variables[env::kStoreKeyFile] = key.path();
     variables[env::kNodeRank] = std::to_string(rank / launch.ranks_per_node);
     variables[env::kNodes] = std::to_string(launch.nodes);
     variables[env::kRanksPerNode] = std::to_string(launch.ranks_per_node);
@@ -115,11 +110,10 @@ LaunchResult LaunchLocal(const LocalLaunch& launch, std::ostream& log) {
   options.grace = launch.grace;
   options.timeout = launch.timeout;
   options.stop_others_on_failure = launch.stop_others_on_failure;
-  options.forward_signals = true;  // the ranks end with this process, and the directory goes
+  options.forward_signals = true;  // the ranks end with this process
   LaunchResult result = RunProcessGroup(ranks, options, log);
-  std::filesystem::remove_all(directory);
   if (result.stop_signal != 0) {
-    // Stopped from outside: once its ranks and files are gone, this process takes the
+    // Stopped from outside: once its ranks are gone, this process takes the
     // signal as it would have without the launch (a loop of launches ends with it).
     log << "stopped by signal " << result.stop_signal << "; the ranks were stopped with it" << std::endl;
     ::raise(result.stop_signal);

@@ -4,12 +4,10 @@
 #include <sched.h>
 
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -54,12 +52,8 @@ std::vector<std::string> EnvironmentWith(const std::map<std::string, std::string
 }
 
 // The first line of what a failed rank wrote to its failure file; empty when it wrote nothing.
-std::string ReadFailureReason(int fd) {
-  std::string text(api::worker::kFailureReasonBytes + 1, '\0');
-  ssize_t got;
-  while ((got = ::pread(fd, text.data(), text.size(), 0)) < 0 && errno == EINTR) {
-  }
-  text.resize(size_t(std::max<ssize_t>(got, 0)));
+std::string ReadFailureReason(const MemoryFile& file) {
+  const std::string text = file.Read(api::worker::kFailureReasonBytes + 1);
   return api::worker::FailureReasonLine(text.substr(0, text.find('\n')));
 }
 
@@ -113,14 +107,15 @@ RankGroup::RankGroup(const std::vector<RankProcess>& ranks, const std::vector<st
   for (int signal : kStopSignals) sigaddset(&stop_signals, signal);
   for (const RankProcess& rank : ranks) {
     std::map<std::string, std::string> variables = rank.environment;
-    // The rank's failure file is an anonymous memory file that only this process and the
-    // rank hold, which it opens by /proc/self/fd: nothing is left on disk whichever way
-    // either ends (a SIGKILLed launcher included). Without one the rank runs all the same,
-    // and a failure is reported by its status alone.
-    const int failure_fd = ::memfd_create(("meshtrain-rank-" + std::to_string(rank.rank)).c_str(), MFD_CLOEXEC);
-    if (failure_fd >= 0) {
-      failure_files_[rank.rank] = failure_fd;
-      variables[api::worker::env::kFailureFile] = "/proc/self/fd/" + std::to_string(failure_fd);
+    // The rank's failure file is in memory, held by this process and the rank only.
+    // Without one the rank runs all the same, and a failure is reported by its status alone.
+    int failure_fd = -1;
+    try {
+      MemoryFile file("meshtrain-rank-" + std::to_string(rank.rank) + "-failure", MemoryFile::Sharing::kOwn);
+      failure_fd = file.fd();
+      variables[api::worker::env::kFailureFile] = file.path();
+      failure_files_.insert_or_assign(rank.rank, std::move(file));
+    } catch (const std::runtime_error&) {
     }
     const std::vector<std::string> environment = EnvironmentWith(variables);
     std::vector<char*> envp;
@@ -135,7 +130,7 @@ RankGroup::RankGroup(const std::vector<RankProcess>& ranks, const std::vector<st
       const int error = errno;
       if (caught_stop_signals) ::pthread_sigmask(SIG_SETMASK, &unblocked, nullptr);
       KillAndReap();
-      CloseFailureFiles();
+      failure_files_.clear();
       throw std::runtime_error(std::string("fork failed: ") + std::strerror(error));
     }
     if (pid == 0) {
@@ -169,15 +164,7 @@ RankGroup::RankGroup(const std::vector<RankProcess>& ranks, const std::vector<st
   }
 }
 
-RankGroup::~RankGroup() {
-  KillAndReap();
-  CloseFailureFiles();
-}
-
-void RankGroup::CloseFailureFiles() {
-  for (const auto& [rank, fd] : failure_files_) ::close(fd);
-  failure_files_.clear();
-}
+RankGroup::~RankGroup() { KillAndReap(); }
 
 void RankGroup::KillAndReap() {
   for (const auto& [pid, rank] : running_) {

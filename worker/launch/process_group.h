@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "worker/launch/memory_file.h"
+
 namespace meshtrain::launch {
 
 struct RankProcess {
@@ -76,8 +78,8 @@ int TakeStopSignal();
 class RankGroup {
  public:
   // Starts one process per rank running `command`, each with its environment on top of
-  // this process's, and MESHTRAIN_FAILURE_FILE naming a file of its own (an anonymous
-  // memory file, /proc/self/fd/N), read when the rank fails. `caught_stop_signals`: this process
+  // this process's, and MESHTRAIN_FAILURE_FILE naming a file of its own in memory
+  // (memory_file.h), read when the rank fails. `caught_stop_signals`: this process
   // called CatchStopSignals(), and the ranks must die of those signals rather than inherit
   // the catching. Throws std::runtime_error if it cannot (no command, fork failed), after
   // killing and reaping the ranks it did start.
@@ -101,10 +103,9 @@ class RankGroup {
 
  private:
   void KillAndReap();
-  void CloseFailureFiles();
 
   std::map<pid_t, int> running_;  // pid -> rank
-  std::map<int, int> failure_files_;  // rank -> its failure file's descriptor, where one could be made
+  std::map<int, MemoryFile> failure_files_;  // by rank, where one could be made
   std::chrono::steady_clock::time_point kill_at_ = std::chrono::steady_clock::time_point::max();
   std::chrono::milliseconds grace_{0};  // of the deadline, for the log
 };
