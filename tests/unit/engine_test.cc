@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -220,16 +221,24 @@ TEST(ShardedEngine, GathersAndReduceScattersRunWhileTheComputeStreamWorks) {
   EXPECT_EQ(probe.blocks_, 0) << "a block was gathered and never released";
 }
 
-// A training micro-batch gathers the root once: its forward keeps it for the backward.
-// An evaluation forward gathers and lets it go; so do Weights() and Update() after a
+// A training micro-batch gathers the root and the last block once: its forward keeps
+// them for the backward, which starts with them; every other block is gathered twice.
+// An evaluation forward gathers and lets them go; so do Weights() and Update() after a
 // forward whose backward never came, so nothing stays held or stale: the Backward that
 // comes too late is refused.
-TEST(ShardedEngine, ATrainingMicroBatchGathersTheRootOnce) {
+TEST(ShardedEngine, ATrainingMicroBatchGathersTheRootAndTheLastBlockOnce) {
   class RootGathers : public ScheduleObserver {
    public:
-    void Begin(Op op, int unit) override { count += op == Op::kGather && unit == 0; }
+    void Begin(Op op, int unit) override {
+      if (op != Op::kGather) return;
+      count += unit == 0;
+      std::lock_guard lock(mutex);
+      ++blocks[unit];
+    }
     void End(Op, int) override {}
     std::atomic<int> count{0};
+    std::mutex mutex;
+    std::map<int, int> blocks;  // gathers by unit
   } gathers;
   const api::ModelShape& shape = *api::FindPreset("gpt2-tiny");
   const Batch batch;
@@ -244,6 +253,10 @@ TEST(ShardedEngine, ATrainingMicroBatchGathersTheRootOnce) {
   }
   engine->TakeLoss();
   EXPECT_EQ(gathers.count.load(), 3);
+  {
+    std::lock_guard lock(gathers.mutex);
+    EXPECT_EQ(gathers.blocks, (std::map<int, int>{{0, 3}, {1, 6}, {2, 6}, {3, 6}, {4, 3}}));
+  }
   engine->Forward(batch.inputs.data(), batch.targets.data(), B, T, nullptr, 1.0f);  // evaluation
   engine->TakeLoss();
   EXPECT_EQ(gathers.count.load(), 4);

@@ -277,7 +277,13 @@ void ShardedEngine<P>::ReleaseBlock(int l) {
 template <class P>
 void ShardedEngine<P>::ReleaseRoot() {
   root_free_->Record(*compute_);
-  root_held_ = false;
+  held_ = false;
+}
+
+template <class P>
+void ShardedEngine<P>::ReleaseHeld() {
+  ReleaseBlock(int(layout_.shape().layers) - 1);
+  ReleaseRoot();
 }
 
 template <class P>
@@ -298,7 +304,7 @@ void ShardedEngine<P>::RunForward(const model::Dims& d, Head head, float loss_we
                           model::BlockParams<const A>::At(BlockSlot(l), layout_), d.ForLayer(l));
     });
     store_->AfterForward(l, *compute_);
-    ReleaseBlock(l);
+    if (head != Head::kTrain || l + 1 < L) ReleaseBlock(l);
   }
   Observed(*compute_, Op::kForward, 0, [&] {
     if (head == Head::kLogits) {
@@ -318,9 +324,10 @@ void ShardedEngine<P>::RunForward(const model::Dims& d, Head head, float loss_we
     }
   });
   kept_stale_ = false;
-  // A training forward keeps the root for its backward (FSDP2 keeps the root unsharded
-  // after forward too): wte is the largest unit, and this saves a gather per micro-batch.
-  if (head == Head::kTrain) root_held_ = true;
+  // A training forward keeps the root and the last block for its backward, which starts
+  // with them (FSDP2 keeps the root unsharded after forward too, and torchtitan the last
+  // block): wte is the largest unit, and each saves a gather per micro-batch.
+  if (head == Head::kTrain) held_ = true;
   else ReleaseRoot();
 }
 
@@ -328,7 +335,7 @@ template <class P>
 void ShardedEngine<P>::Forward(const int32_t* inputs, const int32_t* targets, int B, int T,
                                const MicroBatchKey* training, float loss_weight) {
   if (targets == nullptr) throw std::invalid_argument("Forward needs targets");
-  if (root_held_) ReleaseRoot();  // a training forward whose backward never came
+  if (held_) ReleaseHeld();  // a training forward whose backward never came
   Stage(inputs, targets, B, T);
   B_ = B, T_ = T;
   dims_ = DimsOf(B, T, training);
@@ -337,11 +344,10 @@ void ShardedEngine<P>::Forward(const int32_t* inputs, const int32_t* targets, in
 
 template <class P>
 void ShardedEngine<P>::Backward(bool last) {
-  if (!root_held_) throw std::logic_error("Backward needs a training Forward before it");
+  if (!held_) throw std::logic_error("Backward needs a training Forward before it");
   const int L = int(layout_.shape().layers), S = mesh_->shard_size();
   const model::Context<P> k = Context();
   const model::Dims& d = dims_;
-  GatherBlock(L - 1);
   for (int l = L - 1; l >= 0; --l) {
     if (l > 0) GatherBlock(l - 1);
     FlatUnit<P>& unit = Block(l);
@@ -396,7 +402,7 @@ void ShardedEngine<P>::ZeroGrad() {
 
 template <class P>
 void ShardedEngine<P>::Update(const OptimizerStep& step) {
-  if (root_held_) ReleaseRoot();
+  if (held_) ReleaseHeld();
   if (!replicas_reduced_) {
     for (auto& unit : units_) unit->AllReduceReplicas(mesh_->device_replica(), *comm_);
   }
@@ -446,7 +452,7 @@ double ShardedEngine<P>::GradNorm() {
 
 template <class P>
 std::vector<float> ShardedEngine<P>::NextTokenProbabilities(const int32_t* tokens, int n) {
-  if (root_held_) ReleaseRoot();
+  if (held_) ReleaseHeld();
   Stage(tokens, nullptr, 1, n);
   RunForward(DimsOf(1, n, nullptr), Head::kLogits, 0, n - 1);
   const int64_t V = layout_.shape().vocab_size;
@@ -476,7 +482,7 @@ std::vector<float> ShardedEngine<P>::NextTokenProbabilities(const int32_t* token
 
 template <class P>
 std::vector<float> ShardedEngine<P>::Weights() {
-  if (root_held_) ReleaseRoot();
+  if (held_) ReleaseHeld();
   Drain();
   // This rank's TP slice, each unit gathered over its shard group.
   std::vector<G> local(size_t(layout_.total()));
@@ -511,7 +517,7 @@ std::vector<float> ShardedEngine<P>::Weights() {
 
 template <class P>
 void ShardedEngine<P>::Snapshot(ShardState* into) {
-  if (root_held_) ReleaseRoot();
+  if (held_) ReleaseHeld();
   Drain();
   int64_t total = 0;
   for (auto& unit : units_) {
@@ -561,7 +567,7 @@ void ShardedEngine<P>::Restore(const WholeState& whole) {
 
 template <class P>
 void ShardedEngine<P>::RestoreShards(const ShardFill& fill) {
-  if (root_held_) ReleaseRoot();
+  if (held_) ReleaseHeld();
   Drain();
   // One unit's shard staged at a time: the rank never holds more than its own state and
   // that unit's in host memory.

@@ -7,7 +7,7 @@
 // ranks of the same slice. Streams: compute, comm (gathers and gradient reduction) and
 // the ActivationStore's copy stream.
 //   Forward: the root is gathered for the whole forward (and, in training, kept for the
-//     backward); while block l computes, the gather of block l+1 runs on the comm stream;
+//     backward, as is the last block, which the backward starts with); while block l computes, the gather of block l+1 runs on the comm stream;
 //     block gathers take turns in two slots, and a slot is reused only after the compute
 //     stream has released its last unit, so at most two blocks are ever unsharded. The
 //     head then computes the loss a chunk of logits at a time and, in training, its own
@@ -15,7 +15,7 @@
 //   Activations: an ActivationStore keeps what each block's forward leaves for its
 //     backward: everything, only block inputs (checkpointing: the backward recomputes
 //     the block first), or inputs within a loading horizon, the rest offloaded to host.
-//   Backward: the same gathers in reverse; when a unit's backward ends, its gradients are
+//   Backward: the same gathers in reverse, from the second-to-last block; when a unit's backward ends, its gradients are
 //     reduce-scattered on the comm stream (overlapping the next unit's backward) and added
 //     to the shard gradients, so micro-batches accumulate; with S = 1 the backward adds
 //     into them directly. The last micro-batch also averages each unit's shard gradients
@@ -112,6 +112,7 @@ class ShardedEngine final : public Engine {
   void GatherBlock(int l);
   void ReleaseBlock(int l);
   void ReleaseRoot();
+  void ReleaseHeld();  // the root and the last block of a training forward
   // Replicated: the kept compute copies no longer match the masters (built, restored).
   void RefreshKept();
   // Runs `enqueue` between the observer's Begin and End of (op, unit) on `stream`.
@@ -158,7 +159,7 @@ class ShardedEngine final : public Engine {
 
   int B_ = 0, T_ = 0;
   model::Dims dims_{};
-  bool root_held_ = false;         // a training forward's root, kept gathered for its backward
+  bool held_ = false;  // a training forward's root and last block, kept gathered for its backward
   bool replicas_reduced_ = false;  // the last Backward averaged the shard gradients over replicas
   std::optional<double> norm_;     // the last Update's, once read
   bool updated_ = false;
