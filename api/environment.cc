@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <stdexcept>
+#include <string_view>
 
 #include "api/worker_contract.h"
 
@@ -18,6 +19,12 @@ int EnvironmentRank(const char* name, int minimum) {
 void WriteFailureReason(const std::string& reason) {
   const char* path = std::getenv(worker::env::kFailureFile);
   if (path == nullptr || *path == '\0') return;
+  // A launcher's file in memory (/proc/self/fd/N) that this process did not inherit (a
+  // parent closed its descriptors) must not become whatever file took that number.
+  if (std::string_view(path).starts_with("/proc/self/fd/")) {
+    char target[64] = {};
+    if (::readlink(path, target, sizeof target - 1) < 0 || !std::string_view(target).starts_with("/memfd:")) return;
+  }
   const std::string line = worker::FailureReasonLine(reason) + "\n";
   const int fd = ::open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return;

@@ -2,7 +2,9 @@
 // the operator's ParseProgress reads, through the text Prometheus serves; what a failing
 // rank writes to its failure file is what its launcher reads.
 
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -44,6 +46,22 @@ TEST(WorkerContract, AFailingRankWritesOneLineToItsFailureFile) {
   ::unsetenv(api::worker::env::kFailureFile);
   EXPECT_NO_THROW(api::WriteFailureReason("nowhere to write"));
   EXPECT_EQ(Contents(file), std::string(api::worker::kFailureReasonBytes, 'x') + "\n") << "left as it was";
+
+  // A launcher's file in memory, by descriptor: written. A descriptor of that number that
+  // is some other file (the launcher's was closed on the way): left alone.
+  const int memory = ::memfd_create("meshtrain-test-failure", 0);
+  ASSERT_GE(memory, 0);
+  ::setenv(api::worker::env::kFailureFile, ("/proc/self/fd/" + std::to_string(memory)).c_str(), 1);
+  api::WriteFailureReason("lost rank 0");
+  EXPECT_EQ(Contents("/proc/self/fd/" + std::to_string(memory)), "lost rank 0\n");
+  const int other = ::open(file.c_str(), O_RDWR);
+  ASSERT_GE(other, 0);
+  ::setenv(api::worker::env::kFailureFile, ("/proc/self/fd/" + std::to_string(other)).c_str(), 1);
+  api::WriteFailureReason("must not land in another file");
+  EXPECT_EQ(Contents(file), std::string(api::worker::kFailureReasonBytes, 'x') + "\n") << "left as it was";
+  ::unsetenv(api::worker::env::kFailureFile);
+  ::close(memory);
+  ::close(other);
   std::filesystem::remove(file);
 }
 

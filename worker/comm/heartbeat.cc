@@ -173,11 +173,12 @@ void Watchdog::Run() {
     std::optional<StuckRanks> stuck;
     try {
       // Every call is bounded by the time left before the Store counts as stuck.
-      const milliseconds left =
-          std::max(interval_, std::chrono::ceil<milliseconds>(answered + options_.timeout - Clock::now()));
+      const auto left = [&] {
+        return std::max(interval_, std::chrono::ceil<milliseconds>(answered + options_.timeout - Clock::now()));
+      };
       // A coordinator that is up accepts at once; retrying longer would only delay Stop.
-      if (!store) store = std::make_unique<StoreClient>(options_.coordinator, std::min(left, kReconnect), options_.key);
-      store->Set(HeartbeatKey(options_.rank), EncodeHeartbeat(heartbeat), left);
+      if (!store) store = std::make_unique<StoreClient>(options_.coordinator, std::min(left(), kReconnect), options_.key);
+      store->Set(HeartbeatKey(options_.rank), EncodeHeartbeat(heartbeat), left());
       answered = Clock::now();
       if (options_.rank == 0) stuck = Watch(*store, answered);
     } catch (const StoreError&) {

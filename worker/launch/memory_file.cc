@@ -1,10 +1,10 @@
 #include "worker/launch/memory_file.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -13,7 +13,15 @@
 namespace meshtrain::launch {
 
 MemoryFile::MemoryFile(const std::string& name, Sharing sharing) : name_(name) {
-  fd_ = ::memfd_create(name.c_str(), sharing == Sharing::kOwn ? MFD_CLOEXEC : 0);
+  const bool own = sharing == Sharing::kOwn;
+  fd_ = ::memfd_create(name.c_str(), own ? MFD_CLOEXEC : 0);
+  if (fd_ >= 0 && fd_ < 3) {
+    // Never standard input or output (a launcher started with one closed): a rank would
+    // inherit the file as such and write its log over it.
+    const int moved = ::fcntl(fd_, own ? F_DUPFD_CLOEXEC : F_DUPFD, 3);
+    ::close(fd_);
+    fd_ = moved;
+  }
   if (fd_ < 0 || ::fchmod(fd_, 0600) != 0) {
     const int error = errno;
     if (fd_ >= 0) ::close(fd_);

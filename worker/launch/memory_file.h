@@ -2,7 +2,8 @@
 // the rank table, the Store's key, a rank's failure file. A process that holds the
 // descriptor opens it by /proc/self/fd/N like any file, and it is gone when the last
 // holder ends, so nothing reaches the disk or outlives the launch, however it ends (a
-// SIGKILLed launcher included).
+// SIGKILLed launcher included). A process that closes its descriptors before it execs
+// (Python's subprocess does by default) does not hand such a file on to its children.
 //
 // Thread-safety: one thread at a time per object.
 

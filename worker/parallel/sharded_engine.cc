@@ -306,6 +306,11 @@ void ShardedEngine<P>::RunForward(const model::Dims& d, Head head, float loss_we
     store_->AfterForward(l, *compute_);
     if (head != Head::kTrain || l + 1 < L) ReleaseBlock(l);
   }
+  // A training forward keeps the root and the last block for its backward, which starts
+  // with them (FSDP2 keeps the root unsharded after forward too, and torchtitan the last
+  // block): wte is the largest unit, and each saves a gather per micro-batch. Held from
+  // here, so that a head that throws leaves them to the next call to release.
+  if (head == Head::kTrain) held_ = true;
   Observed(*compute_, Op::kForward, 0, [&] {
     if (head == Head::kLogits) {
       model::HeadLogits(k, store_->head, store_->head_input(), root, logits_row, d);
@@ -324,11 +329,7 @@ void ShardedEngine<P>::RunForward(const model::Dims& d, Head head, float loss_we
     }
   });
   kept_stale_ = false;
-  // A training forward keeps the root and the last block for its backward, which starts
-  // with them (FSDP2 keeps the root unsharded after forward too, and torchtitan the last
-  // block): wte is the largest unit, and each saves a gather per micro-batch.
-  if (head == Head::kTrain) held_ = true;
-  else ReleaseRoot();
+  if (head != Head::kTrain) ReleaseRoot();
 }
 
 template <class P>

@@ -187,7 +187,9 @@ void MatmulForward(A* out, A* gelu_pre, const A* inp, const A* weight, const A* 
   for (int64_t r = 0; r < N; ++r) {
     for (int j = 0; j < OC; ++j) {
       G s = sum[r * OC + j] + (bias ? Load<G>(bias[j]) : G(0));
-      if (residual) s += Load<G>(residual[r * OC + j]);  // last: in fp32, as an Add of the stored sum
+      // Last: in fp32 and fp64 bit for bit an Add of the stored sum; the bf16 emulation
+      // rounds once, as the GPU's epilogue does.
+      if (residual) s += Load<G>(residual[r * OC + j]);
       if (gelu_pre) {
         gelu_pre[r * OC + j] = A(s);
         out[r * OC + j] = A(Gelu(s));
