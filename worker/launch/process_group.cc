@@ -129,8 +129,7 @@ RankGroup::RankGroup(const std::vector<RankProcess>& ranks, const std::vector<st
     if (pid < 0) {
       const int error = errno;
       if (caught_stop_signals) ::pthread_sigmask(SIG_SETMASK, &unblocked, nullptr);
-      KillAndReap();
-      failure_files_.clear();
+      KillAndReap();  // the destructor does not run: the members (the failure files) close themselves
       throw std::runtime_error(std::string("fork failed: ") + std::strerror(error));
     }
     if (pid == 0) {
