@@ -196,6 +196,58 @@ TEST_F(NcclCollectivesTest, SecondsGrowWithEveryOperationOnce) {
   EXPECT_DOUBLE_EQ(world->Seconds().all_reduce, second.all_reduce) << "an operation was counted twice";
 }
 
+// A batch goes out as one NCCL group: its results are those of its operations issued
+// one by one, and its time counts to the kinds it holds. A cancelled batch aborts the
+// world but leaves the thread outside NCCL's group, so a new world works.
+TEST_F(NcclCollectivesTest, ABatchGivesTheResultsOfItsOperationsIssuedOneByOne) {
+  MESHTRAIN_SKIP_WITHOUT_GPU();
+  auto world = ConnectWorldOfOne();
+  const size_t count = 4099, bytes = count * 4;
+  std::vector<DeviceBytes> buffers;
+  std::vector<std::vector<uint8_t>> data;
+  for (int i = 0; i < 3; ++i) {
+    data.push_back(RandomValues(DataType::kFloat32, count, 20 + i));
+    buffers.push_back(Buffer(bytes));
+    Upload(buffers.back(), data.back());
+  }
+  const std::vector<uint8_t> gathered_data = RandomValues(DataType::kFloat32, count, 30);
+  DeviceBytes gather_send = Buffer(bytes), gathered = Buffer(bytes);
+  Upload(gather_send, gathered_data);
+  backend_->Fill(gathered, 0x7F, bytes, *stream_);
+  Batched(world.get(), [&] {
+    for (DeviceBytes buffer : buffers) {
+      world->AllReduce(buffer, buffer, count, DataType::kFloat32, ReduceOp::kAverage, *stream_);
+    }
+    world->AllGather(gather_send, gathered, count, DataType::kFloat32, *stream_);
+  });
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    EXPECT_EQ(Differences(Download(buffers[i], bytes), data[i], DataType::kFloat32), "") << "all_reduce " << i;
+  }
+  EXPECT_EQ(Differences(Download(gathered, bytes), gathered_data, DataType::kFloat32), "");
+  const CollectiveSeconds seconds = world->Seconds();
+  EXPECT_GT(seconds.all_reduce, 0);
+  EXPECT_GT(seconds.all_gather, 0);
+  EXPECT_EQ(seconds.reduce_scatter, 0);
+
+  world->BeginBatch();
+  EXPECT_THROW(world->BeginBatch(), std::logic_error) << "batches do not nest";
+  world->AllReduce(buffers[0], buffers[0], count, DataType::kFloat32, ReduceOp::kSum, *stream_);
+  runtime::CpuStream cpu("cpu-comm");
+  EXPECT_THROW(world->AllReduce(buffers[1], buffers[1], count, DataType::kFloat32, ReduceOp::kSum, cpu),
+               std::logic_error);
+  world->CancelBatch();
+  try {
+    world->AllReduce(buffers[0], buffers[0], count, DataType::kFloat32, ReduceOp::kSum, *stream_);
+    ADD_FAILURE() << "the world ran after a cancelled batch";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("aborted"), std::string::npos) << e.what();
+  }
+  world.reset();
+  auto again = ConnectWorldOfOne();  // would hang or fail if the thread were still in NCCL's group
+  again->AllReduce(buffers[2], buffers[2], count, DataType::kFloat32, ReduceOp::kAverage, *stream_);
+  EXPECT_EQ(Differences(Download(buffers[2], bytes), data[2], DataType::kFloat32), "");
+}
+
 // Groups are named as Communicator::SplitAxis names them, and work.
 TEST_F(NcclCollectivesTest, SplitAxisMakesTheGroupsOfTheLayout) {
   MESHTRAIN_SKIP_WITHOUT_GPU();

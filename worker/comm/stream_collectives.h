@@ -60,6 +60,18 @@ class StreamCollectives {
   virtual void AllReduce(runtime::ConstDeviceBytes send, runtime::DeviceBytes recv, size_t count, DataType type,
                          ReduceOp op, runtime::Stream& stream) = 0;
 
+  // Batches: the operations issued between BeginBatch() and EndBatch() may go out as one
+  // launch (NCCL's grouped calls: many small operations pay one launch and one meeting of
+  // the members). Each completes in its stream's order as if issued alone; nothing may
+  // wait on their streams before EndBatch(). When an operation of the batch throws, the
+  // issuer calls CancelBatch(), which ends the batch and aborts the group (its members
+  // cannot agree on a batch cut short). A batch's time counts to each kind it holds.
+  // Batches do not nest. Batched() below pairs the calls. The host implementation, whose
+  // operations run one by one anyway, does nothing here.
+  virtual void BeginBatch() {}
+  virtual void EndBatch() {}
+  virtual void CancelBatch() noexcept {}
+
   // Readies what operations on messages of up to `bytes` need (the staged fallback's
   // pinned buffers), so that no step allocates. The engine calls it when it is built.
   virtual void Reserve(size_t bytes) = 0;
@@ -101,6 +113,21 @@ template <class T>
 void AllReduce(StreamCollectives& group, runtime::DevicePtr<T> data, size_t count, ReduceOp op,
                runtime::Stream& stream) {
   group.AllReduce(data, data, count, DataTypeOf<std::remove_const_t<T>>(), op, stream);
+}
+
+// Runs `issue`, which issues operations on `group`, as one batch of it; without a group
+// (nullptr) just runs it.
+template <class Issue>
+void Batched(StreamCollectives* group, Issue&& issue) {
+  if (group == nullptr) return issue();
+  group->BeginBatch();
+  try {
+    issue();
+  } catch (...) {
+    group->CancelBatch();
+    throw;
+  }
+  group->EndBatch();
 }
 
 // Over `communicator` (owned, or borrowed when `owned` is false), with `backend`'s copies

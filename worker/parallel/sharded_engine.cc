@@ -404,8 +404,11 @@ void ShardedEngine<P>::ZeroGrad() {
 template <class P>
 void ShardedEngine<P>::Update(const OptimizerStep& step) {
   if (held_) ReleaseHeld();
-  if (!replicas_reduced_) {
-    for (auto& unit : units_) unit->AllReduceReplicas(mesh_->device_replica(), *comm_);
+  if (!replicas_reduced_) {  // independent all-reduces, one per unit: one batch
+    comm::StreamCollectives* replica = mesh_->device_replica();
+    comm::Batched(replica, [&] {
+      for (auto& unit : units_) unit->AllReduceReplicas(replica, *comm_);
+    });
   }
   comm_done_->Record(*comm_);
   WaitTimed(*comm_done_);

@@ -186,7 +186,7 @@ void Exchange::WaitAll() {
     }
     // Spin briefly for latency, then yield the core: ranks often outnumber cores.
     if (++idle > 64) {
-      if (idle < 20000) {
+      if (idle < 200) {
         sched_yield();
       } else {
         usleep(50);

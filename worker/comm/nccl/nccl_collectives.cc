@@ -93,6 +93,7 @@ class NcclCollectives final : public StreamCollectives {
   // Pending operations (the streams were not synchronized: an error path) get a grace,
   // then the communicator is aborted; otherwise it is closed. Never both, never a hang.
   ~NcclCollectives() override {
+    CancelBatch();
     if (issued_ && cudaSetDevice(world_->device()) == cudaSuccess) {
       const Clock::time_point deadline = Clock::now() + std::min(kPendingGrace, world_->timeout());
       cudaError_t state;
@@ -143,6 +144,30 @@ class NcclCollectives final : public StreamCollectives {
   void Reserve(size_t) override {}  // NCCL keeps its own buffers
   void Abort() override { AbortWorld(); }
 
+  void BeginBatch() override {
+    MakeCurrent(world_->device(), "a batch on group " + group_.Describe() + " (nccl)");
+    handle_->BeginGroup("a batch on group " + group_.Describe() + " (nccl)");
+    batch_ = Batch{};
+    batching_ = true;
+  }
+
+  void EndBatch() override {
+    if (!batching_) throw std::logic_error("EndBatch on group " + group_.Describe() + " without BeginBatch");
+    batching_ = false;
+    const std::string what = "a batch of " + std::to_string(batch_.operations) + " operations (" + batch_.first +
+                             ", ...) on group " + group_.Describe() + " (nccl)";
+    handle_->EndGroup(what, world_->timeout());
+    for (const auto& [timer, stream] : batch_.timed) timer->End(*stream);
+    if (batch_.last_stream != nullptr) RecordDone(what, *batch_.last_stream);
+  }
+
+  void CancelBatch() noexcept override {
+    if (!batching_) return;
+    batching_ = false;
+    handle_->CancelGroup();
+    AbortWorld();
+  }
+
   CollectiveSeconds Seconds() override {
     CollectiveSeconds seconds;
     seconds.all_gather = all_gather_timer_->Seconds();
@@ -190,11 +215,25 @@ class NcclCollectives final : public StreamCollectives {
       handle_->ThrowIfFailed(what);
       return;
     }
+    if (batching_) {  // launched by EndBatch, which ends the timers begun here
+      if (std::none_of(batch_.timed.begin(), batch_.timed.end(), [&](const auto& t) { return t.first == &timer; })) {
+        timer.Begin(stream);
+        batch_.timed.emplace_back(&timer, &stream);
+      }
+      handle_->Queue(what, [&](ncclComm_t comm) { return call(comm, s); });
+      if (batch_.operations++ == 0) batch_.first = op;
+      batch_.last_stream = &stream;
+      return;
+    }
     timer.Begin(stream);
     // Checks NCCL's asynchronous error first; returns once NCCL has enqueued the call.
     handle_->Run(what, world_->timeout(), [&](ncclComm_t comm) { return call(comm, s); });
     timer.End(stream);
-    const cudaError_t recorded = cudaEventRecord(last_done_, s);
+    RecordDone(what, stream);
+  }
+
+  void RecordDone(const std::string& what, runtime::Stream& stream) {
+    const cudaError_t recorded = cudaEventRecord(last_done_, runtime::cuda::StreamHandle(stream));
     if (recorded != cudaSuccess) {
       cudaGetLastError();
       throw CommError(what + ": cudaEventRecord on stream " + stream.name() + ": " + cudaGetErrorString(recorded));
@@ -202,12 +241,22 @@ class NcclCollectives final : public StreamCollectives {
     issued_ = true;
   }
 
+  // The operations queued since BeginBatch.
+  struct Batch {
+    int operations = 0;
+    std::string first;  // the first one's name
+    std::vector<std::pair<runtime::StreamTimer*, runtime::Stream*>> timed;  // begun, to end after the launch
+    runtime::Stream* last_stream = nullptr;
+  };
+
   std::shared_ptr<NcclWorld> world_;
   std::shared_ptr<NcclHandle> handle_;
   Group group_;
   std::unique_ptr<runtime::StreamTimer> all_gather_timer_, reduce_scatter_timer_, all_reduce_timer_;
   cudaEvent_t last_done_ = nullptr;  // after the last operation issued, on its stream
   bool issued_ = false;
+  bool batching_ = false;
+  Batch batch_;
 };
 
 }  // namespace

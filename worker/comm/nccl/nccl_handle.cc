@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <stdexcept>
 #include <thread>
 
 namespace meshtrain::comm::nccl {
@@ -85,6 +86,26 @@ bool NcclHandle::WaitWhileInProgress(milliseconds timeout, ncclResult_t* state) 
   }
 }
 
+void NcclHandle::CallLocked(const std::string& what, const std::function<ncclResult_t(ncclComm_t)>& call) {
+  const ncclResult_t state = State();
+  if (state != ncclSuccess) throw CommError(what + ": " + Why(state));
+  const ncclResult_t called = call(comm_);
+  if (called != ncclSuccess && called != ncclInProgress) throw CommError(what + ": " + Why(called));
+}
+
+void NcclHandle::AwaitEnqueued(const std::string& what, milliseconds timeout) {
+  ncclResult_t state;
+  if (!WaitWhileInProgress(timeout, &state)) {
+    Abort();
+    throw CommError(what + ": NCCL had not enqueued it after " + FormatDuration(timeout) +
+                    " (a peer that does not take part?); the communicator was aborted");
+  }
+  if (state != ncclSuccess) {
+    std::lock_guard lock(mutex_);
+    throw CommError(what + ": " + Why(state));
+  }
+}
+
 void NcclHandle::Run(const std::string& what, milliseconds timeout,
                      const std::function<ncclResult_t(ncclComm_t)>& call) {
   ncclResult_t state;
@@ -95,20 +116,48 @@ void NcclHandle::Run(const std::string& what, milliseconds timeout,
   }
   {
     std::lock_guard lock(mutex_);
-    state = State();
-    if (state != ncclSuccess) throw CommError(what + ": " + Why(state));
-    const ncclResult_t called = call(comm_);
-    if (called != ncclSuccess && called != ncclInProgress) throw CommError(what + ": " + Why(called));
+    CallLocked(what, call);
   }
-  if (!WaitWhileInProgress(timeout, &state)) {
-    Abort();
-    throw CommError(what + ": NCCL had not enqueued it after " + FormatDuration(timeout) +
-                    " (a peer that does not take part?); the communicator was aborted");
-  }
-  if (state != ncclSuccess) {
+  AwaitEnqueued(what, timeout);
+}
+
+void NcclHandle::BeginGroup(const std::string& what) {
+  std::lock_guard lock(mutex_);
+  if (in_group_) throw std::logic_error(what + ": a group of NCCL calls is already open");
+  const ncclResult_t state = State();
+  if (state != ncclSuccess) throw CommError(what + ": " + Why(state));
+  const ncclResult_t started = ncclGroupStart();
+  if (started != ncclSuccess) throw CommError(what + ": ncclGroupStart: " + ncclGetErrorString(started));
+  in_group_ = true;
+}
+
+void NcclHandle::Queue(const std::string& what, const std::function<ncclResult_t(ncclComm_t)>& call) {
+  std::lock_guard lock(mutex_);
+  if (!in_group_) throw std::logic_error(what + ": queued without an open group of NCCL calls");
+  CallLocked(what, call);
+}
+
+void NcclHandle::EndGroup(const std::string& what, milliseconds timeout) {
+  {
     std::lock_guard lock(mutex_);
-    throw CommError(what + ": " + Why(state));
+    if (!in_group_) throw std::logic_error(what + ": no group of NCCL calls is open");
+    const ncclResult_t ended = ncclGroupEnd();
+    in_group_ = false;
+    if (abort_when_group_ends_) {
+      AbortLocked();
+      throw CommError(what + ": " + Why(ncclInvalidUsage));
+    }
+    if (ended != ncclSuccess && ended != ncclInProgress) throw CommError(what + ": " + Why(ended));
   }
+  AwaitEnqueued(what, timeout);
+}
+
+void NcclHandle::CancelGroup() noexcept {
+  std::lock_guard lock(mutex_);
+  if (!in_group_) return;
+  ncclGroupEnd();  // leaves the thread's group; what it launches, the abort stops
+  in_group_ = false;
+  AbortLocked();
 }
 
 void NcclHandle::AwaitReady(const std::string& what, const std::string& waited_for, milliseconds timeout) {
@@ -128,6 +177,10 @@ void NcclHandle::AwaitReady(const std::string& what, const std::string& waited_f
 
 void NcclHandle::AbortLocked() {
   if (aborted_ || closed_) return;
+  if (in_group_) {  // queued calls refer to the communicator until the group ends
+    abort_when_group_ends_ = true;
+    return;
+  }
   aborted_ = true;
   ncclCommAbort(comm_);  // blocking, and bounded: it stops the kernels rather than waiting for them
 }

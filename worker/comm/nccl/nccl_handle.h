@@ -9,6 +9,10 @@
 //   naming the operation and the group.
 // - The handle ends exactly once: Close() (finalize, then destroy) or Abort(), never
 //   both. A close that does not finish in its bound (a peer that is gone) aborts instead.
+// - Grouped calls (BeginGroup, Queue, EndGroup or CancelGroup) batch operations into one
+//   launch. NCCL's group is the calling thread's, so one thread makes all four calls. An
+//   Abort() from another thread meanwhile is carried out when the group ends, because the
+//   queued operations still refer to the communicator.
 //
 // Thread-safety: every method may be called from any thread; calls on one handle are
 // serialised, except that Abort() may interrupt a wait in Run() or AwaitReady().
@@ -57,6 +61,17 @@ class NcclHandle {
   // throws CommError naming `what` and the timeout.
   void Run(const std::string& what, milliseconds timeout, const std::function<ncclResult_t(ncclComm_t)>& call);
 
+  // Starts a group on the calling thread (ncclGroupStart); REQUIRES: none is open.
+  void BeginGroup(const std::string& what);
+  // Calls `call` inside the open group: NCCL only records it, so nothing waits here.
+  void Queue(const std::string& what, const std::function<ncclResult_t(ncclComm_t)>& call);
+  // Ends the group (ncclGroupEnd), which launches what was queued, and waits while NCCL
+  // enqueues it, as Run() does. The group is closed even when this throws.
+  void EndGroup(const std::string& what, milliseconds timeout);
+  // Closes an open group whose batch failed, and aborts the communicator: the members
+  // cannot agree on a batch that was cut short. No-op without an open group.
+  void CancelGroup() noexcept;
+
   // Waits until the communicator's init or split has finished; after `timeout` aborts
   // it and throws CommError "<what>: <waited_for> within <timeout>; ...".
   void AwaitReady(const std::string& what, const std::string& waited_for, milliseconds timeout);
@@ -80,11 +95,16 @@ class NcclHandle {
   std::string Why(ncclResult_t error);
   // Waits while the state is ncclInProgress; true if it left that state in time.
   bool WaitWhileInProgress(milliseconds timeout, ncclResult_t* state);
+  // REQUIRES: mutex_ held. Throws unless the communicator is usable, then calls `call`.
+  void CallLocked(const std::string& what, const std::function<ncclResult_t(ncclComm_t)>& call);
+  // After a call: waits while NCCL enqueues it; aborts after `timeout`.
+  void AwaitEnqueued(const std::string& what, milliseconds timeout);
   void AbortLocked();
 
   std::mutex mutex_;
   ncclComm_t comm_;
   bool aborted_ = false, closed_ = false;
+  bool in_group_ = false, abort_when_group_ends_ = false;
 };
 
 }  // namespace meshtrain::comm::nccl
