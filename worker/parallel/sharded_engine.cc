@@ -277,13 +277,14 @@ void ShardedEngine<P>::ReleaseBlock(int l) {
 template <class P>
 void ShardedEngine<P>::ReleaseRoot() {
   root_free_->Record(*compute_);
-  held_ = false;
 }
 
 template <class P>
 void ShardedEngine<P>::ReleaseHeld() {
+  if (!held_) return;
   ReleaseBlock(int(layout_.shape().layers) - 1);
   ReleaseRoot();
+  held_ = false;
 }
 
 template <class P>
@@ -336,7 +337,7 @@ template <class P>
 void ShardedEngine<P>::Forward(const int32_t* inputs, const int32_t* targets, int B, int T,
                                const MicroBatchKey* training, float loss_weight) {
   if (targets == nullptr) throw std::invalid_argument("Forward needs targets");
-  if (held_) ReleaseHeld();  // a training forward whose backward never came
+  ReleaseHeld();  // a training forward whose backward never came
   Stage(inputs, targets, B, T);
   B_ = B, T_ = T;
   dims_ = DimsOf(B, T, training);
@@ -381,7 +382,8 @@ void ShardedEngine<P>::Backward(bool last) {
   Observed(*compute_, Op::kBackward, 0, [&] {
     model::EmbedBackward(k, model::RootParams<G>::At(RootGrads(), layout_), store_->scratch.dresidual, tokens_, d);
   });
-  ReleaseRoot();
+  ReleaseRoot();  // the last block went in the loop
+  held_ = false;
   Root().backward_done().Record(*compute_);
   comm_->Wait(Root().backward_done());
   Observed(*comm_, Op::kReduceScatter, 0,
@@ -403,7 +405,7 @@ void ShardedEngine<P>::ZeroGrad() {
 
 template <class P>
 void ShardedEngine<P>::Update(const OptimizerStep& step) {
-  if (held_) ReleaseHeld();
+  ReleaseHeld();
   if (!replicas_reduced_) {  // independent all-reduces, one per unit: one batch
     comm::StreamCollectives* replica = mesh_->device_replica();
     comm::Batched(replica, [&] {
@@ -456,7 +458,7 @@ double ShardedEngine<P>::GradNorm() {
 
 template <class P>
 std::vector<float> ShardedEngine<P>::NextTokenProbabilities(const int32_t* tokens, int n) {
-  if (held_) ReleaseHeld();
+  ReleaseHeld();
   Stage(tokens, nullptr, 1, n);
   RunForward(DimsOf(1, n, nullptr), Head::kLogits, 0, n - 1);
   const int64_t V = layout_.shape().vocab_size;
@@ -486,7 +488,7 @@ std::vector<float> ShardedEngine<P>::NextTokenProbabilities(const int32_t* token
 
 template <class P>
 std::vector<float> ShardedEngine<P>::Weights() {
-  if (held_) ReleaseHeld();
+  ReleaseHeld();
   Drain();
   // This rank's TP slice, each unit gathered over its shard group.
   std::vector<G> local(size_t(layout_.total()));
@@ -521,7 +523,7 @@ std::vector<float> ShardedEngine<P>::Weights() {
 
 template <class P>
 void ShardedEngine<P>::Snapshot(ShardState* into) {
-  if (held_) ReleaseHeld();
+  ReleaseHeld();
   Drain();
   int64_t total = 0;
   for (auto& unit : units_) {
@@ -571,7 +573,7 @@ void ShardedEngine<P>::Restore(const WholeState& whole) {
 
 template <class P>
 void ShardedEngine<P>::RestoreShards(const ShardFill& fill) {
-  if (held_) ReleaseHeld();
+  ReleaseHeld();
   Drain();
   // One unit's shard staged at a time: the rank never holds more than its own state and
   // that unit's in host memory.

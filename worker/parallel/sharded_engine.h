@@ -112,7 +112,7 @@ class ShardedEngine final : public Engine {
   void GatherBlock(int l);
   void ReleaseBlock(int l);
   void ReleaseRoot();
-  void ReleaseHeld();  // the root and the last block of a training forward
+  void ReleaseHeld();  // the root and the last block a training forward kept, if it kept them
   // Replicated: the kept compute copies no longer match the masters (built, restored).
   void RefreshKept();
   // Runs `enqueue` between the observer's Begin and End of (op, unit) on `stream`.

@@ -27,7 +27,7 @@ struct Exchange::Header {
 
 Exchange::Exchange(const Group& group, const std::vector<Route>& routes,
                    const std::vector<Endpoint*>& endpoints, uint32_t group_id, uint32_t sequence,
-                   std::chrono::milliseconds timeout, std::string what)
+                   std::chrono::milliseconds timeout, std::string what, int idle_yields)
     : group_(group),
       routes_(routes),
       endpoints_(endpoints),
@@ -35,7 +35,8 @@ Exchange::Exchange(const Group& group, const std::vector<Route>& routes,
       sequence_(sequence & 0x3ff),
       timeout_(timeout),
       deadline_(Clock::now() + timeout),
-      what_(std::move(what)) {}
+      what_(std::move(what)),
+      idle_yields_(idle_yields) {}
 
 Exchange::~Exchange() {
   for (Lane* lane : {&sends_, &recvs_, &ack_recvs_}) {
@@ -184,9 +185,9 @@ void Exchange::WaitAll() {
                                                            : ack_recvs_.queued.front();
       Fail(oldest, "timed out after " + std::to_string(timeout_.count()) + " ms, still");
     }
-    // Spin briefly for latency, then yield the core: ranks often outnumber cores.
+    // Spin briefly for latency, yield the core for a while, then sleep between polls.
     if (++idle > 64) {
-      if (idle < 200) {
+      if (idle < 64 + idle_yields_) {
         sched_yield();
       } else {
         usleep(50);

@@ -58,10 +58,11 @@ class Exchange {
   using Callback = std::function<void()>;
   using Clock = std::chrono::steady_clock;
 
-  // `what` describes the operation for errors ("all_reduce of 4.0 MiB fp32").
+  // `what` describes the operation for errors ("all_reduce of 4.0 MiB fp32"). An idle
+  // wait yields the core `idle_yields` times before it sleeps between polls.
   Exchange(const Group& group, const std::vector<Route>& routes,
            const std::vector<Endpoint*>& endpoints, uint32_t group_id, uint32_t sequence,
-           std::chrono::milliseconds timeout, std::string what);
+           std::chrono::milliseconds timeout, std::string what, int idle_yields);
   // Abandons (cancels) whatever is still outstanding after a failure.
   ~Exchange();
   Exchange(const Exchange&) = delete;
@@ -125,6 +126,7 @@ class Exchange {
   std::chrono::milliseconds timeout_;
   Clock::time_point deadline_;
   std::string what_;
+  int idle_yields_;
   int phase_ = -1;
   Lane sends_, recvs_, ack_recvs_;
   std::deque<Header> headers_;  // stable addresses while messages are in flight

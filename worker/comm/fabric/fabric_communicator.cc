@@ -1,5 +1,7 @@
 #include "worker/comm/fabric/fabric_communicator.h"
 
+#include <sched.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -78,7 +80,18 @@ struct FabricWorld {
   std::vector<Route> routes;  // by global rank
   std::mutex mutex;
   std::map<std::string, int> group_ordinals;  // NewGroup calls per (parent, members)
+  int idle_yields = 0;                        // Exchange's, by how crowded this node's cores are
 };
+
+// How many times a waiting collective yields its core before it sleeps between polls.
+// A rank with a core of its own yields long, for latency. Where this node's ranks
+// outnumber the cores this process may run on, a yielding rank would take turns from the
+// very peers it waits for, so it soon sleeps instead.
+int IdleYields(int ranks_on_node) {
+  cpu_set_t cpus;
+  const int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  return ranks_on_node > cores ? 128 : 20000;
+}
 
 std::string Join(const std::vector<int>& values) {
   std::string text;
@@ -277,7 +290,7 @@ class FabricCommunicator : public Communicator {
       }
       try {
         Exchange exchange(group_, routes_, world_->endpoints, id_, collective ? sequence_++ : 0,
-                          world_->options.timeout, what);
+                          world_->options.timeout, what, world_->idle_yields);
         Context ctx{exchange, scratch_, type, world_->options.chunk_bytes};
         body(ctx);
         work->Complete();
@@ -311,10 +324,13 @@ std::unique_ptr<Communicator> ConnectFabric(const api::RankTable& table, int ran
   world->options = options;
   world->store = store;
   bool local_peers = false, remote_peers = false;
+  int ranks_on_node = 1;
   for (int r = 0; r < world_group.size(); ++r) {
     if (r == rank) continue;
     (world_group.SameNode(r, rank) ? local_peers : remote_peers) = true;
+    ranks_on_node += world_group.SameNode(r, rank);
   }
+  world->idle_yields = IdleYields(ranks_on_node);
   if (local_peers) world->intra = std::make_unique<Endpoint>(options.intra_provider, options.register_always);
   if (remote_peers) {
     if (!options.inter_provider.empty()) {
