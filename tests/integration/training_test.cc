@@ -49,7 +49,7 @@ class TrainingTest : public testing::Test {
 };
 
 TEST_F(TrainingTest, ValidationLossFallsBelowWhatNoContextAllows) {
-  Trainer trainer(Job(150));
+  Trainer trainer(Job(100));
   const double untrained = trainer.Evaluate();
   EXPECT_NEAR(untrained, std::log(256.0), 0.1);  // uniform over bytes at init
   std::vector<double> validation;
