@@ -197,8 +197,9 @@ TEST_F(NcclCollectivesTest, SecondsGrowWithEveryOperationOnce) {
 }
 
 // A batch goes out as one NCCL group: its results are those of its operations issued
-// one by one, and its time counts to the kinds it holds. A cancelled batch aborts the
-// world but leaves the thread outside NCCL's group, so a new world works.
+// one by one, and its time counts to the kinds it holds. What would break the group is
+// refused. A cancelled batch aborts the world but leaves the thread outside NCCL's
+// group, so a new world works.
 TEST_F(NcclCollectivesTest, ABatchGivesTheResultsOfItsOperationsIssuedOneByOne) {
   MESHTRAIN_SKIP_WITHOUT_GPU();
   auto world = ConnectWorldOfOne();
@@ -229,6 +230,19 @@ TEST_F(NcclCollectivesTest, ABatchGivesTheResultsOfItsOperationsIssuedOneByOne) 
   EXPECT_GT(seconds.all_gather, 0);
   EXPECT_EQ(seconds.reduce_scatter, 0);
 
+  // A batch keeps to one stream, and its thread issues nothing on another group until it
+  // ends (that call would join NCCL's group).
+  auto tp = world->SplitAxis(api::ParallelLayout(1, 1, 1, 0), api::Axis::kTensor);
+  auto other = backend_->NewStream("other");
+  Batched(tp.get(), [&] {
+    tp->AllReduce(buffers[0], buffers[0], count, DataType::kFloat32, ReduceOp::kSum, *stream_);
+    EXPECT_THROW(tp->AllReduce(buffers[1], buffers[1], count, DataType::kFloat32, ReduceOp::kSum, *other),
+                 std::logic_error);
+    EXPECT_THROW(world->AllReduce(buffers[1], buffers[1], count, DataType::kFloat32, ReduceOp::kSum, *stream_),
+                 std::logic_error);
+  });
+  EXPECT_EQ(Differences(Download(buffers[0], bytes), data[0], DataType::kFloat32), "");
+
   world->BeginBatch();
   EXPECT_THROW(world->BeginBatch(), std::logic_error) << "batches do not nest";
   world->AllReduce(buffers[0], buffers[0], count, DataType::kFloat32, ReduceOp::kSum, *stream_);
@@ -242,6 +256,7 @@ TEST_F(NcclCollectivesTest, ABatchGivesTheResultsOfItsOperationsIssuedOneByOne) 
   } catch (const CommError& e) {
     EXPECT_NE(std::string(e.what()).find("aborted"), std::string::npos) << e.what();
   }
+  tp.reset();
   world.reset();
   auto again = ConnectWorldOfOne();  // would hang or fail if the thread were still in NCCL's group
   again->AllReduce(buffers[2], buffers[2], count, DataType::kFloat32, ReduceOp::kAverage, *stream_);

@@ -60,14 +60,17 @@ class StreamCollectives {
   virtual void AllReduce(runtime::ConstDeviceBytes send, runtime::DeviceBytes recv, size_t count, DataType type,
                          ReduceOp op, runtime::Stream& stream) = 0;
 
-  // Batches: the operations issued between BeginBatch() and EndBatch() may go out as one
-  // launch (NCCL's grouped calls: many small operations pay one launch and one meeting of
-  // the members). Each completes in its stream's order as if issued alone; nothing may
-  // wait on their streams before EndBatch(). When an operation of the batch throws, the
-  // issuer calls CancelBatch(), which ends the batch and aborts the group (its members
-  // cannot agree on a batch cut short). A batch's time counts to each kind it holds.
-  // Batches do not nest. Batched() below pairs the calls. The host implementation, whose
-  // operations run one by one anyway, does nothing here.
+  // Batches: the operations issued between BeginBatch() and EndBatch(), all on one
+  // stream, may go out as one launch (NCCL's grouped calls: many small operations pay one
+  // launch and one meeting of the members). Each completes in the stream's order as if
+  // issued alone; nothing may wait on the stream before EndBatch(). One thread makes all
+  // of a batch's calls, and no operation on another group until it ends (NCCL's group is
+  // the thread's: the operation would join it, so it is refused). When an operation of
+  // the batch throws, the issuer calls CancelBatch(), which ends the batch and aborts
+  // (NCCL: the whole world, as Abort() does), since the members cannot agree on a batch
+  // cut short. A batch's time counts to each kind it holds. Batches do not nest. Batched()
+  // below pairs the calls. The host implementation, whose operations run one by one
+  // anyway, does nothing here.
   virtual void BeginBatch() {}
   virtual void EndBatch() {}
   virtual void CancelBatch() noexcept {}

@@ -187,7 +187,7 @@ void Exchange::WaitAll() {
     }
     // Spin briefly for latency, yield the core for a while, then sleep between polls.
     if (++idle > 64) {
-      if (idle < 64 + idle_yields_) {
+      if (idle <= 64 + idle_yields_) {
         sched_yield();
       } else {
         usleep(50);

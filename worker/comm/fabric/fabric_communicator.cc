@@ -1,7 +1,9 @@
 #include "worker/comm/fabric/fabric_communicator.h"
 
 #include <sched.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -85,12 +87,17 @@ struct FabricWorld {
 
 // How many times a waiting collective yields its core before it sleeps between polls.
 // A rank with a core of its own yields long, for latency. Where this node's ranks
-// outnumber the cores this process may run on, a yielding rank would take turns from the
-// very peers it waits for, so it soon sleeps instead.
+// outnumber the cores they may run on (the launcher starts them all with its own
+// affinity), a yielding rank would take turns from the very peers it waits for, so it
+// soon sleeps instead.
 int IdleYields(int ranks_on_node) {
-  cpu_set_t cpus;
-  const int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-  return ranks_on_node > cores ? 128 : 20000;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const size_t slots = size_t(std::max({sysconf(_SC_NPROCESSORS_CONF), cores, 1L}));
+  if (cpu_set_t* mask = CPU_ALLOC(slots); mask != nullptr) {  // sized for hosts past 1024 CPUs
+    if (sched_getaffinity(0, CPU_ALLOC_SIZE(slots), mask) == 0) cores = CPU_COUNT_S(CPU_ALLOC_SIZE(slots), mask);
+    CPU_FREE(mask);
+  }
+  return ranks_on_node > std::max(cores, 1L) ? 128 : 20000;
 }
 
 std::string Join(const std::vector<int>& values) {

@@ -154,11 +154,13 @@ class NcclCollectives final : public StreamCollectives {
   void EndBatch() override {
     if (!batching_) throw std::logic_error("EndBatch on group " + group_.Describe() + " without BeginBatch");
     batching_ = false;
-    const std::string what = "a batch of " + std::to_string(batch_.operations) + " operations (" + batch_.first +
-                             ", ...) on group " + group_.Describe() + " (nccl)";
+    const std::string what = "a batch of " + std::to_string(batch_.operations) + " operations" +
+                             (batch_.operations > 0 ? " (" + batch_.first + " first)" : "") + " on group " +
+                             group_.Describe() + " (nccl)";
     handle_->EndGroup(what, world_->timeout());
-    for (const auto& [timer, stream] : batch_.timed) timer->End(*stream);
-    if (batch_.last_stream != nullptr) RecordDone(what, *batch_.last_stream);
+    if (batch_.stream == nullptr) return;  // nothing was queued
+    for (runtime::StreamTimer* timer : batch_.timed) timer->End(*batch_.stream);
+    RecordDone(what, *batch_.stream);
   }
 
   void CancelBatch() noexcept override {
@@ -216,15 +218,21 @@ class NcclCollectives final : public StreamCollectives {
       return;
     }
     if (batching_) {  // launched by EndBatch, which ends the timers begun here
-      if (std::none_of(batch_.timed.begin(), batch_.timed.end(), [&](const auto& t) { return t.first == &timer; })) {
+      // Streams mixed in one NCCL group wait for each other: a batch keeps to one.
+      if (batch_.stream != nullptr && batch_.stream != &stream) {
+        throw std::logic_error(what + ": a batch's operations share one stream, and this one is on " + stream.name() +
+                               ", not " + batch_.stream->name());
+      }
+      if (std::find(batch_.timed.begin(), batch_.timed.end(), &timer) == batch_.timed.end()) {
         timer.Begin(stream);
-        batch_.timed.emplace_back(&timer, &stream);
+        batch_.timed.push_back(&timer);
       }
       handle_->Queue(what, [&](ncclComm_t comm) { return call(comm, s); });
       if (batch_.operations++ == 0) batch_.first = op;
-      batch_.last_stream = &stream;
+      batch_.stream = &stream;
       return;
     }
+    NcclHandle::RequireNoGroupOnThisThread(what);  // before the timer begins
     timer.Begin(stream);
     // Checks NCCL's asynchronous error first; returns once NCCL has enqueued the call.
     handle_->Run(what, world_->timeout(), [&](ncclComm_t comm) { return call(comm, s); });
@@ -244,9 +252,9 @@ class NcclCollectives final : public StreamCollectives {
   // The operations queued since BeginBatch.
   struct Batch {
     int operations = 0;
-    std::string first;  // the first one's name
-    std::vector<std::pair<runtime::StreamTimer*, runtime::Stream*>> timed;  // begun, to end after the launch
-    runtime::Stream* last_stream = nullptr;
+    std::string first;                         // the first one's name
+    runtime::Stream* stream = nullptr;         // theirs
+    std::vector<runtime::StreamTimer*> timed;  // begun on it, to end after the launch
   };
 
   std::shared_ptr<NcclWorld> world_;

@@ -13,6 +13,10 @@ using Clock = std::chrono::steady_clock;
 // What State() answers once the handle has ended: no NCCL call may touch it then.
 constexpr ncclResult_t kEnded = ncclInvalidUsage;
 
+// The handle whose group this thread has open (NCCL's group is the thread's), if any.
+thread_local const NcclHandle* open_group = nullptr;
+
+
 }  // namespace
 
 ncclDataType_t NcclType(DataType type) {
@@ -39,6 +43,12 @@ std::string FormatDuration(milliseconds duration) {
 }
 
 NcclHandle::NcclHandle(ncclComm_t comm) : comm_(comm) {}
+
+void NcclHandle::RequireNoGroupOnThisThread(const std::string& what) {
+  if (open_group != nullptr) {
+    throw std::logic_error(what + ": this thread has a group of NCCL calls open, which the call would join");
+  }
+}
 
 NcclHandle::~NcclHandle() { Close(kCloseBound); }
 
@@ -108,6 +118,7 @@ void NcclHandle::AwaitEnqueued(const std::string& what, milliseconds timeout) {
 
 void NcclHandle::Run(const std::string& what, milliseconds timeout,
                      const std::function<ncclResult_t(ncclComm_t)>& call) {
+  RequireNoGroupOnThisThread(what);
   ncclResult_t state;
   if (!WaitWhileInProgress(timeout, &state)) {  // an earlier call still in progress
     Abort();
@@ -116,36 +127,41 @@ void NcclHandle::Run(const std::string& what, milliseconds timeout,
   }
   {
     std::lock_guard lock(mutex_);
+    if (in_group_) throw std::logic_error(what + ": another thread has a group of calls open on the communicator");
     CallLocked(what, call);
   }
   AwaitEnqueued(what, timeout);
 }
 
 void NcclHandle::BeginGroup(const std::string& what) {
+  RequireNoGroupOnThisThread(what);
   std::lock_guard lock(mutex_);
-  if (in_group_) throw std::logic_error(what + ": a group of NCCL calls is already open");
+  if (in_group_) throw std::logic_error(what + ": another thread has a group of calls open on the communicator");
   const ncclResult_t state = State();
   if (state != ncclSuccess) throw CommError(what + ": " + Why(state));
   const ncclResult_t started = ncclGroupStart();
   if (started != ncclSuccess) throw CommError(what + ": ncclGroupStart: " + ncclGetErrorString(started));
   in_group_ = true;
+  open_group = this;
 }
 
 void NcclHandle::Queue(const std::string& what, const std::function<ncclResult_t(ncclComm_t)>& call) {
+  if (open_group != this) throw std::logic_error(what + ": queued without a group this thread began");
   std::lock_guard lock(mutex_);
-  if (!in_group_) throw std::logic_error(what + ": queued without an open group of NCCL calls");
+  if (abort_when_group_ends_) throw CommError(what + ": the NCCL communicator is being aborted");
   CallLocked(what, call);
 }
 
 void NcclHandle::EndGroup(const std::string& what, milliseconds timeout) {
+  if (open_group != this) throw std::logic_error(what + ": this thread began no group of NCCL calls here");
   {
     std::lock_guard lock(mutex_);
-    if (!in_group_) throw std::logic_error(what + ": no group of NCCL calls is open");
     const ncclResult_t ended = ncclGroupEnd();
     in_group_ = false;
+    open_group = nullptr;
     if (abort_when_group_ends_) {
       AbortLocked();
-      throw CommError(what + ": " + Why(ncclInvalidUsage));
+      throw CommError(what + ": the NCCL communicator was aborted while the batch was queued");
     }
     if (ended != ncclSuccess && ended != ncclInProgress) throw CommError(what + ": " + Why(ended));
   }
@@ -153,14 +169,16 @@ void NcclHandle::EndGroup(const std::string& what, milliseconds timeout) {
 }
 
 void NcclHandle::CancelGroup() noexcept {
+  if (open_group != this) return;
   std::lock_guard lock(mutex_);
-  if (!in_group_) return;
   ncclGroupEnd();  // leaves the thread's group; what it launches, the abort stops
   in_group_ = false;
+  open_group = nullptr;
   AbortLocked();
 }
 
 void NcclHandle::AwaitReady(const std::string& what, const std::string& waited_for, milliseconds timeout) {
+  RequireNoGroupOnThisThread(what);
   ncclResult_t state;
   if (!WaitWhileInProgress(timeout, &state)) {
     Abort();
@@ -178,7 +196,7 @@ void NcclHandle::AwaitReady(const std::string& what, const std::string& waited_f
 void NcclHandle::AbortLocked() {
   if (aborted_ || closed_) return;
   if (in_group_) {  // queued calls refer to the communicator until the group ends
-    abort_when_group_ends_ = true;
+    abort_when_group_ends_ = true;  // stays set: the handle has ended once the group does
     return;
   }
   aborted_ = true;
@@ -199,6 +217,7 @@ void NcclHandle::Close(milliseconds bound) {
   {
     std::lock_guard lock(mutex_);
     if (aborted_ || closed_) return;
+    if (in_group_) return AbortLocked();  // another thread's group: ended when the group ends
     const ncclResult_t finalized = ncclCommFinalize(comm_);
     if (finalized != ncclSuccess && finalized != ncclInProgress) return AbortLocked();
   }

@@ -9,13 +9,18 @@
 //   naming the operation and the group.
 // - The handle ends exactly once: Close() (finalize, then destroy) or Abort(), never
 //   both. A close that does not finish in its bound (a peer that is gone) aborts instead.
-// - Grouped calls (BeginGroup, Queue, EndGroup or CancelGroup) batch operations into one
-//   launch. NCCL's group is the calling thread's, so one thread makes all four calls. An
-//   Abort() from another thread meanwhile is carried out when the group ends, because the
-//   queued operations still refer to the communicator.
+// - Grouped calls (BeginGroup, Queue, then EndGroup or CancelGroup) batch operations of
+//   this communicator into one launch. NCCL's group belongs to the calling thread: while
+//   it is open, any other NCCL call of that thread would join it, so one thread makes all
+//   of a group's calls and no other NCCL call (another handle's Run(), a split, a connect)
+//   until it ends; each is refused with std::logic_error. Run() from another thread is
+//   refused too, since it would go out of order with the other members. An Abort() or
+//   Close() from another thread meanwhile is carried out when the group ends, because
+//   the queued calls still refer to the communicator.
 //
-// Thread-safety: every method may be called from any thread; calls on one handle are
-// serialised, except that Abort() may interrupt a wait in Run() or AwaitReady().
+// Thread-safety: every method may be called from any thread, but for the group rules
+// above; calls on one handle are serialised, except that Abort() may interrupt a wait in
+// Run() or AwaitReady().
 
 #pragma once
 
@@ -48,6 +53,10 @@ class NcclHandle {
   NcclHandle(const NcclHandle&) = delete;
   NcclHandle& operator=(const NcclHandle&) = delete;
 
+  // Throws std::logic_error naming `what` when the calling thread has a group open (on
+  // any handle): an NCCL call now would join it.
+  static void RequireNoGroupOnThisThread(const std::string& what);
+
   // Bound of the destructor's close.
   static constexpr milliseconds kCloseBound{10'000};
 
@@ -61,15 +70,18 @@ class NcclHandle {
   // throws CommError naming `what` and the timeout.
   void Run(const std::string& what, milliseconds timeout, const std::function<ncclResult_t(ncclComm_t)>& call);
 
-  // Starts a group on the calling thread (ncclGroupStart); REQUIRES: none is open.
+  // Starts a group on the calling thread (ncclGroupStart). REQUIRES: the thread has no
+  // group open, on any handle.
   void BeginGroup(const std::string& what);
   // Calls `call` inside the open group: NCCL only records it, so nothing waits here.
+  // REQUIRES: the thread that began the group.
   void Queue(const std::string& what, const std::function<ncclResult_t(ncclComm_t)>& call);
   // Ends the group (ncclGroupEnd), which launches what was queued, and waits while NCCL
-  // enqueues it, as Run() does. The group is closed even when this throws.
+  // enqueues it, as Run() does. The group is closed even when this throws. REQUIRES: the
+  // thread that began the group.
   void EndGroup(const std::string& what, milliseconds timeout);
   // Closes an open group whose batch failed, and aborts the communicator: the members
-  // cannot agree on a batch that was cut short. No-op without an open group.
+  // cannot agree on a batch that was cut short. No-op without a group this thread began.
   void CancelGroup() noexcept;
 
   // Waits until the communicator's init or split has finished; after `timeout` aborts
@@ -104,7 +116,8 @@ class NcclHandle {
   std::mutex mutex_;
   ncclComm_t comm_;
   bool aborted_ = false, closed_ = false;
-  bool in_group_ = false, abort_when_group_ends_ = false;
+  bool in_group_ = false;
+  bool abort_when_group_ends_ = false;  // an Abort() or Close() came during the group
 };
 
 }  // namespace meshtrain::comm::nccl
