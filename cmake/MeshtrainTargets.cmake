@@ -46,15 +46,3 @@ function(meshtrain_test name label)
   gtest_discover_tests(${name} PROPERTIES LABELS ${label} SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]"
                        WORKING_DIRECTORY ${PROJECT_SOURCE_DIR} DISCOVERY_TIMEOUT 60)
 endfunction()
-
-# meshtrain_test_costs(TEST:SECONDS...), called where the tests are added: ctest -j starts
-# tests in descending COST, so the longest start first and none starts last to leave the
-# other core idle at the end of a run. The seconds are each test's in a CI run on 2 cores.
-function(meshtrain_test_costs)
-  foreach(item IN LISTS ARGN)
-    string(REPLACE ":" ";" pair ${item})
-    list(GET pair 0 test)
-    list(GET pair 1 cost)
-    set_tests_properties(${test} PROPERTIES COST ${cost})
-  endforeach()
-endfunction()

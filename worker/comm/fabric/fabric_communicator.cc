@@ -334,8 +334,9 @@ std::unique_ptr<Communicator> ConnectFabric(const api::RankTable& table, int ran
   int ranks_on_node = 1;
   for (int r = 0; r < world_group.size(); ++r) {
     if (r == rank) continue;
-    (world_group.SameNode(r, rank) ? local_peers : remote_peers) = true;
-    ranks_on_node += world_group.SameNode(r, rank);
+    const bool same_node = world_group.SameNode(r, rank);
+    (same_node ? local_peers : remote_peers) = true;
+    ranks_on_node += same_node;
   }
   world->idle_yields = IdleYields(ranks_on_node);
   if (local_peers) world->intra = std::make_unique<Endpoint>(options.intra_provider, options.register_always);
