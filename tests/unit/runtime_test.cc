@@ -167,10 +167,11 @@ TEST(CpuEvent, RecordedAgainOnAHealthyStreamItNoLongerCarriesAFailure) {
 
 // Two jittered streams, seeded differently, pass a counter back and forth through
 // events: each task must see the value the other stream's last task left, whatever the
-// delays. The jitter itself must be there: 100 tasks sleeping up to 2 ms each take tens
-// of milliseconds (their mean is 100 ms), where unjittered ones take microseconds.
+// delays. The jitter itself must be there: the streams take turns through 300 tasks (a
+// wait, a task and a record each turn), and one in two stalling up to 2 ms adds about
+// 150 ms, where unjittered ones take microseconds.
 TEST(CpuStream, JitteredStreamsStillKeepTheOrderEventsGive) {
-  CpuStream ping("ping", CpuJitter{1, 2000us}), pong("pong", CpuJitter{2, 2000us});
+  CpuStream ping("ping", CpuJitter{1, 2000us, 2}), pong("pong", CpuJitter{2, 2000us, 2});
   std::vector<std::unique_ptr<CpuEvent>> events;
   int counter = 0;  // touched by one stream at a time, in the order the events give
   std::mutex mutex;

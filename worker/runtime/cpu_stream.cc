@@ -95,7 +95,7 @@ void CpuStream::Loop() {
     queue_.pop_front();
     const std::exception_ptr failed = error_;
     lock.unlock();
-    if (jitter_.seed != 0) {
+    if (jitter_.seed != 0 && random_() % jitter_.one_in == 0) {
       std::this_thread::sleep_for(std::chrono::microseconds(random_() % uint64_t(jitter_.max.count() + 1)));
     }
     std::exception_ptr failure;
