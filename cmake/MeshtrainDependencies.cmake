@@ -13,7 +13,13 @@ find_package(OpenSSL REQUIRED)
 find_package(cpprestsdk REQUIRED)
 find_package(prometheus-cpp REQUIRED)
 find_package(PkgConfig REQUIRED)
-pkg_check_modules(LIBFABRIC REQUIRED IMPORTED_TARGET libfabric)
+pkg_check_modules(LIBFABRIC REQUIRED libfabric)
+# libfabric's headers only: the fabric backend loads the library on first use
+# (worker/comm/fabric/libfabric.h says why).
+add_library(meshtrain_libfabric_headers INTERFACE)
+target_include_directories(meshtrain_libfabric_headers SYSTEM INTERFACE ${LIBFABRIC_INCLUDE_DIRS})
+target_link_libraries(meshtrain_libfabric_headers INTERFACE ${CMAKE_DL_LIBS})
+add_library(meshtrain::libfabric_headers ALIAS meshtrain_libfabric_headers)
 # GPT-2's pre-tokenizer pattern needs Unicode classes (\p{L}), which std::regex lacks.
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 # OpenBLAS built on OpenMP shares libgomp's threads with meshtrain's OpenMP loops; the

@@ -31,6 +31,10 @@ expect "validate the examples" 0 \
   'gpt2-tiny-local.yaml TrainingJob "gpt2-tiny-local": ok' 'gpt2-2p7b-32x8.yaml TrainingJob "gpt2-2p7b": ok' \
   -- "$meshtrain" validate examples/*.yaml examples/*.json
 
+# libfabric loads with the first endpoint: its PSM libraries sleep 0.2 s as they load.
+expect "validate loads no libfabric" 0 'calling init: .*libc\.so' '!libfabric|libinfinipath' \
+  -- env LD_DEBUG=libs "$meshtrain" validate examples/gpt2-tiny-local.yaml
+
 expect "validate names every bad field" 1 \
   'invalid-job.yaml TrainingJob "invalid-job": spec.training.shedule: unknown field' \
   'spec.parallelism.tensorParallelDegree: must divide spec.gpusPerNode \(8\), got 3' \

@@ -1,7 +1,9 @@
 // The shm endpoint of a process whose pid a SIGKILLed rank once had: the dead rank's
-// regions are still in /dev/shm under that pid. A process that links the fabric backend
+// regions are still in /dev/shm under that pid. libfabric is loaded by the first
+// endpoint, keeping the signal handlers set before it, and a process that uses the fabric
 // dies of a fatal signal, whatever libinfinipath installed.
 
+#include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +19,34 @@
 namespace meshtrain::comm::fabric {
 namespace {
 
+bool LibFabricLoaded() {
+  void* library = ::dlopen("libfabric.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (library != nullptr) ::dlclose(library);
+  return library != nullptr;
+}
+
+void Noted(int) {}
+
+// First in this file: the tests after it load libfabric into the process.
+TEST(FabricEndpoint, TheFirstEndpointLoadsLibfabricAndKeepsTheHandlersSetBefore) {
+  ASSERT_FALSE(LibFabricLoaded()) << "libfabric was loaded before any endpoint was opened";
+  struct sigaction noted{}, before{};
+  noted.sa_handler = Noted;
+  ASSERT_EQ(::sigaction(SIGTERM, &noted, &before), 0);
+  {
+    // tcp: shm installs handlers of its own when it opens, which clean up its regions and
+    // then chain to the ones before them.
+    Endpoint endpoint("tcp;ofi_rxm", false);
+    EXPECT_TRUE(LibFabricLoaded());
+  }
+  struct sigaction after{};
+  ASSERT_EQ(::sigaction(SIGTERM, &before, &after), 0);
+  Dl_info owner{};
+  ::dladdr(reinterpret_cast<void*>(after.sa_handler), &owner);
+  EXPECT_EQ(after.sa_handler, &Noted) << "loading libfabric replaced the SIGTERM handler set before it with one in "
+                                      << (owner.dli_fname != nullptr ? owner.dli_fname : "no library");
+}
+
 TEST(FabricEndpoint, ShmOpensOverRegionsLeftByADeadProcessWithThisPid) {
   const std::string pid = std::to_string(::getpid());
   std::vector<std::filesystem::path> leftovers;
@@ -31,7 +61,7 @@ TEST(FabricEndpoint, ShmOpensOverRegionsLeftByADeadProcessWithThisPid) {
 
 // Debian's libinfinipath, loaded with libfabric, turns SIGTERM and SIGSEGV into a
 // backtrace and exit(1); a launcher then sees status 1, or a process stuck in exit.
-TEST(FabricEndpoint, AProcessThatLinksTheFabricDiesOfTheSignalItIsSent) {
+TEST(FabricEndpoint, AProcessThatUsesTheFabricDiesOfTheSignalItIsSent) {
   Endpoint endpoint("shm", false);  // libfabric is loaded and in use
   for (int signal : {SIGTERM, SIGSEGV, SIGINT, SIGABRT}) {
     const pid_t child = ::fork();

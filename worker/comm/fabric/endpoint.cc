@@ -4,16 +4,14 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
-#include <dlfcn.h>
 #include <rdma/fi_tagged.h>
 #include <unistd.h>
-
-#include <csignal>
 
 #include <cstring>
 #include <filesystem>
 #include <mutex>
 
+#include "worker/comm/fabric/libfabric.h"
 #include "worker/comm/types.h"
 
 namespace meshtrain::comm::fabric {
@@ -22,7 +20,7 @@ namespace {
 void Check(int result, const std::string& provider, const char* what) {
   if (result != 0) {
     throw CommError("libfabric provider \"" + provider + "\": " + what + " failed: " +
-                    fi_strerror(-result));
+                    LibFabric::Get().strerror(-result));
   }
 }
 
@@ -49,26 +47,6 @@ void RemoveRegionsLeftUnderThisPid() {
   });
 }
 
-// Debian's libfabric links libinfinipath (for its psm provider), which installs handlers
-// for these signals when it loads. They print a backtrace and call exit(): static
-// destructors, libfabric's among them, then run under threads still inside libfabric. A
-// rank sent SIGTERM exited 1 instead of dying of the signal, and one that crashed in
-// libfabric crashed again in exit and hung until SIGKILL. Every program that links the
-// fabric backend gets the default actions back before main; nobody else's handlers change.
-void RestoreSignalsTakenByInfinipath() {
-  for (int signal : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGINT, SIGTERM, SIGQUIT, SIGHUP}) {
-    struct sigaction current{};
-    if (::sigaction(signal, nullptr, &current) != 0) continue;
-    if (current.sa_handler == SIG_DFL || current.sa_handler == SIG_IGN) continue;
-    void* handler = (current.sa_flags & SA_SIGINFO) != 0 ? reinterpret_cast<void*>(current.sa_sigaction)
-                                                         : reinterpret_cast<void*>(current.sa_handler);
-    Dl_info library{};
-    if (::dladdr(handler, &library) == 0 || library.dli_fname == nullptr) continue;
-    if (std::strstr(library.dli_fname, "libinfinipath") != nullptr) ::signal(signal, SIG_DFL);
-  }
-}
-[[maybe_unused]] const bool signals_restored = (RestoreSignalsTakenByInfinipath(), true);
-
 uintptr_t PageDown(uintptr_t address) {
   static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   return address & ~(page - 1);
@@ -78,25 +56,26 @@ uintptr_t PageDown(uintptr_t address) {
 
 Endpoint::Endpoint(const std::string& provider, bool register_always) : provider_(provider) {
   if (provider == "shm") RemoveRegionsLeftUnderThisPid();
-  fi_info* hints = fi_allocinfo();
+  const LibFabric& libfabric = LibFabric::Get();
+  fi_info* hints = libfabric.dupinfo(nullptr);  // fi_allocinfo()
   hints->caps = FI_TAGGED | FI_SEND | FI_RECV;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->ep_attr->type = FI_EP_RDM;
   hints->domain_attr->threading = FI_THREAD_DOMAIN;  // our mutex serialises the calls
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
   hints->fabric_attr->prov_name = strdup(provider.c_str());
-  int result = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints, &info_);
-  fi_freeinfo(hints);
+  int result = libfabric.getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints, &info_);
+  libfabric.freeinfo(hints);
   if (result != 0) {
     throw CommError("libfabric has no RDM endpoint with tagged messages for provider \"" +
-                    provider + "\": " + fi_strerror(-result) +
+                    provider + "\": " + libfabric.strerror(-result) +
                     " (choose another with MESHTRAIN_FABRIC_INTRA_PROVIDER / "
                     "MESHTRAIN_FABRIC_INTER_PROVIDER)");
   }
   opened_provider_ = info_->fabric_attr->prov_name;
   needs_registration_ = register_always || (info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0;
   try {
-    Check(fi_fabric(info_->fabric_attr, &fabric_, nullptr), provider, "fi_fabric");
+    Check(libfabric.fabric(info_->fabric_attr, &fabric_, nullptr), provider, "fi_fabric");
     Check(fi_domain(fabric_, info_, &domain_, nullptr), provider, "fi_domain");
     fi_cq_attr cq_attr{};
     cq_attr.format = FI_CQ_FORMAT_TAGGED;
@@ -134,7 +113,7 @@ void Endpoint::Release() {
   Close(cq_);
   Close(domain_);
   Close(fabric_);
-  if (info_ != nullptr) fi_freeinfo(info_);
+  if (info_ != nullptr) LibFabric::Get().freeinfo(info_);
   info_ = nullptr;
 }
 
@@ -216,7 +195,7 @@ int Endpoint::Progress() {
           request->error = "cancelled";
         } else {
           peer_failed_ = true;
-          request->error = std::string(fi_strerror(error.err)) + " (" +
+          request->error = std::string(LibFabric::Get().strerror(error.err)) + " (" +
                            fi_cq_strerror(cq_, error.prov_errno, error.err_data, nullptr, 0) +
                            ")";
         }

@@ -10,9 +10,8 @@
 // Thread-safety: every method is safe to call from several threads (one mutex around
 // the provider's calls).
 //
-// A program that links this file has the default actions for SIGSEGV, SIGTERM and the
-// other fatal signals from its start, whatever handlers libinfinipath (loaded with
-// Debian's libfabric) installed (endpoint.cc says why).
+// The first endpoint loads libfabric (libfabric.h), keeping this process's actions for
+// SIGSEGV, SIGTERM and the other fatal signals, whatever libinfinipath installs.
 
 #pragma once
 
