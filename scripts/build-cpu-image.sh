@@ -18,7 +18,8 @@ done
 
 rootfs=$out/rootfs
 rm -rf "$rootfs"
-# The shared libraries the binaries link (ldd of each), as Debian 12 packages.
+# The shared libraries the binaries link (ldd of each), and libfabric, which the fabric
+# backend loads with its first endpoint, as Debian 12 packages.
 libraries=libcpprest2.10,libfabric1,libfmt9,libopenblas0-openmp,libprometheus-cpp-core1.0,libprometheus-cpp-pull1.0
 libraries+=,libspdlog1.10,libssl3,libyaml-cpp0.7,libpcre2-8-0,ca-certificates
 debootstrap --variant=minbase --include="$libraries" bookworm "$rootfs" "$mirror" >"$out/debootstrap.log" 2>&1 ||
@@ -35,6 +36,8 @@ for bin in meshtrain meshtrain-worker meshtrain-operator; do
   missing=$(chroot "$rootfs" ldd "/usr/local/bin/$bin" | grep "not found" || true)
   [ -z "$missing" ] || { echo "build-cpu-image: $bin lacks libraries in the image: $missing" >&2; exit 1; }
 done
+chroot "$rootfs" ldconfig -p | grep -q 'libfabric\.so\.1 ' ||
+  { echo "build-cpu-image: the image lacks libfabric.so.1, which the fabric backend loads" >&2; exit 1; }
 
 buildah=(buildah --storage-driver vfs --root "$out/storage" --runroot "$out/run")
 container=$("${buildah[@]}" from scratch)
