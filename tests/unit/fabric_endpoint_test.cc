@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 
 #include <filesystem>
 #include <fstream>
@@ -27,24 +29,41 @@ bool LibFabricLoaded() {
 
 void Noted(int) {}
 
-// First in this file: the tests after it load libfabric into the process.
-TEST(FabricEndpoint, TheFirstEndpointLoadsLibfabricAndKeepsTheHandlersSetBefore) {
-  ASSERT_FALSE(LibFabricLoaded()) << "libfabric was loaded before any endpoint was opened";
+// In a process of its own (a death test in the threadsafe style execs this binary
+// afresh), because the other tests load libfabric into theirs. The child exits 0 when the
+// load kept the handler, else it says what it found and exits 1.
+void OpenTheFirstEndpointKeepingAHandler() {
+  if (LibFabricLoaded()) {
+    std::fprintf(stderr, "libfabric was loaded before any endpoint was opened\n");
+    std::_Exit(1);
+  }
   struct sigaction noted{}, before{};
   noted.sa_handler = Noted;
-  ASSERT_EQ(::sigaction(SIGTERM, &noted, &before), 0);
+  ::sigaction(SIGTERM, &noted, &before);
   {
     // tcp: shm installs handlers of its own when it opens, which clean up its regions and
     // then chain to the ones before them.
     Endpoint endpoint("tcp;ofi_rxm", false);
-    EXPECT_TRUE(LibFabricLoaded());
+    if (!LibFabricLoaded()) {
+      std::fprintf(stderr, "an endpoint is open, but libfabric is not loaded\n");
+      std::_Exit(1);
+    }
   }
   struct sigaction after{};
-  ASSERT_EQ(::sigaction(SIGTERM, &before, &after), 0);
-  Dl_info owner{};
-  ::dladdr(reinterpret_cast<void*>(after.sa_handler), &owner);
-  EXPECT_EQ(after.sa_handler, &Noted) << "loading libfabric replaced the SIGTERM handler set before it with one in "
-                                      << (owner.dli_fname != nullptr ? owner.dli_fname : "no library");
+  ::sigaction(SIGTERM, &before, &after);
+  if (after.sa_handler != &Noted) {
+    Dl_info owner{};
+    ::dladdr(reinterpret_cast<void*>(after.sa_handler), &owner);
+    std::fprintf(stderr, "loading libfabric replaced the SIGTERM handler set before it with one in %s\n",
+                 owner.dli_fname != nullptr ? owner.dli_fname : "no library");
+    std::_Exit(1);
+  }
+  std::_Exit(0);
+}
+
+TEST(FabricEndpoint, TheFirstEndpointLoadsLibfabricAndKeepsTheHandlersSetBefore) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(OpenTheFirstEndpointKeepingAHandler(), ::testing::ExitedWithCode(0), "");
 }
 
 TEST(FabricEndpoint, ShmOpensOverRegionsLeftByADeadProcessWithThisPid) {
