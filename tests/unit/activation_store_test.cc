@@ -20,7 +20,7 @@
 #include "worker/parallel/sharded_engine.h"
 #include "worker/runtime/cpu_backend.h"
 
-namespace meshtrain::parallel {
+namespace meshtrain::parallel::activation_store_test {
 namespace {
 
 using kernels::Bf16;
@@ -279,4 +279,4 @@ TEST(ActivationStore, AnUnusablePolicyNamesTheField) {
 }
 
 }  // namespace
-}  // namespace meshtrain::parallel
+}  // namespace meshtrain::parallel::activation_store_test

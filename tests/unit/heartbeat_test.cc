@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-namespace meshtrain::comm {
+namespace meshtrain::comm::heartbeat_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -216,4 +216,4 @@ TEST(Watchdog, ATimeoutOfZeroWritesNoHeartbeat) {
 }
 
 }  // namespace
-}  // namespace meshtrain::comm
+}  // namespace meshtrain::comm::heartbeat_test

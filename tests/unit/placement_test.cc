@@ -7,7 +7,7 @@
 #include "api/manifest.h"
 #include "api/rank_table.h"
 
-namespace meshtrain::scheduler {
+namespace meshtrain::scheduler::placement_test {
 namespace {
 
 const std::vector<std::string> kLevels = {"topology.k8s.aws/network-node-layer-1", "topology.k8s.aws/network-node-layer-2",
@@ -264,4 +264,4 @@ TEST(Placement, TensorParallelLargerThanANodeIsRefusedByValidation) {
 }
 
 }  // namespace
-}  // namespace meshtrain::scheduler
+}  // namespace meshtrain::scheduler::placement_test
