@@ -31,7 +31,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
 // A value of /proc/self/status in bytes ("VmRSS", "VmHWM").
 int64_t StatusBytes(const std::string& field) {
@@ -216,7 +215,7 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
     const auto start = Clock::now();
     writer.Save({2 * i + 2, 0}, [&](train::ShardState* into) { trainer.model().Snapshot(into); });
     writer.Wait();
-    blocking += Seconds(start);
+    blocking += SecondsSince(start);
   }
   const int64_t bytes = writer.stats().last_bytes;
   if (failed) {

@@ -186,7 +186,7 @@ struct Half {
   int64_t requests = 0;    // by the operator, while the half's jobs were created
 };
 
-double Percentile(const std::vector<double>& sorted, double p) {
+double PercentileOfSorted(const std::vector<double>& sorted, double p) {
   return sorted.empty() ? 0.0 : sorted[std::min(sorted.size() - 1, static_cast<size_t>(p * sorted.size()))];
 }
 
@@ -268,7 +268,7 @@ void StartHangingJobs(TestServer& server, int count, const std::string& ip, cons
 void PrintHalf(std::ostream& out, const char* label, const Half& half, int jobs) {
   out << std::fixed << std::setprecision(1);
   out << "  " << label << ": " << half.ms.size() << " of " << jobs << " jobs with all pods created; job creation -> "
-      << "all pods created: median " << Percentile(half.ms, 0.5) << " ms, p90 " << Percentile(half.ms, 0.9)
+      << "all pods created: median " << PercentileOfSorted(half.ms, 0.5) << " ms, p90 " << PercentileOfSorted(half.ms, 0.9)
       << " ms, max " << (half.ms.empty() ? 0.0 : half.ms.back()) << " ms; " << std::setprecision(2)
       << static_cast<double>(half.requests) / jobs << " API requests per job\n";
 }
@@ -339,7 +339,7 @@ int BenchOperatorCommand(const BenchOperatorOptions& options, std::ostream& out)
     if (hanging) {
       PrintHalf(out, ("then, with " + std::to_string(options.hanging_metrics) + " jobs' metrics endpoints hanging").c_str(),
                 *hanging, options.jobs);
-      const double ratio = Percentile(hanging->ms, 0.5) / std::max(Percentile(baseline.ms, 0.5), 1e-3);
+      const double ratio = PercentileOfSorted(hanging->ms, 0.5) / std::max(PercentileOfSorted(baseline.ms, 0.5), 1e-3);
       out << std::setprecision(2) << "  hanging / baseline median: " << ratio << "\n";
     }
     out << "  gang restarts (all gangs are healthy, so this must be 0): " << restarts << "\n";

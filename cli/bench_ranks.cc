@@ -21,7 +21,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
 }  // namespace
 
@@ -93,7 +92,7 @@ int BenchTrainRank() {
   }
   world->Barrier()->Wait();
   const double measured = double(steps - warmup);
-  const double step_seconds = Seconds(start) / measured;
+  const double step_seconds = SecondsSince(start) / measured;
   const train::MemoryReport m = trainer.memory();
   std::ofstream(env.config + ".rank" + std::to_string(env.rank))
       << step_seconds << " " << seconds.exposed / measured << " " << seconds.copy / measured << " " << m.params << " "

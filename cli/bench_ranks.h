@@ -5,6 +5,7 @@
 
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -19,6 +20,11 @@
 #include "worker/train/trainer.h"
 
 namespace meshtrain::cli {
+
+// Seconds on the steady clock since `since`.
+inline double SecondsSince(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
 
 // How the ranks of one benchmark run keep activations.
 struct Activations {

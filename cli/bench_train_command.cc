@@ -37,7 +37,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
 // A (tokens x k) by (k x n) product that a training step runs `count` times forward
 // (out = in @ W^T) and twice backward (dIn = dOut @ W, dW = dOut^T @ In).
@@ -93,7 +92,7 @@ double MeasureSgemmGflops(const api::ModelShape& s, int tokens) {
     const int repeats = 3;
     const auto start = Clock::now();
     for (int r = 0; r < repeats; ++r) step();
-    return Seconds(start) / repeats;
+    return SecondsSince(start) / repeats;
   });
 }
 
@@ -256,7 +255,7 @@ int BenchTrainCommand(const BenchTrainOptions& o, const std::vector<std::string>
   for (int i = 0; i < o.warmup; ++i) trainer.Step();
   const auto start = Clock::now();
   for (int i = 0; i < o.steps; ++i) trainer.Step();
-  const double step_seconds = Seconds(start) / o.steps;
+  const double step_seconds = SecondsSince(start) / o.steps;
 
   const double params = double(shape.ParameterCount());
   const double flops_per_token = shape.TrainingFlopsPerToken(o.seq);

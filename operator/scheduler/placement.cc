@@ -20,14 +20,14 @@ bool Tolerates(const std::vector<api::Toleration>& tolerations, const Taint& tai
   return false;
 }
 
-struct Candidate {
+struct PlacementCandidate {
   const ClusterNode* node;
   std::vector<std::string> path;
   bool taken = false;
 };
 
 // The domain of `c` at `level`: its path up to and including that level, as "a/b/c".
-std::string DomainKey(const Candidate& c, int level) {
+std::string DomainKey(const PlacementCandidate& c, int level) {
   std::string key;
   for (int i = 0; i <= level; ++i) {
     if (i > 0) key += '/';
@@ -42,10 +42,10 @@ bool InDomain(const std::string& key, const std::string& domain) {
 
 // Chooses `need` untaken nodes among `members` (one domain, sorted by path), looking
 // at the children at `level`, and appends them to `out` in node-rank order.
-void Select(const std::vector<Candidate*>& members, size_t level, int64_t need, int64_t unit,
-            std::vector<Candidate*>* out) {
-  std::vector<Candidate*> free;
-  for (Candidate* c : members) {
+void Select(const std::vector<PlacementCandidate*>& members, size_t level, int64_t need, int64_t unit,
+            std::vector<PlacementCandidate*>* out) {
+  std::vector<PlacementCandidate*> free;
+  for (PlacementCandidate* c : members) {
     if (!c->taken) free.push_back(c);
   }
   if (level >= (free.empty() ? 0 : free.front()->path.size())) {  // below the last level: single nodes
@@ -57,11 +57,11 @@ void Select(const std::vector<Candidate*>& members, size_t level, int64_t need, 
   }
   struct Child {
     std::string name;
-    std::vector<Candidate*> members;
+    std::vector<PlacementCandidate*> members;
     int64_t remaining;
   };
   std::vector<Child> children;
-  for (Candidate* c : free) {
+  for (PlacementCandidate* c : free) {
     if (children.empty() || children.back().name != c->path[level]) children.push_back({c->path[level], {}, 0});
     children.back().members.push_back(c);
     ++children.back().remaining;
@@ -109,8 +109,8 @@ std::string Needs(const PlacementRequest& request) {
 }
 
 // The eligible nodes, sorted by topology path then name; or, if too few, why not.
-std::vector<Candidate> Eligible(const PlacementRequest& request, const ClusterSnapshot& snapshot, std::string* reason) {
-  std::vector<Candidate> eligible;
+std::vector<PlacementCandidate> Eligible(const PlacementRequest& request, const ClusterSnapshot& snapshot, std::string* reason) {
+  std::vector<PlacementCandidate> eligible;
   std::map<std::string, int64_t> why;
   for (const ClusterNode& node : snapshot.nodes) {
     std::string no = Ineligibility(request, node);
@@ -124,7 +124,7 @@ std::vector<Candidate> Eligible(const PlacementRequest& request, const ClusterSn
     for (const auto& [what, count] : why) details += (details.empty() ? "" : ", ") + std::to_string(count) + " " + what;
     if (!details.empty()) *reason += " (" + details + ")";
   }
-  std::sort(eligible.begin(), eligible.end(), [](const Candidate& a, const Candidate& b) {
+  std::sort(eligible.begin(), eligible.end(), [](const PlacementCandidate& a, const PlacementCandidate& b) {
     return std::tie(a.path, a.node->name) < std::tie(b.path, b.node->name);
   });
   return eligible;
@@ -179,7 +179,7 @@ std::vector<std::string> TopologyPath(const ClusterNode& node, const std::vector
 
 Placement Place(const PlacementRequest& request, const ClusterSnapshot& snapshot) {
   Placement placement;
-  std::vector<Candidate> eligible = Eligible(request, snapshot, &placement.reason);
+  std::vector<PlacementCandidate> eligible = Eligible(request, snapshot, &placement.reason);
   if (!placement.ok()) return placement;
 
   const int levels = int(request.levels.size());
@@ -189,7 +189,7 @@ Placement Place(const PlacementRequest& request, const ClusterSnapshot& snapshot
 
   // Nodes per domain, per level.
   std::vector<std::map<std::string, int64_t>> counts(levels);
-  for (const Candidate& c : eligible) {
+  for (const PlacementCandidate& c : eligible) {
     for (int l = 0; l < levels; ++l) ++counts[l][DomainKey(c, l)];
   }
   // Nodes in whole shard groups a domain can hold without a group leaving its rack-level domains.
@@ -222,15 +222,15 @@ Placement Place(const PlacementRequest& request, const ClusterSnapshot& snapshot
     return none;
   }
 
-  std::vector<Candidate*> members;
-  for (Candidate& c : eligible) {
+  std::vector<PlacementCandidate*> members;
+  for (PlacementCandidate& c : eligible) {
     if (placement.domain_level < 0 || InDomain(DomainKey(c, placement.domain_level), placement.domain)) {
       members.push_back(&c);
     }
   }
-  std::vector<Candidate*> chosen;
+  std::vector<PlacementCandidate*> chosen;
   Select(members, size_t(placement.domain_level + 1), need, unit, &chosen);
-  for (const Candidate* c : chosen) {
+  for (const PlacementCandidate* c : chosen) {
     placement.nodes.push_back(c->node->name);
     placement.paths.push_back(c->path);
   }
@@ -242,14 +242,14 @@ Placement PlaceReplacement(const PlacementRequest& request, const ClusterSnapsho
   PlacementRequest one = request;
   one.nodes = 1;
   Placement placement;
-  const std::vector<Candidate> eligible = Eligible(one, snapshot, &placement.reason);
+  const std::vector<PlacementCandidate> eligible = Eligible(one, snapshot, &placement.reason);
   const std::vector<std::string>& lost_path = gang.paths.at(lost);
   const auto level = std::find(request.levels.begin(), request.levels.end(), request.required_level);
   const size_t required_depth =
       request.required && level != request.levels.end() ? size_t(level - request.levels.begin()) + 1 : 0;
-  const Candidate* best = nullptr;
+  const PlacementCandidate* best = nullptr;
   size_t best_shared = 0, outside = 0;
-  for (const Candidate& c : eligible) {
+  for (const PlacementCandidate& c : eligible) {
     if (std::find(gang.nodes.begin(), gang.nodes.end(), c.node->name) != gang.nodes.end()) continue;
     ++outside;
     size_t shared = 0;
