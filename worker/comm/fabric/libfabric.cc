@@ -27,8 +27,12 @@ bool HandledByInfinipath(const struct sigaction& action) {
 
 template <class F>
 void Resolve(void* library, const char* name, F& entry) {
+  ::dlerror();  // clear an older error
   entry = reinterpret_cast<F>(::dlsym(library, name));
-  if (entry == nullptr) throw CommError(std::string(kLibrary) + " has no " + name + " (" + ::dlerror() + ")");
+  if (entry == nullptr) {
+    const char* why = ::dlerror();
+    throw CommError(std::string(kLibrary) + " has no " + name + (why != nullptr ? std::string(" (") + why + ")" : ""));
+  }
 }
 
 LibFabric Load() {
