@@ -23,8 +23,9 @@
 # reported as not run (a failure). The order puts first what a call cut short must not
 # miss: the engine's first run on the GPU, the headline benchmark and its peers.
 #
-# It starts from a build made on a CPU machine and carried over (../shared/bench/README.md:
-# pack-build.sh, then unpack at the same path); --build names it (default build/default).
+# It starts from a build made on a CPU machine and carried over (scripts/pack-gpu-build.sh,
+# which runs ../shared/bench/pack-build.sh with libfabric added, then unpack at the same
+# path, as ../shared/bench/README.md says); --build names it (default build/default).
 # Runs from the checkout's root. Exit status: 0 when every check passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -99,6 +100,12 @@ finish() {
 
 if [ ! -x "$meshtrain" ]; then
   check build 1 "no meshtrain at $meshtrain (pass --build DIR of a carried build)"
+  finish
+fi
+# The fabric backend loads libfabric.so.1 at run time; a carried build brings its own.
+[ -d "$build/.runtime-libs" ] && export LD_LIBRARY_PATH=$(cd "$build/.runtime-libs" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+if ! python3 -c 'import ctypes; ctypes.CDLL("libfabric.so.1")' > /dev/null 2>&1; then
+  check libfabric 1 "libfabric.so.1 does not load here: the ranks sharing the GPU need it (pack with scripts/pack-gpu-build.sh)"
   finish
 fi
 # Without a GPU a bf16 run trains on the CPU, and every comparison below would pass empty.
