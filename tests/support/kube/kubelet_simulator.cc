@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -87,6 +88,10 @@ void KubeletSimulator::AddNodes(const scheduler::ClusterSnapshot& snapshot) {
 }
 
 void KubeletSimulator::Start() {
+  // A pod's workers are the children of its launcher: when the launcher dies first, they
+  // become this process's children, so that Reap collects them and a pod's process group
+  // ends when its last process has.
+  if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) throw std::runtime_error("prctl(PR_SET_CHILD_SUBREAPER) failed");
   thread_ = std::jthread([this](std::stop_token stop) { Loop(stop); });
 }
 
@@ -97,11 +102,11 @@ void KubeletSimulator::Stop() {
   }
   std::lock_guard lock(mu_);
   for (auto& [key, p] : running_) ::kill(-p.pid, SIGKILL);
-  for (auto& [pid, key] : orphans_) ::kill(-pid, SIGKILL);
+  for (auto& [group, address] : ending_groups_) ::kill(-group, SIGKILL);
   for (auto& [key, p] : running_) ::waitpid(p.pid, nullptr, 0);
-  for (auto& [pid, key] : orphans_) ::waitpid(pid, nullptr, 0);
+  for (auto& [group, address] : ending_groups_) ::waitpid(group, nullptr, 0);
   running_.clear();
-  orphans_.clear();
+  ending_groups_.clear();
 }
 
 void KubeletSimulator::SetScript(const std::string& job, int exit_code, double seconds) {
@@ -319,6 +324,13 @@ void KubeletSimulator::TrySchedule(const std::string& key) {
     }
     return;
   }
+  // A pod that takes the DNS name of an ended one gets its address: it waits until the
+  // old pod's processes have all exited, as a CNI never gives one address to two live
+  // pods (a worker of the old pod may still hold its ports, e.g. busy in the kernel when
+  // SIGKILL came).
+  const std::string address = AddressOf(*pod);
+  for (const auto& [group, old_address] : ending_groups_)
+    if (old_address == address) return;
   waiting_.erase(key);
   pid_t pid;
   std::string error;
@@ -336,8 +348,7 @@ void KubeletSimulator::TrySchedule(const std::string& key) {
     });
     return;
   }
-  running_[key] = {pid, node_name, gpus, efa, {}};
-  const std::string address = AddressOf(*pod);
+  running_[key] = {pid, node_name, gpus, efa, address};
   const std::string container = (*pod)["spec"]["containers"][0].value("name", "worker");
   server_.Mutate("/pods", ns, name, [&](json& p) {
     p["spec"]["nodeName"] = node_name;
@@ -356,10 +367,10 @@ void KubeletSimulator::Reap() {
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid <= 0) return;
-    orphans_.erase(pid);
     auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& kv) { return kv.second.pid == pid; });
     if (it == running_.end()) continue;
     const std::string key = it->first;
+    ending_groups_[pid] = it->second.address;  // its other processes are killed, as a kubelet does
     running_.erase(it);
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     const std::string ns = key.substr(0, key.find('/')), name = key.substr(key.find('/') + 1);
@@ -372,6 +383,11 @@ void KubeletSimulator::Reap() {
       }
     });
   }
+}
+
+bool KubeletSimulator::ForgetEndedGroups() {
+  // kill(-group, 0) fails with ESRCH once no process (zombies included) is left in it.
+  return std::erase_if(ending_groups_, [](const auto& orphan) { return ::kill(-orphan.first, 0) != 0 && errno == ESRCH; }) > 0;
 }
 
 void KubeletSimulator::Loop(std::stop_token stop) {
@@ -388,18 +404,19 @@ void KubeletSimulator::Loop(std::stop_token stop) {
         waiting_.erase(key);
         if (auto it = running_.find(key); it != running_.end()) {
           ::kill(-it->second.pid, SIGTERM);
-          orphans_[it->second.pid] = key;
+          ending_groups_[it->second.pid] = it->second.address;
           running_.erase(it);
         }
       } else if (ev.type == "ADDED" && !running_.count(key)) {
         waiting_.emplace(key, false);
       }
     }
-    for (auto& [pid, key] : orphans_) ::kill(-pid, SIGKILL);  // the grace period is one loop
+    for (auto& [group, address] : ending_groups_) ::kill(-group, SIGKILL);  // the grace period is one loop
     Reap();
+    const bool freed_address = ForgetEndedGroups();
     // Waiting pods are retried whenever something changed, and at least every second.
     const auto now = std::chrono::steady_clock::now();
-    if (!events.empty() || now - last_pass > std::chrono::seconds(1)) {
+    if (!events.empty() || freed_address || now - last_pass > std::chrono::seconds(1)) {
       last_pass = now;
       std::vector<std::string> keys;
       for (const auto& [key, reported] : waiting_) keys.push_back(key);

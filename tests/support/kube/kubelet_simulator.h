@@ -15,7 +15,9 @@
 // DNS name (hostname.subdomain.namespace), so the pods sharing this machine can all listen
 // on the same ports; N is a block no other running simulator holds (an flock in /tmp). Cluster DNS is simulated: in environment values, a
 // name `<hostname>.<subdomain>.<namespace>.svc[.cluster.local]` becomes that pod's address. Deleting a pod terminates its process group
-// (SIGTERM, then SIGKILL on the next pass of the loop, about 50 ms later).
+// (SIGTERM, then SIGKILL on the next pass of the loop, about 50 ms later); a new pod with
+// the same DNS name, and so the same address, starts once every process of the old
+// one has exited.
 //
 // Test routes: POST /_test/kubelet/script {"job", "exitCode", "seconds"},
 // POST /_test/kubelet/kill {"namespace", "name", "signal"}, POST /_test/kubelet/node
@@ -67,11 +69,13 @@ class KubeletSimulator {
     pid_t pid = 0;
     std::string node;
     int64_t gpus = 0, efa = 0;
-    std::chrono::steady_clock::time_point terminate_at{};  // when SIGTERM was sent; 0 if not
+    std::string address;
   };
   void Loop(std::stop_token stop);
   void TrySchedule(const std::string& key);
   void Reap();
+  // Forgets the groups in ending_groups_ that have no process left; true if there were any.
+  bool ForgetEndedGroups();
   pid_t Launch(const nlohmann::json& pod);
   // The loopback address of a DNS name, assigned on first use. REQUIRES: mu_ held.
   std::string AddressOf(const std::string& namespace_, const std::string& hostname, const std::string& subdomain);
@@ -85,7 +89,9 @@ class KubeletSimulator {
   const KubeletOptions options_;
   std::mutex mu_;
   std::map<std::string, Process> running_;  // "ns/name" -> process of a live pod
-  std::map<pid_t, std::string> orphans_;    // processes of deleted pods, still terminating
+  // Process groups of pods deleted, or whose first process exited -> their pod address,
+  // which no new pod takes until every process of the group has exited.
+  std::map<pid_t, std::string> ending_groups_;
   std::map<std::string, bool> waiting_;     // pods not yet admitted -> reported Unschedulable
   std::map<std::string, std::pair<int, double>> scripts_;
   std::map<std::string, std::string> addresses_;  // "hostname.subdomain.namespace" -> 127.N.x.y
