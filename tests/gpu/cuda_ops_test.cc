@@ -173,6 +173,52 @@ TEST_F(CudaOps, MatmulEpiloguesFusedAndUnfused) {
   }
 }
 
+// The bias gradient in dweight's product (cuBLASLt's BGRADB, where the table takes it)
+// and in the table's own column sums, at GPT-2 124M's four products of a micro-batch of
+// 16 x 1024 and at odd shapes: dbias against the column sums in float64 on the host,
+// dweight between the two tables, and the first table's dbias again bit for bit.
+TEST_F(CudaOps, BiasGradientInTheProductMatchesTheColumnSums) {
+  MESHTRAIN_SKIP_WITHOUT_GPU();
+  OpsSide<Bf16> column_sums;
+  Open(column_sums, runtime::cuda::MakeCudaBackend(0), "column sums");
+  column_sums.ops = kernels::cuda::MakeCudaOpsWith(*column_sums.backend, column_sums.allocator.get(),
+                                                   {.bias_gradient_in_product = false});
+  struct Case {
+    int64_t N;
+    int K, OC;
+  };
+  for (const Case c : {Case{16384, 768, 2304}, Case{16384, 768, 768}, Case{16384, 768, 3072}, Case{16384, 3072, 768},
+                       Case{37, 99, 1001}, Case{1000, 64, 96}}) {
+    const std::string at = " (N " + std::to_string(c.N) + ", K " + std::to_string(c.K) + ", OC " + std::to_string(c.OC) + ")";
+    const auto x = Random(c.N * c.K), w = Random(int64_t(c.OC) * c.K, 0.05), dout = Random(c.N * c.OC);
+    const auto dw0 = RandomFloat(int64_t(c.OC) * c.K), db0 = RandomFloat(c.OC);
+    std::vector<double> want_db = db0;
+    for (int64_t row = 0; row < c.N; ++row)
+      for (int col = 0; col < c.OC; ++col) want_db[size_t(col)] += dout[size_t(row * c.OC + col)];
+    std::vector<double> dws[2], dbs[2];
+    for (int path = 0; path < 2; ++path) {
+      OpsSide<Bf16>& side = path == 0 ? gpu_ : column_sums;
+      auto dw = side.Put<float>(dw0), db = side.Put<float>(db0);
+      auto device_dout = side.Put<runtime::bf16>(dout), device_x = side.Put<runtime::bf16>(x);
+      side.ops->MatmulBackward(nullptr, dw, db, device_dout, device_x, side.Put<runtime::bf16>(w), nullptr, c.N, c.K,
+                               c.OC, *side.stream);
+      dws[path] = side.Get(dw, int64_t(c.OC) * c.K);
+      dbs[path] = side.Get(db, c.OC);
+      if (path == 0) {
+        auto again = side.Put<float>(db0);
+        side.ops->MatmulBackward(nullptr, side.Put<float>(dw0), again, device_dout, device_x,
+                                 side.Put<runtime::bf16>(w), nullptr, c.N, c.K, c.OC, *side.stream);
+        EXPECT_EQ(side.Get(again, c.OC), dbs[0]) << "dbias, repeated" << at;
+      }
+      side.keep.clear();
+    }
+    // fp32 sums of exact bf16 values, in different orders: a few 1e-7 of the sums.
+    ExpectClose(dbs[0], want_db, "dbias (+=), table" + at, 1e-5);
+    ExpectClose(dbs[1], want_db, "dbias (+=), column sums" + at, 1e-5);
+    ExpectClose(dws[0], dws[1], "dweight (+=), table against column sums" + at, 1e-5);
+  }
+}
+
 // The fused (cuDNN) and scores paths on the same inputs agree with each other, and cuDNN
 // takes the head sizes GPT-2 uses on this GPU.
 TEST_F(CudaOps, FusedAttentionMatchesTheScoresPath) {
@@ -423,6 +469,9 @@ TEST_F(CudaOps, DISABLED_Gpt2BlockTimings) {
   time("MatmulForward proj (bias, residual)", [&] { ops.MatmulForward(att, nullptr, fch, w_proj, bias, x, N, 4 * C, C, s); });
   time("MatmulBackward proj (dgelu, dbias)", [&] { ops.MatmulBackward(fch, dw, db, att, fch, w_proj, pre, N, 4 * C, C, s); });
   time("MatmulBackward fc (dbias)", [&] { ops.MatmulBackward(ln, dw, db, fch, ln, w_fc, nullptr, N, C, 4 * C, s); });
+  time("MatmulBackward fc (dweight, dbias)", [&] { ops.MatmulBackward(nullptr, dw, db, fch, ln, w_fc, nullptr, N, C, 4 * C, s); });
+  time("MatmulBackward fc (dweight)", [&] { ops.MatmulBackward(nullptr, dw, nullptr, fch, ln, w_fc, nullptr, N, C, 4 * C, s); });
+  time("MatmulBackward fc (dbias alone)", [&] { ops.MatmulBackward(nullptr, nullptr, db, fch, ln, w_fc, nullptr, N, C, 4 * C, s); });
   time("AttentionBackward", [&] { ops.AttentionBackward(dqkv, scratch, att, qkv, att, state, B, T, C, NH, s); });
   time("LayerNormBackward", [&] { ops.LayerNormBackward(x, dw, db, ln, x, lnw, mean, rstd, N, C, s); });
   time("Add", [&] { ops.Add(x, x, att, N * C, s); });

@@ -36,6 +36,7 @@ struct BlasLt::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algorithm{};
   bool supported = false;
+  float waves = 0;
 
   ~Plan() {
     if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
@@ -57,14 +58,15 @@ BlasLt::~BlasLt() {
 
 BlasLt::Plan& BlasLt::PlanFor(const Gemm& gemm, const char* what) {
   const size_t a_bytes = 2, b_bytes = 2, d_bytes = ElementBytes(gemm.d_type);
-  const std::array<int64_t, 22> fields = {
+  const std::array<int64_t, 23> fields = {
       gemm.transpose_a, gemm.transpose_b, gemm.m, gemm.n, gemm.k, gemm.lda, gemm.ldb, gemm.ldd, gemm.stride_a,
       gemm.stride_b, gemm.stride_d, gemm.d_type, gemm.batch, gemm.epilogue, gemm.aux_ld,
       AlignmentOf(gemm.a, gemm.stride_a * int64_t(a_bytes), gemm.batch),
       AlignmentOf(gemm.b, gemm.stride_b * int64_t(b_bytes), gemm.batch),
       AlignmentOf(gemm.d, gemm.stride_d * int64_t(d_bytes), gemm.batch),
       gemm.bias != nullptr ? AlignmentOf(gemm.bias, 0, 1) : 0, gemm.aux != nullptr ? AlignmentOf(gemm.aux, 0, 1) : 0,
-      gemm.beta != 0, AlignmentOf(gemm.c != nullptr ? gemm.c : gemm.d, gemm.stride_d * int64_t(d_bytes), gemm.batch)};
+      gemm.beta != 0, AlignmentOf(gemm.c != nullptr ? gemm.c : gemm.d, gemm.stride_d * int64_t(d_bytes), gemm.batch),
+      gemm.bias_type};
   std::string key(sizeof(fields), '\0');
   std::memcpy(key.data(), fields.data(), sizeof(fields));
   std::unique_ptr<Plan>& slot = plans_[key];
@@ -83,7 +85,7 @@ BlasLt::Plan& BlasLt::PlanFor(const Gemm& gemm, const char* what) {
   set(CUBLASLT_MATMUL_DESC_TRANSB, op_b);
   set(CUBLASLT_MATMUL_DESC_EPILOGUE, gemm.epilogue);
   if (gemm.bias != nullptr) {
-    set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(CUDA_R_16BF));
+    set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(gemm.bias_type));
     set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, gemm.bias);
   }
   if (gemm.aux != nullptr) {
@@ -132,9 +134,12 @@ BlasLt::Plan& BlasLt::PlanFor(const Gemm& gemm, const char* what) {
   if (status != CUBLAS_STATUS_NOT_SUPPORTED) CheckLt(status, "cublasLtMatmulAlgoGetHeuristic", what, gemm);
   plan->supported = status == CUBLAS_STATUS_SUCCESS && found > 0;
   plan->algorithm = result.algo;
+  plan->waves = plan->supported ? result.wavesCount : 0;
   slot = std::move(plan);
   return *slot;
 }
+
+float BlasLt::Waves(const Gemm& gemm, const char* what) { return PlanFor(gemm, what).waves; }
 
 bool BlasLt::Run(const Gemm& gemm, const char* what, cudaStream_t stream) {
   Plan& plan = PlanFor(gemm, what);

@@ -40,7 +40,10 @@ struct Gemm {
   int batch = 1;
   float alpha = 1, beta = 0;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  const void* bias = nullptr;  // bf16, m elements, for the BIAS epilogues
+  // The BIAS epilogues read m elements here; BGRADB writes the n column sums of op(B)
+  // (its sums over k) here.
+  const void* bias = nullptr;
+  cudaDataType bias_type = CUDA_R_16BF;
   const void* aux = nullptr;   // bf16 (m,n) with leading dimension aux_ld: the GELU input
   int64_t aux_ld = 0;
 };
@@ -59,6 +62,10 @@ class BlasLt {
   // it (an epilogue a shape does not allow): the caller runs the unfused form. Throws
   // runtime::cuda::CudaError naming `what` and the shape on any other failure.
   bool Run(const Gemm& gemm, const char* what, cudaStream_t stream);
+
+  // How full the algorithm Run would take keeps the device: cuBLASLt's waves count (1: one
+  // full wave of thread blocks); 0 when there is none.
+  float Waves(const Gemm& gemm, const char* what);
 
  private:
   struct Plan;

@@ -2,6 +2,7 @@
 
 #include <cudnn_graph.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
@@ -173,7 +174,10 @@ class CudaOps final : public Ops<Bf16> {
   // dinp^T (K,N) = weight^T (K,OC) dout^T (OC,N): A = weight stored (K,OC), B = dout
   // stored (OC,N); DGELU multiplies by gelu'(gelu_pre). dweight^T (K,OC) += inp^T (K,N)
   // dout (N,OC): A = inp stored (K,N), B = dout stored (OC,N) and transposed, into fp32
-  // with beta 1. dbias: column sums of dout, our own kernel.
+  // with beta 1. dbias: the column sums of dout, which are op(B)'s sums over k, so the
+  // BGRADB epilogue of dweight's product computes them as it reads dout (into fp32
+  // scratch: it writes, and dbias is added to); without dweight, or where that epilogue
+  // would cost the product its spread over the device, our own kernels read dout again.
   void MatmulBackward(Out<Act> dinp, Out<Acc> dweight, Out<Acc> dbias, In<Act> dout, In<Act> inp, In<Act> weight,
                       In<Act> gelu_pre, int64_t N, int K, int OC, Stream& stream) override {
     if (N == 0 || OC == 0 || K == 0) return;
@@ -196,11 +200,33 @@ class CudaOps final : public Ops<Bf16> {
     if (dweight) {
       const Gemm gemm{.transpose_b = true, .m = K, .n = OC, .k = N, .a = Raw(inp), .lda = K, .b = Raw(dout),
                       .ldb = OC, .d = Raw(dweight), .d_type = CUDA_R_32F, .ldd = K, .beta = 1};
+      if (dbias && BiasGradientInProduct(gemm, handle)) {
+        AddColumnSums(Raw(dbias), nullptr, OC, Raw(bias_partials_.get()), 1, OC, handle);
+        return;
+      }
       RunOrThrow(gemm, "MatmulBackward (dweight)", handle);
     }
     if (dbias) {
       BiasBackward(Raw(dbias), Raw(dout), N, OC, Raw(bias_partials_.get()), bias_partials_.size(), handle);
     }
+  }
+
+  // Enqueues dweight's product with the BGRADB epilogue, its column sums of dout into
+  // bias_partials_, where cuBLASLt has an algorithm for it that fills the device as the
+  // plain product's does (its waves count, up to one full wave, within 10%): a product of
+  // few output tiles (K x OC is small, N large) fills the device only by splitting k, and
+  // an algorithm for the epilogue without that split would cost more than the read of
+  // dout it saves. False, with nothing enqueued, otherwise.
+  bool BiasGradientInProduct(const Gemm& plain, cudaStream_t handle) {
+    if (!options_.bias_gradient_in_product || plain.n > bias_partials_.size()) return false;
+    Gemm fused = plain;
+    fused.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    fused.bias = Raw(bias_partials_.get());
+    fused.bias_type = CUDA_R_32F;
+    const char* what = "MatmulBackward (dweight, dbias)";
+    const float full = std::min(blas_->Waves(plain, "MatmulBackward (dweight)"), 1.0f);
+    if (blas_->Waves(fused, what) < 0.9f * full) return false;
+    return blas_->Run(fused, what, handle);
   }
 
   // --- Attention ---

@@ -1,6 +1,6 @@
 // The GPU's kernel table (kernels/ops.h), part of the CUDA plugin: Ops<Bf16> on one CUDA
 // device. Products are cuBLASLt with heuristics, a workspace and epilogues (bias, GELU
-// with its pre-activation, and its derivative in backward); attention is cuDNN's fused
+// with its pre-activation, and in backward its derivative and the bias gradient); attention is cuDNN's fused
 // scaled-dot-product attention through its graph API, with plain kernels where cuDNN
 // refuses a shape (said once in the log); the rest are meshtrain's own kernels. Each
 // operation is checked against the CPU's Fp64 table by tests/gpu/cuda_ops_test.cc.
@@ -31,6 +31,8 @@ std::unique_ptr<Ops<Bf16>> MakeCudaOps(runtime::Backend& backend, runtime::Cachi
 // For tests: the same table with parts turned off.
 struct CudaOpsOptions {
   bool fused_attention = true;  // false: attention always takes the scores path
+  // false: the bias gradient is always our own column sums, never cuBLASLt's BGRADB
+  bool bias_gradient_in_product = true;
 };
 std::unique_ptr<Ops<Bf16>> MakeCudaOpsWith(runtime::Backend& backend, runtime::CachingAllocator* allocator,
                                            const CudaOpsOptions& options);
