@@ -9,8 +9,8 @@
 #     ranks (S=2) and 4 ranks (T=2 x S=2, offload at horizon 1) sharing the GPU against the
 #     one-rank GPU curve; every test labelled gpu (ctest -L gpu); the planner's memory model
 #     against bf16 ranks sharing the GPU, gpt2-124m and gpt2-350m at seq 1024 (6 layouts
-#     each, within 10%); every benchmark below runs to its end; the kernels of one GPT-2
-#     124M block, each timed alone (the figures go into the summary)
+#     each, within 10%); every benchmark below runs to its end
+#   figures only, last: the kernels of one GPT-2 124M block, each timed alone
 #   targets of issue "The GPU engine" (reported, met or not, without failing the script):
 #     GPT-2 124M, B16 x T1024, world 1: at least 1.05x llm.c with cuDNN, in the same call;
 #     sharded world 1 within 3% of replicated; offload at horizon 2 at most 10% slower than
@@ -269,12 +269,13 @@ done
 if [ "$bench" = 1 ]; then
   # Each kernel of one GPT-2 124M block at B16 x T1024, timed alone: where a step's time
   # goes, and what the bias gradient in dweight's product (cuBLASLt's BGRADB) saves over
-  # the product and the table's column sums apart.
+  # the product and the table's column sums apart. Figures only: neither a check nor a
+  # target, so a budget spent before it costs no check.
   run "block timings" "$out/block-timings.log" "$build/tests/gpu/cuda_ops_tests" \
     --gtest_also_run_disabled_tests --gtest_filter=CudaOps.DISABLED_Gpt2BlockTimings
   status=$?
-  check "kernel timings of one GPT-2 124M block" $status "$(grep -E 'MatmulBackward fc \(d|not run' "$out/block-timings.log" |
-    tr -s ' ' | tr '\n' ';')"
+  note "kernel timings of one GPT-2 124M block (exit $status): $(grep -E 'MatmulBackward fc \(d|not run' \
+    "$out/block-timings.log" | tr -s ' ' | tr '\n' ';')"
   grep -E ' us$|^attention' "$out/block-timings.log" | sed 's/^/  /' >> "$details"
 fi
 
