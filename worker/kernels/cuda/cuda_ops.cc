@@ -201,7 +201,7 @@ class CudaOps final : public Ops<Bf16> {
       const Gemm gemm{.transpose_b = true, .m = K, .n = OC, .k = N, .a = Raw(inp), .lda = K, .b = Raw(dout),
                       .ldb = OC, .d = Raw(dweight), .d_type = CUDA_R_32F, .ldd = K, .beta = 1};
       if (dbias && BiasGradientInProduct(gemm, handle)) {
-        AddColumnSums(Raw(dbias), nullptr, OC, Raw(bias_partials_.get()), 1, OC, handle);
+        AddBiasGradient(Raw(dbias), Raw(bias_partials_.get()), OC, handle);
         return;
       }
       RunOrThrow(gemm, "MatmulBackward (dweight)", handle);

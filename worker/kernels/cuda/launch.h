@@ -62,7 +62,9 @@ void LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const bf16* dou
 // second pass in order. REQUIRES: OC <= partial_capacity.
 void BiasBackward(float* dbias, const bf16* dout, int64_t N, int OC, float* partials, int64_t partial_capacity,
                   cudaStream_t stream);
-// The second pass of both: for each column c of partials (rows, columns), first[c] (c <
+// dbias (OC) += sums (OC): the column sums cuBLASLt's BGRADB epilogue wrote.
+void AddBiasGradient(float* dbias, const float* sums, int OC, cudaStream_t stream);
+// The second pass of all three: for each column c of partials (rows, columns), first[c] (c <
 // split) or second[c - split] += the column's sum, its rows added in a fixed order.
 void AddColumnSums(float* first, float* second, int split, const float* partials, int rows, int columns,
                    cudaStream_t stream);

@@ -121,6 +121,12 @@ void BiasBackward(float* dbias, const bf16* dout, int64_t N, int OC, float* part
   CheckLaunch("MatmulBackward (bias gradient)", {{"N", N}, {"OC", OC}});
 }
 
+void AddBiasGradient(float* dbias, const float* sums, int OC, cudaStream_t stream) {
+  if (OC == 0) return;
+  AddColumnSums(dbias, nullptr, OC, sums, 1, OC, stream);
+  CheckLaunch("MatmulBackward (adding the bias gradient)", {{"OC", OC}});
+}
+
 void AddColumnSums(float* first, float* second, int split, const float* partials, int rows, int columns,
                    cudaStream_t stream) {
   AddColumnSumsKernel<<<Blocks(columns, kWarp), dim3(kWarp, kColumnSumLanes), 0, stream>>>(first, second, split,
