@@ -1,6 +1,7 @@
 // The kernels around the products (launch.h): the bias gradient (column sums read once,
-// per row range, then added in range order, as LayerNorm's backward adds its partials), and the unfused bias, GELU and GELU-gradient
-// steps for shapes cuBLASLt's epilogues do not take.
+// per row range, then added in range order, as LayerNorm's backward adds its partials, or
+// the sums cuBLASLt's BGRADB epilogue wrote, added), and the unfused bias, GELU and
+// GELU-gradient steps for shapes cuBLASLt's epilogues do not take.
 
 #include <algorithm>
 #include <stdexcept>
