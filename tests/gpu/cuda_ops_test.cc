@@ -125,9 +125,13 @@ class CudaOps : public ::testing::Test {
 
 // Shapes cuBLASLt's epilogues take (leading dimensions of the GELU input divisible by 8)
 // and shapes they do not (OC 1001, K 99), where the table multiplies plainly and adds the
-// bias, GELU and its gradient in its own kernels: both against fp64.
+// bias, GELU and its gradient in its own kernels; and every shape again through a table
+// that never takes the epilogues: all against fp64.
 TEST_F(CudaOps, MatmulEpiloguesFusedAndUnfused) {
   MESHTRAIN_SKIP_WITHOUT_GPU();
+  OpsSide<Bf16> unfused;
+  Open(unfused, runtime::cuda::MakeCudaBackend(0), "unfused");
+  unfused.ops = kernels::cuda::MakeCudaOpsWith(*unfused.backend, unfused.allocator.get(), {.fused_epilogues = false});
   struct Case {
     int64_t N;
     int K, OC;
@@ -137,86 +141,105 @@ TEST_F(CudaOps, MatmulEpiloguesFusedAndUnfused) {
                        Case{37, 99, 1001, true, true, false}, Case{37, 100, 1000, false, true, false},
                        Case{37, 99, 1001, true, false, false}, Case{512, 768, 50304, false, false, false},
                        Case{64, 3072, 768, true, false, true}, Case{37, 99, 1001, true, false, true}}) {
-    const std::string at = " (N " + std::to_string(c.N) + ", K " + std::to_string(c.K) + ", OC " + std::to_string(c.OC) +
-                           (c.bias ? ", bias" : "") + (c.gelu ? ", gelu" : "") + (c.residual ? ", residual" : "") + ")";
     const auto x = Random(c.N * c.K), w = Random(int64_t(c.OC) * c.K, 0.05), b = Random(c.OC), r = Random(c.N * c.OC);
-    auto out = gpu_.Poisoned<runtime::bf16>(c.N * c.OC);
-    auto pre = c.gelu ? gpu_.Poisoned<runtime::bf16>(c.N * c.OC) : nullptr;
-    gpu_.ops->MatmulForward(out, pre, gpu_.Put<runtime::bf16>(x), gpu_.Put<runtime::bf16>(w),
-                            c.bias ? gpu_.Put<runtime::bf16>(b) : nullptr,
-                            c.residual ? gpu_.Put<runtime::bf16>(r) : nullptr, c.N, c.K, c.OC, *gpu_.stream);
+    const auto dout = Random(c.N * c.OC), in_pre = Random(c.N * c.K), dw0 = RandomFloat(int64_t(c.OC) * c.K),
+               db0 = RandomFloat(c.OC);
     auto ref_out = ref_.Poisoned<double>(c.N * c.OC);
     auto ref_pre = c.gelu ? ref_.Poisoned<double>(c.N * c.OC) : nullptr;
     ref_.ops->MatmulForward(ref_out, ref_pre, ref_.Put<double>(x), ref_.Put<double>(w),
                             c.bias ? ref_.Put<double>(b) : nullptr, c.residual ? ref_.Put<double>(r) : nullptr, c.N,
                             c.K, c.OC, *ref_.stream);
-    // bf16 outputs of fp32 sums of bf16 products: a few 1e-3.
-    ExpectClose(gpu_.Get(out, c.N * c.OC), ref_.Get(ref_out, c.N * c.OC), "MatmulForward out" + at, 1e-2);
-    if (c.gelu) ExpectClose(gpu_.Get(pre, c.N * c.OC), ref_.Get(ref_pre, c.N * c.OC), "gelu_pre" + at, 1e-2);
-
-    const auto dout = Random(c.N * c.OC), in_pre = Random(c.N * c.K), dw0 = RandomFloat(int64_t(c.OC) * c.K),
-               db0 = RandomFloat(c.OC);
-    auto dinp = gpu_.Poisoned<runtime::bf16>(c.N * c.K);
-    auto dw = gpu_.Put<float>(dw0), db = gpu_.Put<float>(db0);
-    gpu_.ops->MatmulBackward(dinp, dw, c.bias ? db : nullptr, gpu_.Put<runtime::bf16>(dout), gpu_.Put<runtime::bf16>(x),
-                             gpu_.Put<runtime::bf16>(w), c.gelu ? gpu_.Put<runtime::bf16>(in_pre) : nullptr, c.N, c.K,
-                             c.OC, *gpu_.stream);
     auto ref_dinp = ref_.Poisoned<double>(c.N * c.K);
     auto ref_dw = ref_.Put<double>(dw0), ref_db = ref_.Put<double>(db0);
     ref_.ops->MatmulBackward(ref_dinp, ref_dw, c.bias ? ref_db : nullptr, ref_.Put<double>(dout), ref_.Put<double>(x),
                              ref_.Put<double>(w), c.gelu ? ref_.Put<double>(in_pre) : nullptr, c.N, c.K, c.OC,
                              *ref_.stream);
-    ExpectClose(gpu_.Get(dinp, c.N * c.K), ref_.Get(ref_dinp, c.N * c.K), "MatmulBackward dinp" + at, 1e-2);
-    // fp32 accumulation of exact bf16 products into fp32: far below 1e-3.
-    ExpectClose(gpu_.Get(dw, int64_t(c.OC) * c.K), ref_.Get(ref_dw, int64_t(c.OC) * c.K), "dweight (+=)" + at, 1e-3);
-    if (c.bias) ExpectClose(gpu_.Get(db, c.OC), ref_.Get(ref_db, c.OC), "dbias (+=)" + at, 1e-5);
+    for (OpsSide<Bf16>* side : {&gpu_, &unfused}) {
+      const std::string at = std::string(side == &gpu_ ? " (table" : " (unfused") + ", N " + std::to_string(c.N) +
+                             ", K " + std::to_string(c.K) + ", OC " + std::to_string(c.OC) + (c.bias ? ", bias" : "") +
+                             (c.gelu ? ", gelu" : "") + (c.residual ? ", residual" : "") + ")";
+      auto out = side->Poisoned<runtime::bf16>(c.N * c.OC);
+      auto pre = c.gelu ? side->Poisoned<runtime::bf16>(c.N * c.OC) : nullptr;
+      side->ops->MatmulForward(out, pre, side->Put<runtime::bf16>(x), side->Put<runtime::bf16>(w),
+                               c.bias ? side->Put<runtime::bf16>(b) : nullptr,
+                               c.residual ? side->Put<runtime::bf16>(r) : nullptr, c.N, c.K, c.OC, *side->stream);
+      // bf16 outputs of fp32 sums of bf16 products: a few 1e-3.
+      ExpectClose(side->Get(out, c.N * c.OC), ref_.Get(ref_out, c.N * c.OC), "MatmulForward out" + at, 1e-2);
+      if (c.gelu) ExpectClose(side->Get(pre, c.N * c.OC), ref_.Get(ref_pre, c.N * c.OC), "gelu_pre" + at, 1e-2);
+
+      auto dinp = side->Poisoned<runtime::bf16>(c.N * c.K);
+      auto dw = side->Put<float>(dw0), db = side->Put<float>(db0);
+      side->ops->MatmulBackward(dinp, dw, c.bias ? db : nullptr, side->Put<runtime::bf16>(dout),
+                                side->Put<runtime::bf16>(x), side->Put<runtime::bf16>(w),
+                                c.gelu ? side->Put<runtime::bf16>(in_pre) : nullptr, c.N, c.K, c.OC, *side->stream);
+      ExpectClose(side->Get(dinp, c.N * c.K), ref_.Get(ref_dinp, c.N * c.K), "MatmulBackward dinp" + at, 1e-2);
+      // fp32 accumulation of exact bf16 products into fp32: far below 1e-3.
+      ExpectClose(side->Get(dw, int64_t(c.OC) * c.K), ref_.Get(ref_dw, int64_t(c.OC) * c.K), "dweight (+=)" + at, 1e-3);
+      if (c.bias) ExpectClose(side->Get(db, c.OC), ref_.Get(ref_db, c.OC), "dbias (+=)" + at, 1e-5);
+      side->keep.clear();
+    }
   }
 }
 
-// The bias gradient in dweight's product (cuBLASLt's BGRADB, where the table takes it)
-// and in the table's own column sums, at GPT-2 124M's four products of a micro-batch of
-// 16 x 1024 and at odd shapes: dbias against the column sums in float64 on the host,
-// dweight between the two tables, and the first table's dbias again bit for bit.
+// The bias gradient in dweight's product (cuBLASLt's BGRADB) and in the table's own
+// column sums, at GPT-2 124M's four products of a micro-batch of 16 x 1024 and at odd
+// shapes, through three tables: as built (BGRADB where it fills the device), BGRADB
+// wherever cuBLASLt has it, and no epilogues. dbias against the column sums in float64 on
+// the host, dweight against the table without epilogues, each table's dbias again bit for
+// bit; and cuBLASLt has BGRADB for GPT-2's products.
 TEST_F(CudaOps, BiasGradientInTheProductMatchesTheColumnSums) {
   MESHTRAIN_SKIP_WITHOUT_GPU();
-  OpsSide<Bf16> column_sums;
-  Open(column_sums, runtime::cuda::MakeCudaBackend(0), "column sums");
-  column_sums.ops = kernels::cuda::MakeCudaOpsWith(*column_sums.backend, column_sums.allocator.get(),
-                                                   {.bias_gradient_in_product = false});
+  int64_t as_built = 0, wherever = 0;
+  OpsSide<Bf16> sides[3];
+  const char* names[3] = {"as built", "BGRADB wherever possible", "no epilogues"};
+  const kernels::cuda::CudaOpsOptions options[3] = {
+      {.bias_gradients_in_product = &as_built},
+      {.bias_gradient_wherever_possible = true, .bias_gradients_in_product = &wherever},
+      {.fused_epilogues = false}};
+  for (int t = 0; t < 3; ++t) {
+    Open(sides[t], runtime::cuda::MakeCudaBackend(0), names[t]);
+    sides[t].ops = kernels::cuda::MakeCudaOpsWith(*sides[t].backend, sides[t].allocator.get(), options[t]);
+  }
   struct Case {
     int64_t N;
     int K, OC;
   };
-  for (const Case c : {Case{16384, 768, 2304}, Case{16384, 768, 768}, Case{16384, 768, 3072}, Case{16384, 3072, 768},
-                       Case{37, 99, 1001}, Case{1000, 64, 96}}) {
-    const std::string at = " (N " + std::to_string(c.N) + ", K " + std::to_string(c.K) + ", OC " + std::to_string(c.OC) + ")";
+  const Case gpt2[] = {{16384, 768, 2304}, {16384, 768, 768}, {16384, 768, 3072}, {16384, 3072, 768}};
+  const Case odd[] = {{37, 99, 1001}, {1000, 64, 96}};
+  auto check = [&](const Case& c) {
+    const std::string shape =
+        "N " + std::to_string(c.N) + ", K " + std::to_string(c.K) + ", OC " + std::to_string(c.OC);
     const auto x = Random(c.N * c.K), w = Random(int64_t(c.OC) * c.K, 0.05), dout = Random(c.N * c.OC);
     const auto dw0 = RandomFloat(int64_t(c.OC) * c.K), db0 = RandomFloat(c.OC);
     std::vector<double> want_db = db0;
     for (int64_t row = 0; row < c.N; ++row)
       for (int col = 0; col < c.OC; ++col) want_db[size_t(col)] += dout[size_t(row * c.OC + col)];
-    std::vector<double> dws[2], dbs[2];
-    for (int path = 0; path < 2; ++path) {
-      OpsSide<Bf16>& side = path == 0 ? gpu_ : column_sums;
-      auto dw = side.Put<float>(dw0), db = side.Put<float>(db0);
-      auto device_dout = side.Put<runtime::bf16>(dout), device_x = side.Put<runtime::bf16>(x);
-      side.ops->MatmulBackward(nullptr, dw, db, device_dout, device_x, side.Put<runtime::bf16>(w), nullptr, c.N, c.K,
-                               c.OC, *side.stream);
-      dws[path] = side.Get(dw, int64_t(c.OC) * c.K);
-      dbs[path] = side.Get(db, c.OC);
-      if (path == 0) {
-        auto again = side.Put<float>(db0);
-        side.ops->MatmulBackward(nullptr, side.Put<float>(dw0), again, device_dout, device_x,
-                                 side.Put<runtime::bf16>(w), nullptr, c.N, c.K, c.OC, *side.stream);
-        EXPECT_EQ(side.Get(again, c.OC), dbs[0]) << "dbias, repeated" << at;
+    std::vector<double> dws[3];
+    for (int t = 2; t >= 0; --t) {
+      OpsSide<Bf16>& side = sides[t];
+      const std::string at = std::string(" (") + names[t] + ", " + shape + ")";
+      auto device_x = side.Put<runtime::bf16>(x), device_w = side.Put<runtime::bf16>(w);
+      auto device_dout = side.Put<runtime::bf16>(dout);
+      std::vector<double> dbs[2];
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        auto dw = side.Put<float>(dw0), db = side.Put<float>(db0);
+        side.ops->MatmulBackward(nullptr, dw, db, device_dout, device_x, device_w, nullptr, c.N, c.K, c.OC,
+                                 *side.stream);
+        dws[t] = side.Get(dw, int64_t(c.OC) * c.K);
+        dbs[repeat] = side.Get(db, c.OC);
       }
+      // fp32 sums of exact bf16 values, in different orders: a few 1e-7 of the sums.
+      ExpectClose(dbs[0], want_db, "dbias (+=)" + at, 1e-5);
+      EXPECT_EQ(dbs[1], dbs[0]) << "dbias, repeated" << at;
+      if (t != 2) ExpectClose(dws[t], dws[2], "dweight (+=), against no epilogues" + at, 1e-5);
       side.keep.clear();
     }
-    // fp32 sums of exact bf16 values, in different orders: a few 1e-7 of the sums.
-    ExpectClose(dbs[0], want_db, "dbias (+=), table" + at, 1e-5);
-    ExpectClose(dbs[1], want_db, "dbias (+=), column sums" + at, 1e-5);
-    ExpectClose(dws[0], dws[1], "dweight (+=), table against column sums" + at, 1e-5);
-  }
+  };
+  for (const Case& c : gpt2) check(c);
+  std::printf("BGRADB summed %lld of GPT-2's %zu products as built, %lld wherever possible\n",
+              static_cast<long long>(as_built), std::size(gpt2), static_cast<long long>(wherever));
+  EXPECT_GT(wherever, 0) << "cuBLASLt offered BGRADB for none of GPT-2's products (bf16 A and B, fp32 D and bias)";
+  for (const Case& c : odd) check(c);
 }
 
 // The fused (cuDNN) and scores paths on the same inputs agree with each other, and cuDNN

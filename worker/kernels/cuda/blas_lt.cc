@@ -134,12 +134,16 @@ BlasLt::Plan& BlasLt::PlanFor(const Gemm& gemm, const char* what) {
   if (status != CUBLAS_STATUS_NOT_SUPPORTED) CheckLt(status, "cublasLtMatmulAlgoGetHeuristic", what, gemm);
   plan->supported = status == CUBLAS_STATUS_SUCCESS && found > 0;
   plan->algorithm = result.algo;
-  plan->waves = plan->supported ? result.wavesCount : 0;
+  plan->waves = result.wavesCount;
   slot = std::move(plan);
   return *slot;
 }
 
-float BlasLt::Waves(const Gemm& gemm, const char* what) { return PlanFor(gemm, what).waves; }
+std::optional<float> BlasLt::Waves(const Gemm& gemm, const char* what) {
+  const Plan& plan = PlanFor(gemm, what);
+  if (!plan.supported) return std::nullopt;
+  return plan.waves;
+}
 
 bool BlasLt::Run(const Gemm& gemm, const char* what, cudaStream_t stream) {
   Plan& plan = PlanFor(gemm, what);

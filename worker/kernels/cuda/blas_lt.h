@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -64,8 +65,8 @@ class BlasLt {
   bool Run(const Gemm& gemm, const char* what, cudaStream_t stream);
 
   // How full the algorithm Run would take keeps the device: cuBLASLt's waves count (1: one
-  // full wave of thread blocks); 0 when there is none.
-  float Waves(const Gemm& gemm, const char* what);
+  // full wave of thread blocks); none when there is no algorithm.
+  std::optional<float> Waves(const Gemm& gemm, const char* what);
 
  private:
   struct Plan;

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -162,7 +163,7 @@ class CudaOps final : public Ops<Bf16> {
       gemm.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     }
     const cudaStream_t handle = Handle(stream);
-    if (blas_->Run(gemm, "MatmulForward", handle)) return;
+    if (options_.fused_epilogues && blas_->Run(gemm, "MatmulForward", handle)) return;
     // No fused kernel for this shape: the product (and residual), then bias and GELU on
     // their own, from the sum as stored.
     gemm.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
@@ -190,7 +191,7 @@ class CudaOps final : public Ops<Bf16> {
         gemm.aux = Raw(gelu_pre);
         gemm.aux_ld = K;
       }
-      if (!blas_->Run(gemm, "MatmulBackward (dinp)", handle)) {
+      if (!options_.fused_epilogues || !blas_->Run(gemm, "MatmulBackward (dinp)", handle)) {
         gemm.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
         gemm.aux = nullptr;
         RunOrThrow(gemm, "MatmulBackward (dinp)", handle);
@@ -218,15 +219,35 @@ class CudaOps final : public Ops<Bf16> {
   // an algorithm for the epilogue without that split would cost more than the read of
   // dout it saves. False, with nothing enqueued, otherwise.
   bool BiasGradientInProduct(const Gemm& plain, cudaStream_t handle) {
-    if (!options_.bias_gradient_in_product || plain.n > bias_partials_.size()) return false;
+    if (!options_.fused_epilogues || plain.n > bias_partials_.size()) return false;
     Gemm fused = plain;
     fused.epilogue = CUBLASLT_EPILOGUE_BGRADB;
     fused.bias = Raw(bias_partials_.get());
     fused.bias_type = CUDA_R_32F;
     const char* what = "MatmulBackward (dweight, dbias)";
-    const float full = std::min(blas_->Waves(plain, "MatmulBackward (dweight)"), 1.0f);
-    if (blas_->Waves(fused, what) < 0.9f * full) return false;
-    return blas_->Run(fused, what, handle);
+    const std::optional<float> fused_waves = blas_->Waves(fused, what);
+    if (!fused_waves) return SummedApart(plain, "cuBLASLt has no BGRADB algorithm for it");
+    const float plain_waves = blas_->Waves(plain, "MatmulBackward (dweight)").value_or(0);
+    if (!options_.bias_gradient_wherever_possible && *fused_waves < 0.9f * std::min(plain_waves, 1.0f)) {
+      char why[160];
+      std::snprintf(why, sizeof why, "cuBLASLt's BGRADB algorithm fills %.2f waves of the device, the plain "
+                    "product's %.2f", double(*fused_waves), double(plain_waves));
+      return SummedApart(plain, why);
+    }
+    if (!blas_->Run(fused, what, handle)) return false;
+    if (options_.bias_gradients_in_product != nullptr) ++*options_.bias_gradients_in_product;
+    return true;
+  }
+
+  // Says once a table that a bias gradient is summed apart from its product, and why.
+  bool SummedApart(const Gemm& plain, const char* why) {
+    if (!said_bias_gradient_apart_) {
+      said_bias_gradient_apart_ = true;
+      std::fprintf(stderr, "meshtrain: the bias gradient of the product K=%lld OC=%lld over %lld rows is summed "
+                   "apart: %s\n", static_cast<long long>(plain.m), static_cast<long long>(plain.n),
+                   static_cast<long long>(plain.k), why);
+    }
+    return false;
   }
 
   // --- Attention ---
@@ -455,6 +476,7 @@ class CudaOps final : public Ops<Bf16> {
   std::string cudnn_missing_;  // why there is no cuDNN handle; empty when there is one
   std::map<std::tuple<int, int, int, int>, AttentionPlan> attention_;
   bool warned_about_scores_ = false;
+  bool said_bias_gradient_apart_ = false;  // once a table
   DeviceArray<float> layernorm_partials_, bias_partials_;
   DeviceArray<double> norm_partials_;
   DeviceArray<std::byte> encoder_scratch_;

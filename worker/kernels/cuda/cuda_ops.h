@@ -17,6 +17,7 @@
 
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "worker/kernels/ops.h"
@@ -31,8 +32,13 @@ std::unique_ptr<Ops<Bf16>> MakeCudaOps(runtime::Backend& backend, runtime::Cachi
 // For tests: the same table with parts turned off.
 struct CudaOpsOptions {
   bool fused_attention = true;  // false: attention always takes the scores path
-  // false: the bias gradient is always our own column sums, never cuBLASLt's BGRADB
-  bool bias_gradient_in_product = true;
+  // false: products never take cuBLASLt's epilogues (bias, GELU and their gradients are
+  // always the table's own kernels, as for shapes the epilogues refuse)
+  bool fused_epilogues = true;
+  // true: dweight's product sums the bias gradient (BGRADB) wherever cuBLASLt has an
+  // algorithm for it, not only where that algorithm fills the device as the plain one's
+  bool bias_gradient_wherever_possible = false;
+  int64_t* bias_gradients_in_product = nullptr;  // counts the products that summed it
 };
 std::unique_ptr<Ops<Bf16>> MakeCudaOpsWith(runtime::Backend& backend, runtime::CachingAllocator* allocator,
                                            const CudaOpsOptions& options);
