@@ -230,8 +230,8 @@ TEST_F(NcclCollectivesTest, ABatchGivesTheResultsOfItsOperationsIssuedOneByOne) 
   EXPECT_GT(seconds.all_gather, 0);
   EXPECT_EQ(seconds.reduce_scatter, 0);
 
-  // A batch keeps to one stream, and its thread issues nothing on another group until it
-  // ends (that call would join NCCL's group).
+  // A batch keeps to one stream, and its thread issues nothing on another group, nor
+  // connects one, until it ends (that call would join NCCL's group).
   auto tp = world->SplitAxis(api::ParallelLayout(1, 1, 1, 0), api::Axis::kTensor);
   auto other = backend_->NewStream("other");
   Batched(tp.get(), [&] {
@@ -240,6 +240,7 @@ TEST_F(NcclCollectivesTest, ABatchGivesTheResultsOfItsOperationsIssuedOneByOne) 
                  std::logic_error);
     EXPECT_THROW(world->AllReduce(buffers[1], buffers[1], count, DataType::kFloat32, ReduceOp::kSum, *stream_),
                  std::logic_error);
+    EXPECT_THROW(ConnectWorldOfOne(), std::logic_error) << "a connect in a batch would join its group";
   });
   EXPECT_EQ(Differences(Download(buffers[0], bytes), data[0], DataType::kFloat32), "");
 

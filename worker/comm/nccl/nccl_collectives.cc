@@ -274,6 +274,7 @@ std::unique_ptr<StreamCollectives> ConnectNcclCollectives(const api::RankTable& 
                                                           std::chrono::milliseconds timeout) {
   Group world = Group::World(table, rank);
   const std::string what = "connecting NCCL: rank " + std::to_string(rank) + " of group " + world.Describe();
+  NcclHandle::RequireNoGroupOnThisThread(what);  // the init would join the group
   auto shared = std::make_shared<NcclWorld>(device, timeout);  // makes `device` current
   ncclUniqueId id;
   // Not the Communicator's key (nccl_communicator.cc): a job may connect both.

@@ -222,6 +222,8 @@ std::unique_ptr<Communicator> ConnectNccl(const api::RankTable& table, int rank,
                                           std::shared_ptr<StoreClient> store,
                                           const NcclOptions& options) {
   Group world = Group::World(table, rank);
+  const std::string what = "connecting NCCL: rank " + std::to_string(rank) + " of group " + world.Describe();
+  NcclHandle::RequireNoGroupOnThisThread(what);  // the init would join the group
   CheckCuda(cudaSetDevice(options.device), "cudaSetDevice(" + std::to_string(options.device) + ")");
   ncclUniqueId id;
   const std::string key = "meshtrain/nccl/unique-id";
@@ -243,7 +245,6 @@ std::unique_ptr<Communicator> ConnectNccl(const api::RankTable& table, int rank,
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t comm = nullptr;
-  const std::string what = "connecting NCCL: rank " + std::to_string(rank) + " of group " + world.Describe();
   const ncclResult_t started = ncclCommInitRankConfig(&comm, world.size(), id, rank, &config);
   if (started != ncclSuccess && started != ncclInProgress) {
     throw CommError(what + ": ncclCommInitRankConfig: " + ncclGetErrorString(started));

@@ -163,7 +163,12 @@ void NcclHandle::EndGroup(const std::string& what, milliseconds timeout) {
       AbortLocked();
       throw CommError(what + ": the NCCL communicator was aborted while the batch was queued");
     }
-    if (ended != ncclSuccess && ended != ncclInProgress) throw CommError(what + ": " + Why(ended));
+    if (ended != ncclSuccess && ended != ncclInProgress) {
+      // Peers may have launched the batch this rank did not: a batch cut short aborts.
+      const std::string message = what + ": " + Why(ended);
+      AbortLocked();
+      throw CommError(message);
+    }
   }
   AwaitEnqueued(what, timeout);
 }
