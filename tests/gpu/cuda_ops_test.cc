@@ -236,8 +236,8 @@ TEST_F(CudaOps, BiasGradientInTheProductMatchesTheColumnSums) {
     }
   };
   for (const Case& c : gpt2) check(c);
-  std::printf("BGRADB summed %lld of GPT-2's %zu products as built, %lld wherever possible\n",
-              static_cast<long long>(as_built), std::size(gpt2), static_cast<long long>(wherever));
+  std::printf("BGRADB summed the bias gradient in %lld of %zu calls of GPT-2's products as built, in %lld wherever "
+              "possible\n", static_cast<long long>(as_built), 2 * std::size(gpt2), static_cast<long long>(wherever));
   EXPECT_GT(wherever, 0) << "cuBLASLt offered BGRADB for none of GPT-2's products (bf16 A and B, fp32 D and bias)";
   for (const Case& c : odd) check(c);
 }
