@@ -387,7 +387,8 @@ void KubeletSimulator::Reap() {
 
 bool KubeletSimulator::ForgetEndedGroups() {
   // kill(-group, 0) fails with ESRCH once no process (zombies included) is left in it.
-  return std::erase_if(ending_groups_, [](const auto& orphan) { return ::kill(-orphan.first, 0) != 0 && errno == ESRCH; }) > 0;
+  const auto ended = [](const auto& group) { return ::kill(-group.first, 0) != 0 && errno == ESRCH; };
+  return std::erase_if(ending_groups_, ended) > 0;
 }
 
 void KubeletSimulator::Loop(std::stop_token stop) {
