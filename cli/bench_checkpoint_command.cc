@@ -31,7 +31,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-
 // A value of /proc/self/status in bytes ("VmRSS", "VmHWM").
 int64_t StatusBytes(const std::string& field) {
   std::ifstream in("/proc/self/status");

@@ -13,6 +13,7 @@
 #include <iostream>
 #include <vector>
 
+#include "cli/bench_ranks.h"
 #include "cli/commands.h"
 #include "operator/scheduler/cost_model.h"
 #include "worker/comm/bootstrap.h"
@@ -76,7 +77,7 @@ double AllGatherSeconds(mc::Communicator& world, mc::Communicator* group, size_t
   for (int i = 0; i < iterations && group; ++i) {
     group->AllGather(in.data(), out.data(), in.size(), mc::DataType::kFloat32)->Wait();
   }
-  double seconds = std::chrono::duration<double>(Clock::now() - start).count() / iterations;
+  double seconds = SecondsSince(start) / iterations;
   std::vector<double> times(size_t(world.size()));
   world.AllGather(&seconds, times.data(), 2, mc::DataType::kInt32)->Wait();  // 8 bytes each
   return *std::max_element(times.begin(), times.end());
@@ -165,7 +166,7 @@ int RunRank(const BenchCommOptions& options, std::ostream& out) {
     for (int i = 0; i < iterations; ++i) {
       Issue(*world, options.op, send, recv, total_count, options.in_place)->Wait();
     }
-    double seconds = std::chrono::duration<double>(Clock::now() - start).count() / iterations;
+    double seconds = SecondsSince(start) / iterations;
     std::vector<double> times(n);
     world->AllGather(&seconds, times.data(), 2, mc::DataType::kInt32)->Wait();  // 8 bytes each
     double slowest = *std::max_element(times.begin(), times.end());

@@ -268,8 +268,8 @@ void StartHangingJobs(TestServer& server, int count, const std::string& ip, cons
 void PrintHalf(std::ostream& out, const char* label, const Half& half, int jobs) {
   out << std::fixed << std::setprecision(1);
   out << "  " << label << ": " << half.ms.size() << " of " << jobs << " jobs with all pods created; job creation -> "
-      << "all pods created: median " << PercentileOfSorted(half.ms, 0.5) << " ms, p90 " << PercentileOfSorted(half.ms, 0.9)
-      << " ms, max " << (half.ms.empty() ? 0.0 : half.ms.back()) << " ms; " << std::setprecision(2)
+      << "all pods created: median " << PercentileOfSorted(half.ms, 0.5) << " ms, p90 "
+      << PercentileOfSorted(half.ms, 0.9) << " ms, max " << (half.ms.empty() ? 0.0 : half.ms.back()) << " ms; " << std::setprecision(2)
       << static_cast<double>(half.requests) / jobs << " API requests per job\n";
 }
 

@@ -166,7 +166,7 @@ RankRate MeasureRank(const api::ModelShape& shape, int seq, int micro_batch, int
     trainer.Step();
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < 3; ++i) trainer.Step();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 3;
+    return SecondsSince(start) / 3;
   };
   const int before = omp_get_max_threads();
   omp_set_num_threads(threads);

@@ -21,7 +21,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-
 }  // namespace
 
 std::string Activations::Describe() const {

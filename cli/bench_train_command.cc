@@ -37,7 +37,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-
 // A (tokens x k) by (k x n) product that a training step runs `count` times forward
 // (out = in @ W^T) and twice backward (dIn = dOut @ W, dW = dOut^T @ In).
 struct StepProduct {
