@@ -4,7 +4,6 @@
 #include <nccl.h>
 
 #include <algorithm>
-#include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -274,36 +273,11 @@ std::unique_ptr<StreamCollectives> ConnectNcclCollectives(const api::RankTable& 
                                                           std::chrono::milliseconds timeout) {
   Group world = Group::World(table, rank);
   const std::string what = "connecting NCCL: rank " + std::to_string(rank) + " of group " + world.Describe();
-  NcclHandle::RequireNoGroupOnThisThread(what);  // the init would join the group
+  NcclHandle::RequireNoGroupOnThisThread(what);
   auto shared = std::make_shared<NcclWorld>(device, timeout);  // makes `device` current
-  ncclUniqueId id;
   // Not the Communicator's key (nccl_communicator.cc): a job may connect both.
-  const std::string key = "meshtrain/nccl/collectives/unique-id";
-  if (rank == 0) {
-    const ncclResult_t made = ncclGetUniqueId(&id);
-    if (made != ncclSuccess) throw CommError(what + ": ncclGetUniqueId: " + ncclGetErrorString(made));
-    store->Set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
-  } else {
-    std::string bytes;
-    try {
-      bytes = store->Get(key, timeout);
-    } catch (const StoreError& e) {
-      throw CommError(what + ": waiting for rank 0's NCCL unique id: " + e.what());
-    }
-    if (bytes.size() != sizeof(id)) {
-      throw CommError(what + ": the NCCL unique id in the Store has " + std::to_string(bytes.size()) +
-                      " bytes, not " + std::to_string(sizeof(id)));
-    }
-    std::memcpy(&id, bytes.data(), sizeof(id));
-  }
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  ncclComm_t comm = nullptr;
-  const ncclResult_t started = ncclCommInitRankConfig(&comm, world.size(), id, rank, &config);
-  if (started != ncclSuccess && started != ncclInProgress) {
-    throw CommError(what + ": ncclCommInitRankConfig: " + ncclGetErrorString(started));
-  }
-  auto handle = std::make_shared<NcclHandle>(comm);
+  auto handle = NcclHandle::StartInit(*store, "meshtrain/nccl/collectives/unique-id", world.size(), rank, what,
+                                      timeout);
   shared->Add(handle);
   handle->AwaitReady(what, "the " + std::to_string(world.size()) + " ranks did not all connect", timeout);
   return std::make_unique<NcclCollectives>(std::move(shared), std::move(handle), std::move(world));

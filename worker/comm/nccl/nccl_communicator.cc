@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -223,33 +222,9 @@ std::unique_ptr<Communicator> ConnectNccl(const api::RankTable& table, int rank,
                                           const NcclOptions& options) {
   Group world = Group::World(table, rank);
   const std::string what = "connecting NCCL: rank " + std::to_string(rank) + " of group " + world.Describe();
-  NcclHandle::RequireNoGroupOnThisThread(what);  // the init would join the group
+  NcclHandle::RequireNoGroupOnThisThread(what);
   CheckCuda(cudaSetDevice(options.device), "cudaSetDevice(" + std::to_string(options.device) + ")");
-  ncclUniqueId id;
-  const std::string key = "meshtrain/nccl/unique-id";
-  if (rank == 0) {
-    const ncclResult_t made = ncclGetUniqueId(&id);
-    if (made != ncclSuccess) throw CommError(std::string("ncclGetUniqueId: ") + ncclGetErrorString(made));
-    store->Set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
-  } else {
-    std::string bytes;
-    try {
-      bytes = store->Get(key, options.timeout);
-    } catch (const StoreError& e) {
-      throw CommError("rank " + std::to_string(rank) + " of group " + world.Describe() +
-                      ": waiting for rank 0's NCCL unique id: " + e.what());
-    }
-    if (bytes.size() != sizeof(id)) throw CommError("the NCCL unique id in the Store has the wrong size");
-    std::memcpy(&id, bytes.data(), sizeof(id));
-  }
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  ncclComm_t comm = nullptr;
-  const ncclResult_t started = ncclCommInitRankConfig(&comm, world.size(), id, rank, &config);
-  if (started != ncclSuccess && started != ncclInProgress) {
-    throw CommError(what + ": ncclCommInitRankConfig: " + ncclGetErrorString(started));
-  }
-  auto handle = std::make_shared<NcclHandle>(comm);
+  auto handle = NcclHandle::StartInit(*store, "meshtrain/nccl/unique-id", world.size(), rank, what, options.timeout);
   handle->AwaitReady(what, "the " + std::to_string(world.size()) + " ranks did not all connect", options.timeout);
   return std::make_unique<NcclCommunicator>(std::move(handle), std::move(world), options);
 }

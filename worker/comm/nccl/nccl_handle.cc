@@ -1,6 +1,7 @@
 #include "worker/comm/nccl/nccl_handle.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <stdexcept>
 #include <thread>
@@ -15,7 +16,6 @@ constexpr ncclResult_t kEnded = ncclInvalidUsage;
 
 // The handle whose group this thread has open (NCCL's group is the thread's), if any.
 thread_local const NcclHandle* open_group = nullptr;
-
 
 }  // namespace
 
@@ -40,6 +40,37 @@ std::string FormatDuration(milliseconds duration) {
   char text[32];
   std::snprintf(text, sizeof(text), "%g s", double(duration.count()) / 1000);
   return text;
+}
+
+std::shared_ptr<NcclHandle> NcclHandle::StartInit(StoreClient& store, const std::string& key, int size, int rank,
+                                                   const std::string& what, milliseconds timeout) {
+  RequireNoGroupOnThisThread(what);  // the init would join the group
+  ncclUniqueId id;
+  if (rank == 0) {
+    const ncclResult_t made = ncclGetUniqueId(&id);
+    if (made != ncclSuccess) throw CommError(what + ": ncclGetUniqueId: " + ncclGetErrorString(made));
+    store.Set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+  } else {
+    std::string bytes;
+    try {
+      bytes = store.Get(key, timeout);
+    } catch (const StoreError& e) {
+      throw CommError(what + ": waiting for rank 0's NCCL unique id: " + e.what());
+    }
+    if (bytes.size() != sizeof(id)) {
+      throw CommError(what + ": the NCCL unique id in the Store has " + std::to_string(bytes.size()) +
+                      " bytes, not " + std::to_string(sizeof(id)));
+    }
+    std::memcpy(&id, bytes.data(), sizeof(id));
+  }
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  const ncclResult_t started = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  if (started != ncclSuccess && started != ncclInProgress) {
+    throw CommError(what + ": ncclCommInitRankConfig: " + ncclGetErrorString(started));
+  }
+  return std::make_shared<NcclHandle>(comm);
 }
 
 NcclHandle::NcclHandle(ncclComm_t comm) : comm_(comm) {}

@@ -28,9 +28,11 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 
+#include "worker/comm/store.h"
 #include "worker/comm/types.h"
 
 namespace meshtrain::comm::nccl {
@@ -47,6 +49,14 @@ std::string FormatDuration(milliseconds duration);
 
 class NcclHandle {
  public:
+  // Starts a non-blocking ncclCommInitRankConfig of `rank` among `size` ranks: rank 0
+  // makes the unique id and sets it at `key` in the Store, the others wait up to
+  // `timeout` for it. The init may still be in progress: AwaitReady() waits for it.
+  // Throws CommError "<what>: ..." when the id cannot be had or NCCL refuses the init.
+  // REQUIRES: the calling thread has no group open; the rank's device is current.
+  static std::shared_ptr<NcclHandle> StartInit(StoreClient& store, const std::string& key, int size, int rank,
+                                               const std::string& what, milliseconds timeout);
+
   // Owns `comm`, just made by a non-blocking init or split (it may still be in progress).
   explicit NcclHandle(ncclComm_t comm);
   ~NcclHandle();  // Close(kCloseBound) unless it has ended
