@@ -53,15 +53,3 @@ function(meshtrain_test name label)
   gtest_discover_tests(${name} PROPERTIES LABELS ${label} SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]"
                        WORKING_DIRECTORY ${PROJECT_SOURCE_DIR} DISCOVERY_TIMEOUT 60)
 endfunction()
-
-# meshtrain_test_costs(NAME SECONDS ...): the seconds each long test took in CI, on 2 cores.
-# A clean clone has no ctest cost data, so ctest would start tests in the order they are
-# declared, and a long one declared late would run alone at the end. With its COST, ctest
-# starts it among the first.
-function(meshtrain_test_costs)
-  set(pairs ${ARGN})
-  while(pairs)
-    list(POP_FRONT pairs name seconds)
-    set_tests_properties(${name} PROPERTIES COST ${seconds})
-  endwhile()
-endfunction()
