@@ -36,7 +36,10 @@ for bin in meshtrain meshtrain-worker meshtrain-operator; do
   missing=$(chroot "$rootfs" ldd "/usr/local/bin/$bin" | grep "not found" || true)
   [ -z "$missing" ] || { echo "build-cpu-image: $bin lacks libraries in the image: $missing" >&2; exit 1; }
 done
-chroot "$rootfs" ldconfig -p | grep -q 'libfabric\.so\.1 ' ||
+# Read whole before grep -q, which stops at its match: ldconfig, cut short by SIGPIPE, would
+# fail the pipeline (pipefail) and this check with it.
+cache=$(chroot "$rootfs" ldconfig -p)
+grep -q 'libfabric\.so\.1 ' <<<"$cache" ||
   { echo "build-cpu-image: the image lacks libfabric.so.1, which the fabric backend loads" >&2; exit 1; }
 
 buildah=(buildah --storage-driver vfs --root "$out/storage" --runroot "$out/run")

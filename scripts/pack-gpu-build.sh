@@ -9,7 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:?usage: scripts/pack-gpu-build.sh BUILD_DIR OUT.tar.xz} out=${2:?usage: scripts/pack-gpu-build.sh BUILD_DIR OUT.tar.xz}
-libfabric=$(ldconfig -p | awk '/libfabric\.so\.1 /{print $NF; exit}')
+# awk reads to the end: an early exit would end ldconfig with SIGPIPE, which pipefail
+# turns into a silent exit of this script.
+libfabric=$(ldconfig -p | awk '/libfabric\.so\.1 / && !found {print $NF; found = 1}')
 [ -n "$libfabric" ] || { echo "pack-gpu-build: this machine has no libfabric.so.1 (apt-get install libfabric1)" >&2; exit 1; }
 rm -rf "$build/.runtime-libs"
 mkdir -p "$build/.runtime-libs"
