@@ -27,8 +27,11 @@ Weights LoadWeights(const SampleOptions& o) {
   std::string directory = o.checkpoint;
   if (!fs::exists(fs::path(directory) / "metadata.json")) {
     std::string newest;
-    for (const train::CheckpointListing& c : train::ListCheckpoints(o.checkpoint)) {
-      if (c.problem.empty()) newest = c.directory;  // listed oldest first
+    for (const train::CheckpointListing& c : train::ListCheckpoints(o.checkpoint)) {  // newest first
+      if (c.problem.empty()) {
+        newest = c.directory;
+        break;
+      }
     }
     if (newest.empty()) throw train::CheckpointError(o.checkpoint + ": no intact checkpoint here");
     directory = newest;
@@ -40,9 +43,9 @@ Weights LoadWeights(const SampleOptions& o) {
 }  // namespace
 
 int SampleCommand(const SampleOptions& o, std::ostream& out) {
-  if (o.checkpoint.empty() == o.from.empty()) {
-    out << "meshtrain sample: give a checkpoint or --from FILE, not both\n";
-    return kExitInvalid;
+  if (o.checkpoint.empty() == o.from.empty()) {  // a usage error: exit as the parser's own do
+    out << "meshtrain sample: give a checkpoint or --from FILE" << (o.from.empty() ? "" : ", not both") << "\n";
+    return kExitUnreadable;
   }
   try {
     Weights weights = LoadWeights(o);

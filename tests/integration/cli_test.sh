@@ -81,10 +81,11 @@ expect "prepare-data splits text into token files" 0 "$tmp/train.bin: 616292 tok
   -- "$meshtrain" prepare-data examples/data/pride-and-prejudice.txt "$tmp/train.bin" --validation "$tmp/val.bin"
 expect "prepare-data names a missing input" 2 'nope.txt: cannot open' -- "$meshtrain" prepare-data nope.txt "$tmp/x.bin"
 
-# The tiny example, shortened, on the data just prepared.
+# The tiny example, shortened, on the data just prepared; checkpoints at steps 2 and 4, so
+# that sample has an older one to pass over.
 sed -e "s|examples/data/corpus.train.bin|$tmp/train.bin|; s|examples/data/corpus.val.bin|$tmp/val.bin|" \
     -e 's/steps: 300/steps: 4/; s/warmupSteps: 20/warmupSteps: 2/; s/evalInterval: 50/evalInterval: 2/' \
-    -e "s|/tmp/meshtrain/gpt2-tiny-local|$tmp/ckpt|" \
+    -e "s|/tmp/meshtrain/gpt2-tiny-local|$tmp/ckpt|; s/interval: 100/interval: 2/" \
     examples/gpt2-tiny-local.yaml > "$tmp/tiny.yaml"
 expect "run trains the tiny job and samples from it" 0 \
   'gpt2-tiny-local": ok' "checkpoint: step 4 in $tmp/ckpt" \
@@ -109,8 +110,9 @@ expect "sample continues a prompt from the newest checkpoint (bytes)" 0 '^sampli
   '^Elizabeth' -- "$meshtrain" sample "$tmp/ckpt" --prompt "Elizabeth" --tokens 16 --top-k 20 --temperature 0.8
 expect "sample from a safetensors file" 0 "^sampling 8 tokens from $tmp/tiny.safetensors" '^Darcy' \
   -- "$meshtrain" sample --from "$tmp/tiny.safetensors" --prompt "Darcy" --tokens 8
-expect "sample wants a checkpoint or a file, not both" 1 'not both' \
+expect "sample wants a checkpoint or a file, not both" 2 'not both' \
   -- "$meshtrain" sample "$tmp/ckpt" --from "$tmp/tiny.safetensors"
+expect "sample wants a checkpoint or a file" 2 'give a checkpoint or --from FILE$' -- "$meshtrain" sample
 printf '\377' | dd of="$tmp/ckpt/step-00000004/rank-00000.bin" bs=1 seek=100 conv=notrunc status=none
 expect "checkpoints names a damaged file" 1 'DAMAGED' "rank-00000.bin: checksum mismatch" \
   -- "$meshtrain" checkpoints "$tmp/ckpt"
