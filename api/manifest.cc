@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -372,6 +373,10 @@ std::vector<ManifestDocument> ParseManifestText(std::string_view text, std::stri
 }
 
 std::vector<ManifestDocument> ReadManifestFile(const std::string& path) {
+  // A FIFO would block the open until a writer came, perhaps never; a directory cannot be read.
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  if (!error && !std::filesystem::is_regular_file(status)) throw ManifestError(path + ": is not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ManifestError(path + ": cannot open: " + std::strerror(errno));
   std::string text;

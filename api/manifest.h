@@ -39,7 +39,8 @@ inline constexpr size_t kMaxManifestBytes = 16 << 20;
 // documents are skipped. Throws ManifestError.
 std::vector<ManifestDocument> ParseManifestText(std::string_view text, std::string_view source);
 
-// Reads and parses a file. Throws ManifestError, naming the file.
+// Reads and parses a file. Throws ManifestError, naming the file; also for a directory or
+// FIFO (one would block the read forever): "is not a regular file".
 std::vector<ManifestDocument> ReadManifestFile(const std::string& path);
 
 // One TrainingJob from a manifest, decoded, defaulted and validated.

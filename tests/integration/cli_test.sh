@@ -106,6 +106,9 @@ expect "export writes a checkpoint as a Hugging Face GPT-2" 0 \
   -- "$meshtrain" export "$tmp/ckpt/step-00000004" "$tmp/tiny.safetensors" --format safetensors
 expect "export refuses another format" 2 'only safetensors' \
   -- "$meshtrain" export "$tmp/ckpt/step-00000004" "$tmp/tiny.bin" --format gguf
+mkdir "$tmp/export-dir"
+expect "export names a directory in the way, with the reason" 2 "$tmp/export-dir: cannot .*: Is a directory" \
+  -- "$meshtrain" export "$tmp/ckpt/step-00000004" "$tmp/export-dir"
 expect "sample continues a prompt from the newest checkpoint (bytes)" 0 '^sampling 16 tokens from .*step-00000004 on cpu' \
   '^Elizabeth' -- "$meshtrain" sample "$tmp/ckpt" --prompt "Elizabeth" --tokens 16 --top-k 20 --temperature 0.8
 expect "sample from a safetensors file" 0 "^sampling 8 tokens from $tmp/tiny.safetensors" '^Darcy' \
@@ -143,6 +146,9 @@ fi
 
 sed -e "s|examples/data/corpus.train.bin|$tmp/missing.bin|" examples/gpt2-tiny-local.yaml > "$tmp/nodata.yaml"
 expect "run names a missing token file" 2 "$tmp/missing.bin: no file matches" -- "$meshtrain" run "$tmp/nodata.yaml"
+# A FIFO would block the read forever (token files: train_test.cc).
+mkfifo "$tmp/fifo"
+expect "validate refuses a FIFO as a manifest" 2 "$tmp/fifo: is not a regular file" -- "$meshtrain" validate "$tmp/fifo"
 head -c 100 "$tmp/train.bin" > "$tmp/truncated.bin"
 sed -e "s|examples/data/corpus.train.bin|$tmp/truncated.bin|" examples/gpt2-tiny-local.yaml > "$tmp/truncated.yaml"
 expect "run names a truncated token file" 2 "$tmp/truncated.bin: is truncated or padded" -- "$meshtrain" run "$tmp/truncated.yaml"

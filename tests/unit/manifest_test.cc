@@ -1,5 +1,8 @@
 #include "api/manifest.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -160,6 +163,23 @@ TEST(Manifest, MissingFileIsNamed) {
   } catch (const ManifestError& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/job.yaml: cannot open"), std::string::npos) << e.what();
   }
+}
+
+// A FIFO would block the read until a writer came (forever, for a stray mkfifo); a
+// directory cannot be read. Both are refused by name.
+TEST(Manifest, AFifoOrDirectoryIsRefusedNotWaitedOn) {
+  const std::filesystem::path fifo =
+      std::filesystem::temp_directory_path() / ("meshtrain_manifest_fifo_" + std::to_string(::getpid()));
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {fifo.string(), std::filesystem::temp_directory_path().string()}) {
+    try {
+      ReadManifestFile(path);
+      ADD_FAILURE() << path << ": no error";
+    } catch (const ManifestError& e) {
+      EXPECT_EQ(std::string(e.what()), path + ": is not a regular file");
+    }
+  }
+  std::filesystem::remove(fifo);
 }
 
 TEST(Manifest, LoadTrainingJobsChecksEveryDocument) {

@@ -1,11 +1,16 @@
-// The trainer's parts below the engine: CRC-32C, token files (MTOK, llm.c, raw), the seeded data loader, the
-// learning-rate schedule, loading the CUDA plugin, and the engine factory (devices.h):
-// which kernel table, padding and backend the environment asks for.
+// The trainer's parts below the engine: CRC-32C, token files (MTOK, llm.c, raw), files written whole or not
+// at all (safetensors), the seeded data loader, the learning-rate schedule, loading the CUDA plugin, and the
+// engine factory (devices.h): which kernel table, padding and backend the environment asks for.
 
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -21,6 +26,7 @@
 #include "worker/train/cuda_plugin.h"
 #include "worker/train/data_loader.h"
 #include "worker/train/devices.h"
+#include "worker/train/safetensors.h"
 #include "worker/train/schedule.h"
 #include "worker/train/token_file.h"
 
@@ -80,7 +86,69 @@ TEST(TokenFile, RoundTripsNarrowAndWideTokens) {
   const TokenFile b = TokenFile::Open(dir.File("b.bin"));
   EXPECT_EQ(b.width(), 4);
   EXPECT_EQ(b[2], 4000000000u);
-  EXPECT_FALSE(fs::exists(dir.File("b.bin.tmp")));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.File("")), fs::directory_iterator()), 2);  // no temporary left
+}
+
+// A FIFO would block the open until a writer came; a directory mapped says "No such device".
+TEST(TokenFile, AFifoOrDirectoryIsNotARegularFile) {
+  TempDir dir;
+  const std::string fifo = dir.File("fifo.bin");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(OpenError(fifo), fifo + ": is not a regular file");
+  fs::create_directory(dir.File("directory.bin"));
+  EXPECT_EQ(OpenError(dir.File("directory.bin")), dir.File("directory.bin") + ": is not a regular file");
+  for (const std::string& text : {fifo, dir.File("directory.bin")}) {
+    try {
+      WriteTextAsTokenFiles(text, dir.File("out.bin"), "", 0);
+      ADD_FAILURE() << text << ": no error";
+    } catch (const TokenFileError& e) {
+      EXPECT_EQ(std::string(e.what()), text + ": is not a regular file");
+    }
+  }
+}
+
+// A write that fails part way (here past the file size limit, as on a full disk) leaves
+// the file that was there whole and no temporary beside it, and says why.
+TEST(WriteFileAtomically, AFailedWriteLeavesTheOldFileWhole) {
+  TempDir dir;
+  const std::string path = dir.File("model.safetensors");
+  WriteSafetensors(path, {{"w", Tensor{{2}, {1.0f, 2.0f}}}});
+  const std::string before = ReadBytes(path);
+
+  rlimit old_limit{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // so the write fails with EFBIG instead
+  rlimit small = old_limit;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string error = "(no error)";
+  try {
+    WriteSafetensors(path, {{"w", Tensor{{4096}, std::vector<float>(4096, 3.0f)}}});
+  } catch (const SafetensorsError& e) {
+    error = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+
+  EXPECT_NE(error.find(path + ": cannot write"), std::string::npos) << error;
+  EXPECT_NE(error.find(std::strerror(EFBIG)), std::string::npos) << error;
+  EXPECT_EQ(ReadBytes(path), before);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.File("")), fs::directory_iterator()), 1);
+  EXPECT_EQ(ReadSafetensors(path).at("w").values, (std::vector<float>{1.0f, 2.0f}));
+}
+
+TEST(WriteFileAtomically, ADirectoryInTheWayIsNamedWithTheReason) {
+  TempDir dir;
+  fs::create_directory(dir.File("out.safetensors"));
+  try {
+    WriteSafetensors(dir.File("out.safetensors"), {{"w", Tensor{{1}, {1.0f}}}});
+    FAIL() << "no error";
+  } catch (const SafetensorsError& e) {
+    EXPECT_NE(std::string(e.what()).find(dir.File("out.safetensors") + ": "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::strerror(EISDIR)), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::is_directory(dir.File("out.safetensors")));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.File("")), fs::directory_iterator()), 1);
 }
 
 TEST(TokenFile, BadFilesGetErrorsNamingThem) {
@@ -110,7 +178,8 @@ TEST(TokenFile, BadFilesGetErrorsNamingThem) {
     WriteTokenFile(dir.File("no/such/dir/x.bin"), std::vector<uint32_t>{1});
     FAIL();
   } catch (const TokenFileError& e) {
-    EXPECT_NE(std::string(e.what()).find("no/such/dir/x.bin.tmp: cannot create"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no/such/dir/x.bin: cannot create"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::strerror(ENOENT)), std::string::npos) << e.what();
   }
 }
 

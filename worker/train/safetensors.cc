@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "worker/train/atomic_file.h"
+
 namespace meshtrain::train {
 namespace {
 
@@ -111,10 +113,10 @@ void WriteSafetensors(const std::string& path, const std::map<std::string, Tenso
       for (int b = 0; b < 4; ++b) out.push_back(char((bits >> (8 * b)) & 0xFF));
     }
   }
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  file.write(out.data(), std::streamsize(out.size()));
-  file.close();
-  if (!file) throw SafetensorsError(path + ": cannot write");
+  // Never in place: a full disk would leave the previous good file truncated.
+  if (const std::string error = WriteFileAtomically(path, out.data(), out.size()); !error.empty()) {
+    throw SafetensorsError(path + ": " + error);
+  }
 }
 
 }  // namespace meshtrain::train

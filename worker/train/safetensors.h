@@ -30,7 +30,9 @@ struct Tensor {
 std::map<std::string, Tensor> ReadSafetensors(const std::string& path);
 
 // Writes `tensors` (in name order, as the format sorts nothing itself) as F32, with
-// `metadata` in the header; throws SafetensorsError naming the path if it cannot.
+// `metadata` in the header, through a temporary file renamed over `path` (a file already
+// there is replaced whole or not at all); throws SafetensorsError naming the path and the
+// system's reason if it cannot.
 void WriteSafetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 

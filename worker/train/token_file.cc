@@ -14,6 +14,8 @@
 #include <iterator>
 #include <utility>
 
+#include "worker/train/atomic_file.h"
+
 namespace meshtrain::train {
 namespace {
 
@@ -54,13 +56,18 @@ bool IsMtokHeader(const unsigned char* h, size_t bytes) {
 }  // namespace
 
 TokenFile TokenFile::Open(const std::string& path, TokenFormat format) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO would otherwise wait for a writer forever; it is refused below.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) Fail(path, std::string("cannot open token file: ") + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
     Fail(path, std::string("cannot stat: ") + std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    Fail(path, "is not a regular file");
   }
   const size_t bytes = size_t(st.st_size);
   if (bytes == 0) {
@@ -192,31 +199,7 @@ namespace {
 
 // Writes `bytes` to `path` through a temporary file, fsync and rename.
 void WriteAtomically(const std::string& path, const std::vector<unsigned char>& bytes) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) Fail(tmp, std::string("cannot create: ") + std::strerror(errno));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      Fail(path, std::string("write failed: ") + std::strerror(err));
-    }
-    done += size_t(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    Fail(path, std::string("cannot flush: ") + std::strerror(err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    Fail(path, std::string("cannot rename into place: ") + std::strerror(err));
-  }
+  if (const std::string error = WriteFileAtomically(path, bytes.data(), bytes.size()); !error.empty()) Fail(path, error);
 }
 
 uint32_t NarrowestWidth(std::span<const uint32_t> tokens) {
@@ -276,6 +259,9 @@ std::string TokensToText(std::span<const uint32_t> tokens, int64_t vocab_size) {
 
 TokenSplit WriteTextAsTokenFiles(const std::string& text_path, const std::string& train,
                                  const std::string& validation, double validation_fraction) {
+  // A FIFO would block the open, a directory throw from the read.
+  struct stat st {};
+  if (::stat(text_path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) Fail(text_path, "is not a regular file");
   std::ifstream in(text_path, std::ios::binary);
   if (!in) Fail(text_path, "cannot open");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

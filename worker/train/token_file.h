@@ -46,7 +46,8 @@ class TokenFile {
   static constexpr size_t kHeaderBytes = 24;      // MTOK
   static constexpr size_t kLlmcHeaderBytes = 1024;  // llm.c
 
-  // Maps `path`. Throws TokenFileError naming the file and what was expected.
+  // Maps `path`. Throws TokenFileError naming the file and what was expected (also for
+  // a directory, FIFO or device: "is not a regular file").
   static TokenFile Open(const std::string& path, TokenFormat format = TokenFormat::kHeader);
 
   TokenFile(TokenFile&& other) noexcept;
@@ -104,7 +105,8 @@ std::string TokensToText(std::span<const uint32_t> tokens, int64_t vocab_size = 
 // A text file as byte tokens in two token files: `train` gets the first part and
 // `validation` the last `validation_fraction` of the text, so the two never share a
 // passage (validation empty: everything goes to train). Returns the token counts.
-// Throws TokenFileError naming a file that cannot be read ("cannot open") or written.
+// Throws TokenFileError naming a file that cannot be read ("cannot open", "is not a
+// regular file") or written.
 struct TokenSplit {
   size_t train = 0, validation = 0;
 };
