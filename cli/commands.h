@@ -59,6 +59,7 @@ struct PrepareDataOptions {
 
 // Tokenizes text into token files: bytes into MTOK files, or with GPT-2's tokenizer
 // (--tokenizer) into llm.c shards (worker/train/prepare_data.h), with progress on stderr.
+// Exit 2 when two of the input, output and validation files are one file.
 int PrepareDataCommand(const PrepareDataOptions& options, std::ostream& out);
 
 struct SampleOptions {

@@ -1,6 +1,9 @@
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <iterator>
+#include <utility>
 
 #include "cli/commands.h"
 #include "worker/train/prepare_data.h"
@@ -52,11 +55,42 @@ int PrepareGpt2Shards(const PrepareDataOptions& options, std::ostream& out) {
   return kExitOk;
 }
 
+// Whether `a` and `b` name the same file: the same inode where both exist, else the same
+// path once made absolute and normal (an output not written yet).
+bool SameFile(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  std::error_code error_a, error_b;
+  if (fs::exists(a, error_a) && fs::exists(b, error_b)) return fs::equivalent(a, b, error_a);
+  const fs::path path_a = fs::weakly_canonical(a, error_a), path_b = fs::weakly_canonical(b, error_b);
+  return !error_a && !error_b && path_a == path_b;
+}
+
+// The input, output and validation file, when two of them are one file: writing it would
+// replace the text with its tokens, or the training tokens with the validation ones.
+std::string SameFileError(const PrepareDataOptions& o) {
+  const std::pair<const char*, const std::string*> files[] = {
+      {"input", &o.input}, {"output", &o.output}, {"--validation", &o.validation}};
+  for (size_t i = 0; i < std::size(files); ++i) {
+    for (size_t j = i + 1; j < std::size(files); ++j) {
+      const auto& [name_a, a] = files[i];
+      const auto& [name_b, b] = files[j];
+      if (!a->empty() && !b->empty() && SameFile(*a, *b)) {
+        return std::string(name_a) + " " + *a + " and " + name_b + " " + *b + " are the same file";
+      }
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 int PrepareDataCommand(const PrepareDataOptions& options, std::ostream& out) {
   try {
     if (!options.tokenizer.empty()) return PrepareGpt2Shards(options, out);
+    if (const std::string error = SameFileError(options); !error.empty()) {
+      out << "meshtrain prepare-data: " << error << "\n";
+      return kExitUnreadable;  // a usage error
+    }
     const train::TokenSplit split =
         train::WriteTextAsTokenFiles(options.input, options.output, options.validation, options.validation_fraction);
     out << options.output << ": " << split.train << " tokens\n";

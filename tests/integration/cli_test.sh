@@ -80,6 +80,16 @@ trap 'rm -rf "$tmp"' EXIT
 expect "prepare-data splits text into token files" 0 "$tmp/train.bin: 616292 tokens" "$tmp/val.bin: 68476 tokens" \
   -- "$meshtrain" prepare-data examples/data/pride-and-prejudice.txt "$tmp/train.bin" --validation "$tmp/val.bin"
 expect "prepare-data names a missing input" 2 'nope.txt: cannot open' -- "$meshtrain" prepare-data nope.txt "$tmp/x.bin"
+expect "prepare-data names a directory given as its input" 2 "$tmp: is not a regular file" '!terminate called' \
+  -- "$meshtrain" prepare-data "$tmp" "$tmp/x.bin"
+printf 'It is a truth universally acknowledged.\n' > "$tmp/text.txt"
+expect "prepare-data refuses to write its tokens over its input" 2 \
+  "input $tmp/text.txt and output $tmp/./text.txt are the same file" \
+  -- "$meshtrain" prepare-data "$tmp/text.txt" "$tmp/./text.txt"
+grep -q '^It is a truth' "$tmp/text.txt" || { echo "FAIL prepare-data wrote over its input"; failures=$((failures + 1)); }
+expect "prepare-data refuses one file for the training and the validation tokens" 2 \
+  "output $tmp/tv.bin and --validation $tmp/../${tmp##*/}/tv.bin are the same file" \
+  -- "$meshtrain" prepare-data "$tmp/text.txt" "$tmp/tv.bin" --validation "$tmp/../${tmp##*/}/tv.bin"
 
 # The tiny example, shortened, on the data just prepared; checkpoints at steps 2 and 4, so
 # that sample has an older one to pass over.
