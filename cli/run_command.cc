@@ -19,6 +19,7 @@
 #include "operator/scheduler/planner.h"
 #include "worker/runtime/memory.h"
 #include "worker/launch/local_launcher.h"
+#include "worker/train/configuration_error.h"
 #include "worker/train/devices.h"
 #include "worker/train/run_report.h"
 #include "worker/train/trainer.h"
@@ -109,9 +110,10 @@ int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std:
 
 // Trains a one-rank job in this process. A failure (an exception: a device fault, a file
 // lost under it) restarts the training from the newest checkpoint up to
-// spec.runPolicy.backoffLimit times, as RunRanks restarts a gang; a bad spec or data file
-// ends the run at once. (A crash or a hang of this process ends it: only a gang of rank
-// processes is watched by heartbeats.)
+// spec.runPolicy.backoffLimit times, as RunRanks restarts a gang; a configuration error
+// (a bad spec, data or init.from file, a model too large for memory) ends the run at once
+// with the status a rank gives it. (A crash or a hang of this process ends it: only a gang
+// of rank processes is watched by heartbeats.)
 int TrainHere(api::CheckedJob job, const runtime::DeviceChoice& where, int sample_tokens, std::ostream& out) {
   const int64_t backoff_limit = job.job.spec.run_policy.backoff_limit;
   if (const int64_t hang = job.job.spec.run_policy.hang_timeout_seconds; hang > 0) {
@@ -120,20 +122,16 @@ int TrainHere(api::CheckedJob job, const runtime::DeviceChoice& where, int sampl
   }
   for (int64_t restarts = 0;; ++restarts) {
     std::optional<train::Trainer> trainer;
+    std::optional<train::RunReport> report;
     try {
-      trainer.emplace(job.job, nullptr, where.device);
-    } catch (const train::TokenFileError& e) {
-      out << e.what() << "\n";
-      return kExitUnreadable;
-    } catch (const std::invalid_argument& e) {
-      out << job.Where() << ": " << e.what() << "\n";
-      return kExitInvalid;
-    }
-    out << "  model: " << trainer->Describe() << "\n";
-    train::RunReport report(out, *trainer, where.device);
-    report.Started();
-    try {
-      trainer->Run([&](const train::StepReport& r) { report.Step(r); });
+      train::RethrowConfigurationErrors(job.Where(), [&] { trainer.emplace(job.job, nullptr, where.device); });
+      out << "  model: " << trainer->Describe() << "\n";
+      report.emplace(out, *trainer, where.device);
+      report->Started();
+      trainer->Run([&](const train::StepReport& r) { report->Step(r); });
+    } catch (const train::ConfigurationError& e) {
+      out << "configuration error: " << e.what() << std::endl;
+      return api::worker::kExitConfigError;
     } catch (const std::exception& e) {
       if (restarts == backoff_limit) {
         out << "  training failed " << restarts + 1 << " time(s), last: " << e.what()
@@ -145,8 +143,8 @@ int TrainHere(api::CheckedJob job, const runtime::DeviceChoice& where, int sampl
       job.job.spec.checkpoint.resume = true;  // what this run wrote, even under --no-resume
       continue;
     }
-    report.Finished(job.job.spec.checkpoint.path);
-    report.Sample(trainer->SampleText(sample_tokens, 1));
+    report->Finished(job.job.spec.checkpoint.path);
+    report->Sample(trainer->SampleText(sample_tokens, 1));
     return kExitOk;
   }
 }

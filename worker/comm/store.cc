@@ -286,7 +286,9 @@ void StoreClient::Authenticate(const std::string& key, milliseconds timeout) {
   try {
     proof = ReceiveReply(deadline, what);
   } catch (const StoreError&) {
-    Fail(what, "the coordinator refused this rank's key (it differs from the job's)", true);
+    // The coordinator closes a connection whose key is wrong, and so does one that stops.
+    Fail(what, "the coordinator refused this rank's key (it differs from the job's), or stopped before it answered",
+         true);
   }
   if (uint8_t(proof[0]) != kOk || !SameMac(proof.substr(1), Mac(key, kServerLabel, client_nonce, server_nonce))) {
     Fail(what, "the coordinator could not prove that it holds the job's key", true);

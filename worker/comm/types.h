@@ -26,6 +26,13 @@ class CommError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The transport this rank was told to use (a libfabric provider named in its environment)
+// does not exist on its node: no restart on such a node can connect.
+class ProviderUnavailable : public CommError {
+ public:
+  using CommError::CommError;
+};
+
 // out[i] = a[i] + b[i] for `count` elements of `type`; out may alias a or b. bf16 and
 // fp16 are added in fp32 and rounded back to nearest-even each time, as NCCL does for
 // partial sums. The addition is commutative bit for bit, so a+b on one rank equals b+a

@@ -13,10 +13,10 @@
 #include "worker/comm/heartbeat.h"
 #include "worker/metrics/training_metrics.h"
 #include "worker/runtime/device_peak.h"
+#include "worker/train/configuration_error.h"
 #include "worker/train/cuda_plugin.h"
 #include "worker/train/devices.h"
 #include "worker/train/run_report.h"
-#include "worker/train/token_file.h"
 #include "worker/train/trainer.h"
 
 namespace meshtrain::worker {
@@ -27,10 +27,8 @@ namespace {
 // The bound on joining: every rank of a gang starts within it, or the gang fails.
 constexpr comm::milliseconds kRendezvousTimeout{300'000};
 
-// A problem no restart can fix.
-struct ConfigError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+// A problem no restart can fix: the environment, the spec or a file it names.
+using ConfigError = train::ConfigurationError;
 
 api::CheckedJob LoadJob(const std::string& path) {
   if (path.empty()) throw ConfigError("the worker environment lacks MESHTRAIN_CONFIG");
@@ -48,18 +46,6 @@ api::CheckedJob LoadJob(const std::string& path) {
   return std::move(jobs[0]);
 }
 
-// Runs `f`, turning what the trainer throws for a bad spec or data file into a ConfigError.
-template <class F>
-void BadInputIsConfigError(const std::string& config, F&& f) {
-  try {
-    f();
-  } catch (const train::TokenFileError& e) {
-    throw ConfigError(e.what());
-  } catch (const std::invalid_argument& e) {
-    throw ConfigError(config + ": " + e.what());
-  }
-}
-
 // The device's dense bf16 peak FLOP/s for MFU; 0 on the CPU, where none is known.
 double DensePeakFlops(const runtime::Device& device) {
   if (!device.is_cuda()) return 0;
@@ -70,10 +56,12 @@ double DensePeakFlops(const runtime::Device& device) {
 int Train(std::ostream& out) {
   comm::WorkerEnvironment env;
   api::CheckedJob checked;
+  comm::FabricOptions fabric;
   int metrics_port = 0, sample_tokens = 0;
   try {
     env = comm::WorkerEnvironment::FromEnvironment();
     checked = LoadJob(env.config);
+    fabric = comm::FabricOptions::FromEnvironment();
     metrics_port = int(api::EnvironmentInteger(env::kMetricsPort, 0, 65535, 0));
     sample_tokens = int(api::EnvironmentInteger(env::kSampleTokens, 0, 100000, 0));
   } catch (const std::runtime_error& e) {
@@ -84,7 +72,7 @@ int Train(std::ostream& out) {
   if (api::EnvironmentInteger(env::kResume, 0, 1, 1) == 0) job.spec.checkpoint.resume = false;
   // Every rank finds a bad spec or data file on its own, before it waits for the others,
   // so the whole gang exits 78 rather than some ranks dying of their peers' exit.
-  BadInputIsConfigError(env.config, [&] { train::CheckTrainable(job, env.rank, env.world_size); });
+  train::RethrowConfigurationErrors(env.config, [&] { train::CheckTrainable(job, env.rank, env.world_size); });
   std::optional<metrics::TrainingMetrics> exported;
   if (env.local_rank == 0 && metrics_port > 0) {
     exported.emplace(env.job_name, env.rank, job.spec.training.steps, job.spec.training.global_batch_tokens);
@@ -92,8 +80,12 @@ int Train(std::ostream& out) {
   }
 
   comm::Rendezvous rendezvous = comm::JoinRendezvous(env, kRendezvousTimeout);
-  const comm::FabricOptions fabric = comm::FabricOptions::FromEnvironment();
-  std::unique_ptr<comm::Communicator> world = comm::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, fabric);
+  std::unique_ptr<comm::Communicator> world;
+  try {
+    world = comm::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, fabric);
+  } catch (const comm::ProviderUnavailable& e) {
+    throw ConfigError(e.what());
+  }
   // Started once every rank is connected, so a silent rank is stuck, not late; stopped
   // (destroyed) before rank 0's Store.
   comm::Watchdog watchdog({.coordinator = env.coordinator,
@@ -118,7 +110,7 @@ int Train(std::ostream& out) {
     checkpoint_store = std::make_unique<comm::StoreClient>(env.coordinator, kRendezvousTimeout, rendezvous.key);
   }
   std::optional<train::Trainer> trainer;
-  BadInputIsConfigError(env.config, [&] {
+  train::RethrowConfigurationErrors(env.config, [&] {
     trainer.emplace(job, world.get(), where.device, device_world.get(), checkpoint_store.get());
   });
   if (exported) {
@@ -172,7 +164,7 @@ int RunRank(std::ostream& out) {
   // launcher and the operator already say that the rank failed, with its status: the file
   // gets only why, and a configuration error says that it is one.
   auto failed = [&out](const char* what, const std::exception& e, int status) {
-    out << what << ": " << e.what() << std::endl;
+    out << "rank " << api::EnvironmentString(env::kRank, "?") << ": " << what << ": " << e.what() << std::endl;
     api::WriteFailureReason(status == api::worker::kExitConfigError ? std::string(what) + ": " + e.what() : e.what());
     return status;
   };

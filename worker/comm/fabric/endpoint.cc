@@ -67,7 +67,7 @@ Endpoint::Endpoint(const std::string& provider, bool register_always) : provider
   int result = libfabric.getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints, &info_);
   libfabric.freeinfo(hints);
   if (result != 0) {
-    throw CommError("libfabric has no RDM endpoint with tagged messages for provider \"" +
+    throw ProviderUnavailable("libfabric has no RDM endpoint with tagged messages for provider \"" +
                     provider + "\": " + libfabric.strerror(-result) +
                     " (choose another with MESHTRAIN_FABRIC_INTRA_PROVIDER / "
                     "MESHTRAIN_FABRIC_INTER_PROVIDER)");
