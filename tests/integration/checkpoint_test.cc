@@ -557,6 +557,7 @@ TEST_F(CheckpointTest, AFailedWriteLeavesThePreviousCheckpointAndTrainingGoesOn)
     EXPECT_EQ(losses.size(), 12u) << "training goes on";
     EXPECT_GE(trainer.checkpoint_stats().failures, 1);
   }
+  EXPECT_FALSE(fs::exists(fs::path(path) / ".partial-step-00000008")) << "a failed write leaves nothing behind";
   const std::vector<CheckpointListing> listed = ListCheckpoints(path);
   ASSERT_FALSE(listed.empty());
   EXPECT_EQ(listed.back().step, 4);
@@ -598,6 +599,38 @@ TEST_F(CheckpointTest, AFullDiskIsAnErrorNamingThePathAndTrainingGoesOn) {
   EXPECT_NE(error.find("No space left on device"), std::string::npos) << error;
   EXPECT_EQ(losses.size(), 12u) << "training goes on";
   EXPECT_EQ(failures, 3) << "the checkpoints of steps 4, 8 and 12 do not fit in 64 KiB";
+}
+
+// Pruning keeps the newest `keep` of this model's checkpoints, counting and deleting no
+// stray name, damaged or other model's checkpoint, nor one newer than the one written.
+TEST_F(CheckpointTest, PruningDeletesOnlyThisModelsOlderCheckpoints) {
+  const fs::path path = dir_ / "ckpt";
+  api::ModelShape other = kShape;
+  other.layers = 3;
+  {
+    api::TrainingJob job = Job((dir_ / "other").string(), other);
+    job.spec.training.steps = 4;
+    Trainer trainer(job);
+    Losses(trainer);
+  }
+  {
+    Trainer first(Job(path.string()));
+    Losses(first, 5);  // a checkpoint of step 4
+  }
+  fs::rename(dir_ / "other" / "step-00000004", path / "step-00000001");
+  for (const char* stray : {"step-abc", "step-00000009", "step-5"}) fs::create_directories(path / stray);
+  {
+    Trainer resumed(Job(path.string()));
+    ASSERT_EQ(resumed.resumed_from(), std::optional<int64_t>(4));
+    Losses(resumed);  // checkpoints of steps 8 and 12
+  }
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(path)) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step-00000001", "step-00000008", "step-00000009",
+                                             "step-00000012", "step-5", "step-abc"}));
+  EXPECT_EQ(ListCheckpoints(path.string()).front().step, 12);
+  EXPECT_EQ(CheckpointModel((path / "step-00000001").string()), other);
 }
 
 }  // namespace

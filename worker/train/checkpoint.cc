@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -34,6 +35,17 @@ std::string StepName(int64_t step) {
   char name[32];
   std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
   return name;
+}
+
+// The step of a directory named as StepName names it; nullopt for any other name.
+std::optional<int64_t> StepOfName(const std::string& name) {
+  if (!name.starts_with("step-") || name.size() > 5 + 18) return std::nullopt;
+  const std::string digits = name.substr(5);
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  const int64_t step = std::stoll(digits);
+  if (StepName(step) != name) return std::nullopt;
+  return step;
 }
 
 std::string Sidecar(int rank) { return CheckpointRankFile(rank) + ".json"; }
@@ -155,6 +167,24 @@ api::ModelShape CheckpointModel(const std::string& directory) {
   }
 }
 
+std::optional<api::ModelShape> WholeCheckpointOfAnotherModel(const std::string& directory,
+                                                             const api::ModelShape& shape) {
+  const fs::path dir(directory), meta_file = dir / "metadata.json";
+  try {
+    const api::ModelShape theirs = CheckpointModel(directory);
+    if (theirs == shape) return std::nullopt;
+    const Json meta = ParseCheckpointMetadata(ReadCheckpointFile(meta_file), meta_file.string(), theirs);
+    for (const Json& f : meta.at("files")) {
+      std::error_code error;
+      const uintmax_t bytes = fs::file_size(dir / f.at("name").get<std::string>(), error);
+      if (error || bytes != f.at("bytes").get<uintmax_t>()) return std::nullopt;
+    }
+    return theirs;
+  } catch (const CheckpointError&) {
+    return std::nullopt;
+  }
+}
+
 std::vector<CheckpointListing> ListCheckpoints(const std::string& path, bool verify) {
   std::vector<CheckpointListing> all;
   std::error_code error;
@@ -247,22 +277,22 @@ void CheckpointWriter::Loop() {
     busy_ = true;
     lock.unlock();
     const auto start = Clock::now();
-    bool ok = true;
+    std::string error;
     try {
       Write(position, state);
     } catch (const std::exception& e) {
-      ok = false;
-      log_error_("checkpoint of step " + std::to_string(position.step) + " failed: " + e.what() +
-                 "; training goes on, and the previous checkpoint stays as it was");
+      error = "checkpoint of step " + std::to_string(position.step) + " failed: " + e.what();
+      log_error_(error + "; the previous checkpoints stay as they were");
     }
     lock.lock();
-    if (ok) {
+    if (error.empty()) {
       ++stats_.written;
       stats_.last_step = position.step;
       stats_.last_bytes = int64_t(3 * size_t(state.size) * sizeof(float));
       stats_.last_seconds = std::chrono::duration<double>(Clock::now() - start).count();
     } else {
       ++stats_.failures;
+      stats_.last_error = error;
     }
     busy_ = false;
     changed_.notify_all();
@@ -272,45 +302,59 @@ void CheckpointWriter::Loop() {
 void CheckpointWriter::Write(const TrainingPosition& position, const ShardState& state) {
   const std::string name = StepName(position.step);
   const std::string partial = (fs::path(path_) / (".partial-" + name)).string();
-  if (state.replica == 0) {
-    const std::string file = (fs::path(partial) / CheckpointRankFile(rank_)).string();
-    Json sidecar = {{"tp", state.tp_rank}, {"shard", state.shard_rank}};
-    try {
-      const ShardFileLayout chunks = LayOutShardFile(
-          model::ParameterLayout(shape_, state.tp_rank, layout_.tp(), vocab_multiple_), layout_.shard(), state.shard_rank);
-      if (chunks.elements != state.size) {
-        throw CheckpointError("rank " + std::to_string(rank_) + " holds " + std::to_string(state.size) +
-                              " elements, but its shards are " + std::to_string(chunks.elements));
-      }
-      std::error_code error;
-      fs::create_directories(partial, error);
-      if (error) throw CheckpointError("cannot create " + partial + ": " + error.message());
-      const size_t part = size_t(state.size) * sizeof(float);
-      WriteDurably(file, {{state.master, part}, {state.m, part}, {state.v, part}});
-      Json checksums = Json::array();
-      for (const float* section : {state.master, state.m, state.v}) {
-        for (const ShardFileLayout::Segment& segment : chunks.units) {
-          for (int64_t from = 0; from < segment.elements; from += chunks.chunk_elements) {
-            const int64_t n = std::min(chunks.chunk_elements, segment.elements - from);
-            checksums.push_back(Crc32c(section + segment.offset + from, size_t(n) * sizeof(float)));
-          }
+  try {
+    if (state.replica == 0) WriteShards(state, partial, name);
+    if (rank_ == 0) Finish(position, partial, name);
+  } catch (const std::exception&) {
+    // A failed checkpoint leaves nothing behind (a full disk gets its space back). Rank 0
+    // removes the directory (the checkpoint has failed for every writer); the others their
+    // own files, and the directory if it is left empty.
+    std::error_code ignored;
+    if (rank_ == 0) {
+      fs::remove_all(partial, ignored);
+    } else {
+      fs::remove(fs::path(partial) / CheckpointRankFile(rank_), ignored);
+      fs::remove(fs::path(partial) / Sidecar(rank_), ignored);
+      fs::remove(partial, ignored);  // only if empty
+    }
+    throw;
+  }
+}
+
+void CheckpointWriter::WriteShards(const ShardState& state, const std::string& partial, const std::string& name) {
+  const std::string file = (fs::path(partial) / CheckpointRankFile(rank_)).string();
+  Json sidecar = {{"tp", state.tp_rank}, {"shard", state.shard_rank}};
+  try {
+    const ShardFileLayout chunks = LayOutShardFile(
+        model::ParameterLayout(shape_, state.tp_rank, layout_.tp(), vocab_multiple_), layout_.shard(), state.shard_rank);
+    if (chunks.elements != state.size) {
+      throw CheckpointError("rank " + std::to_string(rank_) + " holds " + std::to_string(state.size) +
+                            " elements, but its shards are " + std::to_string(chunks.elements));
+    }
+    std::error_code error;
+    fs::create_directories(partial, error);
+    if (error) throw CheckpointError("cannot create " + partial + ": " + error.message());
+    const size_t part = size_t(state.size) * sizeof(float);
+    WriteDurably(file, {{state.master, part}, {state.m, part}, {state.v, part}});
+    Json checksums = Json::array();
+    for (const float* section : {state.master, state.m, state.v}) {
+      for (const ShardFileLayout::Segment& segment : chunks.units) {
+        for (int64_t from = 0; from < segment.elements; from += chunks.chunk_elements) {
+          const int64_t n = std::min(chunks.chunk_elements, segment.elements - from);
+          checksums.push_back(Crc32c(section + segment.offset + from, size_t(n) * sizeof(float)));
         }
       }
-      sidecar["bytes"] = 3 * part;
-      sidecar["chunkElements"] = chunks.chunk_elements;
-      sidecar["chunkCrc32c"] = std::move(checksums);
-      WriteDurably((fs::path(partial) / Sidecar(rank_)).string(), sidecar.dump());
-    } catch (const CheckpointError& e) {
-      // Free what the failed write took (a full disk), and tell rank 0; if even that
-      // fails, rank 0 times out.
-      std::error_code ignored;
-      fs::remove(file, ignored);
-      if (store_ != nullptr && rank_ != 0) store_->Set(WrittenKey(name, rank_), e.what());
-      throw;
     }
-    if (store_ != nullptr && rank_ != 0) store_->Set(WrittenKey(name, rank_), "");
+    sidecar["bytes"] = 3 * part;
+    sidecar["chunkElements"] = chunks.chunk_elements;
+    sidecar["chunkCrc32c"] = std::move(checksums);
+    WriteDurably((fs::path(partial) / Sidecar(rank_)).string(), sidecar.dump());
+  } catch (const CheckpointError& e) {
+    // Tell rank 0; if even that fails, rank 0 times out.
+    if (store_ != nullptr && rank_ != 0) store_->Set(WrittenKey(name, rank_), e.what());
+    throw;
   }
-  if (rank_ == 0) Finish(position, partial, name);
+  if (store_ != nullptr && rank_ != 0) store_->Set(WrittenKey(name, rank_), "");
 }
 
 void CheckpointWriter::Finish(const TrainingPosition& position, const std::string& partial, const std::string& name) {
@@ -323,12 +367,10 @@ void CheckpointWriter::Finish(const TrainingPosition& position, const std::strin
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
         error = store_->Get(WrittenKey(name, writer), std::max(left, std::chrono::milliseconds(1)));
       } catch (const comm::StoreError& e) {
-        fs::remove_all(partial);
         throw CheckpointError("rank " + std::to_string(writer) + " did not finish writing " +
                               (fs::path(partial) / CheckpointRankFile(writer)).string() + " within 2 minutes (" + e.what() + ")");
       }
       if (!error.empty()) {
-        fs::remove_all(partial);
         throw CheckpointError("rank " + std::to_string(writer) + ": " + error);
       }
     }
@@ -337,7 +379,6 @@ void CheckpointWriter::Finish(const TrainingPosition& position, const std::strin
     try {
       done = Json::parse(ReadCheckpointFile(sidecar));
     } catch (const std::exception& e) {
-      fs::remove_all(partial);
       throw CheckpointError(sidecar.string() + ": unreadable after rank " + std::to_string(writer) +
                             " wrote it: " + e.what());
     }
@@ -360,8 +401,13 @@ void CheckpointWriter::Finish(const TrainingPosition& position, const std::strin
   for (int writer : Writers(layout_)) fs::remove(fs::path(partial) / Sidecar(writer));
   SyncDirectory(partial);
   const fs::path final_dir = fs::path(path_) / name;
+  // A checkpoint of this step from a run that was resumed before it is replaced; another
+  // model's is not this run's to delete.
+  if (WholeCheckpointOfAnotherModel(final_dir.string(), shape_)) {
+    throw CheckpointError(final_dir.string() + " holds a checkpoint of another model, which stays");
+  }
   std::error_code error;
-  fs::remove_all(final_dir, error);  // a checkpoint of this step from a run that was resumed before it
+  fs::remove_all(final_dir, error);
   fs::rename(partial, final_dir, error);
   if (error) throw CheckpointError("cannot rename " + partial + " to " + final_dir.string() + ": " + error.message());
   SyncDirectory(path_);
@@ -370,16 +416,27 @@ void CheckpointWriter::Finish(const TrainingPosition& position, const std::strin
   fs::rename(latest_tmp, fs::path(path_) / "latest", error);
   if (error) throw CheckpointError("cannot rename " + latest_tmp + ": " + error.message());
   SyncDirectory(path_);
-  // Keep the newest `keep`; `latest` is among them. Partial directories of earlier steps
-  // are failed checkpoints (a later one may be in progress already: it stays).
-  std::vector<fs::path> steps;
+  // Keep the newest `keep` checkpoints of this run's lineage, this one among them. That
+  // lineage is the directories named as StepName names them, of an earlier step, whose
+  // metadata reads as this model's. Nothing else is counted or deleted: stray names,
+  // damaged checkpoints and other models' stay for a person to look at, as do newer steps
+  // (ones a resume skipped). Partial directories of earlier steps are failed checkpoints
+  // (a later one may be in progress already: it stays).
+  std::vector<std::pair<int64_t, fs::path>> older;
   for (const fs::directory_entry& entry : fs::directory_iterator(path_, error)) {
     const std::string entry_name = entry.path().filename().string();
-    if (entry.is_directory() && entry_name.starts_with("step-")) steps.push_back(entry.path());
     if (entry_name.starts_with(".partial-step-") && entry_name < ".partial-" + name) fs::remove_all(entry.path(), error);
+    const std::optional<int64_t> step = StepOfName(entry_name);
+    if (!step || *step >= position.step || !entry.is_directory()) continue;
+    try {
+      const fs::path file = entry.path() / "metadata.json";
+      ParseCheckpointMetadata(ReadCheckpointFile(file), file.string(), shape_);
+      older.emplace_back(*step, entry.path());
+    } catch (const CheckpointError&) {  // not this run's
+    }
   }
-  std::sort(steps.begin(), steps.end(), std::greater<>());
-  for (size_t i = size_t(keep_); i < steps.size(); ++i) fs::remove_all(steps[i], error);
+  std::sort(older.begin(), older.end(), std::greater<>());
+  for (size_t i = size_t(keep_ - 1); i < older.size(); ++i) fs::remove_all(older[i].second, error);
 }
 
 }  // namespace meshtrain::train

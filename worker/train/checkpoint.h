@@ -13,8 +13,9 @@
 // size and chunk checksums, then telling rank 0 through the Store (or sending its error);
 // rank 0 waits for every writer there, writes the metadata, fsyncs, renames the directory
 // into place, then moves `latest` (a temporary file, fsync, rename) and deletes all but the
-// newest spec.checkpoint.keep. `latest` never names an incomplete checkpoint, and a failed
-// write leaves the previous ones as they were.
+// newest spec.checkpoint.keep of this model's older checkpoints (Finish says which count).
+// `latest` never names an incomplete checkpoint, and a failed write removes its partial
+// directory and leaves the previous ones as they were.
 //
 // A rank resuming under any layout (R x S x T, another world size) reads only the chunks
 // that hold its own elements (checkpoint_reader.h): resharding is exact, and the whole
@@ -72,6 +73,12 @@ std::string ReadCheckpointFile(const std::filesystem::path& path);
 // The model shape a checkpoint's metadata names; throws CheckpointError naming the file.
 api::ModelShape CheckpointModel(const std::string& directory);
 
+// The model of the checkpoint in `directory` when it is whole (its metadata reads and
+// names files that are there at their sizes; their data is not read) and of a model other
+// than `shape`; nullopt for a checkpoint of `shape` or a damaged one.
+std::optional<api::ModelShape> WholeCheckpointOfAnotherModel(const std::string& directory,
+                                                             const api::ModelShape& shape);
+
 // Reads and verifies the checkpoint in `directory` for a model of `shape`, whole. Throws
 // CheckpointError for a missing, truncated or corrupt file, or metadata of another model
 // or format.
@@ -98,6 +105,7 @@ struct CheckpointStats {
   int64_t written = 0, failures = 0;
   int64_t last_step = -1, last_bytes = 0;  // of the newest complete checkpoint this rank took part in
   double last_seconds = 0;                 // its write time, snapshot to done
+  std::string last_error;                  // why the newest failed write failed
 };
 
 // Writes this rank's part of checkpoints on a background thread.
@@ -130,6 +138,8 @@ class CheckpointWriter {
  private:
   void Loop();
   void Write(const TrainingPosition& position, const ShardState& state);
+  // Replica 0: this rank's file and sidecar, then its word to rank 0.
+  void WriteShards(const ShardState& state, const std::string& partial, const std::string& name);
   // Rank 0: the metadata, the rename, `latest` and pruning, once every writer is done.
   void Finish(const TrainingPosition& position, const std::string& partial, const std::string& name);
 
