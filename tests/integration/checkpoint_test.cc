@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -28,6 +29,7 @@
 #include "worker/train/checkpoint_layout.h"
 #include "worker/train/checkpoint_reader.h"
 #include "worker/train/crc32c.h"
+#include "worker/train/run_report.h"
 #include "worker/train/token_file.h"
 #include "worker/train/trainer.h"
 
@@ -631,6 +633,61 @@ TEST_F(CheckpointTest, PruningDeletesOnlyThisModelsOlderCheckpoints) {
                                              "step-00000012", "step-5", "step-abc"}));
   EXPECT_EQ(ListCheckpoints(path.string()).front().step, 12);
   EXPECT_EQ(CheckpointModel((path / "step-00000001").string()), other);
+}
+
+// Metadata whose step or data position no run writes makes the checkpoint damaged; one
+// at or past the job's last step resumes and says the job is complete.
+TEST_F(CheckpointTest, AStepOrDataPositionOutOfRangeIsDamageAndAFinishedJobSaysSo) {
+  const fs::path path = dir_ / "ckpt";
+  {
+    Trainer trainer(Job(path.string()));
+    Losses(trainer);  // checkpoints of steps 8 and 12
+  }
+  const fs::path file = path / "step-00000012" / "metadata.json";
+  nlohmann::json meta;
+  {
+    std::ifstream in(file);
+    meta = nlohmann::json::parse(in);
+  }
+  auto parse_error = [&](const nlohmann::json& changed) -> std::string {
+    try {
+      ParseCheckpointMetadata(changed.dump(), "m.json", kShape);
+    } catch (const CheckpointError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  for (int64_t step : {-3, 0}) {
+    nlohmann::json changed = meta;
+    changed["step"] = step;
+    EXPECT_EQ(parse_error(changed),
+              "m.json: step " + std::to_string(step) + " is not a step a checkpoint is written at (1 or later)");
+  }
+  nlohmann::json changed = meta;
+  changed["dataPosition"] = -1;
+  EXPECT_EQ(parse_error(changed), "m.json: dataPosition -1 is not a position in the data (0 or more)");
+
+  changed = meta;
+  changed["step"] = -3;
+  std::ofstream(file, std::ios::trunc) << changed.dump();
+  {
+    Trainer resumed(Job(path.string()));
+    EXPECT_EQ(resumed.resumed_from(), std::optional<int64_t>(8));
+    ASSERT_EQ(resumed.checkpoint_warnings().size(), 1u);
+    EXPECT_NE(resumed.checkpoint_warnings()[0].find("step -3 is not a step"), std::string::npos)
+        << resumed.checkpoint_warnings()[0];
+  }
+  changed["step"] = 99;
+  std::ofstream(file, std::ios::trunc) << changed.dump();
+  Trainer resumed(Job(path.string()));
+  EXPECT_EQ(resumed.resumed_from(), std::optional<int64_t>(99));
+  std::ostringstream out;
+  RunReport report(out, resumed, runtime::Device::Cpu());
+  report.Started();
+  EXPECT_NE(out.str().find("the job is already complete at step 99 (spec.training.steps is 12): nothing to train"),
+            std::string::npos)
+      << out.str();
+  EXPECT_EQ(Losses(resumed).size(), 0u);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "worker/train/checkpoint_metadata.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 
@@ -57,8 +58,15 @@ Json ParseCheckpointMetadata(const std::string& text, const std::string& file_na
       throw CheckpointError(file.string() + ": a checkpoint of another model (" + meta.at("model").dump() +
                             "), not of " + CheckpointShapeJson(shape).dump());
     }
-    meta.at("step").get<int64_t>();
-    meta.at("dataPosition").get<uint64_t>();
+    // A checkpoint is written after a step, so of step 1 or later; a step past 2^63 or a
+    // negative position would wrap in the casts below.
+    if (const Json& step = meta.at("step"); !step.is_number_unsigned() || step.get<uint64_t>() < 1 ||
+                                            step.get<uint64_t>() > uint64_t(INT64_MAX)) {
+      throw CheckpointError(file.string() + ": step " + step.dump() + " is not a step a checkpoint is written at (1 or later)");
+    }
+    if (const Json& position = meta.at("dataPosition"); !position.is_number_unsigned()) {
+      throw CheckpointError(file.string() + ": dataPosition " + position.dump() + " is not a position in the data (0 or more)");
+    }
     const Json& layout = meta.at("layout");
     const int tp = layout.at("tp"), shard = layout.at("shard"), replicas = layout.at("replicas");
     if (tp < 1 || shard < 1 || replicas < 1) throw CheckpointError(file.string() + ": layout sizes must be positive");

@@ -7,8 +7,13 @@ RunReport::RunReport(std::ostream& out, const Trainer& trainer, runtime::Device 
 
 void RunReport::Started() {
   for (const std::string& w : trainer_.checkpoint_warnings()) out_ << "warning: " << w << "\n";
-  if (trainer_.resumed_from())
-    out_ << "resumed from step " << *trainer_.resumed_from() << " (" << trainer_.resumed_directory() << ")\n";
+  if (const std::optional<int64_t> step = trainer_.resumed_from()) {
+    out_ << "resumed from step " << *step << " (" << trainer_.resumed_directory() << ")\n";
+    if (*step >= trainer_.steps()) {
+      out_ << "the job is already complete at step " << *step << " (spec.training.steps is " << trainer_.steps()
+           << "): nothing to train\n";
+    }
+  }
   out_ << std::flush;
 }
 

@@ -19,7 +19,8 @@ class RunReport {
   // `trainer` outlives the report.
   RunReport(std::ostream& out, const Trainer& trainer, runtime::Device device);
 
-  // The checkpoint warnings, and "resumed from step N (DIR)" when the trainer resumed.
+  // The checkpoint warnings, and "resumed from step N (DIR)" when the trainer resumed,
+  // with a line saying so when the job is complete at that step.
   void Started();
   // "step ..." (FormatStepReport); after the first, "memory (DEVICE): ...".
   void Step(const StepReport& report);

@@ -94,6 +94,7 @@ class Trainer {
   // The step the Trainer resumed from (spec.checkpoint.resume and a checkpoint found),
   // and why newer checkpoints were skipped.
   std::optional<int64_t> resumed_from() const { return resumed_from_; }
+  int64_t steps() const { return job_.spec.training.steps; }
   const std::string& resumed_directory() const { return resumed_directory_; }
   const std::vector<std::string>& checkpoint_warnings() const { return checkpoint_warnings_; }
   CheckpointStats checkpoint_stats() const { return checkpoints_ ? checkpoints_->stats() : CheckpointStats{}; }
