@@ -2,7 +2,9 @@
 // the run that never stopped, bit for bit; the files of any layout load back exactly and
 // hold only the model's elements (never the engine's vocabulary padding); a version-1
 // checkpoint (no padding) still loads; a damaged checkpoint is named and skipped; a write
-// that fails leaves the last one intact.
+// that fails leaves the last one intact and nothing half-written, and a run whose last
+// checkpoint fails, or whose loss diverges, fails; pruning deletes only this model's older
+// checkpoints; another model's checkpoints are a configuration error.
 
 #include "worker/train/checkpoint.h"
 
@@ -580,11 +582,19 @@ TEST_F(CheckpointTest, AFullDiskIsAnErrorNamingThePathAndTrainingGoesOn) {
   }
   std::vector<double> losses;
   int64_t failures = 0;
+  std::string final_error;
   {
     Trainer trainer(Job((mount / "ckpt").string()));
-    trainer.Run([&](const StepReport& r) { losses.push_back(r.loss); });
+    try {
+      trainer.Run([&](const StepReport& r) { losses.push_back(r.loss); });
+    } catch (const CheckpointError& e) {
+      final_error = e.what();
+    }
     failures = trainer.checkpoint_stats().failures;
   }
+  std::vector<std::string> left;
+  std::error_code unlisted;
+  for (const auto& entry : fs::directory_iterator(mount / "ckpt", unlisted)) left.push_back(entry.path().filename().string());
   std::string error;
   {
     CheckpointWriter writer((mount / "direct").string(), 1, kShape, api::ParallelLayout(1, 1, 1, 1),
@@ -601,6 +611,120 @@ TEST_F(CheckpointTest, AFullDiskIsAnErrorNamingThePathAndTrainingGoesOn) {
   EXPECT_NE(error.find("No space left on device"), std::string::npos) << error;
   EXPECT_EQ(losses.size(), 12u) << "training goes on";
   EXPECT_EQ(failures, 3) << "the checkpoints of steps 4, 8 and 12 do not fit in 64 KiB";
+  EXPECT_NE(final_error.find("the final checkpoint, of step 12 under " + (mount / "ckpt").string() +
+                             ", was not written: checkpoint of step 12 failed: "),
+            std::string::npos)
+      << final_error;
+  EXPECT_NE(final_error.find("No space left on device"), std::string::npos) << final_error;
+  EXPECT_EQ(left, std::vector<std::string>{}) << "failed writes leave no partial directories behind";
+}
+
+// A checkpoint path that is a regular file: every write fails, and the final one fails
+// the run, naming the path.
+TEST_F(CheckpointTest, AFinalCheckpointThatCannotBeWrittenFailsTheRun) {
+  const fs::path file = dir_ / "a-file";
+  std::ofstream(file) << "not a directory";
+  Trainer trainer(Job(file.string()));
+  int64_t steps = 0;
+  try {
+    trainer.Run([&](const StepReport&) { ++steps; });
+    ADD_FAILURE() << "the run succeeded without its final checkpoint";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("the final checkpoint, of step 12 under " + file.string() +
+                                         ", was not written: checkpoint of step 12 failed: cannot create " +
+                                         (file / ".partial-step-00000012").string()),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(steps, 12) << "the earlier failures are warnings";
+  EXPECT_EQ(trainer.checkpoint_stats().failures, 3);
+}
+
+// A step whose loss is not finite ends the run there, and no checkpoint of the diverged
+// model replaces the good ones.
+TEST_F(CheckpointTest, ADivergedRunStopsWithoutACheckpointOfIt) {
+  const std::string path = (dir_ / "ckpt").string();
+  {
+    Trainer trainer(Job(path));
+    Losses(trainer);  // checkpoints of steps 8 and 12
+  }
+  const fs::path newest = fs::path(path) / "step-00000012" / "rank-00000.bin";
+  const std::string weights = ReadCheckpointFile(newest);
+  api::TrainingJob job = Job(path);
+  job.spec.checkpoint.resume = false;
+  job.spec.training.learning_rate = 1e30;
+  Trainer diverging(job);
+  std::vector<double> losses;
+  try {
+    diverging.Run([&](const StepReport& r) { losses.push_back(r.loss); });
+    ADD_FAILURE() << "a run with a loss of nan went on";
+  } catch (const TrainingDiverged& e) {
+    const std::string want = "step " + std::to_string(losses.size() + 1) + ": the loss is ";
+    EXPECT_EQ(std::string(e.what()).find(want), 0u) << e.what();
+    EXPECT_NE(std::string(e.what()).find("training diverged"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(losses.size(), 4u) << "it diverges before its first checkpoint";
+  const std::vector<CheckpointListing> listed = ListCheckpoints(path);
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].step, 12);
+  EXPECT_EQ(listed[1].step, 8);
+  for (const CheckpointListing& c : listed) EXPECT_EQ(c.problem, "") << c.directory;
+  EXPECT_EQ(ReadCheckpointFile(newest), weights);
+}
+
+// The names in a directory, and what `latest` says.
+std::vector<std::string> Contents(const fs::path& path) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::recursive_directory_iterator(path)) names.push_back(entry.path().string());
+  std::sort(names.begin(), names.end());
+  std::ifstream latest(path / "latest");
+  names.push_back("latest: " + std::string(std::istreambuf_iterator<char>(latest), {}));
+  return names;
+}
+
+// Resuming where the newest whole checkpoint is another model's is a configuration error
+// naming the checkpoint and both models, and touches nothing; a damaged one of another
+// model is skipped as any damaged one is.
+TEST_F(CheckpointTest, AnotherModelsCheckpointIsAConfigurationErrorAndStaysAsItWas) {
+  const std::string path = (dir_ / "ckpt").string();
+  api::ModelShape other = kShape;
+  other.layers = 3;
+  {
+    Trainer trainer(Job(path, other));
+    Losses(trainer);  // checkpoints of steps 8 and 12
+  }
+  const std::vector<std::string> before = Contents(path);
+  try {
+    Trainer trainer(Job(path));
+    ADD_FAILURE() << "a run resumed into another model's checkpoints";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "spec.checkpoint.path: " + path + "/step-00000012 is a checkpoint of another model (layers 3, heads 2, "
+              "hidden 16, vocabSize 256, seqLen 16) than spec.model (layers 2, heads 2, hidden 16, vocabSize 256, "
+              "seqLen 16); give this job a checkpoint directory of its own");
+  }
+  EXPECT_EQ(Contents(path), before);
+
+  // This model's checkpoint is the newest whole one (the other model's newest lost a
+  // file): the run resumes from it.
+  {
+    api::TrainingJob job = Job((dir_ / "mine").string());
+    job.spec.training.steps = 4;
+    Trainer trainer(job);
+    Losses(trainer);
+  }
+  fs::rename(dir_ / "mine" / "step-00000004", fs::path(path) / "step-00000010");
+  fs::remove(fs::path(path) / "step-00000012" / "rank-00000.bin");
+  Trainer resumed(Job(path));
+  EXPECT_EQ(resumed.resumed_from(), std::optional<int64_t>(4));
+  ASSERT_EQ(resumed.checkpoint_warnings().size(), 1u);
+  EXPECT_NE(resumed.checkpoint_warnings()[0].find("step-00000012"), std::string::npos);
+  // Its checkpoint of step 8 would replace the other model's whole one: it fails instead.
+  // That of step 12 replaces the damaged one.
+  EXPECT_EQ(Losses(resumed).size(), 8u);
+  EXPECT_EQ(resumed.checkpoint_stats().failures, 1);
+  EXPECT_EQ(CheckpointModel(path + "/step-00000008"), other);
+  EXPECT_EQ(CheckpointModel(path + "/step-00000012"), kShape);
 }
 
 // Pruning keeps the newest `keep` of this model's checkpoints, counting and deleting no

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <stdexcept>
@@ -72,6 +73,13 @@ parallel::ShardFill InitialState(const api::ModelShape& shape, uint64_t seed) {
       i = j;
     }
   };
+}
+
+// "layers 4, heads 4, hidden 128, vocabSize 50304, seqLen 256", as spec.model names them.
+std::string DescribeModel(const api::ModelShape& s) {
+  return "layers " + std::to_string(s.layers) + ", heads " + std::to_string(s.heads) + ", hidden " +
+         std::to_string(s.hidden) + ", vocabSize " + std::to_string(s.vocab_size) + ", seqLen " +
+         std::to_string(s.seq_len);
 }
 
 }  // namespace
@@ -149,6 +157,14 @@ void Trainer::Resume(const std::string& path) {
   const api::ModelShape shape = api::ShapeOf(job_.spec.model);
   bool restored_any = false;  // the engine's state is no longer its initial one
   for (const std::string& directory : ResumeCandidates(path)) {
+    // The newest whole checkpoint is another model's: the job names another run's
+    // directory, whose checkpoints this run's would rotate out. (Every rank reads the
+    // same metadata, so every rank throws.)
+    if (const std::optional<api::ModelShape> theirs = WholeCheckpointOfAnotherModel(directory, shape)) {
+      throw std::invalid_argument("spec.checkpoint.path: " + directory + " is a checkpoint of another model (" +
+                                  DescribeModel(*theirs) + ") than spec.model (" + DescribeModel(shape) +
+                                  "); give this job a checkpoint directory of its own");
+    }
     std::optional<CheckpointReader> reader;
     std::string error;
     try {
@@ -246,8 +262,19 @@ double Trainer::Average(double value) {
 
 void Trainer::Run(const std::function<void(const StepReport&)>& report) {
   const api::TrainingSpec& t = job_.spec.training;
+  const bool trains = step_ < t.steps;
   while (step_ < t.steps) {
     StepReport r = Step();
+    // A diverged model is worth no checkpoint: stop before one rotates a good one out.
+    // Every rank has the same loss and norm (both global), so every rank stops here.
+    if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+      char line[200];
+      std::snprintf(line, sizeof line,
+                    "step %lld: the loss is %g and the gradient norm %g at learning rate %g: training diverged; "
+                    "stopped without a checkpoint of it",
+                    static_cast<long long>(r.step), r.loss, r.grad_norm, r.learning_rate);
+      throw TrainingDiverged(line);
+    }
     const bool last = r.step == t.steps;
     if (last || (t.eval_interval > 0 && r.step % t.eval_interval == 0)) r.validation_loss = Evaluate();
     if (checkpoints_ && (last || r.step % job_.spec.checkpoint.interval == 0)) {
@@ -256,7 +283,16 @@ void Trainer::Run(const std::function<void(const StepReport&)>& report) {
     }
     report(r);
   }
-  if (checkpoints_) checkpoints_->Wait();
+  if (!checkpoints_) return;
+  checkpoints_->Wait();
+  // The final checkpoint is what the run leaves behind: without it the run has failed.
+  if (const std::vector<int> failed = FailedRanks(trains && checkpoints_->stats().last_step != t.steps);
+      !failed.empty()) {
+    const std::string error = checkpoints_->stats().last_error;
+    throw CheckpointError("the final checkpoint, of step " + std::to_string(t.steps) + " under " +
+                          job_.spec.checkpoint.path + ", was not written: " +
+                          (error.empty() ? "rank " + std::to_string(failed[0]) + " failed to write it" : error));
+  }
 }
 
 double Trainer::Evaluate() {

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,13 @@ std::string FormatMemory(const MemoryReport& memory);
 // rank can find a configuration error before it waits for the others.
 void CheckTrainable(const api::TrainingJob& job, int rank, int ranks);
 
+// A step whose loss or gradient norm is not finite: the run stops there, for a model that
+// has diverged only gets worse.
+class TrainingDiverged : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class Trainer {
  public:
   // REQUIRES: `job` is defaulted and valid; `world`, if given, is the job's world and
@@ -81,14 +89,19 @@ class Trainer {
   //
   // Resuming, each rank reads only its own elements of the newest checkpoint that every
   // rank can read its part of (collective, over `world`); one that a rank cannot read is
-  // skipped on every rank with a warning naming it and the ranks.
+  // skipped on every rank with a warning naming it and the ranks. Throws
+  // std::invalid_argument, touching nothing, when the newest whole checkpoint there is of
+  // another model.
   explicit Trainer(const api::TrainingJob& job, comm::Communicator* world = nullptr,
                    runtime::Device device = runtime::Device::Cpu(), comm::StreamCollectives* device_world = nullptr,
                    comm::StoreClient* checkpoint_store = nullptr);
 
   // Trains from where it stands to spec.training.steps, calling `report` after every
   // step, with a checkpoint every spec.checkpoint.interval steps and after the last (if
-  // spec.checkpoint.path is set); returns once the last checkpoint is written.
+  // spec.checkpoint.path is set); returns once the last checkpoint is written. Throws
+  // TrainingDiverged at a step whose loss or gradient norm is not finite (without a
+  // checkpoint of it), and CheckpointError when the last checkpoint could not be written
+  // (earlier ones that fail are logged, and training goes on). Collective.
   void Run(const std::function<void(const StepReport&)>& report);
 
   // The step the Trainer resumed from (spec.checkpoint.resume and a checkpoint found),
