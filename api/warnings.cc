@@ -13,6 +13,10 @@ FieldErrors FieldsWithoutEffect(const TrainingJob& job, const FieldPaths& writte
   warn("spec.parallelism.tensorParallelSeed",
        written.contains("spec.parallelism.tensorParallelSeed") && job.spec.model.dropout == 0,
        "it keys the dropout masks, and spec.model.dropout is 0");
+  for (const char* field : {"spec.checkpoint.interval", "spec.checkpoint.keep", "spec.checkpoint.resume"}) {
+    warn(field, written.contains(field) && job.spec.checkpoint.path.empty(),
+         "spec.checkpoint.path is empty, so no checkpoint is written or read");
+  }
   return warnings;
 }
 

@@ -168,6 +168,12 @@ TEST(Warnings, EveryFieldWithoutEffectIsNamed) {
   EXPECT_TRUE(Check(manifest).warnings.empty());
   manifest["spec"]["parallelism"] = {{"activationLoadingHorizon", 3}};  // without offloading
   EXPECT_EQ(WarnedPaths(Check(manifest)), (std::vector<std::string>{"spec.parallelism.activationLoadingHorizon"}));
+  manifest["spec"]["parallelism"] = Json::object();
+  manifest["spec"]["checkpoint"] = {{"path", ""}, {"interval", 10}, {"keep", 3}};  // no checkpoints
+  EXPECT_EQ(WarnedPaths(Check(manifest)),
+            (std::vector<std::string>{"spec.checkpoint.interval", "spec.checkpoint.keep"}));
+  manifest["spec"]["checkpoint"]["path"] = "/ckpt";
+  EXPECT_TRUE(Check(manifest).warnings.empty());
 }
 
 // Property: any valid shape, world size and layout, with every optional field left out
