@@ -1,3 +1,4 @@
+#include <exception>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -44,6 +45,16 @@ std::string VersionString() {
   constexpr const char* cuda = "off";
 #endif
   return std::string("meshtrain ") + MESHTRAIN_VERSION + " (cuda " + cuda + ")";
+}
+
+// "bench train": a subcommand's name under its parents, less the program's.
+std::string CommandName(const CLI::App& command) {
+  std::string name = command.get_name();
+  for (const CLI::App* parent = command.get_parent(); parent != nullptr && parent->get_parent() != nullptr;
+       parent = parent->get_parent()) {
+    name = parent->get_name() + " " + name;
+  }
+  return name;
 }
 
 // A command of the table: its declaration on the parser, and what it does once the
@@ -358,8 +369,16 @@ int Main(int argc, char** argv) {
     return app.exit(e) == 0 ? kExitOk : kExitUnreadable;
   }
   InitLogging("meshtrain", log_level);
-  for (const Command& command : commands)
-    if (command.app->parsed()) return command.run();
+  for (const Command& command : commands) {
+    if (!command.app->parsed()) continue;
+    // Each command reports the errors it expects; any other still ends in a message, not abort().
+    try {
+      return command.run();
+    } catch (const std::exception& e) {
+      std::cerr << "meshtrain " << CommandName(*command.app) << ": " << e.what() << "\n";
+      return kExitUnreadable;
+    }
+  }
   return kExitUnreadable;
 }
 

@@ -160,6 +160,10 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
     return kExitUnreadable;
   }
   if (RefusedWithoutGpu(o.device, "bench checkpoint", out)) return kExitUnreadable;
+  if (std::error_code error; !o.dir.empty() && !std::filesystem::is_directory(o.dir, error)) {
+    out << "bench checkpoint: --dir " << o.dir << ": is not a directory\n";
+    return kExitUnreadable;
+  }
   BenchTrainOptions train_options;
   train_options.model = o.model;
   train_options.batch = 1;
@@ -170,8 +174,8 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
   if (o.layers > 0) wanted.layers = o.layers;
   if (o.hidden > 0) wanted.hidden = o.hidden;
   if (o.vocab > 0) wanted.vocab_size = o.vocab;
-  const std::filesystem::path data =
-      WriteRandomTokens(int64_t(train_options.batch) * train_options.seq * (train_options.steps + 1), wanted);
+  const RemovedOnExit data(
+      WriteRandomTokens(int64_t(train_options.batch) * train_options.seq * (train_options.steps + 1), wanted));
   const std::string model = o.model + (o.layers > 0 || o.hidden > 0 || o.vocab > 0
                                             ? " at " + std::to_string(wanted.layers) + " layers, hidden " +
                                                   std::to_string(wanted.hidden) + ", vocabulary " +
@@ -182,22 +186,20 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
   spec["spec"]["model"].update({{"layers", wanted.layers}, {"hidden", wanted.hidden}, {"vocabSize", wanted.vocab_size}});
   const api::CheckedJob job = api::CheckTrainingJob(spec, "bench", 0);
   if (!job.ok()) {
-    std::filesystem::remove(data);
     out << "bench checkpoint: " << job.errors.front().ToString() << "\n";
     return kExitInvalid;
   }
-  const std::filesystem::path dir =
-      std::filesystem::path(o.dir.empty() ? std::filesystem::temp_directory_path().string() : o.dir) /
-      ("meshtrain-bench-checkpoint-" + std::to_string(::getpid()));
+  const RemovedOnExit dir((o.dir.empty() ? std::filesystem::temp_directory_path() : std::filesystem::path(o.dir)) /
+                          ("meshtrain-bench-checkpoint-" + std::to_string(::getpid())));
   // On a GPU the snapshot copies the fp32 master weights and AdamW state from the device.
   train::Trainer trainer(job.job, nullptr, cuda ? runtime::Device::Cuda(0) : runtime::Device::Cpu());
-  std::filesystem::remove(data);  // mapped already
-  trainer.Step();                 // AdamW state that is not all zeros
+  trainer.Step();  // AdamW state that is not all zeros
   const api::ModelShape shape = api::ShapeOf(job.job.spec.model);
   const int vocab_multiple = trainer.model().vocab_multiple();
   bool failed = false;
-  train::CheckpointWriter writer((dir / "one-rank").string(), 1, shape, api::ParallelLayout::ForSpec(job.job.spec),
-                                 vocab_multiple, 0, nullptr, [&](const std::string& error) {
+  train::CheckpointWriter writer((dir.path() / "one-rank").string(), 1, shape,
+                                 api::ParallelLayout::ForSpec(job.job.spec), vocab_multiple, 0, nullptr,
+                                 [&](const std::string& error) {
                                    out << "bench checkpoint: " << error << "\n";
                                    failed = true;
                                  });
@@ -217,10 +219,7 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
     blocking += SecondsSince(start);
   }
   const int64_t bytes = writer.stats().last_bytes;
-  if (failed) {
-    std::filesystem::remove_all(dir);
-    return kExitInvalid;
-  }
+  if (failed) return kExitInvalid;
   stall /= o.repeats;
   blocking /= o.repeats;
   char line[400];
@@ -231,7 +230,7 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
                 "blocking write %.3f s (snapshot, files written and fsynced, renamed into place)\n"
                 "stall / blocking %.3f\n",
                 model.c_str(), runtime::FormatBytes(size_t(bytes)).c_str(), cuda ? "GPU 0" : "the CPU",
-                dir.parent_path().c_str(), o.repeats,
+                dir.path().parent_path().c_str(), o.repeats,
                 stall, blocking, stall / blocking);
   out << line;
 
@@ -241,10 +240,9 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
   trainer.model().Snapshot(&whole);  // one rank: the whole model, single-rank order
   std::string error;
   const std::string step =
-      WriteAsShards((dir / "sharded").string(), shape, vocab_multiple, o.writers, whole, &error);
+      WriteAsShards((dir.path() / "sharded").string(), shape, vocab_multiple, o.writers, whole, &error);
   if (!error.empty()) {
     out << "bench checkpoint: " << error << "\n";
-    std::filesystem::remove_all(dir);
     return kExitInvalid;
   }
   const model::ParameterLayout single(shape);
@@ -283,7 +281,6 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
       out << line;
     }
   }
-  std::filesystem::remove_all(dir);
   if (!error.empty()) {
     out << "bench checkpoint: " << error << "\n";
     return kExitInvalid;

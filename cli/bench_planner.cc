@@ -109,7 +109,7 @@ int MemoryCheck(const BenchPlanOptions& o, const std::vector<std::string>& self_
   // activation policies keep the check within minutes.
   if (cuda) layouts = {{1, 1, 4, keep}, {1, 4, 4, keep}, {2, 2, 4, keep}, {4, 1, 4, offload1},
                        {1, 4, 4, checkpoint}, {2, 2, 4, offload2}};
-  const std::filesystem::path data = WriteRandomTokens(global * (t.steps + t.warmup + 1), *shape);
+  const RemovedOnExit data(WriteRandomTokens(global * (t.steps + t.warmup + 1), *shape));
   out << "memory model against the engine's accounting: " << o.model << " at seq " << o.seq << ", " << t.ranks
       << (cuda ? " bf16 ranks sharing GPU 0" : " fp32 ranks on one node") << ", global batch " << global
       << " tokens; per-rank peak, the largest rank's\n";
@@ -134,7 +134,6 @@ int MemoryCheck(const BenchPlanOptions& o, const std::vector<std::string>& self_
                   double(predicted) / (1 << 20), double(r->peak_total) / (1 << 20), 100 * error);
     out << line;
   }
-  std::filesystem::remove(data);
   std::snprintf(line, sizeof line, "%d of %zu layouts within 10%% (worst %.1f%%)%s\n", within, layouts.size(),
                 100 * worst, failed ? "; some ranks failed" : "");
   out << line;
@@ -152,7 +151,7 @@ struct RankRate {
 RankRate MeasureRank(const api::ModelShape& shape, int seq, int micro_batch, int ranks) {
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = std::max(1, cores / ranks);
-  const std::filesystem::path data = WriteRandomTokens(int64_t(micro_batch) * seq * 6, shape);
+  const RemovedOnExit data(WriteRandomTokens(int64_t(micro_batch) * seq * 6, shape));
   auto step_seconds = [&](bool checkpointing) {
     BenchTrainOptions t;
     t.seq = seq;
@@ -172,7 +171,6 @@ RankRate MeasureRank(const api::ModelShape& shape, int seq, int micro_batch, int
   omp_set_num_threads(threads);
   const double keep = step_seconds(false), checkpointing = step_seconds(true);
   omp_set_num_threads(before);
-  std::filesystem::remove(data);
   const double share = std::min(1.0, double(cores) / (double(ranks) * threads));
   RankRate rate;
   rate.flops = double(micro_batch) * seq * shape.TrainingFlopsPerToken(seq) / keep * share;
@@ -228,14 +226,13 @@ int MeasureLayouts(const BenchPlanOptions& o, const std::vector<std::string>& se
   PrintPlan(r, plan, o.top, plain, out);
   // Every feasible layout, measured; then the default.
   std::vector<Candidate> runs = plan.feasible;
-  const std::filesystem::path data = WriteRandomTokens(r.global_batch_tokens * (t.steps + t.warmup + 1), *shape);
+  const RemovedOnExit data(WriteRandomTokens(r.global_batch_tokens * (t.steps + t.warmup + 1), *shape));
   std::vector<double> predicted, measured;
   std::vector<std::string> rows;
   for (const Candidate& c : runs) {
     const std::optional<RanksResult> m = RunBenchRanks(t, self_argv, data.string(), ConfigOf(c.choice, r.global_batch_tokens), out);
     if (!m) {
       out << "bench plan: the ranks of " << scheduler::Describe(c.choice) << " failed\n";
-      std::filesystem::remove(data);
       return kExitInvalid;
     }
     predicted.push_back(c.step.tokens_per_second);
@@ -247,7 +244,6 @@ int MeasureLayouts(const BenchPlanOptions& o, const std::vector<std::string>& se
   const Candidate def = scheduler::Evaluate(r, plain);
   const std::optional<RanksResult> def_measured =
       RunBenchRanks(t, self_argv, data.string(), ConfigOf(def.choice, r.global_batch_tokens), out);
-  std::filesystem::remove(data);
   out << "every feasible layout, modelled and measured (tokens/s), fastest modelled first:\n";
   std::snprintf(line, sizeof line, "  %-46s %10s %12s %12s %9s\n", "layout", "memory", "modelled", "measured", "m/model");
   out << line;

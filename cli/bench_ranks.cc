@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <chrono>
+#include <deque>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -102,9 +103,9 @@ int BenchTrainRank() {
 
 std::optional<RanksResult> RunBenchRanks(const BenchTrainOptions& o, const std::vector<std::string>& self_argv,
                                          const std::string& data, const RanksConfig& config, std::ostream& out) {
-  const std::filesystem::path job =
-      std::filesystem::temp_directory_path() / ("meshtrain-bench-" + std::to_string(::getpid()) + ".json");
-  std::ofstream(job) << BenchJob(o, data, o.ranks, o.nodes, config, o.device == "cuda").dump(2);
+  const RemovedOnExit job(std::filesystem::temp_directory_path() /
+                          ("meshtrain-bench-" + std::to_string(::getpid()) + ".json"));
+  std::ofstream(job.path()) << BenchJob(o, data, o.ranks, o.nodes, config, o.device == "cuda").dump(2);
   launch::LocalLaunch launch;
   launch.nodes = o.nodes;
   launch.ranks_per_node = o.ranks / o.nodes;
@@ -116,10 +117,12 @@ std::optional<RanksResult> RunBenchRanks(const BenchTrainOptions& o, const std::
   if (config.keep_units_gathered) launch.environment["MESHTRAIN_KEEP_UNITS_GATHERED"] = "1";
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   launch.environment["OMP_NUM_THREADS"] = std::to_string(std::max(1, cores / o.ranks));
+  std::deque<RemovedOnExit> reports;  // each rank's, whether it wrote one or not
+  for (int r = 0; r < o.ranks; ++r) reports.emplace_back(job.string() + ".rank" + std::to_string(r));
   const bool ok = launch::LaunchLocal(launch, out).status == 0;
   RanksResult result;
   for (int r = 0; r < o.ranks && ok; ++r) {
-    std::ifstream in(job.string() + ".rank" + std::to_string(r));
+    std::ifstream in(reports[size_t(r)].path());
     double seconds = 0, exposed = 0, copy = 0;
     int64_t total = 0;
     train::MemoryReport m;
@@ -134,9 +137,7 @@ std::optional<RanksResult> RunBenchRanks(const BenchTrainOptions& o, const std::
                               {&p.activations, m.activations}, {&p.gathered, m.gathered}, {&p.offload, m.offload}}) {
       *peak = std::max(*peak, rank);
     }
-    std::filesystem::remove(job.string() + ".rank" + std::to_string(r));
   }
-  std::filesystem::remove(job);
   if (!ok || result.step_seconds <= 0) return std::nullopt;
   result.tokens_per_second = double(config.GlobalTokens(o)) / result.step_seconds;
   return result;

@@ -11,6 +11,8 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -61,7 +63,27 @@ struct RanksResult {
 nlohmann::json BenchJob(const BenchTrainOptions& o, const std::string& data, int ranks, int nodes,
                         const RanksConfig& config, bool bf16);
 
-// `tokens` random tokens of `shape`'s vocabulary in a temporary token file.
+// A benchmark's temporary file or directory, removed (errors ignored) when this goes out
+// of scope, so a benchmark that fails or throws leaves nothing behind.
+class RemovedOnExit {
+ public:
+  explicit RemovedOnExit(std::filesystem::path path) : path_(std::move(path)) {}
+  ~RemovedOnExit() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  RemovedOnExit(const RemovedOnExit&) = delete;
+  RemovedOnExit& operator=(const RemovedOnExit&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  std::string string() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// `tokens` random tokens of `shape`'s vocabulary in a temporary token file; hold its path
+// in a RemovedOnExit.
 std::filesystem::path WriteRandomTokens(int64_t tokens, const api::ModelShape& shape);
 
 // Asked for `device` "cuda" where no GPU is usable: says "COMMAND --device cuda: why" on

@@ -195,7 +195,7 @@ int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, co
       return kExitInvalid;
     }
   }
-  const std::filesystem::path data = WriteRandomTokens(int64_t(o.ranks) * o.batch * o.seq * (o.steps + o.warmup + 1), shape);
+  const RemovedOnExit data(WriteRandomTokens(int64_t(o.ranks) * o.batch * o.seq * (o.steps + o.warmup + 1), shape));
   char line[256];
   std::snprintf(line, sizeof line, "model %s (%.1fM parameters), %d ranks x batch %d x seq %d a step, %s\n",
                 o.model.c_str(), double(shape.ParameterCount()) / 1e6, o.ranks, o.batch, o.seq,
@@ -208,7 +208,6 @@ int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, co
     if (!r) break;
     results.push_back(*r);
   }
-  std::filesystem::remove(data);
   if (results.size() != configs.size()) {
     out << "bench train: the ranks failed\n";
     return kExitInvalid;
@@ -223,33 +222,21 @@ int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, co
   return kExitOk;
 }
 
-}  // namespace
-
-int BenchTrainCommand(const BenchTrainOptions& o, const std::vector<std::string>& self_argv, std::ostream& out) {
-  if (comm::WorkerEnvironment::Present()) return BenchTrainRank();
-  const api::ModelShape* preset = api::FindPreset(o.model);
-  if (preset == nullptr) {
-    out << "--model " << o.model << ": unknown preset\n";
-    return kExitUnreadable;
-  }
-  // Without a GPU the ranks would train on the CPU under a heading that says bf16 on the GPU.
-  if (RefusedWithoutGpu(o.device, "bench train", out)) return kExitUnreadable;
-  if (o.ranks > 1 || o.tp > 1 || !o.compare.empty()) return BenchTrainRanks(o, *preset, self_argv, out);
+// Training throughput of one rank in this process.
+int BenchTrainOneRank(const BenchTrainOptions& o, const api::ModelShape& preset, std::ostream& out) {
   const train::CudaPlugin* cuda = o.device == "cuda" ? train::CudaPluginOrNull(nullptr) : nullptr;
   const runtime::Device device = cuda ? runtime::Device::Cuda(0) : runtime::Device::Cpu();
   const int tokens = o.batch * o.seq;
-  const std::filesystem::path data = WriteRandomTokens(int64_t(tokens) * (o.steps + o.warmup + 1), *preset);
+  const RemovedOnExit data(WriteRandomTokens(int64_t(tokens) * (o.steps + o.warmup + 1), preset));
   const nlohmann::json manifest =
       BenchJob(o, data.string(), 1, 1, {"one rank", 1, 1, {o.checkpointing, o.offload}}, cuda != nullptr);
   const api::CheckedJob job = api::CheckTrainingJob(manifest, "bench", 0);
   if (!job.ok()) {
     out << "bench train: " << job.errors.front().ToString() << "\n";
-    std::filesystem::remove(data);
     return kExitInvalid;
   }
   const api::ModelShape shape = api::ShapeOf(job.job.spec.model);
   train::Trainer trainer(job.job, nullptr, device);
-  std::filesystem::remove(data);  // mapped already
 
   for (int i = 0; i < o.warmup; ++i) trainer.Step();
   const auto start = Clock::now();
@@ -300,6 +287,27 @@ int BenchTrainCommand(const BenchTrainOptions& o, const std::vector<std::string>
   out << line;
   out << (cuda ? "device memory peak: " : "memory: ") << train::FormatMemory(m) << "\n";
   return kExitOk;
+}
+
+}  // namespace
+
+int BenchTrainCommand(const BenchTrainOptions& o, const std::vector<std::string>& self_argv, std::ostream& out) {
+  if (comm::WorkerEnvironment::Present()) return BenchTrainRank();
+  const api::ModelShape* preset = api::FindPreset(o.model);
+  if (preset == nullptr) {
+    out << "--model " << o.model << ": unknown preset\n";
+    return kExitUnreadable;
+  }
+  // Without a GPU the ranks would train on the CPU under a heading that says bf16 on the GPU.
+  if (RefusedWithoutGpu(o.device, "bench train", out)) return kExitUnreadable;
+  try {
+    if (o.ranks > 1 || o.tp > 1 || !o.compare.empty()) return BenchTrainRanks(o, *preset, self_argv, out);
+    return BenchTrainOneRank(o, *preset, out);
+  } catch (const runtime::OutOfMemory& e) {
+    out << "bench train: --model " << o.model << " at --batch " << o.batch << " x --seq " << o.seq
+        << " does not fit: " << e.what() << "\n";
+    return kExitUnreadable;
+  }
 }
 
 }  // namespace meshtrain::cli

@@ -334,6 +334,22 @@ expect "bench checkpoint --check fails when a resuming rank passes its shard sta
   'bench checkpoint: rank 0 of 2 peaked at [0-9.]+ MiB while loading, past its shard state \(4.8 MiB\) plus one unit' \
   -- "$meshtrain" bench checkpoint --model gpt2-tiny --repeats 1 --writers 3 --readers 2 --check
 expect "bench train refuses an unknown model" 2 'gpt2-xl: unknown preset' -- "$meshtrain" bench train --model gpt2-xl
+# What a benchmark does not expect still ends in a message, not abort(), and leaves no
+# temporary file behind.
+mkdir "$tmp/bench-tmp"
+expect "bench train names a sequence that does not fit" 2 \
+  'bench train: --model gpt2-tiny at --batch 4 x --seq 100000 does not fit: out of host memory' '!terminate called' \
+  -- env TMPDIR="$tmp/bench-tmp" "$meshtrain" bench train --model gpt2-tiny --seq 100000 --steps 1
+expect "bench train names a testbed that is not there" 2 'meshtrain bench train: testbed nope has no node 0' \
+  '!terminate called' \
+  -- env TMPDIR="$tmp/bench-tmp" "$meshtrain" bench train --model gpt2-tiny --ranks 2 --nodes 2 --netbed nope
+expect "bench checkpoint --dir names a file that is not a directory" 2 \
+  "bench checkpoint: --dir $tmp/text.txt: is not a directory" '!terminate called' \
+  -- env TMPDIR="$tmp/bench-tmp" "$meshtrain" bench checkpoint --model gpt2-tiny --dir "$tmp/text.txt"
+if [ -n "$(ls -A "$tmp/bench-tmp")" ]; then
+  echo "FAIL failed benchmarks left temporary files: $(ls -A "$tmp/bench-tmp")"
+  failures=$((failures + 1))
+fi
 
 expect "bench comm prints nccl-tests rows" 0 'all_gather, 4 ranks on 2 nodes, fp32' 'providers: intra shm, inter tcp;ofi_rxm' \
   'size\(B\) +count +iters +time\(us\) +algbw\(GB/s\) +busbw\(GB/s\)' ' +1048576 +262144 +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+' \
