@@ -111,8 +111,8 @@ int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std:
 // Trains a one-rank job in this process. A failure (an exception: a device fault, a file
 // lost under it) restarts the training from the newest checkpoint up to
 // spec.runPolicy.backoffLimit times, as RunRanks restarts a gang; a configuration error
-// (a bad spec, data or init.from file, a model too large for memory) ends the run at once
-// with the status a rank gives it. (A crash or a hang of this process ends it: only a gang
+// (a bad spec, data or init.from file, a model too large for memory) or a diverged loss
+// ends the run at once with the status a rank gives it. (A crash or a hang of this process ends it: only a gang
 // of rank processes is watched by heartbeats.)
 int TrainHere(api::CheckedJob job, const runtime::DeviceChoice& where, int sample_tokens, std::ostream& out) {
   const int64_t backoff_limit = job.job.spec.run_policy.backoff_limit;
@@ -131,6 +131,9 @@ int TrainHere(api::CheckedJob job, const runtime::DeviceChoice& where, int sampl
       trainer->Run([&](const train::StepReport& r) { report->Step(r); });
     } catch (const train::ConfigurationError& e) {
       out << "configuration error: " << e.what() << std::endl;
+      return api::worker::kExitConfigError;
+    } catch (const train::TrainingDiverged& e) {
+      out << "stopped: " << e.what() << std::endl;  // a restart would diverge again
       return api::worker::kExitConfigError;
     } catch (const std::exception& e) {
       if (restarts == backoff_limit) {

@@ -172,12 +172,15 @@ int RunRank(std::ostream& out) {
     return Train(out);
   } catch (const ConfigError& e) {
     return failed("configuration error", e, api::worker::kExitConfigError);
+  } catch (const train::TrainingDiverged& e) {
+    // Resumed from its newest checkpoint, the same data would lead it the same way.
+    return failed("stopped", e, api::worker::kExitConfigError);
   } catch (const comm::CommError& e) {
-    return failed("rank failed", e, api::worker::kExitCommFailure);
+    return failed("failed", e, api::worker::kExitCommFailure);
   } catch (const comm::StoreError& e) {
-    return failed("rank failed", e, api::worker::kExitCommFailure);
+    return failed("failed", e, api::worker::kExitCommFailure);
   } catch (const std::exception& e) {
-    return failed("rank failed", e, 1);
+    return failed("failed", e, 1);
   }
 }
 

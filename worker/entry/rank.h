@@ -8,7 +8,8 @@
 //
 // Exit status: 0 when training finished; api::worker::kExitConfigError (78) for a problem
 // no restart can fix (a malformed environment, spec, data or init.from file, a libfabric
-// provider the node lacks, a model too large for the rank's memory), which the operator
+// provider the node lacks, a model too large for the rank's memory) or a diverged loss
+// (train::TrainingDiverged: resumed, it would diverge again), which the operator
 // takes as a permanent failure; api::worker::kExitHang (75) when its heartbeat watchdog
 // found the gang hung (worker/comm/heartbeat.h: rank 0 names a stuck rank, the others a
 // stuck rank 0); api::worker::kExitCommFailure (76) when a collective or Store call
