@@ -155,13 +155,36 @@ else
 fi
 
 sed -e "s|examples/data/corpus.train.bin|$tmp/missing.bin|" examples/gpt2-tiny-local.yaml > "$tmp/nodata.yaml"
-expect "run names a missing token file" 2 "$tmp/missing.bin: no file matches" -- "$meshtrain" run "$tmp/nodata.yaml"
+expect "run names a missing token file" 78 "$tmp/missing.bin: no file matches" -- "$meshtrain" run "$tmp/nodata.yaml"
 # A FIFO would block the read forever (token files: train_test.cc).
 mkfifo "$tmp/fifo"
 expect "validate refuses a FIFO as a manifest" 2 "$tmp/fifo: is not a regular file" -- "$meshtrain" validate "$tmp/fifo"
 head -c 100 "$tmp/train.bin" > "$tmp/truncated.bin"
 sed -e "s|examples/data/corpus.train.bin|$tmp/truncated.bin|" examples/gpt2-tiny-local.yaml > "$tmp/truncated.yaml"
-expect "run names a truncated token file" 2 "$tmp/truncated.bin: is truncated or padded" -- "$meshtrain" run "$tmp/truncated.yaml"
+expect "run names a truncated token file" 78 "$tmp/truncated.bin: is truncated or padded" -- "$meshtrain" run "$tmp/truncated.yaml"
+# What no restart can fix ends a run with 78 at once, with one rank as with many.
+sed -e "s|examples/data/corpus.train.bin|$tmp/fifo|" examples/gpt2-tiny-local.yaml > "$tmp/fifodata.yaml"
+expect "run refuses a FIFO as a token file" 78 "configuration error: $tmp/fifo: is not a regular file" \
+  -- "$meshtrain" run "$tmp/fifodata.yaml"
+sed -e "s|examples/data/corpus.train.bin|$tmp/train.bin|; s|examples/data/corpus.val.bin|$tmp/val.bin|" -e "s|    preset: gpt2-tiny|    preset: gpt2-tiny\n    seqLen: 65536|" \
+  -e 's/globalBatchTokens: 4096 .*/globalBatchTokens: 524288/' \
+  examples/gpt2-tiny-local.yaml > "$tmp/too-large.yaml"
+expect "a one-rank job too large for memory is a configuration error" 78 \
+  'configuration error: .*: the job does not fit this rank: out of host memory' '!terminate called' '!restart' \
+  -- "$meshtrain" run "$tmp/too-large.yaml" --no-resume
+sed -e "s|examples/data/corpus.train.bin|$tmp/train.bin|; s|examples/data/corpus.val.bin|$tmp/val.bin|" -e 's/gpusPerNode: 1/gpusPerNode: 2/' \
+  -e "s|/tmp/meshtrain/gpt2-tiny-local|$tmp/ckpt-env|" \
+  examples/gpt2-tiny-local.yaml > "$tmp/two-ranks.yaml"
+expect "a bad worker environment ends a run of ranks at once" 78 \
+  'rank [01]: configuration error: MESHTRAIN_COMM_TIMEOUT="soon" is not an integer' '!restarting' \
+  -- env MESHTRAIN_COMM_TIMEOUT=soon "$meshtrain" run "$tmp/two-ranks.yaml"
+sed -e "s|examples/data/corpus.train.bin|$tmp/train.bin|; s|examples/data/corpus.val.bin|$tmp/val.bin|" \
+  -e 's/learningRate: 0.003/learningRate: 1.0e+30/' -e 's/steps: 300/steps: 4/' -e 's/warmupSteps: 20/warmupSteps: 1/' \
+  -e "s|/tmp/meshtrain/gpt2-tiny-local|$tmp/ckpt-diverged|" examples/gpt2-tiny-local.yaml > "$tmp/diverges.yaml"
+expect "a diverged loss stops the run without a restart or a checkpoint of it" 78 \
+  'stopped: step [0-9]+: the loss is -?nan .*training diverged' '!restarting' \
+  -- "$meshtrain" run "$tmp/diverges.yaml" --no-resume
+[ -e "$tmp/ckpt-diverged/latest" ] && { echo "FAIL a diverged run left a checkpoint"; failures=$((failures + 1)); }
 
 # GPT-2's tokenizer (scripts/install-gpt2-reference.sh puts its files here): text in as
 # llm.c shards, text out of samples; and the formats and vocabulary checks of the data.
@@ -188,13 +211,13 @@ expect "sample needs the tokenizer of a GPT-2 vocabulary" 1 'needs its tokenizer
 sed -e "s|$tmp/pp_train_\*.bin|$tmp/pp_train_000001.bin|" "$tmp/gpt2vocab.yaml" > "$tmp/gpt2raw.yaml"
 tail -c +1025 "$tmp/pp_train_000001.bin" > "$tmp/pp_raw.bin"  # nanoGPT's layout: the tokens only
 sed -i -e "s|$tmp/pp_train_000001.bin|$tmp/pp_raw.bin|" -e "/pp_val_000000/d" -e '/checkpoint:/,$d' "$tmp/gpt2raw.yaml"
-expect "a raw uint16 file needs spec.data.format" 2 "$tmp/pp_raw.bin: has no token file header.*needs spec.data.format: uint16" \
+expect "a raw uint16 file needs spec.data.format" 78 "$tmp/pp_raw.bin: has no token file header.*needs spec.data.format: uint16" \
   -- "$meshtrain" run "$tmp/gpt2raw.yaml" --sample-tokens 0
 sed -e "s|^  data:|  data:\n    format: uint16|" "$tmp/gpt2raw.yaml" > "$tmp/gpt2raw16.yaml"
 expect "nanoGPT's raw uint16 file trains with format: uint16" 0 'step +2/2 \| loss [0-9.]+' \
   -- "$meshtrain" run "$tmp/gpt2raw16.yaml" --sample-tokens 0
 sed -e "s|examples/data/corpus.train.bin|$tmp/pp_train_000001.bin|" examples/gpt2-tiny-local.yaml > "$tmp/bytes-on-gpt2.yaml"
-expect "a token past the vocabulary is named with its offset" 2 \
+expect "a token past the vocabulary is named with its offset" 78 \
   "$tmp/pp_train_000001.bin: token [0-9]+ \(byte offset [0-9]+\) is [0-9]+, outside the model's vocabulary of 256" \
   -- "$meshtrain" run "$tmp/bytes-on-gpt2.yaml"
 
