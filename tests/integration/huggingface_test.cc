@@ -157,6 +157,14 @@ TEST_F(HuggingFaceTest, MalformedFilesAndWrongShapesAreNamed) {
     EXPECT_NE(std::string(e.what()).find("spec.model.init.from: "), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("missing.safetensors: missing or unreadable"), std::string::npos) << e.what();
   }
+  // A directory (or a FIFO) is refused by name before it is read.
+  fs::create_directories(dir_ / "directory.safetensors");
+  try {
+    ReadSafetensors((dir_ / "directory.safetensors").string());
+    ADD_FAILURE() << "a directory was read as a safetensors file";
+  } catch (const SafetensorsError& e) {
+    EXPECT_EQ(std::string(e.what()), (dir_ / "directory.safetensors").string() + ": is not a regular file");
+  }
 }
 
 // GPT-2's vocabulary on a small model: the padded engine (50257 rows padded to 50304)

@@ -235,6 +235,16 @@ TEST(TokenFile, ReadsLlmcShardsAndRawUint16) {
   WriteBytes(dir.File("short.bin"), ReadBytes(dir.File("ours.bin")).substr(0, 1024 + 1000));
   EXPECT_NE(OpenError(dir.File("short.bin")).find("short.bin: is truncated or padded: its llm.c header says 1000 tokens"),
             std::string::npos);
+  // llm.c's magic with a version llm.c does not write, or a header cut short, says which.
+  std::string wrong_version = ReadBytes(dir.File("ours.bin"));
+  wrong_version[4] = 99;
+  WriteBytes(dir.File("version.bin"), wrong_version);
+  EXPECT_NE(OpenError(dir.File("version.bin")).find("version.bin: has llm.c's magic 20240520 with version 99"),
+            std::string::npos) << OpenError(dir.File("version.bin"));
+  WriteBytes(dir.File("cut.bin"), ReadBytes(dir.File("ours.bin")).substr(0, 500));
+  EXPECT_NE(OpenError(dir.File("cut.bin")).find("cut.bin: starts with llm.c's magic 20240520 but has 500 bytes, short "
+                                                "of its 1024-byte header"),
+            std::string::npos) << OpenError(dir.File("cut.bin"));
   WriteLlmcTokenFile(dir.File("wide.bin"), std::vector<uint32_t>{1, 128000, 3});
   const TokenFile wide = TokenFile::Open(dir.File("wide.bin"));
   EXPECT_EQ(wide.width(), 4);

@@ -107,6 +107,14 @@ TokenFile TokenFile::Open(const std::string& path, TokenFormat format) {
     file.header_bytes_ = kHeaderBytes;
     file.width_ = int(width);
     count = ReadU64(h + 16);
+  } else if (bytes >= 8 && (ReadU32(h) == kLlmcMagic16 || ReadU32(h) == kLlmcMagic32)) {
+    // llm.c's magic, but not a header llm.c writes: say which part is wrong.
+    if (bytes < kLlmcHeaderBytes) {
+      Fail(path, "starts with llm.c's magic " + std::to_string(ReadU32(h)) + " but has " + std::to_string(bytes) +
+                     " bytes, short of its " + std::to_string(kLlmcHeaderBytes) + "-byte header");
+    }
+    Fail(path, "has llm.c's magic " + std::to_string(ReadU32(h)) + " with version " + std::to_string(ReadU32(h + 4)) +
+                   "; llm.c writes 20240520 with version 1 and 20240801 with version 2");
   } else {
     Fail(path, "has no token file header: expected \"MTOK\" or llm.c's magic 20240520 (version 1) or 20240801 "
                "(version 2); a raw uint16 file (nanoGPT's train.bin) needs spec.data.format: uint16");
