@@ -26,14 +26,15 @@ Weights LoadWeights(const SampleOptions& o) {
   if (!o.from.empty()) return {train::HuggingFaceGpt2Shape(o.from), {}, o.from};
   std::string directory = o.checkpoint;
   if (!fs::exists(fs::path(directory) / "metadata.json")) {
-    std::string newest;
+    std::string newest, problems;
     for (const train::CheckpointListing& c : train::ListCheckpoints(o.checkpoint)) {  // newest first
       if (c.problem.empty()) {
         newest = c.directory;
         break;
       }
+      problems += "; " + c.problem;  // each names its file
     }
-    if (newest.empty()) throw train::CheckpointError(o.checkpoint + ": no intact checkpoint here");
+    if (newest.empty()) throw train::CheckpointError(o.checkpoint + ": no intact checkpoint here" + problems);
     directory = newest;
   }
   const api::ModelShape shape = train::CheckpointModel(directory);

@@ -130,6 +130,13 @@ printf '\377' | dd of="$tmp/ckpt/step-00000004/rank-00000.bin" bs=1 seek=100 con
 expect "checkpoints names a damaged file" 1 'DAMAGED' "rank-00000.bin: checksum mismatch" \
   -- "$meshtrain" checkpoints "$tmp/ckpt"
 expect "checkpoints of a path without any" 2 'no checkpoints' -- "$meshtrain" checkpoints "$tmp/nowhere"
+expect "sample takes the newest intact checkpoint, past a damaged one" 0 "^sampling 4 tokens from $tmp/ckpt/step-00000002" \
+  -- "$meshtrain" sample "$tmp/ckpt" --tokens 4
+cp -r "$tmp/ckpt" "$tmp/ckpt-damaged"
+printf '\377' | dd of="$tmp/ckpt-damaged/step-00000002/rank-00000.bin" bs=1 seek=100 conv=notrunc status=none
+expect "sample says why no checkpoint is intact" 2 \
+  "no intact checkpoint here; .*step-00000004/rank-00000.bin: checksum mismatch.*; .*step-00000002/rank-00000.bin: checksum mismatch" \
+  -- "$meshtrain" sample "$tmp/ckpt-damaged" --tokens 4
 
 # bf16 trains on a GPU where there is one, and says plainly that it cannot where there is none.
 sed -e 's/precision: fp32/precision: bf16/' "$tmp/tiny.yaml" > "$tmp/tiny-bf16.yaml"
@@ -152,7 +159,7 @@ else
     -- "$meshtrain" bench plan --memory --device cuda --model gpt2-124m --seq 1024
   expect "bench checkpoint --device cuda without a GPU says so" 2 'bench checkpoint --device cuda: .+' \
     -- "$meshtrain" bench checkpoint --device cuda --model gpt2-tiny
-  expect "sample --device cuda without a GPU says so" 2 'sample --device cuda: .+' '!on the CPU' '!^sampling' \
+  expect "sample --device cuda without a GPU says so" 2 'sample: --device cuda: .+' '!on the CPU' '!^sampling' \
     -- "$meshtrain" sample "$tmp/ckpt" --device cuda --tokens 4
 fi
 
