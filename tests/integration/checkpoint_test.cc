@@ -533,12 +533,17 @@ TEST_F(CheckpointTest, ADamagedCheckpointIsNamedAndTheNewestIntactOneIsUsed) {
     fractional["step"] = 8.5;
     EXPECT_EQ(parse_error(fractional.dump()), "m.json: malformed metadata: /step is not an integer in range");
   }
-  // A missing file.
+  // A missing file, and a directory in its place.
   fs::remove(older / "rank-00000.bin");
   EXPECT_NE(error_of(older).find("rank-00000.bin: missing or unreadable"), std::string::npos) << error_of(older);
-  // Malformed metadata.
+  fs::create_directory(older / "rank-00000.bin");
+  EXPECT_NE(error_of(older).find("rank-00000.bin: is not a regular file"), std::string::npos) << error_of(older);
+  // Malformed metadata, and a directory in its place.
   std::ofstream(older / "metadata.json", std::ios::trunc) << "{\"format\": ";
   EXPECT_NE(error_of(older).find("metadata.json: not valid JSON"), std::string::npos) << error_of(older);
+  fs::remove(older / "metadata.json");
+  fs::create_directory(older / "metadata.json");
+  EXPECT_NE(error_of(older).find("metadata.json: is not a regular file"), std::string::npos) << error_of(older);
 }
 
 // A checkpoint that cannot be written is an error naming the path; training goes on and

@@ -65,6 +65,7 @@ CheckpointReader::CheckpointReader(const std::string& directory, const api::Mode
     const int64_t bytes = f.at("bytes"), expected = 3 * file.layout.elements * int64_t(sizeof(float));
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) throw CheckpointError(path + ": missing or unreadable");
+    if (!S_ISREG(st.st_mode)) throw CheckpointError(path + ": is not a regular file");
     if (st.st_size != bytes) {
       throw CheckpointError(path + ": truncated or grown: " + std::to_string(st.st_size) + " bytes, the metadata says " +
                             std::to_string(bytes));
