@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "api/layout.h"
+#include "cli/bench_ranks.h"
 #include "cli/commands.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/devices.h"
@@ -63,12 +64,8 @@ int SampleCommand(const SampleOptions& o, std::ostream& out) {
     job.spec.model.vocab_size = shape.vocab_size;
     job.spec.model.seq_len = shape.seq_len;
     job.spec.training.micro_batch_size = 1;
-    // Asked for the GPU, it refuses where there is none, as the benchmarks do, rather
-    // than sample on the CPU.
-    if (std::string why; o.device == "cuda" && train::CudaDeviceCount(&why) == 0) {
-      out << "meshtrain sample: --device cuda: " << why << "\n";
-      return kExitUnreadable;
-    }
+    // Asked for the GPU, it refuses where there is none, rather than sample on the CPU.
+    if (RefusedWithoutGpu(o.device, "meshtrain sample", out)) return kExitUnreadable;
     const runtime::DeviceChoice choice = train::ChooseDeviceHere(o.device == "cuda" ? "bf16" : "fp32", 0);
     job.spec.training.precision = choice.precision;
     runtime::MemoryAccounting accounting;

@@ -159,7 +159,7 @@ else
     -- "$meshtrain" bench plan --memory --device cuda --model gpt2-124m --seq 1024
   expect "bench checkpoint --device cuda without a GPU says so" 2 'bench checkpoint --device cuda: .+' \
     -- "$meshtrain" bench checkpoint --device cuda --model gpt2-tiny
-  expect "sample --device cuda without a GPU says so" 2 'sample: --device cuda: .+' '!on the CPU' '!^sampling' \
+  expect "sample --device cuda without a GPU says so" 2 'sample --device cuda: .+' '!on the CPU' '!^sampling' \
     -- "$meshtrain" sample "$tmp/ckpt" --device cuda --tokens 4
 fi
 

@@ -62,4 +62,10 @@ std::string WriteFileAtomically(const std::string& path, const void* data, size_
   return "";
 }
 
+bool NotARegularFile(const std::string& path) {
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  return !error && !std::filesystem::is_regular_file(status);
+}
+
 }  // namespace meshtrain::train

@@ -18,6 +18,7 @@
 
 #include "worker/comm/store.h"
 #include "worker/model/parameters.h"
+#include "worker/train/atomic_file.h"
 #include "worker/train/checkpoint_layout.h"
 #include "worker/train/checkpoint_reader.h"
 #include "worker/train/crc32c.h"
@@ -125,11 +126,7 @@ comm::StoreClient* StoreOfWriters(comm::StoreClient* store, const api::ParallelL
 }  // namespace
 
 std::string ReadCheckpointFile(const std::filesystem::path& path) {
-  // A directory opens as a stream that reads as empty; a FIFO would block the open.
-  std::error_code error;
-  if (const auto status = std::filesystem::status(path, error); !error && !std::filesystem::is_regular_file(status)) {
-    throw CheckpointError(path.string() + ": is not a regular file");
-  }
+  if (NotARegularFile(path.string())) throw CheckpointError(path.string() + ": is not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw CheckpointError(path.string() + ": missing or unreadable");
   std::stringstream text;

@@ -1,7 +1,6 @@
 #include "worker/train/configuration_error.h"
 
 #include "worker/runtime/memory.h"
-#include "worker/train/safetensors.h"
 #include "worker/train/token_file.h"
 
 namespace meshtrain::train {
@@ -11,8 +10,6 @@ void RethrowConfigurationErrors(const std::string& config, const std::function<v
     start();
   } catch (const TokenFileError& e) {
     throw ConfigurationError(e.what());
-  } catch (const SafetensorsError& e) {
-    throw ConfigurationError(config + ": spec.model.init.from: " + e.what());
   } catch (const runtime::OutOfMemory& e) {
     // The model's state is allocated as the trainer is built: the same spec on the same
     // kind of machine fails the same way after any restart.

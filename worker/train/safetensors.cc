@@ -2,7 +2,6 @@
 
 #include <bit>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -32,11 +31,7 @@ float FromHalf(uint16_t h) {
 }  // namespace
 
 std::map<std::string, Tensor> ReadSafetensors(const std::string& path) {
-  // A directory opens as a stream whose first read throws; a FIFO would block the open.
-  std::error_code error;
-  if (const auto status = std::filesystem::status(path, error); !error && !std::filesystem::is_regular_file(status)) {
-    throw SafetensorsError(path + ": is not a regular file");
-  }
+  if (NotARegularFile(path)) throw SafetensorsError(path + ": is not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw SafetensorsError(path + ": missing or unreadable");
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

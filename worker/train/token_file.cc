@@ -267,9 +267,7 @@ std::string TokensToText(std::span<const uint32_t> tokens, int64_t vocab_size) {
 
 TokenSplit WriteTextAsTokenFiles(const std::string& text_path, const std::string& train,
                                  const std::string& validation, double validation_fraction) {
-  // A FIFO would block the open, a directory throw from the read.
-  struct stat st {};
-  if (::stat(text_path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) Fail(text_path, "is not a regular file");
+  if (NotARegularFile(text_path)) Fail(text_path, "is not a regular file");
   std::ifstream in(text_path, std::ios::binary);
   if (!in) Fail(text_path, "cannot open");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -273,7 +273,6 @@ std::unique_ptr<StreamCollectives> ConnectNcclCollectives(const api::RankTable& 
                                                           std::chrono::milliseconds timeout) {
   Group world = Group::World(table, rank);
   const std::string what = "connecting NCCL: rank " + std::to_string(rank) + " of group " + world.Describe();
-  NcclHandle::RequireNoGroupOnThisThread(what);
   auto shared = std::make_shared<NcclWorld>(device, timeout);  // makes `device` current
   // Not the Communicator's key (nccl_communicator.cc): a job may connect both.
   auto handle = NcclHandle::StartInit(*store, "meshtrain/nccl/collectives/unique-id", world.size(), rank, what,

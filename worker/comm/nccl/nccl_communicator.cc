@@ -222,7 +222,6 @@ std::unique_ptr<Communicator> ConnectNccl(const api::RankTable& table, int rank,
                                           const NcclOptions& options) {
   Group world = Group::World(table, rank);
   const std::string what = "connecting NCCL: rank " + std::to_string(rank) + " of group " + world.Describe();
-  NcclHandle::RequireNoGroupOnThisThread(what);
   CheckCuda(cudaSetDevice(options.device), "cudaSetDevice(" + std::to_string(options.device) + ")");
   auto handle = NcclHandle::StartInit(*store, "meshtrain/nccl/unique-id", world.size(), rank, what, options.timeout);
   handle->AwaitReady(what, "the " + std::to_string(world.size()) + " ranks did not all connect", options.timeout);
