@@ -1,5 +1,9 @@
 #include "api/manifest.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cctype>
 #include <cerrno>
 #include <charconv>
@@ -373,20 +377,38 @@ std::vector<ManifestDocument> ParseManifestText(std::string_view text, std::stri
 }
 
 std::vector<ManifestDocument> ReadManifestFile(const std::string& path) {
-  // A FIFO would block the open until a writer came, perhaps never; a directory cannot be read.
-  std::error_code error;
-  const std::filesystem::file_status status = std::filesystem::status(path, error);
-  if (!error && !std::filesystem::is_regular_file(status)) throw ManifestError(path + ": is not a regular file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ManifestError(path + ": cannot open: " + std::strerror(errno));
+  const bool standard_input = path == "-";
+  const std::string source = standard_input ? std::string(kStandardInput) : path;
+  // O_NONBLOCK: the open of a FIFO would otherwise wait for a writer, perhaps forever.
+  // Reads block again once it is open, so a pipe is read to its end, and a FIFO no one
+  // holds open for writing reads as empty.
+  const int fd = standard_input ? STDIN_FILENO : ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw ManifestError(source + ": cannot open: " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    bool owned;
+    ~Closer() {
+      if (owned) ::close(fd);
+    }
+  } closer{fd, !standard_input};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw ManifestError(source + ": cannot stat: " + std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) throw ManifestError(source + ": is a directory, not a manifest file");
+  if (!standard_input && ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    throw ManifestError(source + ": cannot read: " + std::strerror(errno));
+  }
   std::string text;
   char buffer[1 << 16];
-  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
-    text.append(buffer, size_t(in.gcount()));
-    if (text.size() > kMaxManifestBytes) break;  // ParseManifestText reports it
+  while (text.size() <= kMaxManifestBytes) {  // one byte past the limit: ParseManifestText reports it
+    const ssize_t got = ::read(fd, buffer, sizeof buffer);
+    if (got == 0) break;
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw ManifestError(source + ": read error: " + std::strerror(errno));
+    }
+    text.append(buffer, size_t(got));
   }
-  if (in.bad()) throw ManifestError(path + ": read error: " + std::strerror(errno));
-  return ParseManifestText(text, path);
+  return ParseManifestText(text, source);
 }
 
 std::string CheckedJob::Where() const {
@@ -443,7 +465,7 @@ void CheckElasticSizes(const TrainingJob& as_written, const FieldPaths& written,
 }  // namespace
 
 CheckedJob CheckTrainingJob(const Json& object, std::string source, int document) {
-  CheckedJob checked{std::move(source), document, {}, {}, {}, {}};
+  CheckedJob checked{std::move(source), document, object, {}, {}, {}, {}};
   checked.job = DecodeTrainingJob(object, &checked.errors);
   const TrainingJob as_written = checked.job;
   const FieldPaths written = WrittenFields(object);

@@ -39,14 +39,19 @@ inline constexpr size_t kMaxManifestBytes = 16 << 20;
 // documents are skipped. Throws ManifestError.
 std::vector<ManifestDocument> ParseManifestText(std::string_view text, std::string_view source);
 
-// Reads and parses a file. Throws ManifestError, naming the file; also for a directory or
-// FIFO (one would block the read forever): "is not a regular file".
+// How ReadManifestFile names standard input in its errors and documents.
+inline constexpr std::string_view kStandardInput = "<stdin>";
+
+// Reads and parses a file, a pipe (`<(helm template ...)`) or, for "-", standard input.
+// Throws ManifestError naming the file, also for a directory. A FIFO that no process
+// holds open for writing reads as empty rather than waiting for a writer.
 std::vector<ManifestDocument> ReadManifestFile(const std::string& path);
 
 // One TrainingJob from a manifest, decoded, defaulted and validated.
 struct CheckedJob {
   std::string source;  // file name
   int document = 0;    // 0-based document index in the file
+  nlohmann::json written;  // the object as the manifest wrote it, before defaults
   TrainingJob job;
   FieldErrors errors;  // decoding and validation errors together; empty means valid
   std::vector<DerivedDefault> defaults;  // values derived for fields the manifest left out (defaults.h)

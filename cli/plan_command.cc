@@ -138,7 +138,7 @@ int PlanCommand(const PlanOptions& options, std::ostream& out, std::ostream& err
   if (!options.worker_defaults.empty()) {
     try {
       const controller::WorkerDefaults defaults = controller::LoadWorkerDefaults(options.worker_defaults);
-      const Json written = api::ReadManifestFile(options.job_file).at(0).object.value("spec", Json::object());
+      const Json written = job.written.value("spec", Json::object());
       std::vector<api::DerivedDefault> derived;
       controller::ApplyWorkerDefaults(defaults, written, &job.job, &derived);
       for (const api::DerivedDefault& d : derived)

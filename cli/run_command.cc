@@ -155,7 +155,7 @@ int TrainHere(api::CheckedJob job, const runtime::DeviceChoice& where, int sampl
 // spec.parallelism.mode auto: plans the layout for this machine (each rank's memory is
 // spec.resources.memoryLimitMiB, or this machine's memory shared by the ranks), writes
 // the resolved manifest to `resolved_file` for the ranks, and replaces *job with it.
-int PlanHere(const std::string& file, api::CheckedJob* job, const std::filesystem::path& resolved_file,
+int PlanHere(api::CheckedJob* job, const std::filesystem::path& resolved_file,
              std::ostream& out) {
   api::TrainingJobSpec& spec = job->job.spec;
   const int64_t world = spec.nodes * spec.gpus_per_node;
@@ -172,10 +172,10 @@ int PlanHere(const std::string& file, api::CheckedJob* job, const std::filesyste
     PrintPlan(request, plan, 5, std::nullopt, out);
     return kExitInvalid;
   }
-  nlohmann::json manifest = api::ReadManifestFile(file).at(0).object;
+  nlohmann::json manifest = job->written;
   manifest["spec"] = scheduler::ResolveWrittenSpec(manifest["spec"], plan.best()->choice);
   std::ofstream(resolved_file) << manifest.dump(2) << "\n";
-  api::CheckedJob resolved = api::CheckTrainingJob(manifest, file + " (planned)", 0);
+  api::CheckedJob resolved = api::CheckTrainingJob(manifest, job->source + " (planned)", 0);
   if (!resolved.ok()) {
     PrintErrors(resolved, out);
     return kExitInvalid;
@@ -203,7 +203,11 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
     ~RemoveAtExit() { std::filesystem::remove(path); }
   } remove_resolved{resolved};
   if (job.job.spec.parallelism.mode == "auto") {
-    if (int status = PlanHere(options.file, &job, resolved, out); status != kExitOk) return status;
+    if (int status = PlanHere(&job, resolved, out); status != kExitOk) return status;
+    file = resolved.string();
+  } else if (!std::filesystem::is_regular_file(options.file)) {
+    // Standard input or a pipe, which the ranks could not read again.
+    std::ofstream(resolved) << job.written.dump(2) << "\n";
     file = resolved.string();
   }
   PrintWarnings(job, out);

@@ -165,21 +165,47 @@ TEST(Manifest, MissingFileIsNamed) {
   }
 }
 
-// A FIFO would block the read until a writer came (forever, for a stray mkfifo); a
-// directory cannot be read. Both are refused by name.
-TEST(Manifest, AFifoOrDirectoryIsRefusedNotWaitedOn) {
+// A pipe is read to its end (`meshtrain validate <(helm template ...)`). A FIFO no one
+// holds open for writing reads as empty at once, where an open that waited for a writer
+// would hang forever; a directory is refused by name.
+TEST(Manifest, APipeIsReadAFifoWithoutWriterIsEmptyADirectoryIsRefused) {
+  int ends[2];
+  ASSERT_EQ(::pipe(ends), 0);
+  const std::string text = "a: 1\n---\nb: [2, 3]\n";
+  ASSERT_EQ(::write(ends[1], text.data(), text.size()), ssize_t(text.size()));
+  ::close(ends[1]);
+  const std::string pipe_path = "/proc/self/fd/" + std::to_string(ends[0]);
+  const std::vector<ManifestDocument> documents = ReadManifestFile(pipe_path);
+  ::close(ends[0]);
+  ASSERT_EQ(documents.size(), 2u);
+  EXPECT_EQ(documents[1].object["b"][1], 3);
+
   const std::filesystem::path fifo =
       std::filesystem::temp_directory_path() / ("meshtrain_manifest_fifo_" + std::to_string(::getpid()));
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  for (const std::string& path : {fifo.string(), std::filesystem::temp_directory_path().string()}) {
-    try {
-      ReadManifestFile(path);
-      ADD_FAILURE() << path << ": no error";
-    } catch (const ManifestError& e) {
-      EXPECT_EQ(std::string(e.what()), path + ": is not a regular file");
-    }
+  EXPECT_TRUE(ReadManifestFile(fifo.string()).empty());
+  try {
+    LoadTrainingJobs(fifo.string());
+    ADD_FAILURE() << "no error for an empty FIFO";
+  } catch (const ManifestError& e) {
+    EXPECT_EQ(std::string(e.what()), fifo.string() + ": holds no documents");
   }
   std::filesystem::remove(fifo);
+
+  const std::string directory = std::filesystem::temp_directory_path().string();
+  try {
+    ReadManifestFile(directory);
+    ADD_FAILURE() << "no error for a directory";
+  } catch (const ManifestError& e) {
+    EXPECT_EQ(std::string(e.what()), directory + ": is a directory, not a manifest file");
+  }
+}
+
+TEST(Manifest, ACheckedJobKeepsTheObjectAsWritten) {
+  const Json object = ReadManifestFile("examples/gpt2-tiny-local.yaml").at(0).object;
+  const CheckedJob job = CheckTrainingJob(object, "job.yaml", 0);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job.written, object);
 }
 
 TEST(Manifest, LoadTrainingJobsChecksEveryDocument) {
