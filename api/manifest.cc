@@ -484,10 +484,11 @@ CheckedJob CheckTrainingJob(const Json& object, std::string source, int document
 
 std::vector<CheckedJob> LoadTrainingJobs(const std::string& path) {
   std::vector<CheckedJob> jobs;
+  const std::string source = path == "-" ? std::string(kStandardInput) : path;
   for (const ManifestDocument& doc : ReadManifestFile(path)) {
-    jobs.push_back(CheckTrainingJob(doc.object, path, doc.index));
+    jobs.push_back(CheckTrainingJob(doc.object, source, doc.index));
   }
-  if (jobs.empty()) throw ManifestError(path + ": holds no documents");
+  if (jobs.empty()) throw ManifestError(source + ": holds no documents");
   return jobs;
 }
 

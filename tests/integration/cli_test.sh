@@ -167,7 +167,15 @@ sed -e "s|examples/data/corpus.train.bin|$tmp/missing.bin|" examples/gpt2-tiny-l
 expect "run names a missing token file" 78 "$tmp/missing.bin: no file matches" -- "$meshtrain" run "$tmp/nodata.yaml"
 # A FIFO would block the read forever (token files: train_test.cc).
 mkfifo "$tmp/fifo"
-expect "validate refuses a FIFO as a manifest" 2 "$tmp/fifo: is not a regular file" -- "$meshtrain" validate "$tmp/fifo"
+expect "validate reads a FIFO no one writes as empty, without waiting" 2 "$tmp/fifo: holds no documents" \
+  -- "$meshtrain" validate "$tmp/fifo"
+expect "validate reads a pipe" 0 'TrainingJob "gpt2-tiny-local": ok' \
+  -- bash -c "\"$meshtrain\" validate <(cat examples/gpt2-tiny-local.yaml)"
+sed -e "s|examples/data/corpus.train.bin|$tmp/train.bin|; s|examples/data/corpus.val.bin|$tmp/val.bin|" -e 's/gpusPerNode: 1/gpusPerNode: 2/' \
+  -e 's/steps: 300/steps: 2/; s/warmupSteps: 20/warmupSteps: 1/; s/evalInterval: 50/evalInterval: 0/' \
+  -e "s|/tmp/meshtrain/gpt2-tiny-local|$tmp/ckpt-stdin|" examples/gpt2-tiny-local.yaml > "$tmp/stdin-job.yaml"
+expect "two ranks train a job read from standard input" 0 '^<stdin> TrainingJob "gpt2-tiny-local": ok' 'step +2/2' \
+  -- bash -c "\"$meshtrain\" run - --no-resume < \"$tmp/stdin-job.yaml\""
 head -c 100 "$tmp/train.bin" > "$tmp/truncated.bin"
 sed -e "s|examples/data/corpus.train.bin|$tmp/truncated.bin|" examples/gpt2-tiny-local.yaml > "$tmp/truncated.yaml"
 expect "run names a truncated token file" 78 "$tmp/truncated.bin: is truncated or padded" -- "$meshtrain" run "$tmp/truncated.yaml"
