@@ -121,7 +121,9 @@ struct CheckpointSpec {
   std::string path;       // empty: no checkpoints
   int64_t interval = 1000;  // steps between checkpoints
   int64_t keep = 2;       // newest checkpoints kept on disk
-  bool resume = true;     // start from the newest intact checkpoint under path, if any
+  // true: start from the newest intact checkpoint under path, if any; false: only from
+  // this run's own (metadata.uid's), so a gang restart still keeps its steps.
+  bool resume = true;
   bool operator==(const CheckpointSpec&) const = default;
 };
 

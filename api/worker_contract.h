@@ -62,7 +62,9 @@ inline constexpr const char* kRanksPerNode = "MESHTRAIN_NPROC_PER_NODE";
 inline constexpr const char* kMetricsPort = "MESHTRAIN_METRICS_PORT";  // 0 or unset: no metrics served
 inline constexpr const char* kPodIp = "MESHTRAIN_POD_IP";              // the address metrics are served on
 inline constexpr const char* kSampleTokens = "MESHTRAIN_SAMPLE_TOKENS";  // rank 0 prints a sample this long
-inline constexpr const char* kResume = "MESHTRAIN_RESUME";             // 0: start afresh, whatever the spec says
+// 0: as spec.checkpoint.resume false, whatever the spec says: resume only this run's own
+// checkpoints (those of the job's metadata.uid), which only a restart finds.
+inline constexpr const char* kResume = "MESHTRAIN_RESUME";
 // The secret (at least 16 characters) the operator's instructions to a pod's launcher
 // carry. Unset or empty: the launcher serves no control endpoint and exits when a rank
 // fails, so the operator recreates the pods.

@@ -88,7 +88,8 @@ Command Run(CLI::App& parent) {
   CLI::App* c = parent.add_subcommand("run", "Train a job on this machine");
   c->add_option("file", o->file, "Manifest file with one TrainingJob")->required();
   c->add_flag("--resume,!--no-resume", o->resume,
-              "Resume from the newest intact checkpoint under spec.checkpoint.path (the default)");
+              "Resume from the newest intact checkpoint under spec.checkpoint.path (the default); with "
+              "--no-resume, only a restart of this run resumes, from its own");
   c->add_option("--sample-tokens", o->sample_tokens, "Tokens of text to sample after training")
       ->check(CLI::Range(0, 100000))
       ->capture_default_str();

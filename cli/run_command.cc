@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <algorithm>
 #include <filesystem>
+#include <random>
 #include <fstream>
 
 #include <unistd.h>
@@ -64,6 +65,17 @@ std::string WorkerProgram() {
   return "meshtrain-worker";
 }
 
+// A Kubernetes-style uid: 32 random hex digits as 8-4-4-4-12.
+std::string NewUid() {
+  std::random_device random;
+  std::string uid;
+  for (int i = 0; i < 32; ++i) {
+    if (i == 8 || i == 12 || i == 16 || i == 20) uid += '-';
+    uid += "0123456789abcdef"[random() % 16];
+  }
+  return uid;
+}
+
 // Runs every rank as a process on the job's virtual nodes; they print their own progress.
 // A failed rank, or a hang the ranks' heartbeats find (spec.runPolicy.hangTimeoutSeconds),
 // restarts the whole local gang, which resumes from the newest checkpoint, up to
@@ -104,7 +116,6 @@ int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std:
         << (result.status == api::worker::kExitHang ? " (it found a hang: the stuck rank is named above)" : "")
         << "; restarting the gang from the newest checkpoint (restart " << restarts + 1 << " of " << backoff_limit
         << ", spec.runPolicy.backoffLimit)" << std::endl;
-    launch.environment[env::kResume] = "1";  // what this run wrote, even under --no-resume
   }
 }
 
@@ -143,7 +154,6 @@ int TrainHere(api::CheckedJob job, const runtime::DeviceChoice& where, int sampl
       }
       out << "  training failed: " << e.what() << "; restarting from the newest checkpoint (restart " << restarts + 1
           << " of " << backoff_limit << ", spec.runPolicy.backoffLimit)" << std::endl;
-      job.job.spec.checkpoint.resume = true;  // what this run wrote, even under --no-resume
       continue;
     }
     report->Finished(job.job.spec.checkpoint.path);
@@ -195,20 +205,21 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
   api::CheckedJob job;
   if (int status = LoadOneValidJob(options.file, "run", &job, out); status != kExitOk) return status;
   out << job.Where() << ": ok\n";
-  std::string file = options.file;
-  const std::filesystem::path resolved =
+  // This run's identity, as the API server gives a new object one: its checkpoints carry
+  // it, so that its restarts resume them even when spec.checkpoint.resume is false.
+  job.written["metadata"]["uid"] = job.job.metadata.uid = NewUid();
+  // The ranks read the job from a copy: the source may be a pipe, and the copy holds the
+  // uid and, with mode auto, the planned layout.
+  const std::filesystem::path file =
       std::filesystem::temp_directory_path() / ("meshtrain-run-" + std::to_string(::getpid()) + ".json");
   struct RemoveAtExit {
     std::filesystem::path path;
     ~RemoveAtExit() { std::filesystem::remove(path); }
-  } remove_resolved{resolved};
+  } remove_file{file};
   if (job.job.spec.parallelism.mode == "auto") {
-    if (int status = PlanHere(&job, resolved, out); status != kExitOk) return status;
-    file = resolved.string();
-  } else if (!std::filesystem::is_regular_file(options.file)) {
-    // Standard input or a pipe, which the ranks could not read again.
-    std::ofstream(resolved) << job.written.dump(2) << "\n";
-    file = resolved.string();
+    if (int status = PlanHere(&job, file, out); status != kExitOk) return status;
+  } else {
+    std::ofstream(file) << job.written.dump(2) << "\n";
   }
   PrintWarnings(job, out);
   if (const auto min_nodes = job.job.spec.elastic.min_nodes) {
@@ -228,7 +239,7 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
   if (!where.note.empty()) spdlog::warn(where.note);
   if (!options.resume) job.job.spec.checkpoint.resume = false;
   if (api::ParallelLayout::ForSpec(job.job.spec).world() > 1) {
-    return RunRanks(job, table, file, options.sample_tokens, options.resume, out);
+    return RunRanks(job, table, file.string(), options.sample_tokens, options.resume, out);
   }
 
   out << "  device: " << where.device.ToString() << ", "

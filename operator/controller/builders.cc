@@ -52,12 +52,14 @@ json BuildConfigMap(const api::TrainingJob& job, const json& written_spec, const
                     int64_t gang) {
   json labels = Labels(job);
   labels[kGangLabel] = std::to_string(gang);
-  // The spec alone, as a TrainingJob manifest the worker reads with the api/ library. Not
+  // The spec alone (and the uid, which the checkpoints of this job's run carry), as a
+  // TrainingJob manifest the worker reads with the api/ library. Not
   // the defaulted spec: a derived value would read as written there, and a neutral
   // default such as tensorParallelSeed 0 as set.
   const json spec_doc = {{"apiVersion", job.api_version},
                          {"kind", job.kind},
-                         {"metadata", {{"name", job.metadata.name}, {"namespace", job.metadata.namespace_}}},
+                         {"metadata",
+                          {{"name", job.metadata.name}, {"namespace", job.metadata.namespace_}, {"uid", job.metadata.uid}}},
                          {"spec", written_spec}};
   return {{"apiVersion", "v1"},
           {"kind", "ConfigMap"},

@@ -764,6 +764,46 @@ TEST_F(CheckpointTest, PruningDeletesOnlyThisModelsOlderCheckpoints) {
   EXPECT_EQ(CheckpointModel((path / "step-00000001").string()), other);
 }
 
+// spec.checkpoint.resume false passes over what other runs left under the path, but a
+// restart of the run (the same metadata.uid) resumes its own checkpoints.
+TEST_F(CheckpointTest, WithoutResumeARestartTakesOnlyItsOwnRunsCheckpoints) {
+  const fs::path path = dir_ / "ckpt";
+  {
+    api::TrainingJob other = Job(path.string());
+    other.metadata.uid = "run-b";
+    Trainer trainer(other);
+    Losses(trainer, 9);  // checkpoints of steps 4 and 8
+  }
+  api::TrainingJob job = Job(path.string());
+  job.metadata.uid = "run-a";
+  job.spec.checkpoint.resume = false;
+  job.spec.checkpoint.interval = 3;
+  {
+    Trainer first(job);
+    EXPECT_FALSE(first.resumed_from());
+    Losses(first, 2);  // stopped before its first checkpoint
+  }
+  {
+    Trainer restarted(job);
+    EXPECT_FALSE(restarted.resumed_from());  // `latest` is the other run's step 8
+    Losses(restarted, 5);  // a checkpoint of step 3
+  }
+  EXPECT_EQ(CheckpointRun((path / "step-00000003").string()), std::optional<std::string>("run-a"));
+  EXPECT_EQ(CheckpointRun((path / "step-00000008").string()), std::optional<std::string>("run-b"));
+  {
+    std::ofstream latest(path / "latest", std::ios::trunc);
+    latest << "step-00000008";
+  }
+  Trainer restarted(job);
+  EXPECT_EQ(restarted.resumed_from(), std::optional<int64_t>(3));
+  api::TrainingJob anonymous = job;
+  anonymous.metadata.uid.clear();
+  EXPECT_FALSE(Trainer(anonymous).resumed_from());
+  api::TrainingJob resuming = job;
+  resuming.spec.checkpoint.resume = true;
+  EXPECT_EQ(Trainer(resuming).resumed_from(), std::optional<int64_t>(8));
+}
+
 // Metadata whose step or data position no run writes makes the checkpoint damaged; one
 // at or past the job's last step resumes and says the job is complete.
 TEST_F(CheckpointTest, AStepOrDataPositionOutOfRangeIsDamageAndAFinishedJobSaysSo) {

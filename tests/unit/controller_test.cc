@@ -139,6 +139,9 @@ TEST(BuildersTest, PodCarriesTheWorkerContract) {
   const auto spec = api::ParseManifestText(cm["data"]["job.json"].get<std::string>(), "job.json");
   const api::CheckedJob worker_view = api::CheckTrainingJob(spec.at(0).object, "job.json", 0);
   EXPECT_TRUE(worker_view.ok());
+  // The job's uid, which its checkpoints carry so that its restarts find them.
+  EXPECT_EQ(worker_view.job.metadata.uid, job.metadata.uid);
+  EXPECT_FALSE(job.metadata.uid.empty());
   // The worker sees what the user wrote: the same job, defaults and warnings as the operator.
   const api::CheckedJob operator_view = api::CheckTrainingJob(written, "job.json", 0);
   EXPECT_EQ(worker_view.job.spec, operator_view.job.spec);

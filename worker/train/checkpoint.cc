@@ -158,6 +158,15 @@ std::vector<std::string> ResumeCandidates(const std::string& path) {
   return directories;
 }
 
+std::optional<std::string> CheckpointRun(const std::string& directory) {
+  try {
+    const Json run = Json::parse(ReadCheckpointFile(fs::path(directory) / "metadata.json")).value("run", Json(""));
+    if (run.is_string()) return run.get<std::string>();
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
 api::ModelShape CheckpointModel(const std::string& directory) {
   const fs::path file = fs::path(directory) / "metadata.json";
   try {
@@ -220,12 +229,14 @@ std::vector<CheckpointListing> ListCheckpoints(const std::string& path, bool ver
 
 CheckpointWriter::CheckpointWriter(std::string path, int64_t keep, const api::ModelShape& shape,
                                    const api::ParallelLayout& layout, int vocab_multiple, int rank,
-                                   comm::StoreClient* store, std::function<void(const std::string&)> log_error)
+                                   comm::StoreClient* store, std::function<void(const std::string&)> log_error,
+                                   std::string run)
     : path_(std::move(path)),
       keep_(keep),
       shape_(shape),
       layout_(layout),
       vocab_multiple_(vocab_multiple),
+      run_(std::move(run)),
       rank_(rank),
       store_(StoreOfWriters(store, layout)),
       log_error_(std::move(log_error)),
@@ -394,6 +405,7 @@ void CheckpointWriter::Finish(const TrainingPosition& position, const std::strin
                      {"step", position.step},
                      {"dataPosition", position.data_position},
                      {"dataOrder", "windows"},
+                     {"run", run_},
                      {"model", CheckpointShapeJson(shape_)},
                      {"layout",
                       {{"tp", layout_.tp()}, {"shard", layout_.shard()}, {"replicas", layout_.replicas()},

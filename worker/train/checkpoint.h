@@ -88,6 +88,10 @@ LoadedCheckpoint LoadCheckpoint(const std::string& directory, const api::ModelSh
 // `latest` names, then the others newest first.
 std::vector<std::string> ResumeCandidates(const std::string& path);
 
+// The run that wrote the checkpoint in `directory`: its job's metadata.uid, "" for a
+// checkpoint written without one; nullopt when its metadata cannot be read.
+std::optional<std::string> CheckpointRun(const std::string& directory);
+
 // Every step directory under `path`, newest first; with `verify`, each is loaded and
 // checked (every file read), and `problem` says what is wrong.
 struct CheckpointListing {
@@ -117,10 +121,11 @@ class CheckpointWriter {
   // splits into shards) go into the metadata. The writers tell rank 0 through `store` (a
   // connection of the writer's own, for rank 0 waits on it; null only where rank 0 is the
   // one writer: throws std::invalid_argument otherwise). Failures go to `log_error`
-  // (called on the writer thread).
+  // (called on the writer thread). `run` (the job's metadata.uid) goes into the metadata,
+  // so that a restart of the run finds its own checkpoints (CheckpointRun).
   CheckpointWriter(std::string path, int64_t keep, const api::ModelShape& shape, const api::ParallelLayout& layout,
                    int vocab_multiple, int rank, comm::StoreClient* store,
-                   std::function<void(const std::string&)> log_error);
+                   std::function<void(const std::string&)> log_error, std::string run = "");
   ~CheckpointWriter();  // waits for the write in progress
 
   // Removes what an interrupted run left half-written. Rank 0 calls it before any rank
@@ -148,6 +153,7 @@ class CheckpointWriter {
   const api::ModelShape shape_;
   const api::ParallelLayout layout_;
   const int vocab_multiple_;
+  const std::string run_;
   const int rank_;
   comm::StoreClient* const store_;
   const std::function<void(const std::string&)> log_error_;

@@ -128,14 +128,17 @@ Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime
   const api::CheckpointSpec& checkpoint = job.spec.checkpoint;
   const api::ModelShape shape = api::ShapeOf(job.spec.model);
   if (!checkpoint.path.empty()) {
-    if (checkpoint.resume) Resume(checkpoint.path);
+    if (checkpoint.resume || !job.metadata.uid.empty()) {
+      Resume(checkpoint.path, checkpoint.resume ? std::string() : job.metadata.uid);
+    }
     const int rank = world ? world->rank() : 0;
     // Rank 0 clears half-written checkpoints before the first step; no rank writes one
     // before that step's collectives, which need rank 0.
     if (rank == 0) CheckpointWriter::RemovePartial(checkpoint.path);
     checkpoints_ = std::make_unique<CheckpointWriter>(
         checkpoint.path, checkpoint.keep, shape, layout_, engine_->vocab_multiple(), rank, checkpoint_store,
-        [rank](const std::string& error) { std::fprintf(stderr, "rank %d: error: %s\n", rank, error.c_str()); });
+        [rank](const std::string& error) { std::fprintf(stderr, "rank %d: error: %s\n", rank, error.c_str()); },
+        job.metadata.uid);
   }
   if (!resumed_from_ && !job.spec.model.init.from.empty()) {
     // Every rank reads the file and keeps its own elements; AdamW starts from zero.
@@ -153,10 +156,15 @@ Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime
   targets_.resize(size_t(batch_) * seq_);
 }
 
-void Trainer::Resume(const std::string& path) {
+void Trainer::Resume(const std::string& path, const std::string& only_run) {
   const api::ModelShape shape = api::ShapeOf(job_.spec.model);
   bool restored_any = false;  // the engine's state is no longer its initial one
   for (const std::string& directory : ResumeCandidates(path)) {
+    // Another run's checkpoint is passed over; one whose metadata cannot be read is tried,
+    // so that the warning says what is wrong with it.
+    if (!only_run.empty()) {
+      if (const std::optional<std::string> run = CheckpointRun(directory); run && *run != only_run) continue;
+    }
     // The newest whole checkpoint is another model's: the job names another run's
     // directory, whose checkpoints this run's would rotate out. (Every rank reads the
     // same metadata, so every rank throws.)

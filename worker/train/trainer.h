@@ -87,7 +87,10 @@ class Trainer {
   // device that cannot be used. Checkpoint writers meet rank 0 through `checkpoint_store`
   // (a Store connection of their own; needed where more than one rank writes).
   //
-  // Resuming, each rank reads only its own elements of the newest checkpoint that every
+  // It resumes from spec.checkpoint.path: with spec.checkpoint.resume, from the newest
+  // checkpoint there; without it, from the newest this run wrote (job.metadata.uid's: a
+  // gang restart keeps the steps it trained), if the job has a uid. Resuming, each rank
+  // reads only its own elements of the newest checkpoint that every
   // rank can read its part of (collective, over `world`); one that a rank cannot read is
   // skipped on every rank with a warning naming it and the ranks. Throws
   // std::invalid_argument, touching nothing, when the newest whole checkpoint there is of
@@ -104,7 +107,7 @@ class Trainer {
   // (earlier ones that fail are logged, and training goes on). Collective.
   void Run(const std::function<void(const StepReport&)>& report);
 
-  // The step the Trainer resumed from (spec.checkpoint.resume and a checkpoint found),
+  // The step the Trainer resumed from (a checkpoint found; see the constructor),
   // and why newer checkpoints were skipped.
   std::optional<int64_t> resumed_from() const { return resumed_from_; }
   int64_t steps() const { return job_.spec.training.steps; }
@@ -137,8 +140,9 @@ class Trainer {
  private:
   // The mean of `value` over the data-parallel ranks.
   double Average(double value);
-  // Restores the newest checkpoint under `path` every rank can read; see the constructor.
-  void Resume(const std::string& path);
+  // Restores the newest checkpoint under `path` every rank can read, of the run `only_run`
+  // unless it is empty; see the constructor.
+  void Resume(const std::string& path, const std::string& only_run);
   // The world ranks for which `failed` is true on that rank; collective.
   std::vector<int> FailedRanks(bool failed);
 
