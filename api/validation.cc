@@ -5,8 +5,9 @@
 #include <set>
 #include <string>
 
-#include "api/worker_contract.h"
 #include "api/layout.h"
+#include "api/logging.h"
+#include "api/worker_contract.h"
 #include "api/model_shape.h"
 
 namespace meshtrain::api {
@@ -109,7 +110,7 @@ bool IsReservedEnvName(const std::string& s) {
   for (const char* reserved : {env::kRank, env::kWorldSize, env::kLocalRank, env::kMasterAddr, env::kMasterPort}) {
     if (s == reserved) return true;
   }
-  return s.starts_with("MESHTRAIN_");
+  return s.starts_with("MESHTRAIN_") && s != env::kLogLevel;
 }
 
 void CheckMetadata(const TrainingJob& job, Checker& c) {
@@ -300,6 +301,10 @@ void CheckTemplate(const PodTemplateOverrides& t, Checker& c) {
     const std::string& name = t.env[i].name;
     if (!IsEnvName(name)) c.Fail(path, "must be a variable name ([A-Za-z_][A-Za-z0-9_]*), got \"" + name + "\"");
     else if (IsReservedEnvName(name)) c.Fail(path, "\"" + name + "\" is set by meshtrain for every worker and cannot be overridden");
+    else if (name == env::kLogLevel && std::ranges::find(LogLevelNames(), t.env[i].value) == LogLevelNames().end()) {
+      c.Fail("spec.template.env[" + std::to_string(i) + "].value", "must be a log level (trace, debug, info, warn, "
+                                                                  "error, critical or off), got \"" + t.env[i].value + "\"");
+    }
   }
 }
 

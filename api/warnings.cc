@@ -17,6 +17,10 @@ FieldErrors FieldsWithoutEffect(const TrainingJob& job, const FieldPaths& writte
     warn(field, written.contains(field) && job.spec.checkpoint.path.empty(),
          "spec.checkpoint.path is empty, so no checkpoint is written or read");
   }
+  if (job.spec.elastic.min_nodes && *job.spec.elastic.min_nodes >= job.spec.nodes) {
+    warnings.push_back({"spec.elastic.minNodes", "has no effect: it equals spec.nodes, so the gang never runs "
+                                                 "smaller; set it below spec.nodes to let the job run on fewer"});
+  }
   return warnings;
 }
 

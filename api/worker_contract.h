@@ -61,7 +61,13 @@ inline constexpr const char* kNodes = "MESHTRAIN_NNODES";
 inline constexpr const char* kRanksPerNode = "MESHTRAIN_NPROC_PER_NODE";
 inline constexpr const char* kMetricsPort = "MESHTRAIN_METRICS_PORT";  // 0 or unset: no metrics served
 inline constexpr const char* kPodIp = "MESHTRAIN_POD_IP";              // the address metrics are served on
+// The worker's log level, one of meshtrain's --log-level names (default info); the one
+// MESHTRAIN_ variable a job's spec.template.env may set.
+inline constexpr const char* kLogLevel = "MESHTRAIN_LOG_LEVEL";
 inline constexpr const char* kSampleTokens = "MESHTRAIN_SAMPLE_TOKENS";  // rank 0 prints a sample this long
+// The sample's length: meshtrain run's default, and the operator's for a job that names
+// spec.model.tokenizer (it asks for samples as text; without it, pods sample nothing).
+inline constexpr int kDefaultSampleTokens = 300;
 // 0: as spec.checkpoint.resume false, whatever the spec says: resume only this run's own
 // checkpoints (those of the job's metadata.uid), which only a restart finds.
 inline constexpr const char* kResume = "MESHTRAIN_RESUME";

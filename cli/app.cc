@@ -124,15 +124,27 @@ Command PrepareData(CLI::App& parent) {
   c->add_option("output", o->output, "Token file to write; with --tokenizer, the shards' prefix (PREFIX_train_000001.bin)")
       ->required();
   c->add_option("--validation", o->validation, "Also write the end of the text here, for validation (bytes only)");
-  c->add_option("--validation-fraction", o->validation_fraction, "Share of the text for validation")
-      ->check(CLI::Range(0.0, 0.5))
-      ->capture_default_str();
-  c->add_option("--tokenizer", o->tokenizer, "GPT-2's tokenizer: a directory with encoder.json and vocab.bpe, or tokenizer.json");
+  auto* fraction = c->add_option("--validation-fraction", o->validation_fraction,
+                                 "Share of the text for validation (with --validation or --tokenizer)")
+                       ->check(CLI::Range(0.0, 0.5))
+                       ->capture_default_str();
+  auto* tokenizer = c->add_option("--tokenizer", o->tokenizer,
+                                  "GPT-2's tokenizer: a directory with encoder.json and vocab.bpe, or tokenizer.json");
   c->add_option("--shard-tokens", o->shard_tokens, "Tokens per shard (with --tokenizer)")
       ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  c->add_option("--threads", o->threads, "Tokenizing threads (0: every core)")->capture_default_str();
-  return {c, [o] { return PrepareDataCommand(*o, std::cout); }};
+      ->capture_default_str()
+      ->needs(tokenizer);
+  c->add_option("--threads", o->threads, "Tokenizing threads (0: every core; with --tokenizer)")
+      ->capture_default_str()
+      ->needs(tokenizer);
+  return {c, [o, fraction] {
+            if (fraction->count() > 0 && o->validation.empty() && o->tokenizer.empty()) {
+              std::cerr << "meshtrain prepare-data: --validation-fraction needs --validation FILE (or --tokenizer, "
+                           "whose validation shard it sizes)\n";
+              return kExitUnreadable;
+            }
+            return PrepareDataCommand(*o, std::cout);
+          }};
 }
 
 Command Sample(CLI::App& parent) {
@@ -170,11 +182,16 @@ Command Plan(CLI::App& parent) {
   c->add_option("--links", o->links_file, "Measured links (meshtrain bench comm --calibrate writes the file)");
   c->add_option("--worker-defaults", o->worker_defaults,
                 "The operator's worker defaults (the chart's workerDefaults): tolerations, EFA, topology levels");
-  c->add_flag("--auto", o->auto_layout,
-              "Plan the layout (T, S, micro-batch, activations): the top candidates, and why the others do not fit");
+  auto* auto_layout = c->add_flag(
+      "--auto", o->auto_layout,
+      "Plan the layout (T, S, micro-batch, activations): the top candidates, and why the others do not fit");
   c->add_option("--device", o->device,
-                "With --auto: the nodes' instance type (p5.48xlarge, ...) or cpu (default: the placed nodes' label)");
-  c->add_option("--top", o->top, "With --auto: candidates to print")->check(CLI::Range(1, 1000))->capture_default_str();
+                "With --auto: the nodes' instance type (p5.48xlarge, ...) or cpu (default: the placed nodes' label)")
+      ->needs(auto_layout);
+  c->add_option("--top", o->top, "With --auto: candidates to print")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str()
+      ->needs(auto_layout);
   c->add_option("--output,-o", *output, "text or json")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
   return {c, [o, output] {
             if (o->cluster_file.empty() && o->nodes_json.empty()) {
@@ -202,7 +219,8 @@ Command BenchPlan(CLI::App& bench, const std::vector<std::string>& self) {
   c->add_option("--model", o->model, "Model preset (--memory, --measure)")->capture_default_str();
   c->add_option("--device", o->device, "--memory: cpu (fp32 ranks) or cuda (bf16 ranks sharing GPU 0)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(memory);
   c->add_option("--seq", o->seq, "Sequence length")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   c->add_option("--steps", o->steps, "Measured steps per layout")->check(CLI::Range(1, 1000))->capture_default_str();
   c->add_option("--testbed-nodes", o->testbed_nodes, "Virtual nodes (--measure)")->check(CLI::Range(1, 16))->capture_default_str();
@@ -241,7 +259,7 @@ Command BenchTrain(CLI::App& bench, const std::vector<std::string>& self) {
       ->capture_default_str();
   c->add_option("--netbed", o->netbed,
                 "Run node i's ranks in network namespace NAME-i of a testbed (scripts/netbed.sh up NAME ...)");
-  c->add_flag("--checkpointing", o->checkpointing, "Activation checkpointing");
+  auto* checkpointing = c->add_flag("--checkpointing", o->checkpointing, "Activation checkpointing");
   c->add_option("--offload", o->offload, "Offload activations with this loading horizon (turns checkpointing on)")
       ->check(CLI::Range(1, 1024));
   c->add_option("--compare", o->compare,
@@ -250,13 +268,25 @@ Command BenchTrain(CLI::App& bench, const std::vector<std::string>& self) {
                 "node's ranks against one of all ranks; order: the scheduler's node order against name order "
                 "on a racked testbed; with ratios")
       ->check(CLI::IsMember({"replicated", "activations", "data-parallel", "hybrid", "order"}));
-  c->add_option("--racks", o->racks, "Racks of the testbed (scripts/netbed.sh up NAME NODES RATE RACKS UPLINK)")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
+  auto* racks = c->add_option("--racks", o->racks,
+                              "With --compare order: racks of the testbed (scripts/netbed.sh up NAME NODES RATE RACKS UPLINK)")
+                    ->check(CLI::Range(1, 64))
+                    ->capture_default_str();
   c->add_option("--device", o->device, "cpu (fp32) or cuda (bf16 on GPU 0)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  return {c, [o, self] { return BenchTrainCommand(*o, self, std::cout); }};
+  return {c, [o, self, checkpointing, racks] {
+            if (racks->count() > 0 && o->compare != "order") {
+              std::cerr << "meshtrain bench train: --racks describes the testbed of --compare order\n";
+              return kExitUnreadable;
+            }
+            if (checkpointing->count() > 0 && o->compare == "activations") {
+              std::cerr << "meshtrain bench train: --compare activations runs keep all, checkpointing and offload "
+                           "itself; leave out --checkpointing\n";
+              return kExitUnreadable;
+            }
+            return BenchTrainCommand(*o, self, std::cout);
+          }};
 }
 
 Command BenchCheckpoint(CLI::App& bench) {
@@ -289,20 +319,26 @@ Command BenchComm(CLI::App& bench, const std::vector<std::string>& self) {
   CLI::App* c = bench.add_subcommand("comm", "Collective bandwidth over the fabric backend, ranks on virtual nodes");
   c->add_option("--ranks", o->ranks, "Ranks")->check(CLI::Range(1, 64))->capture_default_str();
   c->add_option("--nodes", o->nodes, "Virtual nodes (ranks divide evenly)")->check(CLI::Range(1, 64))->capture_default_str();
-  c->add_option("--op", o->op, "Collective")
+  auto* op = c->add_option("--op", o->op, "Collective")
       ->check(CLI::IsMember({"all_gather", "reduce_scatter", "all_reduce", "broadcast"}))
       ->capture_default_str();
-  c->add_option("--sizes", *sizes, "Sizes MIN..MAX in bytes (K, M, G suffixes), doubling")->capture_default_str();
+  auto* size_range =
+      c->add_option("--sizes", *sizes, "Sizes MIN..MAX in bytes (K, M, G suffixes), doubling")->capture_default_str();
   c->add_option("--algorithm", o->algorithm, "Force auto, ring, log or hierarchical");
-  c->add_flag("--in-place", o->in_place, "Operate in place");
-  c->add_flag("--heap-buffers", o->heap_buffers,
+  auto* in_place = c->add_flag("--in-place", o->in_place, "Operate in place");
+  auto* heap_buffers = c->add_flag("--heap-buffers", o->heap_buffers,
               "Use heap memory instead of the communicator's (intra-node peers then copy through the provider)");
-  c->add_option("--warmup", o->warmup, "Unmeasured iterations per size")->capture_default_str();
+  auto* warmup = c->add_option("--warmup", o->warmup, "Unmeasured iterations per size")->capture_default_str();
   c->add_option("--netbed", o->netbed,
                 "Run node i's ranks in network namespace NAME-i of a testbed (scripts/netbed.sh up NAME ...)");
   c->add_option("--calibrate", o->calibrate,
                 "Fit the intra-node and between-node links (alpha-beta, per rank, all ranks at once) and write them "
-                "to this link file for meshtrain plan --links");
+                "to this link file for meshtrain plan --links (its own sizes and collectives)")
+      ->excludes(op)
+      ->excludes(size_range)
+      ->excludes(in_place)
+      ->excludes(heap_buffers)
+      ->excludes(warmup);
   return {c, [o, sizes, self] {
             if (!ParseSizeRange(*sizes, &o->min_bytes, &o->max_bytes)) {
               std::cerr << "meshtrain bench comm: --sizes \"" << *sizes << "\" is not MIN..MAX (like 1K..256M)\n";
@@ -350,6 +386,7 @@ int Main(int argc, char** argv) {
   CLI::App app{"meshtrain: train large models across GPU clusters, or on this machine", "meshtrain"};
   app.set_version_flag("--version", VersionString());
   app.require_subcommand(1);
+  app.fallthrough();  // --log-level after the command too (subcommands inherit this as they are made)
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "Log level")
       ->check(CLI::IsMember(LogLevelNames()))

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "api/model_shape.h"
+#include "api/worker_contract.h"
 
 namespace meshtrain::cli {
 
@@ -24,7 +25,7 @@ int LayoutCommand(const std::string& file, std::ostream& out);
 
 struct RunOptions {
   std::string file;
-  int sample_tokens = 300;  // text sampled from the trained model at the end
+  int sample_tokens = api::worker::env::kDefaultSampleTokens;  // text sampled from the trained model at the end
   bool resume = true;       // from the newest checkpoint under spec.checkpoint.path (--no-resume: start fresh)
 };
 

@@ -135,6 +135,7 @@ int PlanAuto(const PlanOptions& options, const api::CheckedJob& job, const sched
 int PlanCommand(const PlanOptions& options, std::ostream& out, std::ostream& err) {
   api::CheckedJob job;
   if (int status = LoadOneValidJob(options.job_file, "plan", &job, err); status != kExitOk) return status;
+  PrintWarnings(job, err);
   if (!options.worker_defaults.empty()) {
     try {
       const controller::WorkerDefaults defaults = controller::LoadWorkerDefaults(options.worker_defaults);

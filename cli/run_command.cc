@@ -2,8 +2,8 @@
 #include <cstdlib>
 #include <algorithm>
 #include <filesystem>
-#include <random>
 #include <fstream>
+#include <random>
 
 #include <unistd.h>
 #include <thread>
@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "api/environment.h"
+#include "api/logging.h"
 #include "api/worker_contract.h"
 #include "api/layout.h"
 #include "cli/commands.h"
@@ -50,6 +51,30 @@ api::RankTable LocalRankTable(const api::TrainingJob& job) {
   request.required = false;
   const scheduler::Placement placement = scheduler::Place(request, local);
   return scheduler::MakeRankTable(placement, job.spec.topology.levels, job.spec.gpus_per_node);
+}
+
+// The fields `spec` (as written) sets that act on pods and nodes, which only the operator
+// has: "spec.runPolicy.suspend", ... spec.template.env is among them when `env_applies`
+// is false (the job trains in this process, whose environment is already set).
+std::vector<std::string> OperatorOnlyFields(const nlohmann::json& spec, bool env_applies) {
+  static const std::pair<const char*, const char*> kFields[] = {
+      {"runPolicy", "suspend"},          {"runPolicy", "activeDeadlineSeconds"},
+      {"runPolicy", "ttlSecondsAfterFinished"}, {"runPolicy", "cleanPodPolicy"},
+      {"resources", "gpu"},              {"resources", "efa"},
+      {"template", "tolerations"},       {"template", "nodeSelector"},
+      {"template", "volumes"},           {"template", "volumeMounts"},
+      {"template", "env"}};
+  std::vector<std::string> set;
+  for (const auto& [group, field] : kFields) {
+    if (env_applies && std::string_view(field) == "env") continue;
+    if (spec.contains(group) && spec[group].is_object() && spec[group].contains(field)) {
+      set.push_back(std::string("spec.") + group + "." + field);
+    }
+  }
+  if (spec.contains("topology") && spec["topology"].is_object() && spec["topology"].value("mode", "") == "Required") {
+    set.push_back("spec.topology.mode Required");
+  }
+  return set;
 }
 
 // meshtrain-worker: $MESHTRAIN_WORKER, next to this program (installed), beside it in
@@ -92,6 +117,8 @@ int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std:
   launch.environment[env::kConfig] = std::filesystem::absolute(file).string();
   launch.environment[env::kSampleTokens] = std::to_string(sample_tokens);
   launch.environment[env::kResume] = resume ? "1" : "0";
+  launch.environment[env::kLogLevel] = meshtrain::LogLevel();
+  for (const api::EnvVar& e : job.job.spec.template_.env) launch.environment[e.name] = e.value;
   // The ranks share this machine's cores; oversubscribed OpenMP threads spin against each other.
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
     const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
@@ -157,7 +184,7 @@ int TrainHere(api::CheckedJob job, const runtime::DeviceChoice& where, int sampl
       continue;
     }
     report->Finished(job.job.spec.checkpoint.path);
-    report->Sample(trainer->SampleText(sample_tokens, 1));
+    if (sample_tokens > 0) report->Sample(trainer->SampleText(sample_tokens, 1));
     return kExitOk;
   }
 }
@@ -226,6 +253,14 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
     out << "  note: spec.elastic.minNodes (" << *min_nodes << ") acts under the operator, which shrinks a gang that lost "
         << "nodes; here every node of the job runs on this machine\n";
   }
+  const bool ranks_as_processes = api::ParallelLayout::ForSpec(job.job.spec).world() > 1;
+  if (const std::vector<std::string> fields = OperatorOnlyFields(job.written.value("spec", nlohmann::json::object()),
+                                                                  ranks_as_processes);
+      !fields.empty()) {
+    out << "  note: only the operator acts on";
+    for (size_t i = 0; i < fields.size(); ++i) out << (i == 0 ? " " : ", ") << fields[i];
+    out << " (pods and nodes); here they have no effect\n";
+  }
   PrintLayout(job, /*groups=*/false, out);
   out << "  rank table on this machine:";
   const api::RankTable table = LocalRankTable(job.job);
@@ -238,7 +273,7 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
   const runtime::DeviceChoice where = train::ChooseDeviceHere(job.job.spec.training.precision, 0);
   if (!where.note.empty()) spdlog::warn(where.note);
   if (!options.resume) job.job.spec.checkpoint.resume = false;
-  if (api::ParallelLayout::ForSpec(job.job.spec).world() > 1) {
+  if (ranks_as_processes) {
     return RunRanks(job, table, file.string(), options.sample_tokens, options.resume, out);
   }
 

@@ -127,6 +127,7 @@ json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t 
       Env(env::kWorldSize, std::to_string(nodes * spec.gpus_per_node)),
   });
   if (held) env.push_back(Env(env::kLauncherHeld, "1"));
+  if (!spec.model.tokenizer.empty()) env.push_back(Env(env::kSampleTokens, std::to_string(env::kDefaultSampleTokens)));
   for (const auto& e : spec.template_.env) env.push_back(Env(e.name, e.value));
 
   json limits = {{"nvidia.com/gpu", std::to_string(spec.resources.gpu.value_or(spec.gpus_per_node))}};

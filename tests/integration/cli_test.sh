@@ -195,6 +195,18 @@ sed -e "s|examples/data/corpus.train.bin|$tmp/train.bin|; s|examples/data/corpus
 expect "a bad worker environment ends a run of ranks at once" 78 \
   'rank [01]: configuration error: MESHTRAIN_COMM_TIMEOUT="soon" is not an integer' '!restarting' \
   -- env MESHTRAIN_COMM_TIMEOUT=soon "$meshtrain" run "$tmp/two-ranks.yaml"
+# Fields on pods and nodes act only under the operator, and the run says so; the pods'
+# environment (spec.template.env) does reach rank processes: libfabric's FI_PROVIDER here.
+printf '  runPolicy:\n    suspend: true\n  template:\n    env:\n    - name: FI_PROVIDER\n      value: bogus\n' \
+  | cat "$tmp/two-ranks.yaml" - > "$tmp/operator-fields.yaml"
+expect "run notes the operator's fields and hands spec.template.env to its ranks" 78 \
+  'note: only the operator acts on spec.runPolicy.suspend \(pods and nodes\); here they have no effect' \
+  'rank [01]: configuration error: libfabric has no RDM endpoint' '!restarting' \
+  -- "$meshtrain" run "$tmp/operator-fields.yaml"
+printf '  template:\n    env:\n    - name: FI_PROVIDER\n      value: bogus\n' | cat "$tmp/nodata.yaml" - > "$tmp/one-rank-env.yaml"
+expect "one rank in this process notes that spec.template.env has no effect" 78 \
+  'note: only the operator acts on spec.template.env \(pods and nodes\)' "$tmp/missing.bin: no file matches" \
+  -- "$meshtrain" run "$tmp/one-rank-env.yaml"
 sed -e "s|examples/data/corpus.train.bin|$tmp/train.bin|; s|examples/data/corpus.val.bin|$tmp/val.bin|" \
   -e 's/learningRate: 0.003/learningRate: 1.0e+30/' -e 's/steps: 300/steps: 4/' -e 's/warmupSteps: 20/warmupSteps: 1/' \
   -e "s|/tmp/meshtrain/gpt2-tiny-local|$tmp/ckpt-diverged|" examples/gpt2-tiny-local.yaml > "$tmp/diverges.yaml"
@@ -239,6 +251,16 @@ expect "a token past the vocabulary is named with its offset" 78 \
   -- "$meshtrain" run "$tmp/bytes-on-gpt2.yaml"
 
 expect "run refuses an invalid job" 1 'tensorParallelDegree' -- "$meshtrain" run tests/data/invalid-job.yaml
+# A flag that would do nothing where it is given is refused, naming what it needs.
+expect "plan --top needs --auto" 2 '\-\-top requires \-\-auto' \
+  -- "$meshtrain" plan examples/gpt2-124m-2x8.yaml --cluster examples/clusters/eks-p5-124.yaml --top 3
+expect "bench comm --calibrate takes no --op" 2 '\-\-op excludes \-\-calibrate' \
+  -- "$meshtrain" bench comm --calibrate "$tmp/links.json" --op all_gather
+expect "prepare-data --validation-fraction needs a validation output" 2 'validation-fraction needs --validation FILE' \
+  -- "$meshtrain" prepare-data examples/data/pride-and-prejudice.txt "$tmp/unused.bin" --validation-fraction 0.2
+expect "bench train --racks needs --compare order" 2 'racks describes the testbed of --compare order' \
+  -- "$meshtrain" bench train --racks 2
+expect "bench plan --device needs --memory" 2 '\-\-device requires \-\-memory' -- "$meshtrain" bench plan --device cuda
 expect "an unknown log level is refused" 2 'log-level' -- "$meshtrain" --log-level loud validate examples/gpt2-tiny-local.yaml
 expect "log level applies" 0 'ok' -- "$meshtrain" --log-level error validate examples/gpt2-tiny-local.yaml
 expect "version" 0 '^meshtrain [0-9]+\.[0-9]+\.[0-9]+ \(cuda (on|off)\)' -- "$meshtrain" --version
@@ -253,6 +275,10 @@ expect "plan keeps shard groups under one layer-3 domain" 0 \
 expect "plan as JSON" 0 '"placement": \{' '"nodeRank": 31' '"topologyPath": \[' '"costSecondsPerStep": [0-9.e-]+' \
   '"blindCostSecondsPerStep": [0-9.e-]+' \
   -- "$meshtrain" plan examples/gpt2-2p7b-32x8.yaml --cluster examples/clusters/eks-p5-124.yaml --output json
+
+expect "plan warns, as validate does, of fields without effect" 0 \
+  'gpt2-350m-smp": warning: spec.parallelism.tensorParallelSeed: has no effect yet' 'placement: in ' \
+  -- "$meshtrain" plan examples/gpt2-350m-smp.json --cluster examples/clusters/eks-p5-124.yaml
 
 sed 's/requiredLevel: topology.k8s.aws\/network-node-layer-2/requiredLevel: topology.k8s.aws\/network-node-layer-3/' \
   examples/gpt2-2p7b-32x8.yaml > "$tmp/meshtrain-required-l3.yaml"

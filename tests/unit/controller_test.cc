@@ -116,6 +116,16 @@ TEST(BuildersTest, PodCarriesTheWorkerContract) {
   EXPECT_EQ(env["MESHTRAIN_COORDINATOR"], "gpt2-124m-0.gpt2-124m.training.svc:29500");
   EXPECT_EQ(env["MESHTRAIN_RANK_TABLE"], "/etc/meshtrain/rank-table.json");
   EXPECT_EQ(env["MESHTRAIN_ATTEMPT"], "5");  // the launcher starts the ranks at the gang's attempt
+  EXPECT_EQ(env.count("MESHTRAIN_SAMPLE_TOKENS"), 0u);  // no tokenizer: no sample
+  {
+    api::TrainingJob with_tokenizer = job;
+    with_tokenizer.spec.model.tokenizer = "/data/gpt2";
+    const json sampling = BuildPod(with_tokenizer, table, 3, 1, 5);
+    bool samples = false;
+    for (const auto& e : sampling["spec"]["containers"][0]["env"])
+      samples = samples || (e["name"] == "MESHTRAIN_SAMPLE_TOKENS" && e["value"] == "300");
+    EXPECT_TRUE(samples) << "a job with spec.model.tokenizer has rank 0 print a sample as text";
+  }
   EXPECT_EQ(LauncherToken(pod), "");          // drawn as the pod is created
   json with_token = pod;
   SetLauncherToken(&with_token, "0123456789abcdef0123");

@@ -174,6 +174,10 @@ TEST(Warnings, EveryFieldWithoutEffectIsNamed) {
             (std::vector<std::string>{"spec.checkpoint.interval", "spec.checkpoint.keep"}));
   manifest["spec"]["checkpoint"]["path"] = "/ckpt";
   EXPECT_TRUE(Check(manifest).warnings.empty());
+  manifest["spec"]["elastic"] = {{"minNodes", 2}};  // spec.nodes: no smaller gang
+  EXPECT_EQ(WarnedPaths(Check(manifest)), (std::vector<std::string>{"spec.elastic.minNodes"}));
+  manifest["spec"]["elastic"]["minNodes"] = 1;
+  EXPECT_TRUE(Check(manifest).warnings.empty());
 }
 
 // Property: any valid shape, world size and layout, with every optional field left out
