@@ -459,6 +459,7 @@ TEST_F(CudaOps, DISABLED_Gpt2BlockTimings) {
   auto bf = [&](int64_t n) { return gpu_.Put<runtime::bf16>(Random(n, 0.1)); };
   auto fl = [&](int64_t n) { return gpu_.Put<float>(RandomFloat(n, 0.1)); };
   auto x = bf(N * C), ln = bf(N * C), qkv = bf(N * 3 * C), att = bf(N * C), fch = bf(N * 4 * C), pre = bf(N * 4 * C);
+  auto dln = bf(N * C), dfch = bf(N * 4 * C);  // dinp: MatmulBackward reads inp after writing it
   auto w_qkv = bf(3 * C * C), w_fc = bf(4 * C * C), w_proj = bf(C * 4 * C), bias = bf(4 * C), lnw = bf(C);
   auto wte = bf(int64_t(V) * C);
   auto dw = fl(4 * C * C), db = fl(4 * C), mean = fl(N), rstd = fl(N);
@@ -490,8 +491,8 @@ TEST_F(CudaOps, DISABLED_Gpt2BlockTimings) {
   time("MatmulForward fc (bias, gelu)", [&] { ops.MatmulForward(fch, pre, ln, w_fc, bias, nullptr, N, C, 4 * C, s); });
   time("MatmulForward proj (bias)", [&] { ops.MatmulForward(att, nullptr, fch, w_proj, bias, nullptr, N, 4 * C, C, s); });
   time("MatmulForward proj (bias, residual)", [&] { ops.MatmulForward(att, nullptr, fch, w_proj, bias, x, N, 4 * C, C, s); });
-  time("MatmulBackward proj (dgelu, dbias)", [&] { ops.MatmulBackward(fch, dw, db, att, fch, w_proj, pre, N, 4 * C, C, s); });
-  time("MatmulBackward fc (dbias)", [&] { ops.MatmulBackward(ln, dw, db, fch, ln, w_fc, nullptr, N, C, 4 * C, s); });
+  time("MatmulBackward proj (dgelu, dbias)", [&] { ops.MatmulBackward(dfch, dw, db, att, fch, w_proj, pre, N, 4 * C, C, s); });
+  time("MatmulBackward fc (dbias)", [&] { ops.MatmulBackward(dln, dw, db, fch, ln, w_fc, nullptr, N, C, 4 * C, s); });
   time("MatmulBackward fc (dweight, dbias)", [&] { ops.MatmulBackward(nullptr, dw, db, fch, ln, w_fc, nullptr, N, C, 4 * C, s); });
   time("MatmulBackward fc (dweight)", [&] { ops.MatmulBackward(nullptr, dw, nullptr, fch, ln, w_fc, nullptr, N, C, 4 * C, s); });
   time("MatmulBackward fc (dbias alone)", [&] { ops.MatmulBackward(nullptr, nullptr, db, fch, ln, w_fc, nullptr, N, C, 4 * C, s); });

@@ -117,6 +117,8 @@ class Ops {
   // dinp (N,K) = dout (N,OC) @ weight; with gelu_pre (N,K; nullable), the input was
   // gelu(gelu_pre) and dinp = (dout @ weight) * gelu'(gelu_pre) instead.
   // dweight (OC,K) += dout^T @ inp; dbias (OC; nullable) += the column sums of dout.
+  // dinp aliases none of dout, inp and gelu_pre: dweight's product reads inp after dinp
+  // is written.
   virtual void MatmulBackward(Out<Act> dinp, Out<Acc> dweight, Out<Acc> dbias, In<Act> dout, In<Act> inp,
                               In<Act> weight, In<Act> gelu_pre, int64_t N, int K, int OC, Stream& stream) = 0;
 

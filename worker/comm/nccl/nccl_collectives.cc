@@ -191,9 +191,14 @@ class NcclCollectives final : public StreamCollectives {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclComm_t child = nullptr;
-    handle_->Run(what, world_->timeout(), [&](ncclComm_t parent) {
-      return ncclCommSplit(parent, members.front(), rank(), &child, &config);
-    });
+    try {
+      handle_->Run(what, world_->timeout(), [&](ncclComm_t parent) {
+        return ncclCommSplit(parent, members.front(), rank(), &child, &config);
+      });
+    } catch (...) {
+      nccl::AbortUnowned(child);
+      throw;
+    }
     if (child == nullptr) throw CommError(what + ": NCCL made no communicator for this rank");
     auto child_handle = std::make_shared<NcclHandle>(child);
     world_->Add(child_handle);

@@ -171,9 +171,14 @@ class NcclCommunicator : public Communicator {
     config.blocking = 0;
     ncclComm_t child = nullptr;
     std::lock_guard lock(issue_mutex_);
-    handle_->Run(what, options_.timeout, [&](ncclComm_t parent) {
-      return ncclCommSplit(parent, member ? members.front() : NCCL_SPLIT_NOCOLOR, rank(), &child, &config);
-    });
+    try {
+      handle_->Run(what, options_.timeout, [&](ncclComm_t parent) {
+        return ncclCommSplit(parent, member ? members.front() : NCCL_SPLIT_NOCOLOR, rank(), &child, &config);
+      });
+    } catch (...) {
+      nccl::AbortUnowned(child);
+      throw;
+    }
     if (!member) return nullptr;
     auto child_handle = std::make_shared<NcclHandle>(child);
     child_handle->AwaitReady(what, "the members did not all join", options_.timeout);

@@ -90,6 +90,10 @@ ncclResult_t NcclHandle::State() {
   return asked != ncclSuccess ? asked : state;
 }
 
+void AbortUnowned(ncclComm_t comm) {
+  if (comm != nullptr) ncclCommAbort(comm);
+}
+
 std::string NcclHandle::Why(ncclResult_t error) {
   if (aborted_) return "the NCCL communicator was aborted";
   if (closed_) return "the NCCL communicator was closed";
@@ -113,17 +117,25 @@ std::string NcclHandle::Failure() {
 }
 
 bool NcclHandle::WaitWhileInProgress(milliseconds timeout, ncclResult_t* state) {
-  const Clock::time_point deadline = Clock::now() + timeout;
-  std::chrono::microseconds pause{1};
+  const Clock::time_point start = Clock::now(), deadline = start + timeout;
+  std::chrono::microseconds pause{10};
   for (;;) {
     {
       std::lock_guard lock(mutex_);
       *state = State();
     }
     if (*state != ncclInProgress) return true;
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) return false;
+    // An enqueue mostly takes microseconds, and the shortest sleep costs about 50 (timer
+    // slack): yield for the first 100 us, then sleep up to 100 us at a time (a first
+    // operation's connect can take seconds).
+    if (now - start < std::chrono::microseconds(100)) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(100));
+    }
   }
 }
 

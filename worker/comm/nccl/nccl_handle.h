@@ -47,6 +47,11 @@ ncclRedOp_t NcclOp(ReduceOp op, int members);
 // "100 ms", "2.5 s"
 std::string FormatDuration(milliseconds duration);
 
+// Aborts `comm`, a split's child no handle owns yet (NCCL made it, and the split then
+// failed or timed out: an abort of the parent waits for the split's job, which sets it).
+// Null: nothing.
+void AbortUnowned(ncclComm_t comm);
+
 class NcclHandle {
  public:
   // Starts a non-blocking ncclCommInitRankConfig of `rank` among `size` ranks: rank 0

@@ -1,6 +1,7 @@
 #include "worker/kernels/cuda/blas_lt.h"
 
 #include <array>
+#include <cstdio>
 #include <cstring>
 
 #include "worker/runtime/cuda.h"
@@ -131,7 +132,15 @@ BlasLt::Plan& BlasLt::PlanFor(const Gemm& gemm, const char* what) {
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, plan->description, plan->a, plan->b, plan->d,
                                                                plan->d, preference, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(preference);
-  if (status != CUBLAS_STATUS_NOT_SUPPORTED) CheckLt(status, "cublasLtMatmulAlgoGetHeuristic", what, gemm);
+  // An epilogue a shape does not allow may come back as another status than NOT_SUPPORTED
+  // (an aux leading dimension not a multiple of 8: the header does not say which); the
+  // caller's own kernels serve it, so it is said, not thrown. A plain product must run.
+  if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) {
+    if (gemm.epilogue == CUBLASLT_EPILOGUE_DEFAULT) CheckLt(status, "cublasLtMatmulAlgoGetHeuristic", what, gemm);
+    std::fprintf(stderr, "meshtrain: cuBLASLt refused the epilogue of %s (m=%lld n=%lld k=%lld): %s; it runs unfused\n",
+                 what, static_cast<long long>(gemm.m), static_cast<long long>(gemm.n), static_cast<long long>(gemm.k),
+                 cublasGetStatusName(status));
+  }
   plan->supported = status == CUBLAS_STATUS_SUCCESS && found > 0;
   plan->algorithm = result.algo;
   plan->waves = result.wavesCount;

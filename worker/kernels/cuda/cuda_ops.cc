@@ -181,8 +181,12 @@ class CudaOps final : public Ops<Bf16> {
   // would cost the product its spread over the device, our own kernels read dout again.
   void MatmulBackward(Out<Act> dinp, Out<Acc> dweight, Out<Acc> dbias, In<Act> dout, In<Act> inp, In<Act> weight,
                       In<Act> gelu_pre, int64_t N, int K, int OC, Stream& stream) override {
-    if (N == 0 || OC == 0 || K == 0) return;
+    if (N == 0 || OC == 0) return;
     const cudaStream_t handle = Handle(stream);
+    if (K == 0) {  // no products, but dbias still sums dout
+      dinp = {};
+      dweight = {};
+    }
     if (dinp) {
       Gemm gemm{.m = K, .n = N, .k = OC, .a = Raw(weight), .lda = K, .b = Raw(dout), .ldb = OC, .d = Raw(dinp),
                 .ldd = K};
