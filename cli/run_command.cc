@@ -58,12 +58,9 @@ api::RankTable LocalRankTable(const api::TrainingJob& job) {
 // is false (the job trains in this process, whose environment is already set).
 std::vector<std::string> OperatorOnlyFields(const nlohmann::json& spec, bool env_applies) {
   static const std::pair<const char*, const char*> kFields[] = {
-      {"runPolicy", "suspend"},          {"runPolicy", "activeDeadlineSeconds"},
-      {"runPolicy", "ttlSecondsAfterFinished"}, {"runPolicy", "cleanPodPolicy"},
-      {"resources", "gpu"},              {"resources", "efa"},
-      {"template", "tolerations"},       {"template", "nodeSelector"},
-      {"template", "volumes"},           {"template", "volumeMounts"},
-      {"template", "env"}};
+      {"runPolicy", "suspend"}, {"runPolicy", "activeDeadlineSeconds"}, {"runPolicy", "ttlSecondsAfterFinished"},
+      {"runPolicy", "cleanPodPolicy"}, {"resources", "gpu"}, {"resources", "efa"}, {"template", "tolerations"},
+      {"template", "nodeSelector"}, {"template", "volumes"}, {"template", "volumeMounts"}, {"template", "env"}};
   std::vector<std::string> set;
   for (const auto& [group, field] : kFields) {
     if (env_applies && std::string_view(field) == "env") continue;
