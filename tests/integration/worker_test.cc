@@ -173,10 +173,16 @@ Outcome RunAndKillARank(const fs::path& job, size_t steps, const fs::path& log) 
 // from the checkpoint of step 8, the run ends with status 0, and the steps after the resume
 // are bitwise those of a run that was never interrupted: the same printed losses and
 // norms, and after the last step the same master weights and AdamW moments, byte for byte.
+// The killed job says spec.checkpoint.resume false: the restart still resumes what this
+// run wrote (its checkpoints carry the run's uid).
 TEST_F(WorkerTest, ARankKilledWithSigkillRestartsTheGangFromItsCheckpoint) {
   const Outcome straight = MeshtrainRun(Job("straight", 2, 2, 12));
   ASSERT_EQ(straight.status, 0) << straight.output;
-  const Outcome killed = RunAndKillARank(Job("killed", 2, 2, 12), 9, dir_ / "killed.log");
+  const fs::path killed_job = Job("killed", 2, 2, 12);
+  nlohmann::json manifest = nlohmann::json::parse(std::ifstream(killed_job));
+  manifest["spec"]["checkpoint"]["resume"] = false;
+  std::ofstream(killed_job) << manifest.dump(2);
+  const Outcome killed = RunAndKillARank(killed_job, 9, dir_ / "killed.log");
   ASSERT_EQ(killed.status, 0) << killed.output;
   const size_t restart = killed.output.find("failed with status 137; restarting the gang from the newest checkpoint "
                                             "(restart 1 of 3, spec.runPolicy.backoffLimit)");
