@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -149,6 +150,12 @@ TEST_F(HuggingFaceTest, MalformedFilesAndWrongShapesAreNamed) {
   shallower.layers = 1;
   EXPECT_NE(error_of(good, shallower).find("is not part of a GPT-2 of this shape"), std::string::npos)
       << error_of(good, shallower);
+  // Weights that are not finite, which would only show as a diverged first step.
+  std::vector<float> weights = LoadHuggingFaceGpt2(good.string(), kTiny);
+  weights[weights.size() / 2] = std::numeric_limits<float>::quiet_NaN();
+  SaveHuggingFaceGpt2(bad.string(), weights, kTiny);
+  EXPECT_NE(error_of(bad, kTiny).find("holds nan at element "), std::string::npos) << error_of(bad, kTiny);
+  EXPECT_NE(error_of(bad, kTiny).find(": the weights are not finite"), std::string::npos) << error_of(bad, kTiny);
   // Through the spec: the field is named, and the run does not start.
   try {
     Trainer trainer(Job((dir_ / "missing.safetensors").string()));

@@ -1,5 +1,7 @@
 #include "worker/train/huggingface.h"
 
+#include <algorithm>
+#include <cmath>
 #include <regex>
 #include <set>
 
@@ -99,6 +101,11 @@ std::vector<float> LoadHuggingFaceGpt2(const std::string& path, const api::Model
                              ", but spec.model needs " + ShapeText(want));
     }
     const std::vector<float>& v = found->second.values;
+    // A NaN or infinity would only show as a diverged loss at the first step.
+    if (const auto bad = std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); }); bad != v.end()) {
+      throw SafetensorsError(path + ": tensor " + hf.name + " holds " + std::to_string(*bad) + " at element " +
+                             std::to_string(bad - v.begin()) + ": the weights are not finite");
+    }
     float* out = weights.data() + t.offset;
     if (!hf.transposed) {
       std::copy(v.begin(), v.end(), out);
