@@ -166,7 +166,15 @@ ClusterSnapshot ReadKubectlFiles(const std::string& nodes_path, const std::strin
     Json list = {{"items", Json::array()}};
     try {
       for (api::ManifestDocument& doc : api::ReadManifestFile(path)) {
-        if (doc.object.is_object() && doc.object.contains("items") && doc.object["items"].is_array()) {
+        const Json* kind = doc.object.is_object() && doc.object.contains("kind") ? &doc.object["kind"] : nullptr;
+        const bool is_list = doc.object.is_object() && (doc.object.contains("items") ||
+                                                        (kind != nullptr && kind->is_string() &&
+                                                         kind->get<std::string>().ends_with("List")));
+        if (is_list) {
+          if (!doc.object.contains("items") || !doc.object["items"].is_array()) {
+            throw ClusterError(path + ": document " + std::to_string(doc.index + 1) +
+                               " is a list whose \"items\" is not an array");
+          }
           for (Json& item : doc.object["items"]) list["items"].push_back(std::move(item));
         } else {
           list["items"].push_back(std::move(doc.object));

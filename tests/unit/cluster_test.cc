@@ -1,5 +1,8 @@
 #include "operator/scheduler/cluster.h"
 
+#include <cstdio>
+#include <fstream>
+
 #include <gtest/gtest.h>
 
 #include "api/manifest.h"
@@ -61,6 +64,18 @@ TEST(Cluster, BadQuantitiesAndShapesAreNamed) {
   }
   EXPECT_THROW(SnapshotFromKubectl(Parse(R"({"kind": "NodeList"})"), nullptr), ClusterError);
   EXPECT_THROW(SnapshotFromKubectl(Parse(R"({"items": [{"metadata": "oops"}]})"), nullptr), ClusterError);
+  // A list without an array of items, as a file, is named as that, not as a nameless node.
+  const std::string file = testing::TempDir() + "meshtrain_cluster_items.json";
+  for (const char* text : {R"({"items": 5})", R"({"kind": "NodeList"})"}) {
+    std::ofstream(file, std::ios::trunc) << text;
+    try {
+      ReadKubectlFiles(file, "");
+      ADD_FAILURE() << text;
+    } catch (const ClusterError& e) {
+      EXPECT_EQ(std::string(e.what()), file + ": document 1 is a list whose \"items\" is not an array") << text;
+    }
+  }
+  std::remove(file.c_str());
 }
 
 TEST(Cluster, CompactDescriptionRoundTripsAndIsStrict) {
