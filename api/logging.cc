@@ -13,8 +13,6 @@ const std::vector<std::string>& LogLevelNames() {
   return names;
 }
 
-std::string LogLevel() { return LogLevelNames().at(size_t(spdlog::get_level())); }
-
 void InitLogging(const std::string& program, const std::string& level) {
   const auto& names = LogLevelNames();
   if (std::find(names.begin(), names.end(), level) == names.end()) {

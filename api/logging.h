@@ -11,9 +11,6 @@ namespace meshtrain {
 // The accepted --log-level values: trace, debug, info, warn, error, critical, off.
 const std::vector<std::string>& LogLevelNames();
 
-// The default logger's level, as one of LogLevelNames().
-std::string LogLevel();
-
 // Installs the stderr logger for `program` at `level` as spdlog's default.
 // Throws std::invalid_argument for a level outside LogLevelNames().
 void InitLogging(const std::string& program, const std::string& level);

@@ -376,9 +376,11 @@ std::vector<ManifestDocument> ParseManifestText(std::string_view text, std::stri
   return ExpandLists(json ? ParseJson(text, source) : ParseYaml(text, source));
 }
 
+std::string ManifestSourceName(const std::string& path) { return path == "-" ? "<stdin>" : path; }
+
 std::vector<ManifestDocument> ReadManifestFile(const std::string& path) {
   const bool standard_input = path == "-";
-  const std::string source = standard_input ? std::string(kStandardInput) : path;
+  const std::string source = ManifestSourceName(path);
   // O_NONBLOCK: the open of a FIFO would otherwise wait for a writer, perhaps forever.
   // Reads block again once it is open, so a pipe is read to its end, and a FIFO no one
   // holds open for writing reads as empty.
@@ -482,9 +484,9 @@ CheckedJob CheckTrainingJob(const Json& object, std::string source, int document
   return checked;
 }
 
-std::vector<CheckedJob> LoadTrainingJobs(const std::string& path) {
+std::vector<CheckedJob> LoadTrainingJobs(const std::string& path, const std::string& name) {
   std::vector<CheckedJob> jobs;
-  const std::string source = path == "-" ? std::string(kStandardInput) : path;
+  const std::string source = name.empty() ? ManifestSourceName(path) : name;
   for (const ManifestDocument& doc : ReadManifestFile(path)) {
     jobs.push_back(CheckTrainingJob(doc.object, source, doc.index));
   }

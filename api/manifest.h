@@ -39,8 +39,8 @@ inline constexpr size_t kMaxManifestBytes = 16 << 20;
 // documents are skipped. Throws ManifestError.
 std::vector<ManifestDocument> ParseManifestText(std::string_view text, std::string_view source);
 
-// How ReadManifestFile names standard input in its errors and documents.
-inline constexpr std::string_view kStandardInput = "<stdin>";
+// How messages name the manifest at `path`: "<stdin>" for "-", else the path.
+std::string ManifestSourceName(const std::string& path);
 
 // Reads and parses a file, a pipe (`<(helm template ...)`) or, for "-", standard input.
 // Throws ManifestError naming the file, also for a directory. A FIFO that no process
@@ -68,8 +68,9 @@ struct CheckedJob {
 // is reported alone, since checks against its placeholder would mislead.
 CheckedJob CheckTrainingJob(const nlohmann::json& object, std::string source, int document);
 
-// Every document of a file as a CheckedJob. Documents of other kinds are
-// reported as errors at `kind`. Throws ManifestError if the file is unreadable.
-std::vector<CheckedJob> LoadTrainingJobs(const std::string& path);
+// Every document of a file as a CheckedJob, named `name` (default:
+// ManifestSourceName(path)). Documents of other kinds are reported as errors at `kind`.
+// Throws ManifestError if the file is unreadable.
+std::vector<CheckedJob> LoadTrainingJobs(const std::string& path, const std::string& name = "");
 
 }  // namespace meshtrain::api

@@ -6,7 +6,6 @@
 #include <string>
 
 #include "api/layout.h"
-#include "api/logging.h"
 #include "api/worker_contract.h"
 #include "api/model_shape.h"
 
@@ -110,7 +109,7 @@ bool IsReservedEnvName(const std::string& s) {
   for (const char* reserved : {env::kRank, env::kWorldSize, env::kLocalRank, env::kMasterAddr, env::kMasterPort}) {
     if (s == reserved) return true;
   }
-  return s.starts_with("MESHTRAIN_") && s != env::kLogLevel;
+  return s.starts_with("MESHTRAIN_");
 }
 
 void CheckMetadata(const TrainingJob& job, Checker& c) {
@@ -301,10 +300,6 @@ void CheckTemplate(const PodTemplateOverrides& t, Checker& c) {
     const std::string& name = t.env[i].name;
     if (!IsEnvName(name)) c.Fail(path, "must be a variable name ([A-Za-z_][A-Za-z0-9_]*), got \"" + name + "\"");
     else if (IsReservedEnvName(name)) c.Fail(path, "\"" + name + "\" is set by meshtrain for every worker and cannot be overridden");
-    else if (name == env::kLogLevel && std::ranges::find(LogLevelNames(), t.env[i].value) == LogLevelNames().end()) {
-      c.Fail("spec.template.env[" + std::to_string(i) + "].value", "must be a log level (trace, debug, info, warn, "
-                                                                  "error, critical or off), got \"" + t.env[i].value + "\"");
-    }
   }
 }
 

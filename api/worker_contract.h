@@ -52,6 +52,9 @@ namespace env {
 inline constexpr const char* kJobName = "MESHTRAIN_JOB_NAME";
 inline constexpr const char* kCoordinator = "MESHTRAIN_COORDINATOR";   // host:port of rank 0's rendezvous
 inline constexpr const char* kConfig = "MESHTRAIN_CONFIG";             // the job spec (JSON or YAML)
+// How messages name the job (default: kConfig's path): `meshtrain run` hands its ranks the
+// job in memory, and names the user's file.
+inline constexpr const char* kConfigName = "MESHTRAIN_CONFIG_NAME";
 inline constexpr const char* kRankTable = "MESHTRAIN_RANK_TABLE";      // the placement's rank table (JSON)
 // The job's rendezvous key (a file of at least 32 random bytes): the Store admits only
 // clients that prove they hold it (worker/comm/store.h). Unset: it admits any client.
@@ -61,9 +64,6 @@ inline constexpr const char* kNodes = "MESHTRAIN_NNODES";
 inline constexpr const char* kRanksPerNode = "MESHTRAIN_NPROC_PER_NODE";
 inline constexpr const char* kMetricsPort = "MESHTRAIN_METRICS_PORT";  // 0 or unset: no metrics served
 inline constexpr const char* kPodIp = "MESHTRAIN_POD_IP";              // the address metrics are served on
-// The worker's log level, one of meshtrain's --log-level names (default info); the one
-// MESHTRAIN_ variable a job's spec.template.env may set.
-inline constexpr const char* kLogLevel = "MESHTRAIN_LOG_LEVEL";
 inline constexpr const char* kSampleTokens = "MESHTRAIN_SAMPLE_TOKENS";  // rank 0 prints a sample this long
 // The sample's length: meshtrain run's default, and the operator's for a job that names
 // spec.model.tokenizer (it asks for samples as text; without it, pods sample nothing).

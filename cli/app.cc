@@ -373,6 +373,7 @@ Command BenchOperator(CLI::App& bench) {
 Command Launch(CLI::App& parent) {
   auto o = Make<LaunchOptions>();
   CLI::App* c = parent.add_subcommand("launch", "Run a command as the ranks of a job on virtual nodes of this machine");
+  c->fallthrough(false);  // the rank command's own flags are not meshtrain's
   c->add_option("--nodes", o->nodes, "Virtual nodes")->check(CLI::Range(1, 256))->capture_default_str();
   c->add_option("--nproc-per-node", o->ranks_per_node, "Ranks per node")->check(CLI::Range(1, 256))->capture_default_str();
   c->add_option("--timeout", o->timeout_seconds, "Stop the job after this many seconds (0: never)")->capture_default_str();

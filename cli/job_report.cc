@@ -21,7 +21,8 @@ int LoadOneValidJob(const std::string& file, const std::string& command, api::Ch
   std::vector<api::CheckedJob> jobs;
   if (!LoadJobsOrReport(file, &jobs, out)) return kExitUnreadable;
   if (jobs.size() != 1) {
-    out << file << ": holds " << jobs.size() << " documents; meshtrain " << command << " takes one TrainingJob\n";
+    out << api::ManifestSourceName(file) << ": holds " << jobs.size() << " documents; meshtrain " << command
+        << " takes one TrainingJob\n";
     return kExitInvalid;
   }
   *job = std::move(jobs.front());

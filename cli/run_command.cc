@@ -11,7 +11,6 @@
 #include <spdlog/spdlog.h>
 
 #include "api/environment.h"
-#include "api/logging.h"
 #include "api/worker_contract.h"
 #include "api/layout.h"
 #include "cli/commands.h"
@@ -21,6 +20,7 @@
 #include "operator/scheduler/planner.h"
 #include "worker/runtime/memory.h"
 #include "worker/launch/local_launcher.h"
+#include "worker/launch/memory_file.h"
 #include "worker/train/configuration_error.h"
 #include "worker/train/devices.h"
 #include "worker/train/run_report.h"
@@ -103,24 +103,27 @@ std::string NewUid() {
 // restarts the whole local gang, which resumes from the newest checkpoint, up to
 // spec.runPolicy.backoffLimit times, as the operator restarts a gang; a configuration
 // error (exit 78) ends the run at once.
-int RunRanks(const api::CheckedJob& job, const api::RankTable& table, const std::string& file, int sample_tokens, bool resume,
-             std::ostream& out) {
+int RunRanks(const api::CheckedJob& job, const api::RankTable& table, int sample_tokens, bool resume, std::ostream& out) {
+  // The ranks read the job as this run holds it (its uid, a planned layout; the source may
+  // be a pipe) from memory, which no signal or cleaner of /tmp can leave behind or take away.
+  launch::MemoryFile config("meshtrain-job", launch::MemoryFile::Sharing::kInherited);
+  config.Write(job.written.dump(2) + "\n");
   launch::LocalLaunch launch;
   launch.nodes = int(job.job.spec.nodes);
   launch.ranks_per_node = int(job.job.spec.gpus_per_node);
   launch.rank_table = table;
   launch.job_name = job.job.metadata.name;
   launch.command = {WorkerProgram(), "train"};
-  launch.environment[env::kConfig] = std::filesystem::absolute(file).string();
+  launch.environment[env::kConfig] = config.path();
+  launch.environment[env::kConfigName] = job.source;
   launch.environment[env::kSampleTokens] = std::to_string(sample_tokens);
   launch.environment[env::kResume] = resume ? "1" : "0";
-  launch.environment[env::kLogLevel] = meshtrain::LogLevel();
-  for (const api::EnvVar& e : job.job.spec.template_.env) launch.environment[e.name] = e.value;
   // The ranks share this machine's cores; oversubscribed OpenMP threads spin against each other.
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
     const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
     launch.environment["OMP_NUM_THREADS"] = std::to_string(std::max(1, cores / (launch.nodes * launch.ranks_per_node)));
   }
+  for (const api::EnvVar& e : job.job.spec.template_.env) launch.environment[e.name] = e.value;  // the job's own win
   out << "  launching " << launch.nodes * launch.ranks_per_node << " ranks: " << launch.command[0] << " train"
       << std::endl;
   const int64_t backoff_limit = job.job.spec.run_policy.backoff_limit;
@@ -187,10 +190,9 @@ int TrainHere(api::CheckedJob job, const runtime::DeviceChoice& where, int sampl
 }
 
 // spec.parallelism.mode auto: plans the layout for this machine (each rank's memory is
-// spec.resources.memoryLimitMiB, or this machine's memory shared by the ranks), writes
-// the resolved manifest to `resolved_file` for the ranks, and replaces *job with it.
-int PlanHere(api::CheckedJob* job, const std::filesystem::path& resolved_file,
-             std::ostream& out) {
+// spec.resources.memoryLimitMiB, or this machine's memory shared by the ranks) and
+// replaces *job with the job of that layout.
+int PlanHere(api::CheckedJob* job, std::ostream& out) {
   api::TrainingJobSpec& spec = job->job.spec;
   const int64_t world = spec.nodes * spec.gpus_per_node;
   const int64_t memory = spec.resources.memory_limit_mib
@@ -208,7 +210,6 @@ int PlanHere(api::CheckedJob* job, const std::filesystem::path& resolved_file,
   }
   nlohmann::json manifest = job->written;
   manifest["spec"] = scheduler::ResolveWrittenSpec(manifest["spec"], plan.best()->choice);
-  std::ofstream(resolved_file) << manifest.dump(2) << "\n";
   api::CheckedJob resolved = api::CheckTrainingJob(manifest, job->source + " (planned)", 0);
   if (!resolved.ok()) {
     PrintErrors(resolved, out);
@@ -232,21 +233,11 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
   // This run's identity, as the API server gives a new object one: its checkpoints carry
   // it, so that its restarts resume them even when spec.checkpoint.resume is false.
   job.written["metadata"]["uid"] = job.job.metadata.uid = NewUid();
-  // The ranks read the job from a copy: the source may be a pipe, and the copy holds the
-  // uid and, with mode auto, the planned layout.
-  const std::filesystem::path file =
-      std::filesystem::temp_directory_path() / ("meshtrain-run-" + std::to_string(::getpid()) + ".json");
-  struct RemoveAtExit {
-    std::filesystem::path path;
-    ~RemoveAtExit() { std::filesystem::remove(path); }
-  } remove_file{file};
   if (job.job.spec.parallelism.mode == "auto") {
-    if (int status = PlanHere(&job, file, out); status != kExitOk) return status;
-  } else {
-    std::ofstream(file) << job.written.dump(2) << "\n";
+    if (int status = PlanHere(&job, out); status != kExitOk) return status;
   }
   PrintWarnings(job, out);
-  if (const auto min_nodes = job.job.spec.elastic.min_nodes) {
+  if (const auto min_nodes = job.job.spec.elastic.min_nodes; min_nodes && *min_nodes < job.job.spec.nodes) {
     out << "  note: spec.elastic.minNodes (" << *min_nodes << ") acts under the operator, which shrinks a gang that lost "
         << "nodes; here every node of the job runs on this machine\n";
   }
@@ -271,7 +262,7 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
   if (!where.note.empty()) spdlog::warn(where.note);
   if (!options.resume) job.job.spec.checkpoint.resume = false;
   if (ranks_as_processes) {
-    return RunRanks(job, table, file.string(), options.sample_tokens, options.resume, out);
+    return RunRanks(job, table, options.sample_tokens, options.resume, out);
   }
 
   out << "  device: " << where.device.ToString() << ", "

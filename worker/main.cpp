@@ -1,13 +1,10 @@
 // meshtrain-worker: `launch` starts this node's ranks (a pod's command); `train` is one rank.
 
 #include <cstdio>
-#include <cstdlib>
-#include <stdexcept>
 #include <iostream>
 #include <string>
 #include <vector>
 
-#include "api/logging.h"
 #include "api/worker_contract.h"
 #include "worker/entry/rank.h"
 #include "worker/launch/local_launcher.h"
@@ -24,13 +21,6 @@ constexpr const char* kUsage =
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* level = std::getenv(meshtrain::api::worker::env::kLogLevel);
-  try {
-    meshtrain::InitLogging("meshtrain-worker", level != nullptr ? level : "info");
-  } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "meshtrain-worker: %s=%s: %s\n", meshtrain::api::worker::env::kLogLevel, level, e.what());
-    return meshtrain::api::worker::kExitConfigError;
-  }
   const std::string command = argc > 1 ? argv[1] : "";
   if (command == "train" && argc == 2) return meshtrain::worker::RunRank(std::cout);
   if (command == "launch" && (argc == 2 || (argc > 3 && std::string(argv[2]) == "--"))) {

@@ -154,8 +154,9 @@ ClusterSnapshot ReadClusterFile(const std::string& path) {
   } catch (const api::ManifestError& e) {
     throw ClusterError(e.what());
   }
-  if (documents.size() != 1) throw ClusterError(path + ": expected one cluster description document");
-  return SnapshotFromDescription(documents[0].object, path);
+  const std::string name = api::ManifestSourceName(path);
+  if (documents.size() != 1) throw ClusterError(name + ": expected one cluster description document");
+  return SnapshotFromDescription(documents[0].object, name);
 }
 
 ClusterSnapshot ReadKubectlFiles(const std::string& nodes_path, const std::string& pods_path) {
@@ -172,7 +173,7 @@ ClusterSnapshot ReadKubectlFiles(const std::string& nodes_path, const std::strin
                                                          kind->get<std::string>().ends_with("List")));
         if (is_list) {
           if (!doc.object.contains("items") || !doc.object["items"].is_array()) {
-            throw ClusterError(path + ": document " + std::to_string(doc.index + 1) +
+            throw ClusterError(api::ManifestSourceName(path) + ": document " + std::to_string(doc.index + 1) +
                                " is a list whose \"items\" is not an array");
           }
           for (Json& item : doc.object["items"]) list["items"].push_back(std::move(item));
@@ -190,7 +191,7 @@ ClusterSnapshot ReadKubectlFiles(const std::string& nodes_path, const std::strin
   try {
     return SnapshotFromKubectl(nodes, pods);
   } catch (const ClusterError& e) {
-    throw ClusterError(nodes_path + ": " + e.what());
+    throw ClusterError(api::ManifestSourceName(nodes_path) + ": " + e.what());
   }
 }
 

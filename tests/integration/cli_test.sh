@@ -176,6 +176,11 @@ sed -e "s|examples/data/corpus.train.bin|$tmp/train.bin|; s|examples/data/corpus
   -e "s|/tmp/meshtrain/gpt2-tiny-local|$tmp/ckpt-stdin|" examples/gpt2-tiny-local.yaml > "$tmp/stdin-job.yaml"
 expect "two ranks train a job read from standard input" 0 '^<stdin> TrainingJob "gpt2-tiny-local": ok' 'step +2/2' \
   -- bash -c "\"$meshtrain\" run - --no-resume < \"$tmp/stdin-job.yaml\""
+sed -e 's/globalBatchTokens: 4096 .*/globalBatchTokens: 1048576/' "$tmp/stdin-job.yaml" \
+  | sed -e "s|    preset: gpt2-tiny|    preset: gpt2-tiny\n    seqLen: 65536|" > "$tmp/stdin-too-few.yaml"
+expect "ranks name the job as the user gave it, not their copy of it" 78 \
+  'rank [01]: configuration error: <stdin>: .*fewer than one micro-batch' '!/proc/self/fd' \
+  -- bash -c "\"$meshtrain\" run - --no-resume < \"$tmp/stdin-too-few.yaml\""
 head -c 100 "$tmp/train.bin" > "$tmp/truncated.bin"
 sed -e "s|examples/data/corpus.train.bin|$tmp/truncated.bin|" examples/gpt2-tiny-local.yaml > "$tmp/truncated.yaml"
 expect "run names a truncated token file" 78 "$tmp/truncated.bin: is truncated or padded" -- "$meshtrain" run "$tmp/truncated.yaml"
@@ -263,6 +268,8 @@ expect "bench train --racks needs --compare order" 2 'racks describes the testbe
 expect "bench plan --device needs --memory" 2 '\-\-device requires \-\-memory' -- "$meshtrain" bench plan --device cuda
 expect "an unknown log level is refused" 2 'log-level' -- "$meshtrain" --log-level loud validate examples/gpt2-tiny-local.yaml
 expect "log level applies" 0 'ok' -- "$meshtrain" --log-level error validate examples/gpt2-tiny-local.yaml
+expect "log level after the command" 0 'ok' -- "$meshtrain" validate examples/gpt2-tiny-local.yaml --log-level error
+expect "launch keeps its rank command's flags" 0 '^--version$' -- "$meshtrain" launch --nodes 1 -- echo --version
 expect "version" 0 '^meshtrain [0-9]+\.[0-9]+\.[0-9]+ \(cuda (on|off)\)' -- "$meshtrain" --version
 
 expect "plan keeps shard groups under one layer-3 domain" 0 \

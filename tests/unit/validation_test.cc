@@ -245,18 +245,6 @@ TEST(Validation, ExampleMessageMatchesTheIssue) {
             "spec.parallelism.tensorParallelDegree: must divide spec.gpusPerNode (8), got 3");
 }
 
-TEST(Validation, TheWorkersLogLevelIsTheOneMeshtrainVariableAJobMaySet) {
-  Json manifest = Base();
-  manifest["spec"]["template"]["env"] = {{{"name", "MESHTRAIN_LOG_LEVEL"}, {"value", "debug"}}};
-  EXPECT_TRUE(CheckTrainingJob(manifest, "case.yaml", 0).ok());
-  manifest["spec"]["template"]["env"][0]["value"] = "loud";
-  const CheckedJob loud = CheckTrainingJob(manifest, "case.yaml", 0);
-  ASSERT_EQ(loud.errors.size(), 1u);
-  EXPECT_EQ(loud.errors[0].path, "spec.template.env[0].value");
-  manifest["spec"]["template"]["env"][0]["name"] = "MESHTRAIN_LOG_LEVELS";
-  EXPECT_FALSE(CheckTrainingJob(manifest, "case.yaml", 0).ok());
-}
-
 TEST(Validation, HangTimeoutDefaultsTo300SecondsAndZeroTurnsItOff) {
   Json manifest = Base();
   manifest["spec"].erase("runPolicy");

@@ -30,16 +30,17 @@ constexpr comm::milliseconds kRendezvousTimeout{300'000};
 // A problem no restart can fix: the environment, the spec or a file it names.
 using ConfigError = train::ConfigurationError;
 
-api::CheckedJob LoadJob(const std::string& path) {
+// The job at `path`, named `name` in messages.
+api::CheckedJob LoadJob(const std::string& path, const std::string& name) {
   if (path.empty()) throw ConfigError("the worker environment lacks MESHTRAIN_CONFIG");
   std::vector<api::CheckedJob> jobs;
   try {
-    jobs = api::LoadTrainingJobs(path);
+    jobs = api::LoadTrainingJobs(path, name);
   } catch (const api::ManifestError& e) {
     throw ConfigError(e.what());
   }
   if (jobs.size() != 1) {
-    throw ConfigError(path + " (MESHTRAIN_CONFIG): holds " + std::to_string(jobs.size()) +
+    throw ConfigError(name + " (MESHTRAIN_CONFIG): holds " + std::to_string(jobs.size()) +
                       " documents; a worker takes one TrainingJob");
   }
   if (!jobs[0].ok()) throw ConfigError(jobs[0].Where() + ": " + jobs[0].errors[0].ToString());
@@ -58,9 +59,11 @@ int Train(std::ostream& out) {
   api::CheckedJob checked;
   comm::FabricOptions fabric;
   int metrics_port = 0, sample_tokens = 0;
+  std::string config_name;  // the job file as messages name it
   try {
     env = comm::WorkerEnvironment::FromEnvironment();
-    checked = LoadJob(env.config);
+    config_name = api::EnvironmentString(env::kConfigName, env.config);
+    checked = LoadJob(env.config, config_name);
     fabric = comm::FabricOptions::FromEnvironment();
     metrics_port = int(api::EnvironmentInteger(env::kMetricsPort, 0, 65535, 0));
     sample_tokens = int(api::EnvironmentInteger(env::kSampleTokens, 0, 100000, 0));
@@ -72,7 +75,7 @@ int Train(std::ostream& out) {
   if (api::EnvironmentInteger(env::kResume, 0, 1, 1) == 0) job.spec.checkpoint.resume = false;
   // Every rank finds a bad spec or data file on its own, before it waits for the others,
   // so the whole gang exits 78 rather than some ranks dying of their peers' exit.
-  train::RethrowConfigurationErrors(env.config, [&] { train::CheckTrainable(job, env.rank, env.world_size); });
+  train::RethrowConfigurationErrors(config_name, [&] { train::CheckTrainable(job, env.rank, env.world_size); });
   std::optional<metrics::TrainingMetrics> exported;
   if (env.local_rank == 0 && metrics_port > 0) {
     exported.emplace(env.job_name, env.rank, job.spec.training.steps, job.spec.training.global_batch_tokens);
@@ -110,7 +113,7 @@ int Train(std::ostream& out) {
     checkpoint_store = std::make_unique<comm::StoreClient>(env.coordinator, kRendezvousTimeout, rendezvous.key);
   }
   std::optional<train::Trainer> trainer;
-  train::RethrowConfigurationErrors(env.config, [&] {
+  train::RethrowConfigurationErrors(config_name, [&] {
     trainer.emplace(job, world.get(), where.device, device_world.get(), checkpoint_store.get());
   });
   if (exported) {

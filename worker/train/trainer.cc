@@ -161,9 +161,11 @@ void Trainer::Resume(const std::string& path, const std::string& only_run) {
   bool restored_any = false;  // the engine's state is no longer its initial one
   for (const std::string& directory : ResumeCandidates(path)) {
     // Another run's checkpoint is passed over; one whose metadata cannot be read is tried,
-    // so that the warning says what is wrong with it.
+    // so that the warning says what is wrong with it. Every rank reads the metadata, and
+    // they agree (a rank that read another run's skips it for all), so none waits alone.
     if (!only_run.empty()) {
-      if (const std::optional<std::string> run = CheckpointRun(directory); run && *run != only_run) continue;
+      const std::optional<std::string> run = CheckpointRun(directory);
+      if (!FailedRanks(run && *run != only_run).empty()) continue;
     }
     // The newest whole checkpoint is another model's: the job names another run's
     // directory, whose checkpoints this run's would rotate out. (Every rank reads the

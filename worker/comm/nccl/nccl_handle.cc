@@ -128,13 +128,15 @@ bool NcclHandle::WaitWhileInProgress(milliseconds timeout, ncclResult_t* state) 
     const Clock::time_point now = Clock::now();
     if (now >= deadline) return false;
     // An enqueue mostly takes microseconds, and the shortest sleep costs about 50 (timer
-    // slack): yield for the first 100 us, then sleep up to 100 us at a time (a first
-    // operation's connect can take seconds).
+    // slack): yield for the first 100 us, then sleep 100 us at a time, and past 10 ms (an
+    // init, a first operation's connect: up to seconds) 1 ms.
     if (now - start < std::chrono::microseconds(100)) {
       std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(100));
+      const auto cap = now - start < std::chrono::milliseconds(10) ? std::chrono::microseconds(100)
+                                                                    : std::chrono::microseconds(1000);
+      pause = std::min(pause * 2, cap);
     }
   }
 }
