@@ -269,7 +269,9 @@ expect "bench plan --device needs --memory" 2 '\-\-device requires \-\-memory' -
 expect "an unknown log level is refused" 2 'log-level' -- "$meshtrain" --log-level loud validate examples/gpt2-tiny-local.yaml
 expect "log level applies" 0 'ok' -- "$meshtrain" --log-level error validate examples/gpt2-tiny-local.yaml
 expect "log level after the command" 0 'ok' -- "$meshtrain" validate examples/gpt2-tiny-local.yaml --log-level error
-expect "launch keeps its rank command's flags" 0 '^--version$' -- "$meshtrain" launch --nodes 1 -- echo --version
+expect "launch keeps its rank command's flags" 0 '^--version$' -- "$meshtrain" launch --nodes 1 -- printf '%s\n' --version
+expect "launch does not take meshtrain's flags for its own" 2 'argument was not expected: --version' '!^meshtrain 0' \
+  -- "$meshtrain" launch --nodes 1 printf x --version
 expect "version" 0 '^meshtrain [0-9]+\.[0-9]+\.[0-9]+ \(cuda (on|off)\)' -- "$meshtrain" --version
 
 expect "plan keeps shard groups under one layer-3 domain" 0 \
