@@ -2,7 +2,6 @@
 #include <cstdlib>
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <random>
 
 #include <unistd.h>
