@@ -25,21 +25,25 @@ struct Weights {
 
 Weights LoadWeights(const SampleOptions& o) {
   if (!o.from.empty()) return {train::HuggingFaceGpt2Shape(o.from), {}, o.from};
-  std::string directory = o.checkpoint;
-  if (!fs::exists(fs::path(directory) / "metadata.json")) {
-    std::string newest, problems;
-    for (const train::CheckpointListing& c : train::ListCheckpoints(o.checkpoint)) {  // newest first
-      if (c.problem.empty()) {
-        newest = c.directory;
-        break;
+  auto load = [](const std::string& directory) -> Weights {
+    const api::ModelShape shape = train::CheckpointModel(directory);
+    return {shape, train::LoadCheckpoint(directory, shape).state.master, directory};
+  };
+  if (fs::exists(fs::path(o.checkpoint) / "metadata.json")) return load(o.checkpoint);
+  // The newest that loads (loading verifies what it reads); each one that does not says why.
+  std::string problems;
+  for (const train::CheckpointListing& c : train::ListCheckpoints(o.checkpoint, /*verify=*/false)) {  // newest first
+    if (c.problem.empty()) {
+      try {
+        return load(c.directory);
+      } catch (const train::CheckpointError& e) {
+        problems += "; " + std::string(e.what());  // each names its file
+        continue;
       }
-      problems += "; " + c.problem;  // each names its file
     }
-    if (newest.empty()) throw train::CheckpointError(o.checkpoint + ": no intact checkpoint here" + problems);
-    directory = newest;
+    problems += "; " + c.problem;
   }
-  const api::ModelShape shape = train::CheckpointModel(directory);
-  return {shape, train::LoadCheckpoint(directory, shape).state.master, directory};
+  throw train::CheckpointError(o.checkpoint + ": no intact checkpoint here" + problems);
 }
 
 }  // namespace
@@ -49,6 +53,8 @@ int SampleCommand(const SampleOptions& o, std::ostream& out) {
     out << "meshtrain sample: give a checkpoint or --from FILE" << (o.from.empty() ? "" : ", not both") << "\n";
     return kExitUnreadable;
   }
+  // Asked for the GPU, it refuses where there is none, before it reads any weights.
+  if (RefusedWithoutGpu(o.device, "meshtrain sample", out)) return kExitUnreadable;
   try {
     Weights weights = LoadWeights(o);
     if (!o.from.empty()) weights.master = train::LoadHuggingFaceGpt2(o.from, weights.shape);
@@ -64,8 +70,6 @@ int SampleCommand(const SampleOptions& o, std::ostream& out) {
     job.spec.model.vocab_size = shape.vocab_size;
     job.spec.model.seq_len = shape.seq_len;
     job.spec.training.micro_batch_size = 1;
-    // Asked for the GPU, it refuses where there is none, rather than sample on the CPU.
-    if (RefusedWithoutGpu(o.device, "meshtrain sample", out)) return kExitUnreadable;
     const runtime::DeviceChoice choice = train::ChooseDeviceHere(o.device == "cuda" ? "bf16" : "fp32", 0);
     job.spec.training.precision = choice.precision;
     runtime::MemoryAccounting accounting;

@@ -51,6 +51,17 @@ std::optional<int64_t> StepOfName(const std::string& name) {
 
 std::string Sidecar(int rank) { return CheckpointRankFile(rank) + ".json"; }
 
+// The model shape metadata (read from `file`) names; throws CheckpointError naming it.
+api::ModelShape ModelOf(const Json& meta, const fs::path& file) {
+  try {
+    const Json& m = meta.at("model");
+    return {m.at("layers").get<int64_t>(), m.at("heads").get<int64_t>(), m.at("hidden").get<int64_t>(),
+            m.at("vocabSize").get<int64_t>(), m.at("seqLen").get<int64_t>()};
+  } catch (const Json::exception& e) {
+    throw CheckpointError(file.string() + ": malformed metadata: " + e.what());
+  }
+}
+
 // The Store key a writer sets once its file and sidecar are durable ("" then) or its
 // write failed (the error).
 std::string WrittenKey(const std::string& step_name, int rank) {
@@ -170,9 +181,7 @@ std::optional<std::string> CheckpointRun(const std::string& directory) {
 api::ModelShape CheckpointModel(const std::string& directory) {
   const fs::path file = fs::path(directory) / "metadata.json";
   try {
-    const Json m = Json::parse(ReadCheckpointFile(file)).at("model");
-    return {m.at("layers").get<int64_t>(), m.at("heads").get<int64_t>(), m.at("hidden").get<int64_t>(),
-            m.at("vocabSize").get<int64_t>(), m.at("seqLen").get<int64_t>()};
+    return ModelOf(Json::parse(ReadCheckpointFile(file)), file);
   } catch (const Json::exception& e) {
     throw CheckpointError(file.string() + ": malformed metadata: " + e.what());
   }
@@ -182,16 +191,17 @@ std::optional<api::ModelShape> WholeCheckpointOfAnotherModel(const std::string& 
                                                              const api::ModelShape& shape) {
   const fs::path dir(directory), meta_file = dir / "metadata.json";
   try {
-    const api::ModelShape theirs = CheckpointModel(directory);
+    const std::string text = ReadCheckpointFile(meta_file);
+    const api::ModelShape theirs = ModelOf(Json::parse(text), meta_file);
     if (theirs == shape) return std::nullopt;
-    const Json meta = ParseCheckpointMetadata(ReadCheckpointFile(meta_file), meta_file.string(), theirs);
+    const Json meta = ParseCheckpointMetadata(text, meta_file.string(), theirs);
     for (const Json& f : meta.at("files")) {
       std::error_code error;
       const uintmax_t bytes = fs::file_size(dir / f.at("name").get<std::string>(), error);
       if (error || bytes != f.at("bytes").get<uintmax_t>()) return std::nullopt;
     }
     return theirs;
-  } catch (const CheckpointError&) {
+  } catch (const std::exception&) {  // damaged: not a whole checkpoint
     return std::nullopt;
   }
 }
@@ -208,16 +218,18 @@ std::vector<CheckpointListing> ListCheckpoints(const std::string& path, bool ver
   }
   for (const fs::directory_entry& entry : fs::directory_iterator(path, error)) {
     const std::string name = entry.path().filename().string();
-    if (!entry.is_directory() || !name.starts_with("step-")) continue;
+    const std::optional<int64_t> step = StepOfName(name);  // as pruning counts them
+    if (!entry.is_directory() || !step) continue;
     CheckpointListing c;
     c.directory = entry.path().string();
     c.latest = name == latest;
+    c.step = *step;
     try {
-      c.step = std::stoll(name.substr(5));
-      const Json meta = Json::parse(ReadCheckpointFile(entry.path() / "metadata.json"));
+      const fs::path file = entry.path() / "metadata.json";
+      const Json meta = Json::parse(ReadCheckpointFile(file));
       c.layout = DescribeLayout(meta.at("layout"));
       for (const Json& f : meta.at("files")) c.bytes += f.at("bytes").get<int64_t>();
-      if (verify) VerifyCheckpoint(c.directory, CheckpointModel(c.directory));
+      if (verify) VerifyCheckpoint(c.directory, ModelOf(meta, file));
     } catch (const std::exception& e) {
       c.problem = e.what();
     }

@@ -29,8 +29,6 @@ void RunReport::Finished(const std::string& checkpoint_path) {
   if (step >= 0) out_ << "checkpoint: step " << step << " in " << checkpoint_path << std::endl;
 }
 
-void RunReport::Sample(const std::string& text) {
-  if (!text.empty()) out_ << "sample:\n" << text << std::endl;
-}
+void RunReport::Sample(const std::string& text) { out_ << "sample:\n" << text << std::endl; }
 
 }  // namespace meshtrain::train

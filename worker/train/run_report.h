@@ -26,7 +26,6 @@ class RunReport {
   void Step(const StepReport& report);
   // "checkpoint: step N in PATH" when a checkpoint was written.
   void Finished(const std::string& checkpoint_path);
-  // "sample:" and the text, unless it is empty.
   void Sample(const std::string& text);
 
  private:
