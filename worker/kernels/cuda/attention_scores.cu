@@ -1,5 +1,6 @@
 // The softmax steps of attention's scores path (launch.h), for the shapes cuDNN's fused
-// attention refuses: one block per row of T scores, reductions in a fixed order.
+// attention refuses: one block per row of T scores, reductions in a fixed order; and the
+// store of the key/value gradients it sums in fp32 over a group of query heads.
 
 #include "worker/kernels/cuda/common.cuh"
 
@@ -45,6 +46,16 @@ __global__ void CausalSoftmaxBackwardKernel(bf16* __restrict__ dscores, bf16* __
   }
 }
 
+// One thread per element: out[r * out_stride + c] = in[r * width + c] as bf16.
+__global__ void StoreRowsKernel(bf16* __restrict__ out, int64_t out_stride, const float* __restrict__ in,
+                                int64_t rows, int width) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * width) return;
+  const int64_t row = i / width;
+  const int column = int(i % width);
+  out[row * out_stride + column] = __float2bfloat16(in[i]);
+}
+
 }  // namespace
 
 void CausalSoftmaxForward(float* probs, bf16* probs_bf16, int64_t rows, int T, cudaStream_t stream) {
@@ -58,6 +69,12 @@ void CausalSoftmaxBackward(bf16* dscores, bf16* probs_bf16, const float* dprobs,
   if (rows == 0) return;
   CausalSoftmaxBackwardKernel<<<rows, kRowThreads, 0, stream>>>(dscores, probs_bf16, dprobs, probs, T, scale);
   CheckLaunch("AttentionBackward (softmax)", {{"rows", rows}, {"T", T}});
+}
+
+void StoreRows(bf16* out, int64_t out_stride, const float* in, int64_t rows, int width, cudaStream_t stream) {
+  if (rows * width == 0) return;
+  StoreRowsKernel<<<Blocks(rows * width), kThreads, 0, stream>>>(out, out_stride, in, rows, width);
+  CheckLaunch("AttentionBackward (key/value gradients)", {{"rows", rows}, {"width", width}});
 }
 
 }  // namespace meshtrain::kernels::cuda

@@ -56,9 +56,9 @@ const bf16* Raw(runtime::DevicePtr<const runtime::bf16> p) {
   return reinterpret_cast<const bf16*>(DeviceSide::Address(p));
 }
 
-std::string AttentionShape(int B, int T, int NH, int HS) {
+std::string AttentionShape(int B, int T, int NH, int KVH, int HS) {
   return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " NH=" + std::to_string(NH) +
-         " HS=" + std::to_string(HS);
+         " KVH=" + std::to_string(KVH) + " HS=" + std::to_string(HS);
 }
 
 class CudaOps final : public Ops<Bf16> {
@@ -93,19 +93,20 @@ class CudaOps final : public Ops<Bf16> {
 
   // --- Attention's memory ---
 
-  AttentionKind Attention(int B, int T, int NH, int HS) override {
-    return AttentionFor(B, T, NH, HS).fused != nullptr ? AttentionKind::kFused : AttentionKind::kScores;
+  AttentionKind Attention(int B, int T, int NH, int KVH, int HS) override {
+    return AttentionFor(B, T, NH, KVH, HS, "Attention").fused != nullptr ? AttentionKind::kFused
+                                                                         : AttentionKind::kScores;
   }
 
-  int64_t AttentionStateElements(int B, int T, int NH, int HS) override {
+  int64_t AttentionStateElements(int B, int T, int NH, int KVH, int HS) override {
     const int64_t rows = int64_t(B) * NH * T;
-    return AttentionFor(B, T, NH, HS).fused != nullptr ? rows : rows * T;
+    return AttentionFor(B, T, NH, KVH, HS, "AttentionStateElements").fused != nullptr ? rows : rows * T;
   }
 
-  int64_t AttentionScratchBytes(int B, int T, int NH, int HS) override {
-    const AttentionPlan& plan = AttentionFor(B, T, NH, HS);
+  int64_t AttentionScratchBytes(int B, int T, int NH, int KVH, int HS) override {
+    const AttentionPlan& plan = AttentionFor(B, T, NH, KVH, HS, "AttentionScratchBytes");
     if (plan.fused != nullptr) return plan.fused->BackwardScratchBytes();
-    return ScoresScratch::Bytes(int64_t(B) * NH * T * T);
+    return ScoresScratch::Bytes(B, T, NH, KVH, HS);
   }
 
   // --- Embedding ---
@@ -140,6 +141,25 @@ class CudaOps final : public Ops<Bf16> {
     cuda::LayerNormBackward(Raw(dinp), Raw(dweight), Raw(dbias), Raw(dout), Raw(inp), Raw(weight), Raw(mean),
                             Raw(rstd), N, C, Raw(layernorm_partials_.get()), layernorm_partials_.size(),
                             Handle(stream));
+  }
+
+  // --- RMSNorm ---
+
+  void RmsNormForward(Out<Act> out, Out<Acc> rstd, In<Act> inp, In<Act> weight, int64_t N, int C, float eps,
+                      Stream& stream) override {
+    cuda::RmsNormForward(nullptr, Raw(out), Raw(rstd), Raw(inp), nullptr, Raw(weight), N, C, eps, Handle(stream));
+  }
+
+  void ResidualRmsNormForward(Out<Act> residual, Out<Act> out, Out<Acc> rstd, In<Act> a, In<Act> b, In<Act> weight,
+                              int64_t N, int C, float eps, Stream& stream) override {
+    cuda::RmsNormForward(Raw(residual), Raw(out), Raw(rstd), Raw(a), Raw(b), Raw(weight), N, C, eps, Handle(stream));
+  }
+
+  // Shares layernorm_partials_ with LayerNormBackward (stream order).
+  void RmsNormBackward(Out<Act> dinp, Out<Acc> dweight, In<Act> dout, In<Act> inp, In<Act> weight, In<Acc> rstd,
+                       int64_t N, int C, Stream& stream) override {
+    cuda::RmsNormBackward(Raw(dinp), Raw(dweight), Raw(dout), Raw(inp), Raw(weight), Raw(rstd), N, C,
+                          Raw(layernorm_partials_.get()), layernorm_partials_.size(), Handle(stream));
   }
 
   // --- Products ---
@@ -256,28 +276,50 @@ class CudaOps final : public Ops<Bf16> {
 
   // --- Attention ---
 
-  void AttentionForward(Out<Act> out, Out<Acc> state, In<Act> qkv, int B, int T, int C, int NH,
+  void AttentionForward(Out<Act> out, Out<Acc> state, In<Act> qkv, int B, int T, int NH, int KVH, int HS,
                         Stream& stream) override {
-    const int HS = HeadSize(C, NH, "AttentionForward");
     if (int64_t(B) * T == 0) return;
-    AttentionPlan& plan = AttentionFor(B, T, NH, HS);
+    AttentionPlan& plan = AttentionFor(B, T, NH, KVH, HS, "AttentionForward");
     if (plan.fused != nullptr) {
       plan.fused->Forward(Raw(out), Raw(state), Raw(qkv), Handle(stream));
       return;
     }
-    ScoresForward(plan, Raw(out), Raw(state), Raw(qkv), B, T, C, NH, Handle(stream));
+    ScoresForward(plan, Raw(out), Raw(state), Raw(qkv), B, T, NH, KVH, HS, Handle(stream));
   }
 
   void AttentionBackward(Out<Act> dqkv, Out<std::byte> scratch, In<Act> dout, In<Act> qkv, In<Act> out,
-                         In<Acc> state, int B, int T, int C, int NH, Stream& stream) override {
-    const int HS = HeadSize(C, NH, "AttentionBackward");
+                         In<Acc> state, int B, int T, int NH, int KVH, int HS, Stream& stream) override {
     if (int64_t(B) * T == 0) return;
-    AttentionPlan& plan = AttentionFor(B, T, NH, HS);
+    AttentionPlan& plan = AttentionFor(B, T, NH, KVH, HS, "AttentionBackward");
     if (plan.fused != nullptr) {
       plan.fused->Backward(Raw(dqkv), Raw(scratch), Raw(dout), Raw(qkv), Raw(out), Raw(state), Handle(stream));
       return;
     }
-    ScoresBackward(Raw(dqkv), Raw(scratch), Raw(dout), Raw(qkv), Raw(state), B, T, C, NH, Handle(stream));
+    ScoresBackward(Raw(dqkv), Raw(scratch), Raw(dout), Raw(qkv), Raw(state), B, T, NH, KVH, HS, Handle(stream));
+  }
+
+  // --- RoPE ---
+
+  void RopeForward(Out<Act> qkv, In<Acc> cos, In<Acc> sin, int B, int T, int NH, int KVH, int HS,
+                   Stream& stream) override {
+    CheckRope(HS, "RopeForward");
+    cuda::Rope(Raw(qkv), Raw(cos), Raw(sin), B, T, NH, KVH, HS, /*backward=*/false, Handle(stream));
+  }
+
+  void RopeBackward(Out<Act> dqkv, In<Acc> cos, In<Acc> sin, int B, int T, int NH, int KVH, int HS,
+                    Stream& stream) override {
+    CheckRope(HS, "RopeBackward");
+    cuda::Rope(Raw(dqkv), Raw(cos), Raw(sin), B, T, NH, KVH, HS, /*backward=*/true, Handle(stream));
+  }
+
+  // --- SwiGLU ---
+
+  void SwiGluForward(Out<Act> out, In<Act> gate_up, int64_t N, int H, Stream& stream) override {
+    cuda::SwiGluForward(Raw(out), Raw(gate_up), N, H, Handle(stream));
+  }
+
+  void SwiGluBackward(Out<Act> dgate_up, In<Act> dout, In<Act> gate_up, int64_t N, int H, Stream& stream) override {
+    cuda::SwiGluBackward(Raw(dgate_up), Raw(dout), Raw(gate_up), N, H, Handle(stream));
   }
 
   // --- Elementwise ---
@@ -348,19 +390,30 @@ class CudaOps final : public Ops<Bf16> {
   }
 
  private:
-  // The scores path's backward scratch: dP (fp32), dS and P (bf16), each (B,NH,T,T).
+  // The scores path's backward scratch: dP (fp32), dS and P (bf16), each (B,NH,T,T); and
+  // with groups of query heads (KVH < NH), dK and dV summed over each group in fp32,
+  // (B,T,2*KVH*HS) laid out as dqkv's k and v channels.
   struct ScoresScratch {
     static constexpr int64_t kAlignment = 256;
     static int64_t Up(int64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
-    static int64_t Bytes(int64_t elements) { return Up(elements * 4) + 2 * Up(elements * 2) + kAlignment; }
-    ScoresScratch(std::byte* scratch, int64_t elements) {
+    static int64_t KeyValueElements(int B, int T, int NH, int KVH, int HS) {
+      return NH == KVH ? 0 : int64_t(B) * T * 2 * KVH * HS;
+    }
+    static int64_t Bytes(int B, int T, int NH, int KVH, int HS) {
+      const int64_t elements = int64_t(B) * NH * T * T;
+      return Up(elements * 4) + 2 * Up(elements * 2) + Up(KeyValueElements(B, T, NH, KVH, HS) * 4) + kAlignment;
+    }
+    ScoresScratch(std::byte* scratch, int B, int T, int NH) {
+      const int64_t elements = int64_t(B) * NH * T * T;
       auto* start = reinterpret_cast<std::byte*>(Up(int64_t(reinterpret_cast<uintptr_t>(scratch))));
       dprobs = reinterpret_cast<float*>(start);
       dscores = reinterpret_cast<bf16*>(start + Up(elements * 4));
       probs = reinterpret_cast<bf16*>(start + Up(elements * 4) + Up(elements * 2));
+      key_value = reinterpret_cast<float*>(start + Up(elements * 4) + 2 * Up(elements * 2));
     }
     float* dprobs;
     bf16 *dscores, *probs;
+    float* key_value;  // only when KVH < NH
   };
 
   // cuDNN's plans, or the scores path's forward scratch (P as bf16) where cuDNN refuses.
@@ -371,12 +424,18 @@ class CudaOps final : public Ops<Bf16> {
 
   static cudaStream_t Handle(Stream& stream) { return runtime::cuda::StreamHandle(stream); }
 
-  static int HeadSize(int C, int NH, const char* what) {
-    if (NH <= 0 || C % NH != 0) {
-      throw std::invalid_argument(std::string(what) + ": C = " + std::to_string(C) + " is not a multiple of NH = " +
-                                  std::to_string(NH));
+  static void CheckHeads(int NH, int KVH, int HS, const char* what) {
+    if (NH <= 0 || KVH <= 0 || HS <= 0 || NH % KVH != 0) {
+      throw std::invalid_argument(std::string(what) + ": " + std::to_string(NH) + " query heads do not make groups of " +
+                                  std::to_string(KVH) + " key/value heads of " + std::to_string(HS) + " channels");
     }
-    return C / NH;
+  }
+
+  static void CheckRope(int HS, const char* what) {
+    if (HS <= 0 || HS % 2 != 0) {
+      throw std::invalid_argument(std::string(what) + ": the head size " + std::to_string(HS) +
+                                  " is not even, so its halves cannot rotate");
+    }
   }
 
   void RunOrThrow(const Gemm& gemm, const char* what, cudaStream_t stream) {
@@ -387,14 +446,15 @@ class CudaOps final : public Ops<Bf16> {
   }
 
   // Built when a shape is first asked for (the engine asks before its first step).
-  AttentionPlan& AttentionFor(int B, int T, int NH, int HS) {
-    AttentionPlan& plan = attention_[{B, T, NH, HS}];
+  AttentionPlan& AttentionFor(int B, int T, int NH, int KVH, int HS, const char* what) {
+    CheckHeads(NH, KVH, HS, what);
+    AttentionPlan& plan = attention_[{B, T, NH, KVH, HS}];
     if (plan.fused != nullptr || plan.probs.size() > 0) return plan;
     std::string why = cudnn_missing_;
     if (!options_.fused_attention) why = "turned off (CudaOpsOptions)";
     if (why.empty()) {
       try {
-        plan.fused = std::make_unique<CudnnAttention>(cudnn_, allocator_, B, T, NH, HS);
+        plan.fused = std::make_unique<CudnnAttention>(cudnn_, allocator_, B, T, NH, KVH, HS);
         return plan;
       } catch (const CudnnRefused& refused) {
         why = refused.what();
@@ -405,71 +465,99 @@ class CudaOps final : public Ops<Bf16> {
       std::fprintf(stderr,
                    "meshtrain: cuDNN fused attention is not used for %s (%s); attention runs on cuBLASLt and "
                    "softmax kernels and keeps its (B,NH,T,T) probabilities\n",
-                   AttentionShape(B, T, NH, HS).c_str(), why.c_str());
+                   AttentionShape(B, T, NH, KVH, HS).c_str(), why.c_str());
     }
     plan.probs = DeviceArray<bf16>(allocator_, int64_t(B) * NH * T * T, MemoryCategory::kActivations);
     return plan;
   }
 
-  // One strided-batched product per sequence: NH heads of strided q, k and v in qkv.
-  void HeadProducts(Gemm gemm, int B, int64_t stride_a, int64_t stride_b, int64_t stride_d, const char* what,
-                    cudaStream_t stream) {
+  // Element offsets of a product's A, B and D.
+  struct Offsets {
+    int64_t a = 0, b = 0, d = 0;
+  };
+
+  // The scores path's products: for each sequence, and for each position j in a group of
+  // query heads (h = g * group + j), one product strided-batched over the KVH key/value
+  // heads g. `gemm` describes sequence 0 and position 0; `sequence` and `position` say how
+  // far A, B and D move for the next of each. With `accumulate`, the positions after the
+  // first add into D (beta 1, D in fp32): the group's sum, in the order of j.
+  void HeadProducts(Gemm gemm, int B, int group, Offsets sequence, Offsets position, bool accumulate,
+                    const char* what, cudaStream_t stream) {
     const auto* a = static_cast<const bf16*>(gemm.a);
     const auto* b = static_cast<const bf16*>(gemm.b);
     auto* d = static_cast<std::byte*>(gemm.d);
     const int64_t d_bytes = gemm.d_type == CUDA_R_32F ? 4 : 2;
-    for (int sequence = 0; sequence < B; ++sequence) {
-      gemm.a = a + sequence * stride_a;
-      gemm.b = b + sequence * stride_b;
-      gemm.d = d + sequence * stride_d * d_bytes;
-      RunOrThrow(gemm, what, stream);
+    for (int s = 0; s < B; ++s) {
+      for (int j = 0; j < group; ++j) {
+        gemm.a = a + s * sequence.a + j * position.a;
+        gemm.b = b + s * sequence.b + j * position.b;
+        gemm.d = d + (s * sequence.d + j * position.d) * d_bytes;
+        gemm.beta = accumulate && j > 0 ? 1.0f : 0.0f;
+        RunOrThrow(gemm, what, stream);
+      }
     }
   }
 
+  // qkv rows of W = (NH + 2 KVH) HS channels: q head h at h HS, k head g at Q + g HS and v
+  // head g at Q + (KVH + g) HS, Q = NH HS; out rows of Q channels. Query head h = g group
+  // + j reads key/value head g.
+  //
   // probs (state, B,NH,T,T) = causal softmax(scale q k^T), then out = P v, head by head.
-  void ScoresForward(AttentionPlan& plan, bf16* out, float* probs, const bf16* qkv, int B, int T, int C, int NH,
-                     cudaStream_t stream) {
-    const int HS = C / NH;
-    const int64_t TT = int64_t(T) * T, sequence_qkv = int64_t(T) * 3 * C;
+  void ScoresForward(AttentionPlan& plan, bf16* out, float* probs, const bf16* qkv, int B, int T, int NH, int KVH,
+                     int HS, cudaStream_t stream) {
+    const int group = NH / KVH;
+    const int64_t W = int64_t(NH + 2 * KVH) * HS, Q = int64_t(NH) * HS, TT = int64_t(T) * T;
     bf16* probs_bf16 = Raw(plan.probs.get());
+    const bf16 *q = qkv, *k = qkv + Q, *v = qkv + Q + int64_t(KVH) * HS;
     // S^T (T,T) = K (T,HS) Q^T: A = k stored (HS,T), transposed; B = q stored (HS,T).
-    const Gemm scores{.transpose_a = true, .m = T, .n = T, .k = HS, .a = qkv + C, .lda = 3 * C, .stride_a = HS,
-                      .b = qkv, .ldb = 3 * C, .stride_b = HS, .d = probs, .d_type = CUDA_R_32F, .ldd = T,
-                      .stride_d = TT, .batch = NH, .alpha = 1.0f / std::sqrt(float(HS))};
-    HeadProducts(scores, B, sequence_qkv, sequence_qkv, NH * TT, "AttentionForward (scores)", stream);
+    const Gemm scores{.transpose_a = true, .m = T, .n = T, .k = HS, .a = k, .lda = W, .stride_a = HS, .b = q,
+                      .ldb = W, .stride_b = group * HS, .d = probs, .d_type = CUDA_R_32F, .ldd = T,
+                      .stride_d = group * TT, .batch = KVH, .alpha = 1.0f / std::sqrt(float(HS))};
+    HeadProducts(scores, B, group, {T * W, T * W, NH * TT}, {0, HS, TT}, false, "AttentionForward (scores)", stream);
     CausalSoftmaxForward(probs, probs_bf16, int64_t(B) * NH * T, T, stream);
     // out^T (HS,T) = V^T (HS,T) P^T: A = v stored (HS,T); B = P stored (T,T).
-    const Gemm values{.m = HS, .n = T, .k = T, .a = qkv + 2 * C, .lda = 3 * C, .stride_a = HS, .b = probs_bf16,
-                      .ldb = T, .stride_b = TT, .d = out, .ldd = C, .stride_d = HS, .batch = NH};
-    HeadProducts(values, B, sequence_qkv, NH * TT, int64_t(T) * C, "AttentionForward (values)", stream);
+    const Gemm values{.m = HS, .n = T, .k = T, .a = v, .lda = W, .stride_a = HS, .b = probs_bf16, .ldb = T,
+                      .stride_b = group * TT, .d = out, .ldd = Q, .stride_d = group * HS, .batch = KVH};
+    HeadProducts(values, B, group, {T * W, NH * TT, T * Q}, {0, TT, HS}, false, "AttentionForward (values)", stream);
   }
 
+  // dK and dV of a group's key/value head sum its query heads': written straight into dqkv
+  // when each has one (KVH = NH), else summed in fp32 scratch and then stored.
   void ScoresBackward(bf16* dqkv, std::byte* scratch_bytes, const bf16* dout, const bf16* qkv, const float* probs,
-                      int B, int T, int C, int NH, cudaStream_t stream) {
-    const int HS = C / NH;
-    const int64_t TT = int64_t(T) * T, sequence_qkv = int64_t(T) * 3 * C, sequence_out = int64_t(T) * C;
-    const ScoresScratch scratch(scratch_bytes, int64_t(B) * NH * TT);
+                      int B, int T, int NH, int KVH, int HS, cudaStream_t stream) {
+    const int group = NH / KVH;
+    const int64_t W = int64_t(NH + 2 * KVH) * HS, Q = int64_t(NH) * HS, TT = int64_t(T) * T;
+    const ScoresScratch scratch(scratch_bytes, B, T, NH);
+    const bf16 *q = qkv, *k = qkv + Q, *v = qkv + Q + int64_t(KVH) * HS;
+    // dK and dV: into dqkv (rows of W), or into the fp32 sums (rows of 2 KVH HS).
+    const bool summed = group > 1;
+    void* dk_at = summed ? static_cast<void*>(scratch.key_value) : static_cast<void*>(dqkv + Q);
+    void* dv_at = summed ? static_cast<void*>(scratch.key_value + int64_t(KVH) * HS)
+                         : static_cast<void*>(dqkv + Q + int64_t(KVH) * HS);
+    const cudaDataType kv_type = summed ? CUDA_R_32F : CUDA_R_16BF;
+    const int64_t kv_ld = summed ? 2 * int64_t(KVH) * HS : W;
     // dP^T (T,T) = V (T,HS) dO^T: A = v stored (HS,T), transposed; B = dout stored (HS,T).
-    const Gemm dprobs{.transpose_a = true, .m = T, .n = T, .k = HS, .a = qkv + 2 * C, .lda = 3 * C, .stride_a = HS,
-                      .b = dout, .ldb = C, .stride_b = HS, .d = scratch.dprobs, .d_type = CUDA_R_32F, .ldd = T,
-                      .stride_d = TT, .batch = NH};
-    HeadProducts(dprobs, B, sequence_qkv, sequence_out, NH * TT, "AttentionBackward (dP)", stream);
+    const Gemm dprobs{.transpose_a = true, .m = T, .n = T, .k = HS, .a = v, .lda = W, .stride_a = HS, .b = dout,
+                      .ldb = Q, .stride_b = group * HS, .d = scratch.dprobs, .d_type = CUDA_R_32F, .ldd = T,
+                      .stride_d = group * TT, .batch = KVH};
+    HeadProducts(dprobs, B, group, {T * W, T * Q, NH * TT}, {0, HS, TT}, false, "AttentionBackward (dP)", stream);
     CausalSoftmaxBackward(scratch.dscores, scratch.probs, scratch.dprobs, probs, int64_t(B) * NH * T, T,
                           1.0f / std::sqrt(float(HS)), stream);
-    // dV^T (HS,T) = dO^T (HS,T) P: A = dout stored (HS,T); B = P stored (T,T), transposed.
-    const Gemm dv{.transpose_b = true, .m = HS, .n = T, .k = T, .a = dout, .lda = C, .stride_a = HS,
-                  .b = scratch.probs, .ldb = T, .stride_b = TT, .d = dqkv + 2 * C, .ldd = 3 * C, .stride_d = HS,
-                  .batch = NH};
-    HeadProducts(dv, B, sequence_out, NH * TT, sequence_qkv, "AttentionBackward (dV)", stream);
+    // dV^T (HS,T) += dO^T (HS,T) P: A = dout stored (HS,T); B = P stored (T,T), transposed.
+    const Gemm dv{.transpose_b = true, .m = HS, .n = T, .k = T, .a = dout, .lda = Q, .stride_a = group * HS,
+                  .b = scratch.probs, .ldb = T, .stride_b = group * TT, .d = dv_at, .d_type = kv_type, .ldd = kv_ld,
+                  .stride_d = HS, .batch = KVH};
+    HeadProducts(dv, B, group, {T * Q, NH * TT, T * kv_ld}, {HS, TT, 0}, summed, "AttentionBackward (dV)", stream);
     // dQ^T (HS,T) = K^T (HS,T) dS^T: A = k stored (HS,T); B = dS stored (T,T).
-    const Gemm dq{.m = HS, .n = T, .k = T, .a = qkv + C, .lda = 3 * C, .stride_a = HS, .b = scratch.dscores,
-                  .ldb = T, .stride_b = TT, .d = dqkv, .ldd = 3 * C, .stride_d = HS, .batch = NH};
-    HeadProducts(dq, B, sequence_qkv, NH * TT, sequence_qkv, "AttentionBackward (dQ)", stream);
-    // dK^T (HS,T) = Q^T (HS,T) dS: A = q stored (HS,T); B = dS stored (T,T), transposed.
-    const Gemm dk{.transpose_b = true, .m = HS, .n = T, .k = T, .a = qkv, .lda = 3 * C, .stride_a = HS,
-                  .b = scratch.dscores, .ldb = T, .stride_b = TT, .d = dqkv + C, .ldd = 3 * C, .stride_d = HS,
-                  .batch = NH};
-    HeadProducts(dk, B, sequence_qkv, NH * TT, sequence_qkv, "AttentionBackward (dK)", stream);
+    const Gemm dq{.m = HS, .n = T, .k = T, .a = k, .lda = W, .stride_a = HS, .b = scratch.dscores, .ldb = T,
+                  .stride_b = group * TT, .d = dqkv, .ldd = W, .stride_d = group * HS, .batch = KVH};
+    HeadProducts(dq, B, group, {T * W, NH * TT, T * W}, {0, TT, HS}, false, "AttentionBackward (dQ)", stream);
+    // dK^T (HS,T) += Q^T (HS,T) dS: A = q stored (HS,T); B = dS stored (T,T), transposed.
+    const Gemm dk{.transpose_b = true, .m = HS, .n = T, .k = T, .a = q, .lda = W, .stride_a = group * HS,
+                  .b = scratch.dscores, .ldb = T, .stride_b = group * TT, .d = dk_at, .d_type = kv_type, .ldd = kv_ld,
+                  .stride_d = HS, .batch = KVH};
+    HeadProducts(dk, B, group, {T * W, NH * TT, T * kv_ld}, {HS, TT, 0}, summed, "AttentionBackward (dK)", stream);
+    if (summed) StoreRows(dqkv + Q, W, scratch.key_value, int64_t(B) * T, int(2 * KVH * HS), stream);
   }
 
   CachingAllocator* allocator_;
@@ -478,7 +566,7 @@ class CudaOps final : public Ops<Bf16> {
   std::unique_ptr<BlasLt> blas_;
   cudnnHandle_t cudnn_ = nullptr;
   std::string cudnn_missing_;  // why there is no cuDNN handle; empty when there is one
-  std::map<std::tuple<int, int, int, int>, AttentionPlan> attention_;
+  std::map<std::tuple<int, int, int, int, int>, AttentionPlan> attention_;  // by (B, T, NH, KVH, HS)
   bool warned_about_scores_ = false;
   bool said_bias_gradient_apart_ = false;  // once a table
   DeviceArray<float> layernorm_partials_, bias_partials_;

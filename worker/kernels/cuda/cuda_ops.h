@@ -1,8 +1,9 @@
 // The GPU's kernel table (kernels/ops.h), part of the CUDA plugin: Ops<Bf16> on one CUDA
 // device. Products are cuBLASLt with heuristics, a workspace and epilogues (bias, GELU
-// with its pre-activation, and in backward its derivative and the bias gradient); attention is cuDNN's fused
-// scaled-dot-product attention through its graph API, with plain kernels where cuDNN
-// refuses a shape (said once in the log); the rest are meshtrain's own kernels. Each
+// with its pre-activation, and in backward its derivative and the bias gradient);
+// attention (grouped-query heads included) is cuDNN's fused scaled-dot-product attention
+// through its graph API, with plain kernels where cuDNN refuses a shape (said once in the
+// log); the rest (norms, RoPE, SwiGLU, loss, optimizer) are meshtrain's own kernels. Each
 // operation is checked against the CPU's Fp64 table by tests/gpu/cuda_ops_test.cc.
 //
 // Memory: the table takes its workspaces when it is built (cuBLASLt's 32 MiB, the
@@ -10,10 +11,10 @@
 // asked for (Attention and the two sizes; an operation on a shape never asked builds it
 // then). No operation allocates or synchronizes the host; a failure throws
 // runtime::cuda::CudaError naming the operation and the shape.
-// Thread-safety: as kernels/ops.h. The products, LayerNorm's backward, the bias gradient
-// and attention's forward share the table's workspaces, so their calls must follow one
-// another in stream order (the engine's compute stream); the shard operations have their
-// own.
+// Thread-safety: as kernels/ops.h. The products, LayerNorm's and RMSNorm's backward, the
+// bias gradient and attention's forward share the table's workspaces, so their calls
+// must follow one another in stream order (the engine's compute stream); the shard
+// operations have their own.
 
 #pragma once
 

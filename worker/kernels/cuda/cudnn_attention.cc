@@ -238,11 +238,12 @@ struct CudnnAttention::Buffers {
 };
 
 CudnnAttention::CudnnAttention(cudnnHandle_t handle, runtime::CachingAllocator* allocator, int B, int T, int NH,
-                               int HS)
+                               int KVH, int HS)
     : handle_(handle),
       B_(B),
       T_(T),
       NH_(NH),
+      KVH_(KVH),
       HS_(HS),
       buffers_(std::make_unique<Buffers>()),
       scale_(1.0f / std::sqrt(float(HS))),
@@ -250,12 +251,16 @@ CudnnAttention::CudnnAttention(cudnnHandle_t handle, runtime::CachingAllocator* 
   if (HS % 8 != 0 || HS > 256) {
     throw CudnnRefused("the head size " + std::to_string(HS) + " is not a multiple of 8 up to 256");
   }
-  const int64_t C = int64_t(NH) * HS;
-  const int64_t b = B, h = NH, s = T, d = HS;
-  // q, k and v of head h sit at channels h*HS (+C, +2C) of each (B,T,3C) row.
-  const Dims qkv_dims = {b, h, s, d}, qkv_strides = {s * 3 * C, d, 3 * C, 1};
-  const Dims transposed_dims = {b, h, d, s}, transposed_strides = {s * 3 * C, d, 1, 3 * C};
-  const Dims out_strides = {s * C, d, C, 1};
+  const int64_t b = B, h = NH, hk = KVH, s = T, d = HS;
+  // Rows of qkv hold W channels: q head i at i*HS, k head g at Q + g*HS and v head g at
+  // Q + (KVH + g)*HS, Q = NH*HS (the pointers of k and v start at their first head); out
+  // and dout rows hold Q.
+  const int64_t W = (h + 2 * hk) * d, Q = h * d;
+  const Dims q_dims = {b, h, s, d}, kv_dims = {b, hk, s, d}, row_major_strides = {s * W, d, W, 1};
+  const Dims transposed_kv_dims = {b, hk, d, s}, transposed_strides = {s * W, d, 1, W};
+  const Dims out_strides = {s * Q, d, Q, 1};
+  const Dims full_head_strides = {h * s * d, s * d, d, 1};
+  const bool grouped = hk != h;
   const Dims scores_dims = {b, h, s, s}, scores_strides = {h * s * s, s * s, s, 1};
   const Dims transposed_scores_strides = {h * s * s, s * s, 1, s};
   const Dims row_dims = {b, h, s, 1}, row_strides = {h * s, s, 1, 1};
@@ -278,10 +283,11 @@ CudnnAttention::CudnnAttention(cudnnHandle_t handle, runtime::CachingAllocator* 
   {
     forward_ = std::make_unique<Plan>(handle);
     Graph& g = forward_->graph;
-    cudnnBackendDescriptor_t q = g.Tensor(kQ, kBf16, qkv_dims, qkv_strides);
-    cudnnBackendDescriptor_t k = g.Tensor(kK, kBf16, transposed_dims, transposed_strides);
-    cudnnBackendDescriptor_t v = g.Tensor(kV, kBf16, qkv_dims, qkv_strides);
-    cudnnBackendDescriptor_t o = g.Tensor(kO, kBf16, qkv_dims, out_strides);
+    // K and V with KVH heads: the products broadcast each over its group of query heads.
+    cudnnBackendDescriptor_t q = g.Tensor(kQ, kBf16, q_dims, row_major_strides);
+    cudnnBackendDescriptor_t k = g.Tensor(kK, kBf16, transposed_kv_dims, transposed_strides);
+    cudnnBackendDescriptor_t v = g.Tensor(kV, kBf16, kv_dims, row_major_strides);
+    cudnnBackendDescriptor_t o = g.Tensor(kO, kBf16, q_dims, out_strides);
     cudnnBackendDescriptor_t stats = g.Tensor(kStats, kFloat, row_dims, row_strides);
     cudnnBackendDescriptor_t products = g.Virtual(kFloat, scores_dims, scores_strides);
     g.Matmul(q, k, products);
@@ -320,18 +326,17 @@ CudnnAttention::CudnnAttention(cudnnHandle_t handle, runtime::CachingAllocator* 
   {
     backward_ = std::make_unique<Plan>(handle);
     Graph& g = backward_->graph;
-    cudnnBackendDescriptor_t q = g.Tensor(kQ, kBf16, qkv_dims, qkv_strides);
-    cudnnBackendDescriptor_t k = g.Tensor(kK, kBf16, transposed_dims, transposed_strides);
-    cudnnBackendDescriptor_t v = g.Tensor(kV, kBf16, transposed_dims, transposed_strides);
-    cudnnBackendDescriptor_t o = g.Tensor(kO, kBf16, qkv_dims, out_strides);
-    cudnnBackendDescriptor_t d_o = g.Tensor(kDO, kBf16, qkv_dims, out_strides);
+    cudnnBackendDescriptor_t q = g.Tensor(kQ, kBf16, q_dims, row_major_strides);
+    cudnnBackendDescriptor_t k = g.Tensor(kK, kBf16, transposed_kv_dims, transposed_strides);
+    cudnnBackendDescriptor_t v = g.Tensor(kV, kBf16, transposed_kv_dims, transposed_strides);
+    cudnnBackendDescriptor_t o = g.Tensor(kO, kBf16, q_dims, out_strides);
+    cudnnBackendDescriptor_t d_o = g.Tensor(kDO, kBf16, q_dims, out_strides);
     cudnnBackendDescriptor_t stats = g.Tensor(kStats, kFloat, row_dims, row_strides);
-    cudnnBackendDescriptor_t d_q = g.Tensor(kDQ, kBf16, qkv_dims, qkv_strides);
-    cudnnBackendDescriptor_t d_k = g.Tensor(kDK, kBf16, qkv_dims, qkv_strides);
-    cudnnBackendDescriptor_t d_v = g.Tensor(kDV, kBf16, qkv_dims, qkv_strides);
+    cudnnBackendDescriptor_t d_q = g.Tensor(kDQ, kBf16, q_dims, row_major_strides);
+    cudnnBackendDescriptor_t d_k = g.Tensor(kDK, kBf16, kv_dims, row_major_strides);
+    cudnnBackendDescriptor_t d_v = g.Tensor(kDV, kBf16, kv_dims, row_major_strides);
     cudnnBackendDescriptor_t softmax_sum = g.Tensor(kSoftmaxSum, kFloat, row_dims, row_strides);
-    cudnnBackendDescriptor_t d_q_accumulator =
-        g.Tensor(kDQAccumulator, kFloat, qkv_dims, {h * s * d, s * d, d, 1});
+    cudnnBackendDescriptor_t d_q_accumulator = g.Tensor(kDQAccumulator, kFloat, q_dims, full_head_strides);
     cudnnBackendDescriptor_t sequence_q = nullptr, sequence_kv = nullptr;
     if (padding_mask) {
       sequence_q = g.Tensor(kSequenceQ, CUDNN_DATA_INT32, {b, 1, 1, 1}, {1, 1, 1, 1});
@@ -339,7 +344,7 @@ CudnnAttention::CudnnAttention(cudnnHandle_t handle, runtime::CachingAllocator* 
     }
 
     // softmax_sum = rowsum(dO * O)
-    cudnnBackendDescriptor_t d_o_o = g.Virtual(kFloat, qkv_dims, {h * s * d, s * d, h * d, 1});
+    cudnnBackendDescriptor_t d_o_o = g.Virtual(kFloat, q_dims, {h * s * d, s * d, h * d, 1});
     g.Pointwise(CUDNN_POINTWISE_MUL, kFloat, d_o, o, nullptr, d_o_o);
     cudnnBackendDescriptor_t row_sum = g.Virtual(kFloat, row_dims, row_strides);
     g.Reduction(CUDNN_REDUCE_TENSOR_ADD, d_o_o, row_sum);
@@ -371,10 +376,24 @@ CudnnAttention::CudnnAttention(cudnnHandle_t handle, runtime::CachingAllocator* 
     cudnnBackendDescriptor_t probabilities = g.Virtual(kFloat, scores_dims, scores_strides);
     g.Pointwise(CUDNN_POINTWISE_EXP, kFloat, masked, nullptr, nullptr, probabilities);
 
+    // With groups, dK and dV are products per query head (a virtual full-head gradient,
+    // bf16 as cudnn-frontend declares it), reduced (ADD) over each group into their KVH
+    // heads; without, the products write them.
+    auto key_value_gradient = [&](cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b_operand,
+                                  cudnnBackendDescriptor_t gradient) {
+      if (!grouped) {
+        g.Matmul(a, b_operand, gradient, sequence_kv, nullptr, sequence_q);
+        return;
+      }
+      cudnnBackendDescriptor_t full_head = g.Virtual(kBf16, q_dims, full_head_strides);
+      g.Matmul(a, b_operand, full_head, sequence_kv, nullptr, sequence_q);
+      g.Reduction(CUDNN_REDUCE_TENSOR_ADD, full_head, gradient);
+    };
+
     // dV = P^T dO
     cudnnBackendDescriptor_t probabilities_t = g.Virtual(kBf16, scores_dims, transposed_scores_strides);
     g.Reshape(probabilities, probabilities_t);
-    g.Matmul(probabilities_t, d_o, d_v, sequence_kv, nullptr, sequence_q);
+    key_value_gradient(probabilities_t, d_o, d_v);
 
     // dS = scale P (dO V^T - softmax_sum)
     cudnnBackendDescriptor_t d_p = g.Virtual(kFloat, scores_dims, scores_strides);
@@ -389,10 +408,10 @@ CudnnAttention::CudnnAttention(cudnnHandle_t handle, runtime::CachingAllocator* 
     // dK = dS^T Q
     cudnnBackendDescriptor_t d_s_t = g.Virtual(kBf16, scores_dims, transposed_scores_strides);
     g.Reshape(d_s, d_s_t);
-    g.Matmul(d_s_t, q, d_k, sequence_kv, nullptr, sequence_q);
+    key_value_gradient(d_s_t, q, d_k);
 
-    // dQ = dS K, accumulated in fp32, then stored as bf16
-    cudnnBackendDescriptor_t k_rows = g.Virtual(kBf16, qkv_dims, qkv_strides);
+    // dQ = dS K (K broadcast over each group), accumulated in fp32, then stored as bf16
+    cudnnBackendDescriptor_t k_rows = g.Virtual(kBf16, kv_dims, row_major_strides);
     g.Reshape(k, k_rows);
     g.Matmul(d_s, k_rows, d_q_accumulator, sequence_q, nullptr, sequence_kv);
     g.Pointwise(CUDNN_POINTWISE_IDENTITY, kFloat, d_q_accumulator, nullptr, nullptr, d_q);
@@ -410,7 +429,7 @@ CudnnAttention::~CudnnAttention() = default;
 
 std::string CudnnAttention::Shape() const {
   return "B=" + std::to_string(B_) + " T=" + std::to_string(T_) + " NH=" + std::to_string(NH_) +
-         " HS=" + std::to_string(HS_);
+         " KVH=" + std::to_string(KVH_) + " HS=" + std::to_string(HS_);
 }
 
 int64_t CudnnAttention::BackwardScratchBytes() const {
@@ -450,18 +469,27 @@ void Execute(cudnnHandle_t handle, cudnnBackendDescriptor_t plan, const std::vec
 
 }  // namespace
 
+namespace {
+
+// Byte offsets of k's and v's first heads in a row of qkv (bf16): Q = NH*HS channels,
+// then KVH*HS more.
+int64_t KeyBytes(int NH, int HS) { return int64_t(NH) * HS * 2; }
+int64_t ValueBytes(int NH, int KVH, int HS) { return (int64_t(NH) + KVH) * HS * 2; }
+
+}  // namespace
+
 void CudnnAttention::Forward(void* out, float* stats, const void* qkv, cudaStream_t stream) {
-  const int64_t C = int64_t(NH_) * HS_;
   auto* base = static_cast<std::byte*>(const_cast<void*>(qkv));
   const std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale, kNegativeInfinity};
-  std::vector<void*> pointers = {base, base + 2 * C, base + 4 * C, out, stats, &scale_, &negative_infinity_};
+  std::vector<void*> pointers = {base, base + KeyBytes(NH_, HS_), base + ValueBytes(NH_, KVH_, HS_), out, stats,
+                                 &scale_, &negative_infinity_};
   Execute(handle_, forward_->graph.plan(), uids, pointers,
           runtime::DeviceSide::Address(buffers_->forward_workspace.get()), stream, "AttentionForward", Shape());
 }
 
 void CudnnAttention::Backward(void* dqkv, std::byte* scratch, const void* dout, const void* qkv, const void* out,
                               const float* stats, cudaStream_t stream) {
-  const int64_t C = int64_t(NH_) * HS_, rows = int64_t(B_) * NH_ * T_;
+  const int64_t rows = int64_t(B_) * NH_ * T_, key = KeyBytes(NH_, HS_), value = ValueBytes(NH_, KVH_, HS_);
   auto* base = static_cast<std::byte*>(const_cast<void*>(qkv));
   auto* d_base = static_cast<std::byte*>(dqkv);
   auto* start = reinterpret_cast<std::byte*>(AlignUp(int64_t(reinterpret_cast<uintptr_t>(scratch))));
@@ -475,14 +503,14 @@ void CudnnAttention::Backward(void* dqkv, std::byte* scratch, const void* dout, 
   std::vector<int64_t> uids = {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kSoftmaxSum, kDQAccumulator, kScale,
                                kNegativeInfinity, kOne};
   std::vector<void*> pointers = {base,
-                                 base + 2 * C,
-                                 base + 4 * C,
+                                 base + key,
+                                 base + value,
                                  const_cast<void*>(out),
                                  const_cast<void*>(dout),
                                  const_cast<float*>(stats),
                                  d_base,
-                                 d_base + 2 * C,
-                                 d_base + 4 * C,
+                                 d_base + key,
+                                 d_base + value,
                                  softmax_sum,
                                  d_q_accumulator,
                                  &scale_,

@@ -57,6 +57,31 @@ void LayerNormBackward(bf16* dinp, float* dweight, float* dbias, const bf16* dou
                        const bf16* weight, const float* mean, const float* rstd, int64_t N, int C, float* partials,
                        int64_t partial_capacity, cudaStream_t stream);
 
+// --- RMSNorm (eps given) ---
+// With a and b: residual = a + b (residual may alias either), then the RMSNorm of the
+// residual as stored. With b null: the RMSNorm of a (residual unused).
+void RmsNormForward(bf16* residual, bf16* out, float* rstd, const bf16* a, const bf16* b, const bf16* weight,
+                    int64_t N, int C, float eps, cudaStream_t stream);
+// dinp += the normalisation's gradient; per-block partial sums of dweight land in
+// `partials` (capacity floats), then AddColumnSums adds them in order into dweight.
+// REQUIRES: C <= kMaxRmsNormChannels and C <= partial_capacity.
+constexpr int kMaxRmsNormChannels = 32768;
+void RmsNormBackward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
+                     const float* rstd, int64_t N, int C, float* partials, int64_t partial_capacity,
+                     cudaStream_t stream);
+
+// --- RoPE (rotate-half) ---
+// In place on the NH q heads and KVH k heads of qkv (B,T,(NH+2*KVH)*HS); cos and sin
+// (T,HS/2) fp32 rows by position; backward: the negative angle. REQUIRES: HS even.
+void Rope(bf16* qkv, const float* cos, const float* sin, int B, int T, int NH, int KVH, int HS, bool backward,
+          cudaStream_t stream);
+
+// --- SwiGLU ---
+// out (N,H) = silu(gate) * up, gate_up (N,2H) = [gate | up].
+void SwiGluForward(bf16* out, const bf16* gate_up, int64_t N, int H, cudaStream_t stream);
+// dgate_up (N,2H) = [dgate | dup] for dout (N,H).
+void SwiGluBackward(bf16* dgate_up, const bf16* dout, const bf16* gate_up, int64_t N, int H, cudaStream_t stream);
+
 // --- Around the products (where cuBLASLt's epilogues cannot serve a shape) ---
 // dbias (OC) += the column sums of dout (N,OC): partial sums per row range, then a
 // second pass in order. REQUIRES: OC <= partial_capacity.
@@ -64,7 +89,7 @@ void BiasBackward(float* dbias, const bf16* dout, int64_t N, int OC, float* part
                   cudaStream_t stream);
 // dbias (OC) += sums (OC): the column sums cuBLASLt's BGRADB epilogue wrote.
 void AddBiasGradient(float* dbias, const float* sums, int OC, cudaStream_t stream);
-// The second pass of all three: for each column c of partials (rows, columns), first[c] (c <
+// The second pass of all four: for each column c of partials (rows, columns), first[c] (c <
 // split) or second[c - split] += the column's sum, its rows added in a fixed order.
 void AddColumnSums(float* first, float* second, int split, const float* partials, int rows, int columns,
                    cudaStream_t stream);
@@ -82,6 +107,9 @@ void CausalSoftmaxForward(float* probs, bf16* probs_bf16, int64_t rows, int T, c
 // and probs_bf16 = probs as bf16.
 void CausalSoftmaxBackward(bf16* dscores, bf16* probs_bf16, const float* dprobs, const float* probs, int64_t rows,
                            int T, float scale, cudaStream_t stream);
+// out[r * out_stride + c] = in (rows,width)[r][c] as bf16: gradients summed in fp32 over a
+// group of query heads, stored into their channels of dqkv.
+void StoreRows(bf16* out, int64_t out_stride, const float* in, int64_t rows, int width, cudaStream_t stream);
 
 // --- Elementwise ---
 void Add(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream);
