@@ -71,10 +71,11 @@ inline constexpr int kDefaultSampleTokens = 300;
 // 0: as spec.checkpoint.resume false, whatever the spec says: resume only this run's own
 // checkpoints (those of the job's metadata.uid), which only a restart finds.
 inline constexpr const char* kResume = "MESHTRAIN_RESUME";
-// The secret (at least 16 characters) the operator's instructions to a pod's launcher
-// carry. Unset or empty: the launcher serves no control endpoint and exits when a rank
-// fails, so the operator recreates the pods.
-inline constexpr const char* kLauncherToken = "MESHTRAIN_LAUNCHER_TOKEN";
+// A file holding the secret (at least 16 characters) that the operator's instructions to
+// this pod's launcher carry: under the operator, the pod's own token from the job's Secret,
+// mounted read-only. Unset or empty: the launcher serves no control endpoint and exits when
+// a rank fails, so the operator recreates the pods.
+inline constexpr const char* kLauncherTokenFile = "MESHTRAIN_LAUNCHER_TOKEN_FILE";
 // The port of the launcher's control endpoint; unset: kLauncherPort (the operator's). For
 // tests that run several launchers on one machine.
 inline constexpr const char* kLauncherPort = "MESHTRAIN_LAUNCHER_PORT";

@@ -13,6 +13,7 @@
 
 #include "api/logging.h"
 #include "operator/controller/controller.h"
+#include "operator/controller/launcher_client.h"
 #include "operator/controller/worker_defaults.h"
 #include "operator/kube/config.h"
 #include "operator/kube/leader_election.h"
@@ -41,7 +42,7 @@ std::unique_ptr<web::http::experimental::listener::http_listener> ServeHealth(in
 
 int main(int argc, char** argv) {
   CLI::App app{"meshtrain-operator: the TrainingJob controller"};
-  std::string kubeconfig, namespace_, log_level = "info", lease_namespace, worker_defaults;
+  std::string kubeconfig, namespace_, log_level = "info", lease_namespace, worker_defaults, launcher_key_file;
   bool leader_elect = false, all_namespaces = false;
   int workers = 4, metrics_port = 8080, health_port = 8081;
   double qps = 50;
@@ -70,6 +71,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(100, 600000));
   app.add_option("--worker-defaults", worker_defaults,
                  "YAML file of what worker pods get unless their TrainingJob says otherwise (the Helm chart's)");
+  app.add_option("--launcher-key-file", launcher_key_file,
+                 "file of the operator's key (at least 32 bytes), from which each pod's launcher token derives "
+                 "(the Helm chart's Secret); without it, a failed rank restarts its gang by recreating the pods");
   app.add_option("--log-level", log_level, "log level")->check(CLI::IsMember(LogLevelNames()));
   CLI11_PARSE(app, argc, argv);
   InitLogging("meshtrain-operator", log_level);
@@ -108,9 +112,15 @@ int main(int argc, char** argv) {
     if (!worker_defaults.empty()) options.reconciler.decide.worker = controller::LoadWorkerDefaults(worker_defaults);
     if (const auto& policy = options.reconciler.decide.worker.network_policy; !policy.enabled)
       spdlog::warn("networkPolicy.enabled is false: any pod in the cluster can reach the jobs' pods");
-    else if (policy.metrics_from.empty())
-      spdlog::warn("networkPolicy.metricsFrom is empty: only a job's own pods can read its metrics and reach its "
-                   "launchers (not Prometheus, nor this operator, whose failed ranks then restart by recreating pods)");
+    else if (policy.operator_from.empty())
+      spdlog::warn("networkPolicy.operatorFrom is empty: this operator cannot reach a job's metrics or launchers, so "
+                   "it reads no progress, and a failed rank restarts its gang by recreating the pods");
+    if (!launcher_key_file.empty()) {
+      options.reconciler.launcher_key = controller::LoadLauncherKey(launcher_key_file);
+    } else {
+      spdlog::warn("no --launcher-key-file: pods get no launcher token, so a failed rank restarts its gang by "
+                   "recreating the pods, not in place");
+    }
     controller::Controller controller(client, &metrics, options);
     kube::LeaderElectionOptions election;
     char host[256] = {};

@@ -2,6 +2,7 @@
 
 #include "api/json_codec.h"
 #include "api/worker_contract.h"
+#include "operator/controller/launcher_client.h"
 #include "operator/kube/base64.h"
 
 namespace meshtrain::controller {
@@ -21,6 +22,22 @@ json Meta(const api::TrainingJob& job, const std::string& name, json labels) {
 
 json Env(const std::string& name, const std::string& value) { return {{"name", name}, {"value", value}}; }
 
+// A volume of the job's Secret holding only its entry `key`, as the file `path`.
+json SecretVolume(const std::string& volume, const std::string& job_name, const std::string& key,
+                  const std::string& path) {
+  return {{"name", volume},
+          {"secret",
+           {{"secretName", JobSecretName(job_name)},
+            {"defaultMode", 0400},
+            {"items", json::array({{{"key", key}, {"path", path}}})}}}};
+}
+
+json TcpPorts(std::initializer_list<int> ports) {
+  json out = json::array();
+  for (const int port : ports) out.push_back({{"protocol", "TCP"}, {"port", port}});
+  return out;
+}
+
 }  // namespace
 
 json OwnerReference(const api::TrainingJob& job) {
@@ -31,7 +48,9 @@ json OwnerReference(const api::TrainingJob& job) {
 
 std::string ConfigMapName(const std::string& job_name) { return job_name + "-config"; }
 
-std::string StoreKeySecretName(const std::string& job_name) { return job_name + "-store-key"; }
+std::string JobSecretName(const std::string& job_name) { return job_name + "-secret"; }
+
+std::string LauncherTokenKey(int64_t node_rank) { return "launcher-token-" + std::to_string(node_rank); }
 
 std::string PodName(const std::string& job_name, int64_t gang, int64_t node_rank) {
   return job_name + "-g" + std::to_string(gang) + "-" + std::to_string(node_rank);
@@ -67,23 +86,27 @@ json BuildConfigMap(const api::TrainingJob& job, const json& written_spec, const
           {"data", {{"job.json", spec_doc.dump(2)}, {"rank-table.json", api::ToJson(table).dump(2)}}}};
 }
 
-json BuildStoreKeySecret(const api::TrainingJob& job, const std::string& key) {
+json BuildJobSecret(const api::TrainingJob& job, const std::string& store_key, const std::string& launcher_key) {
+  json data = {{"key", kube::EncodeBase64(store_key)}};
+  if (!launcher_key.empty()) {
+    for (int64_t rank = 0; rank < job.spec.nodes; ++rank)
+      data[LauncherTokenKey(rank)] = kube::EncodeBase64(LauncherToken(launcher_key, job.metadata.uid, rank));
+  }
   return {{"apiVersion", "v1"},
           {"kind", "Secret"},
-          {"metadata", Meta(job, StoreKeySecretName(job.metadata.name), Labels(job))},
+          {"metadata", Meta(job, JobSecretName(job.metadata.name), Labels(job))},
           {"type", "Opaque"},
           {"immutable", true},
-          {"data", {{"key", kube::EncodeBase64(key)}}}};
+          {"data", data}};
 }
 
 json BuildNetworkPolicy(const api::TrainingJob& job, const NetworkPolicyDefaults& policy) {
   const json same_job = {{"podSelector", {{"matchLabels", Labels(job)}}}};
   json ingress = json::array({{{"from", json::array({same_job})}}});
-  if (!policy.metrics_from.empty()) {
-    ingress.push_back({{"from", policy.metrics_from},
-                       {"ports", json::array({{{"protocol", "TCP"}, {"port", api::worker::kMetricsPort}},
-                                              {{"protocol", "TCP"}, {"port", api::worker::kLauncherPort}}})}});
-  }
+  const int metrics = api::worker::kMetricsPort, launcher = api::worker::kLauncherPort;
+  if (!policy.operator_from.empty())
+    ingress.push_back({{"from", policy.operator_from}, {"ports", TcpPorts({metrics, launcher})}});
+  if (!policy.metrics_from.empty()) ingress.push_back({{"from", policy.metrics_from}, {"ports", TcpPorts({metrics})}});
   json spec = {{"podSelector", {{"matchLabels", Labels(job)}}}, {"ingress", ingress}};
   if (policy.restrict_egress) {
     spec["policyTypes"] = {"Ingress", "Egress"};
@@ -138,7 +161,7 @@ json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t 
 
   json volumes = json::array({
       {{"name", "meshtrain-config"}, {"configMap", {{"name", ConfigMapName(name)}}}},
-      {{"name", "store-key"}, {"secret", {{"secretName", StoreKeySecretName(name)}, {"defaultMode", 0400}}}},
+      SecretVolume("store-key", name, "key", "key"),
       {{"name", "dshm"},
        {"emptyDir", worker.shm_size_limit.empty() ? json{{"medium", "Memory"}}
                                                    : json{{"medium", "Memory"}, {"sizeLimit", worker.shm_size_limit}}}},
@@ -199,16 +222,20 @@ json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t 
   return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", metadata}, {"spec", pod_spec}};
 }
 
-void SetLauncherToken(json* pod, const std::string& token) {
-  (*pod)["spec"]["containers"][0]["env"].push_back(Env(env::kLauncherToken, token));
+void MountLauncherToken(json* pod) {
+  const std::string job_name = (*pod)["metadata"]["labels"].value(kJobNameLabel, "");
+  json& spec = (*pod)["spec"];
+  json& container = spec["containers"][0];
+  spec["volumes"].push_back(SecretVolume("launcher-token", job_name, LauncherTokenKey(NodeRankLabel(*pod)), "token"));
+  container["volumeMounts"].push_back({{"name", "launcher-token"}, {"mountPath", kLauncherTokenDir}, {"readOnly", true}});
+  container["env"].push_back(Env(env::kLauncherTokenFile, std::string(kLauncherTokenDir) + "/token"));
 }
 
-std::string LauncherToken(const json& pod) {
-  const json containers = pod.value("spec", json::object()).value("containers", json::array());
-  if (containers.empty()) return "";
-  for (const json& e : containers[0].value("env", json::array()))
-    if (e.value("name", "") == env::kLauncherToken) return e.value("value", "");
-  return "";
+int64_t NodeRankLabel(const json& pod) {
+  const std::string label =
+      pod.value("metadata", json::object()).value("labels", json::object()).value(kNodeRankLabel, "");
+  if (label.empty() || label.size() > 9 || label.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(label);
 }
 
 }  // namespace meshtrain::controller

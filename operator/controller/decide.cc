@@ -33,13 +33,6 @@ std::string Label(const json& object, const char* label) {
   return object.value("metadata", json::object()).value("labels", json::object()).value(label, "");
 }
 
-// The node rank a pod's label gives it; -1 when the label is missing or not a number.
-int64_t NodeRankLabel(const json& pod) {
-  const std::string label = Label(pod, kNodeRankLabel);
-  if (label.empty() || label.size() > 9 || label.find_first_not_of("0123456789") != std::string::npos) return -1;
-  return std::stoll(label);
-}
-
 // One pass of Decide: the observation, and the decision it builds up.
 class Decider {
  public:

@@ -8,6 +8,7 @@
 #include "api/json_codec.h"
 #include "api/manifest.h"
 #include "operator/controller/builders.h"
+#include "operator/controller/launcher_client.h"
 #include "operator/kube/objects.h"
 #include "operator/kube/time.h"
 
@@ -19,23 +20,12 @@ namespace res = kube::resources;
 
 namespace {
 
-// `bytes` random bytes, for a job's rendezvous Store key or a launcher's token.
-std::string RandomBytes(size_t bytes, const char* what) {
-  std::string key(bytes, '\0');
+// A job's rendezvous Store key: 32 random bytes.
+std::string NewStoreKey() {
+  std::string key(32, '\0');
   if (RAND_bytes(reinterpret_cast<unsigned char*>(key.data()), static_cast<int>(key.size())) != 1)
-    throw std::runtime_error(std::string("drawing a random ") + what + " failed (OpenSSL RAND_bytes)");
+    throw std::runtime_error("drawing a random Store key failed (OpenSSL RAND_bytes)");
   return key;
-}
-
-// A launcher token: 128 random bits in hex, to sit in a pod's environment and a URL.
-std::string NewLauncherToken() {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string token;
-  for (const unsigned char c : RandomBytes(16, "launcher token")) {
-    token += kHex[c >> 4];
-    token += kHex[c & 15];
-  }
-  return token;
 }
 
 }  // namespace
@@ -212,9 +202,9 @@ void Reconciler::Act(const Observed& o, const Decision& decision) {
         if (e.kind() != kube::ErrorKind::kConflict) throw;  // AlreadyExists: an earlier pass made it
       }
     };
-    // The Secret before the pods that mount it. A job keeps its first key: when the
-    // Secret exists, AlreadyExists leaves it as it is.
-    create(res::Secrets(), BuildStoreKeySecret(o.checked.job, RandomBytes(32, "Store key")));
+    // The Secret before the pods that mount it. A job keeps its first Secret: when it
+    // exists, AlreadyExists leaves it as it is.
+    create(res::Secrets(), BuildJobSecret(o.checked.job, NewStoreKey(), options_.launcher_key));
     if (gang.network_policy) create(res::NetworkPolicies(), *gang.network_policy);
     create(res::Services(), gang.service);
     if (gang.replace_config_map) client_.Update(res::ConfigMaps(), o.ns, gang.config_map);
@@ -226,7 +216,7 @@ void Reconciler::Act(const Observed& o, const Decision& decision) {
       for (const auto& pod : gang.pods) expected.names.insert(pod["metadata"].value("name", ""));
     }
     for (json pod : gang.pods) {
-      SetLauncherToken(&pod, NewLauncherToken());
+      if (!options_.launcher_key.empty()) MountLauncherToken(&pod);
       create(res::Pods(), pod);
     }
   }
@@ -237,7 +227,11 @@ void Reconciler::Act(const Observed& o, const Decision& decision) {
   if (!launchers_) return;
   if (decision.launchers_from.empty()) return launchers_->Forget(key);
   launchers_->Watch(key, decision.launchers_from);
-  for (const LauncherCall& call : decision.launcher_calls) launchers_->Post(key, call.pod, LauncherCallTarget(call));
+  if (options_.launcher_key.empty()) return;  // no pod has a token to instruct it with
+  for (const LauncherCall& call : decision.launcher_calls) {
+    const std::string token = LauncherToken(options_.launcher_key, o.checked.job.metadata.uid, NodeRankLabel(call.pod));
+    launchers_->Post(key, call.pod, LauncherCallTarget(call, token));
+  }
 }
 
 void Reconciler::DeletePods(const std::string& job_key, const std::vector<json>& pods,

@@ -41,6 +41,9 @@ namespace meshtrain::controller {
 
 struct ReconcilerOptions {
   DecideOptions decide;
+  // The operator's key, from which each pod's launcher token derives (launcher_client.h);
+  // empty: pods get no token, and a failed rank restarts its gang by recreating the pods.
+  std::string launcher_key;
   std::chrono::seconds avoid_failed_node{600};  // how long a failed node is avoided
   std::chrono::seconds creation_observation_timeout{30};  // how long created pods may be absent from the cache
   std::string component = "meshtrain-operator";  // Event source

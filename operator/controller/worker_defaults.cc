@@ -52,25 +52,30 @@ api::Toleration DecodeToleration(const Reader& r, const json& t, const std::stri
   return out;
 }
 
+// A list of NetworkPolicyPeer objects at `key`.
+json DecodePeers(const Reader& r, const json& value, const std::string& key) {
+  const json& peers = r.Expect(value, key, json::value_t::array, "a list");
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const std::string peer = key + "[" + std::to_string(i) + "]";
+    r.Keys(peers[i], peer, {"podSelector", "namespaceSelector", "ipBlock"});
+    if (peers[i].empty()) r.Fail(peer, "must name a podSelector, namespaceSelector or ipBlock");
+    for (const auto& [field, selector] : peers[i].items())
+      r.Expect(selector, peer + "." + field, json::value_t::object, "a mapping");
+  }
+  return peers;
+}
+
 NetworkPolicyDefaults DecodeNetworkPolicy(const Reader& r, const json& object) {
-  r.Keys(object, "networkPolicy", {"enabled", "metricsFrom", "restrictEgress"});
+  r.Keys(object, "networkPolicy", {"enabled", "operatorFrom", "metricsFrom", "restrictEgress"});
   NetworkPolicyDefaults out;
   if (object.contains("enabled"))
     out.enabled = r.Expect(object["enabled"], "networkPolicy.enabled", json::value_t::boolean, "true or false").get<bool>();
   if (object.contains("restrictEgress"))
     out.restrict_egress =
         r.Expect(object["restrictEgress"], "networkPolicy.restrictEgress", json::value_t::boolean, "true or false").get<bool>();
-  if (object.contains("metricsFrom")) {
-    const json& peers = r.Expect(object["metricsFrom"], "networkPolicy.metricsFrom", json::value_t::array, "a list");
-    for (size_t i = 0; i < peers.size(); ++i) {
-      const std::string key = "networkPolicy.metricsFrom[" + std::to_string(i) + "]";
-      r.Keys(peers[i], key, {"podSelector", "namespaceSelector", "ipBlock"});
-      if (peers[i].empty()) r.Fail(key, "must name a podSelector, namespaceSelector or ipBlock");
-      for (const auto& [field, value] : peers[i].items())
-        r.Expect(value, key + "." + field, json::value_t::object, "a mapping");
-    }
-    out.metrics_from = peers;
-  }
+  if (object.contains("operatorFrom"))
+    out.operator_from = DecodePeers(r, object["operatorFrom"], "networkPolicy.operatorFrom");
+  if (object.contains("metricsFrom")) out.metrics_from = DecodePeers(r, object["metricsFrom"], "networkPolicy.metricsFrom");
   return out;
 }
 

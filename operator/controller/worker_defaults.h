@@ -24,12 +24,14 @@ namespace meshtrain::controller {
 inline constexpr const char* kInstanceTypeLabel = "node.kubernetes.io/instance-type";
 
 // Each job's NetworkPolicy (values.yaml, networkPolicy): ingress to a job's pods only from
-// pods of the same job, and to the metrics port also from `metrics_from`, where the chart
-// puts the operator's own pods (its progress poller reads rank 0's metrics) beside the
-// Prometheus selectors of its values.
+// pods of the same job; to the metrics port also from `operator_from` and `metrics_from`;
+// to the launcher port also from `operator_from` alone. The chart sets `operator_from` to
+// its operator's pods (which read rank 0's metrics and instruct the launchers), and
+// `metrics_from` to the scrapers of its values.
 struct NetworkPolicyDefaults {
   bool enabled = true;
-  nlohmann::json metrics_from = nlohmann::json::array();  // NetworkPolicyPeer objects
+  nlohmann::json operator_from = nlohmann::json::array();  // NetworkPolicyPeer objects
+  nlohmann::json metrics_from = nlohmann::json::array();   // NetworkPolicyPeer objects
   bool restrict_egress = false;  // true: egress only to the job's own pods and to DNS
   bool operator==(const NetworkPolicyDefaults&) const = default;
 };

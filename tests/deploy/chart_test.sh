@@ -72,7 +72,7 @@ import json, sys
 objects = json.load(open(sys.argv[1]))
 kinds = sorted(o["kind"] for o in objects)
 for want in ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy", "PodDisruptionBudget",
-             "PodMonitor", "PrometheusRule", "Role", "RoleBinding", "Service", "ServiceAccount", "ServiceMonitor"]:
+             "PodMonitor", "PrometheusRule", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount", "ServiceMonitor"]:
     assert want in kinds, f"no {want} rendered: {kinds}"
 deployment = next(o for o in objects if o["kind"] == "Deployment")
 assert deployment["spec"]["replicas"] == 2, deployment["spec"]["replicas"]
@@ -80,8 +80,20 @@ pod = deployment["spec"]["template"]["spec"]
 container = pod["containers"][0]
 args = container["args"]
 for want in ["--leader-elect", "--leader-election-namespace=meshtrain", "--namespace=training",
-             "--worker-defaults=/etc/meshtrain-operator/worker-defaults.yaml"]:
+             "--worker-defaults=/etc/meshtrain-operator/worker-defaults.yaml",
+             "--launcher-key-file=/etc/meshtrain-operator-key/key"]:
     assert want in args, f"{want} not in {args}"
+# The launcher key: the chart's Secret, 32 random bytes, mounted read-only where the
+# operator reads it, its file readable by the operator's group alone.
+import base64
+secret = next(o for o in objects if o["kind"] == "Secret")
+assert secret["metadata"]["name"] == "meshtrain-launcher-key", secret["metadata"]
+assert len(base64.b64decode(secret["data"]["key"])) == 32, secret["data"]
+volume = next(v for v in pod["volumes"] if v["name"] == "launcher-key")
+assert volume["secret"] == {"secretName": "meshtrain-launcher-key", "defaultMode": 0o440,
+                            "items": [{"key": "key", "path": "key"}]}, volume
+assert {"name": "launcher-key", "mountPath": "/etc/meshtrain-operator-key", "readOnly": True} in container["volumeMounts"]
+assert pod["securityContext"]["fsGroup"] == 65532, pod["securityContext"]
 assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
 assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
 sc = container["securityContext"]
@@ -104,7 +116,8 @@ PY
     ;;
   network-policy)
     # On by default: the operator's own NetworkPolicy, RBAC to create the jobs' ones, and
-    # worker defaults that admit the operator's pods, then the scrapers, to job metrics.
+    # worker defaults that admit the operator's pods to the jobs' metrics and launchers,
+    # and the scrapers to their metrics alone.
     render on
     render off --set networkPolicy.enabled=false
     cat >"$work/closed-values.yaml" <<'YAML'
@@ -137,10 +150,14 @@ assert spec["ingress"][1]["from"][0]["podSelector"]["matchLabels"] == {"app.kube
 assert {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create"]} in rules, rules
 assert {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]} in rules, rules
 assert defaults["enabled"] is True and defaults["restrictEgress"] is False, defaults
-operator_peer = defaults["metricsFrom"][0]
-assert operator_peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "meshtrain"}, operator_peer
-assert operator_peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator", operator_peer
-assert defaults["metricsFrom"][1]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}, defaults
+# The operator's pods have a selector of their own (the jobs' launcher port admits them
+# alone); the scrapers' is the values' metricsFrom, unchanged.
+assert defaults["operatorFrom"] == [{
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "meshtrain"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/component": "operator", "app.kubernetes.io/instance": "meshtrain",
+                                    "app.kubernetes.io/name": "meshtrain"}}}], defaults
+assert defaults["operatorFrom"][0]["podSelector"] == spec["podSelector"], "operatorFrom selects other pods than the operator's"
+assert defaults["metricsFrom"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}], defaults
 
 policies, rules, defaults = load("off")
 assert policies == [], policies
@@ -150,7 +167,8 @@ assert defaults["enabled"] is False, defaults
 
 policies, rules, defaults = load("closed")
 assert defaults["restrictEgress"] is True, defaults
-assert [p.get("ipBlock", {}).get("cidr") for p in defaults["metricsFrom"]] == [None, None, "10.0.0.0/8"], defaults
+assert [p.get("ipBlock", {}).get("cidr") for p in defaults["metricsFrom"]] == [None, "10.0.0.0/8"], defaults
+assert len(defaults["operatorFrom"]) == 1, defaults
 assert policies[0]["spec"]["ingress"][1]["from"][1] == {"ipBlock": {"cidr": "10.0.0.0/8"}}, policies
 print("ok: network policies on, off, closed")
 PY
@@ -168,6 +186,30 @@ PY
     expect_error "at '/networkPolicy/enabled': got string, want boolean" --set-string networkPolicy.enabled=yes
     expect_error "at '/networkPolicy': additional properties 'egress' not allowed" --set networkPolicy.egress=closed
     expect_error "at '/networkPolicy/metricsFrom/0'" --set 'networkPolicy.metricsFrom[0].podSelecter.x=y'
+    expect_error "at '/operator/launcherKey': additional properties 'secret' not allowed" --set operator.launcherKey.secret=mine
+    ;;
+  launcher-key)
+    # The chart draws the operator's launcher key, 32 random bytes, at each render without
+    # a cluster (helm template); an install keeps the one the cluster holds (e2e
+    # helm-install). operator.launcherKey.existingSecret mounts a Secret of one's own, and
+    # the chart creates none.
+    render first
+    render second
+    render own --set operator.launcherKey.existingSecret=my-launcher-key
+    node "$src/tests/deploy/validate_manifests.js" "$tools/node_modules" "$work/own.json" || fail "own: invalid objects"
+    python3 - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+def load(name): return json.load(open(f"{work}/{name}.json"))
+def key(name): return next(o for o in load(name) if o["kind"] == "Secret")["data"]["key"]
+assert key("first") != key("second"), "two renders drew the same key"
+own = load("own")
+assert not [o for o in own if o["kind"] == "Secret"], "a Secret rendered with existingSecret set"
+pod = next(o for o in own if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+volume = next(v for v in pod["volumes"] if v["name"] == "launcher-key")
+assert volume["secret"]["secretName"] == "my-launcher-key", volume
+print("ok: a drawn key per render; existingSecret mounted, none created")
+PY
     ;;
   monitoring-crds)
     # A monitoring resource asked for on a cluster without the Prometheus Operator fails

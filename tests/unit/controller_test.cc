@@ -1,13 +1,18 @@
 // The controller's pure parts: the CRD schema against api/ validation, the objects
 // the reconciler builds, and progress parsing.
 
+#include <unistd.h>
+
 #include <filesystem>
+#include <fstream>
+#include <set>
 
 #include <gtest/gtest.h>
 
 #include "api/manifest.h"
 #include "api/worker_contract.h"
 #include "operator/controller/builders.h"
+#include "operator/controller/launcher_client.h"
 #include "operator/kube/base64.h"
 #include "operator/controller/worker_readings.h"
 #include "operator/controller/reconciler.h"
@@ -126,19 +131,20 @@ TEST(BuildersTest, PodCarriesTheWorkerContract) {
       samples = samples || (e["name"] == "MESHTRAIN_SAMPLE_TOKENS" && e["value"] == "300");
     EXPECT_TRUE(samples) << "a job with spec.model.tokenizer has rank 0 print a sample as text";
   }
-  EXPECT_EQ(LauncherToken(pod), "");          // drawn as the pod is created
-  json with_token = pod;
-  SetLauncherToken(&with_token, "0123456789abcdef0123");
-  EXPECT_EQ(LauncherToken(with_token), "0123456789abcdef0123");
-  // The Store key: a file of the job's Secret, mounted read-only; the key is in no env var.
+  // The Store key: the one entry of the job's Secret that this volume holds, mounted
+  // read-only; the key is in no env var.
   EXPECT_EQ(env["MESHTRAIN_STORE_KEY_FILE"], "/etc/meshtrain-store/key");
-  bool key_volume = false, key_mount = false;
-  for (const auto& v : pod["spec"]["volumes"])
-    key_volume = key_volume || (v.contains("secret") && v["secret"]["secretName"] == "gpt2-124m-store-key" &&
-                                v["secret"]["defaultMode"] == 0400);
+  const json key_volume = {{"name", "store-key"},
+                           {"secret",
+                            {{"secretName", "gpt2-124m-secret"},
+                             {"defaultMode", 0400},
+                             {"items", json::array({{{"key", "key"}, {"path", "key"}}})}}}};
+  EXPECT_EQ(pod["spec"]["volumes"][1], key_volume);
+  bool key_mount = false;
   for (const auto& m : c["volumeMounts"])
-    key_mount = key_mount || (m["mountPath"] == "/etc/meshtrain-store" && m["readOnly"] == true);
-  EXPECT_TRUE(key_volume && key_mount) << pod.dump(2);
+    key_mount = key_mount || (m["name"] == "store-key" && m["mountPath"] == "/etc/meshtrain-store" && m["readOnly"] == true);
+  EXPECT_TRUE(key_mount) << pod.dump(2);
+  EXPECT_EQ(env.count("MESHTRAIN_LAUNCHER_TOKEN_FILE"), 0u) << "no token until the reconciler mounts it";
   bool shm = false;
   for (const auto& v : pod["spec"]["volumes"]) shm = shm || (v["name"] == "dshm" && v["emptyDir"]["medium"] == "Memory");
   EXPECT_TRUE(shm);
@@ -160,19 +166,96 @@ TEST(BuildersTest, PodCarriesTheWorkerContract) {
   EXPECT_FALSE(worker_view.warnings.empty());
 }
 
-TEST(BuildersTest, StoreKeySecretIsOwnedImmutableAndHoldsTheKey) {
-  api::TrainingJob job = Job124m();
-  const std::string key(32, '\x9c');
-  const json secret = BuildStoreKeySecret(job, key);
-  EXPECT_EQ(secret["metadata"]["name"], "gpt2-124m-store-key");
-  EXPECT_EQ(secret["metadata"]["ownerReferences"][0]["uid"], "uid-1");
-  EXPECT_EQ(secret["immutable"], true);
-  EXPECT_EQ(kube::DecodeBase64(secret["data"]["key"].get<std::string>()), key);
+// The operator's key of these tests: bytes 0 to 31.
+std::string TestLauncherKey() {
+  std::string key;
+  for (int i = 0; i < 32; ++i) key += char(i);
+  return key;
 }
 
-TEST(BuildersTest, NetworkPolicyAdmitsTheJobAndTheNamedScrapers) {
+TEST(BuildersTest, JobSecretIsOwnedImmutableAndHoldsTheKeyAndEachNodeRanksToken) {
+  api::TrainingJob job = Job124m();
+  const std::string key(32, '\x9c');
+  const json secret = BuildJobSecret(job, key, TestLauncherKey());
+  EXPECT_EQ(secret["metadata"]["name"], "gpt2-124m-secret");
+  EXPECT_EQ(secret["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+  EXPECT_EQ(secret["immutable"], true);
+  const json& data = secret["data"];
+  ASSERT_EQ(data.size(), 3u) << data;  // the key, and a token for each of spec.nodes 2
+  EXPECT_EQ(kube::DecodeBase64(data["key"].get<std::string>()), key);
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(kube::DecodeBase64(data["launcher-token-" + std::to_string(rank)].get<std::string>()),
+              LauncherToken(TestLauncherKey(), "uid-1", rank));
+  }
+  // An operator without a key gives its pods no token: the Secret holds the Store key alone.
+  EXPECT_EQ(BuildJobSecret(job, key, "")["data"], (json{{"key", kube::EncodeBase64(key)}}));
+}
+
+TEST(BuildersTest, APodMountsOnlyItsOwnLauncherTokenReadOnly) {
+  api::TrainingJob job = Job124m();
+  scheduler::Placement placement;
+  placement.nodes = {"node-a", "node-b"};
+  placement.paths = {{"l1", "l2", "l3", "node-a"}, {"l1", "l2", "l3", "node-b"}};
+  const api::RankTable table = scheduler::MakeRankTable(placement, job.spec.topology.levels, 8);
+  json pod = BuildPod(job, table, 3, 1, 5);
+  MountLauncherToken(&pod);
+  const json token_volume = {{"name", "launcher-token"},
+                             {"secret",
+                              {{"secretName", "gpt2-124m-secret"},
+                               {"defaultMode", 0400},
+                               {"items", json::array({{{"key", "launcher-token-1"}, {"path", "token"}}})}}}};
+  EXPECT_EQ(pod["spec"]["volumes"].back(), token_volume);
+  const json& c = pod["spec"]["containers"][0];
+  EXPECT_EQ(c["volumeMounts"].back(),
+            (json{{"name", "launcher-token"}, {"mountPath", "/etc/meshtrain-launcher"}, {"readOnly", true}}));
+  EXPECT_EQ(c["env"].back(), (json{{"name", "MESHTRAIN_LAUNCHER_TOKEN_FILE"}, {"value", "/etc/meshtrain-launcher/token"}}));
+}
+
+TEST(LauncherTokenTest, DerivesOneTokenPerJobAndNodeRankUnderTheOperatorsKey) {
+  // The derivation is fixed: the Secrets of running jobs hold its tokens, so an operator
+  // that derived them otherwise could instruct none of their launchers. (Python:
+  // hmac.new(bytes(range(32)), b"meshtrain launcher token\0uid-1\0" b"0", "sha256").hexdigest())
+  const std::string key = TestLauncherKey();
+  EXPECT_EQ(LauncherToken(key, "uid-1", 0), "10a3db49b72607bdd465444a4f4e4ecf5693bd43adf5d878c4aba9709bbd9ebb");
+  EXPECT_EQ(LauncherToken(key, "uid-1", 1), "3837c2fa8c125b9db339a775d1bf8fc33a5863e922335cbfbb55e5a2be2fd1d3");
+  // Another job (uid), another node rank or another operator's key: another token.
+  std::set<std::string> tokens = {LauncherToken(key, "uid-1", 0), LauncherToken(key, "uid-1", 1),
+                                  LauncherToken(key, "uid-2", 0), LauncherToken(key, "uid-10", 0),
+                                  LauncherToken(key, "uid-1", 10), LauncherToken(std::string(32, 'k'), "uid-1", 0)};
+  EXPECT_EQ(tokens.size(), 6u);
+}
+
+TEST(LauncherTokenTest, ACallCarriesTheAttemptAndTheToken) {
+  const LauncherCall call{json::object(), "stop", 3};
+  EXPECT_EQ(LauncherCallTarget(call, "10a3db49b726"), "/attempt/stop?attempt=3&token=10a3db49b726");
+}
+
+TEST(LauncherTokenTest, TheKeyFileMustHoldAtLeast32Bytes) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("launcher-key-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string good = (dir / "good").string(), short_key = (dir / "short").string();
+  std::ofstream(good, std::ios::binary) << TestLauncherKey();
+  std::ofstream(short_key, std::ios::binary) << std::string(31, 'k');
+  EXPECT_EQ(LoadLauncherKey(good), TestLauncherKey()) << "every byte, a NUL too";
+  auto error_of = [](const std::string& path) -> std::string {
+    try {
+      LoadLauncherKey(path);
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error_of(short_key), "the launcher key file " + short_key + " holds 31 bytes; the key must have at least 32");
+  EXPECT_EQ(error_of((dir / "missing").string()),
+            "the launcher key file " + (dir / "missing").string() + ": cannot open it: No such file or directory");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(BuildersTest, NetworkPolicyAdmitsTheJobTheOperatorAndTheNamedScrapers) {
   api::TrainingJob job = Job124m();
   NetworkPolicyDefaults defaults;
+  defaults.operator_from = json::array({{{"namespaceSelector", {{"matchLabels", {{"kubernetes.io/metadata.name", "meshtrain"}}}}},
+                                         {"podSelector", {{"matchLabels", {{"app.kubernetes.io/component", "operator"}}}}}}});
   defaults.metrics_from = json::array({{{"namespaceSelector", json::object()},
                                         {"podSelector", {{"matchLabels", {{"app.kubernetes.io/name", "prometheus"}}}}}}});
   const json policy = BuildNetworkPolicy(job, defaults);
@@ -181,14 +264,18 @@ TEST(BuildersTest, NetworkPolicyAdmitsTheJobAndTheNamedScrapers) {
   EXPECT_EQ(policy["spec"]["podSelector"], same_job);
   EXPECT_EQ(policy["spec"]["policyTypes"], json::array({"Ingress"}));
   const json& ingress = policy["spec"]["ingress"];
-  ASSERT_EQ(ingress.size(), 2u);
+  ASSERT_EQ(ingress.size(), 3u);
   EXPECT_EQ(ingress[0]["from"][0]["podSelector"], same_job);  // every port, from the job's pods only
   EXPECT_FALSE(ingress[0].contains("ports"));
-  EXPECT_EQ(ingress[1]["from"], defaults.metrics_from);
-  EXPECT_EQ(ingress[1]["ports"][0]["port"], 9400);
+  // The operator reads the metrics and instructs the launchers; the scrapers only read.
+  EXPECT_EQ(ingress[1]["from"], defaults.operator_from);
+  EXPECT_EQ(ingress[1]["ports"], (json::array({{{"protocol", "TCP"}, {"port", 9400}}, {{"protocol", "TCP"}, {"port", 9401}}})));
+  EXPECT_EQ(ingress[2]["from"], defaults.metrics_from);
+  EXPECT_EQ(ingress[2]["ports"], (json::array({{{"protocol", "TCP"}, {"port", 9400}}})));
   EXPECT_FALSE(policy["spec"].contains("egress"));
 
-  // Closed egress: the job's pods and DNS. No scrapers: the metrics rule goes.
+  // Closed egress: the job's pods and DNS. No operator and no scrapers: only the job's pods.
+  defaults.operator_from = json::array();
   defaults.metrics_from = json::array();
   defaults.restrict_egress = true;
   const json closed = BuildNetworkPolicy(job, defaults);

@@ -58,7 +58,8 @@ TEST(WorkerDefaults, ParsesTheChartsValues) {
   EXPECT_FALSE(d.network_policy.restrict_egress);
   const WorkerDefaults off = ParseWorkerDefaults(
       api::ParseManifestText("networkPolicy: {enabled: false, restrictEgress: true, metricsFrom: "
-                             "[{namespaceSelector: {matchLabels: {team: obs}}}]}",
+                             "[{namespaceSelector: {matchLabels: {team: obs}}}], operatorFrom: "
+                             "[{podSelector: {matchLabels: {app.kubernetes.io/component: operator}}}]}",
                              "np.yaml")
           .at(0)
           .object,
@@ -66,6 +67,8 @@ TEST(WorkerDefaults, ParsesTheChartsValues) {
   EXPECT_FALSE(off.network_policy.enabled);
   EXPECT_TRUE(off.network_policy.restrict_egress);
   EXPECT_EQ(off.network_policy.metrics_from[0]["namespaceSelector"]["matchLabels"]["team"], "obs");
+  EXPECT_EQ(off.network_policy.operator_from[0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"], "operator");
+  EXPECT_EQ(off.network_policy.operator_from.size(), 1u) << "the operator's peers are not the scrapers'";
 }
 
 TEST(WorkerDefaults, ErrorsNameTheKey) {
@@ -84,6 +87,10 @@ TEST(WorkerDefaults, ErrorsNameTheKey) {
   EXPECT_EQ(ErrorOf("networkPolicy: {metricsFrom: [{ipBlock: 10.0.0.0/8}]}"),
             "bad.yaml: networkPolicy.metricsFrom[0].ipBlock: must be a mapping, not string");
   EXPECT_EQ(ErrorOf("networkPolicy: {egress: closed}"), "bad.yaml: networkPolicy.egress: unknown key");
+  EXPECT_EQ(ErrorOf("networkPolicy: {operatorFrom: {podSelector: {}}}"),
+            "bad.yaml: networkPolicy.operatorFrom: must be a list, not object");
+  EXPECT_EQ(ErrorOf("networkPolicy: {operatorFrom: [{}]}"),
+            "bad.yaml: networkPolicy.operatorFrom[0]: must name a podSelector, namespaceSelector or ipBlock");
 }
 
 api::CheckedJob Job(const std::string& extra_spec) {

@@ -3,7 +3,11 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <stdexcept>
 #include <thread>
@@ -21,6 +25,23 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMinimumTokenLength = 16;
+
+// The token in `path` (kLauncherTokenFile), less a final line break. Throws
+// std::runtime_error naming the variable and the file when it cannot be read or is too short.
+std::string ReadToken(const std::string& path) {
+  const std::string where = std::string(env::kLauncherTokenFile) + "=" + path;
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw std::runtime_error(where + ": cannot open it: " + std::strerror(errno));
+  std::string token{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+  if (file.bad()) throw std::runtime_error(where + ": cannot read it: " + std::strerror(errno));
+  if (token.ends_with('\n')) token.pop_back();
+  if (token.ends_with('\r')) token.pop_back();
+  if (token.size() < kMinimumTokenLength) {
+    throw std::runtime_error(where + ": the token is " + std::to_string(token.size()) +
+                             " characters long; it must have at least " + std::to_string(kMinimumTokenLength));
+  }
+  return token;
+}
 
 std::vector<RankProcess> WithAttempt(std::vector<RankProcess> ranks, int attempt) {
   for (RankProcess& rank : ranks) rank.environment[env::kAttempt] = std::to_string(attempt);
@@ -178,15 +199,11 @@ NodeLaunch NodeLaunchFromEnvironment(std::vector<std::string> command) {
   launch.command = std::move(command);
   launch.attempt = int(api::EnvironmentInteger(env::kAttempt, 0, INT_MAX, 0));
   launch.held = api::EnvironmentInteger(env::kLauncherHeld, 0, 1, 0) == 1;
-  launch.token = api::EnvironmentString(env::kLauncherToken);
-  ::unsetenv(env::kLauncherToken);  // the ranks, which inherit the environment, have no use for it
+  const std::string token_file = api::EnvironmentString(env::kLauncherTokenFile);
+  if (!token_file.empty()) launch.token = ReadToken(token_file);
   if (launch.held && launch.token.empty()) {
-    throw std::runtime_error(std::string(env::kLauncherHeld) + "=1 needs " + env::kLauncherToken +
+    throw std::runtime_error(std::string(env::kLauncherHeld) + "=1 needs " + env::kLauncherTokenFile +
                              ": without a control endpoint, nothing would ever start the ranks");
-  }
-  if (!launch.token.empty() && launch.token.size() < kMinimumTokenLength) {
-    throw std::runtime_error(std::string(env::kLauncherToken) + " is " + std::to_string(launch.token.size()) +
-                             " characters long; it must have at least " + std::to_string(kMinimumTokenLength));
   }
   launch.hold = std::chrono::seconds(api::EnvironmentInteger(env::kLauncherHoldSeconds, 0, 3600, 60));
   launch.control_host = api::EnvironmentString(env::kPodIp, "0.0.0.0");

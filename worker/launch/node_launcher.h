@@ -5,7 +5,7 @@
 //
 // When a rank fails, it stops the others. Without a token it then exits with the failed
 // rank's status, so the pod fails and the operator recreates the gang's pods. With one
-// (MESHTRAIN_LAUNCHER_TOKEN) it serves the operator's control endpoint
+// (in the file MESHTRAIN_LAUNCHER_TOKEN_FILE names) it serves the operator's control endpoint
 // (launcher_control.h) and holds: the operator stops every pod's ranks and starts the
 // next attempt in place; if no instruction comes within the hold, it exits as without a
 // token. Either way a rank's permanent-error code (78) ends the launcher at once with 78,
@@ -47,9 +47,10 @@ struct NodeLaunch {
   std::chrono::milliseconds restart_grace{100};
 };
 
-// The launch of this pod that the worker contract's environment asks for (the token,
-// MESHTRAIN_ATTEMPT, MESHTRAIN_LAUNCHER_HELD, the hold, MESHTRAIN_POD_IP and the control port), with the ranks
-// running `command`. Throws std::runtime_error naming a malformed variable.
+// The launch of this pod that the worker contract's environment asks for (the token from
+// its file, MESHTRAIN_ATTEMPT, MESHTRAIN_LAUNCHER_HELD, the hold, MESHTRAIN_POD_IP and the
+// control port), with the ranks running `command`. Throws std::runtime_error naming a
+// malformed variable, or the token's file when it cannot be read or is too short.
 NodeLaunch NodeLaunchFromEnvironment(std::vector<std::string> command);
 
 // Runs this node's ranks; returns the exit status for the pod. Throws std::runtime_error

@@ -36,3 +36,8 @@ app.kubernetes.io/component: operator
 {{- fail (printf "%s is true, but this cluster has no monitoring.coreos.com/v1 %s: install the Prometheus Operator (for example kube-prometheus-stack) first, or set %s=false" .value .kind .value) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The Secret holding the operator's launcher key: launcherKey.existingSecret, or the chart's own. */}}
+{{- define "meshtrain.launcherKeySecret" -}}
+{{- .Values.operator.launcherKey.existingSecret | default (printf "%s-launcher-key" (include "meshtrain.fullname" .)) -}}
+{{- end -}}

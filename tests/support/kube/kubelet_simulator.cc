@@ -200,7 +200,8 @@ pid_t KubeletSimulator::Launch(const json& pod) {
   const fs::path dir = fs::path(options_.workdir) / (ns + "_" + name);
   fs::create_directories(dir);
 
-  // ConfigMap and Secret volumes become files under the pod's directory. A Secret that
+  // ConfigMap and Secret volumes become files under the pod's directory; a Secret volume
+  // with items holds only those keys, each at its path. A Secret, or an item's key, that
   // does not exist fails the pod (a kubelet would retry the mount; the operator creates
   // the Secret before its pods, so here that is a bug to see).
   std::map<std::string, std::string> mounts;  // container path -> local path
@@ -221,10 +222,21 @@ pid_t KubeletSimulator::Launch(const json& pod) {
         auto secret = server_.Get("/secrets", ns, secret_name);
         if (!secret) throw std::runtime_error("MountVolume.SetUp failed: secret \"" + secret_name + "\" not found");
         const json data = secret->value("data", json::object());
-        for (const auto& [key, value] : data.items()) {
-          const auto bytes = kube::DecodeBase64(value.get<std::string>());
+        std::map<std::string, std::string> files;  // key -> path in the volume
+        for (const auto& [key, value] : data.items()) files[key] = key;
+        if (volume["secret"].contains("items")) {
+          files.clear();
+          for (const auto& item : volume["secret"]["items"]) {
+            const std::string key = item.value("key", "");
+            if (!data.contains(key))
+              throw std::runtime_error("MountVolume.SetUp failed: secret \"" + secret_name + "\" has no key \"" + key + "\"");
+            files[key] = item.value("path", "");
+          }
+        }
+        for (const auto& [key, path] : files) {
+          const auto bytes = kube::DecodeBase64(data[key].get<std::string>());
           if (!bytes) throw std::runtime_error("secret \"" + secret_name + "\": data." + key + " is not base64");
-          const fs::path file = local / key;
+          const fs::path file = local / path;
           std::ofstream(file, std::ios::binary) << *bytes;
           fs::permissions(file, fs::perms(volume["secret"].value("defaultMode", 0644)));
         }
