@@ -69,29 +69,42 @@ config["users"][0]["user"] = {"token": token}
 yaml.safe_dump(config, open(sys.argv[2], "w"))' "$KUBECONFIG" "$operator_kubeconfig"
 }
 
+# The operator's key, from which it derives each pod's launcher token; the chart's
+# scenarios put the chart's key here (chart_operator_args).
+launcher_key=$work/launcher-key
+head -c 32 /dev/urandom >"$launcher_key"
+
 # chart_operator_args MANIFEST: the operator's arguments from a rendered chart's Deployment,
-# with its worker defaults written beside it, less the ports and workers start_operator sets.
+# with its worker defaults and its launcher key (the chart's Secret) written beside it,
+# less the ports and workers start_operator sets.
 chart_operator_args() {
-  python3 - "$1" "$work" <<'PY'
-import sys, yaml
-manifest, work = sys.argv[1], sys.argv[2]
+  python3 - "$1" "$work" "$launcher_key" <<'PY'
+import base64, sys, yaml
+manifest, work, key_file = sys.argv[1:]
 docs = [d for d in yaml.safe_load_all(open(manifest)) if d]
 deployment = next(d for d in docs if d["kind"] == "Deployment")
 config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-worker-defaults"))
 open(f"{work}/worker-defaults.yaml", "w").write(config["data"]["worker-defaults.yaml"])
+pod = deployment["spec"]["template"]["spec"]
+volume = next(v for v in pod["volumes"] if v["name"] == "launcher-key")
+secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == volume["secret"]["secretName"])
+open(key_file, "wb").write(base64.b64decode(secret["data"]["key"]))
 args = []
-for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]:
+for a in pod["containers"][0]["args"]:
     if a.startswith(("--metrics-port=", "--health-port=", "--workers=")): continue
-    args.append(f"--worker-defaults={work}/worker-defaults.yaml" if a.startswith("--worker-defaults=") else a)
+    if a.startswith("--worker-defaults="): a = f"--worker-defaults={work}/worker-defaults.yaml"
+    if a.startswith("--launcher-key-file="): a = f"--launcher-key-file={key_file}"
+    args.append(a)
 print("\n".join(args))
 PY
 }
 
 operator_pid=
-start_operator() {
-  local n=${#pids[@]}
+start_operator() {  # start_operator [FLAGS...]: with $launcher_key, unless FLAGS name a key file
+  local n=${#pids[@]} key=(--launcher-key-file "$launcher_key")
+  [[ " $* " == *" --launcher-key-file="* ]] && key=()
   "$build/operator/meshtrain-operator" --kubeconfig "$operator_kubeconfig" --metrics-port "${operator_metrics_port:-0}" \
-    --health-port 0 --workers 2 \
+    --health-port 0 --workers 2 "${key[@]}" \
     "$@" >"$work/operator$n.log" 2>&1 &
   operator_pid=$!
   pids+=($operator_pid)
@@ -182,6 +195,46 @@ rank_pid() {
     if grep -qx "RANK=$1" <<<"$env" && grep -qx "MESHTRAIN_POD_IP=$pod_ip" <<<"$env"; then echo "$p"; return 0; fi
   done
   fail "no process of rank $1 in pod $2 ($pod_ip)"
+}
+
+# job_token RANK: node rank RANK's launcher token, from the job's Secret.
+job_token() {
+  "$kubectl" get secret tiny-secret -o json |
+    python3 -c 'import base64, json, sys; print(base64.b64decode(json.load(sys.stdin)["data"]["launcher-token-" + sys.argv[1]]).decode())' "$1"
+}
+# derived_token UID RANK: the token the operator's key derives for node rank RANK of the job with that uid.
+derived_token() {
+  python3 -c 'import hmac, sys
+key = open(sys.argv[1], "rb").read()
+print(hmac.new(key, b"meshtrain launcher token\0" + sys.argv[2].encode() + b"\0" + sys.argv[3].encode(), "sha256").hexdigest())' \
+    "$launcher_key" "$1" "$2"
+}
+# no_token_in_pods: no launcher token of the job is in a pod's spec (its environment
+# included), nor in the environment of a process of its pods ($checked_processes counts them).
+no_token_in_pods() {
+  local t0 t1 pod text p
+  checked_processes=0
+  t0=$(job_token 0) t1=$(job_token 1)
+  [ ${#t0} = 64 ] && [ ${#t1} = 64 ] && [ "$t0" != "$t1" ] || fail "the job's Secret lacks two distinct tokens: '$t0' '$t1'"
+  for pod in $("$kubectl" get pods -l meshtrain.dev/job-name=tiny -o name); do
+    text=$("$kubectl" get "$pod" -o json)
+    [[ $text != *"$t0"* && $text != *"$t1"* ]] || fail "$pod carries a launcher token in its spec"
+  done
+  for p in $(pgrep -f "meshtrain-worker (launch|train)" || true); do
+    text=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null || true)
+    grep -qx "MESHTRAIN_JOB_NAME=tiny" <<<"$text" || continue
+    [[ $text != *"$t0"* && $text != *"$t1"* ]] || fail "process $p of the job has a launcher token in its environment"
+    checked_processes=$((checked_processes + 1))
+  done
+}
+# launcher_stop POD TOKEN: the HTTP status of a stop at attempt 1 sent to POD's launcher with TOKEN.
+launcher_stop() {
+  local ip
+  ip=$("$kubectl" get pod "$1" -o 'jsonpath={.status.podIP}')
+  curl -s --max-time 5 -o "$work/stop-answer" -w '%{http_code}' -X POST "http://$ip:9401/attempt/stop?attempt=1&token=$2"
+}
+launcher_state() {  # launcher_state POD: its launcher's GET /attempt
+  curl -s --max-time 5 "http://$("$kubectl" get pod "$1" -o 'jsonpath={.status.podIP}'):9401/attempt"
 }
 
 # recovered N: the seconds the Nth Recovered Event gives, once there are N.
@@ -328,22 +381,30 @@ case $scenario in
     out=$(curl -s --max-time 5 -H "Authorization: Bearer $token" "http://127.0.0.1:$(cat "$work/port")/api/v1/namespaces/default/secrets")
     [[ $out == *'"code":403'* && $out == *'User \"system:serviceaccount:meshtrain:meshtrain\" cannot list resource \"secrets\"'* ]] ||
       fail "the operator's account was not refused Secrets: $out"
-    # ... nor the one Secret it created: the job's Store key, 32 random bytes, mounted
-    # read-only as a file, in no env var and not in the ConfigMap.
-    out=$(curl -s --max-time 5 -H "Authorization: Bearer $token" "http://127.0.0.1:$(cat "$work/port")/api/v1/namespaces/default/secrets/tiny-store-key")
+    # ... nor the one Secret it created: the job's Store key, 32 random bytes, and each node
+    # rank's launcher token, each mounted read-only as a file by the pods that need it, in
+    # no env var and not in the ConfigMap.
+    out=$(curl -s --max-time 5 -H "Authorization: Bearer $token" "http://127.0.0.1:$(cat "$work/port")/api/v1/namespaces/default/secrets/tiny-secret")
     [[ $out == *'"code":403'* && $out == *'cannot get resource \"secrets\"'* ]] || fail "the operator's account could read its Secret: $out"
-    key=$("$kubectl" get secret tiny-store-key -o 'jsonpath={.data.key}' | base64 -d | wc -c)
+    key=$("$kubectl" get secret tiny-secret -o 'jsonpath={.data.key}' | base64 -d | wc -c)
     [ "$key" -eq 32 ] || fail "the Store key holds $key bytes, not 32"
-    [ "$("$kubectl" get secret tiny-store-key -o 'jsonpath={.metadata.ownerReferences[0].kind}')" = TrainingJob ] ||
+    [ "$("$kubectl" get secret tiny-secret -o 'jsonpath={.metadata.ownerReferences[0].kind}')" = TrainingJob ] ||
       fail "the Secret is not owned by its job"
-    [ "$("$kubectl" get pod tiny-g0-1 -o 'jsonpath={.spec.volumes[?(@.name=="store-key")].secret.secretName}')" = tiny-store-key ] ||
-      fail "the pod does not mount the Store key"
-    [ "$("$kubectl" get pod tiny-g0-1 -o 'jsonpath={.spec.containers[0].volumeMounts[?(@.name=="store-key")].readOnly}')" = true ] ||
-      fail "the Store key is not mounted read-only"
+    for volume in store-key launcher-token; do
+      [ "$("$kubectl" get pod tiny-g0-1 -o "jsonpath={.spec.volumes[?(@.name==\"$volume\")].secret.secretName}")" = tiny-secret ] ||
+        fail "the pod does not mount the job's Secret as $volume"
+      [ "$("$kubectl" get pod tiny-g0-1 -o "jsonpath={.spec.containers[0].volumeMounts[?(@.name==\"$volume\")].readOnly}")" = true ] ||
+        fail "$volume is not mounted read-only"
+    done
+    items=$("$kubectl" get pod tiny-g0-1 -o 'jsonpath={.spec.volumes[?(@.name=="launcher-token")].secret.items[*].key}')
+    [ "$items" = launcher-token-1 ] || fail "pod 1 mounts the tokens '$items', not its own alone"
+    no_token_in_pods
     # The job's NetworkPolicy: the job's pods admit only each other (the operator ran
-    # without the chart's worker defaults, so no scrapers).
+    # without the chart's worker defaults, so neither the operator nor scrapers).
     [ "$("$kubectl" get networkpolicy tiny -o 'jsonpath={.spec.ingress[0].from[0].podSelector.matchLabels.meshtrain\.dev/job-name}')" = tiny ] ||
       fail "no NetworkPolicy admitting the job's own pods: $("$kubectl" get networkpolicy -o yaml)"
+    [ "$("$kubectl" get networkpolicy tiny -o 'jsonpath={.spec.ingress[*].ports}')" = "" ] ||
+      fail "without the chart's worker defaults, the NetworkPolicy admits others on some port: $("$kubectl" get networkpolicy tiny -o yaml)"
     "$kubectl" get cm tiny-config -o 'jsonpath={.data.rank-table\.json}' | grep nodeRank >/dev/null || fail "no rank table"
     node "$src/tests/deploy/validate_manifests.js" "$tools/node_modules" "$work/record" \
       --require Pod,Service,ConfigMap,Secret,NetworkPolicy || fail "kubernetes-models rejected an object"
@@ -351,7 +412,7 @@ case $scenario in
     "$kubectl" delete tj tiny >/dev/null
     [ "$(pod_count)" -eq 0 ] || fail "pods outlived their job"
     "$kubectl" get cm tiny-config >/dev/null 2>&1 && fail "the ConfigMap outlived its job"
-    "$kubectl" get secret tiny-store-key >/dev/null 2>&1 && fail "the Store key outlived its job"
+    "$kubectl" get secret tiny-secret >/dev/null 2>&1 && fail "the job's Secret outlived its job"
     "$kubectl" get networkpolicy tiny >/dev/null 2>&1 && fail "the NetworkPolicy outlived its job"
     ;;
   kill-pod)
@@ -458,21 +519,33 @@ case $scenario in
     [ "$("$kubectl" get pod tiny-g0-0 -o 'jsonpath={.spec.volumes[?(@.name=="dshm")].emptyDir.sizeLimit}')" = 256Gi ] ||
       fail "/dev/shm is not bounded by shmSizeLimit"
     wait_for '{.status.defaults[?(@.field=="spec.resources.efa")].value}' 32 5
-    # The job's NetworkPolicy from the chart's values: the operator's pods, then Prometheus,
-    # may read the metrics port.
-    from=$("$kubectl" get networkpolicy tiny -o 'jsonpath={.spec.ingress[1].from[*].podSelector.matchLabels}')
-    [[ $from == *'"app.kubernetes.io/component":"operator"'*'"app.kubernetes.io/name":"prometheus"'* ]] ||
-      fail "the job's metrics port does not admit the operator and Prometheus: $from"
-    [ "$("$kubectl" get networkpolicy tiny -o 'jsonpath={.spec.ingress[1].ports[0].port}')" = 9400 ] ||
-      fail "the NetworkPolicy's metrics rule is not on port 9400"
+    # The job's NetworkPolicy from the chart's values: the operator's pods and Prometheus may
+    # reach the metrics port, and only the operator's pods the launcher port. (The test API
+    # server enforces no NetworkPolicy: the rules are what is checked.)
+    "$kubectl" get networkpolicy tiny -o json | python3 -c '
+import json, sys
+ingress = json.load(sys.stdin)["spec"]["ingress"]
+operator = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "meshtrain"}},
+             "podSelector": {"matchLabels": {"app.kubernetes.io/component": "operator",
+                                             "app.kubernetes.io/instance": "meshtrain", "app.kubernetes.io/name": "meshtrain"}}}]
+prometheus = [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+def ports(rule): return sorted(p["port"] for p in rule.get("ports", []))
+assert ingress[0] == {"from": [{"podSelector": {"matchLabels": {"meshtrain.dev/job-name": "tiny"}}}]}, ingress[0]
+launcher = [r for r in ingress if 9401 in ports(r)]
+assert [r["from"] for r in launcher] == [operator], f"the launcher port admits {launcher}, not the operator alone"
+metrics = [r["from"] for r in ingress if 9400 in ports(r)]
+assert metrics == [operator, prometheus], f"the metrics port admits {metrics}"
+assert [ports(r) for r in ingress[1:]] == [[9400, 9401], [9400]], ingress
+' || fail "the job's NetworkPolicy: $("$kubectl" get networkpolicy tiny -o yaml)"
     node "$src/tests/deploy/validate_manifests.js" "$tools/node_modules" "$work/record" --require NetworkPolicy,Secret ||
       fail "kubernetes-models rejected an object"
     ;;
   helm-install)
     # helm install into the test API server; the operator runs with the installed
-    # Deployment's arguments and its ServiceAccount's token, under the installed RBAC, and
-    # trains a job of real workers to the end; then helm upgrade and helm uninstall, which
-    # leaves nothing of the release but the CRD.
+    # Deployment's arguments, its launcher key and its ServiceAccount's token, under the
+    # installed RBAC, and trains a job of real workers to the end; then helm upgrade, which
+    # keeps the launcher key, and helm uninstall, which leaves nothing of the release but
+    # the CRD.
     prepare_data
     helm_installs=1
     start_server 2 --kubelet run --worker-binary "$build/worker/meshtrain-worker"
@@ -482,13 +555,23 @@ case $scenario in
     "$helm" get manifest meshtrain --namespace meshtrain >"$work/manifest.yaml"
     account_kubeconfig
     mapfile -t args < <(chart_operator_args "$work/manifest.yaml")
+    # The operator's launcher key: the chart's Secret, 32 random bytes, which the operator
+    # reads from its mount (here, the file chart_operator_args wrote from the release).
+    chart_key() { "$kubectl" get secret meshtrain-launcher-key -n meshtrain -o 'jsonpath={.data.key}'; }
+    installed_key=$(chart_key)
+    [ "$(base64 -d <<<"$installed_key" | wc -c)" = 32 ] || fail "the chart's launcher key is not 32 bytes"
+    [ "$(base64 -w0 <"$launcher_key")" = "$installed_key" ] || fail "the operator would not read the installed key"
     start_operator "${args[@]}"
     worker_job 40
     wait_for '{.status.phase}' Succeeded 120
+    [ "$(job_token 1)" = "$(derived_token "$("$kubectl" get tj tiny -o 'jsonpath={.metadata.uid}')" 1)" ] ||
+      fail "the job's launcher tokens do not derive from the chart's key"
     "$helm" upgrade meshtrain "$src/helm/meshtrain" --namespace meshtrain --set operator.workers=3 >"$work/helm.log" ||
       fail "helm upgrade: $(cat "$work/helm.log")"
     args=$("$kubectl" get deployment meshtrain -n meshtrain -o 'jsonpath={.spec.template.spec.containers[0].args}')
     [[ $args == *--workers=3* ]] || fail "helm upgrade did not change the Deployment: $args"
+    # The upgrade keeps the key, and with it every running job's launcher tokens.
+    [ "$(chart_key)" = "$installed_key" ] || fail "helm upgrade drew a new launcher key"
     [ "$("$helm" history meshtrain -n meshtrain -o json | python3 -c 'import json, sys; print(len(json.load(sys.stdin)))')" = 2 ] ||
       fail "helm history does not show 2 revisions"
     "$helm" uninstall meshtrain --namespace meshtrain >/dev/null
@@ -674,6 +757,28 @@ case $scenario in
     run_worker_gang
     wait_checkpoint 0
     before=$(uids)
+    # Each pod's token reaches it only as a file of the job's Secret: its own, and no other.
+    no_token_in_pods
+    [ "$checked_processes" -ge 6 ] || fail "only $checked_processes processes of the job were checked, not its 2 launchers and 4 ranks"
+    for rank in 0 1; do
+      mounted=$work/pods/default_tiny-g0-$rank/etc/meshtrain-launcher
+      [ "$(ls "$mounted")" = token ] || fail "pod $rank's token volume holds '$(ls "$mounted")', not its token alone"
+      [ "$(cat "$mounted/token")" = "$(job_token $rank)" ] || fail "pod $rank mounts another token than its node rank's"
+      [ "$(ls "$work/pods/default_tiny-g0-$rank/etc/meshtrain-store")" = key ] || fail "pod $rank's Store key volume holds more than the key"
+    done
+    # A stop with another pod's token, or with another job's (the token the operator's key
+    # derives for another uid), is refused and changes nothing.
+    uid=$("$kubectl" get tj tiny -o 'jsonpath={.metadata.uid}')
+    [ "$(derived_token "$uid" 1)" = "$(job_token 1)" ] || fail "the Secret does not hold the token the operator's key derives"
+    running=$(launcher_state tiny-g0-1)
+    [ "$running" = '{"attempt":0,"state":"running"}' ] || fail "pod 1's launcher is not running attempt 0: $running"
+    for token in "$(job_token 0)" "$(derived_token "other-$uid" 1)"; do
+      code=$(launcher_stop tiny-g0-1 "$token")
+      [ "$code" = 403 ] || fail "a stop with another pod's or job's token was answered $code: $(cat "$work/stop-answer")"
+    done
+    [ "$(launcher_state tiny-g0-1)" = "$running" ] || fail "a refused stop changed the launcher: $(launcher_state tiny-g0-1)"
+    pod_log tiny-g0-1 | grep "stopping ranks" >/dev/null && fail "a refused stop stopped pod 1's ranks"
+    [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.restarts}')" = 0 ] || fail "a refused stop restarted the job"
     kill -9 "$(rank_pid 3 tiny-g0-1)"
     wait_for '{.status.restarts}' 1 20
     in_place=$(recovered 1)
@@ -703,6 +808,25 @@ case $scenario in
     # differ here only by the launchers' stop and start; that must stay small.
     awk "BEGIN { exit !($in_place <= 1.5 * $recreated + 1) }" ||
       fail "an in-place restart ($in_place s) took much longer than recreating the gang ($recreated s)"
+
+    # A restarted operator derives the same tokens from its key: it still restarts the new
+    # gang in place.
+    kill -9 "$operator_pid"
+    operator_metrics_port=$(free_ports 1)
+    start_operator --progress-interval 1 --launcher-interval 250
+    wait_for '{.status.phase}' Running 30
+    gang=$("$kubectl" get tj tiny -o 'jsonpath={.status.gang}')
+    restarts=$("$kubectl" get tj tiny -o 'jsonpath={.status.restarts}')
+    before=$(uids)
+    kill -9 "$(rank_pid 3 "tiny-g$gang-1")"
+    wait_for '{.status.restarts}' $((restarts + 1)) 20
+    "$kubectl" get events | grep -E "Restarted.*rank 3 in pod tiny-g$gang-1 .* restarting the gang in place: attempt $((restarts + 1))" >/dev/null ||
+      fail "the restarted operator did not restart the gang in place: $("$kubectl" get events | tail -8)"
+    wait_for '{.status.phase}' Running 30
+    [ "$(uids)" = "$before" ] || fail "the pods changed in an in-place restart by the restarted operator: '$before' -> '$(uids)'"
+    pod_log "tiny-g$gang-1" | grep "attempt $((restarts + 1)): starting ranks 2..3" >/dev/null ||
+      fail "pod 1's launcher did not start attempt $((restarts + 1)): $(pod_log "tiny-g$gang-1" | tail -5)"
+    expect_restarts in_place 1
     ;;
   hang)
     # SIGSTOP of one rank under the operator: it neither dies nor answers. Rank 0's watchdog
