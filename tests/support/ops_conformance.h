@@ -1,7 +1,8 @@
 // The kernel-table conformance suite (kernels/ops.h): every operation of a table against
 // the CPU's Fp64 table, on random inputs (never zeros), at odd shapes (T = 37, a
 // vocabulary of 1000 real rows padded to 1024 and of 50257 padded to 50304, head sizes
-// 64 and 128). Outputs that an operation writes are poisoned first (every byte 0xFF, a
+// 64 and 128, as many key/value heads as query heads, fewer, and one, widths that are
+// not whole 128-bit vectors). Outputs that an operation writes are poisoned first (every byte 0xFF, a
 // NaN), so an element left unwritten fails; outputs it accumulates into start from
 // random values. Both sides get the same inputs: they are drawn, then rounded to the
 // table's element types.
@@ -297,38 +298,214 @@ TYPED_TEST_P(OpsConformance, Matmul) {
   }
 }
 
+// Multi-head (KVH = NH), grouped-query (KVH < NH) and multi-query (KVH = 1) attention:
+// the key/value heads' gradients sum over their groups.
 TYPED_TEST_P(OpsConformance, Attention) {
   using Act = typename TestFixture::A;
   using Acc = typename TestFixture::G;
   auto& impl = this->impl_;
   auto& ref = this->ref_;
   struct Case {
-    int B, T, NH, HS;
+    int B, T, NH, KVH, HS;
   };
-  for (const Case& c : {Case{2, 37, 2, 64}, Case{1, 64, 1, 128}, Case{2, 128, 4, 64}}) {
-    const int C = c.NH * c.HS;
-    const int64_t rows = int64_t(c.B) * c.T;
-    const std::string at = " (B " + std::to_string(c.B) + ", T " + std::to_string(c.T) + ", heads " + std::to_string(c.NH) +
-                           " of " + std::to_string(c.HS) + ")";
-    const auto qkv = this->template Random<Act>(rows * 3 * C), dout = this->template Random<Act>(rows * C);
-    impl.ops->Attention(c.B, c.T, c.NH, c.HS);
-    const int64_t state_n = impl.ops->AttentionStateElements(c.B, c.T, c.NH, c.HS);
-    const int64_t scratch_n = impl.ops->AttentionScratchBytes(c.B, c.T, c.NH, c.HS);
-    auto out = impl.template Poisoned<Act>(rows * C);
+  for (const Case& c : {Case{2, 37, 2, 2, 64}, Case{1, 64, 1, 1, 128}, Case{2, 128, 4, 4, 64}, Case{2, 37, 4, 2, 64},
+                        Case{1, 64, 8, 1, 128}, Case{2, 37, 6, 2, 32}}) {
+    const int64_t rows = int64_t(c.B) * c.T, width = int64_t(c.NH + 2 * c.KVH) * c.HS, Q = int64_t(c.NH) * c.HS;
+    const std::string at = " (B " + std::to_string(c.B) + ", T " + std::to_string(c.T) + ", " + std::to_string(c.NH) +
+                           " query heads and " + std::to_string(c.KVH) + " key/value heads of " + std::to_string(c.HS) +
+                           ")";
+    const auto qkv = this->template Random<Act>(rows * width), dout = this->template Random<Act>(rows * Q);
+    impl.ops->Attention(c.B, c.T, c.NH, c.KVH, c.HS);
+    const int64_t state_n = impl.ops->AttentionStateElements(c.B, c.T, c.NH, c.KVH, c.HS);
+    const int64_t scratch_n = impl.ops->AttentionScratchBytes(c.B, c.T, c.NH, c.KVH, c.HS);
+    auto out = impl.template Poisoned<Act>(rows * Q);
     auto state = impl.template Poisoned<Acc>(state_n);
     auto scratch = impl.template Poisoned<std::byte>(scratch_n);
-    auto dqkv = impl.template Poisoned<Act>(rows * 3 * C);
+    auto dqkv = impl.template Poisoned<Act>(rows * width);
     auto impl_qkv = impl.template Put<Act>(qkv);
-    impl.ops->AttentionForward(out, state, impl_qkv, c.B, c.T, C, c.NH, *impl.stream);
-    impl.ops->AttentionBackward(dqkv, scratch, impl.template Put<Act>(dout), impl_qkv, out, state, c.B, c.T, C, c.NH, *impl.stream);
-    auto ref_out = ref.template Poisoned<double>(rows * C);
-    auto ref_state = ref.template Poisoned<double>(ref.ops->AttentionStateElements(c.B, c.T, c.NH, c.HS));
-    auto ref_dqkv = ref.template Poisoned<double>(rows * 3 * C);
+    impl.ops->AttentionForward(out, state, impl_qkv, c.B, c.T, c.NH, c.KVH, c.HS, *impl.stream);
+    impl.ops->AttentionBackward(dqkv, scratch, impl.template Put<Act>(dout), impl_qkv, out, state, c.B, c.T, c.NH, c.KVH,
+                                c.HS, *impl.stream);
+    auto ref_out = ref.template Poisoned<double>(rows * Q);
+    auto ref_state = ref.template Poisoned<double>(ref.ops->AttentionStateElements(c.B, c.T, c.NH, c.KVH, c.HS));
+    auto ref_dqkv = ref.template Poisoned<double>(rows * width);
     auto ref_qkv = ref.template Put<double>(qkv);
-    ref.ops->AttentionForward(ref_out, ref_state, ref_qkv, c.B, c.T, C, c.NH, *ref.stream);
-    ref.ops->AttentionBackward(ref_dqkv, nullptr, ref.template Put<double>(dout), ref_qkv, ref_out, ref_state, c.B, c.T, C, c.NH, *ref.stream);
-    this->ExpectClose(impl.Get(out, rows * C), ref.Get(ref_out, rows * C), "AttentionForward" + at);
-    this->ExpectClose(impl.Get(dqkv, rows * 3 * C), ref.Get(ref_dqkv, rows * 3 * C), "AttentionBackward" + at);
+    ref.ops->AttentionForward(ref_out, ref_state, ref_qkv, c.B, c.T, c.NH, c.KVH, c.HS, *ref.stream);
+    ref.ops->AttentionBackward(ref_dqkv, nullptr, ref.template Put<double>(dout), ref_qkv, ref_out, ref_state, c.B, c.T,
+                               c.NH, c.KVH, c.HS, *ref.stream);
+    this->ExpectClose(impl.Get(out, rows * Q), ref.Get(ref_out, rows * Q), "AttentionForward" + at);
+    // q, k and v's gradients apart, so that a wrong group sum shows as itself.
+    const auto got = impl.Get(dqkv, rows * width), want = ref.Get(ref_dqkv, rows * width);
+    const char* parts[3] = {"dq", "dk", "dv"};
+    for (int part = 0; part < 3; ++part) {
+      const int64_t begin = part == 0 ? 0 : Q + (part - 1) * int64_t(c.KVH) * c.HS;
+      const int64_t end = part == 0 ? Q : begin + int64_t(c.KVH) * c.HS;
+      std::vector<double> got_part, want_part;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = begin; i < end; ++i) {
+          got_part.push_back(got[size_t(r * width + i)]);
+          want_part.push_back(want[size_t(r * width + i)]);
+        }
+      }
+      this->ExpectClose(got_part, want_part, std::string("AttentionBackward ") + parts[part] + at);
+    }
+  }
+}
+
+// The residual stream's norm of the Llama class, at widths of 96, 768 and an odd 333,
+// with two epsilons.
+TYPED_TEST_P(OpsConformance, RmsNorm) {
+  using Act = typename TestFixture::A;
+  using Acc = typename TestFixture::G;
+  auto& impl = this->impl_;
+  auto& ref = this->ref_;
+  for (const auto& [N, C, eps] : {std::tuple{74, 96, 1e-5f}, std::tuple{16, 768, 1e-6f}, std::tuple{37, 333, 1e-5f}}) {
+    const auto x = this->template Random<Act>(N * C, 2.0), y = this->template Random<Act>(N * C),
+               w = this->template Random<Act>(C);
+    auto out = impl.template Poisoned<Act>(N * C);
+    auto rstd = impl.template Poisoned<Acc>(N);
+    impl.ops->RmsNormForward(out, rstd, impl.template Put<Act>(x), impl.template Put<Act>(w), N, C, eps, *impl.stream);
+    auto ref_out = ref.template Poisoned<double>(N * C);
+    auto ref_rstd = ref.template Poisoned<double>(N);
+    ref.ops->RmsNormForward(ref_out, ref_rstd, ref.template Put<double>(x), ref.template Put<double>(w), N, C, eps,
+                            *ref.stream);
+    const std::string at = " (N " + std::to_string(N) + ", C " + std::to_string(C) + ")";
+    this->ExpectClose(impl.Get(out, N * C), ref.Get(ref_out, N * C), "RmsNormForward out" + at);
+    this->ExpectClose(impl.Get(rstd, N), ref.Get(ref_rstd, N), "RmsNormForward rstd" + at);
+
+    // The residual as stored by the table, so the reference normalises the same numbers;
+    // once into a new array and once in place over a.
+    for (bool in_place : {false, true}) {
+      const std::string how = in_place ? ", residual over a" : "";
+      auto a = impl.template Put<Act>(x);
+      auto residual = in_place ? a : impl.template Poisoned<Act>(N * C);
+      out = impl.template Poisoned<Act>(N * C);
+      rstd = impl.template Poisoned<Acc>(N);
+      impl.ops->ResidualRmsNormForward(residual, out, rstd, a, impl.template Put<Act>(y), impl.template Put<Act>(w), N,
+                                       C, eps, *impl.stream);
+      const auto got_residual = impl.Get(residual, N * C);
+      std::vector<double> sum(x.size());
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] = x[i] + y[i];
+      this->ExpectClose(got_residual, sum, "ResidualRmsNormForward residual" + at + how);
+      ref.ops->RmsNormForward(ref_out, ref_rstd, ref.template Put<double>(got_residual), ref.template Put<double>(w), N,
+                              C, eps, *ref.stream);
+      this->ExpectClose(impl.Get(out, N * C), ref.Get(ref_out, N * C), "ResidualRmsNormForward out" + at + how);
+      this->ExpectClose(impl.Get(rstd, N), ref.Get(ref_rstd, N), "ResidualRmsNormForward rstd" + at + how);
+    }
+
+    // dinp and dweight accumulate (+=) into random values.
+    const auto dout = this->template Random<Act>(N * C), dinp0 = this->template Random<Act>(N * C),
+               dw0 = this->template Random<Acc>(C);
+    // The table's own rstd of x, as the engine hands the backward what its forward kept.
+    impl.ops->RmsNormForward(out, rstd, impl.template Put<Act>(x), impl.template Put<Act>(w), N, C, eps, *impl.stream);
+    const auto s_x = impl.Get(rstd, N);
+    auto dinp = impl.template Put<Act>(dinp0);
+    auto dw = impl.template Put<Acc>(dw0);
+    impl.ops->RmsNormBackward(dinp, dw, impl.template Put<Act>(dout), impl.template Put<Act>(x), impl.template Put<Act>(w),
+                              impl.template Put<Acc>(s_x), N, C, *impl.stream);
+    auto ref_dinp = ref.template Put<double>(dinp0);
+    auto ref_dw = ref.template Put<double>(dw0);
+    ref.ops->RmsNormBackward(ref_dinp, ref_dw, ref.template Put<double>(dout), ref.template Put<double>(x),
+                             ref.template Put<double>(w), ref.template Put<double>(s_x), N, C, *ref.stream);
+    this->ExpectClose(impl.Get(dinp, N * C), ref.Get(ref_dinp, N * C), "RmsNormBackward dinp (+=)" + at);
+    this->ExpectClose(impl.Get(dw, C), ref.Get(ref_dw, C), "RmsNormBackward dweight (+=)" + at);
+  }
+}
+
+// RoPE in place on the q and k heads of qkv, with transformers' Llama tables (angle t *
+// 10000^(-2i/HS)): forward and backward against the reference, v left as it was (bit for
+// bit), and the backward undoing the forward. Head sizes 64, 128 and 20 (half of it not
+// a whole 128-bit vector).
+TYPED_TEST_P(OpsConformance, Rope) {
+  using Act = typename TestFixture::A;
+  using Acc = typename TestFixture::G;
+  using Side = OpsSide<typename TestFixture::P>;
+  auto& impl = this->impl_;
+  auto& ref = this->ref_;
+  struct Case {
+    int B, T, NH, KVH, HS;
+  };
+  for (const Case& c : {Case{2, 37, 4, 2, 64}, Case{1, 64, 8, 1, 128}, Case{2, 37, 3, 3, 20}}) {
+    const int half = c.HS / 2;
+    const int64_t rows = int64_t(c.B) * c.T, width = int64_t(c.NH + 2 * c.KVH) * c.HS;
+    const int64_t v_begin = int64_t(c.NH + c.KVH) * c.HS, n = rows * width;
+    const std::string at = " (B " + std::to_string(c.B) + ", T " + std::to_string(c.T) + ", " + std::to_string(c.NH) +
+                           " query heads and " + std::to_string(c.KVH) + " key/value heads of " + std::to_string(c.HS) +
+                           ")";
+    std::vector<double> cos(size_t(c.T) * half), sin(size_t(c.T) * half);
+    for (int t = 0; t < c.T; ++t) {
+      for (int i = 0; i < half; ++i) {
+        const double angle = t * std::pow(10000.0, -2.0 * i / c.HS);
+        cos[size_t(t) * half + i] = Side::ToDouble(Side::template Convert<Acc>(std::cos(angle)));
+        sin[size_t(t) * half + i] = Side::ToDouble(Side::template Convert<Acc>(std::sin(angle)));
+      }
+    }
+    const auto qkv = this->template Random<Act>(n), dqkv = this->template Random<Act>(n);
+    auto impl_cos = impl.template Put<Acc>(cos), impl_sin = impl.template Put<Acc>(sin);
+    auto ref_cos = ref.template Put<double>(cos), ref_sin = ref.template Put<double>(sin);
+    auto expect_v_untouched = [&](const std::vector<double>& got, const std::vector<double>& before,
+                                  const std::string& what) {
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = v_begin; i < width; ++i) {
+          ASSERT_EQ(got[size_t(r * width + i)], before[size_t(r * width + i)])
+              << what << " changed v at row " << r << ", channel " << i << at;
+        }
+      }
+    };
+
+    auto x = impl.template Put<Act>(qkv);
+    impl.ops->RopeForward(x, impl_cos, impl_sin, c.B, c.T, c.NH, c.KVH, c.HS, *impl.stream);
+    auto ref_x = ref.template Put<double>(qkv);
+    ref.ops->RopeForward(ref_x, ref_cos, ref_sin, c.B, c.T, c.NH, c.KVH, c.HS, *ref.stream);
+    const auto rotated = impl.Get(x, n);
+    this->ExpectClose(rotated, ref.Get(ref_x, n), "RopeForward" + at);
+    expect_v_untouched(rotated, qkv, "RopeForward");
+
+    auto d = impl.template Put<Act>(dqkv);
+    impl.ops->RopeBackward(d, impl_cos, impl_sin, c.B, c.T, c.NH, c.KVH, c.HS, *impl.stream);
+    auto ref_d = ref.template Put<double>(dqkv);
+    ref.ops->RopeBackward(ref_d, ref_cos, ref_sin, c.B, c.T, c.NH, c.KVH, c.HS, *ref.stream);
+    const auto got_d = impl.Get(d, n);
+    this->ExpectClose(got_d, ref.Get(ref_d, n), "RopeBackward" + at);
+    expect_v_untouched(got_d, dqkv, "RopeBackward");
+
+    // Rotating back by the same angle: what went in, up to the rounding of each store.
+    impl.ops->RopeBackward(x, impl_cos, impl_sin, c.B, c.T, c.NH, c.KVH, c.HS, *impl.stream);
+    this->ExpectClose(impl.Get(x, n), qkv, "RopeBackward of RopeForward" + at);
+  }
+}
+
+// SwiGLU at a width of whole 128-bit vectors and at an odd one.
+TYPED_TEST_P(OpsConformance, SwiGlu) {
+  using Act = typename TestFixture::A;
+  auto& impl = this->impl_;
+  auto& ref = this->ref_;
+  for (const auto& [N, H] : {std::pair{74, 96}, std::pair{37, 333}}) {
+    const std::string at = " (N " + std::to_string(N) + ", H " + std::to_string(H) + ")";
+    const auto gate_up = this->template Random<Act>(int64_t(N) * 2 * H, 2.0), dout = this->template Random<Act>(int64_t(N) * H);
+    auto out = impl.template Poisoned<Act>(int64_t(N) * H);
+    auto impl_gate_up = impl.template Put<Act>(gate_up);
+    impl.ops->SwiGluForward(out, impl_gate_up, N, H, *impl.stream);
+    auto ref_out = ref.template Poisoned<double>(int64_t(N) * H);
+    auto ref_gate_up = ref.template Put<double>(gate_up);
+    ref.ops->SwiGluForward(ref_out, ref_gate_up, N, H, *ref.stream);
+    this->ExpectClose(impl.Get(out, int64_t(N) * H), ref.Get(ref_out, int64_t(N) * H), "SwiGluForward" + at);
+
+    auto dgate_up = impl.template Poisoned<Act>(int64_t(N) * 2 * H);
+    impl.ops->SwiGluBackward(dgate_up, impl.template Put<Act>(dout), impl_gate_up, N, H, *impl.stream);
+    auto ref_dgate_up = ref.template Poisoned<double>(int64_t(N) * 2 * H);
+    ref.ops->SwiGluBackward(ref_dgate_up, ref.template Put<double>(dout), ref_gate_up, N, H, *ref.stream);
+    const auto got = impl.Get(dgate_up, int64_t(N) * 2 * H), want = ref.Get(ref_dgate_up, int64_t(N) * 2 * H);
+    for (int half = 0; half < 2; ++half) {  // the gate's gradient, then the up's
+      std::vector<double> got_half, want_half;
+      for (int64_t r = 0; r < N; ++r) {
+        for (int64_t j = 0; j < H; ++j) {
+          got_half.push_back(got[size_t(r * 2 * H + half * H + j)]);
+          want_half.push_back(want[size_t(r * 2 * H + half * H + j)]);
+        }
+      }
+      this->ExpectClose(got_half, want_half, std::string(half ? "SwiGluBackward dup" : "SwiGluBackward dgate") + at);
+    }
   }
 }
 
@@ -508,7 +685,7 @@ TYPED_TEST_P(OpsConformance, ShardOperations) {
   }
 }
 
-REGISTER_TYPED_TEST_SUITE_P(OpsConformance, Encoder, LayerNorm, Matmul, Attention, AddAndDropout, CrossEntropy, VocabSlices,
-                            ShardOperations);
+REGISTER_TYPED_TEST_SUITE_P(OpsConformance, Encoder, LayerNorm, RmsNorm, Matmul, Attention, Rope, SwiGlu, AddAndDropout,
+                            CrossEntropy, VocabSlices, ShardOperations);
 
 }  // namespace meshtrain::testing

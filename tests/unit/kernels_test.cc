@@ -1,4 +1,5 @@
-// Every CPU layer's backward against central finite differences of its forward, in fp64:
+// Every CPU layer's backward against central finite differences of its forward, in fp64
+// (GPT-2's and the Llama class's: RMSNorm, RoPE, SwiGLU, grouped-query attention):
 // the reference the kernel tables are checked against (tests/support/ops_conformance.h)
 // is itself checked here. And AdamW against its formula.
 
@@ -143,19 +144,190 @@ TEST(KernelGradients, MatmulWithGelu) {
 }
 
 TEST(KernelGradients, CausalAttention) {
+  const int HS = C / NH;
   Vec inp = Random(B * Tn * 3 * C, 1), r = Random(B * Tn * C, 2);
   const size_t att_size = size_t(B) * NH * Tn * Tn;
   auto loss = [&] {
     Vec out(B * Tn * C), att(att_size);
-    AttentionForward<D, D>(out.data(), att.data(), inp.data(), B, Tn, C, NH);
+    AttentionForward<D, D>(out.data(), att.data(), inp.data(), B, Tn, NH, NH, HS);
     return Dot(out, r);
   };
   Vec out(B * Tn * C), att(att_size), dinp(inp.size(), 123.0);
-  AttentionForward<D, D>(out.data(), att.data(), inp.data(), B, Tn, C, NH);
+  AttentionForward<D, D>(out.data(), att.data(), inp.data(), B, Tn, NH, NH, HS);
   // Causality: the output at t does not depend on inputs after t.
   for (int t2 = 1; t2 < Tn; ++t2) EXPECT_EQ(att[t2], 0.0);
-  AttentionBackward<D, D>(dinp.data(), r.data(), inp.data(), att.data(), B, Tn, C, NH);
+  AttentionBackward<D, D>(dinp.data(), r.data(), inp.data(), att.data(), B, Tn, NH, NH, HS);
   ExpectGradient("dqkv", &inp, dinp, loss, 1000);
+}
+
+// Four query heads over two key/value heads, and over one (multi-query): a key/value
+// head's gradient sums its group's.
+TEST(KernelGradients, GroupedQueryAttention) {
+  const int heads = 4, HS = 4;
+  for (const int kv_heads : {2, 1}) {
+    const int width = (heads + 2 * kv_heads) * HS;
+    Vec inp = Random(size_t(B) * Tn * width, 1), r = Random(size_t(B) * Tn * heads * HS, 2);
+    const size_t att_size = size_t(B) * heads * Tn * Tn;
+    auto loss = [&] {
+      Vec out(r.size()), att(att_size);
+      AttentionForward<D, D>(out.data(), att.data(), inp.data(), B, Tn, heads, kv_heads, HS);
+      return Dot(out, r);
+    };
+    Vec out(r.size()), att(att_size), dinp(inp.size(), 123.0);
+    AttentionForward<D, D>(out.data(), att.data(), inp.data(), B, Tn, heads, kv_heads, HS);
+    AttentionBackward<D, D>(dinp.data(), r.data(), inp.data(), att.data(), B, Tn, heads, kv_heads, HS);
+    ExpectGradient("dqkv with " + std::to_string(kv_heads) + " key/value heads", &inp, dinp, loss, 1000);
+  }
+}
+
+// The finite differences above hold for any consistent choice of which key/value head a
+// query head reads; this pins the contract's: query head h reads key/value head
+// h / (NH / KVH). Grouped attention is multi-head attention on keys and values repeated
+// so, and the grouped dK and dV are the repeated heads' gradients summed over each group.
+TEST(KernelGradients, GroupedQueryAttentionIsMultiHeadOnRepeatedKeysAndValues) {
+  const int heads = 6, kv_heads = 2, group = heads / kv_heads, HS = 4, rows = B * Tn;
+  const int width = (heads + 2 * kv_heads) * HS, wide = 3 * heads * HS, Q = heads * HS;
+  const Vec qkv = Random(size_t(rows) * width, 1), dout = Random(size_t(rows) * Q, 2);
+  Vec repeated(size_t(rows) * wide);
+  for (int r = 0; r < rows; ++r) {
+    for (int h = 0; h < heads; ++h) {
+      for (int i = 0; i < HS; ++i) {
+        const size_t from = size_t(r) * width, to = size_t(r) * wide;
+        repeated[to + h * HS + i] = qkv[from + h * HS + i];
+        repeated[to + Q + h * HS + i] = qkv[from + Q + (h / group) * HS + i];
+        repeated[to + 2 * Q + h * HS + i] = qkv[from + Q + (kv_heads + h / group) * HS + i];
+      }
+    }
+  }
+  Vec out(dout.size()), att(size_t(B) * heads * Tn * Tn), dqkv(qkv.size());
+  Vec mha_out(dout.size()), mha_att(att.size()), mha_dqkv(repeated.size());
+  AttentionForward<D, D>(out.data(), att.data(), qkv.data(), B, Tn, heads, kv_heads, HS);
+  AttentionForward<D, D>(mha_out.data(), mha_att.data(), repeated.data(), B, Tn, heads, heads, HS);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], mha_out[i], 1e-12) << "out[" << i << "]";
+  AttentionBackward<D, D>(dqkv.data(), dout.data(), qkv.data(), att.data(), B, Tn, heads, kv_heads, HS);
+  AttentionBackward<D, D>(mha_dqkv.data(), dout.data(), repeated.data(), mha_att.data(), B, Tn, heads, heads, HS);
+  for (int r = 0; r < rows; ++r) {
+    const size_t from = size_t(r) * wide, to = size_t(r) * width;
+    for (int h = 0; h < heads * HS; ++h) ASSERT_NEAR(dqkv[to + h], mha_dqkv[from + h], 1e-12) << "dq, row " << r;
+    for (int g = 0; g < kv_heads; ++g) {
+      for (int i = 0; i < HS; ++i) {
+        double dk = 0, dv = 0;
+        for (int h = g * group; h < (g + 1) * group; ++h) {
+          dk += mha_dqkv[from + Q + h * HS + i];
+          dv += mha_dqkv[from + 2 * Q + h * HS + i];
+        }
+        EXPECT_NEAR(dqkv[to + Q + g * HS + i], dk, 1e-12) << "dk, row " << r << ", head " << g;
+        EXPECT_NEAR(dqkv[to + Q + (kv_heads + g) * HS + i], dv, 1e-12) << "dv, row " << r << ", head " << g;
+      }
+    }
+  }
+}
+
+TEST(KernelGradients, RmsNorm) {
+  const float eps = 1e-5f;
+  Vec inp = Random(B * Tn * C, 1), w = Random(C, 2), r = Random(B * Tn * C, 3);
+  auto loss = [&] {
+    Vec out(inp.size()), rstd(B * Tn);
+    RmsNormForward<D, D>(out.data(), rstd.data(), inp.data(), w.data(), B * Tn, C, eps);
+    return Dot(out, r);
+  };
+  Vec out(inp.size()), rstd(B * Tn), dinp(inp.size()), dw(C);
+  RmsNormForward<D, D>(out.data(), rstd.data(), inp.data(), w.data(), B * Tn, C, eps);
+  for (int row = 0; row < B * Tn; ++row) {  // rstd is 1 / sqrt(mean(x^2) + eps)
+    double squares = 0;
+    for (int i = 0; i < C; ++i) squares += inp[size_t(row * C + i)] * inp[size_t(row * C + i)];
+    const double s = 1 / std::sqrt(squares / C + double(eps));
+    EXPECT_NEAR(rstd[size_t(row)], s, 1e-12) << "row " << row;
+    for (int i = 0; i < C; ++i) {
+      const size_t at = size_t(row * C + i);
+      EXPECT_NEAR(out[at], inp[at] * s * w[size_t(i)], 1e-12) << "out, row " << row << ", channel " << i;
+    }
+  }
+  RmsNormBackward<D, D>(dinp.data(), dw.data(), r.data(), inp.data(), w.data(), rstd.data(), B * Tn, C);
+  ExpectGradient("dinp", &inp, dinp, loss);
+  ExpectGradient("dweight", &w, dw, loss);
+}
+
+// As ResidualLayerNorm: the residual's gradient passes through, RmsNormBackward adds the
+// normalisation's (+=).
+TEST(KernelGradients, ResidualRmsNorm) {
+  const float eps = 1e-6f;
+  Vec a = Random(B * Tn * C, 1), b = Random(B * Tn * C, 2), w = Random(C, 3);
+  const Vec r1 = Random(B * Tn * C, 5), r2 = Random(B * Tn * C, 6);
+  auto loss = [&] {
+    Vec residual(a.size()), out(a.size()), rstd(B * Tn);
+    ResidualRmsNormForward<D, D>(residual.data(), out.data(), rstd.data(), a.data(), b.data(), w.data(), B * Tn, C,
+                                 eps);
+    return Dot(residual, r1) + Dot(out, r2);
+  };
+  Vec residual(a.size()), out(a.size()), rstd(B * Tn), dw(C);
+  ResidualRmsNormForward<D, D>(residual.data(), out.data(), rstd.data(), a.data(), b.data(), w.data(), B * Tn, C, eps);
+  Vec dresidual = r1;
+  RmsNormBackward<D, D>(dresidual.data(), dw.data(), r2.data(), residual.data(), w.data(), rstd.data(), B * Tn, C);
+  ExpectGradient("da", &a, dresidual, loss);
+  ExpectGradient("db", &b, dresidual, loss);
+  ExpectGradient("dweight", &w, dw, loss);
+}
+
+// RoPE on two query heads and one key/value head: its backward is the gradient of its
+// forward (v's passes through), and the forward keeps each pair's length.
+TEST(KernelGradients, Rope) {
+  const int heads = 2, kv_heads = 1, HS = 8, half = HS / 2, width = (heads + 2 * kv_heads) * HS;
+  Vec cos(Tn * half), sin(Tn * half);
+  for (int t = 0; t < Tn; ++t) {
+    for (int i = 0; i < half; ++i) {
+      const double angle = t * std::pow(10000.0, -2.0 * i / HS);
+      cos[size_t(t * half + i)] = std::cos(angle);
+      sin[size_t(t * half + i)] = std::sin(angle);
+    }
+  }
+  Vec qkv = Random(size_t(B) * Tn * width, 1);
+  const Vec r = Random(qkv.size(), 2);
+  auto loss = [&] {
+    Vec x = qkv;
+    Rope<D, D>(x.data(), cos.data(), sin.data(), B, Tn, heads, kv_heads, HS, /*backward=*/false);
+    return Dot(x, r);
+  };
+  Vec rotated = qkv;
+  Rope<D, D>(rotated.data(), cos.data(), sin.data(), B, Tn, heads, kv_heads, HS, /*backward=*/false);
+  // The contract's rotation of (x[i], x[i + HS/2]) by angle t * frequency i, on the q and
+  // k heads only.
+  for (size_t row = 0; row < size_t(B) * Tn; ++row) {
+    const size_t t = row % Tn;
+    for (int h = 0; h < heads + kv_heads; ++h) {
+      for (int i = 0; i < half; ++i) {
+        const size_t at = row * width + size_t(h) * HS + i;
+        const double c = cos[t * half + i], s = sin[t * half + i];
+        EXPECT_NEAR(rotated[at], qkv[at] * c - qkv[at + half] * s, 1e-12) << "row " << row << ", head " << h;
+        EXPECT_NEAR(rotated[at + half], qkv[at + half] * c + qkv[at] * s, 1e-12) << "row " << row << ", head " << h;
+      }
+    }
+    for (int i = (heads + kv_heads) * HS; i < width; ++i) EXPECT_EQ(rotated[row * width + i], qkv[row * width + i]);
+  }
+  Vec dqkv = r;
+  Rope<D, D>(dqkv.data(), cos.data(), sin.data(), B, Tn, heads, kv_heads, HS, /*backward=*/true);
+  ExpectGradient("dqkv", &qkv, dqkv, loss, 1000);
+}
+
+TEST(KernelGradients, SwiGlu) {
+  const int H = 6;
+  Vec gate_up = Random(size_t(B) * Tn * 2 * H, 1, 2.0), r = Random(size_t(B) * Tn * H, 2);
+  auto loss = [&] {
+    Vec out(r.size());
+    SwiGluForward<D, D>(out.data(), gate_up.data(), B * Tn, H);
+    return Dot(out, r);
+  };
+  Vec out(r.size());
+  SwiGluForward<D, D>(out.data(), gate_up.data(), B * Tn, H);
+  for (int row = 0; row < B * Tn; ++row) {  // silu(gate) * up
+    for (int j = 0; j < H; ++j) {
+      const double g = gate_up[size_t(row * 2 * H + j)], u = gate_up[size_t(row * 2 * H + H + j)];
+      EXPECT_NEAR(out[size_t(row * H + j)], g / (1 + std::exp(-g)) * u, 1e-12) << "row " << row << ", unit " << j;
+    }
+  }
+  Vec dgate_up(gate_up.size(), 123.0);  // written, whatever it held
+  SwiGluBackward<D, D>(dgate_up.data(), r.data(), gate_up.data(), B * Tn, H);
+  ExpectGradient("dgate_up", &gate_up, dgate_up, loss, 1000);
 }
 
 // The loss over the real columns of a padded row: the padding neither counts nor trains.
