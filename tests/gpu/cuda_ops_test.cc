@@ -2,8 +2,9 @@
 // shared conformance suite (tests/support/ops_conformance.h), once with cuDNN's fused
 // attention and once with attention on the scores path, and then what the suite does not
 // see: the unfused forms of cuBLASLt's epilogues, the fused and scores paths on the same
-// inputs, a head size cuDNN refuses, wide rows, many segments, and bit-for-bit repeats of
-// the reductions that must not depend on timing.
+// inputs (with grouped key/value heads too), a head size cuDNN refuses, wide rows, many
+// segments, and bit-for-bit repeats of the reductions that must not depend on timing
+// (LayerNorm's and RMSNorm's dweight among them).
 //
 // Tolerances are relative L2 errors against float64. Inputs are drawn and rounded to
 // bf16 first, so both sides see the same numbers; what remains is the GPU's bf16 storage
@@ -116,6 +117,19 @@ class CudaOps : public ::testing::Test {
     for (size_t i = 0; i < got.size(); ++i) ASSERT_FALSE(std::isnan(got[i])) << what << ": element " << i << " unwritten";
     const double error = RelativeL2(got, want);
     EXPECT_LE(error, tolerance) << what << ": relative L2 error " << error;
+  }
+
+  // Prints the mean time of `body` over 10 runs, after one to warm up.
+  template <class Body>
+  void Time(const char* name, Body body) {
+    body();
+    gpu_.stream->Synchronize();
+    constexpr int kRepeats = 10;
+    const auto start = std::chrono::steady_clock::now();
+    for (int r = 0; r < kRepeats; ++r) body();
+    gpu_.stream->Synchronize();
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / kRepeats;
+    std::printf("%-44s %9.1f us\n", name, us);
   }
 
   std::mt19937_64 rng_{20261125};
@@ -243,7 +257,10 @@ TEST_F(CudaOps, BiasGradientInTheProductMatchesTheColumnSums) {
 }
 
 // The fused (cuDNN) and scores paths on the same inputs agree with each other, and cuDNN
-// takes the head sizes GPT-2 uses on this GPU.
+// takes on this GPU the head sizes GPT-2 uses and the grouped key/value heads of the
+// Llama class (4 query heads a group at 8B's head size, and one key/value head), each
+// path reading K and V where they lie in qkv; dq, dk and dv are compared apart, so a
+// group's sum that one path gets wrong shows as itself.
 TEST_F(CudaOps, FusedAttentionMatchesTheScoresPath) {
   MESHTRAIN_SKIP_WITHOUT_GPU();
   OpsSide<Bf16> scores;
@@ -252,69 +269,86 @@ TEST_F(CudaOps, FusedAttentionMatchesTheScoresPath) {
   int major = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
   struct Case {
-    int B, T, NH, HS;
+    int B, T, NH, KVH, HS;
   };
-  for (const Case c : {Case{2, 37, 2, 64}, Case{1, 200, 2, 128}, Case{4, 1024, 12, 64}}) {
-    const int C = c.NH * c.HS;
-    const int64_t rows = int64_t(c.B) * c.T;
+  for (const Case c : {Case{2, 37, 2, 2, 64}, Case{1, 200, 2, 2, 128}, Case{4, 1024, 12, 12, 64},
+                       Case{2, 37, 4, 2, 64}, Case{1, 200, 8, 1, 128}, Case{2, 1024, 32, 8, 128},
+                       Case{1, 300, 6, 3, 32}}) {
+    const int64_t rows = int64_t(c.B) * c.T, width = int64_t(c.NH + 2 * c.KVH) * c.HS, Q = int64_t(c.NH) * c.HS;
     const std::string at = " (B " + std::to_string(c.B) + ", T " + std::to_string(c.T) + ", " + std::to_string(c.NH) +
-                           " heads of " + std::to_string(c.HS) + ")";
-    const AttentionKind kind = gpu_.ops->Attention(c.B, c.T, c.NH, c.HS);
+                           " query heads and " + std::to_string(c.KVH) + " key/value heads of " + std::to_string(c.HS) +
+                           ")";
+    const AttentionKind kind = gpu_.ops->Attention(c.B, c.T, c.NH, c.KVH, c.HS);
     if (major >= 8) {
       EXPECT_EQ(kind, AttentionKind::kFused) << "cuDNN refused" << at << " (see stderr)";
     }
-    EXPECT_EQ(scores.ops->Attention(c.B, c.T, c.NH, c.HS), AttentionKind::kScores);
-    EXPECT_EQ(gpu_.ops->AttentionStateElements(c.B, c.T, c.NH, c.HS),
+    EXPECT_EQ(scores.ops->Attention(c.B, c.T, c.NH, c.KVH, c.HS), AttentionKind::kScores);
+    EXPECT_EQ(gpu_.ops->AttentionStateElements(c.B, c.T, c.NH, c.KVH, c.HS),
               kind == AttentionKind::kFused ? rows * c.NH : rows * c.NH * c.T);
-    const auto qkv = Random(rows * 3 * C), dout = Random(rows * C);
+    const auto qkv = Random(rows * width), dout = Random(rows * Q);
     std::vector<double> outs[2], grads[2];
     for (int path = 0; path < 2; ++path) {
       OpsSide<Bf16>& side = path == 0 ? gpu_ : scores;
-      auto out = side.Poisoned<runtime::bf16>(rows * C);
-      auto state = side.Poisoned<float>(side.ops->AttentionStateElements(c.B, c.T, c.NH, c.HS));
-      auto scratch = side.Poisoned<std::byte>(side.ops->AttentionScratchBytes(c.B, c.T, c.NH, c.HS));
-      auto dqkv = side.Poisoned<runtime::bf16>(rows * 3 * C);
+      auto out = side.Poisoned<runtime::bf16>(rows * Q);
+      auto state = side.Poisoned<float>(side.ops->AttentionStateElements(c.B, c.T, c.NH, c.KVH, c.HS));
+      auto scratch = side.Poisoned<std::byte>(side.ops->AttentionScratchBytes(c.B, c.T, c.NH, c.KVH, c.HS));
+      auto dqkv = side.Poisoned<runtime::bf16>(rows * width);
       auto device_qkv = side.Put<runtime::bf16>(qkv);
-      side.ops->AttentionForward(out, state, device_qkv, c.B, c.T, C, c.NH, *side.stream);
-      side.ops->AttentionBackward(dqkv, scratch, side.Put<runtime::bf16>(dout), device_qkv, out, state, c.B, c.T, C,
-                                  c.NH, *side.stream);
-      outs[path] = side.Get(out, rows * C);
-      grads[path] = side.Get(dqkv, rows * 3 * C);
+      side.ops->AttentionForward(out, state, device_qkv, c.B, c.T, c.NH, c.KVH, c.HS, *side.stream);
+      side.ops->AttentionBackward(dqkv, scratch, side.Put<runtime::bf16>(dout), device_qkv, out, state, c.B, c.T, c.NH,
+                                  c.KVH, c.HS, *side.stream);
+      outs[path] = side.Get(out, rows * Q);
+      grads[path] = side.Get(dqkv, rows * width);
+      EXPECT_TRUE(side.Get(device_qkv, rows * width) == qkv) << "attention wrote into qkv" << at;
       side.keep.clear();
     }
     // Two bf16 computations with different roundings (flash attention's P in bf16 per
     // tile, the scores path's P stored in bf16): each within a few 1e-3 of the truth.
     ExpectClose(outs[0], outs[1], "AttentionForward, fused against scores" + at, 1e-2);
-    ExpectClose(grads[0], grads[1], "AttentionBackward, fused against scores" + at, 2e-2);
+    const char* parts[3] = {"dq", "dk", "dv"};
+    for (int part = 0; part < 3; ++part) {
+      const int64_t begin = part == 0 ? 0 : Q + (part - 1) * int64_t(c.KVH) * c.HS;
+      const int64_t end = part == 0 ? Q : begin + int64_t(c.KVH) * c.HS;
+      std::vector<double> fused, plain;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = begin; i < end; ++i) {
+          fused.push_back(grads[0][size_t(r * width + i)]);
+          plain.push_back(grads[1][size_t(r * width + i)]);
+        }
+      }
+      ExpectClose(fused, plain, std::string("AttentionBackward ") + parts[part] + ", fused against scores" + at, 2e-2);
+    }
   }
 }
 
-// A head size cuDNN has no kernel for: the scores path, said once, and right.
+// A head size cuDNN has no kernel for, with groups of three query heads: the scores path,
+// said once, and right against fp64.
 TEST_F(CudaOps, OddHeadSizeTakesTheScoresPath) {
   MESHTRAIN_SKIP_WITHOUT_GPU();
-  const int B = 2, T = 37, NH = 3, HS = 20, C = NH * HS;
-  ASSERT_EQ(gpu_.ops->Attention(B, T, NH, HS), AttentionKind::kScores);
+  const int B = 2, T = 37, NH = 6, KVH = 2, HS = 20;
+  const int64_t width = int64_t(NH + 2 * KVH) * HS, Q = int64_t(NH) * HS;
+  ASSERT_EQ(gpu_.ops->Attention(B, T, NH, KVH, HS), AttentionKind::kScores);
   const int64_t rows = int64_t(B) * T;
-  EXPECT_EQ(gpu_.ops->AttentionStateElements(B, T, NH, HS), rows * NH * T);
-  const auto qkv = Random(rows * 3 * C), dout = Random(rows * C);
-  auto out = gpu_.Poisoned<runtime::bf16>(rows * C);
-  auto state = gpu_.Poisoned<float>(gpu_.ops->AttentionStateElements(B, T, NH, HS));
-  auto scratch = gpu_.Poisoned<std::byte>(gpu_.ops->AttentionScratchBytes(B, T, NH, HS));
-  auto dqkv = gpu_.Poisoned<runtime::bf16>(rows * 3 * C);
+  EXPECT_EQ(gpu_.ops->AttentionStateElements(B, T, NH, KVH, HS), rows * NH * T);
+  const auto qkv = Random(rows * width), dout = Random(rows * Q);
+  auto out = gpu_.Poisoned<runtime::bf16>(rows * Q);
+  auto state = gpu_.Poisoned<float>(gpu_.ops->AttentionStateElements(B, T, NH, KVH, HS));
+  auto scratch = gpu_.Poisoned<std::byte>(gpu_.ops->AttentionScratchBytes(B, T, NH, KVH, HS));
+  auto dqkv = gpu_.Poisoned<runtime::bf16>(rows * width);
   auto device_qkv = gpu_.Put<runtime::bf16>(qkv);
-  gpu_.ops->AttentionForward(out, state, device_qkv, B, T, C, NH, *gpu_.stream);
-  gpu_.ops->AttentionBackward(dqkv, scratch, gpu_.Put<runtime::bf16>(dout), device_qkv, out, state, B, T, C, NH,
+  gpu_.ops->AttentionForward(out, state, device_qkv, B, T, NH, KVH, HS, *gpu_.stream);
+  gpu_.ops->AttentionBackward(dqkv, scratch, gpu_.Put<runtime::bf16>(dout), device_qkv, out, state, B, T, NH, KVH, HS,
                               *gpu_.stream);
-  auto ref_out = ref_.Poisoned<double>(rows * C);
+  auto ref_out = ref_.Poisoned<double>(rows * Q);
   auto ref_state = ref_.Poisoned<double>(rows * NH * T);
-  auto ref_dqkv = ref_.Poisoned<double>(rows * 3 * C);
+  auto ref_dqkv = ref_.Poisoned<double>(rows * width);
   auto ref_qkv = ref_.Put<double>(qkv);
-  ref_.ops->AttentionForward(ref_out, ref_state, ref_qkv, B, T, C, NH, *ref_.stream);
-  ref_.ops->AttentionBackward(ref_dqkv, nullptr, ref_.Put<double>(dout), ref_qkv, ref_out, ref_state, B, T, C, NH,
-                              *ref_.stream);
+  ref_.ops->AttentionForward(ref_out, ref_state, ref_qkv, B, T, NH, KVH, HS, *ref_.stream);
+  ref_.ops->AttentionBackward(ref_dqkv, nullptr, ref_.Put<double>(dout), ref_qkv, ref_out, ref_state, B, T, NH, KVH,
+                              HS, *ref_.stream);
   // bf16 outputs over fp32 probabilities and bf16 P for the products.
-  ExpectClose(gpu_.Get(out, rows * C), ref_.Get(ref_out, rows * C), "AttentionForward, HS 20", 1e-2);
-  ExpectClose(gpu_.Get(dqkv, rows * 3 * C), ref_.Get(ref_dqkv, rows * 3 * C), "AttentionBackward, HS 20", 1e-2);
+  ExpectClose(gpu_.Get(out, rows * Q), ref_.Get(ref_out, rows * Q), "AttentionForward, HS 20", 1e-2);
+  ExpectClose(gpu_.Get(dqkv, rows * width), ref_.Get(ref_dqkv, rows * width), "AttentionBackward, HS 20", 1e-2);
   // The probabilities are the state: fp32 from fp32 scores of bf16 operands.
   ExpectClose(gpu_.Get(state, rows * NH * T), ref_.Get(ref_state, rows * NH * T), "attention probabilities", 1e-5);
 }
@@ -392,6 +426,51 @@ TEST_F(CudaOps, LayerNormBackwardWideRowsRepeatBitForBit) {
                std::invalid_argument);
 }
 
+// RMSNorm's backward at rows wider than 48 KiB of per-warp partial sums (one warp a block,
+// opted-in shared memory), at Llama 8B's width, at an odd width (element-wise path), and
+// past the limit: dweight (partials per block, then summed in order) and dinp the same
+// bits on every run, and close to fp64.
+TEST_F(CudaOps, RmsNormBackwardRepeatsBitForBit) {
+  MESHTRAIN_SKIP_WITHOUT_GPU();
+  const float eps = 1e-5f;
+  for (const int C : {16384, 4096, 333}) {
+    const int64_t N = 300;
+    const std::string at = " (C " + std::to_string(C) + ")";
+    const auto x = Random(N * C, 2.0), w = Random(C), dout = Random(N * C), dinp0 = Random(N * C),
+               dw0 = RandomFloat(C);
+    auto rstd = gpu_.Poisoned<float>(N);
+    auto out = gpu_.Poisoned<runtime::bf16>(N * C);
+    gpu_.ops->RmsNormForward(out, rstd, gpu_.Put<runtime::bf16>(x), gpu_.Put<runtime::bf16>(w), N, C, eps,
+                             *gpu_.stream);
+    const auto s = gpu_.Get(rstd, N);
+    std::vector<double> runs[2][2];
+    for (int run = 0; run < 2; ++run) {
+      auto dinp = gpu_.Put<runtime::bf16>(dinp0);
+      auto dw = gpu_.Put<float>(dw0);
+      gpu_.ops->RmsNormBackward(dinp, dw, gpu_.Put<runtime::bf16>(dout), gpu_.Put<runtime::bf16>(x),
+                                gpu_.Put<runtime::bf16>(w), gpu_.Put<float>(s), N, C, *gpu_.stream);
+      runs[run][0] = gpu_.Get(dinp, N * C);
+      runs[run][1] = gpu_.Get(dw, C);
+    }
+    EXPECT_TRUE(runs[0][0] == runs[1][0]) << "dinp differs between runs" << at;
+    EXPECT_TRUE(runs[0][1] == runs[1][1]) << "dweight differs between runs" << at;
+    auto ref_dinp = ref_.Put<double>(dinp0);
+    auto ref_dw = ref_.Put<double>(dw0);
+    ref_.ops->RmsNormBackward(ref_dinp, ref_dw, ref_.Put<double>(dout), ref_.Put<double>(x), ref_.Put<double>(w),
+                              ref_.Put<double>(s), N, C, *ref_.stream);
+    ExpectClose(runs[0][0], ref_.Get(ref_dinp, N * C), "RmsNormBackward dinp (+=, bf16)" + at, 1e-2);
+    // fp32 sums of 300 products of bf16 values, from fp32 rstd.
+    ExpectClose(runs[0][1], ref_.Get(ref_dw, C), "RmsNormBackward dweight (fp32)" + at, 1e-4);
+    gpu_.keep.clear();
+    ref_.keep.clear();
+  }
+  const int too_wide = 40000;
+  auto row = gpu_.Poisoned<runtime::bf16>(too_wide);
+  auto acc = gpu_.Poisoned<float>(too_wide);
+  EXPECT_THROW(gpu_.ops->RmsNormBackward(row, acc, row, row, row, acc, 1, too_wide, *gpu_.stream),
+               std::invalid_argument);
+}
+
 // AdamW's one launch over a thousand segments of every size (empty ones among them),
 // with the clipping factor read on the device, and the norm over the same segments.
 TEST_F(CudaOps, ShardOperationsOverManySegments) {
@@ -463,31 +542,22 @@ TEST_F(CudaOps, DISABLED_Gpt2BlockTimings) {
   auto w_qkv = bf(3 * C * C), w_fc = bf(4 * C * C), w_proj = bf(C * 4 * C), bias = bf(4 * C), lnw = bf(C);
   auto wte = bf(int64_t(V) * C);
   auto dw = fl(4 * C * C), db = fl(4 * C), mean = fl(N), rstd = fl(N);
-  const bool fused = gpu_.ops->Attention(B, T, NH, HS) == AttentionKind::kFused;
+  const bool fused = gpu_.ops->Attention(B, T, NH, NH, HS) == AttentionKind::kFused;
   std::printf("attention: %s, state %lld floats, backward scratch %lld bytes\n", fused ? "fused (cuDNN)" : "scores",
-              static_cast<long long>(gpu_.ops->AttentionStateElements(B, T, NH, HS)),
-              static_cast<long long>(gpu_.ops->AttentionScratchBytes(B, T, NH, HS)));
-  auto state = fl(gpu_.ops->AttentionStateElements(B, T, NH, HS));
-  auto scratch = gpu_.Poisoned<std::byte>(gpu_.ops->AttentionScratchBytes(B, T, NH, HS));
+              static_cast<long long>(gpu_.ops->AttentionStateElements(B, T, NH, NH, HS)),
+              static_cast<long long>(gpu_.ops->AttentionScratchBytes(B, T, NH, NH, HS)));
+  auto state = fl(gpu_.ops->AttentionStateElements(B, T, NH, NH, HS));
+  auto scratch = gpu_.Poisoned<std::byte>(gpu_.ops->AttentionScratchBytes(B, T, NH, NH, HS));
   auto dqkv = bf(N * 3 * C), logits = bf(4096 * int64_t(V));
   auto losses = fl(4096);
   auto targets = gpu_.Put<int32_t>(Tokens(4096, 50257));
-  auto time = [&](const char* name, auto body) {
-    body();
-    gpu_.stream->Synchronize();
-    constexpr int kRepeats = 10;
-    const auto start = std::chrono::steady_clock::now();
-    for (int r = 0; r < kRepeats; ++r) body();
-    gpu_.stream->Synchronize();
-    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / kRepeats;
-    std::printf("%-40s %9.1f us\n", name, us);
-  };
+  auto time = [&](const char* name, auto body) { Time(name, body); };
   auto& s = *gpu_.stream;
   auto& ops = *gpu_.ops;
   time("LayerNormForward", [&] { ops.LayerNormForward(ln, mean, rstd, x, lnw, lnw, N, C, s); });
   time("ResidualLayerNormForward", [&] { ops.ResidualLayerNormForward(x, ln, mean, rstd, x, att, lnw, lnw, N, C, s); });
   time("MatmulForward qkv (bias)", [&] { ops.MatmulForward(qkv, nullptr, ln, w_qkv, bias, nullptr, N, C, 3 * C, s); });
-  time("AttentionForward", [&] { ops.AttentionForward(att, state, qkv, B, T, C, NH, s); });
+  time("AttentionForward", [&] { ops.AttentionForward(att, state, qkv, B, T, NH, NH, HS, s); });
   time("MatmulForward fc (bias, gelu)", [&] { ops.MatmulForward(fch, pre, ln, w_fc, bias, nullptr, N, C, 4 * C, s); });
   time("MatmulForward proj (bias)", [&] { ops.MatmulForward(att, nullptr, fch, w_proj, bias, nullptr, N, 4 * C, C, s); });
   time("MatmulForward proj (bias, residual)", [&] { ops.MatmulForward(att, nullptr, fch, w_proj, bias, x, N, 4 * C, C, s); });
@@ -496,7 +566,7 @@ TEST_F(CudaOps, DISABLED_Gpt2BlockTimings) {
   time("MatmulBackward fc (dweight, dbias)", [&] { ops.MatmulBackward(nullptr, dw, db, fch, ln, w_fc, nullptr, N, C, 4 * C, s); });
   time("MatmulBackward fc (dweight)", [&] { ops.MatmulBackward(nullptr, dw, nullptr, fch, ln, w_fc, nullptr, N, C, 4 * C, s); });
   time("MatmulBackward fc (dbias alone)", [&] { ops.MatmulBackward(nullptr, nullptr, db, fch, ln, w_fc, nullptr, N, C, 4 * C, s); });
-  time("AttentionBackward", [&] { ops.AttentionBackward(dqkv, scratch, att, qkv, att, state, B, T, C, NH, s); });
+  time("AttentionBackward", [&] { ops.AttentionBackward(dqkv, scratch, att, qkv, att, state, B, T, NH, NH, HS, s); });
   time("LayerNormBackward", [&] { ops.LayerNormBackward(x, dw, db, ln, x, lnw, mean, rstd, N, C, s); });
   time("Add", [&] { ops.Add(x, x, att, N * C, s); });
   time("MatmulForward lm head (4096 rows)", [&] { ops.MatmulForward(logits, nullptr, ln, wte, nullptr, nullptr, 4096, C, V, s); });
@@ -524,6 +594,58 @@ TEST_F(CudaOps, DISABLED_Gpt2BlockTimings) {
   step.learning_rate = 1e-4f;
   time("SumSquares (124M)", [&] { ops.SumSquares(norm, grads, segments, int(table.size()), s); });
   time("AdamW (124M, with the bf16 copy)", [&] { ops.AdamW(master, params, grads, m, v, segments, int(table.size()), step, clip, s); });
+}
+
+// Not a check: the per-operation times of one Llama 3 8B block (C 4096, 32 query heads
+// over 8 key/value heads of 128, SwiGLU of 14336) at B 4, T 1024 on one GPU (run with
+// --gtest_also_run_disabled_tests).
+TEST_F(CudaOps, DISABLED_LlamaBlockTimings) {
+  MESHTRAIN_SKIP_WITHOUT_GPU();
+  const int B = 4, T = 1024, C = 4096, NH = 32, KVH = 8, HS = 128, H = 14336;
+  const int QKV = (NH + 2 * KVH) * HS;
+  const int64_t N = int64_t(B) * T;
+  const float eps = 1e-5f;
+  auto bf = [&](int64_t n) { return gpu_.Put<runtime::bf16>(Random(n, 0.1)); };
+  auto fl = [&](int64_t n) { return gpu_.Put<float>(RandomFloat(n, 0.1)); };
+  // Activations and their gradients; no output aliases an input of its call.
+  auto x = bf(N * C), norm = bf(N * C), qkv = bf(N * QKV), att = bf(N * C), proj = bf(N * C), gate_up = bf(N * 2 * H),
+       mlp = bf(N * H);
+  auto dx = bf(N * C), dnorm = bf(N * C), datt = bf(N * C), dqkv = bf(N * QKV), dgate_up = bf(N * 2 * H),
+       dmlp = bf(N * H);
+  auto w_qkv = bf(int64_t(QKV) * C), w_o = bf(int64_t(C) * C), w_gate_up = bf(int64_t(2) * H * C),
+       w_down = bf(int64_t(C) * H), w_norm = bf(C);
+  auto dw = fl(int64_t(2) * H * C), rstd = fl(N);
+  const int64_t angles = int64_t(T) * HS / 2;
+  auto cos = gpu_.Put<float>(std::vector<double>(size_t(angles), 0.6));
+  auto sin = gpu_.Put<float>(std::vector<double>(size_t(angles), 0.8));
+  const bool fused = gpu_.ops->Attention(B, T, NH, KVH, HS) == AttentionKind::kFused;
+  std::printf("attention: %s, state %lld floats, backward scratch %lld bytes\n", fused ? "fused (cuDNN)" : "scores",
+              static_cast<long long>(gpu_.ops->AttentionStateElements(B, T, NH, KVH, HS)),
+              static_cast<long long>(gpu_.ops->AttentionScratchBytes(B, T, NH, KVH, HS)));
+  auto state = fl(gpu_.ops->AttentionStateElements(B, T, NH, KVH, HS));
+  auto scratch = gpu_.Poisoned<std::byte>(gpu_.ops->AttentionScratchBytes(B, T, NH, KVH, HS));
+  auto& s = *gpu_.stream;
+  auto& ops = *gpu_.ops;
+  Time("RmsNormForward", [&] { ops.RmsNormForward(norm, rstd, x, w_norm, N, C, eps, s); });
+  Time("ResidualRmsNormForward", [&] { ops.ResidualRmsNormForward(x, norm, rstd, x, proj, w_norm, N, C, eps, s); });
+  Time("MatmulForward qkv", [&] { ops.MatmulForward(qkv, nullptr, norm, w_qkv, nullptr, nullptr, N, C, QKV, s); });
+  Time("RopeForward", [&] { ops.RopeForward(qkv, cos, sin, B, T, NH, KVH, HS, s); });
+  Time("AttentionForward", [&] { ops.AttentionForward(att, state, qkv, B, T, NH, KVH, HS, s); });
+  Time("MatmulForward o (residual)", [&] { ops.MatmulForward(proj, nullptr, att, w_o, nullptr, x, N, C, C, s); });
+  Time("MatmulForward gate_up",
+       [&] { ops.MatmulForward(gate_up, nullptr, norm, w_gate_up, nullptr, nullptr, N, C, 2 * H, s); });
+  Time("SwiGluForward", [&] { ops.SwiGluForward(mlp, gate_up, N, H, s); });
+  Time("MatmulForward down (residual)", [&] { ops.MatmulForward(proj, nullptr, mlp, w_down, nullptr, x, N, H, C, s); });
+  Time("MatmulBackward down", [&] { ops.MatmulBackward(dmlp, dw, nullptr, dx, mlp, w_down, nullptr, N, H, C, s); });
+  Time("SwiGluBackward", [&] { ops.SwiGluBackward(dgate_up, dmlp, gate_up, N, H, s); });
+  Time("MatmulBackward gate_up",
+       [&] { ops.MatmulBackward(dnorm, dw, nullptr, dgate_up, norm, w_gate_up, nullptr, N, C, 2 * H, s); });
+  Time("RmsNormBackward", [&] { ops.RmsNormBackward(dx, dw, dnorm, x, w_norm, rstd, N, C, s); });
+  Time("MatmulBackward o", [&] { ops.MatmulBackward(datt, dw, nullptr, dx, att, w_o, nullptr, N, C, C, s); });
+  Time("AttentionBackward",
+       [&] { ops.AttentionBackward(dqkv, scratch, datt, qkv, att, state, B, T, NH, KVH, HS, s); });
+  Time("RopeBackward", [&] { ops.RopeBackward(dqkv, cos, sin, B, T, NH, KVH, HS, s); });
+  Time("MatmulBackward qkv", [&] { ops.MatmulBackward(dnorm, dw, nullptr, dqkv, norm, w_qkv, nullptr, N, C, QKV, s); });
 }
 
 }  // namespace
