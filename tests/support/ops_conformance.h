@@ -324,8 +324,8 @@ TYPED_TEST_P(OpsConformance, Attention) {
     auto dqkv = impl.template Poisoned<Act>(rows * width);
     auto impl_qkv = impl.template Put<Act>(qkv);
     impl.ops->AttentionForward(out, state, impl_qkv, c.B, c.T, c.NH, c.KVH, c.HS, *impl.stream);
-    impl.ops->AttentionBackward(dqkv, scratch, impl.template Put<Act>(dout), impl_qkv, out, state, c.B, c.T, c.NH, c.KVH,
-                                c.HS, *impl.stream);
+    impl.ops->AttentionBackward(dqkv, scratch, impl.template Put<Act>(dout), impl_qkv, out, state, c.B, c.T, c.NH,
+                                c.KVH, c.HS, *impl.stream);
     auto ref_out = ref.template Poisoned<double>(rows * Q);
     auto ref_state = ref.template Poisoned<double>(ref.ops->AttentionStateElements(c.B, c.T, c.NH, c.KVH, c.HS));
     auto ref_dqkv = ref.template Poisoned<double>(rows * width);
@@ -401,8 +401,8 @@ TYPED_TEST_P(OpsConformance, RmsNorm) {
     const auto s_x = impl.Get(rstd, N);
     auto dinp = impl.template Put<Act>(dinp0);
     auto dw = impl.template Put<Acc>(dw0);
-    impl.ops->RmsNormBackward(dinp, dw, impl.template Put<Act>(dout), impl.template Put<Act>(x), impl.template Put<Act>(w),
-                              impl.template Put<Acc>(s_x), N, C, *impl.stream);
+    impl.ops->RmsNormBackward(dinp, dw, impl.template Put<Act>(dout), impl.template Put<Act>(x),
+                              impl.template Put<Act>(w), impl.template Put<Acc>(s_x), N, C, *impl.stream);
     auto ref_dinp = ref.template Put<double>(dinp0);
     auto ref_dw = ref.template Put<double>(dw0);
     ref.ops->RmsNormBackward(ref_dinp, ref_dw, ref.template Put<double>(dout), ref.template Put<double>(x),
@@ -482,7 +482,8 @@ TYPED_TEST_P(OpsConformance, SwiGlu) {
   auto& ref = this->ref_;
   for (const auto& [N, H] : {std::pair{74, 96}, std::pair{37, 333}}) {
     const std::string at = " (N " + std::to_string(N) + ", H " + std::to_string(H) + ")";
-    const auto gate_up = this->template Random<Act>(int64_t(N) * 2 * H, 2.0), dout = this->template Random<Act>(int64_t(N) * H);
+    const auto gate_up = this->template Random<Act>(int64_t(N) * 2 * H, 2.0),
+               dout = this->template Random<Act>(int64_t(N) * H);
     auto out = impl.template Poisoned<Act>(int64_t(N) * H);
     auto impl_gate_up = impl.template Put<Act>(gate_up);
     impl.ops->SwiGluForward(out, impl_gate_up, N, H, *impl.stream);

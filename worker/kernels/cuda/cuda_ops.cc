@@ -426,8 +426,9 @@ class CudaOps final : public Ops<Bf16> {
 
   static void CheckHeads(int NH, int KVH, int HS, const char* what) {
     if (NH <= 0 || KVH <= 0 || HS <= 0 || NH % KVH != 0) {
-      throw std::invalid_argument(std::string(what) + ": " + std::to_string(NH) + " query heads do not make groups of " +
-                                  std::to_string(KVH) + " key/value heads of " + std::to_string(HS) + " channels");
+      throw std::invalid_argument(std::string(what) + ": " + std::to_string(NH) +
+                                  " query heads do not make groups of " + std::to_string(KVH) +
+                                  " key/value heads of " + std::to_string(HS) + " channels");
     }
   }
 
