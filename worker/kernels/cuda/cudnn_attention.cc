@@ -434,7 +434,9 @@ std::string CudnnAttention::Shape() const {
 
 int64_t CudnnAttention::BackwardScratchBytes() const {
   const int64_t rows = int64_t(B_) * NH_ * T_;
-  // softmax_sum, the dQ accumulator, cuDNN's workspace, and room to align the start.
+  // softmax_sum, the dQ accumulator, cuDNN's workspace, and room to align the start. With
+  // groups, the full-head dK and dV are virtual tensors, as cudnn-frontend declares them:
+  // whatever memory the plan needs for them is in the workspace size it reports.
   return AlignUp(rows * 4) + AlignUp(rows * HS_ * 4) + AlignUp(backward_->graph.workspace_bytes()) + kAlignment;
 }
 
