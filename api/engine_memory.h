@@ -12,7 +12,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
+#include "api/model_family.h"
 #include "api/model_shape.h"
 
 namespace meshtrain::api {
@@ -24,17 +26,6 @@ struct ActivationPolicy {
   bool offload = false;  // requires checkpointing
   int horizon = 2;       // blocks loaded ahead of the backward; at least 1
   bool operator==(const ActivationPolicy&) const = default;
-};
-
-// What the engine's precision and kernels make of each size.
-struct EngineTypes {
-  int act_bytes = 4;  // activations and compute copies of parameters: 4 fp32, 2 bf16, 8 fp64
-  int acc_bytes = 4;  // gradients, master weights, AdamW state, statistics: 4, or 8 in fp64
-  // The CPU's attention keeps the (B,NH,T,T) probabilities of each block for its backward;
-  // fused (flash) attention keeps one statistic per row, (B,NH,T).
-  bool attention_keeps_scores = true;
-  int64_t attention_scratch_bytes = 0;  // the attention backward's workspace (the kernel table says)
-  int vocab_multiple = 128;             // kVocabMultiple: each TP slice of the vocabulary is padded to it
 };
 
 // Every buffer carved out of one allocation starts at a multiple of this many bytes (the
@@ -55,34 +46,30 @@ inline int64_t PaddedVocabRows(int64_t rows, int multiple = kVocabMultiple) {
   return (rows + multiple - 1) / multiple * multiple;
 }
 
-// The FSDP units of TP rank `tp_rank` of `tp_size`: the root (wte's padded vocabulary
-// slice, wpe, the final LayerNorm) and each block (its TP slice and the replicated
-// LayerNorms and row-parallel biases). model::ParameterLayout lays them out; a test holds
-// the two equal.
+// The FSDP units of TP rank `tp_rank` of `tp_size` (api/model_family.h): the embedding
+// unit (its padded vocabulary slice and whatever else the family puts there), each block
+// (its TP slice and the replicated norms and biases), and the head unit (0 when the head
+// is tied). model::ParameterLayout lays them out; a test holds the two equal.
 struct UnitElements {
-  int64_t root = 0, block = 0;
+  int64_t embedding = 0, block = 0, head = 0;
+  int64_t edge() const { return embedding > head ? embedding : head; }  // the slot they share
 };
 UnitElements UnitElementsOf(const ModelShape& shape, int tp_rank, int tp_size, int vocab_multiple = kVocabMultiple);
+// The elements of `t` on TP rank `tp_rank` of `tp_size`, its vocabulary slice padded.
+int64_t LocalElements(const TensorInfo& t, int64_t vocab, int tp_rank, int tp_size, int vocab_multiple);
 
 // Every shard's size when a unit of `numel` elements is split over `shard_size` ranks:
 // the unit is padded to a multiple of shard_size.
 inline int64_t ShardElements(int64_t numel, int shard_size) { return (numel + shard_size - 1) / shard_size; }
 
-// The rows of the LM head computed at once, of `rows` rows against `padded_vocab`
-// columns: B x T x V logits never exist, a chunk of at most 2^27 does.
-int64_t HeadChunkRows(int64_t rows, int64_t padded_vocab);
+// Bytes of a carving of `buffers` out of one allocation, each starting aligned.
+int64_t CarvedBytes(const std::vector<Buffer>& buffers);
 
-// Bytes of what one block's forward keeps (LayerNorms and their statistics, QKV,
-// attention's output and state, the residual, the MLP's pre-activation and activation,
-// the block's output), for micro-batches up to batch x seq on a TP slice of `tp_size`.
+// Bytes of what one block's forward keeps, of the backward's working set, and of the
+// head's (api/model_family.h lists them).
 int64_t BlockActivationBytes(int batch, int seq, const ModelShape& shape, int tp_size, const EngineTypes& types);
-// The head's: the final LayerNorm and statistics, the losses, one chunk of logits and of
-// the input's gradient, and with TP the chunk's softmax statistics of this slice and of all.
 int64_t HeadActivationBytes(int batch, int seq, const ModelShape& shape, int tp_rank, int tp_size,
                             const EngineTypes& types);
-// The backward's working set, shared by the blocks: the residual stream's gradient, the
-// gradients inside a block, a projection's output, with dropout a masked gradient and
-// attention's output after dropout, and attention's scratch.
 int64_t BlockScratchBytes(int batch, int seq, const ModelShape& shape, int tp_size, const EngineTypes& types,
                           bool dropout);
 
@@ -97,15 +84,18 @@ ActivationBytes ActivationStoreBytes(const ModelShape& shape, int batch, int seq
                                      int tp_rank, int tp_size, const EngineTypes& types, bool dropout);
 
 // The engine's small per-step buffer: a micro-batch's tokens and targets, the loss and
-// norm scalars, and every unit's table of shard segments (kernels::ShardSegment, 24 bytes).
+// norm scalars, every unit's table of shard segments (kernels::ShardSegment, 24 bytes, one
+// per tensor), and for RoPE the cos and sin of each position and frequency (Acc).
 inline constexpr int64_t kShardSegmentBytes = 24;
-int64_t StepBufferBytes(int batch, int seq, const ModelShape& shape);
+std::vector<Buffer> StepBuffers(int batch, int seq, const ModelShape& shape, const EngineTypes& types);
+int64_t StepBufferBytes(int batch, int seq, const ModelShape& shape, const EngineTypes& types);
 
 // One rank's peak, by the engine's accounting categories, in bytes held (each allocation
 // rounded to the allocator's size classes):
 //   params, grads, optimizer  every unit's shard of master weights, gradients, AdamW m and v
-//   gathered   the units' compute copies while in use: the root's and two blocks' (and with
-//              S > 1 their gradients before the reduce-scatter)
+//   gathered   the units' compute copies while in use: the embedding's or the head's (one
+//              slot, as large as the larger) and two blocks' (and with S > 1 their
+//              gradients before the reduce-scatter)
 //   comm       the reduce-scatter's output shard (S > 1)
 //   activations, offload  the ActivationStore's two buffers, and the step buffer
 struct EngineMemory {
@@ -113,7 +103,7 @@ struct EngineMemory {
   int64_t device() const { return params + grads + optimizer + activations + gathered + comm; }
   int64_t total() const { return device() + offload; }
 };
-// `keep_units_gathered`: every block's compute copy is kept (replicated, S = 1), not two slots.
+// `keep_units_gathered`: every unit's compute copy is kept (replicated, S = 1), not slots.
 EngineMemory EngineMemoryOf(const ModelShape& shape, int batch, int seq, int tp_rank, int tp_size, int shard_size,
                             const ActivationPolicy& policy, const EngineTypes& types, bool dropout,
                             bool keep_units_gathered = false);

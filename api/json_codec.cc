@@ -34,14 +34,32 @@ void Fields(S& s, V& v) {
   v("from", s.from);
 }
 
+template <Is<RopeScalingSpec> S, class V>
+void Fields(S& s, V& v) {
+  v("type", s.type);
+  v("factor", s.factor);
+  v("lowFreqFactor", s.low_freq_factor);
+  v("highFreqFactor", s.high_freq_factor);
+  v("originalMaxPositions", s.original_max_positions);
+}
+
 template <Is<ModelSpec> S, class V>
 void Fields(S& s, V& v) {
   v("preset", s.preset);
+  v("family", s.family);
   v("layers", s.layers);
   v("heads", s.heads);
   v("hidden", s.hidden);
   v("vocabSize", s.vocab_size);
   v("seqLen", s.seq_len);
+  v("kvHeads", s.kv_heads);
+  v("headDim", s.head_dim);
+  v("intermediateSize", s.intermediate_size);
+  v("maxPositions", s.max_positions);
+  v("normEps", s.norm_eps);
+  v("ropeTheta", s.rope_theta);
+  v("ropeScaling", s.rope_scaling);
+  v("tieEmbeddings", s.tie_embeddings);
   v("dropout", s.dropout);
   v("init", s.init);
   v("tokenizer", s.tokenizer);

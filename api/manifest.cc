@@ -22,6 +22,7 @@
 #include <yaml-cpp/parser.h>
 
 #include "api/defaults.h"
+#include "api/hf_config.h"
 #include "api/json_codec.h"
 #include "api/validation.h"
 #include "api/warnings.h"
@@ -464,13 +465,46 @@ void CheckElasticSizes(const TrainingJob& as_written, const FieldPaths& written,
   }
 }
 
+// Merges spec.model.init.from's config.json into the job's model before defaults, as
+// `directory` says (ModelDirectory); notes go to the warnings of a valid job.
+void ReadModelDirectory(ModelDirectory directory, CheckedJob* checked, FieldErrors* notes) {
+  ModelSpec& model = checked->job.spec.model;
+  const std::string& from = model.init.from;
+  if (from.empty()) return;
+  struct stat st {};
+  const bool exists = ::stat(from.c_str(), &st) == 0;
+  if (!exists || !S_ISDIR(st.st_mode)) {
+    if (!exists && directory == ModelDirectory::kIfPresent) {
+      notes->push_back({"spec.model.init.from", from + " is not on this machine: the shape is spec.model's, and each "
+                                                "worker checks it against the weights when it starts"});
+    }
+    return;  // a single GPT-2 file: the shape is spec.model's; the loader checks the file against it
+  }
+  const bool shape_written = model.layers || model.hidden || !model.preset.empty();
+  try {
+    const HuggingFaceConfig config = ReadHuggingFaceConfig(from);
+    for (FieldError& e : MergeHuggingFaceConfig(config, &model)) checked->errors.push_back(std::move(e));
+    for (const std::string& note : config.notes) notes->push_back({"spec.model.init.from", config.file + ": " + note});
+  } catch (const HuggingFaceConfigError& e) {
+    checked->errors.push_back({"spec.model.init.from", e.what()});
+    return;
+  }
+  if (!shape_written && directory == ModelDirectory::kIfPresent) {
+    notes->push_back({"spec.model", "the shape comes from " + from + "/config.json here; under the operator, which "
+                                    "cannot read it, give it in spec.model (`meshtrain model-spec " + from +
+                                    "` prints the fields)"});
+  }
+}
+
 }  // namespace
 
-CheckedJob CheckTrainingJob(const Json& object, std::string source, int document) {
+CheckedJob CheckTrainingJob(const Json& object, std::string source, int document, ModelDirectory directory) {
   CheckedJob checked{std::move(source), document, object, {}, {}, {}, {}};
   checked.job = DecodeTrainingJob(object, &checked.errors);
   const TrainingJob as_written = checked.job;
   const FieldPaths written = WrittenFields(object);
+  FieldErrors notes;
+  if (directory != ModelDirectory::kNotRead) ReadModelDirectory(directory, &checked, &notes);
   checked.defaults = ApplyDefaults(&checked.job, written);
   // A field that failed to decode holds its default, and checks against it would
   // report problems the manifest does not have: validate once every value decoded.
@@ -481,14 +515,16 @@ CheckedJob CheckTrainingJob(const Json& object, std::string source, int document
   for (FieldError& e : FieldsThePlannerChooses(checked.job, written)) checked.errors.push_back(std::move(e));
   if (checked.ok()) checked.warnings = FieldsWithoutEffect(checked.job, written);
   if (checked.ok()) CheckElasticSizes(as_written, written, &checked);
+  for (FieldError& note : notes) checked.warnings.push_back(std::move(note));
   return checked;
 }
 
-std::vector<CheckedJob> LoadTrainingJobs(const std::string& path, const std::string& name) {
+std::vector<CheckedJob> LoadTrainingJobs(const std::string& path, const std::string& name,
+                                         ModelDirectory directory) {
   std::vector<CheckedJob> jobs;
   const std::string source = name.empty() ? ManifestSourceName(path) : name;
   for (const ManifestDocument& doc : ReadManifestFile(path)) {
-    jobs.push_back(CheckTrainingJob(doc.object, source, doc.index));
+    jobs.push_back(CheckTrainingJob(doc.object, source, doc.index, directory));
   }
   if (jobs.empty()) throw ManifestError(source + ": holds no documents");
   return jobs;

@@ -62,15 +62,26 @@ struct CheckedJob {
   std::string Where() const;
 };
 
+// What CheckTrainingJob does with a spec.model.init.from that names a Hugging Face model
+// directory (api/hf_config.h): its config.json gives the family and the shape, and a
+// shape field the job wrote must agree with it.
+enum class ModelDirectory {
+  kNotRead,    // the operator, which cannot reach the pods' volumes: the job carries the shape
+  kIfPresent,  // the CLI: read where it is on this machine; elsewhere the job's shape stands
+  kRequired,   // a worker, at start: it must be read, and agree
+};
+
 // Decodes, defaults and validates one object, and warns about fields without effect.
 // Unknown fields and validation
 // errors are reported together; a value that cannot be decoded (a wrong type)
 // is reported alone, since checks against its placeholder would mislead.
-CheckedJob CheckTrainingJob(const nlohmann::json& object, std::string source, int document);
+CheckedJob CheckTrainingJob(const nlohmann::json& object, std::string source, int document,
+                            ModelDirectory directory = ModelDirectory::kNotRead);
 
 // Every document of a file as a CheckedJob, named `name` (default:
 // ManifestSourceName(path)). Documents of other kinds are reported as errors at `kind`.
 // Throws ManifestError if the file is unreadable.
-std::vector<CheckedJob> LoadTrainingJobs(const std::string& path, const std::string& name = "");
+std::vector<CheckedJob> LoadTrainingJobs(const std::string& path, const std::string& name = "",
+                                         ModelDirectory directory = ModelDirectory::kNotRead);
 
 }  // namespace meshtrain::api

@@ -1,8 +1,20 @@
-// GPT-2 model shapes: the named presets and the resolved shape of a ModelSpec.
+// The model families meshtrain trains, the resolved shape of a ModelSpec, and the named
+// presets with their published shapes.
+//
+// Two kinds of math sit behind the families (api/model_family.h describes their tensors):
+//   gpt2     GPT-2: pre-LayerNorm, a learned position table, a GELU MLP, biases everywhere,
+//            the LM head tied to the token embedding (GPT2LMHeadModel).
+//   llama    Llama 2, 3, 3.1, 3.2: pre-RMSNorm, rotate-half RoPE, grouped-query attention,
+//            a SwiGLU MLP, no biases, a tied or untied head (LlamaForCausalLM).
+//   mistral  Llama's math under Mistral's names (MistralForCausalLM; no sliding window).
+//   qwen2    Llama's math with biases on q, k and v (Qwen2ForCausalLM: Qwen2, Qwen2.5).
+// Thread-safety: value types and pure functions.
 
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -10,30 +22,86 @@
 
 namespace meshtrain::api {
 
+enum class Family { kGpt2, kLlama, kMistral, kQwen2 };
+
+// spec.model.family's spelling of each: "gpt2", "llama", "mistral", "qwen2".
+std::string_view FamilyName(Family family);
+std::optional<Family> FamilyNamed(std::string_view name);
+std::vector<std::string_view> FamilyNames();
+// The Hugging Face `architectures` entry of each, and back.
+std::string_view HuggingFaceArchitecture(Family family);
+std::optional<Family> FamilyOfArchitecture(std::string_view architecture);
+
+// How RoPE's frequencies are rescaled for long contexts (Hugging Face's rope_scaling).
+struct RopeScaling {
+  std::string type;  // "": none; "linear": positions / factor; "llama3": Llama 3.1's frequency bands
+  double factor = 1;
+  double low_freq_factor = 1, high_freq_factor = 4;  // llama3 only
+  int64_t original_max_positions = 8192;             // llama3 only
+  bool operator==(const RopeScaling&) const = default;
+};
+
 struct ModelShape {
   int64_t layers = 0;
-  int64_t heads = 0;
+  int64_t heads = 0;  // query heads
   int64_t hidden = 0;
   int64_t vocab_size = 0;
-  int64_t seq_len = 0;
+  int64_t seq_len = 0;  // the training window
+  Family family = Family::kGpt2;
+  // The fields below take their family's value when 0: kv_heads = heads, head_dim =
+  // hidden / heads, intermediate = 4 x hidden, max_positions = seq_len.
+  int64_t kv_heads = 0;       // key and value heads (grouped-query attention)
+  int64_t head_dim = 0;       // channels of each head
+  int64_t intermediate = 0;   // the MLP's width
+  int64_t max_positions = 0;  // GPT-2: rows of the position table; Llama: max_position_embeddings
+  double norm_eps = 1e-5;     // LayerNorm's (GPT-2: always 1e-5) or RMSNorm's epsilon
+  double rope_theta = 10000;  // Llama-class only
+  RopeScaling rope_scaling{};  // Llama-class only
+  bool tied = true;           // the LM head is the token embedding (GPT-2: always)
 
-  // Trainable parameters of GPT-2 with tied embeddings:
-  // wte V*C + wpe T*C + per layer (12*C^2 + 13*C) + final LayerNorm 2*C.
+  bool llama() const { return family != Family::kGpt2; }
+  int64_t KvHeads() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t HeadDim() const { return head_dim > 0 ? head_dim : heads > 0 ? hidden / heads : 0; }
+  int64_t Intermediate() const { return intermediate > 0 ? intermediate : 4 * hidden; }
+  int64_t MaxPositions() const { return max_positions > 0 ? max_positions : seq_len; }
+  int64_t QueryWidth() const { return heads * HeadDim(); }  // q's and attention's output channels
+  int64_t KvWidth() const { return KvHeads() * HeadDim(); }  // k's and v's
+  // GPT-2 has a bias on every product; Qwen2 on q, k and v; Llama and Mistral on none.
+  bool QkvBias() const { return family == Family::kGpt2 || family == Family::kQwen2; }
+  // This shape with every field that defaults to 0 given its value.
+  ModelShape Resolved() const;
+
+  // Trainable parameters: the sum of the family's tensors (model_family.h), a tied head
+  // counted once. GPT-2 124M: 124,439,808.
   int64_t ParameterCount() const;
-  // 6N + 12LTC: the matrix FLOPs of forward and backward per token of a sequence of
-  // `seq` tokens, attention included (the numerator of MFU, as llm.c counts it).
+  // 6N + 12 L T Q: the matrix FLOPs of forward and backward per token of a sequence of
+  // `seq` tokens, attention included (the numerator of MFU, as llm.c counts it), where N
+  // counts every parameter that multiplies a token's activations (an untied embedding is a
+  // lookup, not a product) and Q is the query width.
   double TrainingFlopsPerToken(int64_t seq) const;
-  bool operator==(const ModelShape&) const = default;
+  // Equal once resolved.
+  bool operator==(const ModelShape& other) const;
+  // The same weights, whatever the training window: equal but for seq_len (a GPT-2's
+  // position table has max_positions rows).
+  bool SameWeights(const ModelShape& other) const;
 };
 
 // The preset called `name`, or nullptr if there is none.
 const ModelShape* FindPreset(std::string_view name);
 
-// The preset names, smallest first: gpt2-tiny, gpt2-124m, ...
+// The preset names, by family and size: gpt2-tiny, gpt2-124m, ..., llama-tiny, ...
 std::vector<std::string_view> PresetNames();
 
-// The shape of a spec whose defaults have been applied (every field set).
+// The shape of a spec whose defaults have been applied (every field its family needs set).
 // REQUIRES: model.layers, heads, hidden, vocab_size and seq_len have values.
 ModelShape ShapeOf(const ModelSpec& model);
+
+// The spec.model fields that give `shape` (no preset): what a meshtrain command writes
+// into a job for the operator, which cannot read a model directory.
+ModelSpec SpecOfShape(const ModelShape& shape);
+
+// "llama: layers 16, heads 32 (8 key/value), hidden 2048, MLP 8192, vocabSize 128256,
+// seqLen 2048", as spec.model names them; GPT-2's without the Llama-class fields.
+std::string DescribeShape(const ModelShape& shape);
 
 }  // namespace meshtrain::api

@@ -50,18 +50,42 @@ struct ResourceSpec {
 
 // Where the weights of a new run come from (a resumed run takes its checkpoint's).
 struct ModelInitSpec {
-  std::string from;  // a GPT-2 in Hugging Face's safetensors layout; empty: the seeded initialisation
+  // A Hugging Face model directory (config.json with model.safetensors, or
+  // model.safetensors.index.json and its shards), or a single GPT-2 safetensors file;
+  // empty: the seeded initialisation.
+  std::string from;
   bool operator==(const ModelInitSpec&) const = default;
 };
 
-// A model preset name, or an explicit shape; explicit fields override the preset's.
+// Hugging Face's rope_scaling (api/model_shape.h, RopeScaling).
+struct RopeScalingSpec {
+  std::string type;  // linear | llama3
+  std::optional<double> factor;
+  std::optional<double> low_freq_factor;
+  std::optional<double> high_freq_factor;
+  std::optional<int64_t> original_max_positions;
+  bool operator==(const RopeScalingSpec&) const = default;
+};
+
+// A model preset name, or an explicit shape; explicit fields override the preset's. The
+// fields after seqLen belong to the Llama-class families (api/model_shape.h); on GPT-2
+// they may only restate GPT-2's own values.
 struct ModelSpec {
   std::string preset;
+  std::string family;  // gpt2 | llama | mistral | qwen2; default: the preset's, else gpt2
   std::optional<int64_t> layers;
   std::optional<int64_t> heads;
   std::optional<int64_t> hidden;
   std::optional<int64_t> vocab_size;
-  std::optional<int64_t> seq_len;
+  std::optional<int64_t> seq_len;  // the training window
+  std::optional<int64_t> kv_heads;
+  std::optional<int64_t> head_dim;
+  std::optional<int64_t> intermediate_size;
+  std::optional<int64_t> max_positions;
+  std::optional<double> norm_eps;
+  std::optional<double> rope_theta;
+  std::optional<RopeScalingSpec> rope_scaling;
+  std::optional<bool> tie_embeddings;
   // The probability of dropping an element of each block's attention output and of the
   // attention and MLP outputs added to the residual stream, in training; masks are keyed
   // by spec.parallelism.tensorParallelSeed.

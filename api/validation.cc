@@ -130,12 +130,102 @@ void CheckMetadata(const TrainingJob& job, Checker& c) {
   }
 }
 
+// The Llama-class fields on a GPT-2 spec: each may only restate GPT-2's own value.
+void CheckGpt2Model(const ModelSpec& m, Checker& c) {
+  auto fixed = [&](const char* name, const std::optional<int64_t>& value, std::optional<int64_t> gpt2,
+                   const std::string& what) {
+    if (value && gpt2 && *value != *gpt2) {
+      c.Fail(std::string("spec.model.") + name, "GPT-2 has " + what + " (" + std::to_string(*gpt2) + "), got " +
+                                                   std::to_string(*value) + "; set spec.model.family for another");
+    }
+  };
+  const bool divisible = m.heads && m.hidden && *m.heads > 0 && *m.hidden % *m.heads == 0;
+  fixed("kvHeads", m.kv_heads, m.heads, "as many key/value heads as heads");
+  fixed("headDim", m.head_dim, divisible ? std::optional<int64_t>(*m.hidden / *m.heads) : std::nullopt,
+        "heads of hidden / heads channels");
+  fixed("intermediateSize", m.intermediate_size, m.hidden ? std::optional<int64_t>(4 * *m.hidden) : std::nullopt,
+        "an MLP of 4 x hidden");
+  if (m.norm_eps && *m.norm_eps != 1e-5) {
+    c.Fail("spec.model.normEps", "GPT-2's LayerNorm has epsilon 1e-5, got " + Checker::Show(*m.norm_eps));
+  }
+  if (m.rope_theta) c.Fail("spec.model.ropeTheta", "GPT-2 has no RoPE (it learns a position table)");
+  if (m.rope_scaling) c.Fail("spec.model.ropeScaling", "GPT-2 has no RoPE (it learns a position table)");
+  if (m.tie_embeddings && !*m.tie_embeddings) {
+    c.Fail("spec.model.tieEmbeddings", "GPT-2's LM head is always its token embedding");
+  }
+  if (m.heads && m.hidden && *m.heads > 0 && *m.hidden > 0 && *m.hidden % *m.heads != 0) {
+    c.Fail("spec.model.hidden",
+           "must be divisible by spec.model.heads (" + std::to_string(*m.heads) + "), got " + std::to_string(*m.hidden));
+  }
+}
+
+void CheckLlamaModel(const ModelSpec& m, Checker& c) {
+  if (!m.intermediate_size) c.Fail("spec.model.intermediateSize", "is required when spec.model.preset is not set");
+  else c.Range("spec.model.intermediateSize", *m.intermediate_size, 1, int64_t(1) << 20);
+  if (m.kv_heads && c.Range("spec.model.kvHeads", *m.kv_heads, 1, 1024) && m.heads && *m.heads >= 1 &&
+      *m.heads % *m.kv_heads != 0) {
+    c.Fail("spec.model.kvHeads", "must divide spec.model.heads (" + std::to_string(*m.heads) + "), got " +
+                                     std::to_string(*m.kv_heads));
+  }
+  if (!m.head_dim) {
+    if (m.heads && m.hidden && *m.heads > 0 && *m.hidden > 0) {
+      c.Fail("spec.model.headDim", "is required when spec.model.hidden (" + std::to_string(*m.hidden) +
+                                       ") is not a multiple of spec.model.heads (" + std::to_string(*m.heads) + ")");
+    }
+  } else if (c.Range("spec.model.headDim", *m.head_dim, 2, 1024) && *m.head_dim % 2 != 0) {
+    c.Fail("spec.model.headDim", "must be even (RoPE rotates pairs of channels), got " + std::to_string(*m.head_dim));
+  }
+  if (m.max_positions && c.Range("spec.model.maxPositions", *m.max_positions, 1, int64_t(1) << 24) && m.seq_len &&
+      *m.seq_len > *m.max_positions) {
+    c.Fail("spec.model.seqLen", "must not exceed spec.model.maxPositions (" + std::to_string(*m.max_positions) +
+                                    "), got " + std::to_string(*m.seq_len));
+  }
+  if (m.norm_eps) c.Finite("spec.model.normEps", *m.norm_eps, 0, /*min_exclusive=*/true);
+  if (m.rope_theta) c.Finite("spec.model.ropeTheta", *m.rope_theta, 0, /*min_exclusive=*/true);
+  if (m.rope_scaling) {
+    const RopeScalingSpec& r = *m.rope_scaling;
+    c.OneOf("spec.model.ropeScaling.type", r.type, {"linear", "llama3"});
+    if (!r.factor) c.Fail("spec.model.ropeScaling.factor", "is required");
+    else c.Finite("spec.model.ropeScaling.factor", *r.factor, 0, /*min_exclusive=*/true);
+    if (r.type == "llama3") {
+      if (r.low_freq_factor) c.Finite("spec.model.ropeScaling.lowFreqFactor", *r.low_freq_factor, 0, true);
+      if (r.high_freq_factor) c.Finite("spec.model.ropeScaling.highFreqFactor", *r.high_freq_factor, 0, true);
+      if (r.low_freq_factor && r.high_freq_factor && *r.high_freq_factor <= *r.low_freq_factor) {
+        c.Fail("spec.model.ropeScaling.highFreqFactor", "must be greater than lowFreqFactor (" +
+                                                            Checker::Show(*r.low_freq_factor) + "), got " +
+                                                            Checker::Show(*r.high_freq_factor));
+      }
+      if (r.original_max_positions) {
+        c.Range("spec.model.ropeScaling.originalMaxPositions", *r.original_max_positions, 1, int64_t(1) << 24);
+      }
+    } else {
+      for (const auto& [name, set] : {std::pair{"lowFreqFactor", r.low_freq_factor.has_value()},
+                                      std::pair{"highFreqFactor", r.high_freq_factor.has_value()},
+                                      std::pair{"originalMaxPositions", r.original_max_positions.has_value()}}) {
+        if (set) c.Fail(std::string("spec.model.ropeScaling.") + name, "only type llama3 takes it");
+      }
+    }
+  }
+}
+
 void CheckModel(const ModelSpec& m, Checker& c) {
-  if (!m.preset.empty() && FindPreset(m.preset) == nullptr) {
+  const ModelShape* preset = FindPreset(m.preset);
+  if (!m.preset.empty() && preset == nullptr) {
     std::string known;
     for (std::string_view name : PresetNames()) known += (known.empty() ? "" : ", ") + std::string(name);
     c.Fail("spec.model.preset", "unknown preset \"" + m.preset + "\"; known presets: " + known);
     return;  // the shape is unknown, so its fields are not worth checking
+  }
+  const std::optional<Family> family = FamilyNamed(m.family.empty() ? "gpt2" : m.family);
+  if (!family) {
+    std::string known;
+    for (std::string_view name : FamilyNames()) known += (known.empty() ? "" : ", ") + std::string(name);
+    c.Fail("spec.model.family", "must be one of " + known + "; got \"" + m.family + "\"");
+    return;
+  }
+  if (preset != nullptr && preset->family != *family) {
+    c.Fail("spec.model.family", "the preset " + m.preset + " is of family " + std::string(FamilyName(preset->family)) +
+                                    ", got " + m.family);
   }
   struct Dim {
     const char* name;
@@ -152,9 +242,15 @@ void CheckModel(const ModelSpec& m, Checker& c) {
   if (std::isfinite(m.dropout) && m.dropout >= 1) {
     c.Fail("spec.model.dropout", "must be below 1 (the probability of dropping an element), got " + Checker::Show(m.dropout));
   }
-  if (m.heads && m.hidden && *m.heads > 0 && *m.hidden > 0 && *m.hidden % *m.heads != 0) {
-    c.Fail("spec.model.hidden",
-           "must be divisible by spec.model.heads (" + std::to_string(*m.heads) + "), got " + std::to_string(*m.hidden));
+  if (*family == Family::kGpt2) {
+    CheckGpt2Model(m, c);
+    if (m.max_positions && c.Range("spec.model.maxPositions", *m.max_positions, 1, kMaxSeqLen) && m.seq_len &&
+        *m.seq_len > *m.max_positions) {
+      c.Fail("spec.model.seqLen", "must not exceed spec.model.maxPositions (" + std::to_string(*m.max_positions) +
+                                      "), the rows of the position table; got " + std::to_string(*m.seq_len));
+    }
+  } else {
+    CheckLlamaModel(m, c);
   }
 }
 
@@ -203,7 +299,15 @@ void CheckLayout(const TrainingJobSpec& spec, Checker& c) {
     c.Fail("spec.parallelism.tensorParallelDegree",
            "must divide spec.model.heads (" + std::to_string(*m.heads) + "), got " + std::to_string(tp));
   }
-  if (tp >= 1 && m.hidden && *m.hidden >= 1 && (4 * *m.hidden) % tp != 0) {
+  if (tp >= 1 && m.kv_heads && *m.kv_heads >= 1 && *m.kv_heads % tp != 0) {
+    c.Fail("spec.parallelism.tensorParallelDegree", "must divide spec.model.kvHeads (" + std::to_string(*m.kv_heads) +
+                                                        "), the key/value heads it splits, got " + std::to_string(tp));
+  }
+  if (tp >= 1 && m.intermediate_size && *m.intermediate_size >= 1 && *m.intermediate_size % tp != 0) {
+    c.Fail("spec.parallelism.tensorParallelDegree", "must divide the MLP width (spec.model.intermediateSize = " +
+                                                        std::to_string(*m.intermediate_size) + "), got " +
+                                                        std::to_string(tp));
+  } else if (tp >= 1 && !m.intermediate_size && m.hidden && *m.hidden >= 1 && (4 * *m.hidden) % tp != 0) {
     c.Fail("spec.parallelism.tensorParallelDegree", "must divide the MLP width (4 x spec.model.hidden = " +
                                                         std::to_string(4 * *m.hidden) + "), got " + std::to_string(tp));
   }

@@ -104,15 +104,17 @@ Command Checkpoints(CLI::App& parent) {
 }
 
 Command Export(CLI::App& parent) {
-  struct Options {
-    std::string checkpoint, format = "safetensors", output;
-  };
-  auto o = Make<Options>();
-  CLI::App* c = parent.add_subcommand("export", "Write a checkpoint's weights as a Hugging Face GPT-2");
+  auto o = Make<ExportOptions>();
+  CLI::App* c = parent.add_subcommand("export", "Write a checkpoint's weights as a Hugging Face model directory");
   c->add_option("checkpoint", o->checkpoint, "A checkpoint directory (PATH/step-N)")->required();
-  c->add_option("output", o->output, "The file to write")->required();
+  c->add_option("output", o->output,
+                "The directory to write (config.json and safetensors); a GPT-2 may go to one FILE.safetensors")
+      ->required();
   c->add_option("--format", o->format, "safetensors")->capture_default_str();
-  return {c, [o] { return ExportCommand(o->checkpoint, o->format, o->output, std::cout); }};
+  c->add_option("--dtype", o->dtype, "f32 (the master weights), bf16 or f16")->capture_default_str();
+  c->add_option("--max-shard-size", o->max_shard_size, "The largest safetensors file (5GB, 500MB, 1GiB)")
+      ->capture_default_str();
+  return {c, [o] { return ExportCommand(*o, std::cout); }};
 }
 
 Command PrepareData(CLI::App& parent) {

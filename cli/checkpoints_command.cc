@@ -1,13 +1,14 @@
 // `meshtrain checkpoints PATH`: every checkpoint under a job's spec.checkpoint.path, newest
 // first, with its step, layout and size, and whether it verifies (every shard file present,
 // of the right size, its checksum matching). `meshtrain export`: one of them as a Hugging
-// Face GPT-2.
+// Face model directory, or a GPT-2 as one safetensors file.
 
 #include <cstdio>
 
 #include "cli/commands.h"
 #include "worker/runtime/memory.h"
 #include "worker/train/checkpoint.h"
+#include "worker/train/checkpoint_reader.h"
 #include "worker/train/huggingface.h"
 
 namespace meshtrain::cli {
@@ -31,18 +32,73 @@ int CheckpointsCommand(const std::string& path, std::ostream& out) {
   return all_verify ? kExitOk : kExitInvalid;
 }
 
-int ExportCommand(const std::string& checkpoint, const std::string& format, const std::string& output,
-                  std::ostream& out) {
-  if (format != "safetensors") {
-    out << "meshtrain export: --format " << format << ": only safetensors is written\n";
+namespace {
+
+// "5GB", "500MB", "1GiB", "1048576": a size in bytes; throws std::invalid_argument.
+uint64_t ParseSize(const std::string& text) {
+  size_t used = 0;
+  double number = 0;
+  try {
+    number = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = text.substr(used);
+  const std::pair<const char*, double> units[] = {{"", 1},        {"B", 1},      {"KB", 1e3},  {"MB", 1e6},
+                                                  {"GB", 1e9},    {"KiB", 1024}, {"MiB", 1048576.0},
+                                                  {"GiB", 1073741824.0}};
+  for (const auto& [name, scale] : units) {
+    if (used > 0 && unit == name && number * scale >= 1) return uint64_t(number * scale);
+  }
+  throw std::invalid_argument("--max-shard-size " + text + ": a size such as 5GB, 500MB or 1GiB expected");
+}
+
+}  // namespace
+
+int ExportCommand(const ExportOptions& o, std::ostream& out) {
+  if (o.format != "safetensors") {
+    out << "meshtrain export: --format " << o.format << ": only safetensors is written\n";
     return kExitUnreadable;
   }
+  train::Dtype dtype;
+  uint64_t max_shard = 0;
   try {
-    const api::ModelShape shape = train::CheckpointModel(checkpoint);
-    const train::LoadedCheckpoint loaded = train::LoadCheckpoint(checkpoint, shape);
-    train::SaveHuggingFaceGpt2(output, loaded.state.master, shape);
-    out << output << ": GPT-2 (" << shape.layers << " layers, hidden " << shape.hidden << ", vocab "
-        << shape.vocab_size << ") of step " << loaded.position.step << ", in Hugging Face's safetensors layout\n";
+    dtype = train::DtypeNamed(o.dtype);
+    max_shard = ParseSize(o.max_shard_size);
+  } catch (const std::invalid_argument& e) {
+    out << "meshtrain export: " << e.what() << "\n";
+    return kExitUnreadable;
+  }
+  const bool single_file = o.output.ends_with(".safetensors");
+  try {
+    const api::ModelShape shape = train::CheckpointModel(o.checkpoint);
+    if (single_file) {
+      if (shape.llama() || dtype != train::Dtype::kF32) {
+        out << "meshtrain export: " << o.output << ": a single .safetensors file is GPT-2's F32 form; give a directory "
+            << "for a Hugging Face model directory\n";
+        return kExitUnreadable;
+      }
+      const train::LoadedCheckpoint loaded = train::LoadCheckpoint(o.checkpoint, shape);
+      train::SaveHuggingFaceGpt2(o.output, loaded.state.master, shape);
+      out << o.output << ": GPT-2 (" << shape.layers << " layers, hidden " << shape.hidden << ", vocab "
+          << shape.vocab_size << ") of step " << loaded.position.step << ", in Hugging Face's safetensors layout\n";
+      return kExitOk;
+    }
+    // A tensor at a time, straight from the shard files: the whole model never exists here.
+    train::CheckpointReader reader(o.checkpoint, shape);
+    std::vector<int64_t> at;
+    std::vector<float> m, v;
+    const std::vector<std::string> files = train::ExportHuggingFace(
+        o.output, shape, dtype, max_shard, [&](int unit, int64_t first, int64_t count, float* values) {
+          at.resize(size_t(count));
+          for (int64_t i = 0; i < count; ++i) at[size_t(i)] = first + i;
+          m.resize(size_t(count));
+          v.resize(size_t(count));
+          reader.ReadUnit(unit, at, values, m.data(), v.data());
+        });
+    out << o.output << ": " << api::DescribeShape(shape) << " of step " << reader.position().step
+        << ", a Hugging Face model directory: config.json and " << files.size() << " safetensors file"
+        << (files.size() == 1 ? "" : "s") << " in " << train::DtypeName(dtype) << "\n";
     return kExitOk;
   } catch (const std::exception& e) {
     out << "meshtrain export: " << e.what() << "\n";

@@ -43,8 +43,10 @@ int CheckpointsCommand(const std::string& path, std::ostream& out);
 // Writes the master weights of the checkpoint in `checkpoint` (a step directory) to
 // `output` as a GPT-2 in Hugging Face's safetensors layout. Exit 0, or 2 for a checkpoint
 // that cannot be read or a format other than safetensors.
-int ExportCommand(const std::string& checkpoint, const std::string& format, const std::string& output,
-                  std::ostream& out);
+struct ExportOptions {
+  std::string checkpoint, output, format = "safetensors", dtype = "f32", max_shard_size = "5GB";
+};
+int ExportCommand(const ExportOptions& options, std::ostream& out);
 
 struct PrepareDataOptions {
   std::string input;        // a text file

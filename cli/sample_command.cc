@@ -16,7 +16,8 @@ namespace {
 namespace fs = std::filesystem;
 
 // The weights and shape to sample from: a checkpoint directory (PATH/step-N), the newest
-// intact checkpoint under a job's spec.checkpoint.path, or a safetensors file.
+// intact checkpoint under a job's spec.checkpoint.path, or a Hugging Face model directory
+// or GPT-2 safetensors file.
 struct Weights {
   api::ModelShape shape;
   std::vector<float> master;
@@ -24,7 +25,7 @@ struct Weights {
 };
 
 Weights LoadWeights(const SampleOptions& o) {
-  if (!o.from.empty()) return {train::HuggingFaceGpt2Shape(o.from), {}, o.from};
+  if (!o.from.empty()) return {train::HuggingFaceShape(o.from), {}, o.from};
   auto load = [](const std::string& directory) -> Weights {
     const api::ModelShape shape = train::CheckpointModel(directory);
     return {shape, train::LoadCheckpoint(directory, shape).state.master, directory};
@@ -57,19 +58,17 @@ int SampleCommand(const SampleOptions& o, std::ostream& out) {
   if (RefusedWithoutGpu(o.device, "meshtrain sample", out)) return kExitUnreadable;
   try {
     Weights weights = LoadWeights(o);
-    if (!o.from.empty()) weights.master = train::LoadHuggingFaceGpt2(o.from, weights.shape);
+    if (!o.from.empty()) weights.master = train::LoadHuggingFace(o.from, weights.shape);
     const api::ModelShape& shape = weights.shape;
     const train::TextCodec codec(o.tokenizer, shape.vocab_size, "--tokenizer");
     const std::vector<uint32_t> prompt = o.prompt.empty() ? codec.Start() : codec.Encode(o.prompt);
 
     // A one-rank job of that model, on the device asked for.
+    // Checkpointed: sampling needs no block's activations kept for a backward.
     api::TrainingJob job;
-    job.spec.model.layers = shape.layers;
-    job.spec.model.heads = shape.heads;
-    job.spec.model.hidden = shape.hidden;
-    job.spec.model.vocab_size = shape.vocab_size;
-    job.spec.model.seq_len = shape.seq_len;
+    job.spec.model = api::SpecOfShape(shape);
     job.spec.training.micro_batch_size = 1;
+    job.spec.parallelism.activation_checkpointing = true;
     const runtime::DeviceChoice choice = train::ChooseDeviceHere(o.device == "cuda" ? "bf16" : "fp32", 0);
     job.spec.training.precision = choice.precision;
     runtime::MemoryAccounting accounting;

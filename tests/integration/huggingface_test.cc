@@ -97,7 +97,7 @@ TEST_F(HuggingFaceTest, ExportThenImportIsBitwise) {
   const LoadedCheckpoint saved = LoadCheckpoint(step, kTiny);
   const fs::path exported = dir_ / "exported.safetensors";
   SaveHuggingFaceGpt2(exported.string(), saved.state.master, kTiny);
-  EXPECT_EQ(LoadHuggingFaceGpt2(exported.string(), kTiny), saved.state.master);
+  EXPECT_EQ(LoadHuggingFace(exported.string(), kTiny), saved.state.master);
   Trainer imported(Job(exported.string()));
   EXPECT_EQ(imported.Weights(), saved.state.master);
   // The names and shapes are Hugging Face's: Conv1D weights (in, out).
@@ -110,7 +110,7 @@ TEST_F(HuggingFaceTest, ExportThenImportIsBitwise) {
 TEST_F(HuggingFaceTest, MalformedFilesAndWrongShapesAreNamed) {
   auto error_of = [&](const fs::path& file, const api::ModelShape& shape) -> std::string {
     try {
-      LoadHuggingFaceGpt2(file.string(), shape);
+      LoadHuggingFace(file.string(), shape);
     } catch (const SafetensorsError& e) {
       return e.what();
     }
@@ -151,7 +151,7 @@ TEST_F(HuggingFaceTest, MalformedFilesAndWrongShapesAreNamed) {
   EXPECT_NE(error_of(good, shallower).find("is not part of a GPT-2 of this shape"), std::string::npos)
       << error_of(good, shallower);
   // Weights that are not finite, which would only show as a diverged first step.
-  std::vector<float> weights = LoadHuggingFaceGpt2(good.string(), kTiny);
+  std::vector<float> weights = LoadHuggingFace(good.string(), kTiny);
   weights[weights.size() / 2] = std::numeric_limits<float>::quiet_NaN();
   SaveHuggingFaceGpt2(bad.string(), weights, kTiny);
   EXPECT_NE(error_of(bad, kTiny).find("holds nan at element "), std::string::npos) << error_of(bad, kTiny);
@@ -257,7 +257,7 @@ TEST_F(HuggingFaceTest, Gpt2sVocabularyTrainsPaddedAndItsFilesKeepTheUsersShapes
   EXPECT_EQ(int64_t(saved.state.master.size()), shape.ParameterCount());
   const std::vector<float> trained = padded.Weights();
   EXPECT_EQ(saved.state.master, trained);
-  EXPECT_EQ(LoadHuggingFaceGpt2(exported.string(), shape), trained);
+  EXPECT_EQ(LoadHuggingFace(exported.string(), shape), trained);
   // The last row, next to the padding, trained (its token occurs in the text).
   const std::vector<float>& wte = tensors.at("wte.weight").values;
   Trainer untrained(job("", ""));

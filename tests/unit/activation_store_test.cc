@@ -144,7 +144,7 @@ TEST(ActivationStore, InTheBf16EmulationTooCheckpointingAndOffloadGiveTheSameBit
 // The bytes the engine's fp32 kernels keep for each buffer the store carves.
 api::EngineTypes Fp32Types() {
   auto ops = kernels::MakeCpuOps<Fp32>();
-  return model::TypesOf(*ops, B, T, int(kShape.heads), int(kShape.hidden / kShape.heads));
+  return model::TypesOf(*ops, B, T, kShape, 1);
 }
 int64_t Held(int64_t bytes) { return int64_t(runtime::CachingAllocator::RoundedSize(size_t(bytes))); }
 
@@ -155,12 +155,11 @@ int64_t Held(int64_t bytes) { return int64_t(runtime::CachingAllocator::RoundedS
 TEST(ActivationStore, TheAccountingShowsTheBoundsOfEachMode) {
   const int L = int(kShape.layers);
   const api::EngineTypes types = Fp32Types();
-  const model::TpSlice tp{};
   const int64_t input = api::Aligned(int64_t(B) * T * kShape.hidden * 4);
-  const int64_t block = model::BlockActivations<Fp32>::Bytes(B, T, kShape, tp, types);
-  const int64_t always = model::HeadActivations<Fp32>::Bytes(B, T, kShape, tp, types) +
-                         model::BlockScratch<Fp32>::Bytes(B, T, kShape, tp, types, /*dropout=*/false);
-  const int64_t step_buffer = Held(api::StepBufferBytes(B, T, kShape));
+  const int64_t block = api::BlockActivationBytes(B, T, kShape, 1, types);
+  const int64_t always = api::HeadActivationBytes(B, T, kShape, 0, 1, types) +
+                         api::BlockScratchBytes(B, T, kShape, 1, types, /*dropout=*/false);
+  const int64_t step_buffer = Held(api::StepBufferBytes(B, T, kShape, types));
   // What the store promises, checked against the planner's function of the same name.
   auto expect = [&](const ActivationPolicy& policy, int64_t kept, int64_t offloaded, const std::string& mode) {
     const api::ActivationBytes planned = api::ActivationStoreBytes(kShape, B, T, policy, 0, 1, types, false);
@@ -204,7 +203,7 @@ TEST(ActivationStore, InputsShareSlotsAsTheHorizonSays) {
         EXPECT_FALSE(store.Input(l) == store.Input(0)) << "horizon " << horizon;
       }
       // The recompute's working set is one for all blocks, and its output is not an input.
-      EXPECT_TRUE(store.Saved(l).ln1 == store.Saved(0).ln1);
+      EXPECT_TRUE(store.Saved(l).parts.Get<float>("qkv") == store.Saved(0).parts.Get<float>("qkv"));
       EXPECT_FALSE(store.Saved(l).output == store.Input(l));
     }
     EXPECT_TRUE(store.ForwardOutputs(L - 1).output == store.head_input());

@@ -1,6 +1,6 @@
 // The sharded engine on one rank (S = T = 1, the replicated case), on the strict CPU
 // backend (jittered streams, poisoned memory):
-// - the same numbers as the whole-model reference (tests/support/gpt2_reference.h), bit
+// - the same numbers as the whole-model reference (tests/support/model_reference.h), bit
 //   for bit: loss, gradients, grad norm, clipped AdamW, weights;
 // - the schedule's promises, seen through its observer: gathers and reduce-scatters
 //   overlap compute, at most two blocks are unsharded, a training micro-batch gathers the
@@ -29,7 +29,7 @@
 
 #include "api/engine_memory.h"
 #include "api/model_shape.h"
-#include "tests/support/gpt2_reference.h"
+#include "tests/support/model_reference.h"
 #include "worker/kernels/cpu/cpu_ops.h"
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/parallel/sharded_engine.h"
@@ -96,8 +96,8 @@ TEST(ShardedEngine, OneRankMatchesTheWholeModelBitForBit) {
   auto engine = OneRank(shape, B, T, 99, &accounting, options);
   EXPECT_EQ(engine->device(), runtime::Device::Cpu());
 
-  testing::Gpt2Reference<Fp32> reference(shape, B, T, 99, options.vocab_multiple, StrictOptions(8));
-  const testing::Gpt2Reference<Fp32>::Training training{};
+  testing::ModelReference<Fp32> reference(shape, B, T, 99, options.vocab_multiple, StrictOptions(8));
+  const testing::ModelReference<Fp32>::Training training{};
   const double loss = reference.Forward(batch.inputs.data(), batch.targets.data(), B, T, &training);
   reference.Backward();
   const std::vector<float> grads = reference.Grads();
@@ -323,7 +323,7 @@ TEST(ShardedEngine, NothingIsAllocatedAfterConstruction) {
     auto engine = OneRank(shape, B, T, 3, &accounting, options);
 
     auto ops = kernels::MakeCpuOps<Fp32>();
-    api::EngineTypes types = model::TypesOf(*ops, B, T, int(shape.heads), int(shape.hidden / shape.heads));
+    api::EngineTypes types = model::TypesOf(*ops, B, T, shape, 1);
     types.vocab_multiple = options.vocab_multiple;
     const api::EngineMemory planned = api::EngineMemoryOf(shape, B, T, 0, 1, 1, policy, types, /*dropout=*/true);
     EXPECT_EQ(accounting.current(MemoryCategory::kParams), planned.params) << mode;
@@ -434,7 +434,7 @@ TEST(ShardedEngine, KeepingUnitsGatheredGivesTheSameBitsAndGathersEachUnitOnce) 
   runtime::MemoryAccounting accounting;
   auto engine = OneRank(kSmall, B, T, 5, &accounting, kept);
   auto ops = kernels::MakeCpuOps<Fp32>();
-  api::EngineTypes types = model::TypesOf(*ops, B, T, int(kSmall.heads), int(kSmall.hidden / kSmall.heads));
+  api::EngineTypes types = model::TypesOf(*ops, B, T, kSmall, 1);
   types.vocab_multiple = kept.vocab_multiple;
   const api::EngineMemory planned = api::EngineMemoryOf(kSmall, B, T, 0, 1, 1, {}, types, false, true);
   EXPECT_EQ(accounting.current(MemoryCategory::kGathered), planned.gathered);

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <string>
+
 namespace meshtrain::api {
 namespace {
 
@@ -13,14 +16,37 @@ TEST(ModelShape, Gpt2ParameterCountsMatchThePublishedSizes) {
   EXPECT_NEAR(FindPreset("gpt2-1.5b")->ParameterCount() / 1e6, 1557.6, 0.1);
 }
 
-TEST(ModelShape, PresetsAreListedSmallestFirstAndFindable) {
-  int64_t last = 0;
+// The published parameter counts of the Llama-class presets (each model's safetensors
+// index's total_size over its dtype's bytes), from the family's description.
+TEST(ModelShape, LlamaClassParameterCountsMatchThePublishedSizes) {
+  EXPECT_EQ(FindPreset("llama3.2-1b")->ParameterCount(), 1'235'814'400);  // tied head
+  EXPECT_EQ(FindPreset("llama3.2-3b")->ParameterCount(), 3'212'749'824);
+  EXPECT_EQ(FindPreset("llama3.1-8b")->ParameterCount(), 8'030'261'248);  // untied
+  EXPECT_EQ(FindPreset("llama3.1-70b")->ParameterCount(), 70'553'706'496);
+  EXPECT_EQ(FindPreset("llama3.1-405b")->ParameterCount(), 405'853'388'800);
+  EXPECT_EQ(FindPreset("mistral-7b")->ParameterCount(), 7'248'023'552);
+  EXPECT_EQ(FindPreset("qwen2.5-0.5b")->ParameterCount(), 494'032'768);  // q, k and v biases, tied
+  EXPECT_EQ(FindPreset("qwen2.5-7b")->ParameterCount(), 7'615'616'512);
+  EXPECT_EQ(FindPreset("qwen2.5-72b")->ParameterCount(), 72'706'203'648);
+  // 6N + 12 L T Q, N without an untied embedding (a lookup): 8B at 2048 tokens.
+  const ModelShape& l8 = *FindPreset("llama3.1-8b");
+  EXPECT_DOUBLE_EQ(l8.TrainingFlopsPerToken(2048),
+                   6.0 * (8'030'261'248.0 - 128256.0 * 4096) + 12.0 * 32 * 2048 * 4096);
+}
+
+TEST(ModelShape, PresetsAreListedSmallestFirstInTheirSeriesAndFindable) {
+  std::map<std::string, int64_t> last;  // by series: gpt2, llama, mistral, qwen2.5
   for (std::string_view name : PresetNames()) {
     const ModelShape* shape = FindPreset(name);
     ASSERT_NE(shape, nullptr) << name;
-    EXPECT_EQ(shape->hidden % shape->heads, 0) << name;
-    EXPECT_GT(shape->ParameterCount(), last) << name;
-    last = shape->ParameterCount();
+    if (!shape->llama()) {
+      EXPECT_EQ(shape->hidden % shape->heads, 0) << name;
+    }
+    EXPECT_EQ(shape->heads % shape->KvHeads(), 0) << name;
+    EXPECT_LE(shape->seq_len, shape->MaxPositions()) << name;
+    const std::string series(name.substr(0, name.find_first_of("-0123456789")));
+    EXPECT_GT(shape->ParameterCount(), last[series]) << name;
+    last[series] = shape->ParameterCount();
   }
   EXPECT_EQ(FindPreset("gpt2-xl"), nullptr);
   EXPECT_EQ(FindPreset(""), nullptr);

@@ -1,7 +1,7 @@
 // GPT-2's parameters and math (worker/model/): the layout of the flat buffer (units,
 // TP slices, the padded vocabulary) against what the planner counts, initialisation as a
 // pure function of (seed, tensor, element), and the whole model, run by the reference
-// (tests/support/gpt2_reference.h) over the layer functions of model/blocks.h: gradients
+// (tests/support/model_reference.h) over the layer functions of model/blocks.h: gradients
 // against finite differences in fp64, fp32 and bf16 against fp64, accumulation, and
 // inputs it refuses.
 
@@ -14,7 +14,7 @@
 
 #include "api/engine_memory.h"
 #include "api/model_shape.h"
-#include "tests/support/gpt2_reference.h"
+#include "tests/support/model_reference.h"
 #include "worker/model/parameters.h"
 
 namespace meshtrain::model {
@@ -23,7 +23,7 @@ namespace {
 using kernels::Bf16;
 using kernels::Fp32;
 using kernels::Fp64;
-using testing::Gpt2Reference;
+using testing::ModelReference;
 
 const api::ModelShape kTiny{.layers = 2, .heads = 2, .hidden = 8, .vocab_size = 11, .seq_len = 6};
 constexpr int B = 2, Tn = 5;
@@ -73,15 +73,20 @@ TEST(ModelLayout, UnitSizesAreTheOnesThePlannerCounts) {
     const api::ModelShape& shape = *api::FindPreset(name);
     for (int multiple : {1, 128}) {
       for (int tp : {1, 2, 4}) {
-        if (shape.heads % tp != 0) continue;
+        if (shape.heads % tp != 0 || shape.KvHeads() % tp != 0) continue;
         for (int t = 0; t < tp; ++t) {
           const ParameterLayout layout(shape, t, tp, multiple);
           const api::UnitElements expected = api::UnitElementsOf(shape, t, tp, multiple);
           const std::string where = std::string(name) + " tp " + std::to_string(t) + "/" + std::to_string(tp) +
                                     " multiple " + std::to_string(multiple);
-          EXPECT_EQ(layout.Unit(0).second - layout.Unit(0).first, expected.root) << where;
-          for (int u = 1; u < layout.units(); ++u) {
+          EXPECT_EQ(layout.Unit(0).second - layout.Unit(0).first, expected.embedding) << where;
+          for (int u = 1; u <= layout.blocks(); ++u) {
             ASSERT_EQ(layout.Unit(u).second - layout.Unit(u).first, expected.block) << where << " unit " << u;
+          }
+          EXPECT_EQ(layout.has_head_unit(), expected.head > 0) << where;
+          if (layout.has_head_unit()) {
+            EXPECT_EQ(layout.Unit(layout.head_unit()).second - layout.Unit(layout.head_unit()).first, expected.head)
+                << where;
           }
         }
       }
@@ -246,7 +251,7 @@ TEST(ModelLayout, ATensorParallelDegreeThatDoesNotDivideTheHeadsNamesTheField) {
 // with a padded vocabulary (11 rows padded to 16): the padding's logits must not take
 // part in the softmax, or the loss and every gradient would move.
 TEST(ModelGradients, WholeModelMatchesFiniteDifferences) {
-  Gpt2Reference<Fp64> model(kTiny, B, Tn, 7, /*vocab_multiple=*/8);
+  ModelReference<Fp64> model(kTiny, B, Tn, 7, /*vocab_multiple=*/8);
   ASSERT_EQ(model.layout().padded_vocab_rows(), 16);
   // Larger weights than at init, so that every path carries signal.
   std::vector<double> params = model.Params();
@@ -254,7 +259,7 @@ TEST(ModelGradients, WholeModelMatchesFiniteDifferences) {
   model.SetParams(params);
   const auto inputs = Tokens(1), targets = Tokens(2);
   model.ZeroGrad();
-  const Gpt2Reference<Fp64>::Training training{};
+  const ModelReference<Fp64>::Training training{};
   const double loss = model.Forward(inputs.data(), targets.data(), B, Tn, &training);
   EXPECT_GT(loss, 0);
   EXPECT_EQ(model.Forward(inputs.data(), targets.data(), B, Tn), loss) << "training and evaluation differ in loss";
@@ -304,16 +309,16 @@ double RelativeL2(const std::vector<T>& got, const std::vector<double>& want) {
 // several rounded factors through the whole backward, within 5e-2 in relative L2
 // (measured: 7e-3). Either is far tighter than what a wrong index or a missed term gives.
 TEST(ModelPrecision, Fp32AndBf16MatchTheFp64Reference) {
-  Gpt2Reference<Fp64> ref(kTiny, B, Tn, 3);
-  Gpt2Reference<Fp32> fp32(kTiny, B, Tn, 3);
-  Gpt2Reference<Bf16> bf16(kTiny, B, Tn, 3);
+  ModelReference<Fp64> ref(kTiny, B, Tn, 3);
+  ModelReference<Fp32> fp32(kTiny, B, Tn, 3);
+  ModelReference<Bf16> bf16(kTiny, B, Tn, 3);
   const std::vector<float> weights = fp32.Params();
   ref.SetParams(std::vector<double>(weights.begin(), weights.end()));
   EXPECT_EQ(bf16.Params(), weights) << "the same masters";
   const auto inputs = Tokens(5), targets = Tokens(6);
-  const Gpt2Reference<Fp64>::Training training64{};
-  const Gpt2Reference<Fp32>::Training training32{};
-  const Gpt2Reference<Bf16>::Training training16{};
+  const ModelReference<Fp64>::Training training64{};
+  const ModelReference<Fp32>::Training training32{};
+  const ModelReference<Bf16>::Training training16{};
   const double ref_loss = ref.Forward(inputs.data(), targets.data(), B, Tn, &training64);
   const double loss32 = fp32.Forward(inputs.data(), targets.data(), B, Tn, &training32);
   const double loss16 = bf16.Forward(inputs.data(), targets.data(), B, Tn, &training16);
@@ -336,9 +341,9 @@ TEST(ModelPrecision, Fp32AndBf16MatchTheFp64Reference) {
 }
 
 TEST(ModelBehaviour, GradientsAccumulateAndInputsAreChecked) {
-  Gpt2Reference<Fp64> model(kTiny, B, Tn, 9);
+  ModelReference<Fp64> model(kTiny, B, Tn, 9);
   const auto inputs = Tokens(1), targets = Tokens(2);
-  const Gpt2Reference<Fp64>::Training training{};
+  const ModelReference<Fp64>::Training training{};
   model.ZeroGrad();
   model.Forward(inputs.data(), targets.data(), B, Tn, &training);
   model.Backward();
@@ -353,7 +358,7 @@ TEST(ModelBehaviour, GradientsAccumulateAndInputsAreChecked) {
   }
   EXPECT_GT(largest, 0);
   // The loss weight scales the gradient: two half-weighted micro-batches are one whole.
-  const Gpt2Reference<Fp64>::Training half{0.5f};
+  const ModelReference<Fp64>::Training half{0.5f};
   model.ZeroGrad();
   EXPECT_NEAR(2 * model.Forward(inputs.data(), targets.data(), B, Tn, &half),
               model.Forward(inputs.data(), targets.data(), B, Tn), 1e-12);
@@ -374,7 +379,7 @@ TEST(ModelBehaviour, GradientsAccumulateAndInputsAreChecked) {
   bad[3] = -1;
   EXPECT_THROW(model.Forward(inputs.data(), bad.data(), B, Tn), std::out_of_range);
   EXPECT_THROW(model.Forward(inputs.data(), targets.data(), B + 1, Tn), std::invalid_argument);
-  EXPECT_THROW(Gpt2Reference<Fp64>(kTiny, B, int(kTiny.seq_len) + 1, 1), std::invalid_argument);
+  EXPECT_THROW(ModelReference<Fp64>(kTiny, B, int(kTiny.seq_len) + 1, 1), std::invalid_argument);
 }
 
 }  // namespace

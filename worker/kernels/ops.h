@@ -75,14 +75,15 @@ class Ops {
   virtual std::string Describe() const = 0;
 
   // --- What the engine allocates for these kernels (it asks before the first step) ---
-  // For micro-batches of B x T on NH heads of HS channels. May build and cache plans.
-  virtual AttentionKind Attention(int B, int T, int NH, int HS) = 0;
+  // For micro-batches of B x T on NH query heads and KVH key/value heads of HS channels.
+  // May build and cache plans.
+  virtual AttentionKind Attention(int B, int T, int NH, int KVH, int HS) = 0;
   // Acc elements one block's AttentionForward keeps for its backward.
-  virtual int64_t AttentionStateElements(int B, int T, int NH, int HS) = 0;
+  virtual int64_t AttentionStateElements(int B, int T, int NH, int KVH, int HS) = 0;
   // Bytes of scratch AttentionBackward uses (shared by every block's backward).
-  virtual int64_t AttentionScratchBytes(int B, int T, int NH, int HS) = 0;
+  virtual int64_t AttentionScratchBytes(int B, int T, int NH, int KVH, int HS) = 0;
 
-  // --- Embedding (the root unit; vocabulary-parallel) ---
+  // --- Embedding (the embedding unit; vocabulary-parallel) ---
   // out (B*T,C) = wte[tok - v_begin] + wpe[t] for t = row % T, where this slice holds the
   // real rows [v_begin, v_begin + v_rows) of the vocabulary (wte may have more, padding):
   // a token outside the slice gives 0, and a null wpe gives 0.
@@ -107,6 +108,20 @@ class Ops {
   virtual void LayerNormBackward(Out<Act> dinp, Out<Acc> dweight, Out<Acc> dbias, In<Act> dout, In<Act> inp,
                                  In<Act> weight, In<Acc> mean, In<Acc> rstd, int64_t N, int C, Stream& stream) = 0;
 
+  // --- RMSNorm (the Llama class; eps given) ---
+  // out (N,C) = inp * rstd * weight, rstd = 1 / sqrt(mean(inp^2) + eps) (N) kept for the
+  // backward.
+  virtual void RmsNormForward(Out<Act> out, Out<Acc> rstd, In<Act> inp, In<Act> weight, int64_t N, int C, float eps,
+                              Stream& stream) = 0;
+  // residual (N,C) = a + b, then RmsNormForward of residual as stored. residual may alias
+  // a or b.
+  virtual void ResidualRmsNormForward(Out<Act> residual, Out<Act> out, Out<Acc> rstd, In<Act> a, In<Act> b,
+                                      In<Act> weight, int64_t N, int C, float eps, Stream& stream) = 0;
+  // dinp += the gradient through the normalisation (the residual stream's, so +=);
+  // dweight += its own.
+  virtual void RmsNormBackward(Out<Act> dinp, Out<Acc> dweight, In<Act> dout, In<Act> inp, In<Act> weight,
+                               In<Acc> rstd, int64_t N, int C, Stream& stream) = 0;
+
   // --- Products ---
   // out (N,OC) = inp (N,K) @ weight (OC,K)^T + bias (OC; nullable) + residual (N,OC;
   // nullable; not out), from the sum not stored: a projection into the residual stream.
@@ -122,15 +137,37 @@ class Ops {
   virtual void MatmulBackward(Out<Act> dinp, Out<Acc> dweight, Out<Acc> dbias, In<Act> dout, In<Act> inp,
                               In<Act> weight, In<Act> gelu_pre, int64_t N, int K, int OC, Stream& stream) = 0;
 
-  // --- Causal self-attention: NH heads of HS = C/NH channels, scale 1/sqrt(HS) ---
-  // qkv (B,T,3C) holds q, k and v, each (B,T,C) with head h at channels [h*HS, (h+1)*HS).
-  // out (B,T,C); state (AttentionStateElements) is kept for the backward.
-  virtual void AttentionForward(Out<Act> out, Out<Acc> state, In<Act> qkv, int B, int T, int C, int NH,
+  // --- Causal self-attention: NH query heads and KVH key/value heads (KVH divides NH;
+  // query head h reads key/value head h / (NH / KVH)) of HS channels, scale 1/sqrt(HS) ---
+  // qkv (B,T,(NH+2*KVH)*HS) holds q (NH*HS channels), then k and v (KVH*HS each), head h of
+  // each at its channels [h*HS, (h+1)*HS). out (B,T,NH*HS); state
+  // (AttentionStateElements) is kept for the backward. K and V are read as they lie.
+  virtual void AttentionForward(Out<Act> out, Out<Acc> state, In<Act> qkv, int B, int T, int NH, int KVH, int HS,
                                 Stream& stream) = 0;
-  // dqkv (B,T,3C) = the gradient through attention of dout (B,T,C); out and state are the
-  // forward's. scratch: AttentionScratchBytes.
+  // dqkv (B,T,(NH+2*KVH)*HS) = the gradient through attention of dout (B,T,NH*HS); a
+  // key/value head's gradient sums those of the query heads that read it. out and state
+  // are the forward's. scratch: AttentionScratchBytes.
   virtual void AttentionBackward(Out<Act> dqkv, Out<std::byte> scratch, In<Act> dout, In<Act> qkv, In<Act> out,
-                                 In<Acc> state, int B, int T, int C, int NH, Stream& stream) = 0;
+                                 In<Acc> state, int B, int T, int NH, int KVH, int HS, Stream& stream) = 0;
+
+  // --- RoPE (rotate-half, as transformers applies it to Hugging Face's weights) ---
+  // In place on the q and k heads of qkv (B,T,(NH+2*KVH)*HS), the token at row b*T + t at
+  // position t: for i < HS/2, (x[i], x[i+HS/2]) becomes (x[i] cos - x[i+HS/2] sin,
+  // x[i+HS/2] cos + x[i] sin), with cos and sin (rows by position, HS/2 columns) of angle
+  // t * frequency i. v is left alone.
+  virtual void RopeForward(Out<Act> qkv, In<Acc> cos, In<Acc> sin, int B, int T, int NH, int KVH, int HS,
+                           Stream& stream) = 0;
+  // The same on a gradient dqkv, rotating back: its backward.
+  virtual void RopeBackward(Out<Act> dqkv, In<Acc> cos, In<Acc> sin, int B, int T, int NH, int KVH, int HS,
+                            Stream& stream) = 0;
+
+  // --- SwiGLU (the Llama class's MLP) ---
+  // out (N,H) = silu(gate) * up, where gate_up (N,2H) holds gate in its first H columns
+  // and up in the next H.
+  virtual void SwiGluForward(Out<Act> out, In<Act> gate_up, int64_t N, int H, Stream& stream) = 0;
+  // dgate_up (N,2H) = the gradients of gate and up for dout (N,H).
+  virtual void SwiGluBackward(Out<Act> dgate_up, In<Act> dout, In<Act> gate_up, int64_t N, int H,
+                              Stream& stream) = 0;
 
   // --- Elementwise ---
   // out = a + b (n elements); out may alias a or b.
@@ -142,7 +179,7 @@ class Ops {
   virtual void Dropout(Out<Act> out, In<Act> in, int64_t rows, int width, float p, uint64_t key, int64_t first_row,
                        int64_t row_stride, int64_t first_column, Stream& stream) = 0;
 
-  // --- Loss (the tied LM head, a chunk of R rows at a time; vocabulary-parallel) ---
+  // --- Loss (the LM head, a chunk of R rows at a time; vocabulary-parallel) ---
   // Over logits (R,Vp) whose first v_rows columns are real (the rest is padding, which
   // never takes part): losses (R) = -log softmax(logits)[target], targets in
   // [0, v_rows). With dlogits (nullable; may alias logits): dlogits = (softmax - onehot)

@@ -28,58 +28,85 @@ double CounterNormal(uint64_t seed, uint64_t tensor, uint64_t element) {
 }
 
 ParameterLayout::ParameterLayout(const api::ModelShape& shape, int tp_rank, int tp_size, int vocab_multiple)
-    : shape_(shape), tp_rank_(tp_rank), tp_size_(tp_size), vocab_multiple_(vocab_multiple) {
-  const int64_t C = shape.hidden, V = shape.vocab_size, maxT = shape.seq_len, T = tp_size;
+    : shape_(shape.Resolved()), tp_rank_(tp_rank), tp_size_(tp_size), vocab_multiple_(vocab_multiple) {
+  const int64_t T = tp_size;
   auto require = [&](int64_t n, const std::string& what) {
     if (T < 1 || n % T != 0) {
       throw std::invalid_argument("spec.parallelism.tensorParallelDegree: must divide " + what + " (" +
                                   std::to_string(n) + "), got " + std::to_string(T));
     }
   };
-  require(shape.heads, "spec.model.heads");
-  require(4 * C, "the MLP width (4 x spec.model.hidden)");
+  require(shape_.heads, "spec.model.heads");
+  if (shape_.llama()) {
+    require(shape_.kv_heads, "spec.model.kvHeads");
+    require(shape_.intermediate, "the MLP width (spec.model.intermediateSize)");
+  } else {
+    require(shape_.intermediate, "the MLP width (4 x spec.model.hidden)");
+  }
   if (tp_rank < 0 || tp_rank >= T) throw std::out_of_range("tensor-parallel rank outside the group");
   if (vocab_multiple < 1) throw std::invalid_argument("ParameterLayout: vocab_multiple must be at least 1");
-  padded_vocab_rows_ = api::PaddedVocabRows(api::VocabSlice(V, tp_rank, tp_size), vocab_multiple);
+  padded_vocab_rows_ = api::PaddedVocabRows(api::VocabSlice(shape_.vocab_size, tp_rank, tp_size), vocab_multiple);
   using enum TpSplit;
-  auto add = [&](Param kind, int layer, const char* name, std::vector<int64_t> dims, bool decay, TpSplit split) {
+  auto add = [&](const api::TensorInfo& info, int layer) {
+    std::vector<int64_t> dims = info.shape;
     int64_t begin = 0, real_rows = dims[0];
-    if (kind == Param::kWte) {
+    if (info.split == kVocab) {
       begin = VocabRange().first;
       real_rows = VocabRange().second - begin;
       dims[0] = padded_vocab_rows_;
-    } else if (split == kColumns) {
+    } else if (info.split == kColumns) {
       dims[1] /= T;
       begin = tp_rank * dims[1];
-    } else if (split != kReplicated) {
+    } else if (info.split != kReplicated) {
       dims[0] /= T;
       begin = tp_rank * dims[0];
     }
-    ParamTensor t{kind, layer, layer < 0 ? name : "h" + std::to_string(layer) + "." + name, std::move(dims), total_, 1,
-                  0, decay, split, begin};
+    ParamTensor t{info.kind, layer, layer < 0 ? info.name : "h" + std::to_string(layer) + "." + info.name,
+                  std::move(dims), total_, 1, 0, info.decay, info.split, begin, info.init};
     for (int64_t d : t.shape) t.size *= d;
-    t.real = kind == Param::kWte ? real_rows * C : t.size;
+    t.real = info.split == kVocab ? real_rows * (t.size / t.shape[0]) : t.size;
     total_ += t.size;
     tensors_.push_back(std::move(t));
   };
-  add(Param::kWte, -1, "wte", {V, C}, true, kRows);
-  add(Param::kWpe, -1, "wpe", {maxT, C}, true, kReplicated);
-  add(Param::kLnfW, -1, "lnf.w", {C}, false, kReplicated);
-  add(Param::kLnfB, -1, "lnf.b", {C}, false, kReplicated);
-  for (int l = 0; l < int(shape.layers); ++l) {
-    add(Param::kLn1W, l, "ln1.w", {C}, false, kReplicated);
-    add(Param::kLn1B, l, "ln1.b", {C}, false, kReplicated);
-    add(Param::kQkvW, l, "qkv.w", {3 * C, C}, true, kQkvRows);
-    add(Param::kQkvB, l, "qkv.b", {3 * C}, false, kQkvRows);
-    add(Param::kAttProjW, l, "attproj.w", {C, C}, true, kColumns);
-    add(Param::kAttProjB, l, "attproj.b", {C}, false, kReplicated);
-    add(Param::kLn2W, l, "ln2.w", {C}, false, kReplicated);
-    add(Param::kLn2B, l, "ln2.b", {C}, false, kReplicated);
-    add(Param::kFcW, l, "fc.w", {4 * C, C}, true, kRows);
-    add(Param::kFcB, l, "fc.b", {4 * C}, false, kRows);
-    add(Param::kFcProjW, l, "fcproj.w", {C, 4 * C}, true, kColumns);
-    add(Param::kFcProjB, l, "fcproj.b", {C}, false, kReplicated);
+  auto unit = [&](const std::vector<api::TensorInfo>& infos, int layer) {
+    unit_begin_.push_back(total_);
+    unit_first_tensor_.push_back(tensors_.size());
+    for (const api::TensorInfo& info : infos) add(info, layer);
+  };
+  const api::FamilyTensors family = api::TensorsOf(shape_);
+  unit(family.embedding, -1);
+  for (int l = 0; l < int(shape_.layers); ++l) unit(family.block, l);
+  if (!family.head.empty()) unit(family.head, -1);
+  unit_begin_.push_back(total_);
+  unit_first_tensor_.push_back(tensors_.size());
+}
+
+const ParamTensor& ParameterLayout::Tensor(Param kind, int layer) const {
+  if (layer >= 0 && layer < blocks()) {
+    const auto [first, last] = UnitTensors(layer + 1);
+    for (size_t i = first; i < last; ++i) {
+      if (tensors_[i].kind == kind) return tensors_[i];
+    }
+  } else if (layer < 0) {
+    for (const ParamTensor& t : tensors_) {
+      if (t.kind == kind && t.layer < 0) return t;
+    }
   }
+  throw std::out_of_range("no parameter tensor of this kind" + (layer >= 0 ? " in block " + std::to_string(layer) : ""));
+}
+
+bool ParameterLayout::Has(Param kind) const {
+  return std::any_of(tensors_.begin(), tensors_.end(), [kind](const ParamTensor& t) { return t.kind == kind; });
+}
+
+int64_t ParameterLayout::OffsetInUnit(Param kind) const {
+  for (int u = 0; u < units(); ++u) {
+    const auto [first, last] = UnitTensors(u);
+    for (size_t i = first; i < last; ++i) {
+      if (tensors_[i].kind == kind) return tensors_[i].offset - unit_begin_[size_t(u)];
+    }
+  }
+  throw std::out_of_range("no parameter tensor of this kind");
 }
 
 std::vector<int64_t> ParameterLayout::WholeIndices(int64_t begin, int64_t end) const {
@@ -122,6 +149,7 @@ int64_t ParameterLayout::GlobalIndex(const ParamTensor& t, int64_t local) const 
   const int64_t row_size = t.shape.size() > 1 ? t.shape[1] : 1;  // local elements per row
   switch (t.split) {
     case TpSplit::kReplicated: return local;
+    case TpSplit::kVocab:
     case TpSplit::kRows: return t.slice_begin * row_size + local;
     case TpSplit::kQkvRows: {
       // Three local parts (q, k, v); part p of the whole tensor is T times as large.
@@ -136,22 +164,6 @@ int64_t ParameterLayout::GlobalIndex(const ParamTensor& t, int64_t local) const 
   return local;
 }
 
-int64_t ParameterLayout::Offset(Param kind, int layer) const {
-  const int per_block = 12;
-  const size_t index = layer < 0 ? size_t(kind) : 4 + size_t(layer) * per_block + (size_t(kind) - size_t(Param::kLn1W));
-  if (index >= tensors_.size() || tensors_[index].kind != kind || tensors_[index].layer != layer) {
-    throw std::out_of_range("no such parameter tensor");
-  }
-  return tensors_[index].offset;
-}
-
-std::pair<int64_t, int64_t> ParameterLayout::Unit(int u) const {
-  if (u == 0) return {0, Offset(Param::kLnfB) + shape_.hidden};
-  const int64_t begin = Offset(Param::kLn1W, u - 1);
-  const int64_t end = u == units() - 1 ? total_ : Offset(Param::kLn1W, u);
-  return {begin, end};
-}
-
 template <class T>
 void InitParameterRange(T* out, const ParameterLayout& layout, uint64_t seed, int64_t begin, int64_t end) {
   const double residual_std = 0.02 / std::sqrt(2.0 * double(layout.shape().layers));
@@ -160,16 +172,14 @@ void InitParameterRange(T* out, const ParameterLayout& layout, uint64_t seed, in
     const int64_t from = std::max(begin, t.offset), to = std::min(end, t.offset + t.size);
     if (from >= to) continue;
     T* p = out + (from - begin);
-    const bool is_ln_weight = t.kind == Param::kLn1W || t.kind == Param::kLn2W || t.kind == Param::kLnfW;
-    const bool is_bias = !is_ln_weight && t.shape.size() == 1;
-    const double stddev = (t.kind == Param::kAttProjW || t.kind == Param::kFcProjW) ? residual_std : 0.02;
+    const double stddev = t.init == api::Init::kResidual ? residual_std : 0.02;
 #pragma omp parallel for
     for (int64_t i = from; i < to; ++i) {
       const int64_t global = layout.GlobalIndex(t, i - t.offset);
-      p[i - from] = global < 0     ? T(0)  // padding
-                    : is_ln_weight ? T(1)
-                    : is_bias      ? T(0)
-                                   : T(stddev * CounterNormal(seed, id, uint64_t(global)));
+      p[i - from] = global < 0                    ? T(0)  // padding
+                    : t.init == api::Init::kOnes  ? T(1)
+                    : t.init == api::Init::kZeros ? T(0)
+                                                  : T(stddev * CounterNormal(seed, id, uint64_t(global)));
     }
   }
 }

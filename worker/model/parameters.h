@@ -1,22 +1,15 @@
-// GPT-2 parameters: one flat buffer with offsets, laid out by FSDP unit (DESIGN.md):
-//   unit 0, the root:   wte (V,C)  wpe (maxT,C)  lnf.w (C)  lnf.b (C)
-//   unit 1+l, block l:  ln1.w (C)  ln1.b (C)  qkv.w (3C,C)  qkv.b (3C)  attproj.w (C,C)  attproj.b (C)
-//                       ln2.w (C)  ln2.b (C)  fc.w (4C,C)  fc.b (4C)  fcproj.w (C,4C)  fcproj.b (C)
-// The token embedding wte is tied to the LM head.
+// A model's parameters: one flat buffer with offsets, laid out by FSDP unit from its
+// family's description (api/model_family.h): the embedding unit, one unit per block (the
+// same tensors at the same offsets in each), and the head unit when the head is untied.
 //
-// With tensor parallelism (Megatron), rank t of T holds a slice of the split tensors:
-//   wte            rows VocabRange(): [floor(t*V/T), floor((t+1)*V/T)), so T need not
-//                  divide V (GPT-2's 50257)   (vocabulary-parallel embedding and LM head),
-//                  then zero rows up to a multiple of `vocab_multiple` (the engine's 128,
-//                  as llm.c pads 50257 to 50304: products of odd widths run on slow kernels)
-//   qkv.w, qkv.b   of each of q, k and v, rows [t*C/T, (t+1)*C/T): heads split (column-parallel)
-//   attproj.w      columns [t*C/T, (t+1)*C/T)        (row-parallel)
-//   fc.w, fc.b     rows [t*4C/T, (t+1)*4C/T)         (column-parallel)
-//   fcproj.w       columns [t*4C/T, (t+1)*4C/T)      (row-parallel)
-// and a whole copy of the rest (wpe, the LayerNorms, the row-parallel biases), which are
-// `tp_replicated`. Offsets are local; GlobalIndex maps a local element to its index in
-// the single-rank tensor, and the padding rows to none (-1): they are not part of the
-// model, never train, and never reach a checkpoint or a file.
+// With tensor parallelism (Megatron), rank t of T holds a slice of the split tensors
+// (api::TpSplit): the vocabulary rows [floor(t*V/T), floor((t+1)*V/T)) of an embedding or
+// head, then zero rows up to a multiple of `vocab_multiple` (the engine's 128, as llm.c
+// pads 50257 to 50304: products of odd widths run on slow kernels); its rows of a
+// column-parallel product (its heads, its MLP units); its columns of a row-parallel one;
+// and a whole copy of the rest, which are `tp_replicated`. Offsets are local; GlobalIndex
+// maps a local element to its index in the single-rank tensor, and padding rows to none
+// (-1): they are not part of the model, never train, and never reach a checkpoint or a file.
 //
 // Initialisation is a pure function of (seed, tensor, global element index), so any
 // shard of any TP slice initialises its own elements and gets exactly the single-rank model.
@@ -25,53 +18,46 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "api/model_family.h"
 #include "api/model_shape.h"
 
 namespace meshtrain::model {
 
-enum class Param {
-  kWte, kWpe, kLnfW, kLnfB,
-  kLn1W, kLn1B, kQkvW, kQkvB, kAttProjW, kAttProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB,
-};
-
-// How a tensor is split over the tensor-parallel group.
-enum class TpSplit {
-  kReplicated,  // whole on every rank
-  kRows,        // dim 0 in T equal slices
-  kQkvRows,     // dim 0 in three parts (q, k, v), each in T equal slices
-  kColumns,     // dim 1 in T equal slices
-};
+using Param = api::Param;
+using TpSplit = api::TpSplit;
 
 struct ParamTensor {
   Param kind;
-  int layer;  // -1 for root tensors
-  std::string name;
+  int layer;  // -1 outside blocks
+  std::string name;  // "wte", "h3.qkv.w"
   std::vector<int64_t> shape;  // this rank's slice
   int64_t offset = 0;
   int64_t size = 0;
-  int64_t real = 0;  // the first `real` elements are the model's; the rest (wte's padding rows) are not
-  bool decay = false;  // weight decay applies to matrices and embeddings, not biases or LayerNorm
+  int64_t real = 0;  // the first `real` elements are the model's; the rest (vocabulary padding rows) are not
+  bool decay = false;  // weight decay applies to matrices and embeddings, not biases or norms
   TpSplit split = TpSplit::kReplicated;
-  int64_t slice_begin = 0;  // the first row (kRows) or column (kColumns) of the slice in the whole tensor
+  int64_t slice_begin = 0;  // the first row (kRows, kVocab) or column (kColumns) of the slice in the whole tensor
+  api::Init init = api::Init::kNormal;
   bool tp_replicated() const { return split == TpSplit::kReplicated; }
 };
 
 class ParameterLayout {
  public:
   // Rank `tp_rank` of a tensor-parallel group of `tp_size` (1: the whole model), its
-  // vocabulary slice padded to a multiple of `vocab_multiple`. Throws
+  // vocabulary slices padded to a multiple of `vocab_multiple`. Throws
   // std::invalid_argument, naming spec.parallelism.tensorParallelDegree, when tp_size does
-  // not divide the heads or the MLP width.
+  // not divide the heads, the key/value heads or the MLP width.
   explicit ParameterLayout(const api::ModelShape& shape, int tp_rank = 0, int tp_size = 1, int vocab_multiple = 1);
 
   const api::ModelShape& shape() const { return shape_; }
   int tp_rank() const { return tp_rank_; }
   int tp_size() const { return tp_size_; }
-  // [begin, end) of the vocabulary (wte's real rows) on this rank.
+  // [begin, end) of the vocabulary (an embedding's real rows) on this rank.
   std::pair<int64_t, int64_t> VocabRange() const;
-  // wte's rows on this rank, padding included.
+  // An embedding's or head's rows on this rank, padding included.
   int64_t padded_vocab_rows() const { return padded_vocab_rows_; }
   int vocab_multiple() const { return vocab_multiple_; }
   // For elements [begin, end) of this layout's flat buffer, their indices in the
@@ -84,21 +70,39 @@ class ParameterLayout {
   int64_t GlobalIndex(const ParamTensor& t, int64_t local) const;
   int64_t total() const { return total_; }
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
-  int64_t Offset(Param kind, int layer = -1) const;
-  int units() const { return int(shape_.layers) + 1; }
+  // The tensor of `kind` (in block `layer`); throws std::out_of_range if there is none.
+  const ParamTensor& Tensor(Param kind, int layer = -1) const;
+  int64_t Offset(Param kind, int layer = -1) const { return Tensor(kind, layer).offset; }
+  // Whether the family has a tensor of `kind`.
+  bool Has(Param kind) const;
+  // The offset of `kind` inside its unit: the same in every block.
+  int64_t OffsetInUnit(Param kind) const;
+
+  // Units: 0 the embedding, 1 + l block l, then the head's when the head is untied.
+  int units() const { return int(unit_begin_.size()) - 1; }
+  int blocks() const { return int(shape_.layers); }
+  bool has_head_unit() const { return units() == blocks() + 2; }
+  // The unit that holds the LM head: the head's, or the embedding's when tied.
+  int head_unit() const { return has_head_unit() ? units() - 1 : 0; }
   // [begin, end) of FSDP unit u in the flat buffer.
-  std::pair<int64_t, int64_t> Unit(int u) const;
+  std::pair<int64_t, int64_t> Unit(int u) const { return {unit_begin_[size_t(u)], unit_begin_[size_t(u) + 1]}; }
+  // The tensors of unit u (their indices in tensors()).
+  std::pair<size_t, size_t> UnitTensors(int u) const {
+    return {unit_first_tensor_[size_t(u)], unit_first_tensor_[size_t(u) + 1]};
+  }
 
  private:
   api::ModelShape shape_;
   int tp_rank_, tp_size_, vocab_multiple_;
   int64_t padded_vocab_rows_ = 0;
   std::vector<ParamTensor> tensors_;
+  std::vector<int64_t> unit_begin_;       // units() + 1 entries
+  std::vector<size_t> unit_first_tensor_;  // units() + 1 entries
   int64_t total_ = 0;
 };
 
-// Fills `params` (layout.total() elements): normal(0, 0.02) weights, residual
-// projections scaled by 1/sqrt(2 * layers), LayerNorm weights 1, biases 0.
+// Fills `params` (layout.total() elements): normal(0, 0.02) weights, GPT-2's residual
+// projections scaled by 1/sqrt(2 * layers), norm weights 1, biases 0 (api::Init).
 template <class T>
 void InitParameters(T* params, const ParameterLayout& layout, uint64_t seed);
 

@@ -38,7 +38,7 @@ ActivationStore<P>::ActivationStore(const api::ModelShape& shape, int max_batch,
   const api::ActivationBytes sizes =
       api::ActivationStoreBytes(shape, max_batch, max_seq, policy, tp.rank, tp.size, types, dropout);
   const int kept_blocks = policy.checkpointing ? 1 : layers_;
-  const int64_t block_bytes = model::BlockActivations<P>::Bytes(max_batch, max_seq, shape, tp, types);
+  const int64_t block_bytes = api::BlockActivationBytes(max_batch, max_seq, shape, tp.size, types);
   kept_ = runtime::DeviceArray<std::byte>(device, sizes.kept, runtime::MemoryCategory::kActivations);
   runtime::DeviceBytes next = kept_.get();
   auto take = [&next](int64_t bytes) {
@@ -51,11 +51,10 @@ ActivationStore<P>::ActivationStore(const api::ModelShape& shape, int max_batch,
   for (int b = 0; b < kept_blocks; ++b) {
     blocks_.push_back(model::BlockActivations<P>::At(take(block_bytes), max_batch, max_seq, shape, tp, types));
   }
-  head = model::HeadActivations<P>::At(take(model::HeadActivations<P>::Bytes(max_batch, max_seq, shape, tp, types)),
+  head = model::HeadActivations<P>::At(take(api::HeadActivationBytes(max_batch, max_seq, shape, tp.rank, tp.size, types)),
                                        max_batch, max_seq, shape, tp, types);
-  scratch = model::BlockScratch<P>::At(
-      take(model::BlockScratch<P>::Bytes(max_batch, max_seq, shape, tp, types, dropout)), max_batch, max_seq, shape, tp,
-      types, dropout);
+  scratch = model::BlockScratch<P>::At(take(api::BlockScratchBytes(max_batch, max_seq, shape, tp.size, types, dropout)),
+                                       max_batch, max_seq, shape, tp, types, dropout);
   if (next - kept_.get() != sizes.kept) {
     throw std::logic_error("ActivationStore: carving disagrees with api::ActivationStoreBytes");
   }

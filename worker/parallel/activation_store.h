@@ -27,7 +27,7 @@
 
 #include "api/engine_memory.h"
 #include "api/model_shape.h"
-#include "worker/model/blocks.h"
+#include "worker/model/model.h"
 #include "worker/runtime/backend.h"
 #include "worker/runtime/device_memory.h"
 #include "worker/runtime/memory.h"

@@ -7,6 +7,7 @@
 
 #include "worker/comm/stream_collectives.h"
 #include "worker/kernels/dropout.h"
+#include "worker/model/model.h"
 
 namespace meshtrain::parallel {
 
@@ -66,6 +67,7 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
                                 uint64_t seed, runtime::MemoryAccounting* accounting, const EngineOptions& options,
                                 std::shared_ptr<runtime::Backend> backend, const OpsFactory<P>& make_ops)
     : layout_(shape, mesh->tp_rank(), mesh->tp_size(), options.vocab_multiple),
+      model_(model::MakeModel<P>(layout_)),
       backend_(std::move(backend)),
       mesh_(std::move(mesh)),
       batch_(batch),
@@ -78,74 +80,87 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
       comm_(backend_->NewStream("comm")),
       exposed_(backend_->NewTimer()),
       tp_(mesh_->device_tp() ? std::make_unique<TensorParallel>(mesh_->device_tp()) : nullptr),
-      root_free_(backend_->NewEvent()),
-      root_grads_free_(backend_->NewEvent()),
+      edge_free_(backend_->NewEvent()),
+      edge_grads_free_(backend_->NewEvent()),
       comm_done_(backend_->NewEvent()),
       squares_done_(backend_->NewEvent()) {
-  if (seq > shape.seq_len) throw std::invalid_argument("sequence longer than the model's seqLen");
+  const api::ModelShape& s = layout_.shape();
+  if (seq > s.seq_len) throw std::invalid_argument("sequence longer than the model's seqLen");
   ActivationStore<P>::Check(options.activations);
-  const int S = mesh_->shard_size(), L = int(shape.layers);
+  const int S = mesh_->shard_size(), L = layout_.blocks();
   const model::TpSlice tp{mesh_->tp_rank(), mesh_->tp_size(), options.vocab_multiple};
-  const int heads = int(shape.heads) / tp.size, head_size = int(shape.hidden / shape.heads);
-  api::EngineTypes types = model::TypesOf(*ops_, batch, seq, heads, head_size);
+  api::EngineTypes types = model::TypesOf(*ops_, batch, seq, s, tp.size);
   types.vocab_multiple = options.vocab_multiple;
+  const int heads = int(s.heads) / tp.size;
   const int64_t state = types.attention_keeps_scores ? int64_t(batch) * heads * seq * seq : int64_t(batch) * heads * seq;
-  if (ops_->AttentionStateElements(batch, seq, heads, head_size) > state) {
+  if (ops_->AttentionStateElements(batch, seq, heads, int(s.kv_heads) / tp.size, int(s.head_dim)) > state) {
     throw std::logic_error(ops_->Describe() + ": its attention keeps more per block than the engine counts");
   }
   using runtime::MemoryCategory;
-  const int64_t N = int64_t(batch) * seq;
 
-  // The step buffer, carved in api::StepBufferBytes's order.
-  step_ = runtime::DeviceArray<std::byte>(&allocator_, api::StepBufferBytes(batch, seq, shape),
-                                          MemoryCategory::kActivations);
-  runtime::DeviceBytes next = step_.get();
-  auto take = [&next](int64_t bytes) {
-    runtime::DeviceBytes at = next;
-    next += api::Aligned(bytes);
-    return at;
-  };
-  tokens_ = take(N * 4).template As<int32_t>();
-  targets_ = take(N * 4).template As<int32_t>();
-  const runtime::DeviceBytes scalars = take(3 * 8);
-  loss_sum_ = scalars.template As<double>();
+  // The step buffer, carved in api::StepBuffers's order.
+  const std::vector<api::Buffer> step_buffers = api::StepBuffers(batch, seq, s, types);
+  step_ = runtime::DeviceArray<std::byte>(&allocator_, api::CarvedBytes(step_buffers), MemoryCategory::kActivations);
+  std::vector<runtime::DeviceBytes> at;
+  int64_t offset = 0;
+  for (const api::Buffer& b : step_buffers) {
+    at.push_back(step_.get() + offset);
+    offset += api::Aligned(b.elements * b.element_bytes);
+  }
+  tokens_ = at[0].template As<int32_t>();
+  targets_ = at[1].template As<int32_t>();
+  loss_sum_ = at[2].template As<double>();
   squares_ = loss_sum_ + 1;
-  clip_scale_ = (scalars + 16).template As<float>();
+  clip_scale_ = (at[2] + 16).template As<float>();
   static_assert(sizeof(kernels::ShardSegment) == api::kShardSegmentBytes);
-  for (int u = 0; u <= L; ++u) {
-    const runtime::DeviceBytes segments = take((u == 0 ? 4 : 12) * api::kShardSegmentBytes);
+  for (int u = 0; u < layout_.units(); ++u) {  // the segment tables follow the scalars, one per unit
     units_.push_back(std::make_unique<FlatUnit<P>>(layout_, u, S, mesh_->shard_rank(), seed,
                                                    /*counts_replicated=*/tp.rank == 0, &allocator_, *backend_,
-                                                   segments.template As<kernels::ShardSegment>(), *compute_));
+                                                   at[size_t(3 + u)].template As<kernels::ShardSegment>(), *compute_));
   }
-  if (next - step_.get() != api::StepBufferBytes(batch, seq, shape)) {
-    throw std::logic_error("ShardedEngine: the step buffer's carving disagrees with api::StepBufferBytes");
+  if (s.llama()) {  // RoPE's table, the last buffer, uploaded once
+    const std::vector<double> table = model::RopeTable(s, seq);
+    const std::vector<G> narrow(table.begin(), table.end());
+    const Ptr<G> rope = at.back().template As<G>();
+    backend_->Upload(rope, narrow.data(), int64_t(narrow.size()), *compute_);
+    compute_->Synchronize(options_.timeout);
+    rope_cos_ = rope;
+    rope_sin_ = rope + int64_t(narrow.size() / 2);
   }
 
   // The compute copies' slots and, with S > 1, the unsharded gradients' and the
   // reduce-scatter's output.
-  const int64_t root_padded = Root().padded_numel(), block_padded = units_[1]->padded_numel();
+  const int H = layout_.head_unit();
+  const int64_t edge_padded = std::max(Embedding().padded_numel(), HeadUnit().padded_numel());
+  const int64_t block_padded = units_[1]->padded_numel();
   if (options.keep_units_gathered && S > 1) {
     throw std::invalid_argument("keeping every unit gathered (replicated) needs shard groups of one rank, not " +
                                 std::to_string(S));
   }
-  root_params_ = runtime::DeviceArray<A>(&allocator_, root_padded, MemoryCategory::kGathered);
-  for (int s = 0; s < (options.keep_units_gathered ? L : std::min(2, L)); ++s) {
+  if (options.keep_units_gathered) {
+    edge_params_.emplace_back(&allocator_, Embedding().padded_numel(), MemoryCategory::kGathered);
+    if (H != 0) edge_params_.emplace_back(&allocator_, HeadUnit().padded_numel(), MemoryCategory::kGathered);
+  } else {
+    edge_params_.emplace_back(&allocator_, edge_padded, MemoryCategory::kGathered);
+  }
+  for (int b = 0; b < (options.keep_units_gathered ? L : std::min(2, L)); ++b) {
     block_params_.emplace_back(&allocator_, block_padded, MemoryCategory::kGathered);
   }
   if (S > 1) {
-    root_grads_ = runtime::DeviceArray<G>(&allocator_, root_padded, MemoryCategory::kGathered);
-    for (int s = 0; s < std::min(2, L); ++s) {
-      block_grads_[size_t(s)] = runtime::DeviceArray<G>(&allocator_, block_padded, MemoryCategory::kGathered);
+    edge_grads_ = runtime::DeviceArray<G>(&allocator_, edge_padded, MemoryCategory::kGathered);
+    for (int b = 0; b < std::min(2, L); ++b) {
+      block_grads_[size_t(b)] = runtime::DeviceArray<G>(&allocator_, block_padded, MemoryCategory::kGathered);
     }
-    reduced_ = runtime::DeviceArray<G>(&allocator_, std::max(Root().shard_numel(), units_[1]->shard_numel()),
-                                       MemoryCategory::kComm);
+    int64_t widest_shard = 0;
+    for (const auto& unit : units_) widest_shard = std::max(widest_shard, unit->shard_numel());
+    reduced_ = runtime::DeviceArray<G>(&allocator_, widest_shard, MemoryCategory::kComm);
   }
-  store_ = std::make_unique<ActivationStore<P>>(shape, batch, seq, options.activations, types, options.dropout > 0, tp,
+  store_ = std::make_unique<ActivationStore<P>>(s, batch, seq, options.activations, types, options.dropout > 0, tp,
                                                 *backend_, &allocator_, &pinned_);
   for (auto* events : {&param_slot_free_, &grad_slot_free_, &staged_}) {
     for (auto& event : *events) event = backend_->NewEvent();
   }
+  const int64_t N = int64_t(batch) * seq;
   const runtime::MemorySource host = backend_->PinnedHostMemory();
   staging_ = static_cast<int32_t*>(host.allocate(size_t(4 * N) * sizeof(int32_t)));
   readback_ = static_cast<double*>(host.allocate(2 * sizeof(double)));
@@ -153,13 +168,17 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
 
   // What the collectives move at most, so that staged ones need not allocate in a step.
   const size_t widest = size_t(std::max(sizeof(A), sizeof(G)));
-  if (comm::StreamCollectives* shard = mesh_->device_shard()) shard->Reserve(size_t(std::max(root_padded, block_padded)) * widest);
+  if (comm::StreamCollectives* shard = mesh_->device_shard()) {
+    shard->Reserve(size_t(std::max(edge_padded, block_padded)) * widest);
+  }
   if (comm::StreamCollectives* replica = mesh_->device_replica()) {
-    replica->Reserve(size_t(std::max(Root().shard_numel(), units_[1]->shard_numel())) * sizeof(G));
+    int64_t widest_shard = 0;
+    for (const auto& unit : units_) widest_shard = std::max(widest_shard, unit->shard_numel());
+    replica->Reserve(size_t(widest_shard) * sizeof(G));
   }
   if (comm::StreamCollectives* group = mesh_->device_tp()) {
     const int64_t rows = store_->head.chunk_rows;
-    group->Reserve(size_t(std::max({N * shape.hidden * int64_t(sizeof(A)), tp.size * rows * 3 * int64_t(sizeof(G)),
+    group->Reserve(size_t(std::max({N * s.hidden * int64_t(sizeof(A)), tp.size * rows * 3 * int64_t(sizeof(G)),
                                     int64_t(sizeof(double))})));
   }
   backend_->Zero(loss_sum_, 1, *compute_);
@@ -179,21 +198,23 @@ ShardedEngine<P>::~ShardedEngine() {
 }
 
 template <class P>
+runtime::DevicePtr<typename P::Act> ShardedEngine<P>::EdgeSlot(int u) const {
+  return edge_params_[options_.keep_units_gathered && u != 0 ? 1 : 0].get();
+}
+
+template <class P>
 runtime::DevicePtr<typename P::Acc> ShardedEngine<P>::BlockGrads(int l) {
   return mesh_->shard_size() == 1 ? Block(l).grads() : block_grads_[size_t(l % 2)].get();
 }
 
 template <class P>
-runtime::DevicePtr<typename P::Acc> ShardedEngine<P>::RootGrads() {
-  return mesh_->shard_size() == 1 ? Root().grads() : root_grads_.get();
+runtime::DevicePtr<typename P::Acc> ShardedEngine<P>::EdgeGrads(int u) {
+  return mesh_->shard_size() == 1 ? units_[size_t(u)]->grads() : edge_grads_.get();
 }
 
 template <class P>
 model::Dims ShardedEngine<P>::DimsOf(int B, int T, const MicroBatchKey* training) const {
-  const api::ModelShape& s = layout_.shape();
-  model::Dims d;
-  d.B = B, d.T = T, d.C = int(s.hidden), d.NH = int(s.heads), d.V = s.vocab_size;
-  d.tp = {mesh_->tp_rank(), mesh_->tp_size(), options_.vocab_multiple};
+  model::Dims d = model::Dims::Of(layout_.shape(), B, T, {mesh_->tp_rank(), mesh_->tp_size(), options_.vocab_multiple});
   if (training != nullptr && options_.dropout > 0) {
     // Keyed by the step, indexed by the sample's place in the step's global batch.
     const int64_t first_sample = (training->micro * mesh_->data_parallel_size() + mesh_->data_parallel_rank()) * B;
@@ -217,20 +238,20 @@ void ShardedEngine<P>::Stage(const int32_t* inputs, const int32_t* targets, int 
     }
   }
   // This stage's previous copy (two micro-batches ago) has long left; wait to be sure.
-  const int s = stage_;
+  const int st = stage_;
   stage_ ^= 1;
-  if (!staged_[size_t(s)]->Synchronize(options_.timeout)) {
+  if (!staged_[size_t(st)]->Synchronize(options_.timeout)) {
     throw runtime::StreamTimeout("stream compute: the tokens of two micro-batches ago were not copied within " +
                                  std::to_string(options_.timeout.count() / 1000) + " s");
   }
-  int32_t* host = staging_ + int64_t(s) * 2 * batch_ * seq_;
+  int32_t* host = staging_ + int64_t(st) * 2 * batch_ * seq_;
   std::copy_n(inputs, N, host);
   backend_->Upload(tokens_, static_cast<const int32_t*>(host), N, *compute_);
   if (targets != nullptr) {
     std::copy_n(targets, N, host + N);
     backend_->Upload(targets_, static_cast<const int32_t*>(host + N), N, *compute_);
   }
-  staged_[size_t(s)]->Record(*compute_);
+  staged_[size_t(st)]->Record(*compute_);
 }
 
 template <class P>
@@ -249,10 +270,10 @@ void ShardedEngine<P>::WaitTimed(runtime::Event& event) {
 }
 
 template <class P>
-void ShardedEngine<P>::GatherRoot() {
+void ShardedEngine<P>::GatherEdge(int u) {
   if (options_.keep_units_gathered && !kept_stale_) return;
-  comm_->Wait(*root_free_);  // the compute stream is done with the root's last copy
-  Observed(*comm_, Op::kGather, 0, [&] { Root().Gather(root_params_.get(), mesh_->device_shard(), *ops_, *comm_); });
+  comm_->Wait(*edge_free_);  // the compute stream is done with the slot's last unit
+  Observed(*comm_, Op::kGather, u, [&] { units_[size_t(u)]->Gather(EdgeSlot(u), mesh_->device_shard(), *ops_, *comm_); });
 }
 
 template <class P>
@@ -275,62 +296,75 @@ void ShardedEngine<P>::ReleaseBlock(int l) {
 }
 
 template <class P>
-void ShardedEngine<P>::ReleaseRoot() {
-  root_free_->Record(*compute_);
+void ShardedEngine<P>::ReleaseEdge() {
+  edge_free_->Record(*compute_);
+}
+
+template <class P>
+void ShardedEngine<P>::ReduceEdge(int u, bool last) {
+  FlatUnit<P>& unit = *units_[size_t(u)];
+  unit.backward_done().Record(*compute_);
+  comm_->Wait(unit.backward_done());
+  Observed(*comm_, Op::kReduceScatter, u,
+           [&] { unit.ReduceGrads(edge_grads_.get(), reduced_.get(), mesh_->device_shard(), *ops_, *comm_); });
+  if (mesh_->shard_size() > 1) edge_grads_free_->Record(*comm_);
+  if (last) unit.AllReduceReplicas(mesh_->device_replica(), *comm_);
 }
 
 template <class P>
 void ShardedEngine<P>::ReleaseHeld() {
   if (!held_) return;
-  ReleaseBlock(int(layout_.shape().layers) - 1);
-  ReleaseRoot();
+  ReleaseBlock(layout_.blocks() - 1);
   held_ = false;
 }
 
 template <class P>
 void ShardedEngine<P>::RunForward(const model::Dims& d, Head head, float loss_weight, int64_t logits_row) {
-  const int L = int(layout_.shape().layers);
+  const int L = layout_.blocks(), H = layout_.head_unit();
   const model::Context<P> k = Context();
-  GatherRoot();
+  GatherEdge(0);
   GatherBlock(0);
-  WaitTimed(Root().ready());
-  const auto root = model::RootParams<const A>::At(root_params_.get(), layout_);
-  Observed(*compute_, Op::kForward, 0, [&] { model::EmbedForward(k, store_->Input(0), tokens_, root, d); });
+  WaitTimed(Embedding().ready());
+  Observed(*compute_, Op::kForward, 0, [&] { model_->EmbedForward(k, store_->Input(0), tokens_, EdgeSlot(0), d); });
+  if (H != 0) ReleaseEdge();  // an untied head's unit comes into the slot while the last block computes
   for (int l = 0; l < L; ++l) {
-    if (l + 1 < L) GatherBlock(l + 1);
+    if (l + 1 < L) {
+      GatherBlock(l + 1);
+    } else if (H != 0) {
+      GatherEdge(H);
+    }
     WaitTimed(Block(l).ready());
     store_->BeforeForward(l, *compute_);
     Observed(*compute_, Op::kForward, l + 1, [&] {
-      model::BlockForward(k, store_->ForwardOutputs(l), store_->scratch, store_->Input(l),
-                          model::BlockParams<const A>::At(BlockSlot(l), layout_), d.ForLayer(l));
+      model_->BlockForward(k, store_->ForwardOutputs(l), store_->scratch, store_->Input(l), BlockSlot(l),
+                           d.ForLayer(l));
     });
     store_->AfterForward(l, *compute_);
     if (head != Head::kTrain || l + 1 < L) ReleaseBlock(l);
   }
-  // A training forward keeps the root and the last block for its backward, which starts
-  // with them (FSDP2 keeps the root unsharded after forward too, and torchtitan the last
-  // block): wte is the largest unit, and each saves a gather per micro-batch. Held from
-  // here, so that a head that throws leaves them to the next call to release.
+  // A training forward keeps the last block for its backward, which starts with it
+  // (torchtitan keeps it too): a gather per micro-batch saved. Held from here, so that a
+  // head that throws leaves it to the next call to release.
   if (head == Head::kTrain) held_ = true;
-  Observed(*compute_, Op::kForward, 0, [&] {
+  if (H != 0) WaitTimed(HeadUnit().ready());
+  Observed(*compute_, Op::kForward, H, [&] {
     if (head == Head::kLogits) {
-      model::HeadLogits(k, store_->head, store_->head_input(), root, logits_row, d);
+      model_->HeadLogits(k, store_->head, store_->head_input(), EdgeSlot(H), logits_row, d);
     } else if (head == Head::kLoss) {
-      model::HeadForward(k, store_->head, store_->head_input(), root, targets_, loss_sum_, loss_weight, nullptr, nullptr,
-                         d);
+      model_->HeadForward(k, store_->head, store_->head_input(), EdgeSlot(H), targets_, loss_sum_, loss_weight, nullptr,
+                          nullptr, d);
     } else {
       if (mesh_->shard_size() > 1) {
-        compute_->Wait(*root_grads_free_);  // the last micro-batch's have been reduce-scattered
-        backend_->Zero(root_grads_.get(), root_grads_.size(), *compute_);
+        compute_->Wait(*edge_grads_free_);  // the last unit's have been reduce-scattered
+        backend_->Zero(edge_grads_.get(), HeadUnit().padded_numel(), *compute_);
       }
       backend_->Zero(store_->scratch.dresidual, d.N() * d.C, *compute_);
-      const auto droot = model::RootParams<G>::At(RootGrads(), layout_);
-      model::HeadForward(k, store_->head, store_->head_input(), root, targets_, loss_sum_, loss_weight, &droot,
-                         store_->scratch.dresidual, d);
+      model_->HeadForward(k, store_->head, store_->head_input(), EdgeSlot(H), targets_, loss_sum_, loss_weight,
+                          EdgeGrads(H), store_->scratch.dresidual, d);
     }
   });
+  ReleaseEdge();
   kept_stale_ = false;
-  if (head != Head::kTrain) ReleaseRoot();
 }
 
 template <class P>
@@ -347,18 +381,20 @@ void ShardedEngine<P>::Forward(const int32_t* inputs, const int32_t* targets, in
 template <class P>
 void ShardedEngine<P>::Backward(bool last) {
   if (!held_) throw std::logic_error("Backward needs a training Forward before it");
-  const int L = int(layout_.shape().layers), S = mesh_->shard_size();
+  const int L = layout_.blocks(), S = mesh_->shard_size(), H = layout_.head_unit();
   const model::Context<P> k = Context();
   const model::Dims& d = dims_;
+  // An untied head's gradients are complete: its backward ran in the forward.
+  if (H != 0) ReduceEdge(H, last);
   for (int l = L - 1; l >= 0; --l) {
     if (l > 0) GatherBlock(l - 1);
     FlatUnit<P>& unit = Block(l);
-    const auto params = model::BlockParams<const A>::At(BlockSlot(l), layout_);
+    const Ptr<A> params = BlockSlot(l);
     store_->BeforeBackward(l, *compute_);
     WaitTimed(unit.ready());
     if (store_->recompute()) {
       Observed(*compute_, Op::kRecompute, l + 1, [&] {
-        model::BlockForward(k, store_->Saved(l), store_->scratch, store_->Input(l), params, d.ForLayer(l));
+        model_->BlockForward(k, store_->Saved(l), store_->scratch, store_->Input(l), params, d.ForLayer(l));
       });
     }
     const Ptr<G> grads = BlockGrads(l);
@@ -367,8 +403,7 @@ void ShardedEngine<P>::Backward(bool last) {
       backend_->Zero(grads, unit.padded_numel(), *compute_);
     }
     Observed(*compute_, Op::kBackward, l + 1, [&] {
-      model::BlockBackward(k, model::BlockParams<G>::At(grads, layout_), store_->scratch, store_->Saved(l),
-                           store_->Input(l), params, d.ForLayer(l));
+      model_->BlockBackward(k, grads, store_->scratch, store_->Saved(l), store_->Input(l), params, d.ForLayer(l));
     });
     store_->AfterBackward(l, *compute_);
     ReleaseBlock(l);
@@ -379,17 +414,16 @@ void ShardedEngine<P>::Backward(bool last) {
     if (S > 1) grad_slot_free_[size_t(l % 2)]->Record(*comm_);
     if (last) unit.AllReduceReplicas(mesh_->device_replica(), *comm_);
   }
-  Observed(*compute_, Op::kBackward, 0, [&] {
-    model::EmbedBackward(k, model::RootParams<G>::At(RootGrads(), layout_), store_->scratch.dresidual, tokens_, d);
-  });
-  ReleaseRoot();  // the last block went in the loop
+  // The embedding's backward needs no parameters; a tied head's gradients are in the edge
+  // buffer already, an untied head's have left it.
+  if (H != 0 && S > 1) {
+    compute_->Wait(*edge_grads_free_);
+    backend_->Zero(edge_grads_.get(), Embedding().padded_numel(), *compute_);
+  }
+  Observed(*compute_, Op::kBackward, 0,
+           [&] { model_->EmbedBackward(k, EdgeGrads(0), store_->scratch.dresidual, tokens_, d); });
   held_ = false;
-  Root().backward_done().Record(*compute_);
-  comm_->Wait(Root().backward_done());
-  Observed(*comm_, Op::kReduceScatter, 0,
-           [&] { Root().ReduceGrads(root_grads_.get(), reduced_.get(), mesh_->device_shard(), *ops_, *comm_); });
-  if (S > 1) root_grads_free_->Record(*comm_);
-  if (last) Root().AllReduceReplicas(mesh_->device_replica(), *comm_);
+  ReduceEdge(0, last);
   replicas_reduced_ = last;
 }
 
@@ -427,10 +461,13 @@ void ShardedEngine<P>::Update(const OptimizerStep& step) {
   compute_->Wait(*comm_done_);
   ops_->ClipScale(clip_scale_, squares_, step.max_norm, *compute_);
   const kernels::AdamWStep adamw{step.learning_rate, step.beta1, step.beta2, step.epsilon, step.weight_decay, step.t};
-  for (size_t u = 0; u < units_.size(); ++u) {
+  const int H = layout_.head_unit();
+  for (int u = 0; u < int(units_.size()); ++u) {
     // Replicated: AdamW writes the kept compute copy as it goes.
-    const Ptr<A> kept = !options_.keep_units_gathered ? nullptr : u == 0 ? root_params_.get() : BlockSlot(int(u) - 1);
-    units_[u]->Update(adamw, clip_scale_, kept, *ops_, *compute_);
+    const Ptr<A> kept = !options_.keep_units_gathered  ? nullptr
+                        : u == 0 || (u == H && H != 0) ? EdgeSlot(u)
+                                                       : BlockSlot(u - 1);
+    units_[size_t(u)]->Update(adamw, clip_scale_, kept, *ops_, *compute_);
   }
   replicas_reduced_ = false;
   updated_ = true;

@@ -2,24 +2,31 @@
 // parallelism, the one step schedule for every device, written over streams, events, the
 // kernel table and stream-ordered collectives. Replicated training is its case S = T = 1.
 //
-// Units: the root (embeddings, final LayerNorm) and one per block, each a FlatUnit of
-// this rank's TP slice (model/parameters.h, the vocabulary padded), sharded over the
-// ranks of the same slice. Streams: compute, comm (gathers and gradient reduction) and
-// the ActivationStore's copy stream.
-//   Forward: the root is gathered for the whole forward (and, in training, kept for the
-//     backward, as is the last block, which the backward starts with); while block l computes, the gather of block l+1 runs on the comm stream;
+// Units (model/parameters.h): the embedding, one per block and, when the head is untied,
+// the head's, each a FlatUnit of this rank's TP slice (the vocabulary padded), sharded over
+// the ranks of the same slice. The family's layers (model/model.h) compute; the engine
+// names no family. Streams: compute, comm (gathers and gradient reduction) and the
+// ActivationStore's copy stream.
+//   Forward: the embedding unit is gathered into the edge slot, and the first block into a
+//     block slot; while block l computes, the gather of block l+1 runs on the comm stream;
 //     block gathers take turns in two slots, and a slot is reused only after the compute
-//     stream has released its last unit, so at most two blocks are ever unsharded. The
-//     head then computes the loss a chunk of logits at a time and, in training, its own
-//     backward in the same pass (llm.c's fused classifier).
+//     stream has released its last unit, so at most two blocks are ever unsharded. An
+//     untied head's unit is gathered into the edge slot while the last block computes, once
+//     the embedding has left it; a tied head uses the embedding unit, which stays. The head
+//     then computes the loss a chunk of logits at a time and, in training, its own backward
+//     in the same pass (llm.c's fused classifier), and releases the edge slot: no
+//     vocabulary-by-hidden matrix stays unsharded through the blocks. A training forward
+//     keeps the last block for the backward, which starts with it.
 //   Activations: an ActivationStore keeps what each block's forward leaves for its
 //     backward: everything, only block inputs (checkpointing: the backward recomputes
 //     the block first), or inputs within a loading horizon, the rest offloaded to host.
-//   Backward: the same gathers in reverse, from the second-to-last block; when a unit's backward ends, its gradients are
-//     reduce-scattered on the comm stream (overlapping the next unit's backward) and added
-//     to the shard gradients, so micro-batches accumulate; with S = 1 the backward adds
-//     into them directly. The last micro-batch also averages each unit's shard gradients
-//     over the replica group right after.
+//   Backward: the same gathers in reverse, from the second-to-last block; when a unit's
+//     backward ends, its gradients are reduce-scattered on the comm stream (overlapping
+//     the next unit's backward) and added to the shard gradients, so micro-batches
+//     accumulate; with S = 1 the backward adds into them directly. An untied head's are
+//     reduce-scattered right after the head; the embedding's (a tied head's with them)
+//     after the embedding's backward, which needs no parameters. The last micro-batch also
+//     averages each unit's shard gradients over the replica group right after.
 //   Update: the sum of squares of the shard gradients (a tensor every TP rank holds whole
 //     counted once), all-reduced in fp64 over the shard and TP groups, the clip scale and
 //     AdamW, all on the device.
@@ -38,7 +45,7 @@
 #include <vector>
 
 #include "worker/kernels/ops.h"
-#include "worker/model/blocks.h"
+#include "worker/model/model.h"
 #include "worker/model/parameters.h"
 #include "worker/parallel/activation_store.h"
 #include "worker/parallel/engine.h"
@@ -91,28 +98,36 @@ class ShardedEngine final : public Engine {
   int vocab_multiple() const override { return layout_.vocab_multiple(); }
 
   const std::vector<std::unique_ptr<FlatUnit<P>>>& units() const { return units_; }
+  const model::ParameterLayout& layout() const { return layout_; }
   const ActivationStore<P>& activations() const { return *store_; }
 
  private:
   enum class Head { kLoss, kTrain, kLogits };
-  FlatUnit<P>& Root() { return *units_[0]; }
+  FlatUnit<P>& Embedding() { return *units_[0]; }
   FlatUnit<P>& Block(int l) { return *units_[size_t(l) + 1]; }
+  FlatUnit<P>& HeadUnit() { return *units_[size_t(layout_.head_unit())]; }
   Ptr<A> BlockSlot(int l) const {
     return options_.keep_units_gathered ? block_params_[size_t(l)].get() : block_params_[size_t(l % 2)].get();
   }
+  // Where unit u (the embedding's or the head's) is gathered: the edge slot, or its own kept copy.
+  Ptr<A> EdgeSlot(int u) const;
   Ptr<G> BlockGrads(int l);
-  Ptr<G> RootGrads();
-  model::Context<P> Context() { return {*ops_, *compute_, tp_.get()}; }
+  // Where unit u's (the embedding's or the head's) unsharded gradients go.
+  Ptr<G> EdgeGrads(int u);
+  model::Context<P> Context() { return {*ops_, *compute_, tp_.get(), rope_cos_, rope_sin_}; }
   // The dims of a micro-batch: its shape and, in training with dropout, its masks.
   model::Dims DimsOf(int B, int T, const MicroBatchKey* training) const;
   // Copies the micro-batch's tokens (and targets) to the device on the compute stream.
   void Stage(const int32_t* inputs, const int32_t* targets, int B, int T);
   void RunForward(const model::Dims& d, Head head, float loss_weight, int64_t logits_row);
-  void GatherRoot();
+  void GatherEdge(int u);
   void GatherBlock(int l);
   void ReleaseBlock(int l);
-  void ReleaseRoot();
-  void ReleaseHeld();  // the root and the last block a training forward kept, if it kept them
+  void ReleaseEdge();
+  // Unit u's (the embedding's or the head's) gradients, complete in the edge buffer:
+  // reduce-scattered, and with `last` averaged over the replicas.
+  void ReduceEdge(int u, bool last);
+  void ReleaseHeld();  // the last block a training forward kept, if it kept it
   // Replicated: the kept compute copies no longer match the masters (built, restored).
   void RefreshKept();
   // Runs `enqueue` between the observer's Begin and End of (op, unit) on `stream`.
@@ -124,6 +139,7 @@ class ShardedEngine final : public Engine {
   class TensorParallel;
 
   model::ParameterLayout layout_;
+  std::unique_ptr<model::Model<P>> model_;
   std::shared_ptr<runtime::Backend> backend_;  // outlives the mesh, whose groups may use it
   std::shared_ptr<const Mesh> mesh_;
   int batch_, seq_;
@@ -133,23 +149,25 @@ class ShardedEngine final : public Engine {
   std::unique_ptr<runtime::Stream> compute_, comm_;
   std::unique_ptr<runtime::StreamTimer> exposed_;
   std::unique_ptr<TensorParallel> tp_;  // null without tensor parallelism
-  // The step buffer (api::StepBufferBytes): tokens, targets, scalars, segment tables.
+  // The step buffer (api::StepBuffers): tokens, targets, scalars, segment tables, RoPE's table.
   runtime::DeviceArray<std::byte> step_;
   Ptr<int32_t> tokens_, targets_;
   Ptr<double> loss_sum_, squares_;
   Ptr<float> clip_scale_;
+  Ptr<const G> rope_cos_, rope_sin_;  // null without RoPE
   std::vector<std::unique_ptr<FlatUnit<P>>> units_;
-  // Compute copies and, with S > 1, unsharded gradients: the root's and two block slots.
-  runtime::DeviceArray<A> root_params_;
+  // Compute copies and, with S > 1, unsharded gradients: the edge slot (the embedding's or
+  // the head's; kept: one each) and two block slots.
+  std::vector<runtime::DeviceArray<A>> edge_params_;   // one, or when kept the embedding's and the head's
   std::vector<runtime::DeviceArray<A>> block_params_;  // two slots, or one per block when kept
-  runtime::DeviceArray<G> root_grads_, reduced_;
+  runtime::DeviceArray<G> edge_grads_, reduced_;
   std::array<runtime::DeviceArray<G>, 2> block_grads_;
   std::unique_ptr<ActivationStore<P>> store_;
-  // Events: the compute stream released a param slot (or the root); the comm stream has
-  // reduced a grad slot (or the root's); comm's work before the optimizer; the squares of
-  // the gradients are summed.
+  // Events: the compute stream released a param slot (or the edge slot); the comm stream
+  // has reduced a grad slot (or the edge's); comm's work before the optimizer; the squares
+  // of the gradients are summed.
   std::array<std::unique_ptr<runtime::Event>, 2> param_slot_free_, grad_slot_free_;
-  std::unique_ptr<runtime::Event> root_free_, root_grads_free_, comm_done_, squares_done_;
+  std::unique_ptr<runtime::Event> edge_free_, edge_grads_free_, comm_done_, squares_done_;
   // Page-locked staging of the tokens, two micro-batches deep, and the events that say a
   // stage's copy has left; and of the scalars read back.
   std::array<std::unique_ptr<runtime::Event>, 2> staged_;
@@ -159,7 +177,7 @@ class ShardedEngine final : public Engine {
 
   int B_ = 0, T_ = 0;
   model::Dims dims_{};
-  bool held_ = false;  // a training forward's root and last block, kept gathered for its backward
+  bool held_ = false;  // a training forward's last block, kept gathered for its backward
   bool replicas_reduced_ = false;  // the last Backward averaged the shard gradients over replicas
   std::optional<double> norm_;     // the last Update's, once read
   bool updated_ = false;

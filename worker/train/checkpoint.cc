@@ -54,9 +54,7 @@ std::string Sidecar(int rank) { return CheckpointRankFile(rank) + ".json"; }
 // The model shape metadata (read from `file`) names; throws CheckpointError naming it.
 api::ModelShape ModelOf(const Json& meta, const fs::path& file) {
   try {
-    const Json& m = meta.at("model");
-    return {m.at("layers").get<int64_t>(), m.at("heads").get<int64_t>(), m.at("hidden").get<int64_t>(),
-            m.at("vocabSize").get<int64_t>(), m.at("seqLen").get<int64_t>()};
+    return ShapeOfCheckpointJson(meta.at("model"), file.string());
   } catch (const Json::exception& e) {
     throw CheckpointError(file.string() + ": malformed metadata: " + e.what());
   }
@@ -193,7 +191,7 @@ std::optional<api::ModelShape> WholeCheckpointOfAnotherModel(const std::string& 
   try {
     const std::string text = ReadCheckpointFile(meta_file);
     const api::ModelShape theirs = ModelOf(Json::parse(text), meta_file);
-    if (theirs == shape) return std::nullopt;
+    if (theirs.SameWeights(shape)) return std::nullopt;
     const Json meta = ParseCheckpointMetadata(text, meta_file.string(), theirs);
     for (const Json& f : meta.at("files")) {
       std::error_code error;

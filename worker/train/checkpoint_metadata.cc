@@ -33,9 +33,60 @@ std::string CheckpointRankFile(int rank) {
   return name;
 }
 
-Json CheckpointShapeJson(const api::ModelShape& s) {
-  return {{"layers", s.layers}, {"heads", s.heads}, {"hidden", s.hidden}, {"vocabSize", s.vocab_size},
-          {"seqLen", s.seq_len}};
+Json CheckpointShapeJson(const api::ModelShape& shape) {
+  const api::ModelShape s = shape.Resolved();
+  Json j = {{"family", std::string(api::FamilyName(s.family))},
+            {"layers", s.layers},
+            {"heads", s.heads},
+            {"hidden", s.hidden},
+            {"vocabSize", s.vocab_size},
+            {"seqLen", s.seq_len},
+            {"maxPositions", s.max_positions}};
+  if (!s.llama()) return j;
+  j["kvHeads"] = s.kv_heads;
+  j["headDim"] = s.head_dim;
+  j["intermediateSize"] = s.intermediate;
+  j["normEps"] = s.norm_eps;
+  j["ropeTheta"] = s.rope_theta;
+  j["tieEmbeddings"] = s.tied;
+  if (!s.rope_scaling.type.empty()) {
+    const api::RopeScaling& r = s.rope_scaling;
+    j["ropeScaling"] = {{"type", r.type},
+                        {"factor", r.factor},
+                        {"lowFreqFactor", r.low_freq_factor},
+                        {"highFreqFactor", r.high_freq_factor},
+                        {"originalMaxPositions", r.original_max_positions}};
+  }
+  return j;
+}
+
+api::ModelShape ShapeOfCheckpointJson(const Json& m, const std::string& file) {
+  try {
+    api::ModelShape s{m.at("layers").get<int64_t>(), m.at("heads").get<int64_t>(), m.at("hidden").get<int64_t>(),
+                      m.at("vocabSize").get<int64_t>(), m.at("seqLen").get<int64_t>()};
+    const std::string family = m.value("family", "gpt2");
+    const std::optional<api::Family> f = api::FamilyNamed(family);
+    if (!f) throw CheckpointError(file + ": malformed metadata: unknown model family \"" + family + "\"");
+    s.family = *f;
+    s.max_positions = m.value("maxPositions", s.seq_len);
+    if (s.llama()) {
+      s.kv_heads = m.at("kvHeads").get<int64_t>();
+      s.head_dim = m.at("headDim").get<int64_t>();
+      s.intermediate = m.at("intermediateSize").get<int64_t>();
+      s.norm_eps = m.at("normEps").get<double>();
+      s.rope_theta = m.at("ropeTheta").get<double>();
+      s.tied = m.at("tieEmbeddings").get<bool>();
+      if (m.contains("ropeScaling")) {
+        const Json& r = m.at("ropeScaling");
+        s.rope_scaling = {r.at("type").get<std::string>(), r.at("factor").get<double>(),
+                          r.at("lowFreqFactor").get<double>(), r.at("highFreqFactor").get<double>(),
+                          r.at("originalMaxPositions").get<int64_t>()};
+      }
+    }
+    return s.Resolved();
+  } catch (const Json::exception& e) {
+    throw CheckpointError(file + ": malformed metadata: model: " + e.what());
+  }
 }
 
 Json ParseCheckpointMetadata(const std::string& text, const std::string& file_name, const api::ModelShape& shape) {
@@ -46,7 +97,10 @@ Json ParseCheckpointMetadata(const std::string& text, const std::string& file_na
   } catch (const Json::exception& e) {
     throw CheckpointError(file.string() + ": not valid JSON: " + e.what());
   }
-  if (const std::string path = FirstNonInteger(meta, ""); !path.empty())
+  // Every number but the model's (its norm's epsilon, RoPE's theta) is an integer.
+  Json integers = meta;
+  if (integers.is_object()) integers.erase("model");
+  if (const std::string path = FirstNonInteger(integers, ""); !path.empty())
     throw CheckpointError(file.string() + ": malformed metadata: " + path + " is not an integer in range");
   try {
     if (meta.at("format") != kCheckpointFormat || meta.at("version").get<int>() < 1 || meta.at("version").get<int>() > kCheckpointVersion) {
@@ -54,7 +108,7 @@ Json ParseCheckpointMetadata(const std::string& text, const std::string& file_na
                             std::to_string(kCheckpointVersion));
     }
     if (meta.value("vocabMultiple", 1) < 1) throw CheckpointError(file.string() + ": vocabMultiple must be positive");
-    if (meta.at("model") != CheckpointShapeJson(shape)) {
+    if (!ShapeOfCheckpointJson(meta.at("model"), file.string()).SameWeights(shape)) {
       throw CheckpointError(file.string() + ": a checkpoint of another model (" + meta.at("model").dump() +
                             "), not of " + CheckpointShapeJson(shape).dump());
     }

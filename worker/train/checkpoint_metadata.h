@@ -32,11 +32,15 @@ inline constexpr int kCheckpointVersion = 3;
 // "rank-00003.bin": the shard file of a rank, in its step's directory.
 std::string CheckpointRankFile(int rank);
 
-// The model's shape as metadata holds it.
+// The model's family and shape as metadata holds them ("model"), and back: metadata
+// without a family is GPT-2's, without maxPositions of seqLen rows of positions. Throws
+// CheckpointError naming `file` for a malformed one.
 nlohmann::json CheckpointShapeJson(const api::ModelShape& shape);
+api::ModelShape ShapeOfCheckpointJson(const nlohmann::json& model, const std::string& file);
 
 // The metadata of a checkpoint, `text` read from `file`, checked for format, fields,
-// layout and file names, and that it is of a model of `shape`. Throws CheckpointError
+// layout and file names, and that it is of a model of `shape`'s weights (the training
+// window may differ: api::ModelShape::SameWeights). Throws CheckpointError
 // naming `file` and what is wrong.
 nlohmann::json ParseCheckpointMetadata(const std::string& text, const std::string& file, const api::ModelShape& shape);
 

@@ -1,47 +1,46 @@
 #include "worker/train/huggingface.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
-#include <regex>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <set>
+#include <sstream>
 
-#include "worker/model/parameters.h"
-#include "worker/train/safetensors.h"
+#include <nlohmann/json.hpp>
+
+#include "api/hf_config.h"
+#include "worker/train/atomic_file.h"
 
 namespace meshtrain::train {
 namespace {
 
-using model::Param;
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
 
-struct HfName {
+constexpr const char* kIndex = "model.safetensors.index.json";
+constexpr const char* kSingle = "model.safetensors";
+
+// Hugging Face's name and storage of each tensor of `layout` (single-rank), in its order.
+struct HfTensor {
   std::string name;
-  bool transposed;  // a Conv1D weight: (in, out)
+  bool transposed = false;
 };
-
-HfName NameOf(const model::ParamTensor& t) {
-  const std::string h = "h." + std::to_string(t.layer) + ".";
-  switch (t.kind) {
-    case Param::kWte: return {"wte.weight", false};
-    case Param::kWpe: return {"wpe.weight", false};
-    case Param::kLnfW: return {"ln_f.weight", false};
-    case Param::kLnfB: return {"ln_f.bias", false};
-    case Param::kLn1W: return {h + "ln_1.weight", false};
-    case Param::kLn1B: return {h + "ln_1.bias", false};
-    case Param::kQkvW: return {h + "attn.c_attn.weight", true};
-    case Param::kQkvB: return {h + "attn.c_attn.bias", false};
-    case Param::kAttProjW: return {h + "attn.c_proj.weight", true};
-    case Param::kAttProjB: return {h + "attn.c_proj.bias", false};
-    case Param::kLn2W: return {h + "ln_2.weight", false};
-    case Param::kLn2B: return {h + "ln_2.bias", false};
-    case Param::kFcW: return {h + "mlp.c_fc.weight", true};
-    case Param::kFcB: return {h + "mlp.c_fc.bias", false};
-    case Param::kFcProjW: return {h + "mlp.c_proj.weight", true};
-    case Param::kFcProjB: return {h + "mlp.c_proj.bias", false};
+std::vector<HfTensor> HfTensorsOf(const model::ParameterLayout& layout) {
+  const api::FamilyTensors f = api::TensorsOf(layout.shape());
+  std::vector<HfTensor> names;
+  for (const api::TensorInfo& t : f.embedding) names.push_back({api::HuggingFaceName(t, -1), t.hf_transposed});
+  for (int l = 0; l < layout.blocks(); ++l) {
+    for (const api::TensorInfo& t : f.block) names.push_back({api::HuggingFaceName(t, l), t.hf_transposed});
   }
-  return {"?", false};
+  for (const api::TensorInfo& t : f.head) names.push_back({api::HuggingFaceName(t, -1), t.hf_transposed});
+  return names;
 }
 
-// The shape Hugging Face stores `t` in.
 std::vector<int64_t> HfShape(const model::ParamTensor& t, bool transposed) {
   return transposed ? std::vector<int64_t>{t.shape[1], t.shape[0]} : t.shape;
 }
@@ -52,9 +51,202 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return text + "]";
 }
 
+bool IsDirectory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool Exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string ReadText(const std::string& path) {
+  if (NotARegularFile(path)) throw SafetensorsError(path + ": is not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw SafetensorsError(path + ": missing or unreadable");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The safetensors files of `path` and, for an index, which file holds each tensor.
+struct Files {
+  std::vector<std::string> paths;
+  std::map<std::string, std::string> index;  // tensor -> file path; empty without an index
+  std::string index_path;
+};
+
+Files FilesOf(const std::string& path) {
+  Files files;
+  if (!IsDirectory(path)) {
+    files.paths.push_back(path);
+    return files;
+  }
+  const std::string index = path + "/" + kIndex;
+  if (!Exists(index)) {
+    if (!Exists(path + "/" + kSingle)) {
+      throw SafetensorsError(path + ": holds neither " + std::string(kSingle) + " nor " + kIndex);
+    }
+    files.paths.push_back(path + "/" + kSingle);
+    return files;
+  }
+  files.index_path = index;
+  Json j;
+  try {
+    j = Json::parse(ReadText(index));
+  } catch (const Json::exception& e) {
+    throw SafetensorsError(index + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j.at("weight_map").is_object()) {
+    throw SafetensorsError(index + ": has no weight_map object");
+  }
+  std::set<std::string> names;
+  for (const auto& [tensor, file] : j.at("weight_map").items()) {
+    if (!file.is_string()) throw SafetensorsError(index + ": weight_map's " + tensor + " is not a file name");
+    const std::string name = file.get<std::string>();
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+      throw SafetensorsError(index + ": weight_map's " + tensor + " names \"" + name + "\", not a file beside it");
+    }
+    files.index[tensor] = path + "/" + name;
+    names.insert(name);
+  }
+  for (const std::string& name : names) {
+    const std::string file = path + "/" + name;
+    if (!Exists(file)) throw SafetensorsError(index + ": names the shard " + name + ", which is missing");
+    files.paths.push_back(file);
+  }
+  return files;
+}
+
 }  // namespace
 
-api::ModelShape HuggingFaceGpt2Shape(const std::string& path, int64_t head_dim) {
+struct HuggingFaceWeights::Source {
+  const SafetensorsFile* file = nullptr;
+  std::string name;
+  const TensorEntry* entry = nullptr;
+  bool transposed = false;
+};
+
+HuggingFaceWeights::HuggingFaceWeights(const std::string& path, const api::ModelShape& shape)
+    : path_(path), whole_(shape) {
+  const Files files = FilesOf(path);
+  struct Found {
+    const SafetensorsFile* file;
+    std::string name;
+    const TensorEntry* entry;
+  };
+  std::map<std::string, Found> found;  // by Hugging Face name, GPT-2's prefix taken off
+  const bool gpt2 = !whole_.shape().llama();
+  for (const std::string& file_path : files.paths) {
+    files_.push_back(std::make_unique<SafetensorsFile>(file_path));
+    const SafetensorsFile& file = *files_.back();
+    for (const auto& [name, entry] : file.tensors()) {
+      if (!files.index.empty()) {
+        const auto in_index = files.index.find(name);
+        if (in_index == files.index.end() || in_index->second != file_path) continue;  // the index says another file
+      }
+      std::string ours = name;
+      if (gpt2 && ours.starts_with(api::kGpt2BodyPrefix)) ours = ours.substr(api::kGpt2BodyPrefix.size());
+      found[ours] = {&file, name, &entry};
+    }
+  }
+  for (const auto& [tensor, file_path] : files.index) {
+    bool held = false;
+    for (const auto& f : files_) held = held || (f->path() == file_path && f->tensors().contains(tensor));
+    if (!held) throw SafetensorsError(files.index_path + ": names " + tensor + " in " + file_path + ", which does not hold it");
+  }
+  const std::vector<HfTensor> names = HfTensorsOf(whole_);
+  std::set<std::string> used;
+  for (size_t i = 0; i < whole_.tensors().size(); ++i) {
+    const model::ParamTensor& t = whole_.tensors()[i];
+    const HfTensor& hf = names[i];
+    const auto it = found.find(hf.name);
+    if (it == found.end()) throw SafetensorsError(path + ": tensor " + hf.name + " is missing");
+    const std::vector<int64_t> want = HfShape(t, hf.transposed);
+    if (it->second.entry->shape != want) {
+      throw SafetensorsError(it->second.file->path() + ": tensor " + it->second.name + " has shape " +
+                             ShapeText(it->second.entry->shape) + ", but spec.model needs " + ShapeText(want));
+    }
+    sources_.push_back({it->second.file, it->second.name, it->second.entry, hf.transposed});
+    used.insert(hf.name);
+  }
+  for (const auto& [name, f] : found) {
+    if (!used.contains(name) && !api::IgnoredOnImport(whole_.shape(), f.name)) {
+      throw SafetensorsError(f.file->path() + ": tensor " + f.name + " is not part of a " +
+                             std::string(api::FamilyName(whole_.shape().family)) + " model of this shape");
+    }
+  }
+}
+
+HuggingFaceWeights::~HuggingFaceWeights() = default;
+
+void HuggingFaceWeights::ReadUnit(int unit, const std::vector<int64_t>& whole_indices, float* master) const {
+  const auto [unit_begin, unit_end] = whole_.Unit(unit);
+  const auto [first_tensor, last_tensor] = whole_.UnitTensors(unit);
+  std::vector<float> transposed;  // a Conv1D tensor read whole, once
+  size_t transposed_of = SIZE_MAX;
+  for (size_t i = 0; i < whole_indices.size();) {
+    const int64_t at = whole_indices[i];
+    if (at < 0) {
+      master[i++] = 0;
+      continue;
+    }
+    if (at < unit_begin || at >= unit_end) throw std::out_of_range("ReadUnit: an index outside the unit");
+    size_t id = first_tensor;
+    while (id + 1 < last_tensor && whole_.tensors()[id + 1].offset <= at) ++id;
+    const model::ParamTensor& t = whole_.tensors()[id];
+    const Source& source = sources_[id];
+    // The run of consecutive indices inside this tensor.
+    size_t j = i + 1;
+    while (j < whole_indices.size() && whole_indices[j] == whole_indices[j - 1] + 1 &&
+           whole_indices[j] < t.offset + t.size) {
+      ++j;
+    }
+    const int64_t first = at - t.offset, count = int64_t(j - i);
+    if (!source.transposed) {
+      source.file->Read(source.name, *source.entry, first, count, master + i);
+    } else {
+      if (transposed_of != id) {
+        transposed.resize(size_t(t.size));
+        source.file->Read(source.name, *source.entry, 0, t.size, transposed.data());
+        transposed_of = id;
+      }
+      const int64_t rows = t.shape[0], cols = t.shape[1];  // ours: (out, in); the file's (in, out)
+      for (int64_t e = first; e < first + count; ++e) master[i + size_t(e - first)] = transposed[size_t((e % cols) * rows + e / cols)];
+    }
+    for (int64_t e = 0; e < count; ++e) {
+      if (!std::isfinite(master[i + size_t(e)])) {
+        const int64_t element = source.transposed ? ((first + e) % t.shape[1]) * t.shape[0] + (first + e) / t.shape[1]
+                                                  : first + e;
+        throw SafetensorsError(source.file->path() + ": tensor " + source.name + " holds " +
+                               std::to_string(master[i + size_t(e)]) + " at element " + std::to_string(element) +
+                               ": the weights are not finite");
+      }
+    }
+    i = j;
+  }
+}
+
+std::vector<float> HuggingFaceWeights::ReadAll() const {
+  std::vector<float> weights(size_t(whole_.total()));
+  for (int u = 0; u < whole_.units(); ++u) {
+    const auto [begin, end] = whole_.Unit(u);
+    std::vector<int64_t> at(size_t(end - begin));
+    for (size_t i = 0; i < at.size(); ++i) at[i] = begin + int64_t(i);
+    ReadUnit(u, at, weights.data() + begin);
+  }
+  return weights;
+}
+
+api::ModelShape HuggingFaceShape(const std::string& path, int64_t head_dim) {
+  if (IsDirectory(path)) {
+    api::ModelSpec model;
+    for (const api::FieldError& e : api::MergeHuggingFaceConfig(api::ReadHuggingFaceConfig(path), &model)) {
+      throw SafetensorsError(path + ": " + e.ToString());
+    }
+    return api::ShapeOf(model);
+  }
   const std::map<std::string, Tensor> tensors = ReadSafetensors(path);
   auto find = [&](const std::string& name) -> const Tensor& {
     for (const char* prefix : {"", "transformer."}) {
@@ -80,59 +272,109 @@ api::ModelShape HuggingFaceGpt2Shape(const std::string& path, int64_t head_dim) 
   return shape;
 }
 
-std::vector<float> LoadHuggingFaceGpt2(const std::string& path, const api::ModelShape& shape) {
-  std::map<std::string, Tensor> file = ReadSafetensors(path);
-  // GPT2LMHeadModel saves its body under "transformer.".
-  std::map<std::string, Tensor> tensors;
-  for (auto& [name, t] : file) {
-    tensors[name.starts_with("transformer.") ? name.substr(12) : name] = std::move(t);
+std::vector<float> LoadHuggingFace(const std::string& path, const api::ModelShape& shape) {
+  return HuggingFaceWeights(path, shape).ReadAll();
+}
+
+std::vector<std::string> ExportHuggingFace(const std::string& directory, const api::ModelShape& shape, Dtype dtype,
+                                           uint64_t max_shard_bytes, const WeightReader& read) {
+  if (Exists(directory)) throw SafetensorsError(directory + ": exists; an export writes a new directory");
+  const model::ParameterLayout whole(shape);
+  const std::vector<HfTensor> names = HfTensorsOf(whole);
+  // Tensors in the layout's order, in shards of at most max_shard_bytes (a larger tensor alone).
+  std::vector<std::vector<size_t>> shards(1);
+  uint64_t shard_bytes = 0;
+  for (size_t id = 0; id < whole.tensors().size(); ++id) {
+    const uint64_t bytes = uint64_t(whole.tensors()[id].size) * uint64_t(DtypeBytes(dtype));
+    if (!shards.back().empty() && shard_bytes + bytes > max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(id);
+    shard_bytes += bytes;
   }
-  static const std::regex ignored(R"(lm_head\.weight|h\.\d+\.attn\.(masked_)?bias)");
-  const model::ParameterLayout layout(shape);
-  std::vector<float> weights(size_t(layout.total()));
-  std::set<std::string> used;
-  for (const model::ParamTensor& t : layout.tensors()) {
-    const HfName hf = NameOf(t);
-    const auto found = tensors.find(hf.name);
-    if (found == tensors.end()) throw SafetensorsError(path + ": tensor " + hf.name + " is missing");
-    const std::vector<int64_t> want = HfShape(t, hf.transposed);
-    if (found->second.shape != want) {
-      throw SafetensorsError(path + ": tensor " + hf.name + " has shape " + ShapeText(found->second.shape) +
-                             ", but spec.model needs " + ShapeText(want));
+  const std::string temporary = directory + ".tmp-" + std::to_string(::getpid());
+  std::error_code error;
+  fs::remove_all(temporary, error);
+  if (!fs::create_directories(temporary, error) || error) {
+    throw SafetensorsError(directory + ": cannot create " + temporary + " (" + error.message() + ")");
+  }
+  struct Cleanup {
+    std::string path;
+    bool keep = false;
+    ~Cleanup() {
+      std::error_code ignored;
+      if (!keep) fs::remove_all(path, ignored);
     }
-    const std::vector<float>& v = found->second.values;
-    // A NaN or infinity would only show as a diverged loss at the first step.
-    if (const auto bad = std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); }); bad != v.end()) {
-      throw SafetensorsError(path + ": tensor " + hf.name + " holds " + std::to_string(*bad) + " at element " +
-                             std::to_string(bad - v.begin()) + ": the weights are not finite");
+  } cleanup{temporary};
+
+  const std::string torch_dtype = dtype == Dtype::kF32 ? "float32" : dtype == Dtype::kBF16 ? "bfloat16" : "float16";
+  const std::string config = api::HuggingFaceConfigJson(shape, torch_dtype).dump(2) + "\n";
+  if (const std::string e = WriteFileAtomically(temporary + "/config.json", config.data(), config.size()); !e.empty()) {
+    throw SafetensorsError(directory + "/config.json: " + e);
+  }
+  std::vector<std::string> written;
+  Json weight_map = Json::object();
+  uint64_t total = 0;
+  std::vector<float> values, transposed;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    char name[64];
+    if (shards.size() == 1) std::snprintf(name, sizeof name, "%s", kSingle);
+    else std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+    std::vector<SafetensorsWriter::Entry> entries;
+    for (size_t id : shards[k]) {
+      entries.push_back({names[id].name, HfShape(whole.tensors()[id], names[id].transposed)});
+      weight_map[names[id].name] = name;
     }
-    float* out = weights.data() + t.offset;
-    if (!hf.transposed) {
-      std::copy(v.begin(), v.end(), out);
-    } else {
-      const int64_t rows = t.shape[0], cols = t.shape[1];  // ours: (out, in)
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = v[size_t(c * rows + r)];
+    SafetensorsWriter writer(temporary + "/" + name, entries, dtype, {{"format", "pt"}});
+    for (size_t id : shards[k]) {
+      const model::ParamTensor& t = whole.tensors()[id];
+      int unit = 0;
+      while (whole.Unit(unit).second <= t.offset) ++unit;
+      if (names[id].transposed) {
+        values.resize(size_t(t.size));
+        read(unit, t.offset, t.size, values.data());
+        const int64_t rows = t.shape[0], cols = t.shape[1];
+        transposed.resize(values.size());
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t c = 0; c < cols; ++c) transposed[size_t(c * rows + r)] = values[size_t(r * cols + c)];
+        }
+        writer.Append(transposed.data(), t.size);
+        continue;
+      }
+      constexpr int64_t kPart = int64_t(1) << 22;
+      for (int64_t first = 0; first < t.size; first += kPart) {
+        const int64_t n = std::min(kPart, t.size - first);
+        values.resize(size_t(n));
+        read(unit, t.offset + first, n, values.data());
+        writer.Append(values.data(), n);
       }
     }
-    used.insert(hf.name);
+    writer.Finish();
+    total += SafetensorsWriter::Bytes(entries, dtype);
+    written.push_back(name);
   }
-  for (const auto& [name, t] : tensors) {
-    if (!used.contains(name) && !std::regex_match(name, ignored)) {
-      throw SafetensorsError(path + ": tensor " + name + " is not part of a GPT-2 of this shape");
+  if (shards.size() > 1) {
+    const std::string index = Json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n";
+    if (const std::string e = WriteFileAtomically(temporary + "/" + kIndex, index.data(), index.size()); !e.empty()) {
+      throw SafetensorsError(directory + "/" + kIndex + ": " + e);
     }
   }
-  return weights;
+  fs::rename(temporary, directory, error);
+  if (error) throw SafetensorsError(directory + ": cannot rename " + temporary + " into place (" + error.message() + ")");
+  cleanup.keep = true;
+  return written;
 }
 
 void SaveHuggingFaceGpt2(const std::string& path, const std::vector<float>& weights, const api::ModelShape& shape) {
   const model::ParameterLayout layout(shape);
+  const std::vector<HfTensor> names = HfTensorsOf(layout);
   std::map<std::string, Tensor> tensors;
-  for (const model::ParamTensor& t : layout.tensors()) {
-    const HfName hf = NameOf(t);
-    Tensor out{HfShape(t, hf.transposed), std::vector<float>(size_t(t.size))};
+  for (size_t id = 0; id < layout.tensors().size(); ++id) {
+    const model::ParamTensor& t = layout.tensors()[id];
+    Tensor out{HfShape(t, names[id].transposed), std::vector<float>(size_t(t.size))};
     const float* in = weights.data() + t.offset;
-    if (!hf.transposed) {
+    if (!names[id].transposed) {
       std::copy(in, in + t.size, out.values.begin());
     } else {
       const int64_t rows = t.shape[0], cols = t.shape[1];
@@ -140,7 +382,7 @@ void SaveHuggingFaceGpt2(const std::string& path, const std::vector<float>& weig
         for (int64_t c = 0; c < cols; ++c) out.values[size_t(c * rows + r)] = in[r * cols + c];
       }
     }
-    tensors.emplace(hf.name, std::move(out));
+    tensors.emplace(names[id].name, std::move(out));
   }
   WriteSafetensors(path, tensors, {{"format", "pt"}});
 }

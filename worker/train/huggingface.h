@@ -1,32 +1,84 @@
-// GPT-2 weights in Hugging Face's safetensors layout, in and out (transformers' GPT2Model
-// names, with or without a "transformer." prefix):
-//   wte.weight (V,C)  wpe.weight (T,C)  ln_f.{weight,bias}
-//   h.N.ln_1.{weight,bias}  h.N.attn.c_attn.{weight (C,3C), bias}  h.N.attn.c_proj.{weight (C,C), bias}
-//   h.N.ln_2.{weight,bias}  h.N.mlp.c_fc.{weight (C,4C), bias}   h.N.mlp.c_proj.{weight (4C,C), bias}
-// Hugging Face's Conv1D keeps weights as (in, out), the transpose of ours (out, in). The LM
-// head is tied to wte; lm_head.weight and the attention-mask buffers are ignored on import.
-// Thread-safety: plain functions.
+// Hugging Face weights in and out, for every family (api/model_family.h names each
+// tensor as transformers does and says which it stores transposed: GPT-2's Conv1D).
+//
+// In: a model directory, with config.json and either model.safetensors or
+// model.safetensors.index.json and the shards it names, in F32, BF16 or F16; or a single
+// GPT-2 safetensors file, its names with or without GPT2LMHeadModel's "transformer."
+// prefix. Every tensor is checked by name, shape and dtype when the files are opened,
+// and its values as they are read: each rank reads only the elements it holds, one unit
+// at a time, straight from the files.
+//
+// Out: a directory that transformers' from_pretrained loads: config.json, and safetensors
+// of at most a given size (model.safetensors, or model-0000k-of-0000n.safetensors with
+// model.safetensors.index.json), names, shapes and the [out, in] layout as transformers
+// writes them, the model's own vocabulary, a tied head once; or, for GPT-2, one file.
+// Thread-safety: a reader may be used from one thread at a time; plain functions.
 
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "api/model_shape.h"
+#include "worker/model/parameters.h"
+#include "worker/train/safetensors.h"
 
 namespace meshtrain::train {
 
-// The weights of a model of `shape`, in ParameterLayout order, from the file at `path`.
-// Throws SafetensorsError naming the file and the tensor for a missing or misshapen
-// tensor, an unknown one, or a file that is not safetensors.
-std::vector<float> LoadHuggingFaceGpt2(const std::string& path, const api::ModelShape& shape);
+class HuggingFaceWeights {
+ public:
+  // Opens the files at `path` (a directory or one file) for a model of `shape`. Throws
+  // SafetensorsError naming the file and the tensor: a shard the index names that is
+  // missing, a tensor missing, of another shape, of a dtype meshtrain does not read, or
+  // not part of the family's model.
+  HuggingFaceWeights(const std::string& path, const api::ModelShape& shape);
+  ~HuggingFaceWeights();
 
-// The shape of the GPT-2 in the file at `path`: layers from the h.N tensors, hidden and
-// vocabulary from wte, sequence length from wpe. Heads are not in the weights: GPT-2's
-// sizes all use heads of `head_dim` (64). Throws SafetensorsError naming the file.
-api::ModelShape HuggingFaceGpt2Shape(const std::string& path, int64_t head_dim = 64);
+  // master[i] = the weight at whole_indices[i] of unit `unit` (single-rank indices,
+  // parameters.h; -1: 0), read from the files. Throws SafetensorsError naming the tensor
+  // and the element for a value that is NaN or infinite.
+  void ReadUnit(int unit, const std::vector<int64_t>& whole_indices, float* master) const;
+  // The whole model in single-rank order (for tests and one-rank tools).
+  std::vector<float> ReadAll() const;
 
-// Writes `weights` (ParameterLayout order, a model of `shape`) to `path` in that layout.
+ private:
+  struct Source;
+  const Source& SourceOf(const model::ParamTensor& t) const;
+
+  std::string path_;
+  model::ParameterLayout whole_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::vector<Source> sources_;  // one per tensor of whole_
+};
+
+// The shape of the model at `path`: a directory's from its config.json, with seqLen its
+// maximum (api::HuggingFaceConfig); a single GPT-2 file's from its tensors (layers from the
+// h.N tensors, hidden and vocabulary from wte, positions from wpe), with heads of
+// `head_dim` channels, which GPT-2's files do not record. Throws SafetensorsError or
+// api::HuggingFaceConfigError naming the file.
+api::ModelShape HuggingFaceShape(const std::string& path, int64_t head_dim = 64);
+
+// The weights of a model of `shape`, in single-rank order, from `path` (HuggingFaceWeights).
+std::vector<float> LoadHuggingFace(const std::string& path, const api::ModelShape& shape);
+
+// What an export reads the weights from: values[i] = the master weight at single-rank
+// index first + i of unit `unit`, for i < count.
+using WeightReader = std::function<void(int unit, int64_t first, int64_t count, float* values)>;
+
+// Writes a Hugging Face model directory of `shape` at `directory` (which must not exist):
+// config.json and safetensors in `dtype`, none larger than `max_shard_bytes`; a tensor's
+// values are read through `read` a part at a time. Built in a temporary directory beside
+// it and renamed into place: a failure leaves nothing. Returns the safetensors files'
+// names. Throws SafetensorsError naming the path.
+std::vector<std::string> ExportHuggingFace(const std::string& directory, const api::ModelShape& shape, Dtype dtype,
+                                           uint64_t max_shard_bytes, const WeightReader& read);
+
+// Writes GPT-2 `weights` (single-rank order) as one F32 safetensors file at `path`,
+// without config.json.
 void SaveHuggingFaceGpt2(const std::string& path, const std::vector<float>& weights, const api::ModelShape& shape);
 
 }  // namespace meshtrain::train

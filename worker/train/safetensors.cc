@@ -1,12 +1,18 @@
 #include "worker/train/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <bit>
+#include <cerrno>
+#include <cmath>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
 #include <nlohmann/json.hpp>
 
+#include "worker/runtime/bf16.h"
 #include "worker/train/atomic_file.h"
 
 namespace meshtrain::train {
@@ -28,96 +34,281 @@ float FromHalf(uint16_t h) {
   return std::bit_cast<float>(bits);
 }
 
+// fp32 to IEEE half, rounded to nearest even; past the range, infinity.
+uint16_t ToHalf(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint16_t sign = uint16_t((u >> 16) & 0x8000);
+  const uint32_t magnitude = u & 0x7FFFFFFFu;
+  if (magnitude > 0x7F800000u) return uint16_t(sign | 0x7E00);  // NaN
+  if (magnitude >= 0x477FF000u) return uint16_t(sign | 0x7C00);  // rounds past 65504: infinity
+  if (magnitude < 0x38800000u) {  // below half's smallest normal: a subnormal multiple of 2^-24
+    const float scaled = std::bit_cast<float>(magnitude) * 16777216.0f;
+    return uint16_t(sign | uint16_t(std::nearbyint(scaled)));
+  }
+  const uint32_t rounded = magnitude + 0xFFFu + ((magnitude >> 13) & 1);  // to nearest even at bit 13
+  return uint16_t(sign | uint16_t((rounded - 0x38000000u) >> 13));
+}
+
+std::string SystemError(int err) { return std::strerror(err); }
+
+// Reads `size` bytes at `offset` of fd; false on a short read or error (errno set).
+bool ReadAt(int fd, void* into, size_t size, uint64_t offset) {
+  char* at = static_cast<char*>(into);
+  while (size > 0) {
+    const ssize_t n = ::pread(fd, at, size, off_t(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = EIO;
+      return false;
+    }
+    at += n, size -= size_t(n), offset += uint64_t(n);
+  }
+  return true;
+}
+
 }  // namespace
 
-std::map<std::string, Tensor> ReadSafetensors(const std::string& path) {
+std::string_view DtypeName(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::kF32: return "F32";
+    case Dtype::kF16: return "F16";
+    case Dtype::kBF16: return "BF16";
+  }
+  return "?";
+}
+
+int DtypeBytes(Dtype dtype) { return dtype == Dtype::kF32 ? 4 : 2; }
+
+Dtype DtypeNamed(std::string_view name) {
+  std::string upper(name);
+  std::transform(upper.begin(), upper.end(), upper.begin(), [](unsigned char c) { return char(std::toupper(c)); });
+  for (Dtype d : {Dtype::kF32, Dtype::kF16, Dtype::kBF16}) {
+    if (DtypeName(d) == upper) return d;
+  }
+  throw std::invalid_argument("dtype " + std::string(name) + ": f32, bf16 or f16 expected");
+}
+
+int64_t TensorEntry::elements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   if (NotARegularFile(path)) throw SafetensorsError(path + ": is not a regular file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw SafetensorsError(path + ": missing or unreadable");
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (bytes.size() < 8) throw SafetensorsError(path + ": too short for a safetensors header");
-  uint64_t header_size = 0;
-  for (int i = 7; i >= 0; --i) header_size = header_size << 8 | uint8_t(bytes[size_t(i)]);
-  if (header_size > kMaxHeader || header_size > bytes.size() - 8) {
-    throw SafetensorsError(path + ": header of " + std::to_string(header_size) + " bytes does not fit the file");
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw SafetensorsError(path + ": missing or unreadable (" + SystemError(errno) + ")");
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    ::close(fd_);
+    throw SafetensorsError(path + ": cannot stat (" + SystemError(errno) + ")");
   }
-  Json header;
+  const uint64_t file_size = uint64_t(st.st_size);
   try {
-    header = Json::parse(bytes.substr(8, header_size));
-  } catch (const Json::exception& e) {
-    throw SafetensorsError(path + ": header is not valid JSON: " + e.what());
-  }
-  if (!header.is_object()) throw SafetensorsError(path + ": header is not a JSON object");
-  const size_t data_begin = 8 + header_size, data_size = bytes.size() - data_begin;
-  std::map<std::string, Tensor> tensors;
-  for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") continue;
-    const std::string where = path + ": tensor " + name;
-    try {
-      const std::string dtype = entry.at("dtype");
-      const size_t element = dtype == "F32" ? 4 : dtype == "F16" || dtype == "BF16" ? 2 : 0;
-      if (element == 0) throw SafetensorsError(where + ": dtype " + dtype + " (F32, F16 or BF16 expected)");
-      Tensor t;
-      uint64_t count = 1;
-      for (const Json& d : entry.at("shape")) {
-        const int64_t dim = d.get<int64_t>();
-        if (dim < 0 || (dim > 0 && count > (uint64_t(1) << 40) / uint64_t(dim))) {
-          throw SafetensorsError(where + ": shape " + entry.at("shape").dump() + " is not a tensor's");
-        }
-        t.shape.push_back(dim);
-        count *= uint64_t(dim);
-      }
-      const uint64_t begin = entry.at("data_offsets").at(0), end = entry.at("data_offsets").at(1);
-      if (begin > end || end > data_size || end - begin != count * element) {
-        throw SafetensorsError(where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
-                               ") do not hold " + std::to_string(count) + " " + dtype + " values in " +
-                               std::to_string(data_size) + " bytes of data");
-      }
-      const char* data = bytes.data() + data_begin + begin;
-      t.values.resize(count);
-      for (uint64_t i = 0; i < count; ++i) {
-        if (element == 4) {
-          uint32_t bits = 0;
-          for (int b = 3; b >= 0; --b) bits = bits << 8 | uint8_t(data[4 * i + uint64_t(b)]);
-          t.values[i] = std::bit_cast<float>(bits);
-        } else {
-          const uint16_t half = uint16_t(uint8_t(data[2 * i]) | uint8_t(data[2 * i + 1]) << 8);
-          t.values[i] = dtype == "BF16" ? std::bit_cast<float>(uint32_t(half) << 16) : FromHalf(half);
-        }
-      }
-      tensors.emplace(name, std::move(t));
-    } catch (const Json::exception& e) {
-      throw SafetensorsError(where + ": malformed entry: " + e.what());
+    unsigned char length[8];
+    if (file_size < 8 || !ReadAt(fd_, length, 8, 0)) throw SafetensorsError(path + ": too short for a safetensors header");
+    uint64_t header_size = 0;
+    for (int i = 7; i >= 0; --i) header_size = header_size << 8 | length[i];
+    if (header_size > kMaxHeader || header_size > file_size - 8) {
+      throw SafetensorsError(path + ": header of " + std::to_string(header_size) + " bytes does not fit the file");
     }
+    std::string text(header_size, '\0');
+    if (!ReadAt(fd_, text.data(), header_size, 8)) throw SafetensorsError(path + ": cannot read its header");
+    Json header;
+    try {
+      header = Json::parse(text);
+    } catch (const Json::exception& e) {
+      throw SafetensorsError(path + ": header is not valid JSON: " + e.what());
+    }
+    if (!header.is_object()) throw SafetensorsError(path + ": header is not a JSON object");
+    const uint64_t data_begin = 8 + header_size, data_size = file_size - data_begin;
+    for (const auto& [name, entry] : header.items()) {
+      if (name == "__metadata__") continue;
+      const std::string where = path + ": tensor " + name;
+      try {
+        const std::string dtype = entry.at("dtype");
+        TensorEntry t;
+        if (dtype == "F32") t.dtype = Dtype::kF32;
+        else if (dtype == "F16") t.dtype = Dtype::kF16;
+        else if (dtype == "BF16") t.dtype = Dtype::kBF16;
+        else throw SafetensorsError(where + ": dtype " + dtype + " is not one meshtrain reads (F32, F16 or BF16)");
+        uint64_t count = 1;
+        for (const Json& d : entry.at("shape")) {
+          const int64_t dim = d.get<int64_t>();
+          if (dim < 0 || (dim > 0 && count > (uint64_t(1) << 40) / uint64_t(dim))) {
+            throw SafetensorsError(where + ": shape " + entry.at("shape").dump() + " is not a tensor's");
+          }
+          t.shape.push_back(dim);
+          count *= uint64_t(dim);
+        }
+        const uint64_t begin = entry.at("data_offsets").at(0), end = entry.at("data_offsets").at(1);
+        if (begin > end || end > data_size || end - begin != count * uint64_t(DtypeBytes(t.dtype))) {
+          throw SafetensorsError(where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                 ") do not hold " + std::to_string(count) + " " + dtype + " values in " +
+                                 std::to_string(data_size) + " bytes of data");
+        }
+        t.offset = data_begin + begin;
+        tensors_.emplace(name, std::move(t));
+      } catch (const Json::exception& e) {
+        throw SafetensorsError(where + ": malformed entry: " + e.what());
+      }
+    }
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsFile::Read(const std::string& name, const TensorEntry& t, int64_t first, int64_t count,
+                           float* values) const {
+  const int element = DtypeBytes(t.dtype);
+  // In pieces of at most 16 MiB of file bytes, converted as they come.
+  constexpr int64_t kPiece = int64_t(1) << 22;
+  thread_local std::vector<unsigned char> raw;
+  for (int64_t done = 0; done < count;) {
+    const int64_t n = std::min(kPiece, count - done);
+    raw.resize(size_t(n * element));
+    if (!ReadAt(fd_, raw.data(), raw.size(), t.offset + uint64_t(first + done) * uint64_t(element))) {
+      throw SafetensorsError(path_ + ": tensor " + name + ": cannot read (" + SystemError(errno) + ")");
+    }
+    float* out = values + done;
+    const unsigned char* in = raw.data();
+    for (int64_t i = 0; i < n; ++i) {
+      if (t.dtype == Dtype::kF32) {
+        uint32_t bits = 0;
+        for (int b = 3; b >= 0; --b) bits = bits << 8 | in[4 * i + b];
+        out[i] = std::bit_cast<float>(bits);
+      } else {
+        const uint16_t half = uint16_t(in[2 * i] | in[2 * i + 1] << 8);
+        out[i] = t.dtype == Dtype::kBF16 ? std::bit_cast<float>(uint32_t(half) << 16) : FromHalf(half);
+      }
+    }
+    done += n;
+  }
+}
+
+std::map<std::string, Tensor> ReadSafetensors(const std::string& path) {
+  const SafetensorsFile file(path);
+  std::map<std::string, Tensor> tensors;
+  for (const auto& [name, entry] : file.tensors()) {
+    Tensor t{entry.shape, std::vector<float>(size_t(entry.elements()))};
+    file.Read(name, entry, 0, entry.elements(), t.values.data());
+    tensors.emplace(name, std::move(t));
   }
   return tensors;
 }
 
-void WriteSafetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+namespace {
+
+std::string HeaderText(const std::vector<SafetensorsWriter::Entry>& tensors, Dtype dtype,
+                       const std::map<std::string, std::string>& metadata) {
   Json header = Json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    const uint64_t bytes = t.values.size() * 4;
-    header[name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+  for (const SafetensorsWriter::Entry& t : tensors) {
+    uint64_t count = 1;
+    for (int64_t d : t.shape) count *= uint64_t(d);
+    const uint64_t bytes = count * uint64_t(DtypeBytes(dtype));
+    header[t.name] = {{"dtype", DtypeName(dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned, as the format advises
   std::string out(8, '\0');
   for (int i = 0; i < 8; ++i) out[size_t(i)] = char((uint64_t(text.size()) >> (8 * i)) & 0xFF);
-  out += text;
-  for (const auto& [name, t] : tensors) {
-    for (float v : t.values) {
-      const uint32_t bits = std::bit_cast<uint32_t>(v);
-      for (int b = 0; b < 4; ++b) out.push_back(char((bits >> (8 * b)) & 0xFF));
+  return out + text;
+}
+
+}  // namespace
+
+uint64_t SafetensorsWriter::Bytes(const std::vector<Entry>& tensors, Dtype dtype) {
+  uint64_t values = 0;
+  for (const Entry& t : tensors) {
+    uint64_t count = 1;
+    for (int64_t d : t.shape) count *= uint64_t(d);
+    values += count;
+  }
+  return HeaderText(tensors, dtype, {}).size() + values * uint64_t(DtypeBytes(dtype));
+}
+
+SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<Entry> tensors, Dtype dtype,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)), temporary_(path_ + ".tmp-" + std::to_string(::getpid())), dtype_(dtype) {
+  for (const Entry& t : tensors) {
+    uint64_t count = 1;
+    for (int64_t d : t.shape) count *= uint64_t(d);
+    expected_ += count;
+  }
+  fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw SafetensorsError(path_ + ": cannot create " + temporary_ + " (" + SystemError(errno) + ")");
+  const std::string header = HeaderText(tensors, dtype, metadata);
+  buffer_.assign(header.begin(), header.end());
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(temporary_.c_str());
+  }
+}
+
+void SafetensorsWriter::Append(const float* values, int64_t count) {
+  if (written_ + uint64_t(count) > expected_) throw std::logic_error("SafetensorsWriter: more values than the header holds");
+  const int element = DtypeBytes(dtype_);
+  auto flush = [this] {
+    const char* at = buffer_.data();
+    size_t left = buffer_.size();
+    while (left > 0) {
+      const ssize_t n = ::write(fd_, at, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw SafetensorsError(path_ + ": cannot write " + temporary_ + " (" + SystemError(errno) + ")");
+      at += n, left -= size_t(n);
     }
+    buffer_.clear();
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t bits = 0;
+    if (dtype_ == Dtype::kF32) bits = std::bit_cast<uint32_t>(values[i]);
+    else if (dtype_ == Dtype::kBF16) bits = runtime::bf16::FromFloat(values[i]);
+    else bits = ToHalf(values[i]);
+    for (int b = 0; b < element; ++b) buffer_.push_back(char((bits >> (8 * b)) & 0xFF));
+    if (buffer_.size() >= (size_t(1) << 22)) flush();
   }
-  // Never in place: a full disk would leave the previous good file truncated.
-  if (const std::string error = WriteFileAtomically(path, out.data(), out.size()); !error.empty()) {
-    throw SafetensorsError(path + ": " + error);
+  written_ += uint64_t(count);
+  if (written_ == expected_) flush();
+}
+
+void SafetensorsWriter::Finish() {
+  if (written_ != expected_) {
+    throw std::logic_error("SafetensorsWriter: " + std::to_string(written_) + " of " + std::to_string(expected_) +
+                           " values written");
   }
+  if (!buffer_.empty()) Append(nullptr, 0);
+  if (::fsync(fd_) != 0 || ::close(fd_) != 0) {
+    const int err = errno;
+    fd_ = -1;
+    ::unlink(temporary_.c_str());
+    throw SafetensorsError(path_ + ": cannot write " + temporary_ + " (" + SystemError(err) + ")");
+  }
+  fd_ = -1;
+  if (::rename(temporary_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temporary_.c_str());
+    throw SafetensorsError(path_ + ": cannot rename " + temporary_ + " into place (" + SystemError(err) + ")");
+  }
+}
+
+void WriteSafetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsWriter::Entry> entries;
+  for (const auto& [name, t] : tensors) entries.push_back({name, t.shape});
+  SafetensorsWriter writer(path, entries, Dtype::kF32, metadata);
+  for (const auto& [name, t] : tensors) writer.Append(t.values.data(), int64_t(t.values.size()));
+  writer.Finish();
 }
 
 }  // namespace meshtrain::train

@@ -75,18 +75,21 @@ parallel::ShardFill InitialState(const api::ModelShape& shape, uint64_t seed) {
   };
 }
 
-// "layers 4, heads 4, hidden 128, vocabSize 50304, seqLen 256", as spec.model names them.
-std::string DescribeModel(const api::ModelShape& s) {
-  return "layers " + std::to_string(s.layers) + ", heads " + std::to_string(s.heads) + ", hidden " +
-         std::to_string(s.hidden) + ", vocabSize " + std::to_string(s.vocab_size) + ", seqLen " +
-         std::to_string(s.seq_len);
-}
-
 }  // namespace
 
 void CheckTrainable(const api::TrainingJob& job, int rank, int ranks) {
   const api::ParallelLayout layout = SupportedLayout(job, ranks);
-  model::ParameterLayout(api::ShapeOf(job.spec.model), 0, layout.tp());  // TP must divide the heads and the MLP
+  const api::ModelShape shape = api::ShapeOf(job.spec.model);
+  model::ParameterLayout(shape, 0, layout.tp());  // TP must divide the heads and the MLP
+  if (!job.spec.model.init.from.empty()) {
+    // The files' headers, every tensor's name, shape and dtype: a bad one is found here,
+    // on every rank, before the rendezvous.
+    try {
+      HuggingFaceWeights(job.spec.model.init.from, shape);
+    } catch (const SafetensorsError& e) {
+      throw std::invalid_argument(std::string("spec.model.init.from: ") + e.what());
+    }
+  }
   runtime::MemoryLimitFromEnvironment();
   parallel::ActivationStore<kernels::Fp32>::Check(ActivationPolicyOf(job.spec.parallelism));
   CpuKernelsFromEnvironment();
@@ -141,16 +144,17 @@ Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime
         job.metadata.uid);
   }
   if (!resumed_from_ && !job.spec.model.init.from.empty()) {
-    // Every rank reads the file and keeps its own elements; AdamW starts from zero.
-    WholeState whole;
+    // Each rank reads only its own elements, one unit at a time; AdamW starts from zero.
     try {
-      whole.master = LoadHuggingFaceGpt2(job.spec.model.init.from, shape);
+      const HuggingFaceWeights weights(job.spec.model.init.from, shape);
+      engine_->RestoreShards([&weights](int unit, const std::vector<int64_t>& at, float* master, float* m, float* v) {
+        weights.ReadUnit(unit, at, master);
+        std::fill(m, m + at.size(), 0.0f);
+        std::fill(v, v + at.size(), 0.0f);
+      });
     } catch (const SafetensorsError& e) {
       throw std::invalid_argument(std::string("spec.model.init.from: ") + e.what());
     }
-    whole.m.assign(whole.master.size(), 0.0f);
-    whole.v.assign(whole.master.size(), 0.0f);
-    engine_->Restore(whole);
   }
   inputs_.resize(size_t(batch_) * seq_);
   targets_.resize(size_t(batch_) * seq_);
@@ -172,7 +176,7 @@ void Trainer::Resume(const std::string& path, const std::string& only_run) {
     // same metadata, so every rank throws.)
     if (const std::optional<api::ModelShape> theirs = WholeCheckpointOfAnotherModel(directory, shape)) {
       throw std::invalid_argument("spec.checkpoint.path: " + directory + " is a checkpoint of another model (" +
-                                  DescribeModel(*theirs) + ") than spec.model (" + DescribeModel(shape) +
+                                  api::DescribeShape(*theirs) + ") than spec.model (" + api::DescribeShape(shape) +
                                   "); give this job a checkpoint directory of its own");
     }
     std::optional<CheckpointReader> reader;

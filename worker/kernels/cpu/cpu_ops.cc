@@ -31,9 +31,9 @@ class CpuOps final : public Ops<P> {
     return "cpu fp32";
   }
 
-  AttentionKind Attention(int, int, int, int) override { return AttentionKind::kScores; }
-  int64_t AttentionStateElements(int B, int T, int NH, int) override { return int64_t(B) * NH * T * T; }
-  int64_t AttentionScratchBytes(int, int, int, int) override { return 0; }
+  AttentionKind Attention(int, int, int, int, int) override { return AttentionKind::kScores; }
+  int64_t AttentionStateElements(int B, int T, int NH, int, int) override { return int64_t(B) * NH * T * T; }
+  int64_t AttentionScratchBytes(int, int, int, int, int) override { return 0; }
 
   void EncoderForward(Out<A> out, In<int32_t> tokens, In<A> wte, In<A> wpe, int B, int T, int C, int64_t v_begin,
                       int64_t v_rows, Stream& s) override {
@@ -80,15 +80,51 @@ class CpuOps final : public Ops<P> {
       cpu::MatmulBackward<A, G>(dinp, dweight, dbias, dout, inp, weight, gelu_pre, N, K, OC);
     });
   }
-  void AttentionForward(Out<A> out, Out<G> state, In<A> qkv, int B, int T, int C, int NH, Stream& s) override {
-    Run(s, [=, out = At(out), state = At(state), qkv = At(qkv)] {
-      cpu::AttentionForward<A, G>(out, state, qkv, B, T, C, NH);
+  void RmsNormForward(Out<A> out, Out<G> rstd, In<A> inp, In<A> weight, int64_t N, int C, float eps,
+                      Stream& s) override {
+    Run(s, [=, out = At(out), rstd = At(rstd), inp = At(inp), weight = At(weight)] {
+      cpu::RmsNormForward<A, G>(out, rstd, inp, weight, N, C, eps);
     });
   }
-  void AttentionBackward(Out<A> dqkv, Out<std::byte>, In<A> dout, In<A> qkv, In<A>, In<G> state, int B, int T, int C,
-                         int NH, Stream& s) override {
+  void ResidualRmsNormForward(Out<A> residual, Out<A> out, Out<G> rstd, In<A> a, In<A> b, In<A> weight, int64_t N,
+                              int C, float eps, Stream& s) override {
+    Run(s, [=, residual = At(residual), out = At(out), rstd = At(rstd), a = At(a), b = At(b), weight = At(weight)] {
+      cpu::ResidualRmsNormForward<A, G>(residual, out, rstd, a, b, weight, N, C, eps);
+    });
+  }
+  void RmsNormBackward(Out<A> dinp, Out<G> dweight, In<A> dout, In<A> inp, In<A> weight, In<G> rstd, int64_t N, int C,
+                       Stream& s) override {
+    Run(s, [=, dinp = At(dinp), dweight = At(dweight), dout = At(dout), inp = At(inp), weight = At(weight),
+             rstd = At(rstd)] { cpu::RmsNormBackward<A, G>(dinp, dweight, dout, inp, weight, rstd, N, C); });
+  }
+  void AttentionForward(Out<A> out, Out<G> state, In<A> qkv, int B, int T, int NH, int KVH, int HS,
+                        Stream& s) override {
+    Run(s, [=, out = At(out), state = At(state), qkv = At(qkv)] {
+      cpu::AttentionForward<A, G>(out, state, qkv, B, T, NH, KVH, HS);
+    });
+  }
+  void AttentionBackward(Out<A> dqkv, Out<std::byte>, In<A> dout, In<A> qkv, In<A>, In<G> state, int B, int T, int NH,
+                         int KVH, int HS, Stream& s) override {
     Run(s, [=, dqkv = At(dqkv), dout = At(dout), qkv = At(qkv), state = At(state)] {
-      cpu::AttentionBackward<A, G>(dqkv, dout, qkv, state, B, T, C, NH);
+      cpu::AttentionBackward<A, G>(dqkv, dout, qkv, state, B, T, NH, KVH, HS);
+    });
+  }
+  void RopeForward(Out<A> qkv, In<G> cos, In<G> sin, int B, int T, int NH, int KVH, int HS, Stream& s) override {
+    Run(s, [=, qkv = At(qkv), cos = At(cos), sin = At(sin)] {
+      cpu::Rope<A, G>(qkv, cos, sin, B, T, NH, KVH, HS, /*backward=*/false);
+    });
+  }
+  void RopeBackward(Out<A> dqkv, In<G> cos, In<G> sin, int B, int T, int NH, int KVH, int HS, Stream& s) override {
+    Run(s, [=, dqkv = At(dqkv), cos = At(cos), sin = At(sin)] {
+      cpu::Rope<A, G>(dqkv, cos, sin, B, T, NH, KVH, HS, /*backward=*/true);
+    });
+  }
+  void SwiGluForward(Out<A> out, In<A> gate_up, int64_t N, int H, Stream& s) override {
+    Run(s, [=, out = At(out), gate_up = At(gate_up)] { cpu::SwiGluForward<A, G>(out, gate_up, N, H); });
+  }
+  void SwiGluBackward(Out<A> dgate_up, In<A> dout, In<A> gate_up, int64_t N, int H, Stream& s) override {
+    Run(s, [=, dgate_up = At(dgate_up), dout = At(dout), gate_up = At(gate_up)] {
+      cpu::SwiGluBackward<A, G>(dgate_up, dout, gate_up, N, H);
     });
   }
   void Add(Out<A> out, In<A> a, In<A> b, int64_t n, Stream& s) override {

@@ -243,20 +243,21 @@ void MatmulBackward(A* dinp, G* dweight, G* dbias, const A* dout, const A* inp, 
 }
 
 template <class A, class G>
-void AttentionForward(A* out, G* state, const A* qkv, int B, int T, int C, int NH) {
-  const int C3 = 3 * C, hs = C / NH;
-  const G scale = G(1) / std::sqrt(G(hs));
+void AttentionForward(A* out, G* state, const A* qkv, int B, int T, int NH, int KVH, int HS) {
+  const int64_t row = int64_t(NH + 2 * KVH) * HS, Q = int64_t(NH) * HS, group = NH / KVH;
+  const G scale = G(1) / std::sqrt(G(HS));
 #pragma omp parallel for collapse(3)
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       for (int h = 0; h < NH; ++h) {
-        const A* query = qkv + (int64_t(b) * T + t) * C3 + h * hs;
+        const int64_t kv = Q + int64_t(h / group) * HS;  // this head's key, at kv; its value at kv + KVH*HS
+        const A* query = qkv + (int64_t(b) * T + t) * row + int64_t(h) * HS;
         G* att = state + ((int64_t(b) * NH + h) * T + t) * T;
         G maxval = std::numeric_limits<G>::lowest();
         for (int t2 = 0; t2 <= t; ++t2) {
-          const A* key = qkv + (int64_t(b) * T + t2) * C3 + h * hs + C;
+          const A* key = qkv + (int64_t(b) * T + t2) * row + kv;
           G dot = 0;
-          for (int i = 0; i < hs; ++i) dot += Load<G>(query[i]) * Load<G>(key[i]);
+          for (int i = 0; i < HS; ++i) dot += Load<G>(query[i]) * Load<G>(key[i]);
           att[t2] = dot * scale;
           maxval = std::max(maxval, att[t2]);
         }
@@ -268,64 +269,172 @@ void AttentionForward(A* out, G* state, const A* qkv, int B, int T, int C, int N
         for (int t2 = 0; t2 < T; ++t2) att[t2] = t2 <= t ? att[t2] / expsum : G(0);
         // out = att @ value, value rows in order (contiguous reads), summed in G.
         thread_local std::vector<G> sum;
-        sum.assign(size_t(hs), G(0));
+        sum.assign(size_t(HS), G(0));
         for (int t2 = 0; t2 <= t; ++t2) {
-          const A* value = qkv + (int64_t(b) * T + t2) * C3 + h * hs + 2 * C;
-          for (int i = 0; i < hs; ++i) sum[size_t(i)] += att[t2] * Load<G>(value[i]);
+          const A* value = qkv + (int64_t(b) * T + t2) * row + kv + int64_t(KVH) * HS;
+          for (int i = 0; i < HS; ++i) sum[size_t(i)] += att[t2] * Load<G>(value[i]);
         }
-        A* o = out + (int64_t(b) * T + t) * C + h * hs;
-        for (int i = 0; i < hs; ++i) o[i] = A(sum[size_t(i)]);
+        A* o = out + (int64_t(b) * T + t) * Q + int64_t(h) * HS;
+        for (int i = 0; i < HS; ++i) o[i] = A(sum[size_t(i)]);
       }
     }
   }
 }
 
 template <class A, class G>
-void AttentionBackward(A* dqkv, const A* dout, const A* qkv, const G* state, int B, int T, int C, int NH) {
-  const int C3 = 3 * C, hs = C / NH;
-  const G scale = G(1) / std::sqrt(G(hs));
-  // Parallel over (batch, head): each accumulates its head's dq, dk, dv in G, then stores.
+void AttentionBackward(A* dqkv, const A* dout, const A* qkv, const G* state, int B, int T, int NH, int KVH, int HS) {
+  const int64_t row = int64_t(NH + 2 * KVH) * HS, Q = int64_t(NH) * HS, group = NH / KVH;
+  const G scale = G(1) / std::sqrt(G(HS));
+  // Parallel over (batch, key/value head): each accumulates the dq of its query heads and
+  // its own dk and dv in G, the query heads in order, then stores.
 #pragma omp parallel for collapse(2)
   for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < NH; ++h) {
+    for (int g = 0; g < KVH; ++g) {
       thread_local std::vector<G> dq, dk, dv, datt;
-      dq.assign(size_t(T) * hs, G(0));
-      dk.assign(size_t(T) * hs, G(0));
-      dv.assign(size_t(T) * hs, G(0));
+      dk.assign(size_t(T) * HS, G(0));
+      dv.assign(size_t(T) * HS, G(0));
       datt.assign(size_t(T), G(0));
-      auto at = [&](int t, int part) { return qkv + (int64_t(b) * T + t) * C3 + part * C + h * hs; };
-      for (int t = 0; t < T; ++t) {
-        const G* att = state + ((int64_t(b) * NH + h) * T + t) * T;
-        const A* d = dout + (int64_t(b) * T + t) * C + h * hs;
-        for (int t2 = 0; t2 <= t; ++t2) {  // out = att @ value
-          const A* value = at(t2, 2);
-          G sum = 0;
-          for (int i = 0; i < hs; ++i) {
-            sum += Load<G>(value[i]) * Load<G>(d[i]);
-            dv[size_t(t2) * hs + i] += att[t2] * Load<G>(d[i]);
+      const int64_t kv = Q + int64_t(g) * HS;
+      auto at = [&](int t, int64_t channel) { return qkv + (int64_t(b) * T + t) * row + channel; };
+      for (int h = int(g * group); h < int((g + 1) * group); ++h) {
+        dq.assign(size_t(T) * HS, G(0));
+        for (int t = 0; t < T; ++t) {
+          const G* att = state + ((int64_t(b) * NH + h) * T + t) * T;
+          const A* d = dout + (int64_t(b) * T + t) * Q + int64_t(h) * HS;
+          for (int t2 = 0; t2 <= t; ++t2) {  // out = att @ value
+            const A* value = at(t2, kv + int64_t(KVH) * HS);
+            G sum = 0;
+            for (int i = 0; i < HS; ++i) {
+              sum += Load<G>(value[i]) * Load<G>(d[i]);
+              dv[size_t(t2) * HS + i] += att[t2] * Load<G>(d[i]);
+            }
+            datt[size_t(t2)] = sum;
           }
-          datt[size_t(t2)] = sum;
+          G dot = 0;  // softmax: dpreatt = att * (datt - sum(att * datt))
+          for (int t2 = 0; t2 <= t; ++t2) dot += att[t2] * datt[size_t(t2)];
+          const A* query = at(t, int64_t(h) * HS);
+          for (int t2 = 0; t2 <= t; ++t2) {  // preatt = scale * query . key
+            const G grad = att[t2] * (datt[size_t(t2)] - dot) * scale;
+            const A* key = at(t2, kv);
+            for (int i = 0; i < HS; ++i) {
+              dq[size_t(t) * HS + i] += Load<G>(key[i]) * grad;
+              dk[size_t(t2) * HS + i] += Load<G>(query[i]) * grad;
+            }
+          }
         }
-        G dot = 0;  // softmax: dpreatt = att * (datt - sum(att * datt))
-        for (int t2 = 0; t2 <= t; ++t2) dot += att[t2] * datt[size_t(t2)];
-        const A* query = at(t, 0);
-        for (int t2 = 0; t2 <= t; ++t2) {  // preatt = scale * query . key
-          const G g = att[t2] * (datt[size_t(t2)] - dot) * scale;
-          const A* key = at(t2, 1);
-          for (int i = 0; i < hs; ++i) {
-            dq[size_t(t) * hs + i] += Load<G>(key[i]) * g;
-            dk[size_t(t2) * hs + i] += Load<G>(query[i]) * g;
-          }
+        for (int t = 0; t < T; ++t) {
+          A* r = dqkv + (int64_t(b) * T + t) * row + int64_t(h) * HS;
+          for (int i = 0; i < HS; ++i) r[i] = A(dq[size_t(t) * HS + i]);
         }
       }
       for (int t = 0; t < T; ++t) {
-        A* row = dqkv + (int64_t(b) * T + t) * C3 + h * hs;
-        for (int i = 0; i < hs; ++i) {
-          row[i] = A(dq[size_t(t) * hs + i]);
-          row[C + i] = A(dk[size_t(t) * hs + i]);
-          row[2 * C + i] = A(dv[size_t(t) * hs + i]);
+        A* r = dqkv + (int64_t(b) * T + t) * row + kv;
+        for (int i = 0; i < HS; ++i) {
+          r[i] = A(dk[size_t(t) * HS + i]);
+          r[int64_t(KVH) * HS + i] = A(dv[size_t(t) * HS + i]);
         }
       }
+    }
+  }
+}
+
+namespace {
+
+// One row's RMSNorm over x as stored.
+template <class A, class G>
+void RmsRow(A* out, G* rstd, const A* x, const A* weight, int C, float eps) {
+  G squares = 0;
+  for (int i = 0; i < C; ++i) squares += Load<G>(x[i]) * Load<G>(x[i]);
+  const G s = G(1) / std::sqrt(squares / G(C) + G(eps));
+  for (int i = 0; i < C; ++i) out[i] = A((Load<G>(x[i]) * s) * Load<G>(weight[i]));
+  *rstd = s;
+}
+
+}  // namespace
+
+template <class A, class G>
+void RmsNormForward(A* out, G* rstd, const A* inp, const A* weight, int64_t N, int C, float eps) {
+#pragma omp parallel for
+  for (int64_t r = 0; r < N; ++r) RmsRow(out + r * C, rstd + r, inp + r * C, weight, C, eps);
+}
+
+template <class A, class G>
+void ResidualRmsNormForward(A* residual, A* out, G* rstd, const A* a, const A* b, const A* weight, int64_t N, int C,
+                            float eps) {
+#pragma omp parallel for
+  for (int64_t r = 0; r < N; ++r) {
+    A* res = residual + r * C;
+    for (int i = 0; i < C; ++i) res[i] = A(Load<G>(a[r * C + i]) + Load<G>(b[r * C + i]));
+    RmsRow(out + r * C, rstd + r, static_cast<const A*>(res), weight, C, eps);
+  }
+}
+
+template <class A, class G>
+void RmsNormBackward(A* dinp, G* dweight, const A* dout, const A* inp, const A* weight, const G* rstd, int64_t N,
+                     int C) {
+  // Serial over rows: every row adds into dweight, in a fixed order.
+  for (int64_t r = 0; r < N; ++r) {
+    const A* d = dout + r * C;
+    const A* x = inp + r * C;
+    A* dx = dinp + r * C;
+    const G s = rstd[r];
+    G dot = 0;  // sum of dnorm * norm, over the row
+    for (int i = 0; i < C; ++i) dot += Load<G>(weight[i]) * Load<G>(d[i]) * (Load<G>(x[i]) * s);
+    dot /= G(C);
+    for (int i = 0; i < C; ++i) {
+      const G norm = Load<G>(x[i]) * s;
+      dweight[i] += norm * Load<G>(d[i]);
+      dx[i] = A(Load<G>(dx[i]) + (Load<G>(weight[i]) * Load<G>(d[i]) - norm * dot) * s);
+    }
+  }
+}
+
+template <class A, class G>
+void Rope(A* qkv, const G* cos, const G* sin, int B, int T, int NH, int KVH, int HS, bool backward) {
+  const int64_t row = int64_t(NH + 2 * KVH) * HS;
+  const int half = HS / 2, heads = NH + KVH;  // q's heads, then k's
+  const G direction = backward ? G(-1) : G(1);
+#pragma omp parallel for
+  for (int64_t r = 0; r < int64_t(B) * T; ++r) {
+    const int64_t t = r % T;
+    for (int h = 0; h < heads; ++h) {
+      A* x = qkv + r * row + int64_t(h) * HS;
+      for (int i = 0; i < half; ++i) {
+        const G c = cos[t * half + i], s = direction * sin[t * half + i];
+        const G x1 = Load<G>(x[i]), x2 = Load<G>(x[i + half]);
+        x[i] = A(x1 * c - x2 * s);
+        x[i + half] = A(x2 * c + x1 * s);
+      }
+    }
+  }
+}
+
+template <class A, class G>
+void SwiGluForward(A* out, const A* gate_up, int64_t N, int H) {
+#pragma omp parallel for
+  for (int64_t r = 0; r < N; ++r) {
+    const A* g = gate_up + r * 2 * H;
+    const A* u = g + H;
+    for (int j = 0; j < H; ++j) {
+      const G x = Load<G>(g[j]);
+      out[r * H + j] = A(x / (G(1) + std::exp(-x)) * Load<G>(u[j]));
+    }
+  }
+}
+
+template <class A, class G>
+void SwiGluBackward(A* dgate_up, const A* dout, const A* gate_up, int64_t N, int H) {
+#pragma omp parallel for
+  for (int64_t r = 0; r < N; ++r) {
+    const A* g = gate_up + r * 2 * H;
+    const A* u = g + H;
+    A* dg = dgate_up + r * 2 * H;
+    A* du = dg + H;
+    for (int j = 0; j < H; ++j) {
+      const G x = Load<G>(g[j]), d = Load<G>(dout[r * H + j]);
+      const G sigmoid = G(1) / (G(1) + std::exp(-x));
+      dg[j] = A(d * Load<G>(u[j]) * sigmoid * (G(1) + x * (G(1) - sigmoid)));
+      du[j] = A(d * x * sigmoid);
     }
   }
 }
@@ -501,8 +610,14 @@ void AdamW(G* master, A* params, const G* grads, G* m, G* v, const ShardSegment*
   template void LayerNormBackward<A, G>(A*, G*, G*, const A*, const A*, const A*, const G*, const G*, int64_t, int); \
   template void MatmulForward<A, G>(A*, A*, const A*, const A*, const A*, const A*, int64_t, int, int);                       \
   template void MatmulBackward<A, G>(A*, G*, G*, const A*, const A*, const A*, const A*, int64_t, int, int);         \
-  template void AttentionForward<A, G>(A*, G*, const A*, int, int, int, int);                                       \
-  template void AttentionBackward<A, G>(A*, const A*, const A*, const G*, int, int, int, int);                      \
+  template void AttentionForward<A, G>(A*, G*, const A*, int, int, int, int, int);                                  \
+  template void AttentionBackward<A, G>(A*, const A*, const A*, const G*, int, int, int, int, int);                 \
+  template void RmsNormForward<A, G>(A*, G*, const A*, const A*, int64_t, int, float);                              \
+  template void ResidualRmsNormForward<A, G>(A*, A*, G*, const A*, const A*, const A*, int64_t, int, float);        \
+  template void RmsNormBackward<A, G>(A*, G*, const A*, const A*, const A*, const G*, int64_t, int);                \
+  template void Rope<A, G>(A*, const G*, const G*, int, int, int, int, int, bool);                                  \
+  template void SwiGluForward<A, G>(A*, const A*, int64_t, int);                                                    \
+  template void SwiGluBackward<A, G>(A*, const A*, const A*, int64_t, int);                                         \
   template void Add<A, G>(A*, const A*, const A*, int64_t);                                                        \
   template void Dropout<A, G>(A*, const A*, int64_t, int, float, uint64_t, int64_t, int64_t, int64_t);                       \
   template void CrossEntropy<A, G>(G*, A*, const A*, const int32_t*, int64_t, int64_t, int64_t, float);             \

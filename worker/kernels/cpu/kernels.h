@@ -1,4 +1,4 @@
-// GPT-2's kernels on the CPU as plain functions over host arrays (llm.c style), the
+// The model families' kernels on the CPU as plain functions over host arrays (llm.c style), the
 // bodies of the CPU kernel tables (cpu_ops.h). Each keeps the contract of the operation
 // of the same name in kernels/ops.h, which says what is written and what accumulated.
 //
@@ -45,9 +45,27 @@ void MatmulBackward(A* dinp, G* dweight, G* dbias, const A* dout, const A* inp, 
 
 // state: the probabilities (B,NH,T,T), masked entries 0.
 template <class A, class G>
-void AttentionForward(A* out, G* state, const A* qkv, int B, int T, int C, int NH);
+void AttentionForward(A* out, G* state, const A* qkv, int B, int T, int NH, int KVH, int HS);
 template <class A, class G>
-void AttentionBackward(A* dqkv, const A* dout, const A* qkv, const G* state, int B, int T, int C, int NH);
+void AttentionBackward(A* dqkv, const A* dout, const A* qkv, const G* state, int B, int T, int NH, int KVH, int HS);
+
+template <class A, class G>
+void RmsNormForward(A* out, G* rstd, const A* inp, const A* weight, int64_t N, int C, float eps);
+template <class A, class G>
+void ResidualRmsNormForward(A* residual, A* out, G* rstd, const A* a, const A* b, const A* weight, int64_t N, int C,
+                            float eps);
+template <class A, class G>
+void RmsNormBackward(A* dinp, G* dweight, const A* dout, const A* inp, const A* weight, const G* rstd, int64_t N,
+                     int C);
+
+// backward: rotates by the negative angle.
+template <class A, class G>
+void Rope(A* qkv, const G* cos, const G* sin, int B, int T, int NH, int KVH, int HS, bool backward);
+
+template <class A, class G>
+void SwiGluForward(A* out, const A* gate_up, int64_t N, int H);
+template <class A, class G>
+void SwiGluBackward(A* dgate_up, const A* dout, const A* gate_up, int64_t N, int H);
 
 template <class A, class G>
 void Add(A* out, const A* a, const A* b, int64_t n);

@@ -1,4 +1,4 @@
-// GPT-2 whole on one rank: the reference the sharded engine is checked against
+// A model of any family whole on one rank: the reference the sharded engine is checked against
 // (tests/unit/engine_test.cc: one rank of the engine equals the whole model, bit for bit;
 // tests/unit/model_test.cc: its gradients against finite differences, fp32 against fp64).
 //
@@ -6,7 +6,7 @@
 // backend, the kernel table of precision P, and the whole model in one parameter buffer
 // laid out by ParameterLayout(shape, 0, 1, vocab_multiple) (no shards, no TP, no slots,
 // no activation store). It runs the same layer functions (model/blocks.h) in the same
-// order as the engine does on one rank: EmbedForward, BlockForward per block, then
+// order as the engine does on one rank (model/model.h): EmbedForward, BlockForward per block, then
 // HeadForward, which in a training forward also runs the head's backward (llm.c's fused
 // classifier); Backward runs the blocks' backward in reverse, then EmbedBackward.
 //
@@ -24,7 +24,7 @@
 #include "api/engine_memory.h"
 #include "api/model_shape.h"
 #include "worker/kernels/ops.h"
-#include "worker/model/blocks.h"
+#include "worker/model/model.h"
 #include "worker/model/parameters.h"
 #include "worker/runtime/cpu_backend.h"
 #include "worker/runtime/device_memory.h"
@@ -33,7 +33,7 @@
 namespace meshtrain::testing {
 
 template <class P>
-class Gpt2Reference {
+class ModelReference {
  public:
   using A = typename P::Act;
   using G = typename P::Acc;
@@ -48,11 +48,11 @@ class Gpt2Reference {
   // Sized for micro-batches of at most max_batch x max_seq (<= shape.seq_len), with
   // parameters initialised from `seed` as the engine initialises its shards. Throws
   // std::invalid_argument for a max_seq past the model's.
-  Gpt2Reference(const api::ModelShape& shape, int max_batch, int max_seq, uint64_t seed, int vocab_multiple = 1,
+  ModelReference(const api::ModelShape& shape, int max_batch, int max_seq, uint64_t seed, int vocab_multiple = 1,
                 runtime::CpuBackendOptions backend = {});
-  ~Gpt2Reference();
-  Gpt2Reference(const Gpt2Reference&) = delete;
-  Gpt2Reference& operator=(const Gpt2Reference&) = delete;
+  ~ModelReference();
+  ModelReference(const ModelReference&) = delete;
+  ModelReference& operator=(const ModelReference&) = delete;
 
   const model::ParameterLayout& layout() const { return layout_; }
 
@@ -88,17 +88,18 @@ class Gpt2Reference {
   // Embedding and blocks, into blocks_'s activations; the head's input is the last output.
   void RunTrunk(const model::Dims& d);
   runtime::DevicePtr<A> Input(int l) const;
-  model::Context<P> Context() { return {*ops_, *stream_, nullptr}; }
+  model::Context<P> Context();
 
   model::ParameterLayout layout_;
   int max_batch_, max_seq_;
   std::shared_ptr<runtime::CpuBackend> backend_;
   runtime::MemoryAccounting accounting_;
   runtime::CachingAllocator allocator_;
+  std::unique_ptr<model::Model<P>> model_;
   std::unique_ptr<kernels::Ops<P>> ops_;
   std::unique_ptr<runtime::Stream> stream_;
   api::EngineTypes types_;
-  runtime::DeviceArray<G> master_, grads_;
+  runtime::DeviceArray<G> master_, grads_, rope_;
   runtime::DeviceArray<A> params_, encoded_;
   runtime::DeviceArray<int32_t> tokens_, targets_;
   runtime::DeviceArray<double> loss_;

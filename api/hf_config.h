@@ -1,0 +1,72 @@
+// Hugging Face's config.json for the families meshtrain trains (api/model_shape.h), in
+// and out: the keys that give a family's shape, and the ones whose values would change
+// the math without meshtrain doing so, which are refused by name. Other keys (token ids,
+// dtypes, dropout probabilities of inference configs, ...) are ignored on the way in.
+//
+//   GPT2LMHeadModel    n_layer, n_head, n_embd, vocab_size, n_positions (or n_ctx);
+//                      refused: activation_function other than gelu_new or
+//                      gelu_pytorch_tanh, n_inner other than 4 x n_embd,
+//                      layer_norm_epsilon other than 1e-5, scale_attn_weights false,
+//                      scale_attn_by_inverse_layer_idx or add_cross_attention true
+//   LlamaForCausalLM   num_hidden_layers, num_attention_heads, num_key_value_heads,
+//   MistralForCausalLM hidden_size, intermediate_size, vocab_size, head_dim,
+//   Qwen2ForCausalLM   max_position_embeddings, rms_norm_eps, rope_theta, rope_scaling
+//                      (types default, linear and llama3, named as rope_type or type),
+//                      tie_word_embeddings; refused: hidden_act other than silu,
+//                      attention_bias or mlp_bias true, partial_rotary_factor other than 1,
+//                      Qwen2's use_sliding_window true, any other rope_scaling type; a
+//                      sliding_window below the job's seqLen is refused when the job is
+//                      checked (HuggingFaceConfig::sliding_window).
+// Thread-safety: pure functions, but for ReadHuggingFaceConfig's file read.
+
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "api/field_error.h"
+#include "api/model_shape.h"
+#include "api/training_job.h"
+
+namespace meshtrain::api {
+
+// What a config.json says of its model.
+struct HuggingFaceConfig {
+  std::string file;  // the path it was read from, for messages
+  ModelSpec model;   // family and shape, every field but seqLen (the job's training window)
+  std::optional<int64_t> sliding_window;  // Mistral's attention window, if any
+  std::vector<std::string> notes;         // keys that are set and have no effect here
+};
+
+// Thrown for a config.json that cannot be read, is not JSON, is of an architecture
+// meshtrain does not train, or sets a key to a value meshtrain does not implement; the
+// message names the file and the key.
+class HuggingFaceConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The config in `text`, read from `file`.
+HuggingFaceConfig ParseHuggingFaceConfig(std::string_view text, const std::string& file);
+// DIR/config.json.
+HuggingFaceConfig ReadHuggingFaceConfig(const std::string& directory);
+// Whether `path` is a directory holding a config.json: a Hugging Face model directory,
+// not a single safetensors file.
+bool IsModelDirectory(const std::string& path);
+
+// config.json for `shape`, as transformers writes it, with `torch_dtype`.
+nlohmann::json HuggingFaceConfigJson(const ModelShape& shape, std::string_view torch_dtype);
+
+// Fills `model` from `config`: each field the job left unset takes the config's value, a
+// field the job wrote that disagrees is an error naming both values, as is a preset
+// whose shape disagrees, and a training window (seqLen) past max_position_embeddings or
+// a sliding window. A job without seqLen gets max_position_embeddings, at most 2048 for
+// the Llama class.
+FieldErrors MergeHuggingFaceConfig(const HuggingFaceConfig& config, ModelSpec* model);
+
+}  // namespace meshtrain::api

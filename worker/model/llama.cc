@@ -1,0 +1,183 @@
+// The Llama class's layers (model.h): Llama 2 and 3, Mistral, Qwen2. Pre-RMSNorm blocks
+// of grouped-query attention with rotate-half RoPE on q and k, and a SwiGLU MLP; no
+// biases but Qwen2's on q, k and v; no position table; a tied or untied LM head. Its
+// units (api/model_family.h): the embedding unit embed (Vp,C) (and norm (C) when tied);
+// each block attn_norm (C), q (Q,C), k (KV,C), v (KV,C), [q, k, v biases], o (C,Q),
+// mlp_norm (C), gate (I,C), up (I,C), down (C,I), this rank's slices, so that q, k and v
+// are one (Ql + 2 KVl, C) matrix and gate and up one (2 Il, C); the head unit norm (C),
+// lm_head (Vp,C) when untied.
+
+#include "worker/model/layers.h"
+
+namespace meshtrain::model {
+namespace {
+
+template <class P>
+class Llama final : public Model<P> {
+ public:
+  using A = typename P::Act;
+  using G = typename P::Acc;
+
+  explicit Llama(const ParameterLayout& layout)
+      : embed_(layout.OffsetInUnit(Param::kEmbed)),
+        norm_(layout.OffsetInUnit(Param::kNorm)),
+        lm_head_(layout.has_head_unit() ? layout.OffsetInUnit(Param::kLmHead) : embed_),
+        attn_norm_(layout.OffsetInUnit(Param::kAttnNorm)),
+        wqkv_(layout.OffsetInUnit(Param::kWq)),
+        bqkv_(layout.Has(Param::kBq) ? layout.OffsetInUnit(Param::kBq) : -1),
+        wo_(layout.OffsetInUnit(Param::kWo)),
+        mlp_norm_(layout.OffsetInUnit(Param::kMlpNorm)),
+        wgate_up_(layout.OffsetInUnit(Param::kWGate)),
+        wdown_(layout.OffsetInUnit(Param::kWDown)) {}
+
+  void EmbedForward(const Context<P>& k, Ptr<A> encoded, Ptr<const int32_t> tokens, Ptr<const A> unit,
+                    const Dims& d) const override {
+    // Each slice looks up its own tokens; a token outside the slice gives 0: the sum is exact.
+    k.ops.EncoderForward(encoded, tokens, unit + embed_, nullptr, d.B, d.T, d.C, d.tp.vocab_begin(d.V),
+                         d.tp.vocab(d.V), k.stream);
+    AllReduce(k, encoded, d.N() * d.C);
+  }
+
+  void EmbedBackward(const Context<P>& k, Ptr<G> dunit, Ptr<const A> dencoded, Ptr<const int32_t> tokens,
+                     const Dims& d) const override {
+    k.ops.EncoderBackward(dunit + embed_, nullptr, dencoded, tokens, d.B, d.T, d.C, d.tp.vocab_begin(d.V),
+                          d.tp.vocab(d.V), k.stream);
+  }
+
+  void BlockForward(const Context<P>& k, const BlockActivations<P>& acts, const BlockScratch<P>& scratch,
+                    Ptr<const A> residual, Ptr<const A> p, const Dims& d) const override {
+    const Acts a = ActsOf(acts);
+    const Scratch s = ScratchOf(scratch);
+    const int64_t N = d.N();
+    const int C = d.C, Q = d.query_width(), KV = d.kv_width(), Hl = d.hidden_units();
+    const bool dropout = d.dropout.p > 0;
+    // Without TP's all-reduce or dropout between a projection and the residual stream, the
+    // projection adds the stream in its epilogue.
+    const bool into_residual = d.tp.size == 1 && !dropout;
+    kernels::Ops<P>& ops = k.ops;
+    ops.RmsNormForward(a.attn_norm, a.attn_rstd, residual, p + attn_norm_, N, C, d.eps, k.stream);
+    ops.MatmulForward(a.qkv, nullptr, a.attn_norm, p + wqkv_, Bias(p), nullptr, N, C, Q + 2 * KV, k.stream);
+    ops.RopeForward(a.qkv, k.rope_cos, k.rope_sin, d.B, d.T, d.heads(), d.kv_heads(), d.HS, k.stream);
+    ops.AttentionForward(a.atty, a.att_state, a.qkv, d.B, d.T, d.heads(), d.kv_heads(), d.HS, k.stream);
+    const int64_t q_whole = int64_t(d.NH) * d.HS, q_first = int64_t(d.tp.rank) * Q;
+    if (dropout) Drop(k, d, kAttentionOutput, s.dropped, a.atty, Q, q_whole, q_first);
+    if (into_residual) {
+      ops.MatmulForward(a.residual2, nullptr, a.atty, p + wo_, nullptr, residual, N, Q, C, k.stream);
+      ops.RmsNormForward(a.mlp_norm, a.mlp_rstd, a.residual2, p + mlp_norm_, N, C, d.eps, k.stream);
+    } else {
+      ops.MatmulForward(s.proj, nullptr, dropout ? s.dropped : a.atty, p + wo_, nullptr, nullptr, N, Q, C, k.stream);
+      AllReduce(k, s.proj, N * C);
+      if (dropout) Drop(k, d, kAttentionResidual, s.proj, s.proj, C, C, 0);
+      ops.ResidualRmsNormForward(a.residual2, a.mlp_norm, a.mlp_rstd, residual, s.proj, p + mlp_norm_, N, C, d.eps,
+                                 k.stream);
+    }
+    ops.MatmulForward(a.gate_up, nullptr, a.mlp_norm, p + wgate_up_, nullptr, nullptr, N, C, 2 * Hl, k.stream);
+    ops.SwiGluForward(a.swiglu, a.gate_up, N, Hl, k.stream);
+    if (into_residual) {
+      ops.MatmulForward(acts.output, nullptr, a.swiglu, p + wdown_, nullptr, a.residual2, N, Hl, C, k.stream);
+      return;
+    }
+    ops.MatmulForward(s.proj, nullptr, a.swiglu, p + wdown_, nullptr, nullptr, N, Hl, C, k.stream);
+    AllReduce(k, s.proj, N * C);
+    if (dropout) Drop(k, d, kMlpResidual, s.proj, s.proj, C, C, 0);
+    ops.Add(acts.output, a.residual2, s.proj, N * C, k.stream);
+  }
+
+  void BlockBackward(const Context<P>& k, Ptr<G> dp, const BlockScratch<P>& scratch, const BlockActivations<P>& acts,
+                     Ptr<const A> residual, Ptr<const A> p, const Dims& d) const override {
+    const Acts a = ActsOf(acts);
+    const Scratch s = ScratchOf(scratch);
+    const int64_t N = d.N();
+    const int C = d.C, Q = d.query_width(), KV = d.kv_width(), Hl = d.hidden_units();
+    const bool dropout = d.dropout.p > 0;
+    kernels::Ops<P>& ops = k.ops;
+    // output = residual2 + down: both get the output's gradient (down's through its mask).
+    const Ptr<A> ddown = dropout ? s.dmasked : s.dresidual;
+    if (dropout) Drop(k, d, kMlpResidual, s.dmasked, s.dresidual, C, C, 0);
+    ops.MatmulBackward(s.dswiglu, dp + wdown_, nullptr, ddown, a.swiglu, p + wdown_, nullptr, N, Hl, C, k.stream);
+    ops.SwiGluBackward(s.dgate_up, s.dswiglu, a.gate_up, N, Hl, k.stream);
+    ops.MatmulBackward(s.dln, dp + wgate_up_, nullptr, s.dgate_up, a.mlp_norm, p + wgate_up_, nullptr, N, C, 2 * Hl,
+                       k.stream);
+    AllReduce(k, s.dln, N * C);  // each rank's hidden units gave part of it
+    ops.RmsNormBackward(s.dresidual, dp + mlp_norm_, s.dln, a.residual2, p + mlp_norm_, a.mlp_rstd, N, C, k.stream);
+    // residual2 = residual + o: likewise.
+    const int64_t q_whole = int64_t(d.NH) * d.HS, q_first = int64_t(d.tp.rank) * Q;
+    const Ptr<A> dout = dropout ? s.dmasked : s.dresidual;
+    if (dropout) {
+      Drop(k, d, kAttentionResidual, s.dmasked, s.dresidual, C, C, 0);
+      Drop(k, d, kAttentionOutput, s.dropped, a.atty, Q, q_whole, q_first);  // the projection's input again
+    }
+    ops.MatmulBackward(s.datty, dp + wo_, nullptr, dout, dropout ? s.dropped : a.atty, p + wo_, nullptr, N, Q, C,
+                       k.stream);
+    if (dropout) Drop(k, d, kAttentionOutput, s.datty, s.datty, Q, q_whole, q_first);
+    ops.AttentionBackward(s.dqkv, s.attention, s.datty, a.qkv, a.atty, a.att_state, d.B, d.T, d.heads(), d.kv_heads(),
+                          d.HS, k.stream);
+    ops.RopeBackward(s.dqkv, k.rope_cos, k.rope_sin, d.B, d.T, d.heads(), d.kv_heads(), d.HS, k.stream);
+    ops.MatmulBackward(s.dln, dp + wqkv_, Bias(dp), s.dqkv, a.attn_norm, p + wqkv_, nullptr, N, C, Q + 2 * KV,
+                       k.stream);
+    AllReduce(k, s.dln, N * C);  // and each rank's heads
+    ops.RmsNormBackward(s.dresidual, dp + attn_norm_, s.dln, residual, p + attn_norm_, a.attn_rstd, N, C, k.stream);
+  }
+
+  void HeadForward(const Context<P>& k, const HeadActivations<P>& h, Ptr<const A> x, Ptr<const A> unit,
+                   Ptr<const int32_t> targets, Ptr<double> loss_sum, double loss_weight, Ptr<G> dunit, Ptr<A> dx,
+                   const Dims& d) const override {
+    const int C = d.C;
+    k.ops.RmsNormForward(h.lnf, h.lnf_rstd, x, unit + norm_, d.N(), C, d.eps, k.stream);
+    const Ptr<G> dweight = dunit ? dunit + lm_head_ : nullptr;
+    VocabHead<P>(k, h, unit + lm_head_, dweight, targets, loss_sum, loss_weight, d, [&](int64_t r0, int64_t rows) {
+      k.ops.RmsNormBackward(dx + r0 * C, dunit + norm_, h.dlnf, x + r0 * C, unit + norm_, h.lnf_rstd + r0, rows, C,
+                            k.stream);
+    });
+  }
+
+  void HeadLogits(const Context<P>& k, const HeadActivations<P>& h, Ptr<const A> x, Ptr<const A> unit, int64_t row,
+                  const Dims& d) const override {
+    k.ops.RmsNormForward(h.lnf, h.lnf_rstd, x + row * d.C, unit + norm_, 1, d.C, d.eps, k.stream);
+    k.ops.MatmulForward(h.logits, nullptr, h.lnf, unit + lm_head_, nullptr, nullptr, 1, d.C,
+                        int(d.tp.padded_vocab(d.V)), k.stream);
+  }
+
+ private:
+  struct Acts {
+    Ptr<A> attn_norm, qkv, atty, residual2, mlp_norm, gate_up, swiglu;
+    Ptr<G> attn_rstd, att_state, mlp_rstd;
+  };
+  struct Scratch {
+    Ptr<A> dresidual, proj, dln, dswiglu, dgate_up, datty, dqkv, dmasked, dropped;
+    runtime::DeviceBytes attention;
+  };
+  static Acts ActsOf(const BlockActivations<P>& b) {
+    const Carving& c = b.parts;
+    return {c.Get<A>("attn_norm"), c.Get<A>("qkv"),      c.Get<A>("atty"),     c.Get<A>("residual2"),
+            c.Get<A>("mlp_norm"),  c.Get<A>("gate_up"),  c.Get<A>("swiglu"),   c.Get<G>("attn_rstd"),
+            c.Get<G>("att_state"), c.Get<G>("mlp_rstd")};
+  }
+  static Scratch ScratchOf(const BlockScratch<P>& b) {
+    const Carving& c = b.parts;
+    return {b.dresidual,          c.Get<A>("proj"),  c.Get<A>("dln"),      c.Get<A>("dswiglu"),
+            c.Get<A>("dgate_up"), c.Get<A>("datty"), c.Get<A>("dqkv"),     c.Find<A>("dmasked"),
+            c.Find<A>("dropped"), c.Get<std::byte>("attention")};
+  }
+  // q's, k's and v's biases, one vector: Qwen2's; null for the rest.
+  template <class T>
+  Ptr<T> Bias(Ptr<T> block) const {
+    return bqkv_ < 0 ? Ptr<T>{} : block + bqkv_;
+  }
+
+  int64_t embed_, norm_, lm_head_;  // in the embedding or head unit
+  int64_t attn_norm_, wqkv_, bqkv_, wo_, mlp_norm_, wgate_up_, wdown_;  // in a block
+};
+
+}  // namespace
+
+template <class P>
+std::unique_ptr<Model<P>> MakeLlama(const ParameterLayout& layout) {
+  return std::make_unique<Llama<P>>(layout);
+}
+
+template std::unique_ptr<Model<kernels::Fp32>> MakeLlama<kernels::Fp32>(const ParameterLayout&);
+template std::unique_ptr<Model<kernels::Bf16>> MakeLlama<kernels::Bf16>(const ParameterLayout&);
+template std::unique_ptr<Model<kernels::Fp64>> MakeLlama<kernels::Fp64>(const ParameterLayout&);
+
+}  // namespace meshtrain::model

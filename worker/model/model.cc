@@ -1,0 +1,110 @@
+#include "worker/model/model.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "worker/kernels/dropout.h"
+#include "worker/model/layers.h"
+
+namespace meshtrain::model {
+
+Carving::Carving(runtime::DeviceBytes base, std::vector<api::Buffer> buffers)
+    : base_(base), buffers_(std::move(buffers)) {
+  for (const api::Buffer& b : buffers_) {
+    offsets_.push_back(bytes_);
+    bytes_ += api::Aligned(b.elements * b.element_bytes);
+  }
+}
+
+runtime::DeviceBytes Carving::At(std::string_view name, int element_bytes, bool required) const {
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    if (buffers_[i].name != name) continue;
+    if (buffers_[i].element_bytes != element_bytes && element_bytes != 1) {
+      throw std::logic_error("Carving: buffer " + std::string(name) + " holds elements of " +
+                             std::to_string(buffers_[i].element_bytes) + " bytes, not " + std::to_string(element_bytes));
+    }
+    return base_ + offsets_[i];
+  }
+  if (required) throw std::logic_error("Carving: no buffer " + std::string(name));
+  return {};
+}
+
+template <class P>
+BlockActivations<P> BlockActivations<P>::At(runtime::DeviceBytes base, int batch, int seq,
+                                            const api::ModelShape& shape, TpSlice tp, const api::EngineTypes& types) {
+  BlockActivations a;
+  a.parts = Carving(base, api::BlockActivationBuffers(batch, seq, shape, tp.size, types));
+  a.output = a.parts.template Get<typename P::Act>("output");
+  return a;
+}
+
+template <class P>
+BlockScratch<P> BlockScratch<P>::At(runtime::DeviceBytes base, int batch, int seq, const api::ModelShape& shape,
+                                    TpSlice tp, const api::EngineTypes& types, bool dropout) {
+  BlockScratch s;
+  s.parts = Carving(base, api::BlockScratchBuffers(batch, seq, shape, tp.size, types, dropout));
+  s.dresidual = s.parts.template Get<typename P::Act>("dresidual");
+  return s;
+}
+
+template <class P>
+HeadActivations<P> HeadActivations<P>::At(runtime::DeviceBytes base, int batch, int seq, const api::ModelShape& s,
+                                          TpSlice tp, const api::EngineTypes& types) {
+  const Carving c(base, api::HeadBuffers(batch, seq, s, tp.rank, tp.size, types));
+  HeadActivations h;
+  h.chunk_rows = api::HeadChunkRows(int64_t(batch) * seq, tp.padded_vocab(s.vocab_size));
+  h.lnf = c.Get<A>("lnf");
+  h.lnf_mean = c.Find<G>("lnf_mean");
+  h.lnf_rstd = c.Get<G>("lnf_rstd");
+  h.losses = c.Get<G>("losses");
+  h.logits = c.Get<A>("logits");
+  h.dlnf = c.Get<A>("dlnf");
+  h.stats = c.Find<G>("stats");
+  h.all_stats = c.Find<G>("all_stats");
+  return h;
+}
+
+template <class P>
+api::EngineTypes TypesOf(kernels::Ops<P>& ops, int B, int T, const api::ModelShape& shape, int tp_size) {
+  const api::ModelShape s = shape.Resolved();
+  const int NH = int(s.heads) / tp_size, KVH = int(s.kv_heads) / tp_size, HS = int(s.head_dim);
+  api::EngineTypes types;
+  types.act_bytes = int(sizeof(typename P::Act));
+  types.acc_bytes = int(sizeof(typename P::Acc));
+  types.attention_keeps_scores = ops.Attention(B, T, NH, KVH, HS) == kernels::AttentionKind::kScores;
+  types.attention_scratch_bytes = ops.AttentionScratchBytes(B, T, NH, KVH, HS);
+  return types;
+}
+
+Dims Dims::ForLayer(int l) const {
+  Dims d = *this;
+  d.dropout.key = kernels::MixKey(dropout.key, uint64_t(l));
+  return d;
+}
+
+Dims Dims::Of(const api::ModelShape& shape, int B, int T, TpSlice tp) {
+  const api::ModelShape s = shape.Resolved();
+  Dims d;
+  d.B = B, d.T = T, d.C = int(s.hidden), d.NH = int(s.heads), d.KVH = int(s.kv_heads), d.HS = int(s.head_dim);
+  d.H = int(s.intermediate), d.eps = float(s.norm_eps), d.V = s.vocab_size, d.tp = tp;
+  return d;
+}
+
+template <class P>
+std::unique_ptr<Model<P>> MakeModel(const ParameterLayout& layout) {
+  return layout.shape().llama() ? MakeLlama<P>(layout) : MakeGpt2<P>(layout);
+}
+
+#define MESHTRAIN_MODEL(P)                                                                          \
+  template struct BlockActivations<P>;                                                              \
+  template struct BlockScratch<P>;                                                                  \
+  template struct HeadActivations<P>;                                                               \
+  template api::EngineTypes TypesOf<P>(kernels::Ops<P>&, int, int, const api::ModelShape&, int);   \
+  template std::unique_ptr<Model<P>> MakeModel<P>(const ParameterLayout&);
+
+MESHTRAIN_MODEL(kernels::Fp32)
+MESHTRAIN_MODEL(kernels::Bf16)
+MESHTRAIN_MODEL(kernels::Fp64)
+#undef MESHTRAIN_MODEL
+
+}  // namespace meshtrain::model

@@ -1,0 +1,224 @@
+// A model family's math, one FSDP unit at a time (DESIGN.md, "Who owns what in the
+// engine"): the embedding, a block and the head, each a forward/backward pair over views.
+// The family's description (api/model_family.h) says what the units hold; this says what
+// they compute. GPT-2 (gpt2.cc) and the Llama class (llama.cc) implement it; the engine
+// (parallel/) and the whole-model reference of the tests call it and name no family.
+//
+// Each call enqueues kernels of the table in a Context on its stream, in order, and owns
+// no memory: the caller gives the unit's gathered parameters (or their gradients) and the
+// activation buffers, all device handles, and runs them on any device. Backward functions
+// accumulate (+=) into parameter gradients. The residual stream's gradient flows through
+// one buffer, in place (llm.c's way): BlockBackward takes the gradient of the block's
+// output in scratch.dresidual and leaves the gradient of its input there. Shapes: B
+// sequences of T tokens, N = B*T rows, C channels.
+//
+// Tensor parallelism (Megatron; parameters.h says which slice a rank holds): q, k and v
+// and the MLP's first product are column-parallel (this rank's heads and hidden units),
+// attention's output projection and the MLP's last product row-parallel, joined by one
+// all-reduce each in forward and one each in backward (for the input gradient of the
+// column-parallel products); the embedding and the LM head are vocabulary-parallel, and
+// the softmax is computed across the group from per-slice statistics, never gathering the
+// logits. Every rank of the group ends with the same activations and loss, bit for bit.
+// Activation buffers are sized for the largest micro-batch; a call uses the first N rows.
+// Thread-safety: a Model is immutable; the work it enqueues follows the stream's rules.
+
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "api/engine_memory.h"
+#include "api/model_family.h"
+#include "api/model_shape.h"
+#include "worker/kernels/ops.h"
+#include "worker/model/parameters.h"
+#include "worker/runtime/device_ptr.h"
+
+namespace meshtrain::model {
+
+template <class T>
+using Ptr = runtime::DevicePtr<T>;
+
+// The tensor-parallel group's collectives as the layers use them, in a stream's order.
+template <class P>
+class TensorParallelGroup {
+ public:
+  virtual ~TensorParallelGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // data (n) = its sum over the group, in place; every rank gets the same bits.
+  virtual void AllReduceSum(Ptr<typename P::Act> data, int64_t n, runtime::Stream& stream) = 0;
+  // out (size x n) = every rank's in (n), in rank order.
+  virtual void AllGather(Ptr<const typename P::Acc> in, Ptr<typename P::Acc> out, int64_t n,
+                         runtime::Stream& stream) = 0;
+};
+
+// What the layers run with: the kernel table, the stream they enqueue on, the TP group
+// (null: every layer whole on this rank), and for RoPE the cos and sin of each position
+// (rows) and frequency (HS/2 columns) the engine holds (RopeTable).
+template <class P>
+struct Context {
+  kernels::Ops<P>& ops;
+  runtime::Stream& stream;
+  TensorParallelGroup<P>* tp = nullptr;
+  Ptr<const typename P::Acc> rope_cos{}, rope_sin{};
+};
+
+// This rank's slice of the layers: its heads, MLP width and vocabulary rows (the real
+// [vocab_begin, +vocab) and the padded count an embedding holds).
+struct TpSlice {
+  int rank = 0, size = 1;
+  int vocab_multiple = api::kVocabMultiple;
+  int64_t vocab_begin(int64_t V) const { return api::VocabBegin(V, rank, size); }
+  int64_t vocab(int64_t V) const { return api::VocabSlice(V, rank, size); }
+  int64_t padded_vocab(int64_t V) const { return api::PaddedVocabRows(vocab(V), vocab_multiple); }
+};
+
+// Dropout in a training forward (p > 0) on each block's attention output and on the
+// attention and MLP outputs added to the residual stream. Masks are keyed by `key` (the
+// seed and the step; Dims::ForLayer mixes in the layer) and indexed by the element's
+// place in the step's global batch, whose sample `first_sample` is this micro-batch's
+// first sequence: every layout and every number of micro-steps drops what one rank drops.
+struct DropoutSpec {
+  float p = 0;
+  uint64_t key = 0;
+  int64_t first_sample = 0;
+};
+
+struct Dims {
+  int B = 0, T = 0;
+  int C = 0;        // the residual stream's channels
+  int NH = 0;       // query heads, whole
+  int KVH = 0;      // key/value heads, whole
+  int HS = 0;       // channels of a head
+  int H = 0;        // the MLP's width, whole
+  float eps = 1e-5f;  // the norms'
+  int64_t V = 0;    // the vocabulary (the user's, unpadded)
+  TpSlice tp{};
+  DropoutSpec dropout{};
+  int64_t N() const { return int64_t(B) * T; }
+  // This rank's query and key/value heads, their channels, and its MLP units.
+  int heads() const { return NH / tp.size; }
+  int kv_heads() const { return KVH / tp.size; }
+  int query_width() const { return heads() * HS; }
+  int kv_width() const { return kv_heads() * HS; }
+  int hidden_units() const { return H / tp.size; }
+  // These dims for block l: its own dropout masks.
+  Dims ForLayer(int l) const;
+  // The dims of `shape` for micro-batches of B x T on `tp`.
+  static Dims Of(const api::ModelShape& shape, int B, int T, TpSlice tp);
+};
+
+// Named buffers carved out of one device allocation, in the order of an api list
+// (api/model_family.h): what a family's layers take their activations from.
+class Carving {
+ public:
+  Carving() = default;
+  Carving(runtime::DeviceBytes base, std::vector<api::Buffer> buffers);
+  // The buffer called `name`, of elements of T. Throws std::logic_error if there is none,
+  // or if its elements are not of T's size.
+  template <class T>
+  Ptr<T> Get(std::string_view name) const {
+    return At(name, int(sizeof(T)), /*required=*/true).template As<T>();
+  }
+  // The same, or null where the list has no such buffer.
+  template <class T>
+  Ptr<T> Find(std::string_view name) const {
+    return At(name, int(sizeof(T)), /*required=*/false).template As<T>();
+  }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  runtime::DeviceBytes At(std::string_view name, int element_bytes, bool required) const;
+  runtime::DeviceBytes base_{};
+  std::vector<api::Buffer> buffers_;
+  std::vector<int64_t> offsets_;
+  int64_t bytes_ = 0;
+};
+
+// What one block's forward keeps for its backward (api::BlockActivationBuffers); `output`
+// is the block's output, which the caller may place elsewhere (the next block's input).
+template <class P>
+struct BlockActivations {
+  Carving parts;
+  Ptr<typename P::Act> output{};
+  static BlockActivations At(runtime::DeviceBytes base, int batch, int seq, const api::ModelShape& shape, TpSlice tp,
+                             const api::EngineTypes& types);
+};
+
+// The backward's working set, one for every block (api::BlockScratchBuffers): dresidual
+// carries the residual stream's gradient.
+template <class P>
+struct BlockScratch {
+  Carving parts;
+  Ptr<typename P::Act> dresidual{};
+  static BlockScratch At(runtime::DeviceBytes base, int batch, int seq, const api::ModelShape& shape, TpSlice tp,
+                         const api::EngineTypes& types, bool dropout);
+};
+
+// The head (api::HeadBuffers): the final norm, the losses, and one chunk of `chunk_rows`
+// rows of logits at a time.
+template <class P>
+struct HeadActivations {
+  using A = typename P::Act;
+  using G = typename P::Acc;
+  Ptr<A> lnf, logits, dlnf;
+  Ptr<G> lnf_mean, lnf_rstd, losses, stats, all_stats;  // lnf_mean: LayerNorm's only; stats: with TP only
+  int64_t chunk_rows = 0;
+  static HeadActivations At(runtime::DeviceBytes base, int batch, int seq, const api::ModelShape& shape, TpSlice tp,
+                            const api::EngineTypes& types);
+};
+
+// The engine's element types and what its kernel table keeps for attention.
+template <class P>
+api::EngineTypes TypesOf(kernels::Ops<P>& ops, int B, int T, const api::ModelShape& shape, int tp_size);
+
+// cos, then sin, of angle position x frequency for positions [0, seq) and the HS/2
+// frequencies of `shape`'s RoPE (its theta and rope_scaling, as transformers computes
+// them), in fp64: the table Context::rope_cos and rope_sin point into, (seq, HS/2) each.
+std::vector<double> RopeTable(const api::ModelShape& shape, int seq);
+
+// One family's layers. `unit` pointers are a unit's gathered parameters (and `dunit` its
+// gradients) in the layout's order (parameters.h): the embedding unit, a block, and the
+// unit holding the LM head (the embedding unit when the head is tied).
+template <class P>
+class Model {
+ public:
+  using A = typename P::Act;
+  using G = typename P::Acc;
+  virtual ~Model() = default;
+
+  // encoded (N,C) = the embedding of tokens (N), summed over the TP group's slices.
+  virtual void EmbedForward(const Context<P>& k, Ptr<A> encoded, Ptr<const int32_t> tokens, Ptr<const A> unit,
+                            const Dims& d) const = 0;
+  // dunit += the gradient of EmbedForward for dencoded (N,C).
+  virtual void EmbedBackward(const Context<P>& k, Ptr<G> dunit, Ptr<const A> dencoded, Ptr<const int32_t> tokens,
+                             const Dims& d) const = 0;
+  // a.output (N,C) = the block applied to residual (N,C).
+  virtual void BlockForward(const Context<P>& k, const BlockActivations<P>& a, const BlockScratch<P>& scratch,
+                            Ptr<const A> residual, Ptr<const A> block, const Dims& d) const = 0;
+  // scratch.dresidual: the gradient of a.output in, of residual out; dblock += the
+  // block's parameters'.
+  virtual void BlockBackward(const Context<P>& k, Ptr<G> dblock, const BlockScratch<P>& scratch,
+                             const BlockActivations<P>& a, Ptr<const A> residual, Ptr<const A> block,
+                             const Dims& d) const = 0;
+  // The final norm of x (N,C), the LM head and the cross-entropy against targets (N),
+  // chunk by chunk: *loss_sum += loss_weight * (the mean loss). In training (dunit
+  // non-null) the head's backward runs here too, as each chunk's logits are made (llm.c's
+  // fused classifier): dx (N,C) += d(loss_weight * mean loss)/dx (the caller zeroes it),
+  // and dunit += the head's parameters'. Only one chunk of logits ever exists.
+  virtual void HeadForward(const Context<P>& k, const HeadActivations<P>& h, Ptr<const A> x, Ptr<const A> unit,
+                           Ptr<const int32_t> targets, Ptr<double> loss_sum, double loss_weight, Ptr<G> dunit,
+                           Ptr<A> dx, const Dims& d) const = 0;
+  // h.logits (Vp) = the logits of row `row` of x (N,C): for sampling.
+  virtual void HeadLogits(const Context<P>& k, const HeadActivations<P>& h, Ptr<const A> x, Ptr<const A> unit,
+                          int64_t row, const Dims& d) const = 0;
+};
+
+// The layers of `layout`'s family (which must outlive them).
+template <class P>
+std::unique_ptr<Model<P>> MakeModel(const ParameterLayout& layout);
+
+}  // namespace meshtrain::model
