@@ -44,6 +44,7 @@
 //   --layers N                 the model's blocks (default 3): the limit case takes more, so
 //                              that a whole number of MiB separates one rank holding the
 //                              whole model from the sharded ranks.
+//   --family gpt2|llama|qwen2  the model's family (default gpt2; JobManifest says the shapes).
 //   --layout R,N,T,S[,ACT[,P]] instead of --ranks/--nodes/--tp/--shard/--activations/--dropout:
 //                              one equivalence run per --layout (ACT: keep, checkpoint or
 //                              offload:H), with one reference per distinct one needed, so
@@ -114,6 +115,7 @@ constexpr double kFp64WeightTolerance = 1e-7;
 
 struct Options {
   std::string mode = "equivalence", dir, activations, from;
+  std::string family = "gpt2";  // gpt2 | llama | qwen2
   int ranks = 2, nodes = 1, tp = 1, shard = 0, repeat = 1, limit_mib = 0, layers = 3;
   double dropout = 0;
   std::string kernels = "fp32";  // the ranks' (MESHTRAIN_CPU_KERNELS)
@@ -131,8 +133,24 @@ void Expect(bool ok, const std::string& what) {
   }
 }
 
-// The job: a small model whose units do not divide by 3, 5 or 7 (hidden 44: a block is
-// 23804 elements, the root 12804), micro-batches of one sequence per rank.
+// The job: a small model whose units do not divide by 3, 5 or 7 (GPT-2 of hidden 44: a
+// block is 23804 elements, the embedding unit 12804; the Llama class: 4 query heads over 2
+// key/value heads of 12 channels, so that TP 2 splits the key/value heads; an untied head
+// for llama, Qwen2's biases and a tied head for qwen2), micro-batches of one sequence per
+// rank.
+nlohmann::json ModelOf(const Options& o) {
+  nlohmann::json model = {{"layers", o.layers}, {"heads", 4},       {"hidden", 44},
+                          {"vocabSize", 256},   {"seqLen", kSeq},   {"dropout", o.dropout}};
+  if (o.family == "gpt2") return model;
+  model["family"] = o.family;
+  model["kvHeads"] = 2;
+  model["headDim"] = 12;
+  model["intermediateSize"] = 116;
+  model["ropeTheta"] = 1000.0;
+  model["tieEmbeddings"] = o.family == "qwen2";
+  return model;
+}
+
 nlohmann::json JobManifest(const Options& o, int nodes, int gpus, int tp, int shard, int micro_batch,
                            int ranks_in_batch) {
   nlohmann::json job = {
@@ -144,8 +162,7 @@ nlohmann::json JobManifest(const Options& o, int nodes, int gpus, int tp, int sh
         {"nodes", nodes},
         {"gpusPerNode", gpus},
         {"parallelism", {{"tensorParallelDegree", tp}, {"hybridShardDegree", shard}, {"tensorParallelSeed", 5}}},
-        {"model", {{"layers", o.layers}, {"heads", 4}, {"hidden", 44}, {"vocabSize", 256},
-                   {"seqLen", kSeq}, {"dropout", o.dropout}}},
+        {"model", ModelOf(o)},
         {"data", {{"train", (fs::path(o.dir) / "train.bin").string()}}},
         {"training",
          {{"steps", kSteps}, {"microBatchSize", micro_batch},
@@ -212,10 +229,11 @@ std::vector<T> ReadVector(const fs::path& path) {
 // when asked, kills this process the n-th time a gather of `kill_unit` begins.
 class ScheduleWatch : public parallel::ScheduleObserver {
  public:
-  explicit ScheduleWatch(int kill_unit = -1, int kill_at = 0) : kill_unit_(kill_unit), kill_at_(kill_at) {}
+  ScheduleWatch(int blocks, int kill_unit = -1, int kill_at = 0)
+      : blocks_(blocks), kill_unit_(kill_unit), kill_at_(kill_at) {}
   void Begin(parallel::Op op, int unit) override {
     if (op == parallel::Op::kGather && unit == kill_unit_ && ++gathers_seen_ == kill_at_) ::raise(SIGKILL);
-    if (unit < 1) return;  // the root is not a block
+    if (unit < 1 || unit > blocks_) return;  // the embedding's and an untied head's units are no blocks
     if (op == parallel::Op::kGather) {
       const int now = ++unsharded_;
       int peak = peak_.load();
@@ -229,7 +247,7 @@ class ScheduleWatch : public parallel::ScheduleObserver {
   int peak_unsharded_blocks() const { return peak_.load(); }
 
  private:
-  const int kill_unit_, kill_at_;
+  const int blocks_, kill_unit_, kill_at_;
   std::atomic<int> gathers_seen_{0}, unsharded_{0}, peak_{0};
 };
 
@@ -247,7 +265,7 @@ int RunRank(const Options& o) {
   // Step 3's forward: each step gathers every block twice per micro-batch. (Declared before
   // the Trainer, whose engine's streams may still run its callbacks until they are destroyed.)
   const bool kill = o.mode == "kill" && env.rank == env.world_size - 1;
-  ScheduleWatch watch(kill ? 2 : -1, 2 * kAccumulation * 2 + 1);
+  ScheduleWatch watch(int(*job.spec.model.layers), kill ? 2 : -1, 2 * kAccumulation * 2 + 1);
   comm::Rendezvous rendezvous = comm::JoinRendezvous(env, std::chrono::seconds(60));
   auto world = comm::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, comm::FabricOptions::FromEnvironment());
   // The checkpoint writers' own connection to the Store, as a worker's.
@@ -624,6 +642,7 @@ int main(int argc, char** argv) {
     else if (flag == "--repeat") o.repeat = std::atoi(value.c_str());
     else if (flag == "--limit-mib") o.limit_mib = std::atoi(value.c_str());
     else if (flag == "--layers") o.layers = std::atoi(value.c_str());
+    else if (flag == "--family") o.family = value;
     else if (flag == "--activations") o.activations = value;
     else if (flag == "--dir") o.dir = value;
     else if (flag == "--kernels") o.kernels = value;

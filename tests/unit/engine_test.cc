@@ -88,8 +88,15 @@ std::vector<kernels::ShardSegment> SegmentsOfUnit(const model::ParameterLayout& 
 // The engine takes the Trainer's step: norm, clipping to max_norm, then AdamW, against
 // the same arithmetic written out on the whole-model reference. On one rank the sums
 // run in the same order, so the results agree bit for bit.
+// GPT-2, the Llama class with an untied head (its own unit), and Qwen2's biases with a tied
+// head and one key/value head.
+const api::ModelShape kQwenTiny{.layers = 3, .heads = 4, .hidden = 64, .vocab_size = 256, .seq_len = 32,
+                                .family = api::Family::kQwen2, .kv_heads = 1, .head_dim = 16, .intermediate = 96,
+                                .max_positions = 64, .norm_eps = 1e-6, .rope_theta = 1000, .tied = true};
+
 TEST(ShardedEngine, OneRankMatchesTheWholeModelBitForBit) {
-  const api::ModelShape& shape = *api::FindPreset("gpt2-tiny");
+  for (const api::ModelShape& shape : {*api::FindPreset("gpt2-tiny"), *api::FindPreset("llama-tiny"), kQwenTiny}) {
+  SCOPED_TRACE(api::DescribeShape(shape));
   const Batch batch;
   runtime::MemoryAccounting accounting;
   const EngineOptions options;  // the padded vocabulary (api::kVocabMultiple), as in production
@@ -157,6 +164,7 @@ TEST(ShardedEngine, OneRankMatchesTheWholeModelBitForBit) {
     ASSERT_NEAR(probs[i], want[i], 1e-6) << "token " << i;  // the engine's softmax subtracts in fp32
   }
   EXPECT_NEAR(total, 1.0, 1e-4);
+  }
 }
 
 // An observer that holds the first run of an operation until another has begun, and

@@ -1,9 +1,11 @@
-// GPT-2's parameters and math (worker/model/): the layout of the flat buffer (units,
+// The families' parameters and math (worker/model/): the layout of the flat buffer (units,
 // TP slices, the padded vocabulary) against what the planner counts, initialisation as a
 // pure function of (seed, tensor, element), and the whole model, run by the reference
-// (tests/support/model_reference.h) over the layer functions of model/blocks.h: gradients
+// (tests/support/model_reference.h) over each family's layers (model/model.h): gradients
 // against finite differences in fp64, fp32 and bf16 against fp64, accumulation, and
-// inputs it refuses.
+// inputs it refuses. GPT-2, and the Llama class: an untied head with grouped-query
+// attention whose heads are wider than hidden / heads, and Qwen2's biased q, k and v with
+// one key/value head and a tied head, each under its kind of RoPE scaling.
 
 #include <cmath>
 #include <random>
@@ -26,6 +28,16 @@ using kernels::Fp64;
 using testing::ModelReference;
 
 const api::ModelShape kTiny{.layers = 2, .heads = 2, .hidden = 8, .vocab_size = 11, .seq_len = 6};
+// theta 10, so that the rotations are large at positions 0 to 5.
+const api::ModelShape kLlama{.layers = 2, .heads = 4, .hidden = 8, .vocab_size = 11, .seq_len = 6,
+                             .family = api::Family::kLlama, .kv_heads = 2, .head_dim = 4, .intermediate = 12,
+                             .max_positions = 32, .norm_eps = 1e-5, .rope_theta = 10,
+                             .rope_scaling = {"llama3", 4, 1, 4, 16}, .tied = false};
+const api::ModelShape kQwen{.layers = 2, .heads = 2, .hidden = 8, .vocab_size = 11, .seq_len = 6,
+                            .family = api::Family::kQwen2, .kv_heads = 1, .head_dim = 4, .intermediate = 12,
+                            .max_positions = 32, .norm_eps = 1e-6, .rope_theta = 10,
+                            .rope_scaling = {"linear", 2, 1, 4, 8192}, .tied = true};
+const api::ModelShape kFamilies[] = {kTiny, kLlama, kQwen};
 constexpr int B = 2, Tn = 5;
 
 std::vector<int32_t> Tokens(uint64_t seed) {
@@ -251,7 +263,9 @@ TEST(ModelLayout, ATensorParallelDegreeThatDoesNotDivideTheHeadsNamesTheField) {
 // with a padded vocabulary (11 rows padded to 16): the padding's logits must not take
 // part in the softmax, or the loss and every gradient would move.
 TEST(ModelGradients, WholeModelMatchesFiniteDifferences) {
-  ModelReference<Fp64> model(kTiny, B, Tn, 7, /*vocab_multiple=*/8);
+  for (const api::ModelShape& shape : kFamilies) {
+  SCOPED_TRACE(api::DescribeShape(shape));
+  ModelReference<Fp64> model(shape, B, Tn, 7, /*vocab_multiple=*/8);
   ASSERT_EQ(model.layout().padded_vocab_rows(), 16);
   // Larger weights than at init, so that every path carries signal.
   std::vector<double> params = model.Params();
@@ -286,8 +300,11 @@ TEST(ModelGradients, WholeModelMatchesFiniteDifferences) {
     }
   }
   model.SetParams(params);
-  const ParamTensor& wte = model.layout().tensors()[0];
-  for (int64_t i = wte.real; i < wte.size; ++i) EXPECT_EQ(analytic[size_t(wte.offset + i)], 0.0) << "padding " << i;
+  for (const ParamTensor& t : model.layout().tensors()) {
+    if (t.split != TpSplit::kVocab) continue;  // the embedding's padding rows, and an untied head's
+    for (int64_t i = t.real; i < t.size; ++i) EXPECT_EQ(analytic[size_t(t.offset + i)], 0.0) << t.name << " padding " << i;
+  }
+  }
 }
 
 // Relative L2 distance of `got` from `want`.
@@ -309,9 +326,11 @@ double RelativeL2(const std::vector<T>& got, const std::vector<double>& want) {
 // several rounded factors through the whole backward, within 5e-2 in relative L2
 // (measured: 7e-3). Either is far tighter than what a wrong index or a missed term gives.
 TEST(ModelPrecision, Fp32AndBf16MatchTheFp64Reference) {
-  ModelReference<Fp64> ref(kTiny, B, Tn, 3);
-  ModelReference<Fp32> fp32(kTiny, B, Tn, 3);
-  ModelReference<Bf16> bf16(kTiny, B, Tn, 3);
+  for (const api::ModelShape& shape : kFamilies) {
+  SCOPED_TRACE(api::DescribeShape(shape));
+  ModelReference<Fp64> ref(shape, B, Tn, 3);
+  ModelReference<Fp32> fp32(shape, B, Tn, 3);
+  ModelReference<Bf16> bf16(shape, B, Tn, 3);
   const std::vector<float> weights = fp32.Params();
   ref.SetParams(std::vector<double>(weights.begin(), weights.end()));
   EXPECT_EQ(bf16.Params(), weights) << "the same masters";
@@ -338,6 +357,7 @@ TEST(ModelPrecision, Fp32AndBf16MatchTheFp64Reference) {
   const std::vector<double> p64 = ref.NextTokenProbabilities(inputs.data(), Tn);
   const std::vector<double> p32 = fp32.NextTokenProbabilities(inputs.data(), Tn);
   for (size_t v = 0; v < p64.size(); ++v) EXPECT_NEAR(p32[v], p64[v], 1e-6) << "token " << v;
+  }
 }
 
 TEST(ModelBehaviour, GradientsAccumulateAndInputsAreChecked) {
