@@ -88,12 +88,17 @@ api::TrainingJob Job124m() {
   return job;
 }
 
-TEST(BuildersTest, PodCarriesTheWorkerContract) {
-  api::TrainingJob job = Job124m();
+// The rank table of `job` placed on nodes node-a and node-b.
+api::RankTable TwoNodeTable(const api::TrainingJob& job) {
   scheduler::Placement placement;
   placement.nodes = {"node-a", "node-b"};
   placement.paths = {{"l1", "l2", "l3", "node-a"}, {"l1", "l2", "l3", "node-b"}};
-  const api::RankTable table = scheduler::MakeRankTable(placement, job.spec.topology.levels, 8);
+  return scheduler::MakeRankTable(placement, job.spec.topology.levels, 8);
+}
+
+TEST(BuildersTest, PodCarriesTheWorkerContract) {
+  api::TrainingJob job = Job124m();
+  const api::RankTable table = TwoNodeTable(job);
   const json pod = BuildPod(job, table, 3, 1, 5);
   EXPECT_EQ(pod["metadata"]["name"], "gpt2-124m-g3-1");
   EXPECT_EQ(pod["metadata"]["ownerReferences"][0]["uid"], "uid-1");
@@ -193,10 +198,7 @@ TEST(BuildersTest, JobSecretIsOwnedImmutableAndHoldsTheKeyAndEachNodeRanksToken)
 
 TEST(BuildersTest, APodMountsOnlyItsOwnLauncherTokenReadOnly) {
   api::TrainingJob job = Job124m();
-  scheduler::Placement placement;
-  placement.nodes = {"node-a", "node-b"};
-  placement.paths = {{"l1", "l2", "l3", "node-a"}, {"l1", "l2", "l3", "node-b"}};
-  const api::RankTable table = scheduler::MakeRankTable(placement, job.spec.topology.levels, 8);
+  const api::RankTable table = TwoNodeTable(job);
   json pod = BuildPod(job, table, 3, 1, 5);
   MountLauncherToken(&pod);
   const json token_volume = {{"name", "launcher-token"},
