@@ -20,6 +20,9 @@ packages=(
   # the reference that writes a tiny Hugging Face GPT-2 and its logits for the import test;
   # YAML to JSON for the chart tests
   python3 python3-yaml
+  # PyTorch, the independent implementation the Llama class is checked against
+  # (tests/data/torch_llama_reference.py)
+  python3-torch
   # the CPU image: a Debian root filesystem, made an OCI image and run (deploy tests)
   debootstrap buildah podman runc
 )

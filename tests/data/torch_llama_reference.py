@@ -1,0 +1,290 @@
+#!/usr/bin/python3
+"""An independent implementation of the Llama class (Llama, Mistral, Qwen2) in PyTorch,
+float64, for meshtrain's parity test (tests/integration/torch_parity_test.cc). It follows
+transformers' modeling code: RMSNorm, rotate-half RoPE with rope_scaling (linear, llama3),
+grouped-query attention by repeating k and v (repeat_kv), SwiGLU, a tied or untied head,
+Qwen2's biases on q, k and v. Nothing here comes from meshtrain but the file formats.
+
+  init DIR --family llama|qwen2 [--tied 0|1] [--dtype f32|bf16] [--shards N] [--seed S]
+      writes a small model as a Hugging Face directory: config.json, and model.safetensors
+      or N shards with model.safetensors.index.json, random weights.
+  train DIR BATCHES OUT [--exported EXPORT_DIR]
+      trains the model in DIR on BATCHES (JSON: the hyperparameters, and per step its
+      learning rate and micro-batches of inputs and targets) with AdamW (decay on every
+      matrix, the embedding and the head), global-norm clipping and gradient accumulation,
+      in float64; writes OUT (JSON): every step's loss and gradient norm, and, given the
+      directory meshtrain exported, for each tensor and in all the distance of meshtrain's
+      weights from ours over the distance training moved ours.
+"""
+import argparse
+import json
+import math
+import os
+import struct
+
+import torch
+
+torch.set_default_dtype(torch.float64)
+
+
+# ---------------------------------------------------------------- safetensors
+
+DTYPES = {"F32": (torch.float32, 4), "BF16": (torch.bfloat16, 2), "F16": (torch.float16, 2)}
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        dtype, size = DTYPES[entry["dtype"]]
+        begin, end = entry["data_offsets"]
+        raw = bytearray(data[8 + n + begin:8 + n + end])
+        t = torch.frombuffer(raw, dtype=dtype) if raw else torch.zeros(0, dtype=dtype)
+        out[name] = t.reshape(entry["shape"]).to(torch.float64)
+    return out
+
+
+def write_safetensors(path, tensors, dtype):
+    torch_dtype, size = DTYPES[dtype]
+    header, offset, blobs = {}, 0, []
+    for name, t in tensors.items():
+        blob = t.to(torch_dtype).contiguous().view(torch.int16 if size == 2 else torch.int32).numpy().tobytes()
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
+        offset += len(blob)
+        blobs.append(blob)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def read_directory(directory):
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.exists(index):
+        files = sorted(set(json.load(open(index))["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    weights = {}
+    for name in files:
+        weights.update(read_safetensors(os.path.join(directory, name)))
+    return json.load(open(os.path.join(directory, "config.json"))), weights
+
+
+# ---------------------------------------------------------------- the model
+
+class Config:
+    def __init__(self, c):
+        self.layers = c["num_hidden_layers"]
+        self.heads = c["num_attention_heads"]
+        self.kv_heads = c.get("num_key_value_heads") or self.heads
+        self.hidden = c["hidden_size"]
+        self.head_dim = c.get("head_dim") or self.hidden // self.heads
+        self.vocab = c["vocab_size"]
+        self.eps = c["rms_norm_eps"]
+        self.theta = c.get("rope_theta", 10000.0)
+        self.scaling = c.get("rope_scaling")
+        self.tied = c.get("tie_word_embeddings", False)
+        self.bias = c["architectures"][0] == "Qwen2ForCausalLM"
+
+
+def inverse_frequencies(cfg):
+    """transformers' _compute_default_rope_parameters, then linear or llama3 scaling."""
+    dim = cfg.head_dim
+    inv = 1.0 / (cfg.theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    s = cfg.scaling
+    if not s:
+        return inv
+    kind = s.get("rope_type", s.get("type"))
+    if kind == "linear":
+        return inv / s["factor"]
+    assert kind == "llama3", kind
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old = s["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / low, old / high
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rms_norm(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def forward(cfg, p, idx, tgt):
+    B, T = idx.shape
+    x = p["model.embed_tokens.weight"][idx]
+    angles = torch.arange(T, dtype=torch.float64)[:, None] * inverse_frequencies(cfg)[None, :]
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    rep = cfg.heads // cfg.kv_heads
+    for l in range(cfg.layers):
+        a = f"model.layers.{l}."
+        h = rms_norm(x, p[a + "input_layernorm.weight"], cfg.eps)
+        def project(name):
+            y = h @ p[a + f"self_attn.{name}_proj.weight"].T
+            return y + p[a + f"self_attn.{name}_proj.bias"] if cfg.bias else y
+        q = project("q").view(B, T, cfg.heads, cfg.head_dim).transpose(1, 2)
+        k = project("k").view(B, T, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
+        v = project("v").view(B, T, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # repeat_kv
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(cfg.head_dim)
+        att = att.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, cfg.heads * cfg.head_dim)
+        x = x + y @ p[a + "self_attn.o_proj.weight"].T
+        h = rms_norm(x, p[a + "post_attention_layernorm.weight"], cfg.eps)
+        gate = h @ p[a + "mlp.gate_proj.weight"].T
+        up = h @ p[a + "mlp.up_proj.weight"].T
+        x = x + (torch.nn.functional.silu(gate) * up) @ p[a + "mlp.down_proj.weight"].T
+    x = rms_norm(x, p["model.norm.weight"], cfg.eps)
+    head = p["model.embed_tokens.weight"] if cfg.tied else p["lm_head.weight"]
+    logits = x @ head.T
+    return torch.nn.functional.cross_entropy(logits.view(-1, cfg.vocab), tgt.view(-1))
+
+
+# ---------------------------------------------------------------- commands
+
+def init(args):
+    g = torch.Generator().manual_seed(args.seed)
+    qwen = args.family == "qwen2"
+    L, NH, KVH, HD, C, I, V = 2, 4, 2, 12, 40, 76, 256
+    config = {
+        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
+        "model_type": args.family, "num_hidden_layers": L, "num_attention_heads": NH, "num_key_value_heads": KVH,
+        "head_dim": HD, "hidden_size": C, "intermediate_size": I, "vocab_size": V, "max_position_embeddings": 128,
+        "rms_norm_eps": 1e-6 if qwen else 1e-5, "rope_theta": 500.0, "hidden_act": "silu",
+        "tie_word_embeddings": bool(args.tied), "torch_dtype": "float32",
+        "rope_scaling": {"type": "linear", "factor": 2.0} if qwen else
+        {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 16},
+        "bos_token_id": 1, "eos_token_id": 2, "use_cache": True, "attention_dropout": 0.0,
+    }
+    if qwen:
+        config.update({"use_sliding_window": False, "sliding_window": 4096, "max_window_layers": L})
+    else:
+        config.update({"attention_bias": False, "mlp_bias": False})
+
+    def normal(*shape, scale=0.08):
+        return torch.randn(*shape, generator=g) * scale
+
+    w = {"model.embed_tokens.weight": normal(V, C, scale=0.5)}
+    for l in range(L):
+        a = f"model.layers.{l}."
+        w[a + "input_layernorm.weight"] = 1 + normal(C, scale=0.1)
+        for name, rows in (("q", NH * HD), ("k", KVH * HD), ("v", KVH * HD)):
+            w[a + f"self_attn.{name}_proj.weight"] = normal(rows, C, scale=0.2)
+            if qwen:
+                w[a + f"self_attn.{name}_proj.bias"] = normal(rows, scale=0.1)
+        w[a + "self_attn.o_proj.weight"] = normal(C, NH * HD, scale=0.15)
+        w[a + "post_attention_layernorm.weight"] = 1 + normal(C, scale=0.1)
+        w[a + "mlp.gate_proj.weight"] = normal(I, C, scale=0.2)
+        w[a + "mlp.up_proj.weight"] = normal(I, C, scale=0.2)
+        w[a + "mlp.down_proj.weight"] = normal(C, I, scale=0.15)
+    w["model.norm.weight"] = 1 + normal(C, scale=0.1)
+    if not args.tied:
+        w["lm_head.weight"] = normal(V, C, scale=0.3)
+    dtype = {"f32": "F32", "bf16": "BF16"}[args.dtype]
+    config["torch_dtype"] = {"F32": "float32", "BF16": "bfloat16"}[dtype]
+    os.makedirs(args.dir, exist_ok=True)
+    json.dump(config, open(os.path.join(args.dir, "config.json"), "w"), indent=2)
+    names = list(w)
+    if args.shards == 1:
+        write_safetensors(os.path.join(args.dir, "model.safetensors"), w, dtype)
+        return
+    weight_map = {}
+    per = math.ceil(len(names) / args.shards)
+    for k in range(args.shards):
+        part = names[k * per:(k + 1) * per]
+        file = f"model-{k + 1:05d}-of-{args.shards:05d}.safetensors"
+        write_safetensors(os.path.join(args.dir, file), {n: w[n] for n in part}, dtype)
+        weight_map.update({n: file for n in part})
+    json.dump({"metadata": {}, "weight_map": weight_map},
+              open(os.path.join(args.dir, "model.safetensors.index.json"), "w"), indent=2)
+
+
+def train(args):
+    config, weights = read_directory(args.dir)
+    cfg = Config(config)
+    p = {n: t.clone().requires_grad_(True) for n, t in weights.items() if not (cfg.tied and n == "lm_head.weight")}
+    initial = {n: t.detach().clone() for n, t in p.items()}
+    spec = json.load(open(args.batches))
+    decay = [t for n, t in p.items() if t.dim() == 2]
+    no_decay = [t for n, t in p.items() if t.dim() != 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": spec["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1.0, betas=(spec["beta1"], spec["beta2"]), eps=spec["epsilon"])
+    losses, norms = [], []
+    for step in spec["steps"]:
+        for group in opt.param_groups:
+            group["lr"] = step["lr"]
+        opt.zero_grad()
+        micros = step["micro_batches"]
+        total = 0.0
+        for m in micros:
+            loss = forward(cfg, p, torch.tensor(m["inputs"]), torch.tensor(m["targets"])) / len(micros)
+            loss.backward()
+            total += loss.item()
+        norm = torch.nn.utils.clip_grad_norm_(list(p.values()), spec["grad_clip"])
+        opt.step()
+        losses.append(total)
+        norms.append(float(norm))
+    result = {"losses": losses, "norms": norms}
+    if args.exported:
+        exported_config, exported = read_directory(args.exported)
+        for key in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size",
+                    "intermediate_size", "vocab_size", "tie_word_embeddings", "architectures"):
+            assert exported_config.get(key) == config.get(key), (key, exported_config.get(key), config.get(key))
+        assert set(exported) == set(p), (sorted(set(exported) ^ set(p)))
+        moved = off = 0.0
+        per_tensor = {}
+        for n, t in p.items():
+            assert exported[n].shape == t.shape, (n, exported[n].shape, t.shape)
+            d_moved = (t.detach() - initial[n]).pow(2).sum().item()
+            d_off = (exported[n] - t.detach()).pow(2).sum().item()
+            per_tensor[n] = math.sqrt(d_off / d_moved) if d_moved > 0 else 0.0
+            moved += d_moved
+            off += d_off
+        result["distance_ratio"] = math.sqrt(off / moved)
+        result["per_tensor"] = per_tensor
+    json.dump(result, open(args.out, "w"), indent=1)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command", required=True)
+    i = sub.add_parser("init")
+    i.add_argument("dir")
+    i.add_argument("--family", choices=["llama", "qwen2"], default="llama")
+    i.add_argument("--tied", type=int, default=None)
+    i.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
+    i.add_argument("--shards", type=int, default=1)
+    i.add_argument("--seed", type=int, default=1)
+    t = sub.add_parser("train")
+    t.add_argument("dir")
+    t.add_argument("batches")
+    t.add_argument("out")
+    t.add_argument("--exported")
+    args = parser.parse_args()
+    if args.command == "init":
+        if args.tied is None:
+            args.tied = int(args.family == "qwen2")
+        init(args)
+    else:
+        train(args)
+
+
+if __name__ == "__main__":
+    main()
