@@ -107,11 +107,17 @@ class LauncherTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // A pod of one node with two ranks, its control endpoint on 127.0.0.1:port_.
+  // A pod of one node with two ranks, its control endpoint on 127.0.0.1:port_, and its
+  // token (none if empty) in a file, as the operator mounts it.
   std::map<std::string, std::string> Pod(const std::string& token = kToken) const {
-    return {{"MESHTRAIN_NODE_RANK", "0"},       {"MESHTRAIN_NNODES", "1"},
-            {"MESHTRAIN_NPROC_PER_NODE", "2"},  {"MESHTRAIN_LAUNCHER_TOKEN", token},
-            {"MESHTRAIN_POD_IP", "127.0.0.1"},  {"MESHTRAIN_LAUNCHER_PORT", std::to_string(port_)}};
+    std::map<std::string, std::string> env = {
+        {"MESHTRAIN_NODE_RANK", "0"},      {"MESHTRAIN_NNODES", "1"},
+        {"MESHTRAIN_NPROC_PER_NODE", "2"}, {"MESHTRAIN_POD_IP", "127.0.0.1"},
+        {"MESHTRAIN_LAUNCHER_PORT", std::to_string(port_)}};
+    if (token.empty()) return env;
+    std::ofstream(dir_ / "token") << token;
+    env["MESHTRAIN_LAUNCHER_TOKEN_FILE"] = (dir_ / "token").string();
+    return env;
   }
 
   fs::path dir_;
@@ -213,7 +219,8 @@ TEST_F(LauncherTest, AHeldLauncherWithoutATokenIsAConfigurationError) {
   pod["MESHTRAIN_LAUNCHER_HELD"] = "1";
   testing::ChildProcess launcher = Launch("exit 0", pod, dir_ / "held-no-token.log");
   EXPECT_EQ(launcher.Wait(20s).status, 78) << launcher.Output();
-  EXPECT_TRUE(Contains(launcher.Output(), "MESHTRAIN_LAUNCHER_HELD=1 needs MESHTRAIN_LAUNCHER_TOKEN")) << launcher.Output();
+  EXPECT_TRUE(Contains(launcher.Output(), "MESHTRAIN_LAUNCHER_HELD=1 needs MESHTRAIN_LAUNCHER_TOKEN_FILE"))
+      << launcher.Output();
 }
 
 TEST_F(LauncherTest, AStopKillsRanksThatIgnoreSigtermAfterItsGrace) {
@@ -282,10 +289,29 @@ TEST_F(LauncherTest, WithoutATokenAFailedRankEndsTheLauncherAsBefore) {
 }
 
 TEST_F(LauncherTest, ATokenShorterThan16CharactersIsAConfigurationError) {
-  testing::ChildProcess launcher = Launch("exit 0", Pod("short-token"), dir_ / "short.log");
+  testing::ChildProcess launcher = Launch("exit 0", Pod("short-token\n"), dir_ / "short.log");
   EXPECT_EQ(launcher.Wait(20s).status, 78) << launcher.Output();
-  EXPECT_TRUE(Contains(launcher.Output(), "MESHTRAIN_LAUNCHER_TOKEN is 11 characters long; it must have at least 16"))
+  EXPECT_TRUE(Contains(launcher.Output(), "MESHTRAIN_LAUNCHER_TOKEN_FILE=" + (dir_ / "token").string() +
+                                              ": the token is 11 characters long; it must have at least 16"))
       << launcher.Output();
+}
+
+TEST_F(LauncherTest, ATokenFileThatCannotBeReadIsAConfigurationError) {
+  auto pod = Pod();
+  pod["MESHTRAIN_LAUNCHER_TOKEN_FILE"] = (dir_ / "missing").string();
+  testing::ChildProcess launcher = Launch("exit 0", pod, dir_ / "missing.log");
+  EXPECT_EQ(launcher.Wait(20s).status, 78) << launcher.Output();
+  EXPECT_TRUE(Contains(launcher.Output(), "MESHTRAIN_LAUNCHER_TOKEN_FILE=" + (dir_ / "missing").string() +
+                                              ": cannot open it: No such file or directory"))
+      << launcher.Output();
+}
+
+TEST_F(LauncherTest, TheTokenIsReadFromItsFileNotTheEnvironment) {
+  auto pod = Pod("");
+  pod["MESHTRAIN_LAUNCHER_TOKEN"] = kToken;  // as the operator once gave it: ignored
+  testing::ChildProcess launcher = Launch("[ \"$RANK\" = 1 ] && exit 3; exec sleep 60", pod, dir_ / "env.log");
+  EXPECT_EQ(launcher.Wait(20s).status, 3) << launcher.Output();
+  EXPECT_FALSE(Contains(launcher.Output(), "control endpoint")) << launcher.Output();
 }
 
 // Once `launcher` runs its two ranks, sends it SIGTERM and expects it to pass the signal
