@@ -2,7 +2,10 @@
 // reference (tests/data/hf_gpt2_reference.py) loads through spec.model.init.from and gives
 // that reference's next-token probabilities; export then import is bitwise; malformed
 // files are named; a model of GPT-2's vocabulary (50257, which the engine pads to 50304)
-// trains as the unpadded engine does, and its files keep the user's shapes.
+// trains as the unpadded engine does, and its files keep the user's shapes. The Llama
+// class's model directories (config.json and sharded safetensors, written by the PyTorch
+// reference tests/data/torch_llama_reference.py): in, trained, exported with the CLI and
+// read back bit for bit; and every kind of bad directory named before anything trains.
 // MESHTRAIN_CLI is the `meshtrain` binary (its export command).
 
 #include <unistd.h>
@@ -16,6 +19,8 @@
 #include <map>
 #include <numeric>
 #include <optional>
+#include <functional>
+#include <set>
 
 #include <gtest/gtest.h>
 
@@ -139,7 +144,7 @@ TEST_F(HuggingFaceTest, MalformedFilesAndWrongShapesAreNamed) {
   // The right file for another shape.
   api::ModelShape wider = kTiny;
   wider.hidden = 16;
-  EXPECT_NE(error_of(good, wider).find("tensor wte.weight has shape [11, 8], but spec.model needs [11, 16]"),
+  EXPECT_NE(error_of(good, wider).find("wte.weight has shape [11, 8], but spec.model needs [11, 16]"),
             std::string::npos)
       << error_of(good, wider);
   api::ModelShape deeper = kTiny;
@@ -273,6 +278,222 @@ TEST_F(HuggingFaceTest, Gpt2sVocabularyTrainsPaddedAndItsFilesKeepTheUsersShapes
   ASSERT_EQ(int64_t(probs.size()), kVocab);
   EXPECT_EQ(probs, padded.model().NextTokenProbabilities(prompt.data(), int(prompt.size())));
   EXPECT_NEAR(std::accumulate(probs.begin(), probs.end(), 0.0), 1.0, 1e-4);
+}
+
+// A Llama-class directory written by the PyTorch reference (`init` mode).
+fs::path ReferenceModel(const fs::path& dir, const std::string& family, const std::string& flags) {
+  const std::string command = "/usr/bin/python3 tests/data/torch_llama_reference.py init " + dir.string() +
+                              " --family " + family + " " + flags;
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+  return dir;
+}
+
+// A job whose shape comes from `model`'s config.json (as a worker reads it), or the
+// errors of checking it.
+api::CheckedJob LlamaJob(const fs::path& model, const fs::path& tokens, const std::string& checkpoints = "",
+                         const nlohmann::json& model_fields = nlohmann::json::object()) {
+  nlohmann::json manifest = {
+      {"apiVersion", "meshtrain.dev/v1alpha1"},
+      {"kind", "TrainingJob"},
+      {"metadata", {{"name", "llama"}}},
+      {"spec",
+       {{"image", "meshtrain:test"},
+        {"model", {{"seqLen", 32}, {"init", {{"from", model.string()}}}}},
+        {"data", {{"train", tokens.string()}}},
+        {"training",
+         {{"steps", 3}, {"microBatchSize", 2}, {"globalBatchTokens", 64}, {"warmupSteps", 1}, {"precision", "fp32"},
+          {"evalInterval", 0}}}}}};
+  for (const auto& [key, value] : model_fields.items()) manifest["spec"]["model"][key] = value;
+  if (!checkpoints.empty()) manifest["spec"]["checkpoint"] = {{"path", checkpoints}, {"interval", 3}};
+  return api::CheckTrainingJob(manifest, "test", 0, api::ModelDirectory::kRequired);
+}
+
+// In, trained, out and in again: a directory of bf16 weights over three shards (Llama,
+// untied head) and one of fp32 weights in one file (Qwen2, tied head, biases) train from
+// spec.model.init.from; `meshtrain export` writes the checkpoint as a directory of small
+// shards with an index, names and shapes as transformers writes them, the vocabulary
+// unpadded and a tied head once; reading it back gives the checkpoint's weights bit for
+// bit, and so does a new run from it.
+TEST_F(HuggingFaceTest, ALlamaClassDirectoryTrainsExportsAndLoadsBackBitForBit) {
+  std::vector<uint32_t> tokens(4000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t((i * 37 + i / 7) % 256);
+  WriteTokenFile((dir_ / "bytes.bin").string(), tokens);
+  for (const auto& [family, flags] : {std::pair<std::string, std::string>{"llama", "--dtype bf16 --shards 3"},
+                                      std::pair<std::string, std::string>{"qwen2", ""}}) {
+    SCOPED_TRACE(family);
+    const fs::path model = ReferenceModel(dir_ / (family + "-in"), family, flags);
+    const fs::path checkpoints = dir_ / (family + "-checkpoints"), exported = dir_ / (family + "-out");
+    const api::CheckedJob checked = LlamaJob(model, dir_ / "bytes.bin", checkpoints.string());
+    ASSERT_TRUE(checked.ok()) << checked.errors.front().ToString();
+    const api::ModelShape shape = api::ShapeOf(checked.job.spec.model);
+    EXPECT_EQ(api::FamilyName(shape.family), family);
+    EXPECT_EQ(shape.hidden, 40);
+    EXPECT_EQ(shape.KvHeads(), 2);
+    EXPECT_EQ(shape.tied, family == "qwen2");
+    // The run starts from the directory's weights.
+    Trainer start(checked.job);
+    EXPECT_EQ(start.Weights(), LoadHuggingFace(model.string(), shape));
+    Trainer trainer(checked.job);
+    trainer.Run([](const StepReport&) {});
+    const std::vector<float> trained = trainer.Weights();
+    EXPECT_NE(trained, start.Weights());
+
+    const std::string command = std::string(MESHTRAIN_CLI) + " export " + (checkpoints / "step-00000003").string() +
+                                " " + exported.string() + " --max-shard-size 50KB > " + (dir_ / "export.txt").string();
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    const nlohmann::json config = nlohmann::json::parse(std::ifstream(exported / "config.json"));
+    EXPECT_EQ(config.at("architectures")[0], family == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
+    EXPECT_EQ(config.at("torch_dtype"), "float32");
+    EXPECT_EQ(config.at("num_key_value_heads"), 2);
+    EXPECT_EQ(config.at("head_dim"), 12);
+    const nlohmann::json index = nlohmann::json::parse(std::ifstream(exported / "model.safetensors.index.json"));
+    std::map<std::string, Tensor> files;
+    std::set<std::string> names;
+    for (const auto& [name, file] : index.at("weight_map").items()) {
+      names.insert(file.get<std::string>());
+      EXPECT_LE(fs::file_size(exported / file.get<std::string>()), 50'000u) << file;
+    }
+    EXPECT_GT(names.size(), 2u) << "several shards";
+    for (const std::string& name : names) files.merge(ReadSafetensors((exported / name).string()));
+    EXPECT_EQ(files.at("model.embed_tokens.weight").shape, (std::vector<int64_t>{256, 40})) << "no padding rows";
+    EXPECT_EQ(files.at("model.layers.1.self_attn.q_proj.weight").shape, (std::vector<int64_t>{48, 40}));
+    EXPECT_EQ(files.at("model.layers.1.self_attn.k_proj.weight").shape, (std::vector<int64_t>{24, 40}));
+    EXPECT_EQ(files.at("model.layers.0.mlp.down_proj.weight").shape, (std::vector<int64_t>{40, 76}));
+    EXPECT_EQ(files.contains("lm_head.weight"), family == "llama") << "a tied head is written once";
+    EXPECT_EQ(files.contains("model.layers.0.self_attn.q_proj.bias"), family == "qwen2");
+    EXPECT_EQ(index.at("weight_map").size(), files.size());
+
+    const LoadedCheckpoint saved = LoadCheckpoint((checkpoints / "step-00000003").string(), shape);
+    EXPECT_EQ(saved.state.master, trained);
+    EXPECT_EQ(LoadHuggingFace(exported.string(), shape), trained);
+    const api::CheckedJob again = LlamaJob(exported, dir_ / "bytes.bin");
+    ASSERT_TRUE(again.ok()) << again.errors.front().ToString();
+    EXPECT_EQ(api::ShapeOf(again.job.spec.model), shape) << "the exported config.json gives the same shape";
+    EXPECT_EQ(Trainer(again.job).Weights(), trained);
+  }
+}
+
+// What a bad directory gets: an error naming the file, the key or the tensor, from the
+// checks that run before any rank trains (the job's check; the Trainer's, which opens
+// every file's header), and nothing trained.
+TEST_F(HuggingFaceTest, BadLlamaClassDirectoriesAreNamed) {
+  std::vector<uint32_t> tokens(4000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t((i * 37 + i / 7) % 256);
+  WriteTokenFile((dir_ / "bytes.bin").string(), tokens);
+  const fs::path good = ReferenceModel(dir_ / "good", "qwen2", "");
+  const fs::path sharded = ReferenceModel(dir_ / "sharded", "llama", "--shards 3");
+  auto copy = [&](const fs::path& from, const std::string& name) {
+    const fs::path to = dir_ / name;
+    fs::copy(from, to, fs::copy_options::recursive);
+    return to;
+  };
+  auto edit_config = [](const fs::path& model, const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json config = nlohmann::json::parse(std::ifstream(model / "config.json"));
+    edit(config);
+    std::ofstream(model / "config.json", std::ios::trunc) << config.dump();
+  };
+  // The job's check: config.json.
+  auto job_error = [&](const fs::path& model, const nlohmann::json& fields = nlohmann::json::object()) {
+    const api::CheckedJob checked = LlamaJob(model, dir_ / "bytes.bin", "", fields);
+    return checked.ok() ? std::string() : checked.errors.front().ToString();
+  };
+  auto expect_job_error = [&](const fs::path& model, const std::string& want,
+                              const nlohmann::json& fields = nlohmann::json::object()) {
+    const std::string error = job_error(model, fields);
+    EXPECT_NE(error.find(want), std::string::npos) << "want \"" << want << "\", got \"" << error << "\"";
+  };
+  EXPECT_EQ(job_error(good), "");
+  for (const char* architecture : {"MixtralForCausalLM", "GemmaForCausalLM"}) {
+    const fs::path model = copy(good, architecture);
+    edit_config(model, [&](nlohmann::json& c) { c["architectures"] = {architecture}; });
+    expect_job_error(model, std::string("architecture ") + architecture + " is not one meshtrain trains");
+  }
+  const fs::path yarn = copy(sharded, "yarn");
+  edit_config(yarn, [](nlohmann::json& c) { c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; });
+  expect_job_error(yarn, "rope_scaling type \"yarn\" is not implemented");
+  const fs::path gelu = copy(sharded, "gelu");
+  edit_config(gelu, [](nlohmann::json& c) { c["hidden_act"] = "gelu"; });
+  expect_job_error(gelu, "hidden_act gelu is not implemented");
+  const fs::path biased = copy(sharded, "biased");
+  edit_config(biased, [](nlohmann::json& c) { c["attention_bias"] = true; });
+  expect_job_error(biased, "attention_bias true is not implemented");
+  const fs::path sliding = copy(good, "sliding");
+  edit_config(sliding, [](nlohmann::json& c) { c["use_sliding_window"] = true; });
+  expect_job_error(sliding, "use_sliding_window true is not implemented");
+  const fs::path mistral = copy(sharded, "mistral");
+  edit_config(mistral, [](nlohmann::json& c) {
+    c["architectures"] = {"MistralForCausalLM"};
+    c["sliding_window"] = 16;
+  });
+  expect_job_error(mistral, "sliding_window (16)");
+  expect_job_error(good, "spec.model.hidden: 64 disagrees with", {{"hidden", 64}});
+  expect_job_error(good, "hidden_size is 40", {{"hidden", 64}});
+  expect_job_error(good, "spec.model.seqLen: 256 exceeds", {{"seqLen", 256}});
+
+  // The Trainer's check (CheckTrainable, before the rendezvous): the weights' files.
+  auto weights_error = [&](const fs::path& model) -> std::string {
+    const api::CheckedJob checked = LlamaJob(model, dir_ / "bytes.bin");
+    if (!checked.ok()) return "job: " + checked.errors.front().ToString();
+    try {
+      CheckTrainable(checked.job, 0, 1);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  auto expect_weights_error = [&](const fs::path& model, const std::string& want) {
+    const std::string error = weights_error(model);
+    EXPECT_NE(error.find(want), std::string::npos) << "want \"" << want << "\", got \"" << error << "\"";
+    EXPECT_NE(error.find("spec.model.init.from: "), std::string::npos) << error;
+  };
+  EXPECT_EQ(weights_error(good), "");
+  auto edit_weights = [](const fs::path& file, const std::function<void(std::map<std::string, Tensor>&)>& edit) {
+    std::map<std::string, Tensor> tensors = ReadSafetensors(file.string());
+    edit(tensors);
+    WriteSafetensors(file.string(), tensors);
+  };
+  const fs::path missing = copy(good, "missing");
+  edit_weights(missing / "model.safetensors", [](auto& t) { t.erase("model.layers.1.mlp.up_proj.weight"); });
+  expect_weights_error(missing, "tensor model.layers.1.mlp.up_proj.weight is missing");
+  const fs::path extra = copy(good, "extra");
+  edit_weights(extra / "model.safetensors", [](auto& t) { t["model.layers.2.mlp.up_proj.weight"] = {{1}, {0.0f}}; });
+  expect_weights_error(extra, "tensor model.layers.2.mlp.up_proj.weight is not part of a Qwen2 of this shape");
+  const fs::path misshapen = copy(good, "misshapen");
+  edit_weights(misshapen / "model.safetensors",
+               [](auto& t) { t["model.norm.weight"] = {{41}, std::vector<float>(41, 1.0f)}; });
+  expect_weights_error(misshapen, "tensor model.norm.weight has shape [41], but spec.model needs [40]");
+  const fs::path not_finite = copy(good, "not-finite");
+  edit_weights(not_finite / "model.safetensors", [](auto& t) {
+    t.at("model.layers.0.self_attn.k_proj.weight").values[7] = std::numeric_limits<float>::infinity();
+  });
+  // Values are read when the run starts (every rank its own): the Trainer names them.
+  try {
+    Trainer trainer(LlamaJob(not_finite, dir_ / "bytes.bin").job);
+    ADD_FAILURE() << "an infinite weight was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor model.layers.0.self_attn.k_proj.weight holds inf at element 7"),
+              std::string::npos)
+        << e.what();
+  }
+  // A shard the index names that is not there.
+  const fs::path lost_shard = copy(sharded, "lost-shard");
+  fs::remove(lost_shard / "model-00002-of-00003.safetensors");
+  expect_weights_error(lost_shard, "names the shard model-00002-of-00003.safetensors, which is missing");
+  // A dtype meshtrain does not read: the file's header says F64.
+  const fs::path f64 = copy(good, "f64");
+  {
+    std::ifstream in(f64 / "model.safetensors", std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    const size_t at = bytes.find("\"F32\"");  // the first tensor's dtype
+    ASSERT_NE(at, std::string::npos);
+    bytes.replace(at, 5, "\"F64\"");
+    std::ofstream(f64 / "model.safetensors", std::ios::binary | std::ios::trunc) << bytes;
+  }
+  expect_weights_error(f64, "dtype F64 is not one meshtrain reads (F32, F16 or BF16)");
+  // Neither weights file.
+  const fs::path empty = copy(good, "no-weights");
+  fs::remove(empty / "model.safetensors");
+  expect_weights_error(empty, "holds neither model.safetensors nor model.safetensors.index.json");
 }
 
 }  // namespace

@@ -173,8 +173,11 @@ HuggingFaceWeights::HuggingFaceWeights(const std::string& path, const api::Model
   }
   for (const auto& [name, f] : found) {
     if (!used.contains(name) && !api::IgnoredOnImport(whole_.shape(), f.name)) {
+      static const std::map<api::Family, std::string> kTitles = {
+          {api::Family::kGpt2, "GPT-2"}, {api::Family::kLlama, "Llama"}, {api::Family::kMistral, "Mistral"},
+          {api::Family::kQwen2, "Qwen2"}};
       throw SafetensorsError(f.file->path() + ": tensor " + f.name + " is not part of a " +
-                             std::string(api::FamilyName(whole_.shape().family)) + " model of this shape");
+                             kTitles.at(whole_.shape().family) + " of this shape");
     }
   }
 }
@@ -281,17 +284,17 @@ std::vector<std::string> ExportHuggingFace(const std::string& directory, const a
   if (Exists(directory)) throw SafetensorsError(directory + ": exists; an export writes a new directory");
   const model::ParameterLayout whole(shape);
   const std::vector<HfTensor> names = HfTensorsOf(whole);
-  // Tensors in the layout's order, in shards of at most max_shard_bytes (a larger tensor alone).
+  // Tensors in the layout's order, in files of at most max_shard_bytes, header included
+  // (a larger tensor alone).
   std::vector<std::vector<size_t>> shards(1);
-  uint64_t shard_bytes = 0;
+  std::vector<SafetensorsWriter::Entry> candidate;
   for (size_t id = 0; id < whole.tensors().size(); ++id) {
-    const uint64_t bytes = uint64_t(whole.tensors()[id].size) * uint64_t(DtypeBytes(dtype));
-    if (!shards.back().empty() && shard_bytes + bytes > max_shard_bytes) {
+    candidate.push_back({names[id].name, HfShape(whole.tensors()[id], names[id].transposed)});
+    if (!shards.back().empty() && SafetensorsWriter::Bytes(candidate, dtype) > max_shard_bytes) {
       shards.emplace_back();
-      shard_bytes = 0;
+      candidate = {candidate.back()};
     }
     shards.back().push_back(id);
-    shard_bytes += bytes;
   }
   const std::string temporary = directory + ".tmp-" + std::to_string(::getpid());
   std::error_code error;
