@@ -289,6 +289,8 @@ Json ToJson(const TrainingJob& job) {
   return out;
 }
 
+Json ToJson(const ModelSpec& model) { return json_fields::Encode(model); }
+
 Json ToJson(const TrainingJobSpec& spec) { return json_fields::Encode(spec); }
 Json ToJson(const TrainingJobStatus& status) { return json_fields::Encode(status); }
 

@@ -30,6 +30,7 @@ TrainingJobStatus DecodeTrainingJobStatus(const nlohmann::json& object, FieldErr
 // values left out. DecodeTrainingJob(ToJson(job)) == job.
 nlohmann::json ToJson(const TrainingJob& job);
 nlohmann::json ToJson(const TrainingJobSpec& spec);
+nlohmann::json ToJson(const ModelSpec& model);
 nlohmann::json ToJson(const TrainingJobStatus& status);
 // status.progress alone (the operator keeps rank 0's readings in this form).
 nlohmann::json ToJson(const ProgressStatus& progress);

@@ -473,13 +473,9 @@ void ReadModelDirectory(ModelDirectory directory, CheckedJob* checked, FieldErro
   if (from.empty()) return;
   struct stat st {};
   const bool exists = ::stat(from.c_str(), &st) == 0;
-  if (!exists || !S_ISDIR(st.st_mode)) {
-    if (!exists && directory == ModelDirectory::kIfPresent) {
-      notes->push_back({"spec.model.init.from", from + " is not on this machine: the shape is spec.model's, and each "
-                                                "worker checks it against the weights when it starts"});
-    }
-    return;  // a single GPT-2 file: the shape is spec.model's; the loader checks the file against it
-  }
+  // Not on this machine (a volume of the pods'), or a single GPT-2 file: the shape is
+  // spec.model's, and each worker checks it against the files when it starts.
+  if (!exists || !S_ISDIR(st.st_mode)) return;
   const bool shape_written = model.layers || model.hidden || !model.preset.empty();
   try {
     const HuggingFaceConfig config = ReadHuggingFaceConfig(from);

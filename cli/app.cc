@@ -117,6 +117,20 @@ Command Export(CLI::App& parent) {
   return {c, [o] { return ExportCommand(*o, std::cout); }};
 }
 
+Command ModelSpec(CLI::App& parent) {
+  struct Options {
+    std::string directory;
+    int64_t seq_len = 0;
+  };
+  auto o = Make<Options>();
+  CLI::App* c = parent.add_subcommand(
+      "model-spec", "Print the spec.model fields of a Hugging Face model directory, for jobs the operator runs");
+  c->add_option("directory", o->directory, "A directory with config.json")->required();
+  c->add_option("--seq-len", o->seq_len, "The training window (default: the model's, at most 2048 for the Llama class)")
+      ->check(CLI::PositiveNumber);
+  return {c, [o] { return ModelSpecCommand(o->directory, o->seq_len, std::cout); }};
+}
+
 Command PrepareData(CLI::App& parent) {
   auto o = Make<PrepareDataOptions>();
   CLI::App* c = parent.add_subcommand(
@@ -397,7 +411,7 @@ int Main(int argc, char** argv) {
   const std::vector<std::string> self = launch::SelfCommand(argc, argv);  // how ranks re-run this program
   // The commands, in the order `meshtrain --help` lists them.
   std::vector<Command> commands = {Validate(app), Layout(app),      Run(app), Checkpoints(app),
-                                   Export(app),   PrepareData(app), Sample(app), Plan(app)};
+                                   Export(app),   ModelSpec(app),   PrepareData(app), Sample(app), Plan(app)};
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
   for (Command& c : std::vector<Command>{BenchPlan(*bench, self), BenchTrain(*bench, self), BenchCheckpoint(*bench),

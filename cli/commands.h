@@ -43,6 +43,9 @@ int CheckpointsCommand(const std::string& path, std::ostream& out);
 // Writes the master weights of the checkpoint in `checkpoint` (a step directory) to
 // `output` as a GPT-2 in Hugging Face's safetensors layout. Exit 0, or 2 for a checkpoint
 // that cannot be read or a format other than safetensors.
+// The spec.model fields of a Hugging Face model directory's config.json, as YAML.
+int ModelSpecCommand(const std::string& directory, int64_t seq_len, std::ostream& out);
+
 struct ExportOptions {
   std::string checkpoint, output, format = "safetensors", dtype = "f32", max_shard_size = "5GB";
 };

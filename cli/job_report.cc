@@ -9,7 +9,7 @@ namespace meshtrain::cli {
 
 bool LoadJobsOrReport(const std::string& file, std::vector<api::CheckedJob>* jobs, std::ostream& out) {
   try {
-    *jobs = api::LoadTrainingJobs(file);
+    *jobs = api::LoadTrainingJobs(file, "", api::ModelDirectory::kIfPresent);
     return true;
   } catch (const api::ManifestError& e) {
     out << e.what() << "\n";
@@ -47,8 +47,7 @@ void PrintLayout(const api::CheckedJob& job, bool groups, std::ostream& out) {
   const api::ModelShape shape = api::ShapeOf(spec.model);
   out << "TrainingJob " << job.job.metadata.name << ": " << mesh.nodes() << " node(s) x " << mesh.gpus_per_node()
       << " GPU(s) = " << mesh.world() << " rank(s)\n"
-      << "  model: " << shape.layers << " layers, " << shape.heads << " heads, hidden " << shape.hidden << ", vocab "
-      << shape.vocab_size << ", seq " << shape.seq_len << " (" << shape.ParameterCount() << " parameters)\n"
+      << "  model: " << api::DescribeShape(shape) << " (" << shape.ParameterCount() << " parameters)\n"
       << "  mesh: " << mesh.replicas() << " replica(s) x " << mesh.shard() << " shard x " << mesh.tp()
       << " tp; data-parallel size " << mesh.data_parallel() << "; a shard group spans "
       << mesh.NodesPerShardGroup() << " node(s)\n";

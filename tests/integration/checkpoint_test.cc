@@ -704,9 +704,9 @@ TEST_F(CheckpointTest, AnotherModelsCheckpointIsAConfigurationErrorAndStaysAsItW
     ADD_FAILURE() << "a run resumed into another model's checkpoints";
   } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()),
-              "spec.checkpoint.path: " + path + "/step-00000012 is a checkpoint of another model (layers 3, heads 2, "
-              "hidden 16, vocabSize 256, seqLen 16) than spec.model (layers 2, heads 2, hidden 16, vocabSize 256, "
-              "seqLen 16); give this job a checkpoint directory of its own");
+              "spec.checkpoint.path: " + path + "/step-00000012 is a checkpoint of another model (gpt2: layers 3, heads 2, "
+              "hidden 16, vocabSize 256, seqLen 16) than spec.model (gpt2: layers 2, heads 2, hidden 16, vocabSize "
+              "256, seqLen 16); give this job a checkpoint directory of its own");
   }
   EXPECT_EQ(Contents(path), before);
 

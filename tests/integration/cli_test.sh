@@ -117,8 +117,12 @@ expect "export writes a checkpoint as a Hugging Face GPT-2" 0 \
 expect "export refuses another format" 2 'only safetensors' \
   -- "$meshtrain" export "$tmp/ckpt/step-00000004" "$tmp/tiny.bin" --format gguf
 mkdir "$tmp/export-dir"
-expect "export names a directory in the way, with the reason" 2 "$tmp/export-dir: cannot .*: Is a directory" \
+expect "export writes a new directory and names one in the way" 2 "$tmp/export-dir: exists; an export writes a new directory" \
   -- "$meshtrain" export "$tmp/ckpt/step-00000004" "$tmp/export-dir"
+mkdir "$tmp/export-dir.safetensors"
+expect "export names a directory in the way of a GPT-2 file, with the reason" 2 \
+  "$tmp/export-dir.safetensors: cannot .*Is a directory" \
+  -- "$meshtrain" export "$tmp/ckpt/step-00000004" "$tmp/export-dir.safetensors"
 expect "sample continues a prompt from the newest checkpoint (bytes)" 0 '^sampling 16 tokens from .*step-00000004 on cpu' \
   '^Elizabeth' -- "$meshtrain" sample "$tmp/ckpt" --prompt "Elizabeth" --tokens 16 --top-k 20 --temperature 0.8
 expect "sample from a safetensors file" 0 "^sampling 8 tokens from $tmp/tiny.safetensors" '^Darcy' \
@@ -126,6 +130,44 @@ expect "sample from a safetensors file" 0 "^sampling 8 tokens from $tmp/tiny.saf
 expect "sample wants a checkpoint or a file, not both" 2 'not both' \
   -- "$meshtrain" sample "$tmp/ckpt" --from "$tmp/tiny.safetensors"
 expect "sample wants a checkpoint or a file" 2 'give a checkpoint or --from FILE$' -- "$meshtrain" sample
+
+# The Llama class: llama-tiny on one rank, exported as a Hugging Face directory, then a
+# job that takes its shape from that directory's config.json, and sampling from it.
+sed -e "s|examples/data/corpus.train.bin|$tmp/train.bin|; s|examples/data/corpus.val.bin|$tmp/val.bin|" \
+    -e 's/gpusPerNode: 4/gpusPerNode: 1/; s/tensorParallelDegree: 2 .*/tensorParallelDegree: 1/' \
+    -e 's/hybridShardDegree: 2 .*/hybridShardDegree: 1/; s/globalBatchTokens: 4096 .*/globalBatchTokens: 512/' \
+    -e 's/steps: 300/steps: 2/; s/warmupSteps: 20/warmupSteps: 1/; s/evalInterval: 50/evalInterval: 2/' \
+    -e "s|/tmp/meshtrain/llama-tiny-tp-fsdp|$tmp/llama-ckpt|; s/interval: 100/interval: 2/" \
+    examples/llama-tiny-tp-fsdp.yaml > "$tmp/llama.yaml"
+expect "run trains llama-tiny" 0 'step +2/2 \| loss [0-9.]+' "checkpoint: step 2 in $tmp/llama-ckpt" \
+  -- "$meshtrain" run "$tmp/llama.yaml" --no-resume --sample-tokens 0
+expect "export writes a Llama checkpoint as a Hugging Face directory" 0 \
+  "$tmp/llama-out: llama: layers 4, heads 4 \(2 key/value\), hidden 128, MLP 352, .* of step 2, a Hugging Face model directory: config.json and 1 safetensors file in BF16" \
+  -- "$meshtrain" export "$tmp/llama-ckpt/step-00000002" "$tmp/llama-out" --dtype bf16
+grep -q '"architectures": \[' "$tmp/llama-out/config.json" && grep -q 'LlamaForCausalLM' "$tmp/llama-out/config.json" ||
+  { echo "FAIL the export's config.json names LlamaForCausalLM"; failures=$((failures + 1)); }
+expect "export refuses a Llama as one GPT-2 file" 2 'a single .safetensors file is GPT-2' \
+  -- "$meshtrain" export "$tmp/llama-ckpt/step-00000002" "$tmp/llama.safetensors"
+expect "export names a dtype it does not write" 2 'dtype f64: f32, bf16 or f16 expected' \
+  -- "$meshtrain" export "$tmp/llama-ckpt/step-00000002" "$tmp/llama-f64" --dtype f64
+expect "model-spec prints a directory's shape for the operator" 0 '^model:$' '  family: "llama"' '  kvHeads: 2' \
+  '  intermediateSize: 352' '  tieEmbeddings: false' "  init: \\{\"from\":\"$tmp/llama-out\"\\}" \
+  -- "$meshtrain" model-spec "$tmp/llama-out"
+expect "model-spec names a directory without config.json" 2 "$tmp/ckpt/config.json: missing or not a regular file" \
+  -- "$meshtrain" model-spec "$tmp/ckpt"
+sed -e '/preset: llama-tiny/d' -e "s|  model:|  model:\n    init: {from: $tmp/llama-out}\n    seqLen: 128|" \
+    -e "s|$tmp/llama-ckpt|$tmp/llama-ckpt-2|" "$tmp/llama.yaml" > "$tmp/from-dir.yaml"
+expect "validate takes the shape from init.from's config.json, and says the operator will not" 0 \
+  'from-dir.yaml TrainingJob "llama-tiny-tp-fsdp": ok' "warning: spec.model: the shape comes from $tmp/llama-out/config.json" \
+  'meshtrain model-spec' -- "$meshtrain" validate "$tmp/from-dir.yaml"
+expect "run trains from a Hugging Face directory" 0 'step +2/2 \| loss [0-9.]+' \
+  -- "$meshtrain" run "$tmp/from-dir.yaml" --sample-tokens 0
+sed -e "s|  model:|  model:\n    hidden: 64|" "$tmp/from-dir.yaml" > "$tmp/disagrees.yaml"
+expect "a shape field that disagrees with config.json names both values" 1 \
+  "spec.model.hidden: 64 disagrees with spec.model.init.from's $tmp/llama-out/config.json, whose hidden_size is 128" \
+  -- "$meshtrain" validate "$tmp/disagrees.yaml"
+expect "sample from a Hugging Face directory" 0 "^sampling 8 tokens from $tmp/llama-out" '^Darcy' \
+  -- "$meshtrain" sample --from "$tmp/llama-out" --prompt "Darcy" --tokens 8
 printf '\377' | dd of="$tmp/ckpt/step-00000004/rank-00000.bin" bs=1 seek=100 conv=notrunc status=none
 expect "checkpoints names a damaged file" 1 'DAMAGED' "rank-00000.bin: checksum mismatch" \
   -- "$meshtrain" checkpoints "$tmp/ckpt"

@@ -35,7 +35,7 @@ api::CheckedJob LoadJob(const std::string& path, const std::string& name) {
   if (path.empty()) throw ConfigError("the worker environment lacks MESHTRAIN_CONFIG");
   std::vector<api::CheckedJob> jobs;
   try {
-    jobs = api::LoadTrainingJobs(path, name);
+    jobs = api::LoadTrainingJobs(path, name, api::ModelDirectory::kRequired);
   } catch (const api::ManifestError& e) {
     throw ConfigError(e.what());
   }
