@@ -138,10 +138,11 @@ double ModelReference<P>::Forward(const int32_t* inputs, const int32_t* targets,
   if (training != nullptr) {
     // The head's backward runs in its forward: the residual stream's gradient starts here.
     backend_->Zero(scratch_.dresidual, d.N() * d.C, *stream_);
-    model_->HeadForward(k, head_, x, params_.get() + head, targets_.get(), loss_.get(), training->loss_weight,
-                        grads_.get() + head, scratch_.dresidual, d);
+    model_->HeadForward(k, head_, x, params_.get() + head, targets_.get(), loss_.get(),
+                        double(training->loss_weight / float(d.N())), grads_.get() + head, scratch_.dresidual, d);
   } else {
-    model_->HeadForward(k, head_, x, params_.get() + head, targets_.get(), loss_.get(), 1.0, nullptr, nullptr, d);
+    model_->HeadForward(k, head_, x, params_.get() + head, targets_.get(), loss_.get(), double(1.0f / float(d.N())),
+                        nullptr, nullptr, d);
   }
   double loss = 0;
   backend_->Download(&loss, runtime::DevicePtr<const double>(loss_.get()), 1, *stream_);

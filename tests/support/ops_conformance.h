@@ -551,7 +551,8 @@ TYPED_TEST_P(OpsConformance, CrossEntropy) {
   for (const auto& [R, v_rows, Vp] : {std::tuple<int64_t, int64_t, int64_t>{37, 1000, 1024}, {8, 50257, 50304}}) {
     const std::string at = " (" + std::to_string(R) + " rows, " + std::to_string(v_rows) + " of " + std::to_string(Vp) + " columns)";
     auto logits = this->template Random<Act>(R * Vp, 2.0);
-    const auto targets = this->Tokens(R, int32_t(v_rows));
+    auto targets = this->Tokens(R, int32_t(v_rows));
+    for (int64_t r = 2; r < R; r += 5) targets[size_t(r)] = -1;  // masked: no loss, no gradient
     const float dloss = 1.0f / 64;
     for (bool gradient : {false, true}) {
       auto losses = impl.template Poisoned<Acc>(R);
@@ -562,12 +563,16 @@ TYPED_TEST_P(OpsConformance, CrossEntropy) {
       auto ref_dlogits = ref.template Poisoned<double>(R * Vp);
       ref.ops->CrossEntropy(ref_losses, gradient ? ref_dlogits : nullptr, ref.template Put<double>(logits), ref.template Put<int32_t>(targets),
                             R, v_rows, Vp, dloss, *ref.stream);
-      this->ExpectClose(impl.Get(losses, R), ref.Get(ref_losses, R), std::string("CrossEntropy losses") + at);
+      const auto got_losses = impl.Get(losses, R);
+      this->ExpectClose(got_losses, ref.Get(ref_losses, R), std::string("CrossEntropy losses") + at);
+      for (int64_t r = 2; r < R; r += 5) ASSERT_EQ(got_losses[size_t(r)], 0.0) << "masked row " << r << at;
       if (!gradient) continue;
       const auto got = impl.Get(impl_logits, R * Vp);
       this->ExpectClose(got, ref.Get(ref_dlogits, R * Vp), "CrossEntropy dlogits, in place" + at);
       for (int64_t r = 0; r < R; ++r) {
         for (int64_t c = v_rows; c < Vp; ++c) ASSERT_EQ(got[size_t(r * Vp + c)], 0.0) << "padding column " << c << at;
+        if (targets[size_t(r)] >= 0) continue;
+        for (int64_t c = 0; c < Vp; ++c) ASSERT_EQ(got[size_t(r * Vp + c)], 0.0) << "masked row " << r << at;
       }
     }
   }
@@ -582,7 +587,8 @@ TYPED_TEST_P(OpsConformance, VocabSlices) {
   auto& ref = this->ref_;
   const int64_t R = 37, Vp = 512, rows[2] = {500, 501}, V = rows[0] + rows[1];
   const auto whole = this->template Random<Act>(R * V, 2.0);
-  const auto targets = this->Tokens(R, int32_t(V));
+  auto targets = this->Tokens(R, int32_t(V));
+  for (int64_t r = 3; r < R; r += 7) targets[size_t(r)] = -1;  // masked: no loss, no gradient on any slice
   const float dloss = 0.5f;
   std::vector<double> slice[2];
   for (int s = 0; s < 2; ++s) {
@@ -606,8 +612,13 @@ TYPED_TEST_P(OpsConformance, VocabSlices) {
     auto logits = impl.template Put<Act>(slice[s]);
     impl.ops->VocabSliceCrossEntropy(losses, logits, logits, all_stats, 2, device_targets, R, rows[s], Vp, s ? rows[0] : 0,
                                      dloss, *impl.stream);
-    this->ExpectClose(impl.Get(losses, R), want_losses, "VocabSliceCrossEntropy losses, slice " + std::to_string(s));
+    const auto got_losses = impl.Get(losses, R);
+    this->ExpectClose(got_losses, want_losses, "VocabSliceCrossEntropy losses, slice " + std::to_string(s));
     const auto got = impl.Get(logits, R * Vp);
+    for (int64_t r = 3; r < R; r += 7) {
+      ASSERT_EQ(got_losses[size_t(r)], 0.0) << "masked row " << r;
+      for (int64_t c = 0; c < Vp; ++c) ASSERT_EQ(got[size_t(r * Vp + c)], 0.0) << "masked row " << r;
+    }
     std::vector<double> got_real, want_real;
     for (int64_t r = 0; r < R; ++r) {
       for (int64_t c = 0; c < rows[s]; ++c) {

@@ -86,7 +86,7 @@ Result Train(const ActivationPolicy& policy, ScheduleObserver* observer = nullpt
         targets[i] = (i * 13 + 5 + s) % 64;
       }
       const MicroBatchKey key{s, micro};
-      engine.Forward(inputs.data(), targets.data(), B, T, &key, 0.5f);
+      engine.Forward(inputs.data(), targets.data(), B, T, &key, 0.5f / (B * T));  // half of the mean
       engine.Backward(micro == 1);
     }
     step.t = s + 1;

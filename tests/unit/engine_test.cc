@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -45,6 +46,8 @@ using kernels::Fp64;
 using runtime::MemoryCategory;
 
 constexpr int B = 2, T = 16;
+// The weight of each target in a micro-batch's loss that makes it the mean (engine.h).
+constexpr float kMean = 1.0f / (B * T);
 
 struct Batch {
   std::vector<int32_t> inputs = std::vector<int32_t>(B * T), targets = std::vector<int32_t>(B * T);
@@ -119,7 +122,7 @@ TEST(ShardedEngine, OneRankMatchesTheWholeModelBitForBit) {
 
   engine->ZeroGrad();
   const MicroBatchKey key{0, 0};
-  engine->Forward(batch.inputs.data(), batch.targets.data(), B, T, &key, 1.0f);
+  engine->Forward(batch.inputs.data(), batch.targets.data(), B, T, &key, kMean);
   engine->Backward(true);
   OptimizerStep step;
   step.learning_rate = 1e-2f;
@@ -218,7 +221,7 @@ TEST(ShardedEngine, GathersAndReduceScattersRunWhileTheComputeStreamWorks) {
   engine->set_observer(&probe);
   engine->ZeroGrad();
   const MicroBatchKey key{0, 0};
-  engine->Forward(batch.inputs.data(), batch.targets.data(), B, T, &key, 1.0f);
+  engine->Forward(batch.inputs.data(), batch.targets.data(), B, T, &key, kMean);
   engine->Backward(true);
   engine->TakeLoss();  // the observer is called from the streams: wait for them
   engine->set_observer(nullptr);
@@ -256,7 +259,7 @@ TEST(ShardedEngine, ATrainingMicroBatchGathersTheRootAndTheLastBlockOnce) {
   const MicroBatchKey key{0, 0};
   engine->ZeroGrad();
   for (int micro = 0; micro < 3; ++micro) {
-    engine->Forward(batch.inputs.data(), batch.targets.data(), B, T, &key, 1.0f / 3);
+    engine->Forward(batch.inputs.data(), batch.targets.data(), B, T, &key, kMean / 3);
     engine->Backward(micro == 2);
   }
   engine->TakeLoss();
@@ -265,15 +268,15 @@ TEST(ShardedEngine, ATrainingMicroBatchGathersTheRootAndTheLastBlockOnce) {
     std::lock_guard lock(gathers.mutex);
     EXPECT_EQ(gathers.blocks, (std::map<int, int>{{0, 3}, {1, 6}, {2, 6}, {3, 6}, {4, 3}}));
   }
-  engine->Forward(batch.inputs.data(), batch.targets.data(), B, T, nullptr, 1.0f);  // evaluation
+  engine->Forward(batch.inputs.data(), batch.targets.data(), B, T, nullptr, kMean);  // evaluation
   engine->TakeLoss();
   EXPECT_EQ(gathers.count.load(), 4);
   EXPECT_THROW(engine->Backward(true), std::logic_error) << "an evaluation forward has no backward";
-  engine->Forward(batch.inputs.data(), batch.targets.data(), B, T, &key, 1.0f);  // no backward follows
+  engine->Forward(batch.inputs.data(), batch.targets.data(), B, T, &key, kMean);  // no backward follows
   engine->Weights();
   EXPECT_THROW(engine->Backward(true), std::logic_error) << "Weights() kept the root of a forward";
   engine->ZeroGrad();
-  engine->Forward(batch.inputs.data(), batch.targets.data(), B, T, &key, 1.0f);
+  engine->Forward(batch.inputs.data(), batch.targets.data(), B, T, &key, kMean);
   engine->Update(OptimizerStep{});
   EXPECT_THROW(engine->Backward(true), std::logic_error) << "Update() kept the root of a forward";
   engine->TakeLoss();
@@ -355,7 +358,7 @@ TEST(ShardedEngine, NothingIsAllocatedAfterConstruction) {
       engine->ZeroGrad();
       for (int micro = 0; micro < 2; ++micro) {
         const MicroBatchKey key{s, micro};
-        engine->Forward(inputs.data(), targets.data(), B, T, &key, 0.5f);
+        engine->Forward(inputs.data(), targets.data(), B, T, &key, kMean / 2);
         engine->Backward(micro == 1);
       }
       step.t = s + 1;
@@ -363,7 +366,7 @@ TEST(ShardedEngine, NothingIsAllocatedAfterConstruction) {
       EXPECT_TRUE(std::isfinite(engine->TakeLoss())) << mode;
       EXPECT_GT(engine->GradNorm(), 0) << mode;
     }
-    engine->Forward(inputs.data(), targets.data(), 1, T / 2, nullptr, 1.0f);  // a smaller evaluation batch
+    engine->Forward(inputs.data(), targets.data(), 1, T / 2, nullptr, 2.0f / T);  // a smaller evaluation batch
     engine->TakeLoss();
     engine->NextTokenProbabilities(inputs.data(), 5);
     engine->Weights();
@@ -401,7 +404,7 @@ TrainingRun Train(const api::ModelShape& shape, int batch, int steps, const Engi
         targets[i] = int32_t((inputs[i] + 1) % V);
       }
       const MicroBatchKey key{s, micro};
-      engine->Forward(inputs.data(), targets.data(), batch, T, &key, 0.5f);
+      engine->Forward(inputs.data(), targets.data(), batch, T, &key, 0.5f / float(batch * T));
       engine->Backward(micro == 1);
     }
     step.t = s + 1;
@@ -456,7 +459,7 @@ TEST(ShardedEngine, KeepingUnitsGatheredGivesTheSameBitsAndGathersEachUnitOnce) 
   for (int s = 0; s < 3; ++s) {
     engine->ZeroGrad();
     const MicroBatchKey key{s, 0};
-    engine->Forward(inputs.data(), targets.data(), B, T, &key, 1.0f);
+    engine->Forward(inputs.data(), targets.data(), B, T, &key, kMean);
     engine->Backward(true);
     engine->Update(OptimizerStep{1e-3f});
   }
@@ -468,10 +471,96 @@ TEST(ShardedEngine, KeepingUnitsGatheredGivesTheSameBitsAndGathersEachUnitOnce) 
   state.m.assign(state.master.size(), 0.0f);
   state.v.assign(state.master.size(), 0.0f);
   engine->Restore(state);
-  engine->Forward(inputs.data(), targets.data(), B, T, nullptr, 1.0f);
+  engine->Forward(inputs.data(), targets.data(), B, T, nullptr, kMean);
   engine->TakeLoss();
   EXPECT_EQ(gathers.count.load(), 2 * (int(kSmall.layers) + 1));
   engine->set_observer(nullptr);
+}
+
+// Fine-tuning data masks the prompt's targets (-1): they add no loss and no gradient, and
+// the loss is the mean over the global batch's unmasked targets, each weighing 1 over
+// their number. Split into micro-batches holding very different numbers of targets, the
+// step's loss and gradients are one micro-batch's, up to summation order; averaging each
+// micro-batch's mean instead (a known bug of other trainers) is far off.
+TEST(ShardedEngine, MaskedTargetsAddNothingAndTheLossIsTheMeanOverTheGlobalBatch) {
+  const api::ModelShape& shape = *api::FindPreset("llama-tiny");
+  constexpr int Bs = 4;
+  std::vector<int32_t> inputs(Bs * T), targets(Bs * T);
+  for (int i = 0; i < Bs * T; ++i) inputs[i] = (i * 7 + 3) % 256, targets[i] = (i * 13 + 5) % 256;
+  // Row 0 keeps 2 targets, row 1 all 16, row 2 half, row 3 one: 2 + 16 + 8 + 1 = 27.
+  const int kept[Bs] = {2, T, T / 2, 1};
+  int64_t count = 0;
+  for (int b = 0; b < Bs; ++b) {
+    for (int t = kept[b]; t < T; ++t) targets[size_t(b * T + t)] = -1;
+    count += kept[b];
+  }
+  ASSERT_EQ(count, 27);
+  struct Result {
+    double loss;
+    std::vector<float> grads;
+  };
+  // One step of `micro` micro-batches of Bs / micro rows, each target weighing `weight(m)`.
+  auto run = [&](const std::vector<int32_t>& in, const std::vector<int32_t>& out, int micro,
+                 const std::function<float(int)>& weight) {
+    runtime::MemoryAccounting accounting;
+    auto engine = OneRank(shape, Bs, T, 5, &accounting);
+    engine->ZeroGrad();
+    const int rows = Bs / micro;
+    for (int m = 0; m < micro; ++m) {
+      const MicroBatchKey key{0, m};
+      engine->Forward(in.data() + m * rows * T, out.data() + m * rows * T, rows, T, &key, weight(m));
+      engine->Backward(m + 1 == micro);
+    }
+    Result r{engine->TakeLoss(), {}};
+    for (const auto& unit : engine->units()) {
+      const float* g = runtime::DeviceSide::Address(unit->grads());
+      r.grads.insert(r.grads.end(), g, g + unit->numel());
+    }
+    return r;
+  };
+  const float per_target = 1.0f / float(count);
+  const Result whole = run(inputs, targets, 1, [&](int) { return per_target; });
+  const Result split = run(inputs, targets, 2, [&](int) { return per_target; });  // 18 and 9 targets
+  EXPECT_NEAR(split.loss, whole.loss, 1e-6 * whole.loss);
+  auto relative = [&](const std::vector<float>& got) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < whole.grads.size(); ++i) {
+      diff += std::pow(double(got[i]) - whole.grads[i], 2);
+      norm += std::pow(double(whole.grads[i]), 2);
+    }
+    return norm > 0 ? std::sqrt(diff / norm) : 1.0;
+  };
+  EXPECT_LT(relative(split.grads), 1e-5) << "micro-batching changes the gradients";
+  // The mean of the micro-batches' means weighs the 9 targets of the second twice as much
+  // (at initialisation every target's loss is near log 256, so the loss moves little).
+  const Result means = run(inputs, targets, 2, [&](int m) { return 0.5f / float(m == 0 ? 18 : 9); });
+  EXPECT_GT(std::abs(means.loss - whole.loss), 1e-4 * whole.loss);
+  EXPECT_GT(relative(means.grads), 0.1);
+
+  // A masked position's target is not read: other values there change nothing, bit for bit.
+  std::vector<int32_t> other = targets;
+  for (int32_t& t : other) t = t < 0 ? -1 : t;
+  std::vector<int32_t> unmasked = targets;
+  for (size_t i = 0; i < unmasked.size(); ++i) {
+    if (unmasked[i] < 0) unmasked[i] = int32_t(i % 256);
+  }
+  const Result all = run(inputs, unmasked, 1, [&](int) { return 1.0f / float(Bs * T); });
+  EXPECT_NE(all.loss, whole.loss) << "the mask took nothing away";
+  const Result again = run(inputs, other, 1, [&](int) { return per_target; });
+  EXPECT_EQ(again.loss, whole.loss);
+  EXPECT_EQ(again.grads, whole.grads);
+  // Every target masked: nothing to learn from, no gradient.
+  std::vector<int32_t> none(targets.size(), -1);
+  const Result empty = run(inputs, none, 1, [&](int) { return 1.0f; });
+  EXPECT_EQ(empty.loss, 0.0);
+  EXPECT_TRUE(std::all_of(empty.grads.begin(), empty.grads.end(), [](float g) { return g == 0.0f; }));
+  // A target below -1 is not a mask.
+  runtime::MemoryAccounting accounting;
+  auto engine = OneRank(shape, Bs, T, 5, &accounting);
+  std::vector<int32_t> bad = targets;
+  bad[3] = -2;
+  const MicroBatchKey key{0, 0};
+  EXPECT_THROW(engine->Forward(inputs.data(), bad.data(), Bs, T, &key, per_target), std::out_of_range);
 }
 
 // The strict backend only changes when work runs, never what it computes: two jitter
@@ -599,7 +688,7 @@ TEST(ShardedEngine, APaddedVocabularyTrainsAsTheUnpaddedOneAndItsPaddingStaysZer
     for (int s = 0; s < kSteps; ++s) {
       engine->ZeroGrad();
       const MicroBatchKey key{s, 0};
-      engine->Forward(inputs.data(), targets.data(), B, T, &key, 1.0f);
+      engine->Forward(inputs.data(), targets.data(), B, T, &key, kMean);
       engine->Backward(true);
       step.t = s + 1;
       engine->Update(step);

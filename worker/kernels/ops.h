@@ -182,8 +182,9 @@ class Ops {
   // --- Loss (the LM head, a chunk of R rows at a time; vocabulary-parallel) ---
   // Over logits (R,Vp) whose first v_rows columns are real (the rest is padding, which
   // never takes part): losses (R) = -log softmax(logits)[target], targets in
-  // [0, v_rows). With dlogits (nullable; may alias logits): dlogits = (softmax - onehot)
-  // * dloss on the real columns, 0 on the padding.
+  // [0, v_rows), or -1 for a masked position (a prompt's token in fine-tuning data), whose
+  // loss and gradient are 0. With dlogits (nullable; may alias logits): dlogits =
+  // (softmax - onehot) * dloss on the real columns, 0 on the padding and on masked rows.
   virtual void CrossEntropy(Out<Acc> losses, Out<Act> dlogits, In<Act> logits, In<int32_t> targets, int64_t R,
                             int64_t v_rows, int64_t Vp, float dloss, Stream& stream) = 0;
   // With the vocabulary split over TP ranks, this slice holding [v_begin, v_begin +
@@ -192,7 +193,8 @@ class Ops {
   virtual void VocabSliceStats(Out<Acc> stats, In<Act> logits, In<int32_t> targets, int64_t R, int64_t v_rows,
                                int64_t Vp, int64_t v_begin, Stream& stream) = 0;
   // From every slice's stats (slices,R,3), in slice order: losses (R) as CrossEntropy's
-  // (the same on every slice), and dlogits (nullable; may alias logits) for this slice.
+  // (the same on every slice; 0 for a masked target, -1), and dlogits (nullable; may
+  // alias logits) for this slice.
   virtual void VocabSliceCrossEntropy(Out<Acc> losses, Out<Act> dlogits, In<Act> logits, In<Acc> all_stats,
                                       int slices, In<int32_t> targets, int64_t R, int64_t v_rows, int64_t Vp,
                                       int64_t v_begin, float dloss, Stream& stream) = 0;

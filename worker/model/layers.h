@@ -46,7 +46,8 @@ Ptr<T> OnFirstRank(const Dims& d, Ptr<T> bias) {
 
 // The LM head after the final norm, whose output is h.lnf (N,C): the logits against
 // `weight` (this rank's padded vocabulary rows, Vp x C), a chunk of rows at a time, their
-// cross-entropy against targets, and *loss_sum += loss_weight * the mean loss. In training
+// cross-entropy against targets, and *loss_sum += loss_weight * the sum of the losses (a
+// masked target, -1, has none). In training
 // (dweight non-null), dweight += the head matrix's gradient, and for each chunk of `rows`
 // rows from r0 the gradient of the norm's output lands in h.dlnf (summed over the TP
 // group) and norm_backward(r0, rows) takes it through the norm.
@@ -57,7 +58,7 @@ void VocabHead(const Context<P>& k, const HeadActivations<P>& h, Ptr<const typen
   const int64_t N = d.N(), V = d.V, v_rows = d.tp.vocab(V), Vp = d.tp.padded_vocab(V), v_begin = d.tp.vocab_begin(V);
   const int C = d.C;
   kernels::Ops<P>& ops = k.ops;
-  const float dloss = float(loss_weight / double(N));
+  const float dloss = float(loss_weight);
   for (int64_t r0 = 0; r0 < N; r0 += h.chunk_rows) {
     const int64_t rows = std::min(h.chunk_rows, N - r0);
     Ptr<typename P::Act> dlogits = dweight ? h.logits : nullptr;  // in place over the chunk's logits
@@ -75,7 +76,7 @@ void VocabHead(const Context<P>& k, const HeadActivations<P>& h, Ptr<const typen
     AllReduce(k, h.dlnf, rows * C);  // each slice of the vocabulary gave part of it
     norm_backward(r0, rows);
   }
-  ops.AddLoss(loss_sum, h.losses, N, loss_weight / double(N), k.stream);
+  ops.AddLoss(loss_sum, h.losses, N, loss_weight, k.stream);
 }
 
 }  // namespace meshtrain::model

@@ -204,11 +204,12 @@ class Model {
   virtual void BlockBackward(const Context<P>& k, Ptr<G> dblock, const BlockScratch<P>& scratch,
                              const BlockActivations<P>& a, Ptr<const A> residual, Ptr<const A> block,
                              const Dims& d) const = 0;
-  // The final norm of x (N,C), the LM head and the cross-entropy against targets (N),
-  // chunk by chunk: *loss_sum += loss_weight * (the mean loss). In training (dunit
-  // non-null) the head's backward runs here too, as each chunk's logits are made (llm.c's
-  // fused classifier): dx (N,C) += d(loss_weight * mean loss)/dx (the caller zeroes it),
-  // and dunit += the head's parameters'. Only one chunk of logits ever exists.
+  // The final norm of x (N,C), the LM head and the cross-entropy against targets (N; -1:
+  // masked, no loss), chunk by chunk: *loss_sum += loss_weight * (the sum of the losses).
+  // In training (dunit non-null) the head's backward runs here too, as each chunk's
+  // logits are made (llm.c's fused classifier): dx (N,C) += d(loss_weight * the sum)/dx
+  // (the caller zeroes it), and dunit += the head's parameters'. Only one chunk of logits
+  // ever exists.
   virtual void HeadForward(const Context<P>& k, const HeadActivations<P>& h, Ptr<const A> x, Ptr<const A> unit,
                            Ptr<const int32_t> targets, Ptr<double> loss_sum, double loss_weight, Ptr<G> dunit,
                            Ptr<A> dx, const Dims& d) const = 0;

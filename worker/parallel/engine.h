@@ -115,17 +115,20 @@ class Engine {
   virtual ~Engine() = default;
 
   virtual runtime::Device device() const = 0;
-  // Enqueues the forward of inputs (B,T) against targets (B,T) and adds loss_weight times
-  // their mean cross-entropy to the engine's loss sum. With `training`, dropout (if the
+  // Enqueues the forward of inputs (B,T) against targets (B,T; -1: a masked position,
+  // which adds no loss and no gradient) and adds target_weight times the sum of their
+  // cross-entropies to the engine's loss sum: the caller's weight makes it a mean (1/(B*T)
+  // for this micro-batch's, or the data-parallel size over the global batch's unmasked
+  // targets, since the replicas' gradients are averaged). With `training`, dropout (if the
   // model has any) drops what that micro-batch's masks say, and the head's backward runs
-  // too (llm.c's fused classifier), for the gradient of loss_weight times the mean loss.
+  // too (llm.c's fused classifier), for the gradient of that weighted sum.
   // Throws std::invalid_argument for a micro-batch larger than the engine was built for,
   // and std::out_of_range for a token outside the vocabulary.
   virtual void Forward(const int32_t* inputs, const int32_t* targets, int B, int T, const MicroBatchKey* training,
-                       float loss_weight) = 0;
+                       float target_weight) = 0;
   // The rest of the last training Forward's backward: grads += the gradient of its
-  // loss_weight times its mean loss. `last`: the step's last micro-batch, whose gradients
-  // are averaged over the replicas as each unit's become final.
+  // weighted loss. `last`: the step's last micro-batch, whose gradients are averaged over
+  // the replicas as each unit's become final.
   virtual void Backward(bool last) = 0;
   virtual void ZeroGrad() = 0;
   // The gradients' global L2 norm (a replicated tensor counted once), clipping to

@@ -232,8 +232,9 @@ void ShardedEngine<P>::Stage(const int32_t* inputs, const int32_t* targets, int 
   }
   const int64_t N = int64_t(B) * T, V = layout_.shape().vocab_size;
   for (int64_t i = 0; i < N; ++i) {
-    if (inputs[i] < 0 || inputs[i] >= V || (targets && (targets[i] < 0 || targets[i] >= V))) {
-      throw std::out_of_range("token id " + std::to_string(targets && (targets[i] < 0 || targets[i] >= V) ? targets[i] : inputs[i]) +
+    const bool bad_target = targets && (targets[i] < -1 || targets[i] >= V);  // -1: masked
+    if (inputs[i] < 0 || inputs[i] >= V || bad_target) {
+      throw std::out_of_range("token id " + std::to_string(bad_target ? targets[i] : inputs[i]) +
                               " outside the vocabulary of " + std::to_string(V));
     }
   }
@@ -369,13 +370,13 @@ void ShardedEngine<P>::RunForward(const model::Dims& d, Head head, float loss_we
 
 template <class P>
 void ShardedEngine<P>::Forward(const int32_t* inputs, const int32_t* targets, int B, int T,
-                               const MicroBatchKey* training, float loss_weight) {
+                               const MicroBatchKey* training, float target_weight) {
   if (targets == nullptr) throw std::invalid_argument("Forward needs targets");
   ReleaseHeld();  // a training forward whose backward never came
   Stage(inputs, targets, B, T);
   B_ = B, T_ = T;
   dims_ = DimsOf(B, T, training);
-  RunForward(dims_, training != nullptr ? Head::kTrain : Head::kLoss, loss_weight, 0);
+  RunForward(dims_, training != nullptr ? Head::kTrain : Head::kLoss, target_weight, 0);
 }
 
 template <class P>

@@ -81,7 +81,7 @@ class ShardedEngine final : public Engine {
 
   runtime::Device device() const override { return backend_->device(); }
   void Forward(const int32_t* inputs, const int32_t* targets, int B, int T, const MicroBatchKey* training,
-               float loss_weight) override;
+               float target_weight) override;
   void Backward(bool last) override;
   void ZeroGrad() override;
   void Update(const OptimizerStep& step) override;

@@ -241,8 +241,9 @@ StepReport Trainer::Step() {
   report.steps = t.steps;
   const parallel::CommStats comm_before = engine_->comm_stats();
   engine_->ZeroGrad();
-  // Each micro-batch's mean loss weighs 1/micro_steps in the step's loss and gradient.
-  const float weight = 1.0f / float(micro_steps_);
+  // The step's loss is the mean over the global batch's targets: each weighs the
+  // data-parallel size over their number (the replicas' gradients are averaged).
+  const float weight = TargetWeight(micro_steps_);
   for (int64_t micro = 0; micro < micro_steps_; ++micro) {
     train_->Next(inputs_.data(), targets_.data());
     const parallel::MicroBatchKey key{step_, micro};
@@ -265,6 +266,11 @@ StepReport Trainer::Step() {
   report.seconds = seconds;
   report.tokens_per_second = double(tokens_per_step_) / seconds;
   return report;
+}
+
+float Trainer::TargetWeight(int64_t micro_batches) const {
+  const int64_t targets = micro_batches * int64_t(layout_.data_parallel()) * batch_ * seq_;
+  return float(double(layout_.data_parallel()) / double(targets));
 }
 
 double Trainer::Average(double value) {
@@ -314,9 +320,10 @@ double Trainer::Evaluate() {
   const uint64_t saved = data.position();
   data.set_position(0);
   const int64_t batches = job_.spec.training.eval_batches;
+  const float weight = TargetWeight(batches);
   for (int64_t i = 0; i < batches; ++i) {
     data.Next(inputs_.data(), targets_.data());
-    engine_->Forward(inputs_.data(), targets_.data(), batch_, seq_, nullptr, 1.0f / float(batches));
+    engine_->Forward(inputs_.data(), targets_.data(), batch_, seq_, nullptr, weight);
   }
   data.set_position(saved);
   return Average(engine_->TakeLoss());

@@ -490,6 +490,11 @@ void CrossEntropy(G* losses, A* dlogits, const A* logits, const int32_t* targets
 #pragma omp parallel for
   for (int64_t r = 0; r < R; ++r) {
     const A* l = logits + r * Vp;
+    if (targets[r] < 0) {  // masked: no loss, no gradient
+      losses[r] = G(0);
+      if (dlogits) std::fill(dlogits + r * Vp, dlogits + (r + 1) * Vp, A(G(0)));
+      continue;
+    }
     G maxval, sum;
     RowStats(l, v_rows, &maxval, &sum);
     // -log p[target], from the logit, so that tiny probabilities keep their precision
@@ -515,6 +520,11 @@ void VocabSliceCrossEntropy(G* losses, A* dlogits, const A* logits, const G* all
                             float dloss) {
 #pragma omp parallel for
   for (int64_t r = 0; r < R; ++r) {
+    if (targets[r] < 0) {  // masked: no loss, no gradient
+      losses[r] = G(0);
+      if (dlogits) std::fill(dlogits + r * Vp, dlogits + (r + 1) * Vp, A(G(0)));
+      continue;
+    }
     G maxval = all_stats[3 * r];
     for (int s = 1; s < slices; ++s) maxval = std::max(maxval, all_stats[3 * (s * R + r)]);
     G sum = 0, target_logit = 0;

@@ -58,12 +58,22 @@ __device__ void WriteGradient(bf16* dlogits, const bf16* x, int64_t v_rows, int6
   }
 }
 
+// A masked row (target -1): no loss, and a zero gradient over the whole row.
+template <int V>
+__device__ void MaskedRow(float* losses, bf16* dlogits, int64_t row, int64_t Vp) {
+  if (threadIdx.x == 0) losses[row] = 0.0f;
+  if (dlogits == nullptr) return;
+  float zeros[V] = {};
+  for (int64_t v = threadIdx.x; v < Vp / V; v += blockDim.x) Store<V>(dlogits + row * Vp + v * V, zeros);
+}
+
 template <int V>
 __global__ void CrossEntropyKernel(float* __restrict__ losses, bf16* dlogits, const bf16* logits,
                                    const int32_t* __restrict__ targets, int64_t v_rows, int64_t Vp, float dloss) {
   const int64_t row = blockIdx.x;
   const bf16* x = logits + row * Vp;
   const int64_t target = targets[row];
+  if (target < 0) return MaskedRow<V>(losses, dlogits, row, Vp);
   const float target_logit = __bfloat162float(x[target]);
   const MaxSum stats = RowStatistics<V>(x, v_rows);  // ends with a barrier: the row is read
   if (threadIdx.x == 0) losses[row] = logf(stats.sum) + stats.max - target_logit;
@@ -92,6 +102,7 @@ __global__ void VocabSliceCrossEntropyKernel(float* __restrict__ losses, bf16* d
                                              const int32_t* __restrict__ targets, int64_t R, int64_t v_rows,
                                              int64_t Vp, int64_t v_begin, float dloss) {
   const int64_t row = blockIdx.x;
+  if (targets[row] < 0) return MaskedRow<V>(losses, dlogits, row, Vp);
   float max = -INFINITY;
   for (int s = 0; s < slices; ++s) max = fmaxf(max, all_stats[3 * (s * R + row)]);
   float sum = 0, target_logit = 0;
