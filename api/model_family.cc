@@ -183,6 +183,13 @@ std::vector<Buffer> HeadBuffers(int batch, int seq, const ModelShape& s, int tp_
   return b.list;
 }
 
+std::vector<BlockProduct> BlockProducts(const ModelShape& shape) {
+  const ModelShape s = shape.Resolved();
+  const int64_t C = s.hidden, Q = s.QueryWidth(), KV = s.KvWidth(), I = s.intermediate;
+  if (!s.llama()) return {{C, 3 * C}, {C, C}, {C, I}, {I, C}};
+  return {{C, Q + 2 * KV}, {Q, C}, {C, 2 * I}, {I, C}};
+}
+
 double BlockForwardFlopsPerToken(const ModelShape& s, int64_t seq, int tp_size) {
   double weights = 0;
   for (const TensorInfo& t : TensorsOf(s).block) {

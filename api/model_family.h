@@ -113,6 +113,13 @@ std::vector<Buffer> HeadBuffers(int batch, int seq, const ModelShape& shape, int
 // columns: B x T x V logits never exist, a chunk of at most 2^27 does.
 int64_t HeadChunkRows(int64_t rows, int64_t padded_vocab);
 
+// A product of a block's forward as the engine runs it: (tokens x k) by (k x n), q, k and
+// v as one product, gate and up as one.
+struct BlockProduct {
+  int64_t k = 0, n = 0;
+};
+std::vector<BlockProduct> BlockProducts(const ModelShape& shape);
+
 // The matrix FLOPs of one block's forward per token, at a sequence of `seq` tokens on a
 // TP slice of `tp_size`: 2 per weight of its products, and 4 x seq x the query width for
 // attention's two products (counted whole, as llm.c counts them).

@@ -229,7 +229,7 @@ Command BenchPlan(CLI::App& bench, const std::vector<std::string>& self) {
   auto* memory = c->add_flag("--memory", o->memory, "The memory model against the engine's accounting, 14 layouts");
   auto* measure = c->add_flag("--measure", o->measure,
                               "Every layout the planner finds feasible, run on the testbed: modelled against measured");
-  auto* at_scale = c->add_flag("--at-scale", o->at_scale, "The planner's choice for GPT-2 1.5B and 7B on 16-128 p5 nodes");
+  auto* at_scale = c->add_flag("--at-scale", o->at_scale, "The planner's choice for GPT-2 1.5B and Llama 3.1 8B and 70B on 16-128 p5 nodes");
   memory->excludes(measure)->excludes(at_scale);
   measure->excludes(at_scale);
   c->add_option("--model", o->model, "Model preset (--memory, --measure)")->capture_default_str();

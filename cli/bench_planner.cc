@@ -2,8 +2,8 @@
 // what the engine does. --memory trains layouts on this machine and holds the memory
 // model's per-rank peak against the accounting's; --measure runs every layout the
 // planner finds feasible (on a network testbed), and ranks the model's step times
-// against the measured ones; --at-scale prints the planner's choice for GPT-2 1.5B and a
-// 7B shape on 16 to 128 p5 nodes against hand-picked SMP-style layouts.
+// against the measured ones; --at-scale prints the planner's choice for GPT-2 1.5B and Llama
+// 3.1 8B and 70B on 16 to 128 p5 nodes against hand-picked SMP-style layouts.
 
 #include <omp.h>
 
@@ -14,6 +14,7 @@
 #include <numeric>
 #include <thread>
 
+#include "api/json_codec.h"
 #include "api/manifest.h"
 #include "cli/bench_ranks.h"
 #include "cli/commands.h"
@@ -109,6 +110,8 @@ int MemoryCheck(const BenchPlanOptions& o, const std::vector<std::string>& self_
   // activation policies keep the check within minutes.
   if (cuda) layouts = {{1, 1, 4, keep}, {1, 4, 4, keep}, {2, 2, 4, keep}, {4, 1, 4, offload1},
                        {1, 4, 4, checkpoint}, {2, 2, 4, offload2}};
+  // A TP degree the model cannot take (one that does not divide its key/value heads).
+  std::erase_if(layouts, [&](const LayoutChoice& c) { return shape->heads % c.tp != 0 || shape->KvHeads() % c.tp != 0; });
   const RemovedOnExit data(WriteRandomTokens(global * (t.steps + t.warmup + 1), *shape));
   out << "memory model against the engine's accounting: " << o.model << " at seq " << o.seq << ", " << t.ranks
       << (cuda ? " bf16 ranks sharing GPU 0" : " fp32 ranks on one node") << ", global batch " << global
@@ -157,8 +160,9 @@ RankRate MeasureRank(const api::ModelShape& shape, int seq, int micro_batch, int
     t.seq = seq;
     const RanksConfig one{"one rank", 1, 1, {checkpointing, 0}, micro_batch, int64_t(micro_batch) * seq, {}};
     nlohmann::json manifest = BenchJob(t, data.string(), 1, 1, one, false);
-    manifest["spec"]["model"] = {{"layers", shape.layers}, {"heads", shape.heads}, {"hidden", shape.hidden},
-                                 {"vocabSize", shape.vocab_size}, {"seqLen", seq}};
+    api::ModelShape at_seq = shape;
+    at_seq.seq_len = seq;
+    manifest["spec"]["model"] = api::ToJson(api::SpecOfShape(at_seq));
     const api::CheckedJob job = api::CheckTrainingJob(manifest, "bench", 0);
     if (!job.ok()) throw std::invalid_argument(job.errors.front().ToString());
     train::Trainer trainer(job.job);
@@ -174,9 +178,9 @@ RankRate MeasureRank(const api::ModelShape& shape, int seq, int micro_batch, int
   const double share = std::min(1.0, double(cores) / (double(ranks) * threads));
   RankRate rate;
   rate.flops = double(micro_batch) * seq * shape.TrainingFlopsPerToken(seq) / keep * share;
-  // The step model's block forward at this rate: tokens x (24C^2 + 4 seq C) / rate.
-  const double C = double(shape.hidden), tokens = double(micro_batch) * seq;
-  const double block_forward = tokens * (24 * C * C + 4 * seq * C) / (rate.flops / share);
+  // The step model's block forward at this rate.
+  const double tokens = double(micro_batch) * seq;
+  const double block_forward = tokens * api::BlockForwardFlopsPerToken(shape, seq, 1) / (rate.flops / share);
   rate.recompute_factor = std::max(0.0, checkpointing - keep) / (double(shape.layers) * block_forward);
   return rate;
 }
@@ -274,7 +278,7 @@ int MeasureLayouts(const BenchPlanOptions& o, const std::vector<std::string>& se
 
 // --at-scale: the planner's choice on p5 nodes of a synthetic EKS cluster against
 // hand-picked SMP-style layouts (each with the best micro-batch and activations the
-// planner finds for its T and S), for GPT-2 1.5B and a 7B-class shape.
+// planner finds for its T and S), for GPT-2 1.5B, Llama 3.1 8B and 70B.
 int AtScale(const BenchPlanOptions& o, std::ostream& out) {
   struct Model {
     std::string name;
@@ -283,8 +287,8 @@ int AtScale(const BenchPlanOptions& o, std::ostream& out) {
   };
   const std::vector<Model> models = {
       {"GPT-2 1.5B", *api::FindPreset("gpt2-1.5b"), int64_t(1) << 20},
-      {"7B (32 layers, 32 heads, hidden 4096, seq 2048)",
-       {.layers = 32, .heads = 32, .hidden = 4096, .vocab_size = 50257, .seq_len = 2048}, int64_t(4) << 20},
+      {"Llama 3.1 8B (seq 2048)", *api::FindPreset("llama3.1-8b"), int64_t(4) << 20},
+      {"Llama 3.1 70B (seq 2048)", *api::FindPreset("llama3.1-70b"), int64_t(4) << 20},
   };
   const scheduler::DeviceModel device = *scheduler::FindInstanceDevice("p5.48xlarge");
   scheduler::SyntheticClusterOptions cluster_options;
@@ -309,9 +313,7 @@ int AtScale(const BenchPlanOptions& o, std::ostream& out) {
            {{"image", "meshtrain"},
             {"nodes", nodes},
             {"gpusPerNode", 8},
-            {"model",
-             {{"layers", m.shape.layers}, {"heads", m.shape.heads}, {"hidden", m.shape.hidden},
-              {"vocabSize", m.shape.vocab_size}, {"seqLen", m.shape.seq_len}}},
+            {"model", api::ToJson(api::SpecOfShape(m.shape))},
             {"data", {{"train", "/data/*.bin"}}},
             {"training", {{"globalBatchTokens", m.global_batch_tokens}, {"precision", "bf16"}}},
             {"parallelism", {{"mode", "auto"}}}}}};
@@ -341,8 +343,8 @@ int AtScale(const BenchPlanOptions& o, std::ostream& out) {
           if (row == nullptr && ref.tp != 0 && c.choice.tp == ref.tp && c.choice.shard == ref.shard) row = &c;
         }
         if (ref.tp != 0 && row == nullptr) {
-          if (m.shape.heads % ref.tp != 0) why = "T=" + std::to_string(ref.tp) + " does not divide " +
-                                                 std::to_string(m.shape.heads) + " heads";
+          if (m.shape.KvHeads() % ref.tp != 0) why = "T=" + std::to_string(ref.tp) + " does not divide " +
+                                                     std::to_string(m.shape.KvHeads()) + " key/value heads";
           else if (!api::ParallelLayout::Check(nodes, 8, ref.tp, ref.shard).empty()) why = "not a layout of these ranks";
           else why = "does not fit";
           for (const scheduler::Candidate& c : plan.rejected) {

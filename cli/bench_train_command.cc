@@ -44,9 +44,11 @@ struct StepProduct {
 };
 
 std::vector<StepProduct> StepProducts(const api::ModelShape& s) {
+  std::vector<StepProduct> products;
+  for (const api::BlockProduct& p : api::BlockProducts(s)) products.push_back({int(p.k), int(p.n), int(s.layers)});
   // The LM head at the engine's padded vocabulary (api/engine_memory.h), as the step runs it.
-  const int C = int(s.hidden), V = int(api::PaddedVocabRows(s.vocab_size)), L = int(s.layers);
-  return {{C, 3 * C, L}, {C, C, L}, {C, 4 * C, L}, {4 * C, C, L}, {C, V, 1}};
+  products.push_back({int(s.hidden), int(api::PaddedVocabRows(s.vocab_size)), 1});
+  return products;
 }
 
 // "4096 tokens x (768x2304, 768x768, ...)": the shapes the matrix rate was measured at.
