@@ -1,7 +1,8 @@
 #include "operator/scheduler/placement.h"
 
 #include <algorithm>
-#include <tuple>
+#include <map>
+#include <optional>
 
 #include "api/layout.h"
 
@@ -20,50 +21,96 @@ bool Tolerates(const std::vector<api::Toleration>& tolerations, const Taint& tai
   return false;
 }
 
-struct PlacementCandidate {
-  const ClusterNode* node;
-  std::vector<std::string> path;
-  bool taken = false;
-};
-
-// The domain of `c` at `level`: its path up to and including that level, as "a/b/c".
-std::string DomainKey(const PlacementCandidate& c, int level) {
-  std::string key;
-  for (int i = 0; i <= level; ++i) {
-    if (i > 0) key += '/';
-    key += c.path[i];
-  }
-  return key;
+std::string Plural(int64_t n, const std::string& one, const std::string& many) {
+  return std::to_string(n) + " " + (n == 1 ? one : many);
 }
 
-bool InDomain(const std::string& key, const std::string& domain) {
-  return domain.empty() || key == domain || (key.size() > domain.size() && key.starts_with(domain) && key[domain.size()] == '/');
+std::string Needs(const PlacementRequest& request) {
+  return "needs " + Plural(request.nodes, "node", "nodes") + " with " + std::to_string(request.gpus_per_node) +
+         " free GPU" + (request.gpus_per_node == 1 ? "" : "s");
 }
 
-// Chooses `need` untaken nodes among `members` (one domain, sorted by path), looking
-// at the children at `level`, and appends them to `out` in node-rank order.
-void Select(const std::vector<PlacementCandidate*>& members, size_t level, int64_t need, int64_t unit,
-            std::vector<PlacementCandidate*>* out) {
-  std::vector<PlacementCandidate*> free;
-  for (PlacementCandidate* c : members) {
-    if (!c->taken) free.push_back(c);
+// Ineligibility with `gpus_used` and `efa_used` in use on `node`.
+std::string IneligibilityWith(const PlacementRequest& request, const ClusterNode& node, int64_t gpus_used,
+                              int64_t efa_used) {
+  if (!node.ready) return "not Ready";
+  if (!node.schedulable) return "cordoned";
+  if (request.avoid.contains(node.name)) return "avoided after failures";
+  for (const auto& [key, value] : request.node_selector) {
+    auto it = node.labels.find(key);
+    if (it == node.labels.end() || it->second != value) return "not matching the node selector";
   }
-  if (level >= (free.empty() ? 0 : free.front()->path.size())) {  // below the last level: single nodes
+  for (const Taint& taint : node.taints) {
+    if (!Tolerates(request.tolerations, taint)) {
+      // As kubectl writes a taint: KEY[=VALUE]:EFFECT.
+      return "with the untolerated taint " + taint.key + (taint.value.empty() ? "" : "=" + taint.value) + ":" +
+             taint.effect;
+    }
+  }
+  if (node.gpus - gpus_used < request.gpus_per_node) return "with too few free GPUs";
+  if (node.efa - efa_used < request.efa_per_node) return "with too few free EFA interfaces";
+  return "";
+}
+
+// The eligible nodes as positions in `index.order` (so in topology-path order), from the
+// nodes the topology admits for the request, less the avoided and those too full. When
+// fewer than the request's nodes, `*reason` says why, counting every node's reason.
+std::vector<uint32_t> Eligible(const PlacementRequest& request, const ClusterView& cluster, const TopologyIndex& index,
+                               std::string* reason) {
+  const Topology& topology = *cluster.topology;
+  const NodeUsage& usage = *cluster.usage;
+  const std::shared_ptr<const std::vector<uint32_t>> admitting = topology.Admitting(request);
+  std::vector<uint32_t> eligible;
+  eligible.reserve(admitting->size());
+  for (const uint32_t p : *admitting) {
+    const size_t i = index.order[p];
+    const ClusterNode& node = topology.nodes()[i];
+    if (node.gpus - usage.GpusUsed(i) < request.gpus_per_node || node.efa - usage.EfaUsed(i) < request.efa_per_node)
+      continue;
+    if (!request.avoid.empty() && request.avoid.contains(node.name)) continue;
+    eligible.push_back(p);
+  }
+  if (int64_t(eligible.size()) < request.nodes) {
+    std::map<std::string, int64_t> why;
+    for (size_t i = 0; i < topology.size(); ++i) {
+      const std::string no = IneligibilityWith(request, topology.nodes()[i], usage.GpusUsed(i), usage.EfaUsed(i));
+      if (!no.empty()) ++why[no];
+    }
+    *reason = Needs(request) + "; only " + std::to_string(eligible.size()) + " of " + std::to_string(topology.size()) +
+              " nodes are eligible";
+    std::string details;
+    for (const auto& [what, count] : why) details += (details.empty() ? "" : ", ") + std::to_string(count) + " " + what;
+    if (!details.empty()) *reason += " (" + details + ")";
+  }
+  return eligible;
+}
+
+// Chooses `need` untaken nodes among `members` (positions in `index.order` inside one
+// domain of level - 1, ascending), looking at their domains at `level`, and appends them
+// to `out` in node-rank order.
+void Select(const TopologyIndex& index, const std::vector<uint32_t>& members, size_t level, int64_t need, int64_t unit,
+            std::vector<char>* taken, std::vector<uint32_t>* out) {
+  std::vector<uint32_t> free;
+  for (const uint32_t p : members) {
+    if (!(*taken)[p]) free.push_back(p);
+  }
+  if (level >= (free.empty() ? 0 : index.levels())) {  // below the last level: single nodes
     for (int64_t i = 0; i < need; ++i) {
-      free[i]->taken = true;
-      out->push_back(free[i]);
+      (*taken)[free[size_t(i)]] = 1;
+      out->push_back(free[size_t(i)]);
     }
     return;
   }
   struct Child {
-    std::string name;
-    std::vector<PlacementCandidate*> members;
+    uint32_t domain;
+    std::vector<uint32_t> members;
     int64_t remaining;
   };
   std::vector<Child> children;
-  for (PlacementCandidate* c : free) {
-    if (children.empty() || children.back().name != c->path[level]) children.push_back({c->path[level], {}, 0});
-    children.back().members.push_back(c);
+  for (const uint32_t p : free) {
+    const uint32_t domain = index.domain[level][p];
+    if (children.empty() || children.back().domain != domain) children.push_back({domain, {}, 0});
+    children.back().members.push_back(p);
     ++children.back().remaining;
   }
   while (need > 0) {
@@ -93,41 +140,10 @@ void Select(const std::vector<PlacementCandidate*>& members, size_t level, int64
         take = pick->remaining;
       }
     }
-    Select(pick->members, level + 1, take, unit, out);
+    Select(index, pick->members, level + 1, take, unit, taken, out);
     pick->remaining -= take;
     need -= take;
   }
-}
-
-std::string Plural(int64_t n, const std::string& one, const std::string& many) {
-  return std::to_string(n) + " " + (n == 1 ? one : many);
-}
-
-std::string Needs(const PlacementRequest& request) {
-  return "needs " + Plural(request.nodes, "node", "nodes") + " with " + std::to_string(request.gpus_per_node) +
-         " free GPU" + (request.gpus_per_node == 1 ? "" : "s");
-}
-
-// The eligible nodes, sorted by topology path then name; or, if too few, why not.
-std::vector<PlacementCandidate> Eligible(const PlacementRequest& request, const ClusterSnapshot& snapshot, std::string* reason) {
-  std::vector<PlacementCandidate> eligible;
-  std::map<std::string, int64_t> why;
-  for (const ClusterNode& node : snapshot.nodes) {
-    std::string no = Ineligibility(request, node);
-    if (no.empty()) eligible.push_back({&node, TopologyPath(node, request.levels)});
-    else ++why[no];
-  }
-  if (int64_t(eligible.size()) < request.nodes) {
-    *reason = Needs(request) + "; only " + std::to_string(eligible.size()) + " of " +
-              std::to_string(snapshot.nodes.size()) + " nodes are eligible";
-    std::string details;
-    for (const auto& [what, count] : why) details += (details.empty() ? "" : ", ") + std::to_string(count) + " " + what;
-    if (!details.empty()) *reason += " (" + details + ")";
-  }
-  std::sort(eligible.begin(), eligible.end(), [](const PlacementCandidate& a, const PlacementCandidate& b) {
-    return std::tie(a.path, a.node->name) < std::tie(b.path, b.node->name);
-  });
-  return eligible;
 }
 
 }  // namespace
@@ -149,23 +165,19 @@ PlacementRequest PlacementRequest::ForJob(const api::TrainingJob& job, std::set<
 }
 
 std::string Ineligibility(const PlacementRequest& request, const ClusterNode& node) {
-  if (!node.ready) return "not Ready";
-  if (!node.schedulable) return "cordoned";
-  if (request.avoid.contains(node.name)) return "avoided after failures";
+  return IneligibilityWith(request, node, node.gpus_used, node.efa_used);
+}
+
+bool Admits(const PlacementRequest& request, const ClusterNode& node) {
+  if (!node.ready || !node.schedulable) return false;
   for (const auto& [key, value] : request.node_selector) {
     auto it = node.labels.find(key);
-    if (it == node.labels.end() || it->second != value) return "not matching the node selector";
+    if (it == node.labels.end() || it->second != value) return false;
   }
   for (const Taint& taint : node.taints) {
-    if (!Tolerates(request.tolerations, taint)) {
-      // As kubectl writes a taint: KEY[=VALUE]:EFFECT.
-      return "with the untolerated taint " + taint.key + (taint.value.empty() ? "" : "=" + taint.value) + ":" +
-             taint.effect;
-    }
+    if (!Tolerates(request.tolerations, taint)) return false;
   }
-  if (node.FreeGpus() < request.gpus_per_node) return "with too few free GPUs";
-  if (node.FreeEfa() < request.efa_per_node) return "with too few free EFA interfaces";
-  return "";
+  return true;
 }
 
 std::vector<std::string> TopologyPath(const ClusterNode& node, const std::vector<std::string>& levels) {
@@ -177,9 +189,11 @@ std::vector<std::string> TopologyPath(const ClusterNode& node, const std::vector
   return path;
 }
 
-Placement Place(const PlacementRequest& request, const ClusterSnapshot& snapshot) {
+Placement Place(const PlacementRequest& request, const ClusterView& cluster) {
   Placement placement;
-  std::vector<PlacementCandidate> eligible = Eligible(request, snapshot, &placement.reason);
+  const std::shared_ptr<const TopologyIndex> held = cluster.topology->Index(request.levels);
+  const TopologyIndex& index = *held;
+  const std::vector<uint32_t> eligible = Eligible(request, cluster, index, &placement.reason);
   if (!placement.ok()) return placement;
 
   const int levels = int(request.levels.size());
@@ -187,77 +201,106 @@ Placement Place(const PlacementRequest& request, const ClusterSnapshot& snapshot
   const int rack = found != request.levels.end() ? int(found - request.levels.begin()) : std::max(0, levels - 2);
   const int64_t unit = std::max<int64_t>(1, request.nodes_per_shard_group);
 
-  // Nodes per domain, per level.
-  std::vector<std::map<std::string, int64_t>> counts(levels);
-  for (const PlacementCandidate& c : eligible) {
-    for (int l = 0; l < levels; ++l) ++counts[l][DomainKey(c, l)];
+  // Eligible nodes per domain, per level.
+  std::vector<std::vector<int64_t>> counts(static_cast<size_t>(levels));
+  for (int l = 0; l < levels; ++l) {
+    counts[size_t(l)].assign(index.key[size_t(l)].size(), 0);
+    for (const uint32_t p : eligible) ++counts[size_t(l)][index.domain[size_t(l)][p]];
   }
-  // Nodes in whole shard groups a domain can hold without a group leaving its rack-level domains.
-  auto aligned = [&](int level, const std::string& key) {
-    if (level > rack) return counts[level].at(key);
-    int64_t total = 0;
-    for (const auto& [rack_key, n] : counts[rack]) {
-      if (InDomain(rack_key, key)) total += n / unit * unit;
+  // At the rack level and above: the nodes in whole shard groups a domain can hold
+  // without a group leaving its rack-level domains.
+  std::vector<std::vector<int64_t>> aligned(static_cast<size_t>(levels));
+  if (rack < levels) {
+    aligned[size_t(rack)] = counts[size_t(rack)];
+    for (int64_t& n : aligned[size_t(rack)]) n = n / unit * unit;
+    for (int l = rack - 1; l >= 0; --l) {
+      aligned[size_t(l)].assign(index.key[size_t(l)].size(), 0);
+      for (size_t child = 0; child < aligned[size_t(l) + 1].size(); ++child)
+        aligned[size_t(l)][index.parent[size_t(l) + 1][child]] += aligned[size_t(l) + 1][child];
     }
-    return total;
+  }
+  auto aligned_at = [&](int level, uint32_t domain) {
+    return level > rack ? counts[size_t(level)][domain] : aligned[size_t(level)][domain];
   };
 
-  // The deepest level with a domain that holds the gang; best fit among them.
+  // The deepest level with a domain that holds the gang; best fit among them: holding
+  // whole shard groups first, then the fewest nodes left over, then the domain's name.
   const int64_t need = request.nodes;
-  for (int l = levels - 1; l >= 0 && placement.domain.empty(); --l) {
-    std::tuple<bool, int64_t, std::string> best{true, 0, ""};
-    for (const auto& [key, n] : counts[l]) {
+  uint32_t chosen = 0;
+  for (int l = levels - 1; l >= 0 && placement.domain_level < 0; --l) {
+    bool found_one = false;
+    std::pair<bool, int64_t> best{true, 0};
+    for (uint32_t d = 0; d < counts[size_t(l)].size(); ++d) {
+      const int64_t n = counts[size_t(l)][d];
       if (n < need) continue;
-      std::tuple<bool, int64_t, std::string> score{aligned(l, key) < need, n - need, key};
-      if (placement.domain.empty() || score < best) best = score, placement.domain = key;
+      const std::pair<bool, int64_t> score{aligned_at(l, d) < need, n - need};
+      if (!found_one || score < best || (score == best && index.key[size_t(l)][d] < index.key[size_t(l)][chosen])) {
+        best = score;
+        chosen = d;
+        found_one = true;
+      }
     }
-    if (!placement.domain.empty()) placement.domain_level = l;
+    if (found_one) {
+      placement.domain_level = l;
+      placement.domain = index.key[size_t(l)][chosen];
+    }
   }
   if (request.required && placement.domain_level < rack) {
     int64_t largest = 0;
-    for (const auto& [key, n] : counts[rack]) largest = std::max(largest, n);
+    for (const int64_t n : counts[size_t(rack)]) largest = std::max(largest, n);
     Placement none;
-    none.reason = Needs(request) + " in one " + request.levels[rack] + " domain; the largest such domain has " +
+    none.reason = Needs(request) + " in one " + request.levels[size_t(rack)] + " domain; the largest such domain has " +
                   std::to_string(largest);
     return none;
   }
 
-  std::vector<PlacementCandidate*> members;
-  for (PlacementCandidate& c : eligible) {
-    if (placement.domain_level < 0 || InDomain(DomainKey(c, placement.domain_level), placement.domain)) {
-      members.push_back(&c);
-    }
+  std::vector<uint32_t> members;
+  for (const uint32_t p : eligible) {
+    if (placement.domain_level < 0 || index.domain[size_t(placement.domain_level)][p] == chosen) members.push_back(p);
   }
-  std::vector<PlacementCandidate*> chosen;
-  Select(members, size_t(placement.domain_level + 1), need, unit, &chosen);
-  for (const PlacementCandidate* c : chosen) {
-    placement.nodes.push_back(c->node->name);
-    placement.paths.push_back(c->path);
+  std::vector<char> taken(index.order.size(), 0);
+  std::vector<uint32_t> selected;
+  Select(index, members, size_t(placement.domain_level + 1), need, unit, &taken, &selected);
+  for (const uint32_t p : selected) {
+    const ClusterNode& node = cluster.topology->nodes()[index.order[p]];
+    placement.nodes.push_back(node.name);
+    placement.paths.push_back(TopologyPath(node, request.levels));
   }
   return placement;
 }
 
-Placement PlaceReplacement(const PlacementRequest& request, const ClusterSnapshot& snapshot, const Placement& gang,
+Placement Place(const PlacementRequest& request, const ClusterSnapshot& snapshot) {
+  return Place(request, ClusterView::Of(snapshot));
+}
+
+Placement PlaceReplacement(const PlacementRequest& request, const ClusterView& cluster, const Placement& gang,
                            size_t lost) {
   PlacementRequest one = request;
   one.nodes = 1;
   Placement placement;
-  const std::vector<PlacementCandidate> eligible = Eligible(one, snapshot, &placement.reason);
+  const std::shared_ptr<const TopologyIndex> held = cluster.topology->Index(request.levels);
+  const TopologyIndex& index = *held;
+  const std::vector<uint32_t> eligible = Eligible(one, cluster, index, &placement.reason);
   const std::vector<std::string>& lost_path = gang.paths.at(lost);
   const auto level = std::find(request.levels.begin(), request.levels.end(), request.required_level);
   const size_t required_depth =
       request.required && level != request.levels.end() ? size_t(level - request.levels.begin()) + 1 : 0;
-  const PlacementCandidate* best = nullptr;
+  // The lost node's domain at each level, as the index writes it.
+  std::vector<std::string> lost_keys;
+  for (size_t l = 0; l < std::min(lost_path.size(), index.levels()); ++l)
+    lost_keys.push_back((l == 0 ? "" : lost_keys.back() + "/") + lost_path[l]);
+  std::optional<uint32_t> best;
   size_t best_shared = 0, outside = 0;
-  for (const PlacementCandidate& c : eligible) {
-    if (std::find(gang.nodes.begin(), gang.nodes.end(), c.node->name) != gang.nodes.end()) continue;
+  for (const uint32_t p : eligible) {  // in path order: the first of equals wins
+    const std::string& name = cluster.topology->nodes()[index.order[p]].name;
+    if (std::find(gang.nodes.begin(), gang.nodes.end(), name) != gang.nodes.end()) continue;
     ++outside;
     size_t shared = 0;
-    while (shared < lost_path.size() && shared < c.path.size() && c.path[shared] == lost_path[shared]) ++shared;
+    while (shared < lost_keys.size() && index.key[shared][index.domain[shared][p]] == lost_keys[shared]) ++shared;
     if (shared < required_depth) continue;
-    if (best == nullptr || shared > best_shared) best = &c, best_shared = shared;
+    if (!best || shared > best_shared) best = p, best_shared = shared;
   }
-  if (best == nullptr) {
+  if (!best) {
     if (placement.ok() && outside == 0) {
       placement.reason = "every eligible node holds the gang already";
     } else if (placement.ok()) {
@@ -267,15 +310,22 @@ Placement PlaceReplacement(const PlacementRequest& request, const ClusterSnapsho
     placement.reason = "no node can replace " + gang.nodes.at(lost) + ": " + placement.reason;
     return placement;
   }
+  const ClusterNode& node = cluster.topology->nodes()[index.order[*best]];
   placement = gang;
-  placement.nodes[lost] = best->node->name;
-  placement.paths[lost] = best->path;
+  placement.nodes[lost] = node.name;
+  placement.paths[lost] = TopologyPath(node, request.levels);
   return placement;
+}
+
+Placement PlaceReplacement(const PlacementRequest& request, const ClusterSnapshot& snapshot, const Placement& gang,
+                           size_t lost) {
+  return PlaceReplacement(request, ClusterView::Of(snapshot), gang, lost);
 }
 
 Placement PlaceBlind(const PlacementRequest& request, const ClusterSnapshot& snapshot) {
   Placement placement;
-  Eligible(request, snapshot, &placement.reason);
+  const ClusterView view = ClusterView::Of(snapshot);
+  Eligible(request, view, *view.topology->Index(request.levels), &placement.reason);
   if (!placement.ok()) return placement;
   for (const ClusterNode& node : snapshot.nodes) {  // snapshots are in name order
     if (int64_t(placement.nodes.size()) == request.nodes) break;

@@ -1,5 +1,6 @@
 // Topology-aware gang placement and node-rank order. Pure functions of a request
-// and a cluster snapshot: the same inputs always give the same placement.
+// and a cluster (a ClusterView: a topology and what is in use on it, or a snapshot):
+// the same inputs always give the same placement.
 //
 // Placement is all or nothing. It picks the deepest topology domain that can hold
 // the whole gang (best fit among equals: the one left with the fewest free nodes,
@@ -7,6 +8,11 @@
 // then selects nodes inside it level by level, in whole shard groups where sizes
 // allow. The order of selection is the node-rank order, so consecutive node ranks
 // share the deepest domain and each shard group sits under one domain when it can.
+//
+// On a ClusterView it costs one pass over the nodes the request's selector and
+// tolerations admit (Topology::Admitting) with integer work per node and level, plus
+// the selection inside the chosen domain; the nodes' order and domains come from the
+// topology's index. Only a refusal looks at every node's labels, to say why.
 
 #pragma once
 
@@ -19,6 +25,7 @@
 #include "api/rank_table.h"
 #include "api/training_job.h"
 #include "operator/scheduler/cluster.h"
+#include "operator/scheduler/topology.h"
 
 namespace meshtrain::scheduler {
 
@@ -51,12 +58,18 @@ struct Placement {
   bool operator==(const Placement&) const = default;
 };
 
-// Whether `node` can take one of the gang's pods, and if not, why (e.g. "not Ready").
+// Whether `node` can take one of the gang's pods, with the GPUs and EFA interfaces its
+// gpus_used and efa_used say are in use, and if not, why (e.g. "not Ready").
 std::string Ineligibility(const PlacementRequest& request, const ClusterNode& node);
+
+// Whether `node` could take one of the gang's pods were all it has free and it not
+// avoided: it is Ready and schedulable, matches the node selector and tolerates its taints.
+bool Admits(const PlacementRequest& request, const ClusterNode& node);
 
 // The topology path of a node for `levels`.
 std::vector<std::string> TopologyPath(const ClusterNode& node, const std::vector<std::string>& levels);
 
+Placement Place(const PlacementRequest& request, const ClusterView& cluster);
 Placement Place(const PlacementRequest& request, const ClusterSnapshot& snapshot);
 
 // A node for node rank `lost` of the placed `gang`, whose node is lost: the eligible node
@@ -65,6 +78,8 @@ Placement Place(const PlacementRequest& request, const ClusterSnapshot& snapshot
 // With topology mode Required, only a node in the gang's domain of required_level will do.
 // Returns `gang` with that node and its path at `lost`, or a placement whose reason says
 // why none qualifies. `request` is the gang's; its node count is ignored.
+Placement PlaceReplacement(const PlacementRequest& request, const ClusterView& cluster, const Placement& gang,
+                           size_t lost);
 Placement PlaceReplacement(const PlacementRequest& request, const ClusterSnapshot& snapshot, const Placement& gang,
                            size_t lost);
 

@@ -226,6 +226,79 @@ TEST(Placement, AReplacementIsTheFreeNodeNearestTheLostOne) {
   EXPECT_EQ(none.reason, "no node can replace b1: every eligible node holds the gang already");
 }
 
+// What is in use as the operator counts it, by node index: counters that change between
+// two placements on one topology.
+class CountedUsage : public NodeUsage {
+ public:
+  explicit CountedUsage(size_t nodes) : gpus(nodes), efa(nodes) {}
+  int64_t GpusUsed(size_t node) const override { return gpus[node]; }
+  int64_t EfaUsed(size_t node) const override { return efa[node]; }
+  std::vector<int64_t> gpus, efa;
+};
+
+TEST(Topology, IndexesEachDomainByItsWholePathInPathOrder) {
+  // rack-a under p1 and rack-a under p2 are two domains; x4 lacks its layer-3 label.
+  std::vector<ClusterNode> nodes = {Node("x0", "s1", "p2", "rack-a"), Node("x1", "s1", "p1", "rack-a"),
+                                    Node("x2", "s1", "p1", "rack-b"), Node("x3", "s1", "p1", "rack-a"),
+                                    Node("x4", "s1", "p1", "")};
+  nodes[4].labels.erase(kLevels[2]);
+  const Topology topology(nodes);
+  const std::shared_ptr<const TopologyIndex> index = topology.Index(kLevels);
+  std::vector<std::string> order;
+  for (const uint32_t i : index->order) order.push_back(topology.nodes()[i].name);
+  EXPECT_EQ(order, (std::vector<std::string>{"x1", "x3", "x2", "x4", "x0"}));
+  ASSERT_EQ(index->levels(), 4u);
+  EXPECT_EQ(index->key[2], (std::vector<std::string>{"s1/p1/rack-a", "s1/p1/rack-b", "s1/p1/unlabelled:x4",
+                                                     "s1/p2/rack-a"}));
+  EXPECT_EQ(index->domain[2], (std::vector<uint32_t>{0, 0, 1, 2, 3}));
+  EXPECT_EQ(index->parent[2], (std::vector<uint32_t>{0, 0, 0, 1}));
+  EXPECT_EQ(index->key[1], (std::vector<std::string>{"s1/p1", "s1/p2"}));
+  EXPECT_EQ(topology.Index(kLevels), index) << "an index is computed once per list of levels";
+  EXPECT_EQ(topology.Find("x3"), std::optional<size_t>(3));
+  EXPECT_EQ(topology.Find("x9"), std::nullopt);
+}
+
+TEST(Topology, APlacementReadsWhatIsInUseAsItIsNow) {
+  auto topology = std::make_shared<const Topology>(TwoRacks(6, 4).nodes);
+  auto usage = std::make_shared<CountedUsage>(topology->size());
+  const ClusterView view{topology, usage};
+  EXPECT_EQ(Place(Request(4), view).domain, "s1/p1/rack-b");
+  usage->gpus[*topology->Find("b1")] = 1;  // rack-b holds only 3 now
+  const Placement moved = Place(Request(4), view);
+  EXPECT_EQ(moved.domain, "s1/p1/rack-a");
+  EXPECT_EQ(moved.nodes, (std::vector<std::string>{"a0", "a1", "a2", "a3"}));
+  // The same, with b1's GPUs counted free again (a gang asking whether it could grow).
+  const ClusterView released{topology,
+                             std::make_shared<ReleasedUsage>(usage, std::map<size_t, ReleasedUsage::Released>{
+                                                                        {*topology->Find("b1"), {1, 0}}})};
+  EXPECT_EQ(Place(Request(4), released).domain, "s1/p1/rack-b");
+  usage->efa[*topology->Find("b2")] = 30;
+  PlacementRequest efa = Request(4);
+  efa.efa_per_node = 4;
+  EXPECT_EQ(Place(efa, released).domain, "s1/p1/rack-a");
+  // A refusal counts every node's reason with the usage as it is.
+  EXPECT_EQ(Place(Request(10), view).reason,
+            "needs 10 nodes with 8 free GPUs; only 9 of 10 nodes are eligible (1 with too few free GPUs)");
+}
+
+TEST(Topology, TheNodesAdmittedFollowEachRequestsSelectorAndTolerations) {
+  std::vector<ClusterNode> nodes = {Node("a0", "s1", "p1", "rack-a"), Node("a1", "s1", "p1", "rack-a"),
+                                    Node("a2", "s1", "p1", "rack-a")};
+  nodes[0].taints.push_back({"nvidia.com/gpu", "present", "NoSchedule"});
+  nodes[1].labels["pool"] = "big";
+  nodes[2].gpus_used = 8;  // in use, but that is not the topology's to say
+  const Topology topology(nodes);
+  PlacementRequest plain = Request(1);
+  EXPECT_EQ(*topology.Admitting(plain), (std::vector<uint32_t>{1, 2}));
+  PlacementRequest tolerating = plain;
+  tolerating.tolerations.push_back({"nvidia.com/gpu", "Exists", "", "", std::nullopt});
+  EXPECT_EQ(*topology.Admitting(tolerating), (std::vector<uint32_t>{0, 1, 2}));
+  PlacementRequest selecting = plain;
+  selecting.node_selector["pool"] = "big";
+  EXPECT_EQ(*topology.Admitting(selecting), (std::vector<uint32_t>{1}));
+  EXPECT_EQ(topology.Admitting(plain), topology.Admitting(plain));
+}
+
 TEST(Placement, RankTableHoldsConsecutiveRanks) {
   const Placement p = Place(Request(2), TwoRacks(2, 0));
   const api::RankTable table = MakeRankTable(p, kLevels, 8);
