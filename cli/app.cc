@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "api/logging.h"
+#include "cli/bench_tokenize_command.h"
 #include "cli/commands.h"
 #include "worker/launch/local_launcher.h"
 
@@ -134,8 +135,8 @@ Command ModelSpec(CLI::App& parent) {
 Command PrepareData(CLI::App& parent) {
   auto o = Make<PrepareDataOptions>();
   CLI::App* c = parent.add_subcommand(
-      "prepare-data", "Turn text into token files: bytes, or GPT-2's tokens in llm.c shards (--tokenizer)");
-  c->add_option("input", o->input, "Text file; with --tokenizer, a glob of .jsonl (\"text\" fields) and text files")
+      "prepare-data", "Turn text into token files: bytes, or a model's tokens in llm.c shards (--tokenizer)");
+  c->add_option("input", o->input, "Text file; with --tokenizer, a glob of .jsonl (\"text\", or \"prompt\" and \"completion\") and text files")
       ->required();
   c->add_option("output", o->output, "Token file to write; with --tokenizer, the shards' prefix (PREFIX_train_000001.bin)")
       ->required();
@@ -145,7 +146,7 @@ Command PrepareData(CLI::App& parent) {
                        ->check(CLI::Range(0.0, 0.5))
                        ->capture_default_str();
   auto* tokenizer = c->add_option("--tokenizer", o->tokenizer,
-                                  "GPT-2's tokenizer: a directory with encoder.json and vocab.bpe, or tokenizer.json");
+                                  "A model directory: tokenizer.json, tokenizer.model, or encoder.json and vocab.bpe (and tokenizer_config.json)");
   c->add_option("--shard-tokens", o->shard_tokens, "Tokens per shard (with --tokenizer)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str()
@@ -168,7 +169,7 @@ Command Sample(CLI::App& parent) {
   CLI::App* c = parent.add_subcommand("sample", "Continue a prompt from a checkpoint or a safetensors GPT-2");
   c->add_option("checkpoint", o->checkpoint, "A checkpoint (PATH/step-N), or a job's checkpoint path (its newest)");
   c->add_option("--from", o->from, "A GPT-2 in Hugging Face's safetensors layout, instead of a checkpoint");
-  c->add_option("--tokenizer", o->tokenizer, "GPT-2's tokenizer directory (encoder.json and vocab.bpe, or tokenizer.json)");
+  c->add_option("--tokenizer", o->tokenizer, "The model's tokenizer directory (tokenizer.json, tokenizer.model, or encoder.json and vocab.bpe)");
   c->add_option("--prompt", o->prompt, "Text to continue (default: start of a document)");
   c->add_option("--tokens", o->tokens, "Tokens to sample")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   c->add_option("--temperature", o->temperature, "Sampling temperature")
@@ -329,6 +330,18 @@ Command BenchCheckpoint(CLI::App& bench) {
   return {c, [o] { return BenchCheckpointCommand(*o, std::cout); }};
 }
 
+Command BenchTokenize(CLI::App& bench) {
+  auto o = Make<BenchTokenizeOptions>();
+  CLI::App* c = bench.add_subcommand("tokenize", "Tokens/s of a model directory's tokenizer against a reference encoder");
+  c->add_option("--tokenizer", o->tokenizer, "The model directory (tokenizer.json, tokenizer.model, ...)")->required();
+  c->add_option("--text", o->text, "Text to encode")->capture_default_str();
+  c->add_option("--repeat", o->repeat, "The text this many times over")->check(CLI::Range(1, 1000))->capture_default_str();
+  c->add_option("--threads", o->threads, "Threads of the second run (0: every core)")->capture_default_str();
+  c->add_option("--node-modules", o->node_modules, "Where the npm references are")->capture_default_str();
+  c->add_option("--scripts", o->scripts, "Where the references' scripts are")->capture_default_str();
+  return {c, [o] { return BenchTokenizeCommand(*o, std::cout); }};
+}
+
 Command BenchComm(CLI::App& bench, const std::vector<std::string>& self) {
   auto o = Make<BenchCommOptions>();
   auto sizes = std::make_shared<std::string>("1K..64M");
@@ -415,7 +428,7 @@ int Main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
   for (Command& c : std::vector<Command>{BenchPlan(*bench, self), BenchTrain(*bench, self), BenchCheckpoint(*bench),
-                                         BenchComm(*bench, self), BenchOperator(*bench)})
+                                         BenchComm(*bench, self), BenchOperator(*bench), BenchTokenize(*bench)})
     commands.push_back(std::move(c));
   commands.push_back(Launch(app));
   try {

@@ -56,14 +56,14 @@ struct PrepareDataOptions {
   std::string output;       // token file of the text (less the validation split)
   std::string validation;   // optional token file of the last validation_fraction of the text
   double validation_fraction = 0.1;
-  // With GPT-2's tokenizer: `input` may be a glob of .jsonl and text files, `output` is
+  // With a tokenizer: `input` may be a glob of .jsonl and text files, `output` is
   // the shards' prefix.
   std::string tokenizer;
   uint64_t shard_tokens = 100'000'000;
   int threads = 0;
 };
 
-// Tokenizes text into token files: bytes into MTOK files, or with GPT-2's tokenizer
+// Tokenizes text into token files: bytes into MTOK files, or with a model's tokenizer
 // (--tokenizer) into llm.c shards (worker/train/prepare_data.h), with progress on stderr.
 // Exit 2 when two of the input, output and validation files are one file.
 int PrepareDataCommand(const PrepareDataOptions& options, std::ostream& out);
@@ -71,7 +71,7 @@ int PrepareDataCommand(const PrepareDataOptions& options, std::ostream& out);
 struct SampleOptions {
   std::string checkpoint;  // PATH/step-N, or a job's spec.checkpoint.path (its newest intact one)
   std::string from;        // or a GPT-2 in Hugging Face's safetensors layout
-  std::string tokenizer;   // GPT-2's tokenizer directory; needed for text with more than 256 tokens
+  std::string tokenizer;   // the model's tokenizer directory; needed for text with more than 256 tokens
   std::string prompt;      // empty: start from end-of-text (or a newline for bytes)
   int tokens = 64;
   double temperature = 1.0;

@@ -18,13 +18,13 @@ std::string Megabytes(uint64_t bytes) {
   return text;
 }
 
-int PrepareGpt2Shards(const PrepareDataOptions& options, std::ostream& out) {
+int PrepareTokenizedShards(const PrepareDataOptions& options, std::ostream& out) {
   if (!options.validation.empty()) {
     out << "meshtrain prepare-data: --validation names a file; with --tokenizer the validation shard is "
         << options.output << "_val_000000.bin\n";
     return kExitInvalid;
   }
-  const text::Gpt2Tokenizer tokenizer = text::Gpt2Tokenizer::Load(options.tokenizer);
+  const text::Tokenizer tokenizer = text::Tokenizer::Load(options.tokenizer);
   train::PrepareOptions prepare;
   prepare.inputs = {options.input};
   prepare.prefix = options.output;
@@ -43,12 +43,16 @@ int PrepareGpt2Shards(const PrepareDataOptions& options, std::ostream& out) {
   uint64_t tokens = 0;
   for (const auto* split : {&result.validation, &result.train}) {
     for (const train::PreparedShard& shard : *split) {
-      out << shard.path << ": " << shard.tokens << " tokens\n";
+      out << shard.path << ": " << shard.tokens << " tokens" << (shard.masked ? " (loss mask in " + shard.path + ".mask)" : "")
+          << "\n";
       tokens += shard.tokens;
     }
   }
-  out << result.documents << " documents, " << Megabytes(result.bytes) << ", " << tokens
-      << " tokens (GPT-2's tokenizer, llm.c's format)\n";
+  out << result.documents << " documents"
+      << (result.prompt_completion > 0 ? " (" + std::to_string(result.prompt_completion) + " prompt/completion)" : "")
+      << ", " << Megabytes(result.bytes) << ", " << tokens << " tokens (" << tokenizer.kind() << ", "
+      << (tokenizer.vocab_size() > 65536 ? "llm.c's uint32 Llama 3 shards" : "llm.c's uint16 shards") << ")\n";
+  for (const std::string& warning : result.warnings) std::cerr << "warning: " << warning << "\n";
   if (result.invalid_utf8 > 0) {
     std::cerr << "warning: " << result.invalid_utf8 << " invalid UTF-8 sequences were replaced by U+FFFD\n";
   }
@@ -86,7 +90,7 @@ std::string SameFileError(const PrepareDataOptions& o) {
 
 int PrepareDataCommand(const PrepareDataOptions& options, std::ostream& out) {
   try {
-    if (!options.tokenizer.empty()) return PrepareGpt2Shards(options, out);
+    if (!options.tokenizer.empty()) return PrepareTokenizedShards(options, out);
     if (const std::string error = SameFileError(options); !error.empty()) {
       out << "meshtrain prepare-data: " << error << "\n";
       return kExitUnreadable;  // a usage error

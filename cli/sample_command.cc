@@ -61,7 +61,7 @@ int SampleCommand(const SampleOptions& o, std::ostream& out) {
     if (!o.from.empty()) weights.master = train::LoadHuggingFace(o.from, weights.shape);
     const api::ModelShape& shape = weights.shape;
     const train::TextCodec codec(o.tokenizer, shape.vocab_size, "--tokenizer");
-    const std::vector<uint32_t> prompt = o.prompt.empty() ? codec.Start() : codec.Encode(o.prompt);
+    const std::vector<uint32_t> prompt = o.prompt.empty() ? codec.Start() : codec.Prompt(o.prompt);
 
     // A one-rank job of that model, on the device asked for.
     // Checkpointed: sampling needs no block's activations kept for a backward.
@@ -85,6 +85,7 @@ int SampleCommand(const SampleOptions& o, std::ostream& out) {
     sampling.temperature = o.temperature;
     sampling.top_k = o.top_k;
     sampling.vocabulary = codec.vocabulary();
+    sampling.stop = codec.Stop();  // the sample ends at the tokenizer's EOS
     const std::vector<uint32_t> ids =
         train::SampleTokens(*engine, prompt, o.tokens, int(shape.seq_len), int(shape.vocab_size), sampling);
     std::cerr << "sampling " << o.tokens << " tokens from " << weights.from << " on " << choice.device.ToString() << "\n";

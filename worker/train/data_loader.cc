@@ -46,6 +46,7 @@ DataLoader::DataLoader(const std::vector<std::string>& patterns, const DataOptio
     data_.push_back(TokenFile::Open(f, options.format));
     if (options.vocab_size > 0) data_.back().CheckVocabulary(options.vocab_size);
     const uint64_t n = data_.back().size();
+    masks_.push_back(TokenMask::OpenBeside(f, n));
     tokens_ += n;
     window_starts_.push_back(window_starts_.back() + (n > T ? (n - 1) / T : 0));
   }
@@ -59,20 +60,51 @@ DataLoader::DataLoader(const std::vector<std::string>& patterns, const DataOptio
   }
 }
 
+std::pair<size_t, uint64_t> DataLoader::Window(uint64_t index, uint64_t pass) const {
+  const uint64_t window = Permute(index, windows(), options_.seed, pass);
+  const size_t f =
+      size_t(std::upper_bound(window_starts_.begin(), window_starts_.end(), window) - window_starts_.begin()) - 1;
+  return {f, (window - window_starts_[f]) * uint64_t(options_.seq)};
+}
+
 void DataLoader::Next(int32_t* inputs, int32_t* targets) {
   const auto B = uint64_t(options_.batch), T = uint64_t(options_.seq);
   const uint64_t span = uint64_t(options_.dp_size) * B;
   const uint64_t per_pass = windows() / span * span;
   const uint64_t pass = position_ / per_pass, first = position_ % per_pass;
   for (uint64_t b = 0; b < B; ++b) {
-    const uint64_t window = Permute(first + uint64_t(options_.dp_rank) * B + b, windows(), options_.seed, pass);
-    const size_t f = size_t(std::upper_bound(window_starts_.begin(), window_starts_.end(), window) -
-                            window_starts_.begin()) - 1;
-    data_[f].Read((window - window_starts_[f]) * T, T + 1, window_.data());
+    const auto [f, start] = Window(first + uint64_t(options_.dp_rank) * B + b, pass);
+    data_[f].Read(start, T + 1, window_.data());
     std::copy_n(window_.begin(), T, inputs + b * T);
     std::copy_n(window_.begin() + 1, T, targets + b * T);
+    if (masks_[f]) {
+      for (uint64_t t = 0; t < T; ++t) {
+        if (!masks_[f]->target(start + 1 + t)) targets[b * T + t] = -1;
+      }
+    }
   }
   position_ += span;
+}
+
+int64_t DataLoader::GlobalTargets(int64_t micro_steps) const {
+  const auto B = uint64_t(options_.batch), T = uint64_t(options_.seq);
+  const uint64_t span = uint64_t(options_.dp_size) * B;
+  if (!masked()) return int64_t(uint64_t(micro_steps) * span * T);
+  const uint64_t per_pass = windows() / span * span;
+  uint64_t targets = 0;
+  for (int64_t m = 0; m < micro_steps; ++m) {
+    const uint64_t position = position_ + uint64_t(m) * span;
+    const uint64_t pass = position / per_pass, first = position % per_pass;
+    for (uint64_t w = 0; w < span; ++w) {
+      const auto [f, start] = Window(first + w, pass);
+      targets += masks_[f] ? masks_[f]->CountTargets(start + 1, T) : T;
+    }
+  }
+  return int64_t(targets);
+}
+
+bool DataLoader::masked() const {
+  return std::any_of(masks_.begin(), masks_.end(), [](const auto& m) { return m.has_value(); });
 }
 
 }  // namespace meshtrain::train

@@ -14,11 +14,20 @@
 // The position is the number of windows taken by all ranks together. Saved in
 // checkpoints and restored, it makes a resume read exactly what an uninterrupted run
 // would. Not thread-safe.
+//
+// Loss masks: a shard with a mask beside it (SHARD.mask, token_file.h; prepare-data writes
+// them for prompt/completion data) has some tokens that are context only. Next writes
+// target -1 where the mask says the token is not a target; inputs stay the real tokens.
+// Without masks every target is real. GlobalTargets counts the targets that are not -1 in
+// the next global micro-batches, reading only their masks, so that the loss can be the mean
+// over the whole global batch's targets before the first backward.
 
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "worker/train/token_file.h"
@@ -40,8 +49,16 @@ class DataLoader {
   // holds fewer windows than one global micro-batch needs.
   DataLoader(const std::vector<std::string>& patterns, const DataOptions& options);
 
-  // Fills inputs and targets, B*T tokens each (targets are inputs shifted by one).
+  // Fills inputs and targets, B*T tokens each (targets are inputs shifted by one; -1
+  // where the shard's mask says the token is not a target).
   void Next(int32_t* inputs, int32_t* targets);
+
+  // The number of targets that are not -1 in the next `micro_steps` global micro-batches
+  // (every data-parallel rank's windows: micro_steps * dp_size * B windows from the
+  // position), without moving the position. micro_steps * dp_size * B * T without masks.
+  int64_t GlobalTargets(int64_t micro_steps) const;
+  // Whether any shard has a loss mask.
+  bool masked() const;
 
   uint64_t position() const { return position_; }
   void set_position(uint64_t position) { position_ = position; }
@@ -55,7 +72,11 @@ class DataLoader {
  private:
   DataOptions options_;
   std::vector<std::string> files_;
+  // Where window `index` of the order of pass `pass` is: its file and first token.
+  std::pair<size_t, uint64_t> Window(uint64_t index, uint64_t pass) const;
+
   std::vector<TokenFile> data_;
+  std::vector<std::optional<TokenMask>> masks_;  // each file's, if it has one
   std::vector<uint64_t> window_starts_;  // index of each file's first window; back(): the count
   uint64_t tokens_ = 0;
   uint64_t position_ = 0;

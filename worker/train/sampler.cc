@@ -43,6 +43,7 @@ std::vector<uint32_t> SampleTokens(parallel::Engine& engine, std::span<const uin
         break;
       }
     }
+    if (std::find(options.stop.begin(), options.stop.end(), uint32_t(next)) != options.stop.end()) break;
     text.push_back(uint32_t(next));
   }
   return std::vector<uint32_t>(text.begin() + long(prompt.size()), text.end());
@@ -55,7 +56,7 @@ TextCodec::TextCodec(const std::string& tokenizer_dir, int64_t vocab_size, const
     : vocab_size_(vocab_size) {
   if (tokenizer_dir.empty()) return;
   try {
-    tokenizer_ = std::make_shared<const text::Gpt2Tokenizer>(text::Gpt2Tokenizer::Load(tokenizer_dir));
+    tokenizer_ = std::make_shared<const text::Tokenizer>(text::Tokenizer::Load(tokenizer_dir));
   } catch (const text::TokenizerError& e) {
     throw std::invalid_argument(field + ": " + e.what());
   }
@@ -67,7 +68,9 @@ TextCodec::TextCodec(const std::string& tokenizer_dir, int64_t vocab_size, const
 }
 
 std::string TextCodec::Decode(std::span<const uint32_t> ids) const {
-  return tokenizer_ ? tokenizer_->Decode(ids) : TokensToText(ids, vocab_size_);
+  if (!tokenizer_) return TokensToText(ids, vocab_size_);
+  const auto eos = std::find(ids.begin(), ids.end(), tokenizer_->eos());
+  return tokenizer_->Decode(ids.first(size_t(eos - ids.begin())));
 }
 
 std::vector<uint32_t> TextCodec::Encode(const std::string& text) const {
@@ -79,8 +82,21 @@ std::vector<uint32_t> TextCodec::Encode(const std::string& text) const {
   return ByteTokens(text);
 }
 
+std::vector<uint32_t> TextCodec::Prompt(const std::string& text) const {
+  std::vector<uint32_t> ids = tokenizer_ ? tokenizer_->frame().before : std::vector<uint32_t>{};
+  const std::vector<uint32_t> encoded = Encode(text);
+  ids.insert(ids.end(), encoded.begin(), encoded.end());
+  return ids;
+}
+
 std::vector<uint32_t> TextCodec::Start() const {
-  return tokenizer_ ? std::vector<uint32_t>{tokenizer_->end_of_text()} : std::vector<uint32_t>{'\n'};
+  if (!tokenizer_) return {'\n'};
+  if (!tokenizer_->frame().before.empty()) return tokenizer_->frame().before;
+  return {tokenizer_->eos()};
+}
+
+std::vector<uint32_t> TextCodec::Stop() const {
+  return tokenizer_ ? std::vector<uint32_t>{tokenizer_->eos()} : std::vector<uint32_t>{};
 }
 
 uint32_t TextCodec::vocabulary() const { return tokenizer_ ? tokenizer_->vocab_size() : uint32_t(vocab_size_); }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -46,7 +47,7 @@ constexpr uint32_t kLlmcMagic16 = 20240520, kLlmcMagic32 = 20240801;
 bool IsLlmcHeader(const unsigned char* h, size_t bytes) {
   if (bytes < TokenFile::kLlmcHeaderBytes) return false;
   const uint32_t magic = ReadU32(h), version = ReadU32(h + 4);
-  return (magic == kLlmcMagic16 && version == 1) || (magic == kLlmcMagic32 && version == 2);
+  return (magic == kLlmcMagic16 && version == 1) || (magic == kLlmcMagic32 && (version == 7 || version == 2));
 }
 
 bool IsMtokHeader(const unsigned char* h, size_t bytes) {
@@ -114,10 +115,10 @@ TokenFile TokenFile::Open(const std::string& path, TokenFormat format) {
                      " bytes, short of its " + std::to_string(kLlmcHeaderBytes) + "-byte header");
     }
     Fail(path, "has llm.c's magic " + std::to_string(ReadU32(h)) + " with version " + std::to_string(ReadU32(h + 4)) +
-                   "; llm.c writes 20240520 with version 1 and 20240801 with version 2");
+                   "; llm.c writes 20240520 with version 1 and 20240801 with version 7");
   } else {
     Fail(path, "has no token file header: expected \"MTOK\" or llm.c's magic 20240520 (version 1) or 20240801 "
-               "(version 2); a raw uint16 file (nanoGPT's train.bin) needs spec.data.format: uint16");
+               "(version 7); a raw uint16 file (nanoGPT's train.bin) needs spec.data.format: uint16");
   }
   const uint64_t payload = bytes - file.header_bytes_;
   if (count > payload / unsigned(file.width_) || payload != count * unsigned(file.width_)) {
@@ -137,6 +138,13 @@ std::vector<std::string> ExpandGlobs(const std::vector<std::string>& patterns) {
     const int rc = ::glob(pattern.c_str(), GLOB_NOSORT, nullptr, &g);
     std::vector<std::string> matched(g.gl_pathv, g.gl_pathv + (rc == 0 ? g.gl_pathc : 0));
     ::globfree(&g);
+    const bool literal = matched.size() == 1 && matched[0] == pattern;
+    if (!literal) {  // a glob: loss masks beside the shards are not shards
+      const std::string suffix = TokenMask::kSuffix;
+      std::erase_if(matched, [&](const std::string& f) {
+        return f.size() >= suffix.size() && f.compare(f.size() - suffix.size(), suffix.size(), suffix) == 0;
+      });
+    }
     if (matched.empty()) throw TokenFileError(pattern + ": no file matches");
     std::sort(matched.begin(), matched.end());
     files.insert(files.end(), matched.begin(), matched.end());
@@ -237,14 +245,69 @@ void WriteTokenFile(const std::string& path, std::span<const uint32_t> tokens) {
   WriteAtomically(path, bytes);
 }
 
-void WriteLlmcTokenFile(const std::string& path, std::span<const uint32_t> tokens) {
+void WriteLlmcTokenFile(const std::string& path, std::span<const uint32_t> tokens, uint64_t vocab_size) {
   if (tokens.size() > 0x7FFFFFFF) Fail(path, "llm.c's header holds at most 2^31-1 tokens; write more shards");
-  const uint32_t width = NarrowestWidth(tokens);
+  const uint32_t width = vocab_size > 65536 ? 4 : NarrowestWidth(tokens);
   std::vector<unsigned char> bytes(TokenFile::kLlmcHeaderBytes + tokens.size() * width);
   PutU32(bytes.data(), width == 2 ? kLlmcMagic16 : kLlmcMagic32);
-  PutU32(bytes.data() + 4, width == 2 ? 1 : 2);
+  PutU32(bytes.data() + 4, width == 2 ? 1 : 7);
   PutU32(bytes.data() + 8, uint32_t(tokens.size()));
   PutTokens(bytes.data() + TokenFile::kLlmcHeaderBytes, tokens, width);
+  WriteAtomically(path, bytes);
+}
+
+namespace {
+
+constexpr char kMaskMagic[4] = {'M', 'T', 'M', 'K'};
+
+}  // namespace
+
+std::optional<TokenMask> TokenMask::OpenBeside(const std::string& shard, uint64_t tokens) {
+  const std::string path = shard + kSuffix;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  if (!S_ISREG(st.st_mode)) Fail(path, "is not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.eof() || in.bad()) Fail(path, "cannot read the loss mask");
+  const auto* h = reinterpret_cast<const unsigned char*>(data.data());
+  if (data.size() < TokenFile::kHeaderBytes || std::memcmp(h, kMaskMagic, 4) != 0) {
+    Fail(path, "is not a loss mask: expected the magic \"MTMK\" and a 24-byte header");
+  }
+  if (ReadU32(h + 4) != 1) Fail(path, "has mask version " + std::to_string(ReadU32(h + 4)) + ", expected 1");
+  const uint64_t count = ReadU64(h + 16);
+  if (count != tokens) {
+    Fail(path, "is the loss mask of " + std::to_string(count) + " tokens, but its shard " + shard + " has " +
+                   std::to_string(tokens));
+  }
+  if (data.size() - TokenFile::kHeaderBytes != (count + 7) / 8) {
+    Fail(path, "is truncated or padded: " + std::to_string(count) + " tokens need " + std::to_string((count + 7) / 8) +
+                   " bytes of mask, but " + std::to_string(data.size() - TokenFile::kHeaderBytes) + " follow the header");
+  }
+  TokenMask mask;
+  mask.path_ = path;
+  mask.bits_.assign(data.begin() + long(TokenFile::kHeaderBytes), data.end());
+  return mask;
+}
+
+uint64_t TokenMask::CountTargets(uint64_t first, uint64_t count) const {
+  uint64_t n = 0, i = first;
+  const uint64_t end = first + count;
+  for (; i < end && (i & 7) != 0; ++i) n += target(i);
+  for (; i + 8 <= end; i += 8) n += uint64_t(std::popcount(bits_[i >> 3]));
+  for (; i < end; ++i) n += target(i);
+  return n;
+}
+
+void WriteTokenMask(const std::string& path, const std::vector<bool>& targets) {
+  std::vector<unsigned char> bytes(TokenFile::kHeaderBytes + (targets.size() + 7) / 8, 0);
+  std::memcpy(bytes.data(), kMaskMagic, 4);
+  PutU32(bytes.data() + 4, 1);
+  PutU32(bytes.data() + 16, uint32_t(targets.size()));
+  PutU32(bytes.data() + 20, uint32_t(uint64_t(targets.size()) >> 32));
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (targets[i]) bytes[TokenFile::kHeaderBytes + i / 8] |= uint8_t(1u << (i % 8));
+  }
   WriteAtomically(path, bytes);
 }
 

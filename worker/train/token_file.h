@@ -10,15 +10,29 @@
 //     offset 24  count tokens of `width` bytes
 //   llm.c's (dev/data/data_common.py), 256 little-endian int32, then the tokens:
 //     header[0] magic 20240520, header[1] version 1, header[2] token count: uint16 tokens
-//     header[0] magic 20240801, header[1] version 2, header[2] token count: uint32 tokens
+//     header[0] magic 20240801, header[1] version 7, header[2] token count: uint32 tokens
+//       (llm.c's Llama 3 shards; version 2, which meshtrain wrote before, is read too)
 //   raw uint16 (nanoGPT's train.bin, val.bin): tokens only, no header.
 //
-// Files are memory-mapped read-only. A TokenFile is immutable after Open and safe to
-// read from several threads.
+// A loss mask (prompt/completion fine-tuning data, prepare_data.h) lives beside its shard,
+// named by appending ".mask" (fineweb_train_000001.bin.mask); spec.data names only the
+// shards, and the data loader finds each one's mask. Little-endian:
+//     offset  0  magic "MTMK"
+//     offset  4  version, u32 = 1
+//     offset  8  reserved, two u32 = 0
+//     offset 16  token count, u64 (the shard's)
+//     offset 24  ceil(count / 8) bytes: bit i (byte i / 8, least significant bit first) is 1
+//                when token i is a target (the loss counts predicting it), 0 when it is
+//                context only (a prompt's tokens)
+// A shard without a mask has every token a target. Globs skip *.mask files (ExpandGlobs).
+//
+// Files are memory-mapped read-only. A TokenFile (and a TokenMask) is immutable after Open
+// and safe to read from several threads.
 
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -82,8 +96,32 @@ class TokenFile {
   std::string_view format_;
 };
 
+// Which tokens of a shard are targets (the mask format above).
+class TokenMask {
+ public:
+  static constexpr const char* kSuffix = ".mask";
+
+  // The mask beside `shard` (SHARD.mask), or none. Throws TokenFileError naming the mask
+  // when it is malformed or its count is not the shard's `tokens`.
+  static std::optional<TokenMask> OpenBeside(const std::string& shard, uint64_t tokens);
+
+  bool target(uint64_t i) const { return (bits_[i >> 3] >> (i & 7)) & 1; }
+  // How many of tokens [first, first + count) are targets.
+  uint64_t CountTargets(uint64_t first, uint64_t count) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::vector<uint8_t> bits_;
+};
+
+// Writes the mask of a shard's tokens (`targets[i]`: token i is a target) to `path`,
+// atomically as WriteTokenFile.
+void WriteTokenMask(const std::string& path, const std::vector<bool>& targets);
+
 // The files that `patterns` (paths or globs) name: each pattern's matches sorted, in
-// pattern order. Throws TokenFileError naming a pattern that matches nothing.
+// pattern order, less loss masks (*.mask) a glob matched. Throws TokenFileError naming a
+// pattern that matches nothing.
 std::vector<std::string> ExpandGlobs(const std::vector<std::string>& patterns);
 
 // Writes `tokens` as MTOK with the narrowest width that holds them (uint16 when all
@@ -91,9 +129,10 @@ std::vector<std::string> ExpandGlobs(const std::vector<std::string>& patterns);
 // Throws TokenFileError naming the file (a full disk, say).
 void WriteTokenFile(const std::string& path, std::span<const uint32_t> tokens);
 
-// Writes `tokens` as llm.c writes them: version 1 (uint16) when all < 65536, else
-// version 2 (uint32). Atomic as WriteTokenFile.
-void WriteLlmcTokenFile(const std::string& path, std::span<const uint32_t> tokens);
+// Writes `tokens` as llm.c writes them: GPT-2's shards (20240520, version 1, uint16) for a
+// vocabulary of at most 65536 tokens, else Llama 3's (20240801, version 7, uint32); a token
+// past uint16 makes a wide shard whatever `vocab_size` says. Atomic as WriteTokenFile.
+void WriteLlmcTokenFile(const std::string& path, std::span<const uint32_t> tokens, uint64_t vocab_size = 0);
 
 // The byte-level tokenizer: one token per byte, vocabulary 256.
 std::vector<uint32_t> ByteTokens(std::string_view text);
