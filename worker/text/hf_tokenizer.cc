@@ -1047,9 +1047,6 @@ std::string ReplaceAll(std::string s, const std::string& from, const std::string
 }
 
 std::string HuggingFaceEngine::Decode(std::span<const uint32_t> ids) const {
-  if (!unsupported_decoder_.empty()) {
-    throw TokenizerError(source_ + ": " + unsupported_decoder_ + " is not implemented; cannot decode");
-  }
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (uint32_t id : ids) {
@@ -1058,6 +1055,9 @@ std::string HuggingFaceEngine::Decode(std::span<const uint32_t> ids) const {
                               std::to_string(spelled_.size()));
     }
     tokens.push_back(spelled_[id]);
+  }
+  if (!unsupported_decoder_.empty()) {
+    throw TokenizerError(source_ + ": " + unsupported_decoder_ + " is not implemented; cannot decode");
   }
   static const std::unordered_map<uint32_t, uint8_t> byte_of = [] {
     std::unordered_map<uint32_t, uint8_t> map;

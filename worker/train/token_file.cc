@@ -268,8 +268,9 @@ std::optional<TokenMask> TokenMask::OpenBeside(const std::string& shard, uint64_
   if (::stat(path.c_str(), &st) != 0) return std::nullopt;
   if (!S_ISREG(st.st_mode)) Fail(path, "is not a regular file");
   std::ifstream in(path, std::ios::binary);
+  if (!in) Fail(path, "cannot open the loss mask");
   std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!in.eof() || in.bad()) Fail(path, "cannot read the loss mask");
+  if (in.bad()) Fail(path, "cannot read the loss mask");
   const auto* h = reinterpret_cast<const unsigned char*>(data.data());
   if (data.size() < TokenFile::kHeaderBytes || std::memcmp(h, kMaskMagic, 4) != 0) {
     Fail(path, "is not a loss mask: expected the magic \"MTMK\" and a 24-byte header");
