@@ -1,6 +1,7 @@
 // `meshtrain bench checkpoint`: what a checkpoint costs the training step (the stall
 // against a blocking write), and what resuming costs a rank in host memory (each rank of
-// another layout reading only its own elements, against the whole-model load).
+// another layout reading only its own elements, against the whole-model load), and
+// starting from a Hugging Face directory (each rank reading only its rows of the files).
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,6 +25,7 @@
 #include "worker/train/checkpoint.h"
 #include "worker/train/checkpoint_layout.h"
 #include "worker/train/checkpoint_reader.h"
+#include "worker/train/huggingface.h"
 #include "worker/train/trainer.h"
 
 namespace meshtrain::cli {
@@ -112,6 +114,30 @@ LoadMemory LoadShard(const std::string& step, const api::ModelShape& shape, int 
     at += s.shard_numel;
   }
   return {0, int64_t(state.size() * sizeof(float)), reader.bytes_read(), true};
+}
+
+// Rank `shard` of `shards` (TP 1) starting from a Hugging Face directory as the Trainer
+// does (spec.model.init.from): its own state allocated, then each unit's shard read
+// straight from the safetensors files into a staging buffer of one unit and copied in.
+LoadMemory LoadHuggingFaceShard(const std::string& directory, const api::ModelShape& shape, int vocab_multiple,
+                                int shards, int shard) {
+  const model::ParameterLayout slice(shape, 0, 1, vocab_multiple);
+  int64_t elements = 0;
+  for (int u = 0; u < slice.units(); ++u) elements += parallel::ShardOfUnit(slice, u, shards, shard).shard_numel;
+  std::vector<float> state(size_t(3 * elements), 0.0f);
+  const train::HuggingFaceWeights weights(directory, shape);
+  std::vector<float> staging;
+  int64_t at = 0;
+  for (int u = 0; u < slice.units(); ++u) {
+    const parallel::UnitShard s = parallel::ShardOfUnit(slice, u, shards, shard);
+    std::vector<int64_t> indices = slice.WholeIndices(s.unit_begin + s.begin, s.unit_begin + s.begin + s.real);
+    indices.resize(size_t(s.shard_numel), -1);
+    staging.resize(size_t(s.shard_numel));
+    weights.ReadUnit(u, indices, staging.data());
+    std::copy(staging.begin(), staging.end(), state.begin() + at);
+    at += s.shard_numel;
+  }
+  return {0, int64_t(state.size() * sizeof(float)), weights.bytes_read(), true};
 }
 
 // Writes `state` (one rank's snapshot: the whole model in single-rank order) as the
@@ -289,6 +315,42 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
                 runtime::FormatBytes(size_t(assembled.peak)).c_str(),
                 runtime::FormatBytes(size_t(assembled.shard_state)).c_str());
   out << line;
+
+  // The same model as a Hugging Face directory in bf16 (spec.model.init.from), each rank
+  // reading only the rows it holds, one unit at a time, straight from the files.
+  const std::string hf = (dir.path() / "hugging-face").string();
+  const std::vector<std::string> files = train::ExportHuggingFace(
+      hf, shape, train::Dtype::kBF16, uint64_t(1) << 27, [&](int, int64_t first, int64_t count, float* values) {
+        std::copy(whole.master + first, whole.master + first + count, values);
+      });
+  std::snprintf(line, sizeof line,
+                "\ninit.from of that model as a Hugging Face directory (bf16, %zu safetensors files), each reading "
+                "rank in a process of its own (its state is master, m and v):\n",
+                files.size());
+  out << line;
+  out << "ranks  rank  shard state  peak loading  peak - shard state  read from files  within shard state + one unit\n";
+  for (int readers : o.readers) {
+    for (int rank = 0; rank < readers && error.empty(); ++rank) {
+      const LoadMemory m =
+          MeasureInChild([&] { return LoadHuggingFaceShard(hf, shape, vocab_multiple, readers, rank); }, &error);
+      if (!m.ok) break;
+      const bool within = m.peak <= m.shard_state + unit_bytes;
+      if (!within && beyond.empty()) {
+        beyond = "rank " + std::to_string(rank) + " of " + std::to_string(readers) + " peaked at " +
+                 runtime::FormatBytes(size_t(m.peak)) + " loading the Hugging Face directory, past its shard state (" +
+                 runtime::FormatBytes(size_t(m.shard_state)) + ") plus one unit";
+      }
+      std::snprintf(line, sizeof line, "%5d  %4d  %11s  %12s  %18s  %15s  %s\n", readers, rank,
+                    runtime::FormatBytes(size_t(m.shard_state)).c_str(), runtime::FormatBytes(size_t(m.peak)).c_str(),
+                    runtime::FormatBytes(size_t(std::max<int64_t>(0, m.peak - m.shard_state))).c_str(),
+                    runtime::FormatBytes(size_t(m.read)).c_str(), within ? "yes" : "NO");
+      out << line;
+    }
+  }
+  if (!error.empty()) {
+    out << "bench checkpoint: " << error << "\n";
+    return kExitInvalid;
+  }
   if (o.check && !beyond.empty()) {
     out << "bench checkpoint: " << beyond << "\n";
     return kExitInvalid;

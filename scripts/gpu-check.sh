@@ -5,18 +5,21 @@
 #   scripts/gpu-check.sh OUTDIR [--build DIR] [--peers DIR] [--quick] [--no-bench]
 #
 #   checks (a failure fails the script):
-#     GPT-2 tiny trained on the GPU in bf16 against the CPU's fp32 loss curve, and over 2
+#     GPT-2 tiny and llama-tiny trained on the GPU in bf16 against the CPU's fp32 loss
+#     curve, and GPT-2 tiny over 2
 #     ranks (S=2) and 4 ranks (T=2 x S=2, offload at horizon 1) sharing the GPU against the
 #     one-rank GPU curve; every test labelled gpu (ctest -L gpu); the planner's memory model
 #     against bf16 ranks sharing the GPU, gpt2-124m and gpt2-350m at seq 1024 (6 layouts
-#     each, within 10%); every benchmark below runs to its end
+#     each, within 10%) and llama-tiny at seq 256; every benchmark below runs to its end
 #   figures only, last: the kernels of one GPT-2 124M block, each timed alone
 #   targets of issue "The GPU engine" (reported, met or not, without failing the script):
 #     GPT-2 124M, B16 x T1024, world 1: at least 1.05x llm.c with cuDNN, in the same call;
 #     sharded world 1 within 3% of replicated; offload at horizon 2 at most 10% slower than
 #     checkpointing alone; the checkpoint stall at most 10% of a blocking write
-#   peers, in the same call, from --peers DIR: PyTorch (DIR/torch_gpt2_bench.py, as
-#     ../shared/bench/ has it) and llm.c with cuDNN (DIR/llmc/train_gpt2cu, built; its data
+#   targets of issue "Llama-class models": Llama 3.2 1B, B4 x T2048, world 1: at least 1.1x
+#     the PyTorch peer with torch.compile, in the same call, with MFU printed
+#   peers, in the same call, from --peers DIR: PyTorch (DIR/torch_gpt2_bench.py and
+#     DIR/torch_llama_bench.py) and llm.c with cuDNN (DIR/llmc/train_gpt2cu, built; its data
 #     made by DIR/llmc_data.py); each where present
 #
 # The whole check keeps within GPU_CHECK_SECONDS (570 s): each step gets at most
@@ -121,7 +124,7 @@ trap 'rm -rf "$work"' EXIT
 "$meshtrain" prepare-data examples/data/pride-and-prejudice.txt "$work/train.bin" --validation "$work/val.bin" \
   > /dev/null
 steps=$([ $quick = 1 ] && echo 20 || echo 40)
-tiny_job() {  # tiny_job NAME PRECISION GPUS TP SHARD OFFLOAD
+tiny_job() {  # tiny_job NAME PRECISION GPUS TP SHARD OFFLOAD [PRESET]
   cat > "$work/$1.yaml" <<EOF
 apiVersion: meshtrain.dev/v1alpha1
 kind: TrainingJob
@@ -130,7 +133,7 @@ spec:
   image: meshtrain
   nodes: 1
   gpusPerNode: $3
-  model: {preset: gpt2-tiny}
+  model: {preset: ${7:-gpt2-tiny}}
   data: {train: $work/train.bin, validation: $work/val.bin}
   training: {steps: $steps, globalBatchTokens: 4096, microBatchSize: 8, learningRate: 0.001, warmupSteps: 5,
              weightDecay: 0.0, gradClip: 1.0, seed: 1337, precision: $2, evalInterval: 0, evalBatches: 4}
@@ -165,6 +168,11 @@ tiny_job gpu bf16 1 1 1 0; gpu_status=$?
 # bf16 keeps 8 significant bits: over this run the curves drift apart by up to about 1e-2.
 detail=$(compare cpu gpu 0.03); status=$?
 check "tiny bf16 on the GPU against fp32 on the CPU" $(( cpu_status | gpu_status | status )) "$detail"
+# The Llama class through the CUDA table: RMSNorm, RoPE, SwiGLU, grouped-query attention.
+tiny_job llama-cpu fp32 1 1 1 0 llama-tiny; cpu_status=$?
+tiny_job llama-gpu bf16 1 1 1 0 llama-tiny; gpu_status=$?
+detail=$(compare llama-cpu llama-gpu 0.03); status=$?
+check "llama-tiny bf16 on the GPU against fp32 on the CPU" $(( cpu_status | gpu_status | status )) "$detail"
 
 bench_steps=$([ $quick = 1 ] && echo 10 || echo 20)
 if [ "$bench" = 1 ]; then
@@ -197,6 +205,24 @@ if [ "$bench" = 1 ]; then
     check "llm.c peer (cuDNN flash attention)" $status "${theirs:-?} tokens/s (over its mean step time, last 20 steps)"
     r=$(ratio "$ours" "$theirs")
     at_least "$r" 1.05; target "GPT-2 124M world 1 at least 1.05x llm.c with cuDNN" $? "$r (${ours:-?} / ${theirs:-?} tokens/s)"
+  fi
+
+  # Llama 3.2 1B at B4 x T2048 on the GPU, world 1, and the PyTorch peer in the same call.
+  run "bench llama3.2-1b" "$out/bench-llama.log" "$meshtrain" bench train --device cuda --model llama3.2-1b --batch 4 \
+    --seq 2048 --steps "$bench_steps"
+  status=$?
+  check "bench llama3.2-1b B4 T2048 (world 1)" $status "$(grep -E 'tokens/s|MFU|not run' "$out/bench-llama.log" | tr '\n' ';')"
+  sed 's/^/  /' "$out/bench-llama.log" >> "$details"
+  ours=$(grep -oE '[0-9]+ tokens/s' "$out/bench-llama.log" | head -1 | grep -oE '[0-9]+')
+  if [ -f "$peers/torch_llama_bench.py" ]; then
+    run "PyTorch Llama peer" "$out/torch-llama.log" python3 "$peers/torch_llama_bench.py" --preset llama3.2-1b --batch 4 \
+      --seq 2048 --compile 1
+    status=$?
+    check "PyTorch Llama peer (torch.compile, SDPA)" $status "$(tail -1 "$out/torch-llama.log")"
+    theirs=$(grep -oE '[0-9,]+ tokens/s' "$out/torch-llama.log" | tail -1 | tr -d , | grep -oE '[0-9]+')
+    r=$(ratio "$ours" "$theirs")
+    at_least "$r" 1.1; target "Llama 3.2 1B world 1 at least 1.1x PyTorch with torch.compile" $? \
+      "$r (${ours:-?} / ${theirs:-?} tokens/s)"
   fi
 fi
 
@@ -256,9 +282,9 @@ if [ "$bench" = 1 ]; then
 fi
 
 # The planner's memory model against bf16 ranks sharing the GPU.
-for model in gpt2-124m gpt2-350m; do
+for model in gpt2-124m gpt2-350m llama-tiny; do
   run "planner memory $model" "$out/plan-memory-$model.log" "$meshtrain" bench plan --memory --device cuda \
-    --model "$model" --seq 1024
+    --model "$model" --seq "$([ "$model" = llama-tiny ] && echo 256 || echo 1024)"
   status=$?
   check "planner memory model, $model, ranks sharing the GPU" $status \
     "$(grep -E 'layouts within|not run' "$out/plan-memory-$model.log" | tr '\n' ';')"

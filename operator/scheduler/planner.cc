@@ -53,7 +53,9 @@ Plan PlanLayouts(const PlanRequest& r) {
   const int world = r.cluster.nodes * r.cluster.gpus_per_node;
   const int layers = int(r.shape.layers);
   for (int tp : Divisors(r.cluster.gpus_per_node, r.cluster.gpus_per_node)) {
-    if (r.shape.heads % tp != 0 || (4 * r.shape.hidden) % tp != 0) continue;
+    // T splits the query and key/value heads and the MLP's units: one that does not divide
+    // them is never offered.
+    if (r.shape.heads % tp != 0 || r.shape.KvHeads() % tp != 0 || r.shape.Intermediate() % tp != 0) continue;
     const int dp = world / tp;
     const int64_t per_sequence = int64_t(r.seq) * dp;
     if (r.global_batch_tokens % per_sequence != 0) {

@@ -63,7 +63,7 @@ struct StepPrediction {
   double tokens_per_second = 0;
 };
 
-// REQUIRES: the choice divides the model (T | heads, 4C), the mesh and the batch.
+// REQUIRES: the choice divides the model (T | heads, key/value heads, the MLP width), the mesh and the batch.
 StepPrediction PredictStep(const api::ModelShape& shape, int seq, int64_t global_batch_tokens,
                            const LayoutChoice& choice, const Cluster& cluster, const DeviceModel& device);
 

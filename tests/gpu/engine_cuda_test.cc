@@ -1,6 +1,6 @@
 // The one engine on a GPU (label gpu; "skipped: no GPU" elsewhere):
-//   - one rank in bf16 on CUDA against the CPU in fp32, 20 steps of GPT-2 tiny: the loss
-//     curves agree within bf16's tolerance, and both learn;
+//   - one rank in bf16 on CUDA against the CPU in fp32, 20 steps of GPT-2 tiny and of
+//     llama-tiny: the loss curves agree within bf16's tolerance, and both learn;
 //   - a checkpoint written on the GPU resumes on the CPU, and the reverse: the weights
 //     after loading are the checkpoint's, bit for bit;
 //   - 2 and 4 ranks sharing the GPU (collectives staged through pinned host memory, as
@@ -51,7 +51,7 @@ class EngineOnCuda : public ::testing::Test {
 
   // GPT-2 tiny on `gpus` ranks of one node, in `precision`.
   nlohmann::json Manifest(int64_t steps, const std::string& precision, int gpus = 1, int tp = 1, int shard = 1,
-                          int offload = 0) {
+                          int offload = 0, const std::string& preset = "gpt2-tiny") {
     nlohmann::json parallelism = {{"tensorParallelDegree", tp}, {"hybridShardDegree", shard}};
     if (offload > 0) parallelism.update({{"activationOffloading", true}, {"activationLoadingHorizon", offload}});
     return {{"apiVersion", "meshtrain.dev/v1alpha1"},
@@ -61,7 +61,7 @@ class EngineOnCuda : public ::testing::Test {
              {{"image", "meshtrain"},
               {"nodes", 1},
               {"gpusPerNode", gpus},
-              {"model", {{"preset", "gpt2-tiny"}}},
+              {"model", {{"preset", preset}}},
               {"parallelism", parallelism},
               {"data", {{"train", (dir_ / "train.bin").string()}, {"validation", (dir_ / "val.bin").string()}}},
               {"training",
@@ -104,6 +104,20 @@ TEST_F(EngineOnCuda, OneRankInBf16FollowsTheCpuInFp32) {
   ExpectClose(Losses(cpu), Losses(gpu), "one rank, cuda bf16 against cpu fp32");
   const std::vector<float> probs = gpu.model().NextTokenProbabilities(std::vector<int32_t>{72, 101, 108}.data(), 3);
   ASSERT_EQ(probs.size(), 256u);  // the user's vocabulary, not the padded one
+  double total = 0;
+  for (float p : probs) total += p;
+  EXPECT_NEAR(total, 1.0, 1e-3);
+}
+
+// The Llama class on the CUDA table (RMSNorm, RoPE, SwiGLU, cuDNN's grouped-query
+// attention), S = T = 1, against the CPU: llama-tiny, its untied head a unit of its own.
+TEST_F(EngineOnCuda, LlamaOnOneRankInBf16FollowsTheCpuInFp32) {
+  Trainer cpu(Job(Manifest(20, "fp32", 1, 1, 1, 0, "llama-tiny")), nullptr, runtime::Device::Cpu());
+  Trainer gpu(Job(Manifest(20, "bf16", 1, 1, 1, 0, "llama-tiny")), nullptr, runtime::Device::Cuda(0));
+  EXPECT_TRUE(gpu.device().is_cuda());
+  ExpectClose(Losses(cpu), Losses(gpu), "llama-tiny on one rank, cuda bf16 against cpu fp32");
+  const std::vector<float> probs = gpu.model().NextTokenProbabilities(std::vector<int32_t>{72, 101, 108}.data(), 3);
+  ASSERT_EQ(probs.size(), 256u);
   double total = 0;
   for (float p : probs) total += p;
   EXPECT_NEAR(total, 1.0, 1e-3);

@@ -382,6 +382,12 @@ expect "plan --auto prints the top candidates and the default" 0 \
   'planner: H100 80GB \(p5.48xlarge\), 80.0 GiB per rank \(72.0 GiB usable\), matrix rate 395.6 TFLOP/s' 'candidates fit' \
   '  1\. T=1, S=[0-9]+, micro-batch [0-9]+' '  5\. T=' 'chosen / default: [0-9.]+x' \
   -- "$meshtrain" plan examples/gpt2-1.5b-auto.yaml --cluster examples/clusters/eks-p5-124.yaml --auto
+# Llama 3.1 70B from its Hugging Face weights on the EKS example: only layouts that fit an
+# 80 GB H100 are listed as fitting, and TP never passes the 8 key/value heads.
+expect "plan --auto finds a Llama 3.1 70B layout that fits an 80 GB H100" 0 \
+  'planner: H100 80GB \(p5.48xlarge\), 80.0 GiB per rank \(72.0 GiB usable\)' \
+  '  1\. T=[1248], S=[0-9]+, micro-batch [0-9]+, .* [1-6][0-9]\.[0-9] GiB ' \
+  -- "$meshtrain" plan examples/llama3.1-70b-auto.yaml --cluster examples/clusters/eks-p5-124.yaml --auto
 
 { sed -e 's/memoryLimitMiB: 24/memoryLimitMiB: 3/' examples/gpt2-tiny-auto.yaml
   printf '  template:\n    tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]\n'; } \

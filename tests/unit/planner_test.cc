@@ -123,6 +123,27 @@ TEST(Planner, NothingFitsInATinyMemory) {
   EXPECT_FALSE(plan.rejected.empty());
 }
 
+// The Llama class: T splits the key/value heads, so 4 query heads over 2 key/value heads
+// take T = 1 and 2 on nodes of 4, never 4.
+TEST(Planner, SearchesOnlyTensorParallelDegreesThatDivideTheKeyValueHeads) {
+  PlanRequest r = Request(1e9, 1024);
+  r.shape = *api::FindPreset("llama-tiny");
+  r.shape.seq_len = 64;
+  r.cluster.nodes = 1;
+  r.cluster.gpus_per_node = 4;
+  r.cluster.node_paths = {{"n0"}};
+  const Plan plan = PlanLayouts(r);
+  ASSERT_FALSE(plan.feasible.empty());
+  bool saw_tp2 = false;
+  for (const std::vector<Candidate>* list : {&plan.feasible, &plan.rejected}) {
+    for (const Candidate& c : *list) {
+      EXPECT_LE(c.choice.tp, 2) << Describe(c.choice);
+      saw_tp2 |= c.choice.tp == 2;
+    }
+  }
+  EXPECT_TRUE(saw_tp2);
+}
+
 TEST(Planner, SearchesOnlyTensorParallelDegreesThatDivideTheModelAndTheNode) {
   PlanRequest r = Request(1e9, 1024);
   r.shape.heads = 2;  // T = 4 would split 2 heads

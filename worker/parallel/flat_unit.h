@@ -6,7 +6,8 @@
 // m and v (Acc), initialised from the counter-based RNG for exactly these elements, and a
 // table of its segments (one per tensor it holds part of) for the optimizer. It also owns
 // the life cycle of its compute copy, each step enqueued on a stream and ordered by its
-// events; the engine lends it the buffers (two block slots, or the root's):
+// events; the engine lends it the buffers (two block slots, or the edge slot of the
+// embedding and the head):
 //
 //   Gather         on the comm stream: the master shard cast to Act into its place in the
 //                  slot, all-gathered over the shard group in place; records ready()

@@ -117,8 +117,8 @@ struct CheckpointStats {
 class CheckpointWriter {
  public:
   // `path` and `keep` from spec.checkpoint; this is `rank` of `layout`; `shape` and the
-  // engine's vocabulary padding (Engine::vocab_multiple, which decides how the root unit
-  // splits into shards) go into the metadata. The writers tell rank 0 through `store` (a
+  // engine's vocabulary padding (Engine::vocab_multiple, which decides how the embedding's
+  // and the head's units split into shards) go into the metadata. The writers tell rank 0 through `store` (a
   // connection of the writer's own, for rank 0 waits on it; null only where rank 0 is the
   // one writer: throws std::invalid_argument otherwise). Failures go to `log_error`
   // (called on the writer thread). `run` (the job's metadata.uid) goes into the metadata,

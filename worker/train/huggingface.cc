@@ -209,10 +209,12 @@ void HuggingFaceWeights::ReadUnit(int unit, const std::vector<int64_t>& whole_in
     const int64_t first = at - t.offset, count = int64_t(j - i);
     if (!source.transposed) {
       source.file->Read(source.name, *source.entry, first, count, master + i);
+      bytes_read_ += count * DtypeBytes(source.entry->dtype);
     } else {
       if (transposed_of != id) {
         transposed.resize(size_t(t.size));
         source.file->Read(source.name, *source.entry, 0, t.size, transposed.data());
+        bytes_read_ += t.size * DtypeBytes(source.entry->dtype);
         transposed_of = id;
       }
       const int64_t rows = t.shape[0], cols = t.shape[1];  // ours: (out, in); the file's (in, out)

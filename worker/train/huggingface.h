@@ -44,6 +44,8 @@ class HuggingFaceWeights {
   void ReadUnit(int unit, const std::vector<int64_t>& whole_indices, float* master) const;
   // The whole model in single-rank order (for tests and one-rank tools).
   std::vector<float> ReadAll() const;
+  // Bytes read from the files so far.
+  int64_t bytes_read() const { return bytes_read_; }
 
  private:
   struct Source;
@@ -53,6 +55,7 @@ class HuggingFaceWeights {
   model::ParameterLayout whole_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::vector<Source> sources_;  // one per tensor of whole_
+  mutable int64_t bytes_read_ = 0;
 };
 
 // The shape of the model at `path`: a directory's from its config.json, with seqLen its
