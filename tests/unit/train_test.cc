@@ -245,10 +245,18 @@ TEST(TokenFile, ReadsLlmcShardsAndRawUint16) {
   EXPECT_NE(OpenError(dir.File("cut.bin")).find("cut.bin: starts with llm.c's magic 20240520 but has 500 bytes, short "
                                                 "of its 1024-byte header"),
             std::string::npos) << OpenError(dir.File("cut.bin"));
+  // Llama 3's shards: 20240801 with version 7, uint32; version 2 (meshtrain's before) reads too.
   WriteLlmcTokenFile(dir.File("wide.bin"), std::vector<uint32_t>{1, 128000, 3});
   const TokenFile wide = TokenFile::Open(dir.File("wide.bin"));
   EXPECT_EQ(wide.width(), 4);
   EXPECT_EQ(wide[1], 128000u);
+  EXPECT_EQ(ReadBytes(dir.File("wide.bin"))[4], 7);
+  std::string version2 = ReadBytes(dir.File("wide.bin"));
+  version2[4] = 2;
+  WriteBytes(dir.File("v2.bin"), version2);
+  EXPECT_EQ(TokenFile::Open(dir.File("v2.bin"))[1], 128000u);
+  WriteLlmcTokenFile(dir.File("narrow-ids.bin"), std::vector<uint32_t>{1, 2, 3}, 128256);  // the vocabulary decides
+  EXPECT_EQ(TokenFile::Open(dir.File("narrow-ids.bin")).width(), 4);
   EXPECT_EQ(ParseTokenFormat("auto"), TokenFormat::kHeader);
   EXPECT_EQ(ParseTokenFormat("uint16"), TokenFormat::kUint16);
   EXPECT_THROW(ParseTokenFormat("int32"), std::invalid_argument);
@@ -357,6 +365,72 @@ TEST(DataLoader, RanksReadTheirOwnWindowsOfTheSeededOrder) {
   options.batch = 1;
   options.vocab_size = 50;
   EXPECT_THROW(DataLoader({dir.File("part-*.bin")}, options), TokenFileError);  // 50..99 are past it
+}
+
+// Loss masks beside their shards (SHARD.mask): Next marks the targets that are context
+// -1, inputs stay real, GlobalTargets counts the rest over every rank's windows without
+// moving, and globs skip the masks.
+TEST(DataLoader, MasksMarkContextTargetsAndGlobalTargetsCountsTheRest) {
+  TempDir dir;
+  std::vector<uint32_t> tokens(200);
+  std::vector<bool> targets(200);
+  for (uint32_t i = 0; i < 200; ++i) {
+    tokens[i] = i % 50;
+    targets[i] = (i / 7) % 3 == 0;  // runs of 7 targets, 14 context tokens
+  }
+  WriteLlmcTokenFile(dir.File("sft-1.bin"), std::span(tokens).first(120), 128256);
+  WriteTokenMask(dir.File("sft-1.bin") + TokenMask::kSuffix, std::vector<bool>(targets.begin(), targets.begin() + 120));
+  WriteTokenFile(dir.File("sft-2.bin"), std::span(tokens).subspan(120));  // no mask: every target real
+  EXPECT_EQ(ExpandGlobs({dir.File("sft-*")}).size(), 2u);
+  const int B = 2, T = 5, micro = 3;
+  DataOptions options{.batch = B, .seq = T, .dp_rank = 0, .dp_size = 2, .vocab_size = 50, .seed = 9};
+  DataLoader rank0({dir.File("sft-*")}, options);
+  options.dp_rank = 1;
+  DataLoader rank1({dir.File("sft-*")}, options);
+  EXPECT_TRUE(rank0.masked());
+  EXPECT_EQ(TokenFile::Open(dir.File("sft-1.bin")).width(), 4);  // a vocabulary past 65536
+  for (int step = 0; step < 4; ++step) {
+    const int64_t expected = rank0.GlobalTargets(micro);
+    EXPECT_EQ(rank0.GlobalTargets(micro), expected);  // it does not move
+    int64_t counted = 0, masked = 0;
+    for (int m = 0; m < micro; ++m) {
+      for (DataLoader* rank : {&rank0, &rank1}) {
+        std::vector<int32_t> in(B * T), target(B * T);
+        rank->Next(in.data(), target.data());
+        for (int i = 0; i < B * T; ++i) {
+          EXPECT_GE(in[size_t(i)], 0);
+          counted += target[size_t(i)] >= 0;
+          masked += target[size_t(i)] < 0;
+        }
+        // A -1 target is a context token: the window's next token where the mask says so.
+        for (int b = 0; b < B; ++b) {
+          for (int t = 0; t + 1 < T; ++t) {
+            if (target[size_t(b * T + t)] >= 0) {
+              EXPECT_EQ(target[size_t(b * T + t)], in[size_t(b * T + t + 1)]);
+            }
+          }
+        }
+      }
+    }
+    EXPECT_EQ(counted, expected) << "step " << step;
+    EXPECT_LT(expected, int64_t(micro) * 2 * B * T);
+    EXPECT_GT(masked, 0);
+  }
+  // Without masks, every target counts.
+  DataLoader plain({dir.File("sft-2.bin")}, DataOptions{.batch = 1, .seq = T, .dp_size = 1, .vocab_size = 50});
+  EXPECT_FALSE(plain.masked());
+  EXPECT_EQ(plain.GlobalTargets(4), 4 * T);
+  // A mask whose count is not its shard's, or that is not a mask, is named.
+  WriteTokenMask(dir.File("sft-2.bin") + TokenMask::kSuffix, std::vector<bool>(79, true));
+  try {
+    DataLoader({dir.File("sft-2.bin")}, DataOptions{.batch = 1, .seq = T, .dp_size = 1});
+    ADD_FAILURE();
+  } catch (const TokenFileError& e) {
+    EXPECT_NE(std::string(e.what()).find("sft-2.bin.mask: is the loss mask of 79 tokens, but its shard"), std::string::npos)
+        << e.what();
+  }
+  WriteBytes(dir.File("sft-2.bin") + TokenMask::kSuffix, "not a mask at all, long enough");
+  EXPECT_THROW(DataLoader({dir.File("sft-2.bin")}, DataOptions{.batch = 1, .seq = T, .dp_size = 1}), TokenFileError);
 }
 
 TEST(Schedule, WarmupThenCosineOrConstant) {
