@@ -45,6 +45,9 @@
 //                              that a whole number of MiB separates one rank holding the
 //                              whole model from the sharded ranks.
 //   --family gpt2|llama|qwen2  the model's family (default gpt2; JobManifest says the shapes).
+//   --masked 1                 a loss mask beside the training data (WriteMask): windows, and
+//                              so micro-batches, hold very different numbers of targets,
+//                              and the loss is the mean over the global batch's.
 //   --layout R,N,T,S[,ACT[,P]] instead of --ranks/--nodes/--tp/--shard/--activations/--dropout:
 //                              one equivalence run per --layout (ACT: keep, checkpoint or
 //                              offload:H), with one reference per distinct one needed, so
@@ -116,6 +119,7 @@ constexpr double kFp64WeightTolerance = 1e-7;
 struct Options {
   std::string mode = "equivalence", dir, activations, from;
   std::string family = "gpt2";  // gpt2 | llama | qwen2
+  bool masked = false;           // a loss mask beside the training data
   int ranks = 2, nodes = 1, tp = 1, shard = 0, repeat = 1, limit_mib = 0, layers = 3;
   double dropout = 0;
   std::string kernels = "fp32";  // the ranks' (MESHTRAIN_CPU_KERNELS)
@@ -371,6 +375,23 @@ const Run& Reference(const Options& o, int dp) {
   return trained.emplace(key, std::move(run)).first->second;
 }
 
+// The training data, and with --masked its loss mask: the text in pieces of 37 tokens whose
+// first 0 to 36 are context only (a prompt), so that a window of 32 holds anything from a
+// few targets to all of them.
+void WriteData(const Options& o) {
+  const std::string train = (fs::path(o.dir) / "train.bin").string();
+  train::WriteTextAsTokenFiles(MESHTRAIN_CORPUS, train, (fs::path(o.dir) / "val.bin").string(), 0.1);
+  if (!o.masked) return;
+  const uint64_t tokens = train::TokenFile::Open(train).size();
+  std::vector<bool> targets(tokens);
+  uint64_t prompt = 0;
+  for (uint64_t i = 0; i < tokens; ++i) {
+    if (i % 37 == 0) prompt = (i / 37 * 2654435761u) % 37;
+    targets[i] = i % 37 >= prompt;
+  }
+  train::WriteTokenMask(train + train::TokenMask::kSuffix, targets);
+}
+
 // The model's elements of each shard of a layout's TP slice (the engine's padding not
 // counted), which is what its checkpoint file must hold.
 int64_t ModelElementsOfShard(const api::ModelShape& shape, int tp, int T, int S, int s, int vocab_multiple) {
@@ -391,8 +412,7 @@ int DriveReshard(const Options& o, int argc, char** argv) {
   if (std::sscanf(o.from.c_str(), "%d,%d,%d,%d", &from.ranks, &from.nodes, &from.tp, &from.shard) != 4) {
     throw std::invalid_argument("--from must be RANKS,NODES,TP,SHARD, got " + o.from);
   }
-  train::WriteTextAsTokenFiles(MESHTRAIN_CORPUS, (fs::path(o.dir) / "train.bin").string(),
-                               (fs::path(o.dir) / "val.bin").string(), 0.1);
+  WriteData(o);
   // 12 sequences a micro-step (2 a step) whatever the layout, so both train the same batches.
   const fs::path checkpoints = fs::path(o.dir) / "checkpoints";
   auto job_of = [&](const Options& l) {
@@ -612,8 +632,7 @@ Options LayoutOf(const Options& base, const std::string& spec) {
 
 int Drive(const Options& o, int argc, char** argv) {
   if (o.mode == "reshard") return DriveReshard(o, argc, argv);
-  train::WriteTextAsTokenFiles(MESHTRAIN_CORPUS, (fs::path(o.dir) / "train.bin").string(),
-                               (fs::path(o.dir) / "val.bin").string(), 0.1);
+  WriteData(o);
   if (o.layouts.empty()) {
     const int status = DriveLayout(o, argc, argv);
     if (o.mode != "kill") std::printf("%s: %s\n", o.mode.c_str(), status == 0 ? "ok" : "FAILED");
@@ -643,6 +662,7 @@ int main(int argc, char** argv) {
     else if (flag == "--limit-mib") o.limit_mib = std::atoi(value.c_str());
     else if (flag == "--layers") o.layers = std::atoi(value.c_str());
     else if (flag == "--family") o.family = value;
+    else if (flag == "--masked") o.masked = value == "1";
     else if (flag == "--activations") o.activations = value;
     else if (flag == "--dir") o.dir = value;
     else if (flag == "--kernels") o.kernels = value;

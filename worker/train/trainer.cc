@@ -243,7 +243,7 @@ StepReport Trainer::Step() {
   engine_->ZeroGrad();
   // The step's loss is the mean over the global batch's targets: each weighs the
   // data-parallel size over their number (the replicas' gradients are averaged).
-  const float weight = TargetWeight(micro_steps_);
+  const float weight = TargetWeight(*train_, micro_steps_);
   for (int64_t micro = 0; micro < micro_steps_; ++micro) {
     train_->Next(inputs_.data(), targets_.data());
     const parallel::MicroBatchKey key{step_, micro};
@@ -268,8 +268,9 @@ StepReport Trainer::Step() {
   return report;
 }
 
-float Trainer::TargetWeight(int64_t micro_batches) const {
-  const int64_t targets = micro_batches * int64_t(layout_.data_parallel()) * batch_ * seq_;
+float Trainer::TargetWeight(const DataLoader& data, int64_t micro_batches) const {
+  // A global batch with no target at all (every one masked) adds nothing: any weight does.
+  const int64_t targets = std::max<int64_t>(1, data.GlobalTargets(micro_batches));
   return float(double(layout_.data_parallel()) / double(targets));
 }
 
@@ -320,7 +321,7 @@ double Trainer::Evaluate() {
   const uint64_t saved = data.position();
   data.set_position(0);
   const int64_t batches = job_.spec.training.eval_batches;
-  const float weight = TargetWeight(batches);
+  const float weight = TargetWeight(data, batches);
   for (int64_t i = 0; i < batches; ++i) {
     data.Next(inputs_.data(), targets_.data());
     engine_->Forward(inputs_.data(), targets_.data(), batch_, seq_, nullptr, weight);

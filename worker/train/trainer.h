@@ -141,8 +141,9 @@ class Trainer {
   // The mean of `value` over the data-parallel ranks.
   double Average(double value);
   // The weight of each target (engine.h, Forward) in the next `micro_batches` global
-  // micro-batches, whose mean loss a step (or an evaluation) reports.
-  float TargetWeight(int64_t micro_batches) const;
+  // micro-batches of `data`, whose mean over their unmasked targets a step (or an
+  // evaluation) reports: the data-parallel size over their number.
+  float TargetWeight(const DataLoader& data, int64_t micro_batches) const;
   // Restores the newest checkpoint under `path` every rank can read, of the run `only_run`
   // unless it is empty; see the constructor.
   void Resume(const std::string& path, const std::string& only_run);
