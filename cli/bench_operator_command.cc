@@ -7,6 +7,10 @@
 // metrics endpoints accept connections and never answer: the ratio of the halves'
 // latencies shows whether reading progress slows other jobs' reconciles.
 //
+// It also reads the operator's own /metrics at the end: the CPU time of one reconcile on
+// its worker's thread (median and p99 over the run), and prints the reason each restarted
+// gang gives in its Restarting condition.
+//
 // It speaks to the test API server over plain HTTP (the CLI uses no operator/kube).
 
 #include <arpa/inet.h>
@@ -26,6 +30,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <cpprest/http_client.h>
@@ -68,6 +73,33 @@ void Stop(pid_t pid) {
   }
   ::kill(pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
+}
+
+// A TCP port that was free on this machine a moment ago.
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof address;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size) != 0) {
+    ::close(fd);
+    throw std::runtime_error(std::string("no free port: ") + std::strerror(errno));
+  }
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+// The value of one sample of a Prometheus text exposition, e.g.
+// `meshtrain_operator_reconcile_cpu_seconds{quantile="0.5"}`; nullopt when absent.
+std::optional<double> Sample(const std::string& exposition, const std::string& series) {
+  std::istringstream lines(exposition);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.size() > series.size() && line.compare(0, series.size(), series) == 0 && line[series.size()] == ' ')
+      return std::stod(line.substr(series.size() + 1));
+  }
+  return std::nullopt;
 }
 
 // VmHWM (peak resident memory) of a process, in bytes.
@@ -300,7 +332,9 @@ int BenchOperatorCommand(const BenchOperatorOptions& options, std::ostream& out)
     server.Request(web::http::methods::POST, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
                    api::ReadManifestFile(options.crd).at(0).object);
 
-    operator_pid = Spawn({operator_bin.string(), "--kubeconfig", (dir / "kubeconfig").string(), "--metrics-port", "0",
+    const int metrics_port = FreePort();
+    operator_pid = Spawn({operator_bin.string(), "--kubeconfig", (dir / "kubeconfig").string(), "--metrics-port",
+                          std::to_string(metrics_port),
                           "--health-port", "0", "--workers", std::to_string(options.workers), "--qps",
                           std::to_string(options.qps), "--burst", std::to_string(options.burst), "--progress-interval",
                           "1", "--log-level", std::getenv("MESHTRAIN_BENCH_KEEP") ? "info" : "warn"},
@@ -326,9 +360,27 @@ int BenchOperatorCommand(const BenchOperatorOptions& options, std::ostream& out)
       hanging = CreateAndMeasure(server, second, options);
     }
     int64_t restarts = 0;  // every gang here is healthy: any restart is the operator's mistake
+    std::vector<std::string> reasons;  // of each restarted gang, from its Restarting condition
     const json jobs = server.Jobs();
-    for (const auto& job : jobs["items"]) restarts += job.value("status", json::object()).value("restarts", int64_t{0});
+    for (const auto& job : jobs["items"]) {
+      const json job_status = job.value("status", json::object());
+      const int64_t n = job_status.value("restarts", int64_t{0});
+      if (n == 0) continue;
+      restarts += n;
+      std::string why = "(no Restarting condition)";
+      for (const auto& c : job_status.value("conditions", json::array()))
+        if (c.value("type", "") == "Restarting") why = c.value("reason", "") + ": " + c.value("message", "");
+      reasons.push_back(job["metadata"].value("name", "") + " (" + std::to_string(n) + "): " + why);
+    }
     const int64_t peak = PeakRss(operator_pid);
+    std::string exposition;
+    try {
+      web::http::client::http_client metrics("http://127.0.0.1:" + std::to_string(metrics_port));
+      exposition = metrics.request(web::http::methods::GET, "/metrics").get().extract_utf8string(true).get();
+    } catch (const std::exception& e) {
+      std::cerr << "meshtrain bench operator: reading the operator's /metrics: " << e.what() << "\n";
+    }
+    const std::string cpu = "meshtrain_operator_reconcile_cpu_seconds";
 
     out << "meshtrain bench operator: " << options.nodes << " nodes, " << options.jobs << " jobs of "
         << options.job_nodes << " nodes x " << options.gpus_per_node << " GPUs, one job every " << options.interval_ms
@@ -343,7 +395,23 @@ int BenchOperatorCommand(const BenchOperatorOptions& options, std::ostream& out)
       out << std::setprecision(2) << "  hanging / baseline median: " << ratio << "\n";
     }
     out << "  gang restarts (all gangs are healthy, so this must be 0): " << restarts << "\n";
+    for (const std::string& reason : reasons) out << "    restarted " << reason << "\n";
     out << "  operator peak memory (VmHWM): " << std::setprecision(1) << peak / (1024.0 * 1024.0) << " MiB\n";
+    const auto cpu_median = Sample(exposition, cpu + "{quantile=\"0.5\"}");
+    const auto cpu_p99 = Sample(exposition, cpu + "{quantile=\"0.99\"}");
+    const auto reconciles = Sample(exposition, cpu + "_count");
+    if (cpu_median && cpu_p99 && reconciles) {
+      out << std::setprecision(3) << "  CPU time per reconcile: median " << *cpu_median * 1e3 << " ms, p99 "
+          << *cpu_p99 * 1e3 << " ms, over " << std::setprecision(0) << *reconciles << " reconciles\n";
+    } else {
+      out << "  CPU time per reconcile: not in the operator's /metrics\n";
+      status = kExitInvalid;
+    }
+    for (const char* counter : {"meshtrain_operator_placement_conflicts_total",
+                                "meshtrain_operator_absence_checks_total{result=\"gone\"}",
+                                "meshtrain_operator_absence_checks_total{result=\"cache_lagging\"}"}) {
+      if (const auto n = Sample(exposition, counter)) out << "  " << counter << " " << std::setprecision(0) << *n << "\n";
+    }
     const bool complete = static_cast<int>(baseline.ms.size()) == options.jobs &&
                           (!hanging || static_cast<int>(hanging->ms.size()) == options.jobs);
     if (!complete || restarts != 0) status = kExitInvalid;

@@ -56,6 +56,10 @@ std::string PodName(const std::string& job_name, int64_t gang, int64_t node_rank
   return job_name + "-g" + std::to_string(gang) + "-" + std::to_string(node_rank);
 }
 
+std::string HeldPodName(const std::string& job_name, int64_t gang, int64_t node_rank, int64_t attempt) {
+  return PodName(job_name, gang, node_rank) + "-a" + std::to_string(attempt);
+}
+
 json BuildService(const api::TrainingJob& job) {
   return {{"apiVersion", "v1"},
           {"kind", "Service"},
@@ -216,7 +220,7 @@ json BuildPod(const api::TrainingJob& job, const api::RankTable& table, int64_t 
   };
   if (!tolerations.empty()) pod_spec["tolerations"] = tolerations;
   if (!spec.template_.node_selector.empty()) pod_spec["nodeSelector"] = spec.template_.node_selector;
-  const std::string pod_name = PodName(name, gang, node_rank) + (held ? "-a" + std::to_string(attempt) : "");
+  const std::string pod_name = held ? HeldPodName(name, gang, node_rank, attempt) : PodName(name, gang, node_rank);
   json metadata = Meta(job, pod_name, labels);
   metadata["annotations"] = {{"prometheus.io/scrape", "true"}, {"prometheus.io/port", std::to_string(api::worker::kMetricsPort)}};
   return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", metadata}, {"spec", pod_spec}};

@@ -40,6 +40,8 @@ std::string ConfigMapName(const std::string& job_name);
 std::string JobSecretName(const std::string& job_name);
 std::string LauncherTokenKey(int64_t node_rank);
 std::string PodName(const std::string& job_name, int64_t gang, int64_t node_rank);
+// The name of a held pod (BuildPod's `held`) that joins attempt `attempt`.
+std::string HeldPodName(const std::string& job_name, int64_t gang, int64_t node_rank, int64_t attempt);
 
 nlohmann::json BuildService(const api::TrainingJob& job);
 // The ConfigMap of gang `gang`: job.json (`written_spec`, the spec as the user wrote it,

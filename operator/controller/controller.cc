@@ -1,5 +1,7 @@
 #include "operator/controller/controller.h"
 
+#include <time.h>
+
 #include <thread>
 #include <vector>
 
@@ -46,18 +48,30 @@ Controller::Controller(kube::Client& client, OperatorMetrics* metrics, Controlle
       pods_(client, kube::resources::Pods(), options_.namespace_, kube::ListOptions{kJobNameLabel, "", ""},
             options_.informer),
       nodes_(client, kube::resources::Nodes(), "", {}, options_.informer),
+      expectations_(options_.reconciler.expectation_timeout),
       queue_(options_.queue),
       progress_(WithTarget(options_.progress, api::worker::kMetricsPort, "/metrics"), ProgressReading,
                 [this](const std::string& job_key) { queue_.Add(job_key); }),
       launchers_(WithTarget(options_.launchers, api::worker::kLauncherPort, "/attempt"), LauncherReading,
                  [this](const std::string& job_key) { queue_.Add(job_key); }),
-      reconciler_(client, jobs_, pods_, nodes_, &progress_, &launchers_, metrics, options_.reconciler) {
+      reconciler_(client, jobs_, pods_, cluster_, expectations_, &progress_, &launchers_, metrics,
+                  options_.reconciler) {
   auto enqueue = [this](const json& job) { queue_.Add(kube::KeyOf(job)); };
   jobs_.AddHandler({enqueue, [enqueue](const json&, const json& job) { enqueue(job); }, enqueue});
-  auto pod_changed = [this](const json& pod) { EnqueueJobOf(pod); };
-  pods_.AddHandler({pod_changed, [pod_changed](const json&, const json& pod) { pod_changed(pod); }, pod_changed});
-  nodes_.AddHandler({nullptr, [this](const json& old_node, const json& node) { OnNodeChange(old_node, node); },
-                     [this](const json& node) { OnNodeChange(node, json()); }});
+  pods_.AddIndex(kPodsByJob, PodJobKeys);
+  pods_.AddIndex(kPodsByNode, PodNodes);
+  pods_.AddHandler({[this](const json& pod) { OnPod(nullptr, &pod); },
+                    [this](const json& old_pod, const json& pod) { OnPod(&old_pod, &pod); },
+                    [this](const json& pod) { OnPod(&pod, nullptr); }});
+  nodes_.AddHandler({[this](const json& node) { cluster_.NodeChanged(nullptr, &node); },
+                     [this](const json& old_node, const json& node) {
+                       cluster_.NodeChanged(&old_node, &node);
+                       OnNodeChange(old_node, node);
+                     },
+                     [this](const json& node) {
+                       cluster_.NodeChanged(&node, nullptr);
+                       OnNodeChange(node, json());
+                     }});
 }
 
 Controller::~Controller() { queue_.ShutDown(); }
@@ -68,6 +82,16 @@ void Controller::EnqueueJobOf(const json& pod) {
   if (!job.empty()) queue_.Add(kube::ObjectKey(meta.value("namespace", ""), job));
 }
 
+void Controller::OnPod(const json* old_pod, const json* pod) {
+  cluster_.PodChanged(old_pod, pod);
+  const json& object = pod ? *pod : *old_pod;
+  for (const std::string& job : PodJobKeys(object)) {
+    if (pod) expectations_.Seen(job, object["metadata"].value("name", ""));
+    else expectations_.Gone(job, kube::Uid(object));
+    queue_.Add(job);
+  }
+}
+
 // A node that stops being Ready fails the gangs on it; one that becomes Ready may let a
 // Pending job fit.
 void Controller::OnNodeChange(const json& old_node, const json& node) {
@@ -75,9 +99,7 @@ void Controller::OnNodeChange(const json& old_node, const json& node) {
   if (was == is) return;
   const std::string name = (node.is_object() ? node : old_node)["metadata"].value("name", "");
   if (was) {
-    pods_.ForEach([&](const json& pod) {
-      if (kube::PinnedNode(pod) == name) EnqueueJobOf(pod);
-    });
+    for (const json& pod : pods_.ByIndex(kPodsByNode, name)) EnqueueJobOf(pod);
   } else {
     jobs_.ForEach([&](const json& job) {
       if (job.value("status", json::object()).value("phase", "") == "Pending") queue_.Add(kube::KeyOf(job));
@@ -90,6 +112,8 @@ void Controller::Worker() {
   while (auto key = queue_.Get(&waited)) {
     if (metrics_) metrics_->QueueWait(std::chrono::duration<double>(waited).count());
     const auto started = Clock::now();
+    timespec cpu_started{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu_started);
     const size_t slash = key->find('/');
     const std::string ns = slash == std::string::npos ? "" : key->substr(0, slash);
     const std::string name = slash == std::string::npos ? *key : key->substr(slash + 1);
@@ -106,7 +130,13 @@ void Controller::Worker() {
       spdlog::warn("reconcile {}: {} (retry {})", *key, e.what(), queue_.NumRequeues(*key) + 1);
       queue_.AddRateLimited(*key);
     }
-    if (metrics_) metrics_->Reconciled(result, std::chrono::duration<double>(Clock::now() - started).count());
+    if (metrics_) {
+      timespec cpu_ended{};
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu_ended);
+      metrics_->ReconcileCpu(double(cpu_ended.tv_sec - cpu_started.tv_sec) +
+                             1e-9 * double(cpu_ended.tv_nsec - cpu_started.tv_nsec));
+      metrics_->Reconciled(result, std::chrono::duration<double>(Clock::now() - started).count());
+    }
     queue_.Done(*key);
   }
 }
@@ -132,6 +162,7 @@ void Controller::Run(std::stop_token stop) {
   std::mutex mu;
   std::condition_variable_any cv;
   while (!stop.stop_requested()) {
+    cluster_.ExpireReservations(options_.reconciler.expectation_timeout);
     if (metrics_) {
       metrics_->SetQueueDepth(queue_.Len());
       std::map<std::string, int> phases;

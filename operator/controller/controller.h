@@ -1,6 +1,9 @@
 // The TrainingJob controller: informers for TrainingJobs, their Pods (by label) and
 // Nodes, and the PodPollers' new readings (rank 0's progress, the launchers' attempts),
-// feed a rate-limited work queue of job keys; worker threads run the Reconciler.
+// feed a rate-limited work queue of job keys; `workers` threads run the Reconciler, so
+// independent jobs reconcile in parallel. The pod and node informers' events also keep
+// the ClusterState (nodes, topology, GPUs in use) and the Expectations current, and each
+// job's pods are indexed by job and by node.
 //
 // Thread-safety: Run() once; Ready() from any thread.
 
@@ -46,6 +49,7 @@ class Controller {
  private:
   void Worker();
   void EnqueueJobOf(const nlohmann::json& pod);
+  void OnPod(const nlohmann::json* old_pod, const nlohmann::json* pod);
   void OnNodeChange(const nlohmann::json& old_node, const nlohmann::json& node);
 
   kube::Client& client_;
@@ -54,6 +58,8 @@ class Controller {
   kube::Informer jobs_;
   kube::Informer pods_;
   kube::Informer nodes_;
+  ClusterState cluster_;
+  Expectations expectations_;
   kube::WorkQueue queue_;
   PodPoller progress_;
   PodPoller launchers_;

@@ -47,7 +47,7 @@ class Decider {
     Judge();
     for (const json& pod : d_.delete_pods) {
       const std::string node = kube::PinnedNode(pod);
-      if (!node.empty() && o_.node(node) != NodeState::kReady) d_.force_delete.insert(kube::Uid(pod));
+      if (!node.empty() && NodeOf(node) != NodeState::kReady) d_.force_delete.insert(kube::Uid(pod));
     }
     d_.status.observed_generation = generation();
     if (d_.status.phase != o_.status.phase) {
@@ -61,6 +61,20 @@ class Decider {
 
  private:
   int64_t generation() const { return job_.metadata.generation; }
+
+  // The state of `node`; one the caches do not know makes the decision rest on its absence.
+  NodeState NodeOf(const std::string& node) {
+    const NodeState state = o_.node(node);
+    if (state == NodeState::kGone) d_.rests_on_absence = true;
+    return state;
+  }
+
+  // What `pod` will hold on its node.
+  static PodClaim ClaimOf(const json& pod) {
+    const std::string key = kube::KeyOf(pod), where = "pod " + key + " spec";
+    return {key, kube::PinnedNode(pod), scheduler::PodRequest(pod["spec"], "nvidia.com/gpu", where),
+            scheduler::PodRequest(pod["spec"], "vpc.amazonaws.com/efa", where)};
+  }
   int64_t nodes() const { return job_.spec.nodes; }
   // The placed gang's size: spec.nodes, or fewer while an elastic job is shrunk.
   int64_t gang_size() const { return d_.status.placement ? int64_t(d_.status.placement->nodes.size()) : nodes(); }
@@ -146,7 +160,7 @@ class Decider {
       if (phase == "Succeeded") ++succeeded;
       if (phase == "Running" && kube::ConditionTrue(pod, "Ready")) ++ready;
       if (phase != "Succeeded" && !node.empty()) {
-        const NodeState state = o_.node(node);
+        const NodeState state = NodeOf(node);
         if (state != NodeState::kReady) {
           const std::string what =
               "node " + node + " of pod " + pod_name + (state == NodeState::kGone ? " is gone" : " is not Ready");
@@ -164,10 +178,15 @@ class Decider {
         d_.Requeue(std::chrono::seconds(options_.pending_timeout.count() - age + 1));
       }
     }
-    if (o_.awaiting_created_pods) return d_.Requeue(std::chrono::milliseconds(100));
+    // The pod cache has not caught up with our creates or deletes: its pod events enqueue
+    // the job, and this pass judges nothing it lacks.
+    if (o_.awaiting_created_pods) return d_.Requeue(kAwaitCache);
     const auto have = static_cast<int64_t>(current.size());
     // A gang restarting in place gets a pod it lacks (one replaced) on the stored placement,
     // held at the attempt until its launcher starts with the others.
+    // Fewer pods than the gang while the cache has shown every pod created: unless read
+    // from the API server, that may be the cache's lag rather than a deletion.
+    if (gang_started && have < gang_size()) d_.rests_on_absence = true;
     if (restarting_in_place && have < gang_size()) {
       if (!CreateHeldPods(gang, current)) {  // the failure that began this restart is counted
         return Restart("PodDeleted", "a pod of the gang restarting in place is gone, and the job's ConfigMap with it",
@@ -213,6 +232,8 @@ class Decider {
 
   // A status write lets the next pass act on it (the job's own update enqueues it too).
   static constexpr std::chrono::milliseconds kAfterOwnWrite{100};
+  // While the pod cache lags our own writes: in case no event comes (Expectations time out).
+  static constexpr std::chrono::seconds kAwaitCache{5};
 
   void SetCondition(const std::string& type, bool value, const std::string& reason, const std::string& message) {
     const std::string s = value ? "True" : "False";
@@ -320,7 +341,7 @@ class Decider {
     for (const json& pod : current) {
       if (kube::Uid(pod) == kube::Uid(lost)) continue;
       if (kube::PodPhase(pod) != "Running" || !o_.launchers.count(kube::Uid(pod))) return false;
-      if (o_.node(kube::PinnedNode(pod)) != NodeState::kReady) return false;  // two nodes lost: a new gang
+      if (NodeOf(kube::PinnedNode(pod)) != NodeState::kReady) return false;  // two nodes lost: a new gang
     }
     const std::optional<api::TrainingJob> sized = JobOfSize(gang_size());
     if (!sized) return false;
@@ -347,6 +368,10 @@ class Decider {
                      what + "; its node rank " + std::to_string(rank) + " moves to node " + node +
                          (shared.empty() ? "" : " (in " + shared + ")") +
                          " and the other pods restart in place: attempt " + std::to_string(d_.status.restarts + 1));
+    // The node is taken now for the pod that CreateHeldPods will put there.
+    d_.claims.push_back({o_.ns + "/" + HeldPodName(o_.name, *d_.status.gang, rank, d_.status.restarts), node,
+                         request.gpus_per_node, request.efa_per_node});
+    d_.check_claims = true;
     return true;
   }
 
@@ -382,6 +407,7 @@ class Decider {
       if (!present.count(rank))
         objects.pods.push_back(BuildPod(job_, table, gang, rank, d_.status.restarts, options_.worker, /*held=*/true));
     }
+    for (const json& pod : objects.pods) d_.claims.push_back(ClaimOf(pod));  // on the nodes ReplacePod took
     d_.create = std::move(objects);
     return true;
   }
@@ -523,13 +549,11 @@ class Decider {
   // spec.parallelism.mode auto: the planner's layout for the placed nodes, written into
   // *written_spec; nullopt when none fits, with the job left Pending and why.
   std::optional<api::LayoutStatus> PlanLayout(const api::TrainingJobSpec& spec, const scheduler::Placement& placement,
-                                              const scheduler::ClusterSnapshot& cluster,
+                                              const scheduler::ClusterView& cluster,
                                               const std::vector<std::string>& levels, json* written_spec) {
     std::vector<std::map<std::string, std::string>> labels;
     for (const std::string& name : placement.nodes) {
-      for (const scheduler::ClusterNode& n : cluster.nodes) {
-        if (n.name == name) labels.push_back(n.labels);
-      }
+      if (const scheduler::ClusterNode* n = cluster.Node(name)) labels.push_back(n->labels);
     }
     std::string why;
     const std::optional<scheduler::DeviceModel> device = scheduler::DeviceForNodes(labels, spec, &why);
@@ -574,7 +598,7 @@ class Decider {
 
   // spec.elastic: the largest smaller gang, down to minNodes, whose layout splits over it
   // and which the cluster can place. False, with `*reason` saying so, when there is none.
-  bool PlaceSmaller(const scheduler::ClusterSnapshot& cluster, api::TrainingJob* sized, scheduler::Placement* placement,
+  bool PlaceSmaller(const scheduler::ClusterView& cluster, api::TrainingJob* sized, scheduler::Placement* placement,
                     scheduler::PlacementRequest* request, std::string* reason) const {
     const std::optional<int64_t> min_nodes = job_.spec.elastic.min_nodes;
     if (!min_nodes || *min_nodes >= nodes()) return false;
@@ -599,16 +623,18 @@ class Decider {
   void Grow(const std::vector<json>& current) {
     if (gang_size() >= nodes() || !o_.progress || !o_.progress->checkpoint_step) return;
     if (o_.status.progress && o_.status.progress->checkpoint_step == o_.progress->checkpoint_step) return;
-    scheduler::ClusterSnapshot cluster = o_.cluster();
+    const scheduler::ClusterView cluster = o_.cluster();
+    std::map<size_t, scheduler::ReleasedUsage::Released> released;
     for (const json& pod : current) {
-      const std::string node = kube::PinnedNode(pod), where = "pod " + kube::KeyOf(pod) + " spec";
-      for (scheduler::ClusterNode& n : cluster.nodes) {
-        if (n.name != node) continue;
-        n.gpus_used -= scheduler::PodRequest(pod["spec"], "nvidia.com/gpu", where);
-        n.efa_used -= scheduler::PodRequest(pod["spec"], "vpc.amazonaws.com/efa", where);
-      }
+      const PodClaim held = ClaimOf(pod);
+      const std::optional<size_t> node = cluster.topology->Find(held.node);
+      if (!node) continue;
+      released[*node].gpus += held.gpus;
+      released[*node].efa += held.efa;
     }
-    if (!scheduler::Place(scheduler::PlacementRequest::ForJob(job_, o_.avoided_nodes), cluster).ok()) return;
+    const scheduler::ClusterView grown{cluster.topology,
+                                       std::make_shared<scheduler::ReleasedUsage>(cluster.usage, std::move(released))};
+    if (!scheduler::Place(scheduler::PlacementRequest::ForJob(job_, o_.avoided_nodes), grown).ok()) return;
     Restart("Growing",
             "all " + std::to_string(nodes()) + " nodes fit again; the gang of " + std::to_string(gang_size()) +
                 " grows back from the checkpoint of step " + std::to_string(*o_.progress->checkpoint_step),
@@ -621,9 +647,9 @@ class Decider {
     scheduler::Placement placement;
     auto request = scheduler::PlacementRequest::ForJob(job_, o_.avoided_nodes);
     api::TrainingJob sized = job_;  // the job at the gang's size
-    // The snapshot is built at most once, and only when placement or the planner needs it.
-    std::optional<scheduler::ClusterSnapshot> cluster;
-    auto snapshot = [&]() -> const scheduler::ClusterSnapshot& {
+    // The cluster is read at most once, and only when placement or the planner needs it.
+    std::optional<scheduler::ClusterView> cluster;
+    auto snapshot = [&]() -> const scheduler::ClusterView& {
       if (!cluster) cluster = o_.cluster();
       return *cluster;
     };
@@ -685,6 +711,8 @@ class Decider {
       if (!present.count(rank))
         objects.pods.push_back(BuildPod(job_, *table, gang, rank, d_.status.restarts, options_.worker));
     }
+    for (const json& pod : objects.pods) d_.claims.push_back(ClaimOf(pod));
+    d_.check_claims = !reused;  // a placement made now, from counters another gang may be taking from
     d_.create = std::move(objects);
 
     api::PlacementStatus summary;

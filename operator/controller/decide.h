@@ -33,6 +33,7 @@
 #include "operator/controller/worker_defaults.h"
 #include "operator/controller/worker_readings.h"
 #include "operator/scheduler/cluster.h"
+#include "operator/scheduler/topology.h"
 
 namespace meshtrain::controller {
 
@@ -48,6 +49,15 @@ struct DecideOptions {
 // A Node as reconcile needs it.
 enum class NodeState { kReady, kNotReady, kGone };
 
+// What a pod the operator creates will hold on its node: taken before the pod is created
+// (ClusterState::Reserve), so that no other gang is placed on the same GPUs meanwhile.
+struct PodClaim {
+  std::string pod;  // namespace/name
+  std::string node;
+  int64_t gpus = 0, efa = 0;
+  bool operator==(const PodClaim&) const = default;
+};
+
 struct Observed {
   std::string ns, name;
   nlohmann::json object;           // the TrainingJob as read
@@ -57,7 +67,12 @@ struct Observed {
   int64_t terminating = 0;           // owned pods being deleted that the cache still shows
   std::function<NodeState(const std::string& node)> node;
   std::set<std::string> avoided_nodes;  // nodes that failed this job recently
-  bool awaiting_created_pods = false;   // pods we created that the cache has not shown yet
+  // The pod cache has not shown every pod the operator created, or still shows one it
+  // deleted: it is older than the operator's own writes, and the job is not judged from it.
+  bool awaiting_created_pods = false;
+  // The pods and nodes were read from the API server, not from the caches: a pod or node
+  // missing here is gone.
+  bool live = false;
   std::optional<api::ProgressStatus> progress;  // rank 0's latest, read off the reconcile path
   // Pod uid -> its launcher's latest state (the current gang's pods that answered).
   std::map<std::string, LauncherState> launchers;
@@ -65,8 +80,8 @@ struct Observed {
   // unset: none has been.
   std::optional<std::chrono::system_clock::time_point> failure_seen;
   std::chrono::system_clock::time_point now;
-  // Read only when a gang is to be created:
-  std::function<scheduler::ClusterSnapshot()> cluster;           // free GPUs as placement sees them
+  // Read only when a gang is to be placed:
+  std::function<scheduler::ClusterView()> cluster;               // the nodes and what is in use on them
   std::function<std::optional<nlohmann::json>()> config_map;     // the job's ConfigMap, if one exists
 };
 
@@ -94,6 +109,15 @@ struct Decision {
   // terminating keeps its DNS name (publishNotReadyAddresses) and holds up a new gang.
   std::set<std::string> force_delete;
   std::optional<GangObjects> create;
+  // What the pods to be created, or a replacement's pod chosen now, will hold: reserved
+  // before anything is written. With check_claims (a placement made in this pass), only if
+  // the nodes still have it free; otherwise the job is decided again.
+  std::vector<PodClaim> claims;
+  bool check_claims = false;
+  // This decision took a pod or a node missing from the caches as gone (a deleted pod, a
+  // lost node). Unless `live`, the reconciler reads them from the API server and decides
+  // again before acting: a cache that lags is no reason to destroy a gang.
+  bool rests_on_absence = false;
   bool delete_job = false;             // ttlSecondsAfterFinished passed
   std::vector<PendingEvent> events;    // emitted only after the status is saved
   std::chrono::milliseconds requeue_after{0};  // 0: only when something changes

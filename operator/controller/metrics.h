@@ -13,6 +13,7 @@
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+#include <prometheus/summary.h>
 
 namespace meshtrain::controller {
 
@@ -22,6 +23,13 @@ class OperatorMetrics {
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
   void Reconciled(const std::string& result, double seconds);  // result: success | requeue | error
+  // The CPU time one reconcile took on its worker's thread.
+  void ReconcileCpu(double seconds);
+  // A placement whose GPUs another gang reserved first (the job is placed again).
+  void PlacementConflict();
+  // A decision that took a pod or node missing from the caches as gone, checked with the
+  // API server: "gone" when it agreed, "cache_lagging" when it still had them.
+  void AbsenceChecked(bool gone);
   void SetQueueDepth(size_t depth);
   void SetJobsByPhase(const std::map<std::string, int>& counts);
   // (namespace, name) -> how many nodes fewer than spec.nodes the job's gang runs on, for
@@ -39,6 +47,9 @@ class OperatorMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& reconciles_;
   prometheus::Histogram& reconcile_seconds_;
+  prometheus::Summary& reconcile_cpu_seconds_;
+  prometheus::Counter& placement_conflicts_;
+  prometheus::Family<prometheus::Counter>& absence_checks_;
   prometheus::Gauge& queue_depth_;
   prometheus::Family<prometheus::Gauge>& jobs_;
   prometheus::Family<prometheus::Gauge>& missing_nodes_;

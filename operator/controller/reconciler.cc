@@ -30,12 +30,29 @@ std::string NewStoreKey() {
 
 }  // namespace
 
-Reconciler::Reconciler(kube::Client& client, kube::Informer& jobs, kube::Informer& pods, kube::Informer& nodes,
-                       PodPoller* progress, PodPoller* launchers, OperatorMetrics* metrics, ReconcilerOptions options)
+std::vector<std::string> PodJobKeys(const json& pod) {
+  const json& meta = pod["metadata"];
+  const auto labels = meta.find("labels");
+  if (labels == meta.end() || !labels->is_object()) return {};
+  const auto job = labels->find(kJobNameLabel);
+  if (job == labels->end() || !job->is_string()) return {};
+  return {kube::ObjectKey(meta.value("namespace", ""), job->get<std::string>())};
+}
+
+std::vector<std::string> PodNodes(const json& pod) {
+  std::string node = kube::PinnedNode(pod);
+  if (node.empty()) return {};
+  return {std::move(node)};
+}
+
+Reconciler::Reconciler(kube::Client& client, kube::Informer& jobs, kube::Informer& pods, ClusterState& cluster,
+                       Expectations& expectations, PodPoller* progress, PodPoller* launchers, OperatorMetrics* metrics,
+                       ReconcilerOptions options)
     : client_(client),
       jobs_(jobs),
       pods_(pods),
-      nodes_(nodes),
+      cluster_(cluster),
+      expectations_(expectations),
       progress_(progress),
       launchers_(launchers),
       metrics_(metrics),
@@ -43,22 +60,42 @@ Reconciler::Reconciler(kube::Client& client, kube::Informer& jobs, kube::Informe
 
 ReconcileResult Reconciler::Reconcile(const std::string& ns, const std::string& name) {
   const std::string key = kube::ObjectKey(ns, name);
-  const std::optional<Observed> observed = Observe(ns, name);
+  std::optional<Observed> observed = Observe(ns, name);
   if (!observed) {
     Forget(key);
     return {};
   }
-  const Decision decision = Decide(*observed, options_.decide);
+  Decision decision = Decide(*observed, options_.decide);
+  if (decision.rests_on_absence && !observed->live) {
+    // A pod or node the caches lack is no proof that it is gone: ask the API server.
+    ObserveLive(&*observed);
+    decision = Decide(*observed, options_.decide);
+    if (metrics_) metrics_->AbsenceChecked(decision.rests_on_absence);
+    if (!decision.rests_on_absence)
+      spdlog::info("{}: the caches lack a pod or node that the API server has: decided from its answer", key);
+  }
   if (decision.delete_job) {
     client_.Delete(res::TrainingJobs(), ns, name);
     spdlog::info("{}: deleted {} s after it finished (ttlSecondsAfterFinished)", key,
                  *observed->checked.job.spec.run_policy.ttl_seconds_after_finished);
     return {};
   }
-  Act(*observed, decision);
+  if (!decision.claims.empty() && !cluster_.Reserve(key, decision.claims, decision.check_claims)) {
+    // Another gang took some of these GPUs since this placement read what was free: place
+    // again from the counters as they are now.
+    if (metrics_) metrics_->PlacementConflict();
+    return {std::chrono::milliseconds(1)};
+  }
+  try {
+    Act(*observed, decision);
+  } catch (...) {
+    ReleaseUncreated(decision);
+    throw;
+  }
   if (!WriteStatus(*observed, decision)) {
     // Our view was stale: decide again from the re-read object rather than overwrite a
     // status computed from newer facts.
+    ReleaseUncreated(decision);
     return {std::chrono::milliseconds(50)};
   }
   if (!decision.avoid_node.empty()) {
@@ -80,18 +117,20 @@ std::optional<Observed> Reconciler::Observe(const std::string& ns, const std::st
   auto cached = jobs_.Get(key);
   if (!cached) return std::nullopt;
   o.object = std::move(*cached);
-  bool stale_cache = false;
+  bool read_live = false;
   {
-    // The cache still holds the version our last status write replaced: acting on that old
-    // status would undo the write, so read the job from the API server instead.
+    // The cache still holds a version one of our status writes replaced: acting on that old
+    // status would undo the write. The write's answer is the job as stored since (or, after
+    // a 409, the API server's).
     std::lock_guard lock(mu_);
-    auto it = written_from_.find(key);
-    if (it != written_from_.end()) {
-      stale_cache = it->second == o.object["metadata"].value("resourceVersion", "");
-      written_from_.erase(it);
+    auto it = written_.find(key);
+    if (it != written_.end()) {
+      if (!it->second.replaced.count(o.object["metadata"].value("resourceVersion", ""))) written_.erase(it);
+      else if (it->second.object.is_null()) read_live = true;
+      else o.object = it->second.object;
     }
   }
-  if (stale_cache) {
+  if (read_live) {
     try {
       o.object = client_.Get(res::TrainingJobs(), ns, name);
     } catch (const kube::KubeError& e) {
@@ -109,37 +148,23 @@ std::optional<Observed> Reconciler::Observe(const std::string& ns, const std::st
     o.status = api::DecodeTrainingJobStatus(o.object.value("status", json::object()), &ignored);
   }
 
-  // The job's pods, less those being deleted (by us, or by anyone: deletionTimestamp).
-  const std::vector<json> owned = pods_.Select([&](const json& pod) {
-    const json& pod_meta = pod["metadata"];
-    if (pod_meta.value("namespace", "") != ns) return false;
-    auto labels = pod_meta.find("labels");
-    if (labels == pod_meta.end() || labels->value(kJobNameLabel, "") != name) return false;
-    for (const auto& ref : pod_meta.value("ownerReferences", json::array()))
-      if (ref.value("uid", "") == meta.uid) return true;
-    return false;
-  });
+  // The job's pods (the pod cache's index by job), less those being deleted: by us, until
+  // the cache drops them, or by anyone (deletionTimestamp). The expectations are read
+  // first: any the cache met since is in what it shows now.
+  const Expectations::Pending pending = expectations_.Outstanding(key, Clock::now());
+  std::set<std::string> unseen = pending.creations;
+  for (json& pod : pods_.ByIndex(kPodsByJob, key)) {
+    bool owned = false;
+    for (const auto& ref : pod["metadata"].value("ownerReferences", json::array())) owned = owned || ref.value("uid", "") == meta.uid;
+    if (!owned) continue;
+    unseen.erase(pod["metadata"].value("name", ""));
+    if (pending.deletions.count(kube::Uid(pod)) || pod["metadata"].contains("deletionTimestamp")) ++o.terminating;
+    else o.pods.push_back(std::move(pod));
+  }
+  // A created pod the cache has not shown yet is not a deleted one.
+  o.awaiting_created_pods = !unseen.empty();
   {
     std::lock_guard lock(mu_);
-    std::set<std::string>& deleting = deleting_[key];
-    std::set<std::string> still_cached;
-    for (const auto& pod : owned) {
-      if (deleting.count(kube::Uid(pod))) still_cached.insert(kube::Uid(pod));
-      if (deleting.count(kube::Uid(pod)) || pod["metadata"].contains("deletionTimestamp")) ++o.terminating;
-      else o.pods.push_back(pod);
-    }
-    deleting = std::move(still_cached);
-
-    // Until the pod cache has shown each created pod once, a missing one is not yet seen,
-    // not deleted. A pod deleted before the cache ever showed it would be awaited forever:
-    // give up after a while.
-    if (auto it = unseen_pods_.find(key); it != unseen_pods_.end()) {
-      for (const auto& pod : owned) it->second.names.erase(pod["metadata"].value("name", ""));
-      if (it->second.names.empty() || Clock::now() - it->second.since > options_.creation_observation_timeout)
-        unseen_pods_.erase(it);
-      else
-        o.awaiting_created_pods = true;
-    }
     auto& failed = avoid_[key];
     for (auto it = failed.begin(); it != failed.end();) {
       if (Clock::now() - it->second > options_.avoid_failed_node) {
@@ -150,11 +175,7 @@ std::optional<Observed> Reconciler::Observe(const std::string& ns, const std::st
       }
     }
   }
-  o.node = [this](const std::string& node) {
-    const auto object = nodes_.Get(node);
-    if (!object) return NodeState::kGone;
-    return kube::ConditionTrue(*object, "Ready") ? NodeState::kReady : NodeState::kNotReady;
-  };
+  o.node = [this](const std::string& node) { return cluster_.Node(node); };
   if (const auto rank0 = Rank0Pod(o.pods, GangOf(o.status)); rank0 && progress_) {
     if (const auto reading = progress_->Latest(key, *rank0)) {
       api::FieldErrors ignored;
@@ -177,7 +198,7 @@ std::optional<Observed> Reconciler::Observe(const std::string& ns, const std::st
     if (failed) o.failure_seen = seen->second.second;
     else failure_seen_.erase(seen);
   }
-  o.cluster = [this] { return Snapshot(); };
+  o.cluster = [this] { return cluster_.View(); };
   o.config_map = [this, ns, name]() -> std::optional<json> {
     try {
       return client_.Get(res::ConfigMaps(), ns, ConfigMapName(name));
@@ -187,6 +208,37 @@ std::optional<Observed> Reconciler::Observe(const std::string& ns, const std::st
     }
   };
   return o;
+}
+
+void Reconciler::ObserveLive(Observed* o) {
+  const std::string& uid = o->checked.job.metadata.uid;
+  const json list = client_.List(res::Pods(), o->ns, {std::string(kJobNameLabel) + "=" + o->name, "", ""});
+  o->pods.clear();
+  o->terminating = 0;
+  for (const json& pod : list.value("items", json::array())) {
+    bool owned = false;
+    for (const auto& ref : pod["metadata"].value("ownerReferences", json::array())) owned = owned || ref.value("uid", "") == uid;
+    if (!owned) continue;
+    if (pod["metadata"].contains("deletionTimestamp")) ++o->terminating;
+    else o->pods.push_back(pod);
+  }
+  o->awaiting_created_pods = false;  // every create has returned, so the API server has them
+  o->live = true;
+  // A node the cache lacks is read from the API server, once per pass.
+  auto read = std::make_shared<std::map<std::string, NodeState>>();
+  o->node = [this, read](const std::string& node) {
+    const NodeState cached = cluster_.Node(node);
+    if (cached != NodeState::kGone) return cached;
+    if (auto it = read->find(node); it != read->end()) return it->second;
+    NodeState state = NodeState::kGone;
+    try {
+      state = kube::ConditionTrue(client_.Get(res::Nodes(), "", node), "Ready") ? NodeState::kReady
+                                                                                 : NodeState::kNotReady;
+    } catch (const kube::KubeError& e) {
+      if (e.kind() != kube::ErrorKind::kNotFound) throw;
+    }
+    return (*read)[node] = state;
+  };
 }
 
 void Reconciler::Act(const Observed& o, const Decision& decision) {
@@ -209,15 +261,18 @@ void Reconciler::Act(const Observed& o, const Decision& decision) {
     create(res::Services(), gang.service);
     if (gang.replace_config_map) client_.Update(res::ConfigMaps(), o.ns, gang.config_map);
     else create(res::ConfigMaps(), gang.config_map);
-    {
-      std::lock_guard lock(mu_);
-      auto& expected = unseen_pods_[key];
-      expected.since = Clock::now();
-      for (const auto& pod : gang.pods) expected.names.insert(pod["metadata"].value("name", ""));
-    }
-    for (json pod : gang.pods) {
+    std::vector<std::string> names;
+    for (const auto& pod : gang.pods) names.push_back(pod["metadata"].value("name", ""));
+    expectations_.ExpectCreations(key, names, Clock::now());
+    for (size_t i = 0; i < gang.pods.size(); ++i) {
+      json pod = gang.pods[i];
       if (!options_.launcher_key.empty()) MountLauncherToken(&pod);
-      create(res::Pods(), pod);
+      try {
+        create(res::Pods(), pod);
+      } catch (...) {
+        for (size_t j = i; j < names.size(); ++j) expectations_.CreationFailed(key, names[j]);
+        throw;
+      }
     }
   }
   if (progress_) {
@@ -234,18 +289,30 @@ void Reconciler::Act(const Observed& o, const Decision& decision) {
   }
 }
 
+void Reconciler::ReleaseUncreated(const Decision& decision) {
+  // A pod whose create was sent may exist: the cache will show it, or its reservation expires.
+  std::set<std::string> sent;
+  if (decision.create) {
+    for (const json& pod : decision.create->pods) sent.insert(kube::KeyOf(pod));
+  }
+  for (const PodClaim& claim : decision.claims) {
+    if (!sent.count(claim.pod)) cluster_.Release(claim.pod);
+  }
+}
+
 void Reconciler::DeletePods(const std::string& job_key, const std::vector<json>& pods,
                             const std::set<std::string>& at_once) {
   for (const auto& pod : pods) {
-    {
-      std::lock_guard lock(mu_);
-      deleting_[job_key].insert(kube::Uid(pod));
-    }
+    const std::string uid = kube::Uid(pod);
+    expectations_.ExpectDeletions(job_key, {uid}, Clock::now());
     try {
       client_.Delete(res::Pods(), pod["metadata"].value("namespace", ""), pod["metadata"].value("name", ""),
-                     "Background", at_once.count(kube::Uid(pod)) ? std::optional<int64_t>(0) : std::nullopt);
+                     "Background", at_once.count(uid) ? std::optional<int64_t>(0) : std::nullopt);
     } catch (const kube::KubeError& e) {
-      if (e.kind() != kube::ErrorKind::kNotFound) throw;
+      if (e.kind() != kube::ErrorKind::kNotFound) {
+        expectations_.DeletionFailed(job_key, uid);
+        throw;
+      }
     }
   }
 }
@@ -254,14 +321,22 @@ bool Reconciler::WriteStatus(const Observed& o, const Decision& decision) {
   if (decision.status == o.status) return true;
   json object = o.object;
   object["status"] = api::ToJson(decision.status);
+  const std::string replaced = o.object["metadata"].value("resourceVersion", "");
+  json written;
   try {
-    client_.UpdateStatus(res::TrainingJobs(), o.ns, object);
+    written = client_.UpdateStatus(res::TrainingJobs(), o.ns, object);
   } catch (const kube::KubeError& e) {
     if (e.kind() != kube::ErrorKind::kConflict) throw;
+    std::lock_guard lock(mu_);
+    Written& stale = written_[kube::ObjectKey(o.ns, o.name)];
+    stale.replaced.insert(replaced);
+    stale.object = nullptr;
     return false;
   }
   std::lock_guard lock(mu_);
-  written_from_[kube::ObjectKey(o.ns, o.name)] = o.object["metadata"].value("resourceVersion", "");
+  Written& ours = written_[kube::ObjectKey(o.ns, o.name)];
+  ours.replaced.insert(replaced);
+  ours.object = std::move(written);
   return true;
 }
 
@@ -293,42 +368,12 @@ void Reconciler::Emit(const Observed& o, const PendingEvent& e) {
 void Reconciler::Forget(const std::string& job_key) {
   if (progress_) progress_->Forget(job_key);
   if (launchers_) launchers_->Forget(job_key);
+  expectations_.Forget(job_key);
+  cluster_.ReleaseJob(job_key);
   std::lock_guard lock(mu_);
   avoid_.erase(job_key);
-  written_from_.erase(job_key);
-  unseen_pods_.erase(job_key);
-  deleting_.erase(job_key);
+  written_.erase(job_key);
   failure_seen_.erase(job_key);
-}
-
-scheduler::ClusterSnapshot Reconciler::Snapshot() {
-  // The nodes change rarely: rebuild their part only when the node cache changed.
-  scheduler::ClusterSnapshot snapshot;
-  {
-    std::lock_guard lock(mu_);
-    if (!nodes_snapshot_ || nodes_snapshot_version_ != nodes_.version()) {
-      nodes_snapshot_version_ = nodes_.version();
-      nodes_snapshot_ = scheduler::SnapshotFromKubectl(json{{"items", nodes_.List()}}, json());
-    }
-    snapshot = *nodes_snapshot_;
-  }
-  // The GPUs held by this operator's pods, bound or only pinned, that are still running.
-  std::map<std::string, std::pair<int64_t, int64_t>> used;  // node -> (gpus, efa)
-  pods_.ForEach([&](const json& pod) {
-    const std::string phase = kube::PodPhase(pod);
-    if (phase == "Succeeded" || phase == "Failed") return;
-    auto& [gpus, efa] = used[kube::PinnedNode(pod)];
-    const std::string where = "pod " + kube::KeyOf(pod) + " spec";
-    gpus += scheduler::PodRequest(pod["spec"], "nvidia.com/gpu", where);
-    efa += scheduler::PodRequest(pod["spec"], "vpc.amazonaws.com/efa", where);
-  });
-  for (auto& node : snapshot.nodes) {
-    if (auto it = used.find(node.name); it != used.end()) {
-      node.gpus_used += it->second.first;
-      node.efa_used += it->second.second;
-    }
-  }
-  return snapshot;
 }
 
 }  // namespace meshtrain::controller

@@ -11,10 +11,23 @@
 //
 // On 409 the key is re-queued, to be decided again from the re-read object: as every
 // delete follows from a status already stored (decide.h), the retry replays no delete
-// and no Event. While the cache still lacks our own last write, the job is read from the
-// API server instead. Pods we deleted or created are remembered until the cache shows it
-// (Kubernetes' "expectations"), so a lagging watch causes neither a second delete nor a
-// false "pod deleted".
+// and no Event.
+//
+// Never on a stale view:
+// - While the job cache still holds the version our last status write replaced, the job
+//   is the object that write returned (after a 409: read from the API server).
+// - Pods we create or delete are expectations (expectations.h) until the pod cache shows
+//   them: meanwhile the job is not judged from the cache.
+// - A decision that takes a pod or node missing from the caches as gone (a deleted pod, a
+//   lost node) is made again from the API server's answer (a list of the job's pods, a get
+//   of each missing node) before anything is done: a deletion is believed when the watch
+//   says so, or the API server.
+//
+// Cost: one reconcile reads the job's pods through the pod cache's index by job, nodes
+// and free GPUs from the ClusterState (no copy of the cluster), and places a new gang
+// with the topology's index: the job's pods plus the placement search. A gang's pods take
+// their GPUs in the ClusterState before they are created (Reserve), so that concurrent
+// reconciles never double-book a GPU.
 //
 // Thread-safety: Reconcile may run concurrently for different keys (the work queue never
 // runs one key twice at once).
@@ -30,12 +43,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "operator/controller/cluster_state.h"
 #include "operator/controller/decide.h"
+#include "operator/controller/expectations.h"
 #include "operator/controller/metrics.h"
 #include "operator/controller/pod_poller.h"
 #include "operator/kube/client.h"
 #include "operator/kube/informer.h"
-#include "operator/scheduler/cluster.h"
 
 namespace meshtrain::controller {
 
@@ -45,7 +59,9 @@ struct ReconcilerOptions {
   // empty: pods get no token, and a failed rank restarts its gang by recreating the pods.
   std::string launcher_key;
   std::chrono::seconds avoid_failed_node{600};  // how long a failed node is avoided
-  std::chrono::seconds creation_observation_timeout{30};  // how long created pods may be absent from the cache
+  // How long the pod cache may take to show a pod created or deleted (Expectations), and a
+  // reservation to be taken over by its pod, before the reconciler stops waiting for it.
+  std::chrono::seconds expectation_timeout{60};
   std::string component = "meshtrain-operator";  // Event source
 };
 
@@ -53,13 +69,24 @@ struct ReconcileResult {
   std::chrono::milliseconds requeue_after{0};  // 0: only when something changes
 };
 
+// The index of the pod informer by job: "namespace/job-name" of a pod's job label.
+inline constexpr const char* kPodsByJob = "job";
+// The index of the pod informer by node: the node a pod is bound or pinned to.
+inline constexpr const char* kPodsByNode = "node";
+// The index functions: the pod informer must have both (Controller adds them).
+std::vector<std::string> PodJobKeys(const nlohmann::json& pod);
+std::vector<std::string> PodNodes(const nlohmann::json& pod);
+
 class Reconciler {
  public:
+  // `pods` has the indexes kPodsByJob and kPodsByNode. `cluster` and `expectations` are
+  // fed by the pod and node informers' events (Controller).
   // `progress` (rank 0's metrics) may be null: status.progress is then never filled.
   // `launchers` (each pod's launcher state) may be null: a failed rank then restarts the
   // gang only once its pod fails, by recreating it.
-  Reconciler(kube::Client& client, kube::Informer& jobs, kube::Informer& pods, kube::Informer& nodes,
-             PodPoller* progress, PodPoller* launchers, OperatorMetrics* metrics, ReconcilerOptions options = {});
+  Reconciler(kube::Client& client, kube::Informer& jobs, kube::Informer& pods, ClusterState& cluster,
+             Expectations& expectations, PodPoller* progress, PodPoller* launchers, OperatorMetrics* metrics,
+             ReconcilerOptions options = {});
 
   // Throws kube::KubeError on API failures; the caller requeues with backoff.
   ReconcileResult Reconcile(const std::string& namespace_, const std::string& name);
@@ -67,7 +94,11 @@ class Reconciler {
  private:
   // Nullopt when the job is gone.
   std::optional<Observed> Observe(const std::string& namespace_, const std::string& name);
+  // The job's pods and the nodes the caches lack, from the API server.
+  void ObserveLive(Observed* observed);
   void Act(const Observed& observed, const Decision& decision);
+  // Gives back the claims of pods that were not created.
+  void ReleaseUncreated(const Decision& decision);
   // False when the write conflicted (409).
   bool WriteStatus(const Observed& observed, const Decision& decision);
   void Emit(const Observed& observed, const PendingEvent& event);
@@ -75,13 +106,12 @@ class Reconciler {
   void DeletePods(const std::string& job_key, const std::vector<nlohmann::json>& pods,
                   const std::set<std::string>& at_once);
   void Forget(const std::string& job_key);
-  // The cluster as placement sees it: the node cache, less the GPUs our pods hold.
-  scheduler::ClusterSnapshot Snapshot();
 
   kube::Client& client_;
   kube::Informer& jobs_;
   kube::Informer& pods_;
-  kube::Informer& nodes_;
+  ClusterState& cluster_;
+  Expectations& expectations_;
   PodPoller* progress_;
   PodPoller* launchers_;
   OperatorMetrics* metrics_;
@@ -90,17 +120,15 @@ class Reconciler {
   std::mutex mu_;
   // job key -> node -> when it failed the job
   std::map<std::string, std::map<std::string, std::chrono::steady_clock::time_point>> avoid_;
-  struct UnseenPods {
-    std::set<std::string> names;
-    std::chrono::steady_clock::time_point since;
-  };
-  std::map<std::string, UnseenPods> unseen_pods_;  // job key -> created pods the cache has not shown
-  std::map<std::string, std::set<std::string>> deleting_;  // job key -> uids of pods we deleted, still cached
   // job key -> (attempt, when a launcher was first seen failed at it)
   std::map<std::string, std::pair<int64_t, std::chrono::system_clock::time_point>> failure_seen_;
-  std::map<std::string, std::string> written_from_;  // job key -> resourceVersion our last status write replaced
-  std::optional<scheduler::ClusterSnapshot> nodes_snapshot_;
-  uint64_t nodes_snapshot_version_ = 0;
+  // Our status writes that the job cache has not caught up with: while it shows a version
+  // one of them replaced, the job is `object`.
+  struct Written {
+    std::set<std::string> replaced;  // resourceVersions our writes replaced
+    nlohmann::json object;            // what the last write returned; null after a 409: read the job afresh
+  };
+  std::map<std::string, Written> written_;  // by job key
 };
 
 }  // namespace meshtrain::controller

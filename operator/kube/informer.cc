@@ -18,6 +18,25 @@ Informer::~Informer() { Stop(); }
 
 void Informer::AddHandler(EventHandler handler) { handlers_.push_back(std::move(handler)); }
 
+void Informer::AddIndex(const std::string& name, IndexFunc index) { indexes_[name].values = std::move(index); }
+
+void Informer::Unindex(const std::string& key, const json& object) {
+  for (auto& [name, index] : indexes_) {
+    for (const std::string& value : index.values(object)) {
+      auto it = index.keys.find(value);
+      if (it == index.keys.end()) continue;
+      it->second.erase(key);
+      if (it->second.empty()) index.keys.erase(it);
+    }
+  }
+}
+
+void Informer::Reindex(const std::string& key, const json& object) {
+  for (auto& [name, index] : indexes_) {
+    for (const std::string& value : index.values(object)) index.keys[value].insert(key);
+  }
+}
+
 void Informer::Start() {
   thread_ = std::jthread([this](std::stop_token stop) { Run(stop); });
 }
@@ -57,6 +76,17 @@ std::vector<json> Informer::Select(const std::function<bool(const json&)>& keep)
   return out;
 }
 
+std::vector<json> Informer::ByIndex(const std::string& name, const std::string& value) const {
+  std::shared_lock lock(mu_);
+  std::vector<json> out;
+  const Index& index = indexes_.at(name);
+  const auto it = index.keys.find(value);
+  if (it == index.keys.end()) return out;
+  out.reserve(it->second.size());
+  for (const std::string& key : it->second) out.push_back(cache_.at(key));
+  return out;
+}
+
 void Informer::ForEach(const std::function<void(const json&)>& visit) const {
   std::shared_lock lock(mu_);
   for (const auto& [key, object] : cache_) visit(object);
@@ -92,6 +122,8 @@ void Informer::Replace(const json& items) {
       if (!fresh.count(key)) deleted.push_back(object);
     }
     cache_ = std::move(fresh);
+    for (auto& [name, index] : indexes_) index.keys.clear();
+    for (const auto& [key, object] : cache_) Reindex(key, object);
     ++version_;
   }
   for (const auto& h : handlers_) {
@@ -117,11 +149,15 @@ void Informer::Apply(const WatchEvent& event) {
   {
     std::unique_lock lock(mu_);
     auto it = cache_.find(key);
-    if (it != cache_.end()) old_object = it->second;
+    if (it != cache_.end()) {
+      old_object = it->second;
+      Unindex(key, old_object);
+    }
     if (event.type == "DELETED") {
       cache_.erase(key);
     } else {
       cache_[key] = event.object;
+      Reindex(key, event.object);
     }
     ++version_;
   }

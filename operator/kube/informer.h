@@ -7,6 +7,10 @@
 // between the old cache and the new list into add, update and delete events, so
 // handlers never miss a change, they only see it late.
 //
+// Indexes (as client-go's Indexers) file each cached object under the values an index
+// function gives it, so that a lookup such as "the pods of job J" costs the objects found,
+// not the whole cache.
+//
 // Handlers run on the informer's thread, after the cache is updated, one at a time.
 // Thread-safe: the cache may be read from any thread.
 
@@ -19,6 +23,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <shared_mutex>
 #include <string>
 #include <thread>
@@ -51,8 +56,12 @@ class Informer {
   Informer(const Informer&) = delete;
   Informer& operator=(const Informer&) = delete;
 
-  // Handlers must be added before Start().
+  // The values an object is filed under in an index (none: it is not in the index).
+  using IndexFunc = std::function<std::vector<std::string>(const nlohmann::json& object)>;
+
+  // Handlers and indexes must be added before Start().
   void AddHandler(EventHandler handler);
+  void AddIndex(const std::string& name, IndexFunc index);
   void Start();
   void Stop();
 
@@ -66,6 +75,9 @@ class Informer {
   // Copies of the cached objects for which `keep` is true; `keep` runs under the cache's
   // read lock, so it must not call back into this informer.
   std::vector<nlohmann::json> Select(const std::function<bool(const nlohmann::json&)>& keep) const;
+  // Copies of the cached objects filed under `value` in index `name`, in key order.
+  // REQUIRES: the index was added.
+  std::vector<nlohmann::json> ByIndex(const std::string& name, const std::string& value) const;
   // Calls `visit` on every cached object under the read lock (same restriction as Select).
   void ForEach(const std::function<void(const nlohmann::json&)>& visit) const;
   size_t Size() const;
@@ -76,7 +88,14 @@ class Informer {
   int64_t relists() const { return relists_.load(); }      // lists after the first one
 
  private:
+  struct Index {
+    IndexFunc values;
+    std::map<std::string, std::set<std::string>> keys;  // value -> keys of the objects filed under it
+  };
   void Run(std::stop_token stop);
+  // File or unfile `object` (at `key`) in every index. REQUIRES: mu_ held exclusively.
+  void Unindex(const std::string& key, const nlohmann::json& object);
+  void Reindex(const std::string& key, const nlohmann::json& object);
   void Replace(const nlohmann::json& items);
   void Apply(const WatchEvent& event);
   bool SleepFor(std::chrono::milliseconds d, std::stop_token& stop);
@@ -90,6 +109,7 @@ class Informer {
 
   mutable std::shared_mutex mu_;
   std::map<std::string, nlohmann::json> cache_;
+  std::map<std::string, Index> indexes_;  // by name
   std::string resource_version_;  // touched by the informer thread only
 
   std::atomic<uint64_t> version_{0};

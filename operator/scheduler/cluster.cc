@@ -97,31 +97,38 @@ int64_t PodRequest(const Json& spec, const char* resource, const std::string& wh
 }
 
 
+ClusterNode NodeFromKubectl(const Json& item) try {
+  ClusterNode node;
+  const Json& meta = item.value("metadata", Json::object());
+  node.name = meta.value("name", "");
+  const std::string where = "node " + node.name;
+  const Json labels = meta.value("labels", Json::object());  // items() must not outlive it
+  for (const auto& [key, value] : labels.items()) {
+    if (value.is_string()) node.labels[key] = value.get<std::string>();
+  }
+  const Json& status = item.value("status", Json::object());
+  const Json& allocatable = status.value("allocatable", Json::object());
+  node.gpus = ResourceQuantity(allocatable, "nvidia.com/gpu", where + " status.allocatable");
+  node.efa = ResourceQuantity(allocatable, "vpc.amazonaws.com/efa", where + " status.allocatable");
+  node.ready = false;
+  for (const Json& c : status.value("conditions", Json::array())) {
+    if (c.value("type", "") == "Ready") node.ready = c.value("status", "") == "True";
+  }
+  const Json& spec = item.value("spec", Json::object());
+  node.schedulable = !spec.value("unschedulable", false);
+  for (const Json& t : spec.value("taints", Json::array())) {
+    node.taints.push_back({t.value("key", ""), t.value("value", ""), t.value("effect", "")});
+  }
+  return node;
+} catch (const Json::exception& e) {  // a field of the wrong JSON type
+  throw ClusterError(std::string("node has an unexpected shape: ") + e.what());
+}
+
 ClusterSnapshot SnapshotFromKubectl(const Json& node_list, const Json& pod_list) try {
   ClusterSnapshot snapshot;
   std::map<std::string, size_t> index;
   for (const Json& item : Items(node_list, "nodes")) {
-    ClusterNode node;
-    const Json& meta = item.value("metadata", Json::object());
-    node.name = meta.value("name", "");
-    const std::string where = "node " + node.name;
-    const Json labels = meta.value("labels", Json::object());  // items() must not outlive it
-    for (const auto& [key, value] : labels.items()) {
-      if (value.is_string()) node.labels[key] = value.get<std::string>();
-    }
-    const Json& status = item.value("status", Json::object());
-    const Json& allocatable = status.value("allocatable", Json::object());
-    node.gpus = ResourceQuantity(allocatable, "nvidia.com/gpu", where + " status.allocatable");
-    node.efa = ResourceQuantity(allocatable, "vpc.amazonaws.com/efa", where + " status.allocatable");
-    node.ready = false;
-    for (const Json& c : status.value("conditions", Json::array())) {
-      if (c.value("type", "") == "Ready") node.ready = c.value("status", "") == "True";
-    }
-    const Json& spec = item.value("spec", Json::object());
-    node.schedulable = !spec.value("unschedulable", false);
-    for (const Json& t : spec.value("taints", Json::array())) {
-      node.taints.push_back({t.value("key", ""), t.value("value", ""), t.value("effect", "")});
-    }
+    ClusterNode node = NodeFromKubectl(item);
     index[node.name] = snapshot.nodes.size();
     snapshot.nodes.push_back(std::move(node));
   }

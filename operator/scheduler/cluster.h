@@ -69,6 +69,10 @@ int64_t ResourceQuantity(const nlohmann::json& resources, const char* name, cons
 // init container's if larger. Throws ClusterError naming `where`.
 int64_t PodRequest(const nlohmann::json& pod_spec, const char* resource, const std::string& where);
 
+// One Node object as placement sees it (gpus_used and efa_used 0). Throws ClusterError
+// for a field of the wrong type or an allocatable count that is not a whole number.
+ClusterNode NodeFromKubectl(const nlohmann::json& node);
+
 // From kubectl's NodeList and PodList JSON. Pods that are Succeeded or Failed hold
 // no GPUs; a pod's request is the larger of its containers' sum and any init container's.
 ClusterSnapshot SnapshotFromKubectl(const nlohmann::json& node_list, const nlohmann::json& pod_list);

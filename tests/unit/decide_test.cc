@@ -53,7 +53,7 @@ Observed Observe(const json& object, const api::TrainingJobStatus& status, std::
     scheduler::SyntheticClusterOptions options;
     options.nodes = 64;
     options.gpu_used_fraction = 0;
-    return scheduler::MakeSyntheticCluster(options);
+    return scheduler::ClusterView::Of(scheduler::MakeSyntheticCluster(options));
   };
   o.config_map = [] { return std::optional<json>(); };
   return o;
@@ -199,7 +199,7 @@ TEST(Decide, ACreationWhoseStatusWasNotStoredIsFinishedFromItsConfigMap) {
     return cm;
   }();
   retry.config_map = [&] { return std::optional<json>(config_map); };
-  retry.cluster = []() -> scheduler::ClusterSnapshot { throw std::logic_error("placement must not run again"); };
+  retry.cluster = []() -> scheduler::ClusterView { throw std::logic_error("placement must not run again"); };
   const Decision d = Decide(retry, {});
   ASSERT_TRUE(d.create);
   ASSERT_EQ(d.create->pods.size(), 1u);
@@ -212,7 +212,7 @@ TEST(Decide, ACreationWhoseStatusWasNotStoredIsFinishedFromItsConfigMap) {
 
 TEST(Decide, UnschedulableWarnsOnceAndRetries) {
   Observed o = Observe(JobObject(), {});
-  o.cluster = [] { return scheduler::ClusterSnapshot{}; };
+  o.cluster = [] { return scheduler::ClusterView::Of({}); };
   const Decision d = Decide(o, {});
   EXPECT_FALSE(d.create);
   EXPECT_EQ(d.status.phase, "Pending");
@@ -622,7 +622,7 @@ TEST(Decide, WithoutAReplacementNodeTheGangIsRecreated) {
     scheduler::SyntheticClusterOptions options;
     options.nodes = 64;
     options.gpu_used_fraction = 1;  // every GPU is taken
-    return scheduler::MakeSyntheticCluster(options);
+    return scheduler::ClusterView::Of(scheduler::MakeSyntheticCluster(options));
   };
   const Decision d = Decide(o, {});
   EXPECT_EQ(d.restart_kind, "recreated");
@@ -647,11 +647,11 @@ TEST(Decide, ANodeThatIsGoneRestartsTheGangAndIsAvoided) {
 }
 
 // A cluster of exactly `ready` free 8-GPU nodes, named node-0.., in one domain.
-scheduler::ClusterSnapshot SmallCluster(int ready) {
+scheduler::ClusterView SmallCluster(int ready) {
   scheduler::SyntheticClusterOptions options;
   options.nodes = ready;
   options.gpu_used_fraction = 0;
-  return scheduler::MakeSyntheticCluster(options);
+  return scheduler::ClusterView::Of(scheduler::MakeSyntheticCluster(options));
 }
 
 // The status of a created gang once a node of it was lost: the gang is recreated (gang 1)
@@ -755,9 +755,12 @@ TEST(Decide, PodsNotYetInTheCacheAreAwaitedNotTakenAsDeleted) {
   const Decision d = Decide(o, {});
   EXPECT_EQ(d.status, job.status);
   EXPECT_TRUE(d.events.empty());
-  EXPECT_EQ(d.requeue_after, std::chrono::milliseconds(100));
+  EXPECT_EQ(d.requeue_after, std::chrono::seconds(5)) << "the pod's event enqueues the job sooner";
+  EXPECT_FALSE(d.rests_on_absence);
   o.awaiting_created_pods = false;
-  EXPECT_EQ(Reasons(Decide(o, {})), (std::vector<std::string>{"PodDeleted", "Restarting"}));
+  const Decision deleted = Decide(o, {});
+  EXPECT_EQ(Reasons(deleted), (std::vector<std::string>{"PodDeleted", "Restarting"}));
+  EXPECT_TRUE(deleted.rests_on_absence) << "a pod missing from the cache: the API server is asked before acting";
 }
 
 TEST(Decide, TheDeadlineFailsAStartedJob) {
@@ -786,7 +789,7 @@ TEST(Decide, TheOperatorsWorkerDefaultsReachThePodsAndStatus) {
     cluster.efa_per_node = 32;
     scheduler::ClusterSnapshot snapshot = scheduler::MakeSyntheticCluster(cluster);
     for (auto& node : snapshot.nodes) node.labels[kInstanceTypeLabel] = "p5.48xlarge";
-    return snapshot;
+    return scheduler::ClusterView::Of(snapshot);
   };
   const Decision d = Decide(o, options);
   ASSERT_TRUE(d.create) << d.status.conditions.at(0).message;

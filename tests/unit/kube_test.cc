@@ -127,6 +127,15 @@ TEST_F(KubeTest, InformerFollowsChangesThroughDropsAndGone) {
   std::atomic<int> adds{0}, updates{0}, deletes{0};
   informer.AddHandler({[&](const json&) { ++adds; }, [&](const json&, const json&) { ++updates; },
                        [&](const json&) { ++deletes; }});
+  // The objects by their value of k: an index kept through watch events and relists.
+  informer.AddIndex("k", [](const json& object) {
+    return std::vector<std::string>{object.value("data", json::object()).value("k", "")};
+  });
+  auto names = [&informer](const std::string& value) {
+    std::vector<std::string> out;
+    for (const json& object : informer.ByIndex("k", value)) out.push_back(object["metadata"]["name"]);
+    return out;
+  };
   client_->Create(resources::ConfigMaps(), "default", ConfigMap("before", "1"));
   informer.Start();
   ASSERT_TRUE(informer.WaitForSync(5s));
@@ -137,6 +146,10 @@ TEST_F(KubeTest, InformerFollowsChangesThroughDropsAndGone) {
   };
   client_->Create(resources::ConfigMaps(), "default", ConfigMap("c1", "1"));
   EXPECT_TRUE(eventually([&] { return informer.Get("default/c1").has_value(); }));
+  EXPECT_EQ(names("1"), (std::vector<std::string>{"before", "c1"}));
+  client_->MergePatch(resources::ConfigMaps(), "default", "before", {{"data", {{"k", "2"}}}});
+  EXPECT_TRUE(eventually([&] { return names("2") == std::vector<std::string>{"before"}; }));
+  EXPECT_EQ(names("1"), (std::vector<std::string>{"c1"}));
 
   testing::Faults faults;
   faults.drop_watches = 1;
@@ -150,6 +163,9 @@ TEST_F(KubeTest, InformerFollowsChangesThroughDropsAndGone) {
     return c1 && (*c1)["data"]["k"] == "changed" && !informer.Get("default/before") && informer.Get("default/c2");
   }));
   EXPECT_GE(informer.relists(), 1);
+  EXPECT_EQ(names("changed"), (std::vector<std::string>{"c1"}));
+  EXPECT_EQ(names("1"), (std::vector<std::string>{"c2"}));
+  EXPECT_TRUE(names("2").empty()) << "a deleted object leaves the index";
   EXPECT_GE(updates.load(), 1);
   EXPECT_GE(deletes.load(), 1);
   EXPECT_EQ(adds.load(), 3);

@@ -271,7 +271,7 @@ struct ApiServer::Store {
   }
 
   void Emit(const ResourceInfo& info, const std::string& type, const json& object, json old_object) {
-    events.push_back({rv, info.Key(), type, object, std::move(old_object)});
+    events.push_back({rv, info.Key(), type, object, std::move(old_object), std::chrono::steady_clock::now()});
     while (events.size() > history) {
       oldest_kept = events.front().seq + 1;
       events.pop_front();
@@ -872,6 +872,8 @@ void ApiServer::Handle(const HttpRequest& request, HttpResponder& responder) {
       faults.conflict_path = f.value("conflictPath", "");
       faults.throttles = f.value("throttles", 0);
       faults.latency_ms = f.value("latencyMs", 0);
+      faults.watch_delay_ms = f.value("watchDelayMs", 0);
+      faults.watch_delay_resource = f.value("watchDelayResource", "");
       SetFaults(faults);
       responder.Send(200, "application/json", "{}");
       return;
@@ -1177,22 +1179,41 @@ void ApiServer::Watch(const HttpRequest& request, HttpResponder& responder, cons
 
   auto last_sent = std::chrono::steady_clock::now();
   const auto bookmark_every = std::chrono::milliseconds(options_.bookmark_interval_ms);
+  uint64_t examined = cursor;  // events up to here were sent, or were not due yet
+  auto next_due = std::chrono::steady_clock::time_point::max();  // of the first event held back
   for (;;) {
     std::vector<std::string> out;
     {
       std::unique_lock lock(store_->mu);
-      store_->changed.wait_until(lock, std::min(deadline, last_sent + bookmark_every), [&] {
-        return store_->drop_epoch != epoch || (!store_->events.empty() && store_->events.back().seq > cursor);
+      const auto wake = std::min({deadline, last_sent + bookmark_every, next_due});
+      store_->changed.wait_until(lock, wake, [&] {
+        return store_->drop_epoch != epoch || (!store_->events.empty() && store_->events.back().seq > examined);
       });
       if (store_->drop_epoch != epoch) {
         lock.unlock();
         responder.Abort();
         return;
       }
+      const Faults& faults = store_->faults;
+      const auto delay = faults.watch_delay_resource.empty() || faults.watch_delay_resource == info.plural
+                             ? std::chrono::milliseconds(faults.watch_delay_ms)
+                             : std::chrono::milliseconds(0);
+      if (cursor + 1 < store_->oldest_kept) {  // a lagging watch fell out of the history
+        lock.unlock();
+        responder.SendChunk(line("ERROR", StatusBody(410, "Expired", "too old resource version: " + std::to_string(cursor))));
+        responder.EndChunked();
+        return;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      next_due = std::chrono::steady_clock::time_point::max();
       auto first = std::upper_bound(store_->events.begin(), store_->events.end(), cursor,
                                     [](uint64_t c, const StoredEvent& e) { return c < e.seq; });
       for (auto ev_it = first; ev_it != store_->events.end(); ++ev_it) {
         const StoredEvent& ev = *ev_it;
+        if (delay.count() > 0 && ev.at + delay > now) {
+          next_due = ev.at + delay;
+          break;
+        }
         cursor = ev.seq;
         if (ev.resource != info.Key()) continue;
         const bool now_matches = filter.Accepts(ev.object);
@@ -1200,7 +1221,8 @@ void ApiServer::Watch(const HttpRequest& request, HttpResponder& responder, cons
         if (now_matches) out.push_back(line(ev.type == "MODIFIED" && !was_matching ? "ADDED" : ev.type, ev.object));
         else if (was_matching) out.push_back(line("DELETED", ev.object));
       }
-      if (out.empty() && bookmarks && std::chrono::steady_clock::now() >= last_sent + bookmark_every) {
+      examined = store_->events.empty() ? cursor : store_->events.back().seq;
+      if (out.empty() && bookmarks && now >= last_sent + bookmark_every) {
         out.push_back(line("BOOKMARK", {{"kind", info.kind}, {"apiVersion", info.ApiVersion()},
                                         {"metadata", {{"resourceVersion", std::to_string(cursor)}}}}));
       }

@@ -20,7 +20,9 @@
 //   certificate (or, over plain HTTP, no token) is the cluster admin.
 //
 // Faults on demand (SetFaults or POST /_test/faults): dropped watches, 410s for the
-// next watches, 500s, 409 storms, 429s and latency. GET /_test/stats counts requests by
+// next watches, 500s, 409 storms, 429s, latency, and watches that lag: each event of a
+// delayed watch goes out that long after it happened (a watch cache seconds behind),
+// while gets and lists answer at once. GET /_test/stats counts requests by
 // verb and client, and the faults not yet spent. GET /_test/created gives, for each
 // TrainingJob and Pod created, the server's time of the create (ms since it started) and,
 // for a pod, its meshtrain.dev/job-name label: creation latencies without a client's lag.
@@ -30,6 +32,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -71,6 +74,8 @@ struct Faults {
   std::string conflict_path;  // when set, only those whose path ends with it (".../tiny/status")
   int throttles = 0;        // the next N non-watch requests get 429 with Retry-After: 1
   int latency_ms = 0;       // added to every request from now on
+  int watch_delay_ms = 0;   // watches (of watch_delay_resource) send each event this long after it
+  std::string watch_delay_resource;  // a plural ("pods"); empty: every watch
 };
 
 // A ServiceAccount a token was issued to (TokenRequest); its requests are checked
@@ -85,6 +90,7 @@ struct StoredEvent {
   std::string type;      // ADDED, MODIFIED, DELETED
   nlohmann::json object;
   nlohmann::json old_object;  // null for ADDED
+  std::chrono::steady_clock::time_point at;  // when it happened
 };
 
 class ApiServer {
