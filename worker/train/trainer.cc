@@ -338,6 +338,7 @@ std::string Trainer::SampleText(int tokens, uint64_t seed) {
   SamplingOptions options;
   options.seed = seed;
   options.vocabulary = codec_.vocabulary();
+  options.stop = codec_.Stop();  // a sample ends where the model ends its text
   return codec_.Decode(Sample(codec_.Start(), tokens, options));
 }
 
