@@ -269,10 +269,13 @@ void DeleteJobs(TestServer& server, const std::vector<std::string>& names, const
 
 // Starts `count` jobs whose pods report Running and Ready at the hanging endpoint's address
 // (the kubelet of this bench runs nothing), and waits until the operator has them Running.
+// Their pods take one GPU each, so that the second half's jobs fit the cluster beside them.
 void StartHangingJobs(TestServer& server, int count, const std::string& ip, const BenchOperatorOptions& options) {
   std::vector<std::string> names;
   for (int j = 0; j < count; ++j) names.push_back("hanging-" + std::to_string(j));
-  CreateAndMeasure(server, names, options);
+  BenchOperatorOptions small = options;
+  small.gpus_per_node = 1;
+  CreateAndMeasure(server, names, small);
   const auto pods = server.Request(web::http::methods::GET, "/api/v1/namespaces/default/pods")["items"];
   for (json pod : pods) {
     if (pod["metadata"]["name"].get<std::string>().rfind("hanging-", 0) != 0) continue;

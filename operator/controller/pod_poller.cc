@@ -1,6 +1,8 @@
 #include "operator/controller/pod_poller.h"
 
+#include <algorithm>
 #include <condition_variable>
+#include <tuple>
 #include <map>
 #include <mutex>
 
@@ -26,12 +28,14 @@ struct PodPoller::State {
   mutable std::mutex mu;
   std::condition_variable idle;  // signalled when a request ends
   bool stopped = false;
-  int in_flight = 0;
+  int in_flight = 0;       // requests, GETs and POSTs
+  int gets_in_flight = 0;
   struct Target {
     std::string ip;
     std::shared_ptr<web::http::client::http_client> http;
     std::optional<json> latest;
     Clock::time_point next{};
+    int failures = 0;        // reads failed in a row
     bool in_flight = false;  // a GET
     bool posting = false;    // a POST
   };
@@ -152,43 +156,68 @@ void PodPoller::Loop(std::stop_token stop) {
     {
       std::lock_guard lock(state_->mu);
       const auto now = Clock::now();
+      // The pods due, as far as the bound allows: those that answered their last read
+      // first (fewest failures in a row), then the longest due.
+      std::vector<std::tuple<int, Clock::time_point, const std::string*, const std::string*, State::Target*>> due;
       for (auto& [key, targets] : state_->jobs) {
         for (auto& [pod_uid, target] : targets) {
-          if (!target.http || target.in_flight || now < target.next) continue;
-          target.in_flight = true;
-          target.next = now + options_.interval;
-          ++state_->in_flight;
-          // The request holds the state and its client, not the poller: the poller may be
-          // gone when a late answer arrives, and Stop() keeps `changed` from being called then.
-          std::shared_ptr<State> state = state_;
-          std::shared_ptr<web::http::client::http_client> http = target.http;
-          const std::string job_key = key, uid = pod_uid;
-          http->request(web::http::methods::GET, options_.path)
-              .then([](web::http::http_response response) {
-                if (response.status_code() != web::http::status_codes::OK)
-                  throw std::runtime_error("HTTP " + std::to_string(response.status_code()));
-                return response.extract_utf8string(true);
-              })
-              .then([state, http, job_key, uid](pplx::task<std::string> body) {
-                std::optional<json> reading;
-                bool answered = false;
-                try {
-                  reading = state->parse(body.get());
-                  answered = true;
-                } catch (const std::exception& e) {
-                  spdlog::debug("{}: reading pod {}: {}", job_key, uid, e.what());  // it may not serve yet
-                }
-                std::lock_guard state_lock(state->mu);
-                auto* read = state->Ended(job_key, uid);
-                if (!read) return;
-                read->in_flight = false;
-                // A pod that stopped answering no longer vouches for its last reading.
-                if (!answered) read->latest.reset();
-                if (!reading || reading == read->latest) return;
-                read->latest = std::move(reading);
-                if (!state->stopped) state->changed(job_key);
-              });
+          if (target.http && !target.in_flight && now >= target.next)
+            due.emplace_back(target.failures, target.next, &key, &pod_uid, &target);
         }
+      }
+      const size_t slots = size_t(std::max(0, options_.max_in_flight - state_->gets_in_flight));
+      if (due.size() > slots) {
+        std::partial_sort(due.begin(), due.begin() + std::ptrdiff_t(slots), due.end(), [](const auto& a, const auto& b) {
+          return std::tie(std::get<0>(a), std::get<1>(a)) < std::tie(std::get<0>(b), std::get<1>(b));
+        });
+        due.resize(slots);
+      }
+      for (auto& [failures, next, key, pod_uid, target] : due) {
+        target->in_flight = true;
+        target->next = now + options_.interval;
+        ++state_->in_flight;
+        ++state_->gets_in_flight;
+        // The request holds the state and its client, not the poller: the poller may be
+        // gone when a late answer arrives, and Stop() keeps `changed` from being called then.
+        std::shared_ptr<State> state = state_;
+        std::shared_ptr<web::http::client::http_client> http = target->http;
+        const std::string job_key = *key, uid = *pod_uid;
+        const auto interval = options_.interval, max_backoff = options_.max_backoff;
+        http->request(web::http::methods::GET, options_.path)
+            .then([](web::http::http_response response) {
+              if (response.status_code() != web::http::status_codes::OK)
+                throw std::runtime_error("HTTP " + std::to_string(response.status_code()));
+              return response.extract_utf8string(true);
+            })
+            .then([state, http, job_key, uid, interval, max_backoff](pplx::task<std::string> body) {
+              std::optional<json> reading;
+              bool answered = false;
+              try {
+                reading = state->parse(body.get());
+                answered = true;
+              } catch (const std::exception& e) {
+                spdlog::debug("{}: reading pod {}: {}", job_key, uid, e.what());  // it may not serve yet
+              }
+              std::lock_guard state_lock(state->mu);
+              --state->gets_in_flight;
+              auto* read = state->Ended(job_key, uid);
+              if (!read) return;
+              read->in_flight = false;
+              if (answered) {
+                read->failures = 0;
+              } else {
+                // A pod that stopped answering no longer vouches for its last reading, and
+                // is read less often until it answers again.
+                read->latest.reset();
+                read->failures = std::min(read->failures + 1, 20);
+                const auto backoff = std::min<Clock::duration>(interval * (int64_t{1} << std::min(read->failures, 16)),
+                                                               max_backoff);
+                read->next = std::max(read->next, Clock::now() + backoff);
+              }
+              if (!reading || reading == read->latest) return;
+              read->latest = std::move(reading);
+              if (!state->stopped) state->changed(job_key);
+            });
       }
     }
     std::unique_lock sleep_lock(mu);

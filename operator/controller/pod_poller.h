@@ -3,9 +3,13 @@
 // restarts). Every `interval`, each watched pod whose previous request has ended gets
 // one GET of `path` bounded by `timeout`. Requests run concurrently on cpprestsdk's
 // thread pool, so a slow or hanging endpoint delays only its own reading, and never a
-// reconcile. `parse` turns an answer's body into a reading (nullopt: none); a reading
-// that differs from the pod's previous one calls `changed(job key)` (the controller
-// enqueues the job), and Reconcile then takes it with Latest().
+// reconcile. Reads are bounded: at most `max_in_flight` at once. A pod whose read failed
+// (no answer within the timeout, a refused connection, an error status) is read again
+// only after a backoff that doubles up to `max_backoff`, and after the pods that answer:
+// endpoints that hang take the slots only that others leave. `parse` turns an answer's body into a
+// reading (nullopt: none); a reading that differs from the pod's previous one calls
+// `changed(job key)` (the controller enqueues the job), and Reconcile then takes it with
+// Latest().
 //
 // Thread-safety: every method may be called from any thread. `parse` and `changed` are
 // called from cpprestsdk's threads, `changed` never after Stop() has returned.
@@ -30,6 +34,8 @@ struct PodPollerOptions {
   std::string path;          // e.g. "/metrics"
   std::chrono::milliseconds interval{5000};  // between the starts of two requests to one pod
   std::chrono::milliseconds timeout{1000};   // a request's limit, connect to last byte
+  int max_in_flight = 256;                   // GETs at once, over every pod
+  std::chrono::milliseconds max_backoff{10000};  // the longest wait after failed reads
 };
 
 class PodPoller {

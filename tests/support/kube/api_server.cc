@@ -251,6 +251,26 @@ struct ApiServer::Store {
   mutable std::condition_variable changed;
   std::map<std::string, ResourceInfo> resources;  // by Key()
   std::map<std::string, std::map<std::string, json>> objects;  // resource -> ns/name -> object
+  // owner uid -> (resource, ns/name) of each object naming it in ownerReferences
+  std::map<std::string, std::set<std::pair<std::string, std::string>>> dependents;
+
+  // Files `object` (at resource/key) under each owner it names, or unfiles it.
+  void Link(const std::string& resource, const std::string& key, const json& object, bool add) {
+    const json& meta = object["metadata"];
+    const auto refs = meta.find("ownerReferences");
+    if (refs == meta.end() || !refs->is_array()) return;
+    for (const auto& ref : *refs) {
+      const std::string uid = ref.value("uid", "");
+      if (add) {
+        dependents[uid].emplace(resource, key);
+        continue;
+      }
+      auto it = dependents.find(uid);
+      if (it == dependents.end()) continue;
+      it->second.erase({resource, key});
+      if (it->second.empty()) dependents.erase(it);
+    }
+  }
   uint64_t rv = 1;
   std::deque<StoredEvent> events;
   uint64_t oldest_kept = 1;  // watches from below this get 410
@@ -348,6 +368,7 @@ struct ApiServer::Store {
       RegisterCrd(object);
     }
     bucket[key] = object;
+    Link(info.Key(), key, object, true);
     if (info.kind == "Pod" || info.kind == "TrainingJob") {
       const auto labels = object["metadata"].value("labels", json::object());
       created.push_back({{"kind", info.kind},
@@ -403,6 +424,8 @@ struct ApiServer::Store {
     }
     updated["metadata"]["resourceVersion"] = std::to_string(++rv);
     if (info.Key() == "apiextensions.k8s.io/customresourcedefinitions") RegisterCrd(updated);
+    Link(info.Key(), key, current, false);
+    Link(info.Key(), key, updated, true);
     json old = std::move(current);
     current = updated;
     Emit(info, "MODIFIED", updated, std::move(old));
@@ -419,22 +442,20 @@ struct ApiServer::Store {
     auto it = bucket.find(ObjKey(info.namespaced ? ns : "", name));
     if (it == bucket.end()) throw NotFound(info, name);
     json object = std::move(it->second);
+    Link(info.Key(), it->first, object, false);
     bucket.erase(it);
     object["metadata"]["resourceVersion"] = std::to_string(++rv);
     Emit(info, "DELETED", object, nullptr);
     const std::string uid = object["metadata"].value("uid", "");
-    std::vector<std::tuple<const ResourceInfo*, std::string, std::string>> dependents;
-    for (auto& [resource, objs] : objects) {
-      for (auto& [key, dependent] : objs) {
-        for (const auto& ref : dependent["metadata"].value("ownerReferences", json::array())) {
-          if (ref.value("uid", "") == uid) {
-            dependents.emplace_back(&resources.at(resource), dependent["metadata"].value("namespace", ""),
-                                    dependent["metadata"].value("name", ""));
-          }
-        }
+    std::vector<std::tuple<const ResourceInfo*, std::string, std::string>> dependents_of;
+    if (auto found = dependents.find(uid); found != dependents.end()) {
+      for (const auto& [resource, key] : found->second) {
+        const json& dependent = objects[resource].at(key);
+        dependents_of.emplace_back(&resources.at(resource), dependent["metadata"].value("namespace", ""),
+                                   dependent["metadata"].value("name", ""));
       }
     }
-    for (const auto& [dep_info, dep_ns, dep_name] : dependents) {
+    for (const auto& [dep_info, dep_ns, dep_name] : dependents_of) {
       if (objects[dep_info->Key()].count(ObjKey(dep_info->namespaced ? dep_ns : "", dep_name)))
         Remove(*dep_info, dep_ns, dep_name);
     }
@@ -720,7 +741,9 @@ bool ApiServer::Mutate(const std::string& resource, const std::string& ns, const
   auto it = bucket.find(ObjKey(ns, name));
   if (it == bucket.end()) return false;
   json old = it->second;
+  store_->Link(resource, it->first, it->second, false);
   mutate(it->second);
+  store_->Link(resource, it->first, it->second, true);
   it->second["metadata"]["resourceVersion"] = std::to_string(++store_->rv);
   store_->Emit(store_->resources.at(resource), "MODIFIED", it->second, std::move(old));
   return true;
