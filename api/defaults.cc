@@ -61,10 +61,6 @@ void DeriveBatch(TrainingJobSpec& spec, bool global_written, bool micro_written,
                           number(t.global_batch_tokens) + " / (" + number(*seq) + " x " + number(dp) + "))"});
 }
 
-}  // namespace
-
-namespace {
-
 // The preset's fields that were not written, then what the family derives from the
 // rest. GPT-2 leaves the Llama-class fields unset (its own values are implied); a
 // Llama-class spec gets every one, so that its workers see the whole shape.

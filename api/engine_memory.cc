@@ -35,6 +35,11 @@ UnitElements UnitElementsOf(const ModelShape& s, int tp_rank, int tp_size, int v
           Sum(f.head, s.vocab_size, tp_rank, tp_size, vocab_multiple)};
 }
 
+int64_t FusedAttentionScratchBytes(int batch, int seq, int heads, int head_dim, int64_t workspace) {
+  const int64_t rows = int64_t(batch) * heads * seq;
+  return Aligned(rows * 4) + Aligned(rows * head_dim * 4) + Aligned(workspace) + kCarveAlignment;
+}
+
 int64_t CarvedBytes(const std::vector<Buffer>& buffers) {
   int64_t bytes = 0;
   for (const Buffer& b : buffers) bytes += Aligned(b.elements * b.element_bytes);

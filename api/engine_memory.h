@@ -62,6 +62,12 @@ int64_t LocalElements(const TensorInfo& t, int64_t vocab, int tp_rank, int tp_si
 // the unit is padded to a multiple of shard_size.
 inline int64_t ShardElements(int64_t numel, int shard_size) { return (numel + shard_size - 1) / shard_size; }
 
+// The fused (cuDNN) attention backward's scratch for micro-batches of batch x seq on
+// `heads` query heads of `head_dim` channels: an fp32 softmax sum and dQ accumulator per
+// row and head, cuDNN's `workspace` (its plan reports it; the planner, which has no plan,
+// counts none), each aligned, and room to align the start.
+int64_t FusedAttentionScratchBytes(int batch, int seq, int heads, int head_dim, int64_t workspace);
+
 // Bytes of a carving of `buffers` out of one allocation, each starting aligned.
 int64_t CarvedBytes(const std::vector<Buffer>& buffers);
 

@@ -150,31 +150,59 @@ void ReadLlama(Family family, const Keys& k, HuggingFaceConfig* c) {
   }
 }
 
-void ReadRopeScaling(const Json& j, const std::string& file, HuggingFaceConfig* c) {
-  if (!j.contains("rope_scaling") || j.at("rope_scaling").is_null()) return;
-  const Json& r = j.at("rope_scaling");
-  if (!r.is_object()) throw HuggingFaceConfigError(file + ": rope_scaling must be an object, got " + r.dump());
+// RoPE's scaling from an object of rope_scaling's form (transformers 4) or of
+// rope_parameters' (transformers 5, which also holds rope_theta); nullopt for none.
+std::optional<RopeScalingSpec> ScalingOf(const Json& r, const std::string& file, const char* key) {
+  if (!r.is_object()) throw HuggingFaceConfigError(file + ": " + key + " must be an object, got " + r.dump());
   const Keys k(r, file);
   std::optional<std::string> type = k.String("rope_type");
   if (!type) type = k.String("type");
-  if (!type) k.Fail("rope_scaling has neither rope_type nor type");
-  if (*type == "default") return;
+  if (!type) k.Fail(std::string(key) + " has neither rope_type nor type");
+  k.Require("partial_rotary_factor", k.Number("partial_rotary_factor"), 1.0, "RoPE rotates every channel of a head");
+  if (*type == "default") return std::nullopt;
   if (*type != "linear" && *type != "llama3") {
-    k.Fail("rope_scaling type \"" + *type + "\" is not implemented: meshtrain takes default, linear and llama3");
+    k.Fail(std::string(key) + " type \"" + *type + "\" is not implemented: meshtrain takes default, linear and llama3");
   }
   RopeScalingSpec s;
   s.type = *type;
   s.factor = k.Number("factor");
-  if (!s.factor || *s.factor <= 0) k.Fail("rope_scaling has no positive factor");
+  if (!s.factor || *s.factor <= 0) k.Fail(std::string(key) + " has no positive factor");
   if (*type == "llama3") {
     s.low_freq_factor = k.Number("low_freq_factor");
     s.high_freq_factor = k.Number("high_freq_factor");
     s.original_max_positions = k.OptionalInt("original_max_position_embeddings");
     if (!s.low_freq_factor || !s.high_freq_factor || !s.original_max_positions) {
-      k.Fail("rope_scaling of type llama3 needs low_freq_factor, high_freq_factor and original_max_position_embeddings");
+      k.Fail(std::string(key) +
+             " of type llama3 needs low_freq_factor, high_freq_factor and original_max_position_embeddings");
     }
   }
-  c->model.rope_scaling = s;
+  return s;
+}
+
+// rope_scaling (transformers 4) and rope_parameters (transformers 5): where both are
+// given they must agree, as must rope_parameters' rope_theta with the top-level one.
+void ReadRope(const Json& j, const std::string& file, HuggingFaceConfig* c) {
+  const bool legacy = j.contains("rope_scaling") && !j.at("rope_scaling").is_null();
+  const bool parameters = j.contains("rope_parameters") && !j.at("rope_parameters").is_null();
+  const std::optional<RopeScalingSpec> scaling =
+      legacy ? ScalingOf(j.at("rope_scaling"), file, "rope_scaling") : std::nullopt;
+  if (!parameters) {
+    c->model.rope_scaling = scaling;
+    return;
+  }
+  const Json& r = j.at("rope_parameters");
+  const std::optional<RopeScalingSpec> from_parameters = ScalingOf(r, file, "rope_parameters");
+  if (legacy && scaling != from_parameters) {
+    throw HuggingFaceConfigError(file + ": rope_scaling and rope_parameters disagree");
+  }
+  c->model.rope_scaling = from_parameters;
+  if (const std::optional<double> theta = Keys(r, file).Number("rope_theta")) {
+    if (j.contains("rope_theta") && !j.at("rope_theta").is_null() && *c->model.rope_theta != *theta) {
+      throw HuggingFaceConfigError(file + ": rope_theta " + Json(*c->model.rope_theta).dump() +
+                                   " disagrees with rope_parameters' " + Json(*theta).dump());
+    }
+    c->model.rope_theta = theta;
+  }
 }
 
 std::string Show(const std::optional<int64_t>& v) { return v ? std::to_string(*v) : "unset"; }
@@ -205,7 +233,7 @@ HuggingFaceConfig ParseHuggingFaceConfig(std::string_view text, const std::strin
     ReadGpt2(keys, &c);
   } else {
     ReadLlama(family, keys, &c);
-    ReadRopeScaling(j, file, &c);
+    ReadRope(j, file, &c);
   }
   return c;
 }
@@ -219,8 +247,6 @@ HuggingFaceConfig ReadHuggingFaceConfig(const std::string& directory) {
   if (!in && !in.eof()) throw HuggingFaceConfigError(file + ": unreadable");
   return ParseHuggingFaceConfig(text.str(), file);
 }
-
-bool IsModelDirectory(const std::string& path) { return FileExists(path, true) && FileExists(path + "/config.json", false); }
 
 nlohmann::json HuggingFaceConfigJson(const ModelShape& shape, std::string_view torch_dtype) {
   const ModelShape s = shape.Resolved();
@@ -320,7 +346,8 @@ FieldErrors MergeHuggingFaceConfig(const HuggingFaceConfig& config, ModelSpec* m
   } else if (model->rope_scaling) {
     errors.push_back({"spec.model.ropeScaling", "is set, but " + from + " has no rope_scaling"});
   }
-  if (const ModelShape* preset = FindPreset(model->preset)) {
+  const ModelShape* preset = FindPreset(model->preset);
+  if (preset != nullptr && FamilyNamed(model->family)) {  // an unknown family is validation's to name
     // The config gave every field, so a preset would only be checked: it must agree.
     const ModelShape mine = preset->Resolved();
     ModelSpec spec = *model;

@@ -11,7 +11,8 @@
 //   LlamaForCausalLM   num_hidden_layers, num_attention_heads, num_key_value_heads,
 //   MistralForCausalLM hidden_size, intermediate_size, vocab_size, head_dim,
 //   Qwen2ForCausalLM   max_position_embeddings, rms_norm_eps, rope_theta, rope_scaling
-//                      (types default, linear and llama3, named as rope_type or type),
+//                      (types default, linear and llama3, named as rope_type or type; or
+//                      transformers 5's rope_parameters, with rope_theta inside),
 //                      tie_word_embeddings; refused: hidden_act other than silu,
 //                      attention_bias or mlp_bias true, partial_rotary_factor other than 1,
 //                      Qwen2's use_sliding_window true, any other rope_scaling type; a
@@ -55,9 +56,6 @@ class HuggingFaceConfigError : public std::runtime_error {
 HuggingFaceConfig ParseHuggingFaceConfig(std::string_view text, const std::string& file);
 // DIR/config.json.
 HuggingFaceConfig ReadHuggingFaceConfig(const std::string& directory);
-// Whether `path` is a directory holding a config.json: a Hugging Face model directory,
-// not a single safetensors file.
-bool IsModelDirectory(const std::string& path);
 
 // config.json for `shape`, as transformers writes it, with `torch_dtype`.
 nlohmann::json HuggingFaceConfigJson(const ModelShape& shape, std::string_view torch_dtype);

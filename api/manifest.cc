@@ -497,10 +497,10 @@ void ReadModelDirectory(ModelDirectory directory, CheckedJob* checked, FieldErro
 CheckedJob CheckTrainingJob(const Json& object, std::string source, int document, ModelDirectory directory) {
   CheckedJob checked{std::move(source), document, object, {}, {}, {}, {}};
   checked.job = DecodeTrainingJob(object, &checked.errors);
-  const TrainingJob as_written = checked.job;
   const FieldPaths written = WrittenFields(object);
   FieldErrors notes;
   if (directory != ModelDirectory::kNotRead) ReadModelDirectory(directory, &checked, &notes);
+  const TrainingJob as_written = checked.job;  // with the shape config.json gave, before defaults
   checked.defaults = ApplyDefaults(&checked.job, written);
   // A field that failed to decode holds its default, and checks against it would
   // report problems the manifest does not have: validate once every value decoded.

@@ -68,7 +68,8 @@ struct CheckedJob {
 enum class ModelDirectory {
   kNotRead,    // the operator, which cannot reach the pods' volumes: the job carries the shape
   kIfPresent,  // the CLI: read where it is on this machine; elsewhere the job's shape stands
-  kRequired,   // a worker, at start: it must be read, and agree
+  kRequired,   // a worker, at start: read and checked (a path that is missing is the
+               // weights reader's to name, spec.model.init.from, before the rendezvous)
 };
 
 // Decodes, defaults and validates one object, and warns about fields without effect.

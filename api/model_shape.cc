@@ -11,13 +11,13 @@ namespace {
 
 struct FamilyEntry {
   Family family;
-  std::string_view name, architecture;
+  std::string_view name, title, architecture;
 };
 constexpr std::array<FamilyEntry, 4> kFamilies = {{
-    {Family::kGpt2, "gpt2", "GPT2LMHeadModel"},
-    {Family::kLlama, "llama", "LlamaForCausalLM"},
-    {Family::kMistral, "mistral", "MistralForCausalLM"},
-    {Family::kQwen2, "qwen2", "Qwen2ForCausalLM"},
+    {Family::kGpt2, "gpt2", "GPT-2", "GPT2LMHeadModel"},
+    {Family::kLlama, "llama", "Llama", "LlamaForCausalLM"},
+    {Family::kMistral, "mistral", "Mistral", "MistralForCausalLM"},
+    {Family::kQwen2, "qwen2", "Qwen2", "Qwen2ForCausalLM"},
 }};
 
 struct Preset {
@@ -100,6 +100,13 @@ std::string_view FamilyName(Family family) {
   return "?";
 }
 
+std::string_view FamilyTitle(Family family) {
+  for (const FamilyEntry& f : kFamilies) {
+    if (f.family == family) return f.title;
+  }
+  return "?";
+}
+
 std::optional<Family> FamilyNamed(std::string_view name) {
   for (const FamilyEntry& f : kFamilies) {
     if (f.name == name) return f.family;
@@ -152,6 +159,8 @@ bool ModelShape::operator==(const ModelShape& other) const {
 bool ModelShape::SameWeights(const ModelShape& other) const {
   ModelShape a = Resolved(), b = other.Resolved();
   a.seq_len = b.seq_len = 0;
+  // RoPE's positions are no weights: only GPT-2's position table has max_positions rows.
+  if (a.llama()) a.max_positions = b.max_positions;
   return a == b;
 }
 

@@ -27,6 +27,8 @@ enum class Family { kGpt2, kLlama, kMistral, kQwen2 };
 // spec.model.family's spelling of each: "gpt2", "llama", "mistral", "qwen2".
 std::string_view FamilyName(Family family);
 std::optional<Family> FamilyNamed(std::string_view name);
+// "GPT-2", "Llama", "Mistral", "Qwen2": for messages.
+std::string_view FamilyTitle(Family family);
 std::vector<std::string_view> FamilyNames();
 // The Hugging Face `architectures` entry of each, and back.
 std::string_view HuggingFaceArchitecture(Family family);
@@ -81,8 +83,8 @@ struct ModelShape {
   double TrainingFlopsPerToken(int64_t seq) const;
   // Equal once resolved.
   bool operator==(const ModelShape& other) const;
-  // The same weights, whatever the training window: equal but for seq_len (a GPT-2's
-  // position table has max_positions rows).
+  // The same weights, whatever the training window: equal but for seq_len, and for the
+  // Llama class max_positions (only GPT-2's position table has max_positions rows).
   bool SameWeights(const ModelShape& other) const;
 };
 

@@ -175,11 +175,6 @@ void CheckLlamaModel(const ModelSpec& m, Checker& c) {
   } else if (c.Range("spec.model.headDim", *m.head_dim, 2, 1024) && *m.head_dim % 2 != 0) {
     c.Fail("spec.model.headDim", "must be even (RoPE rotates pairs of channels), got " + std::to_string(*m.head_dim));
   }
-  if (m.max_positions && c.Range("spec.model.maxPositions", *m.max_positions, 1, int64_t(1) << 24) && m.seq_len &&
-      *m.seq_len > *m.max_positions) {
-    c.Fail("spec.model.seqLen", "must not exceed spec.model.maxPositions (" + std::to_string(*m.max_positions) +
-                                    "), got " + std::to_string(*m.seq_len));
-  }
   if (m.norm_eps) c.Finite("spec.model.normEps", *m.norm_eps, 0, /*min_exclusive=*/true);
   if (m.rope_theta) c.Finite("spec.model.ropeTheta", *m.rope_theta, 0, /*min_exclusive=*/true);
   if (m.rope_scaling) {
@@ -244,13 +239,14 @@ void CheckModel(const ModelSpec& m, Checker& c) {
   }
   if (*family == Family::kGpt2) {
     CheckGpt2Model(m, c);
-    if (m.max_positions && c.Range("spec.model.maxPositions", *m.max_positions, 1, kMaxSeqLen) && m.seq_len &&
-        *m.seq_len > *m.max_positions) {
-      c.Fail("spec.model.seqLen", "must not exceed spec.model.maxPositions (" + std::to_string(*m.max_positions) +
-                                      "), the rows of the position table; got " + std::to_string(*m.seq_len));
-    }
   } else {
     CheckLlamaModel(m, c);
+  }
+  // GPT-2's position table has maxPositions rows; RoPE reaches as far as the model was trained.
+  if (m.max_positions && c.Range("spec.model.maxPositions", *m.max_positions, 1, int64_t(1) << 24) && m.seq_len &&
+      *m.seq_len > *m.max_positions) {
+    c.Fail("spec.model.seqLen", "must not exceed spec.model.maxPositions (" + std::to_string(*m.max_positions) +
+                                    "), got " + std::to_string(*m.seq_len));
   }
 }
 

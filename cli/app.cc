@@ -115,6 +115,9 @@ Command Export(CLI::App& parent) {
   c->add_option("--dtype", o->dtype, "f32 (the master weights), bf16 or f16")->capture_default_str();
   c->add_option("--max-shard-size", o->max_shard_size, "The largest safetensors file (5GB, 500MB, 1GiB)")
       ->capture_default_str();
+  c->add_option("--like", o->like,
+                "The Hugging Face directory training started from: its token ids (config.json) and tokenizer files "
+                "go into the export");
   return {c, [o] { return ExportCommand(*o, std::cout); }};
 }
 

@@ -320,7 +320,7 @@ int BenchCheckpointCommand(const BenchCheckpointOptions& o, std::ostream& out) {
   // reading only the rows it holds, one unit at a time, straight from the files.
   const std::string hf = (dir.path() / "hugging-face").string();
   const std::vector<std::string> files = train::ExportHuggingFace(
-      hf, shape, train::Dtype::kBF16, uint64_t(1) << 27, [&](int, int64_t first, int64_t count, float* values) {
+      hf, shape, {train::Dtype::kBF16, uint64_t(1) << 27, ""}, [&](int, int64_t first, int64_t count, float* values) {
         std::copy(whole.master + first, whole.master + first + count, values);
       });
   std::snprintf(line, sizeof line,

@@ -48,7 +48,8 @@ uint64_t ParseSize(const std::string& text) {
                                                   {"GB", 1e9},    {"KiB", 1024}, {"MiB", 1048576.0},
                                                   {"GiB", 1073741824.0}};
   for (const auto& [name, scale] : units) {
-    if (used > 0 && unit == name && number * scale >= 1) return uint64_t(number * scale);
+    // At least a byte, and at most 2^60: beyond, no file is that large, and the cast would overflow.
+    if (used > 0 && unit == name && number * scale >= 1 && number * scale <= 0x1p60) return uint64_t(number * scale);
   }
   throw std::invalid_argument("--max-shard-size " + text + ": a size such as 5GB, 500MB or 1GiB expected");
 }
@@ -73,7 +74,7 @@ int ExportCommand(const ExportOptions& o, std::ostream& out) {
   try {
     const api::ModelShape shape = train::CheckpointModel(o.checkpoint);
     if (single_file) {
-      if (shape.llama() || dtype != train::Dtype::kF32) {
+      if (shape.llama() || dtype != train::Dtype::kF32 || !o.like.empty()) {
         out << "meshtrain export: " << o.output << ": a single .safetensors file is GPT-2's F32 form; give a directory "
             << "for a Hugging Face model directory\n";
         return kExitUnreadable;
@@ -87,18 +88,16 @@ int ExportCommand(const ExportOptions& o, std::ostream& out) {
     // A tensor at a time, straight from the shard files: the whole model never exists here.
     train::CheckpointReader reader(o.checkpoint, shape);
     std::vector<int64_t> at;
-    std::vector<float> m, v;
     const std::vector<std::string> files = train::ExportHuggingFace(
-        o.output, shape, dtype, max_shard, [&](int unit, int64_t first, int64_t count, float* values) {
+        o.output, shape, {dtype, max_shard, o.like}, [&](int unit, int64_t first, int64_t count, float* values) {
           at.resize(size_t(count));
           for (int64_t i = 0; i < count; ++i) at[size_t(i)] = first + i;
-          m.resize(size_t(count));
-          v.resize(size_t(count));
-          reader.ReadUnit(unit, at, values, m.data(), v.data());
+          reader.ReadUnit(unit, at, values, nullptr, nullptr);
         });
     out << o.output << ": " << api::DescribeShape(shape) << " of step " << reader.position().step
         << ", a Hugging Face model directory: config.json and " << files.size() << " safetensors file"
-        << (files.size() == 1 ? "" : "s") << " in " << train::DtypeName(dtype) << "\n";
+        << (files.size() == 1 ? "" : "s") << " in " << train::DtypeName(dtype)
+        << (o.like.empty() ? "" : ", with " + o.like + "'s token ids and tokenizer") << "\n";
     return kExitOk;
   } catch (const std::exception& e) {
     out << "meshtrain export: " << e.what() << "\n";

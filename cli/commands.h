@@ -48,6 +48,7 @@ int ModelSpecCommand(const std::string& directory, int64_t seq_len, std::ostream
 
 struct ExportOptions {
   std::string checkpoint, output, format = "safetensors", dtype = "f32", max_shard_size = "5GB";
+  std::string like;  // a model directory whose token ids and tokenizer files the export takes
 };
 int ExportCommand(const ExportOptions& options, std::ostream& out);
 

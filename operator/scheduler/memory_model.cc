@@ -17,9 +17,10 @@ api::EngineTypes EngineTypesOf(int compute_bytes, bool cpu_kernels, const api::M
   types.act_bytes = compute_bytes;
   types.acc_bytes = 4;
   types.attention_keeps_scores = cpu_kernels;
-  // cuDNN's backward: an fp32 softmax sum and dQ accumulator per row and head.
+  // cuDNN's backward, without the workspace its plan would add.
   if (!cpu_kernels) {
-    types.attention_scratch_bytes = int64_t(micro_batch) * seq * (shape.heads / tp) * (shape.HeadDim() + 1) * 4;
+    types.attention_scratch_bytes =
+        api::FusedAttentionScratchBytes(micro_batch, seq, int(shape.heads / tp), int(shape.HeadDim()), 0);
   }
   return types;
 }

@@ -6,8 +6,8 @@
 // params, grads, optimizer (the shards), gathered (the compute copies' slots), comm,
 // activations (the ActivationStore and the step buffer) and offload (the host pool). The
 // engine allocates all of them when it is built, so its peak is their sum.
-// On a GPU the attention backward's workspace is cuDNN's, which the model counts as one
-// fp32 copy of the attention output's gradient: an estimate, not the library's figure.
+// On a GPU the attention backward's scratch is api::FusedAttentionScratchBytes, as the CUDA
+// table allocates it, less cuDNN's workspace, which only its plan knows (a few MiB).
 // Thread-safety: pure functions.
 
 #pragma once

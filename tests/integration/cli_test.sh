@@ -146,6 +146,17 @@ expect "export writes a Llama checkpoint as a Hugging Face directory" 0 \
   -- "$meshtrain" export "$tmp/llama-ckpt/step-00000002" "$tmp/llama-out" --dtype bf16
 grep -q '"architectures": \[' "$tmp/llama-out/config.json" && grep -q 'LlamaForCausalLM' "$tmp/llama-out/config.json" ||
   { echo "FAIL the export's config.json names LlamaForCausalLM"; failures=$((failures + 1)); }
+/usr/bin/python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c.update(bos_token_id=1, eos_token_id=10); json.dump(c, open(sys.argv[1], "w"))' \
+  "$tmp/llama-out/config.json"
+printf '{"version": "1.0"}' > "$tmp/llama-out/tokenizer.json"
+expect "export --like takes the source's token ids and tokenizer" 0 "with $tmp/llama-out's token ids and tokenizer" \
+  -- "$meshtrain" export "$tmp/llama-ckpt/step-00000002" "$tmp/llama-like" --like "$tmp/llama-out"
+grep -q '"eos_token_id": 10' "$tmp/llama-like/config.json" && cmp -s "$tmp/llama-out/tokenizer.json" "$tmp/llama-like/tokenizer.json" ||
+  { echo "FAIL export --like copies eos_token_id and tokenizer.json"; failures=$((failures + 1)); }
+mkdir "$tmp/other-model"
+sed 's/"hidden_size": 128/"hidden_size": 64/' "$tmp/llama-out/config.json" > "$tmp/other-model/config.json"
+expect "export --like refuses another model's directory" 2 "$tmp/other-model: --like names another model" \
+  -- "$meshtrain" export "$tmp/llama-ckpt/step-00000002" "$tmp/llama-like-2" --like "$tmp/other-model"
 expect "export refuses a Llama as one GPT-2 file" 2 'a single .safetensors file is GPT-2' \
   -- "$meshtrain" export "$tmp/llama-ckpt/step-00000002" "$tmp/llama.safetensors"
 expect "export names a dtype it does not write" 2 'dtype f64: f32, bf16 or f16 expected' \

@@ -109,7 +109,7 @@ constexpr double kBf16LossTolerance = 4e-3;
 constexpr double kBf16WeightTolerance = 2.5e-2;
 // fp64 ranks against the float64 reference: sums in float64 in another order, but a few
 // scalars stay fp32 in every table: the losses are averaged over the ranks in fp32 (2^-24,
-// 6e-8 relative), and the gradient's scale (loss weight / tokens, model/blocks.cc) and the
+// 6e-8 relative), and the gradient's scale (the target weight, trainer.cc) and the
 // clip scale are floats, so where the reference's micro-batch is 3 or 5 sequences (1/96
 // and 1/160 are inexact) the weights differ by up to 9e-9 relative (1e-15 with 1, 2, 4 or
 // 8 data-parallel ranks). Still 100x tighter than fp32's bound.

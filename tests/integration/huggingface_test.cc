@@ -362,6 +362,9 @@ TEST_F(HuggingFaceTest, ALlamaClassDirectoryTrainsExportsAndLoadsBackBitForBit) 
     EXPECT_EQ(files.contains("lm_head.weight"), family == "llama") << "a tied head is written once";
     EXPECT_EQ(files.contains("model.layers.0.self_attn.q_proj.bias"), family == "qwen2");
     EXPECT_EQ(index.at("weight_map").size(), files.size());
+    int64_t data_bytes = 0;  // transformers' total_size: the tensors' data, 4 bytes a value here
+    for (const auto& [name, t] : files) data_bytes += 4 * int64_t(t.values.size());
+    EXPECT_EQ(index.at("metadata").at("total_size"), data_bytes);
 
     const LoadedCheckpoint saved = LoadCheckpoint((checkpoints / "step-00000003").string(), shape);
     EXPECT_EQ(saved.state.master, trained);

@@ -116,7 +116,7 @@ class TorchParity : public ::testing::Test {
     std::vector<double> losses;
     trainer.Run([&](const StepReport& r) { losses.push_back(r.loss); });
     const std::vector<float> weights = trainer.Weights();
-    ExportHuggingFace(exported.string(), shape, Dtype::kF32, uint64_t(1) << 16,
+    ExportHuggingFace(exported.string(), shape, {Dtype::kF32, uint64_t(1) << 16, ""},
                       [&](int, int64_t first, int64_t count, float* values) {
                         std::copy(weights.begin() + first, weights.begin() + first + count, values);
                       });

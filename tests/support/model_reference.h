@@ -5,7 +5,7 @@
 // It is the engine with everything the engine adds taken away: one stream on a CPU
 // backend, the kernel table of precision P, and the whole model in one parameter buffer
 // laid out by ParameterLayout(shape, 0, 1, vocab_multiple) (no shards, no TP, no slots,
-// no activation store). It runs the same layer functions (model/blocks.h) in the same
+// no activation store). It runs the same family's layers (model/model.h) in the same
 // order as the engine does on one rank (model/model.h): EmbedForward, BlockForward per block, then
 // HeadForward, which in a training forward also runs the head's backward (llm.c's fused
 // classifier); Backward runs the blocks' backward in reverse, then EmbedBackward.

@@ -96,7 +96,7 @@ class ScheduleObserver {
 struct EngineOptions {
   int64_t memory_limit = 0;  // bytes of device memory the allocator may hold; 0: no limit
   ActivationPolicy activations;
-  float dropout = 0;          // model/blocks.h, DropoutSpec
+  float dropout = 0;          // model/model.h, DropoutSpec
   uint64_t dropout_seed = 0;  // spec.parallelism.tensorParallelSeed
   // How long a Drain waits for the streams before it fails naming them (a hung device or
   // a collective stuck past its own timeout).

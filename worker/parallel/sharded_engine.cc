@@ -146,13 +146,13 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   for (int b = 0; b < (options.keep_units_gathered ? L : std::min(2, L)); ++b) {
     block_params_.emplace_back(&allocator_, block_padded, MemoryCategory::kGathered);
   }
+  int64_t widest_shard = 0;  // the largest unit's shard
+  for (const auto& unit : units_) widest_shard = std::max(widest_shard, unit->shard_numel());
   if (S > 1) {
     edge_grads_ = runtime::DeviceArray<G>(&allocator_, edge_padded, MemoryCategory::kGathered);
     for (int b = 0; b < std::min(2, L); ++b) {
       block_grads_[size_t(b)] = runtime::DeviceArray<G>(&allocator_, block_padded, MemoryCategory::kGathered);
     }
-    int64_t widest_shard = 0;
-    for (const auto& unit : units_) widest_shard = std::max(widest_shard, unit->shard_numel());
     reduced_ = runtime::DeviceArray<G>(&allocator_, widest_shard, MemoryCategory::kComm);
   }
   store_ = std::make_unique<ActivationStore<P>>(s, batch, seq, options.activations, types, options.dropout > 0, tp,
@@ -171,11 +171,7 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   if (comm::StreamCollectives* shard = mesh_->device_shard()) {
     shard->Reserve(size_t(std::max(edge_padded, block_padded)) * widest);
   }
-  if (comm::StreamCollectives* replica = mesh_->device_replica()) {
-    int64_t widest_shard = 0;
-    for (const auto& unit : units_) widest_shard = std::max(widest_shard, unit->shard_numel());
-    replica->Reserve(size_t(widest_shard) * sizeof(G));
-  }
+  if (comm::StreamCollectives* replica = mesh_->device_replica()) replica->Reserve(size_t(widest_shard) * sizeof(G));
   if (comm::StreamCollectives* group = mesh_->device_tp()) {
     const int64_t rows = store_->head.chunk_rows;
     group->Reserve(size_t(std::max({N * s.hidden * int64_t(sizeof(A)), tp.size * rows * 3 * int64_t(sizeof(G)),

@@ -121,7 +121,8 @@ void CheckpointReader::ReadUnit(int unit, const std::vector<int64_t>& whole_indi
   for (size_t i = 0; i < whole_indices.size(); ++i) {
     const int64_t at = whole_indices[i];
     if (at < 0) {
-      master[i] = m[i] = v[i] = 0;
+      master[i] = 0;
+      if (m != nullptr) m[i] = v[i] = 0;
       continue;
     }
     if (at < begin || at >= end) {
@@ -138,7 +139,8 @@ void CheckpointReader::ReadUnit(int unit, const std::vector<int64_t>& whole_indi
       const int64_t n = std::min(file.layout.chunk_elements, segment.elements - from);
       const std::vector<int64_t> at = file.layout.WholeIndices(file.slice, segment, from, from + n);
       if (std::none_of(at.begin(), at.end(), [&](int64_t a) { return slot[size_t(a - begin)] >= 0; })) continue;
-      for (int section = 0; section < 3; ++section) {
+      const int sections = m != nullptr ? 3 : 1;  // master weights alone: one section
+      for (int section = 0; section < sections; ++section) {
         chunk[section].resize(size_t(n));
         ReadChunk(file, section, segment.first_chunk + c, segment.offset + from, n, chunk[section].data());
       }
@@ -146,8 +148,10 @@ void CheckpointReader::ReadUnit(int unit, const std::vector<int64_t>& whole_indi
         int32_t& to = slot[size_t(at[k] - begin)];
         if (to < 0) continue;
         master[to] = chunk[0][k];
-        m[to] = chunk[1][k];
-        v[to] = chunk[2][k];
+        if (m != nullptr) {
+          m[to] = chunk[1][k];
+          v[to] = chunk[2][k];
+        }
         to = -1;
         --wanted;
       }

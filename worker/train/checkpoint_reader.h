@@ -35,7 +35,8 @@ class CheckpointReader {
 
   // For each i, the checkpoint's fp32 master weight and AdamW m and v of the element of
   // unit `unit` at single-rank index whole_indices[i] (-1: vocabulary padding, zeros),
-  // into master[i], m[i] and v[i]. Reads and verifies only the chunks holding them. Throws
+  // into master[i], m[i] and v[i] (m and v null: the master weights alone, and only their
+  // section is read). Reads and verifies only the chunks holding them. Throws
   // CheckpointError naming the file and chunk that fail their checksum or cannot be read,
   // or an element that no file holds.
   void ReadUnit(int unit, const std::vector<int64_t>& whole_indices, float* master, float* m, float* v);

@@ -45,6 +45,16 @@ std::vector<int64_t> HfShape(const model::ParamTensor& t, bool transposed) {
   return transposed ? std::vector<int64_t>{t.shape[1], t.shape[0]} : t.shape;
 }
 
+// out (cols, rows) = in (rows, cols) transposed: between GPT-2's Conv1D (in, out) and ours.
+void Transpose(const float* in, int64_t rows, int64_t cols, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
+  }
+}
+
+// The metadata transformers writes in its safetensors files.
+const std::map<std::string, std::string> kMetadata = {{"format", "pt"}};
+
 std::string ShapeText(const std::vector<int64_t>& shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
@@ -173,11 +183,8 @@ HuggingFaceWeights::HuggingFaceWeights(const std::string& path, const api::Model
   }
   for (const auto& [name, f] : found) {
     if (!used.contains(name) && !api::IgnoredOnImport(whole_.shape(), f.name)) {
-      static const std::map<api::Family, std::string> kTitles = {
-          {api::Family::kGpt2, "GPT-2"}, {api::Family::kLlama, "Llama"}, {api::Family::kMistral, "Mistral"},
-          {api::Family::kQwen2, "Qwen2"}};
       throw SafetensorsError(f.file->path() + ": tensor " + f.name + " is not part of a " +
-                             kTitles.at(whole_.shape().family) + " of this shape");
+                             std::string(api::FamilyTitle(whole_.shape().family)) + " of this shape");
     }
   }
 }
@@ -218,7 +225,9 @@ void HuggingFaceWeights::ReadUnit(int unit, const std::vector<int64_t>& whole_in
         transposed_of = id;
       }
       const int64_t rows = t.shape[0], cols = t.shape[1];  // ours: (out, in); the file's (in, out)
-      for (int64_t e = first; e < first + count; ++e) master[i + size_t(e - first)] = transposed[size_t((e % cols) * rows + e / cols)];
+      for (int64_t e = first; e < first + count; ++e) {
+        master[i + size_t(e - first)] = transposed[size_t((e % cols) * rows + e / cols)];
+      }
     }
     for (int64_t e = 0; e < count; ++e) {
       if (!std::isfinite(master[i + size_t(e)])) {
@@ -252,8 +261,9 @@ api::ModelShape HuggingFaceShape(const std::string& path, int64_t head_dim) {
     }
     return api::ShapeOf(model);
   }
-  const std::map<std::string, Tensor> tensors = ReadSafetensors(path);
-  auto find = [&](const std::string& name) -> const Tensor& {
+  const SafetensorsFile file(path);  // the header is enough
+  const std::map<std::string, TensorEntry>& tensors = file.tensors();
+  auto find = [&](const std::string& name) -> const TensorEntry& {
     for (const char* prefix : {"", "transformer."}) {
       const auto it = tensors.find(std::string(prefix) + name);
       if (it != tensors.end() && it->second.shape.size() == 2) return it->second;
@@ -281,9 +291,33 @@ std::vector<float> LoadHuggingFace(const std::string& path, const api::ModelShap
   return HuggingFaceWeights(path, shape).ReadAll();
 }
 
-std::vector<std::string> ExportHuggingFace(const std::string& directory, const api::ModelShape& shape, Dtype dtype,
-                                           uint64_t max_shard_bytes, const WeightReader& read) {
+std::vector<std::string> ExportHuggingFace(const std::string& directory, const api::ModelShape& shape,
+                                           const ExportOptions& options, const WeightReader& read) {
+  const Dtype dtype = options.dtype;
+  const uint64_t max_shard_bytes = options.max_shard_bytes;
   if (Exists(directory)) throw SafetensorsError(directory + ": exists; an export writes a new directory");
+  Json config = api::HuggingFaceConfigJson(
+      shape, dtype == Dtype::kF32 ? "float32" : dtype == Dtype::kBF16 ? "bfloat16" : "float16");
+  if (!options.like.empty()) {
+    // The same model, or its token ids and tokenizer would be another's.
+    try {
+      api::ModelSpec theirs;
+      theirs.seq_len = shape.seq_len;
+      const api::HuggingFaceConfig like = api::ReadHuggingFaceConfig(options.like);
+      const api::FieldErrors errors = api::MergeHuggingFaceConfig(like, &theirs);
+      if (!errors.empty() || !api::ShapeOf(theirs).SameWeights(shape)) {
+        throw SafetensorsError(options.like + ": --like names another model (" +
+                               (errors.empty() ? api::DescribeShape(api::ShapeOf(theirs)) : errors.front().ToString()) +
+                               ") than the checkpoint's (" + api::DescribeShape(shape) + ")");
+      }
+      const Json theirs_text = Json::parse(ReadText(options.like + "/config.json"));
+      for (const auto& [key, value] : theirs_text.items()) {
+        if (!config.contains(key)) config[key] = value;
+      }
+    } catch (const api::HuggingFaceConfigError& e) {
+      throw SafetensorsError(std::string("--like: ") + e.what());
+    }
+  }
   const model::ParameterLayout whole(shape);
   const std::vector<HfTensor> names = HfTensorsOf(whole);
   // Tensors in the layout's order, in files of at most max_shard_bytes, header included
@@ -292,7 +326,7 @@ std::vector<std::string> ExportHuggingFace(const std::string& directory, const a
   std::vector<SafetensorsWriter::Entry> candidate;
   for (size_t id = 0; id < whole.tensors().size(); ++id) {
     candidate.push_back({names[id].name, HfShape(whole.tensors()[id], names[id].transposed)});
-    if (!shards.back().empty() && SafetensorsWriter::Bytes(candidate, dtype) > max_shard_bytes) {
+    if (!shards.back().empty() && SafetensorsWriter::Bytes(candidate, dtype, kMetadata) > max_shard_bytes) {
       shards.emplace_back();
       candidate = {candidate.back()};
     }
@@ -313,14 +347,19 @@ std::vector<std::string> ExportHuggingFace(const std::string& directory, const a
     }
   } cleanup{temporary};
 
-  const std::string torch_dtype = dtype == Dtype::kF32 ? "float32" : dtype == Dtype::kBF16 ? "bfloat16" : "float16";
-  const std::string config = api::HuggingFaceConfigJson(shape, torch_dtype).dump(2) + "\n";
-  if (const std::string e = WriteFileAtomically(temporary + "/config.json", config.data(), config.size()); !e.empty()) {
+  const std::string config_text = config.dump(2) + "\n";
+  if (const std::string e = WriteFileAtomically(temporary + "/config.json", config_text.data(), config_text.size());
+      !e.empty()) {
     throw SafetensorsError(directory + "/config.json: " + e);
+  }
+  for (const char* name : kCompanionFiles) {
+    if (options.like.empty() || !Exists(options.like + "/" + name)) continue;
+    fs::copy_file(options.like + "/" + name, temporary + "/" + name, error);
+    if (error) throw SafetensorsError(directory + "/" + name + ": cannot copy from " + options.like + " (" + error.message() + ")");
   }
   std::vector<std::string> written;
   Json weight_map = Json::object();
-  uint64_t total = 0;
+  uint64_t total = 0;  // the tensors' data bytes, as transformers' index counts them
   std::vector<float> values, transposed;
   for (size_t k = 0; k < shards.size(); ++k) {
     char name[64];
@@ -331,7 +370,7 @@ std::vector<std::string> ExportHuggingFace(const std::string& directory, const a
       entries.push_back({names[id].name, HfShape(whole.tensors()[id], names[id].transposed)});
       weight_map[names[id].name] = name;
     }
-    SafetensorsWriter writer(temporary + "/" + name, entries, dtype, {{"format", "pt"}});
+    SafetensorsWriter writer(temporary + "/" + name, entries, dtype, kMetadata);
     for (size_t id : shards[k]) {
       const model::ParamTensor& t = whole.tensors()[id];
       int unit = 0;
@@ -339,11 +378,8 @@ std::vector<std::string> ExportHuggingFace(const std::string& directory, const a
       if (names[id].transposed) {
         values.resize(size_t(t.size));
         read(unit, t.offset, t.size, values.data());
-        const int64_t rows = t.shape[0], cols = t.shape[1];
         transposed.resize(values.size());
-        for (int64_t r = 0; r < rows; ++r) {
-          for (int64_t c = 0; c < cols; ++c) transposed[size_t(c * rows + r)] = values[size_t(r * cols + c)];
-        }
+        Transpose(values.data(), t.shape[0], t.shape[1], transposed.data());
         writer.Append(transposed.data(), t.size);
         continue;
       }
@@ -356,7 +392,7 @@ std::vector<std::string> ExportHuggingFace(const std::string& directory, const a
       }
     }
     writer.Finish();
-    total += SafetensorsWriter::Bytes(entries, dtype);
+    for (size_t id : shards[k]) total += uint64_t(whole.tensors()[id].size) * uint64_t(DtypeBytes(dtype));
     written.push_back(name);
   }
   if (shards.size() > 1) {
@@ -382,14 +418,11 @@ void SaveHuggingFaceGpt2(const std::string& path, const std::vector<float>& weig
     if (!names[id].transposed) {
       std::copy(in, in + t.size, out.values.begin());
     } else {
-      const int64_t rows = t.shape[0], cols = t.shape[1];
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < cols; ++c) out.values[size_t(c * rows + r)] = in[r * cols + c];
-      }
+      Transpose(in, t.shape[0], t.shape[1], out.values.data());
     }
     tensors.emplace(names[id].name, std::move(out));
   }
-  WriteSafetensors(path, tensors, {{"format", "pt"}});
+  WriteSafetensors(path, tensors, kMetadata);
 }
 
 }  // namespace meshtrain::train

@@ -72,13 +72,29 @@ std::vector<float> LoadHuggingFace(const std::string& path, const api::ModelShap
 // index first + i of unit `unit`, for i < count.
 using WeightReader = std::function<void(int unit, int64_t first, int64_t count, float* values)>;
 
+// What an export writes besides the weights.
+struct ExportOptions {
+  Dtype dtype = Dtype::kF32;
+  uint64_t max_shard_bytes = 5'000'000'000;
+  // A model directory of the same model (the one training started from): the keys of its
+  // config.json that the shape does not set (token ids, ...) go into the export's, and its
+  // tokenizer and generation files are copied. Empty: none.
+  std::string like;
+};
+
+// The files of a model directory an export copies from ExportOptions::like.
+inline constexpr const char* kCompanionFiles[] = {
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+    "generation_config.json", "vocab.json", "merges.txt"};
+
 // Writes a Hugging Face model directory of `shape` at `directory` (which must not exist):
-// config.json and safetensors in `dtype`, none larger than `max_shard_bytes`; a tensor's
-// values are read through `read` a part at a time. Built in a temporary directory beside
-// it and renamed into place: a failure leaves nothing. Returns the safetensors files'
-// names. Throws SafetensorsError naming the path.
-std::vector<std::string> ExportHuggingFace(const std::string& directory, const api::ModelShape& shape, Dtype dtype,
-                                           uint64_t max_shard_bytes, const WeightReader& read);
+// config.json and safetensors in options.dtype, none larger than options.max_shard_bytes;
+// a tensor's values are read through `read` a part at a time. Built in a temporary
+// directory beside it and renamed into place: a failure leaves nothing. Returns the
+// safetensors files' names. Throws SafetensorsError naming the path, also for a `like`
+// directory of another model.
+std::vector<std::string> ExportHuggingFace(const std::string& directory, const api::ModelShape& shape,
+                                           const ExportOptions& options, const WeightReader& read);
 
 // Writes GPT-2 `weights` (single-rank order) as one F32 safetensors file at `path`,
 // without config.json.

@@ -225,14 +225,15 @@ std::string HeaderText(const std::vector<SafetensorsWriter::Entry>& tensors, Dty
 
 }  // namespace
 
-uint64_t SafetensorsWriter::Bytes(const std::vector<Entry>& tensors, Dtype dtype) {
+uint64_t SafetensorsWriter::Bytes(const std::vector<Entry>& tensors, Dtype dtype,
+                                  const std::map<std::string, std::string>& metadata) {
   uint64_t values = 0;
   for (const Entry& t : tensors) {
     uint64_t count = 1;
     for (int64_t d : t.shape) count *= uint64_t(d);
     values += count;
   }
-  return HeaderText(tensors, dtype, {}).size() + values * uint64_t(DtypeBytes(dtype));
+  return HeaderText(tensors, dtype, metadata).size() + values * uint64_t(DtypeBytes(dtype));
 }
 
 SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<Entry> tensors, Dtype dtype,
@@ -256,30 +257,30 @@ SafetensorsWriter::~SafetensorsWriter() {
   }
 }
 
+void SafetensorsWriter::Flush() {
+  const char* at = buffer_.data();
+  size_t left = buffer_.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd_, at, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw SafetensorsError(path_ + ": cannot write " + temporary_ + " (" + SystemError(errno) + ")");
+    at += n, left -= size_t(n);
+  }
+  buffer_.clear();
+}
+
 void SafetensorsWriter::Append(const float* values, int64_t count) {
   if (written_ + uint64_t(count) > expected_) throw std::logic_error("SafetensorsWriter: more values than the header holds");
   const int element = DtypeBytes(dtype_);
-  auto flush = [this] {
-    const char* at = buffer_.data();
-    size_t left = buffer_.size();
-    while (left > 0) {
-      const ssize_t n = ::write(fd_, at, left);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) throw SafetensorsError(path_ + ": cannot write " + temporary_ + " (" + SystemError(errno) + ")");
-      at += n, left -= size_t(n);
-    }
-    buffer_.clear();
-  };
   for (int64_t i = 0; i < count; ++i) {
     uint32_t bits = 0;
     if (dtype_ == Dtype::kF32) bits = std::bit_cast<uint32_t>(values[i]);
     else if (dtype_ == Dtype::kBF16) bits = runtime::bf16::FromFloat(values[i]);
     else bits = ToHalf(values[i]);
     for (int b = 0; b < element; ++b) buffer_.push_back(char((bits >> (8 * b)) & 0xFF));
-    if (buffer_.size() >= (size_t(1) << 22)) flush();
+    if (buffer_.size() >= (size_t(1) << 22)) Flush();
   }
   written_ += uint64_t(count);
-  if (written_ == expected_) flush();
 }
 
 void SafetensorsWriter::Finish() {
@@ -287,7 +288,7 @@ void SafetensorsWriter::Finish() {
     throw std::logic_error("SafetensorsWriter: " + std::to_string(written_) + " of " + std::to_string(expected_) +
                            " values written");
   }
-  if (!buffer_.empty()) Append(nullptr, 0);
+  Flush();
   if (::fsync(fd_) != 0 || ::close(fd_) != 0) {
     const int err = errno;
     fd_ = -1;

@@ -85,10 +85,13 @@ class SafetensorsWriter {
   void Append(const float* values, int64_t count);
   // Checks every value came, fsyncs and renames into place.
   void Finish();
-  // Bytes the file will hold.
-  static uint64_t Bytes(const std::vector<Entry>& tensors, Dtype dtype);
+  // Bytes the file will hold, with `metadata` in its header.
+  static uint64_t Bytes(const std::vector<Entry>& tensors, Dtype dtype,
+                        const std::map<std::string, std::string>& metadata = {});
 
  private:
+  void Flush();  // the buffer to the file
+
   std::string path_, temporary_;
   int fd_ = -1;
   Dtype dtype_;

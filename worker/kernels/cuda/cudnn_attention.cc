@@ -1,3 +1,4 @@
+#include "api/engine_memory.h"
 #include "worker/kernels/cuda/cudnn_attention.h"
 
 #include <array>
@@ -433,11 +434,12 @@ std::string CudnnAttention::Shape() const {
 }
 
 int64_t CudnnAttention::BackwardScratchBytes() const {
-  const int64_t rows = int64_t(B_) * NH_ * T_;
-  // softmax_sum, the dQ accumulator, cuDNN's workspace, and room to align the start. With
-  // groups, the full-head dK and dV are virtual tensors, as cudnn-frontend declares them:
-  // whatever memory the plan needs for them is in the workspace size it reports.
-  return AlignUp(rows * 4) + AlignUp(rows * HS_ * 4) + AlignUp(backward_->graph.workspace_bytes()) + kAlignment;
+  // softmax_sum, the dQ accumulator, cuDNN's workspace, and room to align the start, as the
+  // planner counts them. With groups, the full-head dK and dV are virtual tensors, as
+  // cudnn-frontend declares them: whatever memory the plan needs for them is in the
+  // workspace size it reports.
+  static_assert(kAlignment == api::kCarveAlignment);
+  return api::FusedAttentionScratchBytes(B_, T_, NH_, HS_, backward_->graph.workspace_bytes());
 }
 
 namespace {

@@ -1,0 +1,163 @@
+// Hugging Face's config.json in and out (api/hf_config.h): the published configs of the
+// families give their presets' shapes, in transformers 4's form and in transformers 5's
+// (rope_parameters); what would change the math is refused by name; what meshtrain writes
+// reads back as the same model; and a job checked against a model directory.
+
+#include "api/hf_config.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "api/manifest.h"
+#include "api/model_shape.h"
+
+namespace meshtrain::api {
+namespace {
+
+using Json = nlohmann::json;
+
+// Llama 3.2 1B's config.json as transformers 4 saves it.
+Json Llama32() {
+  return Json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": false,
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192, "rope_type": "llama3"}, "rope_theta": 500000.0,
+    "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.45.0", "use_cache": true,
+    "vocab_size": 128256})");
+}
+
+ModelShape ShapeOfConfig(const Json& config, int64_t seq = 2048) {
+  ModelSpec model;
+  model.seq_len = seq;
+  const FieldErrors errors = MergeHuggingFaceConfig(ParseHuggingFaceConfig(config.dump(), "config.json"), &model);
+  EXPECT_TRUE(errors.empty()) << errors.front().ToString();
+  return ShapeOf(model);
+}
+
+std::string ErrorOf(const Json& config) {
+  try {
+    ParseHuggingFaceConfig(config.dump(), "config.json");
+  } catch (const HuggingFaceConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(HuggingFaceConfig, PublishedConfigsGiveThePresetsShapes) {
+  EXPECT_EQ(ShapeOfConfig(Llama32()), *FindPreset("llama3.2-1b"));
+  // transformers 5 keeps rope_theta and the scaling in rope_parameters.
+  Json v5 = Llama32();
+  v5["rope_parameters"] = v5["rope_scaling"];
+  v5["rope_parameters"]["rope_theta"] = 500000.0;
+  v5.erase("rope_scaling");
+  v5.erase("rope_theta");
+  EXPECT_EQ(ShapeOfConfig(v5), *FindPreset("llama3.2-1b"));
+  // The older spelling of the type.
+  Json old = Llama32();
+  old["rope_scaling"]["type"] = old["rope_scaling"]["rope_type"];
+  old["rope_scaling"].erase("rope_type");
+  EXPECT_EQ(ShapeOfConfig(old), *FindPreset("llama3.2-1b"));
+  // What meshtrain writes reads back as the same model, for every preset.
+  for (std::string_view name : PresetNames()) {
+    const ModelShape& preset = *FindPreset(name);
+    EXPECT_EQ(ShapeOfConfig(HuggingFaceConfigJson(preset, "float32"), preset.seq_len), preset) << name;
+  }
+}
+
+TEST(HuggingFaceConfig, WhatWouldChangeTheMathIsRefusedByName) {
+  auto with = [](const char* key, Json value) {
+    Json c = Llama32();
+    c[key] = std::move(value);
+    return c;
+  };
+  EXPECT_NE(ErrorOf(with("architectures", {"MixtralForCausalLM"})).find("MixtralForCausalLM is not one meshtrain trains"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(with("hidden_act", "gelu")).find("hidden_act gelu is not implemented"), std::string::npos);
+  EXPECT_NE(ErrorOf(with("attention_bias", true)).find("attention_bias true is not implemented"), std::string::npos);
+  EXPECT_NE(ErrorOf(with("mlp_bias", true)).find("mlp_bias true is not implemented"), std::string::npos);
+  EXPECT_NE(ErrorOf(with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}})).find("\"yarn\" is not implemented"),
+            std::string::npos);
+  Json v5 = Llama32();
+  v5["rope_parameters"] = {{"rope_type", "dynamic"}, {"factor", 2.0}, {"rope_theta", 500000.0}};
+  v5.erase("rope_scaling");
+  EXPECT_NE(ErrorOf(v5).find("rope_parameters type \"dynamic\" is not implemented"), std::string::npos) << ErrorOf(v5);
+  Json theta = Llama32();
+  theta["rope_parameters"] = theta["rope_scaling"];
+  theta["rope_parameters"]["rope_theta"] = 10000.0;
+  EXPECT_NE(ErrorOf(theta).find("rope_theta 500000.0 disagrees with rope_parameters' 10000.0"), std::string::npos)
+      << ErrorOf(theta);
+  Json partial = Llama32();
+  partial["partial_rotary_factor"] = 0.5;
+  EXPECT_NE(ErrorOf(partial).find("partial_rotary_factor 0.5 is not implemented"), std::string::npos);
+  Json qwen = HuggingFaceConfigJson(*FindPreset("qwen2.5-0.5b"), "float32");
+  qwen["use_sliding_window"] = true;
+  EXPECT_NE(ErrorOf(qwen).find("use_sliding_window true is not implemented"), std::string::npos);
+  EXPECT_NE(ErrorOf(Json::parse("[1]")).find("config.json: not a JSON object"), std::string::npos);
+}
+
+// A model directory against the job: the shape from config.json, a field that disagrees
+// named with both values, a misspelt family named as one (not an internal error), and no
+// false warning that an elastic job of config.json's shape cannot shrink.
+TEST(HuggingFaceConfig, AJobIsCheckedAgainstItsModelDirectory) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("meshtrain-hf-config-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << Llama32().dump();
+  auto job = [&](const Json& model, const Json& extra = Json::object()) {
+    Json manifest = {{"apiVersion", "meshtrain.dev/v1alpha1"},
+                     {"kind", "TrainingJob"},
+                     {"metadata", {{"name", "hf"}}},
+                     {"spec",
+                      {{"image", "meshtrain"},
+                       {"nodes", 2},
+                       {"gpusPerNode", 8},
+                       {"model", model},
+                       {"data", {{"train", "/data/*.bin"}}},
+                       {"training", {{"globalBatchTokens", 1 << 20}}}}}};
+    manifest["spec"].update(extra);
+    return CheckTrainingJob(manifest, "job.yaml", 0, ModelDirectory::kIfPresent);
+  };
+  const Json from = {{"init", {{"from", dir.string()}}}};
+  const CheckedJob plain = job(from);
+  ASSERT_TRUE(plain.ok()) << plain.errors.front().ToString();
+  EXPECT_EQ(ShapeOf(plain.job.spec.model), *FindPreset("llama3.2-1b"));
+  Json hidden = from;
+  hidden["hidden"] = 4096;
+  const CheckedJob disagrees = job(hidden);
+  ASSERT_FALSE(disagrees.ok());
+  EXPECT_EQ(disagrees.errors.front().ToString(),
+            "spec.model.hidden: 4096 disagrees with spec.model.init.from's " + (dir / "config.json").string() +
+                ", whose hidden_size is 2048");
+  Json typo = from;
+  typo["preset"] = "llama3.2-1b";
+  typo["family"] = "lama";
+  const CheckedJob misspelt = job(typo);
+  ASSERT_FALSE(misspelt.ok());
+  bool named = false;
+  for (const FieldError& e : misspelt.errors) named |= e.path == "spec.model.family";
+  EXPECT_TRUE(named) << misspelt.errors.front().ToString();
+  const CheckedJob elastic = job(from, {{"elastic", {{"minNodes", 1}}}});
+  ASSERT_TRUE(elastic.ok()) << elastic.errors.front().ToString();
+  for (const FieldError& w : elastic.warnings) EXPECT_NE(w.path, "spec.elastic.minNodes") << w.ToString();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(HuggingFaceConfig, RopeModelsKeepTheirWeightsAtAnotherWindow) {
+  ModelShape a = *FindPreset("llama-tiny"), b = a;
+  b.seq_len = 64;
+  b.max_positions = 64;  // a hand-written Llama spec defaults maxPositions to seqLen
+  EXPECT_TRUE(a.SameWeights(b));
+  ModelShape g = *FindPreset("gpt2-tiny"), h = g;
+  h.max_positions = 256;  // GPT-2's position table grows
+  EXPECT_FALSE(g.SameWeights(h));
+}
+
+}  // namespace
+}  // namespace meshtrain::api
