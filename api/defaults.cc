@@ -25,7 +25,9 @@ void DeriveBatch(TrainingJobSpec& spec, bool global_written, bool micro_written,
   const ParallelismSpec& p = spec.parallelism;
   const std::optional<int64_t>& seq = spec.model.seq_len;
   if (!seq || *seq < 1 || *seq > kMaxSeqLen ||
-      !ParallelLayout::Check(spec.nodes, spec.gpus_per_node, p.tensor_parallel_degree, p.hybrid_shard_degree).empty()) {
+      !ParallelLayout::Check(spec.nodes, spec.gpus_per_node, p.tensor_parallel_degree, p.hybrid_shard_degree,
+                             p.pipeline_parallel_degree)
+           .empty()) {
     return;
   }
   const int64_t dp = ParallelLayout::ForSpec(spec).data_parallel();
@@ -35,12 +37,17 @@ void DeriveBatch(TrainingJobSpec& spec, bool global_written, bool micro_written,
   if (!global_written) {
     if (t.micro_batch_size < 1 || t.micro_batch_size > kMaxMicroBatchSize) return;
     const int64_t per_step = t.micro_batch_size * *seq * dp;
-    const int64_t micro_steps = std::max<int64_t>(1, (usual.global_batch_tokens + per_step / 2) / per_step);
+    // A pipeline needs as many micro-batches as stages.
+    const int64_t micro_steps = std::max<int64_t>(std::max<int64_t>(1, p.pipeline_parallel_degree),
+                                                  (usual.global_batch_tokens + per_step / 2) / per_step);
     t.global_batch_tokens = micro_steps * per_step;
     derived->push_back({"spec.training.globalBatchTokens", number(t.global_batch_tokens),
                         "the multiple of microBatchSize x seqLen x data-parallel ranks (" +
                             number(t.micro_batch_size) + " x " + number(*seq) + " x " + number(dp) + " = " +
-                            number(per_step) + ") nearest to " + number(usual.global_batch_tokens)});
+                            number(per_step) + ") nearest to " + number(usual.global_batch_tokens) +
+                            (p.pipeline_parallel_degree > 1 && micro_steps == p.pipeline_parallel_degree
+                                 ? ", at least one micro-batch a stage"
+                                 : "")});
     return;
   }
   if (micro_written || t.global_batch_tokens < 1) return;
@@ -52,7 +59,9 @@ void DeriveBatch(TrainingJobSpec& spec, bool global_written, bool micro_written,
   }
   const int64_t sequences = t.global_batch_tokens / per_sequence;
   int64_t micro = std::min(usual.micro_batch_size, sequences);
-  while (sequences % micro != 0) --micro;
+  // With a pipeline, small enough that each stage gets a micro-batch, where that can be.
+  const int64_t stages = std::max<int64_t>(1, p.pipeline_parallel_degree);
+  while (micro > 1 && (sequences % micro != 0 || (sequences / micro < stages && sequences >= stages))) --micro;
   t.micro_batch_size = micro;
   derived->push_back({"spec.training.microBatchSize", number(micro),
                       "the largest micro-batch up to " + number(usual.micro_batch_size) +

@@ -60,17 +60,26 @@ int64_t BlockScratchBytes(int batch, int seq, const ModelShape& s, int tp_size, 
 
 // The order parallel/activation_store.cc carves them in; it checks its total against this.
 ActivationBytes ActivationStoreBytes(const ModelShape& s, int batch, int seq, const ActivationPolicy& policy,
-                                     int tp_rank, int tp_size, const EngineTypes& types, bool dropout) {
-  const int layers = int(s.layers);
+                                     int tp_rank, int tp_size, const EngineTypes& types, bool dropout,
+                                     const StageShape& stage) {
+  const std::vector<int> lanes = stage.lanes.empty() ? std::vector<int>{int(s.layers)} : stage.lanes;
   const int64_t input = Aligned(int64_t(batch) * seq * s.hidden * types.act_bytes);
+  const int64_t block = BlockActivationBytes(batch, seq, s, tp_size, types);
   ActivationBytes a;
-  a.inputs = !policy.checkpointing ? 1 : policy.offload ? std::min(policy.horizon + 1, layers) : layers;
-  const int kept_blocks = policy.checkpointing ? 1 : layers;
-  const int head_inputs = policy.checkpointing ? 1 : 0;  // otherwise the last block's output
-  a.kept = input * (a.inputs + head_inputs) + BlockActivationBytes(batch, seq, s, tp_size, types) * kept_blocks +
-           HeadActivationBytes(batch, seq, s, tp_rank, tp_size, types) +
+  int64_t inputs = 0, blocks = 0;
+  for (const int layers : lanes) {
+    // Each lane: its block inputs (slots) or whole blocks, its output when only inputs
+    // are kept (otherwise the last block's), and when pipelined its gradient.
+    const int slots = !policy.checkpointing ? 1 : policy.offload ? std::min(policy.horizon + 1, layers) : layers;
+    a.inputs += slots;
+    inputs += slots + (policy.checkpointing ? 1 : 0) + (stage.pipelined ? 1 : 0);
+    blocks += policy.checkpointing ? 0 : layers;
+    a.offloaded += policy.offload ? input * std::max(0, layers - slots) : 0;
+  }
+  if (policy.checkpointing) blocks += 1;  // the recompute's working set
+  a.kept = input * inputs + block * blocks +
+           (stage.head ? HeadActivationBytes(batch, seq, s, tp_rank, tp_size, types) : 0) +
            BlockScratchBytes(batch, seq, s, tp_size, types, dropout);
-  a.offloaded = policy.offload ? input * std::max(0, layers - a.inputs) : 0;
   return a;
 }
 
@@ -95,28 +104,31 @@ int64_t StepBufferBytes(int batch, int seq, const ModelShape& s, const EngineTyp
 
 EngineMemory EngineMemoryOf(const ModelShape& s, int batch, int seq, int tp_rank, int tp_size, int shard_size,
                             const ActivationPolicy& policy, const EngineTypes& types, bool dropout,
-                            bool keep_units_gathered) {
+                            bool keep_units_gathered, const StageShape& stage) {
   const UnitElements units = UnitElementsOf(s, tp_rank, tp_size, types.vocab_multiple);
   const int S = shard_size, A = types.act_bytes, G = types.acc_bytes;
-  const int64_t embedding = ShardElements(units.embedding, S), block = ShardElements(units.block, S);
-  const int64_t head = units.head > 0 ? ShardElements(units.head, S) : 0, edge = std::max(embedding, head);
-  const int64_t slots = keep_units_gathered ? s.layers : std::min<int64_t>(2, s.layers);
+  const int64_t blocks = stage.blocks < 0 ? s.layers : stage.blocks;
+  const int64_t embedding = stage.embedding_unit ? ShardElements(units.embedding, S) : 0;
+  const int64_t block = ShardElements(units.block, S);
+  const int64_t head = stage.head && units.head > 0 ? ShardElements(units.head, S) : 0, edge = std::max(embedding, head);
+  const int64_t slots = keep_units_gathered ? blocks : std::min<int64_t>(2, blocks);
+  auto held = [](int64_t bytes) { return bytes > 0 ? Held(bytes) : 0; };
   EngineMemory m;
   // Every unit's shard: master weights, gradients, AdamW m and v, one allocation each.
-  m.params = Held(embedding * G) + s.layers * Held(block * G) + (head > 0 ? Held(head * G) : 0);
+  m.params = held(embedding * G) + blocks * Held(block * G) + held(head * G);
   m.grads = m.params;
   m.optimizer = 2 * m.params;
   // The compute copies: the edge slot (the embedding's or the head's) and two block slots;
   // kept, every unit's own. With S > 1 their gradients too (with S = 1 the backward adds
   // straight into the shard's gradients).
   if (keep_units_gathered) {
-    m.gathered = Held(embedding * A) + (head > 0 ? Held(head * A) : 0) + slots * Held(block * A);
+    m.gathered = held(embedding * A) + held(head * A) + slots * Held(block * A);
   } else {
-    m.gathered = Held(edge * S * A) + slots * Held(block * S * A);
+    m.gathered = held(edge * S * A) + slots * Held(block * S * A);
   }
-  if (S > 1) m.gathered += Held(edge * S * G) + slots * Held(block * S * G);
+  if (S > 1) m.gathered += held(edge * S * G) + slots * Held(block * S * G);
   m.comm = S > 1 ? Held(std::max(edge, block) * G) : 0;
-  const ActivationBytes store = ActivationStoreBytes(s, batch, seq, policy, tp_rank, tp_size, types, dropout);
+  const ActivationBytes store = ActivationStoreBytes(s, batch, seq, policy, tp_rank, tp_size, types, dropout, stage);
   m.activations = Held(store.kept) + Held(StepBufferBytes(batch, seq, s, types));
   m.offload = store.offloaded > 0 ? Held(store.offloaded) : 0;
   return m;

@@ -79,15 +79,32 @@ int64_t HeadActivationBytes(int batch, int seq, const ModelShape& shape, int tp_
 int64_t BlockScratchBytes(int batch, int seq, const ModelShape& shape, int tp_size, const EngineTypes& types,
                           bool dropout);
 
-// The ActivationStore's two buffers: `kept` in activation memory (block inputs or whole
-// blocks as the policy says, the head's input, the head, the backward's working set) and
-// `offloaded` in the host pool.
+// The part of the model one rank holds: all of it (the default), or a pipeline stage's
+// (api/pipeline.h, StageShapeOf).
+struct StageShape {
+  bool embedding_unit = true;  // the embedding's unit: the first stage's, and the last's for a tied head
+  bool head = true;            // the head: its activations, and its unit when untied
+  int blocks = -1;             // blocks held; -1: every block
+  // What the ActivationStore keeps activations for: a lane per micro-batch a chunk of
+  // blocks may hold between its forward and its backward, each lane the chunk's blocks.
+  // Empty: one lane of every block.
+  std::vector<int> lanes;
+  // Each lane has its own buffer for the gradient of its chunk's output (received from
+  // the next stage, or the head's), which its backward runs on in place.
+  bool pipelined = false;
+  bool operator==(const StageShape&) const = default;
+};
+
+// The ActivationStore's two buffers: `kept` in activation memory (per lane: block inputs
+// or whole blocks as the policy says, the chunk's output and, pipelined, its gradient;
+// shared: the head, the backward's working set) and `offloaded` in the host pool.
 struct ActivationBytes {
   int64_t kept = 0, offloaded = 0;
-  int inputs = 0;  // block inputs held in activation memory (slots)
+  int inputs = 0;  // block inputs held in activation memory (slots), of all lanes
 };
 ActivationBytes ActivationStoreBytes(const ModelShape& shape, int batch, int seq, const ActivationPolicy& policy,
-                                     int tp_rank, int tp_size, const EngineTypes& types, bool dropout);
+                                     int tp_rank, int tp_size, const EngineTypes& types, bool dropout,
+                                     const StageShape& stage = {});
 
 // The engine's small per-step buffer: a micro-batch's tokens and targets, the loss and
 // norm scalars, every unit's table of shard segments (kernels::ShardSegment, 24 bytes, one
@@ -110,9 +127,10 @@ struct EngineMemory {
   int64_t total() const { return device() + offload; }
 };
 // `keep_units_gathered`: every unit's compute copy is kept (replicated, S = 1), not slots.
+// `stage`: the units and activations of a pipeline stage only.
 EngineMemory EngineMemoryOf(const ModelShape& shape, int batch, int seq, int tp_rank, int tp_size, int shard_size,
                             const ActivationPolicy& policy, const EngineTypes& types, bool dropout,
-                            bool keep_units_gathered = false);
+                            bool keep_units_gathered = false, const StageShape& stage = {});
 
 // The bytes the caching allocator holds for a request of `bytes`: rounded up to 512
 // bytes below 1 MiB and to 2 MiB from there.

@@ -99,6 +99,9 @@ void Fields(S& s, V& v) {
   v("activationCheckpointing", s.activation_checkpointing);
   v("activationOffloading", s.activation_offloading, {"sm_activation_offloading"});
   v("activationLoadingHorizon", s.activation_loading_horizon, {"activation_loading_horizon"});
+  v("pipelineParallelDegree", s.pipeline_parallel_degree, {"pipeline_parallel_degree"});
+  v("pipelineSchedule", s.pipeline_schedule);
+  v("pipelineVirtualStages", s.pipeline_virtual_stages);
   // SMP switches that do not change meshtrain's behaviour: its caches never
   // flush, and padded shards may be empty.
   v.IgnoredFlag("fsdp_cache_flush_warnings");

@@ -13,11 +13,13 @@ const char* AxisName(Axis axis) {
     case Axis::kTensor: return "tp";
     case Axis::kShard: return "shard";
     case Axis::kReplica: return "replica";
+    case Axis::kPipeline: return "pipeline";
   }
   return "?";
 }
 
-FieldErrors ParallelLayout::Check(int64_t nodes, int64_t gpus_per_node, int64_t tp, int64_t hybrid_shard) {
+FieldErrors ParallelLayout::Check(int64_t nodes, int64_t gpus_per_node, int64_t tp, int64_t hybrid_shard,
+                                  int64_t pipeline) {
   FieldErrors errors;
   auto fail = [&](std::string path, std::string message) { errors.push_back({std::move(path), std::move(message)}); };
   if (nodes < 1 || nodes > kMaxNodes) {
@@ -28,6 +30,9 @@ FieldErrors ParallelLayout::Check(int64_t nodes, int64_t gpus_per_node, int64_t 
          "must be between 1 and " + std::to_string(kMaxGpusPerNode) + ", got " + std::to_string(gpus_per_node));
   }
   if (tp < 1) fail("spec.parallelism.tensorParallelDegree", "must be at least 1, got " + std::to_string(tp));
+  if (pipeline < 1) {
+    fail("spec.parallelism.pipelineParallelDegree", "must be at least 1, got " + std::to_string(pipeline));
+  }
   if (hybrid_shard < 0) {
     fail("spec.parallelism.hybridShardDegree",
          "must be 0 (all data-parallel ranks) or positive, got " + std::to_string(hybrid_shard));
@@ -41,12 +46,20 @@ FieldErrors ParallelLayout::Check(int64_t nodes, int64_t gpus_per_node, int64_t 
     return errors;
   }
   const int64_t world = nodes * g;
-  const int64_t dp = world / tp;
+  if (world % (pipeline * tp) != 0) {
+    fail("spec.parallelism.pipelineParallelDegree",
+         "must divide the world into stages of whole TP groups (" + std::to_string(world) +
+             " GPUs / tensorParallelDegree " + std::to_string(tp) + " = " + std::to_string(world / tp) +
+             " TP groups), got " + std::to_string(pipeline));
+    return errors;
+  }
+  const int64_t dp = world / (pipeline * tp);
   const int64_t s = hybrid_shard == 0 ? dp : hybrid_shard;
   if (dp % s != 0) {
     fail("spec.parallelism.hybridShardDegree",
          "must divide the data-parallel size (" + std::to_string(world) + " GPUs / tensorParallelDegree " +
-             std::to_string(tp) + " = " + std::to_string(dp) + "), got " + std::to_string(hybrid_shard));
+             std::to_string(tp) + (pipeline > 1 ? " / pipelineParallelDegree " + std::to_string(pipeline) : "") +
+             " = " + std::to_string(dp) + "), got " + std::to_string(hybrid_shard));
     return errors;
   }
   const int64_t group_gpus = s * tp;
@@ -59,8 +72,9 @@ FieldErrors ParallelLayout::Check(int64_t nodes, int64_t gpus_per_node, int64_t 
   return errors;
 }
 
-ParallelLayout::ParallelLayout(int64_t nodes, int64_t gpus_per_node, int64_t tp, int64_t hybrid_shard) {
-  FieldErrors errors = Check(nodes, gpus_per_node, tp, hybrid_shard);
+ParallelLayout::ParallelLayout(int64_t nodes, int64_t gpus_per_node, int64_t tp, int64_t hybrid_shard,
+                               int64_t pipeline) {
+  FieldErrors errors = Check(nodes, gpus_per_node, tp, hybrid_shard, pipeline);
   if (!errors.empty()) {
     std::string message = "invalid parallel layout:";
     for (const FieldError& e : errors) message.append(" ").append(e.ToString()).append(";");
@@ -69,14 +83,15 @@ ParallelLayout::ParallelLayout(int64_t nodes, int64_t gpus_per_node, int64_t tp,
   nodes_ = int(nodes);
   gpus_per_node_ = int(gpus_per_node);
   tp_ = int(tp);
-  const int dp = world() / tp_;
+  pipeline_ = int(pipeline);
+  const int dp = world() / (tp_ * pipeline_);
   shard_ = hybrid_shard == 0 ? dp : int(hybrid_shard);
   replicas_ = dp / shard_;
 }
 
 ParallelLayout ParallelLayout::ForSpec(const TrainingJobSpec& spec) {
   return ParallelLayout(spec.nodes, spec.gpus_per_node, spec.parallelism.tensor_parallel_degree,
-                        spec.parallelism.hybrid_shard_degree);
+                        spec.parallelism.hybrid_shard_degree, spec.parallelism.pipeline_parallel_degree);
 }
 
 int ParallelLayout::Degree(Axis axis) const {
@@ -84,20 +99,22 @@ int ParallelLayout::Degree(Axis axis) const {
     case Axis::kTensor: return tp_;
     case Axis::kShard: return shard_;
     case Axis::kReplica: return replicas_;
+    case Axis::kPipeline: return pipeline_;
   }
   return 0;
 }
 
 LayoutCoord ParallelLayout::CoordOf(int rank) const {
   if (rank < 0 || rank >= world()) throw std::out_of_range("rank " + std::to_string(rank) + " outside world");
-  return {rank / (shard_ * tp_), (rank / tp_) % shard_, rank % tp_};
+  return {(rank / (shard_ * tp_)) % replicas_, (rank / tp_) % shard_, rank % tp_, rank / stage_ranks()};
 }
 
 int ParallelLayout::RankOf(LayoutCoord c) const {
-  if (c.replica < 0 || c.replica >= replicas_ || c.shard < 0 || c.shard >= shard_ || c.tp < 0 || c.tp >= tp_) {
+  if (c.replica < 0 || c.replica >= replicas_ || c.shard < 0 || c.shard >= shard_ || c.tp < 0 || c.tp >= tp_ ||
+      c.pipeline < 0 || c.pipeline >= pipeline_) {
     throw std::out_of_range("layout coordinate outside the mesh");
   }
-  return (c.replica * shard_ + c.shard) * tp_ + c.tp;
+  return ((c.pipeline * replicas_ + c.replica) * shard_ + c.shard) * tp_ + c.tp;
 }
 
 std::vector<int> ParallelLayout::GroupOf(Axis axis, int rank) const {
@@ -110,6 +127,7 @@ std::vector<int> ParallelLayout::GroupOf(Axis axis, int rank) const {
       case Axis::kTensor: c.tp = i; break;
       case Axis::kShard: c.shard = i; break;
       case Axis::kReplica: c.replica = i; break;
+      case Axis::kPipeline: c.pipeline = i; break;
     }
     members.push_back(RankOf(c));
   }
@@ -128,6 +146,10 @@ std::vector<std::vector<int>> ParallelLayout::Groups(Axis axis) const {
 int ParallelLayout::NodesPerShardGroup() const {
   const int group_gpus = shard_ * tp_;
   return group_gpus <= gpus_per_node_ ? 1 : group_gpus / gpus_per_node_;
+}
+
+int ParallelLayout::NodesPerStage() const {
+  return stage_ranks() <= gpus_per_node_ ? 1 : stage_ranks() / gpus_per_node_;
 }
 
 int64_t TokensPerMicroStep(const TrainingJobSpec& spec) {

@@ -1,12 +1,15 @@
-// The parallel layout: world = R x S x T (DESIGN.md, "The parallel layout").
+// The parallel layout: world = P x R x S x T (DESIGN.md, "The parallel layout").
 //
+//   P = pipelineParallelDegree: stages, each holding consecutive blocks of the model
 //   T = tensorParallelDegree
-//   S = hybridShardDegree, 0 meaning every data-parallel rank (world / T)
-//   R = world / (S * T) replicas
+//   S = hybridShardDegree, 0 meaning every data-parallel rank of a stage (world / (P * T))
+//   R = world / (P * S * T) replicas
 //
-// Ranks are numbered TP fastest, then shard, then replica: rank = (r*S + s)*T + t.
-// Node n holds ranks [n*G, (n+1)*G). So a TP group sits inside one node, and a
-// shard group covers S*T/G whole neighbouring nodes (or several groups share a node).
+// Ranks are numbered TP fastest, then shard, then replica, then stage (outermost, as in
+// torchtitan and Megatron): rank = ((p*R + r)*S + s)*T + t. Node n holds ranks
+// [n*G, (n+1)*G). So a TP group sits inside one node, a shard group covers S*T/G whole
+// neighbouring nodes (or several groups share a node), and a stage R*S*T/G of them: when
+// stages fill whole nodes, only activations and their gradients cross between them.
 //
 // ParallelLayout is an immutable value; safe to share between threads.
 
@@ -21,13 +24,14 @@
 
 namespace meshtrain::api {
 
-enum class Axis { kTensor, kShard, kReplica };
-const char* AxisName(Axis axis);  // "tp", "shard", "replica"
+enum class Axis { kTensor, kShard, kReplica, kPipeline };
+const char* AxisName(Axis axis);  // "tp", "shard", "replica", "pipeline"
 
 struct LayoutCoord {
   int replica = 0;
   int shard = 0;
   int tp = 0;
+  int pipeline = 0;  // the stage
   bool operator==(const LayoutCoord&) const = default;
 };
 
@@ -35,11 +39,11 @@ class ParallelLayout {
  public:
   // The problems with these sizes, with their spec field paths; empty if they form a layout.
   static FieldErrors Check(int64_t nodes, int64_t gpus_per_node, int64_t tensor_parallel_degree,
-                           int64_t hybrid_shard_degree);
+                           int64_t hybrid_shard_degree, int64_t pipeline_parallel_degree = 1);
 
   // Throws std::invalid_argument with Check()'s messages if the sizes do not form a layout.
   ParallelLayout(int64_t nodes, int64_t gpus_per_node, int64_t tensor_parallel_degree,
-                 int64_t hybrid_shard_degree);
+                 int64_t hybrid_shard_degree, int64_t pipeline_parallel_degree = 1);
   static ParallelLayout ForSpec(const TrainingJobSpec& spec);
 
   int world() const { return nodes_ * gpus_per_node_; }
@@ -48,13 +52,17 @@ class ParallelLayout {
   int tp() const { return tp_; }
   int shard() const { return shard_; }
   int replicas() const { return replicas_; }
+  int pipeline() const { return pipeline_; }
   int data_parallel() const { return shard_ * replicas_; }
+  int stage_ranks() const { return world() / pipeline_; }  // R x S x T
   int Degree(Axis axis) const;
 
   LayoutCoord CoordOf(int rank) const;
   int RankOf(LayoutCoord coord) const;
-  // Which slice of each global batch `rank` reads: the ranks of one TP group read the same.
-  int DataParallelRankOf(int rank) const { return rank / tp_; }
+  // Which slice of each global batch `rank` reads: the ranks of one TP group read the same,
+  // and so do the stages of one pipeline.
+  int DataParallelRankOf(int rank) const { return (rank / tp_) % data_parallel(); }
+  int StageOf(int rank) const { return rank / stage_ranks(); }
   int NodeOf(int rank) const { return rank / gpus_per_node_; }
   int LocalRankOf(int rank) const { return rank % gpus_per_node_; }
 
@@ -65,6 +73,8 @@ class ParallelLayout {
 
   // Whole nodes one shard group spans (1 when several groups share a node).
   int NodesPerShardGroup() const;
+  // Whole nodes one stage spans (1 when several stages share a node).
+  int NodesPerStage() const;
 
  private:
   int nodes_;
@@ -72,6 +82,7 @@ class ParallelLayout {
   int tp_;
   int shard_;
   int replicas_;
+  int pipeline_ = 1;
 };
 
 // Tokens all data-parallel ranks process in one micro-step:

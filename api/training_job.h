@@ -138,6 +138,13 @@ struct ParallelismSpec {
   bool activation_checkpointing = false;  // not written: on when activationOffloading is (as in SMP v2)
   bool activation_offloading = false;
   int64_t activation_loading_horizon = 2;
+  // Stages of consecutive blocks (the outermost axis of the layout); the step's
+  // micro-batches flow through them as the schedule says: GPipe (every forward, then
+  // every backward), 1F1B (one forward, one backward once the pipeline is full) or
+  // Interleaved1F1B (1F1B over pipelineVirtualStages chunks of blocks a rank).
+  int64_t pipeline_parallel_degree = 1;
+  std::string pipeline_schedule = "1F1B";
+  int64_t pipeline_virtual_stages = 1;
   bool operator==(const ParallelismSpec&) const = default;
 };
 

@@ -285,7 +285,7 @@ void CheckTraining(const TrainingSpec& t, Checker& c) {
 void CheckLayout(const TrainingJobSpec& spec, Checker& c) {
   const ParallelismSpec& p = spec.parallelism;
   FieldErrors layout = ParallelLayout::Check(spec.nodes, spec.gpus_per_node, p.tensor_parallel_degree,
-                                             p.hybrid_shard_degree);
+                                             p.hybrid_shard_degree, p.pipeline_parallel_degree);
   const bool layout_ok = layout.empty();
   for (FieldError& e : layout) c.errors.push_back(std::move(e));
 
@@ -307,6 +307,15 @@ void CheckLayout(const TrainingJobSpec& spec, Checker& c) {
     c.Fail("spec.parallelism.tensorParallelDegree", "must divide the MLP width (4 x spec.model.hidden = " +
                                                         std::to_string(4 * *m.hidden) + "), got " + std::to_string(tp));
   }
+  // Each rank of a stage holds whole blocks: P x V chunks of at least one block each.
+  const int64_t chunks = p.pipeline_parallel_degree * std::max<int64_t>(1, p.pipeline_virtual_stages);
+  if (p.pipeline_parallel_degree > 1 && m.layers && *m.layers >= 1 && chunks > *m.layers) {
+    c.Fail("spec.parallelism.pipelineParallelDegree",
+           "gives " + std::to_string(chunks) + " chunks of blocks (pipelineParallelDegree " +
+               std::to_string(p.pipeline_parallel_degree) + " x pipelineVirtualStages " +
+               std::to_string(p.pipeline_virtual_stages) + "), more than spec.model.layers (" +
+               std::to_string(*m.layers) + ")");
+  }
   if (!layout_ok || !m.seq_len || *m.seq_len < 1 || spec.training.micro_batch_size < 1) return;
 
   const ParallelLayout mesh = ParallelLayout::ForSpec(spec);
@@ -317,6 +326,20 @@ void CheckLayout(const TrainingJobSpec& spec, Checker& c) {
                std::to_string(spec.training.micro_batch_size) + " x " + std::to_string(*m.seq_len) + " x " +
                std::to_string(mesh.data_parallel()) + " = " + std::to_string(per_step) + "), got " +
                std::to_string(spec.training.global_batch_tokens));
+    return;
+  }
+  // The step's micro-batches are what flows through the pipeline: at least P of them.
+  const int64_t micro_steps = spec.training.global_batch_tokens / per_step, P = p.pipeline_parallel_degree;
+  if (P > 1 && micro_steps < P) {
+    c.Fail("spec.training.globalBatchTokens",
+           "gives " + std::to_string(micro_steps) + " micro-batches a step (" +
+               std::to_string(spec.training.global_batch_tokens) + " / " + std::to_string(per_step) +
+               "), fewer than the " + std::to_string(P) + " stages of spec.parallelism.pipelineParallelDegree; a "
+               "pipeline needs at least as many micro-batches as stages");
+  } else if (P > 1 && p.pipeline_schedule == "Interleaved1F1B" && micro_steps % P != 0) {
+    c.Fail("spec.training.globalBatchTokens",
+           "gives " + std::to_string(micro_steps) + " micro-batches a step, not a multiple of the " +
+               std::to_string(P) + " stages, as spec.parallelism.pipelineSchedule Interleaved1F1B needs");
   }
 }
 
@@ -324,6 +347,22 @@ void CheckParallelism(const ParallelismSpec& p, Checker& c) {
   c.OneOf("spec.parallelism.mode", p.mode, {"manual", "auto"});
   c.Range("spec.parallelism.tensorParallelSeed", p.tensor_parallel_seed, 0, Checker::kNoMax);
   c.Range("spec.parallelism.activationLoadingHorizon", p.activation_loading_horizon, 1, 1024);
+  c.OneOf("spec.parallelism.pipelineSchedule", p.pipeline_schedule, {"GPipe", "1F1B", "Interleaved1F1B"});
+  if (c.Range("spec.parallelism.pipelineVirtualStages", p.pipeline_virtual_stages, 1, 64)) {
+    if (p.pipeline_schedule == "Interleaved1F1B" && p.pipeline_virtual_stages < 2) {
+      c.Fail("spec.parallelism.pipelineVirtualStages",
+             "must be 2 or more for spec.parallelism.pipelineSchedule Interleaved1F1B (chunks of blocks a rank), got " +
+                 std::to_string(p.pipeline_virtual_stages));
+    } else if (p.pipeline_schedule == "Interleaved1F1B" && p.pipeline_parallel_degree < 2) {
+      c.Fail("spec.parallelism.pipelineSchedule",
+             "Interleaved1F1B needs spec.parallelism.pipelineParallelDegree of 2 or more, got " +
+                 std::to_string(p.pipeline_parallel_degree));
+    } else if (p.pipeline_schedule != "Interleaved1F1B" && p.pipeline_virtual_stages > 1) {
+      c.Fail("spec.parallelism.pipelineVirtualStages",
+             "needs spec.parallelism.pipelineSchedule Interleaved1F1B; " + p.pipeline_schedule +
+                 " runs one chunk of blocks a rank, got " + std::to_string(p.pipeline_virtual_stages));
+    }
+  }
   if (p.activation_offloading && !p.activation_checkpointing) {
     c.Fail("spec.parallelism.activationOffloading",
            "requires spec.parallelism.activationCheckpointing: the offloaded tensors are the checkpointed block inputs");

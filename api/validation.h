@@ -30,6 +30,8 @@ FieldErrors FieldsThePlannerChooses(const TrainingJob& job, const FieldPaths& wr
 inline constexpr const char* kPlannedFields[] = {
     "spec.parallelism.tensorParallelDegree",    "spec.parallelism.hybridShardDegree",
     "spec.parallelism.activationCheckpointing", "spec.parallelism.activationOffloading",
-    "spec.parallelism.activationLoadingHorizon", "spec.training.microBatchSize"};
+    "spec.parallelism.activationLoadingHorizon", "spec.parallelism.pipelineParallelDegree",
+    "spec.parallelism.pipelineSchedule",        "spec.parallelism.pipelineVirtualStages",
+    "spec.training.microBatchSize"};
 
 }  // namespace meshtrain::api

@@ -88,6 +88,67 @@ TEST(Layout, EveryValidLayoutUpTo512Ranks) {
   }
 }
 
+// With stages: P outermost, each stage's ranks contiguous and laid out as a world of
+// their own; the stages of one (replica, shard, tp) coordinate read the same data.
+TEST(Layout, EveryValidPipelinedLayoutUpTo64Ranks) {
+  int layouts = 0;
+  for (int gpus : {1, 2, 4, 8}) {
+    for (int nodes = 1; nodes * gpus <= 64; ++nodes) {
+      const int world = nodes * gpus;
+      for (int P = 2; P <= world; ++P) {
+        for (int tp = 1; tp <= gpus; ++tp) {
+          for (int shard = 0; shard <= world; ++shard) {
+            if (!ParallelLayout::Check(nodes, gpus, tp, shard, P).empty()) continue;
+            ++layouts;
+            SCOPED_TRACE(testing::Message() << nodes << " x " << gpus << ", P " << P << ", tp " << tp << ", shard " << shard);
+            const ParallelLayout mesh(nodes, gpus, tp, shard, P);
+            ASSERT_EQ(mesh.pipeline() * mesh.replicas() * mesh.shard() * mesh.tp(), world);
+            ASSERT_EQ(mesh.stage_ranks() * P, world);
+            for (int rank = 0; rank < world; ++rank) {
+              const LayoutCoord c = mesh.CoordOf(rank);
+              ASSERT_EQ(mesh.RankOf(c), rank);
+              ASSERT_EQ(rank, ((c.pipeline * mesh.replicas() + c.replica) * mesh.shard() + c.shard) * mesh.tp() + c.tp);
+              ASSERT_EQ(mesh.StageOf(rank), c.pipeline);
+              ASSERT_EQ(mesh.DataParallelRankOf(rank), c.replica * mesh.shard() + c.shard);
+            }
+            ExpectPartition(mesh.Groups(Axis::kPipeline), world, P, "pipeline");
+            ExpectPartition(mesh.Groups(Axis::kShard), world, mesh.shard(), "shard");
+            for (const auto& g : mesh.Groups(Axis::kPipeline)) {
+              for (size_t i = 0; i < g.size(); ++i) {
+                EXPECT_EQ(mesh.StageOf(g[i]), int(i));
+                EXPECT_EQ(mesh.DataParallelRankOf(g[i]), mesh.DataParallelRankOf(g[0]));
+              }
+            }
+            // A TP group stays in one node and one stage; a shard group in one stage.
+            for (const auto& g : mesh.Groups(Axis::kTensor)) EXPECT_EQ(mesh.NodeOf(g.front()), mesh.NodeOf(g.back()));
+            for (const auto& g : mesh.Groups(Axis::kShard)) EXPECT_EQ(mesh.StageOf(g.front()), mesh.StageOf(g.back()));
+            // Stages that fill whole nodes own them.
+            if (mesh.stage_ranks() % gpus == 0) {
+              for (int rank = 0; rank + 1 < world; ++rank) {
+                if (mesh.StageOf(rank) != mesh.StageOf(rank + 1)) {
+                  EXPECT_NE(mesh.NodeOf(rank), mesh.NodeOf(rank + 1));
+                }
+              }
+              EXPECT_EQ(mesh.NodesPerStage(), mesh.stage_ranks() / gpus);
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(layouts, 1000);
+}
+
+TEST(Layout, PipelineErrorsNameTheField) {
+  auto first = [](const FieldErrors& errors) { return errors.empty() ? std::string() : errors[0].ToString(); };
+  EXPECT_NE(first(ParallelLayout::Check(1, 8, 1, 0, 3)).find("spec.parallelism.pipelineParallelDegree"),
+            std::string::npos);
+  EXPECT_NE(first(ParallelLayout::Check(1, 8, 4, 0, 4)).find("spec.parallelism.pipelineParallelDegree"),
+            std::string::npos);  // stages of 2 GPUs cannot hold TP groups of 4
+  EXPECT_NE(first(ParallelLayout::Check(1, 8, 1, 0, 0)).find("must be at least 1"), std::string::npos);
+  EXPECT_TRUE(ParallelLayout::Check(3, 8, 2, 2, 2).empty());  // a stage of 12 GPUs over a node and a half
+}
+
 TEST(Layout, TheTwoPointSevenBillionExample) {
   const ParallelLayout mesh(32, 8, 8, 16);
   EXPECT_EQ(mesh.world(), 256);
