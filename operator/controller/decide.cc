@@ -542,8 +542,12 @@ class Decider {
   }
 
   static std::string LayoutText(const api::LayoutStatus& l) {
-    return scheduler::Describe({int(l.tensor_parallel_degree), int(l.hybrid_shard_degree), int(l.micro_batch_size),
-                                {l.activation_checkpointing, l.activation_offloading, int(l.activation_loading_horizon)}});
+    scheduler::LayoutChoice choice;
+    choice.tp = int(l.tensor_parallel_degree);
+    choice.shard = int(l.hybrid_shard_degree);
+    choice.micro_batch = int(l.micro_batch_size);
+    choice.activations = {l.activation_checkpointing, l.activation_offloading, int(l.activation_loading_horizon)};
+    return scheduler::Describe(choice);
   }
 
   // spec.parallelism.mode auto: the planner's layout for the placed nodes, written into

@@ -254,25 +254,36 @@ void Reconciler::Act(const Observed& o, const Decision& decision) {
         if (e.kind() != kube::ErrorKind::kConflict) throw;  // AlreadyExists: an earlier pass made it
       }
     };
-    // The Secret before the pods that mount it. A job keeps its first Secret: when it
-    // exists, AlreadyExists leaves it as it is.
-    create(res::Secrets(), BuildJobSecret(o.checked.job, NewStoreKey(), options_.launcher_key));
-    if (gang.network_policy) create(res::NetworkPolicies(), *gang.network_policy);
-    create(res::Services(), gang.service);
-    if (gang.replace_config_map) client_.Update(res::ConfigMaps(), o.ns, gang.config_map);
-    else create(res::ConfigMaps(), gang.config_map);
-    std::vector<std::string> names;
-    for (const auto& pod : gang.pods) names.push_back(pod["metadata"].value("name", ""));
-    expectations_.ExpectCreations(key, names, Clock::now());
-    for (size_t i = 0; i < gang.pods.size(); ++i) {
-      json pod = gang.pods[i];
-      if (!options_.launcher_key.empty()) MountLauncherToken(&pod);
-      try {
+    size_t sent = 0;  // pods whose create went out and did not fail
+    bool creating_pods = false;
+    try {
+      // The Secret before the pods that mount it. A job keeps its first Secret: when it
+      // exists, AlreadyExists leaves it as it is.
+      create(res::Secrets(), BuildJobSecret(o.checked.job, NewStoreKey(), options_.launcher_key));
+      if (gang.network_policy) create(res::NetworkPolicies(), *gang.network_policy);
+      create(res::Services(), gang.service);
+      if (gang.replace_config_map) client_.Update(res::ConfigMaps(), o.ns, gang.config_map);
+      else create(res::ConfigMaps(), gang.config_map);
+      std::vector<std::string> names;
+      for (const auto& pod : gang.pods) names.push_back(pod["metadata"].value("name", ""));
+      expectations_.ExpectCreations(key, names, Clock::now());
+      creating_pods = true;
+      for (; sent < gang.pods.size(); ++sent) {
+        json pod = gang.pods[sent];
+        if (!options_.launcher_key.empty()) MountLauncherToken(&pod);
         create(res::Pods(), pod);
-      } catch (...) {
-        for (size_t j = i; j < names.size(); ++j) expectations_.CreationFailed(key, names[j]);
-        throw;
       }
+    } catch (const std::exception& e) {
+      // The pods not created give back what they reserved and are expected no more. A
+      // create that got no answer may have made its pod: that one keeps both until the
+      // cache shows it, or they time out.
+      const auto* error = dynamic_cast<const kube::KubeError*>(&e);
+      const size_t unanswered = creating_pods && error && error->kind() == kube::ErrorKind::kUnavailable ? 1 : 0;
+      for (size_t i = sent + unanswered; i < gang.pods.size(); ++i) {
+        expectations_.CreationFailed(key, gang.pods[i]["metadata"].value("name", ""));
+        cluster_.Release(kube::KeyOf(gang.pods[i]));
+      }
+      throw;
     }
   }
   if (progress_) {
@@ -290,7 +301,8 @@ void Reconciler::Act(const Observed& o, const Decision& decision) {
 }
 
 void Reconciler::ReleaseUncreated(const Decision& decision) {
-  // A pod whose create was sent may exist: the cache will show it, or its reservation expires.
+  // Act gave back what the pods it could not create reserved; a pod it created is counted
+  // once the cache shows it.
   std::set<std::string> sent;
   if (decision.create) {
     for (const json& pod : decision.create->pods) sent.insert(kube::KeyOf(pod));

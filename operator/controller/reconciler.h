@@ -97,7 +97,8 @@ class Reconciler {
   // The job's pods and the nodes the caches lack, from the API server.
   void ObserveLive(Observed* observed);
   void Act(const Observed& observed, const Decision& decision);
-  // Gives back the claims of pods that were not created.
+  // Gives back the claims of the decision that are not for pods it creates (a replacement's
+  // node): the decision was not stored.
   void ReleaseUncreated(const Decision& decision);
   // False when the write conflicted (409).
   bool WriteStatus(const Observed& observed, const Decision& decision);
