@@ -14,6 +14,7 @@
 #include "operator/controller/decide.h"
 #include "operator/kube/time.h"
 #include "operator/scheduler/synthetic_cluster.h"
+#include "tests/unit/tiny_job.h"
 
 namespace meshtrain::controller {
 namespace {
@@ -21,17 +22,10 @@ namespace {
 using nlohmann::json;
 
 json JobObject(const json& run_policy = json::object()) {
-  return {{"apiVersion", "meshtrain.dev/v1alpha1"},
-          {"kind", "TrainingJob"},
-          {"metadata", {{"name", "tiny"}, {"namespace", "default"}, {"uid", "job-uid"}, {"generation", 1}}},
-          {"spec",
-           {{"image", "meshtrain:test"},
-            {"nodes", 2},
-            {"gpusPerNode", 8},
-            {"model", {{"preset", "gpt2-tiny"}}},
-            {"data", {{"train", "/data/train.bin"}}},
-            {"training", {{"steps", 10}, {"globalBatchTokens", 16384}, {"microBatchSize", 1}, {"warmupSteps", 1}}},
-            {"runPolicy", run_policy}}}};
+  json job = test::TinyJob("tiny");
+  job["metadata"] = {{"name", "tiny"}, {"namespace", "default"}, {"uid", "job-uid"}, {"generation", 1}};
+  job["spec"]["runPolicy"] = run_policy;
+  return job;
 }
 
 const auto kNow = std::chrono::system_clock::from_time_t(2'000'000'000);

@@ -19,6 +19,7 @@
 #include "operator/scheduler/synthetic_cluster.h"
 #include "tests/support/kube/api_server.h"
 #include "tests/support/kube/kubelet_simulator.h"
+#include "tests/unit/tiny_job.h"
 
 namespace meshtrain::controller {
 namespace {
@@ -213,19 +214,7 @@ class LaggingCache : public ::testing::Test {
     faults.watch_delay_resource = resource;
     server_->SetFaults(faults);
   }
-  void CreateJob(const std::string& name) {
-    client_->Create(res::TrainingJobs(), "default",
-                    {{"apiVersion", "meshtrain.dev/v1alpha1"},
-                     {"kind", "TrainingJob"},
-                     {"metadata", {{"name", name}}},
-                     {"spec",
-                      {{"image", "meshtrain:test"},
-                       {"nodes", 2},
-                       {"gpusPerNode", 8},
-                       {"model", {{"preset", "gpt2-tiny"}}},
-                       {"data", {{"train", "/data/train.bin"}}},
-                       {"training", {{"steps", 10}, {"globalBatchTokens", 16384}, {"microBatchSize", 1}}}}}});
-  }
+  void CreateJob(const std::string& name) { client_->Create(res::TrainingJobs(), "default", test::TinyJob(name)); }
   // The job's pods as the API server has them now.
   std::vector<json> Pods(const std::string& job) {
     return client_->List(res::Pods(), "default", {std::string(kJobNameLabel) + "=" + job, "", ""})["items"];
