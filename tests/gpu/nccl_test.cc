@@ -1,6 +1,7 @@
 // The nccl backend on a lent GPU (skipped, and saying so, elsewhere): the stream-ordered
 // collectives (nccl_collectives.h) and the Communicator (nccl_communicator.h) at world
-// size 1, and a world of 2 whose second rank never comes.
+// size 1, and a world of 2 whose second rank never comes. (Send and Recv need a second
+// member, so a second GPU: on one, only their refusal of a peer that is not one.)
 
 #include <gtest/gtest.h>
 #include <cuda_runtime_api.h>
@@ -288,6 +289,41 @@ TEST_F(NcclCollectivesTest, SplitAxisMakesTheGroupsOfTheLayout) {
   } catch (const CommError& e) {
     EXPECT_NE(std::string(e.what()).find("needs the world (2 ranks)"), std::string::npos) << e.what();
   }
+}
+
+// SplitGroups is one ncclCommSplit whatever its lists: at world size 1 a list holding
+// rank 0 makes it a group named by its ranks, and none (NCCL_SPLIT_NOCOLOR) makes it
+// none, leaving the world usable. Lists that are not disjoint increasing ranks, and
+// peers that are not another member (a world of one has none), are refused at issue.
+TEST_F(NcclCollectivesTest, SplitGroupsMakesTheListedGroupOrNone) {
+  MESHTRAIN_SKIP_WITHOUT_GPU();
+  auto world = ConnectWorldOfOne();
+  const size_t count = 1000;
+  const std::vector<uint8_t> data = RandomValues(DataType::kFloat32, count, 5);
+  DeviceBytes buffer = Buffer(count * 4);
+  auto solo = world->SplitGroups({{0}}, "solo");
+  ASSERT_NE(solo, nullptr);
+  EXPECT_EQ(solo->group().name(), "solo{0}");
+  EXPECT_EQ(solo->size(), 1);
+  Upload(buffer, data);
+  solo->AllReduce(buffer, buffer, count, DataType::kFloat32, ReduceOp::kSum, *stream_);
+  EXPECT_EQ(Download(buffer, count * 4), data);
+  EXPECT_EQ(world->SplitGroups({}, "none"), nullptr);
+  world->AllReduce(buffer, buffer, count, DataType::kFloat32, ReduceOp::kAverage, *stream_);
+  EXPECT_EQ(Download(buffer, count * 4), data);
+  try {
+    world->SplitGroups({{0, 0}}, "bad");
+    ADD_FAILURE() << "a list repeating a rank was split";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("into bad: list 0 (0,0) is not increasing"), std::string::npos) << e.what();
+  }
+  for (int peer : {-1, 0, 1}) {
+    EXPECT_THROW(world->Send(buffer, count, DataType::kFloat32, peer, *stream_), std::invalid_argument) << peer;
+    EXPECT_THROW(world->Recv(buffer, count, DataType::kFloat32, peer, *stream_), std::invalid_argument) << peer;
+  }
+  const CollectiveSeconds seconds = world->Seconds();
+  EXPECT_EQ(seconds.send, 0);
+  EXPECT_EQ(seconds.recv, 0);
 }
 
 TEST_F(NcclCollectivesTest, AnotherBackendsStreamIsRefusedByName) {

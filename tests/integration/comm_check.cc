@@ -11,18 +11,27 @@
 //                rings, exactly the documented reduction order.
 //   groups       tp/shard/replica groups from a layout, several operations in flight on
 //                different groups at once, completing in issue order per group.
+//   p2p          point to point between the ranks of each pair (0,1), (2,3)...: messages
+//                of 0 bytes to 48 MiB arrive whole and in order, both ways; two groups of
+//                the same pair do not wait for each other (a send held on one while the
+//                peer first answers on the other); a rank blocked in Recv for a second
+//                while its peer sleeps uses under 0.3 s of CPU (it prints how much).
 //   kill         all-reduces until the last rank kills itself mid-way: every other rank
 //                must fail with an error naming the operation and a peer (exit 3).
+//   kill-p2p     the same for receives from a sender that kills itself (two ranks): the
+//                receiver fails naming the receive and the sender (exit 3).
 //
 // The algorithm comes from MESHTRAIN_COMM_ALGORITHM (auto, ring, log, hierarchical).
 
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "api/layout.h"
@@ -289,6 +298,105 @@ void CheckGroups(mc::Communicator& world) {
   Expect(b[999] == other && c[0] == other + 1000, "point to point in order");
 }
 
+// CPU seconds this process has used so far.
+double ProcessCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+}
+
+void CheckPointToPoint(mc::Communicator& world) {
+  const int n = world.size(), me = world.rank();
+  if (n % 2 != 0) {
+    std::fprintf(stderr, "p2p mode needs an even world\n");
+    failures++;
+    return;
+  }
+  const int peer = me ^ 1;
+  const bool even = me % 2 == 0;
+  // Whole and in order, both ways: each message's elements say which message it is.
+  const std::vector<size_t> counts = {1, 0, size_t(48) << 20 >> 2, 3, size_t(5) << 20 >> 2, 1000};
+  for (int direction = 0; direction < 2; ++direction) {
+    const bool sending = even == (direction == 0);
+    std::vector<std::vector<int32_t>> messages;
+    std::vector<std::shared_ptr<mc::Work>> works;
+    for (size_t m = 0; m < counts.size(); ++m) {
+      messages.emplace_back(counts[m], sending ? int32_t(m * 1000 + me) : -1);
+      auto* data = messages.back().data();
+      works.push_back(sending ? world.Send(data, counts[m], DataType::kInt32, peer)
+                              : world.Recv(data, counts[m], DataType::kInt32, peer));
+    }
+    for (auto& work : works) work->Wait();
+    if (!sending) {
+      for (size_t m = 0; m < counts.size(); ++m) {
+        bool whole = true;
+        for (int32_t v : messages[m]) whole &= v == int32_t(m * 1000 + peer);
+        Expect(whole, "message " + std::to_string(m) + " (" + std::to_string(counts[m]) + " int32) from rank " +
+                          std::to_string(peer));
+      }
+    }
+  }
+  // Two groups of the same pair; every rank makes every pair's, in order.
+  std::unique_ptr<mc::Communicator> forward, backward;
+  for (int lower = 0; lower < n; lower += 2) {
+    const std::string members = "{" + std::to_string(lower) + "," + std::to_string(lower + 1) + "}";
+    if (auto group = world.NewGroup({lower, lower + 1}, "forward" + members)) forward = std::move(group);
+    if (auto group = world.NewGroup({lower, lower + 1}, "backward" + members)) backward = std::move(group);
+  }
+  const size_t large = size_t(8) << 20 >> 2;  // a sender waits for its receiver
+  std::vector<int32_t> mine(large, me), theirs(large, -1);
+  const int member = 1 - forward->rank();
+  if (even) {
+    auto held = forward->Send(mine.data(), large, DataType::kInt32, member);  // taken only after the answer
+    backward->Recv(theirs.data(), large, DataType::kInt32, member)->Wait();
+    held->Wait();
+  } else {
+    backward->Send(mine.data(), large, DataType::kInt32, member)->Wait();
+    forward->Recv(theirs.data(), large, DataType::kInt32, member)->Wait();
+  }
+  Expect(theirs.front() == peer && theirs.back() == peer, "the two groups of a pair");
+  // Blocked in Recv while the peer sleeps.
+  world.Barrier()->Wait();
+  int32_t token = me;
+  if (even) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    world.Send(&token, 1, DataType::kInt32, peer)->Wait();
+  } else {
+    const double before = ProcessCpuSeconds();
+    const auto start = std::chrono::steady_clock::now();
+    world.Recv(&token, 1, DataType::kInt32, peer)->Wait();
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double cpu = ProcessCpuSeconds() - before;
+    std::fprintf(stderr, "rank %d: blocked %.2f s in Recv, %.3f s of CPU\n", me, waited, cpu);
+    Expect(token == peer, "the token after the wait");
+    Expect(waited > 0.5 && cpu < 0.3 * waited, "CPU while blocked: " + std::to_string(cpu) + " s in " +
+                                                   std::to_string(waited) + " s");
+  }
+}
+
+// Rank 1 sends 4 MiB messages to rank 0 and kills itself after five.
+int KillPointToPoint(mc::Communicator& world) {
+  std::vector<float> data(1 << 20, 1.0f);
+  for (int i = 0; i < 1000; ++i) {
+    if (world.rank() == 1) {
+      if (i == 5) ::raise(SIGKILL);
+      world.Send(data.data(), data.size(), DataType::kFloat32, 0)->Wait();
+      continue;
+    }
+    try {
+      world.Recv(data.data(), data.size(), DataType::kFloat32, 1)->Wait();
+    } catch (const mc::CommError& error) {
+      std::string message = error.what();
+      std::fprintf(stderr, "rank %d: %s\n", world.rank(), message.c_str());
+      bool named = message.find("recv from 1 of 4.0 MiB fp32") != std::string::npos &&
+                   message.find("group world") != std::string::npos && message.find("rank 1") != std::string::npos;
+      return named ? 3 : 4;
+    }
+  }
+  return 0;
+}
+
 int Kill(mc::Communicator& world) {
   const int n = world.size();
   std::vector<float> data(1 << 20, 1.0f);
@@ -312,8 +420,11 @@ int RunRank(const std::string& mode) {
   auto rendezvous = mc::JoinRendezvous(env, std::chrono::seconds(30));
   auto world = mc::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, mc::FabricOptions::FromEnvironment());
   if (mode == "kill") return Kill(*world);
+  if (mode == "kill-p2p") return KillPointToPoint(*world);
   if (mode == "groups") {
     CheckGroups(*world);
+  } else if (mode == "p2p") {
+    CheckPointToPoint(*world);
   } else {
     CheckCollectives(*world);
     const char* registering = std::getenv("MESHTRAIN_FABRIC_REGISTER");
@@ -353,13 +464,14 @@ int main(int argc, char** argv) {
     launch.ranks_per_node = ranks / nodes;
     launch.command = meshtrain::launch::SelfCommand(argc, argv);
     launch.timeout = std::chrono::minutes(5);
-    if (mode == "kill") {
+    const bool kill = mode == "kill" || mode == "kill-p2p";
+    if (kill) {
       launch.stop_others_on_failure = false;
       launch.environment["MESHTRAIN_COMM_TIMEOUT"] = "3";
       launch.timeout = std::chrono::seconds(60);
     }
     auto result = meshtrain::launch::LaunchLocal(launch, std::cerr);
-    if (mode != "kill") {
+    if (!kill) {
       std::printf("%s: %d ranks on %d nodes: %s\n", mode.c_str(), ranks, nodes, result.status == 0 ? "ok" : "FAILED");
       return result.status == 0 ? 0 : 1;
     }
@@ -370,7 +482,7 @@ int main(int argc, char** argv) {
       ok &= exit.status == expected;
     }
     ok &= static_cast<int>(result.exits.size()) == ranks;
-    std::printf("kill: %s\n", ok ? "every surviving rank failed with a named error" : "FAILED");
+    std::printf("%s: %s\n", mode.c_str(), ok ? "every surviving rank failed with a named error" : "FAILED");
     return ok ? 0 : 1;
   } catch (const std::exception& error) {
     std::fprintf(stderr, "comm_check: %s\n", error.what());

@@ -31,6 +31,8 @@ class RecordingCollectives final : public StreamCollectives {
                  runtime::Stream&) override {
     calls.push_back("all_reduce");
   }
+  void Send(runtime::ConstDeviceBytes, size_t, DataType, int, runtime::Stream&) override { calls.push_back("send"); }
+  void Recv(runtime::DeviceBytes, size_t, DataType, int, runtime::Stream&) override { calls.push_back("recv"); }
   void BeginBatch() override { calls.push_back("begin"); }
   void EndBatch() override { calls.push_back("end"); }
   void CancelBatch() noexcept override { calls.push_back("cancel"); }
@@ -38,6 +40,9 @@ class RecordingCollectives final : public StreamCollectives {
   CollectiveSeconds Seconds() override { return {}; }
   void Abort() override {}
   std::unique_ptr<StreamCollectives> SplitAxis(const api::ParallelLayout&, api::Axis) override { return nullptr; }
+  std::unique_ptr<StreamCollectives> SplitGroups(const std::vector<std::vector<int>>&, const std::string&) override {
+    return nullptr;
+  }
 
  private:
   Group group_{"world", {0}, {0}, 0};

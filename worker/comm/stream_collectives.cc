@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <set>
+#include <stdexcept>
 #include <utility>
 
 #include "worker/runtime/cpu_stream.h"
@@ -18,7 +20,8 @@ using Clock = std::chrono::steady_clock;
 // stream that runs the blocking collective on the device memory itself (host memory).
 // On any other backend it is staged through pinned host memory at issue (the stream is
 // synchronised first, so the result is in the stream's order), which is slow but lets
-// ranks that share one GPU run every layout.
+// ranks that share one GPU run every layout; there a Send is left running (pending_send_)
+// until the next operation that needs its staging buffer.
 class HostStreamCollectives final : public StreamCollectives {
  public:
   HostStreamCollectives(std::unique_ptr<Communicator> owned, Communicator* communicator, runtime::Backend* backend)
@@ -29,6 +32,11 @@ class HostStreamCollectives final : public StreamCollectives {
         pinned_(&accounting_, backend->PinnedHostMemory()) {}
 
   ~HostStreamCollectives() override {
+    try {
+      FinishPendingSend();  // the communicator reads the staging buffer until then
+    } catch (const std::exception&) {
+      // A failed send: the group is going, and the peer's receive reports it.
+    }
     for (void* p : {send_staging_, recv_staging_}) {
       if (p != nullptr) pinned_.Free(p);
     }
@@ -62,8 +70,40 @@ class HostStreamCollectives final : public StreamCollectives {
           [=, this](const void* in, void* out) { communicator_->AllReduce(in, out, count, type, op)->Wait(); }, false);
   }
 
+  void Send(runtime::ConstDeviceBytes send, size_t count, DataType type, int peer, runtime::Stream& stream) override {
+    CheckPeer(group(), peer, "send to");
+    const size_t bytes = count * ElementSize(type);
+    if (!staged_) {
+      Issue(stream, &seconds_.send, bytes, 0, send, nullptr,
+            [=, this](const void* in, void*) { communicator_->Send(in, count, type, peer)->Wait(); }, false);
+      return;
+    }
+    // Staged: once in pinned memory the message leaves the stream's order, and the
+    // communicator sends it while the host goes on. Its seconds are the host's: this
+    // issue, and any wait for it to finish.
+    RequireReserved(bytes);
+    const Clock::time_point start = Clock::now();
+    FinishPendingSend();
+    stream.Synchronize();
+    if (bytes > 0) {
+      backend_->CopyToHost(send_staging_, send, bytes, stream);
+      stream.Synchronize();
+    }
+    pending_send_ = communicator_->Send(send_staging_, count, type, peer);
+    std::lock_guard lock(mutex_);
+    seconds_.send += std::chrono::duration<double>(Clock::now() - start).count();
+  }
+
+  void Recv(runtime::DeviceBytes recv, size_t count, DataType type, int peer, runtime::Stream& stream) override {
+    CheckPeer(group(), peer, "recv from");
+    const size_t bytes = count * ElementSize(type);
+    Issue(stream, &seconds_.recv, 0, bytes, nullptr, recv,
+          [=, this](const void*, void* out) { communicator_->Recv(out, count, type, peer)->Wait(); }, false);
+  }
+
   void Reserve(size_t bytes) override {
     if (!staged_ || bytes <= reserved_) return;
+    FinishPendingSend();
     for (void** p : {&send_staging_, &recv_staging_}) {
       if (*p != nullptr) pinned_.Free(*p);
       *p = pinned_.Allocate(bytes, runtime::MemoryCategory::kComm);
@@ -83,6 +123,21 @@ class HostStreamCollectives final : public StreamCollectives {
     if (group == nullptr) return nullptr;
     Communicator* borrowed = group.get();
     return std::make_unique<HostStreamCollectives>(std::move(group), borrowed, backend_);
+  }
+
+  // Communicator::NewGroup for every list, in order: each is a split of its own on a
+  // backend that splits collectively (NCCL's host communicator).
+  std::unique_ptr<StreamCollectives> SplitGroups(const std::vector<std::vector<int>>& groups,
+                                                 const std::string& name) override {
+    const int mine = SplitGroupOf(groups, size(), rank(), "splitting group " + group().Describe() + " into " + name);
+    std::unique_ptr<Communicator> kept;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      std::unique_ptr<Communicator> made = communicator_->NewGroup(groups[g], SplitGroupName(group(), groups[g], name));
+      if (int(g) == mine) kept = std::move(made);
+    }
+    if (kept == nullptr) return nullptr;
+    Communicator* borrowed = kept.get();
+    return std::make_unique<HostStreamCollectives>(std::move(kept), borrowed, backend_);
   }
 
  private:
@@ -106,21 +161,41 @@ class HostStreamCollectives final : public StreamCollectives {
           });
       return;
     }
-    const size_t needed = std::max(send_bytes, recv_bytes);
-    if (needed > reserved_) {
-      throw std::logic_error("staged collectives over " + group().Describe() + ": a message of " +
-                             std::to_string(needed) + " bytes was not reserved (" + std::to_string(reserved_) + ")");
-    }
+    RequireReserved(std::max(send_bytes, recv_bytes));
+    if (send_bytes > 0) FinishPendingSend();  // a Recv leaves a pending Send's buffer alone
     stream.Synchronize();
     const size_t rank_offset = recv_bytes / size_t(size()) * size_t(rank());
     char* in = static_cast<char*>(send_staging_);
     char* out = static_cast<char*>(recv_staging_);
     if (send_in_recv) in = out + rank_offset;
-    backend_->CopyToHost(in, send, send_bytes, stream);
-    stream.Synchronize();
+    if (send_bytes > 0) {
+      backend_->CopyToHost(in, send, send_bytes, stream);
+      stream.Synchronize();
+    }
     timed([&] { collective(in, out); });
-    backend_->CopyFromHost(recv, out, recv_bytes, stream);
-    stream.Synchronize();  // the staging buffers are free again
+    if (recv_bytes > 0) {
+      backend_->CopyFromHost(recv, out, recv_bytes, stream);
+      stream.Synchronize();  // the staging buffers are free again
+    }
+  }
+
+  void RequireReserved(size_t bytes) const {
+    if (bytes > reserved_) {
+      throw std::logic_error("staged collectives over " + group().Describe() + ": a message of " +
+                             std::to_string(bytes) + " bytes was not reserved (" + std::to_string(reserved_) + ")");
+    }
+  }
+
+  // Waits for the staged Send still reading the send staging buffer, if any; throws its
+  // failure.
+  void FinishPendingSend() {
+    if (pending_send_ == nullptr) return;
+    std::shared_ptr<Work> send = std::move(pending_send_);
+    pending_send_ = nullptr;
+    const Clock::time_point start = Clock::now();
+    send->Wait();
+    std::lock_guard lock(mutex_);
+    seconds_.send += std::chrono::duration<double>(Clock::now() - start).count();
   }
 
   std::unique_ptr<Communicator> owned_;
@@ -132,11 +207,48 @@ class HostStreamCollectives final : public StreamCollectives {
   void* send_staging_ = nullptr;
   void* recv_staging_ = nullptr;
   size_t reserved_ = 0;
+  std::shared_ptr<Work> pending_send_;  // a staged Send still reading send_staging_
   std::mutex mutex_;
   CollectiveSeconds seconds_;
 };
 
 }  // namespace
+
+int SplitGroupOf(const std::vector<std::vector<int>>& groups, int size, int rank, const std::string& what) {
+  std::set<int> seen;
+  int mine = -1;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::vector<int>& members = groups[g];
+    auto fail = [&](const std::string& why) {
+      throw std::invalid_argument(what + ": list " + std::to_string(g) + " (" +
+                                  (members.empty() ? std::string("empty") : api::FormatRanks(members)) + ") " + why);
+    };
+    if (members.empty()) fail("has no members");
+    for (size_t i = 0; i < members.size(); ++i) {
+      const int m = members[i];
+      if (m < 0 || m >= size) fail("names rank " + std::to_string(m) + ", outside 0.." + std::to_string(size - 1));
+      if (i > 0 && m <= members[i - 1]) fail("is not increasing");
+      if (!seen.insert(m).second) fail("repeats rank " + std::to_string(m) + " of an earlier list");
+      if (m == rank) mine = int(g);
+    }
+  }
+  return mine;
+}
+
+void CheckPeer(const Group& group, int peer, const char* op) {
+  if (peer < 0 || peer >= group.size() || peer == group.rank()) {
+    throw std::invalid_argument(std::string(op) + " member " + std::to_string(peer) + " on group " +
+                                group.Describe() + ": not another member (members 0.." +
+                                std::to_string(group.size() - 1) + ", this one " + std::to_string(group.rank()) +
+                                ")");
+  }
+}
+
+std::string SplitGroupName(const Group& parent, const std::vector<int>& members, const std::string& name) {
+  std::vector<int> global;
+  for (int m : members) global.push_back(parent.GlobalRank(m));
+  return name + "{" + api::FormatRanks(global) + "}";
+}
 
 std::unique_ptr<StreamCollectives> HostCollectives(std::unique_ptr<Communicator> owned, runtime::Backend* backend) {
   Communicator* communicator = owned.get();

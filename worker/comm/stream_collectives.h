@@ -1,11 +1,14 @@
 // Stream-ordered collectives (DESIGN.md, "The device seam"): all-gather, reduce-scatter
-// and all-reduce over one group, on device memory, completing in a stream's order. The
-// engine's FSDP units, its tensor-parallel layers and its gradient norm use them, and
-// order them against compute with events like any other stream work.
+// and all-reduce over one group, and point-to-point send and receive between two of its
+// members, on device memory, completing in a stream's order. The engine's FSDP units, its
+// tensor-parallel layers and its gradient norm use the collectives, pipeline stages the
+// sends and receives (activations forward, their gradients back), and order them against
+// compute with events like any other stream work.
 //
-// Every member issues the same operations in the same order. A failure or a timeout (a
-// dead or stuck peer) fails the stream: its Synchronize throws an error that names the
-// operation, the group and, where known, the peer.
+// Every member issues the same collectives in the same order; a send is matched by its
+// peer's receive (see Send). A failure or a timeout (a dead or stuck peer) fails the
+// stream: its Synchronize throws an error that names the operation, the group and, where
+// known, the peer.
 //
 // Implementations:
 //   HostStreamCollectives (below)  over any Communicator, from the host. On a backend
@@ -22,6 +25,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "api/layout.h"
 #include "worker/comm/communicator.h"
@@ -36,6 +40,7 @@ namespace meshtrain::comm {
 // Seconds the group's operations took, by kind, on their streams' timelines.
 struct CollectiveSeconds {
   double all_gather = 0, reduce_scatter = 0, all_reduce = 0;
+  double send = 0, recv = 0;
 };
 
 class StreamCollectives {
@@ -59,6 +64,21 @@ class StreamCollectives {
   // recv (count) = op over the members of send (count); recv may be send.
   virtual void AllReduce(runtime::ConstDeviceBytes send, runtime::DeviceBytes recv, size_t count, DataType type,
                          ReduceOp op, runtime::Stream& stream) = 0;
+
+  // Point to point: send (count) goes to member `peer` of this group, whose Recv of the
+  // same count and type from this member takes it into recv. Messages from one member to
+  // another arrive in the order they were sent; only those two members take part. A Send
+  // may not complete before the peer's matching Recv runs (NCCL's may wait for it, the
+  // fabric backend's does beyond a few KiB), so both may hold their streams until the
+  // transfer ends; and the host implementation runs a group's operations one at a time.
+  // So two members that send to each other at once must use two groups (one for each
+  // direction, as Mesh's stage links do): over one group each Send can wait for a Recv
+  // queued behind the other's Send, a deadlock until the timeout. A Recv waiting for its
+  // peer holds its stream, up to the timeout, without busying a core. Throws
+  // std::invalid_argument at issue when `peer` is not another member of this group.
+  virtual void Send(runtime::ConstDeviceBytes send, size_t count, DataType type, int peer,
+                    runtime::Stream& stream) = 0;
+  virtual void Recv(runtime::DeviceBytes recv, size_t count, DataType type, int peer, runtime::Stream& stream) = 0;
 
   // Batches: the operations issued between BeginBatch() and EndBatch(), all on one
   // stream, may go out as one launch (NCCL's grouped calls: many small operations pay one
@@ -89,7 +109,30 @@ class StreamCollectives {
   // This member's group along a layout axis. REQUIRES: this is the world of `layout`;
   // every member calls it, for every axis, in the same order.
   virtual std::unique_ptr<StreamCollectives> SplitAxis(const api::ParallelLayout& layout, api::Axis axis) = 0;
+  // Splits this group into the groups `groups` lists (each list the increasing ranks, in
+  // this group, of one new group's members; no rank in two lists; a rank may be in none)
+  // and returns the one holding this member, or nullptr when no list holds it. Each is
+  // named `name` + "{" + api::FormatRanks(its members' global ranks) + "}" (for the
+  // world, its members' ranks: "forward{0,4}"), as SplitAxis names groups. Every member
+  // of this group calls it with the same lists, in the same order relative to its other
+  // splits (NCCL: one collective ncclCommSplit of this group, whatever the lists; the
+  // host implementation: Communicator::NewGroup for every list, in order). Throws
+  // std::invalid_argument naming the list at fault when the lists are not as above (every
+  // member alike, before any split).
+  virtual std::unique_ptr<StreamCollectives> SplitGroups(const std::vector<std::vector<int>>& groups,
+                                                         const std::string& name) = 0;
 };
+
+// For the implementations. The index in `groups` of the list holding `rank`, or -1 when
+// none does, once the lists are checked as SplitGroups requires of them over a group of
+// `size` members; throws std::invalid_argument "<what>: ..." naming the list at fault
+// otherwise.
+int SplitGroupOf(const std::vector<std::vector<int>>& groups, int size, int rank, const std::string& what);
+// name + "{" + api::FormatRanks(the global ranks of `members`, ranks of `parent`) + "}".
+std::string SplitGroupName(const Group& parent, const std::vector<int>& members, const std::string& name);
+// Throws std::invalid_argument naming `op` ("send to", "recv from") and `group` when
+// `peer` is not another member of it.
+void CheckPeer(const Group& group, int peer, const char* op);
 
 // The element type of T: kFloat32, kBFloat16, kFloat64.
 template <class T>
@@ -117,6 +160,15 @@ void AllReduce(StreamCollectives& group, runtime::DevicePtr<T> data, size_t coun
                runtime::Stream& stream) {
   group.AllReduce(data, data, count, DataTypeOf<std::remove_const_t<T>>(), op, stream);
 }
+template <class T>
+void Send(StreamCollectives& group, runtime::DevicePtr<const T> send, size_t count, int peer,
+          runtime::Stream& stream) {
+  group.Send(send, count, DataTypeOf<std::remove_const_t<T>>(), peer, stream);
+}
+template <class T>
+void Recv(StreamCollectives& group, runtime::DevicePtr<T> recv, size_t count, int peer, runtime::Stream& stream) {
+  group.Recv(recv, count, DataTypeOf<std::remove_const_t<T>>(), peer, stream);
+}
 
 // Runs `issue`, which issues operations on `group`, as one batch of it; without a group
 // (nullptr) just runs it.
@@ -135,6 +187,11 @@ void Batched(StreamCollectives* group, Issue&& issue) {
 
 // Over `communicator` (owned, or borrowed when `owned` is false), with `backend`'s copies
 // and pinned memory. REQUIRES: the communicator outlives this if borrowed.
+// Staged (a GPU backend), each operation blocks the issuing thread until it has finished,
+// but for a Send, which returns once its message is in pinned memory and handed to the
+// communicator: a host that sends to a neighbour and then receives from it (over another
+// group) does not wait for the neighbour to receive first. A staged Send that fails
+// throws at the group's next operation other than a Recv (the peer's Recv fails too).
 std::unique_ptr<StreamCollectives> HostCollectives(std::unique_ptr<Communicator> owned, runtime::Backend* backend);
 std::unique_ptr<StreamCollectives> HostCollectives(Communicator* borrowed, runtime::Backend* backend);
 

@@ -59,7 +59,8 @@ class Exchange {
   using Clock = std::chrono::steady_clock;
 
   // `what` describes the operation for errors ("all_reduce of 4.0 MiB fp32"). An idle
-  // wait yields the core `idle_yields` times before it sleeps between polls.
+  // wait yields the core `idle_yields` times before it sleeps between polls, the longer
+  // the longer nothing has completed (up to 500 us).
   Exchange(const Group& group, const std::vector<Route>& routes,
            const std::vector<Endpoint*>& endpoints, uint32_t group_id, uint32_t sequence,
            std::chrono::milliseconds timeout, std::string what, int idle_yields);

@@ -80,7 +80,9 @@ class NcclCollectives final : public StreamCollectives {
         group_(std::move(group)),
         all_gather_timer_(world_->backend().NewTimer()),
         reduce_scatter_timer_(world_->backend().NewTimer()),
-        all_reduce_timer_(world_->backend().NewTimer()) {
+        all_reduce_timer_(world_->backend().NewTimer()),
+        send_timer_(world_->backend().NewTimer()),
+        recv_timer_(world_->backend().NewTimer()) {
     MakeCurrent(world_->device(), "group " + group_.Describe());
     const cudaError_t made = cudaEventCreateWithFlags(&last_done_, cudaEventDisableTiming);
     if (made != cudaSuccess) {
@@ -140,6 +142,22 @@ class NcclCollectives final : public StreamCollectives {
           });
   }
 
+  void Send(runtime::ConstDeviceBytes send, size_t count, DataType type, int peer, runtime::Stream& stream) override {
+    CheckPeer(group_, peer, "send to");
+    Issue("send to " + Peer(peer), count * ElementSize(type), count, type, stream, *send_timer_,
+          [&](ncclComm_t comm, cudaStream_t s) {
+            return ncclSend(DeviceSide::Address(send), count, nccl::NcclType(type), peer, comm, s);
+          });
+  }
+
+  void Recv(runtime::DeviceBytes recv, size_t count, DataType type, int peer, runtime::Stream& stream) override {
+    CheckPeer(group_, peer, "recv from");
+    Issue("recv from " + Peer(peer), count * ElementSize(type), count, type, stream, *recv_timer_,
+          [&](ncclComm_t comm, cudaStream_t s) {
+            return ncclRecv(DeviceSide::Address(recv), count, nccl::NcclType(type), peer, comm, s);
+          });
+  }
+
   void Reserve(size_t) override {}  // NCCL keeps its own buffers
   void Abort() override { AbortWorld(); }
 
@@ -174,6 +192,8 @@ class NcclCollectives final : public StreamCollectives {
     seconds.all_gather = all_gather_timer_->Seconds();
     seconds.reduce_scatter = reduce_scatter_timer_->Seconds();
     seconds.all_reduce = all_reduce_timer_->Seconds();
+    seconds.send = send_timer_->Seconds();
+    seconds.recv = recv_timer_->Seconds();
     return seconds;
   }
 
@@ -186,19 +206,46 @@ class NcclCollectives final : public StreamCollectives {
     }
     const std::vector<int> members = layout.GroupOf(axis, rank());
     const std::string name = std::string(api::AxisName(axis)) + "{" + api::FormatRanks(members) + "}";
-    const std::string what = "ncclCommSplit of group " + group_.Describe() + " into " + name + " (nccl)";
+    return Split(members.front(), members, name, "ncclCommSplit of group " + group_.Describe() + " into " + name);
+  }
+
+  // One collective ncclCommSplit of this group: the color is the index of the list
+  // holding this member (NCCL_SPLIT_NOCOLOR for none: NCCL makes it no communicator).
+  std::unique_ptr<StreamCollectives> SplitGroups(const std::vector<std::vector<int>>& groups,
+                                                 const std::string& name) override {
+    const std::string what = "splitting group " + group_.Describe() + " into ";
+    const int mine = SplitGroupOf(groups, size(), rank(), what + name);
+    if (mine < 0) {
+      return Split(NCCL_SPLIT_NOCOLOR, {}, name, what + std::to_string(groups.size()) + " groups " + name +
+                                                     " (none for this member) by ncclCommSplit");
+    }
+    const std::vector<int>& members = groups[size_t(mine)];
+    const std::string child = SplitGroupName(group_, members, name);
+    return Split(mine, members, child, "ncclCommSplit of group " + group_.Describe() + " into " + child);
+  }
+
+  void AbortWorld() { world_->AbortAll(); }
+
+ private:
+  // This member's part in one ncclCommSplit of this group: `color` tells its new group,
+  // `members` (ranks here, increasing, this one among them), from the others; the key is
+  // the rank here, so the new group keeps their order. Returns that group, named `name`,
+  // or nullptr for NCCL_SPLIT_NOCOLOR.
+  std::unique_ptr<StreamCollectives> Split(int color, const std::vector<int>& members, const std::string& name,
+                                           const std::string& what_split) {
+    const std::string what = what_split + " (nccl)";
     MakeCurrent(world_->device(), what);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclComm_t child = nullptr;
     try {
-      handle_->Run(what, world_->timeout(), [&](ncclComm_t parent) {
-        return ncclCommSplit(parent, members.front(), rank(), &child, &config);
-      });
+      handle_->Run(what, world_->timeout(),
+                   [&](ncclComm_t parent) { return ncclCommSplit(parent, color, rank(), &child, &config); });
     } catch (...) {
       nccl::AbortUnowned(child);
       throw;
     }
+    if (color == NCCL_SPLIT_NOCOLOR) return nullptr;  // NCCL made this member none
     if (child == nullptr) throw CommError(what + ": NCCL made no communicator for this rank");
     auto child_handle = std::make_shared<NcclHandle>(child);
     world_->Add(child_handle);
@@ -207,9 +254,6 @@ class NcclCollectives final : public StreamCollectives {
     return std::make_unique<NcclCollectives>(world_, std::move(child_handle), group_.Subgroup(name, members));
   }
 
-  void AbortWorld() { world_->AbortAll(); }
-
- private:
   template <class Call>
   void Issue(const std::string& op, size_t bytes, size_t count, DataType type, runtime::Stream& stream,
              runtime::StreamTimer& timer, Call call) {
@@ -244,6 +288,11 @@ class NcclCollectives final : public StreamCollectives {
     RecordDone(what, stream);
   }
 
+  // "rank 5 (member 1)": a peer as errors name it.
+  std::string Peer(int member) const {
+    return "rank " + std::to_string(group_.GlobalRank(member)) + " (member " + std::to_string(member) + ")";
+  }
+
   void RecordDone(const std::string& what, runtime::Stream& stream) {
     const cudaError_t recorded = cudaEventRecord(last_done_, runtime::cuda::StreamHandle(stream));
     if (recorded != cudaSuccess) {
@@ -264,7 +313,8 @@ class NcclCollectives final : public StreamCollectives {
   std::shared_ptr<NcclWorld> world_;
   std::shared_ptr<NcclHandle> handle_;
   Group group_;
-  std::unique_ptr<runtime::StreamTimer> all_gather_timer_, reduce_scatter_timer_, all_reduce_timer_;
+  std::unique_ptr<runtime::StreamTimer> all_gather_timer_, reduce_scatter_timer_, all_reduce_timer_, send_timer_,
+      recv_timer_;
   cudaEvent_t last_done_ = nullptr;  // after the last operation issued, on its stream
   bool issued_ = false;
   bool batching_ = false;

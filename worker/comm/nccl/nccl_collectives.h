@@ -1,6 +1,7 @@
 // Stream-ordered collectives over NCCL (comm/stream_collectives.h), part of the CUDA
-// plugin: each operation is an NCCL call on the caller's stream, so it completes in that
-// stream's order with no host involvement; groups come from ncclCommSplit.
+// plugin: each operation is an NCCL call on the caller's stream (ncclSend and ncclRecv
+// for point to point), so it completes in that stream's order with no host involvement;
+// groups come from ncclCommSplit (SplitGroups: one split for all its lists).
 //
 // Communicators are non-blocking. A call that answers ncclInProgress is waited for
 // before the next; NCCL's asynchronous error is polled before every call and thrown as
@@ -13,9 +14,9 @@
 // destroyed with operations still pending after a grace aborts its own communicator;
 // otherwise it is closed (finalize, then destroy): a communicator is aborted or
 // destroyed, never both.
-// Groups are named as Communicator::SplitAxis names them ("tp{0-3}"), so the engine's
-// messages read the same on every backend. Seconds() times each operation with CUDA
-// events on its stream.
+// Groups are named as Communicator::SplitAxis and the host SplitGroups name them
+// ("tp{0-3}"), so the engine's messages read the same on every backend. Seconds() times
+// each operation with CUDA events on its stream.
 // Thread-safety: one thread issues a group's operations; Abort may be called from any
 // thread.
 
