@@ -43,9 +43,11 @@ BenchTrainOptions RanksOptions(const BenchPlanOptions& o) {
 }
 
 RanksConfig ConfigOf(const LayoutChoice& c, int64_t global_tokens) {
-  return {scheduler::Describe(c), c.tp, c.shard,
-          Activations{c.activations.checkpointing, c.activations.offload ? c.activations.horizon : 0}, c.micro_batch,
-          global_tokens, {}};
+  RanksConfig config{scheduler::Describe(c), c.tp, c.shard,
+                     Activations{c.activations.checkpointing, c.activations.offload ? c.activations.horizon : 0},
+                     c.micro_batch, global_tokens, {}};
+  config.pipeline = c.pipeline;
+  return config;
 }
 
 std::optional<api::ModelShape> ShapeOf(const BenchPlanOptions& o, std::ostream& out) {
@@ -128,8 +130,9 @@ int MemoryCheck(const BenchPlanOptions& o, const std::vector<std::string>& self_
       ++failed;
       continue;
     }
+    const int micro_batches = int(global / (int64_t(c.micro_batch) * o.seq * (t.ranks / c.tp)));
     const int64_t predicted =
-        scheduler::PredictMemory(*shape, o.seq, c, cuda ? 2 : 4, /*cpu_kernels=*/!cuda, false).total();
+        scheduler::PredictMemory(*shape, o.seq, c, cuda ? 2 : 4, /*cpu_kernels=*/!cuda, false, micro_batches).total();
     const double error = double(predicted - r->peak_total) / double(r->peak_total);
     worst = std::max(worst, std::abs(error));
     within += std::abs(error) <= 0.10;

@@ -35,6 +35,11 @@ nlohmann::json BenchJob(const BenchTrainOptions& o, const std::string& data, int
                                 {"hybridShardDegree", c.shard},
                                 {"activationCheckpointing", a.checkpointing || a.offload > 0}};
   if (a.offload > 0) parallelism.update({{"activationOffloading", true}, {"activationLoadingHorizon", a.offload}});
+  if (c.pipeline.stages > 1) {
+    parallelism.update({{"pipelineParallelDegree", c.pipeline.stages},
+                        {"pipelineSchedule", api::PipelineScheduleName(c.pipeline.schedule)},
+                        {"pipelineVirtualStages", c.pipeline.virtual_stages}});
+  }
   return {{"apiVersion", "meshtrain.dev/v1alpha1"},
           {"kind", "TrainingJob"},
           {"metadata", {{"name", "bench-train"}}},

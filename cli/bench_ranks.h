@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/model_shape.h"
+#include "api/pipeline.h"
 #include "cli/commands.h"
 #include "worker/train/trainer.h"
 
@@ -44,6 +45,7 @@ struct RanksConfig {
   int64_t global_batch_tokens = 0;  // 0: one micro-step, o.ranks x o.batch x o.seq
   std::vector<int> hosts = {};      // the testbed node of each node rank; empty: node i on i
   bool keep_units_gathered = false;  // replicated with S = 1: compute copies kept (EngineOptions)
+  api::Pipeline pipeline = {};       // pipeline stages, their schedule and chunks a stage
   int MicroBatch(const BenchTrainOptions& o) const { return micro_batch > 0 ? micro_batch : o.batch * tp; }
   int64_t GlobalTokens(const BenchTrainOptions& o) const {
     return global_batch_tokens > 0 ? global_batch_tokens : int64_t(o.ranks) * o.batch * o.seq;

@@ -23,8 +23,9 @@ void PrintErrors(const api::CheckedJob& job, std::ostream& out);
 // Prints each warning of a valid job as "<where>: warning: <path>: <message>".
 void PrintWarnings(const api::CheckedJob& job, std::ostream& out);
 
-// Prints the R x S x T mesh of a valid job and the values derived for fields it left
-// out; with `groups`, every group's members too.
+// Prints the (P x) R x S x T mesh of a valid job, with pipeline stages each stage's ranks,
+// blocks and modelled memory, and the values derived for fields it left out; with
+// `groups`, every group's members too.
 void PrintLayout(const api::CheckedJob& job, bool groups, std::ostream& out);
 
 }  // namespace meshtrain::cli

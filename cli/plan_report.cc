@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "api/layout.h"
+#include "api/pipeline.h"
 
 namespace meshtrain::cli {
 namespace {
@@ -17,7 +18,10 @@ std::string Rate(double flops) {
 
 nlohmann::json CandidateJson(const scheduler::Candidate& c) {
   const scheduler::LayoutChoice& l = c.choice;
-  nlohmann::json j = {{"tensorParallelDegree", l.tp},
+  nlohmann::json j = {{"pipelineParallelDegree", l.pipeline.stages},
+                      {"pipelineSchedule", api::PipelineScheduleName(l.pipeline.schedule)},
+                      {"pipelineVirtualStages", l.pipeline.virtual_stages},
+                      {"tensorParallelDegree", l.tp},
                       {"hybridShardDegree", l.shard},
                       {"microBatchSize", l.micro_batch},
                       {"activationCheckpointing", l.activations.checkpointing},
@@ -26,7 +30,10 @@ nlohmann::json CandidateJson(const scheduler::Candidate& c) {
                       {"stepSeconds", c.step.seconds},
                       {"tokensPerSecond", c.step.tokens_per_second},
                       {"exposedSeconds", c.step.exposed_seconds},
-                      {"microSteps", c.step.micro_steps}};
+                      {"microSteps", c.step.micro_steps},
+                      {"bubble", c.step.bubble},
+                      {"p2pBytesPerStep", c.step.p2p_bytes},
+                      {"p2pSeconds", c.step.p2p_seconds}};
   if (l.activations.offload) j["activationLoadingHorizon"] = l.activations.horizon;
   if (!c.reason.empty()) j["rejected"] = c.reason;
   return j;
@@ -58,10 +65,14 @@ scheduler::LayoutChoice DefaultChoice(const api::TrainingJobSpec& spec) {
 }
 
 std::string CandidateRow(const scheduler::Candidate& c) {
-  char row[256];
-  std::snprintf(row, sizeof row, "%-46s %10s %9.4f s %12.0f tok/s   exposed %.4f s, %lld micro-steps",
-                scheduler::Describe(c.choice).c_str(), scheduler::MemorySize(c.needed).c_str(), c.step.seconds, c.step.tokens_per_second,
-                c.step.exposed_seconds, (long long)c.step.micro_steps);
+  char row[384];
+  int n = std::snprintf(row, sizeof row, "%-46s %10s %9.4f s %12.0f tok/s   exposed %.4f s, %lld micro-steps",
+                        scheduler::Describe(c.choice).c_str(), scheduler::MemorySize(c.needed).c_str(), c.step.seconds,
+                        c.step.tokens_per_second, c.step.exposed_seconds, (long long)c.step.micro_steps);
+  if (c.choice.pipeline.stages > 1 && n > 0 && size_t(n) < sizeof row) {
+    std::snprintf(row + n, sizeof row - size_t(n), ", bubble %.1f%%, p2p %s a step (waits %.4f s)", 100 * c.step.bubble,
+                  scheduler::MemorySize(c.step.p2p_bytes).c_str(), c.step.p2p_seconds);
+  }
   return row;
 }
 
@@ -89,7 +100,8 @@ void PrintPlan(const scheduler::PlanRequest& r, const scheduler::Plan& plan, int
   }
   if (!plan.rejected.empty() || plan.rejected_count > 0) out << "  rejected:\n";
   for (const scheduler::Candidate& c : plan.rejected) {
-    out << "    T=" << c.choice.tp << ", S=" << c.choice.shard << ": nothing fits; the least " << c.reason << "\n";
+    out << "    " << (c.choice.pipeline.stages > 1 ? "P=" + std::to_string(c.choice.pipeline.stages) + ", " : "")
+        << "T=" << c.choice.tp << ", S=" << c.choice.shard << ": nothing fits; the least " << c.reason << "\n";
   }
   if (plan.rejected_count > 0) {
     out << "    and " << plan.rejected_count << " larger variants (micro-batch, activations) of layouts that fit\n";

@@ -24,7 +24,8 @@ std::optional<scheduler::DeviceModel> PlanDevice(const std::string& flag, const 
 // micro-batch the spec has, every activation kept.
 scheduler::LayoutChoice DefaultChoice(const api::TrainingJobSpec& spec);
 
-// "  T=2, S=4, micro-batch 8, keep all       12.3 GiB   0.4123 s    123456 tok/s   exposed 0.0123 s"
+// "  T=2, S=4, micro-batch 8, keep all       12.3 GiB   0.4123 s    123456 tok/s   exposed 0.0123 s, 4 micro-steps";
+// with stages "P=2 1F1B, T=1, ...", and at the end ", bubble 5.9%, p2p 4.0 MiB a step (waits 0.0123 s)".
 std::string CandidateRow(const scheduler::Candidate& c);
 
 // The device line, the top `top` candidates, `reference` (DefaultChoice) against the

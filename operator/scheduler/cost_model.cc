@@ -6,6 +6,7 @@
 
 #include "api/layout.h"
 #include "api/model_shape.h"
+#include "api/pipeline.h"
 
 namespace meshtrain::scheduler {
 
@@ -93,6 +94,18 @@ double CollectiveSeconds(Collective op, double bytes, const std::vector<int>& gr
          RingSeconds(op, bytes / per_node, span.nodes, GroupLink(span, links));
 }
 
+const Link& LinkBetween(int from, int to, const api::ParallelLayout& mesh,
+                        const std::vector<std::vector<std::string>>& paths, const LinkModel& links) {
+  return GroupLink(SpanOf({from, to}, mesh, paths), links);
+}
+
+double PointToPointSeconds(double bytes, int from, int to, const api::ParallelLayout& mesh,
+                           const std::vector<std::vector<std::string>>& paths, const LinkModel& links) {
+  if (bytes <= 0 || from == to) return 0;
+  const Link& link = LinkBetween(from, to, mesh, paths, links);
+  return link.latency_seconds + bytes / link.bytes_per_second;
+}
+
 double AxisSeconds(api::Axis axis, Collective op, double bytes, const api::ParallelLayout& mesh,
                    const std::vector<std::vector<std::string>>& paths, const LinkModel& links) {
   if (mesh.Degree(axis) <= 1) return 0;
@@ -140,7 +153,21 @@ StepCost EstimateStepCost(const api::TrainingJobSpec& spec, const std::vector<st
                           const LinkModel& links) {
   const api::ParallelLayout mesh = api::ParallelLayout::ForSpec(spec);
   const api::ModelShape shape = api::ShapeOf(spec.model);
-  const double params_per_tp_rank = double(shape.ParameterCount()) / mesh.tp();
+  double params_per_tp_rank = double(shape.ParameterCount()) / mesh.tp();
+  const api::Pipeline pipeline = api::Pipeline::Of(spec.parallelism);
+  if (pipeline.stages > 1) {
+    // The stage that holds the most: its blocks, the embedding's unit on the first (and
+    // for a tied head the last), the head's on the last.
+    const api::UnitElements units = api::UnitElementsOf(shape, 0, mesh.tp());
+    const std::vector<int> first = api::SplitBlocks(shape, shape.seq_len, pipeline.chunks());
+    params_per_tp_rank = 0;
+    for (int p = 0; p < pipeline.stages; ++p) {
+      const bool last = p == pipeline.stages - 1;
+      double elements = (p == 0 || (last && shape.tied) ? double(units.embedding) : 0) + (last ? double(units.head) : 0);
+      for (int c : api::ChunksOf(pipeline, p)) elements += double(first[size_t(c) + 1] - first[size_t(c)]) * double(units.block);
+      params_per_tp_rank = std::max(params_per_tp_rank, elements);
+    }
+  }
   const double param_bytes = spec.training.precision == "fp32" ? 4 : 2;
   const double micro_steps = double(api::AccumulationSteps(spec));
   const double activation_bytes = double(spec.training.micro_batch_size * shape.seq_len * shape.hidden) * param_bytes;
@@ -167,6 +194,27 @@ StepCost EstimateStepCost(const api::TrainingJobSpec& spec, const std::vector<st
       double seconds = 0;
       for (const Traffic& t : work) seconds += t.times * CollectiveSeconds(t.op, t.bytes, group, mesh, node_paths, links);
       axis_cost.seconds = std::max(axis_cost.seconds, seconds);
+    }
+    cost.seconds += axis_cost.seconds;
+    cost.axes.push_back(std::move(axis_cost));
+  }
+  if (pipeline.stages > 1) {
+    // Each pipeline group (a rank and its peers in the other stages) sends along its
+    // chain of stages, and with virtual stages from the last back to the first.
+    AxisCost axis_cost{api::AxisName(api::Axis::kPipeline), 0, {}};
+    const int P = pipeline.stages, V = pipeline.virtual_stages;
+    for (const std::vector<int>& group : mesh.Groups(api::Axis::kPipeline)) {
+      double seconds = 0;
+      const Link* slowest = nullptr;
+      for (int p = 0; p < P; ++p) {
+        if (p + 1 == P && V == 1) break;
+        const int from = group[size_t(p)], to = group[size_t(p + 1) % size_t(P)];
+        const Link& link = LinkBetween(from, to, mesh, node_paths, links);
+        if (slowest == nullptr || link.bytes_per_second < slowest->bytes_per_second) slowest = &link;
+        seconds = std::max(seconds, PointToPointSeconds(activation_bytes, from, to, mesh, node_paths, links));
+      }
+      ++axis_cost.groups_by_link[slowest->name];
+      axis_cost.seconds = std::max(axis_cost.seconds, micro_steps * 2 * V * seconds);
     }
     cost.seconds += axis_cost.seconds;
     cost.axes.push_back(std::move(axis_cost));

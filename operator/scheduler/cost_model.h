@@ -14,6 +14,11 @@
 //   shard:   A x (2 all-gathers of 2P/T bytes [forward, backward] + 1 reduce-scatter of 4P/T bytes)
 //   replica: 1 all-reduce of 4P/(T*S) bytes (the fp32 shard gradients)
 //   tp:      A x 4 x layers all-reduces of microBatch x seqLen x hidden x 2 bytes (2 forward, 2 backward)
+// With pipeline stages, P is the parameters of the stage that holds the most, its groups
+// run inside each stage, and
+//   pipeline: A x 2V point-to-point messages of microBatch x seqLen x hidden x 2 bytes
+//             (activations forward, their gradients back) from each rank to its peer in
+//             the next stage, over the link between the two ranks' nodes.
 
 #pragma once
 
@@ -65,6 +70,14 @@ enum class Collective { kAllGather, kReduceScatter, kAllReduce };
 // all-gather's output, a reduce-scatter's input), on nodes at `node_paths`.
 double CollectiveSeconds(Collective op, double bytes, const std::vector<int>& group, const api::ParallelLayout& mesh,
                          const std::vector<std::vector<std::string>>& node_paths, const LinkModel& links);
+// Seconds for rank `from` of `mesh` to send `bytes` to rank `to`: one message over the link
+// between their nodes (NVLink inside one).
+double PointToPointSeconds(double bytes, int from, int to, const api::ParallelLayout& mesh,
+                           const std::vector<std::vector<std::string>>& node_paths, const LinkModel& links);
+// The link rank `from` sends to rank `to` over.
+const Link& LinkBetween(int from, int to, const api::ParallelLayout& mesh,
+                        const std::vector<std::vector<std::string>>& node_paths, const LinkModel& links);
+
 // The slowest group of `axis`: all of them run at once.
 double AxisSeconds(api::Axis axis, Collective op, double bytes, const api::ParallelLayout& mesh,
                    const std::vector<std::vector<std::string>>& node_paths, const LinkModel& links);
@@ -77,7 +90,7 @@ void ApplyLinkFile(const std::string& path, LinkModel* links);
 nlohmann::json LinkFileJson(const std::vector<Link>& measured);
 
 struct AxisCost {
-  std::string axis;                       // "tp", "shard", "replica"
+  std::string axis;                       // "tp", "shard", "replica", and with stages "pipeline"
   double seconds = 0;                     // per step, the slowest group
   std::map<std::string, int> groups_by_link;  // how many groups use each link
 };

@@ -5,7 +5,12 @@
 namespace meshtrain::scheduler {
 
 std::string Describe(const LayoutChoice& c) {
-  std::string text = "T=" + std::to_string(c.tp) + ", S=" + std::to_string(c.shard) + ", micro-batch " +
+  std::string text;
+  if (c.pipeline.stages > 1) {
+    text = "P=" + std::to_string(c.pipeline.stages) + " " + api::PipelineScheduleName(c.pipeline.schedule) +
+           (c.pipeline.virtual_stages > 1 ? " x" + std::to_string(c.pipeline.virtual_stages) : "") + ", ";
+  }
+  text += "T=" + std::to_string(c.tp) + ", S=" + std::to_string(c.shard) + ", micro-batch " +
                      std::to_string(c.micro_batch) + ", ";
   if (c.activations.offload) return text + "offload (horizon " + std::to_string(c.activations.horizon) + ")";
   return text + (c.activations.checkpointing ? "checkpointing" : "keep all");
@@ -26,14 +31,17 @@ api::EngineTypes EngineTypesOf(int compute_bytes, bool cpu_kernels, const api::M
 }
 
 MemoryPrediction PredictMemory(const api::ModelShape& shape, int seq, const LayoutChoice& c, int compute_bytes,
-                               bool cpu_kernels, bool dropout) {
+                               bool cpu_kernels, bool dropout, int micro_batches) {
+  const api::EngineTypes types = EngineTypesOf(compute_bytes, cpu_kernels, shape, c.micro_batch, seq, c.tp);
   MemoryPrediction most;
-  for (int t = 0; t < c.tp; ++t) {
-    const api::EngineMemory e =
-        api::EngineMemoryOf(shape, c.micro_batch, seq, t, c.tp, c.shard, c.activations,
-                            EngineTypesOf(compute_bytes, cpu_kernels, shape, c.micro_batch, seq, c.tp), dropout);
-    const MemoryPrediction m{e.params, e.grads, e.optimizer, e.activations, e.offload, e.gathered, e.comm};
-    if (m.total() > most.total()) most = m;
+  for (int p = 0; p < c.pipeline.stages; ++p) {
+    const api::StageShape stage = api::StageShapeOf(shape, c.pipeline, p, micro_batches, seq);
+    for (int t = 0; t < c.tp; ++t) {
+      const api::EngineMemory e = api::EngineMemoryOf(shape, c.micro_batch, seq, t, c.tp, c.shard, c.activations, types,
+                                                      dropout, /*keep_units_gathered=*/false, stage);
+      const MemoryPrediction m{e.params, e.grads, e.optimizer, e.activations, e.offload, e.gathered, e.comm, p};
+      if (m.total() > most.total()) most = m;
+    }
   }
   return most;
 }

@@ -8,6 +8,9 @@
 // engine allocates all of them when it is built, so its peak is their sum.
 // On a GPU the attention backward's scratch is api::FusedAttentionScratchBytes, as the CUDA
 // table allocates it, less cuDNN's workspace, which only its plan knows (a few MiB).
+// With a pipeline a rank holds its stage's part (api::StageShapeOf): its blocks' units, the
+// embedding's on the first stage, the head's on the last, and activations for the
+// micro-batches its chunks hold between forward and backward; the peak is the worst stage's.
 // Thread-safety: pure functions.
 
 #pragma once
@@ -17,6 +20,7 @@
 
 #include "api/engine_memory.h"
 #include "api/model_shape.h"
+#include "api/pipeline.h"
 
 namespace meshtrain::scheduler {
 
@@ -26,14 +30,18 @@ struct LayoutChoice {
   int shard = 1;  // hybridShardDegree (never 0 here: the resolved S)
   int micro_batch = 1;  // microBatchSize: sequences per data-parallel rank and micro-step
   api::ActivationPolicy activations;
+  // pipelineParallelDegree, pipelineSchedule and pipelineVirtualStages; one stage by default.
+  api::Pipeline pipeline = {};
   bool operator==(const LayoutChoice&) const = default;
 };
 
-// "T=2, S=4, micro-batch 8, checkpointing" / "..., offload (horizon 2)"
+// "T=2, S=4, micro-batch 8, checkpointing" / "..., offload (horizon 2)"; with stages
+// "P=2 1F1B, T=1, ..." or "P=2 Interleaved1F1B x2, T=1, ...".
 std::string Describe(const LayoutChoice& choice);
 
 struct MemoryPrediction {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0, offload = 0, gathered = 0, comm = 0;
+  int stage = 0;  // the pipeline stage whose rank holds this (0 without a pipeline)
   // Device memory (everything but the offload pool, which lives in host memory).
   int64_t device() const { return params + grads + optimizer + activations + gathered + comm; }
   // Everything the rank's allocator accounts (on the CPU, device and host are one memory).
@@ -46,9 +54,13 @@ struct MemoryPrediction {
 api::EngineTypes EngineTypesOf(int compute_bytes, bool cpu_kernels, const api::ModelShape& shape, int micro_batch,
                                int seq, int tp);
 
-// The peak of the rank that holds the most (the largest vocabulary slice), for
-// sequences of `seq` tokens; `dropout`: the model drops activations (spec.model.dropout > 0).
+// The peak of the rank that holds the most (the largest vocabulary slice, of the stage
+// that holds the most), for sequences of `seq` tokens; `dropout`: the model drops
+// activations (spec.model.dropout > 0). `micro_batches`: the step's micro-batches (its
+// accumulation steps), which set how many a pipeline stage keeps activations for; any for
+// one stage. REQUIRES: with stages, a number of micro-batches the schedule takes
+// (api::StageActions).
 MemoryPrediction PredictMemory(const api::ModelShape& shape, int seq, const LayoutChoice& choice, int compute_bytes,
-                               bool cpu_kernels, bool dropout);
+                               bool cpu_kernels, bool dropout, int micro_batches);
 
 }  // namespace meshtrain::scheduler

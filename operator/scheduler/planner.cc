@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "api/layout.h"
+#include "api/pipeline.h"
 
 namespace meshtrain::scheduler {
 namespace {
@@ -37,64 +38,113 @@ std::string MemorySize(int64_t bytes) {
 Candidate Evaluate(const PlanRequest& r, const LayoutChoice& choice) {
   Candidate c;
   c.choice = choice;
-  c.memory = PredictMemory(r.shape, r.seq, choice, r.device.compute_bytes, r.device.memory_is_host, r.dropout);
+  const int64_t data_parallel = int64_t(r.cluster.nodes) * r.cluster.gpus_per_node / (choice.pipeline.stages * choice.tp);
+  const int64_t micro_batches = r.global_batch_tokens / (int64_t(choice.micro_batch) * r.seq * data_parallel);
+  c.memory = PredictMemory(r.shape, r.seq, choice, r.device.compute_bytes, r.device.memory_is_host, r.dropout,
+                           int(micro_batches));
   c.step = PredictStep(r.shape, r.seq, r.global_batch_tokens, choice, r.cluster, r.device);
   c.needed = r.device.memory_is_host ? c.memory.total() : c.memory.device();
   if (c.needed > r.device.Usable()) {
-    c.reason = "needs " + MemorySize(c.needed) + " per rank with " + Describe(choice) + "; the " + r.device.name + " has " +
-               MemorySize(r.device.memory_bytes) + " (" + MemorySize(r.device.Usable()) + " usable with a " +
-               std::to_string(int(r.device.margin * 100 + 0.5)) + "% margin)";
+    const std::string stage =
+        choice.pipeline.stages > 1 ? " (stage " + std::to_string(c.memory.stage) + " holds the most)" : "";
+    c.reason = "needs " + MemorySize(c.needed) + " per rank with " + Describe(choice) + stage + "; the " +
+               r.device.name + " has " + MemorySize(r.device.memory_bytes) + " (" + MemorySize(r.device.Usable()) +
+               " usable with a " + std::to_string(int(r.device.margin * 100 + 0.5)) + "% margin)";
   }
   return c;
 }
+
+namespace {
+
+// The pipelines of P stages the planner tries for a step of `micro_batches`: for P = 1 the
+// one stage; else 1F1B, given at least P micro-batches, and Interleaved1F1B with two
+// chunks a stage where the micro-batches are a multiple of P and the blocks go round
+// twice. Never GPipe: its bubble is 1F1B's, and it keeps every micro-batch's activations.
+std::vector<api::Pipeline> PipelinesFor(int stages, int64_t micro_batches, int layers) {
+  if (stages == 1) return {api::Pipeline{}};
+  std::vector<api::Pipeline> out;
+  if (micro_batches < stages) return out;
+  out.push_back({stages, 1, api::PipelineSchedule::kOneFOneB});
+  if (2 * stages <= layers && micro_batches % stages == 0) out.push_back({stages, 2, api::PipelineSchedule::kInterleaved});
+  return out;
+}
+
+// The fewest blocks a chunk of `pipeline` holds: offloading needs a block beyond the horizon.
+int FewestBlocks(const api::ModelShape& shape, int seq, const api::Pipeline& pipeline) {
+  const std::vector<int> first = api::SplitBlocks(shape, seq, pipeline.chunks());
+  int fewest = int(shape.layers);
+  for (size_t c = 0; c + 1 < first.size(); ++c) fewest = std::min(fewest, first[c + 1] - first[c]);
+  return fewest;
+}
+
+}  // namespace
 
 Plan PlanLayouts(const PlanRequest& r) {
   Plan plan;
   const int world = r.cluster.nodes * r.cluster.gpus_per_node;
   const int layers = int(r.shape.layers);
-  for (int tp : Divisors(r.cluster.gpus_per_node, r.cluster.gpus_per_node)) {
-    // T splits the query and key/value heads and the MLP's units: one that does not divide
-    // them is never offered.
-    if (r.shape.heads % tp != 0 || r.shape.KvHeads() % tp != 0 || r.shape.Intermediate() % tp != 0) continue;
-    const int dp = world / tp;
-    const int64_t per_sequence = int64_t(r.seq) * dp;
-    if (r.global_batch_tokens % per_sequence != 0) {
-      plan.notes.push_back("T=" + std::to_string(tp) + ": the global batch of " + std::to_string(r.global_batch_tokens) +
-                           " tokens is not a whole number of sequences of " + std::to_string(r.seq) + " for each of " +
-                           std::to_string(dp) + " data-parallel ranks");
-      continue;
-    }
-    const int64_t sequences = r.global_batch_tokens / per_sequence;
-    for (int shard : Divisors(dp, dp)) {
-      if (!api::ParallelLayout::Check(r.cluster.nodes, r.cluster.gpus_per_node, tp, shard).empty()) continue;
-      bool any_fits = false;
-      const int64_t feasible_before = int64_t(plan.feasible.size());
-      int64_t rejected = 0;
-      std::optional<Candidate> least;  // of the rejected, the one needing the least memory
-      for (int micro : Divisors(sequences, r.max_micro_batch)) {
-        std::vector<Candidate> options = {Evaluate(r, {tp, shard, micro, {false, false, 2}}),
-                                          Evaluate(r, {tp, shard, micro, {true, false, 2}})};
-        // Offload: the horizon that is fastest among those that fit (or, if none fits, the smallest).
-        std::optional<Candidate> offload;
-        for (int h = 1; h <= std::min(r.max_horizon, layers - 1); ++h) {
-          Candidate c = Evaluate(r, {tp, shard, micro, {true, true, h}});
-          const bool better = !offload || (c.reason.empty() && (!offload->reason.empty() || Better(c, *offload)));
-          if (better) offload = std::move(c);
-        }
-        if (offload) options.push_back(std::move(*offload));
-        for (Candidate& c : options) {
-          if (c.reason.empty()) {
-            any_fits = true;
-            plan.feasible.push_back(std::move(c));
-            continue;
-          }
-          ++rejected;
-          if (!least || c.needed < least->needed) least = std::move(c);
-        }
+  // P stages of at least one block each, outermost; P = 1 first.
+  for (int stages : Divisors(world, layers)) {
+    const std::string stage_prefix = stages > 1 ? "P=" + std::to_string(stages) + ", " : "";
+    for (int tp : Divisors(r.cluster.gpus_per_node, r.cluster.gpus_per_node)) {
+      // T splits the query and key/value heads and the MLP's units: one that does not divide
+      // them is never offered.
+      if (r.shape.heads % tp != 0 || r.shape.KvHeads() % tp != 0 || r.shape.Intermediate() % tp != 0) continue;
+      if (world % (stages * tp) != 0) continue;
+      const int dp = world / (stages * tp);
+      const int64_t per_sequence = int64_t(r.seq) * dp;
+      if (r.global_batch_tokens % per_sequence != 0) {
+        plan.notes.push_back(stage_prefix + "T=" + std::to_string(tp) + ": the global batch of " +
+                             std::to_string(r.global_batch_tokens) + " tokens is not a whole number of sequences of " +
+                             std::to_string(r.seq) + " for each of " + std::to_string(dp) + " data-parallel ranks");
+        continue;
       }
-      plan.candidates += int64_t(plan.feasible.size()) - feasible_before + rejected;
-      if (any_fits) plan.rejected_count += rejected;
-      else if (least) plan.rejected.push_back(std::move(*least));
+      const int64_t sequences = r.global_batch_tokens / per_sequence;
+      if (sequences < stages) {
+        plan.notes.push_back(stage_prefix + "T=" + std::to_string(tp) + ": " + std::to_string(sequences) +
+                             " sequence(s) a data-parallel rank per step, fewer micro-batches than the " +
+                             std::to_string(stages) + " stages at any micro-batch size");
+        continue;
+      }
+      for (int shard : Divisors(dp, dp)) {
+        if (!api::ParallelLayout::Check(r.cluster.nodes, r.cluster.gpus_per_node, tp, shard, stages).empty()) continue;
+        bool any_fits = false;
+        const int64_t feasible_before = int64_t(plan.feasible.size());
+        int64_t rejected = 0;
+        std::optional<Candidate> least;  // of the rejected, the one needing the least memory
+        for (int micro : Divisors(sequences, r.max_micro_batch)) {
+          for (const api::Pipeline& pipeline : PipelinesFor(stages, sequences / micro, layers)) {
+            const LayoutChoice base{tp, shard, micro, {}, pipeline};
+            auto with = [&](api::ActivationPolicy activations) {
+              LayoutChoice choice = base;
+              choice.activations = activations;
+              return Evaluate(r, choice);
+            };
+            std::vector<Candidate> options = {with({false, false, 2}), with({true, false, 2})};
+            // Offload: the horizon that is fastest among those that fit (or, if none fits, the smallest).
+            std::optional<Candidate> offload;
+            const int blocks = stages > 1 ? FewestBlocks(r.shape, r.seq, pipeline) : layers;
+            for (int h = 1; h <= std::min(r.max_horizon, blocks - 1); ++h) {
+              Candidate c = with({true, true, h});
+              const bool better = !offload || (c.reason.empty() && (!offload->reason.empty() || Better(c, *offload)));
+              if (better) offload = std::move(c);
+            }
+            if (offload) options.push_back(std::move(*offload));
+            for (Candidate& c : options) {
+              if (c.reason.empty()) {
+                any_fits = true;
+                plan.feasible.push_back(std::move(c));
+                continue;
+              }
+              ++rejected;
+              if (!least || c.needed < least->needed) least = std::move(c);
+            }
+          }
+        }
+        plan.candidates += int64_t(plan.feasible.size()) - feasible_before + rejected;
+        if (any_fits) plan.rejected_count += rejected;
+        else if (least) plan.rejected.push_back(std::move(*least));
+      }
     }
   }
   std::sort(plan.feasible.begin(), plan.feasible.end(), Better);
@@ -174,6 +224,9 @@ nlohmann::json ResolveWrittenSpec(nlohmann::json written, const LayoutChoice& ch
   p["activationCheckpointing"] = choice.activations.checkpointing;
   p["activationOffloading"] = choice.activations.offload;
   if (choice.activations.offload) p["activationLoadingHorizon"] = choice.activations.horizon;
+  p["pipelineParallelDegree"] = choice.pipeline.stages;
+  p["pipelineSchedule"] = api::PipelineScheduleName(choice.pipeline.schedule);
+  if (choice.pipeline.virtual_stages > 1) p["pipelineVirtualStages"] = choice.pipeline.virtual_stages;
   written["training"]["microBatchSize"] = choice.micro_batch;
   return written;
 }
@@ -202,7 +255,8 @@ LayoutChoice ChoiceOf(const api::TrainingJobSpec& spec) {
   const api::ParallelLayout layout = api::ParallelLayout::ForSpec(spec);
   const api::ParallelismSpec& p = spec.parallelism;
   return {int(layout.tp()), int(layout.shard()), int(spec.training.micro_batch_size),
-          {p.activation_checkpointing, p.activation_offloading, int(p.activation_loading_horizon)}};
+          {p.activation_checkpointing, p.activation_offloading, int(p.activation_loading_horizon)},
+          api::Pipeline::Of(p)};
 }
 
 }  // namespace meshtrain::scheduler

@@ -1,11 +1,15 @@
 // The automatic layout planner (spec.parallelism.mode: auto, `meshtrain plan --auto`):
-// a search over tensor parallelism T (divisors of the GPUs per node that divide the heads
-// and the MLP width), shard groups S (divisors of the data-parallel ranks that form a
-// layout), the micro-batch (divisors of each rank's sequences per step), and activations
-// (keep all, checkpointing, or offload with the loading horizon that is fastest), for the
-// job's model and global batch on the placed nodes. Each candidate gets the memory model's
-// per-rank peak and the step model's time; the fastest that fits in the device's memory,
-// less a margin, wins. Thread-safety: pure functions.
+// a search over pipeline stages P (divisors of the world, at most the blocks), tensor
+// parallelism T (divisors of the GPUs per node that divide the heads and the MLP width),
+// shard groups S (divisors of a stage's data-parallel ranks that form a layout), the
+// micro-batch (divisors of each rank's sequences per step; with P > 1 only those leaving
+// at least P micro-batches, under 1F1B, and under Interleaved1F1B with 2 chunks a stage
+// where they are a multiple of P and 2P blocks go round), and activations (keep all,
+// checkpointing, or offload with the loading horizon that is fastest), for the job's model
+// and global batch on the placed nodes. Each candidate gets the memory model's per-rank
+// peak (its worst stage's) and the step model's time (bubble and point-to-point
+// included); the fastest that fits in the device's memory, less a margin, wins.
+// Thread-safety: pure functions.
 
 #pragma once
 
@@ -44,8 +48,8 @@ struct Candidate {
 
 struct Plan {
   std::vector<Candidate> feasible;  // fastest first
-  // Per (T, S) with no feasible candidate, the one needing the least memory and why it does
-  // not fit; and how many candidates of the other (T, S) were left out for memory.
+  // Per (P, T, S) with no feasible candidate, the one needing the least memory and why it
+  // does not fit; and how many candidates of the other (P, T, S) were left out for memory.
   std::vector<Candidate> rejected;
   int64_t rejected_count = 0;
   int64_t candidates = 0;  // evaluated, feasible or not (an offload counts once, at its best horizon)
@@ -87,16 +91,17 @@ inline constexpr double kCpuMatrixFlops = 20e9;
 std::optional<DeviceModel> DeviceForNodes(const std::vector<std::map<std::string, std::string>>& node_labels,
                                           const api::TrainingJobSpec& spec, std::string* why);
 
-// A spec as written (JSON) with the choice written into spec.parallelism and
+// A spec as written (JSON) with the choice written into spec.parallelism (the pipeline's
+// degree and schedule too, its virtual stages where more than 1) and
 // spec.training.microBatchSize, and mode manual: what the workers run. With mode auto
 // none of those fields was written (validation), so nothing the user wrote changes.
 nlohmann::json ResolveWrittenSpec(nlohmann::json written_spec, const LayoutChoice& choice);
 
-// What status.layout says of the chosen candidate.
+// What status.layout says of the chosen candidate (api::LayoutStatus has no pipeline fields).
 api::LayoutStatus LayoutStatusOf(const Candidate& chosen, const DeviceModel& device);
 
 // The layout a spec in manual mode runs: its T, its S (as written or derived), its
-// micro-batch and activation policy.
+// micro-batch, activation policy and pipeline.
 LayoutChoice ChoiceOf(const api::TrainingJobSpec& spec);
 // What status.layout says of a layout no planner chose: no device or prediction.
 api::LayoutStatus LayoutStatusOf(const LayoutChoice& choice);

@@ -76,6 +76,17 @@ Durations DurationsOf(const api::ModelShape& s, int seq, const LayoutChoice& c, 
   return d;
 }
 
+// The durations of a chunk of blocks that holds, or not, the embedding's unit and the head
+// (api::StageShape): what it does not hold takes no time.
+Durations ChunkDurations(Durations d, bool embedding_unit, bool head) {
+  if (!embedding_unit) d.gather_embedding = d.reduce_embedding = d.replica_embedding = 0;
+  if (!head) {
+    d.head_forward = d.head_backward = d.tp_head = 0;
+    d.gather_head = d.reduce_head = d.replica_head = 0;
+  }
+  return d;
+}
+
 // The engine's three streams; Forward and Backward each start with them drained (at 0)
 // and return when they drain again.
 struct Streams {
@@ -147,30 +158,117 @@ double Backward(int L, const LayoutChoice& c, const Durations& d, bool last, Str
 
 StepPrediction PredictStep(const api::ModelShape& shape, int seq, int64_t global_batch_tokens,
                            const LayoutChoice& choice, const Cluster& cluster, const DeviceModel& device) {
-  const api::ParallelLayout mesh(cluster.nodes, cluster.gpus_per_node, choice.tp, choice.shard);
-  const Durations d = DurationsOf(shape, seq, choice, mesh, cluster, device);
-  const int L = int(shape.layers);
+  const api::Pipeline& pipeline = choice.pipeline;
+  const int P = pipeline.stages, V = pipeline.virtual_stages, C = pipeline.chunks();
+  const api::ParallelLayout mesh(cluster.nodes, cluster.gpus_per_node, choice.tp, choice.shard, P);
   StepPrediction p;
   p.micro_steps = std::max<int64_t>(1, global_batch_tokens / (int64_t(choice.micro_batch) * seq * mesh.data_parallel()));
-  // Every micro-step but the last is alike; the last adds the replica all-reduces.
-  Streams alike, last;
-  const double micro = Forward(L, choice, d, false, alike) + Backward(L, choice, d, false, alike);
-  const double final_micro = Forward(L, choice, d, true, last) + Backward(L, choice, d, true, last);
+  const std::vector<int> first = api::SplitBlocks(shape, seq, C);
   const api::UnitElements units = api::UnitElementsOf(shape, choice.tp - 1, choice.tp);
-  const double shard = double(api::ShardElements(units.embedding, choice.shard) +
-                              shape.layers * api::ShardElements(units.block, choice.shard) +
-                              api::ShardElements(units.head, choice.shard));
-  // AdamW reads the master weights, gradients, m and v and writes three of them: 28 bytes.
-  if (device.memory_bytes_per_second > 0) p.update_seconds = shard * 28 / device.memory_bytes_per_second;
-  const double others = double(p.micro_steps - 1);
-  p.seconds = others * micro + final_micro + p.update_seconds;
-  p.compute_seconds = double(p.micro_steps) * (double(L) * (d.block_forward + d.block_backward +
-                                                            (choice.activations.checkpointing ? d.block_recompute : 0)) +
-                                               d.head_forward + d.head_backward);
-  p.tp_seconds = double(p.micro_steps) *
-                 (double(L) * (d.tp_forward * (choice.activations.checkpointing ? 2 : 1) + d.tp_backward) + 2 * d.tp_head);
-  p.comm_seconds = others * alike.comm.busy + last.comm.busy;
+  const bool recompute = choice.activations.checkpointing;
+  // Every stage's groups are alike: one set of durations, less what a chunk does not hold.
+  const Durations model = DurationsOf(shape, seq, choice, mesh, cluster, device);
+
+  // Per stage: a micro-batch's forward and backward through each of its chunks, every
+  // micro-batch but the last alike, the last adding the replica all-reduces.
+  struct StageTimes {
+    double micro = 0, final_micro = 0, update = 0, compute = 0, tp = 0, comm = 0, final_comm = 0;
+  };
+  std::vector<StageTimes> stages(static_cast<size_t>(P));
+  for (int stage = 0; stage < P; ++stage) {
+    StageTimes& t = stages[size_t(stage)];
+    double shard = 0;  // elements of the stage's shards
+    for (int chunk : api::ChunksOf(pipeline, stage)) {
+      const int L = first[size_t(chunk) + 1] - first[size_t(chunk)];
+      const bool embedding = chunk == 0 || (chunk == C - 1 && shape.tied), head = chunk == C - 1;
+      const Durations d = ChunkDurations(model, embedding, head);
+      Streams alike, last;
+      t.micro += Forward(L, choice, d, false, alike) + Backward(L, choice, d, false, alike);
+      t.final_micro += Forward(L, choice, d, true, last) + Backward(L, choice, d, true, last);
+      t.comm += alike.comm.busy;
+      t.final_comm += last.comm.busy;
+      t.compute += double(L) * (d.block_forward + d.block_backward + (recompute ? d.block_recompute : 0)) +
+                   d.head_forward + d.head_backward;
+      t.tp += double(L) * (d.tp_forward * (recompute ? 2 : 1) + d.tp_backward) + 2 * d.tp_head;
+      shard += double(L) * double(api::ShardElements(units.block, choice.shard));
+      if (embedding) shard += double(api::ShardElements(units.embedding, choice.shard));
+      if (head) shard += double(api::ShardElements(units.head, choice.shard));
+    }
+    // AdamW reads the master weights, gradients, m and v and writes three of them: 28 bytes.
+    if (device.memory_bytes_per_second > 0) t.update = shard * 28 / device.memory_bytes_per_second;
+  }
+  // The slowest stage sets the pace: the others wait on it.
+  size_t slowest = 0;
+  for (size_t i = 1; i < stages.size(); ++i) {
+    if (stages[i].micro > stages[slowest].micro) slowest = i;
+  }
+  const StageTimes& pace = stages[slowest];
+  double final_extra = 0, update = 0;
+  for (const StageTimes& t : stages) {
+    final_extra = std::max(final_extra, t.final_micro - t.micro);
+    update = std::max(update, t.update);
+  }
+  const double M = double(p.micro_steps);
+
+  // Point-to-point: each micro-batch's activations leave every chunk but the last, and
+  // their gradients every chunk but the first, one message of micro-batch x seq x hidden
+  // each, from a rank to its peer in the neighbouring stage.
+  double micro = pace.micro, fill = 0;
+  if (P > 1) {
+    const double message = double(choice.micro_batch) * seq * double(shape.hidden) * device.compute_bytes;
+    // The slowest peer pair of each link from stage q to the next (q + 1 mod P).
+    std::vector<double> hop(static_cast<size_t>(P), 0.0);
+    for (int q = 0; q < P; ++q) {
+      for (int i = 0; i < mesh.stage_ranks(); ++i) {
+        const int from = q * mesh.stage_ranks() + i, to = (q + 1) % P * mesh.stage_ranks() + i;
+        hop[size_t(q)] = std::max(hop[size_t(q)], PointToPointSeconds(message, from, to, mesh, cluster.node_paths,
+                                                                      cluster.links));
+      }
+    }
+    // A stage's sends per micro-batch; they overlap its compute, and a stage whose sends
+    // outlast it paces the pipeline at their time.
+    int64_t most_messages = 0;
+    for (int stage = 0; stage < P; ++stage) {
+      double sends = 0;
+      int64_t messages = 0;
+      for (int chunk : api::ChunksOf(pipeline, stage)) {
+        if (chunk + 1 < C) sends += hop[size_t(stage)], ++messages;                  // activations forward
+        if (chunk > 0) sends += hop[size_t(stage + P - 1) % size_t(P)], ++messages;  // gradients back
+      }
+      micro = std::max(micro, sends);
+      most_messages = std::max(most_messages, messages);
+    }
+    // While the pipeline fills, the first micro-batch's activations cross each of the
+    // P - 1 links before the last stage can start; while it drains, the last one's
+    // gradients cross them back.
+    for (int q = 0; q + 1 < P; ++q) fill += 2 * hop[size_t(q)];
+    // A tied head: the last stage's copy of the embedding sums its gradients with the
+    // first stage's once a step, after the drain.
+    if (shape.tied) {
+      const double bytes = 4.0 * double(api::ShardElements(units.embedding, choice.shard));
+      double slowest_pair = 0;
+      for (int i = 0; i < mesh.stage_ranks(); ++i) {
+        slowest_pair = std::max(slowest_pair, CollectiveSeconds(Collective::kAllReduce, bytes,
+                                                                {i, (P - 1) * mesh.stage_ranks() + i}, mesh,
+                                                                cluster.node_paths, cluster.links));
+      }
+      fill += slowest_pair;
+    }
+    p.p2p_bytes = int64_t(M * double(most_messages) * message);
+    p.bubble = api::BubbleFraction(pipeline, int(p.micro_steps));
+  }
+  // A step: M micro-batches on each of V chunks, and the fill and drain of P - 1 chunks'
+  // time, the schedule's bubble (P - 1) / (V x M + P - 1) (api::BubbleFraction).
+  const double steady = M * pace.micro;
+  p.seconds = micro * (V * M + P - 1) / V + final_extra + update + fill;
+  p.p2p_seconds = (micro - pace.micro) * (V * M + P - 1) / V + fill;
+  p.bubble_seconds = P > 1 ? pace.micro * (V * M + P - 1) / V - steady : 0;
+  p.update_seconds = update;
+  p.compute_seconds = M * pace.compute;
+  p.tp_seconds = M * pace.tp;
+  p.comm_seconds = (M - 1) * pace.comm + pace.final_comm;
   p.exposed_seconds = std::max(0.0, p.seconds - p.compute_seconds - p.tp_seconds - p.update_seconds);
+  p.stage = int(slowest);
   p.tokens_per_second = double(global_batch_tokens) / p.seconds;
   return p;
 }

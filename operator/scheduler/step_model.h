@@ -9,6 +9,21 @@
 //   copy     offloaded block inputs out after their forward, back H blocks ahead
 // Forward and backward each end when all three streams drain, as the engine's do.
 // Collective times come from cost_model.h, per group and link tier.
+//
+// With P pipeline stages (api/pipeline.h) each stage replays the same for its chunks of
+// blocks (api::SplitBlocks; the embedding's unit on the first chunk, the head on the last),
+// its collectives within its own groups. With M micro-batches, V chunks a stage and t the
+// slowest stage's time for one micro-batch through all its chunks, a step takes
+//   t x (V x M + P - 1) / V
+// (the schedule's bubble, api::BubbleFraction, is (P - 1) / (V x M + P - 1) of that), plus
+// the last micro-batch's replica all-reduces, the update, and the point-to-point time the
+// step waits for: each micro-batch's activations (micro-batch x seq x hidden elements) go
+// forward and their gradients back across every link between neighbouring chunks, one
+// message per rank to its peer, over the link between their nodes. Those overlap compute,
+// except while the pipeline fills and drains (the first micro-batch's activations and the
+// last one's gradients crossing the P - 1 links) and where a stage's sends for a
+// micro-batch outlast its compute (t is then their time). A tied head's second copy of the
+// embedding sums its gradients with the first stage's after the drain.
 // Thread-safety: pure functions.
 
 #pragma once
@@ -52,18 +67,25 @@ struct Cluster {
   LinkModel links{{"kubernetes.io/hostname"}};
 };
 
+// Of the slowest stage where there are several (`stage`).
 struct StepPrediction {
   double seconds = 0;           // one optimizer step
   double compute_seconds = 0;   // math on the compute stream
   double tp_seconds = 0;        // TP collectives on the compute stream
   double comm_seconds = 0;      // gathers, reduce-scatters, replica all-reduces (comm stream busy)
-  double exposed_seconds = 0;   // what the step waits beyond compute, TP and the update
+  double exposed_seconds = 0;   // what the step waits beyond compute, TP and the update (bubble included)
   double update_seconds = 0;    // AdamW over the shards
-  int64_t micro_steps = 0;
+  int64_t micro_steps = 0;      // M: accumulation steps, with stages the pipeline's micro-batches
   double tokens_per_second = 0;
+  int stage = 0;                // the slowest stage
+  double bubble = 0;            // the schedule's idle share of a step, api::BubbleFraction; 0 for one stage
+  double bubble_seconds = 0;    // the fill and drain: (P - 1) / V micro-batches' time
+  int64_t p2p_bytes = 0;        // per rank per step, sent to neighbouring stages (the busiest stage's rank)
+  double p2p_seconds = 0;       // the point-to-point time the step waits for
 };
 
-// REQUIRES: the choice divides the model (T | heads, key/value heads, the MLP width), the mesh and the batch.
+// REQUIRES: the choice divides the model (T | heads, key/value heads, the MLP width), the mesh and the batch;
+// with stages, P x V <= layers and micro-batches its schedule takes.
 StepPrediction PredictStep(const api::ModelShape& shape, int seq, int64_t global_batch_tokens,
                            const LayoutChoice& choice, const Cluster& cluster, const DeviceModel& device);
 

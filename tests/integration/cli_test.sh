@@ -394,10 +394,11 @@ expect "plan --auto prints the top candidates and the default" 0 \
   '  1\. T=1, S=[0-9]+, micro-batch [0-9]+' '  5\. T=' 'chosen / default: [0-9.]+x' \
   -- "$meshtrain" plan examples/gpt2-1.5b-auto.yaml --cluster examples/clusters/eks-p5-124.yaml --auto
 # Llama 3.1 70B from its Hugging Face weights on the EKS example: only layouts that fit an
-# 80 GB H100 are listed as fitting, and TP never passes the 8 key/value heads.
+# 80 GB H100 are listed as fitting, and TP never passes the 8 key/value heads (pipeline
+# stages may hold the model's parts).
 expect "plan --auto finds a Llama 3.1 70B layout that fits an 80 GB H100" 0 \
   'planner: H100 80GB \(p5.48xlarge\), 80.0 GiB per rank \(72.0 GiB usable\)' \
-  '  1\. T=[1248], S=[0-9]+, micro-batch [0-9]+, .* [1-6][0-9]\.[0-9] GiB ' \
+  '  1\. (P=[0-9]+ [A-Za-z0-9]+( x2)?, )?T=[1248], S=[0-9]+, micro-batch [0-9]+, .* [1-6][0-9]\.[0-9] GiB ' \
   -- "$meshtrain" plan examples/llama3.1-70b-auto.yaml --cluster examples/clusters/eks-p5-124.yaml --auto
 
 { sed -e 's/memoryLimitMiB: 24/memoryLimitMiB: 3/' examples/gpt2-tiny-auto.yaml
@@ -406,6 +407,38 @@ expect "plan --auto finds a Llama 3.1 70B layout that fits an 80 GB H100" 0 \
 expect "plan --auto says why nothing fits" 1 '0 candidates fit' \
   'T=1, S=1: nothing fits; the least needs [0-9.]+ MiB per rank with T=1, S=1, micro-batch 1, checkpointing; the CPU has 3.0 MiB \(2.7 MiB usable with a 10% margin\)' \
   -- "$meshtrain" plan "$tmp/meshtrain-auto-small.yaml" --cluster examples/clusters/eks-p5-124.yaml --auto --device cpu
+
+# Pipeline stages: layout shows each stage's ranks, nodes, blocks and memory; over a
+# 50 Mbit/s link between two nodes, the planner puts a stage on each of them.
+sed -e 's/^  nodes: 1/  nodes: 2/' -e 's/^    hybridShardDegree: 2 .*/    pipelineParallelDegree: 2/' \
+  examples/gpt2-tiny-fsdp.yaml >"$tmp/meshtrain-stages.yaml"
+expect "layout shows the pipeline's stages" 0 \
+  'mesh: 2 stage\(s\) x 1 replica\(s\) x 2 shard x 1 tp' \
+  'pipeline: 2 stages, schedule 1F1B, 1 chunk\(s\) of blocks a stage, 4 micro-batches a step \(the schedule.s bubble 20.0%\)' \
+  'stage 0: ranks 0,1 \(node 0\), blocks 0(-[0-9])? \+ embedding; [0-9.]+ MiB per rank on a GPU in fp32' \
+  'stage 1: ranks 2,3 \(node 1\), blocks [0-9-]+ \+ head \(tied' 'pipeline groups \(2 of 2\)' \
+  -- "$meshtrain" layout "$tmp/meshtrain-stages.yaml"
+cat >"$tmp/meshtrain-slow-link.yaml" <<'EOF'
+apiVersion: meshtrain.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: gpt2-30m-slow-link}
+spec:
+  image: ghcr.io/meshtrain/meshtrain:0.1.0
+  nodes: 2
+  gpusPerNode: 2
+  resources: {memoryLimitMiB: 2048}
+  model: {layers: 8, heads: 8, hidden: 512, vocabSize: 8192, seqLen: 128}
+  data: {train: examples/data/corpus.train.bin}
+  training: {steps: 10, globalBatchTokens: 2048, precision: fp32}
+  parallelism: {mode: auto}
+  template:
+    tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+EOF
+expect "plan --auto puts a stage on each node of a slow link" 0 \
+  '  1\. P=2 [A-Za-z0-9]+( x2)?, T=[12], S=[12], micro-batch [0-9]+, .*, bubble [0-9.]+%, p2p [0-9.]+ MiB a step \(waits [0-9.]+ s\)' \
+  -- "$meshtrain" plan "$tmp/meshtrain-slow-link.yaml" --cluster examples/clusters/eks-p5-124.yaml --auto --device cpu \
+  --link topology.k8s.aws/network-node-layer-3=0.00625 --link topology.k8s.aws/network-node-layer-2=0.00625 \
+  --link topology.k8s.aws/network-node-layer-1=0.00625 --link cluster=0.00625
 
 printf '{"links": [{"name": "spine", "bytesPerSecond": 1e9, "latencySeconds": 0}]}' >"$tmp/meshtrain-links.json"
 expect "plan names a link file's unknown link" 2 'meshtrain-links.json: links\[0\]: no link named "spine"' \

@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "api/json_codec.h"
 #include "api/manifest.h"
 #include "api/worker_contract.h"
 #include "operator/controller/builders.h"
@@ -61,6 +62,8 @@ TEST(CrdSchemaTest, RejectsWhatValidationRejectsForTypesAndEnums) {
       {"/spec/training/precision", "fp8"},
       {"/spec/training/learningRate", "fast"},
       {"/spec/parallelism/activationOffloading", "yes please"},
+      {"/spec/parallelism/pipelineParallelDegree", "two"},
+      {"/spec/parallelism/pipelineSchedule", "ZeroBubble"},
       {"/spec/topology/mode", "Sometimes"},
       {"/spec/runPolicy/cleanPodPolicy", "Never"},
       {"/spec/runPolicy/suspend", 1},
@@ -79,6 +82,38 @@ TEST(CrdSchemaTest, RejectsWhatValidationRejectsForTypesAndEnums) {
     EXPECT_NE(schema_errors[0].find(path.substr(0, path.find(".0"))), std::string::npos) << schema_errors[0];
     const auto checked = api::CheckTrainingJob(object, "test", 0);
     EXPECT_FALSE(checked.ok()) << "api/ accepts " << pointer << " = " << value;
+  }
+}
+
+// Every spec field the API knows (ToJson writes them all, defaults included) is in the
+// schema, which with strict validation refuses a field it does not list; so is each
+// SMP alias of the pipeline's.
+TEST(CrdSchemaTest, ListsEveryFieldOfTheApi) {
+  api::CheckedJob job = api::LoadTrainingJobs("examples/gpt2-124m-2x8.yaml").at(0);
+  ASSERT_TRUE(job.ok());
+  api::ParallelismSpec& p = job.job.spec.parallelism;
+  p.pipeline_parallel_degree = 2;
+  p.pipeline_schedule = "Interleaved1F1B";
+  p.pipeline_virtual_stages = 2;
+  json object = api::ToJson(job.job);
+  object.erase("status");
+  for (const char* field : {"pipelineParallelDegree", "pipelineSchedule", "pipelineVirtualStages"}) {
+    ASSERT_TRUE(object["spec"]["parallelism"].contains(field)) << field;
+  }
+  const auto errors = SchemaErrors(object);
+  EXPECT_TRUE(errors.empty()) << errors.size() << " errors, the first: " << (errors.empty() ? "" : errors[0]);
+
+  json smp = api::ReadManifestFile("examples/gpt2-124m-2x8.yaml").at(0).object;
+  smp["spec"]["parallelism"]["pipeline_parallel_degree"] = 2;
+  EXPECT_TRUE(SchemaErrors(smp).empty());
+  EXPECT_EQ(api::CheckTrainingJob(smp, "test", 0).job.spec.parallelism.pipeline_parallel_degree, 2);
+  for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
+           {"pipelineParallelDegree", 0}, {"pipelineVirtualStages", 65}, {"pipeline_parallel_degree", 0}}) {
+    json bad = smp;
+    bad["spec"]["parallelism"].erase("pipeline_parallel_degree");
+    bad["spec"]["parallelism"][field] = value;
+    EXPECT_FALSE(SchemaErrors(bad).empty()) << field << " = " << value;
+    EXPECT_FALSE(api::CheckTrainingJob(bad, "test", 0).ok()) << field << " = " << value;
   }
 }
 

@@ -53,6 +53,29 @@ TEST(CostModel, GroupsUseTheSlowestLinkTheySpan) {
   EXPECT_GT(far.axes[1].seconds, 5 * near.axes[1].seconds);  // 40 vs 6.25 GB/s, bandwidth-bound
 }
 
+// A stage on each node: shard groups stay inside the node with part of the model each (the
+// split balances FLOPs, so the head's stage holds fewer blocks; a tied head's stage keeps
+// a copy of the embedding), and only activations and their gradients cross between the
+// nodes, one message each way per micro-step: 2 x (15 us + microBatch x seqLen x hidden x
+// 4 / 40 GB/s).
+TEST(CostModel, StagesSendOnlyActivationsBetweenTheirNodes) {
+  api::TrainingJobSpec spec = Spec(2, 8, 1, 8);
+  spec.model.layers = 12, spec.model.hidden = 768, spec.model.vocab_size = 50257;
+  const std::vector<std::vector<std::string>> paths = {{"a", "b", "c", "n0"}, {"a", "b", "c", "n1"}};
+  const StepCost flat = EstimateStepCost(spec, paths, LinkModel(kLevels));
+  spec.parallelism.hybrid_shard_degree = 0;
+  spec.parallelism.pipeline_parallel_degree = 2;
+  spec.training.global_batch_tokens = 128 * 8 * 2;  // two micro-steps of the 8 ranks of a stage
+  const StepCost staged = EstimateStepCost(spec, paths, LinkModel(kLevels));
+  ASSERT_EQ(staged.axes.size(), 4u);
+  EXPECT_EQ(staged.axes[1].axis, "shard");
+  EXPECT_EQ(staged.axes[1].groups_by_link.at("nvlink"), 2);
+  EXPECT_LT(staged.axes[1].seconds / 2, 0.9 * flat.axes[1].seconds);  // per micro-step
+  EXPECT_EQ(staged.axes[3].axis, "pipeline");
+  EXPECT_EQ(staged.axes[3].groups_by_link.at("within l3"), 8);
+  EXPECT_NEAR(staged.axes[3].seconds, 2 * 2 * (15e-6 + 128.0 * 768 * 4 / 40e9), 1e-12);
+}
+
 TEST(CostModel, OverridesReplaceALink) {
   const api::TrainingJobSpec spec = Spec(2, 1, 1, 1);
   const std::vector<std::vector<std::string>> paths = {{"a", "b", "c", "n0"}, {"a", "b", "d", "n1"}};
