@@ -21,7 +21,7 @@ rm -rf "$rootfs"
 # The shared libraries the binaries link (ldd of each), and libfabric, which the fabric
 # backend loads with its first endpoint, as Debian 12 packages.
 libraries=libcpprest2.10,libfabric1,libfmt9,libopenblas0-openmp,libprometheus-cpp-core1.0,libprometheus-cpp-pull1.0
-libraries+=,libspdlog1.10,libssl3,libyaml-cpp0.7,libpcre2-8-0,ca-certificates
+libraries+=,libspdlog1.10,libssl3,libyaml-cpp0.7,libpcre2-8-0,libsentencepiece0,libutf8proc2,ca-certificates
 debootstrap --variant=minbase --include="$libraries" bookworm "$rootfs" "$mirror" >"$out/debootstrap.log" 2>&1 ||
   { echo "build-cpu-image: debootstrap from $mirror failed; see $out/debootstrap.log" >&2; exit 1; }
 rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* "$rootfs"/usr/share/doc \
