@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -124,6 +125,34 @@ TEST_P(PointToPoint, TwoGroupsOfTheSameMembersDoNotWaitForEachOther) {
     recvs->Synchronize();
     EXPECT_EQ(theirs.front(), float(peer + 1));
     EXPECT_EQ(theirs.back(), float(peer + 1));
+  });
+}
+
+// A pipeline's traffic: activations one way and gradients the other, each on its own
+// group and streams, hundreds of messages of a few KiB (past shm's inject size, short of
+// the direct path), the receiver posting each receive late by a random pause.
+TEST_P(PointToPoint, ManyMidSizedMessagesBothWaysWithLateReceives) {
+  constexpr int kMessages = 300;
+  constexpr size_t kCount = 1408;  // 5.5 KiB of fp32
+  RunFabricRanks(2, GetParam(), WithTimeout(20s), [&](Communicator& world) {
+    runtime::CpuBackend backend;
+    auto parent = HostCollectives(&world, &backend);
+    auto forward = parent->SplitGroups({{0, 1}}, "forward");
+    auto backward = parent->SplitGroups({{0, 1}}, "backward");
+    auto sends = backend.NewStream("sends"), recvs = backend.NewStream("recvs");
+    const int peer = 1 - world.rank();
+    std::vector<std::vector<float>> out(kMessages, std::vector<float>(kCount)), in(kMessages, std::vector<float>(kCount));
+    for (int m = 0; m < kMessages; ++m) std::fill(out[size_t(m)].begin(), out[size_t(m)].end(), float(m + 1000 * world.rank()));
+    std::mt19937 random(unsigned(world.rank() + 1));
+    for (int m = 0; m < kMessages; ++m) {
+      Send<float>(world.rank() == 0 ? *forward : *backward, In(out[size_t(m)]), kCount, peer, *sends);
+      const int pause = int(random() % 400);
+      recvs->HostCallback([pause] { std::this_thread::sleep_for(std::chrono::microseconds(pause)); });
+      Recv<float>(world.rank() == 0 ? *backward : *forward, Out(in[size_t(m)]), kCount, peer, *recvs);
+    }
+    EXPECT_EQ(ThrownBy(*sends), "");
+    EXPECT_EQ(ThrownBy(*recvs), "");
+    for (int m = 0; m < kMessages; ++m) EXPECT_EQ(in[size_t(m)].back(), float(m + 1000 * peer)) << m;
   });
 }
 

@@ -63,7 +63,8 @@ uint64_t Exchange::Tag(int sender, uint32_t slot, Kind kind) const {
 }
 
 bool Exchange::Direct(int member, size_t bytes) const {
-  return routes_[member].same_node && bytes >= kDirectBytes;
+  const size_t threshold = phase_ == kPointToPointPhase ? kPointToPointDirectBytes + 1 : kDirectBytes;
+  return routes_[member].same_node && bytes >= threshold;
 }
 
 void Exchange::Queue(bool is_send, int member, const void* buf, size_t bytes, uint32_t slot,

@@ -51,6 +51,12 @@ inline constexpr uint32_t kMaxGroupId = (1u << 14) - 1;
 inline constexpr uint32_t kMaxSlot = (1u << 22) - 1;
 // Intra-node messages at least this large take the direct path.
 inline constexpr size_t kDirectBytes = 64 << 10;
+// And point-to-point ones (SetPointToPoint) larger than this: their sender stages them in
+// shared memory, so that no message the provider carries is larger than a header. With
+// libfabric 1.17's shm provider, a rendezvous-sized send whose receive was posted late
+// was seen to complete at the receiver but never at the sender (about one pipeline run in
+// two hung so); a pipeline's receives are posted late by design.
+inline constexpr size_t kPointToPointDirectBytes = 1024;
 inline constexpr int kPointToPointPhase = 15;
 
 class Exchange {

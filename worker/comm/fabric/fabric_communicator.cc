@@ -227,7 +227,20 @@ class FabricCommunicator : public Communicator {
     size_t bytes = count * ElementSize(type);
     return Submit("send to " + std::to_string(peer), bytes, type, [=, this](Context& ctx) {
       ctx.exchange.SetPointToPoint();
-      ctx.exchange.Send(peer, buf, bytes, sent_[peer]++ & fabric::kMaxSlot);
+      const void* from = buf;
+      if (routes_[size_t(peer)].same_node && bytes > fabric::kPointToPointDirectBytes) {
+        // The direct path from shared memory (exchange.h, kPointToPointDirectBytes): the
+        // peer copies out of the staging buffer before it acknowledges.
+        if (staging_.bytes < bytes) {
+          fabric::FreeShared(staging_.data);
+          staging_.data = nullptr;
+          staging_.data = fabric::AllocateShared(bytes);
+          staging_.bytes = bytes;
+        }
+        std::memcpy(staging_.data, buf, bytes);
+        from = staging_.data;
+      }
+      ctx.exchange.Send(peer, from, bytes, sent_[peer]++ & fabric::kMaxSlot);
       ctx.exchange.WaitAll();
     }, /*collective=*/false);
   }
@@ -317,6 +330,12 @@ class FabricCommunicator : public Communicator {
   fabric::Scratch scratch_;
   uint32_t sequence_ = 0;
   std::map<int, uint32_t> sent_, received_;  // point-to-point messages per peer
+  // Shared memory a send to a peer on this node is copied into; freed after the stream stops.
+  struct Staging {
+    void* data = nullptr;
+    size_t bytes = 0;
+    ~Staging() { fabric::FreeShared(data); }
+  } staging_;
   std::string broken_;
   runtime::CpuStream stream_;  // last: stops (finishing queued work) before the rest goes
 };
