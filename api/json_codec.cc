@@ -217,6 +217,9 @@ void Fields(S& s, V& v) {
   v("nodes", s.nodes);
   v("tensorParallelDegree", s.tensor_parallel_degree);
   v("hybridShardDegree", s.hybrid_shard_degree);
+  v("pipelineParallelDegree", s.pipeline_parallel_degree);
+  v("pipelineSchedule", s.pipeline_schedule);
+  v("pipelineVirtualStages", s.pipeline_virtual_stages);
   v("microBatchSize", s.micro_batch_size);
   v("activationCheckpointing", s.activation_checkpointing);
   v("activationOffloading", s.activation_offloading);

@@ -267,6 +267,9 @@ struct PlacementStatus {
 struct LayoutStatus {
   int64_t tensor_parallel_degree = 1;
   int64_t hybrid_shard_degree = 1;
+  int64_t pipeline_parallel_degree = 1;
+  std::string pipeline_schedule = "1F1B";
+  int64_t pipeline_virtual_stages = 1;
   int64_t micro_batch_size = 1;
   bool activation_checkpointing = false;
   bool activation_offloading = false;

@@ -170,7 +170,7 @@ std::string WriteAsShards(const std::string& path, const api::ModelShape& shape,
         }
       }
       *into = {0, rank, 0, file.elements, arrays.get(), arrays.get() + file.elements,
-               arrays.get() + 2 * file.elements, arrays};
+               arrays.get() + 2 * file.elements, arrays, 0, {}};
     });
   }
   for (auto& rank : ranks) rank->Wait();

@@ -547,6 +547,8 @@ class Decider {
     choice.shard = int(l.hybrid_shard_degree);
     choice.micro_batch = int(l.micro_batch_size);
     choice.activations = {l.activation_checkpointing, l.activation_offloading, int(l.activation_loading_horizon)};
+    choice.pipeline = {int(l.pipeline_parallel_degree), int(l.pipeline_virtual_stages),
+                       api::ParsePipelineSchedule(l.pipeline_schedule)};
     return scheduler::Describe(choice);
   }
 

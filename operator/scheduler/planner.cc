@@ -235,6 +235,9 @@ api::LayoutStatus LayoutStatusOf(const LayoutChoice& c) {
   api::LayoutStatus status;
   status.tensor_parallel_degree = c.tp;
   status.hybrid_shard_degree = c.shard;
+  status.pipeline_parallel_degree = c.pipeline.stages;
+  status.pipeline_schedule = api::PipelineScheduleName(c.pipeline.schedule);
+  status.pipeline_virtual_stages = c.pipeline.virtual_stages;
   status.micro_batch_size = c.micro_batch;
   status.activation_checkpointing = c.activations.checkpointing;
   status.activation_offloading = c.activations.offload;

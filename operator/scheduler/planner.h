@@ -97,7 +97,7 @@ std::optional<DeviceModel> DeviceForNodes(const std::vector<std::map<std::string
 // none of those fields was written (validation), so nothing the user wrote changes.
 nlohmann::json ResolveWrittenSpec(nlohmann::json written_spec, const LayoutChoice& choice);
 
-// What status.layout says of the chosen candidate (api::LayoutStatus has no pipeline fields).
+// What status.layout says of the chosen candidate.
 api::LayoutStatus LayoutStatusOf(const Candidate& chosen, const DeviceModel& device);
 
 // The layout a spec in manual mode runs: its T, its S (as written or derived), its

@@ -48,10 +48,17 @@
 //   --masked 1                 a loss mask beside the training data (WriteMask): windows, and
 //                              so micro-batches, hold very different numbers of targets,
 //                              and the loss is the mean over the global batch's.
-//   --layout R,N,T,S[,ACT[,P]] instead of --ranks/--nodes/--tp/--shard/--activations/--dropout:
-//                              one equivalence run per --layout (ACT: keep, checkpoint or
-//                              offload:H), with one reference per distinct one needed, so
-//                              that a ctest case can cover many layouts.
+//   --pipeline P[:SCHEDULE[:V]] P pipeline stages (outermost: the ranks are P x R x S x T),
+//                              under SCHEDULE (GPipe, 1F1B, the default, or
+//                              Interleaved1F1B with V chunks a stage). A step then takes
+//                              max(2, P) micro-batches (a multiple of P when interleaved),
+//                              the reference the same global batch. In reshard mode --from
+//                              takes the first layout's P as a fifth field.
+//   --layout R,N,T,S[,ACT[,DROP[,PIPE]]] instead of --ranks/--nodes/--tp/--shard/--activations/
+//                              --dropout/--pipeline: one equivalence run per --layout (ACT:
+//                              keep, checkpoint or offload:H; PIPE as --pipeline's value),
+//                              with one reference per distinct one needed, so that a ctest
+//                              case can cover many layouts.
 
 #include <signal.h>
 #include <unistd.h>
@@ -71,6 +78,7 @@
 #include <vector>
 
 #include "api/engine_memory.h"
+#include "api/pipeline.h"
 #include "api/manifest.h"
 #include "api/model_shape.h"
 #include "worker/comm/bootstrap.h"
@@ -127,7 +135,32 @@ struct Options {
   std::string reference;         // the reference's kernels; empty: as the environment says (fp32)
   int reference_micro = 0;       // 0: the data-parallel size
   std::vector<std::string> layouts;
+  int stages = 1, virtual_stages = 1;  // --pipeline
+  std::string schedule = "1F1B";
+  int accumulation = 0;  // micro-batches a step; 0: AccumulationOf's choice
 };
+
+// --pipeline's value into `o`.
+void ParsePipeline(Options& o, const std::string& value) {
+  std::vector<std::string> fields;
+  std::stringstream in(value);
+  for (std::string field; std::getline(in, field, ':');) fields.push_back(field);
+  if (fields.empty() || fields.size() > 3) throw std::invalid_argument("--pipeline must be P[:SCHEDULE[:V]], got " + value);
+  o.stages = std::stoi(fields[0]);
+  o.schedule = fields.size() > 1 ? fields[1] : "1F1B";
+  o.virtual_stages = fields.size() > 2 ? std::stoi(fields[2]) : 1;
+}
+
+// Micro-batches a step: 2, or enough for the pipeline.
+int AccumulationOf(const Options& o) {
+  if (o.accumulation > 0) return o.accumulation;
+  int steps = std::max(kAccumulation, o.stages);
+  if (o.virtual_stages > 1) steps = (steps + o.stages - 1) / o.stages * o.stages;
+  return steps;
+}
+
+// The ranks of one stage, which split each global batch: ranks / (P x T).
+int DataParallelOf(const Options& o) { return o.ranks / (o.tp * o.stages); }
 
 int failures = 0;
 void Expect(bool ok, const std::string& what) {
@@ -170,8 +203,16 @@ nlohmann::json JobManifest(const Options& o, int nodes, int gpus, int tp, int sh
         {"data", {{"train", (fs::path(o.dir) / "train.bin").string()}}},
         {"training",
          {{"steps", kSteps}, {"microBatchSize", micro_batch},
-          {"globalBatchTokens", ranks_in_batch * kSeq * kAccumulation}, {"learningRate", 3e-3}, {"warmupSteps", 2},
+          {"globalBatchTokens", ranks_in_batch * kSeq * AccumulationOf(o)}, {"learningRate", 3e-3}, {"warmupSteps", 2},
           {"weightDecay", 0.1}, {"gradClip", 1.0}, {"seed", 7}, {"precision", "fp32"}, {"evalInterval", 0}}}}}};
+  // The ranks' job is pipelined as --pipeline says; the single-rank reference (1 node of 1)
+  // takes the same global batch in as many micro-batches.
+  if (o.stages > 1 && nodes * gpus > 1) {
+    nlohmann::json& parallelism = job["spec"]["parallelism"];
+    parallelism["pipelineParallelDegree"] = o.stages;
+    parallelism["pipelineSchedule"] = o.schedule;
+    parallelism["pipelineVirtualStages"] = o.virtual_stages;
+  }
   return job;
 }
 
@@ -269,7 +310,7 @@ int RunRank(const Options& o) {
   // Step 3's forward: each step gathers every block twice per micro-batch. (Declared before
   // the Trainer, whose engine's streams may still run its callbacks until they are destroyed.)
   const bool kill = o.mode == "kill" && env.rank == env.world_size - 1;
-  ScheduleWatch watch(int(*job.spec.model.layers), kill ? 2 : -1, 2 * kAccumulation * 2 + 1);
+  ScheduleWatch watch(int(*job.spec.model.layers), kill ? 2 : -1, 2 * AccumulationOf(o) * 2 + 1);
   comm::Rendezvous rendezvous = comm::JoinRendezvous(env, std::chrono::seconds(60));
   auto world = comm::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, comm::FabricOptions::FromEnvironment());
   // The checkpoint writers' own connection to the Store, as a worker's.
@@ -370,7 +411,7 @@ const Run& Reference(const Options& o, int dp) {
   }
   Run run = Train(*trainer);
   std::printf("reference: one rank, %s kernels, micro-batches of %d of %d sequences (%s): loss %.6f -> %.6f\n",
-              o.reference.empty() ? "fp32" : o.reference.c_str(), micro, dp * kAccumulation,
+              o.reference.empty() ? "fp32" : o.reference.c_str(), micro, dp * AccumulationOf(o),
               trainer->Describe().c_str(), run.losses.front(), run.losses.back());
   return trained.emplace(key, std::move(run)).first->second;
 }
@@ -394,10 +435,13 @@ void WriteData(const Options& o) {
 
 // The model's elements of each shard of a layout's TP slice (the engine's padding not
 // counted), which is what its checkpoint file must hold.
-int64_t ModelElementsOfShard(const api::ModelShape& shape, int tp, int T, int S, int s, int vocab_multiple) {
+// `units`: a pipeline stage's (empty: every unit).
+int64_t ModelElementsOfShard(const api::ModelShape& shape, int tp, int T, int S, int s, int vocab_multiple,
+                             const std::vector<int>& units) {
   const model::ParameterLayout slice(shape, tp, T, vocab_multiple);
   int64_t elements = 0;
   for (int u = 0; u < slice.units(); ++u) {
+    if (!units.empty() && std::find(units.begin(), units.end(), u) == units.end()) continue;
     const parallel::UnitShard shard = parallel::ShardOfUnit(slice, u, S, s);
     for (int64_t i : slice.WholeIndices(shard.unit_begin + shard.begin, shard.unit_begin + shard.begin + shard.real)) {
       elements += i >= 0;
@@ -408,15 +452,20 @@ int64_t ModelElementsOfShard(const api::ModelShape& shape, int tp, int T, int S,
 
 // The reshard mode's driver: the --from layout writes the checkpoint, this layout resumes.
 int DriveReshard(const Options& o, int argc, char** argv) {
-  Options from = o;
-  if (std::sscanf(o.from.c_str(), "%d,%d,%d,%d", &from.ranks, &from.nodes, &from.tp, &from.shard) != 4) {
-    throw std::invalid_argument("--from must be RANKS,NODES,TP,SHARD, got " + o.from);
+  Options from = o, to = o;
+  char pipeline[64] = "";
+  if (std::sscanf(o.from.c_str(), "%d,%d,%d,%d,%63s", &from.ranks, &from.nodes, &from.tp, &from.shard, pipeline) < 4) {
+    throw std::invalid_argument("--from must be RANKS,NODES,TP,SHARD[,PIPELINE], got " + o.from);
   }
+  from.stages = 1, from.schedule = "1F1B", from.virtual_stages = 1;
+  if (pipeline[0] != 0) ParsePipeline(from, pipeline);
+  // Both layouts take as many micro-batches a step as either needs.
+  from.accumulation = to.accumulation = std::max(AccumulationOf(from), AccumulationOf(to));
   WriteData(o);
-  // 12 sequences a micro-step (2 a step) whatever the layout, so both train the same batches.
+  // 12 sequences a micro-step whatever the layout, so both train the same batches.
   const fs::path checkpoints = fs::path(o.dir) / "checkpoints";
   auto job_of = [&](const Options& l) {
-    nlohmann::json job = JobManifest(l, l.nodes, l.ranks / l.nodes, l.tp, l.shard, 12 / (l.ranks / l.tp), 12);
+    nlohmann::json job = JobManifest(l, l.nodes, l.ranks / l.nodes, l.tp, l.shard, 12 / DataParallelOf(l), 12);
     job["spec"]["checkpoint"] = {{"path", checkpoints.string()}, {"interval", kReshardStep}, {"keep", 2}};
     return job;
   };
@@ -426,7 +475,7 @@ int DriveReshard(const Options& o, int argc, char** argv) {
   for (const train::CheckpointListing& c : train::ListCheckpoints(checkpoints.string(), false)) {
     if (c.step == kReshardStep) written_directory = c.directory;
   }
-  const api::ModelShape shape = api::ShapeOf(CheckedJob(job_of(o)).spec.model);
+  const api::ModelShape shape = api::ShapeOf(CheckedJob(job_of(to)).spec.model);
   const train::LoadedCheckpoint written = train::LoadCheckpoint(written_directory, shape);
 
   // The files hold the model's elements of each shard, never the engine's vocabulary padding.
@@ -435,12 +484,18 @@ int DriveReshard(const Options& o, int argc, char** argv) {
   Expect(vocab_multiple == api::kVocabMultiple, "the metadata records the engine's vocabulary padding, " +
                                                     std::to_string(api::kVocabMultiple) + ", got " +
                                                     std::to_string(vocab_multiple));
-  const api::ParallelLayout from_layout(from.nodes, from.ranks / from.nodes, from.tp, from.shard);
+  const api::ParallelLayout from_layout(from.nodes, from.ranks / from.nodes, from.tp, from.shard, from.stages);
   int64_t padded_elements = 0, model_elements = 0;
   for (int rank = 0; rank < from.ranks; ++rank) {
     const api::LayoutCoord at = from_layout.CoordOf(rank);
     if (at.replica != 0) continue;
-    const int64_t want = ModelElementsOfShard(shape, at.tp, from.tp, from_layout.shard(), at.shard, api::kVocabMultiple);
+    std::vector<int> units;  // a stage's, as the metadata lists them
+    for (const nlohmann::json& f : meta.at("files")) {
+      if (f.at("rank") == rank) units = f.value("units", std::vector<int>{});
+    }
+    Expect(from.stages == 1 || !units.empty(), "the metadata lists the units of rank " + std::to_string(rank));
+    const int64_t want =
+        ModelElementsOfShard(shape, at.tp, from.tp, from_layout.shard(), at.shard, api::kVocabMultiple, units);
     char name[32];
     std::snprintf(name, sizeof name, "rank-%05d.bin", rank);
     const fs::path file = fs::path(written_directory) / name;
@@ -450,17 +505,21 @@ int DriveReshard(const Options& o, int argc, char** argv) {
                                                 std::to_string(want) + " model elements of its shards");
     model_elements += want;
     const model::ParameterLayout slice(shape, at.tp, from.tp, api::kVocabMultiple);
-    for (int u = 0; u < slice.units(); ++u) padded_elements += parallel::ShardOfUnit(slice, u, from_layout.shard(), at.shard).real;
+    for (int u = 0; u < slice.units(); ++u) {
+      if (units.empty() || std::find(units.begin(), units.end(), u) != units.end()) {
+        padded_elements += parallel::ShardOfUnit(slice, u, from_layout.shard(), at.shard).real;
+      }
+    }
   }
   std::printf("checkpoint of %d ranks (T=%d, S=%d): %lld model elements in the files, %lld in the engine's shards "
               "with the vocabulary padded to a multiple of %d\n",
               from.ranks, from.tp, from_layout.shard(), (long long)model_elements, (long long)padded_elements,
               vocab_multiple);
 
-  std::ofstream(fs::path(o.dir) / "job.json", std::ios::trunc) << job_of(o).dump(2);
+  std::ofstream(fs::path(o.dir) / "job.json", std::ios::trunc) << job_of(to).dump(2);
   if (Launch(o, argc, argv, false).status != 0) return 1;
 
-  train::Trainer reference_trainer(CheckedJob(JobManifest(o, 1, 1, 1, 1, 12, 12)));
+  train::Trainer reference_trainer(CheckedJob(JobManifest(to, 1, 1, 1, 1, 12, 12)));
   const Run reference = Train(reference_trainer);
   const std::vector<float> resumed = ReadVector<float>(fs::path(o.dir) / "resumed.bin");
   const std::vector<double> losses = ReadVector<double>(fs::path(o.dir) / "losses.bin");
@@ -473,9 +532,9 @@ int DriveReshard(const Options& o, int argc, char** argv) {
     worst = std::max(worst, std::abs(losses[i] - want) / std::abs(want));
   }
   const double weight_error = weights.size() == reference.weights.size() ? RelativeL2(weights, reference.weights) : 1;
-  std::printf("%d ranks (T=%d, S=%d) -> %d ranks (T=%d, S=%d) at step %d: weights after loading %s; steps %d-%d worst "
-              "loss error %.2e, final weights %.2e\n",
-              from.ranks, from.tp, from.shard, o.ranks, o.tp, o.shard, kReshardStep,
+  std::printf("%d ranks (P=%d, T=%d, S=%d) -> %d ranks (P=%d, T=%d, S=%d) at step %d: weights after loading %s; "
+              "steps %d-%d worst loss error %.2e, final weights %.2e\n",
+              from.ranks, from.stages, from.tp, from.shard, o.ranks, o.stages, o.tp, o.shard, kReshardStep,
               resumed == written.state.master ? "bitwise equal" : "DIFFERENT", kReshardStep + 1, kSteps, worst,
               weight_error);
   Expect(worst <= 1e-5, "losses within 1e-5 relative of the single-rank run");
@@ -487,7 +546,7 @@ int DriveReshard(const Options& o, int argc, char** argv) {
 // One layout's equivalence (or limit) run against the single-rank reference.
 int DriveLayout(const Options& o, int argc, char** argv) {
   const int failures_before = failures;
-  const int dp = o.ranks / o.tp, S = o.shard == 0 ? dp : o.shard;
+  const int dp = DataParallelOf(o), S = o.shard == 0 ? dp : o.shard;
   nlohmann::json ranks_job = JobManifest(o, o.nodes, o.ranks / o.nodes, o.tp, o.shard, 1, dp);
   if (!o.activations.empty()) {
     nlohmann::json& parallelism = ranks_job["spec"]["parallelism"];
@@ -562,9 +621,11 @@ int DriveLayout(const Options& o, int argc, char** argv) {
   if (o.jitter != 0) {
     strict = ", jitter seeds " + std::to_string(o.jitter) + (o.repeat > 1 ? "-" + std::to_string(o.jitter + o.repeat - 1) : "");
   }
-  std::printf("%d ranks, T=%d, S=%d, R=%d%s, dropout %g, %s kernels%s: loss %.6f -> %.6f (one rank %.6f -> %.6f); "
+  const std::string pipeline = o.stages == 1 ? "" : ", P=" + std::to_string(o.stages) + " " + o.schedule +
+                                                      (o.virtual_stages > 1 ? " V=" + std::to_string(o.virtual_stages) : "");
+  std::printf("%d ranks%s, T=%d, S=%d, R=%d%s, dropout %g, %s kernels%s: loss %.6f -> %.6f (one rank %.6f -> %.6f); "
               "worst loss error %.2e, weights %.2e (bounds %g, %g)\n",
-              o.ranks, o.tp, S, dp / S, o.activations.empty() ? "" : (", " + o.activations).c_str(), o.dropout,
+              o.ranks, pipeline.c_str(), o.tp, S, dp / S, o.activations.empty() ? "" : (", " + o.activations).c_str(), o.dropout,
               o.kernels.c_str(), strict.c_str(), losses.empty() ? 0.0 : losses.front(),
               losses.empty() ? 0.0 : losses.back(), reference.losses.front(), reference.losses.back(), worst,
               weight_error, loss_tolerance, weight_tolerance);
@@ -589,10 +650,26 @@ int DriveLayout(const Options& o, int argc, char** argv) {
     // Memory: each unit of the rank's TP slice (its vocabulary padded as the engine pads
     // it) has shards of ceil(n / S) elements (fp32, or fp64 with the fp64 kernels), in four
     // buffers (master, grads, m, v).
+    // In a pipeline, of the units of the rank's stage: its chunks' blocks, the embedding's
+    // on the first stage (and the last's copy of a tied one), an untied head's on the last.
     const int64_t element = o.kernels == "fp64" ? 8 : 4;
-    const model::ParameterLayout layout(api::ShapeOf(single.spec.model), rank % o.tp, o.tp, std::max(1, vocab_multiple));
+    const api::ModelShape shape = api::ShapeOf(single.spec.model);
+    const model::ParameterLayout layout(shape, rank % o.tp, o.tp, std::max(1, vocab_multiple));
+    const int stage = rank / (o.ranks / o.stages);
+    std::vector<bool> held(size_t(layout.units()), o.stages == 1);
+    if (o.stages > 1) {
+      const api::Pipeline pipe{o.stages, o.virtual_stages, api::ParsePipelineSchedule(o.schedule)};
+      const std::vector<int> first = api::SplitBlocks(shape, kSeq, pipe.chunks());
+      for (int c : api::ChunksOf(pipe, stage)) {
+        for (int l = first[size_t(c)]; l < first[size_t(c) + 1]; ++l) held[size_t(l) + 1] = true;
+      }
+      const bool last = stage == o.stages - 1;
+      held[0] = stage == 0 || (last && shape.tied);
+      if (layout.head_unit() != 0) held[size_t(layout.head_unit())] = last;
+    }
     int64_t sharded = 0, replicated = 0, padding = 0;
     for (int u = 0; u < layout.units(); ++u) {
+      if (!held[size_t(u)]) continue;
       const int64_t n = layout.Unit(u).second - layout.Unit(u).first, shard = (n + S - 1) / S;
       sharded += 4 * int64_t(runtime::CachingAllocator::RoundedSize(size_t(shard * element)));
       replicated += 4 * int64_t(runtime::CachingAllocator::RoundedSize(size_t(n * element)));
@@ -619,13 +696,14 @@ Options LayoutOf(const Options& base, const std::string& spec) {
   std::vector<std::string> fields;
   std::stringstream in(spec);
   for (std::string field; std::getline(in, field, ',');) fields.push_back(field);
-  if (fields.size() < 4 || fields.size() > 6) {
-    throw std::invalid_argument("--layout must be RANKS,NODES,TP,SHARD[,ACTIVATIONS[,DROPOUT]], got " + spec);
+  if (fields.size() < 4 || fields.size() > 7) {
+    throw std::invalid_argument("--layout must be RANKS,NODES,TP,SHARD[,ACTIVATIONS[,DROPOUT[,PIPELINE]]], got " + spec);
   }
   o.ranks = std::stoi(fields[0]), o.nodes = std::stoi(fields[1]), o.tp = std::stoi(fields[2]),
   o.shard = std::stoi(fields[3]);
   o.activations = fields.size() > 4 && fields[4] != "keep" ? fields[4] : "";
   o.dropout = fields.size() > 5 ? std::stod(fields[5]) : 0;
+  if (fields.size() > 6) ParsePipeline(o, fields[6]);
   if (o.ranks % o.nodes != 0) throw std::invalid_argument("--layout " + spec + ": RANKS must be a multiple of NODES");
   return o;
 }
@@ -670,6 +748,7 @@ int main(int argc, char** argv) {
     else if (flag == "--reference") o.reference = value;
     else if (flag == "--reference-micro") o.reference_micro = std::atoi(value.c_str());
     else if (flag == "--layout") o.layouts.push_back(value);
+    else if (flag == "--pipeline") ParsePipeline(o, value);
     else {
       std::fprintf(stderr, "engine_check: unknown flag %s\n", flag.c_str());
       return 2;

@@ -205,6 +205,53 @@ TEST_F(WorkerTest, ARankKilledWithSigkillRestartsTheGangFromItsCheckpoint) {
   }
 }
 
+std::string EnvironmentOf(pid_t pid, const std::string& name);
+
+// The same through a pipeline of 2 stages (2 ranks each, 1F1B): rank 3, of stage 1, killed
+// once step 9 is done. The gang restarts from step 8's checkpoint (written stage by stage),
+// and the steps after it are bitwise those of the run never interrupted, as is every rank's
+// state after step 12.
+TEST_F(WorkerTest, APipelineStageKilledWithSigkillResumesItsGangFromTheCheckpoint) {
+  auto pipelined = [&](const std::string& name) {
+    const fs::path path = Job(name, 2, 2, 12);
+    nlohmann::json manifest = nlohmann::json::parse(std::ifstream(path));
+    manifest["spec"]["parallelism"]["pipelineParallelDegree"] = 2;
+    manifest["spec"]["training"]["microBatchSize"] = 1;  // 2048 tokens in 4 micro-batches of the 2 replicas
+    std::ofstream(path) << manifest.dump(2);
+    return path;
+  };
+  const Outcome straight = MeshtrainRun(pipelined("pstraight"));
+  ASSERT_EQ(straight.status, 0) << straight.output;
+  EXPECT_NE(straight.output.find("| bubble "), std::string::npos) << "the step lines give each stage's bubble";
+  Process run({MESHTRAIN_CLI, "run", pipelined("pkilled").string(), "--sample-tokens", "0"}, {}, dir_ / "pkilled.log");
+  const auto until = std::chrono::steady_clock::now() + 120s;
+  while (Steps(run.Output()).size() < 9 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+  pid_t stage1 = -1;
+  for (pid_t child : run.Children())
+    if (EnvironmentOf(child, "RANK") == "3") stage1 = child;
+  ASSERT_GT(stage1, 0) << run.Output();
+  ::kill(stage1, SIGKILL);
+  const Outcome killed = run.Wait(120s);
+  ASSERT_EQ(killed.status, 0) << killed.output;
+  const size_t restart = killed.output.find("failed with status 137; restarting the gang from the newest checkpoint");
+  ASSERT_NE(restart, std::string::npos) << killed.output;
+  const std::string after = killed.output.substr(restart);
+  EXPECT_NE(after.find("resumed from step 8 ("), std::string::npos) << after;
+  const std::vector<StepLine> want = Steps(straight.output), got = Steps(after);
+  ASSERT_EQ(got.size(), 4u) << after;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].loss, want[8 + i].loss) << "step " << 9 + i;
+    EXPECT_EQ(got[i].norm, want[8 + i].norm) << "step " << 9 + i;
+  }
+  // Both stages wrote: replica 0 of each (ranks 0 and 2).
+  for (int rank : {0, 2}) {
+    const fs::path file = fs::path("step-00000012") / train::CheckpointRankFile(rank);
+    const std::string a = train::ReadCheckpointFile(dir_ / "pstraight-checkpoints" / file),
+                      b = train::ReadCheckpointFile(dir_ / "pkilled-checkpoints" / file);
+    EXPECT_TRUE(a == b) << file << " differs from the uninterrupted run's";
+  }
+}
+
 // Each rank resumes reading only its own shard's chunks, so damage to rank 1's file is
 // met by rank 1 alone: the gang agrees to skip that checkpoint, names the rank (which
 // says why), and every rank resumes from the older one.
@@ -388,13 +435,14 @@ fs::path JobWithHangTimeout(const fs::path& job) {
   return job;
 }
 
-void ExpectAHangRestartedFromStep8(const Hang& hang, int stuck, const std::string& why) {
+// `stage`: how the stuck rank is named beside its number ("" or " \\(stage 1 of 2\\)").
+void ExpectAHangRestartedFromStep8(const Hang& hang, int stuck, const std::string& why, const std::string& stage = "") {
   const std::string& output = hang.outcome.output;
   EXPECT_EQ(hang.outcome.status, 0) << output;
   ASSERT_TRUE(hang.named_after) << output;
   EXPECT_GE(*hang.named_after, kHangTimeout - 1s) << output;
   EXPECT_LE(*hang.named_after, kHangTimeout + kHangSlack) << output;
-  const std::regex named("rank [0-9]+: error: rank " + std::to_string(stuck) + " made no progress for [0-9.]+ s \\(" +
+  const std::regex named("rank [0-9]+: error: rank " + std::to_string(stuck) + stage + " made no progress for [0-9.]+ s \\(" +
                          why + "\\); ending this attempt\n");
   EXPECT_TRUE(std::regex_search(output, named)) << output;
   const size_t restart = output.find("failed with status 75 (it found a hang: the stuck rank is named above); "
@@ -410,6 +458,17 @@ void ExpectAHangRestartedFromStep8(const Hang& hang, int stuck, const std::strin
 TEST_F(WorkerTest, AStoppedRankIsNamedWithinTheHangTimeoutAndTheGangRestarts) {
   const Hang hang = RunAndStopARank(JobWithHangTimeout(Job("stopped", 2, 2, 12)), 9, 2, dir_ / "stopped.log");
   ExpectAHangRestartedFromStep8(hang, 2, "its heartbeat stopped: stopped or hung");
+}
+
+// In a pipeline of 2 stages, the stopped rank is named with its stage.
+TEST_F(WorkerTest, AStoppedPipelineStageIsNamedAndTheGangRestarts) {
+  const fs::path job = JobWithHangTimeout(Job("pstopped", 2, 2, 12));
+  nlohmann::json manifest = nlohmann::json::parse(std::ifstream(job));
+  manifest["spec"]["parallelism"]["pipelineParallelDegree"] = 2;
+  manifest["spec"]["training"]["microBatchSize"] = 1;
+  std::ofstream(job) << manifest.dump(2);
+  const Hang hang = RunAndStopARank(job, 9, 3, dir_ / "pstopped.log");
+  ExpectAHangRestartedFromStep8(hang, 3, "its heartbeat stopped: stopped or hung", " \\(stage 1 of 2\\)");
 }
 
 // Rank 0 stopped: the Store it serves stops answering, and the other ranks name it.

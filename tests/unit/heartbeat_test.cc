@@ -51,6 +51,20 @@ TEST(FindStuckRanks, ARankWhoseHeartbeatStoppedIsNamedFirst) {
   EXPECT_EQ(stuck->message, "rank 2 made no progress for 5.3 s (its heartbeat stopped: stopped or hung)");
 }
 
+// In a pipeline of 2 stages of 2 ranks, a stopped rank's stage is named with it, and
+// the ranks furthest behind with theirs.
+TEST(FindStuckRanks, InAPipelineTheStageIsNamed) {
+  const std::vector<RankObservation> stopped = {Training(0, 7), Training(1, 7), Training(2, 7, 5300ms), Training(3, 7)};
+  std::optional<StuckRanks> stuck = FindStuckRanks(stopped, 9s, kTimeout, 2);
+  ASSERT_TRUE(stuck);
+  EXPECT_EQ(stuck->message, "rank 2 (stage 1 of 2) made no progress for 5.3 s (its heartbeat stopped: stopped or hung)");
+  const std::vector<RankObservation> behind = {Training(0, 7), Training(1, 6), Training(2, 7), Training(3, 6)};
+  stuck = FindStuckRanks(behind, 6s, kTimeout, 4);
+  ASSERT_TRUE(stuck);
+  EXPECT_EQ(stuck->ranks, (std::vector<int>{1, 3}));
+  EXPECT_NE(stuck->message.find("ranks 1, 3 (stages 1, 3 of 4) made no progress"), std::string::npos) << stuck->message;
+}
+
 TEST(FindStuckRanks, HeartbeatsThatNeverStartedOrStoppedInAnyPhaseAreNamedTogether) {
   const std::vector<RankObservation> never = {Training(0, 0), {1, std::nullopt, 6s}};
   ASSERT_TRUE(FindStuckRanks(never, 0ms, kTimeout));

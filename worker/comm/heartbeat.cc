@@ -26,11 +26,20 @@ std::string Seconds(milliseconds duration) {
   return text;
 }
 
-// "rank 2" or "ranks 1, 3"
-std::string RankList(const std::vector<int>& ranks) {
+// "rank 2" or "ranks 1, 3"; of a world of `world` ranks in `stages` pipeline stages,
+// with their stages: "rank 2 (stage 1 of 2)", "ranks 1, 2 (stages 0, 1 of 4)".
+std::string RankList(const std::vector<int>& ranks, int world = 1, int stages = 1) {
   std::string list = ranks.size() == 1 ? "rank " : "ranks ";
   for (size_t i = 0; i < ranks.size(); ++i) list += (i ? ", " : "") + std::to_string(ranks[i]);
-  return list;
+  if (stages <= 1 || world % stages != 0) return list;
+  std::vector<int> of;
+  for (int rank : ranks) {
+    const int stage = rank / (world / stages);
+    if (std::find(of.begin(), of.end(), stage) == of.end()) of.push_back(stage);
+  }
+  list += of.size() == 1 ? " (stage " : " (stages ";
+  for (size_t i = 0; i < of.size(); ++i) list += (i ? ", " : "") + std::to_string(of[i]);
+  return list + " of " + std::to_string(stages) + ")";
 }
 
 // The default on_stuck: the training thread is blocked (that is the hang), so nothing
@@ -45,7 +54,7 @@ void EndThisProcess(int rank, const std::string& message) {
 // The ranks whose heartbeat has not changed for `threshold`, named as stopped, with no
 // progress for `reported` (default: the shortest of their silences).
 std::optional<StuckRanks> SilentRanks(const std::vector<RankObservation>& ranks, milliseconds threshold,
-                                      std::optional<milliseconds> reported) {
+                                      std::optional<milliseconds> reported, int stages) {
   StuckRanks silent;
   milliseconds shortest = milliseconds::max();
   bool never_seen = true;
@@ -57,7 +66,7 @@ std::optional<StuckRanks> SilentRanks(const std::vector<RankObservation>& ranks,
   }
   if (silent.ranks.empty()) return std::nullopt;
   const bool one = silent.ranks.size() == 1;
-  silent.message = RankList(silent.ranks) + " made no progress for " + Seconds(reported.value_or(shortest)) + " (" +
+  silent.message = RankList(silent.ranks, int(ranks.size()), stages) + " made no progress for " + Seconds(reported.value_or(shortest)) + " (" +
                    (one ? "its heartbeat " : "their heartbeats ") + (never_seen ? "never started" : "stopped") +
                    ": stopped or hung)";
   return silent;
@@ -84,10 +93,10 @@ std::optional<Heartbeat> DecodeHeartbeat(std::string_view text) {
 milliseconds HeartbeatInterval(milliseconds timeout) { return std::max(milliseconds(100), timeout / 10); }
 
 std::optional<StuckRanks> FindStuckRanks(const std::vector<RankObservation>& ranks, milliseconds stalled,
-                                         milliseconds timeout) {
+                                         milliseconds timeout, int stages) {
   // A heartbeat that stopped changing is a process that stopped running: certain, and the
   // cause of every other rank's wait, so it is named first, whatever the phase.
-  if (std::optional<StuckRanks> silent = SilentRanks(ranks, timeout, std::nullopt)) return silent;
+  if (std::optional<StuckRanks> silent = SilentRanks(ranks, timeout, std::nullopt, stages)) return silent;
   // Steps are progress only while every rank trains: start-up and the end have none.
   const bool all_training = !ranks.empty() && std::all_of(ranks.begin(), ranks.end(), [](const RankObservation& r) {
     return r.last && r.last->phase == Phase::kTraining;
@@ -95,7 +104,9 @@ std::optional<StuckRanks> FindStuckRanks(const std::vector<RankObservation>& ran
   if (!all_training || stalled < timeout) return std::nullopt;
   // A rank stopped mid-step stalls the others from their last step, before its own
   // heartbeat is as old as the timeout; one that missed a few beats is the cause.
-  if (std::optional<StuckRanks> silent = SilentRanks(ranks, 3 * HeartbeatInterval(timeout), stalled)) return silent;
+  if (std::optional<StuckRanks> silent = SilentRanks(ranks, 3 * HeartbeatInterval(timeout), stalled, stages)) {
+    return silent;
+  }
   const auto [lowest, highest] = std::minmax_element(
       ranks.begin(), ranks.end(), [](const RankObservation& a, const RankObservation& b) {
         return a.last->steps < b.last->steps;
@@ -114,7 +125,7 @@ std::optional<StuckRanks> FindStuckRanks(const std::vector<RankObservation>& ran
     else next = std::min(next, r.last->steps);
   }
   const bool one = stuck.ranks.size() == 1;
-  stuck.message = RankList(stuck.ranks) + " made no progress for " + Seconds(stalled) + " (" +
+  stuck.message = RankList(stuck.ranks, int(ranks.size()), stages) + " made no progress for " + Seconds(stalled) + " (" +
                   (one ? "it is" : "they are") + " at step " + std::to_string(behind) + "; the other ranks, at step " +
                   std::to_string(next) + " or later, wait for " + (one ? "it" : "them") + ")";
   return stuck;
@@ -214,7 +225,8 @@ std::optional<StuckRanks> Watchdog::Watch(StoreClient& store, Clock::time_point 
     }
     ranks.push_back({rank, seen.last, std::chrono::duration_cast<milliseconds>(now - seen.changed)});
   }
-  return FindStuckRanks(ranks, std::chrono::duration_cast<milliseconds>(now - progressed_), options_.timeout);
+  return FindStuckRanks(ranks, std::chrono::duration_cast<milliseconds>(now - progressed_), options_.timeout,
+                        options_.stages);
 }
 
 }  // namespace meshtrain::comm

@@ -75,14 +75,17 @@ struct StuckRanks {
 };
 
 // The stuck ranks, or nullopt while the gang is healthy. `stalled` is the time since any
-// rank's phase or steps last changed.
+// rank's phase or steps last changed. With pipeline `stages` (the world's ranks split
+// into that many consecutive stages, api/layout.h), the message names their stages too:
+// "rank 2 (stage 1 of 2) made no progress ...".
 std::optional<StuckRanks> FindStuckRanks(const std::vector<RankObservation>& ranks, milliseconds stalled,
-                                         milliseconds timeout);
+                                         milliseconds timeout, int stages = 1);
 
 struct WatchdogOptions {
   std::string coordinator;  // host:port of rank 0's Store
   std::string key;          // the Store's key; empty: none
   int rank = 0, world = 1;
+  int stages = 1;           // pipeline stages, which messages name
   milliseconds timeout{0};  // 0: no watchdog
   // Called once, from the watchdog thread, with what is stuck ("rank 2 made no progress
   // ..."); the watchdog then ends. Default: print "rank R: error: MESSAGE; ending this

@@ -95,6 +95,7 @@ int Train(std::ostream& out) {
                            .key = rendezvous.key,
                            .rank = env.rank,
                            .world = env.world_size,
+                           .stages = int(job.spec.parallelism.pipeline_parallel_degree),
                            .timeout = std::chrono::seconds(job.spec.run_policy.hang_timeout_seconds),
                            .on_stuck = {}});  // the default: name it and end the attempt
 

@@ -86,6 +86,21 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
                                 .Labels(labels)
                                 .Register(*registry_)
                                 .Add({})),
+      send_seconds_(CommSeconds(*registry_, labels, "send")),
+      recv_seconds_(CommSeconds(*registry_, labels, "recv")),
+      neighbour_wait_seconds_(BuildCounter()
+                                  .Name("meshtrain_pipeline_wait_seconds_total")
+                                  .Help("Seconds the compute stream waited for the neighbouring pipeline stages.")
+                                  .Labels(labels)
+                                  .Register(*registry_)
+                                  .Add({})),
+      stage_bubble_(BuildGauge()
+                        .Name("meshtrain_pipeline_bubble_ratio")
+                        .Help("The last step's share a stage's compute stood waiting for its neighbours, by stage.")
+                        .Labels(labels)
+                        .Register(*registry_)),
+      bubble_model_(NewGauge(*registry_, "meshtrain_pipeline_bubble_model_ratio",
+                             "The schedule's model of the bubble, (P-1)/(VM+P-1); 0 without a pipeline.", labels)),
       checkpoint_seconds_(NewHistogram(*registry_, "meshtrain_checkpoint_seconds",
                                        "Seconds to write a checkpoint, from the snapshot to the files in place.",
                                        labels)),
@@ -139,6 +154,13 @@ void TrainingMetrics::Step(const train::StepReport& report) {
   reduce_scatter_seconds_.Increment(report.comm.reduce_scatter);
   all_reduce_seconds_.Increment(report.comm.all_reduce);
   exposed_comm_seconds_.Increment(report.comm.exposed);
+  send_seconds_.Increment(report.comm.send);
+  recv_seconds_.Increment(report.comm.recv);
+  neighbour_wait_seconds_.Increment(report.comm.neighbour_wait);
+  for (size_t stage = 0; stage < report.stage_bubbles.size(); ++stage) {
+    stage_bubble_.Add({{"stage", std::to_string(stage)}}).Set(report.stage_bubbles[stage]);
+  }
+  bubble_model_.Set(report.bubble_model);
   if (report.checkpoint_stall) checkpoint_stall_seconds_.Observe(*report.checkpoint_stall);
 }
 

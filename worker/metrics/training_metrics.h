@@ -17,6 +17,11 @@
 //   meshtrain_train_resume_damaged_checkpoints            gauge: newer checkpoints that resume skipped
 //   meshtrain_train_model_flops_per_token                 gauge: 6N + 12LTC, the numerator of MFU
 //   meshtrain_train_peak_flops                            gauge: the dense bf16 peak of all the job's devices (0: unknown, as on CPU)
+//   meshtrain_comm_seconds_total{op}                      counter: all_gather, reduce_scatter, all_reduce, and a
+//                                                         pipeline's send and recv
+//   meshtrain_pipeline_wait_seconds_total                 counter: seconds this rank's compute waited on its neighbouring stages
+//   meshtrain_pipeline_bubble_ratio{stage}                gauge: the last step's measured bubble of each stage
+//   meshtrain_pipeline_bubble_model_ratio                 gauge: the schedule's model of it, (P-1)/(VM+P-1)
 //
 // The operator reads the names of api/worker_contract.h (api::worker::metric) from rank 0
 // to fill a TrainingJob's status.progress.
@@ -72,6 +77,9 @@ class TrainingMetrics {
   prometheus::Family<prometheus::Gauge>& memory_;
   prometheus::Family<prometheus::Gauge>& memory_peak_;
   prometheus::Counter &all_gather_seconds_, &reduce_scatter_seconds_, &all_reduce_seconds_, &exposed_comm_seconds_;
+  prometheus::Counter &send_seconds_, &recv_seconds_, &neighbour_wait_seconds_;
+  prometheus::Family<prometheus::Gauge>& stage_bubble_;
+  prometheus::Gauge& bubble_model_;
   prometheus::Histogram &checkpoint_seconds_, &checkpoint_stall_seconds_;
   prometheus::Gauge &checkpoint_last_step_, &checkpoint_bytes_, &resumed_from_step_, &damaged_checkpoints_;
   prometheus::Gauge &model_flops_per_token_, &peak_flops_;

@@ -22,9 +22,8 @@ template <class P>
 ActivationStore<P>::ActivationStore(const api::ModelShape& shape, int max_batch, int max_seq,
                                     const ActivationPolicy& policy, const api::EngineTypes& types, bool dropout,
                                     model::TpSlice tp, runtime::Backend& backend, runtime::CachingAllocator* device,
-                                    runtime::CachingAllocator* pinned)
+                                    runtime::CachingAllocator* pinned, const api::StageShape& stage)
     : policy_(policy),
-      layers_(int(shape.layers)),
       input_bytes_(api::Aligned(int64_t(max_batch) * max_seq * shape.hidden * int64_t(sizeof(A)))),
       backend_(backend),
       pinned_(pinned),
@@ -36,8 +35,7 @@ ActivationStore<P>::ActivationStore(const api::ModelShape& shape, int max_batch,
   // The sizes the planner's memory model counts (api/engine_memory.h); the carving below
   // takes exactly them, which the check at its end holds.
   const api::ActivationBytes sizes =
-      api::ActivationStoreBytes(shape, max_batch, max_seq, policy, tp.rank, tp.size, types, dropout);
-  const int kept_blocks = policy.checkpointing ? 1 : layers_;
+      api::ActivationStoreBytes(shape, max_batch, max_seq, policy, tp.rank, tp.size, types, dropout, stage);
   const int64_t block_bytes = api::BlockActivationBytes(max_batch, max_seq, shape, tp.size, types);
   kept_ = runtime::DeviceArray<std::byte>(device, sizes.kept, runtime::MemoryCategory::kActivations);
   runtime::DeviceBytes next = kept_.get();
@@ -46,28 +44,47 @@ ActivationStore<P>::ActivationStore(const api::ModelShape& shape, int max_batch,
     next += bytes;
     return at;
   };
-  for (int i = 0; i < sizes.inputs; ++i) slots_.push_back(take(input_bytes_).template As<A>());
-  if (policy.checkpointing) head_input_ = take(input_bytes_).template As<A>();
-  for (int b = 0; b < kept_blocks; ++b) {
-    blocks_.push_back(model::BlockActivations<P>::At(take(block_bytes), max_batch, max_seq, shape, tp, types));
+  auto block = [&] { return model::BlockActivations<P>::At(take(block_bytes), max_batch, max_seq, shape, tp, types); };
+  const std::vector<int> layers = stage.lanes.empty() ? std::vector<int>{int(shape.layers)} : stage.lanes;
+  lanes_.resize(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    Lane& lane = lanes_[i];
+    lane.layers = layers[i];
+    const int slots = !policy.checkpointing ? 1 : policy.offload ? std::min(policy.horizon + 1, lane.layers) : lane.layers;
+    for (int j = 0; j < slots; ++j) lane.slots.push_back(take(input_bytes_).template As<A>());
+    if (policy.checkpointing) lane.output = take(input_bytes_).template As<A>();
+    if (stage.pipelined) lane.gradient = take(input_bytes_).template As<A>();
+    if (!policy.checkpointing) {
+      for (int b = 0; b < lane.layers; ++b) lane.blocks.push_back(block());
+      lane.output = lane.blocks.back().output;
+    }
   }
-  head = model::HeadActivations<P>::At(take(api::HeadActivationBytes(max_batch, max_seq, shape, tp.rank, tp.size, types)),
-                                       max_batch, max_seq, shape, tp, types);
+  if (policy.checkpointing) work_ = block();
+  if (stage.head) {
+    head = model::HeadActivations<P>::At(take(api::HeadActivationBytes(max_batch, max_seq, shape, tp.rank, tp.size, types)),
+                                         max_batch, max_seq, shape, tp, types);
+  }
   scratch = model::BlockScratch<P>::At(take(api::BlockScratchBytes(max_batch, max_seq, shape, tp.size, types, dropout)),
                                        max_batch, max_seq, shape, tp, types, dropout);
   if (next - kept_.get() != sizes.kept) {
     throw std::logic_error("ActivationStore: carving disagrees with api::ActivationStoreBytes");
   }
-  if (policy.checkpointing) work_ = blocks_[0];
-  else head_input_ = blocks_.back().output;
+  if (!stage.pipelined) {
+    for (Lane& lane : lanes_) lane.gradient = scratch.dresidual;
+  }
   if (sizes.offloaded > 0) {
     pool_base_ = static_cast<std::byte*>(pinned_->Allocate(size_t(sizes.offloaded), runtime::MemoryCategory::kOffload));
-    for (int l = 0; l < layers_ - slots(); ++l) pool_.push_back(pool_base_ + input_bytes_ * l);
   }
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    offloaded_slot_.push_back(backend.NewEvent());
-    loaded_slot_.push_back(backend.NewEvent());
-    released_slot_.push_back(backend.NewEvent());
+  std::byte* pool = pool_base_;
+  for (Lane& lane : lanes_) {
+    if (policy.offload) {
+      for (int l = 0; l < lane.layers - int(lane.slots.size()); ++l, pool += input_bytes_) lane.pool.push_back(pool);
+    }
+    for (size_t i = 0; i < lane.slots.size(); ++i) {
+      lane.offloaded_slot.push_back(backend.NewEvent());
+      lane.loaded_slot.push_back(backend.NewEvent());
+      lane.released_slot.push_back(backend.NewEvent());
+    }
   }
 }
 
@@ -81,22 +98,31 @@ ActivationStore<P>::~ActivationStore() {
 }
 
 template <class P>
-runtime::DevicePtr<typename P::Act> ActivationStore<P>::Input(int l) const {
-  if (!policy_.checkpointing) return l == 0 ? slots_[0] : blocks_[size_t(l) - 1].output;
-  return slots_[size_t(Slot(l))];
+runtime::DevicePtr<typename P::Act> ActivationStore<P>::Input(int l, int lane) const {
+  const Lane& at = lanes_[size_t(lane)];
+  if (!policy_.checkpointing) return l == 0 ? at.slots[0] : at.blocks[size_t(l) - 1].output;
+  return at.slots[size_t(at.Slot(l))];
 }
 
 template <class P>
-model::BlockActivations<P> ActivationStore<P>::ForwardOutputs(int l) const {
-  if (!policy_.checkpointing) return blocks_[size_t(l)];
+model::BlockActivations<P> ActivationStore<P>::ForwardOutputs(int l, int lane) const {
+  const Lane& at = lanes_[size_t(lane)];
+  if (!policy_.checkpointing) return at.blocks[size_t(l)];
   model::BlockActivations<P> out = work_;
-  out.output = l + 1 < layers_ ? Input(l + 1) : head_input_;
+  out.output = l + 1 < at.layers ? Input(l + 1, lane) : at.output;
   return out;
 }
 
 template <class P>
-model::BlockActivations<P> ActivationStore<P>::Saved(int l) const {
-  return policy_.checkpointing ? work_ : blocks_[size_t(l)];
+model::BlockActivations<P> ActivationStore<P>::Saved(int l, int lane) const {
+  return policy_.checkpointing ? work_ : lanes_[size_t(lane)].blocks[size_t(l)];
+}
+
+template <class P>
+model::BlockScratch<P> ActivationStore<P>::ScratchFor(int lane) const {
+  model::BlockScratch<P> s = scratch;
+  s.dresidual = lanes_[size_t(lane)].gradient;
+  return s;
 }
 
 template <class P>
@@ -107,50 +133,58 @@ void ActivationStore<P>::WaitTimed(runtime::Stream& compute, runtime::Event& eve
 }
 
 template <class P>
-void ActivationStore<P>::BeforeForward(int l, runtime::Stream& compute) {
+void ActivationStore<P>::BeforeForward(int l, runtime::Stream& compute, int lane) {
   // Block l writes input l+1 over input l+1-n, which must have reached the pool.
-  if (policy_.offload && l + 1 < layers_ && l + 1 >= slots()) WaitTimed(compute, *offloaded_slot_[size_t(Slot(l + 1))]);
+  Lane& at = lanes_[size_t(lane)];
+  if (policy_.offload && l + 1 < at.layers && l + 1 >= int(at.slots.size())) {
+    WaitTimed(compute, *at.offloaded_slot[size_t(at.Slot(l + 1))]);
+  }
 }
 
 template <class P>
-void ActivationStore<P>::AfterForward(int l, runtime::Stream& compute) {
-  if (!policy_.offload || !Offloaded(l)) return;
+void ActivationStore<P>::AfterForward(int l, runtime::Stream& compute, int lane) {
+  Lane& at = lanes_[size_t(lane)];
+  if (!policy_.offload || !at.Offloaded(l)) return;
   forward_done_->Record(compute);
   copy_->Wait(*forward_done_);
-  Copy(l, /*out=*/true);
-  offloaded_slot_[size_t(Slot(l))]->Record(*copy_);
+  Copy(at, l, /*out=*/true);
+  at.offloaded_slot[size_t(at.Slot(l))]->Record(*copy_);
 }
 
 template <class P>
-void ActivationStore<P>::Copy(int l, bool out) {
+void ActivationStore<P>::Copy(Lane& lane, int l, bool out) {
+  const Ptr<A> slot = lane.slots[size_t(lane.Slot(l))];
   copy_timer_->Begin(*copy_);
   if (out) {
-    backend_.CopyToHost(pool_[size_t(l)], Input(l), size_t(input_bytes_), *copy_);
+    backend_.CopyToHost(lane.pool[size_t(l)], slot, size_t(input_bytes_), *copy_);
   } else {
-    backend_.CopyFromHost(Input(l), pool_[size_t(l)], size_t(input_bytes_), *copy_);
+    backend_.CopyFromHost(slot, lane.pool[size_t(l)], size_t(input_bytes_), *copy_);
   }
   copy_timer_->End(*copy_);
 }
 
 template <class P>
-void ActivationStore<P>::Load(int l) {
+void ActivationStore<P>::Load(Lane& lane, int l) {
   // Input l goes where input l+n was; block l+n's backward has been enqueued already.
-  copy_->Wait(*released_slot_[size_t(Slot(l))]);
-  Copy(l, /*out=*/false);
-  loaded_slot_[size_t(Slot(l))]->Record(*copy_);
+  copy_->Wait(*lane.released_slot[size_t(lane.Slot(l))]);
+  Copy(lane, l, /*out=*/false);
+  lane.loaded_slot[size_t(lane.Slot(l))]->Record(*copy_);
 }
 
 template <class P>
-void ActivationStore<P>::BeforeBackward(int l, runtime::Stream& compute) {
+void ActivationStore<P>::BeforeBackward(int l, runtime::Stream& compute, int lane) {
   if (!policy_.offload) return;
-  if (l == layers_ - 1) next_load_ = layers_ - slots() - 1;  // a new backward; the last n never left their slots
-  for (; next_load_ >= 0 && next_load_ >= l - policy_.horizon; --next_load_) Load(next_load_);
-  if (Offloaded(l)) WaitTimed(compute, *loaded_slot_[size_t(Slot(l))]);
+  Lane& at = lanes_[size_t(lane)];
+  const int n = int(at.slots.size());
+  if (l == at.layers - 1) at.next_load = at.layers - n - 1;  // a new backward; the last n never left their slots
+  for (; at.next_load >= 0 && at.next_load >= l - policy_.horizon; --at.next_load) Load(at, at.next_load);
+  if (at.Offloaded(l)) WaitTimed(compute, *at.loaded_slot[size_t(at.Slot(l))]);
 }
 
 template <class P>
-void ActivationStore<P>::AfterBackward(int l, runtime::Stream& compute) {
-  if (policy_.offload) released_slot_[size_t(Slot(l))]->Record(compute);
+void ActivationStore<P>::AfterBackward(int l, runtime::Stream& compute, int lane) {
+  Lane& at = lanes_[size_t(lane)];
+  if (policy_.offload) at.released_slot[size_t(at.Slot(l))]->Record(compute);
 }
 
 template class ActivationStore<kernels::Fp32>;

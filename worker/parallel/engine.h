@@ -8,6 +8,12 @@
 // TakeLoss and GradNorm read the step's figures afterwards. Everything in between is
 // enqueued on the device's streams without waiting for them: the host waits once, when it
 // reads the figures. Token arrays are host memory.
+// In a pipeline (EngineOptions::pipeline), every stage's engine is given every micro-batch
+// of the step alike; its training Forwards and Backwards take them in, and the step's last
+// Backward runs the schedule's work for all of them (api/pipeline.h). A Forward without
+// training goes through the stages at once. Every call is then collective over the
+// pipeline group too, and TakeLoss, GradNorm and the results outside steps are the whole
+// model's on every stage.
 // Thread-safety: one thread drives an engine. An observer is called on host threads of
 // the streams (stream.h, HostCallback).
 
@@ -22,6 +28,7 @@
 
 #include "api/engine_memory.h"
 #include "api/model_shape.h"
+#include "api/pipeline.h"
 #include "worker/runtime/device.h"
 
 namespace meshtrain::parallel {
@@ -37,10 +44,13 @@ struct OptimizerStep {
 
 // Seconds spent in collectives since the start, by operation, and the part of them the
 // compute stream waited for (exposed communication); likewise for activation copies
-// (offload and load) on the copy stream.
+// (offload and load) on the copy stream. In a pipeline, the seconds sending and receiving
+// activations and gradients, and the seconds the compute stream stood waiting for the
+// neighbouring stages' (the bubble, and any transfer not hidden).
 struct CommStats {
   double all_gather = 0, reduce_scatter = 0, all_reduce = 0, exposed = 0;
   double copy = 0, copy_exposed = 0;
+  double send = 0, recv = 0, neighbour_wait = 0;
 };
 CommStats operator-(const CommStats& a, const CommStats& b);
 
@@ -48,6 +58,7 @@ CommStats operator-(const CommStats& a, const CommStats& b);
 // shard of every unit (no padding), in unit order, of fp32 master weights and AdamW m and
 // v, in host memory the engine owns (page-locked where the device has such memory); and
 // the rank's place in the layout.
+// In a pipeline, the state covers the units of the rank's stage, in unit order.
 struct ShardState {
   int tp_rank = 0, shard_rank = 0, replica = 0;
   int64_t size = 0;  // elements of each of master, m and v
@@ -55,6 +66,8 @@ struct ShardState {
   float* m = nullptr;
   float* v = nullptr;
   std::shared_ptr<void> storage;  // owns the three arrays
+  int stage = 0;
+  std::vector<int> units;  // the units (model::ParameterLayout) whose elements it holds, in order; empty: all
 };
 
 // The whole model's optimizer state in the single-rank layout (ParameterLayout order,
@@ -108,6 +121,10 @@ struct EngineOptions {
   // refreshes it, instead of the FSDP life cycle of a gather before each use into two slots.
   // What the benchmark compares the sharded life cycle at world 1 against.
   bool keep_units_gathered = false;
+  // The pipeline the engine is a stage of (the mesh says which), and the micro-batches of
+  // a training step, which flow through it as its schedule orders them.
+  api::Pipeline pipeline;
+  int micro_batches = 1;
 };
 
 class Engine {

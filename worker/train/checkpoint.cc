@@ -108,16 +108,19 @@ void SyncDirectory(const std::string& path) {
 
 std::string DescribeLayout(const Json& layout) {
   const int replicas = layout.at("replicas"), shard = layout.at("shard"), tp = layout.at("tp");
-  return std::to_string(replicas) + (replicas == 1 ? " replica x " : " replicas x ") + std::to_string(shard) +
-         (shard == 1 ? " shard" : " shards") + " x tp " + std::to_string(tp) + " (" +
-         std::to_string(replicas * shard * tp) + " ranks)";
+  const int stages = layout.value("pipeline", 1);
+  return (stages > 1 ? std::to_string(stages) + " stages x " : std::string()) + std::to_string(replicas) +
+         (replicas == 1 ? " replica x " : " replicas x ") + std::to_string(shard) + (shard == 1 ? " shard" : " shards") +
+         " x tp " + std::to_string(tp) + " (" + std::to_string(stages * replicas * shard * tp) + " ranks)";
 }
 
-// The ranks that write a checkpoint of `layout`: replica 0's.
+// The ranks that write a checkpoint of `layout`: replica 0's of every stage.
 std::vector<int> Writers(const api::ParallelLayout& layout) {
   std::vector<int> ranks;
-  for (int s = 0; s < layout.shard(); ++s) {
-    for (int t = 0; t < layout.tp(); ++t) ranks.push_back(layout.RankOf({0, s, t}));
+  for (int p = 0; p < layout.pipeline(); ++p) {
+    for (int s = 0; s < layout.shard(); ++s) {
+      for (int t = 0; t < layout.tp(); ++t) ranks.push_back(layout.RankOf({0, s, t, p}));
+    }
   }
   std::sort(ranks.begin(), ranks.end());
   return ranks;
@@ -346,10 +349,11 @@ void CheckpointWriter::Write(const TrainingPosition& position, const ShardState&
 
 void CheckpointWriter::WriteShards(const ShardState& state, const std::string& partial, const std::string& name) {
   const std::string file = (fs::path(partial) / CheckpointRankFile(rank_)).string();
-  Json sidecar = {{"tp", state.tp_rank}, {"shard", state.shard_rank}};
+  Json sidecar = {{"tp", state.tp_rank}, {"shard", state.shard_rank}, {"stage", state.stage}, {"units", state.units}};
   try {
-    const ShardFileLayout chunks = LayOutShardFile(
-        model::ParameterLayout(shape_, state.tp_rank, layout_.tp(), vocab_multiple_), layout_.shard(), state.shard_rank);
+    const ShardFileLayout chunks =
+        LayOutShardFile(model::ParameterLayout(shape_, state.tp_rank, layout_.tp(), vocab_multiple_), layout_.shard(),
+                        state.shard_rank, kChunkElements, state.units);
     if (chunks.elements != state.size) {
       throw CheckpointError("rank " + std::to_string(rank_) + " holds " + std::to_string(state.size) +
                             " elements, but its shards are " + std::to_string(chunks.elements));
@@ -408,6 +412,10 @@ void CheckpointWriter::Finish(const TrainingPosition& position, const std::strin
     files.push_back({{"name", CheckpointRankFile(writer)}, {"rank", writer}, {"tp", done.at("tp")}, {"shard", done.at("shard")},
                      {"bytes", done.at("bytes")}, {"chunkElements", done.at("chunkElements")},
                      {"chunkCrc32c", done.at("chunkCrc32c")}});
+    if (layout_.pipeline() > 1) {
+      files.back()["stage"] = done.at("stage");
+      files.back()["units"] = done.at("units");
+    }
   }
   const Json meta = {{"format", kCheckpointFormat},
                      {"version", kCheckpointVersion},
@@ -419,7 +427,7 @@ void CheckpointWriter::Finish(const TrainingPosition& position, const std::strin
                      {"model", CheckpointShapeJson(shape_)},
                      {"layout",
                       {{"tp", layout_.tp()}, {"shard", layout_.shard()}, {"replicas", layout_.replicas()},
-                       {"world", layout_.world()}}},
+                       {"pipeline", layout_.pipeline()}, {"world", layout_.world()}}},
                      {"files", files}};
   WriteDurably((fs::path(partial) / "metadata.json").string(), meta.dump(2));
   for (int writer : Writers(layout_)) fs::remove(fs::path(partial) / Sidecar(writer));

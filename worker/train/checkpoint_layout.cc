@@ -7,12 +7,15 @@
 namespace meshtrain::train {
 
 ShardFileLayout LayOutShardFile(const model::ParameterLayout& slice, int shard_size, int shard_rank,
-                                int64_t chunk_elements) {
+                                int64_t chunk_elements, const std::vector<int>& units) {
   ShardFileLayout file;
   file.chunk_elements = chunk_elements;
-  for (int u = 0; u < slice.units(); ++u) {
+  std::vector<int> all;
+  for (int u = 0; u < slice.units() && units.empty(); ++u) all.push_back(u);
+  for (int u : units.empty() ? all : units) {
     const parallel::UnitShard s = parallel::ShardOfUnit(slice, u, shard_size, shard_rank);
     ShardFileLayout::Segment segment;
+    segment.unit = u;
     segment.offset = file.elements;
     segment.first_chunk = file.chunks;
     segment.runs = slice.RealRanges(s.unit_begin + s.begin, s.unit_begin + s.begin + s.real);
@@ -23,6 +26,13 @@ ShardFileLayout LayOutShardFile(const model::ParameterLayout& slice, int shard_s
     file.units.push_back(std::move(segment));
   }
   return file;
+}
+
+const ShardFileLayout::Segment* ShardFileLayout::Find(int unit) const {
+  for (const Segment& segment : units) {
+    if (segment.unit == unit) return &segment;
+  }
+  return nullptr;
 }
 
 std::vector<int64_t> ShardFileLayout::WholeIndices(const model::ParameterLayout& slice, const Segment& segment,

@@ -4,7 +4,8 @@
 //
 // A shard file is three sections: the fp32 master weights, then AdamW m, then v. Each
 // section holds the model's elements (never vocabulary padding) of the writer's shard of
-// every unit of its TP slice, in unit order: one segment per unit. Each segment is cut
+// every unit of its TP slice (in a pipeline, of its stage's units), in unit order: one
+// segment per unit. Each segment is cut
 // into chunks of at most chunk_elements, each with its own CRC-32C, numbered through the
 // section; the metadata lists the master section's checksums, then m's, then v's.
 
@@ -23,6 +24,7 @@ constexpr int64_t kChunkElements = int64_t(1) << 18;
 
 struct ShardFileLayout {
   struct Segment {
+    int unit = 0;          // of the slice
     int64_t offset = 0;    // of the segment's first element within its section
     int64_t elements = 0;  // model elements of the writer's shard of the unit
     int first_chunk = 0;   // within the section
@@ -34,14 +36,18 @@ struct ShardFileLayout {
   int64_t elements = 0;  // of one section
   int chunks = 0;        // of one section
 
+  // The segment of unit `unit`, or null when the file does not hold it.
+  const Segment* Find(int unit) const;
+
   // The single-rank indices of elements [from, to) of `segment`, a segment of `slice`'s.
   std::vector<int64_t> WholeIndices(const model::ParameterLayout& slice, const Segment& segment, int64_t from,
                                     int64_t to) const;
 };
 
 // The file of the writer holding shard `shard_rank` of `shard_size` of each unit of `slice`
-// (its TP slice, padded as its engine pads the vocabulary).
+// (its TP slice, padded as its engine pads the vocabulary), or of `units` only (increasing;
+// empty: all).
 ShardFileLayout LayOutShardFile(const model::ParameterLayout& slice, int shard_size, int shard_rank,
-                                int64_t chunk_elements = kChunkElements);
+                                int64_t chunk_elements = kChunkElements, const std::vector<int>& units = {});
 
 }  // namespace meshtrain::train

@@ -123,7 +123,11 @@ Json ParseCheckpointMetadata(const std::string& text, const std::string& file_na
     }
     const Json& layout = meta.at("layout");
     const int tp = layout.at("tp"), shard = layout.at("shard"), replicas = layout.at("replicas");
-    if (tp < 1 || shard < 1 || replicas < 1) throw CheckpointError(file.string() + ": layout sizes must be positive");
+    const int stages = layout.value("pipeline", 1);
+    if (tp < 1 || shard < 1 || replicas < 1 || stages < 1) {
+      throw CheckpointError(file.string() + ": layout sizes must be positive");
+    }
+    const int units = 2 + int(shape.layers);  // at most: the embedding's, the blocks', an untied head's
     for (const Json& f : meta.at("files")) {
       const std::string name = f.at("name").get<std::string>();
       // Only this directory's own shard files: a name cannot lead elsewhere.
@@ -140,9 +144,17 @@ Json ParseCheckpointMetadata(const std::string& text, const std::string& file_na
       } else {
         f.at("crc32c").get<uint32_t>();
       }
-      const int t = f.at("tp"), s = f.at("shard");
-      if (t < 0 || t >= tp || s < 0 || s >= shard) {
+      const int t = f.at("tp"), s = f.at("shard"), stage = f.value("stage", 0);
+      if (t < 0 || t >= tp || s < 0 || s >= shard || stage < 0 || stage >= stages) {
         throw CheckpointError(file.string() + ": file " + name + " sits outside the layout");
+      }
+      if (f.contains("units")) {
+        const std::vector<int> held = f.at("units").get<std::vector<int>>();
+        for (size_t i = 0; i < held.size(); ++i) {
+          if (held[i] < 0 || held[i] >= units || (i > 0 && held[i] <= held[i - 1])) {
+            throw CheckpointError(file.string() + ": file " + name + " lists units that are not the model's in order");
+          }
+        }
       }
     }
   } catch (const Json::exception& e) {

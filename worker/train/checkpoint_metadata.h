@@ -22,12 +22,14 @@ class CheckpointError : public std::runtime_error {
 };
 
 inline constexpr const char* kCheckpointFormat = "meshtrain-checkpoint";
-// Version 3 checksums each file in chunks (metadata "chunkElements" and "chunkCrc32c"),
+// Version 4 has pipelines: the layout's "pipeline" stages, and each file's "stage" and
+// "units" (those of its stage it holds, increasing; absent: every unit). Version 3
+// checksums each file in chunks (metadata "chunkElements" and "chunkCrc32c"),
 // so that a rank reads only the chunks it needs. Version 2 padded each TP slice's
 // vocabulary in the engine (metadata "vocabMultiple"; the files hold the model's elements
 // only) and had one "crc32c" per file; version 1 had no padding and reads the same way
 // with a multiple of 1.
-inline constexpr int kCheckpointVersion = 3;
+inline constexpr int kCheckpointVersion = 4;
 
 // "rank-00003.bin": the shard file of a rank, in its step's directory.
 std::string CheckpointRankFile(int rank);

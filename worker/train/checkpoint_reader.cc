@@ -61,7 +61,9 @@ CheckpointReader::CheckpointReader(const std::string& directory, const api::Mode
     }
     // Format 1 and 2 files are one checksummed whole: a chunk per segment, verified below.
     const int64_t chunk_elements = chunked ? f.at("chunkElements").get<int64_t>() : std::max<int64_t>(1, slice->total());
-    ShardFile file{path, *slice, LayOutShardFile(*slice, S, f.at("shard").get<int>(), chunk_elements), {}, {}};
+    // A pipeline stage's file holds its stage's units.
+    const std::vector<int> units = f.value("units", std::vector<int>{});
+    ShardFile file{path, *slice, LayOutShardFile(*slice, S, f.at("shard").get<int>(), chunk_elements, units), {}, {}};
     const int64_t bytes = f.at("bytes"), expected = 3 * file.layout.elements * int64_t(sizeof(float));
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) throw CheckpointError(path + ": missing or unreadable");
@@ -133,7 +135,9 @@ void CheckpointReader::ReadUnit(int unit, const std::vector<int64_t>& whole_indi
   }
   std::vector<float> chunk[3];
   for (const ShardFile& file : files_) {
-    const ShardFileLayout::Segment& segment = file.layout.units[size_t(unit)];
+    const ShardFileLayout::Segment* found = file.layout.Find(unit);
+    if (found == nullptr) continue;  // another stage's
+    const ShardFileLayout::Segment& segment = *found;
     for (int c = 0; c < segment.chunks && wanted > 0; ++c) {
       const int64_t from = c * file.layout.chunk_elements;
       const int64_t n = std::min(file.layout.chunk_elements, segment.elements - from);

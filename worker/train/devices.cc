@@ -96,6 +96,9 @@ std::unique_ptr<parallel::Engine> MakeEngine(const api::TrainingJob& job, const 
   options.dropout_seed = uint64_t(p.tensor_parallel_seed);
   options.vocab_multiple = int(api::EnvironmentInteger("MESHTRAIN_VOCAB_MULTIPLE", 1, 1 << 16, api::kVocabMultiple));
   options.keep_units_gathered = api::EnvironmentInteger("MESHTRAIN_KEEP_UNITS_GATHERED", 0, 1, 0) == 1;
+  options.pipeline = api::Pipeline::Of(p);
+  if (options.pipeline.stages > 1) options.micro_batches = int(api::AccumulationSteps(job.spec));
+  const bool wrap = options.pipeline.virtual_stages > 1;  // chunks go round the stages more than once
 
   std::shared_ptr<runtime::Backend> backend;
   if (device.is_cuda()) {
@@ -103,11 +106,11 @@ std::unique_ptr<parallel::Engine> MakeEngine(const api::TrainingJob& job, const 
     const CudaPlugin* cuda = CudaPluginOrNull(&why);
     if (cuda == nullptr) throw std::invalid_argument("device " + device.ToString() + ": " + why);
     backend = cuda->make_backend(device.index);
-    auto mesh = std::make_shared<const parallel::Mesh>(layout, world, device_world, backend.get());
+    auto mesh = std::make_shared<const parallel::Mesh>(layout, world, device_world, backend.get(), wrap);
     return Make<kernels::Bf16>(job, std::move(mesh), backend, cuda->make_ops, batch, seq, accounting, options);
   }
   backend = std::make_shared<runtime::CpuBackend>(runtime::CpuBackendOptionsFromEnvironment());
-  auto mesh = std::make_shared<const parallel::Mesh>(layout, world, device_world, backend.get());
+  auto mesh = std::make_shared<const parallel::Mesh>(layout, world, device_world, backend.get(), wrap);
   const std::string kernels = CpuKernelsFromEnvironment();
   if (kernels == "bf16") return Make<kernels::Bf16>(job, mesh, backend, CpuOps<kernels::Bf16>, batch, seq, accounting, options);
   if (kernels == "fp64") return Make<kernels::Fp64>(job, mesh, backend, CpuOps<kernels::Fp64>, batch, seq, accounting, options);

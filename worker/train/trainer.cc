@@ -9,6 +9,7 @@
 
 #include "api/layout.h"
 #include "api/model_shape.h"
+#include "api/pipeline.h"
 #include "worker/kernels/precision.h"
 #include "worker/model/parameters.h"
 #include "worker/parallel/activation_store.h"
@@ -109,9 +110,15 @@ std::string FormatStepReport(const StepReport& r) {
                         static_cast<long long>(r.step), static_cast<long long>(r.steps), r.loss, r.learning_rate,
                         r.grad_norm, r.tokens_per_second);
   if (r.validation_loss && n > 0 && size_t(n) < sizeof line) {
-    std::snprintf(line + n, sizeof line - size_t(n), " | val loss %.4f", *r.validation_loss);
+    n += std::snprintf(line + n, sizeof line - size_t(n), " | val loss %.4f", *r.validation_loss);
   }
-  return line;
+  std::string text = line;
+  if (!r.stage_bubbles.empty()) {
+    text += " | bubble";
+    for (double b : r.stage_bubbles) text += " " + std::to_string(int(std::lround(100 * b)));
+    text += "% (model " + std::to_string(int(std::lround(100 * r.bubble_model))) + "%)";
+  }
+  return text;
 }
 
 Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime::Device device,
@@ -265,6 +272,17 @@ StepReport Trainer::Step() {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report.seconds = seconds;
   report.tokens_per_second = double(tokens_per_step_) / seconds;
+  if (layout_.pipeline() > 1) {
+    // Each rank's share of the step spent waiting on its neighbours; a stage's is its ranks' mean.
+    std::vector<double> waits(size_t(layout_.world()), 0.0);
+    waits[size_t(world_->rank())] = report.comm.neighbour_wait / seconds;
+    world_->AllReduce(waits.data(), waits.data(), waits.size(), comm::DataType::kFloat64, comm::ReduceOp::kSum)->Wait();
+    report.stage_bubbles.assign(size_t(layout_.pipeline()), 0.0);
+    for (int rank = 0; rank < layout_.world(); ++rank) {
+      report.stage_bubbles[size_t(layout_.StageOf(rank))] += waits[size_t(rank)] / layout_.stage_ranks();
+    }
+    report.bubble_model = api::BubbleFraction(api::Pipeline::Of(job_.spec.parallelism), int(micro_steps_));
+  }
   return report;
 }
 

@@ -46,9 +46,15 @@ struct StepReport {
   std::optional<double> validation_loss;  // on evaluation steps
   parallel::CommStats comm;  // seconds in collectives during the step, and the exposed part
   std::optional<double> checkpoint_stall;  // on checkpoint steps: seconds the step waited for the snapshot
+  // In a pipeline: each stage's bubble, the share of the step its compute stream stood
+  // waiting for its neighbours (the mean over the stage's ranks), and the schedule's model
+  // of it (api::BubbleFraction).
+  std::vector<double> stage_bubbles;
+  double bubble_model = 0;
 };
 
 // "step    12/300 | loss 3.1234 | lr 3.00e-03 | norm 1.234 | 14000 tok/s[ | val loss 3.0123]"
+// and in a pipeline "[ | bubble 31 22 14 6% (model 27%)]", stage by stage.
 std::string FormatStepReport(const StepReport& report);
 
 // Peak bytes held, by the categories of DESIGN.md's memory accounting.
