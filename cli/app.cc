@@ -257,6 +257,11 @@ Command BenchPlan(CLI::App& bench, const std::vector<std::string>& self) {
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   c->add_option("--top", o->top, "Candidates printed")->check(CLI::Range(1, 1000))->capture_default_str();
+  c->add_option("--measure-top", o->measure_top,
+                "--measure: only the N fastest modelled layouts of each pipeline degree (0: every feasible one)")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str()
+      ->needs(measure);
   return {c, [o, self] { return BenchPlannerCommand(*o, self, std::cout); }};
 }
 

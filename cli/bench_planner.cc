@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "api/json_codec.h"
@@ -231,8 +233,13 @@ int MeasureLayouts(const BenchPlanOptions& o, const std::vector<std::string>& se
   // The plain default: full sharding over all ranks in the spec's order, micro-batch 8 or less.
   const LayoutChoice plain{1, t.ranks, int(std::min<int64_t>(8, r.global_batch_tokens / o.seq / t.ranks)), {}};
   PrintPlan(r, plan, o.top, plain, out);
-  // Every feasible layout, measured; then the default.
-  std::vector<Candidate> runs = plan.feasible;
+  // Every feasible layout (or the --measure-top fastest modelled of each P), measured;
+  // then the default.
+  std::vector<Candidate> runs;
+  std::map<int, int> taken_by_stages;
+  for (const Candidate& c : plan.feasible) {
+    if (o.measure_top == 0 || taken_by_stages[c.choice.pipeline.stages]++ < o.measure_top) runs.push_back(c);
+  }
   const RemovedOnExit data(WriteRandomTokens(r.global_batch_tokens * (t.steps + t.warmup + 1), *shape));
   std::vector<double> predicted, measured;
   std::vector<std::string> rows;
@@ -251,7 +258,8 @@ int MeasureLayouts(const BenchPlanOptions& o, const std::vector<std::string>& se
   const Candidate def = scheduler::Evaluate(r, plain);
   const std::optional<RanksResult> def_measured =
       RunBenchRanks(t, self_argv, data.string(), ConfigOf(def.choice, r.global_batch_tokens), out);
-  out << "every feasible layout, modelled and measured (tokens/s), fastest modelled first:\n";
+  out << (o.measure_top == 0 ? "every feasible layout" : "the measured layouts")
+      << ", modelled and measured (tokens/s), fastest modelled first:\n";
   std::snprintf(line, sizeof line, "  %-46s %10s %12s %12s %9s\n", "layout", "memory", "modelled", "measured", "m/model");
   out << line;
   size_t best_measured = 0;
@@ -276,6 +284,21 @@ int MeasureLayouts(const BenchPlanOptions& o, const std::vector<std::string>& se
                 measured[0] / measured[best_measured], scheduler::Describe(def.choice).c_str(),
                 def_measured->tokens_per_second, def.step.tokens_per_second, measured[0] / def_measured->tokens_per_second);
   out << line;
+  // With stages picked: the pick against the best measured layout without them.
+  if (runs[0].choice.pipeline.stages > 1) {
+    std::optional<size_t> flat;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (runs[i].choice.pipeline.stages == 1 && (!flat || measured[i] > measured[*flat])) flat = i;
+    }
+    if (flat) {
+      std::snprintf(line, sizeof line,
+                    "the pick has %d stages; the best measured without stages (%s): %.0f tokens/s; pick / best "
+                    "without stages %.2fx (target: at least 1.5x)\n",
+                    runs[0].choice.pipeline.stages, scheduler::Describe(runs[*flat].choice).c_str(), measured[*flat],
+                    measured[0] / measured[*flat]);
+      out << line;
+    }
+  }
   return kExitOk;
 }
 

@@ -131,6 +131,7 @@ struct BenchPlanOptions {
   int64_t global_batch_tokens = 0;  // 0: 16 sequences per rank
   int max_micro_batch = 8;
   int top = 5;
+  int measure_top = 0;  // --measure: the N fastest modelled layouts of each P; 0: every one
 };
 
 // Placement time and the topology-aware vs blind step-communication ratio on

@@ -87,9 +87,10 @@ std::vector<uint32_t> Eligible(const PlacementRequest& request, const ClusterVie
 
 // Chooses `need` untaken nodes among `members` (positions in `index.order` inside one
 // domain of level - 1, ascending), looking at their domains at `level`, and appends them
-// to `out` in node-rank order.
-void Select(const TopologyIndex& index, const std::vector<uint32_t>& members, size_t level, int64_t need, int64_t unit,
-            std::vector<char>* taken, std::vector<uint32_t>* out) {
+// to `out` in node-rank order. `units` are the node counts to keep whole, largest first
+// (a pipeline stage, then a shard group), each a multiple of the next.
+void Select(const TopologyIndex& index, const std::vector<uint32_t>& members, size_t level, int64_t need,
+            const std::vector<int64_t>& units, std::vector<char>* taken, std::vector<uint32_t>* out) {
   std::vector<uint32_t> free;
   for (const uint32_t p : members) {
     if (!(*taken)[p]) free.push_back(p);
@@ -115,7 +116,7 @@ void Select(const TopologyIndex& index, const std::vector<uint32_t>& members, si
   }
   while (need > 0) {
     // 1. The smallest child that holds everything left (best fit).
-    // 2. Else the child with the most whole shard groups: take whole groups.
+    // 2. Else the child with the most whole stages, then shard groups: take whole ones.
     // 3. Else the largest child: shard groups must straddle children anyway.
     Child* pick = nullptr;
     int64_t take = 0;
@@ -125,22 +126,26 @@ void Select(const TopologyIndex& index, const std::vector<uint32_t>& members, si
     if (pick != nullptr) {
       take = need;
     } else {
-      for (Child& c : children) {
-        if (c.remaining >= unit && (pick == nullptr || c.remaining / unit > pick->remaining / unit ||
-                                    (c.remaining / unit == pick->remaining / unit && c.remaining > pick->remaining))) {
-          pick = &c;
+      for (const int64_t unit : units) {
+        for (Child& c : children) {
+          if (c.remaining >= unit && (pick == nullptr || c.remaining / unit > pick->remaining / unit ||
+                                      (c.remaining / unit == pick->remaining / unit && c.remaining > pick->remaining))) {
+            pick = &c;
+          }
+        }
+        if (pick != nullptr) {
+          take = pick->remaining / unit * unit;
+          break;
         }
       }
-      if (pick != nullptr) {
-        take = pick->remaining / unit * unit;
-      } else {
+      if (pick == nullptr) {
         for (Child& c : children) {
           if (c.remaining > 0 && (pick == nullptr || c.remaining > pick->remaining)) pick = &c;
         }
         take = pick->remaining;
       }
     }
-    Select(index, pick->members, level + 1, take, unit, taken, out);
+    Select(index, pick->members, level + 1, take, units, taken, out);
     pick->remaining -= take;
     need -= take;
   }
@@ -159,7 +164,9 @@ PlacementRequest PlacementRequest::ForJob(const api::TrainingJob& job, std::set<
   r.levels = spec.topology.levels;
   r.required = spec.topology.mode == "Required";
   r.required_level = spec.topology.required_level;
-  r.nodes_per_shard_group = api::ParallelLayout::ForSpec(spec).NodesPerShardGroup();
+  const api::ParallelLayout layout = api::ParallelLayout::ForSpec(spec);
+  r.nodes_per_shard_group = layout.NodesPerShardGroup();
+  if (layout.pipeline() > 1) r.nodes_per_stage = layout.NodesPerStage();
   r.avoid = std::move(avoid);
   return r;
 }
@@ -199,7 +206,16 @@ Placement Place(const PlacementRequest& request, const ClusterView& cluster) {
   const int levels = int(request.levels.size());
   const auto found = std::find(request.levels.begin(), request.levels.end(), request.required_level);
   const int rack = found != request.levels.end() ? int(found - request.levels.begin()) : std::max(0, levels - 2);
-  const int64_t unit = std::max<int64_t>(1, request.nodes_per_shard_group);
+  // The units to keep whole, largest first: a stage (when it is not the whole gang and
+  // spans more than a shard group), then a shard group.
+  const int64_t group = std::max<int64_t>(1, request.nodes_per_shard_group);
+  std::vector<int64_t> units;
+  if (request.nodes_per_stage > group && request.nodes_per_stage < request.nodes &&
+      request.nodes_per_stage % group == 0) {
+    units.push_back(request.nodes_per_stage);
+  }
+  units.push_back(group);
+  const int64_t unit = units.front();
 
   // Eligible nodes per domain, per level.
   std::vector<std::vector<int64_t>> counts(static_cast<size_t>(levels));
@@ -207,8 +223,8 @@ Placement Place(const PlacementRequest& request, const ClusterView& cluster) {
     counts[size_t(l)].assign(index.key[size_t(l)].size(), 0);
     for (const uint32_t p : eligible) ++counts[size_t(l)][index.domain[size_t(l)][p]];
   }
-  // At the rack level and above: the nodes in whole shard groups a domain can hold
-  // without a group leaving its rack-level domains.
+  // At the rack level and above: the nodes in whole units (stages, else shard groups) a
+  // domain can hold without one leaving its rack-level domains.
   std::vector<std::vector<int64_t>> aligned(static_cast<size_t>(levels));
   if (rack < levels) {
     aligned[size_t(rack)] = counts[size_t(rack)];
@@ -260,7 +276,7 @@ Placement Place(const PlacementRequest& request, const ClusterView& cluster) {
   }
   std::vector<char> taken(index.order.size(), 0);
   std::vector<uint32_t> selected;
-  Select(index, members, size_t(placement.domain_level + 1), need, unit, &taken, &selected);
+  Select(index, members, size_t(placement.domain_level + 1), need, units, &taken, &selected);
   for (const uint32_t p : selected) {
     const ClusterNode& node = cluster.topology->nodes()[index.order[p]];
     placement.nodes.push_back(node.name);

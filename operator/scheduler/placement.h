@@ -4,10 +4,11 @@
 //
 // Placement is all or nothing. It picks the deepest topology domain that can hold
 // the whole gang (best fit among equals: the one left with the fewest free nodes,
-// preferring domains whose deepest network domains can hold whole shard groups),
-// then selects nodes inside it level by level, in whole shard groups where sizes
-// allow. The order of selection is the node-rank order, so consecutive node ranks
-// share the deepest domain and each shard group sits under one domain when it can.
+// preferring domains whose deepest network domains can hold whole stages and shard
+// groups), then selects nodes inside it level by level, in whole pipeline stages and
+// then whole shard groups where sizes allow. The order of selection is the node-rank
+// order, so consecutive node ranks share the deepest domain, and each stage (R x S x T)
+// and each shard group sits under one domain when it can.
 //
 // On a ClusterView it costs one pass over the nodes the request's selector and
 // tolerations admit (Topology::Admitting) with integer work per node and level, plus
@@ -39,6 +40,7 @@ struct PlacementRequest {
   bool required = false;            // the gang must share one domain of required_level
   std::string required_level;
   int64_t nodes_per_shard_group = 1;  // placement unit: S*T/G nodes, at least 1
+  int64_t nodes_per_stage = 0;        // a pipeline stage's R*S*T/G nodes; 0: one stage, the gang
   std::set<std::string> avoid;        // nodes not to use, such as ones that failed the job recently
 
   // REQUIRES: `job` is defaulted and valid.

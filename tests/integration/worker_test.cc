@@ -222,7 +222,7 @@ TEST_F(WorkerTest, APipelineStageKilledWithSigkillResumesItsGangFromTheCheckpoin
   };
   const Outcome straight = MeshtrainRun(pipelined("pstraight"));
   ASSERT_EQ(straight.status, 0) << straight.output;
-  EXPECT_NE(straight.output.find("| bubble "), std::string::npos) << "the step lines give each stage's bubble";
+  EXPECT_NE(straight.output.find("| bubble by stage "), std::string::npos) << "the step lines give each stage's bubble";
   Process run({MESHTRAIN_CLI, "run", pipelined("pkilled").string(), "--sample-tokens", "0"}, {}, dir_ / "pkilled.log");
   const auto until = std::chrono::steady_clock::now() + 120s;
   while (Steps(run.Output()).size() < 9 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);

@@ -159,6 +159,41 @@ TEST(Placement, ShardGroupsAlignToFragmentedDomains) {
   EXPECT_NE(p.paths[0][2], p.paths[2][2]);
 }
 
+// 4 nodes in 2 pipeline stages of 2 nodes, each node its own shard group (TP 8 on 8-GPU
+// nodes), in racks of 3 and 3. Whole shard groups alone would take 3 + 1 and split the
+// second stage across racks; whole stages take 2 + 2, so only activations cross them.
+TEST(Placement, PipelineStagesStayInsideARack) {
+  PlacementRequest r = Request(4, 1);
+  const Placement flat = Place(r, TwoRacks(3, 3));
+  ASSERT_TRUE(flat.ok()) << flat.reason;
+  EXPECT_NE(flat.paths[2][2], flat.paths[3][2]);  // what happens without stages
+  r.nodes_per_stage = 2;
+  const Placement p = Place(r, TwoRacks(3, 3));
+  ASSERT_TRUE(p.ok()) << p.reason;
+  ASSERT_EQ(p.nodes.size(), 4u);
+  for (int stage = 0; stage < 2; ++stage) EXPECT_EQ(p.paths[2 * stage][2], p.paths[2 * stage + 1][2]) << stage;
+  // Four stages of 2 in racks of 3, 3 and 4: the rack of 4 holds two whole stages.
+  std::vector<ClusterNode> nodes;
+  for (int i = 0; i < 3; ++i) nodes.push_back(Node("a" + std::to_string(i), "s1", "p1", "rack-a"));
+  for (int i = 0; i < 3; ++i) nodes.push_back(Node("b" + std::to_string(i), "s1", "p1", "rack-b"));
+  for (int i = 0; i < 4; ++i) nodes.push_back(Node("c" + std::to_string(i), "s1", "p1", "rack-c"));
+  r.nodes = 8;
+  const Placement four = Place(r, Cluster(nodes));
+  ASSERT_TRUE(four.ok()) << four.reason;
+  for (int stage = 0; stage < 4; ++stage) EXPECT_EQ(four.paths[2 * stage][2], four.paths[2 * stage + 1][2]) << stage;
+}
+
+TEST(Placement, RequestFromAPipelinedJobKeepsItsStagesWhole) {
+  nlohmann::json manifest = api::ReadManifestFile("examples/gpt2-2p7b-32x8.yaml")[0].object;
+  manifest["spec"]["parallelism"]["pipelineParallelDegree"] = 2;
+  manifest["spec"]["parallelism"]["hybridShardDegree"] = 8;
+  const api::CheckedJob checked = api::CheckTrainingJob(manifest, "x.yaml", 0);
+  ASSERT_TRUE(checked.ok()) << checked.errors.front().ToString();
+  const PlacementRequest r = PlacementRequest::ForJob(checked.job);
+  EXPECT_EQ(r.nodes_per_stage, 16);
+  EXPECT_EQ(r.nodes_per_shard_group, 8);
+}
+
 TEST(Placement, PrefersADomainThatHoldsWholeShardGroups) {
   // Layer-2 "p1": racks of 3, 3 and 3 (the tighter fit for 8, but no rack holds a group of 4).
   // Layer-2 "p2": racks of 4, 4 and 2 (two whole groups of 4).

@@ -114,9 +114,9 @@ std::string FormatStepReport(const StepReport& r) {
   }
   std::string text = line;
   if (!r.stage_bubbles.empty()) {
-    text += " | bubble";
-    for (double b : r.stage_bubbles) text += " " + std::to_string(int(std::lround(100 * b)));
-    text += "% (model " + std::to_string(int(std::lround(100 * r.bubble_model))) + "%)";
+    text += " | bubble by stage";
+    for (double b : r.stage_bubbles) text += " " + std::to_string(int(std::lround(100 * b))) + "%";
+    text += " (model " + std::to_string(int(std::lround(100 * r.bubble_model))) + "%)";
   }
   return text;
 }

@@ -54,7 +54,7 @@ struct StepReport {
 };
 
 // "step    12/300 | loss 3.1234 | lr 3.00e-03 | norm 1.234 | 14000 tok/s[ | val loss 3.0123]"
-// and in a pipeline "[ | bubble 31 22 14 6% (model 27%)]", stage by stage.
+// and in a pipeline "[ | bubble by stage 31% 22% 14% 6% (model 27%)]".
 std::string FormatStepReport(const StepReport& report);
 
 // Peak bytes held, by the categories of DESIGN.md's memory accounting.
