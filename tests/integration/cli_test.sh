@@ -67,8 +67,9 @@ fi
 
 expect "validate warns about every field without effect" 0 \
   'gpt2-124m": ok' \
-  'gpt2-350m-smp": warning: spec.parallelism.tensorParallelSeed: has no effect yet' \
-  -- "$meshtrain" validate examples/gpt2-124m-2x8.yaml examples/gpt2-350m-smp.json
+  'smp-fields-without-effect": warning: spec.parallelism.tensorParallelSeed: has no effect yet' \
+  'smp-fields-without-effect": warning: spec.parallelism.activationLoadingHorizon: has no effect yet' \
+  -- "$meshtrain" validate examples/gpt2-124m-2x8.yaml tests/data/smp-fields-without-effect.json
 
 expect "layout prints every group" 0 \
   '256 rank\(s\)' 'mesh: 2 replica\(s\) x 16 shard x 8 tp' 'tp groups \(32 of 8\)' \
@@ -339,8 +340,8 @@ expect "plan as JSON" 0 '"placement": \{' '"nodeRank": 31' '"topologyPath": \[' 
   -- "$meshtrain" plan examples/gpt2-2p7b-32x8.yaml --cluster examples/clusters/eks-p5-124.yaml --output json
 
 expect "plan warns, as validate does, of fields without effect" 1 \
-  'gpt2-350m-smp": warning: spec.parallelism.tensorParallelSeed: has no effect yet' 'no placement: ' \
-  -- "$meshtrain" plan examples/gpt2-350m-smp.json --cluster examples/clusters/eks-p5-124.yaml
+  'smp-fields-without-effect": warning: spec.parallelism.tensorParallelSeed: has no effect yet' 'no placement: ' \
+  -- "$meshtrain" plan tests/data/smp-fields-without-effect.json --cluster examples/clusters/eks-p5-124.yaml
 
 sed 's/requiredLevel: topology.k8s.aws\/network-node-layer-2/requiredLevel: topology.k8s.aws\/network-node-layer-3/' \
   examples/gpt2-2p7b-32x8.yaml > "$tmp/meshtrain-required-l3.yaml"
