@@ -2,7 +2,7 @@
 # The GPU check: one command, on a machine with a GPU, that runs what only a GPU can show
 # and writes every figure into OUTDIR/summary.txt, its pass, fail and target counts first.
 #
-#   scripts/gpu-check.sh OUTDIR [--build DIR] [--peers DIR] [--quick] [--no-bench]
+#   scripts/gpu-check.sh OUTDIR [--build DIR] [--peers DIR] [--llmc DIR] [--quick] [--no-bench]
 #
 #   checks (a failure fails the script):
 #     GPT-2 tiny and llama-tiny trained on the GPU in bf16 against the CPU's fp32 loss
@@ -18,36 +18,39 @@
 #     checkpointing alone; the checkpoint stall at most 10% of a blocking write
 #   targets of issue "Llama-class models": Llama 3.2 1B, B4 x T2048, world 1: at least 1.1x
 #     the PyTorch peer with torch.compile, in the same call, with MFU printed
-#   peers, in the same call, from --peers DIR: PyTorch (DIR/torch_gpt2_bench.py and
-#     DIR/torch_llama_bench.py) and llm.c with cuDNN (DIR/llmc/train_gpt2cu, built; its data
-#     made by DIR/llmc_data.py); each where present
+#   peers, in the same call: PyTorch (the repository's bench/torch_gpt2_bench.py and
+#     bench/torch_llama_bench.py, or those of --peers DIR) where torch imports, and llm.c with
+#     cuDNN where --llmc DIR names a checkout of karpathy/llm.c with train_gpt2cu built (default
+#     PEERS/llmc; its data made by PEERS/llmc_data.py)
 #
 # The whole check keeps within GPU_CHECK_SECONDS (570 s): each step gets at most
 # GPU_CHECK_STEP_SECONDS (300) and what is left, and a step that no longer fits is
 # reported as not run (a failure). The order puts first what a call cut short must not
 # miss: the engine's first run on the GPU, the headline benchmark and its peers.
 #
-# It starts from a build made on a CPU machine and carried over (scripts/pack-gpu-build.sh,
-# which runs ../shared/bench/pack-build.sh with libfabric added, then unpack at the same
-# path, as ../shared/bench/README.md says); --build names it (default build/default).
+# It starts from a build made on a CPU machine and carried over (pack it with
+# scripts/pack-gpu-build.sh, which says how to unpack it at the same path); --build names it
+# (default build/default).
 # Runs from the checkout's root. Exit status: 0 when every check passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-out=${1:?usage: scripts/gpu-check.sh OUTDIR [--build DIR] [--peers DIR] [--quick] [--no-bench]}
+out=${1:?usage: scripts/gpu-check.sh OUTDIR [--build DIR] [--peers DIR] [--llmc DIR] [--quick] [--no-bench]}
 shift
-build=build/default peers= quick=0 bench=1
+build=build/default peers=$PWD/bench llmc= quick=0 bench=1
 budget=${GPU_CHECK_SECONDS:-570}
 limit=${GPU_CHECK_STEP_SECONDS:-300}
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
     --peers) peers=$(cd "$2" && pwd); shift 2 ;;
+    --llmc) llmc=$(cd "$2" && pwd); shift 2 ;;
     --quick) quick=1; shift ;;
     --no-bench) bench=0; shift ;;  # the checks of correctness only
     *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+llmc=${llmc:-$peers/llmc}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 summary=$out/summary.txt details=$out/details.txt
@@ -184,18 +187,20 @@ if [ "$bench" = 1 ]; then
   sed 's/^/  /' "$out/bench-124m.log" >> "$details"
   ours=$(grep -oE '[0-9]+ tokens/s' "$out/bench-124m.log" | head -1 | grep -oE '[0-9]+')
 
-  # The peers, in the same call.
-  if [ -f "$peers/torch_gpt2_bench.py" ]; then
+  # The peers, in the same call (PyTorch's where torch imports here).
+  torch=0
+  python3 -c 'import torch' > /dev/null 2>&1 && torch=1
+  if [ $torch = 1 ] && [ -f "$peers/torch_gpt2_bench.py" ]; then
     run "PyTorch peer" "$out/torch.log" python3 "$peers/torch_gpt2_bench.py" --batch 16 --seq 1024 --compile 1
     status=$?
     check "PyTorch peer (torch.compile, flash SDPA)" $status "$(tail -1 "$out/torch.log")"
     theirs=$(grep -oE '[0-9,]+ tokens/s' "$out/torch.log" | tail -1 | tr -d , | grep -oE '[0-9]+')
     note "meshtrain / PyTorch: $(ratio "$ours" "$theirs") (${ours:-?} / ${theirs:-?} tokens/s)"
   fi
-  if [ -x "$peers/llmc/train_gpt2cu" ]; then
+  if [ -x "$llmc/train_gpt2cu" ]; then
     run "llm.c data" "$out/llmc-data.log" sh -c 'python3 "$0" "$1" 8000000 && python3 "$0" "$2" 400000' \
       "$peers/llmc_data.py" "$work/llmc-train.bin" "$work/llmc-val.bin"
-    (cd "$peers/llmc" && run "llm.c peer" "$out/llmc.log" ./train_gpt2cu -e d12 -b 16 -t 1024 -x 25 -v 1000 -s 1000 \
+    (cd "$llmc" && run "llm.c peer" "$out/llmc.log" ./train_gpt2cu -e d12 -b 16 -t 1024 -x 25 -v 1000 -s 1000 \
       -i "$work/llmc-train.bin" -j "$work/llmc-val.bin")
     status=$?
     # llm.c prints "step N/M | ... | X ms | ... | Y tok/s", Y a running average; ours is
@@ -214,7 +219,7 @@ if [ "$bench" = 1 ]; then
   check "bench llama3.2-1b B4 T2048 (world 1)" $status "$(grep -E 'tokens/s|MFU|not run' "$out/bench-llama.log" | tr '\n' ';')"
   sed 's/^/  /' "$out/bench-llama.log" >> "$details"
   ours=$(grep -oE '[0-9]+ tokens/s' "$out/bench-llama.log" | head -1 | grep -oE '[0-9]+')
-  if [ -f "$peers/torch_llama_bench.py" ]; then
+  if [ $torch = 1 ] && [ -f "$peers/torch_llama_bench.py" ]; then
     run "PyTorch Llama peer" "$out/torch-llama.log" python3 "$peers/torch_llama_bench.py" --preset llama3.2-1b --batch 4 \
       --seq 2048 --compile 1
     status=$?

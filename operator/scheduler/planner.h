@@ -72,7 +72,8 @@ PlanRequest RequestFor(const api::TrainingJobSpec& spec, std::vector<std::vector
 
 // The device of nodes of EKS instance type `instance_type` (p5.48xlarge, p5e.48xlarge,
 // p4d.24xlarge, p4de.24xlarge), or nullptr if none is known. Rates: dense bf16 peak x the
-// share the best GPT-2 training peer reached on an H100 (../shared/bench/README.md: 40%).
+// share of the peak the best GPT-2 training peer reached on an H100 (llm.c with cuDNN
+// training GPT-2 124M: about 40%).
 const DeviceModel* FindInstanceDevice(const std::string& instance_type);
 
 // The CPU engine's device (fp32, host memory): memory_bytes per rank and a matrix rate.
