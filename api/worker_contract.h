@@ -14,10 +14,13 @@
 
 namespace meshtrain::api::worker {
 
-// Exit status of a rank that found a problem no restart can fix (EX_CONFIG): a malformed
-// environment, spec or data file. The operator fails the job at once instead of
-// restarting the gang; any other non-zero status restarts it.
-inline constexpr int kExitConfigError = 78;
+// Exit status of a rank whose failure is permanent: do not restart. A restart would fail
+// the same way: a malformed environment, spec, data or init.from file, a model too large
+// for the rank's memory, or a loss that diverged (resumed from its newest checkpoint, the
+// same data would lead it the same way). On it the operator fails the job at once, the
+// node launcher ends its other ranks and `meshtrain run` stops; any other non-zero status
+// restarts the gang. The value is EX_CONFIG of sysexits.h, the most common such cause.
+inline constexpr int kExitPermanent = 78;
 // Exit status of a rank that found the gang hung (EX_TEMPFAIL): rank 0 when a rank made no
 // progress for spec.runPolicy.hangTimeoutSeconds, any other rank when rank 0 stopped
 // answering (worker/comm/heartbeat.h). It restarts the gang like any other failure.

@@ -130,7 +130,7 @@ int RunRanks(const api::CheckedJob& job, const api::RankTable& table, int sample
     const launch::LaunchResult result = launch::LaunchLocal(launch, out);
     if (result.status == 0) return kExitOk;
     if (result.stop_signal != 0) return result.status;  // stopped from outside: no restart
-    if (result.status == api::worker::kExitConfigError) return result.status;
+    if (result.status == api::worker::kExitPermanent) return result.status;
     if (restarts == backoff_limit) {
       out << "  the gang failed " << restarts + 1 << " time(s); spec.runPolicy.backoffLimit is " << backoff_limit
           << std::endl;
@@ -168,10 +168,10 @@ int TrainHere(api::CheckedJob job, const runtime::DeviceChoice& where, int sampl
       trainer->Run([&](const train::StepReport& r) { report->Step(r); });
     } catch (const train::ConfigurationError& e) {
       out << "configuration error: " << e.what() << std::endl;
-      return api::worker::kExitConfigError;
+      return api::worker::kExitPermanent;
     } catch (const train::TrainingDiverged& e) {
       out << "stopped: " << e.what() << std::endl;  // a restart would diverge again
-      return api::worker::kExitConfigError;
+      return api::worker::kExitPermanent;
     } catch (const std::exception& e) {
       if (restarts == backoff_limit) {
         out << "  training failed " << restarts + 1 << " time(s), last: " << e.what()

@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
       return meshtrain::launch::LaunchNode(launch, std::cerr);
     } catch (const std::exception& e) {
       std::cerr << "meshtrain-worker launch: " << e.what() << "\n";
-      return meshtrain::api::worker::kExitConfigError;
+      return meshtrain::api::worker::kExitPermanent;
     }
   }
   std::fputs(kUsage, stderr);

@@ -153,8 +153,8 @@ class Decider {
         const auto code = ExitCode(pod);
         const std::string what = "pod " + pod_name + " on node " + node + " failed" +
                                  (code ? " with exit code " + std::to_string(*code) : "");
-        if (code && *code == api::worker::kExitConfigError)
-          return Fail("PermanentError", what + " (a configuration error; not restarting)");
+        if (code && *code == api::worker::kExitPermanent)
+          return Fail("PermanentError", what + " (a permanent failure; not restarting)");
         return Restart("PodFailed", what, node, true);
       }
       if (phase == "Succeeded") ++succeeded;
@@ -457,8 +457,8 @@ class Decider {
                                " failed" + (s->exit_code ? " with exit code " + std::to_string(*s->exit_code) : "") +
                                (s->exit_code == api::worker::kExitCommFailure ? " in a collective" : "") +
                                (s->reason.empty() ? "" : ": " + s->reason);
-      if (s->exit_code == api::worker::kExitConfigError) {
-        Fail("PermanentError", what + " (a configuration error; not restarting)");
+      if (s->exit_code == api::worker::kExitPermanent) {
+        Fail("PermanentError", what + " (a permanent failure; not restarting)");
         return true;
       }
       // A pod whose ranks all finished has no launcher left to restart: new pods, then.

@@ -143,7 +143,7 @@ TEST(Decide, AFailedPodIsRecordedAsARestartBeforeAnyPodIsDeleted) {
 
 TEST(Decide, ExitCode78FailsTheJobAndCleanPodPolicyDeletesOnTheNextPass) {
   RunningJob job;
-  job.pods[0] = Running(job.pods[0], "Failed", api::worker::kExitConfigError);
+  job.pods[0] = Running(job.pods[0], "Failed", api::worker::kExitPermanent);
   const Decision failed = Decide(Observe(job.object, job.status, job.pods), {});
   EXPECT_EQ(failed.status.phase, "Failed");
   EXPECT_EQ(failed.status.restarts, 0);

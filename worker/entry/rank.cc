@@ -166,19 +166,19 @@ int Train(std::ostream& out) {
 int RunRank(std::ostream& out) {
   // Says why on `out` and to the launcher (api::WriteFailureReason); returns `status`. The
   // launcher and the operator already say that the rank failed, with its status: the file
-  // gets only why, and a configuration error says that it is one.
+  // gets only why, and a permanent failure says which (a configuration error, or stopped).
   auto failed = [&out](const char* what, const std::exception& e, int status) {
     out << "rank " << api::EnvironmentString(env::kRank, "?") << ": " << what << ": " << e.what() << std::endl;
-    api::WriteFailureReason(status == api::worker::kExitConfigError ? std::string(what) + ": " + e.what() : e.what());
+    api::WriteFailureReason(status == api::worker::kExitPermanent ? std::string(what) + ": " + e.what() : e.what());
     return status;
   };
   try {
     return Train(out);
   } catch (const ConfigError& e) {
-    return failed("configuration error", e, api::worker::kExitConfigError);
+    return failed("configuration error", e, api::worker::kExitPermanent);
   } catch (const train::TrainingDiverged& e) {
     // Resumed from its newest checkpoint, the same data would lead it the same way.
-    return failed("stopped", e, api::worker::kExitConfigError);
+    return failed("stopped", e, api::worker::kExitPermanent);
   } catch (const comm::CommError& e) {
     return failed("failed", e, api::worker::kExitCommFailure);
   } catch (const comm::StoreError& e) {

@@ -80,7 +80,7 @@ int LaunchControlled(const NodeLaunch& launch, const std::vector<RankProcess>& r
     log << "attempt " << status.attempt << ": starting " << these_ranks << std::endl;
   }
   int failed_status = 0;  // what the end of a hold exits with: the last failure's, until the next start
-  bool config_error = false;
+  bool permanent = false;
   int forwarded = 0;
   std::optional<int> stopping_for;  // the attempt an instruction stops the ranks for
   for (;; std::this_thread::sleep_for(std::chrono::milliseconds(5))) {
@@ -94,9 +94,9 @@ int LaunchControlled(const NodeLaunch& launch, const std::vector<RankProcess>& r
       group->Terminate(SIGTERM, launch.restart_grace);
       // "rank 1 failed with exit code 75 (what it wrote of its failure, if anything)"
       log << "rank " << exit.rank << " failed with exit code " << exit.status;
-      if (exit.status == api::worker::kExitConfigError) {
-        config_error = true;
-        log << " (a configuration error, which no restart fixes" << (exit.reason.empty() ? "" : ": " + exit.reason)
+      if (exit.status == api::worker::kExitPermanent) {
+        permanent = true;
+        log << " (a permanent failure, which no restart fixes" << (exit.reason.empty() ? "" : ": " + exit.reason)
             << "); stopping the other ranks and exiting with it\n";
       } else {
         hold_until = now + launch.hold;
@@ -106,8 +106,8 @@ int LaunchControlled(const NodeLaunch& launch, const std::vector<RankProcess>& r
       }
     }
     const bool ranks_ended = !group || group->empty();
-    if (config_error) {
-      if (ranks_ended) return api::worker::kExitConfigError;
+    if (permanent) {
+      if (ranks_ended) return api::worker::kExitPermanent;
       continue;
     }
 

@@ -1,6 +1,6 @@
 // What no restart can fix, found as a rank starts to train: a bad spec, data file or
 // spec.model.init.from file, or a model too large for the rank's memory. For it a worker
-// exits api::worker::kExitConfigError (78) and `meshtrain run` ends at once, whatever the
+// exits api::worker::kExitPermanent (78) and `meshtrain run` ends at once, whatever the
 // number of ranks. Thread-safety: a pure function.
 
 #pragma once
