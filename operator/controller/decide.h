@@ -1,7 +1,11 @@
-// What one reconcile of a TrainingJob decides: a pure function from what was observed
-// (the job, its pods, its nodes, rank 0's latest progress, the time) to the status to
-// write, the objects to create and delete, and the Events to emit once that status is
-// saved. It makes no API calls, so it is unit-tested without a server.
+// What one reconcile of a TrainingJob decides: a function from what was observed (the job,
+// its pods, its nodes, rank 0's latest progress, the time) to the status to write, the
+// objects to create and delete, and the Events to emit once that status is saved. It
+// writes nothing. It reads only through Observed's two lookups, called only when a gang is
+// to be placed or restarted in place: `cluster` (what the node and pod informers keep, no
+// API call) and `config_map` (in the reconciler, one GET of the job's ConfigMap from the
+// API server, whose errors other than NotFound leave Decide as an exception). Tests give
+// plain functions for both, so Decide is unit-tested without a server.
 //
 // Every delete follows from the status as stored, never from a decision of the same
 // pass: a restart, a failure or a suspension is first written to status (restarts + 1,
@@ -12,7 +16,7 @@
 // retry decides afresh from re-read objects. Creates are idempotent (AlreadyExists is
 // success), and each pass creates only the pods the cache does not show.
 //
-// Thread-safety: Decide is a pure function; the lookups it is given are called from the
+// Thread-safety: Decide keeps no state; the lookups it is given are called from the
 // calling thread only.
 
 #pragma once
@@ -80,7 +84,8 @@ struct Observed {
   // unset: none has been.
   std::optional<std::chrono::system_clock::time_point> failure_seen;
   std::chrono::system_clock::time_point now;
-  // Read only when a gang is to be placed:
+  // Read only when a gang is to be placed or restarted in place (the reconciler's
+  // config_map is a GET from the API server; cluster reads the informers' state):
   std::function<scheduler::ClusterView()> cluster;               // the nodes and what is in use on them
   std::function<std::optional<nlohmann::json>()> config_map;     // the job's ConfigMap, if one exists
 };
