@@ -3,7 +3,9 @@
 # namespaces, joined through links shaped to 1 Gbit/s. An all-reduce among them runs to
 # the end, and its bandwidth stays under the link's, so the traffic between nodes really
 # crossed the shaped links (loopback would be two orders faster). `down` leaves no
-# namespace behind, and a launch on a testbed that is not up names what is missing.
+# namespace behind, and a launch on a testbed that is not up names what is missing; on
+# 50 Mbit/s links the planner picks pipeline stages, measured at least 1.5x the best
+# layout without them.
 # Usage: netbed_test.sh BUILD_DIR
 set -euo pipefail
 build=$1
@@ -46,4 +48,20 @@ bash "$src/scripts/netbed.sh" down "$name"
 out=$("$build/cli/meshtrain" bench comm --ranks 4 --nodes 2 --netbed "$name" 2>&1) && fail "a launch on a testbed that is down ran"
 [[ $out == *"testbed $name has no node 0 (no network namespace $name-0; run scripts/netbed.sh up $name 2 RATE)"* ]] ||
   fail "the error does not say what is missing: $out"
+# Two nodes of two ranks joined at 50 Mbit/s: on calibrated links the planner puts a stage
+# on each node for gpt2-tiny, and measured, that pick is at least 1.5x the best layout
+# without stages (the two fastest modelled layouts of each pipeline degree run).
+bash "$src/scripts/netbed.sh" up "$name" 2 50mbit
+links=$(mktemp)
+trap 'rm -f "$links"; bash "$src/scripts/netbed.sh" down "$name"' EXIT
+"$build/cli/meshtrain" bench comm --ranks 4 --nodes 2 --netbed "$name" --calibrate "$links" >/dev/null 2>&1 ||
+  fail "calibrating the 50 Mbit/s links failed"
+out=$("$build/cli/meshtrain" bench plan --measure --netbed "$name" --links "$links" --memory-mib 48 --global-batch 2048 \
+  --measure-top 2 2>&1) || fail "bench plan --measure failed: $out"
+echo "$out" | grep -v '^\[20'
+[[ $out =~ "  1. P=2 " ]] || fail "the planner did not pick two stages on the 50 Mbit/s links"
+ratio=$(echo "$out" | sed -n 's/.*pick \/ best without stages \([0-9.]*\)x.*/\1/p')
+[ -n "$ratio" ] || fail "no comparison with the best layout without stages"
+awk "BEGIN { exit !($ratio >= 1.5) }" || fail "two stages measured only ${ratio}x the best layout without them"
+bash "$src/scripts/netbed.sh" down "$name"
 echo "ok: netbed"
