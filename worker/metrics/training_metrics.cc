@@ -96,7 +96,7 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
                                   .Add({})),
       stage_bubble_(BuildGauge()
                         .Name("meshtrain_pipeline_bubble_ratio")
-                        .Help("The last step's share a stage's compute stood waiting for its neighbours, by stage.")
+                        .Help("The last step's share a stage's compute stood waiting for its neighbours, by stage (0 with one stage).")
                         .Labels(labels)
                         .Register(*registry_)),
       bubble_model_(NewGauge(*registry_, "meshtrain_pipeline_bubble_model_ratio",
@@ -157,6 +157,8 @@ void TrainingMetrics::Step(const train::StepReport& report) {
   send_seconds_.Increment(report.comm.send);
   recv_seconds_.Increment(report.comm.recv);
   neighbour_wait_seconds_.Increment(report.comm.neighbour_wait);
+  // One stage has no bubble: its series reads 0, so a dashboard shows every job alike.
+  if (report.stage_bubbles.empty()) stage_bubble_.Add({{"stage", "0"}}).Set(0);
   for (size_t stage = 0; stage < report.stage_bubbles.size(); ++stage) {
     stage_bubble_.Add({{"stage", std::to_string(stage)}}).Set(report.stage_bubbles[stage]);
   }
