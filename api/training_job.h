@@ -312,8 +312,8 @@ struct TrainingJobStatus {
   // spec.runPolicy.backoffLimit limits.
   int64_t failures = 0;
   // Which set of pods runs the job (their names and gang label): it changes when the gang
-  // is recreated, not when it restarts in place. Unset in a status written before in-place
-  // restarts existed, where it was `restarts`.
+  // is recreated, not when it restarts in place. Unset until the operator places the job's
+  // first gang; the operator reads an unset gang as `restarts` (controller::GangOf).
   std::optional<int64_t> gang;
   // When the failure that restarted the running gang was seen (MicroTime); cleared once
   // the gang trains a step, which measures the recovery.

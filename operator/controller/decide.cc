@@ -302,7 +302,7 @@ class Decider {
     RecordRestart(reason, kind, message,
                   {"Warning", "Restarted", event + " (backoffLimit " + std::to_string(job_.spec.run_policy.backoff_limit) + ")"},
                   new_failure);
-    d_.status.gang = GangOf(o_.status);  // the same pods, also under a status that had no gang
+    d_.status.gang = GangOf(o_.status);  // the same pods, also where status.gang was unset
   }
 
   // What every restart writes: the next attempt, Restarting, the conditions and the Event.

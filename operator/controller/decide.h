@@ -149,8 +149,8 @@ struct Decision {
 
 Decision Decide(const Observed& observed, const DecideOptions& options);
 
-// The number of the pod set that runs the job (status.gang; `restarts` in a status written
-// before in-place restarts).
+// The number of the pod set that runs the job: status.gang, or `restarts` while it is unset
+// (before the job's first gang is placed).
 int64_t GangOf(const api::TrainingJobStatus& status);
 
 // The node-rank-0 pod of gang `gang` among `pods`, whose metrics carry the job's progress.

@@ -239,75 +239,6 @@ TEST_F(CheckpointTest, EveryLayoutsFilesLoadBackTheWholeStateExactly) {
   }
 }
 
-// A version-1 checkpoint (before the engine padded its vocabulary: no "vocabMultiple" in
-// its metadata, each TP slice's units split into shards unpadded), written here as that
-// code wrote it, of 2 shards x TP 2, loads into today's padded engine bit for bit.
-TEST_F(CheckpointTest, AVersion1CheckpointLoadsIntoThePaddedEngineBitForBit) {
-  const api::ModelShape shape = kOddVocabulary;
-  const WholeState whole = RandomState(shape, 2);
-  const fs::path path = dir_ / "v1", step = path / "step-00000007";
-  fs::create_directories(step);
-  const api::ParallelLayout layout(1, 4, 2, 2);
-  nlohmann::json files = nlohmann::json::array();
-  for (int rank = 0; rank < layout.world(); ++rank) {
-    const api::LayoutCoord at = layout.CoordOf(rank);
-    // Version 1's rule: ParameterLayout without padding, ShardOfUnit over it.
-    const std::vector<int64_t> elements = ShardElements(shape, at.tp, 2, 2, at.shard, /*vocab_multiple=*/1);
-    std::vector<float> bytes;
-    for (const std::vector<float>* part : {&whole.master, &whole.m, &whole.v}) {
-      for (int64_t i : elements) bytes.push_back((*part)[size_t(i)]);
-    }
-    char name[32];
-    std::snprintf(name, sizeof name, "rank-%05d.bin", rank);
-    std::ofstream(step / name, std::ios::binary)
-        .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size() * sizeof(float)));
-    files.push_back({{"name", name}, {"rank", rank}, {"tp", at.tp}, {"shard", at.shard},
-                     {"bytes", bytes.size() * sizeof(float)}, {"crc32c", Crc32c(bytes.data(), bytes.size() * sizeof(float))}});
-  }
-  const nlohmann::json meta = {
-      {"format", "meshtrain-checkpoint"},
-      {"version", 1},
-      {"step", 7},
-      {"dataPosition", 3 * shape.seq_len},  // version 1 counted tokens of the files in sequence
-      {"model",
-       {{"layers", shape.layers}, {"heads", shape.heads}, {"hidden", shape.hidden}, {"vocabSize", shape.vocab_size},
-        {"seqLen", shape.seq_len}}},
-      {"layout", {{"tp", 2}, {"shard", 2}, {"replicas", 1}, {"world", 4}}},
-      {"files", files}};
-  std::ofstream(step / "metadata.json") << meta.dump(2);
-  std::ofstream(path / "latest") << "step-00000007\n";
-
-  const LoadedCheckpoint loaded = LoadCheckpoint(step.string(), shape);
-  EXPECT_EQ(loaded.state.master, whole.master);
-  EXPECT_EQ(loaded.state.m, whole.m);
-  EXPECT_EQ(loaded.state.v, whole.v);
-  // The same files read with today's split (the padded root unit splits elsewhere) would
-  // not be this state: the test would notice a loader that ignored the version.
-  ASSERT_NE(ShardElements(shape, 0, 2, 2, 0, api::kVocabMultiple), ShardElements(shape, 0, 2, 2, 0, 1));
-
-  Trainer trainer(Job(path.string(), shape));
-  ASSERT_EQ(trainer.resumed_from(), std::optional<int64_t>(7));
-  ASSERT_EQ(trainer.checkpoint_warnings().size(), 1u);
-  EXPECT_NE(trainer.checkpoint_warnings()[0].find("written before data was read in a seeded order of windows; "
-                                                  "resuming 3 windows into that order"),
-            std::string::npos)
-      << trainer.checkpoint_warnings()[0];
-  ASSERT_EQ(trainer.model().vocab_multiple(), api::kVocabMultiple);
-  EXPECT_GT(model::ParameterLayout(shape, 0, 1, trainer.model().vocab_multiple()).total(), shape.ParameterCount())
-      << "the engine holds padding rows";
-  EXPECT_EQ(trainer.Weights(), whole.master);
-  ShardState state;
-  trainer.model().Snapshot(&state);  // one rank: the model's elements in the single-rank order
-  ASSERT_EQ(state.size, shape.ParameterCount());
-  EXPECT_EQ(std::vector<float>(state.master, state.master + state.size), whole.master);
-  EXPECT_EQ(std::vector<float>(state.m, state.m + state.size), whole.m);
-  EXPECT_EQ(std::vector<float>(state.v, state.v + state.size), whole.v);
-  // It trains on from there.
-  const std::vector<double> losses = Losses(trainer);
-  ASSERT_EQ(losses.size(), 5u);
-  for (double loss : losses) EXPECT_TRUE(std::isfinite(loss)) << loss;
-}
-
 // A checkpoint of the padded engine holds exactly the model's elements (the file is 3 x 4
 // bytes per parameter, not per padded element), records the padding, and reshards: written
 // again as 2 shards x TP 2 (each file its shards' model elements) and resumed from there,
@@ -324,7 +255,7 @@ TEST_F(CheckpointTest, ThePaddedEnginesCheckpointHoldsTheModelsElementsAndReshar
   }
   const fs::path step = path / "step-00000004";
   const nlohmann::json meta = nlohmann::json::parse(std::ifstream(step / "metadata.json"));
-  EXPECT_EQ(meta.at("version"), 3);
+  EXPECT_EQ(meta.at("version"), 4);
   EXPECT_EQ(meta.at("vocabMultiple"), api::kVocabMultiple);
   const int64_t padded = model::ParameterLayout(shape, 0, 1, api::kVocabMultiple).total();
   ASSERT_GT(padded, shape.ParameterCount());
@@ -835,6 +766,9 @@ TEST_F(CheckpointTest, AStepOrDataPositionOutOfRangeIsDamageAndAFinishedJobSaysS
   nlohmann::json changed = meta;
   changed["dataPosition"] = -1;
   EXPECT_EQ(parse_error(changed), "m.json: dataPosition -1 is not a position in the data (0 or more)");
+  changed = meta;
+  changed.erase("dataOrder");  // dataPosition would count in an order no reader knows
+  EXPECT_EQ(parse_error(changed), "m.json: dataOrder null is not \"windows\", the order dataPosition counts in");
 
   changed = meta;
   changed["step"] = -3;

@@ -51,10 +51,7 @@ namespace meshtrain::train {
 // Where training stands at a checkpoint.
 struct TrainingPosition {
   int64_t step = 0;            // optimizer steps taken
-  uint64_t data_position = 0;  // the training data loader's position
-  // How data_position counts: windows of the seeded order (DataLoader), or, in checkpoints
-  // written before it, tokens of the files read in sequence.
-  bool data_in_windows = true;
+  uint64_t data_position = 0;  // the training data loader's position: windows of its seeded order
 };
 
 using parallel::ShardState;

@@ -121,6 +121,11 @@ Json ParseCheckpointMetadata(const std::string& text, const std::string& file_na
     if (const Json& position = meta.at("dataPosition"); !position.is_number_unsigned()) {
       throw CheckpointError(file.string() + ": dataPosition " + position.dump() + " is not a position in the data (0 or more)");
     }
+    // dataPosition counts windows of the data loader's seeded order, the only order there is.
+    if (meta.value("dataOrder", Json()) != "windows") {
+      throw CheckpointError(file.string() + ": dataOrder " + meta.value("dataOrder", Json()).dump() +
+                            " is not \"windows\", the order dataPosition counts in");
+    }
     const Json& layout = meta.at("layout");
     const int tp = layout.at("tp"), shard = layout.at("shard"), replicas = layout.at("replicas");
     const int stages = layout.value("pipeline", 1);

@@ -47,7 +47,7 @@ CheckpointReader::CheckpointReader(const std::string& directory, const api::Mode
     : directory_(directory), whole_layout_(shape) {
   const fs::path dir(directory), meta_file = dir / "metadata.json";
   const Json meta = ParseCheckpointMetadata(ReadCheckpointFile(meta_file), meta_file.string(), shape);
-  position_ = {meta.at("step"), meta.at("dataPosition"), meta.value("dataOrder", "") == "windows"};
+  position_ = {meta.at("step"), meta.at("dataPosition")};
   const bool chunked = meta.at("version").get<int>() >= 3;
   const Json& layout = meta.at("layout");
   const int T = layout.at("tp"), S = layout.at("shard"), vocab_multiple = meta.value("vocabMultiple", 1);

@@ -201,14 +201,6 @@ void Trainer::Resume(const std::string& path, const std::string& only_run) {
     if (failed.empty()) {
       step_ = reader->position().step;
       train_->set_position(reader->position().data_position);
-      if (!reader->position().data_in_windows) {
-        // Older checkpoints count tokens of one stream read in order; the windows of
-        // seqLen that many tokens made are as far into the seeded order.
-        train_->set_position(reader->position().data_position / uint64_t(seq_));
-        checkpoint_warnings_.push_back(directory + ": written before data was read in a seeded order of windows; "
-                                       "resuming " + std::to_string(train_->position()) +
-                                       " windows into that order");
-      }
       resumed_from_ = step_;
       resumed_directory_ = directory;
       return;
