@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/allocator_blocks.h"
+
 namespace meshtrain::api {
 namespace {
 
@@ -134,10 +136,6 @@ EngineMemory EngineMemoryOf(const ModelShape& s, int batch, int seq, int tp_rank
   return m;
 }
 
-size_t AllocatorBlockBytes(size_t bytes) {
-  constexpr size_t kSmall = 512, kLarge = size_t(2) << 20, kLargeFrom = size_t(1) << 20;
-  const size_t unit = bytes < kLargeFrom ? kSmall : kLarge;
-  return std::max(unit, (bytes + unit - 1) / unit * unit);
-}
+size_t AllocatorBlockBytes(size_t bytes) { return common::AllocatorBlockBytes(bytes); }
 
 }  // namespace meshtrain::api

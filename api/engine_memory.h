@@ -132,8 +132,8 @@ EngineMemory EngineMemoryOf(const ModelShape& shape, int batch, int seq, int tp_
                             const ActivationPolicy& policy, const EngineTypes& types, bool dropout,
                             bool keep_units_gathered = false, const StageShape& stage = {});
 
-// The bytes the caching allocator holds for a request of `bytes`: rounded up to 512
-// bytes below 1 MiB and to 2 MiB from there.
+// The bytes the caching allocator holds for a request of `bytes`
+// (common::AllocatorBlockBytes: 512-byte blocks below 1 MiB, 2 MiB ones from there).
 size_t AllocatorBlockBytes(size_t bytes);
 
 }  // namespace meshtrain::api

@@ -6,7 +6,9 @@
 # (worker/runtime/cpu_stream.h), or fills and copies memory itself (std::fill, memcpy,
 # memset, memmove): all of that goes through the backend and the kernel table, so the
 # same code runs on a GPU. worker/train/ does host I/O (token files, checkpoints), so it is
-# held only to the first rule that matters for device memory: no DeviceSide.
+# held only to the first rule that matters for device memory: no DeviceSide. And
+# worker/runtime/ takes its allocator's size classes from common/allocator_blocks.h, not
+# from the API library's memory model (api/engine_memory.h), which counts them.
 #
 # Prints file:line: the line, and the rule it breaks, for every violation, and fails if
 # there is any. Comments (// to the end of the line) do not count. Before it checks the
@@ -41,6 +43,10 @@ engine_rules=(
   "${word}std::fill(_n)?${end}"
   "calls memcpy, memset or memmove (device memory is copied and filled by the backend)"
   "${word}(std::)?mem(cpy|set|move)${end}"
+)
+runtime_rules=(
+  "includes api/engine_memory.h (the allocator's size classes are common/allocator_blocks.h)"
+  "${include}api/engine_memory\\.h"
 )
 
 # check DIRECTORY RULES...: prints every violation under DIRECTORY; returns how many (capped).
@@ -95,8 +101,10 @@ status=0
 check "$root/worker/model" "${engine_rules[@]}" || status=1
 check "$root/worker/parallel" "${engine_rules[@]}" || status=1
 check "$root/worker/train" "${device_side_rules[@]}" || status=1
+check "$root/worker/runtime" "${runtime_rules[@]}" || status=1
 if ((status != 0)); then
   echo "layering_test: the lines above break the engine's layering (DESIGN.md, \"The device seam\")" >&2
   exit 1
 fi
-echo "layering_test: worker/model, worker/parallel and worker/train keep the device seam"
+echo "layering_test: worker/model, worker/parallel and worker/train keep the device seam;" \
+  "worker/runtime takes its size classes from common/"

@@ -1,12 +1,12 @@
 #include "worker/runtime/memory.h"
 
-#include "api/engine_memory.h"
-
 #include <cstdio>
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
 #include <string>
+
+#include "common/allocator_blocks.h"
 
 namespace meshtrain::runtime {
 
@@ -39,7 +39,7 @@ MemorySource HostMemory() {
   return {"host", [](size_t bytes) { return std::aligned_alloc(64, bytes); }, [](void* ptr) { std::free(ptr); }};
 }
 
-size_t CachingAllocator::RoundedSize(size_t bytes) { return api::AllocatorBlockBytes(bytes); }
+size_t CachingAllocator::RoundedSize(size_t bytes) { return common::AllocatorBlockBytes(bytes); }
 
 void* CachingAllocator::Allocate(size_t bytes, MemoryCategory category) {
   const size_t rounded = RoundedSize(bytes);

@@ -86,7 +86,7 @@ class CachingAllocator {
   void ReleaseCached();
   size_t cached_bytes() const;
 
-  // api::AllocatorBlockBytes: the size classes the planner's memory model counts too.
+  // common::AllocatorBlockBytes: the size classes the planner's memory model counts too.
   static size_t RoundedSize(size_t bytes);
   int64_t limit() const { return limit_; }
 
