@@ -264,7 +264,7 @@ TEST_F(LauncherTest, AConfigurationErrorEndsTheLauncherWithoutHolding) {
   const auto started = Clock::now();
   EXPECT_EQ(launcher.Wait(20s).status, 78) << launcher.Output();
   EXPECT_LT(Clock::now() - started, 10s);
-  EXPECT_TRUE(Contains(launcher.Output(), "rank 1 failed with exit code 78 (a configuration error")) << launcher.Output();
+  EXPECT_TRUE(Contains(launcher.Output(), "rank 1 failed with exit code 78 (a permanent failure, which no restart fixes")) << launcher.Output();
   EXPECT_FALSE(Contains(launcher.Output(), "holding")) << launcher.Output();
 }
 

@@ -421,7 +421,7 @@ TEST(Decide, ALauncherAtExit78FailsTheJobAndInPlaceRestartsCountAgainstTheBackof
   const Decision failed = Decide(config_error, {});
   EXPECT_EQ(failed.status.phase, "Failed");
   EXPECT_EQ(failed.status.restarts, 0);
-  EXPECT_NE(failed.status.conditions.back().message.find("a configuration error"), std::string::npos);
+  EXPECT_NE(failed.status.conditions.back().message.find("a permanent failure; not restarting"), std::string::npos);
 
   job.object["spec"]["runPolicy"]["backoffLimit"] = 1;
   api::TrainingJobStatus once = job.status;
