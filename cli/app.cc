@@ -79,7 +79,7 @@ Command Validate(CLI::App& parent) {
 
 Command Layout(CLI::App& parent) {
   auto file = Make<std::string>();
-  CLI::App* c = parent.add_subcommand("layout", "Print a job's mesh: which ranks form each TP, shard and replica group");
+  CLI::App* c = parent.add_subcommand("layout", "Print a job's mesh: its pipeline stages and which ranks form each TP, shard and replica group");
   c->add_option("file", *file, "Manifest file")->required();
   return {c, [file] { return LayoutCommand(*file, std::cout); }};
 }
