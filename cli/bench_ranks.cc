@@ -40,9 +40,11 @@ nlohmann::json BenchJob(const BenchTrainOptions& o, const std::string& data, int
                         {"pipelineSchedule", api::PipelineScheduleName(c.pipeline.schedule)},
                         {"pipelineVirtualStages", c.pipeline.virtual_stages}});
   }
+  nlohmann::json metadata = {{"name", "bench-train"}};
+  if (c.keep_units_gathered) metadata["annotations"] = {{kKeepUnitsGatheredAnnotation, "true"}};
   return {{"apiVersion", "meshtrain.dev/v1alpha1"},
           {"kind", "TrainingJob"},
-          {"metadata", {{"name", "bench-train"}}},
+          {"metadata", metadata},
           {"spec",
            {{"image", "meshtrain"},
             {"nodes", nodes},
@@ -84,7 +86,10 @@ int BenchTrainRank() {
   const std::unique_ptr<comm::StreamCollectives> device_world =
       train::ConnectDeviceWorld(env, where.device, rendezvous, *world, fabric.timeout, &note);
   if (env.rank == 0 && !note.empty()) std::fprintf(stderr, "note: %s\n", note.c_str());
-  train::Trainer trainer(job.job, world.get(), where.device, device_world.get());
+  const auto& annotations = job.job.metadata.annotations;
+  const auto keep = annotations.find(kKeepUnitsGatheredAnnotation);
+  train::Trainer trainer(job.job, world.get(), where.device, device_world.get(), nullptr,
+                         {.keep_units_gathered = keep != annotations.end() && keep->second == "true"});
   const int64_t steps = job.job.spec.training.steps, warmup = std::min<int64_t>(2, steps - 1);
   for (int64_t i = 0; i < warmup; ++i) trainer.Step();
   world->Barrier()->Wait();
@@ -119,7 +124,6 @@ std::optional<RanksResult> RunBenchRanks(const BenchTrainOptions& o, const std::
   launch.command = self_argv;
   launch.job_name = "bench-train";
   launch.environment["MESHTRAIN_CONFIG"] = job.string();
-  if (config.keep_units_gathered) launch.environment["MESHTRAIN_KEEP_UNITS_GATHERED"] = "1";
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   launch.environment["OMP_NUM_THREADS"] = std::to_string(std::max(1, cores / o.ranks));
   std::deque<RemovedOnExit> reports;  // each rank's, whether it wrote one or not

@@ -60,8 +60,13 @@ struct RanksResult {
   int64_t state() const { return peak.params + peak.grads + peak.optimizer; }
 };
 
+// The annotation of a bench job whose ranks keep every unit gathered (RanksConfig::
+// keep_units_gathered, train::EngineSwitches): a benchmark's switch, not the spec's.
+inline constexpr const char* kKeepUnitsGatheredAnnotation = "meshtrain.dev/bench-keep-units-gathered";
+
 // The job of `config` on `o.ranks` ranks over `o.nodes` nodes, training o.model at
-// o.seq on the token file `data` for o.warmup + o.steps steps.
+// o.seq on the token file `data` for o.warmup + o.steps steps (annotated with
+// kKeepUnitsGatheredAnnotation "true" when config.keep_units_gathered).
 nlohmann::json BenchJob(const BenchTrainOptions& o, const std::string& data, int ranks, int nodes,
                         const RanksConfig& config, bool bf16);
 

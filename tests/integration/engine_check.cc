@@ -28,7 +28,7 @@
 //                vocabulary padding is never written).
 //
 // The device the ranks train on (the CPU backend) is chosen with:
-//   --kernels fp32|bf16|fp64   the ranks' kernel table (MESHTRAIN_CPU_KERNELS): bf16 is the
+//   --kernels fp32|bf16|fp64   the ranks' kernel table (train::EngineSwitches): bf16 is the
 //                              emulation of the GPU's numerics, compared with the bounds of
 //                              kBf16LossTolerance and kBf16WeightTolerance below.
 //   --jitter SEED              the strict backend: streams sleep a random time before each
@@ -130,9 +130,9 @@ struct Options {
   bool masked = false;           // a loss mask beside the training data
   int ranks = 2, nodes = 1, tp = 1, shard = 0, repeat = 1, limit_mib = 0, layers = 3;
   double dropout = 0;
-  std::string kernels = "fp32";  // the ranks' (MESHTRAIN_CPU_KERNELS)
+  std::string kernels = "fp32";  // the ranks' (train::EngineSwitches::cpu_kernels)
   uint64_t jitter = 0;           // 0: no strict backend
-  std::string reference;         // the reference's kernels; empty: as the environment says (fp32)
+  std::string reference;         // the reference's kernels; empty: fp32
   int reference_micro = 0;       // 0: the data-parallel size
   std::vector<std::string> layouts;
   int stages = 1, virtual_stages = 1;  // --pipeline
@@ -234,25 +234,6 @@ Run Train(train::Trainer& trainer) {
   return run;
 }
 
-// Sets an environment variable for its lifetime (null: unsets it), then restores it.
-class ScopedEnvironment {
- public:
-  ScopedEnvironment(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value != nullptr) ::setenv(name, value, 1);
-    else ::unsetenv(name);
-  }
-  ~ScopedEnvironment() {
-    if (old_) ::setenv(name_.c_str(), old_->c_str(), 1);
-    else ::unsetenv(name_.c_str());
-  }
-  ScopedEnvironment(const ScopedEnvironment&) = delete;
-  ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
-
- private:
-  std::string name_;
-  std::optional<std::string> old_;
-};
 
 template <class T>
 void WriteVector(const fs::path& path, const std::vector<T>& values) {
@@ -315,7 +296,8 @@ int RunRank(const Options& o) {
   auto world = comm::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, comm::FabricOptions::FromEnvironment());
   // The checkpoint writers' own connection to the Store, as a worker's.
   comm::StoreClient checkpoint_store(env.coordinator, std::chrono::seconds(60), rendezvous.key);
-  train::Trainer trainer(job, world.get(), runtime::Device::Cpu(), nullptr, &checkpoint_store);
+  train::Trainer trainer(job, world.get(), runtime::Device::Cpu(), nullptr, &checkpoint_store,
+                         train::EngineSwitches{.cpu_kernels = o.kernels});
   if (o.mode == "reshard" && !trainer.resumed_from()) {
     // The first layout: train to the checkpoint and stop, as a failure would stop it.
     try {
@@ -369,7 +351,6 @@ launch::LaunchResult Launch(const Options& o, int argc, char** argv, bool kill, 
   launch.ranks_per_node = o.ranks / o.nodes;
   launch.command = launch::SelfCommand(argc, argv);
   launch.environment["OMP_NUM_THREADS"] = "1";
-  launch.environment["MESHTRAIN_CPU_KERNELS"] = o.kernels;
   if (o.jitter != 0) {
     launch.environment["MESHTRAIN_CPU_JITTER_SEED"] = std::to_string(o.jitter + uint64_t(run));
     launch.environment["MESHTRAIN_CPU_POISON"] = "1";
@@ -403,12 +384,8 @@ const Run& Reference(const Options& o, int dp) {
   auto found = trained.find(key);
   if (found != trained.end()) return found->second;
   std::optional<train::Trainer> trainer;
-  {
-    // Only the engine's construction reads the kernel table's variable.
-    std::optional<ScopedEnvironment> kernels;
-    if (!o.reference.empty()) kernels.emplace("MESHTRAIN_CPU_KERNELS", o.reference.c_str());
-    trainer.emplace(CheckedJob(manifest));
-  }
+  trainer.emplace(CheckedJob(manifest), nullptr, runtime::Device::Cpu(), nullptr, nullptr,
+                  train::EngineSwitches{.cpu_kernels = o.reference.empty() ? "fp32" : o.reference});
   Run run = Train(*trainer);
   std::printf("reference: one rank, %s kernels, micro-batches of %d of %d sequences (%s): loss %.6f -> %.6f\n",
               o.reference.empty() ? "fp32" : o.reference.c_str(), micro, dp * AccumulationOf(o),

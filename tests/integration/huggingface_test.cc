@@ -180,7 +180,7 @@ TEST_F(HuggingFaceTest, MalformedFilesAndWrongShapesAreNamed) {
 }
 
 // GPT-2's vocabulary on a small model: the padded engine (50257 rows padded to 50304)
-// trains 20 steps with the unpadded engine's losses (MESHTRAIN_VOCAB_MULTIPLE=1) within
+// trains 20 steps with the unpadded engine's losses (EngineSwitches::vocab_multiple 1) within
 // 1e-5; `meshtrain export` writes wte as 50257 x 32, and the file imports back bitwise.
 TEST_F(HuggingFaceTest, Gpt2sVocabularyTrainsPaddedAndItsFilesKeepTheUsersShapes) {
   constexpr int64_t kVocab = 50257;
@@ -221,20 +221,9 @@ TEST_F(HuggingFaceTest, Gpt2sVocabularyTrainsPaddedAndItsFilesKeepTheUsersShapes
   Trainer padded(job(checkpoints.string(), ""));
   ASSERT_EQ(padded.model().vocab_multiple(), api::kVocabMultiple);
   const std::vector<double> want_losses = [&] {
-    // The unpadded engine: the variable is read when the engine is built.
-    const char* old = std::getenv("MESHTRAIN_VOCAB_MULTIPLE");
-    const std::optional<std::string> saved = old ? std::optional<std::string>(old) : std::nullopt;
-    ::setenv("MESHTRAIN_VOCAB_MULTIPLE", "1", 1);
-    std::optional<Trainer> unpadded;
-    try {
-      unpadded.emplace(job("", ""));
-    } catch (...) {
-      saved ? ::setenv("MESHTRAIN_VOCAB_MULTIPLE", saved->c_str(), 1) : ::unsetenv("MESHTRAIN_VOCAB_MULTIPLE");
-      throw;
-    }
-    saved ? ::setenv("MESHTRAIN_VOCAB_MULTIPLE", saved->c_str(), 1) : ::unsetenv("MESHTRAIN_VOCAB_MULTIPLE");
-    EXPECT_EQ(unpadded->model().vocab_multiple(), 1);
-    return losses_of(*unpadded);
+    Trainer unpadded(job("", ""), nullptr, runtime::Device::Cpu(), nullptr, nullptr, {.vocab_multiple = 1});
+    EXPECT_EQ(unpadded.model().vocab_multiple(), 1);
+    return losses_of(unpadded);
   }();
   const std::vector<double> losses = losses_of(padded);
   ASSERT_EQ(losses.size(), 20u);

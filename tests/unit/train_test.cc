@@ -16,6 +16,8 @@
 #include <initializer_list>
 #include <iterator>
 #include <set>
+#include <stdexcept>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -521,18 +523,17 @@ api::TrainingJob SmallJob() {
   return job;
 }
 
-// The processes a test launches choose the CPU's kernel table, the engine's vocabulary
-// padding and the strict backend through the environment; a malformed value is named.
-TEST(MakeEngine, TheEnvironmentChoosesTheCpuTableThePaddingAndTheStrictBackend) {
+// Tests and benchmarks choose the CPU's kernel table, the engine's vocabulary padding and
+// the replicated engine through EngineSwitches, and the strict backend through the
+// environment; a malformed switch is named.
+TEST(MakeEngine, SwitchesChooseTheCpuTableThePaddingAndKeptUnitsAndTheEnvironmentTheStrictBackend) {
   const api::TrainingJob job = SmallJob();
   const api::ParallelLayout one(1, 1, 1, 1);
   runtime::MemoryAccounting accounting;
   {
-    ScopedEnvironment environment{{"MESHTRAIN_CPU_KERNELS", "bf16"},
-                                  {"MESHTRAIN_VOCAB_MULTIPLE", "1"},
-                                  {"MESHTRAIN_CPU_JITTER_SEED", "3"},
-                                  {"MESHTRAIN_CPU_POISON", "1"}};
-    const auto engine = MakeEngine(job, one, nullptr, nullptr, runtime::Device::Cpu(), 2, 16, &accounting);
+    ScopedEnvironment environment{{"MESHTRAIN_CPU_JITTER_SEED", "3"}, {"MESHTRAIN_CPU_POISON", "1"}};
+    const auto engine = MakeEngine(job, one, nullptr, nullptr, runtime::Device::Cpu(), 2, 16, &accounting,
+                                   {.cpu_kernels = "bf16", .vocab_multiple = 1});
     const std::string described = engine->Describe();
     EXPECT_EQ(described.rfind("bf16 FSDP", 0), 0u) << described;
     EXPECT_NE(described.find("cpu bf16 emulation on cpu (strict: jitter seed 3, poisoned memory)"), std::string::npos)
@@ -543,8 +544,8 @@ TEST(MakeEngine, TheEnvironmentChoosesTheCpuTableThePaddingAndTheStrictBackend) 
     EXPECT_EQ(engine->device(), runtime::Device::Cpu());
   }
   {
-    ScopedEnvironment environment{{"MESHTRAIN_CPU_KERNELS", "fp64"}};
-    const auto engine = MakeEngine(job, one, nullptr, nullptr, runtime::Device::Cpu(), 2, 16, &accounting);
+    const auto engine = MakeEngine(job, one, nullptr, nullptr, runtime::Device::Cpu(), 2, 16, &accounting,
+                                   {.cpu_kernels = "fp64"});
     EXPECT_EQ(engine->Describe().rfind("fp64 FSDP", 0), 0u) << engine->Describe();
     EXPECT_NE(engine->Describe().find("cpu fp64 reference on cpu"), std::string::npos) << engine->Describe();
     EXPECT_EQ(engine->vocab_multiple(), api::kVocabMultiple);
@@ -553,33 +554,22 @@ TEST(MakeEngine, TheEnvironmentChoosesTheCpuTableThePaddingAndTheStrictBackend) 
   EXPECT_EQ(plain->Describe().rfind("fp32 FSDP", 0), 0u) << plain->Describe();
   EXPECT_TRUE(plain->Describe().ends_with("; cpu fp32 on cpu")) << plain->Describe();
   {
-    ScopedEnvironment environment{{"MESHTRAIN_CPU_KERNELS", "fp16"}};
-    try {
-      CpuKernelsFromEnvironment();
-      ADD_FAILURE() << "MESHTRAIN_CPU_KERNELS=fp16 was accepted";
-    } catch (const std::exception& e) {  // devices.h says runtime_error; devices.cc throws invalid_argument
-      EXPECT_NE(std::string(e.what()).find("MESHTRAIN_CPU_KERNELS: 'fp16'"), std::string::npos) << e.what();
-    }
-  }
-  {
     // Replicated at world 1: every block's compute copy is kept (EngineOptions::keep_units_gathered).
-    ScopedEnvironment environment{{"MESHTRAIN_KEEP_UNITS_GATHERED", "1"}};
     runtime::MemoryAccounting kept;
-    MakeEngine(job, one, nullptr, nullptr, runtime::Device::Cpu(), 2, 16, &kept);
+    MakeEngine(job, one, nullptr, nullptr, runtime::Device::Cpu(), 2, 16, &kept, {.keep_units_gathered = true});
     runtime::MemoryAccounting slots;
-    {
-      ScopedEnvironment off{{"MESHTRAIN_KEEP_UNITS_GATHERED", "0"}};
-      MakeEngine(job, one, nullptr, nullptr, runtime::Device::Cpu(), 2, 16, &slots);
-    }
+    MakeEngine(job, one, nullptr, nullptr, runtime::Device::Cpu(), 2, 16, &slots);
     EXPECT_GT(kept.peak(runtime::MemoryCategory::kGathered), slots.peak(runtime::MemoryCategory::kGathered));
   }
-  {
-    ScopedEnvironment environment{{"MESHTRAIN_VOCAB_MULTIPLE", "0"}};
+  const std::pair<EngineSwitches, std::string> malformed[] = {
+      {{.cpu_kernels = "fp16"}, "EngineSwitches::cpu_kernels: 'fp16' is not fp32, bf16 or fp64"},
+      {{.vocab_multiple = 0}, "EngineSwitches::vocab_multiple: 0 is not 1 to 65536"}};
+  for (const auto& [switches, error] : malformed) {
     try {
-      MakeEngine(job, one, nullptr, nullptr, runtime::Device::Cpu(), 2, 16, &accounting);
-      ADD_FAILURE() << "MESHTRAIN_VOCAB_MULTIPLE=0 was accepted";
-    } catch (const std::exception& e) {
-      EXPECT_NE(std::string(e.what()).find("MESHTRAIN_VOCAB_MULTIPLE"), std::string::npos) << e.what();
+      MakeEngine(job, one, nullptr, nullptr, runtime::Device::Cpu(), 2, 16, &accounting, switches);
+      ADD_FAILURE() << error << ": accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()), error);
     }
   }
 }

@@ -1,9 +1,7 @@
 #include "worker/train/devices.h"
 
-#include <cstdlib>
 #include <stdexcept>
 
-#include "api/environment.h"
 #include "api/model_shape.h"
 #include "worker/kernels/cpu/cpu_ops.h"
 #include "worker/parallel/sharded_engine.h"
@@ -26,16 +24,17 @@ runtime::DeviceChoice ChooseDeviceHere(const std::string& precision, int local_r
   return runtime::ChooseDevice(precision, local_rank, devices, why_none);
 }
 
-std::string CpuKernelsFromEnvironment() {
-  const char* value = std::getenv("MESHTRAIN_CPU_KERNELS");
-  const std::string kernels = value == nullptr || *value == 0 ? "fp32" : value;
-  if (kernels != "fp32" && kernels != "bf16" && kernels != "fp64") {
-    throw std::invalid_argument("MESHTRAIN_CPU_KERNELS: '" + kernels + "' is not fp32, bf16 or fp64");
-  }
-  return kernels;
-}
-
 namespace {
+
+void CheckSwitches(const EngineSwitches& s) {
+  if (s.cpu_kernels != "fp32" && s.cpu_kernels != "bf16" && s.cpu_kernels != "fp64") {
+    throw std::invalid_argument("EngineSwitches::cpu_kernels: '" + s.cpu_kernels + "' is not fp32, bf16 or fp64");
+  }
+  if (s.vocab_multiple < 1 || s.vocab_multiple > (1 << 16)) {
+    throw std::invalid_argument("EngineSwitches::vocab_multiple: " + std::to_string(s.vocab_multiple) +
+                                " is not 1 to 65536");
+  }
+}
 
 template <class P>
 std::unique_ptr<parallel::Engine> Make(const api::TrainingJob& job, std::shared_ptr<const parallel::Mesh> mesh,
@@ -86,7 +85,8 @@ parallel::ActivationPolicy ActivationPolicyOf(const api::ParallelismSpec& p) {
 std::unique_ptr<parallel::Engine> MakeEngine(const api::TrainingJob& job, const api::ParallelLayout& layout,
                                              comm::Communicator* world, comm::StreamCollectives* device_world,
                                              runtime::Device device, int batch, int seq,
-                                             runtime::MemoryAccounting* accounting) {
+                                             runtime::MemoryAccounting* accounting, const EngineSwitches& switches) {
+  CheckSwitches(switches);
   const api::ParallelismSpec& p = job.spec.parallelism;
   parallel::EngineOptions options;
   const std::optional<int64_t>& limit_mib = job.spec.resources.memory_limit_mib;
@@ -94,8 +94,8 @@ std::unique_ptr<parallel::Engine> MakeEngine(const api::TrainingJob& job, const 
   options.activations = ActivationPolicyOf(p);
   options.dropout = float(job.spec.model.dropout);
   options.dropout_seed = uint64_t(p.tensor_parallel_seed);
-  options.vocab_multiple = int(api::EnvironmentInteger("MESHTRAIN_VOCAB_MULTIPLE", 1, 1 << 16, api::kVocabMultiple));
-  options.keep_units_gathered = api::EnvironmentInteger("MESHTRAIN_KEEP_UNITS_GATHERED", 0, 1, 0) == 1;
+  options.vocab_multiple = switches.vocab_multiple;
+  options.keep_units_gathered = switches.keep_units_gathered;
   options.pipeline = api::Pipeline::Of(p);
   if (options.pipeline.stages > 1) options.micro_batches = int(api::AccumulationSteps(job.spec));
   const bool wrap = options.pipeline.virtual_stages > 1;  // chunks go round the stages more than once
@@ -111,7 +111,7 @@ std::unique_ptr<parallel::Engine> MakeEngine(const api::TrainingJob& job, const 
   }
   backend = std::make_shared<runtime::CpuBackend>(runtime::CpuBackendOptionsFromEnvironment());
   auto mesh = std::make_shared<const parallel::Mesh>(layout, world, device_world, backend.get(), wrap);
-  const std::string kernels = CpuKernelsFromEnvironment();
+  const std::string& kernels = switches.cpu_kernels;
   if (kernels == "bf16") return Make<kernels::Bf16>(job, mesh, backend, CpuOps<kernels::Bf16>, batch, seq, accounting, options);
   if (kernels == "fp64") return Make<kernels::Fp64>(job, mesh, backend, CpuOps<kernels::Fp64>, batch, seq, accounting, options);
   return Make<kernels::Fp32>(job, mesh, backend, CpuOps<kernels::Fp32>, batch, seq, accounting, options);

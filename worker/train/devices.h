@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "api/engine_memory.h"
 #include "api/layout.h"
 #include "api/training_job.h"
 #include "worker/comm/bootstrap.h"
@@ -27,16 +28,21 @@ int CudaDeviceCount(std::string* why = nullptr);
 // runtime::ChooseDevice for a job with `precision` on local rank `local_rank` of this machine.
 runtime::DeviceChoice ChooseDeviceHere(const std::string& precision, int local_rank);
 
-// The CPU's kernel table for a job, from MESHTRAIN_CPU_KERNELS: "fp32" (the default),
-// "bf16" (the emulation of the GPU's numerics) or "fp64" (the reference); and the strict
-// backend's jitter and poison from MESHTRAIN_CPU_JITTER_SEED and MESHTRAIN_CPU_POISON
-// (runtime/cpu_backend.h); MakeEngine also reads MESHTRAIN_VOCAB_MULTIPLE (the engine's
-// vocabulary padding, 128; 1 for tests that compare against the unpadded engine) and
-// MESHTRAIN_KEEP_UNITS_GATHERED (1: replicated, EngineOptions::keep_units_gathered, what
-// bench train --compare replicated measures at world 1). Tests and benchmarks set them for
-// the ranks they launch. CpuKernelsFromEnvironment throws std::invalid_argument naming a
-// malformed MESHTRAIN_CPU_KERNELS; MakeEngine, std::runtime_error for the others.
-std::string CpuKernelsFromEnvironment();
+// What tests and benchmarks choose of the engine beyond the job's spec. A job never sets
+// these: meshtrain-worker and `meshtrain run` take the defaults; a test passes its own to
+// MakeEngine or train::Trainer (tests/integration/engine_check.cc: --kernels, --reference),
+// and `meshtrain bench train --compare replicated` to its ranks.
+struct EngineSwitches {
+  // The CPU's kernel table: "fp32", "bf16" (the emulation of the GPU's numerics) or
+  // "fp64" (the reference). A GPU always trains in bf16.
+  std::string cpu_kernels = "fp32";
+  // The engine's vocabulary padding: api::kVocabMultiple, or 1 for tests that compare
+  // against the unpadded engine. 1 to 65536.
+  int vocab_multiple = api::kVocabMultiple;
+  // Replicated: every unit's compute copy kept (EngineOptions::keep_units_gathered), what
+  // bench train --compare replicated measures at world 1.
+  bool keep_units_gathered = false;
+};
 
 // The world's collectives on the device for a rank on `device`: NCCL when every rank
 // trains on a GPU of its own; null otherwise (the host's, through `world`: on GPUs that
@@ -58,10 +64,13 @@ parallel::ActivationPolicy ActivationPolicyOf(const api::ParallelismSpec& parall
 // or null for the host's (on a GPU: the staged fallback). Throws std::invalid_argument for
 // a job the engine cannot run (naming the field), runtime::OutOfMemory when the memory
 // limit is too small, and runtime::cuda::CudaError (a std::runtime_error) for a CUDA
-// device that cannot be used.
+// device that cannot be used; std::invalid_argument naming EngineSwitches' field for a
+// malformed `switches`. The CPU backend's strict mode (jitter and poison) is read from the
+// environment (runtime::CpuBackendOptionsFromEnvironment).
 std::unique_ptr<parallel::Engine> MakeEngine(const api::TrainingJob& job, const api::ParallelLayout& layout,
                                              comm::Communicator* world, comm::StreamCollectives* device_world,
                                              runtime::Device device, int batch, int seq,
-                                             runtime::MemoryAccounting* accounting);
+                                             runtime::MemoryAccounting* accounting,
+                                             const EngineSwitches& switches = {});
 
 }  // namespace meshtrain::train

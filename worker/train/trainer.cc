@@ -93,7 +93,6 @@ void CheckTrainable(const api::TrainingJob& job, int rank, int ranks) {
   }
   runtime::MemoryLimitFromEnvironment();
   parallel::ActivationStore<kernels::Fp32>::Check(ActivationPolicyOf(job.spec.parallelism));
-  CpuKernelsFromEnvironment();
   TextCodec{job.spec.model};
   OpenData(job, layout, rank);
 }
@@ -122,7 +121,8 @@ std::string FormatStepReport(const StepReport& r) {
 }
 
 Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime::Device device,
-                 comm::StreamCollectives* device_world, comm::StoreClient* checkpoint_store)
+                 comm::StreamCollectives* device_world, comm::StoreClient* checkpoint_store,
+                 const EngineSwitches& switches)
     : job_(job),
       layout_(SupportedLayout(job, world ? world->size() : 1)),
       world_(world),
@@ -130,7 +130,7 @@ Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime
       seq_(int(*job.spec.model.seq_len)),
       micro_steps_(api::AccumulationSteps(job.spec)),
       tokens_per_step_(job.spec.training.global_batch_tokens),
-      engine_(MakeEngine(job, layout_, world, device_world, device, batch_, seq_, &accounting_)),
+      engine_(MakeEngine(job, layout_, world, device_world, device, batch_, seq_, &accounting_, switches)),
       codec_(job.spec.model) {
   auto [train, validation] = OpenData(job, layout_, world ? world->rank() : 0);
   train_.emplace(std::move(train));

@@ -31,6 +31,7 @@
 #include "worker/runtime/memory.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/data_loader.h"
+#include "worker/train/devices.h"
 #include "worker/train/sampler.h"
 
 namespace meshtrain::train {
@@ -91,7 +92,8 @@ class Trainer {
   // the communicator's, a malformed limit), TokenFileError for bad data,
   // runtime::OutOfMemory when the limit is too small, runtime::cuda::CudaError for a CUDA
   // device that cannot be used. Checkpoint writers meet rank 0 through `checkpoint_store`
-  // (a Store connection of their own; needed where more than one rank writes).
+  // (a Store connection of their own; needed where more than one rank writes). `switches`
+  // are what tests and benchmarks choose of the engine beyond the spec (devices.h).
   //
   // It resumes from spec.checkpoint.path: with spec.checkpoint.resume, from the newest
   // checkpoint there; without it, from the newest this run wrote (job.metadata.uid's: a
@@ -103,7 +105,7 @@ class Trainer {
   // another model.
   explicit Trainer(const api::TrainingJob& job, comm::Communicator* world = nullptr,
                    runtime::Device device = runtime::Device::Cpu(), comm::StreamCollectives* device_world = nullptr,
-                   comm::StoreClient* checkpoint_store = nullptr);
+                   comm::StoreClient* checkpoint_store = nullptr, const EngineSwitches& switches = {});
 
   // Trains from where it stands to spec.training.steps, calling `report` after every
   // step, with a checkpoint every spec.checkpoint.interval steps and after the last (if
