@@ -32,8 +32,8 @@
 //                              emulation of the GPU's numerics, compared with the bounds of
 //                              kBf16LossTolerance and kBf16WeightTolerance below.
 //   --jitter SEED              the strict backend: streams sleep a random time before each
-//                              task (MESHTRAIN_CPU_JITTER_SEED, mixed with the rank) and new
-//                              device memory is poisoned (MESHTRAIN_CPU_POISON); run r of
+//                              task (train::EngineSwitches::cpu_backend, the seed mixed
+//                              with the rank) and new device memory is poisoned; run r of
 //                              --repeat uses SEED + r, and every run must give bitwise equal
 //                              losses and weights.
 //   --reference fp64           the single-rank reference in the float64 kernel table.
@@ -282,11 +282,10 @@ struct StopRun {};
 
 int RunRank(const Options& o) {
   const comm::WorkerEnvironment env = comm::WorkerEnvironment::FromEnvironment();
-  // The strict backend's jitter: another sequence of delays on every rank.
-  if (const char* seed = std::getenv("MESHTRAIN_CPU_JITTER_SEED"); seed != nullptr && std::strtoull(seed, nullptr, 10) != 0) {
-    ::setenv("MESHTRAIN_CPU_JITTER_SEED",
-             std::to_string(std::strtoull(seed, nullptr, 10) * 1000003ull + uint64_t(env.rank)).c_str(), 1);
-  }
+  // The strict backend: new device memory poisoned, and jitter with another sequence of
+  // delays on every rank (Launch passes this run's seed as the last --jitter).
+  train::EngineSwitches switches{.cpu_kernels = o.kernels};
+  if (o.jitter != 0) switches.cpu_backend = {o.jitter * 1000003ull + uint64_t(env.rank), true};
   const api::TrainingJob job = CheckedJob(nlohmann::json::parse(std::ifstream(fs::path(o.dir) / "job.json")));
   // Step 3's forward: each step gathers every block twice per micro-batch. (Declared before
   // the Trainer, whose engine's streams may still run its callbacks until they are destroyed.)
@@ -296,8 +295,7 @@ int RunRank(const Options& o) {
   auto world = comm::ConnectFabric(rendezvous.table, env.rank, rendezvous.store, comm::FabricOptions::FromEnvironment());
   // The checkpoint writers' own connection to the Store, as a worker's.
   comm::StoreClient checkpoint_store(env.coordinator, std::chrono::seconds(60), rendezvous.key);
-  train::Trainer trainer(job, world.get(), runtime::Device::Cpu(), nullptr, &checkpoint_store,
-                         train::EngineSwitches{.cpu_kernels = o.kernels});
+  train::Trainer trainer(job, world.get(), runtime::Device::Cpu(), nullptr, &checkpoint_store, switches);
   if (o.mode == "reshard" && !trainer.resumed_from()) {
     // The first layout: train to the checkpoint and stop, as a failure would stop it.
     try {
@@ -351,9 +349,9 @@ launch::LaunchResult Launch(const Options& o, int argc, char** argv, bool kill, 
   launch.ranks_per_node = o.ranks / o.nodes;
   launch.command = launch::SelfCommand(argc, argv);
   launch.environment["OMP_NUM_THREADS"] = "1";
-  if (o.jitter != 0) {
-    launch.environment["MESHTRAIN_CPU_JITTER_SEED"] = std::to_string(o.jitter + uint64_t(run));
-    launch.environment["MESHTRAIN_CPU_POISON"] = "1";
+  if (o.jitter != 0) {  // the ranks read the last --jitter
+    launch.command.push_back("--jitter");
+    launch.command.push_back(std::to_string(o.jitter + uint64_t(run)));
   }
   if (o.limit_mib > 0) launch.environment["MESHTRAIN_MEMORY_LIMIT_MIB"] = std::to_string(o.limit_mib);
   launch.timeout = std::chrono::minutes(5);

@@ -496,20 +496,6 @@ TEST(CudaPlugin, ThisBuildsPluginLoadsWhenBuiltWithCuda) {
 #endif
 }
 
-// Sets environment variables for one scope, and unsets them after.
-class ScopedEnvironment {
- public:
-  ScopedEnvironment(std::initializer_list<std::pair<std::string, std::string>> variables) : variables_(variables) {
-    for (const auto& [name, value] : variables_) ::setenv(name.c_str(), value.c_str(), 1);
-  }
-  ~ScopedEnvironment() {
-    for (const auto& [name, value] : variables_) ::unsetenv(name.c_str());
-  }
-
- private:
-  std::vector<std::pair<std::string, std::string>> variables_;
-};
-
 api::TrainingJob SmallJob() {
   api::TrainingJob job;
   job.spec.model.layers = 3;
@@ -523,17 +509,15 @@ api::TrainingJob SmallJob() {
   return job;
 }
 
-// Tests and benchmarks choose the CPU's kernel table, the engine's vocabulary padding and
-// the replicated engine through EngineSwitches, and the strict backend through the
-// environment; a malformed switch is named.
-TEST(MakeEngine, SwitchesChooseTheCpuTableThePaddingAndKeptUnitsAndTheEnvironmentTheStrictBackend) {
+// Tests and benchmarks choose the CPU's kernel table, the engine's vocabulary padding, the
+// replicated engine and the strict backend through EngineSwitches; a malformed switch is named.
+TEST(MakeEngine, SwitchesChooseTheCpuTableThePaddingKeptUnitsAndTheStrictBackend) {
   const api::TrainingJob job = SmallJob();
   const api::ParallelLayout one(1, 1, 1, 1);
   runtime::MemoryAccounting accounting;
   {
-    ScopedEnvironment environment{{"MESHTRAIN_CPU_JITTER_SEED", "3"}, {"MESHTRAIN_CPU_POISON", "1"}};
     const auto engine = MakeEngine(job, one, nullptr, nullptr, runtime::Device::Cpu(), 2, 16, &accounting,
-                                   {.cpu_kernels = "bf16", .vocab_multiple = 1});
+                                   {.cpu_kernels = "bf16", .vocab_multiple = 1, .cpu_backend = {3, true}});
     const std::string described = engine->Describe();
     EXPECT_EQ(described.rfind("bf16 FSDP", 0), 0u) << described;
     EXPECT_NE(described.find("cpu bf16 emulation on cpu (strict: jitter seed 3, poisoned memory)"), std::string::npos)

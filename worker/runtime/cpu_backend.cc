@@ -4,7 +4,6 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "api/environment.h"
 #include "worker/runtime/device_side.h"
 
 namespace meshtrain::runtime {
@@ -50,13 +49,6 @@ void CpuBackend::CopyFromHost(DeviceBytes to, const void* from, size_t bytes, St
 
 void CpuBackend::Fill(DeviceBytes to, uint8_t value, size_t bytes, Stream& stream) {
   CpuStream::Of(stream).Enqueue([to = DeviceSide::Address(to), value, bytes] { std::memset(to, value, bytes); });
-}
-
-CpuBackendOptions CpuBackendOptionsFromEnvironment() {
-  CpuBackendOptions options;
-  options.jitter_seed = uint64_t(api::EnvironmentInteger("MESHTRAIN_CPU_JITTER_SEED", 0, INT64_MAX, 0));
-  options.poison = api::EnvironmentInteger("MESHTRAIN_CPU_POISON", 0, 1, 0) == 1;
-  return options;
 }
 
 }  // namespace meshtrain::runtime

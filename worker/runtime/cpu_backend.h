@@ -46,9 +46,4 @@ class CpuBackend final : public Backend {
   std::atomic<uint64_t> streams_made_{0};
 };
 
-// The strict backend's options from the environment, for processes a test launches:
-// MESHTRAIN_CPU_JITTER_SEED (a number; 0 or unset: none) and MESHTRAIN_CPU_POISON (1).
-// Throws std::runtime_error naming a malformed variable.
-CpuBackendOptions CpuBackendOptionsFromEnvironment();
-
 }  // namespace meshtrain::runtime

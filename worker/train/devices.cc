@@ -109,7 +109,7 @@ std::unique_ptr<parallel::Engine> MakeEngine(const api::TrainingJob& job, const 
     auto mesh = std::make_shared<const parallel::Mesh>(layout, world, device_world, backend.get(), wrap);
     return Make<kernels::Bf16>(job, std::move(mesh), backend, cuda->make_ops, batch, seq, accounting, options);
   }
-  backend = std::make_shared<runtime::CpuBackend>(runtime::CpuBackendOptionsFromEnvironment());
+  backend = std::make_shared<runtime::CpuBackend>(switches.cpu_backend);
   auto mesh = std::make_shared<const parallel::Mesh>(layout, world, device_world, backend.get(), wrap);
   const std::string& kernels = switches.cpu_kernels;
   if (kernels == "bf16") return Make<kernels::Bf16>(job, mesh, backend, CpuOps<kernels::Bf16>, batch, seq, accounting, options);

@@ -16,6 +16,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/comm/stream_collectives.h"
 #include "worker/parallel/engine.h"
+#include "worker/runtime/cpu_backend.h"
 #include "worker/runtime/device.h"
 #include "worker/runtime/memory.h"
 
@@ -42,6 +43,10 @@ struct EngineSwitches {
   // Replicated: every unit's compute copy kept (EngineOptions::keep_units_gathered), what
   // bench train --compare replicated measures at world 1.
   bool keep_units_gathered = false;
+  // The CPU backend's strict mode (runtime::CpuBackendOptions): streams sleep a random
+  // time before each task, seeded from this (0: no jitter), and new device memory is
+  // poisoned. A GPU ignores it.
+  runtime::CpuBackendOptions cpu_backend = {};
 };
 
 // The world's collectives on the device for a rank on `device`: NCCL when every rank
@@ -65,8 +70,7 @@ parallel::ActivationPolicy ActivationPolicyOf(const api::ParallelismSpec& parall
 // a job the engine cannot run (naming the field), runtime::OutOfMemory when the memory
 // limit is too small, and runtime::cuda::CudaError (a std::runtime_error) for a CUDA
 // device that cannot be used; std::invalid_argument naming EngineSwitches' field for a
-// malformed `switches`. The CPU backend's strict mode (jitter and poison) is read from the
-// environment (runtime::CpuBackendOptionsFromEnvironment).
+// malformed `switches`.
 std::unique_ptr<parallel::Engine> MakeEngine(const api::TrainingJob& job, const api::ParallelLayout& layout,
                                              comm::Communicator* world, comm::StreamCollectives* device_world,
                                              runtime::Device device, int batch, int seq,
