@@ -42,7 +42,7 @@ class Block(nn.Module):
         batch, seq, width = x.shape
         split = [t.view(batch, seq, self.heads, width // self.heads).transpose(1, 2)
                  for t in self.qkv(self.attention_norm(x)).chunk(3, dim=-1)]
-        attended = F.scaled_dot_product_attention(*split, is_causal=True)
+        attended = torch_peer.causal_attention(*split)
         x = x + self.attention_out(attended.transpose(1, 2).reshape(batch, seq, width))
         return x + self.mlp_out(F.gelu(self.mlp_in(self.mlp_norm(x)), approximate="tanh"))
 

@@ -12,7 +12,6 @@ torch.compile, and prints one line: tokens/s, TFLOP/s by 6N + 12LTC (N leaves ou
 untied embedding, whose lookup multiplies nothing) and the peak memory.
 """
 import argparse
-import inspect
 
 import torch
 import torch.nn as nn
@@ -29,7 +28,6 @@ PRESETS = {
     "qwen2.5-0.5b": (24, 896, 14, 2, 4864, 151936, 1000000.0, True),
 }
 SHAPE = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
-SDPA_GQA = "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
 
 
 def arguments():
@@ -81,12 +79,7 @@ class Block(nn.Module):
         q = rope(heads(self.wq(h), self.heads), cos, sin)
         k = rope(heads(self.wk(h), self.kv_heads), cos, sin)
         v = heads(self.wv(h), self.kv_heads)
-        if SDPA_GQA:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        else:
-            group = self.heads // self.kv_heads
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = torch_peer.causal_attention(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, width))
 
     def forward(self, x, cos, sin):
@@ -132,7 +125,7 @@ def main():
     flop_params = params - (0 if tied else shape["vocab"] * shape["hidden"])
     median, loss, peak = torch_peer.train_and_time(model, shape["vocab"], a.batch, a.seq, a.steps, a.compile,
                                                    a.device, warmup=5 if a.device.startswith("cuda") else 3)
-    torch_peer.report(f"torch {torch.__version__} {a.preset} compile={a.compile} gqa_sdpa={SDPA_GQA}", params,
+    torch_peer.report(f"torch {torch.__version__} {a.preset} compile={a.compile} gqa_sdpa={torch_peer.SDPA_GQA}", params,
                       flop_params, shape["layers"], shape["hidden"], a.batch, a.seq, median, loss, peak)
 
 

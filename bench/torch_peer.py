@@ -1,8 +1,32 @@
 """What the PyTorch peers share: the device set-up, the timed training loop and the line
 they print. The GPU check (scripts/gpu-check.sh) reads that line's "N tokens/s"."""
+import inspect
+import math
 import time
 
 import torch
+import torch.nn.functional as F
+
+# PyTorch 2's fused attention (flash where the GPU has it), and whether it repeats the key
+# and value heads itself; PyTorch 1.x (a CPU smoke test) takes the explicit product.
+SDPA = getattr(F, "scaled_dot_product_attention", None)
+SDPA_GQA = SDPA is not None and "enable_gqa" in inspect.signature(SDPA).parameters
+
+
+def causal_attention(q, k, v):
+    """Causal attention over [batch, heads, seq, head_dim] q and [batch, kv_heads, seq,
+    head_dim] k and v, kv_heads dividing heads."""
+    if SDPA_GQA:
+        return SDPA(q, k, v, is_causal=True, enable_gqa=True)
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    if SDPA is not None:
+        return SDPA(q, k, v, is_causal=True)
+    seq = q.shape[2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    mask = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
+    return scores.masked_fill(mask, float("-inf")).softmax(-1) @ v
 
 
 def setup(device):
