@@ -1,4 +1,4 @@
-// The parallel layout: world = P x R x S x T (DESIGN.md, "The parallel layout").
+// The parallel layout: world = P x R x S x T (docs/design.md, "The parallel layout").
 //
 //   P = pipelineParallelDegree: stages, each holding consecutive blocks of the model
 //   T = tensorParallelDegree

@@ -1,4 +1,4 @@
-// The pipeline (DESIGN.md, "Pipeline parallelism"): how a model's blocks split into
+// The pipeline (docs/design.md, "Pipeline stages"): how a model's blocks split into
 // chunks, which stage holds which, and the order of each stage's work under each
 // schedule. The engine runs what StageActions says; the planner models the same.
 //

@@ -91,8 +91,8 @@ struct ModelSpec {
   // by spec.parallelism.tensorParallelSeed.
   double dropout = 0;
   ModelInitSpec init;
-  // A directory with GPT-2's tokenizer (encoder.json and vocab.bpe, or tokenizer.json):
-  // samples are decoded to text. Empty: byte tokens are text, larger vocabularies print ids.
+  // A directory with the model's tokenizer (tokenizer.json, else SentencePiece's
+  // tokenizer.model, else GPT-2's encoder.json and vocab.bpe): samples are decoded to text. Empty: byte tokens are text, larger vocabularies print ids.
   std::string tokenizer;
   bool operator==(const ModelSpec&) const = default;
 };
@@ -171,7 +171,7 @@ struct TopologySpec {
 struct RunPolicy {
   int64_t backoff_limit = 3;
   // A rank that completes no step for this long (or whose heartbeat stops) fails the
-  // gang, named as stuck (worker/train/heartbeat.h); 0: no hang detection.
+  // gang, named as stuck (worker/comm/heartbeat.h); 0: no hang detection.
   int64_t hang_timeout_seconds = 300;
   std::optional<int64_t> active_deadline_seconds;
   std::optional<int64_t> ttl_seconds_after_finished;

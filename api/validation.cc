@@ -104,7 +104,7 @@ bool IsEnvName(const std::string& s) {
   return true;
 }
 
-// Names the operator sets on every worker (DESIGN.md, "Worker contract").
+// Names the operator sets on every worker (docs/design.md, "How a job runs").
 bool IsReservedEnvName(const std::string& s) {
   for (const char* reserved : {env::kRank, env::kWorldSize, env::kLocalRank, env::kMasterAddr, env::kMasterPort}) {
     if (s == reserved) return true;

@@ -1,6 +1,6 @@
 // Warnings for a valid TrainingJob: fields the user set that the engine does not act
-// on yet. A field the code ignores is never accepted silently (DESIGN.md, "Rules for
-// the spec"); each entry goes in the change that implements its field.
+// on yet. A field the code ignores is never accepted silently (docs/trainingjob.md,
+// "Warnings"); each entry goes in the change that implements its field.
 //
 // Each warning names the field and says it has no effect yet, e.g.
 //   spec.checkpoint: has no effect yet: no checkpoint is written, and a restarted job starts from step 0

@@ -1,7 +1,7 @@
 // The contract between a worker and what starts and watches it (the operator's pods,
 // `meshtrain run`, `meshtrain-worker launch`): its environment, its ports, its exit
 // codes and the metric names the operator reads. Both sides use these names; nothing
-// else spells them (DESIGN.md, "Worker contract").
+// else spells them (docs/design.md, "How a job runs").
 //
 // Thread-safety: constants, and one pure function.
 

@@ -1,4 +1,4 @@
-// meshtrain-operator: watches TrainingJobs and runs their gangs (DESIGN.md, "Operator").
+// meshtrain-operator: watches TrainingJobs and runs their gangs (docs/operator.md).
 
 #include <signal.h>
 #include <unistd.h>

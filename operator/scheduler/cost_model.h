@@ -1,6 +1,6 @@
 // An alpha-beta model of one training step's communication for a placement.
 //
-// Each group of the layout (DESIGN.md: TP, shard and replica groups) runs its
+// Each group of the layout (docs/design.md, "The parallel layout": TP, shard and replica groups) runs its
 // collectives as the fabric does: a ring over its one link when it sits in one node or
 // has one rank per node, else hierarchically (a phase inside each node over NVLink, one
 // between rail-aligned peers over the network link of the deepest topology domain all

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The layering of the engine (DESIGN.md, "The device seam"; issue 27, "The model is math
+# The layering of the engine (docs/design.md, "The device seam"; issue 27, "The model is math
 # over views"): nothing in worker/model/ or worker/parallel/ names the CPU kernels
 # (kernels::cpu, worker/kernels/cpu/), reaches into device memory from the host
 # (DeviceSide, worker/runtime/device_side.h), depends on the CPU stream
@@ -103,7 +103,7 @@ check "$root/worker/parallel" "${engine_rules[@]}" || status=1
 check "$root/worker/train" "${device_side_rules[@]}" || status=1
 check "$root/worker/runtime" "${runtime_rules[@]}" || status=1
 if ((status != 0)); then
-  echo "layering_test: the lines above break the engine's layering (DESIGN.md, \"The device seam\")" >&2
+  echo "layering_test: the lines above break the engine's layering (docs/design.md, \"The device seam\")" >&2
   exit 1
 fi
 echo "layering_test: worker/model, worker/parallel and worker/train keep the device seam;" \

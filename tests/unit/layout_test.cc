@@ -54,7 +54,7 @@ TEST(Layout, EveryValidLayoutUpTo512Ranks) {
     for (int rank = 0; rank < world; ++rank) {
       const LayoutCoord c = mesh.CoordOf(rank);
       ASSERT_EQ(mesh.RankOf(c), rank);
-      ASSERT_EQ(rank, (c.replica * mesh.shard() + c.shard) * mesh.tp() + c.tp);  // DESIGN.md's formula
+      ASSERT_EQ(rank, (c.replica * mesh.shard() + c.shard) * mesh.tp() + c.tp);  // docs/design.md's formula at P = 1
       ASSERT_EQ(mesh.NodeOf(rank) * s.gpus + mesh.LocalRankOf(rank), rank);
     }
     const auto tp = mesh.Groups(Axis::kTensor);

@@ -1,5 +1,5 @@
 // Joining a job from inside a rank process: read the worker contract's environment
-// (DESIGN.md, "Worker contract"), serve the Store on rank 0, connect to it, and read
+// (docs/design.md, "How a job runs"), serve the Store on rank 0, connect to it, and read
 // the rank table.
 
 #pragma once

@@ -1,5 +1,5 @@
 // The Communicator: asynchronous collectives and point-to-point transfers over one
-// group of ranks, modelled on PyTorch c10d's Backend (DESIGN.md, "Communication").
+// group of ranks, modelled on PyTorch c10d's Backend (docs/design.md, "Collectives").
 //
 // Every operation returns at once with a Work; Work::Wait(timeout) returns when the
 // operation has finished, or throws CommError naming the operation, the group, the

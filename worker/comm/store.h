@@ -1,6 +1,6 @@
 // The rendezvous Store: a small TCP key-value service that rank 0 runs at
 // MESHTRAIN_COORDINATOR, through which ranks exchange endpoint names and ids and
-// meet at barriers (DESIGN.md, "Rendezvous").
+// meet at barriers (docs/design.md, "How a job runs").
 //
 // Operations: set, get (waits for the key), add (atomic integer counter), wait (for
 // several keys), check and barrier; every one takes a timeout. A coordinator that

@@ -1,4 +1,4 @@
-// Stream-ordered collectives (DESIGN.md, "The device seam"): all-gather, reduce-scatter
+// Stream-ordered collectives (docs/design.md, "The device seam"): all-gather, reduce-scatter
 // and all-reduce over one group, and point-to-point send and receive between two of its
 // members, on device memory, completing in a stream's order. The engine's FSDP units, its
 // tensor-parallel layers and its gradient norm use the collectives, pipeline stages the

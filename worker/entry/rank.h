@@ -1,5 +1,5 @@
 // `meshtrain-worker train`: one rank of a job, started by `meshtrain-worker launch` in a
-// pod or by `meshtrain run` on one machine (DESIGN.md, "Worker contract").
+// pod or by `meshtrain run` on one machine (docs/design.md, "How a job runs").
 //
 // The rank reads the worker environment and the job spec (MESHTRAIN_CONFIG), joins the
 // rendezvous, connects the fabric communicator, trains, and exports its metrics. Local

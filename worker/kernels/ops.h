@@ -1,4 +1,4 @@
-// The kernel table (DESIGN.md, "The device seam"): every operation the model's layers
+// The kernel table (docs/design.md, "The device seam"): every operation the model's layers
 // (model/model.h) and the FSDP units (parallel/) run on a device, behind one interface,
 // so that the one engine runs on every device. The layers are llm.c's forward/backward
 // pairs; the shard operations are the optimizer's.

@@ -1,4 +1,4 @@
-// The engine's precisions (DESIGN.md, "Mixed precision"): which element type the model's
+// The engine's precisions (docs/design.md, "Mixed precision"): which element type the model's
 // compute copies use (gathered parameters, activations and their gradients: Act) and
 // which the rest use (parameter gradients, master weights, AdamW state, LayerNorm
 // statistics, losses: Acc).

@@ -1,7 +1,7 @@
 // Starts the ranks of a job on this machine as M virtual nodes of K ranks each, with
 // the worker contract's environment and a rank table saying which ranks share a node,
-// so intra-node traffic takes shm and inter-node traffic takes tcp here (DESIGN.md,
-// "Worker contract"; used by tests, benchmarks and `meshtrain launch`).
+// so intra-node traffic takes shm and inter-node traffic takes tcp here (docs/design.md,
+// "How a job runs"; used by tests, benchmarks and `meshtrain launch`).
 //
 // The ranks run as one process group (process_group.h): one failure ends the whole job.
 

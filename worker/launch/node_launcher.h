@@ -1,4 +1,4 @@
-// `meshtrain-worker launch`: the entry point of a pod (DESIGN.md, "Worker contract").
+// `meshtrain-worker launch`: the entry point of a pod (docs/design.md, "How a job runs").
 // It starts one rank process per GPU of this node with the torchrun variables (RANK,
 // LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK) and MESHTRAIN_ATTEMPT added to the
 // pod's environment, and passes the kubelet's SIGTERM on to them.

@@ -1,4 +1,4 @@
-// One rank's training metrics for Prometheus (DESIGN.md, "Names": meshtrain_ prefix,
+// One rank's training metrics for Prometheus (docs/design.md, "Names": meshtrain_ prefix,
 // base units). Every series carries the constant labels job_name and rank (not "job",
 // which Prometheus keeps for the scrape job).
 //

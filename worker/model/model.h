@@ -1,5 +1,5 @@
-// A model family's math, one FSDP unit at a time (DESIGN.md, "Who owns what in the
-// engine"): the embedding, a block and the head, each a forward/backward pair over views.
+// A model family's math, one FSDP unit at a time (docs/design.md, "FSDP
+// units"): the embedding, a block and the head, each a forward/backward pair over views.
 // The family's description (api/model_family.h) says what the units hold; this says what
 // they compute. GPT-2 (gpt2.cc) and the Llama class (llama.cc) implement it; the engine
 // (parallel/) and the whole-model reference of the tests call it and name no family.

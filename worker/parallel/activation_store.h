@@ -1,5 +1,5 @@
 // Where the sharded engine keeps what a block's forward leaves for its backward
-// (DESIGN.md, "Activations"): everything, only each block's input (checkpointing), or
+// (docs/design.md, "Activations"): everything, only each block's input (checkpointing), or
 // only the inputs within a loading horizon, the rest offloaded to a host pool.
 //
 //   keep all      every block's activations stay until its backward.

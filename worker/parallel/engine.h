@@ -1,5 +1,5 @@
 // The engine: one rank's part of the model and its optimizer state, on one device, as the
-// Trainer drives it (DESIGN.md, "Engine"). There is one implementation, the sharded engine
+// Trainer drives it (docs/design.md, "The engine"). There is one implementation, the sharded engine
 // (sharded_engine.h), for every device and layout: replicated training is its case
 // S = T = 1. This header holds the interface and the types the Trainer and checkpoints
 // exchange with it.

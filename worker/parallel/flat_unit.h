@@ -1,4 +1,4 @@
-// One FSDP unit (DESIGN.md, "Who owns what in the engine"): a contiguous range of the
+// One FSDP unit (docs/design.md, "FSDP units"): a contiguous range of the
 // model's flat parameter buffer, padded to a multiple of the shard group size S and split
 // evenly, so shard s holds elements [s*n, (s+1)*n) of the padded unit.
 //

@@ -1,4 +1,4 @@
-// The groups of one rank's place in the layout (DESIGN.md, "The parallel layout"): its
+// The groups of one rank's place in the layout (docs/design.md, "The parallel layout"): its
 // tensor-parallel group (the T ranks that split each layer), its shard group (the S
 // ranks that split each FSDP unit of the same TP slice), its replica group (the R ranks
 // holding the same shard) and its pipeline group (the P ranks of the same coordinate on

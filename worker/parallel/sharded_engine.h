@@ -1,4 +1,4 @@
-// The sharded engine (DESIGN.md, "Engine"): FSDP with hybrid sharding and tensor
+// The sharded engine (docs/design.md, "The engine"): FSDP with hybrid sharding and tensor
 // parallelism, the one step schedule for every device, written over streams, events, the
 // kernel table and stream-ordered collectives. Replicated training is its case S = T = 1.
 //

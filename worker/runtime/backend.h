@@ -1,4 +1,4 @@
-// A device backend: what the engine needs of a device besides its kernels (DESIGN.md,
+// A device backend: what the engine needs of a device besides its kernels (docs/design.md,
 // "The device seam"). It makes streams, events and timers; it is where device memory and
 // page-locked host memory come from; and it copies and fills on a stream.
 //

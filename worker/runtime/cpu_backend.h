@@ -6,7 +6,7 @@
 // poisoned (every byte 0xFF, a NaN in fp32, bf16 and fp64), so a kernel that reads what
 // nothing wrote, or a schedule that misses an event, gives a wrong result rather than a
 // lucky zero. Together with the typed handles (device_ptr.h) and the bf16 emulation
-// (kernels/cpu/cpu_ops.h) it is the strict CPU backend of DESIGN.md.
+// (kernels/cpu/cpu_ops.h) it makes the CPU a device as strict as a GPU.
 // Thread-safety: may be used from any thread.
 
 #pragma once

@@ -1,4 +1,4 @@
-// Where a rank computes (DESIGN.md, "Engine"): the CPU, or one CUDA device.
+// Where a rank computes (docs/design.md, "The engine"): the CPU, or one CUDA device.
 //
 // The engine is written once against Stream, Event and the memory pools; a Device
 // says which implementation serves them. ChooseDevice decides where a job trains

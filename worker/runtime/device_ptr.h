@@ -1,4 +1,4 @@
-// Device memory as typed handles that host code cannot dereference (DESIGN.md, "The
+// Device memory as typed handles that host code cannot dereference (docs/design.md, "The
 // device seam").
 //
 // DevicePtr<T> is an address in a backend's device memory. It offsets and converts as T*

@@ -1,4 +1,4 @@
-// Memory accounting by category, and a caching allocator (DESIGN.md, "Memory").
+// Memory accounting by category, and a caching allocator (docs/design.md, "The device seam").
 //
 // Every engine allocation names its category. MemoryAccounting keeps the current and
 // peak bytes of each; CachingAllocator keeps freed blocks by size class and hands them

@@ -1,4 +1,4 @@
-// Streams, events and timers: the contract every device backend keeps (DESIGN.md, "The
+// Streams, events and timers: the contract every device backend keeps (docs/design.md, "The
 // device seam").
 //
 // A Stream is an ordered queue of device work: work enqueued on one stream runs in order,

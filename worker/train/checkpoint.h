@@ -1,4 +1,4 @@
-// Sharded, atomic, reshardable checkpoints (DESIGN.md, "Checkpoints").
+// Sharded, atomic, reshardable checkpoints (docs/checkpoints.md).
 //
 // Under spec.checkpoint.path, one directory per step:
 //   step-00000100/metadata.json   format version, model shape, layout, the engine's vocabulary
@@ -8,7 +8,8 @@
 //                                 then v: each unit's shard elements that are the model's
 //                                 (no padding), in unit order (checkpoint_layout.h)
 //   latest                        "step-00000100": the newest complete checkpoint
-// Ranks of replica 0 write (the other replicas hold the same shards). A checkpoint is
+// The ranks of replica 0 of every pipeline stage write (the other replicas hold the same
+// shards). A checkpoint is
 // written into .partial-step-N, each writer leaving its file and a sidecar with the file's
 // size and chunk checksums, then telling rank 0 through the Store (or sending its error);
 // rank 0 waits for every writer there, writes the metadata, fsyncs, renames the directory
@@ -17,7 +18,7 @@
 // `latest` never names an incomplete checkpoint, and a failed write removes its partial
 // directory and leaves the previous ones as they were.
 //
-// A rank resuming under any layout (R x S x T, another world size) reads only the chunks
+// A rank resuming under any layout (P x R x S x T, another world size) reads only the chunks
 // that hold its own elements (checkpoint_reader.h): resharding is exact, and the whole
 // model is never assembled. LoadCheckpoint assembles it, for the tools that want it whole.
 

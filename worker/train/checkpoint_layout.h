@@ -1,6 +1,6 @@
 // Where a rank's elements lie in its checkpoint shard file: the writer checksums its file
 // by these chunks, and a reader of any layout finds in them the chunks that hold the
-// elements it needs (DESIGN.md, "Checkpoints").
+// elements it needs (docs/checkpoints.md).
 //
 // A shard file is three sections: the fp32 master weights, then AdamW m, then v. Each
 // section holds the model's elements (never vocabulary padding) of the writer's shard of

@@ -1,4 +1,4 @@
-// Reading a checkpoint one unit shard at a time (DESIGN.md, "Checkpoints").
+// Reading a checkpoint one unit shard at a time (docs/checkpoints.md).
 //
 // A rank resuming under any layout asks for the elements of its own shard of each unit
 // in turn, and the reader reads only the chunks of the shard files that hold them

@@ -1,5 +1,5 @@
 // The CUDA half of the engine is a plugin, libmeshtrain-cuda.so, which meshtrain and
-// meshtrain-worker load when a job trains on a GPU (DESIGN.md, "The device seam"). It
+// meshtrain-worker load when a job trains on a GPU (docs/design.md, "The device seam"). It
 // exports what sits below the seam: the CUDA device backend, the bf16 kernel table and
 // NCCL's stream-ordered collectives. The engine itself (parallel/) lives in the programs,
 // one for every device.

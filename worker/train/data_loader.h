@@ -1,4 +1,4 @@
-// Micro-batches from token shards (DESIGN.md, "Data").
+// Micro-batches from token shards (docs/design.md, "Data").
 //
 // The files a spec names (paths or globs, expanded and sorted; MTOK, llm.c or raw uint16,
 // token_file.h) are cut into windows of T+1 tokens at stride T, none crossing the end of

@@ -1,4 +1,4 @@
-// Where a rank trains, and the engine made for it (DESIGN.md, "The device seam"): the
+// Where a rank trains, and the engine made for it (docs/design.md, "The device seam"): the
 // CPU backend with a CPU kernel table, or a GPU's backend and bf16 table from the CUDA
 // plugin. The engine above them is the same.
 // Thread-safety: functions may be called from any thread.

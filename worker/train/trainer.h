@@ -58,7 +58,7 @@ struct StepReport {
 // and in a pipeline "[ | bubble by stage 31% 22% 14% 6% (model 27%)]".
 std::string FormatStepReport(const StepReport& report);
 
-// Peak bytes held, by the categories of DESIGN.md's memory accounting.
+// Peak bytes held, by the categories of docs/design.md's memory accounting ("The device seam").
 struct MemoryReport {
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0, gathered = 0, offload = 0;
 };

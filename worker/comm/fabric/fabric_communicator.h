@@ -1,5 +1,5 @@
-// The fabric backend: Communicators over libfabric RDM endpoints (DESIGN.md,
-// "fabric backend").
+// The fabric backend: Communicators over libfabric RDM endpoints (docs/design.md,
+// "Collectives").
 //
 // Each rank opens an intra-node endpoint (shm by default) when it has peers on its
 // node and an inter-node endpoint (efa where libfabric offers it, else tcp;ofi_rxm)

@@ -1,5 +1,5 @@
 // The nccl backend (built when CUDA and NCCL are found): Communicators over NCCL on a
-// dedicated CUDA stream (DESIGN.md, "nccl backend").
+// dedicated CUDA stream (docs/design.md, "Collectives").
 //
 // Rank 0 makes the unique id and shares it through the Store; subgroups come from
 // ncclCommSplit, which is why Communicator::NewGroup's contract has every rank of the
