@@ -61,18 +61,26 @@ Json CheckpointShapeJson(const api::ModelShape& shape) {
 }
 
 api::ModelShape ShapeOfCheckpointJson(const Json& m, const std::string& file) {
+  // A whole number that fits int64 (JSON reads one past 2^64 as a double, which no cast may take).
+  auto integer_in = [&](const Json& object, const std::string& path, const char* key) {
+    const Json& v = object.at(key);
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))) {
+      throw CheckpointError(file + ": malformed metadata: " + path + key + " " + v.dump() + " is not an integer");
+    }
+    return v.get<int64_t>();
+  };
+  auto integer = [&](const char* key) { return integer_in(m, "model.", key); };
   try {
-    api::ModelShape s{m.at("layers").get<int64_t>(), m.at("heads").get<int64_t>(), m.at("hidden").get<int64_t>(),
-                      m.at("vocabSize").get<int64_t>(), m.at("seqLen").get<int64_t>()};
+    api::ModelShape s{integer("layers"), integer("heads"), integer("hidden"), integer("vocabSize"), integer("seqLen")};
     const std::string family = m.value("family", "gpt2");
     const std::optional<api::Family> f = api::FamilyNamed(family);
     if (!f) throw CheckpointError(file + ": malformed metadata: unknown model family \"" + family + "\"");
     s.family = *f;
-    s.max_positions = m.value("maxPositions", s.seq_len);
+    s.max_positions = m.contains("maxPositions") ? integer("maxPositions") : s.seq_len;
     if (s.llama()) {
-      s.kv_heads = m.at("kvHeads").get<int64_t>();
-      s.head_dim = m.at("headDim").get<int64_t>();
-      s.intermediate = m.at("intermediateSize").get<int64_t>();
+      s.kv_heads = integer("kvHeads");
+      s.head_dim = integer("headDim");
+      s.intermediate = integer("intermediateSize");
       s.norm_eps = m.at("normEps").get<double>();
       s.rope_theta = m.at("ropeTheta").get<double>();
       s.tied = m.at("tieEmbeddings").get<bool>();
@@ -80,7 +88,7 @@ api::ModelShape ShapeOfCheckpointJson(const Json& m, const std::string& file) {
         const Json& r = m.at("ropeScaling");
         s.rope_scaling = {r.at("type").get<std::string>(), r.at("factor").get<double>(),
                           r.at("lowFreqFactor").get<double>(), r.at("highFreqFactor").get<double>(),
-                          r.at("originalMaxPositions").get<int64_t>()};
+                          integer_in(r, "model.ropeScaling.", "originalMaxPositions")};
       }
     }
     return s.Resolved();
