@@ -285,15 +285,23 @@ void CheckGroups(mc::Communicator& world) {
     ends->AllReduce(&value, &sum, 1, DataType::kInt64, mc::ReduceOp::kSum)->Wait();
     Expect(sum == n - 1 && ends->size() == 2, "an all-reduce over the ends group");
   }
-  // Point to point inside the tp group, several messages in order.
+  // Point to point inside the tp group, several messages in order; the lower rank sends
+  // first (a send may wait for its receive: communicator.h).
   std::vector<int32_t> a(1000, me), b(1000, -1), c(1000, -1);
   int peer = 1 - tp->rank();
-  auto s1 = tp->Send(a.data(), a.size(), DataType::kInt32, peer);
-  auto r1 = tp->Recv(b.data(), b.size(), DataType::kInt32, peer);
   std::vector<int32_t> a2(1000, me + 1000);
-  auto s2 = tp->Send(a2.data(), a2.size(), DataType::kInt32, peer);
-  auto r2 = tp->Recv(c.data(), c.size(), DataType::kInt32, peer);
-  for (auto& w : {s1, r1, s2, r2}) w->Wait();
+  std::vector<std::shared_ptr<mc::Work>> works;
+  auto sends = [&] {
+    works.push_back(tp->Send(a.data(), a.size(), DataType::kInt32, peer));
+    works.push_back(tp->Send(a2.data(), a2.size(), DataType::kInt32, peer));
+  };
+  auto receives = [&] {
+    works.push_back(tp->Recv(b.data(), b.size(), DataType::kInt32, peer));
+    works.push_back(tp->Recv(c.data(), c.size(), DataType::kInt32, peer));
+  };
+  if (tp->rank() == 0) sends(), receives();
+  else receives(), sends();
+  for (auto& w : works) w->Wait();
   int other = tp->group().GlobalRank(peer);
   Expect(b[999] == other && c[0] == other + 1000, "point to point in order");
 }

@@ -64,7 +64,12 @@ class Communicator {
   virtual std::shared_ptr<Work> Broadcast(const void* send, void* recv, size_t count,
                                           DataType type, int root) = 0;
   virtual std::shared_ptr<Work> Barrier() = 0;
-  // Messages between a pair of ranks are received in the order they were sent.
+  // Messages between a pair of ranks are received in the order they were sent. A Send may
+  // not complete until the peer has posted its matching Recv (as with NCCL, and with
+  // fabric over 1 KiB to a peer on the same node), and a communicator runs its operations
+  // in order: two ranks that each send to the other before receiving deadlock on one
+  // communicator. Order them by rank, or send and receive on two communicators (the
+  // pipeline's one-direction links).
   virtual std::shared_ptr<Work> Send(const void* buf, size_t count, DataType type, int peer) = 0;
   virtual std::shared_ptr<Work> Recv(void* buf, size_t count, DataType type, int peer) = 0;
 
