@@ -57,6 +57,19 @@ std::vector<StepLine> Steps(const std::string& output) {
   return steps;
 }
 
+// The output of a run killed once step 9 was done, after its restart: it resumed from step
+// 8's checkpoint, and steps 9-12 print the uninterrupted run's losses and norms (4
+// decimals: the same digits).
+void ExpectResumedAtStep8AsTheStraightRun(const std::string& straight, const std::string& after) {
+  EXPECT_NE(after.find("resumed from step 8 ("), std::string::npos) << after;
+  const std::vector<StepLine> want = Steps(straight), got = Steps(after);
+  ASSERT_EQ(got.size(), 4u) << after;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].loss, want[8 + i].loss) << "step " << 9 + i;
+    EXPECT_EQ(got[i].norm, want[8 + i].norm) << "step " << 9 + i;
+  }
+}
+
 
 class WorkerTest : public ::testing::Test {
  protected:
@@ -187,14 +200,7 @@ TEST_F(WorkerTest, ARankKilledWithSigkillRestartsTheGangFromItsCheckpoint) {
   const size_t restart = killed.output.find("failed with status 137; restarting the gang from the newest checkpoint "
                                             "(restart 1 of 3, spec.runPolicy.backoffLimit)");
   ASSERT_NE(restart, std::string::npos) << killed.output;
-  const std::string after = killed.output.substr(restart);
-  EXPECT_NE(after.find("resumed from step 8 ("), std::string::npos) << after;
-  const std::vector<StepLine> want = Steps(straight.output), got = Steps(after);
-  ASSERT_EQ(got.size(), 4u) << after;
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_EQ(got[i].loss, want[8 + i].loss) << "step " << 9 + i;  // printed to 4 decimals: the same digits
-    EXPECT_EQ(got[i].norm, want[8 + i].norm) << "step " << 9 + i;
-  }
+  ExpectResumedAtStep8AsTheStraightRun(straight.output, killed.output.substr(restart));
   // Every bit of each rank's state after step 12: any step after the resume that computed
   // another bit (a loss, a gradient) would have left another weight or moment.
   for (int rank = 0; rank < 4; ++rank) {
@@ -235,14 +241,7 @@ TEST_F(WorkerTest, APipelineStageKilledWithSigkillResumesItsGangFromTheCheckpoin
   ASSERT_EQ(killed.status, 0) << killed.output;
   const size_t restart = killed.output.find("failed with status 137; restarting the gang from the newest checkpoint");
   ASSERT_NE(restart, std::string::npos) << killed.output;
-  const std::string after = killed.output.substr(restart);
-  EXPECT_NE(after.find("resumed from step 8 ("), std::string::npos) << after;
-  const std::vector<StepLine> want = Steps(straight.output), got = Steps(after);
-  ASSERT_EQ(got.size(), 4u) << after;
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_EQ(got[i].loss, want[8 + i].loss) << "step " << 9 + i;
-    EXPECT_EQ(got[i].norm, want[8 + i].norm) << "step " << 9 + i;
-  }
+  ExpectResumedAtStep8AsTheStraightRun(straight.output, killed.output.substr(restart));
   // Both stages wrote: replica 0 of each (ranks 0 and 2).
   for (int rank : {0, 2}) {
     const fs::path file = fs::path("step-00000012") / train::CheckpointRankFile(rank);
