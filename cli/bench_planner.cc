@@ -12,9 +12,12 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "api/json_codec.h"
 #include "api/manifest.h"
@@ -159,8 +162,8 @@ struct RankRate {
 RankRate MeasureRank(const api::ModelShape& shape, int seq, int micro_batch, int ranks) {
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = std::max(1, cores / ranks);
-  const RemovedOnExit data(WriteRandomTokens(int64_t(micro_batch) * seq * 6, shape));
-  auto step_seconds = [&](bool checkpointing) {
+  const RemovedOnExit data(WriteRandomTokens(int64_t(micro_batch) * seq * 16, shape));
+  auto make_trainer = [&](bool checkpointing) {
     BenchTrainOptions t;
     t.seq = seq;
     const RanksConfig one{"one rank", 1, 1, {checkpointing, 0}, micro_batch, int64_t(micro_batch) * seq, {}};
@@ -170,23 +173,42 @@ RankRate MeasureRank(const api::ModelShape& shape, int seq, int micro_batch, int
     manifest["spec"]["model"] = api::ToJson(api::SpecOfShape(at_seq));
     const api::CheckedJob job = api::CheckTrainingJob(manifest, "bench", 0);
     if (!job.ok()) throw std::invalid_argument(job.errors.front().ToString());
-    train::Trainer trainer(job.job);
-    trainer.Step();
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < 3; ++i) trainer.Step();
-    return SecondsSince(start) / 3;
+    return std::make_unique<train::Trainer>(job.job);
   };
   const int before = omp_get_max_threads();
   omp_set_num_threads(threads);
-  const double keep = step_seconds(false), checkpointing = step_seconds(true);
+  // Each step timed alone, the two trainers' steps interleaved, and the median of each
+  // taken: a burst of load elsewhere on the machine then slows one sample of each rather
+  // than the whole of one side (which once measured the recompute as free).
+  const std::unique_ptr<train::Trainer> keep_all = make_trainer(false), recompute = make_trainer(true);
+  keep_all->Step();
+  recompute->Step();
+  constexpr int kSamples = 5;
+  std::vector<double> keep_samples, checkpointing_samples;
+  for (int i = 0; i < kSamples; ++i) {
+    for (auto [trainer, samples] : {std::pair{keep_all.get(), &keep_samples}, {recompute.get(), &checkpointing_samples}}) {
+      const auto start = std::chrono::steady_clock::now();
+      trainer->Step();
+      samples->push_back(SecondsSince(start));
+    }
+  }
   omp_set_num_threads(before);
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  const double keep = median(keep_samples), checkpointing = median(checkpointing_samples);
   const double share = std::min(1.0, double(cores) / (double(ranks) * threads));
   RankRate rate;
   rate.flops = double(micro_batch) * seq * shape.TrainingFlopsPerToken(seq) / keep * share;
   // The step model's block forward at this rate.
   const double tokens = double(micro_batch) * seq;
   const double block_forward = tokens * api::BlockForwardFlopsPerToken(shape, seq, 1) / (rate.flops / share);
-  rate.recompute_factor = std::max(0.0, checkpointing - keep) / (double(shape.layers) * block_forward);
+  // A recompute runs the block's forward again: it cannot take less than a fraction of
+  // that forward's FLOP time, whatever the clock said.
+  constexpr double kRecomputeFloor = 0.5;
+  rate.recompute_factor =
+      std::max(kRecomputeFloor, std::max(0.0, checkpointing - keep) / (double(shape.layers) * block_forward));
   return rate;
 }
 

@@ -204,6 +204,7 @@ int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, co
                 o.device == "cuda" ? "bf16 on the GPUs (ranks sharing one GPU stage collectives through the host)"
                                    : "fp32 on CPU");
   out << line;
+  if (o.device != "cuda") out << "kernels: " << train::KernelsOn(runtime::Device::Cpu()) << "\n";
   std::vector<RanksResult> results;
   for (const RanksConfig& c : configs) {
     const std::optional<RanksResult> r = RunBenchRanks(o, self_argv, data.string(), c, out);
@@ -256,7 +257,7 @@ int BenchTrainOneRank(const BenchTrainOptions& o, const api::ModelShape& preset,
                            : MeasureSgemmGflops(shape, tokens);
   // MFU is achieved FLOP/s over the device's dense peak; none is known for a CPU.
   runtime::DensePeak peak{0, "no dense fp32 peak is known for a CPU"};
-  std::string where = "fp32 on CPU, " + std::to_string(omp_get_max_threads()) + " threads";
+  std::string where = "fp32 on CPU, " + std::to_string(omp_get_max_threads()) + " threads, " + train::KernelsOn(device);
   if (cuda) {
     const runtime::CudaDeviceFacts facts = cuda->device_facts(0);
     peak = runtime::DenseBf16Peak(facts);
@@ -266,9 +267,9 @@ int BenchTrainOneRank(const BenchTrainOptions& o, const api::ModelShape& preset,
   const double scale = cuda ? 1e-3 : 1;
   const train::MemoryReport m = trainer.memory();
   char line[512];  // room for a device's name (up to 256 bytes)
-  std::snprintf(line, sizeof line, "model %s (%.1fM parameters), batch %d x seq %d, %s\n", o.model.c_str(),
-                params / 1e6, o.batch, o.seq, where.c_str());
-  out << line;
+  std::snprintf(line, sizeof line, "model %s (%.1fM parameters), batch %d x seq %d, ", o.model.c_str(), params / 1e6,
+                o.batch, o.seq);
+  out << line << where << "\n";
   std::snprintf(line, sizeof line, "step time %.1f ms over %d steps: %.0f tokens/s\n", step_seconds * 1e3, o.steps,
                 tokens_per_second);
   out << line;

@@ -40,7 +40,8 @@ endfunction()
 function(meshtrain_test name label)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest_main)
+  # tests/support/test_main.cc: OpenBLAS's core chosen as the programs under test choose it.
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} meshtrain_test_main)
   meshtrain_warnings(${name})
   # A test's own code drives the libraries (built -O3) and checks what they give: -O1 runs
   # it about as fast, and gtest's macros at -O3 cost half again the time to compile (the

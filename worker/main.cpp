@@ -7,6 +7,7 @@
 
 #include "api/worker_contract.h"
 #include "worker/entry/rank.h"
+#include "worker/kernels/cpu/blas_core.h"
 #include "worker/launch/local_launcher.h"
 #include "worker/launch/node_launcher.h"
 
@@ -21,6 +22,9 @@ constexpr const char* kUsage =
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before a rank runs a kernel, and so that the ranks a launcher starts inherit the choice
+  // (worker/kernels/cpu/blas_core.h).
+  meshtrain::kernels::cpu::StartWithBestBlasCore(argc, argv);
   const std::string command = argc > 1 ? argv[1] : "";
   if (command == "train" && argc == 2) return meshtrain::worker::RunRank(std::cout);
   if (command == "launch" && (argc == 2 || (argc > 3 && std::string(argv[2]) == "--"))) {

@@ -83,6 +83,7 @@
 #include "api/model_shape.h"
 #include "worker/comm/bootstrap.h"
 #include "worker/comm/fabric/fabric_communicator.h"
+#include "worker/kernels/cpu/blas_core.h"
 #include "worker/launch/local_launcher.h"
 #include "worker/model/parameters.h"
 #include "worker/parallel/engine.h"
@@ -701,6 +702,7 @@ int Drive(const Options& o, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshtrain::kernels::cpu::StartWithBestBlasCore(argc, argv);  // as meshtrain and its ranks start
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];

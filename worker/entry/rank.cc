@@ -11,6 +11,7 @@
 #include "worker/comm/bootstrap.h"
 #include "worker/comm/fabric/fabric_communicator.h"
 #include "worker/comm/heartbeat.h"
+#include "worker/kernels/cpu/blas_core.h"
 #include "worker/metrics/training_metrics.h"
 #include "worker/runtime/device_peak.h"
 #include "worker/train/configuration_error.h"
@@ -119,7 +120,7 @@ int Train(std::ostream& out) {
   });
   if (exported) {
     exported->Flops(api::ShapeOf(job.spec.model).TrainingFlopsPerToken(*job.spec.model.seq_len),
-                    DensePeakFlops(where.device) * env.world_size);  // ranks share one kind of device
+                    DensePeakFlops(where.device) * env.world_size);  // ranks share one kind of device    exported->DeviceInfo(where.device.ToString(), train::KernelsOn(where.device));
   }
   if (env.rank == 0) {
     for (const api::FieldError& w : checked.warnings) out << "warning: " << w.ToString() << std::endl;
@@ -127,7 +128,10 @@ int Train(std::ostream& out) {
     if (!device_note.empty()) out << "note: " << device_note << std::endl;
     out << "job " << env.job_name << ": " << env.world_size << " rank(s) on " << env.nnodes << " node(s), "
         << job.spec.training.steps << " steps, rank 0 on " << where.device.ToString() << " in " << where.precision
-        << std::endl;
+        << ", kernels " << train::KernelsOn(where.device) << std::endl;
+    if (!where.device.is_cuda()) {
+      if (const std::string w = kernels::cpu::CurrentBlasCore().warning; !w.empty()) out << "warning: " << w << std::endl;
+    }
     out << "rank 0 model: " << trainer->Describe() << std::endl;
   }
   train::RunReport printed(out, *trainer, where.device);  // by rank 0

@@ -124,7 +124,8 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
                                .Labels(labels)
                                .Register(*registry_)
                                .Add({})),
-      tokens_per_step_(tokens_per_step) {
+      tokens_per_step_(tokens_per_step),
+      labels_(labels) {
   checkpoint_last_step_.Set(-1);
   resumed_from_step_.Set(-1);
   NewGauge(*registry_, contract::kSteps, "Optimizer steps in the job.", labels).Set(double(steps));
@@ -174,6 +175,16 @@ void TrainingMetrics::ResumedFrom(int64_t step, int64_t damaged) {
 void TrainingMetrics::Flops(double model_flops_per_token, double job_peak_flops) {
   model_flops_per_token_.Set(model_flops_per_token);
   peak_flops_.Set(job_peak_flops);
+}
+
+void TrainingMetrics::DeviceInfo(const std::string& device, const std::string& kernels) {
+  BuildGauge()
+      .Name("meshtrain_device_info")
+      .Help("1, labelled with the rank's device and what runs its kernels (the BLAS library and core on a CPU).")
+      .Labels(labels_)
+      .Register(*registry_)
+      .Add({{"device", device}, {"kernels", kernels}})
+      .Set(1);
 }
 
 void TrainingMetrics::Checkpoints(const train::CheckpointStats& stats) {

@@ -62,6 +62,10 @@ class TrainingMetrics {
   // What MFU is counted from: model FLOPs per token, and the dense peak of all the job's
   // devices (0: unknown). MFU = tokens_per_second x model_flops_per_token / peak_flops.
   void Flops(double model_flops_per_token, double job_peak_flops);
+  // meshtrain_device_info{device, kernels} = 1: the rank's device ("cpu", "cuda:0") and
+  // what runs its kernels ("OpenBLAS 0.3.21 SkylakeX (Prescott detected; CPU has
+  // AVX-512)" on a CPU, the device's name on a GPU).
+  void DeviceInfo(const std::string& device, const std::string& kernels);
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
@@ -85,6 +89,7 @@ class TrainingMetrics {
   prometheus::Gauge &model_flops_per_token_, &peak_flops_;
   prometheus::Counter& checkpoint_failures_;
   int64_t tokens_per_step_;
+  prometheus::Labels labels_;  // the job's and rank's, on every series
   int64_t checkpoints_seen_ = 0, failures_seen_ = 0;  // of the stats last passed to Checkpoints
 };
 

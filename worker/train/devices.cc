@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "api/model_shape.h"
+#include "worker/kernels/cpu/blas_core.h"
 #include "worker/kernels/cpu/cpu_ops.h"
 #include "worker/parallel/sharded_engine.h"
 #include "worker/runtime/cpu_backend.h"
@@ -22,6 +23,11 @@ runtime::DeviceChoice ChooseDeviceHere(const std::string& precision, int local_r
   std::string why_none;
   const int devices = CudaDeviceCount(&why_none);
   return runtime::ChooseDevice(precision, local_rank, devices, why_none);
+}
+
+std::string KernelsOn(const runtime::Device& device) {
+  if (device.is_cuda()) return "cuBLASLt and cuDNN (the CUDA plugin)";
+  return kernels::cpu::CurrentBlasCore().Describe();
 }
 
 namespace {

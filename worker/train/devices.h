@@ -29,6 +29,11 @@ int CudaDeviceCount(std::string* why = nullptr);
 // runtime::ChooseDevice for a job with `precision` on local rank `local_rank` of this machine.
 runtime::DeviceChoice ChooseDeviceHere(const std::string& precision, int local_rank);
 
+// What runs a rank's kernels on `device`: on the CPU the BLAS library and its core with
+// where that came from (kernels/cpu/blas_core.h), "OpenBLAS 0.3.21 SkylakeX (Prescott
+// detected; CPU has AVX-512)"; on a GPU the CUDA plugin's libraries.
+std::string KernelsOn(const runtime::Device& device);
+
 // What tests and benchmarks choose of the engine beyond the job's spec. A job never sets
 // these: meshtrain-worker and `meshtrain run` take the defaults; a test passes its own to
 // MakeEngine or train::Trainer (tests/integration/engine_check.cc: --kernels, --reference),
