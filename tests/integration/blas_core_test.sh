@@ -7,9 +7,19 @@
 #                                          (skipped), saying why
 #   blas_core_test.sh MESHTRAIN user-set   OPENBLAS_CORETYPE=Prescott: kept by the CLI, the ranks
 #                                          and bench train, and said to be the user's
+#   blas_core_test.sh MESHTRAIN simulated SHIM
+#                                          under SHIM (tests/support/openblas_fallback_shim.cc),
+#                                          an OpenBLAS that reports the Prescott fallback: the
+#                                          CLI checks and adopts this CPU's best core, and the
+#                                          ranks report it with the fallback it replaced
+#   blas_core_test.sh MESHTRAIN failed-check SHIM
+#                                          the same, with every self-check failing (the shim
+#                                          reports Prescott whatever core is asked for): the
+#                                          job keeps Prescott and warns, naming the core that
+#                                          failed and why
 # Run from the repository root.
 set -uo pipefail
-meshtrain=$1 mode=$2
+meshtrain=$1 mode=$2 shim=${3:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -43,7 +53,7 @@ case $mode in
     echo "FAIL the job line does not say which core was detected and which runs"
     exit 1 ;;
   user-set)
-    line=$(run_job OPENBLAS_CORETYPE=Prescott -u MESHTRAIN_BLAS_CORE)
+    line=$(run_job -u MESHTRAIN_BLAS_CORE OPENBLAS_CORETYPE=Prescott)
     echo "$line"
     [[ $line =~ kernels\ OpenBLAS\ [0-9.]+\ Prescott\ \(set\ by\ OPENBLAS_CORETYPE=Prescott\)$ ]] ||
       { echo "FAIL rank 0 does not keep the user's Prescott"; exit 1; }
@@ -54,5 +64,31 @@ case $mode in
       "$tmp/bench.log" || { cat "$tmp/bench.log"; echo "FAIL bench train does not name the user's core"; exit 1; }
     echo "ok   the user's OPENBLAS_CORETYPE=Prescott is kept and named"
     exit 0 ;;
-  *) echo "usage: blas_core_test.sh MESHTRAIN adopted|user-set" >&2; exit 2 ;;
+  simulated)
+    line=$(run_job -u OPENBLAS_CORETYPE -u MESHTRAIN_BLAS_CORE -u OPENBLAS_FALLBACK_SHIM LD_PRELOAD="$shim")
+    echo "$line"
+    if [[ $line =~ kernels\ OpenBLAS\ [0-9.]+\ Prescott\ \(detected\;\ CPU\ has\ (SSE3|no\ SSE3)\)$ ]]; then
+      echo "skipped: this CPU runs nothing newer than Prescott's kernels"
+      exit 77
+    fi
+    [[ $line =~ kernels\ OpenBLAS\ [0-9.]+\ ([A-Za-z0-9_]+)\ \(Prescott\ detected\;\ CPU\ has\ [^\)]+\)$ ]] &&
+      [ "${BASH_REMATCH[1]}" != Prescott ] || { echo "FAIL rank 0 does not run a better core than the fallback"; exit 1; }
+    ! grep -q 'self-check' "$tmp/out.log" || { sed 's/^/     | /' "$tmp/out.log"; echo "FAIL a warning"; exit 1; }
+    echo "ok   rank 0 runs ${BASH_REMATCH[1]} in place of the Prescott fallback"
+    exit 0 ;;
+  failed-check)
+    line=$(run_job -u OPENBLAS_CORETYPE -u MESHTRAIN_BLAS_CORE LD_PRELOAD="$shim" OPENBLAS_FALLBACK_SHIM=always)
+    echo "$line"
+    if [[ $line =~ \(detected\;\ CPU\ has\ (SSE3|no\ SSE3)\)$ ]]; then
+      echo "skipped: this CPU runs nothing newer than Prescott's kernels, so there is nothing to check"
+      exit 77
+    fi
+    [[ $line =~ kernels\ OpenBLAS\ [0-9.]+\ Prescott\ \(detected\;\ ([A-Za-z0-9_]+)\ failed\ its\ self-check\ \(OpenBLAS\ ran\ Prescott,\ not\ ([A-Za-z0-9_]+)\)(,\ and\ [0-9]+\ more)?\;\ CPU\ has\ [^\)]+\)$ ]] &&
+      [ "${BASH_REMATCH[1]}" = "${BASH_REMATCH[2]}" ] ||
+      { sed 's/^/     | /' "$tmp/out.log"; echo "FAIL rank 0 does not keep Prescott naming the core that failed"; exit 1; }
+    grep -E "^warning: OpenBLAS chose Prescott, older than this CPU runs \(.+\), and ${BASH_REMATCH[1]} failed its self-check .*; keeping Prescott$" \
+      "$tmp/out.log" || { sed 's/^/     | /' "$tmp/out.log"; echo "FAIL no warning of the failed self-check"; exit 1; }
+    echo "ok   a failed self-check keeps Prescott, and the job warns"
+    exit 0 ;;
+  *) echo "usage: blas_core_test.sh MESHTRAIN adopted|user-set|simulated SHIM|failed-check SHIM" >&2; exit 2 ;;
 esac

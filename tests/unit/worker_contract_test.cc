@@ -69,6 +69,15 @@ std::string Exposition(const metrics::TrainingMetrics& exported) {
   return prometheus::TextSerializer().Serialize(exported.registry()->Collect());
 }
 
+TEST(WorkerContract, TheDeviceAndItsKernelsAreOneLabelledSeries) {
+  metrics::TrainingMetrics exported("tiny", 3, /*steps=*/10, /*tokens_per_step=*/500);
+  exported.DeviceInfo("cpu", "OpenBLAS 0.3.21 SkylakeX (Prescott detected; CPU has AVX-512)");
+  EXPECT_NE(Exposition(exported).find("meshtrain_device_info{job_name=\"tiny\",rank=\"3\",device=\"cpu\",kernels="
+                                      "\"OpenBLAS 0.3.21 SkylakeX (Prescott detected; CPU has AVX-512)\"} 1"),
+            std::string::npos)
+      << Exposition(exported);
+}
+
 TEST(WorkerContract, TheOperatorReadsWhatTheWorkerExports) {
   metrics::TrainingMetrics exported("tiny", 0, /*steps=*/1100, /*tokens_per_step=*/500);
   api::ProgressStatus before;

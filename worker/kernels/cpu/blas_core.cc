@@ -299,8 +299,9 @@ BlasCoreDecision DecideBlasCore(const std::string& detected, const CpuVectorFeat
   }
   if (!d.adopt.empty()) {
     d.note = detected + " detected; " + has;
-  } else if (!failed.empty()) {
-    d.note = "detected; " + failures + "; " + has;
+  } else if (!failed.empty()) {  // the best core's failure; the warning has them all
+    d.note = "detected; " + failed.front() +
+             (failed.size() > 1 ? ", and " + std::to_string(failed.size() - 1) + " more" : "") + "; " + has;
   } else {
     d.note = "detected; " + has;
   }
