@@ -70,7 +70,9 @@ constexpr G kGeluScale = G(0.7978845608028654);  // sqrt(2/pi)
   const bool underflows = x < -87.3f;
   x = underflows ? -87.3f : x;
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (x * 1.44269504088896341f + kRound) - kRound;
+  // n is an integer in [-126, 0]; a NaN x takes n = 0 and stays NaN through r.
+  const float rounded = (x * 1.44269504088896341f + kRound) - kRound;
+  const float n = x == x ? rounded : 0.0f;
   const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -79,7 +81,7 @@ constexpr G kGeluScale = G(0.7978845608028654);  // sqrt(2/pi)
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float e = (p * (r * r) + r) + 1.0f;
-  const float scale = std::bit_cast<float>(int32_t(int32_t(n) + 127) << 23);
+  const float scale = std::bit_cast<float>(uint32_t(int32_t(n) + 127) << 23);
   return underflows ? 0.0f : e * scale;
 }
 
