@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -10,6 +11,53 @@ namespace meshtrain::api {
 namespace {
 
 using Json = nlohmann::json;
+
+// Sizes in config.json are below this: products of two of them fit int64.
+constexpr int64_t kConfigIntegerLimit = int64_t(1) << 31;
+
+// " at byte B (line L, column C)" of `offset` in `text`.
+std::string PlaceIn(std::string_view text, size_t offset) {
+  size_t line = 1, line_start = 0;
+  for (size_t i = 0; i < offset && i < text.size(); ++i) {
+    if (text[i] == '\n') ++line, line_start = i + 1;
+  }
+  return " at byte " + std::to_string(offset) + " (line " + std::to_string(line) + ", column " +
+         std::to_string(offset - line_start + 1) + ")";
+}
+
+// The offset of the first '[' or '{' that opens a level deeper than kMaxModelJsonDepth, or
+// npos. Strings are skipped as nlohmann's parser reads them (from a '"' outside one to the
+// next '"' not escaped by a backslash), so the two agree on the depth of every byte up to
+// where the parser would stop: text that passes here nests no deeper in the parser.
+size_t FirstTooDeep(std::string_view text) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxModelJsonDepth) return i;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return std::string_view::npos;
+}
+
+// nlohmann's message without its "[json.exception.parse_error.101] parse error at line 1,
+// column 2: " prefix (or "[json.exception.out_of_range.406] ").
+std::string JsonReason(const Json::exception& e) {
+  const std::string what = e.what();
+  const size_t parse = what.find("parse error");
+  const size_t colon = what.find(": ", parse == std::string::npos ? 0 : parse);
+  if (parse != std::string::npos && colon != std::string::npos) return what.substr(colon + 2);
+  const size_t bracket = what.find("] ");
+  return bracket == std::string::npos ? what : what.substr(bracket + 2);
+}
 
 // Reads keys of one config object, each error naming the file and the key.
 class Keys {
@@ -27,7 +75,10 @@ class Keys {
   std::optional<int64_t> OptionalInt(const char* key) const {
     if (!Has(key)) return std::nullopt;
     const Json& v = j_.at(key);
-    if (!v.is_number_integer() || v.get<int64_t>() < 1) Fail(std::string(key) + " must be a positive integer, got " + v.dump());
+    // An unsigned value past int64's range reads as a negative one here.
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() >= kConfigIntegerLimit) {
+      Fail(std::string(key) + " must be a positive integer below 2^31, got " + v.dump());
+    }
     return v.get<int64_t>();
   }
   std::optional<double> Number(const char* key) const {
@@ -216,12 +267,27 @@ bool FileExists(const std::string& path, bool directory) {
 
 }  // namespace
 
+Json ParseModelJson(std::string_view text, const std::string& file, const Json::parser_callback_t& callback) {
+  if (const size_t at = FirstTooDeep(text); at != std::string_view::npos) {
+    throw ModelJsonError(file, "JSON nested deeper than " + std::to_string(kMaxModelJsonDepth) + PlaceIn(text, at));
+  }
+  try {
+    return Json::parse(text, callback);
+  } catch (const Json::parse_error& e) {
+    // e.byte counts from 1 and may be one past the end (the input ended).
+    const size_t at = std::min(e.byte == 0 ? 0 : e.byte - 1, text.size());
+    throw ModelJsonError(file, "not valid JSON" + PlaceIn(text, at) + ": " + JsonReason(e));
+  } catch (const Json::out_of_range& e) {  // a number past a double's range
+    throw ModelJsonError(file, "not valid JSON: " + JsonReason(e));
+  }
+}
+
 HuggingFaceConfig ParseHuggingFaceConfig(std::string_view text, const std::string& file) {
   Json j;
   try {
-    j = Json::parse(text);
-  } catch (const Json::parse_error& e) {
-    throw HuggingFaceConfigError(file + ": not valid JSON: " + e.what());
+    j = ParseModelJson(text, file);
+  } catch (const ModelJsonError& e) {
+    throw HuggingFaceConfigError(e.what());
   }
   if (!j.is_object()) throw HuggingFaceConfigError(file + ": not a JSON object");
   HuggingFaceConfig c;

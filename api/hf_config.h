@@ -18,12 +18,21 @@
 //                      Qwen2's use_sliding_window true, any other rope_scaling type; a
 //                      sliding_window below the job's seqLen is refused when the job is
 //                      checked (HuggingFaceConfig::sliding_window).
+//
+// Every JSON file of a model directory comes from the internet, and each is read by
+// ParseModelJson: config.json here, tokenizer.json and tokenizer_config.json
+// (worker/text/tokenizer.h), model.safetensors.index.json and safetensors headers
+// (worker/train/safetensors.h). Arrays and objects nest at most kMaxModelJsonDepth deep
+// there (real files nest fewer than 10 deep): deeper text is refused before nlohmann's
+// parser builds anything, since copying or printing a deeper document recurses past the
+// stack.
 // Thread-safety: pure functions, but for ReadHuggingFaceConfig's file read.
 
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,6 +45,29 @@
 
 namespace meshtrain::api {
 
+inline constexpr int kMaxModelJsonDepth = 512;
+
+// A model directory's file whose text is not JSON, or nests deeper than
+// kMaxModelJsonDepth. what() names the file as it was given and the place, byte offsets
+// counted from 0, lines and columns from 1:
+//   "DIR/tokenizer.json: JSON nested deeper than 512 at byte 512 (line 1, column 513)"
+//   "DIR/config.json: not valid JSON at byte 14 (line 2, column 3): syntax error ..."
+// reason() is what() without "FILE: ".
+class ModelJsonError : public std::runtime_error {
+ public:
+  ModelJsonError(const std::string& file, const std::string& reason)
+      : std::runtime_error(file + ": " + reason), reason_(reason) {}
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::string reason_;
+};
+
+// The JSON document `text`, read from `file`. `callback`, when given, sees the parse as
+// nlohmann's parser_callback_t does; what it throws propagates. Throws ModelJsonError.
+nlohmann::json ParseModelJson(std::string_view text, const std::string& file,
+                              const nlohmann::json::parser_callback_t& callback = nullptr);
+
 // What a config.json says of its model.
 struct HuggingFaceConfig {
   std::string file;  // the path it was read from, for messages
@@ -44,9 +76,10 @@ struct HuggingFaceConfig {
   std::vector<std::string> notes;         // keys that are set and have no effect here
 };
 
-// Thrown for a config.json that cannot be read, is not JSON, is of an architecture
-// meshtrain does not train, or sets a key to a value meshtrain does not implement; the
-// message names the file and the key.
+// Thrown for a config.json that cannot be read, is not JSON (ModelJsonError's message),
+// is of an architecture meshtrain does not train, gives a size that is not a positive
+// integer below 2^31, or sets a key to a value meshtrain does not implement; the message
+// names the file and the key.
 class HuggingFaceConfigError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;

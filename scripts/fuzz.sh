@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang and fuzzes each for N seconds (default 60): the
-# manifest parser, the checkpoint metadata parser, and what faces the network: the
-# rendezvous Store's server and the worker's HTTP endpoint.
+# manifest parser, the checkpoint metadata parser, what faces the network (the rendezvous
+# Store's server and the worker's HTTP endpoint), and every file a user downloads: a model
+# directory's tokenizer.json (loaded and encoding), config.json, safetensors headers and
+# index, and a data set's token shards and loss masks.
 # Seeds come from tests/fuzz/corpus/TARGET; new inputs go to build/fuzz/corpus/TARGET,
 # crashes to build/fuzz/TARGET-crash-*. A crash fails the script; add the crashing input
 # to tests/fuzz/corpus/TARGET once fixed.
@@ -39,6 +41,11 @@ targets=(
   "checkpoint_metadata -max_len=4096"
   "store -max_len=4096"
   "http_request -dict=tests/fuzz/http_request.dict -max_len=10000"  # past the 8 KiB head limit
+  "tokenizer -dict=tests/fuzz/tokenizer.dict -max_len=16384"  # the seeds' cut vocabularies fit
+  "hf_config -dict=tests/fuzz/hf_config.dict -max_len=4096"
+  "safetensors -dict=tests/fuzz/safetensors.dict -max_len=8192"  # a header and its index
+  "token_file -max_len=4096"  # past llm.c's 1 KiB header
+  "loss_mask -max_len=1024"
 )
 # Each target runs on one core: as many at once as there are cores, each one's report
 # printed in order once its batch ends.

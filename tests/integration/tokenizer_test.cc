@@ -341,6 +341,114 @@ TEST(TokenizerFiles, BadFilesAreNamed) {
   EXPECT_THROW(t.Decode(std::vector<uint32_t>{257}), std::out_of_range);
 }
 
+// A tokenizer.json nested 100,000 arrays deep (which once recursed past the stack when
+// the error was printed) is refused as one 5,000 deep is, and as a deep
+// tokenizer_config.json: naming the file by the path given and where the nesting passes
+// api::kMaxModelJsonDepth.
+TEST(TokenizerFiles, DeepNestingIsRefusedNamingTheFileAndThePlace) {
+  const fs::path dir = fs::temp_directory_path() / ("meshtrain-deep-tokenizer-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto load_error = [&](const std::string& tokenizer_json, const std::string& config_json) {
+    std::ofstream(dir / "tokenizer.json", std::ios::binary | std::ios::trunc) << tokenizer_json;
+    fs::remove(dir / "tokenizer_config.json");
+    if (!config_json.empty()) std::ofstream(dir / "tokenizer_config.json", std::ios::binary) << config_json;
+    try {
+      Tokenizer::Load(dir.string());
+    } catch (const TokenizerError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  Json vocab;
+  for (int b = 0; b < 256; ++b) {
+    std::string spelled;
+    AppendUtf8(Gpt2ByteCodePoint(uint8_t(b)), spelled);
+    vocab[spelled] = b;
+  }
+  vocab["<|endoftext|>"] = 256;
+  const std::string model = Json{{"type", "BPE"}, {"vocab", vocab}, {"merges", Json::array()}}.dump();
+  const std::string good = "{\"model\": " + model + ",\n\"pre_tokenizer\": {\"type\": \"ByteLevel\"}}";
+  ASSERT_EQ(load_error(good, ""), "(no error)");
+  const std::string file = dir.string() + "/tokenizer.json";
+  for (const int depth : {5000, 100000}) {
+    const std::string deep = std::string(size_t(depth), '[') + std::string(size_t(depth), ']');
+    EXPECT_EQ(load_error(deep, ""), file + ": JSON nested deeper than 512 at byte 512 (line 1, column 513)") << depth;
+    // In a normalizer, on the file's second line, where printing it in an error recursed.
+    const std::string inside = "{\"model\": " + model + ",\n\"normalizer\": " + deep + "}";
+    // The outer object is the first level, the normalizer's first '[' the second.
+    const size_t first = inside.find('[', inside.find("normalizer")), line_start = inside.find('\n') + 1;
+    EXPECT_EQ(load_error(inside, ""), file + ": JSON nested deeper than 512 at byte " + std::to_string(first + 511) +
+                                          " (line 2, column " + std::to_string(first + 511 - line_start + 1) + ")")
+        << depth;
+    EXPECT_EQ(load_error(good, "{\"eos_token\": " + deep + "}"),
+              dir.string() + "/tokenizer_config.json: JSON nested deeper than 512 at byte 525 (line 1, column 526)")
+        << depth;
+  }
+  // 512 deep is JSON the tokenizer reads, and names by its JSON path.
+  const std::string deepest = std::string(511, '[') + std::string(511, ']');
+  EXPECT_EQ(load_error("{\"model\": " + model + ", \"normalizer\": " + deepest + "}", ""),
+            file + ": normalizer: expected an object, got " + std::string(80, '['));
+  // Not JSON: the place, then nlohmann's reason.
+  EXPECT_NE(load_error("{\"model\": \n  [1, }", "").find(file + ": not valid JSON at byte 17 (line 2, column 7): "),
+            std::string::npos)
+      << load_error("{\"model\": \n  [1, }", "");
+  fs::remove_all(dir);
+}
+
+// An id is how large the tokenizer's tables grow: ids past the number of tokens the file
+// gives, which could not be 0..n-1 without gaps, are refused before anything grows.
+TEST(TokenizerFiles, IdsPastTheTokensGivenAreRefusedByName) {
+  auto error = [](const Json& doc) {
+    try {
+      Tokenizer::FromHuggingFaceFile(doc.dump(), "t.json");
+    } catch (const TokenizerError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  Json doc = {{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 2147483000}}}, {"merges", Json::array()}}}};
+  EXPECT_EQ(error(doc), "t.json: model.vocab: token \"b\" has id 2147483000; the 2 tokens of model.vocab and "
+                        "added_tokens have ids 0..1 without gaps");
+  doc["model"]["vocab"]["b"] = 1;
+  doc["added_tokens"] = {{{"id", 2000000000}, {"content", "<|endoftext|>"}, {"special", true}}};
+  EXPECT_EQ(error(doc), "t.json: added_tokens[0]: \"<|endoftext|>\" has id 2000000000; the 3 tokens of model.vocab "
+                        "and added_tokens have ids 0..2 without gaps");
+  doc["added_tokens"][0]["id"] = 2;
+  EXPECT_EQ(error(doc), "(no error)");
+  // A template's ids, after the sequence too, are the vocabulary's; a value of another
+  // type is named with its path.
+  doc["post_processor"] = {{"type", "TemplateProcessing"},
+                           {"single", {{{"Sequence", {{"id", "A"}}}}, {{"SpecialToken", {{"id", "</s>"}}}}}},
+                           {"special_tokens", {{"</s>", {{"ids", {7}}}}}}};
+  EXPECT_EQ(error(doc), "t.json: post_processor: id 7 is past the vocabulary");
+  doc["post_processor"]["single"][1]["SpecialToken"]["id"] = 5;
+  EXPECT_EQ(error(doc), "t.json: post_processor.single[1].SpecialToken.id: expected a string");
+  doc.erase("post_processor");
+  doc["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", "one"}};
+  EXPECT_EQ(error(doc), "t.json: decoder.start: expected a count, got \"one\"");
+  doc["decoder"] = {{"type", "Metaspace"}, {"prepend_scheme", 1}};
+  EXPECT_EQ(error(doc), "t.json: decoder.prepend_scheme: expected a string");
+}
+
+// A pattern from the file that backtracks past PCRE2's match limit on a text fails the
+// encoding, naming the file and the pattern's JSON path (it named neither).
+TEST(TokenizerFiles, APatternPastTheMatchLimitNamesTheFileAndPath) {
+  Json vocab;
+  for (int c = 32; c < 127; ++c) vocab[std::string(1, char(c))] = c - 32;
+  vocab["<|endoftext|>"] = 95;
+  const Json doc = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", Json::array()}}},
+                    {"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "(\\w+\\s?)*$"}}}, {"behavior", "Isolated"}}}};
+  const Tokenizer t = Tokenizer::FromHuggingFaceFile(doc.dump(), "dir/tokenizer.json");
+  EXPECT_EQ(t.Encode("ab cd"), (std::vector<uint32_t>{65, 66, 0, 67, 68}));
+  try {
+    t.Encode(std::string(3000, 'a') + "!");
+    ADD_FAILURE() << "no error";
+  } catch (const TokenizerError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "dir/tokenizer.json: pre_tokenizer.pattern.Regex: pattern failed on the text: match limit exceeded");
+  }
+}
+
 // ---- Llama 3, Qwen3 and Mistral (Llama 2's form) against transformers.js ------------------
 
 const std::string kModules = MESHTRAIN_TOKENIZER_REFERENCES;
@@ -686,6 +794,9 @@ TEST_F(PrepareDataTest, BadInputIsNamed) {
       {"{\"completion\": \"A\"}", "bad.jsonl:3: has \"completion\" but no \"prompt\" string"},
       {"{\"text\": \"t\", \"prompt\": \"Q\", \"completion\": \"A\"}", "bad.jsonl:3: has both \"text\" and"},
       {"{\"text\": \"unterminated}", "bad.jsonl:3: not a JSON object: "},
+      // 100,000 levels: refused by depth, before anything could recurse over it.
+      {"{\"text\": " + std::string(100000, '[') + std::string(100000, ']') + "}",
+       "bad.jsonl:3: not a JSON object: JSON nested deeper than 512 at byte 520 (line 1, column 521)"},
   };
   for (const auto& [line, message] : cases) {
     std::ofstream(dir_ / "bad.jsonl") << good << good << line << "\n" << good;

@@ -149,6 +149,49 @@ TEST(HuggingFaceConfig, AJobIsCheckedAgainstItsModelDirectory) {
   std::filesystem::remove_all(dir);
 }
 
+// config.json comes from the internet: JSON nested past kMaxModelJsonDepth is refused
+// before it is parsed (100,000 levels recursed past the stack when copied or printed),
+// text that is not JSON is named with its place, a number past a double's range is an
+// error of the file (it escaped as nlohmann's), and a size so large that products of two
+// would overflow is refused by key.
+TEST(HuggingFaceConfig, DeepMalformedAndHugeConfigsAreRefusedNamingTheFile) {
+  auto error = [](const std::string& text) {
+    try {
+      ParseHuggingFaceConfig(text, "dir/config.json");
+    } catch (const HuggingFaceConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  for (const int depth : {5000, 100000}) {
+    const std::string deep = std::string(size_t(depth), '[') + std::string(size_t(depth), ']');
+    EXPECT_EQ(error(deep), "dir/config.json: JSON nested deeper than 512 at byte 512 (line 1, column 513)");
+    EXPECT_EQ(error("{\n  \"rope_scaling\": " + deep + "}"),
+              "dir/config.json: JSON nested deeper than 512 at byte 531 (line 2, column 530)");
+    try {
+      ParseModelJson(deep, "x.json");
+      ADD_FAILURE() << "JSON " << depth << " deep was read";
+    } catch (const ModelJsonError& e) {
+      EXPECT_EQ(e.reason(), "JSON nested deeper than 512 at byte 512 (line 1, column 513)");
+    }
+  }
+  // Brackets in strings are not nesting, and 512 levels are JSON.
+  EXPECT_NO_THROW(ParseModelJson("[\"" + std::string(1000, '[') + "\\\"[\"]", "x.json"));
+  EXPECT_NO_THROW(ParseModelJson(std::string(512, '[') + std::string(512, ']'), "x.json"));
+  // nlohmann reads "tru" and stops at the '}' after it.
+  EXPECT_EQ(error("{\"a\": tru}").substr(0, 63), "dir/config.json: not valid JSON at byte 9 (line 1, column 10): ");
+  EXPECT_EQ(error("{\"vocab_size\": 1e999}"), "dir/config.json: not valid JSON: number overflow parsing '1e999'");
+  Json huge = Llama32();
+  huge["hidden_size"] = int64_t(1) << 62;
+  EXPECT_NE(error(huge.dump()).find("dir/config.json: hidden_size must be a positive integer below 2^31, got " +
+                                    std::to_string(int64_t(1) << 62)),
+            std::string::npos)
+      << error(huge.dump());
+  huge = Llama32();
+  huge["vocab_size"] = uint64_t(1) << 63;  // past int64: it read as negative
+  EXPECT_NE(error(huge.dump()).find("vocab_size must be a positive integer below 2^31"), std::string::npos);
+}
+
 TEST(HuggingFaceConfig, RopeModelsKeepTheirWeightsAtAnotherWindow) {
   ModelShape a = *FindPreset("llama-tiny"), b = a;
   b.seq_len = 64;

@@ -15,6 +15,8 @@
 #include <fstream>
 #include <initializer_list>
 #include <iterator>
+#include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <utility>
@@ -282,6 +284,128 @@ TEST(TokenFile, ATokenPastTheVocabularyIsNamedWithItsOffset) {
         << e.what();
   }
   TokenFile::Open(dir.File("big.bin")).CheckVocabulary(1000);
+}
+
+// The data loader keeps its shards in a vector, so each is moved after Open: it keeps its
+// format, and its header still counts in the offsets CheckVocabulary names.
+TEST(TokenFile, AMovedFileKeepsItsFormatAndHeader) {
+  TempDir dir;
+  std::vector<uint32_t> tokens(100, 7);
+  tokens[60] = 999;
+  WriteLlmcTokenFile(dir.File("shard.bin"), tokens);
+  std::vector<TokenFile> files;
+  files.push_back(TokenFile::Open(dir.File("shard.bin")));
+  TokenFile moved = std::move(files.back());
+  EXPECT_EQ(moved.format(), "llm.c");
+  EXPECT_EQ(moved.size(), 100u);
+  try {
+    moved.CheckVocabulary(256);
+    ADD_FAILURE();
+  } catch (const TokenFileError& e) {
+    EXPECT_NE(std::string(e.what()).find("shard.bin: token 60 (byte offset 1144) is 999"), std::string::npos)
+        << e.what();
+  }
+  const std::vector<unsigned char> bytes(1024 + 6, 0);
+  EXPECT_THROW(ReadTokenFileLayout(bytes, TokenFormat::kHeader, "x.bin"), TokenFileError);
+  const TokenFileLayout raw = ReadTokenFileLayout(bytes, TokenFormat::kUint16, "x.bin");
+  EXPECT_EQ(raw.format, "uint16");
+  EXPECT_EQ(raw.count, 515u);
+}
+
+// A loss mask is read only once its header and size agree with its shard: a mask padded
+// past its count is named before its bits are read.
+TEST(TokenMask, AMaskIsReadOnlyWhenItsSizeIsItsShards) {
+  TempDir dir;
+  std::vector<bool> targets(21);
+  for (size_t i = 0; i < targets.size(); ++i) targets[i] = i % 3 == 0;
+  WriteTokenMask(dir.File("s.bin") + TokenMask::kSuffix, targets);
+  const std::optional<TokenMask> mask = TokenMask::OpenBeside(dir.File("s.bin"), 21);
+  ASSERT_TRUE(mask.has_value());
+  EXPECT_EQ(mask->CountTargets(0, 21), 7u);
+  EXPECT_TRUE(mask->target(18));
+  EXPECT_FALSE(TokenMask::OpenBeside(dir.File("none.bin"), 21).has_value());
+  const std::string bytes = ReadBytes(dir.File("s.bin") + TokenMask::kSuffix);
+  EXPECT_EQ(TokenMask::Parse(bytes, 21, "m", "s").CountTargets(3, 10), 4u);  // 3, 6, 9, 12
+  WriteBytes(dir.File("s.bin") + TokenMask::kSuffix, bytes + std::string(1 << 20, '\xff'));
+  try {
+    TokenMask::OpenBeside(dir.File("s.bin"), 21);
+    ADD_FAILURE();
+  } catch (const TokenFileError& e) {
+    EXPECT_EQ(std::string(e.what()), dir.File("s.bin.mask") + ": is truncated or padded: 21 tokens need 3 bytes of "
+                                                               "mask, but 1048579 follow the header");
+  }
+  WriteBytes(dir.File("s.bin") + TokenMask::kSuffix, bytes.substr(0, 20));
+  EXPECT_THROW(TokenMask::OpenBeside(dir.File("s.bin"), 21), TokenFileError);
+}
+
+// A header the format's reference implementation (the safetensors crate) refuses is
+// refused, naming the file and the tensor or key: tensors whose bytes overlap, a tensor
+// named twice (JSON would keep one of the two), and a __metadata__ that is not an object
+// of strings; and one nested 100,000 deep, whose parse recursed past the stack when printed.
+TEST(Safetensors, HeadersTheReferenceRefusesAreNamed) {
+  TempDir dir;
+  const std::string path = dir.File("model.safetensors");
+  // A file of `header` and 32 bytes of data.
+  auto write = [&](const std::string& header) {
+    std::string file(8, '\0');
+    for (int i = 0; i < 8; ++i) file[size_t(i)] = char((header.size() >> (8 * i)) & 0xFF);
+    WriteBytes(path, file + header + std::string(32, '\0'));
+  };
+  auto error = [&](const std::string& header) {
+    write(header);
+    try {
+      SafetensorsFile file(path);
+    } catch (const SafetensorsError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  auto tensor = [](const char* name, int begin, int end) {
+    return std::string("\"") + name + "\": {\"dtype\": \"F32\", \"shape\": [" + std::to_string((end - begin) / 4) +
+           "], \"data_offsets\": [" + std::to_string(begin) + ", " + std::to_string(end) + "]}";
+  };
+  const std::string metadata = "\"__metadata__\": {\"format\": \"pt\"}";
+  EXPECT_EQ(error("{" + metadata + ", " + tensor("a", 0, 8) + ", " + tensor("b", 8, 24) + "}"), "(no error)");
+  write("{" + metadata + ", " + tensor("a", 0, 8) + ", " + tensor("b", 8, 24) + "}");
+  EXPECT_EQ(SafetensorsFile(path).metadata(), (std::map<std::string, std::string>{{"format", "pt"}}));
+  // Overlaps, whichever comes first in the header, also past a tensor in between.
+  EXPECT_EQ(error("{" + tensor("a", 0, 8) + ", " + tensor("b", 4, 12) + "}"),
+            path + ": tensor b: data_offsets [4, 12) overlap tensor a's [0, 8)");
+  EXPECT_EQ(error("{" + tensor("late", 16, 24) + ", " + tensor("whole", 0, 32) + ", " + tensor("mid", 8, 12) + "}"),
+            path + ": tensor mid: data_offsets [8, 12) overlap tensor whole's [0, 32)");
+  EXPECT_EQ(error("{" + tensor("empty", 4, 4) + ", " + tensor("a", 0, 8) + "}"), "(no error)");  // no bytes to share
+  EXPECT_EQ(error("{" + tensor("a", 0, 8) + ", " + tensor("a", 8, 16) + "}"),
+            path + ": tensor a is given twice in the header");
+  EXPECT_EQ(error("{" + metadata + ", " + metadata + "}"), path + ": __metadata__ is given twice in the header");
+  EXPECT_EQ(error("{\"__metadata__\": {\"format\": \"pt\", \"step\": 5}, " + tensor("a", 0, 8) + "}"),
+            path + ": __metadata__ key \"step\" is not a string: 5");
+  EXPECT_EQ(error("{\"__metadata__\": [\"pt\"]}"), path + ": __metadata__ is not an object of strings: [\"pt\"]");
+  // Offsets and shapes are integers, two of them and non-negative.
+  EXPECT_EQ(error("{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8, 9]}}"),
+            path + ": tensor a: data_offsets [0,8,9] is not [begin, end]");
+  EXPECT_EQ(error("{\"a\": {\"dtype\": \"F32\", \"shape\": [2.5], \"data_offsets\": [0, 8]}}"),
+            path + ": tensor a: shape [2.5] is not a tensor's");
+  EXPECT_EQ(error("{\"a\": {\"dtype\": \"F32\", \"shape\": [0, 9223372036854775808], \"data_offsets\": [0, 0]}}"),
+            path + ": tensor a: shape [0,9223372036854775808] is not a tensor's");
+  EXPECT_EQ(error("{\"a\": 1}"), path + ": tensor a: expected {\"dtype\", \"shape\", \"data_offsets\"}, got 1");
+  for (const int depth : {5000, 100000}) {
+    EXPECT_EQ(error(std::string(size_t(depth), '[') + std::string(size_t(depth), ']')),
+              path + ": header is JSON nested deeper than 512 at byte 512 (line 1, column 513)");
+  }
+  EXPECT_NE(error("{\"a\": }").find(path + ": header is not valid JSON at byte 6 (line 1, column 7): "),
+            std::string::npos)
+      << error("{\"a\": }");
+  // The index of a sharded model: nesting bounded the same, files beside it.
+  const std::string deep = "{\"weight_map\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  try {
+    ParseSafetensorsIndex(deep, "dir/model.safetensors.index.json");
+    ADD_FAILURE();
+  } catch (const SafetensorsError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "dir/model.safetensors.index.json: JSON nested deeper than 512 at byte 526 (line 1, column 527)");
+  }
+  EXPECT_EQ(ParseSafetensorsIndex("{\"weight_map\": {\"a\": \"m-1.safetensors\"}}", "i").at("a"), "m-1.safetensors");
+  EXPECT_THROW(ParseSafetensorsIndex("{\"weight_map\": {\"a\": \"../model.safetensors\"}}", "i"), SafetensorsError);
 }
 
 TEST(TokenFile, ByteTokenizerRoundTripsAndLargerVocabulariesPrintIds) {

@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/hf_config.h"
 #include "worker/text/bpe_model.h"
 #include "worker/text/tokenizer.h"
 #include "worker/text/tokenizer_engine.h"
@@ -88,12 +89,14 @@ std::string TranslatePattern(const std::string& pattern, const char* space, cons
 
 struct Regex {
   pcre2_code* code = nullptr;
+  std::string where;  // "FILE: JSON path", for a match that fails (past PCRE2's match limit)
   ~Regex() { pcre2_code_free(code); }
 };
 
 std::shared_ptr<const Regex> Compile(const std::string& pattern, bool literal, const std::string& source,
                                      const std::string& path) {
   auto regex = std::make_shared<Regex>();
+  regex->where = source + ": " + path;
   int error = 0;
   PCRE2_SIZE offset = 0;
   regex->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
@@ -133,7 +136,7 @@ class Matcher {
     if (rc < 0) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(rc, message, sizeof message);
-      throw TokenizerError(std::string("pre-tokenizer pattern failed: ") + reinterpret_cast<char*>(message));
+      throw TokenizerError(regex.where + ": pattern failed on the text: " + reinterpret_cast<char*>(message));
     }
     *begin = range[0];
     *end = range[1];
@@ -351,6 +354,13 @@ std::string StringField(const Json& j, const char* key, const std::string& sourc
   return j[key].get<std::string>();
 }
 
+// A count that defaults to 0 (Strip's start and stop).
+size_t CountField(const Json& j, const char* key, const std::string& source, const std::string& path) {
+  if (!j.contains(key) || j[key].is_null()) return 0;
+  if (!j[key].is_number_unsigned()) Fail(source, path + "." + key, "expected a count, got " + j[key].dump());
+  return j[key].get<size_t>();
+}
+
 bool BoolField(const Json& j, const char* key, bool fallback, const std::string& source, const std::string& path) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
   if (!j[key].is_boolean()) Fail(source, path + "." + key, "expected true or false, got " + j[key].dump());
@@ -486,12 +496,13 @@ void HuggingFaceEngine::ParseDecoder(const Json& j, const std::string& path) {
   } else if (type == "Strip") {
     step.kind = DecoderStep::kStrip;
     step.content = StringField(j, "content", source_, path);
-    step.start = j.value("start", size_t(0));
-    step.stop = j.value("stop", size_t(0));
+    step.start = CountField(j, "start", source_, path);
+    step.stop = CountField(j, "stop", source_, path);
   } else if (type == "Metaspace") {
     step.kind = DecoderStep::kMetaspace;
     step.pattern = j.contains("replacement") ? StringField(j, "replacement", source_, path) : kMetaspace;
-    const std::string scheme = j.value("prepend_scheme", std::string());
+    const bool has_scheme = j.contains("prepend_scheme") && !j["prepend_scheme"].is_null();
+    const std::string scheme = has_scheme ? StringField(j, "prepend_scheme", source_, path) : "";
     step.strip_first = scheme.empty() ? BoolField(j, "add_prefix_space", true, source_, path) : scheme != "never";
   } else {
     unsupported_decoder_ = path + ": decoder type \"" + type + "\"";
@@ -521,12 +532,14 @@ void HuggingFaceEngine::ParsePostProcessor(const Json& j, const std::string& pat
       if (piece.contains("Sequence")) {
         after = true;
       } else if (piece.contains("SpecialToken") && piece["SpecialToken"].contains("id")) {
-        const std::string name = piece["SpecialToken"]["id"].get<std::string>();
+        const std::string name = StringField(piece["SpecialToken"], "id", source_, at + ".SpecialToken");
         if (!specials.contains(name) || !specials[name].contains("ids") || !specials[name]["ids"].is_array()) {
           Fail(source_, at, "special token \"" + name + "\" is not in " + path + ".special_tokens");
         }
         for (const Json& id : specials[name]["ids"]) {
-          if (!id.is_number_unsigned()) Fail(source_, path + ".special_tokens." + name + ".ids", "expected ids");
+          if (!id.is_number_unsigned() || id.get<uint64_t>() > std::numeric_limits<uint32_t>::max()) {
+            Fail(source_, path + ".special_tokens." + name + ".ids", "expected ids, got " + id.dump());
+          }
           (after ? specials_.template_after : specials_.template_before).push_back(id.get<uint32_t>());
         }
       } else {
@@ -542,7 +555,9 @@ HuggingFaceEngine::HuggingFaceEngine(const Json& doc, const std::string& source)
   kind_ = "tokenizer.json (BPE)";
   if (!doc.is_object()) Fail(source, "(top)", "expected a JSON object");
   const Json& model = doc.value("model", Json());
-  const std::string type = model.is_object() ? model.value("type", "") : "";
+  const std::string type = model.is_object() && model.contains("type") && model["type"].is_string()
+                               ? model["type"].get<std::string>()
+                               : "";
   if (type != "BPE") {
     Fail(source, "model.type", "\"" + type + "\" is not implemented; only \"BPE\" (tokenizer.model for SentencePiece)");
   }
@@ -613,6 +628,20 @@ HuggingFaceEngine::HuggingFaceEngine(const Json& doc, const std::string& source)
     t.normalized = BoolField(a, "normalized", !t.special, source, path);
     added_.push_back(std::move(t));
   }
+  // Ids are 0..n-1 without gaps (Finish), so none reaches the number of tokens given: an
+  // id sizes the tables below, and is checked before it does.
+  const size_t given = tokens.size() + added_.size();
+  auto past = [&](uint32_t id) { return "has id " + std::to_string(id) + "; the " + std::to_string(given) +
+                                        " tokens of model.vocab and added_tokens have ids 0.." +
+                                        std::to_string(given - 1) + " without gaps"; };
+  for (const auto& [token, id] : tokens) {
+    if (id >= given) Fail(source, "model.vocab", "token \"" + token + "\" " + past(id));
+  }
+  for (size_t i = 0; i < added_.size(); ++i) {
+    if (added_[i].id >= given) {
+      Fail(source, "added_tokens[" + std::to_string(i) + "]", "\"" + added_[i].content + "\" " + past(added_[i].id));
+    }
+  }
   for (const auto& [token, id] : tokens) {
     if (spelled_.size() <= id) spelled_.resize(size_t(id) + 1);
     spelled_[id] = token;
@@ -657,8 +686,12 @@ void HuggingFaceEngine::Finish() {
     }
   }
   for (const AddedToken& t : added_) (t.normalized ? normalized_added_ : raw_added_).Add(&t);
-  for (uint32_t id : specials_.template_before) {
-    if (id >= spelled_.size()) throw TokenizerError(source_ + ": post_processor: id " + std::to_string(id) + " is past the vocabulary");
+  for (const std::vector<uint32_t>* ids : {&specials_.template_before, &specials_.template_after}) {
+    for (uint32_t id : *ids) {
+      if (id >= spelled_.size()) {
+        throw TokenizerError(source_ + ": post_processor: id " + std::to_string(id) + " is past the vocabulary");
+      }
+    }
   }
   // Where long stretches may be cut (see the file comment).
   if (pre_.empty() || (pre_.size() == 1 && pre_[0].kind != PreStep::kSplit && !pre_[0].regex)) {
@@ -1169,16 +1202,21 @@ std::vector<std::pair<std::string, std::string>> ParseMergeLines(std::string_vie
 
 Json ParseJson(std::string_view text, const std::string& source) {
   try {
-    return Json::parse(text);
-  } catch (const Json::exception& e) {
-    throw TokenizerError(source + ": not valid JSON: " + e.what());
+    return api::ParseModelJson(text, source);
+  } catch (const api::ModelJsonError& e) {
+    throw TokenizerError(e.what());
   }
 }
 
 }  // namespace
 
 std::shared_ptr<const TokenizerEngine> MakeHuggingFaceEngine(std::string_view tokenizer_json, const std::string& source) {
-  return std::make_shared<HuggingFaceEngine>(ParseJson(tokenizer_json, source), source);
+  const Json doc = ParseJson(tokenizer_json, source);
+  try {
+    return std::make_shared<HuggingFaceEngine>(doc, source);
+  } catch (const Json::exception& e) {  // a value of a type no check above expected
+    throw TokenizerError(source + ": " + e.what());
+  }
 }
 
 std::shared_ptr<const TokenizerEngine> MakeOpenAiEngine(std::string_view encoder_json, std::string_view vocab_bpe,

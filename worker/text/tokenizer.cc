@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/hf_config.h"
 #include "worker/text/tokenizer_engine.h"
 #include "worker/text/utf8.h"
 
@@ -108,8 +109,9 @@ Tokenizer Tokenizer::Load(const std::string& dir) {
   if (Exists(spm)) return FromSentencePieceModel(ReadFile(spm), spm, config_json, config);
   if (Exists(encoder) && Exists(merges)) {
     Tokenizer t;
-    t.engine_ = MakeOpenAiEngine(ReadFile(encoder), ReadFile(merges), dir + "/{encoder.json,vocab.bpe}");
-    t.Configure(config_json, config);
+    const std::string source = dir + "/{encoder.json,vocab.bpe}";
+    t.engine_ = MakeOpenAiEngine(ReadFile(encoder), ReadFile(merges), source);
+    t.Configure(config_json, config, source);
     return t;
   }
   throw TokenizerError(dir + ": no tokenizer here: expected tokenizer.json, tokenizer.model, or encoder.json and vocab.bpe");
@@ -118,7 +120,7 @@ Tokenizer Tokenizer::Load(const std::string& dir) {
 Tokenizer Tokenizer::FromOpenAiFiles(std::string_view encoder_json, std::string_view vocab_bpe, const std::string& source) {
   Tokenizer t;
   t.engine_ = MakeOpenAiEngine(encoder_json, vocab_bpe, source);
-  t.Configure({}, {});
+  t.Configure({}, {}, source);
   return t;
 }
 
@@ -126,7 +128,7 @@ Tokenizer Tokenizer::FromHuggingFaceFile(std::string_view tokenizer_json, const 
                                          std::string_view config_json, const std::string& config_source) {
   Tokenizer t;
   t.engine_ = MakeHuggingFaceEngine(tokenizer_json, source);
-  t.Configure(config_json, config_source);
+  t.Configure(config_json, config_source, source);
   return t;
 }
 
@@ -134,18 +136,18 @@ Tokenizer Tokenizer::FromSentencePieceModel(std::string_view model, const std::s
                                             std::string_view config_json, const std::string& config_source) {
   Tokenizer t;
   t.engine_ = MakeSentencePieceEngine(model, source);
-  t.Configure(config_json, config_source);
+  t.Configure(config_json, config_source, source);
   return t;
 }
 
-void Tokenizer::Configure(std::string_view config_json, const std::string& config_source) {
+void Tokenizer::Configure(std::string_view config_json, const std::string& config_source, const std::string& source) {
   kind_ = engine_->kind();
   Json config = Json::object();
   if (!config_json.empty()) {
     try {
-      config = Json::parse(config_json);
-    } catch (const Json::exception& e) {
-      throw TokenizerError(config_source + ": not valid JSON: " + e.what());
+      config = api::ParseModelJson(config_json, config_source);
+    } catch (const api::ModelJsonError& e) {
+      throw TokenizerError(e.what());
     }
     if (!config.is_object()) throw TokenizerError(config_source + ": expected a JSON object");
   }
@@ -169,7 +171,7 @@ void Tokenizer::Configure(std::string_view config_json, const std::string& confi
     eos_ = *eot;
     gpt2_style = !specials.has_template;
   } else {
-    throw TokenizerError((config_json.empty() ? engine_->kind() : config_source) +
+    throw TokenizerError((config_json.empty() ? source : config_source) +
                          ": no EOS: tokenizer_config.json names no eos_token, and there is no \"<|endoftext|>\" token");
   }
   // BOS: what add_bos_token says, else the template's, else the model's own.

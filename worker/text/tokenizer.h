@@ -20,6 +20,11 @@
 //                         Rust tokenizers.
 //   tokenizer_config.json (beside either) bos_token, eos_token, add_bos_token.
 //
+// The files come from the internet: their JSON is read by api::ParseModelJson (nesting
+// bounded, api/hf_config.h), ids are 0..n-1 without gaps and checked before a table grows,
+// and a pattern that fails on a text (past PCRE2's match limit) is a TokenizerError naming
+// the file and the pattern's JSON path.
+//
 // Regular expressions run on PCRE2 (JIT). Text that is not valid UTF-8 has each maximal
 // invalid subsequence replaced by U+FFFD first, as a browser's TextDecoder does; Encode says
 // how many. Decode(Encode(text)) == text wherever the tokenizer is lossless (not where a
@@ -119,7 +124,8 @@ class Tokenizer {
  private:
   Tokenizer() = default;
   // Reads BOS and EOS from `config_json` (empty: none) and the engine, and sets the frame.
-  void Configure(std::string_view config_json, const std::string& config_source);
+  // Errors name `config_source`, or without a config the tokenizer's own `source`.
+  void Configure(std::string_view config_json, const std::string& config_source, const std::string& source);
 
   std::shared_ptr<const TokenizerEngine> engine_;
   std::optional<uint32_t> bos_;

@@ -102,22 +102,8 @@ Files FilesOf(const std::string& path) {
     return files;
   }
   files.index_path = index;
-  Json j;
-  try {
-    j = Json::parse(ReadText(index));
-  } catch (const Json::exception& e) {
-    throw SafetensorsError(index + ": not valid JSON: " + e.what());
-  }
-  if (!j.is_object() || !j.contains("weight_map") || !j.at("weight_map").is_object()) {
-    throw SafetensorsError(index + ": has no weight_map object");
-  }
   std::set<std::string> names;
-  for (const auto& [tensor, file] : j.at("weight_map").items()) {
-    if (!file.is_string()) throw SafetensorsError(index + ": weight_map's " + tensor + " is not a file name");
-    const std::string name = file.get<std::string>();
-    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
-      throw SafetensorsError(index + ": weight_map's " + tensor + " names \"" + name + "\", not a file beside it");
-    }
+  for (const auto& [tensor, name] : ParseSafetensorsIndex(ReadText(index), index)) {
     files.index[tensor] = path + "/" + name;
     names.insert(name);
   }
@@ -310,11 +296,14 @@ std::vector<std::string> ExportHuggingFace(const std::string& directory, const a
                                (errors.empty() ? api::DescribeShape(api::ShapeOf(theirs)) : errors.front().ToString()) +
                                ") than the checkpoint's (" + api::DescribeShape(shape) + ")");
       }
-      const Json theirs_text = Json::parse(ReadText(options.like + "/config.json"));
+      const std::string like_config = options.like + "/config.json";
+      const Json theirs_text = api::ParseModelJson(ReadText(like_config), like_config);
       for (const auto& [key, value] : theirs_text.items()) {
         if (!config.contains(key)) config[key] = value;
       }
     } catch (const api::HuggingFaceConfigError& e) {
+      throw SafetensorsError(std::string("--like: ") + e.what());
+    } catch (const api::ModelJsonError& e) {
       throw SafetensorsError(std::string("--like: ") + e.what());
     }
   }

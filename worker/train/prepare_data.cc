@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/hf_config.h"
 #include "worker/text/utf8.h"
 #include "worker/train/token_file.h"
 
@@ -112,10 +113,10 @@ class DocumentReader {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       Scrub(line, path_ + ":" + std::to_string(line_number_), 0, false);
       Json json;
-      try {
-        json = Json::parse(line);
-      } catch (const Json::exception& e) {
-        Fail(std::string("not a JSON object: ") + e.what());
+      try {  // bounded nesting: a line is read from a file off the internet like a model's
+        json = api::ParseModelJson(line, path_ + ":" + std::to_string(line_number_));
+      } catch (const api::ModelJsonError& e) {
+        Fail(std::string("not a JSON object: ") + e.reason());
       }
       if (!json.is_object()) Fail("not a JSON object: got " + json.dump().substr(0, 60));
       *doc = Document{};

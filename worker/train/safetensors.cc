@@ -9,9 +9,12 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <set>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "api/hf_config.h"
 #include "worker/runtime/bf16.h"
 #include "worker/train/atomic_file.h"
 
@@ -22,6 +25,9 @@ using Json = nlohmann::json;
 
 // The header may not be larger than this (the format's own limit is 100 MB).
 constexpr uint64_t kMaxHeader = 100u << 20;
+// Nor a tensor, nor any dimension of it, hold more elements than this: counts and byte
+// offsets cannot wrap.
+constexpr uint64_t kMaxElements = uint64_t(1) << 40;
 
 float FromHalf(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
@@ -50,6 +56,12 @@ uint16_t ToHalf(float x) {
 }
 
 std::string SystemError(int err) { return std::strerror(err); }
+
+// A JSON value in a message: its first 80 bytes.
+std::string Brief(const Json& value) {
+  const std::string text = value.dump();
+  return text.size() <= 80 ? text : text.substr(0, 77) + "...";
+}
 
 // Reads `size` bytes at `offset` of fd; false on a short read or error (errno set).
 bool ReadAt(int fd, void* into, size_t size, uint64_t offset) {
@@ -94,6 +106,119 @@ int64_t TensorEntry::elements() const {
   return n;
 }
 
+SafetensorsHeader ParseSafetensorsHeader(std::string_view text, uint64_t data_begin, uint64_t data_size,
+                                         const std::string& path) {
+  // Each name once: of a key given twice, JSON's objects keep one value.
+  std::set<std::string> names;
+  const Json::parser_callback_t once = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::key && depth == 1) {
+      const std::string& name = parsed.get_ref<const std::string&>();
+      if (!names.insert(name).second) {
+        throw SafetensorsError(path + ": " + (name == "__metadata__" ? std::string("__metadata__") : "tensor " + name) +
+                               " is given twice in the header");
+      }
+    }
+    return true;
+  };
+  Json header;
+  try {
+    header = api::ParseModelJson(text, path, once);
+  } catch (const api::ModelJsonError& e) {
+    throw SafetensorsError(path + ": header is " + e.reason());
+  }
+  if (!header.is_object()) throw SafetensorsError(path + ": header is not a JSON object");
+  SafetensorsHeader out;
+  struct Range {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Range> ranges;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) throw SafetensorsError(path + ": __metadata__ is not an object of strings: " + Brief(entry));
+      for (const auto& [key, value] : entry.items()) {
+        if (!value.is_string()) {
+          throw SafetensorsError(path + ": __metadata__ key \"" + key + "\" is not a string: " + Brief(value));
+        }
+        out.metadata.emplace(key, value.get<std::string>());
+      }
+      continue;
+    }
+    const std::string where = path + ": tensor " + name;
+    if (!entry.is_object()) {
+      throw SafetensorsError(where + ": expected {\"dtype\", \"shape\", \"data_offsets\"}, got " + Brief(entry));
+    }
+    if (!entry.contains("dtype") || !entry["dtype"].is_string()) throw SafetensorsError(where + ": has no dtype string");
+    const std::string& dtype = entry["dtype"].get_ref<const std::string&>();
+    TensorEntry t;
+    if (dtype == "F32") t.dtype = Dtype::kF32;
+    else if (dtype == "F16") t.dtype = Dtype::kF16;
+    else if (dtype == "BF16") t.dtype = Dtype::kBF16;
+    else throw SafetensorsError(where + ": dtype " + dtype + " is not one meshtrain reads (F32, F16 or BF16)");
+    const Json shape = entry.contains("shape") ? entry["shape"] : Json();
+    if (!shape.is_array()) throw SafetensorsError(where + ": has no shape list");
+    uint64_t count = 1;
+    for (const Json& d : shape) {
+      const uint64_t dim = d.is_number_unsigned() ? d.get<uint64_t>() : kMaxElements + 1;
+      if (dim > kMaxElements || (dim > 0 && count > kMaxElements / dim)) {
+        throw SafetensorsError(where + ": shape " + Brief(shape) + " is not a tensor's");
+      }
+      t.shape.push_back(int64_t(dim));
+      count *= dim;
+    }
+    const Json offsets = entry.contains("data_offsets") ? entry["data_offsets"] : Json();
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+        !offsets[1].is_number_unsigned()) {
+      throw SafetensorsError(where + ": data_offsets " + Brief(offsets) + " is not [begin, end]");
+    }
+    const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
+    if (begin > end || end > data_size || end - begin != count * uint64_t(DtypeBytes(t.dtype))) {
+      throw SafetensorsError(where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                             ") do not hold " + std::to_string(count) + " " + dtype + " values in " +
+                             std::to_string(data_size) + " bytes of data");
+    }
+    t.offset = data_begin + begin;
+    out.tensors.emplace(name, std::move(t));
+    if (begin < end) ranges.push_back({begin, end, name});
+  }
+  // No two tensors share a byte: in order of their first bytes, each starts at or after
+  // the furthest end before it.
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Range& a, const Range& b) { return a.begin != b.begin ? a.begin < b.begin : a.name < b.name; });
+  const Range* furthest = nullptr;
+  for (const Range& r : ranges) {
+    if (furthest != nullptr && r.begin < furthest->end) {
+      throw SafetensorsError(path + ": tensor " + r.name + ": data_offsets [" + std::to_string(r.begin) + ", " +
+                             std::to_string(r.end) + ") overlap tensor " + furthest->name + "'s [" +
+                             std::to_string(furthest->begin) + ", " + std::to_string(furthest->end) + ")");
+    }
+    if (furthest == nullptr || r.end > furthest->end) furthest = &r;
+  }
+  return out;
+}
+
+std::map<std::string, std::string> ParseSafetensorsIndex(std::string_view text, const std::string& path) {
+  Json j;
+  try {
+    j = api::ParseModelJson(text, path);
+  } catch (const api::ModelJsonError& e) {
+    throw SafetensorsError(e.what());
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j.at("weight_map").is_object()) {
+    throw SafetensorsError(path + ": has no weight_map object");
+  }
+  std::map<std::string, std::string> files;
+  for (const auto& [tensor, file] : j.at("weight_map").items()) {
+    if (!file.is_string()) throw SafetensorsError(path + ": weight_map's " + tensor + " is not a file name");
+    const std::string name = file.get<std::string>();
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+      throw SafetensorsError(path + ": weight_map's " + tensor + " names \"" + name + "\", not a file beside it");
+    }
+    files[tensor] = name;
+  }
+  return files;
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   if (NotARegularFile(path)) throw SafetensorsError(path + ": is not a regular file");
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -114,45 +239,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     }
     std::string text(header_size, '\0');
     if (!ReadAt(fd_, text.data(), header_size, 8)) throw SafetensorsError(path + ": cannot read its header");
-    Json header;
-    try {
-      header = Json::parse(text);
-    } catch (const Json::exception& e) {
-      throw SafetensorsError(path + ": header is not valid JSON: " + e.what());
-    }
-    if (!header.is_object()) throw SafetensorsError(path + ": header is not a JSON object");
-    const uint64_t data_begin = 8 + header_size, data_size = file_size - data_begin;
-    for (const auto& [name, entry] : header.items()) {
-      if (name == "__metadata__") continue;
-      const std::string where = path + ": tensor " + name;
-      try {
-        const std::string dtype = entry.at("dtype");
-        TensorEntry t;
-        if (dtype == "F32") t.dtype = Dtype::kF32;
-        else if (dtype == "F16") t.dtype = Dtype::kF16;
-        else if (dtype == "BF16") t.dtype = Dtype::kBF16;
-        else throw SafetensorsError(where + ": dtype " + dtype + " is not one meshtrain reads (F32, F16 or BF16)");
-        uint64_t count = 1;
-        for (const Json& d : entry.at("shape")) {
-          const int64_t dim = d.get<int64_t>();
-          if (dim < 0 || (dim > 0 && count > (uint64_t(1) << 40) / uint64_t(dim))) {
-            throw SafetensorsError(where + ": shape " + entry.at("shape").dump() + " is not a tensor's");
-          }
-          t.shape.push_back(dim);
-          count *= uint64_t(dim);
-        }
-        const uint64_t begin = entry.at("data_offsets").at(0), end = entry.at("data_offsets").at(1);
-        if (begin > end || end > data_size || end - begin != count * uint64_t(DtypeBytes(t.dtype))) {
-          throw SafetensorsError(where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
-                                 ") do not hold " + std::to_string(count) + " " + dtype + " values in " +
-                                 std::to_string(data_size) + " bytes of data");
-        }
-        t.offset = data_begin + begin;
-        tensors_.emplace(name, std::move(t));
-      } catch (const Json::exception& e) {
-        throw SafetensorsError(where + ": malformed entry: " + e.what());
-      }
-    }
+    SafetensorsHeader header = ParseSafetensorsHeader(text, 8 + header_size, file_size - 8 - header_size, path);
+    tensors_ = std::move(header.tensors);
+    metadata_ = std::move(header.metadata);
   } catch (...) {
     ::close(fd_);
     throw;

@@ -4,8 +4,19 @@
 // the header. Read as fp32 from F32, F16 or BF16, any range of a tensor's elements at a
 // time, so that a rank reads only the rows it holds of a model no host could hold whole;
 // written from fp32 as F32, BF16 (rounded to nearest even) or F16, a tensor at a time.
+//
+// Files come from the internet. A header is refused, naming the file and the tensor or
+// key, where the format's reference implementation (the safetensors crate) refuses it: a
+// name given twice (JSON would keep one of the two), a __metadata__ that is not an object
+// of strings, a shape that is not a list of non-negative integers, data_offsets that are
+// not two integers holding exactly the tensor's bytes inside the data, or that overlap
+// another tensor's; also a dtype other than F32, F16 and BF16, which meshtrain does not
+// read, and JSON nested past api::kMaxModelJsonDepth (api/hf_config.h). Gaps between
+// tensors' bytes, which the crate also refuses, are read: no tensor's values depend on them.
+// A sharded model's model.safetensors.index.json maps each tensor to the file beside it
+// that holds it (ParseSafetensorsIndex).
 // Thread-safety: a SafetensorsFile may be read from several threads at once (pread); a
-// writer is used by one thread.
+// writer is used by one thread; the parsers are pure functions.
 
 #pragma once
 
@@ -39,11 +50,31 @@ struct TensorEntry {
   int64_t elements() const;
 };
 
+// A header's contents.
+struct SafetensorsHeader {
+  std::map<std::string, TensorEntry> tensors;
+  std::map<std::string, std::string> metadata;  // __metadata__, empty without one
+};
+
+// The header JSON `text` of the file `path`, whose data of `data_size` bytes starts at
+// byte `data_begin` (8 + the header's length; TensorEntry::offset counts from the file's
+// start). Throws SafetensorsError naming `path` and the tensor or key: "PATH: tensor B:
+// data_offsets [8, 24) overlap tensor A's [0, 16)"; for text that is not JSON, "PATH:
+// header is not valid JSON at byte 3 (line 1, column 4): ...", places counted in the header.
+SafetensorsHeader ParseSafetensorsHeader(std::string_view text, uint64_t data_begin, uint64_t data_size,
+                                         const std::string& path);
+
+// model.safetensors.index.json's weight map {"weight_map": {tensor: file}}: which file
+// beside the index holds each tensor. Throws SafetensorsError naming `path` and the tensor
+// for text that is not JSON, no weight_map object, or a file that is not a plain name
+// (empty, ".", "..", or with a '/').
+std::map<std::string, std::string> ParseSafetensorsIndex(std::string_view text, const std::string& path);
+
 // An open safetensors file: its header read and checked, its data read on demand.
 class SafetensorsFile {
  public:
   // Throws SafetensorsError naming `path`: not a regular file, unreadable, a header that is
-  // not safetensors', a dtype other than F32, F16 and BF16, or data past the file's end.
+  // not safetensors' (ParseSafetensorsHeader), or data past the file's end.
   explicit SafetensorsFile(const std::string& path);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
@@ -51,6 +82,7 @@ class SafetensorsFile {
 
   const std::string& path() const { return path_; }
   const std::map<std::string, TensorEntry>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // values[i] = element first + i of `t` (one of tensors()) as fp32, for i < count.
   // Throws SafetensorsError naming the file and `name` if the read fails.
   void Read(const std::string& name, const TensorEntry& t, int64_t first, int64_t count, float* values) const;
@@ -59,6 +91,7 @@ class SafetensorsFile {
   std::string path_;
   int fd_ = -1;
   std::map<std::string, TensorEntry> tensors_;
+  std::map<std::string, std::string> metadata_;
 };
 
 struct Tensor {

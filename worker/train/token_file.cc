@@ -85,6 +85,20 @@ TokenFile TokenFile::Open(const std::string& path, TokenFormat format) {
   file.map_ = map;
   file.map_bytes_ = bytes;
   const auto* h = static_cast<const unsigned char*>(map);
+  const TokenFileLayout layout = ReadTokenFileLayout({h, bytes}, format, path);
+  file.format_ = layout.format;
+  file.header_bytes_ = layout.header_bytes;
+  file.width_ = layout.width;
+  file.count_ = layout.count;
+  file.tokens_ = h + layout.header_bytes;
+  return file;
+}
+
+TokenFileLayout ReadTokenFileLayout(std::span<const unsigned char> data, TokenFormat format, const std::string& path) {
+  const unsigned char* h = data.data();
+  const size_t bytes = data.size();
+  if (bytes == 0) Fail(path, "is empty");
+  TokenFileLayout file;
   uint64_t count = 0;
   if (format == TokenFormat::kUint16) {
     if (IsLlmcHeader(h, bytes) || IsMtokHeader(h, bytes)) {
@@ -92,27 +106,27 @@ TokenFile TokenFile::Open(const std::string& path, TokenFormat format) {
                      " header, but spec.data.format says raw uint16; leave the format at auto");
     }
     if (bytes % 2 != 0) Fail(path, "has " + std::to_string(bytes) + " bytes, an odd count for raw uint16 tokens");
-    file.format_ = "uint16";
-    file.width_ = 2;
+    file.format = "uint16";
+    file.width = 2;
     count = bytes / 2;
   } else if (IsLlmcHeader(h, bytes)) {
-    file.format_ = "llm.c";
-    file.header_bytes_ = kLlmcHeaderBytes;
-    file.width_ = ReadU32(h) == kLlmcMagic16 ? 2 : 4;
+    file.format = "llm.c";
+    file.header_bytes = TokenFile::kLlmcHeaderBytes;
+    file.width = ReadU32(h) == kLlmcMagic16 ? 2 : 4;
     count = ReadU32(h + 8);
   } else if (IsMtokHeader(h, bytes)) {
     if (ReadU32(h + 4) != kVersion) Fail(path, "has MTOK version " + std::to_string(ReadU32(h + 4)) + ", expected 1");
     const uint32_t width = ReadU32(h + 8);
     if (width != 2 && width != 4) Fail(path, "has token width " + std::to_string(width) + "; expected 2 or 4 bytes");
-    file.format_ = "MTOK";
-    file.header_bytes_ = kHeaderBytes;
-    file.width_ = int(width);
+    file.format = "MTOK";
+    file.header_bytes = TokenFile::kHeaderBytes;
+    file.width = int(width);
     count = ReadU64(h + 16);
   } else if (bytes >= 8 && (ReadU32(h) == kLlmcMagic16 || ReadU32(h) == kLlmcMagic32)) {
     // llm.c's magic, but not a header llm.c writes: say which part is wrong.
-    if (bytes < kLlmcHeaderBytes) {
+    if (bytes < TokenFile::kLlmcHeaderBytes) {
       Fail(path, "starts with llm.c's magic " + std::to_string(ReadU32(h)) + " but has " + std::to_string(bytes) +
-                     " bytes, short of its " + std::to_string(kLlmcHeaderBytes) + "-byte header");
+                     " bytes, short of its " + std::to_string(TokenFile::kLlmcHeaderBytes) + "-byte header");
     }
     Fail(path, "has llm.c's magic " + std::to_string(ReadU32(h)) + " with version " + std::to_string(ReadU32(h + 4)) +
                    "; llm.c writes 20240520 with version 1 and 20240801 with version 7");
@@ -120,14 +134,13 @@ TokenFile TokenFile::Open(const std::string& path, TokenFormat format) {
     Fail(path, "has no token file header: expected \"MTOK\" or llm.c's magic 20240520 (version 1) or 20240801 "
                "(version 7); a raw uint16 file (nanoGPT's train.bin) needs spec.data.format: uint16");
   }
-  const uint64_t payload = bytes - file.header_bytes_;
-  if (count > payload / unsigned(file.width_) || payload != count * unsigned(file.width_)) {
-    Fail(path, "is truncated or padded: its " + std::string(file.format_) + " header says " + std::to_string(count) +
-                   " tokens of " + std::to_string(file.width_) + " bytes, but " + std::to_string(payload) +
+  const uint64_t payload = bytes - file.header_bytes;
+  if (count > payload / unsigned(file.width) || payload != count * unsigned(file.width)) {
+    Fail(path, "is truncated or padded: its " + std::string(file.format) + " header says " + std::to_string(count) +
+                   " tokens of " + std::to_string(file.width) + " bytes, but " + std::to_string(payload) +
                    " bytes follow it");
   }
-  file.count_ = count;
-  file.tokens_ = h + file.header_bytes_;
+  file.count = count;
   return file;
 }
 
@@ -200,9 +213,11 @@ TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
     path_ = std::move(other.path_);
     map_ = std::exchange(other.map_, nullptr);
     map_bytes_ = std::exchange(other.map_bytes_, 0);
+    header_bytes_ = std::exchange(other.header_bytes_, 0);
     tokens_ = std::exchange(other.tokens_, nullptr);
     count_ = std::exchange(other.count_, 0);
     width_ = std::exchange(other.width_, 0);
+    format_ = std::exchange(other.format_, {});
   }
   return *this;
 }
@@ -260,19 +275,12 @@ namespace {
 
 constexpr char kMaskMagic[4] = {'M', 'T', 'M', 'K'};
 
-}  // namespace
-
-std::optional<TokenMask> TokenMask::OpenBeside(const std::string& shard, uint64_t tokens) {
-  const std::string path = shard + kSuffix;
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
-  if (!S_ISREG(st.st_mode)) Fail(path, "is not a regular file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) Fail(path, "cannot open the loss mask");
-  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) Fail(path, "cannot read the loss mask");
-  const auto* h = reinterpret_cast<const unsigned char*>(data.data());
-  if (data.size() < TokenFile::kHeaderBytes || std::memcmp(h, kMaskMagic, 4) != 0) {
+// Checks a mask's header `head` (its first 24 bytes, or all of a shorter file) against
+// the file's size `bytes` and its shard's count `tokens`.
+void CheckMaskHeader(std::string_view head, uint64_t bytes, uint64_t tokens, const std::string& path,
+                     const std::string& shard) {
+  const auto* h = reinterpret_cast<const unsigned char*>(head.data());
+  if (head.size() < TokenFile::kHeaderBytes || std::memcmp(h, kMaskMagic, 4) != 0) {
     Fail(path, "is not a loss mask: expected the magic \"MTMK\" and a 24-byte header");
   }
   if (ReadU32(h + 4) != 1) Fail(path, "has mask version " + std::to_string(ReadU32(h + 4)) + ", expected 1");
@@ -281,13 +289,42 @@ std::optional<TokenMask> TokenMask::OpenBeside(const std::string& shard, uint64_
     Fail(path, "is the loss mask of " + std::to_string(count) + " tokens, but its shard " + shard + " has " +
                    std::to_string(tokens));
   }
-  if (data.size() - TokenFile::kHeaderBytes != (count + 7) / 8) {
-    Fail(path, "is truncated or padded: " + std::to_string(count) + " tokens need " + std::to_string((count + 7) / 8) +
-                   " bytes of mask, but " + std::to_string(data.size() - TokenFile::kHeaderBytes) + " follow the header");
+  // (count + 7) / 8 without wrapping at a count near 2^64.
+  const uint64_t need = count / 8 + (count % 8 != 0);
+  if (bytes - TokenFile::kHeaderBytes != need) {
+    Fail(path, "is truncated or padded: " + std::to_string(count) + " tokens need " + std::to_string(need) +
+                   " bytes of mask, but " + std::to_string(bytes - TokenFile::kHeaderBytes) + " follow the header");
   }
+}
+
+}  // namespace
+
+TokenMask TokenMask::Parse(std::string_view data, uint64_t tokens, const std::string& path, const std::string& shard) {
+  CheckMaskHeader(data.substr(0, TokenFile::kHeaderBytes), data.size(), tokens, path, shard);
   TokenMask mask;
   mask.path_ = path;
   mask.bits_.assign(data.begin() + long(TokenFile::kHeaderBytes), data.end());
+  return mask;
+}
+
+std::optional<TokenMask> TokenMask::OpenBeside(const std::string& shard, uint64_t tokens) {
+  const std::string path = shard + kSuffix;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  if (!S_ISREG(st.st_mode)) Fail(path, "is not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) Fail(path, "cannot open the loss mask");
+  // The header first: the rest is read only once its size is the shard's count's.
+  std::string head(TokenFile::kHeaderBytes, '\0');
+  in.read(head.data(), std::streamsize(head.size()));
+  head.resize(size_t(in.gcount()));
+  if (in.bad()) Fail(path, "cannot read the loss mask");
+  CheckMaskHeader(head, uint64_t(st.st_size), tokens, path, shard);
+  TokenMask mask;
+  mask.path_ = path;
+  mask.bits_.resize(size_t(st.st_size) - TokenFile::kHeaderBytes);
+  in.read(reinterpret_cast<char*>(mask.bits_.data()), std::streamsize(mask.bits_.size()));
+  if (size_t(in.gcount()) != mask.bits_.size()) Fail(path, "cannot read the loss mask (it changed while read)");
   return mask;
 }
 

@@ -26,6 +26,9 @@
 //                context only (a prompt's tokens)
 // A shard without a mask has every token a target. Globs skip *.mask files (ExpandGlobs).
 //
+// Shards and masks may come from elsewhere (a data set downloaded whole): a header that
+// does not hold its file's bytes exactly is refused, naming the file, before a token is
+// read, and a mask is read only once its header and size agree with its shard's count.
 // Files are memory-mapped read-only. A TokenFile (and a TokenMask) is immutable after Open
 // and safe to read from several threads.
 
@@ -54,6 +57,19 @@ enum class TokenFormat {
 
 // "auto" or "uint16" (spec.data.format); throws std::invalid_argument otherwise.
 TokenFormat ParseTokenFormat(std::string_view name);
+
+// Where a token file's tokens are, as its header says.
+struct TokenFileLayout {
+  std::string_view format;  // "MTOK", "llm.c" or "uint16"
+  size_t header_bytes = 0;
+  int width = 0;  // bytes per token: 2 or 4
+  uint64_t count = 0;
+};
+
+// The layout of a token file whose whole contents are `bytes`, read as `format` says:
+// header_bytes + count x width == bytes.size(). Throws TokenFileError naming `path`, as
+// TokenFile::Open does.
+TokenFileLayout ReadTokenFileLayout(std::span<const unsigned char> bytes, TokenFormat format, const std::string& path);
 
 class TokenFile {
  public:
@@ -104,6 +120,9 @@ class TokenMask {
   // The mask beside `shard` (SHARD.mask), or none. Throws TokenFileError naming the mask
   // when it is malformed or its count is not the shard's `tokens`.
   static std::optional<TokenMask> OpenBeside(const std::string& shard, uint64_t tokens);
+  // The mask whose whole contents are `data`, read from `path`, beside `shard` of `tokens`
+  // tokens. Throws TokenFileError as OpenBeside does.
+  static TokenMask Parse(std::string_view data, uint64_t tokens, const std::string& path, const std::string& shard);
 
   bool target(uint64_t i) const { return (bits_[i >> 3] >> (i & 7)) & 1; }
   // How many of tokens [first, first + count) are targets.
