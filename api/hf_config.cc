@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "api/json_depth.h"
+
 namespace meshtrain::api {
 namespace {
 
@@ -23,29 +25,6 @@ std::string PlaceIn(std::string_view text, size_t offset) {
   }
   return " at byte " + std::to_string(offset) + " (line " + std::to_string(line) + ", column " +
          std::to_string(offset - line_start + 1) + ")";
-}
-
-// The offset of the first '[' or '{' that opens a level deeper than kMaxModelJsonDepth, or
-// npos. Strings are skipped as nlohmann's parser reads them (from a '"' outside one to the
-// next '"' not escaped by a backslash), so the two agree on the depth of every byte up to
-// where the parser would stop: text that passes here nests no deeper in the parser.
-size_t FirstTooDeep(std::string_view text) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxModelJsonDepth) return i;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return std::string_view::npos;
 }
 
 // nlohmann's message without its "[json.exception.parse_error.101] parse error at line 1,
@@ -268,7 +247,7 @@ bool FileExists(const std::string& path, bool directory) {
 }  // namespace
 
 Json ParseModelJson(std::string_view text, const std::string& file, const Json::parser_callback_t& callback) {
-  if (const size_t at = FirstTooDeep(text); at != std::string_view::npos) {
+  if (const size_t at = FirstJsonLevelDeeperThan(text, kMaxModelJsonDepth); at != std::string_view::npos) {
     throw ModelJsonError(file, "JSON nested deeper than " + std::to_string(kMaxModelJsonDepth) + PlaceIn(text, at));
   }
   try {

@@ -24,6 +24,7 @@
 #include "api/defaults.h"
 #include "api/hf_config.h"
 #include "api/json_codec.h"
+#include "api/json_depth.h"
 #include "api/validation.h"
 #include "api/warnings.h"
 
@@ -246,20 +247,8 @@ class JsonEventBuilder : public YAML::EventHandler {
 
 // Rejects deep [ { nesting before nlohmann's parser sees it.
 void CheckJsonDepth(std::string_view text, std::string_view source) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxDepth) throw ManifestError(Located(source, 0, 0, "JSON nesting is too deep"));
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
+  if (FirstJsonLevelDeeperThan(text, kMaxDepth) != std::string_view::npos) {
+    throw ManifestError(Located(source, 0, 0, "JSON nesting is too deep"));
   }
 }
 

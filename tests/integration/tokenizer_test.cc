@@ -263,6 +263,18 @@ TEST_F(Gpt2TokenizerTest, LongPreTokensAndInvalidUtf8) {
   EXPECT_EQ(tokenizer_->Decode(bad), "a\xef\xbf\xbd" "b\xef\xbf\xbd" "c\xef\xbf\xbd");
 }
 
+// GPT-2's 256 byte tokens, as its vocabulary spells them, and <|endoftext|> as 256.
+Json ByteVocabulary() {
+  Json vocab;
+  for (int b = 0; b < 256; ++b) {
+    std::string spelled;
+    AppendUtf8(Gpt2ByteCodePoint(uint8_t(b)), spelled);
+    vocab[spelled] = b;
+  }
+  vocab["<|endoftext|>"] = 256;
+  return vocab;
+}
+
 TEST(TokenizerFiles, BadFilesAreNamed) {
   auto error = [](auto&& make) {
     try {
@@ -274,13 +286,7 @@ TEST(TokenizerFiles, BadFilesAreNamed) {
   };
   EXPECT_NE(error([] { Tokenizer::Load("/nonexistent/gpt2"); }).find("/nonexistent/gpt2: no tokenizer here"),
             std::string::npos);
-  Json vocab;
-  for (int b = 0; b < 256; ++b) {
-    std::string spelled;
-    AppendUtf8(Gpt2ByteCodePoint(uint8_t(b)), spelled);
-    vocab[spelled] = b;
-  }
-  vocab["<|endoftext|>"] = 256;
+  const Json vocab = ByteVocabulary();
   EXPECT_NO_THROW(Tokenizer::FromOpenAiFiles(vocab.dump(), "#version: 0.2\n", "dir"));
   EXPECT_NE(error([&] { Tokenizer::FromOpenAiFiles(vocab.dump(), "#version: 0.2\na b\n", "dir"); })
                 .find("merge 1 \"a b\" names a token the vocabulary lacks"),
@@ -359,13 +365,7 @@ TEST(TokenizerFiles, DeepNestingIsRefusedNamingTheFileAndThePlace) {
     }
     return std::string("(no error)");
   };
-  Json vocab;
-  for (int b = 0; b < 256; ++b) {
-    std::string spelled;
-    AppendUtf8(Gpt2ByteCodePoint(uint8_t(b)), spelled);
-    vocab[spelled] = b;
-  }
-  vocab["<|endoftext|>"] = 256;
+  const Json vocab = ByteVocabulary();
   const std::string model = Json{{"type", "BPE"}, {"vocab", vocab}, {"merges", Json::array()}}.dump();
   const std::string good = "{\"model\": " + model + ",\n\"pre_tokenizer\": {\"type\": \"ByteLevel\"}}";
   ASSERT_EQ(load_error(good, ""), "(no error)");
