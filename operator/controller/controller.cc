@@ -10,6 +10,7 @@
 #include "api/json_codec.h"
 #include "api/worker_contract.h"
 #include "operator/controller/builders.h"
+#include "operator/controller/cache_transforms.h"
 #include "operator/controller/worker_readings.h"
 #include "operator/kube/objects.h"
 
@@ -58,6 +59,9 @@ Controller::Controller(kube::Client& client, OperatorMetrics* metrics, Controlle
                   options_.reconciler) {
   auto enqueue = [this](const json& job) { queue_.Add(kube::KeyOf(job)); };
   jobs_.AddHandler({enqueue, [enqueue](const json&, const json& job) { enqueue(job); }, enqueue});
+  // The pod and node caches keep only what their readers use (cache_transforms.h).
+  pods_.SetTransform(PodForCache);
+  nodes_.SetTransform(NodeForCache);
   pods_.AddIndex(kPodsByJob, PodJobKeys);
   pods_.AddIndex(kPodsByNode, PodNodes);
   pods_.AddHandler({[this](const json& pod) { OnPod(nullptr, &pod); },

@@ -31,6 +31,76 @@ http::client::http_client_config MakeHttpConfig(const KubeConfig& config, std::c
   return http_config;
 }
 
+// Builds a List object from its text, each of its items (the elements of the top-level
+// "items" array) replaced by transform(item) as soon as the item is parsed, so that a
+// list of 50,000 whole objects is never held at once. A SAX handler for
+// nlohmann::json::sax_parse; a container's place is stable while it is open, since its
+// parent takes no other element until it closes.
+class TransformingListParser {
+ public:
+  explicit TransformingListParser(const std::function<json(json)>& transform) : transform_(transform) {}
+
+  json& result() { return root_; }
+
+  bool null() { return Value(nullptr); }
+  bool boolean(bool b) { return Value(b); }
+  bool number_integer(json::number_integer_t n) { return Value(n); }
+  bool number_unsigned(json::number_unsigned_t n) { return Value(n); }
+  bool number_float(json::number_float_t x, const json::string_t&) { return Value(x); }
+  bool string(json::string_t& s) { return Value(std::move(s)); }
+  bool binary(json::binary_t& b) { return Value(json::binary(b)); }
+  bool start_object(std::size_t) { return Open(json::object()); }
+  bool key(json::string_t& k) {
+    key_ = std::move(k);
+    return true;
+  }
+  bool end_object() { return Close(); }
+  bool start_array(std::size_t) { return Open(json::array()); }
+  bool end_array() { return Close(); }
+  bool parse_error(std::size_t, const std::string&, const json::exception&) { return false; }
+
+ private:
+  // Puts `value` where the parse is: the root, the next element of the open array, or the
+  // open object's member under the last key (a repeated key keeps the last value).
+  json* Place(json value) {
+    if (open_.empty()) {
+      root_ = std::move(value);
+      return &root_;
+    }
+    json& parent = *open_.back();
+    if (parent.is_array()) {
+      parent.push_back(std::move(value));
+      return &parent.back();
+    }
+    json& slot = parent[key_];
+    slot = std::move(value);
+    return &slot;
+  }
+  bool Value(json value) {
+    json* placed = Place(std::move(value));
+    if (!open_.empty() && open_.back() == items_) *placed = transform_(std::move(*placed));
+    return true;
+  }
+  bool Open(json container) {
+    const bool items = container.is_array() && open_.size() == 1 && root_.is_object() && key_ == "items";
+    open_.push_back(Place(std::move(container)));
+    if (items) items_ = open_.back();
+    return true;
+  }
+  bool Close() {
+    json* done = open_.back();
+    open_.pop_back();
+    if (!open_.empty() && open_.back() == items_) *done = transform_(std::move(*done));
+    return true;
+  }
+
+  const std::function<json(json)>& transform_;
+  json root_;
+  std::vector<json*> open_;  // the containers being parsed, outermost first
+  json* items_ = nullptr;    // the list's "items" array, once open
+  std::string key_;
+};
+
 // The KubeError for a non-2xx response, from its Status body when it has one.
 KubeError ErrorFromResponse(const std::string& verb, const std::string& path, int code, const std::string& body) {
   std::string reason, message = body;
@@ -94,7 +164,7 @@ void Client::Observe(const std::string& verb, int code, std::chrono::steady_cloc
 }
 
 json Client::Request(const std::string& verb, const std::string& method, const std::string& path, const json* body,
-                     const std::string& content_type) {
+                     const std::string& content_type, const std::function<json(json)>* list_item) {
   const std::string payload = body ? body->dump() : std::string();
   auto backoff = options_.initial_backoff;
   for (int attempt = 0;; ++attempt) {
@@ -121,7 +191,14 @@ json Client::Request(const std::string& verb, const std::string& method, const s
     Observe(verb, code, sent);
     if (!error && code >= 200 && code < 300) {
       if (text.empty()) return json::object();
-      auto parsed = json::parse(text, nullptr, false);
+      json parsed;
+      if (list_item) {
+        TransformingListParser parser(*list_item);
+        if (json::sax_parse(text, &parser)) parsed = std::move(parser.result());
+        else parsed = json::value_t::discarded;
+      } else {
+        parsed = json::parse(text, nullptr, false);
+      }
       if (parsed.is_discarded())
         throw KubeError(ErrorKind::kOther, code, "", "response is not JSON", verb + " " + path + ": response is not JSON");
       return parsed;
@@ -139,6 +216,12 @@ json Client::Get(const ResourceType& type, const std::string& ns, const std::str
 
 json Client::List(const ResourceType& type, const std::string& ns, const ListOptions& options) {
   return Request("list", "GET", WithQuery(type.Path(ns), options), nullptr, "");
+}
+
+json Client::List(const ResourceType& type, const std::string& ns, const ListOptions& options,
+                  const std::function<json(json)>& item_transform) {
+  if (!item_transform) return List(type, ns, options);
+  return Request("list", "GET", WithQuery(type.Path(ns), options), nullptr, "", &item_transform);
 }
 
 json Client::Create(const ResourceType& type, const std::string& ns, const json& object) {

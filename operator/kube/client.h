@@ -66,6 +66,10 @@ class Client {
   nlohmann::json Get(const ResourceType& type, const std::string& namespace_, const std::string& name);
   // A List object (items, metadata.resourceVersion). An empty namespace lists across all namespaces.
   nlohmann::json List(const ResourceType& type, const std::string& namespace_, const ListOptions& options = {});
+  // The same, with each item replaced by item_transform(item) as it is parsed, so that the
+  // list's whole objects are never all held at once (an informer's transform).
+  nlohmann::json List(const ResourceType& type, const std::string& namespace_, const ListOptions& options,
+                      const std::function<nlohmann::json(nlohmann::json)>& item_transform);
   nlohmann::json Create(const ResourceType& type, const std::string& namespace_, const nlohmann::json& object);
   // PUT of the whole object; its metadata.resourceVersion makes it conditional (409 when stale).
   nlohmann::json Update(const ResourceType& type, const std::string& namespace_, const nlohmann::json& object);
@@ -88,8 +92,10 @@ class Client {
 
  private:
   struct Impl;
+  // With `list_item`, the response is a List whose items are parsed through it.
   nlohmann::json Request(const std::string& verb, const std::string& method, const std::string& path,
-                         const nlohmann::json* body, const std::string& content_type);
+                         const nlohmann::json* body, const std::string& content_type,
+                         const std::function<nlohmann::json(nlohmann::json)>* list_item = nullptr);
   // Waits for a token and returns a request with the headers every call carries.
   web::http::http_request NewRequest(const std::string& method, const std::string& path);
   void Observe(const std::string& verb, int code, std::chrono::steady_clock::time_point sent);

@@ -20,6 +20,8 @@ void Informer::AddHandler(EventHandler handler) { handlers_.push_back(std::move(
 
 void Informer::AddIndex(const std::string& name, IndexFunc index) { indexes_[name].values = std::move(index); }
 
+void Informer::SetTransform(TransformFunc transform) { transform_ = std::move(transform); }
+
 void Informer::Unindex(const std::string& key, const json& object) {
   for (auto& [name, index] : indexes_) {
     for (const std::string& value : index.values(object)) {
@@ -103,71 +105,90 @@ bool Informer::SleepFor(std::chrono::milliseconds d, std::stop_token& stop) {
   return !stop.stop_requested();
 }
 
-void Informer::Replace(const json& items) {
+json Informer::Transformed(json object) const {
+  if (!transform_) return object;
+  return transform_(std::move(object));
+}
+
+void Informer::Replace(json items) {
+  // The items come transformed (Run lists through the transform), so the list's whole
+  // objects and the cache's kept ones are never all held at once.
   std::map<std::string, json> fresh;
-  for (const auto& item : items) fresh.emplace(KeyOf(item), item);
-  std::vector<std::pair<json, json>> updated;  // (old, new); old null for adds
-  std::vector<json> deleted;
+  if (items.is_array()) {
+    for (json& item : items) {
+      std::string key = KeyOf(item);
+      fresh.emplace(std::move(key), std::move(item));
+    }
+  }
+  items = nullptr;
+  // The handlers run after the lock is released, on this thread, the only one that
+  // changes the cache: they read the new objects in place, and the old ones from `old`.
+  std::map<std::string, json> old;
+  std::vector<std::pair<const json*, const json*>> updated;  // (old, new); old null for adds
+  std::vector<const json*> deleted;
   {
     std::unique_lock lock(mu_);
-    for (auto& [key, object] : fresh) {
-      auto it = cache_.find(key);
-      if (it == cache_.end()) {
-        updated.emplace_back(nullptr, object);
+    old = std::move(cache_);
+    cache_ = std::move(fresh);
+    for (const auto& [key, object] : cache_) {
+      auto it = old.find(key);
+      if (it == old.end()) {
+        updated.emplace_back(nullptr, &object);
       } else if (it->second["metadata"].value("resourceVersion", "") != object["metadata"].value("resourceVersion", "")) {
-        updated.emplace_back(it->second, object);
+        updated.emplace_back(&it->second, &object);
       }
     }
-    for (auto& [key, object] : cache_) {
-      if (!fresh.count(key)) deleted.push_back(object);
+    for (const auto& [key, object] : old) {
+      if (!cache_.count(key)) deleted.push_back(&object);
     }
-    cache_ = std::move(fresh);
     for (auto& [name, index] : indexes_) index.keys.clear();
     for (const auto& [key, object] : cache_) Reindex(key, object);
     ++version_;
   }
   for (const auto& h : handlers_) {
     for (const auto& [old_object, object] : updated) {
-      if (old_object.is_null()) {
-        if (h.on_add) h.on_add(object);
+      if (!old_object) {
+        if (h.on_add) h.on_add(*object);
       } else if (h.on_update) {
-        h.on_update(old_object, object);
+        h.on_update(*old_object, *object);
       }
     }
-    for (const auto& object : deleted) {
-      if (h.on_delete) h.on_delete(object);
+    for (const json* object : deleted) {
+      if (h.on_delete) h.on_delete(*object);
     }
   }
 }
 
-void Informer::Apply(const WatchEvent& event) {
+void Informer::Apply(WatchEvent event) {
   const std::string rv = event.object["metadata"].value("resourceVersion", "");
   if (!rv.empty()) resource_version_ = rv;
   if (event.type == "BOOKMARK") return;
-  const std::string key = KeyOf(event.object);
+  const json object = Transformed(std::move(event.object));
+  const std::string key = KeyOf(object);
   json old_object;
   {
     std::unique_lock lock(mu_);
     auto it = cache_.find(key);
     if (it != cache_.end()) {
-      old_object = it->second;
-      Unindex(key, old_object);
+      Unindex(key, it->second);
+      old_object = std::move(it->second);
     }
     if (event.type == "DELETED") {
-      cache_.erase(key);
+      if (it != cache_.end()) cache_.erase(it);
     } else {
-      cache_[key] = event.object;
-      Reindex(key, event.object);
+      if (it != cache_.end()) it->second = object;
+      else cache_.emplace(key, object);
+      Reindex(key, object);
     }
     ++version_;
   }
   for (const auto& h : handlers_) {
     if (event.type == "DELETED") {
-      if (h.on_delete) h.on_delete(event.object);
+      if (h.on_delete) h.on_delete(object);
     } else if (old_object.is_null()) {
-      if (h.on_add) h.on_add(event.object);
+      if (h.on_add) h.on_add(object);
     } else if (h.on_update) {
-      h.on_update(old_object, event.object);
+      h.on_update(old_object, object);
     }
   }
 }
@@ -177,9 +198,12 @@ void Informer::Run(std::stop_token stop) {
   bool first_list = true;
   while (!stop.stop_requested()) {
     try {
-      const json list = client_.List(type_, namespace_, selectors_);
+      // Each item is transformed as it is parsed.
+      json list = client_.List(type_, namespace_, selectors_, transform_);
       resource_version_ = list["metadata"].value("resourceVersion", "");
-      Replace(list.value("items", json::array()));
+      json items = list.contains("items") ? std::move(list["items"]) : json::array();
+      list = nullptr;
+      Replace(std::move(items));
       if (!first_list) ++relists_;
       first_list = false;
       {

@@ -517,7 +517,8 @@ case $scenario in
     # The 10,000-node bench (README, "meshtrain bench operator"): 1,000 jobs of 8 nodes, one
     # every 50 ms. No healthy gang is restarted (the bench fails otherwise) and every gang's
     # pods are created: the median job's within 250 ms and nine in ten within 1 s, in at
-    # most 24 API requests a job and 1 GiB of operator memory.
+    # most 24 API requests a job and 256 MiB of operator memory (about 150 MiB with the
+    # node and pod caches keeping only what their readers use; 460 MiB with whole objects).
     out=$("$build/cli/meshtrain" bench operator --apiserver "$build/tests/support/kube/meshtrain-test-apiserver" \
       --operator "$build/operator/meshtrain-operator" --crd "$src/crds/trainingjobs.meshtrain.dev.yaml" \
       --nodes 10000 --jobs 1000 --job-nodes 8 --timeout 120 2>&1) || fail "the bench failed: $out"
@@ -528,7 +529,7 @@ case $scenario in
     [ -n "$requests" ] && [ -n "$peak" ] || fail "the bench's output lacks its figures"
     awk "BEGIN { exit !($median <= 250 && $p90 <= 1000) }" || fail "median $median ms, p90 $p90 ms: over 250 ms or 1 s"
     awk "BEGIN { exit !($requests <= 24) }" || fail "$requests API requests per job, over 24"
-    awk "BEGIN { exit !($peak <= 1024) }" || fail "the operator peaked at $peak MiB, over 1 GiB"
+    awk "BEGIN { exit !($peak <= 256) }" || fail "the operator peaked at $peak MiB, over 256 MiB"
     ;;
   chart-operator)
     # The operator as the Helm chart deploys it with examples/helm/eks-p5.yaml: the rendered

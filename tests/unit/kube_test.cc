@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <thread>
 
 #include <cpprest/asyncrt_utils.h>
@@ -170,6 +171,94 @@ TEST_F(KubeTest, InformerFollowsChangesThroughDropsAndGone) {
   EXPECT_GE(deletes.load(), 1);
   EXPECT_EQ(adds.load(), 3);
   informer.Stop();
+}
+
+// A list parsed through an item transform: each item as the transform made it, the rest
+// of the List as it came.
+TEST_F(KubeTest, ListTransformsEachItemAsItIsParsed) {
+  for (const char* name : {"a", "b", "c"}) client_->Create(resources::ConfigMaps(), "default", ConfigMap(name, name));
+  int calls = 0;
+  const json list = client_->List(resources::ConfigMaps(), "default", {"app=x", "", ""}, [&calls](json item) {
+    ++calls;
+    return json{{"metadata", {{"name", item["metadata"]["name"]}}}, {"k", item["data"]["k"]}};
+  });
+  EXPECT_EQ(calls, 3);
+  EXPECT_FALSE(list["metadata"].value("resourceVersion", "").empty());
+  EXPECT_EQ(list["items"], json::parse(R"([{"metadata": {"name": "a"}, "k": "a"}, {"metadata": {"name": "b"}, "k": "b"},
+                                           {"metadata": {"name": "c"}, "k": "c"}])"));
+  EXPECT_EQ(client_->List(resources::ConfigMaps(), "default", {"app=x", "", ""}, nullptr),
+            client_->List(resources::ConfigMaps(), "default", {"app=x", "", ""}));
+}
+
+// A transform (as client-go's SetTransform) decides what the cache keeps: listed and
+// watched objects alike, and what indexes, handlers and lookups see.
+TEST_F(KubeTest, InformerKeepsWhatItsTransformMakes) {
+  auto with_extra = [](json object) {
+    object["metadata"]["annotations"] = {{"big", std::string(1000, 'x')}};
+    object["data"]["other"] = "dropped";
+    return object;
+  };
+  client_->Create(resources::ConfigMaps(), "default", with_extra(ConfigMap("listed", "1")));
+  InformerOptions options;
+  options.min_backoff = 20ms;
+  Informer informer(*client_, resources::ConfigMaps(), "default", {"app=x", "", ""}, options);
+  informer.SetTransform([](json object) {
+    json& meta = object["metadata"];
+    return json{{"metadata",
+                 {{"name", meta.value("name", "")},
+                  {"namespace", meta.value("namespace", "")},
+                  {"resourceVersion", meta.value("resourceVersion", "")}}},
+                {"data", {{"k", object["data"].value("k", "")}}}};
+  });
+  auto kept = [](const json& object) {
+    return !object.contains("apiVersion") && !object["metadata"].contains("annotations") &&
+           !object["metadata"].contains("labels") && object["data"].size() == 1 && object["data"].contains("k");
+  };
+  std::mutex mu;
+  std::vector<json> handled;
+  informer.AddHandler({[&](const json& object) {
+                         std::lock_guard lock(mu);
+                         handled.push_back(object);
+                       },
+                       [&](const json& old_object, const json& object) {
+                         std::lock_guard lock(mu);
+                         handled.push_back(old_object);
+                         handled.push_back(object);
+                       },
+                       [&](const json& object) {
+                         std::lock_guard lock(mu);
+                         handled.push_back(object);
+                       }});
+  informer.AddIndex("k", [](const json& object) {
+    return std::vector<std::string>{object.value("data", json::object()).value("k", "")};
+  });
+  informer.Start();
+  ASSERT_TRUE(informer.WaitForSync(5s));
+  client_->Create(resources::ConfigMaps(), "default", with_extra(ConfigMap("watched", "2")));
+  client_->MergePatch(resources::ConfigMaps(), "default", "listed", {{"data", {{"k", "3"}}}});
+  auto eventually = [](const std::function<bool()>& done) {
+    for (int i = 0; i < 200 && !done(); ++i) std::this_thread::sleep_for(20ms);
+    return done();
+  };
+  EXPECT_TRUE(eventually([&] {
+    const auto listed = informer.Get("default/listed");
+    return informer.Get("default/watched").has_value() && listed && (*listed)["data"]["k"] == "3";
+  }));
+  for (const char* key : {"default/listed", "default/watched"}) {
+    const auto object = informer.Get(key);
+    ASSERT_TRUE(object.has_value()) << key;
+    EXPECT_TRUE(kept(*object)) << object->dump();
+    EXPECT_FALSE((*object)["metadata"].value("resourceVersion", "").empty()) << key;
+  }
+  ASSERT_EQ(informer.ByIndex("k", "2").size(), 1u);
+  EXPECT_TRUE(kept(informer.ByIndex("k", "2")[0]));
+  EXPECT_TRUE(informer.ByIndex("k", "1").empty());
+  client_->Delete(resources::ConfigMaps(), "default", "watched");
+  EXPECT_TRUE(eventually([&] { return !informer.Get("default/watched").has_value(); }));
+  informer.Stop();
+  std::lock_guard lock(mu);
+  EXPECT_EQ(handled.size(), 5u) << "two adds, an update (old and new), a delete";
+  for (const json& object : handled) EXPECT_TRUE(kept(object)) << object.dump();
 }
 
 TEST(WorkQueueTest, DeduplicatesAndNeverRunsAKeyTwiceAtOnce) {
