@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -186,6 +187,11 @@ std::vector<RankExit> RankGroup::Poll(std::ostream& log) {
       running_.erase(it);
     }
   }
+  // Ranks reaped together: a rank that failed because a peer did (kExitCommFailure) comes
+  // after the others, so that the one named first is the cause (a rank killed by a signal
+  // and the neighbour that lost it can end within one poll, in either order of waitpid).
+  std::stable_partition(exits.begin(), exits.end(),
+                        [](const RankExit& e) { return e.status != api::worker::kExitCommFailure; });
   if (!running_.empty() && Clock::now() > kill_at_) {
     log << "ranks still running " << grace_.count() << " ms after SIGTERM; killing them\n";
     for (const auto& [pid, rank] : running_) ::kill(pid, SIGKILL);
