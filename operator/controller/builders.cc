@@ -4,6 +4,7 @@
 #include "api/worker_contract.h"
 #include "operator/controller/launcher_client.h"
 #include "operator/kube/base64.h"
+#include "operator/kube/resource.h"
 
 namespace meshtrain::controller {
 
@@ -240,6 +241,15 @@ int64_t NodeRankLabel(const json& pod) {
       pod.value("metadata", json::object()).value("labels", json::object()).value(kNodeRankLabel, "");
   if (label.empty() || label.size() > 9 || label.find_first_not_of("0123456789") != std::string::npos) return -1;
   return std::stoll(label);
+}
+
+std::string JobKeyOf(const json& pod) {
+  const json& meta = pod["metadata"];
+  const auto labels = meta.find("labels");
+  if (labels == meta.end() || !labels->is_object()) return "";
+  const auto job = labels->find(kJobNameLabel);
+  if (job == labels->end() || !job->is_string()) return "";
+  return kube::ObjectKey(meta.value("namespace", ""), job->get<std::string>());
 }
 
 }  // namespace meshtrain::controller

@@ -74,5 +74,7 @@ nlohmann::json BuildPod(const api::TrainingJob& job, const api::RankTable& table
 void MountLauncherToken(nlohmann::json* pod);
 // The node rank a pod's label gives it; -1 when the label is missing or not a number.
 int64_t NodeRankLabel(const nlohmann::json& pod);
+// The key ("namespace/name") of the job a pod's kJobNameLabel names; empty without one.
+std::string JobKeyOf(const nlohmann::json& pod);
 
 }  // namespace meshtrain::controller

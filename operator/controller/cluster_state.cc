@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "operator/controller/builders.h"
 #include "operator/kube/objects.h"
 
 namespace meshtrain::controller {
@@ -37,7 +38,7 @@ bool Finished(const json& pod) {
 
 }  // namespace
 
-ClusterState::ClusterState() = default;
+ClusterState::ClusterState(Clock::duration in_flight_timeout) : in_flight_timeout_(in_flight_timeout) {}
 ClusterState::~ClusterState() = default;
 
 ClusterState::Slot& ClusterState::SlotOf(const std::string& node) {
@@ -76,7 +77,8 @@ void ClusterState::NodeChanged(const json* old_object, const json* object) {
 }
 
 void ClusterState::PodChanged(const json* old_object, const json* object) {
-  const std::string key = kube::KeyOf(object ? *object : *old_object);
+  const json& pod = object ? *object : *old_object;
+  const std::string key = kube::KeyOf(pod), job = JobKeyOf(pod);
   Held held;
   if (object && !Finished(*object)) {
     held.node = kube::PinnedNode(*object);
@@ -94,16 +96,20 @@ void ClusterState::PodChanged(const json* old_object, const json* object) {
     Add(it->second, -1);
     counted_.erase(it);
   }
-  if (object) {
-    // The cache shows the pod: what it holds is counted from it, not from a reservation.
-    if (auto it = reserved_.find(key); it != reserved_.end()) {
-      Add(it->second.held, -1);
-      reserved_.erase(it);
+  // The cache shows the pod, or no longer does: its record in flight ends, and what the
+  // pod holds is counted from the cache.
+  if (auto entry = in_flight_.find(job); entry != in_flight_.end()) {
+    JobInFlight& records = entry->second;
+    if (object) {
+      if (auto it = records.creates.find(key); it != records.creates.end()) EndCreate(records, it);
+    } else {
+      records.deletes.erase(kube::Uid(pod));
     }
-    if (!held.node.empty()) {
-      Add(held, +1);
-      counted_.emplace(key, std::move(held));
-    }
+    if (records.empty()) in_flight_.erase(entry);
+  }
+  if (object && !held.node.empty()) {
+    Add(held, +1);
+    counted_.emplace(key, std::move(held));
   }
 }
 
@@ -140,8 +146,16 @@ scheduler::ClusterView ClusterState::View() {
   return view_;
 }
 
-bool ClusterState::Reserve(const std::string& job, const std::vector<PodClaim>& claims, bool check) {
+bool ClusterState::Reserve(const std::string& job, const std::vector<PodClaim>& claims, bool check,
+                           Clock::time_point now) {
   std::lock_guard lock(mu_);
+  const auto entry = in_flight_.find(job);
+  // The record of `pod` in flight, if any.
+  auto earlier = [&](const std::string& pod) -> const Record* {
+    if (entry == in_flight_.end()) return nullptr;
+    const auto it = entry->second.creates.find(pod);
+    return it == entry->second.creates.end() ? nullptr : &it->second;
+  };
   if (check) {
     std::map<std::string, std::pair<int64_t, int64_t>> need;  // node -> (gpus, efa)
     for (const PodClaim& claim : claims) {
@@ -149,13 +163,14 @@ bool ClusterState::Reserve(const std::string& job, const std::vector<PodClaim>& 
       auto& [gpus, efa] = need[claim.node];
       gpus += claim.gpus;
       efa += claim.efa;
-      if (auto it = reserved_.find(claim.pod); it != reserved_.end()) {
-        auto& [held_gpus, held_efa] = need[it->second.held.node];
-        held_gpus -= it->second.held.gpus;
-        held_efa -= it->second.held.efa;
+      if (const Record* record = earlier(claim.pod)) {
+        auto& [held_gpus, held_efa] = need[record->held.node];
+        held_gpus -= record->held.gpus;
+        held_efa -= record->held.efa;
       }
     }
     for (const auto& [name, amount] : need) {
+      if (name.empty()) continue;  // an earlier record that held nothing
       const auto node = nodes_.find(name);
       if (node == nodes_.end()) return false;
       const Slot& slot = SlotOf(name);
@@ -163,53 +178,115 @@ bool ClusterState::Reserve(const std::string& job, const std::vector<PodClaim>& 
         return false;
     }
   }
-  const auto now = Clock::now();
   for (const PodClaim& claim : claims) {
     if (counted_.count(claim.pod)) continue;
-    if (auto it = reserved_.find(claim.pod); it != reserved_.end()) {
-      Add(it->second.held, -1);
-      reserved_.erase(it);
-    }
-    Held held{claim.node, claim.gpus, claim.efa};
-    Add(held, +1);
-    reserved_.emplace(claim.pod, Reservation{job, std::move(held), now});
+    Record& record = in_flight_[job].creates[claim.pod];
+    Add(record.held, -1);
+    record.held = {claim.node, claim.gpus, claim.efa};
+    record.since = now;
+    Add(record.held, +1);
   }
   return true;
 }
 
-void ClusterState::Release(const std::string& pod) {
+void ClusterState::Creating(const std::string& job, const std::vector<std::string>& pods, Clock::time_point now) {
+  if (pods.empty()) return;
   std::lock_guard lock(mu_);
-  if (auto it = reserved_.find(pod); it != reserved_.end()) {
-    Add(it->second.held, -1);
-    reserved_.erase(it);
+  JobInFlight& records = in_flight_[job];
+  for (const std::string& pod : pods) {
+    Record& record = records.creates[pod];
+    record.sent = true;
+    record.since = now;
   }
 }
 
-void ClusterState::ReleaseJob(const std::string& job) {
+void ClusterState::Release(const std::string& job, const std::string& pod) {
   std::lock_guard lock(mu_);
-  for (auto it = reserved_.begin(); it != reserved_.end();) {
-    if (it->second.job != job) {
-      ++it;
-      continue;
-    }
-    Add(it->second.held, -1);
-    it = reserved_.erase(it);
-  }
+  const auto entry = in_flight_.find(job);
+  if (entry == in_flight_.end()) return;
+  if (auto it = entry->second.creates.find(pod); it != entry->second.creates.end()) EndCreate(entry->second, it);
+  if (entry->second.empty()) in_flight_.erase(entry);
 }
 
-void ClusterState::ExpireReservations(Clock::duration age) {
-  const auto now = Clock::now();
+void ClusterState::Deleting(const std::string& job, const std::string& uid, Clock::time_point now) {
   std::lock_guard lock(mu_);
-  for (auto it = reserved_.begin(); it != reserved_.end();) {
-    if (now - it->second.since < age) {
+  in_flight_[job].deletes[uid] = Record{.held = {}, .sent = true, .since = now};
+}
+
+void ClusterState::DeleteFailed(const std::string& job, const std::string& uid) {
+  std::lock_guard lock(mu_);
+  const auto entry = in_flight_.find(job);
+  if (entry == in_flight_.end()) return;
+  entry->second.deletes.erase(uid);
+  if (entry->second.empty()) in_flight_.erase(entry);
+}
+
+void ClusterState::EndCreate(JobInFlight& job, std::map<std::string, Record>::iterator record) {
+  Add(record->second.held, -1);
+  job.creates.erase(record);
+}
+
+void ClusterState::ExpireJob(Ledger::iterator entry, Clock::time_point now) {
+  JobInFlight& records = entry->second;
+  auto late = [&](const Record& record) { return now - record.since > in_flight_timeout_; };
+  auto seconds = [&](const Record& record) {
+    return std::chrono::duration_cast<std::chrono::seconds>(now - record.since).count();
+  };
+  for (auto it = records.creates.begin(); it != records.creates.end();) {
+    if (!late(it->second)) {
       ++it;
       continue;
     }
-    spdlog::warn("{}: pod {} never reached the cache; giving back its reservation on node {}", it->second.job,
-                 it->first, it->second.held.node);
-    Add(it->second.held, -1);
-    it = reserved_.erase(it);
+    const Record& record = it->second;
+    if (!record.sent) {
+      spdlog::warn("{}: pod {} was not created within {} s; giving back its claim on node {}", entry->first, it->first,
+                   seconds(record), record.held.node);
+    } else {
+      spdlog::warn("{}: the pod cache never showed the create of pod {} ({} s ago); no longer waiting for it{}",
+                   entry->first, it->first, seconds(record),
+                   record.held.node.empty() ? "" : ", and its claim on node " + record.held.node + " is given back");
+    }
+    auto next = std::next(it);
+    EndCreate(records, it);
+    it = next;
   }
+  for (auto it = records.deletes.begin(); it != records.deletes.end();) {
+    if (!late(it->second)) {
+      ++it;
+      continue;
+    }
+    spdlog::warn("{}: the pod cache never showed the delete of pod {} ({} s ago); no longer waiting for it",
+                 entry->first, it->first, seconds(it->second));
+    it = records.deletes.erase(it);
+  }
+  if (records.empty()) in_flight_.erase(entry);
+}
+
+ClusterState::InFlightPods ClusterState::InFlight(const std::string& job, Clock::time_point now) {
+  InFlightPods pods;
+  std::lock_guard lock(mu_);
+  auto entry = in_flight_.find(job);
+  if (entry == in_flight_.end()) return pods;
+  ExpireJob(entry, now);
+  entry = in_flight_.find(job);
+  if (entry == in_flight_.end()) return pods;
+  for (const auto& [pod, record] : entry->second.creates)
+    if (record.sent) pods.creations.insert(pod);
+  for (const auto& [uid, record] : entry->second.deletes) pods.deletions.insert(uid);
+  return pods;
+}
+
+void ClusterState::Expire(Clock::time_point now) {
+  std::lock_guard lock(mu_);
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) ExpireJob(it++, now);
+}
+
+void ClusterState::Forget(const std::string& job) {
+  std::lock_guard lock(mu_);
+  const auto entry = in_flight_.find(job);
+  if (entry == in_flight_.end()) return;
+  for (auto it = entry->second.creates.begin(); it != entry->second.creates.end();) EndCreate(entry->second, it++);
+  in_flight_.erase(entry);
 }
 
 std::pair<int64_t, int64_t> ClusterState::Used(const std::string& node) const {
@@ -221,7 +298,10 @@ std::pair<int64_t, int64_t> ClusterState::Used(const std::string& node) const {
 
 size_t ClusterState::Reservations() const {
   std::lock_guard lock(mu_);
-  return reserved_.size();
+  size_t held = 0;
+  for (const auto& [job, records] : in_flight_)
+    for (const auto& [pod, record] : records.creates) held += !record.held.node.empty();
+  return held;
 }
 
 }  // namespace meshtrain::controller

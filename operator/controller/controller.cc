@@ -49,14 +49,13 @@ Controller::Controller(kube::Client& client, OperatorMetrics* metrics, Controlle
       pods_(client, kube::resources::Pods(), options_.namespace_, kube::ListOptions{kJobNameLabel, "", ""},
             options_.informer),
       nodes_(client, kube::resources::Nodes(), "", {}, options_.informer),
-      expectations_(options_.reconciler.expectation_timeout),
+      cluster_(options_.reconciler.in_flight_timeout),
       queue_(options_.queue),
       progress_(WithTarget(options_.progress, api::worker::kMetricsPort, "/metrics"), ProgressReading,
                 [this](const std::string& job_key) { queue_.Add(job_key); }),
       launchers_(WithTarget(options_.launchers, api::worker::kLauncherPort, "/attempt"), LauncherReading,
                  [this](const std::string& job_key) { queue_.Add(job_key); }),
-      reconciler_(client, jobs_, pods_, cluster_, expectations_, &progress_, &launchers_, metrics,
-                  options_.reconciler) {
+      reconciler_(client, jobs_, pods_, cluster_, &progress_, &launchers_, metrics, options_.reconciler) {
   auto enqueue = [this](const json& job) { queue_.Add(kube::KeyOf(job)); };
   jobs_.AddHandler({enqueue, [enqueue](const json&, const json& job) { enqueue(job); }, enqueue});
   // The pod and node caches keep only what their readers use (cache_transforms.h).
@@ -88,12 +87,7 @@ void Controller::EnqueueJobOf(const json& pod) {
 
 void Controller::OnPod(const json* old_pod, const json* pod) {
   cluster_.PodChanged(old_pod, pod);
-  const json& object = pod ? *pod : *old_pod;
-  for (const std::string& job : PodJobKeys(object)) {
-    if (pod) expectations_.Seen(job, object["metadata"].value("name", ""));
-    else expectations_.Gone(job, kube::Uid(object));
-    queue_.Add(job);
-  }
+  for (const std::string& job : PodJobKeys(pod ? *pod : *old_pod)) queue_.Add(job);
 }
 
 // A node that stops being Ready fails the gangs on it; one that becomes Ready may let a
@@ -166,7 +160,7 @@ void Controller::Run(std::stop_token stop) {
   std::mutex mu;
   std::condition_variable_any cv;
   while (!stop.stop_requested()) {
-    cluster_.ExpireReservations(options_.reconciler.expectation_timeout);
+    cluster_.Expire(Clock::now());
     if (metrics_) {
       metrics_->SetQueueDepth(queue_.Len());
       std::map<std::string, int> phases;

@@ -2,8 +2,8 @@
 // Nodes, and the PodPollers' new readings (rank 0's progress, the launchers' attempts),
 // feed a rate-limited work queue of job keys; `workers` threads run the Reconciler, so
 // independent jobs reconcile in parallel. The pod and node informers' events also keep
-// the ClusterState (nodes, topology, GPUs in use) and the Expectations current, and each
-// job's pods are indexed by job and by node.
+// the ClusterState (nodes, topology, GPUs in use, the operator's pods in flight) current,
+// and each job's pods are indexed by job and by node.
 //
 // Thread-safety: Run() once; Ready() from any thread.
 
@@ -59,7 +59,6 @@ class Controller {
   kube::Informer pods_;
   kube::Informer nodes_;
   ClusterState cluster_;
-  Expectations expectations_;
   kube::WorkQueue queue_;
   PodPoller progress_;
   PodPoller launchers_;

@@ -1,28 +1,32 @@
-// What one reconcile of a TrainingJob decides: a function from what was observed (the job,
-// its pods, its nodes, rank 0's latest progress, the time) to the status to write, the
-// objects to create and delete, and the Events to emit once that status is saved. It
-// writes nothing. It reads only through Observed's two lookups, called only when a gang is
-// to be placed or restarted in place: `cluster` (what the node and pod informers keep, no
-// API call) and `config_map` (in the reconciler, one GET of the job's ConfigMap from the
-// API server, whose errors other than NotFound leave Decide as an exception). Tests give
-// plain functions for both, so Decide is unit-tested without a server.
+// What one reconcile of a TrainingJob decides: a pure function from what was observed (the
+// job, its pods, the states of their nodes, rank 0's latest progress, its launchers'
+// states, the time, and for a pass that places or restarts a gang, the cluster and the
+// job's ConfigMap) to the status to write, the objects to create and delete, and the
+// Events to emit once that status is saved. It writes nothing, calls no API and reads no
+// clock: `now` is the time. Tests give plain values, so Decide is unit-tested without a
+// server.
+//
+// The cluster and the ConfigMap are read only for a pass that needs them (one that places a
+// gang, or restarts one in place, or grows one): a decision made without one that it needs
+// says so (Decision::needs) and holds nothing else; the caller reads what it lacked into
+// the Observed and decides again.
 //
 // Every delete follows from the status as stored, never from a decision of the same
 // pass: a restart, a failure or a suspension is first written to status (restarts + 1,
 // Failed, Suspended), and the pass after that write deletes the old gang, the finished
 // job's pods (spec.runPolicy.cleanPodPolicy) or the suspended job's pods. So do the
-// requests to the launchers of a gang restarted in place: they carry the stored attempt. A status write
-// that conflicts (409) therefore leaves nothing done that a retry would do again: the
-// retry decides afresh from re-read objects. Creates are idempotent (AlreadyExists is
-// success), and each pass creates only the pods the cache does not show.
+// requests to the launchers of a gang restarted in place: they carry the stored attempt. A
+// status write that conflicts (409) therefore leaves nothing done that a retry would do
+// again: the retry decides afresh from re-read objects. Creates are idempotent
+// (AlreadyExists is success), and each pass creates only the pods the cache does not show.
 //
-// Thread-safety: Decide keeps no state; the lookups it is given are called from the
-// calling thread only.
+// Thread-safety: Decide keeps no state, and may run on any thread. Observed::cluster's
+// counters are live (ClusterState::View): a placement made from them is checked when its
+// claims are reserved (Decision::check_claims).
 
 #pragma once
 
 #include <chrono>
-#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -33,6 +37,7 @@
 
 #include "api/manifest.h"
 #include "api/training_job.h"
+#include "operator/controller/cluster_types.h"
 #include "operator/controller/launcher_client.h"
 #include "operator/controller/worker_defaults.h"
 #include "operator/controller/worker_readings.h"
@@ -50,18 +55,6 @@ struct DecideOptions {
   std::chrono::seconds unschedulable_retry{10};  // retry period while nothing fits
 };
 
-// A Node as reconcile needs it.
-enum class NodeState { kReady, kNotReady, kGone };
-
-// What a pod the operator creates will hold on its node: taken before the pod is created
-// (ClusterState::Reserve), so that no other gang is placed on the same GPUs meanwhile.
-struct PodClaim {
-  std::string pod;  // namespace/name
-  std::string node;
-  int64_t gpus = 0, efa = 0;
-  bool operator==(const PodClaim&) const = default;
-};
-
 struct Observed {
   std::string ns, name;
   nlohmann::json object;           // the TrainingJob as read
@@ -69,7 +62,9 @@ struct Observed {
   api::TrainingJobStatus status;   // as stored
   std::vector<nlohmann::json> pods;  // owned by the job, every gang, less those being deleted
   int64_t terminating = 0;           // owned pods being deleted that the cache still shows
-  std::function<NodeState(const std::string& node)> node;
+  // The state of each node that a pod of `pods` is bound or pinned to, and of each node
+  // the rank table of `config_map` names (NodesOf): a node not here is gone.
+  std::map<std::string, NodeState> nodes;
   std::set<std::string> avoided_nodes;  // nodes that failed this job recently
   // The pod cache has not shown every pod the operator created, or still shows one it
   // deleted: it is older than the operator's own writes, and the job is not judged from it.
@@ -84,11 +79,14 @@ struct Observed {
   // unset: none has been.
   std::optional<std::chrono::system_clock::time_point> failure_seen;
   std::chrono::system_clock::time_point now;
-  // Read only when a gang is to be placed or restarted in place (the reconciler's
-  // config_map is a GET from the API server; cluster reads the informers' state):
-  std::function<scheduler::ClusterView()> cluster;               // the nodes and what is in use on them
-  std::function<std::optional<nlohmann::json>()> config_map;     // the job's ConfigMap, if one exists
+  // Read for a pass that needs them (Decision::needs); unset until then.
+  std::optional<scheduler::ClusterView> cluster;  // the nodes and what is in use on them
+  std::optional<nlohmann::json> config_map;       // the job's ConfigMap; null when it has none
 };
+
+// The nodes Observed::nodes must hold: those `pods` are bound or pinned to, and those the
+// rank table of `config_map` (when it is an object) names.
+std::set<std::string> NodesOf(const std::vector<nlohmann::json>& pods, const std::optional<nlohmann::json>& config_map);
 
 struct PendingEvent {
   std::string type, reason, message;  // type: Normal | Warning
@@ -139,14 +137,22 @@ struct Decision {
   // Seconds from the failure that restarted the gang to the operator seeing it train a
   // step, when this pass saw that step.
   std::optional<double> recovery_seconds;
-  std::optional<double> placement_seconds;  // time spent placing, when a placement ran
+  bool placed = false;  // a placement search ran (the caller times it)
   std::optional<nlohmann::json> progress_from;  // rank 0's pod, while the gang runs: read its progress
+  // What the pass lacked: with either set, the decision holds nothing else (its status is
+  // the stored one); read it into the Observed and decide again.
+  struct Needs {
+    bool cluster = false;
+    bool config_map = false;
+    bool any() const { return cluster || config_map; }
+  } needs;
 
   void Requeue(std::chrono::milliseconds after) {
     if (requeue_after.count() == 0 || after < requeue_after) requeue_after = after;
   }
 };
 
+// The decision for `observed`; see the top of this file.
 Decision Decide(const Observed& observed, const DecideOptions& options);
 
 // The number of the pod set that runs the job: status.gang, or `restarts` while it is unset

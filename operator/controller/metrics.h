@@ -38,6 +38,8 @@ class OperatorMetrics {
   void GangRestarted(const std::string& kind);  // in_place | recreated | shrunk | grown
   // A restarted gang trained its first step `seconds` after the failure.
   void Recovered(double seconds);
+  // The pass that placed a gang decided in `seconds`: the placement search, the layout
+  // and the gang's objects.
   void Placed(double seconds);
   void ApiRequest(const std::string& verb, int code, double seconds);
   void QueueWait(double seconds);  // from a key's Add to the worker's Get

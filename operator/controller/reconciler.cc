@@ -31,12 +31,9 @@ std::string NewStoreKey() {
 }  // namespace
 
 std::vector<std::string> PodJobKeys(const json& pod) {
-  const json& meta = pod["metadata"];
-  const auto labels = meta.find("labels");
-  if (labels == meta.end() || !labels->is_object()) return {};
-  const auto job = labels->find(kJobNameLabel);
-  if (job == labels->end() || !job->is_string()) return {};
-  return {kube::ObjectKey(meta.value("namespace", ""), job->get<std::string>())};
+  std::string job = JobKeyOf(pod);
+  if (job.empty()) return {};
+  return {std::move(job)};
 }
 
 std::vector<std::string> PodNodes(const json& pod) {
@@ -46,13 +43,11 @@ std::vector<std::string> PodNodes(const json& pod) {
 }
 
 Reconciler::Reconciler(kube::Client& client, kube::Informer& jobs, kube::Informer& pods, ClusterState& cluster,
-                       Expectations& expectations, PodPoller* progress, PodPoller* launchers, OperatorMetrics* metrics,
-                       ReconcilerOptions options)
+                       PodPoller* progress, PodPoller* launchers, OperatorMetrics* metrics, ReconcilerOptions options)
     : client_(client),
       jobs_(jobs),
       pods_(pods),
       cluster_(cluster),
-      expectations_(expectations),
       progress_(progress),
       launchers_(launchers),
       metrics_(metrics),
@@ -65,11 +60,12 @@ ReconcileResult Reconciler::Reconcile(const std::string& ns, const std::string& 
     Forget(key);
     return {};
   }
-  Decision decision = Decide(*observed, options_.decide);
+  double decided_in = 0;  // seconds
+  Decision decision = DecideObserved(&*observed, &decided_in);
   if (decision.rests_on_absence && !observed->live) {
     // A pod or node the caches lack is no proof that it is gone: ask the API server.
     ObserveLive(&*observed);
-    decision = Decide(*observed, options_.decide);
+    decision = DecideObserved(&*observed, &decided_in);
     if (metrics_) metrics_->AbsenceChecked(decision.rests_on_absence);
     if (!decision.rests_on_absence)
       spdlog::info("{}: the caches lack a pod or node that the API server has: decided from its answer", key);
@@ -80,22 +76,23 @@ ReconcileResult Reconciler::Reconcile(const std::string& ns, const std::string& 
                  *observed->checked.job.spec.run_policy.ttl_seconds_after_finished);
     return {};
   }
-  if (!decision.claims.empty() && !cluster_.Reserve(key, decision.claims, decision.check_claims)) {
+  if (!decision.claims.empty() && !cluster_.Reserve(key, decision.claims, decision.check_claims, Clock::now())) {
     // Another gang took some of these GPUs since this placement read what was free: place
     // again from the counters as they are now.
     if (metrics_) metrics_->PlacementConflict();
     return {std::chrono::milliseconds(1)};
   }
+  if (decision.placed && metrics_) metrics_->Placed(decided_in);
   try {
     Act(*observed, decision);
   } catch (...) {
-    ReleaseUncreated(decision);
+    ReleaseUncreated(key, decision);
     throw;
   }
   if (!WriteStatus(*observed, decision)) {
     // Our view was stale: decide again from the re-read object rather than overwrite a
     // status computed from newer facts.
-    ReleaseUncreated(decision);
+    ReleaseUncreated(key, decision);
     return {std::chrono::milliseconds(50)};
   }
   if (!decision.avoid_node.empty()) {
@@ -149,16 +146,16 @@ std::optional<Observed> Reconciler::Observe(const std::string& ns, const std::st
   }
 
   // The job's pods (the pod cache's index by job), less those being deleted: by us, until
-  // the cache drops them, or by anyone (deletionTimestamp). The expectations are read
+  // the cache drops them, or by anyone (deletionTimestamp). The pods in flight are read
   // first: any the cache met since is in what it shows now.
-  const Expectations::Pending pending = expectations_.Outstanding(key, Clock::now());
-  std::set<std::string> unseen = pending.creations;
+  const ClusterState::InFlightPods in_flight = cluster_.InFlight(key, Clock::now());
+  std::set<std::string> unseen = in_flight.creations;
   for (json& pod : pods_.ByIndex(kPodsByJob, key)) {
     bool owned = false;
     for (const auto& ref : pod["metadata"].value("ownerReferences", json::array())) owned = owned || ref.value("uid", "") == meta.uid;
     if (!owned) continue;
-    unseen.erase(pod["metadata"].value("name", ""));
-    if (pending.deletions.count(kube::Uid(pod)) || pod["metadata"].contains("deletionTimestamp")) ++o.terminating;
+    unseen.erase(kube::KeyOf(pod));
+    if (in_flight.deletions.count(kube::Uid(pod)) || pod["metadata"].contains("deletionTimestamp")) ++o.terminating;
     else o.pods.push_back(std::move(pod));
   }
   // A created pod the cache has not shown yet is not a deleted one.
@@ -175,7 +172,7 @@ std::optional<Observed> Reconciler::Observe(const std::string& ns, const std::st
       }
     }
   }
-  o.node = [this](const std::string& node) { return cluster_.Node(node); };
+  ObserveNodes(&o);
   if (const auto rank0 = Rank0Pod(o.pods, GangOf(o.status)); rank0 && progress_) {
     if (const auto reading = progress_->Latest(key, *rank0)) {
       api::FieldErrors ignored;
@@ -198,15 +195,6 @@ std::optional<Observed> Reconciler::Observe(const std::string& ns, const std::st
     if (failed) o.failure_seen = seen->second.second;
     else failure_seen_.erase(seen);
   }
-  o.cluster = [this] { return cluster_.View(); };
-  o.config_map = [this, ns, name]() -> std::optional<json> {
-    try {
-      return client_.Get(res::ConfigMaps(), ns, ConfigMapName(name));
-    } catch (const kube::KubeError& e) {
-      if (e.kind() != kube::ErrorKind::kNotFound) throw;
-      return std::nullopt;
-    }
-  };
   return o;
 }
 
@@ -224,27 +212,50 @@ void Reconciler::ObserveLive(Observed* o) {
   }
   o->awaiting_created_pods = false;  // every create has returned, so the API server has them
   o->live = true;
-  // A node the cache lacks is read from the API server, once per pass.
-  auto read = std::make_shared<std::map<std::string, NodeState>>();
-  o->node = [this, read](const std::string& node) {
-    const NodeState cached = cluster_.Node(node);
-    if (cached != NodeState::kGone) return cached;
-    if (auto it = read->find(node); it != read->end()) return it->second;
-    NodeState state = NodeState::kGone;
-    try {
-      state = kube::ConditionTrue(client_.Get(res::Nodes(), "", node), "Ready") ? NodeState::kReady
-                                                                                 : NodeState::kNotReady;
-    } catch (const kube::KubeError& e) {
-      if (e.kind() != kube::ErrorKind::kNotFound) throw;
+  o->nodes.clear();
+  ObserveNodes(o);
+}
+
+void Reconciler::ObserveNodes(Observed* o) {
+  for (const std::string& node : NodesOf(o->pods, o->config_map)) {
+    if (o->nodes.count(node)) continue;
+    NodeState state = cluster_.Node(node);
+    if (state == NodeState::kGone && o->live) {
+      // A node the cache lacks is read from the API server, once per pass.
+      try {
+        state = kube::ConditionTrue(client_.Get(res::Nodes(), "", node), "Ready") ? NodeState::kReady
+                                                                                   : NodeState::kNotReady;
+      } catch (const kube::KubeError& e) {
+        if (e.kind() != kube::ErrorKind::kNotFound) throw;
+      }
     }
-    return (*read)[node] = state;
-  };
+    o->nodes.emplace(node, state);
+  }
+}
+
+Decision Reconciler::DecideObserved(Observed* o, double* seconds) {
+  for (;;) {
+    const auto started = Clock::now();
+    Decision decision = Decide(*o, options_.decide);
+    *seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    if (!decision.needs.any()) return decision;
+    // Each is read once per pass: the next Decide has it.
+    if (decision.needs.cluster) o->cluster = cluster_.View();
+    if (decision.needs.config_map) {
+      try {
+        o->config_map = client_.Get(res::ConfigMaps(), o->ns, ConfigMapName(o->name));
+      } catch (const kube::KubeError& e) {
+        if (e.kind() != kube::ErrorKind::kNotFound) throw;
+        o->config_map = json();  // none
+      }
+      ObserveNodes(o);  // those its rank table names
+    }
+  }
 }
 
 void Reconciler::Act(const Observed& o, const Decision& decision) {
   const std::string key = kube::ObjectKey(o.ns, o.name);
   DeletePods(key, decision.delete_pods, decision.force_delete);
-  if (decision.placement_seconds && metrics_) metrics_->Placed(*decision.placement_seconds);
   if (decision.create) {
     const GangObjects& gang = *decision.create;
     auto create = [&](const kube::ResourceType& type, const json& object) {
@@ -264,9 +275,9 @@ void Reconciler::Act(const Observed& o, const Decision& decision) {
       create(res::Services(), gang.service);
       if (gang.replace_config_map) client_.Update(res::ConfigMaps(), o.ns, gang.config_map);
       else create(res::ConfigMaps(), gang.config_map);
-      std::vector<std::string> names;
-      for (const auto& pod : gang.pods) names.push_back(pod["metadata"].value("name", ""));
-      expectations_.ExpectCreations(key, names, Clock::now());
+      std::vector<std::string> pods;
+      for (const auto& pod : gang.pods) pods.push_back(kube::KeyOf(pod));
+      cluster_.Creating(key, pods, Clock::now());
       creating_pods = true;
       for (; sent < gang.pods.size(); ++sent) {
         json pod = gang.pods[sent];
@@ -274,15 +285,12 @@ void Reconciler::Act(const Observed& o, const Decision& decision) {
         create(res::Pods(), pod);
       }
     } catch (const std::exception& e) {
-      // The pods not created give back what they reserved and are expected no more. A
-      // create that got no answer may have made its pod: that one keeps both until the
-      // cache shows it, or they time out.
+      // The pods not created end their records in flight, giving back what they claimed. A
+      // create that got no answer may have made its pod: that one keeps its record until
+      // the cache shows the pod, or the record times out.
       const auto* error = dynamic_cast<const kube::KubeError*>(&e);
       const size_t unanswered = creating_pods && error && error->kind() == kube::ErrorKind::kUnavailable ? 1 : 0;
-      for (size_t i = sent + unanswered; i < gang.pods.size(); ++i) {
-        expectations_.CreationFailed(key, gang.pods[i]["metadata"].value("name", ""));
-        cluster_.Release(kube::KeyOf(gang.pods[i]));
-      }
+      for (size_t i = sent + unanswered; i < gang.pods.size(); ++i) cluster_.Release(key, kube::KeyOf(gang.pods[i]));
       throw;
     }
   }
@@ -300,7 +308,7 @@ void Reconciler::Act(const Observed& o, const Decision& decision) {
   }
 }
 
-void Reconciler::ReleaseUncreated(const Decision& decision) {
+void Reconciler::ReleaseUncreated(const std::string& job_key, const Decision& decision) {
   // Act gave back what the pods it could not create reserved; a pod it created is counted
   // once the cache shows it.
   std::set<std::string> sent;
@@ -308,7 +316,7 @@ void Reconciler::ReleaseUncreated(const Decision& decision) {
     for (const json& pod : decision.create->pods) sent.insert(kube::KeyOf(pod));
   }
   for (const PodClaim& claim : decision.claims) {
-    if (!sent.count(claim.pod)) cluster_.Release(claim.pod);
+    if (!sent.count(claim.pod)) cluster_.Release(job_key, claim.pod);
   }
 }
 
@@ -316,13 +324,13 @@ void Reconciler::DeletePods(const std::string& job_key, const std::vector<json>&
                             const std::set<std::string>& at_once) {
   for (const auto& pod : pods) {
     const std::string uid = kube::Uid(pod);
-    expectations_.ExpectDeletions(job_key, {uid}, Clock::now());
+    cluster_.Deleting(job_key, uid, Clock::now());
     try {
       client_.Delete(res::Pods(), pod["metadata"].value("namespace", ""), pod["metadata"].value("name", ""),
                      "Background", at_once.count(uid) ? std::optional<int64_t>(0) : std::nullopt);
     } catch (const kube::KubeError& e) {
       if (e.kind() != kube::ErrorKind::kNotFound) {
-        expectations_.DeletionFailed(job_key, uid);
+        cluster_.DeleteFailed(job_key, uid);
         throw;
       }
     }
@@ -380,8 +388,7 @@ void Reconciler::Emit(const Observed& o, const PendingEvent& e) {
 void Reconciler::Forget(const std::string& job_key) {
   if (progress_) progress_->Forget(job_key);
   if (launchers_) launchers_->Forget(job_key);
-  expectations_.Forget(job_key);
-  cluster_.ReleaseJob(job_key);
+  cluster_.Forget(job_key);
   std::lock_guard lock(mu_);
   avoid_.erase(job_key);
   written_.erase(job_key);

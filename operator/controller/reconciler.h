@@ -1,10 +1,13 @@
 // The TrainingJob reconciler: one level-triggered Reconcile(namespace, name), in the
 // shape of JobSet's controller:
 //
-//  1. observe: the job, its pods and nodes from the informers' caches, and rank 0's
-//     latest progress and the launchers' states from the PodPollers (no network call);
+//  1. observe: the job, its pods and their nodes from the informers' caches, rank 0's
+//     latest progress and the launchers' states from the PodPollers, and for a pass that
+//     places or restarts a gang, the cluster (ClusterState::View) and the job's ConfigMap
+//     (one GET);
 //  2. decide: Decide() (decide.h), a pure function from that to the status, the objects
-//     to create and delete, the launchers' next attempt, and the Events;
+//     to create and delete, the launchers' next attempt, and the Events; a decision that
+//     lacks the cluster or the ConfigMap says so, and is made again once they are read;
 //  3. act: idempotent deletes, creates and launcher requests;
 //  4. write the status once, through the status subresource, when it changed;
 //  5. emit the Events, only once that write has succeeded.
@@ -16,12 +19,12 @@
 // Never on a stale view:
 // - While the job cache still holds the version our last status write replaced, the job
 //   is the object that write returned (after a 409: read from the API server).
-// - Pods we create or delete are expectations (expectations.h) until the pod cache shows
-//   them: meanwhile the job is not judged from the cache.
+// - Pods we create or delete are in flight (ClusterState) until the pod cache shows them:
+//   meanwhile the job is not judged from the cache.
 // - A decision that takes a pod or node missing from the caches as gone (a deleted pod, a
 //   lost node) is made again from the API server's answer (a list of the job's pods, a get
-//   of each missing node) before anything is done: a deletion is believed when the watch
-//   says so, or the API server.
+//   of each node the caches lack) before anything is done: a deletion is believed when the
+//   watch says so, or the API server.
 //
 // Cost: one reconcile reads the job's pods through the pod cache's index by job, nodes
 // and free GPUs from the ClusterState (no copy of the cluster), and places a new gang
@@ -45,7 +48,6 @@
 
 #include "operator/controller/cluster_state.h"
 #include "operator/controller/decide.h"
-#include "operator/controller/expectations.h"
 #include "operator/controller/metrics.h"
 #include "operator/controller/pod_poller.h"
 #include "operator/kube/client.h"
@@ -59,9 +61,9 @@ struct ReconcilerOptions {
   // empty: pods get no token, and a failed rank restarts its gang by recreating the pods.
   std::string launcher_key;
   std::chrono::seconds avoid_failed_node{600};  // how long a failed node is avoided
-  // How long the pod cache may take to show a pod created or deleted (Expectations), and a
-  // reservation to be taken over by its pod, before the reconciler stops waiting for it.
-  std::chrono::seconds expectation_timeout{60};
+  // How long the pod cache may take to show a pod created or deleted (ClusterState's pods
+  // in flight) before the operator stops waiting for it and gives back what it claimed.
+  std::chrono::seconds in_flight_timeout{60};
   std::string component = "meshtrain-operator";  // Event source
 };
 
@@ -79,14 +81,13 @@ std::vector<std::string> PodNodes(const nlohmann::json& pod);
 
 class Reconciler {
  public:
-  // `pods` has the indexes kPodsByJob and kPodsByNode. `cluster` and `expectations` are
-  // fed by the pod and node informers' events (Controller).
+  // `pods` has the indexes kPodsByJob and kPodsByNode. `cluster` is fed by the pod and
+  // node informers' events (Controller).
   // `progress` (rank 0's metrics) may be null: status.progress is then never filled.
   // `launchers` (each pod's launcher state) may be null: a failed rank then restarts the
   // gang only once its pod fails, by recreating it.
   Reconciler(kube::Client& client, kube::Informer& jobs, kube::Informer& pods, ClusterState& cluster,
-             Expectations& expectations, PodPoller* progress, PodPoller* launchers, OperatorMetrics* metrics,
-             ReconcilerOptions options = {});
+             PodPoller* progress, PodPoller* launchers, OperatorMetrics* metrics, ReconcilerOptions options = {});
 
   // Throws kube::KubeError on API failures; the caller requeues with backoff.
   ReconcileResult Reconcile(const std::string& namespace_, const std::string& name);
@@ -96,10 +97,16 @@ class Reconciler {
   std::optional<Observed> Observe(const std::string& namespace_, const std::string& name);
   // The job's pods and the nodes the caches lack, from the API server.
   void ObserveLive(Observed* observed);
+  // The states of the nodes Decide may ask about (NodesOf) that `observed` lacks: from the
+  // node cache, and when `live`, from the API server for those it does not have.
+  void ObserveNodes(Observed* observed);
+  // Decides `observed`, reading into it what a decision lacks (Decision::needs) and
+  // deciding again; `*seconds` is how long the last Decide took.
+  Decision DecideObserved(Observed* observed, double* seconds);
   void Act(const Observed& observed, const Decision& decision);
   // Gives back the claims of the decision that are not for pods it creates (a replacement's
   // node): the decision was not stored.
-  void ReleaseUncreated(const Decision& decision);
+  void ReleaseUncreated(const std::string& job_key, const Decision& decision);
   // False when the write conflicted (409).
   bool WriteStatus(const Observed& observed, const Decision& decision);
   void Emit(const Observed& observed, const PendingEvent& event);
@@ -112,7 +119,6 @@ class Reconciler {
   kube::Informer& jobs_;
   kube::Informer& pods_;
   ClusterState& cluster_;
-  Expectations& expectations_;
   PodPoller* progress_;
   PodPoller* launchers_;
   OperatorMetrics* metrics_;

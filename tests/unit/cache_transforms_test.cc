@@ -173,7 +173,7 @@ TEST(CacheTransformsTest, PodKeepsWhatTheReconcileAndTheIndexesRead) {
     SCOPED_TRACE(bound ? "bound to its node" : "pinned by node affinity, not bound yet");
     const json pod = WholePod(bound);
     const json kept = PodForCache(pod);
-    // The indexes, the expectations and ClusterState.
+    // The indexes and ClusterState (its pods in flight too).
     EXPECT_EQ(PodJobKeys(kept), PodJobKeys(pod));
     EXPECT_EQ(PodJobKeys(kept), std::vector<std::string>{"team-a/gpt2-124m"});
     EXPECT_EQ(PodNodes(kept), PodNodes(pod));

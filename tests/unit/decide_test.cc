@@ -30,6 +30,14 @@ json JobObject(const json& run_policy = json::object()) {
 
 const auto kNow = std::chrono::system_clock::from_time_t(2'000'000'000);
 
+// Gives `o` the cluster `view`, each of its nodes Ready.
+void SetCluster(Observed* o, scheduler::ClusterView view) {
+  for (const scheduler::ClusterNode& node : view.topology->nodes()) o->nodes.emplace(node.name, NodeState::kReady);
+  o->cluster = std::move(view);
+}
+
+// The job as the reconciler observes it, every node Ready, in a cluster of 64 free nodes,
+// without a ConfigMap.
 Observed Observe(const json& object, const api::TrainingJobStatus& status, std::vector<json> pods = {}) {
   Observed o;
   o.ns = "default";
@@ -41,17 +49,18 @@ Observed Observe(const json& object, const api::TrainingJobStatus& status, std::
   o.checked.job.metadata.namespace_ = "default";
   o.status = status;
   o.pods = std::move(pods);
-  o.node = [](const std::string&) { return NodeState::kReady; };
   o.now = kNow;
-  o.cluster = [] {
-    scheduler::SyntheticClusterOptions options;
-    options.nodes = 64;
-    options.gpu_used_fraction = 0;
-    return scheduler::ClusterView::Of(scheduler::MakeSyntheticCluster(options));
-  };
-  o.config_map = [] { return std::optional<json>(); };
+  scheduler::SyntheticClusterOptions options;
+  options.nodes = 64;
+  options.gpu_used_fraction = 0;
+  SetCluster(&o, scheduler::ClusterView::Of(scheduler::MakeSyntheticCluster(options)));
+  for (const std::string& node : NodesOf(o.pods, std::nullopt)) o.nodes[node] = NodeState::kReady;
+  o.config_map = json();  // none
   return o;
 }
+
+// Node `node` of `o` is not Ready.
+void Lose(Observed* o, const std::string& node) { o->nodes[node] = NodeState::kNotReady; }
 
 std::string PinnedNode(const json& pod) {
   return pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
@@ -102,7 +111,37 @@ TEST(Decide, ANewJobGetsItsGangPlacedAndOneEventPerFact) {
   EXPECT_EQ(d.status.start_time, kube::Rfc3339(kNow));
   EXPECT_EQ(Reasons(d), (std::vector<std::string>{"GangCreated", "Starting"}));
   EXPECT_TRUE(d.delete_pods.empty());
-  EXPECT_TRUE(d.placement_seconds);
+  EXPECT_TRUE(d.placed);
+}
+
+// The cluster and the ConfigMap are read only for a pass that needs them: one made
+// without them says so and decides nothing else; given them, it decides as ever.
+TEST(Decide, APassThatLacksTheClusterOrTheConfigMapSaysSoAndDecidesNothingElse) {
+  Observed o = Observe(JobObject(), {});
+  o.cluster.reset();
+  o.config_map.reset();
+  const Decision lacking = Decide(o, {});
+  EXPECT_TRUE(lacking.needs.cluster);
+  EXPECT_TRUE(lacking.needs.config_map);
+  EXPECT_FALSE(lacking.create);
+  EXPECT_TRUE(lacking.claims.empty());
+  EXPECT_TRUE(lacking.events.empty());
+  EXPECT_FALSE(lacking.placed);
+  EXPECT_EQ(lacking.status, o.status);
+  const Decision whole = Decide(Observe(JobObject(), {}), {});
+  o.cluster = Observe(JobObject(), {}).cluster;
+  o.config_map = json();
+  const Decision d = Decide(o, {});
+  EXPECT_FALSE(d.needs.any());
+  ASSERT_TRUE(d.create);
+  EXPECT_EQ(d.create->pods, whole.create->pods);
+  EXPECT_EQ(d.status, whole.status);
+
+  RunningJob job;
+  Observed running = Observe(job.object, job.status, job.pods);
+  running.cluster.reset();
+  running.config_map.reset();
+  EXPECT_FALSE(Decide(running, {}).needs.any()) << "a gang that runs needs neither";
 }
 
 TEST(Decide, AFailedPodIsRecordedAsARestartBeforeAnyPodIsDeleted) {
@@ -192,8 +231,7 @@ TEST(Decide, ACreationWhoseStatusWasNotStoredIsFinishedFromItsConfigMap) {
     cm["metadata"]["resourceVersion"] = "7";
     return cm;
   }();
-  retry.config_map = [&] { return std::optional<json>(config_map); };
-  retry.cluster = []() -> scheduler::ClusterView { throw std::logic_error("placement must not run again"); };
+  retry.config_map = config_map;
   const Decision d = Decide(retry, {});
   ASSERT_TRUE(d.create);
   ASSERT_EQ(d.create->pods.size(), 1u);
@@ -201,12 +239,12 @@ TEST(Decide, ACreationWhoseStatusWasNotStoredIsFinishedFromItsConfigMap) {
   EXPECT_EQ(d.create->pods[0], first.create->pods[1]);
   EXPECT_FALSE(d.create->replace_config_map);
   EXPECT_EQ(d.status.placement, first.status.placement);
-  EXPECT_FALSE(d.placement_seconds);
+  EXPECT_FALSE(d.placed) << "placement does not run again";
 }
 
 TEST(Decide, UnschedulableWarnsOnceAndRetries) {
   Observed o = Observe(JobObject(), {});
-  o.cluster = [] { return scheduler::ClusterView::Of({}); };
+  o.cluster = scheduler::ClusterView::Of({});
   const Decision d = Decide(o, {});
   EXPECT_FALSE(d.create);
   EXPECT_EQ(d.status.phase, "Pending");
@@ -452,7 +490,7 @@ TEST(Decide, ANodeLostDuringAnInPlaceRestartRecreatesTheGangUnderANewNumber) {
   in_place.phase = "Restarting";
   const std::string lost = PinnedNode(job.pods[1]);
   Observed o = Observe(job.object, in_place, job.pods);
-  o.node = [&](const std::string& node) { return node == lost ? NodeState::kNotReady : NodeState::kReady; };
+  Lose(&o, lost);
   const Decision restart = Decide(o, {});
   EXPECT_EQ(restart.restart_kind, "recreated");
   EXPECT_EQ(restart.status.restarts, 3);
@@ -473,7 +511,6 @@ TEST(Decide, ANodeLostDuringAnInPlaceRestartRecreatesTheGangUnderANewNumber) {
 TEST(Decide, APodOnALostNodeMovesToAReplacementAndTheOthersRestartInPlace) {
   RunningJob job;
   const std::string lost = PinnedNode(job.pods[1]);
-  auto node = [lost](const std::string& n) { return n == lost ? NodeState::kNotReady : NodeState::kReady; };
   auto calls = [](const Decision& d) {
     std::vector<std::string> out;
     for (const auto& c : d.launcher_calls)
@@ -481,8 +518,11 @@ TEST(Decide, APodOnALostNodeMovesToAReplacementAndTheOthersRestartInPlace) {
     return out;
   };
   Observed o = Observe(job.object, job.status, job.pods);
-  o.node = node;
+  Lose(&o, lost);
   o.launchers = Launchers(job.pods, {L(0, "running"), L(0, "running")});
+  Observed unread = o;
+  unread.cluster.reset();
+  EXPECT_TRUE(Decide(unread, {}).needs.cluster) << "the replacement is placed from the cluster";
   const Decision replace = Decide(o, {});
   EXPECT_EQ(replace.restart_kind, "replaced");
   EXPECT_EQ(replace.status.restarts, 1);
@@ -512,9 +552,9 @@ TEST(Decide, APodOnALostNodeMovesToAReplacementAndTheOthersRestartInPlace) {
   json config_map = BuildConfigMap(Observe(job.object, {}).checked.job, job.object["spec"], api::RankTable{}, 0);
   config_map["metadata"]["resourceVersion"] = "7";
   Observed stored = Observe(job.object, replace.status, job.pods);
-  stored.node = node;
+  Lose(&stored, lost);
   stored.launchers = Launchers(job.pods, {L(0, "running"), L(0, "failed", 76, 9)});
-  stored.config_map = [&] { return std::optional<json>(config_map); };
+  stored.config_map = config_map;
   const Decision moving = Decide(stored, {});
   ASSERT_EQ(moving.delete_pods.size(), 1u);
   EXPECT_EQ(moving.delete_pods[0]["metadata"]["name"], "tiny-g0-1");
@@ -541,9 +581,9 @@ TEST(Decide, APodOnALostNodeMovesToAReplacementAndTheOthersRestartInPlace) {
   std::vector<json> pods = {job.pods[0], Running(successor)};
   auto pass = [&](std::vector<LauncherState> states) {
     Observed later = Observe(job.object, replace.status, pods);
-    later.node = node;
+    Lose(&later, lost);
     later.launchers = Launchers(pods, states);
-    later.config_map = [&] { return std::optional<json>(config_map); };
+    later.config_map = config_map;
     return Decide(later, {});
   };
   const Decision waiting = pass({L(0, "running"), L(1, "ready")});
@@ -563,18 +603,22 @@ TEST(Decide, APodOnALostNodeMovesToAReplacementAndTheOthersRestartInPlace) {
 TEST(Decide, NoLauncherStartsWhileAReplacementIsMissing) {
   RunningJob job;
   const std::string lost = PinnedNode(job.pods[1]);
-  auto node = [lost](const std::string& n) { return n == lost ? NodeState::kNotReady : NodeState::kReady; };
   const json config_map = BuildConfigMap(Observe(job.object, {}).checked.job, job.object["spec"], api::RankTable{}, 0);
   Observed o = Observe(job.object, job.status, job.pods);
-  o.node = node;
+  Lose(&o, lost);
   o.launchers = Launchers(job.pods, {L(0, "running"), L(0, "running")});
   const Decision replace = Decide(o, {});
   ASSERT_EQ(replace.restart_kind, "replaced");
 
   Observed without = Observe(job.object, replace.status, {job.pods[0]});
-  without.node = node;
+  Lose(&without, lost);
   without.launchers = Launchers({job.pods[0]}, {L(1, "ready")});
-  without.config_map = [&] { return std::optional<json>(config_map); };
+  without.config_map.reset();
+  const Decision unread = Decide(without, {});
+  EXPECT_TRUE(unread.needs.config_map) << "the successor's rank table is the ConfigMap's";
+  EXPECT_FALSE(unread.needs.cluster);
+  EXPECT_FALSE(unread.create);
+  without.config_map = config_map;
   const Decision d = Decide(without, {});
   EXPECT_EQ(d.restart_kind, "");
   EXPECT_EQ(d.status.restarts, 1);
@@ -595,7 +639,7 @@ TEST(Decide, NoLauncherStartsWhileAReplacementIsMissing) {
   in_place.phase = "Restarting";
   in_place.last_failure_time = "2033-05-18T03:33:19.000000Z";
   Observed during = Observe(job.object, in_place, job.pods);
-  during.node = node;
+  Lose(&during, lost);
   during.launchers = Launchers(job.pods, {L(1, "ready"), L(0, "failed", 76, 9)});
   const Decision moved = Decide(during, {});
   EXPECT_EQ(moved.restart_kind, "replaced");
@@ -610,21 +654,21 @@ TEST(Decide, WithoutAReplacementNodeTheGangIsRecreated) {
   RunningJob job;
   const std::string lost = PinnedNode(job.pods[1]);
   Observed o = Observe(job.object, job.status, job.pods);
-  o.node = [lost](const std::string& n) { return n == lost ? NodeState::kNotReady : NodeState::kReady; };
+  Lose(&o, lost);
   o.launchers = Launchers(job.pods, {L(0, "running"), L(0, "running")});
   o.cluster = [] {
     scheduler::SyntheticClusterOptions options;
     options.nodes = 64;
     options.gpu_used_fraction = 1;  // every GPU is taken
     return scheduler::ClusterView::Of(scheduler::MakeSyntheticCluster(options));
-  };
+  }();
   const Decision d = Decide(o, {});
   EXPECT_EQ(d.restart_kind, "recreated");
   ASSERT_EQ(Reasons(d), (std::vector<std::string>{"NoReplacement", "NodeNotReady", "Restarting"}));
   EXPECT_NE(d.events[0].message.find("no node can replace " + lost + ": "), std::string::npos) << d.events[0].message;
 
   Observed silent = Observe(job.object, job.status, job.pods);
-  silent.node = o.node;
+  Lose(&silent, lost);
   silent.launchers = Launchers({job.pods[1]}, {L(0, "running")});  // pod 0's launcher does not answer
   EXPECT_EQ(Decide(silent, {}).restart_kind, "recreated") << "no in-place restart without every other launcher";
 }
@@ -633,7 +677,7 @@ TEST(Decide, ANodeThatIsGoneRestartsTheGangAndIsAvoided) {
   RunningJob job;
   Observed o = Observe(job.object, job.status, job.pods);
   const std::string lost = PinnedNode(job.pods[0]);
-  o.node = [lost](const std::string& node) { return node == lost ? NodeState::kGone : NodeState::kReady; };
+  o.nodes.erase(lost);  // gone
   const Decision d = Decide(o, {});
   EXPECT_EQ(Reasons(d), (std::vector<std::string>{"NodeNotReady", "Restarting"}));
   EXPECT_EQ(d.avoid_node, lost);
@@ -660,13 +704,10 @@ api::TrainingJobStatus Recreating(api::TrainingJobStatus status) {
 TEST(Decide, AnElasticJobWithNoSpareNodeShrinksAndGrowsBackAtItsNextCheckpoint) {
   json object = JobObject();
   object["spec"]["elastic"] = {{"minNodes", 1}};
-  int cluster_nodes = 2, snapshots = 0;
+  int cluster_nodes = 2;
   auto observe = [&](const api::TrainingJobStatus& status, std::vector<json> pods = {}) {
     Observed o = Observe(object, status, std::move(pods));
-    o.cluster = [&] {
-      ++snapshots;
-      return SmallCluster(cluster_nodes);
-    };
+    SetCluster(&o, SmallCluster(cluster_nodes));
     return o;
   };
   const Decision created = Decide(observe({}), {});
@@ -698,7 +739,7 @@ TEST(Decide, AnElasticJobWithNoSpareNodeShrinksAndGrowsBackAtItsNextCheckpoint) 
   // Without spec.elastic it waits, Pending with the reason.
   json rigid = JobObject();
   Observed waiting = Observe(rigid, lost);
-  waiting.cluster = [] { return SmallCluster(1); };
+  SetCluster(&waiting, SmallCluster(1));
   const Decision pending = Decide(waiting, {});
   EXPECT_FALSE(pending.create);
   EXPECT_EQ(pending.status.phase, "Pending");
@@ -714,10 +755,10 @@ TEST(Decide, AnElasticJobWithNoSpareNodeShrinksAndGrowsBackAtItsNextCheckpoint) 
   progress.checkpoint_step = 20;
   Observed same = observe(running, pods);
   same.progress = progress;
-  snapshots = 0;
-  cluster_nodes = 2;
-  EXPECT_EQ(Decide(same, {}).restart_kind, "") << "no new checkpoint: no growth";
-  EXPECT_EQ(snapshots, 0) << "and no look at the cluster";
+  same.cluster.reset();
+  const Decision no_checkpoint = Decide(same, {});
+  EXPECT_EQ(no_checkpoint.restart_kind, "") << "no new checkpoint: no growth";
+  EXPECT_FALSE(no_checkpoint.needs.any()) << "and no look at the cluster";
   progress.checkpoint_step = 40;
   cluster_nodes = 1;
   Observed no_room = observe(running, pods);
@@ -776,7 +817,7 @@ TEST(Decide, TheOperatorsWorkerDefaultsReachThePodsAndStatus) {
   options.worker.efa_per_instance_type = {{"p5.48xlarge", 32}};
   options.worker.hugepages_2mi = "5120Mi";
   Observed o = Observe(object, {});
-  o.cluster = [] {
+  SetCluster(&o, [] {
     scheduler::SyntheticClusterOptions cluster;
     cluster.nodes = 64;
     cluster.gpu_used_fraction = 0;
@@ -784,7 +825,7 @@ TEST(Decide, TheOperatorsWorkerDefaultsReachThePodsAndStatus) {
     scheduler::ClusterSnapshot snapshot = scheduler::MakeSyntheticCluster(cluster);
     for (auto& node : snapshot.nodes) node.labels[kInstanceTypeLabel] = "p5.48xlarge";
     return scheduler::ClusterView::Of(snapshot);
-  };
+  }());
   const Decision d = Decide(o, options);
   ASSERT_TRUE(d.create) << d.status.conditions.at(0).message;
   const json& limits = d.create->pods.at(0)["spec"]["containers"][0]["resources"]["limits"];
@@ -883,7 +924,7 @@ TEST(Decide, AnElasticModeAutoJobIsPlannedAgainForTheNodesItKeeps) {
   int cluster_nodes = 2;
   auto observe = [&](const api::TrainingJobStatus& status) {
     Observed o = Observe(object, status);
-    o.cluster = [&] { return SmallCluster(cluster_nodes); };
+    SetCluster(&o, SmallCluster(cluster_nodes));
     return o;
   };
   const Decision created = Decide(observe({}), {});

@@ -1,5 +1,6 @@
-// The operator never acts on a stale view: its expectations of its own creates and
-// deletes, the ClusterState's accounting of GPUs (reservations against double booking),
+// The operator never acts on a stale view: the ClusterState's ledger of its own pods in
+// flight (creates and deletes the pod cache has not shown, and the GPUs those creates
+// claim, against double booking),
 // and the whole controller against the in-process test API server while its pod or node
 // watches lag by seconds. No healthy gang may be restarted, and none is deleted twice.
 
@@ -13,7 +14,6 @@
 #include "operator/controller/builders.h"
 #include "operator/controller/cluster_state.h"
 #include "operator/controller/controller.h"
-#include "operator/controller/expectations.h"
 #include "operator/kube/objects.h"
 #include "operator/scheduler/placement.h"
 #include "operator/scheduler/synthetic_cluster.h"
@@ -28,40 +28,6 @@ using nlohmann::json;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 namespace res = kube::resources;
-
-TEST(Expectations, ACreateNotYetSeenIsAwaitedUntilTheCacheShowsIt) {
-  Expectations expectations(60s);
-  const auto t0 = Clock::now();
-  expectations.ExpectCreations("default/tiny", {"tiny-g0-0", "tiny-g0-1"}, t0);
-  EXPECT_EQ(expectations.Outstanding("default/tiny", t0).creations, (std::set<std::string>{"tiny-g0-0", "tiny-g0-1"}));
-  expectations.Seen("default/tiny", "tiny-g0-0");
-  expectations.Seen("default/other", "tiny-g0-1");  // another job's pod of that name
-  EXPECT_EQ(expectations.Outstanding("default/tiny", t0 + 5s).creations, (std::set<std::string>{"tiny-g0-1"}));
-  expectations.CreationFailed("default/tiny", "tiny-g0-1");  // it will never show
-  EXPECT_TRUE(expectations.Outstanding("default/tiny", t0 + 5s).empty());
-}
-
-TEST(Expectations, ADeleteNotYetSeenKeepsItsPodTerminating) {
-  Expectations expectations(60s);
-  const auto t0 = Clock::now();
-  expectations.ExpectDeletions("default/tiny", {"uid-0", "uid-1"}, t0);
-  EXPECT_EQ(expectations.Outstanding("default/tiny", t0 + 10s).deletions, (std::set<std::string>{"uid-0", "uid-1"}));
-  expectations.Gone("default/tiny", "uid-1");
-  expectations.DeletionFailed("default/tiny", "uid-0");  // 404: it was gone already
-  EXPECT_TRUE(expectations.Outstanding("default/tiny", t0 + 10s).empty());
-}
-
-TEST(Expectations, ACacheThatNeverShowsAPodIsWaitedForOnlyUntilTheTimeout) {
-  Expectations expectations(30s);
-  const auto t0 = Clock::now();
-  expectations.ExpectCreations("default/tiny", {"tiny-g0-0"}, t0);
-  expectations.ExpectDeletions("default/tiny", {"uid-9"}, t0 + 20s);
-  const Expectations::Pending late = expectations.Outstanding("default/tiny", t0 + 31s);
-  EXPECT_TRUE(late.creations.empty()) << "past the timeout the reconciler asks the API server instead";
-  EXPECT_EQ(late.deletions, (std::set<std::string>{"uid-9"}));
-  expectations.Forget("default/tiny");
-  EXPECT_TRUE(expectations.Outstanding("default/tiny", t0 + 31s).empty());
-}
 
 // A node of the synthetic cluster as the kubelet registers it.
 json NodeJson(const std::string& name, int64_t gpus = 8) {
@@ -117,30 +83,86 @@ TEST(ClusterState, TwoGangsPlacedFromTheSameCountersNeverShareAGpu) {
     const json node = NodeJson(name);
     state.NodeChanged(nullptr, &node);
   }
+  const auto t0 = Clock::now();
   // Both placements read the cluster before either reserved: both chose n1 and n2.
   const std::vector<PodClaim> a = {{"default/a-0", "n1", 8, 0}, {"default/a-1", "n2", 8, 0}};
   const std::vector<PodClaim> b = {{"default/b-0", "n1", 8, 0}, {"default/b-1", "n2", 8, 0}};
-  EXPECT_TRUE(state.Reserve("default/a", a, /*check=*/true));
-  EXPECT_FALSE(state.Reserve("default/b", b, /*check=*/true)) << "b is placed again instead";
+  EXPECT_TRUE(state.Reserve("default/a", a, /*check=*/true, t0));
+  EXPECT_FALSE(state.Reserve("default/b", b, /*check=*/true, t0)) << "b is placed again instead";
   EXPECT_EQ(state.Used("n1").first, 8);
   EXPECT_EQ(state.Reservations(), 2u);
-  // a's pods reach the cache: they take over their reservations, counted once.
+  // a's pods reach the cache: they take over their claims, counted once.
   const json a0 = PodJson("a-0", "a", "n1", 8);
   state.PodChanged(nullptr, &a0);
   EXPECT_EQ(state.Used("n1").first, 8);
   EXPECT_EQ(state.Reservations(), 1u);
-  EXPECT_TRUE(state.Reserve("default/a", {{"default/a-0", "n1", 8, 0}}, true)) << "a pod already counted takes nothing more";
+  EXPECT_TRUE(state.Reserve("default/a", {{"default/a-0", "n1", 8, 0}}, true, t0)) << "a pod already counted takes nothing more";
   EXPECT_EQ(state.Used("n1").first, 8);
   // a-1's create failed: its GPUs are free again, and b can have n2.
-  state.Release("default/a-1");
+  state.Release("default/a", "default/a-1");
   EXPECT_EQ(state.Used("n2").first, 0);
-  EXPECT_TRUE(state.Reserve("default/b", {{"default/b-1", "n2", 8, 0}}, true));
-  state.ReleaseJob("default/b");
+  EXPECT_TRUE(state.Reserve("default/b", {{"default/b-1", "n2", 8, 0}}, true, t0));
+  state.Forget("default/b");
   EXPECT_EQ(state.Used("n2").first, 0);
-  EXPECT_TRUE(state.Reserve("default/c", {{"default/c-0", "n2", 4, 0}}, false));
-  state.ExpireReservations(0s);
+  EXPECT_TRUE(state.Reserve("default/c", {{"default/c-0", "n2", 4, 0}}, false, t0));
+  state.Expire(t0 + 61s);
   EXPECT_EQ(state.Reservations(), 0u) << "a pod that never reached the cache gives its GPUs back in the end";
-  EXPECT_FALSE(state.Reserve("default/d", {{"default/d-0", "n9", 1, 0}}, true)) << "no such node";
+  EXPECT_EQ(state.Used("n2").first, 0);
+  EXPECT_FALSE(state.Reserve("default/d", {{"default/d-0", "n9", 1, 0}}, true, t0)) << "no such node";
+}
+
+// Creates and deletes in flight: one record per pod, ended by the pod's event, by a
+// failure, or past the timeout, with what the create claimed.
+TEST(ClusterState, ACreateSentIsAwaitedUntilTheCacheShowsThePod) {
+  ClusterState state(60s);
+  const json node = NodeJson("n1");
+  state.NodeChanged(nullptr, &node);
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(state.Reserve("default/tiny", {{"default/tiny-g0-0", "n1", 4, 0}, {"default/tiny-g0-1", "n1", 4, 0}},
+                            true, t0));
+  EXPECT_TRUE(state.InFlight("default/tiny", t0).empty()) << "claimed, but no create is sent yet";
+  state.Creating("default/tiny", {"default/tiny-g0-0", "default/tiny-g0-1"}, t0);
+  EXPECT_EQ(state.InFlight("default/tiny", t0).creations,
+            (std::set<std::string>{"default/tiny-g0-0", "default/tiny-g0-1"}));
+  const json shown = PodJson("tiny-g0-0", "tiny", "n1", 4);
+  state.PodChanged(nullptr, &shown);
+  EXPECT_EQ(state.InFlight("default/tiny", t0 + 5s).creations, (std::set<std::string>{"default/tiny-g0-1"}));
+  EXPECT_EQ(state.Used("n1").first, 8) << "the pod shown counts from the cache, the other from its claim";
+  state.Release("default/tiny", "default/tiny-g0-1");  // its create failed: it will never show
+  EXPECT_TRUE(state.InFlight("default/tiny", t0 + 5s).empty());
+  EXPECT_EQ(state.Used("n1").first, 4);
+}
+
+TEST(ClusterState, ADeleteSentKeepsItsPodTerminatingUntilTheCacheDropsIt) {
+  ClusterState state(60s);
+  const auto t0 = Clock::now();
+  state.Deleting("default/tiny", "uid-0", t0);
+  state.Deleting("default/tiny", "uid-1", t0);
+  EXPECT_EQ(state.InFlight("default/tiny", t0 + 10s).deletions, (std::set<std::string>{"uid-0", "uid-1"}));
+  json gone = PodJson("tiny-g0-1", "tiny", "n1", 0);
+  gone["metadata"]["uid"] = "uid-1";
+  state.PodChanged(&gone, nullptr);
+  state.DeleteFailed("default/tiny", "uid-0");
+  EXPECT_TRUE(state.InFlight("default/tiny", t0 + 10s).empty());
+}
+
+TEST(ClusterState, APodTheCacheNeverShowsIsWaitedForOnlyUntilTheTimeout) {
+  ClusterState state(30s);
+  const json node = NodeJson("n1");
+  state.NodeChanged(nullptr, &node);
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(state.Reserve("default/tiny", {{"default/tiny-g0-0", "n1", 8, 0}}, true, t0));
+  state.Creating("default/tiny", {"default/tiny-g0-0"}, t0);
+  state.Deleting("default/tiny", "uid-9", t0 + 20s);
+  const ClusterState::InFlightPods late = state.InFlight("default/tiny", t0 + 31s);
+  EXPECT_TRUE(late.creations.empty()) << "past the timeout the reconciler asks the API server instead";
+  EXPECT_EQ(state.Used("n1").first, 0) << "and the claim ends with the record: one expiry";
+  EXPECT_EQ(late.deletions, (std::set<std::string>{"uid-9"}));
+  state.Expire(t0 + 51s);
+  EXPECT_TRUE(state.InFlight("default/tiny", t0 + 51s).empty());
+  state.Deleting("default/tiny", "uid-10", t0);
+  state.Forget("default/tiny");
+  EXPECT_TRUE(state.InFlight("default/tiny", t0).empty());
 }
 
 TEST(ClusterState, AHeartbeatKeepsTheTopologyAndALabelChangeRebuildsIt) {
