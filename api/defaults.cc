@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "api/layout.h"
+#include "api/model_family.h"
 #include "api/model_shape.h"
 #include "api/validation.h"
 
@@ -71,8 +72,7 @@ void DeriveBatch(TrainingJobSpec& spec, bool global_written, bool micro_written,
 }
 
 // The preset's fields that were not written, then what the family derives from the
-// rest. GPT-2 leaves the Llama-class fields unset (its own values are implied); a
-// Llama-class spec gets every one, so that its workers see the whole shape.
+// rest (api/model_family.h: GPT-2 leaves the fields it has no choice in unset).
 void DefaultModel(ModelSpec* m) {
   if (const ModelShape* preset = FindPreset(m->preset)) {
     const ModelShape p = preset->Resolved();
@@ -81,35 +81,11 @@ void DefaultModel(ModelSpec* m) {
     if (!m->hidden) m->hidden = p.hidden;
     if (!m->vocab_size) m->vocab_size = p.vocab_size;
     if (!m->seq_len) m->seq_len = p.seq_len;
-    if (m->family.empty()) m->family = std::string(FamilyName(p.family));
-    if (p.llama()) {
-      if (!m->kv_heads) m->kv_heads = p.kv_heads;
-      if (!m->head_dim) m->head_dim = p.head_dim;
-      if (!m->intermediate_size) m->intermediate_size = p.intermediate;
-      if (!m->max_positions) m->max_positions = p.max_positions;
-      if (!m->norm_eps) m->norm_eps = p.norm_eps;
-      if (!m->rope_theta) m->rope_theta = p.rope_theta;
-      if (!m->rope_scaling && !p.rope_scaling.type.empty()) m->rope_scaling = SpecOfShape(p).rope_scaling;
-      if (!m->tie_embeddings) m->tie_embeddings = p.tied;
-    }
+    if (m->family.empty()) m->family = p.family;
+    if (m->family == p.family) p.Family().DefaultFromPreset(p, m);
   }
   if (m->family.empty()) m->family = "gpt2";
-  const std::optional<Family> family = FamilyNamed(m->family);
-  if (!family || *family == Family::kGpt2) return;
-  if (!m->kv_heads && m->heads) m->kv_heads = m->heads;
-  if (!m->head_dim && m->heads && m->hidden && *m->heads > 0 && *m->hidden % *m->heads == 0) {
-    m->head_dim = *m->hidden / *m->heads;
-  }
-  if (!m->max_positions && m->seq_len) m->max_positions = m->seq_len;
-  if (!m->norm_eps) m->norm_eps = 1e-5;
-  if (!m->rope_theta) m->rope_theta = 10000.0;
-  if (!m->tie_embeddings) m->tie_embeddings = false;
-  if (m->rope_scaling && m->rope_scaling->type == "llama3") {
-    RopeScalingSpec& r = *m->rope_scaling;
-    if (!r.low_freq_factor) r.low_freq_factor = 1.0;
-    if (!r.high_freq_factor) r.high_freq_factor = 4.0;
-    if (!r.original_max_positions) r.original_max_positions = 8192;
-  }
+  if (const ModelFamily* family = FindFamily(m->family)) family->Default(m);
 }
 
 }  // namespace

@@ -96,7 +96,7 @@ std::vector<Buffer> StepBuffers(int batch, int seq, const ModelShape& s, const E
   };
   for (int64_t l = 0; l < s.layers; ++l) b.push_back({"block segments", int64_t(f.block.size()), int(kShardSegmentBytes)});
   if (!f.head.empty()) b.push_back({"head segments", int64_t(f.head.size()), int(kShardSegmentBytes)});
-  if (s.llama()) b.push_back({"rope", 2 * int64_t(seq) * (s.HeadDim() / 2), t.acc_bytes});  // cos, then sin
+  for (const Buffer& family : FamilyBuffers(seq, s, t)) b.push_back(family);  // RoPE's table
   return b;
 }
 

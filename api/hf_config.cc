@@ -7,15 +7,15 @@
 #include <fstream>
 #include <sstream>
 
+#include "api/hf_config_keys.h"
 #include "api/json_depth.h"
+#include "api/model_family.h"
 
 namespace meshtrain::api {
 namespace {
 
 using Json = nlohmann::json;
 
-// Sizes in config.json are below this: products of two of them fit int64.
-constexpr int64_t kConfigIntegerLimit = int64_t(1) << 31;
 
 // " at byte B (line L, column C)" of `offset` in `text`.
 std::string PlaceIn(std::string_view text, size_t offset) {
@@ -38,62 +38,7 @@ std::string JsonReason(const Json::exception& e) {
   return bracket == std::string::npos ? what : what.substr(bracket + 2);
 }
 
-// Reads keys of one config object, each error naming the file and the key.
-class Keys {
- public:
-  Keys(const Json& j, const std::string& file) : j_(j), file_(file) {}
-
-  [[noreturn]] void Fail(const std::string& message) const { throw HuggingFaceConfigError(file_ + ": " + message); }
-
-  bool Has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
-
-  int64_t Int(const char* key) const {
-    if (!Has(key)) Fail(std::string("has no ") + key);
-    return OptionalInt(key).value();
-  }
-  std::optional<int64_t> OptionalInt(const char* key) const {
-    if (!Has(key)) return std::nullopt;
-    const Json& v = j_.at(key);
-    // An unsigned value past int64's range reads as a negative one here.
-    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() >= kConfigIntegerLimit) {
-      Fail(std::string(key) + " must be a positive integer below 2^31, got " + v.dump());
-    }
-    return v.get<int64_t>();
-  }
-  std::optional<double> Number(const char* key) const {
-    if (!Has(key)) return std::nullopt;
-    const Json& v = j_.at(key);
-    if (!v.is_number() || !std::isfinite(v.get<double>())) Fail(std::string(key) + " must be a number, got " + v.dump());
-    return v.get<double>();
-  }
-  std::optional<bool> Bool(const char* key) const {
-    if (!Has(key)) return std::nullopt;
-    const Json& v = j_.at(key);
-    if (!v.is_boolean()) Fail(std::string(key) + " must be true or false, got " + v.dump());
-    return v.get<bool>();
-  }
-  std::optional<std::string> String(const char* key) const {
-    if (!Has(key)) return std::nullopt;
-    const Json& v = j_.at(key);
-    if (!v.is_string()) Fail(std::string(key) + " must be a string, got " + v.dump());
-    return v.get<std::string>();
-  }
-  // A key whose value would change the math: only `expected` (or its absence) is taken.
-  template <class T>
-  void Require(const char* key, const std::optional<T>& value, const T& expected, const std::string& why) const {
-    if (value && *value != expected) Fail(std::string(key) + " " + Show(*value) + " is not implemented: " + why);
-  }
-
- private:
-  static std::string Show(bool b) { return b ? "true" : "false"; }
-  static std::string Show(double d) { return Json(d).dump(); }
-  static std::string Show(const std::string& s) { return Json(s).dump(); }
-
-  const Json& j_;
-  const std::string& file_;
-};
-
-Family FamilyOf(const Json& j, const Keys& keys) {
+const ModelFamily& FamilyOf(const Json& j, const ConfigKeys& keys) {
   std::string architecture;
   if (j.contains("architectures") && j.at("architectures").is_array() && !j.at("architectures").empty()) {
     if (!j.at("architectures")[0].is_string()) keys.Fail("architectures must list names");
@@ -101,90 +46,19 @@ Family FamilyOf(const Json& j, const Keys& keys) {
   }
   const std::optional<std::string> model_type = keys.String("model_type");
   if (architecture.empty() && model_type) {
-    if (const std::optional<Family> family = FamilyNamed(*model_type)) return *family;
+    if (const ModelFamily* family = FindFamily(*model_type)) return *family;
   }
-  if (const std::optional<Family> family = FamilyOfArchitecture(architecture)) return *family;
-  std::string known;
-  for (std::string_view name : FamilyNames()) {
-    known += (known.empty() ? "" : ", ") + std::string(HuggingFaceArchitecture(*FamilyNamed(name)));
-  }
+  if (const ModelFamily* family = FindFamilyOfArchitecture(architecture)) return *family;
   keys.Fail("architecture " + (architecture.empty() ? "(none; model_type " + model_type.value_or("none") + ")"
                                                      : architecture) +
-            " is not one meshtrain trains; it trains " + known);
-}
-
-void ReadGpt2(const Keys& k, HuggingFaceConfig* c) {
-  ModelSpec& m = c->model;
-  m.layers = k.Int("n_layer");
-  m.heads = k.Int("n_head");
-  m.hidden = k.Int("n_embd");
-  m.vocab_size = k.Int("vocab_size");
-  m.max_positions = k.OptionalInt("n_positions");
-  if (!m.max_positions) m.max_positions = k.OptionalInt("n_ctx");
-  if (!m.max_positions) k.Fail("has neither n_positions nor n_ctx");
-  if (const std::optional<std::string> act = k.String("activation_function");
-      act && *act != "gelu_new" && *act != "gelu_pytorch_tanh") {
-    k.Fail("activation_function " + *act + " is not implemented: GPT-2's MLP here is the tanh GELU (gelu_new)");
-  }
-  if (const std::optional<int64_t> inner = k.OptionalInt("n_inner"); inner && *inner != 4 * *m.hidden) {
-    k.Fail("n_inner " + std::to_string(*inner) + " is not implemented: GPT-2's MLP here is 4 x n_embd (" +
-           std::to_string(4 * *m.hidden) + ")");
-  }
-  k.Require("layer_norm_epsilon", k.Number("layer_norm_epsilon"), 1e-5, "GPT-2's LayerNorm here has epsilon 1e-5");
-  k.Require("scale_attn_weights", k.Bool("scale_attn_weights"), true, "attention is scaled by 1/sqrt(head size)");
-  k.Require("scale_attn_by_inverse_layer_idx", k.Bool("scale_attn_by_inverse_layer_idx"), false,
-            "attention is not scaled by layer");
-  k.Require("add_cross_attention", k.Bool("add_cross_attention"), false, "GPT-2 here has no cross-attention");
-  k.Require("tie_word_embeddings", k.Bool("tie_word_embeddings"), true, "GPT-2's LM head is its token embedding");
-  for (const char* key : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) {
-    if (const std::optional<double> p = k.Number(key); p && *p != 0) {
-      c->notes.push_back(std::string(key) + " " + Json(*p).dump() +
-                         " is not applied: spec.model.dropout sets the dropout of training");
-    }
-  }
-}
-
-void ReadLlama(Family family, const Keys& k, HuggingFaceConfig* c) {
-  ModelSpec& m = c->model;
-  m.layers = k.Int("num_hidden_layers");
-  m.heads = k.Int("num_attention_heads");
-  m.kv_heads = k.OptionalInt("num_key_value_heads").value_or(*m.heads);
-  m.hidden = k.Int("hidden_size");
-  m.intermediate_size = k.Int("intermediate_size");
-  m.vocab_size = k.Int("vocab_size");
-  m.max_positions = k.Int("max_position_embeddings");
-  m.head_dim = k.OptionalInt("head_dim");
-  if (!m.head_dim) {
-    if (*m.hidden % *m.heads != 0) k.Fail("has no head_dim, and hidden_size is not a multiple of num_attention_heads");
-    m.head_dim = *m.hidden / *m.heads;
-  }
-  m.norm_eps = k.Number("rms_norm_eps").value_or(1e-6);
-  m.rope_theta = k.Number("rope_theta").value_or(10000.0);
-  m.tie_embeddings = k.Bool("tie_word_embeddings").value_or(false);
-  if (const std::optional<std::string> act = k.String("hidden_act"); act && *act != "silu") {
-    k.Fail("hidden_act " + *act + " is not implemented: the MLP here is SwiGLU (silu)");
-  }
-  if (family == Family::kLlama || family == Family::kMistral) {
-    k.Require("attention_bias", k.Bool("attention_bias"), false, "q, k, v and o have no biases here");
-  }
-  k.Require("mlp_bias", k.Bool("mlp_bias"), false, "the MLP has no biases here");
-  k.Require("partial_rotary_factor", k.Number("partial_rotary_factor"), 1.0, "RoPE rotates every channel of a head");
-  if (family == Family::kQwen2) {
-    k.Require("use_sliding_window", k.Bool("use_sliding_window"), false, "attention here is over the whole window");
-  } else {
-    c->sliding_window = k.OptionalInt("sliding_window");
-  }
-  if (const std::optional<double> p = k.Number("attention_dropout"); p && *p != 0) {
-    c->notes.push_back("attention_dropout " + Json(*p).dump() +
-                       " is not applied: spec.model.dropout sets the dropout of training");
-  }
+            " is not one meshtrain trains; it trains " + FamilyList(/*architectures=*/true));
 }
 
 // RoPE's scaling from an object of rope_scaling's form (transformers 4) or of
 // rope_parameters' (transformers 5, which also holds rope_theta); nullopt for none.
 std::optional<RopeScalingSpec> ScalingOf(const Json& r, const std::string& file, const char* key) {
   if (!r.is_object()) throw HuggingFaceConfigError(file + ": " + key + " must be an object, got " + r.dump());
-  const Keys k(r, file);
+  const ConfigKeys k(r, file);
   std::optional<std::string> type = k.String("rope_type");
   if (!type) type = k.String("type");
   if (!type) k.Fail(std::string(key) + " has neither rope_type nor type");
@@ -209,9 +83,9 @@ std::optional<RopeScalingSpec> ScalingOf(const Json& r, const std::string& file,
   return s;
 }
 
-// rope_scaling (transformers 4) and rope_parameters (transformers 5): where both are
-// given they must agree, as must rope_parameters' rope_theta with the top-level one.
-void ReadRope(const Json& j, const std::string& file, HuggingFaceConfig* c) {
+}  // namespace
+
+void ReadRopeConfig(const Json& j, const std::string& file, HuggingFaceConfig* c) {
   const bool legacy = j.contains("rope_scaling") && !j.at("rope_scaling").is_null();
   const bool parameters = j.contains("rope_parameters") && !j.at("rope_parameters").is_null();
   const std::optional<RopeScalingSpec> scaling =
@@ -226,7 +100,7 @@ void ReadRope(const Json& j, const std::string& file, HuggingFaceConfig* c) {
     throw HuggingFaceConfigError(file + ": rope_scaling and rope_parameters disagree");
   }
   c->model.rope_scaling = from_parameters;
-  if (const std::optional<double> theta = Keys(r, file).Number("rope_theta")) {
+  if (const std::optional<double> theta = ConfigKeys(r, file).Number("rope_theta")) {
     if (j.contains("rope_theta") && !j.at("rope_theta").is_null() && *c->model.rope_theta != *theta) {
       throw HuggingFaceConfigError(file + ": rope_theta " + Json(*c->model.rope_theta).dump() +
                                    " disagrees with rope_parameters' " + Json(*theta).dump());
@@ -234,6 +108,8 @@ void ReadRope(const Json& j, const std::string& file, HuggingFaceConfig* c) {
     c->model.rope_theta = theta;
   }
 }
+
+namespace {
 
 std::string Show(const std::optional<int64_t>& v) { return v ? std::to_string(*v) : "unset"; }
 std::string Show(const std::optional<double>& v) { return v ? Json(*v).dump() : "unset"; }
@@ -271,15 +147,10 @@ HuggingFaceConfig ParseHuggingFaceConfig(std::string_view text, const std::strin
   if (!j.is_object()) throw HuggingFaceConfigError(file + ": not a JSON object");
   HuggingFaceConfig c;
   c.file = file;
-  const Keys keys(j, file);
-  const Family family = FamilyOf(j, keys);
-  c.model.family = std::string(FamilyName(family));
-  if (family == Family::kGpt2) {
-    ReadGpt2(keys, &c);
-  } else {
-    ReadLlama(family, keys, &c);
-    ReadRope(j, file, &c);
-  }
+  const ConfigKeys keys(j, file);
+  const ModelFamily& family = FamilyOf(j, keys);
+  c.model.family = std::string(family.name());
+  family.ReadConfig(j, keys, &c);
   return c;
 }
 
@@ -296,56 +167,13 @@ HuggingFaceConfig ReadHuggingFaceConfig(const std::string& directory) {
 nlohmann::json HuggingFaceConfigJson(const ModelShape& shape, std::string_view torch_dtype) {
   const ModelShape s = shape.Resolved();
   Json j;
-  j["architectures"] = {std::string(HuggingFaceArchitecture(s.family))};
-  j["model_type"] = std::string(FamilyName(s.family));
+  j["architectures"] = {std::string(s.Family().architecture())};
+  j["model_type"] = s.family;
   j["vocab_size"] = s.vocab_size;
   j["torch_dtype"] = std::string(torch_dtype);
   j["initializer_range"] = 0.02;
   j["use_cache"] = true;
-  if (!s.llama()) {
-    j["n_layer"] = s.layers;
-    j["n_head"] = s.heads;
-    j["n_embd"] = s.hidden;
-    j["n_positions"] = s.max_positions;
-    j["n_ctx"] = s.max_positions;
-    j["n_inner"] = nullptr;
-    j["activation_function"] = "gelu_new";
-    j["layer_norm_epsilon"] = 1e-5;
-    j["resid_pdrop"] = 0.0;
-    j["embd_pdrop"] = 0.0;
-    j["attn_pdrop"] = 0.0;
-    j["tie_word_embeddings"] = true;
-    return j;
-  }
-  j["num_hidden_layers"] = s.layers;
-  j["num_attention_heads"] = s.heads;
-  j["num_key_value_heads"] = s.kv_heads;
-  j["hidden_size"] = s.hidden;
-  j["head_dim"] = s.head_dim;
-  j["intermediate_size"] = s.intermediate;
-  j["max_position_embeddings"] = s.max_positions;
-  j["rms_norm_eps"] = s.norm_eps;
-  j["rope_theta"] = s.rope_theta;
-  j["hidden_act"] = "silu";
-  j["tie_word_embeddings"] = s.tied;
-  j["attention_dropout"] = 0.0;
-  if (s.family == Family::kLlama) {
-    j["attention_bias"] = false;
-    j["mlp_bias"] = false;
-  }
-  if (s.family == Family::kQwen2) j["use_sliding_window"] = false;
-  if (s.family == Family::kMistral) j["sliding_window"] = nullptr;
-  if (s.rope_scaling.type.empty()) {
-    j["rope_scaling"] = nullptr;
-  } else {
-    Json r{{"rope_type", s.rope_scaling.type}, {"factor", s.rope_scaling.factor}};
-    if (s.rope_scaling.type == "llama3") {
-      r["low_freq_factor"] = s.rope_scaling.low_freq_factor;
-      r["high_freq_factor"] = s.rope_scaling.high_freq_factor;
-      r["original_max_position_embeddings"] = s.rope_scaling.original_max_positions;
-    }
-    j["rope_scaling"] = r;
-  }
+  s.Family().WriteConfig(s, &j);
   return j;
 }
 
@@ -362,18 +190,19 @@ FieldErrors MergeHuggingFaceConfig(const HuggingFaceConfig& config, ModelSpec* m
                         Show(mine) + " disagrees with " + from + ", whose " + key + " is " + Show(theirs)});
     }
   };
-  const bool gpt2 = c.family == "gpt2";
+  const ModelFamily& family = *FindFamily(c.family);  // ParseHuggingFaceConfig named it
+  const ModelFamily::ConfigNames& key = family.config_names();
   if (model->family.empty()) {
     model->family = c.family;
   } else if (model->family != c.family) {
     errors.push_back({"spec.model.family", model->family + " disagrees with " + from + ", whose architecture is " +
-                                               std::string(HuggingFaceArchitecture(*FamilyNamed(c.family)))});
+                                               std::string(family.architecture())});
   }
-  merge("layers", model->layers, c.layers, gpt2 ? "n_layer" : "num_hidden_layers");
-  merge("heads", model->heads, c.heads, gpt2 ? "n_head" : "num_attention_heads");
-  merge("hidden", model->hidden, c.hidden, gpt2 ? "n_embd" : "hidden_size");
+  merge("layers", model->layers, c.layers, key.layers);
+  merge("heads", model->heads, c.heads, key.heads);
+  merge("hidden", model->hidden, c.hidden, key.hidden);
   merge("vocabSize", model->vocab_size, c.vocab_size, "vocab_size");
-  merge("maxPositions", model->max_positions, c.max_positions, gpt2 ? "n_positions" : "max_position_embeddings");
+  merge("maxPositions", model->max_positions, c.max_positions, key.max_positions);
   merge("kvHeads", model->kv_heads, c.kv_heads, "num_key_value_heads");
   merge("headDim", model->head_dim, c.head_dim, "head_dim");
   merge("intermediateSize", model->intermediate_size, c.intermediate_size, "intermediate_size");
@@ -392,7 +221,7 @@ FieldErrors MergeHuggingFaceConfig(const HuggingFaceConfig& config, ModelSpec* m
     errors.push_back({"spec.model.ropeScaling", "is set, but " + from + " has no rope_scaling"});
   }
   const ModelShape* preset = FindPreset(model->preset);
-  if (preset != nullptr && FamilyNamed(model->family)) {  // an unknown family is validation's to name
+  if (preset != nullptr && FindFamily(model->family)) {  // an unknown family is validation's to name
     // The config gave every field, so a preset would only be checked: it must agree.
     const ModelShape mine = preset->Resolved();
     ModelSpec spec = *model;
@@ -404,10 +233,10 @@ FieldErrors MergeHuggingFaceConfig(const HuggingFaceConfig& config, ModelSpec* m
     }
   }
   const int64_t positions = *c.max_positions;
-  if (!model->seq_len) model->seq_len = gpt2 ? positions : std::min<int64_t>(positions, 2048);
+  if (!model->seq_len) model->seq_len = family.DefaultSeqLen(positions);
   if (*model->seq_len > positions) {
     errors.push_back({"spec.model.seqLen", std::to_string(*model->seq_len) + " exceeds " + from + "'s " +
-                                               (gpt2 ? "n_positions" : "max_position_embeddings") + " (" +
+                                               key.max_positions + " (" +
                                                std::to_string(positions) + ")"});
   }
   if (config.sliding_window && *config.sliding_window < *model->seq_len) {

@@ -1,23 +1,13 @@
-// Hugging Face's config.json for the families meshtrain trains (api/model_shape.h), in
-// and out: the keys that give a family's shape, and the ones whose values would change
-// the math without meshtrain doing so, which are refused by name. Other keys (token ids,
-// dtypes, dropout probabilities of inference configs, ...) are ignored on the way in.
-//
-//   GPT2LMHeadModel    n_layer, n_head, n_embd, vocab_size, n_positions (or n_ctx);
-//                      refused: activation_function other than gelu_new or
-//                      gelu_pytorch_tanh, n_inner other than 4 x n_embd,
-//                      layer_norm_epsilon other than 1e-5, scale_attn_weights false,
-//                      scale_attn_by_inverse_layer_idx or add_cross_attention true
-//   LlamaForCausalLM   num_hidden_layers, num_attention_heads, num_key_value_heads,
-//   MistralForCausalLM hidden_size, intermediate_size, vocab_size, head_dim,
-//   Qwen2ForCausalLM   max_position_embeddings, rms_norm_eps, rope_theta, rope_scaling
-//                      (types default, linear and llama3, named as rope_type or type; or
-//                      transformers 5's rope_parameters, with rope_theta inside),
-//                      tie_word_embeddings; refused: hidden_act other than silu,
-//                      attention_bias or mlp_bias true, partial_rotary_factor other than 1,
-//                      Qwen2's use_sliding_window true, any other rope_scaling type; a
-//                      sliding_window below the job's seqLen is refused when the job is
-//                      checked (HuggingFaceConfig::sliding_window).
+// Hugging Face's config.json for the families meshtrain trains, in and out. Which keys a
+// family reads, writes and refuses is its description's (api/model_family.h,
+// api/families/): the keys that give its shape, and the ones whose values would change
+// the math without meshtrain doing so, refused by name (GPT-2's activation_function other
+// than gelu_new, the Llama class's hidden_act other than silu, attention_bias or
+// mlp_bias true, partial_rotary_factor other than 1, use_sliding_window true, a
+// rope_scaling type other than default, linear and llama3, Qwen3's layer_types other than
+// full_attention, ...). Other keys (token ids, dtypes, dropout probabilities of inference
+// configs, ...) are ignored on the way in. A Mistral or Llama sliding_window below the
+// job's seqLen is refused when the job is checked (HuggingFaceConfig::sliding_window).
 //
 // Every JSON file of a model directory comes from the internet, and each is read by
 // ParseModelJson: config.json here, tokenizer.json and tokenizer_config.json

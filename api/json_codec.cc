@@ -297,6 +297,10 @@ Json ToJson(const TrainingJob& job) {
 
 Json ToJson(const ModelSpec& model) { return json_fields::Encode(model); }
 
+ModelSpec DecodeModelSpec(const Json& object, const std::string& path, FieldErrors* errors) {
+  return json_fields::Decode<ModelSpec>(object, path, errors);
+}
+
 Json ToJson(const TrainingJobSpec& spec) { return json_fields::Encode(spec); }
 Json ToJson(const TrainingJobStatus& status) { return json_fields::Encode(status); }
 

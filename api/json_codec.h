@@ -7,6 +7,8 @@
 
 #pragma once
 
+#include <string>
+
 #include <nlohmann/json.hpp>
 
 #include "api/field_error.h"
@@ -31,6 +33,9 @@ TrainingJobStatus DecodeTrainingJobStatus(const nlohmann::json& object, FieldErr
 nlohmann::json ToJson(const TrainingJob& job);
 nlohmann::json ToJson(const TrainingJobSpec& spec);
 nlohmann::json ToJson(const ModelSpec& model);
+// Decodes a spec.model object found at `path` (checkpoint metadata writes the model with
+// ToJson, the same keys).
+ModelSpec DecodeModelSpec(const nlohmann::json& object, const std::string& path, FieldErrors* errors);
 nlohmann::json ToJson(const TrainingJobStatus& status);
 // status.progress alone (the operator keeps rank 0's readings in this form).
 nlohmann::json ToJson(const ProgressStatus& progress);

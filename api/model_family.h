@@ -1,7 +1,13 @@
-// One description of each model family (api/model_shape.h): the only place that knows a
-// family's layout. The engine (worker/model, worker/parallel), checkpoints, Hugging Face
-// files in and out, the memory model (api/engine_memory.h), the operator's step and
-// memory models and `meshtrain plan` all read it.
+// A model family is one registered description (torchtitan's model spec): its presets,
+// the defaults and checks of its spec.model fields, config.json in and out, its tensors
+// with their Hugging Face names and tensor-parallel splits, the buffers its layers keep
+// and share, and its FLOPs. The families are api/families/: gpt2.cc (GPT-2), llama.cc
+// (Llama; Mistral and Qwen2 are data on it), qwen3.cc (Qwen3); families.cc lists them.
+// Nothing outside those files asks which family a model is: the engine (worker/model,
+// worker/parallel), checkpoints, Hugging Face files in and out, the memory model
+// (api/engine_memory.h), the operator's step and memory models and `meshtrain plan` read
+// the description. The worker computes a family with the layers its description names
+// (ModelFamily::layers, worker/model/model.h).
 //
 // A model is three kinds of FSDP unit (worker/parallel/flat_unit.h), in this order in
 // the model's flat buffer:
@@ -19,7 +25,7 @@
 //                position table)
 // A Llama-class block keeps q, k and v (and their biases) as three tensors in a row, so
 // that this rank's slices of them are one (q + 2 kv, C) matrix; gate and up likewise.
-// Thread-safety: pure functions.
+// Thread-safety: descriptions are immutable singletons; everything here is pure.
 
 #pragma once
 
@@ -28,6 +34,9 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "api/field_checker.h"
 #include "api/model_shape.h"
 
 namespace meshtrain::api {
@@ -40,6 +49,8 @@ enum class Param {
   // Llama-class
   kEmbed, kNorm, kLmHead,
   kAttnNorm, kWq, kWk, kWv, kBq, kBk, kBv, kWo, kMlpNorm, kWGate, kWUp, kWDown,
+  // Per-head RMSNorm of q and k (Qwen3)
+  kQNorm, kKNorm,
 };
 
 enum class TpSplit { kReplicated, kVocab, kRows, kQkvRows, kColumns };
@@ -69,11 +80,9 @@ FamilyTensors TensorsOf(const ModelShape& shape);
 // The Hugging Face name of `t` in block `layer` (-1 outside blocks).
 std::string HuggingFaceName(const TensorInfo& t, int layer);
 // Whether a tensor of a Hugging Face file that this family does not train may be left
-// out on import: GPT-2's attention-mask buffers, RoPE's cached frequencies, and a tied
-// model's copy of the embedding as lm_head.weight.
+// out on import: a tied model's copy of the embedding as lm_head.weight, and what the
+// family names (GPT-2's attention-mask buffers, RoPE's cached frequencies).
 bool IgnoredOnImport(const ModelShape& shape, std::string_view hf_name);
-// The names GPT-2 takes with a "transformer." prefix too (GPT2LMHeadModel's body).
-inline constexpr std::string_view kGpt2BodyPrefix = "transformer.";
 
 // What the engine's precision and kernels make of each size.
 struct EngineTypes {
@@ -124,5 +133,114 @@ std::vector<BlockProduct> BlockProducts(const ModelShape& shape);
 // TP slice of `tp_size`: 2 per weight of its products, and 4 x seq x the query width for
 // attention's two products (counted whole, as llm.c counts them).
 double BlockForwardFlopsPerToken(const ModelShape& shape, int64_t seq, int tp_size);
+
+
+// The buffers the family's layers share across blocks, for sequences of up to `seq`
+// tokens, in carving order (the step buffer's last, api::StepBuffers): the Llama class's
+// RoPE table ("rope": cos, then sin, each (seq, head_dim / 2)); none for GPT-2. The
+// worker's model fills them (model::Model::FamilyBufferValues).
+std::vector<Buffer> FamilyBuffers(int seq, const ModelShape& shape, const EngineTypes& types);
+
+struct HuggingFaceConfig;
+class ConfigKeys;
+
+// One family's description. Each is a singleton of api/families/, found by FindFamily.
+class ModelFamily {
+ public:
+  // config.json's names for the sizes every family has, for messages.
+  struct ConfigNames {
+    const char* layers;
+    const char* heads;
+    const char* hidden;
+    const char* max_positions;
+  };
+  struct Identity {
+    std::string_view name;          // spec.model.family: "gpt2", "llama", ...
+    std::string_view title;         // "GPT-2": for messages
+    std::string_view architecture;  // config.json's architectures[0]: "GPT2LMHeadModel"
+    std::string_view layers;        // the worker's layers that compute it (model::MakeModel)
+    ConfigNames config;
+  };
+  struct Preset {
+    std::string_view name;
+    ModelShape shape;
+  };
+
+  explicit ModelFamily(const Identity& id) : id_(id) {}
+  virtual ~ModelFamily() = default;
+  ModelFamily(const ModelFamily&) = delete;
+  ModelFamily& operator=(const ModelFamily&) = delete;
+
+  std::string_view name() const { return id_.name; }
+  std::string_view title() const { return id_.title; }
+  std::string_view architecture() const { return id_.architecture; }
+  std::string_view layers() const { return id_.layers; }
+  const ConfigNames& config_names() const { return id_.config; }
+
+  // The family's presets, with their published shapes.
+  virtual std::vector<Preset> Presets() const = 0;
+
+  // Args. Resolve gives every field of `s` that is 0 its family value and clears what the
+  // family has none of (ModelShape::Resolved runs it first).
+  virtual void Resolve(ModelShape* s) const = 0;
+  // The spec.model fields a preset of this family gives where the job left them unset,
+  // beyond layers, heads, hidden, vocabSize, seqLen and family.
+  virtual void DefaultFromPreset(const ModelShape& preset, ModelSpec* m) const = 0;
+  // The spec.model fields the family derives from the others.
+  virtual void Default(ModelSpec* m) const = 0;
+  // The family's own rules for spec.model (the sizes every family has are checked before).
+  virtual void Check(const ModelSpec& m, FieldChecker& c) const = 0;
+  // The spec.model fields that give `s`, beyond the ones every family has (SpecOfShape).
+  virtual void SpecOf(const ModelShape& s, ModelSpec* m) const = 0;
+  // DescribeShape's text after "family: ".
+  virtual std::string Describe(const ModelShape& s) const = 0;
+  // Whether max_positions sizes a weight (GPT-2's position table); else two shapes that
+  // differ only in it have the same weights.
+  virtual bool LearnsPositions() const = 0;
+  // The sizes that tensor parallelism splits in equal slices, each with what the message
+  // calls it: heads, key/value heads, the MLP's width.
+  virtual std::vector<std::pair<int64_t, std::string>> TensorParallelSplits(const ModelShape& s) const = 0;
+
+  // config.json. ReadConfig fills c->model (but its family and seqLen) from `j`, refusing a
+  // key whose value would change the math without meshtrain doing so, by name; WriteConfig
+  // adds the family's keys to the ones every family has (HuggingFaceConfigJson).
+  virtual void ReadConfig(const nlohmann::json& j, const ConfigKeys& k, HuggingFaceConfig* c) const = 0;
+  virtual void WriteConfig(const ModelShape& s, nlohmann::json* j) const = 0;
+  // A job without seqLen trains windows of this many tokens.
+  virtual int64_t DefaultSeqLen(int64_t max_positions) const = 0;
+
+  // Tensors and their Hugging Face names.
+  virtual FamilyTensors Tensors(const ModelShape& s) const = 0;
+  // Tensors of a Hugging Face file the family does not train (IgnoredOnImport).
+  virtual bool Ignored(std::string_view hf_name) const = 0;
+  // A prefix of Hugging Face names that is taken off on import ("transformer." for
+  // GPT2LMHeadModel's body), or "".
+  virtual std::string_view BodyPrefix() const { return ""; }
+  // Whether the family has a one-file F32 safetensors form of its own that `meshtrain
+  // export` writes (GPT-2's), beside Hugging Face model directories.
+  virtual bool HasSingleFileForm() const { return false; }
+
+  // Memory and FLOPs (the free functions above).
+  virtual std::vector<Buffer> BlockActivationBuffers(int batch, int seq, const ModelShape& s, int tp_size,
+                                                     const EngineTypes& t) const = 0;
+  virtual std::vector<Buffer> BlockScratchBuffers(int batch, int seq, const ModelShape& s, int tp_size,
+                                                  const EngineTypes& t, bool dropout) const = 0;
+  // Whether the final norm keeps a mean (LayerNorm) beside its statistics (RMSNorm keeps none).
+  virtual bool NormKeepsMean() const = 0;
+  virtual std::vector<Buffer> FamilyBuffers(int seq, const ModelShape& s, const EngineTypes& t) const = 0;
+  virtual std::vector<BlockProduct> BlockProducts(const ModelShape& s) const = 0;
+
+ private:
+  Identity id_;
+};
+
+// The family called `name` (spec.model.family), or of config.json's `architecture`; null
+// if there is none.
+const ModelFamily* FindFamily(std::string_view name);
+const ModelFamily* FindFamilyOfArchitecture(std::string_view architecture);
+// Every family, in the order they are listed to users.
+const std::vector<const ModelFamily*>& Families();
+// "gpt2, llama, ..." or, with `architectures`, "GPT2LMHeadModel, ...".
+std::string FamilyList(bool architectures = false);
 
 }  // namespace meshtrain::api

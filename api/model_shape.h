@@ -1,13 +1,6 @@
-// The model families meshtrain trains, the resolved shape of a ModelSpec, and the named
-// presets with their published shapes.
-//
-// Two kinds of math sit behind the families (api/model_family.h describes their tensors):
-//   gpt2     GPT-2: pre-LayerNorm, a learned position table, a GELU MLP, biases everywhere,
-//            the LM head tied to the token embedding (GPT2LMHeadModel).
-//   llama    Llama 2, 3, 3.1, 3.2: pre-RMSNorm, rotate-half RoPE, grouped-query attention,
-//            a SwiGLU MLP, no biases, a tied or untied head (LlamaForCausalLM).
-//   mistral  Llama's math under Mistral's names (MistralForCausalLM; no sliding window).
-//   qwen2    Llama's math with biases on q, k and v (Qwen2ForCausalLM: Qwen2, Qwen2.5).
+// The resolved shape of a ModelSpec, and the named presets with their published shapes.
+// Which family a shape is of, and what that family means, is its description's
+// (api/model_family.h): a shape names it, and asks it.
 // Thread-safety: value types and pure functions.
 
 #pragma once
@@ -22,17 +15,7 @@
 
 namespace meshtrain::api {
 
-enum class Family { kGpt2, kLlama, kMistral, kQwen2 };
-
-// spec.model.family's spelling of each: "gpt2", "llama", "mistral", "qwen2".
-std::string_view FamilyName(Family family);
-std::optional<Family> FamilyNamed(std::string_view name);
-// "GPT-2", "Llama", "Mistral", "Qwen2": for messages.
-std::string_view FamilyTitle(Family family);
-std::vector<std::string_view> FamilyNames();
-// The Hugging Face `architectures` entry of each, and back.
-std::string_view HuggingFaceArchitecture(Family family);
-std::optional<Family> FamilyOfArchitecture(std::string_view architecture);
+class ModelFamily;
 
 // How RoPE's frequencies are rescaled for long contexts (Hugging Face's rope_scaling).
 struct RopeScaling {
@@ -49,27 +32,28 @@ struct ModelShape {
   int64_t hidden = 0;
   int64_t vocab_size = 0;
   int64_t seq_len = 0;  // the training window
-  Family family = Family::kGpt2;
-  // The fields below take their family's value when 0: kv_heads = heads, head_dim =
-  // hidden / heads, intermediate = 4 x hidden, max_positions = seq_len.
+  std::string family = "gpt2";  // spec.model.family: its description is Family()
+  // The fields below take their family's value when 0 (Resolved): kv_heads = heads,
+  // head_dim = hidden / heads (Qwen3: 128), intermediate = 4 x hidden, max_positions =
+  // seq_len. The accessors below give those of every family but Qwen3's head_dim.
   int64_t kv_heads = 0;       // key and value heads (grouped-query attention)
   int64_t head_dim = 0;       // channels of each head
   int64_t intermediate = 0;   // the MLP's width
   int64_t max_positions = 0;  // GPT-2: rows of the position table; Llama: max_position_embeddings
   double norm_eps = 1e-5;     // LayerNorm's (GPT-2: always 1e-5) or RMSNorm's epsilon
-  double rope_theta = 10000;  // Llama-class only
-  RopeScaling rope_scaling{};  // Llama-class only
+  double rope_theta = 10000;  // RoPE's (GPT-2 has none)
+  RopeScaling rope_scaling{};  // RoPE's (GPT-2 has none)
   bool tied = true;           // the LM head is the token embedding (GPT-2: always)
 
-  bool llama() const { return family != Family::kGpt2; }
+  // The description of `family`. Throws std::logic_error for a family there is none of
+  // (validation names it to users first).
+  const ModelFamily& Family() const;
   int64_t KvHeads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : heads > 0 ? hidden / heads : 0; }
   int64_t Intermediate() const { return intermediate > 0 ? intermediate : 4 * hidden; }
   int64_t MaxPositions() const { return max_positions > 0 ? max_positions : seq_len; }
   int64_t QueryWidth() const { return heads * HeadDim(); }  // q's and attention's output channels
   int64_t KvWidth() const { return KvHeads() * HeadDim(); }  // k's and v's
-  // GPT-2 has a bias on every product; Qwen2 on q, k and v; Llama and Mistral on none.
-  bool QkvBias() const { return family == Family::kGpt2 || family == Family::kQwen2; }
   // This shape with every field that defaults to 0 given its value.
   ModelShape Resolved() const;
 
@@ -83,8 +67,8 @@ struct ModelShape {
   double TrainingFlopsPerToken(int64_t seq) const;
   // Equal once resolved.
   bool operator==(const ModelShape& other) const;
-  // The same weights, whatever the training window: equal but for seq_len, and for the
-  // Llama class max_positions (only GPT-2's position table has max_positions rows).
+  // The same weights, whatever the training window: equal but for seq_len, and for
+  // max_positions where it sizes no weight (ModelFamily::LearnsPositions).
   bool SameWeights(const ModelShape& other) const;
 };
 
@@ -92,6 +76,7 @@ struct ModelShape {
 const ModelShape* FindPreset(std::string_view name);
 
 // The preset names, by family and size: gpt2-tiny, gpt2-124m, ..., llama-tiny, ...
+// (each family's description lists its own).
 std::vector<std::string_view> PresetNames();
 
 // The shape of a spec whose defaults have been applied (every field its family needs set).
@@ -103,7 +88,7 @@ ModelShape ShapeOf(const ModelSpec& model);
 ModelSpec SpecOfShape(const ModelShape& shape);
 
 // "llama: layers 16, heads 32 (8 key/value), hidden 2048, MLP 8192, vocabSize 128256,
-// seqLen 2048", as spec.model names them; GPT-2's without the Llama-class fields.
+// seqLen 2048, ...", as spec.model names them: the fields of the shape's family.
 std::string DescribeShape(const ModelShape& shape);
 
 }  // namespace meshtrain::api

@@ -5,7 +5,9 @@
 #include <set>
 #include <string>
 
+#include "api/field_checker.h"
 #include "api/layout.h"
+#include "api/model_family.h"
 #include "api/worker_contract.h"
 #include "api/model_shape.h"
 
@@ -13,49 +15,6 @@ namespace meshtrain::api {
 
 namespace env = api::worker::env;
 namespace {
-
-// Collects errors for one job; each check reads as "path: rule".
-class Checker {
- public:
-  FieldErrors errors;
-
-  void Fail(std::string path, std::string message) { errors.push_back({std::move(path), std::move(message)}); }
-
-  // min <= value <= max
-  bool Range(const std::string& path, int64_t value, int64_t min, int64_t max) {
-    if (value >= min && value <= max) return true;
-    if (max == kNoMax) Fail(path, "must be at least " + std::to_string(min) + ", got " + std::to_string(value));
-    else Fail(path, "must be between " + std::to_string(min) + " and " + std::to_string(max) + ", got " +
-                        std::to_string(value));
-    return false;
-  }
-
-  void Finite(const std::string& path, double value, double min, bool min_exclusive) {
-    if (!std::isfinite(value)) return Fail(path, "must be a finite number, got " + Show(value));
-    if (min_exclusive ? value <= min : value < min) {
-      Fail(path, std::string(min_exclusive ? "must be greater than " : "must be at least ") + Show(min) +
-                     ", got " + Show(value));
-    }
-  }
-
-  void OneOf(const std::string& path, const std::string& value, std::initializer_list<const char*> allowed) {
-    std::string list;
-    for (const char* a : allowed) {
-      if (value == a) return;
-      list += (list.empty() ? "" : ", ") + std::string(a);
-    }
-    Fail(path, "must be one of " + list + "; got \"" + value + "\"");
-  }
-
-  static constexpr int64_t kNoMax = INT64_MAX;
-
-  static std::string Show(double v) {
-    std::string s = std::to_string(v);
-    s.erase(s.find_last_not_of('0') + 1);
-    if (!s.empty() && s.back() == '.') s.pop_back();
-    return s;
-  }
-};
 
 // RFC 1123 label: lowercase alphanumerics and '-', starting and ending alphanumeric.
 bool IsDnsLabel(const std::string& s, size_t max_length) {
@@ -112,7 +71,7 @@ bool IsReservedEnvName(const std::string& s) {
   return s.starts_with("MESHTRAIN_");
 }
 
-void CheckMetadata(const TrainingJob& job, Checker& c) {
+void CheckMetadata(const TrainingJob& job, FieldChecker& c) {
   if (job.api_version != kApiVersion) {
     c.Fail("apiVersion", "must be \"" + std::string(kApiVersion) + "\", got \"" + job.api_version + "\"");
   }
@@ -130,80 +89,7 @@ void CheckMetadata(const TrainingJob& job, Checker& c) {
   }
 }
 
-// The Llama-class fields on a GPT-2 spec: each may only restate GPT-2's own value.
-void CheckGpt2Model(const ModelSpec& m, Checker& c) {
-  auto fixed = [&](const char* name, const std::optional<int64_t>& value, std::optional<int64_t> gpt2,
-                   const std::string& what) {
-    if (value && gpt2 && *value != *gpt2) {
-      c.Fail(std::string("spec.model.") + name, "GPT-2 has " + what + " (" + std::to_string(*gpt2) + "), got " +
-                                                   std::to_string(*value) + "; set spec.model.family for another");
-    }
-  };
-  const bool divisible = m.heads && m.hidden && *m.heads > 0 && *m.hidden % *m.heads == 0;
-  fixed("kvHeads", m.kv_heads, m.heads, "as many key/value heads as heads");
-  fixed("headDim", m.head_dim, divisible ? std::optional<int64_t>(*m.hidden / *m.heads) : std::nullopt,
-        "heads of hidden / heads channels");
-  fixed("intermediateSize", m.intermediate_size, m.hidden ? std::optional<int64_t>(4 * *m.hidden) : std::nullopt,
-        "an MLP of 4 x hidden");
-  if (m.norm_eps && *m.norm_eps != 1e-5) {
-    c.Fail("spec.model.normEps", "GPT-2's LayerNorm has epsilon 1e-5, got " + Checker::Show(*m.norm_eps));
-  }
-  if (m.rope_theta) c.Fail("spec.model.ropeTheta", "GPT-2 has no RoPE (it learns a position table)");
-  if (m.rope_scaling) c.Fail("spec.model.ropeScaling", "GPT-2 has no RoPE (it learns a position table)");
-  if (m.tie_embeddings && !*m.tie_embeddings) {
-    c.Fail("spec.model.tieEmbeddings", "GPT-2's LM head is always its token embedding");
-  }
-  if (m.heads && m.hidden && *m.heads > 0 && *m.hidden > 0 && *m.hidden % *m.heads != 0) {
-    c.Fail("spec.model.hidden",
-           "must be divisible by spec.model.heads (" + std::to_string(*m.heads) + "), got " + std::to_string(*m.hidden));
-  }
-}
-
-void CheckLlamaModel(const ModelSpec& m, Checker& c) {
-  if (!m.intermediate_size) c.Fail("spec.model.intermediateSize", "is required when spec.model.preset is not set");
-  else c.Range("spec.model.intermediateSize", *m.intermediate_size, 1, int64_t(1) << 20);
-  if (m.kv_heads && c.Range("spec.model.kvHeads", *m.kv_heads, 1, 1024) && m.heads && *m.heads >= 1 &&
-      *m.heads % *m.kv_heads != 0) {
-    c.Fail("spec.model.kvHeads", "must divide spec.model.heads (" + std::to_string(*m.heads) + "), got " +
-                                     std::to_string(*m.kv_heads));
-  }
-  if (!m.head_dim) {
-    if (m.heads && m.hidden && *m.heads > 0 && *m.hidden > 0) {
-      c.Fail("spec.model.headDim", "is required when spec.model.hidden (" + std::to_string(*m.hidden) +
-                                       ") is not a multiple of spec.model.heads (" + std::to_string(*m.heads) + ")");
-    }
-  } else if (c.Range("spec.model.headDim", *m.head_dim, 2, 1024) && *m.head_dim % 2 != 0) {
-    c.Fail("spec.model.headDim", "must be even (RoPE rotates pairs of channels), got " + std::to_string(*m.head_dim));
-  }
-  if (m.norm_eps) c.Finite("spec.model.normEps", *m.norm_eps, 0, /*min_exclusive=*/true);
-  if (m.rope_theta) c.Finite("spec.model.ropeTheta", *m.rope_theta, 0, /*min_exclusive=*/true);
-  if (m.rope_scaling) {
-    const RopeScalingSpec& r = *m.rope_scaling;
-    c.OneOf("spec.model.ropeScaling.type", r.type, {"linear", "llama3"});
-    if (!r.factor) c.Fail("spec.model.ropeScaling.factor", "is required");
-    else c.Finite("spec.model.ropeScaling.factor", *r.factor, 0, /*min_exclusive=*/true);
-    if (r.type == "llama3") {
-      if (r.low_freq_factor) c.Finite("spec.model.ropeScaling.lowFreqFactor", *r.low_freq_factor, 0, true);
-      if (r.high_freq_factor) c.Finite("spec.model.ropeScaling.highFreqFactor", *r.high_freq_factor, 0, true);
-      if (r.low_freq_factor && r.high_freq_factor && *r.high_freq_factor <= *r.low_freq_factor) {
-        c.Fail("spec.model.ropeScaling.highFreqFactor", "must be greater than lowFreqFactor (" +
-                                                            Checker::Show(*r.low_freq_factor) + "), got " +
-                                                            Checker::Show(*r.high_freq_factor));
-      }
-      if (r.original_max_positions) {
-        c.Range("spec.model.ropeScaling.originalMaxPositions", *r.original_max_positions, 1, int64_t(1) << 24);
-      }
-    } else {
-      for (const auto& [name, set] : {std::pair{"lowFreqFactor", r.low_freq_factor.has_value()},
-                                      std::pair{"highFreqFactor", r.high_freq_factor.has_value()},
-                                      std::pair{"originalMaxPositions", r.original_max_positions.has_value()}}) {
-        if (set) c.Fail(std::string("spec.model.ropeScaling.") + name, "only type llama3 takes it");
-      }
-    }
-  }
-}
-
-void CheckModel(const ModelSpec& m, Checker& c) {
+void CheckModel(const ModelSpec& m, FieldChecker& c) {
   const ModelShape* preset = FindPreset(m.preset);
   if (!m.preset.empty() && preset == nullptr) {
     std::string known;
@@ -211,16 +97,13 @@ void CheckModel(const ModelSpec& m, Checker& c) {
     c.Fail("spec.model.preset", "unknown preset \"" + m.preset + "\"; known presets: " + known);
     return;  // the shape is unknown, so its fields are not worth checking
   }
-  const std::optional<Family> family = FamilyNamed(m.family.empty() ? "gpt2" : m.family);
-  if (!family) {
-    std::string known;
-    for (std::string_view name : FamilyNames()) known += (known.empty() ? "" : ", ") + std::string(name);
-    c.Fail("spec.model.family", "must be one of " + known + "; got \"" + m.family + "\"");
+  const ModelFamily* family = FindFamily(m.family.empty() ? "gpt2" : m.family);
+  if (family == nullptr) {
+    c.Fail("spec.model.family", "must be one of " + FamilyList() + "; got \"" + m.family + "\"");
     return;
   }
-  if (preset != nullptr && preset->family != *family) {
-    c.Fail("spec.model.family", "the preset " + m.preset + " is of family " + std::string(FamilyName(preset->family)) +
-                                    ", got " + m.family);
+  if (preset != nullptr && preset->family != family->name()) {
+    c.Fail("spec.model.family", "the preset " + m.preset + " is of family " + preset->family + ", got " + m.family);
   }
   struct Dim {
     const char* name;
@@ -235,13 +118,9 @@ void CheckModel(const ModelSpec& m, Checker& c) {
   }
   c.Finite("spec.model.dropout", m.dropout, 0, false);
   if (std::isfinite(m.dropout) && m.dropout >= 1) {
-    c.Fail("spec.model.dropout", "must be below 1 (the probability of dropping an element), got " + Checker::Show(m.dropout));
+    c.Fail("spec.model.dropout", "must be below 1 (the probability of dropping an element), got " + FieldChecker::Show(m.dropout));
   }
-  if (*family == Family::kGpt2) {
-    CheckGpt2Model(m, c);
-  } else {
-    CheckLlamaModel(m, c);
-  }
+  family->Check(m, c);
   // GPT-2's position table has maxPositions rows; RoPE reaches as far as the model was trained.
   if (m.max_positions && c.Range("spec.model.maxPositions", *m.max_positions, 1, int64_t(1) << 24) && m.seq_len &&
       *m.seq_len > *m.max_positions) {
@@ -250,7 +129,7 @@ void CheckModel(const ModelSpec& m, Checker& c) {
   }
 }
 
-void CheckData(const DataSpec& d, Checker& c) {
+void CheckData(const DataSpec& d, FieldChecker& c) {
   if (d.train.empty()) c.Fail("spec.data.train", "is required: give at least one token file or glob");
   for (const auto* list : {&d.train, &d.validation}) {
     const std::string base = list == &d.train ? "spec.data.train" : "spec.data.validation";
@@ -261,12 +140,12 @@ void CheckData(const DataSpec& d, Checker& c) {
   c.OneOf("spec.data.format", d.format, {"auto", "uint16"});
 }
 
-void CheckTraining(const TrainingSpec& t, Checker& c) {
-  c.Range("spec.training.steps", t.steps, 1, Checker::kNoMax);
-  c.Range("spec.training.globalBatchTokens", t.global_batch_tokens, 1, Checker::kNoMax);
+void CheckTraining(const TrainingSpec& t, FieldChecker& c) {
+  c.Range("spec.training.steps", t.steps, 1, FieldChecker::kNoMax);
+  c.Range("spec.training.globalBatchTokens", t.global_batch_tokens, 1, FieldChecker::kNoMax);
   c.Range("spec.training.microBatchSize", t.micro_batch_size, 1, kMaxMicroBatchSize);
   c.Finite("spec.training.learningRate", t.learning_rate, 0, /*min_exclusive=*/true);
-  if (c.Range("spec.training.warmupSteps", t.warmup_steps, 0, Checker::kNoMax) && t.steps >= 1 &&
+  if (c.Range("spec.training.warmupSteps", t.warmup_steps, 0, FieldChecker::kNoMax) && t.steps >= 1 &&
       t.warmup_steps > t.steps) {
     c.Fail("spec.training.warmupSteps", "must not exceed spec.training.steps (" + std::to_string(t.steps) +
                                             "), got " + std::to_string(t.warmup_steps));
@@ -274,15 +153,15 @@ void CheckTraining(const TrainingSpec& t, Checker& c) {
   c.OneOf("spec.training.schedule", t.schedule, {"cosine", "constant"});
   c.Finite("spec.training.weightDecay", t.weight_decay, 0, false);
   c.Finite("spec.training.gradClip", t.grad_clip, 0, false);
-  c.Range("spec.training.seed", t.seed, 0, Checker::kNoMax);
+  c.Range("spec.training.seed", t.seed, 0, FieldChecker::kNoMax);
   c.OneOf("spec.training.precision", t.precision, {"auto", "fp32", "bf16"});
-  c.Range("spec.training.evalInterval", t.eval_interval, 0, Checker::kNoMax);
+  c.Range("spec.training.evalInterval", t.eval_interval, 0, FieldChecker::kNoMax);
   c.Range("spec.training.evalBatches", t.eval_batches, 1, 1 << 20);
 }
 
 // Checks that need the sizes of several blocks at once: the mesh, TP against the
 // model, and the batch against the data-parallel size.
-void CheckLayout(const TrainingJobSpec& spec, Checker& c) {
+void CheckLayout(const TrainingJobSpec& spec, FieldChecker& c) {
   const ParallelismSpec& p = spec.parallelism;
   FieldErrors layout = ParallelLayout::Check(spec.nodes, spec.gpus_per_node, p.tensor_parallel_degree,
                                              p.hybrid_shard_degree, p.pipeline_parallel_degree);
@@ -343,9 +222,9 @@ void CheckLayout(const TrainingJobSpec& spec, Checker& c) {
   }
 }
 
-void CheckParallelism(const ParallelismSpec& p, Checker& c) {
+void CheckParallelism(const ParallelismSpec& p, FieldChecker& c) {
   c.OneOf("spec.parallelism.mode", p.mode, {"manual", "auto"});
-  c.Range("spec.parallelism.tensorParallelSeed", p.tensor_parallel_seed, 0, Checker::kNoMax);
+  c.Range("spec.parallelism.tensorParallelSeed", p.tensor_parallel_seed, 0, FieldChecker::kNoMax);
   c.Range("spec.parallelism.activationLoadingHorizon", p.activation_loading_horizon, 1, 1024);
   c.OneOf("spec.parallelism.pipelineSchedule", p.pipeline_schedule, {"GPipe", "1F1B", "Interleaved1F1B"});
   if (c.Range("spec.parallelism.pipelineVirtualStages", p.pipeline_virtual_stages, 1, 64)) {
@@ -369,12 +248,12 @@ void CheckParallelism(const ParallelismSpec& p, Checker& c) {
   }
 }
 
-void CheckCheckpoint(const CheckpointSpec& k, Checker& c) {
-  c.Range("spec.checkpoint.interval", k.interval, 1, Checker::kNoMax);
+void CheckCheckpoint(const CheckpointSpec& k, FieldChecker& c) {
+  c.Range("spec.checkpoint.interval", k.interval, 1, FieldChecker::kNoMax);
   c.Range("spec.checkpoint.keep", k.keep, 1, 1000);
 }
 
-void CheckTopology(const TopologySpec& t, Checker& c) {
+void CheckTopology(const TopologySpec& t, FieldChecker& c) {
   std::set<std::string> seen;
   for (size_t i = 0; i < t.levels.size(); ++i) {
     const std::string path = "spec.topology.levels[" + std::to_string(i) + "]";
@@ -388,17 +267,17 @@ void CheckTopology(const TopologySpec& t, Checker& c) {
   }
 }
 
-void CheckRunPolicy(const RunPolicy& r, Checker& c) {
+void CheckRunPolicy(const RunPolicy& r, FieldChecker& c) {
   c.Range("spec.runPolicy.backoffLimit", r.backoff_limit, 0, 1000);
-  c.Range("spec.runPolicy.hangTimeoutSeconds", r.hang_timeout_seconds, 0, Checker::kNoMax);
-  if (r.active_deadline_seconds) c.Range("spec.runPolicy.activeDeadlineSeconds", *r.active_deadline_seconds, 1, Checker::kNoMax);
+  c.Range("spec.runPolicy.hangTimeoutSeconds", r.hang_timeout_seconds, 0, FieldChecker::kNoMax);
+  if (r.active_deadline_seconds) c.Range("spec.runPolicy.activeDeadlineSeconds", *r.active_deadline_seconds, 1, FieldChecker::kNoMax);
   if (r.ttl_seconds_after_finished) {
-    c.Range("spec.runPolicy.ttlSecondsAfterFinished", *r.ttl_seconds_after_finished, 0, Checker::kNoMax);
+    c.Range("spec.runPolicy.ttlSecondsAfterFinished", *r.ttl_seconds_after_finished, 0, FieldChecker::kNoMax);
   }
   c.OneOf("spec.runPolicy.cleanPodPolicy", r.clean_pod_policy, {"None", "Running", "All"});
 }
 
-void CheckTemplate(const PodTemplateOverrides& t, Checker& c) {
+void CheckTemplate(const PodTemplateOverrides& t, FieldChecker& c) {
   for (size_t i = 0; i < t.tolerations.size(); ++i) {
     const Toleration& tol = t.tolerations[i];
     const std::string path = "spec.template.tolerations[" + std::to_string(i) + "]";
@@ -445,7 +324,7 @@ void CheckTemplate(const PodTemplateOverrides& t, Checker& c) {
 }  // namespace
 
 FieldErrors ValidateTrainingJob(const TrainingJob& job) {
-  Checker c;
+  FieldChecker c;
   const TrainingJobSpec& spec = job.spec;
   CheckMetadata(job, c);
   if (spec.image.empty()) c.Fail("spec.image", "is required: the container image that holds meshtrain-worker");

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "api/model_family.h"
 #include "cli/commands.h"
 #include "worker/runtime/memory.h"
 #include "worker/train/checkpoint.h"
@@ -74,7 +75,7 @@ int ExportCommand(const ExportOptions& o, std::ostream& out) {
   try {
     const api::ModelShape shape = train::CheckpointModel(o.checkpoint);
     if (single_file) {
-      if (shape.llama() || dtype != train::Dtype::kF32 || !o.like.empty()) {
+      if (!shape.Family().HasSingleFileForm() || dtype != train::Dtype::kF32 || !o.like.empty()) {
         out << "meshtrain export: " << o.output << ": a single .safetensors file is GPT-2's F32 form; give a directory "
             << "for a Hugging Face model directory\n";
         return kExitUnreadable;

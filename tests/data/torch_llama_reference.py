@@ -1,11 +1,12 @@
 #!/usr/bin/python3
-"""An independent implementation of the Llama class (Llama, Mistral, Qwen2) in PyTorch,
+"""An independent implementation of the Llama class (Llama, Mistral, Qwen2, Qwen3) in PyTorch,
 float64, for meshtrain's parity test (tests/integration/torch_parity_test.cc). It follows
 transformers' modeling code: RMSNorm, rotate-half RoPE with rope_scaling (linear, llama3),
 grouped-query attention by repeating k and v (repeat_kv), SwiGLU, a tied or untied head,
-Qwen2's biases on q, k and v. Nothing here comes from meshtrain but the file formats.
+Qwen2's biases on q, k and v, Qwen3's RMSNorm of each head of q and k before RoPE
+(q_norm, k_norm). Nothing here comes from meshtrain but the file formats.
 
-  init DIR --family llama|qwen2 [--tied 0|1] [--dtype f32|bf16] [--shards N] [--seed S]
+  init DIR --family llama|qwen2|qwen3 [--tied 0|1] [--dtype f32|bf16] [--shards N] [--seed S]
       writes a small model as a Hugging Face directory: config.json, and model.safetensors
       or N shards with model.safetensors.index.json, random weights.
   train DIR BATCHES OUT [--exported EXPORT_DIR]
@@ -90,6 +91,7 @@ class Config:
         self.scaling = c.get("rope_scaling")
         self.tied = c.get("tie_word_embeddings", False)
         self.bias = c["architectures"][0] == "Qwen2ForCausalLM"
+        self.head_norms = c["architectures"][0] == "Qwen3ForCausalLM"
 
 
 def inverse_frequencies(cfg):
@@ -136,8 +138,12 @@ def forward(cfg, p, idx, tgt):
         def project(name):
             y = h @ p[a + f"self_attn.{name}_proj.weight"].T
             return y + p[a + f"self_attn.{name}_proj.bias"] if cfg.bias else y
-        q = project("q").view(B, T, cfg.heads, cfg.head_dim).transpose(1, 2)
-        k = project("k").view(B, T, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
+        q = project("q").view(B, T, cfg.heads, cfg.head_dim)
+        k = project("k").view(B, T, cfg.kv_heads, cfg.head_dim)
+        if cfg.head_norms:  # Qwen3Attention: q_norm and k_norm over each head, before RoPE
+            q = rms_norm(q, p[a + "self_attn.q_norm.weight"], cfg.eps)
+            k = rms_norm(k, p[a + "self_attn.k_norm.weight"], cfg.eps)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = project("v").view(B, T, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # repeat_kv
@@ -159,10 +165,12 @@ def forward(cfg, p, idx, tgt):
 
 def init(args):
     g = torch.Generator().manual_seed(args.seed)
-    qwen = args.family == "qwen2"
+    qwen = args.family in ("qwen2", "qwen3")
+    qwen3 = args.family == "qwen3"
     L, NH, KVH, HD, C, I, V = 2, 4, 2, 12, 40, 76, 256
+    architecture = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
     config = {
-        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
+        "architectures": [architecture[args.family]],
         "model_type": args.family, "num_hidden_layers": L, "num_attention_heads": NH, "num_key_value_heads": KVH,
         "head_dim": HD, "hidden_size": C, "intermediate_size": I, "vocab_size": V, "max_position_embeddings": 128,
         "rms_norm_eps": 1e-6 if qwen else 1e-5, "rope_theta": 500.0, "hidden_act": "silu",
@@ -174,6 +182,8 @@ def init(args):
     }
     if qwen:
         config.update({"use_sliding_window": False, "sliding_window": 4096, "max_window_layers": L})
+    if qwen3:  # Qwen3-0.6B's keys: no biases, no scaling, every layer full attention
+        config.update({"attention_bias": False, "rope_scaling": None, "layer_types": ["full_attention"] * L})
     else:
         config.update({"attention_bias": False, "mlp_bias": False})
 
@@ -186,8 +196,11 @@ def init(args):
         w[a + "input_layernorm.weight"] = 1 + normal(C, scale=0.1)
         for name, rows in (("q", NH * HD), ("k", KVH * HD), ("v", KVH * HD)):
             w[a + f"self_attn.{name}_proj.weight"] = normal(rows, C, scale=0.2)
-            if qwen:
+            if qwen and not qwen3:
                 w[a + f"self_attn.{name}_proj.bias"] = normal(rows, scale=0.1)
+        if qwen3:
+            w[a + "self_attn.q_norm.weight"] = 1 + normal(HD, scale=0.2)
+            w[a + "self_attn.k_norm.weight"] = 1 + normal(HD, scale=0.2)
         w[a + "self_attn.o_proj.weight"] = normal(C, NH * HD, scale=0.15)
         w[a + "post_attention_layernorm.weight"] = 1 + normal(C, scale=0.1)
         w[a + "mlp.gate_proj.weight"] = normal(I, C, scale=0.2)
@@ -267,7 +280,7 @@ def main():
     sub = parser.add_subparsers(dest="command", required=True)
     i = sub.add_parser("init")
     i.add_argument("dir")
-    i.add_argument("--family", choices=["llama", "qwen2"], default="llama")
+    i.add_argument("--family", choices=["llama", "qwen2", "qwen3"], default="llama")
     i.add_argument("--tied", type=int, default=None)
     i.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     i.add_argument("--shards", type=int, default=1)

@@ -44,7 +44,7 @@
 //   --layers N                 the model's blocks (default 3): the limit case takes more, so
 //                              that a whole number of MiB separates one rank holding the
 //                              whole model from the sharded ranks.
-//   --family gpt2|llama|qwen2  the model's family (default gpt2; JobManifest says the shapes).
+//   --family gpt2|llama|qwen2|qwen3  the model's family (default gpt2; ModelOf says the shapes).
 //   --masked 1                 a loss mask beside the training data (WriteMask): windows, and
 //                              so micro-batches, hold very different numbers of targets,
 //                              and the loss is the mean over the global batch's.
@@ -127,7 +127,7 @@ constexpr double kFp64WeightTolerance = 1e-7;
 
 struct Options {
   std::string mode = "equivalence", dir, activations, from;
-  std::string family = "gpt2";  // gpt2 | llama | qwen2
+  std::string family = "gpt2";  // gpt2 | llama | qwen2 | qwen3
   bool masked = false;           // a loss mask beside the training data
   int ranks = 2, nodes = 1, tp = 1, shard = 0, repeat = 1, limit_mib = 0, layers = 3;
   double dropout = 0;
@@ -174,8 +174,8 @@ void Expect(bool ok, const std::string& what) {
 // The job: a small model whose units do not divide by 3, 5 or 7 (GPT-2 of hidden 44: a
 // block is 23804 elements, the embedding unit 12804; the Llama class: 4 query heads over 2
 // key/value heads of 12 channels, so that TP 2 splits the key/value heads; an untied head
-// for llama, Qwen2's biases and a tied head for qwen2), micro-batches of one sequence per
-// rank.
+// for llama and qwen3, Qwen2's biases and a tied head for qwen2, Qwen3's per-head norms
+// with heads x headDim (48) past hidden), micro-batches of one sequence per rank.
 nlohmann::json ModelOf(const Options& o) {
   nlohmann::json model = {{"layers", o.layers}, {"heads", 4},       {"hidden", 44},
                           {"vocabSize", 256},   {"seqLen", kSeq},   {"dropout", o.dropout}};

@@ -298,7 +298,8 @@ api::CheckedJob LlamaJob(const fs::path& model, const fs::path& tokens, const st
 }
 
 // In, trained, out and in again: a directory of bf16 weights over three shards (Llama,
-// untied head) and one of fp32 weights in one file (Qwen2, tied head, biases) train from
+// untied head), one of fp32 weights in one file (Qwen2, tied head, biases) and one of
+// fp32 weights over two shards (Qwen3, untied head, q_norm and k_norm) train from
 // spec.model.init.from; `meshtrain export` writes the checkpoint as a directory of small
 // shards with an index, names and shapes as transformers writes them, the vocabulary
 // unpadded and a tied head once; reading it back gives the checkpoint's weights bit for
@@ -308,14 +309,15 @@ TEST_F(HuggingFaceTest, ALlamaClassDirectoryTrainsExportsAndLoadsBackBitForBit) 
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t((i * 37 + i / 7) % 256);
   WriteTokenFile((dir_ / "bytes.bin").string(), tokens);
   for (const auto& [family, flags] : {std::pair<std::string, std::string>{"llama", "--dtype bf16 --shards 3"},
-                                      std::pair<std::string, std::string>{"qwen2", ""}}) {
+                                      std::pair<std::string, std::string>{"qwen2", ""},
+                                      std::pair<std::string, std::string>{"qwen3", "--shards 2"}}) {
     SCOPED_TRACE(family);
     const fs::path model = ReferenceModel(dir_ / (family + "-in"), family, flags);
     const fs::path checkpoints = dir_ / (family + "-checkpoints"), exported = dir_ / (family + "-out");
     const api::CheckedJob checked = LlamaJob(model, dir_ / "bytes.bin", checkpoints.string());
     ASSERT_TRUE(checked.ok()) << checked.errors.front().ToString();
     const api::ModelShape shape = api::ShapeOf(checked.job.spec.model);
-    EXPECT_EQ(api::FamilyName(shape.family), family);
+    EXPECT_EQ(shape.family, family);
     EXPECT_EQ(shape.hidden, 40);
     EXPECT_EQ(shape.KvHeads(), 2);
     EXPECT_EQ(shape.tied, family == "qwen2");
@@ -331,7 +333,10 @@ TEST_F(HuggingFaceTest, ALlamaClassDirectoryTrainsExportsAndLoadsBackBitForBit) 
                                 " " + exported.string() + " --max-shard-size 50KB > " + (dir_ / "export.txt").string();
     ASSERT_EQ(std::system(command.c_str()), 0) << command;
     const nlohmann::json config = nlohmann::json::parse(std::ifstream(exported / "config.json"));
-    EXPECT_EQ(config.at("architectures")[0], family == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
+    const std::map<std::string, std::string> architecture = {
+        {"llama", "LlamaForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"}, {"qwen3", "Qwen3ForCausalLM"}};
+    EXPECT_EQ(config.at("architectures")[0], architecture.at(family));
+    EXPECT_EQ(config.at("model_type"), family);
     EXPECT_EQ(config.at("torch_dtype"), "float32");
     EXPECT_EQ(config.at("num_key_value_heads"), 2);
     EXPECT_EQ(config.at("head_dim"), 12);
@@ -348,8 +353,16 @@ TEST_F(HuggingFaceTest, ALlamaClassDirectoryTrainsExportsAndLoadsBackBitForBit) 
     EXPECT_EQ(files.at("model.layers.1.self_attn.q_proj.weight").shape, (std::vector<int64_t>{48, 40}));
     EXPECT_EQ(files.at("model.layers.1.self_attn.k_proj.weight").shape, (std::vector<int64_t>{24, 40}));
     EXPECT_EQ(files.at("model.layers.0.mlp.down_proj.weight").shape, (std::vector<int64_t>{40, 76}));
-    EXPECT_EQ(files.contains("lm_head.weight"), family == "llama") << "a tied head is written once";
+    EXPECT_EQ(files.contains("lm_head.weight"), family != "qwen2") << "a tied head is written once";
     EXPECT_EQ(files.contains("model.layers.0.self_attn.q_proj.bias"), family == "qwen2");
+    if (family == "qwen3") {  // the per-head norms, by transformers' names
+      EXPECT_EQ(files.at("model.layers.1.self_attn.q_norm.weight").shape, (std::vector<int64_t>{12}));
+      EXPECT_EQ(files.at("model.layers.1.self_attn.k_norm.weight").shape, (std::vector<int64_t>{12}));
+      EXPECT_EQ(config.at("use_sliding_window"), false);
+      EXPECT_EQ(config.at("attention_bias"), false);
+    } else {
+      EXPECT_FALSE(files.contains("model.layers.0.self_attn.q_norm.weight"));
+    }
     EXPECT_EQ(index.at("weight_map").size(), files.size());
     int64_t data_bytes = 0;  // transformers' total_size: the tensors' data, 4 bytes a value here
     for (const auto& [name, t] : files) data_bytes += 4 * int64_t(t.values.size());

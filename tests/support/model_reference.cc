@@ -50,7 +50,7 @@ ModelReference<P>::ModelReference(const api::ModelShape& shape, int max_batch, i
   scratch_memory_ = runtime::DeviceArray<std::byte>(
       &allocator_, api::BlockScratchBytes(max_batch, max_seq, shape, 1, types_, /*dropout=*/true),
       MemoryCategory::kActivations);
-  if (layout_.shape().llama()) {
+  if (!api::FamilyBuffers(max_seq, shape, types_).empty()) {
     const std::vector<double> table = model::RopeTable(shape, max_seq);
     const std::vector<G> narrow(table.begin(), table.end());
     rope_ = runtime::DeviceArray<G>(&allocator_, int64_t(narrow.size()), MemoryCategory::kActivations);
@@ -103,7 +103,7 @@ model::Dims ModelReference<P>::DimsOf(int B, int T) const {
 template <class P>
 model::Context<P> ModelReference<P>::Context() {
   const runtime::DevicePtr<const G> rope = rope_.get();
-  const int64_t half = layout_.shape().llama() ? int64_t(max_seq_) * (layout_.shape().head_dim / 2) : 0;
+  const int64_t half = rope ? int64_t(max_seq_) * (layout_.shape().head_dim / 2) : 0;
   return {*ops_, *stream_, nullptr, rope, rope ? rope + half : rope};
 }
 

@@ -94,11 +94,17 @@ std::vector<kernels::ShardSegment> SegmentsOfUnit(const model::ParameterLayout& 
 // GPT-2, the Llama class with an untied head (its own unit), and Qwen2's biases with a tied
 // head and one key/value head.
 const api::ModelShape kQwenTiny{.layers = 3, .heads = 4, .hidden = 64, .vocab_size = 256, .seq_len = 32,
-                                .family = api::Family::kQwen2, .kv_heads = 1, .head_dim = 16, .intermediate = 96,
+                                .family = "qwen2", .kv_heads = 1, .head_dim = 16, .intermediate = 96,
                                 .max_positions = 64, .norm_eps = 1e-6, .rope_theta = 1000, .tied = true};
 
+// Qwen3's per-head norms of q and k, with heads x head_dim (96) past hidden (64).
+const api::ModelShape kQwen3Tiny{.layers = 3, .heads = 4, .hidden = 64, .vocab_size = 256, .seq_len = 32,
+                                 .family = "qwen3", .kv_heads = 2, .head_dim = 24, .intermediate = 96,
+                                 .max_positions = 64, .norm_eps = 1e-6, .rope_theta = 1000, .tied = false};
+
 TEST(ShardedEngine, OneRankMatchesTheWholeModelBitForBit) {
-  for (const api::ModelShape& shape : {*api::FindPreset("gpt2-tiny"), *api::FindPreset("llama-tiny"), kQwenTiny}) {
+  for (const api::ModelShape& shape :
+       {*api::FindPreset("gpt2-tiny"), *api::FindPreset("llama-tiny"), kQwenTiny, kQwen3Tiny}) {
   SCOPED_TRACE(api::DescribeShape(shape));
   const Batch batch;
   runtime::MemoryAccounting accounting;

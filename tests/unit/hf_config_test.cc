@@ -102,6 +102,50 @@ TEST(HuggingFaceConfig, WhatWouldChangeTheMathIsRefusedByName) {
   EXPECT_NE(ErrorOf(Json::parse("[1]")).find("config.json: not a JSON object"), std::string::npos);
 }
 
+// Qwen3-0.6B's config.json as transformers 4.51 saves it.
+Json Qwen3() {
+  return Json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+    "initializer_range": 0.02, "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28,
+    "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+    "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 151936})");
+}
+
+// Qwen3 is its own family: its config gives its preset, head_dim defaults to Qwen3's 128
+// (not hidden / heads = 64), what meshtrain writes names Qwen3ForCausalLM with head_dim,
+// and its keys that would change the math are refused by name.
+TEST(HuggingFaceConfig, Qwen3ReadsAsQwen3AndItsUnimplementedKeysAreNamed) {
+  EXPECT_EQ(ShapeOfConfig(Qwen3()), *FindPreset("qwen3-0.6b"));
+  Json no_head_dim = Qwen3();
+  no_head_dim.erase("head_dim");
+  EXPECT_EQ(ShapeOfConfig(no_head_dim).head_dim, 128);
+  const Json written = HuggingFaceConfigJson(*FindPreset("qwen3-8b"), "bfloat16");
+  EXPECT_EQ(written.at("architectures")[0], "Qwen3ForCausalLM");
+  EXPECT_EQ(written.at("model_type"), "qwen3");
+  EXPECT_EQ(written.at("head_dim"), 128);
+  EXPECT_EQ(written.at("tie_word_embeddings"), false);
+  EXPECT_EQ(written.at("use_sliding_window"), false);
+  auto with = [](const char* key, Json value) {
+    Json c = Qwen3();
+    c[key] = std::move(value);
+    return c;
+  };
+  EXPECT_NE(ErrorOf(with("use_sliding_window", true)).find("config.json: use_sliding_window true is not implemented"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0},
+                                          {"original_max_position_embeddings", 32768}}))
+                .find("rope_scaling type \"yarn\" is not implemented"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(with("attention_bias", true)).find("attention_bias true is not implemented"), std::string::npos);
+  EXPECT_NE(ErrorOf(with("layer_types", {"full_attention", "sliding_attention"}))
+                .find("layer_types[1] \"sliding_attention\" is not implemented"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(with("head_dim", 0)).find("head_dim must be a positive integer"), std::string::npos);
+}
+
 // A model directory against the job: the shape from config.json, a field that disagrees
 // named with both values, a misspelt family named as one (not an internal error), and no
 // false warning that an elastic job of config.json's shape cannot shrink.

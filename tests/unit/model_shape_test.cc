@@ -28,6 +28,11 @@ TEST(ModelShape, LlamaClassParameterCountsMatchThePublishedSizes) {
   EXPECT_EQ(FindPreset("qwen2.5-0.5b")->ParameterCount(), 494'032'768);  // q, k and v biases, tied
   EXPECT_EQ(FindPreset("qwen2.5-7b")->ParameterCount(), 7'615'616'512);
   EXPECT_EQ(FindPreset("qwen2.5-72b")->ParameterCount(), 72'706'203'648);
+  // Qwen3's model cards: 0.6B (0.44B without the embedding), 8.2B (6.95B), 32.8B (31.2B);
+  // q_norm and k_norm add 2 x head_dim a block.
+  EXPECT_EQ(FindPreset("qwen3-0.6b")->ParameterCount(), 596'049'920);
+  EXPECT_EQ(FindPreset("qwen3-8b")->ParameterCount(), 8'190'735'360);
+  EXPECT_EQ(FindPreset("qwen3-32b")->ParameterCount(), 32'762'123'264);
   // 6N + 12 L T Q, N without an untied embedding (a lookup): 8B at 2048 tokens.
   const ModelShape& l8 = *FindPreset("llama3.1-8b");
   EXPECT_DOUBLE_EQ(l8.TrainingFlopsPerToken(2048),
@@ -35,18 +40,17 @@ TEST(ModelShape, LlamaClassParameterCountsMatchThePublishedSizes) {
 }
 
 TEST(ModelShape, PresetsAreListedSmallestFirstInTheirSeriesAndFindable) {
-  std::map<std::string, int64_t> last;  // by series: gpt2, llama, mistral, qwen2.5
+  std::map<std::string, int64_t> last;  // by family
   for (std::string_view name : PresetNames()) {
     const ModelShape* shape = FindPreset(name);
     ASSERT_NE(shape, nullptr) << name;
-    if (!shape->llama()) {
+    if (shape->family == "gpt2") {
       EXPECT_EQ(shape->hidden % shape->heads, 0) << name;
     }
     EXPECT_EQ(shape->heads % shape->KvHeads(), 0) << name;
     EXPECT_LE(shape->seq_len, shape->MaxPositions()) << name;
-    const std::string series(name.substr(0, name.find_first_of("-0123456789")));
-    EXPECT_GT(shape->ParameterCount(), last[series]) << name;
-    last[series] = shape->ParameterCount();
+    EXPECT_GT(shape->ParameterCount(), last[shape->family]) << name;
+    last[shape->family] = shape->ParameterCount();
   }
   EXPECT_EQ(FindPreset("gpt2-xl"), nullptr);
   EXPECT_EQ(FindPreset(""), nullptr);

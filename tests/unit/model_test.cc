@@ -30,11 +30,11 @@ using testing::ModelReference;
 const api::ModelShape kTiny{.layers = 2, .heads = 2, .hidden = 8, .vocab_size = 11, .seq_len = 6};
 // theta 10, so that the rotations are large at positions 0 to 5.
 const api::ModelShape kLlama{.layers = 2, .heads = 4, .hidden = 8, .vocab_size = 11, .seq_len = 6,
-                             .family = api::Family::kLlama, .kv_heads = 2, .head_dim = 4, .intermediate = 12,
+                             .family = "llama", .kv_heads = 2, .head_dim = 4, .intermediate = 12,
                              .max_positions = 32, .norm_eps = 1e-5, .rope_theta = 10,
                              .rope_scaling = {"llama3", 4, 1, 4, 16}, .tied = false};
 const api::ModelShape kQwen{.layers = 2, .heads = 2, .hidden = 8, .vocab_size = 11, .seq_len = 6,
-                            .family = api::Family::kQwen2, .kv_heads = 1, .head_dim = 4, .intermediate = 12,
+                            .family = "qwen2", .kv_heads = 1, .head_dim = 4, .intermediate = 12,
                             .max_positions = 32, .norm_eps = 1e-6, .rope_theta = 10,
                             .rope_scaling = {"linear", 2, 1, 4, 8192}, .tied = true};
 const api::ModelShape kFamilies[] = {kTiny, kLlama, kQwen};

@@ -122,6 +122,19 @@ class Ops {
   virtual void RmsNormBackward(Out<Act> dinp, Out<Acc> dweight, In<Act> dout, In<Act> inp, In<Act> weight,
                                In<Acc> rstd, int64_t N, int C, Stream& stream) = 0;
 
+  // --- Per-head RMSNorm (Qwen3's q_norm and k_norm; eps given) ---
+  // For each of the N rows of x (`stride` elements apart) and each of the `heads` heads of
+  // HS channels from the row's start: saved (N*heads, HS) = the head as it was, rstd
+  // (N*heads) = 1 / sqrt(mean(head^2) + eps), and the head = head * rstd * weight (HS),
+  // in place.
+  virtual void HeadRmsNormForward(Out<Act> x, Out<Act> saved, Out<Acc> rstd, In<Act> weight, int64_t N, int heads,
+                                  int HS, int64_t stride, float eps, Stream& stream) = 0;
+  // dx: the gradient of the forward's output in, of its input out, in place (the forward's
+  // layout); dweight (HS) = its own, from these heads only (with TP the caller adds the
+  // group's). saved and rstd as the forward left them.
+  virtual void HeadRmsNormBackward(Out<Act> dx, Out<Acc> dweight, In<Act> saved, In<Act> weight, In<Acc> rstd,
+                                   int64_t N, int heads, int HS, int64_t stride, Stream& stream) = 0;
+
   // --- Products ---
   // out (N,OC) = inp (N,K) @ weight (OC,K)^T + bias (OC; nullable) + residual (N,OC;
   // nullable; not out), from the sum not stored: a projection into the residual stream.

@@ -1,11 +1,13 @@
-// The Llama class's layers (model.h): Llama 2 and 3, Mistral, Qwen2. Pre-RMSNorm blocks
-// of grouped-query attention with rotate-half RoPE on q and k, and a SwiGLU MLP; no
-// biases but Qwen2's on q, k and v; no position table; a tied or untied LM head. Its
-// units (api/model_family.h): the embedding unit embed (Vp,C) (and norm (C) when tied);
-// each block attn_norm (C), q (Q,C), k (KV,C), v (KV,C), [q, k, v biases], o (C,Q),
-// mlp_norm (C), gate (I,C), up (I,C), down (C,I), this rank's slices, so that q, k and v
-// are one (Ql + 2 KVl, C) matrix and gate and up one (2 Il, C); the head unit norm (C),
-// lm_head (Vp,C) when untied.
+// The Llama class's layers (model.h), for every family whose description names them
+// (api/families/llama.h: Llama 2 and 3, Mistral, Qwen2, Qwen3). Pre-RMSNorm blocks of
+// grouped-query attention with rotate-half RoPE on q and k, and a SwiGLU MLP; no
+// position table; a tied or untied LM head. Its units (api/model_family.h): the embedding
+// unit embed (Vp,C) (and norm (C) when tied); each block attn_norm (C), q (Q,C), k (KV,C),
+// v (KV,C), [q, k, v biases], [q_norm (HS), k_norm (HS)], o (C,Q), mlp_norm (C), gate
+// (I,C), up (I,C), down (C,I), this rank's slices, so that q, k and v are one
+// (Ql + 2 KVl, C) matrix and gate and up one (2 Il, C); the head unit norm (C), lm_head
+// (Vp,C) when untied. Where a block holds biases, q, k and v add them; where it holds
+// q_norm and k_norm, each head of q and of k is RMS-normed before RoPE.
 
 #include "worker/model/layers.h"
 
@@ -25,6 +27,8 @@ class Llama final : public Model<P> {
         attn_norm_(layout.OffsetInUnit(Param::kAttnNorm)),
         wqkv_(layout.OffsetInUnit(Param::kWq)),
         bqkv_(layout.Has(Param::kBq) ? layout.OffsetInUnit(Param::kBq) : -1),
+        q_norm_(layout.Has(Param::kQNorm) ? layout.OffsetInUnit(Param::kQNorm) : -1),
+        k_norm_(layout.Has(Param::kKNorm) ? layout.OffsetInUnit(Param::kKNorm) : -1),
         wo_(layout.OffsetInUnit(Param::kWo)),
         mlp_norm_(layout.OffsetInUnit(Param::kMlpNorm)),
         wgate_up_(layout.OffsetInUnit(Param::kWGate)),
@@ -57,6 +61,11 @@ class Llama final : public Model<P> {
     kernels::Ops<P>& ops = k.ops;
     ops.RmsNormForward(a.attn_norm, a.attn_rstd, residual, p + attn_norm_, N, C, d.eps, k.stream);
     ops.MatmulForward(a.qkv, nullptr, a.attn_norm, p + wqkv_, Bias(p), nullptr, N, C, Q + 2 * KV, k.stream);
+    if (q_norm_ >= 0) {  // each head of q, then of k
+      ops.HeadRmsNormForward(a.qkv, a.qk_raw, a.qk_rstd, p + q_norm_, N, d.heads(), d.HS, Q + 2 * KV, d.eps, k.stream);
+      ops.HeadRmsNormForward(a.qkv + Q, a.qk_raw + N * Q, a.qk_rstd + N * d.heads(), p + k_norm_, N, d.kv_heads(),
+                             d.HS, Q + 2 * KV, d.eps, k.stream);
+    }
     ops.RopeForward(a.qkv, k.rope_cos, k.rope_sin, d.B, d.T, d.heads(), d.kv_heads(), d.HS, k.stream);
     ops.AttentionForward(a.atty, a.att_state, a.qkv, d.B, d.T, d.heads(), d.kv_heads(), d.HS, k.stream);
     const int64_t q_whole = int64_t(d.NH) * d.HS, q_first = int64_t(d.tp.rank) * Q;
@@ -113,6 +122,7 @@ class Llama final : public Model<P> {
     ops.AttentionBackward(s.dqkv, s.attention, s.datty, a.qkv, a.atty, a.att_state, d.B, d.T, d.heads(), d.kv_heads(),
                           d.HS, k.stream);
     ops.RopeBackward(s.dqkv, k.rope_cos, k.rope_sin, d.B, d.T, d.heads(), d.kv_heads(), d.HS, k.stream);
+    if (q_norm_ >= 0) HeadNormsBackward(k, dp, s, a, p, d);
     ops.MatmulBackward(s.dln, dp + wqkv_, Bias(dp), s.dqkv, a.attn_norm, p + wqkv_, nullptr, N, C, Q + 2 * KV,
                        k.stream);
     AllReduce(k, s.dln, N * C);  // and each rank's heads
@@ -142,23 +152,44 @@ class Llama final : public Model<P> {
   struct Acts {
     Ptr<A> attn_norm, qkv, atty, residual2, mlp_norm, gate_up, swiglu;
     Ptr<G> attn_rstd, att_state, mlp_rstd;
+    Ptr<A> qk_raw;  // q's and k's heads before their norms; null without them
+    Ptr<G> qk_rstd;
   };
   struct Scratch {
     Ptr<A> dresidual, proj, dln, dswiglu, dgate_up, datty, dqkv, dmasked, dropped;
     runtime::DeviceBytes attention;
+    Ptr<G> dhead_norms, all_head_norms;  // q_norm's and k_norm's gradients: this rank's, the TP group's
   };
   static Acts ActsOf(const BlockActivations<P>& b) {
     const Carving& c = b.parts;
     return {c.Get<A>("attn_norm"), c.Get<A>("qkv"),      c.Get<A>("atty"),     c.Get<A>("residual2"),
             c.Get<A>("mlp_norm"),  c.Get<A>("gate_up"),  c.Get<A>("swiglu"),   c.Get<G>("attn_rstd"),
-            c.Get<G>("att_state"), c.Get<G>("mlp_rstd")};
+            c.Get<G>("att_state"), c.Get<G>("mlp_rstd"), c.Find<A>("qk_raw"),  c.Find<G>("qk_rstd")};
   }
   static Scratch ScratchOf(const BlockScratch<P>& b) {
     const Carving& c = b.parts;
     return {b.dresidual,          c.Get<A>("proj"),  c.Get<A>("dln"),      c.Get<A>("dswiglu"),
             c.Get<A>("dgate_up"), c.Get<A>("datty"), c.Get<A>("dqkv"),     c.Find<A>("dmasked"),
-            c.Find<A>("dropped"), c.Get<std::byte>("attention")};
+            c.Find<A>("dropped"), c.Get<std::byte>("attention"), c.Find<G>("dhead_norms"),
+            c.Find<G>("all_head_norms")};
   }
+  // The per-head norms' backward: dqkv's q and k heads in place, and their weights'
+  // gradients, each TP rank's from its own heads, added over the group in rank order.
+  void HeadNormsBackward(const Context<P>& k, Ptr<G> dp, const Scratch& s, const Acts& a, Ptr<const A> p,
+                         const Dims& d) const {
+    const int64_t N = d.N(), Q = d.query_width(), row = Q + 2 * d.kv_width(), HS = d.HS;
+    k.ops.HeadRmsNormBackward(s.dqkv, s.dhead_norms, a.qk_raw, p + q_norm_, a.qk_rstd, N, d.heads(), d.HS, row,
+                              k.stream);
+    k.ops.HeadRmsNormBackward(s.dqkv + Q, s.dhead_norms + HS, a.qk_raw + N * Q, p + k_norm_,
+                              a.qk_rstd + N * d.heads(), N, d.kv_heads(), d.HS, row, k.stream);
+    if (k.tp == nullptr || k.tp->size() == 1) {
+      k.ops.Accumulate(dp + q_norm_, s.dhead_norms, 2 * HS, k.stream);  // k_norm follows q_norm
+      return;
+    }
+    k.tp->AllGather(s.dhead_norms, s.all_head_norms, 2 * HS, k.stream);
+    for (int r = 0; r < k.tp->size(); ++r) k.ops.Accumulate(dp + q_norm_, s.all_head_norms + r * 2 * HS, 2 * HS, k.stream);
+  }
+
   // q's, k's and v's biases, one vector: Qwen2's; null for the rest.
   template <class T>
   Ptr<T> Bias(Ptr<T> block) const {
@@ -166,7 +197,7 @@ class Llama final : public Model<P> {
   }
 
   int64_t embed_, norm_, lm_head_;  // in the embedding or head unit
-  int64_t attn_norm_, wqkv_, bqkv_, wo_, mlp_norm_, wgate_up_, wdown_;  // in a block
+  int64_t attn_norm_, wqkv_, bqkv_, q_norm_, k_norm_, wo_, mlp_norm_, wgate_up_, wdown_;  // in a block
 };
 
 }  // namespace

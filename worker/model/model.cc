@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "worker/kernels/dropout.h"
 #include "worker/model/layers.h"
@@ -90,9 +91,17 @@ Dims Dims::Of(const api::ModelShape& shape, int B, int T, TpSlice tp) {
   return d;
 }
 
+// The layers of each kind a family's description may name (api::ModelFamily::layers).
 template <class P>
 std::unique_ptr<Model<P>> MakeModel(const ParameterLayout& layout) {
-  return layout.shape().llama() ? MakeLlama<P>(layout) : MakeGpt2<P>(layout);
+  using Factory = std::unique_ptr<Model<P>> (*)(const ParameterLayout&);
+  static constexpr std::pair<std::string_view, Factory> kLayers[] = {{"gpt2", &MakeGpt2<P>}, {"llama", &MakeLlama<P>}};
+  const std::string_view layers = layout.shape().Family().layers();
+  for (const auto& [name, make] : kLayers) {
+    if (name == layers) return make(layout);
+  }
+  throw std::logic_error("MakeModel: no layers \"" + std::string(layers) + "\" for the family " +
+                         layout.shape().family);
 }
 
 #define MESHTRAIN_MODEL(P)                                                                          \

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "api/engine_memory.h"
+#include "api/model_family.h"
 
 namespace meshtrain::model {
 namespace {
@@ -36,13 +37,7 @@ ParameterLayout::ParameterLayout(const api::ModelShape& shape, int tp_rank, int 
                                   std::to_string(n) + "), got " + std::to_string(T));
     }
   };
-  require(shape_.heads, "spec.model.heads");
-  if (shape_.llama()) {
-    require(shape_.kv_heads, "spec.model.kvHeads");
-    require(shape_.intermediate, "the MLP width (spec.model.intermediateSize)");
-  } else {
-    require(shape_.intermediate, "the MLP width (4 x spec.model.hidden)");
-  }
+  for (const auto& [n, what] : shape_.Family().TensorParallelSplits(shape_)) require(n, what);
   if (tp_rank < 0 || tp_rank >= T) throw std::out_of_range("tensor-parallel rank outside the group");
   if (vocab_multiple < 1) throw std::invalid_argument("ParameterLayout: vocab_multiple must be at least 1");
   padded_vocab_rows_ = api::PaddedVocabRows(api::VocabSlice(shape_.vocab_size, tp_rank, tp_size), vocab_multiple);

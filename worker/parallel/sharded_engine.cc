@@ -153,7 +153,7 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
                                                       /*counts_replicated=*/tp.rank == 0, &allocator_, *backend_,
                                                       at[size_t(3 + u)].template As<kernels::ShardSegment>(), *compute_);
   }
-  if (s.llama()) {  // RoPE's table, the last buffer, uploaded once
+  if (!api::FamilyBuffers(seq, s, types).empty()) {  // RoPE's table, the last buffer, uploaded once
     const std::vector<double> table = model::RopeTable(s, seq);
     const std::vector<G> narrow(table.begin(), table.end());
     const Ptr<G> rope = at.back().template As<G>();

@@ -4,6 +4,9 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "api/json_codec.h"
+#include "api/model_family.h"
+
 namespace meshtrain::train {
 
 using Json = nlohmann::json;
@@ -34,67 +37,24 @@ std::string CheckpointRankFile(int rank) {
 }
 
 Json CheckpointShapeJson(const api::ModelShape& shape) {
-  const api::ModelShape s = shape.Resolved();
-  Json j = {{"family", std::string(api::FamilyName(s.family))},
-            {"layers", s.layers},
-            {"heads", s.heads},
-            {"hidden", s.hidden},
-            {"vocabSize", s.vocab_size},
-            {"seqLen", s.seq_len},
-            {"maxPositions", s.max_positions}};
-  if (!s.llama()) return j;
-  j["kvHeads"] = s.kv_heads;
-  j["headDim"] = s.head_dim;
-  j["intermediateSize"] = s.intermediate;
-  j["normEps"] = s.norm_eps;
-  j["ropeTheta"] = s.rope_theta;
-  j["tieEmbeddings"] = s.tied;
-  if (!s.rope_scaling.type.empty()) {
-    const api::RopeScaling& r = s.rope_scaling;
-    j["ropeScaling"] = {{"type", r.type},
-                        {"factor", r.factor},
-                        {"lowFreqFactor", r.low_freq_factor},
-                        {"highFreqFactor", r.high_freq_factor},
-                        {"originalMaxPositions", r.original_max_positions}};
-  }
+  Json j = api::ToJson(api::SpecOfShape(shape));
+  j.erase("dropout");  // a training choice, not the model's shape
   return j;
 }
 
 api::ModelShape ShapeOfCheckpointJson(const Json& m, const std::string& file) {
-  // A whole number that fits int64 (JSON reads one past 2^64 as a double, which no cast may take).
-  auto integer_in = [&](const Json& object, const std::string& path, const char* key) {
-    const Json& v = object.at(key);
-    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))) {
-      throw CheckpointError(file + ": malformed metadata: " + path + key + " " + v.dump() + " is not an integer");
-    }
-    return v.get<int64_t>();
-  };
-  auto integer = [&](const char* key) { return integer_in(m, "model.", key); };
-  try {
-    api::ModelShape s{integer("layers"), integer("heads"), integer("hidden"), integer("vocabSize"), integer("seqLen")};
-    const std::string family = m.value("family", "gpt2");
-    const std::optional<api::Family> f = api::FamilyNamed(family);
-    if (!f) throw CheckpointError(file + ": malformed metadata: unknown model family \"" + family + "\"");
-    s.family = *f;
-    s.max_positions = m.contains("maxPositions") ? integer("maxPositions") : s.seq_len;
-    if (s.llama()) {
-      s.kv_heads = integer("kvHeads");
-      s.head_dim = integer("headDim");
-      s.intermediate = integer("intermediateSize");
-      s.norm_eps = m.at("normEps").get<double>();
-      s.rope_theta = m.at("ropeTheta").get<double>();
-      s.tied = m.at("tieEmbeddings").get<bool>();
-      if (m.contains("ropeScaling")) {
-        const Json& r = m.at("ropeScaling");
-        s.rope_scaling = {r.at("type").get<std::string>(), r.at("factor").get<double>(),
-                          r.at("lowFreqFactor").get<double>(), r.at("highFreqFactor").get<double>(),
-                          integer_in(r, "model.ropeScaling.", "originalMaxPositions")};
-      }
-    }
-    return s.Resolved();
-  } catch (const Json::exception& e) {
-    throw CheckpointError(file + ": malformed metadata: model: " + e.what());
+  api::FieldErrors errors;
+  api::ModelSpec spec = api::DecodeModelSpec(m, "model", &errors);
+  if (!errors.empty()) throw CheckpointError(file + ": malformed metadata: " + errors.front().ToString());
+  if (spec.family.empty()) spec.family = "gpt2";
+  const api::ModelFamily* family = api::FindFamily(spec.family);
+  if (family == nullptr) throw CheckpointError(file + ": malformed metadata: unknown model family \"" + spec.family + "\"");
+  if (!spec.max_positions) spec.max_positions = spec.seq_len;
+  family->Default(&spec);
+  if (!spec.layers || !spec.heads || !spec.hidden || !spec.vocab_size || !spec.seq_len) {
+    throw CheckpointError(file + ": malformed metadata: model: layers, heads, hidden, vocabSize and seqLen are required");
   }
+  return api::ShapeOf(spec);
 }
 
 Json ParseCheckpointMetadata(const std::string& text, const std::string& file_name, const api::ModelShape& shape) {

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/model_family.h"
 #include "api/hf_config.h"
 #include "worker/train/atomic_file.h"
 
@@ -133,7 +134,7 @@ HuggingFaceWeights::HuggingFaceWeights(const std::string& path, const api::Model
     const TensorEntry* entry;
   };
   std::map<std::string, Found> found;  // by Hugging Face name, GPT-2's prefix taken off
-  const bool gpt2 = !whole_.shape().llama();
+  const std::string_view prefix = whole_.shape().Family().BodyPrefix();  // GPT-2's "transformer."
   for (const std::string& file_path : files.paths) {
     files_.push_back(std::make_unique<SafetensorsFile>(file_path));
     const SafetensorsFile& file = *files_.back();
@@ -143,7 +144,7 @@ HuggingFaceWeights::HuggingFaceWeights(const std::string& path, const api::Model
         if (in_index == files.index.end() || in_index->second != file_path) continue;  // the index says another file
       }
       std::string ours = name;
-      if (gpt2 && ours.starts_with(api::kGpt2BodyPrefix)) ours = ours.substr(api::kGpt2BodyPrefix.size());
+      if (!prefix.empty() && ours.starts_with(prefix)) ours = ours.substr(prefix.size());
       found[ours] = {&file, name, &entry};
     }
   }
@@ -170,7 +171,7 @@ HuggingFaceWeights::HuggingFaceWeights(const std::string& path, const api::Model
   for (const auto& [name, f] : found) {
     if (!used.contains(name) && !api::IgnoredOnImport(whole_.shape(), f.name)) {
       throw SafetensorsError(f.file->path() + ": tensor " + f.name + " is not part of a " +
-                             std::string(api::FamilyTitle(whole_.shape().family)) + " of this shape");
+                             std::string(whole_.shape().Family().title()) + " of this shape");
     }
   }
 }

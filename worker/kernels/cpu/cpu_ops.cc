@@ -97,6 +97,18 @@ class CpuOps final : public Ops<P> {
     Run(s, [=, dinp = At(dinp), dweight = At(dweight), dout = At(dout), inp = At(inp), weight = At(weight),
              rstd = At(rstd)] { cpu::RmsNormBackward<A, G>(dinp, dweight, dout, inp, weight, rstd, N, C); });
   }
+  void HeadRmsNormForward(Out<A> x, Out<A> saved, Out<G> rstd, In<A> weight, int64_t N, int heads, int HS,
+                          int64_t stride, float eps, Stream& s) override {
+    Run(s, [=, x = At(x), saved = At(saved), rstd = At(rstd), weight = At(weight)] {
+      cpu::HeadRmsNormForward<A, G>(x, saved, rstd, weight, N, heads, HS, stride, eps);
+    });
+  }
+  void HeadRmsNormBackward(Out<A> dx, Out<G> dweight, In<A> saved, In<A> weight, In<G> rstd, int64_t N, int heads,
+                           int HS, int64_t stride, Stream& s) override {
+    Run(s, [=, dx = At(dx), dweight = At(dweight), saved = At(saved), weight = At(weight), rstd = At(rstd)] {
+      cpu::HeadRmsNormBackward<A, G>(dx, dweight, saved, weight, rstd, N, heads, HS, stride);
+    });
+  }
   void AttentionForward(Out<A> out, Out<G> state, In<A> qkv, int B, int T, int NH, int KVH, int HS,
                         Stream& s) override {
     Run(s, [=, out = At(out), state = At(state), qkv = At(qkv)] {

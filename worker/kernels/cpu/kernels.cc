@@ -479,6 +479,41 @@ void RmsNormBackward(A* dinp, G* dweight, const A* dout, const A* inp, const A* 
 }
 
 template <class A, class G>
+void HeadRmsNormForward(A* x, A* saved, G* rstd, const A* weight, int64_t N, int heads, int HS, int64_t stride,
+                        float eps) {
+#pragma omp parallel for
+  for (int64_t r = 0; r < N; ++r) {
+    for (int h = 0; h < heads; ++h) {
+      const int64_t head = r * heads + h;
+      A* in_place = x + r * stride + int64_t(h) * HS;
+      A* kept = saved + head * HS;
+      std::copy(in_place, in_place + HS, kept);
+      RmsRow(in_place, rstd + head, static_cast<const A*>(kept), weight, HS, eps);
+    }
+  }
+}
+
+template <class A, class G>
+void HeadRmsNormBackward(A* dx, G* dweight, const A* saved, const A* weight, const G* rstd, int64_t N, int heads,
+                         int HS, int64_t stride) {
+  // Serial over heads: every head adds into dweight, in a fixed order.
+  std::fill(dweight, dweight + HS, G(0));
+  for (int64_t head = 0; head < N * heads; ++head) {
+    A* d = dx + (head / heads) * stride + (head % heads) * HS;  // in, then out
+    const A* x = saved + head * HS;
+    const G s = rstd[head];
+    G dot = 0;  // sum of dnorm * norm, over the head
+    for (int i = 0; i < HS; ++i) dot += Load<G>(weight[i]) * Load<G>(d[i]) * (Load<G>(x[i]) * s);
+    dot /= G(HS);
+    for (int i = 0; i < HS; ++i) {
+      const G norm = Load<G>(x[i]) * s, dy = Load<G>(d[i]);
+      dweight[i] += norm * dy;
+      d[i] = A((Load<G>(weight[i]) * dy - norm * dot) * s);
+    }
+  }
+}
+
+template <class A, class G>
 void Rope(A* qkv, const G* cos, const G* sin, int B, int T, int NH, int KVH, int HS, bool backward) {
   const int64_t row = int64_t(NH + 2 * KVH) * HS;
   const int half = HS / 2, heads = NH + KVH;  // q's heads, then k's
@@ -842,6 +877,8 @@ void AdamW(G* master, A* params, const G* grads, G* m, G* v, const ShardSegment*
   template void MatmulBackward<A, G>(A*, G*, G*, const A*, const A*, const A*, const A*, int64_t, int, int);         \
   template void AttentionForward<A, G>(A*, G*, const A*, int, int, int, int, int);                                  \
   template void AttentionBackward<A, G>(A*, const A*, const A*, const G*, int, int, int, int, int);                 \
+  template void HeadRmsNormForward<A, G>(A*, A*, G*, const A*, int64_t, int, int, int64_t, float);                 \
+  template void HeadRmsNormBackward<A, G>(A*, G*, const A*, const A*, const G*, int64_t, int, int, int64_t);         \
   template void RmsNormForward<A, G>(A*, G*, const A*, const A*, int64_t, int, float);                              \
   template void ResidualRmsNormForward<A, G>(A*, A*, G*, const A*, const A*, const A*, int64_t, int, float);        \
   template void RmsNormBackward<A, G>(A*, G*, const A*, const A*, const A*, const G*, int64_t, int);                \

@@ -57,6 +57,12 @@ void ResidualRmsNormForward(A* residual, A* out, G* rstd, const A* a, const A* b
 template <class A, class G>
 void RmsNormBackward(A* dinp, G* dweight, const A* dout, const A* inp, const A* weight, const G* rstd, int64_t N,
                      int C);
+template <class A, class G>
+void HeadRmsNormForward(A* x, A* saved, G* rstd, const A* weight, int64_t N, int heads, int HS, int64_t stride,
+                        float eps);
+template <class A, class G>
+void HeadRmsNormBackward(A* dx, G* dweight, const A* saved, const A* weight, const G* rstd, int64_t N, int heads,
+                         int HS, int64_t stride);
 
 // backward: rotates by the negative angle.
 template <class A, class G>

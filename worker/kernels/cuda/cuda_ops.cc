@@ -162,6 +162,17 @@ class CudaOps final : public Ops<Bf16> {
                           Raw(layernorm_partials_.get()), layernorm_partials_.size(), Handle(stream));
   }
 
+  // Shares layernorm_partials_ with the norms' backwards (stream order).
+  void HeadRmsNormForward(Out<Act> x, Out<Act> saved, Out<Acc> rstd, In<Act> weight, int64_t N, int heads, int HS,
+                          int64_t stride, float eps, Stream& stream) override {
+    cuda::HeadRmsNormForward(Raw(x), Raw(saved), Raw(rstd), Raw(weight), N, heads, HS, stride, eps, Handle(stream));
+  }
+  void HeadRmsNormBackward(Out<Act> dx, Out<Acc> dweight, In<Act> saved, In<Act> weight, In<Acc> rstd, int64_t N,
+                           int heads, int HS, int64_t stride, Stream& stream) override {
+    cuda::HeadRmsNormBackward(Raw(dx), Raw(dweight), Raw(saved), Raw(weight), Raw(rstd), N, heads, HS, stride,
+                              Raw(layernorm_partials_.get()), layernorm_partials_.size(), Handle(stream));
+  }
+
   // --- Products ---
   // cuBLASLt is column-major and a row-major (R,C) array is a column-major (C,R) one, so
   // each product is written transposed. Forward: out^T (OC,N) = weight (OC,K) inp^T

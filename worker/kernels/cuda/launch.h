@@ -70,6 +70,19 @@ void RmsNormBackward(bf16* dinp, float* dweight, const bf16* dout, const bf16* i
                      const float* rstd, int64_t N, int C, float* partials, int64_t partial_capacity,
                      cudaStream_t stream);
 
+// --- Per-head RMSNorm (Qwen3's q_norm and k_norm) ---
+// For each of the N rows of x (`stride` apart) and each of its `heads` heads of HS
+// channels: saved (N*heads, HS) = the head, rstd (N*heads), and the head normalised in
+// place. The backward replaces dx's heads in place by their input gradient; per-block
+// partial sums of dweight land in `partials` (capacity floats), then AddColumnSums adds
+// them in order into dweight, zeroed first (dweight = these heads' gradient). REQUIRES: HS <= kMaxHeadRmsNormChannels and HS <= capacity.
+constexpr int kMaxHeadRmsNormChannels = 1024;
+void HeadRmsNormForward(bf16* x, bf16* saved, float* rstd, const bf16* weight, int64_t N, int heads, int HS,
+                        int64_t stride, float eps, cudaStream_t stream);
+void HeadRmsNormBackward(bf16* dx, float* dweight, const bf16* saved, const bf16* weight, const float* rstd,
+                         int64_t N, int heads, int HS, int64_t stride, float* partials, int64_t partial_capacity,
+                         cudaStream_t stream);
+
 // --- RoPE (rotate-half) ---
 // In place on the NH q heads and KVH k heads of qkv (B,T,(NH+2*KVH)*HS); cos and sin
 // (T,HS/2) fp32 rows by position; backward: the negative angle. REQUIRES: HS even.

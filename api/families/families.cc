@@ -1,0 +1,64 @@
+#include "api/families/families.h"
+
+namespace meshtrain::api {
+
+const std::vector<const ModelFamily*>& Families() {
+  static const std::vector<const ModelFamily*> families = {&Gpt2(), &Llama(), &Mistral(), &Qwen2(), &Qwen3()};
+  return families;
+}
+
+const ModelFamily* FindFamily(std::string_view name) {
+  for (const ModelFamily* f : Families()) {
+    if (f->name() == name) return f;
+  }
+  return nullptr;
+}
+
+const ModelFamily* FindFamilyOfArchitecture(std::string_view architecture) {
+  for (const ModelFamily* f : Families()) {
+    if (f->architecture() == architecture) return f;
+  }
+  return nullptr;
+}
+
+std::string FamilyList(bool architectures) {
+  std::string list;
+  for (const ModelFamily* f : Families()) {
+    list += (list.empty() ? "" : ", ") + std::string(architectures ? f->architecture() : f->name());
+  }
+  return list;
+}
+
+std::string DescribeWindow(const ModelShape& s) {
+  std::string text = "vocabSize " + std::to_string(s.vocab_size) + ", seqLen " + std::to_string(s.seq_len);
+  if (s.max_positions != s.seq_len) text += " of " + std::to_string(s.max_positions);
+  return text;
+}
+
+int64_t AttentionStateElements(int batch, int seq, const ModelShape& s, int tp_size, const EngineTypes& t) {
+  const int64_t rows = int64_t(batch) * (s.heads / tp_size) * seq;
+  return t.attention_keeps_scores ? rows * seq : rows;
+}
+
+std::vector<Buffer> ScratchAround(int batch, int seq, const ModelShape& s, int tp_size, const EngineTypes& t,
+                                  bool dropout, const std::vector<Buffer>& mlp) {
+  const int64_t N = int64_t(batch) * seq, C = s.hidden;
+  const int64_t Q = s.QueryWidth() / tp_size, KV = s.KvWidth() / tp_size;
+  const int A = t.act_bytes;
+  std::vector<Buffer> b = {
+      {"dresidual", N * C, A},  // the residual stream's gradient
+      {"proj", N * C, A},       // a projection's output, before its residual add
+      {"dln", N * C, A},        // a norm's output gradient
+  };
+  b.insert(b.end(), mlp.begin(), mlp.end());
+  b.push_back({"datty", N * Q, A});  // attention's output gradient
+  b.push_back({"dqkv", N * (Q + 2 * KV), A});
+  if (dropout) {
+    b.push_back({"dmasked", N * C, A});  // a masked residual gradient
+    b.push_back({"dropped", N * Q, A});  // attention's output after dropout (the forward keeps it before)
+  }
+  b.push_back({"attention", t.attention_scratch_bytes, 1});
+  return b;
+}
+
+}  // namespace meshtrain::api
