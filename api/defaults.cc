@@ -84,7 +84,7 @@ void DefaultModel(ModelSpec* m) {
     if (m->family.empty()) m->family = p.family;
     if (m->family == p.family) p.Family().DefaultFromPreset(p, m);
   }
-  if (m->family.empty()) m->family = "gpt2";
+  if (m->family.empty()) m->family = kDefaultFamily;
   if (const ModelFamily* family = FindFamily(m->family)) family->Default(m);
 }
 

@@ -68,6 +68,7 @@ struct TensorInfo {
   Init init = Init::kNormal;
   std::string hf_name;         // Hugging Face's name; "{l}" stands for the block's index
   bool hf_transposed = false;  // Hugging Face stores it (in, out): GPT-2's Conv1D
+  std::string hf_sizes{};      // the config.json keys that size it, as Hugging Face stores it ("" unsaid)
 };
 
 struct FamilyTensors {

@@ -17,6 +17,9 @@ namespace meshtrain::api {
 
 class ModelFamily;
 
+// The family of a spec or checkpoint that names none (meshtrain's first, GPT-2).
+inline constexpr std::string_view kDefaultFamily = "gpt2";
+
 // How RoPE's frequencies are rescaled for long contexts (Hugging Face's rope_scaling).
 struct RopeScaling {
   std::string type;  // "": none; "linear": positions / factor; "llama3": Llama 3.1's frequency bands
@@ -32,7 +35,7 @@ struct ModelShape {
   int64_t hidden = 0;
   int64_t vocab_size = 0;
   int64_t seq_len = 0;  // the training window
-  std::string family = "gpt2";  // spec.model.family: its description is Family()
+  std::string family{kDefaultFamily};  // spec.model.family: its description is Family()
   // The fields below take their family's value when 0 (Resolved): kv_heads = heads,
   // head_dim = hidden / heads (Qwen3: 128), intermediate = 4 x hidden, max_positions =
   // seq_len. The accessors below give those of every family but Qwen3's head_dim.

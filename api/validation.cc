@@ -97,7 +97,7 @@ void CheckModel(const ModelSpec& m, FieldChecker& c) {
     c.Fail("spec.model.preset", "unknown preset \"" + m.preset + "\"; known presets: " + known);
     return;  // the shape is unknown, so its fields are not worth checking
   }
-  const ModelFamily* family = FindFamily(m.family.empty() ? "gpt2" : m.family);
+  const ModelFamily* family = FindFamily(m.family.empty() ? kDefaultFamily : std::string_view(m.family));
   if (family == nullptr) {
     c.Fail("spec.model.family", "must be one of " + FamilyList() + "; got \"" + m.family + "\"");
     return;

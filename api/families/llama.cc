@@ -241,7 +241,26 @@ FamilyTensors LlamaFamily::Tensors(const ModelShape& s) const {
       {Param::kWUp, "up.w", {I, C}, kRows, true, Init::kNormal, at + "mlp.up_proj.weight"},
       {Param::kWDown, "down.w", {C, I}, kColumns, true, Init::kNormal, at + "mlp.down_proj.weight"},
   });
+  for (std::vector<TensorInfo>* unit : {&f.embedding, &f.block, &f.head}) {
+    for (TensorInfo& t : *unit) t.hf_sizes = ConfigSizes(t.kind);
+  }
   return f;
+}
+
+std::string LlamaFamily::ConfigSizes(Param kind) const {
+  const std::string q = "num_attention_heads x head_dim", kv = "num_key_value_heads x head_dim";
+  switch (kind) {
+    case Param::kEmbed: case Param::kLmHead: return "vocab_size, hidden_size";
+    case Param::kWq: return q + ", hidden_size";
+    case Param::kWk: case Param::kWv: return kv + ", hidden_size";
+    case Param::kBq: return q;
+    case Param::kBk: case Param::kBv: return kv;
+    case Param::kWo: return "hidden_size, " + q;
+    case Param::kWGate: case Param::kWUp: return "intermediate_size, hidden_size";
+    case Param::kWDown: return "hidden_size, intermediate_size";
+    case Param::kQNorm: case Param::kKNorm: return "head_dim";
+    default: return "hidden_size";  // the norms
+  }
 }
 
 bool LlamaFamily::Ignored(std::string_view hf_name) const {  // RoPE's cached frequencies

@@ -54,6 +54,8 @@ class LlamaFamily : public ModelFamily {
   std::vector<BlockProduct> BlockProducts(const ModelShape& s) const override;
 
  protected:
+  // The config.json keys that size a tensor of `kind`, for messages.
+  std::string ConfigSizes(Param kind) const;
   // Channels of a head where spec.model or config.json leaves head_dim out: hidden /
   // heads where it divides (nullopt where it does not, or a size is missing).
   virtual std::optional<int64_t> DefaultHeadDim(std::optional<int64_t> hidden, std::optional<int64_t> heads) const;

@@ -64,8 +64,10 @@ class Qwen3Family final : public LlamaFamily {
     size_t after_v = 0;
     while (f.block[after_v].kind != Param::kWv) ++after_v;
     f.block.insert(f.block.begin() + long(after_v) + 1,
-                   {{Param::kQNorm, "q_norm", {D}, TpSplit::kReplicated, false, Init::kOnes, at + "q_norm.weight"},
-                    {Param::kKNorm, "k_norm", {D}, TpSplit::kReplicated, false, Init::kOnes, at + "k_norm.weight"}});
+                   {{Param::kQNorm, "q_norm", {D}, TpSplit::kReplicated, false, Init::kOnes, at + "q_norm.weight",
+                     false, "head_dim"},
+                    {Param::kKNorm, "k_norm", {D}, TpSplit::kReplicated, false, Init::kOnes, at + "k_norm.weight",
+                     false, "head_dim"}});
     return f;
   }
 

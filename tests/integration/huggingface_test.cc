@@ -467,6 +467,23 @@ TEST_F(HuggingFaceTest, BadLlamaClassDirectoriesAreNamed) {
   edit_weights(misshapen / "model.safetensors",
                [](auto& t) { t["model.norm.weight"] = {{41}, std::vector<float>(41, 1.0f)}; });
   expect_weights_error(misshapen, "tensor model.norm.weight has shape [41], but spec.model needs [40]");
+  // Qwen3: a head_dim that disagrees with the tensors is named by its key; so are
+  // sliding-window layers and an unimplemented RoPE scaling.
+  const fs::path qwen3 = ReferenceModel(dir_ / "qwen3", "qwen3", "");
+  EXPECT_EQ(weights_error(qwen3), "");
+  const fs::path head_dim = copy(qwen3, "head-dim");
+  edit_config(head_dim, [](nlohmann::json& c) { c["head_dim"] = 16; });
+  expect_weights_error(head_dim, "self_attn.q_proj.weight has shape [48, 40], but spec.model needs [64, 40] "
+                                 "(config.json's num_attention_heads x head_dim, hidden_size)");
+  const fs::path no_head_dim = copy(qwen3, "no-head-dim");  // Qwen3's default is 128, not hidden / heads
+  edit_config(no_head_dim, [](nlohmann::json& c) { c.erase("head_dim"); });
+  expect_weights_error(no_head_dim, "needs [512, 40] (config.json's num_attention_heads x head_dim");
+  const fs::path qwen3_sliding = copy(qwen3, "qwen3-sliding");
+  edit_config(qwen3_sliding, [](nlohmann::json& c) { c["use_sliding_window"] = true; });
+  expect_job_error(qwen3_sliding, "use_sliding_window true is not implemented");
+  const fs::path qwen3_yarn = copy(qwen3, "qwen3-yarn");
+  edit_config(qwen3_yarn, [](nlohmann::json& c) { c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; });
+  expect_job_error(qwen3_yarn, "config.json: rope_scaling type \"yarn\" is not implemented");
   const fs::path not_finite = copy(good, "not-finite");
   edit_weights(not_finite / "model.safetensors", [](auto& t) {
     t.at("model.layers.0.self_attn.k_proj.weight").values[7] = std::numeric_limits<float>::infinity();

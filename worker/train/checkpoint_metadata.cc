@@ -46,7 +46,7 @@ api::ModelShape ShapeOfCheckpointJson(const Json& m, const std::string& file) {
   api::FieldErrors errors;
   api::ModelSpec spec = api::DecodeModelSpec(m, "model", &errors);
   if (!errors.empty()) throw CheckpointError(file + ": malformed metadata: " + errors.front().ToString());
-  if (spec.family.empty()) spec.family = "gpt2";
+  if (spec.family.empty()) spec.family = api::kDefaultFamily;
   const api::ModelFamily* family = api::FindFamily(spec.family);
   if (family == nullptr) throw CheckpointError(file + ": malformed metadata: unknown model family \"" + spec.family + "\"");
   if (!spec.max_positions) spec.max_positions = spec.seq_len;

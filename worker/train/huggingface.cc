@@ -30,15 +30,16 @@ constexpr const char* kSingle = "model.safetensors";
 struct HfTensor {
   std::string name;
   bool transposed = false;
+  std::string sizes;  // config.json's keys that size it
 };
 std::vector<HfTensor> HfTensorsOf(const model::ParameterLayout& layout) {
   const api::FamilyTensors f = api::TensorsOf(layout.shape());
   std::vector<HfTensor> names;
-  for (const api::TensorInfo& t : f.embedding) names.push_back({api::HuggingFaceName(t, -1), t.hf_transposed});
+  for (const api::TensorInfo& t : f.embedding) names.push_back({api::HuggingFaceName(t, -1), t.hf_transposed, t.hf_sizes});
   for (int l = 0; l < layout.blocks(); ++l) {
-    for (const api::TensorInfo& t : f.block) names.push_back({api::HuggingFaceName(t, l), t.hf_transposed});
+    for (const api::TensorInfo& t : f.block) names.push_back({api::HuggingFaceName(t, l), t.hf_transposed, t.hf_sizes});
   }
-  for (const api::TensorInfo& t : f.head) names.push_back({api::HuggingFaceName(t, -1), t.hf_transposed});
+  for (const api::TensorInfo& t : f.head) names.push_back({api::HuggingFaceName(t, -1), t.hf_transposed, t.hf_sizes});
   return names;
 }
 
@@ -163,7 +164,8 @@ HuggingFaceWeights::HuggingFaceWeights(const std::string& path, const api::Model
     const std::vector<int64_t> want = HfShape(t, hf.transposed);
     if (it->second.entry->shape != want) {
       throw SafetensorsError(it->second.file->path() + ": tensor " + it->second.name + " has shape " +
-                             ShapeText(it->second.entry->shape) + ", but spec.model needs " + ShapeText(want));
+                             ShapeText(it->second.entry->shape) + ", but spec.model needs " + ShapeText(want) +
+                             (hf.sizes.empty() ? "" : " (config.json's " + hf.sizes + ")"));
     }
     sources_.push_back({it->second.file, it->second.name, it->second.entry, hf.transposed});
     used.insert(hf.name);
