@@ -61,7 +61,16 @@ std::vector<int> ChunksOf(const Pipeline& pipeline, int stage) {
 }
 
 std::string ToString(const PipeAction& a) {
-  return std::string(a.op == PipeOp::kForward ? "F" : "B") + std::to_string(a.micro) + "." + std::to_string(a.chunk);
+  const char* name = "?";
+  switch (a.op) {
+    case PipeOp::kForward: name = "F"; break;
+    case PipeOp::kBackward: name = "B"; break;
+    case PipeOp::kRecvActivation: name = "RECV_F"; break;
+    case PipeOp::kSendActivation: name = "SEND_F"; break;
+    case PipeOp::kRecvGradient: name = "RECV_B"; break;
+    case PipeOp::kSendGradient: name = "SEND_B"; break;
+  }
+  return name + std::to_string(a.micro) + "." + std::to_string(a.chunk);
 }
 
 std::vector<PipeAction> StageActions(const Pipeline& pipeline, int stage, int micro_batches) {
@@ -107,6 +116,32 @@ std::vector<PipeAction> StageActions(const Pipeline& pipeline, int stage, int mi
   return actions;
 }
 
+std::vector<PipeAction> WithTransfers(const Pipeline& pipeline, const std::vector<PipeAction>& compute) {
+  const int C = pipeline.chunks();
+  std::vector<PipeAction> program;
+  for (const PipeAction& a : compute) {
+    const bool forward = a.op == PipeOp::kForward;
+    if (forward && a.chunk > 0) program.push_back({PipeOp::kRecvActivation, a.micro, a.chunk});
+    if (!forward && a.chunk + 1 < C) program.push_back({PipeOp::kRecvGradient, a.micro, a.chunk});
+    program.push_back(a);
+    if (forward && a.chunk + 1 < C) program.push_back({PipeOp::kSendActivation, a.micro, a.chunk});
+    if (!forward && a.chunk > 0) program.push_back({PipeOp::kSendGradient, a.micro, a.chunk});
+  }
+  return program;
+}
+
+std::vector<PipeAction> StageProgram(const Pipeline& pipeline, int stage, int micro_batches) {
+  Pipeline schedule = pipeline;
+  if (pipeline.stages == 1) schedule.schedule = PipelineSchedule::kOneFOneB;  // with no fill: F0 B0 F1 B1 ...
+  return WithTransfers(pipeline, StageActions(schedule, stage, micro_batches));
+}
+
+std::vector<PipeAction> ForwardProgram(const Pipeline& pipeline, int stage) {
+  std::vector<PipeAction> forwards;
+  for (int c : ChunksOf(pipeline, stage)) forwards.push_back({PipeOp::kForward, 0, c});
+  return WithTransfers(pipeline, forwards);
+}
+
 std::vector<int> LanesOf(const Pipeline& pipeline, int stage, int micro_batches) {
   std::vector<int> lanes(size_t(pipeline.virtual_stages), 0), live(lanes.size(), 0);
   for (const PipeAction& a : StageActions(pipeline, stage, micro_batches)) {
@@ -123,18 +158,22 @@ PipelineTimeline SimulateSchedule(const Pipeline& pipeline, int micro_batches, d
   for (int p = 0; p < P; ++p) actions.push_back(StageActions(pipeline, p, M));
 
   // Each link carries its sender's messages in order; the receiver must want them in it.
-  // A link: (sender stage, receiver stage, direction).
+  // A link: (sender stage, receiver stage, direction); a message: the chunk that sends it.
   std::map<std::tuple<int, int, PipeOp>, std::vector<PipeAction>> sent, wanted;
   for (int p = 0; p < P; ++p) {
-    for (const PipeAction& a : actions[size_t(p)]) {
-      const bool fwd = a.op == PipeOp::kForward;
-      if (fwd ? a.chunk + 1 < C : a.chunk > 0) {  // sends its output on
-        const int to = (fwd ? a.chunk + 1 : a.chunk - 1) % P;
-        sent[{p, to, a.op}].push_back(a);
-      }
-      if (fwd ? a.chunk > 0 : a.chunk + 1 < C) {  // receives its input
-        const int from = (fwd ? a.chunk - 1 : a.chunk + 1) % P;
-        wanted[{from, p, a.op}].push_back({a.op, a.micro, fwd ? a.chunk - 1 : a.chunk + 1});
+    for (const PipeAction& a : WithTransfers(pipeline, actions[size_t(p)])) {
+      const int m = a.micro, c = a.chunk;
+      switch (a.op) {
+        case PipeOp::kSendActivation: sent[{p, (c + 1) % P, PipeOp::kForward}].push_back({PipeOp::kForward, m, c}); break;
+        case PipeOp::kRecvActivation:
+          wanted[{(c - 1) % P, p, PipeOp::kForward}].push_back({PipeOp::kForward, m, c - 1});
+          break;
+        case PipeOp::kSendGradient: sent[{p, (c - 1) % P, PipeOp::kBackward}].push_back({PipeOp::kBackward, m, c}); break;
+        case PipeOp::kRecvGradient:
+          wanted[{(c + 1) % P, p, PipeOp::kBackward}].push_back({PipeOp::kBackward, m, c + 1});
+          break;
+        case PipeOp::kForward:
+        case PipeOp::kBackward: break;
       }
     }
   }

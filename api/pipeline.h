@@ -1,6 +1,8 @@
 // The pipeline (docs/design.md, "Pipeline stages"): how a model's blocks split into
 // chunks, which stage holds which, and the order of each stage's work under each
-// schedule. The engine runs what StageActions says; the planner models the same.
+// schedule. Each stage's executor (worker/parallel/pipeline_stage.h) runs its
+// StageProgram: StageActions with the sends and receives between stages made explicit;
+// the planner models the same schedule.
 //
 // P stages, V chunks a stage (virtual stages), C = P x V chunks of consecutive blocks.
 // Chunk c runs on stage c % P: stage p holds chunks p, p + P, ..., so a micro-batch
@@ -13,7 +15,7 @@
 //                    stage's forwards go P micro-batches through chunk 0, the same P
 //                    through chunk 1, and so on; M must be a multiple of P.
 // On every link between neighbouring stages, the sender's messages come in the order
-// the receiver consumes them (CheckSchedule holds that).
+// the receiver consumes them (SimulateSchedule checks that).
 // Thread-safety: pure functions.
 
 #pragma once
@@ -53,20 +55,43 @@ std::vector<int> SplitBlocks(const ModelShape& shape, int64_t seq, int chunks);
 // The chunks stage `stage` runs, in order: stage, stage + P, ...
 std::vector<int> ChunksOf(const Pipeline& pipeline, int stage);
 
-enum class PipeOp { kForward, kBackward };
+// A stage's work on micro-batch `micro` in chunk `chunk`: its forward or backward, or a
+// transfer between neighbouring stages (torch.distributed.pipelining's SEND_F, RECV_F,
+// SEND_B, RECV_B):
+//   kRecvActivation  chunk's input (chunk - 1's output), from chunk - 1's stage;
+//   kSendActivation  chunk's output, to chunk + 1's stage;
+//   kRecvGradient    the gradient of chunk's output, from chunk + 1's stage;
+//   kSendGradient    the gradient of chunk's input, to chunk - 1's stage.
+enum class PipeOp { kForward, kBackward, kRecvActivation, kSendActivation, kRecvGradient, kSendGradient };
 struct PipeAction {
   PipeOp op = PipeOp::kForward;
   int micro = 0;  // the micro-batch, 0 .. M-1
   int chunk = 0;  // global, 0 .. C-1
   bool operator==(const PipeAction&) const = default;
 };
-// "F3.1" (the forward of micro-batch 3 through chunk 1), "B0.0"
+// "F3.1" (the forward of micro-batch 3 through chunk 1), "B0.0", and for transfers
+// "RECV_F3.1", "SEND_F3.1", "RECV_B3.1", "SEND_B3.1".
 std::string ToString(const PipeAction& action);
 
 // Stage `stage`'s training work for a step of `micro_batches`, in order: a forward and a
 // backward of each micro-batch through each of its chunks. REQUIRES: micro_batches >= P,
 // and a multiple of P for Interleaved1F1B.
 std::vector<PipeAction> StageActions(const Pipeline& pipeline, int stage, int micro_batches);
+
+// `compute` (forwards and backwards of a C-chunk pipeline) with the transfers they need:
+// each receive right before the compute that reads it, each send right after the compute
+// that produces it. Chunk 0 receives no activation and sends no gradient; chunk C - 1
+// sends no activation and receives no gradient.
+std::vector<PipeAction> WithTransfers(const Pipeline& pipeline, const std::vector<PipeAction>& compute);
+
+// What stage `stage` runs for a training step of `micro_batches`: StageActions with their
+// transfers. With one stage, whatever the schedule, each micro-batch's forward and then
+// its backward. REQUIRES: as StageActions.
+std::vector<PipeAction> StageProgram(const Pipeline& pipeline, int stage, int micro_batches);
+
+// What stage `stage` runs for a forward outside training: micro-batch 0's forward through
+// each of its chunks in order, with their transfers.
+std::vector<PipeAction> ForwardProgram(const Pipeline& pipeline, int stage);
 
 // The most micro-batches of each of the stage's chunks (ChunksOf order) between their
 // forward and their backward: the activation lanes the stage keeps.

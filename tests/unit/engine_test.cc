@@ -289,6 +289,45 @@ TEST(ShardedEngine, ATrainingMicroBatchGathersTheRootAndTheLastBlockOnce) {
   EXPECT_EQ(gathers.count.load(), 6);
 }
 
+// ForwardBackward over a step's micro-batches is each one's training Forward and Backward
+// in turn, bit for bit: the same loss and gradients, for a tied head and an untied one.
+TEST(ShardedEngine, ForwardBackwardIsEachForwardAndBackwardInTurn) {
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    SCOPED_TRACE(preset);
+    const api::ModelShape& shape = *api::FindPreset(preset);
+    std::vector<int32_t> inputs(3 * B * T), targets(3 * B * T);
+    for (size_t i = 0; i < inputs.size(); ++i) inputs[i] = int32_t(i * 7 + 3) % 256, targets[i] = int32_t(i * 13 + 5) % 256;
+    auto run = [&](bool together) {
+      runtime::MemoryAccounting accounting;
+      auto engine = OneRank(shape, B, T, 5, &accounting);
+      engine->ZeroGrad();
+      std::vector<MicroBatch> micro_batches;
+      for (int m = 0; m < 3; ++m) {
+        micro_batches.push_back({inputs.data() + m * B * T, targets.data() + m * B * T, B, T, {0, m}, kMean / 3});
+      }
+      if (together) {
+        engine->ForwardBackward(micro_batches);
+      } else {
+        for (const MicroBatch& m : micro_batches) {
+          engine->Forward(m.inputs, m.targets, m.B, m.T, &m.key, m.target_weight);
+          engine->Backward(m.key.micro == 2);
+        }
+      }
+      std::vector<float> grads;
+      const double loss = engine->TakeLoss();
+      for (const auto& unit : engine->units()) {
+        const float* g = runtime::DeviceSide::Address(unit->grads());
+        grads.insert(grads.end(), g, g + unit->numel());
+      }
+      return std::make_pair(loss, grads);
+    };
+    const auto [loss, grads] = run(false);
+    const auto [together_loss, together_grads] = run(true);
+    EXPECT_EQ(together_loss, loss);
+    EXPECT_EQ(together_grads, grads);
+  }
+}
+
 TEST(ShardedEngine, AMemoryLimitTooSmallIsAnErrorNamingTheCategoryAndSizes) {
   const api::ModelShape& shape = *api::FindPreset("gpt2-tiny");
   runtime::MemoryAccounting accounting;

@@ -85,6 +85,32 @@ TEST(Pipeline, OneFOneBAndGPipeOrders) {
   EXPECT_THROW(StageActions({2, 2, PipelineSchedule::kInterleaved}, 0, 3), std::invalid_argument);
 }
 
+// A stage's program: each receive right before the compute that reads it, each send
+// right after the compute that produces it; with one stage, each forward and then its
+// backward whatever the schedule; a forward outside training goes through the chunks.
+TEST(Pipeline, ProgramsMakeTheTransfersExplicit) {
+  auto text = [](const std::vector<PipeAction>& actions) {
+    std::string s;
+    for (const PipeAction& a : actions) s += ToString(a) + " ";
+    return s;
+  };
+  const Pipeline two{2, 1, PipelineSchedule::kOneFOneB};
+  EXPECT_EQ(text(StageProgram(two, 0, 2)), "F0.0 SEND_F0.0 F1.0 SEND_F1.0 RECV_B0.0 B0.0 RECV_B1.0 B1.0 ");
+  EXPECT_EQ(text(StageProgram(two, 1, 2)), "RECV_F0.1 F0.1 B0.1 SEND_B0.1 RECV_F1.1 F1.1 B1.1 SEND_B1.1 ");
+  EXPECT_EQ(text(StageProgram({1, 1, PipelineSchedule::kGPipe}, 0, 2)), "F0.0 B0.0 F1.0 B1.0 ");
+  const Pipeline interleaved{2, 2, PipelineSchedule::kInterleaved};
+  EXPECT_EQ(text(ForwardProgram(interleaved, 1)), "RECV_F0.1 F0.1 SEND_F0.1 RECV_F0.3 F0.3 ");
+  EXPECT_EQ(text(ForwardProgram(interleaved, 0)), "F0.0 SEND_F0.0 RECV_F0.2 F0.2 SEND_F0.2 ");
+  // Every compute action of StageActions is there, in its order.
+  for (int p = 0; p < 2; ++p) {
+    std::vector<PipeAction> compute;
+    for (const PipeAction& a : StageProgram(interleaved, p, 4)) {
+      if (a.op == PipeOp::kForward || a.op == PipeOp::kBackward) compute.push_back(a);
+    }
+    EXPECT_EQ(compute, StageActions(interleaved, p, 4));
+  }
+}
+
 // No schedule deadlocks, every link's messages come in the order they are wanted, and
 // with equal chunks the simulated bubble is the model's: (P-1)/(m+P-1) for 1F1B and
 // GPipe, and with interleaving no more than (P-1)/(V m + P-1) plus a slack.

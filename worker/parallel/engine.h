@@ -4,16 +4,16 @@
 // S = T = 1. This header holds the interface and the types the Trainer and checkpoints
 // exchange with it.
 //
-// A step is ZeroGrad, then per micro-batch a training Forward and a Backward, then Update;
-// TakeLoss and GradNorm read the step's figures afterwards. Everything in between is
-// enqueued on the device's streams without waiting for them: the host waits once, when it
-// reads the figures. Token arrays are host memory.
-// In a pipeline (EngineOptions::pipeline), every stage's engine is given every micro-batch
-// of the step alike; its training Forwards and Backwards take them in, and the step's last
-// Backward runs the schedule's work for all of them (api/pipeline.h). A Forward without
-// training goes through the stages at once. Every call is then collective over the
-// pipeline group too, and TakeLoss, GradNorm and the results outside steps are the whole
-// model's on every stage.
+// A step is ZeroGrad, then ForwardBackward over the step's micro-batches (or, on one
+// stage, a training Forward and a Backward per micro-batch), then Update; TakeLoss and
+// GradNorm read the step's figures afterwards. Everything in between is enqueued on the
+// device's streams without waiting for them: the host waits once, when it reads the
+// figures. Token arrays are host memory.
+// In a pipeline (EngineOptions::pipeline), every stage's engine is given every
+// micro-batch of the step alike, and ForwardBackward runs the stage's part of the
+// schedule for them (api/pipeline.h); a Forward without training goes through the
+// stages at once. Every call is then collective over the pipeline group too, and
+// TakeLoss, GradNorm and the results outside steps are the whole model's on every stage.
 // Thread-safety: one thread drives an engine. An observer is called on host threads of
 // the streams (stream.h, HostCallback).
 
@@ -93,6 +93,17 @@ struct MicroBatchKey {
   int64_t micro = 0;  // within the step
 };
 
+// A micro-batch for ForwardBackward: inputs (B,T) and targets (B,T; -1: masked) in host
+// memory that outlives the call, the key of its training forward and its targets' weight
+// (Forward says what the weight means).
+struct MicroBatch {
+  const int32_t* inputs = nullptr;
+  const int32_t* targets = nullptr;
+  int B = 0, T = 0;
+  MicroBatchKey key;
+  float target_weight = 0;
+};
+
 // What a schedule observer sees: each operation on a unit as it begins and ends, on the
 // stream that runs it (gathers and reduce-scatters on comm, the math on compute), and the
 // moment a block's gathered copy is released (Begin and End together).
@@ -122,7 +133,8 @@ struct EngineOptions {
   // What the benchmark compares the sharded life cycle at world 1 against.
   bool keep_units_gathered = false;
   // The pipeline the engine is a stage of (the mesh says which), and the micro-batches of
-  // a training step, which flow through it as its schedule orders them.
+  // a training step (ForwardBackward's), which flow through it as its schedule orders
+  // them.
   api::Pipeline pipeline;
   int micro_batches = 1;
 };
@@ -140,13 +152,23 @@ class Engine {
   // model has any) drops what that micro-batch's masks say, and the head's backward runs
   // too (llm.c's fused classifier), for the gradient of that weighted sum.
   // Throws std::invalid_argument for a micro-batch larger than the engine was built for,
-  // and std::out_of_range for a token outside the vocabulary.
+  // std::out_of_range for a token outside the vocabulary, and std::logic_error for a
+  // training forward in a pipeline (which trains through ForwardBackward only).
   virtual void Forward(const int32_t* inputs, const int32_t* targets, int B, int T, const MicroBatchKey* training,
                        float target_weight) = 0;
   // The rest of the last training Forward's backward: grads += the gradient of its
   // weighted loss. `last`: the step's last micro-batch, whose gradients are averaged over
-  // the replicas as each unit's become final.
+  // the replicas as each unit's become final. Throws std::logic_error when no training
+  // Forward came before it.
   virtual void Backward(bool last) = 0;
+  // The training forward and backward of each of a step's micro-batches (the step's
+  // last is the last of them), in the order of the stage's schedule: what a training
+  // Forward and a Backward of each do in turn. Throws what Forward does, before any
+  // work, for a micro-batch it cannot take; in a pipeline, std::invalid_argument for a
+  // number of micro-batches the schedule cannot take (api::StageActions) and
+  // std::logic_error for more than the engine has activation lanes for
+  // (EngineOptions::micro_batches).
+  virtual void ForwardBackward(const std::vector<MicroBatch>& micro_batches) = 0;
   virtual void ZeroGrad() = 0;
   // The gradients' global L2 norm (a replicated tensor counted once), clipping to
   // step.max_norm and one AdamW step, all on the device.

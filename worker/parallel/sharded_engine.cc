@@ -3,47 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
-#include <type_traits>
 
 #include "worker/comm/stream_collectives.h"
 #include "worker/kernels/dropout.h"
 #include "worker/model/model.h"
 
 namespace meshtrain::parallel {
-
-ShardFill FillFrom(const WholeState& whole, int64_t parameters) {
-  if (int64_t(whole.master.size()) != parameters || int64_t(whole.m.size()) != parameters ||
-      int64_t(whole.v.size()) != parameters) {
-    throw std::invalid_argument("Restore: a state of " + std::to_string(whole.master.size()) +
-                                " parameters for a model of " + std::to_string(parameters));
-  }
-  return [&whole](int, const std::vector<int64_t>& at, float* master, float* m, float* v) {
-    for (size_t i = 0; i < at.size(); ++i) {
-      const bool model = at[i] >= 0;
-      master[i] = model ? whole.master[size_t(at[i])] : 0.0f;
-      m[i] = model ? whole.m[size_t(at[i])] : 0.0f;
-      v[i] = model ? whole.v[size_t(at[i])] : 0.0f;
-    }
-  };
-}
-
-const char* OpName(Op op) {
-  switch (op) {
-    case Op::kGather: return "gather";
-    case Op::kForward: return "forward";
-    case Op::kRecompute: return "recompute";
-    case Op::kBackward: return "backward";
-    case Op::kReduceScatter: return "reduce-scatter";
-    case Op::kRelease: return "release";
-  }
-  return "?";
-}
-
-CommStats operator-(const CommStats& a, const CommStats& b) {
-  return {a.all_gather - b.all_gather, a.reduce_scatter - b.reduce_scatter, a.all_reduce - b.all_reduce,
-          a.exposed - b.exposed,       a.copy - b.copy,                     a.copy_exposed - b.copy_exposed,
-          a.send - b.send,             a.recv - b.recv,                     a.neighbour_wait - b.neighbour_wait};
-}
 
 // The TP group's collectives for the layers, in the compute stream's order.
 template <class P>
@@ -74,20 +39,19 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
       batch_(batch),
       seq_(seq),
       options_(options),
-      pipeline_(options.pipeline),
+      // With one stage, virtual stages and schedules mean nothing: one chunk, each forward and then its backward.
+      pipeline_(options.pipeline.stages > 1 ? options.pipeline : api::Pipeline{}),
       allocator_(accounting, backend_->DeviceMemory(), options.memory_limit),
       pinned_(accounting, backend_->PinnedHostMemory()),
       ops_(make_ops(*backend_, &allocator_)),
       compute_(backend_->NewStream("compute")),
       comm_(backend_->NewStream("comm")),
       exposed_(backend_->NewTimer()),
-      neighbour_wait_(backend_->NewTimer()),
       tp_(mesh_->device_tp() ? std::make_unique<TensorParallel>(mesh_->device_tp()) : nullptr),
       edge_free_(backend_->NewEvent()),
       edge_grads_free_(backend_->NewEvent()),
       comm_done_(backend_->NewEvent()),
-      squares_done_(backend_->NewEvent()),
-      produced_(backend_->NewEvent()) {
+      squares_done_(backend_->NewEvent()) {
   const api::ModelShape& s = layout_.shape();
   if (seq > s.seq_len) throw std::invalid_argument("sequence longer than the model's seqLen");
   ActivationStore<P>::Check(options.activations);
@@ -102,26 +66,18 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   }
   using runtime::MemoryCategory;
 
-  // This rank's part of the pipeline: the whole model on one stage.
+  // This rank's part of the pipeline (the whole model for one stage): its chunks' blocks
+  // and lanes, the embedding's unit on the first stage and the head's on the last.
   if (mesh_->stages() != pipeline_.stages) {
     throw std::invalid_argument("a pipeline of " + std::to_string(pipeline_.stages) + " stages on a mesh of " +
                                 std::to_string(mesh_->stages()));
   }
-  const int stage = mesh_->stage();
-  api::StageShape part;
-  if (pipelined()) {
-    if (options.keep_units_gathered) throw std::invalid_argument("keeping every unit gathered needs one stage");
-    first_ = api::SplitBlocks(s, seq, pipeline_.chunks());
-    chunks_ = api::ChunksOf(pipeline_, stage);
-    actions_ = api::StageActions(pipeline_, stage, options.micro_batches);
-    part = api::StageShapeOf(s, pipeline_, stage, options.micro_batches, seq);
-    lane_base_.push_back(0);
-    for (int lanes : api::LanesOf(pipeline_, stage, options.micro_batches)) lane_base_.push_back(lane_base_.back() + lanes);
-  } else {
-    first_ = {0, L};
-    chunks_ = {0};
-    lane_base_ = {0, 1};
+  if (options.keep_units_gathered && pipeline_.stages > 1) {
+    throw std::invalid_argument("keeping every unit gathered needs one stage");
   }
+  first_ = api::SplitBlocks(s, seq, pipeline_.chunks());
+  const std::vector<int> chunks = api::ChunksOf(pipeline_, mesh_->stage());
+  const api::StageShape part = api::StageShapeOf(s, pipeline_, mesh_->stage(), options.micro_batches, seq);
 
   // The step buffer, carved in api::StepBuffers's order.
   const std::vector<api::Buffer> step_buffers = api::StepBuffers(batch, seq, s, types);
@@ -141,7 +97,7 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   // The units of this stage: its chunks' blocks, the embedding's on the first stage and
   // the head's on the last (for a tied head, the last stage's copy of the embedding's).
   std::vector<bool> held(size_t(layout_.units()), false);
-  for (int c : chunks_) {
+  for (int c : chunks) {
     for (int l = first_[size_t(c)]; l < first_[size_t(c) + 1]; ++l) held[size_t(l) + 1] = true;
   }
   if (part.embedding_unit) held[0] = true;
@@ -205,15 +161,8 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   staging_ = static_cast<int32_t*>(host.allocate(size_t(4 * N) * sizeof(int32_t)));
   readback_ = static_cast<double*>(host.allocate(2 * sizeof(double)));
   if (staging_ == nullptr || readback_ == nullptr) throw runtime::OutOfMemory("out of pinned host memory for tokens");
-  if (pipelined()) {
-    send_next_ = backend_->NewStream("send to the next stage");
-    recv_prev_ = backend_->NewStream("receive from the previous stage");
-    send_prev_ = backend_->NewStream("send to the previous stage");
-    recv_next_ = backend_->NewStream("receive from the next stage");
-    for (int lane = 0; lane < store_->lanes(); ++lane) {
-      for (auto* events : {&lane_free_, &lane_sent_, &received_}) events->push_back(backend_->NewEvent());
-    }
-  }
+  stage_ = std::make_unique<PipelineStage<P>>(pipeline_, first_, options.micro_batches, *mesh_, int(s.hidden), N,
+                                              *backend_, *compute_, *store_);
 
   // What the collectives move at most, so that staged ones need not allocate in a step.
   const size_t widest = size_t(std::max(sizeof(A), sizeof(G)));
@@ -223,9 +172,6 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   if (comm::StreamCollectives* replica = mesh_->device_replica()) replica->Reserve(size_t(widest_shard) * sizeof(G));
   if (comm::StreamCollectives* ends = mesh_->device_ends()) ends->Reserve(size_t(widest_shard) * sizeof(G));
   if (comm::StreamCollectives* group = mesh_->device_pipeline()) group->Reserve(sizeof(double));
-  for (const Mesh::StageLink& link : {mesh_->send_next(), mesh_->recv_prev(), mesh_->send_prev(), mesh_->recv_next()}) {
-    if (link.group != nullptr) link.group->Reserve(size_t(N * s.hidden) * sizeof(A));
-  }
   if (comm::StreamCollectives* group = mesh_->device_tp()) {
     const int64_t rows = store_->head.chunk_rows;
     group->Reserve(size_t(std::max({N * s.hidden * int64_t(sizeof(A)), tp.size * rows * 3 * int64_t(sizeof(G)),
@@ -301,9 +247,8 @@ void ShardedEngine<P>::CheckTokens(const int32_t* inputs, const int32_t* targets
 }
 
 template <class P>
-void ShardedEngine<P>::Stage(const int32_t* inputs, const int32_t* targets, int B, int T) {
-  CheckTokens(inputs, targets, B, T);
-  const int64_t N = int64_t(B) * T;
+void ShardedEngine<P>::LoadTokens(const MicroBatch& m) {
+  const int64_t N = int64_t(m.B) * m.T;
   // This slot's previous copy (two micro-batches ago) has long left; wait to be sure.
   const int st = staging_slot_;
   staging_slot_ ^= 1;
@@ -312,10 +257,10 @@ void ShardedEngine<P>::Stage(const int32_t* inputs, const int32_t* targets, int 
                                  std::to_string(options_.timeout.count() / 1000) + " s");
   }
   int32_t* host = staging_ + int64_t(st) * 2 * batch_ * seq_;
-  std::copy_n(inputs, N, host);
+  std::copy_n(m.inputs, N, host);
   backend_->Upload(tokens_, static_cast<const int32_t*>(host), N, *compute_);
-  if (targets != nullptr) {
-    std::copy_n(targets, N, host + N);
+  if (m.targets != nullptr) {
+    std::copy_n(m.targets, N, host + N);
     backend_->Upload(targets_, static_cast<const int32_t*>(host + N), N, *compute_);
   }
   staged_[size_t(st)]->Record(*compute_);
@@ -334,29 +279,6 @@ void ShardedEngine<P>::WaitTimed(runtime::Event& event) {
   exposed_->Begin(*compute_);
   compute_->Wait(event);
   exposed_->End(*compute_);
-}
-
-template <class P>
-void ShardedEngine<P>::WaitNeighbour(runtime::Event& event) {
-  neighbour_wait_->Begin(*compute_);
-  compute_->Wait(event);
-  neighbour_wait_->End(*compute_);
-}
-
-template <class P>
-void ShardedEngine<P>::Transfer(bool send, const Mesh::StageLink& link, Ptr<A> data, int64_t n,
-                                runtime::Stream& stream, runtime::Event& after, runtime::Event& done) {
-  if (link.group == nullptr) {
-    throw std::logic_error("stage " + std::to_string(mesh_->stage()) + " has no link to " + (send ? "send" : "receive") +
-                           " on");
-  }
-  stream.Wait(after);
-  if (send) {
-    comm::Send<A>(*link.group, Ptr<const A>(data), size_t(n), link.peer, stream);
-  } else {
-    comm::Recv<A>(*link.group, data, size_t(n), link.peer, stream);
-  }
-  done.Record(stream);
 }
 
 template <class P>
@@ -409,16 +331,11 @@ void ShardedEngine<P>::ReleaseHeld() {
 }
 
 template <class P>
-void ShardedEngine<P>::ChunkForward(int c, int lane, const model::Dims& d, Head head, float loss_weight,
-                                    int64_t logits_row, bool hold, bool last) {
+void ShardedEngine<P>::ChunkForward(int c, int lane, const MicroBatch& m, HeadWork head, bool hold) {
   const int a = first_[size_t(c)], b = first_[size_t(c) + 1], H = layout_.head_unit();
   const bool embeds = c == 0, ends = c + 1 == chunks();  // the chunk holds the embedding, the head
+  const model::Dims d = DimsOf(m.B, m.T, head == HeadWork::kTrain ? &m.key : nullptr);
   const model::Context<P> k = Context();
-  const int64_t n = d.N() * d.C;
-  if (pipelined()) {  // the lane's last micro-batch is done with it
-    compute_->Wait(*lane_free_[size_t(lane)]);
-    compute_->Wait(*lane_sent_[size_t(lane)]);
-  }
   if (embeds) GatherEdge(0);
   GatherBlock(a);
   if (embeds) {
@@ -426,10 +343,6 @@ void ShardedEngine<P>::ChunkForward(int c, int lane, const model::Dims& d, Head 
     Observed(*compute_, Op::kForward, 0,
              [&] { model_->EmbedForward(k, store_->Input(0, lane), tokens_, EdgeSlot(0), d); });
     if (H != 0 || !ends) ReleaseEdge();  // an untied head's unit comes into the slot while the last block computes
-  } else {
-    Transfer(false, mesh_->recv_prev(), store_->Input(0, lane), n, *recv_prev_, *lane_free_[size_t(lane)],
-             *received_[size_t(lane)]);
-    WaitNeighbour(*received_[size_t(lane)]);
   }
   for (int l = a; l < b; ++l) {
     if (l + 1 < b) {
@@ -453,53 +366,41 @@ void ShardedEngine<P>::ChunkForward(int c, int lane, const model::Dims& d, Head 
     held_ = true;
     held_block_ = b - 1;
   }
-  // Without a backward to come, the lane is free once its forward has read it (what
-  // goes to the next stage is the output, which the next forward waits to have left).
-  const bool forward_only = pipelined() && head != Head::kTrain;
-  if (!ends) {
-    produced_->Record(*compute_);
-    if (forward_only) lane_free_[size_t(lane)]->Record(*compute_);
-    Transfer(true, mesh_->send_next(), store_->Output(lane), n, *send_next_, *produced_, *lane_sent_[size_t(lane)]);
-    return;
-  }
+  if (!ends) return;  // the lane's output goes to the next stage
   if (H != 0 || !embeds) WaitTimed(HeadUnit().ready());
   Observed(*compute_, Op::kForward, H, [&] {
-    if (head == Head::kLogits) {
-      model_->HeadLogits(k, store_->head, store_->Output(lane), EdgeSlot(H), logits_row, d);
-    } else if (head == Head::kLoss) {
-      model_->HeadForward(k, store_->head, store_->Output(lane), EdgeSlot(H), targets_, loss_sum_, loss_weight, nullptr,
-                          nullptr, d);
+    if (head == HeadWork::kLogits) {
+      model_->HeadLogits(k, store_->head, store_->Output(lane), EdgeSlot(H), d.N() - 1, d);
+    } else if (head == HeadWork::kLoss) {
+      model_->HeadForward(k, store_->head, store_->Output(lane), EdgeSlot(H), targets_, loss_sum_, m.target_weight,
+                          nullptr, nullptr, d);
     } else {
       if (mesh_->shard_size() > 1) {
         compute_->Wait(*edge_grads_free_);  // the last unit's have been reduce-scattered
         backend_->Zero(edge_grads_.get(), HeadUnit().padded_numel(), *compute_);
       }
-      backend_->Zero(store_->Gradient(lane), n, *compute_);
-      model_->HeadForward(k, store_->head, store_->Output(lane), EdgeSlot(H), targets_, loss_sum_, loss_weight,
+      backend_->Zero(store_->Gradient(lane), d.N() * d.C, *compute_);
+      model_->HeadForward(k, store_->head, store_->Output(lane), EdgeSlot(H), targets_, loss_sum_, m.target_weight,
                           EdgeGrads(H), store_->Gradient(lane), d);
     }
   });
   ReleaseEdge();
-  if (forward_only) lane_free_[size_t(lane)]->Record(*compute_);
-  // In a pipeline the head's gradients are final now (a tied head's are the last stage's
-  // copy's, summed with the first stage's before the update).
-  if (pipelined() && head == Head::kTrain) ReduceEdge(H, last);
   kept_stale_ = false;
 }
 
 template <class P>
-void ShardedEngine<P>::ChunkBackward(int c, int lane, const model::Dims& d, bool last) {
+void ShardedEngine<P>::ReduceHead(bool last) {
+  // A tied head's gradients on the stage that also embeds wait for the embedding's.
+  const int H = layout_.head_unit();
+  if (H != 0 || mesh_->stage() != 0) ReduceEdge(H, last);
+}
+
+template <class P>
+void ShardedEngine<P>::ChunkBackward(int c, int lane, const MicroBatch& m, bool last) {
   const int a = first_[size_t(c)], b = first_[size_t(c) + 1], S = mesh_->shard_size(), H = layout_.head_unit();
   const bool embeds = c == 0, ends = c + 1 == chunks();
+  const model::Dims d = DimsOf(m.B, m.T, &m.key);
   const model::Context<P> k = Context();
-  const int64_t n = d.N() * d.C;
-  // An untied head's gradients are complete: its backward ran in the forward.
-  if (!pipelined() && ends && H != 0) ReduceEdge(H, last);
-  if (!ends) {
-    Transfer(false, mesh_->recv_next(), store_->Gradient(lane), n, *recv_next_, *lane_free_[size_t(lane)],
-             *received_[size_t(lane)]);
-    WaitNeighbour(*received_[size_t(lane)]);
-  }
   const model::BlockScratch<P> scratch = store_->ScratchFor(lane);
   if (held_ && held_block_ == b - 1) {
     held_ = false;  // its forward kept it
@@ -537,21 +438,16 @@ void ShardedEngine<P>::ChunkBackward(int c, int lane, const model::Dims& d, bool
     if (S > 1) grad_slot_free_[size_t(BlockSlotIndex(l))]->Record(*comm_);
     if (last) unit.AllReduceReplicas(mesh_->device_replica(), *comm_);
   }
-  if (!embeds) {  // the input's gradient goes back to the previous stage
-    produced_->Record(*compute_);
-    Transfer(true, mesh_->send_prev(), store_->Gradient(lane), n, *send_prev_, *produced_, *lane_free_[size_t(lane)]);
-    return;
-  }
-  // The embedding's backward needs no parameters; a tied head's gradients are in the edge
-  // buffer already on a single stage, an untied head's have left it.
-  if ((H != 0 || pipelined()) && S > 1) {
+  if (!embeds) return;  // the input's gradient goes to the previous stage
+  // The embedding's backward needs no parameters. A tied head's gradients are in the edge
+  // buffer already when this chunk ends too; an untied head's have left it.
+  if ((H != 0 || !ends) && S > 1) {
     compute_->Wait(*edge_grads_free_);
     backend_->Zero(edge_grads_.get(), Embedding().padded_numel(), *compute_);
   }
   Observed(*compute_, Op::kBackward, 0,
            [&] { model_->EmbedBackward(k, EdgeGrads(0), store_->Gradient(lane), tokens_, d); });
   ReduceEdge(0, last);
-  if (pipelined()) lane_free_[size_t(lane)]->Record(*compute_);
 }
 
 template <class P>
@@ -559,90 +455,35 @@ void ShardedEngine<P>::Forward(const int32_t* inputs, const int32_t* targets, in
                                const MicroBatchKey* training, float target_weight) {
   if (targets == nullptr) throw std::invalid_argument("Forward needs targets");
   ReleaseHeld();  // a training forward whose backward never came
-  if (pipelined() && training != nullptr) {  // the step's last Backward runs it
-    CheckTokens(inputs, targets, B, T);
-    const int64_t N = int64_t(B) * T;
-    queued_.push_back({std::vector<int32_t>(inputs, inputs + N), std::vector<int32_t>(targets, targets + N), B, T,
-                       *training, target_weight});
-    return;
+  if (training != nullptr && chunks() > 1) {
+    throw std::logic_error("a pipeline stage trains through ForwardBackward: a forward alone has no backward to come");
   }
-  if (pipelined()) return ForwardThrough(inputs, targets, B, T, Head::kLoss, target_weight, 0);
-  Stage(inputs, targets, B, T);
-  B_ = B, T_ = T;
-  dims_ = DimsOf(B, T, training);
-  const bool train = training != nullptr;
-  ChunkForward(0, 0, dims_, train ? Head::kTrain : Head::kLoss, target_weight, 0, /*hold=*/train, false);
+  CheckTokens(inputs, targets, B, T);
+  const MicroBatch m{inputs, targets, B, T, training ? *training : MicroBatchKey{}, target_weight};
+  if (training == nullptr) return stage_->Forward(*this, m, HeadWork::kLoss);
+  LoadTokens(m);
+  forwarded_ = {nullptr, nullptr, B, T, *training, target_weight};
+  ChunkForward(0, 0, m, HeadWork::kTrain, /*hold=*/true);
 }
 
 template <class P>
 void ShardedEngine<P>::Backward(bool last) {
-  if (pipelined()) {
-    if (queued_.empty()) throw std::logic_error("Backward needs a training Forward before it");
-    if (last) RunSchedule();
-    replicas_reduced_ = last;
-    return;
-  }
   if (!held_) throw std::logic_error("Backward needs a training Forward before it");
-  ChunkBackward(0, 0, dims_, last);
+  ReduceHead(last);
+  ChunkBackward(0, 0, forwarded_, last);
   replicas_reduced_ = last;
 }
 
 template <class P>
-void ShardedEngine<P>::RunSchedule() {
-  const int M = int(queued_.size()), Pn = pipeline_.stages;
-  if (M != options_.micro_batches) {
-    const int queued = M;
-    queued_.clear();
-    throw std::logic_error("a pipelined step of " + std::to_string(queued) + " micro-batches, but the engine was built for " +
-                           std::to_string(options_.micro_batches));
+void ShardedEngine<P>::ForwardBackward(const std::vector<MicroBatch>& micro_batches) {
+  if (micro_batches.empty()) throw std::invalid_argument("ForwardBackward needs a micro-batch");
+  for (const MicroBatch& m : micro_batches) {
+    if (m.targets == nullptr) throw std::invalid_argument("ForwardBackward needs targets");
+    CheckTokens(m.inputs, m.targets, m.B, m.T);
   }
-  // Each chunk's lanes, taken by a forward and given back by its backward.
-  std::vector<std::vector<int>> free(chunks_.size());
-  for (size_t v = 0; v < chunks_.size(); ++v) {
-    for (int lane = lane_base_[v + 1] - 1; lane >= lane_base_[v]; --lane) free[v].push_back(lane);
-  }
-  std::vector<int> lane_of(size_t(M) * chunks_.size(), -1);
-  try {
-    for (size_t i = 0; i < actions_.size(); ++i) {
-      const api::PipeAction& action = actions_[i];
-      const size_t v = size_t(action.chunk / Pn);
-      const Queued& q = queued_[size_t(action.micro)];
-      const model::Dims d = DimsOf(q.B, q.T, &q.key);
-      const bool embeds = action.chunk == 0, ends = action.chunk + 1 == chunks();
-      const bool last = action.micro + 1 == M;
-      if (action.op == api::PipeOp::kForward) {
-        if (free[v].empty()) throw std::logic_error("pipeline: no free lane for " + api::ToString(action));
-        const int lane = free[v].back();
-        free[v].pop_back();
-        lane_of[size_t(action.micro) * chunks_.size() + v] = lane;
-        if (embeds || ends) Stage(q.inputs.data(), q.targets.data(), q.B, q.T);
-        const bool hold = i + 1 < actions_.size() &&
-                          actions_[i + 1] == api::PipeAction{api::PipeOp::kBackward, action.micro, action.chunk};
-        ChunkForward(action.chunk, lane, d, Head::kTrain, q.weight, 0, hold, last);
-      } else {
-        const int lane = lane_of[size_t(action.micro) * chunks_.size() + v];
-        if (embeds) Stage(q.inputs.data(), q.targets.data(), q.B, q.T);
-        ChunkBackward(action.chunk, lane, d, last);
-        free[v].push_back(lane);
-      }
-    }
-  } catch (...) {
-    queued_.clear();
-    throw;
-  }
-  queued_.clear();
-}
-
-template <class P>
-void ShardedEngine<P>::ForwardThrough(const int32_t* inputs, const int32_t* targets, int B, int T, Head head,
-                                      float loss_weight, int64_t logits_row) {
-  CheckTokens(inputs, targets, B, T);
-  const model::Dims d = DimsOf(B, T, nullptr);
-  for (size_t v = 0; v < chunks_.size(); ++v) {
-    const int c = chunks_[v];
-    if (c == 0 || c + 1 == chunks()) Stage(inputs, targets, B, T);
-    ChunkForward(c, lane_base_[v], d, head, loss_weight, logits_row, false, false);
-  }
+  ReleaseHeld();  // a training forward whose backward never came
+  stage_->Train(*this, micro_batches);
+  replicas_reduced_ = true;
 }
 
 template <class P>
@@ -658,7 +499,6 @@ void ShardedEngine<P>::ZeroGrad() {
 template <class P>
 void ShardedEngine<P>::Update(const OptimizerStep& step) {
   ReleaseHeld();
-  if (!queued_.empty()) throw std::logic_error("Update before the step's last Backward ran its pipeline");
   const std::vector<FlatUnit<P>*> held = Held(false);
   if (!replicas_reduced_) {  // independent all-reduces, one per unit: one batch
     comm::StreamCollectives* replica = mesh_->device_replica();
@@ -727,20 +567,17 @@ double ShardedEngine<P>::GradNorm() {
 template <class P>
 std::vector<float> ShardedEngine<P>::NextTokenProbabilities(const int32_t* tokens, int n) {
   ReleaseHeld();
-  const int64_t V = layout_.shape().vocab_size;
-  if (pipelined()) {
-    ForwardThrough(tokens, nullptr, 1, n, Head::kLogits, 0, n - 1);
-    // The last stage has them; the pipeline group's broadcast gives them to every stage.
-    std::vector<float> probabilities(static_cast<size_t>(V));
-    if (mesh_->stage() + 1 == mesh_->stages()) probabilities = Probabilities();
+  CheckTokens(tokens, nullptr, 1, n);
+  stage_->Forward(*this, {tokens, nullptr, 1, n, {}, 0}, HeadWork::kLogits);
+  // The last stage has them; the pipeline group's broadcast gives them to every stage.
+  std::vector<float> probabilities(static_cast<size_t>(layout_.shape().vocab_size));
+  if (mesh_->stage() + 1 == mesh_->stages()) probabilities = Probabilities();
+  if (comm::Communicator* group = mesh_->pipeline()) {
     Drain();
-    mesh_->pipeline()->Broadcast(probabilities.data(), probabilities.data(), probabilities.size(),
-                                 comm::DataType::kFloat32, mesh_->stages() - 1)->Wait();
-    return probabilities;
+    group->Broadcast(probabilities.data(), probabilities.data(), probabilities.size(), comm::DataType::kFloat32,
+                     mesh_->stages() - 1)->Wait();
   }
-  Stage(tokens, nullptr, 1, n);
-  ChunkForward(0, 0, DimsOf(1, n, nullptr), Head::kLogits, 0, n - 1, false, false);
-  return Probabilities();
+  return probabilities;
 }
 
 template <class P>
@@ -771,131 +608,6 @@ std::vector<float> ShardedEngine<P>::Probabilities() {
 }
 
 template <class P>
-std::vector<float> ShardedEngine<P>::Weights() {
-  ReleaseHeld();
-  Drain();
-  // This rank's TP slice, each unit gathered over its shard group.
-  std::vector<G> local(size_t(layout_.total()));
-  std::vector<G> shard, unit_whole;
-  for (FlatUnit<P>* unit : Held(true)) {
-    shard.resize(size_t(unit->shard_numel()));
-    backend_->Download(shard.data(), Ptr<const G>(unit->master()), unit->shard_numel(), *compute_);
-    Drain();
-    const G* from = shard.data();
-    if (comm::Communicator* group = mesh_->shard()) {
-      unit_whole.resize(size_t(unit->padded_numel()));
-      group->AllGather(shard.data(), unit_whole.data(), shard.size(), comm::DataTypeOf<G>())->Wait();
-      from = unit_whole.data();
-    }
-    std::copy(from, from + unit->numel(), local.begin() + unit->begin());
-  }
-  // Each slice in its place of the whole model (the tensors every rank holds whole from
-  // TP rank 0), summed over the TP group: every element comes from one rank.
-  std::vector<G> whole(size_t(layout_.shape().ParameterCount()), G(0));
-  for (const model::ParamTensor& t : layout_.tensors()) {
-    if (t.tp_replicated() && mesh_->tp_rank() != 0) continue;
-    const std::vector<int64_t> at = layout_.WholeIndices(t.offset, t.offset + t.size);
-    for (size_t i = 0; i < at.size(); ++i) {
-      if (at[i] >= 0) whole[size_t(at[i])] = local[size_t(t.offset) + i];
-    }
-  }
-  if (comm::Communicator* group = mesh_->tp()) {
-    group->AllReduce(whole.data(), whole.data(), whole.size(), comm::DataTypeOf<G>(), comm::ReduceOp::kSum)->Wait();
-  }
-  // And each stage's in its place: every element comes from one stage.
-  if (comm::Communicator* group = mesh_->pipeline()) {
-    group->AllReduce(whole.data(), whole.data(), whole.size(), comm::DataTypeOf<G>(), comm::ReduceOp::kSum)->Wait();
-  }
-  return std::vector<float>(whole.begin(), whole.end());
-}
-
-template <class P>
-void ShardedEngine<P>::Snapshot(ShardState* into) {
-  ReleaseHeld();
-  Drain();
-  const std::vector<FlatUnit<P>*> held = Held(true);
-  int64_t total = 0;
-  for (FlatUnit<P>* unit : held) {
-    for (const auto& [a, b] : unit->model_runs()) total += b - a;
-  }
-  if (into->size != total || into->storage == nullptr) {
-    const runtime::MemorySource host = backend_->PinnedHostMemory();
-    void* arrays = host.allocate(size_t(3 * total) * sizeof(float));
-    if (arrays == nullptr) throw runtime::OutOfMemory("out of pinned host memory for a checkpoint snapshot");
-    into->storage = std::shared_ptr<void>(arrays, host.free);
-    into->size = total;
-    into->master = static_cast<float*>(arrays);
-    into->m = into->master + total;
-    into->v = into->m + total;
-  }
-  into->tp_rank = mesh_->tp_rank();
-  into->shard_rank = mesh_->shard_rank();
-  into->replica = mesh_->replica_index();
-  into->stage = mesh_->stage();
-  into->units.clear();
-  for (FlatUnit<P>* unit : held) into->units.push_back(unit->index());
-  // The model's elements of each shard, straight into the snapshot (fp64 through the host).
-  std::vector<G> wide;
-  int64_t at = 0;
-  for (FlatUnit<P>* unit : held) {
-    for (const auto& [a, b] : unit->model_runs()) {
-      const int64_t n = b - a;
-      const Ptr<G> from[3] = {unit->master(), unit->adam_m(), unit->adam_v()};
-      float* to[3] = {into->master + at, into->m + at, into->v + at};
-      for (int part = 0; part < 3; ++part) {
-        if constexpr (std::is_same_v<G, float>) {
-          backend_->Download(to[part], Ptr<const G>(from[part] + a), n, *compute_);
-        } else {
-          wide.resize(size_t(n));
-          backend_->Download(wide.data(), Ptr<const G>(from[part] + a), n, *compute_);
-          Drain();
-          std::transform(wide.begin(), wide.end(), to[part], [](G x) { return float(x); });
-        }
-      }
-      at += n;
-    }
-  }
-  Drain();
-}
-
-template <class P>
-void ShardedEngine<P>::Restore(const WholeState& whole) {
-  RestoreShards(FillFrom(whole, layout_.shape().ParameterCount()));
-}
-
-template <class P>
-void ShardedEngine<P>::RestoreShards(const ShardFill& fill) {
-  ReleaseHeld();
-  Drain();
-  // One unit's shard staged at a time: the rank never holds more than its own state and
-  // that unit's in host memory.
-  std::vector<float> master, m, v;
-  std::vector<G> narrow;
-  for (FlatUnit<P>* held : Held(false)) {
-    FlatUnit<P>& unit = *held;
-    const int u = unit.index();
-    const int64_t from = unit.begin() + unit.shard_begin(), n = unit.shard_numel();
-    std::vector<int64_t> at = layout_.WholeIndices(from, from + unit.shard_real());
-    at.resize(size_t(n), -1);  // the shard's tail past the unit is padding too
-    for (std::vector<float>* part : {&master, &m, &v}) part->resize(size_t(n));
-    fill(u, at, master.data(), m.data(), v.data());
-    const std::pair<Ptr<G>, const std::vector<float>*> parts[3] = {
-        {unit.master(), &master}, {unit.adam_m(), &m}, {unit.adam_v(), &v}};
-    for (const auto& [to, values] : parts) {
-      if constexpr (std::is_same_v<G, float>) {
-        backend_->Upload(to, values->data(), n, *compute_);
-      } else {
-        narrow.assign(values->begin(), values->end());
-        backend_->Upload(to, narrow.data(), n, *compute_);
-        Drain();  // `narrow` is refilled for the next part
-      }
-    }
-    Drain();  // the host vectors are refilled for the next unit
-  }
-  RefreshKept();
-}
-
-template <class P>
 CommStats ShardedEngine<P>::comm_stats() {
   Drain();
   CommStats stats;
@@ -910,16 +622,10 @@ CommStats ShardedEngine<P>::comm_stats() {
     const comm::CollectiveSeconds s = tp->Seconds();
     stats.all_reduce += s.all_reduce + s.all_gather;  // the layers' all-reduces and the head's gathers
   }
-  for (const Mesh::StageLink& link : {mesh_->send_next(), mesh_->send_prev()}) {
-    if (link.group != nullptr) stats.send += link.group->Seconds().send;
-  }
-  for (const Mesh::StageLink& link : {mesh_->recv_prev(), mesh_->recv_next()}) {
-    if (link.group != nullptr) stats.recv += link.group->Seconds().recv;
-  }
   if (comm::StreamCollectives* group = mesh_->device_pipeline()) stats.all_reduce += group->Seconds().all_reduce;
   if (comm::StreamCollectives* group = mesh_->device_ends()) stats.all_reduce += group->Seconds().all_reduce;
   stats.exposed = exposed_->Seconds();
-  stats.neighbour_wait = neighbour_wait_->Seconds();
+  stage_->AddStats(&stats);
   stats.copy = store_->copy_seconds();
   stats.copy_exposed = store_->copy_wait_seconds();
   return stats;
@@ -936,17 +642,7 @@ std::string ShardedEngine<P>::Describe() const {
   } else if (policy.checkpointing) {
     activations = "; activations: block inputs checkpointed, blocks recomputed in backward";
   }
-  std::string stage;
-  if (pipelined()) {
-    stage = "; stage " + std::to_string(mesh_->stage()) + " of " + std::to_string(mesh_->stages()) + " (" +
-            api::PipelineScheduleName(pipeline_.schedule) + "): blocks";
-    for (int c : chunks_) {
-      stage += " " + std::to_string(first_[size_t(c)]) + "-" + std::to_string(first_[size_t(c) + 1] - 1);
-    }
-    if (units_[0]) stage += mesh_->stage() == 0 ? " and the embedding" : " and a copy of the tied embedding";
-    if (mesh_->stage() + 1 == mesh_->stages()) stage += " and the head";
-    stage += ", " + std::to_string(store_->lanes()) + " activation lanes";
-  }
+  const std::string stage = stage_->Describe(units_[0] != nullptr);
   int held = 0;
   for (const auto& unit : units_) held += unit ? 1 : 0;
   const FlatUnit<P>* block = nullptr;
@@ -973,8 +669,8 @@ void ShardedEngine<P>::Drain() {
   };
   synchronize([this] { compute_->Synchronize(options_.timeout); });
   synchronize([this] { comm_->Synchronize(options_.timeout); });
-  for (runtime::Stream* link : {send_next_.get(), recv_prev_.get(), send_prev_.get(), recv_next_.get()}) {
-    if (link != nullptr) synchronize([this, link] { link->Synchronize(options_.timeout); });
+  for (runtime::Stream* link : stage_ ? stage_->streams() : std::vector<runtime::Stream*>{}) {
+    synchronize([this, link] { link->Synchronize(options_.timeout); });
   }
   if (store_) synchronize([this] { store_->Synchronize(options_.timeout); });
   if (!failure) return;
@@ -993,9 +689,9 @@ void ShardedEngine<P>::Drain() {
       groups += (groups.empty() ? "" : ", ") + group->group().Describe() + " (" + group->Describe() + ")";
     }
     if (groups.empty()) throw;
-    const std::string stage = pipelined() ? "stage " + std::to_string(mesh_->stage()) + " of " +
-                                                std::to_string(mesh_->stages()) + ": "
-                                          : "";
+    const std::string stage = mesh_->stages() > 1 ? "stage " + std::to_string(mesh_->stage()) + " of " +
+                                                        std::to_string(mesh_->stages()) + ": "
+                                                  : "";
     throw runtime::StreamTimeout(stage + e.what() + "; the collectives of " + groups + " were aborted");
   }
 }

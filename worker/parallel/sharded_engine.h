@@ -33,15 +33,14 @@
 //   Pipeline: a stage holds its chunks' blocks (api/pipeline.h), the first stage the
 //     embedding's unit and the last the head's; with a tied head the last stage keeps a
 //     copy of the embedding's unit, whose gradients are summed with the first stage's
-//     before each update, so the two copies stay equal. A chunk's forward receives its
-//     input from the previous stage (or embeds the tokens) into a lane of the
-//     ActivationStore and sends its output on (or runs the head, whose gradient goes to
-//     the lane); its backward receives the output's gradient into the lane, runs in place
-//     there, and sends the input's back (or runs the embedding's backward). Transfers run
-//     on streams of their own, one per link, ordered by events against the compute
-//     stream, which waits only for what it needs now. The head's gradients are reduced
-//     right after its forward. Norms, losses and the whole model are summed over the
-//     pipeline group.
+//     before each update, so the two copies stay equal. The engine computes chunks: a
+//     chunk's forward starts from a lane of the ActivationStore (or embeds the tokens)
+//     and ends in the lane's output (or runs the head, whose gradient goes to the lane);
+//     its backward runs in place on the lane's gradient. Its PipelineStage
+//     (pipeline_stage.h) runs the stage's schedule over those chunks and moves the lanes'
+//     activations and gradients between stages. On the last stage the head's gradients
+//     are reduced right after its forward. Norms, losses and the whole model are summed
+//     over the pipeline group. With one stage, the same with one chunk and no transfers.
 // Nothing is allocated after construction, and the host waits only when it reads a
 // result (TakeLoss, GradNorm, and the calls outside steps).
 //
@@ -63,6 +62,7 @@
 #include "worker/parallel/engine.h"
 #include "worker/parallel/flat_unit.h"
 #include "worker/parallel/mesh.h"
+#include "worker/parallel/pipeline_stage.h"
 #include "worker/runtime/backend.h"
 #include "worker/runtime/device_memory.h"
 #include "worker/runtime/memory.h"
@@ -74,7 +74,7 @@ template <class P>
 using OpsFactory = std::function<std::unique_ptr<kernels::Ops<P>>(runtime::Backend&, runtime::CachingAllocator*)>;
 
 template <class P>
-class ShardedEngine final : public Engine {
+class ShardedEngine final : public Engine, private ChunkCompute {
  public:
   using A = typename P::Act;
   using G = typename P::Acc;
@@ -95,6 +95,7 @@ class ShardedEngine final : public Engine {
   void Forward(const int32_t* inputs, const int32_t* targets, int B, int T, const MicroBatchKey* training,
                float target_weight) override;
   void Backward(bool last) override;
+  void ForwardBackward(const std::vector<MicroBatch>& micro_batches) override;
   void ZeroGrad() override;
   void Update(const OptimizerStep& step) override;
   double TakeLoss() override;
@@ -114,15 +115,6 @@ class ShardedEngine final : public Engine {
   const ActivationStore<P>& activations() const { return *store_; }
 
  private:
-  enum class Head { kLoss, kTrain, kLogits };
-  // A training micro-batch a pipelined step runs at its last Backward.
-  struct Queued {
-    std::vector<int32_t> inputs, targets;
-    int B = 0, T = 0;
-    MicroBatchKey key;
-    float weight = 0;
-  };
-  bool pipelined() const { return pipeline_.stages > 1; }
   int chunks() const { return int(first_.size()) - 1; }
   FlatUnit<P>& Embedding() { return *units_[0]; }
   FlatUnit<P>& Block(int l) { return *units_[size_t(l) + 1]; }
@@ -141,28 +133,13 @@ class ShardedEngine final : public Engine {
   model::Dims DimsOf(int B, int T, const MicroBatchKey* training) const;
   // Throws what Forward documents for tokens or targets it cannot take.
   void CheckTokens(const int32_t* inputs, const int32_t* targets, int B, int T) const;
-  // Copies the micro-batch's tokens (and targets) to the device on the compute stream.
-  void Stage(const int32_t* inputs, const int32_t* targets, int B, int T);
-  // Chunk c's forward of a micro-batch (its tokens staged where the chunk needs them) in
-  // `lane`, ending in the head (`head`) on the last chunk or a send to the next stage.
-  // `hold`: the chunk's backward comes next, so its last block stays gathered. `last`: the
-  // step's last micro-batch (a pipelined head's gradients are reduced at once).
-  void ChunkForward(int c, int lane, const model::Dims& d, Head head, float loss_weight, int64_t logits_row, bool hold,
-                    bool last);
-  // Chunk c's backward of the micro-batch in `lane`.
-  void ChunkBackward(int c, int lane, const model::Dims& d, bool last);
+  // ChunkCompute, which the stage's program calls.
+  void LoadTokens(const MicroBatch& m) override;
+  void ChunkForward(int c, int lane, const MicroBatch& m, HeadWork head, bool hold) override;
+  void ReduceHead(bool last) override;
+  void ChunkBackward(int c, int lane, const MicroBatch& m, bool last) override;
   // The probabilities of the logits the head left (HeadLogits), of the whole vocabulary.
   std::vector<float> Probabilities();
-  // A pipelined step: the schedule's work for the queued micro-batches.
-  void RunSchedule();
-  // A forward through every stage of a micro-batch (inputs, targets or null), not training.
-  void ForwardThrough(const int32_t* inputs, const int32_t* targets, int B, int T, Head head, float loss_weight,
-                      int64_t logits_row);
-  // Moves n activations of `lane` over a link on `stream`, after `after`; `done` marks the
-  // end. The compute stream waits for a receive with WaitNeighbour.
-  void Transfer(bool send, const Mesh::StageLink& link, Ptr<A> data, int64_t n, runtime::Stream& stream,
-                runtime::Event& after, runtime::Event& done);
-  void WaitNeighbour(runtime::Event& event);
   void GatherEdge(int u);
   void GatherBlock(int l);
   void ReleaseBlock(int l);
@@ -190,19 +167,13 @@ class ShardedEngine final : public Engine {
   std::shared_ptr<const Mesh> mesh_;
   int batch_, seq_;
   EngineOptions options_;
-  // The pipeline: every chunk's first block (and L after the last), this stage's chunks,
-  // its work for a step, and the first lane of each of its chunks (and the end).
+  // The pipeline, and every chunk's first block (and L after the last).
   api::Pipeline pipeline_;
-  std::vector<int> first_, chunks_, lane_base_;
-  std::vector<api::PipeAction> actions_;
-  std::vector<Queued> queued_;
+  std::vector<int> first_;
   runtime::CachingAllocator allocator_, pinned_;
   std::unique_ptr<kernels::Ops<P>> ops_;
   std::unique_ptr<runtime::Stream> compute_, comm_;
-  // Pipelined: a stream per link, the activations' (to the next stage, from the previous)
-  // and the gradients' (to the previous, from the next).
-  std::unique_ptr<runtime::Stream> send_next_, recv_prev_, send_prev_, recv_next_;
-  std::unique_ptr<runtime::StreamTimer> exposed_, neighbour_wait_;
+  std::unique_ptr<runtime::StreamTimer> exposed_;
   std::unique_ptr<TensorParallel> tp_;  // null without tensor parallelism
   // The step buffer (api::StepBuffers): tokens, targets, scalars, segment tables, RoPE's table.
   runtime::DeviceArray<std::byte> step_;
@@ -223,20 +194,15 @@ class ShardedEngine final : public Engine {
   // of the gradients are summed.
   std::array<std::unique_ptr<runtime::Event>, 2> param_slot_free_, grad_slot_free_;
   std::unique_ptr<runtime::Event> edge_free_, edge_grads_free_, comm_done_, squares_done_;
-  // Pipelined, per lane: its last backward (and the send of its gradient) is done; its
-  // output has been sent; a transfer into it has arrived. And the compute stream's mark
-  // before a send.
-  std::vector<std::unique_ptr<runtime::Event>> lane_free_, lane_sent_, received_;
-  std::unique_ptr<runtime::Event> produced_;
+  std::unique_ptr<PipelineStage<P>> stage_;  // runs this stage's schedule over the chunks
   // Page-locked staging of the tokens, two micro-batches deep, and the events that say a
-  // stage's copy has left; and of the scalars read back.
+  // micro-batch's copy has left; and of the scalars read back.
   std::array<std::unique_ptr<runtime::Event>, 2> staged_;
   int32_t* staging_ = nullptr;
   double* readback_ = nullptr;
   int staging_slot_ = 0;
 
-  int B_ = 0, T_ = 0;
-  model::Dims dims_{};
+  MicroBatch forwarded_;  // the last training Forward's shape and key, for its Backward
   bool held_ = false;  // a training forward's last block, kept gathered for its backward
   int held_block_ = 0;
   bool replicas_reduced_ = false;  // the last Backward averaged the shard gradients over replicas

@@ -163,8 +163,8 @@ Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime
       throw std::invalid_argument(std::string("spec.model.init.from: ") + e.what());
     }
   }
-  inputs_.resize(size_t(batch_) * seq_);
-  targets_.resize(size_t(batch_) * seq_);
+  inputs_.resize(size_t(micro_steps_) * size_t(batch_) * size_t(seq_));
+  targets_.resize(inputs_.size());
 }
 
 void Trainer::Resume(const std::string& path, const std::string& only_run) {
@@ -243,12 +243,15 @@ StepReport Trainer::Step() {
   // The step's loss is the mean over the global batch's targets: each weighs the
   // data-parallel size over their number (the replicas' gradients are averaged).
   const float weight = TargetWeight(*train_, micro_steps_);
+  const size_t tokens = size_t(batch_) * size_t(seq_);
+  std::vector<parallel::MicroBatch> micro_batches;
   for (int64_t micro = 0; micro < micro_steps_; ++micro) {
-    train_->Next(inputs_.data(), targets_.data());
-    const parallel::MicroBatchKey key{step_, micro};
-    engine_->Forward(inputs_.data(), targets_.data(), batch_, seq_, &key, weight);
-    engine_->Backward(micro + 1 == micro_steps_);
+    int32_t* inputs = inputs_.data() + size_t(micro) * tokens;
+    int32_t* targets = targets_.data() + size_t(micro) * tokens;
+    train_->Next(inputs, targets);
+    micro_batches.push_back({inputs, targets, batch_, seq_, {step_, micro}, weight});
   }
+  engine_->ForwardBackward(micro_batches);
   report.learning_rate = LearningRate(t, step_);
   ++step_;
   parallel::OptimizerStep update;

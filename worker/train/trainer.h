@@ -168,7 +168,7 @@ class Trainer {
   TextCodec codec_;
   std::optional<DataLoader> train_;  // always set; optional only to be opened in the body
   std::optional<DataLoader> validation_;
-  std::vector<int32_t> inputs_, targets_;
+  std::vector<int32_t> inputs_, targets_;  // a step's micro-batches, one after another
   int64_t step_ = 0;
   std::unique_ptr<CheckpointWriter> checkpoints_;  // null: none written
   std::optional<int64_t> resumed_from_;
