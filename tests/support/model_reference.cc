@@ -50,12 +50,11 @@ ModelReference<P>::ModelReference(const api::ModelShape& shape, int max_batch, i
   scratch_memory_ = runtime::DeviceArray<std::byte>(
       &allocator_, api::BlockScratchBytes(max_batch, max_seq, shape, 1, types_, /*dropout=*/true),
       MemoryCategory::kActivations);
-  if (!api::FamilyBuffers(max_seq, shape, types_).empty()) {
-    const std::vector<double> table = model::RopeTable(shape, max_seq);
-    const std::vector<G> narrow(table.begin(), table.end());
-    rope_ = runtime::DeviceArray<G>(&allocator_, int64_t(narrow.size()), MemoryCategory::kActivations);
-    backend_->Upload(rope_.get(), narrow.data(), rope_.size(), *stream_);
-    stream_->Synchronize();
+  const std::vector<api::Buffer> family = api::FamilyBuffers(max_seq, shape, types_);
+  if (!family.empty()) {
+    family_memory_ = runtime::DeviceArray<std::byte>(&allocator_, api::CarvedBytes(family), MemoryCategory::kActivations);
+    family_buffers_ = model::PrepareFamilyBuffers<P>(*model_, *backend_, family_memory_.get(), max_seq, shape, types_,
+                                                     *stream_);
   }
   scratch_ = model::BlockScratch<P>::At(scratch_memory_.get(), max_batch, max_seq, shape, tp, types_, true);
 
@@ -102,9 +101,7 @@ model::Dims ModelReference<P>::DimsOf(int B, int T) const {
 
 template <class P>
 model::Context<P> ModelReference<P>::Context() {
-  const runtime::DevicePtr<const G> rope = rope_.get();
-  const int64_t half = rope ? int64_t(max_seq_) * (layout_.shape().head_dim / 2) : 0;
-  return {*ops_, *stream_, nullptr, rope, rope ? rope + half : rope};
+  return {*ops_, *stream_, nullptr, family_buffers_};
 }
 
 template <class P>

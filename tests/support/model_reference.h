@@ -99,7 +99,9 @@ class ModelReference {
   std::unique_ptr<kernels::Ops<P>> ops_;
   std::unique_ptr<runtime::Stream> stream_;
   api::EngineTypes types_;
-  runtime::DeviceArray<G> master_, grads_, rope_;
+  runtime::DeviceArray<G> master_, grads_;
+  runtime::DeviceArray<std::byte> family_memory_;  // the family's buffers (RoPE's table)
+  model::Carving family_buffers_;
   runtime::DeviceArray<A> params_, encoded_;
   runtime::DeviceArray<int32_t> tokens_, targets_;
   runtime::DeviceArray<double> loss_;

@@ -21,7 +21,8 @@ class Llama final : public Model<P> {
   using G = typename P::Acc;
 
   explicit Llama(const ParameterLayout& layout)
-      : embed_(layout.OffsetInUnit(Param::kEmbed)),
+      : shape_(layout.shape()),
+        embed_(layout.OffsetInUnit(Param::kEmbed)),
         norm_(layout.OffsetInUnit(Param::kNorm)),
         lm_head_(layout.has_head_unit() ? layout.OffsetInUnit(Param::kLmHead) : embed_),
         attn_norm_(layout.OffsetInUnit(Param::kAttnNorm)),
@@ -66,7 +67,8 @@ class Llama final : public Model<P> {
       ops.HeadRmsNormForward(a.qkv + Q, a.qk_raw + N * Q, a.qk_rstd + N * d.heads(), p + k_norm_, N, d.kv_heads(),
                              d.HS, Q + 2 * KV, d.eps, k.stream);
     }
-    ops.RopeForward(a.qkv, k.rope_cos, k.rope_sin, d.B, d.T, d.heads(), d.kv_heads(), d.HS, k.stream);
+    const Rope rope = RopeOf(k);
+    ops.RopeForward(a.qkv, rope.cos, rope.sin, d.B, d.T, d.heads(), d.kv_heads(), d.HS, k.stream);
     ops.AttentionForward(a.atty, a.att_state, a.qkv, d.B, d.T, d.heads(), d.kv_heads(), d.HS, k.stream);
     const int64_t q_whole = int64_t(d.NH) * d.HS, q_first = int64_t(d.tp.rank) * Q;
     if (dropout) Drop(k, d, kAttentionOutput, s.dropped, a.atty, Q, q_whole, q_first);
@@ -121,7 +123,8 @@ class Llama final : public Model<P> {
     if (dropout) Drop(k, d, kAttentionOutput, s.datty, s.datty, Q, q_whole, q_first);
     ops.AttentionBackward(s.dqkv, s.attention, s.datty, a.qkv, a.atty, a.att_state, d.B, d.T, d.heads(), d.kv_heads(),
                           d.HS, k.stream);
-    ops.RopeBackward(s.dqkv, k.rope_cos, k.rope_sin, d.B, d.T, d.heads(), d.kv_heads(), d.HS, k.stream);
+    const Rope rope = RopeOf(k);
+    ops.RopeBackward(s.dqkv, rope.cos, rope.sin, d.B, d.T, d.heads(), d.kv_heads(), d.HS, k.stream);
     if (q_norm_ >= 0) HeadNormsBackward(k, dp, s, a, p, d);
     ops.MatmulBackward(s.dln, dp + wqkv_, Bias(dp), s.dqkv, a.attn_norm, p + wqkv_, nullptr, N, C, Q + 2 * KV,
                        k.stream);
@@ -141,6 +144,11 @@ class Llama final : public Model<P> {
     });
   }
 
+  std::vector<double> FamilyBufferValues(std::string_view name, int seq) const override {
+    if (name != "rope") return Model<P>::FamilyBufferValues(name, seq);
+    return RopeTable(shape_, seq);
+  }
+
   void HeadLogits(const Context<P>& k, const HeadActivations<P>& h, Ptr<const A> x, Ptr<const A> unit, int64_t row,
                   const Dims& d) const override {
     k.ops.RmsNormForward(h.lnf, h.lnf_rstd, x + row * d.C, unit + norm_, 1, d.C, d.eps, k.stream);
@@ -149,6 +157,15 @@ class Llama final : public Model<P> {
   }
 
  private:
+  // RoPE's table (FamilyBufferValues): cos, then sin, each (seq, HS/2).
+  struct Rope {
+    Ptr<const G> cos, sin;
+  };
+  static Rope RopeOf(const Context<P>& k) {
+    const Ptr<const G> table = k.buffers.template Get<G>("rope");
+    return {table, table + k.buffers.Elements("rope") / 2};
+  }
+
   struct Acts {
     Ptr<A> attn_norm, qkv, atty, residual2, mlp_norm, gate_up, swiglu;
     Ptr<G> attn_rstd, att_state, mlp_rstd;
@@ -196,6 +213,7 @@ class Llama final : public Model<P> {
     return bqkv_ < 0 ? Ptr<T>{} : block + bqkv_;
   }
 
+  api::ModelShape shape_;
   int64_t embed_, norm_, lm_head_;  // in the embedding or head unit
   int64_t attn_norm_, wqkv_, bqkv_, q_norm_, k_norm_, wo_, mlp_norm_, wgate_up_, wdown_;  // in a block
 };

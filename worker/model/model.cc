@@ -30,6 +30,37 @@ runtime::DeviceBytes Carving::At(std::string_view name, int element_bytes, bool 
   return {};
 }
 
+int64_t Carving::Elements(std::string_view name) const {
+  for (const api::Buffer& b : buffers_) {
+    if (b.name == name) return b.elements;
+  }
+  throw std::logic_error("Carving: no buffer " + std::string(name));
+}
+
+template <class P>
+std::vector<double> Model<P>::FamilyBufferValues(std::string_view name, int) const {
+  throw std::logic_error("Model: the family has no buffer " + std::string(name));
+}
+
+template <class P>
+Carving PrepareFamilyBuffers(const Model<P>& model, runtime::Backend& backend, runtime::DeviceBytes base, int seq,
+                             const api::ModelShape& shape, const api::EngineTypes& types, runtime::Stream& stream) {
+  using G = typename P::Acc;
+  const std::vector<api::Buffer> buffers = api::FamilyBuffers(seq, shape, types);
+  Carving carving(base, buffers);
+  for (const api::Buffer& b : buffers) {
+    const std::vector<double> values = model.FamilyBufferValues(b.name, seq);
+    if (int64_t(values.size()) != b.elements) {
+      throw std::logic_error("PrepareFamilyBuffers: " + std::string(b.name) + " has " + std::to_string(values.size()) +
+                             " values for " + std::to_string(b.elements) + " elements");
+    }
+    const std::vector<G> narrow(values.begin(), values.end());
+    backend.Upload(carving.template Get<G>(b.name), narrow.data(), int64_t(narrow.size()), stream);
+    stream.Synchronize();  // the upload reads `narrow`
+  }
+  return carving;
+}
+
 template <class P>
 BlockActivations<P> BlockActivations<P>::At(runtime::DeviceBytes base, int batch, int seq,
                                             const api::ModelShape& shape, TpSlice tp, const api::EngineTypes& types) {
@@ -109,7 +140,10 @@ std::unique_ptr<Model<P>> MakeModel(const ParameterLayout& layout) {
   template struct BlockScratch<P>;                                                                  \
   template struct HeadActivations<P>;                                                               \
   template api::EngineTypes TypesOf<P>(kernels::Ops<P>&, int, int, const api::ModelShape&, int);   \
-  template std::unique_ptr<Model<P>> MakeModel<P>(const ParameterLayout&);
+  template std::unique_ptr<Model<P>> MakeModel<P>(const ParameterLayout&);                          \
+  template class Model<P>;                                                                          \
+  template Carving PrepareFamilyBuffers<P>(const Model<P>&, runtime::Backend&, runtime::DeviceBytes, int,          \
+                                           const api::ModelShape&, const api::EngineTypes&, runtime::Stream&);
 
 MESHTRAIN_MODEL(kernels::Fp32)
 MESHTRAIN_MODEL(kernels::Bf16)

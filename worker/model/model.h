@@ -34,6 +34,7 @@
 #include "api/model_shape.h"
 #include "worker/kernels/ops.h"
 #include "worker/model/parameters.h"
+#include "worker/runtime/backend.h"
 #include "worker/runtime/device_ptr.h"
 
 namespace meshtrain::model {
@@ -55,15 +56,44 @@ class TensorParallelGroup {
                          runtime::Stream& stream) = 0;
 };
 
+// Named buffers carved out of one device allocation, in the order of an api list
+// (api/model_family.h): what a family's layers take their activations from.
+class Carving {
+ public:
+  Carving() = default;
+  Carving(runtime::DeviceBytes base, std::vector<api::Buffer> buffers);
+  // The buffer called `name`, of elements of T. Throws std::logic_error if there is none,
+  // or if its elements are not of T's size.
+  template <class T>
+  Ptr<T> Get(std::string_view name) const {
+    return At(name, int(sizeof(T)), /*required=*/true).template As<T>();
+  }
+  // The same, or null where the list has no such buffer.
+  template <class T>
+  Ptr<T> Find(std::string_view name) const {
+    return At(name, int(sizeof(T)), /*required=*/false).template As<T>();
+  }
+  // The elements of the buffer called `name`. Throws std::logic_error if there is none.
+  int64_t Elements(std::string_view name) const;
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  runtime::DeviceBytes At(std::string_view name, int element_bytes, bool required) const;
+  runtime::DeviceBytes base_{};
+  std::vector<api::Buffer> buffers_;
+  std::vector<int64_t> offsets_;
+  int64_t bytes_ = 0;
+};
+
 // What the layers run with: the kernel table, the stream they enqueue on, the TP group
-// (null: every layer whole on this rank), and for RoPE the cos and sin of each position
-// (rows) and frequency (HS/2 columns) the engine holds (RopeTable).
+// (null: every layer whole on this rank), and the family's buffers (api::FamilyBuffers,
+// filled by PrepareFamilyBuffers: the Llama class's RoPE table).
 template <class P>
 struct Context {
   kernels::Ops<P>& ops;
   runtime::Stream& stream;
   TensorParallelGroup<P>* tp = nullptr;
-  Ptr<const typename P::Acc> rope_cos{}, rope_sin{};
+  Carving buffers{};
 };
 
 // This rank's slice of the layers: its heads, MLP width and vocabulary rows (the real
@@ -111,33 +141,6 @@ struct Dims {
   static Dims Of(const api::ModelShape& shape, int B, int T, TpSlice tp);
 };
 
-// Named buffers carved out of one device allocation, in the order of an api list
-// (api/model_family.h): what a family's layers take their activations from.
-class Carving {
- public:
-  Carving() = default;
-  Carving(runtime::DeviceBytes base, std::vector<api::Buffer> buffers);
-  // The buffer called `name`, of elements of T. Throws std::logic_error if there is none,
-  // or if its elements are not of T's size.
-  template <class T>
-  Ptr<T> Get(std::string_view name) const {
-    return At(name, int(sizeof(T)), /*required=*/true).template As<T>();
-  }
-  // The same, or null where the list has no such buffer.
-  template <class T>
-  Ptr<T> Find(std::string_view name) const {
-    return At(name, int(sizeof(T)), /*required=*/false).template As<T>();
-  }
-  int64_t bytes() const { return bytes_; }
-
- private:
-  runtime::DeviceBytes At(std::string_view name, int element_bytes, bool required) const;
-  runtime::DeviceBytes base_{};
-  std::vector<api::Buffer> buffers_;
-  std::vector<int64_t> offsets_;
-  int64_t bytes_ = 0;
-};
-
 // What one block's forward keeps for its backward (api::BlockActivationBuffers); `output`
 // is the block's output, which the caller may place elsewhere (the next block's input).
 template <class P>
@@ -177,7 +180,7 @@ api::EngineTypes TypesOf(kernels::Ops<P>& ops, int B, int T, const api::ModelSha
 
 // cos, then sin, of angle position x frequency for positions [0, seq) and the HS/2
 // frequencies of `shape`'s RoPE (its theta and rope_scaling, as transformers computes
-// them), in fp64: the table Context::rope_cos and rope_sin point into, (seq, HS/2) each.
+// them), in fp64: the Llama class's "rope" buffer, (seq, HS/2) each.
 std::vector<double> RopeTable(const api::ModelShape& shape, int seq);
 
 // One family's layers. `unit` pointers are a unit's gathered parameters (and `dunit` its
@@ -216,7 +219,17 @@ class Model {
   // h.logits (Vp) = the logits of row `row` of x (N,C): for sampling.
   virtual void HeadLogits(const Context<P>& k, const HeadActivations<P>& h, Ptr<const A> x, Ptr<const A> unit,
                           int64_t row, const Dims& d) const = 0;
+  // The values of the family's buffer `name` (api::FamilyBuffers) for sequences of up to
+  // `seq` tokens, in fp64. Throws std::logic_error for a buffer the family has not.
+  virtual std::vector<double> FamilyBufferValues(std::string_view name, int seq) const;
 };
+
+// Carves the family's buffers for sequences of up to `seq` tokens (api::FamilyBuffers)
+// out of `base`, which holds api::CarvedBytes of them, uploads each one's values
+// (Model::FamilyBufferValues) on `stream` and waits for them: Context::buffers.
+template <class P>
+Carving PrepareFamilyBuffers(const Model<P>& model, runtime::Backend& backend, runtime::DeviceBytes base, int seq,
+                             const api::ModelShape& shape, const api::EngineTypes& types, runtime::Stream& stream);
 
 // The layers of `layout`'s family (which must outlive them).
 template <class P>

@@ -109,14 +109,11 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
                                                       /*counts_replicated=*/tp.rank == 0, &allocator_, *backend_,
                                                       at[size_t(3 + u)].template As<kernels::ShardSegment>(), *compute_);
   }
-  if (!api::FamilyBuffers(seq, s, types).empty()) {  // RoPE's table, the last buffer, uploaded once
-    const std::vector<double> table = model::RopeTable(s, seq);
-    const std::vector<G> narrow(table.begin(), table.end());
-    const Ptr<G> rope = at.back().template As<G>();
-    backend_->Upload(rope, narrow.data(), int64_t(narrow.size()), *compute_);
-    compute_->Synchronize(options_.timeout);
-    rope_cos_ = rope;
-    rope_sin_ = rope + int64_t(narrow.size() / 2);
+  // The family's buffers (RoPE's table) end the step buffer; its model fills them once.
+  const size_t family_buffers = api::FamilyBuffers(seq, s, types).size();
+  if (family_buffers > 0) {
+    family_buffers_ = model::PrepareFamilyBuffers<P>(*model_, *backend_, at[at.size() - family_buffers], seq, s, types,
+                                                     *compute_);
   }
 
   // The compute copies' slots and, with S > 1, the unsharded gradients' and the

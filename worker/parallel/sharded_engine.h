@@ -128,7 +128,7 @@ class ShardedEngine final : public Engine, private ChunkCompute {
   Ptr<G> BlockGrads(int l);
   // Where unit u's (the embedding's or the head's) unsharded gradients go.
   Ptr<G> EdgeGrads(int u);
-  model::Context<P> Context() { return {*ops_, *compute_, tp_.get(), rope_cos_, rope_sin_}; }
+  model::Context<P> Context() { return {*ops_, *compute_, tp_.get(), family_buffers_}; }
   // The dims of a micro-batch: its shape and, in training with dropout, its masks.
   model::Dims DimsOf(int B, int T, const MicroBatchKey* training) const;
   // Throws what Forward documents for tokens or targets it cannot take.
@@ -180,7 +180,7 @@ class ShardedEngine final : public Engine, private ChunkCompute {
   Ptr<int32_t> tokens_, targets_;
   Ptr<double> loss_sum_, squares_;
   Ptr<float> clip_scale_;
-  Ptr<const G> rope_cos_, rope_sin_;  // null without RoPE
+  model::Carving family_buffers_;  // the family's (RoPE's table), in the step buffer
   std::vector<std::unique_ptr<FlatUnit<P>>> units_;  // every unit of the layout; null where another stage holds it
   // Compute copies and, with S > 1, unsharded gradients: the edge slot (the embedding's or
   // the head's; kept: one each) and two block slots.
