@@ -15,10 +15,10 @@ const ModelFamily& ModelShape::Family() const {
 ModelShape ModelShape::Resolved() const {
   ModelShape s = *this;
   s.Family().Resolve(&s);
-  s.kv_heads = KvHeads();
+  s.kv_heads = s.KvHeads();
   s.head_dim = s.HeadDim();
-  s.intermediate = Intermediate();
-  s.max_positions = MaxPositions();
+  s.intermediate = s.Intermediate();
+  s.max_positions = s.MaxPositions();
   if (s.rope_scaling.type.empty()) s.rope_scaling = {};
   return s;
 }

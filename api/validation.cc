@@ -104,6 +104,7 @@ void CheckModel(const ModelSpec& m, FieldChecker& c) {
   }
   if (preset != nullptr && preset->family != family->name()) {
     c.Fail("spec.model.family", "the preset " + m.preset + " is of family " + preset->family + ", got " + m.family);
+    return;  // the preset filled none of this family's fields
   }
   struct Dim {
     const char* name;

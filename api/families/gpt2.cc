@@ -30,8 +30,9 @@ class Gpt2Family final : public ModelFamily {
     };
   }
 
-  void Resolve(ModelShape* s) const override {  // what GPT-2 has none of
-    s->rope_theta = 10000;
+  void Resolve(ModelShape* s) const override {
+    s->tied = true;  // its head is always its embedding
+    s->rope_theta = 10000;  // and it has no RoPE
     s->rope_scaling = {};
   }
 

@@ -18,6 +18,13 @@ std::string Number(double x) {
   return text;
 }
 
+}  // namespace
+
+const ModelFamily::ConfigNames kLlamaConfigNames = {"num_hidden_layers", "num_attention_heads", "hidden_size",
+                                                    "max_position_embeddings"};
+
+namespace {
+
 // Llama 3.1's frequency bands for long contexts.
 RopeScaling Llama3Rope(double factor) {
   return {.type = "llama3", .factor = factor, .low_freq_factor = 1, .high_freq_factor = 4,
@@ -258,7 +265,6 @@ std::string LlamaFamily::ConfigSizes(Param kind) const {
     case Param::kWo: return "hidden_size, " + q;
     case Param::kWGate: case Param::kWUp: return "intermediate_size, hidden_size";
     case Param::kWDown: return "hidden_size, intermediate_size";
-    case Param::kQNorm: case Param::kKNorm: return "head_dim";
     default: return "hidden_size";  // the norms
   }
 }
@@ -310,7 +316,7 @@ const ModelFamily& Llama() {
   // others are the published shapes (their config.json) with a window of 2048.
   static const LlamaFamily family({
       .id = {"llama", "Llama", "LlamaForCausalLM", "llama",
-             {"num_hidden_layers", "num_attention_heads", "hidden_size", "max_position_embeddings"}},
+             kLlamaConfigNames},
       .presets =
           {
               {"llama-tiny",
@@ -346,7 +352,7 @@ const ModelFamily& Llama() {
 const ModelFamily& Mistral() {  // Llama's math under Mistral's names, without a sliding window
   static const LlamaFamily family({
       .id = {"mistral", "Mistral", "MistralForCausalLM", "llama",
-             {"num_hidden_layers", "num_attention_heads", "hidden_size", "max_position_embeddings"}},
+             kLlamaConfigNames},
       .presets = {{"mistral-7b",
                    {.layers = 32, .heads = 32, .hidden = 4096, .vocab_size = 32768, .seq_len = 2048,
                     .family = "mistral", .kv_heads = 8, .head_dim = 128, .intermediate = 14336,
@@ -359,7 +365,7 @@ const ModelFamily& Mistral() {  // Llama's math under Mistral's names, without a
 const ModelFamily& Qwen2() {  // Llama's math with biases on q, k and v (Qwen2, Qwen2.5)
   static const LlamaFamily family({
       .id = {"qwen2", "Qwen2", "Qwen2ForCausalLM", "llama",
-             {"num_hidden_layers", "num_attention_heads", "hidden_size", "max_position_embeddings"}},
+             kLlamaConfigNames},
       .presets =
           {
               {"qwen2.5-0.5b",

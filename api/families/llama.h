@@ -14,6 +14,9 @@
 
 namespace meshtrain::api {
 
+// config.json's names of the Llama class's sizes.
+extern const ModelFamily::ConfigNames kLlamaConfigNames;
+
 class LlamaFamily : public ModelFamily {
  public:
   // What tells the Llama class's members apart.

@@ -19,7 +19,7 @@ class Qwen3Family final : public LlamaFamily {
   Qwen3Family()
       : LlamaFamily({
             .id = {"qwen3", "Qwen3", "Qwen3ForCausalLM", "llama",
-                   {"num_hidden_layers", "num_attention_heads", "hidden_size", "max_position_embeddings"}},
+                   kLlamaConfigNames},
             // The published shapes (Qwen/Qwen3-*'s config.json), with a window of 2048.
             .presets =
                 {

@@ -11,6 +11,7 @@
 
 #include "api/json_codec.h"
 #include "api/manifest.h"
+#include "api/model_family.h"
 #include "api/worker_contract.h"
 #include "operator/controller/builders.h"
 #include "operator/controller/launcher_client.h"
@@ -83,6 +84,14 @@ TEST(CrdSchemaTest, RejectsWhatValidationRejectsForTypesAndEnums) {
     const auto checked = api::CheckTrainingJob(object, "test", 0);
     EXPECT_FALSE(checked.ok()) << "api/ accepts " << pointer << " = " << value;
   }
+}
+
+// The API server takes a job of every registered family, and of no other.
+TEST(CrdSchemaTest, TheFamilyEnumIsEveryRegisteredFamily) {
+  std::vector<std::string> registered;
+  for (const api::ModelFamily* f : api::Families()) registered.emplace_back(f->name());
+  const json family = CrdSchema()["properties"]["spec"]["properties"]["model"]["properties"]["family"];
+  EXPECT_EQ(family.at("enum").get<std::vector<std::string>>(), registered);
 }
 
 // Every spec field the API knows (ToJson writes them all, defaults included) is in the

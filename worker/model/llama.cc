@@ -199,12 +199,13 @@ class Llama final : public Model<P> {
                               k.stream);
     k.ops.HeadRmsNormBackward(s.dqkv + Q, s.dhead_norms + HS, a.qk_raw + N * Q, p + k_norm_,
                               a.qk_rstd + N * d.heads(), N, d.kv_heads(), d.HS, row, k.stream);
-    if (k.tp == nullptr || k.tp->size() == 1) {
-      k.ops.Accumulate(dp + q_norm_, s.dhead_norms, 2 * HS, k.stream);  // k_norm follows q_norm
-      return;
-    }
+    auto add = [&](Ptr<const G> both) {  // q_norm's gradient, then k_norm's
+      k.ops.Accumulate(dp + q_norm_, both, HS, k.stream);
+      k.ops.Accumulate(dp + k_norm_, both + HS, HS, k.stream);
+    };
+    if (k.tp == nullptr || k.tp->size() == 1) return add(s.dhead_norms);
     k.tp->AllGather(s.dhead_norms, s.all_head_norms, 2 * HS, k.stream);
-    for (int r = 0; r < k.tp->size(); ++r) k.ops.Accumulate(dp + q_norm_, s.all_head_norms + r * 2 * HS, 2 * HS, k.stream);
+    for (int r = 0; r < k.tp->size(); ++r) add(s.all_head_norms + r * 2 * HS);
   }
 
   // q's, k's and v's biases, one vector: Qwen2's; null for the rest.

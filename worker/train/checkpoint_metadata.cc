@@ -38,17 +38,34 @@ std::string CheckpointRankFile(int rank) {
 
 Json CheckpointShapeJson(const api::ModelShape& shape) {
   Json j = api::ToJson(api::SpecOfShape(shape));
-  j.erase("dropout");  // a training choice, not the model's shape
+  for (const char* choice : {"dropout", "init", "preset", "tokenizer"}) j.erase(choice);  // not the model's shape
+  if (j.contains("ropeScaling")) {  // every field, as meshtrain has always written it
+    const api::RopeScaling& r = shape.Resolved().rope_scaling;
+    j["ropeScaling"]["lowFreqFactor"] = r.low_freq_factor;
+    j["ropeScaling"]["highFreqFactor"] = r.high_freq_factor;
+    j["ropeScaling"]["originalMaxPositions"] = r.original_max_positions;
+  }
   return j;
 }
 
 api::ModelShape ShapeOfCheckpointJson(const Json& m, const std::string& file) {
   api::FieldErrors errors;
   api::ModelSpec spec = api::DecodeModelSpec(m, "model", &errors);
+  std::erase_if(errors, [](const api::FieldError& e) { return e.type == api::FieldErrorType::kUnknownField; });
   if (!errors.empty()) throw CheckpointError(file + ": malformed metadata: " + errors.front().ToString());
   if (spec.family.empty()) spec.family = api::kDefaultFamily;
   const api::ModelFamily* family = api::FindFamily(spec.family);
   if (family == nullptr) throw CheckpointError(file + ": malformed metadata: unknown model family \"" + spec.family + "\"");
+  if (spec.rope_scaling && spec.rope_scaling->type != "llama3") {  // metadata writes llama3's fields for every type
+    spec.rope_scaling->low_freq_factor.reset();
+    spec.rope_scaling->high_freq_factor.reset();
+    spec.rope_scaling->original_max_positions.reset();
+  }
+  api::FieldChecker checked;  // the fields the family requires, as a job's
+  family->Check(spec, checked);
+  if (!checked.errors.empty()) {
+    throw CheckpointError(file + ": malformed metadata: " + checked.errors.front().ToString());
+  }
   if (!spec.max_positions) spec.max_positions = spec.seq_len;
   family->Default(&spec);
   if (!spec.layers || !spec.heads || !spec.hidden || !spec.vocab_size || !spec.seq_len) {
