@@ -22,6 +22,15 @@ bool IgnoredOnImport(const ModelShape& shape, std::string_view hf_name) {
   return shape.Family().Ignored(hf_name);
 }
 
+bool TensorParallelDivides(const ModelShape& shape, int64_t tp) {
+  const ModelShape s = shape.Resolved();
+  if (tp < 1) return false;
+  for (const auto& [n, what] : s.Family().TensorParallelSplits(s)) {
+    if (n % tp != 0) return false;
+  }
+  return true;
+}
+
 int64_t HeadChunkRows(int64_t rows, int64_t padded_vocab) {
   constexpr int64_t kChunkElements = int64_t(1) << 27;
   if (padded_vocab <= 0) return rows;

@@ -235,6 +235,10 @@ class ModelFamily {
   Identity id_;
 };
 
+// Whether `tp` divides every size that tensor parallelism splits in equal slices
+// (ModelFamily::TensorParallelSplits: heads, key/value heads, the MLP's width).
+bool TensorParallelDivides(const ModelShape& shape, int64_t tp);
+
 // The family called `name` (spec.model.family), or of config.json's `architecture`; null
 // if there is none.
 const ModelFamily* FindFamily(std::string_view name);

@@ -21,6 +21,7 @@
 
 #include "api/json_codec.h"
 #include "api/manifest.h"
+#include "api/model_family.h"
 #include "cli/bench_ranks.h"
 #include "cli/commands.h"
 #include "cli/plan_report.h"
@@ -118,7 +119,7 @@ int MemoryCheck(const BenchPlanOptions& o, const std::vector<std::string>& self_
   if (cuda) layouts = {{1, 1, 4, keep}, {1, 4, 4, keep}, {2, 2, 4, keep}, {4, 1, 4, offload1},
                        {1, 4, 4, checkpoint}, {2, 2, 4, offload2}};
   // A TP degree the model cannot take (one that does not divide its key/value heads).
-  std::erase_if(layouts, [&](const LayoutChoice& c) { return shape->heads % c.tp != 0 || shape->KvHeads() % c.tp != 0; });
+  std::erase_if(layouts, [&](const LayoutChoice& c) { return !api::TensorParallelDivides(*shape, c.tp); });
   const RemovedOnExit data(WriteRandomTokens(global * (t.steps + t.warmup + 1), *shape));
   out << "memory model against the engine's accounting: " << o.model << " at seq " << o.seq << ", " << t.ranks
       << (cuda ? " bf16 ranks sharing GPU 0" : " fp32 ranks on one node") << ", global batch " << global

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "api/layout.h"
+#include "api/model_family.h"
 #include "api/pipeline.h"
 
 namespace meshtrain::scheduler {
@@ -89,7 +90,7 @@ Plan PlanLayouts(const PlanRequest& r) {
     for (int tp : Divisors(r.cluster.gpus_per_node, r.cluster.gpus_per_node)) {
       // T splits the query and key/value heads and the MLP's units: one that does not divide
       // them is never offered.
-      if (r.shape.heads % tp != 0 || r.shape.KvHeads() % tp != 0 || r.shape.Intermediate() % tp != 0) continue;
+      if (!api::TensorParallelDivides(r.shape, tp)) continue;
       if (world % (stages * tp) != 0) continue;
       const int dp = world / (stages * tp);
       const int64_t per_sequence = int64_t(r.seq) * dp;
