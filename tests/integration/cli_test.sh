@@ -167,6 +167,12 @@ expect "model-spec prints a directory's shape for the operator" 0 '^model:$' '  
   -- "$meshtrain" model-spec "$tmp/llama-out"
 expect "model-spec names a directory without config.json" 2 "$tmp/ckpt/config.json: missing or not a regular file" \
   -- "$meshtrain" model-spec "$tmp/ckpt"
+/usr/bin/python3 tests/data/torch_llama_reference.py init "$tmp/qwen3" --family qwen3 --tied 1
+/usr/bin/python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); del c["head_dim"]; json.dump(c, open(sys.argv[1], "w"))' \
+  "$tmp/qwen3/config.json"
+expect "model-spec gives a Qwen3 its family and Qwen3's head_dim of 128 where config.json leaves it out" 0 \
+  '  family: "qwen3"' '  headDim: 128' '  heads: 4' '  hidden: 40' '  tieEmbeddings: true' \
+  -- "$meshtrain" model-spec "$tmp/qwen3"
 sed -e '/preset: llama-tiny/d' -e "s|  model:|  model:\n    init: {from: $tmp/llama-out}\n    seqLen: 128|" \
     -e "s|$tmp/llama-ckpt|$tmp/llama-ckpt-2|" "$tmp/llama.yaml" > "$tmp/from-dir.yaml"
 expect "validate takes the shape from init.from's config.json, and says the operator will not" 0 \
