@@ -1,0 +1,109 @@
+// The float8 conversions (worker/kernels/float8.h) against tables written from the OCP
+// 8-bit floating point specification (OFP8 v1.0, tables 1 and 2): every boundary of E4M3
+// and E5M2 (zero, the subnormals, the smallest normal, one, the largest finite value,
+// infinity and NaN), rounding to nearest even at midpoints in the normals and the
+// subnormals, and saturation of what lies past the largest finite value.
+
+#include "worker/kernels/float8.h"
+
+#include <cmath>
+#include <limits>
+
+#include <gtest/gtest.h>
+
+namespace meshtrain::kernels {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+struct Code {
+  uint8_t bits;
+  float value;
+};
+
+TEST(Float8, E4M3DecodesTheSpecificationsBoundaries) {
+  const Code table[] = {
+      {0x00, 0.0f},       {0x01, 0x1p-9f},     {0x02, 0x1p-8f},  {0x07, 0x1.cp-7f},  // subnormals m x 2^-9
+      {0x08, 0x1p-6f},    {0x09, 0x1.2p-6f},                                        // the smallest normals
+      {0x38, 1.0f},       {0x39, 1.125f},      {0x3F, 1.875f},   {0x40, 2.0f},
+      {0x77, 240.0f},     {0x78, 256.0f},      {0x7E, 448.0f},                      // the largest finite
+      {0x80, -0.0f},      {0x81, -0x1p-9f},    {0xB8, -1.0f},    {0xFE, -448.0f},
+  };
+  for (const Code& c : table) {
+    EXPECT_EQ(DecodeFloat8(c.bits, Float8::kE4M3), c.value) << int(c.bits);
+    EXPECT_EQ(std::signbit(DecodeFloat8(c.bits, Float8::kE4M3)), std::signbit(c.value)) << int(c.bits);
+  }
+  EXPECT_TRUE(std::isnan(DecodeFloat8(0x7F, Float8::kE4M3)));
+  EXPECT_TRUE(std::isnan(DecodeFloat8(0xFF, Float8::kE4M3)));
+  EXPECT_EQ(Float8Max(Float8::kE4M3), 448.0f);
+}
+
+TEST(Float8, E5M2DecodesTheSpecificationsBoundaries) {
+  const Code table[] = {
+      {0x00, 0.0f},      {0x01, 0x1p-16f},  {0x02, 0x1p-15f},  {0x03, 0x1.8p-15f},  // subnormals m x 2^-16
+      {0x04, 0x1p-14f},  {0x05, 0x1.4p-14f},                                       // the smallest normals
+      {0x3C, 1.0f},      {0x3D, 1.25f},     {0x3E, 1.5f},      {0x3F, 1.75f},
+      {0x78, 32768.0f},  {0x7B, 57344.0f},                                         // the largest finite
+      {0x7C, kInf},      {0xFC, -kInf},     {0xBC, -1.0f},     {0xFB, -57344.0f},
+  };
+  for (const Code& c : table) EXPECT_EQ(DecodeFloat8(c.bits, Float8::kE5M2), c.value) << int(c.bits);
+  for (uint8_t nan : {0x7D, 0x7E, 0x7F, 0xFD, 0xFE, 0xFF}) {
+    EXPECT_TRUE(std::isnan(DecodeFloat8(nan, Float8::kE5M2))) << int(nan);
+  }
+  EXPECT_EQ(Float8Max(Float8::kE5M2), 57344.0f);
+}
+
+// Every finite code is its own value's encoding; the values grow with the codes.
+TEST(Float8, EveryFiniteCodeEncodesBackToItselfInOrder) {
+  for (Float8 format : {Float8::kE4M3, Float8::kE5M2}) {
+    float last = -1;
+    for (int bits = 0; bits < 0x80; ++bits) {
+      const float value = DecodeFloat8(uint8_t(bits), format);
+      if (!std::isfinite(value)) continue;
+      EXPECT_EQ(EncodeFloat8(value, format), bits) << bits;
+      EXPECT_EQ(EncodeFloat8(-value, format), bits | 0x80) << bits;
+      EXPECT_GT(value, last) << bits;
+      last = value;
+    }
+  }
+}
+
+TEST(Float8, RoundsToNearestEvenAndSaturates) {
+  const struct {
+    float x;
+    Float8 format;
+    uint8_t bits;
+  } cases[] = {
+      // E4M3: midpoints go to the even mantissa, in the normals and the subnormals.
+      {1.0625f, Float8::kE4M3, 0x38},    // between 1 (0x38) and 1.125: to 1
+      {1.1875f, Float8::kE4M3, 0x3A},    // between 1.125 (0x39) and 1.25: to 1.25
+      {1.07f, Float8::kE4M3, 0x39},      // past the midpoint: up
+      {0x1p-10f, Float8::kE4M3, 0x00},   // half the smallest subnormal: to 0
+      {0x1.8p-9f, Float8::kE4M3, 0x02},  // between 2^-9 (0x01) and 2^-8: to 2^-8
+      {0x1.ep-7f, Float8::kE4M3, 0x08},  // between 7 x 2^-9 and the smallest normal: to it
+      {0x1p-12f, Float8::kE4M3, 0x00},   // far below: 0
+      {-0x1p-12f, Float8::kE4M3, 0x80},  // with its sign
+      {464.0f, Float8::kE4M3, 0x7E},     // past 448: saturated
+      {1e30f, Float8::kE4M3, 0x7E},
+      {kInf, Float8::kE4M3, 0x7E},
+      {-kInf, Float8::kE4M3, 0xFE},
+      {kNaN, Float8::kE4M3, 0x7F},
+      // E5M2
+      {1.125f, Float8::kE5M2, 0x3C},     // between 1 (0x3C) and 1.25: to 1
+      {1.375f, Float8::kE5M2, 0x3E},     // between 1.25 (0x3D) and 1.5: to 1.5
+      {0x1p-17f, Float8::kE5M2, 0x00},   // half the smallest subnormal: to 0
+      {0x1.8p-16f, Float8::kE5M2, 0x02}, // between 2^-16 and 2^-15: to 2^-15
+      {61440.0f, Float8::kE5M2, 0x7B},   // the midpoint past 57344: saturated, not infinity
+      {1e30f, Float8::kE5M2, 0x7B},
+      {kInf, Float8::kE5M2, 0x7B},
+      {-kInf, Float8::kE5M2, 0xFB},
+      {kNaN, Float8::kE5M2, 0x7F},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(EncodeFloat8(c.x, c.format), c.bits) << c.x << (c.format == Float8::kE4M3 ? " as E4M3" : " as E5M2");
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain::kernels
