@@ -64,6 +64,15 @@ class Communicator {
   virtual std::shared_ptr<Work> Broadcast(const void* send, void* recv, size_t count,
                                           DataType type, int root) = 0;
   virtual std::shared_ptr<Work> Barrier() = 0;
+  // Each rank sends send[send_offsets[p] .. + send_counts[p]) to each rank p (itself
+  // included) and receives rank p's block for it into recv[recv_offsets[p] ..
+  // + recv_counts[p]). Counts and offsets are elements, one entry per member; rank r's
+  // send_counts[p] must equal rank p's recv_counts[r]. send and recv do not overlap.
+  // Throws CommError at issue for lists of the wrong length.
+  virtual std::shared_ptr<Work> AllToAll(const void* send, const std::vector<size_t>& send_counts,
+                                         const std::vector<size_t>& send_offsets, void* recv,
+                                         const std::vector<size_t>& recv_counts,
+                                         const std::vector<size_t>& recv_offsets, DataType type) = 0;
   // Messages between a pair of ranks are received in the order they were sent. A Send may
   // not complete until the peer has posted its matching Recv (as with NCCL, and with
   // fabric over 1 KiB to a peer on the same node), and a communicator runs its operations

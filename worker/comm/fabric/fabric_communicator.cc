@@ -222,6 +222,46 @@ class FabricCommunicator : public Communicator {
     });
   }
 
+  // Every pair's block in one phase: each rank posts a receive from and a send to every
+  // other, all at once, from scratch memory that same-node peers read directly.
+  std::shared_ptr<Work> AllToAll(const void* send, const std::vector<size_t>& send_counts,
+                                 const std::vector<size_t>& send_offsets, void* recv,
+                                 const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_offsets,
+                                 DataType type) override {
+    CheckAllToAllLists(send_counts, send_offsets, recv_counts, recv_offsets);
+    const size_t element = ElementSize(type);
+    size_t total = 0;
+    for (size_t c : send_counts) total += c * element;
+    return Submit("all_to_all", total, type, [=, this](Context& ctx) {
+      fabric::Exchange& ex = ctx.exchange;
+      ex.BeginPhase();
+      const int n = size(), me = rank();
+      char* staged = ctx.scratch.Get(0, total);  // the blocks to send, in peer order
+      size_t at = 0;
+      std::vector<size_t> staged_at(static_cast<size_t>(n));
+      for (int p = 0; p < n; ++p) {
+        staged_at[size_t(p)] = at;
+        const size_t bytes = send_counts[size_t(p)] * element;
+        if (p != me && bytes > 0) {
+          std::memcpy(staged + at, static_cast<const char*>(send) + send_offsets[size_t(p)] * element, bytes);
+        }
+        at += bytes;
+      }
+      for (int step = 1; step < n; ++step) {  // receives first, from the nearest peers on
+        const int from = (me - step + n) % n, to = (me + step) % n;
+        if (const size_t bytes = recv_counts[size_t(from)] * element; bytes > 0) {
+          ex.Recv(from, static_cast<char*>(recv) + recv_offsets[size_t(from)] * element, bytes, 0);
+        }
+        if (const size_t bytes = send_counts[size_t(to)] * element; bytes > 0) {
+          ex.Send(to, staged + staged_at[size_t(to)], bytes, 0);
+        }
+      }
+      std::memcpy(static_cast<char*>(recv) + recv_offsets[size_t(me)] * element,
+                  static_cast<const char*>(send) + send_offsets[size_t(me)] * element, send_counts[size_t(me)] * element);
+      ex.WaitAll();
+    });
+  }
+
   std::shared_ptr<Work> Send(const void* buf, size_t count, DataType type, int peer) override {
     CheckMember(peer, "send peer", /*may_be_self=*/false);
     size_t bytes = count * ElementSize(type);
@@ -282,6 +322,21 @@ class FabricCommunicator : public Communicator {
   }
 
  private:
+  void CheckAllToAllLists(const std::vector<size_t>& send_counts, const std::vector<size_t>& send_offsets,
+                          const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_offsets) const {
+    for (const auto* list : {&send_counts, &send_offsets, &recv_counts, &recv_offsets}) {
+      if (list->size() != size_t(size())) {
+        throw CommError("all_to_all on group " + group_.Describe() + ": " + std::to_string(list->size()) +
+                        " counts or offsets for " + std::to_string(size()) + " members");
+      }
+    }
+    if (recv_counts[size_t(rank())] != send_counts[size_t(rank())]) {
+      throw CommError("all_to_all on group " + group_.Describe() + ": rank " + std::to_string(rank()) + " sends " +
+                      std::to_string(send_counts[size_t(rank())]) + " elements to itself but receives " +
+                      std::to_string(recv_counts[size_t(rank())]));
+    }
+  }
+
   void CheckMember(int member, const char* what, bool may_be_self) const {
     if (member < 0 || member >= size() || (member == rank() && !may_be_self)) {
       throw CommError(std::string(what) + " " + std::to_string(member) + " is not " +

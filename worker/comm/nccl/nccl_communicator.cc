@@ -144,6 +144,38 @@ class NcclCommunicator : public Communicator {
       return ncclAllReduce(barrier_, barrier_, 1, ncclInt32, ncclSum, comm, stream_);
     });
   }
+  // One grouped ncclSend and ncclRecv per peer (nccl.h: ncclGroupStart/End make them one
+  // operation that cannot deadlock), the block to itself included.
+  std::shared_ptr<Work> AllToAll(const void* send, const std::vector<size_t>& send_counts,
+                                 const std::vector<size_t>& send_offsets, void* recv,
+                                 const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_offsets,
+                                 DataType type) override {
+    for (const auto* list : {&send_counts, &send_offsets, &recv_counts, &recv_offsets}) {
+      if (list->size() != size_t(size())) {
+        throw CommError("all_to_all on group " + group_.Describe() + ": " + std::to_string(list->size()) +
+                        " counts or offsets for " + std::to_string(size()) + " members");
+      }
+    }
+    const size_t element = ElementSize(type);
+    size_t total = 0;
+    for (size_t c : send_counts) total += c * element;
+    return Issue("all_to_all", total, type, [&](ncclComm_t comm) {
+      ncclResult_t result = ncclGroupStart();
+      for (int p = 0; p < size() && result == ncclSuccess; ++p) {
+        if (send_counts[size_t(p)] > 0) {
+          result = ncclSend(static_cast<const char*>(send) + send_offsets[size_t(p)] * element, send_counts[size_t(p)],
+                            nccl::NcclType(type), p, comm, stream_);
+        }
+        if (result == ncclSuccess && recv_counts[size_t(p)] > 0) {
+          result = ncclRecv(static_cast<char*>(recv) + recv_offsets[size_t(p)] * element, recv_counts[size_t(p)],
+                            nccl::NcclType(type), p, comm, stream_);
+        }
+      }
+      const ncclResult_t ended = ncclGroupEnd();
+      return result != ncclSuccess ? result : ended;
+    });
+  }
+
   std::shared_ptr<Work> Send(const void* buf, size_t count, DataType type, int peer) override {
     return Issue("send to " + std::to_string(peer), count * ElementSize(type), type, [&](ncclComm_t comm) {
       return ncclSend(buf, count, nccl::NcclType(type), peer, comm, stream_);
