@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs Open MPI's collectives and meshtrain's fabric backend back to back on this machine
+# Runs Open MPI's collectives (all-gather, reduce-scatter, all-reduce, all-to-all) and
+# meshtrain's fabric backend back to back on this machine
 # (2 ranks on one node, 64 MiB by default) and prints their bus bandwidths and ratios,
 # then the hierarchical all-reduce against a flat ring on 2 virtual nodes x 2 ranks.
 #
@@ -36,6 +37,12 @@ for op in all_gather reduce_scatter all_reduce; do
   printf '%-15s %9s | %9s %7s | %9s %7s | %9s %7s\n' "$op" "$mpi" "$ours" "$(ratio "$ours" "$mpi")" \
     "$in_place" "$(ratio "$in_place" "$mpi")" "$heap" "$(ratio "$heap" "$mpi")"
 done
+# all-to-all has no in-place form: a block of SIZE / 2 to each rank.
+mpi=$(mpi_run all_to_all | busbw)
+ours=$("$meshtrain" bench comm --ranks 2 --nodes 1 --op all_to_all --sizes "$size" | busbw)
+heap=$("$meshtrain" bench comm --ranks 2 --nodes 1 --op all_to_all --sizes "$size" --heap-buffers | busbw)
+printf '%-15s %9s | %9s %7s | %9s %7s | %9s %7s\n' all_to_all "$mpi" "$ours" "$(ratio "$ours" "$mpi")" - - \
+  "$heap" "$(ratio "$heap" "$mpi")"
 
 echo
 echo "all_reduce, 4 ranks on 2 virtual nodes (shm inside, tcp between), $size"

@@ -1,9 +1,9 @@
-/* The Open MPI side of `bench/compare-openmpi.sh`: MPI_Allgather, MPI_Reduce_scatter_block
- * and MPI_Allreduce on fp32, timed the way `meshtrain bench comm` times its collectives
+/* The Open MPI side of `bench/compare-openmpi.sh`: MPI_Allgather, MPI_Reduce_scatter_block,
+ * MPI_Allreduce and MPI_Alltoall on fp32, timed the way `meshtrain bench comm` times its collectives
  * (out of place, warm-up, then the mean over iterations of the slowest rank) and printed
  * in the same columns, with nccl-tests' bus-bandwidth factors.
  *
- *   mpirun -np 2 ./mpi_collectives all_gather|reduce_scatter|all_reduce MIN_BYTES MAX_BYTES
+ *   mpirun -np 2 ./mpi_collectives all_gather|reduce_scatter|all_reduce|all_to_all MIN_BYTES MAX_BYTES
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -14,6 +14,8 @@ static void issue(const char *op, float *send, float *recv, size_t total, int n)
   size_t block = total / n;
   if (strcmp(op, "all_gather") == 0) {
     MPI_Allgather(send, (int)block, MPI_FLOAT, recv, (int)block, MPI_FLOAT, MPI_COMM_WORLD);
+  } else if (strcmp(op, "all_to_all") == 0) {
+    MPI_Alltoall(send, (int)block, MPI_FLOAT, recv, (int)block, MPI_FLOAT, MPI_COMM_WORLD);
   } else if (strcmp(op, "reduce_scatter") == 0) {
     MPI_Reduce_scatter_block(send, recv, (int)block, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   } else {
@@ -27,7 +29,9 @@ int main(int argc, char **argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (argc != 4) {
-    if (rank == 0) fprintf(stderr, "usage: %s all_gather|reduce_scatter|all_reduce MIN_BYTES MAX_BYTES\n", argv[0]);
+    if (rank == 0) {
+      fprintf(stderr, "usage: %s all_gather|reduce_scatter|all_reduce|all_to_all MIN_BYTES MAX_BYTES\n", argv[0]);
+    }
     MPI_Finalize();
     return 2;
   }

@@ -30,7 +30,7 @@ namespace mc = meshtrain::comm;
 double BusFactor(const std::string& op, int n) {
   if (op == "all_reduce") return 2.0 * (n - 1) / n;
   if (op == "broadcast") return 1.0;
-  return static_cast<double>(n - 1) / n;  // all_gather, reduce_scatter
+  return static_cast<double>(n - 1) / n;  // all_gather, reduce_scatter, all_to_all
 }
 
 std::shared_ptr<mc::Work> Issue(mc::Communicator& comm, const std::string& op, char* send, char* recv,
@@ -46,6 +46,11 @@ std::shared_ptr<mc::Work> Issue(mc::Communicator& comm, const std::string& op, c
                               mc::ReduceOp::kSum);
   }
   if (op == "all_reduce") return comm.AllReduce(send, in_place ? send : recv, total_count, f32, mc::ReduceOp::kSum);
+  if (op == "all_to_all") {  // a block of total / n to every rank; never in place
+    std::vector<size_t> counts(static_cast<size_t>(n), block), offsets(static_cast<size_t>(n));
+    for (int p = 0; p < n; ++p) offsets[size_t(p)] = size_t(p) * block;
+    return comm.AllToAll(send, counts, offsets, recv, counts, offsets, f32);
+  }
   return comm.Broadcast(send, in_place ? send : recv, total_count, f32, 0);
 }
 
@@ -191,6 +196,10 @@ int BenchCommCommand(const BenchCommOptions& options, const std::vector<std::str
     if (options.ranks % options.nodes != 0) {
       std::cerr << "meshtrain bench comm: --ranks (" << options.ranks << ") must be a multiple of --nodes ("
                 << options.nodes << ")\n";
+      return kExitInvalid;
+    }
+    if (options.op == "all_to_all" && options.in_place) {
+      std::cerr << "meshtrain bench comm: --in-place: all_to_all sends and receives in separate buffers\n";
       return kExitInvalid;
     }
     launch::LocalLaunch launch;
