@@ -30,6 +30,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -217,9 +219,15 @@ class ModelFamily {
   // A prefix of Hugging Face names that is taken off on import ("transformer." for
   // GPT2LMHeadModel's body), or "".
   virtual std::string_view BodyPrefix() const { return ""; }
-  // Whether the family has a one-file F32 safetensors form of its own that `meshtrain
-  // export` writes (GPT-2's), beside Hugging Face model directories.
+  // The family's one-file form, where it has one (GPT-2's): a lone F32 safetensors file
+  // without config.json, which `meshtrain export` writes to a path ending in .safetensors
+  // and a path to a file reads. ShapeOfSingleFile gives the shape that such a file's
+  // tensors (Hugging Face name -> sizes) imply, with heads of head_dim channels; nullopt
+  // when they are not this family's; std::invalid_argument naming the tensor or size at
+  // fault when they are this family's but do not make a model.
   virtual bool HasSingleFileForm() const { return false; }
+  virtual std::optional<ModelShape> ShapeOfSingleFile(const std::map<std::string, std::vector<int64_t>>& tensors,
+                                                      int64_t head_dim) const;
 
   // Memory and FLOPs (the free functions above).
   virtual std::vector<Buffer> BlockActivationBuffers(int batch, int seq, const ModelShape& s, int tp_size,
@@ -245,6 +253,9 @@ const ModelFamily* FindFamily(std::string_view name);
 const ModelFamily* FindFamilyOfArchitecture(std::string_view architecture);
 // Every family, in the order they are listed to users.
 const std::vector<const ModelFamily*>& Families();
+// The shape of a one-file model (ModelFamily::ShapeOfSingleFile) by the first family that
+// knows its tensors; std::invalid_argument when none does, or the family's own error.
+ModelShape ShapeOfSingleFile(const std::map<std::string, std::vector<int64_t>>& tensors, int64_t head_dim);
 // "gpt2, llama, ..." or, with `architectures`, "GPT2LMHeadModel, ...".
 std::string FamilyList(bool architectures = false);
 

@@ -1,7 +1,8 @@
 // `meshtrain checkpoints PATH`: every checkpoint under a job's spec.checkpoint.path, newest
 // first, with its step, layout and size, and whether it verifies (every shard file present,
 // of the right size, its checksum matching). `meshtrain export`: one of them as a Hugging
-// Face model directory, or a GPT-2 as one safetensors file.
+// Face model directory, or as one safetensors file where its family has a one-file form
+// (GPT-2's).
 
 #include <cstdio>
 
@@ -75,14 +76,17 @@ int ExportCommand(const ExportOptions& o, std::ostream& out) {
   try {
     const api::ModelShape shape = train::CheckpointModel(o.checkpoint);
     if (single_file) {
-      if (!shape.Family().HasSingleFileForm() || dtype != train::Dtype::kF32 || !o.like.empty()) {
-        out << "meshtrain export: " << o.output << ": a single .safetensors file is GPT-2's F32 form; give a directory "
-            << "for a Hugging Face model directory\n";
+      const api::ModelFamily& family = shape.Family();
+      if (!family.HasSingleFileForm() || dtype != train::Dtype::kF32 || !o.like.empty()) {
+        out << "meshtrain export: " << o.output << ": a single .safetensors file is "
+            << (family.HasSingleFileForm() ? "the F32 one-file form of " + std::string(family.title()) + ", without --like"
+                                           : "a one-file form, which " + std::string(family.title()) + " has none of")
+            << "; give a directory for a Hugging Face model directory\n";
         return kExitUnreadable;
       }
       const train::LoadedCheckpoint loaded = train::LoadCheckpoint(o.checkpoint, shape);
-      train::SaveHuggingFaceGpt2(o.output, loaded.state.master, shape);
-      out << o.output << ": GPT-2 (" << shape.layers << " layers, hidden " << shape.hidden << ", vocab "
+      train::SaveSingleFile(o.output, loaded.state.master, shape);
+      out << o.output << ": " << family.title() << " (" << shape.layers << " layers, hidden " << shape.hidden << ", vocab "
           << shape.vocab_size << ") of step " << loaded.position.step << ", in Hugging Face's safetensors layout\n";
       return kExitOk;
     }

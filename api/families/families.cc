@@ -21,6 +21,22 @@ const ModelFamily* FindFamilyOfArchitecture(std::string_view architecture) {
   return nullptr;
 }
 
+std::optional<ModelShape> ModelFamily::ShapeOfSingleFile(const std::map<std::string, std::vector<int64_t>>&,
+                                                         int64_t) const {
+  return std::nullopt;
+}
+
+ModelShape ShapeOfSingleFile(const std::map<std::string, std::vector<int64_t>>& tensors, int64_t head_dim) {
+  std::string forms;
+  for (const ModelFamily* f : Families()) {
+    if (!f->HasSingleFileForm()) continue;
+    if (std::optional<ModelShape> shape = f->ShapeOfSingleFile(tensors, head_dim)) return *shape;
+    forms += (forms.empty() ? "" : ", ") + std::string(f->title()) + "'s";
+  }
+  throw std::invalid_argument("its tensors are not in a one-file form meshtrain reads (" + forms +
+                              "); a Hugging Face model directory holds config.json beside them");
+}
+
 std::string FamilyList(bool architectures) {
   std::string list;
   for (const ModelFamily* f : Families()) {

@@ -162,6 +162,38 @@ class Gpt2Family final : public ModelFamily {
   }
   std::string_view BodyPrefix() const override { return "transformer."; }
   bool HasSingleFileForm() const override { return true; }
+  // Its names with or without the body prefix; layers from h.{l}, heads from head_dim.
+  std::optional<ModelShape> ShapeOfSingleFile(const std::map<std::string, std::vector<int64_t>>& tensors,
+                                              int64_t head_dim) const override {
+    auto find = [&](const std::string& name) -> const std::vector<int64_t>* {
+      for (const std::string_view prefix : {std::string_view(), BodyPrefix()}) {
+        const auto it = tensors.find(std::string(prefix) + name);
+        if (it != tensors.end()) return &it->second;
+      }
+      return nullptr;
+    };
+    const std::vector<int64_t>* wte = find("wte.weight");
+    if (wte == nullptr) return std::nullopt;
+    const std::vector<int64_t>* wpe = find("wpe.weight");
+    for (const auto& [name, sizes] : {std::pair{"wte.weight", wte}, std::pair{"wpe.weight", wpe}}) {
+      if (sizes == nullptr || sizes->size() != 2) {
+        throw std::invalid_argument(std::string("no two-dimensional tensor ") + name +
+                                    "; not a GPT-2 in Hugging Face's layout");
+      }
+    }
+    ModelShape shape;
+    shape.vocab_size = (*wte)[0];
+    shape.hidden = (*wte)[1];
+    shape.seq_len = (*wpe)[0];
+    while (find("h." + std::to_string(shape.layers) + ".ln_1.weight") != nullptr) ++shape.layers;
+    if (shape.layers == 0) throw std::invalid_argument("no h.0.ln_1.weight; not a GPT-2 in Hugging Face's layout");
+    if (head_dim <= 0 || shape.hidden % head_dim != 0) {
+      throw std::invalid_argument("hidden size " + std::to_string(shape.hidden) + " is not a multiple of heads of " +
+                                  std::to_string(head_dim));
+    }
+    shape.heads = shape.hidden / head_dim;
+    return shape;
+  }
 
   std::vector<Buffer> BlockActivationBuffers(int batch, int seq, const ModelShape& s, int tp_size,
                                              const EngineTypes& t) const override {

@@ -158,7 +158,7 @@ mkdir "$tmp/other-model"
 sed 's/"hidden_size": 128/"hidden_size": 64/' "$tmp/llama-out/config.json" > "$tmp/other-model/config.json"
 expect "export --like refuses another model's directory" 2 "$tmp/other-model: --like names another model" \
   -- "$meshtrain" export "$tmp/llama-ckpt/step-00000002" "$tmp/llama-like-2" --like "$tmp/other-model"
-expect "export refuses a Llama as one GPT-2 file" 2 'a single .safetensors file is GPT-2' \
+expect "export refuses a Llama as one GPT-2 file" 2 'a single .safetensors file is a one-file form, which Llama has none of' \
   -- "$meshtrain" export "$tmp/llama-ckpt/step-00000002" "$tmp/llama.safetensors"
 expect "export names a dtype it does not write" 2 'dtype f64: f32, bf16 or f16 expected' \
   -- "$meshtrain" export "$tmp/llama-ckpt/step-00000002" "$tmp/llama-f64" --dtype f64

@@ -101,7 +101,7 @@ TEST_F(HuggingFaceTest, ExportThenImportIsBitwise) {
   const std::string step = (checkpoints / "step-00000003").string();
   const LoadedCheckpoint saved = LoadCheckpoint(step, kTiny);
   const fs::path exported = dir_ / "exported.safetensors";
-  SaveHuggingFaceGpt2(exported.string(), saved.state.master, kTiny);
+  SaveSingleFile(exported.string(), saved.state.master, kTiny);
   EXPECT_EQ(LoadHuggingFace(exported.string(), kTiny), saved.state.master);
   Trainer imported(Job(exported.string()));
   EXPECT_EQ(imported.Weights(), saved.state.master);
@@ -158,9 +158,28 @@ TEST_F(HuggingFaceTest, MalformedFilesAndWrongShapesAreNamed) {
   // Weights that are not finite, which would only show as a diverged first step.
   std::vector<float> weights = LoadHuggingFace(good.string(), kTiny);
   weights[weights.size() / 2] = std::numeric_limits<float>::quiet_NaN();
-  SaveHuggingFaceGpt2(bad.string(), weights, kTiny);
+  SaveSingleFile(bad.string(), weights, kTiny);
   EXPECT_NE(error_of(bad, kTiny).find("holds nan at element "), std::string::npos) << error_of(bad, kTiny);
   EXPECT_NE(error_of(bad, kTiny).find(": the weights are not finite"), std::string::npos) << error_of(bad, kTiny);
+  // A one-file form: GPT-2's gives its shape from its tensors; tensors of no family's
+  // one-file form are named as such; a family without one is refused a file.
+  const api::ModelShape read = HuggingFaceShape(good.string(), kTiny.hidden / kTiny.heads);
+  EXPECT_EQ(read.layers, kTiny.layers);
+  EXPECT_EQ(read.heads, kTiny.heads);
+  EXPECT_EQ(read.vocab_size, kTiny.vocab_size);
+  WriteSafetensors(bad.string(), {{"model.embed_tokens.weight", {{11, 8}, std::vector<float>(88)}}}, {});
+  try {
+    HuggingFaceShape(bad.string());
+    ADD_FAILURE() << "a file of no one-file form was read";
+  } catch (const SafetensorsError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.safetensors: its tensors are not in a one-file form meshtrain reads "
+                                         "(GPT-2's)"),
+              std::string::npos)
+        << e.what();
+  }
+  api::ModelShape llama = kTiny;
+  llama.family = "llama";
+  EXPECT_THROW(SaveSingleFile(bad.string(), weights, llama), SafetensorsError);
   // Through the spec: the field is named, and the run does not start.
   try {
     Trainer trainer(Job((dir_ / "missing.safetensors").string()));

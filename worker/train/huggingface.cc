@@ -251,29 +251,13 @@ api::ModelShape HuggingFaceShape(const std::string& path, int64_t head_dim) {
     return api::ShapeOf(model);
   }
   const SafetensorsFile file(path);  // the header is enough
-  const std::map<std::string, TensorEntry>& tensors = file.tensors();
-  auto find = [&](const std::string& name) -> const TensorEntry& {
-    for (const char* prefix : {"", "transformer."}) {
-      const auto it = tensors.find(std::string(prefix) + name);
-      if (it != tensors.end() && it->second.shape.size() == 2) return it->second;
-    }
-    throw SafetensorsError(path + ": no two-dimensional tensor " + name + "; not a GPT-2 in Hugging Face's layout");
-  };
-  api::ModelShape shape;
-  shape.vocab_size = find("wte.weight").shape[0];
-  shape.hidden = find("wte.weight").shape[1];
-  shape.seq_len = find("wpe.weight").shape[0];
-  while (tensors.contains("h." + std::to_string(shape.layers) + ".ln_1.weight") ||
-         tensors.contains("transformer.h." + std::to_string(shape.layers) + ".ln_1.weight")) {
-    ++shape.layers;
+  std::map<std::string, std::vector<int64_t>> sizes;
+  for (const auto& [name, entry] : file.tensors()) sizes.emplace(name, entry.shape);
+  try {
+    return api::ShapeOfSingleFile(sizes, head_dim);
+  } catch (const std::invalid_argument& e) {
+    throw SafetensorsError(path + ": " + e.what());
   }
-  if (shape.layers == 0) throw SafetensorsError(path + ": no h.0.ln_1.weight; not a GPT-2 in Hugging Face's layout");
-  if (head_dim <= 0 || shape.hidden % head_dim != 0) {
-    throw SafetensorsError(path + ": hidden size " + std::to_string(shape.hidden) + " is not a multiple of heads of " +
-                           std::to_string(head_dim));
-  }
-  shape.heads = shape.hidden / head_dim;
-  return shape;
 }
 
 std::vector<float> LoadHuggingFace(const std::string& path, const api::ModelShape& shape) {
@@ -399,7 +383,10 @@ std::vector<std::string> ExportHuggingFace(const std::string& directory, const a
   return written;
 }
 
-void SaveHuggingFaceGpt2(const std::string& path, const std::vector<float>& weights, const api::ModelShape& shape) {
+void SaveSingleFile(const std::string& path, const std::vector<float>& weights, const api::ModelShape& shape) {
+  if (!shape.Family().HasSingleFileForm()) {
+    throw SafetensorsError(path + ": " + std::string(shape.Family().title()) + " has no one-file form");
+  }
   const model::ParameterLayout layout(shape);
   const std::vector<HfTensor> names = HfTensorsOf(layout);
   std::map<std::string, Tensor> tensors;

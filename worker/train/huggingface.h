@@ -2,9 +2,9 @@
 // tensor as transformers does and says which it stores transposed: GPT-2's Conv1D).
 //
 // In: a model directory, with config.json and either model.safetensors or
-// model.safetensors.index.json and the shards it names, in F32, BF16 or F16; or a single
-// GPT-2 safetensors file, its names with or without GPT2LMHeadModel's "transformer."
-// prefix. Every tensor is checked by name, shape and dtype when the files are opened,
+// model.safetensors.index.json and the shards it names, in F32, BF16 or F16; or a
+// family's one-file form (api::ModelFamily::ShapeOfSingleFile: GPT-2's, its names with or
+// without GPT2LMHeadModel's body prefix). Every tensor is checked by name, shape and dtype when the files are opened,
 // and its values as they are read: each rank reads only the elements it holds, one unit
 // at a time, straight from the files.
 //
@@ -59,9 +59,9 @@ class HuggingFaceWeights {
 };
 
 // The shape of the model at `path`: a directory's from its config.json, with seqLen its
-// maximum (api::HuggingFaceConfig); a single GPT-2 file's from its tensors (layers from the
-// h.N tensors, hidden and vocabulary from wte, positions from wpe), with heads of
-// `head_dim` channels, which GPT-2's files do not record. Throws SafetensorsError or
+// maximum (api::HuggingFaceConfig); a one-file form's from its tensors' names and sizes, by
+// its family (api::ShapeOfSingleFile), with heads of `head_dim` channels, which such files
+// do not record. Throws SafetensorsError or
 // api::HuggingFaceConfigError naming the file.
 api::ModelShape HuggingFaceShape(const std::string& path, int64_t head_dim = 64);
 
@@ -96,8 +96,9 @@ inline constexpr const char* kCompanionFiles[] = {
 std::vector<std::string> ExportHuggingFace(const std::string& directory, const api::ModelShape& shape,
                                            const ExportOptions& options, const WeightReader& read);
 
-// Writes GPT-2 `weights` (single-rank order) as one F32 safetensors file at `path`,
-// without config.json.
-void SaveHuggingFaceGpt2(const std::string& path, const std::vector<float>& weights, const api::ModelShape& shape);
+// Writes `weights` (single-rank order) as one F32 safetensors file at `path`, without
+// config.json: the one-file form of a family that has one (api::ModelFamily::
+// HasSingleFileForm), which HuggingFaceShape and LoadHuggingFace read back.
+void SaveSingleFile(const std::string& path, const std::vector<float>& weights, const api::ModelShape& shape);
 
 }  // namespace meshtrain::train
