@@ -1,5 +1,6 @@
 // The GPU's kernel table (kernels/cuda/cuda_ops.h) against the CPU's Fp64 table: the
-// shared conformance suite (tests/support/ops_conformance.h), once with cuDNN's fused
+// shared conformance suites (tests/support/ops_conformance.h and, for the mixture of
+// experts, moe_conformance.h), once with cuDNN's fused
 // attention and once with attention on the scores path, and then what the suite does not
 // see: the unfused forms of cuBLASLt's epilogues, the fused and scores paths on the same
 // inputs (with grouped key/value heads too), a head size cuDNN refuses, wide rows, many
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "tests/support/gpu.h"
+#include "tests/support/moe_conformance.h"
 #include "tests/support/ops_conformance.h"
 #include "worker/kernels/cuda/cuda_ops.h"
 #include "worker/runtime/cuda.h"
@@ -52,6 +54,7 @@ struct CudaTable {
 
 using CudaTables = ::testing::Types<CudaTable<true>, CudaTable<false>>;
 INSTANTIATE_TYPED_TEST_SUITE_P(Cuda, OpsConformance, CudaTables);
+INSTANTIATE_TYPED_TEST_SUITE_P(Cuda, MoeConformance, CudaTables);
 
 // --- Focused tests ---
 
@@ -527,6 +530,81 @@ TEST_F(CudaOps, ShardOperationsOverManySegments) {
   EXPECT_THROW(gpu_.ops->AdamW(master, params, device_grads, m, v, too_many, int(segments.size()), step, nullptr,
                                *gpu_.stream),
                std::invalid_argument);
+}
+
+// The mixture of experts at a Qwen3-MoE-like shape (64 experts, the top 8, C 512) with
+// one expert no token chooses: the experts chosen and the dispatch order (256 chunks'
+// counts and ranks) are the reference's exactly; the grouped products over experts of
+// uneven rows are within bf16's bound of fp64; and the backwards' sums (the combine's
+// dweights, the permute's dx, the experts' dinp and dweight) are the same bits on a second
+// run.
+TEST_F(CudaOps, MixtureOfExpertsAtScaleRepeatsBitForBit) {
+  MESHTRAIN_SKIP_WITHOUT_GPU();
+  const int64_t N = 2048;
+  const int E = 64, k = 8, C = 512, H = 256, unused = 5;
+  const int64_t copies = N * k;
+  std::vector<double> logits = Random(N * E);
+  for (int64_t i = 0; i < N * E; ++i) {
+    logits[size_t(i)] = i % E == unused ? -4.0 : std::clamp(std::round(logits[size_t(i)] * 64), -255.0, 255.0) / 64;
+  }
+  auto probs = gpu_.Poisoned<float>(N * E), weights = gpu_.Poisoned<float>(copies);
+  auto experts = gpu_.Poisoned<int32_t>(copies), counts = gpu_.Poisoned<int32_t>(E),
+       positions = gpu_.Poisoned<int32_t>(copies);
+  gpu_.ops->RouterTopKForward(probs, experts, weights, gpu_.Put<runtime::bf16>(logits), N, E, k, true, *gpu_.stream);
+  gpu_.ops->MoePermutePlan(counts, positions, experts, N, k, E, *gpu_.stream);
+  auto ref_probs = ref_.Poisoned<double>(N * E), ref_weights = ref_.Poisoned<double>(copies);
+  auto ref_experts = ref_.Poisoned<int32_t>(copies), ref_counts = ref_.Poisoned<int32_t>(E),
+       ref_positions = ref_.Poisoned<int32_t>(copies);
+  ref_.ops->RouterTopKForward(ref_probs, ref_experts, ref_weights, ref_.Put<double>(logits), N, E, k, true,
+                              *ref_.stream);
+  ref_.ops->MoePermutePlan(ref_counts, ref_positions, ref_experts, N, k, E, *ref_.stream);
+  ASSERT_EQ(gpu_.Get(experts, copies), ref_.Get(ref_experts, copies)) << "RouterTopKForward experts";
+  const auto got_counts = gpu_.Get(counts, E);
+  ASSERT_EQ(got_counts, ref_.Get(ref_counts, E)) << "MoePermutePlan counts";
+  ASSERT_EQ(gpu_.Get(positions, copies), ref_.Get(ref_positions, copies)) << "MoePermutePlan positions";
+  ASSERT_EQ(got_counts[size_t(unused)], 0);
+  ExpectClose(gpu_.Get(weights, copies), ref_.Get(ref_weights, copies), "RouterTopKForward weights", 1e-5);
+  const std::vector<int32_t> rows(got_counts.begin(), got_counts.end());
+
+  const auto x = Random(N * C), w = Random(int64_t(E) * 2 * H * C, 0.05), dgate_up = Random(copies * 2 * H),
+             dout = Random(N * C);
+  auto xs = gpu_.Poisoned<runtime::bf16>(copies * C), gate_up = gpu_.Poisoned<runtime::bf16>(copies * 2 * H);
+  auto device_w = gpu_.Put<runtime::bf16>(w);
+  gpu_.ops->MoePermute(xs, gpu_.Put<runtime::bf16>(x), positions, N, k, C, *gpu_.stream);
+  gpu_.ops->GroupedMatmulForward(gate_up, xs, device_w, rows.data(), E, C, 2 * H, *gpu_.stream);
+  const auto got_xs = gpu_.Get(xs, copies * C);
+  auto ref_gate_up = ref_.Poisoned<double>(copies * 2 * H);
+  auto ref_xs = ref_.Put<double>(got_xs), ref_w = ref_.Put<double>(w);
+  ref_.ops->GroupedMatmulForward(ref_gate_up, ref_xs, ref_w, rows.data(), E, C, 2 * H, *ref_.stream);
+  ExpectClose(gpu_.Get(gate_up, copies * 2 * H), ref_.Get(ref_gate_up, copies * 2 * H), "GroupedMatmulForward", 1e-2);
+
+  std::vector<double> runs[2][4];
+  for (int run = 0; run < 2; ++run) {
+    auto dxs = gpu_.Poisoned<runtime::bf16>(copies * C);
+    auto dw = gpu_.Put<float>(std::vector<double>(size_t(E) * 2 * H * C, 0.0));
+    gpu_.ops->GroupedMatmulBackward(dxs, dw, gpu_.Put<runtime::bf16>(dgate_up), xs, device_w, rows.data(), E, C, 2 * H,
+                                    *gpu_.stream);
+    auto dx = gpu_.Put<runtime::bf16>(dout);
+    gpu_.ops->MoePermuteBackward(dx, dxs, positions, N, k, C, *gpu_.stream);
+    auto dys = gpu_.Poisoned<runtime::bf16>(copies * C);
+    auto dweights = gpu_.Poisoned<float>(copies);
+    gpu_.ops->MoeCombineBackward(dys, dweights, gpu_.Put<runtime::bf16>(dout), xs, weights, positions, N, k, C,
+                                 *gpu_.stream);
+    runs[run][0] = gpu_.Get(dxs, copies * C);
+    runs[run][1] = gpu_.Get(dw, int64_t(E) * 2 * H * C);
+    runs[run][2] = gpu_.Get(dx, N * C);
+    runs[run][3] = gpu_.Get(dweights, copies);
+  }
+  const char* names[4] = {"GroupedMatmulBackward dinp", "GroupedMatmulBackward dweight", "MoePermuteBackward dx",
+                          "MoeCombineBackward dweights"};
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(runs[0][i] == runs[1][i]) << names[i] << " differs between runs";
+  auto ref_dxs = ref_.Poisoned<double>(copies * C);
+  auto ref_dw = ref_.Put<double>(std::vector<double>(size_t(E) * 2 * H * C, 0.0));
+  ref_.ops->GroupedMatmulBackward(ref_dxs, ref_dw, ref_.Put<double>(dgate_up), ref_xs, ref_w, rows.data(), E, C, 2 * H,
+                                  *ref_.stream);
+  ExpectClose(runs[0][0], ref_.Get(ref_dxs, copies * C), "GroupedMatmulBackward dinp", 1e-2);
+  // fp32 sums of exact bf16 products, as MatmulBackward's dweight.
+  ExpectClose(runs[0][1], ref_.Get(ref_dw, int64_t(E) * 2 * H * C), "GroupedMatmulBackward dweight", 1e-3);
 }
 
 // Not a check: the per-operation times of one GPT-2 124M block at B 16, T 1024 (run with

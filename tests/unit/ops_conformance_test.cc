@@ -1,5 +1,7 @@
-// The CPU's kernel tables against the Fp64 reference (tests/support/ops_conformance.h).
+// The CPU's kernel tables against the Fp64 reference (tests/support/ops_conformance.h,
+// moe_conformance.h).
 
+#include "tests/support/moe_conformance.h"
 #include "tests/support/ops_conformance.h"
 
 namespace meshtrain::testing {
@@ -35,6 +37,7 @@ using CpuFp64 = CpuTable<kernels::Fp64, -12>;
 
 using CpuTables = ::testing::Types<CpuFp32, CpuBf16, CpuFp64>;
 INSTANTIATE_TYPED_TEST_SUITE_P(Cpu, OpsConformance, CpuTables);
+INSTANTIATE_TYPED_TEST_SUITE_P(Cpu, MoeConformance, CpuTables);
 
 }  // namespace
 }  // namespace meshtrain::testing

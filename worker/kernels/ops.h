@@ -182,6 +182,74 @@ class Ops {
   virtual void SwiGluBackward(Out<Act> dgate_up, In<Act> dout, In<Act> gate_up, int64_t N, int H,
                               Stream& stream) = 0;
 
+  // --- Mixture of experts (the sparse MLP of Mixtral and Qwen3-MoE, as transformers
+  // computes it; dropless: every token reaches its k experts, none is dropped) ---
+  // A layer over x (N,C), E experts of H hidden units, k of them a token:
+  //   logits (N,E) = MatmulForward of x by the router (E,C)
+  //   RouterTopKForward: probs, experts, weights     MoePermutePlan: counts, positions
+  //   MoePermute: xs (N*k,C), grouped by expert      (counts downloaded to the host)
+  //   GroupedMatmulForward of xs by gate_up (E,2H,C) into gate_up (N*k,2H); SwiGluForward
+  //   into h (N*k,H); GroupedMatmulForward of h by down (E,C,H) into ys (N*k,C)
+  //   MoeCombineForward: out (N,C) = the weighted sum of each token's k rows of ys
+  // and back in reverse order; x's gradient is the router's MatmulBackward's (written)
+  // plus MoePermuteBackward's (added).
+  //
+  // probs (N,E) = the softmax of logits (as stored) over the E experts, kept for the
+  // backward and for a load-balancing loss; experts (N,k) = the k most probable, most
+  // probable first, of equal probabilities the lower index first (deterministic, the
+  // same on every table); weights (N,k) = their probabilities, divided by the sum of the
+  // k when renormalize (Mixtral always; Qwen3-MoE where norm_topk_prob). Unlike
+  // transformers, the weights stay in Acc (it casts them to the activations' type).
+  // REQUIRES: 1 <= k <= E (on the CUDA table also k <= 32, and E <= 1024 in
+  // MoePermutePlan).
+  virtual void RouterTopKForward(Out<Acc> probs, Out<int32_t> experts, Out<Acc> weights, In<Act> logits, int64_t N,
+                                 int E, int k, bool renormalize, Stream& stream) = 0;
+  // dlogits (N,E) = the gradient through the softmax of: dweights (N,k) through the top k
+  // (optionally renormalised; the choice of experts held fixed), plus dprobs (N,E;
+  // nullable), a loss's gradient of probs (a load-balancing loss). probs and experts as
+  // the forward left them.
+  virtual void RouterTopKBackward(Out<Act> dlogits, In<Acc> dweights, In<Acc> dprobs, In<Acc> probs,
+                                  In<int32_t> experts, int64_t N, int E, int k, bool renormalize,
+                                  Stream& stream) = 0;
+  // The dispatch order of the N*k copies of the tokens (copy (n,j) goes to expert
+  // experts[n,j]): by expert, within an expert by token, then by j (a stable sort, the
+  // same on every table). counts (E) = the copies each expert gets; positions (N,k) = the
+  // row of copy (n,j) in that order, so expert e's rows are the counts[e] that follow the
+  // rows of experts 0..e-1. Both stay on the device: the caller downloads counts (E int32,
+  // then a wait on the stream) for what needs them on the host: GroupedMatmul's row
+  // counts and, with experts spread over ranks (each a contiguous range of experts),
+  // AllToAll's per-peer counts (the sums of counts over each peer's experts, times C).
+  // REQUIRES: 0 <= experts < E; N*k < 2^31.
+  virtual void MoePermutePlan(Out<int32_t> counts, Out<int32_t> positions, In<int32_t> experts, int64_t N, int k,
+                              int E, Stream& stream) = 0;
+  // xs (N*k,C): row positions[n,j] = x's row n.
+  virtual void MoePermute(Out<Act> xs, In<Act> x, In<int32_t> positions, int64_t N, int k, int C,
+                          Stream& stream) = 0;
+  // dx (N,C) += the sum over j, in order, of dxs's row positions[n,j] (from the sum not
+  // stored, then added to dx as stored): x's gradient from the experts, added to the
+  // router's, which MatmulBackward wrote.
+  virtual void MoePermuteBackward(Out<Act> dx, In<Act> dxs, In<int32_t> positions, int64_t N, int k, int C,
+                                  Stream& stream) = 0;
+  // out (N,C) = the sum over j, in order, of weights[n,j] * ys's row positions[n,j], plus
+  // residual (N,C; nullable; may be out) last, from the sum not stored.
+  virtual void MoeCombineForward(Out<Act> out, In<Act> ys, In<Acc> weights, In<int32_t> positions, In<Act> residual,
+                                 int64_t N, int k, int C, Stream& stream) = 0;
+  // dys (N*k,C): row positions[n,j] = weights[n,j] * dout's row n; dweights (N,k) =
+  // dout's row n . ys's row positions[n,j]. (The residual's gradient is dout itself.)
+  virtual void MoeCombineBackward(Out<Act> dys, Out<Acc> dweights, In<Act> dout, In<Act> ys, In<Acc> weights,
+                                  In<int32_t> positions, int64_t N, int k, int C, Stream& stream) = 0;
+  // For each expert e of E, on its counts[e] rows (rows grouped by expert as
+  // MoePermutePlan leaves them: e's follow those of 0..e-1, from row 0): out_e (m_e,OC) =
+  // inp_e (m_e,K) @ weight_e (OC,K)^T, weights stacked (E,OC,K). counts is a host array
+  // of E, read during the call (the caller may reuse it when the call returns); an
+  // expert with no rows is skipped.
+  virtual void GroupedMatmulForward(Out<Act> out, In<Act> inp, In<Act> weight, const int32_t* counts, int E, int K,
+                                    int OC, Stream& stream) = 0;
+  // dinp_e (m_e,K) = dout_e (m_e,OC) @ weight_e; dweight_e (OC,K) += dout_e^T @ inp_e
+  // (an expert with no rows adds nothing). dinp aliases neither dout nor inp.
+  virtual void GroupedMatmulBackward(Out<Act> dinp, Out<Acc> dweight, In<Act> dout, In<Act> inp, In<Act> weight,
+                                     const int32_t* counts, int E, int K, int OC, Stream& stream) = 0;
+
   // --- Elementwise ---
   // out = a + b (n elements); out may alias a or b.
   virtual void Add(Out<Act> out, In<Act> a, In<Act> b, int64_t n, Stream& stream) = 0;

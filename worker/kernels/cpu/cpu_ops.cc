@@ -1,5 +1,7 @@
 #include "worker/kernels/cpu/cpu_ops.h"
 
+#include <vector>
+
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/runtime/cpu_stream.h"
 #include "worker/runtime/device_side.h"
@@ -137,6 +139,62 @@ class CpuOps final : public Ops<P> {
   void SwiGluBackward(Out<A> dgate_up, In<A> dout, In<A> gate_up, int64_t N, int H, Stream& s) override {
     Run(s, [=, dgate_up = At(dgate_up), dout = At(dout), gate_up = At(gate_up)] {
       cpu::SwiGluBackward<A, G>(dgate_up, dout, gate_up, N, H);
+    });
+  }
+  void RouterTopKForward(Out<G> probs, Out<int32_t> experts, Out<G> weights, In<A> logits, int64_t N, int E, int k,
+                         bool renormalize, Stream& s) override {
+    Run(s, [=, probs = At(probs), experts = At(experts), weights = At(weights), logits = At(logits)] {
+      cpu::RouterTopKForward<A, G>(probs, experts, weights, logits, N, E, k, renormalize);
+    });
+  }
+  void RouterTopKBackward(Out<A> dlogits, In<G> dweights, In<G> dprobs, In<G> probs, In<int32_t> experts, int64_t N,
+                          int E, int k, bool renormalize, Stream& s) override {
+    Run(s, [=, dlogits = At(dlogits), dweights = At(dweights), dprobs = At(dprobs), probs = At(probs),
+             experts = At(experts)] {
+      cpu::RouterTopKBackward<A, G>(dlogits, dweights, dprobs, probs, experts, N, E, k, renormalize);
+    });
+  }
+  void MoePermutePlan(Out<int32_t> counts, Out<int32_t> positions, In<int32_t> experts, int64_t N, int k, int E,
+                      Stream& s) override {
+    Run(s, [=, counts = At(counts), positions = At(positions), experts = At(experts)] {
+      cpu::MoePermutePlan(counts, positions, experts, N, k, E);
+    });
+  }
+  void MoePermute(Out<A> xs, In<A> x, In<int32_t> positions, int64_t N, int k, int C, Stream& s) override {
+    Run(s, [=, xs = At(xs), x = At(x), positions = At(positions)] {
+      cpu::MoePermute<A, G>(xs, x, positions, N, k, C);
+    });
+  }
+  void MoePermuteBackward(Out<A> dx, In<A> dxs, In<int32_t> positions, int64_t N, int k, int C, Stream& s) override {
+    Run(s, [=, dx = At(dx), dxs = At(dxs), positions = At(positions)] {
+      cpu::MoePermuteBackward<A, G>(dx, dxs, positions, N, k, C);
+    });
+  }
+  void MoeCombineForward(Out<A> out, In<A> ys, In<G> weights, In<int32_t> positions, In<A> residual, int64_t N, int k,
+                         int C, Stream& s) override {
+    Run(s, [=, out = At(out), ys = At(ys), weights = At(weights), positions = At(positions), residual = At(residual)] {
+      cpu::MoeCombineForward<A, G>(out, ys, weights, positions, residual, N, k, C);
+    });
+  }
+  void MoeCombineBackward(Out<A> dys, Out<G> dweights, In<A> dout, In<A> ys, In<G> weights, In<int32_t> positions,
+                          int64_t N, int k, int C, Stream& s) override {
+    Run(s, [=, dys = At(dys), dweights = At(dweights), dout = At(dout), ys = At(ys), weights = At(weights),
+             positions = At(positions)] {
+      cpu::MoeCombineBackward<A, G>(dys, dweights, dout, ys, weights, positions, N, k, C);
+    });
+  }
+  // counts: copied, as the caller may reuse them once the call returns.
+  void GroupedMatmulForward(Out<A> out, In<A> inp, In<A> weight, const int32_t* counts, int E, int K, int OC,
+                            Stream& s) override {
+    Run(s, [=, out = At(out), inp = At(inp), weight = At(weight), rows = std::vector<int32_t>(counts, counts + E)] {
+      cpu::GroupedMatmulForward<A, G>(out, inp, weight, rows.data(), E, K, OC);
+    });
+  }
+  void GroupedMatmulBackward(Out<A> dinp, Out<G> dweight, In<A> dout, In<A> inp, In<A> weight, const int32_t* counts,
+                             int E, int K, int OC, Stream& s) override {
+    Run(s, [=, dinp = At(dinp), dweight = At(dweight), dout = At(dout), inp = At(inp), weight = At(weight),
+             rows = std::vector<int32_t>(counts, counts + E)] {
+      cpu::GroupedMatmulBackward<A, G>(dinp, dweight, dout, inp, weight, rows.data(), E, K, OC);
     });
   }
   void Add(Out<A> out, In<A> a, In<A> b, int64_t n, Stream& s) override {

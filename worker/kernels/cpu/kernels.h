@@ -73,6 +73,30 @@ void SwiGluForward(A* out, const A* gate_up, int64_t N, int H);
 template <class A, class G>
 void SwiGluBackward(A* dgate_up, const A* dout, const A* gate_up, int64_t N, int H);
 
+// Mixture of experts (moe.cc). counts of GroupedMatmul*: E row counts on the host.
+template <class A, class G>
+void RouterTopKForward(G* probs, int32_t* experts, G* weights, const A* logits, int64_t N, int E, int k,
+                       bool renormalize);
+template <class A, class G>
+void RouterTopKBackward(A* dlogits, const G* dweights, const G* dprobs, const G* probs, const int32_t* experts,
+                        int64_t N, int E, int k, bool renormalize);
+void MoePermutePlan(int32_t* counts, int32_t* positions, const int32_t* experts, int64_t N, int k, int E);
+template <class A, class G>
+void MoePermute(A* xs, const A* x, const int32_t* positions, int64_t N, int k, int C);
+template <class A, class G>
+void MoePermuteBackward(A* dx, const A* dxs, const int32_t* positions, int64_t N, int k, int C);
+template <class A, class G>
+void MoeCombineForward(A* out, const A* ys, const G* weights, const int32_t* positions, const A* residual, int64_t N,
+                       int k, int C);
+template <class A, class G>
+void MoeCombineBackward(A* dys, G* dweights, const A* dout, const A* ys, const G* weights, const int32_t* positions,
+                        int64_t N, int k, int C);
+template <class A, class G>
+void GroupedMatmulForward(A* out, const A* inp, const A* weight, const int32_t* counts, int E, int K, int OC);
+template <class A, class G>
+void GroupedMatmulBackward(A* dinp, G* dweight, const A* dout, const A* inp, const A* weight, const int32_t* counts,
+                           int E, int K, int OC);
+
 template <class A, class G>
 void Add(A* out, const A* a, const A* b, int64_t n);
 template <class A, class G>

@@ -70,8 +70,12 @@ BlasLt::Plan& BlasLt::PlanFor(const Gemm& gemm, const char* what) {
       gemm.bias_type};
   std::string key(sizeof(fields), '\0');
   std::memcpy(key.data(), fields.data(), sizeof(fields));
+  if (const auto found = plans_.find(key); found != plans_.end()) return *found->second;
+  // Shapes that change from call to call (the experts' row counts in GroupedMatmul) would
+  // grow the cache without bound: past kMaxPlans it starts again. cuBLASLt keeps its own
+  // cache of heuristics, so a plan made again is cheap, and no plan is held past a call.
+  if (plans_.size() >= kMaxPlans) plans_.clear();
   std::unique_ptr<Plan>& slot = plans_[key];
-  if (slot != nullptr) return *slot;
 
   auto plan = std::make_unique<Plan>();
   CheckLt(cublasLtMatmulDescCreate(&plan->description, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate",

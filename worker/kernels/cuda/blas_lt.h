@@ -1,8 +1,9 @@
 // Matrix products through cuBLASLt for the bf16 table (cuda_ops.h): bf16 A and B, fp32
 // compute, with epilogues. Each distinct product (shape, layouts, types, epilogue and the
 // pointers' alignments) gets its descriptors and one heuristic query the first time, kept
-// for every later call; the workspace is taken once, when the table is built. A call
-// allocates nothing and never synchronizes the host. Internal to kernels/cuda.
+// for every later call (up to kMaxPlans of them); the workspace is taken once, when the
+// table is built. A call allocates nothing and never synchronizes the host. Internal to
+// kernels/cuda.
 //
 // cuBLASLt is column-major: a row-major (R,C) array is a column-major (C,R) one with the
 // same leading dimension, so callers describe the transposed product (see cuda_ops.cc).
@@ -52,6 +53,8 @@ struct Gemm {
 class BlasLt {
  public:
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+  // The most plans kept; past it the cache is emptied (blas_lt.cc).
+  static constexpr size_t kMaxPlans = 4096;
 
   // The workspace comes from `allocator` (activations).
   explicit BlasLt(runtime::CachingAllocator* allocator);

@@ -3,6 +3,7 @@
 #include <cudnn_graph.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
@@ -82,6 +83,8 @@ class CudaOps final : public Ops<Bf16> {
     norm_partials_ = DeviceArray<double>(allocator, kSumSquaresBlocks, MemoryCategory::kOptimizer);
     encoder_scratch_ = DeviceArray<std::byte>(allocator, int64_t(EncoderBackwardScratchBytes(kMaxEncoderRows)),
                                               MemoryCategory::kActivations);
+    moe_plan_scratch_ = DeviceArray<int32_t>(allocator, MoePermutePlanScratchInts(kMaxMoeExperts),
+                                             MemoryCategory::kActivations);
   }
 
   ~CudaOps() override {
@@ -333,6 +336,100 @@ class CudaOps final : public Ops<Bf16> {
     cuda::SwiGluBackward(Raw(dgate_up), Raw(dout), Raw(gate_up), N, H, Handle(stream));
   }
 
+  // --- Mixture of experts ---
+
+  void RouterTopKForward(Out<Acc> probs, Out<int32_t> experts, Out<Acc> weights, In<Act> logits, int64_t N, int E,
+                         int k, bool renormalize, Stream& stream) override {
+    CheckRouter(E, k, "RouterTopKForward");
+    cuda::RouterTopKForward(Raw(probs), Raw(experts), Raw(weights), Raw(logits), N, E, k, renormalize,
+                            Handle(stream));
+  }
+
+  void RouterTopKBackward(Out<Act> dlogits, In<Acc> dweights, In<Acc> dprobs, In<Acc> probs, In<int32_t> experts,
+                          int64_t N, int E, int k, bool renormalize, Stream& stream) override {
+    CheckRouter(E, k, "RouterTopKBackward");
+    cuda::RouterTopKBackward(Raw(dlogits), Raw(dweights), Raw(dprobs), Raw(probs), Raw(experts), N, E, k, renormalize,
+                             Handle(stream));
+  }
+
+  // Shares moe_plan_scratch_ with every other plan (stream order).
+  void MoePermutePlan(Out<int32_t> counts, Out<int32_t> positions, In<int32_t> experts, int64_t N, int k, int E,
+                      Stream& stream) override {
+    if (E < 0 || E > kMaxMoeExperts || k < 0 || N < 0 || N * k > int64_t(INT32_MAX)) {
+      throw std::invalid_argument("MoePermutePlan: " + std::to_string(N) + " tokens to " + std::to_string(k) +
+                                  " of " + std::to_string(E) + " experts (at most " +
+                                  std::to_string(kMaxMoeExperts) + " experts and 2^31 - 1 copies)");
+    }
+    cuda::MoePermutePlan(Raw(counts), Raw(positions), Raw(experts), N, k, E, Raw(moe_plan_scratch_.get()),
+                         Handle(stream));
+  }
+
+  void MoePermute(Out<Act> xs, In<Act> x, In<int32_t> positions, int64_t N, int k, int C, Stream& stream) override {
+    cuda::MoePermute(Raw(xs), Raw(x), Raw(positions), N, k, C, Handle(stream));
+  }
+
+  void MoePermuteBackward(Out<Act> dx, In<Act> dxs, In<int32_t> positions, int64_t N, int k, int C,
+                          Stream& stream) override {
+    cuda::MoePermuteBackward(Raw(dx), Raw(dxs), Raw(positions), N, k, C, Handle(stream));
+  }
+
+  void MoeCombineForward(Out<Act> out, In<Act> ys, In<Acc> weights, In<int32_t> positions, In<Act> residual,
+                         int64_t N, int k, int C, Stream& stream) override {
+    cuda::MoeCombineForward(Raw(out), Raw(ys), Raw(weights), Raw(positions), Raw(residual), N, k, C, Handle(stream));
+  }
+
+  void MoeCombineBackward(Out<Act> dys, Out<Acc> dweights, In<Act> dout, In<Act> ys, In<Acc> weights,
+                          In<int32_t> positions, int64_t N, int k, int C, Stream& stream) override {
+    cuda::MoeCombineBackward(Raw(dys), Raw(dweights), Raw(dout), Raw(ys), Raw(weights), Raw(positions), N, k, C,
+                             Handle(stream));
+  }
+
+  // The experts' products: a loop of cuBLASLt products, one per expert with rows, each
+  // described as MatmulForward's and MatmulBackward's (no epilogues). Their plans are
+  // cached by shape as every product's (blas_lt.h bounds the cache, as the row counts
+  // change from step to step).
+  void GroupedMatmulForward(Out<Act> out, In<Act> inp, In<Act> weight, const int32_t* counts, int E, int K, int OC,
+                            Stream& stream) override {
+    CheckCounts(counts, E, "GroupedMatmulForward");
+    if (K == 0 || OC == 0) return;
+    const cudaStream_t handle = Handle(stream);
+    int64_t row = 0;
+    for (int e = 0; e < E; ++e) {
+      const int64_t m = counts[e];
+      if (m == 0) continue;
+      const Gemm gemm{.transpose_a = true, .m = OC, .n = m, .k = K, .a = Raw(weight + int64_t(e) * OC * K), .lda = K,
+                      .b = Raw(inp + row * K), .ldb = K, .d = Raw(out + row * OC), .ldd = OC};
+      RunOrThrow(gemm, "GroupedMatmulForward", handle);
+      row += m;
+    }
+  }
+
+  void GroupedMatmulBackward(Out<Act> dinp, Out<Acc> dweight, In<Act> dout, In<Act> inp, In<Act> weight,
+                             const int32_t* counts, int E, int K, int OC, Stream& stream) override {
+    CheckCounts(counts, E, "GroupedMatmulBackward");
+    if (K == 0 || OC == 0) return;
+    const cudaStream_t handle = Handle(stream);
+    int64_t row = 0;
+    for (int e = 0; e < E; ++e) {
+      const int64_t m = counts[e];
+      if (m == 0) continue;
+      const auto* w = Raw(weight + int64_t(e) * OC * K);
+      const auto* d = Raw(dout + row * OC);
+      if (dinp) {
+        const Gemm gemm{.m = K, .n = m, .k = OC, .a = w, .lda = K, .b = d, .ldb = OC, .d = Raw(dinp + row * K),
+                        .ldd = K};
+        RunOrThrow(gemm, "GroupedMatmulBackward (dinp)", handle);
+      }
+      if (dweight) {
+        const Gemm gemm{.transpose_b = true, .m = K, .n = OC, .k = m, .a = Raw(inp + row * K), .lda = K, .b = d,
+                        .ldb = OC, .d = Raw(dweight + int64_t(e) * OC * K), .d_type = CUDA_R_32F, .ldd = K,
+                        .beta = 1};
+        RunOrThrow(gemm, "GroupedMatmulBackward (dweight)", handle);
+      }
+      row += m;
+    }
+  }
+
   // --- Elementwise ---
 
   void Add(Out<Act> out, In<Act> a, In<Act> b, int64_t n, Stream& stream) override {
@@ -440,6 +537,22 @@ class CudaOps final : public Ops<Bf16> {
       throw std::invalid_argument(std::string(what) + ": " + std::to_string(NH) +
                                   " query heads do not make groups of " + std::to_string(KVH) +
                                   " key/value heads of " + std::to_string(HS) + " channels");
+    }
+  }
+
+  static void CheckRouter(int E, int k, const char* what) {
+    if (E < 1 || k < 1 || k > E || k > kMaxMoeTopK) {
+      throw std::invalid_argument(std::string(what) + ": the top " + std::to_string(k) + " of " + std::to_string(E) +
+                                  " experts (this table takes 1 <= k <= " + std::to_string(kMaxMoeTopK) + ")");
+    }
+  }
+
+  static void CheckCounts(const int32_t* counts, int E, const char* what) {
+    for (int e = 0; e < E; ++e) {
+      if (counts[e] < 0) {
+        throw std::invalid_argument(std::string(what) + ": expert " + std::to_string(e) + " has " +
+                                    std::to_string(counts[e]) + " rows");
+      }
     }
   }
 
@@ -584,6 +697,7 @@ class CudaOps final : public Ops<Bf16> {
   DeviceArray<float> layernorm_partials_, bias_partials_;
   DeviceArray<double> norm_partials_;
   DeviceArray<std::byte> encoder_scratch_;
+  DeviceArray<int32_t> moe_plan_scratch_;  // MoePermutePlan's per-chunk counts
 };
 
 }  // namespace

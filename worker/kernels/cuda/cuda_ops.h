@@ -3,18 +3,20 @@
 // with its pre-activation, and in backward its derivative and the bias gradient);
 // attention (grouped-query heads included) is cuDNN's fused scaled-dot-product attention
 // through its graph API, with plain kernels where cuDNN refuses a shape (said once in the
-// log); the rest (norms, RoPE, SwiGLU, loss, optimizer) are meshtrain's own kernels. Each
-// operation is checked against the CPU's Fp64 table by tests/gpu/cuda_ops_test.cc.
+// log); the rest (norms, RoPE, SwiGLU, the mixture of experts' router and row moves,
+// loss, optimizer) are meshtrain's own kernels; the experts' grouped products are a loop
+// of cuBLASLt products, one per expert with rows. Each operation is checked against the
+// CPU's Fp64 table by tests/gpu/cuda_ops_test.cc.
 //
 // Memory: the table takes its workspaces when it is built (cuBLASLt's 32 MiB, the
-// partial sums of the deterministic reductions) and attention's when a shape is first
-// asked for (Attention and the two sizes; an operation on a shape never asked builds it
-// then). No operation allocates or synchronizes the host; a failure throws
+// partial sums of the deterministic reductions, the dispatch order's 1 MiB of counts)
+// and attention's when a shape is first asked for (Attention and the two sizes; an
+// operation on a shape never asked builds it then). No operation allocates or synchronizes the host; a failure throws
 // runtime::cuda::CudaError naming the operation and the shape.
 // Thread-safety: as kernels/ops.h. The products, LayerNorm's and RMSNorm's backward, the
 // bias gradient and attention's forward share the table's workspaces, so their calls
 // must follow one another in stream order (the engine's compute stream); the shard
-// operations have their own.
+// operations have their own. MoePermutePlan's calls share its scratch likewise.
 
 #pragma once
 

@@ -95,6 +95,43 @@ void SwiGluForward(bf16* out, const bf16* gate_up, int64_t N, int H, cudaStream_
 // dgate_up (N,2H) = [dgate | dup] for dout (N,H).
 void SwiGluBackward(bf16* dgate_up, const bf16* dout, const bf16* gate_up, int64_t N, int H, cudaStream_t stream);
 
+// --- Mixture of experts (moe.cu) ---
+// The router: one warp a row of logits (N,E): probs (N,E) fp32 softmax; experts and
+// weights (N,k) by k passes, each taking the most probable expert after the previous one
+// (probability descending, then index ascending), over the probabilities as stored;
+// renormalised by their sum (in order of j) when asked. REQUIRES: 1 <= k <= E,
+// k <= kMaxMoeTopK.
+constexpr int kMaxMoeTopK = 32;
+void RouterTopKForward(float* probs, int32_t* experts, float* weights, const bf16* logits, int64_t N, int E, int k,
+                       bool renormalize, cudaStream_t stream);
+// dlogits (N,E) = p (dp - p . dp), dp from dweights through the (renormalised) top k plus
+// dprobs (nullable). One warp a row.
+void RouterTopKBackward(bf16* dlogits, const float* dweights, const float* dprobs, const float* probs,
+                        const int32_t* experts, int64_t N, int E, int k, bool renormalize, cudaStream_t stream);
+// The stable dispatch order of the N*k copies (kernels/ops.h), without atomics: the copies
+// in chunks, one warp a chunk counting its copies per expert, one block turning the counts
+// into each chunk's first row per expert, and each warp walking its chunk again in order,
+// ranking copies of the same expert within 32 at a time (__match_any_sync). `scratch`:
+// MoePermutePlanScratchInts(max_experts) ints. An expert outside [0, E) is not counted and
+// its copy's position is -1 (MoePermute and the rest skip it). REQUIRES: E <=
+// kMaxMoeExperts, E <= max_experts.
+constexpr int kMaxMoeExperts = 1024;
+int64_t MoePermutePlanScratchInts(int max_experts);
+void MoePermutePlan(int32_t* counts, int32_t* positions, const int32_t* experts, int64_t N, int k, int E,
+                    int32_t* scratch, cudaStream_t stream);
+// xs (N*k,C): row positions[n,j] = x's row n.
+void MoePermute(bf16* xs, const bf16* x, const int32_t* positions, int64_t N, int k, int C, cudaStream_t stream);
+// dx (N,C) = dx + the sum over j of dxs's rows positions[n,j] (fp32, rounded once).
+void MoePermuteBackward(bf16* dx, const bf16* dxs, const int32_t* positions, int64_t N, int k, int C,
+                        cudaStream_t stream);
+// out (N,C) = sum_j weights[n,j] ys's row positions[n,j] + residual (nullable; may be out).
+void MoeCombineForward(bf16* out, const bf16* ys, const float* weights, const int32_t* positions,
+                       const bf16* residual, int64_t N, int k, int C, cudaStream_t stream);
+// One block a row n: dys's rows positions[n,j] = weights[n,j] dout's row n, and
+// dweights[n,j] = their dot product with ys's rows (BlockSum: a fixed order).
+void MoeCombineBackward(bf16* dys, float* dweights, const bf16* dout, const bf16* ys, const float* weights,
+                        const int32_t* positions, int64_t N, int k, int C, cudaStream_t stream);
+
 // --- Around the products (where cuBLASLt's epilogues cannot serve a shape) ---
 // dbias (OC) += the column sums of dout (N,OC): partial sums per row range, then a
 // second pass in order. REQUIRES: OC <= partial_capacity.
