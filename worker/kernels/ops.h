@@ -58,6 +58,53 @@ struct AdamWStep {
 // keeps one softmax statistic per row, (B,NH,T).
 enum class AttentionKind { kScores, kFused };
 
+// Which keys of an attention block (AttentionBlock) a query row sees.
+//   kNone    every key (a block of keys that lie wholly before the queries)
+//   kCausal  the queries' own rows (Tq == Tk): query i sees keys j <= i
+enum class AttentionMask { kNone, kCausal };
+
+// Where the rows of one operand of an attention block lie, in elements from the pointer
+// passed: row t of sequence b at b * batch + t * row, its head h's HS channels from
+// h * HS there. So an operand may lie inside a larger tensor: q of a packed
+// (B,T,(NH+2*KVH)*HS) qkv has row = (NH+2*KVH)*HS and batch = T * row, and a block of
+// its rows [t0, t0 + Tq) starts at qkv + t0 * row (k: + NH*HS, v: + (NH+KVH)*HS more).
+struct AttentionRows {
+  int64_t row = 0, batch = 0;
+};
+
+// Where an attention block's softmax statistics lie (lse and D: one per sequence, query
+// head and query row), in elements from the pointer passed: (b, h, t) at b * batch +
+// h * head + t.
+struct AttentionStats {
+  int64_t head = 0, batch = 0;
+};
+
+// One block of attention (Ops::AttentionBlockForward and the three that go with it): B
+// sequences, Tq query rows against Tk key/value rows, NH query heads and KVH key/value
+// heads of HS channels (KVH divides NH; query head h reads key/value head
+// h / (NH / KVH)), scale 1/sqrt(HS), the mask, and where each operand lies. Row t of an
+// operand is the block's t-th row, wherever it lies in the sequence. A call reads the
+// layouts of its own operands only.
+struct AttentionBlock {
+  int B = 0, Tq = 0, Tk = 0, NH = 0, KVH = 0, HS = 0;
+  AttentionMask mask = AttentionMask::kNone;
+  AttentionRows q, k, v;     // the inputs (Act)
+  AttentionRows out;         // a block's output and the merged one (Acc)
+  AttentionStats stats;      // lse, a block's lse and D (Acc)
+  AttentionRows dout;        // the final output as stored and its gradient (Act)
+  AttentionRows dq, dk, dv;  // the gradients (Acc)
+
+  // Every operand in an array of its own, contiguous: q, out, dout and dq (B,Tq,NH*HS);
+  // k, v, dk and dv (B,Tk,KVH*HS); stats (B,NH,Tq).
+  static AttentionBlock Contiguous(int B, int Tq, int Tk, int NH, int KVH, int HS, AttentionMask mask) {
+    const int64_t query = int64_t(NH) * HS, key = int64_t(KVH) * HS;
+    const AttentionRows queries{query, Tq * query}, keys{key, Tk * key};
+    return {.B = B, .Tq = Tq, .Tk = Tk, .NH = NH, .KVH = KVH, .HS = HS, .mask = mask, .q = queries, .k = keys,
+            .v = keys, .out = queries, .stats = {Tq, int64_t(NH) * Tq}, .dout = queries, .dq = queries, .dk = keys,
+            .dv = keys};
+  }
+};
+
 template <class P>
 class Ops {
  public:
@@ -162,6 +209,56 @@ class Ops {
   // are the forward's. scratch: AttentionScratchBytes.
   virtual void AttentionBackward(Out<Act> dqkv, Out<std::byte> scratch, In<Act> dout, In<Act> qkv, In<Act> out,
                                  In<Acc> state, int B, int T, int NH, int KVH, int HS, Stream& stream) = 0;
+
+  // --- Attention by blocks (ring context parallelism: each sequence's rows split over
+  // ranks, the key/value blocks passed round the ring): a rank's queries against one
+  // block of keys and values at a time, the blocks' partial results merged exactly by
+  // their log-sum-exp, as flash attention merges its tiles. Shapes, the mask and every
+  // operand's layout in `shape` (AttentionBlock); outputs are Acc, written or added where
+  // their layout says and nowhere else. Every sum is formed in Acc from the inputs as
+  // stored, and nothing in between is stored as Act (the Bf16 tables keep P, dP and dS
+  // in fp32): a bf16 caller rounds once, when it casts the merged output. Each throws
+  // std::invalid_argument when the heads do not make groups, or a kCausal block has
+  // Tq != Tk (the CUDA table also when HS > 256). Checked, the ring against
+  // AttentionForward and AttentionBackward too, by
+  // tests/support/attention_blocks_conformance.h. ---
+  // out (B,Tq,NH*HS; shape.out) = softmax(scale q k^T) v over this block's keys alone
+  // (masked per shape.mask), and lse (B,NH,Tq; shape.stats) = log sum_j exp(scale q_i .
+  // k_j) over the keys query i sees: the natural log of the softmax's denominator, its
+  // maximum folded in. A row that sees no key (Tk = 0) gets out 0 and lse -inf (an
+  // empty result, which AttentionMerge takes as such). out and lse overlap neither each
+  // other nor an input.
+  virtual void AttentionBlockForward(Out<Acc> out, Out<Acc> lse, In<Act> q, In<Act> k, In<Act> v,
+                                     const AttentionBlock& shape, Stream& stream) = 0;
+  // In place, (out, lse) becomes the exact combination of itself and a block's
+  // (block_out, block_lse), both pairs laid out as shape.out and shape.stats (the block's
+  // shape; B, Tq, NH and HS matter): with m = max(lse, block_lse), a = exp(lse - m) and
+  // c = exp(block_lse - m), out = (a out + c block_out) / (a + c) and lse = m + log(a + c).
+  // lse = -inf marks an empty result: an empty (out, lse) takes the block's as it is,
+  // its out not read (it may hold anything, NaN too), and an empty block leaves (out,
+  // lse) as it was; no NaN comes of either. So a caller starts its accumulator at lse =
+  // -inf, or writes its first block's AttentionBlockForward straight into it. The
+  // block's arrays overlap neither out nor lse.
+  virtual void AttentionMerge(Out<Acc> out, Out<Acc> lse, In<Acc> block_out, In<Acc> block_lse,
+                              const AttentionBlock& shape, Stream& stream) = 0;
+  // D (B,NH,Tq; shape.stats) = the sum over each head's HS channels of dout * out, out
+  // the final output (merged over every block) as stored, dout its gradient, both laid
+  // out as shape.dout: the D of AttentionBlockBackward.
+  virtual void AttentionRowDot(Out<Acc> D, In<Act> dout, In<Act> out, const AttentionBlock& shape,
+                               Stream& stream) = 0;
+  // One block's share of the gradient through attention of dout (B,Tq,NH*HS;
+  // shape.dout), with lse and D (shape.stats) those of the final result (merged over
+  // every block; lse finite): P_ij = exp(scale q_i . k_j - lse_i) (0 where masked) and
+  // dS_ij = P_ij (dout_i . v_j - D_i), and
+  //   dq (B,Tq,NH*HS; shape.dq) += scale dS k,  dk (B,Tk,KVH*HS; shape.dk) += scale dS^T q,
+  //   dv (B,Tk,KVH*HS; shape.dv) += P^T dout,
+  // a key/value head's gradients summing those of the query heads that read it; each
+  // sum is formed whole in Acc, then added. Summed over every block of a sequence (dk
+  // and dv wherever their block travelled), they are AttentionBackward's dqkv. dq, dk
+  // and dv overlap neither each other nor an input.
+  virtual void AttentionBlockBackward(Out<Acc> dq, Out<Acc> dk, Out<Acc> dv, In<Act> dout, In<Act> q, In<Act> k,
+                                      In<Act> v, In<Acc> lse, In<Acc> D, const AttentionBlock& shape,
+                                      Stream& stream) = 0;
 
   // --- RoPE (rotate-half, as transformers applies it to Hugging Face's weights) ---
   // In place on the q and k heads of qkv (B,T,(NH+2*KVH)*HS), the token at row b*T + t at
@@ -306,6 +403,20 @@ class Ops {
   static void CheckMatmulForward(Out<Act> out, Out<Act> gelu_pre, In<Act> residual) {
     if (residual && gelu_pre) throw std::invalid_argument("MatmulForward: a residual and a GELU output exclude each other");
     if (residual && residual == In<Act>(out)) throw std::invalid_argument("MatmulForward: the residual is the output");
+  }
+  // Throws std::invalid_argument when an attention block's shape breaks its contract
+  // (`what` names the operation).
+  static void CheckAttentionBlock(const AttentionBlock& s, const char* what) {
+    if (s.B < 0 || s.Tq < 0 || s.Tk < 0 || s.NH <= 0 || s.KVH <= 0 || s.HS <= 0 || s.NH % s.KVH != 0) {
+      throw std::invalid_argument(std::string(what) + ": B=" + std::to_string(s.B) + " Tq=" + std::to_string(s.Tq) +
+                                  " Tk=" + std::to_string(s.Tk) + ", " + std::to_string(s.NH) +
+                                  " query heads in groups over " + std::to_string(s.KVH) + " key/value heads of " +
+                                  std::to_string(s.HS) + " channels");
+    }
+    if (s.mask == AttentionMask::kCausal && s.Tq != s.Tk) {
+      throw std::invalid_argument(std::string(what) + ": a causal block of " + std::to_string(s.Tq) +
+                                  " query rows against " + std::to_string(s.Tk) + " key rows (it takes Tq == Tk)");
+    }
   }
 };
 

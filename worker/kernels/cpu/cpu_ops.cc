@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "worker/kernels/cpu/attention_blocks.h"
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/runtime/cpu_stream.h"
 #include "worker/runtime/device_side.h"
@@ -122,6 +123,31 @@ class CpuOps final : public Ops<P> {
     Run(s, [=, dqkv = At(dqkv), dout = At(dout), qkv = At(qkv), state = At(state)] {
       cpu::AttentionBackward<A, G>(dqkv, dout, qkv, state, B, T, NH, KVH, HS);
     });
+  }
+  // Attention by blocks (attention_blocks.h); the shape travels by value.
+  void AttentionBlockForward(Out<G> out, Out<G> lse, In<A> q, In<A> k, In<A> v, const AttentionBlock& shape,
+                             Stream& s) override {
+    this->CheckAttentionBlock(shape, "AttentionBlockForward");
+    Run(s, [=, out = At(out), lse = At(lse), q = At(q), k = At(k), v = At(v)] {
+      cpu::AttentionBlockForward<A, G>(out, lse, q, k, v, shape);
+    });
+  }
+  void AttentionMerge(Out<G> out, Out<G> lse, In<G> block_out, In<G> block_lse, const AttentionBlock& shape,
+                      Stream& s) override {
+    this->CheckAttentionBlock(shape, "AttentionMerge");
+    Run(s, [=, out = At(out), lse = At(lse), block_out = At(block_out), block_lse = At(block_lse)] {
+      cpu::AttentionMerge<G>(out, lse, block_out, block_lse, shape);
+    });
+  }
+  void AttentionRowDot(Out<G> D, In<A> dout, In<A> out, const AttentionBlock& shape, Stream& s) override {
+    this->CheckAttentionBlock(shape, "AttentionRowDot");
+    Run(s, [=, D = At(D), dout = At(dout), out = At(out)] { cpu::AttentionRowDot<A, G>(D, dout, out, shape); });
+  }
+  void AttentionBlockBackward(Out<G> dq, Out<G> dk, Out<G> dv, In<A> dout, In<A> q, In<A> k, In<A> v, In<G> lse,
+                              In<G> D, const AttentionBlock& shape, Stream& s) override {
+    this->CheckAttentionBlock(shape, "AttentionBlockBackward");
+    Run(s, [=, dq = At(dq), dk = At(dk), dv = At(dv), dout = At(dout), q = At(q), k = At(k), v = At(v), lse = At(lse),
+             D = At(D)] { cpu::AttentionBlockBackward<A, G>(dq, dk, dv, dout, q, k, v, lse, D, shape); });
   }
   void RopeForward(Out<A> qkv, In<G> cos, In<G> sin, int B, int T, int NH, int KVH, int HS, Stream& s) override {
     Run(s, [=, qkv = At(qkv), cos = At(cos), sin = At(sin)] {

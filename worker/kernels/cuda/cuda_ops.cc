@@ -13,6 +13,7 @@
 #include <string>
 #include <tuple>
 
+#include "worker/kernels/cuda/attention_blocks.h"
 #include "worker/kernels/cuda/blas_lt.h"
 #include "worker/kernels/cuda/cudnn_attention.h"
 #include "worker/kernels/cuda/launch.h"
@@ -310,6 +311,44 @@ class CudaOps final : public Ops<Bf16> {
       return;
     }
     ScoresBackward(Raw(dqkv), Raw(scratch), Raw(dout), Raw(qkv), Raw(state), B, T, NH, KVH, HS, Handle(stream));
+  }
+
+  // --- Attention by blocks (attention_blocks.h: plain kernels, not cuDNN) ---
+
+  void AttentionBlockForward(Out<Acc> out, Out<Acc> lse, In<Act> q, In<Act> k, In<Act> v,
+                             const AttentionBlock& shape, Stream& stream) override {
+    cuda::AttentionBlockForward(Raw(out), Raw(lse), Raw(q), Raw(k), Raw(v), BlockShape(shape, "AttentionBlockForward"),
+                                Handle(stream));
+  }
+
+  void AttentionMerge(Out<Acc> out, Out<Acc> lse, In<Acc> block_out, In<Acc> block_lse, const AttentionBlock& shape,
+                      Stream& stream) override {
+    cuda::AttentionMerge(Raw(out), Raw(lse), Raw(block_out), Raw(block_lse), BlockShape(shape, "AttentionMerge"),
+                         Handle(stream));
+  }
+
+  void AttentionRowDot(Out<Acc> D, In<Act> dout, In<Act> out, const AttentionBlock& shape, Stream& stream) override {
+    cuda::AttentionRowDot(Raw(D), Raw(dout), Raw(out), BlockShape(shape, "AttentionRowDot"), Handle(stream));
+  }
+
+  void AttentionBlockBackward(Out<Acc> dq, Out<Acc> dk, Out<Acc> dv, In<Act> dout, In<Act> q, In<Act> k, In<Act> v,
+                              In<Acc> lse, In<Acc> D, const AttentionBlock& shape, Stream& stream) override {
+    cuda::AttentionBlockBackward(Raw(dq), Raw(dk), Raw(dv), Raw(dout), Raw(q), Raw(k), Raw(v), Raw(lse), Raw(D),
+                                 BlockShape(shape, "AttentionBlockBackward"), Handle(stream));
+  }
+
+  // The shape checked (Ops::CheckAttentionBlock, and a head the kernels' registers hold),
+  // as the launchers take it.
+  static AttentionBlockShape BlockShape(const AttentionBlock& s, const char* what) {
+    CheckAttentionBlock(s, what);
+    if (s.HS > kMaxAttentionBlockHeadSize) {
+      throw std::invalid_argument(std::string(what) + ": heads of " + std::to_string(s.HS) +
+                                  " channels (this table takes at most " +
+                                  std::to_string(kMaxAttentionBlockHeadSize) + ")");
+    }
+    auto rows = [](AttentionRows r) { return BlockRows{r.row, r.batch}; };
+    return {s.B, s.Tq, s.Tk, s.NH, s.KVH, s.HS, s.mask == AttentionMask::kCausal, rows(s.q), rows(s.k), rows(s.v),
+            rows(s.out), BlockStats{s.stats.head, s.stats.batch}, rows(s.dout), rows(s.dq), rows(s.dk), rows(s.dv)};
   }
 
   // --- RoPE ---

@@ -3,7 +3,9 @@
 // with its pre-activation, and in backward its derivative and the bias gradient);
 // attention (grouped-query heads included) is cuDNN's fused scaled-dot-product attention
 // through its graph API, with plain kernels where cuDNN refuses a shape (said once in the
-// log); the rest (norms, RoPE, SwiGLU, the mixture of experts' router and row moves,
+// log); attention by blocks (ring context parallelism) is plain kernels of its own
+// (attention_blocks.h, checked by tests/gpu/cuda_attention_blocks_test.cc); the rest
+// (norms, RoPE, SwiGLU, the mixture of experts' router and row moves,
 // loss, optimizer) are meshtrain's own kernels; the experts' grouped products are a loop
 // of cuBLASLt products, one per expert with rows. Each operation is checked against the
 // CPU's Fp64 table by tests/gpu/cuda_ops_test.cc.
