@@ -8,7 +8,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -25,6 +24,7 @@
 #include "cli/bench_ranks.h"
 #include "cli/commands.h"
 #include "cli/plan_report.h"
+#include "operator/scheduler/device_probe.h"
 #include "operator/scheduler/planner.h"
 #include "operator/scheduler/synthetic_cluster.h"
 #include "operator/scheduler/placement.h"
@@ -178,9 +178,10 @@ RankRate MeasureRank(const api::ModelShape& shape, int seq, int micro_batch, int
   };
   const int before = omp_get_max_threads();
   omp_set_num_threads(threads);
-  // Each step timed alone, the two trainers' steps interleaved, and the median of each
-  // taken: a burst of load elsewhere on the machine then slows one sample of each rather
-  // than the whole of one side (which once measured the recompute as free).
+  // Each step timed alone on a ProbeClock (time this thread waited for a CPU left out), the
+  // two trainers' steps interleaved, and the median of each taken
+  // (operator/scheduler/device_probe.h): load elsewhere on the machine then slows neither
+  // side's figure.
   const std::unique_ptr<train::Trainer> keep_all = make_trainer(false), recompute = make_trainer(true);
   keep_all->Step();
   recompute->Step();
@@ -188,28 +189,20 @@ RankRate MeasureRank(const api::ModelShape& shape, int seq, int micro_batch, int
   std::vector<double> keep_samples, checkpointing_samples;
   for (int i = 0; i < kSamples; ++i) {
     for (auto [trainer, samples] : {std::pair{keep_all.get(), &keep_samples}, {recompute.get(), &checkpointing_samples}}) {
-      const auto start = std::chrono::steady_clock::now();
+      const scheduler::ProbeClock clock;
       trainer->Step();
-      samples->push_back(SecondsSince(start));
+      samples->push_back(clock.Seconds());
     }
   }
   omp_set_num_threads(before);
-  auto median = [](std::vector<double> v) {
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    return v[v.size() / 2];
-  };
-  const double keep = median(keep_samples), checkpointing = median(checkpointing_samples);
+  const double keep = scheduler::MedianOf(keep_samples), checkpointing = scheduler::MedianOf(checkpointing_samples);
   const double share = std::min(1.0, double(cores) / (double(ranks) * threads));
   RankRate rate;
   rate.flops = double(micro_batch) * seq * shape.TrainingFlopsPerToken(seq) / keep * share;
   // The step model's block forward at this rate.
   const double tokens = double(micro_batch) * seq;
   const double block_forward = tokens * api::BlockForwardFlopsPerToken(shape, seq, 1) / (rate.flops / share);
-  // A recompute runs the block's forward again: it cannot take less than a fraction of
-  // that forward's FLOP time, whatever the clock said.
-  constexpr double kRecomputeFloor = 0.5;
-  rate.recompute_factor =
-      std::max(kRecomputeFloor, std::max(0.0, checkpointing - keep) / (double(shape.layers) * block_forward));
+  rate.recompute_factor = scheduler::RecomputeFactor(keep, checkpointing, double(shape.layers) * block_forward);
   return rate;
 }
 

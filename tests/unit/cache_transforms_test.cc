@@ -4,16 +4,20 @@
 // and none of the rest (managedFields, annotations, images, the pods' environment).
 
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "api/manifest.h"
 #include "operator/controller/builders.h"
 #include "operator/controller/cache_transforms.h"
+#include "operator/controller/cluster_state.h"
 #include "operator/controller/reconciler.h"
 #include "operator/kube/objects.h"
 #include "operator/scheduler/cluster.h"
 #include "operator/scheduler/placement.h"
+#include "operator/scheduler/synthetic_cluster.h"
+#include "tests/support/kube/kubelet_simulator.h"
 
 namespace meshtrain::controller {
 namespace {
@@ -119,6 +123,122 @@ TEST(CacheTransformsTest, NodeOfAnUnexpectedShapeFailsAsTheWholeOneWould) {
   node["spec"] = "cordoned";
   EXPECT_EQ(NodeForCache(node)["spec"], "cordoned");
   EXPECT_EQ(NodeForCache(json(7)), json(7));
+}
+
+// `node` (a kubelet's registration) with what a real cluster adds and placement never
+// reads: managedFields, annotations, images, node info and conditions of other types;
+// and an instance type, the job's node selector, unless `other_type`.
+json Dressed(json node, bool other_type) {
+  node["metadata"]["labels"]["node.kubernetes.io/instance-type"] = other_type ? "p4d.24xlarge" : "p5.48xlarge";
+  node["metadata"]["uid"] = "uid-" + node["metadata"]["name"].get<std::string>();
+  node["metadata"]["resourceVersion"] = "100";
+  node["metadata"]["annotations"] = {{"node.alpha.kubernetes.io/ttl", "0"}};
+  node["metadata"]["managedFields"] =
+      json::array({{{"manager", "kubelet"}, {"fieldsV1", {{"f:status", json::object()}}}}});
+  node["status"]["images"] =
+      json::array({{{"names", json::array({"ghcr.io/meshtrain/meshtrain:0.1.0"})}, {"sizeBytes", 9876543210}}});
+  node["status"]["nodeInfo"] = {{"kubeletVersion", "v1.31.2-eks"}};
+  const json pressure = {{"type", "MemoryPressure"}, {"status", "True"}, {"reason", "KubeletHasMemoryPressure"}};
+  node["status"]["conditions"].insert(node["status"]["conditions"].begin(), pressure);
+  return node;
+}
+
+// Every field of a placement, to compare and print.
+std::string Text(const scheduler::Placement& p) {
+  std::string text =
+      p.ok() ? "placed in " + std::to_string(p.domain_level) + " " + p.domain + ":" : "refused: " + p.reason;
+  for (size_t i = 0; i < p.nodes.size(); ++i) {
+    text += " " + p.nodes[i] + " (";
+    for (const std::string& domain : p.paths.at(i)) text += domain + "/";
+    text += ")";
+  }
+  return text;
+}
+
+// The operator places gangs from ClusterState, which the node and pod caches feed. Fed the
+// kept objects, it counts the same GPUs in use on every node and makes every placement
+// it makes fed the whole ones, refusals and their reasons included, on a cluster with
+// nodes not Ready, cordoned, tainted, missing topology labels, without EFA and of
+// another instance type.
+TEST(CacheTransformsTest, PlacementFromKeptObjectsIsPlacementFromWholeOnes) {
+  scheduler::SyntheticClusterOptions options;
+  options.nodes = 300;
+  options.gpu_used_fraction = 0;  // what is in use comes from the pods below
+  options.not_ready_fraction = 0.1;
+  options.cordoned_fraction = 0.1;
+  options.tainted_fraction = 0.2;
+  options.unlabelled_fraction = 0.1;
+  scheduler::ClusterSnapshot cluster = scheduler::MakeSyntheticCluster(options);
+  for (size_t i = 0; i < cluster.nodes.size(); i += 9) cluster.nodes[i].efa = 0;
+
+  ClusterState whole, kept;
+  for (size_t i = 0; i < cluster.nodes.size(); ++i) {
+    const json node = Dressed(testing::NodeObject(cluster.nodes[i]), i % 11 == 5);
+    const json trimmed = NodeForCache(node);
+    whole.NodeChanged(nullptr, &node);
+    kept.NodeChanged(nullptr, &trimmed);
+  }
+
+  // Pods of 2-node gangs (8 GPUs and 4 EFA interfaces a pod) on the first nodes placement
+  // picks, pinned there by node affinity: running ones hold their node's GPUs, finished
+  // ones (every third gang) hold none.
+  api::TrainingJob job = api::LoadTrainingJobs("examples/gpt2-124m-2x8.yaml").at(0).job;
+  job.metadata.uid = "job-uid-1";
+  const scheduler::PlacementRequest gang = scheduler::PlacementRequest::ForJob(job);
+  ASSERT_FALSE(gang.tolerations.empty());
+  for (int g = 0; g < 30; ++g) {
+    const scheduler::Placement placement = scheduler::Place(gang, whole.View());
+    ASSERT_TRUE(placement.ok()) << placement.reason;
+    const api::RankTable table = scheduler::MakeRankTable(placement, gang.levels, gang.gpus_per_node);
+    for (int64_t rank = 0; rank < gang.nodes; ++rank) {
+      json pod = BuildPod(job, table, g, rank, 1);
+      pod["metadata"]["uid"] = "pod-uid-" + std::to_string(g) + "-" + std::to_string(rank);
+      pod["metadata"]["resourceVersion"] = "200";
+      pod["metadata"]["managedFields"] = json::array({{{"manager", "meshtrain-operator"}}});
+      pod["status"] = {{"phase", g % 3 == 2 ? "Succeeded" : "Running"},
+                       {"podIP", "10.0.0." + std::to_string(rank + 1)},
+                       {"qosClass", "Burstable"},
+                       {"conditions", json::array({{{"type", "PodScheduled"}, {"status", "True"}},
+                                                   {{"type", "Ready"}, {"status", "True"}}})}};
+      const json trimmed = PodForCache(pod);
+      whole.PodChanged(nullptr, &pod);
+      kept.PodChanged(nullptr, &trimmed);
+    }
+  }
+  int nodes_in_use = 0;
+  for (const scheduler::ClusterNode& n : cluster.nodes) {
+    EXPECT_EQ(kept.Used(n.name), whole.Used(n.name)) << n.name;
+    EXPECT_EQ(kept.Node(n.name), whole.Node(n.name)) << n.name;
+    nodes_in_use += whole.Used(n.name).first > 0;
+  }
+  EXPECT_EQ(nodes_in_use, 2 * 20);  // the finished gangs' nodes are free again
+
+  int placed = 0, refused = 0;
+  for (int64_t nodes : {1, 2, 4, 8, 16, 64, 200}) {
+    for (int64_t gpus : {1, 8}) {
+      for (int64_t efa : {0, 32}) {
+        for (bool tolerates : {false, true}) {
+          for (bool required : {false, true}) {
+            scheduler::PlacementRequest r = gang;
+            r.nodes = nodes;
+            r.gpus_per_node = gpus;
+            r.efa_per_node = efa;
+            r.nodes_per_shard_group = nodes >= 4 ? 2 : 1;
+            r.required = required;  // in one domain of the job's required level, layer 3
+            if (!tolerates) r.tolerations.clear();  // the job's: nvidia.com/gpu, Exists, NoSchedule
+            SCOPED_TRACE(::testing::Message() << nodes << " nodes x " << gpus << " GPUs, EFA " << efa
+                                              << (tolerates ? ", tolerating the taint" : "")
+                                              << (required ? ", one layer-3 domain" : ""));
+            const scheduler::Placement from_whole = scheduler::Place(r, whole.View());
+            EXPECT_EQ(Text(scheduler::Place(r, kept.View())), Text(from_whole));
+            ++(from_whole.ok() ? placed : refused);
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(placed, 0);
+  EXPECT_GT(refused, 0);
 }
 
 // A pod the operator built, as the API server and the kubelet fill it in.
