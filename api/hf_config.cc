@@ -209,6 +209,17 @@ FieldErrors MergeHuggingFaceConfig(const HuggingFaceConfig& config, ModelSpec* m
   merge("normEps", model->norm_eps, c.norm_eps, "rms_norm_eps");
   merge("ropeTheta", model->rope_theta, c.rope_theta, "rope_theta");
   merge("tieEmbeddings", model->tie_embeddings, c.tie_embeddings, "tie_word_embeddings");
+  merge("experts", model->experts, c.experts, "num_local_experts (or num_experts)");
+  merge("expertsPerToken", model->experts_per_token, c.experts_per_token, "num_experts_per_tok");
+  merge("moeIntermediateSize", model->moe_intermediate_size, c.moe_intermediate_size,
+        "moe_intermediate_size (Mixtral: intermediate_size)");
+  merge("normTopkProb", model->norm_topk_prob, c.norm_topk_prob, "norm_topk_prob");
+  merge("decoderSparseStep", model->decoder_sparse_step, c.decoder_sparse_step, "decoder_sparse_step");
+  if (model->mlp_only_layers.empty()) {
+    model->mlp_only_layers = c.mlp_only_layers;
+  } else if (model->mlp_only_layers != c.mlp_only_layers) {
+    errors.push_back({"spec.model.mlpOnlyLayers", "disagrees with " + from + "'s mlp_only_layers"});
+  }
   if (c.rope_scaling) {
     if (!model->rope_scaling) {
       model->rope_scaling = c.rope_scaling;

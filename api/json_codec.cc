@@ -60,6 +60,12 @@ void Fields(S& s, V& v) {
   v("ropeTheta", s.rope_theta);
   v("ropeScaling", s.rope_scaling);
   v("tieEmbeddings", s.tie_embeddings);
+  v("experts", s.experts);
+  v("expertsPerToken", s.experts_per_token);
+  v("moeIntermediateSize", s.moe_intermediate_size);
+  v("normTopkProb", s.norm_topk_prob);
+  v("decoderSparseStep", s.decoder_sparse_step);
+  v("mlpOnlyLayers", s.mlp_only_layers);
   v("dropout", s.dropout);
   v("init", s.init);
   v("tokenizer", s.tokenizer);
@@ -102,12 +108,13 @@ void Fields(S& s, V& v) {
   v("pipelineParallelDegree", s.pipeline_parallel_degree, {"pipeline_parallel_degree"});
   v("pipelineSchedule", s.pipeline_schedule);
   v("pipelineVirtualStages", s.pipeline_virtual_stages);
+  v("contextParallelDegree", s.context_parallel_degree, {"context_parallel_degree"});
+  v("contextParallelMode", s.context_parallel_mode);
   // SMP switches that do not change meshtrain's behaviour: its caches never
   // flush, and padded shards may be empty.
   v.IgnoredFlag("fsdp_cache_flush_warnings");
   v.IgnoredFlag("allow_empty_shards");
   // SMP features meshtrain does not have: accepted only at their "off" value.
-  v.OnlyValue("context_parallel_degree", 1);
   v.OnlyValue("expert_parallel_degree", 1);
 }
 

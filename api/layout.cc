@@ -14,12 +14,13 @@ const char* AxisName(Axis axis) {
     case Axis::kShard: return "shard";
     case Axis::kReplica: return "replica";
     case Axis::kPipeline: return "pipeline";
+    case Axis::kContext: return "context";
   }
   return "?";
 }
 
 FieldErrors ParallelLayout::Check(int64_t nodes, int64_t gpus_per_node, int64_t tp, int64_t hybrid_shard,
-                                  int64_t pipeline) {
+                                  int64_t pipeline, int64_t context) {
   FieldErrors errors;
   auto fail = [&](std::string path, std::string message) { errors.push_back({std::move(path), std::move(message)}); };
   if (nodes < 1 || nodes > kMaxNodes) {
@@ -32,6 +33,9 @@ FieldErrors ParallelLayout::Check(int64_t nodes, int64_t gpus_per_node, int64_t 
   if (tp < 1) fail("spec.parallelism.tensorParallelDegree", "must be at least 1, got " + std::to_string(tp));
   if (pipeline < 1) {
     fail("spec.parallelism.pipelineParallelDegree", "must be at least 1, got " + std::to_string(pipeline));
+  }
+  if (context < 1) {
+    fail("spec.parallelism.contextParallelDegree", "must be at least 1, got " + std::to_string(context));
   }
   if (hybrid_shard < 0) {
     fail("spec.parallelism.hybridShardDegree",
@@ -53,19 +57,29 @@ FieldErrors ParallelLayout::Check(int64_t nodes, int64_t gpus_per_node, int64_t 
              " TP groups), got " + std::to_string(pipeline));
     return errors;
   }
-  const int64_t dp = world / (pipeline * tp);
+  const int64_t stage = world / (pipeline * tp);  // a stage's TP groups
+  const std::string stage_text = std::to_string(world) + " GPUs / tensorParallelDegree " + std::to_string(tp) +
+                                 (pipeline > 1 ? " / pipelineParallelDegree " + std::to_string(pipeline) : "");
+  if (stage % context != 0) {
+    fail("spec.parallelism.contextParallelDegree",
+         "must divide a stage's TP groups (" + stage_text + " = " + std::to_string(stage) + "), got " +
+             std::to_string(context));
+    return errors;
+  }
+  const int64_t dp = stage / context;
   const int64_t s = hybrid_shard == 0 ? dp : hybrid_shard;
   if (dp % s != 0) {
     fail("spec.parallelism.hybridShardDegree",
-         "must divide the data-parallel size (" + std::to_string(world) + " GPUs / tensorParallelDegree " +
-             std::to_string(tp) + (pipeline > 1 ? " / pipelineParallelDegree " + std::to_string(pipeline) : "") +
-             " = " + std::to_string(dp) + "), got " + std::to_string(hybrid_shard));
+         "must divide the data-parallel size (" + stage_text +
+             (context > 1 ? " / contextParallelDegree " + std::to_string(context) : "") + " = " + std::to_string(dp) +
+             "), got " + std::to_string(hybrid_shard));
     return errors;
   }
-  const int64_t group_gpus = s * tp;
+  const int64_t group_gpus = s * context * tp;
   if (group_gpus % g != 0 && g % group_gpus != 0) {
     fail("spec.parallelism.hybridShardDegree",
-         "shard groups must tile whole nodes: hybridShardDegree x tensorParallelDegree (" +
+         "shard groups must tile whole nodes: hybridShardDegree x " +
+             std::string(context > 1 ? "contextParallelDegree x " : "") + "tensorParallelDegree (" +
              std::to_string(group_gpus) + ") must divide or be a multiple of spec.gpusPerNode (" +
              std::to_string(g) + "), got " + std::to_string(hybrid_shard));
   }
@@ -73,8 +87,8 @@ FieldErrors ParallelLayout::Check(int64_t nodes, int64_t gpus_per_node, int64_t 
 }
 
 ParallelLayout::ParallelLayout(int64_t nodes, int64_t gpus_per_node, int64_t tp, int64_t hybrid_shard,
-                               int64_t pipeline) {
-  FieldErrors errors = Check(nodes, gpus_per_node, tp, hybrid_shard, pipeline);
+                               int64_t pipeline, int64_t context) {
+  FieldErrors errors = Check(nodes, gpus_per_node, tp, hybrid_shard, pipeline, context);
   if (!errors.empty()) {
     std::string message = "invalid parallel layout:";
     for (const FieldError& e : errors) message.append(" ").append(e.ToString()).append(";");
@@ -84,14 +98,16 @@ ParallelLayout::ParallelLayout(int64_t nodes, int64_t gpus_per_node, int64_t tp,
   gpus_per_node_ = int(gpus_per_node);
   tp_ = int(tp);
   pipeline_ = int(pipeline);
-  const int dp = world() / (tp_ * pipeline_);
-  shard_ = hybrid_shard == 0 ? dp : int(hybrid_shard);
-  replicas_ = dp / shard_;
+  context_ = int(context);
+  const int dp = world() / (tp_ * pipeline_ * context_);
+  shard_ = (hybrid_shard == 0 ? dp : int(hybrid_shard)) * context_;
+  replicas_ = dp * context_ / shard_;
 }
 
 ParallelLayout ParallelLayout::ForSpec(const TrainingJobSpec& spec) {
   return ParallelLayout(spec.nodes, spec.gpus_per_node, spec.parallelism.tensor_parallel_degree,
-                        spec.parallelism.hybrid_shard_degree, spec.parallelism.pipeline_parallel_degree);
+                        spec.parallelism.hybrid_shard_degree, spec.parallelism.pipeline_parallel_degree,
+                        spec.parallelism.context_parallel_degree);
 }
 
 int ParallelLayout::Degree(Axis axis) const {
@@ -100,6 +116,7 @@ int ParallelLayout::Degree(Axis axis) const {
     case Axis::kShard: return shard_;
     case Axis::kReplica: return replicas_;
     case Axis::kPipeline: return pipeline_;
+    case Axis::kContext: return context_;
   }
   return 0;
 }
@@ -128,6 +145,7 @@ std::vector<int> ParallelLayout::GroupOf(Axis axis, int rank) const {
       case Axis::kShard: c.shard = i; break;
       case Axis::kReplica: c.replica = i; break;
       case Axis::kPipeline: c.pipeline = i; break;
+      case Axis::kContext: c.shard = c.shard / context_ * context_ + i; break;
     }
     members.push_back(RankOf(c));
   }
@@ -141,6 +159,11 @@ std::vector<std::vector<int>> ParallelLayout::Groups(Axis axis) const {
     if (group.front() == rank) groups.push_back(std::move(group));  // each group once, at its lowest rank
   }
   return groups;
+}
+
+ContextRows::ContextRows(int64_t seq, int rank, int size) : chunk(seq / (2 * size)) {
+  first[0] = chunk * rank;
+  first[1] = chunk * (2 * size - 1 - rank);
 }
 
 int ParallelLayout::NodesPerShardGroup() const {

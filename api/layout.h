@@ -1,15 +1,23 @@
-// The parallel layout: world = P x R x S x T (docs/design.md, "The parallel layout").
+// The parallel layout: world = P x R x S x C x T (docs/design.md, "The parallel layout").
 //
 //   P = pipelineParallelDegree: stages, each holding consecutive blocks of the model
 //   T = tensorParallelDegree
-//   S = hybridShardDegree, 0 meaning every data-parallel rank of a stage (world / (P * T))
-//   R = world / (P * S * T) replicas
+//   C = contextParallelDegree: ranks that split each sequence (context parallelism)
+//   S = hybridShardDegree, 0 meaning every data-parallel rank of a stage (world / (P * C * T))
+//   R = world / (P * S * C * T) replicas
 //
-// Ranks are numbered TP fastest, then shard, then replica, then stage (outermost, as in
-// torchtitan and Megatron): rank = ((p*R + r)*S + s)*T + t. Node n holds ranks
-// [n*G, (n+1)*G). So a TP group sits inside one node, a shard group covers S*T/G whole
-// neighbouring nodes (or several groups share a node), and a stage R*S*T/G of them: when
-// stages fill whole nodes, only activations and their gradients cross between them.
+// Ranks are numbered TP fastest, then context, then shard, then replica, then stage
+// (outermost; Megatron's tp-cp-dp-pp order): rank = (((p*R + r)*S + s)*C + c)*T + t.
+// Node n holds ranks [n*G, (n+1)*G). So a TP group sits inside one node, a context group
+// next to it, a shard group covers S*C*T/G whole neighbouring nodes (or several groups
+// share a node), and a stage R*S*C*T/G of them: when stages fill whole nodes, only
+// activations and their gradients cross between them.
+//
+// FSDP shards parameters over the S x C ranks of a (stage, replica, TP rank), as
+// torchtitan does: the context ranks hold different tokens of the same sequences, so
+// their gradients are reduced together. shard() is that group's size, S x C, and the
+// layout's shard coordinate is s*C + c; the S x R data-parallel ranks read different
+// sequences.
 //
 // ParallelLayout is an immutable value; safe to share between threads.
 
@@ -24,12 +32,13 @@
 
 namespace meshtrain::api {
 
-enum class Axis { kTensor, kShard, kReplica, kPipeline };
-const char* AxisName(Axis axis);  // "tp", "shard", "replica", "pipeline"
+// kShard: FSDP's group, S x C ranks; kContext: the C ranks that split each sequence.
+enum class Axis { kTensor, kShard, kReplica, kPipeline, kContext };
+const char* AxisName(Axis axis);  // "tp", "shard", "replica", "pipeline", "context"
 
 struct LayoutCoord {
   int replica = 0;
-  int shard = 0;
+  int shard = 0;  // s*C + c: the place in FSDP's group
   int tp = 0;
   int pipeline = 0;  // the stage
   bool operator==(const LayoutCoord&) const = default;
@@ -39,29 +48,34 @@ class ParallelLayout {
  public:
   // The problems with these sizes, with their spec field paths; empty if they form a layout.
   static FieldErrors Check(int64_t nodes, int64_t gpus_per_node, int64_t tensor_parallel_degree,
-                           int64_t hybrid_shard_degree, int64_t pipeline_parallel_degree = 1);
+                           int64_t hybrid_shard_degree, int64_t pipeline_parallel_degree = 1,
+                           int64_t context_parallel_degree = 1);
 
   // Throws std::invalid_argument with Check()'s messages if the sizes do not form a layout.
   ParallelLayout(int64_t nodes, int64_t gpus_per_node, int64_t tensor_parallel_degree,
-                 int64_t hybrid_shard_degree, int64_t pipeline_parallel_degree = 1);
+                 int64_t hybrid_shard_degree, int64_t pipeline_parallel_degree = 1,
+                 int64_t context_parallel_degree = 1);
   static ParallelLayout ForSpec(const TrainingJobSpec& spec);
 
   int world() const { return nodes_ * gpus_per_node_; }
   int nodes() const { return nodes_; }
   int gpus_per_node() const { return gpus_per_node_; }
   int tp() const { return tp_; }
-  int shard() const { return shard_; }
+  int shard() const { return shard_; }  // S x C: the ranks that shard each FSDP unit
+  int context() const { return context_; }
   int replicas() const { return replicas_; }
   int pipeline() const { return pipeline_; }
-  int data_parallel() const { return shard_ * replicas_; }
-  int stage_ranks() const { return world() / pipeline_; }  // R x S x T
+  int data_parallel() const { return shard_ / context_ * replicas_; }  // S x R: ranks reading different sequences
+  int stage_ranks() const { return world() / pipeline_; }  // R x S x C x T
   int Degree(Axis axis) const;
 
   LayoutCoord CoordOf(int rank) const;
   int RankOf(LayoutCoord coord) const;
   // Which slice of each global batch `rank` reads: the ranks of one TP group read the same,
-  // and so do the stages of one pipeline.
-  int DataParallelRankOf(int rank) const { return (rank / tp_) % data_parallel(); }
+  // and so do the stages of one pipeline and the ranks of one context group.
+  int DataParallelRankOf(int rank) const { return (rank / (tp_ * context_)) % data_parallel(); }
+  // Which part of each sequence `rank` holds (0 .. C-1; ContextRows).
+  int ContextRankOf(int rank) const { return (rank / tp_) % context_; }
   int StageOf(int rank) const { return rank / stage_ranks(); }
   int NodeOf(int rank) const { return rank / gpus_per_node_; }
   int LocalRankOf(int rank) const { return rank % gpus_per_node_; }
@@ -83,6 +97,21 @@ class ParallelLayout {
   int shard_;
   int replicas_;
   int pipeline_ = 1;
+  int context_ = 1;
+};
+
+// The rows of a sequence of `seq` tokens that context rank `rank` of `size` holds, in
+// order: of the sequence cut into 2 x size chunks, chunks rank and 2 x size - 1 - rank,
+// so that every rank has the same share of causal attention's work. REQUIRES: 2 x size
+// divides seq. first[j] is the first position of local chunk j (0, 1); each is seq / (2 x
+// size) rows.
+struct ContextRows {
+  int64_t chunk = 0;     // rows of a chunk
+  int64_t first[2] = {};  // the positions its two chunks start at
+  ContextRows(int64_t seq, int rank, int size);
+  int64_t rows() const { return 2 * chunk; }
+  // The position in the sequence of local row i (0 <= i < rows()).
+  int64_t Position(int64_t i) const { return i < chunk ? first[0] + i : first[1] + i - chunk; }
 };
 
 // Tokens all data-parallel ranks process in one micro-step:

@@ -25,6 +25,7 @@ bool IgnoredOnImport(const ModelShape& shape, std::string_view hf_name) {
 bool TensorParallelDivides(const ModelShape& shape, int64_t tp) {
   const ModelShape s = shape.Resolved();
   if (tp < 1) return false;
+  if (s.experts > 0 && tp > 1) return false;  // a mixture of experts' layers run on one TP rank (for now)
   for (const auto& [n, what] : s.Family().TensorParallelSplits(s)) {
     if (n % tp != 0) return false;
   }
@@ -84,7 +85,11 @@ double BlockForwardFlopsPerToken(const ModelShape& shape, int64_t seq, int tp_si
   const ModelShape s = shape.Resolved();
   double weights = 0;
   for (const TensorInfo& t : TensorsOf(s).block) {
-    if (t.shape.size() == 2) weights += double(t.shape[0]) * double(t.shape[1]);
+    if (t.shape.size() != 2) continue;
+    const bool expert = t.kind == Param::kExpertGate || t.kind == Param::kExpertUp || t.kind == Param::kExpertDown;
+    // A token passes through k of the E experts.
+    const double share = expert ? double(s.experts_per_token) / double(s.experts) : 1.0;
+    weights += share * double(t.shape[0]) * double(t.shape[1]);
   }
   return (2 * weights + 4.0 * double(seq) * double(s.QueryWidth())) / tp_size;
 }

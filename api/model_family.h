@@ -53,6 +53,10 @@ enum class Param {
   kAttnNorm, kWq, kWk, kWv, kBq, kBk, kBv, kWo, kMlpNorm, kWGate, kWUp, kWDown,
   // Per-head RMSNorm of q and k (Qwen3)
   kQNorm, kKNorm,
+  // A mixture of experts' MLP (Mixtral, Qwen3-MoE): the router (E,C), and each expert's
+  // gate and up (I,C) in turn, then every expert's down (C,I), so that a block holds the
+  // experts' gate and up as one (E,2I,C) stack and their downs as one (E,C,I)
+  kRouter, kExpertGate, kExpertUp, kExpertDown,
 };
 
 enum class TpSplit { kReplicated, kVocab, kRows, kQkvRows, kColumns };
@@ -96,7 +100,12 @@ struct EngineTypes {
   bool attention_keeps_scores = true;
   int64_t attention_scratch_bytes = 0;  // the attention backward's workspace (the kernel table says)
   int vocab_multiple = 128;             // kVocabMultiple: each TP slice of the vocabulary is padded to it
+  // Context parallelism (api/layout.h): the ranks that split each sequence, whose ring
+  // attention keeps one softmax statistic per row whatever the kernels, and works in
+  // RingAttentionBuffers (its scratch is attention_scratch_bytes).
+  int context = 1;
 };
+
 
 // One buffer of a carving (api/engine_memory.h): its name, elements and element size.
 struct Buffer {
@@ -104,6 +113,16 @@ struct Buffer {
   int64_t elements = 0;
   int element_bytes = 0;
 };
+
+// The buffers ring attention carves out of a block's attention scratch for micro-batches
+// of batch x seq rows a rank (seq: this rank's rows), in order: the forward's ("kv" and
+// "kv_next": the circulating key/value blocks, (batch,seq,2 KV) Act each; "out" and
+// "block_out": the merged output and one block's, (batch,seq,Q) Acc; "block_lse":
+// (batch,NH,seq) Acc) or the backward's ("kv", "kv_next"; "dkv" and "dkv_next": their
+// gradients, (batch,seq,2 KV) Acc each; "dq" (batch,seq,Q) Acc; "D" (batch,NH,seq) Acc;
+// "cast": (batch,seq,max(Q, 2 KV)) Act). Q, KV and NH are this TP rank's.
+std::vector<Buffer> RingAttentionBuffers(int batch, int seq, const ModelShape& shape, int tp_size,
+                                         const EngineTypes& types, bool backward);
 
 // What one block's forward keeps for its backward, in carving order, for micro-batches
 // of up to batch x seq on a TP slice of `tp_size`; "output" (the block's output, the next
@@ -197,6 +216,9 @@ class ModelFamily {
   virtual void SpecOf(const ModelShape& s, ModelSpec* m) const = 0;
   // DescribeShape's text after "family: ".
   virtual std::string Describe(const ModelShape& s) const = 0;
+  // Whether its MLP is a mixture of experts (ModelShape::experts and the fields after it);
+  // a family without takes none of spec.model's expert fields.
+  virtual bool HasExperts() const { return false; }
   // Whether max_positions sizes a weight (GPT-2's position table); else two shapes that
   // differ only in it have the same weights.
   virtual bool LearnsPositions() const = 0;
@@ -244,7 +266,8 @@ class ModelFamily {
 };
 
 // Whether `tp` divides every size that tensor parallelism splits in equal slices
-// (ModelFamily::TensorParallelSplits: heads, key/value heads, the MLP's width).
+// (ModelFamily::TensorParallelSplits: heads, key/value heads, the MLP's width); false
+// for tp > 1 on a mixture of experts, whose layers are built for one TP rank only.
 bool TensorParallelDivides(const ModelShape& shape, int64_t tp);
 
 // The family called `name` (spec.model.family), or of config.json's `architecture`; null

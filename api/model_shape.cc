@@ -28,7 +28,10 @@ bool ModelShape::operator==(const ModelShape& other) const {
   return a.layers == b.layers && a.heads == b.heads && a.hidden == b.hidden && a.vocab_size == b.vocab_size &&
          a.seq_len == b.seq_len && a.family == b.family && a.kv_heads == b.kv_heads && a.head_dim == b.head_dim &&
          a.intermediate == b.intermediate && a.max_positions == b.max_positions && a.norm_eps == b.norm_eps &&
-         a.rope_theta == b.rope_theta && a.rope_scaling == b.rope_scaling && a.tied == b.tied;
+         a.rope_theta == b.rope_theta && a.rope_scaling == b.rope_scaling && a.tied == b.tied &&
+         a.experts == b.experts && a.experts_per_token == b.experts_per_token &&
+         a.moe_intermediate == b.moe_intermediate && a.norm_topk_prob == b.norm_topk_prob &&
+         a.decoder_sparse_step == b.decoder_sparse_step && a.mlp_only_layers == b.mlp_only_layers;
 }
 
 bool ModelShape::SameWeights(const ModelShape& other) const {
@@ -54,8 +57,13 @@ int64_t ModelShape::ParameterCount() const {
 
 double ModelShape::TrainingFlopsPerToken(int64_t seq) const {
   // Every parameter multiplies but an untied embedding, a lookup (its head does multiply).
-  const double n = double(ParameterCount()) - (tied ? 0.0 : double(vocab_size) * double(hidden));
-  return 6 * n + 12.0 * double(layers) * double(seq) * double(Resolved().QueryWidth());
+  double n = double(ParameterCount()) - (tied ? 0.0 : double(vocab_size) * double(hidden));
+  // A token multiplies by k of a mixture's E experts (gate, up and down, each I x C).
+  const ModelShape r = Resolved();
+  if (r.experts > 0) {
+    n -= double(r.layers) * double(r.experts - r.experts_per_token) * 3 * double(r.moe_intermediate) * double(r.hidden);
+  }
+  return 6 * n + 12.0 * double(layers) * double(seq) * double(r.QueryWidth());
 }
 
 const ModelShape* FindPreset(std::string_view name) {
@@ -101,6 +109,12 @@ ModelShape ShapeOf(const ModelSpec& model) {
     s.rope_scaling.original_max_positions = r.original_max_positions.value_or(8192);
   }
   s.tied = model.tie_embeddings.value_or(true);
+  s.experts = model.experts.value_or(0);
+  s.experts_per_token = model.experts_per_token.value_or(0);
+  s.moe_intermediate = model.moe_intermediate_size.value_or(0);
+  s.norm_topk_prob = model.norm_topk_prob.value_or(true);
+  s.decoder_sparse_step = model.decoder_sparse_step.value_or(1);
+  s.mlp_only_layers = model.mlp_only_layers;
   return s.Resolved();
 }
 

@@ -47,6 +47,17 @@ struct ModelShape {
   double rope_theta = 10000;  // RoPE's (GPT-2 has none)
   RopeScaling rope_scaling{};  // RoPE's (GPT-2 has none)
   bool tied = true;           // the LM head is the token embedding (GPT-2: always)
+  // A mixture of experts' MLP (Mixtral, Qwen3-MoE; 0 experts: a dense MLP): `experts`
+  // experts of `moe_intermediate` hidden units (Mixtral's are `intermediate` wide), each
+  // token routed to `experts_per_token` of them, their weights renormalised to sum to 1
+  // where norm_topk_prob (Mixtral always). Qwen3-MoE's decoder_sparse_step and
+  // mlp_only_layers say which blocks are sparse; only every block (1 and none) is built.
+  int64_t experts = 0;
+  int64_t experts_per_token = 0;
+  int64_t moe_intermediate = 0;
+  bool norm_topk_prob = true;
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers{};
 
   // The description of `family`. Throws std::logic_error for a family there is none of
   // (validation names it to users first).

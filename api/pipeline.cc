@@ -69,6 +69,9 @@ std::string ToString(const PipeAction& a) {
     case PipeOp::kSendActivation: name = "SEND_F"; break;
     case PipeOp::kRecvGradient: name = "RECV_B"; break;
     case PipeOp::kSendGradient: name = "SEND_B"; break;
+    case PipeOp::kUnshardForward: name = "UNSHARD_F"; break;
+    case PipeOp::kUnshardBackward: name = "UNSHARD_B"; break;
+    case PipeOp::kReshard: name = "RESHARD"; break;
   }
   return name + std::to_string(a.micro) + "." + std::to_string(a.chunk);
 }
@@ -116,14 +119,21 @@ std::vector<PipeAction> StageActions(const Pipeline& pipeline, int stage, int mi
   return actions;
 }
 
-std::vector<PipeAction> WithTransfers(const Pipeline& pipeline, const std::vector<PipeAction>& compute) {
+std::vector<PipeAction> WithTransfers(const Pipeline& pipeline, const std::vector<PipeAction>& compute,
+                                      bool training) {
   const int C = pipeline.chunks();
   std::vector<PipeAction> program;
-  for (const PipeAction& a : compute) {
+  for (size_t i = 0; i < compute.size(); ++i) {
+    const PipeAction& a = compute[i];
     const bool forward = a.op == PipeOp::kForward;
+    const bool kept = !forward && i > 0 && compute[i - 1] == PipeAction{PipeOp::kForward, a.micro, a.chunk};
+    const bool backward_next = forward && i + 1 < compute.size() &&
+                               compute[i + 1] == PipeAction{PipeOp::kBackward, a.micro, a.chunk};
+    if (!kept) program.push_back({forward ? PipeOp::kUnshardForward : PipeOp::kUnshardBackward, a.micro, a.chunk});
     if (forward && a.chunk > 0) program.push_back({PipeOp::kRecvActivation, a.micro, a.chunk});
     if (!forward && a.chunk + 1 < C) program.push_back({PipeOp::kRecvGradient, a.micro, a.chunk});
     program.push_back(a);
+    if (training && forward && !backward_next) program.push_back({PipeOp::kReshard, a.micro, a.chunk});
     if (forward && a.chunk + 1 < C) program.push_back({PipeOp::kSendActivation, a.micro, a.chunk});
     if (!forward && a.chunk > 0) program.push_back({PipeOp::kSendGradient, a.micro, a.chunk});
   }
@@ -133,13 +143,13 @@ std::vector<PipeAction> WithTransfers(const Pipeline& pipeline, const std::vecto
 std::vector<PipeAction> StageProgram(const Pipeline& pipeline, int stage, int micro_batches) {
   Pipeline schedule = pipeline;
   if (pipeline.stages == 1) schedule.schedule = PipelineSchedule::kOneFOneB;  // with no fill: F0 B0 F1 B1 ...
-  return WithTransfers(pipeline, StageActions(schedule, stage, micro_batches));
+  return WithTransfers(pipeline, StageActions(schedule, stage, micro_batches), /*training=*/true);
 }
 
 std::vector<PipeAction> ForwardProgram(const Pipeline& pipeline, int stage) {
   std::vector<PipeAction> forwards;
   for (int c : ChunksOf(pipeline, stage)) forwards.push_back({PipeOp::kForward, 0, c});
-  return WithTransfers(pipeline, forwards);
+  return WithTransfers(pipeline, forwards, /*training=*/false);
 }
 
 std::vector<int> LanesOf(const Pipeline& pipeline, int stage, int micro_batches) {
@@ -161,7 +171,7 @@ PipelineTimeline SimulateSchedule(const Pipeline& pipeline, int micro_batches, d
   // A link: (sender stage, receiver stage, direction); a message: the chunk that sends it.
   std::map<std::tuple<int, int, PipeOp>, std::vector<PipeAction>> sent, wanted;
   for (int p = 0; p < P; ++p) {
-    for (const PipeAction& a : WithTransfers(pipeline, actions[size_t(p)])) {
+    for (const PipeAction& a : WithTransfers(pipeline, actions[size_t(p)], /*training=*/true)) {
       const int m = a.micro, c = a.chunk;
       switch (a.op) {
         case PipeOp::kSendActivation: sent[{p, (c + 1) % P, PipeOp::kForward}].push_back({PipeOp::kForward, m, c}); break;
@@ -173,7 +183,10 @@ PipelineTimeline SimulateSchedule(const Pipeline& pipeline, int micro_batches, d
           wanted[{(c + 1) % P, p, PipeOp::kBackward}].push_back({PipeOp::kBackward, m, c + 1});
           break;
         case PipeOp::kForward:
-        case PipeOp::kBackward: break;
+        case PipeOp::kBackward:
+        case PipeOp::kUnshardForward:
+        case PipeOp::kUnshardBackward:
+        case PipeOp::kReshard: break;
       }
     }
   }

@@ -55,22 +55,40 @@ std::vector<int> SplitBlocks(const ModelShape& shape, int64_t seq, int chunks);
 // The chunks stage `stage` runs, in order: stage, stage + P, ...
 std::vector<int> ChunksOf(const Pipeline& pipeline, int stage);
 
-// A stage's work on micro-batch `micro` in chunk `chunk`: its forward or backward, or a
+// A stage's work on micro-batch `micro` in chunk `chunk`: its forward or backward, a
 // transfer between neighbouring stages (torch.distributed.pipelining's SEND_F, RECV_F,
-// SEND_B, RECV_B):
+// SEND_B, RECV_B), or FSDP's gather and release at the chunk's edges (its UNSHARD and
+// RESHARD):
 //   kRecvActivation  chunk's input (chunk - 1's output), from chunk - 1's stage;
 //   kSendActivation  chunk's output, to chunk + 1's stage;
 //   kRecvGradient    the gradient of chunk's output, from chunk + 1's stage;
-//   kSendGradient    the gradient of chunk's input, to chunk - 1's stage.
-enum class PipeOp { kForward, kBackward, kRecvActivation, kSendActivation, kRecvGradient, kSendGradient };
+//   kSendGradient    the gradient of chunk's input, to chunk - 1's stage;
+//   kUnshardForward  gathers the block the chunk's forward of `micro` starts with (its
+//                    first); the forward gathers the others as it goes, a block ahead;
+//   kUnshardBackward gathers the block its backward starts with (its last), where it is
+//                    not still gathered: a training forward keeps its last block;
+//   kReshard         releases the block the chunk's training forward of `micro` kept,
+//                    when its backward does not come next.
+enum class PipeOp {
+  kForward,
+  kBackward,
+  kRecvActivation,
+  kSendActivation,
+  kRecvGradient,
+  kSendGradient,
+  kUnshardForward,
+  kUnshardBackward,
+  kReshard
+};
 struct PipeAction {
   PipeOp op = PipeOp::kForward;
   int micro = 0;  // the micro-batch, 0 .. M-1
   int chunk = 0;  // global, 0 .. C-1
   bool operator==(const PipeAction&) const = default;
 };
-// "F3.1" (the forward of micro-batch 3 through chunk 1), "B0.0", and for transfers
-// "RECV_F3.1", "SEND_F3.1", "RECV_B3.1", "SEND_B3.1".
+// "F3.1" (the forward of micro-batch 3 through chunk 1), "B0.0", for transfers
+// "RECV_F3.1", "SEND_F3.1", "RECV_B3.1", "SEND_B3.1", and "UNSHARD_F3.1", "UNSHARD_B3.1",
+// "RESHARD3.1".
 std::string ToString(const PipeAction& action);
 
 // Stage `stage`'s training work for a step of `micro_batches`, in order: a forward and a
@@ -78,11 +96,16 @@ std::string ToString(const PipeAction& action);
 // and a multiple of P for Interleaved1F1B.
 std::vector<PipeAction> StageActions(const Pipeline& pipeline, int stage, int micro_batches);
 
-// `compute` (forwards and backwards of a C-chunk pipeline) with the transfers they need:
-// each receive right before the compute that reads it, each send right after the compute
-// that produces it. Chunk 0 receives no activation and sends no gradient; chunk C - 1
-// sends no activation and receives no gradient.
-std::vector<PipeAction> WithTransfers(const Pipeline& pipeline, const std::vector<PipeAction>& compute);
+// `compute` (forwards and backwards of a C-chunk pipeline) with the transfers and the
+// gathers and releases they need: each receive right before the compute that reads it,
+// each send right after the compute that produces it. Chunk 0 receives no activation and
+// sends no gradient; chunk C - 1 sends no activation and receives no gradient. Each
+// compute's first block is gathered before all of that (so that the gather overlaps the
+// wait for a neighbour), but a backward's that directly follows its forward (kept); with
+// `training`, a forward's kept block is released right after it unless its backward
+// follows.
+std::vector<PipeAction> WithTransfers(const Pipeline& pipeline, const std::vector<PipeAction>& compute,
+                                      bool training);
 
 // What stage `stage` runs for a training step of `micro_batches`: StageActions with their
 // transfers. With one stage, whatever the schedule, each micro-batch's forward and then

@@ -72,7 +72,7 @@ struct RopeScalingSpec {
 // they may only restate GPT-2's own values.
 struct ModelSpec {
   std::string preset;
-  std::string family;  // gpt2 | llama | mistral | qwen2; default: the preset's, else gpt2
+  std::string family;  // gpt2 | llama | mistral | qwen2 | qwen3 | mixtral | qwen3-moe; default: the preset's, else gpt2
   std::optional<int64_t> layers;
   std::optional<int64_t> heads;
   std::optional<int64_t> hidden;
@@ -86,6 +86,15 @@ struct ModelSpec {
   std::optional<double> rope_theta;
   std::optional<RopeScalingSpec> rope_scaling;
   std::optional<bool> tie_embeddings;
+  // A mixture of experts (the families mixtral and qwen3-moe; api/model_shape.h): config.json's
+  // num_local_experts or num_experts, num_experts_per_tok, moe_intermediate_size,
+  // norm_topk_prob, decoder_sparse_step and mlp_only_layers.
+  std::optional<int64_t> experts;
+  std::optional<int64_t> experts_per_token;
+  std::optional<int64_t> moe_intermediate_size;
+  std::optional<bool> norm_topk_prob;
+  std::optional<int64_t> decoder_sparse_step;
+  std::vector<int64_t> mlp_only_layers;
   // The probability of dropping an element of each block's attention output and of the
   // attention and MLP outputs added to the residual stream, in training; masks are keyed
   // by spec.parallelism.tensorParallelSeed.
@@ -145,6 +154,11 @@ struct ParallelismSpec {
   int64_t pipeline_parallel_degree = 1;
   std::string pipeline_schedule = "1F1B";
   int64_t pipeline_virtual_stages = 1;
+  // Ranks that split each sequence (C; api/layout.h), and how attention crosses them:
+  // Ring (key/value blocks circulate) or AllToAll (Ulysses: sequence-split q, k, v become
+  // head-split for attention, and back).
+  int64_t context_parallel_degree = 1;
+  std::string context_parallel_mode = "Ring";
   bool operator==(const ParallelismSpec&) const = default;
 };
 

@@ -121,6 +121,18 @@ void CheckModel(const ModelSpec& m, FieldChecker& c) {
   if (std::isfinite(m.dropout) && m.dropout >= 1) {
     c.Fail("spec.model.dropout", "must be below 1 (the probability of dropping an element), got " + FieldChecker::Show(m.dropout));
   }
+  if (!family->HasExperts()) {  // the mixture-of-experts fields belong to the families that have experts
+    for (const auto& [name, set] : {std::pair{"experts", m.experts.has_value()},
+                                    std::pair{"expertsPerToken", m.experts_per_token.has_value()},
+                                    std::pair{"moeIntermediateSize", m.moe_intermediate_size.has_value()},
+                                    std::pair{"normTopkProb", m.norm_topk_prob.has_value()},
+                                    std::pair{"decoderSparseStep", m.decoder_sparse_step.has_value()},
+                                    std::pair{"mlpOnlyLayers", !m.mlp_only_layers.empty()}}) {
+      if (!set) continue;
+      c.Fail(std::string("spec.model.") + name,
+             "only a mixture of experts takes it (" + std::string(family->name()) + " has none)");
+    }
+  }
   family->Check(m, c);
   // GPT-2's position table has maxPositions rows; RoPE reaches as far as the model was trained.
   if (m.max_positions && c.Range("spec.model.maxPositions", *m.max_positions, 1, int64_t(1) << 24) && m.seq_len &&
@@ -160,12 +172,37 @@ void CheckTraining(const TrainingSpec& t, FieldChecker& c) {
   c.Range("spec.training.evalBatches", t.eval_batches, 1, 1 << 20);
 }
 
+// Context parallelism against the model and the rest of the spec: each rank holds two
+// chunks of every sequence, and Ulysses splits this TP rank's heads C ways.
+void CheckContext(const TrainingJobSpec& spec, FieldChecker& c) {
+  const ParallelismSpec& p = spec.parallelism;
+  const int64_t C = p.context_parallel_degree, tp = p.tensor_parallel_degree;
+  if (C <= 1 || tp < 1) return;
+  const ModelSpec& m = spec.model;
+  const std::string degree = std::to_string(C);
+  if (m.seq_len && *m.seq_len % (2 * C) != 0) {
+    c.Fail("spec.model.seqLen", "must be a multiple of 2 x spec.parallelism.contextParallelDegree (" +
+                                    std::to_string(2 * C) + ": each rank holds two chunks of every sequence), got " +
+                                    std::to_string(*m.seq_len));
+  }
+  if (p.context_parallel_mode == "AllToAll") {
+    c.Fail("spec.parallelism.contextParallelMode",
+           "AllToAll (Ulysses) is not built yet; Ring is, with the same results, got AllToAll");
+  }
+  if (spec.model.dropout > 0) {
+    c.Fail("spec.parallelism.contextParallelDegree",
+           "must be 1 with spec.model.dropout (" + std::to_string(spec.model.dropout) +
+               "): dropout's masks are not split by sequence chunk, got " + degree);
+  }
+}
+
 // Checks that need the sizes of several blocks at once: the mesh, TP against the
 // model, and the batch against the data-parallel size.
 void CheckLayout(const TrainingJobSpec& spec, FieldChecker& c) {
   const ParallelismSpec& p = spec.parallelism;
   FieldErrors layout = ParallelLayout::Check(spec.nodes, spec.gpus_per_node, p.tensor_parallel_degree,
-                                             p.hybrid_shard_degree, p.pipeline_parallel_degree);
+                                             p.hybrid_shard_degree, p.pipeline_parallel_degree,
+                                             p.context_parallel_degree);
   const bool layout_ok = layout.empty();
   for (FieldError& e : layout) c.errors.push_back(std::move(e));
 
@@ -187,6 +224,13 @@ void CheckLayout(const TrainingJobSpec& spec, FieldChecker& c) {
     c.Fail("spec.parallelism.tensorParallelDegree", "must divide the MLP width (4 x spec.model.hidden = " +
                                                         std::to_string(4 * *m.hidden) + "), got " + std::to_string(tp));
   }
+  // The experts' layers are built on one TP rank only (issue 54: expert parallelism and TP).
+  if (tp > 1 && m.experts) {
+    c.Fail("spec.parallelism.tensorParallelDegree",
+           "must be 1 for a mixture of experts (spec.model.experts = " + std::to_string(*m.experts) +
+               "): tensor parallelism is not built for its layers yet, got " + std::to_string(tp));
+  }
+  CheckContext(spec, c);
   // Each rank of a stage holds whole blocks: P x V chunks of at least one block each.
   const int64_t chunks = p.pipeline_parallel_degree * std::max<int64_t>(1, p.pipeline_virtual_stages);
   if (p.pipeline_parallel_degree > 1 && m.layers && *m.layers >= 1 && chunks > *m.layers) {
@@ -228,6 +272,7 @@ void CheckParallelism(const ParallelismSpec& p, FieldChecker& c) {
   c.Range("spec.parallelism.tensorParallelSeed", p.tensor_parallel_seed, 0, FieldChecker::kNoMax);
   c.Range("spec.parallelism.activationLoadingHorizon", p.activation_loading_horizon, 1, 1024);
   c.OneOf("spec.parallelism.pipelineSchedule", p.pipeline_schedule, {"GPipe", "1F1B", "Interleaved1F1B"});
+  c.OneOf("spec.parallelism.contextParallelMode", p.context_parallel_mode, {"Ring", "AllToAll"});
   if (c.Range("spec.parallelism.pipelineVirtualStages", p.pipeline_virtual_stages, 1, 64)) {
     if (p.pipeline_schedule == "Interleaved1F1B" && p.pipeline_virtual_stages < 2) {
       c.Fail("spec.parallelism.pipelineVirtualStages",

@@ -291,8 +291,9 @@ Command BenchTrain(CLI::App& bench, const std::vector<std::string>& self) {
                 "replicated: also run the ranks replicated; activations: keep all, checkpointing and "
                 "offload side by side; data-parallel: the ranks without TP; hybrid: shard groups of one "
                 "node's ranks against one of all ranks; order: the scheduler's node order against name order "
-                "on a racked testbed; with ratios")
-      ->check(CLI::IsMember({"replicated", "activations", "data-parallel", "hybrid", "order"}));
+                "on a racked testbed; context: the ranks splitting each sequence (ring attention) against the same "
+                "ranks holding a whole sequence each; with ratios")
+      ->check(CLI::IsMember({"replicated", "activations", "data-parallel", "hybrid", "order", "context"}));
   auto* racks = c->add_option("--racks", o->racks,
                               "With --compare order: racks of the testbed (scripts/netbed.sh up NAME NODES RATE RACKS UPLINK)")
                     ->check(CLI::Range(1, 64))

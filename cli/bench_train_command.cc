@@ -176,6 +176,12 @@ int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, co
       out << "\n";
     }
     configs = {aware, blind};
+  } else if (o.compare == "context") {  // one sequence over every TP group, against one sequence each
+    const int groups = o.ranks / tp;
+    RanksConfig split{"context " + std::to_string(groups), tp, 1, asked};
+    split.context = groups;
+    split.global_batch_tokens = int64_t(o.batch) * o.seq;
+    configs = {split, {"a sequence a rank", tp, groups, asked}};
   } else if (o.compare == "data-parallel") {  // the same ranks without TP, sharded alike
     configs = {{"tp", tp, shard, asked}, {"data-parallel", 1, o.shard == 0 ? o.ranks : shard, asked}};
   } else {
@@ -216,10 +222,12 @@ int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, co
     return kExitInvalid;
   }
   for (size_t i = 0; i < configs.size(); ++i) PrintRanks(configs[i], o.ranks, results[i], out);
-  // Sharding and TP save state against their peer; the activation modes save activations.
-  const bool state = o.compare != "activations";
+  // Sharding and TP save state against their peer; the activation modes and context
+  // parallelism save activations.
+  const bool state = o.compare != "activations" && o.compare != "context";
   for (size_t i = 1; i < configs.size(); ++i) {
     if (state) PrintRatios(configs[0], results[0], configs[i], results[i], true, out);
+    else if (o.compare == "context") PrintRatios(configs[0], results[0], configs[i], results[i], false, out);
     else PrintRatios(configs[i], results[i], configs[0], results[0], false, out);
   }
   return kExitOk;

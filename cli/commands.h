@@ -159,7 +159,9 @@ struct BenchTrainOptions {
   // "replicated": the same ranks with shard groups of one as well; "activations": every
   // block's activations kept, checkpointing, and offload (horizon --offload, or 2);
   // "data-parallel": the same ranks without TP, at the same global batch; "order": the
-  // scheduler's topology-aware node order against name order on a racked testbed
+  // scheduler's topology-aware node order against name order on a racked testbed;
+  // "context": the ranks splitting each sequence (contextParallelDegree = ranks) against
+  // the same ranks holding a whole sequence each
   std::string compare;
 };
 

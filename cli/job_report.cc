@@ -110,8 +110,12 @@ void PrintLayout(const api::CheckedJob& job, bool groups, std::ostream& out) {
       << " GPU(s) = " << mesh.world() << " rank(s)\n"
       << "  model: " << api::DescribeShape(shape) << " (" << shape.ParameterCount() << " parameters)\n"
       << "  mesh: " << (mesh.pipeline() > 1 ? std::to_string(mesh.pipeline()) + " stage(s) x " : "")
-      << mesh.replicas() << " replica(s) x " << mesh.shard() << " shard x " << mesh.tp()
-      << " tp; data-parallel size " << mesh.data_parallel() << "; a shard group spans "
+      << mesh.replicas() << " replica(s) x " << mesh.shard() << " shard"
+      << (mesh.context() > 1 ? " (" + std::to_string(mesh.shard() / mesh.context()) + " x context " +
+                                   std::to_string(mesh.context()) + ", " + spec.parallelism.context_parallel_mode +
+                                   " attention)"
+                             : "")
+      << " x " << mesh.tp() << " tp; data-parallel size " << mesh.data_parallel() << "; a shard group spans "
       << mesh.NodesPerShardGroup() << " node(s)\n";
   out << "  batch: " << spec.training.global_batch_tokens << " tokens per step = " << api::TokensPerMicroStep(spec)
       << " per micro-step x " << api::AccumulationSteps(spec) << " accumulation step(s)\n";
@@ -127,8 +131,10 @@ void PrintLayout(const api::CheckedJob& job, bool groups, std::ostream& out) {
     for (int r = n * mesh.gpus_per_node(); r < (n + 1) * mesh.gpus_per_node(); ++r) ranks.push_back(r);
     out << "    node " << n << ": ranks " << api::FormatRanks(ranks) << "\n";
   }
-  for (api::Axis axis : {api::Axis::kTensor, api::Axis::kShard, api::Axis::kReplica, api::Axis::kPipeline}) {
+  for (api::Axis axis :
+       {api::Axis::kTensor, api::Axis::kContext, api::Axis::kShard, api::Axis::kReplica, api::Axis::kPipeline}) {
     if (axis == api::Axis::kPipeline && mesh.pipeline() == 1) continue;
+    if (axis == api::Axis::kContext && mesh.context() == 1) continue;
     const auto all = mesh.Groups(axis);
     out << "  " << api::AxisName(axis) << " groups (" << all.size() << " of " << mesh.Degree(axis) << "):\n";
     for (const auto& group : all) {

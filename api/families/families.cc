@@ -1,9 +1,12 @@
 #include "api/families/families.h"
 
+#include <algorithm>
+
 namespace meshtrain::api {
 
 const std::vector<const ModelFamily*>& Families() {
-  static const std::vector<const ModelFamily*> families = {&Gpt2(), &Llama(), &Mistral(), &Qwen2(), &Qwen3()};
+  static const std::vector<const ModelFamily*> families = {&Gpt2(),  &Llama(),   &Mistral(), &Qwen2(),
+                                                           &Qwen3(), &Mixtral(), &Qwen3Moe()};
   return families;
 }
 
@@ -53,7 +56,21 @@ std::string DescribeWindow(const ModelShape& s) {
 
 int64_t AttentionStateElements(int batch, int seq, const ModelShape& s, int tp_size, const EngineTypes& t) {
   const int64_t rows = int64_t(batch) * (s.heads / tp_size) * seq;
-  return t.attention_keeps_scores ? rows * seq : rows;
+  return t.attention_keeps_scores && t.context == 1 ? rows * seq : rows;
+}
+
+std::vector<Buffer> RingAttentionBuffers(int batch, int seq, const ModelShape& s, int tp_size, const EngineTypes& t,
+                                         bool backward) {
+  const int64_t N = int64_t(batch) * seq, Q = s.QueryWidth() / tp_size, KV = s.KvWidth() / tp_size;
+  const int64_t stats = int64_t(batch) * (s.heads / tp_size) * seq;
+  const int A = t.act_bytes, G = t.acc_bytes;
+  if (!backward) {
+    return {{"kv", N * 2 * KV, A}, {"kv_next", N * 2 * KV, A}, {"out", N * Q, G}, {"block_out", N * Q, G},
+            {"block_lse", stats, G}};
+  }
+  return {{"kv", N * 2 * KV, A},      {"kv_next", N * 2 * KV, A}, {"dkv", N * 2 * KV, G},
+          {"dkv_next", N * 2 * KV, G}, {"dq", N * Q, G},           {"D", stats, G},
+          {"cast", N * std::max(Q, 2 * KV), A}};
 }
 
 std::vector<Buffer> ScratchAround(int batch, int seq, const ModelShape& s, int tp_size, const EngineTypes& t,

@@ -16,12 +16,15 @@ const ModelFamily& Llama();
 const ModelFamily& Mistral();
 const ModelFamily& Qwen2();
 const ModelFamily& Qwen3();
+const ModelFamily& Mixtral();
+const ModelFamily& Qwen3Moe();
 
 // "vocabSize V, seqLen T" and " of P" where the window is not max_positions.
 std::string DescribeWindow(const ModelShape& s);
 
 // Elements of what attention keeps for its backward: the (B,NH,T,T) probabilities of a
-// block on the CPU, one statistic per row, (B,NH,T), for fused (flash) attention.
+// block on the CPU, one statistic per row, (B,NH,T), for fused (flash) attention and for
+// ring attention across a context group (EngineTypes::context > 1).
 int64_t AttentionStateElements(int batch, int seq, const ModelShape& s, int tp_size, const EngineTypes& t);
 
 // A block's backward working set around the family's MLP gradients `mlp`: "dresidual"

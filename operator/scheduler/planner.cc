@@ -260,7 +260,7 @@ api::LayoutStatus LayoutStatusOf(const Candidate& chosen, const DeviceModel& dev
 LayoutChoice ChoiceOf(const api::TrainingJobSpec& spec) {
   const api::ParallelLayout layout = api::ParallelLayout::ForSpec(spec);
   const api::ParallelismSpec& p = spec.parallelism;
-  return {int(layout.tp()), int(layout.shard()), int(spec.training.micro_batch_size),
+  return {int(layout.tp()), int(layout.shard() / layout.context()), int(spec.training.micro_batch_size),
           {p.activation_checkpointing, p.activation_offloading, int(p.activation_loading_horizon)},
           api::Pipeline::Of(p)};
 }

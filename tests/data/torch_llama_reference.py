@@ -1,12 +1,19 @@
 #!/usr/bin/python3
-"""An independent implementation of the Llama class (Llama, Mistral, Qwen2, Qwen3) in PyTorch,
-float64, for meshtrain's parity test (tests/integration/torch_parity_test.cc). It follows
-transformers' modeling code: RMSNorm, rotate-half RoPE with rope_scaling (linear, llama3),
-grouped-query attention by repeating k and v (repeat_kv), SwiGLU, a tied or untied head,
-Qwen2's biases on q, k and v, Qwen3's RMSNorm of each head of q and k before RoPE
-(q_norm, k_norm). Nothing here comes from meshtrain but the file formats.
+"""An independent implementation of the Llama class (Llama, Mistral, Qwen2, Qwen3, and the
+mixtures of experts Mixtral and Qwen3-MoE) in PyTorch, float64, for meshtrain's parity test
+(tests/integration/torch_parity_test.cc). It follows transformers' modeling code: RMSNorm,
+rotate-half RoPE with rope_scaling (linear, llama3), grouped-query attention by repeating k
+and v (repeat_kv), SwiGLU, a tied or untied head, Qwen2's biases on q, k and v, Qwen3's
+RMSNorm of each head of q and k before RoPE (q_norm, k_norm); and the sparse MLP of
+MixtralSparseMoeBlock and Qwen3MoeSparseMoeBlock: router logits, a softmax over all experts,
+the top k, their weights renormalised (Mixtral always, Qwen3-MoE where norm_topk_prob), the
+weighted sum of the chosen experts' SwiGLU MLPs. The sparse MLP has two forms, which `train`
+holds to each other before it trains: a dense one (every expert on every token, weighted by
+the routing weights scattered over all experts, 0 where not chosen) and transformers'
+dispatch (each expert on the tokens that chose it, added back with index_add_). Nothing here
+comes from meshtrain but the file formats.
 
-  init DIR --family llama|qwen2|qwen3 [--tied 0|1] [--dtype f32|bf16] [--shards N] [--seed S]
+  init DIR --family llama|qwen2|qwen3|mixtral|qwen3_moe [--tied 0|1] [--dtype f32|bf16] [--shards N] [--seed S]
       writes a small model as a Hugging Face directory: config.json, and model.safetensors
       or N shards with model.safetensors.index.json, random weights.
   train DIR BATCHES OUT [--exported EXPORT_DIR]
@@ -15,7 +22,9 @@ Qwen2's biases on q, k and v, Qwen3's RMSNorm of each head of q and k before RoP
       matrix, the embedding and the head), global-norm clipping and gradient accumulation,
       in float64; writes OUT (JSON): every step's loss and gradient norm, and, given the
       directory meshtrain exported, for each tensor and in all the distance of meshtrain's
-      weights from ours over the distance training moved ours.
+      weights from ours over the distance training moved ours. For a mixture of experts,
+      also "moe_forms": the largest difference between the dense and the dispatch forms'
+      loss and gradients on the first micro-batch (training uses the dispatch form).
 """
 import argparse
 import json
@@ -90,8 +99,20 @@ class Config:
         self.theta = c.get("rope_theta", 10000.0)
         self.scaling = c.get("rope_scaling")
         self.tied = c.get("tie_word_embeddings", False)
-        self.bias = c["architectures"][0] == "Qwen2ForCausalLM"
-        self.head_norms = c["architectures"][0] == "Qwen3ForCausalLM"
+        architecture = c["architectures"][0]
+        self.bias = architecture == "Qwen2ForCausalLM"
+        self.head_norms = architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+        self.moe = architecture in ("MixtralForCausalLM", "Qwen3MoeForCausalLM")
+        self.moe_form = "dispatch"
+        if architecture == "MixtralForCausalLM":
+            self.experts, self.renormalize = c["num_local_experts"], True
+            self.sparse, self.expert_names = "block_sparse_moe.", ("w1", "w3", "w2")
+        elif architecture == "Qwen3MoeForCausalLM":
+            self.experts, self.renormalize = c["num_experts"], c.get("norm_topk_prob", False)
+            self.sparse, self.expert_names = "mlp.", ("gate_proj", "up_proj", "down_proj")
+            assert c.get("decoder_sparse_step", 1) == 1 and not c.get("mlp_only_layers"), "every block sparse"
+        if self.moe:
+            self.top_k = c["num_experts_per_tok"]
 
 
 def inverse_frequencies(cfg):
@@ -125,6 +146,36 @@ def rms_norm(x, w, eps):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
+def sparse_mlp(cfg, p, a, h):
+    """MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock on h (B, T, C), in cfg.moe_form."""
+    B, T, C = h.shape
+    x = h.reshape(-1, C)
+    m = a + cfg.sparse
+    logits = x @ p[m + "gate.weight"].T
+    probs = torch.softmax(logits, dim=1, dtype=torch.float64)
+    weights, chosen = torch.topk(probs, cfg.top_k, dim=-1)
+    if cfg.renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    gate, up, down = cfg.expert_names
+
+    def expert(e, rows):
+        w = m + f"experts.{e}."
+        return (torch.nn.functional.silu(rows @ p[w + gate + ".weight"].T) * (rows @ p[w + up + ".weight"].T)) @ \
+            p[w + down + ".weight"].T
+
+    if cfg.moe_form == "dense":
+        dense = torch.zeros(x.shape[0], cfg.experts).scatter(1, chosen, weights)
+        out = sum(dense[:, e:e + 1] * expert(e, x) for e in range(cfg.experts))
+    else:
+        out = torch.zeros_like(x)
+        mask = torch.nn.functional.one_hot(chosen, num_classes=cfg.experts).permute(2, 1, 0)  # (E, k, N)
+        for e in range(cfg.experts):
+            slot, token = torch.where(mask[e])
+            if token.numel():
+                out = out.index_add(0, token, expert(e, x[token]) * weights[token, slot, None])
+    return out.reshape(B, T, C)
+
+
 def forward(cfg, p, idx, tgt):
     B, T = idx.shape
     x = p["model.embed_tokens.weight"][idx]
@@ -152,6 +203,9 @@ def forward(cfg, p, idx, tgt):
         y = (att @ v).transpose(1, 2).reshape(B, T, cfg.heads * cfg.head_dim)
         x = x + y @ p[a + "self_attn.o_proj.weight"].T
         h = rms_norm(x, p[a + "post_attention_layernorm.weight"], cfg.eps)
+        if cfg.moe:
+            x = x + sparse_mlp(cfg, p, a, h)
+            continue
         gate = h @ p[a + "mlp.gate_proj.weight"].T
         up = h @ p[a + "mlp.up_proj.weight"].T
         x = x + (torch.nn.functional.silu(gate) * up) @ p[a + "mlp.down_proj.weight"].T
@@ -165,10 +219,13 @@ def forward(cfg, p, idx, tgt):
 
 def init(args):
     g = torch.Generator().manual_seed(args.seed)
-    qwen = args.family in ("qwen2", "qwen3")
-    qwen3 = args.family == "qwen3"
+    moe = args.family in ("mixtral", "qwen3_moe")
+    qwen = args.family in ("qwen2", "qwen3", "qwen3_moe")
+    qwen3 = args.family in ("qwen3", "qwen3_moe")
     L, NH, KVH, HD, C, I, V = 2, 4, 2, 12, 40, 76, 256
-    architecture = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+    E, K, MI = 4, 2, 28  # a mixture's experts, experts a token, and their width
+    architecture = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                    "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
     config = {
         "architectures": [architecture[args.family]],
         "model_type": args.family, "num_hidden_layers": L, "num_attention_heads": NH, "num_key_value_heads": KVH,
@@ -186,6 +243,17 @@ def init(args):
         config.update({"attention_bias": False, "rope_scaling": None, "layer_types": ["full_attention"] * L})
     else:
         config.update({"attention_bias": False, "mlp_bias": False})
+    if args.family == "mixtral":  # Mixtral-8x7B's keys, at their values that change nothing
+        for key in ("attention_bias", "mlp_bias", "rope_scaling"):
+            del config[key]
+        config.update({"num_local_experts": E, "num_experts_per_tok": K, "intermediate_size": MI,
+                       "router_jitter_noise": 0.0, "sliding_window": None, "output_router_logits": False,
+                       "router_aux_loss_coef": 0.02})
+    if args.family == "qwen3_moe":  # Qwen3-30B-A3B's keys; intermediate_size (the dense width) unused
+        del config["layer_types"]
+        config.update({"num_experts": E, "num_experts_per_tok": K, "moe_intermediate_size": MI,
+                       "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                       "sliding_window": None, "output_router_logits": False, "router_aux_loss_coef": 0.001})
 
     def normal(*shape, scale=0.08):
         return torch.randn(*shape, generator=g) * scale
@@ -203,6 +271,15 @@ def init(args):
             w[a + "self_attn.k_norm.weight"] = 1 + normal(HD, scale=0.2)
         w[a + "self_attn.o_proj.weight"] = normal(C, NH * HD, scale=0.15)
         w[a + "post_attention_layernorm.weight"] = 1 + normal(C, scale=0.1)
+        if moe:  # the router, then each expert's three matrices, as published checkpoints name them
+            m = a + ("block_sparse_moe." if args.family == "mixtral" else "mlp.")
+            gate, up, down = ("w1", "w3", "w2") if args.family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+            w[m + "gate.weight"] = normal(E, C, scale=0.5)
+            for e in range(E):
+                w[m + f"experts.{e}.{gate}.weight"] = normal(MI, C, scale=0.2)
+                w[m + f"experts.{e}.{up}.weight"] = normal(MI, C, scale=0.2)
+                w[m + f"experts.{e}.{down}.weight"] = normal(C, MI, scale=0.15)
+            continue
         w[a + "mlp.gate_proj.weight"] = normal(I, C, scale=0.2)
         w[a + "mlp.up_proj.weight"] = normal(I, C, scale=0.2)
         w[a + "mlp.down_proj.weight"] = normal(C, I, scale=0.15)
@@ -239,6 +316,20 @@ def train(args):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": spec["weight_decay"]},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=1.0, betas=(spec["beta1"], spec["beta2"]), eps=spec["epsilon"])
+    result = {}
+    if cfg.moe:  # the dense and the dispatch forms agree, loss and gradients
+        first = spec["steps"][0]["micro_batches"][0]
+        grads = {}
+        for form in ("dense", "dispatch"):
+            cfg.moe_form = form
+            loss = forward(cfg, p, torch.tensor(first["inputs"]), torch.tensor(first["targets"]))
+            g = torch.autograd.grad(loss, list(p.values()))
+            grads[form] = (loss.item(), g)
+        difference = abs(grads["dense"][0] - grads["dispatch"][0])
+        for a, b in zip(grads["dense"][1], grads["dispatch"][1]):
+            difference = max(difference, (a - b).abs().max().item())
+        result["moe_forms"] = difference
+        cfg.moe_form = "dispatch"
     losses, norms = [], []
     for step in spec["steps"]:
         for group in opt.param_groups:
@@ -254,7 +345,7 @@ def train(args):
         opt.step()
         losses.append(total)
         norms.append(float(norm))
-    result = {"losses": losses, "norms": norms}
+    result.update({"losses": losses, "norms": norms})
     if args.exported:
         exported_config, exported = read_directory(args.exported)
         for key in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size",
@@ -280,7 +371,7 @@ def main():
     sub = parser.add_subparsers(dest="command", required=True)
     i = sub.add_parser("init")
     i.add_argument("dir")
-    i.add_argument("--family", choices=["llama", "qwen2", "qwen3"], default="llama")
+    i.add_argument("--family", choices=["llama", "qwen2", "qwen3", "mixtral", "qwen3_moe"], default="llama")
     i.add_argument("--tied", type=int, default=None)
     i.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     i.add_argument("--shards", type=int, default=1)

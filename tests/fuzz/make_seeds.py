@@ -11,8 +11,8 @@ are kept by hand beside them; this script rewrites only seed-* files.
                tokens (or characters) and the tokens of the first merges, ids renumbered
                densely; then a NUL, a text to encode, a NUL and tokenizer_config.json.
   hf_config    config.json: Llama 3.2 1B's (hf_config_test.cc), in transformers 5's form
-               too, GPT-2's, Mistral 7B's, Qwen2.5 0.5B's, and what
-               tests/data/torch_llama_reference.py writes.
+               too, GPT-2's, Mistral 7B's, Qwen2.5 0.5B's, Mixtral 8x7B's and Qwen3-30B-A3B's
+               (moe_family_test.cc), and what tests/data/torch_llama_reference.py writes.
   safetensors  the header of tests/data/hf_gpt2_reference.py's tiny GPT-2, and the headers
                of torch_llama_reference.py's model directories (BF16 in three shards with
                model.safetensors.index.json after a NUL; F32 in one file); each header is
@@ -165,6 +165,25 @@ def config_seeds():
         "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
         "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
         "transformers_version": "4.40.1", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936},
+        indent=2))
+    write("hf_config", "mixtral-8x7b.json", json.dumps({
+        "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+        "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+        "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32,
+        "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+        "output_router_logits": False, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+        "router_jitter_noise": 0.0, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.36.0.dev0", "use_cache": True, "vocab_size": 32000}, indent=2))
+    write("hf_config", "qwen3-30b-a3b.json", json.dumps({
+        "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+        "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe",
+        "moe_intermediate_size": 768, "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128,
+        "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": False,
+        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+        "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936},
         indent=2))
     for family in ("llama", "qwen2"):
         write("hf_config", "torch-reference-%s.json" % family, json.dumps(torch_reference_config(family), indent=2))

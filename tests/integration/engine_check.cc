@@ -44,7 +44,8 @@
 //   --layers N                 the model's blocks (default 3): the limit case takes more, so
 //                              that a whole number of MiB separates one rank holding the
 //                              whole model from the sharded ranks.
-//   --family gpt2|llama|qwen2|qwen3  the model's family (default gpt2; ModelOf says the shapes).
+//   --family gpt2|llama|qwen2|qwen3|mixtral|qwen3_moe  the model's family (default gpt2;
+//                              ModelOf says the shapes).
 //   --masked 1                 a loss mask beside the training data (WriteMask): windows, and
 //                              so micro-batches, hold very different numbers of targets,
 //                              and the loss is the mean over the global batch's.
@@ -54,6 +55,12 @@
 //                              max(2, P) micro-batches (a multiple of P when interleaved),
 //                              the reference the same global batch. In reshard mode --from
 //                              takes the first layout's P as a fifth field.
+//   --context C                C ranks split each sequence (context parallelism, between
+//                              the shard and TP axes: the ranks are P x R x S x C x T);
+//                              --context-mode Ring (the default) or AllToAll. The reference
+//                              holds whole sequences.
+//   --seq N                    the window (default 32).
+//   --from-context C           in reshard mode, the --from layout's C.
 //   --layout R,N,T,S[,ACT[,DROP[,PIPE]]] instead of --ranks/--nodes/--tp/--shard/--activations/
 //                              --dropout/--pipeline: one equivalence run per --layout (ACT:
 //                              keep, checkpoint or offload:H; PIPE as --pipeline's value),
@@ -127,7 +134,7 @@ constexpr double kFp64WeightTolerance = 1e-7;
 
 struct Options {
   std::string mode = "equivalence", dir, activations, from;
-  std::string family = "gpt2";  // gpt2 | llama | qwen2 | qwen3
+  std::string family = "gpt2";  // gpt2 | llama | qwen2 | qwen3 | mixtral | qwen3_moe
   bool masked = false;           // a loss mask beside the training data
   int ranks = 2, nodes = 1, tp = 1, shard = 0, repeat = 1, limit_mib = 0, layers = 3;
   double dropout = 0;
@@ -138,6 +145,10 @@ struct Options {
   std::vector<std::string> layouts;
   int stages = 1, virtual_stages = 1;  // --pipeline
   std::string schedule = "1F1B";
+  int context = 1;                  // --context: ranks that split each sequence
+  int from_context = 1;             // --from-context: the reshard mode's first layout's
+  std::string context_mode = "Ring";
+  int seq = kSeq;                   // --seq
   int accumulation = 0;  // micro-batches a step; 0: AccumulationOf's choice
 };
 
@@ -160,8 +171,8 @@ int AccumulationOf(const Options& o) {
   return steps;
 }
 
-// The ranks of one stage, which split each global batch: ranks / (P x T).
-int DataParallelOf(const Options& o) { return o.ranks / (o.tp * o.stages); }
+// The ranks of one stage that read different sequences: ranks / (P x C x T).
+int DataParallelOf(const Options& o) { return o.ranks / (o.tp * o.stages * o.context); }
 
 int failures = 0;
 void Expect(bool ok, const std::string& what) {
@@ -175,10 +186,12 @@ void Expect(bool ok, const std::string& what) {
 // block is 23804 elements, the embedding unit 12804; the Llama class: 4 query heads over 2
 // key/value heads of 12 channels, so that TP 2 splits the key/value heads; an untied head
 // for llama and qwen3, Qwen2's biases and a tied head for qwen2, Qwen3's per-head norms
-// with heads x headDim (48) past hidden), micro-batches of one sequence per rank.
+// with heads x headDim (48) past hidden; Mixtral and Qwen3-MoE: those blocks with 5
+// experts of 28 units, 2 a token, in place of the MLP), micro-batches of one sequence per
+// rank.
 nlohmann::json ModelOf(const Options& o) {
   nlohmann::json model = {{"layers", o.layers}, {"heads", 4},       {"hidden", 44},
-                          {"vocabSize", 256},   {"seqLen", kSeq},   {"dropout", o.dropout}};
+                          {"vocabSize", 256},   {"seqLen", o.seq},  {"dropout", o.dropout}};
   if (o.family == "gpt2") return model;
   model["family"] = o.family;
   model["kvHeads"] = 2;
@@ -186,6 +199,12 @@ nlohmann::json ModelOf(const Options& o) {
   model["intermediateSize"] = 116;
   model["ropeTheta"] = 1000.0;
   model["tieEmbeddings"] = o.family == "qwen2";
+  if (o.family == "mixtral" || o.family == "qwen3_moe") {  // 5 experts, 2 a token, of 28 units
+    model["experts"] = 5;
+    model["expertsPerToken"] = 2;
+    if (o.family == "mixtral") model["intermediateSize"] = 28;
+    else model["moeIntermediateSize"] = 28;
+  }
   return model;
 }
 
@@ -204,7 +223,7 @@ nlohmann::json JobManifest(const Options& o, int nodes, int gpus, int tp, int sh
         {"data", {{"train", (fs::path(o.dir) / "train.bin").string()}}},
         {"training",
          {{"steps", kSteps}, {"microBatchSize", micro_batch},
-          {"globalBatchTokens", ranks_in_batch * kSeq * AccumulationOf(o)}, {"learningRate", 3e-3}, {"warmupSteps", 2},
+          {"globalBatchTokens", ranks_in_batch * o.seq * AccumulationOf(o)}, {"learningRate", 3e-3}, {"warmupSteps", 2},
           {"weightDecay", 0.1}, {"gradClip", 1.0}, {"seed", 7}, {"precision", "fp32"}, {"evalInterval", 0}}}}}};
   // The ranks' job is pipelined as --pipeline says; the single-rank reference (1 node of 1)
   // takes the same global batch in as many micro-batches.
@@ -213,6 +232,11 @@ nlohmann::json JobManifest(const Options& o, int nodes, int gpus, int tp, int sh
     parallelism["pipelineParallelDegree"] = o.stages;
     parallelism["pipelineSchedule"] = o.schedule;
     parallelism["pipelineVirtualStages"] = o.virtual_stages;
+  }
+  // Likewise split over --context ranks a sequence; the reference holds whole ones.
+  if (o.context > 1 && nodes * gpus > 1) {
+    job["spec"]["parallelism"]["contextParallelDegree"] = o.context;
+    job["spec"]["parallelism"]["contextParallelMode"] = o.context_mode;
   }
   return job;
 }
@@ -325,6 +349,11 @@ int RunRank(const Options& o) {
     return o.mode == "kill" && named ? kExitNamedFailure : 1;
   }
   engine.set_observer(nullptr);  // the streams are drained: no callback is in flight
+  // Context parallelism's passes are counted (meshtrain_comm_seconds_total{op="ring"}).
+  if (o.context > 1 && !(engine.comm_stats().ring > 0)) {
+    std::fprintf(stderr, "rank %d: FAILED: no ring seconds counted under context parallelism\n", env.rank);
+    return 1;
+  }
   const train::MemoryReport m = trainer.memory();
   std::ofstream(fs::path(o.dir) / ("rank" + std::to_string(env.rank) + ".txt"))
       << m.params << " " << m.grads << " " << m.optimizer << " " << m.gathered << " " << watch.peak_unsharded_blocks()
@@ -435,6 +464,7 @@ int DriveReshard(const Options& o, int argc, char** argv) {
   }
   from.stages = 1, from.schedule = "1F1B", from.virtual_stages = 1;
   if (pipeline[0] != 0) ParsePipeline(from, pipeline);
+  from.context = o.from_context;
   // Both layouts take as many micro-batches a step as either needs.
   from.accumulation = to.accumulation = std::max(AccumulationOf(from), AccumulationOf(to));
   WriteData(o);
@@ -460,7 +490,8 @@ int DriveReshard(const Options& o, int argc, char** argv) {
   Expect(vocab_multiple == api::kVocabMultiple, "the metadata records the engine's vocabulary padding, " +
                                                     std::to_string(api::kVocabMultiple) + ", got " +
                                                     std::to_string(vocab_multiple));
-  const api::ParallelLayout from_layout(from.nodes, from.ranks / from.nodes, from.tp, from.shard, from.stages);
+  const api::ParallelLayout from_layout(from.nodes, from.ranks / from.nodes, from.tp, from.shard, from.stages,
+                                       from.context);
   int64_t padded_elements = 0, model_elements = 0;
   for (int rank = 0; rank < from.ranks; ++rank) {
     const api::LayoutCoord at = from_layout.CoordOf(rank);
@@ -522,7 +553,7 @@ int DriveReshard(const Options& o, int argc, char** argv) {
 // One layout's equivalence (or limit) run against the single-rank reference.
 int DriveLayout(const Options& o, int argc, char** argv) {
   const int failures_before = failures;
-  const int dp = DataParallelOf(o), S = o.shard == 0 ? dp : o.shard;
+  const int dp = DataParallelOf(o), S = (o.shard == 0 ? dp : o.shard) * o.context;  // FSDP's group: S x C
   nlohmann::json ranks_job = JobManifest(o, o.nodes, o.ranks / o.nodes, o.tp, o.shard, 1, dp);
   if (!o.activations.empty()) {
     nlohmann::json& parallelism = ranks_job["spec"]["parallelism"];
@@ -597,11 +628,13 @@ int DriveLayout(const Options& o, int argc, char** argv) {
   if (o.jitter != 0) {
     strict = ", jitter seeds " + std::to_string(o.jitter) + (o.repeat > 1 ? "-" + std::to_string(o.jitter + o.repeat - 1) : "");
   }
-  const std::string pipeline = o.stages == 1 ? "" : ", P=" + std::to_string(o.stages) + " " + o.schedule +
-                                                      (o.virtual_stages > 1 ? " V=" + std::to_string(o.virtual_stages) : "");
+  std::string pipeline = o.stages == 1 ? "" : ", P=" + std::to_string(o.stages) + " " + o.schedule +
+                                                (o.virtual_stages > 1 ? " V=" + std::to_string(o.virtual_stages) : "");
+  if (o.context > 1) pipeline += ", C=" + std::to_string(o.context) + " " + o.context_mode;
+  if (o.seq != kSeq) pipeline += ", seqLen " + std::to_string(o.seq);
   std::printf("%d ranks%s, T=%d, S=%d, R=%d%s, dropout %g, %s kernels%s: loss %.6f -> %.6f (one rank %.6f -> %.6f); "
               "worst loss error %.2e, weights %.2e (bounds %g, %g)\n",
-              o.ranks, pipeline.c_str(), o.tp, S, dp / S, o.activations.empty() ? "" : (", " + o.activations).c_str(), o.dropout,
+              o.ranks, pipeline.c_str(), o.tp, S / o.context, dp * o.context / S, o.activations.empty() ? "" : (", " + o.activations).c_str(), o.dropout,
               o.kernels.c_str(), strict.c_str(), losses.empty() ? 0.0 : losses.front(),
               losses.empty() ? 0.0 : losses.back(), reference.losses.front(), reference.losses.back(), worst,
               weight_error, loss_tolerance, weight_tolerance);
@@ -635,7 +668,7 @@ int DriveLayout(const Options& o, int argc, char** argv) {
     std::vector<bool> held(size_t(layout.units()), o.stages == 1);
     if (o.stages > 1) {
       const api::Pipeline pipe{o.stages, o.virtual_stages, api::ParsePipelineSchedule(o.schedule)};
-      const std::vector<int> first = api::SplitBlocks(shape, kSeq, pipe.chunks());
+      const std::vector<int> first = api::SplitBlocks(shape, o.seq / o.context, pipe.chunks());
       for (int c : api::ChunksOf(pipe, stage)) {
         for (int l = first[size_t(c)]; l < first[size_t(c) + 1]; ++l) held[size_t(l) + 1] = true;
       }
@@ -726,6 +759,10 @@ int main(int argc, char** argv) {
     else if (flag == "--reference-micro") o.reference_micro = std::atoi(value.c_str());
     else if (flag == "--layout") o.layouts.push_back(value);
     else if (flag == "--pipeline") ParsePipeline(o, value);
+    else if (flag == "--context") o.context = std::atoi(value.c_str());
+    else if (flag == "--from-context") o.from_context = std::atoi(value.c_str());
+    else if (flag == "--context-mode") o.context_mode = value;
+    else if (flag == "--seq") o.seq = std::atoi(value.c_str());
     else {
       std::fprintf(stderr, "engine_check: unknown flag %s\n", flag.c_str());
       return 2;

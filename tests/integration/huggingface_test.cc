@@ -427,7 +427,7 @@ TEST_F(HuggingFaceTest, BadLlamaClassDirectoriesAreNamed) {
     EXPECT_NE(error.find(want), std::string::npos) << "want \"" << want << "\", got \"" << error << "\"";
   };
   EXPECT_EQ(job_error(good), "");
-  for (const char* architecture : {"MixtralForCausalLM", "GemmaForCausalLM"}) {
+  for (const char* architecture : {"Qwen2MoeForCausalLM", "GemmaForCausalLM"}) {
     const fs::path model = copy(good, architecture);
     edit_config(model, [&](nlohmann::json& c) { c["architectures"] = {architecture}; });
     expect_job_error(model, std::string("architecture ") + architecture + " is not one meshtrain trains");
@@ -535,6 +535,137 @@ TEST_F(HuggingFaceTest, BadLlamaClassDirectoriesAreNamed) {
   const fs::path empty = copy(good, "no-weights");
   fs::remove(empty / "model.safetensors");
   expect_weights_error(empty, "holds neither model.safetensors nor model.safetensors.index.json");
+}
+
+// The mixtures of experts (Mixtral in bf16 over three shards, Qwen3-MoE in fp32 over two,
+// written by the PyTorch reference with the per-expert names of published checkpoints)
+// train from spec.model.init.from; `meshtrain export` writes the same tensors by the same
+// names, which read back bit for bit. Their config.json keys that would change the math,
+// a missing expert and transformers 5's fused in-memory experts are named.
+TEST_F(HuggingFaceTest, AMixtureOfExpertsDirectoryTrainsExportsAndLoadsBackBitForBit) {
+  std::vector<uint32_t> tokens(4000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t((i * 37 + i / 7) % 256);
+  WriteTokenFile((dir_ / "bytes.bin").string(), tokens);
+  auto names_in = [](const fs::path& model) {
+    std::map<std::string, std::vector<int64_t>> names;
+    for (const auto& entry : fs::directory_iterator(model)) {
+      if (entry.path().extension() != ".safetensors") continue;
+      for (const auto& [name, t] : ReadSafetensors(entry.path().string())) names[name] = t.shape;
+    }
+    return names;
+  };
+  for (const auto& [family, flags] : {std::pair<std::string, std::string>{"mixtral", "--dtype bf16 --shards 3"},
+                                      std::pair<std::string, std::string>{"qwen3_moe", "--shards 2"}}) {
+    SCOPED_TRACE(family);
+    const bool mixtral = family == "mixtral";
+    const fs::path model = ReferenceModel(dir_ / (family + "-in"), family, flags);
+    const fs::path checkpoints = dir_ / (family + "-checkpoints"), exported = dir_ / (family + "-out");
+    const api::CheckedJob checked = LlamaJob(model, dir_ / "bytes.bin", checkpoints.string());
+    ASSERT_TRUE(checked.ok()) << checked.errors.front().ToString();
+    const api::ModelShape shape = api::ShapeOf(checked.job.spec.model);
+    EXPECT_EQ(shape.family, family);
+    EXPECT_EQ(shape.experts, 4);
+    EXPECT_EQ(shape.experts_per_token, 2);
+    EXPECT_EQ(shape.moe_intermediate, 28);
+    EXPECT_EQ(shape.norm_topk_prob, mixtral);
+    Trainer start(checked.job);
+    EXPECT_EQ(start.Weights(), LoadHuggingFace(model.string(), shape));
+    Trainer trainer(checked.job);
+    trainer.Run([](const StepReport&) {});
+    const std::vector<float> trained = trainer.Weights();
+    EXPECT_NE(trained, start.Weights());
+
+    const std::string command = std::string(MESHTRAIN_CLI) + " export " + (checkpoints / "step-00000003").string() +
+                                " " + exported.string() + " --max-shard-size 50KB > " + (dir_ / "export.txt").string();
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    const nlohmann::json config = nlohmann::json::parse(std::ifstream(exported / "config.json"));
+    EXPECT_EQ(config.at("architectures")[0], mixtral ? "MixtralForCausalLM" : "Qwen3MoeForCausalLM");
+    EXPECT_EQ(config.at("model_type"), family);
+    EXPECT_EQ(config.at(mixtral ? "num_local_experts" : "num_experts"), 4);
+    EXPECT_EQ(config.at("num_experts_per_tok"), 2);
+    EXPECT_EQ(config.at(mixtral ? "intermediate_size" : "moe_intermediate_size"), 28);
+    const std::map<std::string, std::vector<int64_t>> written = names_in(exported), read = names_in(model);
+    EXPECT_EQ(written, read) << "the tensors the directory came with, by the same names and shapes";
+    const std::string sparse = mixtral ? "model.layers.1.block_sparse_moe." : "model.layers.1.mlp.";
+    EXPECT_EQ(written.at(sparse + "gate.weight"), (std::vector<int64_t>{4, 40}));
+    EXPECT_EQ(written.at(sparse + (mixtral ? "experts.3.w2.weight" : "experts.3.down_proj.weight")),
+              (std::vector<int64_t>{40, 28}));
+    EXPECT_EQ(written.contains("model.layers.1.self_attn.q_norm.weight"), !mixtral);
+    EXPECT_EQ(LoadHuggingFace(exported.string(), shape), trained);
+    const api::CheckedJob again = LlamaJob(exported, dir_ / "bytes.bin");
+    ASSERT_TRUE(again.ok()) << again.errors.front().ToString();
+    EXPECT_EQ(api::ShapeOf(again.job.spec.model), shape) << "the exported config.json gives the same shape";
+  }
+
+  // What a bad directory gets, before anything trains.
+  const fs::path mixtral = dir_ / "mixtral-in", qwen = dir_ / "qwen3_moe-in";
+  auto copy = [&](const fs::path& from, const std::string& name) {
+    const fs::path to = dir_ / name;
+    fs::copy(from, to, fs::copy_options::recursive);
+    return to;
+  };
+  auto job_error = [&](const fs::path& model, const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json config = nlohmann::json::parse(std::ifstream(model / "config.json"));
+    edit(config);
+    std::ofstream(model / "config.json", std::ios::trunc) << config.dump();
+    const api::CheckedJob checked = LlamaJob(model, dir_ / "bytes.bin");
+    return checked.ok() ? std::string() : checked.errors.front().ToString();
+  };
+  struct Bad {
+    fs::path from;
+    std::function<void(nlohmann::json&)> edit;
+    std::string want;
+  };
+  int n = 0;
+  for (const Bad& b : std::vector<Bad>{
+           {mixtral, [](auto& c) { c["router_jitter_noise"] = 0.1; }, "router_jitter_noise 0.1 is not implemented"},
+           {mixtral, [](auto& c) { c["output_router_logits"] = true; }, "output_router_logits true is not implemented"},
+           {mixtral, [](auto& c) { c["num_experts_per_tok"] = 5; },
+            "num_experts_per_tok 5 exceeds num_local_experts (4)"},
+           {qwen, [](auto& c) { c["mlp_only_layers"] = {1}; }, "mlp_only_layers [1] is not implemented"},
+           {qwen, [](auto& c) { c["decoder_sparse_step"] = 2; }, "decoder_sparse_step 2 is not implemented"},
+           {qwen, [](auto& c) { c["shared_expert_intermediate_size"] = 64; },
+            "shared_expert_intermediate_size 64 is not implemented"},
+           {qwen, [](auto& c) { c["max_window_layers"] = 1; }, ""},  // changes nothing without sliding windows
+       }) {
+    const std::string error = job_error(copy(b.from, "bad-" + std::to_string(n++)), b.edit);
+    if (b.want.empty()) {
+      EXPECT_EQ(error, "");
+    } else {
+      EXPECT_NE(error.find("config.json: " + b.want), std::string::npos)
+          << "want \"" << b.want << "\", got \"" << error << "\"";
+    }
+  }
+  auto weights_error = [&](const fs::path& model, const std::function<void(std::map<std::string, Tensor>&)>& edit) {
+    const std::string shard = "model-00001-of-00002.safetensors";
+    std::map<std::string, Tensor> tensors = ReadSafetensors((model / shard).string());
+    edit(tensors);
+    WriteSafetensors((model / shard).string(), tensors);
+    // The index names what the shard holds now.
+    const fs::path index = model / "model.safetensors.index.json";
+    nlohmann::json map = nlohmann::json::parse(std::ifstream(index));
+    nlohmann::json& weights = map.at("weight_map");
+    for (auto it = weights.begin(); it != weights.end();) {
+      it = it.value() == shard && !tensors.contains(it.key()) ? weights.erase(it) : std::next(it);
+    }
+    for (const auto& [name, t] : tensors) weights[name] = shard;
+    std::ofstream(index, std::ios::trunc) << map.dump();
+    try {
+      CheckTrainable(LlamaJob(model, dir_ / "bytes.bin").job, 0, 1);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string expert = "model.layers.0.mlp.experts.1.up_proj.weight";
+  const std::string missing = weights_error(copy(qwen, "no-expert"), [&](auto& t) { ASSERT_EQ(t.erase(expert), 1u); });
+  EXPECT_NE(missing.find("tensor " + expert + " is missing"), std::string::npos) << missing;
+  const std::string fused = weights_error(copy(qwen, "fused"), [](auto& t) {
+    t["model.layers.0.mlp.experts.gate_up_proj"] = {{4, 40, 56}, std::vector<float>(4 * 40 * 56, 0.0f)};
+  });
+  EXPECT_NE(fused.find("tensor model.layers.0.mlp.experts.gate_up_proj is not part of a Qwen3-MoE of this shape"),
+            std::string::npos)
+      << fused;
 }
 
 }  // namespace

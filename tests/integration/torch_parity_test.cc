@@ -1,5 +1,6 @@
-// The Llama class against an independent implementation of the same math: PyTorch in
-// float64 (tests/data/torch_llama_reference.py, Debian's python3-torch), written from
+// The Llama class, its mixtures of experts too, against an independent implementation of
+// the same math: PyTorch in float64 (tests/data/torch_llama_reference.py, Debian's
+// python3-torch), written from
 // transformers' modeling code. Both start from the same Hugging Face directory, which the
 // reference writes and meshtrain reads through spec.model.init.from (config.json gives the
 // shape), and train the same batches with the same schedule: AdamW with decay on every
@@ -123,6 +124,9 @@ class TorchParity : public ::testing::Test {
     Python("train " + model.string() + " " + (dir_ / "batches.json").string() + " " + (dir_ / "result.json").string() +
            " --exported " + exported.string());
     const Json result = Json::parse(std::ifstream(dir_ / "result.json"));
+    if (shape.experts > 0) {  // the reference's dense and dispatch forms of the sparse MLP agree
+      EXPECT_LT(double(result.at("moe_forms")), 1e-12) << family;
+    }
     ASSERT_EQ(result.at("losses").size(), losses.size());
     double worst = 0;
     for (size_t i = 0; i < losses.size(); ++i) {
@@ -152,6 +156,16 @@ TEST_F(TorchParity, Qwen2TrainsAsPyTorchDoes) { Check("qwen2", ""); }
 // Qwen3: q_norm and k_norm on every head of q and k before RoPE (weights away from 1),
 // heads x head_dim (48) past hidden (40), a tied head, no RoPE scaling, two shards in fp32.
 TEST_F(TorchParity, Qwen3TrainsAsPyTorchDoes) { Check("qwen3", "--tied 1 --shards 2"); }
+
+// Mixtral: a mixture of 4 experts of 28 units, 2 a token, their weights renormalised;
+// the router and each expert's w1, w3 and w2 by the names of published checkpoints, in bf16
+// over 3 shards.
+TEST_F(TorchParity, MixtralTrainsAsPyTorchDoes) { Check("mixtral", "--dtype bf16 --shards 3"); }
+
+// Qwen3-MoE: Qwen3's attention (q_norm, k_norm) and 4 experts, 2 a token, without
+// norm_topk_prob (the chosen experts' softmax probabilities as they are), beside an unused
+// dense intermediate_size; two shards in fp32.
+TEST_F(TorchParity, Qwen3MoeTrainsAsPyTorchDoes) { Check("qwen3_moe", "--shards 2"); }
 
 }  // namespace
 }  // namespace meshtrain::train

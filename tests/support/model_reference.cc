@@ -53,8 +53,8 @@ ModelReference<P>::ModelReference(const api::ModelShape& shape, int max_batch, i
   const std::vector<api::Buffer> family = api::FamilyBuffers(max_seq, shape, types_);
   if (!family.empty()) {
     family_memory_ = runtime::DeviceArray<std::byte>(&allocator_, api::CarvedBytes(family), MemoryCategory::kActivations);
-    family_buffers_ = model::PrepareFamilyBuffers<P>(*model_, *backend_, family_memory_.get(), max_seq, shape, types_,
-                                                     *stream_);
+    family_buffers_ = model::PrepareFamilyBuffers<P>(*model_, *backend_, family_memory_.get(),
+                                                     model::WindowPositions(max_seq), shape, types_, *stream_);
   }
   scratch_ = model::BlockScratch<P>::At(scratch_memory_.get(), max_batch, max_seq, shape, tp, types_, true);
 
@@ -101,7 +101,7 @@ model::Dims ModelReference<P>::DimsOf(int B, int T) const {
 
 template <class P>
 model::Context<P> ModelReference<P>::Context() {
-  return {*ops_, *stream_, nullptr, family_buffers_};
+  return {*ops_, *stream_, nullptr, family_buffers_, nullptr, backend_.get()};
 }
 
 template <class P>

@@ -104,6 +104,9 @@ TEST(CrdSchemaTest, ListsEveryFieldOfTheApi) {
   p.pipeline_parallel_degree = 2;
   p.pipeline_schedule = "Interleaved1F1B";
   p.pipeline_virtual_stages = 2;
+  api::ModelSpec& m = job.job.spec.model;  // a mixture of experts' fields too (ToJson leaves unset ones out)
+  m.experts = 8, m.experts_per_token = 2, m.moe_intermediate_size = 64, m.norm_topk_prob = true;
+  m.decoder_sparse_step = 1, m.mlp_only_layers = {0};
   json object = api::ToJson(job.job);
   object.erase("status");
   for (const char* field : {"pipelineParallelDegree", "pipelineSchedule", "pipelineVirtualStages"}) {

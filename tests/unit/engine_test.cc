@@ -104,7 +104,8 @@ const api::ModelShape kQwen3Tiny{.layers = 3, .heads = 4, .hidden = 64, .vocab_s
 
 TEST(ShardedEngine, OneRankMatchesTheWholeModelBitForBit) {
   for (const api::ModelShape& shape :
-       {*api::FindPreset("gpt2-tiny"), *api::FindPreset("llama-tiny"), kQwenTiny, kQwen3Tiny}) {
+       {*api::FindPreset("gpt2-tiny"), *api::FindPreset("llama-tiny"), kQwenTiny, kQwen3Tiny,
+        *api::FindPreset("moe-tiny"), *api::FindPreset("qwen3-moe-tiny")}) {
   SCOPED_TRACE(api::DescribeShape(shape));
   const Batch batch;
   runtime::MemoryAccounting accounting;

@@ -77,7 +77,7 @@ TEST(HuggingFaceConfig, WhatWouldChangeTheMathIsRefusedByName) {
     c[key] = std::move(value);
     return c;
   };
-  EXPECT_NE(ErrorOf(with("architectures", {"MixtralForCausalLM"})).find("MixtralForCausalLM is not one meshtrain trains"),
+  EXPECT_NE(ErrorOf(with("architectures", {"Qwen2MoeForCausalLM"})).find("Qwen2MoeForCausalLM is not one meshtrain trains"),
             std::string::npos);
   EXPECT_NE(ErrorOf(with("hidden_act", "gelu")).find("hidden_act gelu is not implemented"), std::string::npos);
   EXPECT_NE(ErrorOf(with("attention_bias", true)).find("attention_bias true is not implemented"), std::string::npos);

@@ -183,3 +183,59 @@ TEST(Layout, FormatRanks) {
 
 }  // namespace
 }  // namespace meshtrain::api
+
+namespace meshtrain::api {
+namespace {
+
+// rank = (((p*R + r)*S + s)*C + c)*T + t: the context group sits between TP and shard,
+// FSDP's group is its S x C ranks, and the C ranks of a sequence read the same data.
+TEST(Layout, TheContextAxisSitsBetweenShardAndTensor) {
+  const ParallelLayout mesh(2, 8, 2, 2, 1, 2);  // 16 ranks: T 2, C 2, S 2, R 2
+  EXPECT_EQ(mesh.context(), 2);
+  EXPECT_EQ(mesh.shard(), 4);
+  EXPECT_EQ(mesh.replicas(), 2);
+  EXPECT_EQ(mesh.data_parallel(), 4);
+  EXPECT_EQ(mesh.GroupOf(Axis::kContext, 5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(mesh.GroupOf(Axis::kShard, 5), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(mesh.GroupOf(Axis::kReplica, 5), (std::vector<int>{5, 13}));
+  for (int rank = 0; rank < mesh.world(); ++rank) {
+    const int t = rank % 2, c = rank / 2 % 2, s = rank / 4 % 2, r = rank / 8;
+    EXPECT_EQ(mesh.ContextRankOf(rank), c);
+    EXPECT_EQ(mesh.DataParallelRankOf(rank), r * 2 + s);
+    EXPECT_EQ(mesh.CoordOf(rank), (LayoutCoord{r, s * 2 + c, t, 0}));
+  }
+  // hybridShardDegree 0: every data-parallel rank of the stage, C apart.
+  EXPECT_EQ(ParallelLayout(1, 8, 1, 0, 1, 4).shard(), 8);
+  EXPECT_EQ(ParallelLayout(1, 8, 1, 0, 1, 4).replicas(), 1);
+  auto first = [](const FieldErrors& errors) { return errors.empty() ? std::string() : errors[0].ToString(); };
+  EXPECT_NE(first(ParallelLayout::Check(1, 8, 2, 0, 1, 3)).find("spec.parallelism.contextParallelDegree"),
+            std::string::npos);
+  EXPECT_NE(first(ParallelLayout::Check(1, 8, 1, 0, 1, 0)).find("spec.parallelism.contextParallelDegree"),
+            std::string::npos);
+}
+
+// Of 2C chunks, rank c holds chunks c and 2C-1-c: every rank the same causal work.
+TEST(Layout, ContextRowsBalanceCausalAttention) {
+  const ContextRows first(16, 0, 2), second(16, 1, 2);
+  EXPECT_EQ(first.rows(), 8);
+  std::vector<int64_t> a, b;
+  for (int i = 0; i < 8; ++i) a.push_back(first.Position(i)), b.push_back(second.Position(i));
+  EXPECT_EQ(a, (std::vector<int64_t>{0, 1, 2, 3, 12, 13, 14, 15}));
+  EXPECT_EQ(b, (std::vector<int64_t>{4, 5, 6, 7, 8, 9, 10, 11}));
+  // Every position once over the group, and equal sums of causal work (position + 1).
+  for (int C : {2, 3, 4}) {
+    std::set<int64_t> seen;
+    std::set<int64_t> work;
+    for (int c = 0; c < C; ++c) {
+      const ContextRows rows(48, c, C);
+      int64_t sum = 0;
+      for (int64_t i = 0; i < rows.rows(); ++i) seen.insert(rows.Position(i)), sum += rows.Position(i) + 1;
+      work.insert(sum);
+    }
+    EXPECT_EQ(seen.size(), 48u);
+    EXPECT_EQ(work.size(), 1u) << C;
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain::api

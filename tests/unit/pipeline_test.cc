@@ -86,28 +86,70 @@ TEST(Pipeline, OneFOneBAndGPipeOrders) {
 }
 
 // A stage's program: each receive right before the compute that reads it, each send
-// right after the compute that produces it; with one stage, each forward and then its
-// backward whatever the schedule; a forward outside training goes through the chunks.
-TEST(Pipeline, ProgramsMakeTheTransfersExplicit) {
+// right after the compute that produces it, each compute's first block gathered before
+// both; a training forward keeps its last block, released right after it unless its
+// backward follows; with one stage, each forward and then its backward whatever the
+// schedule; a forward outside training goes through the chunks and keeps nothing.
+TEST(Pipeline, ProgramsMakeTheTransfersAndGathersExplicit) {
   auto text = [](const std::vector<PipeAction>& actions) {
     std::string s;
     for (const PipeAction& a : actions) s += ToString(a) + " ";
     return s;
   };
   const Pipeline two{2, 1, PipelineSchedule::kOneFOneB};
-  EXPECT_EQ(text(StageProgram(two, 0, 2)), "F0.0 SEND_F0.0 F1.0 SEND_F1.0 RECV_B0.0 B0.0 RECV_B1.0 B1.0 ");
-  EXPECT_EQ(text(StageProgram(two, 1, 2)), "RECV_F0.1 F0.1 B0.1 SEND_B0.1 RECV_F1.1 F1.1 B1.1 SEND_B1.1 ");
-  EXPECT_EQ(text(StageProgram({1, 1, PipelineSchedule::kGPipe}, 0, 2)), "F0.0 B0.0 F1.0 B1.0 ");
+  EXPECT_EQ(text(StageProgram(two, 0, 2)),
+            "UNSHARD_F0.0 F0.0 RESHARD0.0 SEND_F0.0 UNSHARD_F1.0 F1.0 RESHARD1.0 SEND_F1.0 "
+            "UNSHARD_B0.0 RECV_B0.0 B0.0 UNSHARD_B1.0 RECV_B1.0 B1.0 ");
+  EXPECT_EQ(text(StageProgram(two, 1, 2)),
+            "UNSHARD_F0.1 RECV_F0.1 F0.1 B0.1 SEND_B0.1 UNSHARD_F1.1 RECV_F1.1 F1.1 B1.1 SEND_B1.1 ");
+  EXPECT_EQ(text(StageProgram({1, 1, PipelineSchedule::kGPipe}, 0, 2)), "UNSHARD_F0.0 F0.0 B0.0 UNSHARD_F1.0 F1.0 B1.0 ");
   const Pipeline interleaved{2, 2, PipelineSchedule::kInterleaved};
-  EXPECT_EQ(text(ForwardProgram(interleaved, 1)), "RECV_F0.1 F0.1 SEND_F0.1 RECV_F0.3 F0.3 ");
-  EXPECT_EQ(text(ForwardProgram(interleaved, 0)), "F0.0 SEND_F0.0 RECV_F0.2 F0.2 SEND_F0.2 ");
-  // Every compute action of StageActions is there, in its order.
-  for (int p = 0; p < 2; ++p) {
-    std::vector<PipeAction> compute;
-    for (const PipeAction& a : StageProgram(interleaved, p, 4)) {
-      if (a.op == PipeOp::kForward || a.op == PipeOp::kBackward) compute.push_back(a);
+  EXPECT_EQ(text(ForwardProgram(interleaved, 1)), "UNSHARD_F0.1 RECV_F0.1 F0.1 SEND_F0.1 UNSHARD_F0.3 RECV_F0.3 F0.3 ");
+  EXPECT_EQ(text(ForwardProgram(interleaved, 0)), "UNSHARD_F0.0 F0.0 SEND_F0.0 UNSHARD_F0.2 RECV_F0.2 F0.2 SEND_F0.2 ");
+  for (PipelineSchedule schedule : kSchedules) {
+    for (int V : schedule == PipelineSchedule::kInterleaved ? std::vector<int>{2, 3} : std::vector<int>{1}) {
+      const Pipeline pipeline{3, V, schedule};
+      for (int p = 0; p < 3; ++p) {
+        SCOPED_TRACE(testing::Message() << PipelineScheduleName(schedule) << " V " << V << " stage " << p);
+        // Every compute action of StageActions is there, in its order.
+        std::vector<PipeAction> compute;
+        const std::vector<PipeAction> program = StageProgram(pipeline, p, 6);
+        for (const PipeAction& a : program) {
+          if (a.op == PipeOp::kForward || a.op == PipeOp::kBackward) compute.push_back(a);
+        }
+        EXPECT_EQ(compute, StageActions(pipeline, p, 6));
+        // At most one block is kept, by the forward just run; each compute starts from
+        // a block gathered for it or kept for it.
+        const PipeAction none{PipeOp::kReshard, -1, -1};
+        PipeAction kept = none, gathered = none;
+        for (const PipeAction& a : program) {
+          const PipeAction key{PipeOp::kReshard, a.micro, a.chunk};
+          switch (a.op) {
+            case PipeOp::kUnshardForward:
+            case PipeOp::kUnshardBackward:
+              EXPECT_EQ(kept, none) << ToString(a) << " while a block is kept";
+              gathered = a;
+              break;
+            case PipeOp::kForward:
+              EXPECT_EQ(gathered, (PipeAction{PipeOp::kUnshardForward, a.micro, a.chunk})) << ToString(a);
+              gathered = none;
+              kept = key;
+              break;
+            case PipeOp::kBackward:
+              EXPECT_TRUE((kept == key || gathered == PipeAction{PipeOp::kUnshardBackward, a.micro, a.chunk}))
+                  << ToString(a);
+              kept = gathered = none;
+              break;
+            case PipeOp::kReshard:
+              EXPECT_EQ(kept, key) << ToString(a);
+              kept = none;
+              break;
+            default: break;
+          }
+        }
+        EXPECT_EQ(kept, none);
+      }
     }
-    EXPECT_EQ(compute, StageActions(interleaved, p, 4));
   }
 }
 

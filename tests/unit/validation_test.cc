@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "api/layout.h"
 #include "api/manifest.h"
 
 namespace meshtrain::api {
@@ -367,6 +368,48 @@ TEST(Validation, ModeAutoRefusesTheFieldsThePlannerChooses) {
   const CheckedJob bad = CheckTrainingJob(plain, "auto.yaml", 0);
   ASSERT_EQ(bad.errors.size(), 1u);
   EXPECT_EQ(bad.errors[0].path, "spec.parallelism.mode");
+}
+
+}  // namespace
+}  // namespace meshtrain::api
+
+namespace meshtrain::api {
+namespace {
+
+// Context parallelism: SMP v2's spelling is taken, the layout puts C between the shard and
+// TP axes (FSDP over S x C), and what it cannot run is named by field.
+TEST(Validation, ContextParallelismIsCheckedByField) {
+  auto paths = [](const Json& job) {
+    std::set<std::string> out;
+    for (const FieldError& e : CheckTrainingJob(job, "job.yaml", 0).errors) out.insert(e.path);
+    return out;
+  };
+  Json job = Base();
+  job["spec"]["parallelism"]["context_parallel_degree"] = 2;
+  const CheckedJob ok = CheckTrainingJob(job, "job.yaml", 0);
+  ASSERT_TRUE(ok.ok()) << ok.errors.front().ToString();
+  EXPECT_EQ(ok.job.spec.parallelism.context_parallel_mode, "Ring");
+  const ParallelLayout mesh = ParallelLayout::ForSpec(ok.job.spec);
+  EXPECT_EQ(mesh.context(), 2);
+  EXPECT_EQ(mesh.shard(), 8);  // hybridShardDegree 4 x C 2
+  EXPECT_EQ(mesh.replicas(), 1);
+  EXPECT_EQ(mesh.data_parallel(), 4);
+
+  Json odd = Base();
+  odd["spec"]["parallelism"]["contextParallelDegree"] = 3;  // 8 TP groups
+  EXPECT_TRUE(paths(odd).contains("spec.parallelism.contextParallelDegree"));
+  Json window = job;
+  window["spec"]["model"]["seqLen"] = 1022;  // not a multiple of 2 x 2
+  EXPECT_TRUE(paths(window).contains("spec.model.seqLen"));
+  Json dropout = job;
+  dropout["spec"]["model"]["dropout"] = 0.1;
+  EXPECT_EQ(paths(dropout), std::set<std::string>{"spec.parallelism.contextParallelDegree"});
+  Json ulysses = job;
+  ulysses["spec"]["parallelism"]["contextParallelMode"] = "AllToAll";
+  EXPECT_EQ(paths(ulysses), std::set<std::string>{"spec.parallelism.contextParallelMode"});
+  Json other = job;
+  other["spec"]["parallelism"]["contextParallelMode"] = "Tree";
+  EXPECT_EQ(paths(other), std::set<std::string>{"spec.parallelism.contextParallelMode"});
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "api/layout.h"
 #include "worker/model/layers.h"
 
 namespace meshtrain::model {
@@ -39,16 +40,38 @@ class Gpt2 final : public Model<P> {
                     const Dims& d) const override {
     const auto p = EmbeddingAt(unit);
     // Each slice looks up its own tokens, rank 0 adds the positions: the sum is exact.
-    k.ops.EncoderForward(encoded, tokens, p.wte, OnFirstRank(d, p.wpe), d.B, d.T, d.C, d.tp.vocab_begin(d.V),
-                         d.tp.vocab(d.V), k.stream);
+    const Ptr<const A> wpe = OnFirstRank(d, p.wpe);
+    if (d.cp_size == 1) {
+      k.ops.EncoderForward(encoded, tokens, p.wte, wpe, d.B, d.T, d.C, d.tp.vocab_begin(d.V), d.tp.vocab(d.V),
+                           k.stream);
+    } else {  // each of a sequence's two chunks from its own first position
+      const api::ContextRows rows(int64_t(d.T) * d.cp_size, d.cp_rank, d.cp_size);
+      for (int b = 0; b < d.B; ++b) {
+        for (int j = 0; j < 2; ++j) {
+          const int64_t row = int64_t(b) * d.T + j * rows.chunk;
+          k.ops.EncoderForward(encoded + row * d.C, tokens + row, p.wte, wpe ? wpe + rows.first[j] * d.C : wpe, 1,
+                               int(rows.chunk), d.C, d.tp.vocab_begin(d.V), d.tp.vocab(d.V), k.stream);
+        }
+      }
+    }
     AllReduce(k, encoded, d.N() * d.C);
   }
 
   void EmbedBackward(const Context<P>& k, Ptr<G> dunit, Ptr<const A> dencoded, Ptr<const int32_t> tokens,
                      const Dims& d) const override {
     const auto dp = EmbeddingAt(dunit);
-    k.ops.EncoderBackward(dp.wte, dp.wpe, dencoded, tokens, d.B, d.T, d.C, d.tp.vocab_begin(d.V), d.tp.vocab(d.V),
-                          k.stream);
+    if (d.cp_size == 1) {
+      return k.ops.EncoderBackward(dp.wte, dp.wpe, dencoded, tokens, d.B, d.T, d.C, d.tp.vocab_begin(d.V),
+                                   d.tp.vocab(d.V), k.stream);
+    }
+    const api::ContextRows rows(int64_t(d.T) * d.cp_size, d.cp_rank, d.cp_size);
+    for (int b = 0; b < d.B; ++b) {
+      for (int j = 0; j < 2; ++j) {
+        const int64_t row = int64_t(b) * d.T + j * rows.chunk;
+        k.ops.EncoderBackward(dp.wte, dp.wpe + rows.first[j] * d.C, dencoded + row * d.C, tokens + row, 1,
+                              int(rows.chunk), d.C, d.tp.vocab_begin(d.V), d.tp.vocab(d.V), k.stream);
+      }
+    }
   }
 
   void BlockForward(const Context<P>& k, const BlockActivations<P>& acts, const BlockScratch<P>& scratch,
@@ -65,7 +88,7 @@ class Gpt2 final : public Model<P> {
     kernels::Ops<P>& ops = k.ops;
     ops.LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w, p.ln1b, N, C, k.stream);
     ops.MatmulForward(a.qkv, nullptr, a.ln1, p.qkvw, p.qkvb, nullptr, N, C, 3 * Cl, k.stream);
-    ops.AttentionForward(a.atty, a.att_state, a.qkv, d.B, d.T, heads, heads, d.HS, k.stream);
+    AttentionForward(k, a.atty, a.att_state, s.attention, a.qkv, d.B, d.T, heads, heads, d.HS);
     // The backward needs attention's own output; the projection reads it after dropout.
     if (dropout) Drop(k, d, kAttentionOutput, s.dropped, a.atty, Cl, C, int64_t(d.tp.rank) * Cl);
     if (into_residual) {
@@ -119,8 +142,7 @@ class Gpt2 final : public Model<P> {
     ops.MatmulBackward(s.datty, dp.attprojw, dp.attprojb, dattproj, dropout ? s.dropped : a.atty, p.attprojw, nullptr,
                        N, Cl, C, k.stream);
     if (dropout) Drop(k, d, kAttentionOutput, s.datty, s.datty, Cl, C, int64_t(d.tp.rank) * Cl);
-    ops.AttentionBackward(s.dqkv, s.attention, s.datty, a.qkv, a.atty, a.att_state, d.B, d.T, heads, heads, d.HS,
-                          k.stream);
+    AttentionBackward(k, s.dqkv, s.attention, s.datty, a.qkv, a.atty, a.att_state, d.B, d.T, heads, heads, d.HS);
     ops.MatmulBackward(s.dln, dp.qkvw, dp.qkvb, s.dqkv, a.ln1, p.qkvw, nullptr, N, C, 3 * Cl, k.stream);
     AllReduce(k, s.dln, N * C);  // and each rank's heads
     ops.LayerNormBackward(s.dresidual, dp.ln1w, dp.ln1b, s.dln, residual, p.ln1w, a.ln1_mean, a.ln1_rstd, N, C,

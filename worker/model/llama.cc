@@ -7,9 +7,12 @@
 // (I,C), up (I,C), down (C,I), this rank's slices, so that q, k and v are one
 // (Ql + 2 KVl, C) matrix and gate and up one (2 Il, C); the head unit norm (C), lm_head
 // (Vp,C) when untied. Where a block holds biases, q, k and v add them; where it holds
-// q_norm and k_norm, each head of q and of k is RMS-normed before RoPE.
+// q_norm and k_norm, each head of q and of k is RMS-normed before RoPE. Where it holds a
+// router (Mixtral, Qwen3-MoE), its MLP is a mixture of experts (moe_block.h) in place of
+// gate, up and down.
 
 #include "worker/model/layers.h"
+#include "worker/model/moe_block.h"
 
 namespace meshtrain::model {
 namespace {
@@ -32,8 +35,9 @@ class Llama final : public Model<P> {
         k_norm_(layout.Has(Param::kKNorm) ? layout.OffsetInUnit(Param::kKNorm) : -1),
         wo_(layout.OffsetInUnit(Param::kWo)),
         mlp_norm_(layout.OffsetInUnit(Param::kMlpNorm)),
-        wgate_up_(layout.OffsetInUnit(Param::kWGate)),
-        wdown_(layout.OffsetInUnit(Param::kWDown)) {}
+        wgate_up_(layout.Has(Param::kWGate) ? layout.OffsetInUnit(Param::kWGate) : -1),
+        wdown_(layout.Has(Param::kWDown) ? layout.OffsetInUnit(Param::kWDown) : -1),
+        moe_(layout) {}
 
   void EmbedForward(const Context<P>& k, Ptr<A> encoded, Ptr<const int32_t> tokens, Ptr<const A> unit,
                     const Dims& d) const override {
@@ -69,7 +73,7 @@ class Llama final : public Model<P> {
     }
     const Rope rope = RopeOf(k);
     ops.RopeForward(a.qkv, rope.cos, rope.sin, d.B, d.T, d.heads(), d.kv_heads(), d.HS, k.stream);
-    ops.AttentionForward(a.atty, a.att_state, a.qkv, d.B, d.T, d.heads(), d.kv_heads(), d.HS, k.stream);
+    AttentionForward(k, a.atty, a.att_state, s.attention, a.qkv, d.B, d.T, d.heads(), d.kv_heads(), d.HS);
     const int64_t q_whole = int64_t(d.NH) * d.HS, q_first = int64_t(d.tp.rank) * Q;
     if (dropout) Drop(k, d, kAttentionOutput, s.dropped, a.atty, Q, q_whole, q_first);
     if (into_residual) {
@@ -81,6 +85,15 @@ class Llama final : public Model<P> {
       if (dropout) Drop(k, d, kAttentionResidual, s.proj, s.proj, C, C, 0);
       ops.ResidualRmsNormForward(a.residual2, a.mlp_norm, a.mlp_rstd, residual, s.proj, p + mlp_norm_, N, C, d.eps,
                                  k.stream);
+    }
+    if (moe_.enabled) {  // a mixture of experts' MLP (moe_block.h)
+      moe_.Forward(k, acts.parts, into_residual ? acts.output : s.proj, a.mlp_norm,
+                   into_residual ? Ptr<const A>(a.residual2) : nullptr, p, N, C);
+      if (into_residual) return;
+      AllReduce(k, s.proj, N * C);
+      if (dropout) Drop(k, d, kMlpResidual, s.proj, s.proj, C, C, 0);
+      ops.Add(acts.output, a.residual2, s.proj, N * C, k.stream);
+      return;
     }
     ops.MatmulForward(a.gate_up, nullptr, a.mlp_norm, p + wgate_up_, nullptr, nullptr, N, C, 2 * Hl, k.stream);
     ops.SwiGluForward(a.swiglu, a.gate_up, N, Hl, k.stream);
@@ -105,10 +118,14 @@ class Llama final : public Model<P> {
     // output = residual2 + down: both get the output's gradient (down's through its mask).
     const Ptr<A> ddown = dropout ? s.dmasked : s.dresidual;
     if (dropout) Drop(k, d, kMlpResidual, s.dmasked, s.dresidual, C, C, 0);
-    ops.MatmulBackward(s.dswiglu, dp + wdown_, nullptr, ddown, a.swiglu, p + wdown_, nullptr, N, Hl, C, k.stream);
-    ops.SwiGluBackward(s.dgate_up, s.dswiglu, a.gate_up, N, Hl, k.stream);
-    ops.MatmulBackward(s.dln, dp + wgate_up_, nullptr, s.dgate_up, a.mlp_norm, p + wgate_up_, nullptr, N, C, 2 * Hl,
-                       k.stream);
+    if (moe_.enabled) {
+      moe_.Backward(k, dp, acts.parts, scratch.parts, s.dln, ddown, a.mlp_norm, p, N, C);
+    } else {
+      ops.MatmulBackward(s.dswiglu, dp + wdown_, nullptr, ddown, a.swiglu, p + wdown_, nullptr, N, Hl, C, k.stream);
+      ops.SwiGluBackward(s.dgate_up, s.dswiglu, a.gate_up, N, Hl, k.stream);
+      ops.MatmulBackward(s.dln, dp + wgate_up_, nullptr, s.dgate_up, a.mlp_norm, p + wgate_up_, nullptr, N, C, 2 * Hl,
+                         k.stream);
+    }
     AllReduce(k, s.dln, N * C);  // each rank's hidden units gave part of it
     ops.RmsNormBackward(s.dresidual, dp + mlp_norm_, s.dln, a.residual2, p + mlp_norm_, a.mlp_rstd, N, C, k.stream);
     // residual2 = residual + o: likewise.
@@ -121,8 +138,8 @@ class Llama final : public Model<P> {
     ops.MatmulBackward(s.datty, dp + wo_, nullptr, dout, dropout ? s.dropped : a.atty, p + wo_, nullptr, N, Q, C,
                        k.stream);
     if (dropout) Drop(k, d, kAttentionOutput, s.datty, s.datty, Q, q_whole, q_first);
-    ops.AttentionBackward(s.dqkv, s.attention, s.datty, a.qkv, a.atty, a.att_state, d.B, d.T, d.heads(), d.kv_heads(),
-                          d.HS, k.stream);
+    AttentionBackward(k, s.dqkv, s.attention, s.datty, a.qkv, a.atty, a.att_state, d.B, d.T, d.heads(), d.kv_heads(),
+                      d.HS);
     const Rope rope = RopeOf(k);
     ops.RopeBackward(s.dqkv, rope.cos, rope.sin, d.B, d.T, d.heads(), d.kv_heads(), d.HS, k.stream);
     if (q_norm_ >= 0) HeadNormsBackward(k, dp, s, a, p, d);
@@ -144,9 +161,9 @@ class Llama final : public Model<P> {
     });
   }
 
-  std::vector<double> FamilyBufferValues(std::string_view name, int seq) const override {
-    if (name != "rope") return Model<P>::FamilyBufferValues(name, seq);
-    return RopeTable(shape_, seq);
+  std::vector<double> FamilyBufferValues(std::string_view name, const std::vector<int64_t>& positions) const override {
+    if (name != "rope") return Model<P>::FamilyBufferValues(name, positions);
+    return RopeTable(shape_, positions);
   }
 
   void HeadLogits(const Context<P>& k, const HeadActivations<P>& h, Ptr<const A> x, Ptr<const A> unit, int64_t row,
@@ -217,6 +234,7 @@ class Llama final : public Model<P> {
   api::ModelShape shape_;
   int64_t embed_, norm_, lm_head_;  // in the embedding or head unit
   int64_t attn_norm_, wqkv_, bqkv_, q_norm_, k_norm_, wo_, mlp_norm_, wgate_up_, wdown_;  // in a block
+  MoeBlock<P> moe_;  // a mixture of experts' MLP in place of gate, up and down, where the block has a router
 };
 
 }  // namespace

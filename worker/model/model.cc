@@ -1,5 +1,6 @@
 #include "worker/model/model.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -38,18 +39,44 @@ int64_t Carving::Elements(std::string_view name) const {
 }
 
 template <class P>
-std::vector<double> Model<P>::FamilyBufferValues(std::string_view name, int) const {
+std::vector<double> Model<P>::FamilyBufferValues(std::string_view name, const std::vector<int64_t>&) const {
   throw std::logic_error("Model: the family has no buffer " + std::string(name));
 }
 
+std::vector<int64_t> WindowPositions(int seq) {
+  std::vector<int64_t> positions(static_cast<size_t>(seq));
+  for (int t = 0; t < seq; ++t) positions[size_t(t)] = t;
+  return positions;
+}
+
 template <class P>
-Carving PrepareFamilyBuffers(const Model<P>& model, runtime::Backend& backend, runtime::DeviceBytes base, int seq,
-                             const api::ModelShape& shape, const api::EngineTypes& types, runtime::Stream& stream) {
+void AttentionForward(const Context<P>& k, Ptr<typename P::Act> out, Ptr<typename P::Acc> state,
+                      runtime::DeviceBytes scratch, Ptr<const typename P::Act> qkv, int B, int T, int NH, int KVH,
+                      int HS) {
+  if (k.cp == nullptr) return k.ops.AttentionForward(out, state, qkv, B, T, NH, KVH, HS, k.stream);
+  k.cp->AttentionForward(k.ops, out, state, scratch, qkv, B, T, NH, KVH, HS, k.stream);
+}
+
+template <class P>
+void AttentionBackward(const Context<P>& k, Ptr<typename P::Act> dqkv, runtime::DeviceBytes scratch,
+                       Ptr<const typename P::Act> dout, Ptr<const typename P::Act> qkv, Ptr<const typename P::Act> out,
+                       Ptr<const typename P::Acc> state, int B, int T, int NH, int KVH, int HS) {
+  if (k.cp == nullptr) {
+    return k.ops.AttentionBackward(dqkv, scratch, dout, qkv, out, state, B, T, NH, KVH, HS,
+                                   k.stream);
+  }
+  k.cp->AttentionBackward(k.ops, dqkv, scratch, dout, qkv, out, state, B, T, NH, KVH, HS, k.stream);
+}
+
+template <class P>
+Carving PrepareFamilyBuffers(const Model<P>& model, runtime::Backend& backend, runtime::DeviceBytes base,
+                             const std::vector<int64_t>& positions, const api::ModelShape& shape,
+                             const api::EngineTypes& types, runtime::Stream& stream) {
   using G = typename P::Acc;
-  const std::vector<api::Buffer> buffers = api::FamilyBuffers(seq, shape, types);
+  const std::vector<api::Buffer> buffers = api::FamilyBuffers(int(positions.size()), shape, types);
   Carving carving(base, buffers);
   for (const api::Buffer& b : buffers) {
-    const std::vector<double> values = model.FamilyBufferValues(b.name, seq);
+    const std::vector<double> values = model.FamilyBufferValues(b.name, positions);
     if (int64_t(values.size()) != b.elements) {
       throw std::logic_error("PrepareFamilyBuffers: " + std::string(b.name) + " has " + std::to_string(values.size()) +
                              " values for " + std::to_string(b.elements) + " elements");
@@ -97,7 +124,8 @@ HeadActivations<P> HeadActivations<P>::At(runtime::DeviceBytes base, int batch, 
 }
 
 template <class P>
-api::EngineTypes TypesOf(kernels::Ops<P>& ops, int B, int T, const api::ModelShape& shape, int tp_size) {
+api::EngineTypes TypesOf(kernels::Ops<P>& ops, int B, int T, const api::ModelShape& shape, int tp_size,
+                         int context) {
   const api::ModelShape s = shape.Resolved();
   const int NH = int(s.heads) / tp_size, KVH = int(s.kv_heads) / tp_size, HS = int(s.head_dim);
   api::EngineTypes types;
@@ -105,6 +133,12 @@ api::EngineTypes TypesOf(kernels::Ops<P>& ops, int B, int T, const api::ModelSha
   types.acc_bytes = int(sizeof(typename P::Acc));
   types.attention_keeps_scores = ops.Attention(B, T, NH, KVH, HS) == kernels::AttentionKind::kScores;
   types.attention_scratch_bytes = ops.AttentionScratchBytes(B, T, NH, KVH, HS);
+  types.context = context;
+  if (context > 1) {
+    types.attention_scratch_bytes =
+        std::max(api::CarvedBytes(api::RingAttentionBuffers(B, T, s, tp_size, types, /*backward=*/false)),
+                 api::CarvedBytes(api::RingAttentionBuffers(B, T, s, tp_size, types, /*backward=*/true)));
+  }
   return types;
 }
 
@@ -139,11 +173,17 @@ std::unique_ptr<Model<P>> MakeModel(const ParameterLayout& layout) {
   template struct BlockActivations<P>;                                                              \
   template struct BlockScratch<P>;                                                                  \
   template struct HeadActivations<P>;                                                               \
-  template api::EngineTypes TypesOf<P>(kernels::Ops<P>&, int, int, const api::ModelShape&, int);   \
+  template api::EngineTypes TypesOf<P>(kernels::Ops<P>&, int, int, const api::ModelShape&, int, int);   \
   template std::unique_ptr<Model<P>> MakeModel<P>(const ParameterLayout&);                          \
   template class Model<P>;                                                                          \
-  template Carving PrepareFamilyBuffers<P>(const Model<P>&, runtime::Backend&, runtime::DeviceBytes, int,          \
-                                           const api::ModelShape&, const api::EngineTypes&, runtime::Stream&);
+  template Carving PrepareFamilyBuffers<P>(const Model<P>&, runtime::Backend&, runtime::DeviceBytes,              \
+                                           const std::vector<int64_t>&, const api::ModelShape&,                     \
+                                           const api::EngineTypes&, runtime::Stream&);                              \
+  template void AttentionForward<P>(const Context<P>&, Ptr<P::Act>, Ptr<P::Acc>, runtime::DeviceBytes,             \
+                                    Ptr<const P::Act>, int, int, int, int, int);                                    \
+  template void AttentionBackward<P>(const Context<P>&, Ptr<P::Act>, runtime::DeviceBytes, Ptr<const P::Act>,      \
+                                     Ptr<const P::Act>, Ptr<const P::Act>, Ptr<const P::Acc>, int, int, int, int, \
+                                     int);
 
 MESHTRAIN_MODEL(kernels::Fp32)
 MESHTRAIN_MODEL(kernels::Bf16)

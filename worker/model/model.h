@@ -56,6 +56,28 @@ class TensorParallelGroup {
                          runtime::Stream& stream) = 0;
 };
 
+// Attention across the context-parallel group (api/layout.h): each rank holds two chunks
+// of every sequence (api::ContextRows), and the layers call these instead of the table's
+// AttentionForward and AttentionBackward, with the same contracts on this rank's rows:
+// qkv (B,T,(NH+2*KVH)*HS) of its T rows, out (B,T,NH*HS), causal by position in the
+// whole sequence. state holds api::AttentionStateElements of the engine's types (which
+// know the group) and scratch their attention_scratch_bytes, shared by the forward and
+// the backward. Every rank of the group makes the same calls in the same order.
+template <class P>
+class ContextParallelGroup {
+ public:
+  using A = typename P::Act;
+  using G = typename P::Acc;
+  virtual ~ContextParallelGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual void AttentionForward(kernels::Ops<P>& ops, Ptr<A> out, Ptr<G> state, runtime::DeviceBytes scratch,
+                                Ptr<const A> qkv, int B, int T, int NH, int KVH, int HS, runtime::Stream& stream) = 0;
+  virtual void AttentionBackward(kernels::Ops<P>& ops, Ptr<A> dqkv, runtime::DeviceBytes scratch, Ptr<const A> dout,
+                                 Ptr<const A> qkv, Ptr<const A> out, Ptr<const G> state, int B, int T, int NH,
+                                 int KVH, int HS, runtime::Stream& stream) = 0;
+};
+
 // Named buffers carved out of one device allocation, in the order of an api list
 // (api/model_family.h): what a family's layers take their activations from.
 class Carving {
@@ -86,15 +108,31 @@ class Carving {
 };
 
 // What the layers run with: the kernel table, the stream they enqueue on, the TP group
-// (null: every layer whole on this rank), and the family's buffers (api::FamilyBuffers,
-// filled by PrepareFamilyBuffers: the Llama class's RoPE table).
+// (null: every layer whole on this rank), the family's buffers (api::FamilyBuffers,
+// filled by PrepareFamilyBuffers: the Llama class's RoPE table), and the context group
+// (null: whole sequences on this rank).
 template <class P>
 struct Context {
   kernels::Ops<P>& ops;
   runtime::Stream& stream;
   TensorParallelGroup<P>* tp = nullptr;
   Carving buffers{};
+  ContextParallelGroup<P>* cp = nullptr;
+  // What a layer downloads with when it needs a value on the host (a mixture of experts'
+  // counts per expert); null where the family's layers need none.
+  runtime::Backend* backend = nullptr;
 };
+
+// Causal self-attention as the table's AttentionForward/AttentionBackward give it, or
+// across k.cp where there is one: what the layers call.
+template <class P>
+void AttentionForward(const Context<P>& k, Ptr<typename P::Act> out, Ptr<typename P::Acc> state,
+                      runtime::DeviceBytes scratch, Ptr<const typename P::Act> qkv, int B, int T, int NH, int KVH,
+                      int HS);
+template <class P>
+void AttentionBackward(const Context<P>& k, Ptr<typename P::Act> dqkv, runtime::DeviceBytes scratch,
+                       Ptr<const typename P::Act> dout, Ptr<const typename P::Act> qkv, Ptr<const typename P::Act> out,
+                       Ptr<const typename P::Acc> state, int B, int T, int NH, int KVH, int HS);
 
 // This rank's slice of the layers: its heads, MLP width and vocabulary rows (the real
 // [vocab_begin, +vocab) and the padded count an embedding holds).
@@ -127,6 +165,9 @@ struct Dims {
   float eps = 1e-5f;  // the norms'
   int64_t V = 0;    // the vocabulary (the user's, unpadded)
   TpSlice tp{};
+  // This rank's part of each sequence (api::ContextRows of T x cp_size tokens): its T rows
+  // are the chunks rank and 2 x size - 1 - rank of the whole sequence.
+  int cp_rank = 0, cp_size = 1;
   DropoutSpec dropout{};
   int64_t N() const { return int64_t(B) * T; }
   // This rank's query and key/value heads, their channels, and its MLP units.
@@ -174,14 +215,16 @@ struct HeadActivations {
                             const api::EngineTypes& types);
 };
 
-// The engine's element types and what its kernel table keeps for attention.
+// The engine's element types and what its kernel table keeps for attention, or with a
+// context group of `context` ranks (T: this rank's rows) what ring attention keeps.
 template <class P>
-api::EngineTypes TypesOf(kernels::Ops<P>& ops, int B, int T, const api::ModelShape& shape, int tp_size);
+api::EngineTypes TypesOf(kernels::Ops<P>& ops, int B, int T, const api::ModelShape& shape, int tp_size,
+                         int context = 1);
 
-// cos, then sin, of angle position x frequency for positions [0, seq) and the HS/2
+// cos, then sin, of angle position x frequency for each of `positions` and the HS/2
 // frequencies of `shape`'s RoPE (its theta and rope_scaling, as transformers computes
-// them), in fp64: the Llama class's "rope" buffer, (seq, HS/2) each.
-std::vector<double> RopeTable(const api::ModelShape& shape, int seq);
+// them), in fp64: the Llama class's "rope" buffer, (rows, HS/2) each.
+std::vector<double> RopeTable(const api::ModelShape& shape, const std::vector<int64_t>& positions);
 
 // One family's layers. `unit` pointers are a unit's gathered parameters (and `dunit` its
 // gradients) in the layout's order (parameters.h): the embedding unit, a block, and the
@@ -219,17 +262,23 @@ class Model {
   // h.logits (Vp) = the logits of row `row` of x (N,C): for sampling.
   virtual void HeadLogits(const Context<P>& k, const HeadActivations<P>& h, Ptr<const A> x, Ptr<const A> unit,
                           int64_t row, const Dims& d) const = 0;
-  // The values of the family's buffer `name` (api::FamilyBuffers) for sequences of up to
-  // `seq` tokens, in fp64. Throws std::logic_error for a buffer the family has not.
-  virtual std::vector<double> FamilyBufferValues(std::string_view name, int seq) const;
+  // The values of the family's buffer `name` (api::FamilyBuffers) for windows whose row t
+  // holds the token at `positions[t]` of its sequence, in fp64. Throws std::logic_error
+  // for a buffer the family has not.
+  virtual std::vector<double> FamilyBufferValues(std::string_view name, const std::vector<int64_t>& positions) const;
 };
 
-// Carves the family's buffers for sequences of up to `seq` tokens (api::FamilyBuffers)
-// out of `base`, which holds api::CarvedBytes of them, uploads each one's values
-// (Model::FamilyBufferValues) on `stream` and waits for them: Context::buffers.
+// Carves the family's buffers for windows of positions.size() tokens at `positions`
+// (api::FamilyBuffers) out of `base`, which holds api::CarvedBytes of them, uploads each
+// one's values (Model::FamilyBufferValues) on `stream` and waits for them:
+// Context::buffers.
 template <class P>
-Carving PrepareFamilyBuffers(const Model<P>& model, runtime::Backend& backend, runtime::DeviceBytes base, int seq,
-                             const api::ModelShape& shape, const api::EngineTypes& types, runtime::Stream& stream);
+Carving PrepareFamilyBuffers(const Model<P>& model, runtime::Backend& backend, runtime::DeviceBytes base,
+                             const std::vector<int64_t>& positions, const api::ModelShape& shape,
+                             const api::EngineTypes& types, runtime::Stream& stream);
+
+// 0, 1, ..., seq - 1: the positions of whole windows.
+std::vector<int64_t> WindowPositions(int seq);
 
 // The layers of `layout`'s family (which must outlive them).
 template <class P>

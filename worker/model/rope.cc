@@ -11,7 +11,8 @@
 
 namespace meshtrain::model {
 
-std::vector<double> RopeTable(const api::ModelShape& shape, int seq) {
+std::vector<double> RopeTable(const api::ModelShape& shape, const std::vector<int64_t>& positions) {
+  const int64_t seq = int64_t(positions.size());
   const api::ModelShape s = shape.Resolved();
   const int half = int(s.head_dim / 2);
   const api::RopeScaling& scaling = s.rope_scaling;
@@ -37,10 +38,10 @@ std::vector<double> RopeTable(const api::ModelShape& shape, int seq) {
   }
   std::vector<double> table(2 * size_t(seq) * size_t(half));
   double* cos = table.data();
-  double* sin = cos + int64_t(seq) * half;
-  for (int t = 0; t < seq; ++t) {
+  double* sin = cos + seq * half;
+  for (int64_t t = 0; t < seq; ++t) {
     for (int i = 0; i < half; ++i) {
-      const double angle = double(t) * frequencies[size_t(i)];
+      const double angle = double(positions[size_t(t)]) * frequencies[size_t(i)];
       cos[int64_t(t) * half + i] = std::cos(angle);
       sin[int64_t(t) * half + i] = std::sin(angle);
     }

@@ -51,6 +51,7 @@ struct CommStats {
   double all_gather = 0, reduce_scatter = 0, all_reduce = 0, exposed = 0;
   double copy = 0, copy_exposed = 0;
   double send = 0, recv = 0, neighbour_wait = 0;
+  double ring = 0;  // context parallelism's key/value passes (sends and receives on the context group)
 };
 CommStats operator-(const CommStats& a, const CommStats& b);
 

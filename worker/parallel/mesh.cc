@@ -17,6 +17,7 @@ Mesh::Mesh(const api::ParallelLayout& layout, comm::Communicator* world, comm::S
   replica_index_ = at.replica;
   stage_ = at.pipeline;
   data_parallel_rank_ = layout.DataParallelRankOf(rank);
+  context_rank_ = layout.ContextRankOf(rank);
   if (world == nullptr) return;
   // Every rank splits the axes in the same order, so the groups form alike everywhere.
   struct Axis {
@@ -28,7 +29,8 @@ Mesh::Mesh(const api::ParallelLayout& layout, comm::Communicator* world, comm::S
   for (const Axis& a : {Axis{layout.tp(), api::Axis::kTensor, &tp_, &device_tp_},
                         Axis{layout.shard(), api::Axis::kShard, &shard_, &device_shard_},
                         Axis{layout.replicas(), api::Axis::kReplica, &replica_, &device_replica_},
-                        Axis{layout.pipeline(), api::Axis::kPipeline, &pipeline_, &device_pipeline_}}) {
+                        Axis{layout.pipeline(), api::Axis::kPipeline, &pipeline_, &device_pipeline_},
+                        Axis{layout.context(), api::Axis::kContext, &context_, &device_context_}}) {
     if (a.size <= 1) continue;
     *a.host = world->SplitAxis(layout, a.axis);
     *a.device = device_world != nullptr ? device_world->SplitAxis(layout, a.axis)
@@ -95,7 +97,9 @@ std::string Mesh::Describe() const {
   text += std::to_string(layout_.replicas()) + (layout_.replicas() == 1 ? " replica x " : " replicas x ") +
           std::to_string(layout_.shard()) + (layout_.shard() == 1 ? " shard" : " shards") + " x tp " +
           std::to_string(layout_.tp());
+  if (layout_.context() > 1) text += " x context " + std::to_string(layout_.context());
   if (tp_) text += ", " + tp_->group().name();
+  if (context_) text += ", " + context_->group().name();
   if (shard_) text += ", " + shard_->group().name();
   if (replica_) text += ", " + replica_->group().name();
   if (pipeline_) text += ", " + pipeline_->group().name();

@@ -1,8 +1,8 @@
 // The groups of one rank's place in the layout (docs/design.md, "The parallel layout"): its
-// tensor-parallel group (the T ranks that split each layer), its shard group (the S
-// ranks that split each FSDP unit of the same TP slice), its replica group (the R ranks
-// holding the same shard) and its pipeline group (the P ranks of the same coordinate on
-// every stage). Each group comes twice: as stream-ordered collectives on device memory
+// tensor-parallel group (the T ranks that split each layer), its context group (the C
+// ranks that split each sequence), its shard group (the S x C ranks that split each FSDP
+// unit of the same TP slice), its replica group (the R ranks holding the same shard) and
+// its pipeline group (the P ranks of the same coordinate on every stage). Each group comes twice: as stream-ordered collectives on device memory
 // (the engine's steps), and as a host Communicator (what runs outside steps: assembling
 // the whole model, sampling). A group of one rank has neither: the engine then moves
 // nothing.
@@ -52,7 +52,10 @@ class Mesh {
   // and the stages of a pipeline).
   int data_parallel_rank() const { return data_parallel_rank_; }
   int data_parallel_size() const { return layout_.data_parallel(); }
-  int shard_size() const { return layout_.shard(); }
+  int shard_size() const { return layout_.shard(); }  // S x C
+  // Which part of each sequence this rank holds (api::ContextRows), of context_size().
+  int context_size() const { return layout_.context(); }
+  int context_rank() const { return context_rank_; }
   int shard_rank() const { return shard_rank_; }
   int replicas() const { return layout_.replicas(); }
   int replica_index() const { return replica_index_; }
@@ -64,9 +67,11 @@ class Mesh {
   comm::Communicator* shard() const { return shard_.get(); }
   comm::Communicator* replica() const { return replica_.get(); }
   comm::Communicator* pipeline() const { return pipeline_.get(); }
+  comm::Communicator* context() const { return context_.get(); }
   comm::StreamCollectives* device_tp() const { return device_tp_.get(); }
   comm::StreamCollectives* device_shard() const { return device_shard_.get(); }
   comm::StreamCollectives* device_replica() const { return device_replica_.get(); }
+  comm::StreamCollectives* device_context() const { return device_context_.get(); }
   // The P ranks of this (replica, shard, tp) coordinate, stage by stage.
   comm::StreamCollectives* device_pipeline() const { return device_pipeline_.get(); }
   // Stage 0's and stage P-1's rank of this coordinate, in that order ("ends{0,24}"): null
@@ -90,7 +95,7 @@ class Mesh {
   StageLink recv_next() const { return Link(recv_next_); }
 
   // "2 stages x 2 replicas x 4 shards x tp 2, tp{0-1}, shard{0-6 step 2}, replica{0,8},
-  // pipeline{0,16}" (stages only when P > 1)
+  // pipeline{0,16}" (stages only when P > 1; "x context 2" and its group when C > 1)
   std::string Describe() const;
 
  private:
@@ -100,10 +105,11 @@ class Mesh {
   void BuildStageGroups(comm::StreamCollectives& splitter);
 
   api::ParallelLayout layout_;
-  int shard_rank_ = 0, tp_rank_ = 0, replica_index_ = 0, data_parallel_rank_ = 0, stage_ = 0;
+  int shard_rank_ = 0, tp_rank_ = 0, replica_index_ = 0, data_parallel_rank_ = 0, stage_ = 0, context_rank_ = 0;
   bool wrap_stages_ = false;
-  std::unique_ptr<comm::Communicator> tp_, shard_, replica_, pipeline_;
-  std::unique_ptr<comm::StreamCollectives> device_tp_, device_shard_, device_replica_, device_pipeline_;
+  std::unique_ptr<comm::Communicator> tp_, shard_, replica_, pipeline_, context_;
+  std::unique_ptr<comm::StreamCollectives> device_tp_, device_shard_, device_replica_, device_pipeline_,
+      device_context_;
   std::unique_ptr<comm::StreamCollectives> device_ends_, send_next_, recv_prev_, send_prev_, recv_next_;
 };
 

@@ -155,9 +155,7 @@ void PipelineStage<P>::Run(ChunkCompute& compute, const std::vector<api::PipeAct
           compute_.Wait(*lane_free_[lane]);
           compute_.Wait(*lane_sent_[lane]);
         }
-        const bool hold = train && i + 1 < program.size() &&
-                          program[i + 1] == api::PipeAction{PipeOp::kBackward, a.micro, a.chunk};
-        compute.ChunkForward(a.chunk, int(lane), m, head, hold);
+        compute.ChunkForward(a.chunk, int(lane), m, head, /*keep=*/train);
         if (train && a.chunk + 1 == C) compute.ReduceHead(last);
         // Outside training the lane is free once the forward has read it (its output
         // leaves on the send, which the next forward in the lane waits for).
@@ -181,6 +179,9 @@ void PipelineStage<P>::Run(ChunkCompute& compute, const std::vector<api::PipeAct
         produced_->Record(compute_);
         Transfer(true, mesh_.send_prev(), store_.Gradient(int(lane)), n, *send_prev_, *produced_, *lane_free_[lane]);
         break;
+      case PipeOp::kUnshardForward:
+      case PipeOp::kUnshardBackward: compute.Unshard(a.chunk, a.op == PipeOp::kUnshardForward); break;
+      case PipeOp::kReshard: compute.Reshard(); break;
     }
   }
 }

@@ -51,16 +51,22 @@ class ChunkCompute {
   virtual ~ChunkCompute() = default;
   // Copies m's tokens and targets to the device, where chunk 0 and the last chunk read them.
   virtual void LoadTokens(const MicroBatch& m) = 0;
-  // Chunk c's forward of m in `lane`: from the lane's input (chunk 0: the tokens'
-  // embedding) through the chunk's blocks to the lane's output, and on the last chunk
-  // the head's `head` work. `hold`: the chunk's backward of m comes next, so its last
-  // block stays gathered for it.
-  virtual void ChunkForward(int c, int lane, const MicroBatch& m, HeadWork head, bool hold) = 0;
+  // Gathers the block chunk c's forward starts with (its first), or its backward (its
+  // last) unless a forward kept it (api::PipeOp::kUnshardForward, kUnshardBackward).
+  virtual void Unshard(int c, bool forward) = 0;
+  // Releases the block the last training forward kept (api::PipeOp::kReshard).
+  virtual void Reshard() = 0;
+  // Chunk c's forward of m in `lane`, its first block gathered by Unshard: from the
+  // lane's input (chunk 0: the tokens' embedding) through the chunk's blocks to the
+  // lane's output, and on the last chunk the head's `head` work. `keep`: its last block
+  // stays gathered, for the chunk's backward of m or until Reshard.
+  virtual void ChunkForward(int c, int lane, const MicroBatch& m, HeadWork head, bool keep) = 0;
   // Right after the last chunk's training forward: the head's gradients are complete,
   // and are reduced (`last`: the step's last micro-batch, so also averaged over the
   // replicas), unless the head is tied and the embedding's backward adds to them here.
   virtual void ReduceHead(bool last) = 0;
-  // Chunk c's backward of m in `lane`: from the gradient of the lane's output, in place,
+  // Chunk c's backward of m in `lane`, its last block gathered by Unshard or kept by
+  // its forward: from the gradient of the lane's output, in place,
   // to its input's (chunk 0: the embedding's gradients). `last`: as for ReduceHead.
   virtual void ChunkBackward(int c, int lane, const MicroBatch& m, bool last) = 0;
 };

@@ -7,6 +7,7 @@
 #include "worker/comm/stream_collectives.h"
 #include "worker/kernels/dropout.h"
 #include "worker/model/model.h"
+#include "worker/parallel/ring_attention.h"
 
 namespace meshtrain::parallel {
 
@@ -57,12 +58,17 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   ActivationStore<P>::Check(options.activations);
   const int S = mesh_->shard_size(), L = layout_.blocks(), H = layout_.head_unit();
   const model::TpSlice tp{mesh_->tp_rank(), mesh_->tp_size(), options.vocab_multiple};
-  api::EngineTypes types = model::TypesOf(*ops_, batch, seq, s, tp.size);
+  const int C = mesh_->context_size();
+  api::EngineTypes types = model::TypesOf(*ops_, batch, seq, s, tp.size, C);
   types.vocab_multiple = options.vocab_multiple;
   const int heads = int(s.heads) / tp.size;
   const int64_t state = types.attention_keeps_scores ? int64_t(batch) * heads * seq * seq : int64_t(batch) * heads * seq;
-  if (ops_->AttentionStateElements(batch, seq, heads, int(s.kv_heads) / tp.size, int(s.head_dim)) > state) {
+  if (C == 1 && ops_->AttentionStateElements(batch, seq, heads, int(s.kv_heads) / tp.size, int(s.head_dim)) > state) {
     throw std::logic_error(ops_->Describe() + ": its attention keeps more per block than the engine counts");
+  }
+  if (C > 1) {  // seq: this rank's rows of each sequence, two chunks of seq / 2
+    if (seq % 2 != 0) throw std::invalid_argument("context parallelism needs an even number of rows a rank");
+    cp_ = std::make_unique<RingAttention<P>>(mesh_->device_context(), backend_.get(), s, tp.size, types);
   }
   using runtime::MemoryCategory;
 
@@ -112,8 +118,13 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   // The family's buffers (RoPE's table) end the step buffer; its model fills them once.
   const size_t family_buffers = api::FamilyBuffers(seq, s, types).size();
   if (family_buffers > 0) {
-    family_buffers_ = model::PrepareFamilyBuffers<P>(*model_, *backend_, at[at.size() - family_buffers], seq, s, types,
-                                                     *compute_);
+    std::vector<int64_t> positions = model::WindowPositions(seq);
+    if (C > 1) {  // this rank's rows of the whole sequence
+      const api::ContextRows rows(int64_t(seq) * C, mesh_->context_rank(), C);
+      for (int t = 0; t < seq; ++t) positions[size_t(t)] = rows.Position(t);
+    }
+    family_buffers_ = model::PrepareFamilyBuffers<P>(*model_, *backend_, at[at.size() - family_buffers], positions, s,
+                                                     types, *compute_);
   }
 
   // The compute copies' slots and, with S > 1, the unsharded gradients' and the
@@ -218,6 +229,8 @@ std::vector<FlatUnit<P>*> ShardedEngine<P>::Held(bool counted) {
 template <class P>
 model::Dims ShardedEngine<P>::DimsOf(int B, int T, const MicroBatchKey* training) const {
   model::Dims d = model::Dims::Of(layout_.shape(), B, T, {mesh_->tp_rank(), mesh_->tp_size(), options_.vocab_multiple});
+  d.cp_rank = mesh_->context_rank();
+  d.cp_size = mesh_->context_size();
   if (training != nullptr && options_.dropout > 0) {
     // Keyed by the step, indexed by the sample's place in the step's global batch.
     const int64_t first_sample = (training->micro * mesh_->data_parallel_size() + mesh_->data_parallel_rank()) * B;
@@ -328,13 +341,20 @@ void ShardedEngine<P>::ReleaseHeld() {
 }
 
 template <class P>
-void ShardedEngine<P>::ChunkForward(int c, int lane, const MicroBatch& m, HeadWork head, bool hold) {
+void ShardedEngine<P>::Unshard(int c, bool forward) {
+  const int l = forward ? first_[size_t(c)] : first_[size_t(c) + 1] - 1;
+  if (!forward && held_ && held_block_ == l) return;  // its forward kept it
+  ReleaseHeld();
+  GatherBlock(l);
+}
+
+template <class P>
+void ShardedEngine<P>::ChunkForward(int c, int lane, const MicroBatch& m, HeadWork head, bool keep) {
   const int a = first_[size_t(c)], b = first_[size_t(c) + 1], H = layout_.head_unit();
   const bool embeds = c == 0, ends = c + 1 == chunks();  // the chunk holds the embedding, the head
   const model::Dims d = DimsOf(m.B, m.T, head == HeadWork::kTrain ? &m.key : nullptr);
   const model::Context<P> k = Context();
-  if (embeds) GatherEdge(0);
-  GatherBlock(a);
+  if (embeds) GatherEdge(0);  // block a is gathered already (Unshard)
   if (embeds) {
     WaitTimed(Embedding().ready());
     Observed(*compute_, Op::kForward, 0,
@@ -354,12 +374,13 @@ void ShardedEngine<P>::ChunkForward(int c, int lane, const MicroBatch& m, HeadWo
                            BlockSlot(l), d.ForLayer(l));
     });
     store_->AfterForward(l - a, *compute_, lane);
-    if (!hold || l + 1 < b) ReleaseBlock(l);
+    if (!keep || l + 1 < b) ReleaseBlock(l);
   }
-  // A forward whose backward comes next keeps its last block for it (torchtitan keeps it
-  // too): a gather per micro-batch saved. Held from here, so that a head that throws
-  // leaves it to the next call to release.
-  if (hold) {
+  // A training forward keeps its last block: where its backward comes next (the program
+  // says so by not releasing it, api::PipeOp::kReshard), a gather per micro-batch saved,
+  // as torchtitan saves it. Held from here, so that a head that throws leaves it to the
+  // next call to release.
+  if (keep) {
     held_ = true;
     held_block_ = b - 1;
   }
@@ -399,12 +420,7 @@ void ShardedEngine<P>::ChunkBackward(int c, int lane, const MicroBatch& m, bool 
   const model::Dims d = DimsOf(m.B, m.T, &m.key);
   const model::Context<P> k = Context();
   const model::BlockScratch<P> scratch = store_->ScratchFor(lane);
-  if (held_ && held_block_ == b - 1) {
-    held_ = false;  // its forward kept it
-  } else {
-    ReleaseHeld();
-    GatherBlock(b - 1);
-  }
+  held_ = false;  // its last block: kept by its forward, or gathered by Unshard
   for (int l = b - 1; l >= a; --l) {
     if (l > a) GatherBlock(l - 1);
     FlatUnit<P>& unit = Block(l);
@@ -460,7 +476,8 @@ void ShardedEngine<P>::Forward(const int32_t* inputs, const int32_t* targets, in
   if (training == nullptr) return stage_->Forward(*this, m, HeadWork::kLoss);
   LoadTokens(m);
   forwarded_ = {nullptr, nullptr, B, T, *training, target_weight};
-  ChunkForward(0, 0, m, HeadWork::kTrain, /*hold=*/true);
+  Unshard(0, /*forward=*/true);
+  ChunkForward(0, 0, m, HeadWork::kTrain, /*keep=*/true);
 }
 
 template <class P>
@@ -621,6 +638,10 @@ CommStats ShardedEngine<P>::comm_stats() {
   }
   if (comm::StreamCollectives* group = mesh_->device_pipeline()) stats.all_reduce += group->Seconds().all_reduce;
   if (comm::StreamCollectives* group = mesh_->device_ends()) stats.all_reduce += group->Seconds().all_reduce;
+  if (comm::StreamCollectives* group = mesh_->device_context()) {
+    const comm::CollectiveSeconds s = group->Seconds();
+    stats.ring += s.send + s.recv;
+  }
   stats.exposed = exposed_->Seconds();
   stage_->AddStats(&stats);
   stats.copy = store_->copy_seconds();

@@ -128,14 +128,18 @@ class ShardedEngine final : public Engine, private ChunkCompute {
   Ptr<G> BlockGrads(int l);
   // Where unit u's (the embedding's or the head's) unsharded gradients go.
   Ptr<G> EdgeGrads(int u);
-  model::Context<P> Context() { return {*ops_, *compute_, tp_.get(), family_buffers_}; }
+  model::Context<P> Context() {
+    return {*ops_, *compute_, tp_.get(), family_buffers_, cp_.get(), backend_.get()};
+  }
   // The dims of a micro-batch: its shape and, in training with dropout, its masks.
   model::Dims DimsOf(int B, int T, const MicroBatchKey* training) const;
   // Throws what Forward documents for tokens or targets it cannot take.
   void CheckTokens(const int32_t* inputs, const int32_t* targets, int B, int T) const;
   // ChunkCompute, which the stage's program calls.
   void LoadTokens(const MicroBatch& m) override;
-  void ChunkForward(int c, int lane, const MicroBatch& m, HeadWork head, bool hold) override;
+  void Unshard(int c, bool forward) override;
+  void Reshard() override { ReleaseHeld(); }
+  void ChunkForward(int c, int lane, const MicroBatch& m, HeadWork head, bool keep) override;
   void ReduceHead(bool last) override;
   void ChunkBackward(int c, int lane, const MicroBatch& m, bool last) override;
   // The probabilities of the logits the head left (HeadLogits), of the whole vocabulary.
@@ -175,6 +179,7 @@ class ShardedEngine final : public Engine, private ChunkCompute {
   std::unique_ptr<runtime::Stream> compute_, comm_;
   std::unique_ptr<runtime::StreamTimer> exposed_;
   std::unique_ptr<TensorParallel> tp_;  // null without tensor parallelism
+  std::unique_ptr<model::ContextParallelGroup<P>> cp_;  // null without context parallelism
   // The step buffer (api::StepBuffers): tokens, targets, scalars, segment tables, RoPE's table.
   runtime::DeviceArray<std::byte> step_;
   Ptr<int32_t> tokens_, targets_;

@@ -42,6 +42,10 @@ class Backend {
 
   // Stream-ordered; the ranges must not overlap.
   virtual void Copy(DeviceBytes to, ConstDeviceBytes from, size_t bytes, Stream& stream) = 0;
+  // `rows` rows of `width` bytes: row i from from + i * from_pitch to to + i * to_pitch
+  // (cudaMemcpy2DAsync's). Stream-ordered; the ranges must not overlap.
+  virtual void Copy2D(DeviceBytes to, size_t to_pitch, ConstDeviceBytes from, size_t from_pitch, size_t width,
+                      size_t rows, Stream& stream) = 0;
   virtual void CopyToHost(void* to, ConstDeviceBytes from, size_t bytes, Stream& stream) = 0;
   virtual void CopyFromHost(DeviceBytes to, const void* from, size_t bytes, Stream& stream) = 0;
   // Every byte of [to, to + bytes) = `value`.

@@ -39,6 +39,17 @@ void CpuBackend::Copy(DeviceBytes to, ConstDeviceBytes from, size_t bytes, Strea
   });
 }
 
+void CpuBackend::Copy2D(DeviceBytes to, size_t to_pitch, ConstDeviceBytes from, size_t from_pitch, size_t width,
+                        size_t rows, Stream& stream) {
+  CpuStream::Of(stream).Enqueue([to = DeviceSide::Address(to), from = DeviceSide::Address(from), to_pitch, from_pitch,
+                                 width, rows] {
+    for (size_t i = 0; i < rows; ++i) {
+      std::memcpy(static_cast<std::byte*>(to) + i * to_pitch, static_cast<const std::byte*>(from) + i * from_pitch,
+                  width);
+    }
+  });
+}
+
 void CpuBackend::CopyToHost(void* to, ConstDeviceBytes from, size_t bytes, Stream& stream) {
   CpuStream::Of(stream).Enqueue([to, from = DeviceSide::Address(from), bytes] { std::memcpy(to, from, bytes); });
 }

@@ -37,6 +37,8 @@ class CpuBackend final : public Backend {
   MemorySource DeviceMemory() override;
   MemorySource PinnedHostMemory() override { return HostMemory(); }
   void Copy(DeviceBytes to, ConstDeviceBytes from, size_t bytes, Stream& stream) override;
+  void Copy2D(DeviceBytes to, size_t to_pitch, ConstDeviceBytes from, size_t from_pitch, size_t width, size_t rows,
+              Stream& stream) override;
   void CopyToHost(void* to, ConstDeviceBytes from, size_t bytes, Stream& stream) override;
   void CopyFromHost(DeviceBytes to, const void* from, size_t bytes, Stream& stream) override;
   void Fill(DeviceBytes to, uint8_t value, size_t bytes, Stream& stream) override;

@@ -364,6 +364,15 @@ class CudaBackend final : public Backend {
   void Copy(DeviceBytes to, ConstDeviceBytes from, size_t bytes, Stream& stream) override {
     Enqueue(DeviceSide::Address(to), DeviceSide::Address(from), bytes, stream, "copy device to device");
   }
+  void Copy2D(DeviceBytes to, size_t to_pitch, ConstDeviceBytes from, size_t from_pitch, size_t width, size_t rows,
+              Stream& stream) override {
+    if (rows == 0 || width == 0) return;
+    CudaStream& cuda = CudaStream::Of(stream);
+    MakeCurrent(device_);
+    Check(cudaMemcpy2DAsync(DeviceSide::Address(to), to_pitch, DeviceSide::Address(from), from_pitch, width, rows,
+                            cudaMemcpyDeviceToDevice, cuda.handle()),
+          "2D copy of " + std::to_string(rows) + " rows of " + FormatBytes(width) + " on stream " + cuda.name());
+  }
   void CopyToHost(void* to, ConstDeviceBytes from, size_t bytes, Stream& stream) override {
     Enqueue(to, DeviceSide::Address(from), bytes, stream, "copy device to host");
   }

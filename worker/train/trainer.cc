@@ -128,9 +128,10 @@ Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime
       world_(world),
       batch_(int(job.spec.training.micro_batch_size)),
       seq_(int(*job.spec.model.seq_len)),
+      rows_(seq_ / layout_.context()),
       micro_steps_(api::AccumulationSteps(job.spec)),
       tokens_per_step_(job.spec.training.global_batch_tokens),
-      engine_(MakeEngine(job, layout_, world, device_world, device, batch_, seq_, &accounting_, switches)),
+      engine_(MakeEngine(job, layout_, world, device_world, device, batch_, rows_, &accounting_, switches)),
       codec_(job.spec.model) {
   auto [train, validation] = OpenData(job, layout_, world ? world->rank() : 0);
   train_.emplace(std::move(train));
@@ -249,7 +250,9 @@ StepReport Trainer::Step() {
     int32_t* inputs = inputs_.data() + size_t(micro) * tokens;
     int32_t* targets = targets_.data() + size_t(micro) * tokens;
     train_->Next(inputs, targets);
-    micro_batches.push_back({inputs, targets, batch_, seq_, {step_, micro}, weight});
+    KeepContextRows(inputs);
+    KeepContextRows(targets);
+    micro_batches.push_back({inputs, targets, batch_, rows_, {step_, micro}, weight});
   }
   engine_->ForwardBackward(micro_batches);
   report.learning_rate = LearningRate(t, step_);
@@ -283,8 +286,20 @@ StepReport Trainer::Step() {
 
 float Trainer::TargetWeight(const DataLoader& data, int64_t micro_batches) const {
   // A global batch with no target at all (every one masked) adds nothing: any weight does.
+  // The gradients are averaged over the ranks that reduce them, the context ranks too.
   const int64_t targets = std::max<int64_t>(1, data.GlobalTargets(micro_batches));
-  return float(double(layout_.data_parallel()) / double(targets));
+  return float(double(layout_.data_parallel()) * layout_.context() / double(targets));
+}
+
+void Trainer::KeepContextRows(int32_t* tokens) const {
+  if (layout_.context() == 1) return;
+  // Each row moves to a place no later than its own, and rows move in order: in place.
+  const api::ContextRows rows(seq_, layout_.ContextRankOf(world_->rank()), layout_.context());
+  for (int b = 0; b < batch_; ++b) {
+    for (int i = 0; i < rows_; ++i) {
+      tokens[size_t(b) * size_t(rows_) + size_t(i)] = tokens[size_t(b) * size_t(seq_) + size_t(rows.Position(i))];
+    }
+  }
 }
 
 double Trainer::Average(double value) {
@@ -337,17 +352,27 @@ double Trainer::Evaluate() {
   const float weight = TargetWeight(data, batches);
   for (int64_t i = 0; i < batches; ++i) {
     data.Next(inputs_.data(), targets_.data());
-    engine_->Forward(inputs_.data(), targets_.data(), batch_, seq_, nullptr, weight);
+    KeepContextRows(inputs_.data());
+    KeepContextRows(targets_.data());
+    engine_->Forward(inputs_.data(), targets_.data(), batch_, rows_, nullptr, weight);
   }
   data.set_position(saved);
   return Average(engine_->TakeLoss());
 }
 
 std::vector<uint32_t> Trainer::Sample(const std::vector<uint32_t>& prompt, int tokens, const SamplingOptions& options) {
+  if (layout_.context() > 1) {
+    throw std::logic_error("sampling needs whole sequences on a rank; this job splits them over " +
+                           std::to_string(layout_.context()) + " (spec.parallelism.contextParallelDegree)");
+  }
   return SampleTokens(*engine_, prompt, tokens, seq_, int(*job_.spec.model.vocab_size), options);
 }
 
 std::string Trainer::SampleText(int tokens, uint64_t seed) {
+  if (layout_.context() > 1) {
+    return "(no sample: spec.parallelism.contextParallelDegree " + std::to_string(layout_.context()) +
+           " splits each sequence over ranks; `meshtrain sample` samples the checkpoint on one)";
+  }
   SamplingOptions options;
   options.seed = seed;
   options.vocabulary = codec_.vocabulary();

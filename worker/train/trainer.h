@@ -130,9 +130,11 @@ class Trainer {
   // (the training data if there is none), averaged over the data-parallel ranks.
   double Evaluate();
 
-  // `tokens` tokens sampled from the model after `prompt` (sampler.h). Collective.
+  // `tokens` tokens sampled from the model after `prompt` (sampler.h). Collective. Throws
+  // std::logic_error under context parallelism, whose ranks hold parts of sequences.
   std::vector<uint32_t> Sample(const std::vector<uint32_t>& prompt, int tokens, const SamplingOptions& options);
-  // An unprompted sample of `tokens` tokens at temperature 1, as text (TextCodec). Collective.
+  // An unprompted sample of `tokens` tokens at temperature 1, as text (TextCodec), or
+  // under context parallelism a line that says why there is none. Collective.
   std::string SampleText(int tokens, uint64_t seed);
 
   MemoryReport memory() const;
@@ -161,7 +163,12 @@ class Trainer {
   api::TrainingJob job_;
   api::ParallelLayout layout_;
   comm::Communicator* world_;
+  // Keeps, of each of `batch_` windows of seq_ tokens at `tokens`, the rows this rank
+  // holds under context parallelism (api::ContextRows), packed at the front in place.
+  void KeepContextRows(int32_t* tokens) const;
+
   int batch_, seq_;
+  int rows_;  // of each window on this rank: seq_, or seq_ / C under context parallelism
   int64_t micro_steps_, tokens_per_step_;
   runtime::MemoryAccounting accounting_;
   std::unique_ptr<parallel::Engine> engine_;

@@ -1,0 +1,74 @@
+// Ring attention across a context group (docs/design.md, "Context parallelism"): each of
+// the group's C ranks holds two chunks of every sequence (api::ContextRows: chunks c and
+// 2C-1-c of 2C, so that causal attention's work is even), and the key/value heads of
+// each rank's chunks pass round the ring, from rank c to rank c+1, one step at a time.
+// At each step a rank attends its queries to the block it holds, where the block's
+// positions come before theirs (its own chunks causally), with the table's
+// AttentionBlockForward, and merges the block's result into its running one by
+// log-sum-exp (AttentionMerge): the same attention as on one rank, up to the order of
+// fp32 sums. The backward passes the blocks round again, each with its key/value
+// gradients (AttentionBlockBackward), which travel on to their owner after the last
+// step. The forward keeps one log-sum-exp per query row and head (the state); its
+// working buffers are api::RingAttentionBuffers, in the block's attention scratch.
+//
+// Each pass is a Send to the next rank and a Recv from the previous one over the
+// group's stream collectives, as one batch: on NCCL a grouped call; on the host
+// implementation, which runs a group's operations one at a time, even ranks send first
+// and odd ranks receive first, so that no cycle of waiting sends forms. The passes run
+// on the compute stream, between the blocks' kernels.
+// Thread-safety: as model::ContextParallelGroup (one thread issues its calls).
+
+#pragma once
+
+#include "api/model_family.h"
+#include "worker/comm/stream_collectives.h"
+#include "worker/model/model.h"
+
+namespace meshtrain::parallel {
+
+template <class P>
+class RingAttention final : public model::ContextParallelGroup<P> {
+ public:
+  using A = typename P::Act;
+  using G = typename P::Acc;
+
+  // Over `group` (the mesh's device context group; this rank is its member rank()), for
+  // the layers of `shape` on a TP group of `tp_size`, whose engine has `types`.
+  // REQUIRES: group and backend outlive this.
+  RingAttention(comm::StreamCollectives* group, runtime::Backend* backend, const api::ModelShape& shape, int tp_size,
+                const api::EngineTypes& types);
+
+  int rank() const override { return group_->rank(); }
+  int size() const override { return group_->size(); }
+  void AttentionForward(kernels::Ops<P>& ops, model::Ptr<A> out, model::Ptr<G> state, runtime::DeviceBytes scratch,
+                        model::Ptr<const A> qkv, int B, int T, int NH, int KVH, int HS,
+                        runtime::Stream& stream) override;
+  void AttentionBackward(kernels::Ops<P>& ops, model::Ptr<A> dqkv, runtime::DeviceBytes scratch,
+                         model::Ptr<const A> dout, model::Ptr<const A> qkv, model::Ptr<const A> out,
+                         model::Ptr<const G> state, int B, int T, int NH, int KVH, int HS,
+                         runtime::Stream& stream) override;
+
+ private:
+  // Which local chunk of queries (0, 1) meets which chunk of the block held at step s
+  // (the block of rank c - s), and how.
+  struct Pair {
+    int q, k;
+    kernels::AttentionMask mask;
+  };
+  std::vector<Pair> PairsAt(int step) const;
+  // n elements of `send` to the next rank, as many from the previous one into `recv`.
+  template <class T>
+  void Pass(model::Ptr<const T> send, model::Ptr<T> recv, int64_t n, runtime::Stream& stream);
+  // rows (B*T) of `width` elements from `from` (a row every from_row) to `to` (a row
+  // every to_row).
+  void CopyRows(model::Ptr<A> to, int64_t to_row, model::Ptr<const A> from, int64_t from_row, int64_t width,
+                int64_t rows, runtime::Stream& stream);
+
+  comm::StreamCollectives* group_;
+  runtime::Backend* backend_;
+  api::ModelShape shape_;
+  int tp_size_;
+  api::EngineTypes types_;
+};
+
+}  // namespace meshtrain::parallel
