@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "api/hf_config_keys.h"
+
 namespace meshtrain::api {
 
 const std::vector<const ModelFamily*>& Families() {
@@ -46,6 +48,18 @@ std::string FamilyList(bool architectures) {
     list += (list.empty() ? "" : ", ") + std::string(architectures ? f->architecture() : f->name());
   }
   return list;
+}
+
+void RefuseSlidingLayers(const nlohmann::json& j, const ConfigKeys& k) {
+  if (!j.contains("layer_types") || j.at("layer_types").is_null()) return;
+  const nlohmann::json& types = j.at("layer_types");
+  if (!types.is_array()) return k.Fail("layer_types must be a list, got " + types.dump());
+  for (size_t i = 0; i < types.size(); ++i) {
+    if (types[i] != "full_attention") {
+      k.Fail("layer_types[" + std::to_string(i) + "] " + types[i].dump() +
+             " is not implemented: attention here is over the whole window (full_attention)");
+    }
+  }
 }
 
 std::string DescribeWindow(const ModelShape& s) {

@@ -19,6 +19,10 @@ const ModelFamily& Qwen3();
 const ModelFamily& Mixtral();
 const ModelFamily& Qwen3Moe();
 
+// config.json's layer_types (transformers' per-layer attention kinds), refused by key
+// where a layer is not "full_attention": sliding attention is not implemented.
+void RefuseSlidingLayers(const nlohmann::json& j, const ConfigKeys& k);
+
 // "vocabSize V, seqLen T" and " of P" where the window is not max_positions.
 std::string DescribeWindow(const ModelShape& s);
 

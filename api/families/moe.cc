@@ -190,16 +190,7 @@ class MoeFamily final : public LlamaFamily {
                  " is not implemented: dense blocks among sparse ones are not built (every block here is sparse)");
         }
       }
-      if (j.contains("layer_types") && !j.at("layer_types").is_null()) {
-        const Json& types = j.at("layer_types");
-        if (!types.is_array()) k.Fail("layer_types must be a list, got " + types.dump());
-        for (size_t i = 0; i < types.size(); ++i) {
-          if (types[i] != "full_attention") {
-            k.Fail("layer_types[" + std::to_string(i) + "] " + types[i].dump() +
-                   " is not implemented: attention here is over the whole window (full_attention)");
-          }
-        }
-      }
+      RefuseSlidingLayers(j, k);
     } else {
       m.moe_intermediate_size = m.intermediate_size;
       m.norm_topk_prob = true;

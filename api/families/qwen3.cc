@@ -44,17 +44,7 @@ class Qwen3Family final : public LlamaFamily {
 
   void ReadConfig(const Json& j, const ConfigKeys& k, HuggingFaceConfig* c) const override {
     LlamaFamily::ReadConfig(j, k, c);
-    // transformers' per-layer attention kinds: sliding attention is not implemented.
-    if (j.contains("layer_types") && !j.at("layer_types").is_null()) {
-      const Json& types = j.at("layer_types");
-      if (!types.is_array()) k.Fail("layer_types must be a list, got " + types.dump());
-      for (size_t i = 0; i < types.size(); ++i) {
-        if (types[i] != "full_attention") {
-          k.Fail("layer_types[" + std::to_string(i) + "] " + types[i].dump() +
-                 " is not implemented: attention here is over the whole window (full_attention)");
-        }
-      }
-    }
+    RefuseSlidingLayers(j, k);
   }
 
   FamilyTensors Tensors(const ModelShape& s) const override {

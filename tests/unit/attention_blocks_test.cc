@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tests/support/attention_blocks_conformance.h"
+#include "tests/support/cpu_tables.h"
 
 namespace meshtrain::testing {
 
@@ -23,36 +24,6 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(OpsConformance);
 
 namespace attention_blocks_test {
 
-template <class P, int kToleranceExponent>
-struct CpuTable {
-  using Precision = P;
-  static bool Available() { return true; }
-  static const char* Unavailable() { return ""; }
-  // Strict: new device memory is poisoned and streams jitter.
-  static std::unique_ptr<runtime::Backend> MakeBackend() {
-    return std::make_unique<runtime::CpuBackend>(runtime::CpuBackendOptions{11, true});
-  }
-  static std::unique_ptr<kernels::Ops<P>> MakeOps(runtime::Backend&, runtime::CachingAllocator*) {
-    return kernels::MakeCpuOps<P>();
-  }
-  static constexpr double kTolerance = [] {
-    double t = 1;
-    for (int i = 0; i < -kToleranceExponent; ++i) t /= 10;
-    return t;
-  }();
-};
-
-// fp32: sums in fp32 carry relative errors near 1e-7; 1e-5 (the bound the ring must
-// meet against whole-sequence attention) leaves room and fails a wrong index or term.
-using CpuFp32 = CpuTable<kernels::Fp32, -5>;
-// bf16 inputs, fp32 everything else: against fp64 on the same (bf16) inputs the blocks
-// are as close as fp32's; the table's own whole-sequence attention, which stores its
-// output and gradients in bf16, is a few 1e-3 off: 1e-2, as for every bf16 table.
-using CpuBf16 = CpuTable<kernels::Bf16, -2>;
-// fp64: the blocks merged against whole-sequence attention agree to rounding, 1e-12.
-using CpuFp64 = CpuTable<kernels::Fp64, -12>;
-
-using CpuTables = ::testing::Types<CpuFp32, CpuBf16, CpuFp64>;
 INSTANTIATE_TYPED_TEST_SUITE_P(Cpu, AttentionBlocksConformance, CpuTables);
 
 using kernels::AttentionBlock;
