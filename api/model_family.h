@@ -100,10 +100,13 @@ struct EngineTypes {
   bool attention_keeps_scores = true;
   int64_t attention_scratch_bytes = 0;  // the attention backward's workspace (the kernel table says)
   int vocab_multiple = 128;             // kVocabMultiple: each TP slice of the vocabulary is padded to it
-  // Context parallelism (api/layout.h): the ranks that split each sequence, whose ring
+  // Context parallelism (api/layout.h): the ranks that split each sequence. Ring
   // attention keeps one softmax statistic per row whatever the kernels, and works in
-  // RingAttentionBuffers (its scratch is attention_scratch_bytes).
+  // RingAttentionBuffers; all-to-all (Ulysses) attention keeps UlyssesAttentionBuffers'
+  // kept part as its state and works in the rest. Either's scratch is
+  // attention_scratch_bytes (ContextAttentionScratchBytes).
   int context = 1;
+  bool context_all_to_all = false;  // with context > 1: Ulysses rather than the ring
 };
 
 
@@ -123,6 +126,28 @@ struct Buffer {
 // "cast": (batch,seq,max(Q, 2 KV)) Act). Q, KV and NH are this TP rank's.
 std::vector<Buffer> RingAttentionBuffers(int batch, int seq, const ModelShape& shape, int tp_size,
                                          const EngineTypes& types, bool backward);
+
+// The buffers all-to-all (Ulysses) attention uses for micro-batches of batch x seq rows a
+// rank (seq: this rank's rows; S = seq x C, the whole sequence; W = Q + 2 KV, this TP
+// rank's q, k and v widths), in order:
+//   kKept, what the forward keeps for the backward (the attention state): "qkv" the
+//     head-split q, k and v, (batch,S,W/C) Act; "out" the head-split output,
+//     (batch,S,Q/C) Act; "state" the kernel table's AttentionForward state for
+//     (batch,S,NH/C heads), Acc;
+//   kForward: "send" and "recv", (batch,seq,W) Act each;
+//   kBackward: "send", "recv"; "dout", (batch,S,Q/C) Act; "dqkv", (batch,S,W/C) Act;
+//     "attention", the kernel table's AttentionBackward scratch, kernel_scratch_bytes.
+enum class UlyssesPart { kKept, kForward, kBackward };
+std::vector<Buffer> UlyssesAttentionBuffers(int batch, int seq, const ModelShape& shape, int tp_size,
+                                            const EngineTypes& types, UlyssesPart part,
+                                            int64_t kernel_scratch_bytes = 0);
+// The attention scratch of a context group (types.context > 1) for micro-batches of
+// batch x seq rows a rank: the larger of its forward's and its backward's buffers, ring
+// or all-to-all as types says. types.attention_scratch_bytes is read as the kernel
+// table's own AttentionBackward scratch for the shape the mode runs (all-to-all:
+// (batch, seq x C, NH/C, KVH/C)); the ring's block kernels need none.
+int64_t ContextAttentionScratchBytes(int batch, int seq, const ModelShape& shape, int tp_size,
+                                     const EngineTypes& types);
 
 // What one block's forward keeps for its backward, in carving order, for micro-batches
 // of up to batch x seq on a TP slice of `tp_size`; "output" (the block's output, the next

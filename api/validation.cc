@@ -186,8 +186,18 @@ void CheckContext(const TrainingJobSpec& spec, FieldChecker& c) {
                                     std::to_string(*m.seq_len));
   }
   if (p.context_parallel_mode == "AllToAll") {
-    c.Fail("spec.parallelism.contextParallelMode",
-           "AllToAll (Ulysses) is not built yet; Ring is, with the same results, got AllToAll");
+    // Ulysses gives each rank of the group heads / (T x C) query heads and as many key/value
+    // heads over C; a key/value head cannot be split.
+    const auto check = [&](const char* field, const std::optional<int64_t>& heads) {
+      if (!heads || *heads < 1 || *heads % tp != 0 || (*heads / tp) % C == 0) return;
+      c.Fail("spec.parallelism.contextParallelDegree",
+             std::string("must divide spec.model.") + field + " per TP rank (" + std::to_string(*heads) + " / " +
+                 std::to_string(tp) + " = " + std::to_string(*heads / tp) +
+                 ") with contextParallelMode AllToAll, which splits each rank's heads C ways (Ring does not), got " +
+                 degree);
+    };
+    check("heads", m.heads);
+    check("kvHeads", m.kv_heads ? m.kv_heads : m.heads);
   }
   if (spec.model.dropout > 0) {
     c.Fail("spec.parallelism.contextParallelDegree",

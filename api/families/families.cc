@@ -69,8 +69,47 @@ std::string DescribeWindow(const ModelShape& s) {
 }
 
 int64_t AttentionStateElements(int batch, int seq, const ModelShape& s, int tp_size, const EngineTypes& t) {
+  if (t.context > 1 && t.context_all_to_all) {
+    const int64_t bytes = CarvedBytes(UlyssesAttentionBuffers(batch, seq, s, tp_size, t, UlyssesPart::kKept));
+    return (bytes + t.acc_bytes - 1) / t.acc_bytes;
+  }
   const int64_t rows = int64_t(batch) * (s.heads / tp_size) * seq;
   return t.attention_keeps_scores && t.context == 1 ? rows * seq : rows;
+}
+
+std::vector<Buffer> UlyssesAttentionBuffers(int batch, int seq, const ModelShape& s, int tp_size, const EngineTypes& t,
+                                            UlyssesPart part, int64_t kernel_scratch_bytes) {
+  const int64_t C = t.context, S = int64_t(seq) * C, N = int64_t(batch) * seq;
+  const int64_t Q = s.QueryWidth() / tp_size, W = Q + s.KvWidth() / tp_size * 2;
+  const int A = t.act_bytes, G = t.acc_bytes;
+  switch (part) {
+    case UlyssesPart::kKept: {
+      const int64_t rows = int64_t(batch) * (s.heads / tp_size / C) * S;
+      return {{"qkv", batch * S * W / C, A},
+              {"out", batch * S * Q / C, A},
+              {"state", t.attention_keeps_scores ? rows * S : rows, G}};
+    }
+    case UlyssesPart::kForward:
+      return {{"send", N * W, A}, {"recv", N * W, A}};
+    case UlyssesPart::kBackward:
+      return {{"send", N * W, A},
+              {"recv", N * W, A},
+              {"dout", batch * S * Q / C, A},
+              {"dqkv", batch * S * W / C, A},
+              {"attention", kernel_scratch_bytes, 1}};
+  }
+  return {};
+}
+
+int64_t ContextAttentionScratchBytes(int batch, int seq, const ModelShape& s, int tp_size, const EngineTypes& t) {
+  if (t.context_all_to_all) {
+    return std::max(
+        CarvedBytes(UlyssesAttentionBuffers(batch, seq, s, tp_size, t, UlyssesPart::kForward)),
+        CarvedBytes(UlyssesAttentionBuffers(batch, seq, s, tp_size, t, UlyssesPart::kBackward,
+                                            t.attention_scratch_bytes)));
+  }
+  return std::max(CarvedBytes(RingAttentionBuffers(batch, seq, s, tp_size, t, /*backward=*/false)),
+                  CarvedBytes(RingAttentionBuffers(batch, seq, s, tp_size, t, /*backward=*/true)));
 }
 
 std::vector<Buffer> RingAttentionBuffers(int batch, int seq, const ModelShape& s, int tp_size, const EngineTypes& t,

@@ -349,10 +349,16 @@ int RunRank(const Options& o) {
     return o.mode == "kill" && named ? kExitNamedFailure : 1;
   }
   engine.set_observer(nullptr);  // the streams are drained: no callback is in flight
-  // Context parallelism's passes are counted (meshtrain_comm_seconds_total{op="ring"}).
-  if (o.context > 1 && !(engine.comm_stats().ring > 0)) {
-    std::fprintf(stderr, "rank %d: FAILED: no ring seconds counted under context parallelism\n", env.rank);
-    return 1;
+  // Context parallelism's exchanges are counted (meshtrain_comm_seconds_total{op="ring"}
+  // or {op="all_to_all"}), each under its own mode's name.
+  if (o.context > 1) {
+    const parallel::CommStats stats = engine.comm_stats();
+    const bool ring = o.context_mode == "Ring";
+    if (!((ring ? stats.ring : stats.all_to_all) > 0) || (ring ? stats.all_to_all : stats.ring) != 0) {
+      std::fprintf(stderr, "rank %d: FAILED: context parallelism (%s) counted %g s of ring and %g s of all_to_all\n",
+                   env.rank, o.context_mode.c_str(), stats.ring, stats.all_to_all);
+      return 1;
+    }
   }
   const train::MemoryReport m = trainer.memory();
   std::ofstream(fs::path(o.dir) / ("rank" + std::to_string(env.rank) + ".txt"))

@@ -211,6 +211,52 @@ TEST(PointToPointWaiting, SevenRanksWaitingTakeLittleOfTheCores) {
   });
 }
 
+// The stream-ordered AllToAll (what Ulysses attention and expert dispatch use) in the
+// stream's order: each rank's blocks, of uneven sizes and one empty, at offsets out of
+// member order, reach their members where the lists say, between work queued before and
+// after it on the same stream; and its seconds count to all_to_all.
+TEST_P(PointToPoint, AllToAllOnAStreamDeliversEachBlockWhereTheListsSay) {
+  constexpr int kRanks = 4;
+  auto count = [](int from, int to) { return size_t(from == 2 && to == 0 ? 0 : 1 + from * 5 + to * 3); };
+  auto value = [](int from, int to, size_t i) { return float(from * 10000 + to * 1000 + int(i)); };
+  RunFabricRanks(kRanks, GetParam(), WithTimeout(60s), [&](Communicator& world) {
+    runtime::CpuBackend backend;
+    auto group = HostCollectives(&world, &backend);
+    auto stream = backend.NewStream("all_to_all");
+    const int me = world.rank();
+    std::vector<size_t> send_counts(kRanks), send_offsets(kRanks), recv_counts(kRanks), recv_offsets(kRanks);
+    size_t send_end = 0, recv_end = 0;
+    for (int k = kRanks - 1; k >= 0; --k) {  // blocks laid out in reverse member order, with a gap
+      send_counts[size_t(k)] = count(me, k), send_offsets[size_t(k)] = send_end, send_end += count(me, k) + 2;
+      recv_counts[size_t(k)] = count(k, me), recv_offsets[size_t(k)] = recv_end, recv_end += count(k, me) + 2;
+    }
+    std::vector<float> send(send_end, -1), recv(recv_end, -7);
+    // The blocks are written by a task queued before the exchange, and read after it.
+    stream->HostCallback([&] {
+      for (int p = 0; p < kRanks; ++p) {
+        for (size_t i = 0; i < send_counts[size_t(p)]; ++i) send[send_offsets[size_t(p)] + i] = value(me, p, i);
+      }
+    });
+    group->AllToAll(runtime::ConstDeviceBytes(In(send)), send_counts, send_offsets, runtime::DeviceBytes(Out(recv)),
+                    recv_counts, recv_offsets, DataType::kFloat32, *stream);
+    std::vector<float> seen;
+    stream->HostCallback([&] { seen = recv; });
+    stream->Synchronize();
+    for (int p = 0; p < kRanks; ++p) {
+      for (size_t i = 0; i < recv_counts[size_t(p)]; ++i) {
+        ASSERT_EQ(seen[recv_offsets[size_t(p)] + i], value(p, me, i)) << "from member " << p << ", element " << i;
+      }
+      if (recv_counts[size_t(p)] > 0) {
+        EXPECT_EQ(seen[recv_offsets[size_t(p)] + recv_counts[size_t(p)]], -7);  // the gap after the block
+      }
+    }
+    EXPECT_GT(group->Seconds().all_to_all, 0);
+    EXPECT_THROW(group->AllToAll(runtime::ConstDeviceBytes(In(send)), {1}, {0}, runtime::DeviceBytes(Out(recv)), {1},
+                                 {0}, DataType::kFloat32, *stream),
+                 std::invalid_argument);
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Nodes, PointToPoint, ::testing::Values(1, 2),
                          [](const ::testing::TestParamInfo<int>& nodes) {
                            return nodes.param == 1 ? std::string("Shm") : std::string("Tcp");

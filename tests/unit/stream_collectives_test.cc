@@ -31,6 +31,10 @@ class RecordingCollectives final : public StreamCollectives {
                  runtime::Stream&) override {
     calls.push_back("all_reduce");
   }
+  void AllToAll(runtime::ConstDeviceBytes, const std::vector<size_t>&, const std::vector<size_t>&, runtime::DeviceBytes,
+                const std::vector<size_t>&, const std::vector<size_t>&, DataType, runtime::Stream&) override {
+    calls.push_back("all_to_all");
+  }
   void Send(runtime::ConstDeviceBytes, size_t, DataType, int, runtime::Stream&) override { calls.push_back("send"); }
   void Recv(runtime::DeviceBytes, size_t, DataType, int, runtime::Stream&) override { calls.push_back("recv"); }
   void BeginBatch() override { calls.push_back("begin"); }

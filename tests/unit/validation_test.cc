@@ -93,6 +93,9 @@ const std::vector<Case>& Cases() {
       {"empty data path", {{"/spec/data/train", {""}}}, {"spec.data.train[0]"}},
       {"data path not a string", {{"/spec/data/validation", {"/ok.bin", 5}}}, {"spec.data.validation[1]"}},
       {"unknown data format", {{"/spec/data/format", "int32"}}, {"spec.data.format"}, "must be one of"},
+      {"unknown attention", {{"/spec/data/attention", "sliding"}}, {"spec.data.attention"}, "must be one of"},
+      {"document attention without a tokenizer", {{"/spec/data/attention", "document"}}, {"spec.data.attention"},
+       "needs spec.model.tokenizer"},
       {"tokenizer not a string", {{"/spec/model/tokenizer", 5}}, {"spec.model.tokenizer"}},
       {"zero steps", {{"/spec/training/steps", 0}}, {"spec.training.steps"}},
       {"steps overflow", {{"/spec/training/steps", std::numeric_limits<uint64_t>::max()}},
@@ -406,7 +409,23 @@ TEST(Validation, ContextParallelismIsCheckedByField) {
   EXPECT_EQ(paths(dropout), std::set<std::string>{"spec.parallelism.contextParallelDegree"});
   Json ulysses = job;
   ulysses["spec"]["parallelism"]["contextParallelMode"] = "AllToAll";
-  EXPECT_EQ(paths(ulysses), std::set<std::string>{"spec.parallelism.contextParallelMode"});
+  const CheckedJob all_to_all = CheckTrainingJob(ulysses, "job.yaml", 0);
+  ASSERT_TRUE(all_to_all.ok()) << all_to_all.errors.front().ToString();
+  EXPECT_EQ(all_to_all.job.spec.parallelism.context_parallel_mode, "AllToAll");
+  Json split = ulysses;  // 12 heads / T 2 = 6 a TP rank, which C = 4 cannot split
+  split["spec"]["parallelism"]["context_parallel_degree"] = 4;
+  split["spec"]["parallelism"]["hybridShardDegree"] = 2;
+  split["spec"]["model"] = Json{{"preset", "gpt2-124m"}, {"heads", 12}};
+  EXPECT_EQ(paths(split), std::set<std::string>{"spec.parallelism.contextParallelDegree"});
+  Json gqa = ulysses;  // 32 query heads split, but 2 key/value heads a TP rank do not split 4 ways
+  gqa["spec"]["parallelism"]["context_parallel_degree"] = 4;
+  gqa["spec"]["parallelism"]["hybridShardDegree"] = 2;
+  gqa["spec"]["model"] = Json{{"family", "llama"}, {"layers", 2},  {"heads", 32},        {"kvHeads", 4},
+                              {"hidden", 1024},  {"vocabSize", 1000}, {"seqLen", 1024}, {"intermediateSize", 2048}};
+  const CheckedJob gqa_checked = CheckTrainingJob(gqa, "job.yaml", 0);
+  ASSERT_FALSE(gqa_checked.ok());
+  EXPECT_NE(gqa_checked.errors.front().message.find("spec.model.kvHeads per TP rank (4 / 2 = 2)"), std::string::npos)
+      << gqa_checked.errors.front().ToString();
   Json other = job;
   other["spec"]["parallelism"]["contextParallelMode"] = "Tree";
   EXPECT_EQ(paths(other), std::set<std::string>{"spec.parallelism.contextParallelMode"});

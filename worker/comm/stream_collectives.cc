@@ -70,6 +70,19 @@ class HostStreamCollectives final : public StreamCollectives {
           [=, this](const void* in, void* out) { communicator_->AllReduce(in, out, count, type, op)->Wait(); }, false);
   }
 
+  void AllToAll(runtime::ConstDeviceBytes send, const std::vector<size_t>& send_counts,
+                const std::vector<size_t>& send_offsets, runtime::DeviceBytes recv,
+                const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_offsets, DataType type,
+                runtime::Stream& stream) override {
+    const auto [send_span, recv_span] = CheckAllToAll(group(), send_counts, send_offsets, recv_counts, recv_offsets);
+    const size_t element = ElementSize(type);
+    Issue(stream, &seconds_.all_to_all, send_span * element, recv_span * element, send, recv,
+          [=, this](const void* in, void* out) {
+            communicator_->AllToAll(in, send_counts, send_offsets, out, recv_counts, recv_offsets, type)->Wait();
+          },
+          false);
+  }
+
   void Send(runtime::ConstDeviceBytes send, size_t count, DataType type, int peer, runtime::Stream& stream) override {
     CheckPeer(group(), peer, "send to");
     const size_t bytes = count * ElementSize(type);
@@ -242,6 +255,26 @@ void CheckPeer(const Group& group, int peer, const char* op) {
                                 std::to_string(group.size() - 1) + ", this one " + std::to_string(group.rank()) +
                                 ")");
   }
+}
+
+std::pair<size_t, size_t> CheckAllToAll(const Group& group, const std::vector<size_t>& send_counts,
+                                        const std::vector<size_t>& send_offsets,
+                                        const std::vector<size_t>& recv_counts,
+                                        const std::vector<size_t>& recv_offsets) {
+  const size_t n = size_t(group.size());
+  for (const auto* list : {&send_counts, &send_offsets, &recv_counts, &recv_offsets}) {
+    if (list->size() != n) {
+      throw std::invalid_argument("all-to-all on group " + group.Describe() + ": a list of " +
+                                  std::to_string(list->size()) + " counts or offsets for " + std::to_string(n) +
+                                  " members");
+    }
+  }
+  size_t send_span = 0, recv_span = 0;
+  for (size_t p = 0; p < n; ++p) {
+    send_span = std::max(send_span, send_offsets[p] + send_counts[p]);
+    recv_span = std::max(recv_span, recv_offsets[p] + recv_counts[p]);
+  }
+  return {send_span, recv_span};
 }
 
 std::string SplitGroupName(const Group& parent, const std::vector<int>& members, const std::string& name) {

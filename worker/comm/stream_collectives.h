@@ -25,6 +25,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "api/layout.h"
@@ -41,6 +42,7 @@ namespace meshtrain::comm {
 struct CollectiveSeconds {
   double all_gather = 0, reduce_scatter = 0, all_reduce = 0;
   double send = 0, recv = 0;
+  double all_to_all = 0;
 };
 
 class StreamCollectives {
@@ -64,6 +66,17 @@ class StreamCollectives {
   // recv (count) = op over the members of send (count); recv may be send.
   virtual void AllReduce(runtime::ConstDeviceBytes send, runtime::DeviceBytes recv, size_t count, DataType type,
                          ReduceOp op, runtime::Stream& stream) = 0;
+
+  // Each member sends send[send_offsets[p], + send_counts[p]) to each member p (itself
+  // included) and receives member p's block for it into recv[recv_offsets[p], +
+  // recv_counts[p]), as Communicator::AllToAll: counts and offsets in elements of `type`,
+  // one entry per member, member r's send_counts[p] equal to member p's recv_counts[r];
+  // send and recv do not overlap. Throws std::invalid_argument at issue for lists of the
+  // wrong length.
+  virtual void AllToAll(runtime::ConstDeviceBytes send, const std::vector<size_t>& send_counts,
+                        const std::vector<size_t>& send_offsets, runtime::DeviceBytes recv,
+                        const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_offsets,
+                        DataType type, runtime::Stream& stream) = 0;
 
   // Point to point: send (count) goes to member `peer` of this group, whose Recv of the
   // same count and type from this member takes it into recv. Messages from one member to
@@ -133,6 +146,14 @@ std::string SplitGroupName(const Group& parent, const std::vector<int>& members,
 // Throws std::invalid_argument naming `op` ("send to", "recv from") and `group` when
 // `peer` is not another member of it.
 void CheckPeer(const Group& group, int peer, const char* op);
+
+// Throws std::invalid_argument naming `group` unless the four lists of an AllToAll have
+// one entry per member; returns the elements the send and the receive blocks span (the
+// largest offset + count of each).
+std::pair<size_t, size_t> CheckAllToAll(const Group& group, const std::vector<size_t>& send_counts,
+                                        const std::vector<size_t>& send_offsets,
+                                        const std::vector<size_t>& recv_counts,
+                                        const std::vector<size_t>& recv_offsets);
 
 // The element type of T: kFloat32, kBFloat16, kFloat64.
 template <class T>

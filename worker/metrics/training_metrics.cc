@@ -89,6 +89,7 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
       send_seconds_(CommSeconds(*registry_, labels, "send")),
       recv_seconds_(CommSeconds(*registry_, labels, "recv")),
       ring_seconds_(CommSeconds(*registry_, labels, "ring")),
+      all_to_all_seconds_(CommSeconds(*registry_, labels, "all_to_all")),
       neighbour_wait_seconds_(BuildCounter()
                                   .Name("meshtrain_pipeline_wait_seconds_total")
                                   .Help("Seconds the compute stream waited for the neighbouring pipeline stages.")
@@ -159,6 +160,7 @@ void TrainingMetrics::Step(const train::StepReport& report) {
   send_seconds_.Increment(report.comm.send);
   recv_seconds_.Increment(report.comm.recv);
   ring_seconds_.Increment(report.comm.ring);
+  all_to_all_seconds_.Increment(report.comm.all_to_all);
   neighbour_wait_seconds_.Increment(report.comm.neighbour_wait);
   // One stage has no bubble: its series reads 0, so a dashboard shows every job alike.
   if (report.stage_bubbles.empty()) stage_bubble_.Add({{"stage", "0"}}).Set(0);

@@ -81,7 +81,7 @@ class TrainingMetrics {
   prometheus::Family<prometheus::Gauge>& memory_;
   prometheus::Family<prometheus::Gauge>& memory_peak_;
   prometheus::Counter &all_gather_seconds_, &reduce_scatter_seconds_, &all_reduce_seconds_, &exposed_comm_seconds_;
-  prometheus::Counter &send_seconds_, &recv_seconds_, &ring_seconds_, &neighbour_wait_seconds_;
+  prometheus::Counter &send_seconds_, &recv_seconds_, &ring_seconds_, &all_to_all_seconds_, &neighbour_wait_seconds_;
   prometheus::Family<prometheus::Gauge>& stage_bubble_;
   prometheus::Gauge& bubble_model_;
   prometheus::Histogram &checkpoint_seconds_, &checkpoint_stall_seconds_;

@@ -125,7 +125,7 @@ HeadActivations<P> HeadActivations<P>::At(runtime::DeviceBytes base, int batch, 
 
 template <class P>
 api::EngineTypes TypesOf(kernels::Ops<P>& ops, int B, int T, const api::ModelShape& shape, int tp_size,
-                         int context) {
+                         int context, bool all_to_all) {
   const api::ModelShape s = shape.Resolved();
   const int NH = int(s.heads) / tp_size, KVH = int(s.kv_heads) / tp_size, HS = int(s.head_dim);
   api::EngineTypes types;
@@ -134,11 +134,13 @@ api::EngineTypes TypesOf(kernels::Ops<P>& ops, int B, int T, const api::ModelSha
   types.attention_keeps_scores = ops.Attention(B, T, NH, KVH, HS) == kernels::AttentionKind::kScores;
   types.attention_scratch_bytes = ops.AttentionScratchBytes(B, T, NH, KVH, HS);
   types.context = context;
-  if (context > 1) {
-    types.attention_scratch_bytes =
-        std::max(api::CarvedBytes(api::RingAttentionBuffers(B, T, s, tp_size, types, /*backward=*/false)),
-                 api::CarvedBytes(api::RingAttentionBuffers(B, T, s, tp_size, types, /*backward=*/true)));
+  types.context_all_to_all = context > 1 && all_to_all;
+  if (types.context_all_to_all) {  // the table's attention on whole sequences of NH / C heads
+    const int S = T * context, h = NH / context, kh = KVH / context;
+    types.attention_keeps_scores = ops.Attention(B, S, h, kh, HS) == kernels::AttentionKind::kScores;
+    types.attention_scratch_bytes = ops.AttentionScratchBytes(B, S, h, kh, HS);
   }
+  if (context > 1) types.attention_scratch_bytes = api::ContextAttentionScratchBytes(B, T, s, tp_size, types);
   return types;
 }
 
@@ -173,7 +175,7 @@ std::unique_ptr<Model<P>> MakeModel(const ParameterLayout& layout) {
   template struct BlockActivations<P>;                                                              \
   template struct BlockScratch<P>;                                                                  \
   template struct HeadActivations<P>;                                                               \
-  template api::EngineTypes TypesOf<P>(kernels::Ops<P>&, int, int, const api::ModelShape&, int, int);   \
+  template api::EngineTypes TypesOf<P>(kernels::Ops<P>&, int, int, const api::ModelShape&, int, int, bool); \
   template std::unique_ptr<Model<P>> MakeModel<P>(const ParameterLayout&);                          \
   template class Model<P>;                                                                          \
   template Carving PrepareFamilyBuffers<P>(const Model<P>&, runtime::Backend&, runtime::DeviceBytes,              \

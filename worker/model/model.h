@@ -216,10 +216,12 @@ struct HeadActivations {
 };
 
 // The engine's element types and what its kernel table keeps for attention, or with a
-// context group of `context` ranks (T: this rank's rows) what ring attention keeps.
+// context group of `context` ranks (T: this rank's rows) what its ring attention keeps
+// or, with `all_to_all`, its Ulysses attention (which runs the table's attention on the
+// whole sequence and 1/context of the heads).
 template <class P>
 api::EngineTypes TypesOf(kernels::Ops<P>& ops, int B, int T, const api::ModelShape& shape, int tp_size,
-                         int context = 1);
+                         int context = 1, bool all_to_all = false);
 
 // cos, then sin, of angle position x frequency for each of `positions` and the HS/2
 // frequencies of `shape`'s RoPE (its theta and rope_scaling, as transformers computes

@@ -37,7 +37,7 @@ CommStats operator-(const CommStats& a, const CommStats& b) {
   return {a.all_gather - b.all_gather, a.reduce_scatter - b.reduce_scatter, a.all_reduce - b.all_reduce,
           a.exposed - b.exposed,       a.copy - b.copy,                     a.copy_exposed - b.copy_exposed,
           a.send - b.send,             a.recv - b.recv,                     a.neighbour_wait - b.neighbour_wait,
-          a.ring - b.ring};
+          a.ring - b.ring,             a.all_to_all - b.all_to_all};
 }
 
 }  // namespace meshtrain::parallel

@@ -51,7 +51,8 @@ struct CommStats {
   double all_gather = 0, reduce_scatter = 0, all_reduce = 0, exposed = 0;
   double copy = 0, copy_exposed = 0;
   double send = 0, recv = 0, neighbour_wait = 0;
-  double ring = 0;  // context parallelism's key/value passes (sends and receives on the context group)
+  double ring = 0;        // context parallelism's key/value passes (sends and receives on the context group)
+  double all_to_all = 0;  // its all-to-all (Ulysses) exchanges of q, k, v and the output, and their gradients
 };
 CommStats operator-(const CommStats& a, const CommStats& b);
 
@@ -138,6 +139,9 @@ struct EngineOptions {
   // them.
   api::Pipeline pipeline;
   int micro_batches = 1;
+  // With a context group (the mesh's), its attention: all-to-all (Ulysses,
+  // ulysses_attention.h) rather than the ring (ring_attention.h).
+  bool context_all_to_all = false;
 };
 
 class Engine {

@@ -8,6 +8,7 @@
 #include "worker/kernels/dropout.h"
 #include "worker/model/model.h"
 #include "worker/parallel/ring_attention.h"
+#include "worker/parallel/ulysses_attention.h"
 
 namespace meshtrain::parallel {
 
@@ -59,7 +60,18 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   const int S = mesh_->shard_size(), L = layout_.blocks(), H = layout_.head_unit();
   const model::TpSlice tp{mesh_->tp_rank(), mesh_->tp_size(), options.vocab_multiple};
   const int C = mesh_->context_size();
-  api::EngineTypes types = model::TypesOf(*ops_, batch, seq, s, tp.size, C);
+  const bool all_to_all = C > 1 && options.context_all_to_all;
+  if (all_to_all) {  // before the types, which split the heads
+    for (const int64_t heads : {s.heads, s.KvHeads()}) {
+      if (heads % tp.size != 0 || (heads / tp.size) % C != 0) {
+        throw std::invalid_argument("spec.parallelism.contextParallelDegree: must divide the model's heads (" +
+                                    std::to_string(s.heads) + ") and key/value heads (" +
+                                    std::to_string(s.KvHeads()) + ") per TP rank (T = " + std::to_string(tp.size) +
+                                    ") with contextParallelMode AllToAll, got " + std::to_string(C));
+      }
+    }
+  }
+  api::EngineTypes types = model::TypesOf(*ops_, batch, seq, s, tp.size, C, all_to_all);
   types.vocab_multiple = options.vocab_multiple;
   const int heads = int(s.heads) / tp.size;
   const int64_t state = types.attention_keeps_scores ? int64_t(batch) * heads * seq * seq : int64_t(batch) * heads * seq;
@@ -641,6 +653,7 @@ CommStats ShardedEngine<P>::comm_stats() {
   if (comm::StreamCollectives* group = mesh_->device_context()) {
     const comm::CollectiveSeconds s = group->Seconds();
     stats.ring += s.send + s.recv;
+    stats.all_to_all += s.all_to_all;
   }
   stats.exposed = exposed_->Seconds();
   stage_->AddStats(&stats);

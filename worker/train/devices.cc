@@ -104,6 +104,8 @@ std::unique_ptr<parallel::Engine> MakeEngine(const api::TrainingJob& job, const 
   options.keep_units_gathered = switches.keep_units_gathered;
   options.pipeline = api::Pipeline::Of(p);
   if (options.pipeline.stages > 1) options.micro_batches = int(api::AccumulationSteps(job.spec));
+  options.context_all_to_all = p.context_parallel_mode == "AllToAll";
+  options.documents = job.spec.data.attention == "document";
   const bool wrap = options.pipeline.virtual_stages > 1;  // chunks go round the stages more than once
 
   std::shared_ptr<runtime::Backend> backend;

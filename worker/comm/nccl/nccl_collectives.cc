@@ -82,7 +82,8 @@ class NcclCollectives final : public StreamCollectives {
         reduce_scatter_timer_(world_->backend().NewTimer()),
         all_reduce_timer_(world_->backend().NewTimer()),
         send_timer_(world_->backend().NewTimer()),
-        recv_timer_(world_->backend().NewTimer()) {
+        recv_timer_(world_->backend().NewTimer()),
+        all_to_all_timer_(world_->backend().NewTimer()) {
     MakeCurrent(world_->device(), "group " + group_.Describe());
     const cudaError_t made = cudaEventCreateWithFlags(&last_done_, cudaEventDisableTiming);
     if (made != cudaSuccess) {
@@ -158,6 +159,36 @@ class NcclCollectives final : public StreamCollectives {
           });
   }
 
+  // One NCCL group of a send and a receive for every member with a block (itself
+  // included, which NCCL copies locally), as nccl.h's all-to-all example does.
+  void AllToAll(runtime::ConstDeviceBytes send, const std::vector<size_t>& send_counts,
+                const std::vector<size_t>& send_offsets, runtime::DeviceBytes recv,
+                const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_offsets, DataType type,
+                runtime::Stream& stream) override {
+    CheckAllToAll(group_, send_counts, send_offsets, recv_counts, recv_offsets);
+    size_t total = 0;
+    for (int p = 0; p < size(); ++p) total += send_counts[size_t(p)] + recv_counts[size_t(p)];
+    const size_t element = ElementSize(type);
+    Issue("all_to_all", total * element, total, type, stream, *all_to_all_timer_,
+          [&](ncclComm_t comm, cudaStream_t s) {
+            const auto* in = reinterpret_cast<const char*>(DeviceSide::Address(send));
+            auto* out = reinterpret_cast<char*>(DeviceSide::Address(recv));
+            const ncclDataType_t t = nccl::NcclType(type);
+            ncclResult_t result = ncclGroupStart();
+            if (result != ncclSuccess) return result;
+            for (size_t p = 0; p < send_counts.size() && result == ncclSuccess; ++p) {
+              if (send_counts[p] > 0) {
+                result = ncclSend(in + send_offsets[p] * element, send_counts[p], t, int(p), comm, s);
+              }
+              if (result == ncclSuccess && recv_counts[p] > 0) {
+                result = ncclRecv(out + recv_offsets[p] * element, recv_counts[p], t, int(p), comm, s);
+              }
+            }
+            const ncclResult_t ended = ncclGroupEnd();
+            return result != ncclSuccess ? result : ended;
+          });
+  }
+
   void Reserve(size_t) override {}  // NCCL keeps its own buffers
   void Abort() override { AbortWorld(); }
 
@@ -194,6 +225,7 @@ class NcclCollectives final : public StreamCollectives {
     seconds.all_reduce = all_reduce_timer_->Seconds();
     seconds.send = send_timer_->Seconds();
     seconds.recv = recv_timer_->Seconds();
+    seconds.all_to_all = all_to_all_timer_->Seconds();
     return seconds;
   }
 
@@ -314,7 +346,7 @@ class NcclCollectives final : public StreamCollectives {
   std::shared_ptr<NcclHandle> handle_;
   Group group_;
   std::unique_ptr<runtime::StreamTimer> all_gather_timer_, reduce_scatter_timer_, all_reduce_timer_, send_timer_,
-      recv_timer_;
+      recv_timer_, all_to_all_timer_;
   cudaEvent_t last_done_ = nullptr;  // after the last operation issued, on its stream
   bool issued_ = false;
   bool batching_ = false;
