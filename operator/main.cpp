@@ -43,7 +43,7 @@ std::unique_ptr<web::http::experimental::listener::http_listener> ServeHealth(in
 int main(int argc, char** argv) {
   CLI::App app{"meshtrain-operator: the TrainingJob controller"};
   std::string kubeconfig, namespace_, log_level = "info", lease_namespace, worker_defaults, launcher_key_file;
-  bool leader_elect = false, all_namespaces = false;
+  bool leader_elect = false, all_namespaces = false, kueue = false;
   int workers = 4, metrics_port = 8080, health_port = 8081;
   double qps = 50;
   int burst = 100;
@@ -74,6 +74,9 @@ int main(int argc, char** argv) {
   app.add_option("--launcher-key-file", launcher_key_file,
                  "file of the operator's key (at least 32 bytes), from which each pod's launcher token derives "
                  "(the Helm chart's Secret); without it, a failed rank restarts its gang by recreating the pods");
+  app.add_flag("--kueue", kueue,
+               "Kueue is installed and the chart's kueue.enabled is true (admission by Kueue is being built); "
+               "without it, a job's kueue.x-k8s.io/queue-name label is ignored with a Warning Event");
   app.add_option("--log-level", log_level, "log level")->check(CLI::IsMember(LogLevelNames()));
   CLI11_PARSE(app, argc, argv);
   InitLogging("meshtrain-operator", log_level);
@@ -106,6 +109,10 @@ int main(int argc, char** argv) {
     options.namespace_ = namespace_;
     options.workers = workers;
     options.reconciler.decide.pending_timeout = std::chrono::seconds(pending_timeout_s);
+    options.reconciler.decide.kueue = kueue;
+    if (kueue)
+      spdlog::warn("--kueue: admission by Kueue is not built yet; jobs labelled kueue.x-k8s.io/queue-name are placed "
+                   "by this operator alone");
     options.reconciler.avoid_failed_node = std::chrono::seconds(avoid_failed_node_s);
     options.progress.interval = std::chrono::seconds(progress_interval_s);
     options.launchers.interval = std::chrono::milliseconds(launcher_interval_ms);

@@ -67,6 +67,7 @@ void Decider::Judge() {
   }
   d_.status.defaults = defaults_;
   ReportFieldsWithoutEffect();
+  ReportIgnoredQueueLabel();
 
   // 3. runPolicy: suspend and the deadline.
   if (ApplyRunPolicy()) return;
@@ -223,6 +224,26 @@ void Decider::ReportFieldsWithoutEffect() {
   SetCondition(kSpecWarningsCondition, true, "FieldsWithoutEffect", message);
   if (had == stored.end() || had->status != "True" || had->message != message)
     d_.events.push_back({"Warning", "FieldsWithoutEffect", message});
+}
+
+// Sets the QueueLabelIgnored condition while the job names a Kueue queue and the operator
+// runs without Kueue, with a Warning Event when it turns True (False once either ends).
+void Decider::ReportIgnoredQueueLabel() {
+  const std::string queue = LabelOf(o_.object, kQueueNameLabel);
+  const auto& stored = o_.status.conditions;
+  const auto had = std::find_if(stored.begin(), stored.end(),
+                                [](const api::Condition& c) { return c.type == kQueueLabelIgnoredCondition; });
+  if (queue.empty() || options_.kueue) {
+    if (had != stored.end())
+      SetCondition(kQueueLabelIgnoredCondition, false, queue.empty() ? "NoQueueLabel" : "KueueEnabled", "");
+    return;
+  }
+  const std::string message = "label " + std::string(kQueueNameLabel) + "=" + queue +
+                              " is ignored: the operator runs without Kueue (the chart's kueue.enabled is false), "
+                              "so it places the job itself";
+  SetCondition(kQueueLabelIgnoredCondition, true, "KueueDisabled", message);
+  if (had == stored.end() || had->status != "True" || had->message != message)
+    d_.events.push_back({"Warning", "QueueLabelIgnored", message});
 }
 
 bool Decider::LacksCluster() {

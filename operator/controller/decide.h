@@ -48,11 +48,18 @@ namespace meshtrain::controller {
 
 // The condition that lists the fields a valid spec sets but the engine does not act on yet.
 inline constexpr const char* kSpecWarningsCondition = "SpecWarnings";
+// The label that names a job's Kueue LocalQueue (docs/operator.md, "Kueue").
+inline constexpr const char* kQueueNameLabel = "kueue.x-k8s.io/queue-name";
+// True while the job carries kQueueNameLabel and the operator runs without Kueue.
+inline constexpr const char* kQueueLabelIgnoredCondition = "QueueLabelIgnored";
 
 struct DecideOptions {
   WorkerDefaults worker;  // what pods get unless the job says otherwise
   std::chrono::seconds pending_timeout{120};     // a pod Pending this long gets its gang re-planned
   std::chrono::seconds unschedulable_retry{10};  // retry period while nothing fits
+  // The chart's kueue.enabled (--kueue). false: a job's kQueueNameLabel is ignored, with a
+  // Warning Event (QueueLabelIgnored), and the job is placed as any other.
+  bool kueue = false;
 };
 
 struct Observed {

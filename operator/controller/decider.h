@@ -66,6 +66,7 @@ class Decider {
   void RecordRestart(const std::string& reason, const char* kind, const std::string& message, PendingEvent event,
                      bool failure);
   void ReportFieldsWithoutEffect();
+  void ReportIgnoredQueueLabel();
   // True, noting that the pass needs it (Decision::needs), when the observation lacks it.
   bool LacksCluster();
   bool LacksConfigMap();

@@ -187,6 +187,87 @@ PY
     expect_error "at '/networkPolicy': additional properties 'egress' not allowed" --set networkPolicy.egress=closed
     expect_error "at '/networkPolicy/metricsFrom/0'" --set 'networkPolicy.metricsFrom[0].podSelecter.x=y'
     expect_error "at '/operator/launcherKey': additional properties 'secret' not allowed" --set operator.launcherKey.secret=mine
+    expect_error "at '/kueue/enabled': got string, want boolean" --set-string kueue.enabled=true
+    expect_error "at '/kueue': additional properties 'queue' not allowed" --set kueue.queue=default
+    ;;
+  kueue)
+    # Least privilege with Kueue: kueue.enabled=true gives the operator exactly read and
+    # write on Workloads (namespaced: the ClusterRole's, or the watched namespace's Role),
+    # writes to their status, and reads of ResourceFlavors and Topologies (cluster-scoped:
+    # always the ClusterRole's); false gives no Kueue rule at all. No render grants any
+    # verb on ClusterQueues or LocalQueues. The resources named are those Kueue's CRDs
+    # (tests/data/kueue) serve.
+    render off
+    render on --set kueue.enabled=true
+    render on-watch --set kueue.enabled=true --set operator.watchNamespace=training
+    render everything --set kueue.enabled=true --set podDisruptionBudget.enabled=true \
+      --set monitoring.serviceMonitor.enabled=true --set monitoring.podMonitor.enabled=true \
+      --set monitoring.prometheusRule.enabled=true --set monitoring.dashboards.enabled=true "${monitoring_apis[@]}"
+    for name in on on-watch; do
+      node "$src/tests/deploy/validate_manifests.js" "$tools/node_modules" "$work/$name.json" || fail "$name: invalid objects"
+    done
+    python3 - "$work" "$src/tests/data/kueue" <<'PY'
+import copy, glob, json, sys, yaml
+work, crds = sys.argv[1], sys.argv[2]
+KUEUE = "kueue.x-k8s.io"
+WANT = {"workloads": {"get", "list", "watch", "create", "update", "delete"},
+        "workloads/status": {"get", "update", "patch"},
+        "resourceflavors": {"get", "list", "watch"},
+        "topologies": {"get", "list", "watch"}}
+def load(name): return json.load(open(f"{work}/{name}.json"))
+def grants(objects, kinds=("ClusterRole", "Role")):
+    # Resource -> verbs of the Kueue API group, over every rule of `kinds`.
+    out = {}
+    for role in (o for o in objects if o["kind"] in kinds):
+        for rule in role["rules"]:
+            groups = rule.get("apiGroups", [])
+            assert "*" not in groups, f"{role['kind']} {role['metadata']['name']}: apiGroups '*': {rule}"
+            if KUEUE in groups:
+                for r in rule["resources"]: out.setdefault(r, set()).update(rule["verbs"])
+    return out
+def check(name, enabled):
+    objects = load(name)
+    granted = grants(objects)
+    queues = {r: v for r, v in granted.items() if r.split("/")[0] in ("clusterqueues", "localqueues")}
+    assert not queues, f"{name}: verbs on queues: {queues}"
+    assert granted == (WANT if enabled else {}), f"{name}: Kueue grants {granted}, want {WANT if enabled else {}}"
+    args = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert ("--kueue" in args) == enabled, f"{name}: --kueue in {args}"
+    return objects
+check("off", False)
+check("everything", True)
+on = check("on", True)
+assert grants(on, ("ClusterRole",)) == WANT, "kueue.enabled in every namespace: not all in the ClusterRole"
+watched = check("on-watch", True)
+cluster = grants(watched, ("ClusterRole",))
+assert cluster == {r: WANT[r] for r in ("resourceflavors", "topologies")}, f"watchNamespace: ClusterRole grants {cluster}"
+role = [o for o in watched if o["kind"] == "Role" and o["metadata"]["namespace"] == "training"]
+assert grants(role) == {r: WANT[r] for r in ("workloads", "workloads/status")}, role
+# The check itself fails a chart that reads ClusterQueues, or writes ResourceFlavors.
+for tamper in ({"apiGroups": [KUEUE], "resources": ["clusterqueues"], "verbs": ["get"]},
+               {"apiGroups": [KUEUE], "resources": ["resourceflavors"], "verbs": ["update"]}):
+    bad = copy.deepcopy(on)
+    next(o for o in bad if o["kind"] == "ClusterRole")["rules"].append(tamper)
+    json.dump(bad, open(f"{work}/tampered.json", "w"))
+    try:
+        check("tampered", True)
+    except AssertionError:
+        continue
+    raise SystemExit(f"the check accepted a ClusterRole with {tamper}")
+# Each resource is one that Kueue's CRDs serve at v1beta2, with the status subresource.
+served = {}
+for path in glob.glob(f"{crds}/*.yaml"):
+    crd = yaml.safe_load(open(path))
+    for version in crd["spec"]["versions"]:
+        if version["name"] == "v1beta2" and version["served"]:
+            plural = crd["spec"]["names"]["plural"]
+            served[plural] = crd["spec"]["scope"]
+            if "status" in version.get("subresources", {}): served[plural + "/status"] = crd["spec"]["scope"]
+for resource in WANT:
+    assert resource in served, f"{resource}: no CRD in {crds} serves it at {KUEUE}/v1beta2"
+assert served["workloads"] == "Namespaced" and served["resourceflavors"] == served["topologies"] == "Cluster", served
+print("ok: Kueue RBAC on (every namespace, one namespace) and off; none on queues")
+PY
     ;;
   launcher-key)
     # The chart draws the operator's launcher key, 32 random bytes, at each render without

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "api/json_codec.h"
+#include "api/layout.h"
 #include "api/manifest.h"
 #include "api/worker_contract.h"
 #include "operator/controller/builders.h"
@@ -253,6 +254,58 @@ TEST(Decide, UnschedulableWarnsOnceAndRetries) {
   Observed again = Observe(JobObject(), d.status);
   again.cluster = o.cluster;
   EXPECT_TRUE(Decide(again, {}).events.empty()) << "nothing changed: no second Warning";
+}
+
+// Without Kueue (the chart's kueue.enabled is false), a job labelled for a Kueue queue is
+// told once, with a Warning and a condition, that the label is ignored, and is placed as
+// any other job; with Kueue on there is no warning.
+TEST(Decide, AQueueLabelWithoutKueueIsIgnoredWithOneWarning) {
+  json object = JobObject();
+  object["metadata"]["labels"] = {{kQueueNameLabel, "training"}};
+  const auto ignored = [](const Decision& d) {
+    const auto& c = d.status.conditions;
+    return std::find_if(c.begin(), c.end(), [](const api::Condition& x) { return x.type == kQueueLabelIgnoredCondition; });
+  };
+  const Decision plain = Decide(Observe(JobObject(), {}), {});
+  const Decision d = Decide(Observe(object, {}), {});
+  ASSERT_TRUE(d.create);
+  EXPECT_EQ(d.status.placement, plain.status.placement) << "placed as any other job";
+  EXPECT_EQ(d.create->pods.size(), plain.create->pods.size());
+  EXPECT_EQ(d.status.phase, "Starting");
+  EXPECT_EQ(Reasons(d), (std::vector<std::string>{"QueueLabelIgnored", "GangCreated", "Starting"}));
+  EXPECT_EQ(d.events[0].type, "Warning");
+  EXPECT_EQ(d.events[0].message,
+            "label kueue.x-k8s.io/queue-name=training is ignored: the operator runs without Kueue (the chart's "
+            "kueue.enabled is false), so it places the job itself");
+  ASSERT_NE(ignored(d), d.status.conditions.end());
+  EXPECT_EQ(ignored(d)->status, "True");
+  EXPECT_EQ(ignored(d)->reason, "KueueDisabled");
+
+  // The next pass, from the stored status, warns no more.
+  std::vector<json> pods;
+  for (const auto& pod : d.create->pods) pods.push_back(Running(pod));
+  const Decision running = Decide(Observe(object, d.status, pods), {});
+  EXPECT_EQ(running.status.phase, "Running");
+  EXPECT_EQ(Reasons(running), (std::vector<std::string>{"Running"}));
+  EXPECT_EQ(ignored(running)->status, "True");
+
+  // Another queue is a new warning; without the label the condition turns False, silently.
+  json other = object;
+  other["metadata"]["labels"][kQueueNameLabel] = "other";
+  const Decision moved = Decide(Observe(other, running.status, pods), {});
+  EXPECT_EQ(Reasons(moved), (std::vector<std::string>{"QueueLabelIgnored"}));
+  other["metadata"].erase("labels");
+  const Decision unlabelled = Decide(Observe(other, moved.status, pods), {});
+  EXPECT_TRUE(unlabelled.events.empty());
+  EXPECT_EQ(ignored(unlabelled)->status, "False");
+  EXPECT_EQ(ignored(unlabelled)->reason, "NoQueueLabel");
+
+  // With Kueue on: no warning, no condition.
+  DecideOptions kueue;
+  kueue.kueue = true;
+  const Decision on = Decide(Observe(object, {}), kueue);
+  EXPECT_EQ(Reasons(on), (std::vector<std::string>{"GangCreated", "Starting"}));
+  EXPECT_EQ(ignored(on), on.status.conditions.end());
 }
 
 TEST(Decide, ProgressComesFromTheObservationAndAResumeIsAnnouncedOnce) {
@@ -866,10 +919,13 @@ api::CheckedJob WorkersJob(const Decision& d, const api::LayoutStatus& layout) {
   EXPECT_EQ(p["mode"], "manual");
   EXPECT_EQ(p["tensorParallelDegree"], layout.tensor_parallel_degree);
   EXPECT_EQ(p["hybridShardDegree"], layout.hybrid_shard_degree);
+  EXPECT_EQ(p["contextParallelDegree"], layout.context_parallel_degree);
   EXPECT_EQ(worker_job["spec"]["training"]["microBatchSize"], layout.micro_batch_size);
   api::CheckedJob resolved = api::CheckTrainingJob(worker_job, "job.json", 0);
   EXPECT_TRUE(resolved.ok()) << resolved.errors.front().ToString();
   EXPECT_EQ(resolved.job.spec.parallelism.tensor_parallel_degree, layout.tensor_parallel_degree);
+  EXPECT_EQ(resolved.job.spec.parallelism.context_parallel_degree, layout.context_parallel_degree);
+  EXPECT_EQ(resolved.job.spec.parallelism.context_parallel_mode, layout.context_parallel_mode);
   return resolved;
 }
 
@@ -901,6 +957,37 @@ TEST(Decide, ModeAutoWritesThePlannedLayoutIntoTheWorkersSpecAndStatus) {
   EXPECT_EQ(again.status.layout, d.status.layout);
 }
 
+// Llama 3.1 8B on sequences of 131072 tokens, 4 p5 nodes: the planner splits each
+// sequence over C ranks, and the workers run with that C.
+TEST(Decide, ModeAutoSplitsALongSequenceAndTheWorkersRunIt) {
+  json object = AutoJob(std::nullopt);
+  object["spec"]["nodes"] = 4;
+  object["spec"]["model"] = {{"preset", "llama3.1-8b"}, {"seqLen", 131072}};
+  object["spec"]["training"]["globalBatchTokens"] = 32 * 131072;
+  object["spec"]["template"] = {{"nodeSelector", {{kInstanceTypeLabel, "p5.48xlarge"}}}};
+  Observed o = Observe(object, {});
+  SetCluster(&o, [] {
+    scheduler::SyntheticClusterOptions cluster;
+    cluster.nodes = 8;
+    cluster.gpu_used_fraction = 0;
+    scheduler::ClusterSnapshot snapshot = scheduler::MakeSyntheticCluster(cluster);
+    for (auto& node : snapshot.nodes) node.labels[kInstanceTypeLabel] = "p5.48xlarge";
+    return scheduler::ClusterView::Of(snapshot);
+  }());
+  const Decision d = Decide(o, {});
+  ASSERT_TRUE(d.create) << Scheduled(d.status).message;
+  ASSERT_TRUE(d.status.layout);
+  const api::LayoutStatus& layout = *d.status.layout;
+  EXPECT_GT(layout.context_parallel_degree, 1);
+  EXPECT_EQ(layout.context_parallel_mode, "Ring");
+  EXPECT_EQ(api::ToJson(d.status)["layout"]["contextParallelDegree"], layout.context_parallel_degree);
+  const api::CheckedJob resolved = WorkersJob(d, layout);
+  EXPECT_EQ(api::ParallelLayout::ForSpec(resolved.job.spec).context(), layout.context_parallel_degree);
+  bool said = false;
+  for (const auto& event : d.events) said |= event.reason == "LayoutPlanned" && event.message.find(" ring, ") != std::string::npos;
+  EXPECT_TRUE(said) << "the LayoutPlanned Event names C";
+}
+
 TEST(Decide, ModeAutoWithoutAKnownDeviceOrRoomStaysPendingAndSaysWhy) {
   const Decision unknown = Decide(Observe(AutoJob(std::nullopt), {}), {});
   EXPECT_FALSE(unknown.create);
@@ -913,6 +1000,11 @@ TEST(Decide, ModeAutoWithoutAKnownDeviceOrRoomStaysPendingAndSaysWhy) {
   EXPECT_FALSE(tiny.create);
   EXPECT_EQ(Scheduled(tiny.status).reason, "NoLayout");
   EXPECT_NE(Scheduled(tiny.status).message.find("no layout fits; the smallest needs "), std::string::npos)
+      << Scheduled(tiny.status).message;
+  // The shortfall of a sequence, in bytes, and the context degree that would hold it.
+  EXPECT_NE(Scheduled(tiny.status).message.find(" bytes more than the "), std::string::npos)
+      << Scheduled(tiny.status).message;
+  EXPECT_NE(Scheduled(tiny.status).message.find("contextParallelDegree"), std::string::npos)
       << Scheduled(tiny.status).message;
 }
 

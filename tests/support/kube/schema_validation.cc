@@ -1,5 +1,7 @@
 #include "tests/support/kube/schema_validation.h"
 
+#include <regex>
+
 namespace meshtrain::testing {
 namespace {
 
@@ -20,6 +22,25 @@ bool HasType(const json& value, const std::string& type) {
   return true;
 }
 
+// minLength, maxLength and pattern (as ECMAScript: the API server's RE2 patterns that it
+// cannot read are not checked).
+template <typename Error>
+void ValidateString(const json& schema, const std::string& value, const Error& error) {
+  const json shown = value;
+  if (schema.contains("minLength") && value.size() < schema["minLength"].get<size_t>())
+    error("Invalid value: " + Shown(shown) + ": should be at least " + schema["minLength"].dump() + " chars long");
+  if (schema.contains("maxLength") && value.size() > schema["maxLength"].get<size_t>())
+    error("Too long: may not be longer than " + schema["maxLength"].dump());
+  if (!schema.contains("pattern")) return;
+  const std::string pattern = schema["pattern"];
+  bool matches = true;
+  try {
+    matches = std::regex_search(value, std::regex(pattern));
+  } catch (const std::regex_error&) {
+  }
+  if (!matches) error("Invalid value: " + Shown(shown) + ": should match '" + pattern + "'");
+}
+
 void Validate(const json& schema, json& value, const std::string& path, bool strict, std::vector<std::string>& errors) {
   auto error = [&](const std::string& message) {
     errors.push_back((path.empty() ? "<root>" : path) + ": " + message);
@@ -32,6 +53,7 @@ void Validate(const json& schema, json& value, const std::string& path, bool str
   if (schema.value("x-kubernetes-int-or-string", false)) {
     if (!value.is_string() && !value.is_number_integer())
       error("Invalid value: " + Shown(value) + ": must be an integer or a string");
+    if (value.is_string()) ValidateString(schema, value.get<std::string>(), error);
     return;
   }
   if (schema.contains("type")) {
@@ -56,17 +78,23 @@ void Validate(const json& schema, json& value, const std::string& path, bool str
     if (schema.contains("maximum") && value.get<double>() > schema["maximum"].get<double>())
       error("Invalid value: " + Shown(value) + ": should be less than or equal to " + schema["maximum"].dump());
   }
-  if (value.is_string() && schema.contains("minLength") && value.get<std::string>().size() < schema["minLength"].get<size_t>())
-    error("Invalid value: " + Shown(value) + ": should be at least " + schema["minLength"].dump() + " chars long");
+  if (value.is_string()) ValidateString(schema, value.get<std::string>(), error);
   if (value.is_array()) {
     if (schema.contains("minItems") && value.size() < schema["minItems"].get<size_t>())
       error("Invalid value: " + Shown(value) + ": should have at least " + schema["minItems"].dump() + " items");
+    if (schema.contains("maxItems") && value.size() > schema["maxItems"].get<size_t>())
+      error("Too many: " + std::to_string(value.size()) + ": must have at most " + schema["maxItems"].dump() + " items");
     if (schema.contains("items")) {
       for (size_t i = 0; i < value.size(); ++i)
         Validate(schema["items"], value[i], path + "[" + std::to_string(i) + "]", strict, errors);
     }
   }
   if (value.is_object()) {
+    if (schema.contains("minProperties") && value.size() < schema["minProperties"].get<size_t>())
+      error("Invalid value: should have at least " + schema["minProperties"].dump() + " properties");
+    if (schema.contains("maxProperties") && value.size() > schema["maxProperties"].get<size_t>())
+      error("Too many: " + std::to_string(value.size()) + ": must have at most " + schema["maxProperties"].dump() +
+            " properties");
     const bool preserve = schema.value("x-kubernetes-preserve-unknown-fields", false);
     const json properties = schema.value("properties", json::object());
     if (schema.contains("required")) {
