@@ -358,7 +358,7 @@ Command BenchComm(CLI::App& bench, const std::vector<std::string>& self) {
   c->add_option("--ranks", o->ranks, "Ranks")->check(CLI::Range(1, 64))->capture_default_str();
   c->add_option("--nodes", o->nodes, "Virtual nodes (ranks divide evenly)")->check(CLI::Range(1, 64))->capture_default_str();
   auto* op = c->add_option("--op", o->op, "Collective")
-      ->check(CLI::IsMember({"all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all"}))
+      ->check(CLI::IsMember({"all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "all_to_all_v"}))
       ->capture_default_str();
   auto* size_range =
       c->add_option("--sizes", *sizes, "Sizes MIN..MAX in bytes (K, M, G suffixes), doubling")->capture_default_str();

@@ -1,5 +1,9 @@
 // meshtrain bench comm: collective bandwidth like nccl-tests, over the fabric backend,
 // with the ranks started here as virtual nodes.
+//
+// all_to_all sends an even block to every rank; all_to_all_v the uneven blocks of
+// UnevenCount (what bench/compare-openmpi.sh compares with MPI_Alltoallv). The size is
+// what each rank sends; busbw uses the factor (n-1)/n for both.
 
 #include <unistd.h>
 
@@ -30,11 +34,45 @@ namespace mc = meshtrain::comm;
 double BusFactor(const std::string& op, int n) {
   if (op == "all_reduce") return 2.0 * (n - 1) / n;
   if (op == "broadcast") return 1.0;
-  return static_cast<double>(n - 1) / n;  // all_gather, reduce_scatter, all_to_all
+  return static_cast<double>(n - 1) / n;  // all_gather, reduce_scatter, all_to_all(_v)
+}
+
+// The all-to-all a mixture of experts sends: uneven blocks, the same pattern in every
+// run. Rank r sends rank p the share (p + r + 1) / (sum over q of (q + r + 1)) of its
+// `total_count` elements, rounded down, and the last rank the rest; so each rank sends
+// `total_count` in all but receives unevenly (at 2 ranks, rank 0 sends 1/3 to itself and
+// 2/3 to rank 1, rank 1 sends 2/5 to rank 0 and 3/5 to itself). Blocks lie in peer order.
+size_t UnevenCount(int from, int to, int n, size_t total_count) {
+  const size_t shares = size_t(n) * size_t(n + 1) / 2 + size_t(n) * size_t(from);
+  size_t before = 0;  // what `from` sends the ranks below `to`
+  for (int q = 0; q < to; ++q) before += total_count * size_t(q + from + 1) / shares;
+  if (to == n - 1) return total_count - before;
+  return total_count * size_t(to + from + 1) / shares;
+}
+
+// Counts and offsets of one rank's all-to-all: even blocks, or the uneven pattern above.
+struct AllToAllLists {
+  std::vector<size_t> send_counts, send_offsets, recv_counts, recv_offsets;
+  size_t recv_total = 0;  // elements received
+};
+AllToAllLists AllToAllListsOf(int me, int n, size_t total_count, bool uneven) {
+  AllToAllLists lists;
+  size_t sent = 0;
+  for (int p = 0; p < n; ++p) {
+    const size_t out = uneven ? UnevenCount(me, p, n, total_count) : total_count / size_t(n);
+    const size_t in = uneven ? UnevenCount(p, me, n, total_count) : total_count / size_t(n);
+    lists.send_offsets.push_back(sent);
+    lists.send_counts.push_back(out);
+    lists.recv_offsets.push_back(lists.recv_total);
+    lists.recv_counts.push_back(in);
+    sent += out;
+    lists.recv_total += in;
+  }
+  return lists;
 }
 
 std::shared_ptr<mc::Work> Issue(mc::Communicator& comm, const std::string& op, char* send, char* recv,
-                                size_t total_count, bool in_place) {
+                                size_t total_count, bool in_place, const AllToAllLists& lists) {
   int n = comm.size();
   size_t block = total_count / n;  // all_gather / reduce_scatter: per-rank count
   constexpr auto f32 = mc::DataType::kFloat32;
@@ -46,19 +84,20 @@ std::shared_ptr<mc::Work> Issue(mc::Communicator& comm, const std::string& op, c
                               mc::ReduceOp::kSum);
   }
   if (op == "all_reduce") return comm.AllReduce(send, in_place ? send : recv, total_count, f32, mc::ReduceOp::kSum);
-  if (op == "all_to_all") {  // a block of total / n to every rank; never in place
-    std::vector<size_t> counts(static_cast<size_t>(n), block), offsets(static_cast<size_t>(n));
-    for (int p = 0; p < n; ++p) offsets[size_t(p)] = size_t(p) * block;
-    return comm.AllToAll(send, counts, offsets, recv, counts, offsets, f32);
+  if (op == "all_to_all" || op == "all_to_all_v") {  // never in place
+    return comm.AllToAll(send, lists.send_counts, lists.send_offsets, recv, lists.recv_counts, lists.recv_offsets,
+                         f32);
   }
   return comm.Broadcast(send, in_place ? send : recv, total_count, f32, 0);
 }
 
+
 // The benchmark's send and receive buffers: the communicator's own memory, or the heap.
 struct Buffers {
-  Buffers(mc::Communicator& communicator, size_t bytes, bool use_heap) : comm(communicator), heap(use_heap) {
-    send = static_cast<char*>(heap ? std::malloc(bytes) : comm.AllocateBuffer(bytes));
-    recv = static_cast<char*>(heap ? std::malloc(bytes) : comm.AllocateBuffer(bytes));
+  Buffers(mc::Communicator& communicator, size_t send_bytes, size_t recv_bytes, bool use_heap)
+      : comm(communicator), heap(use_heap) {
+    send = static_cast<char*>(heap ? std::malloc(send_bytes) : comm.AllocateBuffer(send_bytes));
+    recv = static_cast<char*>(heap ? std::malloc(recv_bytes) : comm.AllocateBuffer(recv_bytes));
     if (send == nullptr || recv == nullptr) throw std::bad_alloc();
   }
   ~Buffers() {
@@ -141,9 +180,11 @@ int RunRank(const BenchCommOptions& options, std::ostream& out) {
   if (!options.calibrate.empty()) return Calibrate(options, *world, env, out);
   int n = world->size();
   bool leader = world->rank() == 0;
+  const std::string& op = options.op;
+  const bool uneven = op == "all_to_all_v";
   if (leader) {
     auto info = mc::InfoOf(*world);
-    out << "# " << options.op << ", " << n << " ranks on " << env.nnodes << " nodes, fp32, "
+    out << "# " << op << (uneven ? " (rank r sends rank p (p+r+1)/sum_q(q+r+1) of its size)" : "") << ", " << n << " ranks on " << env.nnodes << " nodes, fp32, "
         << (options.in_place ? "in place" : "out of place") << ", "
         << (options.heap_buffers ? "heap buffers" : "buffers from AllocateBuffer") << ", algorithm "
         << mc::AlgorithmName(fabric.algorithm) << "; providers: intra "
@@ -157,19 +198,21 @@ int RunRank(const BenchCommOptions& options, std::ostream& out) {
   for (size_t size = options.min_bytes; size <= options.max_bytes; size *= 2) {
     size_t total_count = std::max<size_t>(size / 4 / n * n, n);  // whole blocks per rank
     size_t bytes = total_count * 4;
-    Buffers buffers(*world, bytes, options.heap_buffers);
+    const AllToAllLists lists = AllToAllListsOf(world->rank(), n, total_count, uneven);
+    const size_t recv_bytes = std::max(bytes, lists.recv_total * 4);
+    Buffers buffers(*world, bytes, recv_bytes, options.heap_buffers);
     char* send = buffers.send;
     char* recv = buffers.recv;
     std::memset(send, 1, bytes);
-    std::memset(recv, 0, bytes);
+    std::memset(recv, 0, recv_bytes);
     int iterations = static_cast<int>(std::clamp<size_t>((size_t{1} << 30) / bytes, 5, options.max_iterations));
     for (int i = 0; i < options.warmup; ++i) {
-      Issue(*world, options.op, send, recv, total_count, options.in_place)->Wait();
+      Issue(*world, op, send, recv, total_count, options.in_place, lists)->Wait();
     }
     world->Barrier()->Wait();
     Clock::time_point start = Clock::now();
     for (int i = 0; i < iterations; ++i) {
-      Issue(*world, options.op, send, recv, total_count, options.in_place)->Wait();
+      Issue(*world, op, send, recv, total_count, options.in_place, lists)->Wait();
     }
     double seconds = SecondsSince(start) / iterations;
     std::vector<double> times(n);
@@ -179,7 +222,7 @@ int RunRank(const BenchCommOptions& options, std::ostream& out) {
       double algbw = bytes / slowest / 1e9;
       char row[160];
       std::snprintf(row, sizeof(row), "%12zu %12zu %8d %12.1f %12.3f %12.3f\n", bytes, total_count, iterations,
-                    slowest * 1e6, algbw, algbw * BusFactor(options.op, n));
+                    slowest * 1e6, algbw, algbw * BusFactor(op, n));
       out << row << std::flush;
     }
   }
@@ -198,7 +241,7 @@ int BenchCommCommand(const BenchCommOptions& options, const std::vector<std::str
                 << options.nodes << ")\n";
       return kExitInvalid;
     }
-    if (options.op == "all_to_all" && options.in_place) {
+    if ((options.op == "all_to_all" || options.op == "all_to_all_v") && options.in_place) {
       std::cerr << "meshtrain bench comm: --in-place: all_to_all sends and receives in separate buffers\n";
       return kExitInvalid;
     }

@@ -83,8 +83,9 @@ class Communicator {
   virtual std::shared_ptr<Work> Recv(void* buf, size_t count, DataType type, int peer) = 0;
 
   // Memory for buffers this communicator moves often. On the fabric backend, peers on
-  // the same node read it directly (one copy at memory speed, no provider copy); any
-  // memory works with every operation, this is only faster.
+  // the same node read it directly, and an all-to-all's senders write their blocks straight
+  // into it (one copy at memory speed, no provider copy); any memory works with every
+  // operation, this is only faster.
   virtual void* AllocateBuffer(size_t bytes) = 0;
   virtual void FreeBuffer(void* buffer) = 0;
 

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "api/environment.h"
 #include "worker/comm/fabric/algorithms.h"
@@ -222,8 +223,18 @@ class FabricCommunicator : public Communicator {
     });
   }
 
-  // Every pair's block in one phase: each rank posts a receive from and a send to every
-  // other, all at once, from scratch memory that same-node peers read directly.
+  // Every pair's block in one phase: each rank posts its messages to and from every
+  // other at once, nearest peers first, and copies its own block with BulkCopy.
+  //
+  // A block of at least kDirectBytes between two ranks on one node is pushed when the
+  // receiver's block lies in shared memory (AllocateBuffer): the receiver offers its
+  // location, the sender copies straight into it and says so, so each rank copies what
+  // it sends (a mixture of experts sends about as much from every rank but receives
+  // unevenly, and the copies stay balanced). Otherwise the receiver's "not shared" offer
+  // asks for the block through the Exchange's direct path: read by the receiver in place
+  // if the sender's block is in shared memory, else from a copy in shared scratch (so no
+  // large intra-node message is left to a provider rendezvous). Smaller blocks and blocks
+  // to another node go from `send` as they are.
   std::shared_ptr<Work> AllToAll(const void* send, const std::vector<size_t>& send_counts,
                                  const std::vector<size_t>& send_offsets, void* recv,
                                  const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_offsets,
@@ -236,28 +247,75 @@ class FabricCommunicator : public Communicator {
       fabric::Exchange& ex = ctx.exchange;
       ex.BeginPhase();
       const int n = size(), me = rank();
-      char* staged = ctx.scratch.Get(0, total);  // the blocks to send, in peer order
-      size_t at = 0;
-      std::vector<size_t> staged_at(static_cast<size_t>(n));
+      auto* in = static_cast<const char*>(send);
+      auto* out = static_cast<char*>(recv);
+      constexpr uint32_t kDataSlot = 0, kOfferSlot = 1, kPushedSlot = 2;
+      // Where a block may go direct; the receiver's offer decides between push and pull.
+      auto negotiated = [&](int peer, size_t bytes) {
+        return routes_[size_t(peer)].same_node && bytes >= fabric::kDirectBytes;
+      };
+      std::vector<Offer> offers_out(static_cast<size_t>(n)), offers_in(static_cast<size_t>(n));  // stable in flight
+      std::vector<char> pushed(static_cast<size_t>(n));
+      const char token = 1;
+      // Scratch for the blocks a pull may need staged: those not in shared memory.
+      size_t staging = 0;
       for (int p = 0; p < n; ++p) {
-        staged_at[size_t(p)] = at;
         const size_t bytes = send_counts[size_t(p)] * element;
-        if (p != me && bytes > 0) {
-          std::memcpy(staged + at, static_cast<const char*>(send) + send_offsets[size_t(p)] * element, bytes);
-        }
-        at += bytes;
-      }
-      for (int step = 1; step < n; ++step) {  // receives first, from the nearest peers on
-        const int from = (me - step + n) % n, to = (me + step) % n;
-        if (const size_t bytes = recv_counts[size_t(from)] * element; bytes > 0) {
-          ex.Recv(from, static_cast<char*>(recv) + recv_offsets[size_t(from)] * element, bytes, 0);
-        }
-        if (const size_t bytes = send_counts[size_t(to)] * element; bytes > 0) {
-          ex.Send(to, staged + staged_at[size_t(to)], bytes, 0);
+        if (p != me && negotiated(p, bytes) && !fabric::FindShared(in + send_offsets[size_t(p)] * element, bytes)) {
+          staging += bytes;
         }
       }
-      std::memcpy(static_cast<char*>(recv) + recv_offsets[size_t(me)] * element,
-                  static_cast<const char*>(send) + send_offsets[size_t(me)] * element, send_counts[size_t(me)] * element);
+      char* staged = staging > 0 ? ctx.scratch.Get(0, staging) : nullptr;
+      for (int step = 1; step < n; ++step) {
+        const int source = (me - step + n) % n, target = (me + step) % n;
+        if (const size_t bytes = recv_counts[size_t(source)] * element; bytes > 0) {
+          char* block = out + recv_offsets[size_t(source)] * element;
+          if (!negotiated(source, bytes)) {
+            ex.Recv(source, block, bytes, kDataSlot);
+          } else {
+            Offer& offer = offers_out[size_t(source)];
+            const std::optional<fabric::SharedLocation> location = fabric::FindShared(block, bytes);
+            offer.shared = location.has_value();
+            offer.bytes = bytes;
+            if (location) offer.location = *location;
+            ex.Send(source, &offer, sizeof(Offer), kOfferSlot);
+            if (offer.shared) {
+              ex.Recv(source, &pushed[size_t(source)], 1, kPushedSlot);
+            } else {
+              ex.Recv(source, block, bytes, kDataSlot);
+            }
+          }
+        }
+        if (const size_t bytes = send_counts[size_t(target)] * element; bytes > 0) {
+          const char* block = in + send_offsets[size_t(target)] * element;
+          if (!negotiated(target, bytes)) {
+            ex.Send(target, block, bytes, kDataSlot);
+            continue;
+          }
+          char* scratch = nullptr;
+          if (!fabric::FindShared(block, bytes)) scratch = staged, staged += bytes;
+          Offer& offer = offers_in[size_t(target)];
+          ex.Recv(target, &offer, sizeof(Offer), kOfferSlot,
+                  [this, &ex, &offer, &token, target, block, bytes, scratch] {
+                    if (offer.bytes != bytes) {  // the peer's lists disagree with ours: write nothing
+                      throw CommError("all_to_all on group " + group_.Describe() + ": member " +
+                                      std::to_string(rank()) + " sends " + FormatBytes(bytes) + " to member " +
+                                      std::to_string(target) + ", which expects " + FormatBytes(offer.bytes));
+                    }
+                    if (offer.shared) {
+                      fabric::BulkCopy(fabric::MapPeerWritable(offer.location), block, bytes);
+                      ex.Send(target, &token, 1, kPushedSlot);
+                    } else if (scratch != nullptr) {
+                      fabric::BulkCopy(scratch, block, bytes);
+                      ex.Send(target, scratch, bytes, kDataSlot);
+                    } else {
+                      ex.Send(target, block, bytes, kDataSlot);
+                    }
+                  });
+        }
+      }
+      fabric::BulkCopy(out + recv_offsets[size_t(me)] * element, in + send_offsets[size_t(me)] * element,
+                       send_counts[size_t(me)] * element);
       ex.WaitAll();
     });
   }
@@ -336,6 +394,14 @@ class FabricCommunicator : public Communicator {
                       std::to_string(recv_counts[size_t(rank())]));
     }
   }
+
+  // What an all-to-all receiver tells a same-node sender about its block: its size, and
+  // where it lies in shared memory, to be written there, or that it does not.
+  struct Offer {
+    uint8_t shared = 0;
+    uint64_t bytes = 0;
+    fabric::SharedLocation location;
+  };
 
   void CheckMember(int member, const char* what, bool may_be_self) const {
     if (member < 0 || member >= size() || (member == rank() && !may_be_self)) {

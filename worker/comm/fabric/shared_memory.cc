@@ -31,7 +31,8 @@ struct PeerMapping {
 
 std::mutex mutex;
 std::map<uintptr_t, Segment> segments;                          // ours, by base address
-std::map<std::pair<int32_t, int32_t>, PeerMapping> peer_maps;  // by (pid, fd)
+// Peers' segments this process has mapped, read-only and writable, by (pid, fd).
+std::map<std::pair<int32_t, int32_t>, PeerMapping> peer_maps, writable_peer_maps;
 uint64_t next_generation = 1;
 
 }  // namespace
@@ -74,28 +75,45 @@ std::optional<SharedLocation> FindShared(const void* data, size_t bytes) {
                         start - it->first, it->second.bytes};
 }
 
-const char* MapPeer(const SharedLocation& location) {
-  std::lock_guard lock(mutex);
+namespace {
+
+// The view of `location` in `maps`, mapped (writable or not) on first use. REQUIRES: mutex held.
+const char* MapPeerLocked(const SharedLocation& location, bool writable,
+                          std::map<std::pair<int32_t, int32_t>, PeerMapping>& maps) {
   auto key = std::make_pair(location.pid, location.fd);
-  auto it = peer_maps.find(key);
-  if (it == peer_maps.end() || it->second.generation != location.generation) {
-    if (it != peer_maps.end()) {
+  auto it = maps.find(key);
+  if (it == maps.end() || it->second.generation != location.generation) {
+    if (it != maps.end()) {
       ::munmap(const_cast<char*>(it->second.base), it->second.bytes);
-      peer_maps.erase(it);
+      maps.erase(it);
     }
     std::string path = "/proc/" + std::to_string(location.pid) + "/fd/" + std::to_string(location.fd);
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    int fd = ::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
     void* base = fd < 0 ? MAP_FAILED
-                        : ::mmap(nullptr, location.segment_bytes, PROT_READ, MAP_SHARED, fd, 0);
+                        : ::mmap(nullptr, location.segment_bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                                 MAP_SHARED, fd, 0);
     int error = errno;
     if (fd >= 0) ::close(fd);
     if (base == MAP_FAILED) {
-      throw CommError("cannot map a peer's buffer " + path + ": " + std::strerror(error));
+      throw CommError(std::string("cannot map a peer's buffer ") + (writable ? "for writing " : "") + path + ": " +
+                      std::strerror(error));
     }
-    it = peer_maps.emplace(key, PeerMapping{location.generation, static_cast<const char*>(base),
-                                            location.segment_bytes}).first;
+    it = maps.emplace(key, PeerMapping{location.generation, static_cast<const char*>(base),
+                                       location.segment_bytes}).first;
   }
   return it->second.base + location.offset;
+}
+
+}  // namespace
+
+const char* MapPeer(const SharedLocation& location) {
+  std::lock_guard lock(mutex);
+  return MapPeerLocked(location, false, peer_maps);
+}
+
+char* MapPeerWritable(const SharedLocation& location) {
+  std::lock_guard lock(mutex);
+  return const_cast<char*>(MapPeerLocked(location, true, writable_peer_maps));
 }
 
 }  // namespace meshtrain::comm::fabric

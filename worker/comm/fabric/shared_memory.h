@@ -2,7 +2,9 @@
 // shared, which a peer maps read-only through /proc/<pid>/fd. A large intra-node
 // message from such a buffer is then one memcpy by the receiver, at memory speed,
 // instead of the provider's copy (CMA or bounce buffers), which runs at about half of
-// it here. Mapping needs the same permission as CMA (same user, ptrace allowed).
+// it here. The all-to-all also maps a receiver's buffer writable, when the receiver
+// offers it, so the sender copies into it. Mapping needs the same permission as CMA
+// (same user, ptrace allowed).
 //
 // Thread-safety: all functions are safe to call from any thread.
 
@@ -33,5 +35,8 @@ void FreeShared(void* memory);
 std::optional<SharedLocation> FindShared(const void* data, size_t bytes);
 // This process's read-only view of a peer's location; throws CommError if it cannot map.
 const char* MapPeer(const SharedLocation& location);
+// A writable view of it, for a peer that has offered this location to be written (the
+// all-to-all's pushed blocks); throws CommError if it cannot map.
+char* MapPeerWritable(const SharedLocation& location);
 
 }  // namespace meshtrain::comm::fabric
