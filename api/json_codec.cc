@@ -76,6 +76,7 @@ void Fields(S& s, V& v) {
   v("train", s.train);
   v("validation", s.validation);
   v("format", s.format);
+  v("attention", s.attention);
 }
 
 template <Is<TrainingSpec> S, class V>

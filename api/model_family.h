@@ -134,18 +134,21 @@ std::vector<Buffer> RingAttentionBuffers(int batch, int seq, const ModelShape& s
 //     head-split q, k and v, (batch,S,W/C) Act; "out" the head-split output,
 //     (batch,S,Q/C) Act; "state" the kernel table's AttentionForward state for
 //     (batch,S,NH/C heads), Acc;
-//   kForward: "send" and "recv", (batch,seq,W) Act each;
+//   kForward: "send" and "recv", (batch,seq,W) Act each; "attention", the scratch of the
+//     attention it runs (document attention's; the table's causal forward takes none),
+//     kernel_scratch_bytes;
 //   kBackward: "send", "recv"; "dout", (batch,S,Q/C) Act; "dqkv", (batch,S,W/C) Act;
-//     "attention", the kernel table's AttentionBackward scratch, kernel_scratch_bytes.
+//     "attention", the scratch of the attention backward it runs, kernel_scratch_bytes.
 enum class UlyssesPart { kKept, kForward, kBackward };
 std::vector<Buffer> UlyssesAttentionBuffers(int batch, int seq, const ModelShape& shape, int tp_size,
                                             const EngineTypes& types, UlyssesPart part,
                                             int64_t kernel_scratch_bytes = 0);
 // The attention scratch of a context group (types.context > 1) for micro-batches of
 // batch x seq rows a rank: the larger of its forward's and its backward's buffers, ring
-// or all-to-all as types says. types.attention_scratch_bytes is read as the kernel
-// table's own AttentionBackward scratch for the shape the mode runs (all-to-all:
-// (batch, seq x C, NH/C, KVH/C)); the ring's block kernels need none.
+// or all-to-all as types says. types.attention_scratch_bytes is read as the scratch of
+// the attention the mode runs on the shape it runs it (all-to-all: the table's
+// AttentionBackward, or document attention, on (batch, seq x C, NH/C, KVH/C)); the
+// ring's block kernels need none.
 int64_t ContextAttentionScratchBytes(int batch, int seq, const ModelShape& shape, int tp_size,
                                      const EngineTypes& types);
 

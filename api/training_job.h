@@ -113,6 +113,10 @@ struct DataSpec {
   // auto: each file's header says (meshtrain's MTOK or llm.c's); uint16: raw uint16
   // tokens with no header (nanoGPT's train.bin), which nothing in the file announces.
   std::string format = "auto";
+  // causal: a token attends to every earlier token of its window; document: only to the
+  // earlier tokens of its own document, whose positions start at 0 (documents start where
+  // the tokenizer's framing puts them: docs/trainingjob.md, spec.data).
+  std::string attention = "causal";
   bool operator==(const DataSpec&) const = default;
 };
 

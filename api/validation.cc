@@ -151,6 +151,7 @@ void CheckData(const DataSpec& d, FieldChecker& c) {
     }
   }
   c.OneOf("spec.data.format", d.format, {"auto", "uint16"});
+  c.OneOf("spec.data.attention", d.attention, {"causal", "document"});
 }
 
 void CheckTraining(const TrainingSpec& t, FieldChecker& c) {
@@ -394,6 +395,10 @@ FieldErrors ValidateTrainingJob(const TrainingJob& job) {
   }
   CheckModel(spec.model, c);
   CheckData(spec.data, c);
+  if (spec.data.attention == "document" && spec.model.tokenizer.empty()) {
+    c.Fail("spec.data.attention", "document needs spec.model.tokenizer: its framing (the BOS before each document, "
+                                  "or GPT-2's <|endoftext|>, or else the EOS after each) says where documents start");
+  }
   CheckTraining(spec.training, c);
   CheckLayout(spec, c);
   CheckParallelism(spec.parallelism, c);

@@ -90,7 +90,7 @@ std::vector<Buffer> UlyssesAttentionBuffers(int batch, int seq, const ModelShape
               {"state", t.attention_keeps_scores ? rows * S : rows, G}};
     }
     case UlyssesPart::kForward:
-      return {{"send", N * W, A}, {"recv", N * W, A}};
+      return {{"send", N * W, A}, {"recv", N * W, A}, {"attention", kernel_scratch_bytes, 1}};
     case UlyssesPart::kBackward:
       return {{"send", N * W, A},
               {"recv", N * W, A},
@@ -104,7 +104,8 @@ std::vector<Buffer> UlyssesAttentionBuffers(int batch, int seq, const ModelShape
 int64_t ContextAttentionScratchBytes(int batch, int seq, const ModelShape& s, int tp_size, const EngineTypes& t) {
   if (t.context_all_to_all) {
     return std::max(
-        CarvedBytes(UlyssesAttentionBuffers(batch, seq, s, tp_size, t, UlyssesPart::kForward)),
+        CarvedBytes(UlyssesAttentionBuffers(batch, seq, s, tp_size, t, UlyssesPart::kForward,
+                                            t.attention_scratch_bytes)),
         CarvedBytes(UlyssesAttentionBuffers(batch, seq, s, tp_size, t, UlyssesPart::kBackward,
                                             t.attention_scratch_bytes)));
   }

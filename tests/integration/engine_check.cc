@@ -59,6 +59,12 @@
 //                              the shard and TP axes: the ranks are P x R x S x C x T);
 //                              --context-mode Ring (the default) or AllToAll. The reference
 //                              holds whole sequences.
+//   --documents 1              spec.data.attention document: the text in documents of 3 to
+//                              60 tokens, each after an <|endoftext|> (token 256, of the
+//                              byte tokenizer examples/data/byte-tokenizer; the vocabulary
+//                              264), so that windows, context chunks and pipeline
+//                              micro-batches hold several and cut some; the reference
+//                              attends within documents too.
 //   --seq N                    the window (default 32).
 //   --from-context C           in reshard mode, the --from layout's C.
 //   --layout R,N,T,S[,ACT[,DROP[,PIPE]]] instead of --ranks/--nodes/--tp/--shard/--activations/
@@ -136,6 +142,7 @@ struct Options {
   std::string mode = "equivalence", dir, activations, from;
   std::string family = "gpt2";  // gpt2 | llama | qwen2 | qwen3 | mixtral | qwen3_moe
   bool masked = false;           // a loss mask beside the training data
+  bool documents = false;        // --documents: spec.data.attention document
   int ranks = 2, nodes = 1, tp = 1, shard = 0, repeat = 1, limit_mib = 0, layers = 3;
   double dropout = 0;
   std::string kernels = "fp32";  // the ranks' (train::EngineSwitches::cpu_kernels)
@@ -192,6 +199,7 @@ void Expect(bool ok, const std::string& what) {
 nlohmann::json ModelOf(const Options& o) {
   nlohmann::json model = {{"layers", o.layers}, {"heads", 4},       {"hidden", 44},
                           {"vocabSize", 256},   {"seqLen", o.seq},  {"dropout", o.dropout}};
+  if (o.documents) model["vocabSize"] = 264;  // the byte tokenizer's 257, padded
   if (o.family == "gpt2") return model;
   model["family"] = o.family;
   model["kvHeads"] = 2;
@@ -232,6 +240,10 @@ nlohmann::json JobManifest(const Options& o, int nodes, int gpus, int tp, int sh
     parallelism["pipelineParallelDegree"] = o.stages;
     parallelism["pipelineSchedule"] = o.schedule;
     parallelism["pipelineVirtualStages"] = o.virtual_stages;
+  }
+  if (o.documents) {
+    job["spec"]["data"]["attention"] = "document";
+    job["spec"]["model"]["tokenizer"] = (fs::path(MESHTRAIN_CORPUS).parent_path() / "byte-tokenizer").string();
   }
   // Likewise split over --context ranks a sequence; the reference holds whole ones.
   if (o.context > 1 && nodes * gpus > 1) {
@@ -433,6 +445,19 @@ const Run& Reference(const Options& o, int dp) {
 void WriteData(const Options& o) {
   const std::string train = (fs::path(o.dir) / "train.bin").string();
   train::WriteTextAsTokenFiles(MESHTRAIN_CORPUS, train, (fs::path(o.dir) / "val.bin").string(), 0.1);
+  if (o.documents) {  // <|endoftext|> before each document, as GPT-2's data has it
+    const train::TokenFile text = train::TokenFile::Open(train);
+    std::vector<uint32_t> tokens;
+    uint64_t next = 0;
+    for (uint64_t i = 0; i < text.size(); ++i) {
+      if (i == next) {
+        tokens.push_back(256);
+        next = i + 3 + (i * 2654435761u) % 58;
+      }
+      tokens.push_back(text[i]);
+    }
+    train::WriteTokenFile(train, tokens);
+  }
   if (!o.masked) return;
   const uint64_t tokens = train::TokenFile::Open(train).size();
   std::vector<bool> targets(tokens);
@@ -757,6 +782,7 @@ int main(int argc, char** argv) {
     else if (flag == "--layers") o.layers = std::atoi(value.c_str());
     else if (flag == "--family") o.family = value;
     else if (flag == "--masked") o.masked = value == "1";
+    else if (flag == "--documents") o.documents = value == "1";
     else if (flag == "--activations") o.activations = value;
     else if (flag == "--dir") o.dir = value;
     else if (flag == "--kernels") o.kernels = value;

@@ -810,6 +810,48 @@ TEST_F(PrepareDataTest, BadInputIsNamed) {
   }
 }
 
+// spec.data.attention document: where documents start in what prepare-data writes
+// (DocumentMarks): at GPT-2's <|endoftext|> before each, at the BOS a tokenizer puts before
+// each (Mistral's <s>), or after the EOS of one that puts none (Qwen3); a prompt/completion
+// pair is one document; and nowhere else, so a window's first token starts one too.
+TEST_F(PrepareDataTest, DocumentsStartWhereEachFamilysFramingSays) {
+  const std::string mistral = text::ModelDirOf("llama2"), qwen = text::ModelDirOf("qwen3");
+  ASSERT_TRUE(fs::exists(mistral + "/tokenizer.json")) << "run scripts/install-tokenizer-references.sh";
+  int n = 0;
+  for (const std::string& dir : {text::ReferenceDir(), mistral, qwen}) {
+    SCOPED_TRACE(dir);
+    const text::Tokenizer tokenizer = text::Tokenizer::Load(dir);
+    const std::string in = (dir_ / ("docs" + std::to_string(n) + ".jsonl")).string();
+    std::ofstream(in) << nlohmann::json{{"text", "One document."}}.dump() << "\n"
+                      << nlohmann::json{{"prompt", "A question?"}, {"completion", " An answer."}}.dump() << "\n"
+                      << nlohmann::json{{"text", "The third, with a few more words in it."}}.dump() << "\n";
+    PrepareOptions options;
+    options.inputs = {in};
+    options.prefix = (dir_ / ("out" + std::to_string(n++))).string();
+    options.validation_fraction = 0;
+    const PrepareResult result = PrepareTokenShards(tokenizer, options);
+    const std::vector<uint32_t> all = AllTokens(result);
+    // Each document's first token, as prepare_data.h frames them.
+    const size_t first = tokenizer.frame().before.size() + tokenizer.Encode("One document.").size() +
+                         tokenizer.frame().after.size();
+    const size_t second = first + tokenizer.frame().before.size() + tokenizer.Encode("A question?").size() +
+                          tokenizer.Encode(" An answer.").size() + 1;
+    const train::DocumentMarks marks = train::DocumentMarks::Of(tokenizer.frame().before, tokenizer.frame().after);
+    EXPECT_FALSE(marks.empty());
+    const std::vector<int32_t> tokens(all.begin(), all.end());
+    EXPECT_EQ(marks.Starts(tokens.data(), int64_t(tokens.size())),
+              (std::vector<int64_t>{0, int64_t(first), int64_t(second)}));
+    // A window that starts inside the first document: its first row, then the others.
+    EXPECT_EQ(marks.Starts(tokens.data() + 2, int64_t(tokens.size()) - 2),
+              (std::vector<int64_t>{0, int64_t(first) - 2, int64_t(second) - 2}));
+    EXPECT_TRUE(marks.Found(tokens.data(), int64_t(tokens.size())));
+    EXPECT_FALSE(marks.Found(tokens.data() + first + 1, int64_t(second - first - 2)));  // the pair's inside
+  }
+  EXPECT_EQ(train::DocumentMarks::Of({50256}, {}).start, 50256);
+  EXPECT_EQ(train::DocumentMarks::Of({}, {7}).end, 7);
+  EXPECT_TRUE(train::DocumentMarks::Of({}, {}).empty());
+}
+
 TEST_F(PrepareDataTest, InvalidUtf8IsReplacedWithAWarningNamingTheLineAndOffset) {
   const text::Tokenizer tokenizer = text::Tokenizer::Load(text::ReferenceDir());
   std::ofstream(dir_ / "docs.jsonl", std::ios::binary) << "{\"text\": \"fine\"}\n{\"text\": \"bad \xff byte\"}\n";

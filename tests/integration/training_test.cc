@@ -119,6 +119,46 @@ TEST_F(TrainingTest, ATensorParallelDegreeThatDoesNotSplitTheHeadsIsRefusedNamin
   }
 }
 
+// spec.data.attention document: data whose tokenizer marks no document start in a file is
+// refused naming the field and the file; with <|endoftext|> before each document (the byte
+// tokenizer of examples/data/byte-tokenizer) it trains, and the validation loss is within
+// documents too.
+TEST_F(TrainingTest, DocumentAttentionNeedsDataThatMarksWhereDocumentsStart) {
+  api::TrainingJob job = Job(3);
+  job.spec.data.attention = "document";
+  job.spec.model.tokenizer = "examples/data/byte-tokenizer";
+  job.spec.model.vocab_size = 264;  // the tokenizer's 257
+  const std::string bytes = (dir_ / "train.bin").string();
+  try {
+    CheckTrainable(job, 0, 1);
+    ADD_FAILURE() << "bytes without <|endoftext|> have documents";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("spec.data.attention: document: " + bytes + " holds no document start"),
+              std::string::npos)
+        << e.what();
+  }
+  // Each line a document.
+  for (const char* split : {"train", "val"}) {
+    const TokenFile text = TokenFile::Open((dir_ / (std::string(split) + ".bin")).string());
+    std::vector<uint32_t> tokens{256};
+    for (uint64_t i = 0; i < text.size(); ++i) {
+      tokens.push_back(text[i]);
+      if (text[i] == '\n') tokens.push_back(256);
+    }
+    WriteTokenFile((dir_ / (std::string(split) + ".documents.bin")).string(), tokens);
+  }
+  job.spec.data.train = {(dir_ / "train.documents.bin").string()};
+  job.spec.data.validation = {(dir_ / "val.documents.bin").string()};
+  CheckTrainable(job, 0, 1);
+  Trainer trainer(job);
+  std::vector<double> losses;
+  trainer.Run([&](const StepReport& r) { losses.push_back(r.loss); });
+  ASSERT_EQ(losses.size(), 3u);
+  EXPECT_LT(losses.back(), losses.front());
+  job.spec.model.tokenizer.clear();  // nothing says where documents start
+  EXPECT_NE(Refusal(job).find("spec.data.attention: document"), std::string::npos);
+}
+
 // spec.resources.memoryLimitMiB caps what the rank's allocator may hold: a limit the
 // model's state does not fit under fails construction with the allocator's error.
 TEST_F(TrainingTest, TheSpecsMemoryLimitCapsTheAllocator) {

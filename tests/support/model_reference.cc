@@ -13,7 +13,7 @@ using runtime::MemoryCategory;
 
 template <class P>
 ModelReference<P>::ModelReference(const api::ModelShape& shape, int max_batch, int max_seq, uint64_t seed,
-                                 int vocab_multiple, runtime::CpuBackendOptions backend)
+                                 int vocab_multiple, runtime::CpuBackendOptions backend, bool documents)
     : layout_(shape, 0, 1, vocab_multiple),
       max_batch_(max_batch),
       max_seq_(max_seq),
@@ -25,6 +25,13 @@ ModelReference<P>::ModelReference(const api::ModelShape& shape, int max_batch, i
   if (max_seq > shape.seq_len) throw std::invalid_argument("sequence longer than the model's seqLen");
   types_ = model::TypesOf(*ops_, max_batch, max_seq, shape, 1);
   types_.vocab_multiple = vocab_multiple;
+  if (documents) {
+    const api::ModelShape s = shape.Resolved();
+    types_.attention_scratch_bytes =
+        std::max(types_.attention_scratch_bytes,
+                 model::DocumentAttentionScratchBytes<P>(max_batch, max_seq, int(s.heads), int(s.KvHeads()),
+                                                         int(s.head_dim)));
+  }
   const model::TpSlice tp{0, 1, vocab_multiple};
   const int64_t total = layout_.total(), N = int64_t(max_batch) * max_seq;
 
@@ -101,7 +108,7 @@ model::Dims ModelReference<P>::DimsOf(int B, int T) const {
 
 template <class P>
 model::Context<P> ModelReference<P>::Context() {
-  return {*ops_, *stream_, nullptr, family_buffers_, nullptr, backend_.get()};
+  return {*ops_, *stream_, nullptr, family_buffers_, nullptr, backend_.get(), documents_};
 }
 
 template <class P>

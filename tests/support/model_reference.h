@@ -47,9 +47,10 @@ class ModelReference {
 
   // Sized for micro-batches of at most max_batch x max_seq (<= shape.seq_len), with
   // parameters initialised from `seed` as the engine initialises its shards. Throws
-  // std::invalid_argument for a max_seq past the model's.
+  // std::invalid_argument for a max_seq past the model's. `documents`: room for document
+  // attention (set_documents).
   ModelReference(const api::ModelShape& shape, int max_batch, int max_seq, uint64_t seed, int vocab_multiple = 1,
-                runtime::CpuBackendOptions backend = {});
+                runtime::CpuBackendOptions backend = {}, bool documents = false);
   ~ModelReference();
   ModelReference(const ModelReference&) = delete;
   ModelReference& operator=(const ModelReference&) = delete;
@@ -66,6 +67,9 @@ class ModelReference {
   // std::logic_error without one.
   void Backward();
   void ZeroGrad();
+  // The documents of the forwards and backwards that follow (null: causal attention over
+  // each window), which outlive them. REQUIRES: built with `documents`.
+  void set_documents(const model::Documents* documents) { documents_ = documents; }
 
   // Host copies, in this layout's order (padding rows included).
   std::vector<G> Params();
@@ -111,6 +115,7 @@ class ModelReference {
   model::BlockScratch<P> scratch_{};
   model::Dims trained_{};  // the last training Forward's dims
   bool can_backward_ = false;
+  const model::Documents* documents_ = nullptr;
 };
 
 }  // namespace meshtrain::testing

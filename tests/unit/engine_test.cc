@@ -304,7 +304,8 @@ TEST(ShardedEngine, ForwardBackwardIsEachForwardAndBackwardInTurn) {
       engine->ZeroGrad();
       std::vector<MicroBatch> micro_batches;
       for (int m = 0; m < 3; ++m) {
-        micro_batches.push_back({inputs.data() + m * B * T, targets.data() + m * B * T, B, T, {0, m}, kMean / 3});
+        micro_batches.push_back(
+            {inputs.data() + m * B * T, targets.data() + m * B * T, B, T, {0, m}, kMean / 3, nullptr});
       }
       if (together) {
         engine->ForwardBackward(micro_batches);

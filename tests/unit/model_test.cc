@@ -402,5 +402,100 @@ TEST(ModelBehaviour, GradientsAccumulateAndInputsAreChecked) {
   EXPECT_THROW(ModelReference<Fp64>(kTiny, B, int(kTiny.seq_len) + 1, 1), std::invalid_argument);
 }
 
+// Document attention (model.h, Documents): a window that packs documents computes what
+// each document computes alone, from position 0 (GPT-2's learned positions and RoPE's
+// alike): every token's prediction, the losses' sum and the sum of the documents'
+// gradients. Documents of 2, 1
+// and 3 tokens in one sequence, 4 and 2 in the other.
+TEST(ModelDocuments, APackedWindowIsItsDocumentsEachAlone) {
+  constexpr int T = 6, N = 2 * T;
+  const Documents documents{{{0, 2, 3}, {0, 4}}};
+  for (const api::ModelShape& shape : kFamilies) {
+    SCOPED_TRACE(api::DescribeShape(shape));
+    ModelReference<Fp64> packed(shape, 2, T, 3, 1, {}, /*documents=*/true);
+    ModelReference<Fp64> alone(shape, 1, T, 3);
+    std::mt19937_64 rng(11);
+    std::vector<int32_t> inputs(N), targets(N);
+    for (int32_t& x : inputs) x = int32_t(rng() % shape.vocab_size);
+    for (int32_t& x : targets) x = int32_t(rng() % shape.vocab_size);
+    // Each document: sequence b, rows [start, end).
+    struct Document {
+      int b, start, end;
+    };
+    std::vector<Document> each;
+    for (int b = 0; b < 2; ++b) {
+      const std::vector<int64_t>& starts = documents.starts[size_t(b)];
+      for (size_t i = 0; i < starts.size(); ++i) {
+        each.push_back({b, int(starts[i]), i + 1 < starts.size() ? int(starts[i + 1]) : T});
+      }
+    }
+    // Every token's prediction (the whole distribution, so its loss for any target):
+    // the window's first t + 1 rows with their documents, against its document's alone.
+    for (const Document& doc : each) {
+      for (int t = doc.start; t < doc.end; ++t) {
+        Documents prefix;
+        prefix.starts.resize(1);
+        for (int64_t start : documents.starts[size_t(doc.b)]) {
+          if (start <= t) prefix.starts[0].push_back(start);
+        }
+        packed.set_documents(&prefix);
+        const std::vector<double> got = packed.NextTokenProbabilities(inputs.data() + doc.b * T, t + 1);
+        const std::vector<double> want =
+            alone.NextTokenProbabilities(inputs.data() + doc.b * T + doc.start, t - doc.start + 1);
+        for (size_t v = 0; v < want.size(); ++v) {
+          ASSERT_NEAR(got[v], want[v], 1e-12) << "sequence " << doc.b << " row " << t << " token " << v;
+        }
+      }
+    }
+    packed.set_documents(&documents);
+    packed.ZeroGrad();
+    alone.ZeroGrad();
+    const ModelReference<Fp64>::Training sum{float(N)};  // weights 1: the losses' sum
+    double want = 0;
+    for (const Document& doc : each) {
+      const int n = doc.end - doc.start;
+      const ModelReference<Fp64>::Training mine{float(n)};
+      want += alone.Forward(inputs.data() + doc.b * T + doc.start, targets.data() + doc.b * T + doc.start, 1, n, &mine);
+      alone.Backward();
+    }
+    EXPECT_NEAR(packed.Forward(inputs.data(), targets.data(), 2, T, &sum), want, 1e-12 * want);
+    packed.Backward();
+    const std::vector<double> got = packed.Grads(), expected = alone.Grads();
+    double scale = 0;
+    for (double g : expected) scale = std::max(scale, std::abs(g));
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], expected[i], 1e-12 * scale) << i;
+    packed.set_documents(nullptr);  // causal attention over the window sees across documents
+    EXPECT_GT(std::abs(packed.Forward(inputs.data(), targets.data(), 2, T, &sum) - want), 1e-3);
+  }
+}
+
+TEST(ModelDocuments, SegmentsCutAtChunksAndDocuments) {
+  const Documents documents{{{0, 3, 5}}};
+  // One rank: the documents.
+  std::vector<Segment> s = SegmentsOf(documents, 1, 8, 0, 1);
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[1].row, 3);
+  EXPECT_EQ(s[1].rows, 2);
+  EXPECT_EQ(s[2].position(), 0);
+  // Rank 1 of 2 holds chunks 1 (rows 2, 3) and 2 (rows 4, 5) of 4 chunks of 2.
+  s = SegmentsOf(documents, 1, 4, 1, 2);
+  ASSERT_EQ(s.size(), 4u);
+  EXPECT_EQ(s[0].whole, 2);
+  EXPECT_EQ(s[0].start, 0);
+  EXPECT_EQ(s[0].position(), 2);
+  EXPECT_EQ(s[1].whole, 3);
+  EXPECT_EQ(s[1].position(), 0);
+  EXPECT_EQ(s[2].row, 2);
+  EXPECT_EQ(s[2].whole, 4);
+  EXPECT_EQ(s[2].start, 3);
+  EXPECT_EQ(s[2].position(), 1);
+  EXPECT_EQ(s[3].whole, 5);
+  EXPECT_EQ(s[3].position(), 0);
+  EXPECT_THROW(SegmentsOf({{{1}}}, 1, 4, 0, 1), std::invalid_argument);
+  EXPECT_THROW(SegmentsOf({{{0, 2, 2}}}, 1, 4, 0, 1), std::invalid_argument);
+  EXPECT_THROW(SegmentsOf({{{0, 4}}}, 1, 4, 0, 1), std::invalid_argument);
+  EXPECT_THROW(SegmentsOf(documents, 2, 8, 0, 1), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace meshtrain::model

@@ -496,6 +496,26 @@ TEST(DataLoader, RanksReadTheirOwnWindowsOfTheSeededOrder) {
 // Loss masks beside their shards (SHARD.mask): Next marks the targets that are context
 // -1, inputs stay real, GlobalTargets counts the rest over every rank's windows without
 // moving, and globs skip the masks.
+// Where documents start (spec.data.attention document): the window's first row; each start
+// token (a BOS; GPT-2's <|endoftext|>), the last of a run of them; or, for a tokenizer that
+// puts nothing before a document, the token after each EOS.
+TEST(DocumentMarks, StartTokensAndTheTokenAfterAnEnd) {
+  const DocumentMarks bos = DocumentMarks::Of({1}, {2});  // Mistral's <s> ... </s>
+  EXPECT_EQ(bos.start, 1);
+  EXPECT_FALSE(bos.end);
+  const std::vector<int32_t> llama = {7, 8, 2, 1, 9, 9, 2, 1, 5};
+  EXPECT_EQ(bos.Starts(llama.data(), 9), (std::vector<int64_t>{0, 3, 7}));
+  const DocumentMarks eot = DocumentMarks::Of({50256}, {});  // GPT-2: <|endoftext|> before each
+  const std::vector<int32_t> gpt2 = {50256, 4, 5, 50256, 6, 50256, 50256, 7, 50256};
+  EXPECT_EQ(eot.Starts(gpt2.data(), 9), (std::vector<int64_t>{0, 3, 6, 8}));  // 5: a pair's end
+  const DocumentMarks eos = DocumentMarks::Of({}, {3});  // Qwen: the EOS after each
+  const std::vector<int32_t> qwen = {4, 3, 5, 6, 3, 3};
+  EXPECT_EQ(eos.Starts(qwen.data(), 6), (std::vector<int64_t>{0, 2, 5}));
+  EXPECT_TRUE(eos.Found(qwen.data(), 6));
+  EXPECT_FALSE(eos.Found(qwen.data() + 2, 3));  // an EOS at the end starts nothing here
+  EXPECT_TRUE(DocumentMarks::Of({}, {}).empty());
+}
+
 TEST(DataLoader, MasksMarkContextTargetsAndGlobalTargetsCountsTheRest) {
   TempDir dir;
   std::vector<uint32_t> tokens(200);

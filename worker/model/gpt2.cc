@@ -41,7 +41,13 @@ class Gpt2 final : public Model<P> {
     const auto p = EmbeddingAt(unit);
     // Each slice looks up its own tokens, rank 0 adds the positions: the sum is exact.
     const Ptr<const A> wpe = OnFirstRank(d, p.wpe);
-    if (d.cp_size == 1) {
+    if (k.documents != nullptr) {  // each document's rows from position 0
+      for (const Segment& s : SegmentsOf(*k.documents, d.B, d.T, d.cp_rank, d.cp_size)) {
+        const int64_t row = int64_t(s.b) * d.T + s.row;
+        k.ops.EncoderForward(encoded + row * d.C, tokens + row, p.wte, wpe ? wpe + s.position() * d.C : wpe, 1,
+                             int(s.rows), d.C, d.tp.vocab_begin(d.V), d.tp.vocab(d.V), k.stream);
+      }
+    } else if (d.cp_size == 1) {
       k.ops.EncoderForward(encoded, tokens, p.wte, wpe, d.B, d.T, d.C, d.tp.vocab_begin(d.V), d.tp.vocab(d.V),
                            k.stream);
     } else {  // each of a sequence's two chunks from its own first position
@@ -60,6 +66,14 @@ class Gpt2 final : public Model<P> {
   void EmbedBackward(const Context<P>& k, Ptr<G> dunit, Ptr<const A> dencoded, Ptr<const int32_t> tokens,
                      const Dims& d) const override {
     const auto dp = EmbeddingAt(dunit);
+    if (k.documents != nullptr) {
+      for (const Segment& s : SegmentsOf(*k.documents, d.B, d.T, d.cp_rank, d.cp_size)) {
+        const int64_t row = int64_t(s.b) * d.T + s.row;
+        k.ops.EncoderBackward(dp.wte, dp.wpe + s.position() * d.C, dencoded + row * d.C, tokens + row, 1, int(s.rows),
+                              d.C, d.tp.vocab_begin(d.V), d.tp.vocab(d.V), k.stream);
+      }
+      return;
+    }
     if (d.cp_size == 1) {
       return k.ops.EncoderBackward(dp.wte, dp.wpe, dencoded, tokens, d.B, d.T, d.C, d.tp.vocab_begin(d.V),
                                    d.tp.vocab(d.V), k.stream);

@@ -71,8 +71,7 @@ class Llama final : public Model<P> {
       ops.HeadRmsNormForward(a.qkv + Q, a.qk_raw + N * Q, a.qk_rstd + N * d.heads(), p + k_norm_, N, d.kv_heads(),
                              d.HS, Q + 2 * KV, d.eps, k.stream);
     }
-    const Rope rope = RopeOf(k);
-    ops.RopeForward(a.qkv, rope.cos, rope.sin, d.B, d.T, d.heads(), d.kv_heads(), d.HS, k.stream);
+    Rotate(k, a.qkv, d, /*backward=*/false);
     AttentionForward(k, a.atty, a.att_state, s.attention, a.qkv, d.B, d.T, d.heads(), d.kv_heads(), d.HS);
     const int64_t q_whole = int64_t(d.NH) * d.HS, q_first = int64_t(d.tp.rank) * Q;
     if (dropout) Drop(k, d, kAttentionOutput, s.dropped, a.atty, Q, q_whole, q_first);
@@ -140,8 +139,7 @@ class Llama final : public Model<P> {
     if (dropout) Drop(k, d, kAttentionOutput, s.datty, s.datty, Q, q_whole, q_first);
     AttentionBackward(k, s.dqkv, s.attention, s.datty, a.qkv, a.atty, a.att_state, d.B, d.T, d.heads(), d.kv_heads(),
                       d.HS);
-    const Rope rope = RopeOf(k);
-    ops.RopeBackward(s.dqkv, rope.cos, rope.sin, d.B, d.T, d.heads(), d.kv_heads(), d.HS, k.stream);
+    Rotate(k, s.dqkv, d, /*backward=*/true);
     if (q_norm_ >= 0) HeadNormsBackward(k, dp, s, a, p, d);
     ops.MatmulBackward(s.dln, dp + wqkv_, Bias(dp), s.dqkv, a.attn_norm, p + wqkv_, nullptr, N, C, Q + 2 * KV,
                        k.stream);
@@ -181,6 +179,24 @@ class Llama final : public Model<P> {
   static Rope RopeOf(const Context<P>& k) {
     const Ptr<const G> table = k.buffers.template Get<G>("rope");
     return {table, table + k.buffers.Elements("rope") / 2};
+  }
+  // RoPE on the q and k heads of qkv (N, Q + 2 KV), or its backward: each row at its
+  // position in the window (the table's row), or with k.documents in its document (the
+  // table then holds positions 0, 1, ...; each segment starts at its position's row).
+  void Rotate(const Context<P>& k, Ptr<A> qkv, const Dims& d, bool backward) const {
+    const Rope rope = RopeOf(k);
+    auto rotate = [&](Ptr<A> x, int64_t position, int B, int T) {
+      const int64_t at = position * (d.HS / 2);
+      if (backward) {
+        return k.ops.RopeBackward(x, rope.cos + at, rope.sin + at, B, T, d.heads(), d.kv_heads(), d.HS, k.stream);
+      }
+      k.ops.RopeForward(x, rope.cos + at, rope.sin + at, B, T, d.heads(), d.kv_heads(), d.HS, k.stream);
+    };
+    if (k.documents == nullptr) return rotate(qkv, 0, d.B, d.T);
+    const int64_t row = d.query_width() + 2 * d.kv_width();
+    for (const Segment& s : SegmentsOf(*k.documents, d.B, d.T, d.cp_rank, d.cp_size)) {
+      rotate(qkv + (int64_t(s.b) * d.T + s.row) * row, s.position(), 1, int(s.rows));
+    }
   }
 
   struct Acts {

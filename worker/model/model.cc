@@ -53,6 +53,12 @@ template <class P>
 void AttentionForward(const Context<P>& k, Ptr<typename P::Act> out, Ptr<typename P::Acc> state,
                       runtime::DeviceBytes scratch, Ptr<const typename P::Act> qkv, int B, int T, int NH, int KVH,
                       int HS) {
+  if (k.documents != nullptr) {
+    if (k.cp == nullptr) {
+      return DocumentAttentionForward(k.ops, out, state, scratch, qkv, B, T, NH, KVH, HS, *k.documents, k.stream);
+    }
+    return k.cp->DocumentAttentionForward(k.ops, out, state, scratch, qkv, B, T, NH, KVH, HS, *k.documents, k.stream);
+  }
   if (k.cp == nullptr) return k.ops.AttentionForward(out, state, qkv, B, T, NH, KVH, HS, k.stream);
   k.cp->AttentionForward(k.ops, out, state, scratch, qkv, B, T, NH, KVH, HS, k.stream);
 }
@@ -61,6 +67,15 @@ template <class P>
 void AttentionBackward(const Context<P>& k, Ptr<typename P::Act> dqkv, runtime::DeviceBytes scratch,
                        Ptr<const typename P::Act> dout, Ptr<const typename P::Act> qkv, Ptr<const typename P::Act> out,
                        Ptr<const typename P::Acc> state, int B, int T, int NH, int KVH, int HS) {
+  if (k.documents != nullptr) {
+    if (k.cp == nullptr) {
+      if (k.backend == nullptr) throw std::logic_error("AttentionBackward: document attention needs Context::backend");
+      return DocumentAttentionBackward(k.ops, *k.backend, dqkv, scratch, dout, qkv, out, state, B, T, NH, KVH, HS,
+                                       *k.documents, k.stream);
+    }
+    return k.cp->DocumentAttentionBackward(k.ops, dqkv, scratch, dout, qkv, out, state, B, T, NH, KVH, HS,
+                                           *k.documents, k.stream);
+  }
   if (k.cp == nullptr) {
     return k.ops.AttentionBackward(dqkv, scratch, dout, qkv, out, state, B, T, NH, KVH, HS,
                                    k.stream);

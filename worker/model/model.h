@@ -56,6 +56,30 @@ class TensorParallelGroup {
                          runtime::Stream& stream) = 0;
 };
 
+// The documents of a micro-batch's sequences (spec.data.attention: document), host data:
+// for each of its B sequences, the rows of the whole sequence (cp_size x T tokens) where a
+// document starts, ascending, the first 0. A token attends only to the earlier tokens of
+// its own document, and its position (RoPE's, GPT-2's learned table's) is its row less
+// its document's start, as Hugging Face computes packed sequences with position_ids.
+struct Documents {
+  std::vector<std::vector<int64_t>> starts;
+};
+
+// A run of one document's rows on this rank: rows [row, row + rows) of sequence b's T on
+// this rank, which are rows [whole, whole + rows) of the whole sequence, of the document
+// that starts at row `start` of the whole sequence (start <= whole).
+struct Segment {
+  int b = 0;
+  int64_t row = 0, rows = 0, whole = 0, start = 0;
+  int64_t position() const { return whole - start; }  // its first row's
+};
+
+// This rank's T rows of each of B sequences (with cp_size > 1, api::ContextRows's chunks
+// of the cp_size x T rows) cut where a chunk or a document ends, in order of b and row.
+// Throws std::invalid_argument when `documents` has not B sequences of ascending starts in
+// [0, cp_size x T), the first 0.
+std::vector<Segment> SegmentsOf(const Documents& documents, int B, int T, int cp_rank, int cp_size);
+
 // Attention across the context-parallel group (api/layout.h): each rank holds two chunks
 // of every sequence (api::ContextRows), and the layers call these instead of the table's
 // AttentionForward and AttentionBackward, with the same contracts on this rank's rows:
@@ -76,6 +100,16 @@ class ContextParallelGroup {
   virtual void AttentionBackward(kernels::Ops<P>& ops, Ptr<A> dqkv, runtime::DeviceBytes scratch, Ptr<const A> dout,
                                  Ptr<const A> qkv, Ptr<const A> out, Ptr<const G> state, int B, int T, int NH,
                                  int KVH, int HS, runtime::Stream& stream) = 0;
+  // The same within the documents of the whole sequences (Documents), on this rank's
+  // rows; the state and scratch are as above. A group without document attention throws
+  // std::logic_error.
+  virtual void DocumentAttentionForward(kernels::Ops<P>& ops, Ptr<A> out, Ptr<G> state, runtime::DeviceBytes scratch,
+                                        Ptr<const A> qkv, int B, int T, int NH, int KVH, int HS,
+                                        const Documents& documents, runtime::Stream& stream);
+  virtual void DocumentAttentionBackward(kernels::Ops<P>& ops, Ptr<A> dqkv, runtime::DeviceBytes scratch,
+                                         Ptr<const A> dout, Ptr<const A> qkv, Ptr<const A> out, Ptr<const G> state,
+                                         int B, int T, int NH, int KVH, int HS, const Documents& documents,
+                                         runtime::Stream& stream);
 };
 
 // Named buffers carved out of one device allocation, in the order of an api list
@@ -109,8 +143,10 @@ class Carving {
 
 // What the layers run with: the kernel table, the stream they enqueue on, the TP group
 // (null: every layer whole on this rank), the family's buffers (api::FamilyBuffers,
-// filled by PrepareFamilyBuffers: the Llama class's RoPE table), and the context group
-// (null: whole sequences on this rank).
+// filled by PrepareFamilyBuffers: the Llama class's RoPE table), the context group
+// (null: whole sequences on this rank), and the micro-batch's documents (null: causal
+// attention over each whole window; else the buffers hold positions 0 to cp_size x T - 1,
+// WindowPositions, whatever this rank's rows).
 template <class P>
 struct Context {
   kernels::Ops<P>& ops;
@@ -121,10 +157,12 @@ struct Context {
   // What a layer downloads with when it needs a value on the host (a mixture of experts'
   // counts per expert); null where the family's layers need none.
   runtime::Backend* backend = nullptr;
+  const Documents* documents = nullptr;
 };
 
 // Causal self-attention as the table's AttentionForward/AttentionBackward give it, or
-// across k.cp where there is one: what the layers call.
+// across k.cp where there is one, within k.documents where there are some: what the
+// layers call.
 template <class P>
 void AttentionForward(const Context<P>& k, Ptr<typename P::Act> out, Ptr<typename P::Acc> state,
                       runtime::DeviceBytes scratch, Ptr<const typename P::Act> qkv, int B, int T, int NH, int KVH,
@@ -133,6 +171,28 @@ template <class P>
 void AttentionBackward(const Context<P>& k, Ptr<typename P::Act> dqkv, runtime::DeviceBytes scratch,
                        Ptr<const typename P::Act> dout, Ptr<const typename P::Act> qkv, Ptr<const typename P::Act> out,
                        Ptr<const typename P::Acc> state, int B, int T, int NH, int KVH, int HS);
+
+// Causal self-attention within each document of whole sequences (documents.starts, rows
+// of these T): AttentionForward's contract on qkv (B,T,(NH+2*KVH)*HS) and out
+// (B,T,NH*HS), a row seeing the earlier rows of its own document only; the table's
+// AttentionBlockForward, causal, once for each document. state (B,NH,T) of Acc: each
+// row's log-sum-exp; scratch: DocumentAttentionScratchBytes. Context parallelism's
+// all-to-all mode calls these on its slice of the heads.
+template <class P>
+void DocumentAttentionForward(kernels::Ops<P>& ops, Ptr<typename P::Act> out, Ptr<typename P::Acc> state,
+                              runtime::DeviceBytes scratch, Ptr<const typename P::Act> qkv, int B, int T, int NH,
+                              int KVH, int HS, const Documents& documents, runtime::Stream& stream);
+// dqkv (B,T,(NH+2*KVH)*HS) = the gradient through DocumentAttentionForward of dout
+// (B,T,NH*HS); out and state are the forward's. `backend` zeroes the scratch.
+template <class P>
+void DocumentAttentionBackward(kernels::Ops<P>& ops, runtime::Backend& backend, Ptr<typename P::Act> dqkv,
+                               runtime::DeviceBytes scratch, Ptr<const typename P::Act> dout,
+                               Ptr<const typename P::Act> qkv, Ptr<const typename P::Act> out,
+                               Ptr<const typename P::Acc> state, int B, int T, int NH, int KVH, int HS,
+                               const Documents& documents, runtime::Stream& stream);
+// Bytes of scratch the two take: (B,T,(NH+2*KVH)*HS) and (B,NH,T) of Acc.
+template <class P>
+int64_t DocumentAttentionScratchBytes(int B, int T, int NH, int KVH, int HS);
 
 // This rank's slice of the layers: its heads, MLP width and vocabulary rows (the real
 // [vocab_begin, +vocab) and the padded count an embedding holds).

@@ -31,6 +31,10 @@
 #include "api/pipeline.h"
 #include "worker/runtime/device.h"
 
+namespace meshtrain::model {
+struct Documents;  // model/model.h
+}  // namespace meshtrain::model
+
 namespace meshtrain::parallel {
 
 using ActivationPolicy = api::ActivationPolicy;
@@ -97,13 +101,15 @@ struct MicroBatchKey {
 
 // A micro-batch for ForwardBackward: inputs (B,T) and targets (B,T; -1: masked) in host
 // memory that outlives the call, the key of its training forward and its targets' weight
-// (Forward says what the weight means).
+// (Forward says what the weight means), and its documents (null: causal attention over
+// each window; EngineOptions::documents), which outlive the call too.
 struct MicroBatch {
   const int32_t* inputs = nullptr;
   const int32_t* targets = nullptr;
   int B = 0, T = 0;
   MicroBatchKey key;
   float target_weight = 0;
+  const model::Documents* documents = nullptr;
 };
 
 // What a schedule observer sees: each operation on a unit as it begins and ends, on the
@@ -139,6 +145,10 @@ struct EngineOptions {
   // them.
   api::Pipeline pipeline;
   int micro_batches = 1;
+  // spec.data.attention: document: micro-batches may come with their documents
+  // (model::Documents), and the family's buffers hold positions 0 to the whole sequence's
+  // last (with context parallelism too), from which each document's rows take theirs.
+  bool documents = false;
   // With a context group (the mesh's), its attention: all-to-all (Ulysses,
   // ulysses_attention.h) rather than the ring (ring_attention.h).
   bool context_all_to_all = false;
@@ -159,8 +169,9 @@ class Engine {
   // Throws std::invalid_argument for a micro-batch larger than the engine was built for,
   // std::out_of_range for a token outside the vocabulary, and std::logic_error for a
   // training forward in a pipeline (which trains through ForwardBackward only).
+  // `documents` (null: causal; needs EngineOptions::documents) is copied.
   virtual void Forward(const int32_t* inputs, const int32_t* targets, int B, int T, const MicroBatchKey* training,
-                       float target_weight) = 0;
+                       float target_weight, const model::Documents* documents = nullptr) = 0;
   // The rest of the last training Forward's backward: grads += the gradient of its
   // weighted loss. `last`: the step's last micro-batch, whose gradients are averaged over
   // the replicas as each unit's become final. Throws std::logic_error when no training

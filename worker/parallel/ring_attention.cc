@@ -1,10 +1,12 @@
 #include "worker/parallel/ring_attention.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
 #include "api/engine_memory.h"
+#include "api/layout.h"
 
 namespace meshtrain::parallel {
 
@@ -30,6 +32,29 @@ std::vector<typename RingAttention<P>::Pair> RingAttention<P>::PairsAt(int step)
   if (!wrapped) pairs.push_back({0, 0, AttentionMask::kNone});
   pairs.push_back({1, 0, AttentionMask::kNone});
   if (wrapped) pairs.push_back({1, 1, AttentionMask::kNone});
+  return pairs;
+}
+
+template <class P>
+std::vector<typename RingAttention<P>::DocumentPair> RingAttention<P>::DocumentPairsAt(
+    int step, const std::vector<model::Segment>& segments, int T) const {
+  const int C = size(), holder = (rank() - step + C) % C;
+  const int64_t L = T / 2;
+  const api::ContextRows keys(int64_t(T) * C, holder, C);
+  std::vector<DocumentPair> pairs;
+  for (const Pair& p : PairsAt(step)) {
+    for (const model::Segment& s : segments) {
+      if (s.row / L != p.q) continue;
+      if (p.mask == AttentionMask::kCausal) {
+        pairs.push_back({s.b, s.row, s.rows, s.row, s.rows, AttentionMask::kCausal, true});
+        continue;
+      }
+      const int64_t first = keys.first[p.k], from = std::max(s.start, first), end = first + L;
+      if (from < end) {
+        pairs.push_back({s.b, s.row, s.rows, p.k * L + from - first, end - from, AttentionMask::kNone, false});
+      }
+    }
+  }
   return pairs;
 }
 
@@ -128,6 +153,81 @@ void RingAttention<P>::AttentionBackward(kernels::Ops<P>& ops, model::Ptr<A> dqk
     }
     // The block moves on with its gradients; after the last step they go on to the
     // block's owner, the next rank.
+    if (step + 1 < size()) {
+      Pass<A>(kv, kv_next, N * 2 * KV, stream);
+      std::swap(kv, kv_next);
+    }
+    Pass<G>(dkv, dkv_next, N * 2 * KV, stream);
+    std::swap(dkv, dkv_next);
+  }
+  ops.Cast(cast, dq, N * Q, stream);
+  CopyRows(dqkv, W, cast, Q, Q, N, stream);
+  ops.Cast(cast, dkv, N * 2 * KV, stream);
+  CopyRows(dqkv + Q, W, cast, 2 * KV, 2 * KV, N, stream);
+}
+
+template <class P>
+void RingAttention<P>::DocumentAttentionForward(kernels::Ops<P>& ops, model::Ptr<A> out, model::Ptr<G> state,
+                                                runtime::DeviceBytes scratch, model::Ptr<const A> qkv, int B, int T,
+                                                int NH, int KVH, int HS, const model::Documents& documents,
+                                                runtime::Stream& stream) {
+  const int64_t W = int64_t(NH + 2 * KVH) * HS, Q = int64_t(NH) * HS, KV = int64_t(KVH) * HS;
+  const std::vector<model::Segment> segments = model::SegmentsOf(documents, B, T, rank(), size());
+  const model::Carving c(scratch, api::RingAttentionBuffers(B, T, shape_, tp_size_, types_, /*backward=*/false));
+  model::Ptr<A> kv = c.Get<A>("kv"), kv_next = c.Get<A>("kv_next");
+  const model::Ptr<G> merged = c.Get<G>("out"), block_out = c.Get<G>("block_out"), block_lse = c.Get<G>("block_lse");
+  CopyRows(kv, 2 * KV, qkv + Q, W, 2 * KV, int64_t(B) * T, stream);
+  for (int step = 0; step < size(); ++step) {
+    for (const DocumentPair& p : DocumentPairsAt(step, segments, T)) {
+      AttentionBlock b = BlockOf(B, T, NH, KVH, HS, p.mask);
+      b.B = 1, b.Tq = int(p.rows), b.Tk = int(p.keys);
+      const int64_t row = int64_t(p.b) * T + p.row, stat = int64_t(p.b) * NH * T + p.row;
+      const model::Ptr<const A> q = qkv + row * W, k = kv + (int64_t(p.b) * T + p.key) * 2 * KV, v = k + KV;
+      if (p.first) {
+        ops.AttentionBlockForward(merged + row * Q, state + stat, q, k, v, b, stream);
+      } else {
+        ops.AttentionBlockForward(block_out + row * Q, block_lse + stat, q, k, v, b, stream);
+        ops.AttentionMerge(merged + row * Q, state + stat, block_out + row * Q, block_lse + stat, b, stream);
+      }
+    }
+    if (step + 1 < size()) {
+      Pass<A>(kv, kv_next, int64_t(B) * T * 2 * KV, stream);
+      std::swap(kv, kv_next);
+    }
+  }
+  ops.Cast(out, merged, int64_t(B) * T * Q, stream);
+}
+
+template <class P>
+void RingAttention<P>::DocumentAttentionBackward(kernels::Ops<P>& ops, model::Ptr<A> dqkv, runtime::DeviceBytes scratch,
+                                                 model::Ptr<const A> dout, model::Ptr<const A> qkv,
+                                                 model::Ptr<const A> out, model::Ptr<const G> state, int B, int T,
+                                                 int NH, int KVH, int HS, const model::Documents& documents,
+                                                 runtime::Stream& stream) {
+  const int64_t W = int64_t(NH + 2 * KVH) * HS, Q = int64_t(NH) * HS, KV = int64_t(KVH) * HS;
+  const int64_t N = int64_t(B) * T;
+  const std::vector<model::Segment> segments = model::SegmentsOf(documents, B, T, rank(), size());
+  const model::Carving c(scratch, api::RingAttentionBuffers(B, T, shape_, tp_size_, types_, /*backward=*/true));
+  model::Ptr<A> kv = c.Get<A>("kv"), kv_next = c.Get<A>("kv_next");
+  model::Ptr<G> dkv = c.Get<G>("dkv"), dkv_next = c.Get<G>("dkv_next");
+  const model::Ptr<G> dq = c.Get<G>("dq"), D = c.Get<G>("D");
+  const model::Ptr<A> cast = c.Get<A>("cast");
+  AttentionBlock whole = BlockOf(B, T, NH, KVH, HS, AttentionMask::kNone);
+  whole.Tq = whole.Tk = T;
+  ops.AttentionRowDot(D, dout, out, whole, stream);
+  CopyRows(kv, 2 * KV, qkv + Q, W, 2 * KV, N, stream);
+  backend_->Zero(dkv, N * 2 * KV, stream);
+  backend_->Zero(dq, N * Q, stream);
+  for (int step = 0; step < size(); ++step) {
+    for (const DocumentPair& p : DocumentPairsAt(step, segments, T)) {
+      AttentionBlock b = BlockOf(B, T, NH, KVH, HS, p.mask);
+      b.B = 1, b.Tq = int(p.rows), b.Tk = int(p.keys);
+      const int64_t row = int64_t(p.b) * T + p.row, stat = int64_t(p.b) * NH * T + p.row;
+      const int64_t key = (int64_t(p.b) * T + p.key) * 2 * KV;
+      const model::Ptr<const A> q = qkv + row * W, k = kv + key, v = k + KV;
+      ops.AttentionBlockBackward(dq + row * Q, dkv + key, dkv + key + KV, dout + row * Q, q, k, v, state + stat,
+                                 D + stat, b, stream);
+    }
     if (step + 1 < size()) {
       Pass<A>(kv, kv_next, N * 2 * KV, stream);
       std::swap(kv, kv_next);

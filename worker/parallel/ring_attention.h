@@ -47,6 +47,17 @@ class RingAttention final : public model::ContextParallelGroup<P> {
                          model::Ptr<const A> dout, model::Ptr<const A> qkv, model::Ptr<const A> out,
                          model::Ptr<const G> state, int B, int T, int NH, int KVH, int HS,
                          runtime::Stream& stream) override;
+  // Within documents (model::Documents): at each step each query segment of a local
+  // chunk (model::SegmentsOf) meets the keys of the block it may see, rows
+  // [max(its document's start, the key chunk's first), the key chunk's end) of an earlier
+  // chunk, unmasked, or its own rows causally; rows that see none of a block skip it.
+  void DocumentAttentionForward(kernels::Ops<P>& ops, model::Ptr<A> out, model::Ptr<G> state,
+                                runtime::DeviceBytes scratch, model::Ptr<const A> qkv, int B, int T, int NH, int KVH,
+                                int HS, const model::Documents& documents, runtime::Stream& stream) override;
+  void DocumentAttentionBackward(kernels::Ops<P>& ops, model::Ptr<A> dqkv, runtime::DeviceBytes scratch,
+                                 model::Ptr<const A> dout, model::Ptr<const A> qkv, model::Ptr<const A> out,
+                                 model::Ptr<const G> state, int B, int T, int NH, int KVH, int HS,
+                                 const model::Documents& documents, runtime::Stream& stream) override;
 
  private:
   // Which local chunk of queries (0, 1) meets which chunk of the block held at step s
@@ -56,6 +67,17 @@ class RingAttention final : public model::ContextParallelGroup<P> {
     kernels::AttentionMask mask;
   };
   std::vector<Pair> PairsAt(int step) const;
+  // One query segment against the keys it sees of the block held at a step: local query
+  // rows [row, row + rows) of sequence b, key rows [key, key + keys) of the block's
+  // (B,T) rows; `first`: the segment's own rows, causally, at step 0 (straight into the
+  // result).
+  struct DocumentPair {
+    int b;
+    int64_t row, rows, key, keys;
+    kernels::AttentionMask mask;
+    bool first;
+  };
+  std::vector<DocumentPair> DocumentPairsAt(int step, const std::vector<model::Segment>& segments, int T) const;
   // n elements of `send` to the next rank, as many from the previous one into `recv`.
   template <class T>
   void Pass(model::Ptr<const T> send, model::Ptr<T> recv, int64_t n, runtime::Stream& stream);

@@ -78,9 +78,31 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   if (C == 1 && ops_->AttentionStateElements(batch, seq, heads, int(s.kv_heads) / tp.size, int(s.head_dim)) > state) {
     throw std::logic_error(ops_->Describe() + ": its attention keeps more per block than the engine counts");
   }
+  if (options.documents && C == 1) {  // model::DocumentAttentionForward's working set
+    const int kv_heads = int(s.KvHeads()) / tp.size;
+    types.attention_scratch_bytes = std::max(
+        types.attention_scratch_bytes, model::DocumentAttentionScratchBytes<P>(batch, seq, heads, kv_heads, int(s.head_dim)));
+  }
+  if (options.documents && all_to_all) {  // the same on whole sequences of 1/C of the heads
+    const int whole = seq * C, h = heads / C, kh = int(s.KvHeads()) / tp.size / C, hs = int(s.head_dim);
+    api::EngineTypes run = types;
+    run.attention_scratch_bytes = std::max(ops_->AttentionScratchBytes(batch, whole, h, kh, hs),
+                                           model::DocumentAttentionScratchBytes<P>(batch, whole, h, kh, hs));
+    types.attention_scratch_bytes = api::ContextAttentionScratchBytes(batch, seq, s, tp.size, run);
+  }
   if (C > 1) {  // seq: this rank's rows of each sequence, two chunks of seq / 2
     if (seq % 2 != 0) throw std::invalid_argument("context parallelism needs an even number of rows a rank");
-    cp_ = std::make_unique<RingAttention<P>>(mesh_->device_context(), backend_.get(), s, tp.size, types);
+    if (all_to_all) {
+      const int whole = seq * C, h = heads / C, kh = int(s.KvHeads()) / tp.size / C;
+      const std::vector<api::Buffer> kept =
+          api::UlyssesAttentionBuffers(batch, seq, s, tp.size, types, api::UlyssesPart::kKept);
+      if (ops_->AttentionStateElements(batch, whole, h, kh, int(s.head_dim)) > kept.back().elements) {
+        throw std::logic_error(ops_->Describe() + ": its attention keeps more per block than the engine counts");
+      }
+      cp_ = std::make_unique<UlyssesAttention<P>>(mesh_->device_context(), backend_.get(), s, tp.size, types);
+    } else {
+      cp_ = std::make_unique<RingAttention<P>>(mesh_->device_context(), backend_.get(), s, tp.size, types);
+    }
   }
   using runtime::MemoryCategory;
 
@@ -129,7 +151,16 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   }
   // The family's buffers (RoPE's table) end the step buffer; its model fills them once.
   const size_t family_buffers = api::FamilyBuffers(seq, s, types).size();
-  if (family_buffers > 0) {
+  if (family_buffers > 0 && options.documents) {  // positions 0 to the whole sequence's last (model::Context)
+    runtime::DeviceBytes base = at[at.size() - family_buffers];
+    if (C > 1) {
+      document_buffers_ = runtime::DeviceArray<std::byte>(
+          &allocator_, api::CarvedBytes(api::FamilyBuffers(seq * C, s, types)), MemoryCategory::kActivations);
+      base = document_buffers_.get();
+    }
+    family_buffers_ =
+        model::PrepareFamilyBuffers<P>(*model_, *backend_, base, model::WindowPositions(seq * C), s, types, *compute_);
+  } else if (family_buffers > 0) {
     std::vector<int64_t> positions = model::WindowPositions(seq);
     if (C > 1) {  // this rank's rows of the whole sequence
       const api::ContextRows rows(int64_t(seq) * C, mesh_->context_rank(), C);
@@ -365,7 +396,7 @@ void ShardedEngine<P>::ChunkForward(int c, int lane, const MicroBatch& m, HeadWo
   const int a = first_[size_t(c)], b = first_[size_t(c) + 1], H = layout_.head_unit();
   const bool embeds = c == 0, ends = c + 1 == chunks();  // the chunk holds the embedding, the head
   const model::Dims d = DimsOf(m.B, m.T, head == HeadWork::kTrain ? &m.key : nullptr);
-  const model::Context<P> k = Context();
+  const model::Context<P> k = Context(m.documents);
   if (embeds) GatherEdge(0);  // block a is gathered already (Unshard)
   if (embeds) {
     WaitTimed(Embedding().ready());
@@ -430,7 +461,7 @@ void ShardedEngine<P>::ChunkBackward(int c, int lane, const MicroBatch& m, bool 
   const int a = first_[size_t(c)], b = first_[size_t(c) + 1], S = mesh_->shard_size(), H = layout_.head_unit();
   const bool embeds = c == 0, ends = c + 1 == chunks();
   const model::Dims d = DimsOf(m.B, m.T, &m.key);
-  const model::Context<P> k = Context();
+  const model::Context<P> k = Context(m.documents);
   const model::BlockScratch<P> scratch = store_->ScratchFor(lane);
   held_ = false;  // its last block: kept by its forward, or gathered by Unshard
   for (int l = b - 1; l >= a; --l) {
@@ -476,18 +507,32 @@ void ShardedEngine<P>::ChunkBackward(int c, int lane, const MicroBatch& m, bool 
 }
 
 template <class P>
+void ShardedEngine<P>::CheckDocuments(const model::Documents* documents, int B, int T) const {
+  if (documents != nullptr && !options_.documents) {
+    throw std::invalid_argument("a micro-batch with documents, but the engine was built without them");
+  }
+  // Under context parallelism the family's buffers hold the whole sequence's positions.
+  if (documents == nullptr && options_.documents && mesh_->context_size() > 1) {
+    throw std::invalid_argument("a micro-batch without documents, but the engine was built for them");
+  }
+  if (documents != nullptr) model::SegmentsOf(*documents, B, T, mesh_->context_rank(), mesh_->context_size());
+}
+
+template <class P>
 void ShardedEngine<P>::Forward(const int32_t* inputs, const int32_t* targets, int B, int T,
-                               const MicroBatchKey* training, float target_weight) {
+                               const MicroBatchKey* training, float target_weight, const model::Documents* documents) {
   if (targets == nullptr) throw std::invalid_argument("Forward needs targets");
   ReleaseHeld();  // a training forward whose backward never came
   if (training != nullptr && chunks() > 1) {
     throw std::logic_error("a pipeline stage trains through ForwardBackward: a forward alone has no backward to come");
   }
   CheckTokens(inputs, targets, B, T);
-  const MicroBatch m{inputs, targets, B, T, training ? *training : MicroBatchKey{}, target_weight};
+  CheckDocuments(documents, B, T);
+  const MicroBatch m{inputs, targets, B, T, training ? *training : MicroBatchKey{}, target_weight, documents};
   if (training == nullptr) return stage_->Forward(*this, m, HeadWork::kLoss);
   LoadTokens(m);
-  forwarded_ = {nullptr, nullptr, B, T, *training, target_weight};
+  if (documents != nullptr) forwarded_documents_ = *documents;
+  forwarded_ = {nullptr, nullptr, B, T, *training, target_weight, documents ? &forwarded_documents_ : nullptr};
   Unshard(0, /*forward=*/true);
   ChunkForward(0, 0, m, HeadWork::kTrain, /*keep=*/true);
 }
@@ -506,6 +551,7 @@ void ShardedEngine<P>::ForwardBackward(const std::vector<MicroBatch>& micro_batc
   for (const MicroBatch& m : micro_batches) {
     if (m.targets == nullptr) throw std::invalid_argument("ForwardBackward needs targets");
     CheckTokens(m.inputs, m.targets, m.B, m.T);
+    CheckDocuments(m.documents, m.B, m.T);
   }
   ReleaseHeld();  // a training forward whose backward never came
   stage_->Train(*this, micro_batches);
@@ -594,7 +640,7 @@ template <class P>
 std::vector<float> ShardedEngine<P>::NextTokenProbabilities(const int32_t* tokens, int n) {
   ReleaseHeld();
   CheckTokens(tokens, nullptr, 1, n);
-  stage_->Forward(*this, {tokens, nullptr, 1, n, {}, 0}, HeadWork::kLogits);
+  stage_->Forward(*this, {tokens, nullptr, 1, n, {}, 0, nullptr}, HeadWork::kLogits);
   // The last stage has them; the pipeline group's broadcast gives them to every stage.
   std::vector<float> probabilities(static_cast<size_t>(layout_.shape().vocab_size));
   if (mesh_->stage() + 1 == mesh_->stages()) probabilities = Probabilities();

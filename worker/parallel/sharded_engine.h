@@ -93,7 +93,7 @@ class ShardedEngine final : public Engine, private ChunkCompute {
 
   runtime::Device device() const override { return backend_->device(); }
   void Forward(const int32_t* inputs, const int32_t* targets, int B, int T, const MicroBatchKey* training,
-               float target_weight) override;
+               float target_weight, const model::Documents* documents = nullptr) override;
   void Backward(bool last) override;
   void ForwardBackward(const std::vector<MicroBatch>& micro_batches) override;
   void ZeroGrad() override;
@@ -128,13 +128,15 @@ class ShardedEngine final : public Engine, private ChunkCompute {
   Ptr<G> BlockGrads(int l);
   // Where unit u's (the embedding's or the head's) unsharded gradients go.
   Ptr<G> EdgeGrads(int u);
-  model::Context<P> Context() {
-    return {*ops_, *compute_, tp_.get(), family_buffers_, cp_.get(), backend_.get()};
+  model::Context<P> Context(const model::Documents* documents = nullptr) {
+    return {*ops_, *compute_, tp_.get(), family_buffers_, cp_.get(), backend_.get(), documents};
   }
   // The dims of a micro-batch: its shape and, in training with dropout, its masks.
   model::Dims DimsOf(int B, int T, const MicroBatchKey* training) const;
   // Throws what Forward documents for tokens or targets it cannot take.
   void CheckTokens(const int32_t* inputs, const int32_t* targets, int B, int T) const;
+  // Throws std::invalid_argument for documents the engine cannot take (EngineOptions::documents).
+  void CheckDocuments(const model::Documents* documents, int B, int T) const;
   // ChunkCompute, which the stage's program calls.
   void LoadTokens(const MicroBatch& m) override;
   void Unshard(int c, bool forward) override;
@@ -182,6 +184,9 @@ class ShardedEngine final : public Engine, private ChunkCompute {
   std::unique_ptr<model::ContextParallelGroup<P>> cp_;  // null without context parallelism
   // The step buffer (api::StepBuffers): tokens, targets, scalars, segment tables, RoPE's table.
   runtime::DeviceArray<std::byte> step_;
+  // With documents under context parallelism: the family's buffers for every position of
+  // the whole sequence (the step buffer's hold this rank's rows only).
+  runtime::DeviceArray<std::byte> document_buffers_;
   Ptr<int32_t> tokens_, targets_;
   Ptr<double> loss_sum_, squares_;
   Ptr<float> clip_scale_;
@@ -208,6 +213,7 @@ class ShardedEngine final : public Engine, private ChunkCompute {
   int staging_slot_ = 0;
 
   MicroBatch forwarded_;  // the last training Forward's shape and key, for its Backward
+  model::Documents forwarded_documents_;  // and its documents (forwarded_.documents points here)
   bool held_ = false;  // a training forward's last block, kept gathered for its backward
   int held_block_ = 0;
   bool replicas_reduced_ = false;  // the last Backward averaged the shard gradients over replicas

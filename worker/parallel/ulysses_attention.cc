@@ -91,10 +91,44 @@ template <class P>
 void UlyssesAttention<P>::AttentionForward(kernels::Ops<P>& ops, model::Ptr<A> out, model::Ptr<G> state,
                                            runtime::DeviceBytes scratch, model::Ptr<const A> qkv, int B, int T,
                                            int NH, int KVH, int HS, runtime::Stream& stream) {
+  Forward(ops, out, state, scratch, qkv, B, T, NH, KVH, HS, nullptr, stream);
+}
+
+template <class P>
+void UlyssesAttention<P>::DocumentAttentionForward(kernels::Ops<P>& ops, model::Ptr<A> out, model::Ptr<G> state,
+                                                   runtime::DeviceBytes scratch, model::Ptr<const A> qkv, int B,
+                                                   int T, int NH, int KVH, int HS,
+                                                   const model::Documents& documents, runtime::Stream& stream) {
+  Forward(ops, out, state, scratch, qkv, B, T, NH, KVH, HS, &documents, stream);
+}
+
+template <class P>
+void UlyssesAttention<P>::AttentionBackward(kernels::Ops<P>& ops, model::Ptr<A> dqkv, runtime::DeviceBytes scratch,
+                                            model::Ptr<const A> dout, model::Ptr<const A>, model::Ptr<const A>,
+                                            model::Ptr<const G> state, int B, int T, int NH, int KVH, int HS,
+                                            runtime::Stream& stream) {
+  Backward(ops, dqkv, scratch, dout, state, B, T, NH, KVH, HS, nullptr, stream);
+}
+
+template <class P>
+void UlyssesAttention<P>::DocumentAttentionBackward(kernels::Ops<P>& ops, model::Ptr<A> dqkv,
+                                                    runtime::DeviceBytes scratch, model::Ptr<const A> dout,
+                                                    model::Ptr<const A>, model::Ptr<const A>,
+                                                    model::Ptr<const G> state, int B, int T, int NH, int KVH, int HS,
+                                                    const model::Documents& documents, runtime::Stream& stream) {
+  Backward(ops, dqkv, scratch, dout, state, B, T, NH, KVH, HS, &documents, stream);
+}
+
+template <class P>
+void UlyssesAttention<P>::Forward(kernels::Ops<P>& ops, model::Ptr<A> out, model::Ptr<G> state,
+                                  runtime::DeviceBytes scratch, model::Ptr<const A> qkv, int B, int T, int NH,
+                                  int KVH, int HS, const model::Documents* documents, runtime::Stream& stream) {
   const Split s = SplitOf(B, T, NH, KVH, HS);
   const int64_t N = s.B * s.T;
+  const int64_t run_scratch =
+      documents ? model::DocumentAttentionScratchBytes<P>(B, int(s.S), int(s.h), int(s.kh), HS) : 0;
   const model::Carving work(scratch, api::UlyssesAttentionBuffers(B, T, shape_, tp_size_, types_,
-                                                                  api::UlyssesPart::kForward));
+                                                                  api::UlyssesPart::kForward, run_scratch));
   const model::Carving kept(state, api::UlyssesAttentionBuffers(B, T, shape_, tp_size_, types_,
                                                                 api::UlyssesPart::kKept));
   const model::Ptr<A> send = work.Get<A>("send"), recv = work.Get<A>("recv");
@@ -108,7 +142,12 @@ void UlyssesAttention<P>::AttentionForward(kernels::Ops<P>& ops, model::Ptr<A> o
   }
   Exchange(send, recv, N * s.w, stream);
   BlocksToSequence(qkv_heads, recv, s, s.w, stream);
-  ops.AttentionForward(out_heads, kept.Get<G>("state"), qkv_heads, B, int(s.S), int(s.h), int(s.kh), HS, stream);
+  if (documents != nullptr) {  // the rows are the whole sequences', in position order, as the starts count them
+    model::DocumentAttentionForward<P>(ops, out_heads, kept.Get<G>("state"), work.Get<std::byte>("attention"),
+                                       qkv_heads, B, int(s.S), int(s.h), int(s.kh), HS, *documents, stream);
+  } else {
+    ops.AttentionForward(out_heads, kept.Get<G>("state"), qkv_heads, B, int(s.S), int(s.h), int(s.kh), HS, stream);
+  }
   // Back: member p gets its rows of this rank's heads, which go to their heads' channels.
   SequenceToBlocks(send, out_heads, s, s.q, stream);
   Exchange(send, recv, N * s.q, stream);
@@ -116,13 +155,13 @@ void UlyssesAttention<P>::AttentionForward(kernels::Ops<P>& ops, model::Ptr<A> o
 }
 
 template <class P>
-void UlyssesAttention<P>::AttentionBackward(kernels::Ops<P>& ops, model::Ptr<A> dqkv, runtime::DeviceBytes scratch,
-                                            model::Ptr<const A> dout, model::Ptr<const A>, model::Ptr<const A>,
-                                            model::Ptr<const G> state, int B, int T, int NH, int KVH, int HS,
-                                            runtime::Stream& stream) {
+void UlyssesAttention<P>::Backward(kernels::Ops<P>& ops, model::Ptr<A> dqkv, runtime::DeviceBytes scratch,
+                                   model::Ptr<const A> dout, model::Ptr<const G> state, int B, int T, int NH, int KVH,
+                                   int HS, const model::Documents* documents, runtime::Stream& stream) {
   const Split s = SplitOf(B, T, NH, KVH, HS);
   const int64_t N = s.B * s.T;
-  const int64_t kernel_scratch = ops.AttentionScratchBytes(B, int(s.S), int(s.h), int(s.kh), HS);
+  const int64_t kernel_scratch = documents ? model::DocumentAttentionScratchBytes<P>(B, int(s.S), int(s.h), int(s.kh), HS)
+                                           : ops.AttentionScratchBytes(B, int(s.S), int(s.h), int(s.kh), HS);
   const model::Carving work(scratch, api::UlyssesAttentionBuffers(B, T, shape_, tp_size_, types_,
                                                                   api::UlyssesPart::kBackward, kernel_scratch));
   const Kept at = KeptOffsets(api::UlyssesAttentionBuffers(B, T, shape_, tp_size_, types_, api::UlyssesPart::kKept));
@@ -136,8 +175,14 @@ void UlyssesAttention<P>::AttentionBackward(kernels::Ops<P>& ops, model::Ptr<A> 
   for (int p = 0; p < size(); ++p) CopyRows(send + p * N * s.q, s.q, dout + p * s.q, s.Q, s.q, N, stream);
   Exchange(send, recv, N * s.q, stream);
   BlocksToSequence(dout_heads, recv, s, s.q, stream);
-  ops.AttentionBackward(dqkv_heads, work.Get<std::byte>("attention"), dout_heads, qkv_heads, out_heads, kernel_state,
-                        B, int(s.S), int(s.h), int(s.kh), HS, stream);
+  if (documents != nullptr) {
+    model::DocumentAttentionBackward<P>(ops, *backend_, dqkv_heads, work.Get<std::byte>("attention"), dout_heads,
+                                        qkv_heads, out_heads, kernel_state, B, int(s.S), int(s.h), int(s.kh), HS,
+                                        *documents, stream);
+  } else {
+    ops.AttentionBackward(dqkv_heads, work.Get<std::byte>("attention"), dout_heads, qkv_heads, out_heads,
+                          kernel_state, B, int(s.S), int(s.h), int(s.kh), HS, stream);
+  }
   // dq, dk, dv back to the rows they came from, into their heads' channels.
   SequenceToBlocks(send, dqkv_heads, s, s.w, stream);
   Exchange(send, recv, N * s.w, stream);

@@ -49,8 +49,24 @@ class UlyssesAttention final : public model::ContextParallelGroup<P> {
                          model::Ptr<const A> dout, model::Ptr<const A> qkv, model::Ptr<const A> out,
                          model::Ptr<const G> state, int B, int T, int NH, int KVH, int HS,
                          runtime::Stream& stream) override;
+  // Within documents: the same exchanges around model::DocumentAttentionForward and
+  // DocumentAttentionBackward, which see the whole sequences in position order.
+  void DocumentAttentionForward(kernels::Ops<P>& ops, model::Ptr<A> out, model::Ptr<G> state,
+                                runtime::DeviceBytes scratch, model::Ptr<const A> qkv, int B, int T, int NH, int KVH,
+                                int HS, const model::Documents& documents, runtime::Stream& stream) override;
+  void DocumentAttentionBackward(kernels::Ops<P>& ops, model::Ptr<A> dqkv, runtime::DeviceBytes scratch,
+                                 model::Ptr<const A> dout, model::Ptr<const A> qkv, model::Ptr<const A> out,
+                                 model::Ptr<const G> state, int B, int T, int NH, int KVH, int HS,
+                                 const model::Documents& documents, runtime::Stream& stream) override;
 
  private:
+  // The forward and the backward, causal (documents null) or within documents.
+  void Forward(kernels::Ops<P>& ops, model::Ptr<A> out, model::Ptr<G> state, runtime::DeviceBytes scratch,
+               model::Ptr<const A> qkv, int B, int T, int NH, int KVH, int HS, const model::Documents* documents,
+               runtime::Stream& stream);
+  void Backward(kernels::Ops<P>& ops, model::Ptr<A> dqkv, runtime::DeviceBytes scratch, model::Ptr<const A> dout,
+                model::Ptr<const G> state, int B, int T, int NH, int KVH, int HS, const model::Documents* documents,
+                runtime::Stream& stream);
   // Where the head-split operands of one call lie, for B sequences of T rows a rank.
   struct Split {
     int64_t B, T, L, S;  // sequences, this rank's rows, a chunk's rows, a sequence's rows

@@ -103,6 +103,39 @@ int64_t DataLoader::GlobalTargets(int64_t micro_steps) const {
   return int64_t(targets);
 }
 
+DocumentMarks DocumentMarks::Of(const std::vector<uint32_t>& before, const std::vector<uint32_t>& after) {
+  DocumentMarks marks;
+  if (!before.empty()) {
+    marks.start = int32_t(before.front());
+  } else if (!after.empty()) {
+    marks.end = int32_t(after.back());
+  }
+  return marks;
+}
+
+std::vector<int64_t> DocumentMarks::Starts(const int32_t* tokens, int64_t n) const {
+  std::vector<int64_t> starts{0};
+  for (int64_t t = 1; t < n; ++t) {
+    // Of start tokens in a row the last starts the document: GPT-2's prompt/completion pair
+    // ends with <|endoftext|>, before the next document's.
+    const bool starts_one = start && tokens[t] == *start && !(t + 1 < n && tokens[t + 1] == *start);
+    if (starts_one || (end && tokens[t - 1] == *end)) starts.push_back(t);
+  }
+  return starts;
+}
+
+bool DocumentMarks::Found(const int32_t* tokens, int64_t n) const { return n > 1 && Starts(tokens, n).size() > 1; }
+
+std::string DataLoader::FileWithoutDocuments(const DocumentMarks& marks, uint64_t tokens) const {
+  std::vector<int32_t> head;
+  for (const TokenFile& file : data_) {
+    head.resize(size_t(std::min(tokens, file.size())));
+    file.Read(0, head.size(), head.data());
+    if (!marks.Found(head.data(), int64_t(head.size()))) return file.path();
+  }
+  return {};
+}
+
 bool DataLoader::masked() const {
   return std::any_of(masks_.begin(), masks_.end(), [](const auto& m) { return m.has_value(); });
 }

@@ -34,6 +34,26 @@
 
 namespace meshtrain::train {
 
+// Where documents start in token data (spec.data.attention: document), from the framing
+// prepare-data writes (text::Tokenizer::frame, prepare_data.h): at each `start` token,
+// the one a tokenizer puts before every document (the BOS; GPT-2's <|endoftext|>, which
+// llm.c's data puts between documents), or, for a tokenizer that puts none, at the token
+// after each `end` token (the EOS it puts after every document). Of start tokens in a row
+// only the last starts a document (a GPT-2 prompt/completion pair ends with the
+// <|endoftext|> that also starts the next). A window's first token starts a document
+// too: its document began before the window, or at it.
+struct DocumentMarks {
+  std::optional<int32_t> start, end;
+  // start: frame.before's first token, if any; else end: frame.after's last, if any.
+  static DocumentMarks Of(const std::vector<uint32_t>& before, const std::vector<uint32_t>& after);
+  bool empty() const { return !start && !end; }
+  // The rows of tokens [0, n) where a document starts, ascending: 0, then each row the
+  // marks say.
+  std::vector<int64_t> Starts(const int32_t* tokens, int64_t n) const;
+  // Whether tokens [0, n) hold a mark that starts a document after their first token.
+  bool Found(const int32_t* tokens, int64_t n) const;
+};
+
 struct DataOptions {
   int batch = 1, seq = 1;
   int dp_rank = 0, dp_size = 1;
@@ -59,6 +79,9 @@ class DataLoader {
   int64_t GlobalTargets(int64_t micro_steps) const;
   // Whether any shard has a loss mask.
   bool masked() const;
+  // The first file whose first `tokens` tokens hold no mark of a document's start
+  // (DocumentMarks::Found), or empty when every file has one.
+  std::string FileWithoutDocuments(const DocumentMarks& marks, uint64_t tokens) const;
 
   uint64_t position() const { return position_; }
   void set_position(uint64_t position) { position_ = position; }

@@ -99,6 +99,8 @@ std::vector<uint32_t> TextCodec::Stop() const {
   return tokenizer_ ? std::vector<uint32_t>{tokenizer_->eos()} : std::vector<uint32_t>{};
 }
 
+text::DocumentFrame TextCodec::frame() const { return tokenizer_ ? tokenizer_->frame() : text::DocumentFrame{}; }
+
 uint32_t TextCodec::vocabulary() const { return tokenizer_ ? tokenizer_->vocab_size() : uint32_t(vocab_size_); }
 
 }  // namespace meshtrain::train

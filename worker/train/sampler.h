@@ -57,6 +57,9 @@ class TextCodec {
   std::vector<uint32_t> Stop() const;
   // The ids samples may use (SamplingOptions::vocabulary).
   uint32_t vocabulary() const;
+  // What the tokenizer puts before and after each document (text::DocumentFrame); none
+  // without a tokenizer.
+  text::DocumentFrame frame() const;
 
  private:
   std::shared_ptr<const text::Tokenizer> tokenizer_;

@@ -54,6 +54,40 @@ std::pair<DataLoader, std::optional<DataLoader>> OpenData(const api::TrainingJob
   return data;
 }
 
+// spec.data.attention document's marks of a document's start (DocumentMarks), from the
+// tokenizer's framing; empty with causal attention. Throws std::invalid_argument naming
+// the field when there are none, or when a file of the data holds none in its first
+// tokens.
+DocumentMarks CheckedMarks(const api::TrainingJob& job, const TextCodec& codec, const DataLoader& train,
+                           const std::optional<DataLoader>& validation) {
+  if (job.spec.data.attention != "document") return {};
+  const text::DocumentFrame frame = codec.frame();
+  const DocumentMarks marks = DocumentMarks::Of(frame.before, frame.after);
+  if (job.spec.model.tokenizer.empty()) {
+    throw std::invalid_argument("spec.data.attention: document needs spec.model.tokenizer, whose framing says where "
+                                "documents start");
+  }
+  if (marks.empty()) {
+    throw std::invalid_argument("spec.data.attention: document: the tokenizer of spec.model.tokenizer (" +
+                                job.spec.model.tokenizer +
+                                ") puts no token before or after a document, so nothing in the data says where one "
+                                "starts");
+  }
+  constexpr uint64_t kScanned = uint64_t(1) << 20;
+  for (const DataLoader* data : {&train, validation ? &*validation : nullptr}) {
+    if (data == nullptr) continue;
+    if (const std::string file = data->FileWithoutDocuments(marks, kScanned); !file.empty()) {
+      throw std::invalid_argument(
+          "spec.data.attention: document: " + file + " holds no document start in its first " +
+          std::to_string(kScanned) + " tokens (" +
+          (marks.start ? "token " + std::to_string(*marks.start) + ", which the tokenizer puts before each document"
+                       : "a token after " + std::to_string(*marks.end) + ", which the tokenizer puts after each") +
+          "): was it written by prepare-data with spec.model.tokenizer?");
+    }
+  }
+  return marks;
+}
+
 // The fill with the state a model of `shape` starts from: the weights InitParameters
 // gives for `seed`, and AdamW's zeros.
 parallel::ShardFill InitialState(const api::ModelShape& shape, uint64_t seed) {
@@ -93,8 +127,9 @@ void CheckTrainable(const api::TrainingJob& job, int rank, int ranks) {
   }
   runtime::MemoryLimitFromEnvironment();
   parallel::ActivationStore<kernels::Fp32>::Check(ActivationPolicyOf(job.spec.parallelism));
-  TextCodec{job.spec.model};
-  OpenData(job, layout, rank);
+  const TextCodec codec{job.spec.model};
+  const auto [train, validation] = OpenData(job, layout, rank);
+  CheckedMarks(job, codec, train, validation);
 }
 
 std::string FormatMemory(const MemoryReport& m) {
@@ -136,6 +171,8 @@ Trainer::Trainer(const api::TrainingJob& job, comm::Communicator* world, runtime
   auto [train, validation] = OpenData(job, layout_, world ? world->rank() : 0);
   train_.emplace(std::move(train));
   validation_ = std::move(validation);
+  marks_ = CheckedMarks(job, codec_, *train_, validation_);
+  documents_.resize(size_t(micro_steps_));
   const api::CheckpointSpec& checkpoint = job.spec.checkpoint;
   const api::ModelShape shape = api::ShapeOf(job.spec.model);
   if (!checkpoint.path.empty()) {
@@ -250,9 +287,10 @@ StepReport Trainer::Step() {
     int32_t* inputs = inputs_.data() + size_t(micro) * tokens;
     int32_t* targets = targets_.data() + size_t(micro) * tokens;
     train_->Next(inputs, targets);
+    const model::Documents* documents = DocumentsOf(inputs, &documents_[size_t(micro)]);
     KeepContextRows(inputs);
     KeepContextRows(targets);
-    micro_batches.push_back({inputs, targets, batch_, rows_, {step_, micro}, weight});
+    micro_batches.push_back({inputs, targets, batch_, rows_, {step_, micro}, weight, documents});
   }
   engine_->ForwardBackward(micro_batches);
   report.learning_rate = LearningRate(t, step_);
@@ -289,6 +327,13 @@ float Trainer::TargetWeight(const DataLoader& data, int64_t micro_batches) const
   // The gradients are averaged over the ranks that reduce them, the context ranks too.
   const int64_t targets = std::max<int64_t>(1, data.GlobalTargets(micro_batches));
   return float(double(layout_.data_parallel()) * layout_.context() / double(targets));
+}
+
+const model::Documents* Trainer::DocumentsOf(const int32_t* tokens, model::Documents* into) const {
+  if (marks_.empty()) return nullptr;
+  into->starts.resize(size_t(batch_));
+  for (int b = 0; b < batch_; ++b) into->starts[size_t(b)] = marks_.Starts(tokens + size_t(b) * size_t(seq_), seq_);
+  return into;
 }
 
 void Trainer::KeepContextRows(int32_t* tokens) const {
@@ -352,9 +397,11 @@ double Trainer::Evaluate() {
   const float weight = TargetWeight(data, batches);
   for (int64_t i = 0; i < batches; ++i) {
     data.Next(inputs_.data(), targets_.data());
+    model::Documents documents;
+    const model::Documents* in = DocumentsOf(inputs_.data(), &documents);
     KeepContextRows(inputs_.data());
     KeepContextRows(targets_.data());
-    engine_->Forward(inputs_.data(), targets_.data(), batch_, rows_, nullptr, weight);
+    engine_->Forward(inputs_.data(), targets_.data(), batch_, rows_, nullptr, weight, in);
   }
   data.set_position(saved);
   return Average(engine_->TakeLoss());

@@ -26,6 +26,7 @@
 #include "api/training_job.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/stream_collectives.h"
+#include "worker/model/model.h"
 #include "worker/parallel/engine.h"
 #include "worker/runtime/device.h"
 #include "worker/runtime/memory.h"
@@ -166,6 +167,9 @@ class Trainer {
   // Keeps, of each of `batch_` windows of seq_ tokens at `tokens`, the rows this rank
   // holds under context parallelism (api::ContextRows), packed at the front in place.
   void KeepContextRows(int32_t* tokens) const;
+  // With spec.data.attention document: the documents of `batch_` windows of seq_ tokens
+  // at `tokens` (before KeepContextRows), into `into`; else null.
+  const model::Documents* DocumentsOf(const int32_t* tokens, model::Documents* into) const;
 
   int batch_, seq_;
   int rows_;  // of each window on this rank: seq_, or seq_ / C under context parallelism
@@ -176,6 +180,8 @@ class Trainer {
   std::optional<DataLoader> train_;  // always set; optional only to be opened in the body
   std::optional<DataLoader> validation_;
   std::vector<int32_t> inputs_, targets_;  // a step's micro-batches, one after another
+  DocumentMarks marks_;                     // spec.data.attention document's; empty: causal
+  std::vector<model::Documents> documents_;  // each micro-batch's, with marks_
   int64_t step_ = 0;
   std::unique_ptr<CheckpointWriter> checkpoints_;  // null: none written
   std::optional<int64_t> resumed_from_;
