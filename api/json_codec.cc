@@ -232,6 +232,8 @@ void Fields(S& s, V& v) {
   v("activationCheckpointing", s.activation_checkpointing);
   v("activationOffloading", s.activation_offloading);
   v("activationLoadingHorizon", s.activation_loading_horizon);
+  v("contextParallelDegree", s.context_parallel_degree);
+  v("contextParallelMode", s.context_parallel_mode);
   v("device", s.device);
   v("predictedMemoryBytes", s.predicted_memory_bytes);
   v("predictedStepSeconds", s.predicted_step_seconds);

@@ -292,6 +292,8 @@ struct LayoutStatus {
   bool activation_checkpointing = false;
   bool activation_offloading = false;
   int64_t activation_loading_horizon = 0;  // 0 without offloading
+  int64_t context_parallel_degree = 1;       // C: ranks that split each sequence
+  std::string context_parallel_mode = "Ring";
   std::string device;                        // the device model it planned for
   int64_t predicted_memory_bytes = 0;        // per rank, at the peak
   double predicted_step_seconds = 0;

@@ -32,6 +32,6 @@ inline constexpr const char* kPlannedFields[] = {
     "spec.parallelism.activationCheckpointing", "spec.parallelism.activationOffloading",
     "spec.parallelism.activationLoadingHorizon", "spec.parallelism.pipelineParallelDegree",
     "spec.parallelism.pipelineSchedule",        "spec.parallelism.pipelineVirtualStages",
-    "spec.training.microBatchSize"};
+    "spec.parallelism.contextParallelDegree",   "spec.training.microBatchSize"};
 
 }  // namespace meshtrain::api

@@ -53,6 +53,7 @@ RanksConfig ConfigOf(const LayoutChoice& c, int64_t global_tokens) {
                      Activations{c.activations.checkpointing, c.activations.offload ? c.activations.horizon : 0},
                      c.micro_batch, global_tokens, {}};
   config.pipeline = c.pipeline;
+  config.context = c.context;  // the planner's mode is the bench's, Ring
   return config;
 }
 
@@ -382,7 +383,8 @@ int AtScale(const BenchPlanOptions& o, std::ostream& out) {
         const scheduler::Candidate* row = ref.tp == 0 ? best : nullptr;
         std::string why;
         for (const scheduler::Candidate& c : plan.feasible) {
-          if (row == nullptr && ref.tp != 0 && c.choice.tp == ref.tp && c.choice.shard == ref.shard) row = &c;
+          const bool same = c.choice.tp == ref.tp && c.choice.shard == ref.shard && c.choice.context == 1;
+          if (row == nullptr && ref.tp != 0 && same) row = &c;
         }
         if (ref.tp != 0 && row == nullptr) {
           if (m.shape.KvHeads() % ref.tp != 0) why = "T=" + std::to_string(ref.tp) + " does not divide " +
@@ -390,7 +392,7 @@ int AtScale(const BenchPlanOptions& o, std::ostream& out) {
           else if (!api::ParallelLayout::Check(nodes, 8, ref.tp, ref.shard).empty()) why = "not a layout of these ranks";
           else why = "does not fit";
           for (const scheduler::Candidate& c : plan.rejected) {
-            if (c.choice.tp == ref.tp && c.choice.shard == ref.shard) why = c.reason;
+            if (c.choice.tp == ref.tp && c.choice.shard == ref.shard && c.choice.context == 1) why = c.reason;
           }
         }
         if (row == nullptr) {

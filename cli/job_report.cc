@@ -62,7 +62,8 @@ std::vector<int> Range(int first, int end) {
 void PrintStages(const api::TrainingJobSpec& spec, const api::ParallelLayout& mesh, const api::ModelShape& shape,
                  std::ostream& out) {
   const api::Pipeline pipeline = api::Pipeline::Of(spec.parallelism);
-  const int M = int(api::AccumulationSteps(spec)), seq = int(shape.seq_len), P = pipeline.stages;
+  // seq: this rank's rows of each sequence (of C context ranks).
+  const int M = int(api::AccumulationSteps(spec)), seq = int(shape.seq_len) / mesh.context(), P = pipeline.stages;
   char bubble[32];
   std::snprintf(bubble, sizeof bubble, "%.1f%%", 100 * api::BubbleFraction(pipeline, M));
   out << "  pipeline: " << P << " stages, schedule " << api::PipelineScheduleName(pipeline.schedule) << ", "
@@ -71,7 +72,8 @@ void PrintStages(const api::TrainingJobSpec& spec, const api::ParallelLayout& me
       << " node(s)\n";
   const int compute_bytes = spec.training.precision == "fp32" ? 4 : 2;
   const int batch = int(spec.training.micro_batch_size), tp = mesh.tp();
-  const api::EngineTypes types = scheduler::EngineTypesOf(compute_bytes, /*cpu_kernels=*/false, shape, batch, seq, tp);
+  const api::EngineTypes types = scheduler::EngineTypesOf(compute_bytes, /*cpu_kernels=*/false, shape, batch, seq, tp,
+                                                         mesh.context(), spec.parallelism.context_parallel_mode);
   const api::ActivationPolicy policy{spec.parallelism.activation_checkpointing, spec.parallelism.activation_offloading,
                                      int(spec.parallelism.activation_loading_horizon)};
   const std::vector<int> first = api::SplitBlocks(shape, seq, pipeline.chunks());

@@ -101,19 +101,40 @@ void PrintText(const api::CheckedJob& job, const scheduler::Placement& aware, co
       << " eligible nodes in name order)\n";
 }
 
-// --auto: the planner's candidates for the placed nodes.
-int PlanAuto(const PlanOptions& options, const api::CheckedJob& job, const scheduler::ClusterSnapshot& cluster,
-             const scheduler::Placement& placed, const scheduler::LinkModel& links, std::ostream& out,
-             std::ostream& err) {
-  const api::TrainingJobSpec& spec = job.job.spec;
+// The labels of the placed nodes, in node-rank order.
+std::vector<std::map<std::string, std::string>> LabelsOf(const scheduler::ClusterSnapshot& cluster,
+                                                          const scheduler::Placement& placed) {
   std::vector<std::map<std::string, std::string>> labels;
   for (const std::string& name : placed.nodes) {
     for (const scheduler::ClusterNode& n : cluster.nodes) {
       if (n.name == name) labels.push_back(n.labels);
     }
   }
+  return labels;
+}
+
+// A manual layout whose rank cannot hold its share of a sequence on the placed nodes'
+// device: the shortfall in bytes and the contextParallelDegree that would fit
+// (scheduler::SequenceShortfall); "" when it fits or the device is unknown.
+std::string ManualShortfall(const PlanOptions& options, const api::TrainingJobSpec& spec,
+                            const scheduler::ClusterSnapshot& cluster, const scheduler::Placement& placed,
+                            const scheduler::LinkModel& links) {
   std::string why;
-  const std::optional<scheduler::DeviceModel> device = PlanDevice(options.device, spec, labels, &why);
+  const std::optional<scheduler::DeviceModel> device =
+      PlanDevice(options.device, spec, LabelsOf(cluster, placed), &why);
+  if (!device) return "";
+  const scheduler::PlanRequest request = scheduler::RequestFor(spec, placed.paths, links, *device);
+  return scheduler::SequenceShortfall(request, scheduler::ChoiceOf(spec));
+}
+
+// --auto: the planner's candidates for the placed nodes.
+int PlanAuto(const PlanOptions& options, const api::CheckedJob& job, const scheduler::ClusterSnapshot& cluster,
+             const scheduler::Placement& placed, const scheduler::LinkModel& links, std::ostream& out,
+             std::ostream& err) {
+  const api::TrainingJobSpec& spec = job.job.spec;
+  std::string why;
+  const std::optional<scheduler::DeviceModel> device =
+      PlanDevice(options.device, spec, LabelsOf(cluster, placed), &why);
   if (!device) {
     err << job.Where() << ": " << why << "\n";
     return kExitInvalid;
@@ -183,6 +204,7 @@ int PlanCommand(const PlanOptions& options, std::ostream& out, std::ostream& err
   const scheduler::StepCost aware_cost = scheduler::EstimateStepCost(spec, aware.paths, links);
   const scheduler::StepCost blind_cost = scheduler::EstimateStepCost(spec, blind.paths, links);
   const api::RankTable table = scheduler::MakeRankTable(aware, spec.topology.levels, spec.gpus_per_node);
+  const std::string shortfall = ManualShortfall(options, spec, cluster, aware, links);
 
   if (options.json) {
     Json placement = api::ToJson(table);
@@ -195,12 +217,14 @@ int PlanCommand(const PlanOptions& options, std::ostream& out, std::ostream& err
                 {"blindOverAware", blind_cost.seconds / aware_cost.seconds},
                 {"axes", AxesJson(aware_cost)},
                 {"blindAxes", AxesJson(blind_cost)},
-                {"blindPlacement", blind_placement}}
+                {"blindPlacement", blind_placement},
+                {"shortfall", shortfall}}
                .dump(2)
         << "\n";
     return kExitOk;
   }
   PrintLayout(job, /*groups=*/false, out);
+  if (!shortfall.empty()) out << "  memory: " << shortfall << "\n";
   PrintText(job, aware, blind, aware_cost, blind_cost, spec.topology.levels, out);
   return kExitOk;
 }

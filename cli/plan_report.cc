@@ -1,6 +1,8 @@
 #include "cli/plan_report.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 #include "api/layout.h"
 #include "api/pipeline.h"
@@ -23,6 +25,7 @@ nlohmann::json CandidateJson(const scheduler::Candidate& c) {
                       {"pipelineVirtualStages", l.pipeline.virtual_stages},
                       {"tensorParallelDegree", l.tp},
                       {"hybridShardDegree", l.shard},
+                      {"contextParallelDegree", l.context},
                       {"microBatchSize", l.micro_batch},
                       {"activationCheckpointing", l.activations.checkpointing},
                       {"activationOffloading", l.activations.offload},
@@ -33,10 +36,35 @@ nlohmann::json CandidateJson(const scheduler::Candidate& c) {
                       {"microSteps", c.step.micro_steps},
                       {"bubble", c.step.bubble},
                       {"p2pBytesPerStep", c.step.p2p_bytes},
-                      {"p2pSeconds", c.step.p2p_seconds}};
+                      {"p2pSeconds", c.step.p2p_seconds},
+                      {"contextSeconds", c.step.context_seconds}};
+  if (l.context > 1) j["contextParallelMode"] = l.context_mode;
   if (l.activations.offload) j["activationLoadingHorizon"] = l.activations.horizon;
   if (!c.reason.empty()) j["rejected"] = c.reason;
   return j;
+}
+
+// Per context degree C tried: how many candidates fit, and the fastest of them, or the
+// one needing the least memory and why it does not fit.
+void PrintContextDegrees(const scheduler::Plan& plan, std::ostream& out) {
+  out << "  by contextParallelDegree C (ranks that split each sequence):\n";
+  for (const auto& [context, candidates] : plan.candidates_by_context) {
+    const auto of_c = [context](const scheduler::Candidate& c) { return c.choice.context == context; };
+    const int64_t fit = std::count_if(plan.feasible.begin(), plan.feasible.end(), of_c);
+    out << "    C=" << context << ": " << fit << " of " << candidates << " candidates fit";
+    if (const auto fastest = std::find_if(plan.feasible.begin(), plan.feasible.end(), of_c);
+        fastest != plan.feasible.end()) {
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%.4f s", fastest->step.seconds);
+      out << "; the fastest " << scheduler::Describe(fastest->choice) << ", " << seconds << " a step\n";
+      continue;
+    }
+    const scheduler::Candidate* least = nullptr;
+    for (const scheduler::Candidate& c : plan.rejected) {
+      if (of_c(c) && (least == nullptr || c.needed < least->needed)) least = &c;
+    }
+    out << (least ? "; the least " + least->reason : "") << "\n";
+  }
 }
 
 }  // namespace
@@ -73,6 +101,10 @@ std::string CandidateRow(const scheduler::Candidate& c) {
     std::snprintf(row + n, sizeof row - size_t(n), ", bubble %.1f%%, p2p %s a step (waits %.4f s)", 100 * c.step.bubble,
                   scheduler::MemorySize(c.step.p2p_bytes).c_str(), c.step.p2p_seconds);
   }
+  n = int(std::strlen(row));
+  if (c.choice.context > 1 && size_t(n) < sizeof row) {
+    std::snprintf(row + n, sizeof row - size_t(n), ", context exchanges %.4f s", c.step.context_seconds);
+  }
   return row;
 }
 
@@ -98,15 +130,19 @@ void PrintPlan(const scheduler::PlanRequest& r, const scheduler::Plan& plan, int
                   d.reason.empty() ? "" : "; the default does not fit");
     out << line;
   }
+  if (plan.candidates_by_context.size() > 1) PrintContextDegrees(plan, out);
   if (!plan.rejected.empty() || plan.rejected_count > 0) out << "  rejected:\n";
   for (const scheduler::Candidate& c : plan.rejected) {
     out << "    " << (c.choice.pipeline.stages > 1 ? "P=" + std::to_string(c.choice.pipeline.stages) + ", " : "")
-        << "T=" << c.choice.tp << ", S=" << c.choice.shard << ": nothing fits; the least " << c.reason << "\n";
+        << "T=" << c.choice.tp << ", S=" << c.choice.shard
+        << (c.choice.context > 1 ? ", C=" + std::to_string(c.choice.context) : "") << ": nothing fits; the least "
+        << c.reason << "\n";
   }
   if (plan.rejected_count > 0) {
     out << "    and " << plan.rejected_count << " larger variants (micro-batch, activations) of layouts that fit\n";
   }
   for (const std::string& note : plan.notes) out << "  not tried: " << note << "\n";
+  if (!plan.shortfall.empty()) out << "  nothing fits: " << plan.shortfall << "\n";
 }
 
 nlohmann::json PlanJson(const scheduler::PlanRequest& r, const scheduler::Plan& plan, int top) {
@@ -119,7 +155,8 @@ nlohmann::json PlanJson(const scheduler::PlanRequest& r, const scheduler::Plan& 
           {"feasible", plan.feasible.size()},
           {"candidates", candidates},
           {"rejected", rejected},
-          {"notes", plan.notes}};
+          {"notes", plan.notes},
+          {"shortfall", plan.shortfall}};
 }
 
 }  // namespace meshtrain::cli

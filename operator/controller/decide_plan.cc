@@ -27,6 +27,8 @@ std::string LayoutText(const api::LayoutStatus& l) {
   choice.activations = {l.activation_checkpointing, l.activation_offloading, int(l.activation_loading_horizon)};
   choice.pipeline = {int(l.pipeline_parallel_degree), int(l.pipeline_virtual_stages),
                      api::ParsePipelineSchedule(l.pipeline_schedule)};
+  choice.context = int(l.context_parallel_degree);
+  choice.context_mode = l.context_parallel_mode;
   return scheduler::Describe(choice);
 }
 
@@ -163,6 +165,7 @@ std::optional<api::LayoutStatus> Decider::PlanLayout(const api::TrainingJobSpec&
       const auto least = std::min_element(plan->rejected.begin(), plan->rejected.end(),
                                           [](const auto& a, const auto& b) { return a.needed < b.needed; });
       if (least != plan->rejected.end()) why += "; the smallest " + least->reason;
+      if (!plan->shortfall.empty()) why += "; " + plan->shortfall;
       for (const std::string& note : plan->notes) why += "; " + note;
     }
   }

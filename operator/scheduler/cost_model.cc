@@ -106,6 +106,34 @@ double PointToPointSeconds(double bytes, int from, int to, const api::ParallelLa
   return link.latency_seconds + bytes / link.bytes_per_second;
 }
 
+double ExchangeSeconds(const Exchange& exchange, const std::vector<int>& group, const api::ParallelLayout& mesh,
+                       const std::vector<std::vector<std::string>>& paths, const LinkModel& links) {
+  const int n = int(group.size());
+  if (n <= 1 || exchange.bytes <= 0) return 0;
+  const Link& link = GroupLink(SpanOf(group, mesh, paths), links);
+  return exchange.steps * (link.latency_seconds + exchange.bytes / n / link.bytes_per_second);
+}
+
+ContextTraffic ContextTrafficOf(const api::ModelShape& shape, int batch, int seq, int tp, int context,
+                                bool all_to_all, int act_bytes) {
+  ContextTraffic t;
+  if (context <= 1) return t;
+  const double Q = double(shape.QueryWidth()) / tp, KV = double(shape.KvWidth()) / tp;
+  const int C = context;
+  if (all_to_all) {
+    const double rows = double(batch) * seq / C * act_bytes;
+    t.forward = {{rows * (Q + 2 * KV), C - 1}, {rows * Q, C - 1}};   // q, k, v in; the output back
+    t.backward = {{rows * Q, C - 1}, {rows * (Q + 2 * KV), C - 1}};  // dout in; dq, dk, dv back
+  } else {
+    const double kv = double(batch) * seq * 2 * KV;  // elements
+    t.forward = {{kv * act_bytes, C - 1}};
+    t.backward = {{kv * act_bytes, C - 1}, {kv * 4, C}};  // the blocks again; their fp32 gradients, home
+  }
+  for (const Exchange& e : t.forward) t.forward_sent += e.bytes / C * e.steps;
+  for (const Exchange& e : t.backward) t.backward_sent += e.bytes / C * e.steps;
+  return t;
+}
+
 double AxisSeconds(api::Axis axis, Collective op, double bytes, const api::ParallelLayout& mesh,
                    const std::vector<std::vector<std::string>>& paths, const LinkModel& links) {
   if (mesh.Degree(axis) <= 1) return 0;
@@ -170,7 +198,12 @@ StepCost EstimateStepCost(const api::TrainingJobSpec& spec, const std::vector<st
   }
   const double param_bytes = spec.training.precision == "fp32" ? 4 : 2;
   const double micro_steps = double(api::AccumulationSteps(spec));
-  const double activation_bytes = double(spec.training.micro_batch_size * shape.seq_len * shape.hidden) * param_bytes;
+  // A rank's rows of each sequence: seq / C.
+  const double activation_bytes =
+      double(spec.training.micro_batch_size * shape.seq_len / mesh.context() * shape.hidden) * param_bytes;
+  const ContextTraffic context =
+      ContextTrafficOf(shape, int(spec.training.micro_batch_size), int(shape.seq_len), mesh.tp(), mesh.context(),
+                       spec.parallelism.context_parallel_mode == "AllToAll", int(param_bytes));
 
   struct Traffic {
     Collective op;
@@ -194,6 +227,20 @@ StepCost EstimateStepCost(const api::TrainingJobSpec& spec, const std::vector<st
       double seconds = 0;
       for (const Traffic& t : work) seconds += t.times * CollectiveSeconds(t.op, t.bytes, group, mesh, node_paths, links);
       axis_cost.seconds = std::max(axis_cost.seconds, seconds);
+    }
+    cost.seconds += axis_cost.seconds;
+    cost.axes.push_back(std::move(axis_cost));
+  }
+  if (mesh.context() > 1) {
+    // Every block's exchanges, forward and backward, each micro-step.
+    AxisCost axis_cost{api::AxisName(api::Axis::kContext), 0, {}};
+    for (const std::vector<int>& group : mesh.Groups(api::Axis::kContext)) {
+      ++axis_cost.groups_by_link[GroupLink(SpanOf(group, mesh, node_paths), links).name];
+      double seconds = 0;
+      for (const std::vector<Exchange>* pass : {&context.forward, &context.backward}) {
+        for (const Exchange& e : *pass) seconds += ExchangeSeconds(e, group, mesh, node_paths, links);
+      }
+      axis_cost.seconds = std::max(axis_cost.seconds, micro_steps * double(shape.layers) * seconds);
     }
     cost.seconds += axis_cost.seconds;
     cost.axes.push_back(std::move(axis_cost));

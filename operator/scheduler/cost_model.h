@@ -14,6 +14,12 @@
 //   shard:   A x (2 all-gathers of 2P/T bytes [forward, backward] + 1 reduce-scatter of 4P/T bytes)
 //   replica: 1 all-reduce of 4P/(T*S) bytes (the fp32 shard gradients)
 //   tp:      A x 4 x layers all-reduces of microBatch x seqLen x hidden x 2 bytes (2 forward, 2 backward)
+// With C context ranks (contextParallelDegree) a rank holds seq / C rows: the TP messages
+// above fall by C, the shard group is S x C, and
+//   context: A x layers exchanges across the C group's ranks, each of steps moving 1/C of
+//            a buffer per rank (ContextTrafficOf): for Ring, the sequence's K/V on this TP
+//            rank forward, and backward those again and their fp32 gradients; for
+//            AllToAll, q, k, v and the output forward, their gradients backward
 // With pipeline stages, P is the parameters of the stage that holds the most, its groups
 // run inside each stage, and
 //   pipeline: A x 2V point-to-point messages of microBatch x seqLen x hidden x 2 bytes
@@ -29,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/layout.h"
+#include "api/model_shape.h"
 #include "api/training_job.h"
 
 namespace meshtrain::scheduler {
@@ -77,6 +84,35 @@ double PointToPointSeconds(double bytes, int from, int to, const api::ParallelLa
 // The link rank `from` sends to rank `to` over.
 const Link& LinkBetween(int from, int to, const api::ParallelLayout& mesh,
                         const std::vector<std::vector<std::string>>& node_paths, const LinkModel& links);
+
+// One exchange across a group of n ranks: `steps` steps, in each of which every rank sends
+// 1/n of `bytes` to another (a ring attention pass: `bytes` the keys and values of the
+// whole sequence; an all-to-all: the rank's own tensor, n - 1 steps).
+struct Exchange {
+  double bytes = 0;
+  int steps = 0;
+};
+// Seconds for every rank of `group` to make `exchange`: a latency and 1/n of the bytes a
+// step, over the slowest link among the group's nodes.
+double ExchangeSeconds(const Exchange& exchange, const std::vector<int>& group, const api::ParallelLayout& mesh,
+                       const std::vector<std::vector<std::string>>& node_paths, const LinkModel& links);
+
+// One block's attention exchanges across a context group of C ranks for one micro-batch of
+// `batch` sequences of `seq` tokens (the whole sequence), per rank, and the bytes a rank
+// sends (as parallel/ring_attention.cc and the all-to-all pass them):
+//   Ring: forward, the sequence's K and V on this TP rank (batch x seq x 2 KV / T of
+//         act_bytes) in C - 1 steps; backward, those again in C - 1 steps and their
+//         gradients (fp32, 4 bytes) in C steps, the last taking them home
+//   AllToAll: forward q, k and v in and the output back; backward the output's gradient in
+//         and q's, k's and v's back; each this rank's seq / C rows of this TP rank's
+//         heads, in C - 1 steps
+// Nothing with C = 1.
+struct ContextTraffic {
+  std::vector<Exchange> forward, backward;
+  double forward_sent = 0, backward_sent = 0;
+};
+ContextTraffic ContextTrafficOf(const api::ModelShape& shape, int batch, int seq, int tp, int context,
+                                bool all_to_all, int act_bytes);
 
 // The slowest group of `axis`: all of them run at once.
 double AxisSeconds(api::Axis axis, Collective op, double bytes, const api::ParallelLayout& mesh,

@@ -8,6 +8,9 @@
 // engine allocates all of them when it is built, so its peak is their sum.
 // On a GPU the attention backward's scratch is api::FusedAttentionScratchBytes, as the CUDA
 // table allocates it, less cuDNN's workspace, which only its plan knows (a few MiB).
+// With context parallelism (C ranks split every sequence; api/layout.h) a rank holds
+// seq / C rows of each sequence, so its activations and attention fall by C, attention
+// works in api::ContextAttentionScratchBytes, and FSDP shards every unit over S x C ranks.
 // With a pipeline a rank holds its stage's part (api::StageShapeOf): its blocks' units, the
 // embedding's on the first stage, the head's on the last, and activations for the
 // micro-batches its chunks hold between forward and backward; the peak is the worst stage's.
@@ -32,11 +35,14 @@ struct LayoutChoice {
   api::ActivationPolicy activations;
   // pipelineParallelDegree, pipelineSchedule and pipelineVirtualStages; one stage by default.
   api::Pipeline pipeline = {};
+  int context = 1;                    // contextParallelDegree C: ranks that split each sequence
+  std::string context_mode = "Ring";  // contextParallelMode: "Ring" or "AllToAll"
   bool operator==(const LayoutChoice&) const = default;
 };
 
 // "T=2, S=4, micro-batch 8, checkpointing" / "..., offload (horizon 2)"; with stages
-// "P=2 1F1B, T=1, ..." or "P=2 Interleaved1F1B x2, T=1, ...".
+// "P=2 1F1B, T=1, ..." or "P=2 Interleaved1F1B x2, T=1, ..."; with C > 1
+// "T=8, S=2, C=4 ring, ..." or "..., C=4 all-to-all, ...".
 std::string Describe(const LayoutChoice& choice);
 
 struct MemoryPrediction {
@@ -50,16 +56,21 @@ struct MemoryPrediction {
 
 // The engine's element types on a device: `compute_bytes` for gathered parameters and
 // activations (4: fp32; 2: bf16), fp32 for the rest, and the CPU's attention (which keeps
-// the scores) or fused attention on a GPU.
+// the scores) or fused attention on a GPU. `seq`: this rank's rows of each sequence (the
+// sequence / context). With context > 1, attention across the context group in
+// `context_mode` ("Ring" or "AllToAll"), whose scratch is api::ContextAttentionScratchBytes
+// around the fused kernel's own (on the shape the mode runs it: this rank's rows and
+// heads for Ring, the whole sequence and 1/context of the heads for AllToAll).
 api::EngineTypes EngineTypesOf(int compute_bytes, bool cpu_kernels, const api::ModelShape& shape, int micro_batch,
-                               int seq, int tp);
+                               int seq, int tp, int context = 1, const std::string& context_mode = "Ring");
 
 // The peak of the rank that holds the most (the largest vocabulary slice, of the stage
-// that holds the most), for sequences of `seq` tokens; `dropout`: the model drops
+// that holds the most), for sequences of `seq` tokens (each rank holding seq / C rows of
+// each, its units sharded over S x C ranks); `dropout`: the model drops
 // activations (spec.model.dropout > 0). `micro_batches`: the step's micro-batches (its
 // accumulation steps), which set how many a pipeline stage keeps activations for; any for
 // one stage. REQUIRES: with stages, a number of micro-batches the schedule takes
-// (api::StageActions).
+// (api::StageActions); seq a multiple of 2 x C.
 MemoryPrediction PredictMemory(const api::ModelShape& shape, int seq, const LayoutChoice& choice, int compute_bytes,
                                bool cpu_kernels, bool dropout, int micro_batches);
 

@@ -39,7 +39,8 @@ std::string MemorySize(int64_t bytes) {
 Candidate Evaluate(const PlanRequest& r, const LayoutChoice& choice) {
   Candidate c;
   c.choice = choice;
-  const int64_t data_parallel = int64_t(r.cluster.nodes) * r.cluster.gpus_per_node / (choice.pipeline.stages * choice.tp);
+  const int64_t data_parallel =
+      int64_t(r.cluster.nodes) * r.cluster.gpus_per_node / (choice.pipeline.stages * choice.tp * choice.context);
   const int64_t micro_batches = r.global_batch_tokens / (int64_t(choice.micro_batch) * r.seq * data_parallel);
   c.memory = PredictMemory(r.shape, r.seq, choice, r.device.compute_bytes, r.device.memory_is_host, r.dropout,
                            int(micro_batches));
@@ -53,6 +54,56 @@ Candidate Evaluate(const PlanRequest& r, const LayoutChoice& choice) {
                " usable with a " + std::to_string(int(r.device.margin * 100 + 0.5)) + "% margin)";
   }
   return c;
+}
+
+std::vector<int> ContextDegrees(const PlanRequest& r, int stages, int tp, int most) {
+  const int64_t tp_groups = int64_t(r.cluster.nodes) * r.cluster.gpus_per_node / (int64_t(stages) * tp);
+  const int64_t heads = r.shape.heads / tp, kv_heads = r.shape.KvHeads() / tp;
+  std::vector<int> out = {1};
+  if (r.dropout) return out;  // dropout's masks are not split by sequence chunk
+  for (int C = 2; C <= most; C *= 2) {
+    if (tp_groups % C != 0 || r.seq % (2 * C) != 0) continue;
+    if (r.context_mode == "AllToAll" && (heads % C != 0 || kv_heads % C != 0)) continue;
+    out.push_back(C);
+  }
+  return out;
+}
+
+std::string SequenceShortfall(const PlanRequest& r, const LayoutChoice& choice) {
+  const Candidate c = Evaluate(r, choice);
+  if (c.reason.empty()) return "";
+  const int64_t usable = r.device.Usable();
+  const std::string sequences =
+      choice.micro_batch == 1 ? "one sequence" : std::to_string(choice.micro_batch) + " sequences";
+  std::string text = sequences + " of " + std::to_string(r.seq) + " tokens needs " + MemorySize(c.needed) +
+                     " per rank with " + Describe(choice) + ": " + std::to_string(c.needed - usable) +
+                     " bytes more than the " + MemorySize(usable) + " usable";
+  // The micro-batches the choice's step has, which set what a pipeline stage keeps.
+  const int64_t data_parallel =
+      int64_t(r.cluster.nodes) * r.cluster.gpus_per_node / (choice.pipeline.stages * choice.tp * choice.context);
+  const int micro_batches = int(r.global_batch_tokens / (int64_t(choice.micro_batch) * r.seq * data_parallel));
+  const int64_t heads = r.shape.heads / choice.tp, kv_heads = r.shape.KvHeads() / choice.tp;
+  const int64_t tp_groups =
+      int64_t(r.cluster.nodes) * r.cluster.gpus_per_node / (int64_t(choice.pipeline.stages) * choice.tp);
+  const std::string dropout = r.dropout ? " and spec.model.dropout 0" : "";
+  int tried = choice.context;
+  for (int C = choice.context * 2; C <= 64; C *= 2) {
+    if (r.seq % (2 * C) != 0) break;
+    if (choice.context_mode == "AllToAll" && (heads % C != 0 || kv_heads % C != 0)) break;
+    tried = C;
+    LayoutChoice wider = choice;
+    wider.context = C;
+    const MemoryPrediction m = PredictMemory(r.shape, r.seq, wider, r.device.compute_bytes, r.device.memory_is_host,
+                                             r.dropout, micro_batches);
+    const int64_t needed = r.device.memory_is_host ? m.total() : m.device();
+    if (needed <= usable) {
+      const std::string ranks =
+          tp_groups % C == 0 ? "" : ", on more ranks: a stage here has " + std::to_string(tp_groups) + " TP groups";
+      return text + "; contextParallelDegree " + std::to_string(C) + " (" + wider.context_mode + ")" + dropout +
+             " would need " + MemorySize(needed) + " per rank" + ranks;
+    }
+  }
+  return text + "; no contextParallelDegree the sequence takes (up to " + std::to_string(tried) + ") makes it fit";
 }
 
 namespace {
@@ -80,75 +131,104 @@ int FewestBlocks(const api::ModelShape& shape, int seq, const api::Pipeline& pip
 
 }  // namespace
 
+namespace {
+
+// Every S, micro-batch, pipeline schedule and activation policy of P = stages, T = tp and
+// C = context, evaluated into `plan`. Returns whether one of them that fits keeps every
+// activation (no checkpointing).
+bool SearchLayouts(const PlanRequest& r, int stages, int tp, int context, Plan& plan) {
+  const int world = r.cluster.nodes * r.cluster.gpus_per_node;
+  const int layers = int(r.shape.layers);
+  const std::string prefix = (stages > 1 ? "P=" + std::to_string(stages) + ", " : "") + "T=" + std::to_string(tp) +
+                             (context > 1 ? ", C=" + std::to_string(context) : "");
+  const int dp = world / (stages * tp * context);
+  const int64_t per_sequence = int64_t(r.seq) * dp;
+  if (r.global_batch_tokens % per_sequence != 0) {
+    plan.notes.push_back(prefix + ": the global batch of " + std::to_string(r.global_batch_tokens) +
+                         " tokens is not a whole number of sequences of " + std::to_string(r.seq) + " for each of " +
+                         std::to_string(dp) + " data-parallel ranks");
+    return false;
+  }
+  const int64_t sequences = r.global_batch_tokens / per_sequence;
+  if (sequences < stages) {
+    plan.notes.push_back(prefix + ": " + std::to_string(sequences) +
+                         " sequence(s) a data-parallel rank per step, fewer micro-batches than the " +
+                         std::to_string(stages) + " stages at any micro-batch size");
+    return false;
+  }
+  bool keeps_all = false;
+  for (int shard : Divisors(dp, dp)) {
+    if (!api::ParallelLayout::Check(r.cluster.nodes, r.cluster.gpus_per_node, tp, shard, stages, context).empty()) {
+      continue;
+    }
+    bool any_fits = false;
+    const int64_t feasible_before = int64_t(plan.feasible.size());
+    int64_t rejected = 0;
+    std::optional<Candidate> least;  // of the rejected, the one needing the least memory
+    for (int micro : Divisors(sequences, r.max_micro_batch)) {
+      for (const api::Pipeline& pipeline : PipelinesFor(stages, sequences / micro, layers)) {
+        const LayoutChoice base{tp, shard, micro, {}, pipeline, context, r.context_mode};
+        auto with = [&](api::ActivationPolicy activations) {
+          LayoutChoice choice = base;
+          choice.activations = activations;
+          return Evaluate(r, choice);
+        };
+        std::vector<Candidate> options = {with({false, false, 2}), with({true, false, 2})};
+        // Offload: the horizon that is fastest among those that fit (or, if none fits, the smallest).
+        std::optional<Candidate> offload;
+        const int blocks = stages > 1 ? FewestBlocks(r.shape, r.seq, pipeline) : layers;
+        for (int h = 1; h <= std::min(r.max_horizon, blocks - 1); ++h) {
+          Candidate c = with({true, true, h});
+          const bool better = !offload || (c.reason.empty() && (!offload->reason.empty() || Better(c, *offload)));
+          if (better) offload = std::move(c);
+        }
+        if (offload) options.push_back(std::move(*offload));
+        for (Candidate& c : options) {
+          if (c.reason.empty()) {
+            any_fits = true;
+            keeps_all |= !c.choice.activations.checkpointing;
+            plan.feasible.push_back(std::move(c));
+            continue;
+          }
+          ++rejected;
+          if (!least || c.needed < least->needed) least = std::move(c);
+        }
+      }
+    }
+    plan.candidates += int64_t(plan.feasible.size()) - feasible_before + rejected;
+    plan.candidates_by_context[context] += int64_t(plan.feasible.size()) - feasible_before + rejected;
+    if (any_fits) plan.rejected_count += rejected;
+    else if (least) plan.rejected.push_back(std::move(*least));
+  }
+  return keeps_all;
+}
+
+}  // namespace
+
 Plan PlanLayouts(const PlanRequest& r) {
   Plan plan;
   const int world = r.cluster.nodes * r.cluster.gpus_per_node;
-  const int layers = int(r.shape.layers);
   // P stages of at least one block each, outermost; P = 1 first.
-  for (int stages : Divisors(world, layers)) {
-    const std::string stage_prefix = stages > 1 ? "P=" + std::to_string(stages) + ", " : "";
+  for (int stages : Divisors(world, r.shape.layers)) {
     for (int tp : Divisors(r.cluster.gpus_per_node, r.cluster.gpus_per_node)) {
       // T splits the query and key/value heads and the MLP's units: one that does not divide
       // them is never offered.
       if (!api::TensorParallelDivides(r.shape, tp)) continue;
       if (world % (stages * tp) != 0) continue;
-      const int dp = world / (stages * tp);
-      const int64_t per_sequence = int64_t(r.seq) * dp;
-      if (r.global_batch_tokens % per_sequence != 0) {
-        plan.notes.push_back(stage_prefix + "T=" + std::to_string(tp) + ": the global batch of " +
-                             std::to_string(r.global_batch_tokens) + " tokens is not a whole number of sequences of " +
-                             std::to_string(r.seq) + " for each of " + std::to_string(dp) + " data-parallel ranks");
-        continue;
-      }
-      const int64_t sequences = r.global_batch_tokens / per_sequence;
-      if (sequences < stages) {
-        plan.notes.push_back(stage_prefix + "T=" + std::to_string(tp) + ": " + std::to_string(sequences) +
-                             " sequence(s) a data-parallel rank per step, fewer micro-batches than the " +
-                             std::to_string(stages) + " stages at any micro-batch size");
-        continue;
-      }
-      for (int shard : Divisors(dp, dp)) {
-        if (!api::ParallelLayout::Check(r.cluster.nodes, r.cluster.gpus_per_node, tp, shard, stages).empty()) continue;
-        bool any_fits = false;
-        const int64_t feasible_before = int64_t(plan.feasible.size());
-        int64_t rejected = 0;
-        std::optional<Candidate> least;  // of the rejected, the one needing the least memory
-        for (int micro : Divisors(sequences, r.max_micro_batch)) {
-          for (const api::Pipeline& pipeline : PipelinesFor(stages, sequences / micro, layers)) {
-            const LayoutChoice base{tp, shard, micro, {}, pipeline};
-            auto with = [&](api::ActivationPolicy activations) {
-              LayoutChoice choice = base;
-              choice.activations = activations;
-              return Evaluate(r, choice);
-            };
-            std::vector<Candidate> options = {with({false, false, 2}), with({true, false, 2})};
-            // Offload: the horizon that is fastest among those that fit (or, if none fits, the smallest).
-            std::optional<Candidate> offload;
-            const int blocks = stages > 1 ? FewestBlocks(r.shape, r.seq, pipeline) : layers;
-            for (int h = 1; h <= std::min(r.max_horizon, blocks - 1); ++h) {
-              Candidate c = with({true, true, h});
-              const bool better = !offload || (c.reason.empty() && (!offload->reason.empty() || Better(c, *offload)));
-              if (better) offload = std::move(c);
-            }
-            if (offload) options.push_back(std::move(*offload));
-            for (Candidate& c : options) {
-              if (c.reason.empty()) {
-                any_fits = true;
-                plan.feasible.push_back(std::move(c));
-                continue;
-              }
-              ++rejected;
-              if (!least || c.needed < least->needed) least = std::move(c);
-            }
-          }
-        }
-        plan.candidates += int64_t(plan.feasible.size()) - feasible_before + rejected;
-        if (any_fits) plan.rejected_count += rejected;
-        else if (least) plan.rejected.push_back(std::move(*least));
+      // Sequences are split only where they are long: where no rank of this P and T keeps
+      // every activation of its sequences.
+      if (SearchLayouts(r, stages, tp, 1, plan)) continue;
+      for (int context : ContextDegrees(r, stages, tp, r.max_context)) {
+        if (context > 1) SearchLayouts(r, stages, tp, context, plan);
       }
     }
   }
   std::sort(plan.feasible.begin(), plan.feasible.end(), Better);
+  if (plan.feasible.empty() && !plan.rejected.empty()) {
+    const auto least = std::min_element(plan.rejected.begin(), plan.rejected.end(),
+                                        [](const Candidate& a, const Candidate& b) { return a.needed < b.needed; });
+    plan.shortfall = SequenceShortfall(r, least->choice);
+  }
   return plan;
 }
 
@@ -159,6 +239,7 @@ PlanRequest RequestFor(const api::TrainingJobSpec& spec, std::vector<std::vector
   r.seq = int(r.shape.seq_len);
   r.global_batch_tokens = spec.training.global_batch_tokens;
   r.dropout = spec.model.dropout > 0;
+  r.context_mode = spec.parallelism.context_parallel_mode;
   r.cluster.nodes = int(spec.nodes);
   r.cluster.gpus_per_node = int(spec.gpus_per_node);
   r.cluster.node_paths = std::move(node_paths);
@@ -230,6 +311,8 @@ nlohmann::json ResolveWrittenSpec(nlohmann::json written, const LayoutChoice& ch
   p["pipelineParallelDegree"] = choice.pipeline.stages;
   p["pipelineSchedule"] = api::PipelineScheduleName(choice.pipeline.schedule);
   if (choice.pipeline.virtual_stages > 1) p["pipelineVirtualStages"] = choice.pipeline.virtual_stages;
+  p["contextParallelDegree"] = choice.context;
+  if (choice.context > 1) p["contextParallelMode"] = choice.context_mode;
   written["training"]["microBatchSize"] = choice.micro_batch;
   return written;
 }
@@ -245,6 +328,8 @@ api::LayoutStatus LayoutStatusOf(const LayoutChoice& c) {
   status.activation_checkpointing = c.activations.checkpointing;
   status.activation_offloading = c.activations.offload;
   status.activation_loading_horizon = c.activations.offload ? c.activations.horizon : 0;
+  status.context_parallel_degree = c.context;
+  status.context_parallel_mode = c.context_mode;
   return status;
 }
 
@@ -260,9 +345,13 @@ api::LayoutStatus LayoutStatusOf(const Candidate& chosen, const DeviceModel& dev
 LayoutChoice ChoiceOf(const api::TrainingJobSpec& spec) {
   const api::ParallelLayout layout = api::ParallelLayout::ForSpec(spec);
   const api::ParallelismSpec& p = spec.parallelism;
-  return {int(layout.tp()), int(layout.shard() / layout.context()), int(spec.training.micro_batch_size),
+  return {int(layout.tp()),
+          int(layout.shard() / layout.context()),
+          int(spec.training.micro_batch_size),
           {p.activation_checkpointing, p.activation_offloading, int(p.activation_loading_horizon)},
-          api::Pipeline::Of(p)};
+          api::Pipeline::Of(p),
+          int(layout.context()),
+          p.context_parallel_mode};
 }
 
 }  // namespace meshtrain::scheduler

@@ -1,7 +1,11 @@
 // The automatic layout planner (spec.parallelism.mode: auto, `meshtrain plan --auto`):
 // a search over pipeline stages P (divisors of the world, at most the blocks), tensor
 // parallelism T (divisors of the GPUs per node that divide the heads and the MLP width),
-// shard groups S (divisors of a stage's data-parallel ranks that form a layout), the
+// context parallelism C (powers of two up to max_context dividing a stage's TP groups,
+// with 2C | seq, no dropout, and for AllToAll C | each TP rank's heads and key/value
+// heads; the mode is the spec's contextParallelMode; C > 1 only for a P and T none of
+// whose C = 1 layouts that fit keeps every activation), shard groups S (divisors of the
+// data-parallel ranks, world / (P x T x C), that form a layout), the
 // micro-batch (divisors of each rank's sequences per step; with P > 1 only those leaving
 // at least P micro-batches, under 1F1B, and under Interleaved1F1B with 2 chunks a stage
 // where they are a multiple of P and 2P blocks go round), and activations (keep all,
@@ -35,6 +39,8 @@ struct PlanRequest {
   DeviceModel device;
   int max_micro_batch = 64;
   int max_horizon = 8;
+  int max_context = 8;                // the largest C tried
+  std::string context_mode = "Ring";  // spec.parallelism.contextParallelMode
   bool dropout = false;  // spec.model.dropout > 0: the backward keeps masked copies
 };
 
@@ -48,13 +54,16 @@ struct Candidate {
 
 struct Plan {
   std::vector<Candidate> feasible;  // fastest first
-  // Per (P, T, S) with no feasible candidate, the one needing the least memory and why it
-  // does not fit; and how many candidates of the other (P, T, S) were left out for memory.
+  // Per (P, T, C, S) with no feasible candidate, the one needing the least memory and why it
+  // does not fit; and how many candidates of the other (P, T, C, S) were left out for memory.
   std::vector<Candidate> rejected;
   int64_t rejected_count = 0;
   int64_t candidates = 0;  // evaluated, feasible or not (an offload counts once, at its best horizon)
+  std::map<int, int64_t> candidates_by_context;  // of them, per context degree C tried
   // What the search could not try at all (a batch no micro-batch divides), one line each.
   std::vector<std::string> notes;
+  // When nothing fits: SequenceShortfall of the rejected candidate needing the least memory.
+  std::string shortfall;
   const Candidate* best() const { return feasible.empty() ? nullptr : &feasible.front(); }
 };
 
@@ -65,6 +74,21 @@ std::string MemorySize(int64_t bytes);
 Candidate Evaluate(const PlanRequest& request, const LayoutChoice& choice);
 
 Plan PlanLayouts(const PlanRequest& request);
+
+// The contextParallelDegree values that suit `choice` (its P, T and the request's world,
+// sequence, model, mode and dropout): powers of two from 1 up to `most`, each dividing a
+// stage's TP groups, with 2C | seq, and for AllToAll C | this TP rank's heads and
+// key/value heads.
+std::vector<int> ContextDegrees(const PlanRequest& request, int stages, int tp, int most);
+
+// Where `choice` does not fit a rank: the shortfall in bytes and the least C above its own
+// (a power of two up to 64 with 2C | seq, and for AllToAll C | a TP rank's heads and
+// key/value heads; the rest of the choice kept, whether or not the world takes that C)
+// with which a rank's share of its micro-batch would fit, e.g. "one sequence of 131072 tokens needs 105.4 GiB per
+// rank with T=1, S=4, micro-batch 1, checkpointing: 35867590656 bytes more than the
+// 72.0 GiB usable; contextParallelDegree 2 (Ring) would need 57.7 GiB per rank". Empty
+// when it fits.
+std::string SequenceShortfall(const PlanRequest& request, const LayoutChoice& choice);
 
 // The request for `spec` (defaulted, valid) on nodes at `node_paths`.
 PlanRequest RequestFor(const api::TrainingJobSpec& spec, std::vector<std::vector<std::string>> node_paths,
@@ -93,7 +117,8 @@ std::optional<DeviceModel> DeviceForNodes(const std::vector<std::map<std::string
                                           const api::TrainingJobSpec& spec, std::string* why);
 
 // A spec as written (JSON) with the choice written into spec.parallelism (the pipeline's
-// degree and schedule too, its virtual stages where more than 1) and
+// degree and schedule too, its virtual stages where more than 1, the context degree and
+// mode) and
 // spec.training.microBatchSize, and mode manual: what the workers run. With mode auto
 // none of those fields was written (validation), so nothing the user wrote changes.
 nlohmann::json ResolveWrittenSpec(nlohmann::json written_spec, const LayoutChoice& choice);
@@ -102,7 +127,7 @@ nlohmann::json ResolveWrittenSpec(nlohmann::json written_spec, const LayoutChoic
 api::LayoutStatus LayoutStatusOf(const Candidate& chosen, const DeviceModel& device);
 
 // The layout a spec in manual mode runs: its T, its S (as written or derived), its
-// micro-batch, activation policy and pipeline.
+// micro-batch, activation policy, pipeline and context degree and mode.
 LayoutChoice ChoiceOf(const api::TrainingJobSpec& spec);
 // What status.layout says of a layout no planner chose: no device or prediction.
 api::LayoutStatus LayoutStatusOf(const LayoutChoice& choice);

@@ -28,6 +28,7 @@ struct Stream {
 struct Durations {
   double block_forward = 0, block_backward = 0, block_recompute = 0, head_forward = 0, head_backward = 0;  // math
   double tp_forward = 0, tp_backward = 0, tp_head = 0;  // TP collectives inside them
+  double cp_forward = 0, cp_backward = 0;  // a block's exchanges across its context group, inside them
   // The embedding unit's, a block's and an untied head's (0 when the head is tied).
   double gather_embedding = 0, gather_block = 0, gather_head = 0;
   double reduce_embedding = 0, reduce_block = 0, reduce_head = 0;
@@ -37,11 +38,13 @@ struct Durations {
 
 Durations DurationsOf(const api::ModelShape& s, int seq, const LayoutChoice& c, const api::ParallelLayout& mesh,
                       const Cluster& cluster, const DeviceModel& device) {
-  const double tokens = double(c.micro_batch) * seq, C = double(s.hidden), T = c.tp;
+  // This rank's tokens: seq / context rows of each sequence.
+  const double tokens = double(c.micro_batch) * seq / c.context, C = double(s.hidden), T = c.tp;
   const double rate = device.FlopsFor(c.micro_batch);
   Durations d;
   // Matrix FLOPs of a forward per token, as 6N + 12LTQ counts them: 2 per weight and
   // 4 x seq x the query width for attention per layer; a backward is twice its forward.
+  // A context rank's rows attend the whole sequence, its chunks balanced: 1/C of the work.
   d.block_forward = tokens * api::BlockForwardFlopsPerToken(s, seq, c.tp) / rate;
   d.block_backward = 2 * d.block_forward;
   d.block_recompute = device.recompute_factor * d.block_forward;
@@ -57,20 +60,37 @@ Durations DurationsOf(const api::ModelShape& s, int seq, const LayoutChoice& c, 
   d.tp_backward = d.tp_forward;
   d.tp_head = axis(api::Axis::kTensor, Collective::kAllReduce, activation) +
               axis(api::Axis::kTensor, Collective::kAllGather, tokens * 3 * 4 * T);
+  // Attention's exchanges across the context group run on the compute stream.
+  const ContextTraffic context = ContextTrafficOf(s, c.micro_batch, seq, c.tp, c.context,
+                                                  c.context_mode == "AllToAll", device.compute_bytes);
+  if (c.context > 1) {
+    auto exchanges = [&](const std::vector<Exchange>& each, const std::vector<int>& group) {
+      double seconds = 0;
+      for (const Exchange& e : each) seconds += ExchangeSeconds(e, group, mesh, cluster.node_paths, cluster.links);
+      return seconds;
+    };
+    for (const std::vector<int>& group : mesh.Groups(api::Axis::kContext)) {
+      const double forward = exchanges(context.forward, group), backward = exchanges(context.backward, group);
+      d.cp_forward = std::max(d.cp_forward, forward);
+      d.cp_backward = std::max(d.cp_backward, backward);
+    }
+  }
+  // FSDP shards over S x C ranks.
+  const int shard = c.shard * c.context;
   const api::UnitElements units = api::UnitElementsOf(s, c.tp - 1, c.tp);
-  auto unsharded = [&](int64_t elements) { return double(api::ShardElements(elements, c.shard)) * c.shard; };
+  auto unsharded = [&](int64_t elements) { return double(api::ShardElements(elements, shard)) * shard; };
   const double embedding = unsharded(units.embedding), block = unsharded(units.block);
   const double head = units.head > 0 ? unsharded(units.head) : 0;
   d.gather_embedding = axis(api::Axis::kShard, Collective::kAllGather, embedding * device.compute_bytes);
   d.gather_block = axis(api::Axis::kShard, Collective::kAllGather, block * device.compute_bytes);
   d.reduce_embedding = axis(api::Axis::kShard, Collective::kReduceScatter, embedding * 4);
   d.reduce_block = axis(api::Axis::kShard, Collective::kReduceScatter, block * 4);
-  d.replica_embedding = axis(api::Axis::kReplica, Collective::kAllReduce, embedding / c.shard * 4);
-  d.replica_block = axis(api::Axis::kReplica, Collective::kAllReduce, block / c.shard * 4);
+  d.replica_embedding = axis(api::Axis::kReplica, Collective::kAllReduce, embedding / shard * 4);
+  d.replica_block = axis(api::Axis::kReplica, Collective::kAllReduce, block / shard * 4);
   if (head > 0) {
     d.gather_head = axis(api::Axis::kShard, Collective::kAllGather, head * device.compute_bytes);
     d.reduce_head = axis(api::Axis::kShard, Collective::kReduceScatter, head * 4);
-    d.replica_head = axis(api::Axis::kReplica, Collective::kAllReduce, head / c.shard * 4);
+    d.replica_head = axis(api::Axis::kReplica, Collective::kAllReduce, head / shard * 4);
   }
   if (device.copy_bytes_per_second > 0) d.copy_input = activation / device.copy_bytes_per_second;
   return d;
@@ -114,7 +134,7 @@ double Forward(int L, const LayoutChoice& c, const Durations& d, bool last, Stre
     double ready = gathered[size_t(l)];
     // Block l writes input l+1 over input l+1-n, which must have reached the host first.
     if (offload && l + 1 < L && l + 1 >= slots) ready = std::max(ready, offloaded[size_t(l + 1 - slots)]);
-    freed[size_t(l)] = s.compute.Run(ready, d.block_forward + d.tp_forward);
+    freed[size_t(l)] = s.compute.Run(ready, d.block_forward + d.tp_forward + d.cp_forward);
     if (offload && l < L - slots) offloaded[size_t(l)] = s.copy.Run(freed[size_t(l)], d.copy_input);
   }
   // The head computes its backward as each chunk of logits is made (the fused classifier).
@@ -130,7 +150,7 @@ double Forward(int L, const LayoutChoice& c, const Durations& d, bool last, Stre
 double Backward(int L, const LayoutChoice& c, const Durations& d, bool last, Streams& s) {
   const int slots = api::ActivationStoreBytes({.layers = L}, 1, 1, c.activations, 0, 1, {}, false).inputs;
   const bool offload = c.activations.offload;
-  const double recompute = c.activations.checkpointing ? d.block_recompute + d.tp_forward : 0;
+  const double recompute = c.activations.checkpointing ? d.block_recompute + d.tp_forward + d.cp_forward : 0;
   std::vector<double> gathered(size_t(L), 0), done(size_t(L) + 1, 0), loaded(size_t(L), 0);
   s.Start();
   gathered[size_t(L) - 1] = s.comm.Run(0, d.gather_block);
@@ -145,7 +165,7 @@ double Backward(int L, const LayoutChoice& c, const Durations& d, bool last, Str
       }
       if (l < L - slots) ready = std::max(ready, loaded[size_t(l)]);
     }
-    done[size_t(l)] = s.compute.Run(ready, recompute + d.block_backward + d.tp_backward);
+    done[size_t(l)] = s.compute.Run(ready, recompute + d.block_backward + d.tp_backward + d.cp_backward);
     const double reduced = s.comm.Run(done[size_t(l)], d.reduce_block);
     if (last) s.comm.Run(reduced, d.replica_block);
   }
@@ -160,7 +180,8 @@ StepPrediction PredictStep(const api::ModelShape& shape, int seq, int64_t global
                            const LayoutChoice& choice, const Cluster& cluster, const DeviceModel& device) {
   const api::Pipeline& pipeline = choice.pipeline;
   const int P = pipeline.stages, V = pipeline.virtual_stages, C = pipeline.chunks();
-  const api::ParallelLayout mesh(cluster.nodes, cluster.gpus_per_node, choice.tp, choice.shard, P);
+  const api::ParallelLayout mesh(cluster.nodes, cluster.gpus_per_node, choice.tp, choice.shard, P, choice.context);
+  const int shard = mesh.shard();  // S x C
   StepPrediction p;
   p.micro_steps = std::max<int64_t>(1, global_batch_tokens / (int64_t(choice.micro_batch) * seq * mesh.data_parallel()));
   const std::vector<int> first = api::SplitBlocks(shape, seq, C);
@@ -172,12 +193,12 @@ StepPrediction PredictStep(const api::ModelShape& shape, int seq, int64_t global
   // Per stage: a micro-batch's forward and backward through each of its chunks, every
   // micro-batch but the last alike, the last adding the replica all-reduces.
   struct StageTimes {
-    double micro = 0, final_micro = 0, update = 0, compute = 0, tp = 0, comm = 0, final_comm = 0;
+    double micro = 0, final_micro = 0, update = 0, compute = 0, tp = 0, context = 0, comm = 0, final_comm = 0;
   };
   std::vector<StageTimes> stages(static_cast<size_t>(P));
   for (int stage = 0; stage < P; ++stage) {
     StageTimes& t = stages[size_t(stage)];
-    double shard = 0;  // elements of the stage's shards
+    double elements = 0;  // of the stage's shards
     for (int chunk : api::ChunksOf(pipeline, stage)) {
       const int L = first[size_t(chunk) + 1] - first[size_t(chunk)];
       const bool embedding = chunk == 0 || (chunk == C - 1 && shape.tied), head = chunk == C - 1;
@@ -190,12 +211,13 @@ StepPrediction PredictStep(const api::ModelShape& shape, int seq, int64_t global
       t.compute += double(L) * (d.block_forward + d.block_backward + (recompute ? d.block_recompute : 0)) +
                    d.head_forward + d.head_backward;
       t.tp += double(L) * (d.tp_forward * (recompute ? 2 : 1) + d.tp_backward) + 2 * d.tp_head;
-      shard += double(L) * double(api::ShardElements(units.block, choice.shard));
-      if (embedding) shard += double(api::ShardElements(units.embedding, choice.shard));
-      if (head) shard += double(api::ShardElements(units.head, choice.shard));
+      t.context += double(L) * (d.cp_forward * (recompute ? 2 : 1) + d.cp_backward);
+      elements += double(L) * double(api::ShardElements(units.block, shard));
+      if (embedding) elements += double(api::ShardElements(units.embedding, shard));
+      if (head) elements += double(api::ShardElements(units.head, shard));
     }
     // AdamW reads the master weights, gradients, m and v and writes three of them: 28 bytes.
-    if (device.memory_bytes_per_second > 0) t.update = shard * 28 / device.memory_bytes_per_second;
+    if (device.memory_bytes_per_second > 0) t.update = elements * 28 / device.memory_bytes_per_second;
   }
   // The slowest stage sets the pace: the others wait on it.
   size_t slowest = 0;
@@ -215,7 +237,8 @@ StepPrediction PredictStep(const api::ModelShape& shape, int seq, int64_t global
   // each, from a rank to its peer in the neighbouring stage.
   double micro = pace.micro, fill = 0;
   if (P > 1) {
-    const double message = double(choice.micro_batch) * seq * double(shape.hidden) * device.compute_bytes;
+    const double message =
+        double(choice.micro_batch) * seq / choice.context * double(shape.hidden) * device.compute_bytes;
     // The slowest peer pair of each link from stage q to the next (q + 1 mod P).
     std::vector<double> hop(static_cast<size_t>(P), 0.0);
     for (int q = 0; q < P; ++q) {
@@ -245,7 +268,7 @@ StepPrediction PredictStep(const api::ModelShape& shape, int seq, int64_t global
     // A tied head: the last stage's copy of the embedding sums its gradients with the
     // first stage's once a step, after the drain.
     if (shape.tied) {
-      const double bytes = 4.0 * double(api::ShardElements(units.embedding, choice.shard));
+      const double bytes = 4.0 * double(api::ShardElements(units.embedding, shard));
       double slowest_pair = 0;
       for (int i = 0; i < mesh.stage_ranks(); ++i) {
         slowest_pair = std::max(slowest_pair, CollectiveSeconds(Collective::kAllReduce, bytes,
@@ -266,8 +289,10 @@ StepPrediction PredictStep(const api::ModelShape& shape, int seq, int64_t global
   p.update_seconds = update;
   p.compute_seconds = M * pace.compute;
   p.tp_seconds = M * pace.tp;
+  p.context_seconds = M * pace.context;
   p.comm_seconds = (M - 1) * pace.comm + pace.final_comm;
-  p.exposed_seconds = std::max(0.0, p.seconds - p.compute_seconds - p.tp_seconds - p.update_seconds);
+  p.exposed_seconds =
+      std::max(0.0, p.seconds - p.compute_seconds - p.tp_seconds - p.context_seconds - p.update_seconds);
   p.stage = int(slowest);
   p.tokens_per_second = double(global_batch_tokens) / p.seconds;
   return p;

@@ -2,7 +2,10 @@
 // layout choice on placed nodes, by replaying the engine's schedule (parallel/engine.h)
 // over three streams with modelled durations:
 //   compute  each block's forward, recompute and backward: FLOPs over the device's
-//            measured matrix rate, plus the layer's TP all-reduces (they block the stream)
+//            measured matrix rate, plus the layer's TP all-reduces and, with C context
+//            ranks, attention's exchanges across the context group (ContextTrafficOf;
+//            both block the stream). A context rank computes seq / C rows of each
+//            sequence, and 1/C of its attention (its chunks are balanced)
 //   comm     gathers (two slots: block l+1's waits until block l-1 is freed), each unit's
 //            reduce-scatter after its backward, and on the last micro-batch its replica
 //            all-reduce, in the order the engine enqueues them
@@ -17,7 +20,7 @@
 //   t x (V x M + P - 1) / V
 // (the schedule's bubble, api::BubbleFraction, is (P - 1) / (V x M + P - 1) of that), plus
 // the last micro-batch's replica all-reduces, the update, and the point-to-point time the
-// step waits for: each micro-batch's activations (micro-batch x seq x hidden elements) go
+// step waits for: each micro-batch's activations (micro-batch x seq / C x hidden elements) go
 // forward and their gradients back across every link between neighbouring chunks, one
 // message per rank to its peer, over the link between their nodes. Those overlap compute,
 // except while the pipeline fills and drains (the first micro-batch's activations and the
@@ -72,8 +75,9 @@ struct StepPrediction {
   double seconds = 0;           // one optimizer step
   double compute_seconds = 0;   // math on the compute stream
   double tp_seconds = 0;        // TP collectives on the compute stream
+  double context_seconds = 0;   // attention's exchanges across the context group, on the compute stream
   double comm_seconds = 0;      // gathers, reduce-scatters, replica all-reduces (comm stream busy)
-  double exposed_seconds = 0;   // what the step waits beyond compute, TP and the update (bubble included)
+  double exposed_seconds = 0;   // what the step waits beyond compute, TP, context and the update (bubble included)
   double update_seconds = 0;    // AdamW over the shards
   int64_t micro_steps = 0;      // M: accumulation steps, with stages the pipeline's micro-batches
   double tokens_per_second = 0;
@@ -84,7 +88,8 @@ struct StepPrediction {
   double p2p_seconds = 0;       // the point-to-point time the step waits for
 };
 
-// REQUIRES: the choice divides the model (T | heads, key/value heads, the MLP width), the mesh and the batch;
+// REQUIRES: the choice divides the model (T | heads, key/value heads, the MLP width), the mesh and the batch
+// (2 x C | seq);
 // with stages, P x V <= layers and micro-batches its schedule takes.
 StepPrediction PredictStep(const api::ModelShape& shape, int seq, int64_t global_batch_tokens,
                            const LayoutChoice& choice, const Cluster& cluster, const DeviceModel& device);

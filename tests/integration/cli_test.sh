@@ -408,6 +408,19 @@ expect "plan --auto finds a Llama 3.1 70B layout that fits an 80 GB H100" 0 \
   '  1\. (P=[0-9]+ [A-Za-z0-9]+( x2)?, )?T=[1248], S=[0-9]+, micro-batch [0-9]+, .* [1-6][0-9]\.[0-9] GiB ' \
   -- "$meshtrain" plan examples/llama3.1-70b-auto.yaml --cluster examples/clusters/eks-p5-124.yaml --auto
 
+# Llama 3.1 8B on sequences of 131072 tokens: the planner splits each over C ranks, says per
+# C what fits, and of a manual layout that cannot hold a sequence, the shortfall and the C.
+expect "plan --auto splits a long sequence over context ranks" 0 \
+  '  1\. (P=[0-9]+ [A-Za-z0-9]+( x2)?, )?T=[1248], S=[0-9]+, C=[248] ring, micro-batch [0-9]+' \
+  '    C=1: [0-9]+ of [0-9]+ candidates fit' '    C=4: [0-9]+ of [0-9]+ candidates fit' \
+  -- "$meshtrain" plan examples/llama3.1-8b-128k-auto.yaml --cluster examples/clusters/eks-p5-124.yaml --auto
+sed -e 's/^    mode: auto/    tensorParallelDegree: 1\n    hybridShardDegree: 4\n    activationCheckpointing: true/' \
+  -e 's/^    globalBatchTokens: 4194304.*/    globalBatchTokens: 4194304\n    microBatchSize: 1/' \
+  examples/llama3.1-8b-128k-auto.yaml >"$tmp/meshtrain-long-manual.yaml"
+expect "plan names the shortfall of a sequence that does not fit a rank" 0 \
+  'memory: one sequence of 131072 tokens needs [0-9.]+ GiB per rank with T=1, S=4, micro-batch 1, checkpointing: [0-9]+ bytes more than the 72.0 GiB usable; contextParallelDegree 2 \(Ring\) would need [0-9.]+ GiB per rank' \
+  -- "$meshtrain" plan "$tmp/meshtrain-long-manual.yaml" --cluster examples/clusters/eks-p5-124.yaml
+
 { sed -e 's/memoryLimitMiB: 24/memoryLimitMiB: 3/' examples/gpt2-tiny-auto.yaml
   printf '  template:\n    tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]\n'; } \
   >"$tmp/meshtrain-auto-small.yaml"

@@ -76,6 +76,32 @@ TEST(CostModel, StagesSendOnlyActivationsBetweenTheirNodes) {
   EXPECT_NEAR(staged.axes[3].seconds, 2 * 2 * (15e-6 + 128.0 * 768 * 4 / 40e9), 1e-12);
 }
 
+// One node of 8 GPUs, C = 4 (two context groups over NVLink): each block's ring pass of
+// the sequence's keys and values forward, and backward those again and their fp32
+// gradients, every micro-step; and the TP messages of a rank's seq / C rows.
+TEST(CostModel, ContextGroupsExchangeEachBlocksKeysAndValues) {
+  api::TrainingJobSpec spec = Spec(1, 8, 2, 0);
+  spec.model.layers = 12, spec.model.hidden = 768, spec.model.heads = 8;
+  const std::vector<std::vector<std::string>> paths = {{"a", "b", "c", "n0"}};
+  const StepCost plain = EstimateStepCost(spec, paths, LinkModel(kLevels));
+  spec.parallelism.context_parallel_degree = 4;
+  const StepCost split = EstimateStepCost(spec, paths, LinkModel(kLevels));
+  ASSERT_EQ(split.axes.size(), 4u);
+  EXPECT_EQ(split.axes[3].axis, "context");
+  EXPECT_EQ(split.axes[3].groups_by_link.at("nvlink"), 2);
+  // Micro-steps: 512 tokens / (128 x 1 data-parallel rank) = 4 (1 without context).
+  const api::ParallelLayout mesh = api::ParallelLayout::ForSpec(spec);
+  const LinkModel links(kLevels);
+  const double kv = 128.0 * 2 * 768 / 2 * 4;  // the sequence's K and V on a TP rank, fp32
+  const double step = 3e-6 + kv / 4 / 360e9;   // NVLink
+  EXPECT_NEAR(split.axes[3].seconds, 4 * 12 * (3 * step + 3 * step + 4 * step), 1e-12);
+  // TP: 4 all-reduces a block and micro-step, of a rank's 32 rows.
+  const double rows = 32.0 * 768 * 4;
+  const double all_reduce = CollectiveSeconds(Collective::kAllReduce, rows, {0, 1}, mesh, paths, links);
+  EXPECT_NEAR(split.axes[0].seconds, 4 * 4 * 12 * all_reduce, 1e-12);
+  EXPECT_EQ(plain.axes.size(), 3u);
+}
+
 TEST(CostModel, OverridesReplaceALink) {
   const api::TrainingJobSpec spec = Spec(2, 1, 1, 1);
   const std::vector<std::vector<std::string>> paths = {{"a", "b", "c", "n0"}, {"a", "b", "d", "n1"}};

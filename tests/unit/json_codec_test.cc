@@ -52,8 +52,13 @@ TEST(JsonCodec, StatusRoundTrips) {
   status.start_time = "2026-11-21T09:00:00Z";
   status.placement = PlacementStatus{{{0, "ip-10-0-1-17", {"nn-1a", "nn-2b", "nn-3c", "ip-10-0-1-17"}}}, 0.41};
   status.progress = ProgressStatus{1200, 3.25, 150000.5, 3600, 1000, 1100, 1};
+  status.layout = LayoutStatus{};
+  status.layout->context_parallel_degree = 4;
+  status.layout->context_parallel_mode = "AllToAll";
   const Json encoded = ToJson(status);
   EXPECT_EQ(encoded["placement"]["nodes"][0]["topologyPath"][2], "nn-3c");
+  EXPECT_EQ(encoded["layout"]["contextParallelDegree"], 4);
+  EXPECT_EQ(encoded["layout"]["contextParallelMode"], "AllToAll");
   EXPECT_EQ(encoded["conditions"][0]["observedGeneration"], 3);
   FieldErrors errors;
   EXPECT_EQ(DecodeTrainingJobStatus(encoded, &errors), status);

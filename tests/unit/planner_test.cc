@@ -2,6 +2,9 @@
 
 #include "operator/scheduler/planner.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -318,7 +321,8 @@ TEST(Planner, SearchesOnlyTensorParallelDegreesThatDivideTheModelAndTheNode) {
   for (const Candidate& c : plan.feasible) {
     EXPECT_LE(c.choice.tp, 2);
     saw_tp2 |= c.choice.tp == 2;
-    EXPECT_EQ(r.global_batch_tokens % (int64_t(c.choice.micro_batch) * r.seq * (4 / c.choice.tp)), 0);
+    EXPECT_EQ(r.global_batch_tokens % (int64_t(c.choice.micro_batch) * r.seq * (4 / (c.choice.tp * c.choice.context))),
+              0);
   }
   EXPECT_TRUE(saw_tp2);
 }
@@ -362,6 +366,216 @@ TEST(Planner, KnowsTheDeviceOfEksInstanceTypesAndNeedsAMemoryOtherwise) {
   ASSERT_TRUE(cpu);
   EXPECT_EQ(cpu->memory_bytes, 512LL << 20);
   EXPECT_TRUE(cpu->memory_is_host);
+}
+
+// Context parallelism: C ranks split each sequence.
+
+const api::ModelShape& Llama8B() { return *api::FindPreset("llama3.1-8b"); }
+
+LayoutChoice WithContext(LayoutChoice c, int context, std::string mode = "Ring") {
+  c.context = context;
+  c.context_mode = std::move(mode);
+  return c;
+}
+
+TEST(ContextMemory, ARankHoldsItsRowsOfActivationsAndAShardOverSxC) {
+  const api::ModelShape& shape = Llama8B();
+  const int seq = 8192;
+  const LayoutChoice one{1, 1, 1, {}};
+  const MemoryPrediction whole = PredictMemory(shape, seq, one, 2, false, false, 1);
+  const MemoryPrediction split = PredictMemory(shape, seq, WithContext(one, 4), 2, false, false, 1);
+  // Every block's activations are a rank's rows: a quarter, less what does not scale.
+  EXPECT_LT(double(split.activations), 0.27 * double(whole.activations));
+  EXPECT_GT(double(split.activations), 0.2 * double(whole.activations));
+  // FSDP shards over S x C = 4 ranks: as S = 4 without context.
+  const MemoryPrediction sharded = PredictMemory(shape, seq, LayoutChoice{1, 4, 1, {}}, 2, false, false, 1);
+  EXPECT_EQ(split.params, sharded.params);
+  EXPECT_EQ(split.optimizer, sharded.optimizer);
+  EXPECT_EQ(split.gathered, sharded.gathered);
+  EXPECT_LT(split.params, whole.params / 3);
+}
+
+TEST(ContextMemory, EngineTypesCarryTheDegreeModeAndTheirScratch) {
+  const api::ModelShape& shape = Llama8B();
+  const int rows = 2048, C = 4, T = 2;
+  const api::EngineTypes ring = EngineTypesOf(2, false, shape, 1, rows, T, C, "Ring");
+  EXPECT_EQ(ring.context, C);
+  EXPECT_FALSE(ring.context_all_to_all);
+  api::EngineTypes kernel = ring;
+  kernel.attention_scratch_bytes =
+      api::FusedAttentionScratchBytes(1, rows, int(shape.heads / T), int(shape.HeadDim()), 0);
+  EXPECT_EQ(ring.attention_scratch_bytes, api::ContextAttentionScratchBytes(1, rows, shape, T, kernel));
+
+  const api::EngineTypes ulysses = EngineTypesOf(2, false, shape, 1, rows, T, C, "AllToAll");
+  EXPECT_TRUE(ulysses.context_all_to_all);
+  kernel = ulysses;
+  // The kernel attends the whole sequence with 1/C of this TP rank's heads.
+  kernel.attention_scratch_bytes =
+      api::FusedAttentionScratchBytes(1, rows * C, int(shape.heads / T) / C, int(shape.HeadDim()), 0);
+  EXPECT_EQ(ulysses.attention_scratch_bytes, api::ContextAttentionScratchBytes(1, rows, shape, T, kernel));
+  EXPECT_NE(ulysses.attention_scratch_bytes, ring.attention_scratch_bytes);
+
+  const api::EngineTypes plain = EngineTypesOf(2, false, shape, 1, rows, T);
+  EXPECT_EQ(plain.context, 1);
+  EXPECT_EQ(plain.attention_scratch_bytes,
+            api::FusedAttentionScratchBytes(1, rows, int(shape.heads / T), int(shape.HeadDim()), 0));
+}
+
+TEST(ContextTraffic, RingPassesTheSequencesKeysAndValuesAndAllToAllItsTensors) {
+  const api::ModelShape& shape = Llama8B();  // q 4096 wide, k and v 1024 each
+  const double seq = 131072, T = 2, C = 4;
+  const ContextTraffic ring = ContextTrafficOf(shape, 1, int(seq), int(T), int(C), false, 2);
+  const double kv = seq * 2 * 1024 / T;  // the whole sequence's K and V on this TP rank
+  EXPECT_DOUBLE_EQ(ring.forward_sent, (C - 1) / C * kv * 2);
+  // Backward: K and V again, and their fp32 gradients all the way round, home.
+  EXPECT_DOUBLE_EQ(ring.backward_sent, (C - 1) / C * kv * 2 + kv * 4);
+  ASSERT_EQ(ring.backward.size(), 2u);
+  EXPECT_EQ(ring.backward[1].steps, 4);
+
+  const ContextTraffic ulysses = ContextTrafficOf(shape, 1, int(seq), int(T), int(C), true, 2);
+  const double rows = seq / C * 2;  // this rank's rows, bf16
+  const double q = 4096 / T, w = (4096 + 2 * 1024) / T;
+  EXPECT_DOUBLE_EQ(ulysses.forward_sent, (C - 1) / C * rows * (w + q));   // q, k, v in; out back
+  EXPECT_DOUBLE_EQ(ulysses.backward_sent, (C - 1) / C * rows * (q + w));  // dout in; dq, dk, dv back
+  EXPECT_EQ(ulysses.forward.size(), 2u);
+
+  const ContextTraffic none = ContextTrafficOf(shape, 1, int(seq), int(T), 1, false, 2);
+  EXPECT_EQ(none.forward_sent + none.backward_sent, 0);
+  EXPECT_TRUE(none.forward.empty());
+}
+
+TEST(ContextTraffic, AnExchangeIsItsStepsOverTheGroupsSlowestLink) {
+  const api::ParallelLayout mesh(2, 4, 1, 0, 1, 4);  // context groups 0-3 and 4-7, one a node
+  LinkModel links({"kubernetes.io/hostname"});
+  links.Override("nvlink", 100e9, 2e-6);
+  links.Override("cluster", 10e9, 20e-6);
+  const std::vector<std::vector<std::string>> paths = {{"n0"}, {"n1"}};
+  EXPECT_DOUBLE_EQ(ExchangeSeconds({4e9, 3}, {0, 1, 2, 3}, mesh, paths, links), 3 * (2e-6 + 1e9 / 100e9));
+  EXPECT_DOUBLE_EQ(ExchangeSeconds({4e9, 3}, {2, 3, 4, 5}, mesh, paths, links), 3 * (20e-6 + 1e9 / 10e9));
+  EXPECT_DOUBLE_EQ(ExchangeSeconds({4e9, 4}, {0, 1, 2, 3}, mesh, paths, links), 4 * (2e-6 + 1e9 / 100e9));
+}
+
+TEST(ContextStep, ARankComputesItsRowsAndWaitsForItsExchanges) {
+  const api::ModelShape& shape = Llama8B();
+  const int seq = 8192;
+  DeviceModel device = *FindInstanceDevice("p5.48xlarge");
+  Cluster node;
+  node.gpus_per_node = 8;
+  node.node_paths = {{"n0"}};
+  const int64_t batch = 8 * int64_t(seq);  // a sequence per rank without context
+  const StepPrediction one = PredictStep(shape, seq, batch, {1, 8, 1, {}}, node, device);
+  const StepPrediction ring = PredictStep(shape, seq, batch, WithContext({1, 2, 1, {}}, 4), node, device);
+  // Two sequences a step for 2 data-parallel ranks: four micro-steps of a quarter each.
+  EXPECT_EQ(one.micro_steps, 1);
+  EXPECT_EQ(ring.micro_steps, 4);
+  EXPECT_NEAR(ring.compute_seconds / ring.micro_steps, one.compute_seconds / 4, 1e-9 * one.compute_seconds);
+  EXPECT_EQ(one.context_seconds, 0);
+  // Each block's ring pass forward and its two backward, every micro-step, over NVLink.
+  const api::ParallelLayout mesh(1, 8, 1, 2, 1, 4);
+  const ContextTraffic t = ContextTrafficOf(shape, 1, seq, 1, 4, false, 2);
+  ASSERT_EQ(t.forward.size() + t.backward.size(), 3u);
+  double exchanges = 0;
+  for (const std::vector<Exchange>* pass : {&t.forward, &t.backward}) {
+    for (const Exchange& e : *pass) exchanges += ExchangeSeconds(e, {0, 1, 2, 3}, mesh, node.node_paths, node.links);
+  }
+  EXPECT_NEAR(ring.context_seconds, 4 * double(shape.layers) * exchanges, 1e-9 * ring.context_seconds);
+  EXPECT_GT(ring.seconds, one.seconds);  // the same work, and the exchanges besides
+}
+
+// Llama 3.1 8B on 4 p5 nodes, a global batch of 32 sequences.
+PlanRequest LlamaOnP5(int seq) {
+  PlanRequest r;
+  r.shape = Llama8B();
+  r.shape.seq_len = seq;
+  r.seq = seq;
+  r.global_batch_tokens = 32 * int64_t(seq);
+  r.cluster.nodes = 4;
+  r.cluster.gpus_per_node = 8;
+  r.cluster.node_paths = {{"n0"}, {"n1"}, {"n2"}, {"n3"}};
+  r.device = *FindInstanceDevice("p5.48xlarge");
+  return r;
+}
+
+TEST(ContextPlanner, SplitsLongSequencesAndNotShortOnes) {
+  const Plan long_plan = PlanLayouts(LlamaOnP5(131072));
+  ASSERT_NE(long_plan.best(), nullptr);
+  const Candidate& best = *long_plan.best();
+  EXPECT_GT(best.choice.context, 1) << Describe(best.choice);
+  // C = 1 was tried: a rank holds a whole sequence only by recomputing its blocks, which
+  // is slower.
+  EXPECT_GT(long_plan.candidates_by_context.at(1), 0);
+  for (const Candidate& c : long_plan.feasible) {
+    if (c.choice.context > 1) continue;
+    EXPECT_TRUE(c.choice.activations.checkpointing) << Describe(c.choice);
+    EXPECT_GT(c.step.seconds, best.step.seconds) << Describe(c.choice);
+  }
+
+  const Plan short_plan = PlanLayouts(LlamaOnP5(4096));
+  ASSERT_NE(short_plan.best(), nullptr);
+  EXPECT_EQ(short_plan.best()->choice.context, 1) << Describe(short_plan.best()->choice);
+  // A rank keeps every activation of a sequence of 4096 at every P and T: none is split.
+  EXPECT_EQ(short_plan.candidates_by_context.size(), 1u);
+}
+
+TEST(ContextPlanner, OffersOnlyDegreesTheSequenceHeadsAndMeshTake) {
+  PlanRequest r = LlamaOnP5(131072);
+  EXPECT_EQ(ContextDegrees(r, 1, 8, 8), (std::vector<int>{1, 2, 4}));  // 4 TP groups
+  EXPECT_EQ(ContextDegrees(r, 1, 1, 8), (std::vector<int>{1, 2, 4, 8}));
+  r.context_mode = "AllToAll";
+  EXPECT_EQ(ContextDegrees(r, 1, 4, 8), (std::vector<int>{1, 2}));  // 2 key/value heads a TP rank
+  r.context_mode = "Ring";
+  r.seq = 12;  // 2C must divide it
+  EXPECT_EQ(ContextDegrees(r, 1, 1, 8), (std::vector<int>{1, 2}));
+  r.seq = 131072;
+  r.dropout = true;
+  EXPECT_EQ(ContextDegrees(r, 1, 1, 8), (std::vector<int>{1}));
+}
+
+TEST(ContextPlanner, WhereNothingFitsNamesTheShortfallAndAContextThatFits) {
+  // A device just too small for the least of the layouts without context.
+  PlanRequest r = LlamaOnP5(131072);
+  r.max_context = 1;
+  int64_t least_need = INT64_MAX;
+  for (const Candidate& c : PlanLayouts(r).feasible) least_need = std::min(least_need, c.needed);
+  r.device.memory_bytes = least_need;
+  const Plan plan = PlanLayouts(r);
+  ASSERT_EQ(plan.best(), nullptr);
+  ASSERT_FALSE(plan.rejected.empty());
+  auto by_need = [](const Candidate& a, const Candidate& b) { return a.needed < b.needed; };
+  const Candidate& least = *std::min_element(plan.rejected.begin(), plan.rejected.end(), by_need);
+  const std::string bytes = std::to_string(least.needed - r.device.Usable()) + " bytes more than the";
+  EXPECT_NE(plan.shortfall.find(bytes), std::string::npos) << plan.shortfall;
+  const size_t at = plan.shortfall.find("contextParallelDegree ");
+  ASSERT_NE(at, std::string::npos) << plan.shortfall;
+  const int C = std::atoi(plan.shortfall.c_str() + at + 22);
+  ASSERT_GT(C, 1) << plan.shortfall;
+  // That C fits, and half of it does not (at the micro-batches of the least one's step).
+  const LayoutChoice& l = least.choice;
+  const int64_t data_parallel = 32 / (l.pipeline.stages * l.tp);
+  const int micro_batches = int(r.global_batch_tokens / (int64_t(l.micro_batch) * r.seq * data_parallel));
+  auto needs = [&](int context) {
+    return PredictMemory(r.shape, r.seq, WithContext(l, context), 2, false, false, micro_batches).device();
+  };
+  EXPECT_LE(needs(C), r.device.Usable());
+  EXPECT_GT(needs(C / 2), r.device.Usable());
+
+  // A layout that fits has none.
+  EXPECT_EQ(SequenceShortfall(LlamaOnP5(4096), LayoutChoice{1, 32, 1, {true, false, 2}}), "");
+}
+
+TEST(ContextPlanner, WritesTheDegreeAndModeForTheWorkersAndTheStatus) {
+  const nlohmann::json written = {{"parallelism", {{"mode", "auto"}}}};
+  const LayoutChoice choice = WithContext({8, 1, 1, {true, false, 2}}, 4);
+  const nlohmann::json resolved = ResolveWrittenSpec(written, choice);
+  EXPECT_EQ(resolved["parallelism"]["contextParallelDegree"], 4);
+  EXPECT_EQ(resolved["parallelism"]["contextParallelMode"], "Ring");
+  EXPECT_EQ(ResolveWrittenSpec(written, {8, 1, 1, {}})["parallelism"]["contextParallelDegree"], 1);
+  const api::LayoutStatus status = LayoutStatusOf(choice);
+  EXPECT_EQ(status.context_parallel_degree, 4);
+  EXPECT_EQ(status.context_parallel_mode, "Ring");
+  EXPECT_EQ(Describe(choice), "T=8, S=1, C=4 ring, micro-batch 1, checkpointing");
+  EXPECT_EQ(Describe({8, 1, 1, {}}), "T=8, S=1, micro-batch 1, keep all");
+  EXPECT_EQ(Describe(WithContext({8, 1, 1, {}}, 2, "AllToAll")), "T=8, S=1, C=2 all-to-all, micro-batch 1, keep all");
 }
 
 TEST(LinkFile, RoundTripsAndNamesWhatIsWrong) {
