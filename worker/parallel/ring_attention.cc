@@ -16,7 +16,14 @@ using kernels::AttentionMask;
 template <class P>
 RingAttention<P>::RingAttention(comm::StreamCollectives* group, runtime::Backend* backend,
                                 const api::ModelShape& shape, int tp_size, const api::EngineTypes& types)
-    : group_(group), backend_(backend), shape_(shape.Resolved()), tp_size_(tp_size), types_(types) {
+    : group_(group),
+      backend_(backend),
+      shape_(shape.Resolved()),
+      tp_size_(tp_size),
+      types_(types),
+      ring_(backend->NewStream("ring")),
+      ready_(backend->NewEvent()),
+      passed_(backend->NewEvent()) {
   if (group_ == nullptr || group_->size() < 2) throw std::logic_error("RingAttention needs a group of two or more");
 }
 
@@ -60,17 +67,20 @@ std::vector<typename RingAttention<P>::DocumentPair> RingAttention<P>::DocumentP
 
 template <class P>
 template <class T>
-void RingAttention<P>::Pass(model::Ptr<const T> send, model::Ptr<T> recv, int64_t n, runtime::Stream& stream) {
+void RingAttention<P>::StartPass(model::Ptr<const T> send, model::Ptr<T> recv, int64_t n, runtime::Stream& stream) {
   const int C = size(), next = (rank() + 1) % C, previous = (rank() + C - 1) % C;
+  ready_->Record(stream);
+  ring_->Wait(*ready_);
   comm::Batched(group_, [&] {
     if (rank() % 2 == 0) {
-      comm::Send<T>(*group_, send, size_t(n), next, stream);
-      comm::Recv<T>(*group_, recv, size_t(n), previous, stream);
+      comm::Send<T>(*group_, send, size_t(n), next, *ring_);
+      comm::Recv<T>(*group_, recv, size_t(n), previous, *ring_);
     } else {
-      comm::Recv<T>(*group_, recv, size_t(n), previous, stream);
-      comm::Send<T>(*group_, send, size_t(n), next, stream);
+      comm::Recv<T>(*group_, recv, size_t(n), previous, *ring_);
+      comm::Send<T>(*group_, send, size_t(n), next, *ring_);
     }
   });
+  passed_->Record(*ring_);
 }
 
 template <class P>
@@ -95,33 +105,88 @@ AttentionBlock BlockOf(int B, int T, int NH, int KVH, int HS, AttentionMask mask
 
 }  // namespace
 
+// The forward's ring: the block of this rank's keys and values first; at each step
+// blocks(step, kv) enqueues the step's attention against the block kv on `stream` while,
+// on the ring stream, the block goes on to the next rank and the next one comes in.
+template <class P>
+template <class Blocks>
+void RingAttention<P>::Forward(kernels::Ops<P>& ops, model::Ptr<A> out, runtime::DeviceBytes scratch,
+                               model::Ptr<const A> qkv, int B, int T, int NH, int KVH, int HS,
+                               runtime::Stream& stream, Blocks&& blocks) {
+  const int64_t W = int64_t(NH + 2 * KVH) * HS, Q = int64_t(NH) * HS, KV = int64_t(KVH) * HS, N = int64_t(B) * T;
+  const model::Carving c(scratch, api::RingAttentionBuffers(B, T, shape_, tp_size_, types_, /*backward=*/false));
+  model::Ptr<A> kv = c.Get<A>("kv"), kv_next = c.Get<A>("kv_next");
+  CopyRows(kv, 2 * KV, qkv + Q, W, 2 * KV, N, stream);  // this rank's keys and values
+  for (int step = 0; step < size(); ++step) {
+    const bool more = step + 1 < size();
+    // kv is written and kv_next no longer read (the last step's blocks) once `stream` is here.
+    if (more) StartPass<A>(kv, kv_next, N * 2 * KV, stream);
+    blocks(step, kv, c);
+    if (more) {
+      stream.Wait(*passed_);
+      std::swap(kv, kv_next);
+    }
+  }
+  ops.Cast(out, c.Get<G>("out"), N * Q, stream);
+}
+
+// The backward's ring: the keys and values go round again, the next block coming in
+// while blocks(step, kv, dkv) runs; their gradients dkv follow each step once its blocks
+// have added to them, and after the last step go on to the block's owner, the next rank.
+template <class P>
+template <class Blocks>
+void RingAttention<P>::Backward(kernels::Ops<P>& ops, model::Ptr<A> dqkv, runtime::DeviceBytes scratch,
+                                model::Ptr<const A> dout, model::Ptr<const A> qkv, model::Ptr<const A> out, int B,
+                                int T, int NH, int KVH, int HS, runtime::Stream& stream, Blocks&& blocks) {
+  const int64_t W = int64_t(NH + 2 * KVH) * HS, Q = int64_t(NH) * HS, KV = int64_t(KVH) * HS, N = int64_t(B) * T;
+  const model::Carving c(scratch, api::RingAttentionBuffers(B, T, shape_, tp_size_, types_, /*backward=*/true));
+  model::Ptr<A> kv = c.Get<A>("kv"), kv_next = c.Get<A>("kv_next");
+  model::Ptr<G> dkv = c.Get<G>("dkv"), dkv_next = c.Get<G>("dkv_next");
+  const model::Ptr<G> dq = c.Get<G>("dq");
+  const model::Ptr<A> cast = c.Get<A>("cast");
+  // D over all T rows at once: the two chunks' rows lie as one block's would.
+  AttentionBlock whole = BlockOf(B, T, NH, KVH, HS, AttentionMask::kNone);
+  whole.Tq = whole.Tk = T;
+  ops.AttentionRowDot(c.Get<G>("D"), dout, out, whole, stream);
+  CopyRows(kv, 2 * KV, qkv + Q, W, 2 * KV, N, stream);
+  backend_->Zero(dkv, N * 2 * KV, stream);
+  backend_->Zero(dq, N * Q, stream);
+  for (int step = 0; step < size(); ++step) {
+    const bool more = step + 1 < size();
+    if (more) StartPass<A>(kv, kv_next, N * 2 * KV, stream);
+    blocks(step, kv, dkv, c);
+    StartPass<G>(dkv, dkv_next, N * 2 * KV, stream);
+    stream.Wait(*passed_);  // both blocks have come in
+    if (more) std::swap(kv, kv_next);
+    std::swap(dkv, dkv_next);
+  }
+  ops.Cast(cast, dq, N * Q, stream);
+  CopyRows(dqkv, W, cast, Q, Q, N, stream);
+  ops.Cast(cast, dkv, N * 2 * KV, stream);
+  CopyRows(dqkv + Q, W, cast, 2 * KV, 2 * KV, N, stream);
+}
+
 template <class P>
 void RingAttention<P>::AttentionForward(kernels::Ops<P>& ops, model::Ptr<A> out, model::Ptr<G> state,
                                         runtime::DeviceBytes scratch, model::Ptr<const A> qkv, int B, int T, int NH,
                                         int KVH, int HS, runtime::Stream& stream) {
   const int64_t L = T / 2, W = int64_t(NH + 2 * KVH) * HS, Q = int64_t(NH) * HS, KV = int64_t(KVH) * HS;
-  const model::Carving c(scratch, api::RingAttentionBuffers(B, T, shape_, tp_size_, types_, /*backward=*/false));
-  model::Ptr<A> kv = c.Get<A>("kv"), kv_next = c.Get<A>("kv_next");
-  const model::Ptr<G> merged = c.Get<G>("out"), block_out = c.Get<G>("block_out"), block_lse = c.Get<G>("block_lse");
-  CopyRows(kv, 2 * KV, qkv + Q, W, 2 * KV, int64_t(B) * T, stream);  // this rank's keys and values
-  for (int step = 0; step < size(); ++step) {
-    for (const Pair& p : PairsAt(step)) {
-      const AttentionBlock b = BlockOf(B, T, NH, KVH, HS, p.mask);
-      const model::Ptr<const A> q = qkv + p.q * L * W, k = kv + p.k * L * 2 * KV, v = k + KV;
-      const model::Ptr<G> into = merged + p.q * L * Q, lse = state + p.q * L;
-      if (step == 0 && p.mask == AttentionMask::kCausal) {  // a chunk's first block: straight into the result
-        ops.AttentionBlockForward(into, lse, q, k, v, b, stream);
-      } else {
-        ops.AttentionBlockForward(block_out + p.q * L * Q, block_lse + p.q * L, q, k, v, b, stream);
-        ops.AttentionMerge(into, lse, block_out + p.q * L * Q, block_lse + p.q * L, b, stream);
-      }
-    }
-    if (step + 1 < size()) {
-      Pass<A>(kv, kv_next, int64_t(B) * T * 2 * KV, stream);
-      std::swap(kv, kv_next);
-    }
-  }
-  ops.Cast(out, merged, int64_t(B) * T * Q, stream);
+  Forward(ops, out, scratch, qkv, B, T, NH, KVH, HS, stream,
+          [&](int step, model::Ptr<const A> kv, const model::Carving& c) {
+            const model::Ptr<G> merged = c.Get<G>("out"), block_out = c.Get<G>("block_out");
+            const model::Ptr<G> block_lse = c.Get<G>("block_lse");
+            for (const Pair& p : PairsAt(step)) {
+              const AttentionBlock b = BlockOf(B, T, NH, KVH, HS, p.mask);
+              const model::Ptr<const A> q = qkv + p.q * L * W, k = kv + p.k * L * 2 * KV, v = k + KV;
+              const model::Ptr<G> into = merged + p.q * L * Q, lse = state + p.q * L;
+              if (step == 0 && p.mask == AttentionMask::kCausal) {  // a chunk's first block: straight into the result
+                ops.AttentionBlockForward(into, lse, q, k, v, b, stream);
+              } else {
+                ops.AttentionBlockForward(block_out + p.q * L * Q, block_lse + p.q * L, q, k, v, b, stream);
+                ops.AttentionMerge(into, lse, block_out + p.q * L * Q, block_lse + p.q * L, b, stream);
+              }
+            }
+          });
 }
 
 template <class P>
@@ -130,40 +195,17 @@ void RingAttention<P>::AttentionBackward(kernels::Ops<P>& ops, model::Ptr<A> dqk
                                          model::Ptr<const G> state, int B, int T, int NH, int KVH, int HS,
                                          runtime::Stream& stream) {
   const int64_t L = T / 2, W = int64_t(NH + 2 * KVH) * HS, Q = int64_t(NH) * HS, KV = int64_t(KVH) * HS;
-  const int64_t N = int64_t(B) * T;
-  const model::Carving c(scratch, api::RingAttentionBuffers(B, T, shape_, tp_size_, types_, /*backward=*/true));
-  model::Ptr<A> kv = c.Get<A>("kv"), kv_next = c.Get<A>("kv_next");
-  model::Ptr<G> dkv = c.Get<G>("dkv"), dkv_next = c.Get<G>("dkv_next");
-  const model::Ptr<G> dq = c.Get<G>("dq"), D = c.Get<G>("D");
-  const model::Ptr<A> cast = c.Get<A>("cast");
-  // D over all T rows at once: the two chunks' rows lie as one block's would.
-  AttentionBlock whole = BlockOf(B, T, NH, KVH, HS, AttentionMask::kNone);
-  whole.Tq = whole.Tk = T;
-  ops.AttentionRowDot(D, dout, out, whole, stream);
-  CopyRows(kv, 2 * KV, qkv + Q, W, 2 * KV, N, stream);
-  backend_->Zero(dkv, N * 2 * KV, stream);
-  backend_->Zero(dq, N * Q, stream);
-  for (int step = 0; step < size(); ++step) {
-    for (const Pair& p : PairsAt(step)) {
-      const AttentionBlock b = BlockOf(B, T, NH, KVH, HS, p.mask);
-      const model::Ptr<const A> q = qkv + p.q * L * W, k = kv + p.k * L * 2 * KV, v = k + KV;
-      const model::Ptr<G> dk = dkv + p.k * L * 2 * KV;
-      ops.AttentionBlockBackward(dq + p.q * L * Q, dk, dk + KV, dout + p.q * L * Q, q, k, v, state + p.q * L,
-                                 D + p.q * L, b, stream);
-    }
-    // The block moves on with its gradients; after the last step they go on to the
-    // block's owner, the next rank.
-    if (step + 1 < size()) {
-      Pass<A>(kv, kv_next, N * 2 * KV, stream);
-      std::swap(kv, kv_next);
-    }
-    Pass<G>(dkv, dkv_next, N * 2 * KV, stream);
-    std::swap(dkv, dkv_next);
-  }
-  ops.Cast(cast, dq, N * Q, stream);
-  CopyRows(dqkv, W, cast, Q, Q, N, stream);
-  ops.Cast(cast, dkv, N * 2 * KV, stream);
-  CopyRows(dqkv + Q, W, cast, 2 * KV, 2 * KV, N, stream);
+  Backward(ops, dqkv, scratch, dout, qkv, out, B, T, NH, KVH, HS, stream,
+           [&](int step, model::Ptr<const A> kv, model::Ptr<G> dkv, const model::Carving& c) {
+             const model::Ptr<G> dq = c.Get<G>("dq"), D = c.Get<G>("D");
+             for (const Pair& p : PairsAt(step)) {
+               const AttentionBlock b = BlockOf(B, T, NH, KVH, HS, p.mask);
+               const model::Ptr<const A> q = qkv + p.q * L * W, k = kv + p.k * L * 2 * KV, v = k + KV;
+               const model::Ptr<G> dk = dkv + p.k * L * 2 * KV;
+               ops.AttentionBlockBackward(dq + p.q * L * Q, dk, dk + KV, dout + p.q * L * Q, q, k, v, state + p.q * L,
+                                          D + p.q * L, b, stream);
+             }
+           });
 }
 
 template <class P>
@@ -173,29 +215,23 @@ void RingAttention<P>::DocumentAttentionForward(kernels::Ops<P>& ops, model::Ptr
                                                 runtime::Stream& stream) {
   const int64_t W = int64_t(NH + 2 * KVH) * HS, Q = int64_t(NH) * HS, KV = int64_t(KVH) * HS;
   const std::vector<model::Segment> segments = model::SegmentsOf(documents, B, T, rank(), size());
-  const model::Carving c(scratch, api::RingAttentionBuffers(B, T, shape_, tp_size_, types_, /*backward=*/false));
-  model::Ptr<A> kv = c.Get<A>("kv"), kv_next = c.Get<A>("kv_next");
-  const model::Ptr<G> merged = c.Get<G>("out"), block_out = c.Get<G>("block_out"), block_lse = c.Get<G>("block_lse");
-  CopyRows(kv, 2 * KV, qkv + Q, W, 2 * KV, int64_t(B) * T, stream);
-  for (int step = 0; step < size(); ++step) {
-    for (const DocumentPair& p : DocumentPairsAt(step, segments, T)) {
-      AttentionBlock b = BlockOf(B, T, NH, KVH, HS, p.mask);
-      b.B = 1, b.Tq = int(p.rows), b.Tk = int(p.keys);
-      const int64_t row = int64_t(p.b) * T + p.row, stat = int64_t(p.b) * NH * T + p.row;
-      const model::Ptr<const A> q = qkv + row * W, k = kv + (int64_t(p.b) * T + p.key) * 2 * KV, v = k + KV;
-      if (p.first) {
-        ops.AttentionBlockForward(merged + row * Q, state + stat, q, k, v, b, stream);
-      } else {
-        ops.AttentionBlockForward(block_out + row * Q, block_lse + stat, q, k, v, b, stream);
-        ops.AttentionMerge(merged + row * Q, state + stat, block_out + row * Q, block_lse + stat, b, stream);
-      }
-    }
-    if (step + 1 < size()) {
-      Pass<A>(kv, kv_next, int64_t(B) * T * 2 * KV, stream);
-      std::swap(kv, kv_next);
-    }
-  }
-  ops.Cast(out, merged, int64_t(B) * T * Q, stream);
+  Forward(ops, out, scratch, qkv, B, T, NH, KVH, HS, stream,
+          [&](int step, model::Ptr<const A> kv, const model::Carving& c) {
+            const model::Ptr<G> merged = c.Get<G>("out"), block_out = c.Get<G>("block_out");
+            const model::Ptr<G> block_lse = c.Get<G>("block_lse");
+            for (const DocumentPair& p : DocumentPairsAt(step, segments, T)) {
+              AttentionBlock b = BlockOf(B, T, NH, KVH, HS, p.mask);
+              b.B = 1, b.Tq = int(p.rows), b.Tk = int(p.keys);
+              const int64_t row = int64_t(p.b) * T + p.row, stat = int64_t(p.b) * NH * T + p.row;
+              const model::Ptr<const A> q = qkv + row * W, k = kv + (int64_t(p.b) * T + p.key) * 2 * KV, v = k + KV;
+              if (p.first) {
+                ops.AttentionBlockForward(merged + row * Q, state + stat, q, k, v, b, stream);
+              } else {
+                ops.AttentionBlockForward(block_out + row * Q, block_lse + stat, q, k, v, b, stream);
+                ops.AttentionMerge(merged + row * Q, state + stat, block_out + row * Q, block_lse + stat, b, stream);
+              }
+            }
+          });
 }
 
 template <class P>
@@ -205,40 +241,20 @@ void RingAttention<P>::DocumentAttentionBackward(kernels::Ops<P>& ops, model::Pt
                                                  int NH, int KVH, int HS, const model::Documents& documents,
                                                  runtime::Stream& stream) {
   const int64_t W = int64_t(NH + 2 * KVH) * HS, Q = int64_t(NH) * HS, KV = int64_t(KVH) * HS;
-  const int64_t N = int64_t(B) * T;
   const std::vector<model::Segment> segments = model::SegmentsOf(documents, B, T, rank(), size());
-  const model::Carving c(scratch, api::RingAttentionBuffers(B, T, shape_, tp_size_, types_, /*backward=*/true));
-  model::Ptr<A> kv = c.Get<A>("kv"), kv_next = c.Get<A>("kv_next");
-  model::Ptr<G> dkv = c.Get<G>("dkv"), dkv_next = c.Get<G>("dkv_next");
-  const model::Ptr<G> dq = c.Get<G>("dq"), D = c.Get<G>("D");
-  const model::Ptr<A> cast = c.Get<A>("cast");
-  AttentionBlock whole = BlockOf(B, T, NH, KVH, HS, AttentionMask::kNone);
-  whole.Tq = whole.Tk = T;
-  ops.AttentionRowDot(D, dout, out, whole, stream);
-  CopyRows(kv, 2 * KV, qkv + Q, W, 2 * KV, N, stream);
-  backend_->Zero(dkv, N * 2 * KV, stream);
-  backend_->Zero(dq, N * Q, stream);
-  for (int step = 0; step < size(); ++step) {
-    for (const DocumentPair& p : DocumentPairsAt(step, segments, T)) {
-      AttentionBlock b = BlockOf(B, T, NH, KVH, HS, p.mask);
-      b.B = 1, b.Tq = int(p.rows), b.Tk = int(p.keys);
-      const int64_t row = int64_t(p.b) * T + p.row, stat = int64_t(p.b) * NH * T + p.row;
-      const int64_t key = (int64_t(p.b) * T + p.key) * 2 * KV;
-      const model::Ptr<const A> q = qkv + row * W, k = kv + key, v = k + KV;
-      ops.AttentionBlockBackward(dq + row * Q, dkv + key, dkv + key + KV, dout + row * Q, q, k, v, state + stat,
-                                 D + stat, b, stream);
-    }
-    if (step + 1 < size()) {
-      Pass<A>(kv, kv_next, N * 2 * KV, stream);
-      std::swap(kv, kv_next);
-    }
-    Pass<G>(dkv, dkv_next, N * 2 * KV, stream);
-    std::swap(dkv, dkv_next);
-  }
-  ops.Cast(cast, dq, N * Q, stream);
-  CopyRows(dqkv, W, cast, Q, Q, N, stream);
-  ops.Cast(cast, dkv, N * 2 * KV, stream);
-  CopyRows(dqkv + Q, W, cast, 2 * KV, 2 * KV, N, stream);
+  Backward(ops, dqkv, scratch, dout, qkv, out, B, T, NH, KVH, HS, stream,
+           [&](int step, model::Ptr<const A> kv, model::Ptr<G> dkv, const model::Carving& c) {
+             const model::Ptr<G> dq = c.Get<G>("dq"), D = c.Get<G>("D");
+             for (const DocumentPair& p : DocumentPairsAt(step, segments, T)) {
+               AttentionBlock b = BlockOf(B, T, NH, KVH, HS, p.mask);
+               b.B = 1, b.Tq = int(p.rows), b.Tk = int(p.keys);
+               const int64_t row = int64_t(p.b) * T + p.row, stat = int64_t(p.b) * NH * T + p.row;
+               const int64_t key = (int64_t(p.b) * T + p.key) * 2 * KV;
+               const model::Ptr<const A> q = qkv + row * W, k = kv + key, v = k + KV;
+               ops.AttentionBlockBackward(dq + row * Q, dkv + key, dkv + key + KV, dout + row * Q, q, k, v,
+                                          state + stat, D + stat, b, stream);
+             }
+           });
 }
 
 template class RingAttention<kernels::Fp32>;

@@ -15,10 +15,15 @@
 // group's stream collectives, as one batch: on NCCL a grouped call; on the host
 // implementation, which runs a group's operations one at a time, even ranks send first
 // and odd ranks receive first, so that no cycle of waiting sends forms. The passes run
-// on the compute stream, between the blocks' kernels.
+// on a stream of their own (ring_), ordered against the compute stream by events: the
+// next block comes in while the current one's attention runs (forward and backward); the
+// key/value gradients, which each step's blocks add to, go on after them.
 // Thread-safety: as model::ContextParallelGroup (one thread issues its calls).
 
 #pragma once
+
+#include <memory>
+#include <vector>
 
 #include "api/model_family.h"
 #include "worker/comm/stream_collectives.h"
@@ -78,9 +83,20 @@ class RingAttention final : public model::ContextParallelGroup<P> {
     bool first;
   };
   std::vector<DocumentPair> DocumentPairsAt(int step, const std::vector<model::Segment>& segments, int T) const;
-  // n elements of `send` to the next rank, as many from the previous one into `recv`.
+  // n elements of `send` to the next rank, as many from the previous one into `recv`, on
+  // the ring stream once `stream` has reached this point; passed_ marks the end. The
+  // caller makes `stream` wait for passed_ before it reads `recv` or writes `send`.
   template <class T>
-  void Pass(model::Ptr<const T> send, model::Ptr<T> recv, int64_t n, runtime::Stream& stream);
+  void StartPass(model::Ptr<const T> send, model::Ptr<T> recv, int64_t n, runtime::Stream& stream);
+  // The two rings, their setup and their passes, around the blocks of a step (the
+  // causal pairs or the documents'); see the .cc.
+  template <class Blocks>
+  void Forward(kernels::Ops<P>& ops, model::Ptr<A> out, runtime::DeviceBytes scratch, model::Ptr<const A> qkv, int B,
+               int T, int NH, int KVH, int HS, runtime::Stream& stream, Blocks&& blocks);
+  template <class Blocks>
+  void Backward(kernels::Ops<P>& ops, model::Ptr<A> dqkv, runtime::DeviceBytes scratch, model::Ptr<const A> dout,
+                model::Ptr<const A> qkv, model::Ptr<const A> out, int B, int T, int NH, int KVH, int HS,
+                runtime::Stream& stream, Blocks&& blocks);
   // rows (B*T) of `width` elements from `from` (a row every from_row) to `to` (a row
   // every to_row).
   void CopyRows(model::Ptr<A> to, int64_t to_row, model::Ptr<const A> from, int64_t from_row, int64_t width,
@@ -91,6 +107,8 @@ class RingAttention final : public model::ContextParallelGroup<P> {
   api::ModelShape shape_;
   int tp_size_;
   api::EngineTypes types_;
+  std::unique_ptr<runtime::Stream> ring_;  // the passes, beside the blocks' kernels
+  std::unique_ptr<runtime::Event> ready_, passed_;
 };
 
 }  // namespace meshtrain::parallel
