@@ -247,6 +247,11 @@ class ModelFamily {
   // Whether its MLP is a mixture of experts (ModelShape::experts and the fields after it);
   // a family without takes none of spec.model's expert fields.
   virtual bool HasExperts() const { return false; }
+  // For a mixture of experts, the dense model of the same active parameters (what its
+  // speed is measured against: `meshtrain bench train`): the same attention and an MLP as
+  // wide as the k experts a token meets, in the dense family of its class; nullopt for a
+  // dense family.
+  virtual std::optional<ModelShape> DenseOfSameActive(const ModelShape&) const { return std::nullopt; }
   // Whether max_positions sizes a weight (GPT-2's position table); else two shapes that
   // differ only in it have the same weights.
   virtual bool LearnsPositions() const = 0;

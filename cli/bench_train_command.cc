@@ -17,6 +17,7 @@
 #include <random>
 #include <thread>
 
+#include "api/json_codec.h"
 #include "api/manifest.h"
 #include "api/engine_memory.h"
 #include "api/model_shape.h"
@@ -297,6 +298,31 @@ int BenchTrainOneRank(const BenchTrainOptions& o, const api::ModelShape& preset,
                 100 * gflops / rate);
   out << line;
   out << (cuda ? "device memory peak: " : "memory: ") << train::FormatMemory(m) << "\n";
+
+  // A mixture of experts against the dense model of its active parameters, on the same
+  // tokens, batches and steps.
+  const std::optional<api::ModelShape> dense = shape.Family().DenseOfSameActive(shape);
+  if (!dense) return kExitOk;
+  nlohmann::json dense_manifest = manifest;
+  nlohmann::json& model = dense_manifest["spec"]["model"];
+  model = api::ToJson(api::SpecOfShape(*dense));
+  model["seqLen"] = o.seq;
+  const api::CheckedJob dense_job = api::CheckTrainingJob(dense_manifest, "bench (dense)", 0);
+  if (!dense_job.ok()) {
+    out << "bench train (the dense model): " << dense_job.errors.front().ToString() << "\n";
+    return kExitInvalid;
+  }
+  train::Trainer dense_trainer(dense_job.job, nullptr, device);
+  for (int i = 0; i < o.warmup; ++i) dense_trainer.Step();
+  const auto dense_start = Clock::now();
+  for (int i = 0; i < o.steps; ++i) dense_trainer.Step();
+  const double dense_tokens_per_second = tokens / (SecondsSince(dense_start) / o.steps);
+  std::snprintf(line, sizeof line, "dense model of the same active parameters (%.1fM parameters, %.2f MFLOP per token): ",
+                double(dense->ParameterCount()) / 1e6, dense->TrainingFlopsPerToken(o.seq) / 1e6);
+  out << line << api::DescribeShape(*dense) << "\n";
+  std::snprintf(line, sizeof line, "%s %.0f tokens/s against the dense model's %.0f: %.2fx\n", o.model.c_str(),
+                tokens_per_second, dense_tokens_per_second, tokens_per_second / dense_tokens_per_second);
+  out << line;
   return kExitOk;
 }
 

@@ -47,6 +47,18 @@ class MoeFamily final : public LlamaFamily {
 
   bool HasExperts() const override { return true; }
 
+  // Mixtral's attention is Mistral's without its window; Qwen3-MoE's is Qwen3's.
+  std::optional<ModelShape> DenseOfSameActive(const ModelShape& shape) const override {
+    ModelShape d = shape.Resolved();
+    d.family = m_.qwen ? "qwen3" : "llama";
+    d.intermediate = d.experts_per_token * d.moe_intermediate;
+    d.experts = d.experts_per_token = d.moe_intermediate = 0;
+    d.norm_topk_prob = true;
+    d.decoder_sparse_step = 1;
+    d.mlp_only_layers.clear();
+    return d;
+  }
+
   void Resolve(ModelShape* s) const override {
     LlamaFamily::Resolve(s);
     if (!m_.qwen) {

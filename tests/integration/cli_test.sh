@@ -484,6 +484,13 @@ expect "bench train reports throughput, MFU and memory" 0 'model gpt2-tiny \(0.8
   '[0-9]+ tokens/s' 'achieved [0-9.]+ GFLOP/s' 'MFU: not counted \(no dense fp32 peak is known for a CPU\)' \
   'matrix rate: OpenBLAS sgemm at the model.s shapes, 64 tokens x \(128x384, 128x128, 128x512, 512x128, 128x256\): [0-9.]+ GFLOP/s; the step reaches [0-9.]+% of it' 'memory: params [0-9.]+ MiB, grads' \
   -- "$meshtrain" bench train --model gpt2-tiny --batch 2 --seq 32 --steps 2
+expect "bench train measures a mixture of experts against the dense model of its active parameters" 0 \
+  'model moe-tiny \([0-9.]+M parameters\), batch 2 x seq 32' \
+  'dense model of the same active parameters \([0-9.]+M parameters, [0-9.]+ MFLOP per token\): llama: .*MLP 96' \
+  'moe-tiny [0-9]+ tokens/s against the dense model.s [0-9]+: [0-9.]+x' \
+  -- "$meshtrain" bench train --model moe-tiny --batch 2 --seq 32 --steps 2
+expect "bench train keeps to one model for a dense one" 0 '!dense model of the same active' \
+  -- "$meshtrain" bench train --model gpt2-tiny --batch 2 --seq 32 --steps 1
 expect "bench train runs sharded ranks beside replicated ones and prints the ratios" 0 \
   'model gpt2-tiny \(0.8M parameters\), 2 ranks x batch 2 x seq 32 a step, fp32 on CPU' \
   'sharded: 2 ranks, tp 1, shard groups of 2, keep all: [0-9]+ tokens/s' 'replicated: 2 ranks, tp 1, shard groups of 1, keep all: [0-9]+ tokens/s' \
