@@ -262,11 +262,15 @@ api::TrainingJob CheckedJob(const nlohmann::json& manifest) {
 struct Run {
   std::vector<double> losses;
   std::vector<float> weights;
+  std::vector<std::map<int, train::StepReport::ExpertLoad>> expert_loads;  // each step's
 };
 
 Run Train(train::Trainer& trainer) {
   Run run;
-  trainer.Run([&](const train::StepReport& r) { run.losses.push_back(r.loss); });
+  trainer.Run([&](const train::StepReport& r) {
+    run.losses.push_back(r.loss);
+    run.expert_loads.push_back(r.expert_load);
+  });
   run.weights = trainer.Weights();
   return run;
 }
@@ -361,6 +365,23 @@ int RunRank(const Options& o) {
     return o.mode == "kill" && named ? kExitNamedFailure : 1;
   }
   engine.set_observer(nullptr);  // the streams are drained: no callback is in flight
+  // A mixture of experts counts each block's tokens per expert: every block of this rank's
+  // stage, each seeing the step's tokens k times (the same count in every block), the
+  // busiest expert at least the mean; a dense model counts none.
+  const bool experts = o.family == "mixtral" || o.family == "qwen3_moe";
+  for (const auto& loads : run.expert_loads) {
+    const size_t blocks = size_t(o.layers);  // a pipeline's stage holds some of them
+    const bool staged = job.spec.parallelism.pipeline_parallel_degree > 1;
+    bool ok = experts ? (staged ? !loads.empty() && loads.size() < blocks : loads.size() == blocks) : loads.empty();
+    for (const auto& [block, load] : loads) {
+      ok = ok && load.max >= load.mean && load.mean > 0 && load.mean == loads.begin()->second.mean;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "rank %d: FAILED: expert counts of %zu blocks (expected %zu) are not the step's tokens\n",
+                   env.rank, loads.size(), experts ? blocks : 0);
+      return 1;
+    }
+  }
   // Context parallelism's exchanges are counted (meshtrain_comm_seconds_total{op="ring"}
   // or {op="all_to_all"}), each under its own mode's name.
   if (o.context > 1) {

@@ -33,6 +33,7 @@
 #include "worker/train/safetensors.h"
 #include "worker/train/schedule.h"
 #include "worker/train/token_file.h"
+#include "worker/train/trainer.h"
 
 namespace meshtrain::train {
 namespace {
@@ -709,6 +710,30 @@ TEST(MakeEngine, TheActivationPolicyIsTheSpecs) {
   p.activation_offloading = true;
   p.activation_loading_horizon = 3;
   EXPECT_EQ(ActivationPolicyOf(p), (parallel::ActivationPolicy{true, true, 3}));
+}
+
+}  // namespace
+}  // namespace meshtrain::train
+
+namespace meshtrain::train {
+namespace {
+
+// The step line keeps its start and its evaluation field, then a pipeline's bubbles, and
+// ends with the most imbalanced mixture-of-experts block's max/mean.
+TEST(StepLine, ExpertsLoadComesLastAsTheWorstBlocksMaxOverMean) {
+  StepReport r;
+  r.step = 3, r.steps = 10, r.loss = 2.5, r.learning_rate = 1e-3, r.grad_norm = 0.5, r.tokens_per_second = 1000;
+  r.validation_loss = 2.25;
+  EXPECT_EQ(FormatStepReport(r), "step     3/10 | loss 2.5000 | lr 1.00e-03 | norm 0.500 | 1000 tok/s | val loss 2.2500");
+  r.expert_load[0] = {.max = 30, .mean = 25};
+  r.expert_load[1] = {.max = 40, .mean = 25};  // the worse: 1.6
+  r.stage_bubbles = {0.25, 0.5};
+  r.bubble_model = 0.3;
+  EXPECT_EQ(FormatStepReport(r),
+            "step     3/10 | loss 2.5000 | lr 1.00e-03 | norm 0.500 | 1000 tok/s | val loss 2.2500"
+            " | bubble by stage 25% 50% (model 30%) | experts max/mean 1.60");
+  EXPECT_DOUBLE_EQ(r.expert_load[1].imbalance(), 1.6);
+  EXPECT_EQ(StepReport::ExpertLoad{}.imbalance(), 0);  // an expert-less block: no ratio
 }
 
 }  // namespace

@@ -103,6 +103,18 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
                         .Register(*registry_)),
       bubble_model_(NewGauge(*registry_, "meshtrain_pipeline_bubble_model_ratio",
                              "The schedule's model of the bubble, (P-1)/(VM+P-1); 0 without a pipeline.", labels)),
+      expert_tokens_(BuildGauge()
+                         .Name("meshtrain_moe_tokens_per_expert")
+                         .Help("A mixture of experts' block's busiest expert's tokens (stat max) and its experts' "
+                               "mean (stat mean), the last step on this rank, by block.")
+                         .Labels(labels)
+                         .Register(*registry_)),
+      expert_imbalance_(BuildGauge()
+                            .Name("meshtrain_moe_expert_imbalance")
+                            .Help("A mixture of experts' block's busiest expert's tokens over the mean, the last step "
+                                  "on this rank, by block (a dense model: layer none, 0).")
+                            .Labels(labels)
+                            .Register(*registry_)),
       checkpoint_seconds_(NewHistogram(*registry_, "meshtrain_checkpoint_seconds",
                                        "Seconds to write a checkpoint, from the snapshot to the files in place.",
                                        labels)),
@@ -168,6 +180,14 @@ void TrainingMetrics::Step(const train::StepReport& report) {
     stage_bubble_.Add({{"stage", std::to_string(stage)}}).Set(report.stage_bubbles[stage]);
   }
   bubble_model_.Set(report.bubble_model);
+  // A dense model has no experts: its one series reads 0, so a dashboard shows every job alike.
+  if (report.expert_load.empty()) expert_imbalance_.Add({{"layer", "none"}}).Set(0);
+  for (const auto& [block, load] : report.expert_load) {
+    const std::string layer = std::to_string(block);
+    expert_tokens_.Add({{"layer", layer}, {"stat", "max"}}).Set(load.max);
+    expert_tokens_.Add({{"layer", layer}, {"stat", "mean"}}).Set(load.mean);
+    expert_imbalance_.Add({{"layer", layer}}).Set(load.imbalance());
+  }
   if (report.checkpoint_stall) checkpoint_stall_seconds_.Observe(*report.checkpoint_stall);
 }
 

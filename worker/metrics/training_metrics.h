@@ -17,11 +17,16 @@
 //   meshtrain_train_resume_damaged_checkpoints            gauge: newer checkpoints that resume skipped
 //   meshtrain_train_model_flops_per_token                 gauge: 6N + 12LTC, the numerator of MFU
 //   meshtrain_train_peak_flops                            gauge: the dense bf16 peak of all the job's devices (0: unknown, as on CPU)
-//   meshtrain_comm_seconds_total{op}                      counter: all_gather, reduce_scatter, all_reduce, and a
-//                                                         pipeline's send and recv
+//   meshtrain_comm_seconds_total{op}                      counter: all_gather, reduce_scatter, all_reduce, a
+//                                                         pipeline's send and recv, context parallelism's
+//                                                         ring and all_to_all
 //   meshtrain_pipeline_wait_seconds_total                 counter: seconds this rank's compute waited on its neighbouring stages
 //   meshtrain_pipeline_bubble_ratio{stage}                gauge: the last step's measured bubble of each stage
 //   meshtrain_pipeline_bubble_model_ratio                 gauge: the schedule's model of it, (P-1)/(VM+P-1)
+//   meshtrain_moe_tokens_per_expert{layer,stat}           gauge: a mixture of experts' block's busiest expert's
+//                                                         tokens (stat "max") and its experts' mean ("mean"),
+//                                                         the last step on this rank
+//   meshtrain_moe_expert_imbalance{layer}                 gauge: the two's ratio (a dense model: layer "none", 0)
 //
 // The operator reads the names of api/worker_contract.h (api::worker::metric) from rank 0
 // to fill a TrainingJob's status.progress.
@@ -84,6 +89,8 @@ class TrainingMetrics {
   prometheus::Counter &send_seconds_, &recv_seconds_, &ring_seconds_, &all_to_all_seconds_, &neighbour_wait_seconds_;
   prometheus::Family<prometheus::Gauge>& stage_bubble_;
   prometheus::Gauge& bubble_model_;
+  prometheus::Family<prometheus::Gauge>& expert_tokens_;
+  prometheus::Family<prometheus::Gauge>& expert_imbalance_;
   prometheus::Histogram &checkpoint_seconds_, &checkpoint_stall_seconds_;
   prometheus::Gauge &checkpoint_last_step_, &checkpoint_bytes_, &resumed_from_step_, &damaged_checkpoints_;
   prometheus::Gauge &model_flops_per_token_, &peak_flops_;

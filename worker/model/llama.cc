@@ -87,7 +87,7 @@ class Llama final : public Model<P> {
     }
     if (moe_.enabled) {  // a mixture of experts' MLP (moe_block.h)
       moe_.Forward(k, acts.parts, into_residual ? acts.output : s.proj, a.mlp_norm,
-                   into_residual ? Ptr<const A>(a.residual2) : nullptr, p, N, C);
+                   into_residual ? Ptr<const A>(a.residual2) : nullptr, p, N, C, d.layer);
       if (into_residual) return;
       AllReduce(k, s.proj, N * C);
       if (dropout) Drop(k, d, kMlpResidual, s.proj, s.proj, C, C, 0);

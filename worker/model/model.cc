@@ -162,6 +162,7 @@ api::EngineTypes TypesOf(kernels::Ops<P>& ops, int B, int T, const api::ModelSha
 Dims Dims::ForLayer(int l) const {
   Dims d = *this;
   d.dropout.key = kernels::MixKey(dropout.key, uint64_t(l));
+  d.layer = l;
   return d;
 }
 

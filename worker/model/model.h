@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -64,6 +65,10 @@ class TensorParallelGroup {
 struct Documents {
   std::vector<std::vector<int64_t>> starts;
 };
+
+// Tokens each expert of each mixture-of-experts block received (by the block's index in
+// the model; E counts each), added up over a step's training forwards on this rank.
+using ExpertCounts = std::map<int, std::vector<int64_t>>;
 
 // A run of one document's rows on this rank: rows [row, row + rows) of sequence b's T on
 // this rank, which are rows [whole, whole + rows) of the whole sequence, of the document
@@ -158,6 +163,9 @@ struct Context {
   // counts per expert); null where the family's layers need none.
   runtime::Backend* backend = nullptr;
   const Documents* documents = nullptr;
+  // Where a training forward adds the tokens each expert of a mixture received (null:
+  // nowhere, as in evaluation and in a checkpointed block's recompute).
+  ExpertCounts* expert_counts = nullptr;
 };
 
 // Causal self-attention as the table's AttentionForward/AttentionBackward give it, or
@@ -236,6 +244,7 @@ struct Dims {
   int query_width() const { return heads() * HS; }
   int kv_width() const { return kv_heads() * HS; }
   int hidden_units() const { return H / tp.size; }
+  int layer = -1;  // the block these dims are for (ForLayer); -1 outside blocks
   // These dims for block l: its own dropout masks.
   Dims ForLayer(int l) const;
   // The dims of `shape` for micro-batches of B x T on `tp`.

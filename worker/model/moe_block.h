@@ -39,15 +39,21 @@ class MoeBlock {
   bool enabled = false;
 
   // out (N,C) = the layer applied to x (N,C), plus residual (N,C; nullable; may be out);
-  // acts: the block's activations (api::BlockActivationBuffers).
+  // acts: the block's activations (api::BlockActivationBuffers). Each expert's tokens are
+  // added to k.expert_counts[layer] where there is such a sink.
   void Forward(const Context<P>& k, const Carving& acts, Ptr<A> out, Ptr<const A> x, Ptr<const A> residual,
-               Ptr<const A> p, int64_t N, int C) const {
+               Ptr<const A> p, int64_t N, int C, int layer) const {
     kernels::Ops<P>& ops = k.ops;
     const Parts a = PartsOf(acts);
     ops.MatmulForward(a.logits, nullptr, x, p + router_, nullptr, nullptr, N, C, E_, k.stream);
     ops.RouterTopKForward(a.probs, a.experts, a.weights, a.logits, N, E_, K_, renormalize_, k.stream);
     ops.MoePermutePlan(a.counts, a.positions, a.experts, N, K_, E_, k.stream);
     const std::vector<int32_t> counts = HostCounts(k, a.counts);
+    if (k.expert_counts != nullptr) {
+      std::vector<int64_t>& sum = (*k.expert_counts)[layer];
+      sum.resize(size_t(E_), 0);
+      for (int e = 0; e < E_; ++e) sum[size_t(e)] += counts[size_t(e)];
+    }
     ops.MoePermute(a.xs, x, a.positions, N, K_, C, k.stream);
     ops.GroupedMatmulForward(a.gate_up, a.xs, p + gate_up_, counts.data(), E_, C, 2 * I_, k.stream);
     ops.SwiGluForward(a.swiglu, a.gate_up, N * K_, I_, k.stream);

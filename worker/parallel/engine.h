@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -201,6 +202,10 @@ class Engine {
   virtual std::vector<float> Weights() = 0;
   // Waits for the engine's streams.
   virtual CommStats comm_stats() = 0;
+  // The tokens each expert of each mixture-of-experts block on this rank received in the
+  // training forwards since the last call (by block, E counts each; empty for a dense
+  // model), and starts counting again.
+  virtual std::map<int, std::vector<int64_t>> TakeExpertCounts() { return {}; }
   // Copies this rank's optimizer state into `into`, reusing its memory when it is the
   // engine's (checkpoints write it in the background). Waits for the copies.
   virtual void Snapshot(ShardState* into) = 0;

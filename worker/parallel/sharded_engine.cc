@@ -396,7 +396,8 @@ void ShardedEngine<P>::ChunkForward(int c, int lane, const MicroBatch& m, HeadWo
   const int a = first_[size_t(c)], b = first_[size_t(c) + 1], H = layout_.head_unit();
   const bool embeds = c == 0, ends = c + 1 == chunks();  // the chunk holds the embedding, the head
   const model::Dims d = DimsOf(m.B, m.T, head == HeadWork::kTrain ? &m.key : nullptr);
-  const model::Context<P> k = Context(m.documents);
+  model::Context<P> k = Context(m.documents);
+  if (head == HeadWork::kTrain) k.expert_counts = &expert_counts_;
   if (embeds) GatherEdge(0);  // block a is gathered already (Unshard)
   if (embeds) {
     WaitTimed(Embedding().ready());

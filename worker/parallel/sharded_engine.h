@@ -50,9 +50,11 @@
 
 #include <array>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "worker/kernels/ops.h"
@@ -103,6 +105,7 @@ class ShardedEngine final : public Engine, private ChunkCompute {
   std::vector<float> NextTokenProbabilities(const int32_t* tokens, int n) override;
   std::vector<float> Weights() override;
   CommStats comm_stats() override;
+  std::map<int, std::vector<int64_t>> TakeExpertCounts() override { return std::exchange(expert_counts_, {}); }
   void Snapshot(ShardState* into) override;
   void Restore(const WholeState& whole) override;
   void RestoreShards(const ShardFill& fill) override;
@@ -182,6 +185,7 @@ class ShardedEngine final : public Engine, private ChunkCompute {
   std::unique_ptr<runtime::StreamTimer> exposed_;
   std::unique_ptr<TensorParallel> tp_;  // null without tensor parallelism
   std::unique_ptr<model::ContextParallelGroup<P>> cp_;  // null without context parallelism
+  model::ExpertCounts expert_counts_;  // the training forwards' since TakeExpertCounts
   // The step buffer (api::StepBuffers): tokens, targets, scalars, segment tables, RoPE's table.
   runtime::DeviceArray<std::byte> step_;
   // With documents under context parallelism: the family's buffers for every position of

@@ -152,6 +152,13 @@ std::string FormatStepReport(const StepReport& r) {
     for (double b : r.stage_bubbles) text += " " + std::to_string(int(std::lround(100 * b))) + "%";
     text += " (model " + std::to_string(int(std::lround(100 * r.bubble_model))) + "%)";
   }
+  if (!r.expert_load.empty()) {
+    double worst = 0;
+    for (const auto& [block, load] : r.expert_load) worst = std::max(worst, load.imbalance());
+    char experts[48];
+    std::snprintf(experts, sizeof experts, " | experts max/mean %.2f", worst);
+    text += experts;
+  }
   return text;
 }
 
@@ -305,6 +312,11 @@ StepReport Trainer::Step() {
   report.grad_norm = engine_->GradNorm();
   report.step = step_;
   report.comm = engine_->comm_stats() - comm_before;
+  for (const auto& [block, counts] : engine_->TakeExpertCounts()) {
+    StepReport::ExpertLoad& load = report.expert_load[block];
+    for (int64_t c : counts) load.max = std::max(load.max, double(c)), load.mean += double(c);
+    if (!counts.empty()) load.mean /= double(counts.size());
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report.seconds = seconds;
   report.tokens_per_second = double(tokens_per_step_) / seconds;

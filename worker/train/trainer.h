@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -53,10 +54,18 @@ struct StepReport {
   // of it (api::BubbleFraction).
   std::vector<double> stage_bubbles;
   double bubble_model = 0;
+  // A mixture of experts: each of this rank's sparse blocks (by block; its stage's in a
+  // pipeline), its busiest expert's tokens this step and the mean over its experts.
+  struct ExpertLoad {
+    double max = 0, mean = 0;
+    double imbalance() const { return mean > 0 ? max / mean : 0; }
+  };
+  std::map<int, ExpertLoad> expert_load;
 };
 
 // "step    12/300 | loss 3.1234 | lr 3.00e-03 | norm 1.234 | 14000 tok/s[ | val loss 3.0123]"
-// and in a pipeline "[ | bubble by stage 31% 22% 14% 6% (model 27%)]".
+// then in a pipeline "[ | bubble by stage 31% 22% 14% 6% (model 27%)]", and for a mixture
+// of experts "[ | experts max/mean 1.42]" (the most imbalanced block's).
 std::string FormatStepReport(const StepReport& report);
 
 // Peak bytes held, by the categories of docs/design.md's memory accounting ("The device seam").
