@@ -61,16 +61,7 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   const model::TpSlice tp{mesh_->tp_rank(), mesh_->tp_size(), options.vocab_multiple};
   const int C = mesh_->context_size();
   const bool all_to_all = C > 1 && options.context_all_to_all;
-  if (all_to_all) {  // before the types, which split the heads
-    for (const int64_t heads : {s.heads, s.KvHeads()}) {
-      if (heads % tp.size != 0 || (heads / tp.size) % C != 0) {
-        throw std::invalid_argument("spec.parallelism.contextParallelDegree: must divide the model's heads (" +
-                                    std::to_string(s.heads) + ") and key/value heads (" +
-                                    std::to_string(s.KvHeads()) + ") per TP rank (T = " + std::to_string(tp.size) +
-                                    ") with contextParallelMode AllToAll, got " + std::to_string(C));
-      }
-    }
-  }
+  if (all_to_all) UlyssesAttention<P>::CheckHeads(s, tp.size, C);  // before the types, which split the heads
   api::EngineTypes types = model::TypesOf(*ops_, batch, seq, s, tp.size, C, all_to_all);
   types.vocab_multiple = options.vocab_multiple;
   const int heads = int(s.heads) / tp.size;

@@ -25,8 +25,13 @@ UlyssesAttention<P>::UlyssesAttention(comm::StreamCollectives* group, runtime::B
                                       const api::ModelShape& shape, int tp_size, const api::EngineTypes& types)
     : group_(group), backend_(backend), shape_(shape.Resolved()), tp_size_(tp_size), types_(types) {
   if (group_ == nullptr || group_->size() < 2) throw std::logic_error("UlyssesAttention needs a group of two or more");
-  const int C = group_->size();
-  for (const auto& [field, heads] : {std::pair{"heads", shape_.heads}, std::pair{"kvHeads", shape_.KvHeads()}}) {
+  CheckHeads(shape_, tp_size, group_->size());
+}
+
+template <class P>
+void UlyssesAttention<P>::CheckHeads(const api::ModelShape& shape, int tp_size, int C) {
+  const api::ModelShape s = shape.Resolved();
+  for (const auto& [field, heads] : {std::pair{"heads", s.heads}, std::pair{"kvHeads", s.KvHeads()}}) {
     if (heads % tp_size == 0 && (heads / tp_size) % C == 0) continue;
     throw std::invalid_argument("spec.parallelism.contextParallelDegree: must divide the model's " +
                                 std::string(field) + " per TP rank (" + std::to_string(heads) + " / " +

@@ -39,6 +39,9 @@ class UlyssesAttention final : public model::ContextParallelGroup<P> {
   // REQUIRES: group and backend outlive this.
   UlyssesAttention(comm::StreamCollectives* group, runtime::Backend* backend, const api::ModelShape& shape,
                    int tp_size, const api::EngineTypes& types);
+  // Throws std::invalid_argument naming spec.parallelism.contextParallelDegree unless C
+  // divides `shape`'s heads and key/value heads on each of `tp_size` TP ranks.
+  static void CheckHeads(const api::ModelShape& shape, int tp_size, int C);
 
   int rank() const override { return group_->rank(); }
   int size() const override { return group_->size(); }
