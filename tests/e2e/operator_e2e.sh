@@ -18,6 +18,16 @@ cleanup() {
   # A rank the hang scenario stopped takes no SIGTERM: one that failed the scenario goes here.
   if [ -n "${stopped_rank:-}" ]; then kill -9 "$stopped_rank" 2>/dev/null || true; fi
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  # What does not end within 20 s of SIGTERM is named and killed, so that a process stuck
+  # on its way out shows in the log rather than holding the test to ctest's timeout.
+  local deadline=$((SECONDS + 20)) p
+  for p in "${pids[@]}"; do
+    while kill -0 "$p" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.1; done
+    if kill -0 "$p" 2>/dev/null; then
+      echo "cleanup ($scenario): pid $p did not end within 20 s of SIGTERM, killed: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)" >&2
+      kill -9 "$p" 2>/dev/null || true
+    fi
+  done
   wait 2>/dev/null || true
   rm -rf "$work"
 }
