@@ -27,7 +27,7 @@ void DeriveBatch(TrainingJobSpec& spec, bool global_written, bool micro_written,
   const std::optional<int64_t>& seq = spec.model.seq_len;
   if (!seq || *seq < 1 || *seq > kMaxSeqLen ||
       !ParallelLayout::Check(spec.nodes, spec.gpus_per_node, p.tensor_parallel_degree, p.hybrid_shard_degree,
-                             p.pipeline_parallel_degree, p.context_parallel_degree)
+                             p.pipeline_parallel_degree, p.context_parallel_degree, p.expert_parallel_degree)
            .empty()) {
     return;
   }

@@ -111,12 +111,11 @@ void Fields(S& s, V& v) {
   v("pipelineVirtualStages", s.pipeline_virtual_stages);
   v("contextParallelDegree", s.context_parallel_degree, {"context_parallel_degree"});
   v("contextParallelMode", s.context_parallel_mode);
+  v("expertParallelDegree", s.expert_parallel_degree, {"expert_parallel_degree"});
   // SMP switches that do not change meshtrain's behaviour: its caches never
   // flush, and padded shards may be empty.
   v.IgnoredFlag("fsdp_cache_flush_warnings");
   v.IgnoredFlag("allow_empty_shards");
-  // SMP features meshtrain does not have: accepted only at their "off" value.
-  v.OnlyValue("expert_parallel_degree", 1);
 }
 
 template <Is<CheckpointSpec> S, class V>
@@ -234,6 +233,7 @@ void Fields(S& s, V& v) {
   v("activationLoadingHorizon", s.activation_loading_horizon);
   v("contextParallelDegree", s.context_parallel_degree);
   v("contextParallelMode", s.context_parallel_mode);
+  v("expertParallelDegree", s.expert_parallel_degree);
   v("device", s.device);
   v("predictedMemoryBytes", s.predicted_memory_bytes);
   v("predictedStepSeconds", s.predicted_step_seconds);

@@ -15,12 +15,14 @@ const char* AxisName(Axis axis) {
     case Axis::kReplica: return "replica";
     case Axis::kPipeline: return "pipeline";
     case Axis::kContext: return "context";
+    case Axis::kExpert: return "expert";
+    case Axis::kExpertShard: return "expert-shard";
   }
   return "?";
 }
 
 FieldErrors ParallelLayout::Check(int64_t nodes, int64_t gpus_per_node, int64_t tp, int64_t hybrid_shard,
-                                  int64_t pipeline, int64_t context) {
+                                  int64_t pipeline, int64_t context, int64_t expert) {
   FieldErrors errors;
   auto fail = [&](std::string path, std::string message) { errors.push_back({std::move(path), std::move(message)}); };
   if (nodes < 1 || nodes > kMaxNodes) {
@@ -36,6 +38,9 @@ FieldErrors ParallelLayout::Check(int64_t nodes, int64_t gpus_per_node, int64_t 
   }
   if (context < 1) {
     fail("spec.parallelism.contextParallelDegree", "must be at least 1, got " + std::to_string(context));
+  }
+  if (expert < 1) {
+    fail("spec.parallelism.expertParallelDegree", "must be at least 1, got " + std::to_string(expert));
   }
   if (hybrid_shard < 0) {
     fail("spec.parallelism.hybridShardDegree",
@@ -75,6 +80,14 @@ FieldErrors ParallelLayout::Check(int64_t nodes, int64_t gpus_per_node, int64_t 
              "), got " + std::to_string(hybrid_shard));
     return errors;
   }
+  if ((s * context) % expert != 0) {
+    fail("spec.parallelism.expertParallelDegree",
+         "must divide the ranks of a shard group (hybridShardDegree " + std::to_string(s) +
+             (context > 1 ? " x contextParallelDegree " + std::to_string(context) : "") + " = " +
+             std::to_string(s * context) + "): an expert group is consecutive ranks of one, got " +
+             std::to_string(expert));
+    return errors;
+  }
   const int64_t group_gpus = s * context * tp;
   if (group_gpus % g != 0 && g % group_gpus != 0) {
     fail("spec.parallelism.hybridShardDegree",
@@ -87,8 +100,8 @@ FieldErrors ParallelLayout::Check(int64_t nodes, int64_t gpus_per_node, int64_t 
 }
 
 ParallelLayout::ParallelLayout(int64_t nodes, int64_t gpus_per_node, int64_t tp, int64_t hybrid_shard,
-                               int64_t pipeline, int64_t context) {
-  FieldErrors errors = Check(nodes, gpus_per_node, tp, hybrid_shard, pipeline, context);
+                               int64_t pipeline, int64_t context, int64_t expert) {
+  FieldErrors errors = Check(nodes, gpus_per_node, tp, hybrid_shard, pipeline, context, expert);
   if (!errors.empty()) {
     std::string message = "invalid parallel layout:";
     for (const FieldError& e : errors) message.append(" ").append(e.ToString()).append(";");
@@ -102,12 +115,13 @@ ParallelLayout::ParallelLayout(int64_t nodes, int64_t gpus_per_node, int64_t tp,
   const int dp = world() / (tp_ * pipeline_ * context_);
   shard_ = (hybrid_shard == 0 ? dp : int(hybrid_shard)) * context_;
   replicas_ = dp * context_ / shard_;
+  expert_ = int(expert);
 }
 
 ParallelLayout ParallelLayout::ForSpec(const TrainingJobSpec& spec) {
   return ParallelLayout(spec.nodes, spec.gpus_per_node, spec.parallelism.tensor_parallel_degree,
                         spec.parallelism.hybrid_shard_degree, spec.parallelism.pipeline_parallel_degree,
-                        spec.parallelism.context_parallel_degree);
+                        spec.parallelism.context_parallel_degree, spec.parallelism.expert_parallel_degree);
 }
 
 int ParallelLayout::Degree(Axis axis) const {
@@ -117,6 +131,8 @@ int ParallelLayout::Degree(Axis axis) const {
     case Axis::kReplica: return replicas_;
     case Axis::kPipeline: return pipeline_;
     case Axis::kContext: return context_;
+    case Axis::kExpert: return expert_;
+    case Axis::kExpertShard: return shard_ / expert_;
   }
   return 0;
 }
@@ -146,6 +162,8 @@ std::vector<int> ParallelLayout::GroupOf(Axis axis, int rank) const {
       case Axis::kReplica: c.replica = i; break;
       case Axis::kPipeline: c.pipeline = i; break;
       case Axis::kContext: c.shard = c.shard / context_ * context_ + i; break;
+      case Axis::kExpert: c.shard = c.shard / expert_ * expert_ + i; break;
+      case Axis::kExpertShard: c.shard = c.shard % expert_ + i * expert_; break;
     }
     members.push_back(RankOf(c));
   }

@@ -19,6 +19,12 @@
 // layout's shard coordinate is s*C + c; the S x R data-parallel ranks read different
 // sequences.
 //
+// Expert parallelism (EP = expertParallelDegree) splits each mixture-of-experts block's
+// experts over EP consecutive shard coordinates (an expert group, inside one shard group
+// and so in one node where it fits): member j holds experts [j E/EP, (j+1) E/EP), and the
+// units that hold experts are sharded over the S x C / EP ranks of the shard group that
+// hold the same ones (the expert-shard group: shard coordinates j, j + EP, ...).
+//
 // ParallelLayout is an immutable value; safe to share between threads.
 
 #pragma once
@@ -32,9 +38,12 @@
 
 namespace meshtrain::api {
 
-// kShard: FSDP's group, S x C ranks; kContext: the C ranks that split each sequence.
-enum class Axis { kTensor, kShard, kReplica, kPipeline, kContext };
-const char* AxisName(Axis axis);  // "tp", "shard", "replica", "pipeline", "context"
+// kShard: FSDP's group, S x C ranks; kContext: the C ranks that split each sequence;
+// kExpert: the EP consecutive shard coordinates that split the experts; kExpertShard: the
+// S x C / EP shard coordinates that hold the same experts.
+enum class Axis { kTensor, kShard, kReplica, kPipeline, kContext, kExpert, kExpertShard };
+// "tp", "shard", "replica", "pipeline", "context", "expert", "expert-shard"
+const char* AxisName(Axis axis);
 
 struct LayoutCoord {
   int replica = 0;
@@ -49,12 +58,12 @@ class ParallelLayout {
   // The problems with these sizes, with their spec field paths; empty if they form a layout.
   static FieldErrors Check(int64_t nodes, int64_t gpus_per_node, int64_t tensor_parallel_degree,
                            int64_t hybrid_shard_degree, int64_t pipeline_parallel_degree = 1,
-                           int64_t context_parallel_degree = 1);
+                           int64_t context_parallel_degree = 1, int64_t expert_parallel_degree = 1);
 
   // Throws std::invalid_argument with Check()'s messages if the sizes do not form a layout.
   ParallelLayout(int64_t nodes, int64_t gpus_per_node, int64_t tensor_parallel_degree,
                  int64_t hybrid_shard_degree, int64_t pipeline_parallel_degree = 1,
-                 int64_t context_parallel_degree = 1);
+                 int64_t context_parallel_degree = 1, int64_t expert_parallel_degree = 1);
   static ParallelLayout ForSpec(const TrainingJobSpec& spec);
 
   int world() const { return nodes_ * gpus_per_node_; }
@@ -63,6 +72,9 @@ class ParallelLayout {
   int tp() const { return tp_; }
   int shard() const { return shard_; }  // S x C: the ranks that shard each FSDP unit
   int context() const { return context_; }
+  int expert() const { return expert_; }  // EP: the ranks that split each block's experts
+  // Which expert group member `rank` is: it holds experts [j E/EP, (j+1) E/EP).
+  int ExpertRankOf(int rank) const { return CoordOf(rank).shard % expert_; }
   int replicas() const { return replicas_; }
   int pipeline() const { return pipeline_; }
   int data_parallel() const { return shard_ / context_ * replicas_; }  // S x R: ranks reading different sequences
@@ -98,6 +110,7 @@ class ParallelLayout {
   int replicas_;
   int pipeline_ = 1;
   int context_ = 1;
+  int expert_ = 1;
 };
 
 // The rows of a sequence of `seq` tokens that context rank `rank` of `size` holds, in

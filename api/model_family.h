@@ -107,6 +107,10 @@ struct EngineTypes {
   // attention_scratch_bytes (ContextAttentionScratchBytes).
   int context = 1;
   bool context_all_to_all = false;  // with context > 1: Ulysses rather than the ring
+  // Expert parallelism (api/layout.h): the ranks of an expert group. Dropless dispatch
+  // may send every token of the group to one rank's experts, so the rows its experts work
+  // on are sized for that: expert x the local tokens' copies.
+  int experts = 1;
 };
 
 

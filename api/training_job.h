@@ -163,6 +163,9 @@ struct ParallelismSpec {
   // head-split for attention, and back).
   int64_t context_parallel_degree = 1;
   std::string context_parallel_mode = "Ring";
+  // Ranks that split each mixture-of-experts block's experts (EP; api/layout.h): each
+  // holds experts / EP of them, and tokens travel to their experts' ranks and back.
+  int64_t expert_parallel_degree = 1;
   bool operator==(const ParallelismSpec&) const = default;
 };
 
@@ -294,6 +297,7 @@ struct LayoutStatus {
   int64_t activation_loading_horizon = 0;  // 0 without offloading
   int64_t context_parallel_degree = 1;       // C: ranks that split each sequence
   std::string context_parallel_mode = "Ring";
+  int64_t expert_parallel_degree = 1;        // EP: ranks that split each block's experts
   std::string device;                        // the device model it planned for
   int64_t predicted_memory_bytes = 0;        // per rank, at the peak
   double predicted_step_seconds = 0;

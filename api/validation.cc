@@ -207,13 +207,29 @@ void CheckContext(const TrainingJobSpec& spec, FieldChecker& c) {
   }
 }
 
+// Expert parallelism against the model: a mixture of experts whose experts EP divides.
+// (ParallelLayout::Check holds it to the shard group.)
+void CheckExperts(const TrainingJobSpec& spec, FieldChecker& c) {
+  const int64_t EP = spec.parallelism.expert_parallel_degree;
+  if (EP <= 1) return;
+  const ModelSpec& m = spec.model;
+  const std::string degree = std::to_string(EP);
+  if (!m.experts) {
+    c.Fail("spec.parallelism.expertParallelDegree",
+           "must be 1 for a model without experts (expert parallelism splits a mixture of experts), got " + degree);
+  } else if (*m.experts >= 1 && *m.experts % EP != 0) {
+    c.Fail("spec.parallelism.expertParallelDegree", "must divide spec.model.experts (" + std::to_string(*m.experts) +
+                                                        "), got " + degree);
+  }
+}
+
 // Checks that need the sizes of several blocks at once: the mesh, TP against the
 // model, and the batch against the data-parallel size.
 void CheckLayout(const TrainingJobSpec& spec, FieldChecker& c) {
   const ParallelismSpec& p = spec.parallelism;
   FieldErrors layout = ParallelLayout::Check(spec.nodes, spec.gpus_per_node, p.tensor_parallel_degree,
                                              p.hybrid_shard_degree, p.pipeline_parallel_degree,
-                                             p.context_parallel_degree);
+                                             p.context_parallel_degree, p.expert_parallel_degree);
   const bool layout_ok = layout.empty();
   for (FieldError& e : layout) c.errors.push_back(std::move(e));
 
@@ -242,6 +258,7 @@ void CheckLayout(const TrainingJobSpec& spec, FieldChecker& c) {
                "): tensor parallelism is not built for its layers yet, got " + std::to_string(tp));
   }
   CheckContext(spec, c);
+  CheckExperts(spec, c);
   // Each rank of a stage holds whole blocks: P x V chunks of at least one block each.
   const int64_t chunks = p.pipeline_parallel_degree * std::max<int64_t>(1, p.pipeline_virtual_stages);
   if (p.pipeline_parallel_degree > 1 && m.layers && *m.layers >= 1 && chunks > *m.layers) {

@@ -273,6 +273,7 @@ class MoeFamily final : public LlamaFamily {
     const int64_t N = int64_t(batch) * seq, C = s.hidden, E = s.experts, K = s.experts_per_token,
                   I = s.moe_intermediate;
     const int A = t.act_bytes, G = t.acc_bytes;
+    const int64_t R = t.experts * N * K;  // the rows this rank's experts may get
     b.insert(b.end(), {
                           {"router_logits", N * E, A},
                           {"router_probs", N * E, G},
@@ -281,10 +282,13 @@ class MoeFamily final : public LlamaFamily {
                           {"positions", N * K, 4},
                           {"counts", E, 4},
                           {"xs", N * K * C, A},
-                          {"gate_up", N * K * 2 * I, A},
-                          {"swiglu", N * K * I, A},
+                          {"gate_up", R * 2 * I, A},
+                          {"swiglu", R * I, A},
                           {"ys", N * K * C, A},
                       });
+    if (t.experts > 1) {  // every member's counts (EP,E), and the rows that came to this rank's experts
+      b.insert(b.end(), {{"group_counts", t.experts * E, 4}, {"xs_experts", R * C, A}, {"ys_experts", R * C, A}});
+    }
     if (m_.qwen) {
       const int64_t heads = (s.heads + s.KvHeads()) / tp_size;
       b.push_back({"qk_raw", N * heads * s.HeadDim(), A});
@@ -299,13 +303,11 @@ class MoeFamily final : public LlamaFamily {
     const int64_t N = int64_t(batch) * seq, C = s.hidden, E = s.experts, K = s.experts_per_token,
                   I = s.moe_intermediate;
     const int A = t.act_bytes, G = t.acc_bytes;
-    std::vector<Buffer> b = ScratchAround(batch, seq, s, tp_size, t, dropout,
-                                          {{"dswiglu", N * K * I, A},
-                                           {"dgate_up", N * K * 2 * I, A},
-                                           {"dys", N * K * C, A},
-                                           {"dxs", N * K * C, A},
-                                           {"dexpert_weights", N * K, G},
-                                           {"drouter_logits", N * E, A}});
+    const int64_t R = t.experts * N * K;  // as BlockActivationBuffers
+    std::vector<Buffer> moe = {{"dswiglu", R * I, A},  {"dgate_up", R * 2 * I, A},    {"dys", N * K * C, A},
+                               {"dxs", N * K * C, A}, {"dexpert_weights", N * K, G}, {"drouter_logits", N * E, A}};
+    if (t.experts > 1) moe.insert(moe.end(), {{"dys_experts", R * C, A}, {"dxs_experts", R * C, A}});
+    std::vector<Buffer> b = ScratchAround(batch, seq, s, tp_size, t, dropout, moe);
     if (m_.qwen) {
       b.push_back({"dhead_norms", 2 * s.HeadDim(), G});
       if (tp_size > 1) b.push_back({"all_head_norms", tp_size * 2 * s.HeadDim(), G});

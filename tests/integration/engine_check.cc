@@ -65,6 +65,9 @@
 //                              264), so that windows, context chunks and pipeline
 //                              micro-batches hold several and cut some; the reference
 //                              attends within documents too.
+//   --experts EP               EP consecutive shard ranks split each mixture-of-experts
+//                              block's experts (expert parallelism); the reference holds
+//                              them all.
 //   --seq N                    the window (default 32).
 //   --from-context C           in reshard mode, the --from layout's C.
 //   --layout R,N,T,S[,ACT[,DROP[,PIPE]]] instead of --ranks/--nodes/--tp/--shard/--activations/
@@ -155,6 +158,7 @@ struct Options {
   int context = 1;                  // --context: ranks that split each sequence
   int from_context = 1;             // --from-context: the reshard mode's first layout's
   std::string context_mode = "Ring";
+  int experts = 1;                  // --experts EP: ranks that split each block's experts
   int seq = kSeq;                   // --seq
   int accumulation = 0;  // micro-batches a step; 0: AccumulationOf's choice
 };
@@ -208,7 +212,8 @@ nlohmann::json ModelOf(const Options& o) {
   model["ropeTheta"] = 1000.0;
   model["tieEmbeddings"] = o.family == "qwen2";
   if (o.family == "mixtral" || o.family == "qwen3_moe") {  // 5 experts, 2 a token, of 28 units
-    model["experts"] = 5;
+    // (with --experts EP, 6 for EP 2 and 2 x EP otherwise, so that EP splits them)
+    model["experts"] = o.experts == 1 ? 5 : o.experts == 2 ? 6 : 2 * o.experts;
     model["expertsPerToken"] = 2;
     if (o.family == "mixtral") model["intermediateSize"] = 28;
     else model["moeIntermediateSize"] = 28;
@@ -250,6 +255,8 @@ nlohmann::json JobManifest(const Options& o, int nodes, int gpus, int tp, int sh
     job["spec"]["parallelism"]["contextParallelDegree"] = o.context;
     job["spec"]["parallelism"]["contextParallelMode"] = o.context_mode;
   }
+  // And its experts over --experts ranks; the reference holds them all.
+  if (o.experts > 1 && nodes * gpus > 1) job["spec"]["parallelism"]["expertParallelDegree"] = o.experts;
   return job;
 }
 
@@ -387,11 +394,18 @@ int RunRank(const Options& o) {
   if (o.context > 1) {
     const parallel::CommStats stats = engine.comm_stats();
     const bool ring = o.context_mode == "Ring";
-    if (!((ring ? stats.ring : stats.all_to_all) > 0) || (ring ? stats.all_to_all : stats.ring) != 0) {
+    // (Expert parallelism's all-to-alls count as all_to_all too.)
+    const bool other = ring ? o.experts == 1 && stats.all_to_all != 0 : stats.ring != 0;
+    if (!((ring ? stats.ring : stats.all_to_all) > 0) || other) {
       std::fprintf(stderr, "rank %d: FAILED: context parallelism (%s) counted %g s of ring and %g s of all_to_all\n",
                    env.rank, o.context_mode.c_str(), stats.ring, stats.all_to_all);
       return 1;
     }
+  }
+  // Expert parallelism sends the tokens to their experts and back (all_to_all).
+  if (o.experts > 1 && !(engine.comm_stats().all_to_all > 0)) {
+    std::fprintf(stderr, "rank %d: FAILED: expert parallelism counted no all_to_all\n", env.rank);
+    return 1;
   }
   const train::MemoryReport m = trainer.memory();
   std::ofstream(fs::path(o.dir) / ("rank" + std::to_string(env.rank) + ".txt"))
@@ -619,6 +633,8 @@ int DriveLayout(const Options& o, int argc, char** argv) {
   }
   std::ofstream(fs::path(o.dir) / "job.json", std::ios::trunc) << ranks_job.dump(2);
   const api::TrainingJob single = CheckedJob(JobManifest(o, 1, 1, 1, 1, dp, dp));
+  Expect(api::ParallelLayout::ForSpec(CheckedJob(ranks_job).spec).expert() == o.experts,
+         "the ranks' job splits the experts " + std::to_string(o.experts) + " ways");
 
   if (o.mode == "kill") {
     const launch::LaunchResult result = Launch(o, argc, argv, true);
@@ -683,6 +699,7 @@ int DriveLayout(const Options& o, int argc, char** argv) {
   std::string pipeline = o.stages == 1 ? "" : ", P=" + std::to_string(o.stages) + " " + o.schedule +
                                                 (o.virtual_stages > 1 ? " V=" + std::to_string(o.virtual_stages) : "");
   if (o.context > 1) pipeline += ", C=" + std::to_string(o.context) + " " + o.context_mode;
+  if (o.experts > 1) pipeline += ", EP=" + std::to_string(o.experts);
   if (o.seq != kSeq) pipeline += ", seqLen " + std::to_string(o.seq);
   std::printf("%d ranks%s, T=%d, S=%d, R=%d%s, dropout %g, %s kernels%s: loss %.6f -> %.6f (one rank %.6f -> %.6f); "
               "worst loss error %.2e, weights %.2e (bounds %g, %g)\n",
@@ -715,7 +732,9 @@ int DriveLayout(const Options& o, int argc, char** argv) {
     // on the first stage (and the last's copy of a tied one), an untied head's on the last.
     const int64_t element = o.kernels == "fp64" ? 8 : 4;
     const api::ModelShape shape = api::ShapeOf(single.spec.model);
-    const model::ParameterLayout layout(shape, rank % o.tp, o.tp, std::max(1, vocab_multiple));
+    // With --experts, this rank's experts, their units sharded over the S / EP ranks holding them.
+    const int expert_rank = (rank / o.tp) % S % o.experts;
+    const model::ParameterLayout layout(shape, rank % o.tp, o.tp, std::max(1, vocab_multiple), expert_rank, o.experts);
     const int stage = rank / (o.ranks / o.stages);
     std::vector<bool> held(size_t(layout.units()), o.stages == 1);
     if (o.stages > 1) {
@@ -728,13 +747,16 @@ int DriveLayout(const Options& o, int argc, char** argv) {
       held[0] = stage == 0 || (last && shape.tied);
       if (layout.head_unit() != 0) held[size_t(layout.head_unit())] = last;
     }
-    int64_t sharded = 0, replicated = 0, padding = 0;
+    int64_t sharded = 0, replicated = 0, padding = 0, bound = 0;
     for (int u = 0; u < layout.units(); ++u) {
       if (!held[size_t(u)]) continue;
-      const int64_t n = layout.Unit(u).second - layout.Unit(u).first, shard = (n + S - 1) / S;
+      const int shards = o.experts > 1 && layout.UnitHasExperts(u) ? S / o.experts : S;
+      const int64_t n = layout.Unit(u).second - layout.Unit(u).first, shard = (n + shards - 1) / shards;
       sharded += 4 * int64_t(runtime::CachingAllocator::RoundedSize(size_t(shard * element)));
-      replicated += 4 * int64_t(runtime::CachingAllocator::RoundedSize(size_t(n * element)));
-      padding += 4 * (512 + element * S);  // the shard's padding and the allocator's rounding, per buffer
+      const int64_t whole = 4 * int64_t(runtime::CachingAllocator::RoundedSize(size_t(n * element)));
+      replicated += whole;
+      padding += 4 * (512 + element * shards);  // the shard's padding and the allocator's rounding, per buffer
+      bound += whole / shards;
     }
     const int64_t state = params + grads + optimizer;
     if (rank == 0) {
@@ -744,7 +766,7 @@ int DriveLayout(const Options& o, int argc, char** argv) {
                   (long long)peak_blocks);
     }
     Expect(state == sharded, "rank " + std::to_string(rank) + ": params + grads + optimizer are the shards' size");
-    Expect(state <= replicated / S + padding, "rank " + std::to_string(rank) + ": at most replicated / S plus padding");
+    Expect(state <= bound + padding, "rank " + std::to_string(rank) + ": at most replicated / S plus padding");
     Expect(gathered > 0 && peak_blocks >= 1 && peak_blocks <= 2,
            "rank " + std::to_string(rank) + ": at most two blocks unsharded");
   }
@@ -815,6 +837,7 @@ int main(int argc, char** argv) {
     else if (flag == "--context") o.context = std::atoi(value.c_str());
     else if (flag == "--from-context") o.from_context = std::atoi(value.c_str());
     else if (flag == "--context-mode") o.context_mode = value;
+    else if (flag == "--experts") o.experts = std::atoi(value.c_str());
     else if (flag == "--seq") o.seq = std::atoi(value.c_str());
     else {
       std::fprintf(stderr, "engine_check: unknown flag %s\n", flag.c_str());

@@ -645,10 +645,13 @@ TYPED_TEST_P(OpsConformance, ShardOperations) {
   this->ExpectClose(impl.Get(sum, 1), ref.Get(ref_sum, 1), "AddLoss", 1e-6);
 
   auto acc = impl.template Put<Acc>(into);
-  impl.ops->Accumulate(acc, impl.template Put<Acc>(from), n, *impl.stream);
+  impl.ops->Accumulate(acc, impl.template Put<Acc>(from), n, 1.0f, *impl.stream);
   auto ref_acc = ref.template Put<double>(into);
-  ref.ops->Accumulate(ref_acc, ref.template Put<double>(from), n, *ref.stream);
+  ref.ops->Accumulate(ref_acc, ref.template Put<double>(from), n, 1.0f, *ref.stream);
   this->ExpectClose(impl.Get(acc, n), ref.Get(ref_acc, n), "Accumulate", 1e-6);
+  impl.ops->Accumulate(acc, impl.template Put<Acc>(from), n, 0.25f, *impl.stream);  // += a quarter more
+  ref.ops->Accumulate(ref_acc, ref.template Put<double>(from), n, 0.25f, *ref.stream);
+  this->ExpectClose(impl.Get(acc, n), ref.Get(ref_acc, n), "Accumulate (scaled)", 1e-6);
 
   auto cast = impl.template Poisoned<Act>(n);
   impl.ops->Cast(cast, impl.template Put<Acc>(from), n, *impl.stream);

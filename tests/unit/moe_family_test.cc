@@ -5,6 +5,7 @@
 // that change nothing at their values taken; the tensors carry the per-expert names of
 // published checkpoints; and spec.model's expert fields are checked by field.
 
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -285,12 +286,19 @@ TEST(MoeFamilies, ExpertFieldsAreCheckedByField) {
   // A dense family takes no expert field.
   EXPECT_EQ(paths(check({{"preset", "llama-tiny"}, {"experts", 4}, {"expertsPerToken", 2}})),
             (std::set<std::string>{"spec.model.experts", "spec.model.expertsPerToken"}));
-  // Tensor and expert parallelism are not built for the experts' layers yet: named by field.
+  // Tensor parallelism is not built for the experts' layers yet: named by field.
   const CheckedJob tp = check({{"preset", "moe-tiny"}}, {{"tensorParallelDegree", 2}});
   EXPECT_EQ(paths(tp), std::set<std::string>{"spec.parallelism.tensorParallelDegree"});
   EXPECT_NE(message(tp).find("must be 1 for a mixture of experts"), std::string::npos) << message(tp);
-  EXPECT_EQ(paths(check({{"preset", "moe-tiny"}}, {{"expert_parallel_degree", 2}})),
-            std::set<std::string>{"spec.parallelism.expert_parallel_degree"});
+  // Expert parallelism must divide the experts (4), under either spelling.
+  const CheckedJob ep = check({{"preset", "moe-tiny"}}, {{"expertParallelDegree", 3}});
+  EXPECT_EQ(paths(ep), std::set<std::string>{"spec.parallelism.expertParallelDegree"});
+  const bool names_experts = std::any_of(ep.errors.begin(), ep.errors.end(), [](const FieldError& e) {
+    return e.ToString().find("must divide spec.model.experts (4)") != std::string::npos;
+  });
+  EXPECT_TRUE(names_experts) << message(ep);
+  EXPECT_EQ(paths(check({{"preset", "moe-tiny"}}, {{"expert_parallel_degree", 3}})),
+            std::set<std::string>{"spec.parallelism.expertParallelDegree"});
   // ... and the planner considers none.
   EXPECT_TRUE(TensorParallelDivides(*FindPreset("qwen3-30b-a3b"), 1));
   EXPECT_FALSE(TensorParallelDivides(*FindPreset("qwen3-30b-a3b"), 2));

@@ -155,7 +155,7 @@ std::pair<size_t, size_t> CheckAllToAll(const Group& group, const std::vector<si
                                         const std::vector<size_t>& recv_counts,
                                         const std::vector<size_t>& recv_offsets);
 
-// The element type of T: kFloat32, kBFloat16, kFloat64.
+// The element type of T: kFloat32, kBFloat16, kFloat64, kInt32.
 template <class T>
 constexpr DataType DataTypeOf();
 template <>
@@ -164,6 +164,8 @@ template <>
 constexpr DataType DataTypeOf<runtime::bf16>() { return DataType::kBFloat16; }
 template <>
 constexpr DataType DataTypeOf<double>() { return DataType::kFloat64; }
+template <>
+constexpr DataType DataTypeOf<int32_t>() { return DataType::kInt32; }
 
 // Typed forms, counts in elements.
 template <class T>

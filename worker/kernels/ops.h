@@ -380,8 +380,8 @@ class Ops {
   virtual void AddLoss(Out<double> sum, In<Acc> losses, int64_t R, double scale, Stream& stream) = 0;
 
   // --- Shard operations (the units' flat buffers) ---
-  // into += from (n elements).
-  virtual void Accumulate(Out<Acc> into, In<Acc> from, int64_t n, Stream& stream) = 0;
+  // into += scale x from (n elements); scale 1 adds exactly.
+  virtual void Accumulate(Out<Acc> into, In<Acc> from, int64_t n, float scale, Stream& stream) = 0;
   // to = from as Act (n elements): master weights into their compute copy.
   virtual void Cast(Out<Act> to, In<Acc> from, int64_t n, Stream& stream) = 0;
   // *sum += the sum of squares of grads over the segments marked in_norm, in fp64.

@@ -233,8 +233,8 @@ class Llama final : public Model<P> {
     k.ops.HeadRmsNormBackward(s.dqkv + Q, s.dhead_norms + HS, a.qk_raw + N * Q, p + k_norm_,
                               a.qk_rstd + N * d.heads(), N, d.kv_heads(), d.HS, row, k.stream);
     auto add = [&](Ptr<const G> both) {  // q_norm's gradient, then k_norm's
-      k.ops.Accumulate(dp + q_norm_, both, HS, k.stream);
-      k.ops.Accumulate(dp + k_norm_, both + HS, HS, k.stream);
+      k.ops.Accumulate(dp + q_norm_, both, HS, 1.0f, k.stream);
+      k.ops.Accumulate(dp + k_norm_, both + HS, HS, 1.0f, k.stream);
     };
     if (k.tp == nullptr || k.tp->size() == 1) return add(s.dhead_norms);
     k.tp->AllGather(s.dhead_norms, s.all_head_norms, 2 * HS, k.stream);

@@ -117,6 +117,24 @@ class ContextParallelGroup {
                                          runtime::Stream& stream);
 };
 
+// The expert group of expert parallelism (api/layout.h) as a mixture's layers use it, in
+// a stream's order: member j holds experts [j E/size, (j+1) E/size) of every block.
+template <class P>
+class ExpertParallelGroup {
+ public:
+  using A = typename P::Act;
+  virtual ~ExpertParallelGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // all (size x E) = every member's counts (E), in member order.
+  virtual void AllGatherCounts(Ptr<const int32_t> counts, Ptr<int32_t> all, int E, runtime::Stream& stream) = 0;
+  // Rows of `width` elements: send holds send_rows[p] rows for member p after member p-1's,
+  // and recv gets recv_rows[p] from member p the same way; member r's send_rows[p] is
+  // member p's recv_rows[r].
+  virtual void AllToAll(Ptr<const A> send, const std::vector<int64_t>& send_rows, Ptr<A> recv,
+                        const std::vector<int64_t>& recv_rows, int64_t width, runtime::Stream& stream) = 0;
+};
+
 // Named buffers carved out of one device allocation, in the order of an api list
 // (api/model_family.h): what a family's layers take their activations from.
 class Carving {
@@ -166,6 +184,8 @@ struct Context {
   // Where a training forward adds the tokens each expert of a mixture received (null:
   // nowhere, as in evaluation and in a checkpointed block's recompute).
   ExpertCounts* expert_counts = nullptr;
+  // The expert group (null: every expert on this rank).
+  ExpertParallelGroup<P>* ep = nullptr;
 };
 
 // Causal self-attention as the table's AttentionForward/AttentionBackward give it, or

@@ -5,7 +5,10 @@
 // and the weighted sum of each token's k outputs. Dropless: every token reaches its k
 // experts. The grouped products need each expert's count on the host: it is downloaded
 // (a wait on the stream) in the forward and again in the backward. One TP rank only
-// (api/validation.cc refuses TP for these families). Internal to model/.
+// (api/validation.cc refuses TP for these families). Under expert parallelism a rank holds
+// E / EP experts (parameters.h): the copies go to their experts' ranks by one all-to-all
+// of rows and come back by another, and the gradients the same way; each rank's experts
+// work on the rows of each member in turn. Internal to model/.
 // Thread-safety: immutable; the work it enqueues follows the stream's rules.
 
 #pragma once
@@ -33,6 +36,7 @@ class MoeBlock {
     gate_up_ = layout.OffsetInUnit(api::Param::kExpertGate);  // expert 0's gate: the (E,2I,C) stack
     down_ = layout.OffsetInUnit(api::Param::kExpertDown);     // expert 0's down: the (E,C,I) stack
     E_ = int(s.experts), K_ = int(s.experts_per_token), I_ = int(s.moe_intermediate);
+    local_ = E_ / layout.ep_size();
     renormalize_ = s.norm_topk_prob;
   }
 
@@ -40,24 +44,34 @@ class MoeBlock {
 
   // out (N,C) = the layer applied to x (N,C), plus residual (N,C; nullable; may be out);
   // acts: the block's activations (api::BlockActivationBuffers). Each expert's tokens are
-  // added to k.expert_counts[layer] where there is such a sink.
+  // added to k.expert_counts[layer] where there is such a sink. With an expert group
+  // (k.ep), each token's copies go to the members holding their experts and come back.
   void Forward(const Context<P>& k, const Carving& acts, Ptr<A> out, Ptr<const A> x, Ptr<const A> residual,
                Ptr<const A> p, int64_t N, int C, int layer) const {
     kernels::Ops<P>& ops = k.ops;
-    const Parts a = PartsOf(acts);
+    const Parts a = PartsOf(acts, k.ep != nullptr);
     ops.MatmulForward(a.logits, nullptr, x, p + router_, nullptr, nullptr, N, C, E_, k.stream);
     ops.RouterTopKForward(a.probs, a.experts, a.weights, a.logits, N, E_, K_, renormalize_, k.stream);
     ops.MoePermutePlan(a.counts, a.positions, a.experts, N, K_, E_, k.stream);
-    const std::vector<int32_t> counts = HostCounts(k, a.counts);
+    if (k.ep != nullptr) k.ep->AllGatherCounts(a.counts, a.group_counts, E_, k.stream);
+    const Routes r = RoutesOf(k, a);
     if (k.expert_counts != nullptr) {
       std::vector<int64_t>& sum = (*k.expert_counts)[layer];
       sum.resize(size_t(E_), 0);
-      for (int e = 0; e < E_; ++e) sum[size_t(e)] += counts[size_t(e)];
+      for (int e = 0; e < E_; ++e) sum[size_t(e)] += r.mine[size_t(e)];
     }
     ops.MoePermute(a.xs, x, a.positions, N, K_, C, k.stream);
-    ops.GroupedMatmulForward(a.gate_up, a.xs, p + gate_up_, counts.data(), E_, C, 2 * I_, k.stream);
-    ops.SwiGluForward(a.swiglu, a.gate_up, N * K_, I_, k.stream);
-    ops.GroupedMatmulForward(a.ys, a.swiglu, p + down_, counts.data(), E_, I_, C, k.stream);
+    if (k.ep != nullptr) k.ep->AllToAll(a.xs, r.send_rows, a.xs_experts, r.recv_rows, C, k.stream);
+    r.ForEachSource([&](const int32_t* counts, int64_t row) {
+      ops.GroupedMatmulForward(a.gate_up + row * 2 * I_, a.xs_experts + row * C, p + gate_up_, counts, local_, C,
+                               2 * I_, k.stream);
+    });
+    ops.SwiGluForward(a.swiglu, a.gate_up, r.rows, I_, k.stream);
+    r.ForEachSource([&](const int32_t* counts, int64_t row) {
+      ops.GroupedMatmulForward(a.ys_experts + row * C, a.swiglu + row * I_, p + down_, counts, local_, I_, C,
+                               k.stream);
+    });
+    if (k.ep != nullptr) k.ep->AllToAll(a.ys_experts, r.recv_rows, a.ys, r.send_rows, C, k.stream);
     ops.MoeCombineForward(out, a.ys, a.weights, a.positions, residual, N, K_, C, k.stream);
   }
 
@@ -66,16 +80,26 @@ class MoeBlock {
   void Backward(const Context<P>& k, Ptr<G> dp, const Carving& acts, const Carving& scratch, Ptr<A> dx,
                 Ptr<const A> dout, Ptr<const A> x, Ptr<const A> p, int64_t N, int C) const {
     kernels::Ops<P>& ops = k.ops;
-    const Parts a = PartsOf(acts);
+    const bool split = k.ep != nullptr;
+    const Parts a = PartsOf(acts, split);
     const Ptr<A> dys = scratch.Get<A>("dys"), dxs = scratch.Get<A>("dxs"), dswiglu = scratch.Get<A>("dswiglu"),
                  dgate_up = scratch.Get<A>("dgate_up"), dlogits = scratch.Get<A>("drouter_logits");
+    const Ptr<A> dys_experts = split ? scratch.Get<A>("dys_experts") : dys;
+    const Ptr<A> dxs_experts = split ? scratch.Get<A>("dxs_experts") : dxs;
     const Ptr<G> dweights = scratch.Get<G>("dexpert_weights");
-    const std::vector<int32_t> counts = HostCounts(k, a.counts);
+    const Routes r = RoutesOf(k, a);
     ops.MoeCombineBackward(dys, dweights, dout, a.ys, a.weights, a.positions, N, K_, C, k.stream);
-    ops.GroupedMatmulBackward(dswiglu, dp + down_, dys, a.swiglu, p + down_, counts.data(), E_, I_, C, k.stream);
-    ops.SwiGluBackward(dgate_up, dswiglu, a.gate_up, N * K_, I_, k.stream);
-    ops.GroupedMatmulBackward(dxs, dp + gate_up_, dgate_up, a.xs, p + gate_up_, counts.data(), E_, C, 2 * I_,
-                              k.stream);
+    if (split) k.ep->AllToAll(dys, r.send_rows, dys_experts, r.recv_rows, C, k.stream);
+    r.ForEachSource([&](const int32_t* counts, int64_t row) {
+      ops.GroupedMatmulBackward(dswiglu + row * I_, dp + down_, dys_experts + row * C, a.swiglu + row * I_,
+                                p + down_, counts, local_, I_, C, k.stream);
+    });
+    ops.SwiGluBackward(dgate_up, dswiglu, a.gate_up, r.rows, I_, k.stream);
+    r.ForEachSource([&](const int32_t* counts, int64_t row) {
+      ops.GroupedMatmulBackward(dxs_experts + row * C, dp + gate_up_, dgate_up + row * 2 * I_,
+                                a.xs_experts + row * C, p + gate_up_, counts, local_, C, 2 * I_, k.stream);
+    });
+    if (split) k.ep->AllToAll(dxs_experts, r.recv_rows, dxs, r.send_rows, C, k.stream);
     ops.RouterTopKBackward(dlogits, dweights, nullptr, a.probs, a.experts, N, E_, K_, renormalize_, k.stream);
     ops.MatmulBackward(dx, dp + router_, nullptr, dlogits, x, p + router_, nullptr, N, C, E_, k.stream);
     ops.MoePermuteBackward(dx, dxs, a.positions, N, K_, C, k.stream);
@@ -86,23 +110,69 @@ class MoeBlock {
     Ptr<A> logits, xs, gate_up, swiglu, ys;
     Ptr<G> probs, weights;
     Ptr<int32_t> experts, positions, counts;
+    Ptr<int32_t> group_counts;  // (EP,E): every member's counts, with an expert group
+    Ptr<A> xs_experts, ys_experts;  // the rows this rank's experts work on (xs and ys on one rank)
   };
-  static Parts PartsOf(const Carving& c) {
-    return {c.Get<A>("router_logits"), c.Get<A>("xs"),         c.Get<A>("gate_up"),
-            c.Get<A>("swiglu"),        c.Get<A>("ys"),         c.Get<G>("router_probs"),
-            c.Get<G>("expert_weights"), c.Get<int32_t>("experts"), c.Get<int32_t>("positions"),
-            c.Get<int32_t>("counts")};
+  static Parts PartsOf(const Carving& c, bool split) {
+    Parts a;
+    a.logits = c.Get<A>("router_logits"), a.xs = c.Get<A>("xs"), a.gate_up = c.Get<A>("gate_up");
+    a.swiglu = c.Get<A>("swiglu"), a.ys = c.Get<A>("ys");
+    a.probs = c.Get<G>("router_probs"), a.weights = c.Get<G>("expert_weights");
+    a.experts = c.Get<int32_t>("experts"), a.positions = c.Get<int32_t>("positions");
+    a.counts = c.Get<int32_t>("counts");
+    a.group_counts = split ? c.Get<int32_t>("group_counts") : nullptr;
+    a.xs_experts = split ? c.Get<A>("xs_experts") : a.xs;
+    a.ys_experts = split ? c.Get<A>("ys_experts") : a.ys;
+    return a;
   }
-  std::vector<int32_t> HostCounts(const Context<P>& k, Ptr<int32_t> device) const {
+
+  // Where a micro-batch's copies go, from the counts on the host (a wait on the stream):
+  // mine (E) this rank's copies per expert; with an expert group, the rows it sends to and
+  // receives from each member; and the counts of this rank's experts in the rows each
+  // member sends, which its experts work on source by source.
+  struct Routes {
+    std::vector<int32_t> all;  // (members, E)
+    std::vector<int32_t> mine;
+    std::vector<int64_t> send_rows, recv_rows;
+    int64_t rows = 0;  // the rows this rank's experts work on
+    int members = 1, first = 0, local = 0, E = 0;
+    template <class F>
+    void ForEachSource(F&& f) const {
+      int64_t row = 0;
+      for (int m = 0; m < members; ++m) {
+        f(all.data() + size_t(m) * size_t(E) + size_t(first), row);
+        row += recv_rows[size_t(m)];
+      }
+    }
+  };
+  Routes RoutesOf(const Context<P>& k, const Parts& a) const {
     if (k.backend == nullptr) throw std::logic_error("MoeBlock: the context has no backend to download counts with");
-    std::vector<int32_t> counts(size_t(E_), 0);
-    k.backend->Download(counts.data(), Ptr<const int32_t>(device), E_, k.stream);
+    Routes r;
+    r.members = k.ep != nullptr ? k.ep->size() : 1;
+    const int me = k.ep != nullptr ? k.ep->rank() : 0;
+    if (local_ * r.members != E_) throw std::logic_error("MoeBlock: an expert group that does not split the experts");
+    r.E = E_, r.local = local_, r.first = me * local_;
+    r.all.assign(size_t(r.members) * size_t(E_), 0);
+    k.backend->Download(r.all.data(), Ptr<const int32_t>(k.ep != nullptr ? a.group_counts : a.counts),
+                        int64_t(r.all.size()), k.stream);
     k.stream.Synchronize();
-    return counts;
+    r.mine.assign(r.all.begin() + me * E_, r.all.begin() + (me + 1) * E_);
+    for (int m = 0; m < r.members; ++m) {
+      int64_t send = 0, recv = 0;
+      for (int e = 0; e < local_; ++e) {
+        send += r.mine[size_t(m * local_ + e)];
+        recv += r.all[size_t(m) * size_t(E_) + size_t(me * local_ + e)];
+      }
+      r.send_rows.push_back(send);
+      r.recv_rows.push_back(recv);
+      r.rows += recv;
+    }
+    return r;
   }
 
   int64_t router_ = 0, gate_up_ = 0, down_ = 0;
   int E_ = 0, K_ = 0, I_ = 0;
+  int local_ = 0;  // the experts this rank holds: E / the expert group's size
   bool renormalize_ = true;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numbers>
 #include <stdexcept>
 
@@ -28,8 +29,16 @@ double CounterNormal(uint64_t seed, uint64_t tensor, uint64_t element) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
 }
 
-ParameterLayout::ParameterLayout(const api::ModelShape& shape, int tp_rank, int tp_size, int vocab_multiple)
-    : shape_(shape.Resolved()), tp_rank_(tp_rank), tp_size_(tp_size), vocab_multiple_(vocab_multiple) {
+ParameterLayout::ParameterLayout(const api::ModelShape& shape, int tp_rank, int tp_size, int vocab_multiple,
+                                 int ep_rank, int ep_size)
+    : shape_(shape.Resolved()), tp_rank_(tp_rank), tp_size_(tp_size), vocab_multiple_(vocab_multiple),
+      ep_rank_(ep_rank), ep_size_(ep_size) {
+  if (ep_size < 1 || (ep_size > 1 && (shape_.experts < 1 || shape_.experts % ep_size != 0))) {
+    throw std::invalid_argument("spec.parallelism.expertParallelDegree: must divide the experts (" +
+                                std::to_string(shape_.experts) + "), got " + std::to_string(ep_size));
+  }
+  if (ep_rank < 0 || ep_rank >= ep_size) throw std::out_of_range("expert-parallel rank outside the group");
+  const int64_t local_experts = ep_size > 1 ? shape_.experts / ep_size : shape_.experts;
   const int64_t T = tp_size;
   auto require = [&](int64_t n, const std::string& what) {
     if (T < 1 || n % T != 0) {
@@ -42,7 +51,8 @@ ParameterLayout::ParameterLayout(const api::ModelShape& shape, int tp_rank, int 
   if (vocab_multiple < 1) throw std::invalid_argument("ParameterLayout: vocab_multiple must be at least 1");
   padded_vocab_rows_ = api::PaddedVocabRows(api::VocabSlice(shape_.vocab_size, tp_rank, tp_size), vocab_multiple);
   using enum TpSplit;
-  auto add = [&](const api::TensorInfo& info, int layer) {
+  int whole_id = 0;
+  auto add = [&](const api::TensorInfo& info, int layer, bool expert) {
     std::vector<int64_t> dims = info.shape;
     int64_t begin = 0, real_rows = dims[0];
     if (info.split == kVocab) {
@@ -57,7 +67,7 @@ ParameterLayout::ParameterLayout(const api::ModelShape& shape, int tp_rank, int 
       begin = tp_rank * dims[0];
     }
     ParamTensor t{info.kind, layer, layer < 0 ? info.name : "h" + std::to_string(layer) + "." + info.name,
-                  std::move(dims), total_, 1, 0, info.decay, info.split, begin, info.init};
+                  std::move(dims), total_, 1, 0, info.decay, info.split, begin, info.init, whole_id - 1, expert};
     for (int64_t d : t.shape) t.size *= d;
     t.real = info.split == kVocab ? real_rows * (t.size / t.shape[0]) : t.size;
     total_ += t.size;
@@ -66,7 +76,19 @@ ParameterLayout::ParameterLayout(const api::ModelShape& shape, int tp_rank, int 
   auto unit = [&](const std::vector<api::TensorInfo>& infos, int layer) {
     unit_begin_.push_back(total_);
     unit_first_tensor_.push_back(tensors_.size());
-    for (const api::TensorInfo& info : infos) add(info, layer);
+    // Each expert's gate and up, then each one's down (api::Param): the i-th of a kind is expert i's.
+    std::map<Param, int64_t> seen;
+    for (const api::TensorInfo& info : infos) {
+      ++whole_id;
+      const bool expert =
+          info.kind == Param::kExpertGate || info.kind == Param::kExpertUp || info.kind == Param::kExpertDown;
+      if (expert) {
+        const int64_t e = seen[info.kind]++;
+        if (e / local_experts != ep_rank) continue;
+        if (layer >= 0 && experts_in_unit_ == 0) experts_in_unit_ = total_ - unit_begin_.back();
+      }
+      add(info, layer, expert);
+    }
   };
   const api::FamilyTensors family = api::TensorsOf(shape_);
   unit(family.embedding, -1);
@@ -74,6 +96,15 @@ ParameterLayout::ParameterLayout(const api::ModelShape& shape, int tp_rank, int 
   if (!family.head.empty()) unit(family.head, -1);
   unit_begin_.push_back(total_);
   unit_first_tensor_.push_back(tensors_.size());
+  if (experts_in_unit_ == 0 && blocks() > 0) experts_in_unit_ = Unit(1).second - Unit(1).first;
+}
+
+bool ParameterLayout::UnitHasExperts(int u) const {
+  const auto [first, last] = UnitTensors(u);
+  for (size_t i = first; i < last; ++i) {
+    if (tensors_[i].expert) return true;
+  }
+  return false;
 }
 
 const ParamTensor& ParameterLayout::Tensor(Param kind, int layer) const {
@@ -113,7 +144,7 @@ std::vector<int64_t> ParameterLayout::WholeIndices(int64_t begin, int64_t end) c
     const int64_t from = std::max(begin, t.offset), to = std::min(end, t.offset + t.size);
     for (int64_t i = from; i < to; ++i) {
       const int64_t global = GlobalIndex(t, i - t.offset);
-      indices.push_back(global < 0 ? -1 : whole.tensors_[id].offset + global);
+      indices.push_back(global < 0 ? -1 : whole.tensors_[size_t(t.whole_id)].offset + global);
     }
   }
   return indices;
@@ -174,7 +205,7 @@ void InitParameterRange(T* out, const ParameterLayout& layout, uint64_t seed, in
       p[i - from] = global < 0                    ? T(0)  // padding
                     : t.init == api::Init::kOnes  ? T(1)
                     : t.init == api::Init::kZeros ? T(0)
-                                                  : T(stddev * CounterNormal(seed, id, uint64_t(global)));
+                                                  : T(stddev * CounterNormal(seed, uint64_t(t.whole_id), uint64_t(global)));
     }
   }
 }

@@ -11,6 +11,10 @@
 // maps a local element to its index in the single-rank tensor, and padding rows to none
 // (-1): they are not part of the model, never train, and never reach a checkpoint or a file.
 //
+// With expert parallelism, rank j of EP holds the whole tensors of its experts [j E/EP,
+// (j+1) E/EP) of each mixture-of-experts block and none of the others'; every other tensor
+// it holds like any rank. Each block still holds its tensors at the same offsets.
+//
 // Initialisation is a pure function of (seed, tensor, global element index), so any
 // shard of any TP slice initialises its own elements and gets exactly the single-rank model.
 
@@ -41,6 +45,8 @@ struct ParamTensor {
   TpSplit split = TpSplit::kReplicated;
   int64_t slice_begin = 0;  // the first row (kRows, kVocab) or column (kColumns) of the slice in the whole tensor
   api::Init init = api::Init::kNormal;
+  int whole_id = 0;     // its index in the single-rank model's tensors()
+  bool expert = false;  // an expert's: one rank of an expert group holds it
   bool tp_replicated() const { return split == TpSplit::kReplicated; }
 };
 
@@ -50,11 +56,22 @@ class ParameterLayout {
   // vocabulary slices padded to a multiple of `vocab_multiple`. Throws
   // std::invalid_argument, naming spec.parallelism.tensorParallelDegree, when tp_size does
   // not divide the heads, the key/value heads or the MLP width.
-  explicit ParameterLayout(const api::ModelShape& shape, int tp_rank = 0, int tp_size = 1, int vocab_multiple = 1);
+  // Rank `ep_rank` of an expert group of `ep_size` holds its experts only; throws
+  // std::invalid_argument, naming spec.parallelism.expertParallelDegree, when ep_size
+  // does not divide the experts.
+  explicit ParameterLayout(const api::ModelShape& shape, int tp_rank = 0, int tp_size = 1, int vocab_multiple = 1,
+                           int ep_rank = 0, int ep_size = 1);
 
   const api::ModelShape& shape() const { return shape_; }
   int tp_rank() const { return tp_rank_; }
   int tp_size() const { return tp_size_; }
+  int ep_rank() const { return ep_rank_; }
+  int ep_size() const { return ep_size_; }
+  // Where a block's experts start in its unit (the unit's end where it has none): what
+  // comes before is every expert group member's alike.
+  int64_t ExpertsInUnit() const { return experts_in_unit_; }
+  // Whether unit u holds experts.
+  bool UnitHasExperts(int u) const;
   // [begin, end) of the vocabulary (an embedding's real rows) on this rank.
   std::pair<int64_t, int64_t> VocabRange() const;
   // An embedding's or head's rows on this rank, padding included.
@@ -93,7 +110,8 @@ class ParameterLayout {
 
  private:
   api::ModelShape shape_;
-  int tp_rank_, tp_size_, vocab_multiple_;
+  int tp_rank_, tp_size_, vocab_multiple_, ep_rank_ = 0, ep_size_ = 1;
+  int64_t experts_in_unit_ = 0;
   int64_t padded_vocab_rows_ = 0;
   std::vector<ParamTensor> tensors_;
   std::vector<int64_t> unit_begin_;       // units() + 1 entries

@@ -1,6 +1,7 @@
 #include "worker/parallel/flat_unit.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "api/engine_memory.h"
 
@@ -29,6 +30,10 @@ FlatUnit<P>::FlatUnit(const model::ParameterLayout& layout, int index, int shard
       ready_(backend.NewEvent()),
       backward_done_(backend.NewEvent()) {
   using runtime::MemoryCategory;
+  if (layout.ep_size() > 1 && layout.UnitHasExperts(index)) {
+    expert_size_ = layout.ep_size();
+    before_experts_ = layout.ExpertsInUnit();
+  }
   const int64_t n = shard_.shard_numel;
   master_ = runtime::DeviceArray<G>(allocator, n, MemoryCategory::kParams);
   grads_ = runtime::DeviceArray<G>(allocator, n, MemoryCategory::kGrads);
@@ -49,7 +54,8 @@ FlatUnit<P>::FlatUnit(const model::ParameterLayout& layout, int index, int shard
   for (const model::ParamTensor& t : layout.tensors()) {
     const int64_t a = std::max(from, t.offset), b = std::min(to, t.offset + t.real);
     if (a >= b) continue;
-    table.push_back({a - from, b - a, t.decay ? 1 : 0, !t.tp_replicated() || counts_replicated ? 1 : 0});
+    const bool counted = (!t.tp_replicated() || counts_replicated) && (t.expert || !experts_split() || layout.ep_rank() == 0);
+    table.push_back({a - from, b - a, t.decay ? 1 : 0, counted ? 1 : 0});
   }
   segment_count_ = int(table.size());
   backend.Upload(segments_, table.data(), int64_t(table.size()), stream);
@@ -67,11 +73,23 @@ void FlatUnit<P>::Gather(Ptr<A> slot, comm::StreamCollectives* shard, kernels::O
 
 template <class P>
 void FlatUnit<P>::ReduceGrads(Ptr<G> unsharded, Ptr<G> reduced, comm::StreamCollectives* shard, kernels::Ops<P>& ops,
-                              runtime::Stream& comm) {
-  if (shard == nullptr) return;  // the backward added into the shard's gradients
+                              runtime::Stream& comm, comm::StreamCollectives* experts) {
   const int64_t n = shard_.shard_numel;
-  comm::ReduceScatter<G>(*shard, unsharded, reduced, size_t(n), comm::ReduceOp::kAverage, comm);
-  ops.Accumulate(grads_.get(), reduced, n, comm);
+  if (!experts_split()) {
+    if (shard == nullptr) return;  // the backward added into the shard's gradients
+    comm::ReduceScatter<G>(*shard, unsharded, reduced, size_t(n), comm::ReduceOp::kAverage, comm);
+    ops.Accumulate(grads_.get(), reduced, n, 1.0f, comm);
+    return;
+  }
+  if (experts == nullptr) throw std::logic_error("FlatUnit: a unit whose experts are split needs the expert group");
+  Ptr<G> mine = unsharded;  // one rank holds the shard: the unsharded gradients are it
+  if (shard != nullptr) {
+    comm::ReduceScatter<G>(*shard, unsharded, reduced, size_t(n), comm::ReduceOp::kAverage, comm);
+    mine = reduced;
+  }
+  const int64_t alike = std::clamp<int64_t>(before_experts_ - shard_.begin, 0, n);
+  if (alike > 0) comm::AllReduce<G>(*experts, mine, size_t(alike), comm::ReduceOp::kSum, comm);
+  ops.Accumulate(grads_.get(), mine, n, 1.0f / float(expert_size_), comm);
 }
 
 template <class P>

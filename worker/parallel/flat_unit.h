@@ -17,6 +17,15 @@
 //                  S = 1 the backward adds into the shard's gradients itself.
 //   AllReduceReplicas  on the comm stream: the mean of the shard gradients over replicas
 //
+// Under expert parallelism (the layout's ep_size() > 1) a unit that holds experts is
+// sharded over the expert-shard group (the ranks holding the same experts), and its
+// expert group splits what the shard group's mean covers: ReduceGrads then sums the
+// shard's elements before the experts (every member's alike) over the expert group, and
+// adds the shard's gradients divided by the group's size, so that every element gets the
+// mean over all the shard group's tokens, as without expert parallelism. Such a unit
+// always reduces from unsharded gradients, even on one rank. Its tensors before the
+// experts count in the norm on expert rank 0 only.
+//
 // Padding (of the unit to S shards, and of the vocabulary) is zero and no segment covers
 // it, so it never trains.
 // Thread-safety: the host enqueues; the work runs in event order.
@@ -65,6 +74,9 @@ class FlatUnit {
            Ptr<kernels::ShardSegment> segments, runtime::Stream& stream);
 
   int index() const { return index_; }
+  int shard_size() const { return shard_size_; }
+  // Whether expert parallelism splits this unit's experts (see above).
+  bool experts_split() const { return expert_size_ > 1; }
   int64_t begin() const { return shard_.unit_begin; }  // in the model's flat buffer
   int64_t numel() const { return shard_.numel; }
   int64_t shard_numel() const { return shard_.shard_numel; }
@@ -86,9 +98,10 @@ class FlatUnit {
   runtime::Event& backward_done() { return *backward_done_; }
 
   void Gather(Ptr<A> slot, comm::StreamCollectives* shard, kernels::Ops<P>& ops, runtime::Stream& comm);
-  // `reduced`: room for a shard of Acc, the reduce-scatter's output.
+  // `reduced`: room for a shard of Acc, the reduce-scatter's output; `experts`: the
+  // expert group for the gradients where experts_split().
   void ReduceGrads(Ptr<G> unsharded, Ptr<G> reduced, comm::StreamCollectives* shard, kernels::Ops<P>& ops,
-                   runtime::Stream& comm);
+                   runtime::Stream& comm, comm::StreamCollectives* experts = nullptr);
   void AllReduceReplicas(comm::StreamCollectives* replica, runtime::Stream& comm);
 
   void ZeroShardGrads(runtime::Backend& backend, runtime::Stream& stream);
@@ -101,6 +114,8 @@ class FlatUnit {
 
  private:
   int index_, shard_size_, shard_rank_;
+  int expert_size_ = 1;
+  int64_t before_experts_ = 0;  // the unit's elements before its experts
   UnitShard shard_;
   std::vector<std::pair<int64_t, int64_t>> model_runs_;
   runtime::DeviceArray<G> master_, grads_, m_, v_;

@@ -30,11 +30,20 @@ Mesh::Mesh(const api::ParallelLayout& layout, comm::Communicator* world, comm::S
                         Axis{layout.shard(), api::Axis::kShard, &shard_, &device_shard_},
                         Axis{layout.replicas(), api::Axis::kReplica, &replica_, &device_replica_},
                         Axis{layout.pipeline(), api::Axis::kPipeline, &pipeline_, &device_pipeline_},
-                        Axis{layout.context(), api::Axis::kContext, &context_, &device_context_}}) {
+                        Axis{layout.context(), api::Axis::kContext, &context_, &device_context_},
+                        Axis{layout.expert(), api::Axis::kExpert, &expert_, &device_expert_},
+                        Axis{layout.shard() / layout.expert(), api::Axis::kExpertShard, &expert_shard_,
+                             &device_expert_shard_}}) {
     if (a.size <= 1) continue;
     *a.host = world->SplitAxis(layout, a.axis);
     *a.device = device_world != nullptr ? device_world->SplitAxis(layout, a.axis)
                                         : comm::HostCollectives(a.host->get(), backend);
+  }
+  if (layout.expert() > 1) {  // the gradients' expert group, apart from the tokens'
+    const std::vector<std::vector<int>> groups = layout.Groups(api::Axis::kExpert);
+    device_expert_grads_ = device_world != nullptr
+                               ? device_world->SplitGroups(groups, "expert.grads")
+                               : comm::HostCollectives(world, backend)->SplitGroups(groups, "expert.grads");
   }
   if (layout.pipeline() <= 1) return;
   if (device_world != nullptr) {
@@ -98,8 +107,10 @@ std::string Mesh::Describe() const {
           std::to_string(layout_.shard()) + (layout_.shard() == 1 ? " shard" : " shards") + " x tp " +
           std::to_string(layout_.tp());
   if (layout_.context() > 1) text += " x context " + std::to_string(layout_.context());
+  if (layout_.expert() > 1) text += " x experts split " + std::to_string(layout_.expert()) + " ways";
   if (tp_) text += ", " + tp_->group().name();
   if (context_) text += ", " + context_->group().name();
+  if (expert_) text += ", " + expert_->group().name();
   if (shard_) text += ", " + shard_->group().name();
   if (replica_) text += ", " + replica_->group().name();
   if (pipeline_) text += ", " + pipeline_->group().name();

@@ -7,6 +7,11 @@
 // the whole model, sampling). A group of one rank has neither: the engine then moves
 // nothing.
 //
+// With expert parallelism (EP > 1) a rank also has its expert group (the EP shard ranks
+// that split the experts, api/layout.h) twice, once for the tokens' all-to-alls on the
+// compute stream and once for the gradients on the comm stream, so that the two streams
+// never share a group; and the expert-shard group that shards the units holding experts.
+//
 // Pipeline stages also get links to their neighbours, device groups of two (the same
 // coordinate on stages p and p+1), each used in one direction only: activations flow
 // forward (send_next, recv_prev), their gradients backward (send_prev, recv_next), so
@@ -57,6 +62,11 @@ class Mesh {
   int context_size() const { return layout_.context(); }
   int context_rank() const { return context_rank_; }
   int shard_rank() const { return shard_rank_; }
+  // Expert parallelism: this rank's place in its expert group, of expert_size(), and in
+  // its expert-shard group, of shard_size() / expert_size().
+  int expert_size() const { return layout_.expert(); }
+  int expert_rank() const { return shard_rank_ % layout_.expert(); }
+  int expert_shard_rank() const { return shard_rank_ / layout_.expert(); }
   int replicas() const { return layout_.replicas(); }
   int replica_index() const { return replica_index_; }
   int stages() const { return layout_.pipeline(); }
@@ -72,6 +82,11 @@ class Mesh {
   comm::StreamCollectives* device_shard() const { return device_shard_.get(); }
   comm::StreamCollectives* device_replica() const { return device_replica_.get(); }
   comm::StreamCollectives* device_context() const { return device_context_.get(); }
+  comm::Communicator* expert() const { return expert_.get(); }
+  comm::Communicator* expert_shard() const { return expert_shard_.get(); }
+  comm::StreamCollectives* device_expert() const { return device_expert_.get(); }
+  comm::StreamCollectives* device_expert_grads() const { return device_expert_grads_.get(); }
+  comm::StreamCollectives* device_expert_shard() const { return device_expert_shard_.get(); }
   // The P ranks of this (replica, shard, tp) coordinate, stage by stage.
   comm::StreamCollectives* device_pipeline() const { return device_pipeline_.get(); }
   // Stage 0's and stage P-1's rank of this coordinate, in that order ("ends{0,24}"): null
@@ -107,9 +122,9 @@ class Mesh {
   api::ParallelLayout layout_;
   int shard_rank_ = 0, tp_rank_ = 0, replica_index_ = 0, data_parallel_rank_ = 0, stage_ = 0, context_rank_ = 0;
   bool wrap_stages_ = false;
-  std::unique_ptr<comm::Communicator> tp_, shard_, replica_, pipeline_, context_;
+  std::unique_ptr<comm::Communicator> tp_, shard_, replica_, pipeline_, context_, expert_, expert_shard_;
   std::unique_ptr<comm::StreamCollectives> device_tp_, device_shard_, device_replica_, device_pipeline_,
-      device_context_;
+      device_context_, device_expert_, device_expert_grads_, device_expert_shard_;
   std::unique_ptr<comm::StreamCollectives> device_ends_, send_next_, recv_prev_, send_prev_, recv_next_;
 };
 

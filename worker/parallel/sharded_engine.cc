@@ -30,11 +30,44 @@ class ShardedEngine<P>::TensorParallel final : public model::TensorParallelGroup
   comm::StreamCollectives* group_;
 };
 
+// The expert group's collectives for a mixture's layers, in the compute stream's order.
+template <class P>
+class ShardedEngine<P>::ExpertParallel final : public model::ExpertParallelGroup<P> {
+ public:
+  explicit ExpertParallel(comm::StreamCollectives* group) : group_(group) {}
+  int rank() const override { return group_->rank(); }
+  int size() const override { return group_->size(); }
+  void AllGatherCounts(Ptr<const int32_t> counts, Ptr<int32_t> all, int E, runtime::Stream& stream) override {
+    comm::AllGather<int32_t>(*group_, counts, all, size_t(E), stream);
+  }
+  void AllToAll(Ptr<const A> send, const std::vector<int64_t>& send_rows, Ptr<A> recv,
+                const std::vector<int64_t>& recv_rows, int64_t width, runtime::Stream& stream) override {
+    const auto lay = [width](const std::vector<int64_t>& rows, std::vector<size_t>& counts,
+                             std::vector<size_t>& offsets) {
+      size_t at = 0;
+      for (const int64_t r : rows) {
+        counts.push_back(size_t(r * width));
+        offsets.push_back(at);
+        at += size_t(r * width);
+      }
+    };
+    std::vector<size_t> send_counts, send_offsets, recv_counts, recv_offsets;
+    lay(send_rows, send_counts, send_offsets);
+    lay(recv_rows, recv_counts, recv_offsets);
+    group_->AllToAll(runtime::ConstDeviceBytes(send), send_counts, send_offsets, runtime::DeviceBytes(recv),
+                     recv_counts, recv_offsets, comm::DataTypeOf<A>(), stream);
+  }
+
+ private:
+  comm::StreamCollectives* group_;
+};
+
 template <class P>
 ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<const Mesh> mesh, int batch, int seq,
                                 uint64_t seed, runtime::MemoryAccounting* accounting, const EngineOptions& options,
                                 std::shared_ptr<runtime::Backend> backend, const OpsFactory<P>& make_ops)
-    : layout_(shape, mesh->tp_rank(), mesh->tp_size(), options.vocab_multiple),
+    : layout_(shape, mesh->tp_rank(), mesh->tp_size(), options.vocab_multiple, mesh->expert_rank(),
+              mesh->expert_size()),
       model_(model::MakeModel<P>(layout_)),
       backend_(std::move(backend)),
       mesh_(std::move(mesh)),
@@ -50,6 +83,7 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
       comm_(backend_->NewStream("comm")),
       exposed_(backend_->NewTimer()),
       tp_(mesh_->device_tp() ? std::make_unique<TensorParallel>(mesh_->device_tp()) : nullptr),
+      ep_(mesh_->device_expert() ? std::make_unique<ExpertParallel>(mesh_->device_expert()) : nullptr),
       edge_free_(backend_->NewEvent()),
       edge_grads_free_(backend_->NewEvent()),
       comm_done_(backend_->NewEvent()),
@@ -64,6 +98,7 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   if (all_to_all) UlyssesAttention<P>::CheckHeads(s, tp.size, C);  // before the types, which split the heads
   api::EngineTypes types = model::TypesOf(*ops_, batch, seq, s, tp.size, C, all_to_all);
   types.vocab_multiple = options.vocab_multiple;
+  types.experts = mesh_->expert_size();
   const int heads = int(s.heads) / tp.size;
   const int64_t state = types.attention_keeps_scores ? int64_t(batch) * heads * seq * seq : int64_t(batch) * heads * seq;
   if (C == 1 && ops_->AttentionStateElements(batch, seq, heads, int(s.kv_heads) / tp.size, int(s.head_dim)) > state) {
@@ -136,7 +171,11 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   units_.resize(held.size());
   for (int u = 0; u < layout_.units(); ++u) {  // the segment tables follow the scalars, one per unit
     if (!held[size_t(u)]) continue;
-    units_[size_t(u)] = std::make_unique<FlatUnit<P>>(layout_, u, S, mesh_->shard_rank(), seed,
+    // A unit holding experts that an expert group splits: over the ranks holding the same ones.
+    const bool split = mesh_->expert_size() > 1 && layout_.UnitHasExperts(u);
+    const int unit_shards = split ? S / mesh_->expert_size() : S;
+    const int unit_shard = split ? mesh_->expert_shard_rank() : mesh_->shard_rank();
+    units_[size_t(u)] = std::make_unique<FlatUnit<P>>(layout_, u, unit_shards, unit_shard, seed,
                                                       /*counts_replicated=*/tp.rank == 0, &allocator_, *backend_,
                                                       at[size_t(3 + u)].template As<kernels::ShardSegment>(), *compute_);
   }
@@ -165,12 +204,14 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   // reduce-scatter's output.
   int64_t edge_padded = 0, block_padded = 0, widest_shard = 0;  // the largest unit's shard
   int blocks = 0;
+  bool block_reduces = false;  // some block reduces from unsharded gradients
   for (int u = 0; u < layout_.units(); ++u) {
     if (!units_[size_t(u)]) continue;
     const FlatUnit<P>& unit = *units_[size_t(u)];
     const bool edge = u == 0 || (u == H && H != 0);
     (edge ? edge_padded : block_padded) = std::max(edge ? edge_padded : block_padded, unit.padded_numel());
     blocks += edge ? 0 : 1;
+    block_reduces = block_reduces || (!edge && ReducesUnsharded(unit));
     widest_shard = std::max(widest_shard, unit.shard_numel());
   }
   if (options.keep_units_gathered && S > 1) {
@@ -186,13 +227,15 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   for (int b = 0; b < (options.keep_units_gathered ? L : std::min(2, blocks)); ++b) {
     block_params_.emplace_back(&allocator_, block_padded, MemoryCategory::kGathered);
   }
-  if (S > 1) {
-    if (edge_padded > 0) edge_grads_ = runtime::DeviceArray<G>(&allocator_, edge_padded, MemoryCategory::kGathered);
+  if (S > 1 && edge_padded > 0) {
+    edge_grads_ = runtime::DeviceArray<G>(&allocator_, edge_padded, MemoryCategory::kGathered);
+  }
+  if (block_reduces) {
     for (int b = 0; b < std::min(2, blocks); ++b) {
       block_grads_[size_t(b)] = runtime::DeviceArray<G>(&allocator_, block_padded, MemoryCategory::kGathered);
     }
-    reduced_ = runtime::DeviceArray<G>(&allocator_, widest_shard, MemoryCategory::kComm);
   }
+  if (S > 1) reduced_ = runtime::DeviceArray<G>(&allocator_, widest_shard, MemoryCategory::kComm);
   store_ = std::make_unique<ActivationStore<P>>(s, batch, seq, options.activations, types, options.dropout > 0, tp,
                                                 *backend_, &allocator_, &pinned_, part);
   for (auto* events : {&param_slot_free_, &grad_slot_free_, &staged_}) {
@@ -212,6 +255,12 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
     shard->Reserve(size_t(std::max(edge_padded, block_padded)) * widest);
   }
   if (comm::StreamCollectives* replica = mesh_->device_replica()) replica->Reserve(size_t(widest_shard) * sizeof(G));
+  if (comm::StreamCollectives* group = mesh_->device_expert_shard()) group->Reserve(size_t(block_padded) * widest);
+  if (comm::StreamCollectives* group = mesh_->device_expert_grads()) group->Reserve(size_t(widest_shard) * sizeof(G));
+  if (comm::StreamCollectives* group = mesh_->device_expert()) {  // all-to-alls of the rows, both ways
+    const int64_t rows = int64_t(mesh_->expert_size()) * N * s.experts_per_token;
+    group->Reserve(size_t(2 * rows * s.hidden) * sizeof(A));
+  }
   if (comm::StreamCollectives* ends = mesh_->device_ends()) ends->Reserve(size_t(widest_shard) * sizeof(G));
   if (comm::StreamCollectives* group = mesh_->device_pipeline()) group->Reserve(sizeof(double));
   if (comm::StreamCollectives* group = mesh_->device_tp()) {
@@ -242,7 +291,12 @@ runtime::DevicePtr<typename P::Act> ShardedEngine<P>::EdgeSlot(int u) const {
 
 template <class P>
 runtime::DevicePtr<typename P::Acc> ShardedEngine<P>::BlockGrads(int l) {
-  return mesh_->shard_size() == 1 ? Block(l).grads() : block_grads_[size_t(BlockSlotIndex(l))].get();
+  return ReducesUnsharded(Block(l)) ? block_grads_[size_t(BlockSlotIndex(l))].get() : Block(l).grads();
+}
+
+template <class P>
+comm::StreamCollectives* ShardedEngine<P>::ShardGroup(const FlatUnit<P>& unit) const {
+  return unit.experts_split() ? mesh_->device_expert_shard() : mesh_->device_shard();
 }
 
 template <class P>
@@ -336,7 +390,7 @@ template <class P>
 void ShardedEngine<P>::GatherBlock(int l) {
   if (options_.keep_units_gathered && !kept_stale_) return;
   comm_->Wait(*param_slot_free_[size_t(BlockSlotIndex(l))]);
-  Observed(*comm_, Op::kGather, l + 1, [&] { Block(l).Gather(BlockSlot(l), mesh_->device_shard(), *ops_, *comm_); });
+  Observed(*comm_, Op::kGather, l + 1, [&] { Block(l).Gather(BlockSlot(l), ShardGroup(Block(l)), *ops_, *comm_); });
 }
 
 template <class P>
@@ -453,6 +507,7 @@ void ShardedEngine<P>::ChunkBackward(int c, int lane, const MicroBatch& m, bool 
   const int a = first_[size_t(c)], b = first_[size_t(c) + 1], S = mesh_->shard_size(), H = layout_.head_unit();
   const bool embeds = c == 0, ends = c + 1 == chunks();
   const model::Dims d = DimsOf(m.B, m.T, &m.key);
+  comm::StreamCollectives* experts = mesh_->device_expert_grads();
   const model::Context<P> k = Context(m.documents);
   const model::BlockScratch<P> scratch = store_->ScratchFor(lane);
   held_ = false;  // its last block: kept by its forward, or gathered by Unshard
@@ -469,7 +524,8 @@ void ShardedEngine<P>::ChunkBackward(int c, int lane, const MicroBatch& m, bool 
       });
     }
     const Ptr<G> grads = BlockGrads(l);
-    if (S > 1) {
+    const bool unsharded = ReducesUnsharded(unit);
+    if (unsharded) {
       compute_->Wait(*grad_slot_free_[size_t(BlockSlotIndex(l))]);
       backend_->Zero(grads, unit.padded_numel(), *compute_);
     }
@@ -482,8 +538,8 @@ void ShardedEngine<P>::ChunkBackward(int c, int lane, const MicroBatch& m, bool 
     unit.backward_done().Record(*compute_);
     comm_->Wait(unit.backward_done());
     Observed(*comm_, Op::kReduceScatter, l + 1,
-             [&] { unit.ReduceGrads(grads, reduced_.get(), mesh_->device_shard(), *ops_, *comm_); });
-    if (S > 1) grad_slot_free_[size_t(BlockSlotIndex(l))]->Record(*comm_);
+             [&] { unit.ReduceGrads(grads, reduced_.get(), ShardGroup(unit), *ops_, *comm_, experts); });
+    if (unsharded) grad_slot_free_[size_t(BlockSlotIndex(l))]->Record(*comm_);
     if (last) unit.AllReduceReplicas(mesh_->device_replica(), *comm_);
   }
   if (!embeds) return;  // the input's gradient goes to the previous stage
@@ -693,6 +749,17 @@ CommStats ShardedEngine<P>::comm_stats() {
     stats.ring += s.send + s.recv;
     stats.all_to_all += s.all_to_all;
   }
+  if (comm::StreamCollectives* group = mesh_->device_expert()) {  // the tokens' dispatch and return
+    const comm::CollectiveSeconds s = group->Seconds();
+    stats.all_to_all += s.all_to_all;
+    stats.all_gather += s.all_gather;
+  }
+  if (comm::StreamCollectives* group = mesh_->device_expert_shard()) {
+    const comm::CollectiveSeconds s = group->Seconds();
+    stats.all_gather += s.all_gather;
+    stats.reduce_scatter += s.reduce_scatter;
+  }
+  if (comm::StreamCollectives* group = mesh_->device_expert_grads()) stats.all_reduce += group->Seconds().all_reduce;
   stats.exposed = exposed_->Seconds();
   stage_->AddStats(&stats);
   stats.copy = store_->copy_seconds();
@@ -722,7 +789,11 @@ std::string ShardedEngine<P>::Describe() const {
               ? ", each whole on this rank"
               : ", each split in " + std::to_string(S) + " shards of " + std::to_string(block->shard_numel()) +
                     " elements (a block)") +
-         (tp_ ? ", of this rank's tensor-parallel slice" : "") + "; " + ops_->Describe() + " on " +
+         (tp_ ? ", of this rank's tensor-parallel slice" : "") +
+         (ep_ ? ", blocks' experts " + std::to_string(layout_.shape().experts / mesh_->expert_size()) +
+                    " of " + std::to_string(layout_.shape().experts) + " on this rank"
+              : "") +
+         "; " + ops_->Describe() + " on " +
          backend_->Describe();
 }
 
@@ -751,7 +822,8 @@ void ShardedEngine<P>::Drain() {
     std::string groups;
     for (comm::StreamCollectives* group :
          {mesh_->device_tp(), mesh_->device_shard(), mesh_->device_replica(), mesh_->device_pipeline(),
-          mesh_->device_ends(), mesh_->send_next().group, mesh_->recv_prev().group, mesh_->send_prev().group,
+          mesh_->device_ends(), mesh_->device_context(), mesh_->device_expert(), mesh_->device_expert_shard(),
+          mesh_->device_expert_grads(), mesh_->send_next().group, mesh_->recv_prev().group, mesh_->send_prev().group,
           mesh_->recv_next().group}) {
       if (group == nullptr) continue;
       group->Abort();

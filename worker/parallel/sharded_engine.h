@@ -129,10 +129,14 @@ class ShardedEngine final : public Engine, private ChunkCompute {
   // Where unit u (the embedding's or the head's) is gathered: the edge slot, or its own kept copy.
   Ptr<A> EdgeSlot(int u) const;
   Ptr<G> BlockGrads(int l);
+  // Whether a block's backward writes unsharded gradients that ReduceGrads then reduces
+  // (else it adds into the shard's own), and the group that shards the unit.
+  static bool ReducesUnsharded(const FlatUnit<P>& unit) { return unit.shard_size() > 1 || unit.experts_split(); }
+  comm::StreamCollectives* ShardGroup(const FlatUnit<P>& unit) const;
   // Where unit u's (the embedding's or the head's) unsharded gradients go.
   Ptr<G> EdgeGrads(int u);
   model::Context<P> Context(const model::Documents* documents = nullptr) {
-    return {*ops_, *compute_, tp_.get(), family_buffers_, cp_.get(), backend_.get(), documents};
+    return {*ops_, *compute_, tp_.get(), family_buffers_, cp_.get(), backend_.get(), documents, nullptr, ep_.get()};
   }
   // The dims of a micro-batch: its shape and, in training with dropout, its masks.
   model::Dims DimsOf(int B, int T, const MicroBatchKey* training) const;
@@ -169,6 +173,7 @@ class ShardedEngine final : public Engine, private ChunkCompute {
   void Drain();
 
   class TensorParallel;
+  class ExpertParallel;
 
   model::ParameterLayout layout_;
   std::unique_ptr<model::Model<P>> model_;
@@ -184,6 +189,7 @@ class ShardedEngine final : public Engine, private ChunkCompute {
   std::unique_ptr<runtime::Stream> compute_, comm_;
   std::unique_ptr<runtime::StreamTimer> exposed_;
   std::unique_ptr<TensorParallel> tp_;  // null without tensor parallelism
+  std::unique_ptr<ExpertParallel> ep_;  // null without expert parallelism
   std::unique_ptr<model::ContextParallelGroup<P>> cp_;  // null without context parallelism
   model::ExpertCounts expert_counts_;  // the training forwards' since TakeExpertCounts
   // The step buffer (api::StepBuffers): tokens, targets, scalars, segment tables, RoPE's table.

@@ -20,7 +20,7 @@ std::vector<float> ShardedEngine<P>::Weights() {
     backend_->Download(shard.data(), Ptr<const G>(unit->master()), unit->shard_numel(), *compute_);
     Drain();
     const G* from = shard.data();
-    if (comm::Communicator* group = mesh_->shard()) {
+    if (comm::Communicator* group = unit->experts_split() ? mesh_->expert_shard() : mesh_->shard()) {
       unit_whole.resize(size_t(unit->padded_numel()));
       group->AllGather(shard.data(), unit_whole.data(), shard.size(), comm::DataTypeOf<G>())->Wait();
       from = unit_whole.data();
@@ -28,14 +28,19 @@ std::vector<float> ShardedEngine<P>::Weights() {
     std::copy(from, from + unit->numel(), local.begin() + unit->begin());
   }
   // Each slice in its place of the whole model (the tensors every rank holds whole from
-  // TP rank 0), summed over the TP group: every element comes from one rank.
+  // TP rank 0, and every tensor but the experts' from expert rank 0), summed over the TP
+  // and expert groups: every element comes from one rank.
   std::vector<G> whole(size_t(layout_.shape().ParameterCount()), G(0));
   for (const model::ParamTensor& t : layout_.tensors()) {
     if (t.tp_replicated() && mesh_->tp_rank() != 0) continue;
+    if (!t.expert && mesh_->expert_rank() != 0) continue;
     const std::vector<int64_t> at = layout_.WholeIndices(t.offset, t.offset + t.size);
     for (size_t i = 0; i < at.size(); ++i) {
       if (at[i] >= 0) whole[size_t(at[i])] = local[size_t(t.offset) + i];
     }
+  }
+  if (comm::Communicator* group = mesh_->expert()) {
+    group->AllReduce(whole.data(), whole.data(), whole.size(), comm::DataTypeOf<G>(), comm::ReduceOp::kSum)->Wait();
   }
   if (comm::Communicator* group = mesh_->tp()) {
     group->AllReduce(whole.data(), whole.data(), whole.size(), comm::DataTypeOf<G>(), comm::ReduceOp::kSum)->Wait();

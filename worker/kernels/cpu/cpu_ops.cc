@@ -256,8 +256,8 @@ class CpuOps final : public Ops<P> {
   void AddLoss(Out<double> sum, In<G> losses, int64_t R, double scale, Stream& s) override {
     Run(s, [=, sum = At(sum), losses = At(losses)] { cpu::AddLoss<G>(sum, losses, R, scale); });
   }
-  void Accumulate(Out<G> into, In<G> from, int64_t n, Stream& s) override {
-    Run(s, [=, into = At(into), from = At(from)] { cpu::Accumulate<G>(into, from, n); });
+  void Accumulate(Out<G> into, In<G> from, int64_t n, float scale, Stream& s) override {
+    Run(s, [=, into = At(into), from = At(from)] { cpu::Accumulate<G>(into, from, n, scale); });
   }
   void Cast(Out<A> to, In<G> from, int64_t n, Stream& s) override {
     Run(s, [=, to = At(to), from = At(from)] { cpu::Cast<A, G>(to, from, n); });

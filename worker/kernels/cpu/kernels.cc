@@ -707,9 +707,15 @@ void AddLoss(double* sum, const G* losses, int64_t R, double scale) {
 constexpr int64_t kParallelFrom = int64_t(1) << 20;
 
 template <class G>
-void Accumulate(G* into, const G* from, int64_t n) {
+void Accumulate(G* into, const G* from, int64_t n, float scale) {
+  if (scale == 1.0f) {
 #pragma omp parallel for if (n >= kParallelFrom)
-  for (int64_t i = 0; i < n; ++i) into[i] += from[i];
+    for (int64_t i = 0; i < n; ++i) into[i] += from[i];
+    return;
+  }
+  const G s = G(scale);
+#pragma omp parallel for if (n >= kParallelFrom)
+  for (int64_t i = 0; i < n; ++i) into[i] += s * from[i];
 }
 
 template <class A, class G>
@@ -901,8 +907,8 @@ MESHTRAIN_CPU_KERNELS(double, double)
 
 template void AddLoss<float>(double*, const float*, int64_t, double);
 template void AddLoss<double>(double*, const double*, int64_t, double);
-template void Accumulate<float>(float*, const float*, int64_t);
-template void Accumulate<double>(double*, const double*, int64_t);
+template void Accumulate<float>(float*, const float*, int64_t, float);
+template void Accumulate<double>(double*, const double*, int64_t, float);
 template void SumSquares<float>(double*, const float*, const ShardSegment*, int);
 template void SumSquares<double>(double*, const double*, const ShardSegment*, int);
 

@@ -117,7 +117,7 @@ template <class G>
 void AddLoss(double* sum, const G* losses, int64_t R, double scale);
 
 template <class G>
-void Accumulate(G* into, const G* from, int64_t n);
+void Accumulate(G* into, const G* from, int64_t n, float scale);
 template <class A, class G>
 void Cast(A* to, const G* from, int64_t n);
 template <class G>

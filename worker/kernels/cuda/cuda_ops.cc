@@ -505,8 +505,8 @@ class CudaOps final : public Ops<Bf16> {
 
   // --- Shard operations ---
 
-  void Accumulate(Out<Acc> into, In<Acc> from, int64_t n, Stream& stream) override {
-    cuda::Accumulate(Raw(into), Raw(from), n, Handle(stream));
+  void Accumulate(Out<Acc> into, In<Acc> from, int64_t n, float scale, Stream& stream) override {
+    cuda::Accumulate(Raw(into), Raw(from), n, scale, Handle(stream));
   }
 
   void Cast(Out<Act> to, In<Acc> from, int64_t n, Stream& stream) override {

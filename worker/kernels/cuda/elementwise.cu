@@ -37,14 +37,14 @@ __global__ void AddKernel(bf16* out, const bf16* a, const bf16* b, int64_t n) { 
 }
 
 template <int V>
-__global__ void AccumulateKernel(float* __restrict__ into, const float* __restrict__ from, int64_t n) {
+__global__ void AccumulateKernel(float* __restrict__ into, const float* __restrict__ from, int64_t n, float scale) {
   ForVector<V>(n, [&](int64_t i, auto width) {
     constexpr int W = decltype(width)::value;
     float x[W], y[W];
     Load<W>(into + i, x);
     Load<W>(from + i, y);
 #pragma unroll
-    for (int j = 0; j < W; ++j) x[j] += y[j];
+    for (int j = 0; j < W; ++j) x[j] += scale * y[j];
     Store<W>(into + i, x);
   });
 }
@@ -89,12 +89,12 @@ void Add(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream
   CheckLaunch("Add", {{"n", n}});
 }
 
-void Accumulate(float* into, const float* from, int64_t n, cudaStream_t stream) {
+void Accumulate(float* into, const float* from, int64_t n, float scale, cudaStream_t stream) {
   if (n == 0) return;
   if (Aligned(into, 16) && Aligned(from, 16)) {
-    AccumulateKernel<4><<<Blocks(CeilDiv(n, 4)), kThreads, 0, stream>>>(into, from, n);
+    AccumulateKernel<4><<<Blocks(CeilDiv(n, 4)), kThreads, 0, stream>>>(into, from, n, scale);
   } else {
-    AccumulateKernel<1><<<Blocks(n), kThreads, 0, stream>>>(into, from, n);
+    AccumulateKernel<1><<<Blocks(n), kThreads, 0, stream>>>(into, from, n, scale);
   }
   CheckLaunch("Accumulate", {{"n", n}});
 }

@@ -178,7 +178,7 @@ void VocabSliceCrossEntropy(float* losses, bf16* dlogits, const bf16* logits, co
 void AddLoss(double* sum, const float* losses, int64_t R, double scale, cudaStream_t stream);
 
 // --- Shard operations ---
-void Accumulate(float* into, const float* from, int64_t n, cudaStream_t stream);
+void Accumulate(float* into, const float* from, int64_t n, float scale, cudaStream_t stream);
 void Cast(bf16* to, const float* from, int64_t n, cudaStream_t stream);
 // `partials`: kSumSquaresBlocks doubles.
 constexpr int kSumSquaresBlocks = 1024;
