@@ -152,6 +152,8 @@ BlasLt::Plan& BlasLt::PlanFor(const Gemm& gemm, const char* what) {
   return *slot;
 }
 
+void* BlasLt::Workspace() const { return runtime::DeviceSide::Address(workspace_.get()); }
+
 std::optional<float> BlasLt::Waves(const Gemm& gemm, const char* what) {
   const Plan& plan = PlanFor(gemm, what);
   if (!plan.supported) return std::nullopt;

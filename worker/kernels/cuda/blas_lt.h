@@ -71,6 +71,10 @@ class BlasLt {
   // full wave of thread blocks); none when there is no algorithm.
   std::optional<float> Waves(const Gemm& gemm, const char* what);
 
+  // The workspace (kWorkspaceBytes), lent to the table's cuBLAS calls (grouped_gemm.h):
+  // stream order keeps them apart from these.
+  void* Workspace() const;
+
  private:
   struct Plan;
 

@@ -12,10 +12,12 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "worker/kernels/cuda/attention_blocks.h"
 #include "worker/kernels/cuda/blas_lt.h"
 #include "worker/kernels/cuda/cudnn_attention.h"
+#include "worker/kernels/cuda/grouped_gemm.h"
 #include "worker/kernels/cuda/launch.h"
 #include "worker/runtime/cuda.h"
 #include "worker/runtime/device_memory.h"
@@ -75,6 +77,8 @@ class CudaOps final : public Ops<Bf16> {
     runtime::cuda::Check(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device.index),
                          "cudaDeviceGetAttribute(multiprocessors)");
     blas_ = std::make_unique<BlasLt>(allocator);
+    grouped_ = std::make_unique<GroupedGemm>(allocator, backend.PinnedHostMemory(), blas_->Workspace(),
+                                             BlasLt::kWorkspaceBytes);
     if (const cudnnStatus_t status = cudnnCreate(&cudnn_); status != CUDNN_STATUS_SUCCESS) {
       cudnn_ = nullptr;
       cudnn_missing_ = std::string("cudnnCreate: ") + cudnnGetErrorString(status);
@@ -423,23 +427,38 @@ class CudaOps final : public Ops<Bf16> {
                              Handle(stream));
   }
 
-  // The experts' products: a loop of cuBLASLt products, one per expert with rows, each
-  // described as MatmulForward's and MatmulBackward's (no epilogues). Their plans are
-  // cached by shape as every product's (blas_lt.h bounds the cache, as the row counts
-  // change from step to step).
+  // The experts' products, one per expert with rows, each described as MatmulForward's
+  // and MatmulBackward's (no epilogues). out and dinp: one cublasGemmGroupedBatchedEx
+  // call for all of them (grouped_gemm.h). dweight: a loop of cuBLASLt products, one per
+  // expert, because the grouped API takes no bf16 A and B into an fp32 C (cuBLAS
+  // documents, for CUBLAS_COMPUTE_32F, only A/B/C all bf16, all fp16 or all fp32), and
+  // dweight is summed into fp32 with beta 1; their plans are cached by shape as every
+  // product's (blas_lt.h bounds the cache, as the row counts change from step to step).
+  // The same loop serves out and dinp where the grouped API cannot (an expert's rows
+  // that do not start on 16 bytes, as K or OC not a multiple of 8 leaves them; a cuBLAS
+  // that refuses it).
   void GroupedMatmulForward(Out<Act> out, In<Act> inp, In<Act> weight, const int32_t* counts, int E, int K, int OC,
                             Stream& stream) override {
     CheckCounts(counts, E, "GroupedMatmulForward");
     if (K == 0 || OC == 0) return;
     const cudaStream_t handle = Handle(stream);
+    // out_e^T (OC,m) = weight_e (OC,K) inp_e^T (K,m): A = weight_e stored (K,OC) and
+    // transposed, B = inp_e stored (K,m).
+    grouped_problems_.clear();
     int64_t row = 0;
     for (int e = 0; e < E; ++e) {
-      const int64_t m = counts[e];
+      const int m = counts[e];
       if (m == 0) continue;
-      const Gemm gemm{.transpose_a = true, .m = OC, .n = m, .k = K, .a = Raw(weight + int64_t(e) * OC * K), .lda = K,
-                      .b = Raw(inp + row * K), .ldb = K, .d = Raw(out + row * OC), .ldd = OC};
-      RunOrThrow(gemm, "GroupedMatmulForward", handle);
+      grouped_problems_.push_back({.a = Raw(weight + int64_t(e) * OC * K), .b = Raw(inp + row * K),
+                                   .d = Raw(out + row * OC), .m = OC, .n = m, .k = K});
       row += m;
+    }
+    const char* what = "GroupedMatmulForward";
+    if (grouped_->Run({.transpose_a = true, .lda = K, .ldb = K, .ldd = OC}, grouped_problems_, what, handle)) return;
+    for (const GroupedProblem& p : grouped_problems_) {
+      const Gemm gemm{.transpose_a = true, .m = OC, .n = p.n, .k = K, .a = p.a, .lda = K, .b = p.b, .ldb = K,
+                      .d = p.d, .ldd = OC};
+      RunOrThrow(gemm, what, handle);
     }
   }
 
@@ -448,24 +467,39 @@ class CudaOps final : public Ops<Bf16> {
     CheckCounts(counts, E, "GroupedMatmulBackward");
     if (K == 0 || OC == 0) return;
     const cudaStream_t handle = Handle(stream);
-    int64_t row = 0;
-    for (int e = 0; e < E; ++e) {
-      const int64_t m = counts[e];
-      if (m == 0) continue;
-      const auto* w = Raw(weight + int64_t(e) * OC * K);
-      const auto* d = Raw(dout + row * OC);
-      if (dinp) {
-        const Gemm gemm{.m = K, .n = m, .k = OC, .a = w, .lda = K, .b = d, .ldb = OC, .d = Raw(dinp + row * K),
-                        .ldd = K};
-        RunOrThrow(gemm, "GroupedMatmulBackward (dinp)", handle);
+    if (dinp) {
+      // dinp_e^T (K,m) = weight_e^T (K,OC) dout_e^T (OC,m): A = weight_e stored (K,OC),
+      // B = dout_e stored (OC,m).
+      grouped_problems_.clear();
+      int64_t row = 0;
+      for (int e = 0; e < E; ++e) {
+        const int m = counts[e];
+        if (m == 0) continue;
+        grouped_problems_.push_back({.a = Raw(weight + int64_t(e) * OC * K), .b = Raw(dout + row * OC),
+                                     .d = Raw(dinp + row * K), .m = K, .n = m, .k = OC});
+        row += m;
       }
-      if (dweight) {
-        const Gemm gemm{.transpose_b = true, .m = K, .n = OC, .k = m, .a = Raw(inp + row * K), .lda = K, .b = d,
-                        .ldb = OC, .d = Raw(dweight + int64_t(e) * OC * K), .d_type = CUDA_R_32F, .ldd = K,
-                        .beta = 1};
+      const char* what = "GroupedMatmulBackward (dinp)";
+      if (!grouped_->Run({.lda = K, .ldb = OC, .ldd = K}, grouped_problems_, what, handle)) {
+        for (const GroupedProblem& p : grouped_problems_) {
+          const Gemm gemm{.m = K, .n = p.n, .k = OC, .a = p.a, .lda = K, .b = p.b, .ldb = OC, .d = p.d, .ldd = K};
+          RunOrThrow(gemm, what, handle);
+        }
+      }
+    }
+    if (dweight) {
+      // dweight_e^T (K,OC) += inp_e^T (K,m) dout_e (m,OC): A = inp_e stored (K,m), B =
+      // dout_e stored (OC,m) and transposed, into fp32 with beta 1 (see above).
+      int64_t row = 0;
+      for (int e = 0; e < E; ++e) {
+        const int64_t m = counts[e];
+        if (m == 0) continue;
+        const Gemm gemm{.transpose_b = true, .m = K, .n = OC, .k = m, .a = Raw(inp + row * K), .lda = K,
+                        .b = Raw(dout + row * OC), .ldb = OC, .d = Raw(dweight + int64_t(e) * OC * K),
+                        .d_type = CUDA_R_32F, .ldd = K, .beta = 1};
         RunOrThrow(gemm, "GroupedMatmulBackward (dweight)", handle);
+        row += m;
       }
-      row += m;
     }
   }
 
@@ -728,6 +762,8 @@ class CudaOps final : public Ops<Bf16> {
   CudaOpsOptions options_;
   int multiprocessors_ = 0;
   std::unique_ptr<BlasLt> blas_;
+  std::unique_ptr<GroupedGemm> grouped_;          // the experts' products, in BlasLt's workspace
+  std::vector<GroupedProblem> grouped_problems_;  // GroupedMatmul's, kept from call to call
   cudnnHandle_t cudnn_ = nullptr;
   std::string cudnn_missing_;  // why there is no cuDNN handle; empty when there is one
   std::map<std::tuple<int, int, int, int, int>, AttentionPlan> attention_;  // by (B, T, NH, KVH, HS)
