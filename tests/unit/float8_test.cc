@@ -105,5 +105,77 @@ TEST(Float8, RoundsToNearestEvenAndSaturates) {
   }
 }
 
+// Encoding at every boundary of the specification's tables: the zeros, the smallest and
+// largest subnormals, the smallest normal, the largest finite value and what lies past it
+// (E4M3's S.1111.111 and E5M2's S.11111.00 are NaN and infinity: a saturating encoder
+// never gives them for a number), the float range's ends, and NaN with either sign.
+TEST(Float8, EncodesTheSpecificationsBoundaries) {
+  constexpr float kFloatMax = std::numeric_limits<float>::max();
+  constexpr float kFloatTiniest = std::numeric_limits<float>::denorm_min();
+  const struct {
+    float x;
+    uint8_t bits;
+  } e4m3[] = {
+      {0.0f, 0x00},          {-0.0f, 0x80},
+      {0x1p-9f, 0x01},       {-0x1p-9f, 0x81},        // the smallest subnormal
+      {0x1.000002p-10f, 0x01},                        // just past half of it: up
+      {kFloatTiniest, 0x00}, {-kFloatTiniest, 0x80},  // float's smallest: to a signed 0
+      {0x1.cp-7f, 0x07},                              // the largest subnormal, 7 x 2^-9
+      {0x1p-6f, 0x08},       {-0x1p-6f, 0x88},        // the smallest normal
+      {0x1.dp-7f, 0x07},     {0x1.fp-7f, 0x08},       // either side of the midpoint between them
+      {1.0f, 0x38},          {256.0f, 0x78},          {416.0f, 0x7D},
+      {448.0f, 0x7E},        {-448.0f, 0xFE},         // the largest finite
+      {456.0f, 0x7E},        {463.99997f, 0x7E},      // below the midpoint past 448
+      {480.0f, 0x7E},        {-480.0f, 0xFE},         // S.1111.111's value if it were a number: saturated
+      {kFloatMax, 0x7E},     {-kFloatMax, 0xFE},
+      {-kNaN, 0xFF},
+  };
+  for (const auto& c : e4m3) EXPECT_EQ(EncodeFloat8(c.x, Float8::kE4M3), c.bits) << c.x;
+  const struct {
+    float x;
+    uint8_t bits;
+  } e5m2[] = {
+      {0.0f, 0x00},          {-0.0f, 0x80},
+      {0x1p-16f, 0x01},      {-0x1p-16f, 0x81},       // the smallest subnormal
+      {0x1.000002p-17f, 0x01},                        // just past half of it: up
+      {kFloatTiniest, 0x00}, {-kFloatTiniest, 0x80},
+      {0x1.8p-15f, 0x03},                             // the largest subnormal, 3 x 2^-16
+      {0x1p-14f, 0x04},      {-0x1p-14f, 0x84},       // the smallest normal
+      {0x1.cp-15f, 0x04},                             // the midpoint between them: to the even 0x04
+      {1.0f, 0x3C},          {32768.0f, 0x78},        {49152.0f, 0x7A},
+      {57344.0f, 0x7B},      {-57344.0f, 0xFB},       // the largest finite
+      {61439.996f, 0x7B},                             // below the midpoint past 57344
+      {65536.0f, 0x7B},      {-65536.0f, 0xFB},       // infinity's place: saturated
+      {kFloatMax, 0x7B},     {-kFloatMax, 0xFB},
+      {-kNaN, 0xFF},
+  };
+  for (const auto& c : e5m2) EXPECT_EQ(EncodeFloat8(c.x, Float8::kE5M2), c.bits) << c.x;
+}
+
+// Between every two neighbouring finite values of a format: the midpoint goes to the code
+// with the even mantissa, one float either side of it to the nearer code; with either
+// sign. Past the largest finite value, every float saturates.
+TEST(Float8, EveryMidpointRoundsToEvenAndItsNeighboursToTheNearer) {
+  for (Float8 format : {Float8::kE4M3, Float8::kE5M2}) {
+    const int largest = format == Float8::kE4M3 ? 0x7E : 0x7B;
+    for (int bits = 0; bits < largest; ++bits) {
+      const float low = DecodeFloat8(uint8_t(bits), format), high = DecodeFloat8(uint8_t(bits + 1), format);
+      const float mid = (low + high) / 2;  // exact: a float8 value has few bits
+      const uint8_t even = uint8_t(bits % 2 == 0 ? bits : bits + 1);
+      for (float sign : {1.0f, -1.0f}) {
+        const uint8_t s = sign < 0 ? 0x80 : 0;
+        EXPECT_EQ(EncodeFloat8(sign * mid, format), even | s) << bits;
+        EXPECT_EQ(EncodeFloat8(sign * std::nextafter(mid, 0.0f), format), bits | s) << bits;
+        EXPECT_EQ(EncodeFloat8(sign * std::nextafter(mid, kInf), format), (bits + 1) | s) << bits;
+      }
+    }
+    const float max = Float8Max(format);
+    for (float x = std::nextafter(max, kInf); std::isfinite(x); x *= 1.5f) {
+      EXPECT_EQ(EncodeFloat8(x, format), largest) << x;
+      EXPECT_EQ(EncodeFloat8(-x, format), largest | 0x80) << x;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace meshtrain::kernels

@@ -1,0 +1,221 @@
+#include "worker/kernels/cpu/float8_matmul.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace meshtrain::kernels::cpu {
+namespace {
+// A namespace of its own: this file shares unity units with kernels.cc's helpers.
+namespace float8_matmul {
+
+// torchao's float8_utils.EPS: amax_to_scale clamps the amax to it, "to avoid division by zero".
+constexpr double kAmaxFloor = 1e-12;
+
+// Every code's value in one format, built once.
+const float* DecodeTable(Float8 format) {
+  static const auto tables = [] {
+    std::array<std::array<float, 256>, 2> t{};
+    for (int bits = 0; bits < 256; ++bits) {
+      t[0][size_t(bits)] = DecodeFloat8(uint8_t(bits), Float8::kE4M3);
+      t[1][size_t(bits)] = DecodeFloat8(uint8_t(bits), Float8::kE5M2);
+    }
+    return t;
+  }();
+  return tables[format == Float8::kE4M3 ? 0 : 1].data();
+}
+
+// The scale of element (i, j) of a (rows,cols) tensor.
+inline float ScaleAt(const float* scale, Float8Scaling scaling, int64_t i, int64_t j) {
+  return scaling == Float8Scaling::kTensor ? scale[0] : scaling == Float8Scaling::kRow ? scale[i] : scale[j];
+}
+
+// Per-thread scratch for the dequantised operands, reused from call to call.
+float* OperandScratch(int slot, int64_t n) {
+  thread_local std::vector<float> slots[2];
+  std::vector<float>& s = slots[slot];
+  if (int64_t(s.size()) < n) s.resize(size_t(n));
+  return s.data();
+}
+
+// out (rows,cols) = DequantizeFloat8(QuantizeFloat8(x)), without storing the codes.
+void QuantizeDequantize(float* out, const float* x, const float* scale, int64_t rows, int64_t cols, Float8 format,
+                        Float8Scaling scaling) {
+  const float* decode = DecodeTable(format);
+#pragma omp parallel for
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      const float s = ScaleAt(scale, scaling, i, j);
+      const float scaled = x[i * cols + j] * s;
+      out[i * cols + j] = decode[EncodeFloat8(scaled, format)] / s;
+    }
+  }
+}
+
+// An operand of `recipe`'s product, dequantised into scratch `slot`.
+const float* Operand(int slot, const float* x, const float* scale, int64_t rows, int64_t cols, Float8Recipe recipe,
+                     Float8Operand operand) {
+  const Float8Cast cast = Float8CastOf(recipe, operand);
+  float* out = OperandScratch(slot, rows * cols);
+  QuantizeDequantize(out, x, scale, rows, cols, cast.format, cast.scaling);
+  return out;
+}
+
+// Row-major C (M,N) = op(A) @ op(B) + beta * C, with a product over K = 0 adding nothing.
+void Sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+           int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    if (beta == 0) std::fill(C, C + M * N, 0.0f);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(M), int(N),
+              int(K), 1.0f, A, int(lda), B, int(ldb), beta, C, int(ldc));
+}
+
+}  // namespace float8_matmul
+}  // namespace
+
+Float8Cast Float8CastOf(Float8Recipe recipe, Float8Operand operand) {
+  if (recipe == Float8Recipe::kTensorwise) {
+    const bool dout = operand == Float8Operand::kDoutForGradInput || operand == Float8Operand::kDoutForGradWeight;
+    return {dout ? Float8::kE5M2 : Float8::kE4M3, Float8Scaling::kTensor, false};
+  }
+  // Rowwise: each operand scaled along its product's contraction axis.
+  switch (operand) {
+    case Float8Operand::kInpForward:
+    case Float8Operand::kWeightForward:
+    case Float8Operand::kDoutForGradInput:
+      return {Float8::kE4M3, Float8Scaling::kRow, true};
+    case Float8Operand::kWeightForGradInput:
+    case Float8Operand::kDoutForGradWeight:
+    case Float8Operand::kInpForGradWeight:
+      return {Float8::kE4M3, Float8Scaling::kColumn, true};
+  }
+  return {Float8::kE4M3, Float8Scaling::kTensor, true};  // unreachable
+}
+
+int64_t Float8ScaleCount(Float8Scaling scaling, int64_t rows, int64_t cols) {
+  return scaling == Float8Scaling::kTensor ? 1 : scaling == Float8Scaling::kRow ? rows : cols;
+}
+
+void Float8Amax(float* amax, const float* x, int64_t rows, int64_t cols, Float8Scaling scaling) {
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  // The max of |v| over values, NaN when one is NaN (tracked on its own: a comparison with
+  // NaN is false).
+  auto row_amax = [&](int64_t i) {
+    float m = 0;
+    bool nan = false;
+    for (int64_t j = 0; j < cols; ++j) {
+      const float a = std::fabs(x[i * cols + j]);
+      nan |= std::isnan(a);
+      m = a > m ? a : m;
+    }
+    return nan ? kNaN : m;
+  };
+  switch (scaling) {
+    case Float8Scaling::kRow: {
+#pragma omp parallel for
+      for (int64_t i = 0; i < rows; ++i) amax[i] = row_amax(i);
+      return;
+    }
+    case Float8Scaling::kTensor: {
+      std::vector<float> per_row(size_t(std::max<int64_t>(rows, 0)));
+#pragma omp parallel for
+      for (int64_t i = 0; i < rows; ++i) per_row[size_t(i)] = row_amax(i);
+      float m = 0;
+      for (float a : per_row) m = (std::isnan(a) || std::isnan(m)) ? kNaN : std::max(m, a);
+      amax[0] = m;
+      return;
+    }
+    case Float8Scaling::kColumn: {
+      // Blocks of columns, each swept row by row (contiguous reads).
+      constexpr int64_t kBlock = 256;
+      const int64_t blocks = (cols + kBlock - 1) / kBlock;
+#pragma omp parallel for
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t j0 = b * kBlock, j1 = std::min(cols, j0 + kBlock);
+        for (int64_t j = j0; j < j1; ++j) amax[j] = 0;
+        for (int64_t i = 0; i < rows; ++i) {
+          for (int64_t j = j0; j < j1; ++j) {
+            const float a = std::fabs(x[i * cols + j]);
+            if (std::isnan(a) || std::isnan(amax[j])) {
+              amax[j] = kNaN;
+            } else if (a > amax[j]) {
+              amax[j] = a;
+            }
+          }
+        }
+      }
+      return;
+    }
+  }
+}
+
+float Float8Scale(float amax, Float8 format, bool power_of_2) {
+  if (std::isnan(amax)) return std::numeric_limits<float>::quiet_NaN();
+  // torchao: amax.to(float64); finfo(dtype).max / clamp(amax, min=EPS); .to(float32). (A
+  // quotient of two floats rounded to fp64, then to fp32, is the fp32 quotient: the double
+  // rounding is harmless, so an fp32 division agrees wherever amax >= 1e-12.)
+  const float scale = float(double(Float8Max(format)) / std::max(double(amax), float8_matmul::kAmaxFloor));
+  if (!power_of_2 || !(scale > 0) || std::isinf(scale)) return scale;
+  // The largest power of 2 not above scale: scale = f x 2^e with f in [0.5, 1).
+  int e = 0;
+  std::frexp(scale, &e);
+  return std::ldexp(1.0f, e - 1);
+}
+
+void Float8Scales(float* scale, const float* amax, int64_t n, Float8 format, bool power_of_2) {
+  for (int64_t i = 0; i < n; ++i) scale[i] = Float8Scale(amax[i], format, power_of_2);
+}
+
+void QuantizeFloat8(uint8_t* q, const float* x, const float* scale, int64_t rows, int64_t cols, Float8 format,
+                    Float8Scaling scaling) {
+#pragma omp parallel for
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      q[i * cols + j] = EncodeFloat8(x[i * cols + j] * float8_matmul::ScaleAt(scale, scaling, i, j), format);
+    }
+  }
+}
+
+void DequantizeFloat8(float* x, const uint8_t* q, const float* scale, int64_t rows, int64_t cols, Float8 format,
+                      Float8Scaling scaling) {
+  const float* decode = float8_matmul::DecodeTable(format);
+#pragma omp parallel for
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      x[i * cols + j] = decode[q[i * cols + j]] / float8_matmul::ScaleAt(scale, scaling, i, j);
+    }
+  }
+}
+
+void Float8MatmulForward(float* out, const float* inp, const float* inp_scale, const float* weight,
+                         const float* weight_scale, int64_t N, int K, int OC, Float8Recipe recipe) {
+  using float8_matmul::Operand;
+  const float* a = Operand(0, inp, inp_scale, N, K, recipe, Float8Operand::kInpForward);           // (N,K)
+  const float* b = Operand(1, weight, weight_scale, OC, K, recipe, Float8Operand::kWeightForward);  // (OC,K)
+  float8_matmul::Sgemm(false, true, N, OC, K, a, K, b, K, 0.0f, out, OC);
+}
+
+void Float8MatmulGradInput(float* dinp, const float* dout, const float* dout_scale, const float* weight,
+                           const float* weight_scale, int64_t N, int K, int OC, Float8Recipe recipe) {
+  using float8_matmul::Operand;
+  const float* a = Operand(0, dout, dout_scale, N, OC, recipe, Float8Operand::kDoutForGradInput);       // (N,OC)
+  const float* b = Operand(1, weight, weight_scale, OC, K, recipe, Float8Operand::kWeightForGradInput);  // (OC,K)
+  float8_matmul::Sgemm(false, false, N, K, OC, a, OC, b, K, 0.0f, dinp, K);
+}
+
+void Float8MatmulGradWeight(float* dweight, const float* dout, const float* dout_scale, const float* inp,
+                            const float* inp_scale, int64_t N, int K, int OC, Float8Recipe recipe) {
+  using float8_matmul::Operand;
+  const float* a = Operand(0, dout, dout_scale, N, OC, recipe, Float8Operand::kDoutForGradWeight);  // (N,OC)
+  const float* b = Operand(1, inp, inp_scale, N, K, recipe, Float8Operand::kInpForGradWeight);      // (N,K)
+  float8_matmul::Sgemm(true, false, OC, K, N, a, OC, b, K, 1.0f, dweight, K);
+}
+
+}  // namespace meshtrain::kernels::cpu
