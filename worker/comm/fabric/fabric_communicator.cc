@@ -250,9 +250,14 @@ class FabricCommunicator : public Communicator {
       auto* in = static_cast<const char*>(send);
       auto* out = static_cast<char*>(recv);
       constexpr uint32_t kDataSlot = 0, kOfferSlot = 1, kPushedSlot = 2;
-      // Where a block may go direct; the receiver's offer decides between push and pull.
+      // Where a block is negotiated: the receiver's offer decides between a push into its
+      // shared memory and a send, which then never finds its receive unposted. Every
+      // same-node block past a header's size, as for point-to-point (exchange.h,
+      // kPointToPointDirectBytes): a rendezvous-sized send of libfabric's shm provider
+      // whose receive was posted late may never complete at the sender, and all-to-alls
+      // of a few KiB a member (a mixture of experts' tokens) were seen to hang so.
       auto negotiated = [&](int peer, size_t bytes) {
-        return routes_[size_t(peer)].same_node && bytes >= fabric::kDirectBytes;
+        return routes_[size_t(peer)].same_node && bytes > fabric::kPointToPointDirectBytes;
       };
       std::vector<Offer> offers_out(static_cast<size_t>(n)), offers_in(static_cast<size_t>(n));  // stable in flight
       std::vector<char> pushed(static_cast<size_t>(n));
