@@ -327,7 +327,7 @@ struct DerivedDefault {
 };
 
 struct TrainingJobStatus {
-  std::string phase;  // Pending | Starting | Running | Restarting | Succeeded | Failed | Suspended
+  std::string phase;  // Pending | Queued | Starting | Running | Restarting | Succeeded | Failed | Suspended
   std::vector<Condition> conditions;
   int64_t observed_generation = 0;
   // Every restart of the gang, in place or with new pods; the attempt its launchers follow.

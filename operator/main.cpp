@@ -75,8 +75,8 @@ int main(int argc, char** argv) {
                  "file of the operator's key (at least 32 bytes), from which each pod's launcher token derives "
                  "(the Helm chart's Secret); without it, a failed rank restarts its gang by recreating the pods");
   app.add_flag("--kueue", kueue,
-               "Kueue is installed and the chart's kueue.enabled is true (admission by Kueue is being built); "
-               "without it, a job's kueue.x-k8s.io/queue-name label is ignored with a Warning Event");
+               "Kueue is installed and the chart's kueue.enabled is true: a job labelled kueue.x-k8s.io/queue-name "
+               "gets a Workload and runs once Kueue admits it; without it, the label is ignored with a Warning Event");
   app.add_option("--log-level", log_level, "log level")->check(CLI::IsMember(LogLevelNames()));
   CLI11_PARSE(app, argc, argv);
   InitLogging("meshtrain-operator", log_level);
@@ -110,9 +110,6 @@ int main(int argc, char** argv) {
     options.workers = workers;
     options.reconciler.decide.pending_timeout = std::chrono::seconds(pending_timeout_s);
     options.reconciler.decide.kueue = kueue;
-    if (kueue)
-      spdlog::warn("--kueue: admission by Kueue is not built yet; jobs labelled kueue.x-k8s.io/queue-name are placed "
-                   "by this operator alone");
     options.reconciler.avoid_failed_node = std::chrono::seconds(avoid_failed_node_s);
     options.progress.interval = std::chrono::seconds(progress_interval_s);
     options.launchers.interval = std::chrono::milliseconds(launcher_interval_ms);

@@ -61,6 +61,26 @@ Controller::Controller(kube::Client& client, OperatorMetrics* metrics, Controlle
   // The pod and node caches keep only what their readers use (cache_transforms.h).
   pods_.SetTransform(PodForCache);
   nodes_.SetTransform(NodeForCache);
+  if (options_.reconciler.decide.kueue) {
+    workloads_ = std::make_unique<kube::Informer>(client, kube::resources::Workloads(), options_.namespace_,
+                                                  kube::ListOptions{kJobNameLabel, "", ""}, options_.informer);
+    // The cache keeps what names the job; the reconciler GETs the Workload it decides from.
+    workloads_->SetTransform([](json workload) {
+      const json& meta = workload["metadata"];
+      return json{{"metadata",
+                   {{"name", meta.value("name", "")},
+                    {"namespace", meta.value("namespace", "")},
+                    {"resourceVersion", meta.value("resourceVersion", "")},
+                    {"labels", meta.value("labels", json::object())}}}};
+    });
+    auto enqueue_job = [this](const json& workload) {
+      const json& meta = workload["metadata"];
+      const std::string job = meta.value("labels", json::object()).value(kJobNameLabel, "");
+      if (!job.empty()) queue_.Add(kube::ObjectKey(meta.value("namespace", ""), job));
+    };
+    workloads_->AddHandler(
+        {enqueue_job, [enqueue_job](const json&, const json& workload) { enqueue_job(workload); }, enqueue_job});
+  }
   pods_.AddIndex(kPodsByJob, PodJobKeys);
   pods_.AddIndex(kPodsByNode, PodNodes);
   pods_.AddHandler({[this](const json& pod) { OnPod(nullptr, &pod); },
@@ -143,8 +163,9 @@ void Controller::Run(std::stop_token stop) {
   jobs_.Start();
   pods_.Start();
   nodes_.Start();
-  for (auto* informer : {&jobs_, &pods_, &nodes_}) {
-    while (!stop.stop_requested() && !informer->WaitForSync(std::chrono::milliseconds(200))) {
+  if (workloads_) workloads_->Start();
+  for (auto* informer : {&jobs_, &pods_, &nodes_, workloads_.get()}) {
+    while (informer && !stop.stop_requested() && !informer->WaitForSync(std::chrono::milliseconds(200))) {
     }
   }
   if (!stop.stop_requested()) {
@@ -188,6 +209,7 @@ void Controller::Run(std::stop_token stop) {
   jobs_.Stop();
   pods_.Stop();
   nodes_.Stop();
+  if (workloads_) workloads_->Stop();
   ready_ = false;
 }
 

@@ -1,6 +1,6 @@
 // The TrainingJob controller: informers for TrainingJobs, their Pods (by label) and
 // Nodes, and the PodPollers' new readings (rank 0's progress, the launchers' attempts),
-// feed a rate-limited work queue of job keys; `workers` threads run the Reconciler, so
+// (and with Kueue, the jobs' Workloads) feed a rate-limited work queue of job keys; `workers` threads run the Reconciler, so
 // independent jobs reconcile in parallel. The pod and node informers' events also keep
 // the ClusterState (nodes, topology, GPUs in use, the operator's pods in flight) current,
 // and each job's pods are indexed by job and by node.
@@ -58,6 +58,9 @@ class Controller {
   kube::Informer jobs_;
   kube::Informer pods_;
   kube::Informer nodes_;
+  // With Kueue (DecideOptions::kueue): the Workloads of the jobs, whose changes (an
+  // admission, an eviction) enqueue their job; the reconciler reads them live.
+  std::unique_ptr<kube::Informer> workloads_;
   ClusterState cluster_;
   kube::WorkQueue queue_;
   PodPoller progress_;

@@ -72,7 +72,11 @@ void Decider::Judge() {
   // 3. runPolicy: suspend and the deadline.
   if (ApplyRunPolicy()) return;
 
-  // 4. Judge the current gang from its pods and their nodes; pods of older gangs are
+  // 4. With Kueue, a job in a queue runs only under its Workload's admission: until then
+  //    (and after an eviction) it is Queued, with no pod.
+  if (AwaitAdmission()) return;
+
+  // 5. Judge the current gang from its pods and their nodes; pods of older gangs are
   //    leftovers of a recorded restart.
   Gang gang = FindGang();
   if (JudgePods(&gang)) return;
@@ -81,23 +85,24 @@ void Decider::Judge() {
   if (o_.awaiting_created_pods) return d_.Requeue(kAwaitCache);
   if (JudgeMissingPods(gang)) return;
 
-  // 5. In place: a launcher whose ranks failed restarts the gang's attempt, and a gang
+  // 6. In place: a launcher whose ranks failed restarts the gang's attempt, and a gang
   //    restarting in place waits for its launchers to run the stored attempt.
   if (gang.started && DriveLaunchers(gang.pods, gang.restarting_in_place)) return;
 
-  // 6. The gang is not all there, or its placement is not recorded yet: create it, once
+  // 7. The gang is not all there, or its placement is not recorded yet: create it, once
   //    the old gang is gone.
   if (!gang.started && (int64_t(gang.pods.size()) < gang_size() || !d_.status.placement)) {
     if (gang.stale_left) return d_.Requeue(std::chrono::milliseconds(500));
     return CreateGang(gang.number, gang.pods);
   }
 
-  // 7. The gang exists: read its phase, and while it runs, its progress (and an elastic
+  // 8. The gang exists: read its phase, and while it runs, its progress (and an elastic
   //    gang below spec.nodes grows back).
   ReadGang(gang);
 }
 
 void Decider::CleanUpFinished() {
+  FinishWorkload();
   const auto& policy = job_.spec.run_policy;
   for (const auto& pod : o_.pods) {
     const std::string phase = kube::PodPhase(pod);

@@ -52,13 +52,16 @@ inline constexpr const char* kSpecWarningsCondition = "SpecWarnings";
 inline constexpr const char* kQueueNameLabel = "kueue.x-k8s.io/queue-name";
 // True while the job carries kQueueNameLabel and the operator runs without Kueue.
 inline constexpr const char* kQueueLabelIgnoredCondition = "QueueLabelIgnored";
+// With Kueue: True while the job waits for its Workload's admission (phase Queued).
+inline constexpr const char* kQueuedCondition = "Queued";
 
 struct DecideOptions {
   WorkerDefaults worker;  // what pods get unless the job says otherwise
   std::chrono::seconds pending_timeout{120};     // a pod Pending this long gets its gang re-planned
   std::chrono::seconds unschedulable_retry{10};  // retry period while nothing fits
-  // The chart's kueue.enabled (--kueue). false: a job's kQueueNameLabel is ignored, with a
-  // Warning Event (QueueLabelIgnored), and the job is placed as any other.
+  // The chart's kueue.enabled (--kueue). true: a job with kQueueNameLabel runs once Kueue
+  // admits its Workload (kueue.h), where the admission lets it. false: the label is
+  // ignored, with a Warning Event (QueueLabelIgnored), and the job is placed as any other.
   bool kueue = false;
 };
 
@@ -89,6 +92,10 @@ struct Observed {
   // Read for a pass that needs them (Decision::needs); unset until then.
   std::optional<scheduler::ClusterView> cluster;  // the nodes and what is in use on them
   std::optional<nlohmann::json> config_map;       // the job's ConfigMap; null when it has none
+  // With Kueue, for a job in a queue: its Workload (null when it has none), and the
+  // ResourceFlavors its admission names, by name (one not found is absent).
+  std::optional<nlohmann::json> workload;
+  std::optional<std::map<std::string, nlohmann::json>> flavors;
 };
 
 // The nodes Observed::nodes must hold: those `pods` are bound or pinned to, and those the
@@ -146,12 +153,21 @@ struct Decision {
   std::optional<double> recovery_seconds;
   bool placed = false;  // a placement search ran (the caller times it)
   std::optional<nlohmann::json> progress_from;  // rank 0's pod, while the gang runs: read its progress
+  // With Kueue: the job's Workload to create (AlreadyExists is success), and the Workload
+  // (as read, with its resourceVersion) whose status to write through workloads/status.
+  std::optional<nlohmann::json> create_workload;
+  std::optional<nlohmann::json> workload_status;
+  // A Workload that no longer matches the job (its queue or its size changed): deleted
+  // once the job has no pod, and a new one is created the pass after.
+  std::string delete_workload;
   // What the pass lacked: with either set, the decision holds nothing else (its status is
   // the stored one); read it into the Observed and decide again.
   struct Needs {
     bool cluster = false;
     bool config_map = false;
-    bool any() const { return cluster || config_map; }
+    bool workload = false;  // Observed::workload
+    bool flavors = false;   // Observed::flavors, those of Observed::workload's admission
+    bool any() const { return cluster || config_map || workload || flavors; }
   } needs;
 
   void Requeue(std::chrono::milliseconds after) {

@@ -118,6 +118,7 @@ void Decider::ReadGang(const Gang& gang) {
     d_.status.phase = "Running";
     SetCondition("Running", true, "AllWorkersReady", "all " + std::to_string(gang.ready) + " workers are running");
     d_.progress_from = Rank0Pod(gang.pods, gang.number);
+    ReportPodsReady(gang.ready);
     TakeProgress();
     Grow(gang.pods);
   } else if (gang.succeeded == 0) {

@@ -41,6 +41,9 @@ void Decider::BeginNextAttempt(const std::string& reason, const char* kind, bool
 bool Decider::ReplacePod(const std::vector<json>& current, const json& lost, const std::string& what) {
   const int64_t rank = NodeRankOf(lost);
   if (rank < 0 || int64_t(current.size()) != gang_size()) return false;
+  // Under a Kueue TAS assignment, Kueue places the pods: the gang is recreated on the
+  // assignment as it stands (decide_kueue.cc), never on a node the operator chose.
+  if (admitted_ && HasTopologyAssignment(*admitted_)) return false;
   for (const json& pod : current) {
     if (kube::Uid(pod) == kube::Uid(lost)) continue;
     if (kube::PodPhase(pod) != "Running" || !o_.launchers.count(kube::Uid(pod))) return false;

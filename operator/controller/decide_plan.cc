@@ -43,13 +43,17 @@ api::RankTable RankTableOf(const json& config_map, api::FieldErrors* errors) {
 // afresh, or finished on the nodes its ConfigMap's rank table names.
 void Decider::CreateGang(int64_t gang, const std::vector<json>& current) {
   const bool lacks_config_map = LacksConfigMap(), lacks_cluster = LacksCluster();
-  if (lacks_config_map || lacks_cluster) return;
+  // With Kueue: the admission's node selector and tolerations, and its TAS assignment.
+  const bool admission_followed = FollowAdmission();
+  if (lacks_config_map || lacks_cluster || !admission_followed) return;
+  const scheduler::ClusterView& cluster = *o_.cluster;
   const std::optional<json> existing = ExistingConfigMap();
   std::optional<api::RankTable> table = ReusableTable(existing, gang);
+  if (table && !AdmissionAllows(*table, cluster)) table.reset();
   scheduler::Placement placement;
   auto request = scheduler::PlacementRequest::ForJob(job_, o_.avoided_nodes);
   api::TrainingJob sized = job_;  // the job at the gang's size
-  const scheduler::ClusterView& cluster = *o_.cluster;
+  const bool assigned = admission_ && admission_->topology;  // Kueue's TAS places the job
   if (table) {
     for (const auto& n : table->nodes) {
       placement.nodes.push_back(n.name);
@@ -60,11 +64,18 @@ void Decider::CreateGang(int64_t gang, const std::vector<json>& current) {
     else sized = *job;
   }
   const bool reused = table.has_value();
+  if (!table && assigned) {
+    // Pod r on the r-th node of the assignment: ranks follow the pod index.
+    if (!AssignedPlacement(cluster, request.levels, &placement)) return;
+    table = scheduler::MakeRankTable(placement, request.levels, job_.spec.gpus_per_node);
+  }
   if (!table) {
     d_.placed = true;
     placement = scheduler::Place(request, cluster);
     std::string reason = placement.reason;
-    if (!placement.ok() && !PlaceSmaller(cluster, &sized, &placement, &request, &reason)) placement.reason = reason;
+    // Under a Kueue admission the gang is the size its quota counted: never smaller.
+    if (!placement.ok() && (admitted_ || !PlaceSmaller(cluster, &sized, &placement, &request, &reason)))
+      placement.reason = reason;
     if (!placement.ok()) {
       d_.status.phase = "Pending";
       SetCondition("Scheduled", false, "Unschedulable", placement.reason);
@@ -107,8 +118,11 @@ void Decider::CreateGang(int64_t gang, const std::vector<json>& current) {
     if (!present.count(rank))
       objects.pods.push_back(BuildPod(job_, *table, gang, rank, d_.status.restarts, options_.worker));
   }
+  for (json& pod : objects.pods) MarkForKueue(&pod);
   for (const json& pod : objects.pods) d_.claims.push_back(ClaimOf(pod));
-  d_.check_claims = !reused;  // a placement made now, from counters another gang may be taking from
+  // A placement made now, from counters another gang may be taking from; not Kueue's
+  // assignment, which its quota already counted.
+  d_.check_claims = !reused && !assigned;
   d_.create = std::move(objects);
 
   api::PlacementStatus summary;

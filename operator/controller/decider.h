@@ -11,7 +11,9 @@
 //   decide_elastic.cc   spec.elastic: a smaller gang when the whole does not fit, and
 //                       growing back to spec.nodes;
 //   decide_plan.cc      planning a new gang: its placement, its layout, its rank table and
-//                       the objects that carry them.
+//                       the objects that carry them;
+//   decide_kueue.cc     with Kueue: the job's Workload, waiting for its admission, following
+//                       it (or its TAS assignment) when placing, eviction, and Finished.
 //
 // Thread-safety: a Decider is used by one thread, for one pass.
 
@@ -28,6 +30,7 @@
 #include "api/rank_table.h"
 #include "api/training_job.h"
 #include "operator/controller/decide.h"
+#include "operator/controller/kueue.h"
 #include "operator/scheduler/placement.h"
 
 namespace meshtrain::controller {
@@ -116,6 +119,34 @@ class Decider {
                     scheduler::PlacementRequest* request, std::string* reason) const;
   void Grow(const std::vector<nlohmann::json>& current);
 
+  // decide_kueue.cc: Kueue admission.
+  // The job is in a Kueue queue: --kueue, and it carries kQueueNameLabel.
+  bool InQueue() const;
+  bool LacksWorkload();
+  bool LacksFlavors();
+  // A job in a queue without an admission to run under: its Workload is created, the job
+  // is Queued, and once that is stored its pods go; after an eviction, the admission is
+  // cleared once they have. True when that decided the pass; false when the job runs
+  // (admitted_ is then its Workload).
+  bool AwaitAdmission();
+  void Queue(const std::string& reason, const std::string& message);
+  // Reads the admission of admitted_ into admission_, and the job's pods' node selector and
+  // tolerations from it; false, with the job Pending and why, when it cannot be followed
+  // (or the pass lacks the flavors).
+  bool FollowAdmission();
+  // TAS: the placement the admission gives (the node of each pod index); false, with why,
+  // when a node is not usable.
+  bool AssignedPlacement(const scheduler::ClusterView& cluster, const std::vector<std::string>& levels,
+                         scheduler::Placement* placement);
+  // Whether a rank table left by an interrupted creation runs where the admission allows.
+  bool AdmissionAllows(const api::RankTable& table, const scheduler::ClusterView& cluster) const;
+  // What Kueue expects on the pods of an admitted Workload.
+  void MarkForKueue(nlohmann::json* pod) const;
+  // Finished=True on the Workload of a job that ended.
+  void FinishWorkload();
+  // PodsReady=True on the Workload of a gang whose `ready` pods all run (waitForPodsReady).
+  void ReportPodsReady(int64_t ready);
+
   // decide_plan.cc: a new gang.
   void CreateGang(int64_t gang, const std::vector<nlohmann::json>& current);
   std::optional<api::RankTable> ReusableTable(const std::optional<nlohmann::json>& existing, int64_t gang) const;
@@ -136,6 +167,8 @@ class Decider {
   api::TrainingJob job_;  // the job with the operator's worker defaults applied
   std::vector<api::DerivedDefault> defaults_;
   Decision d_;
+  const nlohmann::json* admitted_ = nullptr;  // with Kueue: the Workload admitted to run
+  std::optional<KueueAdmission> admission_;   // its admission, once FollowAdmission read it
 };
 
 }  // namespace meshtrain::controller

@@ -8,6 +8,7 @@
 #include "api/json_codec.h"
 #include "api/manifest.h"
 #include "operator/controller/builders.h"
+#include "operator/controller/kueue.h"
 #include "operator/controller/launcher_client.h"
 #include "operator/kube/objects.h"
 #include "operator/kube/time.h"
@@ -241,6 +242,8 @@ Decision Reconciler::DecideObserved(Observed* o, double* seconds) {
     if (!decision.needs.any()) return decision;
     // Each is read once per pass: the next Decide has it.
     if (decision.needs.cluster) o->cluster = cluster_.View();
+    if (decision.needs.workload) o->workload = ReadWorkload(*o);
+    if (decision.needs.flavors) o->flavors = ReadFlavors(o->workload.value_or(json()));
     if (decision.needs.config_map) {
       try {
         o->config_map = client_.Get(res::ConfigMaps(), o->ns, ConfigMapName(o->name));
@@ -253,8 +256,56 @@ Decision Reconciler::DecideObserved(Observed* o, double* seconds) {
   }
 }
 
+json Reconciler::ReadWorkload(const Observed& o) {
+  const auto& meta = o.checked.job.metadata;
+  try {
+    return client_.Get(res::Workloads(), o.ns, WorkloadName(o.name, meta.uid));
+  } catch (const kube::KubeError& e) {
+    if (e.kind() != kube::ErrorKind::kNotFound) throw;
+    return json();  // none
+  }
+}
+
+std::map<std::string, json> Reconciler::ReadFlavors(const json& workload) {
+  std::map<std::string, json> flavors;
+  if (!workload.is_object()) return flavors;
+  for (const std::string& name : AdmittedFlavors(workload)) {
+    try {
+      flavors[name] = client_.Get(res::ResourceFlavors(), "", name);
+    } catch (const kube::KubeError& e) {
+      if (e.kind() != kube::ErrorKind::kNotFound) throw;  // one not found is absent: Decide says so
+    }
+  }
+  return flavors;
+}
+
 void Reconciler::Act(const Observed& o, const Decision& decision) {
   const std::string key = kube::ObjectKey(o.ns, o.name);
+  if (decision.create_workload) {
+    try {
+      client_.Create(res::Workloads(), o.ns, *decision.create_workload);
+      spdlog::info("{}: created Workload {}", key, (*decision.create_workload)["metadata"].value("name", ""));
+    } catch (const kube::KubeError& e) {
+      if (e.kind() != kube::ErrorKind::kConflict) throw;  // AlreadyExists: an earlier pass made it
+    }
+  }
+  if (!decision.delete_workload.empty()) {
+    try {
+      client_.Delete(res::Workloads(), o.ns, decision.delete_workload);
+      spdlog::info("{}: deleted Workload {}, which no longer matches the job", key, decision.delete_workload);
+    } catch (const kube::KubeError& e) {
+      if (e.kind() != kube::ErrorKind::kNotFound) throw;
+    }
+  }
+  if (decision.workload_status) {
+    try {
+      client_.UpdateStatus(res::Workloads(), o.ns, *decision.workload_status);
+    } catch (const kube::KubeError& e) {
+      // The Workload changed since it was read: its event enqueues the job, decided again.
+      if (e.kind() != kube::ErrorKind::kConflict) throw;
+      spdlog::info("{}: the Workload changed while its status was written; deciding again", key);
+    }
+  }
   DeletePods(key, decision.delete_pods, decision.force_delete);
   if (decision.create) {
     const GangObjects& gang = *decision.create;

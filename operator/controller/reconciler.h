@@ -4,11 +4,13 @@
 //  1. observe: the job, its pods and their nodes from the informers' caches, rank 0's
 //     latest progress and the launchers' states from the PodPollers, and for a pass that
 //     places or restarts a gang, the cluster (ClusterState::View) and the job's ConfigMap
-//     (one GET);
+//     (one GET); with Kueue, for a job in a queue, its Workload (one GET) and for a pass
+//     that places it, the ResourceFlavors of its admission;
 //  2. decide: Decide() (decide.h), a pure function from that to the status, the objects
 //     to create and delete, the launchers' next attempt, and the Events; a decision that
 //     lacks the cluster or the ConfigMap says so, and is made again once they are read;
-//  3. act: idempotent deletes, creates and launcher requests;
+//  3. act: idempotent deletes, creates and launcher requests (with Kueue, the Workload's
+//     create and its status: a 409 there is left to the Workload's next event);
 //  4. write the status once, through the status subresource, when it changed;
 //  5. emit the Events, only once that write has succeeded.
 //
@@ -103,6 +105,10 @@ class Reconciler {
   // Decides `observed`, reading into it what a decision lacks (Decision::needs) and
   // deciding again; `*seconds` is how long the last Decide took.
   Decision DecideObserved(Observed* observed, double* seconds);
+  // With Kueue: the job's Workload from the API server (null when it has none), and the
+  // ResourceFlavors its admission names.
+  nlohmann::json ReadWorkload(const Observed& observed);
+  std::map<std::string, nlohmann::json> ReadFlavors(const nlohmann::json& workload);
   void Act(const Observed& observed, const Decision& decision);
   // Gives back the claims of the decision that are not for pods it creates (a replacement's
   // node): the decision was not stored.

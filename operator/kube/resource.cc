@@ -50,6 +50,14 @@ const ResourceType& TrainingJobs() {
                               std::string(api::kKind), true};
   return r;
 }
+const ResourceType& Workloads() {
+  static const ResourceType r{"kueue.x-k8s.io", "v1beta2", "workloads", "Workload", true};
+  return r;
+}
+const ResourceType& ResourceFlavors() {
+  static const ResourceType r{"kueue.x-k8s.io", "v1beta2", "resourceflavors", "ResourceFlavor", false};
+  return r;
+}
 }  // namespace resources
 
 std::string ObjectKey(const std::string& namespace_, const std::string& name) {

@@ -28,6 +28,9 @@ const ResourceType& Events();
 const ResourceType& Nodes();
 const ResourceType& Leases();
 const ResourceType& TrainingJobs();
+// Kueue's (kueue.x-k8s.io/v1beta2), used with --kueue.
+const ResourceType& Workloads();
+const ResourceType& ResourceFlavors();
 }  // namespace resources
 
 // "namespace/name", or "name" for cluster-scoped objects: the key of caches and work queues.

@@ -61,10 +61,11 @@ start_server() {  # start_server SCRIPT_SECONDS [SERVER_FLAGS...]
 # A scenario that installs the chart with helm sets helm_installs=1 before start_server.
 operator_kubeconfig=$work/operator-kubeconfig
 helm_installs=
+chart_set=()  # --set flags of the chart whose RBAC the operator runs under
 operator_account() {
   [ -z "$helm_installs" ] || return 0
   post /api/v1/namespaces '{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "meshtrain"}}'
-  "$tools/bin/helm" template meshtrain "$src/helm/meshtrain" --namespace meshtrain \
+  "$tools/bin/helm" template meshtrain "$src/helm/meshtrain" --namespace meshtrain "${chart_set[@]}" \
     --show-only templates/serviceaccount.yaml --show-only templates/rbac.yaml >"$work/rbac.yaml"
   "$kubectl" apply -f "$work/rbac.yaml" >/dev/null
   account_kubeconfig
@@ -630,6 +631,79 @@ assert [ports(r) for r in ingress[1:]] == [[9400, 9401], [9400]], ingress
     done
     [ -z "$left" ] || fail "helm uninstall left: $left"
     "$kubectl" get crd trainingjobs.meshtrain.dev >/dev/null || fail "the CRD went with the release"
+    ;;
+  kueue)
+    # Kueue admission (docs/operator.md, "Kueue") against the test API server's Kueue
+    # admission simulator (tests/support/kube/kueue_simulator.h: a ClusterQueue-like quota in
+    # nodes, TAS assignments over the nodes in reverse name order), with the chart's RBAC
+    # for kueue.enabled.
+    chart_set=(--set kueue.enabled=true)
+    start_server 60 --kueue --kueue-quota-nodes 0
+    "$kubectl" apply -f "$src/tests/data/kueue/" >/dev/null
+    # The simulator's flavor (no node labels: the TAS assignment alone says where).
+    echo '{"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "default-flavor"}, "spec": {}}' |
+      "$kubectl" apply -f - >/dev/null
+    start_operator --kueue
+    cat >"$work/job.yaml" <<YAML
+apiVersion: meshtrain.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: tiny
+  labels: {kueue.x-k8s.io/queue-name: training}
+spec:
+  image: meshtrain:e2e
+  nodes: 2
+  gpusPerNode: 8
+  model: {preset: gpt2-tiny}
+  data: {train: /data/train.bin}
+  training: {steps: 10, globalBatchTokens: 16384, microBatchSize: 1, warmupSteps: 1}
+  template:
+    tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+YAML
+    "$kubectl" apply -f "$work/job.yaml" >/dev/null
+    # No quota: the job waits Queued behind its Workload, with no pod.
+    wait_for '{.status.phase}' Queued 20
+    wl() { "$kubectl" get workloads.kueue.x-k8s.io -o "jsonpath={.items[0]$1}"; }
+    [ "$(wl .metadata.ownerReferences[0].kind)" = TrainingJob ] || fail "the Workload is not owned by the job"
+    [ "$(wl .metadata.ownerReferences[0].controller)" = true ] || fail "the job is not the Workload's controller"
+    [ "$(wl .spec.queueName)" = training ] || fail "the Workload's queue is '$(wl .spec.queueName)'"
+    [ "$(wl .spec.podSets[0].count)" = 2 ] || fail "the Workload's PodSet is not 2 pods"
+    [ "$(wl .spec.podSets[0].topologyRequest.podIndexLabel)" = meshtrain.dev/node-rank ] ||
+      fail "the Workload's PodSet has no podIndexLabel: $(wl .spec.podSets[0])"
+    sleep 2
+    [ "$(pod_count)" -eq 0 ] || fail "a job without quota has pods"
+    [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.phase}')" = Queued ] || fail "the job left Queued without quota"
+    # Quota for 2 nodes: admitted, and placed by the TAS assignment in pod-index order.
+    post /_test/kueue/quota '{"nodes": 2}'
+    wait_for '{.status.phase}' Running 20
+    assigned=$(wl '.status.admission.podSetAssignments[0].topologyAssignment.slices[0].valuesPerLevel[0].individual.roots[*]')
+    placed=$("$kubectl" get tj tiny -o 'jsonpath={.status.placement.nodes[*].name}')
+    bound="$("$kubectl" get pod tiny-g0-0 -o 'jsonpath={.spec.nodeName}') $("$kubectl" get pod tiny-g0-1 -o 'jsonpath={.spec.nodeName}')"
+    [ -n "$assigned" ] && [ "$placed" = "$assigned" ] && [ "$bound" = "$assigned" ] ||
+      fail "pods are not on the TAS assignment in pod-index order: assigned '$assigned', placed '$placed', bound '$bound'"
+    [ "$("$kubectl" get pod tiny-g0-1 -o 'jsonpath={.metadata.labels.kueue\.x-k8s\.io/tas}')" = true ] ||
+      fail "the pods lack the TAS label"
+    # Evicted (as by a preemption that takes the quota): Queued again, the pods go, and the
+    # admission is given back (QuotaReserved=False, Admitted=False, Requeued=True).
+    post /_test/kueue/quota '{"nodes": 0}'
+    post /_test/kueue/evict '{"namespace": "default", "job": "tiny"}'
+    wait_for '{.status.phase}' Queued 20
+    [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.conditions[?(@.type=="Queued")].reason}')" = Evicted ] ||
+      fail "the Queued condition does not say Evicted: $("$kubectl" get tj tiny -o 'jsonpath={.status.conditions}')"
+    for _ in $(seq 50); do [ "$(pod_count)" -eq 0 ] && break; sleep 0.2; done
+    [ "$(pod_count)" -eq 0 ] || fail "an evicted job kept its pods"
+    for _ in $(seq 50); do [ "$(wl '.status.conditions[?(@.type=="Requeued")].status')" = True ] && break; sleep 0.2; done
+    [ "$(wl '.status.conditions[?(@.type=="Requeued")].status')" = True ] || fail "the Workload was not requeued"
+    [ "$(wl '.status.conditions[?(@.type=="QuotaReserved")].status')" = False ] || fail "the Workload kept its quota"
+    [ "$(wl '.status.conditions[?(@.type=="Admitted")].status')" = False ] || fail "the Workload is still Admitted"
+    [ -z "$(wl .status.admission)" ] || fail "the Workload kept its admission: $(wl .status.admission)"
+    # Admitted again, it runs to the end, and its Workload is Finished.
+    script 2
+    post /_test/kueue/quota '{"nodes": 2}'
+    wait_for '{.status.phase}' Succeeded 30
+    for _ in $(seq 50); do [ "$(wl '.status.conditions[?(@.type=="Finished")].status')" = True ] && break; sleep 0.2; done
+    [ "$(wl '.status.conditions[?(@.type=="Finished")].reason')" = Succeeded ] ||
+      fail "the Workload is not Finished=True/Succeeded: $(wl .status.conditions)"
     ;;
   invalid)
     start_server 2

@@ -300,11 +300,17 @@ TEST(Decide, AQueueLabelWithoutKueueIsIgnoredWithOneWarning) {
   EXPECT_EQ(ignored(unlabelled)->status, "False");
   EXPECT_EQ(ignored(unlabelled)->reason, "NoQueueLabel");
 
-  // With Kueue on: no warning, no condition.
+  // With Kueue on: no warning, no condition; the job is Queued behind its Workload
+  // (kueue_decide_test.cc).
   DecideOptions kueue;
   kueue.kueue = true;
-  const Decision on = Decide(Observe(object, {}), kueue);
-  EXPECT_EQ(Reasons(on), (std::vector<std::string>{"GangCreated", "Starting"}));
+  Observed queued = Observe(object, {});
+  queued.workload = json();  // none yet
+  const Decision on = Decide(queued, kueue);
+  EXPECT_EQ(Reasons(on), (std::vector<std::string>{"Queued"}));
+  EXPECT_EQ(on.status.phase, "Queued");
+  EXPECT_TRUE(on.create_workload);
+  EXPECT_FALSE(on.create);
   EXPECT_EQ(ignored(on), on.status.conditions.end());
 }
 

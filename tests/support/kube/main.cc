@@ -1,11 +1,12 @@
-// meshtrain-test-apiserver: the test API server plus the kubelet simulator, as one
-// process that e2e tests and `meshtrain bench operator` start. It writes a kubeconfig
+// meshtrain-test-apiserver: the test API server plus the kubelet simulator (and, with
+// --kueue, the Kueue admission simulator of kueue_simulator.h), as one process that e2e tests and `meshtrain bench operator` start. It writes a kubeconfig
 // for kubectl and the operator, then serves until SIGTERM or SIGINT.
 
 #include <signal.h>
 
 #include <chrono>
 #include <fstream>
+#include <memory>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +17,7 @@
 #include "operator/scheduler/synthetic_cluster.h"
 #include "tests/support/kube/api_server.h"
 #include "tests/support/kube/kubelet_simulator.h"
+#include "tests/support/kube/kueue_simulator.h"
 
 int main(int argc, char** argv) {
   using namespace meshtrain;
@@ -37,6 +39,15 @@ int main(int argc, char** argv) {
   app.add_option("--worker-binary", worker_binary, "run mode: the local meshtrain-worker");
   app.add_option("--record-dir", record_dir, "save every Pod, Service and ConfigMap the operator writes here");
   app.add_option("--bookmark-ms", bookmark_ms, "interval between watch bookmarks");
+  bool kueue = false;
+  testing::KueueSimulatorOptions kueue_options;
+  std::vector<std::string> kueue_nodes;
+  app.add_flag("--kueue", kueue, "run the Kueue admission simulator (not Kueue: kueue_simulator.h)");
+  app.add_option("--kueue-quota-nodes", kueue_options.quota_nodes, "the simulated ClusterQueue's quota, in nodes");
+  app.add_option("--kueue-tas", kueue_options.topology, "TAS assignments for PodSets with a topologyRequest");
+  app.add_option("--kueue-nodes", kueue_nodes,
+                 "the nodes TAS assigns, in order (default: every node, in reverse name order)")
+      ->delimiter(',');
   testing::ApiServer::Options options;
   app.add_option("--tls-cert-file", options.tls.cert_file, "serve HTTPS with this certificate (PEM)");
   app.add_option("--tls-key-file", options.tls.key_file, "the key of --tls-cert-file");
@@ -68,9 +79,15 @@ int main(int argc, char** argv) {
     }
     testing::KubeletSimulator simulator(server, kubelet);
     simulator.AddNodes(snapshot);
+    kueue_options.nodes = kueue_nodes;
+    if (kueue_options.nodes.empty())
+      for (auto it = snapshot.nodes.rbegin(); it != snapshot.nodes.rend(); ++it) kueue_options.nodes.push_back(it->name);
+    std::unique_ptr<testing::KueueSimulator> kueue_simulator;
+    if (kueue) kueue_simulator = std::make_unique<testing::KueueSimulator>(server, kueue_options);
     port = server.Start(port);
     server.WriteKubeconfig(kubeconfig);
     if (kubelet.mode != "none") simulator.Start();
+    if (kueue_simulator) kueue_simulator->Start();
     if (!port_file.empty()) {
       std::ofstream(port_file + ".tmp") << port << "\n";
       std::rename((port_file + ".tmp").c_str(), port_file.c_str());
@@ -79,6 +96,7 @@ int main(int argc, char** argv) {
     int sig = 0;
     sigwait(&signals, &sig);
     spdlog::info("signal {}: stopping", sig);
+    if (kueue_simulator) kueue_simulator->Stop();
     simulator.Stop();
     server.Stop();
   } catch (const std::exception& e) {

@@ -1,0 +1,438 @@
+// Decide() with Kueue on (DecideOptions::kueue), without a server: a job labelled
+// kueue.x-k8s.io/queue-name gets its Workload (validated here against Kueue v0.19.2's
+// Workload CRD, tests/data/kueue), waits Queued with no pod until the Workload is
+// Admitted, runs where the admission lets it (quota only: among the nodes its flavors
+// allow; TAS: pod r on the r-th node of the assignment), goes back to Queued when evicted
+// (the pods after the status, then the admission cleared), and finishes its Workload.
+
+#include <algorithm>
+
+#include <gtest/gtest.h>
+
+#include "api/manifest.h"
+#include "operator/controller/builders.h"
+#include "operator/controller/decide.h"
+#include "operator/controller/kueue.h"
+#include "operator/kube/time.h"
+#include "operator/scheduler/synthetic_cluster.h"
+#include "tests/support/kube/schema_validation.h"
+#include "tests/unit/tiny_job.h"
+
+namespace meshtrain::controller {
+namespace {
+
+using nlohmann::json;
+
+const auto kNow = std::chrono::system_clock::from_time_t(2'000'000'000);
+
+json QueuedJob(const std::string& mode = "") {
+  json job = test::TinyJob("tiny");
+  job["metadata"] = {{"name", "tiny"}, {"namespace", "default"}, {"uid", "job-uid"}, {"generation", 1},
+                     {"labels", {{kQueueNameLabel, "training"}}}};
+  if (!mode.empty()) job["spec"]["topology"] = {{"mode", mode}};
+  return job;
+}
+
+DecideOptions Kueue() {
+  DecideOptions options;
+  options.kueue = true;
+  return options;
+}
+
+// The job as observed, in a cluster of 64 free nodes, every node Ready, with `workload`
+// (null: none) and no ResourceFlavor.
+Observed Observe(const json& object, const api::TrainingJobStatus& status, const json& workload,
+                 std::vector<json> pods = {}) {
+  Observed o;
+  o.ns = "default";
+  o.name = "tiny";
+  o.object = object;
+  o.checked = api::CheckTrainingJob(object, "test", 0);
+  o.checked.job.metadata.generation = 1;
+  o.checked.job.metadata.uid = "job-uid";
+  o.checked.job.metadata.namespace_ = "default";
+  o.status = status;
+  o.pods = std::move(pods);
+  o.now = kNow;
+  scheduler::SyntheticClusterOptions options;
+  options.nodes = 64;
+  options.gpu_used_fraction = 0;
+  o.cluster = scheduler::ClusterView::Of(scheduler::MakeSyntheticCluster(options));
+  for (const auto& node : o.cluster->topology->nodes()) o.nodes.emplace(node.name, NodeState::kReady);
+  o.config_map = json();
+  o.workload = workload;
+  o.flavors = std::map<std::string, json>{};
+  return o;
+}
+
+std::string PinnedNode(const json& pod) {
+  return pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"][0]["values"][0];
+}
+
+json Running(json pod) {
+  pod["metadata"]["uid"] = "uid-" + pod["metadata"]["name"].get<std::string>();
+  pod["spec"]["nodeName"] = PinnedNode(pod);
+  pod["status"] = {{"phase", "Running"}, {"conditions", json::array({{{"type", "Ready"}, {"status", "True"}}})}};
+  return pod;
+}
+
+const api::Condition* ConditionOf(const api::TrainingJobStatus& status, const std::string& type) {
+  for (const auto& c : status.conditions)
+    if (c.type == type) return &c;
+  return nullptr;
+}
+
+json Condition(const std::string& type, const std::string& status, const std::string& time = "2033-05-18T03:33:20Z",
+               const std::string& reason = "Reason") {
+  return {{"type", type}, {"status", status}, {"reason", reason}, {"message", type + " " + status},
+          {"lastTransitionTime", time}};
+}
+
+// The Workload the first pass of the job writes, as Kueue leaves it once it admitted it with
+// `assignment` (flavor "p5" for the GPUs).
+json Admitted(const json& job, const json& assignment = json()) {
+  json workload = *Decide(Observe(job, {}, json()), Kueue()).create_workload;
+  workload["metadata"]["resourceVersion"] = "7";
+  workload["metadata"]["generation"] = 1;
+  json podset = {{"name", kWorkloadPodSet}, {"count", 2}, {"flavors", {{"nvidia.com/gpu", "p5"}}}};
+  if (!assignment.is_null()) podset["topologyAssignment"] = assignment;
+  workload["status"] = {{"admission", {{"clusterQueue", "training"}, {"podSetAssignments", json::array({podset})}}},
+                        {"conditions", json::array({Condition("QuotaReserved", "True"), Condition("Admitted", "True")})}};
+  return workload;
+}
+
+// A v1beta2 topologyAssignment of one pod on each of `nodes`, in order.
+json Assignment(const std::vector<std::string>& nodes) {
+  return {{"levels", json::array({kHostnameLabel})},
+          {"slices", json::array({{{"domainCount", nodes.size()},
+                                   {"valuesPerLevel", json::array({{{"individual", {{"roots", nodes}}}}})},
+                                   {"podCounts", {{"universal", 1}}}}})}};
+}
+
+json KueueCrdSchema(const std::string& kind) {
+  const std::string path = "tests/data/kueue/kueue.x-k8s.io_" + kind + ".yaml";
+  const auto documents = api::ReadManifestFile(path);
+  for (const json& version : documents.at(0).object["spec"]["versions"])
+    if (version["name"] == "v1beta2") return version["schema"]["openAPIV3Schema"];
+  throw std::runtime_error(path + ": no v1beta2");
+}
+
+std::string Joined(const std::vector<std::string>& errors) {
+  std::string out;
+  for (const auto& e : errors) out += "\n  " + e;
+  return out;
+}
+
+TEST(KueueDecide, AQueuedJobGetsItsWorkloadAndNoPod) {
+  // The Workload is read first: a pass without it says so.
+  Observed lacking = Observe(QueuedJob(), {}, json());
+  lacking.workload.reset();
+  EXPECT_TRUE(Decide(lacking, Kueue()).needs.workload);
+
+  const Decision d = Decide(Observe(QueuedJob(), {}, json()), Kueue());
+  ASSERT_TRUE(d.create_workload);
+  EXPECT_FALSE(d.create);
+  EXPECT_TRUE(d.claims.empty());
+  EXPECT_EQ(d.status.phase, "Queued");
+  ASSERT_NE(ConditionOf(d.status, kQueuedCondition), nullptr);
+  EXPECT_EQ(ConditionOf(d.status, kQueuedCondition)->status, "True");
+  EXPECT_EQ(ConditionOf(d.status, kQueuedCondition)->reason, "WorkloadCreated");
+  EXPECT_EQ(ConditionOf(d.status, kQueueLabelIgnoredCondition), nullptr);
+  const json& w = *d.create_workload;
+  EXPECT_EQ(w["apiVersion"], "kueue.x-k8s.io/v1beta2");
+  EXPECT_EQ(w["kind"], "Workload");
+  EXPECT_EQ(w["metadata"]["name"], WorkloadName("tiny", "job-uid"));
+  EXPECT_EQ(w["metadata"]["namespace"], "default");
+  EXPECT_EQ(w["metadata"]["ownerReferences"][0]["uid"], "job-uid");
+  EXPECT_EQ(w["metadata"]["ownerReferences"][0]["kind"], "TrainingJob");
+  EXPECT_EQ(w["metadata"]["ownerReferences"][0]["controller"], true);
+  EXPECT_EQ(w["spec"]["queueName"], "training");
+  ASSERT_EQ(w["spec"]["podSets"].size(), 1u);
+  const json& podset = w["spec"]["podSets"][0];
+  EXPECT_EQ(podset["name"], kWorkloadPodSet);
+  EXPECT_EQ(podset["count"], 2);
+  EXPECT_EQ(podset["template"]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"], "8");
+  // spec.topology's default mode Preferred, at the deepest level above the node.
+  EXPECT_EQ(podset["topologyRequest"],
+            (json{{"preferred", "topology.k8s.aws/network-node-layer-3"}, {"podIndexLabel", kNodeRankLabel}}));
+  // The name is the job's: the same every pass, another for a job recreated under the name.
+  EXPECT_EQ(WorkloadName("tiny", "job-uid"), WorkloadName("tiny", "job-uid"));
+  EXPECT_NE(WorkloadName("tiny", "job-uid"), WorkloadName("tiny", "other-uid"));
+  EXPECT_LE(WorkloadName(std::string(253, 'a'), "u").size(), 253u);
+}
+
+TEST(KueueDecide, TheWorkloadPassesKueuesCrd) {
+  const json schema = KueueCrdSchema("workloads");
+  json job = QueuedJob("Required");
+  job["spec"]["template"] = {{"nodeSelector", {{"node.kubernetes.io/instance-type", "p5.48xlarge"}}},
+                             {"tolerations", json::array({{{"key", "nvidia.com/gpu"}, {"operator", "Exists"},
+                                                           {"effect", "NoSchedule"}}})}};
+  job["spec"]["resources"] = {{"efa", 32}};
+  json workload = *Decide(Observe(job, {}, json()), Kueue()).create_workload;
+  const json podset = workload["spec"]["podSets"][0];
+  EXPECT_EQ(podset["topologyRequest"]["required"], "topology.k8s.aws/network-node-layer-3");
+  EXPECT_EQ(podset["template"]["spec"]["nodeSelector"]["node.kubernetes.io/instance-type"], "p5.48xlarge");
+  EXPECT_EQ(podset["template"]["spec"]["tolerations"][0]["key"], "nvidia.com/gpu");
+  EXPECT_EQ(podset["template"]["spec"]["containers"][0]["resources"]["limits"]["vpc.amazonaws.com/efa"], "32");
+  auto errors = testing::ValidateAgainstSchema(schema, workload, true);
+  EXPECT_TRUE(errors.empty()) << workload.dump(2) << Joined(errors);
+
+  // So does the status a job integration writes: admitted by the simulator's shape, cleared
+  // after an eviction, and finished.
+  json admitted = Admitted(QueuedJob(), Assignment({"node-a", "node-b"}));
+  errors = testing::ValidateAgainstSchema(schema, admitted, true);
+  EXPECT_TRUE(errors.empty()) << Joined(errors);
+  admitted["status"]["conditions"].push_back(Condition("Evicted", "True", "2033-05-18T03:40:00Z", "Preempted"));
+  json requeued = WorkloadRequeued(admitted, kNow);
+  errors = testing::ValidateAgainstSchema(schema, requeued, true);
+  EXPECT_TRUE(errors.empty()) << Joined(errors);
+  // A Workload with a mistake fails: the check can fail.
+  json bad = workload;
+  bad["spec"]["podSets"][0]["topologyRequest"]["requiredLevel"] = "x";
+  EXPECT_FALSE(testing::ValidateAgainstSchema(schema, bad, true).empty());
+}
+
+TEST(KueueDecide, TheJobWaitsQueuedUntilItsWorkloadIsAdmitted) {
+  json workload = Admitted(QueuedJob());
+  workload["status"] = {{"conditions", json::array({Condition("QuotaReserved", "False")})}};
+  const Decision first = Decide(Observe(QueuedJob(), {}, json()), Kueue());
+  const Decision waiting = Decide(Observe(QueuedJob(), first.status, workload), Kueue());
+  EXPECT_EQ(waiting.status.phase, "Queued");
+  EXPECT_FALSE(waiting.create);
+  EXPECT_FALSE(waiting.create_workload);
+  EXPECT_FALSE(waiting.workload_status);
+  EXPECT_TRUE(waiting.events.empty());
+  EXPECT_EQ(ConditionOf(waiting.status, kQueuedCondition)->reason, "WaitingForAdmission");
+
+  // Admitted, quota only, to the flavor p5 whose nodes are those of one layer-1 domain.
+  const Observed probe = Observe(QueuedJob(), {}, json());
+  std::string domain;
+  for (const auto& node : probe.cluster->topology->nodes())
+    if (node.taints.empty() && node.labels.count("topology.k8s.aws/network-node-layer-1"))
+      domain = node.labels.at("topology.k8s.aws/network-node-layer-1");
+  ASSERT_FALSE(domain.empty());
+  Observed o = Observe(QueuedJob(), waiting.status, Admitted(QueuedJob()));
+  o.flavors.reset();
+  EXPECT_TRUE(Decide(o, Kueue()).needs.flavors) << "the flavors are read for a pass that places";
+  o.flavors = std::map<std::string, json>{
+      {"p5", {{"metadata", {{"name", "p5"}}},
+              {"spec", {{"nodeLabels", {{"topology.k8s.aws/network-node-layer-1", domain}}},
+                        {"tolerations", json::array({{{"key", "team"}, {"operator", "Equal"}, {"value", "research"},
+                                                      {"effect", "NoSchedule"}}})}}}}}};
+  const Decision d = Decide(o, Kueue());
+  ASSERT_TRUE(d.create);
+  EXPECT_EQ(d.status.phase, "Starting");
+  EXPECT_EQ(ConditionOf(d.status, kQueuedCondition)->status, "False");
+  EXPECT_EQ(ConditionOf(d.status, kQueuedCondition)->reason, "Admitted");
+  EXPECT_NE(std::find_if(d.events.begin(), d.events.end(), [](const PendingEvent& e) { return e.reason == "Admitted"; }),
+            d.events.end());
+  ASSERT_EQ(d.create->pods.size(), 2u);
+  for (const json& pod : d.create->pods) {
+    const auto* node = o.cluster->Node(PinnedNode(pod));
+    ASSERT_NE(node, nullptr);
+    EXPECT_EQ(node->labels.at("topology.k8s.aws/network-node-layer-1"), domain) << "the operator chose among the flavor's nodes";
+    EXPECT_EQ(pod["spec"]["nodeSelector"]["topology.k8s.aws/network-node-layer-1"], domain);
+    EXPECT_EQ(pod["spec"]["tolerations"].back()["key"], "team");
+    EXPECT_EQ(pod["metadata"]["annotations"][kWorkloadAnnotation], WorkloadName("tiny", "job-uid"));
+    EXPECT_EQ(pod["metadata"]["labels"][kPodSetLabel], kWorkloadPodSet);
+    EXPECT_FALSE(pod["metadata"]["labels"].contains(kTasLabel));
+  }
+  EXPECT_TRUE(d.check_claims);
+  EXPECT_FALSE(o.object["spec"].contains("template")) << "the user's spec is not edited";
+
+  // A flavor that is not there is named, and nothing starts.
+  o.flavors = std::map<std::string, json>{};
+  const Decision missing = Decide(o, Kueue());
+  EXPECT_FALSE(missing.create);
+  EXPECT_EQ(missing.status.phase, "Pending");
+  EXPECT_EQ(ConditionOf(missing.status, "Scheduled")->reason, "AdmissionNotFollowed");
+}
+
+TEST(KueueDecide, ATasAssignmentPlacesPodRankROnTheRthNode) {
+  // Two nodes the operator would not choose in that order: its own placement, reversed.
+  const Decision plain = Decide(Observe(test::TinyJob("tiny"), {}, json()), {});
+  ASSERT_TRUE(plain.status.placement);
+  std::vector<std::string> nodes = {plain.status.placement->nodes[1].name, plain.status.placement->nodes[0].name};
+  const Decision first = Decide(Observe(QueuedJob(), {}, json()), Kueue());
+  Observed o = Observe(QueuedJob(), first.status, Admitted(QueuedJob(), Assignment(nodes)));
+  o.flavors = std::map<std::string, json>{{"p5", {{"metadata", {{"name", "p5"}}}, {"spec", json::object()}}}};
+  const Decision d = Decide(o, Kueue());
+  ASSERT_TRUE(d.create);
+  ASSERT_EQ(d.create->pods.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(d.status.placement->nodes[r].name, nodes[r]);
+    EXPECT_EQ(PinnedNode(d.create->pods[r]), nodes[r]);
+    EXPECT_EQ(NodeRankLabel(d.create->pods[r]), r);
+    EXPECT_EQ(d.create->pods[r]["metadata"]["labels"][kTasLabel], "true");
+  }
+  EXPECT_FALSE(d.placed) << "no placement search: Kueue's TAS placed the job";
+  EXPECT_FALSE(d.check_claims);
+
+  // A node the cluster does not have is named, and nothing is half-started.
+  o.workload = Admitted(QueuedJob(), Assignment({nodes[0], "no-such-node"}));
+  const Decision bad = Decide(o, Kueue());
+  EXPECT_FALSE(bad.create);
+  EXPECT_TRUE(bad.claims.empty());
+  EXPECT_EQ(bad.status.phase, "Pending");
+  const api::Condition* scheduled = ConditionOf(bad.status, "Scheduled");
+  ASSERT_NE(scheduled, nullptr);
+  EXPECT_EQ(scheduled->reason, "AdmissionNotFollowed");
+  EXPECT_NE(scheduled->message.find("no-such-node"), std::string::npos) << scheduled->message;
+}
+
+TEST(KueueDecide, TopologyAssignmentsReadInSliceAndDomainOrder) {
+  std::string error;
+  const json assignment = {
+      {"levels", json::array({"topology.k8s.aws/network-node-layer-3", kHostnameLabel})},
+      {"slices",
+       json::array({{{"domainCount", 2},
+                     {"valuesPerLevel", json::array({{{"universal", "nn-3"}},
+                                                     {{"individual", {{"prefix", "ip-"}, {"roots", {"a", "b"}}}}}})},
+                     {"podCounts", {{"individual", {1, 2}}}}},
+                    {{"domainCount", 1},
+                     {"valuesPerLevel", json::array({{{"universal", "nn-4"}}, {{"universal", "ip-c"}}})},
+                     {"podCounts", {{"universal", 1}}}}})}};
+  EXPECT_EQ(TopologyNodes(assignment, &error), (std::vector<std::string>{"ip-a", "ip-b", "ip-b", "ip-c"}));
+  EXPECT_TRUE(error.empty());
+  json no_host = assignment;
+  no_host["levels"] = json::array({"a", "b"});
+  EXPECT_TRUE(TopologyNodes(no_host, &error).empty());
+  EXPECT_NE(error.find("kubernetes.io/hostname"), std::string::npos);
+}
+
+TEST(KueueDecide, AnEvictedJobIsQueuedThenItsPodsGoThenItsAdmissionIsCleared) {
+  const Decision plain = Decide(Observe(test::TinyJob("tiny"), {}, json()), {});
+  std::vector<std::string> nodes = {plain.status.placement->nodes[0].name, plain.status.placement->nodes[1].name};
+  json workload = Admitted(QueuedJob(), Assignment(nodes));
+  const Decision first = Decide(Observe(QueuedJob(), {}, json()), Kueue());
+  Observed o = Observe(QueuedJob(), first.status, workload);
+  o.flavors = std::map<std::string, json>{{"p5", {{"metadata", {{"name", "p5"}}}}}};
+  const Decision started = Decide(o, Kueue());
+  ASSERT_TRUE(started.create);
+  std::vector<json> pods;
+  for (const json& pod : started.create->pods) pods.push_back(Running(pod));
+  const Decision running = Decide(Observe(QueuedJob(), started.status, workload, pods), Kueue());
+  EXPECT_EQ(running.status.phase, "Running");
+
+  // Running: PodsReady=True on the Workload, once.
+  ASSERT_TRUE(running.workload_status);
+  EXPECT_TRUE(WorkloadConditionTrue(*running.workload_status, "PodsReady"));
+  workload = *running.workload_status;
+  EXPECT_FALSE(Decide(Observe(QueuedJob(), running.status, workload, pods), Kueue()).workload_status);
+
+  // Evicted (preempted): first the status, with no pod deleted.
+  json evicted = workload;
+  evicted["status"]["conditions"].push_back(Condition("Evicted", "True", "2033-05-18T03:40:00Z", "Preempted"));
+  const Decision queued = Decide(Observe(QueuedJob(), running.status, evicted, pods), Kueue());
+  EXPECT_EQ(queued.status.phase, "Queued");
+  EXPECT_EQ(ConditionOf(queued.status, kQueuedCondition)->reason, "Evicted");
+  EXPECT_EQ(ConditionOf(queued.status, "Running")->status, "False");
+  EXPECT_FALSE(queued.status.placement);
+  EXPECT_TRUE(queued.delete_pods.empty());
+  EXPECT_FALSE(queued.workload_status);
+  // Then the pods, as for a suspend.
+  const Decision stopping = Decide(Observe(QueuedJob(), queued.status, evicted, pods), Kueue());
+  EXPECT_EQ(stopping.delete_pods.size(), 2u);
+  EXPECT_FALSE(stopping.workload_status) << "the quota is held until the pods are gone";
+  EXPECT_TRUE(stopping.events.empty());
+  // Then the admission is cleared: QuotaReserved=False, Admitted=False, Requeued=True.
+  const Decision cleared = Decide(Observe(QueuedJob(), stopping.status, evicted), Kueue());
+  ASSERT_TRUE(cleared.workload_status);
+  const json& w = *cleared.workload_status;
+  EXPECT_FALSE(w["status"].contains("admission"));
+  EXPECT_FALSE(WorkloadConditionTrue(w, "QuotaReserved"));
+  EXPECT_FALSE(WorkloadConditionTrue(w, "Admitted"));
+  EXPECT_TRUE(WorkloadConditionTrue(w, "Requeued"));
+  EXPECT_FALSE(WorkloadConditionTrue(w, "PodsReady"));
+  EXPECT_EQ(w["metadata"]["resourceVersion"], "7") << "a conditional write of the Workload as read";
+  // Cleared, it waits, writing nothing more.
+  const Decision waiting = Decide(Observe(QueuedJob(), cleared.status, w), Kueue());
+  EXPECT_FALSE(waiting.workload_status);
+  EXPECT_EQ(waiting.status.phase, "Queued");
+
+  // Admitted again (QuotaReserved after the eviction): it starts again.
+  json again = Admitted(QueuedJob(), Assignment(nodes));
+  again["status"]["conditions"] = json::array({Condition("Evicted", "True", "2033-05-18T03:40:00Z", "Preempted"),
+                                               Condition("QuotaReserved", "True", "2033-05-18T03:50:00Z"),
+                                               Condition("Admitted", "True", "2033-05-18T03:50:00Z")});
+  Observed readmitted = Observe(QueuedJob(), waiting.status, again);
+  readmitted.flavors = o.flavors;
+  const Decision restarted = Decide(readmitted, Kueue());
+  ASSERT_TRUE(restarted.create);
+  EXPECT_EQ(restarted.status.phase, "Starting");
+}
+
+// Under a TAS assignment the operator never places a pod itself: a lost node's pod is not
+// moved to a node it picks; the gang is recreated on the assignment, and waits for Kueue to
+// assign another node.
+TEST(KueueDecide, ALostNodeUnderATasAssignmentWaitsForKueue) {
+  const Decision plain = Decide(Observe(test::TinyJob("tiny"), {}, json()), {});
+  std::vector<std::string> nodes = {plain.status.placement->nodes[0].name, plain.status.placement->nodes[1].name};
+  const json workload = Admitted(QueuedJob(), Assignment(nodes));
+  const Decision first = Decide(Observe(QueuedJob(), {}, json()), Kueue());
+  Observed o = Observe(QueuedJob(), first.status, workload);
+  o.flavors = std::map<std::string, json>{{"p5", {{"metadata", {{"name", "p5"}}}}}};
+  const Decision started = Decide(o, Kueue());
+  ASSERT_TRUE(started.create);
+  std::vector<json> pods;
+  for (const json& pod : started.create->pods) pods.push_back(Running(pod));
+  Observed lost = Observe(QueuedJob(), started.status, workload, pods);
+  lost.nodes[nodes[1]] = NodeState::kNotReady;
+  for (const json& pod : pods) lost.launchers[pod["metadata"]["uid"]] = LauncherState{0, "running", {}, {}, ""};
+  const Decision d = Decide(lost, Kueue());
+  EXPECT_EQ(d.status.phase, "Restarting");
+  EXPECT_EQ(d.restart_kind, "recreated") << "not replaced on a node of the operator's choosing";
+  EXPECT_TRUE(d.claims.empty());
+  EXPECT_FALSE(d.create);
+}
+
+// Kueue's PodSets are immutable: a Workload for another queue or size is replaced, once the
+// job (Queued first) has no pod.
+TEST(KueueDecide, AWorkloadThatNoLongerMatchesTheJobIsReplaced) {
+  const json workload = Admitted(QueuedJob());
+  json bigger = QueuedJob();
+  bigger["spec"]["nodes"] = 4;
+  const Decision first = Decide(Observe(QueuedJob(), {}, json()), Kueue());
+  const Decision d = Decide(Observe(bigger, first.status, workload), Kueue());
+  EXPECT_EQ(d.status.phase, "Queued");
+  EXPECT_EQ(ConditionOf(d.status, kQueuedCondition)->reason, "WorkloadOutdated");
+  EXPECT_NE(ConditionOf(d.status, kQueuedCondition)->message.find("counts 2 pods, the job has spec.nodes 4"),
+            std::string::npos);
+  EXPECT_EQ(d.delete_workload, WorkloadName("tiny", "job-uid"));
+  EXPECT_FALSE(d.create);
+  // With its pods still there, they go first.
+  const Decision plain = Decide(Observe(test::TinyJob("tiny"), {}, json()), {});
+  const Decision stopping = Decide(Observe(bigger, first.status, workload, {Running(plain.create->pods[0])}), Kueue());
+  EXPECT_EQ(stopping.delete_pods.size(), 1u);
+  EXPECT_TRUE(stopping.delete_workload.empty());
+  // Another queue too; the same job and queue keep their Workload.
+  json moved = QueuedJob();
+  moved["metadata"]["labels"][kQueueNameLabel] = "other";
+  EXPECT_FALSE(Decide(Observe(moved, first.status, workload), Kueue()).delete_workload.empty());
+  EXPECT_TRUE(Decide(Observe(QueuedJob(), first.status, workload), Kueue()).delete_workload.empty());
+}
+
+TEST(KueueDecide, AFinishedJobFinishesItsWorkload) {
+  api::TrainingJobStatus done;
+  done.phase = "Succeeded";
+  done.completion_time = kube::Rfc3339(kNow);
+  done.conditions.push_back({"Succeeded", "True", "AllPodsSucceeded", "every rank finished", kube::Rfc3339(kNow), 1});
+  const json workload = Admitted(QueuedJob());
+  const Decision d = Decide(Observe(QueuedJob(), done, workload), Kueue());
+  ASSERT_TRUE(d.workload_status);
+  EXPECT_TRUE(WorkloadConditionTrue(*d.workload_status, "Finished"));
+  const json finished = (*d.workload_status)["status"]["conditions"].back();
+  EXPECT_EQ(finished["reason"], "Succeeded");
+  EXPECT_EQ(finished["message"], "the TrainingJob succeeded: every rank finished");
+  // Once Finished, nothing more is written; without Kueue, nothing is read.
+  EXPECT_FALSE(Decide(Observe(QueuedJob(), done, *d.workload_status), Kueue()).workload_status);
+  Observed off = Observe(QueuedJob(), done, json());
+  off.workload.reset();
+  const Decision without = Decide(off, {});
+  EXPECT_FALSE(without.needs.workload);
+  EXPECT_FALSE(without.workload_status);
+}
+
+}  // namespace
+}  // namespace meshtrain::controller
