@@ -15,6 +15,15 @@ int64_t Sum(const std::vector<TensorInfo>& tensors, int64_t vocab, int tp_rank, 
   return n;
 }
 
+// Of `tensors`, the experts' elements (all experts).
+int64_t ExpertSum(const std::vector<TensorInfo>& tensors, int64_t vocab, int tp_rank, int tp_size, int vocab_multiple) {
+  int64_t n = 0;
+  for (const TensorInfo& t : tensors) {
+    if (IsExpertTensor(t)) n += LocalElements(t, vocab, tp_rank, tp_size, vocab_multiple);
+  }
+  return n;
+}
+
 }  // namespace
 
 int64_t LocalElements(const TensorInfo& t, int64_t vocab, int tp_rank, int tp_size, int vocab_multiple) {
@@ -30,11 +39,21 @@ int64_t LocalElements(const TensorInfo& t, int64_t vocab, int tp_rank, int tp_si
   return n;
 }
 
-UnitElements UnitElementsOf(const ModelShape& s, int tp_rank, int tp_size, int vocab_multiple) {
+bool IsExpertTensor(const TensorInfo& t) {
+  return t.kind == Param::kExpertGate || t.kind == Param::kExpertUp || t.kind == Param::kExpertDown;
+}
+
+UnitElements UnitElementsOf(const ModelShape& s, int tp_rank, int tp_size, int vocab_multiple, int expert_size) {
   const FamilyTensors f = TensorsOf(s);
-  return {Sum(f.embedding, s.vocab_size, tp_rank, tp_size, vocab_multiple),
-          Sum(f.block, s.vocab_size, tp_rank, tp_size, vocab_multiple),
-          Sum(f.head, s.vocab_size, tp_rank, tp_size, vocab_multiple)};
+  UnitElements u{Sum(f.embedding, s.vocab_size, tp_rank, tp_size, vocab_multiple),
+                 Sum(f.block, s.vocab_size, tp_rank, tp_size, vocab_multiple),
+                 Sum(f.head, s.vocab_size, tp_rank, tp_size, vocab_multiple)};
+  // Every expert is the same size: a rank of an expert group holds E/EP of them.
+  const int64_t experts = ExpertSum(f.block, s.vocab_size, tp_rank, tp_size, vocab_multiple);
+  const int EP = expert_size > 1 && experts > 0 ? expert_size : 1;
+  u.block_experts = experts / EP;
+  u.block -= experts - u.block_experts;
+  return u;
 }
 
 int64_t FusedAttentionScratchBytes(int batch, int seq, int heads, int head_dim, int64_t workspace) {
@@ -107,11 +126,15 @@ int64_t StepBufferBytes(int batch, int seq, const ModelShape& s, const EngineTyp
 EngineMemory EngineMemoryOf(const ModelShape& s, int batch, int seq, int tp_rank, int tp_size, int shard_size,
                             const ActivationPolicy& policy, const EngineTypes& types, bool dropout,
                             bool keep_units_gathered, const StageShape& stage) {
-  const UnitElements units = UnitElementsOf(s, tp_rank, tp_size, types.vocab_multiple);
+  const UnitElements units = UnitElementsOf(s, tp_rank, tp_size, types.vocab_multiple, types.experts);
   const int S = shard_size, A = types.act_bytes, G = types.acc_bytes;
+  // A block whose experts an expert group splits: sharded over the S / EP ranks holding the
+  // same experts; it reduces from unsharded gradients even where that is one rank.
+  const int block_shards = BlockShards(units, S, types.experts);
+  const bool experts_split = block_shards != S;
   const int64_t blocks = stage.blocks < 0 ? s.layers : stage.blocks;
   const int64_t embedding = stage.embedding_unit ? ShardElements(units.embedding, S) : 0;
-  const int64_t block = ShardElements(units.block, S);
+  const int64_t block = ShardElements(units.block, block_shards);
   const int64_t head = stage.head && units.head > 0 ? ShardElements(units.head, S) : 0, edge = std::max(embedding, head);
   const int64_t slots = keep_units_gathered ? blocks : std::min<int64_t>(2, blocks);
   auto held = [](int64_t bytes) { return bytes > 0 ? Held(bytes) : 0; };
@@ -126,9 +149,10 @@ EngineMemory EngineMemoryOf(const ModelShape& s, int batch, int seq, int tp_rank
   if (keep_units_gathered) {
     m.gathered = held(embedding * A) + held(head * A) + slots * Held(block * A);
   } else {
-    m.gathered = held(edge * S * A) + slots * Held(block * S * A);
+    m.gathered = held(edge * S * A) + slots * Held(block * block_shards * A);
   }
-  if (S > 1) m.gathered += held(edge * S * G) + slots * Held(block * S * G);
+  if (S > 1) m.gathered += held(edge * S * G);
+  if (S > 1 || experts_split) m.gathered += slots * Held(block * block_shards * G);
   m.comm = S > 1 ? Held(std::max(edge, block) * G) : 0;
   const ActivationBytes store = ActivationStoreBytes(s, batch, seq, policy, tp_rank, tp_size, types, dropout, stage);
   m.activations = Held(store.kept) + Held(StepBufferBytes(batch, seq, s, types));

@@ -50,11 +50,27 @@ inline int64_t PaddedVocabRows(int64_t rows, int multiple = kVocabMultiple) {
 // unit (its padded vocabulary slice and whatever else the family puts there), each block
 // (its TP slice and the replicated norms and biases), and the head unit (0 when the head
 // is tied). model::ParameterLayout lays them out; a test holds the two equal.
+//
+// With expert parallelism (`expert_size` EP > 1, api/layout.h) a mixture of experts'
+// block holds its tensors before the experts (attention, norms, the router: every expert
+// group member's alike) and E/EP of its experts; `block_experts` says how many of the
+// block's elements are those experts' (0 for a dense block).
 struct UnitElements {
   int64_t embedding = 0, block = 0, head = 0;
+  int64_t block_experts = 0;  // of `block`: this rank's experts' elements
   int64_t edge() const { return embedding > head ? embedding : head; }  // the slot they share
+  int64_t block_shared() const { return block - block_experts; }  // alike on every member of an expert group
 };
-UnitElements UnitElementsOf(const ModelShape& shape, int tp_rank, int tp_size, int vocab_multiple = kVocabMultiple);
+UnitElements UnitElementsOf(const ModelShape& shape, int tp_rank, int tp_size, int vocab_multiple = kVocabMultiple,
+                            int expert_size = 1);
+// Whether `t` is one expert's tensor (a mixture of experts' gate, up or down).
+bool IsExpertTensor(const TensorInfo& t);
+// The ranks a block unit's shard is split over, of a shard group of `shard_size` (S x C):
+// S x C / EP for a unit holding experts that EP > 1 splits (the ranks holding the same
+// experts), else all of them.
+inline int BlockShards(const UnitElements& units, int shard_size, int expert_size) {
+  return expert_size > 1 && units.block_experts > 0 ? shard_size / expert_size : shard_size;
+}
 // The elements of `t` on TP rank `tp_rank` of `tp_size`, its vocabulary slice padded.
 int64_t LocalElements(const TensorInfo& t, int64_t vocab, int tp_rank, int tp_size, int vocab_multiple);
 
@@ -127,7 +143,10 @@ struct EngineMemory {
   int64_t total() const { return device() + offload; }
 };
 // `keep_units_gathered`: every unit's compute copy is kept (replicated, S = 1), not slots.
-// `stage`: the units and activations of a pipeline stage only.
+// `stage`: the units and activations of a pipeline stage only. With expert parallelism
+// (types.experts = EP > 1, dividing shard_size) a block holds E/EP experts
+// (UnitElementsOf), sharded over shard_size / EP ranks, always reduces from unsharded
+// gradients, and its activations are sized for EP x the local tokens' copies.
 EngineMemory EngineMemoryOf(const ModelShape& shape, int batch, int seq, int tp_rank, int tp_size, int shard_size,
                             const ActivationPolicy& policy, const EngineTypes& types, bool dropout,
                             bool keep_units_gathered = false, const StageShape& stage = {});

@@ -32,6 +32,7 @@ inline constexpr const char* kPlannedFields[] = {
     "spec.parallelism.activationCheckpointing", "spec.parallelism.activationOffloading",
     "spec.parallelism.activationLoadingHorizon", "spec.parallelism.pipelineParallelDegree",
     "spec.parallelism.pipelineSchedule",        "spec.parallelism.pipelineVirtualStages",
-    "spec.parallelism.contextParallelDegree",   "spec.training.microBatchSize"};
+    "spec.parallelism.contextParallelDegree",   "spec.parallelism.expertParallelDegree",
+    "spec.training.microBatchSize"};
 
 }  // namespace meshtrain::api

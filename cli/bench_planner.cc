@@ -255,6 +255,8 @@ int MeasureLayouts(const BenchPlanOptions& o, const std::vector<std::string>& se
   std::vector<Candidate> runs;
   std::map<int, int> taken_by_stages;
   for (const Candidate& c : plan.feasible) {
+    // The bench's ranks (cli/bench_ranks.h) take no expert degree yet: EP > 1 is modelled only.
+    if (c.choice.expert > 1) continue;
     if (o.measure_top == 0 || taken_by_stages[c.choice.pipeline.stages]++ < o.measure_top) runs.push_back(c);
   }
   const RemovedOnExit data(WriteRandomTokens(r.global_batch_tokens * (t.steps + t.warmup + 1), *shape));
@@ -383,7 +385,8 @@ int AtScale(const BenchPlanOptions& o, std::ostream& out) {
         const scheduler::Candidate* row = ref.tp == 0 ? best : nullptr;
         std::string why;
         for (const scheduler::Candidate& c : plan.feasible) {
-          const bool same = c.choice.tp == ref.tp && c.choice.shard == ref.shard && c.choice.context == 1;
+          const bool same =
+              c.choice.tp == ref.tp && c.choice.shard == ref.shard && c.choice.context == 1 && c.choice.expert == 1;
           if (row == nullptr && ref.tp != 0 && same) row = &c;
         }
         if (ref.tp != 0 && row == nullptr) {
@@ -392,7 +395,9 @@ int AtScale(const BenchPlanOptions& o, std::ostream& out) {
           else if (!api::ParallelLayout::Check(nodes, 8, ref.tp, ref.shard).empty()) why = "not a layout of these ranks";
           else why = "does not fit";
           for (const scheduler::Candidate& c : plan.rejected) {
-            if (c.choice.tp == ref.tp && c.choice.shard == ref.shard && c.choice.context == 1) why = c.reason;
+            if (c.choice.tp == ref.tp && c.choice.shard == ref.shard && c.choice.context == 1 && c.choice.expert == 1) {
+              why = c.reason;
+            }
           }
         }
         if (row == nullptr) {

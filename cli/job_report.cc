@@ -73,7 +73,8 @@ void PrintStages(const api::TrainingJobSpec& spec, const api::ParallelLayout& me
   const int compute_bytes = spec.training.precision == "fp32" ? 4 : 2;
   const int batch = int(spec.training.micro_batch_size), tp = mesh.tp();
   const api::EngineTypes types = scheduler::EngineTypesOf(compute_bytes, /*cpu_kernels=*/false, shape, batch, seq, tp,
-                                                         mesh.context(), spec.parallelism.context_parallel_mode);
+                                                         mesh.context(), spec.parallelism.context_parallel_mode,
+                                                         mesh.expert());
   const api::ActivationPolicy policy{spec.parallelism.activation_checkpointing, spec.parallelism.activation_offloading,
                                      int(spec.parallelism.activation_loading_horizon)};
   const std::vector<int> first = api::SplitBlocks(shape, seq, pipeline.chunks());
@@ -119,6 +120,11 @@ void PrintLayout(const api::CheckedJob& job, bool groups, std::ostream& out) {
                              : "")
       << " x " << mesh.tp() << " tp; data-parallel size " << mesh.data_parallel() << "; a shard group spans "
       << mesh.NodesPerShardGroup() << " node(s)\n";
+  if (mesh.expert() > 1) {
+    out << "  experts: expert parallelism " << mesh.expert() << ", " << shape.experts / mesh.expert() << " of "
+        << shape.experts << " experts of each block a rank, their blocks sharded over " << mesh.shard() / mesh.expert()
+        << " rank(s)\n";
+  }
   out << "  batch: " << spec.training.global_batch_tokens << " tokens per step = " << api::TokensPerMicroStep(spec)
       << " per micro-step x " << api::AccumulationSteps(spec) << " accumulation step(s)\n";
   if (mesh.pipeline() > 1) PrintStages(spec, mesh, shape, out);
@@ -134,9 +140,11 @@ void PrintLayout(const api::CheckedJob& job, bool groups, std::ostream& out) {
     out << "    node " << n << ": ranks " << api::FormatRanks(ranks) << "\n";
   }
   for (api::Axis axis :
-       {api::Axis::kTensor, api::Axis::kContext, api::Axis::kShard, api::Axis::kReplica, api::Axis::kPipeline}) {
+       {api::Axis::kTensor, api::Axis::kContext, api::Axis::kShard, api::Axis::kExpert, api::Axis::kExpertShard,
+        api::Axis::kReplica, api::Axis::kPipeline}) {
     if (axis == api::Axis::kPipeline && mesh.pipeline() == 1) continue;
     if (axis == api::Axis::kContext && mesh.context() == 1) continue;
+    if ((axis == api::Axis::kExpert || axis == api::Axis::kExpertShard) && mesh.expert() == 1) continue;
     const auto all = mesh.Groups(axis);
     out << "  " << api::AxisName(axis) << " groups (" << all.size() << " of " << mesh.Degree(axis) << "):\n";
     for (const auto& group : all) {

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <iomanip>
 #include <sstream>
 
@@ -80,13 +81,15 @@ void PrintText(const api::CheckedJob& job, const scheduler::Placement& aware, co
         << "\n";
   }
   out << "groups by link (topology-aware | topology-blind):\n";
+  size_t width = 8;  // the axis names' column: "expert-shard" is the longest
+  for (const scheduler::AxisCost& axis : aware_cost.axes) width = std::max(width, axis.axis.size() + 1);
   for (size_t a = 0; a < aware_cost.axes.size(); ++a) {
     auto list = [](const std::map<std::string, int>& by_link) {
       std::string s;
       for (const auto& [link, n] : by_link) s += (s.empty() ? "" : ", ") + std::to_string(n) + " " + link;
       return s;
     };
-    out << "  " << std::left << std::setw(8) << aware_cost.axes[a].axis << std::right << list(aware_cost.axes[a].groups_by_link)
+    out << "  " << std::left << std::setw(int(width)) << aware_cost.axes[a].axis << std::right << list(aware_cost.axes[a].groups_by_link)
         << " | " << list(blind_cost.axes[a].groups_by_link) << "\n";
   }
   out << "modelled communication per step:   topology-aware   topology-blind\n";

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <string>
 
 #include "api/layout.h"
 #include "api/pipeline.h"
@@ -37,21 +39,25 @@ nlohmann::json CandidateJson(const scheduler::Candidate& c) {
                       {"bubble", c.step.bubble},
                       {"p2pBytesPerStep", c.step.p2p_bytes},
                       {"p2pSeconds", c.step.p2p_seconds},
-                      {"contextSeconds", c.step.context_seconds}};
+                      {"contextSeconds", c.step.context_seconds},
+                      {"expertParallelDegree", l.expert},
+                      {"expertSeconds", c.step.expert_seconds},
+                      {"expertBytesPerStep", c.step.expert_bytes}};
   if (l.context > 1) j["contextParallelMode"] = l.context_mode;
   if (l.activations.offload) j["activationLoadingHorizon"] = l.activations.horizon;
   if (!c.reason.empty()) j["rejected"] = c.reason;
   return j;
 }
 
-// Per context degree C tried: how many candidates fit, and the fastest of them, or the
-// one needing the least memory and why it does not fit.
-void PrintContextDegrees(const scheduler::Plan& plan, std::ostream& out) {
-  out << "  by contextParallelDegree C (ranks that split each sequence):\n";
-  for (const auto& [context, candidates] : plan.candidates_by_context) {
-    const auto of_c = [context](const scheduler::Candidate& c) { return c.choice.context == context; };
+// Per degree tried (of `member`: C or EP): how many candidates fit, and the fastest of
+// them, or the one needing the least memory and why it does not fit.
+void PrintDegrees(const scheduler::Plan& plan, const std::map<int, int64_t>& tried, int scheduler::LayoutChoice::*member,
+                  const std::string& title, const std::string& name, std::ostream& out) {
+  out << "  by " << title << ":\n";
+  for (const auto& [degree, candidates] : tried) {
+    const auto of_c = [degree, member](const scheduler::Candidate& c) { return c.choice.*member == degree; };
     const int64_t fit = std::count_if(plan.feasible.begin(), plan.feasible.end(), of_c);
-    out << "    C=" << context << ": " << fit << " of " << candidates << " candidates fit";
+    out << "    " << name << "=" << degree << ": " << fit << " of " << candidates << " candidates fit";
     if (const auto fastest = std::find_if(plan.feasible.begin(), plan.feasible.end(), of_c);
         fastest != plan.feasible.end()) {
       char seconds[32];
@@ -93,7 +99,7 @@ scheduler::LayoutChoice DefaultChoice(const api::TrainingJobSpec& spec) {
 }
 
 std::string CandidateRow(const scheduler::Candidate& c) {
-  char row[384];
+  char row[512];
   int n = std::snprintf(row, sizeof row, "%-46s %10s %9.4f s %12.0f tok/s   exposed %.4f s, %lld micro-steps",
                         scheduler::Describe(c.choice).c_str(), scheduler::MemorySize(c.needed).c_str(), c.step.seconds,
                         c.step.tokens_per_second, c.step.exposed_seconds, (long long)c.step.micro_steps);
@@ -104,6 +110,11 @@ std::string CandidateRow(const scheduler::Candidate& c) {
   n = int(std::strlen(row));
   if (c.choice.context > 1 && size_t(n) < sizeof row) {
     std::snprintf(row + n, sizeof row - size_t(n), ", context exchanges %.4f s", c.step.context_seconds);
+  }
+  n = int(std::strlen(row));
+  if (c.choice.expert > 1 && size_t(n) < sizeof row) {
+    std::snprintf(row + n, sizeof row - size_t(n), ", expert all-to-alls %s a step (%.4f s)",
+                  scheduler::MemorySize(c.step.expert_bytes).c_str(), c.step.expert_seconds);
   }
   return row;
 }
@@ -130,12 +141,20 @@ void PrintPlan(const scheduler::PlanRequest& r, const scheduler::Plan& plan, int
                   d.reason.empty() ? "" : "; the default does not fit");
     out << line;
   }
-  if (plan.candidates_by_context.size() > 1) PrintContextDegrees(plan, out);
+  if (plan.candidates_by_context.size() > 1) {
+    PrintDegrees(plan, plan.candidates_by_context, &scheduler::LayoutChoice::context,
+                 "contextParallelDegree C (ranks that split each sequence)", "C", out);
+  }
+  if (plan.candidates_by_expert.size() > 1) {
+    PrintDegrees(plan, plan.candidates_by_expert, &scheduler::LayoutChoice::expert,
+                 "expertParallelDegree EP (ranks that split each block's experts)", "EP", out);
+  }
   if (!plan.rejected.empty() || plan.rejected_count > 0) out << "  rejected:\n";
   for (const scheduler::Candidate& c : plan.rejected) {
     out << "    " << (c.choice.pipeline.stages > 1 ? "P=" + std::to_string(c.choice.pipeline.stages) + ", " : "")
         << "T=" << c.choice.tp << ", S=" << c.choice.shard
-        << (c.choice.context > 1 ? ", C=" + std::to_string(c.choice.context) : "") << ": nothing fits; the least "
+        << (c.choice.context > 1 ? ", C=" + std::to_string(c.choice.context) : "")
+        << (c.choice.expert > 1 ? ", EP=" + std::to_string(c.choice.expert) : "") << ": nothing fits; the least "
         << c.reason << "\n";
   }
   if (plan.rejected_count > 0) {

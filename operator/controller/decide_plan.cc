@@ -29,6 +29,7 @@ std::string LayoutText(const api::LayoutStatus& l) {
                      api::ParsePipelineSchedule(l.pipeline_schedule)};
   choice.context = int(l.context_parallel_degree);
   choice.context_mode = l.context_parallel_mode;
+  choice.expert = int(l.expert_parallel_degree);
   return scheduler::Describe(choice);
 }
 

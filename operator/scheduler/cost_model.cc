@@ -4,6 +4,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "api/engine_memory.h"
 #include "api/layout.h"
 #include "api/model_shape.h"
 #include "api/pipeline.h"
@@ -134,6 +135,18 @@ ContextTraffic ContextTrafficOf(const api::ModelShape& shape, int batch, int seq
   return t;
 }
 
+ExpertTraffic ExpertTrafficOf(const api::ModelShape& shape, int batch, int seq, int expert_size, int act_bytes) {
+  ExpertTraffic t;
+  if (expert_size <= 1 || shape.experts <= 0) return t;
+  const int EP = expert_size;
+  const double rows = double(batch) * seq * double(shape.experts_per_token) * double(shape.hidden) * act_bytes;
+  t.forward = {{rows, EP - 1}, {rows, EP - 1}};   // the copies to their experts; the outputs back
+  t.backward = {{rows, EP - 1}, {rows, EP - 1}};  // the outputs' gradients in; the copies' back
+  for (const Exchange& e : t.forward) t.forward_sent += e.bytes / EP * e.steps;
+  for (const Exchange& e : t.backward) t.backward_sent += e.bytes / EP * e.steps;
+  return t;
+}
+
 double AxisSeconds(api::Axis axis, Collective op, double bytes, const api::ParallelLayout& mesh,
                    const std::vector<std::vector<std::string>>& paths, const LinkModel& links) {
   if (mesh.Degree(axis) <= 1) return 0;
@@ -181,21 +194,27 @@ StepCost EstimateStepCost(const api::TrainingJobSpec& spec, const std::vector<st
                           const LinkModel& links) {
   const api::ParallelLayout mesh = api::ParallelLayout::ForSpec(spec);
   const api::ModelShape shape = api::ShapeOf(spec.model);
-  double params_per_tp_rank = double(shape.ParameterCount()) / mesh.tp();
   const api::Pipeline pipeline = api::Pipeline::Of(spec.parallelism);
-  if (pipeline.stages > 1) {
-    // The stage that holds the most: its blocks, the embedding's unit on the first (and
-    // for a tied head the last), the head's on the last.
-    const api::UnitElements units = api::UnitElementsOf(shape, 0, mesh.tp());
-    const std::vector<int> first = api::SplitBlocks(shape, shape.seq_len, pipeline.chunks());
-    params_per_tp_rank = 0;
-    for (int p = 0; p < pipeline.stages; ++p) {
-      const bool last = p == pipeline.stages - 1;
-      double elements = (p == 0 || (last && shape.tied) ? double(units.embedding) : 0) + (last ? double(units.head) : 0);
-      for (int c : api::ChunksOf(pipeline, p)) elements += double(first[size_t(c) + 1] - first[size_t(c)]) * double(units.block);
-      params_per_tp_rank = std::max(params_per_tp_rank, elements);
+  // The stage that holds the most: its blocks, the embedding's unit on the first (and for a
+  // tied head the last), the head's on the last. With EP > 1 a block holds E/EP experts, and
+  // its units go over the expert-shard group rather than the shard group.
+  const int EP = shape.experts > 0 ? mesh.expert() : 1;
+  const api::UnitElements units = api::UnitElementsOf(shape, 0, mesh.tp(), api::kVocabMultiple, EP);
+  const std::vector<int> first = api::SplitBlocks(shape, shape.seq_len, pipeline.chunks());
+  double params_per_tp_rank = 0, block_params = 0, blocks_held = double(shape.layers);
+  for (int p = 0; p < pipeline.stages && (pipeline.stages > 1 || EP > 1); ++p) {
+    const bool last = p == pipeline.stages - 1;
+    const double edge =
+        (p == 0 || (last && shape.tied) ? double(units.embedding) : 0) + (last ? double(units.head) : 0);
+    double blocks = 0;
+    for (int c : api::ChunksOf(pipeline, p)) blocks += double(first[size_t(c) + 1] - first[size_t(c)]);
+    if (edge + blocks * double(units.block) > params_per_tp_rank + block_params) {
+      params_per_tp_rank = EP > 1 ? edge : edge + blocks * double(units.block);
+      block_params = EP > 1 ? blocks * double(units.block) : 0;
+      blocks_held = blocks;
     }
   }
+  if (pipeline.stages == 1 && EP == 1) params_per_tp_rank = double(shape.ParameterCount()) / mesh.tp();
   const double param_bytes = spec.training.precision == "fp32" ? 4 : 2;
   const double micro_steps = double(api::AccumulationSteps(spec));
   // A rank's rows of each sequence: seq / C.
@@ -210,13 +229,16 @@ StepCost EstimateStepCost(const api::TrainingJobSpec& spec, const std::vector<st
     double bytes;
     double times;  // per step
   };
-  const std::map<api::Axis, std::vector<Traffic>> traffic = {
+  std::map<api::Axis, std::vector<Traffic>> traffic = {
       {api::Axis::kTensor, {{Collective::kAllReduce, activation_bytes, micro_steps * 4 * double(shape.layers)}}},
       {api::Axis::kShard,
        {{Collective::kAllGather, param_bytes * params_per_tp_rank, 2 * micro_steps},
         {Collective::kReduceScatter, 4 * params_per_tp_rank, micro_steps}}},
       {api::Axis::kReplica, {{Collective::kAllReduce, 4 * params_per_tp_rank / mesh.shard(), 1}}},
   };
+  if (EP > 1) {  // the blocks' shards, of S x C / EP ranks each
+    traffic[api::Axis::kReplica].push_back({Collective::kAllReduce, 4 * block_params / (mesh.shard() / EP), 1});
+  }
 
   StepCost cost;
   for (const auto& [axis, work] : traffic) {
@@ -241,6 +263,39 @@ StepCost EstimateStepCost(const api::TrainingJobSpec& spec, const std::vector<st
         for (const Exchange& e : *pass) seconds += ExchangeSeconds(e, group, mesh, node_paths, links);
       }
       axis_cost.seconds = std::max(axis_cost.seconds, micro_steps * double(shape.layers) * seconds);
+    }
+    cost.seconds += axis_cost.seconds;
+    cost.axes.push_back(std::move(axis_cost));
+  }
+  if (EP > 1) {
+    // The blocks' gathers and reduce-scatters over the ranks holding the same experts, and
+    // the shared part's gradients summed over the expert group (the first expert-shard
+    // rank's shard holds the most of it); every MoE block's all-to-alls, each micro-step.
+    const int expert_shards = mesh.shard() / EP;
+    AxisCost shards{api::AxisName(api::Axis::kExpertShard), 0, {}};
+    for (const std::vector<int>& group : mesh.Groups(api::Axis::kExpertShard)) {
+      ++shards.groups_by_link[GroupLink(SpanOf(group, mesh, node_paths), links).name];
+      const double seconds =
+          micro_steps * (2 * CollectiveSeconds(Collective::kAllGather, param_bytes * block_params, group, mesh,
+                                               node_paths, links) +
+                         CollectiveSeconds(Collective::kReduceScatter, 4 * block_params, group, mesh, node_paths, links));
+      shards.seconds = std::max(shards.seconds, seconds);
+    }
+    cost.seconds += shards.seconds;
+    cost.axes.push_back(std::move(shards));
+    const double shard_elements = double(api::ShardElements(units.block, expert_shards));
+    const double alike = std::min(shard_elements, double(units.block_shared()));
+    const ExpertTraffic experts = ExpertTrafficOf(shape, int(spec.training.micro_batch_size),
+                                                  int(shape.seq_len / mesh.context()), EP, int(param_bytes));
+    AxisCost axis_cost{api::AxisName(api::Axis::kExpert), 0, {}};
+    for (const std::vector<int>& group : mesh.Groups(api::Axis::kExpert)) {
+      ++axis_cost.groups_by_link[GroupLink(SpanOf(group, mesh, node_paths), links).name];
+      double seconds = 0;
+      for (const std::vector<Exchange>* pass : {&experts.forward, &experts.backward}) {
+        for (const Exchange& e : *pass) seconds += ExchangeSeconds(e, group, mesh, node_paths, links);
+      }
+      seconds += CollectiveSeconds(Collective::kAllReduce, 4 * alike, group, mesh, node_paths, links);
+      axis_cost.seconds = std::max(axis_cost.seconds, micro_steps * blocks_held * seconds);
     }
     cost.seconds += axis_cost.seconds;
     cost.axes.push_back(std::move(axis_cost));

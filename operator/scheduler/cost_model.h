@@ -20,6 +20,14 @@
 //            a buffer per rank (ContextTrafficOf): for Ring, the sequence's K/V on this TP
 //            rank forward, and backward those again and their fp32 gradients; for
 //            AllToAll, q, k, v and the output forward, their gradients backward
+// With EP expert ranks (expertParallelDegree) a block's experts are E/EP on a rank, the
+// blocks' all-gathers and reduce-scatters run over the S x C / EP ranks holding the same
+// experts (the expert-shard group) on the block's shared part and this rank's experts,
+// the shared part's gradients are summed over the expert group, and
+//   expert:  A x layers x 4 all-to-alls (2 forward, 2 backward) of microBatch x seqLen / C x
+//            k x hidden x 2 bytes over the EP group, (EP - 1)/EP of them leaving each rank
+//            (ExpertTrafficOf): NVLink where the group sits in a node (EP x T <= GPUs per
+//            node, the group being EP consecutive shard ranks of T ranks each), else the network
 // With pipeline stages, P is the parameters of the stage that holds the most, its groups
 // run inside each stage, and
 //   pipeline: A x 2V point-to-point messages of microBatch x seqLen x hidden x 2 bytes
@@ -113,6 +121,20 @@ struct ContextTraffic {
 };
 ContextTraffic ContextTrafficOf(const api::ModelShape& shape, int batch, int seq, int tp, int context,
                                 bool all_to_all, int act_bytes);
+
+// One mixture-of-experts block's all-to-alls across an expert group of EP ranks for one
+// micro-batch of `batch` sequences of `seq` rows on this rank (seq / C of each), per rank,
+// and the bytes a rank sends (as model::ExpertParallelGroup passes them): forward, the
+// tokens' k copies (batch x seq x k rows of hidden, act_bytes) go to their experts' ranks
+// and the experts' outputs come back; backward, the outputs' gradients go and the inputs'
+// come back. Each all-to-all moves a rank's rows in EP - 1 steps of 1/EP (routing taken as
+// even: (EP - 1)/EP of the rows leave the rank). The counts' all-gather (E integers) is
+// left out. Nothing with EP = 1 or a dense model.
+struct ExpertTraffic {
+  std::vector<Exchange> forward, backward;
+  double forward_sent = 0, backward_sent = 0;
+};
+ExpertTraffic ExpertTrafficOf(const api::ModelShape& shape, int batch, int seq, int expert_size, int act_bytes);
 
 // The slowest group of `axis`: all of them run at once.
 double AxisSeconds(api::Axis axis, Collective op, double bytes, const api::ParallelLayout& mesh,

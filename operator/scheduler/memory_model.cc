@@ -14,14 +14,16 @@ std::string Describe(const LayoutChoice& c) {
   if (c.context > 1) {
     text += "C=" + std::to_string(c.context) + (c.context_mode == "AllToAll" ? " all-to-all, " : " ring, ");
   }
+  if (c.expert > 1) text += "EP=" + std::to_string(c.expert) + ", ";
   text += "micro-batch " + std::to_string(c.micro_batch) + ", ";
   if (c.activations.offload) return text + "offload (horizon " + std::to_string(c.activations.horizon) + ")";
   return text + (c.activations.checkpointing ? "checkpointing" : "keep all");
 }
 
 api::EngineTypes EngineTypesOf(int compute_bytes, bool cpu_kernels, const api::ModelShape& shape, int micro_batch,
-                               int seq, int tp, int context, const std::string& context_mode) {
+                               int seq, int tp, int context, const std::string& context_mode, int experts) {
   api::EngineTypes types;
+  types.experts = experts;
   types.act_bytes = compute_bytes;
   types.acc_bytes = 4;
   types.attention_keeps_scores = cpu_kernels;
@@ -45,7 +47,7 @@ MemoryPrediction PredictMemory(const api::ModelShape& shape, int seq, const Layo
   // As the engine sees it: this rank's rows of each sequence, FSDP's S x C ranks.
   const int rows = seq / c.context, shard = c.shard * c.context;
   const api::EngineTypes types =
-      EngineTypesOf(compute_bytes, cpu_kernels, shape, c.micro_batch, rows, c.tp, c.context, c.context_mode);
+      EngineTypesOf(compute_bytes, cpu_kernels, shape, c.micro_batch, rows, c.tp, c.context, c.context_mode, c.expert);
   MemoryPrediction most;
   for (int p = 0; p < c.pipeline.stages; ++p) {
     const api::StageShape stage = api::StageShapeOf(shape, c.pipeline, p, micro_batches, rows);

@@ -11,6 +11,10 @@
 // With context parallelism (C ranks split every sequence; api/layout.h) a rank holds
 // seq / C rows of each sequence, so its activations and attention fall by C, attention
 // works in api::ContextAttentionScratchBytes, and FSDP shards every unit over S x C ranks.
+// With expert parallelism (EP ranks split each mixture-of-experts block's experts) a rank
+// holds E/EP experts of each block beside the block's other tensors, and those units are
+// sharded over the S x C / EP ranks holding the same experts (api::EngineMemoryOf); the
+// rows its experts receive are sized EP x its tokens' k copies (api::EngineTypes::experts).
 // With a pipeline a rank holds its stage's part (api::StageShapeOf): its blocks' units, the
 // embedding's on the first stage, the head's on the last, and activations for the
 // micro-batches its chunks hold between forward and backward; the peak is the worst stage's.
@@ -37,12 +41,13 @@ struct LayoutChoice {
   api::Pipeline pipeline = {};
   int context = 1;                    // contextParallelDegree C: ranks that split each sequence
   std::string context_mode = "Ring";  // contextParallelMode: "Ring" or "AllToAll"
+  int expert = 1;  // expertParallelDegree EP: ranks that split each mixture-of-experts block's experts
   bool operator==(const LayoutChoice&) const = default;
 };
 
 // "T=2, S=4, micro-batch 8, checkpointing" / "..., offload (horizon 2)"; with stages
 // "P=2 1F1B, T=1, ..." or "P=2 Interleaved1F1B x2, T=1, ..."; with C > 1
-// "T=8, S=2, C=4 ring, ..." or "..., C=4 all-to-all, ...".
+// "T=8, S=2, C=4 ring, ..." or "..., C=4 all-to-all, ..."; with EP > 1 "T=1, S=8, EP=8, ...".
 std::string Describe(const LayoutChoice& choice);
 
 struct MemoryPrediction {
@@ -60,13 +65,17 @@ struct MemoryPrediction {
 // sequence / context). With context > 1, attention across the context group in
 // `context_mode` ("Ring" or "AllToAll"), whose scratch is api::ContextAttentionScratchBytes
 // around the fused kernel's own (on the shape the mode runs it: this rank's rows and
-// heads for Ring, the whole sequence and 1/context of the heads for AllToAll).
+// heads for Ring, the whole sequence and 1/context of the heads for AllToAll). `experts`:
+// the expert group's EP (api::EngineTypes::experts: a mixture's received rows are sized
+// EP x the local tokens' copies).
 api::EngineTypes EngineTypesOf(int compute_bytes, bool cpu_kernels, const api::ModelShape& shape, int micro_batch,
-                               int seq, int tp, int context = 1, const std::string& context_mode = "Ring");
+                               int seq, int tp, int context = 1, const std::string& context_mode = "Ring",
+                               int experts = 1);
 
 // The peak of the rank that holds the most (the largest vocabulary slice, of the stage
 // that holds the most), for sequences of `seq` tokens (each rank holding seq / C rows of
-// each, its units sharded over S x C ranks); `dropout`: the model drops
+// each, its units sharded over S x C ranks; with EP > 1 its blocks hold E/EP experts each,
+// sharded over S x C / EP ranks, and its MoE buffers are sized for EP); `dropout`: the model drops
 // activations (spec.model.dropout > 0). `micro_batches`: the step's micro-batches (its
 // accumulation steps), which set how many a pipeline stage keeps activations for; any for
 // one stage. REQUIRES: with stages, a number of micro-batches the schedule takes

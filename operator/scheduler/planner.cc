@@ -69,6 +69,15 @@ std::vector<int> ContextDegrees(const PlanRequest& r, int stages, int tp, int mo
   return out;
 }
 
+std::vector<int> ExpertDegrees(const api::ModelShape& shape, int shard_group) {
+  if (shape.experts <= 1) return {1};
+  std::vector<int> out;
+  for (int EP : Divisors(shape.experts, shard_group)) {
+    if (shard_group % EP == 0) out.push_back(EP);
+  }
+  return out;
+}
+
 std::string SequenceShortfall(const PlanRequest& r, const LayoutChoice& choice) {
   const Candidate c = Evaluate(r, choice);
   if (c.reason.empty()) return "";
@@ -158,47 +167,51 @@ bool SearchLayouts(const PlanRequest& r, int stages, int tp, int context, Plan& 
   }
   bool keeps_all = false;
   for (int shard : Divisors(dp, dp)) {
-    if (!api::ParallelLayout::Check(r.cluster.nodes, r.cluster.gpus_per_node, tp, shard, stages, context).empty()) {
-      continue;
-    }
-    bool any_fits = false;
-    const int64_t feasible_before = int64_t(plan.feasible.size());
-    int64_t rejected = 0;
-    std::optional<Candidate> least;  // of the rejected, the one needing the least memory
-    for (int micro : Divisors(sequences, r.max_micro_batch)) {
-      for (const api::Pipeline& pipeline : PipelinesFor(stages, sequences / micro, layers)) {
-        const LayoutChoice base{tp, shard, micro, {}, pipeline, context, r.context_mode};
-        auto with = [&](api::ActivationPolicy activations) {
-          LayoutChoice choice = base;
-          choice.activations = activations;
-          return Evaluate(r, choice);
-        };
-        std::vector<Candidate> options = {with({false, false, 2}), with({true, false, 2})};
-        // Offload: the horizon that is fastest among those that fit (or, if none fits, the smallest).
-        std::optional<Candidate> offload;
-        const int blocks = stages > 1 ? FewestBlocks(r.shape, r.seq, pipeline) : layers;
-        for (int h = 1; h <= std::min(r.max_horizon, blocks - 1); ++h) {
-          Candidate c = with({true, true, h});
-          const bool better = !offload || (c.reason.empty() && (!offload->reason.empty() || Better(c, *offload)));
-          if (better) offload = std::move(c);
-        }
-        if (offload) options.push_back(std::move(*offload));
-        for (Candidate& c : options) {
-          if (c.reason.empty()) {
-            any_fits = true;
-            keeps_all |= !c.choice.activations.checkpointing;
-            plan.feasible.push_back(std::move(c));
-            continue;
+    for (int expert : ExpertDegrees(r.shape, shard * context)) {
+      if (!api::ParallelLayout::Check(r.cluster.nodes, r.cluster.gpus_per_node, tp, shard, stages, context, expert)
+               .empty()) {
+        continue;
+      }
+      bool any_fits = false;
+      const int64_t feasible_before = int64_t(plan.feasible.size());
+      int64_t rejected = 0;
+      std::optional<Candidate> least;  // of the rejected, the one needing the least memory
+      for (int micro : Divisors(sequences, r.max_micro_batch)) {
+        for (const api::Pipeline& pipeline : PipelinesFor(stages, sequences / micro, layers)) {
+          const LayoutChoice base{tp, shard, micro, {}, pipeline, context, r.context_mode, expert};
+          auto with = [&](api::ActivationPolicy activations) {
+            LayoutChoice choice = base;
+            choice.activations = activations;
+            return Evaluate(r, choice);
+          };
+          std::vector<Candidate> options = {with({false, false, 2}), with({true, false, 2})};
+          // Offload: the horizon that is fastest among those that fit (or, if none fits, the smallest).
+          std::optional<Candidate> offload;
+          const int blocks = stages > 1 ? FewestBlocks(r.shape, r.seq, pipeline) : layers;
+          for (int h = 1; h <= std::min(r.max_horizon, blocks - 1); ++h) {
+            Candidate c = with({true, true, h});
+            const bool better = !offload || (c.reason.empty() && (!offload->reason.empty() || Better(c, *offload)));
+            if (better) offload = std::move(c);
           }
-          ++rejected;
-          if (!least || c.needed < least->needed) least = std::move(c);
+          if (offload) options.push_back(std::move(*offload));
+          for (Candidate& c : options) {
+            if (c.reason.empty()) {
+              any_fits = true;
+              keeps_all |= !c.choice.activations.checkpointing;
+              plan.feasible.push_back(std::move(c));
+              continue;
+            }
+            ++rejected;
+            if (!least || c.needed < least->needed) least = std::move(c);
+          }
         }
       }
+      plan.candidates += int64_t(plan.feasible.size()) - feasible_before + rejected;
+      plan.candidates_by_context[context] += int64_t(plan.feasible.size()) - feasible_before + rejected;
+      plan.candidates_by_expert[expert] += int64_t(plan.feasible.size()) - feasible_before + rejected;
+      if (any_fits) plan.rejected_count += rejected;
+      else if (least) plan.rejected.push_back(std::move(*least));
     }
-    plan.candidates += int64_t(plan.feasible.size()) - feasible_before + rejected;
-    plan.candidates_by_context[context] += int64_t(plan.feasible.size()) - feasible_before + rejected;
-    if (any_fits) plan.rejected_count += rejected;
-    else if (least) plan.rejected.push_back(std::move(*least));
   }
   return keeps_all;
 }
@@ -209,7 +222,7 @@ Plan PlanLayouts(const PlanRequest& r) {
   Plan plan;
   const int world = r.cluster.nodes * r.cluster.gpus_per_node;
   // P stages of at least one block each, outermost; P = 1 first.
-  for (int stages : Divisors(world, r.shape.layers)) {
+  for (int stages : Divisors(world, r.one_stage ? 1 : r.shape.layers)) {
     for (int tp : Divisors(r.cluster.gpus_per_node, r.cluster.gpus_per_node)) {
       // T splits the query and key/value heads and the MLP's units: one that does not divide
       // them is never offered.
@@ -240,6 +253,7 @@ PlanRequest RequestFor(const api::TrainingJobSpec& spec, std::vector<std::vector
   r.global_batch_tokens = spec.training.global_batch_tokens;
   r.dropout = spec.model.dropout > 0;
   r.context_mode = spec.parallelism.context_parallel_mode;
+  r.one_stage = spec.training.router_aux_loss_coef.has_value();
   r.cluster.nodes = int(spec.nodes);
   r.cluster.gpus_per_node = int(spec.gpus_per_node);
   r.cluster.node_paths = std::move(node_paths);
@@ -313,6 +327,7 @@ nlohmann::json ResolveWrittenSpec(nlohmann::json written, const LayoutChoice& ch
   if (choice.pipeline.virtual_stages > 1) p["pipelineVirtualStages"] = choice.pipeline.virtual_stages;
   p["contextParallelDegree"] = choice.context;
   if (choice.context > 1) p["contextParallelMode"] = choice.context_mode;
+  p["expertParallelDegree"] = choice.expert;
   written["training"]["microBatchSize"] = choice.micro_batch;
   return written;
 }
@@ -330,6 +345,7 @@ api::LayoutStatus LayoutStatusOf(const LayoutChoice& c) {
   status.activation_loading_horizon = c.activations.offload ? c.activations.horizon : 0;
   status.context_parallel_degree = c.context;
   status.context_parallel_mode = c.context_mode;
+  status.expert_parallel_degree = c.expert;
   return status;
 }
 
@@ -351,7 +367,8 @@ LayoutChoice ChoiceOf(const api::TrainingJobSpec& spec) {
           {p.activation_checkpointing, p.activation_offloading, int(p.activation_loading_horizon)},
           api::Pipeline::Of(p),
           int(layout.context()),
-          p.context_parallel_mode};
+          p.context_parallel_mode,
+          int(layout.expert())};
 }
 
 }  // namespace meshtrain::scheduler

@@ -5,7 +5,9 @@
 // with 2C | seq, no dropout, and for AllToAll C | each TP rank's heads and key/value
 // heads; the mode is the spec's contextParallelMode; C > 1 only for a P and T none of
 // whose C = 1 layouts that fit keeps every activation), shard groups S (divisors of the
-// data-parallel ranks, world / (P x T x C), that form a layout), the
+// data-parallel ranks, world / (P x T x C), that form a layout), expert parallelism EP
+// (for a mixture of experts only: the divisors of its experts that divide S x C; 1 for a
+// dense model, so that its search is what it was), the
 // micro-batch (divisors of each rank's sequences per step; with P > 1 only those leaving
 // at least P micro-batches, under 1F1B, and under Interleaved1F1B with 2 chunks a stage
 // where they are a multiple of P and 2P blocks go round), and activations (keep all,
@@ -42,6 +44,9 @@ struct PlanRequest {
   int max_context = 8;                // the largest C tried
   std::string context_mode = "Ring";  // spec.parallelism.contextParallelMode
   bool dropout = false;  // spec.model.dropout > 0: the backward keeps masked copies
+  // spec.training.routerAuxLossCoef is set: the load-balancing loss takes every layer's
+  // routing at once, so validation refuses pipeline stages; one stage only.
+  bool one_stage = false;
 };
 
 struct Candidate {
@@ -54,12 +59,13 @@ struct Candidate {
 
 struct Plan {
   std::vector<Candidate> feasible;  // fastest first
-  // Per (P, T, C, S) with no feasible candidate, the one needing the least memory and why it
-  // does not fit; and how many candidates of the other (P, T, C, S) were left out for memory.
+  // Per (P, T, C, S, EP) with no feasible candidate, the one needing the least memory and why
+  // it does not fit; and how many candidates of the other (P, T, C, S, EP) were left out for memory.
   std::vector<Candidate> rejected;
   int64_t rejected_count = 0;
   int64_t candidates = 0;  // evaluated, feasible or not (an offload counts once, at its best horizon)
   std::map<int, int64_t> candidates_by_context;  // of them, per context degree C tried
+  std::map<int, int64_t> candidates_by_expert;   // of them, per expert degree EP tried
   // What the search could not try at all (a batch no micro-batch divides), one line each.
   std::vector<std::string> notes;
   // When nothing fits: SequenceShortfall of the rejected candidate needing the least memory.
@@ -80,6 +86,11 @@ Plan PlanLayouts(const PlanRequest& request);
 // stage's TP groups, with 2C | seq, and for AllToAll C | this TP rank's heads and
 // key/value heads.
 std::vector<int> ContextDegrees(const PlanRequest& request, int stages, int tp, int most);
+
+// The expertParallelDegree values the planner tries with a shard group of `shard_group`
+// ranks (S x C): for a mixture of experts, the divisors of its experts that divide
+// shard_group (an expert group is consecutive ranks of one); {1} for a dense model.
+std::vector<int> ExpertDegrees(const api::ModelShape& shape, int shard_group);
 
 // Where `choice` does not fit a rank: the shortfall in bytes and the least C above its own
 // (a power of two up to 64 with 2C | seq, and for AllToAll C | a TP rank's heads and
@@ -118,7 +129,7 @@ std::optional<DeviceModel> DeviceForNodes(const std::vector<std::map<std::string
 
 // A spec as written (JSON) with the choice written into spec.parallelism (the pipeline's
 // degree and schedule too, its virtual stages where more than 1, the context degree and
-// mode) and
+// mode, the expert degree) and
 // spec.training.microBatchSize, and mode manual: what the workers run. With mode auto
 // none of those fields was written (validation), so nothing the user wrote changes.
 nlohmann::json ResolveWrittenSpec(nlohmann::json written_spec, const LayoutChoice& choice);
@@ -127,7 +138,7 @@ nlohmann::json ResolveWrittenSpec(nlohmann::json written_spec, const LayoutChoic
 api::LayoutStatus LayoutStatusOf(const Candidate& chosen, const DeviceModel& device);
 
 // The layout a spec in manual mode runs: its T, its S (as written or derived), its
-// micro-batch, activation policy, pipeline and context degree and mode.
+// micro-batch, activation policy, pipeline, context degree and mode, and expert degree.
 LayoutChoice ChoiceOf(const api::TrainingJobSpec& spec);
 // What status.layout says of a layout no planner chose: no device or prediction.
 api::LayoutStatus LayoutStatusOf(const LayoutChoice& choice);

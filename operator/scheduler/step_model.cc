@@ -29,6 +29,7 @@ struct Durations {
   double block_forward = 0, block_backward = 0, block_recompute = 0, head_forward = 0, head_backward = 0;  // math
   double tp_forward = 0, tp_backward = 0, tp_head = 0;  // TP collectives inside them
   double cp_forward = 0, cp_backward = 0;  // a block's exchanges across its context group, inside them
+  double ep_forward = 0, ep_backward = 0;  // a block's all-to-alls across its expert group, inside them
   // The embedding unit's, a block's and an untied head's (0 when the head is tied).
   double gather_embedding = 0, gather_block = 0, gather_head = 0;
   double reduce_embedding = 0, reduce_block = 0, reduce_head = 0;
@@ -75,18 +76,42 @@ Durations DurationsOf(const api::ModelShape& s, int seq, const LayoutChoice& c, 
       d.cp_backward = std::max(d.cp_backward, backward);
     }
   }
-  // FSDP shards over S x C ranks.
+  // A mixture's all-to-alls across the expert group (its tokens' copies to their experts'
+  // ranks and back, forward and backward) run on the compute stream.
+  const ExpertTraffic experts = ExpertTrafficOf(s, c.micro_batch, seq / c.context, c.expert, device.compute_bytes);
+  if (c.expert > 1) {
+    for (const std::vector<int>& group : mesh.Groups(api::Axis::kExpert)) {
+      auto seconds = [&](const std::vector<Exchange>& each) {
+        double sum = 0;
+        for (const Exchange& e : each) sum += ExchangeSeconds(e, group, mesh, cluster.node_paths, cluster.links);
+        return sum;
+      };
+      d.ep_forward = std::max(d.ep_forward, seconds(experts.forward));
+      d.ep_backward = std::max(d.ep_backward, seconds(experts.backward));
+    }
+  }
+  // FSDP shards over S x C ranks; a block whose experts EP splits (E/EP of them on a rank)
+  // over the S x C / EP ranks holding the same experts.
   const int shard = c.shard * c.context;
-  const api::UnitElements units = api::UnitElementsOf(s, c.tp - 1, c.tp);
+  const api::UnitElements units = api::UnitElementsOf(s, c.tp - 1, c.tp, api::kVocabMultiple, c.expert);
+  const int block_shards = api::BlockShards(units, shard, c.expert);
+  const api::Axis block_axis = block_shards != shard ? api::Axis::kExpertShard : api::Axis::kShard;
   auto unsharded = [&](int64_t elements) { return double(api::ShardElements(elements, shard)) * shard; };
-  const double embedding = unsharded(units.embedding), block = unsharded(units.block);
+  const double embedding = unsharded(units.embedding);
+  const double block = double(api::ShardElements(units.block, block_shards)) * block_shards;
   const double head = units.head > 0 ? unsharded(units.head) : 0;
   d.gather_embedding = axis(api::Axis::kShard, Collective::kAllGather, embedding * device.compute_bytes);
-  d.gather_block = axis(api::Axis::kShard, Collective::kAllGather, block * device.compute_bytes);
+  d.gather_block = axis(block_axis, Collective::kAllGather, block * device.compute_bytes);
   d.reduce_embedding = axis(api::Axis::kShard, Collective::kReduceScatter, embedding * 4);
-  d.reduce_block = axis(api::Axis::kShard, Collective::kReduceScatter, block * 4);
+  d.reduce_block = axis(block_axis, Collective::kReduceScatter, block * 4);
+  if (block_shards != shard) {
+    // The shard's part before the experts (every expert group member's alike) is summed
+    // over the expert group: the first expert-shard rank's holds the most of it.
+    const double alike = std::min(block / block_shards, double(units.block_shared()));
+    d.reduce_block += axis(api::Axis::kExpert, Collective::kAllReduce, alike * 4);
+  }
   d.replica_embedding = axis(api::Axis::kReplica, Collective::kAllReduce, embedding / shard * 4);
-  d.replica_block = axis(api::Axis::kReplica, Collective::kAllReduce, block / shard * 4);
+  d.replica_block = axis(api::Axis::kReplica, Collective::kAllReduce, block / block_shards * 4);
   if (head > 0) {
     d.gather_head = axis(api::Axis::kShard, Collective::kAllGather, head * device.compute_bytes);
     d.reduce_head = axis(api::Axis::kShard, Collective::kReduceScatter, head * 4);
@@ -134,7 +159,7 @@ double Forward(int L, const LayoutChoice& c, const Durations& d, bool last, Stre
     double ready = gathered[size_t(l)];
     // Block l writes input l+1 over input l+1-n, which must have reached the host first.
     if (offload && l + 1 < L && l + 1 >= slots) ready = std::max(ready, offloaded[size_t(l + 1 - slots)]);
-    freed[size_t(l)] = s.compute.Run(ready, d.block_forward + d.tp_forward + d.cp_forward);
+    freed[size_t(l)] = s.compute.Run(ready, d.block_forward + d.tp_forward + d.cp_forward + d.ep_forward);
     if (offload && l < L - slots) offloaded[size_t(l)] = s.copy.Run(freed[size_t(l)], d.copy_input);
   }
   // The head computes its backward as each chunk of logits is made (the fused classifier).
@@ -150,7 +175,8 @@ double Forward(int L, const LayoutChoice& c, const Durations& d, bool last, Stre
 double Backward(int L, const LayoutChoice& c, const Durations& d, bool last, Streams& s) {
   const int slots = api::ActivationStoreBytes({.layers = L}, 1, 1, c.activations, 0, 1, {}, false).inputs;
   const bool offload = c.activations.offload;
-  const double recompute = c.activations.checkpointing ? d.block_recompute + d.tp_forward + d.cp_forward : 0;
+  const double recompute =
+      c.activations.checkpointing ? d.block_recompute + d.tp_forward + d.cp_forward + d.ep_forward : 0;
   std::vector<double> gathered(size_t(L), 0), done(size_t(L) + 1, 0), loaded(size_t(L), 0);
   s.Start();
   gathered[size_t(L) - 1] = s.comm.Run(0, d.gather_block);
@@ -165,7 +191,8 @@ double Backward(int L, const LayoutChoice& c, const Durations& d, bool last, Str
       }
       if (l < L - slots) ready = std::max(ready, loaded[size_t(l)]);
     }
-    done[size_t(l)] = s.compute.Run(ready, recompute + d.block_backward + d.tp_backward + d.cp_backward);
+    done[size_t(l)] =
+        s.compute.Run(ready, recompute + d.block_backward + d.tp_backward + d.cp_backward + d.ep_backward);
     const double reduced = s.comm.Run(done[size_t(l)], d.reduce_block);
     if (last) s.comm.Run(reduced, d.replica_block);
   }
@@ -180,20 +207,27 @@ StepPrediction PredictStep(const api::ModelShape& shape, int seq, int64_t global
                            const LayoutChoice& choice, const Cluster& cluster, const DeviceModel& device) {
   const api::Pipeline& pipeline = choice.pipeline;
   const int P = pipeline.stages, V = pipeline.virtual_stages, C = pipeline.chunks();
-  const api::ParallelLayout mesh(cluster.nodes, cluster.gpus_per_node, choice.tp, choice.shard, P, choice.context);
+  const api::ParallelLayout mesh(cluster.nodes, cluster.gpus_per_node, choice.tp, choice.shard, P, choice.context,
+                                 choice.expert);
   const int shard = mesh.shard();  // S x C
   StepPrediction p;
   p.micro_steps = std::max<int64_t>(1, global_batch_tokens / (int64_t(choice.micro_batch) * seq * mesh.data_parallel()));
   const std::vector<int> first = api::SplitBlocks(shape, seq, C);
-  const api::UnitElements units = api::UnitElementsOf(shape, choice.tp - 1, choice.tp);
+  const api::UnitElements units =
+      api::UnitElementsOf(shape, choice.tp - 1, choice.tp, api::kVocabMultiple, choice.expert);
+  const int block_shards = api::BlockShards(units, shard, choice.expert);
   const bool recompute = choice.activations.checkpointing;
   // Every stage's groups are alike: one set of durations, less what a chunk does not hold.
   const Durations model = DurationsOf(shape, seq, choice, mesh, cluster, device);
+  const ExpertTraffic experts =
+      ExpertTrafficOf(shape, choice.micro_batch, seq / choice.context, choice.expert, device.compute_bytes);
 
   // Per stage: a micro-batch's forward and backward through each of its chunks, every
   // micro-batch but the last alike, the last adding the replica all-reduces.
   struct StageTimes {
-    double micro = 0, final_micro = 0, update = 0, compute = 0, tp = 0, context = 0, comm = 0, final_comm = 0;
+    double micro = 0, final_micro = 0, update = 0, compute = 0, tp = 0, context = 0, expert = 0, comm = 0,
+           final_comm = 0;
+    double expert_bytes = 0;  // sent by the stage's all-to-alls, per micro-batch
   };
   std::vector<StageTimes> stages(static_cast<size_t>(P));
   for (int stage = 0; stage < P; ++stage) {
@@ -212,7 +246,9 @@ StepPrediction PredictStep(const api::ModelShape& shape, int seq, int64_t global
                    d.head_forward + d.head_backward;
       t.tp += double(L) * (d.tp_forward * (recompute ? 2 : 1) + d.tp_backward) + 2 * d.tp_head;
       t.context += double(L) * (d.cp_forward * (recompute ? 2 : 1) + d.cp_backward);
-      elements += double(L) * double(api::ShardElements(units.block, shard));
+      t.expert += double(L) * (d.ep_forward * (recompute ? 2 : 1) + d.ep_backward);
+      t.expert_bytes += double(L) * (experts.forward_sent * (recompute ? 2 : 1) + experts.backward_sent);
+      elements += double(L) * double(api::ShardElements(units.block, block_shards));
       if (embedding) elements += double(api::ShardElements(units.embedding, shard));
       if (head) elements += double(api::ShardElements(units.head, shard));
     }
@@ -290,9 +326,12 @@ StepPrediction PredictStep(const api::ModelShape& shape, int seq, int64_t global
   p.compute_seconds = M * pace.compute;
   p.tp_seconds = M * pace.tp;
   p.context_seconds = M * pace.context;
+  p.expert_seconds = M * pace.expert;
+  p.expert_bytes = int64_t(M * pace.expert_bytes);
   p.comm_seconds = (M - 1) * pace.comm + pace.final_comm;
   p.exposed_seconds =
-      std::max(0.0, p.seconds - p.compute_seconds - p.tp_seconds - p.context_seconds - p.update_seconds);
+      std::max(0.0, p.seconds - p.compute_seconds - p.tp_seconds - p.context_seconds - p.expert_seconds -
+                        p.update_seconds);
   p.stage = int(slowest);
   p.tokens_per_second = double(global_batch_tokens) / p.seconds;
   return p;

@@ -5,10 +5,16 @@
 //            measured matrix rate, plus the layer's TP all-reduces and, with C context
 //            ranks, attention's exchanges across the context group (ContextTrafficOf;
 //            both block the stream). A context rank computes seq / C rows of each
-//            sequence, and 1/C of its attention (its chunks are balanced)
+//            sequence, and 1/C of its attention (its chunks are balanced); with EP
+//            expert ranks, each mixture-of-experts block's all-to-alls across the expert
+//            group (ExpertTrafficOf: two forward, two backward, redone on recompute). An
+//            expert rank computes as many expert rows as without EP (routing taken as
+//            even: EP x N x k / EP), so its FLOPs do not change
 //   comm     gathers (two slots: block l+1's waits until block l-1 is freed), each unit's
 //            reduce-scatter after its backward, and on the last micro-batch its replica
-//            all-reduce, in the order the engine enqueues them
+//            all-reduce, in the order the engine enqueues them; with EP, a block's over the
+//            S x C / EP ranks holding the same experts, its shared part's gradients then
+//            summed over the expert group
 //   copy     offloaded block inputs out after their forward, back H blocks ahead
 // Forward and backward each end when all three streams drain, as the engine's do.
 // Collective times come from cost_model.h, per group and link tier.
@@ -76,8 +82,10 @@ struct StepPrediction {
   double compute_seconds = 0;   // math on the compute stream
   double tp_seconds = 0;        // TP collectives on the compute stream
   double context_seconds = 0;   // attention's exchanges across the context group, on the compute stream
+  double expert_seconds = 0;    // the mixture's all-to-alls across the expert group, on the compute stream
+  int64_t expert_bytes = 0;     // per rank per step, sent by those all-to-alls (recompute's included)
   double comm_seconds = 0;      // gathers, reduce-scatters, replica all-reduces (comm stream busy)
-  double exposed_seconds = 0;   // what the step waits beyond compute, TP, context and the update (bubble included)
+  double exposed_seconds = 0;   // what the step waits beyond compute, TP, context, experts and the update (bubble included)
   double update_seconds = 0;    // AdamW over the shards
   int64_t micro_steps = 0;      // M: accumulation steps, with stages the pipeline's micro-batches
   double tokens_per_second = 0;

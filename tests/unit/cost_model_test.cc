@@ -1,8 +1,11 @@
 #include "operator/scheduler/cost_model.h"
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include "api/defaults.h"
+#include "api/engine_memory.h"
 #include "api/manifest.h"
 
 namespace meshtrain::scheduler {
@@ -100,6 +103,50 @@ TEST(CostModel, ContextGroupsExchangeEachBlocksKeysAndValues) {
   const double all_reduce = CollectiveSeconds(Collective::kAllReduce, rows, {0, 1}, mesh, paths, links);
   EXPECT_NEAR(split.axes[0].seconds, 4 * 4 * 12 * all_reduce, 1e-12);
   EXPECT_EQ(plain.axes.size(), 3u);
+}
+
+// Qwen3-30B-A3B on 2 nodes of 8 GPUs, S = 16, one sequence of 4096 a rank: EP = 8 splits
+// each block's 128 experts over a node's ranks. Each MoE block sends a rank's 4096 x 8
+// copies of 2048 bf16 to their experts and back, forward and backward (4 all-to-alls of
+// 7 steps over NVLink), and sums its shared part's gradients over the group; the blocks'
+// gathers and reduce-scatters run over the 2 ranks holding the same experts (r, r + 8).
+TEST(CostModel, ExpertGroupsAllToAllEachMoeBlocksTokens) {
+  api::TrainingJobSpec spec = api::LoadTrainingJobs("examples/qwen3-moe-30b-a3b-auto.yaml").at(0).job.spec;
+  spec.parallelism.mode = "manual";
+  spec.parallelism.hybrid_shard_degree = 0;
+  spec.training.micro_batch_size = 1;
+  spec.training.global_batch_tokens = 16 * 4096;
+  const std::vector<std::vector<std::string>> paths = {{"a", "b", "c", "n0"}, {"a", "b", "c", "n1"}};
+  const LinkModel links(kLevels);
+  const StepCost plain = EstimateStepCost(spec, paths, links);
+  ASSERT_EQ(plain.axes.size(), 3u);
+  spec.parallelism.expert_parallel_degree = 8;
+  const StepCost split = EstimateStepCost(spec, paths, links);
+  ASSERT_EQ(split.axes.size(), 5u);
+  EXPECT_EQ(split.axes[3].axis, "expert-shard");
+  EXPECT_EQ(split.axes[3].groups_by_link.at("within l3"), 8);
+  EXPECT_EQ(split.axes[4].axis, "expert");
+  EXPECT_EQ(split.axes[4].groups_by_link.at("nvlink"), 2);
+  const api::ModelShape shape = api::ShapeOf(spec.model);
+  const double rows = 4096.0 * 8 * 2048 * 2;
+  const ExpertTraffic traffic = ExpertTrafficOf(shape, 1, 4096, 8, 2);
+  EXPECT_DOUBLE_EQ(traffic.forward_sent, 2 * rows * 7 / 8);
+  EXPECT_DOUBLE_EQ(traffic.backward_sent, 2 * rows * 7 / 8);
+  const api::UnitElements units = api::UnitElementsOf(shape, 0, 1, api::kVocabMultiple, 8);
+  const double alike = std::min(double(api::ShardElements(units.block, 2)), double(units.block_shared()));
+  const api::ParallelLayout mesh = api::ParallelLayout::ForSpec(spec);
+  const double shared = CollectiveSeconds(Collective::kAllReduce, 4 * alike, {0, 1, 2, 3, 4, 5, 6, 7}, mesh, paths, links);
+  EXPECT_NEAR(split.axes[4].seconds, 48 * (4 * 7 * (3e-6 + rows / 8 / 360e9) + shared), 1e-9);
+  // The shard group gathers only the embedding's and the head's units now.
+  EXPECT_LT(split.axes[1].seconds, 0.5 * plain.axes[1].seconds);
+  // EP = 16 spans both nodes: its all-to-alls go over the network.
+  spec.parallelism.expert_parallel_degree = 16;
+  const StepCost wide = EstimateStepCost(spec, paths, links);
+  EXPECT_EQ(wide.axes[4].groups_by_link.at("within l3"), 1);
+  EXPECT_GT(wide.axes[4].seconds, 4 * split.axes[4].seconds);
+  // Nothing for a dense model or EP = 1.
+  EXPECT_TRUE(ExpertTrafficOf(shape, 1, 4096, 1, 2).forward.empty());
+  EXPECT_TRUE(ExpertTrafficOf(*api::FindPreset("llama3.1-8b"), 1, 4096, 8, 2).forward.empty());
 }
 
 TEST(CostModel, OverridesReplaceALink) {

@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include "api/manifest.h"
+
 namespace meshtrain::scheduler {
 namespace {
 
@@ -576,6 +578,196 @@ TEST(ContextPlanner, WritesTheDegreeAndModeForTheWorkersAndTheStatus) {
   EXPECT_EQ(Describe(choice), "T=8, S=1, C=4 ring, micro-batch 1, checkpointing");
   EXPECT_EQ(Describe({8, 1, 1, {}}), "T=8, S=1, micro-batch 1, keep all");
   EXPECT_EQ(Describe(WithContext({8, 1, 1, {}}, 2, "AllToAll")), "T=8, S=1, C=2 all-to-all, micro-batch 1, keep all");
+}
+
+// Expert parallelism: EP ranks split each mixture-of-experts block's experts.
+
+const api::ModelShape& Qwen3Moe() { return *api::FindPreset("qwen3-30b-a3b"); }
+
+LayoutChoice WithExperts(LayoutChoice c, int expert) {
+  c.expert = expert;
+  return c;
+}
+
+TEST(ExpertMemory, ARankHoldsEOverEPExpertsShardedOverTheRanksHoldingTheSame) {
+  const api::ModelShape& shape = Qwen3Moe();
+  const api::UnitElements all = api::UnitElementsOf(shape, 0, 1, api::kVocabMultiple, 1);
+  const api::UnitElements eighth = api::UnitElementsOf(shape, 0, 1, api::kVocabMultiple, 8);
+  // 128 experts of gate, up (768 x 2048) and down (2048 x 768) a block.
+  EXPECT_EQ(all.block_experts, int64_t(128) * 3 * 768 * 2048);
+  EXPECT_EQ(eighth.block_experts * 8, all.block_experts);
+  EXPECT_EQ(eighth.block_shared(), all.block_shared());  // attention, norms and router: every member's
+  EXPECT_EQ(eighth.embedding, all.embedding);
+  EXPECT_EQ(api::UnitElementsOf(Llama8B(), 0, 1, api::kVocabMultiple, 8).block,
+            api::UnitElementsOf(Llama8B(), 0, 1).block);  // a dense block has no experts to split
+
+  // S = 8: without EP a block is sharded over 8 ranks; with EP = 8 each rank holds its 16
+  // experts of each block whole (8 / 8 = 1 rank holds the same), beside the shared part.
+  const int seq = 4096;
+  const LayoutChoice base{1, 8, 1, {true, false, 2}};
+  const MemoryPrediction one = PredictMemory(shape, seq, base, 2, false, false, 1);
+  const MemoryPrediction split = PredictMemory(shape, seq, WithExperts(base, 8), 2, false, false, 1);
+  const int64_t L = shape.layers;
+  auto held = [](int64_t bytes) { return int64_t(api::AllocatorBlockBytes(size_t(bytes))); };
+  const int64_t edge_master = held(api::ShardElements(all.embedding, 8) * 4) + held(api::ShardElements(all.head, 8) * 4);
+  EXPECT_EQ(one.params, edge_master + L * held(api::ShardElements(all.block, 8) * 4));
+  EXPECT_EQ(split.params, edge_master + L * held(eighth.block * 4));
+  // The experts' part of a rank's shards is the same (1/8 of them either way); the shared
+  // part is held by 8 times as many ranks.
+  EXPECT_NEAR(double(split.params - one.params), double(L) * 4 * (eighth.block_shared() * 7.0 / 8), 4.0 * L * (2 << 20));
+  // The compute copies of a block (bf16) and their gradients (fp32), two slots: E/EP experts.
+  const int64_t edge_slot = held(api::ShardElements(all.edge(), 8) * 8 * 2) + held(api::ShardElements(all.edge(), 8) * 8 * 4);
+  EXPECT_EQ(one.gathered, edge_slot + 2 * held(api::ShardElements(all.block, 8) * 8 * 2) +
+                              2 * held(api::ShardElements(all.block, 8) * 8 * 4));
+  EXPECT_EQ(split.gathered, edge_slot + 2 * held(eighth.block * 2) + 2 * held(eighth.block * 4));
+  // Qwen3-30B-A3B's blocks are 97% experts: a block's slots fall 6.6 times.
+  EXPECT_LT(double(split.gathered - edge_slot), 0.16 * double(one.gathered - edge_slot));
+  // The rows a rank's experts may receive are sized EP x its tokens' copies.
+  const api::EngineTypes types_one = EngineTypesOf(2, false, shape, 1, seq, 1);
+  const api::EngineTypes types_split = EngineTypesOf(2, false, shape, 1, seq, 1, 1, "Ring", 8);
+  EXPECT_EQ(types_split.experts, 8);
+  EXPECT_GT(api::BlockActivationBytes(1, seq, shape, 1, types_split),
+            api::BlockActivationBytes(1, seq, shape, 1, types_one) + int64_t(7) * seq * 8 * (2 * 768 + 768) * 2);
+  EXPECT_GT(split.activations, one.activations);
+}
+
+TEST(ExpertMemory, AnExpertGroupOfOneShardStillReducesFromUnshardedGradients) {
+  // moe-tiny, S = 2 and EP = 2: each block on one rank of its expert-shard group, its
+  // gradients slots kept for the reduction over the expert group.
+  const api::ModelShape& tiny = *api::FindPreset("moe-tiny");
+  const api::EngineTypes types = EngineTypesOf(4, true, tiny, 1, 32, 1, 1, "Ring", 2);
+  const api::EngineMemory m = api::EngineMemoryOf(tiny, 1, 32, 0, 1, 2, {}, types, false);
+  const api::UnitElements units = api::UnitElementsOf(tiny, 0, 1, api::kVocabMultiple, 2);
+  EXPECT_EQ(api::BlockShards(units, 2, 2), 1);
+  auto held = [](int64_t bytes) { return int64_t(api::AllocatorBlockBytes(size_t(bytes))); };
+  const int64_t edge = api::ShardElements(units.edge(), 2) * 2;
+  EXPECT_EQ(m.gathered, held(edge * 4) + 2 * held(units.block * 4) + held(edge * 4) + 2 * held(units.block * 4));
+  EXPECT_EQ(m.comm, held(std::max(api::ShardElements(units.edge(), 2), units.block) * 4));
+}
+
+// 2 p5.48xlarge nodes of 8 H100s, one network domain.
+PlanRequest MoeOnP5(const api::ModelShape& shape, int nodes, int64_t global_batch_tokens) {
+  PlanRequest r;
+  r.shape = shape;
+  r.shape.seq_len = 4096;
+  r.seq = 4096;
+  r.global_batch_tokens = global_batch_tokens;
+  r.cluster.nodes = nodes;
+  r.cluster.gpus_per_node = 8;
+  for (int n = 0; n < nodes; ++n) r.cluster.node_paths.push_back({"n" + std::to_string(n)});
+  r.device = *FindInstanceDevice("p5.48xlarge");
+  return r;
+}
+
+TEST(ExpertStep, AllToAllsCarryEachMoeLayersTokensOverTheExpertGroupsLink) {
+  const api::ModelShape& shape = Qwen3Moe();
+  const PlanRequest r = MoeOnP5(shape, 2, 16 * 4096);  // one sequence a rank: one micro-step
+  const LayoutChoice base{1, 16, 1, {}};
+  const StepPrediction none = PredictStep(shape, 4096, r.global_batch_tokens, base, r.cluster, r.device);
+  EXPECT_EQ(none.expert_bytes, 0);
+  EXPECT_EQ(none.expert_seconds, 0);
+  // EP = 8: two all-to-alls forward and two backward a block of 4096 x 8 rows of 2048 bf16,
+  // 7/8 of them leaving the rank, over NVLink (the group is one node's ranks).
+  const StepPrediction node = PredictStep(shape, 4096, r.global_batch_tokens, WithExperts(base, 8), r.cluster, r.device);
+  const double rows = 4096.0 * 8 * 2048 * 2;
+  EXPECT_NEAR(double(node.expert_bytes), 48 * 4 * rows * 7 / 8, 1.0);
+  const Link& nvlink = r.cluster.links.IntraNode();
+  EXPECT_NEAR(node.expert_seconds, 48 * 4 * 7 * (nvlink.latency_seconds + rows / 8 / nvlink.bytes_per_second), 1e-9);
+  // Recomputing a block redoes its forward's two.
+  const StepPrediction recompute =
+      PredictStep(shape, 4096, r.global_batch_tokens, WithExperts({1, 16, 1, {true, false, 2}}, 8), r.cluster, r.device);
+  EXPECT_NEAR(double(recompute.expert_bytes), 48 * 6 * rows * 7 / 8, 1.0);
+  // EP = 16 spans both nodes: over the network, far slower a byte.
+  const StepPrediction both = PredictStep(shape, 4096, r.global_batch_tokens, WithExperts(base, 16), r.cluster, r.device);
+  EXPECT_NEAR(double(both.expert_bytes), 48 * 4 * rows * 15 / 16, 1.0);
+  EXPECT_GT(both.expert_seconds, 4 * node.expert_seconds);
+  // A block gathers and reduce-scatters its shared part and 1/EP of its experts, over the
+  // 2 ranks holding the same experts (r and r + 8, one in each node) rather than all 16:
+  // the comm stream's busy time halves (one micro-step: gathers, reduce-scatters, and the
+  // replica all-reduce of none here).
+  EXPECT_LT(node.comm_seconds, 0.6 * none.comm_seconds);
+}
+
+// Qwen3-30B-A3B on 2 p5 nodes, one sequence of 4096 a rank a step: one micro-step, whose
+// compute (0.38 s) cannot hide the gathers of blocks of 128 experts (623M elements, 1.2
+// GB in bf16, each gathered twice and reduce-scattered once). With EP = 8 a rank gathers
+// its 16 experts and the shared part from the rank holding the same ones in the other
+// node; the all-to-alls stay in the node (NVLink) and cost less than the gathers saved.
+TEST(ExpertPlanner, Qwen3MoeSplitsTheExpertsWhereGathersCannotHide) {
+  const PlanRequest r = MoeOnP5(Qwen3Moe(), 2, 16 * 4096);
+  const Plan plan = PlanLayouts(r);
+  ASSERT_NE(plan.best(), nullptr);
+  const Candidate& best = *plan.best();
+  EXPECT_EQ(best.choice.expert, 8) << Describe(best.choice);
+  EXPECT_LE(best.needed, r.device.Usable());
+  EXPECT_GT(best.step.expert_seconds, 0);
+  // The same layout with EP = 1 fits, but its gathers are exposed: more than the
+  // all-to-alls that EP = 8 adds.
+  const Candidate whole = Evaluate(r, WithExperts(best.choice, 1));
+  EXPECT_TRUE(whole.reason.empty()) << whole.reason;
+  EXPECT_GT(whole.step.exposed_seconds - best.step.exposed_seconds, best.step.expert_seconds);
+  EXPECT_GT(whole.step.seconds, 1.5 * best.step.seconds);
+  // And every layout with EP = 1 is slower.
+  ASSERT_GT(plan.candidates_by_expert.at(1), 0);
+  for (const Candidate& c : plan.feasible) {
+    if (c.choice.expert == 1) {
+      EXPECT_GT(c.step.seconds, 1.3 * best.step.seconds) << Describe(c.choice);
+    }
+  }
+}
+
+// With 4 sequences a rank the gathers hide behind compute, and EP's all-to-alls, on the
+// compute stream, cost what they take: EP = 1 wins.
+TEST(ExpertPlanner, Qwen3MoeKeepsTheExpertsWholeWhereGathersHide) {
+  const PlanRequest r = MoeOnP5(Qwen3Moe(), 2, 64 * 4096);
+  const Plan plan = PlanLayouts(r);
+  ASSERT_NE(plan.best(), nullptr);
+  const Candidate& best = *plan.best();
+  EXPECT_EQ(best.choice.expert, 1) << Describe(best.choice);
+  EXPECT_LT(best.step.exposed_seconds, 0.05 * best.step.seconds);
+  const auto split = std::find_if(plan.feasible.begin(), plan.feasible.end(),
+                                  [](const Candidate& c) { return c.choice.expert > 1; });
+  ASSERT_NE(split, plan.feasible.end());
+  EXPECT_GT(split->step.seconds - best.step.seconds, 0.5 * split->step.expert_seconds) << Describe(split->choice);
+}
+
+// spec.training.routerAuxLossCoef takes every layer's routing at once, which validation
+// refuses to split over pipeline stages: the planner then tries one stage only.
+TEST(ExpertPlanner, TheLoadBalancingLossKeepsOneStage) {
+  api::TrainingJobSpec spec = api::LoadTrainingJobs("examples/qwen3-moe-30b-a3b-auto.yaml").at(0).job.spec;
+  EXPECT_FALSE(RequestFor(spec, {{"n0"}, {"n1"}}, LinkModel({"kubernetes.io/hostname"}), Cpu(1024)).one_stage);
+  spec.training.router_aux_loss_coef = 0.001;
+  EXPECT_TRUE(RequestFor(spec, {{"n0"}, {"n1"}}, LinkModel({"kubernetes.io/hostname"}), Cpu(1024)).one_stage);
+  PlanRequest r = MoeOnP5(Qwen3Moe(), 2, 16 * 4096);
+  r.one_stage = true;
+  const Plan plan = PlanLayouts(r);
+  ASSERT_NE(plan.best(), nullptr);
+  for (const Candidate& c : plan.feasible) EXPECT_EQ(c.choice.pipeline.stages, 1) << Describe(c.choice);
+  for (const Candidate& c : plan.rejected) EXPECT_EQ(c.choice.pipeline.stages, 1) << Describe(c.choice);
+}
+
+TEST(ExpertPlanner, OffersTheDivisorsOfTheExpertsThatDivideTheShardGroup) {
+  EXPECT_EQ(ExpertDegrees(Qwen3Moe(), 16), (std::vector<int>{1, 2, 4, 8, 16}));
+  EXPECT_EQ(ExpertDegrees(*api::FindPreset("mixtral-8x7b"), 16), (std::vector<int>{1, 2, 4, 8}));
+  EXPECT_EQ(ExpertDegrees(*api::FindPreset("mixtral-8x7b"), 12), (std::vector<int>{1, 2, 4}));
+  EXPECT_EQ(ExpertDegrees(Llama8B(), 32), (std::vector<int>{1}));
+}
+
+TEST(ExpertPlanner, DenseModelsKeepEP1) {
+  const Plan plan = PlanLayouts(LlamaOnP5(4096));
+  ASSERT_NE(plan.best(), nullptr);
+  EXPECT_EQ(plan.candidates_by_expert.size(), 1u);
+  EXPECT_EQ(plan.candidates_by_expert.at(1), plan.candidates);
+  for (const Candidate& c : plan.feasible) EXPECT_EQ(c.choice.expert, 1) << Describe(c.choice);
+}
+
+TEST(ExpertPlanner, WritesTheDegreeForTheWorkersAndTheStatus) {
+  const nlohmann::json written = {{"parallelism", {{"mode", "auto"}}}};
+  const LayoutChoice choice = WithExperts({1, 8, 2, {true, false, 2}}, 8);
+  EXPECT_EQ(ResolveWrittenSpec(written, choice)["parallelism"]["expertParallelDegree"], 8);
+  EXPECT_EQ(ResolveWrittenSpec(written, {8, 1, 1, {}})["parallelism"]["expertParallelDegree"], 1);
+  EXPECT_EQ(LayoutStatusOf(choice).expert_parallel_degree, 8);
+  EXPECT_EQ(Describe(choice), "T=1, S=8, EP=8, micro-batch 2, checkpointing");
 }
 
 TEST(LinkFile, RoundTripsAndNamesWhatIsWrong) {
