@@ -63,6 +63,9 @@ struct HuggingFaceConfig {
   std::string file;  // the path it was read from, for messages
   ModelSpec model;   // family and shape, every field but seqLen (the job's training window)
   std::optional<int64_t> sliding_window;  // Mistral's attention window, if any
+  // A mixture of experts' router_aux_loss_coef where output_router_logits is true
+  // (transformers' default 0.001 where the key is absent): its load-balancing loss is on.
+  std::optional<double> router_aux_loss_coef;
   std::vector<std::string> notes;         // keys that are set and have no effect here
 };
 

@@ -93,6 +93,7 @@ void Fields(S& s, V& v) {
   v("precision", s.precision);
   v("evalInterval", s.eval_interval);
   v("evalBatches", s.eval_batches);
+  v("routerAuxLossCoef", s.router_aux_loss_coef);
 }
 
 // The snake_case aliases are SageMaker model parallel v2's config keys, so an SMP

@@ -17,6 +17,7 @@ const char* AxisName(Axis axis) {
     case Axis::kContext: return "context";
     case Axis::kExpert: return "expert";
     case Axis::kExpertShard: return "expert-shard";
+    case Axis::kData: return "data";
   }
   return "?";
 }
@@ -133,6 +134,7 @@ int ParallelLayout::Degree(Axis axis) const {
     case Axis::kContext: return context_;
     case Axis::kExpert: return expert_;
     case Axis::kExpertShard: return shard_ / expert_;
+    case Axis::kData: return shard_ * replicas_;
   }
   return 0;
 }
@@ -164,6 +166,7 @@ std::vector<int> ParallelLayout::GroupOf(Axis axis, int rank) const {
       case Axis::kContext: c.shard = c.shard / context_ * context_ + i; break;
       case Axis::kExpert: c.shard = c.shard / expert_ * expert_ + i; break;
       case Axis::kExpertShard: c.shard = c.shard % expert_ + i * expert_; break;
+      case Axis::kData: c.replica = i / shard_, c.shard = i % shard_; break;
     }
     members.push_back(RankOf(c));
   }

@@ -40,9 +40,10 @@ namespace meshtrain::api {
 
 // kShard: FSDP's group, S x C ranks; kContext: the C ranks that split each sequence;
 // kExpert: the EP consecutive shard coordinates that split the experts; kExpertShard: the
-// S x C / EP shard coordinates that hold the same experts.
-enum class Axis { kTensor, kShard, kReplica, kPipeline, kContext, kExpert, kExpertShard };
-// "tp", "shard", "replica", "pipeline", "context", "expert", "expert-shard"
+// S x C / EP shard coordinates that hold the same experts; kData: the R x S x C ranks of a
+// stage and TP rank, every one with its own tokens.
+enum class Axis { kTensor, kShard, kReplica, kPipeline, kContext, kExpert, kExpertShard, kData };
+// "tp", "shard", "replica", "pipeline", "context", "expert", "expert-shard", "data"
 const char* AxisName(Axis axis);
 
 struct LayoutCoord {

@@ -469,6 +469,14 @@ void ReadModelDirectory(ModelDirectory directory, CheckedJob* checked, FieldErro
   try {
     const HuggingFaceConfig config = ReadHuggingFaceConfig(from);
     for (FieldError& e : MergeHuggingFaceConfig(config, &model)) checked->errors.push_back(std::move(e));
+    // Its load-balancing loss, unless the job sets its own coefficient.
+    std::optional<double>& coef = checked->job.spec.training.router_aux_loss_coef;
+    if (config.router_aux_loss_coef && !coef) {
+      coef = config.router_aux_loss_coef;
+      notes->push_back({"spec.training.routerAuxLossCoef",
+                        config.file + ": output_router_logits is true: the load-balancing loss is on, coefficient " +
+                            std::to_string(*coef)});
+    }
     for (const std::string& note : config.notes) notes->push_back({"spec.model.init.from", config.file + ": " + note});
   } catch (const HuggingFaceConfigError& e) {
     checked->errors.push_back({"spec.model.init.from", e.what()});

@@ -136,6 +136,10 @@ struct TrainingSpec {
   std::string precision = "auto";  // auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16
   int64_t eval_interval = 100;     // steps between validation losses; 0: only after the last step
   int64_t eval_batches = 10;       // micro-batches per validation loss
+  // A mixture of experts' load-balancing loss: coef x transformers' load_balancing_loss_func,
+  // added to the loss training minimises. Unset: config.json's router_aux_loss_coef where
+  // its output_router_logits is true, else off.
+  std::optional<double> router_aux_loss_coef;
   bool operator==(const TrainingSpec&) const = default;
 };
 

@@ -210,9 +210,25 @@ void CheckContext(const TrainingJobSpec& spec, FieldChecker& c) {
 // Expert parallelism against the model: a mixture of experts whose experts EP divides.
 // (ParallelLayout::Check holds it to the shard group.)
 void CheckExperts(const TrainingJobSpec& spec, FieldChecker& c) {
+  const ModelSpec& m = spec.model;
+  // The load-balancing loss: of a mixture's routers, over one micro-step of every rank
+  // that holds all the layers (not split by pipeline stage).
+  if (const std::optional<double>& coef = spec.training.router_aux_loss_coef) {
+    const std::string given = std::to_string(*coef);
+    if (!(*coef >= 0) || !std::isfinite(*coef)) {
+      c.Fail("spec.training.routerAuxLossCoef", "must be a number of at least 0, got " + given);
+    } else if (!m.experts) {
+      c.Fail("spec.training.routerAuxLossCoef",
+             "is a mixture of experts' load-balancing loss, and this model has no experts, got " + given);
+    } else if (spec.parallelism.pipeline_parallel_degree > 1) {
+      c.Fail("spec.training.routerAuxLossCoef",
+             "the load-balancing loss takes every layer's routing at once, which pipeline stages split "
+             "(spec.parallelism.pipelineParallelDegree " +
+                 std::to_string(spec.parallelism.pipeline_parallel_degree) + "); leave it out or use one stage");
+    }
+  }
   const int64_t EP = spec.parallelism.expert_parallel_degree;
   if (EP <= 1) return;
-  const ModelSpec& m = spec.model;
   const std::string degree = std::to_string(EP);
   if (!m.experts) {
     c.Fail("spec.parallelism.expertParallelDegree",

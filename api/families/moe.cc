@@ -12,8 +12,9 @@
 // Qwen3-MoE's decoder_sparse_step and mlp_only_layers are read and kept, but only their
 // every-block-sparse values (1 and none, those of every published Qwen3-MoE) are built:
 // a block of another kind would be a unit of other tensors (api/model_family.h). Tensor
-// and expert parallelism are not built for these families (api/validation.cc refuses
-// them by field), nor the load-balancing loss (output_router_logits true is refused).
+// parallelism is not built for these families (api/validation.cc refuses it by field).
+// output_router_logits true turns the load-balancing loss on with router_aux_loss_coef
+// (HuggingFaceConfig; spec.training.routerAuxLossCoef overrides it).
 
 #include <algorithm>
 #include <string>
@@ -178,8 +179,10 @@ class MoeFamily final : public LlamaFamily {
       k.Fail("router_jitter_noise " + Json(*noise).dump() +
              " is not implemented: the router's inputs are not perturbed here (0 is taken)");
     }
-    k.Require("output_router_logits", k.Bool("output_router_logits"), false,
-              "the load-balancing loss is not built yet (router_aux_loss_coef is not applied)");
+    if (k.Bool("output_router_logits").value_or(false)) {  // the load-balancing loss, as transformers adds it
+      c->router_aux_loss_coef = k.Number("router_aux_loss_coef").value_or(0.001);
+      if (*c->router_aux_loss_coef < 0) k.Fail("router_aux_loss_coef must not be negative");
+    }
     for (const char* shared : {"shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts"}) {
       if (k.Has(shared) && !(j.at(shared).is_number() && j.at(shared).get<double>() == 0)) {
         k.Fail(std::string(shared) + " " + j.at(shared).dump() + " is not implemented: " + std::string(title()) +

@@ -14,8 +14,11 @@ dispatch (each expert on the tokens that chose it, added back with index_add_). 
 comes from meshtrain but the file formats.
 
   init DIR --family llama|qwen2|qwen3|mixtral|qwen3_moe [--tied 0|1] [--dtype f32|bf16] [--shards N] [--seed S]
+       [--aux COEF]
       writes a small model as a Hugging Face directory: config.json, and model.safetensors
-      or N shards with model.safetensors.index.json, random weights.
+      or N shards with model.safetensors.index.json, random weights. --aux turns a
+      mixture's load-balancing loss on (output_router_logits true, router_aux_loss_coef COEF),
+      which training then adds as transformers 4.x does.
   train DIR BATCHES OUT [--exported EXPORT_DIR]
       trains the model in DIR on BATCHES (JSON: the hyperparameters, and per step its
       learning rate and micro-batches of inputs and targets) with AdamW (decay on every
@@ -113,6 +116,8 @@ class Config:
             assert c.get("decoder_sparse_step", 1) == 1 and not c.get("mlp_only_layers"), "every block sparse"
         if self.moe:
             self.top_k = c["num_experts_per_tok"]
+        # transformers adds router_aux_loss_coef x load_balancing_loss_func where output_router_logits
+        self.aux_coef = c.get("router_aux_loss_coef", 0.001) if self.moe and c.get("output_router_logits") else None
 
 
 def inverse_frequencies(cfg):
@@ -147,7 +152,7 @@ def rms_norm(x, w, eps):
 
 
 def sparse_mlp(cfg, p, a, h):
-    """MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock on h (B, T, C), in cfg.moe_form."""
+    """MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock on h (B, T, C), in cfg.moe_form; and its router logits."""
     B, T, C = h.shape
     x = h.reshape(-1, C)
     m = a + cfg.sparse
@@ -173,7 +178,18 @@ def sparse_mlp(cfg, p, a, h):
             slot, token = torch.where(mask[e])
             if token.numel():
                 out = out.index_add(0, token, expert(e, x[token]) * weights[token, slot, None])
-    return out.reshape(B, T, C)
+    return out.reshape(B, T, C), logits
+
+
+def load_balancing_loss(cfg, router_logits):
+    """transformers 4.x's load_balancing_loss_func without an attention mask: one softmax of every
+    layer's logits concatenated, the top k, and num_experts x sum(tokens_per_expert x router_prob_per_expert)."""
+    routing = torch.softmax(torch.cat(router_logits, dim=0), dim=-1)
+    _, selected = torch.topk(routing, cfg.top_k, dim=-1)
+    mask = torch.nn.functional.one_hot(selected, cfg.experts).to(routing.dtype)  # (N, k, E)
+    tokens_per_expert = mask.mean(dim=0)  # (k, E)
+    router_prob_per_expert = routing.mean(dim=0)  # (E,)
+    return (tokens_per_expert * router_prob_per_expert.unsqueeze(0)).sum() * cfg.experts
 
 
 def forward(cfg, p, idx, tgt):
@@ -183,6 +199,7 @@ def forward(cfg, p, idx, tgt):
     emb = torch.cat((angles, angles), dim=-1)
     cos, sin = emb.cos(), emb.sin()
     rep = cfg.heads // cfg.kv_heads
+    router_logits = []
     for l in range(cfg.layers):
         a = f"model.layers.{l}."
         h = rms_norm(x, p[a + "input_layernorm.weight"], cfg.eps)
@@ -204,7 +221,9 @@ def forward(cfg, p, idx, tgt):
         x = x + y @ p[a + "self_attn.o_proj.weight"].T
         h = rms_norm(x, p[a + "post_attention_layernorm.weight"], cfg.eps)
         if cfg.moe:
-            x = x + sparse_mlp(cfg, p, a, h)
+            out, logits = sparse_mlp(cfg, p, a, h)
+            x = x + out
+            router_logits.append(logits)
             continue
         gate = h @ p[a + "mlp.gate_proj.weight"].T
         up = h @ p[a + "mlp.up_proj.weight"].T
@@ -212,7 +231,10 @@ def forward(cfg, p, idx, tgt):
     x = rms_norm(x, p["model.norm.weight"], cfg.eps)
     head = p["model.embed_tokens.weight"] if cfg.tied else p["lm_head.weight"]
     logits = x @ head.T
-    return torch.nn.functional.cross_entropy(logits.view(-1, cfg.vocab), tgt.view(-1))
+    loss = torch.nn.functional.cross_entropy(logits.view(-1, cfg.vocab), tgt.view(-1))
+    if cfg.aux_coef is not None:
+        loss = loss + cfg.aux_coef * load_balancing_loss(cfg, router_logits)
+    return loss
 
 
 # ---------------------------------------------------------------- commands
@@ -249,6 +271,8 @@ def init(args):
         config.update({"num_local_experts": E, "num_experts_per_tok": K, "intermediate_size": MI,
                        "router_jitter_noise": 0.0, "sliding_window": None, "output_router_logits": False,
                        "router_aux_loss_coef": 0.02})
+    if moe and args.aux is not None:  # the load-balancing loss on
+        config.update({"output_router_logits": True, "router_aux_loss_coef": args.aux})
     if args.family == "qwen3_moe":  # Qwen3-30B-A3B's keys; intermediate_size (the dense width) unused
         del config["layer_types"]
         config.update({"num_experts": E, "num_experts_per_tok": K, "moe_intermediate_size": MI,
@@ -376,6 +400,7 @@ def main():
     i.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     i.add_argument("--shards", type=int, default=1)
     i.add_argument("--seed", type=int, default=1)
+    i.add_argument("--aux", type=float, default=None, help="output_router_logits true, with this router_aux_loss_coef")
     t = sub.add_parser("train")
     t.add_argument("dir")
     t.add_argument("batches")

@@ -68,8 +68,13 @@
 //   --experts EP               EP consecutive shard ranks split each mixture-of-experts
 //                              block's experts (expert parallelism); the reference holds
 //                              them all.
+//   --aux COEF                 a mixture of experts' load-balancing loss of coefficient
+//                              COEF (spec.training.routerAuxLossCoef), the reference's too.
 //   --seq N                    the window (default 32).
 //   --from-context C           in reshard mode, the --from layout's C.
+//   --from-experts EP          in reshard mode, the --from layout's EP (--experts is the
+//                              second's); both layouts' model has the experts that the
+//                              larger EP of the two would have alone (ModelOf).
 //   --layout R,N,T,S[,ACT[,DROP[,PIPE]]] instead of --ranks/--nodes/--tp/--shard/--activations/
 //                              --dropout/--pipeline: one equivalence run per --layout (ACT:
 //                              keep, checkpoint or offload:H; PIPE as --pipeline's value),
@@ -159,6 +164,9 @@ struct Options {
   int from_context = 1;             // --from-context: the reshard mode's first layout's
   std::string context_mode = "Ring";
   int experts = 1;                  // --experts EP: ranks that split each block's experts
+  double aux = 0;                   // --aux COEF: the load-balancing loss's coefficient (0: none)
+  int from_experts = 1;             // --from-experts: the reshard mode's first layout's
+  int model_experts = 0;            // the model's experts; 0: ExpertsFor(experts)
   int seq = kSeq;                   // --seq
   int accumulation = 0;  // micro-batches a step; 0: AccumulationOf's choice
 };
@@ -200,6 +208,10 @@ void Expect(bool ok, const std::string& what) {
 // with heads x headDim (48) past hidden; Mixtral and Qwen3-MoE: those blocks with 5
 // experts of 28 units, 2 a token, in place of the MLP), micro-batches of one sequence per
 // rank.
+// A mixture's experts for EP: 5 for one rank, 6 for EP 2 and 2 x EP otherwise, so that EP
+// (and, for a reshard between two EPs, the smaller, which divides 2 x the larger) splits them.
+int ExpertsFor(int ep) { return ep == 1 ? 5 : ep == 2 ? 6 : 2 * ep; }
+
 nlohmann::json ModelOf(const Options& o) {
   nlohmann::json model = {{"layers", o.layers}, {"heads", 4},       {"hidden", 44},
                           {"vocabSize", 256},   {"seqLen", o.seq},  {"dropout", o.dropout}};
@@ -212,8 +224,8 @@ nlohmann::json ModelOf(const Options& o) {
   model["ropeTheta"] = 1000.0;
   model["tieEmbeddings"] = o.family == "qwen2";
   if (o.family == "mixtral" || o.family == "qwen3_moe") {  // 5 experts, 2 a token, of 28 units
-    // (with --experts EP, 6 for EP 2 and 2 x EP otherwise, so that EP splits them)
-    model["experts"] = o.experts == 1 ? 5 : o.experts == 2 ? 6 : 2 * o.experts;
+    // (with --experts EP, ExpertsFor(EP); a reshard's two layouts, ExpertsFor of the larger EP)
+    model["experts"] = o.model_experts > 0 ? o.model_experts : ExpertsFor(o.experts);
     model["expertsPerToken"] = 2;
     if (o.family == "mixtral") model["intermediateSize"] = 28;
     else model["moeIntermediateSize"] = 28;
@@ -257,6 +269,7 @@ nlohmann::json JobManifest(const Options& o, int nodes, int gpus, int tp, int sh
   }
   // And its experts over --experts ranks; the reference holds them all.
   if (o.experts > 1 && nodes * gpus > 1) job["spec"]["parallelism"]["expertParallelDegree"] = o.experts;
+  if (o.aux > 0) job["spec"]["training"]["routerAuxLossCoef"] = o.aux;  // the reference's too
   return job;
 }
 
@@ -506,14 +519,17 @@ void WriteData(const Options& o) {
 
 // The model's elements of each shard of a layout's TP slice (the engine's padding not
 // counted), which is what its checkpoint file must hold.
-// `units`: a pipeline stage's (empty: every unit).
+// `units`: a pipeline stage's (empty: every unit). With EP > 1 the slice holds expert rank
+// s % EP's experts, and the units holding experts are sharded over the S / EP shards
+// holding the same ones (shard s / EP of them).
 int64_t ModelElementsOfShard(const api::ModelShape& shape, int tp, int T, int S, int s, int vocab_multiple,
-                             const std::vector<int>& units) {
-  const model::ParameterLayout slice(shape, tp, T, vocab_multiple);
+                             const std::vector<int>& units, int EP = 1) {
+  const model::ParameterLayout slice(shape, tp, T, vocab_multiple, s % EP, EP);
   int64_t elements = 0;
   for (int u = 0; u < slice.units(); ++u) {
     if (!units.empty() && std::find(units.begin(), units.end(), u) == units.end()) continue;
-    const parallel::UnitShard shard = parallel::ShardOfUnit(slice, u, S, s);
+    const bool split = EP > 1 && slice.UnitHasExperts(u);
+    const parallel::UnitShard shard = parallel::ShardOfUnit(slice, u, split ? S / EP : S, split ? s / EP : s);
     for (int64_t i : slice.WholeIndices(shard.unit_begin + shard.begin, shard.unit_begin + shard.begin + shard.real)) {
       elements += i >= 0;
     }
@@ -524,6 +540,9 @@ int64_t ModelElementsOfShard(const api::ModelShape& shape, int tp, int T, int S,
 // The reshard mode's driver: the --from layout writes the checkpoint, this layout resumes.
 int DriveReshard(const Options& o, int argc, char** argv) {
   Options from = o, to = o;
+  from.experts = o.from_experts;
+  // One model for both layouts: the experts that the larger EP would split alone.
+  from.model_experts = to.model_experts = ExpertsFor(std::max(o.from_experts, o.experts));
   char pipeline[64] = "";
   if (std::sscanf(o.from.c_str(), "%d,%d,%d,%d,%63s", &from.ranks, &from.nodes, &from.tp, &from.shard, pipeline) < 4) {
     throw std::invalid_argument("--from must be RANKS,NODES,TP,SHARD[,PIPELINE], got " + o.from);
@@ -557,7 +576,19 @@ int DriveReshard(const Options& o, int argc, char** argv) {
                                                     std::to_string(api::kVocabMultiple) + ", got " +
                                                     std::to_string(vocab_multiple));
   const api::ParallelLayout from_layout(from.nodes, from.ranks / from.nodes, from.tp, from.shard, from.stages,
-                                       from.context);
+                                       from.context, from.experts);
+  // Expert parallelism is recorded (format 5: the layout's EP, each file's expert rank);
+  // without it the metadata is format 4's, as before.
+  const int EP = from.experts;
+  Expect(meta.at("version") == (EP > 1 ? 5 : 4), "the metadata's version is " + std::string(EP > 1 ? "5" : "4"));
+  Expect(meta.at("layout").value("expert", 1) == EP && (EP > 1) == meta.at("layout").contains("expert"),
+         "the metadata's layout records EP " + std::to_string(EP));
+  for (const nlohmann::json& f : meta.at("files")) {
+    const int shard = f.at("shard");
+    Expect((EP > 1) == f.contains("expert") && f.value("expert", 0) == shard % EP,
+           "the metadata records file " + f.at("name").get<std::string>() + "'s expert rank, " +
+               std::to_string(shard % EP));
+  }
   int64_t padded_elements = 0, model_elements = 0;
   for (int rank = 0; rank < from.ranks; ++rank) {
     const api::LayoutCoord at = from_layout.CoordOf(rank);
@@ -568,7 +599,7 @@ int DriveReshard(const Options& o, int argc, char** argv) {
     }
     Expect(from.stages == 1 || !units.empty(), "the metadata lists the units of rank " + std::to_string(rank));
     const int64_t want =
-        ModelElementsOfShard(shape, at.tp, from.tp, from_layout.shard(), at.shard, api::kVocabMultiple, units);
+        ModelElementsOfShard(shape, at.tp, from.tp, from_layout.shard(), at.shard, api::kVocabMultiple, units, EP);
     char name[32];
     std::snprintf(name, sizeof name, "rank-%05d.bin", rank);
     const fs::path file = fs::path(written_directory) / name;
@@ -577,16 +608,19 @@ int DriveReshard(const Options& o, int argc, char** argv) {
     Expect(!error && bytes == 3 * 4 * want, file.string() + " holds " + std::to_string(bytes) + " bytes, not 3 x 4 x " +
                                                 std::to_string(want) + " model elements of its shards");
     model_elements += want;
-    const model::ParameterLayout slice(shape, at.tp, from.tp, api::kVocabMultiple);
+    const model::ParameterLayout slice(shape, at.tp, from.tp, api::kVocabMultiple, at.shard % EP, EP);
     for (int u = 0; u < slice.units(); ++u) {
       if (units.empty() || std::find(units.begin(), units.end(), u) != units.end()) {
-        padded_elements += parallel::ShardOfUnit(slice, u, from_layout.shard(), at.shard).real;
+        const bool split = EP > 1 && slice.UnitHasExperts(u);
+        padded_elements += parallel::ShardOfUnit(slice, u, split ? from_layout.shard() / EP : from_layout.shard(),
+                                                 split ? at.shard / EP : at.shard)
+                               .real;
       }
     }
   }
-  std::printf("checkpoint of %d ranks (T=%d, S=%d): %lld model elements in the files, %lld in the engine's shards "
-              "with the vocabulary padded to a multiple of %d\n",
-              from.ranks, from.tp, from_layout.shard(), (long long)model_elements, (long long)padded_elements,
+  std::printf("checkpoint of %d ranks (T=%d, S=%d, EP=%d): %lld model elements in the files, %lld in the engine's "
+              "shards with the vocabulary padded to a multiple of %d\n",
+              from.ranks, from.tp, from_layout.shard(), EP, (long long)model_elements, (long long)padded_elements,
               vocab_multiple);
 
   std::ofstream(fs::path(o.dir) / "job.json", std::ios::trunc) << job_of(to).dump(2);
@@ -605,9 +639,10 @@ int DriveReshard(const Options& o, int argc, char** argv) {
     worst = std::max(worst, std::abs(losses[i] - want) / std::abs(want));
   }
   const double weight_error = weights.size() == reference.weights.size() ? RelativeL2(weights, reference.weights) : 1;
-  std::printf("%d ranks (P=%d, T=%d, S=%d) -> %d ranks (P=%d, T=%d, S=%d) at step %d: weights after loading %s; "
-              "steps %d-%d worst loss error %.2e, final weights %.2e\n",
-              from.ranks, from.stages, from.tp, from.shard, o.ranks, o.stages, o.tp, o.shard, kReshardStep,
+  std::printf("%d ranks (P=%d, T=%d, S=%d, EP=%d) -> %d ranks (P=%d, T=%d, S=%d, EP=%d) at step %d: weights after "
+              "loading %s; steps %d-%d worst loss error %.2e, final weights %.2e\n",
+              from.ranks, from.stages, from.tp, from.shard, from.experts, o.ranks, o.stages, o.tp, o.shard, o.experts,
+              kReshardStep,
               resumed == written.state.master ? "bitwise equal" : "DIFFERENT", kReshardStep + 1, kSteps, worst,
               weight_error);
   Expect(worst <= 1e-5, "losses within 1e-5 relative of the single-rank run");
@@ -836,8 +871,10 @@ int main(int argc, char** argv) {
     else if (flag == "--pipeline") ParsePipeline(o, value);
     else if (flag == "--context") o.context = std::atoi(value.c_str());
     else if (flag == "--from-context") o.from_context = std::atoi(value.c_str());
+    else if (flag == "--from-experts") o.from_experts = std::atoi(value.c_str());
     else if (flag == "--context-mode") o.context_mode = value;
     else if (flag == "--experts") o.experts = std::atoi(value.c_str());
+    else if (flag == "--aux") o.aux = std::atof(value.c_str());
     else if (flag == "--seq") o.seq = std::atoi(value.c_str());
     else {
       std::fprintf(stderr, "engine_check: unknown flag %s\n", flag.c_str());

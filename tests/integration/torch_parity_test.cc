@@ -167,5 +167,10 @@ TEST_F(TorchParity, MixtralTrainsAsPyTorchDoes) { Check("mixtral", "--dtype bf16
 // dense intermediate_size; two shards in fp32.
 TEST_F(TorchParity, Qwen3MoeTrainsAsPyTorchDoes) { Check("qwen3_moe", "--shards 2"); }
 
+// The load-balancing loss: config.json's output_router_logits true with router_aux_loss_coef
+// 0.5 turns it on, and each micro-batch's loss is the cross-entropy plus 0.5 x
+// load_balancing_loss_func of every block's router logits, as transformers 4.x adds it.
+TEST_F(TorchParity, MixtralLoadBalancingLossTrainsAsPyTorchDoes) { Check("mixtral", "--aux 0.5"); }
+
 }  // namespace
 }  // namespace meshtrain::train

@@ -136,13 +136,26 @@ TEST(MoeFamilies, ConfigKeysThatWouldChangeTheMathAreRefusedByKey) {
   EXPECT_EQ(MoeConfigError(qwen("max_window_layers", 28)), "");
   EXPECT_EQ(MoeConfigError(qwen("intermediate_size", 12345)), "");  // the unused dense width
   EXPECT_EQ(MoeConfigError(qwen("shared_expert_intermediate_size", 0)), "");
+  // output_router_logits turns the load-balancing loss on, with router_aux_loss_coef
+  // (transformers' 0.001 where it is absent); false leaves it off.
+  Json logits = mixtral("output_router_logits", true);
+  logits["router_aux_loss_coef"] = 0.02;
+  EXPECT_EQ(ParseHuggingFaceConfig(logits.dump(), "config.json").router_aux_loss_coef, 0.02);
+  logits.erase("router_aux_loss_coef");
+  EXPECT_EQ(ParseHuggingFaceConfig(logits.dump(), "config.json").router_aux_loss_coef, 0.001);
+  EXPECT_FALSE(ParseHuggingFaceConfig(Mixtral8x7b().dump(), "config.json").router_aux_loss_coef.has_value());
   struct Bad {
     Json config;
     std::string want;
   };
   for (const Bad& b : std::vector<Bad>{
            {mixtral("router_jitter_noise", 0.01), "config.json: router_jitter_noise 0.01 is not implemented"},
-           {mixtral("output_router_logits", true), "config.json: output_router_logits true is not implemented"},
+           {[&] {
+              Json c = mixtral("router_aux_loss_coef", -1);
+              c["output_router_logits"] = true;
+              return c;
+            }(),
+            "config.json: router_aux_loss_coef must not be negative"},
            {mixtral("num_experts_per_tok", 9), "config.json: num_experts_per_tok 9 exceeds num_local_experts (8)"},
            {mixtral("num_local_experts", 0), "config.json: num_local_experts must be a positive integer"},
            {mixtral("hidden_act", "gelu"), "config.json: hidden_act gelu is not implemented"},
@@ -223,7 +236,7 @@ TEST(MoeFamilies, TensorsHaveThePerExpertNamesOfPublishedCheckpoints) {
 
 // spec.model's expert fields, checked by field.
 TEST(MoeFamilies, ExpertFieldsAreCheckedByField) {
-  auto check = [](const Json& model, const Json& parallelism = Json::object()) {
+  auto check = [](const Json& model, const Json& parallelism = Json::object(), const Json& training = Json::object()) {
     Json manifest = {{"apiVersion", "meshtrain.dev/v1alpha1"},
                      {"kind", "TrainingJob"},
                      {"metadata", {{"name", "moe"}}},
@@ -235,6 +248,7 @@ TEST(MoeFamilies, ExpertFieldsAreCheckedByField) {
                        {"data", {{"train", "/data/*.bin"}}},
                        {"parallelism", parallelism},
                        {"training", {{"globalBatchTokens", 1024}, {"microBatchSize", 2}}}}}};
+    manifest["spec"]["training"].update(training);
     return CheckTrainingJob(manifest, "moe.yaml", 0);
   };
   auto paths = [](const CheckedJob& job) {
@@ -290,6 +304,13 @@ TEST(MoeFamilies, ExpertFieldsAreCheckedByField) {
   const CheckedJob tp = check({{"preset", "moe-tiny"}}, {{"tensorParallelDegree", 2}});
   EXPECT_EQ(paths(tp), std::set<std::string>{"spec.parallelism.tensorParallelDegree"});
   EXPECT_NE(message(tp).find("must be 1 for a mixture of experts"), std::string::npos) << message(tp);
+  // A load-balancing loss takes every block's routing at once: not across pipeline stages.
+  const CheckedJob staged = check({{"preset", "moe-tiny"}}, {{"pipelineParallelDegree", 2}});
+  EXPECT_TRUE(paths(staged).empty()) << message(staged);
+  Json aux = {{"routerAuxLossCoef", 0.01}};
+  EXPECT_TRUE(paths(check({{"preset", "moe-tiny"}}, Json::object(), aux)).empty());
+  EXPECT_EQ(paths(check({{"preset", "moe-tiny"}}, {{"pipelineParallelDegree", 2}}, aux)),
+            std::set<std::string>{"spec.training.routerAuxLossCoef"});
   // Expert parallelism must divide the experts (4), under either spelling.
   const CheckedJob ep = check({{"preset", "moe-tiny"}}, {{"expertParallelDegree", 3}});
   EXPECT_EQ(paths(ep), std::set<std::string>{"spec.parallelism.expertParallelDegree"});

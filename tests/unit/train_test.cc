@@ -718,8 +718,8 @@ TEST(MakeEngine, TheActivationPolicyIsTheSpecs) {
 namespace meshtrain::train {
 namespace {
 
-// The step line keeps its start and its evaluation field, then a pipeline's bubbles, and
-// ends with the most imbalanced mixture-of-experts block's max/mean.
+// The step line keeps its start and its evaluation field, then a load-balancing loss, a
+// pipeline's bubbles, and ends with the most imbalanced mixture-of-experts block's max/mean.
 TEST(StepLine, ExpertsLoadComesLastAsTheWorstBlocksMaxOverMean) {
   StepReport r;
   r.step = 3, r.steps = 10, r.loss = 2.5, r.learning_rate = 1e-3, r.grad_norm = 0.5, r.tokens_per_second = 1000;
@@ -734,6 +734,11 @@ TEST(StepLine, ExpertsLoadComesLastAsTheWorstBlocksMaxOverMean) {
             " | bubble by stage 25% 50% (model 30%) | experts max/mean 1.60");
   EXPECT_DOUBLE_EQ(r.expert_load[1].imbalance(), 1.6);
   EXPECT_EQ(StepReport::ExpertLoad{}.imbalance(), 0);  // an expert-less block: no ratio
+  // A load-balancing loss follows the evaluation field, before the bubbles.
+  r.aux_loss = 2.03125;
+  EXPECT_EQ(FormatStepReport(r),
+            "step     3/10 | loss 2.5000 | lr 1.00e-03 | norm 0.500 | 1000 tok/s | val loss 2.2500 | aux 2.0312"
+            " | bubble by stage 25% 50% (model 30%) | experts max/mean 1.60");
 }
 
 }  // namespace

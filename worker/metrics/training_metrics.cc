@@ -115,6 +115,10 @@ TrainingMetrics::TrainingMetrics(std::shared_ptr<prometheus::Registry> registry,
                                   "on this rank, by block (a dense model: layer none, 0).")
                             .Labels(labels)
                             .Register(*registry_)),
+      aux_loss_(NewGauge(*registry_, "meshtrain_moe_aux_loss",
+                         "A mixture of experts' load-balancing loss the last step (mean over its micro-batches, "
+                         "before its coefficient; 0 without one).",
+                         labels)),
       checkpoint_seconds_(NewHistogram(*registry_, "meshtrain_checkpoint_seconds",
                                        "Seconds to write a checkpoint, from the snapshot to the files in place.",
                                        labels)),
@@ -188,6 +192,7 @@ void TrainingMetrics::Step(const train::StepReport& report) {
     expert_tokens_.Add({{"layer", layer}, {"stat", "mean"}}).Set(load.mean);
     expert_imbalance_.Add({{"layer", layer}}).Set(load.imbalance());
   }
+  aux_loss_.Set(report.aux_loss.value_or(0));
   if (report.checkpoint_stall) checkpoint_stall_seconds_.Observe(*report.checkpoint_stall);
 }
 

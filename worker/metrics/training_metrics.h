@@ -27,6 +27,8 @@
 //                                                         tokens (stat "max") and its experts' mean ("mean"),
 //                                                         the last step on this rank
 //   meshtrain_moe_expert_imbalance{layer}                 gauge: the two's ratio (a dense model: layer "none", 0)
+//   meshtrain_moe_aux_loss                                gauge: the last step's load-balancing loss, before its
+//                                                         coefficient (0 without one)
 //
 // The operator reads the names of api/worker_contract.h (api::worker::metric) from rank 0
 // to fill a TrainingJob's status.progress.
@@ -91,6 +93,7 @@ class TrainingMetrics {
   prometheus::Gauge& bubble_model_;
   prometheus::Family<prometheus::Gauge>& expert_tokens_;
   prometheus::Family<prometheus::Gauge>& expert_imbalance_;
+  prometheus::Gauge& aux_loss_;
   prometheus::Histogram &checkpoint_seconds_, &checkpoint_stall_seconds_;
   prometheus::Gauge &checkpoint_last_step_, &checkpoint_bytes_, &resumed_from_step_, &damaged_checkpoints_;
   prometheus::Gauge &model_flops_per_token_, &peak_flops_;

@@ -70,6 +70,14 @@ struct Documents {
 // the model; E counts each), added up over a step's training forwards on this rank.
 using ExpertCounts = std::map<int, std::vector<int64_t>>;
 
+// What a load-balancing loss needs of one micro-batch's training forward on this rank:
+// the copies each expert received and the sum of each expert's router probability over
+// the tokens, both summed over every mixture-of-experts block (E each), and the blocks.
+struct RouterStats {
+  std::vector<double> counts, probabilities;
+  int blocks = 0;
+};
+
 // A run of one document's rows on this rank: rows [row, row + rows) of sequence b's T on
 // this rank, which are rows [whole, whole + rows) of the whole sequence, of the document
 // that starts at row `start` of the whole sequence (start <= whole).
@@ -186,6 +194,11 @@ struct Context {
   ExpertCounts* expert_counts = nullptr;
   // The expert group (null: every expert on this rank).
   ExpertParallelGroup<P>* ep = nullptr;
+  // A load-balancing loss: where a training forward adds its routing (null: nowhere), and
+  // the gradient of the loss by each router probability (N,E; null: none) that every
+  // block's backward adds.
+  RouterStats* router_stats = nullptr;
+  Ptr<const typename P::Acc> router_dprobs = nullptr;
 };
 
 // Causal self-attention as the table's AttentionForward/AttentionBackward give it, or

@@ -60,6 +60,7 @@ class MoeBlock {
       sum.resize(size_t(E_), 0);
       for (int e = 0; e < E_; ++e) sum[size_t(e)] += r.mine[size_t(e)];
     }
+    if (k.router_stats != nullptr) AddRouterStats(k, a, r, N);
     ops.MoePermute(a.xs, x, a.positions, N, K_, C, k.stream);
     if (k.ep != nullptr) k.ep->AllToAll(a.xs, r.send_rows, a.xs_experts, r.recv_rows, C, k.stream);
     r.ForEachSource([&](const int32_t* counts, int64_t row) {
@@ -100,12 +101,30 @@ class MoeBlock {
                                 a.xs_experts + row * C, p + gate_up_, counts, local_, C, 2 * I_, k.stream);
     });
     if (split) k.ep->AllToAll(dxs_experts, r.recv_rows, dxs, r.send_rows, C, k.stream);
-    ops.RouterTopKBackward(dlogits, dweights, nullptr, a.probs, a.experts, N, E_, K_, renormalize_, k.stream);
+    ops.RouterTopKBackward(dlogits, dweights, k.router_dprobs, a.probs, a.experts, N, E_, K_, renormalize_,
+                           k.stream);
     ops.MatmulBackward(dx, dp + router_, nullptr, dlogits, x, p + router_, nullptr, N, C, E_, k.stream);
     ops.MoePermuteBackward(dx, dxs, a.positions, N, K_, C, k.stream);
   }
 
  private:
+  struct Parts;
+  struct Routes;
+  // k.router_stats += this block's routing: its copies per expert, and the sum of each
+  // expert's probability over the N tokens (downloaded: a wait on the stream).
+  void AddRouterStats(const Context<P>& k, const Parts& a, const Routes& r, int64_t N) const {
+    RouterStats& s = *k.router_stats;
+    s.counts.resize(size_t(E_), 0), s.probabilities.resize(size_t(E_), 0);
+    std::vector<G> probs(size_t(N) * size_t(E_));
+    k.backend->Download(probs.data(), Ptr<const G>(a.probs), int64_t(probs.size()), k.stream);
+    k.stream.Synchronize();
+    for (int64_t t = 0; t < N; ++t) {
+      for (int e = 0; e < E_; ++e) s.probabilities[size_t(e)] += double(probs[size_t(t) * size_t(E_) + size_t(e)]);
+    }
+    for (int e = 0; e < E_; ++e) s.counts[size_t(e)] += double(r.mine[size_t(e)]);
+    ++s.blocks;
+  }
+
   struct Parts {
     Ptr<A> logits, xs, gate_up, swiglu, ys;
     Ptr<G> probs, weights;

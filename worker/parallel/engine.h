@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,6 +76,9 @@ struct ShardState {
   std::shared_ptr<void> storage;  // owns the three arrays
   int stage = 0;
   std::vector<int> units;  // the units (model::ParameterLayout) whose elements it holds, in order; empty: all
+  // Expert parallelism: the rank's place in its expert group (of api::ParallelLayout::expert()),
+  // whose experts its TP slice holds (model::ParameterLayout's ep_rank); 0 without.
+  int expert_rank = 0;
 };
 
 // The whole model's optimizer state in the single-rank layout (ParameterLayout order,
@@ -153,6 +157,11 @@ struct EngineOptions {
   // With a context group (the mesh's), its attention: all-to-all (Ulysses,
   // ulysses_attention.h) rather than the ring (ring_attention.h).
   bool context_all_to_all = false;
+  // A mixture of experts' load-balancing loss (spec.training.routerAuxLossCoef; unset:
+  // none): ForwardBackward adds coef x transformers' load_balancing_loss_func of each
+  // micro-batch, over every data-parallel rank's tokens of that micro-step, divided by the
+  // micro-batches of the step, to the loss and its gradient. One pipeline stage only.
+  std::optional<float> router_aux_loss_coef;
 };
 
 class Engine {
@@ -206,6 +215,9 @@ class Engine {
   // training forwards since the last call (by block, E counts each; empty for a dense
   // model), and starts counting again.
   virtual std::map<int, std::vector<int64_t>> TakeExpertCounts() { return {}; }
+  // With a load-balancing loss: the mean of load_balancing_loss_func over the training
+  // micro-batches since the last call (before its coefficient), and starts again; else none.
+  virtual std::optional<double> TakeAuxLoss() { return std::nullopt; }
   // Copies this rank's optimizer state into `into`, reusing its memory when it is the
   // engine's (checkpoints write it in the background). Waits for the copies.
   virtual void Snapshot(ShardState* into) = 0;

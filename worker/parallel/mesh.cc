@@ -8,7 +8,7 @@ namespace meshtrain::parallel {
 Mesh::Mesh() : layout_(1, 1, 1, 1) {}
 
 Mesh::Mesh(const api::ParallelLayout& layout, comm::Communicator* world, comm::StreamCollectives* device_world,
-           runtime::Backend* backend, bool wrap_stages)
+           runtime::Backend* backend, bool wrap_stages, bool data_group)
     : layout_(layout), wrap_stages_(wrap_stages) {
   const int rank = world == nullptr ? 0 : world->rank();
   const api::LayoutCoord at = layout.CoordOf(rank);
@@ -39,6 +39,7 @@ Mesh::Mesh(const api::ParallelLayout& layout, comm::Communicator* world, comm::S
     *a.device = device_world != nullptr ? device_world->SplitAxis(layout, a.axis)
                                         : comm::HostCollectives(a.host->get(), backend);
   }
+  if (data_group && layout.Degree(api::Axis::kData) > 1) data_ = world->SplitAxis(layout, api::Axis::kData);
   if (layout.expert() > 1) {  // the gradients' expert group, apart from the tokens'
     const std::vector<std::vector<int>> groups = layout.Groups(api::Axis::kExpert);
     device_expert_grads_ = device_world != nullptr

@@ -46,9 +46,10 @@ class Mesh {
   // world and outlives the Mesh, as does `device_world` (null: the host groups through
   // HostCollectives with `backend`'s copies); every rank of the world constructs its Mesh
   // at the same point, with the same `wrap_stages`, which adds the links from the last
-  // stage to the first.
+  // stage to the first, and the same `data_group`, which adds a host group of the data
+  // ranks (data()).
   Mesh(const api::ParallelLayout& layout, comm::Communicator* world, comm::StreamCollectives* device_world,
-       runtime::Backend* backend, bool wrap_stages = false);
+       runtime::Backend* backend, bool wrap_stages = false, bool data_group = false);
 
   const api::ParallelLayout& layout() const { return layout_; }
   int tp_size() const { return layout_.tp(); }
@@ -83,6 +84,9 @@ class Mesh {
   comm::StreamCollectives* device_replica() const { return device_replica_.get(); }
   comm::StreamCollectives* device_context() const { return device_context_.get(); }
   comm::Communicator* expert() const { return expert_.get(); }
+  // The R x S x C ranks of this stage and TP rank (api::Axis::kData), for host statistics
+  // outside the streams: null without data_group, or with one such rank.
+  comm::Communicator* data() const { return data_.get(); }
   comm::Communicator* expert_shard() const { return expert_shard_.get(); }
   comm::StreamCollectives* device_expert() const { return device_expert_.get(); }
   comm::StreamCollectives* device_expert_grads() const { return device_expert_grads_.get(); }
@@ -122,7 +126,7 @@ class Mesh {
   api::ParallelLayout layout_;
   int shard_rank_ = 0, tp_rank_ = 0, replica_index_ = 0, data_parallel_rank_ = 0, stage_ = 0, context_rank_ = 0;
   bool wrap_stages_ = false;
-  std::unique_ptr<comm::Communicator> tp_, shard_, replica_, pipeline_, context_, expert_, expert_shard_;
+  std::unique_ptr<comm::Communicator> tp_, shard_, replica_, pipeline_, context_, expert_, expert_shard_, data_;
   std::unique_ptr<comm::StreamCollectives> device_tp_, device_shard_, device_replica_, device_pipeline_,
       device_context_, device_expert_, device_expert_grads_, device_expert_shard_;
   std::unique_ptr<comm::StreamCollectives> device_ends_, send_next_, recv_prev_, send_prev_, recv_next_;

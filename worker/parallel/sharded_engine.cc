@@ -268,6 +268,12 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
     group->Reserve(size_t(std::max({N * s.hidden * int64_t(sizeof(A)), tp.size * rows * 3 * int64_t(sizeof(G)),
                                     int64_t(sizeof(double))})));
   }
+  if (options.router_aux_loss_coef) {
+    if (s.experts < 1) throw std::invalid_argument("a load-balancing loss needs a mixture of experts");
+    if (pipeline_.stages > 1) throw std::invalid_argument("a load-balancing loss needs one pipeline stage");
+    if (!(*options.router_aux_loss_coef >= 0)) throw std::invalid_argument("a negative load-balancing coefficient");
+    aux_dprobs_ = runtime::DeviceArray<G>(&allocator_, N * s.experts, MemoryCategory::kActivations);
+  }
   backend_->Zero(loss_sum_, 1, *compute_);
   compute_->Synchronize(options_.timeout);
 }
@@ -443,6 +449,11 @@ void ShardedEngine<P>::ChunkForward(int c, int lane, const MicroBatch& m, HeadWo
   const model::Dims d = DimsOf(m.B, m.T, head == HeadWork::kTrain ? &m.key : nullptr);
   model::Context<P> k = Context(m.documents);
   if (head == HeadWork::kTrain) k.expert_counts = &expert_counts_;
+  const bool aux = head == HeadWork::kTrain && options_.router_aux_loss_coef.has_value();
+  if (aux) {
+    router_stats_ = {};
+    k.router_stats = &router_stats_;
+  }
   if (embeds) GatherEdge(0);  // block a is gathered already (Unshard)
   if (embeds) {
     WaitTimed(Embedding().ready());
@@ -493,6 +504,49 @@ void ShardedEngine<P>::ChunkForward(int c, int lane, const MicroBatch& m, HeadWo
   });
   ReleaseEdge();
   kept_stale_ = false;
+  if (aux) FinishRouterStats(d.N());
+}
+
+template <class P>
+void ShardedEngine<P>::FinishRouterStats(int64_t N) {
+  const int E = int(layout_.shape().experts);
+  model::RouterStats& s = router_stats_;
+  if (s.blocks == 0) throw std::logic_error("a load-balancing loss, but no block routed the micro-batch");
+  // Every data-parallel rank's (the shard group holds the context ranks, each with its
+  // own rows); every rank of one micro-step has N tokens.
+  std::vector<double> both(s.counts);
+  both.insert(both.end(), s.probabilities.begin(), s.probabilities.end());
+  // (A host group of their own: the shard and replica groups' run on the comm stream.)
+  const double ranks = double(mesh_->shard_size()) * double(mesh_->replicas());
+  if (comm::Communicator* group = mesh_->data()) {
+    group->AllReduce(both.data(), both.data(), both.size(), comm::DataType::kFloat64, comm::ReduceOp::kSum)->Wait();
+  } else if (ranks > 1) {
+    throw std::logic_error("a load-balancing loss over data ranks, but the mesh has no data group");
+  }
+  const double rows = double(s.blocks) * ranks * double(N);  // every block's tokens, as transformers concatenates them
+  double aux = 0;
+  for (int e = 0; e < E; ++e) aux += (both[size_t(e)] / rows) * (both[size_t(E + e)] / rows);
+  aux *= E;
+  aux_loss_sum_ += double(aux_weight_) * aux;
+  aux_value_sum_ += aux;
+  ++aux_micro_batches_;
+  // d(weight x aux) / d(one router probability of one block's token) = weight x E x
+  // f_e / rows, f_e = the expert's share of all copies; times the data-parallel ranks,
+  // whose gradients are averaged.
+  aux_dprobs_host_.resize(size_t(N) * size_t(E));
+  for (int e = 0; e < E; ++e) {
+    const double g = double(aux_weight_) * ranks * E * (both[size_t(e)] / rows) / rows;
+    for (int64_t t = 0; t < N; ++t) aux_dprobs_host_[size_t(t) * size_t(E) + size_t(e)] = G(g);
+  }
+  backend_->Upload(aux_dprobs_.get(), aux_dprobs_host_.data(), N * E, *compute_);
+}
+
+template <class P>
+std::optional<double> ShardedEngine<P>::TakeAuxLoss() {
+  if (!options_.router_aux_loss_coef) return std::nullopt;
+  const double mean = aux_micro_batches_ > 0 ? aux_value_sum_ / aux_micro_batches_ : 0;
+  aux_value_sum_ = 0, aux_micro_batches_ = 0;
+  return mean;
 }
 
 template <class P>
@@ -508,7 +562,8 @@ void ShardedEngine<P>::ChunkBackward(int c, int lane, const MicroBatch& m, bool 
   const bool embeds = c == 0, ends = c + 1 == chunks();
   const model::Dims d = DimsOf(m.B, m.T, &m.key);
   comm::StreamCollectives* experts = mesh_->device_expert_grads();
-  const model::Context<P> k = Context(m.documents);
+  model::Context<P> k = Context(m.documents);
+  if (options_.router_aux_loss_coef) k.router_dprobs = aux_dprobs_.get();
   const model::BlockScratch<P> scratch = store_->ScratchFor(lane);
   held_ = false;  // its last block: kept by its forward, or gathered by Unshard
   for (int l = b - 1; l >= a; --l) {
@@ -574,6 +629,9 @@ void ShardedEngine<P>::Forward(const int32_t* inputs, const int32_t* targets, in
   if (training != nullptr && chunks() > 1) {
     throw std::logic_error("a pipeline stage trains through ForwardBackward: a forward alone has no backward to come");
   }
+  if (training != nullptr && options_.router_aux_loss_coef) {
+    throw std::logic_error("a load-balancing loss trains through ForwardBackward, which knows the step's micro-batches");
+  }
   CheckTokens(inputs, targets, B, T);
   CheckDocuments(documents, B, T);
   const MicroBatch m{inputs, targets, B, T, training ? *training : MicroBatchKey{}, target_weight, documents};
@@ -602,6 +660,7 @@ void ShardedEngine<P>::ForwardBackward(const std::vector<MicroBatch>& micro_batc
     CheckDocuments(m.documents, m.B, m.T);
   }
   ReleaseHeld();  // a training forward whose backward never came
+  if (options_.router_aux_loss_coef) aux_weight_ = *options_.router_aux_loss_coef / float(micro_batches.size());
   stage_->Train(*this, micro_batches);
   replicas_reduced_ = true;
 }
@@ -665,7 +724,7 @@ double ShardedEngine<P>::TakeLoss() {
   backend_->Download(readback_, Ptr<const double>(loss_sum_), 1, *compute_);
   backend_->Zero(loss_sum_, 1, *compute_);
   Drain();
-  double loss = readback_[0];
+  double loss = readback_[0] + std::exchange(aux_loss_sum_, 0.0);
   // The last stage's loss (the others' is zero), on every stage.
   if (comm::Communicator* group = mesh_->pipeline()) {
     group->AllReduce(&loss, &loss, 1, comm::DataType::kFloat64, comm::ReduceOp::kSum)->Wait();

@@ -106,6 +106,7 @@ class ShardedEngine final : public Engine, private ChunkCompute {
   std::vector<float> Weights() override;
   CommStats comm_stats() override;
   std::map<int, std::vector<int64_t>> TakeExpertCounts() override { return std::exchange(expert_counts_, {}); }
+  std::optional<double> TakeAuxLoss() override;
   void Snapshot(ShardState* into) override;
   void Restore(const WholeState& whole) override;
   void RestoreShards(const ShardFill& fill) override;
@@ -161,6 +162,10 @@ class ShardedEngine final : public Engine, private ChunkCompute {
   // reduce-scattered, and with `last` averaged over the replicas.
   void ReduceEdge(int u, bool last);
   void ReleaseHeld();  // the last block a training forward kept, if it kept it
+  // The load-balancing loss of the micro-batch of N tokens whose training forward just
+  // ran: its statistics summed over the data-parallel ranks, its value, and its gradient
+  // by each router probability, uploaded for the backward.
+  void FinishRouterStats(int64_t N);
   // Replicated: the kept compute copies no longer match the masters (built, restored).
   void RefreshKept();
   // Runs `enqueue` between the observer's Begin and End of (op, unit) on `stream`.
@@ -192,6 +197,16 @@ class ShardedEngine final : public Engine, private ChunkCompute {
   std::unique_ptr<ExpertParallel> ep_;  // null without expert parallelism
   std::unique_ptr<model::ContextParallelGroup<P>> cp_;  // null without context parallelism
   model::ExpertCounts expert_counts_;  // the training forwards' since TakeExpertCounts
+  // The load-balancing loss (EngineOptions::router_aux_loss_coef): the training forward's
+  // routing, its weight (coef / the step's micro-batches), the gradient by each router
+  // probability (N,E) on the host and on the device, and the loss since TakeLoss and
+  // TakeAuxLoss.
+  model::RouterStats router_stats_;
+  float aux_weight_ = 0;
+  std::vector<G> aux_dprobs_host_;
+  runtime::DeviceArray<G> aux_dprobs_;
+  double aux_loss_sum_ = 0, aux_value_sum_ = 0;
+  int aux_micro_batches_ = 0;
   // The step buffer (api::StepBuffers): tokens, targets, scalars, segment tables, RoPE's table.
   runtime::DeviceArray<std::byte> step_;
   // With documents under context parallelism: the family's buffers for every position of

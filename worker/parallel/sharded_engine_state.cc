@@ -75,6 +75,7 @@ void ShardedEngine<P>::Snapshot(ShardState* into) {
   into->shard_rank = mesh_->shard_rank();
   into->replica = mesh_->replica_index();
   into->stage = mesh_->stage();
+  into->expert_rank = mesh_->expert_rank();
   into->units.clear();
   for (FlatUnit<P>* unit : held) into->units.push_back(unit->index());
   // The model's elements of each shard, straight into the snapshot (fp64 through the host).

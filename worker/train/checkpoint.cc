@@ -109,9 +109,11 @@ void SyncDirectory(const std::string& path) {
 std::string DescribeLayout(const Json& layout) {
   const int replicas = layout.at("replicas"), shard = layout.at("shard"), tp = layout.at("tp");
   const int stages = layout.value("pipeline", 1);
+  const int experts = layout.value("expert", 1);
   return (stages > 1 ? std::to_string(stages) + " stages x " : std::string()) + std::to_string(replicas) +
          (replicas == 1 ? " replica x " : " replicas x ") + std::to_string(shard) + (shard == 1 ? " shard" : " shards") +
-         " x tp " + std::to_string(tp) + " (" + std::to_string(stages * replicas * shard * tp) + " ranks)";
+         " x tp " + std::to_string(tp) + (experts > 1 ? " x experts split " + std::to_string(experts) + " ways" : "") +
+         " (" + std::to_string(stages * replicas * shard * tp) + " ranks)";
 }
 
 // The ranks that write a checkpoint of `layout`: replica 0's of every stage.
@@ -349,11 +351,12 @@ void CheckpointWriter::Write(const TrainingPosition& position, const ShardState&
 
 void CheckpointWriter::WriteShards(const ShardState& state, const std::string& partial, const std::string& name) {
   const std::string file = (fs::path(partial) / CheckpointRankFile(rank_)).string();
-  Json sidecar = {{"tp", state.tp_rank}, {"shard", state.shard_rank}, {"stage", state.stage}, {"units", state.units}};
+  Json sidecar = {{"tp", state.tp_rank},  {"shard", state.shard_rank},   {"stage", state.stage},
+                  {"units", state.units}, {"expert", state.expert_rank}};
   try {
-    const ShardFileLayout chunks =
-        LayOutShardFile(model::ParameterLayout(shape_, state.tp_rank, layout_.tp(), vocab_multiple_), layout_.shard(),
-                        state.shard_rank, kChunkElements, state.units);
+    const ShardFileLayout chunks = LayOutShardFile(
+        model::ParameterLayout(shape_, state.tp_rank, layout_.tp(), vocab_multiple_, state.expert_rank, layout_.expert()),
+        layout_.shard(), state.shard_rank, kChunkElements, state.units);
     if (chunks.elements != state.size) {
       throw CheckpointError("rank " + std::to_string(rank_) + " holds " + std::to_string(state.size) +
                             " elements, but its shards are " + std::to_string(chunks.elements));
@@ -416,18 +419,22 @@ void CheckpointWriter::Finish(const TrainingPosition& position, const std::strin
       files.back()["stage"] = done.at("stage");
       files.back()["units"] = done.at("units");
     }
+    if (layout_.expert() > 1) files.back()["expert"] = done.at("expert");
   }
+  Json layout = {{"tp", layout_.tp()}, {"shard", layout_.shard()}, {"replicas", layout_.replicas()},
+                 {"pipeline", layout_.pipeline()}, {"world", layout_.world()}};
+  // Version 5 only where the experts are split: a checkpoint without is version 4's, byte
+  // for byte, and a reader of version 4 refuses one whose files it would misread.
+  if (layout_.expert() > 1) layout["expert"] = layout_.expert();
   const Json meta = {{"format", kCheckpointFormat},
-                     {"version", kCheckpointVersion},
+                     {"version", layout_.expert() > 1 ? kCheckpointVersion : 4},
                      {"vocabMultiple", vocab_multiple_},
                      {"step", position.step},
                      {"dataPosition", position.data_position},
                      {"dataOrder", "windows"},
                      {"run", run_},
                      {"model", CheckpointShapeJson(shape_)},
-                     {"layout",
-                      {{"tp", layout_.tp()}, {"shard", layout_.shard()}, {"replicas", layout_.replicas()},
-                       {"pipeline", layout_.pipeline()}, {"world", layout_.world()}}},
+                     {"layout", layout},
                      {"files", files}};
   WriteDurably((fs::path(partial) / "metadata.json").string(), meta.dump(2));
   for (int writer : Writers(layout_)) fs::remove(fs::path(partial) / Sidecar(writer));

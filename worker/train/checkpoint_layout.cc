@@ -1,6 +1,8 @@
 #include "worker/train/checkpoint_layout.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "worker/parallel/flat_unit.h"
 
@@ -8,12 +10,20 @@ namespace meshtrain::train {
 
 ShardFileLayout LayOutShardFile(const model::ParameterLayout& slice, int shard_size, int shard_rank,
                                 int64_t chunk_elements, const std::vector<int>& units) {
+  const int ep = slice.ep_size();
+  if (ep > 1 && (shard_size % ep != 0 || shard_rank % ep != slice.ep_rank())) {
+    throw std::invalid_argument("shard " + std::to_string(shard_rank) + " of " + std::to_string(shard_size) +
+                                " does not hold expert rank " + std::to_string(slice.ep_rank()) + " of " +
+                                std::to_string(ep) + "'s experts");
+  }
   ShardFileLayout file;
   file.chunk_elements = chunk_elements;
   std::vector<int> all;
   for (int u = 0; u < slice.units() && units.empty(); ++u) all.push_back(u);
   for (int u : units.empty() ? all : units) {
-    const parallel::UnitShard s = parallel::ShardOfUnit(slice, u, shard_size, shard_rank);
+    const bool split = ep > 1 && slice.UnitHasExperts(u);  // over the ranks holding the same experts
+    const parallel::UnitShard s =
+        parallel::ShardOfUnit(slice, u, split ? shard_size / ep : shard_size, split ? shard_rank / ep : shard_rank);
     ShardFileLayout::Segment segment;
     segment.unit = u;
     segment.offset = file.elements;

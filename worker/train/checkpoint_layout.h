@@ -46,7 +46,12 @@ struct ShardFileLayout {
 
 // The file of the writer holding shard `shard_rank` of `shard_size` of each unit of `slice`
 // (its TP slice, padded as its engine pads the vocabulary), or of `units` only (increasing;
-// empty: all).
+// empty: all). With expert parallelism (slice.ep_size() > 1: the slice holds expert rank
+// slice.ep_rank()'s experts, which must be shard_rank % ep_size), a unit holding experts
+// is sharded as the engine shards it, over the shard_size / ep_size ranks holding the same
+// experts, the writer's shard of it being shard_rank / ep_size; every other unit over
+// shard_size. Throws std::invalid_argument when ep_size does not divide shard_size or
+// shard_rank is not of the slice's expert rank.
 ShardFileLayout LayOutShardFile(const model::ParameterLayout& slice, int shard_size, int shard_rank,
                                 int64_t chunk_elements = kChunkElements, const std::vector<int>& units = {});
 

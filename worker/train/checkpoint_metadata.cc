@@ -113,9 +113,13 @@ Json ParseCheckpointMetadata(const std::string& text, const std::string& file_na
     }
     const Json& layout = meta.at("layout");
     const int tp = layout.at("tp"), shard = layout.at("shard"), replicas = layout.at("replicas");
-    const int stages = layout.value("pipeline", 1);
-    if (tp < 1 || shard < 1 || replicas < 1 || stages < 1) {
+    const int stages = layout.value("pipeline", 1), experts = layout.value("expert", 1);
+    if (tp < 1 || shard < 1 || replicas < 1 || stages < 1 || experts < 1) {
       throw CheckpointError(file.string() + ": layout sizes must be positive");
+    }
+    if (shard % experts != 0) {
+      throw CheckpointError(file.string() + ": the layout splits the experts " + std::to_string(experts) +
+                            " ways, which does not divide its " + std::to_string(shard) + " shards");
     }
     const int units = 2 + int(shape.layers);  // at most: the embedding's, the blocks', an untied head's
     for (const Json& f : meta.at("files")) {
@@ -137,6 +141,11 @@ Json ParseCheckpointMetadata(const std::string& text, const std::string& file_na
       const int t = f.at("tp"), s = f.at("shard"), stage = f.value("stage", 0);
       if (t < 0 || t >= tp || s < 0 || s >= shard || stage < 0 || stage >= stages) {
         throw CheckpointError(file.string() + ": file " + name + " sits outside the layout");
+      }
+      // A shard's experts are its place in its expert group (api::ParallelLayout::ExpertRankOf).
+      if (const int expert = f.value("expert", s % experts); expert != s % experts) {
+        throw CheckpointError(file.string() + ": file " + name + " of shard " + std::to_string(s) +
+                              " names expert rank " + std::to_string(expert) + ", not " + std::to_string(s % experts));
       }
       if (f.contains("units")) {
         const std::vector<int> held = f.at("units").get<std::vector<int>>();

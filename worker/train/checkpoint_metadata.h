@@ -22,14 +22,22 @@ class CheckpointError : public std::runtime_error {
 };
 
 inline constexpr const char* kCheckpointFormat = "meshtrain-checkpoint";
-// Version 4 has pipelines: the layout's "pipeline" stages, and each file's "stage" and
-// "units" (those of its stage it holds, increasing; absent: every unit). Version 3
+// Version 5 splits experts (written only where the layout does): the layout's "expert"
+// (EP, which divides "shard") and each file's "expert", its writer's place in its expert
+// group (its shard % EP): the file holds that rank's experts of each block, the units
+// holding experts sharded over the shard / EP ranks with the same ones
+// (checkpoint_layout.h), and every other element as any rank does, so that the EP
+// writers of a shard group each hold them (a reader takes them from any one, as it takes
+// the tensors every TP rank holds). Absent, EP is 1: a layout without expert parallelism
+// still writes version 4, which readers of version 4 read. Version 4 has pipelines: the
+// layout's "pipeline" stages, and each file's "stage" and "units" (those of its stage it
+// holds, increasing; absent: every unit). Version 3
 // checksums each file in chunks (metadata "chunkElements" and "chunkCrc32c"),
 // so that a rank reads only the chunks it needs. Version 2 padded each TP slice's
 // vocabulary in the engine (metadata "vocabMultiple"; the files hold the model's elements
 // only) and had one "crc32c" per file; version 1 had no padding and reads the same way
 // with a multiple of 1.
-inline constexpr int kCheckpointVersion = 4;
+inline constexpr int kCheckpointVersion = 5;
 
 // "rank-00003.bin": the shard file of a rank, in its step's directory.
 std::string CheckpointRankFile(int rank);

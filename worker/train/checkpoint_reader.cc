@@ -51,19 +51,23 @@ CheckpointReader::CheckpointReader(const std::string& directory, const api::Mode
   const bool chunked = meta.at("version").get<int>() >= 3;
   const Json& layout = meta.at("layout");
   const int T = layout.at("tp"), S = layout.at("shard"), vocab_multiple = meta.value("vocabMultiple", 1);
+  const int EP = layout.value("expert", 1);  // checked: it divides S, and each file's expert rank is its shard's
   for (const Json& f : meta.at("files")) {
     const std::string path = (dir / f.at("name").get<std::string>()).string();
+    const int shard = f.at("shard");
+    // Format 1 and 2 files are one checksummed whole: a chunk per segment, verified below.
+    // A pipeline stage's file holds its stage's units; a file of a layout splitting the
+    // experts, its shard's (shard % EP).
     std::optional<model::ParameterLayout> slice;
+    std::optional<ShardFileLayout> layout_of_file;
     try {
-      slice.emplace(shape, f.at("tp").get<int>(), T, vocab_multiple);
+      slice.emplace(shape, f.at("tp").get<int>(), T, vocab_multiple, shard % EP, EP);
+      const int64_t chunk_elements = chunked ? f.at("chunkElements").get<int64_t>() : std::max<int64_t>(1, slice->total());
+      layout_of_file = LayOutShardFile(*slice, S, shard, chunk_elements, f.value("units", std::vector<int>{}));
     } catch (const std::exception& e) {
       throw CheckpointError(meta_file.string() + ": its layout does not fit the model: " + e.what());
     }
-    // Format 1 and 2 files are one checksummed whole: a chunk per segment, verified below.
-    const int64_t chunk_elements = chunked ? f.at("chunkElements").get<int64_t>() : std::max<int64_t>(1, slice->total());
-    // A pipeline stage's file holds its stage's units.
-    const std::vector<int> units = f.value("units", std::vector<int>{});
-    ShardFile file{path, *slice, LayOutShardFile(*slice, S, f.at("shard").get<int>(), chunk_elements, units), {}, {}};
+    ShardFile file{path, *slice, std::move(*layout_of_file), {}, {}};
     const int64_t bytes = f.at("bytes"), expected = 3 * file.layout.elements * int64_t(sizeof(float));
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) throw CheckpointError(path + ": missing or unreadable");

@@ -106,7 +106,9 @@ std::unique_ptr<parallel::Engine> MakeEngine(const api::TrainingJob& job, const 
   if (options.pipeline.stages > 1) options.micro_batches = int(api::AccumulationSteps(job.spec));
   options.context_all_to_all = p.context_parallel_mode == "AllToAll";
   options.documents = job.spec.data.attention == "document";
+  if (job.spec.training.router_aux_loss_coef) options.router_aux_loss_coef = float(*job.spec.training.router_aux_loss_coef);
   const bool wrap = options.pipeline.virtual_stages > 1;  // chunks go round the stages more than once
+  const bool data_group = options.router_aux_loss_coef.has_value();  // its statistics cross the data-parallel ranks
 
   std::shared_ptr<runtime::Backend> backend;
   if (device.is_cuda()) {
@@ -114,11 +116,11 @@ std::unique_ptr<parallel::Engine> MakeEngine(const api::TrainingJob& job, const 
     const CudaPlugin* cuda = CudaPluginOrNull(&why);
     if (cuda == nullptr) throw std::invalid_argument("device " + device.ToString() + ": " + why);
     backend = cuda->make_backend(device.index);
-    auto mesh = std::make_shared<const parallel::Mesh>(layout, world, device_world, backend.get(), wrap);
+    auto mesh = std::make_shared<const parallel::Mesh>(layout, world, device_world, backend.get(), wrap, data_group);
     return Make<kernels::Bf16>(job, std::move(mesh), backend, cuda->make_ops, batch, seq, accounting, options);
   }
   backend = std::make_shared<runtime::CpuBackend>(switches.cpu_backend);
-  auto mesh = std::make_shared<const parallel::Mesh>(layout, world, device_world, backend.get(), wrap);
+  auto mesh = std::make_shared<const parallel::Mesh>(layout, world, device_world, backend.get(), wrap, data_group);
   const std::string& kernels = switches.cpu_kernels;
   if (kernels == "bf16") return Make<kernels::Bf16>(job, mesh, backend, CpuOps<kernels::Bf16>, batch, seq, accounting, options);
   if (kernels == "fp64") return Make<kernels::Fp64>(job, mesh, backend, CpuOps<kernels::Fp64>, batch, seq, accounting, options);

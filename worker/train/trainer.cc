@@ -146,6 +146,9 @@ std::string FormatStepReport(const StepReport& r) {
   if (r.validation_loss && n > 0 && size_t(n) < sizeof line) {
     n += std::snprintf(line + n, sizeof line - size_t(n), " | val loss %.4f", *r.validation_loss);
   }
+  if (r.aux_loss && n > 0 && size_t(n) < sizeof line) {
+    n += std::snprintf(line + n, sizeof line - size_t(n), " | aux %.4f", *r.aux_loss);
+  }
   std::string text = line;
   if (!r.stage_bubbles.empty()) {
     text += " | bubble by stage";
@@ -310,6 +313,7 @@ StepReport Trainer::Step() {
   engine_->Update(update);
   report.loss = Average(engine_->TakeLoss());  // the one wait of the step
   report.grad_norm = engine_->GradNorm();
+  report.aux_loss = engine_->TakeAuxLoss();
   report.step = step_;
   report.comm = engine_->comm_stats() - comm_before;
   for (const auto& [block, counts] : engine_->TakeExpertCounts()) {

@@ -61,10 +61,13 @@ struct StepReport {
     double imbalance() const { return mean > 0 ? max / mean : 0; }
   };
   std::map<int, ExpertLoad> expert_load;
+  // With a load-balancing loss: its mean over the micro-batches, before its coefficient
+  // (the loss above includes coefficient x it).
+  std::optional<double> aux_loss;
 };
 
 // "step    12/300 | loss 3.1234 | lr 3.00e-03 | norm 1.234 | 14000 tok/s[ | val loss 3.0123]"
-// then in a pipeline "[ | bubble by stage 31% 22% 14% 6% (model 27%)]", and for a mixture
+// then with a load-balancing loss "[ | aux 1.0312]", in a pipeline "[ | bubble by stage 31% 22% 14% 6% (model 27%)]", and for a mixture
 // of experts "[ | experts max/mean 1.42]" (the most imbalanced block's).
 std::string FormatStepReport(const StepReport& report);
 
