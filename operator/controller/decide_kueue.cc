@@ -112,15 +112,9 @@ bool Decider::FollowAdmission() {
     admission.error = "its topologyAssignment places " + std::to_string(admission.nodes.size()) +
                       " pods, and the job has " + std::to_string(nodes());
   if (!admission.error.empty()) {
-    const std::string message =
-        "the admission of Workload " + admitted_->value("metadata", json::object()).value("name", "") +
-        " cannot be followed: " + admission.error;
-    d_.status.phase = "Pending";
-    SetCondition("Scheduled", false, "AdmissionNotFollowed", message);
-    if (o_.status.phase != "Pending" || o_.status.conditions != d_.status.conditions)
-      d_.events.push_back({"Warning", "AdmissionNotFollowed", message});
-    d_.Requeue(options_.unschedulable_retry);
-    return false;
+    return AdmissionNotFollowed("the admission of Workload " +
+                                admitted_->value("metadata", json::object()).value("name", "") +
+                                " cannot be followed: " + admission.error);
   }
   // The pods run with what the admission adds (the job's own spec is not edited).
   auto& overrides = job_.spec.template_;
@@ -157,9 +151,12 @@ bool Decider::AssignedPlacement(const scheduler::ClusterView& cluster, const std
     placement->paths.push_back(scheduler::TopologyPath(*node, levels));
   }
   if (why.empty()) return true;
-  const std::string message = "the TAS assignment of Workload " +
+  return AdmissionNotFollowed("the TAS assignment of Workload " +
                               admitted_->value("metadata", json::object()).value("name", "") +
-                              " cannot be followed: " + why;
+                              " cannot be followed: " + why);
+}
+
+bool Decider::AdmissionNotFollowed(const std::string& message) {
   d_.status.phase = "Pending";
   SetCondition("Scheduled", false, "AdmissionNotFollowed", message);
   if (o_.status.phase != "Pending" || o_.status.conditions != d_.status.conditions)

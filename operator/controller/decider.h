@@ -134,6 +134,9 @@ class Decider {
   // tolerations from it; false, with the job Pending and why, when it cannot be followed
   // (or the pass lacks the flavors).
   bool FollowAdmission();
+  // Pending, with Scheduled=False AdmissionNotFollowed saying `message` (an Event when it
+  // changes), retried later; returns false.
+  bool AdmissionNotFollowed(const std::string& message);
   // TAS: the placement the admission gives (the node of each pod index); false, with why,
   // when a node is not usable.
   bool AssignedPlacement(const scheduler::ClusterView& cluster, const std::vector<std::string>& levels,
