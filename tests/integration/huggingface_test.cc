@@ -619,7 +619,12 @@ TEST_F(HuggingFaceTest, AMixtureOfExpertsDirectoryTrainsExportsAndLoadsBackBitFo
   int n = 0;
   for (const Bad& b : std::vector<Bad>{
            {mixtral, [](auto& c) { c["router_jitter_noise"] = 0.1; }, "router_jitter_noise 0.1 is not implemented"},
-           {mixtral, [](auto& c) { c["output_router_logits"] = true; }, "output_router_logits true is not implemented"},
+           {mixtral,
+            [](auto& c) {
+              c["output_router_logits"] = true;  // the load-balancing loss, of a coefficient that must not be negative
+              c["router_aux_loss_coef"] = -0.5;
+            },
+            "router_aux_loss_coef must not be negative"},
            {mixtral, [](auto& c) { c["num_experts_per_tok"] = 5; },
             "num_experts_per_tok 5 exceeds num_local_experts (4)"},
            {qwen, [](auto& c) { c["mlp_only_layers"] = {1}; }, "mlp_only_layers [1] is not implemented"},
