@@ -28,6 +28,15 @@ inline constexpr int kExitHang = 75;
 // Exit status of a rank whose collective or Store call failed: most often the victim of
 // another rank's failure, so the operator names a failure with another status first.
 inline constexpr int kExitCommFailure = 76;
+// The signal that asks a training rank to stop (SIGUSR1): the launcher sends it for the
+// operator's suspend (a suspension, a Kueue eviction). SIGTERM still ends a rank at once,
+// as a gang with a dead or hung rank needs.
+inline constexpr int kStopSignal = 10;
+// Exit status of a rank that was asked to stop (kStopSignal) and stopped at a step
+// boundary with the whole gang, after a checkpoint of that step where
+// spec.checkpoint.path is set and it trained since the last one; its failure file says at
+// which step. Nothing failed: it is not restarted.
+inline constexpr int kExitStopped = 79;
 // The most of a failure reason (kFailureFile) that is kept: longer ones are cut.
 inline constexpr size_t kFailureReasonBytes = 400;
 

@@ -130,6 +130,13 @@ int RunRanks(const api::CheckedJob& job, const api::RankTable& table, int sample
     const launch::LaunchResult result = launch::LaunchLocal(launch, out);
     if (result.status == 0) return kExitOk;
     if (result.stop_signal != 0) return result.status;  // stopped from outside: no restart
+    if (result.status == api::worker::kExitStopped) {
+      // A rank was signalled on its own (not through this command): the gang stopped with it.
+      out << "  the ranks were told to stop and stopped together, after a checkpoint where one is configured; "
+             "not restarting"
+          << std::endl;
+      return result.status;
+    }
     if (result.status == api::worker::kExitPermanent) return result.status;
     if (restarts == backoff_limit) {
       out << "  the gang failed " << restarts + 1 << " time(s); spec.runPolicy.backoffLimit is " << backoff_limit

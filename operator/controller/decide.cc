@@ -121,14 +121,31 @@ bool Decider::ApplyRunPolicy() {
   const auto& policy = job_.spec.run_policy;
   if (policy.suspend) {
     if (o_.status.phase == "Suspended") {
-      d_.delete_pods = o_.pods;  // the stored status records the suspension
+      // The stored status records the suspension: the ranks checkpoint, then the pods go.
+      if (CheckpointBeforeStop()) return true;
+      d_.delete_pods = o_.pods;
       return true;
     }
+    const bool checkpoint = BeginCheckpointBeforeStop("Suspended");
     d_.status.phase = "Suspended";
     d_.status.ready_workers = 0;
-    SetCondition("Suspended", true, "Suspended", "spec.runPolicy.suspend is true; deleting the pods");
+    SetCondition("Suspended", true, "Suspended",
+                 checkpoint ? "spec.runPolicy.suspend is true; the ranks checkpoint, then the pods go"
+                            : "spec.runPolicy.suspend is true; deleting the pods");
     SetCondition("Running", false, "Suspended", "suspended");
     d_.Requeue(kAfterOwnWrite);
+    return true;
+  }
+  if (d_.status.phase == "Suspended" && (!o_.pods.empty() || o_.terminating > 0)) {
+    // Unsuspended before the suspended gang was gone: it goes first (its ranks, told to
+    // stop, checkpoint on their way out), and a new gang resumes from that checkpoint.
+    d_.delete_pods = o_.pods;
+    const api::Condition* checkpointing = nullptr;
+    for (const auto& c : o_.status.conditions)
+      if (c.type == kCheckpointingCondition) checkpointing = &c;
+    if (checkpointing && checkpointing->status == "True")
+      SetCondition(kCheckpointingCondition, false, "Resumed", "spec.runPolicy.suspend is false again");
+    d_.Requeue(std::chrono::seconds(1));
     return true;
   }
   if (d_.status.phase == "Suspended") {

@@ -54,6 +54,10 @@ inline constexpr const char* kQueueNameLabel = "kueue.x-k8s.io/queue-name";
 inline constexpr const char* kQueueLabelIgnoredCondition = "QueueLabelIgnored";
 // With Kueue: True while the job waits for its Workload's admission (phase Queued).
 inline constexpr const char* kQueuedCondition = "Queued";
+// True while a suspended or evicted gang's ranks checkpoint before their pods go
+// (decide_stop.cc); False once they have (Checkpointed) or the bound passed
+// (CheckpointTimedOut), and the pods then go.
+inline constexpr const char* kCheckpointingCondition = "Checkpointing";
 
 struct DecideOptions {
   WorkerDefaults worker;  // what pods get unless the job says otherwise
@@ -63,6 +67,10 @@ struct DecideOptions {
   // admits its Workload (kueue.h), where the admission lets it. false: the label is
   // ignored, with a Warning Event (QueueLabelIgnored), and the job is placed as any other.
   bool kueue = false;
+  // How long a suspended or evicted gang's ranks may take to checkpoint and stop, from the
+  // stored suspension, before its pods go anyway: above the launchers' own grace (100 s,
+  // after which they kill the ranks and report them), below what a user would wait.
+  std::chrono::seconds checkpoint_timeout{130};
 };
 
 struct Observed {

@@ -7,9 +7,10 @@
 // - admitted with quota only, the pods run with the flavors' node labels and tolerations
 //   and the podSetUpdates, and the operator's placement chooses among the nodes they
 //   allow; admitted with a TAS topologyAssignment, pod r runs on its r-th node;
-// - evicted: the job is Queued again, its pods go (as for a suspend: the status first),
-//   and once they have, the admission is cleared (QuotaReserved=False, Admitted=False,
-//   Requeued=True); the job waits for the next admission;
+// - evicted: the job is Queued again, its pods go (as for a suspend: the status first,
+//   then the ranks' checkpoint, decide_stop.cc), and once they have, the admission is
+//   cleared (QuotaReserved=False, Admitted=False, Requeued=True); the job waits for the
+//   next admission;
 // - finished: Finished=True, with the job's phase as the reason.
 
 #include <algorithm>
@@ -79,8 +80,10 @@ bool Decider::AwaitAdmission() {
                                             WorkloadConditionMessage(workload, "Evicted")
                                       : "waiting for Kueue to admit Workload " + name + " (queue " + queue + ")";
   const bool was_queued = o_.status.phase == "Queued";
+  if (!was_queued && evicted) BeginCheckpointBeforeStop("Evicted");  // before Queue() leaves Running
   Queue(evicted ? "Evicted" : "WaitingForAdmission", message);
-  if (!was_queued) return true;  // the pods go once Queued is stored
+  if (!was_queued) return true;  // the pods go once Queued is stored, the ranks' checkpoint first
+  if (CheckpointBeforeStop()) return true;
   d_.delete_pods = o_.pods;
   if (!o_.pods.empty() || o_.terminating > 0) {
     d_.Requeue(std::chrono::seconds(1));

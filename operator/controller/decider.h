@@ -13,7 +13,9 @@
 //   decide_plan.cc      planning a new gang: its placement, its layout, its rank table and
 //                       the objects that carry them;
 //   decide_kueue.cc     with Kueue: the job's Workload, waiting for its admission, following
-//                       it (or its TAS assignment) when placing, eviction, and Finished.
+//                       it (or its TAS assignment) when placing, eviction, and Finished;
+//   decide_stop.cc      a suspended or evicted gang: its ranks checkpoint (through their
+//                       launchers) before its pods go.
 //
 // Thread-safety: a Decider is used by one thread, for one pass.
 
@@ -149,6 +151,20 @@ class Decider {
   void FinishWorkload();
   // PodsReady=True on the Workload of a gang whose `ready` pods all run (waitForPodsReady).
   void ReportPodsReady(int64_t ready);
+
+  // decide_stop.cc: before a suspended or evicted gang's pods go.
+  // At the pass that records the stop (`why`: Suspended, Evicted): when the job has a
+  // checkpoint path, its gang runs with launchers to ask, and it trained since its last
+  // checkpoint, sets Checkpointing=True (that pass's write starts the bound) and returns
+  // true.
+  bool BeginCheckpointBeforeStop(const std::string& why);
+  // At a pass after the stop is stored: while the stored Checkpointing is True, asks the
+  // current gang's launchers to suspend and waits for their report, or the bound; then
+  // records how it went (Checkpointing=False, an Event naming any rank that did not
+  // checkpoint). True when that decided the pass (the pods stay); false when they may go.
+  bool CheckpointBeforeStop();
+  // The current gang's pods whose containers run.
+  std::vector<nlohmann::json> RunningGangPods() const;
 
   // decide_plan.cc: a new gang.
   void CreateGang(int64_t gang, const std::vector<nlohmann::json>& current);

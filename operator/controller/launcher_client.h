@@ -1,5 +1,5 @@
 // The operator's side of the pod launchers' control endpoint (api::worker::kLauncherPort,
-// worker/launch/launcher_control.h): POST /attempt/stop and /attempt/start, each with the
+// worker/launch/launcher_control.h): POST /attempt/stop, /attempt/start and /attempt/suspend, each with the
 // attempt and the pod's launcher token, answered with the launcher's state. The requests
 // go out through the launchers' PodPoller (Post), never inside a reconcile.
 //
@@ -35,7 +35,9 @@ std::string LauncherToken(std::string_view key, std::string_view job_uid, int64_
 
 struct LauncherCall {
   nlohmann::json pod;
-  std::string action;  // stop: end any older attempt and wait; start: run the stopped attempt
+  // stop: end any older attempt and wait; start: run the stopped attempt; suspend: the
+  // ranks checkpoint and stop, and the launcher reports how each ended
+  std::string action;
   int64_t attempt = 0;
   bool operator==(const LauncherCall&) const = default;
 };

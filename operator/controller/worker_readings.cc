@@ -53,6 +53,17 @@ std::optional<LauncherState> ParseLauncherState(const nlohmann::json& answer) {
   // A pod's words go into Events: kept short, on one line.
   if (answer.contains("reason") && answer["reason"].is_string())
     s.reason = api::worker::FailureReasonLine(answer["reason"].get<std::string>());
+  if (answer.contains("ranks") && answer["ranks"].is_array()) {
+    for (const nlohmann::json& r : answer["ranks"]) {
+      if (!r.is_object() || !r.contains("rank") || !r["rank"].is_number_integer() || !r.contains("exitCode") ||
+          !r["exitCode"].is_number_integer())
+        return std::nullopt;
+      RankEnd end{r["rank"].get<int64_t>(), r["exitCode"].get<int64_t>(), ""};
+      if (r.contains("reason") && r["reason"].is_string())
+        end.reason = api::worker::FailureReasonLine(r["reason"].get<std::string>());
+      s.ranks.push_back(std::move(end));
+    }
+  }
   return s;
 }
 

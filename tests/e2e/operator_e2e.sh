@@ -347,12 +347,13 @@ pod_count() { "$kubectl" get pods -l meshtrain.dev/job-name=tiny -o name | wc -l
 
 # apply_job GPUS_PER_NODE DATA TRAINING [EXTRA_YAML]: a 2-node job named tiny; EXTRA_YAML
 # continues spec.template (indented 4) or, indented 2, adds to spec.
-apply_job() {
+apply_job() {  # $job_labels, when set, are the job's labels ("key: value, ...")
   cat >"$work/job.yaml" <<YAML
 apiVersion: meshtrain.dev/v1alpha1
 kind: TrainingJob
 metadata:
   name: tiny
+  labels: {${job_labels:-}}
 spec:
   image: meshtrain:e2e
   nodes: 2
@@ -369,6 +370,66 @@ YAML
 
 job() {  # job [EXTRA_SPEC_YAML]: the scripted 2-node job
   apply_job 8 "{train: /data/train.bin}" "{steps: 10, globalBatchTokens: 16384, microBatchSize: 1, warmupSteps: 1}" "${1:-}"
+}
+
+no_pods() { [ "$(pod_count)" -eq 0 ]; }
+# trained_step POD STEP: rank 0's log in POD prints STEP.
+trained_step() { [ -n "$(pod_log "$1" | losses "$2" "$2")" ]; }
+# event_message REASON: the message of the job's newest Event with that reason; empty without one.
+event_message() {
+  "$kubectl" get events -o json | python3 -c 'import json, sys
+events = sorted((e for e in json.load(sys.stdin)["items"] if e["reason"] == sys.argv[1]), key=lambda e: e["metadata"]["creationTimestamp"] + e["metadata"]["name"])
+print(events[-1]["message"] if events else "")' "$1"
+}
+# stopped_step LOG: the step the ranks stopped after, from rank 0's "rank 0: stopped after step N" in LOG.
+stopped_step() { sed -n 's/^rank 0: stopped after step \([0-9]*\) .*/\1/p' "$1" | tail -1; }
+# no_step_twice LOG: every step LOG prints, it prints once, and they run from 1 without a gap.
+no_step_twice() {
+  local twice gaps
+  twice=$(grep -oE "step +[0-9]+/[0-9]+ \| loss" "$1" | awk '{ print $2 }' | cut -d/ -f1 | sort -n | uniq -d | tr '\n' ' ')
+  [ -z "$twice" ] || fail "steps trained twice: $twice"
+  gaps=$(grep -oE "step +[0-9]+/[0-9]+ \| loss" "$1" | awk '{ split($2, s, "/"); if (s[1] != NR) { print NR " is " s[1]; exit } }')
+  [ -z "$gaps" ] || fail "the steps printed are not 1, 2, 3, ... ($gaps)"
+}
+# stop_checkpointed GANG_LOG: the gang stopped after step N with a checkpoint of it (sets $stopped):
+# rank 0 says so, the Checkpointed Event quotes it, the step was the last it trained, and the
+# checkpoint is on disk.
+stop_checkpointed() {
+  stopped=$(stopped_step "$1")
+  [ -n "$stopped" ] || fail "rank 0 did not say where it stopped: $(tail -5 "$1")"
+  # The ranks a launcher told first may be all that asked: any of them, but all stop at once.
+  grep -E "^rank 0: stopped after step $stopped \(asked by ranks? [0-9, ]+\); checkpoint of step $stopped written under $work/checkpoints\$" "$1" >/dev/null ||
+    fail "rank 0 did not checkpoint the step it stopped after: $(grep 'stopped after' "$1")"
+  [[ "$(event_message Checkpointed)" == "the ranks stopped after step $stopped "*"; deleting the pods" ]] ||
+    fail "no Checkpointed event for step $stopped: '$(event_message Checkpointed)'"
+  [ "$(losses 1 1000000 <"$1" | tail -1 | cut -d' ' -f1)" = "$stopped" ] || fail "rank 0 trained past step $stopped"
+  [ -d "$work/checkpoints/$(printf 'step-%08d' "$stopped")" ] || fail "no checkpoint of step $stopped: $(ls "$work/checkpoints")"
+  [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.conditions[?(@.type=="Checkpointing")].reason}')" = Checkpointed ] ||
+    fail "the Checkpointing condition is not Checkpointed: $("$kubectl" get tj tiny -o 'jsonpath={.status.conditions}')"
+}
+# resumes_from STEP GANG_LOG_NOW: the new gang resumed from STEP and trained 10 steps past it.
+resumes_from() {
+  wait_until 60 "the new gang did not resume from step $1: $(pod_log tiny-g0-0 | tail -5)" \
+    grep -q "^resumed from step $1 (" "$work/pods/default_tiny-g0-0/log"
+  local through=$(($1 + 10))
+  wait_until 120 "the resumed gang did not train step $through" trained_step tiny-g0-0 "$through"
+}
+# reference_losses TO: the losses of steps 1..TO of the same spec run by `meshtrain run` on 4
+# ranks, never interrupted (in $reference).
+reference_losses() {
+  "$kubectl" delete tj tiny >/dev/null  # its pods go, and with them their ranks' CPU time
+  sed -e "s#$work/checkpoints#$work/reference-checkpoints#" -e '/labels:/d' "$work/job.yaml" >"$work/reference.yaml"
+  OMP_NUM_THREADS=1 "$build/cli/meshtrain" run "$work/reference.yaml" >"$work/reference.log" 2>&1 &
+  local run=$!
+  pids+=("$run")
+  for _ in $(seq 900); do
+    [ -n "$(losses "$1" "$1" <"$work/reference.log")" ] && break
+    kill -0 "$run" 2>/dev/null || fail "the reference run ended: $(tail -5 "$work/reference.log")"
+    sleep 0.2
+  done
+  kill "$run"
+  reference=$(losses 1 "$1" <"$work/reference.log")
+  [ "$(wc -l <<<"$reference")" = "$1" ] || fail "the reference run did not reach step $1: $(tail -5 "$work/reference.log")"
 }
 
 case $scenario in
@@ -763,6 +824,91 @@ YAML
     script 2
     "$kubectl" patch tj tiny --type merge -p '{"spec": {"runPolicy": {"suspend": false}}}' >/dev/null
     wait_for '{.status.phase}' Succeeded 30
+    ;;
+  suspend-checkpoint)
+    # spec.runPolicy.suspend by kubectl patch, mid-run, between two checkpoints: the ranks
+    # stop together after one step and checkpoint it (through their launchers), then the
+    # pods go; unsuspended, a new gang resumes from that step. The whole loss curve is that
+    # of a run never interrupted, and no step is trained twice.
+    run_worker_gang
+    wait_checkpoint 0
+    wait_progress
+    until [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.step}')" -gt $((checkpoint + 2)) ]; do sleep 0.2; done
+    "$kubectl" patch tj tiny --type merge -p '{"spec": {"runPolicy": {"suspend": true}}}' >/dev/null
+    wait_for '{.status.phase}' Suspended 20
+    wait_until 60 "a suspended job kept its pods" no_pods
+    cp "$work/pods/default_tiny-g0-0/log" "$work/first-gang.log"
+    stop_checkpointed "$work/first-gang.log"
+    [ "$stopped" -gt "$checkpoint" ] || fail "stopped after step $stopped, not after the checkpoint of step $checkpoint"
+    pod_log tiny-g0-1 | grep "attempt 0: suspended; every rank stopped" >/dev/null ||
+      fail "pod 1's launcher did not report its ranks stopped: $(pod_log tiny-g0-1 | tail -5)"
+    "$kubectl" patch tj tiny --type merge -p '{"spec": {"runPolicy": {"suspend": false}}}' >/dev/null
+    wait_for '{.status.phase}' Running 30
+    resumes_from "$stopped"
+    [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.restarts}')" = 0 ] || fail "a suspension counted as a restart"
+    through=$((stopped + 10))
+    pod_log tiny-g0-0 >"$work/both-gangs.log"
+    no_step_twice "$work/both-gangs.log"
+    ours=$(losses 1 "$through" <"$work/both-gangs.log")
+    reference_losses "$through"
+    [ "$ours" = "$reference" ] ||
+      fail "the suspended run's losses differ from an uninterrupted run's: $(diff <(echo "$ours") <(echo "$reference") | head -8)"
+    echo "suspended after step $stopped (checkpoint interval 20, last interval checkpoint $checkpoint), resumed from it;" \
+      "steps 1..$through: losses equal to an uninterrupted run's, none trained twice"
+    ;;
+  kueue-preempt)
+    # A Workload of higher priority preempts the job's (the Kueue simulator's preemption):
+    # the job's ranks checkpoint the step they stop after, it is Queued, its admission is
+    # given back, and once the other Workload is gone it is admitted again and resumes from
+    # that step: no step is lost, none is trained twice.
+    chart_set=(--set kueue.enabled=true)
+    prepare_data
+    start_server 2 --kubelet run --worker-binary "$build/worker/meshtrain-worker" --kueue --kueue-quota-nodes 2
+    "$kubectl" apply -f "$src/tests/data/kueue/" >/dev/null
+    echo '{"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "default-flavor"}, "spec": {}}' |
+      "$kubectl" apply -f - >/dev/null
+    operator_metrics_port=$(free_ports 1)
+    start_operator --kueue --progress-interval 1 --launcher-interval 250
+    job_labels="kueue.x-k8s.io/queue-name: training" worker_job 100000
+    wait_for '{.status.phase}' Running 30
+    wait_checkpoint 0
+    until [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.step}')" -gt $((checkpoint + 2)) ]; do sleep 0.2; done
+    seen=$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.step}')
+    cat >"$work/urgent.yaml" <<YAML
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: Workload
+metadata: {name: urgent, namespace: default}
+spec:
+  queueName: training
+  priority: 100
+  podSets:
+    - name: main
+      count: 2
+      template:
+        spec:
+          containers: [{name: main, image: urgent:1, resources: {requests: {nvidia.com/gpu: "8"}}}]
+YAML
+    "$kubectl" apply -f "$work/urgent.yaml" >/dev/null
+    wait_for '{.status.phase}' Queued 20
+    [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.conditions[?(@.type=="Queued")].reason}')" = Evicted ] ||
+      fail "the Queued condition does not say Evicted: $("$kubectl" get tj tiny -o 'jsonpath={.status.conditions}')"
+    [[ "$("$kubectl" get tj tiny -o 'jsonpath={.status.conditions[?(@.type=="Queued")].message}')" == *"default/urgent, priority 100"* ]] ||
+      fail "the eviction does not name the Workload that preempted it"
+    wait_until 60 "an evicted job kept its pods" no_pods
+    cp "$work/pods/default_tiny-g0-0/log" "$work/first-gang.log"
+    stop_checkpointed "$work/first-gang.log"
+    [ "$stopped" -ge "$seen" ] || fail "stopped after step $stopped, before step $seen that it had trained"
+    urgent() { "$kubectl" get workloads.kueue.x-k8s.io urgent -o "jsonpath={.status.conditions[?(@.type==\"$1\")].status}"; }
+    urgent_admitted() { [ "$(urgent Admitted)" = True ]; }
+    wait_until 20 "the urgent Workload was not admitted once the job gave its quota back" urgent_admitted
+    sleep 2
+    [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.phase}')" = Queued ] || fail "the job left Queued while preempted"
+    "$kubectl" delete workloads.kueue.x-k8s.io urgent >/dev/null
+    wait_for '{.status.phase}' Running 30
+    resumes_from "$stopped"
+    pod_log tiny-g0-0 >"$work/both-gangs.log"
+    no_step_twice "$work/both-gangs.log"
+    echo "preempted after step $seen was read, stopped after step $stopped with a checkpoint of it, resumed from it"
     ;;
   deadline)
     start_server 60

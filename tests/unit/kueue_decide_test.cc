@@ -77,6 +77,14 @@ json Running(json pod) {
   return pod;
 }
 
+// Rank 0's progress: at `step`, with a checkpoint of `checkpoint`.
+api::ProgressStatus Progress(int64_t step, int64_t checkpoint) {
+  api::ProgressStatus progress;
+  progress.step = step;
+  progress.checkpoint_step = checkpoint;
+  return progress;
+}
+
 const api::Condition* ConditionOf(const api::TrainingJobStatus& status, const std::string& type) {
   for (const auto& c : status.conditions)
     if (c.type == type) return &c;
@@ -361,6 +369,62 @@ TEST(KueueDecide, AnEvictedJobIsQueuedThenItsPodsGoThenItsAdmissionIsCleared) {
   const Decision restarted = Decide(readmitted, Kueue());
   ASSERT_TRUE(restarted.create);
   EXPECT_EQ(restarted.status.phase, "Starting");
+}
+
+// With a checkpoint path, an evicted gang's ranks checkpoint (through their launchers)
+// before its pods go, as for a suspend; then the admission is cleared.
+TEST(KueueDecide, AnEvictedGangCheckpointsBeforeItsPodsGo) {
+  json job = QueuedJob();
+  job["spec"]["checkpoint"] = {{"path", "/ckpt/tiny"}, {"interval", 10}};
+  json workload = Admitted(job);
+  Observed o = Observe(job, Decide(Observe(job, {}, json()), Kueue()).status, workload);
+  o.flavors = std::map<std::string, json>{{"p5", {{"metadata", {{"name", "p5"}}}}}};
+  const Decision started = Decide(o, Kueue());
+  ASSERT_TRUE(started.create);
+  std::vector<json> pods;
+  for (const json& pod : started.create->pods) pods.push_back(Running(pod));
+  const Decision running = Decide(Observe(job, started.status, workload, pods), Kueue());
+  ASSERT_EQ(running.status.phase, "Running");
+  workload = *running.workload_status;
+  json evicted = workload;
+  evicted["status"]["conditions"].push_back(Condition("Evicted", "True", "2033-05-18T03:40:00Z", "Preempted"));
+  const auto at = [&](const api::TrainingJobStatus& status, const std::string& state) {
+    Observed seen = Observe(job, status, evicted, pods);
+    seen.progress = Progress(15, 10);
+    for (const json& pod : pods) {
+      LauncherState s{0, state, {}, {}, "", {}};
+      if (state == "suspended") {
+        const int64_t first = pod["metadata"]["name"] == "tiny-g0-0" ? 0 : 8;
+        for (int64_t r = first; r < first + 8; ++r) s.ranks.push_back({r, 79, "stopped after step 16 (asked by rank 0)"});
+      }
+      seen.launchers[pod["metadata"]["uid"]] = s;
+    }
+    return seen;
+  };
+  const Decision queued = Decide(at(running.status, "running"), Kueue());
+  EXPECT_EQ(queued.status.phase, "Queued");
+  ASSERT_TRUE(ConditionOf(queued.status, kCheckpointingCondition));
+  EXPECT_EQ(ConditionOf(queued.status, kCheckpointingCondition)->status, "True");
+  EXPECT_EQ(ConditionOf(queued.status, kCheckpointingCondition)->reason, "Evicted");
+  EXPECT_TRUE(queued.delete_pods.empty());
+  // Stored: the launchers are asked; the pods and the quota stay.
+  const Decision asking = Decide(at(queued.status, "running"), Kueue());
+  EXPECT_EQ(asking.launcher_calls.size(), 2u);
+  EXPECT_EQ(asking.launcher_calls[0].action, "suspend");
+  EXPECT_TRUE(asking.delete_pods.empty());
+  EXPECT_FALSE(asking.workload_status);
+  // Both suspended: the outcome, then the pods, then the admission.
+  const Decision checkpointed = Decide(at(queued.status, "suspended"), Kueue());
+  EXPECT_EQ(ConditionOf(checkpointed.status, kCheckpointingCondition)->reason, "Checkpointed");
+  ASSERT_EQ(checkpointed.events.size(), 1u);
+  EXPECT_EQ(checkpointed.events[0].message, "the ranks stopped after step 16 (asked by rank 0); deleting the pods");
+  EXPECT_TRUE(checkpointed.delete_pods.empty());
+  const Decision stopping = Decide(at(checkpointed.status, "suspended"), Kueue());
+  EXPECT_EQ(stopping.delete_pods.size(), 2u);
+  EXPECT_FALSE(stopping.workload_status);
+  const Decision cleared = Decide(Observe(job, stopping.status, evicted), Kueue());
+  ASSERT_TRUE(cleared.workload_status);
+  EXPECT_TRUE(WorkloadConditionTrue(*cleared.workload_status, "Requeued"));
 }
 
 // Under a TAS assignment the operator never places a pod itself: a lost node's pod is not

@@ -42,7 +42,7 @@ class KueueSimulatorTest : public ::testing::Test {
     simulator_->Stop();
     server_->Stop();
   }
-  void CreateWorkload(const std::string& job) {
+  void CreateWorkload(const std::string& job, int priority = 0) {
     json workload = {
         {"apiVersion", "kueue.x-k8s.io/v1beta2"},
         {"kind", "Workload"},
@@ -58,6 +58,7 @@ class KueueSimulatorTest : public ::testing::Test {
                             {{"containers",
                               json::array({{{"name", "worker"},
                                             {"resources", {{"requests", {{"nvidia.com/gpu", "8"}}}}}}})}}}}}}})}}}};
+    if (priority != 0) workload["spec"]["priority"] = priority;
     server_->Create(KueueSimulator::kWorkloads, "default", workload);
   }
   json Workload(const std::string& job) { return server_->Get(KueueSimulator::kWorkloads, "default", "wl-" + job).value(); }
@@ -102,6 +103,33 @@ TEST_F(KueueSimulatorTest, AdmitsInOrderWithinTheQuotaAndEvicts) {
   ASSERT_TRUE(Eventually([&] { return Admitted("a"); }));
   EXPECT_FALSE(controller::WorkloadEvicted(Workload("a")));
   EXPECT_EQ(Nodes("a"), (std::vector<std::string>{"n3", "n2"}));
+}
+
+// A Workload of higher priority that does not fit evicts a lower one, waits for its quota,
+// and is admitted first; the evicted one comes back once the quota is free again.
+TEST_F(KueueSimulatorTest, AHigherPriorityPreemptsALowerOne) {
+  CreateWorkload("low");
+  ASSERT_TRUE(Eventually([&] { return Admitted("low"); }));
+  CreateWorkload("same");  // of the same priority: it waits, and preempts nobody
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(controller::WorkloadEvicted(Workload("low")));
+  CreateWorkload("high", 100);
+  ASSERT_TRUE(Eventually([&] { return controller::WorkloadEvicted(Workload("low")); }));
+  EXPECT_NE(controller::WorkloadConditionMessage(Workload("low"), "Evicted").find("default/wl-high, priority 100"),
+            std::string::npos)
+      << controller::WorkloadConditionMessage(Workload("low"), "Evicted");
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(Admitted("high")) << "the evicted Workload still holds the quota";
+  server_->Mutate(KueueSimulator::kWorkloads, "default", "wl-low",
+                  [](json& w) { w = controller::WorkloadRequeued(w, std::chrono::system_clock::now()); });
+  ASSERT_TRUE(Eventually([&] { return Admitted("high"); })) << "first in line, before the older \"same\"";
+  EXPECT_FALSE(Admitted("same"));
+  EXPECT_FALSE(Admitted("low"));
+  server_->Mutate(KueueSimulator::kWorkloads, "default", "wl-high", [](json& w) {
+    controller::SetWorkloadCondition(&w, "Finished", true, "Succeeded", "done", std::chrono::system_clock::now());
+  });
+  ASSERT_TRUE(Eventually([&] { return Admitted("same"); })) << "then the queue's order";
+  EXPECT_FALSE(Admitted("low"));
 }
 
 }  // namespace

@@ -1,15 +1,26 @@
 // The pod launcher's control endpoint (worker/launch/launcher_control.h) without sockets
 // or ranks: its answers to the operator's requests, and the handshake with the launcher's
-// loop, played here by a thread.
+// loop, played here by a thread. Then a whole launcher (node_launcher.h) over its socket,
+// with shell scripts for ranks: a suspend.
 
 #include "worker/launch/launcher_control.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <sstream>
 #include <string>
 #include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+
+#include "api/worker_contract.h"
+#include "worker/launch/node_launcher.h"
 
 namespace meshtrain::launch {
 namespace {
@@ -61,7 +72,7 @@ TEST(LauncherControl, ParsesAnAttempt) {
 }
 
 TEST(LauncherControl, AnswersTheStateAndRefusesWhatIsWrongChangingNothing) {
-  LauncherControl control(kToken, AttemptStatus{2, AttemptState::kFailed, RankExit{3, 76, "lost rank 1"}});
+  LauncherControl control(kToken, AttemptStatus{2, AttemptState::kFailed, RankExit{3, 76, "lost rank 1"}, {}});
   const nlohmann::json failed = {
       {"attempt", 2}, {"state", "failed"}, {"exitCode", 76}, {"rank", 3}, {"reason", "lost rank 1"}};
   Answer get = Request(control, "GET", "/attempt");
@@ -90,7 +101,7 @@ TEST(LauncherControl, AnswersTheStateAndRefusesWhatIsWrongChangingNothing) {
       {"POST", Target("/attempt/start", 1), 409, "attempt 1 is not ready"},
       {"GET", Target("/attempt/stop", 3), 405, "only POST is allowed"},
       {"POST", "/attempt", 405, "only GET and HEAD are allowed"},
-      {"GET", "/attempts", 404, "this endpoint serves /attempt, /attempt/stop and /attempt/start"},
+      {"GET", "/attempts", 404, "this endpoint serves /attempt, /attempt/stop, /attempt/start and /attempt/suspend"},
   };
   for (const Case& c : cases) {
     const Answer answer = Request(control, c.method, c.target);
@@ -119,9 +130,9 @@ TEST(LauncherControl, AnswersTheStateAndRefusesWhatIsWrongChangingNothing) {
 }
 
 TEST(LauncherControl, AStopAndAStartAreAnsweredOnceTheLoopCarriedThemOut) {
-  LauncherControl control(kToken, AttemptStatus{0, AttemptState::kFailed, RankExit{1, 3, ""}});
+  LauncherControl control(kToken, AttemptStatus{0, AttemptState::kFailed, RankExit{1, 3, ""}, {}});
   AttemptInstruction seen;
-  std::thread loop = Loop(control, &seen, AttemptStatus{1, AttemptState::kReady, {}});
+  std::thread loop = Loop(control, &seen, AttemptStatus{1, AttemptState::kReady, {}, {}});
   const Answer stop = Request(control, "POST", Target("/attempt/stop", 1));
   loop.join();
   EXPECT_EQ(seen.kind, AttemptInstruction::kStop);
@@ -130,7 +141,7 @@ TEST(LauncherControl, AStopAndAStartAreAnsweredOnceTheLoopCarriedThemOut) {
   EXPECT_EQ(stop.body, (nlohmann::json{{"attempt", 1}, {"state", "ready"}}));
   EXPECT_FALSE(control.Pending());
 
-  loop = Loop(control, &seen, AttemptStatus{1, AttemptState::kRunning, {}});
+  loop = Loop(control, &seen, AttemptStatus{1, AttemptState::kRunning, {}, {}});
   const Answer start = Request(control, "POST", Target("/attempt/start", 1));
   loop.join();
   EXPECT_EQ(seen.kind, AttemptInstruction::kStart);
@@ -145,7 +156,7 @@ TEST(LauncherControl, AStopAndAStartAreAnsweredOnceTheLoopCarriedThemOut) {
   EXPECT_FALSE(control.Pending());
 
   // A stop from a running attempt; the loop may refuse what it cannot do.
-  loop = Loop(control, &seen, AttemptStatus{1, AttemptState::kRunning, {}}, "the ranks would not stop");
+  loop = Loop(control, &seen, AttemptStatus{1, AttemptState::kRunning, {}, {}}, "the ranks would not stop");
   const Answer refused = Request(control, "POST", Target("/attempt/stop", 5));
   loop.join();
   EXPECT_EQ(seen.attempt, 5);
@@ -155,7 +166,7 @@ TEST(LauncherControl, AStopAndAStartAreAnsweredOnceTheLoopCarriedThemOut) {
 }
 
 TEST(LauncherControl, ClosingAnswersTheWaitingInstructionAndEveryLaterOne) {
-  LauncherControl control(kToken, AttemptStatus{0, AttemptState::kRunning, {}});
+  LauncherControl control(kToken, AttemptStatus{0, AttemptState::kRunning, {}, {}});
   std::thread closer([&control] {
     while (!control.Pending()) std::this_thread::sleep_for(1ms);
     control.Close("the launcher received signal 15 and is exiting");
@@ -167,6 +178,117 @@ TEST(LauncherControl, ClosingAnswersTheWaitingInstructionAndEveryLaterOne) {
   EXPECT_EQ(waiting.body["state"], "running");
   EXPECT_EQ(Request(control, "POST", Target("/attempt/stop", 2)).code, 503);
   EXPECT_EQ(Request(control, "GET", "/attempt").code, 200) << "the state can still be read";
+}
+
+TEST(LauncherControl, ASuspendIsAnsweredOnceTheLoopTookItAndReportsEachRank) {
+  LauncherControl control(kToken, AttemptStatus{2, AttemptState::kRunning, {}, {}});
+  AttemptInstruction seen;
+  std::thread loop = Loop(control, &seen, AttemptStatus{2, AttemptState::kStopping, {}, {}});
+  const Answer suspend = Request(control, "POST", Target("/attempt/suspend", 2));
+  loop.join();
+  EXPECT_EQ(seen.kind, AttemptInstruction::kSuspend);
+  EXPECT_EQ(suspend.code, 200);
+  EXPECT_EQ(suspend.body, (nlohmann::json{{"attempt", 2}, {"state", "stopping"}}));
+  // Repeated while the ranks stop, or once they have, it changes nothing.
+  EXPECT_EQ(Request(control, "POST", Target("/attempt/suspend", 2)).body["state"], "stopping");
+  EXPECT_FALSE(control.Pending());
+  control.Set(AttemptStatus{2, AttemptState::kSuspended, {},
+                            {RankExit{0, api::worker::kExitStopped, "stopped after step 7"}, RankExit{1, 137, ""}}});
+  const nlohmann::json suspended = {
+      {"attempt", 2},
+      {"state", "suspended"},
+      {"ranks", {{{"rank", 0}, {"exitCode", 79}, {"reason", "stopped after step 7"}}, {{"rank", 1}, {"exitCode", 137}}}}};
+  EXPECT_EQ(Request(control, "GET", "/attempt").body, suspended);
+  EXPECT_EQ(Request(control, "POST", Target("/attempt/suspend", 3)).body, suspended);
+  EXPECT_FALSE(control.Pending());
+  EXPECT_EQ(Request(control, "POST", Target("/attempt/suspend", 3, "0123456789abcdeX")).code, 403);
+}
+
+// An HTTP/1.1 request to 127.0.0.1:`port`; the answer's body, or "" when none came.
+std::string Http(int port, const std::string& method, const std::string& target) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(uint16_t(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string answer;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0) {
+    const std::string request = method + " " + target + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    if (::write(fd, request.data(), request.size()) == ssize_t(request.size())) {
+      char buffer[4096];
+      for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0;) answer.append(buffer, size_t(n));
+    }
+  }
+  ::close(fd);
+  const size_t body = answer.find("\r\n\r\n");
+  return body == std::string::npos ? "" : answer.substr(body + 4);
+}
+
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+// The whole launcher, with ranks that are shell scripts: rank 0 takes the stop signal as a
+// rank does (it says where it stopped and exits kExitStopped), rank 1 ignores it. A suspend
+// reports rank 0's words and rank 1 killed past the grace, and the launcher then holds.
+TEST(NodeLauncher, ASuspendStopsTheRanksAndNamesTheOneThatDidNotAnswer) {
+  ::setenv(api::worker::env::kNodeRank, "0", 1);
+  ::setenv(api::worker::env::kNodes, "1", 1);
+  ::setenv(api::worker::env::kRanksPerNode, "2", 1);
+  NodeLaunch launch;
+  launch.command = {"/bin/sh", "-c",
+                    "if [ \"$RANK\" = 0 ]; then trap 'echo stopped after step 4 > \"$MESHTRAIN_FAILURE_FILE\"; exit 79' USR1; "
+                    "else trap '' USR1; fi; while :; do sleep 0.05; done"};
+  launch.grace = 700ms;
+  launch.hold = 1500ms;
+  launch.token = kToken;
+  launch.control_host = "127.0.0.1";
+  launch.control_port = FreePort();
+  std::ostringstream log;
+  int status = -1;
+  std::thread launcher([&] { status = LaunchNode(launch, log); });
+  // However the test ends, the launcher does: a SIGTERM to this process is its pod's end.
+  struct Ended {
+    std::thread& launcher;
+    ~Ended() {
+      if (!launcher.joinable()) return;
+      ::kill(::getpid(), SIGTERM);
+      launcher.join();
+    }
+  } ended{launcher};
+  std::string state;
+  for (int i = 0; i < 200 && state.find("running") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(20ms);
+    state = Http(launch.control_port, "GET", "/attempt");
+  }
+  ASSERT_EQ(state, "{\"attempt\":0,\"state\":\"running\"}\n");
+  std::this_thread::sleep_for(200ms);  // the shells set their traps
+  const auto asked = std::chrono::steady_clock::now();
+  const nlohmann::json answer = nlohmann::json::parse(Http(launch.control_port, "POST", Target("/attempt/suspend", 0)));
+  EXPECT_EQ(answer["state"], "stopping");
+  nlohmann::json suspended = nlohmann::json::object();
+  for (int i = 0; i < 200 && suspended.value("state", "") != "suspended"; ++i) {
+    std::this_thread::sleep_for(20ms);
+    suspended = nlohmann::json::parse(Http(launch.control_port, "GET", "/attempt"));
+  }
+  const auto took = std::chrono::steady_clock::now() - asked;
+  EXPECT_EQ(suspended, (nlohmann::json{{"attempt", 0},
+                                       {"state", "suspended"},
+                                       {"ranks",
+                                        {{{"rank", 0}, {"exitCode", 79}, {"reason", "stopped after step 4"}},
+                                         {{"rank", 1}, {"exitCode", 137}}}}}));
+  EXPECT_GE(took, 700ms) << "rank 1 is killed only after the grace";
+  launcher.join();
+  EXPECT_EQ(status, 128 + SIGTERM) << "no instruction within the hold: it exits as a stopped pod\n" << log.str();
+  EXPECT_NE(log.str().find("ranks that did not stop after a checkpoint: 1"), std::string::npos) << log.str();
 }
 
 }  // namespace

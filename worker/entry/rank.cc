@@ -1,5 +1,8 @@
 #include "worker/entry/rank.h"
 
+#include <signal.h>
+
+#include <atomic>
 #include <cstdlib>
 #include <optional>
 #include <stdexcept>
@@ -30,6 +33,52 @@ constexpr comm::milliseconds kRendezvousTimeout{300'000};
 
 // A problem no restart can fix: the environment, the spec or a file it names.
 using ConfigError = train::ConfigurationError;
+
+// kStopSignal (SIGUSR1) while the rank trains: kept for the Trainer's stop agreement (the
+// launcher sends it for the operator's suspend). A second one ends the rank as the
+// signal's default would.
+std::atomic<int> stop_signal{0};
+
+void AskToStop(int signal) {
+  if (stop_signal.exchange(signal) != 0) {
+    ::signal(signal, SIG_DFL);
+    ::raise(signal);
+  }
+}
+
+// While it lives, kStopSignal asks the rank to stop at the next step boundary instead of
+// ending it; before and after, it ends the rank as its default does (a rank waiting in its
+// rendezvous has nothing to save). SIGTERM and SIGINT end the rank at any time.
+class StopOnSignal {
+ public:
+  StopOnSignal() {
+    static_assert(api::worker::kStopSignal == SIGUSR1);
+    struct sigaction action{};
+    action.sa_handler = AskToStop;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(api::worker::kStopSignal, &action, &previous_);
+  }
+  ~StopOnSignal() { ::sigaction(api::worker::kStopSignal, &previous_, nullptr); }
+  StopOnSignal(const StopOnSignal&) = delete;
+  StopOnSignal& operator=(const StopOnSignal&) = delete;
+
+ private:
+  struct sigaction previous_{};
+};
+
+// What a rank that stopped says of it (its failure file, rank 0's output): "stopped after
+// step 12 (asked by ranks 0, 1); checkpoint of step 12 written under /ckpt".
+std::string StoppedLine(const train::RunEnd& end, const std::string& path) {
+  std::string line = "stopped after step " + std::to_string(end.step) + " (asked by rank" +
+                     (end.asked.size() > 1 ? "s " : " ");
+  for (size_t i = 0; i < end.asked.size(); ++i) line += (i ? ", " : "") + std::to_string(end.asked[i]);
+  line += ")";
+  if (end.wrote) line += "; checkpoint of step " + std::to_string(end.step) + " written under " + path;
+  else if (end.checkpointed) line += "; step " + std::to_string(end.step) + " already had a checkpoint under " + path;
+  else if (path.empty()) line += "; no checkpoint (spec.checkpoint.path is not set)";
+  else line += "; no checkpoint (no step trained)";
+  return line;
+}
 
 // The job at `path`, named `name` in messages.
 api::CheckedJob LoadJob(const std::string& path, const std::string& name) {
@@ -143,17 +192,31 @@ int Train(std::ostream& out) {
     }
   }
   watchdog.Progress(comm::Phase::kTraining, trainer->resumed_from().value_or(0));
-  trainer->Run([&](const train::StepReport& step) {
-    watchdog.Progress(comm::Phase::kTraining, step.step);
-    if (exported) {
-      exported->Step(step);
-      exported->Memory(trainer->accounting());
-      exported->Checkpoints(trainer->checkpoint_stats());
-    }
-    if (env.rank == 0) printed.Step(step);
-  });
+  train::RunEnd end;
+  {
+    const StopOnSignal stop_on_signal;
+    end = trainer->Run(
+        [&](const train::StepReport& step) {
+          watchdog.Progress(comm::Phase::kTraining, step.step);
+          if (exported) {
+            exported->Step(step);
+            exported->Memory(trainer->accounting());
+            exported->Checkpoints(trainer->checkpoint_stats());
+          }
+          if (env.rank == 0) printed.Step(step);
+        },
+        [] { return stop_signal.load() != 0; });
+  }
   watchdog.Progress(comm::Phase::kFinishing, job.spec.training.steps);
   if (exported) exported->Checkpoints(trainer->checkpoint_stats());  // the last one, written after its step
+  if (end.stopped) {
+    // Asked to stop: the gang stopped together after one step, with its checkpoint.
+    const std::string line = StoppedLine(end, job.spec.checkpoint.path);
+    if (env.rank == 0) out << "rank 0: " << line << std::endl;
+    api::WriteFailureReason(line);
+    world->Barrier()->Wait();  // rank 0 serves the Store: it leaves last
+    return api::worker::kExitStopped;
+  }
   if (env.rank == 0) printed.Finished(job.spec.checkpoint.path);
   if (sample_tokens > 0) {
     // Every rank samples: the forward gathers each unit from the shard group. The same

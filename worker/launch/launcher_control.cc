@@ -17,6 +17,14 @@ nlohmann::json StatusJson(const AttemptStatus& status) {
     json["rank"] = status.failure.rank;
     if (!status.failure.reason.empty()) json["reason"] = status.failure.reason;
   }
+  if (status.state == AttemptState::kSuspended) {
+    json["ranks"] = nlohmann::json::array();
+    for (const RankExit& exit : status.stops) {
+      nlohmann::json rank = {{"rank", exit.rank}, {"exitCode", exit.status}};
+      if (!exit.reason.empty()) rank["reason"] = exit.reason;
+      json["ranks"].push_back(std::move(rank));
+    }
+  }
   return json;
 }
 
@@ -55,6 +63,8 @@ const char* AttemptStateName(AttemptState state) {
     case AttemptState::kFailed: return "failed";
     case AttemptState::kReady: return "ready";
     case AttemptState::kSucceeded: return "succeeded";
+    case AttemptState::kStopping: return "stopping";
+    case AttemptState::kSuspended: return "suspended";
   }
   return "unknown";
 }
@@ -77,7 +87,11 @@ std::vector<metrics::HttpRoute> LauncherControl::Routes() {
   const auto get = [this](const HttpRequestHead&) { return Json(200, StatusJson(status())); };
   const auto stop = [this](const HttpRequestHead& request) { return Instruct(request, AttemptInstruction::kStop); };
   const auto start = [this](const HttpRequestHead& request) { return Instruct(request, AttemptInstruction::kStart); };
-  return {{"/attempt", {"GET"}, get}, {"/attempt/stop", {"POST"}, stop}, {"/attempt/start", {"POST"}, start}};
+  const auto suspend = [this](const HttpRequestHead& request) { return Instruct(request, AttemptInstruction::kSuspend); };
+  return {{"/attempt", {"GET"}, get},
+          {"/attempt/stop", {"POST"}, stop},
+          {"/attempt/start", {"POST"}, start},
+          {"/attempt/suspend", {"POST"}, suspend}};
 }
 
 HttpResponse LauncherControl::Instruct(const HttpRequestHead& request, AttemptInstruction::Kind kind) {
@@ -96,6 +110,9 @@ HttpResponse LauncherControl::Instruct(const HttpRequestHead& request, AttemptIn
   if (!closed_.empty()) return Error(503, closed_, StatusJson(status_));
   last_instruction_ = std::chrono::steady_clock::now();
   if (kind == AttemptInstruction::kStop && *attempt <= status_.attempt) return Json(200, StatusJson(status_));
+  if (kind == AttemptInstruction::kSuspend &&
+      (status_.state == AttemptState::kStopping || status_.state == AttemptState::kSuspended))
+    return Json(200, StatusJson(status_));
   if (kind == AttemptInstruction::kStart) {
     if (*attempt == status_.attempt && status_.state == AttemptState::kRunning) return Json(200, StatusJson(status_));
     if (*attempt != status_.attempt || status_.state != AttemptState::kReady) {

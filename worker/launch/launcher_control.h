@@ -12,14 +12,25 @@
 //   POST /attempt/start?attempt=N&token=T   N == A and "ready": start the ranks of attempt
 //                                           N, S = "running"; N == A and "running": no
 //                                           change; 200 with the state. Otherwise 409.
+//   POST /attempt/suspend?attempt=N&token=T any N (the operator's stored attempt, for the
+//                                           log): "running": kStopSignal (SIGUSR1) to the ranks, which
+//                                           checkpoint and stop together (kExitStopped),
+//                                           S = "stopping", answered at once; once every
+//                                           rank is reaped (those still running after the
+//                                           launcher's grace are killed), S = "suspended".
+//                                           Any other S: "suspended" at once, with no rank.
+//                                           "stopping" or "suspended": no change. 200.
 //
 // Every instruction that carries the token and a well-formed attempt, even one that
 // changes nothing, renews the launcher's hold: the operator repeats a stop to launchers
 // that wait while a pod that replaces a lost one is still being created.
 //
 // S is "running", "failed" (a rank of A failed, the others are stopped or stopping, and
-// the launcher holds for an instruction), "ready" (stopped for A, waiting for a start) or
-// "succeeded" (every rank of A exited 0). Every answer is JSON; an error's has "error"
+// the launcher holds for an instruction), "ready" (stopped for A, waiting for a start),
+// "succeeded" (every rank of A exited 0), "stopping" or "suspended" (a suspend: the ranks
+// are stopping, or have all ended; "ranks" then lists each rank that ran, in rank order,
+// with its "exitCode" and the "reason" it wrote: kExitStopped and where it stopped, or how
+// else it ended; 137 is a rank killed past the grace). Every answer is JSON; an error's has "error"
 // saying what is wrong. A missing or wrong token is 403, and a missing or malformed
 // attempt 400; either changes nothing. Once the launcher is exiting, instructions get 503.
 //
@@ -42,20 +53,21 @@
 
 namespace meshtrain::launch {
 
-enum class AttemptState { kRunning, kFailed, kReady, kSucceeded };
+enum class AttemptState { kRunning, kFailed, kReady, kSucceeded, kStopping, kSuspended };
 
-// "running", "failed", "ready", "succeeded": as the protocol spells them.
+// "running", "failed", "ready", "succeeded", "stopping", "suspended": as the protocol spells them.
 const char* AttemptStateName(AttemptState state);
 
 struct AttemptStatus {
   int attempt = 0;
   AttemptState state = AttemptState::kRunning;
   RankExit failure;  // kFailed: the first failed rank and its status
+  std::vector<RankExit> stops;  // kSuspended: how each rank that ran ended, in rank order
 };
 
 // What the operator asked the launcher's loop to do.
 struct AttemptInstruction {
-  enum Kind { kStop, kStart } kind = kStop;
+  enum Kind { kStop, kStart, kSuspend } kind = kStop;
   int attempt = 0;
 };
 

@@ -57,7 +57,7 @@ int LaunchControlled(const NodeLaunch& launch, const std::vector<RankProcess>& r
   const double hold_seconds = std::chrono::duration<double>(launch.hold).count();
   CatchStopSignals();
   LauncherControl control(launch.token, AttemptStatus{launch.attempt,
-                                                      launch.held ? AttemptState::kReady : AttemptState::kRunning, {}});
+                                                      launch.held ? AttemptState::kReady : AttemptState::kRunning, {}, {}});
   metrics::HttpEndpoint endpoint(launch.control_host, launch.control_port, control.Routes(),
                                  {.name = "the launcher's control endpoint"});
   // However the launcher ends, an instruction waiting for it is answered first, so that
@@ -86,9 +86,13 @@ int LaunchControlled(const NodeLaunch& launch, const std::vector<RankProcess>& r
   for (;; std::this_thread::sleep_for(std::chrono::milliseconds(5))) {
     const Clock::time_point now = Clock::now();
     for (const RankExit& exit : group ? group->Poll(log) : std::vector<RankExit>{}) {
+      if (status.state == AttemptState::kStopping) {  // a suspend: each rank's end is reported
+        status.stops.push_back(exit);
+        continue;
+      }
       // After the first failure, a stop or a forwarded signal, ranks end because they were told to.
       if (exit.status == 0 || status.state != AttemptState::kRunning || stopping_for || forwarded != 0) continue;
-      status = AttemptStatus{status.attempt, AttemptState::kFailed, exit};
+      status = AttemptStatus{status.attempt, AttemptState::kFailed, exit, {}};
       control.Set(status);
       failed_status = exit.status;
       group->Terminate(SIGTERM, launch.restart_grace);
@@ -122,6 +126,20 @@ int LaunchControlled(const NodeLaunch& launch, const std::vector<RankProcess>& r
       continue;
     }
 
+    if (status.state == AttemptState::kStopping && ranks_ended) {
+      std::sort(status.stops.begin(), status.stops.end(),
+                [](const RankExit& a, const RankExit& b) { return a.rank < b.rank; });
+      std::string late;
+      for (const RankExit& exit : status.stops)
+        if (exit.status != api::worker::kExitStopped && exit.status != 0) late += " " + std::to_string(exit.rank);
+      status.state = AttemptState::kSuspended;
+      control.Set(status);
+      hold_until = now + launch.hold;
+      log << "attempt " << status.attempt << ": suspended; "
+          << (late.empty() ? "every rank stopped" : "ranks that did not stop after a checkpoint:" + late)
+          << "; waiting for the pod's end (up to " << hold_seconds << " s)\n";
+    }
+
     if (status.state == AttemptState::kRunning && !stopping_for && ranks_ended) {
       status.state = AttemptState::kSucceeded;
       control.Set(status);
@@ -142,12 +160,26 @@ int LaunchControlled(const NodeLaunch& launch, const std::vector<RankProcess>& r
         if (ranks_ended) {
           group.reset();
           stopping_for.reset();
-          status = AttemptStatus{instruction->attempt, AttemptState::kReady, {}};
+          status = AttemptStatus{instruction->attempt, AttemptState::kReady, {}, {}};
           hold_until = now + launch.hold;
           control.Complete(status);
           log << "attempt " << status.attempt << ": ready; waiting for the operator's start (up to " << hold_seconds
               << " s)\n";
         }
+      } else if (instruction->kind == AttemptInstruction::kSuspend) {
+        // The ranks agree on a step to stop after, checkpoint it and exit; those still
+        // running after the grace are killed, and reported so.
+        if (status.state == AttemptState::kRunning && !stopping_for && !ranks_ended) {
+          log << "attempt " << status.attempt << ": suspending: asking " << these_ranks
+              << " to checkpoint and stop (up to " << std::chrono::duration<double>(launch.grace).count() << " s)\n";
+          group->Terminate(api::worker::kStopSignal, launch.grace);
+          status = AttemptStatus{status.attempt, AttemptState::kStopping, {}, {}};
+        } else {
+          log << "attempt " << status.attempt << ": suspended; no rank runs\n";
+          status = AttemptStatus{status.attempt, AttemptState::kSuspended, {}, {}};
+          hold_until = now + launch.hold;
+        }
+        control.Complete(status);
       } else {
         log << "attempt " << status.attempt << ": starting " << these_ranks << std::endl;
         group.emplace(WithAttempt(ranks, status.attempt), launch.command, true);

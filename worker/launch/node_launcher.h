@@ -10,6 +10,12 @@
 // next attempt in place; if no instruction comes within the hold, it exits as without a
 // token. Either way a rank's permanent-error code (78) ends the launcher at once with 78,
 // which reaches the operator unchanged, and every rank exiting 0 ends it with 0.
+//
+// A suspend from the operator (POST /attempt/suspend) sends the ranks kStopSignal
+// (SIGUSR1), on which they stop together after one step with a checkpoint of it
+// (kExitStopped); those still
+// running after `grace` are killed, and the launcher reports how each ended, then holds
+// until its pod is deleted.
 
 #pragma once
 
@@ -29,7 +35,8 @@ std::vector<RankProcess> RanksOfThisNode();
 
 struct NodeLaunch {
   std::vector<std::string> command;  // argv of every rank
-  // SIGTERM to SIGKILL; below the pod's 120 s termination grace so ranks can checkpoint.
+  // SIGTERM (the kubelet's) or a suspend's kStopSignal to SIGKILL; below the pod's 120 s
+  // termination grace, so that ranks can checkpoint (the operator waits 130 s at most).
   std::chrono::milliseconds grace{100'000};
   int attempt = 0;  // the first attempt's number
   // Ready at `attempt`, its ranks started by the operator's start (with a token only).

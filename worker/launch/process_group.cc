@@ -231,7 +231,8 @@ LaunchResult RunProcessGroup(const std::vector<RankProcess>& ranks, const Proces
       if (exit.status != 0 && result.status == 0 && forwarded == 0) {
         result.status = exit.status;
         const bool others_run = group.size() + (exits.size() - i - 1) > 0;
-        log << "rank " << exit.rank << " failed with status " << exit.status
+        log << "rank " << exit.rank << (exit.status == api::worker::kExitStopped ? " stopped" : " failed")
+            << " with status " << exit.status
             << (others_run && options.stop_others_on_failure ? "; stopping the other ranks" : "") << "\n";
       }
     }

@@ -250,6 +250,7 @@ void Trainer::Resume(const std::string& path, const std::string& only_run) {
       step_ = reader->position().step;
       train_->set_position(reader->position().data_position);
       resumed_from_ = step_;
+      checkpointed_step_ = step_;
       resumed_directory_ = directory;
       return;
     }
@@ -269,17 +270,23 @@ void Trainer::Resume(const std::string& path, const std::string& only_run) {
   if (restored_any) engine_->RestoreShards(InitialState(shape, uint64_t(job_.spec.training.seed)));
 }
 
-std::vector<int> Trainer::FailedRanks(bool failed) {
-  if (world_ == nullptr || world_->size() == 1) return failed ? std::vector<int>{0} : std::vector<int>{};
-  std::vector<double> flags(size_t(world_->size()), 0.0);
-  flags[size_t(world_->rank())] = failed ? 1.0 : 0.0;
-  world_->AllReduce(flags.data(), flags.data(), flags.size(), comm::DataType::kFloat64, comm::ReduceOp::kSum)->Wait();
+std::vector<int> RanksThatAsked(comm::Communicator* world, bool mine) {
+  if (world == nullptr || world->size() == 1) return mine ? std::vector<int>{world ? world->rank() : 0} : std::vector<int>{};
+  // One number first, as it is asked after every step: which ranks, only when any did.
+  double any = mine ? 1.0 : 0.0;
+  world->AllReduce(&any, &any, 1, comm::DataType::kFloat64, comm::ReduceOp::kSum)->Wait();
+  if (any == 0) return {};
+  std::vector<double> flags(size_t(world->size()), 0.0);
+  flags[size_t(world->rank())] = mine ? 1.0 : 0.0;
+  world->AllReduce(flags.data(), flags.data(), flags.size(), comm::DataType::kFloat64, comm::ReduceOp::kSum)->Wait();
   std::vector<int> ranks;
   for (size_t r = 0; r < flags.size(); ++r) {
     if (flags[r] > 0) ranks.push_back(int(r));
   }
   return ranks;
 }
+
+std::vector<int> Trainer::FailedRanks(bool failed) { return RanksThatAsked(world_, failed); }
 
 StepReport Trainer::Step() {
   const auto start = std::chrono::steady_clock::now();
@@ -370,10 +377,25 @@ double Trainer::Average(double value) {
   return mean;
 }
 
-void Trainer::Run(const std::function<void(const StepReport&)>& report) {
+RunEnd Trainer::Run(const std::function<void(const StepReport&)>& report,
+                    const std::function<bool()>& stop_requested) {
   const api::TrainingSpec& t = job_.spec.training;
   const bool trains = step_ < t.steps;
+  RunEnd end;
   while (step_ < t.steps) {
+    if (stop_requested) {
+      // Agreed after each step (and before the first): every rank stops after the same one.
+      end.asked = RanksThatAsked(world_, stop_requested());
+      if (!end.asked.empty()) {
+        end.stopped = true;
+        end.step = step_;
+        if (checkpoints_) {
+          end.wrote = CheckpointNow("the checkpoint before stopping, of step " + std::to_string(step_));
+          end.checkpointed = step_ > 0;
+        }
+        return end;
+      }
+    }
     StepReport r = Step();
     // A diverged model is worth no checkpoint: stop before one rotates a good one out.
     // Every rank has the same loss and norm (both global), so every rank stops here.
@@ -390,10 +412,12 @@ void Trainer::Run(const std::function<void(const StepReport&)>& report) {
     if (checkpoints_ && (last || r.step % job_.spec.checkpoint.interval == 0)) {
       r.checkpoint_stall =
           checkpoints_->Save({step_, train_->position()}, [this](parallel::ShardState* into) { engine_->Snapshot(into); });
+      checkpointed_step_ = step_;
     }
     report(r);
   }
-  if (!checkpoints_) return;
+  end.step = step_;
+  if (!checkpoints_) return end;
   checkpoints_->Wait();
   // The final checkpoint is what the run leaves behind: without it the run has failed.
   if (const std::vector<int> failed = FailedRanks(trains && checkpoints_->stats().last_step != t.steps);
@@ -403,6 +427,26 @@ void Trainer::Run(const std::function<void(const StepReport&)>& report) {
                           job_.spec.checkpoint.path + ", was not written: " +
                           (error.empty() ? "rank " + std::to_string(failed[0]) + " failed to write it" : error));
   }
+  return end;
+}
+
+bool Trainer::CheckpointNow(const std::string& what) {
+  if (step_ == 0) return false;  // nothing trained: the initial state needs no checkpoint
+  const bool write = checkpointed_step_ != step_;
+  if (write) {
+    checkpoints_->Save({step_, train_->position()}, [this](parallel::ShardState* into) { engine_->Snapshot(into); });
+    checkpointed_step_ = step_;
+  }
+  checkpoints_->Wait();
+  // A step this run saved (now, or at its interval a moment ago) must have been written;
+  // the step it resumed from was read whole.
+  if (resumed_from_ == step_) return false;
+  if (const std::vector<int> failed = FailedRanks(checkpoints_->stats().last_step != step_); !failed.empty()) {
+    const std::string error = checkpoints_->stats().last_error;
+    throw CheckpointError(what + " under " + job_.spec.checkpoint.path + ", was not written: " +
+                          (error.empty() ? "rank " + std::to_string(failed[0]) + " failed to write it" : error));
+  }
+  return write;
 }
 
 double Trainer::Evaluate() {

@@ -93,6 +93,24 @@ class TrainingDiverged : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// How Trainer::Run ended: at spec.training.steps, or stopped early because a rank was
+// told to stop.
+struct RunEnd {
+  // The ranks agreed to stop after `step`, before spec.training.steps: `asked` (world
+  // ranks) were told to (Run's `stop_requested`).
+  bool stopped = false;
+  int64_t step = 0;  // the last step trained
+  std::vector<int> asked;
+  // Stopped with spec.checkpoint.path set and `step` > 0: a checkpoint of `step` exists,
+  // written on the way out or already there (`wrote` says which).
+  bool checkpointed = false, wrote = false;
+};
+
+// Whether any rank of `world` (null: this one alone) passed `mine` true: the world ranks
+// that did, in order; empty when none did. Collective: every rank calls it at the same
+// point, over the host communicator.
+std::vector<int> RanksThatAsked(comm::Communicator* world, bool mine);
+
 class Trainer {
  public:
   // REQUIRES: `job` is defaulted and valid; `world`, if given, is the job's world and
@@ -126,7 +144,14 @@ class Trainer {
   // TrainingDiverged at a step whose loss or gradient norm is not finite (without a
   // checkpoint of it), and CheckpointError when the last checkpoint could not be written
   // (earlier ones that fail are logged, and training goes on). Collective.
-  void Run(const std::function<void(const StepReport&)>& report);
+  //
+  // With `stop_requested` (every rank passes one, or none does), after each step the
+  // ranks agree (RanksThatAsked) whether any of them was told to stop; if so every rank
+  // stops after that same step, writes a checkpoint of it when spec.checkpoint.path is set
+  // and the step has none yet, waits until it is written, and returns stopped. Throws
+  // CheckpointError when that checkpoint could not be written.
+  RunEnd Run(const std::function<void(const StepReport&)>& report,
+             const std::function<bool()>& stop_requested = {});
 
   // The step the Trainer resumed from (a checkpoint found; see the constructor),
   // and why newer checkpoints were skipped.
@@ -172,6 +197,10 @@ class Trainer {
   void Resume(const std::string& path, const std::string& only_run);
   // The world ranks for which `failed` is true on that rank; collective.
   std::vector<int> FailedRanks(bool failed);
+  // A stop's checkpoint: writes one of step_ unless it has one (or step_ is 0), and waits
+  // until it is written; true when this call wrote it. Collective. Throws CheckpointError
+  // naming `what` when it was not written.
+  bool CheckpointNow(const std::string& what);
 
   api::TrainingJob job_;
   api::ParallelLayout layout_;
@@ -196,6 +225,7 @@ class Trainer {
   std::vector<model::Documents> documents_;  // each micro-batch's, with marks_
   int64_t step_ = 0;
   std::unique_ptr<CheckpointWriter> checkpoints_;  // null: none written
+  int64_t checkpointed_step_ = -1;  // the newest step with a checkpoint (resumed or written); -1: none
   std::optional<int64_t> resumed_from_;
   std::string resumed_directory_;
   std::vector<std::string> checkpoint_warnings_;

@@ -284,6 +284,12 @@ pid_t KubeletSimulator::Launch(const json& pod) {
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
     ::setpgid(0, 0);
+    // A container starts with no signal blocked: the server's threads block SIGTERM and
+    // SIGINT for its sigwait, and a pod must not inherit that (its launcher and ranks take
+    // signals).
+    sigset_t none;
+    sigemptyset(&none);
+    ::pthread_sigmask(SIG_SETMASK, &none, nullptr);
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (fd >= 0) {
       ::dup2(fd, 1);

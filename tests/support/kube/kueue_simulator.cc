@@ -99,21 +99,49 @@ bool KueueSimulator::Evict(const std::string& ns, const std::string& job) {
   std::lock_guard lock(mu_);
   const auto it = jobs_.find(ns + "/" + job);
   if (it == jobs_.end()) return false;
-  const auto held = held_.find(it->second);
+  return EvictHeld(it->second, "Preempted by the Kueue simulator (a test)");
+}
+
+bool KueueSimulator::EvictHeld(const std::string& key, const std::string& message) {
+  const auto held = held_.find(key);
   if (held == held_.end()) return false;
-  const auto [wns, name] = Split(it->second);
+  const auto [ns, name] = Split(key);
   held->second.evicted = true;
-  spdlog::info("kueue simulator: evicting Workload {}", it->second);
-  return server_.Mutate(kWorkloads, wns, name, [](json& w) {
-    SetCondition(&w, "Evicted", "True", "Preempted", "Preempted by the Kueue simulator (a test)");
+  spdlog::info("kueue simulator: evicting Workload {}: {}", key, message);
+  return server_.Mutate(kWorkloads, ns, name,
+                        [&](json& w) { SetCondition(&w, "Evicted", "True", "Preempted", message); });
+}
+
+void KueueSimulator::Preempt(const std::string& key, int pods, int free) {
+  const int priority = priorities_[key];
+  std::vector<std::pair<std::string, const Held*>> lower;
+  int freeing = 0;  // what evicted Workloads will give back
+  for (const auto& [k, h] : held_) {
+    if (h.evicted) freeing += h.pods;
+    else if (h.priority < priority) lower.push_back({k, &h});
+  }
+  // The lowest priority first, then the newest admitted, as Kueue's preemption orders them.
+  std::sort(lower.begin(), lower.end(), [](const auto& a, const auto& b) {
+    return a.second->priority != b.second->priority ? a.second->priority < b.second->priority
+                                                    : a.second->admitted > b.second->admitted;
   });
+  std::vector<std::string> victims;
+  for (const auto& [k, h] : lower) {
+    if (free + freeing >= pods) break;
+    victims.push_back(k);
+    freeing += h->pods;
+  }
+  if (free + freeing < pods) return;  // evicting them all would not make room
+  for (const std::string& victim : victims)
+    EvictHeld(victim, "Preempted to accommodate a workload (" + key + ", priority " + std::to_string(priority) +
+                          ") due to prioritization in the ClusterQueue");
 }
 
 json KueueSimulator::State() const {
   std::lock_guard lock(mu_);
   json admitted = json::object();
   for (const auto& [key, held] : held_)
-    admitted[key] = {{"pods", held.pods}, {"nodes", held.nodes}, {"evicted", held.evicted}};
+    admitted[key] = {{"pods", held.pods}, {"nodes", held.nodes}, {"evicted", held.evicted}, {"priority", held.priority}};
   return {{"quotaNodes", options_.quota_nodes}, {"waiting", json(std::vector<std::string>(waiting_.begin(), waiting_.end()))},
           {"admitted", admitted}};
 }
@@ -136,9 +164,12 @@ void KueueSimulator::Observe(const StoredEvent& event) {
   const auto unqueue = [&] { waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), key), waiting_.end()); };
   if (event.type == "DELETED") {
     held_.erase(key);
+    priorities_.erase(key);
     unqueue();
     return;
   }
+  const json& priority = event.object.value("spec", json::object()).value("priority", json());
+  priorities_[key] = priority.is_number_integer() ? priority.get<int>() : 0;
   const std::string job =
       event.object["metadata"].value("labels", json::object()).value("meshtrain.dev/job-name", "");
   if (!job.empty()) jobs_[event.object["metadata"].value("namespace", "") + "/" + job] = key;
@@ -162,10 +193,14 @@ void KueueSimulator::Observe(const StoredEvent& event) {
 }
 
 void KueueSimulator::AdmitWaiting() {
+  // The highest priority first, in queue order among equals (a stable sort).
+  std::stable_sort(waiting_.begin(), waiting_.end(),
+                   [this](const std::string& a, const std::string& b) { return priorities_[a] > priorities_[b]; });
   while (!waiting_.empty() && Admit(waiting_.front())) waiting_.pop_front();
 }
 
-// StrictFIFO: the first Workload waits until it fits, and those behind it with it.
+// StrictFIFO: the first Workload waits until it fits (preempting lower priorities where
+// that makes room), and those behind it with it.
 bool KueueSimulator::Admit(const std::string& key) {
   const auto [ns, name] = Split(key);
   const auto workload = server_.Get(kWorkloads, ns, name);
@@ -183,7 +218,10 @@ bool KueueSimulator::Admit(const std::string& key) {
     used += h.pods;
     taken.insert(h.nodes.begin(), h.nodes.end());
   }
-  if (used + pods > options_.quota_nodes) return false;
+  if (used + pods > options_.quota_nodes) {
+    Preempt(key, pods, options_.quota_nodes - used);
+    return false;
+  }
   std::vector<std::string> nodes;
   if (topology) {
     for (const std::string& n : options_.nodes)
@@ -219,7 +257,7 @@ bool KueueSimulator::Admit(const std::string& key) {
     SetCondition(&w, "QuotaReserved", "True", "QuotaReserved", "Quota reserved in ClusterQueue " + queue);
     SetCondition(&w, "Admitted", "True", "Admitted", "The workload is admitted");
   });
-  held_[key] = {pods, nodes, false};
+  held_[key] = {pods, nodes, false, priorities_[key], ++admissions_};
   spdlog::info("kueue simulator: admitted Workload {} ({} pods{})", key, pods,
                topology ? ", TAS on " + std::to_string(nodes.size()) + " nodes" : "");
   return true;
