@@ -12,7 +12,8 @@
 // Qwen3-MoE's decoder_sparse_step and mlp_only_layers are read and kept, but only their
 // every-block-sparse values (1 and none, those of every published Qwen3-MoE) are built:
 // a block of another kind would be a unit of other tensors (api/model_family.h). Tensor
-// parallelism is not built for these families (api/validation.cc refuses it by field).
+// parallelism splits each expert as the dense MLP is split (its gate's and up's rows, its
+// down's columns) and keeps the router whole (worker/model/moe_block.h).
 // output_router_logits true turns the load-balancing loss on with router_aux_loss_coef
 // (HuggingFaceConfig; spec.training.routerAuxLossCoef overrides it).
 
@@ -268,13 +269,14 @@ class MoeFamily final : public LlamaFamily {
   // The Llama class's attention, then the sparse layer's: the router's logits (N,E), its
   // probabilities (N,E), the chosen experts and their weights (N,k), the dispatch plan
   // (each copy's row, and each expert's count), the copies grouped by expert (N*k,C), their
-  // gate and up (N*k,2I), SwiGLU's output (N*k,I) and the experts' outputs (N*k,C).
+  // gate and up (N*k,2I), SwiGLU's output (N*k,I) and the experts' outputs (N*k,C); of I,
+  // a TP rank's I / T units.
   std::vector<Buffer> BlockActivationBuffers(int batch, int seq, const ModelShape& s, int tp_size,
                                              const EngineTypes& t) const override {
     std::vector<Buffer> b = LlamaFamily::BlockActivationBuffers(batch, seq, s, tp_size, t);
     std::erase_if(b, [](const Buffer& x) { return x.name == "gate_up" || x.name == "swiglu" || x.name == "output"; });
     const int64_t N = int64_t(batch) * seq, C = s.hidden, E = s.experts, K = s.experts_per_token,
-                  I = s.moe_intermediate;
+                  I = s.moe_intermediate / tp_size;  // this TP rank's units of each expert
     const int A = t.act_bytes, G = t.acc_bytes;
     const int64_t R = t.experts * N * K;  // the rows this rank's experts may get
     b.insert(b.end(), {
@@ -304,12 +306,13 @@ class MoeFamily final : public LlamaFamily {
   std::vector<Buffer> BlockScratchBuffers(int batch, int seq, const ModelShape& s, int tp_size, const EngineTypes& t,
                                           bool dropout) const override {
     const int64_t N = int64_t(batch) * seq, C = s.hidden, E = s.experts, K = s.experts_per_token,
-                  I = s.moe_intermediate;
+                  I = s.moe_intermediate / tp_size;
     const int A = t.act_bytes, G = t.acc_bytes;
     const int64_t R = t.experts * N * K;  // as BlockActivationBuffers
     std::vector<Buffer> moe = {{"dswiglu", R * I, A},  {"dgate_up", R * 2 * I, A},    {"dys", N * K * C, A},
                                {"dxs", N * K * C, A}, {"dexpert_weights", N * K, G}, {"drouter_logits", N * E, A}};
     if (t.experts > 1) moe.insert(moe.end(), {{"dys_experts", R * C, A}, {"dxs_experts", R * C, A}});
+    if (tp_size > 1) moe.push_back({"all_dexpert_weights", tp_size * N * K, G});  // every TP rank's dexpert_weights
     std::vector<Buffer> b = ScratchAround(batch, seq, s, tp_size, t, dropout, moe);
     if (m_.qwen) {
       b.push_back({"dhead_norms", 2 * s.HeadDim(), G});

@@ -300,16 +300,29 @@ TEST(MoeFamilies, ExpertFieldsAreCheckedByField) {
   // A dense family takes no expert field.
   EXPECT_EQ(paths(check({{"preset", "llama-tiny"}, {"experts", 4}, {"expertsPerToken", 2}})),
             (std::set<std::string>{"spec.model.experts", "spec.model.expertsPerToken"}));
-  // Tensor parallelism is not built for the experts' layers yet: named by field.
+  // Tensor parallelism splits each expert's width: TP 2 on moe-tiny; a TP degree that does not divide the experts' width is named by
+  // field (Mixtral's width is intermediateSize, Qwen3-MoE's moeIntermediateSize).
   const CheckedJob tp = check({{"preset", "moe-tiny"}}, {{"tensorParallelDegree", 2}});
-  EXPECT_EQ(paths(tp), std::set<std::string>{"spec.parallelism.tensorParallelDegree"});
-  EXPECT_NE(message(tp).find("must be 1 for a mixture of experts"), std::string::npos) << message(tp);
-  // A load-balancing loss takes every block's routing at once: not across pipeline stages.
+  EXPECT_TRUE(paths(tp).empty()) << message(tp);
+  const CheckedJob odd = check({{"preset", "moe-tiny"}, {"intermediateSize", 45}}, {{"tensorParallelDegree", 2}});
+  EXPECT_EQ(paths(odd), std::set<std::string>{"spec.parallelism.tensorParallelDegree"});
+  EXPECT_NE(message(odd).find("must divide the MLP width (spec.model.intermediateSize = 45)"), std::string::npos)
+      << message(odd);
+  const CheckedJob narrow = check({{"preset", "qwen3-moe-tiny"}, {"moeIntermediateSize", 45}},
+                                  {{"tensorParallelDegree", 2}});
+  EXPECT_EQ(paths(narrow), std::set<std::string>{"spec.parallelism.tensorParallelDegree"});
+  EXPECT_NE(message(narrow).find("must divide the experts' width (spec.model.moeIntermediateSize = 45)"),
+            std::string::npos)
+      << message(narrow);
+  // A load-balancing loss takes every block's routing at once, summed over pipeline
+  // stages; a dense model has none.
   const CheckedJob staged = check({{"preset", "moe-tiny"}}, {{"pipelineParallelDegree", 2}});
   EXPECT_TRUE(paths(staged).empty()) << message(staged);
   Json aux = {{"routerAuxLossCoef", 0.01}};
   EXPECT_TRUE(paths(check({{"preset", "moe-tiny"}}, Json::object(), aux)).empty());
-  EXPECT_EQ(paths(check({{"preset", "moe-tiny"}}, {{"pipelineParallelDegree", 2}}, aux)),
+  const CheckedJob staged_aux = check({{"preset", "moe-tiny"}}, {{"pipelineParallelDegree", 2}}, aux);
+  EXPECT_TRUE(paths(staged_aux).empty()) << message(staged_aux);
+  EXPECT_EQ(paths(check({{"preset", "llama-tiny"}}, {{"pipelineParallelDegree", 2}}, aux)),
             std::set<std::string>{"spec.training.routerAuxLossCoef"});
   // Expert parallelism must divide the experts (4), under either spelling.
   const CheckedJob ep = check({{"preset", "moe-tiny"}}, {{"expertParallelDegree", 3}});

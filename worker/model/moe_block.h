@@ -4,11 +4,25 @@
 // expert, the experts' gate and up as one grouped product, SwiGLU, their downs as another,
 // and the weighted sum of each token's k outputs. Dropless: every token reaches its k
 // experts. The grouped products need each expert's count on the host: it is downloaded
-// (a wait on the stream) in the forward and again in the backward. One TP rank only
-// (api/validation.cc refuses TP for these families). Under expert parallelism a rank holds
-// E / EP experts (parameters.h): the copies go to their experts' ranks by one all-to-all
-// of rows and come back by another, and the gradients the same way; each rank's experts
-// work on the rows of each member in turn. Internal to model/.
+// (a wait on the stream) in the forward and again in the backward.
+//
+// Under tensor parallelism each expert is split as the dense MLP is (parameters.h): TP
+// rank t holds units [t I/T, (t+1) I/T) of every expert's gate and up (rows) and the same
+// columns of its down, so the experts' products are not repeated on the TP ranks. The
+// router is whole on every TP rank: each routes all N tokens (its input is the same on
+// every rank) and dispatches them to its slice of their experts. The output is then this
+// rank's part of the sum, which the block all-reduces over the TP group, as after a dense
+// row-parallel product; the backward adds the routing weights' gradients (each rank's
+// from its own part of the experts' outputs) over the group, so that every rank's router
+// gradient is the whole one, and only TP rank 0 adds the router's part of x's gradient,
+// which the block's all-reduce then counts once. The routing, its statistics and the
+// expert counts are each rank's alike.
+//
+// Under expert parallelism a rank holds E / EP experts (parameters.h): the copies go to
+// their experts' ranks by one all-to-all of rows and come back by another, and the
+// gradients the same way; each rank's experts work on the rows of each member in turn.
+// The expert group is of the same TP rank, so the rows meet the same slice of their
+// experts. Internal to model/.
 // Thread-safety: immutable; the work it enqueues follows the stream's rules.
 
 #pragma once
@@ -35,7 +49,8 @@ class MoeBlock {
     router_ = layout.OffsetInUnit(api::Param::kRouter);
     gate_up_ = layout.OffsetInUnit(api::Param::kExpertGate);  // expert 0's gate: the (E,2I,C) stack
     down_ = layout.OffsetInUnit(api::Param::kExpertDown);     // expert 0's down: the (E,C,I) stack
-    E_ = int(s.experts), K_ = int(s.experts_per_token), I_ = int(s.moe_intermediate);
+    // This TP rank's units of each expert (the layout refuses a TP degree that does not divide them).
+    E_ = int(s.experts), K_ = int(s.experts_per_token), I_ = int(s.moe_intermediate / layout.tp_size());
     local_ = E_ / layout.ep_size();
     renormalize_ = s.norm_topk_prob;
   }
@@ -43,12 +58,15 @@ class MoeBlock {
   bool enabled = false;
 
   // out (N,C) = the layer applied to x (N,C), plus residual (N,C; nullable; may be out);
+  // with a TP group of more than one rank, this rank's part of it, which the caller sums
+  // over the group, and residual must be null;
   // acts: the block's activations (api::BlockActivationBuffers). Each expert's tokens are
   // added to k.expert_counts[layer] where there is such a sink. With an expert group
   // (k.ep), each token's copies go to the members holding their experts and come back.
   void Forward(const Context<P>& k, const Carving& acts, Ptr<A> out, Ptr<const A> x, Ptr<const A> residual,
                Ptr<const A> p, int64_t N, int C, int layer) const {
     kernels::Ops<P>& ops = k.ops;
+    if (Split(k) && residual != nullptr) throw std::logic_error("MoeBlock: a TP rank's part of the output takes no residual");
     const Parts a = PartsOf(acts, k.ep != nullptr);
     ops.MatmulForward(a.logits, nullptr, x, p + router_, nullptr, nullptr, N, C, E_, k.stream);
     ops.RouterTopKForward(a.probs, a.experts, a.weights, a.logits, N, E_, K_, renormalize_, k.stream);
@@ -77,7 +95,10 @@ class MoeBlock {
   }
 
   // dx (N,C) = the gradient of x for dout (N,C), the gradient of Forward's out (its
-  // residual's is dout itself); dp += the router's and the experts' gradients.
+  // residual's is dout itself); dp += the router's and the experts' gradients. With a TP
+  // group of more than one rank, dout is the whole output's gradient (the same on every
+  // rank), dx this rank's part, which the caller sums over the group, and dp's router
+  // gradient the whole router's on every rank.
   void Backward(const Context<P>& k, Ptr<G> dp, const Carving& acts, const Carving& scratch, Ptr<A> dx,
                 Ptr<const A> dout, Ptr<const A> x, Ptr<const A> p, int64_t N, int C) const {
     kernels::Ops<P>& ops = k.ops;
@@ -90,6 +111,12 @@ class MoeBlock {
     const Ptr<G> dweights = scratch.Get<G>("dexpert_weights");
     const Routes r = RoutesOf(k, a);
     ops.MoeCombineBackward(dys, dweights, dout, a.ys, a.weights, a.positions, N, K_, C, k.stream);
+    if (Split(k)) {  // each rank's dweights are from its part of ys: added over the group, in rank order
+      const Ptr<G> all = scratch.Get<G>("all_dexpert_weights");  // (T,N,k)
+      k.tp->AllGather(dweights, all, N * K_, k.stream);
+      k.backend->Zero(dweights, N * K_, k.stream);
+      for (int t = 0; t < k.tp->size(); ++t) ops.Accumulate(dweights, all + t * N * K_, N * K_, 1.0f, k.stream);
+    }
     if (split) k.ep->AllToAll(dys, r.send_rows, dys_experts, r.recv_rows, C, k.stream);
     r.ForEachSource([&](const int32_t* counts, int64_t row) {
       ops.GroupedMatmulBackward(dswiglu + row * I_, dp + down_, dys_experts + row * C, a.swiglu + row * I_,
@@ -104,12 +131,16 @@ class MoeBlock {
     ops.RouterTopKBackward(dlogits, dweights, k.router_dprobs, a.probs, a.experts, N, E_, K_, renormalize_,
                            k.stream);
     ops.MatmulBackward(dx, dp + router_, nullptr, dlogits, x, p + router_, nullptr, N, C, E_, k.stream);
+    // Every TP rank has the whole router's part of dx: the caller's sum takes rank 0's.
+    if (Split(k) && k.tp->rank() != 0) k.backend->Zero(dx, N * C, k.stream);
     ops.MoePermuteBackward(dx, dxs, a.positions, N, K_, C, k.stream);
   }
 
  private:
   struct Parts;
   struct Routes;
+  // Whether the experts are split over a TP group of more than one rank.
+  static bool Split(const Context<P>& k) { return k.tp != nullptr && k.tp->size() > 1; }
   // k.router_stats += this block's routing: its copies per expert, and the sum of each
   // expert's probability over the N tokens (downloaded: a wait on the stream).
   void AddRouterStats(const Context<P>& k, const Parts& a, const Routes& r, int64_t N) const {
@@ -190,7 +221,8 @@ class MoeBlock {
   }
 
   int64_t router_ = 0, gate_up_ = 0, down_ = 0;
-  int E_ = 0, K_ = 0, I_ = 0;
+  int E_ = 0, K_ = 0;
+  int I_ = 0;  // each expert's units on this TP rank: I / T
   int local_ = 0;  // the experts this rank holds: E / the expert group's size
   bool renormalize_ = true;
 };
