@@ -1,9 +1,11 @@
 // `meshtrain bench plan --memory | --measure | --at-scale`: the layout planner against
-// what the engine does. --memory trains layouts on this machine and holds the memory
-// model's per-rank peak against the accounting's; --measure runs every layout the
-// planner finds feasible (on a network testbed), and ranks the model's step times
-// against the measured ones; --at-scale prints the planner's choice for GPT-2 1.5B and Llama
-// 3.1 8B and 70B on 16 to 128 p5 nodes against hand-picked SMP-style layouts.
+// what the engine does. --memory trains layouts on this machine (for a mixture of experts,
+// with its experts split over EP ranks too) and holds the memory model's per-rank peak
+// against the accounting's; --measure runs every layout the planner finds feasible (on a
+// network testbed), EP > 1 included, and ranks the model's step times against the
+// measured ones, holding its per-rank peaks against theirs; --at-scale prints the
+// planner's choice for GPT-2 1.5B and Llama 3.1 8B and 70B on 16 to 128 p5 nodes against
+// hand-picked SMP-style layouts.
 
 #include <omp.h>
 
@@ -54,6 +56,7 @@ RanksConfig ConfigOf(const LayoutChoice& c, int64_t global_tokens) {
                      c.micro_batch, global_tokens, {}};
   config.pipeline = c.pipeline;
   config.context = c.context;  // the planner's mode is the bench's, Ring
+  config.expert = c.expert;
   return config;
 }
 
@@ -95,7 +98,14 @@ double Spearman(const std::vector<double>& a, const std::vector<double>& b) {
   return cov / std::sqrt(va * vb);
 }
 
-// --memory: layouts of T, S, micro-batch and activations on one node of this machine.
+// `c` with its blocks' experts split over `expert` ranks.
+LayoutChoice WithExperts(LayoutChoice c, int expert) {
+  c.expert = expert;
+  return c;
+}
+
+// --memory: layouts of T, S, micro-batch and activations on one node of this machine; for
+// a mixture of experts, also of EP (every EP that divides its experts and S).
 int MemoryCheck(const BenchPlanOptions& o, const std::vector<std::string>& self_argv, std::ostream& out) {
   const std::optional<api::ModelShape> shape = ShapeOf(o, out);
   if (!shape) return kExitUnreadable;
@@ -119,14 +129,28 @@ int MemoryCheck(const BenchPlanOptions& o, const std::vector<std::string>& self_
   // activation policies keep the check within minutes.
   if (cuda) layouts = {{1, 1, 4, keep}, {1, 4, 4, keep}, {2, 2, 4, keep}, {4, 1, 4, offload1},
                        {1, 4, 4, checkpoint}, {2, 2, 4, offload2}};
-  // A TP degree the model cannot take (one that does not divide its key/value heads).
+  // A TP degree the model cannot take (one that does not divide its key/value heads, or
+  // any but 1 for a mixture of experts).
   std::erase_if(layouts, [&](const LayoutChoice& c) { return !api::TensorParallelDivides(*shape, c.tp); });
+  // A mixture of experts: its experts split over EP ranks of the shard group, each policy
+  // and S = 2 and 4 at least once, where the experts allow (EP divides them).
+  if (shape->experts > 0) {
+    std::vector<LayoutChoice> split = {
+        WithExperts({1, 2, 4, keep}, 2),       WithExperts({1, 4, 4, keep}, 2),
+        WithExperts({1, 4, 4, keep}, 4),       WithExperts({1, 4, 4, checkpoint}, 4),
+        WithExperts({1, 4, 4, offload1}, 2),   WithExperts({1, 2, 2, checkpoint}, 2),
+        WithExperts({1, 4, 8, offload2}, 4),
+    };
+    if (cuda) split = {WithExperts({1, 4, 4, keep}, 2), WithExperts({1, 4, 4, offload1}, 4)};
+    std::erase_if(split, [&](const LayoutChoice& c) { return shape->experts % c.expert != 0; });
+    layouts.insert(layouts.end(), split.begin(), split.end());
+  }
   const RemovedOnExit data(WriteRandomTokens(global * (t.steps + t.warmup + 1), *shape));
   out << "memory model against the engine's accounting: " << o.model << " at seq " << o.seq << ", " << t.ranks
       << (cuda ? " bf16 ranks sharing GPU 0" : " fp32 ranks on one node") << ", global batch " << global
       << " tokens; per-rank peak, the largest rank's\n";
   char line[256];
-  std::snprintf(line, sizeof line, "  %-46s %12s %12s %8s\n", "layout", "predicted", "measured", "error");
+  std::snprintf(line, sizeof line, "  %-52s %12s %12s %8s\n", "layout", "predicted", "measured", "error");
   out << line;
   int within = 0, failed = 0;
   double worst = 0;
@@ -143,7 +167,7 @@ int MemoryCheck(const BenchPlanOptions& o, const std::vector<std::string>& self_
     const double error = double(predicted - r->peak_total) / double(r->peak_total);
     worst = std::max(worst, std::abs(error));
     within += std::abs(error) <= 0.10;
-    std::snprintf(line, sizeof line, "  %-46s %9.2f MiB %9.2f MiB %+7.1f%%\n", scheduler::Describe(c).c_str(),
+    std::snprintf(line, sizeof line, "  %-52s %9.2f MiB %9.2f MiB %+7.1f%%\n", scheduler::Describe(c).c_str(),
                   double(predicted) / (1 << 20), double(r->peak_total) / (1 << 20), 100 * error);
     out << line;
   }
@@ -250,18 +274,17 @@ int MeasureLayouts(const BenchPlanOptions& o, const std::vector<std::string>& se
   // The plain default: full sharding over all ranks in the spec's order, micro-batch 8 or less.
   const LayoutChoice plain{1, t.ranks, int(std::min<int64_t>(8, r.global_batch_tokens / o.seq / t.ranks)), {}};
   PrintPlan(r, plan, o.top, plain, out);
-  // Every feasible layout (or the --measure-top fastest modelled of each P), measured;
-  // then the default.
+  // Every feasible layout (or the --measure-top fastest modelled of each P and EP),
+  // measured; then the default.
   std::vector<Candidate> runs;
-  std::map<int, int> taken_by_stages;
+  std::map<std::pair<int, int>, int> taken_by_stages_and_experts;
   for (const Candidate& c : plan.feasible) {
-    // The bench's ranks (cli/bench_ranks.h) take no expert degree yet: EP > 1 is modelled only.
-    if (c.choice.expert > 1) continue;
-    if (o.measure_top == 0 || taken_by_stages[c.choice.pipeline.stages]++ < o.measure_top) runs.push_back(c);
+    const std::pair<int, int> key{c.choice.pipeline.stages, c.choice.expert};
+    if (o.measure_top == 0 || taken_by_stages_and_experts[key]++ < o.measure_top) runs.push_back(c);
   }
   const RemovedOnExit data(WriteRandomTokens(r.global_batch_tokens * (t.steps + t.warmup + 1), *shape));
   std::vector<double> predicted, measured;
-  std::vector<std::string> rows;
+  std::vector<int64_t> peaks;  // each layout's measured per-rank peak (the largest rank's)
   for (const Candidate& c : runs) {
     const std::optional<RanksResult> m = RunBenchRanks(t, self_argv, data.string(), ConfigOf(c.choice, r.global_batch_tokens), out);
     if (!m) {
@@ -270,6 +293,7 @@ int MeasureLayouts(const BenchPlanOptions& o, const std::vector<std::string>& se
     }
     predicted.push_back(c.step.tokens_per_second);
     measured.push_back(m->tokens_per_second);
+    peaks.push_back(m->peak_total);
     std::snprintf(line, sizeof line, "  measured %zu of %zu: %s: %.0f tokens/s (modelled %.0f)\n", measured.size(),
                   runs.size(), scheduler::Describe(c.choice).c_str(), m->tokens_per_second, c.step.tokens_per_second);
     out << line << std::flush;
@@ -278,19 +302,44 @@ int MeasureLayouts(const BenchPlanOptions& o, const std::vector<std::string>& se
   const std::optional<RanksResult> def_measured =
       RunBenchRanks(t, self_argv, data.string(), ConfigOf(def.choice, r.global_batch_tokens), out);
   out << (o.measure_top == 0 ? "every feasible layout" : "the measured layouts")
-      << ", modelled and measured (tokens/s), fastest modelled first:\n";
-  std::snprintf(line, sizeof line, "  %-46s %10s %12s %12s %9s\n", "layout", "memory", "modelled", "measured", "m/model");
+      << ", modelled and measured (tokens/s; per-rank peak, the largest rank's), fastest modelled first:\n";
+  std::snprintf(line, sizeof line, "  %-52s %10s %12s %12s %9s %12s %8s\n", "layout", "memory", "modelled", "measured",
+                "m/model", "peak", "error");
   out << line;
   size_t best_measured = 0;
+  double worst_memory = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
     if (measured[i] > measured[best_measured]) best_measured = i;
-    std::snprintf(line, sizeof line, "  %-46s %6.1f MiB %12.0f %12.0f %9.2f\n", scheduler::Describe(runs[i].choice).c_str(),
-                  double(runs[i].needed) / (1 << 20), predicted[i], measured[i], measured[i] / predicted[i]);
+    const double error = double(runs[i].needed - peaks[i]) / double(peaks[i]);
+    worst_memory = std::max(worst_memory, std::abs(error));
+    std::snprintf(line, sizeof line, "  %-52s %6.1f MiB %12.0f %12.0f %9.2f %8.1f MiB %+7.1f%%\n",
+                  scheduler::Describe(runs[i].choice).c_str(), double(runs[i].needed) / (1 << 20), predicted[i],
+                  measured[i], measured[i] / predicted[i], double(peaks[i]) / (1 << 20), 100 * error);
     out << line;
   }
   if (runs.empty() || !def_measured) {
     out << "bench plan: nothing to compare\n";
     return kExitInvalid;
+  }
+  std::snprintf(line, sizeof line, "memory model against the measured per-rank peak: worst %.1f%% over %zu layouts\n",
+                100 * worst_memory, runs.size());
+  out << line;
+  // A mixture of experts: per EP measured, its fastest modelled and best measured layouts.
+  if (shape->experts > 0) {
+    std::map<int, std::pair<size_t, size_t>> by_expert;  // EP: (fastest modelled, best measured)
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const auto [it, first] = by_expert.try_emplace(runs[i].choice.expert, i, i);  // runs: fastest modelled first
+      if (!first && measured[i] > measured[it->second.second]) it->second.second = i;
+    }
+    out << "by expertParallelDegree EP, the fastest modelled and the best measured (tokens/s):\n";
+    for (const auto& [ep, best] : by_expert) {
+      const auto [modelled, measured_best] = best;
+      std::snprintf(line, sizeof line, "  EP=%d: %s: modelled %.0f, measured %.0f (%.2f); best measured %s: %.0f\n", ep,
+                    scheduler::Describe(runs[modelled].choice).c_str(), predicted[modelled], measured[modelled],
+                    measured[modelled] / predicted[modelled], scheduler::Describe(runs[measured_best].choice).c_str(),
+                    measured[measured_best]);
+      out << line;
+    }
   }
   const double rho = Spearman(predicted, measured);
   std::snprintf(line, sizeof line,

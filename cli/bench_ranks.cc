@@ -41,6 +41,7 @@ nlohmann::json BenchJob(const BenchTrainOptions& o, const std::string& data, int
                         {"pipelineVirtualStages", c.pipeline.virtual_stages}});
   }
   if (c.context > 1) parallelism["contextParallelDegree"] = c.context;
+  if (c.expert > 1) parallelism["expertParallelDegree"] = c.expert;
   nlohmann::json metadata = {{"name", "bench-train"}};
   if (c.keep_units_gathered) metadata["annotations"] = {{kKeepUnitsGatheredAnnotation, "true"}};
   return {{"apiVersion", "meshtrain.dev/v1alpha1"},

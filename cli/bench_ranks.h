@@ -47,6 +47,7 @@ struct RanksConfig {
   bool keep_units_gathered = false;  // replicated with S = 1: compute copies kept (EngineOptions)
   api::Pipeline pipeline = {};       // pipeline stages, their schedule and chunks a stage
   int context = 1;                   // ranks that split each sequence (contextParallelDegree)
+  int expert = 1;                    // ranks that split each block's experts (expertParallelDegree)
   int MicroBatch(const BenchTrainOptions& o) const { return micro_batch > 0 ? micro_batch : o.batch * tp; }
   int64_t GlobalTokens(const BenchTrainOptions& o) const {
     return global_batch_tokens > 0 ? global_batch_tokens : int64_t(o.ranks) * o.batch * o.seq;

@@ -645,6 +645,39 @@ TEST(ExpertMemory, AnExpertGroupOfOneShardStillReducesFromUnshardedGradients) {
   EXPECT_EQ(m.comm, held(std::max(api::ShardElements(units.edge(), 2), units.block) * 4));
 }
 
+// The planner's per-rank peak under EP is the engine's own count (api::EngineMemoryOf, the
+// figures engine_test holds every rank's allocations to) with its types' experts = EP,
+// category by category: both families at test size (4 experts), EP 2 and 4, expert-shard
+// groups of one rank and of two, every activation policy. And that count is EP's, not
+// the whole experts': smaller compute copies, larger shards.
+TEST(ExpertMemory, ThePredictionIsTheEnginesCountAtEachEP) {
+  const int seq = 32;
+  for (const char* preset : {"moe-tiny", "qwen3-moe-tiny"}) {
+    const api::ModelShape& shape = *api::FindPreset(preset);
+    for (const LayoutChoice& c : {WithExperts({1, 2, 4, {}}, 2), WithExperts({1, 4, 2, {true, false, 2}}, 2),
+                                  WithExperts({1, 4, 4, {true, true, 1}}, 4), WithExperts({1, 4, 8, {}}, 4)}) {
+      SCOPED_TRACE(std::string(preset) + ": " + Describe(c));
+      ASSERT_EQ(shape.experts % c.expert, 0);
+      const MemoryPrediction predicted = PredictMemory(shape, seq, c, 4, true, false, 1);
+      const api::EngineMemory engine =
+          api::EngineMemoryOf(shape, c.micro_batch, seq, 0, 1, c.shard, c.activations,
+                              EngineTypesOf(4, true, shape, c.micro_batch, seq, 1, 1, "Ring", c.expert), false);
+      EXPECT_EQ(predicted.params, engine.params);
+      EXPECT_EQ(predicted.grads, engine.grads);
+      EXPECT_EQ(predicted.optimizer, engine.optimizer);
+      EXPECT_EQ(predicted.activations, engine.activations);
+      EXPECT_EQ(predicted.offload, engine.offload);
+      EXPECT_EQ(predicted.gathered, engine.gathered);
+      EXPECT_EQ(predicted.comm, engine.comm);
+      EXPECT_EQ(predicted.total(), engine.total());
+      const MemoryPrediction whole = PredictMemory(shape, seq, WithExperts(c, 1), 4, true, false, 1);
+      EXPECT_LT(predicted.gathered, whole.gathered);
+      EXPECT_GT(predicted.params, whole.params);
+      EXPECT_GT(predicted.activations, whole.activations);  // the received rows: EP x the tokens' copies
+    }
+  }
+}
+
 // 2 p5.48xlarge nodes of 8 H100s, one network domain.
 PlanRequest MoeOnP5(const api::ModelShape& shape, int nodes, int64_t global_batch_tokens) {
   PlanRequest r;
