@@ -104,6 +104,16 @@ ActivationBytes ActivationStoreBytes(const ModelShape& s, int batch, int seq, co
   return a;
 }
 
+int64_t Float8ScaleWidth(int batch, int seq, const ModelShape& s, int tp, bool rowwise) {
+  if (!rowwise) return 1;
+  const int64_t q = s.QueryWidth() / tp, kv = s.KvWidth() / tp, mlp = s.Intermediate() / tp;
+  return std::max({int64_t(batch) * seq, s.hidden, q + 2 * kv, 2 * mlp});
+}
+
+int64_t Float8ScratchElements(int batch, int seq, const ModelShape& s, int tp, bool rowwise) {
+  return (int64_t(tp) + 2) * 2 * Float8ScaleWidth(batch, seq, s, tp, rowwise);
+}
+
 std::vector<Buffer> StepBuffers(int batch, int seq, const ModelShape& s, const EngineTypes& t) {
   const int64_t N = int64_t(batch) * seq;
   const FamilyTensors f = TensorsOf(s);
@@ -115,6 +125,7 @@ std::vector<Buffer> StepBuffers(int batch, int seq, const ModelShape& s, const E
   };
   for (int64_t l = 0; l < s.layers; ++l) b.push_back({"block segments", int64_t(f.block.size()), int(kShardSegmentBytes)});
   if (!f.head.empty()) b.push_back({"head segments", int64_t(f.head.size()), int(kShardSegmentBytes)});
+  if (t.float8_scales > 0) b.push_back({"float8 amaxes and scales", t.float8_scales, 4});
   for (const Buffer& family : FamilyBuffers(seq, s, t)) b.push_back(family);  // RoPE's table
   return b;
 }

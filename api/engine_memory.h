@@ -126,6 +126,14 @@ ActivationBytes ActivationStoreBytes(const ModelShape& shape, int batch, int seq
 // norm scalars, every unit's table of shard segments (kernels::ShardSegment, 24 bytes, one
 // per tensor), and for RoPE the cos and sin of each position and frequency (Acc).
 inline constexpr int64_t kShardSegmentBytes = 24;
+// Float8 training's scratch (model::Float8Linear), for micro-batches of batch x seq rows on
+// a TP rank of tp: two operands' amaxes, the TP group's gathered copies of them, and their
+// scales, (tp + 2) x 2 x Float8ScaleWidth floats.
+int64_t Float8ScratchElements(int batch, int seq, const ModelShape& shape, int tp, bool rowwise);
+// The most scales one operand of a block's linear layer takes: 1 for a tensor's scale;
+// rowwise, the largest of the rows and this TP rank's widths of the layers.
+int64_t Float8ScaleWidth(int batch, int seq, const ModelShape& shape, int tp, bool rowwise);
+
 std::vector<Buffer> StepBuffers(int batch, int seq, const ModelShape& shape, const EngineTypes& types);
 int64_t StepBufferBytes(int batch, int seq, const ModelShape& shape, const EngineTypes& types);
 

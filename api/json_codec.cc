@@ -79,6 +79,11 @@ void Fields(S& s, V& v) {
   v("attention", s.attention);
 }
 
+template <Is<Float8Spec> S, class V>
+void Fields(S& s, V& v) {
+  v("recipe", s.recipe);
+}
+
 template <Is<TrainingSpec> S, class V>
 void Fields(S& s, V& v) {
   v("steps", s.steps);
@@ -91,6 +96,7 @@ void Fields(S& s, V& v) {
   v("gradClip", s.grad_clip);
   v("seed", s.seed);
   v("precision", s.precision);
+  v("float8", s.float8);
   v("evalInterval", s.eval_interval);
   v("evalBatches", s.eval_batches);
   v("routerAuxLossCoef", s.router_aux_loss_coef);

@@ -25,7 +25,9 @@ bool IgnoredOnImport(const ModelShape& shape, std::string_view hf_name) {
 bool TensorParallelDivides(const ModelShape& shape, int64_t tp) {
   const ModelShape s = shape.Resolved();
   if (tp < 1) return false;
-  if (s.experts > 0 && tp > 1) return false;  // a mixture of experts' layers run on one TP rank (for now)
+  // The planner keeps a mixture of experts on one TP rank: its step model does not count
+  // the routing and all-to-alls each TP rank repeats (the engine takes TP; validation.cc).
+  if (s.experts > 0 && tp > 1) return false;
   for (const auto& [n, what] : s.Family().TensorParallelSplits(s)) {
     if (n % tp != 0) return false;
   }
@@ -92,6 +94,19 @@ double BlockForwardFlopsPerToken(const ModelShape& shape, int64_t seq, int tp_si
     weights += share * double(t.shape[0]) * double(t.shape[1]);
   }
   return (2 * weights + 4.0 * double(seq) * double(s.QueryWidth())) / tp_size;
+}
+
+double BlockFloat8FlopsPerToken(const ModelShape& shape, int tp_size) {
+  const ModelShape s = shape.Resolved();
+  double weights = 0;
+  for (const TensorInfo& t : TensorsOf(s).block) {
+    const bool cast = t.kind == Param::kQkvW || t.kind == Param::kAttProjW || t.kind == Param::kFcW ||
+                      t.kind == Param::kFcProjW || t.kind == Param::kWq || t.kind == Param::kWk ||
+                      t.kind == Param::kWv || t.kind == Param::kWo || t.kind == Param::kWGate ||
+                      t.kind == Param::kWUp || t.kind == Param::kWDown;
+    if (t.shape.size() == 2 && cast) weights += double(t.shape[0]) * double(t.shape[1]);
+  }
+  return 2 * weights / tp_size;
 }
 
 }  // namespace meshtrain::api

@@ -111,6 +111,9 @@ struct EngineTypes {
   // may send every token of the group to one rank's experts, so the rows its experts work
   // on are sized for that: expert x the local tokens' copies.
   int experts = 1;
+  // Float8 training (spec.training.precision fp8): the floats of its amaxes and scales in
+  // the step buffer (Float8ScratchElements); 0 without.
+  int64_t float8_scales = 0;
 };
 
 
@@ -187,6 +190,9 @@ std::vector<BlockProduct> BlockProducts(const ModelShape& shape);
 // TP slice of `tp_size`: 2 per weight of its products, and 4 x seq x the query width for
 // attention's two products (counted whole, as llm.c counts them).
 double BlockForwardFlopsPerToken(const ModelShape& shape, int64_t seq, int tp_size);
+// The part of it that float8 training multiplies in float8 (docs/design.md, "Float8"): 2
+// per weight of the block's linear layers, not a mixture's routers or experts.
+double BlockFloat8FlopsPerToken(const ModelShape& shape, int tp_size);
 
 
 // The buffers the family's layers share across blocks, for sequences of up to `seq`

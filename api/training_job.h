@@ -120,6 +120,14 @@ struct DataSpec {
   bool operator==(const DataSpec&) const = default;
 };
 
+// Float8 training's settings (spec.training.float8), acted on where precision is fp8.
+struct Float8Spec {
+  // tensorwise: one scale per tensor, E4M3 for inputs and weights, E5M2 for gradients;
+  // rowwise: E4M3 throughout, a power-of-2 scale per row (torchao's recipes).
+  std::string recipe = "tensorwise";
+  bool operator==(const Float8Spec&) const = default;
+};
+
 // globalBatchTokens, microBatchSize and warmupSteps that the user did not write are
 // derived from what was written, so that they always fit (ApplyDefaults); their
 // initialisers are the usual values the derivation aims for.
@@ -133,7 +141,10 @@ struct TrainingSpec {
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // 0 disables clipping
   int64_t seed = 1337;
-  std::string precision = "auto";  // auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16
+  // auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 | fp8 (the blocks' linear layers in
+  // float8 by spec.training.float8's recipe, the rest as auto: bf16 on CUDA, fp32 on CPU)
+  std::string precision = "auto";
+  Float8Spec float8;
   int64_t eval_interval = 100;     // steps between validation losses; 0: only after the last step
   int64_t eval_batches = 10;       // micro-batches per validation loss
   // A mixture of experts' load-balancing loss: coef x transformers' load_balancing_loss_func,

@@ -168,9 +168,47 @@ void CheckTraining(const TrainingSpec& t, FieldChecker& c) {
   c.Finite("spec.training.weightDecay", t.weight_decay, 0, false);
   c.Finite("spec.training.gradClip", t.grad_clip, 0, false);
   c.Range("spec.training.seed", t.seed, 0, FieldChecker::kNoMax);
-  c.OneOf("spec.training.precision", t.precision, {"auto", "fp32", "bf16"});
+  c.OneOf("spec.training.precision", t.precision, {"auto", "fp32", "bf16", "fp8"});
+  c.OneOf("spec.training.float8.recipe", t.float8.recipe, {"tensorwise", "rowwise"});
+  if (t.precision != "fp8" && t.float8.recipe != Float8Spec{}.recipe) {
+    c.Fail("spec.training.float8.recipe", "is float8 training's, acted on with spec.training.precision fp8 only (" +
+                                              t.precision + " here), got " + t.float8.recipe);
+  }
   c.Range("spec.training.evalInterval", t.eval_interval, 0, FieldChecker::kNoMax);
   c.Range("spec.training.evalBatches", t.eval_batches, 1, 1 << 20);
+}
+
+// Float8 training against the model and the layout: cuBLASLt's float8 products need every
+// dimension of a linear layer's operands on a TP rank to be a multiple of 16, and the
+// amaxes of its activations are not reduced over a context group.
+void CheckFloat8(const TrainingJobSpec& spec, FieldChecker& c) {
+  if (spec.training.precision != "fp8") return;
+  const ModelSpec& m = spec.model;
+  const int64_t tp = spec.parallelism.tensor_parallel_degree;
+  if (tp < 1) return;
+  const auto width = [&](const std::string& what, std::optional<int64_t> whole) {
+    if (!whole || *whole < 1 || *whole % tp != 0 || (*whole / tp) % 16 == 0) return;
+    c.Fail("spec.training.precision", "fp8 needs " + what + " per TP rank to be a multiple of 16 (cuBLASLt's float8 "
+                                          "products), got " + std::to_string(*whole) + " / " + std::to_string(tp) +
+                                          " = " + std::to_string(*whole / tp));
+  };
+  width("spec.model.hidden", m.hidden);
+  const std::optional<int64_t> head_dim =
+      m.head_dim ? m.head_dim : (m.hidden && m.heads && *m.heads > 0 ? std::optional(*m.hidden / *m.heads) : std::nullopt);
+  if (head_dim && m.heads) width("the query width (heads x head dim)", *m.heads * *head_dim);
+  const std::optional<int64_t> kv_heads = m.kv_heads ? m.kv_heads : m.heads;
+  if (head_dim && kv_heads) width("the key and value width (kvHeads x head dim)", *kv_heads * *head_dim);
+  if (m.intermediate_size) {
+    width("spec.model.intermediateSize", m.intermediate_size);
+  } else if (m.hidden) {
+    width("the MLP width (4 x spec.model.hidden)", 4 * *m.hidden);
+  }
+  if (spec.parallelism.context_parallel_degree > 1) {
+    c.Fail("spec.training.precision", "fp8 with spec.parallelism.contextParallelDegree " +
+                                          std::to_string(spec.parallelism.context_parallel_degree) +
+                                          " is not built: a context group's activation amaxes are not reduced; use "
+                                          "bf16, or contextParallelDegree 1");
+  }
 }
 
 // Context parallelism against the model and the rest of the spec: each rank holds two
@@ -212,7 +250,7 @@ void CheckContext(const TrainingJobSpec& spec, FieldChecker& c) {
 void CheckExperts(const TrainingJobSpec& spec, FieldChecker& c) {
   const ModelSpec& m = spec.model;
   // The load-balancing loss: of a mixture's routers, over one micro-step of every rank
-  // that holds all the layers (not split by pipeline stage).
+  // (each pipeline stage's blocks summed over the stages).
   if (const std::optional<double>& coef = spec.training.router_aux_loss_coef) {
     const std::string given = std::to_string(*coef);
     if (!(*coef >= 0) || !std::isfinite(*coef)) {
@@ -220,11 +258,6 @@ void CheckExperts(const TrainingJobSpec& spec, FieldChecker& c) {
     } else if (!m.experts) {
       c.Fail("spec.training.routerAuxLossCoef",
              "is a mixture of experts' load-balancing loss, and this model has no experts, got " + given);
-    } else if (spec.parallelism.pipeline_parallel_degree > 1) {
-      c.Fail("spec.training.routerAuxLossCoef",
-             "the load-balancing loss takes every layer's routing at once, which pipeline stages split "
-             "(spec.parallelism.pipelineParallelDegree " +
-                 std::to_string(spec.parallelism.pipeline_parallel_degree) + "); leave it out or use one stage");
     }
   }
   const int64_t EP = spec.parallelism.expert_parallel_degree;
@@ -267,11 +300,13 @@ void CheckLayout(const TrainingJobSpec& spec, FieldChecker& c) {
     c.Fail("spec.parallelism.tensorParallelDegree", "must divide the MLP width (4 x spec.model.hidden = " +
                                                         std::to_string(4 * *m.hidden) + "), got " + std::to_string(tp));
   }
-  // The experts' layers are built on one TP rank only (issue 54: expert parallelism and TP).
-  if (tp > 1 && m.experts) {
-    c.Fail("spec.parallelism.tensorParallelDegree",
-           "must be 1 for a mixture of experts (spec.model.experts = " + std::to_string(*m.experts) +
-               "): tensor parallelism is not built for its layers yet, got " + std::to_string(tp));
+  // A mixture of experts' experts are split as the dense MLP is: TP divides their width
+  // (Mixtral's is intermediateSize, checked above).
+  if (tp > 1 && m.experts && m.moe_intermediate_size && *m.moe_intermediate_size >= 1 &&
+      m.moe_intermediate_size != m.intermediate_size && *m.moe_intermediate_size % tp != 0) {
+    c.Fail("spec.parallelism.tensorParallelDegree", "must divide the experts' width (spec.model.moeIntermediateSize = " +
+                                                        std::to_string(*m.moe_intermediate_size) + "), got " +
+                                                        std::to_string(tp));
   }
   CheckContext(spec, c);
   CheckExperts(spec, c);
@@ -433,6 +468,7 @@ FieldErrors ValidateTrainingJob(const TrainingJob& job) {
                                   "or GPT-2's <|endoftext|>, or else the EOS after each) says where documents start");
   }
   CheckTraining(spec.training, c);
+  CheckFloat8(spec, c);
   CheckLayout(spec, c);
   CheckParallelism(spec.parallelism, c);
   CheckCheckpoint(spec.checkpoint, c);

@@ -292,8 +292,14 @@ Command BenchTrain(CLI::App& bench, const std::vector<std::string>& self) {
                 "offload side by side; data-parallel: the ranks without TP; hybrid: shard groups of one "
                 "node's ranks against one of all ranks; order: the scheduler's node order against name order "
                 "on a racked testbed; context: the ranks splitting each sequence (ring attention) against the same "
-                "ranks holding a whole sequence each; with ratios")
-      ->check(CLI::IsMember({"replicated", "activations", "data-parallel", "hybrid", "order", "context"}));
+                "ranks holding a whole sequence each; fp32 or bf16: one rank in --precision against one in this "
+                "precision; with ratios")
+      ->check(CLI::IsMember({"replicated", "activations", "data-parallel", "hybrid", "order", "context", "fp32", "bf16"}));
+  auto* precision = c->add_option("--precision", o->precision, "fp32, bf16 or fp8 (default: bf16 on cuda, fp32 on cpu)")
+                        ->check(CLI::IsMember({"fp32", "bf16", "fp8"}));
+  auto* recipe = c->add_option("--float8-recipe", o->float8_recipe, "With --precision fp8: tensorwise or rowwise")
+                     ->check(CLI::IsMember({"tensorwise", "rowwise"}))
+                     ->capture_default_str();
   auto* racks = c->add_option("--racks", o->racks,
                               "With --compare order: racks of the testbed (scripts/netbed.sh up NAME NODES RATE RACKS UPLINK)")
                     ->check(CLI::Range(1, 64))
@@ -301,7 +307,21 @@ Command BenchTrain(CLI::App& bench, const std::vector<std::string>& self) {
   c->add_option("--device", o->device, "cpu (fp32) or cuda (bf16 on GPU 0)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  return {c, [o, self, checkpointing, racks] {
+  return {c, [o, self, checkpointing, racks, precision, recipe] {
+            if (recipe->count() > 0 && o->precision != "fp8") {
+              std::cerr << "meshtrain bench train: --float8-recipe is fp8's; add --precision fp8\n";
+              return kExitUnreadable;
+            }
+            const bool precisions = o->compare == "fp32" || o->compare == "bf16";
+            if (precisions && (o->ranks > 1 || o->tp > 1)) {
+              std::cerr << "meshtrain bench train: --compare " << o->compare << " compares one rank's precisions; "
+                        << "leave out --ranks and --tp\n";
+              return kExitUnreadable;
+            }
+            if (precision->count() > 0 && (o->ranks > 1 || o->tp > 1 || (!o->compare.empty() && !precisions))) {
+              std::cerr << "meshtrain bench train: --precision runs one rank, alone or with --compare fp32|bf16\n";
+              return kExitUnreadable;
+            }
             if (racks->count() > 0 && o->compare != "order") {
               std::cerr << "meshtrain bench train: --racks describes the testbed of --compare order\n";
               return kExitUnreadable;

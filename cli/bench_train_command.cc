@@ -240,8 +240,16 @@ int BenchTrainOneRank(const BenchTrainOptions& o, const api::ModelShape& preset,
   const runtime::Device device = cuda ? runtime::Device::Cuda(0) : runtime::Device::Cpu();
   const int tokens = o.batch * o.seq;
   const RemovedOnExit data(WriteRandomTokens(int64_t(tokens) * (o.steps + o.warmup + 1), preset));
-  const nlohmann::json manifest =
+  nlohmann::json manifest =
       BenchJob(o, data.string(), 1, 1, {"one rank", 1, 1, {o.checkpointing, o.offload}}, cuda != nullptr);
+  // --precision (and --compare's): as the spec says it, fp8 with its recipe.
+  auto with_precision = [&](nlohmann::json m, const std::string& precision) {
+    if (precision.empty()) return m;
+    m["spec"]["training"]["precision"] = precision;
+    if (precision == "fp8") m["spec"]["training"]["float8"] = {{"recipe", o.float8_recipe}};
+    return m;
+  };
+  manifest = with_precision(manifest, o.precision);
   const api::CheckedJob job = api::CheckTrainingJob(manifest, "bench", 0);
   if (!job.ok()) {
     out << "bench train: " << job.errors.front().ToString() << "\n";
@@ -254,6 +262,20 @@ int BenchTrainOneRank(const BenchTrainOptions& o, const api::ModelShape& preset,
   const auto start = Clock::now();
   for (int i = 0; i < o.steps; ++i) trainer.Step();
   const double step_seconds = SecondsSince(start) / o.steps;
+  // --compare fp32|bf16: the same rank in that precision, on the same tokens and steps.
+  std::optional<double> compared_tokens_per_second;
+  if (o.compare == "fp32" || o.compare == "bf16") {
+    const api::CheckedJob other = api::CheckTrainingJob(with_precision(manifest, o.compare), "bench", 0);
+    if (!other.ok()) {
+      out << "bench train (" << o.compare << "): " << other.errors.front().ToString() << "\n";
+      return kExitInvalid;
+    }
+    train::Trainer peer(other.job, nullptr, device);
+    for (int i = 0; i < o.warmup; ++i) peer.Step();
+    const auto peer_start = Clock::now();
+    for (int i = 0; i < o.steps; ++i) peer.Step();
+    compared_tokens_per_second = tokens / (SecondsSince(peer_start) / o.steps);
+  }
 
   const double params = double(shape.ParameterCount());
   const double flops_per_token = shape.TrainingFlopsPerToken(o.seq);
@@ -266,11 +288,14 @@ int BenchTrainOneRank(const BenchTrainOptions& o, const api::ModelShape& preset,
                            : MeasureSgemmGflops(shape, tokens);
   // MFU is achieved FLOP/s over the device's dense peak; none is known for a CPU.
   runtime::DensePeak peak{0, "no dense fp32 peak is known for a CPU"};
-  std::string where = "fp32 on CPU, " + std::to_string(omp_get_max_threads()) + " threads, " + train::KernelsOn(device);
+  const std::string precision =
+      o.precision == "fp8" ? "fp8 (" + o.float8_recipe + ")" : !o.precision.empty() ? o.precision : cuda ? "bf16" : "fp32";
+  std::string where = precision + (cuda ? "" : o.precision == "fp8" ? " over fp32" : "") + " on CPU, " +
+                      std::to_string(omp_get_max_threads()) + " threads, " + train::KernelsOn(device);
   if (cuda) {
     const runtime::CudaDeviceFacts facts = cuda->device_facts(0);
     peak = runtime::DenseBf16Peak(facts);
-    where = "bf16 on " + facts.name;
+    where = precision + " on " + facts.name;
   }
   const char* unit = cuda ? "TFLOP/s" : "GFLOP/s";
   const double scale = cuda ? 1e-3 : 1;
@@ -298,6 +323,13 @@ int BenchTrainOneRank(const BenchTrainOptions& o, const api::ModelShape& preset,
                 100 * gflops / rate);
   out << line;
   out << (cuda ? "device memory peak: " : "memory: ") << train::FormatMemory(m) << "\n";
+  if (compared_tokens_per_second) {
+    const std::string theirs = o.compare + (cuda || o.compare == "fp32" ? "" : " (fp32 on the CPU)");
+    std::snprintf(line, sizeof line, "%s %.0f tokens/s against %s's %.0f, on the same tokens: %.2fx\n",
+                  precision.c_str(), tokens_per_second, theirs.c_str(), *compared_tokens_per_second,
+                  tokens_per_second / *compared_tokens_per_second);
+    out << line;
+  }
 
   // A mixture of experts against the dense model of its active parameters, on the same
   // tokens, batches and steps.
@@ -338,7 +370,10 @@ int BenchTrainCommand(const BenchTrainOptions& o, const std::vector<std::string>
   // Without a GPU the ranks would train on the CPU under a heading that says bf16 on the GPU.
   if (RefusedWithoutGpu(o.device, "bench train", out)) return kExitUnreadable;
   try {
-    if (o.ranks > 1 || o.tp > 1 || !o.compare.empty()) return BenchTrainRanks(o, *preset, self_argv, out);
+    const bool precisions = o.compare == "fp32" || o.compare == "bf16";  // one rank, twice
+    if (o.ranks > 1 || o.tp > 1 || (!o.compare.empty() && !precisions)) {
+      return BenchTrainRanks(o, *preset, self_argv, out);
+    }
     return BenchTrainOneRank(o, *preset, out);
   } catch (const runtime::OutOfMemory& e) {
     out << "bench train: --model " << o.model << " at --batch " << o.batch << " x --seq " << o.seq

@@ -161,8 +161,13 @@ struct BenchTrainOptions {
   // "data-parallel": the same ranks without TP, at the same global batch; "order": the
   // scheduler's topology-aware node order against name order on a racked testbed;
   // "context": the ranks splitting each sequence (contextParallelDegree = ranks) against
-  // the same ranks holding a whole sequence each
+  // the same ranks holding a whole sequence each; "fp32", "bf16": one rank in --precision
+  // against one in this precision (on the CPU bf16 trains in fp32), in one run
   std::string compare;
+  // The run's spec.training.precision (empty: bf16 on cuda, fp32 on the CPU) and, with
+  // fp8, spec.training.float8.recipe.
+  std::string precision;
+  std::string float8_recipe = "tensorwise";
 };
 
 // Single-rank training throughput, FLOP/s, MFU against the matrix rate measured at the

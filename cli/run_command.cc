@@ -272,7 +272,7 @@ int RunCommand(const RunOptions& options, std::ostream& out) {
   }
 
   out << "  device: " << where.device.ToString() << ", "
-      << (where.device.is_cuda() ? "bf16 compute with fp32 master weights" : "fp32") << ", kernels "
+      << (where.device.is_cuda() ? where.precision + " compute with fp32 master weights" : where.precision) << ", kernels "
       << train::KernelsOn(where.device) << "\n";
   return TrainHere(std::move(job), where, options.sample_tokens, out);
 }

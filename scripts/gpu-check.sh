@@ -18,6 +18,8 @@
 #     checkpointing alone; the checkpoint stall at most 10% of a blocking write
 #   targets of issue "Llama-class models": Llama 3.2 1B, B4 x T2048, world 1: at least 1.1x
 #     the PyTorch peer with torch.compile, in the same call, with MFU printed
+#   target of issue "Float8 training": Llama 3.2 1B in fp8 (tensorwise) at least 1.25x bf16
+#     on the same device, both in one bench call
 #   peers, in the same call: PyTorch (the repository's bench/torch_gpt2_bench.py and
 #     bench/torch_llama_bench.py, or those of --peers DIR) where torch imports, and llm.c with
 #     cuDNN where --llmc DIR names a checkout of karpathy/llm.c with train_gpt2cu built (default
@@ -229,6 +231,19 @@ if [ "$bench" = 1 ]; then
     at_least "$r" 1.1; target "Llama 3.2 1B world 1 at least 1.1x PyTorch with torch.compile" $? \
       "$r (${ours:-?} / ${theirs:-?} tokens/s)"
   fi
+
+  # Float8: Llama 3.2 1B in fp8 (tensorwise) against bf16 on the same device, in one call.
+  run "bench llama3.2-1b fp8" "$out/bench-llama-fp8.log" "$meshtrain" bench train --device cuda --model llama3.2-1b \
+    --batch 4 --seq 2048 --steps "$bench_steps" --precision fp8 --compare bf16
+  status=$?
+  check "bench llama3.2-1b fp8 (tensorwise) against bf16" $status \
+    "$(grep -E 'tokens/s|not run' "$out/bench-llama-fp8.log" | tr '\n' ';')"
+  sed 's/^/  /' "$out/bench-llama-fp8.log" >> "$details"
+  fp8=$(grep -oE '[0-9]+ tokens/s against bf16' "$out/bench-llama-fp8.log" | grep -oE '^[0-9]+')
+  bf16=$(grep -oE "against bf16's [0-9]+" "$out/bench-llama-fp8.log" | grep -oE '[0-9]+$')
+  r=$(ratio "$fp8" "$bf16")
+  at_least "$r" 1.25; target "Llama 3.2 1B fp8 at least 1.25x bf16 on the same device" $? \
+    "$r (${fp8:-?} / ${bf16:-?} tokens/s)"
 fi
 
 # Every gpu test (from its own directory: a carried build has only the gpu tests built).

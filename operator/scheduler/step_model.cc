@@ -47,6 +47,10 @@ Durations DurationsOf(const api::ModelShape& s, int seq, const LayoutChoice& c, 
   // 4 x seq x the query width for attention per layer; a backward is twice its forward.
   // A context rank's rows attend the whole sequence, its chunks balanced: 1/C of the work.
   d.block_forward = tokens * api::BlockForwardFlopsPerToken(s, seq, c.tp) / rate;
+  if (device.float8 && device.float8_ratio > 0) {  // the linear layers' share at the float8 rate
+    const double cast = tokens * api::BlockFloat8FlopsPerToken(s, c.tp);
+    d.block_forward -= cast / rate - cast / (rate * device.float8_ratio);
+  }
   d.block_backward = 2 * d.block_forward;
   d.block_recompute = device.recompute_factor * d.block_forward;
   d.head_forward = tokens * 2 * double(s.vocab_size) * C / T / rate;

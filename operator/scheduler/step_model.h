@@ -63,6 +63,12 @@ struct DeviceModel {
   double recompute_factor = 1;
   double copy_bytes_per_second = 0;    // offload copies between device and host
   double memory_bytes_per_second = 0;  // the optimizer's streaming update
+  // The dense float8 peak over the bf16 one (2 on Hopper); 0: the device has no float8
+  // products (an A100 refuses them; the CPU emulates them, at about its matrix rate).
+  double float8_ratio = 0;
+  // The job multiplies its blocks' linear layers in float8 (AsJobUsesIt): those products
+  // run at float8_ratio x the matrix rate.
+  bool float8 = false;
 
   double FlopsFor(int micro_batch) const;
   // The memory a layout may use: memory_bytes less the margin.

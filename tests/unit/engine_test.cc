@@ -6,7 +6,8 @@
 //   overlap compute, at most two blocks are unsharded, a training micro-batch gathers the
 //   root once;
 // - memory: a limit too small is an error naming the category and the sizes, and every
-//   byte is allocated when the engine is built (the planner's figures, and nothing more);
+//   byte is allocated when the engine is built (the planner's figures, and nothing more),
+//   on each rank of an expert group too (its ranks as threads, tests/support/fabric_ranks.h);
 // - the strict backend's jitter changes nothing: the same bits under any seed;
 // - precisions: bf16 emulation and fp32 against the fp64 engine;
 // - vocabulary padding: the padded engine trains as the unpadded one, and its padding
@@ -29,7 +30,9 @@
 #include <gtest/gtest.h>
 
 #include "api/engine_memory.h"
+#include "api/layout.h"
 #include "api/model_shape.h"
+#include "tests/support/fabric_ranks.h"
 #include "tests/support/model_reference.h"
 #include "worker/kernels/cpu/cpu_ops.h"
 #include "worker/kernels/cpu/kernels.h"
@@ -421,6 +424,89 @@ TEST(ShardedEngine, NothingIsAllocatedAfterConstruction) {
     engine->Snapshot(&snapshot);
     engine->comm_stats();
     EXPECT_EQ(Figures(accounting), built) << mode;
+  }
+}
+
+// Expert parallelism: each rank of an expert group holds E/EP experts of each block,
+// sharded over the S / EP ranks holding the same ones, its received rows sized for EP x
+// its tokens' copies. Every rank's engine, built over the others (threads of this
+// process), allocates exactly what the planner counts for it (api::EngineMemoryOf with
+// the types' experts = EP), category by category, and a training step allocates nothing
+// more. Both families; EP 2 and 4 (their 4 experts); an expert-shard group of one rank
+// (S = EP) and of two; replicas; every activation policy; and TP 2, which splits each
+// expert's width and adds the routing weights' gradients of every TP rank to the scratch.
+TEST(ShardedEngine, UnderExpertParallelismEachRankAllocatesWhatThePlannerCounts) {
+  struct Case {
+    const char* preset;
+    int ranks, shard, experts;  // one node of `ranks`; S; EP
+    ActivationPolicy policy;
+    int tp = 1;
+  };
+  const ActivationPolicy keep{}, checkpointing{true, false, 2}, offload{true, true, 1};
+  const Case cases[] = {
+      {"moe-tiny", 2, 2, 2, keep},          {"moe-tiny", 4, 4, 2, checkpointing}, {"moe-tiny", 4, 4, 4, offload},
+      {"moe-tiny", 4, 2, 2, keep},          {"qwen3-moe-tiny", 2, 2, 2, offload}, {"qwen3-moe-tiny", 4, 4, 2, keep},
+      {"qwen3-moe-tiny", 4, 4, 4, checkpointing},
+      {"moe-tiny", 4, 2, 2, checkpointing, 2}, {"qwen3-moe-tiny", 4, 2, 2, offload, 2},
+  };
+  comm::FabricOptions fabric;
+  fabric.timeout = std::chrono::seconds(60);
+  for (const Case& c : cases) {
+    const api::ModelShape& shape = *api::FindPreset(c.preset);
+    const std::string name = std::string(c.preset) + ", " + std::to_string(c.ranks) + " ranks, T " +
+                             std::to_string(c.tp) + ", S " + std::to_string(c.shard) + ", EP " +
+                             std::to_string(c.experts) +
+                             (c.policy.offload ? ", offload" : c.policy.checkpointing ? ", checkpointing" : ", keep all");
+    SCOPED_TRACE(name);
+    ASSERT_EQ(shape.experts % c.experts, 0);
+    const api::ParallelLayout layout(1, c.ranks, c.tp, c.shard, 1, 1, c.experts);
+    auto ops = kernels::MakeCpuOps<Fp32>();
+    api::EngineTypes types = model::TypesOf(*ops, B, T, shape, c.tp);
+    types.vocab_multiple = api::kVocabMultiple;
+    types.experts = c.experts;
+    // The split shows in the count: a block's compute copies hold E/EP experts, so its
+    // slots shrink, while its shard holds the shared part over S / EP ranks, so it grows.
+    api::EngineTypes whole_types = types;
+    whole_types.experts = 1;
+    const api::EngineMemory whole = api::EngineMemoryOf(shape, B, T, 0, c.tp, c.shard, c.policy, whole_types, false);
+    const api::EngineMemory first = api::EngineMemoryOf(shape, B, T, 0, c.tp, c.shard, c.policy, types, false);
+    EXPECT_LT(first.gathered, whole.gathered);
+    EXPECT_GT(first.params, whole.params);
+    Batch batch;
+    testing::RunFabricRanks(c.ranks, 1, fabric, [&](comm::Communicator& world) {
+      const std::shared_ptr<runtime::Backend> backend = Backend();
+      const auto mesh = std::make_shared<const Mesh>(layout, &world, nullptr, backend.get());
+      EXPECT_EQ(mesh->expert_size(), c.experts);
+      runtime::MemoryAccounting accounting;
+      EngineOptions options;
+      options.activations = c.policy;
+      ShardedEngine<Fp32> engine(shape, mesh, B, T, 11, &accounting, options, backend, CpuOps<Fp32>);
+      const std::string rank = name + ", rank " + std::to_string(world.rank());
+      const api::EngineMemory planned =
+          api::EngineMemoryOf(shape, B, T, mesh->tp_rank(), c.tp, c.shard, c.policy, types, false);
+      EXPECT_EQ(accounting.current(MemoryCategory::kParams), planned.params) << rank;
+      EXPECT_EQ(accounting.current(MemoryCategory::kGrads), planned.grads) << rank;
+      EXPECT_EQ(accounting.current(MemoryCategory::kOptimizer), planned.optimizer) << rank;
+      EXPECT_EQ(accounting.current(MemoryCategory::kActivations), planned.activations) << rank;
+      EXPECT_EQ(accounting.current(MemoryCategory::kOffload), planned.offload) << rank;
+      EXPECT_EQ(accounting.current(MemoryCategory::kGathered), planned.gathered) << rank;
+      EXPECT_EQ(accounting.current(MemoryCategory::kComm), planned.comm) << rank;
+      EXPECT_EQ(accounting.peak_total(), planned.total()) << rank;
+      const std::vector<int64_t> built = Figures(accounting);
+      // A step: the tokens to their experts' ranks and back, the gradients reduced over
+      // the expert-shard and expert groups; each rank reads its own sequences.
+      std::vector<int32_t> inputs = batch.inputs;  // the same on the ranks of a TP group
+      for (int32_t& t : inputs) t = (t + 3 * (world.rank() / c.tp)) % 256;
+      engine.ZeroGrad();
+      const MicroBatchKey key{0, 0};
+      engine.Forward(inputs.data(), batch.targets.data(), B, T, &key, kMean);
+      engine.Backward(true);
+      engine.Update(OptimizerStep{1e-3f});
+      EXPECT_TRUE(std::isfinite(engine.TakeLoss())) << rank;
+      EXPECT_GT(engine.GradNorm(), 0) << rank;
+      EXPECT_GT(engine.comm_stats().all_to_all, 0) << rank << ": no all-to-all carried the tokens";
+      EXPECT_EQ(Figures(accounting), built) << rank << ": the step allocated";
+    });
   }
 }
 

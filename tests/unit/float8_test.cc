@@ -6,8 +6,10 @@
 
 #include "worker/kernels/float8.h"
 
+#include <bit>
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include <gtest/gtest.h>
 
@@ -175,6 +177,38 @@ TEST(Float8, EveryMidpointRoundsToEvenAndItsNeighboursToTheNearer) {
       EXPECT_EQ(EncodeFloat8(-x, format), largest | 0x80) << x;
     }
   }
+}
+
+// RoundToFloat8, the products' cast on a float's bits, is DecodeFloat8(EncodeFloat8(x))
+// for every float of every exponent (all 256 with both signs), with mantissas that hit
+// each format's ties, the bits just either side of them and random ones: 2 x 512 x 2048.
+TEST(Float8, RoundToFloat8IsEncodeThenDecode) {
+  std::mt19937 rng(8);
+  std::uniform_int_distribution<uint32_t> mantissa(0, (1u << 23) - 1);
+  int64_t checked = 0;
+  for (const Float8 format : {Float8::kE4M3, Float8::kE5M2}) {
+    const uint32_t tie = format == Float8::kE4M3 ? 1u << 19 : 1u << 20;
+    for (uint32_t top = 0; top < 512; ++top) {  // sign and exponent
+      for (int k = 0; k < 2048; ++k) {
+        uint32_t m = mantissa(rng);
+        if (k < 64) m = (m & ~(2 * tie - 1)) | tie;  // exactly a tie of the format's mantissa
+        if (k >= 64 && k < 128) m = ((m & ~(2 * tie - 1)) | tie) + (k % 2 ? 1 : -1);  // beside one
+        if (k == 128) m = 0;
+        if (k == 129) m = (1u << 23) - 1;
+        const float x = std::bit_cast<float>(top << 23 | (m & ((1u << 23) - 1)));
+        const float want = DecodeFloat8(EncodeFloat8(x, format), format), got = RoundToFloat8(x, format);
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(got)) << x;
+        } else {
+          ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want))
+              << "x " << x << " (bits " << std::hex << std::bit_cast<uint32_t>(x) << ") in "
+              << (format == Float8::kE4M3 ? "E4M3" : "E5M2") << ": " << got << " against " << want;
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 2 * 512 * 2048);
 }
 
 }  // namespace

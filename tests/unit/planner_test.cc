@@ -57,6 +57,35 @@ TEST(StepModel, WithoutCommunicationAStepIsItsComputeAndUpdate) {
   EXPECT_NEAR(p.tokens_per_second, 4 * 64 * 4 / p.seconds, 1e-6);
 }
 
+// Float8: on Hopper the blocks' linear layers run at twice the matrix rate, so a step
+// saves half their FLOP time and nothing else; where the device has no float8 products
+// (an A100, the CPU's emulation) the step is unchanged.
+TEST(StepModel, Float8HalvesTheLinearLayersTimeOnHopperOnly) {
+  Cluster one;
+  one.node_paths = {{"n0"}};
+  api::TrainingJobSpec spec;
+  std::string why;
+  const LayoutChoice choice{1, 1, 4, {}};
+  const auto step = [&](const char* instance, const std::string& precision) {
+    spec.training.precision = precision;
+    const auto device = DeviceForNodes({{{"node.kubernetes.io/instance-type", instance}}}, spec, &why);
+    EXPECT_TRUE(device) << why;
+    return PredictStep(kShape, 64, 4 * 64 * 4, choice, one, *device);
+  };
+  const StepPrediction bf16 = step("p5.48xlarge", "bf16"), fp8 = step("p5.48xlarge", "fp8");
+  // The linear layers' FLOPs of a step: 2 x their weights a token forward, three times
+  // that with the backward, over every token and block.
+  const double linear = 3 * 4 * 64 * 4 * double(kShape.layers) * api::BlockFloat8FlopsPerToken(kShape, 1);
+  EXPECT_EQ(api::BlockFloat8FlopsPerToken(kShape, 1), 2.0 * 12 * 128 * 128);  // GPT-2: qkv, proj, fc, fcproj
+  EXPECT_NEAR(bf16.compute_seconds - fp8.compute_seconds, linear / (0.40 * 989e12) / 2, 1e-6 * bf16.compute_seconds);
+  EXPECT_EQ(step("p4d.24xlarge", "fp8").compute_seconds, step("p4d.24xlarge", "bf16").compute_seconds);
+  // A mixture's experts and routers stay in the compute precision.
+  api::ModelShape moe = *api::FindPreset("moe-tiny");
+  const double dense_part = api::BlockFloat8FlopsPerToken(moe, 1);
+  moe.experts *= 2;
+  EXPECT_EQ(api::BlockFloat8FlopsPerToken(moe, 1), dense_part);
+}
+
 TEST(StepModel, CheckpointingAddsOneBlockForwardPerBlockAndMicroStep) {
   Cluster one;
   one.node_paths = {{"n0"}};

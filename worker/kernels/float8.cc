@@ -1,10 +1,14 @@
 #include "worker/kernels/float8.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 namespace meshtrain::kernels {
 namespace {
+
+// torchao's float8_utils.EPS: amax_to_scale clamps the amax to it, "to avoid division by zero".
+constexpr double kAmaxFloor = 1e-12;
 
 struct Layout {
   int mantissa_bits;
@@ -59,6 +63,19 @@ float DecodeFloat8(uint8_t bits, Float8 format) {
   }
   if (exponent_field == 0) return sign * std::ldexp(float(mantissa), 1 - f.bias - M);
   return sign * std::ldexp(float((1u << M) + mantissa), int(exponent_field) - f.bias - M);
+}
+
+float Float8Scale(float amax, Float8 format, bool power_of_2) {
+  if (std::isnan(amax)) return std::numeric_limits<float>::quiet_NaN();
+  // torchao: amax.to(float64); finfo(dtype).max / clamp(amax, min=EPS); .to(float32). (A
+  // quotient of two floats rounded to fp64, then to fp32, is the fp32 quotient: the double
+  // rounding is harmless, so an fp32 division agrees wherever amax >= 1e-12.)
+  const float scale = float(double(Float8Max(format)) / std::max(double(amax), kAmaxFloor));
+  if (!power_of_2 || !(scale > 0) || std::isinf(scale)) return scale;
+  // The largest power of 2 not above scale: scale = f x 2^e with f in [0.5, 1).
+  int e = 0;
+  std::frexp(scale, &e);
+  return std::ldexp(1.0f, e - 1);
 }
 
 }  // namespace meshtrain::kernels

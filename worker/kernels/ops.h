@@ -32,6 +32,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "worker/kernels/float8.h"
 #include "worker/kernels/precision.h"
 #include "worker/runtime/device_ptr.h"
 #include "worker/runtime/stream.h"
@@ -196,6 +197,45 @@ class Ops {
   // is written.
   virtual void MatmulBackward(Out<Act> dinp, Out<Acc> dweight, Out<Acc> dbias, In<Act> dout, In<Act> inp,
                               In<Act> weight, In<Act> gelu_pre, int64_t N, int K, int OC, Stream& stream) = 0;
+
+  // --- Float8 products (spec.training.precision fp8; kernels/float8.h) ---
+  // A linear layer's three products with their operands cast to float8 as `recipe` casts
+  // them (Float8CastOf: format, scale axis): q(t) = EncodeFloat8(t * scale), rounded to
+  // nearest even and saturated, each value taken as stored (Act) and scaled in fp32. The
+  // scales are fp32, Float8ScaleCount of the operand's scaling over its shape. A device
+  // computes the sum of q(a) q(b) / (scale_a scale_b) with fp32 accumulation; the CPU
+  // dequantises each operand in fp32 and multiplies (cpu/float8_matmul.h): the two agree
+  // to fp32 rounding. A table that cannot (a device below compute capability 8.9) throws
+  // std::invalid_argument naming the device, before any work is enqueued; so does the CUDA
+  // table for N, K or OC that are not multiples of 16 (cuBLASLt's float8 products; the
+  // engine refuses such widths first, api/validation.cc).
+  //
+  // amax (Float8ScaleCount) = max |x| over x (rows,cols), each row or each column, as
+  // stored; NaN where a NaN is among the values.
+  virtual void Float8Amax(Out<float> amax, In<Act> x, int64_t rows, int cols, Float8Scaling scaling,
+                          Stream& stream) = 0;
+  // scale (n) = Float8Scale(m_i, format, power_of_2) of m_i = the max over c < copies of
+  // amax[c * copy_stride + i]: the scales of an amax reduced over the copies a group's
+  // AllGather left (copies 1: amax itself).
+  virtual void Float8Scales(Out<float> scale, In<float> amax, int64_t n, int copies, int64_t copy_stride,
+                            Float8 format, bool power_of_2, Stream& stream) = 0;
+  // MatmulForward's contract with out's sum = q(inp) @ q(weight)^T: inp (N,K) with
+  // inp_scale, weight (OC,K) with weight_scale; the epilogue (bias, residual or GELU) in
+  // fp32 after the product, as MatmulForward's.
+  virtual void Float8MatmulForward(Out<Act> out, Out<Act> gelu_pre, In<Act> inp, In<float> inp_scale,
+                                   In<Act> weight, In<float> weight_scale, In<Act> bias, In<Act> residual, int64_t N,
+                                   int K, int OC, Float8Recipe recipe, Stream& stream) = 0;
+  // dinp (N,K) = q(dout) @ q(weight), times gelu'(gelu_pre) with gelu_pre (N,K; nullable)
+  // as MatmulBackward's; dout (N,OC) with dout_scale, weight (OC,K) with weight_scale.
+  // dinp aliases none of the inputs.
+  virtual void Float8MatmulGradInput(Out<Act> dinp, In<Act> dout, In<float> dout_scale, In<Act> weight,
+                                     In<float> weight_scale, In<Act> gelu_pre, int64_t N, int K, int OC,
+                                     Float8Recipe recipe, Stream& stream) = 0;
+  // dweight (OC,K) += q(dout)^T @ q(inp); dbias (OC; nullable) += the column sums of dout
+  // as stored (not cast). dout (N,OC) with dout_scale, inp (N,K) with inp_scale.
+  virtual void Float8MatmulGradWeight(Out<Acc> dweight, Out<Acc> dbias, In<Act> dout, In<float> dout_scale,
+                                      In<Act> inp, In<float> inp_scale, int64_t N, int K, int OC,
+                                      Float8Recipe recipe, Stream& stream) = 0;
 
   // --- Causal self-attention: NH query heads and KVH key/value heads (KVH divides NH;
   // query head h reads key/value head h / (NH / KVH)) of HS channels, scale 1/sqrt(HS) ---

@@ -101,28 +101,27 @@ class Gpt2 final : public Model<P> {
     const bool into_residual = d.tp.size == 1 && !dropout;
     kernels::Ops<P>& ops = k.ops;
     ops.LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w, p.ln1b, N, C, k.stream);
-    ops.MatmulForward(a.qkv, nullptr, a.ln1, p.qkvw, p.qkvb, nullptr, N, C, 3 * Cl, k.stream);
+    LinearForward(k, TpSplit::kRows, a.qkv, nullptr, a.ln1, p.qkvw, p.qkvb, nullptr, N, C, 3 * Cl);
     AttentionForward(k, a.atty, a.att_state, s.attention, a.qkv, d.B, d.T, heads, heads, d.HS);
     // The backward needs attention's own output; the projection reads it after dropout.
     if (dropout) Drop(k, d, kAttentionOutput, s.dropped, a.atty, Cl, C, int64_t(d.tp.rank) * Cl);
     if (into_residual) {
-      ops.MatmulForward(a.residual2, nullptr, a.atty, p.attprojw, p.attprojb, residual, N, Cl, C, k.stream);
+      LinearForward(k, TpSplit::kColumns, a.residual2, nullptr, a.atty, p.attprojw, p.attprojb, residual, N, Cl, C);
       ops.LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w, p.ln2b, N, C, k.stream);
     } else {
-      ops.MatmulForward(s.proj, nullptr, dropout ? s.dropped : a.atty, p.attprojw, OnFirstRank(d, p.attprojb),
-                        nullptr, N, Cl, C, k.stream);
+      LinearForward(k, TpSplit::kColumns, s.proj, nullptr, dropout ? s.dropped : a.atty, p.attprojw, OnFirstRank(d, p.attprojb),
+                        nullptr, N, Cl, C);
       AllReduce(k, s.proj, N * C);
       if (dropout) Drop(k, d, kAttentionResidual, s.proj, s.proj, C, C, 0);
       ops.ResidualLayerNormForward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, residual, s.proj, p.ln2w, p.ln2b, N,
                                    C, k.stream);
     }
-    ops.MatmulForward(a.fch_gelu, a.fch, a.ln2, p.fcw, p.fcb, nullptr, N, C, Hl, k.stream);
+    LinearForward(k, TpSplit::kRows, a.fch_gelu, a.fch, a.ln2, p.fcw, p.fcb, nullptr, N, C, Hl);
     if (into_residual) {
-      ops.MatmulForward(acts.output, nullptr, a.fch_gelu, p.fcprojw, p.fcprojb, a.residual2, N, Hl, C, k.stream);
+      LinearForward(k, TpSplit::kColumns, acts.output, nullptr, a.fch_gelu, p.fcprojw, p.fcprojb, a.residual2, N, Hl, C);
       return;
     }
-    ops.MatmulForward(s.proj, nullptr, a.fch_gelu, p.fcprojw, OnFirstRank(d, p.fcprojb), nullptr, N, Hl, C,
-                      k.stream);
+    LinearForward(k, TpSplit::kColumns, s.proj, nullptr, a.fch_gelu, p.fcprojw, OnFirstRank(d, p.fcprojb), nullptr, N, Hl, C);
     AllReduce(k, s.proj, N * C);
     if (dropout) Drop(k, d, kMlpResidual, s.proj, s.proj, C, C, 0);
     ops.Add(acts.output, a.residual2, s.proj, N * C, k.stream);
@@ -142,8 +141,8 @@ class Gpt2 final : public Model<P> {
     // output = residual2 + fcproj: both get the output's gradient (fcproj's through its mask).
     const Ptr<A> dfcproj = dropout ? s.dmasked : s.dresidual;
     if (dropout) Drop(k, d, kMlpResidual, s.dmasked, s.dresidual, C, C, 0);
-    ops.MatmulBackward(s.dfch, dp.fcprojw, dp.fcprojb, dfcproj, a.fch_gelu, p.fcprojw, a.fch, N, Hl, C, k.stream);
-    ops.MatmulBackward(s.dln, dp.fcw, dp.fcb, s.dfch, a.ln2, p.fcw, nullptr, N, C, Hl, k.stream);
+    LinearBackward(k, TpSplit::kColumns, s.dfch, dp.fcprojw, dp.fcprojb, dfcproj, a.fch_gelu, p.fcprojw, a.fch, N, Hl, C);
+    LinearBackward(k, TpSplit::kRows, s.dln, dp.fcw, dp.fcb, s.dfch, a.ln2, p.fcw, nullptr, N, C, Hl);
     AllReduce(k, s.dln, N * C);  // each rank's hidden units gave part of it
     ops.LayerNormBackward(s.dresidual, dp.ln2w, dp.ln2b, s.dln, a.residual2, p.ln2w, a.ln2_mean, a.ln2_rstd, N, C,
                           k.stream);
@@ -153,11 +152,11 @@ class Gpt2 final : public Model<P> {
       Drop(k, d, kAttentionResidual, s.dmasked, s.dresidual, C, C, 0);
       Drop(k, d, kAttentionOutput, s.dropped, a.atty, Cl, C, int64_t(d.tp.rank) * Cl);  // the projection's input again
     }
-    ops.MatmulBackward(s.datty, dp.attprojw, dp.attprojb, dattproj, dropout ? s.dropped : a.atty, p.attprojw, nullptr,
-                       N, Cl, C, k.stream);
+    LinearBackward(k, TpSplit::kColumns, s.datty, dp.attprojw, dp.attprojb, dattproj, dropout ? s.dropped : a.atty, p.attprojw, nullptr,
+                       N, Cl, C);
     if (dropout) Drop(k, d, kAttentionOutput, s.datty, s.datty, Cl, C, int64_t(d.tp.rank) * Cl);
     AttentionBackward(k, s.dqkv, s.attention, s.datty, a.qkv, a.atty, a.att_state, d.B, d.T, heads, heads, d.HS);
-    ops.MatmulBackward(s.dln, dp.qkvw, dp.qkvb, s.dqkv, a.ln1, p.qkvw, nullptr, N, C, 3 * Cl, k.stream);
+    LinearBackward(k, TpSplit::kRows, s.dln, dp.qkvw, dp.qkvb, s.dqkv, a.ln1, p.qkvw, nullptr, N, C, 3 * Cl);
     AllReduce(k, s.dln, N * C);  // and each rank's heads
     ops.LayerNormBackward(s.dresidual, dp.ln1w, dp.ln1b, s.dln, residual, p.ln1w, a.ln1_mean, a.ln1_rstd, N, C,
                           k.stream);

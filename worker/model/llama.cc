@@ -65,7 +65,7 @@ class Llama final : public Model<P> {
     const bool into_residual = d.tp.size == 1 && !dropout;
     kernels::Ops<P>& ops = k.ops;
     ops.RmsNormForward(a.attn_norm, a.attn_rstd, residual, p + attn_norm_, N, C, d.eps, k.stream);
-    ops.MatmulForward(a.qkv, nullptr, a.attn_norm, p + wqkv_, Bias(p), nullptr, N, C, Q + 2 * KV, k.stream);
+    LinearForward(k, TpSplit::kRows, a.qkv, nullptr, a.attn_norm, p + wqkv_, Bias(p), nullptr, N, C, Q + 2 * KV);
     if (q_norm_ >= 0) {  // each head of q, then of k
       ops.HeadRmsNormForward(a.qkv, a.qk_raw, a.qk_rstd, p + q_norm_, N, d.heads(), d.HS, Q + 2 * KV, d.eps, k.stream);
       ops.HeadRmsNormForward(a.qkv + Q, a.qk_raw + N * Q, a.qk_rstd + N * d.heads(), p + k_norm_, N, d.kv_heads(),
@@ -76,10 +76,10 @@ class Llama final : public Model<P> {
     const int64_t q_whole = int64_t(d.NH) * d.HS, q_first = int64_t(d.tp.rank) * Q;
     if (dropout) Drop(k, d, kAttentionOutput, s.dropped, a.atty, Q, q_whole, q_first);
     if (into_residual) {
-      ops.MatmulForward(a.residual2, nullptr, a.atty, p + wo_, nullptr, residual, N, Q, C, k.stream);
+      LinearForward(k, TpSplit::kColumns, a.residual2, nullptr, a.atty, p + wo_, nullptr, residual, N, Q, C);
       ops.RmsNormForward(a.mlp_norm, a.mlp_rstd, a.residual2, p + mlp_norm_, N, C, d.eps, k.stream);
     } else {
-      ops.MatmulForward(s.proj, nullptr, dropout ? s.dropped : a.atty, p + wo_, nullptr, nullptr, N, Q, C, k.stream);
+      LinearForward(k, TpSplit::kColumns, s.proj, nullptr, dropout ? s.dropped : a.atty, p + wo_, nullptr, nullptr, N, Q, C);
       AllReduce(k, s.proj, N * C);
       if (dropout) Drop(k, d, kAttentionResidual, s.proj, s.proj, C, C, 0);
       ops.ResidualRmsNormForward(a.residual2, a.mlp_norm, a.mlp_rstd, residual, s.proj, p + mlp_norm_, N, C, d.eps,
@@ -94,13 +94,13 @@ class Llama final : public Model<P> {
       ops.Add(acts.output, a.residual2, s.proj, N * C, k.stream);
       return;
     }
-    ops.MatmulForward(a.gate_up, nullptr, a.mlp_norm, p + wgate_up_, nullptr, nullptr, N, C, 2 * Hl, k.stream);
+    LinearForward(k, TpSplit::kRows, a.gate_up, nullptr, a.mlp_norm, p + wgate_up_, nullptr, nullptr, N, C, 2 * Hl);
     ops.SwiGluForward(a.swiglu, a.gate_up, N, Hl, k.stream);
     if (into_residual) {
-      ops.MatmulForward(acts.output, nullptr, a.swiglu, p + wdown_, nullptr, a.residual2, N, Hl, C, k.stream);
+      LinearForward(k, TpSplit::kColumns, acts.output, nullptr, a.swiglu, p + wdown_, nullptr, a.residual2, N, Hl, C);
       return;
     }
-    ops.MatmulForward(s.proj, nullptr, a.swiglu, p + wdown_, nullptr, nullptr, N, Hl, C, k.stream);
+    LinearForward(k, TpSplit::kColumns, s.proj, nullptr, a.swiglu, p + wdown_, nullptr, nullptr, N, Hl, C);
     AllReduce(k, s.proj, N * C);
     if (dropout) Drop(k, d, kMlpResidual, s.proj, s.proj, C, C, 0);
     ops.Add(acts.output, a.residual2, s.proj, N * C, k.stream);
@@ -120,10 +120,9 @@ class Llama final : public Model<P> {
     if (moe_.enabled) {
       moe_.Backward(k, dp, acts.parts, scratch.parts, s.dln, ddown, a.mlp_norm, p, N, C);
     } else {
-      ops.MatmulBackward(s.dswiglu, dp + wdown_, nullptr, ddown, a.swiglu, p + wdown_, nullptr, N, Hl, C, k.stream);
+      LinearBackward(k, TpSplit::kColumns, s.dswiglu, dp + wdown_, nullptr, ddown, a.swiglu, p + wdown_, nullptr, N, Hl, C);
       ops.SwiGluBackward(s.dgate_up, s.dswiglu, a.gate_up, N, Hl, k.stream);
-      ops.MatmulBackward(s.dln, dp + wgate_up_, nullptr, s.dgate_up, a.mlp_norm, p + wgate_up_, nullptr, N, C, 2 * Hl,
-                         k.stream);
+      LinearBackward(k, TpSplit::kRows, s.dln, dp + wgate_up_, nullptr, s.dgate_up, a.mlp_norm, p + wgate_up_, nullptr, N, C, 2 * Hl);
     }
     AllReduce(k, s.dln, N * C);  // each rank's hidden units gave part of it
     ops.RmsNormBackward(s.dresidual, dp + mlp_norm_, s.dln, a.residual2, p + mlp_norm_, a.mlp_rstd, N, C, k.stream);
@@ -134,15 +133,13 @@ class Llama final : public Model<P> {
       Drop(k, d, kAttentionResidual, s.dmasked, s.dresidual, C, C, 0);
       Drop(k, d, kAttentionOutput, s.dropped, a.atty, Q, q_whole, q_first);  // the projection's input again
     }
-    ops.MatmulBackward(s.datty, dp + wo_, nullptr, dout, dropout ? s.dropped : a.atty, p + wo_, nullptr, N, Q, C,
-                       k.stream);
+    LinearBackward(k, TpSplit::kColumns, s.datty, dp + wo_, nullptr, dout, dropout ? s.dropped : a.atty, p + wo_, nullptr, N, Q, C);
     if (dropout) Drop(k, d, kAttentionOutput, s.datty, s.datty, Q, q_whole, q_first);
     AttentionBackward(k, s.dqkv, s.attention, s.datty, a.qkv, a.atty, a.att_state, d.B, d.T, d.heads(), d.kv_heads(),
                       d.HS);
     Rotate(k, s.dqkv, d, /*backward=*/true);
     if (q_norm_ >= 0) HeadNormsBackward(k, dp, s, a, p, d);
-    ops.MatmulBackward(s.dln, dp + wqkv_, Bias(dp), s.dqkv, a.attn_norm, p + wqkv_, nullptr, N, C, Q + 2 * KV,
-                       k.stream);
+    LinearBackward(k, TpSplit::kRows, s.dln, dp + wqkv_, Bias(dp), s.dqkv, a.attn_norm, p + wqkv_, nullptr, N, C, Q + 2 * KV);
     AllReduce(k, s.dln, N * C);  // and each rank's heads
     ops.RmsNormBackward(s.dresidual, dp + attn_norm_, s.dln, residual, p + attn_norm_, a.attn_rstd, N, C, k.stream);
   }

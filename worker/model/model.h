@@ -178,6 +178,16 @@ class Carving {
 // (null: whole sequences on this rank), and the micro-batch's documents (null: causal
 // attention over each whole window; else the buffers hold positions 0 to cp_size x T - 1,
 // WindowPositions, whatever this rank's rows).
+// Float8 training (spec.training.precision fp8): the recipe the blocks' linear layers cast
+// with (kernels/float8.h), and the scratch of their amaxes and scales, laid out as
+// LinearForward (layers.h) uses it: amaxes (2 x width), the TP group's gathered amaxes
+// (tp x 2 x width) and scales (2 x width) of float, api::Float8ScratchElements of them.
+struct Float8Linear {
+  kernels::Float8Recipe recipe = kernels::Float8Recipe::kTensorwise;
+  Ptr<float> scratch;
+  int64_t width = 1;  // the most scales one operand of a product takes
+};
+
 template <class P>
 struct Context {
   kernels::Ops<P>& ops;
@@ -199,6 +209,8 @@ struct Context {
   // block's backward adds.
   RouterStats* router_stats = nullptr;
   Ptr<const typename P::Acc> router_dprobs = nullptr;
+  // Float8 training: the blocks' linear layers cast to float8 (null: they do not).
+  const Float8Linear* float8 = nullptr;
 };
 
 // Causal self-attention as the table's AttentionForward/AttentionBackward give it, or

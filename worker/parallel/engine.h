@@ -31,6 +31,7 @@
 #include "api/engine_memory.h"
 #include "api/model_shape.h"
 #include "api/pipeline.h"
+#include "worker/kernels/float8.h"
 #include "worker/runtime/device.h"
 
 namespace meshtrain::model {
@@ -160,8 +161,13 @@ struct EngineOptions {
   // A mixture of experts' load-balancing loss (spec.training.routerAuxLossCoef; unset:
   // none): ForwardBackward adds coef x transformers' load_balancing_loss_func of each
   // micro-batch, over every data-parallel rank's tokens of that micro-step, divided by the
-  // micro-batches of the step, to the loss and its gradient. One pipeline stage only.
+  // micro-batches of the step, to the loss and its gradient; across pipeline stages, of
+  // every stage's blocks (the loss counted on the last stage).
   std::optional<float> router_aux_loss_coef;
+  // Float8 training (spec.training.precision fp8; unset: none): the blocks' linear layers
+  // multiply in float8 cast by this recipe (model::LinearForward), with fp32 or bf16
+  // kernels. Not with a context group, whose activations' amaxes it does not reduce.
+  std::optional<kernels::Float8Recipe> float8;
 };
 
 class Engine {

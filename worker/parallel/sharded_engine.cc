@@ -99,6 +99,17 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   api::EngineTypes types = model::TypesOf(*ops_, batch, seq, s, tp.size, C, all_to_all);
   types.vocab_multiple = options.vocab_multiple;
   types.experts = mesh_->expert_size();
+  if (options.float8) {
+    if (!std::is_same_v<G, float>) {
+      throw std::invalid_argument(std::string("float8 training runs on fp32 or bf16 kernels, not ") + P::kName);
+    }
+    if (mesh_->context_size() > 1) {
+      throw std::invalid_argument("float8 training with context parallelism (" + std::to_string(mesh_->context_size()) +
+                                  " ranks a sequence) is not built: its activations' amaxes would need the context "
+                                  "group's");
+    }
+    types.float8_scales = api::Float8ScratchElements(batch, seq, s, tp.size, *options.float8 == kernels::Float8Recipe::kRowwise);
+  }
   const int heads = int(s.heads) / tp.size;
   const int64_t state = types.attention_keeps_scores ? int64_t(batch) * heads * seq * seq : int64_t(batch) * heads * seq;
   if (C == 1 && ops_->AttentionStateElements(batch, seq, heads, int(s.kv_heads) / tp.size, int(s.head_dim)) > state) {
@@ -143,6 +154,7 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   }
   first_ = api::SplitBlocks(s, seq, pipeline_.chunks());
   const std::vector<int> chunks = api::ChunksOf(pipeline_, mesh_->stage());
+  last_chunk_ = chunks.empty() ? -1 : *std::max_element(chunks.begin(), chunks.end());
   const api::StageShape part = api::StageShapeOf(s, pipeline_, mesh_->stage(), options.micro_batches, seq);
 
   // The step buffer, carved in api::StepBuffers's order.
@@ -153,6 +165,11 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   for (const api::Buffer& b : step_buffers) {
     at.push_back(step_.get() + offset);
     offset += api::Aligned(b.elements * b.element_bytes);
+  }
+  for (size_t i = 0; i < step_buffers.size(); ++i) {
+    if (step_buffers[i].name != "float8 amaxes and scales") continue;
+    const bool rowwise = *options.float8 == kernels::Float8Recipe::kRowwise;
+    float8_ = {*options.float8, at[i].template As<float>(), api::Float8ScaleWidth(batch, seq, s, tp.size, rowwise)};
   }
   tokens_ = at[0].template As<int32_t>();
   targets_ = at[1].template As<int32_t>();
@@ -264,13 +281,13 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
   if (comm::StreamCollectives* ends = mesh_->device_ends()) ends->Reserve(size_t(widest_shard) * sizeof(G));
   if (comm::StreamCollectives* group = mesh_->device_pipeline()) group->Reserve(sizeof(double));
   if (comm::StreamCollectives* group = mesh_->device_tp()) {
+    // The layers' all-reduces, the head's statistics, and a mixture's routing weights' gradients.
     const int64_t rows = store_->head.chunk_rows;
     group->Reserve(size_t(std::max({N * s.hidden * int64_t(sizeof(A)), tp.size * rows * 3 * int64_t(sizeof(G)),
-                                    int64_t(sizeof(double))})));
+                                    tp.size * N * s.experts_per_token * int64_t(sizeof(G)), int64_t(sizeof(double))})));
   }
   if (options.router_aux_loss_coef) {
     if (s.experts < 1) throw std::invalid_argument("a load-balancing loss needs a mixture of experts");
-    if (pipeline_.stages > 1) throw std::invalid_argument("a load-balancing loss needs one pipeline stage");
     if (!(*options.router_aux_loss_coef >= 0)) throw std::invalid_argument("a negative load-balancing coefficient");
     aux_dprobs_ = runtime::DeviceArray<G>(&allocator_, N * s.experts, MemoryCategory::kActivations);
   }
@@ -283,6 +300,7 @@ ShardedEngine<P>::~ShardedEngine() {
   // The streams' work must not outlive the units and buffers it touches.
   try {
     Drain();
+    DropStagedStats();
   } catch (...) {  // already reported by the call that failed
   }
   const runtime::MemorySource host = backend_->PinnedHostMemory();
@@ -450,10 +468,12 @@ void ShardedEngine<P>::ChunkForward(int c, int lane, const MicroBatch& m, HeadWo
   model::Context<P> k = Context(m.documents);
   if (head == HeadWork::kTrain) k.expert_counts = &expert_counts_;
   const bool aux = head == HeadWork::kTrain && options_.router_aux_loss_coef.has_value();
-  if (aux) {
+  const bool staged = aux && pipeline_.stages > 1;  // the micro-batch's routing is summed over the stages
+  if (aux && !staged) {
     router_stats_ = {};
     k.router_stats = &router_stats_;
   }
+  if (staged) k.router_stats = &staged_stats_[m.key.micro].stats;  // this stage's chunks of it add up
   if (embeds) GatherEdge(0);  // block a is gathered already (Unshard)
   if (embeds) {
     WaitTimed(Embedding().ready());
@@ -484,6 +504,7 @@ void ShardedEngine<P>::ChunkForward(int c, int lane, const MicroBatch& m, HeadWo
     held_ = true;
     held_block_ = b - 1;
   }
+  if (staged && c == last_chunk_) PostRouterStats(m.key.micro);
   if (!ends) return;  // the lane's output goes to the next stage
   if (H != 0 || !embeds) WaitTimed(HeadUnit().ready());
   Observed(*compute_, Op::kForward, H, [&] {
@@ -504,16 +525,22 @@ void ShardedEngine<P>::ChunkForward(int c, int lane, const MicroBatch& m, HeadWo
   });
   ReleaseEdge();
   kept_stale_ = false;
-  if (aux) FinishRouterStats(d.N());
+  if (aux && !staged) FinishRouterStats(d.N());
 }
 
 template <class P>
 void ShardedEngine<P>::FinishRouterStats(int64_t N) {
-  const int E = int(layout_.shape().experts);
   model::RouterStats& s = router_stats_;
   if (s.blocks == 0) throw std::logic_error("a load-balancing loss, but no block routed the micro-batch");
+  std::vector<double> both = SumOverDataRanks(s);
+  AddAuxLoss(both, s.blocks, N, /*counts_loss=*/true, &aux_dprobs_host_);
+  backend_->Upload(aux_dprobs_.get(), aux_dprobs_host_.data(), N * int64_t(layout_.shape().experts), *compute_);
+}
+
+template <class P>
+std::vector<double> ShardedEngine<P>::SumOverDataRanks(const model::RouterStats& s) {
   // Every data-parallel rank's (the shard group holds the context ranks, each with its
-  // own rows); every rank of one micro-step has N tokens.
+  // own rows); every rank of one micro-step has N tokens. Each TP rank routes all of them.
   std::vector<double> both(s.counts);
   both.insert(both.end(), s.probabilities.begin(), s.probabilities.end());
   // (A host group of their own: the shard and replica groups' run on the comm stream.)
@@ -523,22 +550,77 @@ void ShardedEngine<P>::FinishRouterStats(int64_t N) {
   } else if (ranks > 1) {
     throw std::logic_error("a load-balancing loss over data ranks, but the mesh has no data group");
   }
-  const double rows = double(s.blocks) * ranks * double(N);  // every block's tokens, as transformers concatenates them
+  return both;
+}
+
+template <class P>
+void ShardedEngine<P>::AddAuxLoss(const std::vector<double>& both, int blocks, int64_t N, bool counts_loss,
+                                  std::vector<G>* dprobs) {
+  const int E = int(layout_.shape().experts);
+  const double ranks = double(mesh_->shard_size()) * double(mesh_->replicas());
+  const double rows = double(blocks) * ranks * double(N);  // every block's tokens, as transformers concatenates them
   double aux = 0;
   for (int e = 0; e < E; ++e) aux += (both[size_t(e)] / rows) * (both[size_t(E + e)] / rows);
   aux *= E;
-  aux_loss_sum_ += double(aux_weight_) * aux;
+  if (counts_loss) aux_loss_sum_ += double(aux_weight_) * aux;
   aux_value_sum_ += aux;
   ++aux_micro_batches_;
   // d(weight x aux) / d(one router probability of one block's token) = weight x E x
   // f_e / rows, f_e = the expert's share of all copies; times the data-parallel ranks,
   // whose gradients are averaged.
-  aux_dprobs_host_.resize(size_t(N) * size_t(E));
+  dprobs->resize(size_t(N) * size_t(E));
   for (int e = 0; e < E; ++e) {
     const double g = double(aux_weight_) * ranks * E * (both[size_t(e)] / rows) / rows;
-    for (int64_t t = 0; t < N; ++t) aux_dprobs_host_[size_t(t) * size_t(E) + size_t(e)] = G(g);
+    for (int64_t t = 0; t < N; ++t) (*dprobs)[size_t(t) * size_t(E) + size_t(e)] = G(g);
   }
-  backend_->Upload(aux_dprobs_.get(), aux_dprobs_host_.data(), N * E, *compute_);
+}
+
+template <class P>
+void ShardedEngine<P>::PostRouterStats(int64_t micro) {
+  StagedRouterStats& staged = staged_stats_[micro];
+  if (staged.stats.blocks == 0) throw std::logic_error("a load-balancing loss, but no block routed the micro-batch");
+  staged.both = SumOverDataRanks(staged.stats);
+  staged.both.push_back(double(staged.stats.blocks));
+  // Asynchronous: the stages post theirs in the order of the micro-batches, each when its
+  // last chunk of it has run forward, and the first backward of it here waits.
+  comm::Communicator* stages = mesh_->pipeline();
+  if (stages == nullptr) throw std::logic_error("a load-balancing loss across stages, but the mesh has no pipeline group");
+  staged.summed = stages->AllReduce(staged.both.data(), staged.both.data(), staged.both.size(),
+                                    comm::DataType::kFloat64, comm::ReduceOp::kSum);
+}
+
+template <class P>
+void ShardedEngine<P>::DropStagedStats() {
+  if (staged_stats_.empty()) return;
+  compute_->Synchronize(options_.timeout);  // the uploads read the host copies
+  for (auto& [micro, staged] : staged_stats_) {
+    if (!staged.summed || !staged.dprobs.empty()) continue;
+    try {  // a step cut short: its all-reduce still writes `both`
+      staged.summed->Wait();
+    } catch (...) {  // already reported by the call that failed
+    }
+  }
+  staged_stats_.clear();
+}
+
+template <class P>
+void ShardedEngine<P>::UploadStagedDprobs(int64_t micro, int64_t N) {
+  const auto found = staged_stats_.find(micro);
+  if (found == staged_stats_.end() || !found->second.summed) {
+    throw std::logic_error("a backward of micro-batch " + std::to_string(micro) + " before its routing was posted");
+  }
+  StagedRouterStats& staged = found->second;
+  if (staged.dprobs.empty()) {  // the first backward of the micro-batch on this stage
+    staged.summed->Wait();
+    const int blocks = int(staged.both.back());
+    if (blocks != layout_.blocks()) {
+      throw std::logic_error("the stages routed " + std::to_string(blocks) + " blocks of " +
+                             std::to_string(layout_.blocks()));
+    }
+    // The loss is the last stage's, as the cross-entropy's is (TakeLoss sums the stages).
+    AddAuxLoss(staged.both, blocks, N, /*counts_loss=*/mesh_->stage() + 1 == mesh_->stages(), &staged.dprobs);
+  }
+  backend_->Upload(aux_dprobs_.get(), staged.dprobs.data(), N * int64_t(layout_.shape().experts), *compute_);
 }
 
 template <class P>
@@ -564,6 +646,7 @@ void ShardedEngine<P>::ChunkBackward(int c, int lane, const MicroBatch& m, bool 
   comm::StreamCollectives* experts = mesh_->device_expert_grads();
   model::Context<P> k = Context(m.documents);
   if (options_.router_aux_loss_coef) k.router_dprobs = aux_dprobs_.get();
+  if (options_.router_aux_loss_coef && pipeline_.stages > 1) UploadStagedDprobs(m.key.micro, d.N());
   const model::BlockScratch<P> scratch = store_->ScratchFor(lane);
   held_ = false;  // its last block: kept by its forward, or gathered by Unshard
   for (int l = b - 1; l >= a; --l) {
@@ -661,6 +744,7 @@ void ShardedEngine<P>::ForwardBackward(const std::vector<MicroBatch>& micro_batc
   }
   ReleaseHeld();  // a training forward whose backward never came
   if (options_.router_aux_loss_coef) aux_weight_ = *options_.router_aux_loss_coef / float(micro_batches.size());
+  DropStagedStats();
   stage_->Train(*this, micro_batches);
   replicas_reduced_ = true;
 }
@@ -842,7 +926,14 @@ std::string ShardedEngine<P>::Describe() const {
   for (const auto& unit : units_) held += unit ? 1 : 0;
   const FlatUnit<P>* block = nullptr;
   for (size_t u = 1; u < units_.size() && block == nullptr; ++u) block = units_[u].get();
-  return std::string(P::kName) + " FSDP, " + mesh_->Describe() + stage + activations + "; " +
+  // Float8 training: the blocks' linear layers (attention's and the dense MLPs'); a
+  // mixture's routers and experts, the embedding and the head keep the compute precision.
+  std::string precision = P::kName;
+  if (options_.float8) {
+    precision = std::string("fp8 (") + kernels::Float8RecipeName(*options_.float8) + ") with " + P::kName +
+                (layout_.shape().experts > 0 ? " routers and experts" : "");
+  }
+  return precision + " FSDP, " + mesh_->Describe() + stage + activations + "; " +
          std::to_string(held) + " units" +
          (S == 1 || block == nullptr
               ? ", each whole on this rank"

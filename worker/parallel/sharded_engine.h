@@ -40,7 +40,9 @@
 //     (pipeline_stage.h) runs the stage's schedule over those chunks and moves the lanes'
 //     activations and gradients between stages. On the last stage the head's gradients
 //     are reduced right after its forward. Norms, losses and the whole model are summed
-//     over the pipeline group. With one stage, the same with one chunk and no transfers.
+//     over the pipeline group, and so is a load-balancing loss's routing of each
+//     micro-batch (PostRouterStats: an all-reduce in flight between the stage's forward
+//     of it and its backward). With one stage, the same with one chunk and no transfers.
 // Nothing is allocated after construction, and the host waits only when it reads a
 // result (TakeLoss, GradNorm, and the calls outside steps).
 //
@@ -137,7 +139,10 @@ class ShardedEngine final : public Engine, private ChunkCompute {
   // Where unit u's (the embedding's or the head's) unsharded gradients go.
   Ptr<G> EdgeGrads(int u);
   model::Context<P> Context(const model::Documents* documents = nullptr) {
-    return {*ops_, *compute_, tp_.get(), family_buffers_, cp_.get(), backend_.get(), documents, nullptr, ep_.get()};
+    model::Context<P> k{*ops_, *compute_, tp_.get(), family_buffers_, cp_.get(), backend_.get(), documents, nullptr,
+                        ep_.get()};
+    if (options_.float8) k.float8 = &float8_;
+    return k;
   }
   // The dims of a micro-batch: its shape and, in training with dropout, its masks.
   model::Dims DimsOf(int B, int T, const MicroBatchKey* training) const;
@@ -163,9 +168,24 @@ class ShardedEngine final : public Engine, private ChunkCompute {
   void ReduceEdge(int u, bool last);
   void ReleaseHeld();  // the last block a training forward kept, if it kept it
   // The load-balancing loss of the micro-batch of N tokens whose training forward just
-  // ran: its statistics summed over the data-parallel ranks, its value, and its gradient
-  // by each router probability, uploaded for the backward.
+  // ran (one stage): its statistics summed over the data-parallel ranks, its value, and
+  // its gradient by each router probability, uploaded for the backward.
   void FinishRouterStats(int64_t N);
+  // s's counts (E), then its probabilities' sums (E), summed over the data-parallel ranks
+  // of this stage and TP rank (a host all-reduce, every such rank at the same micro-batch).
+  std::vector<double> SumOverDataRanks(const model::RouterStats& s);
+  // From `both` summed over every rank of a micro-step of N tokens a rank and its `blocks`:
+  // adds the loss's value (and with counts_loss the loss), and sets dprobs (N,E) to its
+  // gradient by each router probability.
+  void AddAuxLoss(const std::vector<double>& both, int blocks, int64_t N, bool counts_loss, std::vector<G>* dprobs);
+  // Across pipeline stages: when this stage's last chunk of micro-batch `micro` has run
+  // forward, its routing summed over the data ranks, and an all-reduce over the stages
+  // started; the first backward of it here waits for that, and every backward of it here
+  // uploads the gradient by each router probability.
+  void PostRouterStats(int64_t micro);
+  void UploadStagedDprobs(int64_t micro, int64_t N);
+  // Forgets the last step's (after its uploads and all-reduces have finished).
+  void DropStagedStats();
   // Replicated: the kept compute copies no longer match the masters (built, restored).
   void RefreshKept();
   // Runs `enqueue` between the observer's Begin and End of (op, unit) on `stream`.
@@ -205,6 +225,17 @@ class ShardedEngine final : public Engine, private ChunkCompute {
   float aux_weight_ = 0;
   std::vector<G> aux_dprobs_host_;
   runtime::DeviceArray<G> aux_dprobs_;
+  // With pipeline stages: each micro-batch's routing on this stage, its sum over the data
+  // ranks and blocks (2E + 1) in the stages' all-reduce, and then its gradient (N,E), kept
+  // until the next step (the uploads read them); and the stage's last chunk.
+  struct StagedRouterStats {
+    model::RouterStats stats;
+    std::vector<double> both;
+    std::shared_ptr<comm::Work> summed;
+    std::vector<G> dprobs;
+  };
+  std::map<int64_t, StagedRouterStats> staged_stats_;
+  int last_chunk_ = -1;
   double aux_loss_sum_ = 0, aux_value_sum_ = 0;
   int aux_micro_batches_ = 0;
   // The step buffer (api::StepBuffers): tokens, targets, scalars, segment tables, RoPE's table.
@@ -216,6 +247,7 @@ class ShardedEngine final : public Engine, private ChunkCompute {
   Ptr<double> loss_sum_, squares_;
   Ptr<float> clip_scale_;
   model::Carving family_buffers_;  // the family's (RoPE's table), in the step buffer
+  model::Float8Linear float8_;     // with EngineOptions::float8: its scratch in the step buffer
   std::vector<std::unique_ptr<FlatUnit<P>>> units_;  // every unit of the layout; null where another stage holds it
   // Compute copies and, with S > 1, unsharded gradients: the edge slot (the embedding's or
   // the head's; kept: one each) and two block slots.

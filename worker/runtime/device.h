@@ -23,15 +23,15 @@ struct Device {
   friend bool operator==(const Device&, const Device&) = default;
 };
 
-// Where a job with `precision` (auto | fp32 | bf16) trains, and in what precision.
+// Where a job with `precision` (auto | fp32 | bf16 | fp8) trains, and in what precision.
 struct DeviceChoice {
   Device device;
-  std::string precision;  // "fp32" on the CPU, "bf16" on CUDA
+  std::string precision;  // "fp32" on the CPU, "bf16" on CUDA; fp8 names both
   std::string note;       // why the job's precision was not honoured; empty when it was
 };
 
 // bf16 on CUDA device local_rank % cuda_devices when there is one and precision is
-// auto or bf16. Everything else trains in fp32 on the CPU: fp32 (the CUDA engine
+// auto, bf16 or fp8 (float8 products over bf16). Everything else trains in fp32 on the CPU: fp32 (the CUDA engine
 // computes in bf16 only), and bf16 without a device, with a note that says why there
 // is none (`why_none`: no CUDA in this build, a plugin that does not load, no device).
 DeviceChoice ChooseDevice(const std::string& precision, int local_rank, int cuda_devices,

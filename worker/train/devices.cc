@@ -106,6 +106,10 @@ std::unique_ptr<parallel::Engine> MakeEngine(const api::TrainingJob& job, const 
   if (options.pipeline.stages > 1) options.micro_batches = int(api::AccumulationSteps(job.spec));
   options.context_all_to_all = p.context_parallel_mode == "AllToAll";
   options.documents = job.spec.data.attention == "document";
+  if (job.spec.training.precision == "fp8") {
+    options.float8 = job.spec.training.float8.recipe == "rowwise" ? kernels::Float8Recipe::kRowwise
+                                                                  : kernels::Float8Recipe::kTensorwise;
+  }
   if (job.spec.training.router_aux_loss_coef) options.router_aux_loss_coef = float(*job.spec.training.router_aux_loss_coef);
   const bool wrap = options.pipeline.virtual_stages > 1;  // chunks go round the stages more than once
   const bool data_group = options.router_aux_loss_coef.has_value();  // its statistics cross the data-parallel ranks

@@ -1,5 +1,8 @@
 #include "worker/kernels/cpu/cpu_ops.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "worker/kernels/cpu/attention_blocks.h"
@@ -81,6 +84,46 @@ class CpuOps final : public Ops<P> {
     Run(s, [=, dinp = At(dinp), dweight = At(dweight), dbias = At(dbias), dout = At(dout), inp = At(inp),
              weight = At(weight), gelu_pre = At(gelu_pre)] {
       cpu::MatmulBackward<A, G>(dinp, dweight, dbias, dout, inp, weight, gelu_pre, N, K, OC);
+    });
+  }
+  void Float8Amax(Out<float> amax, In<A> x, int64_t rows, int cols, Float8Scaling scaling, Stream& s) override {
+    Run(s, [=, amax = At(amax), x = At(x)] { cpu::Float8AmaxOf<A>(amax, x, rows, cols, scaling); });
+  }
+  void Float8Scales(Out<float> scale, In<float> amax, int64_t n, int copies, int64_t copy_stride, Float8 format,
+                    bool power_of_2, Stream& s) override {
+    Run(s, [=, scale = At(scale), amax = At(amax)] {
+      for (int64_t i = 0; i < n; ++i) {
+        float m = amax[i];
+        for (int c = 1; c < copies; ++c) {
+          const float a = amax[c * copy_stride + i];
+          m = (std::isnan(a) || std::isnan(m)) ? std::numeric_limits<float>::quiet_NaN() : std::max(m, a);
+        }
+        scale[i] = Float8Scale(m, format, power_of_2);
+      }
+    });
+  }
+  void Float8MatmulForward(Out<A> out, Out<A> gelu_pre, In<A> inp, In<float> inp_scale, In<A> weight,
+                           In<float> weight_scale, In<A> bias, In<A> residual, int64_t N, int K, int OC,
+                           Float8Recipe recipe, Stream& s) override {
+    this->CheckMatmulForward(out, gelu_pre, residual);
+    Run(s, [=, out = At(out), gelu_pre = At(gelu_pre), inp = At(inp), inp_scale = At(inp_scale), weight = At(weight),
+             weight_scale = At(weight_scale), bias = At(bias), residual = At(residual)] {
+      cpu::Float8MatmulForward<A, G>(out, gelu_pre, inp, inp_scale, weight, weight_scale, bias, residual, N, K, OC,
+                                     recipe);
+    });
+  }
+  void Float8MatmulGradInput(Out<A> dinp, In<A> dout, In<float> dout_scale, In<A> weight, In<float> weight_scale,
+                             In<A> gelu_pre, int64_t N, int K, int OC, Float8Recipe recipe, Stream& s) override {
+    Run(s, [=, dinp = At(dinp), dout = At(dout), dout_scale = At(dout_scale), weight = At(weight),
+             weight_scale = At(weight_scale), gelu_pre = At(gelu_pre)] {
+      cpu::Float8MatmulGradInput<A, G>(dinp, dout, dout_scale, weight, weight_scale, gelu_pre, N, K, OC, recipe);
+    });
+  }
+  void Float8MatmulGradWeight(Out<G> dweight, Out<G> dbias, In<A> dout, In<float> dout_scale, In<A> inp,
+                              In<float> inp_scale, int64_t N, int K, int OC, Float8Recipe recipe, Stream& s) override {
+    Run(s, [=, dweight = At(dweight), dbias = At(dbias), dout = At(dout), dout_scale = At(dout_scale), inp = At(inp),
+             inp_scale = At(inp_scale)] {
+      cpu::Float8MatmulGradWeight<A, G>(dweight, dbias, dout, dout_scale, inp, inp_scale, N, K, OC, recipe);
     });
   }
   void RmsNormForward(Out<A> out, Out<G> rstd, In<A> inp, In<A> weight, int64_t N, int C, float eps,

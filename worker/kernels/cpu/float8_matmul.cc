@@ -13,9 +13,6 @@ namespace {
 // A namespace of its own: this file shares unity units with kernels.cc's helpers.
 namespace float8_matmul {
 
-// torchao's float8_utils.EPS: amax_to_scale clamps the amax to it, "to avoid division by zero".
-constexpr double kAmaxFloor = 1e-12;
-
 // Every code's value in one format, built once.
 const float* DecodeTable(Float8 format) {
   static const auto tables = [] {
@@ -42,17 +39,28 @@ float* OperandScratch(int slot, int64_t n) {
   return s.data();
 }
 
+// out (n) = RoundToFloat8(x * s) / s of x (n), scale s of its own for each element (a row
+// of column scales) or one for all (`scales` null): vectorized.
+#if defined(__x86_64__) && defined(__GNUC__)
+[[gnu::target_clones("avx512f", "avx2", "default")]]
+#endif
+void RoundRow(float* out, const float* x, const float* scales, float s, int64_t n, Float8 format) {
+  if (scales == nullptr) {
+#pragma GCC ivdep
+    for (int64_t j = 0; j < n; ++j) out[j] = RoundToFloat8(x[j] * s, format) / s;
+  } else {
+#pragma GCC ivdep
+    for (int64_t j = 0; j < n; ++j) out[j] = RoundToFloat8(x[j] * scales[j], format) / scales[j];
+  }
+}
+
 // out (rows,cols) = DequantizeFloat8(QuantizeFloat8(x)), without storing the codes.
 void QuantizeDequantize(float* out, const float* x, const float* scale, int64_t rows, int64_t cols, Float8 format,
                         Float8Scaling scaling) {
-  const float* decode = DecodeTable(format);
 #pragma omp parallel for
   for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < cols; ++j) {
-      const float s = ScaleAt(scale, scaling, i, j);
-      const float scaled = x[i * cols + j] * s;
-      out[i * cols + j] = decode[EncodeFloat8(scaled, format)] / s;
-    }
+    const float s = scaling == Float8Scaling::kTensor ? scale[0] : scaling == Float8Scaling::kRow ? scale[i] : 0.0f;
+    RoundRow(out + i * cols, x + i * cols, scaling == Float8Scaling::kColumn ? scale : nullptr, s, cols, format);
   }
 }
 
@@ -79,29 +87,6 @@ void Sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const fl
 
 }  // namespace float8_matmul
 }  // namespace
-
-Float8Cast Float8CastOf(Float8Recipe recipe, Float8Operand operand) {
-  if (recipe == Float8Recipe::kTensorwise) {
-    const bool dout = operand == Float8Operand::kDoutForGradInput || operand == Float8Operand::kDoutForGradWeight;
-    return {dout ? Float8::kE5M2 : Float8::kE4M3, Float8Scaling::kTensor, false};
-  }
-  // Rowwise: each operand scaled along its product's contraction axis.
-  switch (operand) {
-    case Float8Operand::kInpForward:
-    case Float8Operand::kWeightForward:
-    case Float8Operand::kDoutForGradInput:
-      return {Float8::kE4M3, Float8Scaling::kRow, true};
-    case Float8Operand::kWeightForGradInput:
-    case Float8Operand::kDoutForGradWeight:
-    case Float8Operand::kInpForGradWeight:
-      return {Float8::kE4M3, Float8Scaling::kColumn, true};
-  }
-  return {Float8::kE4M3, Float8Scaling::kTensor, true};  // unreachable
-}
-
-int64_t Float8ScaleCount(Float8Scaling scaling, int64_t rows, int64_t cols) {
-  return scaling == Float8Scaling::kTensor ? 1 : scaling == Float8Scaling::kRow ? rows : cols;
-}
 
 void Float8Amax(float* amax, const float* x, int64_t rows, int64_t cols, Float8Scaling scaling) {
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -154,19 +139,6 @@ void Float8Amax(float* amax, const float* x, int64_t rows, int64_t cols, Float8S
       return;
     }
   }
-}
-
-float Float8Scale(float amax, Float8 format, bool power_of_2) {
-  if (std::isnan(amax)) return std::numeric_limits<float>::quiet_NaN();
-  // torchao: amax.to(float64); finfo(dtype).max / clamp(amax, min=EPS); .to(float32). (A
-  // quotient of two floats rounded to fp64, then to fp32, is the fp32 quotient: the double
-  // rounding is harmless, so an fp32 division agrees wherever amax >= 1e-12.)
-  const float scale = float(double(Float8Max(format)) / std::max(double(amax), float8_matmul::kAmaxFloor));
-  if (!power_of_2 || !(scale > 0) || std::isinf(scale)) return scale;
-  // The largest power of 2 not above scale: scale = f x 2^e with f in [0.5, 1).
-  int e = 0;
-  std::frexp(scale, &e);
-  return std::ldexp(1.0f, e - 1);
 }
 
 void Float8Scales(float* scale, const float* amax, int64_t n, Float8 format, bool power_of_2) {

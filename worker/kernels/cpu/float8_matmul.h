@@ -50,44 +50,19 @@
 
 namespace meshtrain::kernels::cpu {
 
-enum class Float8Recipe { kTensorwise, kRowwise };
-
-// The axis a tensor (rows,cols) is scaled along: one scale for the whole tensor, one per
-// row (rows of them: the amax over each row's cols values) or one per column (cols of
-// them: the amax over each column's rows values).
-enum class Float8Scaling { kTensor, kRow, kColumn };
-
-// An operand of the linear layer's products, in the product it enters.
-enum class Float8Operand {
-  kInpForward,         // inp (N,K) in out = inp @ weight^T
-  kWeightForward,      // weight (OC,K) in out = inp @ weight^T
-  kDoutForGradInput,   // dout (N,OC) in dinp = dout @ weight
-  kWeightForGradInput, // weight (OC,K) in dinp = dout @ weight
-  kDoutForGradWeight,  // dout (N,OC) in dweight += dout^T @ inp
-  kInpForGradWeight,   // inp (N,K) in dweight += dout^T @ inp
-};
-
-// How an operand is cast under a recipe: its format, the axis of its scales (of the
-// operand as stored, (N,K), (OC,K) or (N,OC)), and whether scales are powers of 2.
-struct Float8Cast {
-  Float8 format;
-  Float8Scaling scaling;
-  bool power_of_2_scales;
-};
-Float8Cast Float8CastOf(Float8Recipe recipe, Float8Operand operand);
-
-// How many scales (or amaxes) a tensor (rows,cols) has under `scaling`: 1, rows or cols.
-int64_t Float8ScaleCount(Float8Scaling scaling, int64_t rows, int64_t cols);
+// The recipe types and the scale of one amax (kernels/float8.h), as this file names them.
+using kernels::Float8Cast;
+using kernels::Float8CastOf;
+using kernels::Float8Operand;
+using kernels::Float8Recipe;
+using kernels::Float8Scale;
+using kernels::Float8ScaleCount;
+using kernels::Float8Scaling;
 
 // amax (Float8ScaleCount) = max |x| over the tensor, each row or each column of
 // x (rows,cols); NaN where a NaN is among the values. An empty tensor's (or row's) is 0.
 void Float8Amax(float* amax, const float* x, int64_t rows, int64_t cols, Float8Scaling scaling);
 
-// The scale of one amax: float(max / max(double(amax), 1e-12)) with max = Float8Max
-// (448 or 57344), computed in fp64 and rounded once to fp32, as torchao's amax_to_scale
-// (EPS = 1e-12); NaN for a NaN amax, 0 for an infinite one. With power_of_2, the result is
-// then rounded down to a power of 2 exactly (the largest 2^e <= scale; 0 and NaN stay).
-float Float8Scale(float amax, Float8 format, bool power_of_2);
 // scale (n) = Float8Scale of each amax (n).
 void Float8Scales(float* scale, const float* amax, int64_t n, Float8 format, bool power_of_2);
 

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "worker/kernels/cpu/float8_matmul.h"
 #include "worker/kernels/dropout.h"
 #include "worker/runtime/bf16.h"
 
@@ -261,19 +262,12 @@ void LayerNormBackward(A* dinp, G* dweight, G* dbias, const A* dout, const A* in
   }
 }
 
+// MatmulForward's epilogue over the product's sum (N,OC): the bias, then the residual or
+// GELU. In fp32 the sum lies in place (in gelu_pre with GELU, else in out); otherwise it
+// is sum, in G.
 template <class A, class G>
-void MatmulForward(A* out, A* gelu_pre, const A* inp, const A* weight, const A* bias, const A* residual, int64_t N,
-                   int K, int OC) {
+void MatmulEpilogue(A* out, A* gelu_pre, const G* sum, const A* bias, const A* residual, int64_t N, int OC) {
   constexpr bool kStoredAsComputed = std::is_same_v<A, G>;
-  const G* x = Widen<G>(inp, N * K, 0);
-  const G* w = Widen<G>(weight, int64_t(OC) * K, 1);
-  G* sum;
-  if constexpr (kStoredAsComputed) {
-    sum = gelu_pre ? gelu_pre : out;
-  } else {
-    sum = Scratch<G>(2, N * OC);
-  }
-  Gemm(false, true, N, OC, K, G(1), x, K, w, K, G(0), sum, OC);
 #pragma omp parallel for
   for (int64_t r = 0; r < N; ++r) {
     if constexpr (kStoredAsComputed && std::is_same_v<G, float>) {
@@ -296,34 +290,37 @@ void MatmulForward(A* out, A* gelu_pre, const A* inp, const A* weight, const A* 
   }
 }
 
+// Where a product of (N,OC) lands before MatmulEpilogue: in place in fp32, else scratch 2.
 template <class A, class G>
-void MatmulBackward(A* dinp, G* dweight, G* dbias, const A* dout, const A* inp, const A* weight, const A* gelu_pre,
-                    int64_t N, int K, int OC) {
-  constexpr bool kStoredAsComputed = std::is_same_v<A, G>;
-  const G* d = Widen<G>(dout, N * OC, 0);
-  const G* x = Widen<G>(inp, N * K, 1);
-  const G* w = Widen<G>(weight, int64_t(OC) * K, 2);
-  G* dx;
-  if constexpr (kStoredAsComputed) {
-    dx = dinp;
+G* SumOf(A* out, A* gelu_pre, int64_t N, int OC) {
+  if constexpr (std::is_same_v<A, G>) {
+    return gelu_pre ? gelu_pre : out;
   } else {
-    dx = Scratch<G>(3, N * K);
+    return Scratch<G>(2, N * OC);
   }
-  Gemm(false, false, N, K, OC, G(1), d, OC, w, K, G(0), dx, K);  // dinp = dout @ weight
+}
+
+// dinp (n) = dx times GELU'(gelu_pre) (nullable), as stored; dx is dinp itself in fp32.
+template <class A, class G>
+void GradInputEpilogue(A* dinp, const G* dx, const A* gelu_pre, int64_t n) {
+  constexpr bool kStoredAsComputed = std::is_same_v<A, G>;
   if constexpr (kStoredAsComputed && std::is_same_v<G, float>) {
     if (gelu_pre) {  // in place: dx is dinp
       constexpr int64_t kChunk = 1 << 14;
 #pragma omp parallel for
-      for (int64_t i = 0; i < N * K; i += kChunk) GeluBackwardFp32(dinp + i, gelu_pre + i, std::min(kChunk, N * K - i));
+      for (int64_t i = 0; i < n; i += kChunk) GeluBackwardFp32(dinp + i, gelu_pre + i, std::min(kChunk, n - i));
     }
   } else if (gelu_pre || !kStoredAsComputed) {
 #pragma omp parallel for
-    for (int64_t i = 0; i < N * K; ++i) dinp[i] = A(gelu_pre ? dx[i] * GeluDerivative(Load<G>(gelu_pre[i])) : dx[i]);
+    for (int64_t i = 0; i < n; ++i) dinp[i] = A(gelu_pre ? dx[i] * GeluDerivative(Load<G>(gelu_pre[i])) : dx[i]);
   }
-  Gemm(true, false, OC, K, N, G(1), d, OC, x, K, G(1), dweight, K);  // dweight += dout^T @ inp
-  if (dbias == nullptr) return;
-  // Column sums, rows in order for every column (as a loop over the column would add
-  // them), a block of columns a thread, rows outermost so that the reads are contiguous.
+}
+
+// dbias (OC) += the column sums of d (N,OC): rows in order for every column (as a loop
+// over the column would add them), a block of columns a thread, rows outermost so that
+// the reads are contiguous.
+template <class G>
+void AddColumnSums(G* dbias, const G* d, int64_t N, int OC) {
   constexpr int kColumns = 256;
 #pragma omp parallel for
   for (int j0 = 0; j0 < OC; j0 += kColumns) {
@@ -335,6 +332,96 @@ void MatmulBackward(A* dinp, G* dweight, G* dbias, const A* dout, const A* inp, 
     }
     for (int j = 0; j < width; ++j) dbias[j0 + j] += sums[j];
   }
+}
+
+template <class A, class G>
+void MatmulForward(A* out, A* gelu_pre, const A* inp, const A* weight, const A* bias, const A* residual, int64_t N,
+                   int K, int OC) {
+  const G* x = Widen<G>(inp, N * K, 0);
+  const G* w = Widen<G>(weight, int64_t(OC) * K, 1);
+  G* sum = SumOf<A, G>(out, gelu_pre, N, OC);
+  Gemm(false, true, N, OC, K, G(1), x, K, w, K, G(0), sum, OC);
+  MatmulEpilogue<A, G>(out, gelu_pre, sum, bias, residual, N, OC);
+}
+
+template <class A, class G>
+void MatmulBackward(A* dinp, G* dweight, G* dbias, const A* dout, const A* inp, const A* weight, const A* gelu_pre,
+                    int64_t N, int K, int OC) {
+  const G* d = Widen<G>(dout, N * OC, 0);
+  const G* x = Widen<G>(inp, N * K, 1);
+  const G* w = Widen<G>(weight, int64_t(OC) * K, 2);
+  G* dx;
+  if constexpr (std::is_same_v<A, G>) {
+    dx = dinp;
+  } else {
+    dx = Scratch<G>(3, N * K);
+  }
+  Gemm(false, false, N, K, OC, G(1), d, OC, w, K, G(0), dx, K);  // dinp = dout @ weight
+  GradInputEpilogue<A, G>(dinp, dx, gelu_pre, N * K);
+  Gemm(true, false, OC, K, N, G(1), d, OC, x, K, G(1), dweight, K);  // dweight += dout^T @ inp
+  if (dbias != nullptr) AddColumnSums(dbias, d, N, OC);
+}
+
+// The float8 products (ops.h): the operands as fp32 (cpu/float8_matmul.h casts from fp32),
+// the product in fp32, then MatmulForward's and MatmulBackward's epilogues.
+template <class A, class G>
+void Float8MatmulForward(A* out, A* gelu_pre, const A* inp, const float* inp_scale, const A* weight,
+                         const float* weight_scale, const A* bias, const A* residual, int64_t N, int K, int OC,
+                         Float8Recipe recipe) {
+  const float* x = Widen<float>(inp, N * K, 0);
+  const float* w = Widen<float>(weight, int64_t(OC) * K, 1);
+  G* sum = SumOf<A, G>(out, gelu_pre, N, OC);
+  if constexpr (std::is_same_v<G, float>) {
+    Float8MatmulForward(sum, x, inp_scale, w, weight_scale, N, K, OC, recipe);
+  } else {
+    float* product = Scratch<float>(3, N * OC);
+    Float8MatmulForward(product, x, inp_scale, w, weight_scale, N, K, OC, recipe);
+    for (int64_t i = 0; i < N * OC; ++i) sum[i] = G(product[i]);
+  }
+  MatmulEpilogue<A, G>(out, gelu_pre, sum, bias, residual, N, OC);
+}
+
+template <class A, class G>
+void Float8MatmulGradInput(A* dinp, const A* dout, const float* dout_scale, const A* weight, const float* weight_scale,
+                           const A* gelu_pre, int64_t N, int K, int OC, Float8Recipe recipe) {
+  const float* d = Widen<float>(dout, N * OC, 0);
+  const float* w = Widen<float>(weight, int64_t(OC) * K, 1);
+  if constexpr (std::is_same_v<A, float> && std::is_same_v<G, float>) {
+    Float8MatmulGradInput(dinp, d, dout_scale, w, weight_scale, N, K, OC, recipe);
+    GradInputEpilogue<A, G>(dinp, dinp, gelu_pre, N * K);
+  } else {
+    float* product = Scratch<float>(3, N * K);
+    Float8MatmulGradInput(product, d, dout_scale, w, weight_scale, N, K, OC, recipe);
+    G* dx = Scratch<G>(2, N * K);
+    for (int64_t i = 0; i < N * K; ++i) dx[i] = G(product[i]);
+    GradInputEpilogue<A, G>(dinp, dx, gelu_pre, N * K);
+  }
+}
+
+template <class A, class G>
+void Float8MatmulGradWeight(G* dweight, G* dbias, const A* dout, const float* dout_scale, const A* inp,
+                            const float* inp_scale, int64_t N, int K, int OC, Float8Recipe recipe) {
+  const float* d = Widen<float>(dout, N * OC, 0);
+  const float* x = Widen<float>(inp, N * K, 1);
+  if constexpr (std::is_same_v<G, float>) {
+    Float8MatmulGradWeight(dweight, d, dout_scale, x, inp_scale, N, K, OC, recipe);
+  } else {
+    float* product = Scratch<float>(3, int64_t(OC) * K);
+    std::fill(product, product + int64_t(OC) * K, 0.0f);
+    Float8MatmulGradWeight(product, d, dout_scale, x, inp_scale, N, K, OC, recipe);
+    for (int64_t i = 0; i < int64_t(OC) * K; ++i) dweight[i] += G(product[i]);
+  }
+  if (dbias == nullptr) return;
+  if constexpr (std::is_same_v<G, float>) {
+    AddColumnSums(dbias, d, N, OC);
+  } else {
+    AddColumnSums(dbias, Widen<G>(dout, N * OC, 2), N, OC);
+  }
+}
+
+template <class A>
+void Float8AmaxOf(float* amax, const A* x, int64_t rows, int64_t cols, Float8Scaling scaling) {
+  Float8Amax(amax, Widen<float>(x, rows * cols, 0), rows, cols, scaling);
 }
 
 template <class A, class G>
@@ -881,6 +968,13 @@ void AdamW(G* master, A* params, const G* grads, G* m, G* v, const ShardSegment*
   template void LayerNormBackward<A, G>(A*, G*, G*, const A*, const A*, const A*, const G*, const G*, int64_t, int); \
   template void MatmulForward<A, G>(A*, A*, const A*, const A*, const A*, const A*, int64_t, int, int);                       \
   template void MatmulBackward<A, G>(A*, G*, G*, const A*, const A*, const A*, const A*, int64_t, int, int);         \
+  template void Float8MatmulForward<A, G>(A*, A*, const A*, const float*, const A*, const float*, const A*, const A*, \
+                                          int64_t, int, int, Float8Recipe);                                          \
+  template void Float8MatmulGradInput<A, G>(A*, const A*, const float*, const A*, const float*, const A*, int64_t,  \
+                                            int, int, Float8Recipe);                                                 \
+  template void Float8MatmulGradWeight<A, G>(G*, G*, const A*, const float*, const A*, const float*, int64_t, int,  \
+                                             int, Float8Recipe);                                                     \
+  template void Float8AmaxOf<A>(float*, const A*, int64_t, int64_t, Float8Scaling);                                \
   template void AttentionForward<A, G>(A*, G*, const A*, int, int, int, int, int);                                  \
   template void AttentionBackward<A, G>(A*, const A*, const A*, const G*, int, int, int, int, int);                 \
   template void HeadRmsNormForward<A, G>(A*, A*, G*, const A*, int64_t, int, int, int64_t, float);                 \

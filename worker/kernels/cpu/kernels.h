@@ -43,6 +43,22 @@ template <class A, class G>
 void MatmulBackward(A* dinp, G* dweight, G* dbias, const A* dout, const A* inp, const A* weight, const A* gelu_pre,
                     int64_t N, int K, int OC);
 
+// The table's float8 products and amax (ops.h) over values stored as A: each operand
+// taken as fp32, cast and multiplied as cpu/float8_matmul.h does, then MatmulForward's
+// and MatmulBackward's epilogues in G.
+template <class A, class G>
+void Float8MatmulForward(A* out, A* gelu_pre, const A* inp, const float* inp_scale, const A* weight,
+                         const float* weight_scale, const A* bias, const A* residual, int64_t N, int K, int OC,
+                         Float8Recipe recipe);
+template <class A, class G>
+void Float8MatmulGradInput(A* dinp, const A* dout, const float* dout_scale, const A* weight, const float* weight_scale,
+                           const A* gelu_pre, int64_t N, int K, int OC, Float8Recipe recipe);
+template <class A, class G>
+void Float8MatmulGradWeight(G* dweight, G* dbias, const A* dout, const float* dout_scale, const A* inp,
+                            const float* inp_scale, int64_t N, int K, int OC, Float8Recipe recipe);
+template <class A>
+void Float8AmaxOf(float* amax, const A* x, int64_t rows, int64_t cols, Float8Scaling scaling);
+
 // state: the probabilities (B,NH,T,T), masked entries 0.
 template <class A, class G>
 void AttentionForward(A* out, G* state, const A* qkv, int B, int T, int NH, int KVH, int HS);

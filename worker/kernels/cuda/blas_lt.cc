@@ -28,7 +28,11 @@ int64_t AlignmentOf(const void* p, int64_t batch_stride_bytes, int batch) {
   return int64_t(bits & (~bits + 1));
 }
 
-size_t ElementBytes(cudaDataType type) { return type == CUDA_R_32F ? 4 : 2; }
+size_t ElementBytes(cudaDataType type) {
+  return type == CUDA_R_32F ? 4 : (type == CUDA_R_8F_E4M3 || type == CUDA_R_8F_E5M2) ? 1 : 2;
+}
+
+bool IsFloat8(cudaDataType type) { return type == CUDA_R_8F_E4M3 || type == CUDA_R_8F_E5M2; }
 
 }  // namespace
 
@@ -58,8 +62,9 @@ BlasLt::~BlasLt() {
 }
 
 BlasLt::Plan& BlasLt::PlanFor(const Gemm& gemm, const char* what) {
-  const size_t a_bytes = 2, b_bytes = 2, d_bytes = ElementBytes(gemm.d_type);
-  const std::array<int64_t, 23> fields = {
+  const size_t a_bytes = ElementBytes(gemm.a_type), b_bytes = ElementBytes(gemm.b_type),
+               d_bytes = ElementBytes(gemm.d_type);
+  const std::array<int64_t, 27> fields = {
       gemm.transpose_a, gemm.transpose_b, gemm.m, gemm.n, gemm.k, gemm.lda, gemm.ldb, gemm.ldd, gemm.stride_a,
       gemm.stride_b, gemm.stride_d, gemm.d_type, gemm.batch, gemm.epilogue, gemm.aux_ld,
       AlignmentOf(gemm.a, gemm.stride_a * int64_t(a_bytes), gemm.batch),
@@ -67,7 +72,7 @@ BlasLt::Plan& BlasLt::PlanFor(const Gemm& gemm, const char* what) {
       AlignmentOf(gemm.d, gemm.stride_d * int64_t(d_bytes), gemm.batch),
       gemm.bias != nullptr ? AlignmentOf(gemm.bias, 0, 1) : 0, gemm.aux != nullptr ? AlignmentOf(gemm.aux, 0, 1) : 0,
       gemm.beta != 0, AlignmentOf(gemm.c != nullptr ? gemm.c : gemm.d, gemm.stride_d * int64_t(d_bytes), gemm.batch),
-      gemm.bias_type};
+      gemm.bias_type, gemm.a_type, gemm.b_type, gemm.a_scale != nullptr, gemm.b_scale != nullptr};
   std::string key(sizeof(fields), '\0');
   std::memcpy(key.data(), fields.data(), sizeof(fields));
   if (const auto found = plans_.find(key); found != plans_.end()) return *found->second;
@@ -98,6 +103,11 @@ BlasLt::Plan& BlasLt::PlanFor(const Gemm& gemm, const char* what) {
     set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, gemm.aux_ld);
     set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, gemm.aux);
   }
+  if (IsFloat8(gemm.a_type) || IsFloat8(gemm.b_type)) {
+    set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t(0));  // fp32 accumulation throughout
+    if (gemm.a_scale != nullptr) set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(gemm.a_scale));
+    if (gemm.b_scale != nullptr) set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(gemm.b_scale));
+  }
 
   // Stored column-major: op(A) is (m,k), so A is (m,k) or, transposed, (k,m).
   auto layout = [&](cublasLtMatrixLayout_t* out, cudaDataType type, int64_t rows, int64_t cols, int64_t ld,
@@ -113,9 +123,9 @@ BlasLt::Plan& BlasLt::PlanFor(const Gemm& gemm, const char* what) {
               "cublasLtMatrixLayoutSetAttribute", what, gemm);
     }
   };
-  layout(&plan->a, CUDA_R_16BF, gemm.transpose_a ? gemm.k : gemm.m, gemm.transpose_a ? gemm.m : gemm.k, gemm.lda,
+  layout(&plan->a, gemm.a_type, gemm.transpose_a ? gemm.k : gemm.m, gemm.transpose_a ? gemm.m : gemm.k, gemm.lda,
          gemm.stride_a);
-  layout(&plan->b, CUDA_R_16BF, gemm.transpose_b ? gemm.n : gemm.k, gemm.transpose_b ? gemm.k : gemm.n, gemm.ldb,
+  layout(&plan->b, gemm.b_type, gemm.transpose_b ? gemm.n : gemm.k, gemm.transpose_b ? gemm.k : gemm.n, gemm.ldb,
          gemm.stride_b);
   layout(&plan->d, gemm.d_type, gemm.m, gemm.n, gemm.ldd, gemm.stride_d);
 
@@ -174,6 +184,14 @@ bool BlasLt::Run(const Gemm& gemm, const char* what, cudaStream_t stream) {
                                            sizeof(gemm.aux)),
             "cublasLtMatmulDescSetAttribute", what, gemm);
   }
+  auto repoint = [&](cublasLtMatmulDescAttributes_t attribute, const float* pointer) {
+    if (pointer == nullptr) return;
+    const void* value = pointer;
+    CheckLt(cublasLtMatmulDescSetAttribute(plan.description, attribute, &value, sizeof(value)),
+            "cublasLtMatmulDescSetAttribute", what, gemm);
+  };
+  repoint(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, gemm.a_scale);
+  repoint(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, gemm.b_scale);
   const void* c = gemm.c != nullptr ? gemm.c : gemm.d;
   CheckLt(cublasLtMatmul(handle_, plan.description, &gemm.alpha, gemm.a, plan.a, gemm.b, plan.b, &gemm.beta, c, plan.d,
                          gemm.d, plan.d, &plan.algorithm, runtime::DeviceSide::Address(workspace_.get()),

@@ -1,6 +1,7 @@
-// Matrix products through cuBLASLt for the bf16 table (cuda_ops.h): bf16 A and B, fp32
-// compute, with epilogues. Each distinct product (shape, layouts, types, epilogue and the
-// pointers' alignments) gets its descriptors and one heuristic query the first time, kept
+// Matrix products through cuBLASLt for the bf16 table (cuda_ops.h): bf16 A and B (or
+// float8, with scales: the float8 products), fp32 compute, with epilogues. Each distinct
+// product (shape, layouts, types, epilogue and the pointers' alignments) gets its
+// descriptors and one heuristic query the first time, kept
 // for every later call (up to kMaxPlans of them); the workspace is taken once, when the
 // table is built. A call allocates nothing and never synchronizes the host. Internal to
 // kernels/cuda.
@@ -48,6 +49,14 @@ struct Gemm {
   cudaDataType bias_type = CUDA_R_16BF;
   const void* aux = nullptr;   // bf16 (m,n) with leading dimension aux_ld: the GELU input
   int64_t aux_ld = 0;
+  // A and B's element types: bf16, or float8 (CUDA_R_8F_E4M3, CUDA_R_8F_E5M2; not both
+  // E5M2). cuBLASLt's float8 products take A transposed and B not ("TN": both K-major),
+  // leading dimensions and k multiples of 16, and accumulate in fp32 (no fast
+  // accumulation). a_scale and b_scale (nullable: 1): device fp32 scalars cuBLASLt
+  // multiplies the product by, D = alpha a_scale b_scale op(A) op(B) + beta C.
+  cudaDataType a_type = CUDA_R_16BF, b_type = CUDA_R_16BF;
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
 };
 
 class BlasLt {

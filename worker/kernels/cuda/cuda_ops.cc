@@ -17,6 +17,7 @@
 #include "worker/kernels/cuda/attention_blocks.h"
 #include "worker/kernels/cuda/blas_lt.h"
 #include "worker/kernels/cuda/cudnn_attention.h"
+#include "worker/kernels/cuda/float8.h"
 #include "worker/kernels/cuda/grouped_gemm.h"
 #include "worker/kernels/cuda/launch.h"
 #include "worker/runtime/cuda.h"
@@ -76,6 +77,13 @@ class CudaOps final : public Ops<Bf16> {
     runtime::cuda::UseDevice(device.index);
     runtime::cuda::Check(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device.index),
                          "cudaDeviceGetAttribute(multiprocessors)");
+    cudaDeviceProp properties{};
+    runtime::cuda::Check(cudaGetDeviceProperties(&properties, device.index), "cudaGetDeviceProperties");
+    if (properties.major * 10 + properties.minor < kFloat8ComputeCapability) {
+      float8_refusal_ = device.ToString() + " (" + properties.name + ", compute capability " +
+                        std::to_string(properties.major) + "." + std::to_string(properties.minor) +
+                        ") has no float8 tensor cores: float8 products need compute capability 8.9 or higher";
+    }
     blas_ = std::make_unique<BlasLt>(allocator);
     grouped_ = std::make_unique<GroupedGemm>(allocator, backend.PinnedHostMemory(), blas_->Workspace(),
                                              BlasLt::kWorkspaceBytes);
@@ -291,6 +299,140 @@ class CudaOps final : public Ops<Bf16> {
                    static_cast<long long>(plain.k), why);
     }
     return false;
+  }
+
+  // --- Float8 products (float8.h; kernels/ops.h, "Float8 products") ---
+  // Each product casts its two bf16 operands into float8 codes in the table's float8
+  // scratch, laid out K-major as cuBLASLt's float8 products take them ("TN": A transposed,
+  // B not; described transposed as every product here, so A holds m rows and B n rows of
+  // k codes): a cast that must also transpose (an operand contracted over its rows) does
+  // so in the same kernel. Then one cuBLASLt product, E4M3 x E4M3 or E4M3 x E5M2, fp32
+  // accumulation:
+  //   forward      out^T (OC,N):  A = q(weight) (OC,K), B = q(inp) (N,K)
+  //   grad input   dinp^T (K,N):  A = q(weight)^T (K,OC), cast transposed; B = q(dout) (N,OC)
+  //   grad weight  dweight^T (K,OC) +=  A = q(inp)^T (K,N), B = q(dout)^T (OC,N), both cast
+  //                transposed
+  // Tensorwise: the scales' reciprocals are cuBLASLt's A and B scale pointers, and a
+  // product with nothing after it writes out, dinp (bf16) or adds into dweight (fp32, beta
+  // 1) itself. Rowwise: cuBLASLt multiplies unit-scaled codes into fp32 and Fp8Epilogue or
+  // Fp8AccumulateScaled divides each sum by its row's and column's scales (exact: they
+  // are powers of 2). That is correctness first: cuBLASLt's outer-vector scale mode
+  // (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) would fold the division into the product,
+  // but cuBLASLt does not say which devices take it. The forward's bias, residual and GELU
+  // and the grad input's GELU derivative run in Fp8Epilogue after an fp32 product too,
+  // from the sum in fp32 and rounded once, as MatmulForward's epilogue. Those fp32 sums
+  // are taken kFloat8AccumulatorBytes of rows at a time.
+
+  void Float8Amax(Out<float> amax, In<Act> x, int64_t rows, int cols, Float8Scaling scaling, Stream& stream) override {
+    CheckFloat8("Float8Amax");
+    if (rows < 0 || cols < 0) {
+      throw std::invalid_argument("Float8Amax: a tensor of " + std::to_string(rows) + " x " + std::to_string(cols));
+    }
+    Fp8Amax(Raw(amax), Raw(x), rows, cols, AxisOf(scaling), Handle(stream));
+  }
+
+  void Float8Scales(Out<float> scale, In<float> amax, int64_t n, int copies, int64_t copy_stride, Float8 format,
+                    bool power_of_2, Stream& stream) override {
+    CheckFloat8("Float8Scales");
+    if (n < 0 || copies < 1 || (copies > 1 && copy_stride < n)) {
+      throw std::invalid_argument("Float8Scales: " + std::to_string(n) + " scales of " + std::to_string(copies) +
+                                  " copies " + std::to_string(copy_stride) + " apart");
+    }
+    Fp8Scales(Raw(scale), Raw(amax), n, copies, copy_stride, FormatOf(format), power_of_2, Handle(stream));
+  }
+
+  void Float8MatmulForward(Out<Act> out, Out<Act> gelu_pre, In<Act> inp, In<float> inp_scale, In<Act> weight,
+                           In<float> weight_scale, In<Act> bias, In<Act> residual, int64_t N, int K, int OC,
+                           Float8Recipe recipe, Stream& stream) override {
+    const char* what = "Float8MatmulForward";
+    CheckFloat8(what);
+    CheckMatmulForward(out, gelu_pre, residual);
+    CheckFloat8Shape(what, N, K, OC);
+    if (N == 0) return;
+    const cudaStream_t handle = Handle(stream);
+    const Float8Cast a = Float8CastOf(recipe, Float8Operand::kWeightForward);
+    const Float8Cast b = Float8CastOf(recipe, Float8Operand::kInpForward);
+    const bool tensorwise = IsTensorwise(a, b);
+    const bool direct = tensorwise && !bias && !residual && !gelu_pre;
+    const Float8Codes codes = CastFloat8Operands({Raw(weight), OC, K, Raw(weight_scale), a, false},
+                                                 {Raw(inp), N, K, Raw(inp_scale), b, false}, OC, N, K, !direct, handle);
+    Gemm gemm = Float8Gemm(codes, a, b, OC, N, K);
+    if (direct) {
+      gemm.d = Raw(out);
+      RunOrThrow(gemm, what, handle);
+      return;
+    }
+    for (int64_t r0 = 0; r0 < N; r0 += codes.rows_per_sum) {
+      const int64_t rows = std::min(codes.rows_per_sum, N - r0);
+      RunFloat8Sum(gemm, codes, r0, rows, what, handle);
+      Fp8Epilogue(Raw(out) + r0 * OC, gelu_pre ? Raw(gelu_pre) + r0 * OC : nullptr, codes.sum, rows, OC,
+                  tensorwise ? nullptr : Raw(inp_scale) + r0, tensorwise ? nullptr : Raw(weight_scale), Raw(bias),
+                  residual ? Raw(residual) + r0 * OC : nullptr, nullptr, handle);
+    }
+  }
+
+  void Float8MatmulGradInput(Out<Act> dinp, In<Act> dout, In<float> dout_scale, In<Act> weight,
+                             In<float> weight_scale, In<Act> gelu_pre, int64_t N, int K, int OC, Float8Recipe recipe,
+                             Stream& stream) override {
+    const char* what = "Float8MatmulGradInput";
+    CheckFloat8(what);
+    CheckFloat8Shape(what, N, K, OC);
+    if (N == 0) return;
+    const cudaStream_t handle = Handle(stream);
+    const Float8Cast a = Float8CastOf(recipe, Float8Operand::kWeightForGradInput);
+    const Float8Cast b = Float8CastOf(recipe, Float8Operand::kDoutForGradInput);
+    const bool tensorwise = IsTensorwise(a, b);
+    const bool direct = tensorwise && !gelu_pre;
+    const Float8Codes codes = CastFloat8Operands({Raw(weight), OC, K, Raw(weight_scale), a, true},
+                                                 {Raw(dout), N, OC, Raw(dout_scale), b, false}, K, N, OC, !direct,
+                                                 handle);
+    Gemm gemm = Float8Gemm(codes, a, b, K, N, OC);
+    if (direct) {
+      gemm.d = Raw(dinp);
+      RunOrThrow(gemm, what, handle);
+      return;
+    }
+    for (int64_t r0 = 0; r0 < N; r0 += codes.rows_per_sum) {
+      const int64_t rows = std::min(codes.rows_per_sum, N - r0);
+      RunFloat8Sum(gemm, codes, r0, rows, what, handle);
+      Fp8Epilogue(Raw(dinp) + r0 * K, nullptr, codes.sum, rows, K, tensorwise ? nullptr : Raw(dout_scale) + r0,
+                  tensorwise ? nullptr : Raw(weight_scale), nullptr, nullptr,
+                  gelu_pre ? Raw(gelu_pre) + r0 * K : nullptr, handle);
+    }
+  }
+
+  void Float8MatmulGradWeight(Out<Acc> dweight, Out<Acc> dbias, In<Act> dout, In<float> dout_scale, In<Act> inp,
+                              In<float> inp_scale, int64_t N, int K, int OC, Float8Recipe recipe,
+                              Stream& stream) override {
+    const char* what = "Float8MatmulGradWeight";
+    CheckFloat8(what);
+    CheckFloat8Shape(what, N, K, OC);
+    if (N == 0) return;
+    const cudaStream_t handle = Handle(stream);
+    if (dweight) {
+      const Float8Cast a = Float8CastOf(recipe, Float8Operand::kInpForGradWeight);
+      const Float8Cast b = Float8CastOf(recipe, Float8Operand::kDoutForGradWeight);
+      const bool tensorwise = IsTensorwise(a, b);
+      const Float8Codes codes = CastFloat8Operands({Raw(inp), N, K, Raw(inp_scale), a, true},
+                                                   {Raw(dout), N, OC, Raw(dout_scale), b, true}, K, OC, N,
+                                                   !tensorwise, handle);
+      Gemm gemm = Float8Gemm(codes, a, b, K, OC, N);
+      if (tensorwise) {
+        gemm.d = Raw(dweight);
+        gemm.d_type = CUDA_R_32F;
+        gemm.beta = 1;
+        RunOrThrow(gemm, what, handle);
+      } else {
+        for (int64_t r0 = 0; r0 < OC; r0 += codes.rows_per_sum) {
+          const int64_t rows = std::min(codes.rows_per_sum, OC - r0);
+          RunFloat8Sum(gemm, codes, r0, rows, what, handle);
+          Fp8AccumulateScaled(Raw(dweight) + r0 * K, codes.sum, rows, K, Raw(dout_scale) + r0, Raw(inp_scale),
+                              handle);
+        }
+      }
+    }
+    // The column sums of dout as stored (not cast), as MatmulBackward's own kernels sum them.
+    if (dbias) BiasBackward(Raw(dbias), Raw(dout), N, OC, Raw(bias_partials_.get()), bias_partials_.size(), handle);
   }
 
   // --- Attention ---
@@ -636,6 +778,134 @@ class CudaOps final : public Ops<Bf16> {
     }
   }
 
+  // --- Float8 helpers ---
+
+  // Compute capability 8.9 (Ada) and up have float8 tensor cores.
+  static constexpr int kFloat8ComputeCapability = 89;
+  // The most bytes of fp32 sums a float8 product keeps at once (Float8Codes::sum).
+  static constexpr int64_t kFloat8AccumulatorBytes = int64_t{64} << 20;
+
+  // Throws, before anything is enqueued, on a device without float8 tensor cores.
+  void CheckFloat8(const char* what) const {
+    if (!float8_refusal_.empty()) throw std::invalid_argument(std::string(what) + ": " + float8_refusal_);
+  }
+
+  // cuBLASLt's float8 products take k, m and n, and so K, OC and N, in multiples of 16
+  // (the engine refuses other widths before it gets here).
+  static void CheckFloat8Shape(const char* what, int64_t N, int K, int OC) {
+    if (N < 0 || K <= 0 || OC <= 0 || N % 16 != 0 || K % 16 != 0 || OC % 16 != 0) {
+      throw std::invalid_argument(std::string(what) + ": N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                                  " OC=" + std::to_string(OC) +
+                                  " (cuBLASLt's float8 products take positive K and OC and N >= 0, "
+                                  "each a multiple of 16)");
+    }
+  }
+
+  static Fp8Format FormatOf(Float8 format) { return format == Float8::kE4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2; }
+  static cudaDataType TypeOf(Float8 format) { return format == Float8::kE4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
+  static Fp8Axis AxisOf(Float8Scaling scaling) {
+    return scaling == Float8Scaling::kTensor ? Fp8Axis::kTensor
+           : scaling == Float8Scaling::kRow  ? Fp8Axis::kRow
+                                             : Fp8Axis::kColumn;
+  }
+  static bool IsTensorwise(const Float8Cast& a, const Float8Cast& b) {
+    if ((a.scaling == Float8Scaling::kTensor) != (b.scaling == Float8Scaling::kTensor)) {
+      throw std::logic_error("a float8 product of one tensorwise and one rowwise operand");
+    }
+    return a.scaling == Float8Scaling::kTensor;
+  }
+
+  // A bf16 operand as stored (rows,cols), its scales and cast; `transpose`: its codes are
+  // laid out (cols,rows).
+  struct Float8Source {
+    const bf16* x;
+    int64_t rows;
+    int64_t cols;
+    const float* scale;
+    Float8Cast cast;
+    bool transpose;
+  };
+
+  // A product's operands in the float8 scratch: a (m rows of k codes), b (n rows of k),
+  // the tensorwise descales (A's, B's), and room for rows_per_sum x m fp32 sums.
+  struct Float8Codes {
+    const uint8_t* a = nullptr;
+    const uint8_t* b = nullptr;
+    const float* descale = nullptr;  // tensorwise only
+    float* sum = nullptr;            // when asked for
+    int64_t m = 0, k = 0, rows_per_sum = 0;
+  };
+
+  // Casts both operands of a product D (m,n) = A^T B over k into the float8 scratch (grown
+  // first when this product needs more than any before it: see float8_scratch_).
+  Float8Codes CastFloat8Operands(const Float8Source& a, const Float8Source& b, int64_t m, int64_t n, int64_t k,
+                                 bool with_sums, cudaStream_t stream) {
+    constexpr int64_t kAlign = 256;
+    auto up = [](int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; };
+    Float8Codes codes;
+    codes.m = m;
+    codes.k = k;
+    codes.rows_per_sum = with_sums ? std::clamp<int64_t>(kFloat8AccumulatorBytes / (4 * m) / 16 * 16, 16, n) : 0;
+    const int64_t a_bytes = up(m * k), b_bytes = up(n * k), descale_bytes = kAlign;
+    const int64_t bytes = a_bytes + b_bytes + descale_bytes + up(codes.rows_per_sum * m * 4) + kAlign;
+    std::byte* start = Float8Scratch(bytes, stream);
+    start = reinterpret_cast<std::byte*>(up(int64_t(reinterpret_cast<uintptr_t>(start))));
+    auto* a_codes = reinterpret_cast<uint8_t*>(start);
+    auto* b_codes = reinterpret_cast<uint8_t*>(start + a_bytes);
+    auto* descale = reinterpret_cast<float*>(start + a_bytes + b_bytes);
+    codes.a = a_codes;
+    codes.b = b_codes;
+    if (with_sums) codes.sum = reinterpret_cast<float*>(start + a_bytes + b_bytes + descale_bytes);
+    for (const auto& [source, q] : {std::pair{&a, a_codes}, std::pair{&b, b_codes}}) {
+      Fp8Cast(q, source->x, source->scale, source->rows, int(source->cols), FormatOf(source->cast.format),
+              AxisOf(source->cast.scaling), source->transpose, stream);
+    }
+    if (IsTensorwise(a.cast, b.cast)) {
+      Fp8Descales(descale, a.scale, b.scale, stream);
+      codes.descale = descale;
+    }
+    return codes;
+  }
+
+  // The product over the codes, written nowhere yet (the caller sets d, or RunFloat8Sum).
+  static Gemm Float8Gemm(const Float8Codes& codes, const Float8Cast& a, const Float8Cast& b, int64_t m, int64_t n,
+                         int64_t k) {
+    Gemm gemm{.transpose_a = true, .m = m, .n = n, .k = k, .a = codes.a, .lda = k, .b = codes.b, .ldb = k, .ldd = m};
+    gemm.a_type = TypeOf(a.format);
+    gemm.b_type = TypeOf(b.format);
+    if (codes.descale != nullptr) {
+      gemm.a_scale = codes.descale;
+      gemm.b_scale = codes.descale + 1;
+    }
+    return gemm;
+  }
+
+  // Rows [r0, r0 + rows) of the product (its n axis) into codes.sum, fp32.
+  void RunFloat8Sum(Gemm gemm, const Float8Codes& codes, int64_t r0, int64_t rows, const char* what,
+                    cudaStream_t stream) {
+    gemm.n = rows;
+    gemm.b = codes.b + r0 * codes.k;
+    gemm.d = codes.sum;
+    gemm.d_type = CUDA_R_32F;
+    gemm.beta = 0;
+    RunOrThrow(gemm, what, stream);
+  }
+
+  // The float8 scratch, at least `bytes`. It grows (by a quarter more than asked) only
+  // when a product needs more than any before it: the old block may still be read by work
+  // enqueued before, and the allocator does not follow streams, so the stream is waited
+  // for first (once a shape, as attention's plans are made when a shape is first asked for).
+  std::byte* Float8Scratch(int64_t bytes, cudaStream_t stream) {
+    if (float8_scratch_.size() < bytes) {
+      if (float8_scratch_.size() > 0) {
+        runtime::cuda::Check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (growing the float8 scratch)");
+      }
+      float8_scratch_ = DeviceArray<std::byte>();
+      float8_scratch_ = DeviceArray<std::byte>(allocator_, bytes + bytes / 4, MemoryCategory::kActivations);
+    }
+    return Raw(float8_scratch_.get());
+  }
+
   void RunOrThrow(const Gemm& gemm, const char* what, cudaStream_t stream) {
     if (!blas_->Run(gemm, what, stream)) {
       throw CudaError(std::string("cuBLASLt has no algorithm for ") + what + " (m=" + std::to_string(gemm.m) +
@@ -773,6 +1043,8 @@ class CudaOps final : public Ops<Bf16> {
   DeviceArray<double> norm_partials_;
   DeviceArray<std::byte> encoder_scratch_;
   DeviceArray<int32_t> moe_plan_scratch_;  // MoePermutePlan's per-chunk counts
+  std::string float8_refusal_;  // why this device takes no float8 products; empty when it does
+  DeviceArray<std::byte> float8_scratch_;  // the float8 products' codes and fp32 sums (CastFloat8Operands)
 };
 
 }  // namespace

@@ -8,12 +8,18 @@
 // (norms, RoPE, SwiGLU, the mixture of experts' router and row moves,
 // loss, optimizer) are meshtrain's own kernels; the experts' grouped products are a loop
 // of cuBLASLt products, one per expert with rows. Each operation is checked against the
-// CPU's Fp64 table by tests/gpu/cuda_ops_test.cc.
+// CPU's Fp64 table by tests/gpu/cuda_ops_test.cc. The float8 products (compute capability
+// 8.9 and up; below it each Float8 operation throws std::invalid_argument naming the
+// device) are cuBLASLt's E4M3 and E5M2 products after the table's own amax, scale and
+// cast kernels (float8.h), checked against the CPU's bf16 emulation by
+// tests/gpu/cuda_float8_test.cc.
 //
 // Memory: the table takes its workspaces when it is built (cuBLASLt's 32 MiB, the
 // partial sums of the deterministic reductions, the dispatch order's 1 MiB of counts)
 // and attention's when a shape is first asked for (Attention and the two sizes; an
-// operation on a shape never asked builds it then). No operation allocates or synchronizes the host; a failure throws
+// operation on a shape never asked builds it then), and the float8 products' scratch when
+// a product first needs more than before (it waits for the stream then, so that the old
+// block is no longer read). No other operation allocates or synchronizes the host; a failure throws
 // runtime::cuda::CudaError naming the operation and the shape.
 // Thread-safety: as kernels/ops.h. The products, LayerNorm's and RMSNorm's backward, the
 // bias gradient and attention's forward share the table's workspaces, so their calls
