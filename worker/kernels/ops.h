@@ -210,6 +210,10 @@ class Ops {
   // table for N, K or OC that are not multiples of 16 (cuBLASLt's float8 products; the
   // engine refuses such widths first, api/validation.cc).
   //
+  // Why this table takes no float8 products ("cuda:0 (NVIDIA A100-SXM4-80GB, compute
+  // capability 8.0) has no float8 tensor cores: ..."); empty when it takes them. The engine
+  // asks before its first step.
+  virtual std::string Float8Refusal() const { return ""; }
   // amax (Float8ScaleCount) = max |x| over x (rows,cols), each row or each column, as
   // stored; NaN where a NaN is among the values.
   virtual void Float8Amax(Out<float> amax, In<Act> x, int64_t rows, int cols, Float8Scaling scaling,

@@ -108,6 +108,9 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
                                   " ranks a sequence) is not built: its activations' amaxes would need the context "
                                   "group's");
     }
+    if (const std::string refusal = ops_->Float8Refusal(); !refusal.empty()) {
+      throw std::invalid_argument("spec.training.precision fp8: " + refusal);
+    }
     types.float8_scales = api::Float8ScratchElements(batch, seq, s, tp.size, *options.float8 == kernels::Float8Recipe::kRowwise);
   }
   const int heads = int(s.heads) / tp.size;

@@ -785,6 +785,7 @@ class CudaOps final : public Ops<Bf16> {
   // The most bytes of fp32 sums a float8 product keeps at once (Float8Codes::sum).
   static constexpr int64_t kFloat8AccumulatorBytes = int64_t{64} << 20;
 
+  std::string Float8Refusal() const override { return float8_refusal_; }
   // Throws, before anything is enqueued, on a device without float8 tensor cores.
   void CheckFloat8(const char* what) const {
     if (!float8_refusal_.empty()) throw std::invalid_argument(std::string(what) + ": " + float8_refusal_);
