@@ -169,13 +169,33 @@ TEST_F(WorkerTest, DataParallelRunsMatchTheSingleRankRun) {
   }
 }
 
+// Waits until `run` of `job` has printed `steps` steps and the newest checkpoint at or
+// before them is complete (its `latest` names it): checkpoints are written behind the
+// steps, so a rank stopped or killed the moment step 9 prints may not have finished step
+// 8's yet, and the gang would rightly resume from step 4.
+void WaitForStepsAndTheirCheckpoint(Process& run, const fs::path& job, size_t steps) {
+  const nlohmann::json manifest = nlohmann::json::parse(std::ifstream(job));
+  const fs::path latest = fs::path(manifest["spec"]["checkpoint"]["path"].get<std::string>()) / "latest";
+  const int64_t interval = manifest["spec"]["checkpoint"]["interval"].get<int64_t>();
+  char want[32];
+  std::snprintf(want, sizeof want, "step-%08lld", static_cast<long long>(int64_t(steps) / interval * interval));
+  auto written = [&] {
+    std::ifstream in(latest);
+    std::string name;
+    return in >> name && name == want;
+  };
+  const auto until = std::chrono::steady_clock::now() + 120s;
+  while ((Steps(run.Output()).size() < steps || !written()) && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  EXPECT_GE(Steps(run.Output()).size(), steps) << run.Output();
+  EXPECT_TRUE(written()) << latest << " never named " << want << "\n" << run.Output();
+}
+
 // Starts `meshtrain run JOB`, waits until it has printed `steps` steps, and kills one
 // rank with SIGKILL; returns the run's outcome.
 Outcome RunAndKillARank(const fs::path& job, size_t steps, const fs::path& log) {
   Process run({MESHTRAIN_CLI, "run", job.string(), "--sample-tokens", "0"}, {}, log);
-  const auto until = std::chrono::steady_clock::now() + 120s;
-  while (Steps(run.Output()).size() < steps && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
-  EXPECT_EQ(Steps(run.Output()).size(), steps) << run.Output();
+  WaitForStepsAndTheirCheckpoint(run, job, steps);
   const std::vector<pid_t> ranks = run.Children();
   EXPECT_GE(ranks.size(), 2u);
   if (ranks.size() >= 2) ::kill(ranks[1], SIGKILL);
@@ -229,9 +249,9 @@ TEST_F(WorkerTest, APipelineStageKilledWithSigkillResumesItsGangFromTheCheckpoin
   const Outcome straight = MeshtrainRun(pipelined("pstraight"));
   ASSERT_EQ(straight.status, 0) << straight.output;
   EXPECT_NE(straight.output.find("| bubble by stage "), std::string::npos) << "the step lines give each stage's bubble";
-  Process run({MESHTRAIN_CLI, "run", pipelined("pkilled").string(), "--sample-tokens", "0"}, {}, dir_ / "pkilled.log");
-  const auto until = std::chrono::steady_clock::now() + 120s;
-  while (Steps(run.Output()).size() < 9 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+  const fs::path pkilled = pipelined("pkilled");
+  Process run({MESHTRAIN_CLI, "run", pkilled.string(), "--sample-tokens", "0"}, {}, dir_ / "pkilled.log");
+  WaitForStepsAndTheirCheckpoint(run, pkilled, 9);
   pid_t stage1 = -1;
   for (pid_t child : run.Children())
     if (EnvironmentOf(child, "RANK") == "3") stage1 = child;
@@ -395,9 +415,7 @@ struct Hang {
 Hang RunAndStopARank(const fs::path& job, size_t steps, int stopped, const fs::path& log) {
   using Clock = std::chrono::steady_clock;
   Process run({MESHTRAIN_CLI, "run", job.string(), "--sample-tokens", "0"}, {}, log);
-  auto until = Clock::now() + 120s;
-  while (Steps(run.Output()).size() < steps && Clock::now() < until) std::this_thread::sleep_for(5ms);
-  EXPECT_EQ(Steps(run.Output()).size(), steps) << run.Output();
+  WaitForStepsAndTheirCheckpoint(run, job, steps);
   pid_t rank = -1;
   for (pid_t child : run.Children())
     if (EnvironmentOf(child, "RANK") == std::to_string(stopped)) rank = child;
@@ -406,7 +424,7 @@ Hang RunAndStopARank(const fs::path& job, size_t steps, int stopped, const fs::p
   if (rank > 0) {
     ::kill(rank, SIGSTOP);
     const Clock::time_point stopped_at = Clock::now();
-    until = stopped_at + 60s;
+    const Clock::time_point until = stopped_at + 60s;
     while (run.Output().find(" made no progress for ") == std::string::npos && Clock::now() < until)
       std::this_thread::sleep_for(5ms);
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - stopped_at);
