@@ -172,14 +172,17 @@ TEST_F(WorkerTest, DataParallelRunsMatchTheSingleRankRun) {
 // Waits until `run` of `job` has printed `steps` steps and the newest checkpoint at or
 // before them is complete (its `latest` names it): checkpoints are written behind the
 // steps, so a rank stopped or killed the moment step 9 prints may not have finished step
-// 8's yet, and the gang would rightly resume from step 4.
+// 8's yet, and the gang would rightly resume from step 4. Before the first interval there
+// is no checkpoint to wait for.
 void WaitForStepsAndTheirCheckpoint(Process& run, const fs::path& job, size_t steps) {
   const nlohmann::json manifest = nlohmann::json::parse(std::ifstream(job));
   const fs::path latest = fs::path(manifest["spec"]["checkpoint"]["path"].get<std::string>()) / "latest";
   const int64_t interval = manifest["spec"]["checkpoint"]["interval"].get<int64_t>();
+  const int64_t due = int64_t(steps) / interval * interval;  // 0: no checkpoint is due yet
   char want[32];
-  std::snprintf(want, sizeof want, "step-%08lld", static_cast<long long>(int64_t(steps) / interval * interval));
+  std::snprintf(want, sizeof want, "step-%08lld", static_cast<long long>(due));
   auto written = [&] {
+    if (due == 0) return true;
     std::ifstream in(latest);
     std::string name;
     return in >> name && name == want;
