@@ -67,7 +67,7 @@ void Decider::Judge() {
   }
   d_.status.defaults = defaults_;
   ReportFieldsWithoutEffect();
-  ReportIgnoredQueueLabel();
+  ReportQueueWarnings();
 
   // 3. runPolicy: suspend and the deadline.
   if (ApplyRunPolicy()) return;
@@ -230,42 +230,55 @@ void Decider::RecordRestart(const std::string& reason, const char* kind, const s
   d_.Requeue(kAfterOwnWrite);
 }
 
-// Sets the SpecWarnings condition (False once no warning is left), with a Warning Event
-// when the warnings changed.
-void Decider::ReportFieldsWithoutEffect() {
-  const auto& warnings = o_.checked.warnings;
-  std::string message;
-  for (const auto& w : warnings) message += (message.empty() ? "" : "; ") + w.ToString();
+// A warning that stands while its cause does: condition `type` True with `reason` and
+// `message`, and a Warning Event of reason `event` when it turns True or its message
+// changes; once `message` is empty, False with reason `cleared` if the job had the
+// condition, else nothing.
+void Decider::ReportStandingWarning(const char* type, const std::string& reason, const std::string& event,
+                                    const std::string& message, const std::string& cleared) {
   const auto& stored = o_.status.conditions;
-  const auto had = std::find_if(stored.begin(), stored.end(),
-                                [](const api::Condition& c) { return c.type == kSpecWarningsCondition; });
-  if (warnings.empty()) {
-    if (had != stored.end()) SetCondition(kSpecWarningsCondition, false, "NoFieldsWithoutEffect", "");
+  const auto had =
+      std::find_if(stored.begin(), stored.end(), [&](const api::Condition& c) { return c.type == type; });
+  if (message.empty()) {
+    if (had != stored.end()) SetCondition(type, false, cleared, "");
     return;
   }
-  SetCondition(kSpecWarningsCondition, true, "FieldsWithoutEffect", message);
+  SetCondition(type, true, reason, message);
   if (had == stored.end() || had->status != "True" || had->message != message)
-    d_.events.push_back({"Warning", "FieldsWithoutEffect", message});
+    d_.events.push_back({"Warning", event, message});
 }
 
-// Sets the QueueLabelIgnored condition while the job names a Kueue queue and the operator
-// runs without Kueue, with a Warning Event when it turns True (False once either ends).
-void Decider::ReportIgnoredQueueLabel() {
+// SpecWarnings: the fields a valid spec sets that have no effect.
+void Decider::ReportFieldsWithoutEffect() {
+  std::string message;
+  for (const auto& w : o_.checked.warnings) message += (message.empty() ? "" : "; ") + w.ToString();
+  ReportStandingWarning(kSpecWarningsCondition, "FieldsWithoutEffect", "FieldsWithoutEffect", message, "NoFieldsWithoutEffect");
+}
+
+// QueueLabelIgnored: the job names a Kueue queue and the operator runs without Kueue.
+// ElasticUnderKueue: an elastic job in a queue runs whole. Kueue counts a Workload's pods
+// as admitted; the operator asks for no partial admission (a PodSet's minCount) and no
+// workload slices, so a gang Kueue admitted neither shrinks below spec.nodes nor regrows.
+void Decider::ReportQueueWarnings() {
   const std::string queue = LabelOf(o_.object, kQueueNameLabel);
-  const auto& stored = o_.status.conditions;
-  const auto had = std::find_if(stored.begin(), stored.end(),
-                                [](const api::Condition& c) { return c.type == kQueueLabelIgnoredCondition; });
-  if (queue.empty() || options_.kueue) {
-    if (had != stored.end())
-      SetCondition(kQueueLabelIgnoredCondition, false, queue.empty() ? "NoQueueLabel" : "KueueEnabled", "");
-    return;
-  }
-  const std::string message = "label " + std::string(kQueueNameLabel) + "=" + queue +
-                              " is ignored: the operator runs without Kueue (the chart's kueue.enabled is false), "
-                              "so it places the job itself";
-  SetCondition(kQueueLabelIgnoredCondition, true, "KueueDisabled", message);
-  if (had == stored.end() || had->status != "True" || had->message != message)
-    d_.events.push_back({"Warning", "QueueLabelIgnored", message});
+  ReportStandingWarning(kQueueLabelIgnoredCondition, "KueueDisabled", "QueueLabelIgnored",
+                        queue.empty() || options_.kueue
+                            ? ""
+                            : "label " + std::string(kQueueNameLabel) + "=" + queue +
+                                  " is ignored: the operator runs without Kueue (the chart's kueue.enabled is "
+                                  "false), so it places the job itself",
+                        queue.empty() ? "NoQueueLabel" : "KueueEnabled");
+  const std::optional<int64_t> min_nodes = job_.spec.elastic.min_nodes;
+  const bool elastic = min_nodes && *min_nodes < nodes();
+  ReportStandingWarning(kElasticUnderKueueCondition, "ElasticNotResized", "ElasticUnderKueue",
+                        InQueue() && elastic
+                            ? "spec.elastic.minNodes " + std::to_string(*min_nodes) + " has no effect under Kueue (" +
+                                  std::string(kQueueNameLabel) + "=" + queue + "): the Workload asks for all " +
+                                  std::to_string(nodes()) +
+                                  " nodes, without partial admission (minCount) or workload slices, so the gang "
+                                  "runs whole, waiting in the queue rather than shrinking"
+                            : "",
+                        InQueue() ? "NotElastic" : "NotQueued");
 }
 
 bool Decider::LacksCluster() {

@@ -52,6 +52,9 @@ inline constexpr const char* kSpecWarningsCondition = "SpecWarnings";
 inline constexpr const char* kQueueNameLabel = "kueue.x-k8s.io/queue-name";
 // True while the job carries kQueueNameLabel and the operator runs without Kueue.
 inline constexpr const char* kQueueLabelIgnoredCondition = "QueueLabelIgnored";
+// With Kueue: True while a queued job sets spec.elastic.minNodes below spec.nodes, which
+// has no effect there (the Workload is admitted whole), with a Warning Event.
+inline constexpr const char* kElasticUnderKueueCondition = "ElasticUnderKueue";
 // With Kueue: True while the job waits for its Workload's admission (phase Queued).
 inline constexpr const char* kQueuedCondition = "Queued";
 // True while a suspended or evicted gang's ranks checkpoint before their pods go

@@ -70,8 +70,10 @@ class Decider {
                const char* kind = "recreated");
   void RecordRestart(const std::string& reason, const char* kind, const std::string& message, PendingEvent event,
                      bool failure);
+  void ReportStandingWarning(const char* type, const std::string& reason, const std::string& event,
+                             const std::string& message, const std::string& cleared);
   void ReportFieldsWithoutEffect();
-  void ReportIgnoredQueueLabel();
+  void ReportQueueWarnings();
   // True, noting that the pass needs it (Decision::needs), when the observation lacks it.
   bool LacksCluster();
   bool LacksConfigMap();

@@ -170,6 +170,41 @@ TEST(KueueDecide, AQueuedJobGetsItsWorkloadAndNoPod) {
   EXPECT_LE(WorkloadName(std::string(253, 'a'), "u").size(), 253u);
 }
 
+// spec.elastic under Kueue: the Workload asks for the whole gang, so minNodes has no
+// effect; the job says so in a condition and one Warning Event, and the condition clears
+// once the job leaves its queue.
+TEST(KueueDecide, AnElasticJobInAQueueIsWarnedThatItRunsWhole) {
+  json job = QueuedJob();
+  job["spec"]["elastic"] = {{"minNodes", 1}};
+  const Decision d = Decide(Observe(job, {}, json()), Kueue());
+  const api::Condition* c = ConditionOf(d.status, kElasticUnderKueueCondition);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->status, "True");
+  EXPECT_NE(c->message.find("spec.elastic.minNodes 1 has no effect under Kueue"), std::string::npos) << c->message;
+  EXPECT_NE(c->message.find("all 2 nodes"), std::string::npos) << c->message;
+  auto warned = [](const Decision& pass) {
+    return std::count_if(pass.events.begin(), pass.events.end(),
+                         [](const PendingEvent& e) { return e.reason == "ElasticUnderKueue" && e.type == "Warning"; });
+  };
+  EXPECT_EQ(warned(d), 1);
+  ASSERT_TRUE(d.create_workload);
+  EXPECT_EQ((*d.create_workload)["spec"]["podSets"][0]["count"], 2);
+  EXPECT_FALSE((*d.create_workload)["spec"]["podSets"][0].contains("minCount"));
+  // The next pass, with the condition stored: no second Event.
+  const Decision again = Decide(Observe(job, d.status, *d.create_workload), Kueue());
+  EXPECT_EQ(warned(again), 0);
+  ASSERT_NE(ConditionOf(again.status, kElasticUnderKueueCondition), nullptr);
+  EXPECT_EQ(ConditionOf(again.status, kElasticUnderKueueCondition)->status, "True");
+  // Out of the queue (Kueue off), the operator shrinks the gang itself: False.
+  const Decision unqueued = Decide(Observe(job, d.status, json()), DecideOptions{});
+  ASSERT_NE(ConditionOf(unqueued.status, kElasticUnderKueueCondition), nullptr);
+  EXPECT_EQ(ConditionOf(unqueued.status, kElasticUnderKueueCondition)->status, "False");
+  EXPECT_EQ(ConditionOf(unqueued.status, kElasticUnderKueueCondition)->reason, "NotQueued");
+  // A job that is not elastic never has the condition.
+  EXPECT_EQ(ConditionOf(Decide(Observe(QueuedJob(), {}, json()), Kueue()).status, kElasticUnderKueueCondition),
+            nullptr);
+}
+
 TEST(KueueDecide, TheWorkloadPassesKueuesCrd) {
   const json schema = KueueCrdSchema("workloads");
   json job = QueuedJob("Required");
