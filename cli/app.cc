@@ -272,6 +272,8 @@ Command BenchTrain(CLI::App& bench, const std::vector<std::string>& self) {
   c->add_option("--batch", o->batch, "Micro-batch size")->check(CLI::Range(1, 4096))->capture_default_str();
   c->add_option("--seq", o->seq, "Sequence length")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   c->add_option("--steps", o->steps, "Measured steps")->check(CLI::Range(1, 100000))->capture_default_str();
+  c->add_option("--layers", o->layers, "The preset's layers, replaced (a large model cut to fit)")
+      ->check(CLI::Range(1, 1024));
   c->add_option("--ranks", o->ranks, "Ranks, as processes on this machine (cpu)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();

@@ -52,7 +52,8 @@ nlohmann::json BenchJob(const BenchTrainOptions& o, const std::string& data, int
             {"nodes", nodes},
             {"gpusPerNode", ranks / nodes},
             {"parallelism", parallelism},
-            {"model", {{"preset", o.model}, {"seqLen", o.seq}}},
+            {"model", o.layers > 0 ? nlohmann::json{{"preset", o.model}, {"seqLen", o.seq}, {"layers", o.layers}}
+                                   : nlohmann::json{{"preset", o.model}, {"seqLen", o.seq}}},
             {"data", {{"train", data}}},
             {"training",
              {{"steps", o.steps + o.warmup}, {"warmupSteps", 1}, {"microBatchSize", c.MicroBatch(o)},

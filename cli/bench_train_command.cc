@@ -38,6 +38,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The preset's name, with its layers where --layers replaced them.
+std::string ModelLabel(const BenchTrainOptions& o) {
+  return o.layers > 0 ? o.model + ", layers " + std::to_string(o.layers) : o.model;
+}
+
 // A (tokens x k) by (k x n) product that a training step runs `count` times forward
 // (out = in @ W^T) and twice backward (dIn = dOut @ W, dW = dOut^T @ In).
 struct StepProduct {
@@ -207,7 +212,7 @@ int BenchTrainRanks(const BenchTrainOptions& o, const api::ModelShape& shape, co
   const RemovedOnExit data(WriteRandomTokens(int64_t(o.ranks) * o.batch * o.seq * (o.steps + o.warmup + 1), shape));
   char line[256];
   std::snprintf(line, sizeof line, "model %s (%.1fM parameters), %d ranks x batch %d x seq %d a step, %s\n",
-                o.model.c_str(), double(shape.ParameterCount()) / 1e6, o.ranks, o.batch, o.seq,
+                ModelLabel(o).c_str(), double(shape.ParameterCount()) / 1e6, o.ranks, o.batch, o.seq,
                 o.device == "cuda" ? "bf16 on the GPUs (ranks sharing one GPU stage collectives through the host)"
                                    : "fp32 on CPU");
   out << line;
@@ -301,7 +306,7 @@ int BenchTrainOneRank(const BenchTrainOptions& o, const api::ModelShape& preset,
   const double scale = cuda ? 1e-3 : 1;
   const train::MemoryReport m = trainer.memory();
   char line[512];  // room for a device's name (up to 256 bytes)
-  std::snprintf(line, sizeof line, "model %s (%.1fM parameters), batch %d x seq %d, ", o.model.c_str(), params / 1e6,
+  std::snprintf(line, sizeof line, "model %s (%.1fM parameters), batch %d x seq %d, ", ModelLabel(o).c_str(), params / 1e6,
                 o.batch, o.seq);
   out << line << where << "\n";
   std::snprintf(line, sizeof line, "step time %.1f ms over %d steps: %.0f tokens/s\n", step_seconds * 1e3, o.steps,
@@ -352,7 +357,7 @@ int BenchTrainOneRank(const BenchTrainOptions& o, const api::ModelShape& preset,
   std::snprintf(line, sizeof line, "dense model of the same active parameters (%.1fM parameters, %.2f MFLOP per token): ",
                 double(dense->ParameterCount()) / 1e6, dense->TrainingFlopsPerToken(o.seq) / 1e6);
   out << line << api::DescribeShape(*dense) << "\n";
-  std::snprintf(line, sizeof line, "%s %.0f tokens/s against the dense model's %.0f: %.2fx\n", o.model.c_str(),
+  std::snprintf(line, sizeof line, "%s %.0f tokens/s against the dense model's %.0f: %.2fx\n", ModelLabel(o).c_str(),
                 tokens_per_second, dense_tokens_per_second, tokens_per_second / dense_tokens_per_second);
   out << line;
   return kExitOk;
@@ -362,11 +367,14 @@ int BenchTrainOneRank(const BenchTrainOptions& o, const api::ModelShape& preset,
 
 int BenchTrainCommand(const BenchTrainOptions& o, const std::vector<std::string>& self_argv, std::ostream& out) {
   if (comm::WorkerEnvironment::Present()) return BenchTrainRank();
-  const api::ModelShape* preset = api::FindPreset(o.model);
-  if (preset == nullptr) {
+  const api::ModelShape* found = api::FindPreset(o.model);
+  if (found == nullptr) {
     out << "--model " << o.model << ": unknown preset\n";
     return kExitUnreadable;
   }
+  api::ModelShape cut = *found;
+  if (o.layers > 0) cut.layers = o.layers;
+  const api::ModelShape* preset = &cut;
   // Without a GPU the ranks would train on the CPU under a heading that says bf16 on the GPU.
   if (RefusedWithoutGpu(o.device, "bench train", out)) return kExitUnreadable;
   try {

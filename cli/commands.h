@@ -168,6 +168,7 @@ struct BenchTrainOptions {
   // fp8, spec.training.float8.recipe.
   std::string precision;
   std::string float8_recipe = "tensorwise";
+  int layers = 0;  // above 0: the preset's layers, replaced (a large model cut to fit)
 };
 
 // Single-rank training throughput, FLOP/s, MFU against the matrix rate measured at the

@@ -20,8 +20,11 @@
 #     the PyTorch peer with torch.compile, in the same call, with MFU printed
 #   target of issue "Float8 training": Llama 3.2 1B in fp8 (tensorwise) at least 1.25x bf16
 #     on the same device, both in one bench call
-#   peers, in the same call: PyTorch (the repository's bench/torch_gpt2_bench.py and
-#     bench/torch_llama_bench.py, or those of --peers DIR) where torch imports, and llm.c with
+#   figure of issue "Mixture-of-experts": Qwen3-30B-A3B cut to 4 layers, B2 x T2048, world
+#     1, against PyTorch eager with the same layers (bench/torch_moe_bench.py), in the same
+#     call, and against the dense model of its active parameters (bench train prints it)
+#   peers, in the same call: PyTorch (the repository's bench/torch_gpt2_bench.py,
+#     bench/torch_llama_bench.py and bench/torch_moe_bench.py, or those of --peers DIR) where torch imports, and llm.c with
 #     cuDNN where --llmc DIR names a checkout of karpathy/llm.c with train_gpt2cu built (default
 #     PEERS/llmc; its data made by PEERS/llmc_data.py)
 #
@@ -244,6 +247,24 @@ if [ "$bench" = 1 ]; then
   r=$(ratio "$fp8" "$bf16")
   at_least "$r" 1.25; target "Llama 3.2 1B fp8 at least 1.25x bf16 on the same device" $? \
     "$r (${fp8:-?} / ${bf16:-?} tokens/s)"
+
+  # Mixture of experts: Qwen3-30B-A3B cut to 4 of its 48 layers (128 experts, 8 a token) to
+  # fit one GPU, B2 x T2048, against PyTorch eager with the same layers, in the same call.
+  run "bench qwen3-30b-a3b" "$out/bench-moe.log" "$meshtrain" bench train --device cuda --model qwen3-30b-a3b \
+    --layers 4 --batch 2 --seq 2048 --steps "$bench_steps"
+  status=$?
+  check "bench qwen3-30b-a3b at 4 layers B2 T2048 (world 1)" $status \
+    "$(grep -E 'tokens/s|not run' "$out/bench-moe.log" | tr '\n' ';')"
+  sed 's/^/  /' "$out/bench-moe.log" >> "$details"
+  ours=$(grep -oE '[0-9]+ tokens/s' "$out/bench-moe.log" | head -1 | grep -oE '[0-9]+')
+  if [ $torch = 1 ] && [ -f "$peers/torch_moe_bench.py" ]; then
+    run "PyTorch MoE peer" "$out/torch-moe.log" python3 "$peers/torch_moe_bench.py" --preset qwen3-30b-a3b \
+      --layers 4 --batch 2 --seq 2048
+    status=$?
+    check "PyTorch Qwen3-MoE peer (eager, SDPA)" $status "$(tail -1 "$out/torch-moe.log")"
+    theirs=$(grep -oE '[0-9,]+ tokens/s' "$out/torch-moe.log" | tail -1 | tr -d , | grep -oE '[0-9]+')
+    note "Qwen3-30B-A3B at 4 layers, meshtrain / PyTorch eager: $(ratio "$ours" "$theirs") (${ours:-?} / ${theirs:-?} tokens/s)"
+  fi
 fi
 
 # Every gpu test (from its own directory: a carried build has only the gpu tests built).

@@ -531,6 +531,11 @@ expect "bench train measures a mixture of experts against the dense model of its
   'dense model of the same active parameters \([0-9.]+M parameters, [0-9.]+ MFLOP per token\): llama: .*MLP 96' \
   'moe-tiny [0-9]+ tokens/s against the dense model.s [0-9]+: [0-9.]+x' \
   -- "$meshtrain" bench train --model moe-tiny --batch 2 --seq 32 --steps 2
+expect "bench train --layers cuts the preset to that many layers, and its dense peer too" 0 \
+  'model moe-tiny, layers 1 \([0-9.]+M parameters\), batch 2 x seq 32' \
+  'dense model of the same active parameters \([0-9.]+M parameters, [0-9.]+ MFLOP per token\): llama: layers 1, ' \
+  'moe-tiny, layers 1 [0-9]+ tokens/s against the dense model.s [0-9]+: [0-9.]+x' \
+  -- "$meshtrain" bench train --model moe-tiny --layers 1 --batch 2 --seq 32 --steps 2
 expect "bench train keeps to one model for a dense one" 0 '!dense model of the same active' \
   -- "$meshtrain" bench train --model gpt2-tiny --batch 2 --seq 32 --steps 1
 expect "bench train runs sharded ranks beside replicated ones and prints the ratios" 0 \
