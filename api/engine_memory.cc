@@ -114,6 +114,33 @@ int64_t Float8ScratchElements(int batch, int seq, const ModelShape& s, int tp, b
   return (int64_t(tp) + 2) * 2 * Float8ScaleWidth(batch, seq, s, tp, rowwise);
 }
 
+std::vector<Float8Product> Float8LinearProducts(int batch, int seq, const ModelShape& shape, int tp) {
+  const ModelShape s = shape.Resolved();
+  std::vector<BlockProduct> layers = BlockProducts(s);
+  // A mixture's block casts its attention's two products only (BlockFloat8FlopsPerToken).
+  if (s.experts > 0) layers.resize(std::min<size_t>(layers.size(), 2));
+  const int64_t N = int64_t(batch) * seq;
+  std::vector<Float8Product> products;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    // The layers alternate column-parallel (qkv, fc, gate and up: the output split) and
+    // row-parallel (the projections back to hidden: the input split).
+    const int64_t K = i % 2 == 0 ? layers[i].k : layers[i].k / tp, OC = i % 2 == 0 ? layers[i].n / tp : layers[i].n;
+    products.push_back({OC, N, K});
+    products.push_back({K, N, OC});
+    products.push_back({K, OC, N});
+  }
+  return products;
+}
+
+int64_t Float8SumRows(int64_t m, int64_t n) { return std::clamp<int64_t>(kFloat8SumBytes / (4 * m) / 16 * 16, 16, n); }
+
+int64_t Float8ProductBytes(const Float8Product& p, bool with_sums) {
+  constexpr int64_t kAlign = 256;
+  auto up = [](int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; };
+  const int64_t sums = with_sums ? up(Float8SumRows(p.m, p.n) * p.m * 4) : 0;
+  return up(p.m * p.k) + up(p.n * p.k) + kAlign + sums + kAlign;
+}
+
 std::vector<Buffer> StepBuffers(int batch, int seq, const ModelShape& s, const EngineTypes& t) {
   const int64_t N = int64_t(batch) * seq;
   const FamilyTensors f = TensorsOf(s);
@@ -166,7 +193,7 @@ EngineMemory EngineMemoryOf(const ModelShape& s, int batch, int seq, int tp_rank
   if (S > 1 || experts_split) m.gathered += slots * Held(block * block_shards * G);
   m.comm = S > 1 ? Held(std::max(edge, block) * G) : 0;
   const ActivationBytes store = ActivationStoreBytes(s, batch, seq, policy, tp_rank, tp_size, types, dropout, stage);
-  m.activations = Held(store.kept) + Held(StepBufferBytes(batch, seq, s, types));
+  m.activations = Held(store.kept) + Held(StepBufferBytes(batch, seq, s, types)) + held(types.float8_product_bytes);
   m.offload = store.offloaded > 0 ? Held(store.offloaded) : 0;
   return m;
 }

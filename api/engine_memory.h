@@ -134,6 +134,26 @@ int64_t Float8ScratchElements(int batch, int seq, const ModelShape& shape, int t
 // rowwise, the largest of the rows and this TP rank's widths of the layers.
 int64_t Float8ScaleWidth(int batch, int seq, const ModelShape& shape, int tp, bool rowwise);
 
+// A float8 product D (m,n) = A^T B over k, as a GPU's kernel table runs it.
+struct Float8Product {
+  int64_t m = 0, n = 0, k = 0;
+};
+// The float8 products of one block's linear layers on a TP rank of tp, for micro-batches of
+// batch x seq rows (N): each layer's forward (OC, N, K), input gradient (K, N, OC) and weight
+// gradient (K, OC, N), with K and OC its TP slice (the layers of api::BlockProducts that
+// float8 casts: not a mixture's router or experts).
+std::vector<Float8Product> Float8LinearProducts(int batch, int seq, const ModelShape& shape, int tp);
+// The fp32 sums a float8 product keeps at once when its epilogue or its rowwise scales
+// need them: rows of m floats, at most kFloat8SumBytes of them, in multiples of 16 rows,
+// at least 16 and at most n.
+inline constexpr int64_t kFloat8SumBytes = int64_t{64} << 20;
+int64_t Float8SumRows(int64_t m, int64_t n);
+// The bytes of a GPU table's float8 scratch for one product: both operands' codes (m x k
+// and n x k bytes), the two descales, and with `with_sums` Float8SumRows x m floats, each
+// aligned to 256 bytes, and room to align the start. The table holds one scratch, as large
+// as the largest product it has run.
+int64_t Float8ProductBytes(const Float8Product& p, bool with_sums);
+
 std::vector<Buffer> StepBuffers(int batch, int seq, const ModelShape& shape, const EngineTypes& types);
 int64_t StepBufferBytes(int batch, int seq, const ModelShape& shape, const EngineTypes& types);
 

@@ -112,8 +112,11 @@ struct EngineTypes {
   // on are sized for that: expert x the local tokens' copies.
   int experts = 1;
   // Float8 training (spec.training.precision fp8): the floats of its amaxes and scales in
-  // the step buffer (Float8ScratchElements); 0 without.
+  // the step buffer (Float8ScratchElements), and the bytes the kernel table keeps for its
+  // largest float8 product (on a GPU, Float8ProductBytes over Float8LinearProducts; 0 on
+  // the CPU); 0 without.
   int64_t float8_scales = 0;
+  int64_t float8_product_bytes = 0;
 };
 
 

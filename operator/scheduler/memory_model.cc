@@ -21,7 +21,8 @@ std::string Describe(const LayoutChoice& c) {
 }
 
 api::EngineTypes EngineTypesOf(int compute_bytes, bool cpu_kernels, const api::ModelShape& shape, int micro_batch,
-                               int seq, int tp, int context, const std::string& context_mode, int experts) {
+                               int seq, int tp, int context, const std::string& context_mode, int experts,
+                               Float8Memory float8) {
   api::EngineTypes types;
   types.experts = experts;
   types.act_bytes = compute_bytes;
@@ -39,15 +40,23 @@ api::EngineTypes EngineTypesOf(int compute_bytes, bool cpu_kernels, const api::M
   if (context > 1) {
     types.attention_scratch_bytes = api::ContextAttentionScratchBytes(micro_batch, seq, shape, tp, types);
   }
+  if (float8 != Float8Memory::kNone) {
+    types.float8_scales = api::Float8ScratchElements(micro_batch, seq, shape, tp, float8 == Float8Memory::kRowwise);
+    if (!cpu_kernels) {
+      for (const api::Float8Product& p : api::Float8LinearProducts(micro_batch, seq, shape, tp))
+        types.float8_product_bytes = std::max(types.float8_product_bytes, api::Float8ProductBytes(p, true));
+    }
+  }
   return types;
 }
 
 MemoryPrediction PredictMemory(const api::ModelShape& shape, int seq, const LayoutChoice& c, int compute_bytes,
-                               bool cpu_kernels, bool dropout, int micro_batches) {
+                               bool cpu_kernels, bool dropout, int micro_batches, Float8Memory float8) {
   // As the engine sees it: this rank's rows of each sequence, FSDP's S x C ranks.
   const int rows = seq / c.context, shard = c.shard * c.context;
   const api::EngineTypes types =
-      EngineTypesOf(compute_bytes, cpu_kernels, shape, c.micro_batch, rows, c.tp, c.context, c.context_mode, c.expert);
+      EngineTypesOf(compute_bytes, cpu_kernels, shape, c.micro_batch, rows, c.tp, c.context, c.context_mode, c.expert,
+                    float8);
   MemoryPrediction most;
   for (int p = 0; p < c.pipeline.stages; ++p) {
     const api::StageShape stage = api::StageShapeOf(shape, c.pipeline, p, micro_batches, rows);

@@ -68,9 +68,13 @@ struct MemoryPrediction {
 // heads for Ring, the whole sequence and 1/context of the heads for AllToAll). `experts`:
 // the expert group's EP (api::EngineTypes::experts: a mixture's received rows are sized
 // EP x the local tokens' copies).
+// `float8`: float8 training's amaxes and scales (api::Float8ScratchElements) and, on a
+// GPU, the kernel table's scratch for its largest float8 product (api::Float8ProductBytes
+// with fp32 sums, over api::Float8LinearProducts: at most what the table keeps).
+enum class Float8Memory { kNone, kTensorwise, kRowwise };
 api::EngineTypes EngineTypesOf(int compute_bytes, bool cpu_kernels, const api::ModelShape& shape, int micro_batch,
                                int seq, int tp, int context = 1, const std::string& context_mode = "Ring",
-                               int experts = 1);
+                               int experts = 1, Float8Memory float8 = Float8Memory::kNone);
 
 // The peak of the rank that holds the most (the largest vocabulary slice, of the stage
 // that holds the most), for sequences of `seq` tokens (each rank holding seq / C rows of
@@ -81,6 +85,7 @@ api::EngineTypes EngineTypesOf(int compute_bytes, bool cpu_kernels, const api::M
 // one stage. REQUIRES: with stages, a number of micro-batches the schedule takes
 // (api::StageActions); seq a multiple of 2 x C.
 MemoryPrediction PredictMemory(const api::ModelShape& shape, int seq, const LayoutChoice& choice, int compute_bytes,
-                               bool cpu_kernels, bool dropout, int micro_batches);
+                               bool cpu_kernels, bool dropout, int micro_batches,
+                               Float8Memory float8 = Float8Memory::kNone);
 
 }  // namespace meshtrain::scheduler

@@ -36,6 +36,11 @@ std::string MemorySize(int64_t bytes) {
   return text;
 }
 
+static Float8Memory Float8Of(const DeviceModel& device) {
+  if (!device.float8) return Float8Memory::kNone;
+  return device.float8_rowwise ? Float8Memory::kRowwise : Float8Memory::kTensorwise;
+}
+
 Candidate Evaluate(const PlanRequest& r, const LayoutChoice& choice) {
   Candidate c;
   c.choice = choice;
@@ -43,7 +48,7 @@ Candidate Evaluate(const PlanRequest& r, const LayoutChoice& choice) {
       int64_t(r.cluster.nodes) * r.cluster.gpus_per_node / (choice.pipeline.stages * choice.tp * choice.context);
   const int64_t micro_batches = r.global_batch_tokens / (int64_t(choice.micro_batch) * r.seq * data_parallel);
   c.memory = PredictMemory(r.shape, r.seq, choice, r.device.compute_bytes, r.device.memory_is_host, r.dropout,
-                           int(micro_batches));
+                           int(micro_batches), Float8Of(r.device));
   c.step = PredictStep(r.shape, r.seq, r.global_batch_tokens, choice, r.cluster, r.device);
   c.needed = r.device.memory_is_host ? c.memory.total() : c.memory.device();
   if (c.needed > r.device.Usable()) {
@@ -103,7 +108,7 @@ std::string SequenceShortfall(const PlanRequest& r, const LayoutChoice& choice) 
     LayoutChoice wider = choice;
     wider.context = C;
     const MemoryPrediction m = PredictMemory(r.shape, r.seq, wider, r.device.compute_bytes, r.device.memory_is_host,
-                                             r.dropout, micro_batches);
+                                             r.dropout, micro_batches, Float8Of(r.device));
     const int64_t needed = r.device.memory_is_host ? m.total() : m.device();
     if (needed <= usable) {
       const std::string ranks =
@@ -291,6 +296,7 @@ DeviceModel AsJobUsesIt(DeviceModel device, const api::TrainingJobSpec& spec) {
   }
   if (spec.training.precision == "fp32") device.compute_bytes = 4;
   device.float8 = spec.training.precision == "fp8";
+  device.float8_rowwise = device.float8 && spec.training.float8.recipe == "rowwise";
   return device;
 }
 

@@ -67,8 +67,10 @@ struct DeviceModel {
   // products (an A100 refuses them; the CPU emulates them, at about its matrix rate).
   double float8_ratio = 0;
   // The job multiplies its blocks' linear layers in float8 (AsJobUsesIt): those products
-  // run at float8_ratio x the matrix rate.
+  // run at float8_ratio x the matrix rate. float8_rowwise: by torchao's rowwise recipe,
+  // whose scales the memory model counts per row.
   bool float8 = false;
+  bool float8_rowwise = false;
 
   double FlopsFor(int micro_batch) const;
   // The memory a layout may use: memory_bytes less the margin.

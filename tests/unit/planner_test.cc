@@ -86,6 +86,37 @@ TEST(StepModel, Float8HalvesTheLinearLayersTimeOnHopperOnly) {
   EXPECT_EQ(api::BlockFloat8FlopsPerToken(moe, 1), dense_part);
 }
 
+// Float8's memory: its amaxes and scales in the step buffer everywhere, and on a GPU the
+// kernel table's scratch for its largest product. Llama 3.2 1B at 4 x 2048 rows on TP 2:
+// the gate-and-up layer's input gradient (m 2048, n 8192, k 8192) and weight gradient
+// (2048, 8192 over 8192) each hold 16 + 64 MiB of codes and 64 MiB of fp32 sums (2048 and
+// 8192 rows), 144 MiB and 512 bytes of descales and alignment.
+TEST(MemoryModel, Float8CountsItsScalesAndOnAGpuItsLargestProduct) {
+  const api::ModelShape shape = *api::FindPreset("llama3.2-1b");
+  int64_t most = 0;
+  for (const api::Float8Product& p : api::Float8LinearProducts(4, 2048, shape, 2))
+    most = std::max(most, api::Float8ProductBytes(p, true));
+  EXPECT_EQ(most, (int64_t{144} << 20) + 512);
+  EXPECT_EQ(api::Float8LinearProducts(4, 2048, shape, 2).size(), 12u);  // 4 layers x 3 products
+  // A mixture casts its attention's two layers only.
+  EXPECT_EQ(api::Float8LinearProducts(1, 64, *api::FindPreset("moe-tiny"), 1).size(), 6u);
+
+  const LayoutChoice choice{2, 1, 4, {}};
+  const MemoryPrediction bf16 = PredictMemory(shape, 2048, choice, 2, false, false, 1);
+  const MemoryPrediction fp8 = PredictMemory(shape, 2048, choice, 2, false, false, 1, Float8Memory::kTensorwise);
+  const MemoryPrediction rowwise = PredictMemory(shape, 2048, choice, 2, false, false, 1, Float8Memory::kRowwise);
+  EXPECT_EQ(fp8.params, bf16.params);
+  EXPECT_EQ(fp8.optimizer, bf16.optimizer);
+  // The scratch (146 MiB held in 2 MiB blocks) and the step buffer's few scales.
+  EXPECT_GE(fp8.activations - bf16.activations, int64_t{146} << 20);
+  EXPECT_LE(fp8.activations - bf16.activations, int64_t{148} << 20);
+  EXPECT_GT(rowwise.activations, fp8.activations);  // a scale per row
+  // The CPU's emulation keeps no scratch of its own: the scales alone.
+  const MemoryPrediction cpu = PredictMemory(shape, 2048, choice, 4, true, false, 1);
+  const MemoryPrediction cpu8 = PredictMemory(shape, 2048, choice, 4, true, false, 1, Float8Memory::kTensorwise);
+  EXPECT_LE(cpu8.activations - cpu.activations, int64_t{2} << 20);
+}
+
 TEST(StepModel, CheckpointingAddsOneBlockForwardPerBlockAndMicroStep) {
   Cluster one;
   one.node_paths = {{"n0"}};

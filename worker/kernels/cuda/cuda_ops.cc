@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "api/engine_memory.h"
 #include "worker/kernels/cuda/attention_blocks.h"
 #include "worker/kernels/cuda/blas_lt.h"
 #include "worker/kernels/cuda/cudnn_attention.h"
@@ -321,7 +322,7 @@ class CudaOps final : public Ops<Bf16> {
   // but cuBLASLt does not say which devices take it. The forward's bias, residual and GELU
   // and the grad input's GELU derivative run in Fp8Epilogue after an fp32 product too,
   // from the sum in fp32 and rounded once, as MatmulForward's epilogue. Those fp32 sums
-  // are taken kFloat8AccumulatorBytes of rows at a time.
+  // are taken api::kFloat8SumBytes of rows at a time.
 
   void Float8Amax(Out<float> amax, In<Act> x, int64_t rows, int cols, Float8Scaling scaling, Stream& stream) override {
     CheckFloat8("Float8Amax");
@@ -782,10 +783,11 @@ class CudaOps final : public Ops<Bf16> {
 
   // Compute capability 8.9 (Ada) and up have float8 tensor cores.
   static constexpr int kFloat8ComputeCapability = 89;
-  // The most bytes of fp32 sums a float8 product keeps at once (Float8Codes::sum).
-  static constexpr int64_t kFloat8AccumulatorBytes = int64_t{64} << 20;
 
   std::string Float8Refusal() const override { return float8_refusal_; }
+  int64_t Float8ScratchBytes(int64_t m, int64_t n, int64_t k) const override {
+    return api::Float8ProductBytes({m, n, k}, /*with_sums=*/true);
+  }
   // Throws, before anything is enqueued, on a device without float8 tensor cores.
   void CheckFloat8(const char* what) const {
     if (!float8_refusal_.empty()) throw std::invalid_argument(std::string(what) + ": " + float8_refusal_);
@@ -841,15 +843,15 @@ class CudaOps final : public Ops<Bf16> {
   // first when this product needs more than any before it: see float8_scratch_).
   Float8Codes CastFloat8Operands(const Float8Source& a, const Float8Source& b, int64_t m, int64_t n, int64_t k,
                                  bool with_sums, cudaStream_t stream) {
+    // Carved as api::Float8ProductBytes counts it (the memory model's).
     constexpr int64_t kAlign = 256;
     auto up = [](int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; };
     Float8Codes codes;
     codes.m = m;
     codes.k = k;
-    codes.rows_per_sum = with_sums ? std::clamp<int64_t>(kFloat8AccumulatorBytes / (4 * m) / 16 * 16, 16, n) : 0;
+    codes.rows_per_sum = with_sums ? api::Float8SumRows(m, n) : 0;
     const int64_t a_bytes = up(m * k), b_bytes = up(n * k), descale_bytes = kAlign;
-    const int64_t bytes = a_bytes + b_bytes + descale_bytes + up(codes.rows_per_sum * m * 4) + kAlign;
-    std::byte* start = Float8Scratch(bytes, stream);
+    std::byte* start = Float8Scratch(api::Float8ProductBytes({m, n, k}, with_sums), stream);
     start = reinterpret_cast<std::byte*>(up(int64_t(reinterpret_cast<uintptr_t>(start))));
     auto* a_codes = reinterpret_cast<uint8_t*>(start);
     auto* b_codes = reinterpret_cast<uint8_t*>(start + a_bytes);
@@ -892,17 +894,18 @@ class CudaOps final : public Ops<Bf16> {
     RunOrThrow(gemm, what, stream);
   }
 
-  // The float8 scratch, at least `bytes`. It grows (by a quarter more than asked) only
-  // when a product needs more than any before it: the old block may still be read by work
-  // enqueued before, and the allocator does not follow streams, so the stream is waited
-  // for first (once a shape, as attention's plans are made when a shape is first asked for).
+  // The float8 scratch, at least `bytes`. It grows, to what is asked, only when a product
+  // needs more than any before it, so it ends as large as the largest product's
+  // (api::Float8ProductBytes, which the memory model counts): the old block may still be
+  // read by work enqueued before, and the allocator does not follow streams, so the stream
+  // is waited for first (once a shape, in the first step).
   std::byte* Float8Scratch(int64_t bytes, cudaStream_t stream) {
     if (float8_scratch_.size() < bytes) {
       if (float8_scratch_.size() > 0) {
         runtime::cuda::Check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (growing the float8 scratch)");
       }
       float8_scratch_ = DeviceArray<std::byte>();
-      float8_scratch_ = DeviceArray<std::byte>(allocator_, bytes + bytes / 4, MemoryCategory::kActivations);
+      float8_scratch_ = DeviceArray<std::byte>(allocator_, bytes, MemoryCategory::kActivations);
     }
     return Raw(float8_scratch_.get());
   }
