@@ -11,8 +11,6 @@ in bf16 autocast with fused AdamW on CUDA (fp32 on the CPU), optionally through
 torch.compile, and prints one line: tokens/s, TFLOP/s by 6N + 12LTC (N leaves out an
 untied embedding, whose lookup multiplies nothing) and the peak memory.
 """
-import argparse
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -30,41 +28,12 @@ PRESETS = {
 SHAPE = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
 
 
-def arguments():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="llama3.2-1b", choices=sorted(PRESETS))
-    for name in SHAPE:
-        parser.add_argument("--" + name.replace("_", "-"), type=int, help="overrides the preset's")
-    for name, default in (("batch", 4), ("seq", 2048), ("steps", 20), ("compile", 1)):
-        parser.add_argument("--" + name, type=int, default=default)
-    parser.add_argument("--device", default="cuda")
-    return parser.parse_args()
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, width, eps=1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(width))
-
-    def forward(self, x):
-        wide = x.float()
-        normed = wide * torch.rsqrt(wide.square().mean(dim=-1, keepdim=True) + self.eps)
-        return normed.to(x.dtype) * self.weight
-
-
-def rope(x, cos, sin):
-    """Rotates each head's (first half, second half) pairs by the position's angles."""
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-second, first), dim=-1) * sin
-
-
 class Block(nn.Module):
     def __init__(self, s):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = s["heads"], s["kv_heads"], s["hidden"] // s["heads"]
         width, kv_width, ffn = s["hidden"], s["kv_heads"] * self.head_dim, s["ffn"]
-        self.attention_norm, self.mlp_norm = RMSNorm(width), RMSNorm(width)
+        self.attention_norm, self.mlp_norm = torch_peer.RMSNorm(width, 1e-5), torch_peer.RMSNorm(width, 1e-5)
         self.wq = nn.Linear(width, width, bias=False)
         self.wk = nn.Linear(width, kv_width, bias=False)
         self.wv = nn.Linear(width, kv_width, bias=False)
@@ -76,8 +45,8 @@ class Block(nn.Module):
     def attend(self, h, cos, sin):
         batch, seq, width = h.shape
         heads = lambda t, n: t.view(batch, seq, n, self.head_dim).transpose(1, 2)
-        q = rope(heads(self.wq(h), self.heads), cos, sin)
-        k = rope(heads(self.wk(h), self.kv_heads), cos, sin)
+        q = torch_peer.rope(heads(self.wq(h), self.heads), cos, sin)
+        k = torch_peer.rope(heads(self.wk(h), self.kv_heads), cos, sin)
         v = heads(self.wv(h), self.kv_heads)
         out = torch_peer.causal_attention(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, width))
@@ -88,39 +57,15 @@ class Block(nn.Module):
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
-class Llama(nn.Module):
-    def __init__(self, s, theta, tied, seq):
-        super().__init__()
-        self.vocab = s["vocab"]
-        self.embedding = nn.Embedding(s["vocab"], s["hidden"])
-        self.blocks = nn.ModuleList(Block(s) for _ in range(s["layers"]))
-        self.final_norm = RMSNorm(s["hidden"])
-        self.head = None if tied else nn.Linear(s["hidden"], s["vocab"], bias=False)
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        head_dim = s["hidden"] // s["heads"]
-        frequencies = theta ** -(torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        angles = torch.outer(torch.arange(seq, dtype=torch.float64), frequencies).repeat(1, 2)
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
-
-    def forward(self, inputs, targets):
-        x = self.embedding(inputs)
-        cos, sin = self.cos.to(x.dtype), self.sin.to(x.dtype)
-        for block in self.blocks:
-            x = block(x, cos, sin)
-        head = self.embedding.weight if self.head is None else self.head.weight
-        logits = F.linear(self.final_norm(x), head)
-        return F.cross_entropy(logits.float().view(-1, self.vocab), targets.view(-1))
-
 
 def main():
-    a = arguments()
+    a = torch_peer.preset_arguments(__doc__, PRESETS, "llama3.2-1b", SHAPE,
+                                    (("batch", 4), ("seq", 2048), ("steps", 20), ("compile", 1)))
     *preset_shape, theta, tied = PRESETS[a.preset]
     shape = {name: getattr(a, name) or value for name, value in zip(SHAPE, preset_shape)}
     torch_peer.setup(a.device)
-    model = Llama(shape, theta, tied, a.seq).to(a.device)
+    model = torch_peer.RotaryDecoder(shape["vocab"], shape["hidden"], shape["layers"], lambda: Block(shape),
+                                     shape["hidden"] // shape["heads"], theta, a.seq, tied, 1e-5).to(a.device)
     params = sum(p.numel() for p in model.parameters())
     flop_params = params - (0 if tied else shape["vocab"] * shape["hidden"])
     median, loss, peak = torch_peer.train_and_time(model, shape["vocab"], a.batch, a.seq, a.steps, a.compile,

@@ -14,8 +14,6 @@ eager unless --compile 1, and prints one line: tokens/s, TFLOP/s by 6N + 12LTC
 where N counts the active parameters (attention, the router and k experts a token, the
 head; not the embedding, whose lookup multiplies nothing), and the peak memory.
 """
-import argparse
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -29,36 +27,6 @@ PRESETS = {
     "qwen3-235b-a22b": (94, 4096, 64, 4, 128, 128, 8, 1536, 151936, 1000000.0),
 }
 SHAPE = ("layers", "hidden", "heads", "kv_heads", "head_dim", "experts", "top_k", "expert_ffn", "vocab")
-
-
-def arguments():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="qwen3-30b-a3b", choices=sorted(PRESETS))
-    for name in SHAPE:
-        parser.add_argument("--" + name.replace("_", "-"), type=int, help="overrides the preset's")
-    # Eager (--compile 0) is the peer gpu-check.sh compares with.
-    for name, default in (("batch", 2), ("seq", 2048), ("steps", 10), ("compile", 0)):
-        parser.add_argument("--" + name, type=int, default=default)
-    parser.add_argument("--device", default="cuda")
-    return parser.parse_args()
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, width, eps=1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(width))
-
-    def forward(self, x):
-        wide = x.float()
-        normed = wide * torch.rsqrt(wide.square().mean(dim=-1, keepdim=True) + self.eps)
-        return normed.to(x.dtype) * self.weight
-
-
-def rope(x, cos, sin):
-    """Rotates each head's (first half, second half) pairs by the position's angles."""
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-second, first), dim=-1) * sin
 
 
 class Expert(nn.Module):
@@ -102,19 +70,20 @@ class Block(nn.Module):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = s["heads"], s["kv_heads"], s["head_dim"]
         width = s["hidden"]
-        self.attention_norm, self.mlp_norm = RMSNorm(width), RMSNorm(width)
+        self.attention_norm, self.mlp_norm = torch_peer.RMSNorm(width, 1e-6), torch_peer.RMSNorm(width, 1e-6)
         self.wq = nn.Linear(width, self.heads * self.head_dim, bias=False)
         self.wk = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(self.heads * self.head_dim, width, bias=False)
-        self.q_norm, self.k_norm = RMSNorm(self.head_dim), RMSNorm(self.head_dim)
+        self.q_norm = torch_peer.RMSNorm(self.head_dim, 1e-6)
+        self.k_norm = torch_peer.RMSNorm(self.head_dim, 1e-6)
         self.moe = SparseMoe(s)
 
     def attend(self, h, cos, sin):
         batch, seq, _ = h.shape
         heads = lambda t, n: t.view(batch, seq, n, self.head_dim).transpose(1, 2)
-        q = rope(self.q_norm(heads(self.wq(h), self.heads)), cos, sin)
-        k = rope(self.k_norm(heads(self.wk(h), self.kv_heads)), cos, sin)
+        q = torch_peer.rope(self.q_norm(heads(self.wq(h), self.heads)), cos, sin)
+        k = torch_peer.rope(self.k_norm(heads(self.wk(h), self.kv_heads)), cos, sin)
         v = heads(self.wv(h), self.kv_heads)
         out = torch_peer.causal_attention(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, self.heads * self.head_dim))
@@ -123,31 +92,6 @@ class Block(nn.Module):
         x = x + self.attend(self.attention_norm(x), cos, sin)
         return x + self.moe(self.mlp_norm(x))
 
-
-class Qwen3Moe(nn.Module):
-    def __init__(self, s, theta, seq):
-        super().__init__()
-        self.vocab = s["vocab"]
-        self.embedding = nn.Embedding(s["vocab"], s["hidden"])
-        self.blocks = nn.ModuleList(Block(s) for _ in range(s["layers"]))
-        self.final_norm = RMSNorm(s["hidden"])
-        self.head = nn.Linear(s["hidden"], s["vocab"], bias=False)
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        head_dim = s["head_dim"]
-        frequencies = theta ** -(torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        angles = torch.outer(torch.arange(seq, dtype=torch.float64), frequencies).repeat(1, 2)
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
-
-    def forward(self, inputs, targets):
-        x = self.embedding(inputs)
-        cos, sin = self.cos.to(x.dtype), self.sin.to(x.dtype)
-        for block in self.blocks:
-            x = block(x, cos, sin)
-        logits = self.head(self.final_norm(x))
-        return F.cross_entropy(logits.float().view(-1, self.vocab), targets.view(-1))
 
 
 def active_parameters(model, s):
@@ -158,11 +102,14 @@ def active_parameters(model, s):
 
 
 def main():
-    a = arguments()
+    # Eager (--compile 0) is the peer gpu-check.sh compares with.
+    a = torch_peer.preset_arguments(__doc__, PRESETS, "qwen3-30b-a3b", SHAPE,
+                                    (("batch", 2), ("seq", 2048), ("steps", 10), ("compile", 0)))
     *preset_shape, theta = PRESETS[a.preset]
     shape = {name: getattr(a, name) or value for name, value in zip(SHAPE, preset_shape)}
     torch_peer.setup(a.device)
-    model = Qwen3Moe(shape, theta, a.seq).to(a.device)
+    model = torch_peer.RotaryDecoder(shape["vocab"], shape["hidden"], shape["layers"], lambda: Block(shape),
+                                     shape["head_dim"], theta, a.seq, False, 1e-6).to(a.device)
     params = sum(p.numel() for p in model.parameters())
     median, loss, peak = torch_peer.train_and_time(model, shape["vocab"], a.batch, a.seq, a.steps, a.compile, a.device,
                                                    warmup=3 if a.device.startswith("cuda") else 2)
