@@ -30,7 +30,8 @@
 // The device the ranks train on (the CPU backend) is chosen with:
 //   --kernels fp32|bf16|fp64   the ranks' kernel table (train::EngineSwitches): bf16 is the
 //                              emulation of the GPU's numerics, compared with the bounds of
-//                              kBf16LossTolerance and kBf16WeightTolerance below.
+//                              kBf16LossTolerance and kBf16WeightTolerance below
+//                              (kBf16MoeWeightTolerance for a mixture of experts).
 //   --jitter SEED              the strict backend: streams sleep a random time before each
 //                              task (train::EngineSwitches::cpu_backend, the seed mixed
 //                              with the rank) and new device memory is poisoned; run r of
@@ -142,6 +143,15 @@ constexpr double kTolerance = 1e-5;
 // which is checked too.
 constexpr double kBf16LossTolerance = 4e-3;
 constexpr double kBf16WeightTolerance = 2.5e-2;
+// A mixture of experts in bf16 routes a token whose two best router probabilities lie
+// within bf16's rounding of each other to either expert, so an expert's gradient can take
+// or lose a whole token where the float64 run did the other: measured on moe-tiny's
+// Mixtral and Qwen3-MoE (5 experts, 2 a token) under one rank, R2 x S2 with checkpointing,
+// T2, and EP2 with T2 or R2 x S2 with offload, master weights within 2.98e-2 relative L2
+// (losses within 8.4e-4, inside kBf16LossTolerance); with all 5 experts a token (no choice
+// to flip) the one-rank run is within 5.3e-3, as a dense model's. So the weights of a
+// mixture are held to twice the worst, still below a dense model's half batch (1.1e-1).
+constexpr double kBf16MoeWeightTolerance = 6e-2;
 // fp64 ranks against the float64 reference: sums in float64 in another order, but a few
 // scalars stay fp32 in every table: the losses are averaged over the ranks in fp32 (2^-24,
 // 6e-8 relative), and the gradient's scale (the target weight, trainer.cc) and the
@@ -760,7 +770,8 @@ int DriveLayout(const Options& o, int argc, char** argv) {
   const double weight_error = weights.size() == reference.weights.size() ? RelativeL2(weights, reference.weights) : 1;
   double loss_tolerance = kTolerance, weight_tolerance = kTolerance;
   if (o.kernels == "bf16") {
-    loss_tolerance = kBf16LossTolerance, weight_tolerance = kBf16WeightTolerance;
+    const bool moe = o.family == "mixtral" || o.family == "qwen3_moe";
+    loss_tolerance = kBf16LossTolerance, weight_tolerance = moe ? kBf16MoeWeightTolerance : kBf16WeightTolerance;
   } else if (o.kernels == "fp64" && o.reference == "fp64") {
     loss_tolerance = kFp64LossTolerance, weight_tolerance = kFp64WeightTolerance;
   }
