@@ -227,7 +227,7 @@ Plan PlanLayouts(const PlanRequest& r) {
   Plan plan;
   const int world = r.cluster.nodes * r.cluster.gpus_per_node;
   // P stages of at least one block each, outermost; P = 1 first.
-  for (int stages : Divisors(world, r.one_stage ? 1 : r.shape.layers)) {
+  for (int stages : Divisors(world, r.shape.layers)) {
     for (int tp : Divisors(r.cluster.gpus_per_node, r.cluster.gpus_per_node)) {
       // T splits the query and key/value heads and the MLP's units: one that does not divide
       // them is never offered.
@@ -258,7 +258,6 @@ PlanRequest RequestFor(const api::TrainingJobSpec& spec, std::vector<std::vector
   r.global_batch_tokens = spec.training.global_batch_tokens;
   r.dropout = spec.model.dropout > 0;
   r.context_mode = spec.parallelism.context_parallel_mode;
-  r.one_stage = spec.training.router_aux_loss_coef.has_value();
   r.cluster.nodes = int(spec.nodes);
   r.cluster.gpus_per_node = int(spec.gpus_per_node);
   r.cluster.node_paths = std::move(node_paths);

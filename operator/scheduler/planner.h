@@ -44,9 +44,6 @@ struct PlanRequest {
   int max_context = 8;                // the largest C tried
   std::string context_mode = "Ring";  // spec.parallelism.contextParallelMode
   bool dropout = false;  // spec.model.dropout > 0: the backward keeps masked copies
-  // spec.training.routerAuxLossCoef is set: the load-balancing loss takes every layer's
-  // routing at once, so validation refuses pipeline stages; one stage only.
-  bool one_stage = false;
 };
 
 struct Candidate {
