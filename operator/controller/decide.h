@@ -107,6 +107,9 @@ struct Observed {
   // ResourceFlavors its admission names, by name (one not found is absent).
   std::optional<nlohmann::json> workload;
   std::optional<std::map<std::string, nlohmann::json>> flavors;
+  // For a pass that creates the Workload of a job carrying kPriorityClassLabel (kueue.h):
+  // the WorkloadPriorityClass it names (null when there is none).
+  std::optional<nlohmann::json> priority_class;
 };
 
 // The nodes Observed::nodes must hold: those `pods` are bound or pinned to, and those the
@@ -178,7 +181,8 @@ struct Decision {
     bool config_map = false;
     bool workload = false;  // Observed::workload
     bool flavors = false;   // Observed::flavors, those of Observed::workload's admission
-    bool any() const { return cluster || config_map || workload || flavors; }
+    bool priority_class = false;  // Observed::priority_class, the one the job's label names
+    bool any() const { return cluster || config_map || workload || flavors || priority_class; }
   } needs;
 
   void Requeue(std::chrono::milliseconds after) {

@@ -3,7 +3,9 @@
 // and Finished (decider.h, kueue.h). Kueue's job-integration contract, from the job's side:
 //
 // - the job's Workload is written by the operator, owned by the job; the job is Queued
-//   (no pod) until the Workload is Admitted;
+//   (no pod) until the Workload is Admitted; with kueue.x-k8s.io/priority-class, the
+//   Workload takes that WorkloadPriorityClass's priority, and is not created while the
+//   class is missing;
 // - admitted with quota only, the pods run with the flavors' node labels and tolerations
 //   and the podSetUpdates, and the operator's placement chooses among the nodes they
 //   allow; admitted with a TAS topologyAssignment, pod r runs on its r-th node;
@@ -37,13 +39,46 @@ bool Decider::LacksFlavors() {
   return true;
 }
 
+bool Decider::LacksPriorityClass() {
+  if (o_.priority_class) return false;
+  d_.needs.priority_class = true;
+  return true;
+}
+
+bool Decider::WorkloadPriorityOf(std::optional<WorkloadPriority>* priority) {
+  const std::string name = PriorityClassName(job_);
+  if (name.empty()) return true;
+  if (LacksPriorityClass()) return false;
+  std::string reason = "PriorityClassNotFound", why = "which does not exist", until = "it does";
+  if (!o_.priority_class->is_null()) {
+    *priority = PriorityOf(*o_.priority_class, &why);
+    if (*priority) return true;
+    reason = "PriorityClassInvalid";
+    until = "its value is an int32";
+  }
+  // As in Kueue's job framework, no Workload without its priority: the job waits, Queued.
+  const std::string message = "the label " + std::string(kPriorityClassLabel) + " names WorkloadPriorityClass " +
+                              name + ", " + why + "; the job's Workload is created once " + until;
+  const api::Condition* stored = nullptr;
+  for (const auto& c : o_.status.conditions)
+    if (c.type == kQueuedCondition) stored = &c;
+  if (!stored || stored->status != "True" || stored->reason != reason || stored->message != message)
+    d_.events.push_back({"Warning", reason, message});
+  Queue(reason, message);
+  d_.delete_pods = o_.status.phase == "Queued" ? o_.pods : std::vector<json>{};
+  d_.Requeue(kAwaitPriorityClass);
+  return false;
+}
+
 bool Decider::AwaitAdmission() {
   if (!InQueue()) return false;
   if (LacksWorkload()) return true;
   const std::string queue = LabelOf(o_.object, kQueueNameLabel);
   const json& workload = *o_.workload;
   if (workload.is_null()) {
-    d_.create_workload = BuildWorkload(job_, queue, options_.worker);
+    std::optional<WorkloadPriority> priority;
+    if (!WorkloadPriorityOf(&priority)) return true;
+    d_.create_workload = BuildWorkload(job_, queue, options_.worker, priority);
     Queue("WorkloadCreated", "waiting for Kueue to admit Workload " +
                                  (*d_.create_workload)["metadata"]["name"].get<std::string>() + " (queue " + queue + ")");
     d_.delete_pods = o_.status.phase == "Queued" ? o_.pods : std::vector<json>{};

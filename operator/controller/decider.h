@@ -128,6 +128,12 @@ class Decider {
   bool InQueue() const;
   bool LacksWorkload();
   bool LacksFlavors();
+  bool LacksPriorityClass();
+  // The priority of the Workload to create: none without kPriorityClassLabel, else that of
+  // the WorkloadPriorityClass it names. False when that decided the pass: the pass lacks
+  // the class (Decision::needs), or it does not exist or has no value (the job is Queued
+  // saying so, and its Workload waits for the class).
+  bool WorkloadPriorityOf(std::optional<WorkloadPriority>* priority);
   // A job in a queue without an admission to run under: its Workload is created, the job
   // is Queued, and once that is stored its pods go; after an eviction, the admission is
   // cleared once they have. True when that decided the pass; false when the job runs
@@ -178,6 +184,8 @@ class Decider {
 
   // A status write lets the next pass act on it (the job's own update enqueues it too).
   static constexpr std::chrono::milliseconds kAfterOwnWrite{100};
+  // How often a job whose WorkloadPriorityClass is missing looks for it again.
+  static constexpr std::chrono::seconds kAwaitPriorityClass{10};
   // While the pod cache lags our own writes: in case no event comes (records in flight end).
   static constexpr std::chrono::seconds kAwaitCache{5};
   // Well inside a launcher's hold (MESHTRAIN_LAUNCHER_HOLD_SECONDS, 60 by default).

@@ -1,5 +1,6 @@
 #include "operator/controller/kueue.h"
 
+#include <cstdint>
 #include <cstdio>
 
 #include "operator/controller/builders.h"
@@ -44,6 +45,10 @@ uint32_t Fnv1a(const std::string& text) {
   return h;
 }
 
+json PriorityClassRef(const std::string& name) {
+  return {{"group", kPriorityClassGroup}, {"kind", kPriorityClassKind}, {"name", name}};
+}
+
 }  // namespace
 
 std::string WorkloadName(const std::string& job_name, const std::string& job_uid) {
@@ -55,7 +60,27 @@ std::string WorkloadName(const std::string& job_name, const std::string& job_uid
   return prefix + "-" + hash;
 }
 
-json BuildWorkload(const api::TrainingJob& job, const std::string& queue, const WorkerDefaults& worker) {
+std::string PriorityClassName(const api::TrainingJob& job) {
+  const auto it = job.metadata.labels.find(kPriorityClassLabel);
+  return it == job.metadata.labels.end() ? "" : it->second;
+}
+
+std::optional<WorkloadPriority> PriorityOf(const json& priority_class, std::string* error) {
+  const json value = priority_class.value("value", json());
+  const bool int32 = value.is_number_unsigned()
+                         ? value.get<uint64_t>() <= uint64_t{INT32_MAX}
+                         : value.is_number_integer() && value.get<int64_t>() >= INT32_MIN &&
+                               value.get<int64_t>() <= INT32_MAX;
+  if (!int32) {
+    *error = "whose value is not an int32 (" + value.dump() + ")";
+    return std::nullopt;
+  }
+  const std::string name = priority_class.value("metadata", json::object()).value("name", "");
+  return WorkloadPriority{name, int32_t(value.get<int64_t>())};
+}
+
+json BuildWorkload(const api::TrainingJob& job, const std::string& queue, const WorkerDefaults& worker,
+                   const std::optional<WorkloadPriority>& priority) {
   const api::TrainingJobSpec& spec = job.spec;
   json limits = {{"nvidia.com/gpu", std::to_string(spec.resources.gpu.value_or(spec.gpus_per_node))}};
   if (spec.resources.efa > 0) {
@@ -86,6 +111,11 @@ json BuildWorkload(const api::TrainingJob& job, const std::string& queue, const 
   // No minCount for spec.elastic: Kueue's partial admission would count fewer pods than
   // the gang the operator starts; an elastic job is admitted whole, and runs whole.
   const std::string name = WorkloadName(job.metadata.name, job.metadata.uid);
+  json workload_spec = {{"queueName", queue}, {"podSets", json::array({pod_set})}};
+  if (priority) {
+    workload_spec["priorityClassRef"] = PriorityClassRef(priority->class_name);
+    workload_spec["priority"] = priority->value;
+  }
   return {{"apiVersion", kWorkloadApiVersion},
           {"kind", "Workload"},
           {"metadata",
@@ -93,7 +123,7 @@ json BuildWorkload(const api::TrainingJob& job, const std::string& queue, const 
             {"namespace", job.metadata.namespace_},
             {"labels", {{kJobNameLabel, job.metadata.name}}},
             {"ownerReferences", json::array({OwnerReference(job)})}}},
-          {"spec", {{"queueName", queue}, {"podSets", json::array({pod_set})}}}};
+          {"spec", workload_spec}};
 }
 
 namespace {
@@ -154,6 +184,13 @@ std::string WorkloadMismatch(const json& workload, const api::TrainingJob& job, 
   const int64_t count = podsets.size() == 1 ? podsets[0].value("count", int64_t{-1}) : -1;
   if (count != job.spec.nodes)
     return "it counts " + std::to_string(count) + " pods, the job has spec.nodes " + std::to_string(job.spec.nodes);
+  const std::string wanted = PriorityClassName(job);
+  const json ref = spec.value("priorityClassRef", json());
+  if (ref != (wanted.empty() ? json() : PriorityClassRef(wanted))) {
+    const std::string had = ref.is_object() ? ref.value("kind", "") + " " + ref.value("name", "") : "none";
+    return "its priority class is " + had + ", the job's label " + kPriorityClassLabel + " names " +
+           (wanted.empty() ? "none" : wanted);
+  }
   return "";
 }
 

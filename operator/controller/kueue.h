@@ -6,7 +6,8 @@
 // - BuildWorkload: the Workload of a job, owned by it: one PodSet ("workers") of spec.nodes
 //   pods with the pod template's resources, node selector and tolerations, and a
 //   topologyRequest from spec.topology (its required or preferred level, and podIndexLabel
-//   = the node-rank label, so that Kueue's TAS keeps rank order).
+//   = the node-rank label, so that Kueue's TAS keeps rank order), and, when the job carries
+//   kPriorityClassLabel, the priorityClassRef and priority of that WorkloadPriorityClass.
 // - ReadAdmission: where an admitted Workload may run. Quota only: the node labels and
 //   tolerations of the flavors it was given, and the podSetUpdates of its admission checks;
 //   the operator's own placement then chooses among the nodes they allow. With a TAS
@@ -20,7 +21,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -41,13 +44,32 @@ inline constexpr const char* kPodSetLabel = "kueue.x-k8s.io/podset";
 // On a pod placed by a TAS assignment: Kueue counts its usage as the assignment's, once.
 inline constexpr const char* kTasLabel = "kueue.x-k8s.io/tas";
 inline constexpr const char* kHostnameLabel = "kubernetes.io/hostname";
+// The job label that names the Kueue WorkloadPriorityClass of its Workload, as on Kueue's
+// own job integrations.
+inline constexpr const char* kPriorityClassLabel = "kueue.x-k8s.io/priority-class";
+inline constexpr const char* kPriorityClassGroup = "kueue.x-k8s.io";
+inline constexpr const char* kPriorityClassKind = "WorkloadPriorityClass";
+
+// The value of the job's kPriorityClassLabel; empty without it.
+std::string PriorityClassName(const api::TrainingJob& job);
+
+// The priority a Workload takes from a WorkloadPriorityClass.
+struct WorkloadPriority {
+  std::string class_name;
+  int32_t value = 0;
+};
+// The priority of the WorkloadPriorityClass `priority_class` (as read); nullopt, with
+// `*error` saying why ("whose value ..."), when its value is not an int32.
+std::optional<WorkloadPriority> PriorityOf(const nlohmann::json& priority_class, std::string* error);
 
 // The Workload's name: "trainingjob-<name>-<5 hex digits of the name and uid>", at most 253
 // characters; the same for the same job, another for a job recreated under the name.
 std::string WorkloadName(const std::string& job_name, const std::string& job_uid);
 
-// The Workload of `job` (defaulted) in the LocalQueue `queue`.
-nlohmann::json BuildWorkload(const api::TrainingJob& job, const std::string& queue, const WorkerDefaults& worker);
+// The Workload of `job` (defaulted) in the LocalQueue `queue`; with `priority`, its
+// spec.priorityClassRef names that WorkloadPriorityClass and spec.priority is its value.
+nlohmann::json BuildWorkload(const api::TrainingJob& job, const std::string& queue, const WorkerDefaults& worker,
+                             const std::optional<WorkloadPriority>& priority = std::nullopt);
 
 // Whether the Workload's condition `type` is True.
 bool WorkloadConditionTrue(const nlohmann::json& workload, const char* type);
@@ -70,8 +92,12 @@ struct KueueAdmission {
   std::string error;               // why it cannot be followed; empty when it can
 };
 
-// Why `workload` no longer describes `job` in `queue` (another queue, another pod count),
-// or "" when it does: Kueue's PodSets are immutable, so it is replaced.
+// Why `workload` no longer describes `job` in `queue` (another queue, another pod count,
+// another WorkloadPriorityClass than the job's kPriorityClassLabel names), or "" when it
+// does: Kueue's PodSets are immutable, so it is replaced. Kueue lets a job integration
+// change a Workload's priority in place; the operator writes no Workload spec after its
+// creation, so a changed priority class replaces the Workload too. The class's value is
+// not compared: as in Kueue, a Workload keeps the priority it was created with.
 std::string WorkloadMismatch(const nlohmann::json& workload, const api::TrainingJob& job, const std::string& queue);
 // Whether the Workload's admission carries a TAS topologyAssignment.
 bool HasTopologyAssignment(const nlohmann::json& workload);

@@ -244,6 +244,7 @@ Decision Reconciler::DecideObserved(Observed* o, double* seconds) {
     if (decision.needs.cluster) o->cluster = cluster_.View();
     if (decision.needs.workload) o->workload = ReadWorkload(*o);
     if (decision.needs.flavors) o->flavors = ReadFlavors(o->workload.value_or(json()));
+    if (decision.needs.priority_class) o->priority_class = ReadPriorityClass(*o);
     if (decision.needs.config_map) {
       try {
         o->config_map = client_.Get(res::ConfigMaps(), o->ns, ConfigMapName(o->name));
@@ -277,6 +278,17 @@ std::map<std::string, json> Reconciler::ReadFlavors(const json& workload) {
     }
   }
   return flavors;
+}
+
+json Reconciler::ReadPriorityClass(const Observed& o) {
+  const std::string name = PriorityClassName(o.checked.job);
+  if (name.empty()) return json();
+  try {
+    return client_.Get(res::WorkloadPriorityClasses(), "", name);
+  } catch (const kube::KubeError& e) {
+    if (e.kind() != kube::ErrorKind::kNotFound) throw;
+    return json();  // none: Decide says so
+  }
 }
 
 void Reconciler::Act(const Observed& o, const Decision& decision) {

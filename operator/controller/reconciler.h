@@ -105,10 +105,12 @@ class Reconciler {
   // Decides `observed`, reading into it what a decision lacks (Decision::needs) and
   // deciding again; `*seconds` is how long the last Decide took.
   Decision DecideObserved(Observed* observed, double* seconds);
-  // With Kueue: the job's Workload from the API server (null when it has none), and the
-  // ResourceFlavors its admission names.
+  // With Kueue: the job's Workload from the API server (null when it has none), the
+  // ResourceFlavors its admission names, and the WorkloadPriorityClass the job's
+  // kPriorityClassLabel names (null when there is none).
   nlohmann::json ReadWorkload(const Observed& observed);
   std::map<std::string, nlohmann::json> ReadFlavors(const nlohmann::json& workload);
+  nlohmann::json ReadPriorityClass(const Observed& observed);
   void Act(const Observed& observed, const Decision& decision);
   // Gives back the claims of the decision that are not for pods it creates (a replacement's
   // node): the decision was not stored.

@@ -58,6 +58,10 @@ const ResourceType& ResourceFlavors() {
   static const ResourceType r{"kueue.x-k8s.io", "v1beta2", "resourceflavors", "ResourceFlavor", false};
   return r;
 }
+const ResourceType& WorkloadPriorityClasses() {
+  static const ResourceType r{"kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", "WorkloadPriorityClass", false};
+  return r;
+}
 }  // namespace resources
 
 std::string ObjectKey(const std::string& namespace_, const std::string& name) {

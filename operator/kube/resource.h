@@ -31,6 +31,7 @@ const ResourceType& TrainingJobs();
 // Kueue's (kueue.x-k8s.io/v1beta2), used with --kueue.
 const ResourceType& Workloads();
 const ResourceType& ResourceFlavors();
+const ResourceType& WorkloadPriorityClasses();
 }  // namespace resources
 
 // "namespace/name", or "name" for cluster-scoped objects: the key of caches and work queues.

@@ -193,8 +193,9 @@ PY
   kueue)
     # Least privilege with Kueue: kueue.enabled=true gives the operator exactly read and
     # write on Workloads (namespaced: the ClusterRole's, or the watched namespace's Role),
-    # writes to their status, and reads of ResourceFlavors and Topologies (cluster-scoped:
-    # always the ClusterRole's); false gives no Kueue rule at all. No render grants any
+    # writes to their status, reads of ResourceFlavors and Topologies, and only get on
+    # WorkloadPriorityClasses (cluster-scoped: always the ClusterRole's); false gives no
+    # Kueue rule at all. No render grants any
     # verb on ClusterQueues or LocalQueues. The resources named are those Kueue's CRDs
     # (tests/data/kueue) serve.
     render off
@@ -213,7 +214,9 @@ KUEUE = "kueue.x-k8s.io"
 WANT = {"workloads": {"get", "list", "watch", "create", "update", "delete"},
         "workloads/status": {"get", "update", "patch"},
         "resourceflavors": {"get", "list", "watch"},
-        "topologies": {"get", "list", "watch"}}
+        "topologies": {"get", "list", "watch"},
+        "workloadpriorityclasses": {"get"}}
+CLUSTER_SCOPED = ("resourceflavors", "topologies", "workloadpriorityclasses")
 def load(name): return json.load(open(f"{work}/{name}.json"))
 def grants(objects, kinds=("ClusterRole", "Role")):
     # Resource -> verbs of the Kueue API group, over every rule of `kinds`.
@@ -240,12 +243,14 @@ on = check("on", True)
 assert grants(on, ("ClusterRole",)) == WANT, "kueue.enabled in every namespace: not all in the ClusterRole"
 watched = check("on-watch", True)
 cluster = grants(watched, ("ClusterRole",))
-assert cluster == {r: WANT[r] for r in ("resourceflavors", "topologies")}, f"watchNamespace: ClusterRole grants {cluster}"
+assert cluster == {r: WANT[r] for r in CLUSTER_SCOPED}, f"watchNamespace: ClusterRole grants {cluster}"
 role = [o for o in watched if o["kind"] == "Role" and o["metadata"]["namespace"] == "training"]
 assert grants(role) == {r: WANT[r] for r in ("workloads", "workloads/status")}, role
-# The check itself fails a chart that reads ClusterQueues, or writes ResourceFlavors.
+# The check itself fails a chart that reads ClusterQueues, writes ResourceFlavors, or lists
+# WorkloadPriorityClasses.
 for tamper in ({"apiGroups": [KUEUE], "resources": ["clusterqueues"], "verbs": ["get"]},
-               {"apiGroups": [KUEUE], "resources": ["resourceflavors"], "verbs": ["update"]}):
+               {"apiGroups": [KUEUE], "resources": ["resourceflavors"], "verbs": ["update"]},
+               {"apiGroups": [KUEUE], "resources": ["workloadpriorityclasses"], "verbs": ["list"]}):
     bad = copy.deepcopy(on)
     next(o for o in bad if o["kind"] == "ClusterRole")["rules"].append(tamper)
     json.dump(bad, open(f"{work}/tampered.json", "w"))
@@ -265,7 +270,7 @@ for path in glob.glob(f"{crds}/*.yaml"):
             if "status" in version.get("subresources", {}): served[plural + "/status"] = crd["spec"]["scope"]
 for resource in WANT:
     assert resource in served, f"{resource}: no CRD in {crds} serves it at {KUEUE}/v1beta2"
-assert served["workloads"] == "Namespaced" and served["resourceflavors"] == served["topologies"] == "Cluster", served
+assert served["workloads"] == "Namespaced" and all(served[r] == "Cluster" for r in CLUSTER_SCOPED), served
 print("ok: Kueue RBAC on (every namespace, one namespace) and off; none on queues")
 PY
     ;;

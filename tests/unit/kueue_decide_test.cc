@@ -3,7 +3,8 @@
 // Workload CRD, tests/data/kueue), waits Queued with no pod until the Workload is
 // Admitted, runs where the admission lets it (quota only: among the nodes its flavors
 // allow; TAS: pod r on the r-th node of the assignment), goes back to Queued when evicted
-// (the pods after the status, then the admission cleared), and finishes its Workload.
+// (the pods after the status, then the admission cleared), and finishes its Workload; with
+// kueue.x-k8s.io/priority-class, the Workload takes that WorkloadPriorityClass's priority.
 
 #include <algorithm>
 
@@ -40,7 +41,7 @@ DecideOptions Kueue() {
 }
 
 // The job as observed, in a cluster of 64 free nodes, every node Ready, with `workload`
-// (null: none) and no ResourceFlavor.
+// (null: none), no ResourceFlavor and no WorkloadPriorityClass.
 Observed Observe(const json& object, const api::TrainingJobStatus& status, const json& workload,
                  std::vector<json> pods = {}) {
   Observed o;
@@ -62,6 +63,7 @@ Observed Observe(const json& object, const api::TrainingJobStatus& status, const
   o.config_map = json();
   o.workload = workload;
   o.flavors = std::map<std::string, json>{};
+  o.priority_class = json();
   return o;
 }
 
@@ -124,6 +126,22 @@ json KueueCrdSchema(const std::string& kind) {
   for (const json& version : documents.at(0).object["spec"]["versions"])
     if (version["name"] == "v1beta2") return version["schema"]["openAPIV3Schema"];
   throw std::runtime_error(path + ": no v1beta2");
+}
+
+// QueuedJob() labelled with the WorkloadPriorityClass `name`.
+json PrioritizedJob(const std::string& name) {
+  json job = QueuedJob();
+  job["metadata"]["labels"][kPriorityClassLabel] = name;
+  return job;
+}
+
+// A WorkloadPriorityClass as the API server returns it.
+json PriorityClass(const std::string& name, const json& value) {
+  return {{"apiVersion", "kueue.x-k8s.io/v1beta2"},
+          {"kind", "WorkloadPriorityClass"},
+          {"metadata", {{"name", name}, {"resourceVersion", "3"}}},
+          {"value", value},
+          {"description", "ahead of the team's experiments"}};
 }
 
 std::string Joined(const std::vector<std::string>& errors) {
@@ -510,6 +528,129 @@ TEST(KueueDecide, AWorkloadThatNoLongerMatchesTheJobIsReplaced) {
   moved["metadata"]["labels"][kQueueNameLabel] = "other";
   EXPECT_FALSE(Decide(Observe(moved, first.status, workload), Kueue()).delete_workload.empty());
   EXPECT_TRUE(Decide(Observe(QueuedJob(), first.status, workload), Kueue()).delete_workload.empty());
+}
+
+// kueue.x-k8s.io/priority-class, as on Kueue's job integrations: the Workload names the
+// WorkloadPriorityClass and takes its value, read only for the pass that writes it.
+TEST(KueueDecide, ThePriorityClassLabelGivesTheWorkloadItsPriority) {
+  const json job = PrioritizedJob("research-high");
+  Observed lacking = Observe(job, {}, json());
+  lacking.priority_class.reset();
+  const Decision asks = Decide(lacking, Kueue());
+  EXPECT_TRUE(asks.needs.priority_class);
+  EXPECT_FALSE(asks.create_workload);
+
+  Observed o = Observe(job, {}, json());
+  o.priority_class = PriorityClass("research-high", 1000);
+  const Decision d = Decide(o, Kueue());
+  EXPECT_FALSE(d.needs.any());
+  ASSERT_TRUE(d.create_workload);
+  const json& spec = (*d.create_workload)["spec"];
+  EXPECT_EQ(spec["priorityClassRef"],
+            (json{{"group", "kueue.x-k8s.io"}, {"kind", "WorkloadPriorityClass"}, {"name", "research-high"}}));
+  EXPECT_EQ(spec["priority"], 1000);
+  EXPECT_EQ(d.status.phase, "Queued");
+  EXPECT_EQ(ConditionOf(d.status, kQueuedCondition)->reason, "WorkloadCreated");
+  // Both pass Kueue's CRDs.
+  json written = *d.create_workload, priority_class = *o.priority_class;
+  auto errors = testing::ValidateAgainstSchema(KueueCrdSchema("workloads"), written, true);
+  EXPECT_TRUE(errors.empty()) << written.dump(2) << Joined(errors);
+  errors = testing::ValidateAgainstSchema(KueueCrdSchema("workloadpriorityclasses"), priority_class, true);
+  EXPECT_TRUE(errors.empty()) << Joined(errors);
+  // A negative value, within int32, is a priority too.
+  o.priority_class = PriorityClass("research-high", -5);
+  EXPECT_EQ((*Decide(o, Kueue()).create_workload)["spec"]["priority"], -5);
+
+  // Without the label: neither field, and the class is not read.
+  Observed plain = Observe(QueuedJob(), {}, json());
+  plain.priority_class.reset();
+  const Decision unprioritized = Decide(plain, Kueue());
+  EXPECT_FALSE(unprioritized.needs.priority_class);
+  ASSERT_TRUE(unprioritized.create_workload);
+  EXPECT_FALSE((*unprioritized.create_workload)["spec"].contains("priorityClassRef"));
+  EXPECT_FALSE((*unprioritized.create_workload)["spec"].contains("priority"));
+  // Once the Workload exists, neither is it.
+  json workload = *d.create_workload;
+  workload["status"] = {{"conditions", json::array({Condition("QuotaReserved", "False")})}};
+  Observed waiting = Observe(job, d.status, workload);
+  waiting.priority_class.reset();
+  const Decision later = Decide(waiting, Kueue());
+  EXPECT_FALSE(later.needs.priority_class);
+  EXPECT_EQ(ConditionOf(later.status, kQueuedCondition)->reason, "WaitingForAdmission");
+  EXPECT_TRUE(later.delete_workload.empty());
+}
+
+// As Kueue's job framework, no Workload without its priority: while the class the label
+// names is missing (or has no int32 value), the job waits Queued, says why, and looks again.
+TEST(KueueDecide, AMissingPriorityClassHoldsTheWorkloadBack) {
+  const json job = PrioritizedJob("research-high");
+  const Decision d = Decide(Observe(job, {}, json()), Kueue());
+  EXPECT_FALSE(d.create_workload);
+  EXPECT_FALSE(d.create);
+  EXPECT_EQ(d.status.phase, "Queued");
+  const api::Condition* queued = ConditionOf(d.status, kQueuedCondition);
+  ASSERT_NE(queued, nullptr);
+  EXPECT_EQ(queued->status, "True");
+  EXPECT_EQ(queued->reason, "PriorityClassNotFound");
+  EXPECT_EQ(queued->message,
+            "the label kueue.x-k8s.io/priority-class names WorkloadPriorityClass research-high, which does not "
+            "exist; the job's Workload is created once it does");
+  const PendingEvent warning{"Warning", "PriorityClassNotFound", queued->message};
+  EXPECT_EQ(std::count(d.events.begin(), d.events.end(), warning), 1);
+  EXPECT_GT(d.requeue_after.count(), 0);
+  EXPECT_LE(d.requeue_after, std::chrono::seconds(10));
+  // The next pass, with that stored: still no Workload, no second Event, a look in 10 s.
+  const Decision again = Decide(Observe(job, d.status, json()), Kueue());
+  EXPECT_FALSE(again.create_workload);
+  EXPECT_EQ(std::count(again.events.begin(), again.events.end(), warning), 0);
+  EXPECT_EQ(again.requeue_after, std::chrono::seconds(10));
+  EXPECT_EQ(ConditionOf(again.status, kQueuedCondition)->reason, "PriorityClassNotFound");
+  // A class with no int32 value holds it back too.
+  Observed bad = Observe(job, d.status, json());
+  bad.priority_class = PriorityClass("research-high", int64_t{1} << 40);
+  const Decision invalid = Decide(bad, Kueue());
+  EXPECT_FALSE(invalid.create_workload);
+  EXPECT_EQ(ConditionOf(invalid.status, kQueuedCondition)->reason, "PriorityClassInvalid");
+  EXPECT_NE(ConditionOf(invalid.status, kQueuedCondition)->message.find("research-high, whose value is not an int32"),
+            std::string::npos)
+      << ConditionOf(invalid.status, kQueuedCondition)->message;
+  // Once the class exists, the Workload is written with its priority.
+  Observed found = Observe(job, d.status, json());
+  found.priority_class = PriorityClass("research-high", 1000);
+  const Decision created = Decide(found, Kueue());
+  ASSERT_TRUE(created.create_workload);
+  EXPECT_EQ((*created.create_workload)["spec"]["priority"], 1000);
+  EXPECT_EQ(ConditionOf(created.status, kQueuedCondition)->reason, "WorkloadCreated");
+}
+
+// The operator writes no Workload spec after creating it: a Workload whose priority class
+// is not the one the job's label names (now) is replaced, as for another queue.
+TEST(KueueDecide, AChangedPriorityClassLabelReplacesTheWorkload) {
+  json workload = Admitted(QueuedJob());
+  workload["spec"]["priorityClassRef"] = {{"group", "kueue.x-k8s.io"}, {"kind", "WorkloadPriorityClass"},
+                                          {"name", "research-high"}};
+  workload["spec"]["priority"] = 1000;
+  const Decision first = Decide(Observe(QueuedJob(), {}, json()), Kueue());
+  // The same class: kept, whatever the class's value is now.
+  const Observed same = Observe(PrioritizedJob("research-high"), first.status, workload);
+  EXPECT_TRUE(Decide(same, Kueue()).delete_workload.empty());
+  EXPECT_EQ(WorkloadMismatch(workload, same.checked.job, "training"), "");
+  // Another class, or none.
+  const Decision moved = Decide(Observe(PrioritizedJob("research-low"), first.status, workload), Kueue());
+  EXPECT_EQ(moved.delete_workload, WorkloadName("tiny", "job-uid"));
+  EXPECT_EQ(ConditionOf(moved.status, kQueuedCondition)->reason, "WorkloadOutdated");
+  EXPECT_NE(ConditionOf(moved.status, kQueuedCondition)->message.find(
+                "its priority class is WorkloadPriorityClass research-high, the job's label "
+                "kueue.x-k8s.io/priority-class names research-low"),
+            std::string::npos)
+      << ConditionOf(moved.status, kQueuedCondition)->message;
+  const Decision dropped = Decide(Observe(QueuedJob(), first.status, workload), Kueue());
+  EXPECT_EQ(dropped.delete_workload, WorkloadName("tiny", "job-uid"));
+  EXPECT_NE(ConditionOf(dropped.status, kQueuedCondition)->message.find("names none"), std::string::npos);
+  // A label on a job whose Workload has no class.
+  const Decision added = Decide(Observe(PrioritizedJob("research-high"), first.status, Admitted(QueuedJob())), Kueue());
+  EXPECT_EQ(added.delete_workload, WorkloadName("tiny", "job-uid"));
+  EXPECT_NE(ConditionOf(added.status, kQueuedCondition)->message.find("its priority class is none"), std::string::npos);
 }
 
 TEST(KueueDecide, AFinishedJobFinishesItsWorkload) {

@@ -27,7 +27,8 @@ constexpr const char* kSection = "## Kueue";
 constexpr const char* kKueueCrds[] = {
     "tests/data/kueue/kueue.x-k8s.io_clusterqueues.yaml", "tests/data/kueue/kueue.x-k8s.io_localqueues.yaml",
     "tests/data/kueue/kueue.x-k8s.io_resourceflavors.yaml", "tests/data/kueue/kueue.x-k8s.io_topologies.yaml",
-    "tests/data/kueue/kueue.x-k8s.io_workloads.yaml"};
+    "tests/data/kueue/kueue.x-k8s.io_workloads.yaml",
+    "tests/data/kueue/kueue.x-k8s.io_workloadpriorityclasses.yaml"};
 constexpr const char* kTrainingJobCrd = "crds/trainingjobs.meshtrain.dev.yaml";
 
 std::string ReadFile(const std::string& path) {
@@ -139,7 +140,8 @@ TEST(KueueManifests, TheCrdsAreKueuesAtV1beta2) {
       storage = storage || (version["name"] == "v1beta2" && version.value("served", false) && version.value("storage", false));
     EXPECT_TRUE(storage) << path << ": v1beta2 is not served and stored";
   }
-  EXPECT_EQ(kinds, (std::set<std::string>{"ClusterQueue", "LocalQueue", "ResourceFlavor", "Topology", "Workload"}));
+  EXPECT_EQ(kinds, (std::set<std::string>{"ClusterQueue", "LocalQueue", "ResourceFlavor", "Topology", "Workload",
+                                          "WorkloadPriorityClass"}));
 }
 
 TEST(KueueManifests, EveryManifestOfTheDocsPassesItsCrd) {
@@ -151,7 +153,8 @@ TEST(KueueManifests, EveryManifestOfTheDocsPassesItsCrd) {
     EXPECT_TRUE(errors.empty()) << where << ": " << object.value("kind", "") << " "
                                 << object["metadata"].value("name", "") << ":" << Joined(errors);
   }
-  EXPECT_EQ(kinds, (std::set<std::string>{"ClusterQueue", "LocalQueue", "ResourceFlavor", "Topology", "TrainingJob"}));
+  EXPECT_EQ(kinds, (std::set<std::string>{"ClusterQueue", "LocalQueue", "ResourceFlavor", "Topology", "TrainingJob",
+                                          "WorkloadPriorityClass"}));
   // The job is one meshtrain runs as written (docs_test.sh holds it to `meshtrain validate` too).
   const api::CheckedJob job = api::CheckTrainingJob(OneOf(manifests, "TrainingJob"), kDocs, 0);
   EXPECT_TRUE(job.ok() && job.warnings.empty()) << Joined([&] {
@@ -167,9 +170,11 @@ TEST(KueueManifests, TheManifestsNameEachOther) {
   // Not const: a field a mistake left out reads as null.
   json job = OneOf(manifests, "TrainingJob"), local = OneOf(manifests, "LocalQueue"),
        cluster = OneOf(manifests, "ClusterQueue"), flavor = OneOf(manifests, "ResourceFlavor"),
-       topology = OneOf(manifests, "Topology");
-  ASSERT_FALSE(job.is_null() || local.is_null() || cluster.is_null() || flavor.is_null() || topology.is_null());
+       topology = OneOf(manifests, "Topology"), priority = OneOf(manifests, "WorkloadPriorityClass");
+  ASSERT_FALSE(job.is_null() || local.is_null() || cluster.is_null() || flavor.is_null() || topology.is_null() ||
+               priority.is_null());
   EXPECT_EQ(job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"], local["metadata"]["name"]);
+  EXPECT_EQ(job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"], priority["metadata"]["name"]);
   EXPECT_EQ(job["metadata"]["namespace"], local["metadata"]["namespace"]);
   EXPECT_EQ(local["spec"]["clusterQueue"], cluster["metadata"]["name"]);
   EXPECT_EQ(cluster["spec"]["resourceGroups"][0]["flavors"][0]["name"], flavor["metadata"]["name"]);
