@@ -424,6 +424,11 @@ Command BenchOperator(CLI::App& bench) {
                 "Then as many jobs again, while this many jobs' metrics endpoints hang")
       ->check(CLI::Range(0, 1000))
       ->capture_default_str();
+  c->add_flag("--kueue", o->kueue,
+              "Jobs through Kueue (the test server's admission simulator, TAS, quota for every node): "
+              "also report job -> Workload -> admission -> pods")
+      ->excludes("--hanging-metrics");
+  c->add_option("--kueue-crds", o->kueue_crds, "Directory of Kueue's CRDs, for --kueue")->capture_default_str();
   c->add_option("--crd", o->crd, "The TrainingJob CRD")->capture_default_str();
   c->add_option("--apiserver", o->apiserver, "meshtrain-test-apiserver binary");
   c->add_option("--operator", o->operator_binary, "meshtrain-operator binary");

@@ -7,6 +7,13 @@
 // metrics endpoints accept connections and never answer: the ratio of the halves'
 // latencies shows whether reading progress slows other jobs' reconciles.
 //
+// With --kueue, the jobs go through Kueue's admission: the server runs its Kueue
+// admission simulator (tests/support/kube/kueue_simulator.h; not Kueue) with a quota of
+// every node and TAS assignments, the operator runs with --kueue, and every job is in a
+// queue. Each job's round trip, from the server's own timestamps, is then also reported in
+// legs: job create -> Workload create (by the operator) -> admission (the simulator's
+// Admitted=True) -> last pod create.
+//
 // It also reads the operator's own /metrics at the end: the CPU time of one reconcile on
 // its worker's thread (median and p99 over the run), and prints the reason each restarted
 // gang gives in its Restarting condition.
@@ -148,9 +155,10 @@ class TestServer {
     return n;
   }
 
-  // For each job key: when the server created it and when it created the job's last pod.
+  // For each job key: when the server created it, its first Workload and the job's last
+  // pod, and when the Kueue simulator first admitted the Workload.
   struct Created {
-    double job_ms = -1, last_pod_ms = -1;
+    double job_ms = -1, workload_ms = -1, admission_ms = -1, last_pod_ms = -1;
     int pods = 0;
   };
   std::map<std::string, Created> CreationTimes() {
@@ -158,11 +166,18 @@ class TestServer {
     const json created = Request(web::http::methods::GET, "/_test/created");
     for (const auto& c : created) {
       Created& job = out[c["job"].get<std::string>()];
-      if (c["kind"] == "TrainingJob") {
-        job.job_ms = c["ms"];
-      } else {
+      const std::string kind = c["kind"];
+      const double ms = c["ms"];
+      const auto first = [ms](double& at) { at = at < 0 ? ms : std::min(at, ms); };
+      if (kind == "TrainingJob") {
+        job.job_ms = ms;
+      } else if (kind == "Workload") {
+        first(job.workload_ms);
+      } else if (kind == "Admission") {
+        first(job.admission_ms);
+      } else if (kind == "Pod") {
         job.pods++;
-        job.last_pod_ms = std::max(job.last_pod_ms, c["ms"].get<double>());
+        job.last_pod_ms = std::max(job.last_pod_ms, ms);
       }
     }
     return out;
@@ -172,10 +187,15 @@ class TestServer {
   web::http::client::http_client http_;
 };
 
+constexpr const char* kQueueLabel = "kueue.x-k8s.io/queue-name";
+constexpr const char* kQueue = "training";
+
 json BenchJob(const std::string& name, const BenchOperatorOptions& options) {
+  json metadata = {{"name", name}, {"namespace", "default"}};
+  if (options.kueue) metadata["labels"] = {{kQueueLabel, kQueue}};
   return {{"apiVersion", "meshtrain.dev/v1alpha1"},
           {"kind", "TrainingJob"},
-          {"metadata", {{"name", name}, {"namespace", "default"}}},
+          {"metadata", metadata},
           {"spec",
            {{"image", "meshtrain:bench"},
             {"nodes", options.job_nodes},
@@ -216,6 +236,9 @@ class HangingEndpoint {
 struct Half {
   std::vector<double> ms;  // job create -> last pod created, of each complete job
   int64_t requests = 0;    // by the operator, while the half's jobs were created
+  // With --kueue, of each complete job with a Workload and an admission: job create ->
+  // Workload create, Workload create -> admission, admission -> last pod create.
+  std::vector<double> to_workload, to_admission, to_pods;
 };
 
 double PercentileOfSorted(const std::vector<double>& sorted, double p) {
@@ -236,16 +259,25 @@ Half CreateAndMeasure(TestServer& server, const std::vector<std::string>& names,
   for (;;) {
     const auto created = server.CreationTimes();
     half.ms.clear();
+    half.to_workload.clear();
+    half.to_admission.clear();
+    half.to_pods.clear();
     for (const auto& name : names) {
       auto it = created.find("default/" + name);
-      if (it != created.end() && it->second.pods == options.job_nodes)
-        half.ms.push_back(it->second.last_pod_ms - it->second.job_ms);
+      if (it == created.end() || it->second.pods != options.job_nodes) continue;
+      const TestServer::Created& c = it->second;
+      half.ms.push_back(c.last_pod_ms - c.job_ms);
+      if (options.kueue && c.workload_ms >= 0 && c.admission_ms >= 0) {
+        half.to_workload.push_back(c.workload_ms - c.job_ms);
+        half.to_admission.push_back(c.admission_ms - c.workload_ms);
+        half.to_pods.push_back(c.last_pod_ms - c.admission_ms);
+      }
     }
     if (half.ms.size() == names.size() || Clock::now() > deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   half.requests = server.OperatorRequests() - before;
-  std::sort(half.ms.begin(), half.ms.end());
+  for (auto* leg : {&half.ms, &half.to_workload, &half.to_admission, &half.to_pods}) std::sort(leg->begin(), leg->end());
   return half;
 }
 
@@ -308,6 +340,38 @@ void PrintHalf(std::ostream& out, const char* label, const Half& half, int jobs)
       << static_cast<double>(half.requests) / jobs << " API requests per job\n";
 }
 
+// The legs of the Kueue round trip, each job's from the server's own timestamps.
+void PrintKueueLegs(std::ostream& out, const Half& half, int jobs) {
+  const auto leg = [&out](const char* label, const std::vector<double>& ms) {
+    out << std::fixed << std::setprecision(1) << "    " << label << ": median " << PercentileOfSorted(ms, 0.5)
+        << " ms, p90 " << PercentileOfSorted(ms, 0.9) << " ms\n";
+  };
+  out << "  Kueue round trip, " << half.to_workload.size() << " of " << jobs << " jobs:\n";
+  leg("job created -> Workload created", half.to_workload);
+  leg("Workload created -> admitted", half.to_admission);
+  leg("admitted -> all pods created", half.to_pods);
+  leg("round trip, job created -> all pods created", half.ms);
+}
+
+// Kueue's CRDs from `dir`, and the ResourceFlavor the simulator admits with (no node
+// labels: with TAS the assignment alone says where the pods go).
+void CreateKueueObjects(TestServer& server, const fs::path& dir) {
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.path().extension() == ".yaml") files.push_back(entry.path());
+  if (files.empty()) throw std::runtime_error("no Kueue CRDs (*.yaml) in " + dir.string());
+  std::sort(files.begin(), files.end());
+  for (const auto& file : files)
+    for (const auto& document : api::ReadManifestFile(file.string()))
+      server.Request(web::http::methods::POST, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                     document.object);
+  server.Request(web::http::methods::POST, "/apis/kueue.x-k8s.io/v1beta2/resourceflavors",
+                 {{"apiVersion", "kueue.x-k8s.io/v1beta2"},
+                  {"kind", "ResourceFlavor"},
+                  {"metadata", {{"name", "default-flavor"}}},
+                  {"spec", json::object()}});
+}
+
 }  // namespace
 
 int BenchOperatorCommand(const BenchOperatorOptions& options, std::ostream& out) {
@@ -324,9 +388,15 @@ int BenchOperatorCommand(const BenchOperatorOptions& options, std::ostream& out)
   pid_t server_pid = -1, operator_pid = -1;
   int status = kExitOk;
   try {
-    server_pid = Spawn({server_bin.string(), "--kubeconfig-out", (dir / "kubeconfig").string(), "--port-file",
-                        (dir / "port").string(), "--synthetic-nodes", std::to_string(options.nodes), "--kubelet", "none"},
-                       (dir / "apiserver.log").string());
+    std::vector<std::string> server_argv = {server_bin.string(), "--kubeconfig-out", (dir / "kubeconfig").string(),
+                                            "--port-file", (dir / "port").string(), "--synthetic-nodes",
+                                            std::to_string(options.nodes), "--kubelet", "none"};
+    if (options.kueue) {
+      // Quota for every node (a pod a node), so that every job is admitted at once.
+      server_argv.insert(server_argv.end(),
+                         {"--kueue", "--kueue-quota-nodes", std::to_string(options.nodes), "--kueue-tas", "true"});
+    }
+    server_pid = Spawn(server_argv, (dir / "apiserver.log").string());
     for (int i = 0; i < 200 && !fs::exists(dir / "port"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (!fs::exists(dir / "port")) throw std::runtime_error("the test API server did not start; see " + (dir / "apiserver.log").string());
     std::string port;
@@ -334,16 +404,19 @@ int BenchOperatorCommand(const BenchOperatorOptions& options, std::ostream& out)
     TestServer server("http://127.0.0.1:" + port);
     server.Request(web::http::methods::POST, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
                    api::ReadManifestFile(options.crd).at(0).object);
+    if (options.kueue) CreateKueueObjects(server, options.kueue_crds);
 
     const int metrics_port = FreePort();
-    operator_pid = Spawn({operator_bin.string(), "--kubeconfig", (dir / "kubeconfig").string(), "--metrics-port",
-                          std::to_string(metrics_port),
-                          "--health-port", "0", "--workers", std::to_string(options.workers), "--qps",
-                          std::to_string(options.qps), "--burst", std::to_string(options.burst), "--progress-interval",
-                          "1", "--log-level", std::getenv("MESHTRAIN_BENCH_KEEP") ? "info" : "warn"},
-                         (dir / "operator.log").string());
-    // The operator is ready once its three informers watch.
-    for (int i = 0; i < 200 && server.OperatorRequests("watch") < 3; ++i)
+    std::vector<std::string> operator_argv = {
+        operator_bin.string(), "--kubeconfig", (dir / "kubeconfig").string(), "--metrics-port",
+        std::to_string(metrics_port), "--health-port", "0", "--workers", std::to_string(options.workers), "--qps",
+        std::to_string(options.qps), "--burst", std::to_string(options.burst), "--progress-interval", "1",
+        "--log-level", std::getenv("MESHTRAIN_BENCH_KEEP") ? "info" : "warn"};
+    if (options.kueue) operator_argv.push_back("--kueue");
+    operator_pid = Spawn(operator_argv, (dir / "operator.log").string());
+    // The operator is ready once its informers watch: jobs, pods, nodes, and with --kueue Workloads.
+    const int informers = options.kueue ? 4 : 3;
+    for (int i = 0; i < 200 && server.OperatorRequests("watch") < informers; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
 
     std::vector<std::string> first, second;
@@ -388,9 +461,15 @@ int BenchOperatorCommand(const BenchOperatorOptions& options, std::ostream& out)
     out << "meshtrain bench operator: " << options.nodes << " nodes, " << options.jobs << " jobs of "
         << options.job_nodes << " nodes x " << options.gpus_per_node << " GPUs, one job every " << options.interval_ms
         << " ms; operator --workers " << options.workers << " --qps " << options.qps << " --burst " << options.burst
-        << " --progress-interval 1\n";
+        << " --progress-interval 1" << (options.kueue ? " --kueue" : "") << "\n";
+    if (options.kueue) {
+      out << "  Kueue path: the test server's Kueue admission simulator (not Kueue), ClusterQueue quota "
+          << options.nodes << " nodes, TAS on (pod r on the r-th node of the topologyAssignment); every job in queue "
+          << kQueue << "\n";
+    }
     PrintHalf(out, "jobs", baseline, options.jobs);
     out << "  (target: median <= 200 ms)\n";
+    if (options.kueue) PrintKueueLegs(out, baseline, options.jobs);
     if (hanging) {
       PrintHalf(out, ("then, with " + std::to_string(options.hanging_metrics) + " jobs' metrics endpoints hanging").c_str(),
                 *hanging, options.jobs);
@@ -416,6 +495,7 @@ int BenchOperatorCommand(const BenchOperatorOptions& options, std::ostream& out)
       if (const auto n = Sample(exposition, counter)) out << "  " << counter << " " << std::setprecision(0) << *n << "\n";
     }
     const bool complete = static_cast<int>(baseline.ms.size()) == options.jobs &&
+                          (!options.kueue || static_cast<int>(baseline.to_workload.size()) == options.jobs) &&
                           (!hanging || static_cast<int>(hanging->ms.size()) == options.jobs);
     if (!complete || restarts != 0) status = kExitInvalid;
   } catch (const std::exception& e) {

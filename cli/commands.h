@@ -248,6 +248,10 @@ struct BenchOperatorOptions {
   int burst = 1000;
   int timeout_seconds = 120;
   int hanging_metrics = 0;  // jobs whose metrics endpoints hang, during a second half of `jobs`
+  // The Kueue path: the test server's Kueue admission simulator (TAS, quota for every
+  // node), the operator with --kueue, every job in a queue; reports the Workload round trip.
+  bool kueue = false;
+  std::string kueue_crds = "tests/data/kueue";  // Kueue's CRDs, one YAML file each
   std::string crd = "crds/trainingjobs.meshtrain.dev.yaml";
   std::string apiserver;        // default: next to this binary's build tree
   std::string operator_binary;  // default: next to this binary's build tree

@@ -522,6 +522,24 @@ expect "run with mode auto plans, and the ranks train the planned layout within 
 expect "bench plan reports time and ratio" 0 'placement time: 300 nodes x 8 GPUs' 'blind / aware: median [0-9.]+x' \
   -- "$meshtrain" bench plan --nodes 300 --clusters 5
 
+# The operator's Kueue path on a tiny cluster: the test server's admission simulator
+# admits every job's Workload, and the bench reports the round trip in its legs. It needs
+# the test API server and the operator built beside the CLI.
+build_root=$(dirname "$(dirname "$meshtrain")")
+if [ -x "$build_root/tests/support/kube/meshtrain-test-apiserver" ] && [ -x "$build_root/operator/meshtrain-operator" ]; then
+  expect "bench operator --kueue reports the Workload round trip" 0 \
+    'Kueue path: .*admission simulator \(not Kueue\), ClusterQueue quota 50 nodes, TAS on' \
+    'jobs: 5 of 5 jobs with all pods created; .*; [0-9.]+ API requests per job' 'Kueue round trip, 5 of 5 jobs:' \
+    'job created -> Workload created: median [0-9.]+ ms, p90 [0-9.]+ ms' \
+    'Workload created -> admitted: median [0-9.]+ ms, p90 [0-9.]+ ms' \
+    'admitted -> all pods created: median [0-9.]+ ms, p90 [0-9.]+ ms' \
+    'round trip, job created -> all pods created: median [0-9.]+ ms, p90 [0-9.]+ ms' \
+    'gang restarts \(all gangs are healthy, so this must be 0\): 0$' \
+    -- "$meshtrain" bench operator --kueue --nodes 50 --jobs 5 --job-nodes 2 --timeout 30
+else
+  echo "skip bench operator --kueue: no test API server or operator beside $meshtrain"
+fi
+
 expect "bench train reports throughput, MFU and memory" 0 'model gpt2-tiny \(0.8M parameters\), batch 2 x seq 32' \
   '[0-9]+ tokens/s' 'achieved [0-9.]+ GFLOP/s' 'MFU: not counted \(no dense fp32 peak is known for a CPU\)' \
   'matrix rate: OpenBLAS sgemm at the model.s shapes, 64 tokens x \(128x384, 128x128, 128x512, 512x128, 128x256\): [0-9.]+ GFLOP/s; the step reaches [0-9.]+% of it' 'memory: params [0-9.]+ MiB, grads' \

@@ -280,7 +280,7 @@ struct ApiServer::Store {
   std::map<std::string, ServiceAccountRef> tokens;  // issued by TokenRequest
   std::map<std::string, json> applied;  // "resource|ns/name|fieldManager" -> the manager's last server-side apply
   const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
-  json created = json::array();  // {kind, key, job, ms} of each TrainingJob and Pod created
+  json created = json::array();  // {kind, key, job, ms}: TrainingJob, Pod and Workload creates; RecordTime's
   size_t history = 0;
   std::string record_dir;
   int record_seq = 0;
@@ -369,11 +369,11 @@ struct ApiServer::Store {
     }
     bucket[key] = object;
     Link(info.Key(), key, object, true);
-    if (info.kind == "Pod" || info.kind == "TrainingJob") {
+    if (info.kind == "Pod" || info.kind == "TrainingJob" || info.kind == "Workload") {
       const auto labels = object["metadata"].value("labels", json::object());
       created.push_back({{"kind", info.kind},
                          {"key", key},
-                         {"job", info.kind == "Pod" ? ns + "/" + labels.value("meshtrain.dev/job-name", "") : key},
+                         {"job", info.kind == "TrainingJob" ? key : ns + "/" + labels.value("meshtrain.dev/job-name", "")},
                          {"ms", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count()}});
     }
     Emit(info, "ADDED", object, nullptr);
@@ -747,6 +747,15 @@ bool ApiServer::Mutate(const std::string& resource, const std::string& ns, const
   it->second["metadata"]["resourceVersion"] = std::to_string(++store_->rv);
   store_->Emit(store_->resources.at(resource), "MODIFIED", it->second, std::move(old));
   return true;
+}
+
+void ApiServer::RecordTime(const std::string& kind, const std::string& key, const std::string& job) {
+  std::lock_guard lock(store_->mu);
+  store_->created.push_back(
+      {{"kind", kind},
+       {"key", key},
+       {"job", job},
+       {"ms", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - store_->started).count()}});
 }
 
 std::vector<StoredEvent> ApiServer::EventsSince(uint64_t seq, int timeout_ms) const {

@@ -24,8 +24,10 @@
 // delayed watch goes out that long after it happened (a watch cache seconds behind),
 // while gets and lists answer at once. GET /_test/stats counts requests by
 // verb and client, and the faults not yet spent. GET /_test/created gives, for each
-// TrainingJob and Pod created, the server's time of the create (ms since it started) and,
-// for a pod, its meshtrain.dev/job-name label: creation latencies without a client's lag.
+// TrainingJob, Pod and (Kueue) Workload created, the server's time of the create (ms since
+// it started) and, for a pod or Workload, its meshtrain.dev/job-name label: creation
+// latencies without a client's lag; RecordTime adds other moments to it (the Kueue
+// simulator's admissions).
 //
 // Thread-safety: every public method may be called from any thread.
 
@@ -127,6 +129,8 @@ class ApiServer {
   // Applies `mutate` to the stored object and stores it with a new resourceVersion. False if absent.
   bool Mutate(const std::string& resource, const std::string& namespace_, const std::string& name,
               const std::function<void(nlohmann::json&)>& mutate);
+  // Adds {kind, key, job, ms: now} to GET /_test/created (`job`: "ns/name" of the job).
+  void RecordTime(const std::string& kind, const std::string& key, const std::string& job);
   // Events after `seq`, waiting up to `timeout_ms` for one. Returns the events (maybe none).
   std::vector<StoredEvent> EventsSince(uint64_t seq, int timeout_ms) const;
   nlohmann::json Stats() const;

@@ -257,6 +257,8 @@ bool KueueSimulator::Admit(const std::string& key) {
     SetCondition(&w, "QuotaReserved", "True", "QuotaReserved", "Quota reserved in ClusterQueue " + queue);
     SetCondition(&w, "Admitted", "True", "Admitted", "The workload is admitted");
   });
+  const std::string job = (*workload)["metadata"].value("labels", json::object()).value("meshtrain.dev/job-name", "");
+  server_.RecordTime("Admission", key, ns + "/" + job);
   held_[key] = {pods, nodes, false, priorities_[key], ++admissions_};
   spdlog::info("kueue simulator: admitted Workload {} ({} pods{})", key, pods,
                topology ? ", TAS on " + std::to_string(nodes.size()) + " nodes" : "");

@@ -7,7 +7,8 @@
 //   then in the order they were created (a requeued one as created again), each once its
 //   pods fit the quota left: status.admission (the ClusterQueue, one
 //   podSetAssignment per PodSet with the flavor `flavor` for every resource it requests)
-//   with QuotaReserved=True and Admitted=True, and Evicted=False when it had one;
+//   with QuotaReserved=True and Admitted=True, and Evicted=False when it had one; the
+//   server's GET /_test/created gets {kind "Admission", key, job, ms} for each admission;
 // - with `topology` and a PodSet that asks for it (topologyRequest), a v1beta2
 //   topologyAssignment over the first nodes of `nodes` that no other admitted Workload
 //   holds, in that order: pod index r on the r-th (levels [kubernetes.io/hostname], one
