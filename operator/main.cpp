@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   int workers = 4, metrics_port = 8080, health_port = 8081;
   double qps = 50;
   int burst = 100;
-  int pending_timeout_s = 120, avoid_failed_node_s = 600;
+  int pending_timeout_s = 120, avoid_failed_node_s = 600, checkpoint_timeout_s = 130;
   int progress_interval_s = 5, launcher_interval_ms = 1000;
   app.add_option("--kubeconfig", kubeconfig, "kubeconfig file (default: $KUBECONFIG, in-cluster, ~/.kube/config)");
   app.add_option("--namespace", namespace_, "watch only this namespace (default: every namespace)");
@@ -63,6 +63,10 @@ int main(int argc, char** argv) {
                  "seconds a node that failed a job (a failed pod, NotReady) is left out of its placements")
       ->check(CLI::Range(0, 86400));
   app.add_option("--pending-timeout", pending_timeout_s, "seconds a pod may stay Pending before its gang is re-planned")
+      ->check(CLI::Range(1, 86400));
+  app.add_option("--checkpoint-timeout", checkpoint_timeout_s,
+                 "seconds a suspended or evicted gang's ranks may take to checkpoint before its pods go anyway "
+                 "(keep it above the launchers' 100 s grace)")
       ->check(CLI::Range(1, 86400));
   app.add_option("--progress-interval", progress_interval_s, "seconds between reads of rank 0's training metrics")
       ->check(CLI::Range(1, 3600));
@@ -110,6 +114,7 @@ int main(int argc, char** argv) {
     options.workers = workers;
     options.reconciler.decide.pending_timeout = std::chrono::seconds(pending_timeout_s);
     options.reconciler.decide.kueue = kueue;
+    options.reconciler.decide.checkpoint_timeout = std::chrono::seconds(checkpoint_timeout_s);
     options.reconciler.avoid_failed_node = std::chrono::seconds(avoid_failed_node_s);
     options.progress.interval = std::chrono::seconds(progress_interval_s);
     options.launchers.interval = std::chrono::milliseconds(launcher_interval_ms);

@@ -187,6 +187,7 @@ PY
     expect_error "at '/networkPolicy': additional properties 'egress' not allowed" --set networkPolicy.egress=closed
     expect_error "at '/networkPolicy/metricsFrom/0'" --set 'networkPolicy.metricsFrom[0].podSelecter.x=y'
     expect_error "at '/operator/launcherKey': additional properties 'secret' not allowed" --set operator.launcherKey.secret=mine
+    expect_error "at '/operator/checkpointTimeoutSeconds': minimum: got 0, want 1" --set operator.checkpointTimeoutSeconds=0
     expect_error "at '/kueue/enabled': got string, want boolean" --set-string kueue.enabled=true
     expect_error "at '/kueue': additional properties 'queue' not allowed" --set kueue.queue=default
     ;;
@@ -236,6 +237,7 @@ def check(name, enabled):
     assert granted == (WANT if enabled else {}), f"{name}: Kueue grants {granted}, want {WANT if enabled else {}}"
     args = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert ("--kueue" in args) == enabled, f"{name}: --kueue in {args}"
+    assert "--checkpoint-timeout=130" in args, f"{name}: no --checkpoint-timeout=130 in {args}"
     return objects
 check("off", False)
 check("everything", True)
