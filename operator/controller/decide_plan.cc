@@ -77,6 +77,13 @@ void Decider::CreateGang(int64_t gang, const std::vector<json>& current) {
     // Under a Kueue admission the gang is the size its quota counted: never smaller.
     if (!placement.ok() && (admitted_ || !PlaceSmaller(cluster, &sized, &placement, &request, &reason)))
       placement.reason = reason;
+    // Quota only: the admission's flavors chose the nodes (their labels and tolerations).
+    if (!placement.ok() && admitted_) {
+      placement.reason = "the nodes the admission of Workload " +
+                         admitted_->value("metadata", json::object()).value("name", "") +
+                         " allows (its flavors' node labels, with the job's and the flavors' tolerations) do not fit: " +
+                         placement.reason;
+    }
     if (!placement.ok()) {
       d_.status.phase = "Pending";
       SetCondition("Scheduled", false, "Unschedulable", placement.reason);

@@ -150,6 +150,19 @@ std::string Joined(const std::vector<std::string>& errors) {
   return out;
 }
 
+// Gives one node of `o`'s cluster other than `spared` a NoSchedule taint the tiny job does
+// not tolerate; returns its name.
+std::string TaintANode(Observed* o, const std::vector<std::string>& spared) {
+  scheduler::ClusterSnapshot snapshot{o->cluster->topology->nodes()};
+  for (scheduler::ClusterNode& node : snapshot.nodes) {
+    if (std::find(spared.begin(), spared.end(), node.name) != spared.end()) continue;
+    node.taints.push_back({"team", "research", "NoSchedule"});
+    o->cluster = scheduler::ClusterView::Of(snapshot);
+    return node.name;
+  }
+  return "";
+}
+
 TEST(KueueDecide, AQueuedJobGetsItsWorkloadAndNoPod) {
   // The Workload is read first: a pass without it says so.
   Observed lacking = Observe(QueuedJob(), {}, json());
@@ -302,6 +315,21 @@ TEST(KueueDecide, TheJobWaitsQueuedUntilItsWorkloadIsAdmitted) {
   EXPECT_TRUE(d.check_claims);
   EXPECT_FALSE(o.object["spec"].contains("template")) << "the user's spec is not edited";
 
+  // A flavor whose nodes carry a taint the job does not tolerate: the Scheduled condition
+  // names the admission and the taint, and nothing starts.
+  const std::string tainted = TaintANode(&o, {});
+  ASSERT_FALSE(tainted.empty());
+  o.flavors = std::map<std::string, json>{
+      {"p5", {{"metadata", {{"name", "p5"}}}, {"spec", {{"nodeLabels", {{kHostnameLabel, tainted}}}}}}}};
+  const Decision untolerated = Decide(o, Kueue());
+  EXPECT_FALSE(untolerated.create);
+  EXPECT_TRUE(untolerated.claims.empty());
+  EXPECT_EQ(untolerated.status.phase, "Pending");
+  ASSERT_NE(ConditionOf(untolerated.status, "Scheduled"), nullptr);
+  const std::string why = ConditionOf(untolerated.status, "Scheduled")->message;
+  EXPECT_NE(why.find("the admission of Workload " + WorkloadName("tiny", "job-uid")), std::string::npos) << why;
+  EXPECT_NE(why.find("untolerated taint"), std::string::npos) << why;
+
   // A flavor that is not there is named, and nothing starts.
   o.flavors = std::map<std::string, json>{};
   const Decision missing = Decide(o, Kueue());
@@ -340,6 +368,18 @@ TEST(KueueDecide, ATasAssignmentPlacesPodRankROnTheRthNode) {
   ASSERT_NE(scheduled, nullptr);
   EXPECT_EQ(scheduled->reason, "AdmissionNotFollowed");
   EXPECT_NE(scheduled->message.find("no-such-node"), std::string::npos) << scheduled->message;
+
+  // So is an assigned node whose taint the job does not tolerate.
+  const std::string tainted = TaintANode(&o, nodes);
+  ASSERT_FALSE(tainted.empty());
+  o.workload = Admitted(QueuedJob(), Assignment({nodes[0], tainted}));
+  const Decision untolerated = Decide(o, Kueue());
+  EXPECT_FALSE(untolerated.create);
+  EXPECT_TRUE(untolerated.claims.empty());
+  ASSERT_NE(ConditionOf(untolerated.status, "Scheduled"), nullptr);
+  EXPECT_EQ(ConditionOf(untolerated.status, "Scheduled")->reason, "AdmissionNotFollowed");
+  const std::string why = ConditionOf(untolerated.status, "Scheduled")->message;
+  EXPECT_NE(why.find(tainted + " (pod 1) is with the untolerated taint"), std::string::npos) << why;
 }
 
 TEST(KueueDecide, TopologyAssignmentsReadInSliceAndDomainOrder) {
@@ -481,9 +521,10 @@ TEST(KueueDecide, AnEvictedGangCheckpointsBeforeItsPodsGo) {
 }
 
 // Under a TAS assignment the operator never places a pod itself: a lost node's pod is not
-// moved to a node it picks; the gang is recreated on the assignment, and waits for Kueue to
-// assign another node.
-TEST(KueueDecide, ALostNodeUnderATasAssignmentWaitsForKueue) {
+// moved to a node it picks; the gang is recreated on the assignment, waits for Kueue to
+// assign another node (status.unhealthyNodes, then a new topologyAssignment), and follows
+// that assignment.
+TEST(KueueDecide, ALostNodeUnderATasAssignmentWaitsForKueueAndFollowsItsReassignment) {
   const Decision plain = Decide(Observe(test::TinyJob("tiny"), {}, json()), {});
   std::vector<std::string> nodes = {plain.status.placement->nodes[0].name, plain.status.placement->nodes[1].name};
   const json workload = Admitted(QueuedJob(), Assignment(nodes));
@@ -502,6 +543,51 @@ TEST(KueueDecide, ALostNodeUnderATasAssignmentWaitsForKueue) {
   EXPECT_EQ(d.restart_kind, "recreated") << "not replaced on a node of the operator's choosing";
   EXPECT_TRUE(d.claims.empty());
   EXPECT_FALSE(d.create);
+
+  // Passes of the job against `w`, its pods as the cluster keeps them: deleted ones go,
+  // created ones run, but a pod bound to the lost node stays Pending there.
+  std::vector<json> gang;
+  api::TrainingJobStatus status = d.status;
+  auto passes = [&](const json& w, int count) {
+    for (int pass = 0; pass < count; ++pass) {
+      Observed next = Observe(QueuedJob(), status, w, gang);
+      next.nodes[nodes[1]] = NodeState::kNotReady;
+      next.flavors = std::map<std::string, json>{{"p5", {{"metadata", {{"name", "p5"}}}}}};
+      for (const json& pod : gang) next.launchers[pod["metadata"]["uid"]] = LauncherState{0, "running", {}, {}, ""};
+      const Decision step = Decide(next, Kueue());
+      EXPECT_FALSE(step.placed) << "no placement search: Kueue places the job";
+      status = step.status;
+      for (const json& gone : step.delete_pods)
+        std::erase_if(gang, [&](const json& pod) { return pod["metadata"]["name"] == gone["metadata"]["name"]; });
+      if (!step.create) continue;
+      for (const json& pod : step.create->pods) {
+        json made = Running(pod);
+        if (PinnedNode(pod) == nodes[1]) {  // unschedulable there
+          made["spec"].erase("nodeName");
+          made["status"] = {{"phase", "Pending"}};
+        }
+        gang.push_back(made);
+      }
+    }
+  };
+  // The old gang goes, and the new one follows the assignment as it stands: pod 1 waits on
+  // the lost node rather than on one the operator picks.
+  passes(workload, 4);
+  ASSERT_EQ(gang.size(), 2u) << status.phase;
+  for (size_t r = 0; r < gang.size(); ++r) EXPECT_EQ(PinnedNode(gang[r]), nodes[r]);
+  // Kueue marks the node unhealthy and assigns another in its place (its TAS node-failure
+  // replacement): the gang follows, pod r on the new assignment's r-th node.
+  std::string spare;
+  for (const auto& node : o.cluster->topology->nodes())
+    if (node.name != nodes[0] && node.name != nodes[1]) spare = node.name;
+  ASSERT_FALSE(spare.empty());
+  json reassigned = Admitted(QueuedJob(), Assignment({nodes[0], spare}));
+  reassigned["status"]["unhealthyNodes"] = json::array({{{"name", nodes[1]}}});
+  passes(reassigned, 6);
+  ASSERT_EQ(gang.size(), 2u) << status.phase;
+  std::vector<std::string> placed;
+  for (const json& pod : gang) placed.push_back(PinnedNode(pod));
+  EXPECT_EQ(placed, (std::vector<std::string>{nodes[0], spare})) << status.phase;
 }
 
 // Kueue's PodSets are immutable: a Workload for another queue or size is replaced, once the
