@@ -5,7 +5,11 @@
 // that change nothing at their values taken; the tensors carry the per-expert names of
 // published checkpoints; and spec.model's expert fields are checked by field.
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
 
@@ -234,6 +238,39 @@ TEST(MoeFamilies, TensorsHaveThePerExpertNamesOfPublishedCheckpoints) {
   EXPECT_EQ(named("model.layers.0.mlp.gate_proj.weight"), std::vector<int64_t>{}) << "no dense MLP";
 }
 
+// A Hugging Face directory whose config.json turns the load-balancing loss on gives the job
+// its coefficient, with a note; spec.training.routerAuxLossCoef, where set, is the one used.
+TEST(MoeFamilies, TheJobsAuxLossCoefficientTakesPrecedenceOverConfigJsons) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("meshtrain-moe-coef-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  Json config = Mixtral8x7b();
+  config["output_router_logits"] = true;
+  config["router_aux_loss_coef"] = 0.02;
+  std::ofstream(dir / "config.json") << config.dump();
+  auto check = [&](const Json& training) {
+    Json manifest = {{"apiVersion", "meshtrain.dev/v1alpha1"},
+                     {"kind", "TrainingJob"},
+                     {"metadata", {{"name", "moe"}}},
+                     {"spec",
+                      {{"image", "meshtrain"},
+                       {"nodes", 1},
+                       {"gpusPerNode", 2},
+                       {"model", {{"init", {{"from", dir.string()}}}, {"seqLen", 256}}},
+                       {"data", {{"train", "/data/*.bin"}}},
+                       {"training", {{"globalBatchTokens", 1024}, {"microBatchSize", 2}}}}}};
+    manifest["spec"]["training"].update(training);
+    return CheckTrainingJob(manifest, "moe.yaml", 0, ModelDirectory::kIfPresent);
+  };
+  const CheckedJob from_config = check(Json::object());
+  ASSERT_TRUE(from_config.ok()) << from_config.errors.front().ToString();
+  EXPECT_EQ(from_config.job.spec.training.router_aux_loss_coef, std::optional<double>(0.02));
+  const CheckedJob own = check({{"routerAuxLossCoef", 0.5}});
+  ASSERT_TRUE(own.ok()) << own.errors.front().ToString();
+  EXPECT_EQ(own.job.spec.training.router_aux_loss_coef, std::optional<double>(0.5));
+  std::filesystem::remove_all(dir);
+}
+
 // spec.model's expert fields, checked by field.
 TEST(MoeFamilies, ExpertFieldsAreCheckedByField) {
   auto check = [](const Json& model, const Json& parallelism = Json::object(), const Json& training = Json::object()) {
@@ -333,6 +370,18 @@ TEST(MoeFamilies, ExpertFieldsAreCheckedByField) {
   EXPECT_TRUE(names_experts) << message(ep);
   EXPECT_EQ(paths(check({{"preset", "moe-tiny"}}, {{"expert_parallel_degree", 3}})),
             std::set<std::string>{"spec.parallelism.expertParallelDegree"});
+  // ... and the data-parallel ranks of a shard group: EP 4 divides the 4 experts, not the
+  // 2 ranks here.
+  const CheckedJob wide = check({{"preset", "moe-tiny"}}, {{"expertParallelDegree", 4}});
+  EXPECT_EQ(paths(wide), std::set<std::string>{"spec.parallelism.expertParallelDegree"});
+  const bool names_ranks = std::any_of(wide.errors.begin(), wide.errors.end(), [](const FieldError& e) {
+    return e.ToString().find("must divide the ranks of a shard group") != std::string::npos;
+  });
+  EXPECT_TRUE(names_ranks) << message(wide);
+  const bool not_experts = std::none_of(wide.errors.begin(), wide.errors.end(), [](const FieldError& e) {
+    return e.ToString().find("must divide spec.model.experts") != std::string::npos;
+  });
+  EXPECT_TRUE(not_experts) << message(wide);
   // ... and the planner considers none.
   EXPECT_TRUE(TensorParallelDivides(*FindPreset("qwen3-30b-a3b"), 1));
   EXPECT_FALSE(TensorParallelDivides(*FindPreset("qwen3-30b-a3b"), 2));

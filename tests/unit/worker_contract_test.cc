@@ -78,6 +78,39 @@ TEST(WorkerContract, TheDeviceAndItsKernelsAreOneLabelledSeries) {
       << Exposition(exported);
 }
 
+// A mixture of experts' step: each block's busiest expert and mean (stat max, mean), their
+// ratio, and the load-balancing loss, the series the dashboard's panel reads; a dense
+// model's step keeps one imbalance series at 0 and an aux loss of 0.
+TEST(WorkerContract, AMixtureOfExpertsExportsItsLoadByBlockAndItsAuxLoss) {
+  metrics::TrainingMetrics exported("moe", 1, /*steps=*/10, /*tokens_per_step=*/500);
+  train::StepReport dense;
+  dense.step = 1;
+  dense.steps = 10;
+  exported.Step(dense);
+  std::string text = Exposition(exported);
+  EXPECT_NE(text.find("meshtrain_moe_expert_imbalance{job_name=\"moe\",rank=\"1\",layer=\"none\"} 0"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("meshtrain_moe_aux_loss{job_name=\"moe\",rank=\"1\"} 0"), std::string::npos) << text;
+
+  train::StepReport report = dense;
+  report.step = 2;
+  report.expert_load[0] = {300, 200};
+  report.expert_load[3] = {250, 250};
+  report.aux_loss = 1.125;
+  exported.Step(report);
+  text = Exposition(exported);
+  for (const std::string want :
+       {"meshtrain_moe_tokens_per_expert{job_name=\"moe\",rank=\"1\",layer=\"0\",stat=\"max\"} 300",
+        "meshtrain_moe_tokens_per_expert{job_name=\"moe\",rank=\"1\",layer=\"0\",stat=\"mean\"} 200",
+        "meshtrain_moe_tokens_per_expert{job_name=\"moe\",rank=\"1\",layer=\"3\",stat=\"max\"} 250",
+        "meshtrain_moe_expert_imbalance{job_name=\"moe\",rank=\"1\",layer=\"0\"} 1.5",
+        "meshtrain_moe_expert_imbalance{job_name=\"moe\",rank=\"1\",layer=\"3\"} 1",
+        "meshtrain_moe_aux_loss{job_name=\"moe\",rank=\"1\"} 1.125"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+}
+
 TEST(WorkerContract, TheOperatorReadsWhatTheWorkerExports) {
   metrics::TrainingMetrics exported("tiny", 0, /*steps=*/1100, /*tokens_per_step=*/500);
   api::ProgressStatus before;
