@@ -238,6 +238,25 @@ TEST(MoeFamilies, TensorsHaveThePerExpertNamesOfPublishedCheckpoints) {
   EXPECT_EQ(named("model.layers.0.mlp.gate_proj.weight"), std::vector<int64_t>{}) << "no dense MLP";
 }
 
+// A job of 2 ranks on one node with `model`, `parallelism` and `training` (over a batch of
+// 1,024 tokens in micro-batches of 2), checked.
+CheckedJob CheckMoeJob(const Json& model, const Json& parallelism, const Json& training,
+                       ModelDirectory directory = ModelDirectory::kNotRead) {
+  Json manifest = {{"apiVersion", "meshtrain.dev/v1alpha1"},
+                   {"kind", "TrainingJob"},
+                   {"metadata", {{"name", "moe"}}},
+                   {"spec",
+                    {{"image", "meshtrain"},
+                     {"nodes", 1},
+                     {"gpusPerNode", 2},
+                     {"model", model},
+                     {"data", {{"train", "/data/*.bin"}}},
+                     {"parallelism", parallelism},
+                     {"training", {{"globalBatchTokens", 1024}, {"microBatchSize", 2}}}}}};
+  manifest["spec"]["training"].update(training);
+  return CheckTrainingJob(manifest, "moe.yaml", 0, directory);
+}
+
 // A Hugging Face directory whose config.json turns the load-balancing loss on gives the job
 // its coefficient, with a note; spec.training.routerAuxLossCoef, where set, is the one used.
 TEST(MoeFamilies, TheJobsAuxLossCoefficientTakesPrecedenceOverConfigJsons) {
@@ -249,18 +268,8 @@ TEST(MoeFamilies, TheJobsAuxLossCoefficientTakesPrecedenceOverConfigJsons) {
   config["router_aux_loss_coef"] = 0.02;
   std::ofstream(dir / "config.json") << config.dump();
   auto check = [&](const Json& training) {
-    Json manifest = {{"apiVersion", "meshtrain.dev/v1alpha1"},
-                     {"kind", "TrainingJob"},
-                     {"metadata", {{"name", "moe"}}},
-                     {"spec",
-                      {{"image", "meshtrain"},
-                       {"nodes", 1},
-                       {"gpusPerNode", 2},
-                       {"model", {{"init", {{"from", dir.string()}}}, {"seqLen", 256}}},
-                       {"data", {{"train", "/data/*.bin"}}},
-                       {"training", {{"globalBatchTokens", 1024}, {"microBatchSize", 2}}}}}};
-    manifest["spec"]["training"].update(training);
-    return CheckTrainingJob(manifest, "moe.yaml", 0, ModelDirectory::kIfPresent);
+    return CheckMoeJob({{"init", {{"from", dir.string()}}}, {"seqLen", 256}}, Json::object(), training,
+                       ModelDirectory::kIfPresent);
   };
   const CheckedJob from_config = check(Json::object());
   ASSERT_TRUE(from_config.ok()) << from_config.errors.front().ToString();
@@ -274,19 +283,7 @@ TEST(MoeFamilies, TheJobsAuxLossCoefficientTakesPrecedenceOverConfigJsons) {
 // spec.model's expert fields, checked by field.
 TEST(MoeFamilies, ExpertFieldsAreCheckedByField) {
   auto check = [](const Json& model, const Json& parallelism = Json::object(), const Json& training = Json::object()) {
-    Json manifest = {{"apiVersion", "meshtrain.dev/v1alpha1"},
-                     {"kind", "TrainingJob"},
-                     {"metadata", {{"name", "moe"}}},
-                     {"spec",
-                      {{"image", "meshtrain"},
-                       {"nodes", 1},
-                       {"gpusPerNode", 2},
-                       {"model", model},
-                       {"data", {{"train", "/data/*.bin"}}},
-                       {"parallelism", parallelism},
-                       {"training", {{"globalBatchTokens", 1024}, {"microBatchSize", 2}}}}}};
-    manifest["spec"]["training"].update(training);
-    return CheckTrainingJob(manifest, "moe.yaml", 0);
+    return CheckMoeJob(model, parallelism, training);
   };
   auto paths = [](const CheckedJob& job) {
     std::set<std::string> p;
