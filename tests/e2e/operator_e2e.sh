@@ -860,17 +860,22 @@ YAML
     # A Workload of higher priority preempts the job's (the Kueue simulator's preemption):
     # the job's ranks checkpoint the step they stop after, it is Queued, its admission is
     # given back, and once the other Workload is gone it is admitted again and resumes from
-    # that step: no step is lost, none is trained twice.
+    # that step: no step is lost, none is trained twice. The job's own priority comes from
+    # its kueue.x-k8s.io/priority-class label, the WorkloadPriorityClass "batch" (10).
     chart_set=(--set kueue.enabled=true)
     prepare_data
     start_server 2 --kubelet run --worker-binary "$build/worker/meshtrain-worker" --kueue --kueue-quota-nodes 2
     "$kubectl" apply -f "$src/tests/data/kueue/" >/dev/null
     echo '{"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "default-flavor"}, "spec": {}}' |
       "$kubectl" apply -f - >/dev/null
+    echo '{"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass", "metadata": {"name": "batch"}, "value": 10}' |
+      "$kubectl" apply -f - >/dev/null
     operator_metrics_port=$(free_ports 1)
     start_operator --kueue --progress-interval 1 --launcher-interval 250
-    job_labels="kueue.x-k8s.io/queue-name: training" worker_job 100000
+    job_labels="kueue.x-k8s.io/queue-name: training, kueue.x-k8s.io/priority-class: batch" worker_job 100000
     wait_for '{.status.phase}' Running 30
+    workload=$("$kubectl" get workloads.kueue.x-k8s.io -l meshtrain.dev/job-name=tiny -o 'jsonpath={.items[0].spec.priority}/{.items[0].spec.priorityClassRef.name}')
+    [ "$workload" = "10/batch" ] || fail "the job's Workload has priority/class '$workload', not 10/batch"
     wait_checkpoint 0
     until [ "$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.step}')" -gt $((checkpoint + 2)) ]; do sleep 0.2; done
     seen=$("$kubectl" get tj tiny -o 'jsonpath={.status.progress.step}')
