@@ -758,6 +758,60 @@ TEST(KueueDecide, AFinishedJobFinishesItsWorkload) {
   const Decision without = Decide(off, {});
   EXPECT_FALSE(without.needs.workload);
   EXPECT_FALSE(without.workload_status);
+  // A failed job finishes its Workload too, with the reason Failed and its own words.
+  api::TrainingJobStatus failed;
+  failed.phase = "Failed";
+  failed.completion_time = kube::Rfc3339(kNow);
+  failed.conditions.push_back(
+      {"Failed", "True", "BackoffLimitExceeded", "the gang failed 4 time(s)", kube::Rfc3339(kNow), 1});
+  const Decision f = Decide(Observe(QueuedJob(), failed, workload), Kueue());
+  ASSERT_TRUE(f.workload_status);
+  EXPECT_TRUE(WorkloadConditionTrue(*f.workload_status, "Finished"));
+  const json finished_failed = (*f.workload_status)["status"]["conditions"].back();
+  EXPECT_EQ(finished_failed["reason"], "Failed");
+  EXPECT_EQ(finished_failed["message"], "the TrainingJob failed: the gang failed 4 time(s)");
+}
+
+// An admission check's podSetUpdates for the job's PodSet reach every pod: its labels,
+// annotations, node selector and tolerations (another PodSet's do not); the job's own spec
+// is not edited.
+TEST(KueueDecide, PodSetUpdatesReachThePods) {
+  const Decision first = Decide(Observe(QueuedJob(), {}, json()), Kueue());
+  json workload = Admitted(QueuedJob());
+  const Observed probe = Observe(QueuedJob(), {}, json());
+  std::string domain;
+  for (const auto& node : probe.cluster->topology->nodes())
+    if (node.labels.count("topology.k8s.aws/network-node-layer-1"))
+      domain = node.labels.at("topology.k8s.aws/network-node-layer-1");
+  ASSERT_FALSE(domain.empty());
+  const json toleration = {{"key", "reserved"}, {"operator", "Exists"}, {"effect", "NoSchedule"}};
+  workload["status"]["admissionChecks"] = json::array(
+      {{{"name", "provisioning"},
+        {"state", "Ready"},
+        {"podSetUpdates",
+         json::array({{{"name", kWorkloadPodSet},
+                       {"labels", {{"team", "vision"}}},
+                       {"annotations", {{"cost-center", "42"}}},
+                       {"nodeSelector", {{"topology.k8s.aws/network-node-layer-1", domain}}},
+                       {"tolerations", json::array({toleration})}},
+                      {{"name", "another"}, {"labels", {{"stranger", "yes"}}}}})}}});
+  Observed o = Observe(QueuedJob(), first.status, workload);
+  o.flavors = std::map<std::string, json>{{"p5", {{"metadata", {{"name", "p5"}}}, {"spec", json::object()}}}};
+  const Decision d = Decide(o, Kueue());
+  ASSERT_TRUE(d.create) << d.status.phase;
+  ASSERT_EQ(d.create->pods.size(), 2u);
+  for (const json& pod : d.create->pods) {
+    EXPECT_EQ(pod["metadata"]["labels"]["team"], "vision") << pod.dump();
+    EXPECT_FALSE(pod["metadata"]["labels"].contains("stranger"));
+    EXPECT_EQ(pod["metadata"]["annotations"]["cost-center"], "42");
+    EXPECT_EQ(pod["spec"]["nodeSelector"]["topology.k8s.aws/network-node-layer-1"], domain);
+    const json& tolerations = pod["spec"]["tolerations"];
+    EXPECT_NE(std::find(tolerations.begin(), tolerations.end(), toleration), tolerations.end()) << tolerations.dump();
+    const auto* node = o.cluster->Node(PinnedNode(pod));
+    ASSERT_NE(node, nullptr);
+    EXPECT_EQ(node->labels.at("topology.k8s.aws/network-node-layer-1"), domain);
+  }
+  EXPECT_FALSE(o.object["spec"].contains("template")) << "the user's spec is not edited";
 }
 
 }  // namespace
