@@ -242,6 +242,13 @@ TEST(Float8Matmul, AmaxOverTheTensorRowsColumnsAndShards) {
   Float8Amax(columns.data(), x.data(), rows, cols, Float8Scaling::kColumn);
   for (int64_t i = 0; i < rows; ++i) EXPECT_EQ(std::isnan(row_amax[size_t(i)]), i == 9) << i;
   for (int64_t j = 0; j < cols; ++j) EXPECT_EQ(std::isnan(columns[size_t(j)]), j == 250) << j;
+  // An infinity of either sign is its row's and column's amax, +infinity, and not NaN.
+  x[size_t(2 * cols + 3)] = -kInf;
+  Float8Amax(row_amax.data(), x.data(), rows, cols, Float8Scaling::kRow);
+  Float8Amax(columns.data(), x.data(), rows, cols, Float8Scaling::kColumn);
+  EXPECT_EQ(row_amax[2], kInf);
+  EXPECT_EQ(columns[3], kInf);
+  EXPECT_TRUE(std::isnan(row_amax[9]));
   const float empty = -1;
   whole = empty;
   Float8Amax(&whole, x.data(), 0, cols, Float8Scaling::kTensor);

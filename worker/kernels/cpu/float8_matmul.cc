@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -85,36 +86,55 @@ void Sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const fl
               int(K), 1.0f, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
 
+// The amax as the bits of |v|: for floats that are not NaN, |a| < |b| exactly where
+// (bits(a) & 0x7FFFFFFF) < (bits(b) & 0x7FFFFFFF), and every NaN's magnitude bits exceed
+// infinity's (0x7F800000). So an unsigned max over the magnitude bits is the amax, and
+// NaN where a NaN is among the values, in a loop that vectorizes.
+#if defined(__x86_64__) && defined(__GNUC__)
+[[gnu::target_clones("avx512f", "avx2", "default")]]
+#endif
+uint32_t AmaxBits(const float* x, int64_t n) {
+  uint32_t m = 0;
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, std::bit_cast<uint32_t>(x[j]) & 0x7FFFFFFFu);
+  return m;
+}
+
+// m (n) = max(m, magnitude bits) over each column of the (rows, n) block of x with row stride `stride`.
+#if defined(__x86_64__) && defined(__GNUC__)
+[[gnu::target_clones("avx512f", "avx2", "default")]]
+#endif
+void ColumnAmaxBits(uint32_t* m, const float* x, int64_t rows, int64_t stride, int64_t n) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* row = x + i * stride;
+#pragma GCC ivdep
+    for (int64_t j = 0; j < n; ++j) m[j] = std::max(m[j], std::bit_cast<uint32_t>(row[j]) & 0x7FFFFFFFu);
+  }
+}
+
+// The amax of AmaxBits' bits: NaN for a NaN's.
+inline float AmaxOfBits(uint32_t bits) {
+  return bits > 0x7F800000u ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(bits);
+}
+
 }  // namespace float8_matmul
 }  // namespace
 
 void Float8Amax(float* amax, const float* x, int64_t rows, int64_t cols, Float8Scaling scaling) {
-  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-  // The max of |v| over values, NaN when one is NaN (tracked on its own: a comparison with
-  // NaN is false).
-  auto row_amax = [&](int64_t i) {
-    float m = 0;
-    bool nan = false;
-    for (int64_t j = 0; j < cols; ++j) {
-      const float a = std::fabs(x[i * cols + j]);
-      nan |= std::isnan(a);
-      m = a > m ? a : m;
-    }
-    return nan ? kNaN : m;
-  };
+  using float8_matmul::AmaxBits;
+  using float8_matmul::AmaxOfBits;
   switch (scaling) {
     case Float8Scaling::kRow: {
 #pragma omp parallel for
-      for (int64_t i = 0; i < rows; ++i) amax[i] = row_amax(i);
+      for (int64_t i = 0; i < rows; ++i) amax[i] = AmaxOfBits(AmaxBits(x + i * cols, cols));
       return;
     }
     case Float8Scaling::kTensor: {
-      std::vector<float> per_row(size_t(std::max<int64_t>(rows, 0)));
+      std::vector<uint32_t> per_row(size_t(std::max<int64_t>(rows, 0)));
 #pragma omp parallel for
-      for (int64_t i = 0; i < rows; ++i) per_row[size_t(i)] = row_amax(i);
-      float m = 0;
-      for (float a : per_row) m = (std::isnan(a) || std::isnan(m)) ? kNaN : std::max(m, a);
-      amax[0] = m;
+      for (int64_t i = 0; i < rows; ++i) per_row[size_t(i)] = AmaxBits(x + i * cols, cols);
+      uint32_t m = 0;
+      for (uint32_t a : per_row) m = std::max(m, a);
+      amax[0] = AmaxOfBits(m);
       return;
     }
     case Float8Scaling::kColumn: {
@@ -124,17 +144,9 @@ void Float8Amax(float* amax, const float* x, int64_t rows, int64_t cols, Float8S
 #pragma omp parallel for
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t j0 = b * kBlock, j1 = std::min(cols, j0 + kBlock);
-        for (int64_t j = j0; j < j1; ++j) amax[j] = 0;
-        for (int64_t i = 0; i < rows; ++i) {
-          for (int64_t j = j0; j < j1; ++j) {
-            const float a = std::fabs(x[i * cols + j]);
-            if (std::isnan(a) || std::isnan(amax[j])) {
-              amax[j] = kNaN;
-            } else if (a > amax[j]) {
-              amax[j] = a;
-            }
-          }
-        }
+        uint32_t m[kBlock] = {};
+        float8_matmul::ColumnAmaxBits(m, x + j0, rows, cols, j1 - j0);
+        for (int64_t j = j0; j < j1; ++j) amax[j] = AmaxOfBits(m[j - j0]);
       }
       return;
     }
