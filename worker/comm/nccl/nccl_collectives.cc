@@ -159,8 +159,7 @@ class NcclCollectives final : public StreamCollectives {
           });
   }
 
-  // One NCCL group of a send and a receive for every member with a block (itself
-  // included, which NCCL copies locally), as nccl.h's all-to-all example does.
+  // One NCCL group of a send and a receive for every member with a block (GroupedAllToAll).
   void AllToAll(runtime::ConstDeviceBytes send, const std::vector<size_t>& send_counts,
                 const std::vector<size_t>& send_offsets, runtime::DeviceBytes recv,
                 const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_offsets, DataType type,
@@ -171,21 +170,9 @@ class NcclCollectives final : public StreamCollectives {
     const size_t element = ElementSize(type);
     Issue("all_to_all", total * element, total, type, stream, *all_to_all_timer_,
           [&](ncclComm_t comm, cudaStream_t s) {
-            const auto* in = reinterpret_cast<const char*>(DeviceSide::Address(send));
-            auto* out = reinterpret_cast<char*>(DeviceSide::Address(recv));
-            const ncclDataType_t t = nccl::NcclType(type);
-            ncclResult_t result = ncclGroupStart();
-            if (result != ncclSuccess) return result;
-            for (size_t p = 0; p < send_counts.size() && result == ncclSuccess; ++p) {
-              if (send_counts[p] > 0) {
-                result = ncclSend(in + send_offsets[p] * element, send_counts[p], t, int(p), comm, s);
-              }
-              if (result == ncclSuccess && recv_counts[p] > 0) {
-                result = ncclRecv(out + recv_offsets[p] * element, recv_counts[p], t, int(p), comm, s);
-              }
-            }
-            const ncclResult_t ended = ncclGroupEnd();
-            return result != ncclSuccess ? result : ended;
+            return nccl::GroupedAllToAll(reinterpret_cast<const char*>(DeviceSide::Address(send)), send_counts,
+                                         send_offsets, reinterpret_cast<char*>(DeviceSide::Address(recv)), recv_counts,
+                                         recv_offsets, element, nccl::NcclType(type), comm, s);
           });
   }
 

@@ -144,8 +144,7 @@ class NcclCommunicator : public Communicator {
       return ncclAllReduce(barrier_, barrier_, 1, ncclInt32, ncclSum, comm, stream_);
     });
   }
-  // One grouped ncclSend and ncclRecv per peer (nccl.h: ncclGroupStart/End make them one
-  // operation that cannot deadlock), the block to itself included.
+  // One grouped ncclSend and ncclRecv per peer (GroupedAllToAll).
   std::shared_ptr<Work> AllToAll(const void* send, const std::vector<size_t>& send_counts,
                                  const std::vector<size_t>& send_offsets, void* recv,
                                  const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_offsets,
@@ -160,19 +159,8 @@ class NcclCommunicator : public Communicator {
     size_t total = 0;
     for (size_t c : send_counts) total += c * element;
     return Issue("all_to_all", total, type, [&](ncclComm_t comm) {
-      ncclResult_t result = ncclGroupStart();
-      for (int p = 0; p < size() && result == ncclSuccess; ++p) {
-        if (send_counts[size_t(p)] > 0) {
-          result = ncclSend(static_cast<const char*>(send) + send_offsets[size_t(p)] * element, send_counts[size_t(p)],
-                            nccl::NcclType(type), p, comm, stream_);
-        }
-        if (result == ncclSuccess && recv_counts[size_t(p)] > 0) {
-          result = ncclRecv(static_cast<char*>(recv) + recv_offsets[size_t(p)] * element, recv_counts[size_t(p)],
-                            nccl::NcclType(type), p, comm, stream_);
-        }
-      }
-      const ncclResult_t ended = ncclGroupEnd();
-      return result != ncclSuccess ? result : ended;
+      return nccl::GroupedAllToAll(static_cast<const char*>(send), send_counts, send_offsets, static_cast<char*>(recv),
+                                   recv_counts, recv_offsets, element, nccl::NcclType(type), comm, stream_);
     });
   }
 

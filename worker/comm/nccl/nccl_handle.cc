@@ -90,6 +90,22 @@ ncclResult_t NcclHandle::State() {
   return asked != ncclSuccess ? asked : state;
 }
 
+ncclResult_t GroupedAllToAll(const char* send, const std::vector<size_t>& send_counts,
+                             const std::vector<size_t>& send_offsets, char* recv,
+                             const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_offsets,
+                             size_t element, ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
+  ncclResult_t result = ncclGroupStart();
+  if (result != ncclSuccess) return result;
+  for (size_t p = 0; p < send_counts.size() && result == ncclSuccess; ++p) {
+    if (send_counts[p] > 0) result = ncclSend(send + send_offsets[p] * element, send_counts[p], type, int(p), comm, stream);
+    if (result == ncclSuccess && recv_counts[p] > 0) {
+      result = ncclRecv(recv + recv_offsets[p] * element, recv_counts[p], type, int(p), comm, stream);
+    }
+  }
+  const ncclResult_t ended = ncclGroupEnd();
+  return result != ncclSuccess ? result : ended;
+}
+
 void AbortUnowned(ncclComm_t comm) {
   if (comm != nullptr) ncclCommAbort(comm);
 }

@@ -31,6 +31,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "worker/comm/store.h"
 #include "worker/comm/types.h"
@@ -46,6 +47,18 @@ ncclDataType_t NcclType(DataType type);
 ncclRedOp_t NcclOp(ReduceOp op, int members);
 // "100 ms", "2.5 s"
 std::string FormatDuration(milliseconds duration);
+
+// The all-to-all of per-peer counts as one NCCL group: for each member p of `comm` with a
+// block, ncclSend of send_counts[p] elements at send + send_offsets[p] and ncclRecv of
+// recv_counts[p] at recv + recv_offsets[p] (offsets and counts in elements of
+// `element` bytes; the block to itself included, which NCCL copies locally). Grouped as
+// nccl.h's all-to-all example, so that the sends and receives cannot deadlock. Returns
+// the first failure, else ncclGroupEnd's result. REQUIRES: each list has one entry per
+// member of `comm`.
+ncclResult_t GroupedAllToAll(const char* send, const std::vector<size_t>& send_counts,
+                             const std::vector<size_t>& send_offsets, char* recv,
+                             const std::vector<size_t>& recv_counts, const std::vector<size_t>& recv_offsets,
+                             size_t element, ncclDataType_t type, ncclComm_t comm, cudaStream_t stream);
 
 // Aborts `comm`, a split's child no handle owns yet (NCCL made it, and the split then
 // failed or timed out: an abort of the parent waits for the split's job, which sets it).
