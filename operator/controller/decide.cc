@@ -243,9 +243,15 @@ void Decider::ReportStandingWarning(const char* type, const std::string& reason,
     if (had != stored.end()) SetCondition(type, false, cleared, "");
     return;
   }
+  if (!ConditionStands(type, reason, message)) d_.events.push_back({"Warning", event, message});
   SetCondition(type, true, reason, message);
-  if (had == stored.end() || had->status != "True" || had->message != message)
-    d_.events.push_back({"Warning", event, message});
+}
+
+bool Decider::ConditionStands(const char* type, const std::string& reason, const std::string& message) const {
+  const auto& stored = o_.status.conditions;
+  return std::any_of(stored.begin(), stored.end(), [&](const api::Condition& c) {
+    return c.type == type && c.status == "True" && c.reason == reason && c.message == message;
+  });
 }
 
 // SpecWarnings: the fields a valid spec sets that have no effect.

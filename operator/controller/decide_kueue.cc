@@ -59,11 +59,7 @@ bool Decider::WorkloadPriorityOf(std::optional<WorkloadPriority>* priority) {
   // As in Kueue's job framework, no Workload without its priority: the job waits, Queued.
   const std::string message = "the label " + std::string(kPriorityClassLabel) + " names WorkloadPriorityClass " +
                               name + ", " + why + "; the job's Workload is created once " + until;
-  const api::Condition* stored = nullptr;
-  for (const auto& c : o_.status.conditions)
-    if (c.type == kQueuedCondition) stored = &c;
-  if (!stored || stored->status != "True" || stored->reason != reason || stored->message != message)
-    d_.events.push_back({"Warning", reason, message});
+  if (!ConditionStands(kQueuedCondition, reason, message)) d_.events.push_back({"Warning", reason, message});
   Queue(reason, message);
   d_.delete_pods = o_.status.phase == "Queued" ? o_.pods : std::vector<json>{};
   d_.Requeue(kAwaitPriorityClass);

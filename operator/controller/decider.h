@@ -72,6 +72,9 @@ class Decider {
                      bool failure);
   void ReportStandingWarning(const char* type, const std::string& reason, const std::string& event,
                              const std::string& message, const std::string& cleared);
+  // Whether the job's stored condition `type` is True with `reason` and `message`: a
+  // warning that says it again needs no new Event.
+  bool ConditionStands(const char* type, const std::string& reason, const std::string& message) const;
   void ReportFieldsWithoutEffect();
   void ReportQueueWarnings();
   // True, noting that the pass needs it (Decision::needs), when the observation lacks it.
