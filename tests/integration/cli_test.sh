@@ -13,8 +13,10 @@ expect() {
   local patterns=()
   while [ "$1" != "--" ]; do patterns+=("$1"); shift; done
   shift
-  local out rc
+  local out rc start=$EPOCHREALTIME
   out=$(timeout 60 "$@" 2>&1); rc=$?
+  local took
+  took=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
   local ok=1
   [ "$rc" -eq "$code" ] || { echo "FAIL $name: exit $rc, expected $code"; ok=0; }
   for p in "${patterns[@]}"; do
@@ -24,7 +26,7 @@ expect() {
       grep -aqE -- "$p" <<<"$out" || { echo "FAIL $name: output lacks /$p/"; ok=0; }
     fi
   done
-  if [ $ok -eq 1 ]; then passes=$((passes + 1)); echo "ok   $name"; else failures=$((failures + 1)); echo "$out" | sed 's/^/     | /'; fi
+  if [ $ok -eq 1 ]; then passes=$((passes + 1)); echo "ok   $name (${took} s)"; else failures=$((failures + 1)); echo "$out" | sed 's/^/     | /'; fi
 }
 
 expect "validate the examples" 0 \
