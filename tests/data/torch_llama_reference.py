@@ -271,13 +271,13 @@ def init(args):
         config.update({"num_local_experts": E, "num_experts_per_tok": K, "intermediate_size": MI,
                        "router_jitter_noise": 0.0, "sliding_window": None, "output_router_logits": False,
                        "router_aux_loss_coef": 0.02})
-    if moe and args.aux is not None:  # the load-balancing loss on
-        config.update({"output_router_logits": True, "router_aux_loss_coef": args.aux})
     if args.family == "qwen3_moe":  # Qwen3-30B-A3B's keys; intermediate_size (the dense width) unused
         del config["layer_types"]
         config.update({"num_experts": E, "num_experts_per_tok": K, "moe_intermediate_size": MI,
                        "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
                        "sliding_window": None, "output_router_logits": False, "router_aux_loss_coef": 0.001})
+    if moe and args.aux is not None:  # the load-balancing loss on, over either family's defaults above
+        config.update({"output_router_logits": True, "router_aux_loss_coef": args.aux})
 
     def normal(*shape, scale=0.08):
         return torch.randn(*shape, generator=g) * scale

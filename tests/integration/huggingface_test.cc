@@ -5,8 +5,10 @@
 // trains as the unpadded engine does, and its files keep the user's shapes. The Llama
 // class's model directories (config.json and sharded safetensors, written by the PyTorch
 // reference tests/data/torch_llama_reference.py): in, trained, exported with the CLI and
-// read back bit for bit; and every kind of bad directory named before anything trains.
-// MESHTRAIN_CLI is the `meshtrain` binary (its export command).
+// read back bit for bit; and every kind of bad directory named before anything trains. A
+// mixture of experts' checkpoint of two expert-parallel ranks exports as one rank's weights.
+// MESHTRAIN_CLI is the `meshtrain` binary (its run and export commands), MESHTRAIN_WORKER
+// the ranks `meshtrain run` starts.
 
 #include <unistd.h>
 
@@ -20,7 +22,9 @@
 #include <numeric>
 #include <optional>
 #include <functional>
+#include <iterator>
 #include <set>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -296,10 +300,10 @@ fs::path ReferenceModel(const fs::path& dir, const std::string& family, const st
   return dir;
 }
 
-// A job whose shape comes from `model`'s config.json (as a worker reads it), or the
-// errors of checking it.
-api::CheckedJob LlamaJob(const fs::path& model, const fs::path& tokens, const std::string& checkpoints = "",
-                         const nlohmann::json& model_fields = nlohmann::json::object()) {
+// The manifest of a job of one rank whose shape comes from `model`'s config.json: 3 steps
+// of 2 sequences of 32 tokens, a checkpoint of the last under `checkpoints` if not empty.
+nlohmann::json LlamaManifest(const fs::path& model, const fs::path& tokens, const std::string& checkpoints = "",
+                             const nlohmann::json& model_fields = nlohmann::json::object()) {
   nlohmann::json manifest = {
       {"apiVersion", "meshtrain.dev/v1alpha1"},
       {"kind", "TrainingJob"},
@@ -313,7 +317,21 @@ api::CheckedJob LlamaJob(const fs::path& model, const fs::path& tokens, const st
           {"evalInterval", 0}}}}}};
   for (const auto& [key, value] : model_fields.items()) manifest["spec"]["model"][key] = value;
   if (!checkpoints.empty()) manifest["spec"]["checkpoint"] = {{"path", checkpoints}, {"interval", 3}};
-  return api::CheckTrainingJob(manifest, "test", 0, api::ModelDirectory::kRequired);
+  return manifest;
+}
+
+// LlamaManifest's job, its shape from `model`'s config.json (as a worker reads it), or the
+// errors of checking it.
+api::CheckedJob LlamaJob(const fs::path& model, const fs::path& tokens, const std::string& checkpoints = "",
+                         const nlohmann::json& model_fields = nlohmann::json::object()) {
+  return api::CheckTrainingJob(LlamaManifest(model, tokens, checkpoints, model_fields), "test", 0,
+                               api::ModelDirectory::kRequired);
+}
+
+// A file's bytes.
+std::string Bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 // In, trained, out and in again: a directory of bf16 weights over three shards (Llama,
@@ -671,6 +689,110 @@ TEST_F(HuggingFaceTest, AMixtureOfExpertsDirectoryTrainsExportsAndLoadsBackBitFo
   EXPECT_NE(fused.find("tensor model.layers.0.mlp.experts.gate_up_proj is not part of a Qwen3-MoE of this shape"),
             std::string::npos)
       << fused;
+}
+
+// A checkpoint written under expert parallelism 2 (`meshtrain run` of two ranks, each
+// holding 2 of the 4 experts of every block, the rest sharded over both) exports, through
+// `meshtrain export`, as the per-expert tensors of published checkpoints (Mixtral's
+// block_sparse_moe.experts.{e}.w1, w3 and w2, Qwen3-MoE's mlp.experts.{e}.gate_proj,
+// up_proj and down_proj, every expert of every block), and file for file byte for byte as
+// the export of the same weights from one rank: those a single-rank run resumed from the
+// checkpoint holds.
+TEST_F(HuggingFaceTest, AnExpertParallelCheckpointExportsAsOneRanksWeightsDo) {
+  std::vector<uint32_t> tokens(4000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t((i * 37 + i / 7) % 256);
+  WriteTokenFile((dir_ / "bytes.bin").string(), tokens);
+  for (const std::string family : {"mixtral", "qwen3_moe"}) {
+    SCOPED_TRACE(family);
+    const bool mixtral = family == "mixtral";
+    const fs::path model = ReferenceModel(dir_ / (family + "-in"), family, "");
+    const fs::path checkpoints = dir_ / (family + "-ep2-checkpoints");
+    nlohmann::json manifest = LlamaManifest(model, dir_ / "bytes.bin", checkpoints.string());
+    manifest["metadata"]["name"] = mixtral ? "ep2-mixtral" : "ep2-qwen3-moe";
+    manifest["spec"]["gpusPerNode"] = 2;
+    manifest["spec"]["parallelism"] = {{"expertParallelDegree", 2}};
+    manifest["spec"]["training"]["globalBatchTokens"] = 2 * 2 * 32;  // each rank's 2 sequences a step
+    const api::CheckedJob ep2 = api::CheckTrainingJob(manifest, "test", 0, api::ModelDirectory::kRequired);
+    ASSERT_TRUE(ep2.ok()) << ep2.errors.front().ToString();
+    const fs::path job = dir_ / (family + "-ep2.json"), log = dir_ / (family + "-ep2.log");
+    std::ofstream(job) << manifest.dump(2);
+    const std::string run = std::string("MESHTRAIN_WORKER=") + MESHTRAIN_WORKER + " " + MESHTRAIN_CLI + " run " +
+                            job.string() + " --sample-tokens 0 > " + log.string() + " 2>&1";
+    ASSERT_EQ(std::system(run.c_str()), 0) << run << "\n" << Bytes(log);
+    const fs::path step = checkpoints / "step-00000003";
+    const nlohmann::json meta = nlohmann::json::parse(std::ifstream(step / "metadata.json"));
+    ASSERT_EQ(meta.at("layout").value("expert", 1), 2) << "written under EP 2: " << meta.at("layout").dump();
+    ASSERT_EQ(meta.at("files").size(), 2u);
+    EXPECT_NE(meta.at("files")[0].at("expert"), meta.at("files")[1].at("expert")) << "one file per expert rank";
+
+    const fs::path from_ep2 = dir_ / (family + "-ep2-out"), from_one = dir_ / (family + "-one-out");
+    const std::string export_command = std::string(MESHTRAIN_CLI) + " export " + step.string() + " " +
+                                       from_ep2.string() + " --max-shard-size 50KB > " + log.string() + " 2>&1";
+    ASSERT_EQ(std::system(export_command.c_str()), 0) << export_command << "\n" << Bytes(log);
+
+    // One rank resumed from the checkpoint holds its weights; exported as the CLI exports
+    // (F32, shards of at most 50 KB), straight from them.
+    const api::CheckedJob single = LlamaJob(model, dir_ / "bytes.bin", checkpoints.string());
+    ASSERT_TRUE(single.ok()) << single.errors.front().ToString();
+    const api::ModelShape shape = api::ShapeOf(single.job.spec.model);
+    ASSERT_EQ(shape.experts, 4);
+    Trainer one(single.job);
+    ASSERT_EQ(one.resumed_from(), std::optional<int64_t>(3));
+    const std::vector<float> weights = one.Weights();
+    EXPECT_NE(weights, LoadHuggingFace(model.string(), shape)) << "the ranks trained";
+    ExportHuggingFace(from_one.string(), shape, {Dtype::kF32, 50'000, ""},
+                      [&](int, int64_t first, int64_t count, float* values) {
+                        std::copy(weights.begin() + first, weights.begin() + first + count, values);
+                      });
+
+    std::set<std::string> files_ep2, files_one;
+    for (const auto& entry : fs::directory_iterator(from_ep2)) files_ep2.insert(entry.path().filename().string());
+    for (const auto& entry : fs::directory_iterator(from_one)) files_one.insert(entry.path().filename().string());
+    EXPECT_EQ(files_ep2, files_one);
+    EXPECT_GT(files_ep2.size(), 3u) << "config.json, the index and several shards";
+    for (const std::string& file : files_one) {
+      if (files_ep2.contains(file)) {
+        EXPECT_EQ(Bytes(from_ep2 / file), Bytes(from_one / file)) << file;
+      }
+    }
+
+    // Every expert of every block, by its published names, each expert rank's its own.
+    const nlohmann::json index = nlohmann::json::parse(std::ifstream(from_ep2 / "model.safetensors.index.json"));
+    std::map<std::string, Tensor> tensors;
+    for (const std::string& file : files_ep2) {
+      if (file.ends_with(".safetensors")) tensors.merge(ReadSafetensors((from_ep2 / file).string()));
+    }
+    EXPECT_EQ(index.at("weight_map").size(), tensors.size());
+    const std::string sparse = mixtral ? "block_sparse_moe." : "mlp.";
+    const std::vector<std::string> matrices = mixtral ? std::vector<std::string>{"w1", "w3", "w2"}
+                                                      : std::vector<std::string>{"gate_proj", "up_proj", "down_proj"};
+    int expert_tensors = 0;
+    for (const auto& [name, t] : tensors) expert_tensors += name.find(".experts.") != std::string::npos;
+    EXPECT_EQ(expert_tensors, 2 * 4 * 3) << "2 blocks of 4 experts of 3 matrices";
+    for (int l = 0; l < 2; ++l) {
+      for (int e = 0; e < 4; ++e) {
+        for (size_t m = 0; m < matrices.size(); ++m) {
+          const std::string name = "model.layers." + std::to_string(l) + "." + sparse + "experts." + std::to_string(e) +
+                                   "." + matrices[m] + ".weight";
+          ASSERT_TRUE(tensors.contains(name)) << name;
+          EXPECT_EQ(tensors.at(name).shape, m == 2 ? (std::vector<int64_t>{40, 28}) : (std::vector<int64_t>{28, 40}))
+              << name;
+        }
+      }
+      // Each expert its own values: no expert rank's written in place of the other's.
+      const std::string a = "model.layers." + std::to_string(l) + "." + sparse + "experts.";
+      for (int e = 0; e < 4; ++e) {
+        for (int f = e + 1; f < 4; ++f) {
+          for (const std::string& m : matrices) {
+            EXPECT_NE(tensors.at(a + std::to_string(e) + "." + m + ".weight").values,
+                      tensors.at(a + std::to_string(f) + "." + m + ".weight").values)
+                << "block " << l << ", experts " << e << " and " << f << ", " << m;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(LoadHuggingFace(from_ep2.string(), shape), weights);
+  }
 }
 
 }  // namespace

@@ -18,6 +18,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -105,17 +107,26 @@ class TorchParity : public ::testing::Test {
             {"epsilon", 1e-8}, {"steps", steps}};
   }
 
-  void Check(const std::string& family, const std::string& init_flags) {
+  // `aux`: a mixture's load-balancing loss on, of this coefficient, by init's --aux (which
+  // writes output_router_logits true and router_aux_loss_coef into config.json): the job
+  // takes the coefficient from there, and every step reports the loss it added.
+  void Check(const std::string& family, const std::string& init_flags, std::optional<double> aux = std::nullopt) {
     const fs::path model = dir_ / (family + "-model"), exported = dir_ / (family + "-exported");
-    Python("init " + model.string() + " --family " + family + " " + init_flags);
+    Python("init " + model.string() + " --family " + family + " " + init_flags +
+           (aux ? " --aux " + Json(*aux).dump() : ""));
     const api::TrainingJob job = Job(model);
     const api::ModelShape shape = api::ShapeOf(job.spec.model);
     EXPECT_EQ(shape.family, family) << "config.json gave the family";
+    EXPECT_EQ(job.spec.training.router_aux_loss_coef, aux) << family << ": the load-balancing loss by config.json";
     std::ofstream(dir_ / "batches.json") << Batches(job).dump();
 
     Trainer trainer(job);
-    std::vector<double> losses;
-    trainer.Run([&](const StepReport& r) { losses.push_back(r.loss); });
+    std::vector<double> losses, aux_losses;
+    trainer.Run([&](const StepReport& r) {
+      losses.push_back(r.loss);
+      if (r.aux_loss) aux_losses.push_back(*r.aux_loss);
+    });
+    EXPECT_EQ(aux_losses.size(), aux ? losses.size() : 0u) << family << ": a load-balancing loss each step, or none";
     const std::vector<float> weights = trainer.Weights();
     ExportHuggingFace(exported.string(), shape, {Dtype::kF32, uint64_t(1) << 16, ""},
                       [&](int, int64_t first, int64_t count, float* values) {
@@ -139,6 +150,10 @@ class TorchParity : public ::testing::Test {
                 "exported weights off by %.2e of the distance training moved them\n",
                 family.c_str(), api::DescribeShape(shape).c_str(), kSteps, losses.front(), losses.back(),
                 double(result.at("losses").front()), double(result.at("losses").back()), worst, ratio);
+    if (!aux_losses.empty()) {
+      std::printf("%s: load-balancing loss %.4f -> %.4f, x %g added to each step's loss\n", family.c_str(),
+                  aux_losses.front(), aux_losses.back(), *aux);
+    }
     EXPECT_LT(ratio, 4e-4) << family;
     EXPECT_LT(losses.back(), losses.front() - 0.5) << family << ": the model learns";
   }
@@ -169,8 +184,28 @@ TEST_F(TorchParity, Qwen3MoeTrainsAsPyTorchDoes) { Check("qwen3_moe", "--shards 
 
 // The load-balancing loss: config.json's output_router_logits true with router_aux_loss_coef
 // 0.5 turns it on, and each micro-batch's loss is the cross-entropy plus 0.5 x
-// load_balancing_loss_func of every block's router logits, as transformers 4.x adds it.
-TEST_F(TorchParity, MixtralLoadBalancingLossTrainsAsPyTorchDoes) { Check("mixtral", "--aux 0.5"); }
+// load_balancing_loss_func of every block's router logits, as transformers 4.x adds it (one
+// softmax over every block's logits concatenated, the top k, E x the sum over experts of
+// the share of the k choices x the mean probability). Mixtral, whose top k are
+// renormalised, in fp32 in one file; Qwen3-MoE, whose are not (the loss reads the softmax
+// either way), with q_norm and k_norm, over two shards.
+struct LoadBalancingCase {
+  const char* family;
+  const char* init_flags;
+};
+
+// The case as gtest (and so ctest's test name) shows it.
+void PrintTo(const LoadBalancingCase& c, std::ostream* out) { *out << c.family; }
+
+class TorchParityLoadBalancing : public TorchParity, public ::testing::WithParamInterface<LoadBalancingCase> {};
+
+TEST_P(TorchParityLoadBalancing, TrainsAsPyTorchDoes) { Check(GetParam().family, GetParam().init_flags, 0.5); }
+
+INSTANTIATE_TEST_SUITE_P(MixturesOfExperts, TorchParityLoadBalancing,
+                         ::testing::Values(LoadBalancingCase{"mixtral", ""}, LoadBalancingCase{"qwen3_moe", "--shards 2"}),
+                         [](const ::testing::TestParamInfo<LoadBalancingCase>& test) {
+                           return std::string(test.param.family);
+                         });
 
 }  // namespace
 }  // namespace meshtrain::train
