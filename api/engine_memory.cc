@@ -106,28 +106,33 @@ ActivationBytes ActivationStoreBytes(const ModelShape& s, int batch, int seq, co
 
 int64_t Float8ScaleWidth(int batch, int seq, const ModelShape& s, int tp, bool rowwise) {
   if (!rowwise) return 1;
-  const int64_t q = s.QueryWidth() / tp, kv = s.KvWidth() / tp, mlp = s.Intermediate() / tp;
-  return std::max({int64_t(batch) * seq, s.hidden, q + 2 * kv, 2 * mlp});
+  int64_t width = int64_t(batch) * seq;
+  for (const Float8Product& p : Float8LinearProducts(batch, seq, s, tp)) width = std::max({width, p.m, p.k});
+  return width;
 }
 
 int64_t Float8ScratchElements(int batch, int seq, const ModelShape& s, int tp, bool rowwise) {
   return (int64_t(tp) + 2) * 2 * Float8ScaleWidth(batch, seq, s, tp, rowwise);
 }
 
-std::vector<Float8Product> Float8LinearProducts(int batch, int seq, const ModelShape& shape, int tp) {
-  const ModelShape s = shape.Resolved();
-  std::vector<BlockProduct> layers = BlockProducts(s);
-  // A mixture's block casts its attention's two products only (BlockFloat8FlopsPerToken).
-  if (s.experts > 0) layers.resize(std::min<size_t>(layers.size(), 2));
+std::vector<Float8Product> Float8LinearProducts(int batch, int seq, const ModelShape& shape, int tp,
+                                                const Float8Run& run) {
   const int64_t N = int64_t(batch) * seq;
   std::vector<Float8Product> products;
-  for (size_t i = 0; i < layers.size(); ++i) {
-    // The layers alternate column-parallel (qkv, fc, gate and up: the output split) and
-    // row-parallel (the projections back to hidden: the input split).
-    const int64_t K = i % 2 == 0 ? layers[i].k : layers[i].k / tp, OC = i % 2 == 0 ? layers[i].n / tp : layers[i].n;
-    products.push_back({OC, N, K});
-    products.push_back({K, N, OC});
-    products.push_back({K, OC, N});
+  for (const BlockProduct& l : BlockProducts(shape)) {
+    if (!l.float8) continue;
+    const bool row_parallel = l.split == TpSplit::kColumns;
+    const int64_t K = row_parallel ? l.k / tp : l.k, OC = row_parallel ? l.n : l.n / tp;
+    // As worker/model's blocks call LinearForward and LinearBackward: a row-parallel
+    // layer's bias on TP rank 0 (the all-reduce after it adds it once); the residual stream
+    // on one TP rank, where no all-reduce comes between the projection and it (dropout
+    // comes between in training, but evaluation, which every run ends with, drops nothing).
+    const LinearEpilogue& e = l.epilogue;
+    const bool bias = e.bias && (!row_parallel || run.tp_rank == 0);
+    const bool residual = e.residual && tp == 1;
+    products.push_back({OC, N, K, Float8KeepsSums(run.rowwise, bias || residual || e.gelu)});
+    products.push_back({K, N, OC, Float8KeepsSums(run.rowwise, e.gelu_input)});
+    products.push_back({K, OC, N, Float8KeepsSums(run.rowwise, false)});
   }
   return products;
 }
@@ -139,6 +144,14 @@ int64_t Float8ProductBytes(const Float8Product& p, bool with_sums) {
   auto up = [](int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; };
   const int64_t sums = with_sums ? up(Float8SumRows(p.m, p.n) * p.m * 4) : 0;
   return up(p.m * p.k) + up(p.n * p.k) + kAlign + sums + kAlign;
+}
+
+int64_t Float8KernelScratchBytes(int batch, int seq, const ModelShape& shape, int tp, const Float8Run& run) {
+  int64_t bytes = 0;
+  for (const Float8Product& p : Float8LinearProducts(batch, seq, shape, tp, run)) {
+    bytes = std::max(bytes, Float8ProductBytes(p, p.sums));
+  }
+  return bytes;
 }
 
 std::vector<Buffer> StepBuffers(int batch, int seq, const ModelShape& s, const EngineTypes& t) {

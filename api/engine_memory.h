@@ -131,21 +131,39 @@ inline constexpr int64_t kShardSegmentBytes = 24;
 // scales, (tp + 2) x 2 x Float8ScaleWidth floats.
 int64_t Float8ScratchElements(int batch, int seq, const ModelShape& shape, int tp, bool rowwise);
 // The most scales one operand of a block's linear layer takes: 1 for a tensor's scale;
-// rowwise, the largest of the rows and this TP rank's widths of the layers.
+// rowwise, the largest of the rows and this TP rank's K and OC of the float8 layers
+// (BlockProduct::float8).
 int64_t Float8ScaleWidth(int batch, int seq, const ModelShape& shape, int tp, bool rowwise);
 
-// A float8 product D (m,n) = A^T B over k, as a GPU's kernel table runs it.
+// A float8 product D (m,n) = A^T B over k, as a GPU's kernel table runs it; `sums`: through
+// fp32 sums (Float8KeepsSums).
 struct Float8Product {
   int64_t m = 0, n = 0, k = 0;
+  bool sums = false;
 };
-// The float8 products of one block's linear layers on a TP rank of tp, for micro-batches of
-// batch x seq rows (N): each layer's forward (OC, N, K), input gradient (K, N, OC) and weight
-// gradient (K, OC, N), with K and OC its TP slice (the layers of api::BlockProducts that
-// float8 casts: not a mixture's router or experts).
-std::vector<Float8Product> Float8LinearProducts(int batch, int seq, const ModelShape& shape, int tp);
-// The fp32 sums a float8 product keeps at once when its epilogue or its rowwise scales
-// need them: rows of m floats, at most kFloat8SumBytes of them, in multiples of 16 rows,
-// at least 16 and at most n.
+// How a float8 run multiplies: its recipe's scaling (kernels::Float8Recipe), and the TP
+// rank, which sets whether a row-parallel layer's products take its bias (LinearEpilogue).
+// The default: tensorwise, on TP rank 0.
+struct Float8Run {
+  bool rowwise = false;
+  int tp_rank = 0;
+};
+// Whether a GPU table runs a float8 product through fp32 sums, Float8SumRows of its rows
+// at a time, rather than straight into its output: a rowwise product always (its scales
+// apply to the sums); a tensorwise one where its `epilogue` works on the product (the
+// forward's bias, residual or GELU; the input gradient's GELU backward). A tensorwise
+// weight gradient has none: it accumulates straight into fp32.
+inline bool Float8KeepsSums(bool rowwise, bool epilogue) { return rowwise || epilogue; }
+// The float8 products of one block's linear layers (BlockProduct::float8) on TP rank
+// run.tp_rank of tp, for micro-batches of batch x seq rows (N): each layer's forward
+// (OC, N, K), input gradient (K, N, OC) and weight gradient (K, OC, N), with K and OC its
+// TP slice (a column-parallel layer's OC, a row-parallel one's K), each with the sums its
+// epilogue and run.rowwise make the table keep.
+std::vector<Float8Product> Float8LinearProducts(int batch, int seq, const ModelShape& shape, int tp,
+                                                const Float8Run& run = {});
+// The fp32 sums a float8 product keeps at once when it keeps them (Float8KeepsSums): rows
+// of m floats, at most kFloat8SumBytes of them, in multiples of 16 rows, at least 16 and
+// at most n.
 inline constexpr int64_t kFloat8SumBytes = int64_t{64} << 20;
 int64_t Float8SumRows(int64_t m, int64_t n);
 // The bytes of a GPU table's float8 scratch for one product: both operands' codes (m x k
@@ -153,6 +171,10 @@ int64_t Float8SumRows(int64_t m, int64_t n);
 // aligned to 256 bytes, and room to align the start. The table holds one scratch, as large
 // as the largest product it has run.
 int64_t Float8ProductBytes(const Float8Product& p, bool with_sums);
+// The bytes of a GPU table's float8 scratch once it has run every product of a run's
+// steps and evaluations: the largest Float8ProductBytes of Float8LinearProducts, each
+// with its own sums.
+int64_t Float8KernelScratchBytes(int batch, int seq, const ModelShape& shape, int tp, const Float8Run& run);
 
 std::vector<Buffer> StepBuffers(int batch, int seq, const ModelShape& shape, const EngineTypes& types);
 int64_t StepBufferBytes(int batch, int seq, const ModelShape& shape, const EngineTypes& types);

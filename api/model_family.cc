@@ -25,9 +25,6 @@ bool IgnoredOnImport(const ModelShape& shape, std::string_view hf_name) {
 bool TensorParallelDivides(const ModelShape& shape, int64_t tp) {
   const ModelShape s = shape.Resolved();
   if (tp < 1) return false;
-  // The planner keeps a mixture of experts on one TP rank: its step model does not count
-  // the routing and all-to-alls each TP rank repeats (the engine takes TP; validation.cc).
-  if (s.experts > 0 && tp > 1) return false;
   for (const auto& [n, what] : s.Family().TensorParallelSplits(s)) {
     if (n % tp != 0) return false;
   }
@@ -97,14 +94,9 @@ double BlockForwardFlopsPerToken(const ModelShape& shape, int64_t seq, int tp_si
 }
 
 double BlockFloat8FlopsPerToken(const ModelShape& shape, int tp_size) {
-  const ModelShape s = shape.Resolved();
   double weights = 0;
-  for (const TensorInfo& t : TensorsOf(s).block) {
-    const bool cast = t.kind == Param::kQkvW || t.kind == Param::kAttProjW || t.kind == Param::kFcW ||
-                      t.kind == Param::kFcProjW || t.kind == Param::kWq || t.kind == Param::kWk ||
-                      t.kind == Param::kWv || t.kind == Param::kWo || t.kind == Param::kWGate ||
-                      t.kind == Param::kWUp || t.kind == Param::kWDown;
-    if (t.shape.size() == 2 && cast) weights += double(t.shape[0]) * double(t.shape[1]);
+  for (const BlockProduct& p : BlockProducts(shape)) {
+    if (p.float8) weights += double(p.k) * double(p.n);
   }
   return 2 * weights / tp_size;
 }

@@ -113,8 +113,8 @@ struct EngineTypes {
   int experts = 1;
   // Float8 training (spec.training.precision fp8): the floats of its amaxes and scales in
   // the step buffer (Float8ScratchElements), and the bytes the kernel table keeps for its
-  // largest float8 product (on a GPU, Float8ProductBytes over Float8LinearProducts; 0 on
-  // the CPU); 0 without.
+  // largest float8 product (on a GPU, Float8KernelScratchBytes: Float8ProductBytes over
+  // Float8LinearProducts, each with its own sums; 0 on the CPU); 0 without.
   int64_t float8_scales = 0;
   int64_t float8_product_bytes = 0;
 };
@@ -182,10 +182,30 @@ std::vector<Buffer> HeadBuffers(int batch, int seq, const ModelShape& shape, int
 // columns: B x T x V logits never exist, a chunk of at most 2^27 does.
 int64_t HeadChunkRows(int64_t rows, int64_t padded_vocab);
 
+// What a block's linear layer asks of its products beyond D = A^T B (the model's
+// LinearForward and LinearBackward, worker/model/layers.h): its forward adds a bias (a
+// row-parallel layer's on TP rank 0 only), adds the residual stream (a projection into it,
+// where one TP rank and no dropout leave nothing between the two), or writes GELU of its
+// output beside it (GPT-2's fc); its input gradient applies GELU's backward (its input is
+// that GELU: GPT-2's fc projection).
+struct LinearEpilogue {
+  bool bias = false, residual = false, gelu = false, gelu_input = false;
+};
+
 // A product of a block's forward as the engine runs it: (tokens x k) by (k x n), q, k and
-// v as one product, gate and up as one.
+// v as one product, gate and up as one, a mixture's experts as the k a token meets.
+// `weight`: its weight's tensor kind (q's for q, k and v; gate's for gate and up).
+// `split`: how tensor parallelism splits it: kRows, column-parallel, n in T slices (heads,
+// MLP units); kColumns, row-parallel, k in T slices (the projections back to hidden);
+// kReplicated, whole on every rank (a router). `float8`: float8 training (docs/design.md,
+// "Float8") multiplies it in float8: a block's linear layers, not a mixture's router or
+// experts; `epilogue` is what its float8 products add (Float8LinearProducts).
 struct BlockProduct {
   int64_t k = 0, n = 0;
+  Param weight = Param::kQkvW;
+  TpSplit split = TpSplit::kReplicated;
+  bool float8 = false;
+  LinearEpilogue epilogue{};
 };
 std::vector<BlockProduct> BlockProducts(const ModelShape& shape);
 
@@ -194,7 +214,7 @@ std::vector<BlockProduct> BlockProducts(const ModelShape& shape);
 // attention's two products (counted whole, as llm.c counts them).
 double BlockForwardFlopsPerToken(const ModelShape& shape, int64_t seq, int tp_size);
 // The part of it that float8 training multiplies in float8 (docs/design.md, "Float8"): 2
-// per weight of the block's linear layers, not a mixture's routers or experts.
+// per weight of the block's products that are BlockProduct::float8.
 double BlockFloat8FlopsPerToken(const ModelShape& shape, int tp_size);
 
 
@@ -312,8 +332,8 @@ class ModelFamily {
 };
 
 // Whether `tp` divides every size that tensor parallelism splits in equal slices
-// (ModelFamily::TensorParallelSplits: heads, key/value heads, the MLP's width); false
-// for tp > 1 on a mixture of experts, whose layers are built for one TP rank only.
+// (ModelFamily::TensorParallelSplits: heads, key/value heads, the MLP's width, for a
+// mixture of experts the experts' width), as the engine's ParameterLayout requires.
 bool TensorParallelDivides(const ModelShape& shape, int64_t tp);
 
 // The family called `name` (spec.model.family), or of config.json's `architecture`; null

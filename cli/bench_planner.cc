@@ -129,8 +129,8 @@ int MemoryCheck(const BenchPlanOptions& o, const std::vector<std::string>& self_
   // activation policies keep the check within minutes.
   if (cuda) layouts = {{1, 1, 4, keep}, {1, 4, 4, keep}, {2, 2, 4, keep}, {4, 1, 4, offload1},
                        {1, 4, 4, checkpoint}, {2, 2, 4, offload2}};
-  // A TP degree the model cannot take (one that does not divide its key/value heads, or
-  // any but 1 for a mixture of experts).
+  // A TP degree the model cannot take (one that does not divide its heads, key/value heads
+  // or MLP width: a mixture's experts' width).
   std::erase_if(layouts, [&](const LayoutChoice& c) { return !api::TensorParallelDivides(*shape, c.tp); });
   // A mixture of experts: its experts split over EP ranks of the shard group, each policy
   // and S = 2 and 4 at least once, where the experts allow (EP divides them).

@@ -226,9 +226,14 @@ class Gpt2Family final : public ModelFamily {
   bool NormKeepsMean() const override { return true; }
   std::vector<Buffer> FamilyBuffers(int, const ModelShape&, const EngineTypes&) const override { return {}; }
 
+  // qkv, the attention's projection, fc and the fc projection: every one with a bias, the
+  // projections into the residual stream, fc's GELU (worker/model/gpt2.cc).
   std::vector<BlockProduct> BlockProducts(const ModelShape& s) const override {
     const int64_t C = s.hidden, I = s.intermediate;
-    return {{C, 3 * C}, {C, C}, {C, I}, {I, C}};
+    return {{C, 3 * C, Param::kQkvW, TpSplit::kRows, true, {.bias = true}},
+            {C, C, Param::kAttProjW, TpSplit::kColumns, true, {.bias = true, .residual = true}},
+            {C, I, Param::kFcW, TpSplit::kRows, true, {.bias = true, .gelu = true}},
+            {I, C, Param::kFcProjW, TpSplit::kColumns, true, {.bias = true, .residual = true, .gelu_input = true}}};
   }
 };
 

@@ -306,9 +306,14 @@ std::vector<Buffer> LlamaFamily::FamilyBuffers(int seq, const ModelShape& s, con
   return {{"rope", 2 * int64_t(seq) * (s.HeadDim() / 2), t.acc_bytes}};  // cos, then sin
 }
 
+// q, k and v (with Qwen2's biases); o and down into the residual stream
+// (worker/model/llama.cc).
 std::vector<BlockProduct> LlamaFamily::BlockProducts(const ModelShape& s) const {
   const int64_t C = s.hidden, Q = s.QueryWidth(), KV = s.KvWidth(), I = s.intermediate;
-  return {{C, Q + 2 * KV}, {Q, C}, {C, 2 * I}, {I, C}};
+  return {{C, Q + 2 * KV, Param::kWq, TpSplit::kRows, true, {.bias = v_.qkv_bias}},
+          {Q, C, Param::kWo, TpSplit::kColumns, true, {.residual = true}},
+          {C, 2 * I, Param::kWGate, TpSplit::kRows, true, {}},
+          {I, C, Param::kWDown, TpSplit::kColumns, true, {.residual = true}}};
 }
 
 const ModelFamily& Llama() {

@@ -321,11 +321,17 @@ class MoeFamily final : public LlamaFamily {
     return b;
   }
 
-  // Per token: q, k and v; o; the router; and its k experts' gate and up, and down.
+  // Per token: the Llama class's q, k and v, and o; the router; and its k experts' gate and
+  // up, and down. Float8 casts the attention's only.
   std::vector<BlockProduct> BlockProducts(const ModelShape& s) const override {
-    const int64_t C = s.hidden, Q = s.QueryWidth(), KV = s.KvWidth(), I = s.moe_intermediate,
-                  K = s.experts_per_token;
-    return {{C, Q + 2 * KV}, {Q, C}, {C, s.experts}, {C, 2 * I * K}, {I * K, C}};
+    const int64_t C = s.hidden, I = s.moe_intermediate, K = s.experts_per_token;
+    std::vector<BlockProduct> products = LlamaFamily::BlockProducts(s);
+    std::erase_if(products,
+                  [](const BlockProduct& p) { return p.weight == Param::kWGate || p.weight == Param::kWDown; });
+    products.insert(products.end(), {{C, s.experts, Param::kRouter, TpSplit::kReplicated, false, {}},
+                                     {C, 2 * I * K, Param::kExpertGate, TpSplit::kRows, false, {}},
+                                     {I * K, C, Param::kExpertDown, TpSplit::kColumns, false, {}}});
+    return products;
   }
 
  protected:

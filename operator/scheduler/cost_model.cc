@@ -196,13 +196,15 @@ StepCost EstimateStepCost(const api::TrainingJobSpec& spec, const std::vector<st
   const api::ModelShape shape = api::ShapeOf(spec.model);
   const api::Pipeline pipeline = api::Pipeline::Of(spec.parallelism);
   // The stage that holds the most: its blocks, the embedding's unit on the first (and for a
-  // tied head the last), the head's on the last. With EP > 1 a block holds E/EP experts, and
-  // its units go over the expert-shard group rather than the shard group.
+  // tied head the last), the head's on the last; for a mixture of experts counted by unit
+  // (a TP rank's slice of each expert, the router whole). With EP > 1 a block holds E/EP
+  // experts, and its units go over the expert-shard group rather than the shard group.
   const int EP = shape.experts > 0 ? mesh.expert() : 1;
   const api::UnitElements units = api::UnitElementsOf(shape, 0, mesh.tp(), api::kVocabMultiple, EP);
   const std::vector<int> first = api::SplitBlocks(shape, shape.seq_len, pipeline.chunks());
   double params_per_tp_rank = 0, block_params = 0, blocks_held = double(shape.layers);
-  for (int p = 0; p < pipeline.stages && (pipeline.stages > 1 || EP > 1); ++p) {
+  const bool by_unit = pipeline.stages > 1 || shape.experts > 0;
+  for (int p = 0; p < pipeline.stages && by_unit; ++p) {
     const bool last = p == pipeline.stages - 1;
     const double edge =
         (p == 0 || (last && shape.tied) ? double(units.embedding) : 0) + (last ? double(units.head) : 0);
@@ -214,7 +216,7 @@ StepCost EstimateStepCost(const api::TrainingJobSpec& spec, const std::vector<st
       blocks_held = blocks;
     }
   }
-  if (pipeline.stages == 1 && EP == 1) params_per_tp_rank = double(shape.ParameterCount()) / mesh.tp();
+  if (!by_unit) params_per_tp_rank = double(shape.ParameterCount()) / mesh.tp();
   const double param_bytes = spec.training.precision == "fp32" ? 4 : 2;
   const double micro_steps = double(api::AccumulationSteps(spec));
   // A rank's rows of each sequence: seq / C.
@@ -236,6 +238,12 @@ StepCost EstimateStepCost(const api::TrainingJobSpec& spec, const std::vector<st
         {Collective::kReduceScatter, 4 * params_per_tp_rank, micro_steps}}},
       {api::Axis::kReplica, {{Collective::kAllReduce, 4 * params_per_tp_rank / mesh.shard(), 1}}},
   };
+  if (shape.experts > 0) {  // each MoE block's backward: its routing weights' gradients over the TP group
+    const double tokens = double(spec.training.micro_batch_size * shape.seq_len / mesh.context());
+    traffic[api::Axis::kTensor].push_back({Collective::kAllGather,
+                                           tokens * double(shape.experts_per_token) * 4 * mesh.tp(),
+                                           micro_steps * double(shape.layers)});
+  }
   if (EP > 1) {  // the blocks' shards, of S x C / EP ranks each
     traffic[api::Axis::kReplica].push_back({Collective::kAllReduce, 4 * block_params / (mesh.shard() / EP), 1});
   }

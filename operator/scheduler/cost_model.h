@@ -13,7 +13,10 @@
 // Per step, with P parameters, A accumulation steps and bf16 parameters:
 //   shard:   A x (2 all-gathers of 2P/T bytes [forward, backward] + 1 reduce-scatter of 4P/T bytes)
 //   replica: 1 all-reduce of 4P/(T*S) bytes (the fp32 shard gradients)
-//   tp:      A x 4 x layers all-reduces of microBatch x seqLen x hidden x 2 bytes (2 forward, 2 backward)
+//   tp:      A x 4 x layers all-reduces of microBatch x seqLen x hidden x 2 bytes (2 forward, 2 backward);
+//            for a mixture of experts, whose experts T splits as the dense MLP and whose
+//            router it keeps whole, also A x layers all-gathers of the routing weights'
+//            gradients, microBatch x seqLen x k x 4 bytes from each TP rank
 // With C context ranks (contextParallelDegree) a rank holds seq / C rows: the TP messages
 // above fall by C, the shard group is S x C, and
 //   context: A x layers exchanges across the C group's ranks, each of steps moving 1/C of
@@ -27,7 +30,9 @@
 //   expert:  A x layers x 4 all-to-alls (2 forward, 2 backward) of microBatch x seqLen / C x
 //            k x hidden x 2 bytes over the EP group, (EP - 1)/EP of them leaving each rank
 //            (ExpertTrafficOf): NVLink where the group sits in a node (EP x T <= GPUs per
-//            node, the group being EP consecutive shard ranks of T ranks each), else the network
+//            node, the group being EP consecutive shard ranks of T ranks each), else the
+//            network. Every TP rank routes the same tokens and sends their copies whole
+//            (hidden wide) to its own expert group: T does not divide these bytes
 // With pipeline stages, P is the parameters of the stage that holds the most, its groups
 // run inside each stage, and
 //   pipeline: A x 2V point-to-point messages of microBatch x seqLen x hidden x 2 bytes
@@ -129,7 +134,9 @@ ContextTraffic ContextTrafficOf(const api::ModelShape& shape, int batch, int seq
 // and the experts' outputs come back; backward, the outputs' gradients go and the inputs'
 // come back. Each all-to-all moves a rank's rows in EP - 1 steps of 1/EP (routing taken as
 // even: (EP - 1)/EP of the rows leave the rank). The counts' all-gather (E integers) is
-// left out. Nothing with EP = 1 or a dense model.
+// left out. Per TP rank and the same at any T: each rank of a TP group routes all its
+// group's tokens and sends their rows whole (the experts' slices meet them; the outputs
+// coming back are that rank's part of the sum). Nothing with EP = 1 or a dense model.
 struct ExpertTraffic {
   std::vector<Exchange> forward, backward;
   double forward_sent = 0, backward_sent = 0;

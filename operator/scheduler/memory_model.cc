@@ -41,10 +41,11 @@ api::EngineTypes EngineTypesOf(int compute_bytes, bool cpu_kernels, const api::M
     types.attention_scratch_bytes = api::ContextAttentionScratchBytes(micro_batch, seq, shape, tp, types);
   }
   if (float8 != Float8Memory::kNone) {
-    types.float8_scales = api::Float8ScratchElements(micro_batch, seq, shape, tp, float8 == Float8Memory::kRowwise);
+    const bool rowwise = float8 == Float8Memory::kRowwise;
+    types.float8_scales = api::Float8ScratchElements(micro_batch, seq, shape, tp, rowwise);
+    // TP rank 0's: it adds the row-parallel layers' biases, and so keeps at least any rank's.
     if (!cpu_kernels) {
-      for (const api::Float8Product& p : api::Float8LinearProducts(micro_batch, seq, shape, tp))
-        types.float8_product_bytes = std::max(types.float8_product_bytes, api::Float8ProductBytes(p, true));
+      types.float8_product_bytes = api::Float8KernelScratchBytes(micro_batch, seq, shape, tp, {rowwise, 0});
     }
   }
   return types;

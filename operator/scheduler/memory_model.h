@@ -69,8 +69,9 @@ struct MemoryPrediction {
 // the expert group's EP (api::EngineTypes::experts: a mixture's received rows are sized
 // EP x the local tokens' copies).
 // `float8`: float8 training's amaxes and scales (api::Float8ScratchElements) and, on a
-// GPU, the kernel table's scratch for its largest float8 product (api::Float8ProductBytes
-// with fp32 sums, over api::Float8LinearProducts: at most what the table keeps).
+// GPU, the kernel table's scratch for its largest float8 product, with fp32 sums where
+// that product keeps them (api::Float8KernelScratchBytes of TP rank 0, which keeps at
+// least any rank's).
 enum class Float8Memory { kNone, kTensorwise, kRowwise };
 api::EngineTypes EngineTypesOf(int compute_bytes, bool cpu_kernels, const api::ModelShape& shape, int micro_batch,
                                int seq, int tp, int context = 1, const std::string& context_mode = "Ring",

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "api/model_family.h"
+
 namespace meshtrain::scheduler {
 
 double DeviceModel::FlopsFor(int micro_batch) const {
@@ -37,6 +39,22 @@ struct Durations {
   double copy_input = 0;  // one block input, one way
 };
 
+// The elements of a block's 2-D weights that tensor parallelism keeps whole on every TP
+// rank (TpSplit::kReplicated: a mixture's router); 0 for a dense block.
+double WholeBlockWeights(const api::ModelShape& s) {
+  double whole = 0;
+  for (const api::TensorInfo& t : api::TensorsOf(s).block) {
+    if (t.shape.size() == 2 && t.split == api::TpSplit::kReplicated) whole += double(t.shape[0]) * double(t.shape[1]);
+  }
+  return whole;
+}
+
+// The bytes a mixture's permute and combine move through memory per block forward for
+// `tokens` rows of `bytes`-wide elements: 2 x (1 + k) x tokens x C.
+double RoutingBytes(const api::ModelShape& s, double tokens, int bytes) {
+  return 2 * (1 + double(s.experts_per_token)) * tokens * double(s.hidden) * bytes;
+}
+
 Durations DurationsOf(const api::ModelShape& s, int seq, const LayoutChoice& c, const api::ParallelLayout& mesh,
                       const Cluster& cluster, const DeviceModel& device) {
   // This rank's tokens: seq / context rows of each sequence.
@@ -47,9 +65,19 @@ Durations DurationsOf(const api::ModelShape& s, int seq, const LayoutChoice& c, 
   // 4 x seq x the query width for attention per layer; a backward is twice its forward.
   // A context rank's rows attend the whole sequence, its chunks balanced: 1/C of the work.
   d.block_forward = tokens * api::BlockForwardFlopsPerToken(s, seq, c.tp) / rate;
+  // That splits every product by T; a block's whole weights (a mixture's router,
+  // worker/model/moe_block.h) every TP rank multiplies in full, by all its tokens. Each
+  // expert's slice (I / T of its units) is split like the dense MLP.
+  if (c.tp > 1) d.block_forward += tokens * 2 * WholeBlockWeights(s) * (1 - 1 / T) / rate;
   if (device.float8 && device.float8_ratio > 0) {  // the linear layers' share at the float8 rate
     const double cast = tokens * api::BlockFloat8FlopsPerToken(s, c.tp);
     d.block_forward -= cast / rate - cast / (rate * device.float8_ratio);
+  }
+  // A mixture's routing moves each token's row through memory on every TP rank, whatever
+  // T: the permute into expert order reads (tokens, C) and writes its k copies, and the
+  // combine reads the k expert outputs and writes (tokens, C).
+  if (s.experts > 0 && device.memory_bytes_per_second > 0) {
+    d.block_forward += RoutingBytes(s, tokens, device.compute_bytes) / device.memory_bytes_per_second;
   }
   d.block_backward = 2 * d.block_forward;
   d.block_recompute = device.recompute_factor * d.block_forward;
@@ -63,6 +91,11 @@ Durations DurationsOf(const api::ModelShape& s, int seq, const LayoutChoice& c, 
   const double activation = tokens * C * device.compute_bytes;
   d.tp_forward = 2 * axis(api::Axis::kTensor, Collective::kAllReduce, activation);
   d.tp_backward = d.tp_forward;
+  // A mixture's backward also adds the routing weights' gradients over the TP group (each
+  // rank's are from its slice of the experts): an all-gather of tokens x k fp32 a rank.
+  if (s.experts > 0) {
+    d.tp_backward += axis(api::Axis::kTensor, Collective::kAllGather, tokens * double(s.experts_per_token) * 4 * T);
+  }
   d.tp_head = axis(api::Axis::kTensor, Collective::kAllReduce, activation) +
               axis(api::Axis::kTensor, Collective::kAllGather, tokens * 3 * 4 * T);
   // Attention's exchanges across the context group run on the compute stream.

@@ -9,7 +9,13 @@
 //            expert ranks, each mixture-of-experts block's all-to-alls across the expert
 //            group (ExpertTrafficOf: two forward, two backward, redone on recompute). An
 //            expert rank computes as many expert rows as without EP (routing taken as
-//            even: EP x N x k / EP), so its FLOPs do not change
+//            even: EP x N x k / EP), so its FLOPs do not change. With T TP ranks a
+//            mixture's experts are split as the dense MLP is (I / T units of each, their
+//            FLOPs over T, the output all-reduced over the TP group as the MLP's is), but
+//            every TP rank routes the same tokens: the router's product (2 x E x C FLOPs a
+//            token) is whole on each, the all-to-alls carry each rank's k copies of its
+//            tokens C wide (T divides neither), and the backward adds an all-gather of the
+//            routing weights' gradients (tokens x k fp32) over the TP group
 //   comm     gathers (two slots: block l+1's waits until block l-1 is freed), each unit's
 //            reduce-scatter after its backward, and on the last micro-batch its replica
 //            all-reduce, in the order the engine enqueues them; with EP, a block's over the
@@ -104,7 +110,7 @@ struct StepPrediction {
   double p2p_seconds = 0;       // the point-to-point time the step waits for
 };
 
-// REQUIRES: the choice divides the model (T | heads, key/value heads, the MLP width), the mesh and the batch
+// REQUIRES: the choice divides the model (api::TensorParallelDivides), the mesh and the batch
 // (2 x C | seq);
 // with stages, P x V <= layers and micro-batches its schedule takes.
 StepPrediction PredictStep(const api::ModelShape& shape, int seq, int64_t global_batch_tokens,

@@ -416,9 +416,9 @@ expect "plan --auto splits a long sequence over context ranks" 0 \
   '  1\. (P=[0-9]+ [A-Za-z0-9]+( x2)?, )?T=[1248], S=[0-9]+, C=[248] ring, micro-batch [0-9]+' \
   '    C=1: [0-9]+ of [0-9]+ candidates fit' '    C=4: [0-9]+ of [0-9]+ candidates fit' \
   -- "$meshtrain" plan examples/llama3.1-8b-128k-auto.yaml --cluster examples/clusters/eks-p5-124.yaml --auto
-# Mixtures of experts on p5 (docs/planner.md, "Expert parallelism"): the planner splits the
-# experts (EP > 1) where a rank's gathers of whole blocks of experts cannot hide, and says per
-# EP what fits. The chosen layout's fields are read from --output json (candidates[0]).
+# Mixtures of experts on p5 (docs/planner.md, "Expert parallelism"): the planner splits each
+# expert over TP ranks, or the experts over ranks (EP > 1) where a rank's gathers of whole
+# blocks of experts cannot hide, and says per EP what fits. The chosen layout's fields are read from --output json (candidates[0]).
 # plan_choice NAME FIELDS FILE: FIELDS ("expertParallelDegree=4 contextParallelDegree=4 ...")
 # are those of the plan's first candidate.
 plan_choice() {
@@ -434,26 +434,31 @@ sys.exit("; ".join(wrong) if wrong else 0)' "$json" "$fields" 2>&1); then
     failures=$((failures + 1)); echo "FAIL $name: ${why:0:400}"
   fi
 }
-# Mixtral 8x7B on 4 nodes, 2M tokens a step: P=8, C=4 ring, EP=4.
-expect "plan --auto splits Mixtral 8x7B's experts over 4 ranks" 0 \
-  '  1\. P=8 1F1B, T=[0-9]+, S=[0-9]+, C=4 ring, EP=4, micro-batch [0-9]+, [a-z ()0-9]+ +[0-9.]+ GiB .*expert all-to-alls [0-9.]+ GiB a step' \
-  '    EP=1: [0-9]+ of [0-9]+ candidates fit; the fastest ' '    EP=4: [0-9]+ of [0-9]+ candidates fit; the fastest P=8 ' \
+# Mixtral 8x7B on 4 nodes, 2M tokens a step: P=8 and T=2 (each expert split over 2 TP
+# ranks, nothing gathered) beat the fastest that splits the experts over ranks (P=8, C=4
+# ring, EP=4).
+expect "plan --auto splits Mixtral 8x7B's experts over 2 TP ranks" 0 \
+  '  1\. P=8 1F1B, T=2, S=1, micro-batch [0-9]+, [a-z ()0-9]+ +[0-9.]+ GiB' \
+  '    EP=1: [0-9]+ of [0-9]+ candidates fit; the fastest P=8 1F1B, T=2' \
+  '    EP=4: [0-9]+ of [0-9]+ candidates fit; the fastest P=8 1F1B, T=1, S=1, C=4 ring, EP=4' \
   '    EP=8: [0-9]+ of [0-9]+ candidates fit' \
   -- "$meshtrain" plan examples/mixtral-moe-8x7b-auto.yaml --cluster examples/clusters/eks-p5-124.yaml --auto
-plan_choice "plan --auto --output json: Mixtral 8x7B's choice has EP=4" \
-  "expertParallelDegree=4 pipelineParallelDegree=8 contextParallelDegree=4" \
+plan_choice "plan --auto --output json: Mixtral 8x7B's choice has T=2" \
+  "tensorParallelDegree=2 expertParallelDegree=1 pipelineParallelDegree=8 contextParallelDegree=1" \
   examples/mixtral-moe-8x7b-auto.yaml
-# Qwen3-30B-A3B on 2 nodes: one sequence a rank a step (16 sequences) picks EP=8, whose
-# all-to-alls stay in a node; at the example's 1M tokens the gathers hide and EP=1 wins.
+# Qwen3-30B-A3B on 2 nodes: one sequence a rank a step (16 sequences) picks T=4 with 4
+# pipeline stages; without TP, EP=8, whose all-to-alls stay in a node, is the fastest. At
+# the example's 1M tokens EP=1 wins.
 sed -e 's/^    globalBatchTokens: 1048576.*/    globalBatchTokens: 65536   # 16 sequences of 4096 tokens/' \
   examples/qwen3-moe-30b-a3b-auto.yaml >"$tmp/meshtrain-qwen3-moe-16.yaml"
-expect "plan --auto splits Qwen3-30B-A3B's experts over a node for 16 sequences" 0 \
+expect "plan --auto splits Qwen3-30B-A3B's experts over 4 TP ranks for 16 sequences" 0 \
   'global batch 65536 tokens of 4096' \
-  '  1\. T=[0-9]+, S=[0-9]+, EP=8, micro-batch [0-9]+, [a-z ()0-9]+ +[0-9.]+ GiB .*expert all-to-alls [0-9.]+ GiB a step' \
+  '  1\. P=4 Interleaved1F1B x2, T=4, S=1, micro-batch [0-9]+, [a-z ()0-9]+ +[0-9.]+ GiB' \
+  '    EP=8: [0-9]+ of [0-9]+ candidates fit; the fastest T=1, S=16, EP=8, ' \
   '    EP=1: [0-9]+ of [0-9]+ candidates fit; the fastest ' '    EP=16: [0-9]+ of [0-9]+ candidates fit' \
   -- "$meshtrain" plan "$tmp/meshtrain-qwen3-moe-16.yaml" --cluster examples/clusters/eks-p5-124.yaml --auto
-plan_choice "plan --auto --output json: Qwen3-30B-A3B's choice for 16 sequences has EP=8" \
-  "expertParallelDegree=8 pipelineParallelDegree=1 contextParallelDegree=1" \
+plan_choice "plan --auto --output json: Qwen3-30B-A3B's choice for 16 sequences has T=4" \
+  "tensorParallelDegree=4 expertParallelDegree=1 pipelineParallelDegree=4 contextParallelDegree=1" \
   "$tmp/meshtrain-qwen3-moe-16.yaml"
 plan_choice "plan --auto --output json: Qwen3-30B-A3B at 1M tokens keeps the experts whole" \
   "expertParallelDegree=1" examples/qwen3-moe-30b-a3b-auto.yaml

@@ -149,6 +149,31 @@ TEST(CostModel, ExpertGroupsAllToAllEachMoeBlocksTokens) {
   EXPECT_TRUE(ExpertTrafficOf(*api::FindPreset("llama3.1-8b"), 1, 4096, 8, 2).forward.empty());
 }
 
+// Qwen3-30B-A3B at T = 2 (EP = 4, one sequence of 4096 a rank): each block's TP group
+// all-reduces the rank's rows four times, as a dense block's, and all-gathers the routing
+// weights' gradients (4096 x 8 fp32 a rank); its all-to-alls carry the same rows as at
+// T = 1, every TP rank routing the same tokens.
+TEST(CostModel, TensorParallelMoeBlocksAddTheirRoutingGradients) {
+  api::TrainingJobSpec spec = api::LoadTrainingJobs("examples/qwen3-moe-30b-a3b-auto.yaml").at(0).job.spec;
+  spec.parallelism.mode = "manual";
+  spec.parallelism.tensor_parallel_degree = 2;
+  spec.parallelism.hybrid_shard_degree = 0;
+  spec.parallelism.expert_parallel_degree = 4;
+  spec.training.micro_batch_size = 1;
+  spec.training.global_batch_tokens = 8 * 4096;  // one micro-step
+  const std::vector<std::vector<std::string>> paths = {{"a", "b", "c", "n0"}, {"a", "b", "c", "n1"}};
+  const LinkModel links(kLevels);
+  const StepCost cost = EstimateStepCost(spec, paths, links);
+  ASSERT_EQ(cost.axes[0].axis, "tp");
+  const api::ParallelLayout mesh = api::ParallelLayout::ForSpec(spec);
+  const double all_reduce = CollectiveSeconds(Collective::kAllReduce, 4096.0 * 2048 * 2, {0, 1}, mesh, paths, links);
+  const double all_gather = CollectiveSeconds(Collective::kAllGather, 4096.0 * 8 * 4 * 2, {0, 1}, mesh, paths, links);
+  EXPECT_GT(all_gather, 0);
+  EXPECT_NEAR(cost.axes[0].seconds, 48 * (4 * all_reduce + all_gather), 1e-12);
+  const api::ModelShape shape = api::ShapeOf(spec.model);
+  EXPECT_DOUBLE_EQ(ExpertTrafficOf(shape, 1, 4096, 4, 2).forward_sent, 2 * 4096.0 * 8 * 2048 * 2 * 3 / 4);
+}
+
 TEST(CostModel, OverridesReplaceALink) {
   const api::TrainingJobSpec spec = Spec(2, 1, 1, 1);
   const std::vector<std::vector<std::string>> paths = {{"a", "b", "c", "n0"}, {"a", "b", "d", "n1"}};

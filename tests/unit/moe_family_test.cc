@@ -379,9 +379,21 @@ TEST(MoeFamilies, ExpertFieldsAreCheckedByField) {
     return e.ToString().find("must divide spec.model.experts") != std::string::npos;
   });
   EXPECT_TRUE(not_experts) << message(wide);
-  // ... and the planner considers none.
-  EXPECT_TRUE(TensorParallelDivides(*FindPreset("qwen3-30b-a3b"), 1));
-  EXPECT_FALSE(TensorParallelDivides(*FindPreset("qwen3-30b-a3b"), 2));
+  // The planner offers a mixture the TP degrees that divide what the engine splits (the
+  // heads, key/value heads and the experts' width: TensorParallelSplits), and no other.
+  EXPECT_TRUE(TensorParallelDivides(*FindPreset("moe-tiny"), 2));
+  EXPECT_TRUE(TensorParallelDivides(*FindPreset("qwen3-moe-tiny"), 2));
+  EXPECT_TRUE(TensorParallelDivides(*FindPreset("qwen3-30b-a3b"), 4));
+  EXPECT_TRUE(TensorParallelDivides(*FindPreset("mixtral-8x7b"), 8));
+  EXPECT_FALSE(TensorParallelDivides(*FindPreset("moe-tiny"), 4));       // 2 key/value heads
+  EXPECT_FALSE(TensorParallelDivides(*FindPreset("qwen3-30b-a3b"), 8));  // 4 key/value heads
+  ModelShape narrow_experts = *FindPreset("qwen3-moe-tiny");
+  narrow_experts.moe_intermediate = 45;  // the attention divides; the experts' width does not
+  EXPECT_TRUE(TensorParallelDivides(narrow_experts, 1));
+  EXPECT_FALSE(TensorParallelDivides(narrow_experts, 2));
+  ModelShape odd_experts = *FindPreset("moe-tiny");
+  odd_experts.intermediate = 45;  // Mixtral's experts are the MLP's width
+  EXPECT_FALSE(TensorParallelDivides(odd_experts, 2));
   EXPECT_TRUE(TensorParallelDivides(*FindPreset("qwen3-8b"), 2));
 }
 

@@ -89,14 +89,17 @@ TEST(StepModel, Float8HalvesTheLinearLayersTimeOnHopperOnly) {
 // Float8's memory: its amaxes and scales in the step buffer everywhere, and on a GPU the
 // kernel table's scratch for its largest product. Llama 3.2 1B at 4 x 2048 rows on TP 2:
 // the gate-and-up layer's input gradient (m 2048, n 8192, k 8192) and weight gradient
-// (2048, 8192 over 8192) each hold 16 + 64 MiB of codes and 64 MiB of fp32 sums (2048 and
-// 8192 rows), 144 MiB and 512 bytes of descales and alignment.
+// (2048, 8192 over 8192) each cast 16 + 64 MiB of codes; rowwise each keeps 64 MiB of fp32
+// sums besides (8192 rows of 2048 floats), 144 MiB and 512 bytes of descales and
+// alignment; tensorwise neither keeps sums (no bias, no residual on TP 2): 80 MiB and 512.
 TEST(MemoryModel, Float8CountsItsScalesAndOnAGpuItsLargestProduct) {
   const api::ModelShape shape = *api::FindPreset("llama3.2-1b");
   int64_t most = 0;
-  for (const api::Float8Product& p : api::Float8LinearProducts(4, 2048, shape, 2))
-    most = std::max(most, api::Float8ProductBytes(p, true));
+  for (const api::Float8Product& p : api::Float8LinearProducts(4, 2048, shape, 2, {.rowwise = true}))
+    most = std::max(most, api::Float8ProductBytes(p, p.sums));
   EXPECT_EQ(most, (int64_t{144} << 20) + 512);
+  EXPECT_EQ(api::Float8KernelScratchBytes(4, 2048, shape, 2, {.rowwise = true}), most);
+  EXPECT_EQ(api::Float8KernelScratchBytes(4, 2048, shape, 2, {.rowwise = false}), (int64_t{80} << 20) + 512);
   EXPECT_EQ(api::Float8LinearProducts(4, 2048, shape, 2).size(), 12u);  // 4 layers x 3 products
   // A mixture casts its attention's two layers only.
   EXPECT_EQ(api::Float8LinearProducts(1, 64, *api::FindPreset("moe-tiny"), 1).size(), 6u);
@@ -107,9 +110,10 @@ TEST(MemoryModel, Float8CountsItsScalesAndOnAGpuItsLargestProduct) {
   const MemoryPrediction rowwise = PredictMemory(shape, 2048, choice, 2, false, false, 1, Float8Memory::kRowwise);
   EXPECT_EQ(fp8.params, bf16.params);
   EXPECT_EQ(fp8.optimizer, bf16.optimizer);
-  // The scratch (146 MiB held in 2 MiB blocks) and the step buffer's few scales.
-  EXPECT_GE(fp8.activations - bf16.activations, int64_t{146} << 20);
-  EXPECT_LE(fp8.activations - bf16.activations, int64_t{148} << 20);
+  // The scratch (80 MiB and 512 bytes: 82 MiB held in 2 MiB blocks) and the step buffer's
+  // few scales.
+  EXPECT_GE(fp8.activations - bf16.activations, int64_t{82} << 20);
+  EXPECT_LE(fp8.activations - bf16.activations, int64_t{84} << 20);
   EXPECT_GT(rowwise.activations, fp8.activations);  // a scale per row
   // The CPU's emulation keeps no scratch of its own: the scales alone.
   const MemoryPrediction cpu = PredictMemory(shape, 2048, choice, 4, true, false, 1);
@@ -781,16 +785,77 @@ TEST(ExpertStep, AllToAllsCarryEachMoeLayersTokensOverTheExpertGroupsLink) {
   EXPECT_LT(node.comm_seconds, 0.6 * none.comm_seconds);
 }
 
+// Under TP each rank computes I / T units of every expert (their FLOPs and parameters fall
+// by T) but routes all its group's tokens: the router's product is whole on each TP rank,
+// and each sends its tokens' k copies, hidden wide, to its expert group (T divides
+// neither); the backward adds the routing weights' gradients over the TP group.
+// Qwen3-30B-A3B on one p5 node, one sequence of 4096 a rank, keeping every activation:
+// T=1, S=8 against T=2, S=4, both with EP = 4 (a group in the node either way).
+TEST(ExpertStep, TensorParallelismSplitsTheExpertsButNotTheRouterOrTheAllToAlls) {
+  const api::ModelShape& shape = Qwen3Moe();
+  const PlanRequest r = MoeOnP5(shape, 1, 0);
+  const StepPrediction one = PredictStep(shape, 4096, 8 * 4096, WithExperts({1, 8, 1, {}}, 4), r.cluster, r.device);
+  const StepPrediction two = PredictStep(shape, 4096, 4 * 4096, WithExperts({2, 4, 1, {}}, 4), r.cluster, r.device);
+  ASSERT_EQ(one.micro_steps, 1);
+  ASSERT_EQ(two.micro_steps, 1);
+  const double C = 2048, Q = 32 * 128, KV = 4 * 128, E = 128, K = 8, I = 768, L = 48, V = 151936, tokens = 4096;
+  // A token's forward FLOPs: attention's weights and scores and its k experts' gate, up
+  // and down, split by T; the router, 2 x E x C, whole; the head, split by T. Its routing
+  // (the permute of its row into k copies, the combine of the k outputs back) moves
+  // 2 x (1 + k) rows of C bf16 through memory, whole too. A backward is twice its forward.
+  const double split = 2 * (C * (Q + 2 * KV) + Q * C) + 4 * 4096 * Q + K * 2 * 3 * C * I, router = 2 * E * C;
+  const double routing = 2 * (1 + K) * C * 2 / r.device.memory_bytes_per_second;
+  auto compute = [&](double T) {
+    const double flops = r.device.matrix_flops;
+    return 3 * tokens * (L * ((split / T + router) / flops + routing) + 2 * V * C / T / flops);
+  };
+  EXPECT_NEAR(one.compute_seconds, compute(1), 1e-9 * one.compute_seconds);
+  EXPECT_NEAR(two.compute_seconds, compute(2), 1e-9 * two.compute_seconds);
+  // T = 2 halves all of it but the router's product and the routing, which each TP rank
+  // does in full.
+  EXPECT_NEAR(two.compute_seconds - one.compute_seconds / 2,
+              3 * tokens * L * (router / r.device.matrix_flops + routing) / 2, 1e-9 * one.compute_seconds);
+  // TP: each block's four all-reduces of the rank's rows, as a dense block's, and the
+  // routing weights' gradients (4096 x 8 fp32 a rank) all-gathered; the head's two.
+  const api::ParallelLayout mesh(1, 8, 2, 4, 1, 1, 4);
+  auto collective = [&](Collective op, double bytes) {
+    return CollectiveSeconds(op, bytes, {0, 1}, mesh, r.cluster.node_paths, r.cluster.links);
+  };
+  const double all_reduce = collective(Collective::kAllReduce, tokens * C * 2);
+  EXPECT_EQ(one.tp_seconds, 0);
+  EXPECT_NEAR(two.tp_seconds,
+              L * (4 * all_reduce + collective(Collective::kAllGather, tokens * K * 4 * 2)) +
+                  2 * (all_reduce + collective(Collective::kAllGather, tokens * 3 * 4 * 2)),
+              1e-12);
+  // The all-to-alls carry the same rows from each rank at T = 2 as at T = 1: 4096 x 8
+  // copies of 2048 bf16, 3/4 of them leaving, four a block.
+  EXPECT_NEAR(double(two.expert_bytes), L * 4 * (tokens * K * C * 2) * 3 / 4, 1.0);
+  EXPECT_EQ(two.expert_bytes, one.expert_bytes);
+  EXPECT_NEAR(two.expert_seconds, one.expert_seconds, 1e-12);
+  // A TP rank holds I / T units of each of its E / EP experts, and the router whole.
+  const api::UnitElements units = api::UnitElementsOf(shape, 0, 2, api::kVocabMultiple, 4);
+  EXPECT_EQ(units.block_experts, int64_t(128 / 4) * 3 * 2048 * 768 / 2);
+  EXPECT_EQ(units.block_shared(), int64_t(C * (Q + 2 * KV) + Q * C) / 2 + int64_t(E * C) + 2 * 2048 + 2 * 128);
+}
+
 // Qwen3-30B-A3B on 2 p5 nodes, one sequence of 4096 a rank a step: one micro-step, whose
 // compute (0.38 s) cannot hide the gathers of blocks of 128 experts (623M elements, 1.2
 // GB in bf16, each gathered twice and reduce-scattered once). With EP = 8 a rank gathers
 // its 16 experts and the shared part from the rank holding the same ones in the other
 // node; the all-to-alls stay in the node (NVLink) and cost less than the gathers saved.
+// That is the fastest layout without TP; the fastest of all splits each expert over T = 4
+// ranks of a node and the blocks over 4 pipeline stages, gathering nothing (S = 1).
 TEST(ExpertPlanner, Qwen3MoeSplitsTheExpertsWhereGathersCannotHide) {
   const PlanRequest r = MoeOnP5(Qwen3Moe(), 2, 16 * 4096);
   const Plan plan = PlanLayouts(r);
   ASSERT_NE(plan.best(), nullptr);
-  const Candidate& best = *plan.best();
+  EXPECT_EQ(plan.best()->choice.tp, 4) << Describe(plan.best()->choice);
+  EXPECT_EQ(plan.best()->choice.shard, 1) << Describe(plan.best()->choice);
+  const auto untensored = std::find_if(plan.feasible.begin(), plan.feasible.end(),
+                                       [](const Candidate& c) { return c.choice.tp == 1; });
+  ASSERT_NE(untensored, plan.feasible.end());
+  EXPECT_LT(plan.best()->step.seconds, untensored->step.seconds);
+  const Candidate& best = *untensored;
   EXPECT_EQ(best.choice.expert, 8) << Describe(best.choice);
   EXPECT_LE(best.needed, r.device.Usable());
   EXPECT_GT(best.step.expert_seconds, 0);
@@ -800,22 +865,27 @@ TEST(ExpertPlanner, Qwen3MoeSplitsTheExpertsWhereGathersCannotHide) {
   EXPECT_TRUE(whole.reason.empty()) << whole.reason;
   EXPECT_GT(whole.step.exposed_seconds - best.step.exposed_seconds, best.step.expert_seconds);
   EXPECT_GT(whole.step.seconds, 1.5 * best.step.seconds);
-  // And every layout with EP = 1 is slower.
+  // And every layout with T = 1 and EP = 1 is slower.
   ASSERT_GT(plan.candidates_by_expert.at(1), 0);
   for (const Candidate& c : plan.feasible) {
-    if (c.choice.expert == 1) {
+    if (c.choice.expert == 1 && c.choice.tp == 1) {
       EXPECT_GT(c.step.seconds, 1.3 * best.step.seconds) << Describe(c.choice);
     }
   }
 }
 
 // With 4 sequences a rank the gathers hide behind compute, and EP's all-to-alls, on the
-// compute stream, cost what they take: EP = 1 wins.
+// compute stream, cost what they take: EP = 1 wins, without TP and overall (where T > 1
+// with a pipeline is faster still).
 TEST(ExpertPlanner, Qwen3MoeKeepsTheExpertsWholeWhereGathersHide) {
   const PlanRequest r = MoeOnP5(Qwen3Moe(), 2, 64 * 4096);
   const Plan plan = PlanLayouts(r);
   ASSERT_NE(plan.best(), nullptr);
-  const Candidate& best = *plan.best();
+  EXPECT_EQ(plan.best()->choice.expert, 1) << Describe(plan.best()->choice);
+  const auto untensored = std::find_if(plan.feasible.begin(), plan.feasible.end(),
+                                       [](const Candidate& c) { return c.choice.tp == 1; });
+  ASSERT_NE(untensored, plan.feasible.end());
+  const Candidate& best = *untensored;
   EXPECT_EQ(best.choice.expert, 1) << Describe(best.choice);
   EXPECT_LT(best.step.exposed_seconds, 0.05 * best.step.seconds);
   const auto split = std::find_if(plan.feasible.begin(), plan.feasible.end(),

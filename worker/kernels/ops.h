@@ -215,10 +215,10 @@ class Ops {
   // asks before its first step.
   virtual std::string Float8Refusal() const { return ""; }
   // The most memory a float8 product D (m,n) = A^T B over k keeps in the table's own
-  // scratch, beside what the engine allocates: the CUDA table's codes and fp32 sums
-  // (api::Float8ProductBytes), in one scratch as large as its largest product's; 0 where
-  // products keep none (the CPU's).
-  virtual int64_t Float8ScratchBytes(int64_t /*m*/, int64_t /*n*/, int64_t /*k*/) const { return 0; }
+  // scratch, beside what the engine allocates, run through fp32 sums or not
+  // (api::Float8KeepsSums): the CUDA table's codes and sums (api::Float8ProductBytes), in
+  // one scratch as large as its largest product's; 0 where products keep none (the CPU's).
+  virtual int64_t Float8ScratchBytes(int64_t /*m*/, int64_t /*n*/, int64_t /*k*/, bool /*sums*/) const { return 0; }
   // amax (Float8ScaleCount) = max |x| over x (rows,cols), each row or each column, as
   // stored; NaN where a NaN is among the values.
   virtual void Float8Amax(Out<float> amax, In<Act> x, int64_t rows, int cols, Float8Scaling scaling,

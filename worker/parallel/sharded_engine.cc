@@ -111,9 +111,13 @@ ShardedEngine<P>::ShardedEngine(const api::ModelShape& shape, std::shared_ptr<co
     if (const std::string refusal = ops_->Float8Refusal(); !refusal.empty()) {
       throw std::invalid_argument("spec.training.precision fp8: " + refusal);
     }
-    types.float8_scales = api::Float8ScratchElements(batch, seq, s, tp.size, *options.float8 == kernels::Float8Recipe::kRowwise);
-    for (const api::Float8Product& p : api::Float8LinearProducts(batch, seq, s, tp.size))
-      types.float8_product_bytes = std::max(types.float8_product_bytes, ops_->Float8ScratchBytes(p.m, p.n, p.k));
+    const bool rowwise = *options.float8 == kernels::Float8Recipe::kRowwise;
+    types.float8_scales = api::Float8ScratchElements(batch, seq, s, tp.size, rowwise);
+    const api::Float8Run run{rowwise, tp.rank};
+    for (const api::Float8Product& p : api::Float8LinearProducts(batch, seq, s, tp.size, run)) {
+      const int64_t bytes = ops_->Float8ScratchBytes(p.m, p.n, p.k, p.sums);
+      types.float8_product_bytes = std::max(types.float8_product_bytes, bytes);
+    }
   }
   const int heads = int(s.heads) / tp.size;
   const int64_t state = types.attention_keeps_scores ? int64_t(batch) * heads * seq * seq : int64_t(batch) * heads * seq;

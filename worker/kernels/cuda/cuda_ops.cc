@@ -354,7 +354,7 @@ class CudaOps final : public Ops<Bf16> {
     const Float8Cast a = Float8CastOf(recipe, Float8Operand::kWeightForward);
     const Float8Cast b = Float8CastOf(recipe, Float8Operand::kInpForward);
     const bool tensorwise = IsTensorwise(a, b);
-    const bool direct = tensorwise && !bias && !residual && !gelu_pre;
+    const bool direct = !api::Float8KeepsSums(!tensorwise, bias || residual || gelu_pre);
     const Float8Codes codes = CastFloat8Operands({Raw(weight), OC, K, Raw(weight_scale), a, false},
                                                  {Raw(inp), N, K, Raw(inp_scale), b, false}, OC, N, K, !direct, handle);
     Gemm gemm = Float8Gemm(codes, a, b, OC, N, K);
@@ -383,7 +383,7 @@ class CudaOps final : public Ops<Bf16> {
     const Float8Cast a = Float8CastOf(recipe, Float8Operand::kWeightForGradInput);
     const Float8Cast b = Float8CastOf(recipe, Float8Operand::kDoutForGradInput);
     const bool tensorwise = IsTensorwise(a, b);
-    const bool direct = tensorwise && !gelu_pre;
+    const bool direct = !api::Float8KeepsSums(!tensorwise, bool(gelu_pre));
     const Float8Codes codes = CastFloat8Operands({Raw(weight), OC, K, Raw(weight_scale), a, true},
                                                  {Raw(dout), N, OC, Raw(dout_scale), b, false}, K, N, OC, !direct,
                                                  handle);
@@ -414,11 +414,12 @@ class CudaOps final : public Ops<Bf16> {
       const Float8Cast a = Float8CastOf(recipe, Float8Operand::kInpForGradWeight);
       const Float8Cast b = Float8CastOf(recipe, Float8Operand::kDoutForGradWeight);
       const bool tensorwise = IsTensorwise(a, b);
+      const bool sums = api::Float8KeepsSums(!tensorwise, false);
       const Float8Codes codes = CastFloat8Operands({Raw(inp), N, K, Raw(inp_scale), a, true},
-                                                   {Raw(dout), N, OC, Raw(dout_scale), b, true}, K, OC, N,
-                                                   !tensorwise, handle);
+                                                   {Raw(dout), N, OC, Raw(dout_scale), b, true}, K, OC, N, sums,
+                                                   handle);
       Gemm gemm = Float8Gemm(codes, a, b, K, OC, N);
-      if (tensorwise) {
+      if (!sums) {
         gemm.d = Raw(dweight);
         gemm.d_type = CUDA_R_32F;
         gemm.beta = 1;
@@ -785,8 +786,8 @@ class CudaOps final : public Ops<Bf16> {
   static constexpr int kFloat8ComputeCapability = 89;
 
   std::string Float8Refusal() const override { return float8_refusal_; }
-  int64_t Float8ScratchBytes(int64_t m, int64_t n, int64_t k) const override {
-    return api::Float8ProductBytes({m, n, k}, /*with_sums=*/true);
+  int64_t Float8ScratchBytes(int64_t m, int64_t n, int64_t k, bool sums) const override {
+    return api::Float8ProductBytes({m, n, k}, sums);
   }
   // Throws, before anything is enqueued, on a device without float8 tensor cores.
   void CheckFloat8(const char* what) const {
