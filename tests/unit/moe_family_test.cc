@@ -348,6 +348,12 @@ TEST(MoeFamilies, ExpertFieldsAreCheckedByField) {
   EXPECT_NE(message(narrow).find("must divide the experts' width (spec.model.moeIntermediateSize = 45)"),
             std::string::npos)
       << message(narrow);
+  // Qwen3-MoE's dense intermediateSize sizes nothing (every block is sparse): TP need not
+  // divide it, as TensorParallelDivides and the engine do not ask.
+  const CheckedJob unused =
+      check({{"preset", "qwen3-moe-tiny"}, {"intermediateSize", 45}}, {{"tensorParallelDegree", 2}});
+  EXPECT_TRUE(paths(unused).empty()) << message(unused);
+  EXPECT_TRUE(TensorParallelDivides(ShapeOf(unused.job.spec.model), 2));
   // A load-balancing loss takes every block's routing at once, summed over pipeline
   // stages; a dense model has none.
   const CheckedJob staged = check({{"preset", "moe-tiny"}}, {{"pipelineParallelDegree", 2}});
