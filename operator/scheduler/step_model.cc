@@ -39,12 +39,12 @@ struct Durations {
   double copy_input = 0;  // one block input, one way
 };
 
-// The elements of a block's 2-D weights that tensor parallelism keeps whole on every TP
-// rank (TpSplit::kReplicated: a mixture's router); 0 for a dense block.
+// The weights of a block's products that tensor parallelism keeps whole on every TP rank
+// (api::BlockProduct's kReplicated: a mixture's router); 0 for a dense block.
 double WholeBlockWeights(const api::ModelShape& s) {
   double whole = 0;
-  for (const api::TensorInfo& t : api::TensorsOf(s).block) {
-    if (t.shape.size() == 2 && t.split == api::TpSplit::kReplicated) whole += double(t.shape[0]) * double(t.shape[1]);
+  for (const api::BlockProduct& p : api::BlockProducts(s)) {
+    if (p.split == api::TpSplit::kReplicated) whole += double(p.k) * double(p.n);
   }
   return whole;
 }
