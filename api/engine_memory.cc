@@ -53,6 +53,7 @@ UnitElements UnitElementsOf(const ModelShape& s, int tp_rank, int tp_size, int v
   const int EP = expert_size > 1 && experts > 0 ? expert_size : 1;
   u.block_experts = experts / EP;
   u.block -= experts - u.block_experts;
+  u.dense_block = Sum(f.dense_block, s.vocab_size, tp_rank, tp_size, vocab_multiple);
   return u;
 }
 
@@ -119,7 +120,7 @@ std::vector<Float8Product> Float8LinearProducts(int batch, int seq, const ModelS
                                                 const Float8Run& run) {
   const int64_t N = int64_t(batch) * seq;
   std::vector<Float8Product> products;
-  for (const BlockProduct& l : BlockProducts(shape)) {
+  for (const BlockProduct& l : EveryBlockProduct(shape)) {
     if (!l.float8) continue;
     const bool row_parallel = l.split == TpSplit::kColumns;
     const int64_t K = row_parallel ? l.k / tp : l.k, OC = row_parallel ? l.n : l.n / tp;
@@ -163,7 +164,9 @@ std::vector<Buffer> StepBuffers(int batch, int seq, const ModelShape& s, const E
       {"scalars", 3, 8},  // the loss's sum, the squares' sum, the clip scale
       {"embedding segments", int64_t(f.embedding.size()), int(kShardSegmentBytes)},
   };
-  for (int64_t l = 0; l < s.layers; ++l) b.push_back({"block segments", int64_t(f.block.size()), int(kShardSegmentBytes)});
+  for (int64_t l = 0; l < s.layers; ++l) {
+    b.push_back({"block segments", int64_t(f.Block(s, l).size()), int(kShardSegmentBytes)});
+  }
   if (!f.head.empty()) b.push_back({"head segments", int64_t(f.head.size()), int(kShardSegmentBytes)});
   if (t.float8_scales > 0) b.push_back({"float8 amaxes and scales", t.float8_scales, 4});
   for (const Buffer& family : FamilyBuffers(seq, s, t)) b.push_back(family);  // RoPE's table
@@ -184,27 +187,32 @@ EngineMemory EngineMemoryOf(const ModelShape& s, int batch, int seq, int tp_rank
   const int block_shards = BlockShards(units, S, types.experts);
   const bool experts_split = block_shards != S;
   const int64_t blocks = stage.blocks < 0 ? s.layers : stage.blocks;
+  const int64_t dense = stage.blocks < 0 ? s.DenseBlocks() : stage.dense_blocks, sparse = blocks - dense;
   const int64_t embedding = stage.embedding_unit ? ShardElements(units.embedding, S) : 0;
-  const int64_t block = ShardElements(units.block, block_shards);
+  // A sparse block's shard (the only kind's without dense blocks) and a dense block's, over
+  // all S ranks; the compute slots fit the larger of the two as gathered.
+  const int64_t block = sparse > 0 ? ShardElements(units.block, block_shards) : 0;
+  const int64_t dense_block = dense > 0 ? ShardElements(units.dense_block, S) : 0;
+  const int64_t slot = std::max(block * block_shards, dense_block * S);
   const int64_t head = stage.head && units.head > 0 ? ShardElements(units.head, S) : 0, edge = std::max(embedding, head);
   const int64_t slots = keep_units_gathered ? blocks : std::min<int64_t>(2, blocks);
   auto held = [](int64_t bytes) { return bytes > 0 ? Held(bytes) : 0; };
   EngineMemory m;
   // Every unit's shard: master weights, gradients, AdamW m and v, one allocation each.
-  m.params = held(embedding * G) + blocks * Held(block * G) + held(head * G);
+  m.params = held(embedding * G) + sparse * held(block * G) + dense * held(dense_block * G) + held(head * G);
   m.grads = m.params;
   m.optimizer = 2 * m.params;
   // The compute copies: the edge slot (the embedding's or the head's) and two block slots;
   // kept, every unit's own. With S > 1 their gradients too (with S = 1 the backward adds
   // straight into the shard's gradients).
   if (keep_units_gathered) {
-    m.gathered = held(embedding * A) + held(head * A) + slots * Held(block * A);
+    m.gathered = held(embedding * A) + held(head * A) + slots * held(slot * A);
   } else {
-    m.gathered = held(edge * S * A) + slots * Held(block * block_shards * A);
+    m.gathered = held(edge * S * A) + slots * held(slot * A);
   }
   if (S > 1) m.gathered += held(edge * S * G);
-  if (S > 1 || experts_split) m.gathered += slots * Held(block * block_shards * G);
-  m.comm = S > 1 ? Held(std::max(edge, block) * G) : 0;
+  if (S > 1 || (experts_split && sparse > 0)) m.gathered += slots * held(slot * G);
+  m.comm = S > 1 ? Held(std::max({edge, block, dense_block}) * G) : 0;
   const ActivationBytes store = ActivationStoreBytes(s, batch, seq, policy, tp_rank, tp_size, types, dropout, stage);
   m.activations = Held(store.kept) + Held(StepBufferBytes(batch, seq, s, types)) + held(types.float8_product_bytes);
   m.offload = store.offloaded > 0 ? Held(store.offloaded) : 0;

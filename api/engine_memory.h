@@ -55,9 +55,14 @@ inline int64_t PaddedVocabRows(int64_t rows, int multiple = kVocabMultiple) {
 // block holds its tensors before the experts (attention, norms, the router: every expert
 // group member's alike) and E/EP of its experts; `block_experts` says how many of the
 // block's elements are those experts' (0 for a dense block).
+// A mixture with dense blocks among its sparse ones (ModelShape::DenseBlock) has block
+// units of two sizes: `block` a sparse one's, `dense_block` a dense one's (0: none).
 struct UnitElements {
   int64_t embedding = 0, block = 0, head = 0;
   int64_t block_experts = 0;  // of `block`: this rank's experts' elements
+  int64_t dense_block = 0;    // a mixture's dense block (FamilyTensors::dense_block); 0 where none
+  // The elements of `blocks` blocks of which `dense` are a mixture's dense ones.
+  int64_t Blocks(int64_t blocks, int64_t dense) const { return (blocks - dense) * block + dense * dense_block; }
   int64_t edge() const { return embedding > head ? embedding : head; }  // the slot they share
   int64_t block_shared() const { return block - block_experts; }  // alike on every member of an expert group
 };
@@ -101,6 +106,7 @@ struct StageShape {
   bool embedding_unit = true;  // the embedding's unit: the first stage's, and the last's for a tied head
   bool head = true;            // the head: its activations, and its unit when untied
   int blocks = -1;             // blocks held; -1: every block
+  int dense_blocks = 0;        // of those, a mixture's dense blocks (ModelShape::DenseBlock); with -1, the model's
   // What the ActivationStore keeps activations for: a lane per micro-batch a chunk of
   // blocks may hold between its forward and its backward, each lane the chunk's blocks.
   // Empty: one lane of every block.

@@ -75,29 +75,81 @@ std::vector<Buffer> FamilyBuffers(int seq, const ModelShape& shape, const Engine
   return s.Family().FamilyBuffers(seq, s, types);
 }
 
-std::vector<BlockProduct> BlockProducts(const ModelShape& shape) {
+std::vector<BlockProduct> BlockProducts(const ModelShape& shape, int64_t layer) {
   const ModelShape s = shape.Resolved();
-  return s.Family().BlockProducts(s);
+  return s.Family().BlockProducts(s, layer);
 }
+
+std::vector<BlockProduct> EveryBlockProduct(const ModelShape& shape) {
+  const ModelShape s = shape.Resolved();
+  std::vector<BlockProduct> all;
+  bool kinds[2] = {false, false};  // sparse (or the one kind), dense
+  for (int64_t l = 0; l < s.layers; ++l) {
+    bool& seen = kinds[s.DenseBlock(l) ? 1 : 0];
+    if (seen) continue;
+    seen = true;
+    for (const BlockProduct& p : BlockProducts(s, l)) {
+      const bool known = std::any_of(all.begin(), all.end(), [&](const BlockProduct& q) { return q.weight == p.weight; });
+      if (!known) all.push_back(p);
+    }
+  }
+  return all;
+}
+
+double SparseBlockShare(const ModelShape& shape) {
+  const ModelShape s = shape.Resolved();
+  if (s.experts <= 0 || s.layers <= 0) return 0;
+  return double(s.layers - s.DenseBlocks()) / double(s.layers);
+}
+
+namespace {
+
+// f(l) for one block of each kind, weighted by the blocks of that kind, over the blocks.
+template <class PerBlock>
+double MeanOverBlocks(const ModelShape& s, PerBlock f) {
+  if (s.layers <= 0) return 0;
+  const int64_t dense = s.DenseBlocks();
+  double sum = 0;
+  if (dense < s.layers) {
+    int64_t l = 0;
+    while (s.DenseBlock(l)) ++l;
+    sum += double(s.layers - dense) * f(l);
+  }
+  if (dense > 0) {
+    int64_t l = 0;
+    while (!s.DenseBlock(l)) ++l;
+    sum += double(dense) * f(l);
+  }
+  return sum / double(s.layers);
+}
+
+}  // namespace
 
 double BlockForwardFlopsPerToken(const ModelShape& shape, int64_t seq, int tp_size) {
   const ModelShape s = shape.Resolved();
-  double weights = 0;
-  for (const TensorInfo& t : TensorsOf(s).block) {
-    if (t.shape.size() != 2) continue;
-    const bool expert = t.kind == Param::kExpertGate || t.kind == Param::kExpertUp || t.kind == Param::kExpertDown;
-    // A token passes through k of the E experts.
-    const double share = expert ? double(s.experts_per_token) / double(s.experts) : 1.0;
-    weights += share * double(t.shape[0]) * double(t.shape[1]);
-  }
+  const FamilyTensors f = TensorsOf(s);
+  const double weights = MeanOverBlocks(s, [&](int64_t l) {
+    double w = 0;
+    for (const TensorInfo& t : f.Block(s, l)) {
+      if (t.shape.size() != 2) continue;
+      // A token passes through k of the E experts.
+      const double share = IsExpertTensor(t) ? double(s.experts_per_token) / double(s.experts) : 1.0;
+      w += share * double(t.shape[0]) * double(t.shape[1]);
+    }
+    return w;
+  });
   return (2 * weights + 4.0 * double(seq) * double(s.QueryWidth())) / tp_size;
 }
 
 double BlockFloat8FlopsPerToken(const ModelShape& shape, int tp_size) {
-  double weights = 0;
-  for (const BlockProduct& p : BlockProducts(shape)) {
-    if (p.float8) weights += double(p.k) * double(p.n);
-  }
+  const ModelShape s = shape.Resolved();
+  const double weights = MeanOverBlocks(s, [&](int64_t l) {
+    double w = 0;
+    for (const BlockProduct& p : BlockProducts(s, l)) {
+      if (p.float8) w += double(p.k) * double(p.n);
+    }
+    return w;
+  });
   return 2 * weights / tp_size;
 }
 

@@ -13,7 +13,9 @@
 // the model's flat buffer:
 //   the embedding unit   the token embedding; GPT-2's position table; and, when the head
 //                        is tied to the embedding, the final norm too (the head's unit)
-//   one unit per block   the block's tensors, the same in every block
+//   one unit per block   the block's tensors, the same in every block (a mixture of
+//                        experts with dense blocks: the same in every block of a kind,
+//                        the two kinds' attention tensors at the same offsets)
 //   the head unit        the final norm and the LM head, when the head is untied
 // Each tensor says how tensor parallelism splits it:
 //   kVocab       rows: the vocabulary, in T slices that need not be equal (VocabBegin),
@@ -79,6 +81,13 @@ struct TensorInfo {
 
 struct FamilyTensors {
   std::vector<TensorInfo> embedding, block, head;  // head empty: the embedding unit holds the head
+  // A mixture of experts' dense blocks (ModelShape::DenseBlock): attention as in `block`,
+  // then a dense MLP in place of the router and experts. Empty where every block is `block`.
+  std::vector<TensorInfo> dense_block;
+  // The tensors of block l.
+  const std::vector<TensorInfo>& Block(const ModelShape& shape, int64_t l) const {
+    return !dense_block.empty() && shape.DenseBlock(l) ? dense_block : block;
+  }
 };
 
 // The tensors of `shape`'s family, unit by unit.
@@ -207,15 +216,23 @@ struct BlockProduct {
   bool float8 = false;
   LinearEpilogue epilogue{};
 };
-std::vector<BlockProduct> BlockProducts(const ModelShape& shape);
+// The products of block `layer` (a mixture's dense blocks have a dense MLP's).
+std::vector<BlockProduct> BlockProducts(const ModelShape& shape, int64_t layer);
+// Those of every kind of block the model has, each weight once: a mixture with dense
+// blocks adds the dense MLP's to its sparse blocks' products.
+std::vector<BlockProduct> EveryBlockProduct(const ModelShape& shape);
 
-// The matrix FLOPs of one block's forward per token, at a sequence of `seq` tokens on a
-// TP slice of `tp_size`: 2 per weight of its products, and 4 x seq x the query width for
-// attention's two products (counted whole, as llm.c counts them).
+// The matrix FLOPs of one block's forward per token, the mean over the model's blocks,
+// at a sequence of `seq` tokens on a TP slice of `tp_size`: 2 per weight of its products,
+// and 4 x seq x the query width for attention's two products (counted whole, as llm.c
+// counts them).
 double BlockForwardFlopsPerToken(const ModelShape& shape, int64_t seq, int tp_size);
 // The part of it that float8 training multiplies in float8 (docs/design.md, "Float8"): 2
-// per weight of the block's products that are BlockProduct::float8.
+// per weight of the block's products that are BlockProduct::float8, the mean over blocks.
 double BlockFloat8FlopsPerToken(const ModelShape& shape, int tp_size);
+// The share of the model's blocks that hold experts: 1 for a mixture whose every block is
+// sparse, 0 without experts.
+double SparseBlockShare(const ModelShape& shape);
 
 
 // The buffers the family's layers share across blocks, for sequences of up to `seq`
@@ -325,7 +342,8 @@ class ModelFamily {
   // Whether the final norm keeps a mean (LayerNorm) beside its statistics (RMSNorm keeps none).
   virtual bool NormKeepsMean() const = 0;
   virtual std::vector<Buffer> FamilyBuffers(int seq, const ModelShape& s, const EngineTypes& t) const = 0;
-  virtual std::vector<BlockProduct> BlockProducts(const ModelShape& s) const = 0;
+  // The products of block `layer` (api::BlockProducts).
+  virtual std::vector<BlockProduct> BlockProducts(const ModelShape& s, int64_t layer) const = 0;
 
  private:
   Identity id_;

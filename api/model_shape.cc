@@ -1,5 +1,6 @@
 #include "api/model_shape.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "api/model_family.h"
@@ -41,6 +42,18 @@ bool ModelShape::SameWeights(const ModelShape& other) const {
   return a == b;
 }
 
+bool ModelShape::DenseBlock(int64_t l) const {
+  if (experts <= 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), l) != mlp_only_layers.end()) return true;
+  return decoder_sparse_step > 1 && (l + 1) % decoder_sparse_step != 0;
+}
+
+int64_t ModelShape::DenseBlocks(int64_t first, int64_t last) const {
+  int64_t n = 0;
+  for (int64_t l = first; l < last; ++l) n += DenseBlock(l) ? 1 : 0;
+  return n;
+}
+
 int64_t ModelShape::ParameterCount() const {
   const FamilyTensors f = TensorsOf(*this);
   auto count = [](const std::vector<TensorInfo>& tensors) {
@@ -52,7 +65,9 @@ int64_t ModelShape::ParameterCount() const {
     }
     return n;
   };
-  return count(f.embedding) + layers * count(f.block) + count(f.head);
+  int64_t n = count(f.embedding) + count(f.head);
+  for (int64_t l = 0; l < layers; ++l) n += count(f.Block(*this, l));
+  return n;
 }
 
 double ModelShape::TrainingFlopsPerToken(int64_t seq) const {
@@ -61,7 +76,8 @@ double ModelShape::TrainingFlopsPerToken(int64_t seq) const {
   // A token multiplies by k of a mixture's E experts (gate, up and down, each I x C).
   const ModelShape r = Resolved();
   if (r.experts > 0) {
-    n -= double(r.layers) * double(r.experts - r.experts_per_token) * 3 * double(r.moe_intermediate) * double(r.hidden);
+    n -= double(r.layers - r.DenseBlocks()) * double(r.experts - r.experts_per_token) * 3 *
+         double(r.moe_intermediate) * double(r.hidden);
   }
   return 6 * n + 12.0 * double(layers) * double(seq) * double(r.QueryWidth());
 }

@@ -51,7 +51,8 @@ struct ModelShape {
   // experts of `moe_intermediate` hidden units (Mixtral's are `intermediate` wide), each
   // token routed to `experts_per_token` of them, their weights renormalised to sum to 1
   // where norm_topk_prob (Mixtral always). Qwen3-MoE's decoder_sparse_step and
-  // mlp_only_layers say which blocks are sparse; only every block (1 and none) is built.
+  // mlp_only_layers say which blocks are sparse (DenseBlock): the others have a dense MLP
+  // of `intermediate` units.
   int64_t experts = 0;
   int64_t experts_per_token = 0;
   int64_t moe_intermediate = 0;
@@ -67,6 +68,13 @@ struct ModelShape {
   int64_t Intermediate() const { return intermediate > 0 ? intermediate : 4 * hidden; }
   int64_t MaxPositions() const { return max_positions > 0 ? max_positions : seq_len; }
   int64_t QueryWidth() const { return heads * HeadDim(); }  // q's and attention's output channels
+  // Whether block l of a mixture of experts has a dense MLP in place of its experts, as
+  // transformers' Qwen3-MoE decides: l is in mlp_only_layers, or (l + 1) is not a multiple
+  // of decoder_sparse_step. False for every block of a model without experts (its one kind).
+  bool DenseBlock(int64_t l) const;
+  // The blocks of [first, last) that DenseBlock; 0 for a model without experts.
+  int64_t DenseBlocks(int64_t first, int64_t last) const;
+  int64_t DenseBlocks() const { return DenseBlocks(0, layers); }
   int64_t KvWidth() const { return KvHeads() * HeadDim(); }  // k's and v's
   // This shape with every field that defaults to 0 given its value.
   ModelShape Resolved() const;

@@ -249,6 +249,7 @@ StageShape StageShapeOf(const ModelShape& shape, const Pipeline& pipeline, int s
   for (size_t v = 0; v < chunks.size(); ++v) {
     const int blocks = first[size_t(chunks[v]) + 1] - first[size_t(chunks[v])];
     s.blocks += blocks;
+    s.dense_blocks += int(shape.DenseBlocks(first[size_t(chunks[v])], first[size_t(chunks[v]) + 1]));
     for (int i = 0; i < lanes[v]; ++i) s.lanes.push_back(blocks);
   }
   return s;

@@ -51,7 +51,17 @@ struct StepProduct {
 
 std::vector<StepProduct> StepProducts(const api::ModelShape& s) {
   std::vector<StepProduct> products;
-  for (const api::BlockProduct& p : api::BlockProducts(s)) products.push_back({int(p.k), int(p.n), int(s.layers)});
+  for (int64_t l = 0; l < s.layers; ++l) {  // each shape once, counted in every block that runs it
+    for (const api::BlockProduct& p : api::BlockProducts(s, l)) {
+      auto same = std::find_if(products.begin(), products.end(),
+                               [&](const StepProduct& q) { return q.k == int(p.k) && q.n == int(p.n); });
+      if (same != products.end()) {
+        ++same->count;
+      } else {
+        products.push_back({int(p.k), int(p.n), 1});
+      }
+    }
+  }
   // The LM head at the engine's padded vocabulary (api/engine_memory.h), as the step runs it.
   products.push_back({int(s.hidden), int(api::PaddedVocabRows(s.vocab_size)), 1});
   return products;

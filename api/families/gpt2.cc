@@ -228,7 +228,7 @@ class Gpt2Family final : public ModelFamily {
 
   // qkv, the attention's projection, fc and the fc projection: every one with a bias, the
   // projections into the residual stream, fc's GELU (worker/model/gpt2.cc).
-  std::vector<BlockProduct> BlockProducts(const ModelShape& s) const override {
+  std::vector<BlockProduct> BlockProducts(const ModelShape& s, int64_t) const override {
     const int64_t C = s.hidden, I = s.intermediate;
     return {{C, 3 * C, Param::kQkvW, TpSplit::kRows, true, {.bias = true}},
             {C, C, Param::kAttProjW, TpSplit::kColumns, true, {.bias = true, .residual = true}},

@@ -308,7 +308,7 @@ std::vector<Buffer> LlamaFamily::FamilyBuffers(int seq, const ModelShape& s, con
 
 // q, k and v (with Qwen2's biases); o and down into the residual stream
 // (worker/model/llama.cc).
-std::vector<BlockProduct> LlamaFamily::BlockProducts(const ModelShape& s) const {
+std::vector<BlockProduct> LlamaFamily::BlockProducts(const ModelShape& s, int64_t) const {
   const int64_t C = s.hidden, Q = s.QueryWidth(), KV = s.KvWidth(), I = s.intermediate;
   return {{C, Q + 2 * KV, Param::kWq, TpSplit::kRows, true, {.bias = v_.qkv_bias}},
           {Q, C, Param::kWo, TpSplit::kColumns, true, {.residual = true}},

@@ -54,7 +54,7 @@ class LlamaFamily : public ModelFamily {
                                           bool dropout) const override;
   bool NormKeepsMean() const override { return false; }
   std::vector<Buffer> FamilyBuffers(int seq, const ModelShape& s, const EngineTypes& t) const override;
-  std::vector<BlockProduct> BlockProducts(const ModelShape& s) const override;
+  std::vector<BlockProduct> BlockProducts(const ModelShape& s, int64_t layer) const override;
 
  protected:
   // The config.json keys that size a tensor of `kind`, for messages.

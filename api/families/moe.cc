@@ -9,11 +9,13 @@
 // the per-expert names that published checkpoints use (not transformers 5's fused
 // in-memory gate_up_proj). Routers are matrices: weight decay applies to them.
 //
-// Qwen3-MoE's decoder_sparse_step and mlp_only_layers are read and kept, but only their
-// every-block-sparse values (1 and none, those of every published Qwen3-MoE) are built:
-// a block of another kind would be a unit of other tensors (api/model_family.h). Tensor
-// parallelism splits each expert as the dense MLP is split (its gate's and up's rows, its
-// down's columns) and keeps the router whole (worker/model/moe_block.h).
+// Qwen3-MoE's decoder_sparse_step and mlp_only_layers say which blocks are sparse
+// (ModelShape::DenseBlock, as transformers decides); the others are dense blocks: Qwen3's
+// attention and a dense SwiGLU MLP of intermediate_size units under Qwen3's names
+// (FamilyTensors::dense_block), a unit of their own. Every published Qwen3-MoE has 1 and
+// none: every block sparse. Mixtral's blocks are all sparse. Tensor parallelism splits
+// each expert as the dense MLP is split (its gate's and up's rows, its down's columns) and
+// keeps the router whole (worker/model/moe_block.h).
 // output_router_logits true turns the load-balancing loss on with router_aux_loss_coef
 // (HuggingFaceConfig; spec.training.routerAuxLossCoef overrides it).
 
@@ -52,6 +54,7 @@ class MoeFamily final : public LlamaFamily {
   // Mixtral's attention is Mistral's without its window; Qwen3-MoE's is Qwen3's.
   std::optional<ModelShape> DenseOfSameActive(const ModelShape& shape) const override {
     ModelShape d = shape.Resolved();
+    if (d.DenseBlocks() > 0) return std::nullopt;  // its blocks are of two widths
     d.family = m_.qwen ? "qwen3" : "llama";
     d.intermediate = d.experts_per_token * d.moe_intermediate;
     d.experts = d.experts_per_token = d.moe_intermediate = 0;
@@ -84,7 +87,10 @@ class MoeFamily final : public LlamaFamily {
 
   void Default(ModelSpec* m) const override {
     if (m_.qwen) {  // the dense width sizes nothing while every block is sparse
-      if (!m->intermediate_size && m->moe_intermediate_size) m->intermediate_size = m->moe_intermediate_size;
+      const bool dense_blocks = !m->mlp_only_layers.empty() || m->decoder_sparse_step.value_or(1) > 1;
+      if (!m->intermediate_size && m->moe_intermediate_size && !dense_blocks) {
+        m->intermediate_size = m->moe_intermediate_size;
+      }
       if (!m->norm_topk_prob) m->norm_topk_prob = false;  // Qwen3MoeConfig's default
     } else {
       if (!m->moe_intermediate_size && m->intermediate_size) m->moe_intermediate_size = m->intermediate_size;
@@ -95,7 +101,9 @@ class MoeFamily final : public LlamaFamily {
   }
 
   void Check(const ModelSpec& m, FieldChecker& c) const override {
-    ModelSpec attention = m;  // Qwen3-MoE's dense width is unused: only moeIntermediateSize is required
+    // Qwen3-MoE's dense width is unused while every block is sparse: only
+    // moeIntermediateSize is required then (CheckSparseBlocks asks for it where it is used).
+    ModelSpec attention = m;
     if (m_.qwen && !attention.intermediate_size) attention.intermediate_size = 1;
     LlamaFamily::Check(attention, c);
     const std::string title(this->title());
@@ -125,16 +133,43 @@ class MoeFamily final : public LlamaFamily {
         c.Fail("spec.model.normTopkProb", title + " always renormalises the chosen experts' weights, got false");
       }
     }
-    if (m.decoder_sparse_step && c.Range("spec.model.decoderSparseStep", *m.decoder_sparse_step, 1, 1024) &&
-        *m.decoder_sparse_step != 1) {
-      c.Fail("spec.model.decoderSparseStep",
-             "only 1 (every block sparse) is implemented, got " + MoeText(*m.decoder_sparse_step));
+    CheckSparseBlocks(m, c);
+  }
+
+  // decoderSparseStep and mlpOnlyLayers: Qwen3-MoE's, with at least one sparse block left;
+  // Mixtral's blocks are all sparse (its config.json has neither key).
+  void CheckSparseBlocks(const ModelSpec& m, FieldChecker& c) const {
+    const std::string title(this->title());
+    const int64_t last = m.layers && *m.layers >= 1 ? *m.layers - 1 : 1023;
+    bool ok = true;
+    if (m.decoder_sparse_step) {
+      ok = c.Range("spec.model.decoderSparseStep", *m.decoder_sparse_step, 1, 1024) && ok;
+      if (ok && !m_.qwen && *m.decoder_sparse_step != 1) {
+        c.Fail("spec.model.decoderSparseStep", title + "'s blocks are all sparse (1), got " +
+                                                   MoeText(*m.decoder_sparse_step));
+        ok = false;
+      }
     }
     for (size_t i = 0; i < m.mlp_only_layers.size(); ++i) {
       const std::string path = "spec.model.mlpOnlyLayers[" + std::to_string(i) + "]";
-      if (c.Range(path, m.mlp_only_layers[i], 0, m.layers && *m.layers >= 1 ? *m.layers - 1 : 1023)) {
-        c.Fail(path, "dense blocks among sparse ones are not implemented: every block here is sparse");
+      if (!m_.qwen) {
+        c.Fail(path, title + "'s blocks are all sparse: it has no dense blocks");
+        ok = false;
+      } else {
+        ok = c.Range(path, m.mlp_only_layers[i], 0, last) && ok;
       }
+    }
+    if (!ok || !m.layers || !m.experts) return;
+    ModelShape blocks{.layers = *m.layers, .experts = *m.experts};
+    blocks.decoder_sparse_step = m.decoder_sparse_step.value_or(1);
+    blocks.mlp_only_layers = m.mlp_only_layers;
+    if (blocks.DenseBlocks() == blocks.layers) {
+      c.Fail(!m.mlp_only_layers.empty() ? "spec.model.mlpOnlyLayers" : "spec.model.decoderSparseStep",
+             "leaves no sparse block of the " + MoeText(*m.layers) + ": such a model is " + title +
+                 "'s attention with dense MLPs (family qwen3)");
+    } else if (blocks.DenseBlocks() > 0 && !m.intermediate_size) {
+      c.Fail("spec.model.intermediateSize", "is required where blocks are dense (spec.model.mlpOnlyLayers, "
+                                            "decoderSparseStep): their MLP's width");
     }
   }
 
@@ -150,7 +185,16 @@ class MoeFamily final : public LlamaFamily {
 
   std::string Describe(const ModelShape& s) const override {
     std::string text = LlamaFamily::Describe(s);
-    if (m_.qwen) {  // the dense width, which sizes nothing while every block is sparse
+    if (m_.qwen && s.DenseBlocks() > 0) {  // the dense blocks, by index
+      std::string blocks;
+      for (int64_t l = 0; l < s.layers; ++l) {
+        if (s.DenseBlock(l)) blocks += (blocks.empty() ? "" : " ") + MoeText(l);
+      }
+      const std::string dense = ", MLP " + MoeText(s.intermediate);
+      if (const size_t at = text.find(dense); at != std::string::npos) {
+        text.replace(at, dense.size(), ", dense MLP " + MoeText(s.intermediate) + " in blocks " + blocks);
+      }
+    } else if (m_.qwen) {  // the dense width, which sizes nothing while every block is sparse
       const std::string dense = ", MLP " + MoeText(s.intermediate);
       if (const size_t at = text.find(dense); at != std::string::npos) {
         text.replace(at, dense.size(), ", dense MLP " + MoeText(s.intermediate) + " (unused)");
@@ -162,9 +206,12 @@ class MoeFamily final : public LlamaFamily {
   }
 
   std::vector<std::pair<int64_t, std::string>> TensorParallelSplits(const ModelShape& s) const override {
-    return {{s.heads, "spec.model.heads"},
-            {s.KvHeads(), "spec.model.kvHeads"},
-            {s.moe_intermediate, "the experts' width (spec.model.moeIntermediateSize)"}};
+    std::vector<std::pair<int64_t, std::string>> splits = {
+        {s.heads, "spec.model.heads"},
+        {s.KvHeads(), "spec.model.kvHeads"},
+        {s.moe_intermediate, "the experts' width (spec.model.moeIntermediateSize)"}};
+    if (s.DenseBlocks() > 0) splits.push_back({s.Intermediate(), "the dense blocks' MLP width (spec.model.intermediateSize)"});
+    return splits;
   }
 
   void ReadConfig(const Json& j, const ConfigKeys& k, HuggingFaceConfig* c) const override {
@@ -194,16 +241,15 @@ class MoeFamily final : public LlamaFamily {
       m.moe_intermediate_size = k.Int("moe_intermediate_size");
       m.norm_topk_prob = k.Bool("norm_topk_prob").value_or(false);
       m.decoder_sparse_step = k.OptionalInt("decoder_sparse_step").value_or(1);
-      if (*m.decoder_sparse_step != 1) {
-        k.Fail("decoder_sparse_step " + MoeText(*m.decoder_sparse_step) +
-               " is not implemented: every block here is sparse (1)");
-      }
       if (k.Has("mlp_only_layers")) {
         const Json& dense = j.at("mlp_only_layers");
-        if (!dense.is_array()) k.Fail("mlp_only_layers must be a list, got " + dense.dump());
-        if (!dense.empty()) {
-          k.Fail("mlp_only_layers " + dense.dump() +
-                 " is not implemented: dense blocks among sparse ones are not built (every block here is sparse)");
+        if (!dense.is_array()) k.Fail("mlp_only_layers must be a list of block indices, got " + dense.dump());
+        for (const Json& l : dense) {
+          if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= *m.layers) {
+            k.Fail("mlp_only_layers " + dense.dump() + ": " + l.dump() + " is not a block index below " +
+                   MoeText(*m.layers) + " (num_hidden_layers)");
+          }
+          m.mlp_only_layers.push_back(l.get<int64_t>());
         }
       }
       RefuseSlidingLayers(j, k);
@@ -230,11 +276,11 @@ class MoeFamily final : public LlamaFamily {
     }
   }
 
+  // A sparse block: attention (the Llama class's, with Qwen3-MoE's q and k norms), the
+  // router, then the experts. A dense block (Qwen3-MoE's, where the shape has one): the
+  // same attention and the Llama class's dense MLP, intermediate wide.
   FamilyTensors Tensors(const ModelShape& s) const override {
     FamilyTensors f = LlamaFamily::Tensors(s);
-    std::erase_if(f.block, [](const TensorInfo& t) {
-      return t.kind == Param::kWGate || t.kind == Param::kWUp || t.kind == Param::kWDown;
-    });
     const std::string at = "model.layers.{l}.";
     const int64_t C = s.hidden, E = s.experts, I = s.moe_intermediate, D = s.HeadDim();
     if (m_.qwen) {
@@ -246,6 +292,10 @@ class MoeFamily final : public LlamaFamily {
                       {Param::kKNorm, "k_norm", {D}, TpSplit::kReplicated, false, Init::kOnes,
                        at + "self_attn.k_norm.weight", false, "head_dim"}});
     }
+    if (s.DenseBlocks() > 0) f.dense_block = f.block;
+    std::erase_if(f.block, [](const TensorInfo& t) {
+      return t.kind == Param::kWGate || t.kind == Param::kWUp || t.kind == Param::kWDown;
+    });
     const std::string sparse = at + m_.sparse, width = m_.width_key;
     f.block.push_back({Param::kRouter, "router.w", {E, C}, TpSplit::kReplicated, true, Init::kNormal,
                        sparse + "gate.weight", false, std::string(m_.experts_key) + ", hidden_size"});
@@ -300,7 +350,19 @@ class MoeFamily final : public LlamaFamily {
       b.push_back({"qk_rstd", N * heads, G});
     }
     b.push_back({"output", N * C, A});
+    WidenForDenseBlocks(s, LlamaFamily::BlockActivationBuffers(batch, seq, s, tp_size, t), &b);
     return b;
+  }
+
+  // Every block is carved alike: where some blocks are dense, a buffer both kinds name
+  // (gate_up, swiglu and their gradients) is as large as either kind needs.
+  static void WidenForDenseBlocks(const ModelShape& s, const std::vector<Buffer>& dense, std::vector<Buffer>* b) {
+    if (s.DenseBlocks() == 0) return;
+    for (Buffer& x : *b) {
+      for (const Buffer& d : dense) {
+        if (d.name == x.name) x.elements = std::max(x.elements, d.elements);
+      }
+    }
   }
 
   std::vector<Buffer> BlockScratchBuffers(int batch, int seq, const ModelShape& s, int tp_size, const EngineTypes& t,
@@ -314,6 +376,7 @@ class MoeFamily final : public LlamaFamily {
     if (t.experts > 1) moe.insert(moe.end(), {{"dys_experts", R * C, A}, {"dxs_experts", R * C, A}});
     if (tp_size > 1) moe.push_back({"all_dexpert_weights", tp_size * N * K, G});  // every TP rank's dexpert_weights
     std::vector<Buffer> b = ScratchAround(batch, seq, s, tp_size, t, dropout, moe);
+    WidenForDenseBlocks(s, LlamaFamily::BlockScratchBuffers(batch, seq, s, tp_size, t, dropout), &b);
     if (m_.qwen) {
       b.push_back({"dhead_norms", 2 * s.HeadDim(), G});
       if (tp_size > 1) b.push_back({"all_head_norms", tp_size * 2 * s.HeadDim(), G});
@@ -322,10 +385,11 @@ class MoeFamily final : public LlamaFamily {
   }
 
   // Per token: the Llama class's q, k and v, and o; the router; and its k experts' gate and
-  // up, and down. Float8 casts the attention's only.
-  std::vector<BlockProduct> BlockProducts(const ModelShape& s) const override {
+  // up, and down. Float8 casts the attention's only. A dense block's are the Llama class's.
+  std::vector<BlockProduct> BlockProducts(const ModelShape& s, int64_t layer) const override {
+    if (s.DenseBlock(layer)) return LlamaFamily::BlockProducts(s, layer);
     const int64_t C = s.hidden, I = s.moe_intermediate, K = s.experts_per_token;
-    std::vector<BlockProduct> products = LlamaFamily::BlockProducts(s);
+    std::vector<BlockProduct> products = LlamaFamily::BlockProducts(s, layer);
     std::erase_if(products,
                   [](const BlockProduct& p) { return p.weight == Param::kWGate || p.weight == Param::kWDown; });
     products.insert(products.end(), {{C, s.experts, Param::kRouter, TpSplit::kReplicated, false, {}},

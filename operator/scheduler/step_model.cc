@@ -40,13 +40,14 @@ struct Durations {
 };
 
 // The weights of a block's products that tensor parallelism keeps whole on every TP rank
-// (api::BlockProduct's kReplicated: a mixture's router); 0 for a dense block.
+// (api::BlockProduct's kReplicated: a mixture's router), the mean over the blocks; 0
+// without experts.
 double WholeBlockWeights(const api::ModelShape& s) {
   double whole = 0;
-  for (const api::BlockProduct& p : api::BlockProducts(s)) {
+  for (const api::BlockProduct& p : api::EveryBlockProduct(s)) {
     if (p.split == api::TpSplit::kReplicated) whole += double(p.k) * double(p.n);
   }
-  return whole;
+  return whole * api::SparseBlockShare(s);
 }
 
 // The bytes a mixture's permute and combine move through memory per block forward for

@@ -71,6 +71,8 @@
 //                              them all.
 //   --aux COEF                 a mixture of experts' load-balancing loss of coefficient
 //                              COEF (spec.training.routerAuxLossCoef), the reference's too.
+//   --sparse-step N            Qwen3-MoE's decoderSparseStep: block l is sparse where N
+//                              divides l + 1, the others dense MLPs (intermediateSize wide).
 //   --seq N                    the window (default 32).
 //   --float8 RECIPE            spec.training.precision fp8 with spec.training.float8.recipe
 //                              RECIPE (tensorwise or rowwise), the reference's too, on a
@@ -200,6 +202,7 @@ struct Options {
   double aux = 0;                   // --aux COEF: the load-balancing loss's coefficient (0: none)
   int from_experts = 1;             // --from-experts: the reshard mode's first layout's
   int model_experts = 0;            // the model's experts; 0: ExpertsFor(experts)
+  int sparse_step = 0;              // --sparse-step N: Qwen3-MoE's decoderSparseStep (0: unset)
   int seq = kSeq;                   // --seq
   std::string float8;               // --float8 RECIPE; empty: no float8
   int accumulation = 0;  // micro-batches a step; 0: AccumulationOf's choice
@@ -265,6 +268,7 @@ nlohmann::json ModelOf(const Options& o) {
     model["expertsPerToken"] = 2;
     if (o.family == "mixtral") model["intermediateSize"] = 28;
     else model["moeIntermediateSize"] = 28;
+    if (o.sparse_step > 0) model["decoderSparseStep"] = o.sparse_step;  // the others: intermediateSize wide
   }
   return model;
 }
@@ -425,16 +429,20 @@ int RunRank(const Options& o) {
     return o.mode == "kill" && named ? kExitNamedFailure : 1;
   }
   engine.set_observer(nullptr);  // the streams are drained: no callback is in flight
-  // A mixture of experts counts each block's tokens per expert: every block of this rank's
-  // stage, each seeing the step's tokens k times (the same count in every block), the
-  // busiest expert at least the mean; a dense model counts none.
+  // A mixture of experts counts each sparse block's tokens per expert: every sparse block
+  // of this rank's stage (not its dense blocks), each seeing the step's tokens k times (the
+  // same count in every block), the busiest expert at least the mean; a dense model counts none.
   const bool experts = o.family == "mixtral" || o.family == "qwen3_moe";
+  const api::ModelShape shape = api::ShapeOf(job.spec.model);
+  const size_t blocks = size_t(shape.layers - shape.DenseBlocks());  // a pipeline's stage holds some of them
   for (const auto& loads : run.expert_loads) {
-    const size_t blocks = size_t(o.layers);  // a pipeline's stage holds some of them
     const bool staged = job.spec.parallelism.pipeline_parallel_degree > 1;
-    bool ok = experts ? (staged ? !loads.empty() && loads.size() < blocks : loads.size() == blocks) : loads.empty();
+    // (A stage may hold every sparse block, or none, where some blocks are dense.)
+    const bool some = shape.DenseBlocks() > 0 ? loads.size() <= blocks : !loads.empty() && loads.size() < blocks;
+    bool ok = experts ? (staged ? some : loads.size() == blocks) : loads.empty();
     for (const auto& [block, load] : loads) {
-      ok = ok && load.max >= load.mean && load.mean > 0 && load.mean == loads.begin()->second.mean;
+      ok = ok && !shape.DenseBlock(block) && load.max >= load.mean && load.mean > 0 &&
+           load.mean == loads.begin()->second.mean;
     }
     if (!ok) {
       std::fprintf(stderr, "rank %d: FAILED: expert counts of %zu blocks (expected %zu) are not the step's tokens\n",
@@ -455,8 +463,11 @@ int RunRank(const Options& o) {
       return 1;
     }
   }
-  // Expert parallelism sends the tokens to their experts and back (all_to_all).
-  if (o.experts > 1 && !(engine.comm_stats().all_to_all > 0)) {
+  // Expert parallelism sends the tokens to their experts and back (all_to_all), where this
+  // rank's stage holds a sparse block.
+  const bool routed = std::any_of(run.expert_loads.begin(), run.expert_loads.end(),
+                                  [](const auto& loads) { return !loads.empty(); });
+  if (o.experts > 1 && routed && !(engine.comm_stats().all_to_all > 0)) {
     std::fprintf(stderr, "rank %d: FAILED: expert parallelism counted no all_to_all\n", env.rank);
     return 1;
   }
@@ -925,6 +936,7 @@ int main(int argc, char** argv) {
     else if (flag == "--context-mode") o.context_mode = value;
     else if (flag == "--experts") o.experts = std::atoi(value.c_str());
     else if (flag == "--aux") o.aux = std::atof(value.c_str());
+    else if (flag == "--sparse-step") o.sparse_step = std::atoi(value.c_str());
     else if (flag == "--float8") o.float8 = value;
     else if (flag == "--seq") o.seq = std::atoi(value.c_str());
     else {

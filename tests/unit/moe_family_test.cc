@@ -122,6 +122,66 @@ TEST(MoeFamilies, PublishedConfigsGiveThePresetsAndWhatIsWrittenReadsBack) {
   EXPECT_FALSE(MoeShapeOfConfig(unnormed).norm_topk_prob);
 }
 
+// Qwen3-MoE's decoder_sparse_step and mlp_only_layers choose the blocks that are dense, as
+// transformers does: block l is sparse where l is not in mlp_only_layers and l + 1 is a
+// multiple of the step. A dense block is Qwen3's attention and an intermediate_size wide
+// SwiGLU MLP under Qwen3's names, a unit of its own.
+TEST(MoeFamilies, QwenMoesDenseBlocksAreTheOnesTransformersMakesDense) {
+  Json c = Qwen3_30bA3b();
+  c["decoder_sparse_step"] = 2;
+  c["mlp_only_layers"] = {47, 10};
+  const ModelShape s = MoeShapeOfConfig(c);
+  EXPECT_EQ(s.decoder_sparse_step, 2);
+  EXPECT_EQ(s.mlp_only_layers, (std::vector<int64_t>{47, 10}));
+  std::string kinds;
+  for (int64_t l = 0; l < 12; ++l) kinds += s.DenseBlock(l) ? 'd' : 's';
+  EXPECT_EQ(kinds, "dsdsdsdsdsds");  // (l + 1) % 2: block 10 is dense either way
+  EXPECT_TRUE(s.DenseBlock(47));     // 48 % 2 == 0, but mlp_only_layers
+  EXPECT_EQ(s.DenseBlocks(), 25);    // 24 of the step, and block 47
+  EXPECT_FALSE(FindPreset("qwen3-30b-a3b")->DenseBlock(0));
+  EXPECT_FALSE(FindPreset("llama-tiny")->DenseBlock(0));  // no experts: one kind of block
+  // Parameters: the embedding, head and final norm; 23 sparse blocks and 25 dense ones.
+  const int64_t C = 2048, attention = C + 2 * (32 * 128 * C) + 2 * (4 * 128 * C) + 2 * 128 + C;
+  const int64_t sparse = attention + 128 * C + 128 * 3 * 768 * C, dense = attention + 3 * 6144 * C;
+  EXPECT_EQ(s.ParameterCount(), 2 * 151936 * C + C + 23 * sparse + 25 * dense);
+  const FamilyTensors f = TensorsOf(s);
+  ASSERT_FALSE(f.dense_block.empty());
+  EXPECT_EQ(&f.Block(s, 0), &f.dense_block);
+  EXPECT_EQ(&f.Block(s, 1), &f.block);
+  std::vector<std::string> names;
+  for (const TensorInfo& t : f.dense_block) names.push_back(HuggingFaceName(t, 0));
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.q_proj.weight",
+                       "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight",
+                       "model.layers.0.self_attn.q_norm.weight", "model.layers.0.self_attn.k_norm.weight",
+                       "model.layers.0.self_attn.o_proj.weight", "model.layers.0.post_attention_layernorm.weight",
+                       "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
+                       "model.layers.0.mlp.down_proj.weight"}));
+  EXPECT_EQ(f.dense_block[8].shape, (std::vector<int64_t>{6144, C}));
+  // The sparse blocks' attention is the dense blocks': the same tensors first.
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(f.block[i].kind, f.dense_block[i].kind) << i;
+  EXPECT_EQ(f.block[8].kind, Param::kRouter);
+  // The FLOPs of a mean block: sparse and dense in their shares.
+  const double flops_sparse = 2.0 * (attention - C - C - 2 * 128 + 128 * C + 8 * 3 * 768 * C);
+  const double flops_dense = 2.0 * (attention - C - C - 2 * 128 + 3 * 6144 * C);
+  EXPECT_DOUBLE_EQ(BlockForwardFlopsPerToken(s, 2048, 1),
+                   (23 * flops_sparse + 25 * flops_dense) / 48 + 4.0 * 2048 * 32 * 128);
+  EXPECT_DOUBLE_EQ(SparseBlockShare(s), 23.0 / 48);
+  // config.json round trip, and the dense width is no longer called unused.
+  const Json written = HuggingFaceConfigJson(s, "bfloat16");
+  EXPECT_EQ(written.at("decoder_sparse_step"), 2);
+  EXPECT_EQ(written.at("mlp_only_layers"), Json({47, 10}));
+  EXPECT_EQ(MoeShapeOfConfig(written), s);
+  EXPECT_NE(DescribeShape(s).find("dense MLP 6144 in blocks 0 2 4"), std::string::npos) << DescribeShape(s);
+  EXPECT_NE(DescribeShape(*FindPreset("qwen3-30b-a3b")).find("dense MLP 6144 (unused)"), std::string::npos);
+  // The dense blocks' MLP is split by TP like any dense MLP.
+  ModelShape odd = s;
+  odd.intermediate = 6150;
+  EXPECT_TRUE(TensorParallelDivides(odd, 1));
+  EXPECT_FALSE(TensorParallelDivides(odd, 4));
+  EXPECT_TRUE(TensorParallelDivides(*FindPreset("qwen3-30b-a3b"), 4));
+}
+
 TEST(MoeFamilies, ConfigKeysThatWouldChangeTheMathAreRefusedByKey) {
   auto mixtral = [](const char* key, Json value) {
     Json c = Mixtral8x7b();
@@ -165,8 +225,10 @@ TEST(MoeFamilies, ConfigKeysThatWouldChangeTheMathAreRefusedByKey) {
            {mixtral("hidden_act", "gelu"), "config.json: hidden_act gelu is not implemented"},
            {qwen("shared_expert_intermediate_size", 5632),
             "config.json: shared_expert_intermediate_size 5632 is not implemented"},
-           {qwen("decoder_sparse_step", 2), "config.json: decoder_sparse_step 2 is not implemented"},
-           {qwen("mlp_only_layers", {0, 47}), "config.json: mlp_only_layers [0,47] is not implemented"},
+           {qwen("decoder_sparse_step", 0), "config.json: decoder_sparse_step must be a positive integer"},
+           {qwen("mlp_only_layers", {0, 48}),
+            "config.json: mlp_only_layers [0,48]: 48 is not a block index below 48 (num_hidden_layers)"},
+           {qwen("mlp_only_layers", 3), "config.json: mlp_only_layers must be a list of block indices, got 3"},
            {qwen("use_sliding_window", true), "config.json: use_sliding_window true is not implemented"},
            {qwen("layer_types", {"full_attention", "sliding_attention"}),
             "config.json: layer_types[1] \"sliding_attention\" is not implemented"},
@@ -327,9 +389,31 @@ TEST(MoeFamilies, ExpertFieldsAreCheckedByField) {
   const CheckedJob wider = check({{"preset", "moe-tiny"}, {"intermediateSize", 64}});  // Mixtral's experts follow it
   ASSERT_TRUE(wider.ok()) << message(wider);
   EXPECT_EQ(ShapeOf(wider.job.spec.model).moe_intermediate, 64);
-  EXPECT_EQ(paths(check({{"preset", "qwen3-moe-tiny"}, {"decoderSparseStep", 2}})),
+  // Qwen3-MoE's dense blocks: block 0 of 2 at step 2, block 1 where mlpOnlyLayers names it.
+  const CheckedJob step2 = check({{"preset", "qwen3-moe-tiny"}, {"decoderSparseStep", 2}});
+  ASSERT_TRUE(step2.ok()) << message(step2);
+  EXPECT_TRUE(ShapeOf(step2.job.spec.model).DenseBlock(0));
+  EXPECT_FALSE(ShapeOf(step2.job.spec.model).DenseBlock(1));
+  const CheckedJob only1 = check({{"preset", "qwen3-moe-tiny"}, {"mlpOnlyLayers", {1}}});
+  ASSERT_TRUE(only1.ok()) << message(only1);
+  EXPECT_EQ(ShapeOf(only1.job.spec.model).DenseBlocks(), 1);
+  EXPECT_EQ(ToJson(only1.job)["spec"]["model"]["mlpOnlyLayers"], Json({1}));
+  EXPECT_EQ(paths(check({{"preset", "qwen3-moe-tiny"}, {"mlpOnlyLayers", {2}}})),
+            std::set<std::string>{"spec.model.mlpOnlyLayers[0]"});  // 2 blocks: 0 and 1
+  const CheckedJob none_sparse = check({{"preset", "qwen3-moe-tiny"}, {"mlpOnlyLayers", {1, 0}}});
+  EXPECT_EQ(paths(none_sparse), std::set<std::string>{"spec.model.mlpOnlyLayers"});
+  EXPECT_NE(message(none_sparse).find("leaves no sparse block of the 2"), std::string::npos) << message(none_sparse);
+  EXPECT_EQ(paths(check({{"preset", "qwen3-moe-tiny"}, {"decoderSparseStep", 3}})),
             std::set<std::string>{"spec.model.decoderSparseStep"});
-  EXPECT_EQ(paths(check({{"preset", "qwen3-moe-tiny"}, {"mlpOnlyLayers", {1}}})),
+  Json dense_without_width = explicit_model;
+  dense_without_width["mlpOnlyLayers"] = {0};
+  EXPECT_EQ(paths(check(dense_without_width)), std::set<std::string>{"spec.model.intermediateSize"});
+  dense_without_width["intermediateSize"] = 96;
+  EXPECT_TRUE(paths(check(dense_without_width)).empty());
+  // Mixtral's blocks are all sparse.
+  EXPECT_EQ(paths(check({{"preset", "moe-tiny"}, {"decoderSparseStep", 2}})),
+            std::set<std::string>{"spec.model.decoderSparseStep"});
+  EXPECT_EQ(paths(check({{"preset", "moe-tiny"}, {"mlpOnlyLayers", {0}}})),
             std::set<std::string>{"spec.model.mlpOnlyLayers[0]"});
   // A dense family takes no expert field.
   EXPECT_EQ(paths(check({{"preset", "llama-tiny"}, {"experts", 4}, {"expertsPerToken", 2}})),
@@ -354,6 +438,11 @@ TEST(MoeFamilies, ExpertFieldsAreCheckedByField) {
       check({{"preset", "qwen3-moe-tiny"}, {"intermediateSize", 45}}, {{"tensorParallelDegree", 2}});
   EXPECT_TRUE(paths(unused).empty()) << message(unused);
   EXPECT_TRUE(TensorParallelDivides(ShapeOf(unused.job.spec.model), 2));
+  // With dense blocks it sizes their MLP, which TP splits.
+  const CheckedJob used = check({{"preset", "qwen3-moe-tiny"}, {"intermediateSize", 45}, {"mlpOnlyLayers", {0}}},
+                                {{"tensorParallelDegree", 2}});
+  EXPECT_EQ(paths(used), std::set<std::string>{"spec.parallelism.tensorParallelDegree"});
+  EXPECT_NE(message(used).find("intermediateSize"), std::string::npos) << message(used);
   // A load-balancing loss takes every block's routing at once, summed over pipeline
   // stages; a dense model has none.
   const CheckedJob staged = check({{"preset", "moe-tiny"}}, {{"pipelineParallelDegree", 2}});

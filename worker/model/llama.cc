@@ -9,7 +9,8 @@
 // (Vp,C) when untied. Where a block holds biases, q, k and v add them; where it holds
 // q_norm and k_norm, each head of q and of k is RMS-normed before RoPE. Where it holds a
 // router (Mixtral, Qwen3-MoE), its MLP is a mixture of experts (moe_block.h) in place of
-// gate, up and down.
+// gate, up and down; a mixture's dense blocks (api::ModelShape::DenseBlock) hold gate, up
+// and down, the attention's tensors at the same offsets.
 
 #include "worker/model/layers.h"
 #include "worker/model/moe_block.h"
@@ -85,7 +86,7 @@ class Llama final : public Model<P> {
       ops.ResidualRmsNormForward(a.residual2, a.mlp_norm, a.mlp_rstd, residual, s.proj, p + mlp_norm_, N, C, d.eps,
                                  k.stream);
     }
-    if (moe_.enabled) {  // a mixture of experts' MLP (moe_block.h)
+    if (Sparse(d)) {  // a mixture of experts' MLP (moe_block.h)
       moe_.Forward(k, acts.parts, into_residual ? acts.output : s.proj, a.mlp_norm,
                    into_residual ? Ptr<const A>(a.residual2) : nullptr, p, N, C, d.layer);
       if (into_residual) return;
@@ -117,7 +118,7 @@ class Llama final : public Model<P> {
     // output = residual2 + down: both get the output's gradient (down's through its mask).
     const Ptr<A> ddown = dropout ? s.dmasked : s.dresidual;
     if (dropout) Drop(k, d, kMlpResidual, s.dmasked, s.dresidual, C, C, 0);
-    if (moe_.enabled) {
+    if (Sparse(d)) {
       moe_.Backward(k, dp, acts.parts, scratch.parts, s.dln, ddown, a.mlp_norm, p, N, C);
     } else {
       LinearBackward(k, TpSplit::kColumns, s.dswiglu, dp + wdown_, nullptr, ddown, a.swiglu, p + wdown_, nullptr, N, Hl, C);
@@ -236,6 +237,13 @@ class Llama final : public Model<P> {
     if (k.tp == nullptr || k.tp->size() == 1) return add(s.dhead_norms);
     k.tp->AllGather(s.dhead_norms, s.all_head_norms, 2 * HS, k.stream);
     for (int r = 0; r < k.tp->size(); ++r) add(s.all_head_norms + r * 2 * HS);
+  }
+
+  // Whether the block of `d` is a mixture of experts' sparse one.
+  bool Sparse(const Dims& d) const {
+    if (!moe_.enabled) return false;
+    if (d.layer < 0) throw std::logic_error("Llama: a mixture's block without its index");
+    return !shape_.DenseBlock(d.layer);
   }
 
   // q's, k's and v's biases, one vector: Qwen2's; null for the rest.

@@ -92,7 +92,7 @@ ParameterLayout::ParameterLayout(const api::ModelShape& shape, int tp_rank, int 
   };
   const api::FamilyTensors family = api::TensorsOf(shape_);
   unit(family.embedding, -1);
-  for (int l = 0; l < int(shape_.layers); ++l) unit(family.block, l);
+  for (int l = 0; l < int(shape_.layers); ++l) unit(family.Block(shape_, l), l);
   if (!family.head.empty()) unit(family.head, -1);
   unit_begin_.push_back(total_);
   unit_first_tensor_.push_back(tensors_.size());

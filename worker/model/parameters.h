@@ -1,6 +1,7 @@
 // A model's parameters: one flat buffer with offsets, laid out by FSDP unit from its
 // family's description (api/model_family.h): the embedding unit, one unit per block (the
-// same tensors at the same offsets in each), and the head unit when the head is untied.
+// same tensors at the same offsets in each; a mixture's dense blocks hold theirs, the
+// attention's at the sparse blocks' offsets), and the head unit when the head is untied.
 //
 // With tensor parallelism (Megatron), rank t of T holds a slice of the split tensors
 // (api::TpSplit): the vocabulary rows [floor(t*V/T), floor((t+1)*V/T)) of an embedding or
@@ -92,7 +93,7 @@ class ParameterLayout {
   int64_t Offset(Param kind, int layer = -1) const { return Tensor(kind, layer).offset; }
   // Whether the family has a tensor of `kind`.
   bool Has(Param kind) const;
-  // The offset of `kind` inside its unit: the same in every block.
+  // The offset of `kind` inside its unit: the same in every block that holds it.
   int64_t OffsetInUnit(Param kind) const;
 
   // Units: 0 the embedding, 1 + l block l, then the head's when the head is untied.

@@ -587,7 +587,9 @@ void ShardedEngine<P>::AddAuxLoss(const std::vector<double>& both, int blocks, i
 template <class P>
 void ShardedEngine<P>::PostRouterStats(int64_t micro) {
   StagedRouterStats& staged = staged_stats_[micro];
-  if (staged.stats.blocks == 0) throw std::logic_error("a load-balancing loss, but no block routed the micro-batch");
+  // A stage of a mixture's dense blocks alone routes nothing: it adds zeros to the sum.
+  const size_t E = size_t(layout_.shape().experts);
+  staged.stats.counts.resize(E, 0), staged.stats.probabilities.resize(E, 0);
   staged.both = SumOverDataRanks(staged.stats);
   staged.both.push_back(double(staged.stats.blocks));
   // Asynchronous: the stages post theirs in the order of the micro-batches, each when its
@@ -622,9 +624,10 @@ void ShardedEngine<P>::UploadStagedDprobs(int64_t micro, int64_t N) {
   if (staged.dprobs.empty()) {  // the first backward of the micro-batch on this stage
     staged.summed->Wait();
     const int blocks = int(staged.both.back());
-    if (blocks != layout_.blocks()) {
-      throw std::logic_error("the stages routed " + std::to_string(blocks) + " blocks of " +
-                             std::to_string(layout_.blocks()));
+    const int sparse = layout_.blocks() - int(layout_.shape().DenseBlocks());
+    if (blocks != sparse) {
+      throw std::logic_error("the stages routed " + std::to_string(blocks) + " blocks of the " +
+                             std::to_string(sparse) + " that hold experts");
     }
     // The loss is the last stage's, as the cross-entropy's is (TakeLoss sums the stages).
     AddAuxLoss(staged.both, blocks, N, /*counts_loss=*/mesh_->stage() + 1 == mesh_->stages(), &staged.dprobs);

@@ -37,7 +37,9 @@ std::vector<HfTensor> HfTensorsOf(const model::ParameterLayout& layout) {
   std::vector<HfTensor> names;
   for (const api::TensorInfo& t : f.embedding) names.push_back({api::HuggingFaceName(t, -1), t.hf_transposed, t.hf_sizes});
   for (int l = 0; l < layout.blocks(); ++l) {
-    for (const api::TensorInfo& t : f.block) names.push_back({api::HuggingFaceName(t, l), t.hf_transposed, t.hf_sizes});
+    for (const api::TensorInfo& t : f.Block(layout.shape(), l)) {
+      names.push_back({api::HuggingFaceName(t, l), t.hf_transposed, t.hf_sizes});
+    }
   }
   for (const api::TensorInfo& t : f.head) names.push_back({api::HuggingFaceName(t, -1), t.hf_transposed, t.hf_sizes});
   return names;
