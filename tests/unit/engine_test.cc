@@ -435,12 +435,15 @@ TEST(ShardedEngine, NothingIsAllocatedAfterConstruction) {
 // more. Both families; EP 2 and 4 (their 4 experts); an expert-shard group of one rank
 // (S = EP) and of two; replicas; every activation policy; and TP 2, which splits each
 // expert's width and adds the routing weights' gradients of every TP rank to the scratch.
+// Qwen3-MoE with dense blocks among its sparse ones (decoderSparseStep 2: block 0 dense,
+// block 1 sparse) has block units of two sizes, the dense one sharded over all S ranks.
 TEST(ShardedEngine, UnderExpertParallelismEachRankAllocatesWhatThePlannerCounts) {
   struct Case {
     const char* preset;
     int ranks, shard, experts;  // one node of `ranks`; S; EP
     ActivationPolicy policy;
     int tp = 1;
+    int sparse_step = 1;  // decoder_sparse_step
   };
   const ActivationPolicy keep{}, checkpointing{true, false, 2}, offload{true, true, 1};
   const Case cases[] = {
@@ -448,12 +451,17 @@ TEST(ShardedEngine, UnderExpertParallelismEachRankAllocatesWhatThePlannerCounts)
       {"moe-tiny", 4, 2, 2, keep},          {"qwen3-moe-tiny", 2, 2, 2, offload}, {"qwen3-moe-tiny", 4, 4, 2, keep},
       {"qwen3-moe-tiny", 4, 4, 4, checkpointing},
       {"moe-tiny", 4, 2, 2, checkpointing, 2}, {"qwen3-moe-tiny", 4, 2, 2, offload, 2},
+      {"qwen3-moe-tiny", 2, 2, 2, keep, 1, 2},   {"qwen3-moe-tiny", 4, 4, 2, offload, 1, 2},
+      {"qwen3-moe-tiny", 4, 2, 2, checkpointing, 2, 2},
   };
   comm::FabricOptions fabric;
   fabric.timeout = std::chrono::seconds(60);
   for (const Case& c : cases) {
-    const api::ModelShape& shape = *api::FindPreset(c.preset);
-    const std::string name = std::string(c.preset) + ", " + std::to_string(c.ranks) + " ranks, T " +
+    api::ModelShape shape = *api::FindPreset(c.preset);
+    shape.decoder_sparse_step = c.sparse_step;
+    ASSERT_EQ(shape.DenseBlocks(), c.sparse_step == 2 ? 1 : 0);
+    const std::string name = std::string(c.preset) + (c.sparse_step > 1 ? " (dense block 0)" : "") + ", " +
+                             std::to_string(c.ranks) + " ranks, T " +
                              std::to_string(c.tp) + ", S " + std::to_string(c.shard) + ", EP " +
                              std::to_string(c.experts) +
                              (c.policy.offload ? ", offload" : c.policy.checkpointing ? ", checkpointing" : ", keep all");
@@ -507,6 +515,58 @@ TEST(ShardedEngine, UnderExpertParallelismEachRankAllocatesWhatThePlannerCounts)
       EXPECT_GT(engine.comm_stats().all_to_all, 0) << rank << ": no all-to-all carried the tokens";
       EXPECT_EQ(Figures(accounting), built) << rank << ": the step allocated";
     });
+  }
+}
+
+// A pipeline stage of a mixture with dense blocks holds units of both sizes or of one:
+// each stage's engine allocates what the planner counts for its stage (api::StageShapeOf
+// says how many of its blocks are dense), under every schedule and activation policy.
+TEST(ShardedEngine, APipelineStageOfDenseAndSparseBlocksAllocatesWhatThePlannerCounts) {
+  api::ModelShape shape = *api::FindPreset("qwen3-moe-tiny");
+  shape.layers = 5, shape.decoder_sparse_step = 2;  // blocks 0, 2 and 4 dense; 1 and 3 sparse
+  const ActivationPolicy keep{}, offload{true, true, 1};
+  struct Case {
+    api::Pipeline pipeline;
+    ActivationPolicy policy;
+  };
+  const Case cases[] = {{{2, 1, api::PipelineSchedule::kOneFOneB}, keep},
+                        {{2, 1, api::PipelineSchedule::kGPipe}, offload},
+                        {{2, 2, api::PipelineSchedule::kInterleaved}, keep}};
+  comm::FabricOptions fabric;
+  fabric.timeout = std::chrono::seconds(60);
+  for (const Case& c : cases) {
+    SCOPED_TRACE("P2 V" + std::to_string(c.pipeline.virtual_stages) + (c.policy.offload ? ", offload" : ""));
+    const api::ParallelLayout layout(1, 2, 1, 1, 2);
+    auto ops = kernels::MakeCpuOps<Fp32>();
+    api::EngineTypes types = model::TypesOf(*ops, B, T, shape, 1);
+    types.vocab_multiple = api::kVocabMultiple;
+    const int micro_batches = c.pipeline.chunks();
+    int dense_held = 0;
+    std::mutex mutex;
+    testing::RunFabricRanks(2, 1, fabric, [&](comm::Communicator& world) {
+      const std::shared_ptr<runtime::Backend> backend = Backend();
+      const auto mesh = std::make_shared<const Mesh>(layout, &world, nullptr, backend.get());
+      runtime::MemoryAccounting accounting;
+      EngineOptions options;
+      options.activations = c.policy;
+      options.pipeline = c.pipeline;
+      options.micro_batches = micro_batches;
+      ShardedEngine<Fp32> engine(shape, mesh, B, T, 11, &accounting, options, backend, CpuOps<Fp32>);
+      const api::StageShape stage = api::StageShapeOf(shape, c.pipeline, mesh->stage(), micro_batches, T);
+      {
+        const std::lock_guard<std::mutex> lock(mutex);
+        dense_held += stage.dense_blocks;
+      }
+      const api::EngineMemory planned =
+          api::EngineMemoryOf(shape, B, T, 0, 1, 1, c.policy, types, false, false, stage);
+      const std::string rank = "stage " + std::to_string(mesh->stage());
+      EXPECT_EQ(accounting.current(MemoryCategory::kParams), planned.params) << rank;
+      EXPECT_EQ(accounting.current(MemoryCategory::kGathered), planned.gathered) << rank;
+      EXPECT_EQ(accounting.current(MemoryCategory::kActivations), planned.activations) << rank;
+      EXPECT_EQ(accounting.current(MemoryCategory::kOffload), planned.offload) << rank;
+      EXPECT_EQ(accounting.peak_total(), planned.total()) << rank;
+    });
+    EXPECT_EQ(dense_held, 3);  // the stages hold the model's dense blocks between them
   }
 }
 

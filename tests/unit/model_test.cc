@@ -79,10 +79,16 @@ TEST(ModelLayout, UnitsTileTheBufferAndMatchTheParameterCount) {
 }
 
 // The planner's memory model counts units with api::UnitElementsOf; it must be what
-// the layout the engine shards holds, on every TP rank of every preset, padded or not.
+// the layout the engine shards holds, on every TP rank of every preset, padded or not, and
+// of a Qwen3-MoE with dense blocks (units of two sizes).
 TEST(ModelLayout, UnitSizesAreTheOnesThePlannerCounts) {
-  for (std::string_view name : api::PresetNames()) {
-    const api::ModelShape& shape = *api::FindPreset(name);
+  std::vector<std::pair<std::string, api::ModelShape>> shapes;
+  for (std::string_view name : api::PresetNames()) shapes.emplace_back(std::string(name), *api::FindPreset(name));
+  api::ModelShape dense_blocks = *api::FindPreset("qwen3-moe-tiny");
+  dense_blocks.layers = 5, dense_blocks.decoder_sparse_step = 2, dense_blocks.mlp_only_layers = {3};
+  shapes.emplace_back("qwen3-moe-tiny, dense blocks 0 2 3 4", dense_blocks);
+  ASSERT_EQ(dense_blocks.DenseBlocks(), 4);
+  for (const auto& [name, shape] : shapes) {
     for (int multiple : {1, 128}) {
       for (int tp : {1, 2, 4}) {
         if (shape.heads % tp != 0 || shape.KvHeads() % tp != 0) continue;
@@ -93,8 +99,11 @@ TEST(ModelLayout, UnitSizesAreTheOnesThePlannerCounts) {
                                     " multiple " + std::to_string(multiple);
           EXPECT_EQ(layout.Unit(0).second - layout.Unit(0).first, expected.embedding) << where;
           for (int u = 1; u <= layout.blocks(); ++u) {
-            ASSERT_EQ(layout.Unit(u).second - layout.Unit(u).first, expected.block) << where << " unit " << u;
+            const int64_t block = shape.DenseBlock(u - 1) ? expected.dense_block : expected.block;
+            ASSERT_EQ(layout.Unit(u).second - layout.Unit(u).first, block) << where << " unit " << u;
+            EXPECT_EQ(layout.UnitHasExperts(u), !shape.DenseBlock(u - 1) && shape.experts > 0) << where << " unit " << u;
           }
+          EXPECT_EQ(expected.dense_block > 0, shape.DenseBlocks() > 0) << where;
           EXPECT_EQ(layout.has_head_unit(), expected.head > 0) << where;
           if (layout.has_head_unit()) {
             EXPECT_EQ(layout.Unit(layout.head_unit()).second - layout.Unit(layout.head_unit()).first, expected.head)
