@@ -121,9 +121,13 @@ void PrintLayout(const api::CheckedJob& job, bool groups, std::ostream& out) {
       << " x " << mesh.tp() << " tp; data-parallel size " << mesh.data_parallel() << "; a shard group spans "
       << mesh.NodesPerShardGroup() << " node(s)\n";
   if (mesh.expert() > 1) {
+    const int64_t dense = shape.DenseBlocks();
     out << "  experts: expert parallelism " << mesh.expert() << ", " << shape.experts / mesh.expert() << " of "
-        << shape.experts << " experts of each block a rank, their blocks sharded over " << mesh.shard() / mesh.expert()
-        << " rank(s)\n";
+        << shape.experts << " experts of each " << (dense > 0 ? "sparse " : "") << "block a rank, their blocks sharded over "
+        << mesh.shard() / mesh.expert() << " rank(s)"
+        << (dense > 0 ? "; the " + std::to_string(dense) + " dense blocks over all " + std::to_string(mesh.shard())
+                      : "")
+        << "\n";
   }
   out << "  batch: " << spec.training.global_batch_tokens << " tokens per step = " << api::TokensPerMicroStep(spec)
       << " per micro-step x " << api::AccumulationSteps(spec) << " accumulation step(s)\n";
