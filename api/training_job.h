@@ -95,6 +95,9 @@ struct ModelSpec {
   std::optional<bool> norm_topk_prob;
   std::optional<int64_t> decoder_sparse_step;
   std::vector<int64_t> mlp_only_layers;
+  // Whether these fields make some blocks dense (api::ModelShape::DenseBlock): a block
+  // listed in mlp_only_layers, or a decoder_sparse_step above 1.
+  bool NamesDenseBlocks() const { return !mlp_only_layers.empty() || decoder_sparse_step.value_or(1) > 1; }
   // The probability of dropping an element of each block's attention output and of the
   // attention and MLP outputs added to the residual stream, in training; masks are keyed
   // by spec.parallelism.tensorParallelSeed.

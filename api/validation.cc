@@ -295,9 +295,8 @@ void CheckLayout(const TrainingJobSpec& spec, FieldChecker& c) {
   // A mixture whose experts have a width of their own (Qwen3-MoE's moeIntermediateSize)
   // has no dense MLP but in its dense blocks (mlpOnlyLayers, decoderSparseStep): without
   // them its intermediateSize sizes nothing, and TP splits only the experts.
-  const bool dense_blocks = !m.mlp_only_layers.empty() || m.decoder_sparse_step.value_or(1) > 1;
-  const bool dense_mlp =
-      dense_blocks || !(m.experts && m.moe_intermediate_size && m.moe_intermediate_size != m.intermediate_size);
+  const bool dense_mlp = m.NamesDenseBlocks() ||
+                         !(m.experts && m.moe_intermediate_size && m.moe_intermediate_size != m.intermediate_size);
   if (tp >= 1 && dense_mlp && m.intermediate_size && *m.intermediate_size >= 1 && *m.intermediate_size % tp != 0) {
     c.Fail("spec.parallelism.tensorParallelDegree", "must divide the MLP width (spec.model.intermediateSize = " +
                                                         std::to_string(*m.intermediate_size) + "), got " +

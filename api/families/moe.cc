@@ -87,8 +87,7 @@ class MoeFamily final : public LlamaFamily {
 
   void Default(ModelSpec* m) const override {
     if (m_.qwen) {  // the dense width sizes nothing while every block is sparse
-      const bool dense_blocks = !m->mlp_only_layers.empty() || m->decoder_sparse_step.value_or(1) > 1;
-      if (!m->intermediate_size && m->moe_intermediate_size && !dense_blocks) {
+      if (!m->intermediate_size && m->moe_intermediate_size && !m->NamesDenseBlocks()) {
         m->intermediate_size = m->moe_intermediate_size;
       }
       if (!m->norm_topk_prob) m->norm_topk_prob = false;  // Qwen3MoeConfig's default
