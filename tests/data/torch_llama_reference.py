@@ -7,18 +7,25 @@ and v (repeat_kv), SwiGLU, a tied or untied head, Qwen2's biases on q, k and v, 
 RMSNorm of each head of q and k before RoPE (q_norm, k_norm); and the sparse MLP of
 MixtralSparseMoeBlock and Qwen3MoeSparseMoeBlock: router logits, a softmax over all experts,
 the top k, their weights renormalised (Mixtral always, Qwen3-MoE where norm_topk_prob), the
-weighted sum of the chosen experts' SwiGLU MLPs. The sparse MLP has two forms, which `train`
+weighted sum of the chosen experts' SwiGLU MLPs. Qwen3-MoE's dense blocks as
+Qwen3MoeDecoderLayer decides them: block l is sparse iff l is not in mlp_only_layers,
+num_experts > 0 and (l + 1) % decoder_sparse_step == 0; otherwise its MLP is Qwen3MoeMLP, a
+dense SwiGLU MLP of intermediate_size units (mlp.gate_proj, up_proj, down_proj), and it
+gives no router logits. The sparse MLP has two forms, which `train`
 holds to each other before it trains: a dense one (every expert on every token, weighted by
 the routing weights scattered over all experts, 0 where not chosen) and transformers'
 dispatch (each expert on the tokens that chose it, added back with index_add_). Nothing here
 comes from meshtrain but the file formats.
 
   init DIR --family llama|qwen2|qwen3|mixtral|qwen3_moe [--tied 0|1] [--dtype f32|bf16] [--shards N] [--seed S]
-       [--aux COEF]
+       [--aux COEF] [--layers L] [--sparse-step N] [--mlp-only-layers I,J,...]
       writes a small model as a Hugging Face directory: config.json, and model.safetensors
       or N shards with model.safetensors.index.json, random weights. --aux turns a
       mixture's load-balancing loss on (output_router_logits true, router_aux_loss_coef COEF),
-      which training then adds as transformers 4.x does.
+      which training then adds as transformers 4.x does. --layers: num_hidden_layers (2).
+      Qwen3-MoE only: --sparse-step and --mlp-only-layers write decoder_sparse_step and
+      mlp_only_layers (1 and none: every block sparse); a dense block's weights are its
+      dense MLP's, intermediate_size wide, with no router and no experts.
   train DIR BATCHES OUT [--exported EXPORT_DIR]
       trains the model in DIR on BATCHES (JSON: the hyperparameters, and per step its
       learning rate and micro-batches of inputs and targets) with AdamW (decay on every
@@ -27,7 +34,10 @@ comes from meshtrain but the file formats.
       directory meshtrain exported, for each tensor and in all the distance of meshtrain's
       weights from ours over the distance training moved ours. For a mixture of experts,
       also "moe_forms": the largest difference between the dense and the dispatch forms'
-      loss and gradients on the first micro-batch (training uses the dispatch form).
+      loss and gradients on the first micro-batch (training uses the dispatch form). For a
+      Qwen3-MoE with dense blocks, also "sparse_blocks" (those it made sparse) and
+      "aux_losses" (each step's load-balancing loss, the mean over its micro-batches
+      before its coefficient; null where it is off).
 """
 import argparse
 import json
@@ -107,13 +117,19 @@ class Config:
         self.head_norms = architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
         self.moe = architecture in ("MixtralForCausalLM", "Qwen3MoeForCausalLM")
         self.moe_form = "dispatch"
+        self.sparse_layers = set()  # the blocks with a sparse MLP; the others' MLP is dense (LlamaMLP)
         if architecture == "MixtralForCausalLM":
             self.experts, self.renormalize = c["num_local_experts"], True
             self.sparse, self.expert_names = "block_sparse_moe.", ("w1", "w3", "w2")
+            self.sparse_layers = set(range(self.layers))
         elif architecture == "Qwen3MoeForCausalLM":
             self.experts, self.renormalize = c["num_experts"], c.get("norm_topk_prob", False)
             self.sparse, self.expert_names = "mlp.", ("gate_proj", "up_proj", "down_proj")
-            assert c.get("decoder_sparse_step", 1) == 1 and not c.get("mlp_only_layers"), "every block sparse"
+            # Qwen3MoeDecoderLayer.__init__: the others are Qwen3MoeMLP, intermediate_size wide
+            step, dense = c.get("decoder_sparse_step", 1), c.get("mlp_only_layers") or []
+            assert isinstance(dense, list), ("mlp_only_layers", dense)
+            self.sparse_layers = {l for l in range(self.layers)
+                                  if l not in dense and self.experts > 0 and (l + 1) % step == 0}
         if self.moe:
             self.top_k = c["num_experts_per_tok"]
         # transformers adds router_aux_loss_coef x load_balancing_loss_func where output_router_logits
@@ -183,7 +199,8 @@ def sparse_mlp(cfg, p, a, h):
 
 def load_balancing_loss(cfg, router_logits):
     """transformers 4.x's load_balancing_loss_func without an attention mask: one softmax of every
-    layer's logits concatenated, the top k, and num_experts x sum(tokens_per_expert x router_prob_per_expert)."""
+    layer's logits concatenated, the top k, and num_experts x sum(tokens_per_expert x router_prob_per_expert).
+    Only the sparse blocks give logits (Qwen3MoeModel keeps a layer's router logits where it has some)."""
     routing = torch.softmax(torch.cat(router_logits, dim=0), dim=-1)
     _, selected = torch.topk(routing, cfg.top_k, dim=-1)
     mask = torch.nn.functional.one_hot(selected, cfg.experts).to(routing.dtype)  # (N, k, E)
@@ -192,7 +209,8 @@ def load_balancing_loss(cfg, router_logits):
     return (tokens_per_expert * router_prob_per_expert.unsqueeze(0)).sum() * cfg.experts
 
 
-def forward(cfg, p, idx, tgt):
+def forward(cfg, p, idx, tgt, aux_out=None):
+    """The loss; and where aux_out is a list, the load-balancing loss (before its coefficient) appended to it."""
     B, T = idx.shape
     x = p["model.embed_tokens.weight"][idx]
     angles = torch.arange(T, dtype=torch.float64)[:, None] * inverse_frequencies(cfg)[None, :]
@@ -220,12 +238,12 @@ def forward(cfg, p, idx, tgt):
         y = (att @ v).transpose(1, 2).reshape(B, T, cfg.heads * cfg.head_dim)
         x = x + y @ p[a + "self_attn.o_proj.weight"].T
         h = rms_norm(x, p[a + "post_attention_layernorm.weight"], cfg.eps)
-        if cfg.moe:
+        if cfg.moe and l in cfg.sparse_layers:
             out, logits = sparse_mlp(cfg, p, a, h)
             x = x + out
             router_logits.append(logits)
             continue
-        gate = h @ p[a + "mlp.gate_proj.weight"].T
+        gate = h @ p[a + "mlp.gate_proj.weight"].T  # LlamaMLP, Qwen3MoeMLP of a dense block
         up = h @ p[a + "mlp.up_proj.weight"].T
         x = x + (torch.nn.functional.silu(gate) * up) @ p[a + "mlp.down_proj.weight"].T
     x = rms_norm(x, p["model.norm.weight"], cfg.eps)
@@ -233,7 +251,10 @@ def forward(cfg, p, idx, tgt):
     logits = x @ head.T
     loss = torch.nn.functional.cross_entropy(logits.view(-1, cfg.vocab), tgt.view(-1))
     if cfg.aux_coef is not None:
-        loss = loss + cfg.aux_coef * load_balancing_loss(cfg, router_logits)
+        aux = load_balancing_loss(cfg, router_logits)
+        if aux_out is not None:
+            aux_out.append(aux.item())
+        loss = loss + cfg.aux_coef * aux
     return loss
 
 
@@ -244,7 +265,7 @@ def init(args):
     moe = args.family in ("mixtral", "qwen3_moe")
     qwen = args.family in ("qwen2", "qwen3", "qwen3_moe")
     qwen3 = args.family in ("qwen3", "qwen3_moe")
-    L, NH, KVH, HD, C, I, V = 2, 4, 2, 12, 40, 76, 256
+    L, NH, KVH, HD, C, I, V = args.layers, 4, 2, 12, 40, 76, 256
     E, K, MI = 4, 2, 28  # a mixture's experts, experts a token, and their width
     architecture = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                     "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
@@ -271,11 +292,16 @@ def init(args):
         config.update({"num_local_experts": E, "num_experts_per_tok": K, "intermediate_size": MI,
                        "router_jitter_noise": 0.0, "sliding_window": None, "output_router_logits": False,
                        "router_aux_loss_coef": 0.02})
-    if args.family == "qwen3_moe":  # Qwen3-30B-A3B's keys; intermediate_size (the dense width) unused
+    if args.family != "qwen3_moe" and (args.sparse_step != 1 or args.mlp_only_layers):
+        raise SystemExit("--sparse-step and --mlp-only-layers are Qwen3-MoE's")
+    sparse = set(range(L)) if moe else set()  # the blocks with a sparse MLP, as Qwen3MoeDecoderLayer decides
+    if args.family == "qwen3_moe":  # Qwen3-30B-A3B's keys; intermediate_size the dense blocks' width, if any
         del config["layer_types"]
         config.update({"num_experts": E, "num_experts_per_tok": K, "moe_intermediate_size": MI,
-                       "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                       "norm_topk_prob": False, "decoder_sparse_step": args.sparse_step,
+                       "mlp_only_layers": args.mlp_only_layers,
                        "sliding_window": None, "output_router_logits": False, "router_aux_loss_coef": 0.001})
+        sparse = {l for l in range(L) if l not in args.mlp_only_layers and (l + 1) % args.sparse_step == 0}
     if moe and args.aux is not None:  # the load-balancing loss on, over either family's defaults above
         config.update({"output_router_logits": True, "router_aux_loss_coef": args.aux})
 
@@ -295,7 +321,7 @@ def init(args):
             w[a + "self_attn.k_norm.weight"] = 1 + normal(HD, scale=0.2)
         w[a + "self_attn.o_proj.weight"] = normal(C, NH * HD, scale=0.15)
         w[a + "post_attention_layernorm.weight"] = 1 + normal(C, scale=0.1)
-        if moe:  # the router, then each expert's three matrices, as published checkpoints name them
+        if l in sparse:  # the router, then each expert's three matrices, as published checkpoints name them
             m = a + ("block_sparse_moe." if args.family == "mixtral" else "mlp.")
             gate, up, down = ("w1", "w3", "w2") if args.family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
             w[m + "gate.weight"] = normal(E, C, scale=0.5)
@@ -304,7 +330,7 @@ def init(args):
                 w[m + f"experts.{e}.{up}.weight"] = normal(MI, C, scale=0.2)
                 w[m + f"experts.{e}.{down}.weight"] = normal(C, MI, scale=0.15)
             continue
-        w[a + "mlp.gate_proj.weight"] = normal(I, C, scale=0.2)
+        w[a + "mlp.gate_proj.weight"] = normal(I, C, scale=0.2)  # a dense MLP (a mixture's dense block too)
         w[a + "mlp.up_proj.weight"] = normal(I, C, scale=0.2)
         w[a + "mlp.down_proj.weight"] = normal(C, I, scale=0.15)
     w["model.norm.weight"] = 1 + normal(C, scale=0.1)
@@ -354,27 +380,34 @@ def train(args):
             difference = max(difference, (a - b).abs().max().item())
         result["moe_forms"] = difference
         cfg.moe_form = "dispatch"
-    losses, norms = [], []
+    losses, norms, aux_losses = [], [], []
     for step in spec["steps"]:
         for group in opt.param_groups:
             group["lr"] = step["lr"]
         opt.zero_grad()
         micros = step["micro_batches"]
-        total = 0.0
+        total, auxes = 0.0, []
         for m in micros:
-            loss = forward(cfg, p, torch.tensor(m["inputs"]), torch.tensor(m["targets"])) / len(micros)
+            loss = forward(cfg, p, torch.tensor(m["inputs"]), torch.tensor(m["targets"]), auxes) / len(micros)
             loss.backward()
             total += loss.item()
         norm = torch.nn.utils.clip_grad_norm_(list(p.values()), spec["grad_clip"])
         opt.step()
         losses.append(total)
         norms.append(float(norm))
+        aux_losses.append(sum(auxes) / len(auxes) if auxes else None)
     result.update({"losses": losses, "norms": norms})
+    if cfg.moe and len(cfg.sparse_layers) < cfg.layers:  # dense blocks: which are sparse, and each step's
+        result["sparse_blocks"] = sorted(cfg.sparse_layers)  # load-balancing loss over theirs (null if off)
+        result["aux_losses"] = aux_losses
     if args.exported:
         exported_config, exported = read_directory(args.exported)
         for key in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size",
                     "intermediate_size", "vocab_size", "tie_word_embeddings", "architectures"):
             assert exported_config.get(key) == config.get(key), (key, exported_config.get(key), config.get(key))
+        if cfg.moe:  # which blocks are sparse, by the exported config.json as transformers reads it
+            assert Config(exported_config).sparse_layers == cfg.sparse_layers, \
+                (sorted(Config(exported_config).sparse_layers), sorted(cfg.sparse_layers))
         assert set(exported) == set(p), (sorted(set(exported) ^ set(p)))
         moved = off = 0.0
         per_tensor = {}
@@ -401,6 +434,10 @@ def main():
     i.add_argument("--shards", type=int, default=1)
     i.add_argument("--seed", type=int, default=1)
     i.add_argument("--aux", type=float, default=None, help="output_router_logits true, with this router_aux_loss_coef")
+    i.add_argument("--layers", type=int, default=2, help="num_hidden_layers")
+    i.add_argument("--sparse-step", type=int, default=1, help="Qwen3-MoE's decoder_sparse_step")
+    i.add_argument("--mlp-only-layers", type=lambda text: [int(l) for l in text.split(",") if l], default=[],
+                   help="Qwen3-MoE's mlp_only_layers, as I,J,... (the blocks with a dense MLP)")
     t = sub.add_parser("train")
     t.add_argument("dir")
     t.add_argument("batches")

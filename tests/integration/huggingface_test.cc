@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -56,6 +57,13 @@ class HuggingFaceTest : public testing::Test {
     WriteTokenFile((dir_ / "tokens.bin").string(), tokens);
   }
   void TearDown() override { fs::remove_all(dir_); }
+
+  // bytes.bin: 4000 tokens of a pattern over the byte vocabulary, for the Llama class.
+  void WriteByteTokens() {
+    std::vector<uint32_t> tokens(4000);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t((i * 37 + i / 7) % 256);
+    WriteTokenFile((dir_ / "bytes.bin").string(), tokens);
+  }
 
   api::TrainingJob Job(const std::string& init, const std::string& checkpoints = "") {
     nlohmann::json manifest = {
@@ -329,6 +337,16 @@ api::CheckedJob LlamaJob(const fs::path& model, const fs::path& tokens, const st
 }
 
 // A file's bytes.
+// Every tensor of a model directory's safetensors files, by name: its shape.
+std::map<std::string, std::vector<int64_t>> TensorShapesIn(const fs::path& model) {
+  std::map<std::string, std::vector<int64_t>> names;
+  for (const auto& entry : fs::directory_iterator(model)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    for (const auto& [name, t] : ReadSafetensors(entry.path().string())) names[name] = t.shape;
+  }
+  return names;
+}
+
 std::string Bytes(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -342,9 +360,7 @@ std::string Bytes(const fs::path& path) {
 // unpadded and a tied head once; reading it back gives the checkpoint's weights bit for
 // bit, and so does a new run from it.
 TEST_F(HuggingFaceTest, ALlamaClassDirectoryTrainsExportsAndLoadsBackBitForBit) {
-  std::vector<uint32_t> tokens(4000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t((i * 37 + i / 7) % 256);
-  WriteTokenFile((dir_ / "bytes.bin").string(), tokens);
+  WriteByteTokens();
   for (const auto& [family, flags] : {std::pair<std::string, std::string>{"llama", "--dtype bf16 --shards 3"},
                                       std::pair<std::string, std::string>{"qwen2", ""},
                                       std::pair<std::string, std::string>{"qwen3", "--shards 2"}}) {
@@ -419,9 +435,7 @@ TEST_F(HuggingFaceTest, ALlamaClassDirectoryTrainsExportsAndLoadsBackBitForBit) 
 // checks that run before any rank trains (the job's check; the Trainer's, which opens
 // every file's header), and nothing trained.
 TEST_F(HuggingFaceTest, BadLlamaClassDirectoriesAreNamed) {
-  std::vector<uint32_t> tokens(4000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t((i * 37 + i / 7) % 256);
-  WriteTokenFile((dir_ / "bytes.bin").string(), tokens);
+  WriteByteTokens();
   const fs::path good = ReferenceModel(dir_ / "good", "qwen2", "");
   const fs::path sharded = ReferenceModel(dir_ / "sharded", "llama", "--shards 3");
   auto copy = [&](const fs::path& from, const std::string& name) {
@@ -561,17 +575,7 @@ TEST_F(HuggingFaceTest, BadLlamaClassDirectoriesAreNamed) {
 // names, which read back bit for bit. Their config.json keys that would change the math,
 // a missing expert and transformers 5's fused in-memory experts are named.
 TEST_F(HuggingFaceTest, AMixtureOfExpertsDirectoryTrainsExportsAndLoadsBackBitForBit) {
-  std::vector<uint32_t> tokens(4000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t((i * 37 + i / 7) % 256);
-  WriteTokenFile((dir_ / "bytes.bin").string(), tokens);
-  auto names_in = [](const fs::path& model) {
-    std::map<std::string, std::vector<int64_t>> names;
-    for (const auto& entry : fs::directory_iterator(model)) {
-      if (entry.path().extension() != ".safetensors") continue;
-      for (const auto& [name, t] : ReadSafetensors(entry.path().string())) names[name] = t.shape;
-    }
-    return names;
-  };
+  WriteByteTokens();
   for (const auto& [family, flags] : {std::pair<std::string, std::string>{"mixtral", "--dtype bf16 --shards 3"},
                                       std::pair<std::string, std::string>{"qwen3_moe", "--shards 2"}}) {
     SCOPED_TRACE(family);
@@ -602,7 +606,7 @@ TEST_F(HuggingFaceTest, AMixtureOfExpertsDirectoryTrainsExportsAndLoadsBackBitFo
     EXPECT_EQ(config.at(mixtral ? "num_local_experts" : "num_experts"), 4);
     EXPECT_EQ(config.at("num_experts_per_tok"), 2);
     EXPECT_EQ(config.at(mixtral ? "intermediate_size" : "moe_intermediate_size"), 28);
-    const std::map<std::string, std::vector<int64_t>> written = names_in(exported), read = names_in(model);
+    const std::map<std::string, std::vector<int64_t>> written = TensorShapesIn(exported), read = TensorShapesIn(model);
     EXPECT_EQ(written, read) << "the tensors the directory came with, by the same names and shapes";
     const std::string sparse = mixtral ? "model.layers.1.block_sparse_moe." : "model.layers.1.mlp.";
     EXPECT_EQ(written.at(sparse + "gate.weight"), (std::vector<int64_t>{4, 40}));
@@ -633,6 +637,7 @@ TEST_F(HuggingFaceTest, AMixtureOfExpertsDirectoryTrainsExportsAndLoadsBackBitFo
     fs::path from;
     std::function<void(nlohmann::json&)> edit;
     std::string want;
+    std::string where = "config.json: ";  // what the error names before `want`
   };
   int n = 0;
   for (const Bad& b : std::vector<Bad>{
@@ -645,8 +650,27 @@ TEST_F(HuggingFaceTest, AMixtureOfExpertsDirectoryTrainsExportsAndLoadsBackBitFo
             "router_aux_loss_coef must not be negative"},
            {mixtral, [](auto& c) { c["num_experts_per_tok"] = 5; },
             "num_experts_per_tok 5 exceeds num_local_experts (4)"},
-           {qwen, [](auto& c) { c["mlp_only_layers"] = {1}; }, "mlp_only_layers [1] is not implemented"},
-           {qwen, [](auto& c) { c["decoder_sparse_step"] = 2; }, "decoder_sparse_step 2 is not implemented"},
+           // Dense blocks (mlp_only_layers, decoder_sparse_step) are read, with at least one
+           // sparse block left (AQwen3MoeWithDenseBlocksTrainsExports... trains them); what
+           // is not a block index, or no list, or a step below 1, is named.
+           {qwen, [](auto& c) { c["mlp_only_layers"] = {2}; },
+            "mlp_only_layers [2]: 2 is not a block index below 2 (num_hidden_layers)"},
+           {qwen, [](auto& c) { c["mlp_only_layers"] = {-1}; },
+            "mlp_only_layers [-1]: -1 is not a block index below 2 (num_hidden_layers)"},
+           {qwen, [](auto& c) { c["mlp_only_layers"] = {0.5}; },
+            "mlp_only_layers [0.5]: 0.5 is not a block index below 2 (num_hidden_layers)"},
+           {qwen, [](auto& c) { c["mlp_only_layers"] = 0; }, "mlp_only_layers must be a list of block indices, got 0"},
+           {qwen, [](auto& c) { c["decoder_sparse_step"] = 0; },
+            "decoder_sparse_step must be a positive integer below 2^31, got 0"},
+           {qwen, [](auto& c) { c["mlp_only_layers"] = {0, 1}; },
+            "leaves no sparse block of the 2: such a model is Qwen3-MoE's attention with dense MLPs (family qwen3)",
+            "spec.model.mlpOnlyLayers: "},
+           {qwen, [](auto& c) { c["decoder_sparse_step"] = 3; },
+            "leaves no sparse block of the 2: such a model is Qwen3-MoE's attention with dense MLPs (family qwen3)",
+            "spec.model.decoderSparseStep: "},
+           {qwen, [](auto& c) { c["mlp_only_layers"] = {1}; }, ""},   // block 0 sparse, 1 dense (job check only)
+           {qwen, [](auto& c) { c["decoder_sparse_step"] = 2; }, ""},  // block 1 sparse, 0 dense
+           {qwen, [](auto& c) { c["mlp_only_layers"] = nullptr; }, ""},  // Qwen3MoeConfig's None: no dense block
            {qwen, [](auto& c) { c["shared_expert_intermediate_size"] = 64; },
             "shared_expert_intermediate_size 64 is not implemented"},
            {qwen, [](auto& c) { c["max_window_layers"] = 1; }, ""},  // changes nothing without sliding windows
@@ -655,8 +679,8 @@ TEST_F(HuggingFaceTest, AMixtureOfExpertsDirectoryTrainsExportsAndLoadsBackBitFo
     if (b.want.empty()) {
       EXPECT_EQ(error, "");
     } else {
-      EXPECT_NE(error.find("config.json: " + b.want), std::string::npos)
-          << "want \"" << b.want << "\", got \"" << error << "\"";
+      EXPECT_NE(error.find(b.where + b.want), std::string::npos)
+          << "want \"" << b.where << b.want << "\", got \"" << error << "\"";
     }
   }
   auto weights_error = [&](const fs::path& model, const std::function<void(std::map<std::string, Tensor>&)>& edit) {
@@ -691,6 +715,94 @@ TEST_F(HuggingFaceTest, AMixtureOfExpertsDirectoryTrainsExportsAndLoadsBackBitFo
       << fused;
 }
 
+// Qwen3-MoE with dense blocks, written by the PyTorch reference: mlp_only_layers [0] of 2
+// blocks in fp32 over two shards (block 0 dense, 1 sparse), and decoder_sparse_step 2 with
+// mlp_only_layers [2] (a block the step makes dense already) of 4 blocks in bf16 over
+// three (blocks 1 and 3 sparse). A dense block is Qwen3MoeMLP: mlp.gate_proj, up_proj and
+// down_proj, intermediate_size (76) wide, and no router or experts. Each trains from
+// spec.model.init.from, starting from the directory's weights; `meshtrain export` writes
+// config.json with both keys as they came and the tensors the directory came with, by the
+// same names and shapes, which read back bit for bit and give the same shape again.
+TEST_F(HuggingFaceTest, AQwen3MoeWithDenseBlocksTrainsExportsAndLoadsBackBitForBit) {
+  WriteByteTokens();
+  struct Case {
+    std::string name, flags;
+    int64_t layers, step;
+    std::vector<int64_t> mlp_only, sparse;
+  };
+  for (const Case& c : {Case{"mlp-only", "--mlp-only-layers 0 --shards 2", 2, 1, {0}, {1}},
+                        Case{"step", "--layers 4 --sparse-step 2 --mlp-only-layers 2 --dtype bf16 --shards 3", 4, 2,
+                             {2}, {1, 3}}}) {
+    SCOPED_TRACE(c.name);
+    const fs::path model = ReferenceModel(dir_ / (c.name + "-in"), "qwen3_moe", c.flags);
+    const nlohmann::json given = nlohmann::json::parse(std::ifstream(model / "config.json"));
+    ASSERT_EQ(given.at("decoder_sparse_step"), c.step);
+    ASSERT_EQ(given.at("mlp_only_layers"), nlohmann::json(c.mlp_only));
+    const fs::path checkpoints = dir_ / (c.name + "-checkpoints"), exported = dir_ / (c.name + "-out");
+    const api::CheckedJob checked = LlamaJob(model, dir_ / "bytes.bin", checkpoints.string());
+    ASSERT_TRUE(checked.ok()) << checked.errors.front().ToString();
+    const api::ModelShape shape = api::ShapeOf(checked.job.spec.model);
+    EXPECT_EQ(shape.family, "qwen3_moe");
+    EXPECT_EQ(shape.layers, c.layers);
+    EXPECT_EQ(shape.decoder_sparse_step, c.step);
+    EXPECT_EQ(shape.mlp_only_layers, c.mlp_only);
+    EXPECT_EQ(shape.intermediate, 76);
+    EXPECT_EQ(shape.moe_intermediate, 28);
+    std::vector<int64_t> sparse;
+    for (int64_t l = 0; l < shape.layers; ++l) {
+      if (!shape.DenseBlock(l)) sparse.push_back(l);
+    }
+    EXPECT_EQ(sparse, c.sparse) << "the sparse blocks, as transformers decides them";
+    EXPECT_EQ(shape.DenseBlocks(), c.layers - int64_t(c.sparse.size()));
+    const std::string described = api::DescribeShape(shape);
+    EXPECT_NE(described.find("dense MLP 76 in blocks 0"), std::string::npos) << described;
+    Trainer start(checked.job);
+    EXPECT_EQ(start.Weights(), LoadHuggingFace(model.string(), shape));
+    Trainer trainer(checked.job);
+    trainer.Run([](const StepReport&) {});
+    const std::vector<float> trained = trainer.Weights();
+    EXPECT_NE(trained, start.Weights());
+
+    const std::string command = std::string(MESHTRAIN_CLI) + " export " + (checkpoints / "step-00000003").string() +
+                                " " + exported.string() + " --max-shard-size 50KB > " + (dir_ / "export.txt").string();
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    const nlohmann::json config = nlohmann::json::parse(std::ifstream(exported / "config.json"));
+    EXPECT_EQ(config.at("architectures")[0], "Qwen3MoeForCausalLM");
+    EXPECT_EQ(config.at("num_hidden_layers"), c.layers);
+    EXPECT_EQ(config.at("decoder_sparse_step"), c.step);
+    EXPECT_EQ(config.at("mlp_only_layers"), nlohmann::json(c.mlp_only));
+    EXPECT_EQ(config.at("intermediate_size"), 76) << "the dense blocks' width";
+    EXPECT_EQ(config.at("moe_intermediate_size"), 28);
+    const std::map<std::string, std::vector<int64_t>> written = TensorShapesIn(exported), read = TensorShapesIn(model);
+    EXPECT_EQ(written, read) << "the tensors the directory came with, by the same names and shapes";
+    for (int64_t l = 0; l < c.layers; ++l) {
+      const std::string mlp = "model.layers." + std::to_string(l) + ".mlp.";
+      const bool dense = std::find(c.sparse.begin(), c.sparse.end(), l) == c.sparse.end();
+      SCOPED_TRACE(mlp + (dense ? " dense" : " sparse"));
+      EXPECT_EQ(written.contains(mlp + "gate.weight"), !dense);
+      EXPECT_EQ(written.contains(mlp + "gate_proj.weight"), dense);
+      EXPECT_EQ(written.contains(mlp + "up_proj.weight"), dense);
+      EXPECT_EQ(written.contains(mlp + "down_proj.weight"), dense);
+      int experts = 0;
+      for (const auto& [name, shape_of] : written) experts += name.starts_with(mlp + "experts.");
+      EXPECT_EQ(experts, dense ? 0 : 4 * 3);
+      if (dense) {
+        EXPECT_EQ(written.at(mlp + "gate_proj.weight"), (std::vector<int64_t>{76, 40}));
+        EXPECT_EQ(written.at(mlp + "up_proj.weight"), (std::vector<int64_t>{76, 40}));
+        EXPECT_EQ(written.at(mlp + "down_proj.weight"), (std::vector<int64_t>{40, 76}));
+      } else {
+        EXPECT_EQ(written.at(mlp + "gate.weight"), (std::vector<int64_t>{4, 40}));
+        EXPECT_EQ(written.at(mlp + "experts.3.down_proj.weight"), (std::vector<int64_t>{40, 28}));
+      }
+    }
+    EXPECT_EQ(LoadHuggingFace(exported.string(), shape), trained);
+    const api::CheckedJob again = LlamaJob(exported, dir_ / "bytes.bin");
+    ASSERT_TRUE(again.ok()) << again.errors.front().ToString();
+    EXPECT_EQ(api::ShapeOf(again.job.spec.model), shape) << "the exported config.json gives the same shape";
+    EXPECT_EQ(Trainer(again.job).Weights(), trained);
+  }
+}
+
 // A checkpoint written under expert parallelism 2 (`meshtrain run` of two ranks, each
 // holding 2 of the 4 experts of every block, the rest sharded over both) exports, through
 // `meshtrain export`, as the per-expert tensors of published checkpoints (Mixtral's
@@ -699,9 +811,7 @@ TEST_F(HuggingFaceTest, AMixtureOfExpertsDirectoryTrainsExportsAndLoadsBackBitFo
 // the export of the same weights from one rank: those a single-rank run resumed from the
 // checkpoint holds.
 TEST_F(HuggingFaceTest, AnExpertParallelCheckpointExportsAsOneRanksWeightsDo) {
-  std::vector<uint32_t> tokens(4000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t((i * 37 + i / 7) % 256);
-  WriteTokenFile((dir_ / "bytes.bin").string(), tokens);
+  WriteByteTokens();
   for (const std::string family : {"mixtral", "qwen3_moe"}) {
     SCOPED_TRACE(family);
     const bool mixtral = family == "mixtral";

@@ -11,14 +11,18 @@
 // Bounds, as GPT-2 meets them: every step's loss within 1e-4 relative of the float64 run,
 // and the exported weights within 4e-4 of the distance training moved them. fp32 against
 // float64 over 12 steps is far inside both (the test prints the figures); a wrong RoPE
-// frequency, head mapping or norm is not.
+// frequency, head mapping or norm is not. A Qwen3-MoE with dense blocks (mlp_only_layers,
+// decoder_sparse_step) is held to the same bounds, and each step's load-balancing loss to
+// the reference's, over the sparse blocks only (CheckDenseBlocks).
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
+#include <set>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -30,6 +34,7 @@
 #include "api/model_shape.h"
 #include "worker/train/data_loader.h"
 #include "worker/train/huggingface.h"
+#include "worker/train/safetensors.h"
 #include "worker/train/schedule.h"
 #include "worker/train/token_file.h"
 #include "worker/train/trainer.h"
@@ -122,9 +127,12 @@ class TorchParity : public ::testing::Test {
 
     Trainer trainer(job);
     std::vector<double> losses, aux_losses;
+    std::vector<std::set<int>> loaded_blocks;  // each step's blocks with an expert load: the sparse ones
     trainer.Run([&](const StepReport& r) {
       losses.push_back(r.loss);
       if (r.aux_loss) aux_losses.push_back(*r.aux_loss);
+      loaded_blocks.emplace_back();
+      for (const auto& [block, load] : r.expert_load) loaded_blocks.back().insert(block);
     });
     EXPECT_EQ(aux_losses.size(), aux ? losses.size() : 0u) << family << ": a load-balancing loss each step, or none";
     const std::vector<float> weights = trainer.Weights();
@@ -156,6 +164,72 @@ class TorchParity : public ::testing::Test {
     }
     EXPECT_LT(ratio, 4e-4) << family;
     EXPECT_LT(losses.back(), losses.front() - 0.5) << family << ": the model learns";
+    if (shape.DenseBlocks() > 0) CheckDenseBlocks(shape, model, exported, result, loaded_blocks, aux_losses);
+  }
+
+  // A Qwen3-MoE whose decoder_sparse_step or mlp_only_layers make some blocks dense: the
+  // blocks the reference made sparse (as transformers' Qwen3MoeDecoderLayer decides) are
+  // those ModelShape::DenseBlock leaves sparse, and the only ones with an expert load each
+  // step; each step's load-balancing loss (before its coefficient), over the sparse blocks'
+  // router logits only, is the reference's; the export's config.json keeps both keys, and
+  // its tensors are a dense block's MLP (mlp.gate_proj, up_proj, down_proj, intermediate
+  // wide) with no router or experts, and a sparse block's router and experts with no dense MLP.
+  static void CheckDenseBlocks(const api::ModelShape& shape, const fs::path& model, const fs::path& exported,
+                               const Json& result, const std::vector<std::set<int>>& loaded_blocks,
+                               const std::vector<double>& aux_losses) {
+    std::set<int> sparse;
+    for (int l = 0; l < int(shape.layers); ++l) {
+      if (!shape.DenseBlock(l)) sparse.insert(l);
+    }
+    ASSERT_TRUE(result.contains("sparse_blocks")) << "the reference saw no dense block";
+    EXPECT_EQ(result.at("sparse_blocks").get<std::set<int>>(), sparse) << "transformers' sparse blocks and ours";
+    for (size_t step = 0; step < loaded_blocks.size(); ++step) {
+      EXPECT_EQ(loaded_blocks[step], sparse) << "step " << step + 1 << ": the blocks with experts";
+    }
+    const Json& want_aux = result.at("aux_losses");
+    ASSERT_EQ(want_aux.size(), loaded_blocks.size());
+    if (!want_aux.front().is_null()) {
+      ASSERT_EQ(aux_losses.size(), want_aux.size());
+      double worst = 0;
+      for (size_t i = 0; i < aux_losses.size(); ++i) {
+        const double want = want_aux[i];
+        worst = std::max(worst, std::abs(aux_losses[i] - want) / want);
+        EXPECT_NEAR(aux_losses[i], want, 1e-4 * want) << "step " << i + 1 << ": the load-balancing loss";
+      }
+      std::string blocks;
+      for (int l : sparse) blocks += " " + std::to_string(l);
+      std::printf("qwen3_moe, sparse blocks%s of %d: load-balancing loss worst error %.2e of PyTorch's\n",
+                  blocks.c_str(), int(shape.layers), worst);
+    }
+
+    const Json given = Json::parse(std::ifstream(model / "config.json"));
+    const Json written = Json::parse(std::ifstream(exported / "config.json"));
+    EXPECT_EQ(written.at("decoder_sparse_step"), given.at("decoder_sparse_step"));
+    EXPECT_EQ(written.at("mlp_only_layers"), given.at("mlp_only_layers"));
+    EXPECT_EQ(written.at("intermediate_size"), given.at("intermediate_size")) << "the dense blocks' width";
+    EXPECT_EQ(written.at("moe_intermediate_size"), given.at("moe_intermediate_size"));
+
+    std::map<std::string, std::vector<int64_t>> tensors;
+    for (const auto& entry : fs::directory_iterator(exported)) {
+      if (entry.path().extension() != ".safetensors") continue;
+      for (const auto& [name, t] : ReadSafetensors(entry.path().string())) tensors[name] = t.shape;
+    }
+    const int64_t C = shape.hidden, I = shape.intermediate, E = shape.experts;
+    for (int l = 0; l < int(shape.layers); ++l) {
+      const std::string mlp = "model.layers." + std::to_string(l) + ".mlp.";
+      const bool dense = !sparse.contains(l);
+      EXPECT_EQ(tensors.contains(mlp + "gate.weight"), !dense) << mlp << "gate.weight: a sparse block's router";
+      EXPECT_EQ(tensors.contains(mlp + "experts.0.gate_proj.weight"), !dense) << l;
+      EXPECT_EQ(tensors.contains(mlp + "gate_proj.weight"), dense) << mlp << "gate_proj.weight: a dense block's MLP";
+      if (dense) {
+        EXPECT_EQ(tensors[mlp + "gate_proj.weight"], (std::vector<int64_t>{I, C})) << l;
+        EXPECT_EQ(tensors[mlp + "up_proj.weight"], (std::vector<int64_t>{I, C})) << l;
+        EXPECT_EQ(tensors[mlp + "down_proj.weight"], (std::vector<int64_t>{C, I})) << l;
+      } else {
+        EXPECT_EQ(tensors[mlp + "gate.weight"], (std::vector<int64_t>{E, C})) << l;
+        EXPECT_FALSE(tensors.contains(mlp + "up_proj.weight")) << l;
+      }
+    }
   }
 
   fs::path dir_;
@@ -192,10 +266,12 @@ TEST_F(TorchParity, Qwen3MoeTrainsAsPyTorchDoes) { Check("qwen3_moe", "--shards 
 struct LoadBalancingCase {
   const char* family;
   const char* init_flags;
+  const char* name = nullptr;  // the family where nullptr
+  const char* Name() const { return name ? name : family; }
 };
 
 // The case as gtest (and so ctest's test name) shows it.
-void PrintTo(const LoadBalancingCase& c, std::ostream* out) { *out << c.family; }
+void PrintTo(const LoadBalancingCase& c, std::ostream* out) { *out << c.Name(); }
 
 class TorchParityLoadBalancing : public TorchParity, public ::testing::WithParamInterface<LoadBalancingCase> {};
 
@@ -204,8 +280,24 @@ TEST_P(TorchParityLoadBalancing, TrainsAsPyTorchDoes) { Check(GetParam().family,
 INSTANTIATE_TEST_SUITE_P(MixturesOfExperts, TorchParityLoadBalancing,
                          ::testing::Values(LoadBalancingCase{"mixtral", ""}, LoadBalancingCase{"qwen3_moe", "--shards 2"}),
                          [](const ::testing::TestParamInfo<LoadBalancingCase>& test) {
-                           return std::string(test.param.family);
+                           return std::string(test.param.Name());
                          });
+
+// Qwen3-MoE with dense blocks, the load-balancing loss on (0.5) over the sparse blocks'
+// router logits only: mlp_only_layers [0] of 2 blocks (block 0 a dense MLP of 76 units,
+// block 1 sparse: one block's logits); decoder_sparse_step 2 of 4 (blocks 1 and 3 sparse,
+// their logits concatenated, 0 and 2 dense); and both keys, of 6 blocks in bf16 over three
+// shards (step 2 with mlp_only_layers [3]: blocks 1 and 5 sparse, 0, 2, 3 and 4 dense).
+// Held to the bounds above, and by CheckDenseBlocks to transformers' choice of sparse
+// blocks, the reference's load-balancing loss and the export's names.
+INSTANTIATE_TEST_SUITE_P(
+    DenseBlocks, TorchParityLoadBalancing,
+    ::testing::Values(
+        LoadBalancingCase{"qwen3_moe", "--mlp-only-layers 0 --shards 2", "mlp_only_layers"},
+        LoadBalancingCase{"qwen3_moe", "--layers 4 --sparse-step 2", "decoder_sparse_step"},
+        LoadBalancingCase{"qwen3_moe", "--layers 6 --sparse-step 2 --mlp-only-layers 3 --dtype bf16 --shards 3",
+                          "both"}),
+    [](const ::testing::TestParamInfo<LoadBalancingCase>& test) { return std::string(test.param.Name()); });
 
 }  // namespace
 }  // namespace meshtrain::train
