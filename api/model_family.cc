@@ -96,10 +96,31 @@ std::vector<BlockProduct> EveryBlockProduct(const ModelShape& shape) {
   return all;
 }
 
-double SparseBlockShare(const ModelShape& shape) {
+int64_t FirstBlockOfKind(const ModelShape& shape, bool dense) {
+  int64_t l = 0;
+  while (l < shape.layers && shape.DenseBlock(l) != dense) ++l;
+  return l;
+}
+
+double BlockForwardFlopsPerToken(const ModelShape& shape, int64_t seq, int tp_size, int64_t layer) {
   const ModelShape s = shape.Resolved();
-  if (s.experts <= 0 || s.layers <= 0) return 0;
-  return double(s.layers - s.DenseBlocks()) / double(s.layers);
+  const FamilyTensors f = TensorsOf(s);
+  double weights = 0;
+  for (const TensorInfo& t : f.Block(s, layer)) {
+    if (t.shape.size() != 2) continue;
+    // A token passes through k of the E experts.
+    const double share = IsExpertTensor(t) ? double(s.experts_per_token) / double(s.experts) : 1.0;
+    weights += share * double(t.shape[0]) * double(t.shape[1]);
+  }
+  return (2 * weights + 4.0 * double(seq) * double(s.QueryWidth())) / tp_size;
+}
+
+double BlockFloat8FlopsPerToken(const ModelShape& shape, int tp_size, int64_t layer) {
+  double weights = 0;
+  for (const BlockProduct& p : BlockProducts(shape, layer)) {
+    if (p.float8) weights += double(p.k) * double(p.n);
+  }
+  return 2 * weights / tp_size;
 }
 
 namespace {
@@ -109,48 +130,21 @@ template <class PerBlock>
 double MeanOverBlocks(const ModelShape& s, PerBlock f) {
   if (s.layers <= 0) return 0;
   const int64_t dense = s.DenseBlocks();
+  if (dense == 0) return f(0);  // one kind of block
   double sum = 0;
-  if (dense < s.layers) {
-    int64_t l = 0;
-    while (s.DenseBlock(l)) ++l;
-    sum += double(s.layers - dense) * f(l);
-  }
-  if (dense > 0) {
-    int64_t l = 0;
-    while (!s.DenseBlock(l)) ++l;
-    sum += double(dense) * f(l);
-  }
+  if (dense < s.layers) sum += double(s.layers - dense) * f(FirstBlockOfKind(s, false));
+  if (dense > 0) sum += double(dense) * f(FirstBlockOfKind(s, true));
   return sum / double(s.layers);
 }
 
 }  // namespace
 
 double BlockForwardFlopsPerToken(const ModelShape& shape, int64_t seq, int tp_size) {
-  const ModelShape s = shape.Resolved();
-  const FamilyTensors f = TensorsOf(s);
-  const double weights = MeanOverBlocks(s, [&](int64_t l) {
-    double w = 0;
-    for (const TensorInfo& t : f.Block(s, l)) {
-      if (t.shape.size() != 2) continue;
-      // A token passes through k of the E experts.
-      const double share = IsExpertTensor(t) ? double(s.experts_per_token) / double(s.experts) : 1.0;
-      w += share * double(t.shape[0]) * double(t.shape[1]);
-    }
-    return w;
-  });
-  return (2 * weights + 4.0 * double(seq) * double(s.QueryWidth())) / tp_size;
+  return MeanOverBlocks(shape, [&](int64_t l) { return BlockForwardFlopsPerToken(shape, seq, tp_size, l); });
 }
 
 double BlockFloat8FlopsPerToken(const ModelShape& shape, int tp_size) {
-  const ModelShape s = shape.Resolved();
-  const double weights = MeanOverBlocks(s, [&](int64_t l) {
-    double w = 0;
-    for (const BlockProduct& p : BlockProducts(s, l)) {
-      if (p.float8) w += double(p.k) * double(p.n);
-    }
-    return w;
-  });
-  return 2 * weights / tp_size;
+  return MeanOverBlocks(shape, [&](int64_t l) { return BlockFloat8FlopsPerToken(shape, tp_size, l); });
 }
 
 }  // namespace meshtrain::api

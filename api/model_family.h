@@ -222,17 +222,19 @@ std::vector<BlockProduct> BlockProducts(const ModelShape& shape, int64_t layer);
 // blocks adds the dense MLP's to its sparse blocks' products.
 std::vector<BlockProduct> EveryBlockProduct(const ModelShape& shape);
 
-// The matrix FLOPs of one block's forward per token, the mean over the model's blocks,
-// at a sequence of `seq` tokens on a TP slice of `tp_size`: 2 per weight of its products,
-// and 4 x seq x the query width for attention's two products (counted whole, as llm.c
-// counts them).
+// The matrix FLOPs of block `layer`'s forward per token at a sequence of `seq` tokens on a
+// TP slice of `tp_size`: 2 per weight of its products (a mixture's experts: the k a token
+// meets), and 4 x seq x the query width for attention's two products (counted whole, as
+// llm.c counts them). Without `layer`, the mean over the model's blocks.
+double BlockForwardFlopsPerToken(const ModelShape& shape, int64_t seq, int tp_size, int64_t layer);
 double BlockForwardFlopsPerToken(const ModelShape& shape, int64_t seq, int tp_size);
 // The part of it that float8 training multiplies in float8 (docs/design.md, "Float8"): 2
-// per weight of the block's products that are BlockProduct::float8, the mean over blocks.
+// per weight of the block's products that are BlockProduct::float8.
+double BlockFloat8FlopsPerToken(const ModelShape& shape, int tp_size, int64_t layer);
 double BlockFloat8FlopsPerToken(const ModelShape& shape, int tp_size);
-// The share of the model's blocks that hold experts: 1 for a mixture whose every block is
-// sparse, 0 without experts.
-double SparseBlockShare(const ModelShape& shape);
+// The first block of a mixture's dense kind (`dense`: ModelShape::DenseBlock) or of the
+// other (the sparse blocks, or a model's one kind); `shape.layers` where there is none.
+int64_t FirstBlockOfKind(const ModelShape& shape, bool dense);
 
 
 // The buffers the family's layers share across blocks, for sequences of up to `seq`

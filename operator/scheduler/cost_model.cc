@@ -197,23 +197,31 @@ StepCost EstimateStepCost(const api::TrainingJobSpec& spec, const std::vector<st
   const api::Pipeline pipeline = api::Pipeline::Of(spec.parallelism);
   // The stage that holds the most: its blocks, the embedding's unit on the first (and for a
   // tied head the last), the head's on the last; for a mixture of experts counted by unit
-  // (a TP rank's slice of each expert, the router whole). With EP > 1 a block holds E/EP
-  // experts, and its units go over the expert-shard group rather than the shard group.
+  // (a TP rank's slice of each expert, the router whole), its dense blocks (ModelShape::
+  // DenseBlock) by their own unit. With EP > 1 a sparse block holds E/EP experts, and its
+  // units go over the expert-shard group rather than the shard group; a dense block's, as
+  // the embedding's and the head's, over the shard group.
   const int EP = shape.experts > 0 ? mesh.expert() : 1;
   const api::UnitElements units = api::UnitElementsOf(shape, 0, mesh.tp(), api::kVocabMultiple, EP);
   const std::vector<int> first = api::SplitBlocks(shape, shape.seq_len, pipeline.chunks());
-  double params_per_tp_rank = 0, block_params = 0, blocks_held = double(shape.layers);
+  double params_per_tp_rank = 0, block_params = 0;
+  double sparse_held = double(shape.layers - shape.DenseBlocks());  // the sparse blocks of that stage
   const bool by_unit = pipeline.stages > 1 || shape.experts > 0;
   for (int p = 0; p < pipeline.stages && by_unit; ++p) {
     const bool last = p == pipeline.stages - 1;
     const double edge =
         (p == 0 || (last && shape.tied) ? double(units.embedding) : 0) + (last ? double(units.head) : 0);
-    double blocks = 0;
-    for (int c : api::ChunksOf(pipeline, p)) blocks += double(first[size_t(c) + 1] - first[size_t(c)]);
-    if (edge + blocks * double(units.block) > params_per_tp_rank + block_params) {
-      params_per_tp_rank = EP > 1 ? edge : edge + blocks * double(units.block);
-      block_params = EP > 1 ? blocks * double(units.block) : 0;
-      blocks_held = blocks;
+    double sparse = 0, dense = 0;
+    for (int c : api::ChunksOf(pipeline, p)) {
+      const double d = double(shape.DenseBlocks(first[size_t(c)], first[size_t(c) + 1]));
+      sparse += double(first[size_t(c) + 1] - first[size_t(c)]) - d;
+      dense += d;
+    }
+    const double sparse_params = sparse * double(units.block), dense_params = dense * double(units.dense_block);
+    if (edge + sparse_params + dense_params > params_per_tp_rank + block_params) {
+      params_per_tp_rank = EP > 1 ? edge + dense_params : edge + sparse_params + dense_params;
+      block_params = EP > 1 ? sparse_params : 0;
+      sparse_held = sparse;
     }
   }
   if (!by_unit) params_per_tp_rank = double(shape.ParameterCount()) / mesh.tp();
@@ -238,13 +246,13 @@ StepCost EstimateStepCost(const api::TrainingJobSpec& spec, const std::vector<st
         {Collective::kReduceScatter, 4 * params_per_tp_rank, micro_steps}}},
       {api::Axis::kReplica, {{Collective::kAllReduce, 4 * params_per_tp_rank / mesh.shard(), 1}}},
   };
-  if (shape.experts > 0) {  // each MoE block's backward: its routing weights' gradients over the TP group
+  if (shape.experts > 0) {  // each sparse block's backward: its routing weights' gradients over the TP group
     const double tokens = double(spec.training.micro_batch_size * shape.seq_len / mesh.context());
     traffic[api::Axis::kTensor].push_back({Collective::kAllGather,
                                            tokens * double(shape.experts_per_token) * 4 * mesh.tp(),
-                                           micro_steps * double(shape.layers)});
+                                           micro_steps * double(shape.layers - shape.DenseBlocks())});
   }
-  if (EP > 1) {  // the blocks' shards, of S x C / EP ranks each
+  if (EP > 1) {  // the sparse blocks' shards, of S x C / EP ranks each
     traffic[api::Axis::kReplica].push_back({Collective::kAllReduce, 4 * block_params / (mesh.shard() / EP), 1});
   }
 
@@ -276,9 +284,10 @@ StepCost EstimateStepCost(const api::TrainingJobSpec& spec, const std::vector<st
     cost.axes.push_back(std::move(axis_cost));
   }
   if (EP > 1) {
-    // The blocks' gathers and reduce-scatters over the ranks holding the same experts, and
-    // the shared part's gradients summed over the expert group (the first expert-shard
-    // rank's shard holds the most of it); every MoE block's all-to-alls, each micro-step.
+    // The sparse blocks' gathers and reduce-scatters over the ranks holding the same
+    // experts, and their shared part's gradients summed over the expert group (the first
+    // expert-shard rank's shard holds the most of it); every sparse block's all-to-alls,
+    // each micro-step (a mixture's dense blocks have neither).
     const int expert_shards = mesh.shard() / EP;
     AxisCost shards{api::AxisName(api::Axis::kExpertShard), 0, {}};
     for (const std::vector<int>& group : mesh.Groups(api::Axis::kExpertShard)) {
@@ -303,7 +312,7 @@ StepCost EstimateStepCost(const api::TrainingJobSpec& spec, const std::vector<st
         for (const Exchange& e : *pass) seconds += ExchangeSeconds(e, group, mesh, node_paths, links);
       }
       seconds += CollectiveSeconds(Collective::kAllReduce, 4 * alike, group, mesh, node_paths, links);
-      axis_cost.seconds = std::max(axis_cost.seconds, micro_steps * blocks_held * seconds);
+      axis_cost.seconds = std::max(axis_cost.seconds, micro_steps * sparse_held * seconds);
     }
     cost.seconds += axis_cost.seconds;
     cost.axes.push_back(std::move(axis_cost));

@@ -33,6 +33,10 @@
 //            node, the group being EP consecutive shard ranks of T ranks each), else the
 //            network. Every TP rank routes the same tokens and sends their copies whole
 //            (hidden wide) to its own expert group: T does not divide these bytes
+// A mixture with dense blocks among its sparse ones (api::ModelShape::DenseBlock) counts
+// each block by its own unit (api::UnitElements::dense_block: no experts, over the shard
+// group whatever EP), and the routing weights' all-gathers, the all-to-alls and the expert
+// group's all-reduces in its sparse blocks only.
 // With pipeline stages, P is the parameters of the stage that holds the most, its groups
 // run inside each stage, and
 //   pipeline: A x 2V point-to-point messages of microBatch x seqLen x hidden x 2 bytes
@@ -136,7 +140,9 @@ ContextTraffic ContextTrafficOf(const api::ModelShape& shape, int batch, int seq
 // even: (EP - 1)/EP of the rows leave the rank). The counts' all-gather (E integers) is
 // left out. Per TP rank and the same at any T: each rank of a TP group routes all its
 // group's tokens and sends their rows whole (the experts' slices meet them; the outputs
-// coming back are that rank's part of the sum). Nothing with EP = 1 or a dense model.
+// coming back are that rank's part of the sum). Nothing with EP = 1 or a dense model; a
+// mixture's dense blocks (api::ModelShape::DenseBlock) have none: callers count it per
+// sparse block.
 struct ExpertTraffic {
   std::vector<Exchange> forward, backward;
   double forward_sent = 0, backward_sent = 0;

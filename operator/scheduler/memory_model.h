@@ -15,6 +15,9 @@
 // holds E/EP experts of each block beside the block's other tensors, and those units are
 // sharded over the S x C / EP ranks holding the same experts (api::EngineMemoryOf); the
 // rows its experts receive are sized EP x its tokens' k copies (api::EngineTypes::experts).
+// A mixture's dense blocks (api::ModelShape::DenseBlock) hold no experts: their units
+// (api::UnitElements::dense_block) are sharded over all S x C ranks, a stage's counted by
+// api::StageShape::dense_blocks.
 // With a pipeline a rank holds its stage's part (api::StageShapeOf): its blocks' units, the
 // embedding's on the first stage, the head's on the last, and activations for the
 // micro-batches its chunks hold between forward and backward; the peak is the worst stage's.

@@ -26,28 +26,37 @@ struct Stream {
   }
 };
 
-// Durations of one micro-step's operations for this rank.
-struct Durations {
-  double block_forward = 0, block_backward = 0, block_recompute = 0, head_forward = 0, head_backward = 0;  // math
-  double tp_forward = 0, tp_backward = 0, tp_head = 0;  // TP collectives inside them
-  double cp_forward = 0, cp_backward = 0;  // a block's exchanges across its context group, inside them
-  double ep_forward = 0, ep_backward = 0;  // a block's all-to-alls across its expert group, inside them
-  // The embedding unit's, a block's and an untied head's (0 when the head is tied).
-  double gather_embedding = 0, gather_block = 0, gather_head = 0;
-  double reduce_embedding = 0, reduce_block = 0, reduce_head = 0;
-  double replica_embedding = 0, replica_block = 0, replica_head = 0;
-  double copy_input = 0;  // one block input, one way
+// Durations of one block's operations for this rank, for one micro-step.
+struct BlockTimes {
+  double forward = 0, backward = 0, recompute = 0;  // math
+  double tp_forward = 0, tp_backward = 0;  // TP collectives inside them
+  double cp_forward = 0, cp_backward = 0;  // its exchanges across its context group, inside them
+  double ep_forward = 0, ep_backward = 0;  // its all-to-alls across its expert group, inside them
+  double gather = 0, reduce = 0, replica = 0;  // its unit's
 };
 
-// The weights of a block's products that tensor parallelism keeps whole on every TP rank
-// (api::BlockProduct's kReplicated: a mixture's router), the mean over the blocks; 0
-// without experts.
-double WholeBlockWeights(const api::ModelShape& s) {
+// Durations of one micro-step's operations for this rank.
+struct Durations {
+  // A block's: the model's one kind, or a mixture's sparse blocks (those that hold
+  // experts); and a mixture's dense blocks (ModelShape::DenseBlock), all 0 where it has none.
+  BlockTimes block, dense;
+  double head_forward = 0, head_backward = 0, tp_head = 0;  // math, and the head's TP collectives
+  // The embedding unit's and an untied head's (0 when the head is tied).
+  double gather_embedding = 0, gather_head = 0;
+  double reduce_embedding = 0, reduce_head = 0;
+  double replica_embedding = 0, replica_head = 0;
+  double copy_input = 0;  // one block input, one way
+  const BlockTimes& Of(const api::ModelShape& s, int64_t layer) const { return s.DenseBlock(layer) ? dense : block; }
+};
+
+// The weights of block `layer`'s products that tensor parallelism keeps whole on every TP
+// rank (api::BlockProduct's kReplicated: a mixture's router); 0 for a dense block.
+double WholeBlockWeights(const api::ModelShape& s, int64_t layer) {
   double whole = 0;
-  for (const api::BlockProduct& p : api::EveryBlockProduct(s)) {
+  for (const api::BlockProduct& p : api::BlockProducts(s, layer)) {
     if (p.split == api::TpSplit::kReplicated) whole += double(p.k) * double(p.n);
   }
-  return whole * api::SparseBlockShare(s);
+  return whole;
 }
 
 // The bytes a mixture's permute and combine move through memory per block forward for
@@ -61,45 +70,54 @@ Durations DurationsOf(const api::ModelShape& s, int seq, const LayoutChoice& c, 
   // This rank's tokens: seq / context rows of each sequence.
   const double tokens = double(c.micro_batch) * seq / c.context, C = double(s.hidden), T = c.tp;
   const double rate = device.FlopsFor(c.micro_batch);
-  Durations d;
-  // Matrix FLOPs of a forward per token, as 6N + 12LTQ counts them: 2 per weight and
-  // 4 x seq x the query width for attention per layer; a backward is twice its forward.
-  // A context rank's rows attend the whole sequence, its chunks balanced: 1/C of the work.
-  d.block_forward = tokens * api::BlockForwardFlopsPerToken(s, seq, c.tp) / rate;
-  // That splits every product by T; a block's whole weights (a mixture's router,
-  // worker/model/moe_block.h) every TP rank multiplies in full, by all its tokens. Each
-  // expert's slice (I / T of its units) is split like the dense MLP.
-  if (c.tp > 1) d.block_forward += tokens * 2 * WholeBlockWeights(s) * (1 - 1 / T) / rate;
-  if (device.float8 && device.float8_ratio > 0) {  // the linear layers' share at the float8 rate
-    const double cast = tokens * api::BlockFloat8FlopsPerToken(s, c.tp);
-    d.block_forward -= cast / rate - cast / (rate * device.float8_ratio);
-  }
-  // A mixture's routing moves each token's row through memory on every TP rank, whatever
-  // T: the permute into expert order reads (tokens, C) and writes its k copies, and the
-  // combine reads the k expert outputs and writes (tokens, C).
-  if (s.experts > 0 && device.memory_bytes_per_second > 0) {
-    d.block_forward += RoutingBytes(s, tokens, device.compute_bytes) / device.memory_bytes_per_second;
-  }
-  d.block_backward = 2 * d.block_forward;
-  d.block_recompute = device.recompute_factor * d.block_forward;
-  d.head_forward = tokens * 2 * double(s.vocab_size) * C / T / rate;
-  d.head_backward = 2 * d.head_forward;
   auto axis = [&](api::Axis a, Collective op, double bytes) {
     return AxisSeconds(a, op, bytes, mesh, cluster.node_paths, cluster.links);
   };
-  // Two all-reduces of the (tokens, C) activations in each block's forward and in its
-  // backward; the vocabulary-parallel embedding sums its output, the head its statistics.
   const double activation = tokens * C * device.compute_bytes;
-  d.tp_forward = 2 * axis(api::Axis::kTensor, Collective::kAllReduce, activation);
-  d.tp_backward = d.tp_forward;
-  // A mixture's backward also adds the routing weights' gradients over the TP group (each
-  // rank's are from its slice of the experts): an all-gather of tokens x k fp32 a rank.
-  if (s.experts > 0) {
-    d.tp_backward += axis(api::Axis::kTensor, Collective::kAllGather, tokens * double(s.experts_per_token) * 4 * T);
-  }
+  // The math of block `layer`, and of every block of its kind; `experts`: the kind holds
+  // experts (a mixture's sparse blocks).
+  auto math = [&](int64_t layer, bool experts, BlockTimes& b) {
+    // Matrix FLOPs of a forward per token, as 6N + 12LTQ counts them: 2 per weight and
+    // 4 x seq x the query width for attention per layer; a backward is twice its forward.
+    // A context rank's rows attend the whole sequence, its chunks balanced: 1/C of the work.
+    b.forward = tokens * api::BlockForwardFlopsPerToken(s, seq, c.tp, layer) / rate;
+    // That splits every product by T; a block's whole weights (a mixture's router,
+    // worker/model/moe_block.h) every TP rank multiplies in full, by all its tokens. Each
+    // expert's slice (I / T of its units) is split like the dense MLP.
+    if (c.tp > 1) b.forward += tokens * 2 * WholeBlockWeights(s, layer) * (1 - 1 / T) / rate;
+    if (device.float8 && device.float8_ratio > 0) {  // the linear layers' share at the float8 rate
+      const double cast = tokens * api::BlockFloat8FlopsPerToken(s, c.tp, layer);
+      b.forward -= cast / rate - cast / (rate * device.float8_ratio);
+    }
+    // A mixture's routing moves each token's row through memory on every TP rank, whatever
+    // T: the permute into expert order reads (tokens, C) and writes its k copies, and the
+    // combine reads the k expert outputs and writes (tokens, C).
+    if (experts && device.memory_bytes_per_second > 0) {
+      b.forward += RoutingBytes(s, tokens, device.compute_bytes) / device.memory_bytes_per_second;
+    }
+    b.backward = 2 * b.forward;
+    b.recompute = device.recompute_factor * b.forward;
+    // Two all-reduces of the (tokens, C) activations in each block's forward and in its
+    // backward.
+    b.tp_forward = 2 * axis(api::Axis::kTensor, Collective::kAllReduce, activation);
+    b.tp_backward = b.tp_forward;
+    // A mixture's backward also adds the routing weights' gradients over the TP group (each
+    // rank's are from its slice of the experts): an all-gather of tokens x k fp32 a rank.
+    if (experts) {
+      b.tp_backward += axis(api::Axis::kTensor, Collective::kAllGather, tokens * double(s.experts_per_token) * 4 * T);
+    }
+  };
+  const bool mixed = s.DenseBlocks() > 0;
+  Durations d;
+  math(api::FirstBlockOfKind(s, false), s.experts > 0, d.block);
+  if (mixed) math(api::FirstBlockOfKind(s, true), false, d.dense);
+  d.head_forward = tokens * 2 * double(s.vocab_size) * C / T / rate;
+  d.head_backward = 2 * d.head_forward;
+  // The vocabulary-parallel embedding sums its output, the head its statistics.
   d.tp_head = axis(api::Axis::kTensor, Collective::kAllReduce, activation) +
               axis(api::Axis::kTensor, Collective::kAllGather, tokens * 3 * 4 * T);
-  // Attention's exchanges across the context group run on the compute stream.
+  // Attention's exchanges across the context group run on the compute stream: every
+  // block's alike.
   const ContextTraffic context = ContextTrafficOf(s, c.micro_batch, seq, c.tp, c.context,
                                                   c.context_mode == "AllToAll", device.compute_bytes);
   if (c.context > 1) {
@@ -110,12 +128,17 @@ Durations DurationsOf(const api::ModelShape& s, int seq, const LayoutChoice& c, 
     };
     for (const std::vector<int>& group : mesh.Groups(api::Axis::kContext)) {
       const double forward = exchanges(context.forward, group), backward = exchanges(context.backward, group);
-      d.cp_forward = std::max(d.cp_forward, forward);
-      d.cp_backward = std::max(d.cp_backward, backward);
+      d.block.cp_forward = std::max(d.block.cp_forward, forward);
+      d.block.cp_backward = std::max(d.block.cp_backward, backward);
+    }
+    if (mixed) {
+      d.dense.cp_forward = d.block.cp_forward;
+      d.dense.cp_backward = d.block.cp_backward;
     }
   }
   // A mixture's all-to-alls across the expert group (its tokens' copies to their experts'
-  // ranks and back, forward and backward) run on the compute stream.
+  // ranks and back, forward and backward) run on the compute stream, in its sparse blocks
+  // only.
   const ExpertTraffic experts = ExpertTrafficOf(s, c.micro_batch, seq / c.context, c.expert, device.compute_bytes);
   if (c.expert > 1) {
     for (const std::vector<int>& group : mesh.Groups(api::Axis::kExpert)) {
@@ -124,12 +147,13 @@ Durations DurationsOf(const api::ModelShape& s, int seq, const LayoutChoice& c, 
         for (const Exchange& e : each) sum += ExchangeSeconds(e, group, mesh, cluster.node_paths, cluster.links);
         return sum;
       };
-      d.ep_forward = std::max(d.ep_forward, seconds(experts.forward));
-      d.ep_backward = std::max(d.ep_backward, seconds(experts.backward));
+      d.block.ep_forward = std::max(d.block.ep_forward, seconds(experts.forward));
+      d.block.ep_backward = std::max(d.block.ep_backward, seconds(experts.backward));
     }
   }
   // FSDP shards over S x C ranks; a block whose experts EP splits (E/EP of them on a rank)
-  // over the S x C / EP ranks holding the same experts.
+  // over the S x C / EP ranks holding the same experts. A mixture's dense block holds no
+  // experts: over all S x C ranks.
   const int shard = c.shard * c.context;
   const api::UnitElements units = api::UnitElementsOf(s, c.tp - 1, c.tp, api::kVocabMultiple, c.expert);
   const int block_shards = api::BlockShards(units, shard, c.expert);
@@ -139,17 +163,23 @@ Durations DurationsOf(const api::ModelShape& s, int seq, const LayoutChoice& c, 
   const double block = double(api::ShardElements(units.block, block_shards)) * block_shards;
   const double head = units.head > 0 ? unsharded(units.head) : 0;
   d.gather_embedding = axis(api::Axis::kShard, Collective::kAllGather, embedding * device.compute_bytes);
-  d.gather_block = axis(block_axis, Collective::kAllGather, block * device.compute_bytes);
+  d.block.gather = axis(block_axis, Collective::kAllGather, block * device.compute_bytes);
   d.reduce_embedding = axis(api::Axis::kShard, Collective::kReduceScatter, embedding * 4);
-  d.reduce_block = axis(block_axis, Collective::kReduceScatter, block * 4);
+  d.block.reduce = axis(block_axis, Collective::kReduceScatter, block * 4);
   if (block_shards != shard) {
     // The shard's part before the experts (every expert group member's alike) is summed
     // over the expert group: the first expert-shard rank's holds the most of it.
     const double alike = std::min(block / block_shards, double(units.block_shared()));
-    d.reduce_block += axis(api::Axis::kExpert, Collective::kAllReduce, alike * 4);
+    d.block.reduce += axis(api::Axis::kExpert, Collective::kAllReduce, alike * 4);
   }
   d.replica_embedding = axis(api::Axis::kReplica, Collective::kAllReduce, embedding / shard * 4);
-  d.replica_block = axis(api::Axis::kReplica, Collective::kAllReduce, block / block_shards * 4);
+  d.block.replica = axis(api::Axis::kReplica, Collective::kAllReduce, block / block_shards * 4);
+  if (mixed) {
+    const double dense = unsharded(units.dense_block);
+    d.dense.gather = axis(api::Axis::kShard, Collective::kAllGather, dense * device.compute_bytes);
+    d.dense.reduce = axis(api::Axis::kShard, Collective::kReduceScatter, dense * 4);
+    d.dense.replica = axis(api::Axis::kReplica, Collective::kAllReduce, dense / shard * 4);
+  }
   if (head > 0) {
     d.gather_head = axis(api::Axis::kShard, Collective::kAllGather, head * device.compute_bytes);
     d.reduce_head = axis(api::Axis::kShard, Collective::kReduceScatter, head * 4);
@@ -178,26 +208,30 @@ struct Streams {
   double Drain() const { return std::max({compute.free, comm.free, copy.free}); }
 };
 
-// One training forward (the last block kept for the backward), from drained streams; an
-// untied head's unit is gathered while the last block computes, and its gradients
-// reduce-scattered right after the head.
-double Forward(int L, const LayoutChoice& c, const Durations& d, bool last, Streams& s) {
+// One training forward (the last block kept for the backward), from drained streams, of a
+// chunk of blocks of durations `blocks` (each its kind's); an untied head's unit is
+// gathered while the last block computes, and its gradients reduce-scattered right after
+// the head.
+double Forward(const std::vector<const BlockTimes*>& blocks, const LayoutChoice& c, const Durations& d, bool last,
+               Streams& s) {
+  const int L = int(blocks.size());
   const int slots = api::ActivationStoreBytes({.layers = L}, 1, 1, c.activations, 0, 1, {}, false).inputs;
   const bool offload = c.activations.offload;
   std::vector<double> freed(size_t(L), 0), offloaded(size_t(L), 0);
   s.Start();
   const double embedding = s.comm.Run(0, d.gather_embedding);
   std::vector<double> gathered(size_t(L), 0);
-  gathered[0] = s.comm.Run(0, d.gather_block);
+  gathered[0] = s.comm.Run(0, blocks[0]->gather);
   s.compute.Run(embedding, 0);  // the embedding
   double head = 0;
   for (int l = 0; l < L; ++l) {
-    if (l + 1 < L) gathered[size_t(l) + 1] = s.comm.Run(l >= 1 ? freed[size_t(l) - 1] : 0, d.gather_block);
+    const BlockTimes& b = *blocks[size_t(l)];
+    if (l + 1 < L) gathered[size_t(l) + 1] = s.comm.Run(l >= 1 ? freed[size_t(l) - 1] : 0, blocks[size_t(l) + 1]->gather);
     if (l + 1 == L && d.gather_head > 0) head = s.comm.Run(0, d.gather_head);
     double ready = gathered[size_t(l)];
     // Block l writes input l+1 over input l+1-n, which must have reached the host first.
     if (offload && l + 1 < L && l + 1 >= slots) ready = std::max(ready, offloaded[size_t(l + 1 - slots)]);
-    freed[size_t(l)] = s.compute.Run(ready, d.block_forward + d.tp_forward + d.cp_forward + d.ep_forward);
+    freed[size_t(l)] = s.compute.Run(ready, b.forward + b.tp_forward + b.cp_forward + b.ep_forward);
     if (offload && l < L - slots) offloaded[size_t(l)] = s.copy.Run(freed[size_t(l)], d.copy_input);
   }
   // The head computes its backward as each chunk of logits is made (the fused classifier).
@@ -210,17 +244,19 @@ double Forward(int L, const LayoutChoice& c, const Durations& d, bool last, Stre
 }
 
 // One backward; with `last`, each unit's replica all-reduce follows its reduce-scatter.
-double Backward(int L, const LayoutChoice& c, const Durations& d, bool last, Streams& s) {
+double Backward(const std::vector<const BlockTimes*>& blocks, const LayoutChoice& c, const Durations& d, bool last,
+                Streams& s) {
+  const int L = int(blocks.size());
   const int slots = api::ActivationStoreBytes({.layers = L}, 1, 1, c.activations, 0, 1, {}, false).inputs;
   const bool offload = c.activations.offload;
-  const double recompute =
-      c.activations.checkpointing ? d.block_recompute + d.tp_forward + d.cp_forward + d.ep_forward : 0;
   std::vector<double> gathered(size_t(L), 0), done(size_t(L) + 1, 0), loaded(size_t(L), 0);
   s.Start();
-  gathered[size_t(L) - 1] = s.comm.Run(0, d.gather_block);
+  gathered[size_t(L) - 1] = s.comm.Run(0, blocks[size_t(L) - 1]->gather);
   int next_load = L - slots - 1;  // the last n inputs never left their slots
   for (int l = L - 1; l >= 0; --l) {
-    if (l > 0) gathered[size_t(l) - 1] = s.comm.Run(l + 1 < L ? done[size_t(l) + 1] : 0, d.gather_block);
+    const BlockTimes& b = *blocks[size_t(l)];
+    const double recompute = c.activations.checkpointing ? b.recompute + b.tp_forward + b.cp_forward + b.ep_forward : 0;
+    if (l > 0) gathered[size_t(l) - 1] = s.comm.Run(l + 1 < L ? done[size_t(l) + 1] : 0, blocks[size_t(l) - 1]->gather);
     double ready = gathered[size_t(l)];
     if (offload) {
       // Input j goes into the slot block j+n used, once block j+n's backward has ended.
@@ -229,10 +265,9 @@ double Backward(int L, const LayoutChoice& c, const Durations& d, bool last, Str
       }
       if (l < L - slots) ready = std::max(ready, loaded[size_t(l)]);
     }
-    done[size_t(l)] =
-        s.compute.Run(ready, recompute + d.block_backward + d.tp_backward + d.cp_backward + d.ep_backward);
-    const double reduced = s.comm.Run(done[size_t(l)], d.reduce_block);
-    if (last) s.comm.Run(reduced, d.replica_block);
+    done[size_t(l)] = s.compute.Run(ready, recompute + b.backward + b.tp_backward + b.cp_backward + b.ep_backward);
+    const double reduced = s.comm.Run(done[size_t(l)], b.reduce);
+    if (last) s.comm.Run(reduced, b.replica);
   }
   const double reduced = s.comm.Run(s.compute.free, d.reduce_embedding);
   if (last) s.comm.Run(reduced, d.replica_embedding);
@@ -272,21 +307,34 @@ StepPrediction PredictStep(const api::ModelShape& shape, int seq, int64_t global
     StageTimes& t = stages[size_t(stage)];
     double elements = 0;  // of the stage's shards
     for (int chunk : api::ChunksOf(pipeline, stage)) {
-      const int L = first[size_t(chunk) + 1] - first[size_t(chunk)];
+      const int begin = first[size_t(chunk)], end = first[size_t(chunk) + 1];
+      // The chunk's blocks, each of its kind: a mixture's sparse blocks and its dense ones
+      // (none without), `sparse` and `dense` of them.
+      std::vector<const BlockTimes*> blocks;
+      for (int l = begin; l < end; ++l) blocks.push_back(&model.Of(shape, l));
+      const double dense = double(shape.DenseBlocks(begin, end)), sparse = double(end - begin) - dense;
+      auto per_kind = [&](auto f) { return sparse * f(model.block) + dense * f(model.dense); };
       const bool embedding = chunk == 0 || (chunk == C - 1 && shape.tied), head = chunk == C - 1;
       const Durations d = ChunkDurations(model, embedding, head);
       Streams alike, last;
-      t.micro += Forward(L, choice, d, false, alike) + Backward(L, choice, d, false, alike);
-      t.final_micro += Forward(L, choice, d, true, last) + Backward(L, choice, d, true, last);
+      t.micro += Forward(blocks, choice, d, false, alike) + Backward(blocks, choice, d, false, alike);
+      t.final_micro += Forward(blocks, choice, d, true, last) + Backward(blocks, choice, d, true, last);
       t.comm += alike.comm.busy;
       t.final_comm += last.comm.busy;
-      t.compute += double(L) * (d.block_forward + d.block_backward + (recompute ? d.block_recompute : 0)) +
+      t.compute += per_kind([&](const BlockTimes& b) {
+                     return b.forward + b.backward + (recompute ? b.recompute : 0);
+                   }) +
                    d.head_forward + d.head_backward;
-      t.tp += double(L) * (d.tp_forward * (recompute ? 2 : 1) + d.tp_backward) + 2 * d.tp_head;
-      t.context += double(L) * (d.cp_forward * (recompute ? 2 : 1) + d.cp_backward);
-      t.expert += double(L) * (d.ep_forward * (recompute ? 2 : 1) + d.ep_backward);
-      t.expert_bytes += double(L) * (experts.forward_sent * (recompute ? 2 : 1) + experts.backward_sent);
-      elements += double(L) * double(api::ShardElements(units.block, block_shards));
+      t.tp += per_kind([&](const BlockTimes& b) { return b.tp_forward * (recompute ? 2 : 1) + b.tp_backward; }) +
+              2 * d.tp_head;
+      t.context += per_kind([&](const BlockTimes& b) { return b.cp_forward * (recompute ? 2 : 1) + b.cp_backward; });
+      t.expert += per_kind([&](const BlockTimes& b) { return b.ep_forward * (recompute ? 2 : 1) + b.ep_backward; });
+      // Only a mixture's sparse blocks send their tokens to experts.
+      t.expert_bytes += sparse * (experts.forward_sent * (recompute ? 2 : 1) + experts.backward_sent);
+      // A sparse block's shard (the one kind's without dense blocks), over its BlockShards;
+      // a dense block's over all S x C ranks.
+      elements += sparse * double(api::ShardElements(units.block, block_shards)) +
+                  dense * double(api::ShardElements(units.dense_block, shard));
       if (embedding) elements += double(api::ShardElements(units.embedding, shard));
       if (head) elements += double(api::ShardElements(units.head, shard));
     }

@@ -22,6 +22,12 @@
 //            S x C / EP ranks holding the same experts, its shared part's gradients then
 //            summed over the expert group
 //   copy     offloaded block inputs out after their forward, back H blocks ahead
+// A mixture of experts with dense blocks among its sparse ones (api::ModelShape::DenseBlock,
+// Qwen3-MoE's decoder_sparse_step and mlp_only_layers) replays each block with its own
+// kind's durations: a dense block computes the dense MLP's FLOPs and has no router, no
+// routing, no all-to-alls and no routing weights to all-gather, and its unit
+// (api::UnitElements::dense_block) is gathered and reduce-scattered over all S x C ranks
+// (EP never splits it); a sparse block's as above.
 // Forward and backward each end when all three streams drain, as the engine's do.
 // Collective times come from cost_model.h, per group and link tier.
 //

@@ -166,7 +166,10 @@ TEST(MoeFamilies, QwenMoesDenseBlocksAreTheOnesTransformersMakesDense) {
   const double flops_dense = 2.0 * (attention - C - C - 2 * 128 + 3 * 6144 * C);
   EXPECT_DOUBLE_EQ(BlockForwardFlopsPerToken(s, 2048, 1),
                    (23 * flops_sparse + 25 * flops_dense) / 48 + 4.0 * 2048 * 32 * 128);
-  EXPECT_DOUBLE_EQ(SparseBlockShare(s), 23.0 / 48);
+  EXPECT_EQ(FirstBlockOfKind(s, true), 0);
+  EXPECT_EQ(FirstBlockOfKind(s, false), 1);
+  EXPECT_DOUBLE_EQ(BlockForwardFlopsPerToken(s, 2048, 2, 1), (flops_sparse + 4.0 * 2048 * 32 * 128) / 2);
+  EXPECT_DOUBLE_EQ(BlockForwardFlopsPerToken(s, 2048, 2, 47), (flops_dense + 4.0 * 2048 * 32 * 128) / 2);
   // config.json round trip, and the dense width is no longer called unused.
   const Json written = HuggingFaceConfigJson(s, "bfloat16");
   EXPECT_EQ(written.at("decoder_sparse_step"), 2);

@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "api/layout.h"
 #include "api/manifest.h"
 
 namespace meshtrain::scheduler {
@@ -936,6 +937,204 @@ TEST(ExpertPlanner, WritesTheDegreeForTheWorkersAndTheStatus) {
   EXPECT_EQ(ResolveWrittenSpec(written, {8, 1, 1, {}})["parallelism"]["expertParallelDegree"], 1);
   EXPECT_EQ(LayoutStatusOf(choice).expert_parallel_degree, 8);
   EXPECT_EQ(Describe(choice), "T=1, S=8, EP=8, micro-batch 2, checkpointing");
+}
+
+// A mixture of experts with dense blocks among its sparse ones (Qwen3-MoE's
+// decoder_sparse_step, mlp_only_layers): each block computes, holds and sends its own
+// kind's. Qwen3-30B-A3B with decoder_sparse_step 2: blocks 0, 2, ..., 46 dense (an MLP of
+// 6144 units, its config.json's intermediate_size), 1, 3, ..., 47 sparse.
+api::ModelShape Qwen3MoeEveryOtherDense(int64_t intermediate = 0) {
+  api::ModelShape s = Qwen3Moe();
+  s.decoder_sparse_step = 2;
+  if (intermediate > 0) s.intermediate = intermediate;
+  return s;
+}
+
+// The step's compute is each block's own kind's: a sparse block's attention, k experts,
+// whole router and routing, a dense block's attention and dense MLP; between the model
+// whose every block is dense and the one whose every block is sparse. Qwen3-30B-A3B's
+// dense MLP (6144 units) does the FLOPs of a token's 8 experts (768 each): the dense
+// blocks save their router and routing. With a narrower dense MLP (3072) they save half
+// of those FLOPs too. TP: every block's four all-reduces, the routing weights'
+// all-gather in the sparse blocks only.
+TEST(DenseBlocks, EachBlockComputesItsOwnKindsFlops) {
+  const api::ModelShape shape = Qwen3MoeEveryOtherDense();
+  ASSERT_EQ(shape.DenseBlocks(), 24);
+  ASSERT_TRUE(shape.DenseBlock(0));
+  ASSERT_FALSE(shape.DenseBlock(1));
+  const PlanRequest r = MoeOnP5(shape, 1, 0);
+  const LayoutChoice t1 = WithExperts({1, 8, 1, {}}, 4), t2 = WithExperts({2, 4, 1, {}}, 4);
+  const double C = 2048, Q = 32 * 128, KV = 4 * 128, E = 128, K = 8, I = 768, V = 151936, tokens = 4096;
+  const double Ls = 24, Ld = 24, flops = r.device.matrix_flops;
+  const double attention = 2 * (C * (Q + 2 * KV) + Q * C) + 4 * 4096 * Q;
+  const double sparse = attention + K * 2 * 3 * C * I, router = 2 * E * C;
+  const double routing = 2 * (1 + K) * C * 2 / r.device.memory_bytes_per_second;
+  auto compute = [&](double T, double dense_width, double sparse_blocks, double dense_blocks) {
+    const double dense = attention + 2 * 3 * C * dense_width;
+    return 3 * tokens *
+           (sparse_blocks * ((sparse / T + router) / flops + routing) + dense_blocks * dense / T / flops +
+            2 * V * C / T / flops);
+  };
+  for (const int64_t width : {6144, 3072}) {
+    SCOPED_TRACE("dense MLP " + std::to_string(width));
+    const api::ModelShape mixed = Qwen3MoeEveryOtherDense(width);
+    const StepPrediction one = PredictStep(mixed, 4096, 8 * 4096, t1, r.cluster, r.device);
+    const StepPrediction two = PredictStep(mixed, 4096, 4 * 4096, t2, r.cluster, r.device);
+    ASSERT_EQ(one.micro_steps, 1);
+    ASSERT_EQ(two.micro_steps, 1);
+    EXPECT_NEAR(one.compute_seconds, compute(1, double(width), Ls, Ld), 1e-9 * one.compute_seconds);
+    EXPECT_NEAR(two.compute_seconds, compute(2, double(width), Ls, Ld), 1e-9 * two.compute_seconds);
+    // Between every block dense and every block sparse.
+    EXPECT_GT(one.compute_seconds, compute(1, double(width), 0, 48));
+    EXPECT_LT(one.compute_seconds, compute(1, double(width), 48, 0));
+  }
+  const StepPrediction all_sparse = PredictStep(Qwen3Moe(), 4096, 8 * 4096, t1, r.cluster, r.device);
+  const StepPrediction one = PredictStep(shape, 4096, 8 * 4096, t1, r.cluster, r.device);
+  EXPECT_NEAR(all_sparse.compute_seconds, compute(1, 6144, 48, 0), 1e-9 * all_sparse.compute_seconds);
+  EXPECT_NEAR(all_sparse.compute_seconds - one.compute_seconds, 3 * tokens * Ld * (router / flops + routing),
+              1e-9 * one.compute_seconds);
+  const StepPrediction two = PredictStep(shape, 4096, 4 * 4096, t2, r.cluster, r.device);
+  const api::ParallelLayout mesh(1, 8, 2, 4, 1, 1, 4);
+  auto collective = [&](Collective op, double bytes) {
+    return CollectiveSeconds(op, bytes, {0, 1}, mesh, r.cluster.node_paths, r.cluster.links);
+  };
+  const double all_reduce = collective(Collective::kAllReduce, tokens * C * 2);
+  EXPECT_NEAR(two.tp_seconds,
+              48 * 4 * all_reduce + Ls * collective(Collective::kAllGather, tokens * K * 4 * 2) +
+                  2 * (all_reduce + collective(Collective::kAllGather, tokens * 3 * 4 * 2)),
+              1e-12);
+}
+
+// Only sparse blocks send their tokens to experts: half the all-to-alls' bytes and time of
+// the model whose every block is sparse, recompute's included; in the cost model, half the
+// expert group's time (all-to-alls and the shared part's all-reduce), and the dense
+// blocks' units gathered over the shard group, not the expert-shard group.
+TEST(DenseBlocks, OnlySparseBlocksSendTokensToExperts) {
+  const PlanRequest r = MoeOnP5(Qwen3Moe(), 2, 16 * 4096);
+  for (const api::ActivationPolicy policy : {api::ActivationPolicy{}, api::ActivationPolicy{true, false, 2}}) {
+    const LayoutChoice c = WithExperts({1, 16, 1, policy}, 8);
+    SCOPED_TRACE(Describe(c));
+    const StepPrediction all = PredictStep(Qwen3Moe(), 4096, r.global_batch_tokens, c, r.cluster, r.device);
+    const StepPrediction mixed =
+        PredictStep(Qwen3MoeEveryOtherDense(), 4096, r.global_batch_tokens, c, r.cluster, r.device);
+    const double rows = 4096.0 * 8 * 2048 * 2;
+    EXPECT_NEAR(double(all.expert_bytes), 48 * (policy.checkpointing ? 6 : 4) * rows * 7 / 8, 1.0);
+    EXPECT_NEAR(2 * double(mixed.expert_bytes), double(all.expert_bytes), 2.0);
+    EXPECT_GT(mixed.expert_seconds, 0);
+    EXPECT_NEAR(2 * mixed.expert_seconds, all.expert_seconds, 1e-12 * all.expert_seconds);
+    // Half the blocks gather 1/8 of a sparse block's experts from one peer each; the other
+    // half a dense block (57M elements) from all 16 ranks: far less comm in all.
+    EXPECT_LT(mixed.comm_seconds, all.comm_seconds);
+    EXPECT_LT(mixed.seconds, all.seconds);
+  }
+
+  api::TrainingJobSpec spec = api::LoadTrainingJobs("examples/qwen3-moe-30b-a3b-auto.yaml").at(0).job.spec;
+  spec.parallelism.mode = "manual";
+  spec.parallelism.tensor_parallel_degree = 1;
+  spec.parallelism.hybrid_shard_degree = 16;
+  spec.parallelism.expert_parallel_degree = 8;
+  const std::vector<std::vector<std::string>> paths = {{"n0"}, {"n1"}};
+  const LinkModel links({"kubernetes.io/hostname"});
+  auto axis = [](const StepCost& cost, const std::string& name) {
+    for (const AxisCost& a : cost.axes) {
+      if (a.axis == name) return a.seconds;
+    }
+    ADD_FAILURE() << "no axis " << name;
+    return 0.0;
+  };
+  const StepCost all = EstimateStepCost(spec, paths, links);
+  spec.model.decoder_sparse_step = 2;
+  const api::ModelShape shape = api::ShapeOf(spec.model);
+  ASSERT_EQ(shape.DenseBlocks(), 24);
+  const StepCost mixed = EstimateStepCost(spec, paths, links);
+  EXPECT_GT(axis(mixed, "expert"), 0);
+  EXPECT_NEAR(2 * axis(mixed, "expert"), axis(all, "expert"), 1e-12 * axis(all, "expert"));
+  // The shard group gathers (twice, bf16) and reduce-scatters (fp32) the embedding, the
+  // head and the 24 dense blocks each micro-step; the expert-shard group the 24 sparse ones.
+  const api::ParallelLayout mesh = api::ParallelLayout::ForSpec(spec);
+  const api::UnitElements units = api::UnitElementsOf(shape, 0, 1, api::kVocabMultiple, 8);
+  const double steps = double(api::AccumulationSteps(spec));
+  auto gathers = [&](api::Axis a, double elements) {
+    double slowest = 0;
+    for (const std::vector<int>& group : mesh.Groups(a)) {
+      slowest = std::max(slowest, CollectiveSeconds(Collective::kAllGather, 2 * elements, group, mesh, paths, links) * 2 +
+                                      CollectiveSeconds(Collective::kReduceScatter, 4 * elements, group, mesh, paths, links));
+    }
+    return steps * slowest;
+  };
+  EXPECT_NEAR(axis(mixed, "shard"), gathers(api::Axis::kShard, double(units.embedding + units.head + 24 * units.dense_block)),
+              1e-12 * axis(mixed, "shard"));
+  EXPECT_NEAR(axis(mixed, "expert-shard"), gathers(api::Axis::kExpertShard, 24.0 * double(units.block)),
+              1e-12 * axis(mixed, "expert-shard"));
+}
+
+// Each block's unit is sharded as its kind is: a sparse one over the S / EP ranks holding
+// the same experts, a dense one over all S; a rank's master weights are the sum of its
+// blocks' shards, the embedding's and the head's (api::EngineMemoryOf, what the planner
+// predicts), per pipeline stage its own blocks'. The step model's update streams those
+// same shards (28 bytes an element).
+TEST(DenseBlocks, EachBlockHoldsItsOwnKindsShard) {
+  const api::ModelShape shape = Qwen3MoeEveryOtherDense();
+  const PlanRequest r = MoeOnP5(shape, 1, 0);
+  auto held = [](int64_t bytes) { return int64_t(api::AllocatorBlockBytes(size_t(bytes))); };
+  for (const int EP : {1, 8}) {
+    for (const int P : {1, 2}) {
+      LayoutChoice c = WithExperts({1, 8 / P, 1, {true, false, 2}}, EP);
+      c.pipeline.stages = P;
+      if ((8 / P) % EP != 0) continue;
+      SCOPED_TRACE(Describe(c));
+      const int S = c.shard;
+      const api::UnitElements u = api::UnitElementsOf(shape, 0, 1, api::kVocabMultiple, EP);
+      ASSERT_GT(u.dense_block, 0);
+      ASSERT_LT(u.dense_block, u.block);
+      const api::EngineTypes types = EngineTypesOf(2, false, shape, 1, 4096, 1, 1, "Ring", EP);
+      const std::vector<int> first = api::SplitBlocks(shape, 4096, P);
+      int64_t most = 0;
+      double most_elements = 0;
+      for (int p = 0; p < P; ++p) {
+        const api::StageShape stage = api::StageShapeOf(shape, c.pipeline, p, 4, 4096);
+        const bool embedding = p == 0, head = p == P - 1;  // Qwen3-30B-A3B's head is untied
+        int64_t params = (embedding ? held(api::ShardElements(u.embedding, S) * 4) : 0) +
+                         (head ? held(api::ShardElements(u.head, S) * 4) : 0);
+        double elements = double((embedding ? api::ShardElements(u.embedding, S) : 0) +
+                                 (head ? api::ShardElements(u.head, S) : 0));
+        for (int l = first[size_t(p)]; l < first[size_t(p) + 1]; ++l) {
+          const int64_t shard =
+              shape.DenseBlock(l) ? api::ShardElements(u.dense_block, S) : api::ShardElements(u.block, S / EP);
+          params += held(shard * 4);
+          elements += double(shard);
+        }
+        const api::EngineMemory m =
+            api::EngineMemoryOf(shape, 1, 4096, 0, 1, S, c.activations, types, false, false, stage);
+        EXPECT_EQ(m.params, params) << "stage " << p;
+        most = std::max(most, params);
+        most_elements = std::max(most_elements, elements);
+      }
+      const MemoryPrediction predicted = PredictMemory(shape, 4096, c, 2, false, false, 4);
+      EXPECT_EQ(predicted.params, most);
+      const StepPrediction step = PredictStep(shape, 4096, int64_t(4) * S * 4096, c, r.cluster, r.device);
+      EXPECT_NEAR(step.update_seconds, most_elements * 28 / r.device.memory_bytes_per_second,
+                  1e-12 * step.update_seconds);
+    }
+  }
+}
+
+// The planner finds a layout for the model with dense blocks that fits, faster than the
+// same layout of the model whose every block is sparse (fewer experts to gather, half the
+// routers, routing and all-to-alls).
+TEST(DenseBlocks, Qwen3MoeWithDenseBlocksPlansALayoutThatFits) {
+  PlanRequest r = MoeOnP5(Qwen3MoeEveryOtherDense(), 2, 16 * 4096);
+  r.max_context = 1;
+  r.max_horizon = 2;
+  const Plan plan = PlanLayouts(r);
+  ASSERT_NE(plan.best(), nullptr);
+  const Candidate& best = *plan.best();
+  EXPECT_TRUE(best.reason.empty()) << best.reason;
+  EXPECT_LE(best.needed, r.device.Usable());
+  EXPECT_GT(best.memory.params, 0);
+  const Candidate all = Evaluate(MoeOnP5(Qwen3Moe(), 2, 16 * 4096), best.choice);
+  EXPECT_LT(best.step.seconds, all.step.seconds) << Describe(best.choice);
+  EXPECT_LT(best.memory.params, all.memory.params) << Describe(best.choice);
 }
 
 TEST(LinkFile, RoundTripsAndNamesWhatIsWrong) {
