@@ -124,13 +124,12 @@ std::vector<Float8Product> Float8LinearProducts(int batch, int seq, const ModelS
     if (!l.float8) continue;
     const bool row_parallel = l.split == TpSplit::kColumns;
     const int64_t K = row_parallel ? l.k / tp : l.k, OC = row_parallel ? l.n : l.n / tp;
-    // As worker/model's blocks call LinearForward and LinearBackward: a row-parallel
-    // layer's bias on TP rank 0 (the all-reduce after it adds it once); the residual stream
-    // on one TP rank, where no all-reduce comes between the projection and it (dropout
-    // comes between in training, but evaluation, which every run ends with, drops nothing).
+    // By the rules worker/model's blocks run their epilogues by (AddsBias,
+    // ProjectsIntoResidual), without dropout: evaluation, which every run ends with, drops
+    // nothing.
     const LinearEpilogue& e = l.epilogue;
-    const bool bias = e.bias && (!row_parallel || run.tp_rank == 0);
-    const bool residual = e.residual && tp == 1;
+    const bool bias = e.bias && AddsBias(l.split, run.tp_rank);
+    const bool residual = e.residual && ProjectsIntoResidual(tp, /*dropout=*/false);
     products.push_back({OC, N, K, Float8KeepsSums(run.rowwise, bias || residual || e.gelu)});
     products.push_back({K, N, OC, Float8KeepsSums(run.rowwise, e.gelu_input)});
     products.push_back({K, OC, N, Float8KeepsSums(run.rowwise, false)});

@@ -200,6 +200,13 @@ int64_t HeadChunkRows(int64_t rows, int64_t padded_vocab);
 struct LinearEpilogue {
   bool bias = false, residual = false, gelu = false, gelu_input = false;
 };
+// The two rules by which a block runs an epilogue (worker/model's blocks, and
+// Float8LinearProducts, which sizes for them): a projection adds the residual stream where
+// one TP rank and no dropout leave nothing between the two; a product adds its bias on
+// every TP rank but a row-parallel (kColumns) one's, which TP rank 0 alone adds, as the
+// all-reduce after it then counts it once.
+inline bool ProjectsIntoResidual(int tp_size, bool dropout) { return tp_size == 1 && !dropout; }
+inline bool AddsBias(TpSplit split, int tp_rank) { return split != TpSplit::kColumns || tp_rank == 0; }
 
 // A product of a block's forward as the engine runs it: (tokens x k) by (k x n), q, k and
 // v as one product, gate and up as one, a mixture's experts as the k a token meets.

@@ -98,7 +98,7 @@ class Gpt2 final : public Model<P> {
     const bool dropout = d.dropout.p > 0;
     // Without TP's all-reduce or dropout between a projection and the residual stream, the
     // projection adds the stream in its epilogue: no separate add, no proj round trip.
-    const bool into_residual = d.tp.size == 1 && !dropout;
+    const bool into_residual = api::ProjectsIntoResidual(d.tp.size, dropout);
     kernels::Ops<P>& ops = k.ops;
     ops.LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w, p.ln1b, N, C, k.stream);
     LinearForward(k, TpSplit::kRows, a.qkv, nullptr, a.ln1, p.qkvw, p.qkvb, nullptr, N, C, 3 * Cl);

@@ -165,7 +165,7 @@ void LinearBackward(const Context<P>& k, TpSplit split, Ptr<typename P::Act> din
 // bias (or the positions), given on the group's first rank only.
 template <class T>
 Ptr<T> OnFirstRank(const Dims& d, Ptr<T> bias) {
-  return d.tp.rank == 0 ? bias : nullptr;
+  return api::AddsBias(TpSplit::kColumns, d.tp.rank) ? bias : nullptr;
 }
 
 // The LM head after the final norm, whose output is h.lnf (N,C): the logits against

@@ -63,7 +63,7 @@ class Llama final : public Model<P> {
     const bool dropout = d.dropout.p > 0;
     // Without TP's all-reduce or dropout between a projection and the residual stream, the
     // projection adds the stream in its epilogue.
-    const bool into_residual = d.tp.size == 1 && !dropout;
+    const bool into_residual = api::ProjectsIntoResidual(d.tp.size, dropout);
     kernels::Ops<P>& ops = k.ops;
     ops.RmsNormForward(a.attn_norm, a.attn_rstd, residual, p + attn_norm_, N, C, d.eps, k.stream);
     LinearForward(k, TpSplit::kRows, a.qkv, nullptr, a.attn_norm, p + wqkv_, Bias(p), nullptr, N, C, Q + 2 * KV);
