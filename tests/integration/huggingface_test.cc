@@ -58,6 +58,22 @@ class HuggingFaceTest : public testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
+  // Trains `job`, whose spec.model.init.from is `model` (the run starts from its weights,
+  // and moves them), into *trained, then `meshtrain export`s its checkpoint of step 3 under
+  // `checkpoints` to `exported` in files of at most 50KB.
+  void TrainAndExport(const api::TrainingJob& job, const fs::path& model, const api::ModelShape& shape,
+                      const fs::path& checkpoints, const fs::path& exported, std::vector<float>* trained) {
+    Trainer start(job);
+    EXPECT_EQ(start.Weights(), LoadHuggingFace(model.string(), shape));
+    Trainer trainer(job);
+    trainer.Run([](const StepReport&) {});
+    *trained = trainer.Weights();
+    EXPECT_NE(*trained, start.Weights());
+    const std::string command = std::string(MESHTRAIN_CLI) + " export " + (checkpoints / "step-00000003").string() +
+                                " " + exported.string() + " --max-shard-size 50KB > " + (dir_ / "export.txt").string();
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  }
+
   // bytes.bin: 4000 tokens of a pattern over the byte vocabulary, for the Llama class.
   void WriteByteTokens() {
     std::vector<uint32_t> tokens(4000);
@@ -375,16 +391,8 @@ TEST_F(HuggingFaceTest, ALlamaClassDirectoryTrainsExportsAndLoadsBackBitForBit) 
     EXPECT_EQ(shape.KvHeads(), 2);
     EXPECT_EQ(shape.tied, family == "qwen2");
     // The run starts from the directory's weights.
-    Trainer start(checked.job);
-    EXPECT_EQ(start.Weights(), LoadHuggingFace(model.string(), shape));
-    Trainer trainer(checked.job);
-    trainer.Run([](const StepReport&) {});
-    const std::vector<float> trained = trainer.Weights();
-    EXPECT_NE(trained, start.Weights());
-
-    const std::string command = std::string(MESHTRAIN_CLI) + " export " + (checkpoints / "step-00000003").string() +
-                                " " + exported.string() + " --max-shard-size 50KB > " + (dir_ / "export.txt").string();
-    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    std::vector<float> trained;
+    ASSERT_NO_FATAL_FAILURE(TrainAndExport(checked.job, model, shape, checkpoints, exported, &trained));
     const nlohmann::json config = nlohmann::json::parse(std::ifstream(exported / "config.json"));
     const std::map<std::string, std::string> architecture = {
         {"llama", "LlamaForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"}, {"qwen3", "Qwen3ForCausalLM"}};
@@ -590,16 +598,8 @@ TEST_F(HuggingFaceTest, AMixtureOfExpertsDirectoryTrainsExportsAndLoadsBackBitFo
     EXPECT_EQ(shape.experts_per_token, 2);
     EXPECT_EQ(shape.moe_intermediate, 28);
     EXPECT_EQ(shape.norm_topk_prob, mixtral);
-    Trainer start(checked.job);
-    EXPECT_EQ(start.Weights(), LoadHuggingFace(model.string(), shape));
-    Trainer trainer(checked.job);
-    trainer.Run([](const StepReport&) {});
-    const std::vector<float> trained = trainer.Weights();
-    EXPECT_NE(trained, start.Weights());
-
-    const std::string command = std::string(MESHTRAIN_CLI) + " export " + (checkpoints / "step-00000003").string() +
-                                " " + exported.string() + " --max-shard-size 50KB > " + (dir_ / "export.txt").string();
-    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    std::vector<float> trained;
+    ASSERT_NO_FATAL_FAILURE(TrainAndExport(checked.job, model, shape, checkpoints, exported, &trained));
     const nlohmann::json config = nlohmann::json::parse(std::ifstream(exported / "config.json"));
     EXPECT_EQ(config.at("architectures")[0], mixtral ? "MixtralForCausalLM" : "Qwen3MoeForCausalLM");
     EXPECT_EQ(config.at("model_type"), family);
@@ -756,16 +756,8 @@ TEST_F(HuggingFaceTest, AQwen3MoeWithDenseBlocksTrainsExportsAndLoadsBackBitForB
     EXPECT_EQ(shape.DenseBlocks(), c.layers - int64_t(c.sparse.size()));
     const std::string described = api::DescribeShape(shape);
     EXPECT_NE(described.find("dense MLP 76 in blocks 0"), std::string::npos) << described;
-    Trainer start(checked.job);
-    EXPECT_EQ(start.Weights(), LoadHuggingFace(model.string(), shape));
-    Trainer trainer(checked.job);
-    trainer.Run([](const StepReport&) {});
-    const std::vector<float> trained = trainer.Weights();
-    EXPECT_NE(trained, start.Weights());
-
-    const std::string command = std::string(MESHTRAIN_CLI) + " export " + (checkpoints / "step-00000003").string() +
-                                " " + exported.string() + " --max-shard-size 50KB > " + (dir_ / "export.txt").string();
-    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    std::vector<float> trained;
+    ASSERT_NO_FATAL_FAILURE(TrainAndExport(checked.job, model, shape, checkpoints, exported, &trained));
     const nlohmann::json config = nlohmann::json::parse(std::ifstream(exported / "config.json"));
     EXPECT_EQ(config.at("architectures")[0], "Qwen3MoeForCausalLM");
     EXPECT_EQ(config.at("num_hidden_layers"), c.layers);
