@@ -186,7 +186,10 @@ TEST_P(PointToPoint, ARankWaitingForItsPeerLeavesTheCoresToOthers) {
 }
 
 // Eight ranks on this machine's two cores (the fabric then yields its core for less
-// long), seven of them blocked for a second in Recv from the eighth, asleep.
+// long), seven of them blocked for a second in Recv from the eighth, asleep. Ranks that
+// spun would take the two cores' second, 2 s of CPU; backing off they took 0.18-0.30 s
+// alone on this machine, and 0.36 s once beside another test under ctest -j2: the bound,
+// 0.6 s, is far from either.
 TEST(PointToPointWaiting, SevenRanksWaitingTakeLittleOfTheCores) {
   RunFabricRanks(8, 1, WithTimeout(30s), [&](Communicator& world) {
     runtime::CpuBackend backend;
@@ -198,7 +201,7 @@ TEST(PointToPointWaiting, SevenRanksWaitingTakeLittleOfTheCores) {
       const double cpu_before = ProcessCpuSeconds();
       std::this_thread::sleep_for(1s);
       const double cpu = ProcessCpuSeconds() - cpu_before;
-      EXPECT_LT(cpu, 0.3) << "seven ranks blocked for a second took " << cpu << " s of CPU";
+      EXPECT_LT(cpu, 0.6) << "seven ranks blocked for a second took " << cpu << " s of CPU";
       std::printf("7 ranks blocked 1 s in Recv: %.3f s of CPU (process)\n", cpu);
       for (int peer = 1; peer < 8; ++peer) {
         group->Send(runtime::ConstDeviceBytes(In(value)), 1, DataType::kInt32, peer, *stream);
