@@ -184,19 +184,15 @@ class MoeFamily final : public LlamaFamily {
 
   std::string Describe(const ModelShape& s) const override {
     std::string text = LlamaFamily::Describe(s);
-    if (m_.qwen && s.DenseBlocks() > 0) {  // the dense blocks, by index
+    if (m_.qwen) {  // the dense blocks by index, or the dense width unused while every block is sparse
       std::string blocks;
       for (int64_t l = 0; l < s.layers; ++l) {
-        if (s.DenseBlock(l)) blocks += (blocks.empty() ? "" : " ") + MoeText(l);
+        if (s.DenseBlock(l)) blocks += " " + MoeText(l);
       }
       const std::string dense = ", MLP " + MoeText(s.intermediate);
       if (const size_t at = text.find(dense); at != std::string::npos) {
-        text.replace(at, dense.size(), ", dense MLP " + MoeText(s.intermediate) + " in blocks " + blocks);
-      }
-    } else if (m_.qwen) {  // the dense width, which sizes nothing while every block is sparse
-      const std::string dense = ", MLP " + MoeText(s.intermediate);
-      if (const size_t at = text.find(dense); at != std::string::npos) {
-        text.replace(at, dense.size(), ", dense MLP " + MoeText(s.intermediate) + " (unused)");
+        text.replace(at, dense.size(), ", dense MLP " + MoeText(s.intermediate) +
+                                           (blocks.empty() ? " (unused)" : " in blocks" + blocks));
       }
     }
     text += ", experts " + MoeText(s.experts) + " (top " + MoeText(s.experts_per_token) + ", MLP " +

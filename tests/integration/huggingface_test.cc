@@ -37,6 +37,7 @@
 #include "worker/train/safetensors.h"
 #include "worker/train/token_file.h"
 #include "worker/train/trainer.h"
+#include "tests/support/safetensors_shapes.h"
 
 namespace meshtrain::train {
 namespace {
@@ -45,7 +46,7 @@ namespace fs = std::filesystem;
 
 const api::ModelShape kTiny{2, 2, 8, 11, 6};
 
-class HuggingFaceTest : public testing::Test {
+class HuggingFaceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("meshtrain-hf-" + std::to_string(::getpid()));
@@ -353,16 +354,6 @@ api::CheckedJob LlamaJob(const fs::path& model, const fs::path& tokens, const st
 }
 
 // A file's bytes.
-// Every tensor of a model directory's safetensors files, by name: its shape.
-std::map<std::string, std::vector<int64_t>> TensorShapesIn(const fs::path& model) {
-  std::map<std::string, std::vector<int64_t>> names;
-  for (const auto& entry : fs::directory_iterator(model)) {
-    if (entry.path().extension() != ".safetensors") continue;
-    for (const auto& [name, t] : ReadSafetensors(entry.path().string())) names[name] = t.shape;
-  }
-  return names;
-}
-
 std::string Bytes(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -606,7 +597,8 @@ TEST_F(HuggingFaceTest, AMixtureOfExpertsDirectoryTrainsExportsAndLoadsBackBitFo
     EXPECT_EQ(config.at(mixtral ? "num_local_experts" : "num_experts"), 4);
     EXPECT_EQ(config.at("num_experts_per_tok"), 2);
     EXPECT_EQ(config.at(mixtral ? "intermediate_size" : "moe_intermediate_size"), 28);
-    const std::map<std::string, std::vector<int64_t>> written = TensorShapesIn(exported), read = TensorShapesIn(model);
+    const std::map<std::string, std::vector<int64_t>> written = testing::TensorShapesIn(exported),
+                                                      read = testing::TensorShapesIn(model);
     EXPECT_EQ(written, read) << "the tensors the directory came with, by the same names and shapes";
     const std::string sparse = mixtral ? "model.layers.1.block_sparse_moe." : "model.layers.1.mlp.";
     EXPECT_EQ(written.at(sparse + "gate.weight"), (std::vector<int64_t>{4, 40}));
@@ -765,7 +757,8 @@ TEST_F(HuggingFaceTest, AQwen3MoeWithDenseBlocksTrainsExportsAndLoadsBackBitForB
     EXPECT_EQ(config.at("mlp_only_layers"), nlohmann::json(c.mlp_only));
     EXPECT_EQ(config.at("intermediate_size"), 76) << "the dense blocks' width";
     EXPECT_EQ(config.at("moe_intermediate_size"), 28);
-    const std::map<std::string, std::vector<int64_t>> written = TensorShapesIn(exported), read = TensorShapesIn(model);
+    const std::map<std::string, std::vector<int64_t>> written = testing::TensorShapesIn(exported),
+                                                      read = testing::TensorShapesIn(model);
     EXPECT_EQ(written, read) << "the tensors the directory came with, by the same names and shapes";
     for (int64_t l = 0; l < c.layers; ++l) {
       const std::string mlp = "model.layers." + std::to_string(l) + ".mlp.";

@@ -38,6 +38,7 @@
 #include "worker/train/schedule.h"
 #include "worker/train/token_file.h"
 #include "worker/train/trainer.h"
+#include "tests/support/safetensors_shapes.h"
 
 namespace meshtrain::train {
 namespace {
@@ -209,11 +210,7 @@ class TorchParity : public ::testing::Test {
     EXPECT_EQ(written.at("intermediate_size"), given.at("intermediate_size")) << "the dense blocks' width";
     EXPECT_EQ(written.at("moe_intermediate_size"), given.at("moe_intermediate_size"));
 
-    std::map<std::string, std::vector<int64_t>> tensors;
-    for (const auto& entry : fs::directory_iterator(exported)) {
-      if (entry.path().extension() != ".safetensors") continue;
-      for (const auto& [name, t] : ReadSafetensors(entry.path().string())) tensors[name] = t.shape;
-    }
+    std::map<std::string, std::vector<int64_t>> tensors = testing::TensorShapesIn(exported);
     const int64_t C = shape.hidden, I = shape.intermediate, E = shape.experts;
     for (int l = 0; l < int(shape.layers); ++l) {
       const std::string mlp = "model.layers." + std::to_string(l) + ".mlp.";
