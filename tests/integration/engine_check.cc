@@ -78,9 +78,10 @@
 //                              RECIPE (tensorwise or rowwise), the reference's too, on a
 //                              model of widths that are multiples of 16 (ModelOf), against
 //                              one rank of the ranks' micro-batches (--reference-micro 1):
-//                              step by step from each of the reference's states, every
-//                              step's loss within kFloat8StepTolerance (CheckStepwise), and
-//                              over 20 free steps within kFloat8LossTolerance.
+//                              step by step from each of the reference's states, the
+//                              first step's loss within kFloat8FirstStepTolerance and every
+//                              step's within kFloat8StepTolerance (CheckStepwise), and over
+//                              20 free steps within kFloat8LossTolerance.
 //   --from-context C           in reshard mode, the --from layout's C.
 //   --from-experts EP          in reshard mode, the --from layout's EP (--experts is the
 //                              second's); both layouts' model has the experts that the
@@ -173,11 +174,15 @@ constexpr double kBf16MoeWeightTolerance = 6e-2;
 // E5M2's 2^-2), and a tensorwise scale moves with any change of its amax, moving every
 // value it scales; so once a cast flips, the runs drift apart chaotically, as far as the
 // casts' own noise takes them. So a layout is checked two ways:
-//  - Step by step (CheckStepwise): from each of the reference's states, every step's loss
-//    within kFloat8StepTolerance, 3e-4, the bound issue 56 sets. Measured over every
-//    float8 case (AMD EPYC, 2 cores): the first step from the reference's state within
-//    7.6e-6 (Qwen3-MoE T2 x S2; 0, bitwise, without TP), the second within 6.1e-5 (GPT-2
-//    T2 x S2 tensorwise; 1.1e-8 without TP).
+//  - Step by step (CheckStepwise): from each of the reference's states, two steps. The
+//    first step's loss differs by the forward's sums alone, the second's by one update of
+//    the layout's own besides. Measured over every float8 case (AMD EPYC, 2 cores): the
+//    first within 7.6e-6 (Qwen3-MoE T2 x S2; 0, bitwise, without TP), the second within
+//    6.1e-5 (GPT-2 T2 x S2 tensorwise; 1.1e-8 without TP). The first is held to
+//    kFloat8FirstStepTolerance, 4x the worst: TP ranks that scaled by their own slices'
+//    amaxes (not the whole tensor's) measured 5.8e-5 there (GPT-2 T2 x S2 tensorwise; the
+//    second step 1.6e-4). Every step is held to kFloat8StepTolerance, 3e-4, the bound
+//    issue 56 sets.
 //  - 20 free steps: the chaotic drift. Measured worst by step 20: 9.9e-4 (Llama R2 x S2
 //    tensorwise) on that machine, 4.5e-4 on an Intel Xeon, 2.7e-3 with the reference on
 //    two threads (before main's OMP_NUM_THREADS); rowwise runs, whose power-of-2 scales
@@ -185,6 +190,7 @@ constexpr double kBf16MoeWeightTolerance = 6e-2;
 //    the worst drift's margin and still catch half the batch (3e-2 in loss, 1.1e-1 in
 //    weights, above).
 constexpr int kStepwiseSteps = 2;
+constexpr double kFloat8FirstStepTolerance = 3e-5;
 constexpr double kFloat8StepTolerance = 3e-4;
 constexpr double kFloat8LossTolerance = 1e-2;
 constexpr double kFloat8WeightTolerance = 5e-2;
@@ -738,10 +744,10 @@ int DriveReshard(const Options& o, int argc, char** argv) {
 // of every step; then for each step k from 0 to kSteps - kStepwiseSteps the layout resumes
 // from the reference's checkpoint of step k (k = 0: from the start) and trains
 // kStepwiseSteps steps. Its first step's loss differs from the reference's by the order
-// of the forward's sums alone (the state is the reference's, bit for bit), its second's by
-// one step of its own besides: each within kFloat8StepTolerance. Unlike the 20 free steps,
-// this does not let a float8 cast that one layout's rounding flipped (engine_check's
-// kFloat8LossTolerance) compound for many steps.
+// of the forward's sums alone (the state is the reference's, bit for bit), within
+// kFloat8FirstStepTolerance; its second's by one step of its own besides, within
+// kFloat8StepTolerance. Unlike the 20 free steps, this does not let a float8 cast that one
+// layout's rounding flipped compound for many steps (kFloat8LossTolerance).
 void CheckStepwise(const Options& o, int argc, char** argv, const nlohmann::json& ranks_job, int dp) {
   Options one = o;
   one.ranks = one.nodes = one.tp = one.shard = one.stages = one.virtual_stages = one.context = one.experts = 1;
@@ -793,11 +799,13 @@ void CheckStepwise(const Options& o, int argc, char** argv, const nlohmann::json
   fs::remove_all(from);
   fs::remove_all(saved);
   std::printf("fp8 step by step (from each of the one rank's steps 0-%d, %d steps): worst loss error of the first "
-              "step %.2e (step %d), of the second %.2e (step %d) (bound %g)\n",
+              "step %.2e (step %d), of the second %.2e (step %d) (bounds %g, %g)\n",
               kSteps - kStepwiseSteps, kStepwiseSteps, worst[0], worst_step[0], worst[1], worst_step[1],
-              kFloat8StepTolerance);
-  Expect(worst[0] <= kFloat8StepTolerance && worst[1] <= kFloat8StepTolerance,
-         "float8's losses step by step within " + std::to_string(kFloat8StepTolerance) + " of the one rank's");
+              kFloat8FirstStepTolerance, kFloat8StepTolerance);
+  char bounds[160];
+  std::snprintf(bounds, sizeof bounds, "float8's losses step by step: the first step from the one rank's state within "
+                "%g of its loss, the second within %g", kFloat8FirstStepTolerance, kFloat8StepTolerance);
+  Expect(worst[0] <= kFloat8FirstStepTolerance && worst[1] <= kFloat8StepTolerance, bounds);
 }
 
 // One layout's equivalence (or limit) run against the single-rank reference.
