@@ -108,10 +108,14 @@ TEST(BlasCore, TheSelfCheckRunsACoreInAChildAndRefusesAnotherCore) {
   const BlasSelfCheck prescott = RunBlasSelfCheck("Prescott");
   EXPECT_TRUE(prescott.ok) << prescott.detail;
 #endif
-  // A name OpenBLAS does not know: it runs its own choice, which the check catches.
+  // A name OpenBLAS does not know: it runs a core of its own choosing, which the check
+  // catches. (Which core differs by CPU: on an AMD EPYC that runs Zen by itself, Haswell.)
   const BlasSelfCheck unknown = RunBlasSelfCheck("NoSuchCore");
   EXPECT_FALSE(unknown.ok);
-  EXPECT_EQ(unknown.detail, "OpenBLAS ran " + here + ", not NoSuchCore");
+  const std::string ran = "OpenBLAS ran ", refused = ", not NoSuchCore";
+  EXPECT_TRUE(unknown.detail.starts_with(ran) && unknown.detail.ends_with(refused) &&
+              unknown.detail.size() > ran.size() + refused.size())
+      << unknown.detail;
 }
 
 TEST(BlasCore, TheCoreInUseIsDescribedWithItsSource) {
