@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -195,6 +196,72 @@ TEST(Store, AHandshakeThatIsNotAnsweredFailsByTheConnectDeadline) {
   EXPECT_GE(took, 100ms);
   EXPECT_LT(took, 2s);
   ::close(listener);
+}
+
+// Accepts the next connection on `listener` and resets it (SO_LINGER 0) before a byte is
+// sent: what a coordinator's listening socket does to a connection it queued as it stopped.
+bool AcceptAndReset(int listener) {
+  const int fd = ::accept(listener, nullptr, nullptr);
+  if (fd < 0) return false;
+  const linger reset{1, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+  ::close(fd);
+  return true;
+}
+
+// A new gang's rank can reach the coordinator's address while the previous gang's
+// coordinator there is stopping: its kernel accepts, then the connection is reset before
+// any challenge. The client tries again, as for a refused connect, and meets the new
+// coordinator on the same port.
+TEST(Store, AConnectionResetBeforeTheChallengeIsTriedAgain) {
+  std::string address;
+  const int listener = Listener(&address);
+  ASSERT_GE(listener, 0);
+  const auto port = uint16_t(std::stoi(address.substr(address.rfind(':') + 1)));
+  std::unique_ptr<StoreServer> coordinator;
+  std::thread stopping([&] {
+    AcceptAndReset(listener);
+    ::close(listener);
+    std::this_thread::sleep_for(50ms);
+    coordinator = std::make_unique<StoreServer>("127.0.0.1", port, std::string(32, 'k'));
+  });
+  std::string error;
+  try {
+    StoreClient client(address, 5s, std::string(32, 'k'));
+    client.Set("k", "v");
+    EXPECT_EQ(client.Get("k", 1s), "v");
+  } catch (const StoreError& e) {
+    error = e.what();
+  }
+  stopping.join();
+  EXPECT_EQ(error, "") << "the rank gave up on the first reset connection";
+  ASSERT_NE(coordinator, nullptr);
+  EXPECT_EQ(coordinator->refused(), 0);
+}
+
+// Only reset connections until the deadline: the error says so.
+TEST(Store, ConnectionsResetUntilTheDeadlineFailNamingWhy) {
+  std::string address;
+  const int listener = Listener(&address);
+  ASSERT_GE(listener, 0);
+  std::atomic<bool> done{false};
+  int resets = 0;
+  std::thread stopping([&] {
+    while (!done)
+      if (AcceptAndReset(listener)) ++resets;
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const std::string error = ErrorOf([&] { StoreClient client(address, 300ms, std::string(32, 'k')); });
+  const auto took = std::chrono::steady_clock::now() - start;
+  done = true;
+  ::shutdown(listener, SHUT_RDWR);  // wakes the accept
+  stopping.join();
+  ::close(listener);
+  EXPECT_EQ(error, "cannot reach the coordinator at " + address +
+                       " within 300 ms: the connection ended before the coordinator's challenge (a coordinator "
+                       "stopping there)");
+  EXPECT_GE(resets, 2) << "the client connected once only";
+  EXPECT_LT(took, 2s);
 }
 
 // ---------------------------------------------------------------------------

@@ -201,21 +201,22 @@ StoreClient::StoreClient(const std::string& coordinator, milliseconds connect_ti
       last_error = ::gai_strerror(rc);
     } else {
       fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (fd_ >= 0 && ::connect(fd_, found->ai_addr, found->ai_addrlen) == 0) {
-        ::freeaddrinfo(found);
+      const bool connected = fd_ >= 0 && ::connect(fd_, found->ai_addr, found->ai_addrlen) == 0;
+      last_error = connected ? "" : std::strerror(errno);
+      ::freeaddrinfo(found);
+      if (connected) {
         const int one = 1;
         ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         // The handshake shares the connect deadline: a stopped coordinator's kernel still
         // accepts connections, and only an unanswered challenge shows that it is gone.
         // A coordinator that came up at the deadline still gets kHandshakeFloor.
         const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now());
-        if (!key.empty()) Authenticate(key, std::clamp(left, kHandshakeFloor, kAuthPatience));
-        return;
+        if (key.empty() || Authenticate(key, std::clamp(left, kHandshakeFloor, kAuthPatience))) return;
+        last_error = "the connection ended before the coordinator's challenge (a coordinator stopping there)";
+      } else if (fd_ >= 0) {
+        ::close(fd_);
+        fd_ = -1;
       }
-      last_error = std::strerror(errno);
-      if (fd_ >= 0) ::close(fd_);
-      fd_ = -1;
-      ::freeaddrinfo(found);
     }
     if (Clock::now() + backoff >= deadline) break;
     std::this_thread::sleep_for(backoff);
@@ -272,10 +273,27 @@ std::string StoreClient::ReceiveReply(Clock::time_point deadline, const std::str
   return reply.substr(4);
 }
 
-void StoreClient::Authenticate(const std::string& key, milliseconds timeout) {
+bool StoreClient::Authenticate(const std::string& key, milliseconds timeout) {
   std::lock_guard lock(mutex_);
   const auto deadline = Clock::now() + timeout;
   const std::string what = "authentication";
+  // A coordinator sends its challenge as it accepts. A connection that ends before any of
+  // it came was accepted by a listening socket whose coordinator then stopped.
+  for (pollfd p{fd_, POLLIN, 0};;) {
+    const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now()).count();
+    const int ready = ::poll(&p, 1, int(std::max<int64_t>(0, left)));
+    if (ready == 0) Fail(what, "no reply within " + std::to_string(timeout.count()) + " ms", true);
+    if (ready > 0) break;
+  }
+  char first = 0;
+  ssize_t n;
+  do n = ::recv(fd_, &first, 1, MSG_PEEK);
+  while (n < 0 && errno == EINTR);
+  if (n <= 0) {
+    ::close(fd_);
+    fd_ = -1;
+    return false;
+  }
   const std::string challenge = ReceiveReply(deadline, what);
   if (uint8_t(challenge[0]) != kChallenge || challenge.size() != 1 + kNonceBytes) {
     Fail(what, "the coordinator does not challenge clients (it has no key)", true);
@@ -293,6 +311,7 @@ void StoreClient::Authenticate(const std::string& key, milliseconds timeout) {
   if (uint8_t(proof[0]) != kOk || !SameMac(proof.substr(1), Mac(key, kServerLabel, client_nonce, server_nonce))) {
     Fail(what, "the coordinator could not prove that it holds the job's key", true);
   }
+  return true;
 }
 
 std::string StoreClient::Call(const std::string& request, const std::string& what, milliseconds timeout,

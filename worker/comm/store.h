@@ -78,8 +78,10 @@ class StoreClient {
  public:
   // Connects to "host:port", retrying until `connect_timeout` while the coordinator starts,
   // and authenticates with `key` when given, by the same deadline (at least 100 ms for the
-  // handshake). Throws StoreError when the coordinator cannot be reached, does not answer
-  // the handshake in time, refuses the key, or cannot prove that it holds it.
+  // handshake). A connection that ends before the coordinator's challenge is retried as a
+  // refused one is: a coordinator stopping at that address (a previous gang's) accepted it.
+  // Throws StoreError when the coordinator cannot be reached, does not answer the
+  // handshake in time, refuses the key, or cannot prove that it holds it.
   StoreClient(const std::string& coordinator, milliseconds connect_timeout, const std::string& key = {});
   ~StoreClient();
   StoreClient(const StoreClient&) = delete;
@@ -105,8 +107,9 @@ class StoreClient {
   // Sends one request and returns the reply payload, failing when none comes within
   // `patience`; `timeout` is the coordinator's wait, and `what` describes the call for errors.
   std::string Call(const std::string& request, const std::string& what, milliseconds timeout, milliseconds patience);
-  // The challenge-response above, on the fresh connection.
-  void Authenticate(const std::string& key, milliseconds timeout);
+  // The challenge-response above, on the fresh connection. Returns false, having closed
+  // it, when the connection ended before the first byte of the challenge came.
+  bool Authenticate(const std::string& key, milliseconds timeout);
   // Writes `bytes`, then reads one reply (status and payload), by `deadline`; mutex_ held.
   void SendAll(const std::string& bytes, std::chrono::steady_clock::time_point deadline, const std::string& what);
   std::string ReceiveReply(std::chrono::steady_clock::time_point deadline, const std::string& what);

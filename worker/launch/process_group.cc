@@ -187,12 +187,18 @@ std::vector<RankExit> RankGroup::Poll(std::ostream& log) {
       running_.erase(it);
     }
   }
-  // Ranks reaped together: a rank that failed because a peer did (kExitCommFailure) comes
-  // after the others, so that the one named first is the cause (a rank killed by a signal
-  // and the neighbour that lost it can end within one poll, in either order of waitpid).
-  std::stable_partition(exits.begin(), exits.end(),
-                        [](const RankExit& e) { return e.status != api::worker::kExitCommFailure; });
-  if (!running_.empty() && Clock::now() > kill_at_) {
+  // A collective's failures wait for their cause (see kCauseWindow), and come after it.
+  const Clock::time_point now = Clock::now();
+  const auto victims = std::stable_partition(
+      exits.begin(), exits.end(), [](const RankExit& e) { return e.status != api::worker::kExitCommFailure; });
+  if (held_.empty()) held_since_ = now;
+  held_.insert(held_.end(), std::make_move_iterator(victims), std::make_move_iterator(exits.end()));
+  exits.erase(victims, exits.end());
+  if (!held_.empty() && (!exits.empty() || running_.empty() || now - held_since_ >= kCauseWindow)) {
+    exits.insert(exits.end(), std::make_move_iterator(held_.begin()), std::make_move_iterator(held_.end()));
+    held_.clear();
+  }
+  if (!running_.empty() && now > kill_at_) {
     log << "ranks still running " << grace_.count() << " ms after SIGTERM; killing them\n";
     for (const auto& [pid, rank] : running_) ::kill(pid, SIGKILL);
     kill_at_ = Clock::time_point::max();

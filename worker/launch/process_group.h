@@ -92,20 +92,30 @@ class RankGroup {
   // Reaps the ranks that ended, without waiting, and SIGKILLs the ones still running
   // past a Terminate()'s grace (saying so on `log`). Returns the ranks reaped, in order,
   // a failed one with the reason it wrote.
+  //
+  // A rank whose collective failed (api::worker::kExitCommFailure) is most often the
+  // victim of a peer's failure, and can end before the peer is reaped (a killed rank's
+  // exit takes longer than the neighbour's that saw its link drop). So such an exit is
+  // held back for up to kCauseWindow while other ranks run, and returned with the first
+  // other exit, after it; the rank named first is then the cause.
   std::vector<RankExit> Poll(std::ostream& log);
+  static constexpr std::chrono::milliseconds kCauseWindow{500};
   // Sends `signal` (and SIGCONT, so a stopped rank takes it) to every running rank; those
   // still running `grace` later are SIGKILLed by Poll(). A later call keeps an earlier
   // deadline.
   void Terminate(int signal, std::chrono::milliseconds grace);
 
-  bool empty() const { return running_.empty(); }
-  size_t size() const { return running_.size(); }
+  // Whether every rank was reaped and returned by Poll(); size(): those that were not.
+  bool empty() const { return running_.empty() && held_.empty(); }
+  size_t size() const { return running_.size() + held_.size(); }
 
  private:
   void KillAndReap();
 
   std::map<pid_t, int> running_;  // pid -> rank
   std::map<int, MemoryFile> failure_files_;  // by rank, where one could be made
+  std::vector<RankExit> held_;  // collective failures reaped, not yet returned
+  std::chrono::steady_clock::time_point held_since_;  // when the first of held_ was reaped
   std::chrono::steady_clock::time_point kill_at_ = std::chrono::steady_clock::time_point::max();
   std::chrono::milliseconds grace_{0};  // of the deadline, for the log
 };
