@@ -177,9 +177,9 @@ constexpr double kBf16MoeWeightTolerance = 6e-2;
 //  - Step by step (CheckStepwise): from every other of the reference's states, two steps.
 //    The first step's loss differs by the forward's sums alone, the second's by one update
 //    of the layout's own besides. Measured from each of the 19 states over every float8
-//    case (AMD EPYC, 2 cores): the
-//    first within 7.6e-6 (Qwen3-MoE T2 x S2; 0, bitwise, without TP), the second within
-//    6.1e-5 (GPT-2 T2 x S2 tensorwise; 1.1e-8 without TP). The first is held to
+//    case (AMD EPYC, 2 cores): the first within 7.6e-6 (Qwen3-MoE T2 x S2; 0, bitwise,
+//    without TP), the second within 6.1e-5 (GPT-2 T2 x S2 tensorwise; 1.1e-8 without
+//    TP). The first is held to
 //    kFloat8FirstStepTolerance, 4x the worst: TP ranks that scaled by their own slices'
 //    amaxes (not the whole tensor's) measured 5.8e-5 there (GPT-2 T2 x S2 tensorwise; the
 //    second step 1.6e-4). Every step is held to kFloat8StepTolerance, 3e-4, the bound
@@ -742,13 +742,14 @@ int DriveReshard(const Options& o, int argc, char** argv) {
 
 // Float8's step-by-step check of a layout (its job `ranks_job`, of `dp` data-parallel
 // ranks). The one-rank reference runs again as one launched rank that keeps a checkpoint
-// of every step; then for k = 0, 2, 4, ..., kSteps - kStepwiseSteps the layout resumes
-// from the reference's checkpoint of step k (k = 0: from the start) and trains
-// kStepwiseSteps steps, so that each step is one launch's first or second. Its first step's loss differs from the reference's by the order
-// of the forward's sums alone (the state is the reference's, bit for bit), within
-// kFloat8FirstStepTolerance; its second's by one step of its own besides, within
-// kFloat8StepTolerance. Unlike the 20 free steps, this does not let a float8 cast that one
-// layout's rounding flipped compound for many steps (kFloat8LossTolerance).
+// of every kStepwiseSteps-th step; then for k = 0, 2, 4, ..., kSteps - kStepwiseSteps the
+// layout resumes from the reference's checkpoint of step k (k = 0: from the start) and
+// trains kStepwiseSteps steps, so that each step is one launch's first or second. Its
+// first step's loss differs from the reference's by the order of the forward's sums alone
+// (the state is the reference's, bit for bit), within kFloat8FirstStepTolerance; its
+// second's by one step of its own besides, within kFloat8StepTolerance. Unlike the 20
+// free steps, this does not let a float8 cast that one layout's rounding flipped compound
+// for many steps (kFloat8LossTolerance).
 void CheckStepwise(const Options& o, int argc, char** argv, const nlohmann::json& ranks_job, int dp) {
   Options one = o;
   one.ranks = one.nodes = one.tp = one.shard = one.stages = one.virtual_stages = one.context = one.experts = 1;
@@ -757,21 +758,26 @@ void CheckStepwise(const Options& o, int argc, char** argv, const nlohmann::json
   const fs::path saved = fs::path(o.dir) / "reference-checkpoints", from = fs::path(o.dir) / "stepwise";
   fs::remove_all(saved);
   nlohmann::json job = JobManifest(o, 1, 1, 1, 1, o.reference_micro > 0 ? o.reference_micro : dp, dp);
-  job["spec"]["checkpoint"] = {{"path", saved.string()}, {"interval", 1}, {"keep", kSteps}};
+  job["spec"]["checkpoint"] = {{"path", saved.string()}, {"interval", kStepwiseSteps}, {"keep", kSteps}};
   std::ofstream(fs::path(o.dir) / "job.json", std::ios::trunc) << job.dump(2);
   if (Launch(one, argc, argv, false).status != 0) {
     Expect(false, "the launched one-rank reference trains");
     return;
   }
   const std::vector<double> reference = ReadVector<double>(fs::path(o.dir) / "losses.bin");
-  std::map<int64_t, std::string> checkpoint;  // of each step
+  if (reference.size() != size_t(kSteps)) {
+    Expect(false, "the launched one-rank reference gives the losses of its " + std::to_string(kSteps) + " steps, not " +
+                      std::to_string(reference.size()));
+    return;
+  }
+  std::map<int64_t, std::string> checkpoint;  // of every kStepwiseSteps-th step
   for (const train::CheckpointListing& c : train::ListCheckpoints(saved.string(), false)) checkpoint[c.step] = c.directory;
 
   Options stepping = o;
   stepping.stepwise = kStepwiseSteps;
   double worst[kStepwiseSteps] = {};
   int worst_step[kStepwiseSteps] = {};
-  for (int k = 0; k + kStepwiseSteps <= kSteps && int(reference.size()) == kSteps; k += kStepwiseSteps) {
+  for (int k = 0; k + kStepwiseSteps <= kSteps; k += kStepwiseSteps) {
     fs::remove_all(from);
     fs::create_directories(from);
     if (k > 0) {
