@@ -63,7 +63,7 @@ TEST(RankGroup, ACollectiveFailureWaitsForTheFailureThatCausedIt) {
 // until then the group counts its rank as running.
 TEST(RankGroup, ACollectiveFailureAloneComesAfterTheWindow) {
   const auto start = Clock::now();
-  RankGroup group(TwoRanks(), Command("sleep 30"), false);
+  RankGroup group(TwoRanks(), Command("exec sleep 30"), false);
   std::this_thread::sleep_for(100ms);
   std::ostringstream log;
   EXPECT_TRUE(group.Poll(log).empty());
